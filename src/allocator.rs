@@ -1,0 +1,176 @@
+//! The `Allocator` trait, the owned [`Allocation`] it hands out, and [`Stats`].
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::Serialize;
+
+use crate::device::Stream;
+use crate::error::Result;
+
+/// A block of device memory owned by the caller.
+///
+/// Move-only: it is not `Clone`, and [`Allocator::deallocate`] consumes it, so freeing it
+/// twice does not compile. Dropping it without handing it back leaks the memory until the
+/// allocator itself is dropped, which reports it.
+#[must_use = "an Allocation must be handed back with Allocator::deallocate, or it leaks"]
+#[derive(Debug, PartialEq, Eq)]
+pub struct Allocation {
+    ptr: u64,
+    size: u64,
+    stream: Stream,
+    allocator_id: u64,
+    token: u64,
+}
+
+impl Allocation {
+    /// Makes an allocation record. For strategies and adaptors.
+    ///
+    /// `token` is private to the allocator that makes it (a chunk index, a sequence number).
+    pub fn new(ptr: u64, size: u64, stream: Stream, allocator_id: u64, token: u64) -> Self {
+        Allocation {
+            ptr,
+            size,
+            stream,
+            allocator_id,
+            token,
+        }
+    }
+
+    /// The device address. 0 for an empty (zero-byte) allocation.
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// The size requested, in bytes (the strategy may have reserved more).
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// True for a zero-byte allocation, which owns no memory.
+    pub fn is_empty(&self) -> bool {
+        self.size == 0
+    }
+
+    /// The stream the allocation was made for.
+    pub fn stream(&self) -> Stream {
+        self.stream
+    }
+
+    /// The id of the allocator that made it.
+    pub fn allocator_id(&self) -> u64 {
+        self.allocator_id
+    }
+
+    /// The allocator-private token.
+    pub fn token(&self) -> u64 {
+        self.token
+    }
+}
+
+/// Counters with the names and meanings of XLA's `AllocatorStats`, plus fragmentation.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Stats {
+    /// Number of allocations served (zero-byte ones included).
+    pub num_allocs: u64,
+    /// Bytes currently handed out (as rounded by the strategy).
+    pub bytes_in_use: u64,
+    /// High-water mark of `bytes_in_use`.
+    pub peak_bytes_in_use: u64,
+    /// Largest single allocation served (as rounded).
+    pub largest_alloc_size: u64,
+    /// The most memory the allocator may hold (`fraction × total`), when it has a limit.
+    pub bytes_limit: Option<u64>,
+    /// Bytes reserved for a purpose and not available to allocations (XLA: memory held by
+    /// the allocator beyond the pool, e.g. VMM address space is not counted here).
+    pub bytes_reserved: u64,
+    /// High-water mark of `bytes_reserved`.
+    pub peak_bytes_reserved: u64,
+    /// Largest free block the allocator could hand out without asking the device.
+    pub largest_free_block_bytes: u64,
+    /// Bytes the allocator holds from the device (its pool).
+    pub pool_bytes: u64,
+    /// High-water mark of `pool_bytes`.
+    pub peak_pool_bytes: u64,
+    /// `(free − largest free block) / free`, with `free = pool_bytes − bytes_in_use`; 0 when
+    /// nothing is free.
+    pub fragmentation: f64,
+}
+
+impl Stats {
+    /// Computes [`Stats::fragmentation`] from the other fields.
+    pub fn compute_fragmentation(pool_bytes: u64, bytes_in_use: u64, largest_free: u64) -> f64 {
+        let free = pool_bytes.saturating_sub(bytes_in_use);
+        if free == 0 {
+            0.0
+        } else {
+            (free - largest_free.min(free)) as f64 / free as f64
+        }
+    }
+}
+
+/// What a user calls: every strategy and adaptor implements it.
+///
+/// Allocators are `Send + Sync`: one may be shared by many threads. Requests follow the
+/// stream-ordering contract written on [`crate::device::Device`].
+pub trait Allocator: Send + Sync {
+    /// A short name for reports (`bfc`, `platform`, …).
+    fn name(&self) -> &str;
+
+    /// This allocator's unique id; every [`Allocation`] it makes carries it.
+    fn id(&self) -> u64;
+
+    /// Allocates `size` bytes aligned to `alignment` (a power of two; 0 means the strategy's
+    /// default) for use on `stream`. `tag` labels the allocation for ledgers and reports
+    /// (`buffer`, `workspace`, …). A zero `size` gives an empty allocation and no device call.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidAlignment`], [`crate::Error::InvalidSize`] (overflow once
+    /// rounded), [`crate::Error::ExceedsLimit`], [`crate::Error::OutOfMemory`] with a report.
+    fn allocate(&self, size: u64, alignment: u64, stream: Stream, tag: &str) -> Result<Allocation>;
+
+    /// Hands an allocation back, in stream order on the stream it was made for.
+    ///
+    /// # Errors
+    /// [`crate::Error::ForeignAllocation`] when another allocator made it.
+    fn deallocate(&self, allocation: Allocation) -> Result<()>;
+
+    /// Current counters.
+    fn stats(&self) -> Stats;
+
+    /// Returns memory the allocator holds but does not use to the device, where the strategy
+    /// can. Returns the number of bytes released.
+    fn trim(&self) -> Result<u64>;
+
+    /// Checks the allocator's internal invariants, describing the first one broken. For
+    /// tests; may be slow (linear in the number of blocks).
+    fn check_invariants(&self) -> std::result::Result<(), String> {
+        Ok(())
+    }
+}
+
+/// Hands out process-unique allocator ids.
+pub fn next_allocator_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Checks an alignment argument: 0 means `default`; otherwise a power of two up to `max`.
+/// Returns the effective alignment, at least `minimum`.
+pub fn effective_alignment(alignment: u64, minimum: u64, max: u64) -> Result<u64> {
+    let a = if alignment == 0 { minimum } else { alignment };
+    if !a.is_power_of_two() || a > max {
+        return Err(crate::Error::InvalidAlignment { alignment, max });
+    }
+    Ok(a.max(minimum))
+}
+
+/// Rounds `size` up to a multiple of `multiple` (a power of two), refusing overflow.
+pub fn round_up(size: u64, multiple: u64) -> Result<u64> {
+    debug_assert!(multiple.is_power_of_two());
+    size.checked_add(multiple - 1)
+        .map(|s| s & !(multiple - 1))
+        .ok_or(crate::Error::InvalidSize {
+            size,
+            reason: "overflows u64 once rounded up to the alignment; accepted: sizes up to the allocator's limit",
+        })
+}

@@ -1,0 +1,246 @@
+//! The `Device` trait: what a vendor shim (or the host backend) offers to the strategies.
+//!
+//! Addresses are plain `u64` device addresses: the algorithms never dereference them, and
+//! GPU memory could not hold allocator metadata anyway.
+
+use std::fmt;
+
+use serde::Serialize;
+
+use crate::error::Result;
+
+/// Which kind of backend a device belongs to.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Vendor {
+    /// Ordinary host memory with GPU-like virtual memory; always compiled.
+    Host,
+    /// NVIDIA, through libcuda's driver API.
+    Cuda,
+    /// AMD, through libamdhip64.
+    Hip,
+}
+
+impl Vendor {
+    /// The backend's short name, as `PORTALLOC_BACKEND` accepts it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Vendor::Host => "host",
+            Vendor::Cuda => "cuda",
+            Vendor::Hip => "hip",
+        }
+    }
+}
+
+impl fmt::Display for Vendor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What optional features a device has.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Capabilities {
+    /// Reserve address space and map physical chunks into it ([`VirtualMemory`]).
+    pub virtual_memory: bool,
+    /// Stream-ordered memory pools ([`StreamOrderedPool`]).
+    pub stream_ordered_pool: bool,
+}
+
+/// Static facts about a device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DeviceInfo {
+    /// Which backend.
+    pub vendor: Vendor,
+    /// Device ordinal within its backend.
+    pub ordinal: u32,
+    /// Marketing or descriptive name.
+    pub name: String,
+    /// Architecture, such as `sm_90` or `gfx942`; `host` for the host backend.
+    pub arch: String,
+    /// Total device memory in bytes.
+    pub total_bytes: u64,
+    /// Minimum physical allocation granularity for virtual memory, in bytes.
+    pub min_granularity: u64,
+    /// Recommended physical allocation granularity, in bytes.
+    pub recommended_granularity: u64,
+    /// Optional features.
+    pub capabilities: Capabilities,
+    /// Backend-specific facts worth showing (`simulated`, driver versions, tuning choices).
+    pub notes: Vec<(String, String)>,
+}
+
+/// Free and total memory as the device reports them now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct MemInfo {
+    /// Bytes free on the device (for every process).
+    pub free: u64,
+    /// Total bytes on the device.
+    pub total: u64,
+}
+
+/// A stream (a queue of device work). `Stream::DEFAULT` is the legacy default stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, Serialize)]
+pub struct Stream(pub u64);
+
+impl Stream {
+    /// The default (null) stream.
+    pub const DEFAULT: Stream = Stream(0);
+}
+
+/// An event recorded on a stream; complete once the work before it on that stream is done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct Event(pub u64);
+
+/// A handle to physical memory created for virtual-memory mapping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct PhysicalHandle(pub u64);
+
+/// A device: plain allocation, streams and events, and optional capabilities.
+///
+/// Implementations are `Send + Sync` and safe to call from any thread. Every call returns an
+/// error value, never panics; a pointer the device did not hand out is refused with
+/// [`crate::Error::UnknownPointer`] where the backend can tell.
+///
+/// # The stream-ordering contract
+///
+/// This is the one place it is written; every strategy and adaptor follows it.
+///
+/// * An allocation made on stream `S` may be used by work enqueued on `S` at once. Memory is
+///   handed out only when no work still in flight on any stream can touch it.
+/// * Freeing an allocation on stream `S` means: *the memory may be reused by any work enqueued
+///   on `S` after the free*, without waiting. The caller promises that work on other streams
+///   that used the memory has been ordered before the free (by events or synchronisation).
+/// * Memory freed on `S` is handed to a request on another stream `T` only after an event
+///   recorded on `S` at the free has completed; until then it is reserved for `S`.
+/// * Plain [`Device::alloc`] / [`Device::free`] are synchronous, like `cuMemAlloc` /
+///   `cuMemFree`: `free` waits for (or requires) all work using the memory to be complete.
+pub trait Device: Send + Sync + fmt::Debug {
+    /// Static facts about the device.
+    fn info(&self) -> &DeviceInfo;
+
+    /// Free and total memory now.
+    fn mem_info(&self) -> Result<MemInfo>;
+
+    /// Allocates `size` bytes of device memory (synchronously, like `cuMemAlloc`). The
+    /// result is aligned to at least 256 bytes.
+    ///
+    /// # Errors
+    /// [`crate::Error::DeviceOutOfMemory`] when the device refuses for lack of memory;
+    /// [`crate::Error::InvalidSize`] for a zero size.
+    fn alloc(&self, size: u64) -> Result<u64>;
+
+    /// Returns memory from [`Device::alloc`]. `size` is the size it was allocated with.
+    ///
+    /// # Errors
+    /// [`crate::Error::UnknownPointer`] for a pointer this device did not hand out (or that
+    /// was freed already), where the backend can tell.
+    fn free(&self, ptr: u64, size: u64) -> Result<()>;
+
+    /// The virtual-memory capability, when the device has it.
+    fn virtual_memory(&self) -> Option<&dyn VirtualMemory> {
+        None
+    }
+
+    /// The stream-ordered pool capability, when the device has it.
+    fn stream_ordered_pool(&self) -> Option<&dyn StreamOrderedPool> {
+        None
+    }
+
+    /// Creates a stream.
+    fn create_stream(&self) -> Result<Stream>;
+
+    /// Destroys a stream made by [`Device::create_stream`].
+    fn destroy_stream(&self, stream: Stream) -> Result<()>;
+
+    /// Blocks until all work on `stream` is complete.
+    fn synchronize_stream(&self, stream: Stream) -> Result<()>;
+
+    /// Creates an event.
+    fn create_event(&self) -> Result<Event>;
+
+    /// Records `event` on `stream`: it completes when the work enqueued before it does.
+    fn record_event(&self, event: Event, stream: Stream) -> Result<()>;
+
+    /// True when the work before the event's last record has completed.
+    fn event_complete(&self, event: Event) -> Result<bool>;
+
+    /// Blocks until the event completes.
+    fn synchronize_event(&self, event: Event) -> Result<()>;
+
+    /// Destroys an event.
+    fn destroy_event(&self, event: Event) -> Result<()>;
+}
+
+/// Virtual memory as the GPU drivers offer it (cuMemAddressReserve / cuMemCreate /
+/// cuMemMap / cuMemSetAccess, and HIP's equivalents).
+///
+/// Sizes and addresses passed to `reserve`, `create_physical`, `map` and `unmap` must be
+/// multiples of [`VirtualMemory::granularity`]; anything else is
+/// [`crate::Error::InvalidArgument`]. A mapping grants no access until
+/// [`VirtualMemory::set_access`] is called. Releasing a physical handle that is still mapped
+/// is allowed; its memory goes back once the last mapping is gone.
+pub trait VirtualMemory: Send + Sync {
+    /// The minimum granularity for sizes and addresses, in bytes.
+    fn granularity(&self) -> u64;
+
+    /// Reserves `size` bytes of address space aligned to `alignment` (0 = granularity).
+    fn reserve(&self, size: u64, alignment: u64) -> Result<u64>;
+
+    /// Frees a reservation made by [`VirtualMemory::reserve`]; nothing may be mapped in it.
+    fn free_reservation(&self, va: u64, size: u64) -> Result<()>;
+
+    /// Creates `size` bytes of physical memory. Counts against the device's memory.
+    fn create_physical(&self, size: u64) -> Result<PhysicalHandle>;
+
+    /// Releases a physical handle.
+    fn release_physical(&self, handle: PhysicalHandle) -> Result<()>;
+
+    /// Maps `size` bytes of `handle`, starting `offset` bytes in, at `va` (inside a
+    /// reservation, not mapped already).
+    fn map(&self, va: u64, size: u64, handle: PhysicalHandle, offset: u64) -> Result<()>;
+
+    /// Grants this device read-write access to the mapped range `[va, va + size)`.
+    fn set_access(&self, va: u64, size: u64) -> Result<()>;
+
+    /// Unmaps `[va, va + size)`, which must be exactly covered by earlier mappings.
+    fn unmap(&self, va: u64, size: u64) -> Result<()>;
+}
+
+/// Counters of a stream-ordered pool, as `cuMemPoolGetAttribute` reports them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct PoolUsage {
+    /// Bytes of backing memory the pool holds now.
+    pub reserved_current: u64,
+    /// High-water mark of `reserved_current`.
+    pub reserved_high: u64,
+    /// Bytes handed out and not yet freed.
+    pub used_current: u64,
+    /// High-water mark of `used_current`.
+    pub used_high: u64,
+}
+
+/// A stream-ordered memory pool (cuMemAllocFromPoolAsync / hipMallocFromPoolAsync).
+///
+/// Follows the stream-ordering contract of [`Device`]. Memory the pool holds beyond the
+/// release threshold is returned to the device at the next synchronisation.
+pub trait StreamOrderedPool: Send + Sync {
+    /// Allocates `size` bytes usable by work on `stream`.
+    fn alloc_async(&self, size: u64, stream: Stream) -> Result<u64>;
+
+    /// Frees `ptr` in stream order on `stream`.
+    fn free_async(&self, ptr: u64, stream: Stream) -> Result<()>;
+
+    /// Sets how many bytes the pool may keep when idle.
+    fn set_release_threshold(&self, bytes: u64) -> Result<()>;
+
+    /// The current release threshold.
+    fn release_threshold(&self) -> Result<u64>;
+
+    /// Releases backing memory until the pool holds at most `keep` bytes (unused ones).
+    fn trim_to(&self, keep: u64) -> Result<()>;
+
+    /// The pool's counters.
+    fn usage(&self) -> Result<PoolUsage>;
+}

@@ -1,0 +1,191 @@
+//! The one error type of portalloc.
+
+use crate::report::OomReport;
+
+/// Everything that can go wrong in portalloc, as a value: nothing panics on bad input.
+///
+/// Messages say what was wrong and what is accepted.
+#[non_exhaustive]
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A size that cannot be served: zero where zero is not allowed, or one that overflows
+    /// once rounded up.
+    #[error("invalid size {size} bytes: {reason}")]
+    InvalidSize {
+        /// The size as given.
+        size: u64,
+        /// Why it was refused and what is accepted.
+        reason: &'static str,
+    },
+
+    /// An alignment that is not a power of two (or is larger than the strategy supports).
+    #[error("invalid alignment {alignment}: accepted is a power of two from 1 to {max}")]
+    InvalidAlignment {
+        /// The alignment as given.
+        alignment: u64,
+        /// The largest alignment accepted.
+        max: u64,
+    },
+
+    /// A request larger than the allocator's memory limit can ever serve.
+    #[error("request of {requested} bytes exceeds the allocator's limit of {limit} bytes")]
+    ExceedsLimit {
+        /// Bytes asked for.
+        requested: u64,
+        /// The limit (`fraction × total` for most strategies).
+        limit: u64,
+    },
+
+    /// The allocator could not find memory for a request. Carries an XLA-style report.
+    #[error("{0}")]
+    OutOfMemory(Box<OomReport>),
+
+    /// The device (driver, or host capacity) refused an allocation.
+    #[error("{backend} device out of memory: {requested} bytes requested, {free} bytes free")]
+    DeviceOutOfMemory {
+        /// Which backend refused (`host`, `cuda`, `hip`).
+        backend: &'static str,
+        /// Bytes asked of the device.
+        requested: u64,
+        /// Bytes the device reported free at the time.
+        free: u64,
+    },
+
+    /// An environment variable or builder option with a value that cannot be used.
+    #[error("{variable}={value:?} is not accepted: {accepted}")]
+    Config {
+        /// The variable (or builder option) name.
+        variable: String,
+        /// The value as given.
+        value: String,
+        /// What is accepted.
+        accepted: String,
+    },
+
+    /// Two settings that cannot be combined.
+    #[error("conflicting settings: {0}")]
+    ConfigConflict(String),
+
+    /// The strategy or operation is not available on this backend or device.
+    #[error("{what} is not supported by the {backend} backend: {reason}")]
+    Unsupported {
+        /// What was asked for.
+        what: String,
+        /// The backend asked.
+        backend: &'static str,
+        /// Why not, and what would help.
+        reason: String,
+    },
+
+    /// An allocation handed back to an allocator that did not make it.
+    #[error("allocation at {ptr:#x} belongs to allocator #{owner}, not to allocator #{this}")]
+    ForeignAllocation {
+        /// Address of the allocation.
+        ptr: u64,
+        /// Id of the allocator that made it.
+        owner: u64,
+        /// Id of the allocator it was handed to.
+        this: u64,
+    },
+
+    /// A pointer or handle that the device (or allocator) does not know: foreign, or already
+    /// freed.
+    #[error("{what} {ptr:#x} is not known to the {backend} device (foreign, or already freed)")]
+    UnknownPointer {
+        /// What kind of thing (`allocation`, `physical handle`, `reservation`, …).
+        what: &'static str,
+        /// The pointer or handle value.
+        ptr: u64,
+        /// The backend asked.
+        backend: &'static str,
+    },
+
+    /// A call with an argument outside what the operation accepts.
+    #[error("invalid argument to {call}: {reason}")]
+    InvalidArgument {
+        /// The operation.
+        call: &'static str,
+        /// What was wrong and what is accepted.
+        reason: String,
+    },
+
+    /// A vendor library could not be loaded.
+    #[error("could not load {library}: {reason}")]
+    LibraryLoad {
+        /// The file name or path tried.
+        library: String,
+        /// The loader's message.
+        reason: String,
+    },
+
+    /// A required symbol is missing from a loaded vendor library (too old a library).
+    #[error("{library} lacks required symbol {symbol}: {reason}")]
+    MissingSymbol {
+        /// The library.
+        library: String,
+        /// The symbol.
+        symbol: &'static str,
+        /// The loader's message.
+        reason: String,
+    },
+
+    /// A vendor call failed; carries the vendor's own error name and text.
+    #[error("{call} failed: {name} ({code}): {message}")]
+    Driver {
+        /// Which backend (`cuda`, `hip`).
+        backend: &'static str,
+        /// The call that failed.
+        call: &'static str,
+        /// The numeric code.
+        code: i64,
+        /// The vendor's name for it (`CUDA_ERROR_OUT_OF_MEMORY`).
+        name: String,
+        /// The vendor's text for it.
+        message: String,
+    },
+
+    /// An operating-system call of the host backend failed.
+    #[error("{call} failed: {source}")]
+    Os {
+        /// The call that failed.
+        call: &'static str,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// No backend could serve the request (see the discovery report).
+    #[error("no usable device: {0}")]
+    NoDevice(String),
+}
+
+impl Error {
+    /// True for every out-of-memory flavour: allocator-level (with a report) and device-level.
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(self, Error::OutOfMemory(_) | Error::DeviceOutOfMemory { .. })
+    }
+
+    /// The OOM report, when this is an allocator-level out-of-memory error.
+    pub fn oom_report(&self) -> Option<&OomReport> {
+        match self {
+            Error::OutOfMemory(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// Shorthand for a [`Error::Config`].
+    pub fn config(
+        variable: impl Into<String>,
+        value: impl Into<String>,
+        accepted: impl Into<String>,
+    ) -> Self {
+        Error::Config {
+            variable: variable.into(),
+            value: value.into(),
+            accepted: accepted.into(),
+        }
+    }
+}
+
+/// portalloc's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

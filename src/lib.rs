@@ -1,0 +1,53 @@
+//! # portalloc
+//!
+//! One GPU memory allocator for NVIDIA (CUDA) and AMD (ROCm/HIP) GPUs. Vendor libraries are
+//! loaded at run time, so one build runs on a CUDA box, a ROCm box or a laptop (where the
+//! host backend stands in, with the same virtual-memory semantics as the GPU drivers).
+//!
+//! ## Layers
+//!
+//! | layer | where | what | unsafe? |
+//! |---|---|---|---|
+//! | raw FFI | `sys/` (crate [`sys`]) | types, constants, function-pointer tables for libcuda and libamdhip64; no logic | declarations only |
+//! | shims | `backends/` ([`backends`]) | find and load a vendor library, resolve symbols (required → error, newer → `Option`), map error codes, implement [`Device`]; `host/` is always built | yes, each block with a `// SAFETY:` line |
+//! | core | `src/` | [`Device`] and [`Allocator`] traits, [`config`], [`discover`], [`strategy`] | no: `#![deny(unsafe_code)]` outside `backends` |
+//! | CLI | `src/bin/portalloc.rs` (feature `cli`) | `portalloc info` | no |
+//!
+//! Arrows point one way: strategies are generic over [`Device`] and know no vendor; backends
+//! know the traits and `sys`; discovery and the CLI know the backends.
+//!
+//! ## Strategies
+//!
+//! | name | module | what |
+//! |---|---|---|
+//! | `bfc` | [`strategy::bfc`] | XLA's best-fit-with-coalescing, preallocated (`fraction × total` at the first allocation) or growing |
+//! | `platform` | [`strategy::platform`] | every allocation is a device allocation |
+//!
+//! Start with [`Portalloc::from_env`] (discovery + configuration + strategy), or build the
+//! pieces yourself: a [`backends::host::HostDevice`], a [`config::Config`], and
+//! [`strategy::build`].
+
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+pub use portalloc_sys as sys;
+
+#[allow(unsafe_code)]
+#[path = "../backends/mod.rs"]
+pub mod backends;
+
+pub mod allocator;
+pub mod config;
+pub mod device;
+pub mod discover;
+pub mod error;
+pub mod report;
+pub mod strategy;
+pub mod units;
+
+pub use allocator::{Allocation, Allocator, Stats};
+pub use config::{Config, StrategyKind};
+pub use device::{Device, DeviceInfo, MemInfo, Stream, Vendor};
+pub use discover::{discover, Discovery, Portalloc};
+pub use error::{Error, Result};
+pub use report::OomReport;

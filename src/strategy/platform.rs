@@ -1,0 +1,162 @@
+//! The `platform` strategy: every allocation is a device allocation, every free returns it
+//! (XLA's `platform` / `address` allocator). No caching, so no fragmentation of its own, and a
+//! device call per request.
+#![deny(unsafe_code)]
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::allocator::{effective_alignment, next_allocator_id, round_up, Allocation, Allocator, Stats};
+use crate::device::{Device, Stream};
+use crate::error::{Error, Result};
+
+/// Device allocations are at least this aligned (cuMemAlloc gives 256 B or more).
+const DEVICE_ALIGNMENT: u64 = 256;
+
+#[derive(Debug, Default)]
+struct Books {
+    /// Live allocations: address → bytes taken from the device.
+    /// Invariant: `sum(live.values()) == stats.bytes_in_use == stats.pool_bytes`.
+    live: HashMap<u64, u64>,
+    stats: Stats,
+}
+
+/// Allocates and frees on demand through [`Device::alloc`] / [`Device::free`].
+#[derive(Debug)]
+pub struct PlatformAllocator<D: Device + ?Sized> {
+    device: Arc<D>,
+    id: u64,
+    limit: Option<u64>,
+    books: Mutex<Books>,
+}
+
+impl<D: Device + ?Sized> PlatformAllocator<D> {
+    /// Makes the allocator over `device`; `limit` caps the bytes it holds at once (`None`:
+    /// whatever the device gives).
+    pub fn new(device: Arc<D>, limit: Option<u64>) -> Self {
+        let books = Books {
+            stats: Stats { bytes_limit: limit, ..Stats::default() },
+            ..Books::default()
+        };
+        PlatformAllocator { device, id: next_allocator_id(), limit, books: Mutex::new(books) }
+    }
+
+    /// The device it allocates from.
+    pub fn device(&self) -> &Arc<D> {
+        &self.device
+    }
+
+    fn books(&self) -> MutexGuard<'_, Books> {
+        // A panic while holding the lock cannot leave the books half-updated (every update
+        // is a few field writes after the device call), so a poisoned lock is still usable.
+        self.books.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl<D: Device + ?Sized> Allocator for PlatformAllocator<D> {
+    fn name(&self) -> &str {
+        "platform"
+    }
+
+    fn id(&self) -> u64 {
+        self.id
+    }
+
+    fn allocate(&self, size: u64, alignment: u64, stream: Stream, _tag: &str) -> Result<Allocation> {
+        let alignment = effective_alignment(alignment, DEVICE_ALIGNMENT, DEVICE_ALIGNMENT)?;
+        let mut books = self.books();
+        books.stats.num_allocs += 1;
+        if size == 0 {
+            return Ok(Allocation::new(0, 0, stream, self.id, 0));
+        }
+        let rounded = round_up(size, alignment)?;
+        if let Some(limit) = self.limit {
+            if rounded > limit {
+                return Err(Error::ExceedsLimit { requested: size, limit });
+            }
+            if books.stats.bytes_in_use + rounded > limit {
+                return Err(Error::DeviceOutOfMemory {
+                    backend: self.device.info().vendor.name(),
+                    requested: rounded,
+                    free: limit - books.stats.bytes_in_use,
+                });
+            }
+        }
+        let ptr = self.device.alloc(rounded)?;
+        books.live.insert(ptr, rounded);
+        let s = &mut books.stats;
+        s.bytes_in_use += rounded;
+        s.pool_bytes = s.bytes_in_use;
+        s.peak_bytes_in_use = s.peak_bytes_in_use.max(s.bytes_in_use);
+        s.peak_pool_bytes = s.peak_pool_bytes.max(s.pool_bytes);
+        s.largest_alloc_size = s.largest_alloc_size.max(rounded);
+        Ok(Allocation::new(ptr, size, stream, self.id, rounded))
+    }
+
+    fn deallocate(&self, allocation: Allocation) -> Result<()> {
+        if allocation.allocator_id() != self.id {
+            return Err(Error::ForeignAllocation {
+                ptr: allocation.ptr(),
+                owner: allocation.allocator_id(),
+                this: self.id,
+            });
+        }
+        if allocation.is_empty() {
+            return Ok(());
+        }
+        let mut books = self.books();
+        let Some(bytes) = books.live.remove(&allocation.ptr()) else {
+            return Err(Error::UnknownPointer {
+                what: "allocation",
+                ptr: allocation.ptr(),
+                backend: self.device.info().vendor.name(),
+            });
+        };
+        if let Err(e) = self.device.free(allocation.ptr(), bytes) {
+            books.live.insert(allocation.ptr(), bytes);
+            return Err(e);
+        }
+        books.stats.bytes_in_use -= bytes;
+        books.stats.pool_bytes = books.stats.bytes_in_use;
+        Ok(())
+    }
+
+    fn stats(&self) -> Stats {
+        self.books().stats
+    }
+
+    fn trim(&self) -> Result<u64> {
+        Ok(0)
+    }
+
+    fn check_invariants(&self) -> std::result::Result<(), String> {
+        let books = self.books();
+        let sum: u64 = books.live.values().sum();
+        if sum != books.stats.bytes_in_use || sum != books.stats.pool_bytes {
+            return Err(format!(
+                "live allocations sum to {sum} B but bytes_in_use = {} and pool_bytes = {}",
+                books.stats.bytes_in_use, books.stats.pool_bytes
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl<D: Device + ?Sized> Drop for PlatformAllocator<D> {
+    fn drop(&mut self) {
+        let books = self.books.get_mut().unwrap_or_else(|p| p.into_inner());
+        if !books.live.is_empty() {
+            tracing::warn!(
+                allocator = "platform",
+                live = books.live.len(),
+                bytes = books.stats.bytes_in_use,
+                "allocator dropped with live allocations; returning them to the device"
+            );
+        }
+        for (ptr, bytes) in books.live.drain() {
+            if let Err(e) = self.device.free(ptr, bytes) {
+                tracing::warn!(ptr, bytes, error = %e, "could not free a leaked allocation");
+            }
+        }
+    }
+}
