@@ -1,11 +1,151 @@
 //! Configuration from the environment, with JAX/XLA's exact semantics, and a builder.
 //!
-//! (Interface fixed here; parsing is being written.)
+//! [`Config::from_env`] reads the process environment; [`Config::from_vars`] reads the same
+//! variables through any lookup function (tests, embedders); [`Config::builder`] starts from
+//! either and lets code override every setting. Every [`Setting`] records its [`Source`].
+//!
+//! ## Variables
+//!
+//! | variable | meaning | accepted values | default |
+//! |---|---|---|---|
+//! | `PORTALLOC_ALLOCATOR` | strategy | `default`, `platform`, `bfc`, `cuda_async`, `vmm`, `address`, `async` (case-insensitive, surrounding blanks ignored) | — |
+//! | `XLA_PYTHON_CLIENT_ALLOCATOR` | strategy, as JAX reads it | `default`, `platform`, `bfc`, `cuda_async`, `vmm`, `address` (lowercased first, as JAX does) | `bfc` |
+//! | `TF_GPU_ALLOCATOR` | strategy (the name the JAX docs give) | exactly `cuda_malloc_async` (selects `async`) | — |
+//! | `PORTALLOC_MEM_FRACTION` | fraction of TOTAL device memory the allocator may use | a number in (0, 1] | — |
+//! | `XLA_CLIENT_MEM_FRACTION` | same, as JAX reads it | a number in (0, 1] | `0.75` |
+//! | `XLA_PYTHON_CLIENT_MEM_FRACTION` | deprecated spelling of `XLA_CLIENT_MEM_FRACTION` (warns) | a number in (0, 1] | — |
+//! | `PORTALLOC_PREALLOCATE` | preallocate (`bfc`: one region of `fraction × total` at the first allocation) or grow | `true`, `false`, `1`, `0`, `yes`, `no`, `on`, `off` (case-insensitive) | — |
+//! | `XLA_PYTHON_CLIENT_PREALLOCATE` | same, as JAX reads it | exactly `false`, `False` or `0` turn it off; **any other value is true** | `true` |
+//! | `TF_CUDA_MALLOC_ASYNC_SUPPORTED_PREALLOC` | bytes the `async` pool preallocates, as XLA reads it | `-1` or a non-negative integer byte count | unset |
+//! | `PORTALLOC_BACKEND` | force a backend instead of discovering one | `auto`, `host`, `cuda`, `hip` (case-insensitive) | `auto` |
+//! | `PORTALLOC_HOST_CAPACITY` | capacity of the host device, to simulate a GPU | a size > 0: `1024`, `2MiB`, `80GiB`, `141GB` | physical memory |
+//! | `PORTALLOC_HOST_SIMULATED` | host device only tracks addresses, touching no memory | as `PORTALLOC_PREALLOCATE` | `false` |
+//!
+//! The accepted lists are the constants of this module ([`XLA_ALLOCATOR_VALUES`],
+//! [`PORTALLOC_ALLOCATOR_VALUES`], [`FRACTION_ACCEPTED`], …); error messages quote them.
+//!
+//! ## Precedence
+//!
+//! Highest first: the builder ([`ConfigBuilder`]), then `PORTALLOC_*`, then the XLA/TF
+//! variables, then the default.
+//!
+//! - Strategy: `PORTALLOC_ALLOCATOR` > `XLA_PYTHON_CLIENT_ALLOCATOR` > `TF_GPU_ALLOCATOR`.
+//!   XLA's own variable wins over TensorFlow's because it is the one JAX documents as the
+//!   allocator switch (`TF_GPU_ALLOCATOR` is a legacy spelling); when both are set and
+//!   disagree, a warning says which one was used.
+//! - Fraction: `PORTALLOC_MEM_FRACTION` > `XLA_CLIENT_MEM_FRACTION` >
+//!   `XLA_PYTHON_CLIENT_MEM_FRACTION`. Setting both XLA spellings is an error, as in JAX.
+//! - Preallocate: `PORTALLOC_PREALLOCATE` > `XLA_PYTHON_CLIENT_PREALLOCATE`.
+//!
+//! ## Rules
+//!
+//! - **Empty values are unset.** A variable set to the empty string is treated as if it were
+//!   not set at all (JAX does the same for the fraction variables).
+//! - **Every set variable is validated**, even one overridden by a higher-precedence variable
+//!   or by the builder: a value that cannot be used is an [`Error::Config`] naming the
+//!   variable, the value and the accepted forms, never silently ignored. Use
+//!   [`ConfigBuilder::ignore_env`] to not read the environment at all.
+//! - **JAX's preallocate quirk is kept** for `XLA_PYTHON_CLIENT_PREALLOCATE`: JAX compares the
+//!   value with `false`, `False` and `0` only, so `FALSE`, `no`, `off`, `n`, `f`, … mean
+//!   *true*. portalloc reads them the same way (so a job behaves as it did under JAX) and adds a
+//!   warning. portalloc's own `PORTALLOC_PREALLOCATE` and `PORTALLOC_HOST_SIMULATED` do not copy
+//!   the quirk: they accept the usual boolean spellings and refuse anything else.
+//! - Warnings (deprecated variables, surprising values, disagreeing variables) are collected
+//!   in [`Config::warnings`] and also emitted with `tracing::warn!`.
+
+use std::fmt;
+use std::str::FromStr;
 
 use serde::Serialize;
 
 use crate::device::Vendor;
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::units::{parse_size, Bytes};
+
+/// `PORTALLOC_ALLOCATOR`: portalloc's strategy switch (beats the XLA/TF ones).
+pub const PORTALLOC_ALLOCATOR: &str = "PORTALLOC_ALLOCATOR";
+/// `XLA_PYTHON_CLIENT_ALLOCATOR`: JAX's strategy switch.
+pub const XLA_PYTHON_CLIENT_ALLOCATOR: &str = "XLA_PYTHON_CLIENT_ALLOCATOR";
+/// `TF_GPU_ALLOCATOR`: TensorFlow's switch; only `cuda_malloc_async` is accepted.
+pub const TF_GPU_ALLOCATOR: &str = "TF_GPU_ALLOCATOR";
+/// `PORTALLOC_MEM_FRACTION`: portalloc's memory fraction (beats the XLA ones).
+pub const PORTALLOC_MEM_FRACTION: &str = "PORTALLOC_MEM_FRACTION";
+/// `XLA_CLIENT_MEM_FRACTION`: JAX's memory fraction.
+pub const XLA_CLIENT_MEM_FRACTION: &str = "XLA_CLIENT_MEM_FRACTION";
+/// `XLA_PYTHON_CLIENT_MEM_FRACTION`: deprecated spelling of [`XLA_CLIENT_MEM_FRACTION`].
+pub const XLA_PYTHON_CLIENT_MEM_FRACTION: &str = "XLA_PYTHON_CLIENT_MEM_FRACTION";
+/// `PORTALLOC_PREALLOCATE`: portalloc's preallocate switch (beats the XLA one).
+pub const PORTALLOC_PREALLOCATE: &str = "PORTALLOC_PREALLOCATE";
+/// `XLA_PYTHON_CLIENT_PREALLOCATE`: JAX's preallocate switch.
+pub const XLA_PYTHON_CLIENT_PREALLOCATE: &str = "XLA_PYTHON_CLIENT_PREALLOCATE";
+/// `TF_CUDA_MALLOC_ASYNC_SUPPORTED_PREALLOC`: bytes the async pool preallocates.
+pub const TF_CUDA_MALLOC_ASYNC_SUPPORTED_PREALLOC: &str = "TF_CUDA_MALLOC_ASYNC_SUPPORTED_PREALLOC";
+/// `PORTALLOC_BACKEND`: force a backend.
+pub const PORTALLOC_BACKEND: &str = "PORTALLOC_BACKEND";
+/// `PORTALLOC_HOST_CAPACITY`: capacity of the host device.
+pub const PORTALLOC_HOST_CAPACITY: &str = "PORTALLOC_HOST_CAPACITY";
+/// `PORTALLOC_HOST_SIMULATED`: host device tracks addresses only.
+pub const PORTALLOC_HOST_SIMULATED: &str = "PORTALLOC_HOST_SIMULATED";
+
+/// Every variable read, in the order of the table in the module documentation.
+pub const VARIABLES: &[&str] = &[
+    PORTALLOC_ALLOCATOR,
+    XLA_PYTHON_CLIENT_ALLOCATOR,
+    TF_GPU_ALLOCATOR,
+    PORTALLOC_MEM_FRACTION,
+    XLA_CLIENT_MEM_FRACTION,
+    XLA_PYTHON_CLIENT_MEM_FRACTION,
+    PORTALLOC_PREALLOCATE,
+    XLA_PYTHON_CLIENT_PREALLOCATE,
+    TF_CUDA_MALLOC_ASYNC_SUPPORTED_PREALLOC,
+    PORTALLOC_BACKEND,
+    PORTALLOC_HOST_CAPACITY,
+    PORTALLOC_HOST_SIMULATED,
+];
+
+/// Values of `XLA_PYTHON_CLIENT_ALLOCATOR` (after lowercasing).
+pub const XLA_ALLOCATOR_VALUES: &[&str] =
+    &["default", "platform", "bfc", "cuda_async", "vmm", "address"];
+/// Values of `PORTALLOC_ALLOCATOR` and [`StrategyKind::parse`] (case-insensitive).
+pub const PORTALLOC_ALLOCATOR_VALUES: &[&str] = &[
+    "default",
+    "platform",
+    "bfc",
+    "cuda_async",
+    "vmm",
+    "address",
+    "async",
+];
+/// The one accepted value of `TF_GPU_ALLOCATOR`.
+pub const TF_GPU_ALLOCATOR_VALUE: &str = "cuda_malloc_async";
+/// Values of `PORTALLOC_BACKEND` (case-insensitive); `auto` discovers.
+pub const BACKEND_VALUES: &[&str] = &["auto", "host", "cuda", "hip"];
+/// Spellings of true for portalloc's own boolean variables (case-insensitive).
+pub const BOOL_TRUE_VALUES: &[&str] = &["true", "1", "yes", "on"];
+/// Spellings of false for portalloc's own boolean variables (case-insensitive).
+pub const BOOL_FALSE_VALUES: &[&str] = &["false", "0", "no", "off"];
+/// The exact values with which JAX turns `XLA_PYTHON_CLIENT_PREALLOCATE` off.
+pub const JAX_PREALLOCATE_FALSE_VALUES: &[&str] = &["false", "False", "0"];
+/// Values (compared case-insensitively) that look like false but JAX reads as true.
+pub const JAX_PREALLOCATE_SURPRISING_VALUES: &[&str] = &["false", "no", "off", "0", "n", "f"];
+
+/// Accepted form of a memory fraction.
+pub const FRACTION_ACCEPTED: &str = "a number in (0, 1], e.g. 0.75";
+/// Accepted form of portalloc's boolean variables.
+pub const BOOL_ACCEPTED: &str = "true, false, 1, 0, yes, no, on or off (case-insensitive)";
+/// Accepted form of `TF_CUDA_MALLOC_ASYNC_SUPPORTED_PREALLOC`.
+pub const ASYNC_PREALLOC_ACCEPTED: &str =
+    "an integer, as XLA reads it: -1 or a non-negative byte count, e.g. 1073741824";
+/// Accepted form of `PORTALLOC_HOST_CAPACITY`.
+pub const HOST_CAPACITY_ACCEPTED: &str =
+    "a size greater than 0 with an optional unit: 1024, 512KiB, 2MiB, 80GiB, 141GB";
+
+/// The default memory fraction, as in XLA.
+pub const DEFAULT_MEM_FRACTION: f64 = 0.75;
+
+fn one_of(values: &[&str]) -> String {
+    format!("one of {}", values.join(", "))
+}
 
 /// Which strategy to build.
 #[non_exhaustive]
@@ -32,6 +172,43 @@ impl StrategyKind {
             StrategyKind::Async => "async",
         }
     }
+
+    /// Parses a strategy name: any of [`PORTALLOC_ALLOCATOR_VALUES`], case-insensitive,
+    /// surrounding blanks ignored (`default` = `bfc`, `address` = `platform`,
+    /// `cuda_async` = `async`).
+    pub fn parse(name: &str) -> Option<StrategyKind> {
+        match name.trim().to_lowercase().as_str() {
+            "async" => Some(StrategyKind::Async),
+            other => Self::parse_exact(other),
+        }
+    }
+
+    /// The XLA names only (already lowercased), as `XLA_PYTHON_CLIENT_ALLOCATOR` takes them.
+    fn parse_exact(name: &str) -> Option<StrategyKind> {
+        match name {
+            "default" | "bfc" => Some(StrategyKind::Bfc),
+            "platform" | "address" => Some(StrategyKind::Platform),
+            "vmm" => Some(StrategyKind::Vmm),
+            "cuda_async" => Some(StrategyKind::Async),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for StrategyKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for StrategyKind {
+    type Err = Error;
+
+    /// As [`StrategyKind::parse`]; the error names `strategy`, the value and the accepted list.
+    fn from_str(s: &str) -> Result<StrategyKind> {
+        StrategyKind::parse(s)
+            .ok_or_else(|| Error::config("strategy", s, one_of(PORTALLOC_ALLOCATOR_VALUES)))
+    }
 }
 
 /// Where a setting's value came from.
@@ -46,6 +223,17 @@ pub enum Source {
     Builder,
 }
 
+impl fmt::Display for Source {
+    /// `default`, the variable's name, or `builder`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Source::Default => f.write_str("default"),
+            Source::Env(name) => f.write_str(name),
+            Source::Builder => f.write_str("builder"),
+        }
+    }
+}
+
 /// A value and where it came from.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Setting<T> {
@@ -58,7 +246,26 @@ pub struct Setting<T> {
 impl<T> Setting<T> {
     /// A default value.
     pub fn default_value(value: T) -> Self {
-        Setting { value, source: Source::Default }
+        Setting {
+            value,
+            source: Source::Default,
+        }
+    }
+
+    /// A value read from the environment variable `name`.
+    pub fn env(value: T, name: &'static str) -> Self {
+        Setting {
+            value,
+            source: Source::Env(name),
+        }
+    }
+
+    /// A value given through the builder.
+    pub fn builder(value: T) -> Self {
+        Setting {
+            value,
+            source: Source::Builder,
+        }
     }
 }
 
@@ -87,7 +294,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             strategy: Setting::default_value(StrategyKind::Bfc),
-            mem_fraction: Setting::default_value(0.75),
+            mem_fraction: Setting::default_value(DEFAULT_MEM_FRACTION),
             preallocate: Setting::default_value(true),
             backend: Setting::default_value(None),
             async_prealloc: Setting::default_value(None),
@@ -98,6 +305,64 @@ impl Default for Config {
     }
 }
 
+/// Records a warning and emits it through `tracing`.
+fn warn(warnings: &mut Vec<String>, message: String) {
+    tracing::warn!("{message}");
+    warnings.push(message);
+}
+
+/// A fraction in (0, 1]: finite, > 0, ≤ 1.
+fn valid_fraction(value: f64) -> bool {
+    value.is_finite() && value > 0.0 && value <= 1.0
+}
+
+fn parse_fraction(variable: &str, text: &str) -> Result<f64> {
+    let err = || Error::config(variable, text, FRACTION_ACCEPTED);
+    let value: f64 = text.trim().parse().map_err(|_| err())?;
+    if valid_fraction(value) {
+        Ok(value)
+    } else {
+        Err(err())
+    }
+}
+
+/// portalloc's own booleans: [`BOOL_TRUE_VALUES`] / [`BOOL_FALSE_VALUES`], case-insensitive.
+fn parse_bool(variable: &str, text: &str) -> Result<bool> {
+    let t = text.trim().to_ascii_lowercase();
+    if BOOL_TRUE_VALUES.contains(&t.as_str()) {
+        Ok(true)
+    } else if BOOL_FALSE_VALUES.contains(&t.as_str()) {
+        Ok(false)
+    } else {
+        Err(Error::config(variable, text, BOOL_ACCEPTED))
+    }
+}
+
+fn parse_backend(variable: &str, text: &str) -> Result<Option<Vendor>> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "auto" => Ok(None),
+        "host" => Ok(Some(Vendor::Host)),
+        "cuda" => Ok(Some(Vendor::Cuda)),
+        "hip" => Ok(Some(Vendor::Hip)),
+        _ => Err(Error::config(variable, text, one_of(BACKEND_VALUES))),
+    }
+}
+
+/// `-1` or a non-negative integer, surrounding blanks allowed (as XLA's `safe_strto64`).
+fn parse_async_prealloc(variable: &str, text: &str) -> Result<i64> {
+    match text.trim().parse::<i64>() {
+        Ok(v) if v >= -1 => Ok(v),
+        _ => Err(Error::config(variable, text, ASYNC_PREALLOC_ACCEPTED)),
+    }
+}
+
+fn parse_host_capacity(variable: &str, text: &str) -> Result<u64> {
+    match parse_size(variable, text)? {
+        0 => Err(Error::config(variable, text, HOST_CAPACITY_ACCEPTED)),
+        n => Ok(n),
+    }
+}
+
 impl Config {
     /// Reads the process environment.
     pub fn from_env() -> Result<Config> {
@@ -105,12 +370,394 @@ impl Config {
     }
 
     /// Reads variables through `lookup` (for tests and embedders).
-    pub fn from_vars(_lookup: impl Fn(&str) -> Option<String>) -> Result<Config> {
-        Ok(Config::default())
+    ///
+    /// See the module documentation for the variables, their precedence and the rules.
+    pub fn from_vars(lookup: impl Fn(&str) -> Option<String>) -> Result<Config> {
+        // Empty values are unset.
+        let get = |name: &str| lookup(name).filter(|v| !v.is_empty());
+        let mut config = Config::default();
+        let warnings = &mut config.warnings;
+
+        // --- Strategy: PORTALLOC_ALLOCATOR > XLA_PYTHON_CLIENT_ALLOCATOR > TF_GPU_ALLOCATOR.
+        let portalloc_strategy = match get(PORTALLOC_ALLOCATOR) {
+            Some(v) => Some(StrategyKind::parse(&v).ok_or_else(|| {
+                Error::config(PORTALLOC_ALLOCATOR, &v, one_of(PORTALLOC_ALLOCATOR_VALUES))
+            })?),
+            None => None,
+        };
+        let xla_strategy = match get(XLA_PYTHON_CLIENT_ALLOCATOR) {
+            // JAX lowercases the value and compares it exactly.
+            Some(v) => Some((
+                StrategyKind::parse_exact(&v.to_lowercase()).ok_or_else(|| {
+                    Error::config(
+                        XLA_PYTHON_CLIENT_ALLOCATOR,
+                        &v,
+                        one_of(XLA_ALLOCATOR_VALUES),
+                    )
+                })?,
+                v,
+            )),
+            None => None,
+        };
+        let tf_strategy = match get(TF_GPU_ALLOCATOR) {
+            Some(v) if v == TF_GPU_ALLOCATOR_VALUE => Some(StrategyKind::Async),
+            Some(v) => {
+                return Err(Error::config(
+                    TF_GPU_ALLOCATOR,
+                    v,
+                    format!("{TF_GPU_ALLOCATOR_VALUE} (the only value read)"),
+                ))
+            }
+            None => None,
+        };
+        if let (Some((xla, text)), Some(tf)) = (&xla_strategy, tf_strategy) {
+            if *xla != tf {
+                warn(
+                    warnings,
+                    format!(
+                        "{XLA_PYTHON_CLIENT_ALLOCATOR}={text} and \
+                         {TF_GPU_ALLOCATOR}={TF_GPU_ALLOCATOR_VALUE} disagree; \
+                         {XLA_PYTHON_CLIENT_ALLOCATOR} wins (strategy {xla})"
+                    ),
+                );
+            }
+        }
+        if let Some(s) = portalloc_strategy {
+            config.strategy = Setting::env(s, PORTALLOC_ALLOCATOR);
+        } else if let Some((s, _)) = xla_strategy {
+            config.strategy = Setting::env(s, XLA_PYTHON_CLIENT_ALLOCATOR);
+        } else if let Some(s) = tf_strategy {
+            config.strategy = Setting::env(s, TF_GPU_ALLOCATOR);
+        }
+
+        // --- Fraction: PORTALLOC_MEM_FRACTION > XLA_CLIENT_MEM_FRACTION > deprecated spelling.
+        let xla_fraction = get(XLA_CLIENT_MEM_FRACTION);
+        let deprecated_fraction = get(XLA_PYTHON_CLIENT_MEM_FRACTION);
+        if let (Some(new), Some(old)) = (&xla_fraction, &deprecated_fraction) {
+            return Err(Error::ConfigConflict(format!(
+                "{XLA_CLIENT_MEM_FRACTION}={new:?} and {XLA_PYTHON_CLIENT_MEM_FRACTION}={old:?} \
+                 are both set; remove {XLA_PYTHON_CLIENT_MEM_FRACTION}, the deprecated spelling"
+            )));
+        }
+        let mut fraction = None;
+        if let Some(v) = &deprecated_fraction {
+            warn(
+                warnings,
+                format!(
+                    "{XLA_PYTHON_CLIENT_MEM_FRACTION} is deprecated; \
+                     use {XLA_CLIENT_MEM_FRACTION} (or {PORTALLOC_MEM_FRACTION}) instead"
+                ),
+            );
+            fraction = Some(Setting::env(
+                parse_fraction(XLA_PYTHON_CLIENT_MEM_FRACTION, v)?,
+                XLA_PYTHON_CLIENT_MEM_FRACTION,
+            ));
+        }
+        if let Some(v) = &xla_fraction {
+            fraction = Some(Setting::env(
+                parse_fraction(XLA_CLIENT_MEM_FRACTION, v)?,
+                XLA_CLIENT_MEM_FRACTION,
+            ));
+        }
+        if let Some(v) = get(PORTALLOC_MEM_FRACTION) {
+            fraction = Some(Setting::env(
+                parse_fraction(PORTALLOC_MEM_FRACTION, &v)?,
+                PORTALLOC_MEM_FRACTION,
+            ));
+        }
+        if let Some(f) = fraction {
+            config.mem_fraction = f;
+        }
+
+        // --- Preallocate: PORTALLOC_PREALLOCATE > XLA_PYTHON_CLIENT_PREALLOCATE (JAX's quirk).
+        if let Some(v) = get(XLA_PYTHON_CLIENT_PREALLOCATE) {
+            let value = !JAX_PREALLOCATE_FALSE_VALUES.contains(&v.as_str());
+            let folded = v.trim().to_lowercase();
+            if value && JAX_PREALLOCATE_SURPRISING_VALUES.contains(&folded.as_str()) {
+                warn(
+                    warnings,
+                    format!(
+                        "{XLA_PYTHON_CLIENT_PREALLOCATE}={v:?}: JAX reads this as true, so \
+                         preallocation stays on; only `false`, `False` or `0` turn \
+                         preallocation off"
+                    ),
+                );
+            }
+            config.preallocate = Setting::env(value, XLA_PYTHON_CLIENT_PREALLOCATE);
+        }
+        if let Some(v) = get(PORTALLOC_PREALLOCATE) {
+            config.preallocate = Setting::env(
+                parse_bool(PORTALLOC_PREALLOCATE, &v)?,
+                PORTALLOC_PREALLOCATE,
+            );
+        }
+
+        // --- The rest.
+        if let Some(v) = get(TF_CUDA_MALLOC_ASYNC_SUPPORTED_PREALLOC) {
+            config.async_prealloc = Setting::env(
+                Some(parse_async_prealloc(
+                    TF_CUDA_MALLOC_ASYNC_SUPPORTED_PREALLOC,
+                    &v,
+                )?),
+                TF_CUDA_MALLOC_ASYNC_SUPPORTED_PREALLOC,
+            );
+        }
+        if let Some(v) = get(PORTALLOC_BACKEND) {
+            config.backend = Setting::env(parse_backend(PORTALLOC_BACKEND, &v)?, PORTALLOC_BACKEND);
+        }
+        if let Some(v) = get(PORTALLOC_HOST_CAPACITY) {
+            config.host_capacity = Setting::env(
+                Some(parse_host_capacity(PORTALLOC_HOST_CAPACITY, &v)?),
+                PORTALLOC_HOST_CAPACITY,
+            );
+        }
+        if let Some(v) = get(PORTALLOC_HOST_SIMULATED) {
+            config.host_simulated = Setting::env(
+                parse_bool(PORTALLOC_HOST_SIMULATED, &v)?,
+                PORTALLOC_HOST_SIMULATED,
+            );
+        }
+
+        Ok(config)
+    }
+
+    /// A builder: the environment (or [`ConfigBuilder::vars`], or defaults with
+    /// [`ConfigBuilder::ignore_env`]) first, then the builder's values over all of it.
+    pub fn builder<'a>() -> ConfigBuilder<'a> {
+        ConfigBuilder::default()
     }
 
     /// The allocator's memory limit for a device of `total` bytes: `fraction × total`.
     pub fn limit(&self, total: u64) -> u64 {
         (self.mem_fraction.value * total as f64) as u64
+    }
+
+    /// Every setting as `(setting, value, source)` rows, for `portalloc info`; the source is
+    /// `default`, the variable's name, or `builder`.
+    pub fn describe(&self) -> Vec<(String, String, String)> {
+        let row = |name: &str, value: String, source: &Source| {
+            (name.to_string(), value, source.to_string())
+        };
+        vec![
+            row(
+                "strategy",
+                self.strategy.value.to_string(),
+                &self.strategy.source,
+            ),
+            row(
+                "mem_fraction",
+                self.mem_fraction.value.to_string(),
+                &self.mem_fraction.source,
+            ),
+            row(
+                "preallocate",
+                self.preallocate.value.to_string(),
+                &self.preallocate.source,
+            ),
+            row(
+                "backend",
+                self.backend
+                    .value
+                    .map_or_else(|| "auto".to_string(), |v| v.to_string()),
+                &self.backend.source,
+            ),
+            row(
+                "async_prealloc",
+                self.async_prealloc
+                    .value
+                    .map_or_else(|| "unset".to_string(), |v| v.to_string()),
+                &self.async_prealloc.source,
+            ),
+            row(
+                "host_capacity",
+                self.host_capacity.value.map_or_else(
+                    || "physical memory".to_string(),
+                    |v| format!("{} ({v} bytes)", Bytes(v)),
+                ),
+                &self.host_capacity.source,
+            ),
+            row(
+                "host_simulated",
+                self.host_simulated.value.to_string(),
+                &self.host_simulated.source,
+            ),
+        ]
+    }
+}
+
+/// A boxed variable lookup, as [`ConfigBuilder::vars`] takes it.
+type Lookup<'a> = Box<dyn Fn(&str) -> Option<String> + 'a>;
+
+/// Builds a [`Config`]: the environment first, then every value given here over it
+/// (recorded as [`Source::Builder`]).
+#[derive(Default)]
+#[must_use]
+pub struct ConfigBuilder<'a> {
+    ignore_env: bool,
+    lookup: Option<Lookup<'a>>,
+    strategy: Option<StrategyKind>,
+    mem_fraction: Option<f64>,
+    preallocate: Option<bool>,
+    backend: Option<Option<Vendor>>,
+    async_prealloc: Option<i64>,
+    host_capacity: Option<u64>,
+    host_simulated: Option<bool>,
+}
+
+impl fmt::Debug for ConfigBuilder<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConfigBuilder")
+            .field("ignore_env", &self.ignore_env)
+            .field("lookup", &self.lookup.as_ref().map(|_| "<fn>"))
+            .field("strategy", &self.strategy)
+            .field("mem_fraction", &self.mem_fraction)
+            .field("preallocate", &self.preallocate)
+            .field("backend", &self.backend)
+            .field("async_prealloc", &self.async_prealloc)
+            .field("host_capacity", &self.host_capacity)
+            .field("host_simulated", &self.host_simulated)
+            .finish()
+    }
+}
+
+impl<'a> ConfigBuilder<'a> {
+    /// A builder that reads the process environment (same as [`Config::builder`]).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The strategy.
+    pub fn strategy(mut self, strategy: StrategyKind) -> Self {
+        self.strategy = Some(strategy);
+        self
+    }
+
+    /// Fraction of TOTAL device memory, in (0, 1]; checked by [`ConfigBuilder::build`].
+    pub fn mem_fraction(mut self, fraction: f64) -> Self {
+        self.mem_fraction = Some(fraction);
+        self
+    }
+
+    /// Preallocate or grow.
+    pub fn preallocate(mut self, preallocate: bool) -> Self {
+        self.preallocate = Some(preallocate);
+        self
+    }
+
+    /// Force a backend, or `None` to discover.
+    pub fn backend(mut self, backend: Option<Vendor>) -> Self {
+        self.backend = Some(backend);
+        self
+    }
+
+    /// Bytes the async pool preallocates: `-1` or ≥ 0, as XLA reads
+    /// `TF_CUDA_MALLOC_ASYNC_SUPPORTED_PREALLOC`; checked by [`ConfigBuilder::build`].
+    pub fn async_prealloc(mut self, bytes: i64) -> Self {
+        self.async_prealloc = Some(bytes);
+        self
+    }
+
+    /// Capacity of the host device in bytes (> 0; checked by [`ConfigBuilder::build`]).
+    pub fn host_capacity(mut self, bytes: u64) -> Self {
+        self.host_capacity = Some(bytes);
+        self
+    }
+
+    /// Whether the host device only tracks addresses.
+    pub fn host_simulated(mut self, simulated: bool) -> Self {
+        self.host_simulated = Some(simulated);
+        self
+    }
+
+    /// Start from the defaults instead of reading the environment.
+    pub fn ignore_env(mut self) -> Self {
+        self.ignore_env = true;
+        self
+    }
+
+    /// Read variables through `lookup` instead of the process environment (for tests).
+    pub fn vars(mut self, lookup: impl Fn(&str) -> Option<String> + 'a) -> Self {
+        self.lookup = Some(Box::new(lookup));
+        self
+    }
+
+    /// The configuration: the environment (unless ignored), then the builder's values.
+    ///
+    /// Errors: any [`Error::Config`] / [`Error::ConfigConflict`] of [`Config::from_vars`];
+    /// an out-of-range builder value is an [`Error::Config`] naming the builder option
+    /// (`mem_fraction`, `async_prealloc`, `host_capacity`).
+    pub fn build(self) -> Result<Config> {
+        let mut config = if self.ignore_env {
+            Config::default()
+        } else if let Some(lookup) = &self.lookup {
+            Config::from_vars(lookup)?
+        } else {
+            Config::from_env()?
+        };
+        if let Some(s) = self.strategy {
+            config.strategy = Setting::builder(s);
+        }
+        if let Some(f) = self.mem_fraction {
+            if !valid_fraction(f) {
+                return Err(Error::config(
+                    "mem_fraction",
+                    f.to_string(),
+                    FRACTION_ACCEPTED,
+                ));
+            }
+            config.mem_fraction = Setting::builder(f);
+        }
+        if let Some(p) = self.preallocate {
+            config.preallocate = Setting::builder(p);
+        }
+        if let Some(b) = self.backend {
+            config.backend = Setting::builder(b);
+        }
+        if let Some(a) = self.async_prealloc {
+            if a < -1 {
+                return Err(Error::config(
+                    "async_prealloc",
+                    a.to_string(),
+                    ASYNC_PREALLOC_ACCEPTED,
+                ));
+            }
+            config.async_prealloc = Setting::builder(Some(a));
+        }
+        if let Some(c) = self.host_capacity {
+            if c == 0 {
+                return Err(Error::config("host_capacity", "0", HOST_CAPACITY_ACCEPTED));
+            }
+            config.host_capacity = Setting::builder(Some(c));
+        }
+        if let Some(s) = self.host_simulated {
+            config.host_simulated = Setting::builder(s);
+        }
+        Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_with_no_variables() {
+        let c = Config::from_vars(|_| None).unwrap();
+        assert_eq!(c, Config::default());
+        assert_eq!(c.limit(1000), 750);
+    }
+
+    #[test]
+    fn strategy_parse_round_trips() {
+        for kind in [
+            StrategyKind::Bfc,
+            StrategyKind::Platform,
+            StrategyKind::Vmm,
+            StrategyKind::Async,
+        ] {
+            assert_eq!(StrategyKind::parse(kind.name()), Some(kind));
+            assert_eq!(kind.to_string().parse::<StrategyKind>().unwrap(), kind);
+        }
+        assert_eq!(StrategyKind::parse("nope"), None);
     }
 }

@@ -1,33 +1,245 @@
-//! Device discovery (being written).
+//! Device discovery: probe every compiled-in backend, pick one, and explain each choice.
+//!
+//! Order: `cuda`, then `hip`, then the host, which is always there. `PORTALLOC_BACKEND`
+//! (or the builder) forces one: the others are skipped, and a forced backend that cannot
+//! serve is an error, never a silent fallback.
 
 use std::sync::Arc;
 
+use serde::Serialize;
+
 use crate::allocator::Allocator;
+use crate::backends::host::HostDevice;
+use crate::backends::Probe;
 use crate::config::Config;
-use crate::device::Device;
-use crate::error::Result;
+use crate::device::{Device, Vendor};
+use crate::error::{Error, Result};
+
+/// What discovery decided about one backend.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "decision", content = "reason", rename_all = "snake_case")]
+pub enum Decision {
+    /// This backend serves the devices.
+    Chosen,
+    /// Probed and usable, but an earlier backend was chosen.
+    Passed(String),
+    /// Probed and not usable (no library, no device, or no device implementation yet).
+    Unusable(String),
+    /// Not probed, because another backend was forced.
+    Skipped(String),
+    /// Not in this build (its cargo feature is off).
+    NotCompiled,
+}
+
+/// One backend's probe and the decision made about it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Candidate {
+    /// The backend.
+    pub backend: Vendor,
+    /// What probing found (`None` when not probed).
+    pub probe: Option<Probe>,
+    /// The decision.
+    pub decision: Decision,
+}
 
 /// The result of probing every compiled-in backend.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Discovery {
-    /// The devices of the chosen backend.
+    /// Every backend, in probing order, with what was found and decided.
+    pub candidates: Vec<Candidate>,
+    /// The backend chosen.
+    pub chosen: Vendor,
+    /// The devices of the chosen backend, by ordinal.
     pub devices: Vec<Arc<dyn Device>>,
 }
 
-/// Probes the backends.
-pub fn discover(_config: &Config) -> Result<Discovery> {
-    todo!()
+/// Probes the backends and opens the devices of the one chosen.
+///
+/// # Errors
+/// [`Error::NoDevice`] when the backend `config` forces cannot serve (its probe's reason is
+/// in the message); [`Error::Unsupported`] when it is not compiled in; errors from opening the
+/// host device (an invalid capacity).
+pub fn discover(config: &Config) -> Result<Discovery> {
+    let forced = config.backend.value;
+    let forced_by = format!(
+        "{} forces {}",
+        config_source_name(config),
+        forced.map(Vendor::name).unwrap_or("auto")
+    );
+    let mut candidates = Vec::new();
+    let mut chosen: Option<Vendor> = None;
+
+    for vendor in [Vendor::Cuda, Vendor::Hip] {
+        if !compiled(vendor) {
+            if forced == Some(vendor) {
+                return Err(Error::Unsupported {
+                    what: format!("backend `{vendor}`"),
+                    backend: vendor.name(),
+                    reason: format!("this build lacks the `{vendor}` cargo feature; rebuild with --features {vendor}"),
+                });
+            }
+            candidates.push(Candidate {
+                backend: vendor,
+                probe: None,
+                decision: Decision::NotCompiled,
+            });
+            continue;
+        }
+        if forced.is_some() && forced != Some(vendor) {
+            candidates.push(Candidate {
+                backend: vendor,
+                probe: None,
+                decision: Decision::Skipped(forced_by.clone()),
+            });
+            continue;
+        }
+        let probe = probe_vendor(vendor);
+        let decision = if probe.device_count == 0 {
+            let why = probe.error.clone().unwrap_or_else(|| "no devices".into());
+            if forced == Some(vendor) {
+                return Err(Error::NoDevice(format!("{forced_by}, but {vendor}: {why}")));
+            }
+            Decision::Unusable(why)
+        } else {
+            // The vendor shims' `Device` implementations (allocation, VMM, pools) are built
+            // on the probe layer in their own change; until then the host stands in, and
+            // says so, rather than pretending to allocate on the GPU.
+            let why = format!(
+                "found {} device(s), but this build has no {vendor} Device implementation yet",
+                probe.device_count
+            );
+            if forced == Some(vendor) {
+                return Err(Error::NoDevice(format!("{forced_by}, but {why}")));
+            }
+            Decision::Unusable(why)
+        };
+        candidates.push(Candidate {
+            backend: vendor,
+            probe: Some(probe),
+            decision,
+        });
+    }
+
+    let host_decision = match chosen {
+        Some(v) => Decision::Passed(format!("{v} was chosen first")),
+        None => {
+            chosen = Some(Vendor::Host);
+            Decision::Chosen
+        }
+    };
+    let host_probe = Probe {
+        backend: Some(Vendor::Host),
+        library: None,
+        device_count: 1,
+        ..Probe::default()
+    };
+    candidates.push(Candidate {
+        backend: Vendor::Host,
+        probe: Some(host_probe),
+        decision: host_decision,
+    });
+
+    let chosen = chosen.unwrap_or(Vendor::Host);
+    let devices: Vec<Arc<dyn Device>> = vec![Arc::new(host_device(config)?)];
+    Ok(Discovery {
+        candidates,
+        chosen,
+        devices,
+    })
 }
 
-/// Discovery, configuration and a strategy per device, in one value.
+/// The host device `config` describes (`PORTALLOC_HOST_CAPACITY`, `PORTALLOC_HOST_SIMULATED`).
+pub fn host_device(config: &Config) -> Result<HostDevice> {
+    let mut builder = HostDevice::builder().simulated(config.host_simulated.value);
+    if let Some(capacity) = config.host_capacity.value {
+        builder = builder.capacity(capacity);
+    }
+    builder.build()
+}
+
+fn config_source_name(config: &Config) -> String {
+    match &config.backend.source {
+        crate::config::Source::Env(name) => (*name).to_string(),
+        crate::config::Source::Builder => "the builder".into(),
+        crate::config::Source::Default => "the default".into(),
+    }
+}
+
+fn compiled(vendor: Vendor) -> bool {
+    match vendor {
+        Vendor::Cuda => cfg!(feature = "cuda"),
+        Vendor::Hip => cfg!(feature = "hip"),
+        _ => true,
+    }
+}
+
+fn probe_vendor(vendor: Vendor) -> Probe {
+    match vendor {
+        #[cfg(feature = "cuda")]
+        Vendor::Cuda => crate::backends::cuda::probe(),
+        #[cfg(feature = "hip")]
+        Vendor::Hip => crate::backends::hip::probe(),
+        other => Probe {
+            backend: Some(other),
+            ..Probe::default()
+        },
+    }
+}
+
+/// Discovery, configuration and one allocator per device, in one value.
 pub struct Portalloc {
-    /// One allocator per device.
+    /// The configuration used.
+    pub config: Config,
+    /// What discovery found.
+    pub discovery: Discovery,
+    /// One allocator per device, by ordinal.
     pub allocators: Vec<Box<dyn Allocator>>,
 }
 
+impl std::fmt::Debug for Portalloc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Portalloc")
+            .field("config", &self.config)
+            .field("chosen", &self.discovery.chosen)
+            .field(
+                "allocators",
+                &self
+                    .allocators
+                    .iter()
+                    .map(|a| a.name().to_string())
+                    .collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
 impl Portalloc {
-    /// From the environment.
+    /// Reads the environment, discovers devices and builds the configured strategy on each.
+    ///
+    /// # Errors
+    /// Configuration errors, discovery errors, and [`Error::Unsupported`] for a strategy the
+    /// chosen backend cannot serve.
     pub fn from_env() -> Result<Portalloc> {
-        todo!()
+        Portalloc::from_config(Config::from_env()?)
+    }
+
+    /// As [`Portalloc::from_env`], with an explicit configuration.
+    pub fn from_config(config: Config) -> Result<Portalloc> {
+        let discovery = discover(&config)?;
+        let allocators = discovery
+            .devices
+            .iter()
+            .map(|d| crate::strategy::build(&config, Arc::clone(d)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Portalloc {
+            config,
+            discovery,
+            allocators,
+        })
+    }
+
+    /// The allocator of device `ordinal`.
+    pub fn allocator(&self, ordinal: usize) -> Option<&dyn Allocator> {
+        self.allocators.get(ordinal).map(|a| a.as_ref())
     }
 }

@@ -162,7 +162,10 @@ pub enum Error {
 impl Error {
     /// True for every out-of-memory flavour: allocator-level (with a report) and device-level.
     pub fn is_out_of_memory(&self) -> bool {
-        matches!(self, Error::OutOfMemory(_) | Error::DeviceOutOfMemory { .. })
+        matches!(
+            self,
+            Error::OutOfMemory(_) | Error::DeviceOutOfMemory { .. }
+        )
     }
 
     /// The OOM report, when this is an allocator-level out-of-memory error.

@@ -46,7 +46,7 @@ pub mod strategy;
 pub mod units;
 
 pub use allocator::{Allocation, Allocator, Stats};
-pub use config::{Config, StrategyKind};
+pub use config::{Config, ConfigBuilder, Source, StrategyKind};
 pub use device::{Device, DeviceInfo, MemInfo, Stream, Vendor};
 pub use discover::{discover, Discovery, Portalloc};
 pub use error::{Error, Result};

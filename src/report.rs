@@ -83,15 +83,29 @@ impl fmt::Display for OomReport {
             Some(limit) => writeln!(f, "  limit:              {} ({} B)", Bytes(limit), limit)?,
             None => writeln!(f, "  limit:              none")?,
         }
-        writeln!(f, "  in use:             {} ({} B)", Bytes(self.bytes_in_use), self.bytes_in_use)?;
-        writeln!(f, "  pool:               {} ({} B)", Bytes(self.pool_bytes), self.pool_bytes)?;
+        writeln!(
+            f,
+            "  in use:             {} ({} B)",
+            Bytes(self.bytes_in_use),
+            self.bytes_in_use
+        )?;
+        writeln!(
+            f,
+            "  pool:               {} ({} B)",
+            Bytes(self.pool_bytes),
+            self.pool_bytes
+        )?;
         writeln!(
             f,
             "  largest free chunk: {} ({} B)",
             Bytes(self.largest_free_block),
             self.largest_free_block
         )?;
-        writeln!(f, "  fragmentation:      {:.1}%", self.fragmentation * 100.0)?;
+        writeln!(
+            f,
+            "  fragmentation:      {:.1}%",
+            self.fragmentation * 100.0
+        )?;
         if let Some(free) = self.device_free {
             writeln!(f, "  device free:        {} ({} B)", Bytes(free), free)?;
         }

@@ -1,1 +1,197 @@
-fn main() {}
+//! The `portalloc` command line.
+//!
+//! `portalloc info` prints the discovery report (every backend probed, what it found, what
+//! was chosen and why), each device's facts, and the effective configuration with where
+//! each value came from. `--json` prints the same for machines.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use portalloc::discover::{discover, Decision, Discovery};
+use portalloc::units::Bytes;
+use portalloc::Config;
+use serde_json::json;
+
+#[derive(Parser)]
+#[command(
+    name = "portalloc",
+    version,
+    about = "One GPU memory allocator for NVIDIA and AMD GPUs"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Show discovery, devices and the effective configuration.
+    Info {
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("PORTALLOC_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .without_time()
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Info { json } => info(json),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("portalloc: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn backends_compiled() -> Vec<&'static str> {
+    let mut v = Vec::new();
+    if cfg!(feature = "cuda") {
+        v.push("cuda");
+    }
+    if cfg!(feature = "hip") {
+        v.push("hip");
+    }
+    v.push("host");
+    v
+}
+
+fn decision_text(d: &Decision) -> (&'static str, String) {
+    match d {
+        Decision::Chosen => ("chosen", String::new()),
+        Decision::Passed(r) => ("passed", r.clone()),
+        Decision::Unusable(r) => ("unusable", r.clone()),
+        Decision::Skipped(r) => ("skipped", r.clone()),
+        Decision::NotCompiled => ("not compiled", "built without this cargo feature".into()),
+    }
+}
+
+fn info(as_json: bool) -> portalloc::Result<()> {
+    let config = Config::from_env()?;
+    let discovery = discover(&config)?;
+    if as_json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&info_json(&config, &discovery)?).unwrap_or_default()
+        );
+        return Ok(());
+    }
+    println!(
+        "portalloc {} ({}; backends compiled: {})",
+        env!("CARGO_PKG_VERSION"),
+        env!("PORTALLOC_BUILD_TARGET"),
+        backends_compiled().join(", ")
+    );
+    println!();
+    println!("Discovery");
+    for c in &discovery.candidates {
+        let (word, why) = decision_text(&c.decision);
+        println!("  {:<5} {:<12} {}", c.backend.name(), word, why);
+        if let Some(p) = &c.probe {
+            let mut facts = Vec::new();
+            if let Some(lib) = &p.library {
+                facts.push(format!("library {lib}"));
+            }
+            if let Some(v) = &p.driver_version {
+                facts.push(format!("driver {v}"));
+            }
+            if let Some(v) = &p.runtime_version {
+                facts.push(format!("runtime {v}"));
+            }
+            if !facts.is_empty() {
+                println!("  {:<5} {:<12} {}", "", "", facts.join(", "));
+            }
+            for failure in &p.load_failures {
+                println!("  {:<5} {:<12} tried {failure}", "", "");
+            }
+            for d in &p.devices {
+                println!("  {:<5} {:<12} device {d}", "", "");
+            }
+        }
+    }
+    println!();
+    println!("Devices ({})", discovery.chosen);
+    for device in &discovery.devices {
+        let i = device.info();
+        let mem = device.mem_info()?;
+        println!(
+            "  {}:{}  {}  arch {}, {} total, {} free, granularity {} (recommended {})",
+            i.vendor,
+            i.ordinal,
+            i.name,
+            i.arch,
+            Bytes(i.total_bytes),
+            Bytes(mem.free),
+            Bytes(i.min_granularity),
+            Bytes(i.recommended_granularity)
+        );
+        println!(
+            "        virtual memory: {}, stream-ordered pools: {}",
+            yes_no(i.capabilities.virtual_memory),
+            yes_no(i.capabilities.stream_ordered_pool)
+        );
+        for (k, v) in &i.notes {
+            println!("        {k}: {v}");
+        }
+        println!(
+            "        allocator limit (fraction × total): {}",
+            Bytes(config.limit(i.total_bytes))
+        );
+    }
+    println!();
+    println!("Configuration");
+    for (setting, value, source) in config.describe() {
+        println!("  {setting:<16} {value:<12} from {source}");
+    }
+    for w in &config.warnings {
+        println!("  warning: {w}");
+    }
+    Ok(())
+}
+
+fn yes_no(b: bool) -> &'static str {
+    if b {
+        "yes"
+    } else {
+        "no"
+    }
+}
+
+fn info_json(config: &Config, discovery: &Discovery) -> portalloc::Result<serde_json::Value> {
+    let devices = discovery
+        .devices
+        .iter()
+        .map(|d| {
+            let mem = d.mem_info()?;
+            Ok(json!({
+                "info": d.info(),
+                "mem_info": mem,
+                "limit": config.limit(d.info().total_bytes),
+            }))
+        })
+        .collect::<portalloc::Result<Vec<_>>>()?;
+    Ok(json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "target": env!("PORTALLOC_BUILD_TARGET"),
+        "backends_compiled": backends_compiled(),
+        "discovery": {
+            "chosen": discovery.chosen,
+            "candidates": discovery.candidates,
+        },
+        "devices": devices,
+        "config": config,
+        "config_sources": config.describe().into_iter().map(|(s, v, src)| json!({"setting": s, "value": v, "source": src})).collect::<Vec<_>>(),
+        "warnings": config.warnings,
+    }))
+}

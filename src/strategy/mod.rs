@@ -22,9 +22,15 @@ pub fn build(config: &Config, device: Arc<dyn Device>) -> Result<Box<dyn Allocat
     match config.strategy.value {
         StrategyKind::Bfc => Ok(Box::new(bfc::BfcAllocator::new(
             device,
-            bfc::BfcOptions { limit, preallocate: config.preallocate.value },
+            bfc::BfcOptions {
+                limit,
+                preallocate: config.preallocate.value,
+            },
         )?)),
-        StrategyKind::Platform => Ok(Box::new(platform::PlatformAllocator::new(device, Some(limit)))),
+        StrategyKind::Platform => Ok(Box::new(platform::PlatformAllocator::new(
+            device,
+            Some(limit),
+        ))),
         other => Err(Error::Unsupported {
             what: format!("strategy `{}`", other.name()),
             backend: device.info().vendor.name(),

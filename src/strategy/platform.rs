@@ -6,7 +6,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::allocator::{effective_alignment, next_allocator_id, round_up, Allocation, Allocator, Stats};
+use crate::allocator::{
+    effective_alignment, next_allocator_id, round_up, Allocation, Allocator, Stats,
+};
 use crate::device::{Device, Stream};
 use crate::error::{Error, Result};
 
@@ -35,10 +37,18 @@ impl<D: Device + ?Sized> PlatformAllocator<D> {
     /// whatever the device gives).
     pub fn new(device: Arc<D>, limit: Option<u64>) -> Self {
         let books = Books {
-            stats: Stats { bytes_limit: limit, ..Stats::default() },
+            stats: Stats {
+                bytes_limit: limit,
+                ..Stats::default()
+            },
             ..Books::default()
         };
-        PlatformAllocator { device, id: next_allocator_id(), limit, books: Mutex::new(books) }
+        PlatformAllocator {
+            device,
+            id: next_allocator_id(),
+            limit,
+            books: Mutex::new(books),
+        }
     }
 
     /// The device it allocates from.
@@ -62,7 +72,13 @@ impl<D: Device + ?Sized> Allocator for PlatformAllocator<D> {
         self.id
     }
 
-    fn allocate(&self, size: u64, alignment: u64, stream: Stream, _tag: &str) -> Result<Allocation> {
+    fn allocate(
+        &self,
+        size: u64,
+        alignment: u64,
+        stream: Stream,
+        _tag: &str,
+    ) -> Result<Allocation> {
         let alignment = effective_alignment(alignment, DEVICE_ALIGNMENT, DEVICE_ALIGNMENT)?;
         let mut books = self.books();
         books.stats.num_allocs += 1;
@@ -72,7 +88,10 @@ impl<D: Device + ?Sized> Allocator for PlatformAllocator<D> {
         let rounded = round_up(size, alignment)?;
         if let Some(limit) = self.limit {
             if rounded > limit {
-                return Err(Error::ExceedsLimit { requested: size, limit });
+                return Err(Error::ExceedsLimit {
+                    requested: size,
+                    limit,
+                });
             }
             if books.stats.bytes_in_use + rounded > limit {
                 return Err(Error::DeviceOutOfMemory {

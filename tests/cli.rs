@@ -1,0 +1,137 @@
+//! The `portalloc` command line, run as a user runs it.
+#![cfg(feature = "cli")]
+
+use std::process::Command;
+
+fn portalloc(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_portalloc"));
+    cmd.args(args);
+    for var in [
+        "XLA_PYTHON_CLIENT_ALLOCATOR",
+        "XLA_CLIENT_MEM_FRACTION",
+        "XLA_PYTHON_CLIENT_MEM_FRACTION",
+        "XLA_PYTHON_CLIENT_PREALLOCATE",
+        "TF_GPU_ALLOCATOR",
+        "PORTALLOC_ALLOCATOR",
+        "PORTALLOC_MEM_FRACTION",
+        "PORTALLOC_PREALLOCATE",
+        "PORTALLOC_BACKEND",
+        "PORTALLOC_HOST_CAPACITY",
+        "PORTALLOC_HOST_SIMULATED",
+    ] {
+        cmd.env_remove(var);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run portalloc");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn cuda_library() -> Option<String> {
+    std::env::var("PORTALLOC_TEST_CUDA_LIBRARY")
+        .ok()
+        .filter(|p| !p.is_empty())
+}
+
+#[test]
+fn info_prints_discovery_devices_and_configuration() {
+    let (ok, out, err) = portalloc(
+        &["info"],
+        &[
+            ("XLA_CLIENT_MEM_FRACTION", "0.5"),
+            ("PORTALLOC_HOST_CAPACITY", "80GiB"),
+        ],
+    );
+    assert!(ok, "{err}");
+    for needle in [
+        "Discovery",
+        "host ",
+        "chosen",
+        "Devices (host)",
+        "80.00 GiB total",
+        "Configuration",
+        "mem_fraction",
+        "XLA_CLIENT_MEM_FRACTION",
+        "40.00 GiB",
+    ] {
+        assert!(out.contains(needle), "`{needle}` missing from:\n{out}");
+    }
+}
+
+#[test]
+fn info_json_reports_each_probe() {
+    let mut env = vec![
+        ("PORTALLOC_HOST_SIMULATED", "1"),
+        ("PORTALLOC_HOST_CAPACITY", "141GiB"),
+    ];
+    let lib = cuda_library();
+    if let Some(lib) = &lib {
+        env.push(("PORTALLOC_CUDA_LIBRARY", lib.as_str()));
+    }
+    let (ok, out, err) = portalloc(&["info", "--json"], &env);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("valid JSON");
+    assert_eq!(v["discovery"]["chosen"], "host");
+    assert_eq!(v["devices"][0]["info"]["total_bytes"], 141u64 << 30);
+    let candidates = v["discovery"]["candidates"].as_array().unwrap();
+    let host = candidates.iter().find(|c| c["backend"] == "host").unwrap();
+    assert_eq!(host["decision"]["decision"], "chosen");
+    if cfg!(feature = "cuda") {
+        let cuda = candidates.iter().find(|c| c["backend"] == "cuda").unwrap();
+        if lib.is_some() {
+            assert_eq!(cuda["probe"]["library"], lib.unwrap().as_str());
+            let reason = cuda["decision"]["reason"].as_str().unwrap();
+            assert!(
+                reason.contains("CUDA_ERROR_NO_DEVICE") || reason.contains("found"),
+                "{reason}"
+            );
+        }
+    }
+}
+
+#[test]
+fn forcing_an_unusable_backend_is_an_error_with_the_reason() {
+    let Some(lib) = cuda_library() else {
+        eprintln!("skipping: PORTALLOC_TEST_CUDA_LIBRARY is not set (run scripts/test)");
+        return;
+    };
+    if !cfg!(feature = "cuda") {
+        return;
+    }
+    let (ok, _, err) = portalloc(
+        &["info"],
+        &[
+            ("PORTALLOC_BACKEND", "cuda"),
+            ("PORTALLOC_CUDA_LIBRARY", &lib),
+        ],
+    );
+    assert!(!ok);
+    assert!(err.contains("PORTALLOC_BACKEND forces cuda"), "{err}");
+    assert!(err.contains("CUDA_ERROR_NO_DEVICE"), "{err}");
+}
+
+#[test]
+fn a_bad_variable_fails_naming_variable_value_and_accepted_values() {
+    let (ok, _, err) = portalloc(&["info"], &[("XLA_PYTHON_CLIENT_ALLOCATOR", "bogus")]);
+    assert!(!ok);
+    for needle in [
+        "XLA_PYTHON_CLIENT_ALLOCATOR",
+        "bogus",
+        "platform",
+        "cuda_async",
+    ] {
+        assert!(err.contains(needle), "`{needle}` missing from: {err}");
+    }
+}
+
+#[test]
+fn surprising_jax_values_warn() {
+    let (ok, out, _) = portalloc(&["info"], &[("XLA_PYTHON_CLIENT_PREALLOCATE", "FALSE")]);
+    assert!(ok);
+    assert!(out.contains("warning:"), "{out}");
+}

@@ -1,0 +1,633 @@
+//! Configuration: every variable, with JAX/XLA's semantics, and the builder.
+//!
+//! Variables are given through a `HashMap` lookup; the process environment is never touched.
+
+use std::collections::HashMap;
+
+use portalloc::config::{
+    Config, Source, StrategyKind, FRACTION_ACCEPTED, PORTALLOC_ALLOCATOR_VALUES,
+    XLA_ALLOCATOR_VALUES,
+};
+use portalloc::{Error, Vendor};
+use test_case::test_case;
+
+fn vars(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn read(pairs: &[(&str, &str)]) -> portalloc::Result<Config> {
+    let map = vars(pairs);
+    Config::from_vars(move |name| map.get(name).cloned())
+}
+
+fn ok(pairs: &[(&str, &str)]) -> Config {
+    match read(pairs) {
+        Ok(c) => c,
+        Err(e) => panic!("{pairs:?} should be accepted, got: {e}"),
+    }
+}
+
+/// The `Error::Config` fields, or a panic naming what came instead.
+fn config_err(result: portalloc::Result<Config>) -> (String, String, String) {
+    match result {
+        Err(Error::Config {
+            variable,
+            value,
+            accepted,
+        }) => (variable, value, accepted),
+        Err(other) => panic!("expected Error::Config, got {other:?}"),
+        Ok(c) => panic!("expected Error::Config, got Ok({c:?})"),
+    }
+}
+
+// ---------------------------------------------------------------- strategy
+
+#[test_case("default", StrategyKind::Bfc ; "default is bfc")]
+#[test_case("bfc", StrategyKind::Bfc ; "bfc")]
+#[test_case("platform", StrategyKind::Platform ; "platform")]
+#[test_case("address", StrategyKind::Platform ; "address is platform")]
+#[test_case("vmm", StrategyKind::Vmm ; "vmm")]
+#[test_case("cuda_async", StrategyKind::Async ; "cuda_async is async")]
+#[test_case("BFC", StrategyKind::Bfc ; "uppercase is lowercased as in JAX")]
+#[test_case("Cuda_Async", StrategyKind::Async ; "mixed case cuda_async")]
+fn xla_allocator(value: &str, expected: StrategyKind) {
+    let c = ok(&[("XLA_PYTHON_CLIENT_ALLOCATOR", value)]);
+    assert_eq!(c.strategy.value, expected);
+    assert_eq!(
+        c.strategy.source,
+        Source::Env("XLA_PYTHON_CLIENT_ALLOCATOR")
+    );
+    assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+}
+
+#[test_case("XLA_PYTHON_CLIENT_ALLOCATOR", "cuda_malloc" ; "xla unknown name")]
+#[test_case("XLA_PYTHON_CLIENT_ALLOCATOR", "async" ; "xla does not take portalloc async")]
+#[test_case("XLA_PYTHON_CLIENT_ALLOCATOR", " bfc" ; "xla does not trim")]
+#[test_case("PORTALLOC_ALLOCATOR", "best_fit" ; "portalloc unknown name")]
+fn unknown_allocator_is_an_error_naming_everything(variable: &str, value: &str) {
+    let (var, val, accepted) = config_err(read(&[(variable, value)]));
+    assert_eq!(var, variable);
+    assert_eq!(val, value);
+    let list = if variable == "PORTALLOC_ALLOCATOR" {
+        PORTALLOC_ALLOCATOR_VALUES
+    } else {
+        XLA_ALLOCATOR_VALUES
+    };
+    for name in list {
+        assert!(accepted.contains(name), "{accepted:?} lacks {name}");
+    }
+    let message = Error::config(var, val, accepted).to_string();
+    assert!(
+        message.contains(variable) && message.contains(value.trim()),
+        "{message}"
+    );
+}
+
+#[test_case("default", StrategyKind::Bfc ; "portalloc default")]
+#[test_case("bfc", StrategyKind::Bfc ; "portalloc bfc")]
+#[test_case("platform", StrategyKind::Platform ; "portalloc platform")]
+#[test_case("address", StrategyKind::Platform ; "portalloc address")]
+#[test_case("vmm", StrategyKind::Vmm ; "portalloc vmm")]
+#[test_case("cuda_async", StrategyKind::Async ; "portalloc cuda_async")]
+#[test_case("async", StrategyKind::Async ; "portalloc async")]
+#[test_case("ASYNC", StrategyKind::Async ; "portalloc is case insensitive")]
+fn portalloc_allocator(value: &str, expected: StrategyKind) {
+    let c = ok(&[("PORTALLOC_ALLOCATOR", value)]);
+    assert_eq!(c.strategy.value, expected);
+    assert_eq!(c.strategy.source, Source::Env("PORTALLOC_ALLOCATOR"));
+}
+
+#[test_case(&[("PORTALLOC_ALLOCATOR", "vmm"), ("XLA_PYTHON_CLIENT_ALLOCATOR", "platform")],
+            StrategyKind::Vmm, "PORTALLOC_ALLOCATOR" ; "portalloc beats xla")]
+#[test_case(&[("PORTALLOC_ALLOCATOR", "platform"), ("TF_GPU_ALLOCATOR", "cuda_malloc_async")],
+            StrategyKind::Platform, "PORTALLOC_ALLOCATOR" ; "portalloc beats tf")]
+#[test_case(&[("XLA_PYTHON_CLIENT_ALLOCATOR", "bfc"), ("TF_GPU_ALLOCATOR", "cuda_malloc_async")],
+            StrategyKind::Bfc, "XLA_PYTHON_CLIENT_ALLOCATOR" ; "xla beats tf")]
+#[test_case(&[("TF_GPU_ALLOCATOR", "cuda_malloc_async")],
+            StrategyKind::Async, "TF_GPU_ALLOCATOR" ; "tf alone selects async")]
+#[test_case(&[("PORTALLOC_ALLOCATOR", ""), ("XLA_PYTHON_CLIENT_ALLOCATOR", "vmm")],
+            StrategyKind::Vmm, "XLA_PYTHON_CLIENT_ALLOCATOR" ; "empty portalloc is unset")]
+fn strategy_precedence(pairs: &[(&str, &str)], expected: StrategyKind, source: &'static str) {
+    let c = ok(pairs);
+    assert_eq!(c.strategy.value, expected);
+    assert_eq!(c.strategy.source, Source::Env(source));
+}
+
+#[test_case("bfc", true ; "disagreeing xla and tf warn")]
+#[test_case("cuda_async", false ; "agreeing xla and tf do not warn")]
+fn xla_and_tf_disagreement_warns(xla: &str, warns: bool) {
+    let c = ok(&[
+        ("XLA_PYTHON_CLIENT_ALLOCATOR", xla),
+        ("TF_GPU_ALLOCATOR", "cuda_malloc_async"),
+    ]);
+    assert_eq!(c.warnings.len(), usize::from(warns), "{:?}", c.warnings);
+    if warns {
+        assert!(c.warnings[0].contains("TF_GPU_ALLOCATOR"));
+        assert!(c.warnings[0].contains("XLA_PYTHON_CLIENT_ALLOCATOR"));
+    }
+}
+
+#[test_case("cuda_malloc" ; "tf cuda_malloc")]
+#[test_case("CUDA_MALLOC_ASYNC" ; "tf is case sensitive")]
+#[test_case("bfc" ; "tf bfc")]
+fn tf_gpu_allocator_other_values_are_errors(value: &str) {
+    let (var, val, accepted) = config_err(read(&[("TF_GPU_ALLOCATOR", value)]));
+    assert_eq!(var, "TF_GPU_ALLOCATOR");
+    assert_eq!(val, value);
+    assert!(accepted.contains("cuda_malloc_async"), "{accepted}");
+}
+
+#[test]
+fn tf_gpu_allocator_empty_is_unset() {
+    let c = ok(&[("TF_GPU_ALLOCATOR", "")]);
+    assert_eq!(c.strategy.value, StrategyKind::Bfc);
+    assert_eq!(c.strategy.source, Source::Default);
+}
+
+// ---------------------------------------------------------------- fraction
+
+#[test_case("0.9", 0.9 ; "zero point nine")]
+#[test_case("1", 1.0 ; "one is allowed")]
+#[test_case("0.5", 0.5 ; "half")]
+#[test_case(".25", 0.25 ; "leading dot")]
+#[test_case("1e-1", 0.1 ; "exponent")]
+#[test_case(" 0.6 ", 0.6 ; "blanks around as python float")]
+fn fraction_good(text: &str, expected: f64) {
+    let c = ok(&[("XLA_CLIENT_MEM_FRACTION", text)]);
+    assert_eq!(c.mem_fraction.value, expected);
+    assert_eq!(
+        c.mem_fraction.source,
+        Source::Env("XLA_CLIENT_MEM_FRACTION")
+    );
+    assert!(c.warnings.is_empty());
+}
+
+#[test_case("abc" ; "not a number")]
+#[test_case("NaN" ; "nan")]
+#[test_case("inf" ; "infinity")]
+#[test_case("-inf" ; "negative infinity")]
+#[test_case("0" ; "zero")]
+#[test_case("-0" ; "negative zero")]
+#[test_case("-0.5" ; "negative")]
+#[test_case("1.5" ; "above one")]
+#[test_case("75%" ; "percent")]
+#[test_case("0,5" ; "comma decimal")]
+fn fraction_bad(text: &str) {
+    for variable in [
+        "XLA_CLIENT_MEM_FRACTION",
+        "XLA_PYTHON_CLIENT_MEM_FRACTION",
+        "PORTALLOC_MEM_FRACTION",
+    ] {
+        let (var, val, accepted) = config_err(read(&[(variable, text)]));
+        assert_eq!(var, variable);
+        assert_eq!(val, text);
+        assert_eq!(accepted, FRACTION_ACCEPTED);
+    }
+}
+
+#[test]
+fn fraction_default_is_three_quarters_of_total() {
+    let c = ok(&[]);
+    assert_eq!(c.mem_fraction.value, 0.75);
+    assert_eq!(c.mem_fraction.source, Source::Default);
+    assert_eq!(c.limit(80 << 30), 60 << 30);
+}
+
+#[test]
+fn deprecated_fraction_warns_and_is_used() {
+    let c = ok(&[("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.5")]);
+    assert_eq!(c.mem_fraction.value, 0.5);
+    assert_eq!(
+        c.mem_fraction.source,
+        Source::Env("XLA_PYTHON_CLIENT_MEM_FRACTION")
+    );
+    assert_eq!(c.warnings.len(), 1);
+    assert!(c.warnings[0].contains("XLA_PYTHON_CLIENT_MEM_FRACTION"));
+    assert!(c.warnings[0].contains("deprecated"));
+    assert!(c.warnings[0].contains("XLA_CLIENT_MEM_FRACTION"));
+}
+
+#[test_case("0.5", "0.5" ; "same values still conflict")]
+#[test_case("0.5", "0.9" ; "different values conflict")]
+#[test_case("0.5", "abc" ; "conflict reported before the bad value")]
+fn both_fraction_variables_conflict(new: &str, old: &str) {
+    let result = read(&[
+        ("XLA_CLIENT_MEM_FRACTION", new),
+        ("XLA_PYTHON_CLIENT_MEM_FRACTION", old),
+    ]);
+    match result {
+        Err(Error::ConfigConflict(message)) => {
+            assert!(message.contains("XLA_CLIENT_MEM_FRACTION"), "{message}");
+            assert!(
+                message.contains("XLA_PYTHON_CLIENT_MEM_FRACTION"),
+                "{message}"
+            );
+        }
+        other => panic!("expected ConfigConflict, got {other:?}"),
+    }
+}
+
+#[test]
+fn empty_deprecated_fraction_is_unset_so_no_conflict() {
+    let c = ok(&[
+        ("XLA_CLIENT_MEM_FRACTION", "0.4"),
+        ("XLA_PYTHON_CLIENT_MEM_FRACTION", ""),
+    ]);
+    assert_eq!(c.mem_fraction.value, 0.4);
+    assert!(c.warnings.is_empty());
+}
+
+#[test_case(&[("PORTALLOC_MEM_FRACTION", "0.3"), ("XLA_CLIENT_MEM_FRACTION", "0.9")],
+            0.3, "PORTALLOC_MEM_FRACTION" ; "portalloc beats xla fraction")]
+#[test_case(&[("PORTALLOC_MEM_FRACTION", "0.3"), ("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.9")],
+            0.3, "PORTALLOC_MEM_FRACTION" ; "portalloc beats deprecated fraction")]
+#[test_case(&[("XLA_CLIENT_MEM_FRACTION", "0.2")],
+            0.2, "XLA_CLIENT_MEM_FRACTION" ; "xla fraction alone")]
+fn fraction_precedence(pairs: &[(&str, &str)], expected: f64, source: &'static str) {
+    let c = ok(pairs);
+    assert_eq!(c.mem_fraction.value, expected);
+    assert_eq!(c.mem_fraction.source, Source::Env(source));
+}
+
+#[test]
+fn overridden_bad_value_is_still_an_error() {
+    let (var, _, _) = config_err(read(&[
+        ("PORTALLOC_MEM_FRACTION", "0.5"),
+        ("XLA_CLIENT_MEM_FRACTION", "2"),
+    ]));
+    assert_eq!(var, "XLA_CLIENT_MEM_FRACTION");
+}
+
+// ---------------------------------------------------------------- preallocate
+
+#[test_case("false", false, false ; "false is false")]
+#[test_case("False", false, false ; "False is false")]
+#[test_case("0", false, false ; "zero is false")]
+#[test_case("true", true, false ; "true is true")]
+#[test_case("1", true, false ; "one is true")]
+#[test_case("yes", true, false ; "yes is true")]
+#[test_case("anything", true, false ; "anything is true without warning")]
+#[test_case("FALSE", true, true ; "upper FALSE is true in JAX")]
+#[test_case("fAlSe", true, true ; "mixed case false is true in JAX")]
+#[test_case("no", true, true ; "no is true in JAX")]
+#[test_case("No", true, true ; "No is true in JAX")]
+#[test_case("NO", true, true ; "NO is true in JAX")]
+#[test_case("off", true, true ; "off is true in JAX")]
+#[test_case("Off", true, true ; "Off is true in JAX")]
+#[test_case("OFF", true, true ; "OFF is true in JAX")]
+#[test_case("n", true, true ; "n is true in JAX")]
+#[test_case("N", true, true ; "N is true in JAX")]
+#[test_case("f", true, true ; "f is true in JAX")]
+#[test_case("F", true, true ; "F is true in JAX")]
+#[test_case(" false", true, true ; "blank before false is true in JAX")]
+#[test_case("0 ", true, true ; "zero with a blank is true in JAX")]
+fn xla_preallocate_as_jax_reads_it(text: &str, expected: bool, warns: bool) {
+    let c = ok(&[("XLA_PYTHON_CLIENT_PREALLOCATE", text)]);
+    assert_eq!(c.preallocate.value, expected);
+    assert_eq!(
+        c.preallocate.source,
+        Source::Env("XLA_PYTHON_CLIENT_PREALLOCATE")
+    );
+    if warns {
+        assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
+        let w = &c.warnings[0];
+        assert!(w.contains("XLA_PYTHON_CLIENT_PREALLOCATE"), "{w}");
+        assert!(w.contains("JAX reads this as true"), "{w}");
+        assert!(w.contains("`false`, `False` or `0`"), "{w}");
+    } else {
+        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+    }
+}
+
+#[test]
+fn preallocate_default_is_true() {
+    let c = ok(&[("XLA_PYTHON_CLIENT_PREALLOCATE", "")]);
+    assert!(c.preallocate.value);
+    assert_eq!(c.preallocate.source, Source::Default);
+}
+
+#[test_case("true", true ; "p true")]
+#[test_case("TRUE", true ; "p upper TRUE")]
+#[test_case("1", true ; "p one")]
+#[test_case("yes", true ; "p yes")]
+#[test_case("On", true ; "p On")]
+#[test_case("false", false ; "p false")]
+#[test_case("FALSE", false ; "p upper FALSE is false for portalloc")]
+#[test_case("0", false ; "p zero")]
+#[test_case("No", false ; "p No")]
+#[test_case("OFF", false ; "p OFF")]
+fn portalloc_preallocate(text: &str, expected: bool) {
+    let c = ok(&[
+        ("PORTALLOC_PREALLOCATE", text),
+        ("XLA_PYTHON_CLIENT_PREALLOCATE", "1"),
+    ]);
+    assert_eq!(c.preallocate.value, expected);
+    assert_eq!(c.preallocate.source, Source::Env("PORTALLOC_PREALLOCATE"));
+    assert!(c.warnings.is_empty());
+}
+
+#[test_case("PORTALLOC_PREALLOCATE", "maybe" ; "preallocate maybe")]
+#[test_case("PORTALLOC_PREALLOCATE", "2" ; "preallocate two")]
+#[test_case("PORTALLOC_PREALLOCATE", "n" ; "preallocate n is not accepted")]
+#[test_case("PORTALLOC_HOST_SIMULATED", "y" ; "simulated y is not accepted")]
+#[test_case("PORTALLOC_HOST_SIMULATED", "truee" ; "simulated typo")]
+fn portalloc_bool_bad(variable: &str, text: &str) {
+    let (var, val, accepted) = config_err(read(&[(variable, text)]));
+    assert_eq!(var, variable);
+    assert_eq!(val, text);
+    for word in ["true", "false", "1", "0", "yes", "no", "on", "off"] {
+        assert!(accepted.contains(word), "{accepted}");
+    }
+}
+
+// ---------------------------------------------------------------- async prealloc
+
+#[test_case("-1", -1 ; "minus one")]
+#[test_case("0", 0 ; "zero bytes")]
+#[test_case("1073741824", 1 << 30 ; "one gibibyte")]
+#[test_case(" 42 ", 42 ; "blanks around")]
+fn async_prealloc_good(text: &str, expected: i64) {
+    let c = ok(&[("TF_CUDA_MALLOC_ASYNC_SUPPORTED_PREALLOC", text)]);
+    assert_eq!(c.async_prealloc.value, Some(expected));
+    assert_eq!(
+        c.async_prealloc.source,
+        Source::Env("TF_CUDA_MALLOC_ASYNC_SUPPORTED_PREALLOC")
+    );
+}
+
+#[test_case("-2" ; "below minus one")]
+#[test_case("1GiB" ; "units are not read by XLA")]
+#[test_case("1.5" ; "fraction")]
+#[test_case("abc" ; "word")]
+#[test_case("99999999999999999999" ; "overflow")]
+fn async_prealloc_bad(text: &str) {
+    let (var, val, accepted) =
+        config_err(read(&[("TF_CUDA_MALLOC_ASYNC_SUPPORTED_PREALLOC", text)]));
+    assert_eq!(var, "TF_CUDA_MALLOC_ASYNC_SUPPORTED_PREALLOC");
+    assert_eq!(val, text);
+    assert!(accepted.contains("-1"), "{accepted}");
+}
+
+#[test]
+fn async_prealloc_default_is_unset() {
+    assert_eq!(ok(&[]).async_prealloc.value, None);
+}
+
+// ---------------------------------------------------------------- backend and host
+
+#[test_case("auto", None ; "auto discovers")]
+#[test_case("host", Some(Vendor::Host) ; "host")]
+#[test_case("cuda", Some(Vendor::Cuda) ; "cuda")]
+#[test_case("hip", Some(Vendor::Hip) ; "hip")]
+#[test_case("CUDA", Some(Vendor::Cuda) ; "backend is case insensitive")]
+fn backend(text: &str, expected: Option<Vendor>) {
+    let c = ok(&[("PORTALLOC_BACKEND", text)]);
+    assert_eq!(c.backend.value, expected);
+    assert_eq!(c.backend.source, Source::Env("PORTALLOC_BACKEND"));
+}
+
+#[test]
+fn backend_unknown_is_an_error() {
+    let (var, val, accepted) = config_err(read(&[("PORTALLOC_BACKEND", "rocm")]));
+    assert_eq!((var.as_str(), val.as_str()), ("PORTALLOC_BACKEND", "rocm"));
+    for name in ["auto", "host", "cuda", "hip"] {
+        assert!(accepted.contains(name), "{accepted}");
+    }
+}
+
+#[test_case("80GiB", 80 << 30 ; "eighty gibibytes")]
+#[test_case("141GB", 141_000_000_000 ; "decimal gigabytes")]
+#[test_case("1024", 1024 ; "plain bytes")]
+#[test_case("2M", 2 << 20 ; "short unit")]
+fn host_capacity_good(text: &str, expected: u64) {
+    let c = ok(&[("PORTALLOC_HOST_CAPACITY", text)]);
+    assert_eq!(c.host_capacity.value, Some(expected));
+    assert_eq!(
+        c.host_capacity.source,
+        Source::Env("PORTALLOC_HOST_CAPACITY")
+    );
+}
+
+#[test_case("0" ; "zero capacity")]
+#[test_case("0GiB" ; "zero with unit")]
+#[test_case("lots" ; "not a size")]
+#[test_case("80XB" ; "unknown unit")]
+#[test_case("-1" ; "negative")]
+fn host_capacity_bad(text: &str) {
+    let (var, val, _) = config_err(read(&[("PORTALLOC_HOST_CAPACITY", text)]));
+    assert_eq!(var, "PORTALLOC_HOST_CAPACITY");
+    assert_eq!(val, text);
+}
+
+#[test_case("true", true ; "simulated true")]
+#[test_case("0", false ; "simulated zero")]
+fn host_simulated(text: &str, expected: bool) {
+    let c = ok(&[("PORTALLOC_HOST_SIMULATED", text)]);
+    assert_eq!(c.host_simulated.value, expected);
+    assert_eq!(
+        c.host_simulated.source,
+        Source::Env("PORTALLOC_HOST_SIMULATED")
+    );
+}
+
+// ---------------------------------------------------------------- sources and describe
+
+#[test]
+fn defaults_record_default_source() {
+    let c = ok(&[]);
+    assert_eq!(c, Config::default());
+    for (setting, _, source) in c.describe() {
+        assert_eq!(source, "default", "{setting}");
+    }
+}
+
+#[test]
+fn describe_names_value_and_source() {
+    let c = ok(&[
+        ("XLA_PYTHON_CLIENT_ALLOCATOR", "default"),
+        ("PORTALLOC_HOST_CAPACITY", "80GiB"),
+    ]);
+    let rows = c.describe();
+    assert!(rows.contains(&(
+        "strategy".to_string(),
+        "bfc".to_string(),
+        "XLA_PYTHON_CLIENT_ALLOCATOR".to_string()
+    )));
+    let capacity = rows.iter().find(|r| r.0 == "host_capacity").unwrap();
+    assert!(capacity.1.contains("80.00 GiB"), "{capacity:?}");
+    assert_eq!(capacity.2, "PORTALLOC_HOST_CAPACITY");
+    let names: Vec<_> = rows.iter().map(|r| r.0.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "strategy",
+            "mem_fraction",
+            "preallocate",
+            "backend",
+            "async_prealloc",
+            "host_capacity",
+            "host_simulated"
+        ]
+    );
+}
+
+// ---------------------------------------------------------------- builder
+
+#[test]
+fn builder_overrides_env() {
+    let map = vars(&[
+        ("XLA_PYTHON_CLIENT_ALLOCATOR", "platform"),
+        ("XLA_CLIENT_MEM_FRACTION", "0.9"),
+        ("XLA_PYTHON_CLIENT_PREALLOCATE", "false"),
+        ("PORTALLOC_BACKEND", "cuda"),
+        ("TF_CUDA_MALLOC_ASYNC_SUPPORTED_PREALLOC", "5"),
+        ("PORTALLOC_HOST_CAPACITY", "1GiB"),
+        ("PORTALLOC_HOST_SIMULATED", "false"),
+    ]);
+    let c = Config::builder()
+        .vars(|name| map.get(name).cloned())
+        .strategy(StrategyKind::Vmm)
+        .mem_fraction(0.5)
+        .preallocate(true)
+        .backend(Some(Vendor::Host))
+        .async_prealloc(-1)
+        .host_capacity(80 << 30)
+        .host_simulated(true)
+        .build()
+        .unwrap();
+    assert_eq!(c.strategy.value, StrategyKind::Vmm);
+    assert_eq!(c.mem_fraction.value, 0.5);
+    assert!(c.preallocate.value);
+    assert_eq!(c.backend.value, Some(Vendor::Host));
+    assert_eq!(c.async_prealloc.value, Some(-1));
+    assert_eq!(c.host_capacity.value, Some(80 << 30));
+    assert!(c.host_simulated.value);
+    for (setting, _, source) in c.describe() {
+        assert_eq!(source, "builder", "{setting}");
+    }
+}
+
+#[test]
+fn builder_keeps_env_for_what_it_does_not_set() {
+    let map = vars(&[
+        ("XLA_CLIENT_MEM_FRACTION", "0.9"),
+        ("PORTALLOC_BACKEND", "hip"),
+    ]);
+    let c = Config::builder()
+        .vars(|name| map.get(name).cloned())
+        .strategy(StrategyKind::Platform)
+        .build()
+        .unwrap();
+    assert_eq!(c.strategy.source, Source::Builder);
+    assert_eq!(c.mem_fraction.value, 0.9);
+    assert_eq!(
+        c.mem_fraction.source,
+        Source::Env("XLA_CLIENT_MEM_FRACTION")
+    );
+    assert_eq!(c.backend.value, Some(Vendor::Hip));
+    assert_eq!(c.preallocate.source, Source::Default);
+}
+
+#[test]
+fn builder_ignore_env_starts_from_defaults() {
+    let map = vars(&[("XLA_CLIENT_MEM_FRACTION", "abc")]);
+    let c = Config::builder()
+        .vars(|name| map.get(name).cloned())
+        .ignore_env()
+        .preallocate(false)
+        .build()
+        .unwrap();
+    assert_eq!(c.mem_fraction.value, 0.75);
+    assert_eq!(c.mem_fraction.source, Source::Default);
+    assert_eq!(c.preallocate.source, Source::Builder);
+    assert!(!c.preallocate.value);
+}
+
+#[test]
+fn builder_reports_env_errors() {
+    let map = vars(&[("XLA_PYTHON_CLIENT_ALLOCATOR", "nope")]);
+    let (var, _, _) = config_err(
+        Config::builder()
+            .vars(|name| map.get(name).cloned())
+            .strategy(StrategyKind::Bfc)
+            .build(),
+    );
+    assert_eq!(var, "XLA_PYTHON_CLIENT_ALLOCATOR");
+}
+
+#[test_case(f64::NAN ; "builder nan")]
+#[test_case(f64::INFINITY ; "builder infinity")]
+#[test_case(0.0 ; "builder zero")]
+#[test_case(-0.1 ; "builder negative")]
+#[test_case(1.01 ; "builder above one")]
+fn builder_bad_fraction(fraction: f64) {
+    let (var, _, accepted) = config_err(
+        Config::builder()
+            .ignore_env()
+            .mem_fraction(fraction)
+            .build(),
+    );
+    assert_eq!(var, "mem_fraction");
+    assert_eq!(accepted, FRACTION_ACCEPTED);
+}
+
+#[test_case(1.0 ; "builder one")]
+#[test_case(0.001 ; "builder tiny")]
+fn builder_good_fraction(fraction: f64) {
+    let c = Config::builder()
+        .ignore_env()
+        .mem_fraction(fraction)
+        .build()
+        .unwrap();
+    assert_eq!(c.mem_fraction.value, fraction);
+    assert_eq!(c.limit(1000), (fraction * 1000.0) as u64);
+}
+
+#[test]
+fn builder_bad_async_prealloc_and_capacity() {
+    let (var, _, _) = config_err(Config::builder().ignore_env().async_prealloc(-5).build());
+    assert_eq!(var, "async_prealloc");
+    let (var, _, _) = config_err(Config::builder().ignore_env().host_capacity(0).build());
+    assert_eq!(var, "host_capacity");
+}
+
+// ---------------------------------------------------------------- StrategyKind
+
+#[test_case("bfc", Some(StrategyKind::Bfc) ; "parse bfc")]
+#[test_case("default", Some(StrategyKind::Bfc) ; "parse default")]
+#[test_case("address", Some(StrategyKind::Platform) ; "parse address")]
+#[test_case("Async", Some(StrategyKind::Async) ; "parse Async")]
+#[test_case("cuda_async", Some(StrategyKind::Async) ; "parse cuda_async")]
+#[test_case("VMM", Some(StrategyKind::Vmm) ; "parse VMM")]
+#[test_case("", None ; "parse empty")]
+#[test_case("bfcc", None ; "parse typo")]
+fn strategy_parse(name: &str, expected: Option<StrategyKind>) {
+    assert_eq!(StrategyKind::parse(name), expected);
+    assert_eq!(name.parse::<StrategyKind>().ok(), expected);
+    if let Some(kind) = expected {
+        assert_eq!(kind.to_string().parse::<StrategyKind>().unwrap(), kind);
+    }
+}
+
+#[test]
+fn never_panics_on_odd_input() {
+    for text in [
+        "\u{0}",
+        "é",
+        "İ",
+        "   ",
+        "-",
+        ".",
+        "1e999",
+        "0x10",
+        "ﬀ",
+        "\u{feff}0.5",
+    ] {
+        for variable in portalloc::config::VARIABLES {
+            let _ = read(&[(variable, text)]);
+        }
+    }
+}
