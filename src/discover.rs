@@ -166,11 +166,8 @@ fn config_source_name(config: &Config) -> String {
 }
 
 fn compiled(vendor: Vendor) -> bool {
-    match vendor {
-        Vendor::Cuda => cfg!(feature = "cuda"),
-        Vendor::Hip => cfg!(feature = "hip"),
-        _ => true,
-    }
+    (vendor != Vendor::Cuda || cfg!(feature = "cuda"))
+        && (vendor != Vendor::Hip || cfg!(feature = "hip"))
 }
 
 fn probe_vendor(vendor: Vendor) -> Probe {

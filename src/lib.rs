@@ -10,7 +10,7 @@
 //! |---|---|---|---|
 //! | raw FFI | `sys/` (crate [`sys`]) | types, constants, function-pointer tables for libcuda and libamdhip64; no logic | declarations only |
 //! | shims | `backends/` ([`backends`]) | find and load a vendor library, resolve symbols (required → error, newer → `Option`), map error codes, implement [`Device`]; `host/` is always built | yes, each block with a `// SAFETY:` line |
-//! | core | `src/` | [`Device`] and [`Allocator`] traits, [`config`], [`discover`], [`strategy`] | no: `#![deny(unsafe_code)]` outside `backends` |
+//! | core | `src/` | [`Device`] and [`Allocator`] traits, [`config`], [`discover`](mod@discover), [`strategy`] | no: `#![deny(unsafe_code)]` outside `backends` |
 //! | CLI | `src/bin/portalloc.rs` (feature `cli`) | `portalloc info` | no |
 //!
 //! Arrows point one way: strategies are generic over [`Device`] and know no vendor; backends
@@ -43,6 +43,7 @@ pub mod discover;
 pub mod error;
 pub mod report;
 pub mod strategy;
+pub mod trace;
 pub mod units;
 
 pub use allocator::{Allocation, Allocator, Stats};

@@ -83,8 +83,8 @@ fn info_json_reports_each_probe() {
     assert_eq!(host["decision"]["decision"], "chosen");
     if cfg!(feature = "cuda") {
         let cuda = candidates.iter().find(|c| c["backend"] == "cuda").unwrap();
-        if lib.is_some() {
-            assert_eq!(cuda["probe"]["library"], lib.unwrap().as_str());
+        if let Some(lib) = &lib {
+            assert_eq!(cuda["probe"]["library"], lib.as_str());
             let reason = cuda["decision"]["reason"].as_str().unwrap();
             assert!(
                 reason.contains("CUDA_ERROR_NO_DEVICE") || reason.contains("found"),

@@ -29,7 +29,7 @@ mod cuda {
         let Some(path) = super::runtime("PORTALLOC_TEST_CUDA_LIBRARY") else {
             return;
         };
-        let probe = probe_with(&[path.clone()]);
+        let probe = probe_with(std::slice::from_ref(&path));
         assert_eq!(probe.library.as_deref(), Some(path.as_str()));
         let version = probe
             .driver_version
@@ -114,7 +114,7 @@ mod hip {
         let Some(path) = super::runtime("PORTALLOC_TEST_HIP_LIBRARY") else {
             return;
         };
-        let probe = probe_with(&[path.clone()]);
+        let probe = probe_with(std::slice::from_ref(&path));
         assert_eq!(
             probe.library.as_deref(),
             Some(path.as_str()),

@@ -229,7 +229,9 @@ pub fn probe_with(candidates: &[String]) -> Probe {
     probe.library = Some(runtime.path().to_string());
     probe.driver_version = runtime.driver_version().ok();
     probe.runtime_version = runtime.runtime_version().ok();
-    match runtime.init().and_then(|()| runtime.device_count()) {
+    // hipGetDeviceCount initialises the runtime itself and answers hipErrorNoDevice where
+    // there is none; hipInit(0) on HIP 5.2 answers the less telling hipErrorInvalidDevice.
+    match runtime.device_count() {
         Ok(count) => {
             probe.device_count = count;
             for ordinal in 0..count {

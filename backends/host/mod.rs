@@ -1,8 +1,73 @@
 //! The host backend: ordinary memory behind the [`Device`] trait, with virtual memory that
-//! behaves like the GPU drivers' (interface fixed here; being written).
+//! behaves like the GPU drivers'.
+//!
+//! # Why
+//!
+//! Every strategy is generic over [`Device`], and most machines that build and test
+//! portalloc have no GPU. The host backend is where the strategies are tested, so it follows
+//! the GPU drivers' rules *strictly* — a strategy that passes here makes only calls that
+//! `cuMemMap` & co. would accept — and it can pretend to be a device of any size.
+//!
+//! # The model
+//!
+//! * **Plain allocations** ([`Device::alloc`] / [`Device::free`], like `cuMemAlloc` /
+//!   `cuMemFree`) are anonymous `mmap`s, page-aligned (so at least 256-aligned). Each is
+//!   charged against the capacity rounded up to 256 bytes, whatever the page size, so
+//!   accounting is the same on every machine and in both modes. `free` must be given the
+//!   pointer and the size the allocation was made with.
+//! * **Virtual memory** ([`VirtualMemory`]) is the CUDA driver's model, one system call per
+//!   driver call:
+//!
+//!   | driver | host |
+//!   |---|---|
+//!   | `cuMemAddressReserve` | `mmap(PROT_NONE, MAP_NORESERVE)`, aligned to `max(alignment, granularity)` |
+//!   | `cuMemCreate` | `memfd_create` + `ftruncate` (charged against the capacity) |
+//!   | `cuMemMap` | `mmap(MAP_SHARED \| MAP_FIXED, PROT_NONE)` of the memory file at an offset |
+//!   | `cuMemSetAccess` | `mprotect(PROT_READ \| PROT_WRITE)` |
+//!   | `cuMemUnmap` | `mmap(PROT_NONE, MAP_NORESERVE \| MAP_FIXED)` back over the range (still reserved) |
+//!   | `cuMemRelease` | close the memory file |
+//!   | `cuMemAddressFree` | `munmap` |
+//!
+//!   Sizes, addresses and offsets must be multiples of the granularity (2 MiB by default);
+//!   a mapping must lie inside one reservation on granules not mapped already and within its
+//!   handle; `set_access` needs every granule of its range mapped; `unmap` must cover whole
+//!   earlier mappings exactly; a reservation is freed whole and only with nothing mapped in
+//!   it. Releasing a handle that is still mapped is allowed, as with the drivers: its memory,
+//!   and its charge against the capacity, go when its last mapping is unmapped. Two mappings
+//!   of one handle see the same bytes.
+//! * **Simulated mode** ([`HostDeviceBuilder::simulated`]) keeps the same books and applies
+//!   the same checks and errors, but makes no system call and touches no memory: addresses
+//!   come from a fake address space starting at 1 TiB that is not reused until 2^63 bytes
+//!   have gone by. A 141 GiB device can be replayed on a laptop.
+//! * **Streams and events**: the host does all work synchronously, so a recorded event is
+//!   complete at once — unless a test holds events with [`HostDevice::set_events_held`] to
+//!   exercise stream-ordered reuse.
+//!
+//! Errors: bad arguments are [`Error::InvalidArgument`] (what was wrong and what is
+//! accepted), pointers and handles the device does not know are [`Error::UnknownPointer`],
+//! going past the capacity is [`Error::DeviceOutOfMemory`], and a failing system call is
+//! [`Error::Os`]. [`HostDevice::census`] counts what is held, for leak checks; dropping the
+//! device returns everything and warns about what was still held.
 
-use crate::device::{Device, DeviceInfo, Event, MemInfo, Stream};
-use crate::error::Result;
+mod books;
+mod os;
+mod sim;
+
+use std::collections::{BTreeSet, HashMap};
+use std::fmt;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use crate::device::{
+    Capabilities, Device, DeviceInfo, Event, MemInfo, PhysicalHandle, Stream, VirtualMemory,
+};
+use crate::error::{Error, Result};
+use crate::units::Bytes;
+
+use books::{Books, BACKEND};
+use sim::SimSpace;
+
+/// The default virtual-memory granularity: 2 MiB, as on current NVIDIA and AMD GPUs.
+pub const DEFAULT_GRANULARITY: u64 = 2 << 20;
 
 /// Facts about what a host device holds now, for leak checks.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -11,16 +76,24 @@ pub struct HostCensus {
     pub allocations: u64,
     /// Bytes counted against the capacity (allocations + physical handles).
     pub bytes_in_use: u64,
-    /// Live physical handles.
+    /// Physical handles whose memory is held: not released yet, or released but still
+    /// mapped.
     pub physical_handles: u64,
     /// Live mappings.
     pub mappings: u64,
     /// Live address reservations.
     pub reservations: u64,
-    /// Live streams.
+    /// Live streams (the default stream not counted).
     pub streams: u64,
     /// Live events.
     pub events: u64,
+}
+
+impl HostCensus {
+    /// True when the device holds nothing at all: no memory, streams or events.
+    pub fn is_empty(&self) -> bool {
+        *self == HostCensus::default()
+    }
 }
 
 /// Builder for [`HostDevice`].
@@ -34,65 +107,613 @@ pub struct HostDeviceBuilder {
 }
 
 impl HostDeviceBuilder {
-    /// Total memory of the device (default: the machine's physical memory).
+    /// Total memory of the device (default: the machine's physical memory). Any size is
+    /// accepted: in real mode memory is only used when touched.
     pub fn capacity(mut self, bytes: u64) -> Self {
         self.capacity = Some(bytes);
         self
     }
-    /// Track addresses only, touching no memory.
+
+    /// Track addresses only, touching no memory and making no system calls (default: false).
     pub fn simulated(mut self, simulated: bool) -> Self {
         self.simulated = simulated;
         self
     }
+
     /// Virtual-memory granularity (a power of two, a multiple of the page size; default 2 MiB).
     pub fn granularity(mut self, bytes: u64) -> Self {
         self.granularity = bytes;
         self
     }
-    /// A name for reports.
+
+    /// A name for reports (default `host`, or `host (simulated)`).
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = Some(name.into());
         self
     }
-    /// The ordinal reported in [`DeviceInfo`].
+
+    /// The ordinal reported in [`DeviceInfo`] (default 0).
     pub fn ordinal(mut self, ordinal: u32) -> Self {
         self.ordinal = ordinal;
         self
     }
+
     /// Builds the device.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a granularity that is not a power of two or not a
+    /// multiple of the page size; [`Error::Os`] when no capacity was given and the machine's
+    /// physical memory cannot be read.
     pub fn build(self) -> Result<HostDevice> {
-        Ok(HostDevice { info: DeviceInfo { vendor: crate::Vendor::Host, ordinal: self.ordinal, name: self.name.unwrap_or_default(), arch: "host".into(), total_bytes: self.capacity.unwrap_or(0), min_granularity: self.granularity, recommended_granularity: self.granularity, capabilities: Default::default(), notes: vec![] } })
+        let page = os::page_size();
+        let g = self.granularity;
+        if !g.is_power_of_two() || g % page != 0 {
+            return Err(Error::InvalidArgument {
+                call: "HostDeviceBuilder::granularity",
+                reason: format!(
+                    "{g} bytes is not accepted: the granularity must be a power of two and a \
+                     multiple of the page size ({page} bytes), such as {} (the default)",
+                    DEFAULT_GRANULARITY.max(page)
+                ),
+            });
+        }
+        let capacity = match self.capacity {
+            Some(bytes) => bytes,
+            None => os::physical_memory().ok_or_else(|| Error::Os {
+                call: "sysconf(_SC_PHYS_PAGES)",
+                source: std::io::Error::last_os_error(),
+            })?,
+        };
+        let mode = if self.simulated { "simulated" } else { "real" };
+        let name = self.name.unwrap_or_else(|| {
+            if self.simulated {
+                "host (simulated)".into()
+            } else {
+                "host".into()
+            }
+        });
+        let capacity_source = if self.capacity.is_some() {
+            "set"
+        } else {
+            "physical memory"
+        };
+        let info = DeviceInfo {
+            vendor: crate::Vendor::Host,
+            ordinal: self.ordinal,
+            name,
+            arch: "host".into(),
+            total_bytes: capacity,
+            min_granularity: g,
+            recommended_granularity: g,
+            capabilities: Capabilities {
+                virtual_memory: true,
+                stream_ordered_pool: false,
+            },
+            notes: vec![
+                ("mode".into(), mode.into()),
+                ("granularity".into(), Bytes(g).to_string()),
+                ("page size".into(), Bytes(page).to_string()),
+                (
+                    "capacity".into(),
+                    format!("{} ({capacity_source})", Bytes(capacity)),
+                ),
+            ],
+        };
+        Ok(HostDevice {
+            info,
+            simulated: self.simulated,
+            page,
+            granularity: g,
+            state: Mutex::new(State {
+                books: Books::new(capacity, g),
+                sim: self.simulated.then(SimSpace::new),
+                timeline: Timeline::default(),
+            }),
+        })
     }
 }
 
-/// Host memory as a device.
+/// A recorded event.
+#[derive(Debug, Clone, Copy, Default)]
+struct EventRecord {
+    /// The stream of the last record, if any.
+    stream: Option<Stream>,
+    /// Recorded while events were held, and not completed since.
+    pending: bool,
+}
+
+/// Streams and events.
+#[derive(Debug, Default)]
+struct Timeline {
+    held: bool,
+    last_stream: u64,
+    streams: BTreeSet<u64>,
+    last_event: u64,
+    events: HashMap<u64, EventRecord>,
+}
+
+impl Timeline {
+    fn check_stream(&self, stream: Stream) -> Result<()> {
+        if stream == Stream::DEFAULT || self.streams.contains(&stream.0) {
+            Ok(())
+        } else {
+            Err(Error::UnknownPointer {
+                what: "stream",
+                ptr: stream.0,
+                backend: BACKEND,
+            })
+        }
+    }
+
+    fn event(&mut self, event: Event) -> Result<&mut EventRecord> {
+        self.events.get_mut(&event.0).ok_or(Error::UnknownPointer {
+            what: "event",
+            ptr: event.0,
+            backend: BACKEND,
+        })
+    }
+
+    /// Completes every pending event; returns how many there were.
+    fn complete_all(&mut self) -> usize {
+        let mut n = 0;
+        for e in self.events.values_mut().filter(|e| e.pending) {
+            e.pending = false;
+            n += 1;
+        }
+        n
+    }
+}
+
+/// Everything behind the device's lock.
 #[derive(Debug)]
+struct State {
+    books: Books,
+    /// The fake address space; `Some` exactly in simulated mode.
+    sim: Option<SimSpace>,
+    timeline: Timeline,
+}
+
+/// Host memory as a device. See the [module docs](self).
+///
+/// `Send + Sync`: all state is behind one mutex.
 pub struct HostDevice {
     info: DeviceInfo,
+    simulated: bool,
+    page: u64,
+    granularity: u64,
+    state: Mutex<State>,
+}
+
+impl fmt::Debug for HostDevice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HostDevice")
+            .field("name", &self.info.name)
+            .field("simulated", &self.is_simulated())
+            .field("capacity", &self.info.total_bytes)
+            .field("granularity", &self.granularity)
+            .field("census", &self.census())
+            .finish()
+    }
+}
+
+/// The out-of-address-space error of a simulated `call`, worded like the real one.
+fn no_address_space(call: &'static str) -> Error {
+    Error::Os {
+        call,
+        source: std::io::Error::from_raw_os_error(libc::ENOMEM),
+    }
 }
 
 impl HostDevice {
-    /// A builder with the defaults.
+    /// A builder with the defaults: real memory, capacity = physical memory, 2 MiB
+    /// granularity, name `host`, ordinal 0.
     pub fn builder() -> HostDeviceBuilder {
-        HostDeviceBuilder { capacity: None, simulated: false, granularity: 2 << 20, name: None, ordinal: 0 }
+        HostDeviceBuilder {
+            capacity: None,
+            simulated: false,
+            granularity: DEFAULT_GRANULARITY,
+            name: None,
+            ordinal: 0,
+        }
     }
+
     /// What the device holds now.
     pub fn census(&self) -> HostCensus {
-        HostCensus::default()
+        let st = self.lock();
+        HostCensus {
+            streams: st.timeline.streams.len() as u64,
+            events: st.timeline.events.len() as u64,
+            ..st.books.census()
+        }
+    }
+
+    /// True when the device only tracks addresses ([`HostDeviceBuilder::simulated`]).
+    pub fn is_simulated(&self) -> bool {
+        self.simulated
+    }
+
+    /// The capacity in bytes (also [`DeviceInfo::total_bytes`]).
+    pub fn capacity(&self) -> u64 {
+        self.info.total_bytes
+    }
+
+    /// A test hook for stream ordering. While held, events recorded from now on stay
+    /// incomplete ([`Device::event_complete`] is false) until [`HostDevice::complete_held_events`]
+    /// is called, events are released with `set_events_held(false)` (which completes every
+    /// pending event), or [`Device::synchronize_event`] / [`Device::synchronize_stream`]
+    /// waits on them.
+    pub fn set_events_held(&self, held: bool) {
+        let mut st = self.lock();
+        st.timeline.held = held;
+        if !held {
+            st.timeline.complete_all();
+        }
+    }
+
+    /// Completes every event held by [`HostDevice::set_events_held`]; returns how many were
+    /// pending. Events recorded later are still held while the hold is on.
+    pub fn complete_held_events(&self) -> usize {
+        self.lock().timeline.complete_all()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every operation checks before it changes anything, so the books are consistent
+        // even if a holder panicked.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The length mapped for an allocation of `size` bytes: whole pages.
+    fn mapped_len(&self, size: u64) -> Result<u64> {
+        size.checked_next_multiple_of(self.page)
+            .ok_or(Error::InvalidSize {
+                size,
+                reason: "too large: rounding it up to whole pages overflows",
+            })
     }
 }
 
 impl Device for HostDevice {
-    fn info(&self) -> &DeviceInfo { &self.info }
-    fn mem_info(&self) -> Result<MemInfo> { todo!() }
-    fn alloc(&self, _size: u64) -> Result<u64> { todo!() }
-    fn free(&self, _ptr: u64, _size: u64) -> Result<()> { todo!() }
-    fn create_stream(&self) -> Result<Stream> { todo!() }
-    fn destroy_stream(&self, _stream: Stream) -> Result<()> { todo!() }
-    fn synchronize_stream(&self, _stream: Stream) -> Result<()> { todo!() }
-    fn create_event(&self) -> Result<Event> { todo!() }
-    fn record_event(&self, _event: Event, _stream: Stream) -> Result<()> { todo!() }
-    fn event_complete(&self, _event: Event) -> Result<bool> { todo!() }
-    fn synchronize_event(&self, _event: Event) -> Result<()> { todo!() }
-    fn destroy_event(&self, _event: Event) -> Result<()> { todo!() }
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    /// Free = capacity − bytes charged; total = capacity. Never fails.
+    fn mem_info(&self) -> Result<MemInfo> {
+        let st = self.lock();
+        Ok(MemInfo {
+            free: st.books.free_bytes(),
+            total: st.books.capacity(),
+        })
+    }
+
+    /// Allocates `size` bytes, page-aligned, charging `size` rounded up to 256 bytes.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSize`] for zero (or a size too large to round);
+    /// [`Error::DeviceOutOfMemory`] past the capacity, or when the system refuses the memory
+    /// (`ENOMEM`); [`Error::Os`] for another system failure.
+    fn alloc(&self, size: u64) -> Result<u64> {
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        let charge = st.books.check_alloc(size)?;
+        let len = self.mapped_len(size)?;
+        let oom = |free| Error::DeviceOutOfMemory {
+            backend: BACKEND,
+            requested: size,
+            free,
+        };
+        let ptr = match &mut st.sim {
+            Some(space) => space
+                .take(len, self.page)
+                .ok_or_else(|| oom(st.books.free_bytes()))?,
+            None => os::map_anonymous(len).map_err(|e| match e {
+                Error::Os { ref source, .. } if source.raw_os_error() == Some(libc::ENOMEM) => {
+                    oom(st.books.free_bytes())
+                }
+                other => other,
+            })?,
+        };
+        st.books.insert_alloc(ptr, size, charge);
+        Ok(ptr)
+    }
+
+    /// Frees an allocation; `size` must be the size it was made with.
+    ///
+    /// # Errors
+    /// [`Error::UnknownPointer`] (`what = "allocation"`) for a pointer not allocated here or
+    /// freed already; [`Error::InvalidArgument`] for the wrong size; [`Error::Os`] when
+    /// `munmap` fails.
+    fn free(&self, ptr: u64, size: u64) -> Result<()> {
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        st.books.check_free(ptr, size)?;
+        match &mut st.sim {
+            Some(space) => {
+                space.give(ptr);
+            }
+            None => os::unmap(ptr, self.mapped_len(size)?)?,
+        }
+        st.books.remove_alloc(ptr);
+        Ok(())
+    }
+
+    fn virtual_memory(&self) -> Option<&dyn VirtualMemory> {
+        Some(self)
+    }
+
+    /// A fresh stream id (never 0, never reused).
+    ///
+    /// # Errors
+    /// None in practice.
+    fn create_stream(&self) -> Result<Stream> {
+        let mut st = self.lock();
+        st.timeline.last_stream += 1;
+        let id = st.timeline.last_stream;
+        st.timeline.streams.insert(id);
+        Ok(Stream(id))
+    }
+
+    /// Forgets a stream. Events recorded on it keep their state.
+    ///
+    /// # Errors
+    /// [`Error::UnknownPointer`] (`what = "stream"`) for a stream not created here (or
+    /// destroyed already); [`Error::InvalidArgument`] for [`Stream::DEFAULT`].
+    fn destroy_stream(&self, stream: Stream) -> Result<()> {
+        if stream == Stream::DEFAULT {
+            return Err(Error::InvalidArgument {
+                call: "destroy_stream",
+                reason: "the default stream cannot be destroyed; accepted are streams from \
+                         create_stream"
+                    .into(),
+            });
+        }
+        let mut st = self.lock();
+        st.timeline.check_stream(stream)?;
+        st.timeline.streams.remove(&stream.0);
+        Ok(())
+    }
+
+    /// Completes the events last recorded on `stream` (the host's work is already done).
+    ///
+    /// # Errors
+    /// [`Error::UnknownPointer`] (`what = "stream"`) for an unknown stream.
+    fn synchronize_stream(&self, stream: Stream) -> Result<()> {
+        let mut st = self.lock();
+        st.timeline.check_stream(stream)?;
+        for e in st.timeline.events.values_mut() {
+            if e.stream == Some(stream) {
+                e.pending = false;
+            }
+        }
+        Ok(())
+    }
+
+    /// A fresh event id (never 0, never reused); complete until recorded.
+    ///
+    /// # Errors
+    /// None in practice.
+    fn create_event(&self) -> Result<Event> {
+        let mut st = self.lock();
+        st.timeline.last_event += 1;
+        let id = st.timeline.last_event;
+        st.timeline.events.insert(id, EventRecord::default());
+        Ok(Event(id))
+    }
+
+    /// Records `event` on `stream`: complete at once, or pending while events are held.
+    ///
+    /// # Errors
+    /// [`Error::UnknownPointer`] for an unknown stream (`what = "stream"`) or event
+    /// (`what = "event"`).
+    fn record_event(&self, event: Event, stream: Stream) -> Result<()> {
+        let mut st = self.lock();
+        st.timeline.check_stream(stream)?;
+        let held = st.timeline.held;
+        let record = st.timeline.event(event)?;
+        record.stream = Some(stream);
+        record.pending = held;
+        Ok(())
+    }
+
+    /// # Errors
+    /// [`Error::UnknownPointer`] (`what = "event"`) for an unknown event.
+    fn event_complete(&self, event: Event) -> Result<bool> {
+        let mut st = self.lock();
+        Ok(!st.timeline.event(event)?.pending)
+    }
+
+    /// Completes the event (a held one too).
+    ///
+    /// # Errors
+    /// [`Error::UnknownPointer`] (`what = "event"`) for an unknown event.
+    fn synchronize_event(&self, event: Event) -> Result<()> {
+        let mut st = self.lock();
+        st.timeline.event(event)?.pending = false;
+        Ok(())
+    }
+
+    /// # Errors
+    /// [`Error::UnknownPointer`] (`what = "event"`) for an unknown event.
+    fn destroy_event(&self, event: Event) -> Result<()> {
+        let mut st = self.lock();
+        st.timeline.event(event)?;
+        st.timeline.events.remove(&event.0);
+        Ok(())
+    }
+}
+
+impl VirtualMemory for HostDevice {
+    fn granularity(&self) -> u64 {
+        self.granularity
+    }
+
+    /// Reserves inaccessible address space, committing no memory.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a size that is not a non-zero multiple of the
+    /// granularity or an alignment that is not 0 or a power of two; [`Error::Os`] when the
+    /// address space is exhausted (`ENOMEM`) or `mmap` fails.
+    fn reserve(&self, size: u64, alignment: u64) -> Result<u64> {
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        let align = st.books.check_reserve(size, alignment)?;
+        let va = match &mut st.sim {
+            Some(space) => space
+                .take(size, align)
+                .ok_or_else(|| no_address_space("mmap"))?,
+            None => os::reserve(size, align, self.page)?,
+        };
+        st.books.insert_reservation(va, size);
+        Ok(va)
+    }
+
+    /// Frees a whole reservation with nothing mapped in it.
+    ///
+    /// # Errors
+    /// [`Error::UnknownPointer`] (`what = "reservation"`) when no reservation starts at `va`;
+    /// [`Error::InvalidArgument`] when `size` is not its size or something is mapped in it;
+    /// [`Error::Os`] when `munmap` fails.
+    fn free_reservation(&self, va: u64, size: u64) -> Result<()> {
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        st.books.check_free_reservation(va, size)?;
+        match &mut st.sim {
+            Some(space) => {
+                space.give(va);
+            }
+            None => os::unmap(va, size)?,
+        }
+        st.books.remove_reservation(va);
+        Ok(())
+    }
+
+    /// Creates physical memory (a memory file; pages are used when first touched) and
+    /// charges `size` against the capacity.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a size that is not a non-zero multiple of the
+    /// granularity; [`Error::DeviceOutOfMemory`] past the capacity; [`Error::Os`] when
+    /// `memfd_create` or `ftruncate` fails.
+    fn create_physical(&self, size: u64) -> Result<PhysicalHandle> {
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        st.books.check_create(size)?;
+        let fd = match st.sim {
+            Some(_) => None,
+            None => Some(os::create_memory_file(size)?),
+        };
+        Ok(st.books.insert_handle(size, fd))
+    }
+
+    /// Releases a handle. If it is still mapped, its memory and capacity come back when the
+    /// last mapping is unmapped.
+    ///
+    /// # Errors
+    /// [`Error::UnknownPointer`] (`what = "physical handle"`) for a handle not made here or
+    /// released already.
+    fn release_physical(&self, handle: PhysicalHandle) -> Result<()> {
+        self.lock().books.release(handle)
+    }
+
+    /// Maps `[offset, offset + size)` of `handle` at `va`, without access.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a misaligned or zero argument, a range past the end of
+    /// the handle, not inside one reservation, or overlapping a mapping;
+    /// [`Error::UnknownPointer`] (`what = "physical handle"`) for an unknown or released
+    /// handle; [`Error::Os`] when `mmap` fails.
+    fn map(&self, va: u64, size: u64, handle: PhysicalHandle, offset: u64) -> Result<()> {
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        let fd = st.books.check_map(va, size, handle, offset)?;
+        if st.sim.is_none() {
+            match fd {
+                Some(fd) => os::map_file_fixed(va, size, fd, offset)?,
+                None => {
+                    return Err(Error::Os {
+                        call: "mmap",
+                        source: std::io::Error::from_raw_os_error(libc::EBADF),
+                    })
+                }
+            }
+        }
+        st.books.insert_mapping(va, size, handle);
+        Ok(())
+    }
+
+    /// Grants read-write access to `[va, va + size)`, which must be entirely mapped (it may
+    /// span several mappings, or part of one).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a misaligned or zero argument or a range not entirely
+    /// mapped; [`Error::Os`] when `mprotect` fails.
+    fn set_access(&self, va: u64, size: u64) -> Result<()> {
+        let st = self.lock();
+        st.books.check_set_access(va, size)?;
+        if st.sim.is_none() {
+            os::protect_rw(va, size)?;
+        }
+        Ok(())
+    }
+
+    /// Unmaps `[va, va + size)`, which must be exactly a run of whole mappings; the range
+    /// stays reserved. A released handle whose last mapping goes is freed.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a misaligned or zero argument, a range not mapped, or
+    /// one that would split a mapping; [`Error::Os`] when `mmap` fails.
+    fn unmap(&self, va: u64, size: u64) -> Result<()> {
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        let starts = st.books.check_unmap(va, size)?;
+        if st.sim.is_none() {
+            os::rereserve(va, size)?;
+        }
+        st.books.remove_mappings(&starts);
+        Ok(())
+    }
+}
+
+impl Drop for HostDevice {
+    fn drop(&mut self) {
+        let page = self.page;
+        let st = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
+        let real = st.sim.is_none();
+        let streams = st.timeline.streams.len();
+        let events = st.timeline.events.len();
+        let left = st.books.take_all();
+        if real {
+            for &(ptr, size) in &left.allocations {
+                let Some(len) = size.checked_next_multiple_of(page) else {
+                    continue;
+                };
+                if let Err(e) = os::unmap(ptr, len) {
+                    tracing::warn!(ptr, size, error = %e, "could not unmap a leaked allocation");
+                }
+            }
+            // Unmapping a whole reservation also removes every mapping inside it.
+            for &(va, size) in &left.reservations {
+                if let Err(e) = os::unmap(va, size) {
+                    tracing::warn!(va, size, error = %e, "could not free a leaked reservation");
+                }
+            }
+        }
+        let leaked = !left.allocations.is_empty()
+            || !left.reservations.is_empty()
+            || left.mappings + left.handles + left.released_mapped + streams + events > 0;
+        if leaked {
+            tracing::warn!(
+                device = %self.info.name,
+                allocations = left.allocations.len(),
+                reservations = left.reservations.len(),
+                mappings = left.mappings,
+                physical_handles = left.handles,
+                released_but_mapped = left.released_mapped,
+                bytes = left.bytes,
+                streams,
+                events,
+                "host device dropped while still holding these; returned them"
+            );
+        }
+    }
 }

@@ -97,7 +97,10 @@ fn info(as_json: bool) -> portalloc::Result<()> {
     println!("Discovery");
     for c in &discovery.candidates {
         let (word, why) = decision_text(&c.decision);
-        println!("  {:<5} {:<12} {}", c.backend.name(), word, why);
+        println!(
+            "{}",
+            format!("  {:<5} {:<12} {}", c.backend.name(), word, why).trim_end()
+        );
         if let Some(p) = &c.probe {
             let mut facts = Vec::new();
             if let Some(lib) = &p.library {
@@ -152,7 +155,7 @@ fn info(as_json: bool) -> portalloc::Result<()> {
     println!();
     println!("Configuration");
     for (setting, value, source) in config.describe() {
-        println!("  {setting:<16} {value:<12} from {source}");
+        println!("  {setting:<16} {value:<18} from {source}");
     }
     for w in &config.warnings {
         println!("  warning: {w}");

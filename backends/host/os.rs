@@ -1,0 +1,219 @@
+//! The operating-system layer of the host backend: every raw `libc` call lives here.
+//!
+//! The functions take addresses and lengths that the books (`books.rs`) have already
+//! validated; they only translate one operation into the system calls that perform it and
+//! turn a failure into [`Error::Os`] with the OS error. Nothing here keeps state.
+
+use std::ffi::CStr;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+use crate::error::{Error, Result};
+
+/// The last OS error as an [`Error::Os`] for `call`.
+fn last_error(call: &'static str) -> Error {
+    Error::Os {
+        call,
+        source: io::Error::last_os_error(),
+    }
+}
+
+/// Converts an address or length to the pointer-sized type the kernel takes.
+fn usize_of(call: &'static str, value: u64) -> Result<usize> {
+    usize::try_from(value).map_err(|_| Error::InvalidArgument {
+        call,
+        reason: format!("{value:#x} does not fit this machine's address width"),
+    })
+}
+
+/// The size of a memory page, in bytes.
+pub(crate) fn page_size() -> u64 {
+    // SAFETY: sysconf only reads a system constant; it has no memory-safety preconditions.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(size).ok().filter(|&s| s > 0).unwrap_or(4096)
+}
+
+/// The machine's physical memory in bytes, when the system says.
+pub(crate) fn physical_memory() -> Option<u64> {
+    // SAFETY: sysconf only reads a system constant; it has no memory-safety preconditions.
+    let pages = unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) };
+    let pages = u64::try_from(pages).ok().filter(|&p| p > 0)?;
+    pages.checked_mul(page_size())
+}
+
+/// Maps `len` bytes (a multiple of the page size) of fresh, readable and writable private
+/// memory anywhere, and returns its page-aligned address.
+pub(crate) fn map_anonymous(len: u64) -> Result<u64> {
+    let len = usize_of("mmap", len)?;
+    // SAFETY: a NULL hint without MAP_FIXED lets the kernel pick an unused range, so no
+    // existing mapping (and hence no Rust object) is affected; the result is checked.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(last_error("mmap"));
+    }
+    Ok(ptr as u64)
+}
+
+/// Unmaps `[addr, addr + len)`, which this backend mapped itself (an allocation or a whole
+/// reservation, with whatever is mapped inside it).
+pub(crate) fn unmap(addr: u64, len: u64) -> Result<()> {
+    let len = usize_of("munmap", len)?;
+    // SAFETY: the books guarantee that the range is one this backend mapped and still owns;
+    // no Rust reference points into device memory, so removing the pages invalidates nothing
+    // the compiler relies on (callers holding raw device addresses own that contract).
+    let rc = unsafe { libc::munmap(addr as *mut libc::c_void, len) };
+    if rc != 0 {
+        return Err(last_error("munmap"));
+    }
+    Ok(())
+}
+
+/// Reserves `len` bytes of inaccessible address space aligned to `align` (a power of two,
+/// both multiples of `page`), committing no memory. Over-reserves by `align - page` and trims.
+pub(crate) fn reserve(len: u64, align: u64, page: u64) -> Result<u64> {
+    let slack = align.saturating_sub(page);
+    let total = len
+        .checked_add(slack)
+        .ok_or_else(|| Error::InvalidArgument {
+            call: "reserve",
+            reason: format!("{len} bytes aligned to {align} overflows the address space"),
+        })?;
+    let total_usize = usize_of("mmap", total)?;
+    // SAFETY: a NULL hint without MAP_FIXED lets the kernel pick an unused range, so no
+    // existing mapping is affected; PROT_NONE + MAP_NORESERVE commits no memory; the result
+    // is checked.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            total_usize,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(last_error("mmap"));
+    }
+    let base = ptr as u64;
+    let aligned = base.next_multiple_of(align);
+    let head = aligned - base;
+    let tail = total - head - len;
+    let trimmed = (if head > 0 { unmap(base, head) } else { Ok(()) }).and_then(|()| {
+        if tail > 0 {
+            unmap(aligned + len, tail)
+        } else {
+            Ok(())
+        }
+    });
+    if let Err(e) = trimmed {
+        // Give the whole range back rather than leak it; the first error is the one to
+        // report.
+        let _ = unmap(base, total);
+        return Err(e);
+    }
+    Ok(aligned)
+}
+
+/// Puts inaccessible, uncommitted address space back over `[addr, addr + len)` (inside a
+/// reservation of this backend), replacing whatever was mapped there.
+pub(crate) fn rereserve(addr: u64, len: u64) -> Result<()> {
+    let len = usize_of("mmap", len)?;
+    // SAFETY: MAP_FIXED replaces only [addr, addr + len), which the books guarantee lies
+    // inside a reservation this backend owns (no Rust object lives there); the result is
+    // checked.
+    let ptr = unsafe {
+        libc::mmap(
+            addr as *mut libc::c_void,
+            len,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED,
+            -1,
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(last_error("mmap"));
+    }
+    Ok(())
+}
+
+/// Creates `len` bytes of physical memory as an anonymous memory file (pages are
+/// allocated on first touch).
+pub(crate) fn create_memory_file(len: u64) -> Result<OwnedFd> {
+    const NAME: &CStr = c"portalloc-host-physical";
+    let flen = libc::off_t::try_from(len).map_err(|_| Error::InvalidArgument {
+        call: "create_physical",
+        reason: format!("{len} bytes does not fit a file size on this machine"),
+    })?;
+    // SAFETY: NAME is a valid NUL-terminated string that outlives the call; the returned
+    // descriptor is checked before use.
+    let fd = unsafe { libc::memfd_create(NAME.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(last_error("memfd_create"));
+    }
+    // SAFETY: `fd` was just returned by memfd_create, is open, and is owned by nothing else,
+    // so OwnedFd becomes its only owner and closes it exactly once.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: `fd` is an open descriptor owned by this function; ftruncate only sets the
+    // file's size.
+    let rc = unsafe { libc::ftruncate(fd.as_raw_fd(), flen) };
+    if rc != 0 {
+        return Err(last_error("ftruncate"));
+    }
+    Ok(fd)
+}
+
+/// Maps `len` bytes of the memory file `fd`, from `offset`, at exactly `addr` (inside a
+/// reservation of this backend), still inaccessible (`PROT_NONE`) until [`protect_rw`].
+pub(crate) fn map_file_fixed(addr: u64, len: u64, fd: &OwnedFd, offset: u64) -> Result<()> {
+    let len = usize_of("mmap", len)?;
+    let offset = libc::off_t::try_from(offset).map_err(|_| Error::InvalidArgument {
+        call: "map",
+        reason: format!("offset {offset} does not fit a file offset on this machine"),
+    })?;
+    // SAFETY: MAP_FIXED replaces only [addr, addr + len), which the books guarantee lies
+    // inside a reservation this backend owns and is not mapped (no Rust object lives there);
+    // `fd` is open for the duration of the call and offset + len is within its size.
+    let ptr = unsafe {
+        libc::mmap(
+            addr as *mut libc::c_void,
+            len,
+            libc::PROT_NONE,
+            libc::MAP_SHARED | libc::MAP_FIXED,
+            fd.as_raw_fd(),
+            offset,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(last_error("mmap"));
+    }
+    Ok(())
+}
+
+/// Makes `[addr, addr + len)` (mapped memory of this backend) readable and writable.
+pub(crate) fn protect_rw(addr: u64, len: u64) -> Result<()> {
+    let len = usize_of("mprotect", len)?;
+    // SAFETY: the books guarantee the range is entirely mapped by this backend; changing its
+    // protection to allow more access cannot invalidate any Rust object.
+    let rc = unsafe {
+        libc::mprotect(
+            addr as *mut libc::c_void,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+        )
+    };
+    if rc != 0 {
+        return Err(last_error("mprotect"));
+    }
+    Ok(())
+}

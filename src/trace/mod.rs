@@ -1,0 +1,1 @@
+//! Allocation traces: one event format, importers, exporters, replay (being written).

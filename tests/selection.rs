@@ -1,0 +1,76 @@
+//! From configuration to allocator: the strategy the variables name is the strategy built,
+//! and one a backend cannot serve is a typed error, never a silent fallback.
+
+use portalloc::{Config, Error, Portalloc, StrategyKind, Vendor};
+use test_case::test_case;
+
+fn config(vars: &[(&str, &str)]) -> portalloc::Result<Config> {
+    let vars: std::collections::HashMap<String, String> = vars
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    Config::builder()
+        .vars(move |name: &str| vars.get(name).cloned())
+        .backend(Some(Vendor::Host))
+        .host_simulated(true)
+        .host_capacity(16 << 30)
+        .build()
+}
+
+#[test_case(&[], "bfc" ; "no variables gives bfc")]
+#[test_case(&[("XLA_PYTHON_CLIENT_ALLOCATOR", "platform")], "platform" ; "platform")]
+#[test_case(&[("XLA_PYTHON_CLIENT_ALLOCATOR", "address")], "platform" ; "address is platform")]
+#[test_case(&[("XLA_PYTHON_CLIENT_ALLOCATOR", "default")], "bfc" ; "default is bfc")]
+#[test_case(&[("PORTALLOC_ALLOCATOR", "platform"), ("XLA_PYTHON_CLIENT_ALLOCATOR", "bfc")], "platform" ; "portalloc variable wins")]
+fn variables_select_the_strategy(vars: &[(&str, &str)], name: &str) {
+    let p = Portalloc::from_config(config(vars).unwrap()).unwrap();
+    assert_eq!(p.discovery.chosen, Vendor::Host);
+    assert_eq!(p.allocators.len(), 1);
+    assert_eq!(p.allocator(0).unwrap().name(), name);
+}
+
+#[test_case(&[("XLA_PYTHON_CLIENT_ALLOCATOR", "vmm")], "vmm" ; "vmm")]
+#[test_case(&[("XLA_PYTHON_CLIENT_ALLOCATOR", "cuda_async")], "async" ; "cuda_async")]
+#[test_case(&[("TF_GPU_ALLOCATOR", "cuda_malloc_async")], "async" ; "tf cuda_malloc_async")]
+fn strategies_not_built_yet_are_unsupported_not_replaced(vars: &[(&str, &str)], name: &str) {
+    let c = config(vars).unwrap();
+    assert_eq!(c.strategy.value.name(), name);
+    match Portalloc::from_config(c) {
+        Err(Error::Unsupported { what, backend, .. }) => {
+            assert!(what.contains(name), "{what}");
+            assert_eq!(backend, "host");
+        }
+        other => panic!("expected Unsupported, got {other:?}"),
+    }
+}
+
+#[test]
+fn the_fraction_is_of_total_memory_and_preallocation_waits_for_the_first_allocation() {
+    let c = config(&[("XLA_CLIENT_MEM_FRACTION", "0.5")]).unwrap();
+    assert_eq!(c.strategy.value, StrategyKind::Bfc);
+    let p = Portalloc::from_config(c).unwrap();
+    let a = p.allocator(0).unwrap();
+    assert_eq!(a.stats().bytes_limit, Some(8 << 30));
+    assert_eq!(a.stats().pool_bytes, 0, "nothing is taken at construction");
+    let x = a.allocate(1, 0, portalloc::Stream::DEFAULT, "t").unwrap();
+    assert_eq!(
+        a.stats().pool_bytes,
+        8 << 30,
+        "the whole fraction at the first allocation"
+    );
+    a.deallocate(x).unwrap();
+}
+
+#[test]
+fn growth_mode_when_preallocation_is_off() {
+    let c = config(&[("XLA_PYTHON_CLIENT_PREALLOCATE", "false")]).unwrap();
+    let p = Portalloc::from_config(c).unwrap();
+    let a = p.allocator(0).unwrap();
+    let x = a.allocate(1, 0, portalloc::Stream::DEFAULT, "t").unwrap();
+    assert_eq!(
+        a.stats().pool_bytes,
+        2 << 20,
+        "growth starts with a 2 MiB region"
+    );
+    a.deallocate(x).unwrap();
+}
