@@ -154,6 +154,11 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    /// A trace that cannot be read: truncated, corrupt, of an unknown format, or (strict
+    /// mode) holding an anomaly. The message names the line or event number.
+    #[error("trace: {0}")]
+    Trace(String),
+
     /// No backend could serve the request (see the discovery report).
     #[error("no usable device: {0}")]
     NoDevice(String),

@@ -36,6 +36,7 @@ pub use portalloc_sys as sys;
 #[path = "../backends/mod.rs"]
 pub mod backends;
 
+pub mod adaptor;
 pub mod allocator;
 pub mod config;
 pub mod device;

@@ -1,1 +1,592 @@
-//! Allocation traces: one event format, importers, exporters, replay (being written).
+//! Allocation traces: one event format, importers, exporters, and a streaming summary.
+//!
+//! Every trace, whatever it was recorded with, becomes a [`TraceHeader`] and a stream of
+//! [`Event`]s: allocations and frees keyed by a per-trace allocation id, in replay order.
+//! [`open`] sniffs the format of a file (or takes [`Options::format`]) and returns a
+//! [`Trace`], an iterator of `Result<Event>` that streams where the format allows it:
+//!
+//! | format | module | streams? |
+//! |---|---|---|
+//! | portalloc JSON lines (own, versioned; see `docs/trace-format.md`) | [`jsonl`] | yes |
+//! | RMM logging CSV (`Thread,Time,Action,Pointer,Size,Stream`) | [`import::rmm_csv`] | yes |
+//! | PyTorch memory snapshot (`_dump_snapshot` pickle) | [`import::pytorch_snapshot`] | no (a pickle is read whole) |
+//! | PyTorch profiler / Kineto Chrome-trace JSON | [`import::kineto`] | no (events are sorted) |
+//! | buffer-lifetime CSV (`id,lower,upper,size`, SOMAS) | [`import::lifetimes_csv`] | no (events are sorted) |
+//!
+//! Any of them may be gzip-compressed. Exporters: [`jsonl::Writer`] and
+//! [`export::RmmCsvWriter`].
+//!
+//! What importers tolerate (a free of an address never allocated, a double free, a zero size,
+//! an allocation at an address still live, …) is counted in [`Anomalies`] with the line or
+//! event number of the first few; with [`Options::strict`] the first one is an error instead.
+//! Nothing panics on any input.
+//!
+//! [`summarize`] walks a trace in O(live allocations) memory and gives peak live bytes
+//! (baseline included), counts and sizes.
+
+use std::fmt;
+use std::fs::File;
+use std::io::{BufRead, BufReader, Cursor, Read};
+use std::path::Path;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+mod anomaly;
+pub mod export;
+pub mod import;
+pub mod jsonl;
+mod summary;
+
+pub use anomaly::{Anomalies, Anomaly, AnomalyKind, Loc};
+pub use summary::{summarize, summarize_events, Summary};
+
+pub(crate) use anomaly::{Keying, Tracker};
+
+/// The value of [`TraceHeader::format`].
+pub const FORMAT_NAME: &str = "portalloc-trace";
+
+/// The version of the own format this build writes and reads.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// Index into [`TraceHeader::tags`], plus one: 0 means "no tag", `k` means `tags[k - 1]`.
+pub type TagId = u16;
+
+/// What an event does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Op {
+    /// An allocation of `size` bytes, which makes `id` live.
+    Alloc,
+    /// The free of allocation `id`, which was `size` bytes.
+    Free,
+}
+
+impl Op {
+    /// The one-letter code of the own format: `a` or `f`.
+    pub fn code(self) -> &'static str {
+        match self {
+            Op::Alloc => "a",
+            Op::Free => "f",
+        }
+    }
+}
+
+/// One allocation or free. Small and `Copy`: a replay holds none of them for long.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Event {
+    /// Position in the trace, strictly increasing (importers number from 0).
+    pub seq: u64,
+    /// When it happened, in nanoseconds (the source's clock; logical steps for lifetime CSVs).
+    pub time_ns: u64,
+    /// Thread that made the call (0 when the source does not say).
+    pub thread: u32,
+    /// Stream the allocation is ordered on (0 = the default stream or unknown).
+    pub stream: u64,
+    /// Allocation or free.
+    pub op: Op,
+    /// Per-trace allocation id: unique to one allocation; its free carries the same id.
+    pub id: u64,
+    /// Bytes allocated, or bytes freed (the size of what the free releases).
+    pub size: u64,
+    /// Tag: index into [`TraceHeader::tags`] plus one; 0 = none.
+    pub tag: TagId,
+}
+
+/// What the recording allocator itself reported, kept alongside the events for comparison.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reference {
+    /// Peak bytes the recording allocator reserved from the device.
+    pub reserved_bytes: Option<u64>,
+    /// Peak live bytes the recording allocator reported.
+    pub peak_live_bytes: Option<u64>,
+    /// Which allocator recorded the trace (`pytorch-caching`, `rmm`, …).
+    pub allocator: Option<String>,
+}
+
+/// Everything about a trace that is not an event. Line 1 of the own format.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TraceHeader {
+    /// Always [`FORMAT_NAME`].
+    pub format: String,
+    /// Format version, [`FORMAT_VERSION`] for what this build writes.
+    pub version: u32,
+    /// Where the events came from: `<format>:<file name>` (e.g. `pytorch-snapshot:x.pickle`).
+    pub source: String,
+    /// The device recorded (e.g. `cuda:1 Tesla V100-SXM2-32GB`), when known.
+    #[serde(default)]
+    pub device: Option<String>,
+    /// Bytes already live before the first event (allocated before the recording window).
+    /// A free of an id never allocated in the trace releases part of it.
+    #[serde(default)]
+    pub baseline_bytes: u64,
+    /// Figures the recording allocator reported, when the source carries them.
+    #[serde(default)]
+    pub reference: Option<Reference>,
+    /// Tag table: tag `k` (`k ≥ 1`) of an event is `tags[k - 1]`.
+    #[serde(default)]
+    pub tags: Vec<String>,
+    /// Free-form remarks of the importer (what was kept, what was skipped).
+    #[serde(default)]
+    pub notes: Vec<String>,
+}
+
+impl TraceHeader {
+    /// A header for `source` with nothing else known.
+    pub fn new(source: impl Into<String>) -> Self {
+        TraceHeader {
+            format: FORMAT_NAME.to_string(),
+            version: FORMAT_VERSION,
+            source: source.into(),
+            device: None,
+            baseline_bytes: 0,
+            reference: None,
+            tags: Vec::new(),
+            notes: Vec::new(),
+        }
+    }
+
+    /// The text of tag `tag`, `None` for 0 or an index outside the table.
+    pub fn tag_name(&self, tag: TagId) -> Option<&str> {
+        if tag == 0 {
+            return None;
+        }
+        self.tags.get(usize::from(tag) - 1).map(String::as_str)
+    }
+}
+
+/// A trace format this module reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Format {
+    /// portalloc's own JSON-lines format ([`jsonl`]).
+    Portalloc,
+    /// PyTorch `torch.cuda.memory._dump_snapshot` pickle.
+    PytorchSnapshot,
+    /// PyTorch profiler / Kineto Chrome-trace JSON with `[memory]` events.
+    Kineto,
+    /// RMM `logging_resource_adaptor` CSV.
+    RmmCsv,
+    /// Buffer-lifetime CSV `id,lower,upper,size` (MindSpore SOMAS, idealloc).
+    LifetimesCsv,
+}
+
+impl Format {
+    /// Every format, in the order [`Format::name`] lists them.
+    pub const ALL: [Format; 5] = [
+        Format::Portalloc,
+        Format::PytorchSnapshot,
+        Format::Kineto,
+        Format::RmmCsv,
+        Format::LifetimesCsv,
+    ];
+
+    /// The short name, as [`Format::from_str`] accepts it and [`TraceHeader::source`] starts.
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::Portalloc => "portalloc",
+            Format::PytorchSnapshot => "pytorch-snapshot",
+            Format::Kineto => "kineto",
+            Format::RmmCsv => "rmm-csv",
+            Format::LifetimesCsv => "lifetimes-csv",
+        }
+    }
+
+    /// A line saying what the format is and how it is recognised.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Format::Portalloc => {
+                "portalloc: portalloc JSON lines (first line an object with \"format\":\"portalloc-trace\")"
+            }
+            Format::PytorchSnapshot => {
+                "pytorch-snapshot: PyTorch memory snapshot pickle (torch.cuda.memory._dump_snapshot)"
+            }
+            Format::Kineto => {
+                "kineto: PyTorch profiler / Kineto Chrome-trace JSON with \"[memory]\" events (a JSON object with traceEvents)"
+            }
+            Format::RmmCsv => "rmm-csv: RMM logging CSV (header Thread,Time,Action,Pointer,Size,Stream)",
+            Format::LifetimesCsv => "lifetimes-csv: buffer-lifetime CSV (header id,lower,upper,size)",
+        }
+    }
+
+    /// The list of accepted formats, for error messages.
+    pub fn accepted() -> String {
+        let mut s = String::from("accepted formats (each may be gzip-compressed): ");
+        for (i, f) in Format::ALL.iter().enumerate() {
+            if i > 0 {
+                s.push_str("; ");
+            }
+            s.push_str(f.describe());
+        }
+        s
+    }
+}
+
+impl fmt::Display for Format {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Format {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        let t = s.trim().to_ascii_lowercase();
+        let found = match t.as_str() {
+            "portalloc" | "portalloc-trace" | "jsonl" => Some(Format::Portalloc),
+            "pytorch-snapshot" | "snapshot" | "pickle" => Some(Format::PytorchSnapshot),
+            "kineto" | "chrome-trace" | "pytorch-profiler" => Some(Format::Kineto),
+            "rmm-csv" | "rmm" => Some(Format::RmmCsv),
+            "lifetimes-csv" | "lifetimes" | "somas" => Some(Format::LifetimesCsv),
+            _ => None,
+        };
+        found.ok_or_else(|| Error::config("trace format", s, Format::accepted()))
+    }
+}
+
+/// How to open a trace.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Options {
+    /// Read as this format instead of sniffing it.
+    pub format: Option<Format>,
+    /// Turn the first anomaly into an error (with its line or event number) instead of
+    /// counting it.
+    pub strict: bool,
+    /// Device to keep, for formats that record several (snapshot, Kineto); default: the
+    /// device with the most events.
+    pub device: Option<u32>,
+}
+
+impl Options {
+    /// Sniff the format, count anomalies, pick the busiest device.
+    pub fn new() -> Self {
+        Options::default()
+    }
+
+    /// Sets [`Options::format`].
+    pub fn with_format(mut self, format: Format) -> Self {
+        self.format = Some(format);
+        self
+    }
+
+    /// Sets [`Options::strict`].
+    pub fn with_strict(mut self, strict: bool) -> Self {
+        self.strict = strict;
+        self
+    }
+
+    /// Sets [`Options::device`].
+    pub fn with_device(mut self, device: u32) -> Self {
+        self.device = Some(device);
+        self
+    }
+}
+
+/// A source of events: an iterator that also knows its header and what it tolerated so far.
+///
+/// After it yields an `Err`, it yields nothing more.
+pub trait TraceSource: Iterator<Item = Result<Event>> + Send {
+    /// The header (known before the first event).
+    fn header(&self) -> &TraceHeader;
+    /// Anomalies counted so far (complete once the iterator is exhausted).
+    fn anomalies(&self) -> &Anomalies;
+}
+
+/// An opened trace: header, format, and a stream of events.
+pub struct Trace {
+    format: Format,
+    inner: Box<dyn TraceSource>,
+}
+
+impl fmt::Debug for Trace {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Trace")
+            .field("format", &self.format)
+            .field("header", self.inner.header())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Trace {
+    /// Wraps any source.
+    pub fn new(format: Format, source: Box<dyn TraceSource>) -> Self {
+        Trace {
+            format,
+            inner: source,
+        }
+    }
+
+    /// The format it was read as.
+    pub fn format(&self) -> Format {
+        self.format
+    }
+
+    /// The header.
+    pub fn header(&self) -> &TraceHeader {
+        self.inner.header()
+    }
+
+    /// Anomalies counted so far (complete once the trace is exhausted).
+    pub fn anomalies(&self) -> &Anomalies {
+        self.inner.anomalies()
+    }
+}
+
+impl Iterator for Trace {
+    type Item = Result<Event>;
+
+    fn next(&mut self) -> Option<Result<Event>> {
+        self.inner.next()
+    }
+}
+
+/// The error of every trace reader: a message with the source, the line or event, and what
+/// was wrong: an [`Error::Trace`].
+pub(crate) fn trace_error(message: String) -> Error {
+    Error::Trace(message)
+}
+
+pub(crate) fn io_error(origin: &str, e: std::io::Error) -> Error {
+    trace_error(format!("{origin}: read failed: {e}"))
+}
+
+/// A boxed buffered reader, as the importers take it.
+pub(crate) type Input = Box<dyn BufRead + Send>;
+
+const SNIFF_BYTES: u64 = 8192;
+
+/// Opens the trace at `path`: gzip is undone, the format sniffed (or taken from
+/// `options.format`), and the matching reader returned.
+///
+/// # Errors
+/// The file cannot be read; the format is not recognised (the message lists the accepted
+/// formats); the header or the first records are corrupt.
+pub fn open(path: impl AsRef<Path>, options: &Options) -> Result<Trace> {
+    let path = path.as_ref();
+    let file = File::open(path).map_err(|e| Error::Os {
+        call: "open trace file",
+        source: e,
+    })?;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| path.display().to_string());
+    open_reader(file, &name, options)
+}
+
+/// Like [`open`], over any reader; `name` stands for the file name in the header and in
+/// messages.
+///
+/// # Errors
+/// As [`open`].
+pub fn open_reader<R: Read + Send + 'static>(
+    reader: R,
+    name: &str,
+    options: &Options,
+) -> Result<Trace> {
+    let (prefix, rest) = peek(Box::new(reader), name)?;
+    let (prefix, input): (Vec<u8>, Input) = if prefix.starts_with(&[0x1f, 0x8b]) {
+        let gz = flate2::read::MultiGzDecoder::new(Cursor::new(prefix).chain(rest));
+        let (p, r) = peek(Box::new(gz), name)?;
+        (
+            p.clone(),
+            Box::new(BufReader::with_capacity(1 << 16, Cursor::new(p).chain(r))),
+        )
+    } else {
+        (
+            prefix.clone(),
+            Box::new(BufReader::with_capacity(
+                1 << 16,
+                Cursor::new(prefix).chain(rest),
+            )),
+        )
+    };
+    let format = match options.format {
+        Some(f) => f,
+        None => detect(&prefix).ok_or_else(|| {
+            trace_error(format!(
+                "{name}: unknown trace format (starts with {}); {}; or name the format explicitly",
+                show_prefix(&prefix),
+                Format::accepted()
+            ))
+        })?,
+    };
+    let source: Box<dyn TraceSource> = match format {
+        Format::Portalloc => Box::new(jsonl::Reader::new(input, name, options.strict)?),
+        Format::RmmCsv => Box::new(import::rmm_csv::RmmCsvReader::new(input, name, options)?),
+        Format::LifetimesCsv => Box::new(import::lifetimes_csv::read(input, name, options)?),
+        Format::Kineto => Box::new(import::kineto::read(input, name, options)?),
+        Format::PytorchSnapshot => Box::new(import::pytorch_snapshot::read(input, name, options)?),
+    };
+    Ok(Trace::new(format, source))
+}
+
+type BoxRead = Box<dyn Read + Send>;
+
+/// Reads up to [`SNIFF_BYTES`] from `r`; returns them and the rest of the reader.
+fn peek(mut r: BoxRead, name: &str) -> Result<(Vec<u8>, BoxRead)> {
+    let mut prefix = Vec::new();
+    (&mut r)
+        .take(SNIFF_BYTES)
+        .read_to_end(&mut prefix)
+        .map_err(|e| io_error(name, e))?;
+    Ok((prefix, r))
+}
+
+fn show_prefix(prefix: &[u8]) -> String {
+    let head: Vec<u8> = prefix.iter().copied().take(24).collect();
+    if head.is_empty() {
+        return "nothing: the input is empty".to_string();
+    }
+    let printable = head
+        .iter()
+        .all(|b| b.is_ascii_graphic() || *b == b' ' || *b == b'\n' || *b == b'\r' || *b == b'\t');
+    if printable {
+        format!("{:?}", String::from_utf8_lossy(&head))
+    } else {
+        let hex: Vec<String> = head.iter().map(|b| format!("{b:02x}")).collect();
+        format!("bytes {}", hex.join(" "))
+    }
+}
+
+/// Recognises a (decompressed) trace from its first bytes; `None` when no format matches.
+pub fn detect(prefix: &[u8]) -> Option<Format> {
+    if prefix.first() == Some(&0x80) {
+        return Some(Format::PytorchSnapshot);
+    }
+    let text = prefix.strip_prefix(b"\xef\xbb\xbf").unwrap_or(prefix);
+    let start = text.iter().position(|b| !b.is_ascii_whitespace())?;
+    let text = &text[start..];
+    let first_line = match text.iter().position(|&b| b == b'\n') {
+        Some(n) => &text[..n],
+        None => text,
+    };
+    match text.first() {
+        Some(b'{') => {
+            if contains(first_line, b"\"portalloc-trace\"") {
+                Some(Format::Portalloc)
+            } else {
+                Some(Format::Kineto)
+            }
+        }
+        Some(b'[') => Some(Format::Kineto),
+        _ => {
+            let line = String::from_utf8_lossy(first_line);
+            let cols: Vec<String> = line
+                .split(',')
+                .map(|c| c.trim().trim_matches('"').to_ascii_lowercase())
+                .collect();
+            let has = |names: &[&str]| names.iter().all(|n| cols.iter().any(|c| c == n));
+            if has(&["thread", "time", "action", "pointer", "size", "stream"]) {
+                Some(Format::RmmCsv)
+            } else if has(&["id", "lower", "upper", "size"]) {
+                Some(Format::LifetimesCsv)
+            } else {
+                None
+            }
+        }
+    }
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+/// Maps source thread ids (which may exceed `u32`) to [`Event::thread`]: values that fit
+/// are kept; larger ones get dense ids counting down from `u32::MAX` in order of first
+/// appearance.
+#[derive(Debug, Default)]
+pub(crate) struct ThreadMap {
+    big: std::collections::HashMap<u64, u32>,
+}
+
+impl ThreadMap {
+    pub(crate) fn map(&mut self, raw: u64) -> u32 {
+        if let Ok(t) = u32::try_from(raw) {
+            return t;
+        }
+        let n = self.big.len() as u64;
+        *self
+            .big
+            .entry(raw)
+            .or_insert_with(|| u32::try_from(u64::from(u32::MAX).saturating_sub(n)).unwrap_or(0))
+    }
+}
+
+/// A source over events already in memory (the importers that must read everything first).
+pub(crate) struct VecSource {
+    pub(crate) header: TraceHeader,
+    pub(crate) anomalies: Anomalies,
+    pub(crate) events: std::vec::IntoIter<Event>,
+}
+
+impl Iterator for VecSource {
+    type Item = Result<Event>;
+
+    fn next(&mut self) -> Option<Result<Event>> {
+        self.events.next().map(Ok)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.events.size_hint()
+    }
+}
+
+impl TraceSource for VecSource {
+    fn header(&self) -> &TraceHeader {
+        &self.header
+    }
+
+    fn anomalies(&self) -> &Anomalies {
+        &self.anomalies
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn detects_each_format() {
+        assert_eq!(detect(b"\x80\x04\x95"), Some(Format::PytorchSnapshot));
+        assert_eq!(
+            detect(b"{\"format\":\"portalloc-trace\",\"version\":1}\n[0,0,0,0,\"a\",1,8]\n"),
+            Some(Format::Portalloc)
+        );
+        assert_eq!(detect(b"{\n \"schemaVersion\": 1"), Some(Format::Kineto));
+        assert_eq!(detect(b"[{\"name\":\"x\"}]"), Some(Format::Kineto));
+        assert_eq!(
+            detect(b"Thread,Time,Action,Pointer,Size,Stream\n"),
+            Some(Format::RmmCsv)
+        );
+        assert_eq!(
+            detect(b"id,lower,upper,size\n0,0,1,8\n"),
+            Some(Format::LifetimesCsv)
+        );
+        assert_eq!(detect(b"hello world"), None);
+        assert_eq!(detect(b""), None);
+    }
+
+    #[test]
+    fn format_names_round_trip() {
+        for f in Format::ALL {
+            assert_eq!(f.name().parse::<Format>().unwrap(), f);
+        }
+        assert!("xml".parse::<Format>().is_err());
+    }
+
+    #[test]
+    fn thread_map_keeps_small_and_densifies_big() {
+        let mut m = ThreadMap::default();
+        assert_eq!(m.map(7), 7);
+        assert_eq!(m.map(140_573_312_345_856), u32::MAX);
+        assert_eq!(m.map(140_573_312_345_857), u32::MAX - 1);
+        assert_eq!(m.map(140_573_312_345_856), u32::MAX);
+    }
+
+    #[test]
+    fn event_is_small() {
+        assert!(std::mem::size_of::<Event>() <= 48);
+    }
+}

@@ -1,0 +1,531 @@
+//! What importers tolerate, and the bookkeeping that finds it.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt;
+
+use serde::Serialize;
+
+use super::{trace_error, Op};
+use crate::error::Result;
+
+/// Where in a source something happened: for messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub enum Loc {
+    /// Line of a text file, from 1 (the header line included).
+    Line(u64),
+    /// Position of the record in the source's list of events, from 1 (snapshot: the index in
+    /// `device_traces[d]` plus one; Kineto: the index in `traceEvents` plus one).
+    Event(u64),
+}
+
+impl fmt::Display for Loc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Loc::Line(n) => write!(f, "line {n}"),
+            Loc::Event(n) => write!(f, "event {n}"),
+        }
+    }
+}
+
+/// A kind of thing a trace should not contain but an importer can step over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub enum AnomalyKind {
+    /// A free of an address (or id) never allocated in the trace, and not covered by the
+    /// baseline. Dropped.
+    UnknownFree,
+    /// A second free of an address (or id) already freed. Dropped.
+    DoubleFree,
+    /// An allocation of zero bytes. Dropped, and so is its free.
+    ZeroSize,
+    /// An allocation at an address still live (its free is missing). Addresses: the old
+    /// allocation is freed first (an implicit free is emitted). Ids: the allocation is dropped.
+    AllocLive,
+    /// A free whose size differs from the allocation's. The allocation's size is kept.
+    SizeMismatch,
+    /// A record that cannot be used (an empty or reversed lifetime, a duplicate id, a memory
+    /// event lacking a field). Dropped.
+    InvalidRecord,
+    /// A failed allocation the recording allocator logged (RMM `allocate failure`, snapshot
+    /// `oom`). Not an event, and not a defect of the trace: [`Options::strict`] ignores it.
+    ///
+    /// [`Options::strict`]: super::Options::strict
+    AllocFailure,
+}
+
+impl AnomalyKind {
+    /// Every kind.
+    pub const ALL: [AnomalyKind; 7] = [
+        AnomalyKind::UnknownFree,
+        AnomalyKind::DoubleFree,
+        AnomalyKind::ZeroSize,
+        AnomalyKind::AllocLive,
+        AnomalyKind::SizeMismatch,
+        AnomalyKind::InvalidRecord,
+        AnomalyKind::AllocFailure,
+    ];
+
+    /// A short name.
+    pub fn name(self) -> &'static str {
+        match self {
+            AnomalyKind::UnknownFree => "free of never-allocated",
+            AnomalyKind::DoubleFree => "double free",
+            AnomalyKind::ZeroSize => "zero size",
+            AnomalyKind::AllocLive => "allocation at a live address",
+            AnomalyKind::SizeMismatch => "free size mismatch",
+            AnomalyKind::InvalidRecord => "invalid record",
+            AnomalyKind::AllocFailure => "allocation failure",
+        }
+    }
+
+    /// True for what makes a trace wrong (all but [`AnomalyKind::AllocFailure`]).
+    pub fn is_defect(self) -> bool {
+        self != AnomalyKind::AllocFailure
+    }
+}
+
+/// One anomaly, kept as an example.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Anomaly {
+    /// What kind.
+    pub kind: AnomalyKind,
+    /// Where.
+    pub loc: Loc,
+    /// What, in words.
+    pub message: String,
+}
+
+impl fmt::Display for Anomaly {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.loc, self.message)
+    }
+}
+
+/// Counts of each [`AnomalyKind`], with the first few of each as examples.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Anomalies {
+    counts: BTreeMap<AnomalyKind, u64>,
+    examples: Vec<Anomaly>,
+}
+
+impl Anomalies {
+    /// Examples kept per kind.
+    pub const EXAMPLES_PER_KIND: usize = 3;
+
+    /// No anomalies.
+    pub fn new() -> Self {
+        Anomalies::default()
+    }
+
+    /// How many of `kind`.
+    pub fn count(&self, kind: AnomalyKind) -> u64 {
+        self.counts.get(&kind).copied().unwrap_or(0)
+    }
+
+    /// How many defects (every kind but [`AnomalyKind::AllocFailure`]).
+    pub fn defects(&self) -> u64 {
+        self.counts
+            .iter()
+            .filter(|(k, _)| k.is_defect())
+            .map(|(_, n)| *n)
+            .sum()
+    }
+
+    /// True when nothing at all was counted.
+    pub fn is_empty(&self) -> bool {
+        self.counts.values().all(|&n| n == 0)
+    }
+
+    /// The first few of `kind`, in source order.
+    pub fn examples(&self, kind: AnomalyKind) -> impl Iterator<Item = &Anomaly> + '_ {
+        self.examples.iter().filter(move |a| a.kind == kind)
+    }
+
+    /// Every example kept, in the order found.
+    pub fn all_examples(&self) -> &[Anomaly] {
+        &self.examples
+    }
+
+    /// Counts one; keeps it as an example when fewer than [`Self::EXAMPLES_PER_KIND`] are.
+    pub fn record(&mut self, kind: AnomalyKind, loc: Loc, message: impl Into<String>) {
+        let n = self.counts.entry(kind).or_insert(0);
+        *n += 1;
+        if *n <= Self::EXAMPLES_PER_KIND as u64 {
+            self.examples.push(Anomaly {
+                kind,
+                loc,
+                message: message.into(),
+            });
+        }
+    }
+
+    /// Adds `other`'s counts and examples to these.
+    pub fn merge(&mut self, other: &Anomalies) {
+        for (k, n) in &other.counts {
+            let mine = self.counts.entry(*k).or_insert(0);
+            let kept = self.examples.iter().filter(|a| a.kind == *k).count();
+            let room = Self::EXAMPLES_PER_KIND.saturating_sub(kept);
+            self.examples.extend(other.examples(*k).take(room).cloned());
+            *mine += n;
+        }
+    }
+}
+
+impl fmt::Display for Anomalies {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_empty() {
+            return f.write_str("no anomalies");
+        }
+        let mut first = true;
+        for (k, n) in &self.counts {
+            if *n == 0 {
+                continue;
+            }
+            if !first {
+                f.write_str("; ")?;
+            }
+            first = false;
+            write!(f, "{n} × {}", k.name())?;
+            let ex: Vec<String> = self.examples(*k).map(|a| a.to_string()).collect();
+            if !ex.is_empty() {
+                write!(f, " (first: {})", ex.join(", "))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// How a [`Tracker`] keys allocations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Keying {
+    /// Keys are allocation ids (own format): the output id is the key.
+    Ids,
+    /// Keys are addresses (importers): each allocation gets a fresh id from 1 up.
+    Addresses,
+}
+
+/// An operation the tracker lets through: (op, id, size).
+pub(crate) type Step = (Op, u64, u64);
+
+/// Up to two operations out of one input record.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Steps(pub(crate) [Option<Step>; 2]);
+
+impl Steps {
+    fn one(s: Step) -> Self {
+        Steps([Some(s), None])
+    }
+    pub(crate) fn iter(self) -> impl Iterator<Item = Step> {
+        self.0.into_iter().flatten()
+    }
+}
+
+/// A set of u64 that is a bitset for small values (ids numbered from 1) and a hash set
+/// beyond.
+#[derive(Debug, Default)]
+struct U64Set {
+    bits: Vec<u64>,
+    other: HashSet<u64>,
+}
+
+const BITSET_LIMIT: u64 = 1 << 27;
+
+impl U64Set {
+    fn insert(&mut self, v: u64) {
+        if v < BITSET_LIMIT {
+            let word = (v / 64) as usize;
+            if word >= self.bits.len() {
+                self.bits.resize(word + 1, 0);
+            }
+            self.bits[word] |= 1 << (v % 64);
+        } else {
+            self.other.insert(v);
+        }
+    }
+    fn contains(&self, v: u64) -> bool {
+        if v < BITSET_LIMIT {
+            self.bits
+                .get((v / 64) as usize)
+                .is_some_and(|w| w & (1 << (v % 64)) != 0)
+        } else {
+            self.other.contains(&v)
+        }
+    }
+    fn remove(&mut self, v: u64) {
+        if v < BITSET_LIMIT {
+            if let Some(w) = self.bits.get_mut((v / 64) as usize) {
+                *w &= !(1 << (v % 64));
+            }
+        } else {
+            self.other.remove(&v);
+        }
+    }
+}
+
+/// Follows allocations and frees, finds anomalies, assigns ids, and decides what passes.
+///
+/// Memory: O(live allocations + freed keys); freed ids are one bit each.
+#[derive(Debug)]
+pub(crate) struct Tracker {
+    keying: Keying,
+    strict: bool,
+    origin: String,
+    /// key → (id, size)
+    live: HashMap<u64, (u64, u64)>,
+    zero_live: HashSet<u64>,
+    freed: U64Set,
+    next_id: u64,
+    baseline_left: u64,
+    pub(crate) anomalies: Anomalies,
+    pub(crate) baseline_frees: u64,
+}
+
+impl Tracker {
+    pub(crate) fn new(keying: Keying, strict: bool, origin: &str, baseline: u64) -> Self {
+        Tracker {
+            keying,
+            strict,
+            origin: origin.to_string(),
+            live: HashMap::new(),
+            zero_live: HashSet::new(),
+            freed: U64Set::default(),
+            next_id: 1,
+            baseline_left: baseline,
+            anomalies: Anomalies::new(),
+            baseline_frees: 0,
+        }
+    }
+
+    /// Counts an anomaly; an error in strict mode when it is a defect.
+    pub(crate) fn anomaly(&mut self, kind: AnomalyKind, loc: Loc, message: String) -> Result<()> {
+        if self.strict && kind.is_defect() {
+            return Err(trace_error(format!(
+                "{}: {loc}: {message} (strict mode: {} is an error)",
+                self.origin,
+                kind.name()
+            )));
+        }
+        self.anomalies.record(kind, loc, message);
+        Ok(())
+    }
+
+    fn what(&self) -> &'static str {
+        match self.keying {
+            Keying::Ids => "id",
+            Keying::Addresses => "address",
+        }
+    }
+
+    fn show(&self, key: u64) -> String {
+        match self.keying {
+            Keying::Ids => key.to_string(),
+            Keying::Addresses => format!("{key:#x}"),
+        }
+    }
+
+    fn fresh_id(&mut self) -> u64 {
+        let id = self.next_id;
+        self.next_id = self.next_id.saturating_add(1);
+        id
+    }
+
+    pub(crate) fn alloc(&mut self, loc: Loc, key: u64, size: u64) -> Result<Steps> {
+        if size == 0 {
+            let what = self.what();
+            let shown = self.show(key);
+            self.anomaly(
+                AnomalyKind::ZeroSize,
+                loc,
+                format!("allocation of zero bytes at {what} {shown}"),
+            )?;
+            self.zero_live.insert(key);
+            return Ok(Steps::default());
+        }
+        let mut steps = Steps::default();
+        if let Some(&(old_id, old_size)) = self.live.get(&key) {
+            let what = self.what();
+            let shown = self.show(key);
+            match self.keying {
+                Keying::Ids => {
+                    self.anomaly(
+                        AnomalyKind::AllocLive,
+                        loc,
+                        format!("allocation of id {shown} ({size} bytes), which is already live"),
+                    )?;
+                    return Ok(Steps::default());
+                }
+                Keying::Addresses => {
+                    self.anomaly(
+                        AnomalyKind::AllocLive,
+                        loc,
+                        format!(
+                            "allocation of {size} bytes at {what} {shown}, still live with {old_size} bytes (its free is missing; freed implicitly)"
+                        ),
+                    )?;
+                    self.live.remove(&key);
+                    steps.0[0] = Some((Op::Free, old_id, old_size));
+                }
+            }
+        }
+        self.zero_live.remove(&key);
+        let id = match self.keying {
+            Keying::Ids => {
+                if self.freed.contains(key) {
+                    let shown = self.show(key);
+                    self.anomaly(
+                        AnomalyKind::AllocLive,
+                        loc,
+                        format!("allocation of id {shown}, which was already allocated and freed (ids are never reused)"),
+                    )?;
+                    return Ok(Steps::default());
+                }
+                key
+            }
+            Keying::Addresses => {
+                self.freed.remove(key);
+                self.fresh_id()
+            }
+        };
+        self.live.insert(key, (id, size));
+        let a = (Op::Alloc, id, size);
+        if steps.0[0].is_some() {
+            steps.0[1] = Some(a);
+            Ok(steps)
+        } else {
+            Ok(Steps::one(a))
+        }
+    }
+
+    pub(crate) fn free(&mut self, loc: Loc, key: u64, size: u64) -> Result<Steps> {
+        if let Some((id, live_size)) = self.live.remove(&key) {
+            self.freed.insert(key);
+            if size != live_size {
+                let shown = self.show(key);
+                let what = self.what();
+                self.anomaly(
+                    AnomalyKind::SizeMismatch,
+                    loc,
+                    format!(
+                        "free of {size} bytes at {what} {shown}, allocated with {live_size} bytes (kept {live_size})"
+                    ),
+                )?;
+            }
+            return Ok(Steps::one((Op::Free, id, live_size)));
+        }
+        if self.zero_live.remove(&key) {
+            return Ok(Steps::default());
+        }
+        let shown = self.show(key);
+        let what = self.what();
+        if self.freed.contains(key) {
+            self.anomaly(
+                AnomalyKind::DoubleFree,
+                loc,
+                format!("double free of {what} {shown} ({size} bytes)"),
+            )?;
+            return Ok(Steps::default());
+        }
+        if size > 0 && size <= self.baseline_left {
+            // Memory allocated before the window: released from the baseline.
+            self.baseline_left -= size;
+            self.baseline_frees += 1;
+            self.freed.insert(key);
+            let id = match self.keying {
+                Keying::Ids => key,
+                Keying::Addresses => self.fresh_id(),
+            };
+            return Ok(Steps::one((Op::Free, id, size)));
+        }
+        let why = if size == 0 {
+            "zero bytes"
+        } else {
+            "more than the baseline left"
+        };
+        let left = self.baseline_left;
+        self.anomaly(
+            AnomalyKind::UnknownFree,
+            loc,
+            format!(
+                "free of {what} {shown} ({size} bytes), never allocated ({why}: baseline left {left} bytes)"
+            ),
+        )?;
+        Ok(Steps::default())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ops(s: Steps) -> Vec<Step> {
+        s.iter().collect()
+    }
+
+    #[test]
+    fn addresses_get_fresh_ids_and_anomalies_are_counted() {
+        let mut t = Tracker::new(Keying::Addresses, false, "t", 100);
+        assert_eq!(
+            ops(t.alloc(Loc::Line(2), 0x10, 8).unwrap()),
+            [(Op::Alloc, 1, 8)]
+        );
+        assert_eq!(
+            ops(t.free(Loc::Line(3), 0x10, 8).unwrap()),
+            [(Op::Free, 1, 8)]
+        );
+        assert!(ops(t.free(Loc::Line(4), 0x10, 8).unwrap()).is_empty());
+        assert_eq!(t.anomalies.count(AnomalyKind::DoubleFree), 1);
+        // baseline free
+        assert_eq!(
+            ops(t.free(Loc::Line(5), 0x20, 60).unwrap()),
+            [(Op::Free, 2, 60)]
+        );
+        assert_eq!(t.baseline_frees, 1);
+        // beyond the baseline
+        assert!(ops(t.free(Loc::Line(6), 0x30, 60).unwrap()).is_empty());
+        assert_eq!(t.anomalies.count(AnomalyKind::UnknownFree), 1);
+        // alloc at live address
+        t.alloc(Loc::Line(7), 0x40, 8).unwrap();
+        assert_eq!(
+            ops(t.alloc(Loc::Line(8), 0x40, 16).unwrap()),
+            [(Op::Free, 3, 8), (Op::Alloc, 4, 16)]
+        );
+        // zero size
+        assert!(ops(t.alloc(Loc::Line(9), 0x50, 0).unwrap()).is_empty());
+        assert!(ops(t.free(Loc::Line(10), 0x50, 0).unwrap()).is_empty());
+        assert_eq!(t.anomalies.count(AnomalyKind::ZeroSize), 1);
+        assert_eq!(t.anomalies.count(AnomalyKind::UnknownFree), 1);
+    }
+
+    #[test]
+    fn strict_names_the_line() {
+        let mut t = Tracker::new(Keying::Ids, true, "f.jsonl", 0);
+        let e = t.free(Loc::Line(42), 7, 8).unwrap_err().to_string();
+        assert!(e.contains("line 42"), "{e}");
+        assert!(e.contains("f.jsonl"), "{e}");
+    }
+
+    #[test]
+    fn bitset_and_overflow() {
+        let mut s = U64Set::default();
+        for v in [0, 63, 64, 1000, BITSET_LIMIT, u64::MAX] {
+            assert!(!s.contains(v));
+            s.insert(v);
+            assert!(s.contains(v));
+            s.remove(v);
+            assert!(!s.contains(v));
+        }
+    }
+
+    #[test]
+    fn merge_keeps_examples_bounded() {
+        let mut a = Anomalies::new();
+        let mut b = Anomalies::new();
+        for i in 0..5 {
+            a.record(AnomalyKind::ZeroSize, Loc::Line(i), "a");
+            b.record(AnomalyKind::ZeroSize, Loc::Line(i), "b");
+        }
+        a.merge(&b);
+        assert_eq!(a.count(AnomalyKind::ZeroSize), 10);
+        assert_eq!(a.examples(AnomalyKind::ZeroSize).count(), 3);
+        assert!(a.to_string().contains("10 × zero size"));
+    }
+}

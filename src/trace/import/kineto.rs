@@ -1,0 +1,333 @@
+//! PyTorch profiler (Kineto) Chrome-trace JSON, gzip-compressed or not.
+//!
+//! Kept: instant events named `[memory]` whose `args` say `Device Type` 1 (CUDA), of one
+//! `Device Id` (the one with the most events, or [`Options::device`]). Mapping:
+//!
+//! | Kineto | event |
+//! |---|---|
+//! | order by (`ts`, `Ev Idx`, position in the file) | `seq` (0, 1, …) |
+//! | `ts` (µs, integer or fractional) | `time_ns` |
+//! | `tid` | `thread` |
+//! | — | `stream` = 0 (Kineto does not record it) |
+//! | `Bytes` > 0 / < 0 | `op` alloc / free, `size` = \|`Bytes`\| |
+//! | `Addr` | keys the allocation: a new `id` (1, 2, …) at each alloc |
+//!
+//! Baseline = `Total Allocated` of the first kept event minus its `Bytes` (memory live
+//! before the window), floored at 0. Reference: `reserved_bytes` = max `Total Reserved`,
+//! `peak_live_bytes` = max `Total Allocated`. Event numbers in messages are positions in
+//! `traceEvents`, from 1.
+//!
+//! The JSON is walked once with a streaming visitor that keeps only `[memory]` events; the
+//! rest of the file is never held in memory.
+//!
+//! [`Options::device`]: crate::trace::Options::device
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::{us_to_ns, Attrs, Emitter};
+use crate::error::Result;
+use crate::trace::{
+    trace_error, Anomalies, AnomalyKind, Format, Input, Keying, Loc, Op, Options, Reference,
+    ThreadMap, TraceHeader, VecSource,
+};
+
+/// One `[memory]` event, as much of it as is kept.
+#[derive(Debug, Clone)]
+struct Mem {
+    index: u64,
+    ts_ns: u64,
+    ev_idx: i64,
+    tid: u64,
+    device_type: Option<i64>,
+    device_id: Option<i64>,
+    addr: Option<u64>,
+    bytes: Option<i64>,
+    total_allocated: Option<i64>,
+    total_reserved: Option<i64>,
+}
+
+#[derive(Debug, Default)]
+struct Collected {
+    saw_trace_events: bool,
+    events_seen: u64,
+    mem: Vec<Mem>,
+    device_names: BTreeMap<i64, String>,
+}
+
+#[derive(Deserialize)]
+struct RawEvent {
+    #[serde(default)]
+    name: Option<Value>,
+    #[serde(default)]
+    ts: Option<Value>,
+    #[serde(default)]
+    tid: Option<Value>,
+    #[serde(default)]
+    args: Option<Value>,
+}
+
+struct TopSeed<'a>(&'a mut Collected);
+
+impl<'de> DeserializeSeed<'de> for TopSeed<'_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for TopSeed<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a Chrome-trace object with traceEvents, or an array of events")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<(), A::Error> {
+        while let Some(key) = map.next_key::<String>()? {
+            match key.as_str() {
+                "traceEvents" => {
+                    self.0.saw_trace_events = true;
+                    map.next_value_seed(EventsSeed(self.0))?;
+                }
+                "deviceProperties" => {
+                    let v: Value = map.next_value()?;
+                    if let Some(list) = v.as_array() {
+                        for d in list {
+                            if let (Some(id), Some(name)) = (
+                                d.get("id").and_then(Value::as_i64),
+                                d.get("name").and_then(Value::as_str),
+                            ) {
+                                self.0.device_names.insert(id, name.to_string());
+                            }
+                        }
+                    }
+                }
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(())
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> std::result::Result<(), A::Error> {
+        self.0.saw_trace_events = true;
+        EventsSeed(self.0).visit_seq(seq)
+    }
+}
+
+struct EventsSeed<'a>(&'a mut Collected);
+
+impl<'de> DeserializeSeed<'de> for EventsSeed<'_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<(), D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for EventsSeed<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an array of trace events")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<(), A::Error> {
+        while let Some(raw) = seq.next_element::<RawEvent>()? {
+            self.0.events_seen += 1;
+            if raw.name.as_ref().and_then(Value::as_str) != Some("[memory]") {
+                continue;
+            }
+            let args = raw.args.unwrap_or(Value::Null);
+            let int = |k: &str| args.get(k).and_then(as_i64);
+            self.0.mem.push(Mem {
+                index: self.0.events_seen,
+                ts_ns: raw
+                    .ts
+                    .as_ref()
+                    .and_then(Value::as_f64)
+                    .map(us_to_ns)
+                    .unwrap_or(0),
+                ev_idx: int("Ev Idx").unwrap_or(0),
+                tid: raw.tid.as_ref().and_then(Value::as_u64).unwrap_or(0),
+                device_type: int("Device Type"),
+                device_id: int("Device Id"),
+                addr: args.get("Addr").and_then(Value::as_u64),
+                bytes: int("Bytes"),
+                total_allocated: int("Total Allocated"),
+                total_reserved: int("Total Reserved"),
+            });
+        }
+        Ok(())
+    }
+}
+
+fn as_i64(v: &Value) -> Option<i64> {
+    v.as_i64().or_else(|| {
+        v.as_f64()
+            .filter(|f| f.is_finite() && f.fract() == 0.0 && f.abs() < 9.0e18)
+            .map(|f| f as i64)
+    })
+}
+
+/// Reads a Kineto trace and returns the chosen device's events in replay order.
+///
+/// # Errors
+/// Not JSON, no `traceEvents`, no CUDA `[memory]` events (or none on the device asked
+/// for), or an anomaly in strict mode.
+pub(crate) fn read(input: Input, origin: &str, options: &Options) -> Result<VecSource> {
+    let mut c = Collected::default();
+    let mut de = serde_json::Deserializer::from_reader(input);
+    TopSeed(&mut c)
+        .deserialize(&mut de)
+        .and_then(|()| de.end())
+        .map_err(|e| {
+            let what = if e.is_eof() {
+                "truncated JSON"
+            } else {
+                "corrupt JSON"
+            };
+            trace_error(format!(
+                "{origin}: {what} at line {} column {}: {e}",
+                e.line(),
+                e.column()
+            ))
+        })?;
+    if !c.saw_trace_events {
+        return Err(trace_error(format!(
+            "{origin}: a JSON object without traceEvents: not a Chrome trace; {}",
+            Format::accepted()
+        )));
+    }
+    let mut anomalies_early = Anomalies::new();
+    let mut per_device: BTreeMap<i64, u64> = BTreeMap::new();
+    let mut other_types: BTreeMap<i64, u64> = BTreeMap::new();
+    for m in &c.mem {
+        match m.device_type {
+            Some(1) => *per_device.entry(m.device_id.unwrap_or(0)).or_insert(0) += 1,
+            Some(t) => *other_types.entry(t).or_insert(0) += 1,
+            None => {
+                if options.strict {
+                    return Err(trace_error(format!(
+                        "{origin}: {}: [memory] event without Device Type (strict mode)",
+                        Loc::Event(m.index)
+                    )));
+                }
+                anomalies_early.record(
+                    AnomalyKind::InvalidRecord,
+                    Loc::Event(m.index),
+                    "[memory] event without Device Type",
+                );
+            }
+        }
+    }
+    let device = match options.device {
+        Some(d) => {
+            let d = i64::from(d);
+            if !per_device.contains_key(&d) {
+                return Err(trace_error(format!(
+                    "{origin}: no CUDA [memory] events on device {d}; devices with events: {:?}",
+                    per_device.keys().collect::<Vec<_>>()
+                )));
+            }
+            d
+        }
+        None => {
+            // Most events; the lowest id on ties.
+            let best = per_device
+                .iter()
+                .max_by_key(|(id, n)| (**n, std::cmp::Reverse(**id)))
+                .map(|(id, _)| *id);
+            best.ok_or_else(|| {
+                trace_error(format!(
+                    "{origin}: no CUDA [memory] events (Device Type 1) among {} trace events; was the profiler run with profile_memory=True?",
+                    c.events_seen
+                ))
+            })?
+        }
+    };
+    let mut mem: Vec<Mem> = c
+        .mem
+        .into_iter()
+        .filter(|m| m.device_type == Some(1) && m.device_id.unwrap_or(0) == device)
+        .collect();
+    mem.sort_by_key(|m| (m.ts_ns, m.ev_idx, m.index));
+
+    let mut baseline: u64 = 0;
+    let mut reserved: Option<u64> = None;
+    let mut peak_reported: Option<u64> = None;
+    if let Some(first) = mem.first() {
+        if let (Some(total), Some(bytes)) = (first.total_allocated, first.bytes) {
+            baseline = u64::try_from(i128::from(total) - i128::from(bytes)).unwrap_or(0);
+        }
+    }
+    for m in &mem {
+        if let Some(r) = m.total_reserved.and_then(|r| u64::try_from(r).ok()) {
+            reserved = Some(reserved.map_or(r, |x| x.max(r)));
+        }
+        if let Some(a) = m.total_allocated.and_then(|a| u64::try_from(a).ok()) {
+            peak_reported = Some(peak_reported.map_or(a, |x| x.max(a)));
+        }
+    }
+
+    let mut emitter = Emitter::new(Keying::Addresses, options.strict, origin, baseline);
+    let mut threads = ThreadMap::default();
+    let mut events = Vec::with_capacity(mem.len());
+    for m in &mem {
+        let loc = Loc::Event(m.index);
+        let (Some(addr), Some(bytes)) = (m.addr, m.bytes) else {
+            emitter.tracker.anomaly(
+                AnomalyKind::InvalidRecord,
+                loc,
+                "[memory] event without Addr or Bytes".to_string(),
+            )?;
+            continue;
+        };
+        let (op, size) = if bytes >= 0 {
+            (Op::Alloc, bytes.unsigned_abs())
+        } else {
+            (Op::Free, bytes.unsigned_abs())
+        };
+        let attrs = Attrs {
+            time_ns: m.ts_ns,
+            thread: threads.map(m.tid),
+            stream: 0,
+        };
+        emitter.feed(loc, op, addr, size, attrs, &mut events)?;
+    }
+
+    let mut header = TraceHeader::new(format!("{}:{origin}", Format::Kineto.name()));
+    header.device = Some(match c.device_names.get(&device) {
+        Some(name) => format!("cuda:{device} {name}"),
+        None => format!("cuda:{device}"),
+    });
+    header.baseline_bytes = baseline;
+    header.reference = Some(Reference {
+        reserved_bytes: reserved,
+        peak_live_bytes: peak_reported,
+        allocator: Some("pytorch-caching".to_string()),
+    });
+    header.notes.push(format!(
+        "[memory] events of CUDA device {device}, ordered by (ts, Ev Idx); baseline = Total Allocated - Bytes of the first"
+    ));
+    let others: Vec<String> = per_device
+        .iter()
+        .filter(|(d, _)| **d != device)
+        .map(|(d, n)| format!("cuda:{d} ({n} events)"))
+        .chain(
+            other_types
+                .iter()
+                .map(|(t, n)| format!("device type {t} ({n} events)")),
+        )
+        .collect();
+    if !others.is_empty() {
+        header.notes.push(format!("skipped: {}", others.join(", ")));
+    }
+    let mut anomalies = anomalies_early;
+    anomalies.merge(&emitter.tracker.anomalies);
+    Ok(VecSource {
+        header,
+        anomalies,
+        events: events.into_iter(),
+    })
+}

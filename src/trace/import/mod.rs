@@ -1,0 +1,81 @@
+//! Importers: each turns one recorded format into a [`TraceHeader`](super::TraceHeader) and
+//! a stream of [`Event`]s. They are reached through [`open`](super::open); each module also
+//! documents how its source maps into the own format.
+
+use super::{Event, Keying, Loc, Op, Tracker};
+use crate::error::Result;
+
+pub mod kineto;
+pub mod lifetimes_csv;
+pub mod pytorch_snapshot;
+pub mod rmm_csv;
+
+/// Attributes of a source record other than op, key and size.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Attrs {
+    pub(crate) time_ns: u64,
+    pub(crate) thread: u32,
+    pub(crate) stream: u64,
+}
+
+/// A tracker plus the sequence counter: turns source records into numbered events.
+#[derive(Debug)]
+pub(crate) struct Emitter {
+    pub(crate) tracker: Tracker,
+    next_seq: u64,
+}
+
+impl Emitter {
+    pub(crate) fn new(keying: Keying, strict: bool, origin: &str, baseline: u64) -> Self {
+        Emitter {
+            tracker: Tracker::new(keying, strict, origin, baseline),
+            next_seq: 0,
+        }
+    }
+
+    /// Feeds one record; pushes what passes onto `out`.
+    pub(crate) fn feed(
+        &mut self,
+        loc: Loc,
+        op: Op,
+        key: u64,
+        size: u64,
+        attrs: Attrs,
+        out: &mut impl Extend<Event>,
+    ) -> Result<()> {
+        let steps = match op {
+            Op::Alloc => self.tracker.alloc(loc, key, size)?,
+            Op::Free => self.tracker.free(loc, key, size)?,
+        };
+        for (op, id, size) in steps.iter() {
+            let seq = self.next_seq;
+            self.next_seq += 1;
+            out.extend(std::iter::once(Event {
+                seq,
+                time_ns: attrs.time_ns,
+                thread: attrs.thread,
+                stream: attrs.stream,
+                op,
+                id,
+                size,
+                tag: 0,
+            }));
+        }
+        Ok(())
+    }
+}
+
+/// Microseconds (integer or fractional, as JSON or pickle numbers carry them) to
+/// nanoseconds, saturating; negative and non-finite values give 0.
+pub(crate) fn us_to_ns(us: f64) -> u64 {
+    if us.is_finite() && us > 0.0 {
+        let ns = (us * 1000.0).round();
+        if ns >= u64::MAX as f64 {
+            u64::MAX
+        } else {
+            ns as u64
+        }
+    } else {
+        0
+    }
+}

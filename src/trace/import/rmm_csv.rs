@@ -1,0 +1,320 @@
+//! RMM's logging CSV, as `rmm::mr::logging_resource_adaptor` writes it. Streams.
+//!
+//! Header `Thread,Time,Action,Pointer,Size,Stream` (any column order, case-insensitive,
+//! extra columns ignored). Mapping:
+//!
+//! | RMM | event |
+//! |---|---|
+//! | row order | `seq` (0, 1, … over the events emitted) |
+//! | `Time`: `HH:MM:SS.ffffff` (time of day; a jump back of more than 12 h is a new day) or decimal seconds `1634567890.123456789` | `time_ns` |
+//! | `Thread` (decimal) | `thread` (values above `u32::MAX` are numbered down from `u32::MAX`) |
+//! | `Stream` (hex, `0x` optional) | `stream` |
+//! | `Action` `allocate` / `free` (or `deallocate`) | `op` |
+//! | `Pointer` (hex, `0x` optional) | keys the allocation: a new `id` (1, 2, …) at each allocate; a free takes the id live at that address |
+//! | `Size` | `size` |
+//!
+//! `allocate failure` rows are counted as [`AnomalyKind::AllocFailure`] and are not events.
+//! The CSV has no baseline, reference figures or tags.
+//!
+//! [`AnomalyKind::AllocFailure`]: crate::trace::AnomalyKind::AllocFailure
+
+use std::collections::VecDeque;
+
+use super::{Attrs, Emitter};
+use crate::error::{Error, Result};
+use crate::trace::{
+    trace_error, Anomalies, AnomalyKind, Event, Format, Input, Keying, Loc, Op, Options, ThreadMap,
+    TraceHeader, TraceSource,
+};
+
+#[derive(Debug, Clone, Copy)]
+struct Cols {
+    thread: usize,
+    time: usize,
+    action: usize,
+    pointer: usize,
+    size: usize,
+    stream: usize,
+}
+
+const NS_PER_DAY: u64 = 86_400 * 1_000_000_000;
+
+/// Streaming reader of an RMM log.
+pub struct RmmCsvReader {
+    records: csv::StringRecordsIntoIter<Input>,
+    cols: Cols,
+    origin: String,
+    header: TraceHeader,
+    emitter: Emitter,
+    threads: ThreadMap,
+    clock: Clock,
+    pending: VecDeque<Event>,
+    done: bool,
+}
+
+impl std::fmt::Debug for RmmCsvReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RmmCsvReader")
+            .field("origin", &self.origin)
+            .finish_non_exhaustive()
+    }
+}
+
+fn csv_error(origin: &str, e: &csv::Error) -> Error {
+    match e.position() {
+        Some(p) => trace_error(format!("{origin}: line {}: {e}", p.line())),
+        None => trace_error(format!("{origin}: {e}")),
+    }
+}
+
+impl RmmCsvReader {
+    /// Reads the header row of `input`.
+    ///
+    /// # Errors
+    /// A required column is missing, or the header cannot be read.
+    pub fn new(input: Input, origin: &str, options: &Options) -> Result<Self> {
+        let mut rdr = csv::ReaderBuilder::new()
+            .has_headers(true)
+            .trim(csv::Trim::All)
+            .flexible(false)
+            .from_reader(input);
+        let names = rdr.headers().map_err(|e| csv_error(origin, &e))?.clone();
+        let find = |want: &str| -> Result<usize> {
+            names
+                .iter()
+                .position(|n| n.trim_start_matches('\u{feff}').eq_ignore_ascii_case(want))
+                .ok_or_else(|| {
+                    trace_error(format!(
+                        "{origin}: line 1: RMM log lacks the {want} column; expected header Thread,Time,Action,Pointer,Size,Stream, got {:?}",
+                        names.iter().collect::<Vec<_>>().join(",")
+                    ))
+                })
+        };
+        let cols = Cols {
+            thread: find("Thread")?,
+            time: find("Time")?,
+            action: find("Action")?,
+            pointer: find("Pointer")?,
+            size: find("Size")?,
+            stream: find("Stream")?,
+        };
+        let mut header = TraceHeader::new(format!("{}:{origin}", Format::RmmCsv.name()));
+        header.notes.push(
+            "RMM log: allocations keyed by Pointer; `allocate failure` rows counted, not replayed"
+                .to_string(),
+        );
+        Ok(RmmCsvReader {
+            records: rdr.into_records(),
+            cols,
+            origin: origin.to_string(),
+            header,
+            emitter: Emitter::new(Keying::Addresses, options.strict, origin, 0),
+            threads: ThreadMap::default(),
+            clock: Clock::default(),
+            pending: VecDeque::new(),
+            done: false,
+        })
+    }
+
+    fn next_inner(&mut self) -> Result<Option<Event>> {
+        loop {
+            if let Some(e) = self.pending.pop_front() {
+                return Ok(Some(e));
+            }
+            let rec = match self.records.next() {
+                None => return Ok(None),
+                Some(r) => r.map_err(|e| csv_error(&self.origin, &e))?,
+            };
+            let line = rec.position().map(|p| p.line()).unwrap_or(0);
+            let loc = Loc::Line(line);
+            let origin = &self.origin;
+            let bad = |m: String| trace_error(format!("{origin}: line {line}: {m}"));
+            let field = |i: usize| rec.get(i).unwrap_or("");
+            let action = field(self.cols.action).to_ascii_lowercase();
+            let size: u64 = field(self.cols.size).parse().map_err(|_| {
+                bad(format!(
+                    "Size {:?} is not a byte count",
+                    field(self.cols.size)
+                ))
+            })?;
+            let op = match action.as_str() {
+                "allocate" => Op::Alloc,
+                "free" | "deallocate" => Op::Free,
+                "allocate failure" => {
+                    self.emitter.tracker.anomaly(
+                        AnomalyKind::AllocFailure,
+                        loc,
+                        format!("allocation of {size} bytes failed"),
+                    )?;
+                    continue;
+                }
+                other => {
+                    return Err(bad(format!(
+                        "unknown Action {other:?}; accepted: allocate, free (or deallocate), allocate failure"
+                    )))
+                }
+            };
+            let pointer = parse_hex(field(self.cols.pointer)).ok_or_else(|| {
+                bad(format!(
+                    "Pointer {:?} is not a hex address",
+                    field(self.cols.pointer)
+                ))
+            })?;
+            let stream_text = field(self.cols.stream);
+            let stream = if stream_text.is_empty() {
+                0
+            } else {
+                parse_hex(stream_text)
+                    .ok_or_else(|| bad(format!("Stream {stream_text:?} is not a hex handle")))?
+            };
+            let thread_text = field(self.cols.thread);
+            let thread_raw = parse_thread(thread_text)
+                .ok_or_else(|| bad(format!("Thread {thread_text:?} is not a thread id")))?;
+            let time_ns = self.clock.parse(field(self.cols.time)).map_err(&bad)?;
+            let attrs = Attrs {
+                time_ns,
+                thread: self.threads.map(thread_raw),
+                stream,
+            };
+            self.emitter
+                .feed(loc, op, pointer, size, attrs, &mut self.pending)?;
+        }
+    }
+}
+
+/// Turns `Time` fields into nanoseconds; times of day roll over to the next day.
+#[derive(Debug, Default)]
+struct Clock {
+    day: u64,
+    last_time_of_day: Option<u64>,
+}
+
+impl Clock {
+    fn parse(&mut self, text: &str) -> std::result::Result<u64, String> {
+        if text.contains(':') {
+            let mut parts = text.splitn(3, ':');
+            let h = parts.next().unwrap_or("");
+            let m = parts.next().unwrap_or("");
+            let s = parts.next().unwrap_or("");
+            let h: u64 = h
+                .parse()
+                .map_err(|_| format!("bad hours in time {text:?}"))?;
+            let m: u64 = m
+                .parse()
+                .map_err(|_| format!("bad minutes in time {text:?}"))?;
+            if h >= 24 || m >= 60 {
+                return Err(format!("time {text:?} is not HH:MM:SS.ffffff"));
+            }
+            let secs = parse_seconds(s).ok_or_else(|| format!("bad seconds in time {text:?}"))?;
+            let tod = (h * 3600 + m * 60) * 1_000_000_000 + secs;
+            if let Some(last) = self.last_time_of_day {
+                if tod + NS_PER_DAY / 2 < last {
+                    self.day += 1;
+                }
+            }
+            self.last_time_of_day = Some(tod);
+            Ok(self.day.saturating_mul(NS_PER_DAY).saturating_add(tod))
+        } else {
+            parse_seconds(text).ok_or_else(|| {
+                format!("time {text:?} is neither HH:MM:SS.ffffff nor decimal seconds")
+            })
+        }
+    }
+}
+
+/// `S`, `S.f…` (up to 9 fraction digits kept) → nanoseconds.
+fn parse_seconds(text: &str) -> Option<u64> {
+    let (whole, frac) = match text.split_once('.') {
+        Some((w, f)) => (w, f),
+        None => (text, ""),
+    };
+    if whole.is_empty() || !whole.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    if !frac.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let secs: u64 = whole.parse().ok()?;
+    let mut ns: u64 = 0;
+    for (i, b) in frac.bytes().take(9).enumerate() {
+        ns += u64::from(b - b'0') * 10u64.pow(8 - i as u32);
+    }
+    secs.checked_mul(1_000_000_000)?.checked_add(ns)
+}
+
+/// Hex with or without `0x`; `(nil)`, `nil`, `null` and `nullptr` are 0.
+pub(crate) fn parse_hex(text: &str) -> Option<u64> {
+    let t = text.trim();
+    if matches!(
+        t.to_ascii_lowercase().as_str(),
+        "(nil)" | "nil" | "null" | "nullptr"
+    ) {
+        return Some(0);
+    }
+    let digits = t
+        .strip_prefix("0x")
+        .or_else(|| t.strip_prefix("0X"))
+        .unwrap_or(t);
+    if digits.is_empty() {
+        return None;
+    }
+    u64::from_str_radix(digits, 16).ok()
+}
+
+fn parse_thread(text: &str) -> Option<u64> {
+    if let Some(h) = text.strip_prefix("0x").or_else(|| text.strip_prefix("0X")) {
+        return u64::from_str_radix(h, 16).ok();
+    }
+    text.parse().ok()
+}
+
+impl Iterator for RmmCsvReader {
+    type Item = Result<Event>;
+
+    fn next(&mut self) -> Option<Result<Event>> {
+        if self.done {
+            return None;
+        }
+        match self.next_inner() {
+            Ok(Some(e)) => Some(Ok(e)),
+            Ok(None) => {
+                self.done = true;
+                None
+            }
+            Err(e) => {
+                self.done = true;
+                Some(Err(e))
+            }
+        }
+    }
+}
+
+impl TraceSource for RmmCsvReader {
+    fn header(&self) -> &TraceHeader {
+        &self.header
+    }
+
+    fn anomalies(&self) -> &Anomalies {
+        &self.emitter.tracker.anomalies
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seconds_and_hex() {
+        assert_eq!(parse_seconds("1.5"), Some(1_500_000_000));
+        assert_eq!(parse_seconds("12"), Some(12_000_000_000));
+        assert_eq!(parse_seconds("0.000000001"), Some(1));
+        assert_eq!(parse_seconds("0.1234567891"), Some(123_456_789));
+        assert_eq!(parse_seconds("x"), None);
+        assert_eq!(parse_seconds("-1"), None);
+        assert_eq!(parse_hex("0x7f8a40000000"), Some(0x7f8a_4000_0000));
+        assert_eq!(parse_hex("7f8a40000000"), Some(0x7f8a_4000_0000));
+        assert_eq!(parse_hex("(nil)"), Some(0));
+        assert_eq!(parse_hex("0x"), None);
+        assert_eq!(parse_hex("zz"), None);
+    }
+}
