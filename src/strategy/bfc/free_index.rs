@@ -1,0 +1,583 @@
+//! The free-chunk index of the BFC arena: every free chunk, ordered by `(size, address)`,
+//! with an `O(1)` jump to the first non-empty size class at or above a request.
+//!
+//! XLA's 21 bins (bin `b` = sizes in `[256 << b, 256 << (b + 1))`, bin 20 open-ended) are
+//! kept, each refined TLSF-style into 64 **classes** by the six bits below the size's
+//! leading bit (bins 0–5 have fewer distinct sizes, so some classes stay empty; bin 20 is
+//! refined by the size's exact power of two as well). Every class covers a contiguous range
+//! of sizes and holds its chunks sorted by `(size, address)`, so walking the classes in order
+//! walks all free chunks in `(size, address)` order — the same order as XLA's bins, and
+//! hence the same best fit: smallest size that fits, lowest address on ties. Two bitmaps
+//! (classes per power of two, powers of two with a non-empty class) find the next non-empty
+//! class in a few instructions.
+//!
+//! A class keeps up to four chunks inline (most classes hold a handful, and then there is no
+//! pointer to chase), spills into a sorted `Vec`, and turns into a `BTreeMap` when it holds
+//! more than [`TREE_AT`] chunks, so many chunks of one size stay `O(log n)`.
+#![deny(unsafe_code)]
+
+use std::collections::BTreeMap;
+
+/// Bits of second-level refinement: 64 classes per power of two.
+const SL_BITS: u32 = 6;
+const SL_COUNT: usize = 1 << SL_BITS;
+/// Powers of two of 256-byte units a `u64` size can have.
+const FL_COUNT: usize = 56;
+/// Number of classes.
+const NUM_CLASSES: usize = FL_COUNT * SL_COUNT;
+/// A class holding more chunks than this becomes a B-tree.
+pub const TREE_AT: usize = 64;
+
+/// One free chunk as the index knows it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Entry {
+    /// Bytes (a non-zero multiple of 256).
+    pub size: u64,
+    /// First byte.
+    pub addr: u64,
+    /// The chunk's slab index.
+    pub idx: u32,
+}
+
+/// Entries a class holds inline, without a heap buffer.
+const INLINE: usize = 4;
+
+fn key(e: &Entry) -> (u64, u64) {
+    (e.size, e.addr)
+}
+
+/// Restores the order of `v` after `v[pos]` was overwritten.
+fn resettle(v: &mut [Entry], mut pos: usize) {
+    while pos > 0 && key(&v[pos - 1]) > key(&v[pos]) {
+        v.swap(pos - 1, pos);
+        pos -= 1;
+    }
+    while pos + 1 < v.len() && key(&v[pos + 1]) < key(&v[pos]) {
+        v.swap(pos, pos + 1);
+        pos += 1;
+    }
+}
+
+/// The chunks of one class, sorted by `(size, addr)`.
+#[derive(Debug)]
+enum Class {
+    /// Up to `INLINE` entries in place (most classes hold a handful: no pointer to chase).
+    Inline { len: u8, items: [Entry; INLINE] },
+    /// Invariant: more than `INLINE / 2` and at most `TREE_AT` entries.
+    Sorted(Vec<Entry>),
+    /// `(size, addr)` → slab index. Invariant: non-empty.
+    Tree(BTreeMap<(u64, u64), u32>),
+}
+
+impl Class {
+    const EMPTY: Class = Class::Inline {
+        len: 0,
+        items: [Entry {
+            size: 0,
+            addr: 0,
+            idx: 0,
+        }; INLINE],
+    };
+
+    fn len(&self) -> usize {
+        match self {
+            Class::Inline { len, .. } => usize::from(*len),
+            Class::Sorted(v) => v.len(),
+            Class::Tree(t) => t.len(),
+        }
+    }
+
+    /// The entries, when not a tree.
+    fn slice(&self) -> Option<&[Entry]> {
+        match self {
+            Class::Inline { len, items } => Some(&items[..usize::from(*len)]),
+            Class::Sorted(v) => Some(v),
+            Class::Tree(_) => None,
+        }
+    }
+
+    fn insert(&mut self, e: Entry) {
+        match self {
+            Class::Inline { len, items } => {
+                let n = usize::from(*len);
+                if n < INLINE {
+                    let pos = items[..n].partition_point(|x| key(x) < key(&e));
+                    items.copy_within(pos..n, pos + 1);
+                    items[pos] = e;
+                    *len += 1;
+                } else {
+                    let mut v = Vec::with_capacity(2 * INLINE);
+                    v.extend_from_slice(items);
+                    let pos = v.partition_point(|x| key(x) < key(&e));
+                    v.insert(pos, e);
+                    *self = Class::Sorted(v);
+                }
+            }
+            Class::Sorted(v) => {
+                let pos = v.partition_point(|x| key(x) < key(&e));
+                v.insert(pos, e);
+                if v.len() > TREE_AT {
+                    let tree = v.iter().map(|x| (key(x), x.idx)).collect();
+                    *self = Class::Tree(tree);
+                }
+            }
+            Class::Tree(t) => {
+                t.insert(key(&e), e.idx);
+            }
+        }
+    }
+
+    fn remove(&mut self, size: u64, addr: u64) -> bool {
+        match self {
+            Class::Inline { len, items } => {
+                let n = usize::from(*len);
+                match items[..n].binary_search_by(|x| key(x).cmp(&(size, addr))) {
+                    Ok(pos) => {
+                        items.copy_within(pos + 1..n, pos);
+                        *len -= 1;
+                        true
+                    }
+                    Err(_) => false,
+                }
+            }
+            Class::Sorted(v) => match v.binary_search_by(|x| key(x).cmp(&(size, addr))) {
+                Ok(pos) => {
+                    v.remove(pos);
+                    if v.len() <= INLINE / 2 {
+                        let mut items = [Entry::default(); INLINE];
+                        items[..v.len()].copy_from_slice(v);
+                        *self = Class::Inline {
+                            len: v.len() as u8,
+                            items,
+                        };
+                    }
+                    true
+                }
+                Err(_) => false,
+            },
+            Class::Tree(t) => {
+                let found = t.remove(&(size, addr)).is_some();
+                if t.is_empty() {
+                    *self = Class::EMPTY;
+                }
+                found
+            }
+        }
+    }
+
+    /// Replaces the entry `(size, addr)` by `e`, which belongs to the same class; false if
+    /// there was no such entry.
+    fn replace(&mut self, size: u64, addr: u64, e: Entry) -> bool {
+        let v: &mut [Entry] = match self {
+            Class::Inline { len, items } => &mut items[..usize::from(*len)],
+            Class::Sorted(v) => v,
+            Class::Tree(t) => {
+                if t.remove(&(size, addr)).is_none() {
+                    return false;
+                }
+                t.insert(key(&e), e.idx);
+                return true;
+            }
+        };
+        let Ok(pos) = v.binary_search_by(|x| key(x).cmp(&(size, addr))) else {
+            return false;
+        };
+        v[pos] = e;
+        resettle(v, pos);
+        true
+    }
+
+    /// The first entry with `size >= at_least`.
+    fn first_at_least(&self, at_least: u64) -> Option<Entry> {
+        match self.slice() {
+            Some(v) => v.get(v.partition_point(|x| x.size < at_least)).copied(),
+            None => self.find_from(at_least, |_| true),
+        }
+    }
+
+    fn last(&self) -> Option<Entry> {
+        match self {
+            Class::Tree(t) => {
+                t.last_key_value()
+                    .map(|(&(size, addr), &idx)| Entry { size, addr, idx })
+            }
+            _ => self.slice().and_then(|v| v.last().copied()),
+        }
+    }
+
+    /// The first entry with `size >= at_least` that `accept`s, in `(size, addr)` order.
+    fn find_from(&self, at_least: u64, mut accept: impl FnMut(&Entry) -> bool) -> Option<Entry> {
+        match self {
+            Class::Tree(t) => t
+                .range((at_least, 0)..)
+                .map(|(&(size, addr), &idx)| Entry { size, addr, idx })
+                .find(|e| accept(e)),
+            _ => {
+                let v = self.slice()?;
+                let start = v.partition_point(|x| x.size < at_least);
+                v[start..].iter().find(|e| accept(e)).copied()
+            }
+        }
+    }
+
+    fn get(&self, size: u64, addr: u64) -> Option<u32> {
+        match self {
+            Class::Tree(t) => t.get(&(size, addr)).copied(),
+            _ => {
+                let v = self.slice()?;
+                v.binary_search_by(|x| key(x).cmp(&(size, addr)))
+                    .ok()
+                    .map(|p| v[p].idx)
+            }
+        }
+    }
+
+    fn entries(&self) -> Vec<Entry> {
+        match self {
+            Class::Tree(t) => t
+                .iter()
+                .map(|(&(size, addr), &idx)| Entry { size, addr, idx })
+                .collect(),
+            _ => self.slice().map(<[Entry]>::to_vec).unwrap_or_default(),
+        }
+    }
+}
+
+/// The class of a chunk of `size` bytes (at least 256).
+fn class_of(size: u64) -> usize {
+    let units = (size >> 8).max(1);
+    let fl = 63 - units.leading_zeros();
+    let sl = if fl >= SL_BITS {
+        (units >> (fl - SL_BITS)) as usize
+    } else {
+        (units << (SL_BITS - fl)) as usize
+    } & (SL_COUNT - 1);
+    fl as usize * SL_COUNT + sl
+}
+
+/// Free chunks ordered by `(size, address)`; see the module docs.
+#[derive(Debug)]
+pub struct FreeIndex {
+    /// Invariant: class `c` holds exactly the indexed chunks with `class_of(size) == c`,
+    /// sorted by `(size, addr)`.
+    classes: Vec<Class>,
+    /// Bit `s` of `sl_map[f]` set iff class `f * 64 + s` is non-empty.
+    sl_map: [u64; FL_COUNT],
+    /// Bit `f` set iff `sl_map[f] != 0`.
+    fl_map: u64,
+    /// Invariant: the number of entries in all classes.
+    len: usize,
+}
+
+impl Default for FreeIndex {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl FreeIndex {
+    /// An empty index.
+    pub fn new() -> Self {
+        FreeIndex {
+            classes: (0..NUM_CLASSES).map(|_| Class::EMPTY).collect(),
+            sl_map: [0; FL_COUNT],
+            fl_map: 0,
+            len: 0,
+        }
+    }
+
+    /// Number of chunks indexed.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when no chunk is indexed.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Adds a free chunk.
+    ///
+    /// # Time complexity
+    /// `O(log k)` search plus an `O(k)` move for `k ≤ 64` chunks in its class; `O(log k)`
+    /// beyond.
+    pub fn insert(&mut self, size: u64, addr: u64, idx: u32) {
+        let c = class_of(size);
+        self.classes[c].insert(Entry { size, addr, idx });
+        self.sl_map[c / SL_COUNT] |= 1 << (c % SL_COUNT);
+        self.fl_map |= 1 << (c / SL_COUNT);
+        self.len += 1;
+    }
+
+    /// Removes the free chunk `(size, addr)`; false if it was not indexed.
+    ///
+    /// # Time complexity
+    /// As [`FreeIndex::insert`].
+    pub fn remove(&mut self, size: u64, addr: u64) -> bool {
+        let c = class_of(size);
+        let class = &mut self.classes[c];
+        if !class.remove(size, addr) {
+            return false;
+        }
+        if class.len() == 0 {
+            let f = c / SL_COUNT;
+            self.sl_map[f] &= !(1 << (c % SL_COUNT));
+            if self.sl_map[f] == 0 {
+                self.fl_map &= !(1 << f);
+            }
+        }
+        self.len -= 1;
+        true
+    }
+
+    /// Replaces the free chunk `(size, addr)` by `(new_size, new_addr, idx)` — a split or a
+    /// merge — in place when both fall in the same class; false (and no change) if
+    /// `(size, addr)` was not indexed.
+    ///
+    /// # Time complexity
+    /// As [`FreeIndex::insert`]; usually a single search.
+    pub fn replace(
+        &mut self,
+        size: u64,
+        addr: u64,
+        new_size: u64,
+        new_addr: u64,
+        idx: u32,
+    ) -> bool {
+        let c = class_of(size);
+        if class_of(new_size) == c {
+            let e = Entry {
+                size: new_size,
+                addr: new_addr,
+                idx,
+            };
+            return self.classes[c].replace(size, addr, e);
+        }
+        if !self.remove(size, addr) {
+            return false;
+        }
+        self.insert(new_size, new_addr, idx);
+        true
+    }
+
+    /// The slab index of the free chunk `(size, addr)`, if indexed.
+    pub fn get(&self, size: u64, addr: u64) -> Option<u32> {
+        self.classes[class_of(size)].get(size, addr)
+    }
+
+    /// The first non-empty class at or after `c`.
+    fn next_class(&self, c: usize) -> Option<usize> {
+        if c >= NUM_CLASSES {
+            return None;
+        }
+        let (f, s) = (c / SL_COUNT, c % SL_COUNT);
+        let here = self.sl_map[f] & (u64::MAX << s);
+        if here != 0 {
+            return Some(f * SL_COUNT + here.trailing_zeros() as usize);
+        }
+        let above = if f + 1 < 64 {
+            self.fl_map & (u64::MAX << (f + 1))
+        } else {
+            0
+        };
+        if above == 0 {
+            return None;
+        }
+        let f = above.trailing_zeros() as usize;
+        Some(f * SL_COUNT + self.sl_map[f].trailing_zeros() as usize)
+    }
+
+    /// The best fit for `size` bytes: the smallest free chunk of at least `size`, the lowest
+    /// address among equals.
+    ///
+    /// # Time complexity
+    /// `O(log k)` for `k` chunks in a class.
+    pub fn best_fit(&self, size: u64) -> Option<Entry> {
+        let c = class_of(size);
+        if let Some(e) = self.classes[c].first_at_least(size) {
+            return Some(e);
+        }
+        let next = self.next_class(c + 1)?;
+        self.classes[next].first_at_least(0)
+    }
+
+    /// The first free chunk of at least `size` bytes, in `(size, address)` order, that
+    /// `accept`s.
+    ///
+    /// # Time complexity
+    /// Linear in the chunks tried.
+    pub fn find(&self, size: u64, mut accept: impl FnMut(&Entry) -> bool) -> Option<Entry> {
+        let mut c = self.next_class(class_of(size))?;
+        loop {
+            if let Some(e) = self.classes[c].find_from(size, &mut accept) {
+                return Some(e);
+            }
+            c = self.next_class(c + 1)?;
+        }
+    }
+
+    /// The largest free chunk.
+    ///
+    /// # Time complexity
+    /// `O(1)` (`O(log k)` for a class that is a tree).
+    pub fn largest(&self) -> Option<Entry> {
+        if self.fl_map == 0 {
+            return None;
+        }
+        let f = 63 - self.fl_map.leading_zeros() as usize;
+        let s = 63 - self.sl_map[f].leading_zeros() as usize;
+        self.classes[f * SL_COUNT + s].last()
+    }
+
+    /// Every entry, in `(size, address)` order. For checks.
+    ///
+    /// # Time complexity
+    /// `O(n + classes)`.
+    pub fn entries(&self) -> Vec<Entry> {
+        self.classes.iter().flat_map(Class::entries).collect()
+    }
+
+    /// Checks the index's own invariants (classes, order, bitmaps, count).
+    ///
+    /// # Errors
+    /// A description of the first one broken.
+    pub fn check(&self) -> Result<(), String> {
+        let mut total = 0;
+        for (c, class) in self.classes.iter().enumerate() {
+            let entries = class.entries();
+            total += entries.len();
+            match class {
+                Class::Sorted(v) if v.len() <= INLINE / 2 || v.len() > TREE_AT => {
+                    return Err(format!("class {c} is a Vec of {} entries", v.len()));
+                }
+                Class::Tree(t) if t.is_empty() => {
+                    return Err(format!("class {c} is an empty tree"));
+                }
+                _ => {}
+            }
+            if entries
+                .windows(2)
+                .any(|w| (w[0].size, w[0].addr) >= (w[1].size, w[1].addr))
+            {
+                return Err(format!("class {c} is not sorted by (size, address)"));
+            }
+            if let Some(e) = entries.iter().find(|e| class_of(e.size) != c) {
+                return Err(format!("class {c} holds a chunk of {} bytes", e.size));
+            }
+            let bit = self.sl_map[c / SL_COUNT] & (1 << (c % SL_COUNT)) != 0;
+            if bit == entries.is_empty() {
+                return Err(format!("class bitmap disagrees with class {c}"));
+            }
+        }
+        for f in 0..FL_COUNT {
+            if (self.fl_map & (1 << f) != 0) != (self.sl_map[f] != 0) {
+                return Err(format!("top bitmap disagrees with row {f}"));
+            }
+        }
+        if total != self.len {
+            return Err(format!("{total} entries, but len = {}", self.len));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes_are_monotonic_and_nest_in_xla_bins() {
+        let mut last = 0;
+        let mut size = 256;
+        while size < (1 << 40) {
+            let c = class_of(size);
+            assert!(c >= last, "class of {size} went down");
+            assert_eq!(
+                (c / SL_COUNT).min(20),
+                super::super::arena::bin_for_size(size),
+                "class of {size} outside its XLA bin"
+            );
+            last = c;
+            size += 256 + size / 97 / 256 * 256;
+        }
+        assert_eq!(class_of(u64::MAX) / SL_COUNT, FL_COUNT - 1);
+    }
+
+    #[test]
+    fn best_fit_walks_size_then_address() {
+        let mut ix = FreeIndex::new();
+        for (i, (size, addr)) in [
+            (4096, 900),
+            (1024, 500),
+            (1024, 100),
+            (768, 50),
+            (1 << 30, 0),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            ix.insert(size, addr, i as u32);
+        }
+        ix.check().unwrap();
+        assert_eq!(ix.best_fit(1024).map(|e| e.addr), Some(100));
+        assert_eq!(ix.best_fit(769).map(|e| e.addr), Some(100));
+        assert_eq!(ix.best_fit(512).map(|e| e.addr), Some(50));
+        assert_eq!(ix.best_fit(2048).map(|e| e.addr), Some(900));
+        assert_eq!(ix.best_fit(8192).map(|e| e.size), Some(1 << 30));
+        assert_eq!(ix.best_fit((1 << 30) + 256), None);
+        assert_eq!(ix.largest().map(|e| e.size), Some(1 << 30));
+        assert_eq!(ix.find(1024, |e| e.addr > 100).map(|e| e.addr), Some(500));
+        assert!(ix.replace(4096, 900, 4352, 800, 0), "same class, moves up");
+        assert!(ix.replace(768, 50, 512, 60, 3), "another class");
+        assert!(!ix.replace(768, 50, 512, 60, 3));
+        ix.check().unwrap();
+        assert_eq!(
+            ix.best_fit(2048).map(|e| (e.size, e.addr)),
+            Some((4352, 800))
+        );
+        assert_eq!(ix.best_fit(256).map(|e| (e.size, e.addr)), Some((512, 60)));
+        assert!(ix.remove(1024, 100));
+        assert!(!ix.remove(1024, 100));
+        assert_eq!(ix.best_fit(1024).map(|e| e.addr), Some(500));
+        ix.check().unwrap();
+    }
+
+    #[test]
+    fn crowded_classes_become_trees_and_back() {
+        let mut ix = FreeIndex::new();
+        for i in 0..200u64 {
+            ix.insert(4096, (200 - i) * 4096, i as u32);
+            if i < 8 || i == 70 {
+                ix.check().unwrap();
+            }
+        }
+        ix.check().unwrap();
+        assert!(matches!(ix.classes[class_of(4096)], Class::Tree(_)));
+        assert_eq!(ix.best_fit(4096).map(|e| e.addr), Some(4096));
+        for i in 0..200u64 {
+            assert!(ix.remove(4096, (i + 1) * 4096));
+            assert_eq!(
+                ix.best_fit(256).map(|e| e.addr),
+                (i < 199).then_some((i + 2) * 4096)
+            );
+        }
+        // Inline → Vec → inline again.
+        for i in 0..6u64 {
+            ix.insert(8192, i * 8192, i as u32);
+            ix.check().unwrap();
+        }
+        assert!(matches!(ix.classes[class_of(8192)], Class::Sorted(_)));
+        for i in (0..6u64).rev() {
+            assert!(ix.replace(8192, i * 8192, 8192, i * 8192 + 1, i as u32));
+            ix.check().unwrap();
+            assert!(ix.remove(8192, i * 8192 + 1));
+            ix.check().unwrap();
+        }
+        ix.check().unwrap();
+        assert!(ix.is_empty());
+        assert!(matches!(
+            ix.classes[class_of(4096)],
+            Class::Inline { len: 0, .. }
+        ));
+    }
+}
