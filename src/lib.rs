@@ -42,6 +42,7 @@ pub mod config;
 pub mod device;
 pub mod discover;
 pub mod error;
+pub mod replay;
 pub mod report;
 pub mod strategy;
 pub mod trace;

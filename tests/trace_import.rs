@@ -933,7 +933,7 @@ fn a_long_trace_streams() {
 /// 10 million events in bounded memory. Slow in a debug build:
 /// `cargo test --release --test trace_import -- --ignored ten_million`.
 #[test]
-#[ignore]
+#[ignore = "10 million events: run with `cargo test --release --test trace_import -- --ignored ten_million`"]
 fn ten_million_events_stream_in_bounded_memory() {
     let before = peak_rss_kib();
     let s = summarize(

@@ -317,6 +317,19 @@ impl Trace {
         }
     }
 
+    /// A trace over events already in memory (a built-in workload, or a trace read once and
+    /// replayed many times).
+    pub fn from_events(format: Format, header: TraceHeader, events: Vec<Event>) -> Self {
+        Trace::new(
+            format,
+            Box::new(VecSource {
+                header,
+                anomalies: Anomalies::new(),
+                events: events.into_iter(),
+            }),
+        )
+    }
+
     /// The format it was read as.
     pub fn format(&self) -> Format {
         self.format

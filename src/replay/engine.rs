@@ -1,0 +1,523 @@
+//! The replay engine: one trace, one strategy, one simulated device → figures.
+#![deny(unsafe_code)]
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use rustc_hash::{FxHashMap, FxHashSet};
+use serde::Serialize;
+
+use crate::adaptor::CountingDevice;
+use crate::allocator::{Allocation, Allocator};
+use crate::backends::host::HostDevice;
+use crate::config::{Config, Setting, StrategyKind};
+use crate::device::Stream;
+use crate::error::{Error, Result};
+use crate::trace::{Event, Op, Trace, TraceHeader};
+
+use super::preset::DeviceSpec;
+
+/// A strategy as replay names it: `bfc` preallocates, `bfc-grow` grows, as
+/// `XLA_PYTHON_CLIENT_PREALLOCATE=false` would make it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ReplayStrategy {
+    /// BFC, preallocating `fraction × capacity` at the first allocation.
+    Bfc,
+    /// BFC, growing by doubling regions.
+    BfcGrow,
+    /// Virtual-memory strategy.
+    Vmm,
+    /// Stream-ordered pool.
+    Async,
+    /// Allocate and free on demand.
+    Platform,
+}
+
+/// Every strategy name replay accepts, in its default order.
+pub const STRATEGY_NAMES: &[&str] = &["bfc", "bfc-grow", "vmm", "async", "platform"];
+
+impl ReplayStrategy {
+    /// Parses `bfc`, `bfc-grow`, `vmm`, `async`, `platform`.
+    ///
+    /// # Errors
+    /// [`Error::Config`] naming the accepted list.
+    pub fn parse(name: &str) -> Result<Self> {
+        Ok(match name.trim() {
+            "bfc" => ReplayStrategy::Bfc,
+            "bfc-grow" => ReplayStrategy::BfcGrow,
+            "vmm" => ReplayStrategy::Vmm,
+            "async" => ReplayStrategy::Async,
+            "platform" => ReplayStrategy::Platform,
+            other => {
+                return Err(Error::config(
+                    "--strategies",
+                    other,
+                    format!("a comma-separated list of {}", STRATEGY_NAMES.join(", ")),
+                ))
+            }
+        })
+    }
+
+    /// The name replay prints.
+    pub fn name(self) -> &'static str {
+        match self {
+            ReplayStrategy::Bfc => "bfc",
+            ReplayStrategy::BfcGrow => "bfc-grow",
+            ReplayStrategy::Vmm => "vmm",
+            ReplayStrategy::Async => "async",
+            ReplayStrategy::Platform => "platform",
+        }
+    }
+
+    /// The configuration that builds this strategy with `fraction`.
+    pub fn config(self, fraction: f64) -> Config {
+        let (kind, preallocate) = match self {
+            ReplayStrategy::Bfc => (StrategyKind::Bfc, true),
+            ReplayStrategy::BfcGrow => (StrategyKind::Bfc, false),
+            ReplayStrategy::Vmm => (StrategyKind::Vmm, false),
+            ReplayStrategy::Async => (StrategyKind::Async, false),
+            ReplayStrategy::Platform => (StrategyKind::Platform, false),
+        };
+        Config {
+            strategy: Setting::builder(kind),
+            mem_fraction: Setting::builder(fraction),
+            preallocate: Setting::builder(preallocate),
+            host_simulated: Setting::builder(true),
+            ..Config::default()
+        }
+    }
+}
+
+/// Where the events come from: in memory (read once, replayed many times) or a file that
+/// is streamed anew for each pass (for traces too large to hold).
+pub enum TraceInput {
+    /// Events in memory.
+    Events {
+        /// The header.
+        header: TraceHeader,
+        /// The events, shared between passes.
+        events: Arc<Vec<Event>>,
+    },
+    /// A file, opened again for each pass.
+    File {
+        /// The header (read at the first opening).
+        header: TraceHeader,
+        /// Opens the file afresh.
+        open: Box<dyn Fn() -> Result<Trace> + Send + Sync>,
+    },
+}
+
+impl std::fmt::Debug for TraceInput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TraceInput")
+            .field("source", &self.header().source)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TraceInput {
+    /// The header.
+    pub fn header(&self) -> &TraceHeader {
+        match self {
+            TraceInput::Events { header, .. } | TraceInput::File { header, .. } => header,
+        }
+    }
+
+    /// One pass over the events.
+    pub fn events(&self) -> Result<Box<dyn Iterator<Item = Result<Event>> + '_>> {
+        match self {
+            TraceInput::Events { events, .. } => Ok(Box::new(events.iter().copied().map(Ok))),
+            TraceInput::File { open, .. } => Ok(Box::new(open()?)),
+        }
+    }
+}
+
+/// Memory live before the trace's window, as allocations replay makes before the first event:
+/// one per free of an id the window never allocated (so that free releases exactly it), and
+/// one for the rest of [`TraceHeader::baseline_bytes`], held to the end.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Baseline {
+    /// `(id, bytes)` of each allocation freed in the window but made before it.
+    pub freed_in_window: Vec<(u64, u64)>,
+    /// Bytes live before the window and never freed in it.
+    pub held: u64,
+    /// Events in the trace (counted by the same pass).
+    pub events: u64,
+}
+
+impl Baseline {
+    /// Scans the trace once (O(live) memory).
+    ///
+    /// # Errors
+    /// The trace's own errors (corrupt input, with the line or event number).
+    pub fn scan(input: &TraceInput) -> Result<Baseline> {
+        let mut live: FxHashSet<u64> = FxHashSet::default();
+        let mut baseline = Baseline::default();
+        for event in input.events()? {
+            let event = event?;
+            baseline.events += 1;
+            match event.op {
+                Op::Alloc => {
+                    live.insert(event.id);
+                }
+                Op::Free => {
+                    if !live.remove(&event.id) {
+                        baseline.freed_in_window.push((event.id, event.size));
+                    }
+                }
+            }
+        }
+        let freed: u64 = baseline.freed_in_window.iter().map(|&(_, s)| s).sum();
+        baseline.held = input.header().baseline_bytes.saturating_sub(freed);
+        Ok(baseline)
+    }
+}
+
+/// The first allocation a strategy could not serve.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Failure {
+    /// The event's sequence number (`None`: a baseline allocation made before the window).
+    pub seq: Option<u64>,
+    /// Bytes requested.
+    pub size: u64,
+    /// Bytes live (requested) at the time.
+    pub live: u64,
+    /// Bytes the allocator held from the device at the time.
+    pub reserved: u64,
+    /// The error, first line.
+    pub message: String,
+}
+
+/// One point of the live/reserved timeline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Sample {
+    /// Event index (0-based, baseline allocations excluded).
+    pub index: u64,
+    /// Highest live bytes (requested) since the previous sample.
+    pub live: u64,
+    /// Bytes held from the device at the sample.
+    pub reserved: u64,
+}
+
+/// What one replay measured.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ReplayResult {
+    /// The strategy's replay name.
+    pub strategy: &'static str,
+    /// Device capacity replayed on.
+    pub capacity: u64,
+    /// Memory fraction (the allocator's limit is `fraction × capacity`).
+    pub fraction: f64,
+    /// Events replayed.
+    pub events: u64,
+    /// Highest sum of requested live bytes, baseline included: a floor for any allocator.
+    pub peak_live: u64,
+    /// Highest bytes the allocator held from the device (`peak_pool_bytes`).
+    pub peak_reserved: u64,
+    /// `peak_live / peak_reserved` (1.0 is perfect; 0 when nothing was reserved).
+    pub utilisation: f64,
+    /// Allocations refused for lack of memory.
+    pub oom_count: u64,
+    /// The first of them.
+    pub first_failure: Option<Failure>,
+    /// Device calls that take or return memory.
+    pub device_calls: u64,
+    /// Wall time of the replay loop, nanoseconds per event.
+    pub ns_per_event: f64,
+    /// Frees skipped because their allocation had failed.
+    pub skipped_frees: u64,
+    /// Frees of ids neither live nor from before the window (trace anomalies).
+    pub unknown_frees: u64,
+    /// Timeline, when asked for.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub samples: Vec<Sample>,
+}
+
+/// Settings of one replay.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ReplayOptions {
+    /// The simulated device.
+    pub device: DeviceSpec,
+    /// Memory fraction.
+    pub fraction: f64,
+    /// Timeline points wanted (0: none).
+    pub samples: usize,
+}
+
+/// Called every so many events with the number done (for progress bars).
+pub type Progress<'a> = &'a (dyn Fn(u64) + Sync);
+
+/// Replays `input` through `strategy` on a fresh simulated device.
+///
+/// # Errors
+/// [`Error::Unsupported`] for a strategy this build cannot serve; the trace's own errors;
+/// errors other than out-of-memory from the allocator (e.g. an invalid size), which mean
+/// the trace asks for something no strategy can serve.
+pub fn replay(
+    input: &TraceInput,
+    baseline: &Baseline,
+    strategy: ReplayStrategy,
+    options: &ReplayOptions,
+    progress: Option<Progress<'_>>,
+) -> Result<ReplayResult> {
+    let host = Arc::new(options.device.host_device()?);
+    let device = Arc::new(CountingDevice::new(Arc::clone(&host)));
+    let allocator = crate::strategy::build(&strategy.config(options.fraction), device.clone())?;
+    let mut run = Run::new(allocator.as_ref(), baseline.events, options.samples);
+    for &(id, size) in &baseline.freed_in_window {
+        run.allocate(None, id, size, Stream::DEFAULT, "baseline")?;
+    }
+    if baseline.held > 0 {
+        run.allocate(None, u64::MAX, baseline.held, Stream::DEFAULT, "baseline")?;
+    }
+    let header = input.header();
+    let started = Instant::now();
+    let mut index = 0u64;
+    for event in input.events()? {
+        let event = event?;
+        match event.op {
+            Op::Alloc => {
+                let tag = header.tag_name(event.tag).unwrap_or("");
+                run.allocate(
+                    Some(event.seq),
+                    event.id,
+                    event.size,
+                    Stream(event.stream),
+                    tag,
+                )?;
+            }
+            Op::Free => run.free(event.id)?,
+        }
+        index += 1;
+        run.sample(index);
+        if index % (1 << 16) == 0 {
+            if let Some(p) = progress {
+                p(index);
+            }
+        }
+    }
+    let elapsed = started.elapsed();
+    let stats = allocator.stats();
+    let result = ReplayResult {
+        strategy: strategy.name(),
+        capacity: options.device.capacity,
+        fraction: options.fraction,
+        events: index,
+        peak_live: run.peak_live,
+        peak_reserved: stats.peak_pool_bytes,
+        utilisation: if stats.peak_pool_bytes == 0 {
+            0.0
+        } else {
+            run.peak_live as f64 / stats.peak_pool_bytes as f64
+        },
+        oom_count: run.oom_count,
+        first_failure: run.first_failure.take(),
+        device_calls: device.counts().memory_calls(),
+        ns_per_event: if index == 0 {
+            0.0
+        } else {
+            elapsed.as_nanos() as f64 / index as f64
+        },
+        skipped_frees: run.skipped_frees,
+        unknown_frees: run.unknown_frees,
+        samples: std::mem::take(&mut run.samples),
+    };
+    run.release_all()?;
+    Ok(result)
+}
+
+/// The bookkeeping of one replay.
+struct Run<'a> {
+    allocator: &'a dyn Allocator,
+    /// Trace id → the allocation serving it.
+    live: FxHashMap<u64, Allocation>,
+    /// Ids whose allocation failed, so their free is skipped.
+    failed: FxHashSet<u64>,
+    live_bytes: u64,
+    peak_live: u64,
+    oom_count: u64,
+    first_failure: Option<Failure>,
+    skipped_frees: u64,
+    unknown_frees: u64,
+    samples: Vec<Sample>,
+    sample_every: u64,
+    bucket_peak: u64,
+}
+
+impl<'a> Run<'a> {
+    fn new(allocator: &'a dyn Allocator, events: u64, samples: usize) -> Self {
+        let sample_every = if samples == 0 {
+            u64::MAX
+        } else {
+            (events / samples as u64).max(1)
+        };
+        Run {
+            allocator,
+            live: FxHashMap::default(),
+            failed: FxHashSet::default(),
+            live_bytes: 0,
+            peak_live: 0,
+            oom_count: 0,
+            first_failure: None,
+            skipped_frees: 0,
+            unknown_frees: 0,
+            samples: Vec::new(),
+            sample_every,
+            bucket_peak: 0,
+        }
+    }
+
+    fn allocate(
+        &mut self,
+        seq: Option<u64>,
+        id: u64,
+        size: u64,
+        stream: Stream,
+        tag: &str,
+    ) -> Result<()> {
+        match self.allocator.allocate(size, 0, stream, tag) {
+            Ok(a) => {
+                self.live_bytes += size;
+                self.peak_live = self.peak_live.max(self.live_bytes);
+                self.bucket_peak = self.bucket_peak.max(self.live_bytes);
+                if let Some(old) = self.live.insert(id, a) {
+                    // The trace reused a live id (an importer anomaly): keep books exact by
+                    // releasing the allocation it replaced.
+                    self.live_bytes -= old.size();
+                    self.allocator.deallocate(old)?;
+                }
+                Ok(())
+            }
+            Err(e) if e.is_out_of_memory() || matches!(e, Error::ExceedsLimit { .. }) => {
+                self.oom_count += 1;
+                self.failed.insert(id);
+                if self.first_failure.is_none() {
+                    let message = e.to_string().lines().next().unwrap_or_default().to_string();
+                    self.first_failure = Some(Failure {
+                        seq,
+                        size,
+                        live: self.live_bytes,
+                        reserved: self.allocator.stats().pool_bytes,
+                        message,
+                    });
+                }
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn free(&mut self, id: u64) -> Result<()> {
+        if let Some(a) = self.live.remove(&id) {
+            self.live_bytes -= a.size();
+            self.allocator.deallocate(a)
+        } else if self.failed.remove(&id) {
+            self.skipped_frees += 1;
+            Ok(())
+        } else {
+            self.unknown_frees += 1;
+            Ok(())
+        }
+    }
+
+    fn sample(&mut self, index: u64) {
+        if index % self.sample_every == 0 {
+            self.samples.push(Sample {
+                index,
+                live: self.bucket_peak,
+                reserved: self.allocator.stats().pool_bytes,
+            });
+            self.bucket_peak = self.live_bytes;
+        }
+    }
+
+    fn release_all(mut self) -> Result<()> {
+        for (_, a) in self.live.drain() {
+            self.allocator.deallocate(a)?;
+        }
+        Ok(())
+    }
+}
+
+/// The smallest capacity found, and how it was found.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MinCapacity {
+    /// The smallest device capacity (multiple of the step) at memory fraction 1.0 with which
+    /// the strategy ran the whole trace without running out; `None` if even the upper
+    /// search bound failed.
+    pub bytes: Option<u64>,
+    /// Replays it took.
+    pub replays: u32,
+}
+
+/// Bisects, to `step` bytes (2 MiB), for the smallest capacity at memory fraction 1.0 that
+/// runs the trace without out-of-memory — the budget, comparable with peak live.
+///
+/// Starts from `[peak_live rounded down, 2 × peak_live]` and doubles the upper bound while it
+/// fails (up to 64 × peak live). Assumes success is monotone in capacity, which holds for
+/// every strategy here up to region-size effects in growing BFC (where the figure is the
+/// smallest passing capacity the bisection met).
+///
+/// # Errors
+/// As [`replay`].
+pub fn min_capacity(
+    input: &TraceInput,
+    baseline: &Baseline,
+    strategy: ReplayStrategy,
+    device: DeviceSpec,
+    peak_live: u64,
+    step: u64,
+) -> Result<MinCapacity> {
+    let round_down = |x: u64| x / step * step;
+    let round_up = |x: u64| x.div_ceil(step) * step;
+    let mut replays = 0u32;
+    let mut passes = |capacity: u64| -> Result<bool> {
+        replays += 1;
+        let options = ReplayOptions {
+            device: DeviceSpec { capacity, ..device },
+            fraction: 1.0,
+            samples: 0,
+        };
+        Ok(replay(input, baseline, strategy, &options, None)?.oom_count == 0)
+    };
+    // Below peak live nothing can pass.
+    let mut lo = round_down(peak_live.saturating_sub(1));
+    let mut hi = round_up(peak_live.max(step) * 2);
+    let ceiling = round_up(peak_live.max(step).saturating_mul(64));
+    while !passes(hi)? {
+        lo = hi;
+        if hi >= ceiling {
+            return Ok(MinCapacity {
+                bytes: None,
+                replays,
+            });
+        }
+        hi = (hi * 2).min(ceiling);
+    }
+    while hi - lo > step {
+        let mid = round_down(lo + (hi - lo) / 2).max(lo + step);
+        if passes(mid)? {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    Ok(MinCapacity {
+        bytes: Some(hi),
+        replays,
+    })
+}
+
+/// The host device a [`DeviceSpec`] describes, simulated.
+impl DeviceSpec {
+    /// A simulated host device with this capacity and granularity.
+    pub fn host_device(&self) -> Result<HostDevice> {
+        HostDevice::builder()
+            .capacity(self.capacity)
+            .granularity(self.granularity)
+            .simulated(true)
+            .name(self.name.to_string())
+            .build()
+    }
+}

@@ -1,0 +1,80 @@
+//! Device presets for replay: real capacities and granularities of common GPUs.
+
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+
+/// A simulated device to replay on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct DeviceSpec {
+    /// Name for reports.
+    pub name: &'static str,
+    /// Total memory, bytes, as the driver reports it.
+    pub capacity: u64,
+    /// Virtual-memory granularity, bytes.
+    pub granularity: u64,
+}
+
+const MIB: u64 = 1 << 20;
+
+/// The presets `--device` accepts. Capacities are what the drivers report as total memory:
+/// `nvidia-smi` shows 81559 MiB on an H100 80GB and 143771 MiB on an H200; `rocm-smi`
+/// shows 206141652992 B of VRAM on an MI300X. Granularity is 2 MiB on all three (CUDA's
+/// VMM granularity; ROCm's recommended granule, its minimum being 4 KiB).
+pub const PRESETS: &[(&str, DeviceSpec)] = &[
+    (
+        "h100-80g",
+        DeviceSpec {
+            name: "h100-80g",
+            capacity: 81_559 * MIB,
+            granularity: 2 * MIB,
+        },
+    ),
+    (
+        "h200",
+        DeviceSpec {
+            name: "h200",
+            capacity: 143_771 * MIB,
+            granularity: 2 * MIB,
+        },
+    ),
+    (
+        "mi300x",
+        DeviceSpec {
+            name: "mi300x",
+            capacity: 206_141_652_992,
+            granularity: 2 * MIB,
+        },
+    ),
+];
+
+/// The preset of that name.
+///
+/// # Errors
+/// [`Error::Config`] listing the presets.
+pub fn preset(name: &str) -> Result<DeviceSpec> {
+    PRESETS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, d)| *d)
+        .ok_or_else(|| {
+            Error::config(
+                "--device",
+                name,
+                PRESETS
+                    .iter()
+                    .map(|(n, _)| *n)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            )
+        })
+}
+
+/// A device of `capacity` bytes with 2 MiB granularity (`--capacity`).
+pub fn custom(capacity: u64) -> DeviceSpec {
+    DeviceSpec {
+        name: "custom",
+        capacity,
+        granularity: 2 * MIB,
+    }
+}
