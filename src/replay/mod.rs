@@ -7,7 +7,7 @@
 //!   calls, time per event, a timeline.
 //! * [`engine::min_capacity`] — bisection for the smallest device (memory fraction 1.0) that
 //!   runs the trace without running out.
-//! * [`preset`] — real GPUs' capacities; [`workload`] — built-in workloads.
+//! * [`preset`](mod@preset) — real GPUs' capacities; [`workload`] — built-in workloads.
 
 pub mod engine;
 pub mod preset;

@@ -7,6 +7,10 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+
+mod plot;
+mod replay;
+mod workload_args;
 use portalloc::discover::{discover, Decision, Discovery};
 use portalloc::units::Bytes;
 use portalloc::Config;
@@ -31,6 +35,10 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Replay traces or a built-in workload through each strategy on a simulated device:
+    /// peak live, peak reserved, utilisation, out-of-memory count, and (with
+    /// --min-capacity) the smallest device each strategy needs.
+    Replay(Box<replay::ReplayArgs>),
 }
 
 fn main() -> ExitCode {
@@ -45,6 +53,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Info { json } => info(json),
+        Command::Replay(args) => replay::run(*args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,382 @@
+//! `portalloc replay`: traces (or a built-in workload) through each strategy on a simulated
+//! device, side by side.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use portalloc::replay::workload::Workload;
+use portalloc::replay::{
+    min_capacity, preset, replay, Baseline, DeviceSpec, MinCapacity, ReplayOptions, ReplayResult,
+    ReplayStrategy, TraceInput,
+};
+use portalloc::trace::{self, Event, Format, TraceHeader};
+use portalloc::units::{parse_size, Bytes};
+use portalloc::{Error, Result};
+use serde::Serialize;
+use serde_json::json;
+
+use crate::plot;
+
+#[derive(Args, Debug)]
+pub struct ReplayArgs {
+    /// Trace files: portalloc JSON lines, PyTorch snapshot pickles, Kineto JSON (gzip or
+    /// not), RMM CSV, buffer-lifetime CSV. The format is detected.
+    pub traces: Vec<PathBuf>,
+    /// A built-in workload instead of (or beside) trace files.
+    #[arg(long, value_name = "NAME")]
+    pub workload: Option<String>,
+    #[command(flatten)]
+    pub shape: crate::workload_args::ShapeArgs,
+    /// Strategies to compare, comma-separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "bfc,bfc-grow,vmm,async,platform"
+    )]
+    pub strategies: Vec<String>,
+    /// A device preset: h100-80g, h200, mi300x.
+    #[arg(long, conflicts_with = "capacity", default_value = "h100-80g")]
+    pub device: String,
+    /// A device capacity instead of a preset (80GiB, 141GB, …).
+    #[arg(long)]
+    pub capacity: Option<String>,
+    /// Memory fraction the allocators may use, as XLA_CLIENT_MEM_FRACTION (JAX's default 0.75).
+    #[arg(long, default_value_t = 0.75)]
+    pub fraction: f64,
+    /// Also bisect, per strategy, for the smallest device (at fraction 1.0) that runs the
+    /// trace without running out.
+    #[arg(long)]
+    pub min_capacity: bool,
+    /// Print JSON instead of tables.
+    #[arg(long)]
+    pub json: bool,
+    /// Write an SVG of live and reserved bytes over each trace for each strategy.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
+    /// Read traces as this format instead of detecting it.
+    #[arg(long)]
+    pub format: Option<String>,
+    /// Which device of a multi-device trace to replay (default: the one with most events).
+    #[arg(long)]
+    pub trace_device: Option<u32>,
+    /// Treat trace anomalies (a free of an address never allocated, a double free, …) as errors.
+    #[arg(long)]
+    pub strict: bool,
+}
+
+/// One trace's figures.
+#[derive(Serialize)]
+struct TraceReport {
+    source: String,
+    header: TraceHeader,
+    events: u64,
+    anomalies: String,
+    device: DeviceSpec,
+    fraction: f64,
+    results: Vec<StrategyReport>,
+}
+
+#[derive(Serialize)]
+struct StrategyReport {
+    strategy: String,
+    #[serde(flatten)]
+    result: Option<ReplayResult>,
+    unsupported: Option<String>,
+    min_capacity: Option<MinCapacity>,
+}
+
+pub fn run(args: ReplayArgs) -> Result<()> {
+    if !(args.fraction > 0.0 && args.fraction <= 1.0) {
+        return Err(Error::config(
+            "--fraction",
+            args.fraction.to_string(),
+            "a number in (0, 1]",
+        ));
+    }
+    let strategies = args
+        .strategies
+        .iter()
+        .map(|s| ReplayStrategy::parse(s))
+        .collect::<Result<Vec<_>>>()?;
+    let device = match &args.capacity {
+        Some(c) => portalloc::replay::preset::custom(parse_size("--capacity", c)?),
+        None => preset(&args.device)?,
+    };
+    let mut options = trace::Options::default().with_strict(args.strict);
+    if let Some(f) = &args.format {
+        options = options.with_format(f.parse::<Format>()?);
+    }
+    if let Some(d) = args.trace_device {
+        options = options.with_device(d);
+    }
+    let mut inputs: Vec<(String, TraceInput, String)> = Vec::new();
+    if let Some(name) = &args.workload {
+        let workload = args.shape.apply(Workload::from_name(name)?)?;
+        let (header, events) = workload.events()?;
+        let label = match &workload {
+            Workload::TransformerTrain(t) => format!(
+                "transformer-train (layers {}, hidden {}, batch {}, seq {}, vocab {}, {}-byte elements, {} steps)",
+                t.layers, t.hidden, t.batch, t.seq, t.vocab, t.dtype_bytes, t.steps
+            ),
+        };
+        inputs.push((
+            label,
+            TraceInput::Events {
+                header,
+                events: Arc::new(events),
+            },
+            String::new(),
+        ));
+    }
+    for path in &args.traces {
+        inputs.push(load(path, &options)?);
+    }
+    if inputs.is_empty() {
+        return Err(Error::InvalidArgument {
+            call: "portalloc replay",
+            reason: format!(
+                "give trace files or --workload (one of: {})",
+                Workload::names().join(", ")
+            ),
+        });
+    }
+    let samples = if args.plot.is_some() { 1500 } else { 0 };
+    let mut reports = Vec::new();
+    for (label, input, anomalies) in &inputs {
+        let baseline = Baseline::scan(input)?;
+        let bar = progress_bar(baseline.events * strategies.len() as u64, label);
+        let mut results = Vec::new();
+        for (i, &strategy) in strategies.iter().enumerate() {
+            let offset = i as u64 * baseline.events;
+            let tick = |done: u64| bar.set_position(offset + done);
+            let opts = ReplayOptions {
+                device,
+                fraction: args.fraction,
+                samples,
+            };
+            match replay(input, &baseline, strategy, &opts, Some(&tick)) {
+                Ok(result) => {
+                    let min = if args.min_capacity {
+                        bar.set_message(format!("{label}: bisecting {}", strategy.name()));
+                        Some(min_capacity(
+                            input,
+                            &baseline,
+                            strategy,
+                            device,
+                            result.peak_live,
+                            2 << 20,
+                        )?)
+                    } else {
+                        None
+                    };
+                    results.push(StrategyReport {
+                        strategy: strategy.name().into(),
+                        result: Some(result),
+                        unsupported: None,
+                        min_capacity: min,
+                    });
+                }
+                Err(Error::Unsupported { what, reason, .. }) => results.push(StrategyReport {
+                    strategy: strategy.name().into(),
+                    result: None,
+                    unsupported: Some(format!("{what}: {reason}")),
+                    min_capacity: None,
+                }),
+                Err(e) => return Err(e),
+            }
+        }
+        bar.finish_and_clear();
+        reports.push(TraceReport {
+            source: label.clone(),
+            header: input.header().clone(),
+            events: baseline.events,
+            anomalies: anomalies.clone(),
+            device,
+            fraction: args.fraction,
+            results,
+        });
+    }
+    if let Some(path) = &args.plot {
+        let panels: Vec<plot::Panel<'_>> = reports
+            .iter()
+            .map(|r| plot::Panel {
+                title: format!(
+                    "{} on {} (fraction {})",
+                    short(&r.source),
+                    r.device.name,
+                    r.fraction
+                ),
+                results: r.results.iter().filter_map(|s| s.result.as_ref()).collect(),
+            })
+            .collect();
+        plot::draw(path, &panels).map_err(|e| Error::InvalidArgument {
+            call: "--plot",
+            reason: e,
+        })?;
+    }
+    if args.json {
+        let value = json!({ "traces": reports });
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&value).unwrap_or_default()
+        );
+    } else {
+        for r in &reports {
+            print_report(r);
+        }
+        if let Some(path) = &args.plot {
+            println!("plot written to {}", path.display());
+        }
+    }
+    Ok(())
+}
+
+fn load(path: &PathBuf, options: &trace::Options) -> Result<(String, TraceInput, String)> {
+    let mut t = trace::open(path, options)?;
+    let header = t.header().clone();
+    let label = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    match t.format() {
+        // Streaming formats: read anew for each pass, so any length fits in memory.
+        Format::Portalloc | Format::RmmCsv => {
+            let path = path.clone();
+            let options = options.clone();
+            let input = TraceInput::File {
+                header,
+                open: Box::new(move || trace::open(&path, &options)),
+            };
+            Ok((label, input, String::new()))
+        }
+        // Formats read whole anyway: keep the events and replay them many times.
+        _ => {
+            let events: Vec<Event> = t.by_ref().collect::<Result<_>>()?;
+            let anomalies = if t.anomalies().is_empty() {
+                String::new()
+            } else {
+                t.anomalies().to_string()
+            };
+            Ok((
+                label,
+                TraceInput::Events {
+                    header,
+                    events: Arc::new(events),
+                },
+                anomalies,
+            ))
+        }
+    }
+}
+
+fn progress_bar(total: u64, label: &str) -> ProgressBar {
+    // indicatif draws only when stderr is a terminal.
+    let bar = if total >= 1_000_000 {
+        ProgressBar::new(total)
+    } else {
+        ProgressBar::hidden()
+    };
+    bar.set_style(
+        ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} events ({per_sec}, eta {eta})")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    bar.set_message(label.to_string());
+    bar
+}
+
+fn short(source: &str) -> &str {
+    source.rsplit('/').next().unwrap_or(source)
+}
+
+fn gib(bytes: u64) -> String {
+    format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
+
+fn print_report(r: &TraceReport) {
+    let h = &r.header;
+    println!("== {}", r.source);
+    let mut facts = vec![format!("{} events", r.events)];
+    facts.push(format!("{} live before the window", gib(h.baseline_bytes)));
+    if let Some(reference) = &h.reference {
+        if let Some(reserved) = reference.reserved_bytes {
+            let who = reference
+                .allocator
+                .as_deref()
+                .unwrap_or("the recording allocator");
+            facts.push(format!("{who} reserved {}", gib(reserved)));
+        }
+    }
+    if let Some(d) = &h.device {
+        facts.push(format!("recorded on {d}"));
+    }
+    println!("   {}", facts.join(", "));
+    println!(
+        "   replayed on {} ({}, granularity {}), memory fraction {} → limit {}",
+        r.device.name,
+        gib(r.device.capacity),
+        Bytes(r.device.granularity),
+        r.fraction,
+        gib((r.fraction * r.device.capacity as f64) as u64)
+    );
+    if !r.anomalies.is_empty() {
+        println!("   anomalies: {}", r.anomalies.trim());
+    }
+    let with_min = r.results.iter().any(|s| s.min_capacity.is_some());
+    print!(
+        "   {:<9} {:>11} {:>13} {:>7} {:>6} {:>12} {:>9} {:>9}",
+        "strategy",
+        "peak live",
+        "peak reserved",
+        "util.",
+        "OOMs",
+        "first OOM at",
+        "dev calls",
+        "ns/event"
+    );
+    if with_min {
+        print!("  {:>12}  {:>9}", "min capacity", "÷ live");
+    }
+    println!();
+    for s in &r.results {
+        match (&s.result, &s.unsupported) {
+            (Some(x), _) => {
+                let first = x
+                    .first_failure
+                    .as_ref()
+                    .map(|f| {
+                        f.seq
+                            .map_or("baseline".to_string(), |q| format!("event {q}"))
+                    })
+                    .unwrap_or_else(|| "-".into());
+                print!(
+                    "   {:<9} {:>11} {:>13} {:>6.1}% {:>6} {:>12} {:>9} {:>9.0}",
+                    s.strategy,
+                    gib(x.peak_live),
+                    gib(x.peak_reserved),
+                    x.utilisation * 100.0,
+                    x.oom_count,
+                    first,
+                    x.device_calls,
+                    x.ns_per_event
+                );
+                if let Some(m) = &s.min_capacity {
+                    match m.bytes {
+                        Some(b) => print!(
+                            "  {:>12}  {:>8.3}×",
+                            gib(b),
+                            b as f64 / x.peak_live.max(1) as f64
+                        ),
+                        None => print!("  {:>12}  {:>9}", "> 64× live", "-"),
+                    }
+                }
+                println!();
+            }
+            (None, Some(why)) => println!("   {:<9} unsupported: {why}", s.strategy),
+            (None, None) => {}
+        }
+    }
+    println!();
+}
