@@ -135,3 +135,135 @@ fn surprising_jax_values_warn() {
     assert!(ok);
     assert!(out.contains("warning:"), "{out}");
 }
+
+fn temp_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("portalloc-cli-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+const SMALL_MODEL: &[&str] = &[
+    "--workload",
+    "transformer-train",
+    "--layers",
+    "2",
+    "--hidden",
+    "128",
+    "--batch",
+    "2",
+    "--seq",
+    "64",
+    "--vocab",
+    "1000",
+];
+
+#[test]
+fn replay_of_a_workload_prints_a_table_per_strategy() {
+    let mut args = vec!["replay"];
+    args.extend_from_slice(SMALL_MODEL);
+    args.extend_from_slice(&["--strategies", "bfc,bfc-grow,platform", "--min-capacity"]);
+    let (ok, out, err) = portalloc(&args, &[]);
+    assert!(ok, "{err}");
+    for needle in [
+        "transformer-train (layers 2, hidden 128",
+        "peak live",
+        "peak reserved",
+        "min capacity",
+        "bfc-grow",
+        "platform",
+    ] {
+        assert!(out.contains(needle), "`{needle}` missing from:\n{out}");
+    }
+}
+
+#[test]
+fn replay_json_and_plot() {
+    let dir = temp_dir("plot");
+    let svg = dir.join("timeline.svg");
+    let mut args = vec!["replay"];
+    args.extend_from_slice(SMALL_MODEL);
+    let svg_arg = svg.to_string_lossy().into_owned();
+    args.extend_from_slice(&[
+        "--strategies",
+        "bfc,platform",
+        "--json",
+        "--min-capacity",
+        "--plot",
+        &svg_arg,
+        "--capacity",
+        "4GiB",
+    ]);
+    let (ok, out, err) = portalloc(&args, &[]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    let results = v["traces"][0]["results"].as_array().unwrap();
+    assert_eq!(results.len(), 2);
+    assert_eq!(results[0]["strategy"], "bfc");
+    let live = results[0]["peak_live"].as_u64().unwrap();
+    assert!(live > 0);
+    assert_eq!(
+        results[1]["peak_live"].as_u64().unwrap(),
+        live,
+        "the same trace, the same demand"
+    );
+    assert!(results[0]["min_capacity"]["bytes"].as_u64().unwrap() >= live);
+    assert_eq!(v["traces"][0]["device"]["capacity"], 4u64 << 30);
+    let drawn = std::fs::read_to_string(&svg).expect("plot written");
+    assert!(
+        drawn.contains("<svg") && drawn.contains("bfc reserved"),
+        "plot lacks its series"
+    );
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn replay_reads_the_own_format_and_strict_mode_names_the_line() {
+    let dir = temp_dir("own");
+    let path = dir.join("t.jsonl");
+    std::fs::write(
+        &path,
+        concat!(
+            r#"{"format":"portalloc-trace","version":1,"source":"test","baseline_bytes":0,"tags":[],"notes":[]}"#,
+            "\n[0,0,0,0,\"a\",1,1048576]\n[1,1,0,0,\"f\",1,1048576]\n[2,2,0,0,\"f\",1,1048576]\n",
+            r#"{"end":{"events":3}}"#,
+            "\n"
+        ),
+    )
+    .unwrap();
+    let p = path.to_string_lossy().into_owned();
+    let (ok, out, err) = portalloc(&["replay", &p, "--strategies", "bfc"], &[]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("anomalies"),
+        "a double free is reported:\n{out}"
+    );
+    let (ok, _, err) = portalloc(&["replay", &p, "--strict"], &[]);
+    assert!(!ok);
+    assert!(err.contains("line 4"), "{err}");
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn replay_refuses_bad_input_with_what_is_accepted() {
+    let (ok, _, err) = portalloc(&["replay", "/nonexistent/trace.json"], &[]);
+    assert!(!ok);
+    assert!(err.contains("/nonexistent/trace.json"), "{err}");
+    let mut args = vec!["replay"];
+    args.extend_from_slice(SMALL_MODEL);
+    args.extend_from_slice(&["--strategies", "best"]);
+    let (ok, _, err) = portalloc(&args, &[]);
+    assert!(!ok);
+    assert!(err.contains("bfc-grow"), "{err}");
+    let (ok, _, err) = portalloc(&["replay", "--workload", "resnet"], &[]);
+    assert!(!ok);
+    assert!(err.contains("transformer-train"), "{err}");
+    let (ok, _, err) = portalloc(&["replay"], &[]);
+    assert!(!ok);
+    assert!(err.contains("--workload"), "{err}");
+    let (ok, _, err) = portalloc(
+        &["replay", "--workload", "transformer-train", "--layers", "0"],
+        &[],
+    );
+    assert!(!ok);
+    assert!(!err.is_empty());
+}

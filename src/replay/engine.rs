@@ -147,13 +147,16 @@ pub struct Baseline {
 }
 
 impl Baseline {
-    /// Scans the trace once (O(live) memory).
+    /// Scans the trace once (O(live) memory). A free of an id that is not live counts as
+    /// memory from before the window while [`TraceHeader::baseline_bytes`] covers it.
     ///
     /// # Errors
     /// The trace's own errors (corrupt input, with the line or event number).
     pub fn scan(input: &TraceInput) -> Result<Baseline> {
         let mut live: FxHashSet<u64> = FxHashSet::default();
         let mut baseline = Baseline::default();
+        let budget = input.header().baseline_bytes;
+        let mut freed = 0u64;
         for event in input.events()? {
             let event = event?;
             baseline.events += 1;
@@ -161,15 +164,18 @@ impl Baseline {
                 Op::Alloc => {
                     live.insert(event.id);
                 }
+                // A free of an id not live is memory from before the window while the
+                // header's baseline still covers it; past that it is an anomaly (a double
+                // free, or a free of something never allocated), which replay counts.
                 Op::Free => {
-                    if !live.remove(&event.id) {
+                    if !live.remove(&event.id) && freed + event.size <= budget {
+                        freed += event.size;
                         baseline.freed_in_window.push((event.id, event.size));
                     }
                 }
             }
         }
-        let freed: u64 = baseline.freed_in_window.iter().map(|&(_, s)| s).sum();
-        baseline.held = input.header().baseline_bytes.saturating_sub(freed);
+        baseline.held = budget - freed;
         Ok(baseline)
     }
 }

@@ -377,10 +377,8 @@ const SNIFF_BYTES: u64 = 8192;
 /// formats); the header or the first records are corrupt.
 pub fn open(path: impl AsRef<Path>, options: &Options) -> Result<Trace> {
     let path = path.as_ref();
-    let file = File::open(path).map_err(|e| Error::Os {
-        call: "open trace file",
-        source: e,
-    })?;
+    let file = File::open(path)
+        .map_err(|e| trace_error(format!("cannot open {}: {e}", path.display())))?;
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())

@@ -243,22 +243,23 @@ fn load(path: &PathBuf, options: &trace::Options) -> Result<(String, TraceInput,
     match t.format() {
         // Streaming formats: read anew for each pass, so any length fits in memory.
         Format::Portalloc | Format::RmmCsv => {
+            // One pass now, for the anomalies (and any corruption) to be known up front.
+            for event in t.by_ref() {
+                event?;
+            }
+            let anomalies = anomaly_text(&t);
             let path = path.clone();
             let options = options.clone();
             let input = TraceInput::File {
                 header,
                 open: Box::new(move || trace::open(&path, &options)),
             };
-            Ok((label, input, String::new()))
+            Ok((label, input, anomalies))
         }
         // Formats read whole anyway: keep the events and replay them many times.
         _ => {
             let events: Vec<Event> = t.by_ref().collect::<Result<_>>()?;
-            let anomalies = if t.anomalies().is_empty() {
-                String::new()
-            } else {
-                t.anomalies().to_string()
-            };
+            let anomalies = anomaly_text(&t);
             Ok((
                 label,
                 TraceInput::Events {
@@ -268,6 +269,14 @@ fn load(path: &PathBuf, options: &trace::Options) -> Result<(String, TraceInput,
                 anomalies,
             ))
         }
+    }
+}
+
+fn anomaly_text(t: &trace::Trace) -> String {
+    if t.anomalies().is_empty() {
+        String::new()
+    } else {
+        t.anomalies().to_string()
     }
 }
 
