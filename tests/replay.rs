@@ -308,3 +308,72 @@ fn real_pangu_lifetimes_need_a_quarter_more_under_preallocated_bfc() {
         "pangu_2.6B under preallocated bfc: {ratio:.3} × peak live"
     );
 }
+
+/// The recorder writes what a live allocator served; replaying it reproduces the demand.
+#[test]
+fn a_recorded_program_replays_to_the_same_peak() {
+    use portalloc::adaptor::RecorderAllocator;
+    use portalloc::backends::host::HostDevice;
+    use portalloc::strategy::platform::PlatformAllocator;
+    use portalloc::{Allocator, Stream};
+
+    let device = Arc::new(
+        HostDevice::builder()
+            .capacity(1 << 30)
+            .simulated(true)
+            .build()
+            .unwrap(),
+    );
+    let recorder = RecorderAllocator::new(PlatformAllocator::new(device, None), "test-program");
+    let a = recorder
+        .allocate(3 * MIB, 0, Stream::DEFAULT, "buffer")
+        .unwrap();
+    let b = recorder
+        .allocate(5 * MIB, 0, Stream(7), "workspace")
+        .unwrap();
+    let empty = recorder.allocate(0, 0, Stream::DEFAULT, "buffer").unwrap();
+    recorder.deallocate(a).unwrap();
+    let c = recorder
+        .allocate(MIB, 0, Stream::DEFAULT, "buffer")
+        .unwrap();
+    recorder.deallocate(b).unwrap();
+    recorder.deallocate(c).unwrap();
+    recorder.deallocate(empty).unwrap();
+
+    let (header, events) = recorder.trace();
+    assert_eq!(
+        header.tags,
+        vec!["buffer".to_string(), "workspace".to_string()]
+    );
+    assert_eq!(events.len(), 6, "zero-byte allocations are not events");
+    assert_eq!(
+        (events[1].stream, events[1].tag, events[1].size),
+        (7, 2, 5 * MIB)
+    );
+    assert_eq!(events[2].op, Op::Free);
+    assert_eq!(events[2].id, events[0].id);
+
+    let mut own = Vec::new();
+    assert_eq!(recorder.write_portalloc(&mut own).unwrap(), 6);
+    let trace =
+        portalloc::trace::open_reader(std::io::Cursor::new(own), "recorded", &Default::default())
+            .unwrap();
+    let header = trace.header().clone();
+    let read: Vec<Event> = trace.collect::<Result<_, _>>().unwrap();
+    assert_eq!(read, events);
+    let r = run(
+        &TraceInput::Events {
+            header,
+            events: Arc::new(read),
+        },
+        ReplayStrategy::Bfc,
+        1 << 30,
+        1.0,
+    );
+    assert_eq!(r.peak_live, 8 * MIB);
+    let mut csv = Vec::new();
+    assert_eq!(recorder.write_rmm_csv(&mut csv).unwrap(), 6);
+    assert!(String::from_utf8(csv)
+        .unwrap()
+        .starts_with("Thread,Time,Action,Pointer,Size,Stream"));
+}

@@ -4,7 +4,10 @@
 //! | adaptor | wraps | adds |
 //! |---|---|---|
 //! | [`CountingDevice`] | a [`crate::Device`] | counts every device call by kind (replay's "device calls" column; leak checks) |
+//! | [`RecorderAllocator`] | an [`crate::Allocator`] | records its allocation trace for `portalloc replay` |
 
 mod counting;
+mod recorder;
 
 pub use counting::{CallCounts, CountingDevice};
+pub use recorder::RecorderAllocator;
