@@ -135,7 +135,7 @@ fn running_out_is_counted_with_the_first_failing_event_and_its_frees_skipped() {
         &[
             (A, 1, 6 * MIB),
             (A, 2, 6 * MIB),
-            (A, 3, 1 * MIB),
+            (A, 3, MIB),
             (F, 2, 6 * MIB),
             (F, 1, 6 * MIB),
             (F, 3, MIB),
