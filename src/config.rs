@@ -20,6 +20,7 @@
 //! | `PORTALLOC_BACKEND` | force a backend instead of discovering one | `auto`, `host`, `cuda`, `hip` (case-insensitive) | `auto` |
 //! | `PORTALLOC_HOST_CAPACITY` | capacity of the host device, to simulate a GPU | a size > 0: `1024`, `2MiB`, `80GiB`, `141GB` | physical memory |
 //! | `PORTALLOC_HOST_SIMULATED` | host device only tracks addresses, touching no memory | as `PORTALLOC_PREALLOCATE` | `false` |
+//! | `PORTALLOC_HOST_DEVICES` | how many host devices discovery opens (ordinals 0…N−1), to exercise many-device code without GPUs | an integer from 1 to 64 | `1` |
 //!
 //! The accepted lists are the constants of this module ([`XLA_ALLOCATOR_VALUES`],
 //! [`PORTALLOC_ALLOCATOR_VALUES`], [`FRACTION_ACCEPTED`], …); error messages quote them.
@@ -86,6 +87,10 @@ pub const PORTALLOC_BACKEND: &str = "PORTALLOC_BACKEND";
 pub const PORTALLOC_HOST_CAPACITY: &str = "PORTALLOC_HOST_CAPACITY";
 /// `PORTALLOC_HOST_SIMULATED`: host device tracks addresses only.
 pub const PORTALLOC_HOST_SIMULATED: &str = "PORTALLOC_HOST_SIMULATED";
+/// `PORTALLOC_HOST_DEVICES`: how many host devices discovery opens.
+pub const PORTALLOC_HOST_DEVICES: &str = "PORTALLOC_HOST_DEVICES";
+/// What `PORTALLOC_HOST_DEVICES` accepts.
+pub const HOST_DEVICES_ACCEPTED: &str = "an integer from 1 to 64";
 
 /// Every variable read, in the order of the table in the module documentation.
 pub const VARIABLES: &[&str] = &[
@@ -101,6 +106,7 @@ pub const VARIABLES: &[&str] = &[
     PORTALLOC_BACKEND,
     PORTALLOC_HOST_CAPACITY,
     PORTALLOC_HOST_SIMULATED,
+    PORTALLOC_HOST_DEVICES,
 ];
 
 /// Values of `XLA_PYTHON_CLIENT_ALLOCATOR` (after lowercasing).
@@ -286,6 +292,8 @@ pub struct Config {
     pub host_capacity: Setting<Option<u64>>,
     /// Whether the host device only tracks addresses (`PORTALLOC_HOST_SIMULATED`).
     pub host_simulated: Setting<bool>,
+    /// How many host devices discovery opens (`PORTALLOC_HOST_DEVICES`), 1 to 64.
+    pub host_devices: Setting<u32>,
     /// Warnings found while reading (deprecated variables, values JAX reads surprisingly).
     pub warnings: Vec<String>,
 }
@@ -300,6 +308,7 @@ impl Default for Config {
             async_prealloc: Setting::default_value(None),
             host_capacity: Setting::default_value(None),
             host_simulated: Setting::default_value(false),
+            host_devices: Setting::default_value(1),
             warnings: Vec::new(),
         }
     }
@@ -517,6 +526,12 @@ impl Config {
                 PORTALLOC_HOST_SIMULATED,
             );
         }
+        if let Some(v) = get(PORTALLOC_HOST_DEVICES) {
+            config.host_devices = Setting::env(
+                parse_host_devices(PORTALLOC_HOST_DEVICES, &v)?,
+                PORTALLOC_HOST_DEVICES,
+            );
+        }
 
         Ok(config)
     }
@@ -581,7 +596,20 @@ impl Config {
                 self.host_simulated.value.to_string(),
                 &self.host_simulated.source,
             ),
+            row(
+                "host_devices",
+                self.host_devices.value.to_string(),
+                &self.host_devices.source,
+            ),
         ]
+    }
+}
+
+/// Parses `PORTALLOC_HOST_DEVICES`: 1 to 64.
+fn parse_host_devices(variable: &str, value: &str) -> Result<u32> {
+    match value.trim().parse::<u32>() {
+        Ok(n) if (1..=64).contains(&n) => Ok(n),
+        _ => Err(Error::config(variable, value, HOST_DEVICES_ACCEPTED)),
     }
 }
 

@@ -130,7 +130,7 @@ pub fn discover(config: &Config) -> Result<Discovery> {
     let host_probe = Probe {
         backend: Some(Vendor::Host),
         library: None,
-        device_count: 1,
+        device_count: config.host_devices.value,
         ..Probe::default()
     };
     candidates.push(Candidate {
@@ -140,7 +140,9 @@ pub fn discover(config: &Config) -> Result<Discovery> {
     });
 
     let chosen = chosen.unwrap_or(Vendor::Host);
-    let devices: Vec<Arc<dyn Device>> = vec![Arc::new(host_device(config)?)];
+    let devices = (0..config.host_devices.value)
+        .map(|ordinal| Ok(Arc::new(host_device(config, ordinal)?) as Arc<dyn Device>))
+        .collect::<Result<Vec<_>>>()?;
     Ok(Discovery {
         candidates,
         chosen,
@@ -148,9 +150,12 @@ pub fn discover(config: &Config) -> Result<Discovery> {
     })
 }
 
-/// The host device `config` describes (`PORTALLOC_HOST_CAPACITY`, `PORTALLOC_HOST_SIMULATED`).
-pub fn host_device(config: &Config) -> Result<HostDevice> {
-    let mut builder = HostDevice::builder().simulated(config.host_simulated.value);
+/// The host device `config` describes (`PORTALLOC_HOST_CAPACITY`, `PORTALLOC_HOST_SIMULATED`),
+/// at `ordinal`.
+pub fn host_device(config: &Config, ordinal: u32) -> Result<HostDevice> {
+    let mut builder = HostDevice::builder()
+        .simulated(config.host_simulated.value)
+        .ordinal(ordinal);
     if let Some(capacity) = config.host_capacity.value {
         builder = builder.capacity(capacity);
     }

@@ -1,5 +1,6 @@
 //! From configuration to allocator: the strategy the variables name is the strategy built,
-//! and one a backend cannot serve is a typed error, never a silent fallback.
+//! one per device ordinal. (A strategy a device cannot serve is a typed `Unsupported` error,
+//! never a silent fallback: tests/vmm.rs and tests/async_pool.rs check it per strategy.)
 
 use portalloc::{Config, Error, Portalloc, StrategyKind, Vendor};
 use test_case::test_case;
@@ -21,27 +22,15 @@ fn config(vars: &[(&str, &str)]) -> portalloc::Result<Config> {
 #[test_case(&[("XLA_PYTHON_CLIENT_ALLOCATOR", "platform")], "platform" ; "platform")]
 #[test_case(&[("XLA_PYTHON_CLIENT_ALLOCATOR", "address")], "platform" ; "address is platform")]
 #[test_case(&[("XLA_PYTHON_CLIENT_ALLOCATOR", "default")], "bfc" ; "default is bfc")]
+#[test_case(&[("XLA_PYTHON_CLIENT_ALLOCATOR", "vmm")], "vmm" ; "vmm on the host's virtual memory")]
+#[test_case(&[("XLA_PYTHON_CLIENT_ALLOCATOR", "cuda_async")], "async" ; "cuda_async on the host's pool")]
+#[test_case(&[("TF_GPU_ALLOCATOR", "cuda_malloc_async")], "async" ; "tf cuda_malloc_async")]
 #[test_case(&[("PORTALLOC_ALLOCATOR", "platform"), ("XLA_PYTHON_CLIENT_ALLOCATOR", "bfc")], "platform" ; "portalloc variable wins")]
 fn variables_select_the_strategy(vars: &[(&str, &str)], name: &str) {
     let p = Portalloc::from_config(config(vars).unwrap()).unwrap();
     assert_eq!(p.discovery.chosen, Vendor::Host);
     assert_eq!(p.allocators.len(), 1);
     assert_eq!(p.allocator(0).unwrap().name(), name);
-}
-
-#[test_case(&[("XLA_PYTHON_CLIENT_ALLOCATOR", "vmm")], "vmm" ; "vmm")]
-#[test_case(&[("XLA_PYTHON_CLIENT_ALLOCATOR", "cuda_async")], "async" ; "cuda_async")]
-#[test_case(&[("TF_GPU_ALLOCATOR", "cuda_malloc_async")], "async" ; "tf cuda_malloc_async")]
-fn strategies_not_built_yet_are_unsupported_not_replaced(vars: &[(&str, &str)], name: &str) {
-    let c = config(vars).unwrap();
-    assert_eq!(c.strategy.value.name(), name);
-    match Portalloc::from_config(c) {
-        Err(Error::Unsupported { what, backend, .. }) => {
-            assert!(what.contains(name), "{what}");
-            assert_eq!(backend, "host");
-        }
-        other => panic!("expected Unsupported, got {other:?}"),
-    }
 }
 
 #[test]
@@ -73,4 +62,38 @@ fn growth_mode_when_preallocation_is_off() {
         "growth starts with a 2 MiB region"
     );
     a.deallocate(x).unwrap();
+}
+
+#[test]
+fn one_allocator_per_device_ordinal() {
+    let c = config(&[("PORTALLOC_HOST_DEVICES", "3")]).unwrap();
+    let p = Portalloc::from_config(c).unwrap();
+    assert_eq!(p.discovery.devices.len(), 3);
+    assert_eq!(p.allocators.len(), 3);
+    for (ordinal, device) in p.discovery.devices.iter().enumerate() {
+        assert_eq!(device.info().ordinal, ordinal as u32);
+    }
+    // Each allocator has its own memory: an allocation on one is foreign to another.
+    let a = p.allocator(0).unwrap();
+    let b = p.allocator(1).unwrap();
+    let x = a
+        .allocate(1 << 20, 0, portalloc::Stream::DEFAULT, "t")
+        .unwrap();
+    assert!(matches!(
+        b.deallocate(x),
+        Err(Error::ForeignAllocation { .. })
+    ));
+}
+
+#[test_case("0" ; "zero")]
+#[test_case("65" ; "too many")]
+#[test_case("two" ; "not a number")]
+fn host_device_count_out_of_range_is_an_error(value: &str) {
+    let e = config(&[("PORTALLOC_HOST_DEVICES", value)])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("PORTALLOC_HOST_DEVICES") && e.contains("1 to 64"),
+        "{e}"
+    );
 }
