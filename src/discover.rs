@@ -68,6 +68,8 @@ pub fn discover(config: &Config) -> Result<Discovery> {
     );
     let mut candidates = Vec::new();
     let mut chosen: Option<Vendor> = None;
+    // The devices of the vendor backend chosen (CUDA or HIP), when one is.
+    let mut vendor_devices: Vec<Arc<dyn Device>> = Vec::new();
 
     for vendor in [Vendor::Cuda, Vendor::Hip] {
         if !compiled(vendor) {
@@ -100,6 +102,48 @@ pub fn discover(config: &Config) -> Result<Discovery> {
                 return Err(Error::NoDevice(format!("{forced_by}, but {vendor}: {why}")));
             }
             Decision::Unusable(why)
+        } else if let Some(earlier) = chosen {
+            Decision::Passed(format!("{earlier} was chosen first"))
+        } else if vendor == Vendor::Cuda {
+            // CUDA: one `CudaDevice` per ordinal, on each device's primary context.
+            match open_cuda() {
+                Ok(devices) => {
+                    chosen = Some(Vendor::Cuda);
+                    vendor_devices = devices;
+                    Decision::Chosen
+                }
+                Err(e) => {
+                    if forced == Some(vendor) {
+                        return Err(Error::NoDevice(format!(
+                            "{forced_by}, but its devices could not be opened: {e}"
+                        )));
+                    }
+                    Decision::Unusable(format!(
+                        "found {} device(s), but opening them failed: {e}",
+                        probe.device_count
+                    ))
+                }
+            }
+        } else if vendor == Vendor::Hip {
+            // HIP: one `HipDevice` per ordinal, with the AMD tuning in its notes.
+            match open_hip() {
+                Ok(devices) => {
+                    chosen = Some(Vendor::Hip);
+                    vendor_devices = devices;
+                    Decision::Chosen
+                }
+                Err(e) => {
+                    if forced == Some(vendor) {
+                        return Err(Error::NoDevice(format!(
+                            "{forced_by}, but its devices could not be opened: {e}"
+                        )));
+                    }
+                    Decision::Unusable(format!(
+                        "found {} device(s), but opening them failed: {e}",
+                        probe.device_count
+                    ))
+                }
+            }
         } else {
             // The vendor shims' `Device` implementations (allocation, VMM, pools) are built
             // on the probe layer in their own change; until then the host stands in, and
@@ -140,9 +184,13 @@ pub fn discover(config: &Config) -> Result<Discovery> {
     });
 
     let chosen = chosen.unwrap_or(Vendor::Host);
-    let devices = (0..config.host_devices.value)
-        .map(|ordinal| Ok(Arc::new(host_device(config, ordinal)?) as Arc<dyn Device>))
-        .collect::<Result<Vec<_>>>()?;
+    let devices = if chosen == Vendor::Host {
+        (0..config.host_devices.value)
+            .map(|ordinal| Ok(Arc::new(host_device(config, ordinal)?) as Arc<dyn Device>))
+            .collect::<Result<Vec<_>>>()?
+    } else {
+        vendor_devices
+    };
     Ok(Discovery {
         candidates,
         chosen,
@@ -173,6 +221,42 @@ fn config_source_name(config: &Config) -> String {
 fn compiled(vendor: Vendor) -> bool {
     (vendor != Vendor::Cuda || cfg!(feature = "cuda"))
         && (vendor != Vendor::Hip || cfg!(feature = "hip"))
+}
+
+/// Opens every CUDA device (one [`crate::backends::cuda::CudaDevice`] per ordinal).
+#[cfg(feature = "cuda")]
+fn open_cuda() -> Result<Vec<Arc<dyn Device>>> {
+    Ok(crate::backends::cuda::open_all()?
+        .into_iter()
+        .map(|d| Arc::new(d) as Arc<dyn Device>)
+        .collect())
+}
+
+#[cfg(not(feature = "cuda"))]
+fn open_cuda() -> Result<Vec<Arc<dyn Device>>> {
+    Err(Error::Unsupported {
+        what: "backend `cuda`".into(),
+        backend: "cuda",
+        reason: "this build lacks the `cuda` cargo feature".into(),
+    })
+}
+
+/// Opens every HIP device (one [`crate::backends::hip::HipDevice`] per ordinal).
+#[cfg(feature = "hip")]
+fn open_hip() -> Result<Vec<Arc<dyn Device>>> {
+    Ok(crate::backends::hip::open_all()?
+        .into_iter()
+        .map(|d| Arc::new(d) as Arc<dyn Device>)
+        .collect())
+}
+
+#[cfg(not(feature = "hip"))]
+fn open_hip() -> Result<Vec<Arc<dyn Device>>> {
+    Err(Error::Unsupported {
+        what: "backend `hip`".into(),
+        backend: "hip",
+        reason: "this build lacks the `hip` cargo feature".into(),
+    })
 }
 
 fn probe_vendor(vendor: Vendor) -> Probe {

@@ -1,13 +1,30 @@
 //! The CUDA backend: NVIDIA's driver API (`libcuda.so.1`), loaded at run time.
 //!
-//! What is here now is the discovery layer: load the library, resolve the calls discovery
-//! needs, and report the driver version, the devices, or the driver's own error name. The
-//! [`crate::Device`] implementation over cuMemAlloc / VMM / pools builds on [`Driver`].
+//! Three layers, bottom to top:
+//!
+//! * [`portalloc_sys::cuda`]: the raw types and signatures, written from `cuda.h`.
+//! * [`Driver`]: the library, loaded with libloading from `PORTALLOC_CUDA_LIBRARY` or
+//!   `libcuda.so.1` (never the bare `libcuda.so`), its symbols resolved (required ones →
+//!   [`Error::MissingSymbol`], the CUDA 10.2 virtual-memory and 11.2 pool groups → `Option`),
+//!   and every call checked: a `CUresult` becomes [`Error::Driver`] with the driver's own
+//!   name and text, and out-of-memory becomes [`Error::DeviceOutOfMemory`].
+//! * [`CudaDevice`]: the [`crate::Device`] of one device ordinal, on its primary context, with
+//!   the [`crate::device::VirtualMemory`] and [`crate::device::StreamOrderedPool`]
+//!   capabilities where the driver and the device have them.
+//!
+//! [`probe`] is what discovery runs: load, `cuInit`, versions, devices, or the driver's error
+//! name (`CUDA_ERROR_NO_DEVICE` on a machine without a GPU).
 
 use std::ffi::c_int;
 
 use libloading::Library;
 use portalloc_sys::cuda as sys;
+
+#[cfg(feature = "cudarc")]
+pub mod cudarc;
+mod device;
+
+pub use device::{open_all, CudaCensus, CudaDevice};
 
 use super::loader;
 use super::Probe;
@@ -28,8 +45,97 @@ pub fn library_candidates() -> Vec<String> {
     }
 }
 
-/// The loaded driver library with the entry points discovery uses (checked calls: every
-/// `CUresult` becomes a [`Result`]).
+/// Virtual-memory entry points (CUDA 10.2): all resolved, or none used.
+#[derive(Clone, Copy)]
+struct VmmApi {
+    get_allocation_granularity: sys::cuMemGetAllocationGranularity,
+    create: sys::cuMemCreate,
+    release: sys::cuMemRelease,
+    address_reserve: sys::cuMemAddressReserve,
+    address_free: sys::cuMemAddressFree,
+    map: sys::cuMemMap,
+    unmap: sys::cuMemUnmap,
+    set_access: sys::cuMemSetAccess,
+}
+
+/// Stream-ordered pool entry points (CUDA 11.2): all resolved, or none used.
+#[derive(Clone, Copy)]
+struct PoolApi {
+    default_mem_pool: sys::cuDeviceGetDefaultMemPool,
+    create: sys::cuMemPoolCreate,
+    destroy: sys::cuMemPoolDestroy,
+    set_attribute: sys::cuMemPoolSetAttribute,
+    get_attribute: sys::cuMemPoolGetAttribute,
+    trim_to: sys::cuMemPoolTrimTo,
+    alloc_async: sys::cuMemAllocFromPoolAsync,
+    free_async: sys::cuMemFreeAsync,
+}
+
+/// The names of the virtual-memory symbols (CUDA 10.2), in [`Driver::symbols`] order.
+pub const VMM_SYMBOLS: [&str; 8] = [
+    "cuMemGetAllocationGranularity",
+    "cuMemCreate",
+    "cuMemRelease",
+    "cuMemAddressReserve",
+    "cuMemAddressFree",
+    "cuMemMap",
+    "cuMemUnmap",
+    "cuMemSetAccess",
+];
+
+/// The names of the memory-pool symbols (CUDA 11.2), in [`Driver::symbols`] order.
+pub const POOL_SYMBOLS: [&str; 8] = [
+    "cuDeviceGetDefaultMemPool",
+    "cuMemPoolCreate",
+    "cuMemPoolDestroy",
+    "cuMemPoolSetAttribute",
+    "cuMemPoolGetAttribute",
+    "cuMemPoolTrimTo",
+    "cuMemAllocFromPoolAsync",
+    "cuMemFreeAsync",
+];
+
+/// The names of the required symbols, in the order [`Driver::load`] resolves them. For
+/// `cuDevicePrimaryCtxRelease_v2` the CUDA 7 name `cuDevicePrimaryCtxRelease` is accepted too.
+pub const REQUIRED_SYMBOLS: [&str; 24] = [
+    "cuInit",
+    "cuDriverGetVersion",
+    "cuDeviceGetCount",
+    "cuDeviceGet",
+    "cuDeviceGetName",
+    "cuDeviceGetAttribute",
+    "cuDeviceTotalMem_v2",
+    "cuGetErrorName",
+    "cuGetErrorString",
+    "cuDevicePrimaryCtxRetain",
+    "cuDevicePrimaryCtxRelease_v2",
+    "cuCtxGetCurrent",
+    "cuCtxSetCurrent",
+    "cuMemGetInfo_v2",
+    "cuMemAlloc_v2",
+    "cuMemFree_v2",
+    "cuStreamCreate",
+    "cuStreamDestroy_v2",
+    "cuStreamSynchronize",
+    "cuEventCreate",
+    "cuEventRecord",
+    "cuEventQuery",
+    "cuEventSynchronize",
+    "cuEventDestroy_v2",
+];
+
+/// The loaded driver library and its entry points: the result layer, where every `CUresult`
+/// becomes a [`Result`].
+///
+/// Required symbols (CUDA ≤ 7.0, and `_v2` names where the header maps to them) are resolved
+/// at [`Driver::load`], a missing one being [`Error::MissingSymbol`]; the virtual-memory
+/// (CUDA 10.2) and memory-pool (CUDA 11.2) groups are resolved when every symbol of the group
+/// is there, and calls into a missing group are [`Error::Unsupported`] naming the symbol.
+///
+/// Calls that take a stream, event or pool handle are crate-private: the driver dereferences
+/// those handles, so only [`CudaDevice`], which hands them out and checks them, passes them.
+/// Calls that need a current context are made by [`CudaDevice`] after it made its device's
+/// primary context current.
 pub struct Driver {
     path: String,
     init: sys::cuInit,
@@ -41,6 +147,23 @@ pub struct Driver {
     device_total_mem: sys::cuDeviceTotalMem_v2,
     get_error_name: sys::cuGetErrorName,
     get_error_string: sys::cuGetErrorString,
+    primary_ctx_retain: sys::cuDevicePrimaryCtxRetain,
+    primary_ctx_release: sys::cuDevicePrimaryCtxRelease_v2,
+    ctx_get_current: sys::cuCtxGetCurrent,
+    ctx_set_current: sys::cuCtxSetCurrent,
+    mem_get_info: sys::cuMemGetInfo_v2,
+    mem_alloc: sys::cuMemAlloc_v2,
+    mem_free: sys::cuMemFree_v2,
+    stream_create: sys::cuStreamCreate,
+    stream_destroy: sys::cuStreamDestroy_v2,
+    stream_synchronize: sys::cuStreamSynchronize,
+    event_create: sys::cuEventCreate,
+    event_record: sys::cuEventRecord,
+    event_query: sys::cuEventQuery,
+    event_synchronize: sys::cuEventSynchronize,
+    event_destroy: sys::cuEventDestroy_v2,
+    vmm: Option<VmmApi>,
+    pools: Option<PoolApi>,
     // Keeps the code behind the function pointers above loaded; dropped last.
     _library: Library,
 }
@@ -49,44 +172,137 @@ impl std::fmt::Debug for Driver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("cuda::Driver")
             .field("path", &self.path)
+            .field("vmm_symbols", &self.vmm.is_some())
+            .field("pool_symbols", &self.pools.is_some())
             .finish_non_exhaustive()
     }
 }
 
+/// Resolves every symbol of an optional group, or none.
+macro_rules! optional_group {
+    ($library:expr, $ty:ident { $($field:ident: $name:literal),* $(,)? }) => {{
+        // SAFETY: each type is the signature `cuda.h` declares for the symbol of that name,
+        // transcribed in `portalloc_sys::cuda`.
+        (|| unsafe {
+            Some($ty {
+                $($field: loader::optional($library, $name)?,)*
+            })
+        })()
+    }};
+}
+
 impl Driver {
-    /// Loads the first library of `candidates` that opens and resolves the required symbols.
+    /// Loads the first library of `candidates` that opens and resolves the symbols.
     ///
     /// # Errors
     /// [`Error::LibraryLoad`] when none opens (with each candidate's reason);
-    /// [`Error::MissingSymbol`] when a required call is missing (too old a driver).
+    /// [`Error::MissingSymbol`] when a required call is missing (too old a driver, or not
+    /// libcuda at all).
     pub fn load(candidates: &[String]) -> Result<Driver> {
         let (library, path) =
             loader::open_first(candidates).map_err(|failures| Error::LibraryLoad {
                 library: candidates.join(", "),
                 reason: failures.join("; "),
             })?;
-        // SAFETY (all `required` calls): each type is the signature `cuda.h` declares for the
-        // symbol of that name, transcribed in `portalloc_sys::cuda`.
+        let lib = &library;
+        let vmm = optional_group!(
+            lib,
+            VmmApi {
+                get_allocation_granularity: "cuMemGetAllocationGranularity",
+                create: "cuMemCreate",
+                release: "cuMemRelease",
+                address_reserve: "cuMemAddressReserve",
+                address_free: "cuMemAddressFree",
+                map: "cuMemMap",
+                unmap: "cuMemUnmap",
+                set_access: "cuMemSetAccess",
+            }
+        );
+        let pools = optional_group!(
+            lib,
+            PoolApi {
+                default_mem_pool: "cuDeviceGetDefaultMemPool",
+                create: "cuMemPoolCreate",
+                destroy: "cuMemPoolDestroy",
+                set_attribute: "cuMemPoolSetAttribute",
+                get_attribute: "cuMemPoolGetAttribute",
+                trim_to: "cuMemPoolTrimTo",
+                alloc_async: "cuMemAllocFromPoolAsync",
+                free_async: "cuMemFreeAsync",
+            }
+        );
+        // SAFETY (all `required` / `optional` calls): each type is the signature `cuda.h`
+        // declares for the symbol of that name, transcribed in `portalloc_sys::cuda`.
         unsafe {
             Ok(Driver {
-                init: loader::required(&library, &path, "cuInit")?,
-                driver_get_version: loader::required(&library, &path, "cuDriverGetVersion")?,
-                device_get_count: loader::required(&library, &path, "cuDeviceGetCount")?,
-                device_get: loader::required(&library, &path, "cuDeviceGet")?,
-                device_get_name: loader::required(&library, &path, "cuDeviceGetName")?,
-                device_get_attribute: loader::required(&library, &path, "cuDeviceGetAttribute")?,
-                device_total_mem: loader::required(&library, &path, "cuDeviceTotalMem_v2")?,
-                get_error_name: loader::required(&library, &path, "cuGetErrorName")?,
-                get_error_string: loader::required(&library, &path, "cuGetErrorString")?,
+                init: loader::required(lib, &path, "cuInit")?,
+                driver_get_version: loader::required(lib, &path, "cuDriverGetVersion")?,
+                device_get_count: loader::required(lib, &path, "cuDeviceGetCount")?,
+                device_get: loader::required(lib, &path, "cuDeviceGet")?,
+                device_get_name: loader::required(lib, &path, "cuDeviceGetName")?,
+                device_get_attribute: loader::required(lib, &path, "cuDeviceGetAttribute")?,
+                device_total_mem: loader::required(lib, &path, "cuDeviceTotalMem_v2")?,
+                get_error_name: loader::required(lib, &path, "cuGetErrorName")?,
+                get_error_string: loader::required(lib, &path, "cuGetErrorString")?,
+                primary_ctx_retain: loader::required(lib, &path, "cuDevicePrimaryCtxRetain")?,
+                // CUDA 11.0 renamed it `_v2`; the CUDA 7 name has the same signature.
+                primary_ctx_release: match loader::optional(lib, "cuDevicePrimaryCtxRelease_v2") {
+                    Some(f) => f,
+                    None => loader::required(lib, &path, "cuDevicePrimaryCtxRelease")?,
+                },
+                ctx_get_current: loader::required(lib, &path, "cuCtxGetCurrent")?,
+                ctx_set_current: loader::required(lib, &path, "cuCtxSetCurrent")?,
+                mem_get_info: loader::required(lib, &path, "cuMemGetInfo_v2")?,
+                mem_alloc: loader::required(lib, &path, "cuMemAlloc_v2")?,
+                mem_free: loader::required(lib, &path, "cuMemFree_v2")?,
+                stream_create: loader::required(lib, &path, "cuStreamCreate")?,
+                stream_destroy: loader::required(lib, &path, "cuStreamDestroy_v2")?,
+                stream_synchronize: loader::required(lib, &path, "cuStreamSynchronize")?,
+                event_create: loader::required(lib, &path, "cuEventCreate")?,
+                event_record: loader::required(lib, &path, "cuEventRecord")?,
+                event_query: loader::required(lib, &path, "cuEventQuery")?,
+                event_synchronize: loader::required(lib, &path, "cuEventSynchronize")?,
+                event_destroy: loader::required(lib, &path, "cuEventDestroy_v2")?,
+                vmm,
+                pools,
                 _library: library,
                 path,
             })
         }
     }
 
+    /// Loads the library [`library_candidates`] names.
+    ///
+    /// # Errors
+    /// As [`Driver::load`].
+    pub fn load_default() -> Result<Driver> {
+        Driver::load(&library_candidates())
+    }
+
     /// The path the library was loaded from.
     pub fn path(&self) -> &str {
         &self.path
+    }
+
+    /// True when every virtual-memory symbol (CUDA 10.2) was resolved.
+    pub fn has_vmm_symbols(&self) -> bool {
+        self.vmm.is_some()
+    }
+
+    /// True when every memory-pool symbol (CUDA 11.2) was resolved.
+    pub fn has_pool_symbols(&self) -> bool {
+        self.pools.is_some()
+    }
+
+    /// Every symbol portalloc uses, with whether this library resolved it: the required ones
+    /// (all true, or [`Driver::load`] would have failed), then [`VMM_SYMBOLS`] and
+    /// [`POOL_SYMBOLS`] (a group is resolved whole or not at all).
+    pub fn symbols(&self) -> Vec<(&'static str, bool)> {
+        let mut out: Vec<(&'static str, bool)> =
+            REQUIRED_SYMBOLS.iter().map(|&s| (s, true)).collect();
+        out.extend(VMM_SYMBOLS.iter().map(|&s| (s, self.vmm.is_some())));
+        out.extend(POOL_SYMBOLS.iter().map(|&s| (s, self.pools.is_some())));
+        out
     }
 
     /// The driver's name and text for a `CUresult` (`CUDA_ERROR_NO_DEVICE`, "no CUDA-capable
@@ -102,9 +318,9 @@ impl Driver {
                 (self.get_error_string)(code, &mut text),
             )
         };
-        // SAFETY: non-null results point to static C strings (see above).
         let read = |ok: bool, p: *const std::ffi::c_char| {
             (ok && !p.is_null()).then(|| {
+                // SAFETY: non-null results point to static C strings (see above).
                 unsafe { std::ffi::CStr::from_ptr(p) }
                     .to_string_lossy()
                     .into_owned()
@@ -116,7 +332,8 @@ impl Driver {
         )
     }
 
-    fn check(&self, call: &'static str, code: sys::CUresult) -> Result<()> {
+    /// `Ok` for `CUDA_SUCCESS`, else [`Error::Driver`] with the driver's name and text.
+    pub(crate) fn check(&self, call: &'static str, code: sys::CUresult) -> Result<()> {
         if code == sys::CUDA_SUCCESS {
             return Ok(());
         }
@@ -130,19 +347,64 @@ impl Driver {
         })
     }
 
+    /// As [`Driver::check`], with `CUDA_ERROR_OUT_OF_MEMORY` as [`Error::DeviceOutOfMemory`]
+    /// (the free figure from `cuMemGetInfo_v2`, 0 when that fails too). For calls that take
+    /// device memory, with the context of the device current.
+    fn check_alloc(&self, call: &'static str, code: sys::CUresult, requested: u64) -> Result<()> {
+        if code == sys::CUDA_ERROR_OUT_OF_MEMORY {
+            let free = self.mem_info().map(|(free, _)| free).unwrap_or(0);
+            return Err(Error::DeviceOutOfMemory {
+                backend: "cuda",
+                requested,
+                free,
+            });
+        }
+        self.check(call, code)
+    }
+
+    fn vmm(&self, call: &'static str) -> Result<&VmmApi> {
+        self.vmm
+            .as_ref()
+            .ok_or_else(|| self.lacks(call, "10.2 virtual memory management"))
+    }
+
+    fn pools(&self, call: &'static str) -> Result<&PoolApi> {
+        self.pools
+            .as_ref()
+            .ok_or_else(|| self.lacks(call, "11.2 memory pools"))
+    }
+
+    fn lacks(&self, call: &'static str, feature: &str) -> Error {
+        Error::Unsupported {
+            what: call.to_string(),
+            backend: "cuda",
+            reason: format!(
+                "the driver library {} does not export it (CUDA {feature}); a newer NVIDIA \
+                 driver is needed",
+                self.path
+            ),
+        }
+    }
+
     /// `cuInit(0)`.
     pub fn init(&self) -> Result<()> {
         // SAFETY: cuInit takes flags by value and must be 0.
         self.check("cuInit", unsafe { (self.init)(0) })
     }
 
-    /// `cuDriverGetVersion`, as (major, minor): 12020 → (12, 2).
-    pub fn driver_version(&self) -> Result<(i32, i32)> {
+    /// `cuDriverGetVersion` as the driver writes it: 12020 for CUDA 12.2.
+    pub fn version_code(&self) -> Result<i32> {
         let mut v: c_int = 0;
         // SAFETY: writes one int through a valid pointer.
         self.check("cuDriverGetVersion", unsafe {
             (self.driver_get_version)(&mut v)
         })?;
+        Ok(v)
+    }
+
+    /// `cuDriverGetVersion`, as (major, minor): 12020 → (12, 2).
+    pub fn driver_version(&self) -> Result<(i32, i32)> {
+        let v = self.version_code()?;
         Ok((v / 1000, (v % 1000) / 10))
     }
 
@@ -158,11 +420,13 @@ impl Driver {
 
     /// The device handle for an ordinal.
     pub fn device(&self, ordinal: u32) -> Result<sys::CUdevice> {
+        let ordinal = c_int::try_from(ordinal).map_err(|_| Error::InvalidArgument {
+            call: "cuDeviceGet",
+            reason: format!("device ordinal {ordinal} is out of range"),
+        })?;
         let mut d: sys::CUdevice = 0;
         // SAFETY: writes one int through a valid pointer.
-        self.check("cuDeviceGet", unsafe {
-            (self.device_get)(&mut d, ordinal as c_int)
-        })?;
+        self.check("cuDeviceGet", unsafe { (self.device_get)(&mut d, ordinal) })?;
         Ok(d)
     }
 
@@ -195,6 +459,391 @@ impl Driver {
         })?;
         Ok(bytes as u64)
     }
+
+    /// `cuDevicePrimaryCtxRetain`: the device's primary context, retained once more.
+    pub fn primary_ctx_retain(&self, device: sys::CUdevice) -> Result<sys::CUcontext> {
+        let mut ctx: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: writes one context handle through a valid pointer.
+        self.check("cuDevicePrimaryCtxRetain", unsafe {
+            (self.primary_ctx_retain)(&mut ctx, device)
+        })?;
+        Ok(ctx)
+    }
+
+    /// `cuDevicePrimaryCtxRelease_v2`: undoes one [`Driver::primary_ctx_retain`].
+    pub fn primary_ctx_release(&self, device: sys::CUdevice) -> Result<()> {
+        // SAFETY: takes the device ordinal by value; the driver checks it.
+        self.check("cuDevicePrimaryCtxRelease_v2", unsafe {
+            (self.primary_ctx_release)(device)
+        })
+    }
+
+    /// `cuCtxGetCurrent`: the calling thread's current context (null for none).
+    pub fn current_context(&self) -> Result<sys::CUcontext> {
+        let mut ctx: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: writes one context handle through a valid pointer.
+        self.check("cuCtxGetCurrent", unsafe {
+            (self.ctx_get_current)(&mut ctx)
+        })?;
+        Ok(ctx)
+    }
+
+    /// `cuCtxSetCurrent`, skipped when `ctx` is current already.
+    pub(crate) fn make_current(&self, ctx: sys::CUcontext) -> Result<()> {
+        if self.current_context()? == ctx {
+            return Ok(());
+        }
+        // SAFETY: `ctx` is a primary context the caller holds retained.
+        self.check("cuCtxSetCurrent", unsafe { (self.ctx_set_current)(ctx) })
+    }
+
+    /// `cuMemGetInfo_v2` of the current context's device: (free, total).
+    pub fn mem_info(&self) -> Result<(u64, u64)> {
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: writes two size_t through valid pointers.
+        self.check("cuMemGetInfo_v2", unsafe {
+            (self.mem_get_info)(&mut free, &mut total)
+        })?;
+        Ok((free as u64, total as u64))
+    }
+
+    /// `cuMemAlloc_v2` in the current context.
+    pub(crate) fn mem_alloc(&self, size: u64) -> Result<u64> {
+        let bytes = to_usize("cuMemAlloc_v2", size)?;
+        let mut ptr: sys::CUdeviceptr = 0;
+        // SAFETY: writes one device pointer through a valid pointer.
+        let code = unsafe { (self.mem_alloc)(&mut ptr, bytes) };
+        self.check_alloc("cuMemAlloc_v2", code, size)?;
+        Ok(ptr)
+    }
+
+    /// `cuMemFree_v2`. The driver checks the pointer (an integer) itself.
+    pub(crate) fn mem_free(&self, ptr: u64) -> Result<()> {
+        // SAFETY: the device pointer is passed by value; the caller owns the allocation.
+        self.check("cuMemFree_v2", unsafe { (self.mem_free)(ptr) })
+    }
+
+    /// `cuMemGetAllocationGranularity` for pinned device memory on `device`.
+    pub(crate) fn allocation_granularity(
+        &self,
+        device: sys::CUdevice,
+        option: sys::CUmemAllocationGranularity_flags,
+    ) -> Result<u64> {
+        let api = self.vmm("cuMemGetAllocationGranularity")?;
+        let prop = allocation_prop(device);
+        let mut g: usize = 0;
+        // SAFETY: `prop` is a fully initialised CUmemAllocationProp; writes one size_t.
+        self.check("cuMemGetAllocationGranularity", unsafe {
+            (api.get_allocation_granularity)(&mut g, &prop, option)
+        })?;
+        Ok(g as u64)
+    }
+
+    /// `cuMemCreate` of pinned memory on `device`.
+    pub(crate) fn mem_create(&self, device: sys::CUdevice, size: u64) -> Result<u64> {
+        let api = self.vmm("cuMemCreate")?;
+        let bytes = to_usize("cuMemCreate", size)?;
+        let prop = allocation_prop(device);
+        let mut handle: sys::CUmemGenericAllocationHandle = 0;
+        // SAFETY: `prop` is fully initialised; writes one handle through a valid pointer.
+        let code = unsafe { (api.create)(&mut handle, bytes, &prop, 0) };
+        self.check_alloc("cuMemCreate", code, size)?;
+        Ok(handle)
+    }
+
+    /// `cuMemRelease`.
+    pub(crate) fn mem_release(&self, handle: u64) -> Result<()> {
+        let api = self.vmm("cuMemRelease")?;
+        // SAFETY: the handle is an integer the driver looks up and checks.
+        self.check("cuMemRelease", unsafe { (api.release)(handle) })
+    }
+
+    /// `cuMemAddressReserve` anywhere (`addr` 0).
+    pub(crate) fn address_reserve(&self, size: u64, alignment: u64) -> Result<u64> {
+        let api = self.vmm("cuMemAddressReserve")?;
+        let bytes = to_usize("cuMemAddressReserve", size)?;
+        let align = to_usize("cuMemAddressReserve", alignment)?;
+        let mut va: sys::CUdeviceptr = 0;
+        // SAFETY: writes one device pointer through a valid pointer.
+        let code = unsafe { (api.address_reserve)(&mut va, bytes, align, 0, 0) };
+        self.check("cuMemAddressReserve", code)?;
+        Ok(va)
+    }
+
+    /// `cuMemAddressFree`.
+    pub(crate) fn address_free(&self, va: u64, size: u64) -> Result<()> {
+        let api = self.vmm("cuMemAddressFree")?;
+        let bytes = to_usize("cuMemAddressFree", size)?;
+        // SAFETY: integers by value; the driver checks the range.
+        self.check("cuMemAddressFree", unsafe { (api.address_free)(va, bytes) })
+    }
+
+    /// `cuMemMap`.
+    pub(crate) fn mem_map(&self, va: u64, size: u64, offset: u64, handle: u64) -> Result<()> {
+        let api = self.vmm("cuMemMap")?;
+        let bytes = to_usize("cuMemMap", size)?;
+        let offset = to_usize("cuMemMap", offset)?;
+        // SAFETY: integers by value; the driver checks the range and handle.
+        self.check("cuMemMap", unsafe {
+            (api.map)(va, bytes, offset, handle, 0)
+        })
+    }
+
+    /// `cuMemUnmap`.
+    pub(crate) fn mem_unmap(&self, va: u64, size: u64) -> Result<()> {
+        let api = self.vmm("cuMemUnmap")?;
+        let bytes = to_usize("cuMemUnmap", size)?;
+        // SAFETY: integers by value; the driver checks the range.
+        self.check("cuMemUnmap", unsafe { (api.unmap)(va, bytes) })
+    }
+
+    /// `cuMemSetAccess`: read-write for `device`.
+    pub(crate) fn set_access(&self, device: sys::CUdevice, va: u64, size: u64) -> Result<()> {
+        let api = self.vmm("cuMemSetAccess")?;
+        let bytes = to_usize("cuMemSetAccess", size)?;
+        let desc = sys::CUmemAccessDesc {
+            location: sys::CUmemLocation {
+                type_: sys::CU_MEM_LOCATION_TYPE_DEVICE,
+                id: device,
+            },
+            flags: sys::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        // SAFETY: one initialised descriptor, count 1.
+        self.check("cuMemSetAccess", unsafe {
+            (api.set_access)(va, bytes, &desc, 1)
+        })
+    }
+
+    /// `cuDeviceGetDefaultMemPool`: the device's default pool (portalloc uses a pool of its
+    /// own; this is for interop and reports).
+    pub fn default_mem_pool(&self, device: sys::CUdevice) -> Result<sys::CUmemoryPool> {
+        let api = self.pools("cuDeviceGetDefaultMemPool")?;
+        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: writes one pool handle through a valid pointer.
+        self.check("cuDeviceGetDefaultMemPool", unsafe {
+            (api.default_mem_pool)(&mut pool, device)
+        })?;
+        Ok(pool)
+    }
+
+    /// `cuMemPoolCreate` of a pinned-memory pool on `device`, no IPC handle types.
+    pub(crate) fn mem_pool_create(&self, device: sys::CUdevice) -> Result<sys::CUmemoryPool> {
+        let api = self.pools("cuMemPoolCreate")?;
+        let props = sys::CUmemPoolProps {
+            allocType: sys::CU_MEM_ALLOCATION_TYPE_PINNED,
+            handleTypes: sys::CU_MEM_HANDLE_TYPE_NONE,
+            location: sys::CUmemLocation {
+                type_: sys::CU_MEM_LOCATION_TYPE_DEVICE,
+                id: device,
+            },
+            win32SecurityAttributes: std::ptr::null_mut(),
+            maxSize: 0,
+            reserved: [0; 56],
+        };
+        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: `props` is fully initialised (zero tail); writes one pool handle.
+        self.check("cuMemPoolCreate", unsafe {
+            (api.create)(&mut pool, &props)
+        })?;
+        Ok(pool)
+    }
+
+    /// `cuMemPoolDestroy`.
+    ///
+    /// # Safety
+    /// `pool` must come from [`Driver::mem_pool_create`] and not be destroyed already.
+    pub(crate) unsafe fn mem_pool_destroy(&self, pool: sys::CUmemoryPool) -> Result<()> {
+        let api = self.pools("cuMemPoolDestroy")?;
+        // SAFETY: the caller guarantees `pool` is live.
+        self.check("cuMemPoolDestroy", unsafe { (api.destroy)(pool) })
+    }
+
+    /// `cuMemPoolSetAttribute` of a `cuuint64_t` attribute.
+    ///
+    /// # Safety
+    /// `pool` must be a live pool and `attr` one whose value type is `cuuint64_t`.
+    pub(crate) unsafe fn pool_set_u64(
+        &self,
+        pool: sys::CUmemoryPool,
+        attr: sys::CUmemPool_attribute,
+        value: u64,
+    ) -> Result<()> {
+        let api = self.pools("cuMemPoolSetAttribute")?;
+        let mut v: sys::cuuint64_t = value;
+        // SAFETY: the caller guarantees pool and attribute; `v` is a live cuuint64_t.
+        self.check("cuMemPoolSetAttribute", unsafe {
+            (api.set_attribute)(pool, attr, (&mut v as *mut u64).cast())
+        })
+    }
+
+    /// `cuMemPoolGetAttribute` of a `cuuint64_t` attribute.
+    ///
+    /// # Safety
+    /// As [`Driver::pool_set_u64`].
+    pub(crate) unsafe fn pool_get_u64(
+        &self,
+        pool: sys::CUmemoryPool,
+        attr: sys::CUmemPool_attribute,
+    ) -> Result<u64> {
+        let api = self.pools("cuMemPoolGetAttribute")?;
+        let mut v: sys::cuuint64_t = 0;
+        // SAFETY: the caller guarantees pool and attribute; the driver writes one cuuint64_t.
+        self.check("cuMemPoolGetAttribute", unsafe {
+            (api.get_attribute)(pool, attr, (&mut v as *mut u64).cast())
+        })?;
+        Ok(v)
+    }
+
+    /// `cuMemPoolTrimTo`.
+    ///
+    /// # Safety
+    /// `pool` must be a live pool.
+    pub(crate) unsafe fn pool_trim_to(&self, pool: sys::CUmemoryPool, keep: u64) -> Result<()> {
+        let api = self.pools("cuMemPoolTrimTo")?;
+        let keep = usize::try_from(keep).unwrap_or(usize::MAX);
+        // SAFETY: the caller guarantees `pool` is live.
+        self.check("cuMemPoolTrimTo", unsafe { (api.trim_to)(pool, keep) })
+    }
+
+    /// `cuMemAllocFromPoolAsync`.
+    ///
+    /// # Safety
+    /// `pool` must be a live pool and `stream` a live stream (or null) of the current context.
+    pub(crate) unsafe fn alloc_from_pool_async(
+        &self,
+        size: u64,
+        pool: sys::CUmemoryPool,
+        stream: sys::CUstream,
+    ) -> Result<u64> {
+        let api = self.pools("cuMemAllocFromPoolAsync")?;
+        let bytes = to_usize("cuMemAllocFromPoolAsync", size)?;
+        let mut ptr: sys::CUdeviceptr = 0;
+        // SAFETY: the caller guarantees pool and stream; writes one device pointer.
+        let code = unsafe { (api.alloc_async)(&mut ptr, bytes, pool, stream) };
+        self.check_alloc("cuMemAllocFromPoolAsync", code, size)?;
+        Ok(ptr)
+    }
+
+    /// `cuMemFreeAsync`.
+    ///
+    /// # Safety
+    /// `stream` must be a live stream (or null) of the current context.
+    pub(crate) unsafe fn free_async(&self, ptr: u64, stream: sys::CUstream) -> Result<()> {
+        let api = self.pools("cuMemFreeAsync")?;
+        // SAFETY: the caller guarantees the stream; the pointer is checked by the driver.
+        self.check("cuMemFreeAsync", unsafe { (api.free_async)(ptr, stream) })
+    }
+
+    /// `cuStreamCreate` in the current context.
+    pub(crate) fn stream_create(&self, flags: std::ffi::c_uint) -> Result<sys::CUstream> {
+        let mut s: sys::CUstream = std::ptr::null_mut();
+        // SAFETY: writes one stream handle through a valid pointer.
+        self.check("cuStreamCreate", unsafe {
+            (self.stream_create)(&mut s, flags)
+        })?;
+        Ok(s)
+    }
+
+    /// `cuStreamDestroy_v2`.
+    ///
+    /// # Safety
+    /// `stream` must be a live stream made by [`Driver::stream_create`].
+    pub(crate) unsafe fn stream_destroy(&self, stream: sys::CUstream) -> Result<()> {
+        // SAFETY: the caller guarantees the stream is live.
+        self.check("cuStreamDestroy_v2", unsafe {
+            (self.stream_destroy)(stream)
+        })
+    }
+
+    /// `cuStreamSynchronize`.
+    ///
+    /// # Safety
+    /// `stream` must be a live stream or null (the legacy default stream).
+    pub(crate) unsafe fn stream_synchronize(&self, stream: sys::CUstream) -> Result<()> {
+        // SAFETY: the caller guarantees the stream is live or null.
+        self.check("cuStreamSynchronize", unsafe {
+            (self.stream_synchronize)(stream)
+        })
+    }
+
+    /// `cuEventCreate` in the current context.
+    pub(crate) fn event_create(&self, flags: std::ffi::c_uint) -> Result<sys::CUevent> {
+        let mut e: sys::CUevent = std::ptr::null_mut();
+        // SAFETY: writes one event handle through a valid pointer.
+        self.check("cuEventCreate", unsafe {
+            (self.event_create)(&mut e, flags)
+        })?;
+        Ok(e)
+    }
+
+    /// `cuEventRecord`.
+    ///
+    /// # Safety
+    /// `event` must be live, `stream` live or null, both of the current context.
+    pub(crate) unsafe fn event_record(
+        &self,
+        event: sys::CUevent,
+        stream: sys::CUstream,
+    ) -> Result<()> {
+        // SAFETY: the caller guarantees both handles.
+        self.check("cuEventRecord", unsafe {
+            (self.event_record)(event, stream)
+        })
+    }
+
+    /// `cuEventQuery`: true when complete, false for `CUDA_ERROR_NOT_READY`.
+    ///
+    /// # Safety
+    /// `event` must be live.
+    pub(crate) unsafe fn event_query(&self, event: sys::CUevent) -> Result<bool> {
+        // SAFETY: the caller guarantees the event.
+        match unsafe { (self.event_query)(event) } {
+            sys::CUDA_ERROR_NOT_READY => Ok(false),
+            code => self.check("cuEventQuery", code).map(|()| true),
+        }
+    }
+
+    /// `cuEventSynchronize`.
+    ///
+    /// # Safety
+    /// `event` must be live.
+    pub(crate) unsafe fn event_synchronize(&self, event: sys::CUevent) -> Result<()> {
+        // SAFETY: the caller guarantees the event.
+        self.check("cuEventSynchronize", unsafe {
+            (self.event_synchronize)(event)
+        })
+    }
+
+    /// `cuEventDestroy_v2`.
+    ///
+    /// # Safety
+    /// `event` must be live and not used again.
+    pub(crate) unsafe fn event_destroy(&self, event: sys::CUevent) -> Result<()> {
+        // SAFETY: the caller guarantees the event.
+        self.check("cuEventDestroy_v2", unsafe { (self.event_destroy)(event) })
+    }
+}
+
+/// The allocation properties portalloc uses: pinned device memory on `device`, no IPC handle.
+fn allocation_prop(device: sys::CUdevice) -> sys::CUmemAllocationProp {
+    sys::CUmemAllocationProp {
+        type_: sys::CU_MEM_ALLOCATION_TYPE_PINNED,
+        requestedHandleTypes: sys::CU_MEM_HANDLE_TYPE_NONE,
+        location: sys::CUmemLocation {
+            type_: sys::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: device,
+        },
+        win32HandleMetaData: std::ptr::null_mut(),
+        allocFlags: sys::CUmemAllocationPropAllocFlags::default(),
+    }
+}
+
+/// A size as the driver's `size_t`.
+fn to_usize(call: &'static str, value: u64) -> Result<usize> {
+    usize::try_from(value).map_err(|_| Error::InvalidArgument {
+        call,
+        reason: format!("{value} does not fit this platform's size_t"),
+    })
 }
 
 /// Probes the CUDA backend: load, `cuInit`, versions, devices. Never fails: what went wrong

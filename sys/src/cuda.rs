@@ -1,33 +1,262 @@
-//! NVIDIA driver API (`cuda.h`): the calls portalloc's discovery makes.
+//! NVIDIA driver API (`cuda.h`): the types, constants and function signatures portalloc uses.
+//!
+//! Written from `cuda.h` (CUDA 12.2, the API of driver 535) and checked against it: every
+//! struct's size and field offsets are asserted at compile time below and again by
+//! `tests/cuda.rs`; enum values are the header's. Where `cuda.h` `#define`s a name to a
+//! versioned symbol (`cuMemAlloc` → `cuMemAlloc_v2`, `cuStreamDestroy` → `cuStreamDestroy_v2`,
+//! `cuDevicePrimaryCtxRelease` → `cuDevicePrimaryCtxRelease_v2`, …) the signature type here is
+//! named after the symbol the library exports, which is the one to resolve.
+//!
+//! | group | since | symbols |
+//! |---|---|---|
+//! | init, devices, errors | CUDA 3.2 – 6.0 | `cuInit`, `cuDriverGetVersion`, `cuDeviceGet*`, `cuDeviceTotalMem_v2`, `cuGetErrorName/String` |
+//! | contexts | CUDA 7.0 (`_v2` release: 11.0) | `cuDevicePrimaryCtxRetain/Release_v2`, `cuCtxGet/SetCurrent` |
+//! | memory, streams, events | CUDA 3.2 – 4.0 | `cuMemGetInfo_v2`, `cuMemAlloc_v2`, `cuMemFree_v2`, `cuStream*`, `cuEvent*` |
+//! | virtual memory | CUDA 10.2 | `cuMemGetAllocationGranularity`, `cuMemCreate`, `cuMemRelease`, `cuMemAddressReserve/Free`, `cuMemMap/Unmap`, `cuMemSetAccess` |
+//! | memory pools | CUDA 11.2 | `cuDeviceGetDefaultMemPool`, `cuMemPool*`, `cuMemAllocFromPoolAsync`, `cuMemFreeAsync` |
 
-use core::ffi::{c_char, c_int, c_uint};
+#![allow(non_snake_case)] // field names are the header's, so they can be checked against it
 
-/// `CUresult`: 0 is success.
+use core::ffi::{c_char, c_int, c_uchar, c_uint, c_ulonglong, c_ushort, c_void};
+
+/// `CUresult` (`enum cudaError_enum`): 0 is success.
 pub type CUresult = c_int;
 /// `CUdevice`: a device ordinal.
 pub type CUdevice = c_int;
 /// `CUdeviceptr` (`unsigned long long` since CUDA 3.2, the `_v2` API).
 pub type CUdeviceptr = u64;
+/// `CUmemGenericAllocationHandle` (`unsigned long long`).
+pub type CUmemGenericAllocationHandle = c_ulonglong;
+/// `cuuint64_t`, as the pool attributes take it.
+pub type cuuint64_t = u64;
+
+/// Opaque `struct CUctx_st`.
+#[repr(C)]
+pub struct CUctx_st {
+    _opaque: [u8; 0],
+}
+/// Opaque `struct CUstream_st`.
+#[repr(C)]
+pub struct CUstream_st {
+    _opaque: [u8; 0],
+}
+/// Opaque `struct CUevent_st`.
+#[repr(C)]
+pub struct CUevent_st {
+    _opaque: [u8; 0],
+}
+/// Opaque `struct CUmemPoolHandle_st`.
+#[repr(C)]
+pub struct CUmemPoolHandle_st {
+    _opaque: [u8; 0],
+}
+/// `CUcontext`.
+pub type CUcontext = *mut CUctx_st;
+/// `CUstream`; null is the legacy default stream.
+pub type CUstream = *mut CUstream_st;
+/// `CUevent`.
+pub type CUevent = *mut CUevent_st;
+/// `CUmemoryPool`.
+pub type CUmemoryPool = *mut CUmemPoolHandle_st;
+
+// ---- CUresult values (enum cudaError_enum) ----
 
 /// `CUDA_SUCCESS`.
 pub const CUDA_SUCCESS: CUresult = 0;
+/// `CUDA_ERROR_INVALID_VALUE`.
+pub const CUDA_ERROR_INVALID_VALUE: CUresult = 1;
 /// `CUDA_ERROR_OUT_OF_MEMORY`.
 pub const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
 /// `CUDA_ERROR_NOT_INITIALIZED`.
 pub const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
+/// `CUDA_ERROR_DEINITIALIZED`.
+pub const CUDA_ERROR_DEINITIALIZED: CUresult = 4;
 /// `CUDA_ERROR_NO_DEVICE`.
 pub const CUDA_ERROR_NO_DEVICE: CUresult = 100;
+/// `CUDA_ERROR_INVALID_DEVICE`.
+pub const CUDA_ERROR_INVALID_DEVICE: CUresult = 101;
+/// `CUDA_ERROR_INVALID_CONTEXT`.
+pub const CUDA_ERROR_INVALID_CONTEXT: CUresult = 201;
+/// `CUDA_ERROR_INVALID_HANDLE`.
+pub const CUDA_ERROR_INVALID_HANDLE: CUresult = 400;
+/// `CUDA_ERROR_NOT_FOUND`.
+pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
+/// `CUDA_ERROR_NOT_READY`: what `cuEventQuery` answers for an event still in flight.
+pub const CUDA_ERROR_NOT_READY: CUresult = 600;
+/// `CUDA_ERROR_ILLEGAL_ADDRESS`.
+pub const CUDA_ERROR_ILLEGAL_ADDRESS: CUresult = 700;
+/// `CUDA_ERROR_NOT_PERMITTED`.
+pub const CUDA_ERROR_NOT_PERMITTED: CUresult = 800;
 /// `CUDA_ERROR_NOT_SUPPORTED`.
 pub const CUDA_ERROR_NOT_SUPPORTED: CUresult = 801;
+/// `CUDA_ERROR_UNKNOWN`.
+pub const CUDA_ERROR_UNKNOWN: CUresult = 999;
+
+// ---- CUdevice_attribute ----
 
 /// `CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR`.
 pub const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: c_int = 75;
 /// `CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR`.
 pub const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: c_int = 76;
-/// `CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED` (CUDA 10.2).
+/// `CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED` (CUDA 10.2; the header's older
+/// spelling is `CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED`, same value).
 pub const CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: c_int = 102;
 /// `CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED` (CUDA 11.2).
 pub const CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: c_int = 115;
+
+// ---- Virtual memory enums ----
+
+/// `CUmemAllocationType` (an `enum`, 4 bytes).
+pub type CUmemAllocationType = c_uint;
+/// `CU_MEM_ALLOCATION_TYPE_PINNED`.
+pub const CU_MEM_ALLOCATION_TYPE_PINNED: CUmemAllocationType = 1;
+/// `CUmemAllocationHandleType` (an `enum`, 4 bytes).
+pub type CUmemAllocationHandleType = c_uint;
+/// `CU_MEM_HANDLE_TYPE_NONE`.
+pub const CU_MEM_HANDLE_TYPE_NONE: CUmemAllocationHandleType = 0;
+/// `CUmemLocationType` (an `enum`, 4 bytes).
+pub type CUmemLocationType = c_uint;
+/// `CU_MEM_LOCATION_TYPE_DEVICE`.
+pub const CU_MEM_LOCATION_TYPE_DEVICE: CUmemLocationType = 1;
+/// `CUmemAccess_flags` (an `enum`, 4 bytes).
+pub type CUmemAccess_flags = c_uint;
+/// `CU_MEM_ACCESS_FLAGS_PROT_NONE`.
+pub const CU_MEM_ACCESS_FLAGS_PROT_NONE: CUmemAccess_flags = 0;
+/// `CU_MEM_ACCESS_FLAGS_PROT_READWRITE`.
+pub const CU_MEM_ACCESS_FLAGS_PROT_READWRITE: CUmemAccess_flags = 3;
+/// `CUmemAllocationGranularity_flags` (an `enum`, 4 bytes).
+pub type CUmemAllocationGranularity_flags = c_uint;
+/// `CU_MEM_ALLOC_GRANULARITY_MINIMUM`.
+pub const CU_MEM_ALLOC_GRANULARITY_MINIMUM: CUmemAllocationGranularity_flags = 0;
+/// `CU_MEM_ALLOC_GRANULARITY_RECOMMENDED`.
+pub const CU_MEM_ALLOC_GRANULARITY_RECOMMENDED: CUmemAllocationGranularity_flags = 1;
+
+// ---- Pool attributes (CUmemPool_attribute) ----
+
+/// `CUmemPool_attribute` (an `enum`, 4 bytes).
+pub type CUmemPool_attribute = c_uint;
+/// `CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES` (value type `int`).
+pub const CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES: CUmemPool_attribute = 1;
+/// `CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC` (value type `int`).
+pub const CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC: CUmemPool_attribute = 2;
+/// `CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES` (value type `int`).
+pub const CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES: CUmemPool_attribute = 3;
+/// `CU_MEMPOOL_ATTR_RELEASE_THRESHOLD` (value type `cuuint64_t`).
+pub const CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: CUmemPool_attribute = 4;
+/// `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT` (value type `cuuint64_t`, read-only).
+pub const CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: CUmemPool_attribute = 5;
+/// `CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH` (value type `cuuint64_t`; only 0 may be set).
+pub const CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: CUmemPool_attribute = 6;
+/// `CU_MEMPOOL_ATTR_USED_MEM_CURRENT` (value type `cuuint64_t`, read-only).
+pub const CU_MEMPOOL_ATTR_USED_MEM_CURRENT: CUmemPool_attribute = 7;
+/// `CU_MEMPOOL_ATTR_USED_MEM_HIGH` (value type `cuuint64_t`; only 0 may be set).
+pub const CU_MEMPOOL_ATTR_USED_MEM_HIGH: CUmemPool_attribute = 8;
+
+// ---- Stream and event flags ----
+
+/// `CU_STREAM_DEFAULT`.
+pub const CU_STREAM_DEFAULT: c_uint = 0;
+/// `CU_STREAM_NON_BLOCKING`: no implicit synchronisation with the legacy default stream.
+pub const CU_STREAM_NON_BLOCKING: c_uint = 1;
+/// `CU_EVENT_DEFAULT`.
+pub const CU_EVENT_DEFAULT: c_uint = 0;
+/// `CU_EVENT_DISABLE_TIMING`: a cheaper event that records no timestamp.
+pub const CU_EVENT_DISABLE_TIMING: c_uint = 2;
+
+// ---- Structs ----
+
+/// `CUmemLocation` (`struct CUmemLocation_st`): 8 bytes.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CUmemLocation {
+    /// `CUmemLocationType type`.
+    pub type_: CUmemLocationType,
+    /// `int id`: the device ordinal for `CU_MEM_LOCATION_TYPE_DEVICE`.
+    pub id: c_int,
+}
+
+/// The anonymous `allocFlags` struct of [`CUmemAllocationProp`]: 8 bytes.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CUmemAllocationPropAllocFlags {
+    /// `unsigned char compressionType`.
+    pub compressionType: c_uchar,
+    /// `unsigned char gpuDirectRDMACapable`.
+    pub gpuDirectRDMACapable: c_uchar,
+    /// `unsigned short usage`.
+    pub usage: c_ushort,
+    /// `unsigned char reserved[4]`.
+    pub reserved: [c_uchar; 4],
+}
+
+/// `CUmemAllocationProp` (`struct CUmemAllocationProp_st`, `_v1`): 32 bytes on 64-bit.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CUmemAllocationProp {
+    /// `CUmemAllocationType type` (offset 0).
+    pub type_: CUmemAllocationType,
+    /// `CUmemAllocationHandleType requestedHandleTypes` (offset 4).
+    pub requestedHandleTypes: CUmemAllocationHandleType,
+    /// `CUmemLocation location` (offset 8).
+    pub location: CUmemLocation,
+    /// `void *win32HandleMetaData` (offset 16).
+    pub win32HandleMetaData: *mut c_void,
+    /// `allocFlags` (offset 24).
+    pub allocFlags: CUmemAllocationPropAllocFlags,
+}
+
+/// `CUmemAccessDesc` (`struct CUmemAccessDesc_st`, `_v1`): 12 bytes.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CUmemAccessDesc {
+    /// `CUmemLocation location` (offset 0).
+    pub location: CUmemLocation,
+    /// `CUmemAccess_flags flags` (offset 8).
+    pub flags: CUmemAccess_flags,
+}
+
+/// `CUmemPoolProps` (`struct CUmemPoolProps_st`, `_v1`): 88 bytes on 64-bit.
+///
+/// CUDA 11.2 declared the tail as `unsigned char reserved[64]`; CUDA 12.2 (driver 535) carved
+/// `size_t maxSize` out of it (0 = the system default), and 12.6 `unsigned short usage` out of
+/// the rest. The size and every earlier offset never changed, and a zeroed tail means the same
+/// to every driver, so this is the 12.2 layout.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CUmemPoolProps {
+    /// `CUmemAllocationType allocType` (offset 0).
+    pub allocType: CUmemAllocationType,
+    /// `CUmemAllocationHandleType handleTypes` (offset 4).
+    pub handleTypes: CUmemAllocationHandleType,
+    /// `CUmemLocation location` (offset 8).
+    pub location: CUmemLocation,
+    /// `void *win32SecurityAttributes` (offset 16).
+    pub win32SecurityAttributes: *mut c_void,
+    /// `size_t maxSize` (offset 24; CUDA 12.2, reserved before).
+    pub maxSize: usize,
+    /// `unsigned char reserved[56]` (offset 32).
+    pub reserved: [c_uchar; 56],
+}
+
+#[cfg(target_pointer_width = "64")]
+const _: () = {
+    use core::mem::{offset_of, size_of};
+    assert!(size_of::<CUmemLocation>() == 8);
+    assert!(size_of::<CUmemAllocationPropAllocFlags>() == 8);
+    assert!(size_of::<CUmemAllocationProp>() == 32);
+    assert!(offset_of!(CUmemAllocationProp, location) == 8);
+    assert!(offset_of!(CUmemAllocationProp, win32HandleMetaData) == 16);
+    assert!(offset_of!(CUmemAllocationProp, allocFlags) == 24);
+    assert!(size_of::<CUmemAccessDesc>() == 12);
+    assert!(offset_of!(CUmemAccessDesc, flags) == 8);
+    assert!(size_of::<CUmemPoolProps>() == 88);
+    assert!(offset_of!(CUmemPoolProps, location) == 8);
+    assert!(offset_of!(CUmemPoolProps, win32SecurityAttributes) == 16);
+    assert!(offset_of!(CUmemPoolProps, maxSize) == 24);
+    assert!(offset_of!(CUmemPoolProps, reserved) == 32);
+};
+
+// ---- Function signatures, named after the exported symbols ----
 
 /// `CUresult cuInit(unsigned int Flags)`.
 pub type cuInit = unsafe extern "C" fn(flags: c_uint) -> CUresult;
@@ -51,3 +280,119 @@ pub type cuGetErrorName =
 /// `CUresult cuGetErrorString(CUresult error, const char **pStr)`.
 pub type cuGetErrorString =
     unsafe extern "C" fn(error: CUresult, text: *mut *const c_char) -> CUresult;
+
+/// `CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)`.
+pub type cuDevicePrimaryCtxRetain =
+    unsafe extern "C" fn(pctx: *mut CUcontext, dev: CUdevice) -> CUresult;
+/// `CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)` (also the signature of the CUDA 7
+/// `cuDevicePrimaryCtxRelease`).
+pub type cuDevicePrimaryCtxRelease_v2 = unsafe extern "C" fn(dev: CUdevice) -> CUresult;
+/// `CUresult cuCtxGetCurrent(CUcontext *pctx)`.
+pub type cuCtxGetCurrent = unsafe extern "C" fn(pctx: *mut CUcontext) -> CUresult;
+/// `CUresult cuCtxSetCurrent(CUcontext ctx)`.
+pub type cuCtxSetCurrent = unsafe extern "C" fn(ctx: CUcontext) -> CUresult;
+
+/// `CUresult cuMemGetInfo_v2(size_t *free, size_t *total)`.
+pub type cuMemGetInfo_v2 = unsafe extern "C" fn(free: *mut usize, total: *mut usize) -> CUresult;
+/// `CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)`.
+pub type cuMemAlloc_v2 = unsafe extern "C" fn(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult;
+/// `CUresult cuMemFree_v2(CUdeviceptr dptr)`.
+pub type cuMemFree_v2 = unsafe extern "C" fn(dptr: CUdeviceptr) -> CUresult;
+
+/// `CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp
+/// *prop, CUmemAllocationGranularity_flags option)`.
+pub type cuMemGetAllocationGranularity = unsafe extern "C" fn(
+    granularity: *mut usize,
+    prop: *const CUmemAllocationProp,
+    option: CUmemAllocationGranularity_flags,
+) -> CUresult;
+/// `CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const
+/// CUmemAllocationProp *prop, unsigned long long flags)`.
+pub type cuMemCreate = unsafe extern "C" fn(
+    handle: *mut CUmemGenericAllocationHandle,
+    size: usize,
+    prop: *const CUmemAllocationProp,
+    flags: c_ulonglong,
+) -> CUresult;
+/// `CUresult cuMemRelease(CUmemGenericAllocationHandle handle)`.
+pub type cuMemRelease = unsafe extern "C" fn(handle: CUmemGenericAllocationHandle) -> CUresult;
+/// `CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr
+/// addr, unsigned long long flags)`.
+pub type cuMemAddressReserve = unsafe extern "C" fn(
+    ptr: *mut CUdeviceptr,
+    size: usize,
+    alignment: usize,
+    addr: CUdeviceptr,
+    flags: c_ulonglong,
+) -> CUresult;
+/// `CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)`.
+pub type cuMemAddressFree = unsafe extern "C" fn(ptr: CUdeviceptr, size: usize) -> CUresult;
+/// `CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+/// CUmemGenericAllocationHandle handle, unsigned long long flags)`.
+pub type cuMemMap = unsafe extern "C" fn(
+    ptr: CUdeviceptr,
+    size: usize,
+    offset: usize,
+    handle: CUmemGenericAllocationHandle,
+    flags: c_ulonglong,
+) -> CUresult;
+/// `CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)`.
+pub type cuMemUnmap = unsafe extern "C" fn(ptr: CUdeviceptr, size: usize) -> CUresult;
+/// `CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t
+/// count)`.
+pub type cuMemSetAccess = unsafe extern "C" fn(
+    ptr: CUdeviceptr,
+    size: usize,
+    desc: *const CUmemAccessDesc,
+    count: usize,
+) -> CUresult;
+
+/// `CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev)`.
+pub type cuDeviceGetDefaultMemPool =
+    unsafe extern "C" fn(pool: *mut CUmemoryPool, dev: CUdevice) -> CUresult;
+/// `CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps)`.
+pub type cuMemPoolCreate =
+    unsafe extern "C" fn(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) -> CUresult;
+/// `CUresult cuMemPoolDestroy(CUmemoryPool pool)`.
+pub type cuMemPoolDestroy = unsafe extern "C" fn(pool: CUmemoryPool) -> CUresult;
+/// `CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)`.
+pub type cuMemPoolSetAttribute = unsafe extern "C" fn(
+    pool: CUmemoryPool,
+    attr: CUmemPool_attribute,
+    value: *mut c_void,
+) -> CUresult;
+/// `CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)`.
+pub type cuMemPoolGetAttribute = unsafe extern "C" fn(
+    pool: CUmemoryPool,
+    attr: CUmemPool_attribute,
+    value: *mut c_void,
+) -> CUresult;
+/// `CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)`.
+pub type cuMemPoolTrimTo = unsafe extern "C" fn(pool: CUmemoryPool, keep: usize) -> CUresult;
+/// `CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+/// CUstream hStream)`.
+pub type cuMemAllocFromPoolAsync = unsafe extern "C" fn(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    pool: CUmemoryPool,
+    stream: CUstream,
+) -> CUresult;
+/// `CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)`.
+pub type cuMemFreeAsync = unsafe extern "C" fn(dptr: CUdeviceptr, stream: CUstream) -> CUresult;
+
+/// `CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags)`.
+pub type cuStreamCreate = unsafe extern "C" fn(stream: *mut CUstream, flags: c_uint) -> CUresult;
+/// `CUresult cuStreamDestroy_v2(CUstream hStream)`.
+pub type cuStreamDestroy_v2 = unsafe extern "C" fn(stream: CUstream) -> CUresult;
+/// `CUresult cuStreamSynchronize(CUstream hStream)`.
+pub type cuStreamSynchronize = unsafe extern "C" fn(stream: CUstream) -> CUresult;
+/// `CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)`.
+pub type cuEventCreate = unsafe extern "C" fn(event: *mut CUevent, flags: c_uint) -> CUresult;
+/// `CUresult cuEventRecord(CUevent hEvent, CUstream hStream)`.
+pub type cuEventRecord = unsafe extern "C" fn(event: CUevent, stream: CUstream) -> CUresult;
+/// `CUresult cuEventQuery(CUevent hEvent)`: `CUDA_ERROR_NOT_READY` while in flight.
+pub type cuEventQuery = unsafe extern "C" fn(event: CUevent) -> CUresult;
+/// `CUresult cuEventSynchronize(CUevent hEvent)`.
+pub type cuEventSynchronize = unsafe extern "C" fn(event: CUevent) -> CUresult;
+/// `CUresult cuEventDestroy_v2(CUevent hEvent)`.
+pub type cuEventDestroy_v2 = unsafe extern "C" fn(event: CUevent) -> CUresult;

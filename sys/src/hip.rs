@@ -1,39 +1,157 @@
-//! AMD HIP runtime API (`hip/hip_runtime_api.h`, HIP 5.2.3): the calls portalloc's discovery
-//! makes. Attribute numbers are HIP's own, not CUDA's.
+//! AMD HIP runtime API (`hip/hip_runtime_api.h`): the types, constants and function-pointer
+//! signatures portalloc's hip backend resolves from `libamdhip64.so.{7,6,5}` at run time.
+//!
+//! # Where each declaration comes from
+//!
+//! * [`bindings`] (re-exported here) is **generated** by `scripts/regenerate-hip-bindings`
+//!   with bindgen from AMD's headers as Debian ships them (`libamdhip64-dev`, HIP 5.2.3): the
+//!   error codes, device attributes, memory-pool and virtual-memory types, and one
+//!   `pub type hipX = unsafe extern "C" fn(..)` per call, so the backend can resolve each
+//!   symbol by name. bindgen's compile-time layout assertions come with the structs.
+//! * The declarations below are **written by hand** because HIP 5.2.3 predates them or
+//!   because their layout changed after 5.2.3. Each names the header it is transcribed from;
+//!   `tests/hip.rs` checks every size and offset, and the regeneration script checks the
+//!   5.2.3 values against the 5.2.3 headers with a C compiler.
+//!
+//! | declaration | why by hand | verified against |
+//! |---|---|---|
+//! | [`hipMemAllocationProp`] | ROCm 6 reordered it: `type`, a handle-type union, location, win32 metadata, a 4-byte `allocFlags` struct (5.2.3 had `compressionType` first and `usage` loose) | ROCm 6.x/7.x `hip_runtime_api.h` |
+//! | [`hipDeviceProp_tR0600`] | added in ROCm 6.0 (1472 bytes) | ROCm 6.x `hip_runtime_api.h`: `gcnArchName` at 1160 |
+//! | [`hipDeviceProp_tR0000`] | the 5.x `hipDeviceProp_t` (792 bytes): only `gcnArchName` is read | HIP 5.2.3 header: `gcnArchName` at 396 |
+//! | [`hipDeviceAttributeVirtualMemoryManagementSupported`] | added after 5.2.3 | ROCm 6.x/7.x: 89, right after `hipDeviceAttributeMemoryPoolsSupported` (88) |
+//! | [`hipDeviceMallocUncached`] | added after 5.2.3 | ROCm 6.x: `0x3` |
+//!
+//! Attribute numbers are HIP's own, not CUDA's: `hipDeviceAttributeIntegrated` is 16,
+//! `hipDeviceAttributeMemoryPoolsSupported` 88, VMM 89 (CUDA's are 18, 115 and 102).
 
-use core::ffi::{c_char, c_int};
+#![allow(non_snake_case)]
 
-/// `hipError_t`: 0 is success.
-pub type hipError_t = c_int;
-/// `hipDevice_t`: a device ordinal.
-pub type hipDevice_t = c_int;
+use core::ffi::{c_char, c_int, c_uchar, c_ushort, c_void};
 
-/// `hipSuccess`.
-pub const hipSuccess: hipError_t = 0;
-/// `hipErrorOutOfMemory`.
-pub const hipErrorOutOfMemory: hipError_t = 2;
-/// `hipErrorNotInitialized`.
-pub const hipErrorNotInitialized: hipError_t = 3;
-/// `hipErrorNoDevice`.
-pub const hipErrorNoDevice: hipError_t = 100;
-/// `hipErrorNotSupported`.
-pub const hipErrorNotSupported: hipError_t = 801;
+#[allow(clippy::all)]
+pub mod bindings;
 
-/// `hipError_t hipInit(unsigned int flags)`.
-pub type hipInit = unsafe extern "C" fn(flags: core::ffi::c_uint) -> hipError_t;
-/// `hipError_t hipDriverGetVersion(int *driverVersion)`.
-pub type hipDriverGetVersion = unsafe extern "C" fn(version: *mut c_int) -> hipError_t;
-/// `hipError_t hipRuntimeGetVersion(int *runtimeVersion)`.
-pub type hipRuntimeGetVersion = unsafe extern "C" fn(version: *mut c_int) -> hipError_t;
-/// `hipError_t hipGetDeviceCount(int *count)`.
-pub type hipGetDeviceCount = unsafe extern "C" fn(count: *mut c_int) -> hipError_t;
-/// `hipError_t hipDeviceGetName(char *name, int len, hipDevice_t device)`.
-pub type hipDeviceGetName =
-    unsafe extern "C" fn(name: *mut c_char, len: c_int, device: hipDevice_t) -> hipError_t;
-/// `hipError_t hipDeviceTotalMem(size_t *bytes, hipDevice_t device)`.
-pub type hipDeviceTotalMem =
-    unsafe extern "C" fn(bytes: *mut usize, device: hipDevice_t) -> hipError_t;
-/// `const char *hipGetErrorName(hipError_t hip_error)`.
-pub type hipGetErrorName = unsafe extern "C" fn(error: hipError_t) -> *const c_char;
-/// `const char *hipGetErrorString(hipError_t hipError)`.
-pub type hipGetErrorString = unsafe extern "C" fn(error: hipError_t) -> *const c_char;
+pub use bindings::*;
+
+/// `hipDeviceAttributeVirtualMemoryManagementSupported` (ROCm 6+; absent from HIP 5.2.3,
+/// where 89 is past the end of the CUDA-compatible attributes and answers an error).
+pub const hipDeviceAttributeVirtualMemoryManagementSupported: hipDeviceAttribute_t = 89;
+
+/// `hipDeviceMallocUncached`: a `hipExtMallocWithFlags` flag (ROCm 6+; absent from 5.2.3).
+pub const hipDeviceMallocUncached: u32 = 0x3;
+
+/// The handle-type union of the ROCm 6+ [`hipMemAllocationProp`]: both members name the
+/// same `hipMemAllocationHandleType` (CUDA spells it `requestedHandleTypes`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub union hipMemAllocationProp_handleType {
+    /// `requestedHandleType`.
+    pub requestedHandleType: hipMemAllocationHandleType,
+    /// `requestedHandleTypes` (the same field under CUDA's name).
+    pub requestedHandleTypes: hipMemAllocationHandleType,
+}
+
+impl core::fmt::Debug for hipMemAllocationProp_handleType {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        // SAFETY: both members are the same 4-byte integer type, so either reading is valid.
+        let value = unsafe { self.requestedHandleType };
+        f.debug_tuple("requestedHandleType").field(&value).finish()
+    }
+}
+
+/// The 4-byte `allocFlags` struct of the ROCm 6+ [`hipMemAllocationProp`].
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct hipMemAllocationProp_allocFlags {
+    /// `compressionType` (0: none).
+    pub compressionType: c_uchar,
+    /// `gpuDirectRDMACapable`.
+    pub gpuDirectRDMACapable: c_uchar,
+    /// `usage`.
+    pub usage: c_ushort,
+}
+
+/// `hipMemAllocationProp` as ROCm 6 and 7 declare it (32 bytes): what `hipMemCreate` and
+/// `hipMemGetAllocationGranularity` read on the runtimes where portalloc enables virtual
+/// memory (ROCm ≥ 7).
+///
+/// ```c
+/// typedef struct hipMemAllocationProp {
+///     hipMemAllocationType type;
+///     union { hipMemAllocationHandleType requestedHandleType;
+///             hipMemAllocationHandleType requestedHandleTypes; };
+///     hipMemLocation location;
+///     void* win32HandleMetaData;
+///     struct { unsigned char compressionType; unsigned char gpuDirectRDMACapable;
+///              unsigned short usage; } allocFlags;
+/// } hipMemAllocationProp;
+/// ```
+///
+/// HIP 5.2.3 declared a different order (`compressionType` first, `usage` loose, same
+/// 32 bytes); portalloc never calls the virtual-memory API on 5.x, so that layout is not bound.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct hipMemAllocationProp {
+    /// `type` (`hipMemAllocationTypePinned` for device memory).
+    pub type_: hipMemAllocationType,
+    /// The requested handle type (`hipMemHandleTypeNone`: no export).
+    pub handleType: hipMemAllocationProp_handleType,
+    /// Where the memory lives.
+    pub location: hipMemLocation,
+    /// Windows only; null elsewhere.
+    pub win32HandleMetaData: *mut c_void,
+    /// Compression, RDMA and usage flags.
+    pub allocFlags: hipMemAllocationProp_allocFlags,
+}
+
+/// The properties struct of `hipGetDevicePropertiesR0600` (ROCm 6+, 1472 bytes, 8-aligned),
+/// as an opaque view: portalloc reads only `gcnArchName` (e.g. `gfx942:sramecc+:xnack-`),
+/// never capabilities, whose fields moved between releases.
+#[repr(C, align(8))]
+#[derive(Clone, Copy)]
+pub struct hipDeviceProp_tR0600 {
+    /// Fields portalloc does not read (`name` … `hipReserved`).
+    pub _before: [u8; 1160],
+    /// `char gcnArchName[256]`: the architecture with its target features.
+    pub gcnArchName: [c_char; 256],
+    /// Fields portalloc does not read (`maxSharedMemoryPerMultiProcessor` … `asicRevision`).
+    pub _after: [u8; 56],
+}
+
+/// The HIP 5.x `hipDeviceProp_t` (792 bytes, 8-aligned; ROCm 6 renamed it `R0000`) as an
+/// opaque view: only `gcnArchName` is read.
+#[repr(C, align(8))]
+#[derive(Clone, Copy)]
+pub struct hipDeviceProp_tR0000 {
+    /// Fields portalloc does not read (`name` … `canMapHostMemory`, `gcnArch`).
+    pub _before: [u8; 396],
+    /// `char gcnArchName[256]`.
+    pub gcnArchName: [c_char; 256],
+    /// Fields portalloc does not read.
+    pub _after: [u8; 140],
+}
+
+/// `hipDeviceProp_t` of the HIP 5.2.3 headers, which `hipGetDeviceProperties` fills on 5.x.
+pub type hipDeviceProp_t = hipDeviceProp_tR0000;
+
+/// `hipError_t hipGetDevicePropertiesR0600(hipDeviceProp_tR0600* prop, int deviceId)`
+/// (ROCm 6+).
+pub type hipGetDevicePropertiesR0600 =
+    unsafe extern "C" fn(prop: *mut hipDeviceProp_tR0600, deviceId: c_int) -> hipError_t;
+
+#[allow(clippy::identity_op)]
+const _: () = {
+    use core::mem::{align_of, offset_of, size_of};
+    assert!(size_of::<hipMemAllocationProp>() == 32);
+    assert!(align_of::<hipMemAllocationProp>() == 8);
+    assert!(offset_of!(hipMemAllocationProp, type_) == 0);
+    assert!(offset_of!(hipMemAllocationProp, handleType) == 4);
+    assert!(offset_of!(hipMemAllocationProp, location) == 8);
+    assert!(offset_of!(hipMemAllocationProp, win32HandleMetaData) == 16);
+    assert!(offset_of!(hipMemAllocationProp, allocFlags) == 24);
+    assert!(size_of::<hipMemAllocationProp_allocFlags>() == 4);
+    assert!(size_of::<hipDeviceProp_tR0600>() == 1472);
+    assert!(offset_of!(hipDeviceProp_tR0600, gcnArchName) == 1160);
+    assert!(size_of::<hipDeviceProp_tR0000>() == 792);
+    assert!(offset_of!(hipDeviceProp_tR0000, gcnArchName) == 396);
+};

@@ -1,0 +1,888 @@
+//! [`CudaDevice`]: the [`Device`] trait over NVIDIA's driver API, one per device ordinal, on
+//! the device's primary context.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use portalloc_sys::cuda as sys;
+
+use super::Driver;
+use crate::device::{
+    Capabilities, Device, DeviceInfo, Event, MemInfo, PhysicalHandle, PoolUsage, Stream,
+    StreamOrderedPool, Vendor, VirtualMemory,
+};
+use crate::error::{Error, Result};
+use crate::units::Bytes;
+
+const BACKEND: &str = "cuda";
+
+/// The granularity reported when the driver has no virtual-memory API to ask: 2 MiB, what
+/// every NVIDIA GPU since Pascal answers.
+const ASSUMED_GRANULARITY: u64 = 2 << 20;
+/// The first driver with the virtual-memory API: CUDA 10.2.
+const VMM_MIN_VERSION: i32 = 10_020;
+/// The first driver with stream-ordered memory pools: CUDA 11.2.
+const POOLS_MIN_VERSION: i32 = 11_020;
+
+/// What a [`CudaDevice`] holds now, from its own books (the driver keeps the truth; these
+/// are what portalloc asked for and has not given back).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CudaCensus {
+    /// Live `cuMemAlloc` allocations.
+    pub allocations: u64,
+    /// Live allocations from the device's stream-ordered pool.
+    pub pool_allocations: u64,
+    /// Physical handles not released.
+    pub physical_handles: u64,
+    /// Address reservations not freed.
+    pub reservations: u64,
+    /// Live mappings.
+    pub mappings: u64,
+    /// Live streams (the default stream not counted).
+    pub streams: u64,
+    /// Live events.
+    pub events: u64,
+}
+
+impl CudaCensus {
+    /// True when the device holds nothing.
+    pub fn is_empty(&self) -> bool {
+        *self == CudaCensus::default()
+    }
+}
+
+/// Memory portalloc holds from the driver.
+#[derive(Debug, Default)]
+struct Books {
+    /// `cuMemAlloc` pointer → size.
+    allocations: HashMap<u64, u64>,
+    /// Pool pointer → size.
+    pool_allocations: HashMap<u64, u64>,
+    /// Physical handles not released.
+    handles: HashSet<u64>,
+    /// Reservation start → size.
+    reservations: BTreeMap<u64, u64>,
+    /// Mapping start → size.
+    mappings: BTreeMap<u64, u64>,
+}
+
+/// Streams and events handed out: the driver dereferences these handles, so only ones in
+/// these sets are passed to it, under the read lock (destroying takes the write lock).
+#[derive(Debug, Default)]
+struct Handles {
+    streams: HashSet<u64>,
+    events: HashSet<u64>,
+}
+
+/// One NVIDIA GPU behind the [`Device`] trait.
+///
+/// * **Context**: the device's primary context, retained at [`CudaDevice::open`] and released
+///   when the device is dropped; every call first makes it current on the calling thread
+///   (one `cuCtxGetCurrent`, plus `cuCtxSetCurrent` when another context was current), so the
+///   device may be used from any thread and shares its context with other libraries that
+///   use the primary context (the runtime API, cudarc, PyTorch).
+/// * **Memory**: [`Device::alloc`] / [`Device::free`] are `cuMemAlloc_v2` / `cuMemFree_v2`.
+/// * **Virtual memory** ([`VirtualMemory`]) when the driver is CUDA ≥ 10.2, exports the
+///   calls, and the device sets `CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED`.
+/// * **Stream-ordered pool** ([`StreamOrderedPool`]) when the driver is CUDA ≥ 11.2, exports
+///   the calls, and the device sets `CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED`: a pool of
+///   its own made with `cuMemPoolCreate` (so that its release threshold and trimming do not
+///   disturb other users of the device's default pool).
+/// * **Streams and events**: `cuStreamCreate` (blocking, so the legacy default stream orders
+///   with them) and `cuEventCreate` (timing disabled); [`Stream::DEFAULT`] is the legacy
+///   default stream.
+///
+/// Errors: every failed call is [`Error::Driver`] with the driver's own name
+/// (`CUDA_ERROR_INVALID_VALUE`), out-of-memory is [`Error::DeviceOutOfMemory`], pointers,
+/// handles, streams and events the device did not hand out are [`Error::UnknownPointer`]
+/// (checked before the driver sees them), and sizes that are not multiples of the granularity
+/// are [`Error::InvalidArgument`]. Dropping the device gives back whatever it still holds and
+/// warns about it.
+pub struct CudaDevice {
+    driver: Arc<Driver>,
+    device: sys::CUdevice,
+    ctx: sys::CUcontext,
+    info: DeviceInfo,
+    granularity: u64,
+    vmm: bool,
+    pool: Option<sys::CUmemoryPool>,
+    books: Mutex<Books>,
+    handles: RwLock<Handles>,
+}
+
+// SAFETY: the raw handles (the primary context and the pool) are driver objects that the CUDA
+// driver API allows any thread to use, once the context is current on it, which every call
+// makes sure of; all mutable state is behind the mutex and the lock.
+unsafe impl Send for CudaDevice {}
+// SAFETY: as above: the driver API is thread-safe and the books are locked.
+unsafe impl Sync for CudaDevice {}
+
+impl fmt::Debug for CudaDevice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CudaDevice")
+            .field("ordinal", &self.info.ordinal)
+            .field("name", &self.info.name)
+            .field("arch", &self.info.arch)
+            .field("library", &self.driver.path())
+            .field("capabilities", &self.info.capabilities)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Opens every device of the driver [`super::library_candidates`] names.
+///
+/// # Errors
+/// As [`Driver::load`] and [`CudaDevice::open_all`].
+pub fn open_all() -> Result<Vec<CudaDevice>> {
+    CudaDevice::open_all(Arc::new(Driver::load_default()?))
+}
+
+impl CudaDevice {
+    /// Opens device `ordinal`: `cuInit`, the device's facts and capabilities, its primary
+    /// context retained, and its pool created when it has pools.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] from `cuInit` (`CUDA_ERROR_NO_DEVICE` on a machine without a GPU) or
+    /// any query; [`Error::InvalidArgument`] naming the ordinal and the library when the
+    /// driver has no such device.
+    pub fn open(driver: Arc<Driver>, ordinal: u32) -> Result<CudaDevice> {
+        driver.init()?;
+        let count = driver.device_count()?;
+        if ordinal >= count {
+            return Err(Error::InvalidArgument {
+                call: "CudaDevice::open",
+                reason: format!(
+                    "device ordinal {ordinal} is out of range: the driver {} reports {count} \
+                     device(s){}",
+                    driver.path(),
+                    match count {
+                        0 => String::new(),
+                        n => format!(", ordinals 0 to {}", n - 1),
+                    }
+                ),
+            });
+        }
+        let device = driver.device(ordinal)?;
+        let name = driver.device_name(device)?;
+        let major =
+            driver.device_attribute(device, sys::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+        let minor =
+            driver.device_attribute(device, sys::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+        let total = driver.total_mem(device)?;
+        let version = driver.version_code()?;
+        let ctx = driver.primary_ctx_retain(device)?;
+        // From here on, dropping `dev` releases the context (and whatever else it holds).
+        let mut dev = CudaDevice {
+            driver: Arc::clone(&driver),
+            device,
+            ctx,
+            info: DeviceInfo {
+                vendor: Vendor::Cuda,
+                ordinal,
+                name,
+                arch: format!("sm_{major}{minor}"),
+                total_bytes: total,
+                min_granularity: ASSUMED_GRANULARITY,
+                recommended_granularity: ASSUMED_GRANULARITY,
+                capabilities: Capabilities::default(),
+                notes: vec![
+                    ("library".into(), driver.path().to_string()),
+                    (
+                        "driver".into(),
+                        format!(
+                            "CUDA {}.{} ({version})",
+                            version / 1000,
+                            version % 1000 / 10
+                        ),
+                    ),
+                    ("compute capability".into(), format!("{major}.{minor}")),
+                    ("context".into(), "primary".into()),
+                ],
+            },
+            granularity: ASSUMED_GRANULARITY,
+            vmm: false,
+            pool: None,
+            books: Mutex::new(Books::default()),
+            handles: RwLock::new(Handles::default()),
+        };
+        dev.enter()?;
+
+        let vmm_gate = gate(
+            &driver,
+            device,
+            version,
+            VMM_MIN_VERSION,
+            driver.has_vmm_symbols(),
+            sys::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+            "virtual memory management",
+        );
+        let vmm_note = match vmm_gate {
+            Ok(()) => {
+                let granularities = driver
+                    .allocation_granularity(device, sys::CU_MEM_ALLOC_GRANULARITY_MINIMUM)
+                    .and_then(|min| {
+                        driver
+                            .allocation_granularity(
+                                device,
+                                sys::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED,
+                            )
+                            .map(|rec| (min, rec))
+                    });
+                match granularities {
+                    Ok((min, rec)) if min.is_power_of_two() => {
+                        dev.vmm = true;
+                        dev.granularity = min;
+                        dev.info.min_granularity = min;
+                        dev.info.recommended_granularity = rec.max(min);
+                        format!(
+                            "yes (granularity {}, recommended {})",
+                            Bytes(min),
+                            Bytes(rec.max(min))
+                        )
+                    }
+                    Ok((min, _)) => format!("no: the driver reports a granularity of {min} bytes"),
+                    Err(e) => format!("no: {e}"),
+                }
+            }
+            Err(why) => format!("no: {why}"),
+        };
+        let pool_gate = gate(
+            &driver,
+            device,
+            version,
+            POOLS_MIN_VERSION,
+            driver.has_pool_symbols(),
+            sys::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
+            "memory pools",
+        );
+        let pool_note = match pool_gate {
+            Ok(()) => match driver.mem_pool_create(device) {
+                Ok(pool) => {
+                    dev.pool = Some(pool);
+                    "yes (a pool of its own, release threshold 0)".to_string()
+                }
+                Err(e) => format!("no: {e}"),
+            },
+            Err(why) => format!("no: {why}"),
+        };
+        dev.info.capabilities = Capabilities {
+            virtual_memory: dev.vmm,
+            stream_ordered_pool: dev.pool.is_some(),
+        };
+        dev.info.notes.push(("virtual memory".into(), vmm_note));
+        dev.info
+            .notes
+            .push(("stream-ordered pool".into(), pool_note));
+        if !dev.vmm {
+            dev.info.notes.push((
+                "granularity".into(),
+                format!("{} (assumed)", Bytes(ASSUMED_GRANULARITY)),
+            ));
+        }
+        Ok(dev)
+    }
+
+    /// Opens every device the driver reports, by ordinal.
+    ///
+    /// # Errors
+    /// As [`CudaDevice::open`]; `cuInit`'s error when there is no device.
+    pub fn open_all(driver: Arc<Driver>) -> Result<Vec<CudaDevice>> {
+        driver.init()?;
+        let count = driver.device_count()?;
+        (0..count)
+            .map(|ordinal| CudaDevice::open(Arc::clone(&driver), ordinal))
+            .collect()
+    }
+
+    /// The loaded driver.
+    pub fn driver(&self) -> &Arc<Driver> {
+        &self.driver
+    }
+
+    /// The driver's handle for the device (`CUdevice`).
+    pub fn cu_device(&self) -> sys::CUdevice {
+        self.device
+    }
+
+    /// The device's primary context, retained for as long as this value lives. For interop
+    /// with other users of the driver API (they share it).
+    pub fn cu_context(&self) -> sys::CUcontext {
+        self.ctx
+    }
+
+    /// Makes the device's primary context current on the calling thread.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] from `cuCtxGetCurrent` / `cuCtxSetCurrent`.
+    pub fn make_current(&self) -> Result<()> {
+        self.enter()
+    }
+
+    /// What the device holds now, from its books.
+    pub fn census(&self) -> CudaCensus {
+        // One lock at a time: elsewhere the handles lock is taken before the books.
+        let (streams, events) = {
+            let h = self.handles_read();
+            (h.streams.len() as u64, h.events.len() as u64)
+        };
+        let b = self.books();
+        CudaCensus {
+            allocations: b.allocations.len() as u64,
+            pool_allocations: b.pool_allocations.len() as u64,
+            physical_handles: b.handles.len() as u64,
+            reservations: b.reservations.len() as u64,
+            mappings: b.mappings.len() as u64,
+            streams,
+            events,
+        }
+    }
+
+    fn enter(&self) -> Result<()> {
+        self.driver.make_current(self.ctx)
+    }
+
+    fn books(&self) -> MutexGuard<'_, Books> {
+        // Every update is a single insert or remove after the driver call, so the books are
+        // consistent even if a holder panicked.
+        self.books.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn handles_read(&self) -> RwLockReadGuard<'_, Handles> {
+        self.handles.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn handles_write(&self) -> RwLockWriteGuard<'_, Handles> {
+        self.handles.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Checks that `value` is a non-zero multiple of the granularity (`zero_ok` for offsets).
+    fn check_granular(
+        &self,
+        call: &'static str,
+        what: &str,
+        value: u64,
+        zero_ok: bool,
+    ) -> Result<()> {
+        if (value == 0 && !zero_ok) || value % self.granularity != 0 {
+            return Err(Error::InvalidArgument {
+                call,
+                reason: format!(
+                    "{what} {value:#x} is not accepted: it must be a {}multiple of the \
+                     device's granularity ({} bytes)",
+                    if zero_ok { "" } else { "non-zero " },
+                    self.granularity
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    fn pool_handle(&self) -> Result<sys::CUmemoryPool> {
+        self.pool.ok_or_else(|| Error::Unsupported {
+            what: "stream-ordered pool".into(),
+            backend: BACKEND,
+            reason: format!(
+                "device {} ({}) has no memory pools",
+                self.info.ordinal, self.info.name
+            ),
+        })
+    }
+}
+
+/// Whether a capability is there: the driver version, the symbols, then the device attribute.
+fn gate(
+    driver: &Driver,
+    device: sys::CUdevice,
+    version: i32,
+    min_version: i32,
+    symbols: bool,
+    attribute: std::ffi::c_int,
+    what: &str,
+) -> std::result::Result<(), String> {
+    if version < min_version {
+        return Err(format!(
+            "the driver is CUDA {}.{}; {what} needs CUDA {}.{}",
+            version / 1000,
+            version % 1000 / 10,
+            min_version / 1000,
+            min_version % 1000 / 10
+        ));
+    }
+    if !symbols {
+        return Err(format!(
+            "the driver library {} does not export the {what} calls",
+            driver.path()
+        ));
+    }
+    match driver.device_attribute(device, attribute) {
+        Ok(0) => Err(format!(
+            "the device does not support {what} (attribute {attribute} is 0)"
+        )),
+        Ok(_) => Ok(()),
+        Err(e) => Err(format!("attribute {attribute} could not be read: {e}")),
+    }
+}
+
+fn unknown(what: &'static str, ptr: u64) -> Error {
+    Error::UnknownPointer {
+        what,
+        ptr,
+        backend: BACKEND,
+    }
+}
+
+fn stream_handle(stream: Stream) -> sys::CUstream {
+    stream.0 as usize as sys::CUstream
+}
+
+fn event_handle(event: Event) -> sys::CUevent {
+    event.0 as usize as sys::CUevent
+}
+
+impl Handles {
+    fn check_stream(&self, stream: Stream) -> Result<sys::CUstream> {
+        if stream == Stream::DEFAULT || self.streams.contains(&stream.0) {
+            Ok(stream_handle(stream))
+        } else {
+            Err(unknown("stream", stream.0))
+        }
+    }
+
+    fn check_event(&self, event: Event) -> Result<sys::CUevent> {
+        if self.events.contains(&event.0) {
+            Ok(event_handle(event))
+        } else {
+            Err(unknown("event", event.0))
+        }
+    }
+}
+
+impl Device for CudaDevice {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    /// `cuMemGetInfo_v2`.
+    fn mem_info(&self) -> Result<MemInfo> {
+        self.enter()?;
+        let (free, total) = self.driver.mem_info()?;
+        Ok(MemInfo { free, total })
+    }
+
+    /// `cuMemAlloc_v2` (256-byte aligned or better).
+    ///
+    /// # Errors
+    /// [`Error::InvalidSize`] for zero; [`Error::DeviceOutOfMemory`] for
+    /// `CUDA_ERROR_OUT_OF_MEMORY`; [`Error::Driver`] otherwise.
+    fn alloc(&self, size: u64) -> Result<u64> {
+        if size == 0 {
+            return Err(Error::InvalidSize {
+                size,
+                reason: "a device allocation must be at least 1 byte",
+            });
+        }
+        self.enter()?;
+        let ptr = self.driver.mem_alloc(size)?;
+        self.books().allocations.insert(ptr, size);
+        Ok(ptr)
+    }
+
+    /// `cuMemFree_v2`.
+    ///
+    /// # Errors
+    /// [`Error::UnknownPointer`] for a pointer not from [`Device::alloc`] (or freed already);
+    /// [`Error::Driver`] when the driver refuses (the allocation is then still held).
+    fn free(&self, ptr: u64, _size: u64) -> Result<()> {
+        let size = self
+            .books()
+            .allocations
+            .remove(&ptr)
+            .ok_or_else(|| unknown("allocation", ptr))?;
+        let result = self.enter().and_then(|()| self.driver.mem_free(ptr));
+        if result.is_err() {
+            self.books().allocations.insert(ptr, size);
+        }
+        result
+    }
+
+    fn virtual_memory(&self) -> Option<&dyn VirtualMemory> {
+        self.vmm.then_some(self as &dyn VirtualMemory)
+    }
+
+    fn stream_ordered_pool(&self) -> Option<&dyn StreamOrderedPool> {
+        self.pool.map(|_| self as &dyn StreamOrderedPool)
+    }
+
+    /// `cuStreamCreate(CU_STREAM_DEFAULT)`.
+    fn create_stream(&self) -> Result<Stream> {
+        self.enter()?;
+        let mut h = self.handles_write();
+        let s = self.driver.stream_create(sys::CU_STREAM_DEFAULT)? as usize as u64;
+        h.streams.insert(s);
+        Ok(Stream(s))
+    }
+
+    /// `cuStreamDestroy_v2`.
+    fn destroy_stream(&self, stream: Stream) -> Result<()> {
+        if stream == Stream::DEFAULT {
+            return Err(Error::InvalidArgument {
+                call: "destroy_stream",
+                reason: "the default stream cannot be destroyed; accepted are streams from \
+                         create_stream"
+                    .into(),
+            });
+        }
+        self.enter()?;
+        let mut h = self.handles_write();
+        let s = h.check_stream(stream)?;
+        // SAFETY: `s` is a live stream this device created (checked under the write lock).
+        unsafe { self.driver.stream_destroy(s) }?;
+        h.streams.remove(&stream.0);
+        Ok(())
+    }
+
+    /// `cuStreamSynchronize`.
+    fn synchronize_stream(&self, stream: Stream) -> Result<()> {
+        self.enter()?;
+        let h = self.handles_read();
+        let s = h.check_stream(stream)?;
+        // SAFETY: `s` is null or a live stream of this device, kept alive by the read lock.
+        unsafe { self.driver.stream_synchronize(s) }
+    }
+
+    /// `cuEventCreate(CU_EVENT_DISABLE_TIMING)`.
+    fn create_event(&self) -> Result<Event> {
+        self.enter()?;
+        let mut h = self.handles_write();
+        let e = self.driver.event_create(sys::CU_EVENT_DISABLE_TIMING)? as usize as u64;
+        h.events.insert(e);
+        Ok(Event(e))
+    }
+
+    /// `cuEventRecord`.
+    fn record_event(&self, event: Event, stream: Stream) -> Result<()> {
+        self.enter()?;
+        let h = self.handles_read();
+        let s = h.check_stream(stream)?;
+        let e = h.check_event(event)?;
+        // SAFETY: both handles are live (checked, kept alive by the read lock).
+        unsafe { self.driver.event_record(e, s) }
+    }
+
+    /// `cuEventQuery`.
+    fn event_complete(&self, event: Event) -> Result<bool> {
+        self.enter()?;
+        let h = self.handles_read();
+        let e = h.check_event(event)?;
+        // SAFETY: the event is live (checked, kept alive by the read lock).
+        unsafe { self.driver.event_query(e) }
+    }
+
+    /// `cuEventSynchronize`.
+    fn synchronize_event(&self, event: Event) -> Result<()> {
+        self.enter()?;
+        let h = self.handles_read();
+        let e = h.check_event(event)?;
+        // SAFETY: the event is live (checked, kept alive by the read lock).
+        unsafe { self.driver.event_synchronize(e) }
+    }
+
+    /// `cuEventDestroy_v2`.
+    fn destroy_event(&self, event: Event) -> Result<()> {
+        self.enter()?;
+        let mut h = self.handles_write();
+        let e = h.check_event(event)?;
+        // SAFETY: the event is live and no other call uses it (write lock).
+        unsafe { self.driver.event_destroy(e) }?;
+        h.events.remove(&event.0);
+        Ok(())
+    }
+}
+
+impl VirtualMemory for CudaDevice {
+    /// The minimum granularity `cuMemGetAllocationGranularity` reports.
+    fn granularity(&self) -> u64 {
+        self.granularity
+    }
+
+    /// `cuMemAddressReserve`.
+    fn reserve(&self, size: u64, alignment: u64) -> Result<u64> {
+        self.check_granular("reserve", "size", size, false)?;
+        if alignment != 0 && !alignment.is_power_of_two() {
+            return Err(Error::InvalidArgument {
+                call: "reserve",
+                reason: format!(
+                    "alignment {alignment} is not accepted: 0 (the granularity) or a power of two"
+                ),
+            });
+        }
+        let alignment = if alignment == 0 {
+            0
+        } else {
+            alignment.max(self.granularity)
+        };
+        self.enter()?;
+        let va = self.driver.address_reserve(size, alignment)?;
+        self.books().reservations.insert(va, size);
+        Ok(va)
+    }
+
+    /// `cuMemAddressFree` of a whole reservation with nothing mapped in it.
+    fn free_reservation(&self, va: u64, size: u64) -> Result<()> {
+        {
+            let b = self.books();
+            match b.reservations.get(&va) {
+                None => return Err(unknown("reservation", va)),
+                Some(&s) if s != size => {
+                    return Err(Error::InvalidArgument {
+                        call: "free_reservation",
+                        reason: format!(
+                            "the reservation at {va:#x} is {s} bytes, not {size}: it is freed whole"
+                        ),
+                    })
+                }
+                Some(_) => {}
+            }
+            if b.mappings
+                .range(va..va.saturating_add(size))
+                .next()
+                .is_some()
+            {
+                return Err(Error::InvalidArgument {
+                    call: "free_reservation",
+                    reason: format!(
+                        "the reservation at {va:#x} still has mappings; unmap them first"
+                    ),
+                });
+            }
+        }
+        self.enter()?;
+        self.driver.address_free(va, size)?;
+        self.books().reservations.remove(&va);
+        Ok(())
+    }
+
+    /// `cuMemCreate` of pinned device memory.
+    fn create_physical(&self, size: u64) -> Result<PhysicalHandle> {
+        self.check_granular("create_physical", "size", size, false)?;
+        self.enter()?;
+        let handle = self.driver.mem_create(self.device, size)?;
+        self.books().handles.insert(handle);
+        Ok(PhysicalHandle(handle))
+    }
+
+    /// `cuMemRelease` (the memory goes once its last mapping does).
+    fn release_physical(&self, handle: PhysicalHandle) -> Result<()> {
+        if !self.books().handles.contains(&handle.0) {
+            return Err(unknown("physical handle", handle.0));
+        }
+        self.enter()?;
+        self.driver.mem_release(handle.0)?;
+        self.books().handles.remove(&handle.0);
+        Ok(())
+    }
+
+    /// `cuMemMap`.
+    fn map(&self, va: u64, size: u64, handle: PhysicalHandle, offset: u64) -> Result<()> {
+        self.check_granular("map", "address", va, false)?;
+        self.check_granular("map", "size", size, false)?;
+        self.check_granular("map", "offset", offset, true)?;
+        if !self.books().handles.contains(&handle.0) {
+            return Err(unknown("physical handle", handle.0));
+        }
+        self.enter()?;
+        self.driver.mem_map(va, size, offset, handle.0)?;
+        self.books().mappings.insert(va, size);
+        Ok(())
+    }
+
+    /// `cuMemSetAccess`: read-write for this device.
+    fn set_access(&self, va: u64, size: u64) -> Result<()> {
+        self.check_granular("set_access", "address", va, false)?;
+        self.check_granular("set_access", "size", size, false)?;
+        self.enter()?;
+        self.driver.set_access(self.device, va, size)
+    }
+
+    /// `cuMemUnmap`.
+    fn unmap(&self, va: u64, size: u64) -> Result<()> {
+        self.check_granular("unmap", "address", va, false)?;
+        self.check_granular("unmap", "size", size, false)?;
+        self.enter()?;
+        self.driver.mem_unmap(va, size)?;
+        let mut b = self.books();
+        let starts: Vec<u64> = b
+            .mappings
+            .range(va..va.saturating_add(size))
+            .map(|(&s, _)| s)
+            .collect();
+        for s in starts {
+            b.mappings.remove(&s);
+        }
+        Ok(())
+    }
+}
+
+impl StreamOrderedPool for CudaDevice {
+    /// `cuMemAllocFromPoolAsync` from the device's own pool.
+    fn alloc_async(&self, size: u64, stream: Stream) -> Result<u64> {
+        if size == 0 {
+            return Err(Error::InvalidSize {
+                size,
+                reason: "a pool allocation must be at least 1 byte",
+            });
+        }
+        let pool = self.pool_handle()?;
+        self.enter()?;
+        let h = self.handles_read();
+        let s = h.check_stream(stream)?;
+        // SAFETY: the pool lives as long as `self`; the stream is null or live (read lock).
+        let ptr = unsafe { self.driver.alloc_from_pool_async(size, pool, s) }?;
+        self.books().pool_allocations.insert(ptr, size);
+        Ok(ptr)
+    }
+
+    /// `cuMemFreeAsync`.
+    fn free_async(&self, ptr: u64, stream: Stream) -> Result<()> {
+        self.pool_handle()?;
+        self.enter()?;
+        let h = self.handles_read();
+        let s = h.check_stream(stream)?;
+        let size = self
+            .books()
+            .pool_allocations
+            .remove(&ptr)
+            .ok_or_else(|| unknown("pool allocation", ptr))?;
+        // SAFETY: the stream is null or live (read lock).
+        let result = unsafe { self.driver.free_async(ptr, s) };
+        if result.is_err() {
+            self.books().pool_allocations.insert(ptr, size);
+        }
+        result
+    }
+
+    /// `cuMemPoolSetAttribute(CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)`.
+    fn set_release_threshold(&self, bytes: u64) -> Result<()> {
+        let pool = self.pool_handle()?;
+        self.enter()?;
+        // SAFETY: the pool is live; the release threshold is a cuuint64_t attribute.
+        unsafe {
+            self.driver
+                .pool_set_u64(pool, sys::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, bytes)
+        }
+    }
+
+    /// `cuMemPoolGetAttribute(CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)`.
+    fn release_threshold(&self) -> Result<u64> {
+        let pool = self.pool_handle()?;
+        self.enter()?;
+        // SAFETY: the pool is live; the release threshold is a cuuint64_t attribute.
+        unsafe {
+            self.driver
+                .pool_get_u64(pool, sys::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)
+        }
+    }
+
+    /// `cuMemPoolTrimTo`.
+    fn trim_to(&self, keep: u64) -> Result<()> {
+        let pool = self.pool_handle()?;
+        self.enter()?;
+        // SAFETY: the pool lives as long as `self`.
+        unsafe { self.driver.pool_trim_to(pool, keep) }
+    }
+
+    /// The pool's `RESERVED_MEM_CURRENT/HIGH` and `USED_MEM_CURRENT/HIGH` attributes.
+    fn usage(&self) -> Result<PoolUsage> {
+        let pool = self.pool_handle()?;
+        self.enter()?;
+        // SAFETY: the pool is live; all four are cuuint64_t attributes.
+        let get = |attr| unsafe { self.driver.pool_get_u64(pool, attr) };
+        Ok(PoolUsage {
+            reserved_current: get(sys::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?,
+            reserved_high: get(sys::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)?,
+            used_current: get(sys::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
+            used_high: get(sys::CU_MEMPOOL_ATTR_USED_MEM_HIGH)?,
+        })
+    }
+}
+
+impl Drop for CudaDevice {
+    fn drop(&mut self) {
+        let census = self.census();
+        let driver = Arc::clone(&self.driver);
+        let warn = |what: &str, e: Error| {
+            tracing::warn!(device = self.info.ordinal, error = %e, "dropping a cuda device: {what}");
+        };
+        if let Err(e) = self.enter() {
+            warn("could not make its context current", e);
+        }
+        let books = std::mem::take(self.books.get_mut().unwrap_or_else(PoisonError::into_inner));
+        let handles = std::mem::take(
+            self.handles
+                .get_mut()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        if !books.pool_allocations.is_empty() {
+            for &ptr in books.pool_allocations.keys() {
+                // SAFETY: the null stream is always valid.
+                if let Err(e) = unsafe { driver.free_async(ptr, std::ptr::null_mut()) } {
+                    warn("could not free a pool allocation", e);
+                }
+            }
+            // SAFETY: the null stream is always valid.
+            if let Err(e) = unsafe { driver.stream_synchronize(std::ptr::null_mut()) } {
+                warn("could not synchronise", e);
+            }
+        }
+        for &ptr in books.allocations.keys() {
+            if let Err(e) = driver.mem_free(ptr) {
+                warn("could not free an allocation", e);
+            }
+        }
+        for (&va, &size) in &books.mappings {
+            if let Err(e) = driver.mem_unmap(va, size) {
+                warn("could not unmap", e);
+            }
+        }
+        for &handle in &books.handles {
+            if let Err(e) = driver.mem_release(handle) {
+                warn("could not release a physical handle", e);
+            }
+        }
+        for (&va, &size) in &books.reservations {
+            if let Err(e) = driver.address_free(va, size) {
+                warn("could not free a reservation", e);
+            }
+        }
+        for &e in &handles.events {
+            // SAFETY: a live event of this device, used by no one else any more.
+            if let Err(err) = unsafe { driver.event_destroy(event_handle(Event(e))) } {
+                warn("could not destroy an event", err);
+            }
+        }
+        for &s in &handles.streams {
+            // SAFETY: a live stream of this device, used by no one else any more.
+            if let Err(err) = unsafe { driver.stream_destroy(stream_handle(Stream(s))) } {
+                warn("could not destroy a stream", err);
+            }
+        }
+        if let Some(pool) = self.pool.take() {
+            // SAFETY: the pool was made by this device and is destroyed once, here.
+            if let Err(e) = unsafe { driver.mem_pool_destroy(pool) } {
+                warn("could not destroy its pool", e);
+            }
+        }
+        if let Err(e) = driver.primary_ctx_release(self.device) {
+            warn("could not release its primary context", e);
+        }
+        if !census.is_empty() {
+            tracing::warn!(
+                device = self.info.ordinal,
+                name = %self.info.name,
+                ?census,
+                "cuda device dropped while still holding these; returned them"
+            );
+        }
+    }
+}

@@ -1,0 +1,73 @@
+//! A portalloc allocation used by cudarc: copy a buffer to the GPU into memory that
+//! portalloc's allocator handed out, read it back with cudarc, and hand it back to portalloc.
+//!
+//! ```text
+//! cargo run --example cudarc_interop --features cudarc
+//! XLA_PYTHON_CLIENT_ALLOCATOR=platform cargo run --example cudarc_interop --features cudarc
+//! ```
+//!
+//! On a machine without an NVIDIA GPU it says so and exits: discovery is checked before
+//! cudarc is touched, since cudarc's own loader panics when there is no driver.
+
+use portalloc::backends::cuda::cudarc::{stream_of, PortallocSlice};
+use portalloc::{Portalloc, Vendor};
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let portalloc = Portalloc::from_env()?;
+    if portalloc.discovery.chosen != Vendor::Cuda {
+        let why = portalloc
+            .discovery
+            .candidates
+            .iter()
+            .find(|c| c.backend == Vendor::Cuda)
+            .map(|c| format!("{:?}", c.decision))
+            .unwrap_or_default();
+        println!("no CUDA device, nothing to show ({why})");
+        return Ok(());
+    }
+    let allocator = portalloc.allocator(0).ok_or("no allocator for device 0")?;
+    println!(
+        "device 0: {} with the {} strategy",
+        portalloc.discovery.devices[0].info().name,
+        allocator.name()
+    );
+
+    // cudarc's context is the device's primary context, the one portalloc uses too.
+    let ctx = cudarc::driver::CudaContext::new(0)?;
+    let stream = ctx.default_stream();
+    println!(
+        "cudarc stream {:?} is portalloc {:?}",
+        stream.cu_stream(),
+        stream_of(&stream)
+    );
+
+    let n = 1 << 20;
+    let host: Vec<f32> = (0..n).map(|i| i as f32 * 0.5).collect();
+    let mut buffer = PortallocSlice::<f32>::alloc(allocator, n, &stream)?;
+    println!(
+        "portalloc gave {} bytes at {:#x}",
+        buffer.allocation().size(),
+        buffer.allocation().ptr()
+    );
+    stream.memcpy_htod(&host, buffer.as_slice_mut())?;
+    let back = stream.clone_dtoh(buffer.as_slice())?;
+    assert_eq!(
+        back, host,
+        "the round trip through portalloc's memory changed the data"
+    );
+    println!("round trip of {n} f32 through portalloc memory: ok");
+
+    // Either hand the allocation back explicitly...
+    let allocation = buffer.into_allocation();
+    allocator.deallocate(allocation)?;
+    // ...or let the slice go: dropping it returns the memory to portalloc, once.
+    let again = PortallocSlice::<u8>::alloc(allocator, 4096, &stream)?;
+    drop(again);
+    stream.synchronize()?;
+    let stats = allocator.stats();
+    println!(
+        "after: {} bytes in use, {} allocations served, peak {} bytes",
+        stats.bytes_in_use, stats.num_allocs, stats.peak_bytes_in_use
+    );
+    Ok(())
+}

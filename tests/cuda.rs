@@ -1,0 +1,1333 @@
+//! The CUDA backend without a GPU.
+//!
+//! * **ABI**: the `sys` structs' sizes and field offsets against `cuda.h` (CUDA 12.2).
+//! * **NVIDIA's real `libcuda.so.1`** (Debian's driver 535, fetched by `scripts/test` into
+//!   `.vendor/` and named by `PORTALLOC_TEST_CUDA_LIBRARY`; skipped with a message when
+//!   unset): every symbol portalloc needs resolves, `cuInit` answers `CUDA_ERROR_NO_DEVICE` as
+//!   a typed error with the driver's own name, and opening a device fails cleanly with it.
+//! * **The conformance driver** (`tests/drivers/fakecuda.c`, built by `build.rs`; skipped when
+//!   no C compiler was found): the real shim's code paths over host memory — loading, symbol
+//!   resolution, capability gates (with `fakecuda_old.c`, a CUDA 10.1 driver), context
+//!   handling, error mapping and fault injection, virtual memory, pools, streams and events,
+//!   and the bfc and platform strategies through `strategy::build`, with the driver's own
+//!   count of live objects back to zero at the end of every test.
+//!
+//! Each test loads its own copy of the conformance driver (a separate file, so a separate
+//! library instance with its own state): tests run in parallel without seeing each other's
+//! allocations or injected faults.
+#![cfg(feature = "cuda")]
+
+use std::ffi::{c_char, c_int, CString};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use portalloc::backends::cuda::{CudaDevice, Driver, POOL_SYMBOLS, REQUIRED_SYMBOLS, VMM_SYMBOLS};
+use portalloc::device::{Device, PhysicalHandle, Stream};
+use portalloc::sys::cuda as sys;
+use portalloc::{Allocation, Allocator, Config, Error, StrategyKind, Vendor};
+
+const MIB: u64 = 1 << 20;
+
+// ---------------------------------------------------------------------------------------------
+// ABI
+// ---------------------------------------------------------------------------------------------
+
+mod abi {
+    use std::mem::{offset_of, size_of};
+
+    use super::sys;
+
+    #[test]
+    fn struct_layouts_match_cuda_h() {
+        assert_eq!(size_of::<sys::CUmemLocation>(), 8);
+        assert_eq!(offset_of!(sys::CUmemLocation, type_), 0);
+        assert_eq!(offset_of!(sys::CUmemLocation, id), 4);
+
+        assert_eq!(size_of::<sys::CUmemAllocationProp>(), 32);
+        assert_eq!(offset_of!(sys::CUmemAllocationProp, type_), 0);
+        assert_eq!(
+            offset_of!(sys::CUmemAllocationProp, requestedHandleTypes),
+            4
+        );
+        assert_eq!(offset_of!(sys::CUmemAllocationProp, location), 8);
+        assert_eq!(
+            offset_of!(sys::CUmemAllocationProp, win32HandleMetaData),
+            16
+        );
+        assert_eq!(offset_of!(sys::CUmemAllocationProp, allocFlags), 24);
+        assert_eq!(size_of::<sys::CUmemAllocationPropAllocFlags>(), 8);
+        assert_eq!(offset_of!(sys::CUmemAllocationPropAllocFlags, usage), 2);
+        assert_eq!(offset_of!(sys::CUmemAllocationPropAllocFlags, reserved), 4);
+
+        assert_eq!(size_of::<sys::CUmemAccessDesc>(), 12);
+        assert_eq!(offset_of!(sys::CUmemAccessDesc, location), 0);
+        assert_eq!(offset_of!(sys::CUmemAccessDesc, flags), 8);
+
+        assert_eq!(size_of::<sys::CUmemPoolProps>(), 88);
+        assert_eq!(offset_of!(sys::CUmemPoolProps, allocType), 0);
+        assert_eq!(offset_of!(sys::CUmemPoolProps, handleTypes), 4);
+        assert_eq!(offset_of!(sys::CUmemPoolProps, location), 8);
+        assert_eq!(offset_of!(sys::CUmemPoolProps, win32SecurityAttributes), 16);
+        assert_eq!(offset_of!(sys::CUmemPoolProps, maxSize), 24);
+        assert_eq!(offset_of!(sys::CUmemPoolProps, reserved), 32);
+
+        assert_eq!(size_of::<sys::CUdeviceptr>(), 8);
+        assert_eq!(size_of::<sys::CUmemGenericAllocationHandle>(), 8);
+        assert_eq!(size_of::<sys::CUcontext>(), size_of::<usize>());
+    }
+
+    #[test]
+    fn constants_match_cuda_h() {
+        assert_eq!(sys::CUDA_ERROR_OUT_OF_MEMORY, 2);
+        assert_eq!(sys::CUDA_ERROR_NO_DEVICE, 100);
+        assert_eq!(sys::CUDA_ERROR_NOT_READY, 600);
+        assert_eq!(sys::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, 75);
+        assert_eq!(sys::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, 76);
+        assert_eq!(
+            sys::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+            102
+        );
+        assert_eq!(sys::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, 115);
+        assert_eq!(sys::CU_MEM_ALLOCATION_TYPE_PINNED, 1);
+        assert_eq!(sys::CU_MEM_LOCATION_TYPE_DEVICE, 1);
+        assert_eq!(sys::CU_MEM_ACCESS_FLAGS_PROT_READWRITE, 3);
+        assert_eq!(sys::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED, 1);
+        assert_eq!(sys::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, 4);
+        assert_eq!(sys::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, 5);
+        assert_eq!(sys::CU_MEMPOOL_ATTR_USED_MEM_HIGH, 8);
+        assert_eq!(sys::CU_EVENT_DISABLE_TIMING, 2);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// NVIDIA's real libcuda.so.1
+// ---------------------------------------------------------------------------------------------
+
+mod real_libcuda {
+    use super::*;
+
+    fn library() -> Option<String> {
+        match std::env::var("PORTALLOC_TEST_CUDA_LIBRARY") {
+            Ok(p) if !p.is_empty() => Some(p),
+            _ => {
+                eprintln!(
+                    "skipping: PORTALLOC_TEST_CUDA_LIBRARY is not set (run scripts/test, which \
+                     fetches Debian's libcuda1 into .vendor/)"
+                );
+                None
+            }
+        }
+    }
+
+    #[test]
+    fn resolves_every_symbol_portalloc_needs() {
+        let Some(path) = library() else { return };
+        let driver = Driver::load(std::slice::from_ref(&path)).expect("libcuda loads");
+        assert_eq!(driver.path(), path);
+        let symbols = driver.symbols();
+        assert_eq!(
+            symbols.len(),
+            REQUIRED_SYMBOLS.len() + VMM_SYMBOLS.len() + POOL_SYMBOLS.len()
+        );
+        let missing: Vec<_> = symbols.iter().filter(|(_, ok)| !ok).collect();
+        assert!(missing.is_empty(), "driver 535 lacks {missing:?}");
+        assert!(driver.has_vmm_symbols() && driver.has_pool_symbols());
+        let version = driver
+            .version_code()
+            .expect("cuDriverGetVersion needs no device");
+        assert!(version >= 12_000, "driver 535 is CUDA 12.x, got {version}");
+    }
+
+    #[test]
+    fn no_device_is_a_typed_error_with_the_drivers_name() {
+        let Some(path) = library() else { return };
+        let driver = Arc::new(Driver::load(&[path]).unwrap());
+        match driver.init() {
+            Err(Error::Driver {
+                backend,
+                call,
+                code,
+                name,
+                message,
+            }) => {
+                assert_eq!((backend, call, code), ("cuda", "cuInit", 100));
+                assert_eq!(name, "CUDA_ERROR_NO_DEVICE");
+                assert!(message.contains("no CUDA-capable device"), "{message}");
+            }
+            Ok(()) => {
+                eprintln!("a GPU is present: cuInit succeeded; checking it opens instead");
+                let device = CudaDevice::open(Arc::clone(&driver), 0).unwrap();
+                assert!(device.info().arch.starts_with("sm_"));
+                return;
+            }
+            Err(e) => panic!("unexpected {e}"),
+        }
+        match CudaDevice::open(Arc::clone(&driver), 0) {
+            Err(Error::Driver { name, call, .. }) => {
+                assert_eq!((name.as_str(), call), ("CUDA_ERROR_NO_DEVICE", "cuInit"));
+            }
+            other => panic!("expected CUDA_ERROR_NO_DEVICE, got {other:?}"),
+        }
+        assert!(matches!(
+            CudaDevice::open_all(driver),
+            Err(Error::Driver { code: 100, .. })
+        ));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The conformance driver
+// ---------------------------------------------------------------------------------------------
+
+/// One private instance of a conformance driver, and its control functions.
+struct Fake {
+    library: libloading::Library,
+    path: PathBuf,
+    /// A private copy, removed on drop (false: a library some other process made).
+    owned: bool,
+}
+
+static COPIES: AtomicU64 = AtomicU64::new(0);
+
+impl Fake {
+    /// A private copy of `libfakecuda.so`, or `None` (with a message) when it was not built.
+    fn new() -> Option<Fake> {
+        Fake::of(option_env!("PORTALLOC_TEST_DRIVER_FAKECUDA"))
+    }
+
+    /// A private copy of `libfakecuda_old.so` (CUDA 10.1: no VMM, no pools).
+    fn old() -> Option<Fake> {
+        Fake::of(option_env!("PORTALLOC_TEST_DRIVER_FAKECUDA_OLD"))
+    }
+
+    fn of(built: Option<&str>) -> Option<Fake> {
+        let Some(built) = built else {
+            eprintln!("skipping: the conformance driver was not built (no C compiler)");
+            return None;
+        };
+        let n = COPIES.fetch_add(1, Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!(
+            "portalloc-fakecuda-{}-{n}-{}",
+            std::process::id(),
+            PathBuf::from(built).file_name().unwrap().to_string_lossy()
+        ));
+        std::fs::copy(built, &path).expect("copy the conformance driver");
+        let mut fake = Fake::at(path);
+        fake.owned = true;
+        Some(fake)
+    }
+
+    /// The conformance driver at `path` (not copied, not removed).
+    #[cfg_attr(not(feature = "cudarc"), allow(dead_code))]
+    fn at(path: PathBuf) -> Fake {
+        // SAFETY: our own test library; its initialisers do nothing.
+        let library = unsafe { libloading::Library::new(&path) }.expect("load the driver");
+        Fake {
+            library,
+            path,
+            owned: false,
+        }
+    }
+
+    fn path(&self) -> String {
+        self.path.to_string_lossy().into_owned()
+    }
+
+    fn driver(&self) -> Arc<Driver> {
+        Arc::new(Driver::load(&[self.path()]).expect("the conformance driver loads"))
+    }
+
+    /// Devices (-1: none), capacity, granularity, version; 0 keeps the default.
+    fn configure(&self, devices: i32, capacity: u64, granularity: u64, version: i32) {
+        // SAFETY: the signature fakecuda.c defines.
+        let f = unsafe {
+            self.library
+                .get::<unsafe extern "C" fn(c_int, u64, u64, c_int) -> c_int>(b"fakecuda_configure")
+        }
+        .unwrap();
+        // SAFETY: plain values.
+        assert_eq!(unsafe { f(devices, capacity, granularity, version) }, 0);
+    }
+
+    fn device(&self, capacity: u64) -> CudaDevice {
+        self.configure(1, capacity, 0, 0);
+        CudaDevice::open(self.driver(), 0).expect("open the fake device")
+    }
+
+    fn fail(&self, call: &str, nth: i32, code: i32) {
+        // SAFETY: the signature fakecuda.c defines.
+        let f = unsafe {
+            self.library
+                .get::<unsafe extern "C" fn(*const c_char, c_int, c_int)>(b"fakecuda_fail_call")
+        }
+        .unwrap();
+        let name = CString::new(call).unwrap();
+        // SAFETY: a valid C string, copied by the callee.
+        unsafe { f(name.as_ptr(), nth, code) }
+    }
+
+    fn clear_failures(&self) {
+        // SAFETY: the signature fakecuda.c defines.
+        let f = unsafe {
+            self.library
+                .get::<unsafe extern "C" fn()>(b"fakecuda_clear_failures")
+        }
+        .unwrap();
+        // SAFETY: no arguments.
+        unsafe { f() }
+    }
+
+    fn hold_events(&self, held: bool) {
+        // SAFETY: the signature fakecuda.c defines.
+        let f = unsafe {
+            self.library
+                .get::<unsafe extern "C" fn(c_int)>(b"fakecuda_hold_events")
+        }
+        .unwrap();
+        // SAFETY: a plain value.
+        unsafe { f(held.into()) }
+    }
+
+    fn set_attribute(&self, device: i32, attribute: i32, value: i32) {
+        // SAFETY: the signature fakecuda.c defines.
+        let f = unsafe {
+            self.library
+                .get::<unsafe extern "C" fn(c_int, c_int, c_int)>(b"fakecuda_set_attribute")
+        }
+        .unwrap();
+        // SAFETY: plain values.
+        unsafe { f(device, attribute, value) }
+    }
+
+    fn live(&self, what: &str) -> i64 {
+        // SAFETY: the signature fakecuda.c defines.
+        let f = unsafe {
+            self.library
+                .get::<unsafe extern "C" fn(*const c_char) -> i64>(b"fakecuda_live")
+        }
+        .unwrap();
+        let name = CString::new(what).unwrap();
+        // SAFETY: a valid C string.
+        let n = unsafe { f(name.as_ptr()) };
+        assert!(n >= 0, "fakecuda_live does not know {what}");
+        n
+    }
+
+    fn device_used(&self, device: i32) -> u64 {
+        // SAFETY: the signature fakecuda.c defines.
+        let f = unsafe {
+            self.library
+                .get::<unsafe extern "C" fn(c_int) -> u64>(b"fakecuda_device_used")
+        }
+        .unwrap();
+        // SAFETY: a plain value.
+        unsafe { f(device) }
+    }
+
+    /// Asserts that the driver holds nothing for portalloc any more.
+    fn assert_empty(&self) {
+        for what in [
+            "allocations",
+            "handles",
+            "mappings",
+            "reservations",
+            "pools",
+            "pool_blocks",
+            "pool_reserved",
+            "streams",
+            "events",
+            "contexts",
+            "bytes",
+        ] {
+            assert_eq!(self.live(what), 0, "the driver still holds {what}");
+        }
+    }
+}
+
+impl Drop for Fake {
+    fn drop(&mut self) {
+        if self.owned {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+mod loading {
+    use super::*;
+
+    #[test]
+    fn resolves_every_symbol_and_opens_a_device() {
+        let Some(fake) = Fake::new() else { return };
+        let driver = fake.driver();
+        assert!(driver.symbols().iter().all(|(_, ok)| *ok));
+        fake.configure(1, 8 << 30, 0, 0);
+        let device = CudaDevice::open(Arc::clone(&driver), 0).unwrap();
+        let info = device.info();
+        assert_eq!(info.vendor, Vendor::Cuda);
+        assert_eq!(info.name, "FakeCUDA Device 0");
+        assert_eq!(info.arch, "sm_90");
+        assert_eq!(info.total_bytes, 8 << 30);
+        assert_eq!(info.min_granularity, 2 * MIB);
+        assert_eq!(info.recommended_granularity, 2 * MIB);
+        assert!(info.capabilities.virtual_memory);
+        assert!(info.capabilities.stream_ordered_pool);
+        assert!(device.virtual_memory().is_some());
+        assert!(device.stream_ordered_pool().is_some());
+        let note = |k: &str| {
+            info.notes
+                .iter()
+                .find(|(key, _)| key == k)
+                .map(|(_, v)| v.clone())
+                .unwrap_or_default()
+        };
+        assert_eq!(note("driver"), "CUDA 12.2 (12020)");
+        assert!(note("library").contains("portalloc-fakecuda"));
+        let mem = device.mem_info().unwrap();
+        assert_eq!((mem.free, mem.total), (8 << 30, 8 << 30));
+        assert_eq!(
+            fake.live("contexts"),
+            1,
+            "the primary context is retained once"
+        );
+        assert_eq!(fake.live("pools"), 1, "the device made a pool of its own");
+        drop(device);
+        fake.assert_empty();
+    }
+
+    #[test]
+    fn an_old_driver_has_no_vmm_or_pools_and_nothing_panics() {
+        let Some(fake) = Fake::old() else { return };
+        let driver = fake.driver();
+        assert!(!driver.has_vmm_symbols());
+        assert!(!driver.has_pool_symbols());
+        for (symbol, ok) in driver.symbols() {
+            let newer = VMM_SYMBOLS.contains(&symbol) || POOL_SYMBOLS.contains(&symbol);
+            assert_eq!(ok, !newer, "{symbol}");
+        }
+        let device = CudaDevice::open(driver, 0).unwrap();
+        let info = device.info();
+        assert!(!info.capabilities.virtual_memory && !info.capabilities.stream_ordered_pool);
+        assert!(device.virtual_memory().is_none());
+        assert!(device.stream_ordered_pool().is_none());
+        assert_eq!(info.min_granularity, 2 * MIB, "assumed without the VMM API");
+        let vmm_note = &info
+            .notes
+            .iter()
+            .find(|(k, _)| k == "virtual memory")
+            .unwrap()
+            .1;
+        assert!(
+            vmm_note.contains("CUDA 10.1") && vmm_note.contains("10.2"),
+            "{vmm_note}"
+        );
+        // Plain allocation still works, and strategies needing VMM say why they cannot.
+        let p = device.alloc(1000).unwrap();
+        device.free(p, 1000).unwrap();
+        let device: Arc<dyn Device> = Arc::new(device);
+        let config = Config::builder()
+            .ignore_env()
+            .strategy(StrategyKind::Vmm)
+            .build()
+            .unwrap();
+        match portalloc::strategy::build(&config, Arc::clone(&device)) {
+            Err(Error::Unsupported { backend, .. }) => assert_eq!(backend, "cuda"),
+            Err(e) => panic!("expected Unsupported, got {e}"),
+            Ok(_) => panic!("vmm built without virtual memory"),
+        }
+        drop(device);
+        fake.assert_empty();
+    }
+
+    #[test]
+    fn capability_gates_follow_version_and_attributes() {
+        let Some(fake) = Fake::new() else { return };
+        // CUDA 11.0: VMM yes, pools no (11.2 needed), symbols notwithstanding.
+        fake.configure(2, 0, 0, 11_000);
+        // Device 1 says it has no virtual memory management.
+        fake.set_attribute(1, 102, 0);
+        let driver = fake.driver();
+        let d0 = CudaDevice::open(Arc::clone(&driver), 0).unwrap();
+        let d1 = CudaDevice::open(Arc::clone(&driver), 1).unwrap();
+        assert!(d0.info().capabilities.virtual_memory);
+        assert!(!d0.info().capabilities.stream_ordered_pool);
+        assert!(!d1.info().capabilities.virtual_memory);
+        let note = &d1
+            .info()
+            .notes
+            .iter()
+            .find(|(k, _)| k == "virtual memory")
+            .unwrap()
+            .1;
+        assert!(note.contains("attribute 102 is 0"), "{note}");
+        drop((d0, d1));
+        fake.assert_empty();
+    }
+
+    #[test]
+    fn no_device_and_bad_ordinals_are_typed_errors() {
+        let Some(fake) = Fake::new() else { return };
+        fake.configure(-1, 0, 0, 0);
+        let driver = fake.driver();
+        match CudaDevice::open(Arc::clone(&driver), 0) {
+            Err(Error::Driver { name, code, .. }) => {
+                assert_eq!((name.as_str(), code), ("CUDA_ERROR_NO_DEVICE", 100));
+            }
+            other => panic!("expected CUDA_ERROR_NO_DEVICE, got {other:?}"),
+        }
+        let probe = portalloc::backends::cuda::probe_with(&[fake.path()]);
+        assert_eq!(probe.device_count, 0);
+        assert!(probe
+            .error
+            .unwrap()
+            .starts_with("CUDA_ERROR_NO_DEVICE (100)"));
+
+        let Some(fake) = Fake::new() else { return };
+        fake.configure(2, 0, 0, 0);
+        let driver = fake.driver();
+        match CudaDevice::open(Arc::clone(&driver), 7) {
+            Err(Error::InvalidArgument { reason, .. }) => {
+                assert!(reason.contains("ordinal 7"), "{reason}");
+                assert!(reason.contains(&fake.path()), "{reason}");
+                assert!(reason.contains("2 device(s)"), "{reason}");
+            }
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
+        let all = CudaDevice::open_all(driver).unwrap();
+        assert_eq!(all.len(), 2);
+        assert_eq!(all[1].info().ordinal, 1);
+        drop(all);
+        fake.assert_empty();
+    }
+
+    #[test]
+    fn a_library_without_the_driver_api_names_the_missing_symbol() {
+        match Driver::load(&["libm.so.6".into()]) {
+            Err(Error::MissingSymbol {
+                symbol, library, ..
+            }) => {
+                assert_eq!(symbol, "cuInit");
+                assert_eq!(library, "libm.so.6");
+            }
+            other => panic!("expected MissingSymbol, got {other:?}"),
+        }
+    }
+}
+
+mod errors {
+    use super::*;
+
+    #[test]
+    fn out_of_memory_is_device_out_of_memory() {
+        let Some(fake) = Fake::new() else { return };
+        let device = fake.device(64 * MIB);
+        match device.alloc(65 * MIB) {
+            Err(Error::DeviceOutOfMemory {
+                backend,
+                requested,
+                free,
+            }) => {
+                assert_eq!((backend, requested, free), ("cuda", 65 * MIB, 64 * MIB));
+            }
+            other => panic!("expected DeviceOutOfMemory, got {other:?}"),
+        }
+        // An injected OOM from a call that would have succeeded maps the same way.
+        fake.fail("cuMemAlloc_v2", 1, 2);
+        assert!(matches!(
+            device.alloc(MIB),
+            Err(Error::DeviceOutOfMemory { .. })
+        ));
+        let p = device.alloc(MIB).unwrap();
+        device.free(p, MIB).unwrap();
+        drop(device);
+        fake.assert_empty();
+    }
+
+    #[test]
+    fn other_codes_carry_the_drivers_name_and_text() {
+        let Some(fake) = Fake::new() else { return };
+        let device = fake.device(64 * MIB);
+        fake.fail("cuMemAlloc_v2", 1, 999);
+        match device.alloc(MIB) {
+            Err(Error::Driver {
+                backend,
+                call,
+                code,
+                name,
+                message,
+            }) => {
+                assert_eq!((backend, call, code), ("cuda", "cuMemAlloc_v2", 999));
+                assert_eq!(name, "CUDA_ERROR_UNKNOWN");
+                assert_eq!(message, "unknown error");
+            }
+            other => panic!("expected Driver, got {other:?}"),
+        }
+        // A code the driver has no name for gets a made-up one, no panic.
+        fake.fail("cuMemGetInfo_v2", 1, 12_345);
+        match device.mem_info() {
+            Err(Error::Driver { name, code, .. }) => {
+                assert_eq!((name.as_str(), code), ("CUDA_ERROR_12345", 12_345));
+            }
+            other => panic!("expected Driver, got {other:?}"),
+        }
+        // A failed free keeps the allocation, and the retry frees it.
+        let p = device.alloc(MIB).unwrap();
+        fake.fail("cuMemFree_v2", 1, 700);
+        assert!(matches!(
+            device.free(p, MIB),
+            Err(Error::Driver { code: 700, .. })
+        ));
+        assert_eq!(device.census().allocations, 1);
+        device.free(p, MIB).unwrap();
+        // Pointers the device never handed out are refused before the driver sees them.
+        assert!(matches!(
+            device.free(p, MIB),
+            Err(Error::UnknownPointer {
+                what: "allocation",
+                ..
+            })
+        ));
+        assert!(matches!(device.alloc(0), Err(Error::InvalidSize { .. })));
+        drop(device);
+        fake.assert_empty();
+    }
+
+    #[test]
+    fn a_failed_context_switch_is_an_error_not_a_crash() {
+        let Some(fake) = Fake::new() else { return };
+        let device = Arc::new(fake.device(64 * MIB));
+        fake.fail("cuCtxSetCurrent", 0, 201);
+        // A new thread has no current context: the shim must set it, and that fails.
+        let d = Arc::clone(&device);
+        let r = std::thread::spawn(move || d.alloc(MIB)).join().unwrap();
+        match r {
+            Err(Error::Driver { name, call, .. }) => {
+                assert_eq!(
+                    (name.as_str(), call),
+                    ("CUDA_ERROR_INVALID_CONTEXT", "cuCtxSetCurrent")
+                );
+            }
+            other => panic!("expected INVALID_CONTEXT, got {other:?}"),
+        }
+        fake.clear_failures();
+        drop(device);
+        fake.assert_empty();
+    }
+}
+
+mod contexts {
+    use super::*;
+
+    #[test]
+    fn every_thread_gets_the_devices_context() {
+        let Some(fake) = Fake::new() else { return };
+        fake.configure(2, 256 * MIB, 0, 0);
+        let driver = fake.driver();
+        let d0 = Arc::new(CudaDevice::open(Arc::clone(&driver), 0).unwrap());
+        let d1 = Arc::new(CudaDevice::open(Arc::clone(&driver), 1).unwrap());
+        // Interleave the two devices on fresh threads: each call lands on its own device.
+        let handles: Vec<_> = (0..4)
+            .map(|t| {
+                let (d0, d1) = (Arc::clone(&d0), Arc::clone(&d1));
+                std::thread::spawn(move || {
+                    let a = d1.alloc(MIB * (t + 1)).unwrap();
+                    let b = d0.alloc(MIB).unwrap();
+                    (a, b, t)
+                })
+            })
+            .collect();
+        let got: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        assert_eq!(fake.device_used(0), 4 * MIB);
+        assert_eq!(fake.device_used(1), 10 * MIB);
+        for (a, b, t) in got {
+            d1.free(a, MIB * (t + 1)).unwrap();
+            d0.free(b, MIB).unwrap();
+        }
+        assert_eq!(fake.live("contexts"), 2);
+        drop((d0, d1));
+        fake.assert_empty();
+    }
+}
+
+mod virtual_memory {
+    use super::*;
+
+    #[test]
+    fn reserve_create_map_access_unmap_release() {
+        let Some(fake) = Fake::new() else { return };
+        let device = fake.device(64 * MIB);
+        let vm = device.virtual_memory().unwrap();
+        let g = vm.granularity();
+        assert_eq!(g, 2 * MIB);
+        let va = vm.reserve(8 * g, 0).unwrap();
+        assert_eq!(va % g, 0);
+        let h = vm.create_physical(2 * g).unwrap();
+        assert_eq!(fake.device_used(0), 2 * g, "physical memory counts");
+        vm.map(va, 2 * g, h, 0).unwrap();
+        vm.map(va + 4 * g, g, h, g).unwrap();
+        vm.set_access(va, 2 * g).unwrap();
+        vm.set_access(va + 4 * g, g).unwrap();
+        // SAFETY: [va, va + 2g) is mapped read-write host memory in the conformance driver.
+        unsafe {
+            std::ptr::write_bytes(va as *mut u8, 0xab, (2 * g) as usize);
+            // Two mappings of one handle see the same bytes: offset g of the handle.
+            assert_eq!(*((va + 4 * g) as *const u8), 0xab);
+        }
+        assert_eq!(fake.live("mappings"), 2);
+        // Releasing a mapped handle defers the free to the last unmap.
+        vm.release_physical(h).unwrap();
+        assert_eq!(fake.live("handles"), 1);
+        vm.unmap(va, 2 * g).unwrap();
+        vm.unmap(va + 4 * g, g).unwrap();
+        assert_eq!(fake.live("handles"), 0);
+        vm.free_reservation(va, 8 * g).unwrap();
+        assert!(device.census().is_empty());
+        drop(device);
+        fake.assert_empty();
+    }
+
+    #[test]
+    fn bad_arguments_are_typed_errors() {
+        let Some(fake) = Fake::new() else { return };
+        let device = fake.device(64 * MIB);
+        let vm = device.virtual_memory().unwrap();
+        let g = vm.granularity();
+        assert!(matches!(
+            vm.reserve(g + 1, 0),
+            Err(Error::InvalidArgument { .. })
+        ));
+        assert!(matches!(
+            vm.reserve(g, 3),
+            Err(Error::InvalidArgument { .. })
+        ));
+        assert!(matches!(
+            vm.create_physical(0),
+            Err(Error::InvalidArgument { .. })
+        ));
+        assert!(matches!(
+            vm.release_physical(PhysicalHandle(77)),
+            Err(Error::UnknownPointer { .. })
+        ));
+        let va = vm.reserve(4 * g, 0).unwrap();
+        let h = vm.create_physical(g).unwrap();
+        // Past the handle's end: the driver refuses, with its own name.
+        match vm.map(va, 2 * g, h, 0) {
+            Err(Error::Driver { name, call, .. }) => {
+                assert_eq!(
+                    (name.as_str(), call),
+                    ("CUDA_ERROR_INVALID_VALUE", "cuMemMap")
+                );
+            }
+            other => panic!("expected Driver, got {other:?}"),
+        }
+        vm.map(va, g, h, 0).unwrap();
+        assert!(matches!(
+            vm.free_reservation(va, 4 * g),
+            Err(Error::InvalidArgument { .. })
+        ));
+        // Too much physical memory: device OOM.
+        assert!(matches!(
+            vm.create_physical(64 * MIB),
+            Err(Error::DeviceOutOfMemory { .. })
+        ));
+        vm.unmap(va, g).unwrap();
+        vm.release_physical(h).unwrap();
+        vm.free_reservation(va, 4 * g).unwrap();
+        drop(device);
+        fake.assert_empty();
+    }
+
+    #[test]
+    fn dropping_the_device_returns_what_it_held() {
+        let Some(fake) = Fake::new() else { return };
+        let device = fake.device(64 * MIB);
+        let vm = device.virtual_memory().unwrap();
+        let g = vm.granularity();
+        let va = vm.reserve(4 * g, 0).unwrap();
+        let h = vm.create_physical(g).unwrap();
+        vm.map(va, g, h, 0).unwrap();
+        let _leaked = device.alloc(1234).unwrap();
+        let _stream = device.create_stream().unwrap();
+        let _event = device.create_event().unwrap();
+        let pool = device.stream_ordered_pool().unwrap();
+        let _p = pool.alloc_async(4096, Stream::DEFAULT).unwrap();
+        assert!(fake.live("bytes") > 0);
+        drop(device);
+        fake.assert_empty();
+    }
+}
+
+mod pools_streams_events {
+    use super::*;
+
+    #[test]
+    fn pool_allocates_counts_trims_and_releases_above_threshold() {
+        let Some(fake) = Fake::new() else { return };
+        let device = fake.device(64 * MIB);
+        let pool = device.stream_ordered_pool().unwrap();
+        let s = device.create_stream().unwrap();
+        assert_eq!(pool.release_threshold().unwrap(), 0);
+        let a = pool.alloc_async(3 * MIB, s).unwrap();
+        let b = pool.alloc_async(MIB, Stream::DEFAULT).unwrap();
+        let u = pool.usage().unwrap();
+        assert_eq!(u.used_current, 4 * MIB);
+        assert_eq!(u.reserved_current, 4 * MIB);
+        pool.free_async(a, s).unwrap();
+        // Freed memory stays in the pool until a synchronisation, then goes (threshold 0).
+        assert_eq!(pool.usage().unwrap().used_current, MIB);
+        assert_eq!(pool.usage().unwrap().reserved_current, 4 * MIB);
+        device.synchronize_stream(s).unwrap();
+        assert_eq!(pool.usage().unwrap().reserved_current, MIB);
+        // With a threshold the pool keeps memory; trim_to gives it back.
+        pool.set_release_threshold(16 * MIB).unwrap();
+        assert_eq!(pool.release_threshold().unwrap(), 16 * MIB);
+        let c = pool.alloc_async(8 * MIB, s).unwrap();
+        pool.free_async(c, s).unwrap();
+        device.synchronize_stream(s).unwrap();
+        assert_eq!(pool.usage().unwrap().reserved_current, 9 * MIB);
+        pool.trim_to(0).unwrap();
+        let u = pool.usage().unwrap();
+        assert_eq!((u.reserved_current, u.used_current), (MIB, MIB));
+        assert_eq!(u.used_high, 9 * MIB);
+        assert!(matches!(
+            pool.free_async(12345, s),
+            Err(Error::UnknownPointer { .. })
+        ));
+        assert!(matches!(
+            pool.alloc_async(MIB, Stream(0xdead)),
+            Err(Error::UnknownPointer { what: "stream", .. })
+        ));
+        assert!(matches!(
+            pool.alloc_async(65 * MIB, s),
+            Err(Error::DeviceOutOfMemory { .. })
+        ));
+        pool.free_async(b, Stream::DEFAULT).unwrap();
+        device.synchronize_stream(Stream::DEFAULT).unwrap();
+        device.destroy_stream(s).unwrap();
+        drop(device);
+        fake.assert_empty();
+    }
+
+    #[test]
+    fn events_in_flight_complete_when_synchronised() {
+        let Some(fake) = Fake::new() else { return };
+        let device = fake.device(64 * MIB);
+        let s = device.create_stream().unwrap();
+        let e = device.create_event().unwrap();
+        assert!(
+            device.event_complete(e).unwrap(),
+            "never recorded: complete"
+        );
+        fake.hold_events(true);
+        device.record_event(e, s).unwrap();
+        assert!(!device.event_complete(e).unwrap(), "held in flight");
+        device.synchronize_event(e).unwrap();
+        assert!(device.event_complete(e).unwrap());
+        device.record_event(e, s).unwrap();
+        assert!(!device.event_complete(e).unwrap());
+        device.synchronize_stream(s).unwrap();
+        assert!(device.event_complete(e).unwrap());
+        fake.hold_events(false);
+        assert!(matches!(
+            device.destroy_stream(Stream::DEFAULT),
+            Err(Error::InvalidArgument { .. })
+        ));
+        device.destroy_event(e).unwrap();
+        assert!(matches!(
+            device.event_complete(e),
+            Err(Error::UnknownPointer { what: "event", .. })
+        ));
+        device.destroy_stream(s).unwrap();
+        assert!(matches!(
+            device.synchronize_stream(s),
+            Err(Error::UnknownPointer { what: "stream", .. })
+        ));
+        drop(device);
+        fake.assert_empty();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Strategies over the CUDA device on the conformance driver
+// ---------------------------------------------------------------------------------------------
+
+mod strategies {
+    use super::*;
+
+    /// Capacity of the fake device; the allocators get 3/4 of it.
+    const CAPACITY: u64 = 64 * MIB;
+    const LIMIT: u64 = 48 * MIB;
+
+    struct Subject {
+        allocator: Box<dyn Allocator>,
+        device: Arc<CudaDevice>,
+        fake: Fake,
+    }
+
+    fn config(strategy: StrategyKind, preallocate: bool) -> Config {
+        Config::builder()
+            .ignore_env()
+            .strategy(strategy)
+            .preallocate(preallocate)
+            .mem_fraction(0.75)
+            .build()
+            .unwrap()
+    }
+
+    fn subject(strategy: StrategyKind, preallocate: bool) -> Option<Subject> {
+        let fake = Fake::new()?;
+        let device = Arc::new(fake.device(CAPACITY));
+        let allocator = portalloc::strategy::build(
+            &config(strategy, preallocate),
+            Arc::clone(&device) as Arc<dyn Device>,
+        )
+        .unwrap();
+        Some(Subject {
+            allocator,
+            device,
+            fake,
+        })
+    }
+
+    impl Subject {
+        fn invariants(&self) {
+            self.allocator
+                .check_invariants()
+                .unwrap_or_else(|e| panic!("{}: invariant broken: {e}", self.allocator.name()));
+        }
+
+        fn free_all(&self, live: Vec<Allocation>) {
+            for a in live {
+                self.allocator.deallocate(a).unwrap();
+                self.invariants();
+            }
+        }
+
+        /// Drops the allocator and the device; the driver must hold nothing after.
+        fn finish(self) {
+            let Subject {
+                allocator,
+                device,
+                fake,
+            } = self;
+            drop(allocator);
+            assert_eq!(Arc::strong_count(&device), 1, "the device is still shared");
+            drop(device);
+            fake.assert_empty();
+        }
+    }
+
+    fn zero_size_is_empty(s: Subject) {
+        let before = s.fake.live("allocations");
+        let a = s.allocator.allocate(0, 0, Stream::DEFAULT, "t").unwrap();
+        assert!(a.is_empty());
+        assert_eq!(a.ptr(), 0);
+        assert_eq!(
+            s.fake.live("allocations"),
+            before,
+            "zero bytes made a device call"
+        );
+        s.allocator.deallocate(a).unwrap();
+        s.finish();
+    }
+
+    fn aligned_disjoint_usable(s: Subject) {
+        let sizes = [1u64, 255, 256, 257, 4096, 100_000, MIB, 3 * MIB + 5];
+        let mut live = Vec::new();
+        for (i, &size) in sizes.iter().enumerate() {
+            let a = s
+                .allocator
+                .allocate(size, 0, Stream::DEFAULT, "buffer")
+                .unwrap();
+            assert_eq!(a.size(), size);
+            assert_eq!(
+                a.ptr() % 256,
+                0,
+                "{size} B at {:#x} is not 256-aligned",
+                a.ptr()
+            );
+            // SAFETY: the conformance driver's device memory is host memory; this allocation
+            // is `size` bytes owned by this test.
+            unsafe { std::ptr::write_bytes(a.ptr() as *mut u8, i as u8 + 1, size as usize) };
+            s.invariants();
+            live.push(a);
+        }
+        let mut ranges: Vec<(u64, u64)> =
+            live.iter().map(|a| (a.ptr(), a.ptr() + a.size())).collect();
+        ranges.sort();
+        for w in ranges.windows(2) {
+            assert!(w[0].1 <= w[1].0, "overlap: {:x?} and {:x?}", w[0], w[1]);
+        }
+        for (i, a) in live.iter().enumerate() {
+            // SAFETY: as above.
+            let bytes =
+                unsafe { std::slice::from_raw_parts(a.ptr() as *const u8, a.size() as usize) };
+            assert!(
+                bytes.iter().all(|&b| b == i as u8 + 1),
+                "allocation {i} overwritten"
+            );
+        }
+        assert_eq!(s.allocator.stats().num_allocs, sizes.len() as u64);
+        s.free_all(live);
+        assert_eq!(s.allocator.stats().bytes_in_use, 0);
+        s.finish();
+    }
+
+    fn alignment_rules(s: Subject) {
+        for alignment in [1u64, 2, 256, 512, 4096, 65536] {
+            match s.allocator.allocate(1000, alignment, Stream::DEFAULT, "t") {
+                Ok(a) => {
+                    assert_eq!(a.ptr() % alignment.max(256), 0);
+                    s.allocator.deallocate(a).unwrap();
+                }
+                Err(Error::InvalidAlignment { max, .. }) => assert!(alignment > max),
+                Err(e) => panic!("alignment {alignment}: {e}"),
+            }
+        }
+        for alignment in [3u64, 100, 257, u64::MAX] {
+            assert!(matches!(
+                s.allocator.allocate(1000, alignment, Stream::DEFAULT, "t"),
+                Err(Error::InvalidAlignment { .. })
+            ));
+        }
+        s.invariants();
+        s.finish();
+    }
+
+    fn impossible_sizes(s: Subject) {
+        for size in [u64::MAX, u64::MAX - 255, CAPACITY * 2, LIMIT + 1] {
+            let e = s
+                .allocator
+                .allocate(size, 0, Stream::DEFAULT, "t")
+                .expect_err("impossible size served");
+            assert!(
+                matches!(e, Error::InvalidSize { .. } | Error::ExceedsLimit { .. })
+                    || e.is_out_of_memory(),
+                "size {size}: {e}"
+            );
+            s.invariants();
+        }
+        let a = s.allocator.allocate(MIB, 0, Stream::DEFAULT, "t").unwrap();
+        s.allocator.deallocate(a).unwrap();
+        s.finish();
+    }
+
+    fn exhaustion_and_recovery(s: Subject) {
+        let mut live = Vec::new();
+        let e = loop {
+            match s.allocator.allocate(4 * MIB, 0, Stream::DEFAULT, "t") {
+                Ok(a) => live.push(a),
+                Err(e) => break e,
+            }
+            assert!(live.len() < 1000, "never ran out");
+        };
+        assert!(e.is_out_of_memory(), "expected out of memory, got {e}");
+        assert!(live.len() as u64 * 4 * MIB <= LIMIT);
+        s.invariants();
+        s.free_all(live);
+        let a = s
+            .allocator
+            .allocate(4 * MIB, 0, Stream::DEFAULT, "t")
+            .unwrap();
+        s.allocator.deallocate(a).unwrap();
+        s.finish();
+    }
+
+    fn trim_and_drop_return_everything(s: Subject) {
+        let live: Vec<_> = (1..=5)
+            .map(|i| {
+                s.allocator
+                    .allocate(i * MIB, 0, Stream::DEFAULT, "t")
+                    .unwrap()
+            })
+            .collect();
+        s.free_all(live);
+        s.allocator.trim().unwrap();
+        assert_eq!(s.allocator.stats().pool_bytes, 0, "trim() kept memory");
+        assert_eq!(s.fake.live("bytes"), 0, "trim() left device memory");
+        let _leak = s
+            .allocator
+            .allocate(MIB, 0, Stream::DEFAULT, "leak")
+            .unwrap();
+        s.finish();
+    }
+
+    fn threads_share_one_allocator(s: Subject) {
+        std::thread::scope(|scope| {
+            for t in 0..4u64 {
+                let s = &s;
+                scope.spawn(move || {
+                    let mut live = Vec::new();
+                    for i in 0..200u64 {
+                        let size = 256 + ((i * 7919 + t * 104_729) % (256 * 1024));
+                        if let Ok(a) = s.allocator.allocate(size, 0, Stream::DEFAULT, "t") {
+                            live.push(a);
+                        }
+                        if i % 3 == 2 && !live.is_empty() {
+                            let a = live.swap_remove((i as usize) % live.len());
+                            s.allocator.deallocate(a).unwrap();
+                        }
+                    }
+                    for a in live {
+                        s.allocator.deallocate(a).unwrap();
+                    }
+                });
+            }
+        });
+        s.invariants();
+        assert_eq!(s.allocator.stats().bytes_in_use, 0);
+        s.finish();
+    }
+
+    macro_rules! conformance {
+        ($($name:ident => ($strategy:expr, $prealloc:expr)),* $(,)?) => {$(
+            mod $name {
+                use super::*;
+                fn s() -> Option<Subject> { subject($strategy, $prealloc) }
+                #[test] fn zero_size() { if let Some(s) = s() { zero_size_is_empty(s) } }
+                #[test] fn aligned_disjoint() { if let Some(s) = s() { aligned_disjoint_usable(s) } }
+                #[test] fn alignment() { if let Some(s) = s() { alignment_rules(s) } }
+                #[test] fn impossible() { if let Some(s) = s() { impossible_sizes(s) } }
+                #[test] fn exhaustion() { if let Some(s) = s() { exhaustion_and_recovery(s) } }
+                #[test] fn trim_and_drop() { if let Some(s) = s() { trim_and_drop_return_everything(s) } }
+                #[test] fn threads() { if let Some(s) = s() { threads_share_one_allocator(s) } }
+            }
+        )*};
+    }
+
+    conformance! {
+        bfc_preallocated => (StrategyKind::Bfc, true),
+        bfc_growing => (StrategyKind::Bfc, false),
+        platform => (StrategyKind::Platform, false),
+    }
+
+    #[test]
+    fn bfc_backs_off_when_the_device_refuses() {
+        let Some(s) = subject(StrategyKind::Bfc, false) else {
+            return;
+        };
+        // Growth asks the device for a region; the first attempt is refused with OOM and
+        // bfc retries smaller (×0.9) instead of failing.
+        s.fake.fail("cuMemAlloc_v2", 1, 2);
+        let a = s.allocator.allocate(MIB, 0, Stream::DEFAULT, "t").unwrap();
+        s.invariants();
+        s.allocator.deallocate(a).unwrap();
+        // A non-OOM failure is surfaced as the driver's typed error, not retried.
+        let big = s.allocator.stats().pool_bytes + MIB;
+        s.fake.fail("cuMemAlloc_v2", 1, 999);
+        match s.allocator.allocate(big, 0, Stream::DEFAULT, "t") {
+            Err(e) => {
+                let text = e.to_string();
+                assert!(
+                    matches!(e, Error::Driver { .. }) || text.contains("CUDA_ERROR_UNKNOWN"),
+                    "{text}"
+                );
+            }
+            Ok(a) => panic!("the injected failure was not seen: {a:?}"),
+        }
+        s.invariants();
+        s.finish();
+    }
+
+    #[test]
+    fn platform_reports_device_oom() {
+        let Some(s) = subject(StrategyKind::Platform, false) else {
+            return;
+        };
+        s.fake.fail("cuMemAlloc_v2", 1, 2);
+        let e = s
+            .allocator
+            .allocate(MIB, 0, Stream::DEFAULT, "t")
+            .unwrap_err();
+        assert!(e.is_out_of_memory(), "{e}");
+        let a = s.allocator.allocate(MIB, 0, Stream::DEFAULT, "t").unwrap();
+        s.allocator.deallocate(a).unwrap();
+        s.finish();
+    }
+
+    #[test]
+    fn vmm_strategy_runs_on_the_cuda_vmm_api() {
+        let Some(s) = subject(StrategyKind::Vmm, false) else {
+            return;
+        };
+        let sizes = [1000u64, 3 * MIB, 5 * MIB + 17, 256];
+        let live: Vec<_> = sizes
+            .iter()
+            .map(|&n| s.allocator.allocate(n, 0, Stream::DEFAULT, "t").unwrap())
+            .collect();
+        for a in &live {
+            // SAFETY: mapped read-write host memory in the conformance driver, owned here.
+            unsafe { std::ptr::write_bytes(a.ptr() as *mut u8, 7, a.size() as usize) };
+        }
+        assert!(s.fake.live("mappings") > 0);
+        s.free_all(live);
+        s.allocator.trim().unwrap();
+        // A failing cuMemCreate surfaces as an error value.
+        s.fake.fail("cuMemCreate", 1, 999);
+        assert!(s.allocator.allocate(MIB, 0, Stream::DEFAULT, "t").is_err());
+        s.invariants();
+        s.finish();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Discovery
+// ---------------------------------------------------------------------------------------------
+
+/// Discovery reads `PORTALLOC_CUDA_LIBRARY` from the process environment: one test at a time.
+static ENV: Mutex<()> = Mutex::new(());
+
+#[test]
+fn discovery_chooses_cuda_and_opens_every_device() {
+    let Some(fake) = Fake::new() else { return };
+    let _guard = ENV.lock().unwrap_or_else(|p| p.into_inner());
+    fake.configure(2, 512 * MIB, 0, 0);
+    std::env::set_var("PORTALLOC_CUDA_LIBRARY", fake.path());
+    let config = Config::builder()
+        .ignore_env()
+        .strategy(StrategyKind::Bfc)
+        .preallocate(false)
+        .build()
+        .unwrap();
+    let result = portalloc::Portalloc::from_config(config);
+    std::env::remove_var("PORTALLOC_CUDA_LIBRARY");
+    let p = result.unwrap();
+    assert_eq!(p.discovery.chosen, Vendor::Cuda);
+    assert_eq!(p.discovery.devices.len(), 2);
+    assert_eq!(p.allocators.len(), 2);
+    let cuda = p
+        .discovery
+        .candidates
+        .iter()
+        .find(|c| c.backend == Vendor::Cuda)
+        .unwrap();
+    assert_eq!(cuda.decision, portalloc::discover::Decision::Chosen);
+    let probe = cuda.probe.as_ref().unwrap();
+    assert_eq!(probe.library.as_deref(), Some(fake.path().as_str()));
+    assert_eq!(probe.driver_version.as_deref(), Some("12.2"));
+    assert_eq!(probe.device_count, 2);
+    for (ordinal, device) in p.discovery.devices.iter().enumerate() {
+        assert_eq!(device.info().vendor, Vendor::Cuda);
+        assert_eq!(device.info().ordinal, ordinal as u32);
+    }
+    let a = p.allocators[1]
+        .allocate(MIB, 0, Stream::DEFAULT, "t")
+        .unwrap();
+    assert!(fake.device_used(1) >= MIB);
+    assert_eq!(fake.device_used(0), 0);
+    p.allocators[1].deallocate(a).unwrap();
+    drop(p);
+    fake.assert_empty();
+}
+
+// ---------------------------------------------------------------------------------------------
+// cudarc interop (feature `cudarc`)
+// ---------------------------------------------------------------------------------------------
+
+/// cudarc loads the driver with its own loader, by name (`libcuda.so`, …), once per process.
+/// So the check runs in a child process of this test binary whose `LD_LIBRARY_PATH` leads
+/// cudarc to the conformance driver, under the name `libcuda.so`, and `PORTALLOC_CUDA_LIBRARY`
+/// leads portalloc to the same file: one driver instance, shared by both, as libcuda is.
+#[cfg(feature = "cudarc")]
+mod cudarc_interop {
+    use portalloc::backends::cuda::cudarc::{stream_of, PortallocSlice};
+
+    use super::*;
+
+    const CHILD: &str = "PORTALLOC_TEST_CUDARC_CHILD";
+
+    #[test]
+    fn a_portalloc_allocation_works_as_a_cudarc_slice_without_double_free() {
+        let Some(built) = option_env!("PORTALLOC_TEST_DRIVER_FAKECUDA") else {
+            eprintln!("skipping: the conformance driver was not built (no C compiler)");
+            return;
+        };
+        let dir = std::env::temp_dir().join(format!("portalloc-cudarc-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let lib = dir.join("libcuda.so");
+        std::fs::copy(built, &lib).unwrap();
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "cudarc_interop::child",
+                "--ignored",
+                "--nocapture",
+            ])
+            .env(CHILD, "1")
+            .env("LD_LIBRARY_PATH", &dir)
+            .env("PORTALLOC_CUDA_LIBRARY", &lib)
+            .output()
+            .unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "the child failed:\n{text}");
+        assert!(
+            text.contains("cudarc interop: ok"),
+            "the child did not run:\n{text}"
+        );
+    }
+
+    /// Run by the test above in a child process; does nothing when run directly.
+    #[test]
+    #[ignore = "run as a child process by the test above"]
+    fn child() {
+        if std::env::var_os(CHILD).is_none() {
+            return;
+        }
+        let path = PathBuf::from(std::env::var("PORTALLOC_CUDA_LIBRARY").unwrap());
+        let fake = Fake::at(path);
+        fake.configure(1, 64 * MIB, 0, 0);
+        let device =
+            Arc::new(CudaDevice::open(Arc::new(Driver::load_default().unwrap()), 0).unwrap());
+        let config = Config::builder()
+            .ignore_env()
+            .strategy(StrategyKind::Bfc)
+            .preallocate(false)
+            .build()
+            .unwrap();
+        let allocator = portalloc::strategy::build(&config, device as Arc<dyn Device>).unwrap();
+
+        let ctx = cudarc::driver::CudaContext::new(0).unwrap();
+        assert_eq!(
+            fake.live("contexts"),
+            2,
+            "cudarc and portalloc share the primary context"
+        );
+        let stream = ctx.default_stream();
+        assert_eq!(stream_of(&stream), Stream::DEFAULT);
+        let host: Vec<f32> = (0..4096).map(|i| i as f32 * 0.5).collect();
+        let mut buffer =
+            PortallocSlice::<f32>::alloc(allocator.as_ref(), host.len(), &stream).unwrap();
+        assert_eq!(buffer.len(), host.len());
+        stream.memcpy_htod(&host, buffer.as_slice_mut()).unwrap();
+        assert_eq!(stream.clone_dtoh(buffer.as_slice()).unwrap(), host);
+        assert_eq!(stream.clone_dtoh(&buffer.view()).unwrap(), host);
+        let allocations_before = fake.live("allocations");
+        let allocation = buffer.into_allocation();
+        assert_eq!(
+            fake.live("allocations"),
+            allocations_before,
+            "cudarc freed nothing"
+        );
+        // Too small to lend: refused, and the allocation comes back.
+        let refused = PortallocSlice::<f64>::lend(allocator.as_ref(), allocation, 1 << 20, &stream)
+            .unwrap_err();
+        let (error, allocation) = *refused;
+        assert!(matches!(error, Error::InvalidArgument { .. }), "{error}");
+        allocator.deallocate(allocation).unwrap();
+        // Dropping a slice hands it back to portalloc once.
+        let slice = PortallocSlice::<u8>::alloc(allocator.as_ref(), 1000, &stream).unwrap();
+        drop(slice);
+        assert_eq!(allocator.stats().bytes_in_use, 0);
+        stream.synchronize().unwrap();
+        drop(stream);
+        drop(ctx);
+        drop(allocator);
+        fake.assert_empty();
+        println!("cudarc interop: ok");
+    }
+}

@@ -1,0 +1,1158 @@
+/*
+ * fakecuda: a conformance driver for portalloc's CUDA backend.
+ *
+ * A small C library that exports the CUDA driver API symbols portalloc resolves (with the
+ * `_v2` names libcuda exports) over host memory, so the real shim — loading, symbol
+ * resolution, context handling, error mapping, every strategy — runs without a GPU. It
+ * follows the driver's rules where portalloc depends on them:
+ *
+ *   - nothing but cuDriverGetVersion / cuGetErrorName / cuGetErrorString works before cuInit
+ *     (CUDA_ERROR_NOT_INITIALIZED); cuInit with no devices is CUDA_ERROR_NO_DEVICE;
+ *   - memory, stream, event and pool calls act on the calling thread's *current* context and
+ *     fail with CUDA_ERROR_INVALID_CONTEXT when there is none (or it was released), so a shim
+ *     that forgets cuCtxSetCurrent on a new thread fails here as it would on a GPU;
+ *   - each device has a capacity; allocations, physical handles and pool memory are charged
+ *     against it and CUDA_ERROR_OUT_OF_MEMORY comes back past it;
+ *   - virtual memory is the driver's model over mmap + memfd: cuMemAddressReserve reserves
+ *     PROT_NONE address space, cuMemCreate makes a memory file, cuMemMap maps it MAP_FIXED
+ *     without access, cuMemSetAccess grants read-write, cuMemUnmap must cover whole
+ *     mappings, cuMemRelease of a mapped handle defers the free to the last unmap;
+ *   - pools hand out memory stream-ordered (work is synchronous here), keep freed memory
+ *     cached, give back what is above the release threshold at the next synchronisation, and
+ *     answer the RESERVED/USED_MEM_CURRENT/HIGH attributes;
+ *   - events complete when recorded, unless held "in flight" (fakecuda_hold_events).
+ *
+ * Configuration: environment variables read at load (FAKECUDA_DEVICES, default 1;
+ * FAKECUDA_CAPACITY bytes, default 1 GiB; FAKECUDA_GRANULARITY, default 2 MiB;
+ * FAKECUDA_VERSION, default 12020), or fakecuda_configure() before cuInit.
+ * Fault injection and inspection through exported functions (fakecuda_*), below.
+ *
+ * Built twice by build.rs: this file (libfakecuda.so) and fakecuda_old.c, which defines
+ * FAKECUDA_OLD and includes it (libfakecuda_old.so): a CUDA 10.1 driver without the virtual
+ * memory and pool symbols.
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef unsigned long long CUmemGenericAllocationHandle;
+
+#define CUDA_SUCCESS 0
+#define CUDA_ERROR_INVALID_VALUE 1
+#define CUDA_ERROR_OUT_OF_MEMORY 2
+#define CUDA_ERROR_NOT_INITIALIZED 3
+#define CUDA_ERROR_NO_DEVICE 100
+#define CUDA_ERROR_INVALID_DEVICE 101
+#define CUDA_ERROR_INVALID_CONTEXT 201
+#define CUDA_ERROR_INVALID_HANDLE 400
+#define CUDA_ERROR_NOT_READY 600
+#define CUDA_ERROR_NOT_SUPPORTED 801
+#define CUDA_ERROR_UNKNOWN 999
+
+#define MAX_DEVICES 8
+#define MAX_RULES 16
+
+/* ---- The header's structs, as portalloc's sys crate declares them ---- */
+
+typedef struct {
+  unsigned int type;
+  int id;
+} CUmemLocation;
+
+typedef struct {
+  unsigned int type;
+  unsigned int requestedHandleTypes;
+  CUmemLocation location;
+  void *win32HandleMetaData;
+  struct {
+    unsigned char compressionType;
+    unsigned char gpuDirectRDMACapable;
+    unsigned short usage;
+    unsigned char reserved[4];
+  } allocFlags;
+} CUmemAllocationProp;
+
+typedef struct {
+  CUmemLocation location;
+  unsigned int flags;
+} CUmemAccessDesc;
+
+typedef struct {
+  unsigned int allocType;
+  unsigned int handleTypes;
+  CUmemLocation location;
+  void *win32SecurityAttributes;
+  size_t maxSize;
+  unsigned char reserved[56];
+} CUmemPoolProps;
+
+_Static_assert(sizeof(CUmemAllocationProp) == 32, "CUmemAllocationProp is 32 bytes");
+_Static_assert(sizeof(CUmemAccessDesc) == 12, "CUmemAccessDesc is 12 bytes");
+_Static_assert(sizeof(CUmemPoolProps) == 88, "CUmemPoolProps is 88 bytes");
+
+/* ---- State ---- */
+
+typedef struct ctx {
+  int device;
+  int refcount;
+} ctx_t;
+
+typedef struct alloc {
+  struct alloc *next;
+  unsigned long long ptr, size, charge;
+  int device;
+} alloc_t;
+
+typedef struct handle {
+  struct handle *next;
+  unsigned long long id, size;
+  int device, fd, released, mappings;
+} handle_t;
+
+typedef struct mapping {
+  struct mapping *next;
+  unsigned long long va, size;
+  handle_t *handle;
+} mapping_t;
+
+typedef struct reservation {
+  struct reservation *next;
+  unsigned long long va, size;
+} reservation_t;
+
+typedef struct block {
+  struct block *next;
+  unsigned long long ptr, size;
+  int in_use;
+} block_t;
+
+typedef struct pool {
+  struct pool *next;
+  int device, is_default, destroyed;
+  unsigned long long threshold, reserved, reserved_high, used, used_high;
+  int reuse[3];
+  block_t *blocks;
+} pool_t;
+
+typedef struct stream {
+  struct stream *next;
+  int device;
+} stream_t;
+
+typedef struct event {
+  struct event *next;
+  int device, recorded, pending;
+  stream_t *stream; /* NULL: the legacy default stream */
+} event_t;
+
+typedef struct rule {
+  char name[64];
+  int countdown; /* calls to let through first; -1: fail every call */
+  CUresult code;
+} rule_t;
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static __thread ctx_t *current;
+
+static int configured, initialized, hold_events;
+static int n_devices = 1, version = 12020;
+static unsigned long long capacity = 1ULL << 30, granularity = 2ULL << 20;
+static unsigned long long used[MAX_DEVICES];
+static int attributes[MAX_DEVICES][256];
+static ctx_t contexts[MAX_DEVICES];
+
+static alloc_t *allocs;
+static handle_t *handles;
+static mapping_t *mappings;
+static reservation_t *reservations;
+static pool_t *pools;
+static stream_t *streams;
+static event_t *events;
+static rule_t rules[MAX_RULES];
+
+static unsigned long long env_u64(const char *name, unsigned long long fallback) {
+  const char *v = getenv(name);
+  if (!v || !*v) return fallback;
+  char *end = NULL;
+  unsigned long long x = strtoull(v, &end, 0);
+  return (end && *end == 0) ? x : fallback;
+}
+
+static void configure_defaults(void) {
+  if (configured) return;
+  configured = 1;
+  n_devices = (int)env_u64("FAKECUDA_DEVICES", 1);
+  if (n_devices > MAX_DEVICES) n_devices = MAX_DEVICES;
+  capacity = env_u64("FAKECUDA_CAPACITY", 1ULL << 30);
+  granularity = env_u64("FAKECUDA_GRANULARITY", 2ULL << 20);
+#ifdef FAKECUDA_OLD
+  version = (int)env_u64("FAKECUDA_VERSION", 10010);
+#else
+  version = (int)env_u64("FAKECUDA_VERSION", 12020);
+#endif
+  for (int d = 0; d < MAX_DEVICES; d++) {
+    memset(attributes[d], 0, sizeof attributes[d]);
+    attributes[d][75] = 9; /* compute capability 9.0 */
+    attributes[d][76] = 0;
+#ifndef FAKECUDA_OLD
+    attributes[d][102] = 1; /* virtual memory management */
+    attributes[d][115] = 1; /* memory pools */
+#endif
+    contexts[d].device = d;
+  }
+}
+
+/* Fault injection: returns the code to fail with, or CUDA_SUCCESS. Caller holds the lock. */
+static CUresult injected(const char *name) {
+  for (int i = 0; i < MAX_RULES; i++) {
+    rule_t *r = &rules[i];
+    if (!r->name[0] || strcmp(r->name, name) != 0) continue;
+    if (r->countdown < 0) return r->code;
+    if (r->countdown == 0) {
+      CUresult code = r->code;
+      r->name[0] = 0;
+      return code;
+    }
+    r->countdown--;
+  }
+  return CUDA_SUCCESS;
+}
+
+#define ENTER(name)                                  \
+  pthread_mutex_lock(&lock);                         \
+  configure_defaults();                              \
+  CUresult rc_ = injected(name);                     \
+  if (rc_ != CUDA_SUCCESS) {                         \
+    pthread_mutex_unlock(&lock);                     \
+    return rc_;                                      \
+  }
+#define RETURN(code)                                 \
+  do {                                               \
+    CUresult c_ = (code);                            \
+    pthread_mutex_unlock(&lock);                     \
+    return c_;                                       \
+  } while (0)
+#define NEED_INIT() \
+  if (!initialized) RETURN(CUDA_ERROR_NOT_INITIALIZED)
+/* The device of the current context, or return CUDA_ERROR_INVALID_CONTEXT. */
+#define NEED_CTX(dev)                                          \
+  NEED_INIT();                                                 \
+  if (!current || current->refcount <= 0) RETURN(CUDA_ERROR_INVALID_CONTEXT); \
+  int dev = current->device
+
+static unsigned long long round_up(unsigned long long x, unsigned long long to) {
+  return (x + to - 1) / to * to;
+}
+
+static int charge(int device, unsigned long long bytes) {
+  if (bytes > capacity || used[device] > capacity - bytes) return 0;
+  used[device] += bytes;
+  return 1;
+}
+
+static void *map_anonymous(unsigned long long size) {
+  void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                 -1, 0);
+  return p == MAP_FAILED ? NULL : p;
+}
+
+/* ---- Inspection and fault injection (for the tests, through libloading) ---- */
+
+/* Sets the devices before cuInit: count, capacity (bytes), granularity (bytes), version. A
+ * zero leaves that setting as it is; devices = -1 means none. */
+int fakecuda_configure(int devices, unsigned long long cap, unsigned long long gran, int ver) {
+  pthread_mutex_lock(&lock);
+  configure_defaults();
+  int ok = !initialized;
+  if (ok) {
+    if (devices < 0) n_devices = 0;
+    else if (devices > 0) n_devices = devices > MAX_DEVICES ? MAX_DEVICES : devices;
+    if (cap) capacity = cap;
+    if (gran) granularity = gran;
+    if (ver) version = ver;
+  }
+  pthread_mutex_unlock(&lock);
+  return ok ? 0 : -1;
+}
+
+/* Overrides a device attribute (e.g. 102 = 0: no virtual memory). */
+void fakecuda_set_attribute(int device, int attribute, int value) {
+  pthread_mutex_lock(&lock);
+  configure_defaults();
+  if (device >= 0 && device < MAX_DEVICES && attribute >= 0 && attribute < 256)
+    attributes[device][attribute] = value;
+  pthread_mutex_unlock(&lock);
+}
+
+/* Fails the nth call of `name` from now (1 = the next one) with `code`, once; nth = 0 fails
+ * every call until fakecuda_clear_failures. */
+void fakecuda_fail_call(const char *name, int nth, int code) {
+  pthread_mutex_lock(&lock);
+  for (int i = 0; i < MAX_RULES; i++) {
+    if (rules[i].name[0]) continue;
+    snprintf(rules[i].name, sizeof rules[i].name, "%s", name);
+    rules[i].countdown = nth <= 0 ? -1 : nth - 1;
+    rules[i].code = code;
+    break;
+  }
+  pthread_mutex_unlock(&lock);
+}
+
+void fakecuda_clear_failures(void) {
+  pthread_mutex_lock(&lock);
+  memset(rules, 0, sizeof rules);
+  pthread_mutex_unlock(&lock);
+}
+
+/* While held, recorded events stay in flight (cuEventQuery: CUDA_ERROR_NOT_READY) until
+ * synchronised or released; releasing completes them all. */
+void fakecuda_hold_events(int held) {
+  pthread_mutex_lock(&lock);
+  hold_events = held;
+  if (!held)
+    for (event_t *e = events; e; e = e->next) e->pending = 0;
+  pthread_mutex_unlock(&lock);
+}
+
+/* Live counts by name: allocations, handles (held memory, released-but-mapped included),
+ * mappings, reservations, pools (created ones), pool_blocks (live pool allocations),
+ * pool_reserved (bytes pools hold), streams, events, contexts (primary context references),
+ * bytes (charged on all devices). -1 for an unknown name. */
+long long fakecuda_live(const char *what) {
+  long long n = 0;
+  pthread_mutex_lock(&lock);
+  if (!strcmp(what, "allocations")) {
+    for (alloc_t *a = allocs; a; a = a->next) n++;
+  } else if (!strcmp(what, "handles")) {
+    for (handle_t *h = handles; h; h = h->next) n++;
+  } else if (!strcmp(what, "mappings")) {
+    for (mapping_t *m = mappings; m; m = m->next) n++;
+  } else if (!strcmp(what, "reservations")) {
+    for (reservation_t *r = reservations; r; r = r->next) n++;
+  } else if (!strcmp(what, "pools")) {
+    for (pool_t *p = pools; p; p = p->next) n += !p->is_default && !p->destroyed;
+  } else if (!strcmp(what, "pool_blocks")) {
+    for (pool_t *p = pools; p; p = p->next)
+      for (block_t *b = p->blocks; b; b = b->next) n += b->in_use;
+  } else if (!strcmp(what, "pool_reserved")) {
+    for (pool_t *p = pools; p; p = p->next) n += (long long)p->reserved;
+  } else if (!strcmp(what, "streams")) {
+    for (stream_t *s = streams; s; s = s->next) n++;
+  } else if (!strcmp(what, "events")) {
+    for (event_t *e = events; e; e = e->next) n++;
+  } else if (!strcmp(what, "contexts")) {
+    for (int d = 0; d < MAX_DEVICES; d++) n += contexts[d].refcount;
+  } else if (!strcmp(what, "bytes")) {
+    for (int d = 0; d < MAX_DEVICES; d++) n += (long long)used[d];
+  } else {
+    n = -1;
+  }
+  pthread_mutex_unlock(&lock);
+  return n;
+}
+
+/* Bytes charged on one device. */
+unsigned long long fakecuda_device_used(int device) {
+  pthread_mutex_lock(&lock);
+  unsigned long long n = (device >= 0 && device < MAX_DEVICES) ? used[device] : 0;
+  pthread_mutex_unlock(&lock);
+  return n;
+}
+
+/* ---- Init, version, devices, errors ---- */
+
+CUresult cuInit(unsigned int flags) {
+  ENTER("cuInit");
+  if (flags != 0) RETURN(CUDA_ERROR_INVALID_VALUE);
+  if (n_devices <= 0) RETURN(CUDA_ERROR_NO_DEVICE);
+  initialized = 1;
+  RETURN(CUDA_SUCCESS);
+}
+
+CUresult cuDriverGetVersion(int *v) {
+  ENTER("cuDriverGetVersion");
+  if (!v) RETURN(CUDA_ERROR_INVALID_VALUE);
+  *v = version;
+  RETURN(CUDA_SUCCESS);
+}
+
+CUresult cuDeviceGetCount(int *count) {
+  ENTER("cuDeviceGetCount");
+  NEED_INIT();
+  if (!count) RETURN(CUDA_ERROR_INVALID_VALUE);
+  *count = n_devices;
+  RETURN(CUDA_SUCCESS);
+}
+
+CUresult cuDeviceGet(CUdevice *device, int ordinal) {
+  ENTER("cuDeviceGet");
+  NEED_INIT();
+  if (!device) RETURN(CUDA_ERROR_INVALID_VALUE);
+  if (ordinal < 0 || ordinal >= n_devices) RETURN(CUDA_ERROR_INVALID_DEVICE);
+  *device = ordinal;
+  RETURN(CUDA_SUCCESS);
+}
+
+#define NEED_DEVICE(d) \
+  if ((d) < 0 || (d) >= n_devices) RETURN(CUDA_ERROR_INVALID_DEVICE)
+
+CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
+  ENTER("cuDeviceGetName");
+  NEED_INIT();
+  NEED_DEVICE(dev);
+  if (!name || len <= 0) RETURN(CUDA_ERROR_INVALID_VALUE);
+  snprintf(name, (size_t)len, "FakeCUDA Device %d", dev);
+  RETURN(CUDA_SUCCESS);
+}
+
+CUresult cuDeviceGetAttribute(int *value, int attribute, CUdevice dev) {
+  ENTER("cuDeviceGetAttribute");
+  NEED_INIT();
+  NEED_DEVICE(dev);
+  if (!value || attribute <= 0 || attribute >= 256) RETURN(CUDA_ERROR_INVALID_VALUE);
+  *value = attributes[dev][attribute];
+  RETURN(CUDA_SUCCESS);
+}
+
+CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
+  ENTER("cuDeviceTotalMem_v2");
+  NEED_INIT();
+  NEED_DEVICE(dev);
+  if (!bytes) RETURN(CUDA_ERROR_INVALID_VALUE);
+  *bytes = capacity;
+  RETURN(CUDA_SUCCESS);
+}
+
+static const struct {
+  CUresult code;
+  const char *name, *text;
+} error_table[] = {
+    {0, "CUDA_SUCCESS", "no error"},
+    {1, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
+    {2, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
+    {3, "CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
+    {4, "CUDA_ERROR_DEINITIALIZED", "driver shutting down"},
+    {100, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
+    {101, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
+    {201, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
+    {400, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
+    {500, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
+    {600, "CUDA_ERROR_NOT_READY", "device not ready"},
+    {700, "CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered"},
+    {800, "CUDA_ERROR_NOT_PERMITTED", "operation not permitted"},
+    {801, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
+    {999, "CUDA_ERROR_UNKNOWN", "unknown error"},
+};
+
+static CUresult lookup_error(CUresult error, const char **out, int text) {
+  if (!out) return CUDA_ERROR_INVALID_VALUE;
+  for (size_t i = 0; i < sizeof error_table / sizeof error_table[0]; i++) {
+    if (error_table[i].code == error) {
+      *out = text ? error_table[i].text : error_table[i].name;
+      return CUDA_SUCCESS;
+    }
+  }
+  *out = NULL;
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuGetErrorName(CUresult error, const char **name) { return lookup_error(error, name, 0); }
+CUresult cuGetErrorString(CUresult error, const char **text) { return lookup_error(error, text, 1); }
+
+/* ---- Contexts ---- */
+
+CUresult cuDevicePrimaryCtxRetain(ctx_t **pctx, CUdevice dev) {
+  ENTER("cuDevicePrimaryCtxRetain");
+  NEED_INIT();
+  NEED_DEVICE(dev);
+  if (!pctx) RETURN(CUDA_ERROR_INVALID_VALUE);
+  contexts[dev].refcount++;
+  *pctx = &contexts[dev];
+  RETURN(CUDA_SUCCESS);
+}
+
+static CUresult primary_release(CUdevice dev) {
+  NEED_INIT();
+  NEED_DEVICE(dev);
+  if (contexts[dev].refcount <= 0) RETURN(CUDA_ERROR_INVALID_CONTEXT);
+  contexts[dev].refcount--;
+  RETURN(CUDA_SUCCESS);
+}
+
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+  ENTER("cuDevicePrimaryCtxRelease_v2");
+  return primary_release(dev);
+}
+
+CUresult cuDevicePrimaryCtxRelease(CUdevice dev) {
+  ENTER("cuDevicePrimaryCtxRelease");
+  return primary_release(dev);
+}
+
+CUresult cuCtxGetCurrent(ctx_t **pctx) {
+  ENTER("cuCtxGetCurrent");
+  NEED_INIT();
+  if (!pctx) RETURN(CUDA_ERROR_INVALID_VALUE);
+  *pctx = current;
+  RETURN(CUDA_SUCCESS);
+}
+
+CUresult cuCtxSetCurrent(ctx_t *ctx) {
+  ENTER("cuCtxSetCurrent");
+  NEED_INIT();
+  if (ctx && (ctx < &contexts[0] || ctx >= &contexts[MAX_DEVICES])) RETURN(CUDA_ERROR_INVALID_CONTEXT);
+  current = ctx;
+  RETURN(CUDA_SUCCESS);
+}
+
+/* ---- Plain memory ---- */
+
+CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
+  ENTER("cuMemGetInfo_v2");
+  NEED_CTX(dev);
+  if (!free_bytes || !total) RETURN(CUDA_ERROR_INVALID_VALUE);
+  *free_bytes = capacity - used[dev];
+  *total = capacity;
+  RETURN(CUDA_SUCCESS);
+}
+
+CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
+  ENTER("cuMemAlloc_v2");
+  NEED_CTX(dev);
+  if (!dptr || size == 0) RETURN(CUDA_ERROR_INVALID_VALUE);
+  unsigned long long bytes = round_up(size, 256);
+  if (bytes < size || !charge(dev, bytes)) RETURN(CUDA_ERROR_OUT_OF_MEMORY);
+  void *p = map_anonymous(size);
+  alloc_t *a = p ? calloc(1, sizeof *a) : NULL;
+  if (!a) {
+    if (p) munmap(p, size);
+    used[dev] -= bytes;
+    RETURN(CUDA_ERROR_OUT_OF_MEMORY);
+  }
+  a->ptr = (unsigned long long)(uintptr_t)p;
+  a->size = size;
+  a->charge = bytes;
+  a->device = dev;
+  a->next = allocs;
+  allocs = a;
+  *dptr = a->ptr;
+  RETURN(CUDA_SUCCESS);
+}
+
+CUresult cuMemFree_v2(CUdeviceptr ptr) {
+  ENTER("cuMemFree_v2");
+  NEED_CTX(dev);
+  (void)dev;
+  for (alloc_t **pa = &allocs; *pa; pa = &(*pa)->next) {
+    alloc_t *a = *pa;
+    if (a->ptr != ptr) continue;
+    *pa = a->next;
+    munmap((void *)(uintptr_t)a->ptr, a->size);
+    used[a->device] -= a->charge;
+    free(a);
+    RETURN(CUDA_SUCCESS);
+  }
+  RETURN(CUDA_ERROR_INVALID_VALUE);
+}
+
+/* ---- Streams and events ---- */
+
+static int stream_ok(stream_t *s) {
+  if (!s) return 1;
+  for (stream_t *t = streams; t; t = t->next)
+    if (t == s) return 1;
+  return 0;
+}
+
+static int event_ok(event_t *e) {
+  for (event_t *t = events; t; t = t->next)
+    if (t == e) return 1;
+  return 0;
+}
+
+static void release_above_threshold(void);
+
+CUresult cuStreamCreate(stream_t **ps, unsigned int flags) {
+  ENTER("cuStreamCreate");
+  NEED_CTX(dev);
+  if (!ps || flags > 1) RETURN(CUDA_ERROR_INVALID_VALUE);
+  stream_t *s = calloc(1, sizeof *s);
+  if (!s) RETURN(CUDA_ERROR_OUT_OF_MEMORY);
+  s->device = dev;
+  s->next = streams;
+  streams = s;
+  *ps = s;
+  RETURN(CUDA_SUCCESS);
+}
+
+CUresult cuStreamDestroy_v2(stream_t *s) {
+  ENTER("cuStreamDestroy_v2");
+  NEED_CTX(dev);
+  (void)dev;
+  for (stream_t **p = &streams; *p; p = &(*p)->next) {
+    if (*p != s) continue;
+    *p = s->next;
+    for (event_t *e = events; e; e = e->next)
+      if (e->stream == s) e->stream = NULL;
+    free(s);
+    RETURN(CUDA_SUCCESS);
+  }
+  RETURN(CUDA_ERROR_INVALID_HANDLE);
+}
+
+CUresult cuStreamSynchronize(stream_t *s) {
+  ENTER("cuStreamSynchronize");
+  NEED_CTX(dev);
+  (void)dev;
+  if (!stream_ok(s)) RETURN(CUDA_ERROR_INVALID_HANDLE);
+  for (event_t *e = events; e; e = e->next)
+    if (e->stream == s || !s) e->pending = 0;
+  release_above_threshold();
+  RETURN(CUDA_SUCCESS);
+}
+
+CUresult cuEventCreate(event_t **pe, unsigned int flags) {
+  ENTER("cuEventCreate");
+  NEED_CTX(dev);
+  if (!pe || flags > 15) RETURN(CUDA_ERROR_INVALID_VALUE);
+  event_t *e = calloc(1, sizeof *e);
+  if (!e) RETURN(CUDA_ERROR_OUT_OF_MEMORY);
+  e->device = dev;
+  e->next = events;
+  events = e;
+  *pe = e;
+  RETURN(CUDA_SUCCESS);
+}
+
+CUresult cuEventRecord(event_t *e, stream_t *s) {
+  ENTER("cuEventRecord");
+  NEED_CTX(dev);
+  (void)dev;
+  if (!event_ok(e) || !stream_ok(s)) RETURN(CUDA_ERROR_INVALID_HANDLE);
+  e->recorded = 1;
+  e->stream = s;
+  e->pending = hold_events;
+  RETURN(CUDA_SUCCESS);
+}
+
+CUresult cuEventQuery(event_t *e) {
+  ENTER("cuEventQuery");
+  NEED_CTX(dev);
+  (void)dev;
+  if (!event_ok(e)) RETURN(CUDA_ERROR_INVALID_HANDLE);
+  RETURN(e->pending ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS);
+}
+
+CUresult cuEventSynchronize(event_t *e) {
+  ENTER("cuEventSynchronize");
+  NEED_CTX(dev);
+  (void)dev;
+  if (!event_ok(e)) RETURN(CUDA_ERROR_INVALID_HANDLE);
+  e->pending = 0;
+  release_above_threshold();
+  RETURN(CUDA_SUCCESS);
+}
+
+CUresult cuEventDestroy_v2(event_t *e) {
+  ENTER("cuEventDestroy_v2");
+  NEED_CTX(dev);
+  (void)dev;
+  for (event_t **p = &events; *p; p = &(*p)->next) {
+    if (*p != e) continue;
+    *p = e->next;
+    free(e);
+    RETURN(CUDA_SUCCESS);
+  }
+  RETURN(CUDA_ERROR_INVALID_HANDLE);
+}
+
+/* ---- What cudarc calls besides (so its interop with portalloc runs here too) ---- */
+
+CUresult cuCtxGetDevice(CUdevice *device) {
+  ENTER("cuCtxGetDevice");
+  NEED_CTX(dev);
+  if (!device) RETURN(CUDA_ERROR_INVALID_VALUE);
+  *device = dev;
+  RETURN(CUDA_SUCCESS);
+}
+
+CUresult cuCtxSynchronize(void) {
+  ENTER("cuCtxSynchronize");
+  NEED_CTX(dev);
+  (void)dev;
+  for (event_t *e = events; e; e = e->next) e->pending = 0;
+  release_above_threshold();
+  RETURN(CUDA_SUCCESS);
+}
+
+CUresult cuStreamWaitEvent(stream_t *s, event_t *e, unsigned int flags) {
+  ENTER("cuStreamWaitEvent");
+  NEED_CTX(dev);
+  (void)dev;
+  if (!stream_ok(s) || !event_ok(e)) RETURN(CUDA_ERROR_INVALID_HANDLE);
+  if (flags > 1) RETURN(CUDA_ERROR_INVALID_VALUE);
+  RETURN(CUDA_SUCCESS);
+}
+
+CUresult cuStreamQuery(stream_t *s) {
+  ENTER("cuStreamQuery");
+  NEED_CTX(dev);
+  (void)dev;
+  if (!stream_ok(s)) RETURN(CUDA_ERROR_INVALID_HANDLE);
+  RETURN(CUDA_SUCCESS);
+}
+
+/* True when [ptr, ptr + bytes) lies inside one live allocation (plain, pool or mapped). */
+static int device_range_ok(unsigned long long ptr, unsigned long long bytes) {
+  for (alloc_t *a = allocs; a; a = a->next)
+    if (ptr >= a->ptr && ptr + bytes <= a->ptr + a->size) return 1;
+  for (pool_t *p = pools; p; p = p->next)
+    for (block_t *b = p->blocks; b; b = b->next)
+      if (b->in_use && ptr >= b->ptr && ptr + bytes <= b->ptr + b->size) return 1;
+  for (mapping_t *m = mappings; m; m = m->next)
+    if (ptr >= m->va && ptr + bytes <= m->va + m->size) return 1;
+  return 0;
+}
+
+static CUresult copy(unsigned long long device_ptr, void *host, const void *src, size_t bytes, stream_t *s) {
+  NEED_CTX(dev);
+  (void)dev;
+  if (!stream_ok(s)) RETURN(CUDA_ERROR_INVALID_HANDLE);
+  if (!host || !device_range_ok(device_ptr, bytes)) RETURN(CUDA_ERROR_INVALID_VALUE);
+  memcpy(host == src ? (void *)(uintptr_t)device_ptr : host,
+         host == src ? src : (const void *)(uintptr_t)device_ptr, bytes);
+  RETURN(CUDA_SUCCESS);
+}
+
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t bytes, stream_t *s) {
+  ENTER("cuMemcpyHtoDAsync_v2");
+  return copy(dst, (void *)src, src, bytes, s);
+}
+
+CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t bytes, stream_t *s) {
+  ENTER("cuMemcpyDtoHAsync_v2");
+  return copy(src, dst, NULL, bytes, s);
+}
+
+CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t bytes) {
+  ENTER("cuMemcpyHtoD_v2");
+  return copy(dst, (void *)src, src, bytes, NULL);
+}
+
+CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t bytes) {
+  ENTER("cuMemcpyDtoH_v2");
+  return copy(src, dst, NULL, bytes, NULL);
+}
+
+#ifdef FAKECUDA_OLD
+static void release_above_threshold(void) {}
+#else
+static pool_t *default_pools[MAX_DEVICES];
+static unsigned long long next_handle = 1;
+
+/* ---- Virtual memory (CUDA 10.2) ---- */
+
+static int location_ok(const CUmemLocation *l) {
+  return l->type == 1 /* CU_MEM_LOCATION_TYPE_DEVICE */ && l->id >= 0 && l->id < n_devices;
+}
+
+CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop, unsigned int option) {
+  ENTER("cuMemGetAllocationGranularity");
+  NEED_INIT();
+  if (!g || !prop || option > 1 || prop->type != 1 || !location_ok(&prop->location))
+    RETURN(CUDA_ERROR_INVALID_VALUE);
+  *g = granularity;
+  RETURN(CUDA_SUCCESS);
+}
+
+CUresult cuMemCreate(CUmemGenericAllocationHandle *out, size_t size, const CUmemAllocationProp *prop,
+                     unsigned long long flags) {
+  ENTER("cuMemCreate");
+  NEED_CTX(dev);
+  (void)dev;
+  if (!out || !prop || flags || size == 0 || size % granularity || prop->type != 1 ||
+      !location_ok(&prop->location))
+    RETURN(CUDA_ERROR_INVALID_VALUE);
+  int d = prop->location.id;
+  if (!charge(d, size)) RETURN(CUDA_ERROR_OUT_OF_MEMORY);
+  int fd = memfd_create("fakecuda", MFD_CLOEXEC);
+  if (fd < 0 || ftruncate(fd, (off_t)size) != 0) {
+    if (fd >= 0) close(fd);
+    used[d] -= size;
+    RETURN(CUDA_ERROR_OUT_OF_MEMORY);
+  }
+  handle_t *h = calloc(1, sizeof *h);
+  if (!h) {
+    close(fd);
+    used[d] -= size;
+    RETURN(CUDA_ERROR_OUT_OF_MEMORY);
+  }
+  h->id = next_handle++;
+  h->size = size;
+  h->device = d;
+  h->fd = fd;
+  h->next = handles;
+  handles = h;
+  *out = h->id;
+  RETURN(CUDA_SUCCESS);
+}
+
+static void drop_handle(handle_t *h) {
+  for (handle_t **p = &handles; *p; p = &(*p)->next) {
+    if (*p != h) continue;
+    *p = h->next;
+    close(h->fd);
+    used[h->device] -= h->size;
+    free(h);
+    return;
+  }
+}
+
+CUresult cuMemRelease(CUmemGenericAllocationHandle id) {
+  ENTER("cuMemRelease");
+  NEED_CTX(dev);
+  (void)dev;
+  for (handle_t *h = handles; h; h = h->next) {
+    if (h->id != id || h->released) continue;
+    h->released = 1;
+    if (h->mappings == 0) drop_handle(h);
+    RETURN(CUDA_SUCCESS);
+  }
+  RETURN(CUDA_ERROR_INVALID_VALUE);
+}
+
+CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                             unsigned long long flags) {
+  ENTER("cuMemAddressReserve");
+  NEED_CTX(dev);
+  (void)dev;
+  if (!ptr || size == 0 || size % granularity || flags || addr ||
+      (alignment & (alignment - 1)))
+    RETURN(CUDA_ERROR_INVALID_VALUE);
+  unsigned long long align = alignment > granularity ? alignment : granularity;
+  unsigned long long span = size + align;
+  void *p = mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) RETURN(CUDA_ERROR_OUT_OF_MEMORY);
+  unsigned long long base = (unsigned long long)(uintptr_t)p;
+  unsigned long long start = round_up(base, align);
+  if (start > base) munmap(p, start - base);
+  if (base + span > start + size) munmap((void *)(uintptr_t)(start + size), base + span - start - size);
+  reservation_t *r = calloc(1, sizeof *r);
+  if (!r) {
+    munmap((void *)(uintptr_t)start, size);
+    RETURN(CUDA_ERROR_OUT_OF_MEMORY);
+  }
+  r->va = start;
+  r->size = size;
+  r->next = reservations;
+  reservations = r;
+  *ptr = start;
+  RETURN(CUDA_SUCCESS);
+}
+
+static int overlaps_mapping(unsigned long long va, unsigned long long size) {
+  for (mapping_t *m = mappings; m; m = m->next)
+    if (m->va < va + size && va < m->va + m->size) return 1;
+  return 0;
+}
+
+CUresult cuMemAddressFree(CUdeviceptr va, size_t size) {
+  ENTER("cuMemAddressFree");
+  NEED_CTX(dev);
+  (void)dev;
+  for (reservation_t **p = &reservations; *p; p = &(*p)->next) {
+    reservation_t *r = *p;
+    if (r->va != va) continue;
+    if (r->size != size || overlaps_mapping(va, size)) RETURN(CUDA_ERROR_INVALID_VALUE);
+    *p = r->next;
+    munmap((void *)(uintptr_t)va, size);
+    free(r);
+    RETURN(CUDA_SUCCESS);
+  }
+  RETURN(CUDA_ERROR_INVALID_VALUE);
+}
+
+CUresult cuMemMap(CUdeviceptr va, size_t size, size_t offset, CUmemGenericAllocationHandle id,
+                  unsigned long long flags) {
+  ENTER("cuMemMap");
+  NEED_CTX(dev);
+  (void)dev;
+  if (flags || size == 0 || va % granularity || size % granularity || offset % granularity)
+    RETURN(CUDA_ERROR_INVALID_VALUE);
+  handle_t *h = NULL;
+  for (handle_t *t = handles; t; t = t->next)
+    if (t->id == id && !t->released) h = t;
+  if (!h || offset + size > h->size) RETURN(CUDA_ERROR_INVALID_VALUE);
+  int inside = 0;
+  for (reservation_t *r = reservations; r; r = r->next)
+    if (va >= r->va && va + size <= r->va + r->size) inside = 1;
+  if (!inside || overlaps_mapping(va, size)) RETURN(CUDA_ERROR_INVALID_VALUE);
+  mapping_t *m = calloc(1, sizeof *m);
+  if (!m) RETURN(CUDA_ERROR_OUT_OF_MEMORY);
+  void *p = mmap((void *)(uintptr_t)va, size, PROT_NONE, MAP_SHARED | MAP_FIXED, h->fd, (off_t)offset);
+  if (p == MAP_FAILED) {
+    free(m);
+    RETURN(CUDA_ERROR_OUT_OF_MEMORY);
+  }
+  m->va = va;
+  m->size = size;
+  m->handle = h;
+  h->mappings++;
+  m->next = mappings;
+  mappings = m;
+  RETURN(CUDA_SUCCESS);
+}
+
+/* True when [va, va + size) is entirely covered by mappings. */
+static int fully_mapped(unsigned long long va, unsigned long long size) {
+  unsigned long long at = va;
+  while (at < va + size) {
+    mapping_t *hit = NULL;
+    for (mapping_t *m = mappings; m; m = m->next)
+      if (m->va <= at && at < m->va + m->size) hit = m;
+    if (!hit) return 0;
+    at = hit->va + hit->size;
+  }
+  return 1;
+}
+
+CUresult cuMemSetAccess(CUdeviceptr va, size_t size, const CUmemAccessDesc *desc, size_t count) {
+  ENTER("cuMemSetAccess");
+  NEED_CTX(dev);
+  (void)dev;
+  if (!desc || count != 1 || size == 0 || va % granularity || size % granularity ||
+      !location_ok(&desc->location) || (desc->flags != 0 && desc->flags != 1 && desc->flags != 3))
+    RETURN(CUDA_ERROR_INVALID_VALUE);
+  if (!fully_mapped(va, size)) RETURN(CUDA_ERROR_INVALID_VALUE);
+  int prot = desc->flags == 3 ? PROT_READ | PROT_WRITE : desc->flags == 1 ? PROT_READ : PROT_NONE;
+  if (mprotect((void *)(uintptr_t)va, size, prot) != 0) RETURN(CUDA_ERROR_UNKNOWN);
+  RETURN(CUDA_SUCCESS);
+}
+
+CUresult cuMemUnmap(CUdeviceptr va, size_t size) {
+  ENTER("cuMemUnmap");
+  NEED_CTX(dev);
+  (void)dev;
+  if (size == 0 || va % granularity || size % granularity) RETURN(CUDA_ERROR_INVALID_VALUE);
+  /* Every mapping touched must lie wholly inside the range, and the range be fully mapped. */
+  for (mapping_t *m = mappings; m; m = m->next)
+    if (m->va < va + size && va < m->va + m->size && (m->va < va || m->va + m->size > va + size))
+      RETURN(CUDA_ERROR_INVALID_VALUE);
+  if (!fully_mapped(va, size)) RETURN(CUDA_ERROR_INVALID_VALUE);
+  if (mmap((void *)(uintptr_t)va, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,
+           -1, 0) == MAP_FAILED)
+    RETURN(CUDA_ERROR_UNKNOWN);
+  for (mapping_t **p = &mappings; *p;) {
+    mapping_t *m = *p;
+    if (m->va >= va && m->va + m->size <= va + size) {
+      *p = m->next;
+      handle_t *h = m->handle;
+      h->mappings--;
+      if (h->released && h->mappings == 0) drop_handle(h);
+      free(m);
+    } else {
+      p = &m->next;
+    }
+  }
+  RETURN(CUDA_SUCCESS);
+}
+
+/* ---- Memory pools (CUDA 11.2) ---- */
+
+static int pool_ok(pool_t *p) {
+  for (pool_t *t = pools; t; t = t->next)
+    if (t == p) return !p->destroyed;
+  return 0;
+}
+
+static void unlink_pool(pool_t *p) {
+  for (pool_t **pp = &pools; *pp; pp = &(*pp)->next) {
+    if (*pp != p) continue;
+    *pp = p->next;
+    free(p);
+    return;
+  }
+}
+
+static void pool_release_free(pool_t *p, unsigned long long keep) {
+  for (block_t **pb = &p->blocks; *pb && p->reserved > keep;) {
+    block_t *b = *pb;
+    if (b->in_use) {
+      pb = &b->next;
+      continue;
+    }
+    *pb = b->next;
+    munmap((void *)(uintptr_t)b->ptr, b->size);
+    p->reserved -= b->size;
+    used[p->device] -= b->size;
+    free(b);
+  }
+}
+
+static void release_above_threshold(void) {
+  for (pool_t *p = pools; p; p = p->next)
+    if (p->reserved > p->threshold) pool_release_free(p, p->threshold);
+}
+
+static pool_t *new_pool(int device, int is_default) {
+  pool_t *p = calloc(1, sizeof *p);
+  if (!p) return NULL;
+  p->device = device;
+  p->is_default = is_default;
+  p->reuse[0] = p->reuse[1] = p->reuse[2] = 1;
+  p->next = pools;
+  pools = p;
+  return p;
+}
+
+CUresult cuDeviceGetDefaultMemPool(pool_t **out, CUdevice dev) {
+  ENTER("cuDeviceGetDefaultMemPool");
+  NEED_INIT();
+  NEED_DEVICE(dev);
+  if (!out) RETURN(CUDA_ERROR_INVALID_VALUE);
+  if (!attributes[dev][115]) RETURN(CUDA_ERROR_NOT_SUPPORTED);
+  if (!default_pools[dev]) default_pools[dev] = new_pool(dev, 1);
+  if (!default_pools[dev]) RETURN(CUDA_ERROR_OUT_OF_MEMORY);
+  *out = default_pools[dev];
+  RETURN(CUDA_SUCCESS);
+}
+
+CUresult cuMemPoolCreate(pool_t **out, const CUmemPoolProps *props) {
+  ENTER("cuMemPoolCreate");
+  NEED_INIT();
+  if (!out || !props || props->allocType != 1 || props->handleTypes != 0 ||
+      !location_ok(&props->location) || props->win32SecurityAttributes)
+    RETURN(CUDA_ERROR_INVALID_VALUE);
+  for (size_t i = 0; i < sizeof props->reserved; i++)
+    if (props->reserved[i]) RETURN(CUDA_ERROR_INVALID_VALUE);
+  if (!attributes[props->location.id][115]) RETURN(CUDA_ERROR_NOT_SUPPORTED);
+  pool_t *p = new_pool(props->location.id, 0);
+  if (!p) RETURN(CUDA_ERROR_OUT_OF_MEMORY);
+  *out = p;
+  RETURN(CUDA_SUCCESS);
+}
+
+CUresult cuMemPoolDestroy(pool_t *p) {
+  ENTER("cuMemPoolDestroy");
+  NEED_INIT();
+  if (!pool_ok(p) || p->is_default) RETURN(CUDA_ERROR_INVALID_VALUE);
+  /* As the driver: returns at once; with allocations still outstanding the pool's memory
+   * goes when the last of them is freed. */
+  pool_release_free(p, 0);
+  p->destroyed = 1;
+  if (!p->blocks) unlink_pool(p);
+  RETURN(CUDA_SUCCESS);
+}
+
+CUresult cuMemPoolSetAttribute(pool_t *p, unsigned int attr, void *value) {
+  ENTER("cuMemPoolSetAttribute");
+  NEED_INIT();
+  if (!pool_ok(p) || !value) RETURN(CUDA_ERROR_INVALID_VALUE);
+  switch (attr) {
+    case 1: case 2: case 3: p->reuse[attr - 1] = *(int *)value; break;
+    case 4: p->threshold = *(unsigned long long *)value; break;
+    case 6:
+      if (*(unsigned long long *)value != 0) RETURN(CUDA_ERROR_INVALID_VALUE);
+      p->reserved_high = p->reserved;
+      break;
+    case 8:
+      if (*(unsigned long long *)value != 0) RETURN(CUDA_ERROR_INVALID_VALUE);
+      p->used_high = p->used;
+      break;
+    default: RETURN(CUDA_ERROR_INVALID_VALUE);
+  }
+  RETURN(CUDA_SUCCESS);
+}
+
+CUresult cuMemPoolGetAttribute(pool_t *p, unsigned int attr, void *value) {
+  ENTER("cuMemPoolGetAttribute");
+  NEED_INIT();
+  if (!pool_ok(p) || !value) RETURN(CUDA_ERROR_INVALID_VALUE);
+  unsigned long long *v = value;
+  switch (attr) {
+    case 1: case 2: case 3: *(int *)value = p->reuse[attr - 1]; break;
+    case 4: *v = p->threshold; break;
+    case 5: *v = p->reserved; break;
+    case 6: *v = p->reserved_high; break;
+    case 7: *v = p->used; break;
+    case 8: *v = p->used_high; break;
+    default: RETURN(CUDA_ERROR_INVALID_VALUE);
+  }
+  RETURN(CUDA_SUCCESS);
+}
+
+CUresult cuMemPoolTrimTo(pool_t *p, size_t keep) {
+  ENTER("cuMemPoolTrimTo");
+  NEED_INIT();
+  if (!pool_ok(p)) RETURN(CUDA_ERROR_INVALID_VALUE);
+  pool_release_free(p, keep);
+  RETURN(CUDA_SUCCESS);
+}
+
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, pool_t *p, stream_t *s) {
+  ENTER("cuMemAllocFromPoolAsync");
+  NEED_CTX(dev);
+  (void)dev;
+  if (!dptr || size == 0 || !pool_ok(p)) RETURN(CUDA_ERROR_INVALID_VALUE);
+  if (!stream_ok(s)) RETURN(CUDA_ERROR_INVALID_HANDLE);
+  unsigned long long bytes = round_up(size, 512);
+  /* Reuse the smallest cached block that fits. */
+  block_t *best = NULL;
+  for (block_t *b = p->blocks; b; b = b->next)
+    if (!b->in_use && b->size >= bytes && (!best || b->size < best->size)) best = b;
+  if (!best) {
+    if (!charge(p->device, bytes)) {
+      /* Like the driver: give back cached memory and try once more. */
+      pool_release_free(p, 0);
+      if (!charge(p->device, bytes)) RETURN(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    void *mem = map_anonymous(bytes);
+    best = mem ? calloc(1, sizeof *best) : NULL;
+    if (!best) {
+      if (mem) munmap(mem, bytes);
+      used[p->device] -= bytes;
+      RETURN(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    best->ptr = (unsigned long long)(uintptr_t)mem;
+    best->size = bytes;
+    best->next = p->blocks;
+    p->blocks = best;
+    p->reserved += bytes;
+    if (p->reserved > p->reserved_high) p->reserved_high = p->reserved;
+  }
+  best->in_use = 1;
+  p->used += best->size;
+  if (p->used > p->used_high) p->used_high = p->used;
+  *dptr = best->ptr;
+  RETURN(CUDA_SUCCESS);
+}
+
+CUresult cuMemFreeAsync(CUdeviceptr ptr, stream_t *s) {
+  ENTER("cuMemFreeAsync");
+  NEED_CTX(dev);
+  (void)dev;
+  if (!stream_ok(s)) RETURN(CUDA_ERROR_INVALID_HANDLE);
+  for (pool_t *p = pools; p; p = p->next) {
+    for (block_t *b = p->blocks; b; b = b->next) {
+      if (b->ptr != ptr || !b->in_use) continue;
+      b->in_use = 0;
+      p->used -= b->size;
+      if (p->destroyed) {
+        pool_release_free(p, 0);
+        if (!p->blocks) unlink_pool(p);
+      }
+      RETURN(CUDA_SUCCESS);
+    }
+  }
+  RETURN(CUDA_ERROR_INVALID_VALUE);
+}
+#endif /* FAKECUDA_OLD */
