@@ -40,6 +40,18 @@ pub enum Error {
     #[error("{0}")]
     OutOfMemory(Box<OomReport>),
 
+    /// Out of memory, as the upstream reported it (`error`: an [`Error::OutOfMemory`] with its
+    /// XLA-style report, an [`Error::DeviceOutOfMemory`] or an [`Error::ExceedsLimit`]), with
+    /// the diagnosis the [`crate::adaptor::LedgerAllocator`] attached: the verdict, its
+    /// evidence and what would help ([`crate::diagnose`]).
+    #[error("{error}\n{diagnosis}")]
+    OutOfMemoryDiagnosed {
+        /// The upstream's error, unchanged.
+        error: Box<Error>,
+        /// Why memory ran out.
+        diagnosis: Box<crate::diagnose::Diagnosis>,
+    },
+
     /// The device (driver, or host capacity) refused an allocation.
     #[error("{backend} device out of memory: {requested} bytes requested, {free} bytes free")]
     DeviceOutOfMemory {
@@ -167,16 +179,26 @@ pub enum Error {
 impl Error {
     /// True for every out-of-memory flavour: allocator-level (with a report) and device-level.
     pub fn is_out_of_memory(&self) -> bool {
-        matches!(
-            self,
-            Error::OutOfMemory(_) | Error::DeviceOutOfMemory { .. }
-        )
+        match self {
+            Error::OutOfMemory(_) | Error::DeviceOutOfMemory { .. } => true,
+            Error::OutOfMemoryDiagnosed { error, .. } => error.is_out_of_memory(),
+            _ => false,
+        }
     }
 
     /// The OOM report, when this is an allocator-level out-of-memory error.
     pub fn oom_report(&self) -> Option<&OomReport> {
         match self {
             Error::OutOfMemory(r) => Some(r),
+            Error::OutOfMemoryDiagnosed { error, .. } => error.oom_report(),
+            _ => None,
+        }
+    }
+
+    /// The ledger's diagnosis, when this is an [`Error::OutOfMemoryDiagnosed`].
+    pub fn diagnosis(&self) -> Option<&crate::diagnose::Diagnosis> {
+        match self {
+            Error::OutOfMemoryDiagnosed { diagnosis, .. } => Some(diagnosis),
             _ => None,
         }
     }

@@ -38,8 +38,11 @@ pub mod backends;
 
 pub mod adaptor;
 pub mod allocator;
+#[cfg(feature = "c-api")]
+pub mod capi;
 pub mod config;
 pub mod device;
+pub mod diagnose;
 pub mod discover;
 pub mod error;
 pub mod replay;

@@ -4,10 +4,16 @@
 //! | adaptor | wraps | adds |
 //! |---|---|---|
 //! | [`CountingDevice`] | a [`crate::Device`] | counts every device call by kind (replay's "device calls" column; leak checks) |
+//! | [`LedgerAllocator`] | a [`crate::Allocator`] | every live allocation (size, rounded size, stream, tag, age, optional backtrace), totals and peaks per tag, JSON snapshots, donation, and a [diagnosis](crate::diagnose) on every out-of-memory error |
 //! | [`RecorderAllocator`] | an [`crate::Allocator`] | records its allocation trace for `portalloc replay` |
 
 mod counting;
+mod ledger;
 mod recorder;
 
 pub use counting::{CallCounts, CountingDevice};
+pub use ledger::{
+    LedgerAllocator, LedgerOptions, LedgerSnapshot, LiveAllocation, PoolStats, TagTotals,
+    BACKTRACE_VARIABLE, SNAPSHOT_VERSION,
+};
 pub use recorder::RecorderAllocator;

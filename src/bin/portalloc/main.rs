@@ -8,6 +8,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod ledger;
 mod plot;
 mod replay;
 mod workload_args;
@@ -39,6 +40,9 @@ enum Command {
     /// peak live, peak reserved, utilisation, out-of-memory count, and (with
     /// --min-capacity) the smallest device each strategy needs.
     Replay(Box<replay::ReplayArgs>),
+    /// Print a ledger snapshot a program wrote: totals by tag, oldest live allocations, last
+    /// OOM diagnosis.
+    Ledger(ledger::LedgerArgs),
 }
 
 fn main() -> ExitCode {
@@ -54,6 +58,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Info { json } => info(json),
         Command::Replay(args) => replay::run(*args),
+        Command::Ledger(args) => ledger::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

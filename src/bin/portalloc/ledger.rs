@@ -1,0 +1,229 @@
+//! `portalloc ledger FILE`: prints a ledger snapshot a program wrote
+//! (`LedgerAllocator::write_json`, `portalloc_ledger_write` in C, `Allocator.write_ledger` in
+//! Python): the upstream's counters, a table by tag, the oldest live allocations, and the
+//! diagnosis of the last out-of-memory error.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use clap::Args;
+use portalloc::adaptor::LedgerSnapshot;
+use portalloc::units::Bytes;
+use portalloc::{Error, Result};
+use serde_json::json;
+
+#[derive(Args, Debug)]
+pub struct LedgerArgs {
+    /// The snapshot (JSON) a program wrote.
+    pub file: PathBuf,
+    /// How many of the oldest live allocations to list.
+    #[arg(long, default_value_t = 10)]
+    pub oldest: usize,
+    /// Also print each listed allocation's backtrace (when the program captured them with
+    /// PORTALLOC_BACKTRACE=1).
+    #[arg(long)]
+    pub backtraces: bool,
+    /// Print JSON (tags, oldest live allocations, last diagnosis) instead of tables.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: LedgerArgs) -> Result<()> {
+    let file = args.file.display();
+    let text = std::fs::read_to_string(&args.file).map_err(|e| Error::InvalidArgument {
+        call: "portalloc ledger",
+        reason: format!("cannot read {file}: {e}"),
+    })?;
+    let snapshot = LedgerSnapshot::from_json(&text).map_err(|e| Error::InvalidArgument {
+        call: "portalloc ledger",
+        reason: match e {
+            Error::InvalidArgument { reason, .. } => format!("{file}: {reason}"),
+            other => format!("{file}: {other}"),
+        },
+    })?;
+    if args.json {
+        let oldest: Vec<_> = snapshot.live.iter().take(args.oldest).collect();
+        let out = json!({
+            "allocator": snapshot.allocator,
+            "allocations_made": snapshot.allocations_made,
+            "live": snapshot.live.len(),
+            "upstream": snapshot.upstream,
+            "tags": snapshot.tags,
+            "oldest": oldest,
+            "last_oom": snapshot.last_oom,
+        });
+        println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
+    } else {
+        print!("{}", render(&snapshot, args.oldest, args.backtraces));
+    }
+    Ok(())
+}
+
+/// The text report of a snapshot.
+pub fn render(s: &LedgerSnapshot, oldest: usize, backtraces: bool) -> String {
+    let mut out = String::new();
+    let bytes: u64 = s.live.iter().map(|a| a.size).sum();
+    let rounded: u64 = s.live.iter().map(|a| a.rounded).sum();
+    let _ = writeln!(
+        out,
+        "ledger of {}: {} live allocations, {} asked ({} charged); {} allocations made, {} donations",
+        s.allocator,
+        s.live.len(),
+        Bytes(bytes),
+        Bytes(rounded),
+        s.allocations_made,
+        s.donations
+    );
+    let u = &s.upstream;
+    let _ = writeln!(
+        out,
+        "upstream: in use {} (peak {}), pool {} (peak {}), limit {}, largest free block {}, fragmentation {:.1}%",
+        Bytes(u.bytes_in_use),
+        Bytes(u.peak_bytes_in_use),
+        Bytes(u.pool_bytes),
+        Bytes(u.peak_pool_bytes),
+        u.bytes_limit.map_or("none".to_string(), |l| Bytes(l).to_string()),
+        Bytes(u.largest_free_block_bytes),
+        u.fragmentation * 100.0
+    );
+    let _ = writeln!(out);
+    let width = s
+        .tags
+        .iter()
+        .map(|t| t.tag.chars().count())
+        .max()
+        .unwrap_or(3)
+        .max(3);
+    let _ = writeln!(
+        out,
+        "{:<width$}  {:>6}  {:>12}  {:>12}  {:>12}  {:>12}  {:>8}  {:>7}",
+        "tag", "live", "bytes", "charged", "peak", "peak charged", "allocs", "don i/o"
+    );
+    for t in &s.tags {
+        let _ = writeln!(
+            out,
+            "{:<width$}  {:>6}  {:>12}  {:>12}  {:>12}  {:>12}  {:>8}  {:>7}",
+            t.tag,
+            t.live,
+            Bytes(t.bytes).to_string(),
+            Bytes(t.rounded_bytes).to_string(),
+            Bytes(t.peak_bytes).to_string(),
+            Bytes(t.peak_rounded_bytes).to_string(),
+            t.allocations,
+            format!("{}/{}", t.donated_in, t.donated_out)
+        );
+    }
+    if oldest > 0 && !s.live.is_empty() {
+        let _ = writeln!(out);
+        let n = oldest.min(s.live.len());
+        let _ = writeln!(out, "oldest {n} of {} live allocations", s.live.len());
+        let _ = writeln!(
+            out,
+            "  {:>8}  {:<width$}  {:>12}  {:>12}  {:>8}  {:>18}",
+            "seq", "tag", "size", "charged", "stream", "ptr"
+        );
+        for a in s.live.iter().take(n) {
+            let donated = a
+                .donated_from
+                .as_ref()
+                .map_or(String::new(), |d| format!("  (donated from `{d}`)"));
+            let _ = writeln!(
+                out,
+                "  {:>8}  {:<width$}  {:>12}  {:>12}  {:>8}  {:>#18x}{donated}",
+                a.seq,
+                a.tag,
+                Bytes(a.size).to_string(),
+                Bytes(a.rounded).to_string(),
+                a.stream,
+                a.ptr
+            );
+            if backtraces {
+                match &a.backtrace {
+                    Some(bt) => {
+                        for line in bt.lines() {
+                            let _ = writeln!(out, "            {line}");
+                        }
+                    }
+                    None => {
+                        let _ = writeln!(
+                            out,
+                            "            (no backtrace: run the program with PORTALLOC_BACKTRACE=1)"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    if let Some(d) = &s.last_oom {
+        let _ = writeln!(out);
+        let _ = writeln!(out, "last out-of-memory error:");
+        let _ = write!(out, "{d}");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use portalloc::adaptor::{LiveAllocation, PoolStats, TagTotals, SNAPSHOT_VERSION};
+
+    fn snapshot() -> LedgerSnapshot {
+        let live = (0..3)
+            .map(|i| LiveAllocation {
+                seq: i,
+                ptr: 0x1000 * (i + 1),
+                size: 1000,
+                rounded: 1024,
+                stream: 0,
+                tag: if i == 0 { "buffer" } else { "workspace" }.into(),
+                donated_from: (i == 2).then(|| "input".to_string()),
+                backtrace: None,
+            })
+            .collect();
+        LedgerSnapshot {
+            version: SNAPSHOT_VERSION,
+            allocator: "bfc".into(),
+            allocations_made: 9,
+            donations: 1,
+            upstream: PoolStats::default(),
+            tags: vec![
+                TagTotals {
+                    tag: "workspace".into(),
+                    live: 2,
+                    bytes: 2000,
+                    rounded_bytes: 2048,
+                    peak_bytes: 4000,
+                    peak_rounded_bytes: 4096,
+                    allocations: 5,
+                    donated_in: 1,
+                    donated_out: 0,
+                },
+                TagTotals {
+                    tag: "buffer".into(),
+                    live: 1,
+                    bytes: 1000,
+                    rounded_bytes: 1024,
+                    peak_bytes: 1000,
+                    peak_rounded_bytes: 1024,
+                    allocations: 3,
+                    donated_in: 0,
+                    donated_out: 0,
+                },
+            ],
+            live,
+            last_oom: None,
+        }
+    }
+
+    #[test]
+    fn renders_tags_and_oldest() {
+        let text = render(&snapshot(), 2, true);
+        assert!(text.contains("ledger of bfc: 3 live allocations"), "{text}");
+        assert!(text.contains("workspace"), "{text}");
+        assert!(text.contains("oldest 2 of 3 live allocations"), "{text}");
+        assert!(text.contains("PORTALLOC_BACKTRACE=1"), "{text}");
+        assert!(!text.contains("donated from"), "only the 2 oldest: {text}");
+        let all = render(&snapshot(), 10, false);
+        assert!(all.contains("(donated from `input`)"), "{all}");
+    }
+}

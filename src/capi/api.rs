@@ -1,0 +1,593 @@
+//! The exported functions of the C ABI (see the [module documentation](super)).
+
+use std::ffi::{c_char, c_void};
+use std::sync::{Arc, Mutex};
+
+use super::{
+    guard, last_error_ptr, lookup, read_str, register, unregister, write_opt, write_out, Failure,
+    Instance, PortallocAllocator, PortallocStatus,
+};
+use crate::adaptor::{LedgerAllocator, LedgerOptions};
+use crate::allocator::Allocator;
+use crate::config::{Config, StrategyKind};
+use crate::device::{Stream, Vendor};
+use crate::discover::discover;
+
+/// Options of [`portalloc_create`]. Fill with [`portalloc_options_default`], then set what
+/// you need; every field left at its default defers to the environment (unless
+/// `ignore_env`), then to portalloc's defaults.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct PortallocOptions {
+    /// Strategy name as `PORTALLOC_ALLOCATOR` takes it (`bfc`, `platform`, `vmm`, …); null:
+    /// the environment or the default.
+    pub strategy: *const c_char,
+    /// Fraction of total device memory, in (0, 1]; 0: the environment or the default.
+    pub mem_fraction: f64,
+    /// 1 preallocate, 0 grow, -1 the environment or the default.
+    pub preallocate: i32,
+    /// Backend to force (`host`, `cuda`, `hip`, `auto`); null: the environment or discovery.
+    pub backend: *const c_char,
+    /// Capacity of the host device in bytes; 0: the environment or physical memory.
+    pub host_capacity: u64,
+    /// 1 simulated host device (addresses only), 0 real memory, -1 the environment.
+    pub host_simulated: i32,
+    /// 1 capture a backtrace at every allocation, 0 not, -1 `PORTALLOC_BACKTRACE`.
+    pub backtrace: i32,
+    /// The device ordinal.
+    pub device: u32,
+    /// Nonzero: start from portalloc's defaults instead of the environment.
+    pub ignore_env: i32,
+}
+
+/// Counters of an allocator (XLA's `AllocatorStats` names, plus the ledger's live count).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PortallocStats {
+    /// Allocations served.
+    pub num_allocs: u64,
+    /// Bytes handed out (as rounded by the strategy).
+    pub bytes_in_use: u64,
+    /// High-water mark of `bytes_in_use`.
+    pub peak_bytes_in_use: u64,
+    /// Largest single allocation served (rounded).
+    pub largest_alloc_size: u64,
+    /// The allocator's limit (`fraction × total`); 0 when it has none.
+    pub bytes_limit: u64,
+    /// Bytes reserved beyond the pool.
+    pub bytes_reserved: u64,
+    /// High-water mark of `bytes_reserved`.
+    pub peak_bytes_reserved: u64,
+    /// Largest free block servable without asking the device.
+    pub largest_free_block_bytes: u64,
+    /// Bytes held from the device.
+    pub pool_bytes: u64,
+    /// High-water mark of `pool_bytes`.
+    pub peak_pool_bytes: u64,
+    /// `(free − largest free block) / free`.
+    pub fragmentation: f64,
+    /// Live buffers (the ledger's count).
+    pub live_allocations: u64,
+}
+
+/// portalloc's version, as static NUL-terminated text.
+#[no_mangle]
+pub extern "C" fn portalloc_version() -> *const c_char {
+    concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()
+}
+
+/// The name of a status code (`PORTALLOC_STATUS_OK`, …), as static text; `"unknown status"`
+/// for a value that is not one.
+#[no_mangle]
+pub extern "C" fn portalloc_status_name(status: i32) -> *const c_char {
+    const NAMES: [&std::ffi::CStr; 13] = [
+        c"PORTALLOC_STATUS_OK",
+        c"PORTALLOC_STATUS_NULL_ARGUMENT",
+        c"PORTALLOC_STATUS_INVALID_ARGUMENT",
+        c"PORTALLOC_STATUS_OUT_OF_MEMORY",
+        c"PORTALLOC_STATUS_INVALID_HANDLE",
+        c"PORTALLOC_STATUS_UNKNOWN_POINTER",
+        c"PORTALLOC_STATUS_INVALID_ALLOCATOR",
+        c"PORTALLOC_STATUS_CONFIG",
+        c"PORTALLOC_STATUS_UNSUPPORTED",
+        c"PORTALLOC_STATUS_DEVICE",
+        c"PORTALLOC_STATUS_BUFFER_TOO_SMALL",
+        c"PORTALLOC_STATUS_PANIC",
+        c"PORTALLOC_STATUS_INTERNAL",
+    ];
+    usize::try_from(status)
+        .ok()
+        .and_then(|i| NAMES.get(i))
+        .map_or(c"unknown status".as_ptr(), |n| n.as_ptr())
+}
+
+/// The message of the last failed call on this thread (empty if none failed yet). The text
+/// stays valid until the next portalloc call on this thread; copy it to keep it.
+#[no_mangle]
+pub extern "C" fn portalloc_last_error() -> *const c_char {
+    last_error_ptr()
+}
+
+/// Fills `out` with the defaults: every field defers to the environment, device 0.
+///
+/// # Safety
+/// `out` is null or valid for writing one `PortallocOptions`.
+#[no_mangle]
+pub unsafe extern "C" fn portalloc_options_default(out: *mut PortallocOptions) -> PortallocStatus {
+    guard("portalloc_options_default", || {
+        let defaults = PortallocOptions {
+            strategy: std::ptr::null(),
+            mem_fraction: 0.0,
+            preallocate: -1,
+            backend: std::ptr::null(),
+            host_capacity: 0,
+            host_simulated: -1,
+            backtrace: -1,
+            device: 0,
+            ignore_env: 0,
+        };
+        // SAFETY: the caller's promise on `out`.
+        unsafe { write_out("portalloc_options_default", "out", out, defaults) }
+    })
+}
+
+fn tristate(call: &str, field: &str, v: i32) -> Result<Option<bool>, Failure> {
+    match v {
+        -1 => Ok(None),
+        0 => Ok(Some(false)),
+        1 => Ok(Some(true)),
+        other => Err(Failure::new(
+            PortallocStatus::InvalidArgument,
+            format!("{call}: options.{field} = {other} is not accepted: 1, 0, or -1 (environment)"),
+        )),
+    }
+}
+
+pub(crate) fn make_instance(
+    config: &Config,
+    ordinal: u32,
+    backtrace: Option<bool>,
+    global: bool,
+) -> Result<Instance, Failure> {
+    let discovery = discover(config)?;
+    let count = discovery.devices.len();
+    let device = discovery
+        .devices
+        .get(ordinal as usize)
+        .cloned()
+        .ok_or_else(|| {
+            Failure::new(
+                PortallocStatus::InvalidArgument,
+                format!(
+                    "device {ordinal} does not exist: the {} backend has {count} device(s), \
+                     ordinals 0 to {}",
+                    discovery.chosen,
+                    count.saturating_sub(1)
+                ),
+            )
+        })?;
+    let strategy = crate::strategy::build(config, Arc::clone(&device))?;
+    let mut options = match backtrace {
+        Some(_) => LedgerOptions::default(),
+        None => LedgerOptions::from_env()?,
+    }
+    .with_config(config);
+    if let Some(b) = backtrace {
+        options.backtrace = b;
+    }
+    let ledger = LedgerAllocator::from_boxed(strategy, options).with_device(device);
+    Ok(Instance {
+        ledger,
+        table: Mutex::default(),
+        global,
+    })
+}
+
+/// Creates an allocator for device `device` from the environment (`XLA_*`, `PORTALLOC_*`),
+/// like `Portalloc::from_env`, with a ledger. Writes it to `*out`.
+///
+/// # Safety
+/// `out` is null or valid for writing one pointer.
+#[no_mangle]
+pub unsafe extern "C" fn portalloc_create_from_env(
+    device: u32,
+    out: *mut *mut PortallocAllocator,
+) -> PortallocStatus {
+    const CALL: &str = "portalloc_create_from_env";
+    guard(CALL, || {
+        if out.is_null() {
+            return Err(Failure::null(CALL, "out"));
+        }
+        let config = Config::from_env()?;
+        let instance = make_instance(&config, device, None, false)?;
+        // SAFETY: the caller's promise on `out`, checked non-null above.
+        unsafe { write_out(CALL, "out", out, register(instance)) }
+    })
+}
+
+/// Creates an allocator from explicit options (see [`PortallocOptions`]). Writes it to
+/// `*out`.
+///
+/// # Safety
+/// `options` is null or points to a valid `PortallocOptions` whose string fields are null or
+/// NUL-terminated; `out` is null or valid for writing one pointer.
+#[no_mangle]
+pub unsafe extern "C" fn portalloc_create(
+    options: *const PortallocOptions,
+    out: *mut *mut PortallocAllocator,
+) -> PortallocStatus {
+    const CALL: &str = "portalloc_create";
+    guard(CALL, || {
+        if options.is_null() {
+            return Err(Failure::null(CALL, "options"));
+        }
+        if out.is_null() {
+            return Err(Failure::null(CALL, "out"));
+        }
+        // SAFETY: non-null; the caller promises a valid, aligned `PortallocOptions`.
+        let o = unsafe { options.read() };
+        let mut b = Config::builder();
+        if o.ignore_env != 0 {
+            b = b.ignore_env();
+        }
+        // SAFETY: the caller's promise on the string fields.
+        if let Some(s) = unsafe { read_str(CALL, "options.strategy", o.strategy) }? {
+            b = b.strategy(s.parse::<StrategyKind>()?);
+        }
+        if o.mem_fraction != 0.0 {
+            b = b.mem_fraction(o.mem_fraction);
+        }
+        if let Some(p) = tristate(CALL, "preallocate", o.preallocate)? {
+            b = b.preallocate(p);
+        }
+        // SAFETY: as above.
+        if let Some(s) = unsafe { read_str(CALL, "options.backend", o.backend) }? {
+            let backend = match s.trim().to_ascii_lowercase().as_str() {
+                "auto" => None,
+                "host" => Some(Vendor::Host),
+                "cuda" => Some(Vendor::Cuda),
+                "hip" => Some(Vendor::Hip),
+                _ => {
+                    return Err(Failure::from(crate::Error::config(
+                        "options.backend",
+                        s,
+                        "one of auto, host, cuda, hip",
+                    )))
+                }
+            };
+            b = b.backend(backend);
+        }
+        if o.host_capacity != 0 {
+            b = b.host_capacity(o.host_capacity);
+        }
+        if let Some(s) = tristate(CALL, "host_simulated", o.host_simulated)? {
+            b = b.host_simulated(s);
+        }
+        let backtrace = tristate(CALL, "backtrace", o.backtrace)?;
+        let backtrace = match (backtrace, o.ignore_env != 0) {
+            (None, true) => Some(false),
+            (b, _) => b,
+        };
+        let config = b.build()?;
+        let instance = make_instance(&config, o.device, backtrace, false)?;
+        // SAFETY: the caller's promise on `out`, checked non-null above.
+        unsafe { write_out(CALL, "out", out, register(instance)) }
+    })
+}
+
+/// Destroys an allocator: frees every buffer still live (handles die with it) and returns
+/// its memory to the device. The pointer is refused by every call afterwards.
+///
+/// # Safety
+/// None beyond the ABI: `allocator` is only looked up, never dereferenced.
+#[no_mangle]
+pub unsafe extern "C" fn portalloc_destroy(allocator: *mut PortallocAllocator) -> PortallocStatus {
+    const CALL: &str = "portalloc_destroy";
+    guard(CALL, || {
+        let instance = unregister(CALL, allocator)?;
+        let live = instance.table().drain();
+        let mut first_error = None;
+        for a in live {
+            if let Err(e) = instance.ledger.deallocate(a) {
+                first_error.get_or_insert(e);
+            }
+        }
+        match first_error {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
+        }
+    })
+}
+
+/// Allocates `size` bytes aligned to `alignment` (a power of two; 0: the strategy's default)
+/// for `stream`, labelled `tag` (null: `"buffer"`). Writes the handle to `*out_handle` and,
+/// if `out_ptr` is not null, the device pointer to `*out_ptr` (null for a zero-byte buffer).
+///
+/// # Safety
+/// `tag` is null or NUL-terminated; `out_handle` null or valid for one `uint64_t`; `out_ptr`
+/// null or valid for one pointer.
+#[no_mangle]
+pub unsafe extern "C" fn portalloc_allocate(
+    allocator: *mut PortallocAllocator,
+    size: u64,
+    alignment: u64,
+    stream: u64,
+    tag: *const c_char,
+    out_handle: *mut u64,
+    out_ptr: *mut *mut c_void,
+) -> PortallocStatus {
+    const CALL: &str = "portalloc_allocate";
+    guard(CALL, || {
+        let instance = lookup(CALL, allocator)?;
+        if out_handle.is_null() {
+            return Err(Failure::null(CALL, "out_handle"));
+        }
+        // SAFETY: the caller's promise on `tag`.
+        let tag = unsafe { read_str(CALL, "tag", tag) }?;
+        let (handle, ptr) = allocate(&instance, size, alignment, stream, tag.as_deref())?;
+        // SAFETY: the caller's promises on the output pointers; `out_handle` checked above.
+        unsafe {
+            write_out(CALL, "out_handle", out_handle, handle)?;
+            write_opt(out_ptr, ptr as usize as *mut c_void);
+        }
+        Ok(())
+    })
+}
+
+pub(crate) fn allocate(
+    instance: &Instance,
+    size: u64,
+    alignment: u64,
+    stream: u64,
+    tag: Option<&str>,
+) -> Result<(u64, u64), Failure> {
+    let a = instance
+        .ledger
+        .allocate(size, alignment, Stream(stream), tag.unwrap_or("buffer"))?;
+    let ptr = a.ptr();
+    Ok((instance.table().insert(a), ptr))
+}
+
+/// Frees the buffer `handle` names. A handle already freed or donated is refused with
+/// `PORTALLOC_STATUS_INVALID_HANDLE` ("buffer has been deleted or donated"); nothing is freed
+/// twice.
+///
+/// # Safety
+/// None beyond the ABI: `allocator` is only looked up, never dereferenced.
+#[no_mangle]
+pub unsafe extern "C" fn portalloc_free(
+    allocator: *mut PortallocAllocator,
+    handle: u64,
+) -> PortallocStatus {
+    const CALL: &str = "portalloc_free";
+    guard(CALL, || {
+        let instance = lookup(CALL, allocator)?;
+        let a = instance
+            .table()
+            .take(handle, false)
+            .map_err(|r| prefixed(CALL, r.into()))?;
+        instance.ledger.deallocate(a)?;
+        Ok(())
+    })
+}
+
+/// Frees the buffer that starts at `ptr`. A pointer that is not the start of a live buffer of
+/// this allocator (foreign, or already freed) is refused with
+/// `PORTALLOC_STATUS_UNKNOWN_POINTER`; the memory is never touched.
+///
+/// # Safety
+/// None beyond the ABI: neither pointer is dereferenced.
+#[no_mangle]
+pub unsafe extern "C" fn portalloc_free_ptr(
+    allocator: *mut PortallocAllocator,
+    ptr: *mut c_void,
+) -> PortallocStatus {
+    const CALL: &str = "portalloc_free_ptr";
+    guard(CALL, || {
+        let instance = lookup(CALL, allocator)?;
+        free_ptr(CALL, &instance, ptr as usize as u64)
+    })
+}
+
+pub(crate) fn free_ptr(call: &str, instance: &Instance, ptr: u64) -> Result<(), Failure> {
+    if ptr == 0 {
+        return Err(Failure::null(call, "ptr"));
+    }
+    let a = {
+        let mut table = instance.table();
+        let handle = table.handle_of(ptr).map_err(|r| prefixed(call, r.into()))?;
+        table
+            .take(handle, false)
+            .map_err(|r| prefixed(call, r.into()))?
+    };
+    instance.ledger.deallocate(a)?;
+    Ok(())
+}
+
+fn prefixed(call: &str, f: Failure) -> Failure {
+    Failure::new(f.status, format!("{call}: {}", f.message))
+}
+
+/// Writes the device pointer (null for a zero-byte buffer) and size of the live buffer
+/// `handle` names; either output may be null.
+///
+/// # Safety
+/// `out_ptr` null or valid for one pointer; `out_size` null or valid for one `uint64_t`.
+#[no_mangle]
+pub unsafe extern "C" fn portalloc_handle_info(
+    allocator: *mut PortallocAllocator,
+    handle: u64,
+    out_ptr: *mut *mut c_void,
+    out_size: *mut u64,
+) -> PortallocStatus {
+    const CALL: &str = "portalloc_handle_info";
+    guard(CALL, || {
+        let instance = lookup(CALL, allocator)?;
+        let (ptr, size) = {
+            let table = instance.table();
+            let a = table.get(handle).map_err(|r| prefixed(CALL, r.into()))?;
+            (a.ptr(), a.size())
+        };
+        // SAFETY: the caller's promises on the output pointers.
+        unsafe {
+            write_opt(out_ptr, ptr as usize as *mut c_void);
+            write_opt(out_size, size);
+        }
+        Ok(())
+    })
+}
+
+/// Donates the buffer `handle` names to a consumer that reuses its memory, under `to_tag`
+/// (null: `"donated"`): writes the consumer's new handle to `*out_handle`. The old handle is
+/// dead: using it is refused with "buffer has been deleted or donated". The memory is not
+/// touched and stays allocated.
+///
+/// # Safety
+/// `to_tag` null or NUL-terminated; `out_handle` null or valid for one `uint64_t`.
+#[no_mangle]
+pub unsafe extern "C" fn portalloc_donate(
+    allocator: *mut PortallocAllocator,
+    handle: u64,
+    to_tag: *const c_char,
+    out_handle: *mut u64,
+) -> PortallocStatus {
+    const CALL: &str = "portalloc_donate";
+    guard(CALL, || {
+        let instance = lookup(CALL, allocator)?;
+        if out_handle.is_null() {
+            return Err(Failure::null(CALL, "out_handle"));
+        }
+        // SAFETY: the caller's promise on `to_tag`.
+        let tag = unsafe { read_str(CALL, "to_tag", to_tag) }?;
+        let new_handle = {
+            let mut table = instance.table();
+            let a = table
+                .take(handle, true)
+                .map_err(|r| prefixed(CALL, r.into()))?;
+            let donated = instance
+                .ledger
+                .donate(a, tag.as_deref().unwrap_or("donated"))?;
+            table.insert(donated)
+        };
+        // SAFETY: the caller's promise on `out_handle`, checked non-null above.
+        unsafe { write_out(CALL, "out_handle", out_handle, new_handle) }
+    })
+}
+
+/// Writes the allocator's counters to `*out`.
+///
+/// # Safety
+/// `out` null or valid for writing one `PortallocStats`.
+#[no_mangle]
+pub unsafe extern "C" fn portalloc_stats(
+    allocator: *mut PortallocAllocator,
+    out: *mut PortallocStats,
+) -> PortallocStatus {
+    const CALL: &str = "portalloc_stats";
+    guard(CALL, || {
+        let instance = lookup(CALL, allocator)?;
+        let s = instance.ledger.stats();
+        let stats = PortallocStats {
+            num_allocs: s.num_allocs,
+            bytes_in_use: s.bytes_in_use,
+            peak_bytes_in_use: s.peak_bytes_in_use,
+            largest_alloc_size: s.largest_alloc_size,
+            bytes_limit: s.bytes_limit.unwrap_or(0),
+            bytes_reserved: s.bytes_reserved,
+            peak_bytes_reserved: s.peak_bytes_reserved,
+            largest_free_block_bytes: s.largest_free_block_bytes,
+            pool_bytes: s.pool_bytes,
+            peak_pool_bytes: s.peak_pool_bytes,
+            fragmentation: s.fragmentation,
+            live_allocations: instance.table().live() as u64,
+        };
+        // SAFETY: the caller's promise on `out`.
+        unsafe { write_out(CALL, "out", out, stats) }
+    })
+}
+
+/// Writes the ledger snapshot as JSON (the format `portalloc ledger FILE` prints) into
+/// `buf`, NUL-terminated, and its length (without the NUL) to `*out_len`. When `capacity` is
+/// too small (0 with a null `buf` asks for the length), nothing is written to `buf`,
+/// `*out_len` is the length needed and the status is `PORTALLOC_STATUS_BUFFER_TOO_SMALL`.
+///
+/// # Safety
+/// `buf` null or valid for writing `capacity` bytes; `out_len` null or valid for one `size_t`.
+#[no_mangle]
+pub unsafe extern "C" fn portalloc_ledger_json(
+    allocator: *mut PortallocAllocator,
+    buf: *mut c_char,
+    capacity: usize,
+    out_len: *mut usize,
+) -> PortallocStatus {
+    const CALL: &str = "portalloc_ledger_json";
+    guard(CALL, || {
+        let instance = lookup(CALL, allocator)?;
+        if out_len.is_null() {
+            return Err(Failure::null(CALL, "out_len"));
+        }
+        let json = instance.ledger.to_json();
+        let len = json.len();
+        // SAFETY: the caller's promise on `out_len`, checked non-null above.
+        unsafe { write_out(CALL, "out_len", out_len, len) }?;
+        if buf.is_null() || capacity <= len {
+            return Err(Failure::new(
+                PortallocStatus::BufferTooSmall,
+                format!(
+                    "{CALL}: the ledger JSON needs {} bytes with its NUL, the buffer has {capacity}{}",
+                    len + 1,
+                    if buf.is_null() { " (buf is null)" } else { "" }
+                ),
+            ));
+        }
+        // SAFETY: `buf` is non-null and the caller promises `capacity` writable bytes;
+        // `len + 1 <= capacity`, and a fresh `String` cannot overlap the caller's buffer.
+        unsafe {
+            std::ptr::copy_nonoverlapping(json.as_ptr(), buf.cast::<u8>(), len);
+            buf.add(len).write(0);
+        }
+        Ok(())
+    })
+}
+
+/// Writes the ledger snapshot as JSON to the file at `path` (for `portalloc ledger FILE`).
+///
+/// # Safety
+/// `path` null or NUL-terminated.
+#[no_mangle]
+pub unsafe extern "C" fn portalloc_ledger_write(
+    allocator: *mut PortallocAllocator,
+    path: *const c_char,
+) -> PortallocStatus {
+    const CALL: &str = "portalloc_ledger_write";
+    guard(CALL, || {
+        let instance = lookup(CALL, allocator)?;
+        // SAFETY: the caller's promise on `path`.
+        let path =
+            unsafe { read_str(CALL, "path", path) }?.ok_or_else(|| Failure::null(CALL, "path"))?;
+        instance
+            .ledger
+            .write_json(&path)
+            .map_err(|e| Failure::new(PortallocStatus::Internal, format!("{CALL}: {path}: {e}")))
+    })
+}
+
+/// Returns memory the allocator holds but does not use to the device; writes the bytes
+/// released to `*out_released` if it is not null.
+///
+/// # Safety
+/// `out_released` null or valid for one `uint64_t`.
+#[no_mangle]
+pub unsafe extern "C" fn portalloc_trim(
+    allocator: *mut PortallocAllocator,
+    out_released: *mut u64,
+) -> PortallocStatus {
+    const CALL: &str = "portalloc_trim";
+    guard(CALL, || {
+        let instance = lookup(CALL, allocator)?;
+        let released = instance.ledger.trim()?;
+        // SAFETY: the caller's promise on `out_released`.
+        unsafe { write_opt(out_released, released) };
+        Ok(())
+    })
+}

@@ -1,0 +1,148 @@
+//! The framework hooks: the two functions PyTorch's
+//! `torch.cuda.memory.CUDAPluggableAllocator(path, "portalloc_torch_alloc",
+//! "portalloc_torch_free")` loads, over a process-global allocator per device, made from the
+//! environment at first use (with a ledger; buffers tagged `torch`). CuPy and other callers
+//! reach the same allocators through [`portalloc_global`].
+//!
+//! PyTorch fixes these signatures, so they cannot return a status: a failed allocation
+//! returns null (PyTorch raises its out-of-memory error) and a refused free is ignored; both
+//! leave their message in [`super::portalloc_last_error`] and log it (`tracing`, warn).
+
+use std::ffi::{c_int, c_void};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use rustc_hash::FxHashMap;
+
+use super::api::{allocate, free_ptr, make_instance};
+use super::{
+    guard, lookup, register, write_out, Failure, Instance, PortallocAllocator, PortallocStatus,
+};
+use crate::config::Config;
+
+/// The tag of buffers allocated through the PyTorch hooks.
+pub(crate) const TORCH_TAG: &str = "torch";
+
+/// Device ordinal → the global allocator's registered pointer (as an integer).
+type Globals = Mutex<FxHashMap<u32, usize>>;
+
+fn globals() -> &'static Globals {
+    static GLOBALS: OnceLock<Globals> = OnceLock::new();
+    GLOBALS.get_or_init(Globals::default)
+}
+
+/// The process-global allocator of `device`, made from the environment at first use.
+fn global(call: &str, device: i64) -> Result<(*mut PortallocAllocator, Arc<Instance>), Failure> {
+    let ordinal = u32::try_from(device).map_err(|_| {
+        Failure::new(
+            PortallocStatus::InvalidArgument,
+            format!("{call}: device {device} is not accepted: a device ordinal, 0 or more"),
+        )
+    })?;
+    let mut map = globals().lock().unwrap_or_else(|p| p.into_inner());
+    let token = match map.get(&ordinal) {
+        Some(&t) => t,
+        None => {
+            let config = Config::from_env().map_err(|e| prefixed(call, e.into()))?;
+            let instance =
+                make_instance(&config, ordinal, None, true).map_err(|f| prefixed(call, f))?;
+            let t = register(instance) as usize;
+            map.insert(ordinal, t);
+            t
+        }
+    };
+    let ptr = token as *mut PortallocAllocator;
+    Ok((ptr, lookup(call, ptr)?))
+}
+
+fn prefixed(call: &str, f: Failure) -> Failure {
+    Failure::new(f.status, format!("{call}: {}", f.message))
+}
+
+/// Writes the process-global allocator of `device` to `*out`, making it from the environment
+/// at first use. It is the one the PyTorch hooks use; it cannot be destroyed.
+///
+/// # Safety
+/// `out` null or valid for writing one pointer.
+#[no_mangle]
+pub unsafe extern "C" fn portalloc_global(
+    device: i32,
+    out: *mut *mut PortallocAllocator,
+) -> PortallocStatus {
+    const CALL: &str = "portalloc_global";
+    guard(CALL, || {
+        if out.is_null() {
+            return Err(Failure::null(CALL, "out"));
+        }
+        let (ptr, _) = global(CALL, i64::from(device))?;
+        // SAFETY: the caller's promise on `out`, checked non-null above.
+        unsafe { write_out(CALL, "out", out, ptr) }
+    })
+}
+
+/// PyTorch's pluggable allocation hook:
+/// `void* alloc(ssize_t size, int device, cudaStream_t stream)`. Returns the device pointer,
+/// or null on failure (message in `portalloc_last_error`) and for `size == 0`.
+#[no_mangle]
+pub extern "C" fn portalloc_torch_alloc(
+    size: libc::ssize_t,
+    device: c_int,
+    stream: *mut c_void,
+) -> *mut c_void {
+    const CALL: &str = "portalloc_torch_alloc";
+    let mut out = 0u64;
+    let status = guard(CALL, || {
+        let size = u64::try_from(size).map_err(|_| {
+            Failure::new(
+                PortallocStatus::InvalidArgument,
+                format!("{CALL}: size {size} is negative"),
+            )
+        })?;
+        if size == 0 {
+            return Ok(());
+        }
+        let (_, instance) = global(CALL, i64::from(device))?;
+        let (_, ptr) = allocate(&instance, size, 0, stream as usize as u64, Some(TORCH_TAG))?;
+        out = ptr;
+        Ok(())
+    });
+    if status != PortallocStatus::Ok {
+        tracing::warn!(
+            size,
+            device,
+            status = status.name(),
+            "{CALL} failed; returning null"
+        );
+    }
+    out as usize as *mut c_void
+}
+
+/// PyTorch's pluggable free hook:
+/// `void free(void* ptr, ssize_t size, int device, cudaStream_t stream)`. A pointer that is
+/// not a live buffer of the device's global allocator is refused (message in
+/// `portalloc_last_error`, and a warning), never freed; null is ignored.
+#[no_mangle]
+pub extern "C" fn portalloc_torch_free(
+    ptr: *mut c_void,
+    size: libc::ssize_t,
+    device: c_int,
+    stream: *mut c_void,
+) {
+    const CALL: &str = "portalloc_torch_free";
+    let _ = stream;
+    if ptr.is_null() {
+        return;
+    }
+    let status = guard(CALL, || {
+        let (_, instance) = global(CALL, i64::from(device))?;
+        free_ptr(CALL, &instance, ptr as usize as u64)
+    });
+    if status != PortallocStatus::Ok {
+        tracing::warn!(
+            ptr = ptr as usize,
+            size,
+            device,
+            status = status.name(),
+            "{CALL} refused the free"
+        );
+    }
+}

@@ -1,0 +1,494 @@
+//! Out-of-memory diagnosis: beside the XLA-style [`OomReport`], a verdict on *why* memory ran
+//! out, the evidence for it, and what would help.
+//!
+//! | verdict | when | what helps |
+//! |---|---|---|
+//! | [`Verdict::Fragmentation`] | the pool's free bytes would hold the request, but no free block is large enough | `XLA_PYTHON_CLIENT_ALLOCATOR=vmm` (free space contiguous across chunks) |
+//! | [`Verdict::OtherProcesses`] | the device's used memory (total − free) is well above what this allocator holds, and the device could not give what the allocator may take | make the fractions of every process on the device sum to ≤ 1, or stop preallocating |
+//! | [`Verdict::GrowthExhausted`] | the allocator's limit (`fraction × total`) leaves no room for the request | raise `XLA_CLIENT_MEM_FRACTION` / `PORTALLOC_MEM_FRACTION` (the variable that set it is named) |
+//! | [`Verdict::SuspectedLeak`] | one tag holds many live allocations from the first half of the program's allocations, and a large share of the bytes in use | free or donate them; `PORTALLOC_BACKTRACE=1` shows where they were made |
+//! | [`Verdict::InUse`] | none of the above: live allocations simply fill what may be used | smaller working set, or a larger fraction |
+//!
+//! Several verdicts can hold at once; [`Diagnosis::findings`] lists every one that does, the
+//! most specific first (in the order of the table). The thresholds are
+//! [`DiagnoseOptions`]. [`diagnose`] is a pure function of an [`OomContext`]; the
+//! [`crate::adaptor::LedgerAllocator`] builds one at every out-of-memory error of its
+//! upstream and attaches the result ([`crate::Error::OutOfMemoryDiagnosed`]).
+#![deny(unsafe_code)]
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::adaptor::LiveAllocation;
+use crate::allocator::Stats;
+use crate::device::MemInfo;
+use crate::report::OomReport;
+use crate::units::Bytes;
+
+/// Why an allocation failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// Enough free bytes in the pool, but no free block large enough.
+    Fragmentation,
+    /// Other processes (or other allocators) hold device memory this allocator may use.
+    OtherProcesses,
+    /// The allocator's limit (the memory fraction) is reached.
+    GrowthExhausted,
+    /// Many old live allocations of one tag hold much of the memory.
+    SuspectedLeak,
+    /// Live allocations fill what may be used; nothing more specific applies.
+    InUse,
+}
+
+impl Verdict {
+    /// The verdict's name in reports (`fragmentation`, `other processes`, …).
+    pub fn name(self) -> &'static str {
+        match self {
+            Verdict::Fragmentation => "fragmentation",
+            Verdict::OtherProcesses => "other processes",
+            Verdict::GrowthExhausted => "growth exhausted",
+            Verdict::SuspectedLeak => "suspected leak",
+            Verdict::InUse => "in use",
+        }
+    }
+}
+
+impl fmt::Display for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One verdict with its evidence and remedy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Finding {
+    /// The verdict.
+    pub verdict: Verdict,
+    /// The numbers that support it.
+    pub evidence: String,
+    /// The strategy or variable that would help.
+    pub remedy: String,
+}
+
+/// A live allocation cited as evidence of a suspected leak.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Suspect {
+    /// Its tag.
+    pub tag: String,
+    /// Its sequence number (age: lower is older).
+    pub seq: u64,
+    /// Bytes asked for.
+    pub size: u64,
+    /// Bytes charged.
+    pub rounded: u64,
+}
+
+/// The verdicts on one out-of-memory error.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Diagnosis {
+    /// The strategy that ran out.
+    pub strategy: String,
+    /// The tag of the failed request.
+    pub tag: String,
+    /// Bytes requested.
+    pub requested: u64,
+    /// Bytes after the strategy's rounding, when it said.
+    pub rounded: u64,
+    /// Every verdict that holds, most specific first; never empty.
+    pub findings: Vec<Finding>,
+    /// The oldest live allocations of the suspected tags (empty without a leak verdict).
+    pub suspects: Vec<Suspect>,
+}
+
+impl Diagnosis {
+    /// The first (most specific) verdict.
+    pub fn verdict(&self) -> Verdict {
+        self.findings.first().map_or(Verdict::InUse, |f| f.verdict)
+    }
+
+    /// True when `verdict` is among the findings.
+    pub fn has(&self, verdict: Verdict) -> bool {
+        self.findings.iter().any(|f| f.verdict == verdict)
+    }
+
+    /// The finding for `verdict`, if it holds.
+    pub fn finding(&self, verdict: Verdict) -> Option<&Finding> {
+        self.findings.iter().find(|f| f.verdict == verdict)
+    }
+}
+
+impl fmt::Display for Diagnosis {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "diagnosis of the failed {} request (tag `{}`) to {}:",
+            Bytes(self.requested),
+            self.tag,
+            self.strategy
+        )?;
+        for (i, finding) in self.findings.iter().enumerate() {
+            let lead = if i == 0 { "verdict" } else { "also" };
+            writeln!(f, "  {lead}: {}", finding.verdict)?;
+            writeln!(f, "    evidence:   {}", finding.evidence)?;
+            writeln!(f, "    would help: {}", finding.remedy)?;
+        }
+        Ok(())
+    }
+}
+
+/// Where the allocator's memory limit came from, so the diagnosis can say which variable
+/// raises it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LimitHint {
+    /// The fraction of total device memory in use, if known.
+    pub fraction: Option<f64>,
+    /// What set it: a variable's name, `the builder`, or `the default`.
+    pub source: Option<String>,
+}
+
+/// Thresholds of [`diagnose`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DiagnoseOptions {
+    /// Memory held by others counts when it is at least this share of the device (0.05).
+    pub other_min_share: f64,
+    /// A leak is considered only after this many allocations were made (64).
+    pub leak_min_allocations: u64,
+    /// A tag is suspected when at least this many of its allocations are old (8)…
+    pub leak_min_count: u64,
+    /// …and its old allocations hold at least this share of the bytes in use (0.25).
+    pub leak_min_share: f64,
+    /// How many of the oldest suspects to cite (5).
+    pub suspects_shown: usize,
+}
+
+impl Default for DiagnoseOptions {
+    fn default() -> Self {
+        DiagnoseOptions {
+            other_min_share: 0.05,
+            leak_min_allocations: 64,
+            leak_min_count: 8,
+            leak_min_share: 0.25,
+            suspects_shown: 5,
+        }
+    }
+}
+
+/// Everything known at an out-of-memory error.
+#[derive(Debug, Clone, Copy)]
+pub struct OomContext<'a> {
+    /// The strategy's name.
+    pub strategy: &'a str,
+    /// Bytes requested.
+    pub requested: u64,
+    /// Bytes after the strategy's rounding (the request if unknown).
+    pub rounded: u64,
+    /// The requested alignment (0 = default).
+    pub alignment: u64,
+    /// The request's tag.
+    pub tag: &'a str,
+    /// The allocator's counters after the failure.
+    pub stats: Stats,
+    /// The allocator's XLA-style report, when it made one.
+    pub report: Option<&'a OomReport>,
+    /// The free bytes a device refusal reported (`DeviceOutOfMemory`), when that was the error.
+    pub device_error: Option<u64>,
+    /// The device's free and total memory after the failure, when known.
+    pub device: Option<MemInfo>,
+    /// Live allocations, oldest first (from the ledger; empty when there is none).
+    pub live: &'a [LiveAllocation],
+    /// Allocations made so far (the ledger's next sequence number).
+    pub allocations_made: u64,
+    /// Where the limit came from.
+    pub limit_hint: &'a LimitHint,
+    /// Thresholds.
+    pub options: &'a DiagnoseOptions,
+}
+
+const VMM_REMEDY: &str = "XLA_PYTHON_CLIENT_ALLOCATOR=vmm (or PORTALLOC_ALLOCATOR=vmm): its free \
+     space is contiguous across physical chunks, so free bytes anywhere in the pool can serve \
+     one request";
+
+/// Gives the verdicts on an out-of-memory error. See the [module documentation](self).
+pub fn diagnose(cx: &OomContext<'_>) -> Diagnosis {
+    let s = &cx.stats;
+    let pool = cx.report.map_or(s.pool_bytes, |r| r.pool_bytes);
+    let in_use = cx.report.map_or(s.bytes_in_use, |r| r.bytes_in_use);
+    let largest = cx
+        .report
+        .map_or(s.largest_free_block_bytes, |r| r.largest_free_block);
+    let limit = cx.report.and_then(|r| r.limit).or(s.bytes_limit);
+    let need = cx.rounded.max(cx.requested);
+    let pool_free = pool.saturating_sub(in_use);
+    let device_free = cx
+        .device
+        .map(|m| m.free)
+        .or(cx.report.and_then(|r| r.device_free))
+        .or(cx.device_error);
+    let mut findings = Vec::new();
+
+    // Fragmentation: the free bytes would do, no single block does.
+    if pool_free >= need && largest < need {
+        let regions = cx.report.map_or(String::new(), |r| {
+            format!(" across {} region(s)", r.regions.len())
+        });
+        let remedy = if cx.strategy == "vmm" {
+            "allocate large, long-lived buffers first and short-lived ones after; \
+             Allocator::trim between phases"
+                .to_string()
+        } else {
+            format!("{VMM_REMEDY}; or allocate large, long-lived buffers first")
+        };
+        findings.push(Finding {
+            verdict: Verdict::Fragmentation,
+            evidence: format!(
+                "the pool has {} free ({} B), enough for the {} ({} B) needed, but its largest \
+                 free block is {} ({} B){regions}: fragmentation {:.1}%",
+                Bytes(pool_free),
+                pool_free,
+                Bytes(need),
+                need,
+                Bytes(largest),
+                largest,
+                Stats::compute_fragmentation(pool, in_use, largest) * 100.0
+            ),
+            remedy,
+        });
+    }
+
+    // Other processes: the device is used well beyond this allocator's pool, and could not
+    // give what the allocator may still take.
+    if let Some(m) = cx.device {
+        let used = m.total.saturating_sub(m.free);
+        let others = used.saturating_sub(pool);
+        let threshold = ((m.total as f64 * cx.options.other_min_share) as u64).max(1);
+        let may_take = limit.unwrap_or(m.total).saturating_sub(pool);
+        if others >= threshold && (m.free < need || m.free < may_take) {
+            findings.push(Finding {
+                verdict: Verdict::OtherProcesses,
+                evidence: format!(
+                    "the device has {} free of {}; {} is in use on it but this allocator holds \
+                     only {} (pool), so {} ({:.0}% of the device) is held by other processes \
+                     or other allocators on this device; this allocator may still take {} \
+                     under its limit",
+                    Bytes(m.free),
+                    Bytes(m.total),
+                    Bytes(used),
+                    Bytes(pool),
+                    Bytes(others),
+                    others as f64 * 100.0 / m.total.max(1) as f64,
+                    Bytes(may_take)
+                ),
+                remedy: "find the other users of the device (nvidia-smi, rocm-smi); make the \
+                         memory fractions of everything on the device sum to at most 1 \
+                         (XLA_CLIENT_MEM_FRACTION or PORTALLOC_MEM_FRACTION in each), or set \
+                         XLA_PYTHON_CLIENT_PREALLOCATE=false so each takes only what it uses"
+                    .to_string(),
+            });
+        }
+    }
+
+    // Growth exhausted: the limit leaves no room to grow by what is needed.
+    if let Some(limit) = limit {
+        let room = limit.saturating_sub(pool);
+        if (room < need && pool_free < need) || need > limit {
+            findings.push(growth_exhausted(cx, limit, pool, need, room));
+        }
+    }
+
+    // Suspected leak: many old live allocations of one tag.
+    let mut suspects = Vec::new();
+    if let Some(f) = suspected_leak(cx, in_use, &mut suspects) {
+        // After fragmentation and other processes, before growth: a leak is the likelier
+        // root cause of a reached limit.
+        let at = findings
+            .iter()
+            .position(|f| f.verdict == Verdict::GrowthExhausted)
+            .unwrap_or(findings.len());
+        findings.insert(at, f);
+    }
+
+    if findings.is_empty() {
+        let mut by_tag: BTreeMap<&str, u64> = BTreeMap::new();
+        for a in cx.live {
+            *by_tag.entry(a.tag.as_str()).or_default() += a.rounded;
+        }
+        let mut tags: Vec<(&str, u64)> = by_tag.into_iter().collect();
+        tags.sort_by_key(|t| std::cmp::Reverse(t.1));
+        let tags = tags
+            .iter()
+            .take(3)
+            .map(|(t, b)| format!("`{t}` {}", Bytes(*b)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let device = device_free.map_or(String::new(), |f| {
+            format!("; the device has {} free", Bytes(f))
+        });
+        findings.push(Finding {
+            verdict: Verdict::InUse,
+            evidence: format!(
+                "live allocations hold {} of a pool of {}{}{device}{}",
+                Bytes(in_use),
+                Bytes(pool),
+                limit.map_or(String::new(), |l| format!(" (limit {})", Bytes(l))),
+                if tags.is_empty() {
+                    String::new()
+                } else {
+                    format!("; largest tags: {tags}")
+                }
+            ),
+            remedy: "free buffers that are no longer needed (or donate them to the computation \
+                     that consumes them), reduce the working set (batch size), or raise \
+                     XLA_CLIENT_MEM_FRACTION / PORTALLOC_MEM_FRACTION"
+                .to_string(),
+        });
+    }
+
+    Diagnosis {
+        strategy: cx.strategy.to_string(),
+        tag: cx.tag.to_string(),
+        requested: cx.requested,
+        rounded: cx.rounded,
+        findings,
+        suspects,
+    }
+}
+
+fn growth_exhausted(cx: &OomContext<'_>, limit: u64, pool: u64, need: u64, room: u64) -> Finding {
+    let hint = cx.limit_hint;
+    let now = match (hint.fraction, &hint.source) {
+        (Some(f), Some(src)) => format!(" (now {f} from {src})"),
+        (Some(f), None) => format!(" (now {f})"),
+        _ => String::new(),
+    };
+    let total = cx.device.map(|m| m.total);
+    let wanted = match total {
+        Some(t) if t > 0 => {
+            let frac = (pool.saturating_add(need)) as f64 / t as f64;
+            if frac <= 1.0 {
+                format!(
+                    "; a fraction of at least {:.3} of the device's {} would serve it",
+                    (frac * 1000.0).ceil() / 1000.0,
+                    Bytes(t)
+                )
+            } else {
+                format!(
+                    "; no fraction serves it on this device of {}: free memory (or use a \
+                     larger device)",
+                    Bytes(t)
+                )
+            }
+        }
+        _ => String::new(),
+    };
+    let variable = match hint.source.as_deref() {
+        Some(
+            v @ ("XLA_CLIENT_MEM_FRACTION"
+            | "XLA_PYTHON_CLIENT_MEM_FRACTION"
+            | "PORTALLOC_MEM_FRACTION"),
+        ) => {
+            format!("raise {v}{now}")
+        }
+        _ => format!(
+            "raise the memory fraction{now}: XLA_CLIENT_MEM_FRACTION, or PORTALLOC_MEM_FRACTION \
+             which overrides it"
+        ),
+    };
+    let evidence = if need > limit {
+        format!(
+            "the request alone ({} B) exceeds the allocator's limit of {} ({} B)",
+            need,
+            Bytes(limit),
+            limit
+        )
+    } else {
+        format!(
+            "the pool holds {} of its limit of {} ({} B = fraction × total): {} left to grow, {} \
+             needed",
+            Bytes(pool),
+            Bytes(limit),
+            limit,
+            Bytes(room),
+            Bytes(need)
+        )
+    };
+    Finding {
+        verdict: Verdict::GrowthExhausted,
+        evidence,
+        remedy: format!("{variable}{wanted}"),
+    }
+}
+
+fn suspected_leak(
+    cx: &OomContext<'_>,
+    in_use: u64,
+    suspects: &mut Vec<Suspect>,
+) -> Option<Finding> {
+    let o = cx.options;
+    if cx.allocations_made < o.leak_min_allocations || cx.live.is_empty() {
+        return None;
+    }
+    let half = cx.allocations_made / 2;
+    // Per tag: (count, rounded bytes) of live allocations from the first half.
+    let mut old: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+    for a in cx.live.iter().filter(|a| a.seq < half) {
+        let e = old.entry(a.tag.as_str()).or_default();
+        e.0 += 1;
+        e.1 += a.rounded;
+    }
+    let total = in_use.max(cx.live.iter().map(|a| a.rounded).sum()).max(1);
+    let mut tags: Vec<(&str, u64, u64)> = old
+        .into_iter()
+        .filter(|(_, (count, bytes))| {
+            *count >= o.leak_min_count && *bytes as f64 >= o.leak_min_share * total as f64
+        })
+        .map(|(t, (c, b))| (t, c, b))
+        .collect();
+    if tags.is_empty() {
+        return None;
+    }
+    tags.sort_by_key(|t| std::cmp::Reverse(t.2));
+    let mut parts = Vec::new();
+    for &(tag, count, bytes) in &tags {
+        let oldest: Vec<&LiveAllocation> = cx
+            .live
+            .iter()
+            .filter(|a| a.tag == tag)
+            .take(o.suspects_shown)
+            .collect();
+        parts.push(format!(
+            "tag `{tag}`: {count} allocations ({}, {:.0}% of the bytes in use) still live from \
+             the first half of the {} allocations made; oldest: {}",
+            Bytes(bytes),
+            bytes as f64 * 100.0 / total as f64,
+            cx.allocations_made,
+            oldest
+                .iter()
+                .map(|a| format!("#{} ({})", a.seq, Bytes(a.size)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+        suspects.extend(oldest.into_iter().map(|a| Suspect {
+            tag: a.tag.clone(),
+            seq: a.seq,
+            size: a.size,
+            rounded: a.rounded,
+        }));
+    }
+    let names = tags
+        .iter()
+        .map(|t| format!("`{}`", t.0))
+        .collect::<Vec<_>>()
+        .join(", ");
+    Some(Finding {
+        verdict: Verdict::SuspectedLeak,
+        evidence: parts.join("; "),
+        remedy: format!(
+            "check that the {names} buffers are freed (or donated to their consumer) once used; \
+             run with PORTALLOC_BACKTRACE=1 and print the ledger (`portalloc ledger FILE`) to \
+             see where each was allocated"
+        ),
+    })
+}

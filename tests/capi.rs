@@ -1,0 +1,727 @@
+//! The C ABI (feature `c-api`), called from Rust (the exported functions are ordinary Rust
+//! functions too) with hostile values; donation through handles; the ledger JSON; per-thread
+//! error text; the PyTorch hooks; the header's freshness; and, when a C compiler and
+//! python3 are present, a C program and the Python module against the built cdylib.
+#![cfg(feature = "c-api")]
+
+use std::ffi::{c_char, c_void, CStr, CString};
+use std::path::PathBuf;
+use std::process::Command;
+use std::ptr;
+
+use portalloc::capi::*;
+use test_case::test_case;
+
+const MIB: u64 = 1 << 20;
+
+/// An allocator handle that destroys itself.
+struct Alloc(*mut PortallocAllocator);
+
+impl Drop for Alloc {
+    fn drop(&mut self) {
+        // SAFETY: the C ABI accepts any pointer; a destroyed one is refused with a status.
+        unsafe { portalloc_destroy(self.0) };
+    }
+}
+
+/// A bfc allocator on a simulated 64 MiB host device, half of it usable, ignoring the
+/// environment.
+fn make(strategy: &CStr) -> Alloc {
+    let mut o = std::mem::MaybeUninit::<PortallocOptions>::uninit();
+    // SAFETY: `o` is valid for writing one PortallocOptions.
+    let status = unsafe { portalloc_options_default(o.as_mut_ptr()) };
+    assert_eq!(status, PortallocStatus::Ok);
+    // SAFETY: initialised by portalloc_options_default.
+    let mut o = unsafe { o.assume_init() };
+    o.ignore_env = 1;
+    o.strategy = strategy.as_ptr();
+    o.backend = c"host".as_ptr();
+    o.host_capacity = 64 * MIB;
+    o.host_simulated = 1;
+    o.mem_fraction = 0.5;
+    o.preallocate = 0;
+    let mut a = ptr::null_mut();
+    // SAFETY: valid options with static strings; `a` is valid for one pointer.
+    let status = unsafe { portalloc_create(&o, &mut a) };
+    assert_eq!(status, PortallocStatus::Ok, "{}", last_error());
+    assert!(!a.is_null());
+    Alloc(a)
+}
+
+fn last_error() -> String {
+    // SAFETY: portalloc_last_error returns a valid NUL-terminated string.
+    unsafe { CStr::from_ptr(portalloc_last_error()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn allocate(a: &Alloc, size: u64, tag: &CStr) -> (u64, *mut c_void) {
+    let (mut h, mut p) = (0u64, ptr::null_mut());
+    // SAFETY: valid outputs and tag.
+    let s = unsafe { portalloc_allocate(a.0, size, 0, 0, tag.as_ptr(), &mut h, &mut p) };
+    assert_eq!(s, PortallocStatus::Ok, "{}", last_error());
+    (h, p)
+}
+
+fn stats(a: &Alloc) -> PortallocStats {
+    let mut s = PortallocStats::default();
+    // SAFETY: valid output.
+    let status = unsafe { portalloc_stats(a.0, &mut s) };
+    assert_eq!(status, PortallocStatus::Ok, "{}", last_error());
+    s
+}
+
+fn ledger_json(a: &Alloc) -> serde_json::Value {
+    let mut len = 0usize;
+    // SAFETY: a null buffer with capacity 0 asks for the length.
+    let s = unsafe { portalloc_ledger_json(a.0, ptr::null_mut(), 0, &mut len) };
+    assert_eq!(s, PortallocStatus::BufferTooSmall);
+    let mut buf = vec![0u8; len + 1];
+    // SAFETY: `buf` has `len + 1` writable bytes.
+    let s = unsafe { portalloc_ledger_json(a.0, buf.as_mut_ptr().cast(), buf.len(), &mut len) };
+    assert_eq!(s, PortallocStatus::Ok, "{}", last_error());
+    assert_eq!(buf[len], 0, "NUL-terminated");
+    serde_json::from_slice(&buf[..len]).expect("the ledger JSON parses")
+}
+
+#[test]
+fn allocate_use_and_free() {
+    let a = make(c"bfc");
+    let (h, p) = allocate(&a, 1000, c"buffer");
+    assert_ne!(h, 0);
+    assert!(!p.is_null());
+    assert_eq!(p as usize % 256, 0);
+    let (mut q, mut size) = (ptr::null_mut(), 0u64);
+    // SAFETY: valid outputs.
+    let s = unsafe { portalloc_handle_info(a.0, h, &mut q, &mut size) };
+    assert_eq!(s, PortallocStatus::Ok);
+    assert_eq!((q, size), (p, 1000));
+    let st = stats(&a);
+    assert_eq!(st.live_allocations, 1);
+    assert_eq!(st.bytes_in_use, 1024);
+    assert_eq!(st.bytes_limit, 32 * MIB);
+    let (h2, p2) = allocate(&a, MIB, c"workspace");
+    // SAFETY: plain values.
+    assert_eq!(unsafe { portalloc_free(a.0, h) }, PortallocStatus::Ok);
+    // SAFETY: plain values.
+    assert_eq!(unsafe { portalloc_free_ptr(a.0, p2) }, PortallocStatus::Ok);
+    let _ = h2;
+    let st = stats(&a);
+    assert_eq!((st.live_allocations, st.bytes_in_use), (0, 0));
+    let mut released = 0;
+    // SAFETY: valid output.
+    assert_eq!(
+        unsafe { portalloc_trim(a.0, &mut released) },
+        PortallocStatus::Ok
+    );
+    assert!(released > 0);
+}
+
+/// Each hostile call: what it does, given a fresh allocator holding one live 4 KiB buffer
+/// (`live`) and one freed handle (`freed`, whose pointer was `freed_ptr`).
+#[derive(Debug, Clone, Copy)]
+enum Hostile {
+    NullAllocator,
+    MadeUpAllocator,
+    DestroyedAllocator,
+    NullOutHandle,
+    ZeroSize,
+    SizeMax,
+    AlignmentNotPowerOfTwo,
+    AlignmentMax,
+    InvalidUtf8Tag,
+    DoubleFreeHandle,
+    DoubleFreePointer,
+    ForeignPointer,
+    InteriorPointer,
+    NullPointer,
+    StaleHandle,
+    HandleZero,
+    HandleMax,
+    NullStatsOut,
+    NullLedgerLen,
+    NullOptions,
+    BadTristate,
+    BadStrategy,
+    BadFraction,
+}
+
+struct Fixture {
+    a: Alloc,
+    live: u64,
+    live_ptr: *mut c_void,
+    freed: u64,
+    freed_ptr: *mut c_void,
+}
+
+fn fixture() -> Fixture {
+    let a = make(c"bfc");
+    let (live, live_ptr) = allocate(&a, 4096, c"buffer");
+    let (freed, freed_ptr) = allocate(&a, 4096, c"buffer");
+    // SAFETY: plain values.
+    assert_eq!(unsafe { portalloc_free(a.0, freed) }, PortallocStatus::Ok);
+    Fixture {
+        a,
+        live,
+        live_ptr,
+        freed,
+        freed_ptr,
+    }
+}
+
+/// Runs the hostile call; returns its status.
+fn run(f: &Fixture, case: Hostile) -> PortallocStatus {
+    let (mut h, mut p) = (0u64, ptr::null_mut::<c_void>());
+    // SAFETY (whole block): every pointer passed is null, a valid output, a valid string, or
+    // a value portalloc only looks up; the point is that portalloc refuses the bad ones.
+    unsafe {
+        match case {
+            Hostile::NullAllocator => portalloc_free(ptr::null_mut(), f.live),
+            Hostile::MadeUpAllocator => portalloc_free(0xdead_bee0 as *mut _, f.live),
+            Hostile::DestroyedAllocator => {
+                let b = make(c"bfc");
+                let raw = b.0;
+                drop(b);
+                portalloc_allocate(raw, 256, 0, 0, ptr::null(), &mut h, &mut p)
+            }
+            Hostile::NullOutHandle => {
+                portalloc_allocate(f.a.0, 256, 0, 0, ptr::null(), ptr::null_mut(), &mut p)
+            }
+            Hostile::ZeroSize => {
+                let s = portalloc_allocate(f.a.0, 0, 0, 0, ptr::null(), &mut h, &mut p);
+                assert!(p.is_null(), "a zero-byte buffer has a null pointer");
+                assert_eq!(portalloc_free(f.a.0, h), PortallocStatus::Ok);
+                s
+            }
+            Hostile::SizeMax => {
+                portalloc_allocate(f.a.0, u64::MAX, 0, 0, ptr::null(), &mut h, &mut p)
+            }
+            Hostile::AlignmentNotPowerOfTwo => {
+                portalloc_allocate(f.a.0, 256, 3000, 0, ptr::null(), &mut h, &mut p)
+            }
+            Hostile::AlignmentMax => {
+                portalloc_allocate(f.a.0, 256, u64::MAX, 0, ptr::null(), &mut h, &mut p)
+            }
+            Hostile::InvalidUtf8Tag => {
+                let bad = [0xffu8, 0xfe, 0];
+                portalloc_allocate(f.a.0, 256, 0, 0, bad.as_ptr().cast(), &mut h, &mut p)
+            }
+            Hostile::DoubleFreeHandle => portalloc_free(f.a.0, f.freed),
+            Hostile::DoubleFreePointer => portalloc_free_ptr(f.a.0, f.freed_ptr),
+            Hostile::ForeignPointer => {
+                let mine = Box::new(0u64);
+                portalloc_free_ptr(f.a.0, (&*mine as *const u64).cast_mut().cast())
+            }
+            Hostile::InteriorPointer => {
+                portalloc_free_ptr(f.a.0, f.live_ptr.cast::<u8>().add(256).cast())
+            }
+            Hostile::NullPointer => portalloc_free_ptr(f.a.0, ptr::null_mut()),
+            Hostile::StaleHandle => {
+                // The freed handle's slot is reused by a new buffer: the old handle must not
+                // free the new one.
+                let (h2, _) = allocate(&f.a, 512, c"buffer");
+                let s = portalloc_free(f.a.0, f.freed);
+                assert_eq!(portalloc_free(f.a.0, h2), PortallocStatus::Ok);
+                s
+            }
+            Hostile::HandleZero => portalloc_free(f.a.0, 0),
+            Hostile::HandleMax => portalloc_free(f.a.0, u64::MAX),
+            Hostile::NullStatsOut => portalloc_stats(f.a.0, ptr::null_mut()),
+            Hostile::NullLedgerLen => {
+                let mut buf = [0 as c_char; 16];
+                portalloc_ledger_json(f.a.0, buf.as_mut_ptr(), buf.len(), ptr::null_mut())
+            }
+            Hostile::NullOptions => {
+                let mut out = ptr::null_mut();
+                portalloc_create(ptr::null(), &mut out)
+            }
+            Hostile::BadTristate => with_options(|o| o.preallocate = 7),
+            Hostile::BadStrategy => with_options(|o| o.strategy = c"best-guess".as_ptr()),
+            Hostile::BadFraction => with_options(|o| o.mem_fraction = f64::NAN),
+        }
+    }
+}
+
+fn with_options(edit: impl FnOnce(&mut PortallocOptions)) -> PortallocStatus {
+    let mut o = std::mem::MaybeUninit::<PortallocOptions>::uninit();
+    // SAFETY: valid for one PortallocOptions; initialised by the call.
+    let mut o = unsafe {
+        portalloc_options_default(o.as_mut_ptr());
+        o.assume_init()
+    };
+    o.ignore_env = 1;
+    o.backend = c"host".as_ptr();
+    o.host_simulated = 1;
+    o.host_capacity = 64 * MIB;
+    edit(&mut o);
+    let mut out = ptr::null_mut();
+    // SAFETY: valid options and output.
+    let s = unsafe { portalloc_create(&o, &mut out) };
+    if s == PortallocStatus::Ok {
+        drop(Alloc(out));
+    }
+    s
+}
+
+#[test_case(Hostile::NullAllocator, PortallocStatus::NullArgument, "allocator" ; "null allocator")]
+#[test_case(Hostile::MadeUpAllocator, PortallocStatus::InvalidAllocator, "not a live portalloc allocator" ; "made up allocator")]
+#[test_case(Hostile::DestroyedAllocator, PortallocStatus::InvalidAllocator, "destroyed" ; "destroyed allocator")]
+#[test_case(Hostile::NullOutHandle, PortallocStatus::NullArgument, "out_handle" ; "null out handle")]
+#[test_case(Hostile::ZeroSize, PortallocStatus::Ok, "" ; "zero size")]
+#[test_case(Hostile::SizeMax, PortallocStatus::InvalidArgument, "invalid size" ; "size u64 max")]
+#[test_case(Hostile::AlignmentNotPowerOfTwo, PortallocStatus::InvalidArgument, "power of two" ; "alignment not a power of two")]
+#[test_case(Hostile::AlignmentMax, PortallocStatus::InvalidArgument, "invalid alignment" ; "alignment u64 max")]
+#[test_case(Hostile::InvalidUtf8Tag, PortallocStatus::InvalidArgument, "UTF-8" ; "invalid utf8 tag")]
+#[test_case(Hostile::DoubleFreeHandle, PortallocStatus::InvalidHandle, "buffer has been deleted or donated" ; "double free by handle")]
+#[test_case(Hostile::DoubleFreePointer, PortallocStatus::UnknownPointer, "not the start of a live buffer" ; "double free by pointer")]
+#[test_case(Hostile::ForeignPointer, PortallocStatus::UnknownPointer, "foreign pointer" ; "foreign pointer")]
+#[test_case(Hostile::InteriorPointer, PortallocStatus::UnknownPointer, "not the start" ; "interior pointer")]
+#[test_case(Hostile::NullPointer, PortallocStatus::NullArgument, "ptr" ; "null pointer")]
+#[test_case(Hostile::StaleHandle, PortallocStatus::InvalidHandle, "buffer has been deleted or donated" ; "stale handle")]
+#[test_case(Hostile::HandleZero, PortallocStatus::InvalidHandle, "not issued" ; "handle zero")]
+#[test_case(Hostile::HandleMax, PortallocStatus::InvalidHandle, "not issued" ; "handle u64 max")]
+#[test_case(Hostile::NullStatsOut, PortallocStatus::NullArgument, "out" ; "null stats output")]
+#[test_case(Hostile::NullLedgerLen, PortallocStatus::NullArgument, "out_len" ; "null ledger length")]
+#[test_case(Hostile::NullOptions, PortallocStatus::NullArgument, "options" ; "null options")]
+#[test_case(Hostile::BadTristate, PortallocStatus::InvalidArgument, "preallocate" ; "bad tristate")]
+#[test_case(Hostile::BadStrategy, PortallocStatus::Config, "best-guess" ; "bad strategy")]
+#[test_case(Hostile::BadFraction, PortallocStatus::Config, "mem_fraction" ; "bad fraction")]
+fn hostile_values_are_refused(case: Hostile, status: PortallocStatus, text: &str) {
+    let f = fixture();
+    let before = stats(&f.a);
+    let got = run(&f, case);
+    assert_eq!(got, status, "{case:?}: {}", last_error());
+    if status != PortallocStatus::Ok {
+        let message = last_error();
+        assert!(
+            message.contains(text),
+            "{case:?}: message {message:?} lacks {text:?}"
+        );
+    }
+    // Nothing freed twice, nothing lost: the live buffer is intact and still freeable once.
+    let after = stats(&f.a);
+    assert_eq!(after.live_allocations, before.live_allocations, "{case:?}");
+    assert_eq!(after.bytes_in_use, before.bytes_in_use, "{case:?}");
+    let mut p = ptr::null_mut();
+    // SAFETY: valid output.
+    assert_eq!(
+        unsafe { portalloc_handle_info(f.a.0, f.live, &mut p, ptr::null_mut()) },
+        PortallocStatus::Ok
+    );
+    assert_eq!(p, f.live_ptr);
+    // SAFETY: plain values.
+    assert_eq!(
+        unsafe { portalloc_free(f.a.0, f.live) },
+        PortallocStatus::Ok
+    );
+    // SAFETY: plain values.
+    assert_eq!(
+        unsafe { portalloc_free(f.a.0, f.live) },
+        PortallocStatus::InvalidHandle
+    );
+    assert_eq!(stats(&f.a).bytes_in_use, 0);
+}
+
+#[test]
+fn refused_handle_message_names_the_handle() {
+    let f = fixture();
+    // SAFETY: plain values.
+    let s = unsafe { portalloc_free(f.a.0, f.freed) };
+    assert_eq!(s, PortallocStatus::InvalidHandle);
+    let m = last_error();
+    assert!(m.contains(&format!("{:#018x}", f.freed)), "{m}");
+    assert!(m.contains("buffer has been deleted or donated"), "{m}");
+}
+
+#[test]
+fn donated_handle_is_refused_with_the_exact_text() {
+    let a = make(c"bfc");
+    let (h, p) = allocate(&a, 8192, c"input");
+    let mut h2 = 0;
+    // SAFETY: valid tag and output.
+    let s = unsafe { portalloc_donate(a.0, h, c"output".as_ptr(), &mut h2) };
+    assert_eq!(s, PortallocStatus::Ok, "{}", last_error());
+    assert_ne!(h2, h);
+    for call in ["free", "info", "donate"] {
+        let mut out = 0;
+        // SAFETY: plain values and valid outputs.
+        let s = unsafe {
+            match call {
+                "free" => portalloc_free(a.0, h),
+                "info" => portalloc_handle_info(a.0, h, ptr::null_mut(), ptr::null_mut()),
+                _ => portalloc_donate(a.0, h, ptr::null(), &mut out),
+            }
+        };
+        assert_eq!(s, PortallocStatus::InvalidHandle, "{call}");
+        let m = last_error();
+        assert!(m.contains("buffer has been deleted or donated"), "{m}");
+        assert!(m.contains("donated"), "{m}");
+        assert!(m.contains(&format!("{h:#018x}")), "{m}");
+    }
+    // The consumer has the same memory.
+    let mut q = ptr::null_mut();
+    // SAFETY: valid output.
+    unsafe { portalloc_handle_info(a.0, h2, &mut q, ptr::null_mut()) };
+    assert_eq!(q, p);
+    let ledger = ledger_json(&a);
+    let live = ledger["live"].as_array().unwrap();
+    assert_eq!(live.len(), 1);
+    assert_eq!(live[0]["tag"], "output");
+    assert_eq!(live[0]["donated_from"], "input");
+    // Freeing by pointer frees the consumer's buffer, once.
+    // SAFETY: plain values.
+    assert_eq!(unsafe { portalloc_free_ptr(a.0, p) }, PortallocStatus::Ok);
+    // SAFETY: plain values.
+    assert_eq!(
+        unsafe { portalloc_free(a.0, h2) },
+        PortallocStatus::InvalidHandle
+    );
+    assert_eq!(stats(&a).bytes_in_use, 0);
+}
+
+#[test]
+fn ledger_json_matches_the_allocations() {
+    let a = make(c"bfc");
+    let (h1, _) = allocate(&a, 3 * MIB, c"buffer");
+    let (_h2, _) = allocate(&a, 1000, c"workspace");
+    let (_h3, _) = allocate(&a, 2000, c"workspace");
+    // SAFETY: plain values.
+    unsafe { portalloc_free(a.0, h1) };
+    let j = ledger_json(&a);
+    assert_eq!(j["allocator"], "bfc");
+    assert_eq!(j["allocations_made"], 3);
+    assert_eq!(j["live"].as_array().unwrap().len(), 2);
+    let tags = j["tags"].as_array().unwrap();
+    let ws = tags.iter().find(|t| t["tag"] == "workspace").unwrap();
+    assert_eq!(ws["live"], 2);
+    assert_eq!(ws["bytes"], 3000);
+    let buf = tags.iter().find(|t| t["tag"] == "buffer").unwrap();
+    assert_eq!(
+        (buf["live"].as_u64(), buf["peak_bytes"].as_u64()),
+        (Some(0), Some(3 * MIB))
+    );
+    assert_eq!(
+        j["upstream"]["bytes_in_use"].as_u64(),
+        Some(stats(&a).bytes_in_use)
+    );
+    // A buffer too small is refused, and nothing is written into it.
+    let mut small = [b'x' as c_char; 8];
+    let mut len = 0;
+    // SAFETY: `small` has 8 writable bytes.
+    let s = unsafe { portalloc_ledger_json(a.0, small.as_mut_ptr(), small.len(), &mut len) };
+    assert_eq!(s, PortallocStatus::BufferTooSmall);
+    assert!(len > 8);
+    assert!(small.iter().all(|&c| c == b'x' as c_char));
+    // And to a file, as `portalloc ledger FILE` reads it.
+    let path = std::env::temp_dir().join(format!("portalloc-ledger-{}.json", std::process::id()));
+    let cpath = CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: valid path string.
+    let s = unsafe { portalloc_ledger_write(a.0, cpath.as_ptr()) };
+    assert_eq!(s, PortallocStatus::Ok, "{}", last_error());
+    let snap =
+        portalloc::adaptor::LedgerSnapshot::from_json(&std::fs::read_to_string(&path).unwrap())
+            .unwrap();
+    assert_eq!(snap.live.len(), 2);
+    let _ = std::fs::remove_file(path);
+}
+
+#[test]
+fn out_of_memory_is_a_status_with_the_diagnosis() {
+    let a = make(c"bfc");
+    let (mut h, mut p) = (0, ptr::null_mut());
+    // SAFETY: valid outputs.
+    let s = unsafe { portalloc_allocate(a.0, 48 * MIB, 0, 0, ptr::null(), &mut h, &mut p) };
+    assert_eq!(s, PortallocStatus::OutOfMemory);
+    let m = last_error();
+    assert!(m.contains("growth exhausted"), "{m}");
+    assert!(m.contains("would help"), "{m}");
+    assert_eq!(h, 0, "no handle written on failure");
+}
+
+#[test]
+fn last_error_is_per_thread() {
+    let f = fixture();
+    // SAFETY: plain values.
+    unsafe { portalloc_free(f.a.0, f.freed) };
+    assert!(last_error().contains("deleted or donated"));
+    let other = std::thread::spawn(last_error).join().unwrap();
+    assert_eq!(other, "", "another thread sees its own (empty) error text");
+}
+
+#[test]
+fn status_names_and_version() {
+    for s in PortallocStatus::ALL {
+        // SAFETY: static text.
+        let name = unsafe { CStr::from_ptr(portalloc_status_name(s as i32)) };
+        assert_eq!(name.to_str().unwrap(), s.name());
+    }
+    for bad in [-1, 13, i32::MAX, i32::MIN] {
+        // SAFETY: static text.
+        let name = unsafe { CStr::from_ptr(portalloc_status_name(bad)) };
+        assert_eq!(name.to_str().unwrap(), "unknown status");
+    }
+    // SAFETY: static text.
+    let v = unsafe { CStr::from_ptr(portalloc_version()) };
+    assert_eq!(v.to_str().unwrap(), env!("CARGO_PKG_VERSION"));
+}
+
+#[test]
+fn every_strategy_through_the_abi() {
+    for strategy in [c"bfc", c"platform", c"vmm"] {
+        let a = make(strategy);
+        let handles: Vec<u64> = (1..=8).map(|i| allocate(&a, i * 4096, c"t").0).collect();
+        assert_eq!(stats(&a).live_allocations, 8);
+        for h in handles {
+            // SAFETY: plain values.
+            assert_eq!(unsafe { portalloc_free(a.0, h) }, PortallocStatus::Ok);
+        }
+        assert_eq!(stats(&a).bytes_in_use, 0, "{strategy:?}");
+    }
+}
+
+#[test]
+fn destroy_frees_live_buffers() {
+    let a = make(c"platform");
+    let _ = allocate(&a, MIB, c"t");
+    let raw = a.0;
+    drop(a);
+    // SAFETY: plain values; the pointer is only looked up.
+    assert_eq!(
+        unsafe { portalloc_destroy(raw) },
+        PortallocStatus::InvalidAllocator
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// The PyTorch hooks, in a child process whose environment selects a small host device.
+
+const CHILD: &str = "PORTALLOC_TEST_CAPI_CHILD";
+
+fn child_env(cmd: &mut Command) -> &mut Command {
+    cmd.env("PORTALLOC_BACKEND", "host")
+        .env("PORTALLOC_HOST_CAPACITY", "64MiB")
+        .env("PORTALLOC_HOST_SIMULATED", "false")
+        .env("PORTALLOC_MEM_FRACTION", "0.5")
+        .env("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+        .env_remove("XLA_PYTHON_CLIENT_ALLOCATOR")
+        .env_remove("PORTALLOC_ALLOCATOR")
+        .env_remove("XLA_CLIENT_MEM_FRACTION")
+        .env_remove("XLA_PYTHON_CLIENT_MEM_FRACTION")
+}
+
+#[test]
+fn torch_hooks() {
+    let exe = std::env::current_exe().unwrap();
+    let out = child_env(&mut Command::new(exe))
+        .env(CHILD, "1")
+        .args([
+            "--exact",
+            "torch_hooks_in_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("1 passed"), "{text}");
+}
+
+#[test]
+fn torch_hooks_in_child() {
+    if std::env::var(CHILD).is_err() {
+        return; // Run by `torch_hooks` with the environment it needs.
+    }
+    let p = portalloc_torch_alloc(1 << 20, 0, 0x1234 as *mut c_void);
+    assert!(!p.is_null(), "{}", last_error());
+    // Real host memory: usable.
+    // SAFETY: 1 MiB of real host memory just allocated for this test.
+    unsafe { std::ptr::write_bytes(p.cast::<u8>(), 0xab, 1 << 20) };
+    let mut g = ptr::null_mut();
+    // SAFETY: valid output.
+    assert_eq!(unsafe { portalloc_global(0, &mut g) }, PortallocStatus::Ok);
+    let global = Alloc(g);
+    let j = ledger_json(&global);
+    assert_eq!(j["live"][0]["tag"], "torch");
+    assert_eq!(j["live"][0]["stream"], 0x1234);
+    assert_eq!(j["live"][0]["size"], 1 << 20);
+    // The global allocator cannot be destroyed.
+    // SAFETY: plain value.
+    assert_eq!(
+        unsafe { portalloc_destroy(g) },
+        PortallocStatus::InvalidArgument
+    );
+    assert!(last_error().contains("cannot be destroyed"));
+    std::mem::forget(global);
+    // Hostile sizes: null, with a message.
+    assert!(portalloc_torch_alloc(-1, 0, ptr::null_mut()).is_null());
+    assert!(last_error().contains("negative"));
+    assert!(portalloc_torch_alloc(0, 0, ptr::null_mut()).is_null());
+    assert!(portalloc_torch_alloc(isize::MAX, 0, ptr::null_mut()).is_null());
+    assert!(portalloc_torch_alloc(1024, -3, ptr::null_mut()).is_null());
+    assert!(portalloc_torch_alloc(1024, 5, ptr::null_mut()).is_null());
+    assert!(last_error().contains("device 5"), "{}", last_error());
+    portalloc_torch_free(p, 1 << 20, 0, ptr::null_mut());
+    // Double free and foreign pointers are refused, not freed.
+    portalloc_torch_free(p, 1 << 20, 0, ptr::null_mut());
+    assert!(last_error().contains("not the start of a live buffer"));
+    let mine = Box::new(7u64);
+    portalloc_torch_free(
+        (&*mine as *const u64).cast_mut().cast(),
+        8,
+        0,
+        ptr::null_mut(),
+    );
+    portalloc_torch_free(ptr::null_mut(), 0, 0, ptr::null_mut());
+    let mut s = PortallocStats::default();
+    // SAFETY: valid output.
+    unsafe { portalloc_stats(g, &mut s) };
+    assert_eq!((s.live_allocations, s.bytes_in_use), (0, 0));
+}
+
+// ---------------------------------------------------------------------------------------
+// The header, a C program and the Python module.
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The names of the functions src/capi exports.
+fn exported_functions() -> Vec<String> {
+    let mut names = Vec::new();
+    for file in ["mod.rs", "api.rs", "torch.rs"] {
+        let text = std::fs::read_to_string(root().join("src/capi").join(file)).unwrap();
+        let mut after_no_mangle = false;
+        for line in text.lines() {
+            let l = line.trim();
+            if l == "#[no_mangle]" {
+                after_no_mangle = true;
+            } else if after_no_mangle && l.starts_with("pub ") {
+                let rest = &l[l.find("fn ").expect("a fn after #[no_mangle]") + 3..];
+                names.push(rest[..rest.find('(').unwrap()].to_string());
+                after_no_mangle = false;
+            }
+        }
+    }
+    names
+}
+
+#[test]
+fn header_declares_every_exported_function() {
+    let header = std::fs::read_to_string(root().join("include/portalloc.h")).unwrap();
+    let names = exported_functions();
+    assert!(names.len() >= 19, "{names:?}");
+    for name in &names {
+        assert!(
+            header.contains(&format!(" {name}(")) || header.contains(&format!("*{name}(")),
+            "include/portalloc.h lacks {name}: regenerate it (see cbindgen.toml)"
+        );
+    }
+    for ty in [
+        "PortallocStatus",
+        "PortallocOptions",
+        "PortallocStats",
+        "PortallocAllocator",
+    ] {
+        assert!(header.contains(ty), "include/portalloc.h lacks {ty}");
+    }
+}
+
+#[test]
+fn header_is_what_cbindgen_generates() {
+    let out = std::env::temp_dir().join(format!("portalloc-{}.h", std::process::id()));
+    let run = Command::new("cbindgen")
+        .current_dir(root())
+        .args(["--config", "cbindgen.toml", "src/capi/mod.rs", "--output"])
+        .arg(&out)
+        .output();
+    match run {
+        Err(_) => eprintln!("skipped: cbindgen is not installed (cargo install cbindgen)"),
+        Ok(r) if !r.status.success() => {
+            panic!("cbindgen failed: {}", String::from_utf8_lossy(&r.stderr))
+        }
+        Ok(_) => {
+            let fresh = std::fs::read_to_string(&out).unwrap();
+            let _ = std::fs::remove_file(&out);
+            let committed = std::fs::read_to_string(root().join("include/portalloc.h")).unwrap();
+            assert!(
+                fresh == committed,
+                "include/portalloc.h is stale: run `cbindgen --config cbindgen.toml \
+                 src/capi/mod.rs --output include/portalloc.h`"
+            );
+        }
+    }
+}
+
+/// The cdylib cargo built for this test run, if it exports the C ABI.
+fn cdylib() -> Option<PathBuf> {
+    let deps = std::env::current_exe().ok()?.parent()?.to_path_buf();
+    let lib = deps.join("libportalloc.so");
+    let bytes = std::fs::read(&lib).ok()?;
+    let has = |s: &[u8]| bytes.windows(s.len()).any(|w| w == s);
+    if has(b"portalloc_torch_alloc") && has(b"portalloc_ledger_json") {
+        Some(lib)
+    } else {
+        eprintln!(
+            "skipped: {} lacks the C ABI (built without `c-api` by another build?)",
+            lib.display()
+        );
+        None
+    }
+}
+
+fn tool(name: &str) -> bool {
+    Command::new(name).arg("--version").output().is_ok()
+}
+
+#[test]
+fn c_program_against_the_header_and_cdylib() {
+    if !tool("cc") {
+        eprintln!("skipped: no C compiler (cc)");
+        return;
+    }
+    let Some(lib) = cdylib() else { return };
+    let dir = lib.parent().unwrap();
+    let exe = std::env::temp_dir().join(format!("portalloc-capi-c-{}", std::process::id()));
+    let build = Command::new("cc")
+        .args(["-std=c99", "-Wall", "-Wextra", "-Werror", "-pedantic"])
+        .arg(format!("-I{}", root().join("include").display()))
+        .arg(root().join("tests/capi_c.c"))
+        .arg("-o")
+        .arg(&exe)
+        .arg(&lib)
+        .arg(format!("-Wl,-rpath,{}", dir.display()))
+        .output()
+        .unwrap();
+    assert!(
+        build.status.success(),
+        "{}",
+        String::from_utf8_lossy(&build.stderr)
+    );
+    let out = child_env(&mut Command::new(&exe)).output().unwrap();
+    let _ = std::fs::remove_file(&exe);
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("capi_c: ok"), "{text}");
+}
+
+#[test]
+fn python_hooks_through_ctypes() {
+    if !tool("python3") {
+        eprintln!("skipped: python3 is not installed");
+        return;
+    }
+    let Some(lib) = cdylib() else { return };
+    let out = child_env(&mut Command::new("python3"))
+        .arg(root().join("tests/python_hooks.py"))
+        .env("PORTALLOC_LIBRARY", &lib)
+        .env("PYTHONPATH", root().join("python"))
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("python_hooks: ok"), "{text}");
+}

@@ -1,0 +1,79 @@
+/*
+ * A C program against include/portalloc.h and libportalloc.so, built and run by
+ * tests/capi.rs (c_program_against_the_header_and_cdylib) with an environment selecting a
+ * small real host device. Prints "capi_c: ok" on success; exits 1 with a message otherwise.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "portalloc.h"
+
+#define CHECK(cond, ...)                                                    \
+    do {                                                                    \
+        if (!(cond)) {                                                      \
+            fprintf(stderr, "capi_c: line %d: ", __LINE__);                 \
+            fprintf(stderr, __VA_ARGS__);                                   \
+            fprintf(stderr, " (last error: %s)\n", portalloc_last_error()); \
+            return 1;                                                       \
+        }                                                                   \
+    } while (0)
+
+int main(void) {
+    PortallocAllocator *a = NULL;
+    PortallocStatus s = portalloc_create_from_env(0, &a);
+    CHECK(s == PORTALLOC_STATUS_OK, "create_from_env: %s", portalloc_status_name(s));
+
+    uint64_t h = 0;
+    void *p = NULL;
+    s = portalloc_allocate(a, 4096, 0, 0, "buffer", &h, &p);
+    CHECK(s == PORTALLOC_STATUS_OK && p != NULL, "allocate: %s", portalloc_status_name(s));
+    memset(p, 0x5a, 4096); /* real host memory */
+
+    PortallocStats st;
+    s = portalloc_stats(a, &st);
+    CHECK(s == PORTALLOC_STATUS_OK && st.live_allocations == 1, "stats");
+
+    uint64_t donated = 0;
+    s = portalloc_donate(a, h, "output", &donated);
+    CHECK(s == PORTALLOC_STATUS_OK, "donate");
+    s = portalloc_free(a, h);
+    CHECK(s == PORTALLOC_STATUS_INVALID_HANDLE, "free of a donated handle: %s",
+          portalloc_status_name(s));
+    CHECK(strstr(portalloc_last_error(), "buffer has been deleted or donated") != NULL,
+          "message of a donated handle");
+
+    size_t len = 0;
+    s = portalloc_ledger_json(a, NULL, 0, &len);
+    CHECK(s == PORTALLOC_STATUS_BUFFER_TOO_SMALL && len > 0, "ledger length");
+    char *json = malloc(len + 1);
+    CHECK(json != NULL, "malloc");
+    s = portalloc_ledger_json(a, json, len + 1, &len);
+    CHECK(s == PORTALLOC_STATUS_OK && strlen(json) == len, "ledger json");
+    CHECK(strstr(json, "\"output\"") != NULL, "ledger names the consumer's tag");
+    free(json);
+
+    s = portalloc_free_ptr(a, p);
+    CHECK(s == PORTALLOC_STATUS_OK, "free_ptr");
+    s = portalloc_free_ptr(a, p);
+    CHECK(s == PORTALLOC_STATUS_UNKNOWN_POINTER, "double free_ptr: %s", portalloc_status_name(s));
+    s = portalloc_allocate(a, 256, 3, 0, NULL, &h, &p);
+    CHECK(s == PORTALLOC_STATUS_INVALID_ARGUMENT, "alignment 3");
+    s = portalloc_allocate(NULL, 256, 0, 0, NULL, &h, &p);
+    CHECK(s == PORTALLOC_STATUS_NULL_ARGUMENT, "null allocator");
+
+    /* The PyTorch hooks. */
+    void *t = portalloc_torch_alloc(1 << 20, 0, NULL);
+    CHECK(t != NULL, "torch alloc");
+    memset(t, 1, 1 << 20);
+    portalloc_torch_free(t, 1 << 20, 0, NULL);
+    CHECK(portalloc_torch_alloc(-5, 0, NULL) == NULL, "negative torch size");
+
+    s = portalloc_destroy(a);
+    CHECK(s == PORTALLOC_STATUS_OK, "destroy");
+    s = portalloc_destroy(a);
+    CHECK(s == PORTALLOC_STATUS_INVALID_ALLOCATOR, "double destroy");
+
+    printf("capi_c: ok (portalloc %s)\n", portalloc_version());
+    return 0;
+}
