@@ -7,7 +7,8 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use crate::device::{
-    Device, DeviceInfo, Event, MemInfo, PhysicalHandle, Stream, StreamOrderedPool, VirtualMemory,
+    Device, DeviceInfo, Event, MemInfo, PhysicalHandle, PoolUsage, Stream, StreamOrderedPool,
+    VirtualMemory,
 };
 use crate::error::Result;
 
@@ -26,15 +27,17 @@ pub struct CallCounts {
     pub vm_physical: u64,
     /// Virtual-memory calls: map, set_access and unmap.
     pub vm_map: u64,
-    /// Stream, event and pool calls.
+    /// Stream-ordered pool calls: alloc_async, free_async, trim_to, threshold changes.
+    pub pool: u64,
+    /// Stream and event calls, and pool queries.
     pub other: u64,
 }
 
 impl CallCounts {
-    /// Every call that takes or returns memory (`alloc`, `free`, and the virtual-memory ones):
-    /// the calls that cost time on a real driver.
+    /// Every call that takes or returns memory (`alloc`, `free`, the virtual-memory ones and
+    /// the pool's): the calls that cost time on a real driver.
     pub fn memory_calls(&self) -> u64 {
-        self.alloc + self.free + self.vm_reserve + self.vm_physical + self.vm_map
+        self.alloc + self.free + self.vm_reserve + self.vm_physical + self.vm_map + self.pool
     }
 }
 
@@ -46,6 +49,7 @@ struct Counters {
     vm_reserve: AtomicU64,
     vm_physical: AtomicU64,
     vm_map: AtomicU64,
+    pool: AtomicU64,
     other: AtomicU64,
 }
 
@@ -85,6 +89,7 @@ impl<D: Device + ?Sized> CountingDevice<D> {
             vm_reserve: get(&c.vm_reserve),
             vm_physical: get(&c.vm_physical),
             vm_map: get(&c.vm_map),
+            pool: get(&c.pool),
             other: get(&c.other),
         }
     }
@@ -113,8 +118,10 @@ impl<D: Device + ?Sized> Device for CountingDevice<D> {
             .map(|_| self as &dyn VirtualMemory)
     }
     fn stream_ordered_pool(&self) -> Option<&dyn StreamOrderedPool> {
-        // Pool calls are not counted individually yet: they pass straight through.
-        self.inner.stream_ordered_pool()
+        // Counting needs the calls to come through here, so hand out `self`.
+        self.inner
+            .stream_ordered_pool()
+            .map(|_| self as &dyn StreamOrderedPool)
     }
     fn create_stream(&self) -> Result<Stream> {
         bump(&self.counters.other);
@@ -186,7 +193,44 @@ impl<D: Device + ?Sized> VirtualMemory for CountingDevice<D> {
     }
 }
 
+impl<D: Device + ?Sized> StreamOrderedPool for CountingDevice<D> {
+    fn alloc_async(&self, size: u64, stream: Stream) -> Result<u64> {
+        bump(&self.counters.pool);
+        self.pool()?.alloc_async(size, stream)
+    }
+    fn free_async(&self, ptr: u64, stream: Stream) -> Result<()> {
+        bump(&self.counters.pool);
+        self.pool()?.free_async(ptr, stream)
+    }
+    fn set_release_threshold(&self, bytes: u64) -> Result<()> {
+        bump(&self.counters.pool);
+        self.pool()?.set_release_threshold(bytes)
+    }
+    fn release_threshold(&self) -> Result<u64> {
+        bump(&self.counters.other);
+        self.pool()?.release_threshold()
+    }
+    fn trim_to(&self, keep: u64) -> Result<()> {
+        bump(&self.counters.pool);
+        self.pool()?.trim_to(keep)
+    }
+    fn usage(&self) -> Result<PoolUsage> {
+        bump(&self.counters.other);
+        self.pool()?.usage()
+    }
+}
+
 impl<D: Device + ?Sized> CountingDevice<D> {
+    fn pool(&self) -> Result<&dyn StreamOrderedPool> {
+        self.inner
+            .stream_ordered_pool()
+            .ok_or_else(|| crate::Error::Unsupported {
+                what: "stream-ordered pools".into(),
+                backend: self.inner.info().vendor.name(),
+                reason: "the device beneath has no stream-ordered pool".into(),
+            })
+    }
+
     fn vm(&self) -> Result<&dyn VirtualMemory> {
         self.inner
             .virtual_memory()
