@@ -630,6 +630,7 @@ pub struct ConfigBuilder<'a> {
     async_prealloc: Option<i64>,
     host_capacity: Option<u64>,
     host_simulated: Option<bool>,
+    host_devices: Option<u32>,
 }
 
 impl fmt::Debug for ConfigBuilder<'_> {
@@ -644,6 +645,7 @@ impl fmt::Debug for ConfigBuilder<'_> {
             .field("async_prealloc", &self.async_prealloc)
             .field("host_capacity", &self.host_capacity)
             .field("host_simulated", &self.host_simulated)
+            .field("host_devices", &self.host_devices)
             .finish()
     }
 }
@@ -694,6 +696,12 @@ impl<'a> ConfigBuilder<'a> {
     /// Whether the host device only tracks addresses.
     pub fn host_simulated(mut self, simulated: bool) -> Self {
         self.host_simulated = Some(simulated);
+        self
+    }
+
+    /// How many host devices discovery opens (1 to 64; checked by [`ConfigBuilder::build`]).
+    pub fn host_devices(mut self, count: u32) -> Self {
+        self.host_devices = Some(count);
         self
     }
 
@@ -759,6 +767,10 @@ impl<'a> ConfigBuilder<'a> {
         }
         if let Some(s) = self.host_simulated {
             config.host_simulated = Setting::builder(s);
+        }
+        if let Some(n) = self.host_devices {
+            config.host_devices =
+                Setting::builder(parse_host_devices("host_devices", &n.to_string())?);
         }
         Ok(config)
     }

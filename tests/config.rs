@@ -469,7 +469,8 @@ fn describe_names_value_and_source() {
             "backend",
             "async_prealloc",
             "host_capacity",
-            "host_simulated"
+            "host_simulated",
+            "host_devices"
         ]
     );
 }
@@ -486,6 +487,7 @@ fn builder_overrides_env() {
         ("TF_CUDA_MALLOC_ASYNC_SUPPORTED_PREALLOC", "5"),
         ("PORTALLOC_HOST_CAPACITY", "1GiB"),
         ("PORTALLOC_HOST_SIMULATED", "false"),
+        ("PORTALLOC_HOST_DEVICES", "2"),
     ]);
     let c = Config::builder()
         .vars(|name| map.get(name).cloned())
@@ -496,8 +498,10 @@ fn builder_overrides_env() {
         .async_prealloc(-1)
         .host_capacity(80 << 30)
         .host_simulated(true)
+        .host_devices(4)
         .build()
         .unwrap();
+    assert_eq!(c.host_devices.value, 4);
     assert_eq!(c.strategy.value, StrategyKind::Vmm);
     assert_eq!(c.mem_fraction.value, 0.5);
     assert!(c.preallocate.value);
