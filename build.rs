@@ -20,11 +20,15 @@ fn main() {
 }
 
 fn build_conformance_drivers(target: &str) {
-    let Ok(out_dir) = std::env::var("OUT_DIR") else { return };
+    let Ok(out_dir) = std::env::var("OUT_DIR") else {
+        return;
+    };
     if !target.contains("linux") {
         return;
     }
-    let Ok(entries) = std::fs::read_dir("tests/drivers") else { return };
+    let Ok(entries) = std::fs::read_dir("tests/drivers") else {
+        return;
+    };
     let compiler = match cc::Build::new().cargo_metadata(false).try_get_compiler() {
         Ok(c) => c,
         Err(e) => {
@@ -39,19 +43,34 @@ fn build_conformance_drivers(target: &str) {
     sources.sort();
     for source in sources {
         println!("cargo:rerun-if-changed={}", source.display());
-        let stem = source.file_stem().and_then(|s| s.to_str()).unwrap_or("driver").to_string();
+        let stem = source
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or("driver")
+            .to_string();
         let output = Path::new(&out_dir).join(format!("lib{stem}.so"));
         let status = compiler
             .to_command()
-            .args(["-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-std=c11", "-pthread", "-o"])
+            .args([
+                "-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-std=c11", "-pthread", "-o",
+            ])
             .arg(&output)
             .arg(&source)
             .status();
-        let var = format!("PORTALLOC_TEST_DRIVER_{}", stem.to_ascii_uppercase().replace('-', "_"));
+        let var = format!(
+            "PORTALLOC_TEST_DRIVER_{}",
+            stem.to_ascii_uppercase().replace('-', "_")
+        );
         match status {
             Ok(s) if s.success() => println!("cargo:rustc-env={var}={}", output.display()),
-            Ok(s) => panic!("compiling conformance driver {} failed: {s}", source.display()),
-            Err(e) => println!("cargo:warning=could not run the C compiler for {}: {e}", source.display()),
+            Ok(s) => panic!(
+                "compiling conformance driver {} failed: {s}",
+                source.display()
+            ),
+            Err(e) => println!(
+                "cargo:warning=could not run the C compiler for {}: {e}",
+                source.display()
+            ),
         }
     }
 }

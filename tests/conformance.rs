@@ -62,6 +62,23 @@ fn bfc_grow(d: Arc<HostDevice>) -> Box<dyn Allocator> {
         .unwrap(),
     )
 }
+fn vmm_maker(d: Arc<HostDevice>) -> Box<dyn Allocator> {
+    Box::new(
+        portalloc::strategy::vmm::VmmAllocator::new(
+            d,
+            portalloc::strategy::vmm::VmmOptions::new(LIMIT),
+        )
+        .unwrap(),
+    )
+}
+fn async_pool(d: Arc<HostDevice>) -> Box<dyn Allocator> {
+    use portalloc::strategy::async_pool::{AsyncOptions, AsyncPoolAllocator};
+    let options = AsyncOptions {
+        preallocate: true,
+        ..AsyncOptions::new(LIMIT)
+    };
+    Box::new(AsyncPoolAllocator::new(d, options).unwrap())
+}
 fn platform(d: Arc<HostDevice>) -> Box<dyn Allocator> {
     Box::new(PlatformAllocator::new(d, Some(LIMIT)))
 }
@@ -318,4 +335,6 @@ conformance! {
     bfc_preallocated => bfc_prealloc,
     bfc_growing => bfc_grow,
     platform_on_demand => platform,
+    async_preallocated => async_pool,
+    vmm => vmm_maker,
 }

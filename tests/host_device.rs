@@ -556,9 +556,9 @@ fn defaults_and_info() {
     assert_eq!(real.mem_info().unwrap().total, info.total_bytes);
     assert_eq!(info.min_granularity, G);
     assert!(info.capabilities.virtual_memory);
-    assert!(!info.capabilities.stream_ordered_pool);
+    assert!(info.capabilities.stream_ordered_pool);
     assert!(real.virtual_memory().is_some());
-    assert!(real.stream_ordered_pool().is_none());
+    assert!(real.stream_ordered_pool().is_some());
     let note = |info: &portalloc::DeviceInfo, key: &str| {
         info.notes
             .iter()

@@ -221,7 +221,7 @@ fn min_capacity_grows_the_upper_bound_when_fragmentation_needs_more() {
 }
 
 #[test]
-fn strategies_this_build_lacks_are_unsupported_not_replaced() {
+fn async_replays_on_the_hosts_stream_ordered_pool() {
     let input = trace(&[(A, 1, MIB), (F, 1, MIB)], 0);
     let baseline = Baseline::scan(&input).unwrap();
     let options = ReplayOptions {
@@ -229,10 +229,12 @@ fn strategies_this_build_lacks_are_unsupported_not_replaced() {
         fraction: 1.0,
         samples: 0,
     };
-    match replay(&input, &baseline, ReplayStrategy::Async, &options, None) {
-        Err(Error::Unsupported { .. }) | Ok(_) => {}
-        Err(e) => panic!("unexpected {e}"),
-    }
+    let r = replay(&input, &baseline, ReplayStrategy::Async, &options, None).unwrap();
+    assert_eq!((r.peak_live, r.oom_count), (MIB, 0));
+    assert_eq!(
+        r.device_calls, 3,
+        "the release threshold set at construction, one alloc_async, one free_async"
+    );
 }
 
 #[test]

@@ -42,6 +42,9 @@
 //! * **Streams and events**: the host does all work synchronously, so a recorded event is
 //!   complete at once — unless a test holds events with [`HostDevice::set_events_held`] to
 //!   exercise stream-ordered reuse.
+//! * **Stream-ordered pool** ([`StreamOrderedPool`], like `cuMemAllocFromPoolAsync`): segments
+//!   of plain allocations (so the census counts them), sub-allocated best fit, with CUDA's
+//!   release threshold and stream ordering — see the `pool` module.
 //!
 //! Errors: bad arguments are [`Error::InvalidArgument`] (what was wrong and what is
 //! accepted), pointers and handles the device does not know are [`Error::UnknownPointer`],
@@ -51,6 +54,7 @@
 
 mod books;
 mod os;
+mod pool;
 mod sim;
 
 use std::collections::{BTreeSet, HashMap};
@@ -58,12 +62,14 @@ use std::fmt;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crate::device::{
-    Capabilities, Device, DeviceInfo, Event, MemInfo, PhysicalHandle, Stream, VirtualMemory,
+    Capabilities, Device, DeviceInfo, Event, MemInfo, PhysicalHandle, Stream, StreamOrderedPool,
+    VirtualMemory,
 };
 use crate::error::{Error, Result};
 use crate::units::Bytes;
 
 use books::{Books, BACKEND};
+use pool::PoolState;
 use sim::SimSpace;
 
 /// The default virtual-memory granularity: 2 MiB, as on current NVIDIA and AMD GPUs.
@@ -187,7 +193,7 @@ impl HostDeviceBuilder {
             recommended_granularity: g,
             capabilities: Capabilities {
                 virtual_memory: true,
-                stream_ordered_pool: false,
+                stream_ordered_pool: true,
             },
             notes: vec![
                 ("mode".into(), mode.into()),
@@ -208,6 +214,7 @@ impl HostDeviceBuilder {
                 books: Books::new(capacity, g),
                 sim: self.simulated.then(SimSpace::new),
                 timeline: Timeline::default(),
+                pool: PoolState::default(),
             }),
         })
     }
@@ -271,6 +278,8 @@ struct State {
     /// The fake address space; `Some` exactly in simulated mode.
     sim: Option<SimSpace>,
     timeline: Timeline,
+    /// The stream-ordered pool's books.
+    pool: PoolState,
 }
 
 /// Host memory as a device. See the [module docs](self).
@@ -341,25 +350,73 @@ impl HostDevice {
     /// incomplete ([`Device::event_complete`] is false) until [`HostDevice::complete_held_events`]
     /// is called, events are released with `set_events_held(false)` (which completes every
     /// pending event), or [`Device::synchronize_event`] / [`Device::synchronize_stream`]
-    /// waits on them.
+    /// waits on them. Frees into the stream-ordered pool made while held are pending the
+    /// same way (reusable only on their own stream until completed).
     pub fn set_events_held(&self, held: bool) {
         let mut st = self.lock();
         st.timeline.held = held;
         if !held {
             st.timeline.complete_all();
+            st.pool.complete_all();
         }
     }
 
-    /// Completes every event held by [`HostDevice::set_events_held`]; returns how many were
-    /// pending. Events recorded later are still held while the hold is on.
+    /// Completes every event held by [`HostDevice::set_events_held`] (and every pending
+    /// pool free); returns how many events were pending. Events recorded later are still
+    /// held while the hold is on.
     pub fn complete_held_events(&self) -> usize {
-        self.lock().timeline.complete_all()
+        let mut st = self.lock();
+        st.pool.complete_all();
+        st.timeline.complete_all()
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
         // Every operation checks before it changes anything, so the books are consistent
         // even if a holder panicked.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// [`Device::alloc`] under the lock (also how the pool takes its segments).
+    fn alloc_in(&self, books: &mut Books, sim: &mut Option<SimSpace>, size: u64) -> Result<u64> {
+        let charge = books.check_alloc(size)?;
+        let len = self.mapped_len(size)?;
+        let oom = |free| Error::DeviceOutOfMemory {
+            backend: BACKEND,
+            requested: size,
+            free,
+        };
+        let ptr = match sim {
+            Some(space) => space
+                .take(len, self.page)
+                .ok_or_else(|| oom(books.free_bytes()))?,
+            None => os::map_anonymous(len).map_err(|e| match e {
+                Error::Os { ref source, .. } if source.raw_os_error() == Some(libc::ENOMEM) => {
+                    oom(books.free_bytes())
+                }
+                other => other,
+            })?,
+        };
+        books.insert_alloc(ptr, size, charge);
+        Ok(ptr)
+    }
+
+    /// [`Device::free`] under the lock.
+    fn free_in(
+        &self,
+        books: &mut Books,
+        sim: &mut Option<SimSpace>,
+        ptr: u64,
+        size: u64,
+    ) -> Result<()> {
+        books.check_free(ptr, size)?;
+        match sim {
+            Some(space) => {
+                space.give(ptr);
+            }
+            None => os::unmap(ptr, self.mapped_len(size)?)?,
+        }
+        books.remove_alloc(ptr);
+        Ok(())
     }
 
     /// The length mapped for an allocation of `size` bytes: whole pages.
@@ -395,49 +452,34 @@ impl Device for HostDevice {
     fn alloc(&self, size: u64) -> Result<u64> {
         let mut guard = self.lock();
         let st = &mut *guard;
-        let charge = st.books.check_alloc(size)?;
-        let len = self.mapped_len(size)?;
-        let oom = |free| Error::DeviceOutOfMemory {
-            backend: BACKEND,
-            requested: size,
-            free,
-        };
-        let ptr = match &mut st.sim {
-            Some(space) => space
-                .take(len, self.page)
-                .ok_or_else(|| oom(st.books.free_bytes()))?,
-            None => os::map_anonymous(len).map_err(|e| match e {
-                Error::Os { ref source, .. } if source.raw_os_error() == Some(libc::ENOMEM) => {
-                    oom(st.books.free_bytes())
-                }
-                other => other,
-            })?,
-        };
-        st.books.insert_alloc(ptr, size, charge);
-        Ok(ptr)
+        self.alloc_in(&mut st.books, &mut st.sim, size)
     }
 
     /// Frees an allocation; `size` must be the size it was made with.
     ///
     /// # Errors
-    /// [`Error::UnknownPointer`] (`what = "allocation"`) for a pointer not allocated here or
-    /// freed already; [`Error::InvalidArgument`] for the wrong size; [`Error::Os`] when
-    /// `munmap` fails.
+    /// [`Error::UnknownPointer`] (`what = "allocation"`) for a pointer not allocated here,
+    /// freed already, or backing the stream-ordered pool; [`Error::InvalidArgument`] for the
+    /// wrong size; [`Error::Os`] when `munmap` fails.
     fn free(&self, ptr: u64, size: u64) -> Result<()> {
         let mut guard = self.lock();
         let st = &mut *guard;
-        st.books.check_free(ptr, size)?;
-        match &mut st.sim {
-            Some(space) => {
-                space.give(ptr);
-            }
-            None => os::unmap(ptr, self.mapped_len(size)?)?,
+        if st.pool.is_segment(ptr) {
+            // Pool memory goes back through the pool (free_async, trim_to), as with cuMemFree.
+            return Err(Error::UnknownPointer {
+                what: "allocation",
+                ptr,
+                backend: BACKEND,
+            });
         }
-        st.books.remove_alloc(ptr);
-        Ok(())
+        self.free_in(&mut st.books, &mut st.sim, ptr, size)
     }
 
     fn virtual_memory(&self) -> Option<&dyn VirtualMemory> {
+        Some(self)
+    }
+
+    fn stream_ordered_pool(&self) -> Option<&dyn StreamOrderedPool> {
         Some(self)
     }
 
@@ -473,19 +515,25 @@ impl Device for HostDevice {
         Ok(())
     }
 
-    /// Completes the events last recorded on `stream` (the host's work is already done).
+    /// Completes the events last recorded on `stream` (the host's work is already done) and
+    /// the pool frees pending on it; then the pool returns idle memory beyond its release
+    /// threshold to the device.
     ///
     /// # Errors
-    /// [`Error::UnknownPointer`] (`what = "stream"`) for an unknown stream.
+    /// [`Error::UnknownPointer`] (`what = "stream"`) for an unknown stream; [`Error::Os`]
+    /// when returning pool memory fails.
     fn synchronize_stream(&self, stream: Stream) -> Result<()> {
-        let mut st = self.lock();
+        let mut guard = self.lock();
+        let st = &mut *guard;
         st.timeline.check_stream(stream)?;
         for e in st.timeline.events.values_mut() {
             if e.stream == Some(stream) {
                 e.pending = false;
             }
         }
-        Ok(())
+        st.pool.complete_stream(stream);
+        let keep = st.pool.threshold();
+        self.pool_release(st, keep)
     }
 
     /// A fresh event id (never 0, never reused); complete until recorded.

@@ -6,16 +6,18 @@ use std::sync::Arc;
 use crate::allocator::Allocator;
 use crate::config::{Config, StrategyKind};
 use crate::device::Device;
-use crate::error::{Error, Result};
+use crate::error::Result;
 
+pub mod async_pool;
 pub mod bfc;
 pub mod platform;
+pub mod vmm;
 
 /// Builds the strategy `config` names over `device`.
 ///
 /// # Errors
-/// [`Error::Unsupported`] for a strategy this build or device cannot serve — never a silent
-/// fallback to another strategy.
+/// [`crate::Error::Unsupported`] for a strategy this build or device cannot serve (`async` on
+/// a device without a stream-ordered pool) — never a silent fallback to another strategy.
 pub fn build(config: &Config, device: Arc<dyn Device>) -> Result<Box<dyn Allocator>> {
     let total = device.info().total_bytes;
     let limit = config.limit(total);
@@ -31,10 +33,13 @@ pub fn build(config: &Config, device: Arc<dyn Device>) -> Result<Box<dyn Allocat
             device,
             Some(limit),
         ))),
-        other => Err(Error::Unsupported {
-            what: format!("strategy `{}`", other.name()),
-            backend: device.info().vendor.name(),
-            reason: "this strategy is not built yet; use bfc or platform".into(),
-        }),
+        StrategyKind::Vmm => Ok(Box::new(vmm::VmmAllocator::new(
+            device,
+            vmm::VmmOptions::new(limit),
+        )?)),
+        StrategyKind::Async => Ok(Box::new(async_pool::AsyncPoolAllocator::new(
+            device,
+            async_pool::AsyncOptions::from_config(config, total),
+        )?)),
     }
 }

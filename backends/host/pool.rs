@@ -1,0 +1,318 @@
+//! The host's stream-ordered memory pool: [`StreamOrderedPool`] with the semantics of a CUDA
+//! memory pool (`cuMemAllocFromPoolAsync` / `cuMemFreeAsync` / `cuMemPoolTrimTo`), so that
+//! the `async` strategy is tested here.
+//!
+//! # The model
+//!
+//! * **Backing memory** comes in *segments*, each one plain device allocation
+//!   ([`crate::Device::alloc`]'s path: charged against the capacity, real or simulated, and
+//!   counted by [`HostDevice::census`] as an allocation and its bytes). A segment is the
+//!   request rounded up to the device's granularity (2 MiB by default), as the drivers grow
+//!   their pools.
+//! * **Allocations** are carved out of free ranges of the segments, best fit (the smallest
+//!   free range that holds the request, the lowest address on ties), each request rounded up
+//!   to 256 bytes. A freed range coalesces with free neighbours in the same segment.
+//! * **Stream order**: memory freed on stream `S` is reusable at once by requests on `S`.
+//!   The host's work is synchronous, so it is reusable by other streams at once too —
+//!   unless events are held ([`HostDevice::set_events_held`]): then a range freed on `S` is
+//!   *pending* (an event recorded at the free has not completed) and only `S` may reuse it,
+//!   until [`HostDevice::complete_held_events`], `set_events_held(false)` or
+//!   [`crate::Device::synchronize_stream`]`(S)` completes it. Pending ranges are never
+//!   merged with ranges that are not pending on the same stream.
+//! * **Release threshold** (`CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`, default 0): at
+//!   [`crate::Device::synchronize_stream`], whole free segments (none of their bytes in use
+//!   or pending) are returned to the device, most recently placed first, until the pool holds
+//!   at most the threshold. [`StreamOrderedPool::trim_to`] does the same down to its
+//!   argument. The pool never trims itself when it cannot grow: like the drivers, it fails
+//!   with [`Error::DeviceOutOfMemory`], and a synchronisation is what gives memory back.
+//! * **Counters** follow `cuMemPoolGetAttribute`: reserved (segments) and used (rounded
+//!   allocations), current and high-water marks.
+//!
+//! Streams are ordering keys here: the pool accepts any stream id, as the conformance suite
+//! uses ids it never created. Best fit scans the free ranges (`O(free ranges)` per request),
+//! which is fine for a test backend.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::device::{PoolUsage, Stream, StreamOrderedPool};
+use crate::error::{Error, Result};
+
+use super::books::BACKEND;
+use super::{HostDevice, State};
+
+/// Pool allocations are rounded up to this, and start on it.
+const POOL_UNIT: u64 = 256;
+
+/// A free range of a segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FreeRange {
+    size: u64,
+    /// `Some(S)`: freed on `S` while events were held, and not completed since; only `S`
+    /// may reuse it.
+    pending: Option<Stream>,
+}
+
+/// The pool's books, kept behind the device's lock (in its `State`).
+#[derive(Debug, Default)]
+pub(super) struct PoolState {
+    /// `CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`.
+    threshold: u64,
+    /// Segments: base → size. Invariant: each is a live device allocation of that size.
+    segments: BTreeMap<u64, u64>,
+    /// Free ranges: address → range. Invariant: inside one segment each, not overlapping
+    /// each other or `used`; two adjacent ranges of one segment differ in `pending`.
+    free: BTreeMap<u64, FreeRange>,
+    /// Allocations handed out: address → rounded size.
+    used: HashMap<u64, u64>,
+    reserved: u64,
+    reserved_high: u64,
+    used_bytes: u64,
+    used_high: u64,
+}
+
+impl PoolState {
+    /// The base of the segment that holds `addr`.
+    fn segment_of(&self, addr: u64) -> Option<u64> {
+        let (&base, &size) = self.segments.range(..=addr).next_back()?;
+        (addr < base + size).then_some(base)
+    }
+
+    /// Inserts a free range and merges it with neighbours of the same segment and tag.
+    fn insert_free(&mut self, addr: u64, range: FreeRange) {
+        self.free.insert(addr, range);
+        self.coalesce(addr);
+    }
+
+    /// Merges the free range at `addr` with its neighbours where they are adjacent, in the
+    /// same segment and pending on the same stream (or both ready), as far as they go.
+    fn coalesce(&mut self, mut addr: u64) {
+        let Some(mut range) = self.free.get(&addr).copied() else {
+            return;
+        };
+        let segment = self.segment_of(addr);
+        while let Some((&prev, &p)) = self.free.range(..addr).next_back() {
+            if prev + p.size != addr
+                || p.pending != range.pending
+                || self.segment_of(prev) != segment
+            {
+                break;
+            }
+            self.free.remove(&addr);
+            range.size += p.size;
+            addr = prev;
+            self.free.insert(addr, range);
+        }
+        loop {
+            let end = addr + range.size;
+            match self.free.get(&end) {
+                Some(&n) if n.pending == range.pending && self.segment_of(end) == segment => {
+                    self.free.remove(&end);
+                    range.size += n.size;
+                    self.free.insert(addr, range);
+                }
+                _ => break,
+            }
+        }
+    }
+
+    /// Completes the pending frees that `which` selects (they become reusable by any stream).
+    fn complete(&mut self, which: impl Fn(Stream) -> bool) {
+        let done: Vec<u64> = self
+            .free
+            .iter()
+            .filter(|(_, r)| r.pending.is_some_and(&which))
+            .map(|(&a, _)| a)
+            .collect();
+        for &addr in &done {
+            if let Some(r) = self.free.get_mut(&addr) {
+                r.pending = None;
+            }
+        }
+        for addr in done {
+            self.coalesce(addr);
+        }
+    }
+
+    /// Completes every pending free (the held events were completed).
+    pub(super) fn complete_all(&mut self) {
+        self.complete(|_| true);
+    }
+
+    /// Completes the pending frees of `stream` (it was synchronised).
+    pub(super) fn complete_stream(&mut self, stream: Stream) {
+        self.complete(|s| s == stream);
+    }
+
+    /// True when `addr` is the base of one of the pool's segments.
+    pub(super) fn is_segment(&self, addr: u64) -> bool {
+        self.segments.contains_key(&addr)
+    }
+
+    /// The release threshold.
+    pub(super) fn threshold(&self) -> u64 {
+        self.threshold
+    }
+
+    /// The best-fit free range for `rounded` bytes usable on `stream`.
+    fn best_fit(&self, rounded: u64, stream: Stream) -> Option<(u64, FreeRange)> {
+        self.free
+            .iter()
+            .filter(|(_, r)| r.size >= rounded && r.pending.map_or(true, |s| s == stream))
+            .min_by_key(|(&a, r)| (r.size, a))
+            .map(|(&a, &r)| (a, r))
+    }
+
+    /// Hands out `[addr, addr + rounded)` of the free range at `addr`.
+    fn take(&mut self, addr: u64, range: FreeRange, rounded: u64) {
+        self.free.remove(&addr);
+        if range.size > rounded {
+            self.free.insert(
+                addr + rounded,
+                FreeRange {
+                    size: range.size - rounded,
+                    pending: range.pending,
+                },
+            );
+        }
+        self.used.insert(addr, rounded);
+        self.used_bytes += rounded;
+        self.used_high = self.used_high.max(self.used_bytes);
+    }
+
+    /// Whole segments that are free and not pending, most recently placed (highest) first.
+    fn idle_segments(&self) -> Vec<(u64, u64)> {
+        self.segments
+            .iter()
+            .rev()
+            .filter(|(base, &size)| {
+                self.free
+                    .get(base)
+                    .is_some_and(|r| r.size == size && r.pending.is_none())
+            })
+            .map(|(&b, &s)| (b, s))
+            .collect()
+    }
+
+    fn usage(&self) -> PoolUsage {
+        PoolUsage {
+            reserved_current: self.reserved,
+            reserved_high: self.reserved_high,
+            used_current: self.used_bytes,
+            used_high: self.used_high,
+        }
+    }
+}
+
+impl HostDevice {
+    /// Returns idle segments to the device until the pool holds at most `keep` bytes.
+    pub(super) fn pool_release(&self, st: &mut State, keep: u64) -> Result<()> {
+        for (base, size) in st.pool.idle_segments() {
+            if st.pool.reserved <= keep {
+                break;
+            }
+            self.free_in(&mut st.books, &mut st.sim, base, size)?;
+            st.pool.free.remove(&base);
+            st.pool.segments.remove(&base);
+            st.pool.reserved -= size;
+        }
+        Ok(())
+    }
+}
+
+impl StreamOrderedPool for HostDevice {
+    /// Best fit from the pool's free memory usable on `stream`, else a new segment of the
+    /// request rounded up to the granularity.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSize`] for zero or a size that overflows once rounded;
+    /// [`Error::DeviceOutOfMemory`] when the pool cannot grow within the capacity.
+    fn alloc_async(&self, size: u64, stream: Stream) -> Result<u64> {
+        if size == 0 {
+            return Err(Error::InvalidSize {
+                size,
+                reason: "a pool allocation must be at least 1 byte",
+            });
+        }
+        let rounded = size
+            .checked_next_multiple_of(POOL_UNIT)
+            .ok_or(Error::InvalidSize {
+                size,
+                reason: "too large: rounding it up to 256 bytes overflows",
+            })?;
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        if let Some((addr, range)) = st.pool.best_fit(rounded, stream) {
+            st.pool.take(addr, range, rounded);
+            return Ok(addr);
+        }
+        let segment =
+            rounded
+                .checked_next_multiple_of(self.granularity)
+                .ok_or(Error::InvalidSize {
+                    size,
+                    reason: "too large: rounding it up to the pool's segment size overflows",
+                })?;
+        let base = self.alloc_in(&mut st.books, &mut st.sim, segment)?;
+        let pool = &mut st.pool;
+        pool.segments.insert(base, segment);
+        pool.reserved += segment;
+        pool.reserved_high = pool.reserved_high.max(pool.reserved);
+        let range = FreeRange {
+            size: segment,
+            pending: None,
+        };
+        pool.free.insert(base, range);
+        pool.take(base, range, rounded);
+        Ok(base)
+    }
+
+    /// Frees in stream order: reusable on `stream` at once, and on other streams at once too
+    /// unless events are held (then after the held events complete or `stream` is
+    /// synchronised).
+    ///
+    /// # Errors
+    /// [`Error::UnknownPointer`] (`what = "pool allocation"`) for a pointer the pool did not
+    /// hand out, or freed already.
+    fn free_async(&self, ptr: u64, stream: Stream) -> Result<()> {
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        let size = st.pool.used.remove(&ptr).ok_or(Error::UnknownPointer {
+            what: "pool allocation",
+            ptr,
+            backend: BACKEND,
+        })?;
+        st.pool.used_bytes -= size;
+        let pending = st.timeline.held.then_some(stream);
+        st.pool.insert_free(ptr, FreeRange { size, pending });
+        Ok(())
+    }
+
+    /// # Errors
+    /// None.
+    fn set_release_threshold(&self, bytes: u64) -> Result<()> {
+        self.lock().pool.threshold = bytes;
+        Ok(())
+    }
+
+    /// # Errors
+    /// None.
+    fn release_threshold(&self) -> Result<u64> {
+        Ok(self.lock().pool.threshold)
+    }
+
+    /// Returns idle segments (nothing in use or pending in them) until the pool holds at
+    /// most `keep` bytes, or no idle segment is left.
+    ///
+    /// # Errors
+    /// [`Error::Os`] when returning a segment fails; segments returned before stay returned.
+    fn trim_to(&self, keep: u64) -> Result<()> {
+        let mut guard = self.lock();
+        self.pool_release(&mut guard, keep)
+    }
+
+    /// # Errors
+    /// None.
+    fn usage(&self) -> Result<PoolUsage> {
+        Ok(self.lock().pool.usage())
+    }
+}

@@ -1,0 +1,540 @@
+//! The stream-ordering contract of `Device`: memory freed on stream S is reusable at once on
+//! S, and on another stream T only after an event recorded at the free has completed. Tested
+//! with the host device holding its events in flight (`set_events_held`), for bfc, the
+//! host's stream-ordered pool, and the `async` strategy over it.
+
+use std::sync::Arc;
+
+use portalloc::backends::host::HostDevice;
+use portalloc::strategy::async_pool::{AsyncOptions, AsyncPoolAllocator};
+use portalloc::strategy::bfc::{BfcAllocator, BfcOptions};
+use portalloc::{Allocator, Device};
+use test_case::test_case;
+
+const MIB: u64 = 1 << 20;
+
+fn device(simulated: bool) -> Arc<HostDevice> {
+    Arc::new(
+        HostDevice::builder()
+            .capacity(64 * MIB)
+            .simulated(simulated)
+            .build()
+            .unwrap(),
+    )
+}
+
+fn bfc(d: &Arc<HostDevice>, limit: u64, preallocate: bool) -> BfcAllocator<HostDevice> {
+    BfcAllocator::new(Arc::clone(d), BfcOptions { limit, preallocate }).unwrap()
+}
+
+fn check(a: &dyn Allocator) {
+    a.check_invariants()
+        .unwrap_or_else(|e| panic!("invariant broken: {e}"));
+}
+
+#[test_case(true, false ; "bfc preallocated real")]
+#[test_case(true, true ; "bfc preallocated simulated")]
+#[test_case(false, false ; "bfc growing real")]
+#[test_case(false, true ; "bfc growing simulated")]
+fn bfc_cross_stream_reuse_waits_for_the_event(preallocate: bool, simulated: bool) {
+    let d = device(simulated);
+    let (s, t) = (d.create_stream().unwrap(), d.create_stream().unwrap());
+    let a = bfc(&d, 32 * MIB, preallocate);
+    // Warm up on S alone (a growing pool takes an 8 MiB region), so that T below finds free
+    // memory without waiting for S.
+    let warm = a.allocate(8 * MIB, 0, s, "warm").unwrap();
+    a.deallocate(warm).unwrap();
+    d.set_events_held(true);
+
+    let first = a.allocate(MIB, 0, s, "a").unwrap();
+    let keep = a.allocate(MIB, 0, t, "b").unwrap();
+    let freed = first.ptr();
+    a.deallocate(first).unwrap();
+    assert_eq!(a.pending_frees(), (1, MIB), "freed on S while T is in use");
+    assert_eq!(a.stats().bytes_in_use, MIB, "a pending free is not in use");
+    check(&a);
+
+    // T may not have it while the event is pending.
+    let on_t = a.allocate(MIB, 0, t, "t").unwrap();
+    assert_ne!(on_t.ptr(), freed);
+    // S may, at once.
+    let on_s = a.allocate(MIB, 0, s, "s").unwrap();
+    assert_eq!(on_s.ptr(), freed);
+    assert_eq!(a.pending_frees(), (0, 0));
+    check(&a);
+
+    a.deallocate(on_s).unwrap();
+    let still = a.allocate(MIB, 0, t, "t").unwrap();
+    assert_ne!(still.ptr(), freed, "still pending");
+    check(&a);
+
+    // Once the event completes, T gets it (the smallest fit, at the lowest address).
+    assert!(d.complete_held_events() >= 1);
+    let after = a.allocate(MIB, 0, t, "t").unwrap();
+    assert_eq!(after.ptr(), freed);
+    assert_eq!(a.pending_frees(), (0, 0));
+    check(&a);
+
+    for x in [on_t, still, after, keep] {
+        a.deallocate(x).unwrap();
+    }
+    d.set_events_held(false);
+    a.trim().unwrap();
+    drop(a);
+    let census = d.census();
+    assert_eq!(
+        (census.allocations, census.bytes_in_use, census.events),
+        (0, 0, 0)
+    );
+}
+
+#[test_case(false ; "real")]
+#[test_case(true ; "simulated")]
+fn bfc_synchronizes_pending_frees_rather_than_fail(simulated: bool) {
+    let d = device(simulated);
+    let (s, t) = (d.create_stream().unwrap(), d.create_stream().unwrap());
+    // One preallocated region of 4 MiB, filled with four 1 MiB chunks.
+    let a = bfc(&d, 4 * MIB, true);
+    d.set_events_held(true);
+    let on_s = a.allocate(MIB, 0, s, "s").unwrap();
+    let mut keep: Vec<_> = (0..3)
+        .map(|_| a.allocate(MIB, 0, t, "t").unwrap())
+        .collect();
+    let freed = on_s.ptr();
+    a.deallocate(on_s).unwrap();
+    assert_eq!(a.pending_frees(), (1, MIB));
+    // Nothing is free for T and the region cannot grow: wait for S's event instead.
+    let x = a.allocate(MIB, 0, t, "t").unwrap();
+    assert_eq!(x.ptr(), freed);
+    assert_eq!(a.pending_frees(), (0, 0));
+    check(&a);
+    keep.push(x);
+    for x in keep {
+        a.deallocate(x).unwrap();
+    }
+    d.set_events_held(false);
+    drop(a);
+    let census = d.census();
+    assert_eq!(
+        (census.allocations, census.bytes_in_use, census.events),
+        (0, 0, 0)
+    );
+}
+
+#[test_case(false ; "real")]
+#[test_case(true ; "simulated")]
+fn bfc_on_one_stream_makes_no_events(simulated: bool) {
+    let d = device(simulated);
+    let s = d.create_stream().unwrap();
+    let a = bfc(&d, 32 * MIB, false);
+    d.set_events_held(true);
+    let xs: Vec<_> = (1..=8)
+        .map(|i| a.allocate(i * 4096, 0, s, "x").unwrap())
+        .collect();
+    let first = xs[0].ptr();
+    for x in xs {
+        a.deallocate(x).unwrap();
+    }
+    assert_eq!(a.pending_frees(), (0, 0));
+    assert_eq!(d.census().events, 0);
+    // Reused at once: freed chunks coalesced back into the bins.
+    let y = a.allocate(4096, 0, s, "y").unwrap();
+    assert_eq!(y.ptr(), first);
+    a.deallocate(y).unwrap();
+    check(&a);
+}
+
+#[test_case(false ; "real")]
+#[test_case(true ; "simulated")]
+fn bfc_events_come_from_a_small_pool(simulated: bool) {
+    let d = device(simulated);
+    let (s, t) = (d.create_stream().unwrap(), d.create_stream().unwrap());
+    let a = bfc(&d, 32 * MIB, true);
+    let on_t = a.allocate(256, 0, t, "t").unwrap();
+    for _ in 0..1000 {
+        let x = a.allocate(4096, 0, s, "x").unwrap();
+        a.deallocate(x).unwrap();
+    }
+    let events = d.census().events;
+    assert!(
+        (1..=portalloc::strategy::bfc::EVENT_POOL as u64 + 1).contains(&events),
+        "{events} events for 1000 frees"
+    );
+    a.deallocate(on_t).unwrap();
+    drop(a);
+    assert_eq!(d.census().events, 0, "events destroyed with the allocator");
+}
+
+#[test_case(false ; "real")]
+#[test_case(true ; "simulated")]
+fn host_pool_cross_stream_reuse_waits_for_the_event(simulated: bool) {
+    let d = device(simulated);
+    let (s, t) = (d.create_stream().unwrap(), d.create_stream().unwrap());
+    let pool = d.stream_ordered_pool().expect("the host has a pool");
+    d.set_events_held(true);
+
+    let p = pool.alloc_async(MIB, s).unwrap();
+    pool.free_async(p, s).unwrap();
+    let on_t = pool.alloc_async(MIB, t).unwrap();
+    assert_ne!(on_t, p, "pending on S: not for T");
+    let on_s = pool.alloc_async(MIB, s).unwrap();
+    assert_eq!(on_s, p, "S reuses its own free at once");
+    pool.free_async(on_s, s).unwrap();
+    let still = pool.alloc_async(MIB, t).unwrap();
+    assert_ne!(still, p);
+
+    d.complete_held_events();
+    let after: Vec<u64> = (0..2).map(|_| pool.alloc_async(MIB, t).unwrap()).collect();
+    assert!(after.contains(&p), "{after:x?} does not reuse {p:#x}");
+    for x in [on_t, still].into_iter().chain(after) {
+        pool.free_async(x, t).unwrap();
+    }
+    d.set_events_held(false);
+    pool.trim_to(0).unwrap();
+    assert_eq!(pool.usage().unwrap().reserved_current, 0);
+    let census = d.census();
+    assert_eq!((census.allocations, census.bytes_in_use), (0, 0));
+}
+
+#[test_case(false ; "real")]
+#[test_case(true ; "simulated")]
+fn host_pool_synchronizing_the_stream_completes_its_frees(simulated: bool) {
+    let d = device(simulated);
+    let (s, t) = (d.create_stream().unwrap(), d.create_stream().unwrap());
+    let pool = d.stream_ordered_pool().unwrap();
+    pool.set_release_threshold(64 * MIB).unwrap();
+    d.set_events_held(true);
+    let p = pool.alloc_async(2 * MIB, s).unwrap();
+    pool.free_async(p, s).unwrap();
+    // Synchronising T does nothing for S's free.
+    d.synchronize_stream(t).unwrap();
+    let x = pool.alloc_async(2 * MIB, t).unwrap();
+    assert_ne!(x, p);
+    pool.free_async(x, t).unwrap();
+    // Synchronising S completes it: the whole 2 MiB segment is T's now.
+    d.synchronize_stream(s).unwrap();
+    let y = pool.alloc_async(2 * MIB, t).unwrap();
+    let z = pool.alloc_async(2 * MIB, t).unwrap();
+    assert!([y, z].contains(&p));
+    pool.free_async(y, t).unwrap();
+    pool.free_async(z, t).unwrap();
+    d.set_events_held(false);
+    pool.trim_to(0).unwrap();
+    let census = d.census();
+    assert_eq!((census.allocations, census.bytes_in_use), (0, 0));
+}
+
+#[test_case(false ; "real")]
+#[test_case(true ; "simulated")]
+fn async_strategy_cross_stream_reuse_waits_for_the_event(simulated: bool) {
+    let d = device(simulated);
+    let (s, t) = (d.create_stream().unwrap(), d.create_stream().unwrap());
+    let a = AsyncPoolAllocator::new(Arc::clone(&d), AsyncOptions::new(32 * MIB)).unwrap();
+    d.set_events_held(true);
+
+    let x = a.allocate(MIB, 0, s, "x").unwrap();
+    let freed = x.ptr();
+    a.deallocate(x).unwrap();
+    let on_t = a.allocate(MIB, 0, t, "t").unwrap();
+    assert_ne!(on_t.ptr(), freed);
+    let on_s = a.allocate(MIB, 0, s, "s").unwrap();
+    assert_eq!(on_s.ptr(), freed);
+    a.deallocate(on_s).unwrap();
+    check(&a);
+
+    d.complete_held_events();
+    let after: Vec<_> = (0..2)
+        .map(|_| a.allocate(MIB, 0, t, "t").unwrap())
+        .collect();
+    assert!(after.iter().any(|x| x.ptr() == freed));
+    check(&a);
+    for x in after.into_iter().chain([on_t]) {
+        a.deallocate(x).unwrap();
+    }
+    d.set_events_held(false);
+    drop(a);
+    let census = d.census();
+    assert_eq!((census.allocations, census.bytes_in_use), (0, 0));
+}
+
+/// A device that reports which events were recorded and what was waited for, so that a
+/// test knows when the allocator may legitimately hand memory to another stream.
+#[derive(Debug)]
+struct Watch {
+    inner: Arc<HostDevice>,
+    seen: std::sync::Mutex<Seen>,
+}
+
+#[derive(Debug, Default)]
+struct Seen {
+    recorded: Vec<(portalloc::device::Event, portalloc::Stream)>,
+    synced_events: Vec<portalloc::device::Event>,
+    synced_streams: Vec<portalloc::Stream>,
+}
+
+impl Watch {
+    fn seen(&self) -> Seen {
+        std::mem::take(&mut *self.seen.lock().unwrap())
+    }
+}
+
+impl Device for Watch {
+    fn info(&self) -> &portalloc::DeviceInfo {
+        self.inner.info()
+    }
+    fn mem_info(&self) -> portalloc::Result<portalloc::MemInfo> {
+        self.inner.mem_info()
+    }
+    fn alloc(&self, size: u64) -> portalloc::Result<u64> {
+        self.inner.alloc(size)
+    }
+    fn free(&self, ptr: u64, size: u64) -> portalloc::Result<()> {
+        self.inner.free(ptr, size)
+    }
+    fn create_stream(&self) -> portalloc::Result<portalloc::Stream> {
+        self.inner.create_stream()
+    }
+    fn destroy_stream(&self, stream: portalloc::Stream) -> portalloc::Result<()> {
+        self.inner.destroy_stream(stream)
+    }
+    fn synchronize_stream(&self, stream: portalloc::Stream) -> portalloc::Result<()> {
+        self.seen.lock().unwrap().synced_streams.push(stream);
+        self.inner.synchronize_stream(stream)
+    }
+    fn create_event(&self) -> portalloc::Result<portalloc::device::Event> {
+        self.inner.create_event()
+    }
+    fn record_event(
+        &self,
+        event: portalloc::device::Event,
+        stream: portalloc::Stream,
+    ) -> portalloc::Result<()> {
+        self.seen.lock().unwrap().recorded.push((event, stream));
+        self.inner.record_event(event, stream)
+    }
+    fn event_complete(&self, event: portalloc::device::Event) -> portalloc::Result<bool> {
+        self.inner.event_complete(event)
+    }
+    fn synchronize_event(&self, event: portalloc::device::Event) -> portalloc::Result<()> {
+        self.seen.lock().unwrap().synced_events.push(event);
+        self.inner.synchronize_event(event)
+    }
+    fn destroy_event(&self, event: portalloc::device::Event) -> portalloc::Result<()> {
+        self.inner.destroy_event(event)
+    }
+}
+
+/// A range freed while events were held: `(start, end, stream, event recorded at the free)`.
+type Unsafe = (
+    u64,
+    u64,
+    portalloc::Stream,
+    Option<portalloc::device::Event>,
+);
+
+/// Forgets the ranges the allocator waited for (or whose event completed by itself).
+fn settle(w: &Watch, unsafe_ranges: &mut Vec<Unsafe>) {
+    let seen = w.seen();
+    unsafe_ranges.retain(|&(_, _, s, e)| {
+        let waited = e.is_some_and(|e| {
+            seen.synced_events.contains(&e) || matches!(w.inner.event_complete(e), Ok(true))
+        });
+        !waited && !seen.synced_streams.contains(&s)
+    });
+}
+
+/// Random traffic on three streams with events held and completed at random: live
+/// allocations never overlap, and no stream is handed memory freed on another stream before
+/// the event recorded at the free completed (or the allocator waited for it).
+#[test_case(true, 1 ; "bfc preallocated, seed 1")]
+#[test_case(false, 2 ; "bfc growing, seed 2")]
+#[test_case(true, 3 ; "bfc preallocated, seed 3")]
+#[test_case(false, 4 ; "bfc growing, seed 4")]
+fn bfc_random_multi_stream_traffic_keeps_the_contract(preallocate: bool, seed: u64) {
+    use rand::rngs::SmallRng;
+    use rand::{Rng, SeedableRng};
+
+    let host = device(true);
+    let w = Arc::new(Watch {
+        inner: Arc::clone(&host),
+        seen: Default::default(),
+    });
+    let streams: Vec<_> = (0..3).map(|_| host.create_stream().unwrap()).collect();
+    let a = BfcAllocator::new(
+        Arc::clone(&w),
+        BfcOptions {
+            limit: 16 * MIB,
+            preallocate,
+        },
+    )
+    .unwrap();
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut live: Vec<portalloc::Allocation> = Vec::new();
+    let mut unsafe_ranges: Vec<Unsafe> = Vec::new();
+    let mut reused_pending = 0;
+    host.set_events_held(true);
+    for step in 0..3000 {
+        match rng.gen_range(0..100) {
+            0..=54 => {
+                let s = streams[rng.gen_range(0..3)];
+                let size = rng.gen_range(1..=256 * 1024);
+                let result = a.allocate(size, 0, s, "x");
+                settle(&w, &mut unsafe_ranges);
+                if let Ok(x) = result {
+                    let (start, end) = (x.ptr(), x.ptr() + x.size());
+                    for &(us, ue, owner, _) in &unsafe_ranges {
+                        let overlaps = start < ue && us < end;
+                        assert!(
+                            owner == s || !overlaps,
+                            "step {step}: {start:#x}..{end:#x} on {s:?} overlaps memory \
+                             pending on {owner:?}"
+                        );
+                        reused_pending += usize::from(overlaps);
+                    }
+                    // Reused by its own stream: a later free makes a new entry.
+                    unsafe_ranges
+                        .retain(|&(us, ue, owner, _)| owner != s || end <= us || ue <= start);
+                    for y in &live {
+                        assert!(end <= y.ptr() || y.ptr() + y.size() <= start, "overlap");
+                    }
+                    live.push(x);
+                }
+            }
+            55..=94 if !live.is_empty() => {
+                let x = live.swap_remove(rng.gen_range(0..live.len()));
+                let (start, end, s) = (x.ptr(), x.ptr() + x.size(), x.stream());
+                a.deallocate(x).unwrap();
+                let seen = w.seen();
+                let event = seen.recorded.last().map(|&(e, _)| e);
+                unsafe_ranges.push((start, end, s, event));
+            }
+            _ => {
+                host.complete_held_events();
+                unsafe_ranges.clear();
+            }
+        }
+        if step % 50 == 0 {
+            check(&a);
+        }
+    }
+    assert!(reused_pending > 0, "no stream reused its own pending free");
+    for x in live {
+        a.deallocate(x).unwrap();
+    }
+    check(&a);
+    assert_eq!(a.stats().bytes_in_use, 0);
+    host.set_events_held(false);
+    a.trim().unwrap();
+    assert_eq!(a.pending_frees(), (0, 0));
+    drop(a);
+    let census = host.census();
+    assert_eq!(
+        (census.allocations, census.bytes_in_use, census.events),
+        (0, 0, 0)
+    );
+}
+
+/// Random traffic on the host pool with events held: no stream is handed memory freed on
+/// another stream until the held events complete or that stream is synchronised; the
+/// counters follow; the release threshold holds at each synchronisation.
+#[test_case(1 ; "seed 1")]
+#[test_case(2 ; "seed 2")]
+#[test_case(3 ; "seed 3")]
+fn host_pool_random_traffic_keeps_the_contract(seed: u64) {
+    use rand::rngs::SmallRng;
+    use rand::{Rng, SeedableRng};
+
+    let d = device(true);
+    let streams: Vec<_> = (0..3).map(|_| d.create_stream().unwrap()).collect();
+    let pool = d.stream_ordered_pool().unwrap();
+    pool.set_release_threshold(8 * MIB).unwrap();
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut live: Vec<(u64, u64, portalloc::Stream)> = Vec::new();
+    let mut unsafe_ranges: Vec<(u64, u64, portalloc::Stream)> = Vec::new();
+    d.set_events_held(true);
+    for step in 0..3000 {
+        match rng.gen_range(0..100) {
+            0..=54 => {
+                let s = streams[rng.gen_range(0..3)];
+                let size = rng.gen_range(1..=512 * 1024u64);
+                let Ok(p) = pool.alloc_async(size, s) else {
+                    continue;
+                };
+                let end = p + size.next_multiple_of(256);
+                for &(us, ue, owner) in &unsafe_ranges {
+                    assert!(
+                        owner == s || end <= us || ue <= p,
+                        "step {step}: {p:#x}..{end:#x} on {s:?} overlaps memory pending on \
+                         {owner:?}"
+                    );
+                }
+                unsafe_ranges.retain(|&(us, ue, owner)| owner != s || end <= us || ue <= p);
+                for &(q, qe, _) in &live {
+                    assert!(end <= q || qe <= p, "overlap");
+                }
+                live.push((p, end, s));
+            }
+            55..=89 if !live.is_empty() => {
+                let (p, end, s) = live.swap_remove(rng.gen_range(0..live.len()));
+                pool.free_async(p, s).unwrap();
+                unsafe_ranges.push((p, end, s));
+            }
+            90..=94 => {
+                let s = streams[rng.gen_range(0..3)];
+                d.synchronize_stream(s).unwrap();
+                unsafe_ranges.retain(|&(_, _, owner)| owner != s);
+                // The synchronisation released every idle segment above the threshold: a trim
+                // to the threshold finds nothing more.
+                let before = pool.usage().unwrap().reserved_current;
+                pool.trim_to(8 * MIB).unwrap();
+                assert_eq!(
+                    pool.usage().unwrap().reserved_current,
+                    before,
+                    "step {step}"
+                );
+            }
+            _ => {
+                d.complete_held_events();
+                unsafe_ranges.clear();
+            }
+        }
+        let u = pool.usage().unwrap();
+        let used: u64 = live.iter().map(|&(p, e, _)| e - p).sum();
+        assert_eq!(u.used_current, used);
+        assert!(u.reserved_current >= used && u.reserved_high >= u.reserved_current);
+        assert_eq!(d.census().bytes_in_use, u.reserved_current);
+    }
+    for (p, _, s) in live {
+        pool.free_async(p, s).unwrap();
+    }
+    d.set_events_held(false);
+    pool.trim_to(0).unwrap();
+    assert_eq!(pool.usage().unwrap().reserved_current, 0);
+    assert_eq!(d.census().bytes_in_use, 0);
+}
+
+#[test]
+fn pool_memory_cannot_be_freed_as_a_plain_allocation() {
+    let d = device(true);
+    let pool = d.stream_ordered_pool().unwrap();
+    let p = pool.alloc_async(MIB, portalloc::Stream::DEFAULT).unwrap();
+    assert!(matches!(
+        d.free(p, 2 * MIB),
+        Err(portalloc::Error::UnknownPointer { .. })
+    ));
+    assert!(matches!(
+        pool.free_async(p + 256, portalloc::Stream::DEFAULT),
+        Err(portalloc::Error::UnknownPointer { .. })
+    ));
+    pool.free_async(p, portalloc::Stream::DEFAULT).unwrap();
+    assert!(
+        pool.free_async(p, portalloc::Stream::DEFAULT).is_err(),
+        "double free"
+    );
+    d.synchronize_stream(portalloc::Stream::DEFAULT).unwrap();
+    assert_eq!(
+        d.census().bytes_in_use,
+        0,
+        "threshold 0: returned at the sync"
+    );
+}
