@@ -7,7 +7,6 @@ use portalloc::replay::{
     ReplayStrategy, TraceInput,
 };
 use portalloc::trace::{Event, Op, TraceHeader};
-use portalloc::Error;
 use test_case::test_case;
 
 const MIB: u64 = 1 << 20;
