@@ -171,6 +171,44 @@ pub trait Device: Send + Sync + fmt::Debug {
 
     /// Destroys an event.
     fn destroy_event(&self, event: Event) -> Result<()>;
+
+    /// True when work on this device can access memory of `peer` directly (peer access, as
+    /// `cuDeviceCanAccessPeer` / `hipDeviceCanAccessPeer` report it). A device is never its
+    /// own peer; devices of another backend never are. Default: false.
+    ///
+    /// # Errors
+    /// The backend's error when it cannot tell.
+    fn can_access_peer(&self, peer: &dyn Device) -> Result<bool> {
+        let _ = peer;
+        Ok(false)
+    }
+
+    /// Lets work on this device access the memory of `peer` (`cuCtxEnablePeerAccess`,
+    /// `hipDeviceEnablePeerAccess`: one direction only) and records it in
+    /// [`Device::peer_access`]. Enabling it again is not an error. Default: unsupported.
+    ///
+    /// # Errors
+    /// [`crate::Error::Unsupported`] when the device cannot access `peer`; the backend's
+    /// error when enabling fails.
+    fn enable_peer_access(&self, peer: &dyn Device) -> Result<()> {
+        Err(crate::Error::Unsupported {
+            what: "peer access".into(),
+            backend: self.info().vendor.name(),
+            reason: format!(
+                "device {} ({}) does not offer peer access (to device {} of {})",
+                self.info().ordinal,
+                self.info().name,
+                peer.info().ordinal,
+                peer.info().vendor
+            ),
+        })
+    }
+
+    /// The ordinals of the devices (of the same backend) this device has enabled peer access
+    /// to with [`Device::enable_peer_access`], ascending. Default: none.
+    fn peer_access(&self) -> Vec<u32> {
+        Vec::new()
+    }
 }
 
 /// Virtual memory as the GPU drivers offer it (cuMemAddressReserve / cuMemCreate /
@@ -203,6 +241,28 @@ pub trait VirtualMemory: Send + Sync {
 
     /// Grants this device read-write access to the mapped range `[va, va + size)`.
     fn set_access(&self, va: u64, size: u64) -> Result<()>;
+
+    /// As [`VirtualMemory::set_access`], and grants the same access to the devices of the
+    /// same backend whose ordinals are `peers` (each one this device has enabled peer access
+    /// with, [`Device::peer_access`]), in one call where the driver allows it
+    /// (`cuMemSetAccess` with one descriptor per device). With no peers it is `set_access`;
+    /// the default refuses peers.
+    ///
+    /// # Errors
+    /// As `set_access`; [`crate::Error::Unsupported`] for peers when the device cannot grant
+    /// them access; [`crate::Error::InvalidArgument`] for a peer without peer access enabled.
+    fn set_access_with_peers(&self, va: u64, size: u64, peers: &[u32]) -> Result<()> {
+        if peers.is_empty() {
+            return self.set_access(va, size);
+        }
+        Err(crate::Error::Unsupported {
+            what: "access for peer devices to mapped memory".into(),
+            backend: "device",
+            reason: format!(
+                "this virtual-memory implementation cannot grant devices {peers:?} access"
+            ),
+        })
+    }
 
     /// Unmaps `[va, va + size)`, which must be exactly covered by earlier mappings.
     fn unmap(&self, va: u64, size: u64) -> Result<()>;

@@ -272,6 +272,93 @@ fn probe_vendor(vendor: Vendor) -> Probe {
     }
 }
 
+/// Peer access between two devices of the chosen backend, as [`enable_peer_access`] left it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PeerLink {
+    /// The device whose work accesses the memory (ordinal).
+    pub device: u32,
+    /// The device whose memory is accessed (ordinal).
+    pub peer: u32,
+    /// True when peer access was enabled.
+    pub enabled: bool,
+    /// Why not, when not.
+    pub reason: Option<String>,
+}
+
+impl std::fmt::Display for PeerLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} -> {}: ", self.device, self.peer)?;
+        match (&self.enabled, &self.reason) {
+            (true, _) => f.write_str("enabled"),
+            (false, Some(why)) => write!(f, "not enabled ({why})"),
+            (false, None) => f.write_str("not enabled"),
+        }
+    }
+}
+
+/// Enables peer access between every two of `devices` (one backend's, by ordinal) that
+/// report it in both directions ([`Device::can_access_peer`]), both ways, so that each
+/// device's [`Device::peer_access`] lists exactly the devices that can access it too (what
+/// the `vmm` strategy grants access to on its mappings). Returns one [`PeerLink`] per
+/// ordered pair of distinct devices; failures are recorded there, never fatal.
+pub fn enable_peer_access(devices: &[Arc<dyn Device>]) -> Vec<PeerLink> {
+    let mut links = Vec::new();
+    for (i, a) in devices.iter().enumerate() {
+        for b in &devices[i + 1..] {
+            let can = |x: &Arc<dyn Device>, y: &Arc<dyn Device>| match x.can_access_peer(y.as_ref())
+            {
+                Ok(true) => Ok(()),
+                Ok(false) => Err(format!(
+                    "device {} does not report access to device {}",
+                    x.info().ordinal,
+                    y.info().ordinal
+                )),
+                Err(e) => Err(e.to_string()),
+            };
+            let both = can(a, b).and_then(|()| can(b, a));
+            for (x, y) in [(a, b), (b, a)] {
+                let outcome = both
+                    .clone()
+                    .and_then(|()| x.enable_peer_access(y.as_ref()).map_err(|e| e.to_string()));
+                if let Err(why) = &outcome {
+                    tracing::debug!(device = x.info().ordinal, peer = y.info().ordinal, %why,
+                        "peer access not enabled");
+                }
+                links.push(PeerLink {
+                    device: x.info().ordinal,
+                    peer: y.info().ordinal,
+                    enabled: outcome.is_ok(),
+                    reason: outcome.err(),
+                });
+            }
+        }
+    }
+    links.sort_by_key(|l| (l.device, l.peer));
+    links
+}
+
+/// One line about device `ordinal`'s peer access among `links`: `devices 1, 2`, or `none`
+/// with the first reason.
+pub fn describe_peer_access(links: &[PeerLink], ordinal: u32) -> String {
+    let mine: Vec<&PeerLink> = links.iter().filter(|l| l.device == ordinal).collect();
+    let on: Vec<String> = mine
+        .iter()
+        .filter(|l| l.enabled)
+        .map(|l| l.peer.to_string())
+        .collect();
+    if !on.is_empty() {
+        return format!(
+            "device{} {}",
+            if on.len() > 1 { "s" } else { "" },
+            on.join(", ")
+        );
+    }
+    match mine.iter().find_map(|l| l.reason.as_deref()) {
+        Some(why) => format!("none ({why})"),
+        None => "none (no other device)".into(),
+    }
+}
+
 /// Discovery, configuration and one allocator per device, in one value.
 pub struct Portalloc {
     /// The configuration used.
@@ -280,6 +367,9 @@ pub struct Portalloc {
     pub discovery: Discovery,
     /// One allocator per device, by ordinal.
     pub allocators: Vec<Box<dyn Allocator>>,
+    /// Peer access between the devices, enabled before the allocators were built (see
+    /// [`enable_peer_access`]).
+    pub peers: Vec<PeerLink>,
 }
 
 impl std::fmt::Debug for Portalloc {
@@ -287,6 +377,7 @@ impl std::fmt::Debug for Portalloc {
         f.debug_struct("Portalloc")
             .field("config", &self.config)
             .field("chosen", &self.discovery.chosen)
+            .field("peers", &self.peers)
             .field(
                 "allocators",
                 &self
@@ -309,9 +400,12 @@ impl Portalloc {
         Portalloc::from_config(Config::from_env()?)
     }
 
-    /// As [`Portalloc::from_env`], with an explicit configuration.
+    /// As [`Portalloc::from_env`], with an explicit configuration. Peer access is enabled
+    /// between the devices that report it ([`enable_peer_access`]) before the allocators are
+    /// built, so that `vmm` grants the peers access to what it maps.
     pub fn from_config(config: Config) -> Result<Portalloc> {
         let discovery = discover(&config)?;
+        let peers = enable_peer_access(&discovery.devices);
         let allocators = discovery
             .devices
             .iter()
@@ -321,6 +415,7 @@ impl Portalloc {
             config,
             discovery,
             allocators,
+            peers,
         })
     }
 

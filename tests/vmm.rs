@@ -807,3 +807,395 @@ fn real_traces_figures() {
 fn options_limit(o: &ReplayOptions) -> u64 {
     (o.fraction * o.device.capacity as f64) as u64
 }
+
+// ---- stream-ordered reuse ----
+
+/// A host device that logs the stream-ordering calls and the unmaps, in order.
+#[derive(Debug)]
+struct Logged {
+    inner: Arc<HostDevice>,
+    log: std::sync::Mutex<Vec<Logged1>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Logged1 {
+    Record(Event, Stream),
+    SyncEvent(Event),
+    SyncStream(Stream),
+    Unmap(u64, u64),
+}
+
+impl Logged {
+    fn new(inner: &Arc<HostDevice>) -> Arc<Logged> {
+        Arc::new(Logged {
+            inner: Arc::clone(inner),
+            log: Default::default(),
+        })
+    }
+    fn push(&self, call: Logged1) {
+        self.log.lock().unwrap().push(call);
+    }
+    fn take(&self) -> Vec<Logged1> {
+        std::mem::take(&mut *self.log.lock().unwrap())
+    }
+}
+
+impl Device for Logged {
+    fn info(&self) -> &DeviceInfo {
+        self.inner.info()
+    }
+    fn mem_info(&self) -> portalloc::Result<MemInfo> {
+        self.inner.mem_info()
+    }
+    fn alloc(&self, size: u64) -> portalloc::Result<u64> {
+        self.inner.alloc(size)
+    }
+    fn free(&self, ptr: u64, size: u64) -> portalloc::Result<()> {
+        self.inner.free(ptr, size)
+    }
+    fn virtual_memory(&self) -> Option<&dyn VirtualMemory> {
+        Some(self)
+    }
+    fn create_stream(&self) -> portalloc::Result<Stream> {
+        self.inner.create_stream()
+    }
+    fn destroy_stream(&self, s: Stream) -> portalloc::Result<()> {
+        self.inner.destroy_stream(s)
+    }
+    fn synchronize_stream(&self, s: Stream) -> portalloc::Result<()> {
+        self.push(Logged1::SyncStream(s));
+        self.inner.synchronize_stream(s)
+    }
+    fn create_event(&self) -> portalloc::Result<Event> {
+        self.inner.create_event()
+    }
+    fn record_event(&self, e: Event, s: Stream) -> portalloc::Result<()> {
+        self.push(Logged1::Record(e, s));
+        self.inner.record_event(e, s)
+    }
+    fn event_complete(&self, e: Event) -> portalloc::Result<bool> {
+        self.inner.event_complete(e)
+    }
+    fn synchronize_event(&self, e: Event) -> portalloc::Result<()> {
+        self.push(Logged1::SyncEvent(e));
+        self.inner.synchronize_event(e)
+    }
+    fn destroy_event(&self, e: Event) -> portalloc::Result<()> {
+        self.inner.destroy_event(e)
+    }
+}
+
+impl VirtualMemory for Logged {
+    fn granularity(&self) -> u64 {
+        self.inner.granularity()
+    }
+    fn reserve(&self, size: u64, alignment: u64) -> portalloc::Result<u64> {
+        self.inner.reserve(size, alignment)
+    }
+    fn free_reservation(&self, va: u64, size: u64) -> portalloc::Result<()> {
+        self.inner.free_reservation(va, size)
+    }
+    fn create_physical(&self, size: u64) -> portalloc::Result<PhysicalHandle> {
+        self.inner.create_physical(size)
+    }
+    fn release_physical(&self, h: PhysicalHandle) -> portalloc::Result<()> {
+        self.inner.release_physical(h)
+    }
+    fn map(&self, va: u64, size: u64, h: PhysicalHandle, offset: u64) -> portalloc::Result<()> {
+        self.inner.map(va, size, h, offset)
+    }
+    fn set_access(&self, va: u64, size: u64) -> portalloc::Result<()> {
+        self.inner.set_access(va, size)
+    }
+    fn unmap(&self, va: u64, size: u64) -> portalloc::Result<()> {
+        self.push(Logged1::Unmap(va, size));
+        self.inner.unmap(va, size)
+    }
+}
+
+fn on(a: &impl Allocator, size: u64, s: Stream) -> Allocation {
+    let x = a.allocate(size, 0, s, "test").unwrap();
+    a.check_invariants().unwrap();
+    x
+}
+
+fn all_back(d: &HostDevice) {
+    let c = d.census();
+    assert_eq!(
+        (
+            c.physical_handles,
+            c.mappings,
+            c.reservations,
+            c.bytes_in_use,
+            c.events
+        ),
+        (0, 0, 0, 0, 0),
+        "{c:?}"
+    );
+}
+
+#[test_case(false, 1000 ; "real, small")]
+#[test_case(true, 1000 ; "simulated, small")]
+#[test_case(false, 3 * MIB ; "real, large")]
+#[test_case(true, 3 * MIB ; "simulated, large")]
+fn cross_stream_reuse_waits_for_the_event(simulated: bool, size: u64) {
+    let d = device(128 * MIB, simulated);
+    let (s, t) = (d.create_stream().unwrap(), d.create_stream().unwrap());
+    let a = VmmAllocator::new(Arc::clone(&d), VmmOptions::new(64 * MIB)).unwrap();
+    // Warm up on S alone: 16 MiB mapped and free, so that T below finds mapped memory
+    // without waiting for S (mapping more would wait for pending frees first).
+    let warm = on(&a, 16 * MIB, s);
+    free(&a, warm);
+    d.set_events_held(true);
+
+    let first = on(&a, size, s);
+    let keep = on(&a, size, t);
+    let freed = first.ptr();
+    free(&a, first);
+    let rounded = size.next_multiple_of(256);
+    assert_eq!(
+        a.pending_frees(),
+        (1, rounded),
+        "freed on S while T is in use"
+    );
+    assert_eq!(
+        a.stats().bytes_in_use,
+        rounded,
+        "a pending free is not in use"
+    );
+    assert_eq!(a.live_count(), 1);
+
+    // T may not have it while the event is pending; S may, at once.
+    let on_t = on(&a, size, t);
+    assert_ne!(on_t.ptr(), freed);
+    let on_s = on(&a, size, s);
+    assert_eq!(on_s.ptr(), freed);
+    assert_eq!(a.pending_frees(), (0, 0));
+    free(&a, on_s);
+    let still = on(&a, size, t);
+    assert_ne!(still.ptr(), freed, "still pending");
+
+    // A smaller request on S is carved out of S's pending free; the rest stays pending.
+    let part = on(&a, size / 2, s);
+    assert!(part.ptr() >= freed && part.ptr() + part.size() <= freed + rounded);
+    assert_eq!(a.pending_frees().0, 1);
+    free(&a, part);
+    assert!(a.pending_frees().0 >= 2);
+
+    // Once the event completes, T gets it (best fit, as any free chunk).
+    assert!(d.complete_held_events() >= 1);
+    let after = on(&a, size, t);
+    assert_eq!(after.ptr(), freed);
+    assert_eq!(a.pending_frees(), (0, 0));
+
+    for x in [on_t, still, after, keep] {
+        free(&a, x);
+    }
+    d.set_events_held(false);
+    a.trim().unwrap();
+    assert_eq!(a.stats().bytes_in_use, 0);
+    drop(a);
+    all_back(&d);
+}
+
+/// A double free is refused while the first free is pending.
+#[test]
+fn a_pending_free_cannot_be_freed_again() {
+    let d = device(64 * MIB, true);
+    let (s, t) = (d.create_stream().unwrap(), d.create_stream().unwrap());
+    let a = VmmAllocator::new(Arc::clone(&d), VmmOptions::new(32 * MIB)).unwrap();
+    d.set_events_held(true);
+    let _t = on(&a, 256, t);
+    let x = on(&a, 4096, s);
+    let forged = Allocation::new(x.ptr(), x.size(), s, a.id(), x.token());
+    free(&a, x);
+    assert!(matches!(
+        a.deallocate(forged),
+        Err(Error::UnknownPointer { .. })
+    ));
+    a.check_invariants().unwrap();
+    assert_eq!(a.pending_frees().0, 1);
+}
+
+/// Granules under a pending chunk are neither stitched away nor trimmed until its event has
+/// completed (here: the allocator waited for it).
+#[test_case(false ; "real")]
+#[test_case(true ; "simulated")]
+fn pending_granules_are_not_stitched_or_trimmed(simulated: bool) {
+    let host = device(64 * MIB, simulated);
+    let d = Logged::new(&host);
+    let (s, t) = (host.create_stream().unwrap(), host.create_stream().unwrap());
+    let a = VmmAllocator::new(Arc::clone(&d), VmmOptions::new(10 * MIB)).unwrap();
+    host.set_events_held(true);
+    // One granule for T's small block, four for S's large ones: the budget is full.
+    let tb = on(&a, 256, t);
+    let mut big: Vec<Option<Allocation>> = (0..4).map(|_| Some(on(&a, 2 * MIB, s))).collect();
+    assert_eq!(a.stats().pool_bytes, 10 * MIB);
+    let ranges: Vec<(u64, u64)> = [0, 2]
+        .iter()
+        .map(|&i| {
+            let x = big[i].as_ref().unwrap();
+            (x.ptr(), x.ptr() + x.size())
+        })
+        .collect();
+    d.take();
+    free(&a, big[0].take().unwrap());
+    free(&a, big[2].take().unwrap());
+    let events: Vec<Event> = d
+        .take()
+        .into_iter()
+        .filter_map(|c| match c {
+            Logged1::Record(e, _) => Some(e),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(events.len(), 2);
+    assert_eq!(a.pending_frees(), (2, 4 * MIB));
+    // Nothing was unmapped by the frees; the free-mapped granules exclude pending ones.
+    assert_eq!(host.census().mappings, 5);
+    assert_eq!(
+        a.stats().largest_free_block_bytes,
+        2 * MIB - 256,
+        "only the rest of T's granule is free"
+    );
+
+    // T needs 4 MiB: only stitching S's pending granules could serve it, so the allocator
+    // waits for their events first.
+    let x = on(&a, 4 * MIB, t);
+    let log = d.take();
+    let first_unmap = log
+        .iter()
+        .position(|c| matches!(c, Logged1::Unmap(..)))
+        .expect("stitched");
+    for e in &events {
+        let synced = log[..first_unmap].contains(&Logged1::SyncEvent(*e));
+        assert!(synced, "{log:?}: stitched before waiting for {e:?}");
+    }
+    for c in &log {
+        if let Logged1::Unmap(va, len) = *c {
+            assert!(ranges.iter().any(|&(s0, e0)| va >= s0 && va + len <= e0));
+        }
+    }
+    assert_eq!(a.stitch_count(), 1);
+    assert_eq!(a.pending_frees(), (0, 0));
+    free(&a, x);
+
+    // Trim while a free is pending: it waits for the event before unmapping.
+    let b1 = big[1].take().unwrap();
+    let (lo, hi) = (b1.ptr(), b1.ptr() + b1.size());
+    free(&a, b1);
+    assert_eq!(a.pending_frees().0, 2, "T's 4 MiB and S's 2 MiB");
+    let recorded = d
+        .take()
+        .into_iter()
+        .find_map(|c| match c {
+            Logged1::Record(e, on) if on == s => Some(e),
+            _ => None,
+        })
+        .unwrap();
+    assert!(a.trim().unwrap() > 0);
+    a.check_invariants().unwrap();
+    let log = d.take();
+    let synced_at = log
+        .iter()
+        .position(|c| *c == Logged1::SyncEvent(recorded))
+        .expect("trim waited for the pending free");
+    let unmapped_at = log
+        .iter()
+        .position(|c| matches!(*c, Logged1::Unmap(va, _) if va >= lo && va < hi))
+        .expect("trim unmapped the granule once free");
+    assert!(synced_at < unmapped_at);
+    for x in big.into_iter().flatten().chain([tb]) {
+        free(&a, x);
+    }
+    host.set_events_held(false);
+    a.trim().unwrap();
+    drop(a);
+    drop(d);
+    all_back(&host);
+}
+
+#[test_case(false ; "real")]
+#[test_case(true ; "simulated")]
+fn one_stream_makes_no_events_and_switching_synchronizes_once(simulated: bool) {
+    let host = device(64 * MIB, simulated);
+    let d = Logged::new(&host);
+    let (s, t) = (host.create_stream().unwrap(), host.create_stream().unwrap());
+    let a = VmmAllocator::new(Arc::clone(&d), VmmOptions::new(32 * MIB)).unwrap();
+    host.set_events_held(true);
+    let xs: Vec<_> = (1..=8).map(|i| on(&a, i * 4096, s)).collect();
+    let first = xs[0].ptr();
+    for x in xs {
+        free(&a, x);
+    }
+    assert_eq!(a.pending_frees(), (0, 0));
+    assert_eq!(host.census().events, 0);
+    let y = on(&a, 4096, s);
+    assert_eq!(y.ptr(), first, "reused at once");
+    free(&a, y);
+    assert!(
+        d.take().is_empty(),
+        "no stream-ordering calls on one stream"
+    );
+    // The first request on T synchronises S once (its frees went back without events).
+    let z = on(&a, 4096, t);
+    assert_eq!(d.take(), vec![Logged1::SyncStream(s)]);
+    free(&a, z);
+    drop(a);
+    drop(d);
+    host.set_events_held(false);
+    all_back(&host);
+}
+
+#[test]
+fn events_come_from_a_small_pool() {
+    let d = device(64 * MIB, true);
+    let (s, t) = (d.create_stream().unwrap(), d.create_stream().unwrap());
+    let a = VmmAllocator::new(Arc::clone(&d), VmmOptions::new(32 * MIB)).unwrap();
+    let on_t = on(&a, 256, t);
+    d.set_events_held(true);
+    for i in 0..1000 {
+        let x = a.allocate(4096, 0, s, "x").unwrap();
+        a.deallocate(x).unwrap();
+        if i % 100 == 99 {
+            d.complete_held_events();
+        }
+    }
+    let events = d.census().events;
+    assert!(
+        (1..=portalloc::strategy::vmm::EVENT_POOL as u64 + 1).contains(&events),
+        "{events} events for 1000 frees"
+    );
+    a.check_invariants().unwrap();
+    free(&a, on_t);
+    drop(a);
+    d.set_events_held(false);
+    assert_eq!(d.census().events, 0, "events destroyed with the allocator");
+}
+
+/// The budget is full and the only free memory is pending on S: T waits for it rather
+/// than fail.
+#[test_case(false ; "real")]
+#[test_case(true ; "simulated")]
+fn synchronizes_pending_frees_rather_than_fail(simulated: bool) {
+    let d = device(64 * MIB, simulated);
+    let (s, t) = (d.create_stream().unwrap(), d.create_stream().unwrap());
+    let a = VmmAllocator::new(Arc::clone(&d), VmmOptions::new(8 * MIB)).unwrap();
+    d.set_events_held(true);
+    let x = on(&a, 2 * MIB, s);
+    let mut keep: Vec<_> = (0..3).map(|_| on(&a, 2 * MIB, t)).collect();
+    let freed = x.ptr();
+    free(&a, x);
+    assert_eq!(a.pending_frees(), (1, 2 * MIB));
+    let y = on(&a, 2 * MIB, t);
+    assert_eq!(y.ptr(), freed);
+    assert_eq!(a.pending_frees(), (0, 0));
+    assert_eq!(a.counters().creates, 4, "no memory beyond the budget");
+    keep.push(y);
+    for x in keep {
+        free(&a, x);
+    }
+    d.set_events_held(false);
+    drop(a);
+    all_back(&d);
+}

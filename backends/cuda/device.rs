@@ -109,6 +109,9 @@ pub struct CudaDevice {
     pool: Option<sys::CUmemoryPool>,
     books: Mutex<Books>,
     handles: RwLock<Handles>,
+    /// Peer access enabled: `(ordinal, CUdevice)` of each peer, whose primary context is
+    /// retained until this device is dropped (so that the access lasts as long as it).
+    peers: Mutex<Vec<(u32, sys::CUdevice)>>,
 }
 
 // SAFETY: the raw handles (the primary context and the pool) are driver objects that the CUDA
@@ -205,6 +208,7 @@ impl CudaDevice {
             pool: None,
             books: Mutex::new(Books::default()),
             handles: RwLock::new(Handles::default()),
+            peers: Mutex::new(Vec::new()),
         };
         dev.enter()?;
 
@@ -340,6 +344,22 @@ impl CudaDevice {
 
     fn enter(&self) -> Result<()> {
         self.driver.make_current(self.ctx)
+    }
+
+    fn peers(&self) -> MutexGuard<'_, Vec<(u32, sys::CUdevice)>> {
+        self.peers.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The driver's handle of `peer`, when it is another CUDA device of this driver.
+    fn peer_device(&self, peer: &dyn Device) -> Result<Option<sys::CUdevice>> {
+        let info = peer.info();
+        if info.vendor != Vendor::Cuda || info.ordinal == self.info.ordinal {
+            return Ok(None);
+        }
+        if info.ordinal >= self.driver.device_count()? {
+            return Ok(None);
+        }
+        self.driver.device(info.ordinal).map(Some)
     }
 
     fn books(&self) -> MutexGuard<'_, Books> {
@@ -598,6 +618,71 @@ impl Device for CudaDevice {
         h.events.remove(&event.0);
         Ok(())
     }
+
+    /// `cuDeviceCanAccessPeer`, for another CUDA device of this driver; false for anything
+    /// else, and when the driver lacks the call.
+    fn can_access_peer(&self, peer: &dyn Device) -> Result<bool> {
+        if !self.driver.has_peer_symbols() {
+            return Ok(false);
+        }
+        match self.peer_device(peer)? {
+            Some(p) => self.driver.can_access_peer(self.device, p),
+            None => Ok(false),
+        }
+    }
+
+    /// `cuCtxEnablePeerAccess` from this device's primary context to the peer's (retained
+    /// until this device is dropped).
+    fn enable_peer_access(&self, peer: &dyn Device) -> Result<()> {
+        if !self.can_access_peer(peer)? {
+            return Err(Error::Unsupported {
+                what: "peer access".into(),
+                backend: BACKEND,
+                reason: format!(
+                    "device {} ({}) cannot access device {} of {}{}",
+                    self.info.ordinal,
+                    self.info.name,
+                    peer.info().ordinal,
+                    peer.info().vendor,
+                    if self.driver.has_peer_symbols() {
+                        " (cuDeviceCanAccessPeer says no)"
+                    } else {
+                        ": the driver does not export cuDeviceCanAccessPeer / cuCtxEnablePeerAccess"
+                    }
+                ),
+            });
+        }
+        let ordinal = peer.info().ordinal;
+        let mut peers = self.peers();
+        if peers.iter().any(|&(o, _)| o == ordinal) {
+            return Ok(());
+        }
+        let Some(peer_dev) = self.peer_device(peer)? else {
+            return Ok(());
+        };
+        let peer_ctx = self.driver.primary_ctx_retain(peer_dev)?;
+        let result = self.enter().and_then(|()| {
+            // SAFETY: the peer's primary context was retained just above.
+            unsafe { self.driver.ctx_enable_peer_access(peer_ctx) }
+        });
+        match result {
+            Ok(()) => {
+                peers.push((ordinal, peer_dev));
+                peers.sort_unstable();
+                Ok(())
+            }
+            Err(e) => {
+                if let Err(r) = self.driver.primary_ctx_release(peer_dev) {
+                    tracing::debug!(peer = ordinal, error = %r, "could not release a peer context");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn peer_access(&self) -> Vec<u32> {
+        self.peers().iter().map(|&(o, _)| o).collect()
+    }
 }
 
 impl VirtualMemory for CudaDevice {
@@ -703,6 +788,35 @@ impl VirtualMemory for CudaDevice {
         self.check_granular("set_access", "size", size, false)?;
         self.enter()?;
         self.driver.set_access(self.device, va, size)
+    }
+
+    /// `cuMemSetAccess` with one descriptor for this device and one per peer.
+    fn set_access_with_peers(&self, va: u64, size: u64, peers: &[u32]) -> Result<()> {
+        if peers.is_empty() {
+            return self.set_access(va, size);
+        }
+        self.check_granular("set_access", "address", va, false)?;
+        self.check_granular("set_access", "size", size, false)?;
+        let mut devices = vec![self.device];
+        {
+            let enabled = self.peers();
+            for p in peers {
+                let Some(&(_, d)) = enabled.iter().find(|(o, _)| o == p) else {
+                    return Err(Error::InvalidArgument {
+                        call: "set_access_with_peers",
+                        reason: format!(
+                            "peer access to device {p} is not enabled on device {}; accepted \
+                             are the devices enable_peer_access was called with ({:?})",
+                            self.info.ordinal,
+                            enabled.iter().map(|&(o, _)| o).collect::<Vec<_>>()
+                        ),
+                    });
+                };
+                devices.push(d);
+            }
+        }
+        self.enter()?;
+        self.driver.set_access_devices(&devices, va, size)
     }
 
     /// `cuMemUnmap`.
@@ -871,6 +985,13 @@ impl Drop for CudaDevice {
             // SAFETY: the pool was made by this device and is destroyed once, here.
             if let Err(e) = unsafe { driver.mem_pool_destroy(pool) } {
                 warn("could not destroy its pool", e);
+            }
+        }
+        let peers = std::mem::take(self.peers.get_mut().unwrap_or_else(PoisonError::into_inner));
+        for (ordinal, peer) in peers {
+            if let Err(e) = driver.primary_ctx_release(peer) {
+                tracing::warn!(device = self.info.ordinal, peer = ordinal, error = %e,
+                    "dropping a cuda device: could not release a peer's primary context");
             }
         }
         if let Err(e) = driver.primary_ctx_release(self.device) {

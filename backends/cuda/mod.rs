@@ -71,6 +71,14 @@ struct PoolApi {
     free_async: sys::cuMemFreeAsync,
 }
 
+/// Peer-access entry points (CUDA 4.0, but optional: a driver without them reports no
+/// peers).
+#[derive(Clone, Copy)]
+struct PeerApi {
+    can_access: sys::cuDeviceCanAccessPeer,
+    enable: sys::cuCtxEnablePeerAccess,
+}
+
 /// The names of the virtual-memory symbols (CUDA 10.2), in [`Driver::symbols`] order.
 pub const VMM_SYMBOLS: [&str; 8] = [
     "cuMemGetAllocationGranularity",
@@ -164,6 +172,7 @@ pub struct Driver {
     event_destroy: sys::cuEventDestroy_v2,
     vmm: Option<VmmApi>,
     pools: Option<PoolApi>,
+    peer: Option<PeerApi>,
     // Keeps the code behind the function pointers above loaded; dropped last.
     _library: Library,
 }
@@ -231,6 +240,13 @@ impl Driver {
                 free_async: "cuMemFreeAsync",
             }
         );
+        let peer = optional_group!(
+            lib,
+            PeerApi {
+                can_access: "cuDeviceCanAccessPeer",
+                enable: "cuCtxEnablePeerAccess",
+            }
+        );
         // SAFETY (all `required` / `optional` calls): each type is the signature `cuda.h`
         // declares for the symbol of that name, transcribed in `portalloc_sys::cuda`.
         unsafe {
@@ -265,6 +281,7 @@ impl Driver {
                 event_destroy: loader::required(lib, &path, "cuEventDestroy_v2")?,
                 vmm,
                 pools,
+                peer,
                 _library: library,
                 path,
             })
@@ -287,6 +304,46 @@ impl Driver {
     /// True when every virtual-memory symbol (CUDA 10.2) was resolved.
     pub fn has_vmm_symbols(&self) -> bool {
         self.vmm.is_some()
+    }
+
+    /// True when the peer-access symbols (`cuDeviceCanAccessPeer`, `cuCtxEnablePeerAccess`)
+    /// were resolved.
+    pub fn has_peer_symbols(&self) -> bool {
+        self.peer.is_some()
+    }
+
+    /// `cuDeviceCanAccessPeer`: whether `device` can access memory of `peer`; false when the
+    /// driver lacks the call.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] (`CUDA_ERROR_INVALID_DEVICE` for an unknown device).
+    pub fn can_access_peer(&self, device: sys::CUdevice, peer: sys::CUdevice) -> Result<bool> {
+        let Some(api) = self.peer else {
+            return Ok(false);
+        };
+        let mut can: c_int = 0;
+        // SAFETY: writes one int through a valid pointer; devices by value.
+        self.check("cuDeviceCanAccessPeer", unsafe {
+            (api.can_access)(&mut can, device, peer)
+        })?;
+        Ok(can != 0)
+    }
+
+    /// `cuCtxEnablePeerAccess(peer_ctx, 0)` from the current context; already enabled is
+    /// success.
+    ///
+    /// # Safety
+    /// `peer_ctx` must be a live context (retained by the caller).
+    pub(crate) unsafe fn ctx_enable_peer_access(&self, peer_ctx: sys::CUcontext) -> Result<()> {
+        let api = self
+            .peer
+            .ok_or_else(|| self.lacks("cuCtxEnablePeerAccess", "peer access"))?;
+        // SAFETY: the caller keeps the context alive; flags must be 0.
+        let code = unsafe { (api.enable)(peer_ctx, 0) };
+        if code == sys::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
+            return Ok(());
+        }
+        self.check("cuCtxEnablePeerAccess", code)
     }
 
     /// True when every memory-pool symbol (CUDA 11.2) was resolved.
@@ -611,6 +668,31 @@ impl Driver {
         // SAFETY: one initialised descriptor, count 1.
         self.check("cuMemSetAccess", unsafe {
             (api.set_access)(va, bytes, &desc, 1)
+        })
+    }
+
+    /// `cuMemSetAccess`: read-write for each of `devices`, one descriptor each, in one call.
+    pub(crate) fn set_access_devices(
+        &self,
+        devices: &[sys::CUdevice],
+        va: u64,
+        size: u64,
+    ) -> Result<()> {
+        let api = self.vmm("cuMemSetAccess")?;
+        let bytes = to_usize("cuMemSetAccess", size)?;
+        let descs: Vec<sys::CUmemAccessDesc> = devices
+            .iter()
+            .map(|&id| sys::CUmemAccessDesc {
+                location: sys::CUmemLocation {
+                    type_: sys::CU_MEM_LOCATION_TYPE_DEVICE,
+                    id,
+                },
+                flags: sys::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+            })
+            .collect();
+        // SAFETY: `descs.len()` initialised descriptors.
+        self.check("cuMemSetAccess", unsafe {
+            (api.set_access)(va, bytes, descs.as_ptr(), descs.len())
         })
     }
 

@@ -193,6 +193,8 @@ pub struct HipDevice {
     books: Mutex<Books>,
     handles: RwLock<Handles>,
     pool: Mutex<PoolState>,
+    /// Ordinals of the devices peer access was enabled to.
+    peers: Mutex<Vec<u32>>,
 }
 
 impl fmt::Debug for HipDevice {
@@ -387,6 +389,7 @@ impl HipDevice {
             books: Mutex::new(Books::default()),
             handles: RwLock::new(Handles::default()),
             pool: Mutex::new(PoolState::default()),
+            peers: Mutex::new(Vec::new()),
         })
     }
 
@@ -716,6 +719,60 @@ impl Device for HipDevice {
         handles.events.remove(&event.0);
         Ok(())
     }
+
+    /// `hipDeviceCanAccessPeer`, for another HIP device; false for anything else and when
+    /// the runtime lacks the peer calls.
+    fn can_access_peer(&self, peer: &dyn Device) -> Result<bool> {
+        let info = peer.info();
+        if info.vendor != Vendor::Hip || info.ordinal == self.ordinal {
+            return Ok(false);
+        }
+        if !self.runtime.has_peer_symbols() || info.ordinal >= self.runtime.device_count()? {
+            return Ok(false);
+        }
+        self.runtime
+            .device_can_access_peer(self.ordinal, info.ordinal)
+    }
+
+    /// `hipDeviceEnablePeerAccess` from this device.
+    fn enable_peer_access(&self, peer: &dyn Device) -> Result<()> {
+        if !self.can_access_peer(peer)? {
+            return Err(Error::Unsupported {
+                what: "peer access".into(),
+                backend: BACKEND,
+                reason: format!(
+                    "device {} ({}) cannot access device {} of {}{}",
+                    self.ordinal,
+                    self.info.name,
+                    peer.info().ordinal,
+                    peer.info().vendor,
+                    if self.runtime.has_peer_symbols() {
+                        " (hipDeviceCanAccessPeer says no)"
+                    } else {
+                        ": the runtime does not export hipDeviceCanAccessPeer / \
+                         hipDeviceEnablePeerAccess"
+                    }
+                ),
+            });
+        }
+        let ordinal = peer.info().ordinal;
+        let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        if peers.contains(&ordinal) {
+            return Ok(());
+        }
+        self.make_current()?;
+        self.runtime.device_enable_peer_access(ordinal)?;
+        peers.push(ordinal);
+        peers.sort_unstable();
+        Ok(())
+    }
+
+    fn peer_access(&self) -> Vec<u32> {
+        self.peers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
 }
 
 impl VirtualMemory for HipDevice {
@@ -832,6 +889,30 @@ impl VirtualMemory for HipDevice {
         self.check_multiple("set_access", "size", size, true)?;
         self.make_current()?;
         self.runtime.mem_set_access(self.ordinal, va, size)
+    }
+
+    /// `hipMemSetAccess` with one descriptor for this device and one per peer.
+    fn set_access_with_peers(&self, va: u64, size: u64, peers: &[u32]) -> Result<()> {
+        if peers.is_empty() {
+            return self.set_access(va, size);
+        }
+        self.check_multiple("set_access", "address", va, false)?;
+        self.check_multiple("set_access", "size", size, true)?;
+        let enabled = self.peer_access();
+        if let Some(p) = peers.iter().find(|p| !enabled.contains(p)) {
+            return Err(Error::InvalidArgument {
+                call: "set_access_with_peers",
+                reason: format!(
+                    "peer access to device {p} is not enabled on device {}; accepted are the \
+                     devices enable_peer_access was called with ({enabled:?})",
+                    self.ordinal
+                ),
+            });
+        }
+        let mut ordinals = vec![self.ordinal];
+        ordinals.extend_from_slice(peers);
+        self.make_current()?;
+        self.runtime.mem_set_access_devices(&ordinals, va, size)
     }
 
     fn unmap(&self, va: u64, size: u64) -> Result<()> {

@@ -218,6 +218,8 @@ pub struct Runtime {
     pools: Option<Pools>,
     properties_r0600: Option<sys::hipGetDevicePropertiesR0600>,
     properties_r0000: Option<sys::hipGetDeviceProperties>,
+    can_access_peer: Option<sys::hipDeviceCanAccessPeer>,
+    enable_peer_access: Option<sys::hipDeviceEnablePeerAccess>,
     // Keeps the code behind the function pointers above loaded; dropped last.
     _library: Library,
 }
@@ -315,6 +317,8 @@ impl Runtime {
                 pools,
                 properties_r0600: loader::optional(lib, OPTIONAL_SYMBOLS[0]),
                 properties_r0000: loader::optional(lib, OPTIONAL_SYMBOLS[1]),
+                can_access_peer: loader::optional(lib, "hipDeviceCanAccessPeer"),
+                enable_peer_access: loader::optional(lib, "hipDeviceEnablePeerAccess"),
                 _library: library,
                 path,
             })
@@ -769,6 +773,74 @@ impl Runtime {
         // SAFETY: reads one descriptor; HIP checks that the range is mapped.
         self.check("hipMemSetAccess", unsafe {
             (vmm.set_access)(va as *mut c_void, size as usize, &desc, 1)
+        })
+    }
+
+    /// True when `hipDeviceCanAccessPeer` and `hipDeviceEnablePeerAccess` were resolved.
+    pub fn has_peer_symbols(&self) -> bool {
+        self.can_access_peer.is_some() && self.enable_peer_access.is_some()
+    }
+
+    /// `hipDeviceCanAccessPeer`; false when the runtime lacks the call.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] (`hipErrorInvalidDevice` for an unknown ordinal).
+    pub fn device_can_access_peer(&self, ordinal: u32, peer: u32) -> Result<bool> {
+        let (Some(f), true) = (self.can_access_peer, self.has_peer_symbols()) else {
+            return Ok(false);
+        };
+        let mut can: c_int = 0;
+        // SAFETY: writes one int through a valid pointer; ordinals by value.
+        self.check("hipDeviceCanAccessPeer", unsafe {
+            f(&mut can, ordinal as c_int, peer as c_int)
+        })?;
+        Ok(can != 0)
+    }
+
+    /// `hipDeviceEnablePeerAccess(peer, 0)` from the current device; already enabled is
+    /// success.
+    pub(crate) fn device_enable_peer_access(&self, peer: u32) -> Result<()> {
+        let Some(f) = self.enable_peer_access else {
+            return Err(Error::Unsupported {
+                what: "`hipDeviceEnablePeerAccess`".into(),
+                backend: BACKEND,
+                reason: format!("the runtime {} does not export it", self.path),
+            });
+        };
+        // SAFETY: integers by value.
+        let code = unsafe { f(peer as c_int, 0) };
+        if code == sys::hipErrorPeerAccessAlreadyEnabled {
+            return Ok(());
+        }
+        self.check("hipDeviceEnablePeerAccess", code)
+    }
+
+    /// `hipMemSetAccess`: read-write for each of `ordinals`, one descriptor each, in one call.
+    pub(crate) fn mem_set_access_devices(
+        &self,
+        ordinals: &[u32],
+        va: u64,
+        size: u64,
+    ) -> Result<()> {
+        let vmm = self.vmm("hipMemSetAccess")?;
+        let descs: Vec<sys::hipMemAccessDesc> = ordinals
+            .iter()
+            .map(|&o| sys::hipMemAccessDesc {
+                location: sys::hipMemLocation {
+                    type_: sys::hipMemLocationTypeDevice,
+                    id: o as c_int,
+                },
+                flags: sys::hipMemAccessFlagsProtReadWrite,
+            })
+            .collect();
+        // SAFETY: reads `descs.len()` descriptors; HIP checks that the range is mapped.
+        self.check("hipMemSetAccess", unsafe {
+            (vmm.set_access)(
+                va as *mut c_void,
+                size as usize,
+                descs.as_ptr(),
+                descs.len(),
+            )
         })
     }
 

@@ -57,7 +57,7 @@ mod os;
 mod pool;
 mod sim;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
@@ -215,6 +215,8 @@ impl HostDeviceBuilder {
                 sim: self.simulated.then(SimSpace::new),
                 timeline: Timeline::default(),
                 pool: PoolState::default(),
+                peers: BTreeSet::new(),
+                peer_grants: BTreeMap::new(),
             }),
         })
     }
@@ -280,6 +282,11 @@ struct State {
     timeline: Timeline,
     /// The stream-ordered pool's books.
     pool: PoolState,
+    /// Ordinals of the host devices peer access was enabled to.
+    peers: BTreeSet<u32>,
+    /// Granule → the peers granted access to it by `set_access_with_peers` (recorded only:
+    /// host devices share one address space). Forgotten when the granule is unmapped.
+    peer_grants: BTreeMap<u64, BTreeSet<u32>>,
 }
 
 /// Host memory as a device. See the [module docs](self).
@@ -368,6 +375,17 @@ impl HostDevice {
         let mut st = self.lock();
         st.pool.complete_all();
         st.timeline.complete_all()
+    }
+
+    /// The peers granted access to the granule holding `va` by
+    /// [`VirtualMemory::set_access_with_peers`] (and not unmapped since), ascending.
+    pub fn peer_access_at(&self, va: u64) -> Vec<u32> {
+        let granule = va & !(self.granularity - 1);
+        self.lock()
+            .peer_grants
+            .get(&granule)
+            .map(|p| p.iter().copied().collect())
+            .unwrap_or_default()
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -588,6 +606,41 @@ impl Device for HostDevice {
         st.timeline.events.remove(&event.0);
         Ok(())
     }
+
+    /// Host devices share one address space: every host device can access every other one
+    /// (of another ordinal); none is its own peer.
+    fn can_access_peer(&self, peer: &dyn Device) -> Result<bool> {
+        let same = std::ptr::addr_eq(self as *const Self, peer as *const dyn Device);
+        Ok(!same
+            && peer.info().vendor == crate::Vendor::Host
+            && peer.info().ordinal != self.info.ordinal)
+    }
+
+    /// Records `peer` (nothing else to do: one address space).
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] for a device that is not another host device.
+    fn enable_peer_access(&self, peer: &dyn Device) -> Result<()> {
+        if !self.can_access_peer(peer)? {
+            return Err(Error::Unsupported {
+                what: "peer access".into(),
+                backend: BACKEND,
+                reason: format!(
+                    "host device {} can access other host devices only, not device {} of {} \
+                     (nor itself)",
+                    self.info.ordinal,
+                    peer.info().ordinal,
+                    peer.info().vendor
+                ),
+            });
+        }
+        self.lock().peers.insert(peer.info().ordinal);
+        Ok(())
+    }
+
+    fn peer_access(&self) -> Vec<u32> {
+        self.lock().peers.iter().copied().collect()
+    }
 }
 
 impl VirtualMemory for HostDevice {
@@ -704,6 +757,36 @@ impl VirtualMemory for HostDevice {
         Ok(())
     }
 
+    /// As [`VirtualMemory::set_access`], and records that `peers` were granted access too
+    /// ([`HostDevice::peer_access_at`]).
+    ///
+    /// # Errors
+    /// As `set_access`; [`Error::InvalidArgument`] for a peer peer access was not enabled to.
+    fn set_access_with_peers(&self, va: u64, size: u64, peers: &[u32]) -> Result<()> {
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        if let Some(p) = peers.iter().find(|p| !st.peers.contains(p)) {
+            return Err(Error::InvalidArgument {
+                call: "set_access_with_peers",
+                reason: format!(
+                    "peer access to host device {p} is not enabled on device {}; accepted are \
+                     the devices enable_peer_access was called with ({:?})",
+                    self.info.ordinal, st.peers
+                ),
+            });
+        }
+        st.books.check_set_access(va, size)?;
+        if st.sim.is_none() {
+            os::protect_rw(va, size)?;
+        }
+        if !peers.is_empty() {
+            for g in (va..va + size).step_by(self.granularity as usize) {
+                st.peer_grants.entry(g).or_default().extend(peers);
+            }
+        }
+        Ok(())
+    }
+
     /// Unmaps `[va, va + size)`, which must be exactly a run of whole mappings; the range
     /// stays reserved. A released handle whose last mapping goes is freed.
     ///
@@ -718,6 +801,16 @@ impl VirtualMemory for HostDevice {
             os::rereserve(va, size)?;
         }
         st.books.remove_mappings(&starts);
+        if !st.peer_grants.is_empty() {
+            let gone: Vec<u64> = st
+                .peer_grants
+                .range(va..va + size)
+                .map(|(&g, _)| g)
+                .collect();
+            for g in gone {
+                st.peer_grants.remove(&g);
+            }
+        }
         Ok(())
     }
 }

@@ -155,6 +155,17 @@ impl<D: Device + ?Sized> Device for CountingDevice<D> {
         bump(&self.counters.other);
         self.inner.destroy_event(event)
     }
+    fn can_access_peer(&self, peer: &dyn Device) -> Result<bool> {
+        bump(&self.counters.other);
+        self.inner.can_access_peer(peer)
+    }
+    fn enable_peer_access(&self, peer: &dyn Device) -> Result<()> {
+        bump(&self.counters.other);
+        self.inner.enable_peer_access(peer)
+    }
+    fn peer_access(&self) -> Vec<u32> {
+        self.inner.peer_access()
+    }
 }
 
 impl<D: Device + ?Sized> VirtualMemory for CountingDevice<D> {
@@ -190,6 +201,10 @@ impl<D: Device + ?Sized> VirtualMemory for CountingDevice<D> {
     fn unmap(&self, va: u64, size: u64) -> Result<()> {
         bump(&self.counters.vm_map);
         self.vm()?.unmap(va, size)
+    }
+    fn set_access_with_peers(&self, va: u64, size: u64, peers: &[u32]) -> Result<()> {
+        bump(&self.counters.vm_map);
+        self.vm()?.set_access_with_peers(va, size, peers)
     }
 }
 

@@ -63,6 +63,8 @@ pub type CUmemoryPool = *mut CUmemPoolHandle_st;
 
 /// `CUDA_SUCCESS`.
 pub const CUDA_SUCCESS: CUresult = 0;
+/// `CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED`: `cuCtxEnablePeerAccess` was called before.
+pub const CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED: CUresult = 704;
 /// `CUDA_ERROR_INVALID_VALUE`.
 pub const CUDA_ERROR_INVALID_VALUE: CUresult = 1;
 /// `CUDA_ERROR_OUT_OF_MEMORY`.
@@ -287,6 +289,17 @@ pub type cuDevicePrimaryCtxRetain =
 /// `CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)` (also the signature of the CUDA 7
 /// `cuDevicePrimaryCtxRelease`).
 pub type cuDevicePrimaryCtxRelease_v2 = unsafe extern "C" fn(dev: CUdevice) -> CUresult;
+/// `CUresult cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev)`
+/// (CUDA 4.0; resolved as optional).
+pub type cuDeviceCanAccessPeer = unsafe extern "C" fn(
+    can_access_peer: *mut c_int,
+    dev: CUdevice,
+    peer_dev: CUdevice,
+) -> CUresult;
+/// `CUresult cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags)` (CUDA 4.0;
+/// resolved as optional). `Flags` must be 0.
+pub type cuCtxEnablePeerAccess =
+    unsafe extern "C" fn(peer_context: CUcontext, flags: c_uint) -> CUresult;
 /// `CUresult cuCtxGetCurrent(CUcontext *pctx)`.
 pub type cuCtxGetCurrent = unsafe extern "C" fn(pctx: *mut CUcontext) -> CUresult;
 /// `CUresult cuCtxSetCurrent(CUcontext ctx)`.

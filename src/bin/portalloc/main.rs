@@ -94,10 +94,12 @@ fn decision_text(d: &Decision) -> (&'static str, String) {
 fn info(as_json: bool) -> portalloc::Result<()> {
     let config = Config::from_env()?;
     let discovery = discover(&config)?;
+    let peers = portalloc::discover::enable_peer_access(&discovery.devices);
     if as_json {
         println!(
             "{}",
-            serde_json::to_string_pretty(&info_json(&config, &discovery)?).unwrap_or_default()
+            serde_json::to_string_pretty(&info_json(&config, &discovery, &peers)?)
+                .unwrap_or_default()
         );
         return Ok(());
     }
@@ -158,6 +160,10 @@ fn info(as_json: bool) -> portalloc::Result<()> {
             yes_no(i.capabilities.virtual_memory),
             yes_no(i.capabilities.stream_ordered_pool)
         );
+        println!(
+            "        peer access: {}",
+            portalloc::discover::describe_peer_access(&peers, i.ordinal)
+        );
         for (k, v) in &i.notes {
             println!("        {k}: {v}");
         }
@@ -185,7 +191,11 @@ fn yes_no(b: bool) -> &'static str {
     }
 }
 
-fn info_json(config: &Config, discovery: &Discovery) -> portalloc::Result<serde_json::Value> {
+fn info_json(
+    config: &Config,
+    discovery: &Discovery,
+    peers: &[portalloc::discover::PeerLink],
+) -> portalloc::Result<serde_json::Value> {
     let devices = discovery
         .devices
         .iter()
@@ -207,6 +217,7 @@ fn info_json(config: &Config, discovery: &Discovery) -> portalloc::Result<serde_
             "candidates": discovery.candidates,
         },
         "devices": devices,
+        "peers": peers,
         "config": config,
         "config_sources": config.describe().into_iter().map(|(s, v, src)| json!({"setting": s, "value": v, "source": src})).collect::<Vec<_>>(),
         "warnings": config.warnings,

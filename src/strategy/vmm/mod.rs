@@ -44,6 +44,13 @@
 //! a big handle can be split between places; a handle is released only when none of its
 //! granules is mapped ([`Allocator::trim`] and drop).
 //!
+//! **Peers.** Access to every granule mapped is granted to this device and to the peer
+//! devices in [`VmmAllocator::peers`] — those the device reported in
+//! [`Device::peer_access`] when the allocator was made (`Portalloc` enables peer access
+//! between the devices it found before building the allocators) and those added later with
+//! [`VmmAllocator::add_peer`], which grants them what is mapped already — in one
+//! [`VirtualMemory::set_access_with_peers`] call per run of granules.
+//!
 //! **Budget.** Physical bytes held (all handles, mapped or idle) = `pool_bytes` ≤
 //! `limit = fraction × total`; `peak_pool_bytes` is their high-water mark. Nothing is
 //! preallocated (as XLA's vmm allocator).
@@ -59,9 +66,33 @@
 //!
 //! # Streams
 //!
-//! Not yet stream-ordered: memory freed on one stream may be handed at once to a request on
-//! another, which the contract on [`Device`] forbids until an event recorded at the free has
-//! completed. Use one stream per allocator (or synchronise before freeing) until this lands.
+//! The stream-ordering contract of [`Device`] is kept as bfc keeps it. While every request
+//! has come on one stream, a free goes straight back to the address space and no event is
+//! made: the single-stream path costs one comparison. From the first request on a second
+//! stream on:
+//!
+//! * a chunk freed on stream `S` is kept **pending**: still in use in the address space (so
+//!   it coalesces with nothing and no other stream is handed it) and still counted on its
+//!   granules — so a granule under a pending chunk is never stitched away, unmapped or
+//!   trimmed — with an event recorded on `S` at the free (events come from a small pool of
+//!   [`EVENT_POOL`] and are reused);
+//! * a request on `S` may reuse one of `S`'s pending chunks at once: the smallest that holds
+//!   it (then the lowest address), the request placed at its start (small) or end (large) as
+//!   in a free chunk; what is left of it stays pending under the same event;
+//! * every allocation first polls the oldest pending free of each stream (events on one
+//!   stream complete in order) and returns completed ones to the free space, coalescing them;
+//! * before mapping more granules (idle, stitched or new), reserving more address space or
+//!   reporting out-of-memory, the events of all pending frees are synchronised and the
+//!   chunks returned, rather than taking memory while memory is only waiting;
+//!   [`Allocator::trim`] does the same before it unmaps anything;
+//! * at the switch, the first stream is synchronised once if anything was freed on it, since
+//!   those frees went back without an event;
+//! * when the device refuses to record an event on `S`, `S` is synchronised and the chunk
+//!   freed at once.
+//!
+//! Pending chunks are not counted in `bytes_in_use` or [`VmmAllocator::live_count`];
+//! [`VmmAllocator::pending_frees`] counts them. The per-bin summaries and region maps of an
+//! OOM report show them as in use.
 //!
 //! # Measured
 //!
@@ -86,6 +117,7 @@
 #![deny(unsafe_code)]
 
 pub mod space;
+mod streams;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -100,7 +132,9 @@ use crate::error::{Error, Result};
 use crate::report::OomReport;
 use crate::units::Bytes;
 
-use space::{Placement, Space, MIN_ALLOCATION};
+use space::{Grant, Placement, Space, MIN_ALLOCATION};
+use streams::StreamOrder;
+pub use streams::EVENT_POOL;
 
 /// The largest alignment accepted: 1 GiB.
 pub const MAX_ALIGNMENT: u64 = 1 << 30;
@@ -202,6 +236,17 @@ struct Inner {
     peak_bytes_in_use: u64,
     largest_alloc_size: u64,
     peak_pool_bytes: u64,
+    /// Stream-ordered reuse (see [`streams`]).
+    order: StreamOrder,
+    /// Ordinals of the peer devices granted access to every granule mapped.
+    peers: Vec<u32>,
+}
+
+impl Inner {
+    /// Bytes handed out: the chunks in use less the pending stream-ordered frees.
+    fn bytes_in_use(&self) -> u64 {
+        self.space.bytes_in_use() - self.order.bytes
+    }
 }
 
 /// Why physical memory could not be found for a placement.
@@ -255,6 +300,9 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
                 ),
             });
         }
+        let mut peers = device.peer_access();
+        peers.sort_unstable();
+        peers.dedup();
         Ok(VmmAllocator {
             device,
             options,
@@ -268,6 +316,8 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
                 peak_bytes_in_use: 0,
                 largest_alloc_size: 0,
                 peak_pool_bytes: 0,
+                order: StreamOrder::default(),
+                peers,
             }),
         })
     }
@@ -312,9 +362,64 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         self.inner().space.regions().to_vec()
     }
 
-    /// Number of allocations live now (zero-byte ones excluded).
+    /// The peer devices (ordinals) granted access to the memory mapped: those the device
+    /// reported in [`Device::peer_access`] when the allocator was made, and those added with
+    /// [`VmmAllocator::add_peer`].
+    pub fn peers(&self) -> Vec<u32> {
+        self.inner().peers.clone()
+    }
+
+    /// Grants device `peer` (an ordinal of the same backend, which this device has enabled
+    /// peer access with, see [`Device::enable_peer_access`]) access to every granule mapped
+    /// now and mapped from now on. Adding a peer again does nothing.
+    ///
+    /// # Errors
+    /// The device's error from [`VirtualMemory::set_access_with_peers`]; the peer is then
+    /// not added (granules granted before the failure keep the access).
+    pub fn add_peer(&self, peer: u32) -> Result<()> {
+        let mut guard = self.inner();
+        let inner = &mut *guard;
+        if inner.peers.contains(&peer) {
+            return Ok(());
+        }
+        let vm = self.vm()?;
+        let g = self.granularity;
+        let mut peers = inner.peers.clone();
+        peers.push(peer);
+        peers.sort_unstable();
+        let phys = &inner.phys;
+        let granted: Vec<u64> = phys
+            .mapped
+            .keys()
+            .copied()
+            .filter(|v| !phys.no_access.contains(v))
+            .collect();
+        let mut i = 0;
+        while i < granted.len() {
+            let mut j = i + 1;
+            while j < granted.len() && granted[j] == granted[j - 1] + g {
+                j += 1;
+            }
+            vm.set_access_with_peers(granted[i], (j - i) as u64 * g, &peers)?;
+            inner.counters.set_access += 1;
+            i = j;
+        }
+        inner.peers = peers;
+        Ok(())
+    }
+
+    /// Number of allocations live now (zero-byte ones and pending stream-ordered frees
+    /// excluded).
     pub fn live_count(&self) -> usize {
-        self.inner().space.live_count()
+        let inner = self.inner();
+        inner.space.live_count() - inner.order.count
+    }
+
+    /// Chunks freed on one stream and not yet safe for the others (see *Streams* in the
+    /// module docs), and their bytes.
+    pub fn pending_frees(&self) -> (usize, u64) {
+        let inner = self.inner();
+        (inner.order.count, inner.order.bytes)
     }
 
     fn inner(&self) -> MutexGuard<'_, Inner> {
@@ -441,7 +546,11 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
                     j += 1;
                 }
                 let run = (j - i) as u64 * g;
-                vm.set_access(lacking[i], run)?;
+                if inner.peers.is_empty() {
+                    vm.set_access(lacking[i], run)?;
+                } else {
+                    vm.set_access_with_peers(lacking[i], run, &inner.peers)?;
+                }
                 inner.counters.set_access += 1;
                 for v in &lacking[i..j] {
                     phys.no_access.remove(v);
@@ -540,6 +649,19 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
             }
         }
         Ok(())
+    }
+
+    /// The counters of an allocation handed out (its granules already touched).
+    fn handed_out(&self, inner: &mut Inner, grant: &Grant) {
+        inner.num_allocs += 1;
+        inner.peak_bytes_in_use = inner.peak_bytes_in_use.max(inner.bytes_in_use());
+        inner.largest_alloc_size = inner.largest_alloc_size.max(grant.size);
+    }
+
+    /// True when some granule under `[addr, addr + size)` is not mapped.
+    fn needs_mapping(&self, phys: &Physical, addr: u64, size: u64) -> bool {
+        let (start, end) = self.span(addr, size);
+        (phys.mapped.range(start..end).count() as u64) < (end - start) / self.granularity
     }
 
     /// Counts a chunk in use on its granules.
@@ -665,7 +787,7 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
     ) -> Error {
         let largest = self.largest_free_mapped(inner);
         let pool = inner.phys.pool_bytes;
-        let in_use = inner.space.bytes_in_use();
+        let in_use = inner.bytes_in_use();
         Error::OutOfMemory(Box::new(OomReport {
             allocator: self.name().to_string(),
             requested,
@@ -789,9 +911,10 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
                 self.options.limit
             ));
         }
-        if inner.peak_pool_bytes < pool || inner.peak_bytes_in_use < inner.space.bytes_in_use() {
+        if inner.peak_pool_bytes < pool || inner.peak_bytes_in_use < inner.bytes_in_use() {
             return Err("a peak is below its current value".into());
         }
+        inner.order.check(&inner.space)?;
         Ok(())
     }
 }
@@ -841,7 +964,31 @@ impl<D: Device + ?Sized> Allocator for VmmAllocator<D> {
             return Err(self.oom(inner, size, rounded, alignment, cause));
         }
         let small = rounded < self.options.small_threshold;
-        let placement = match self.place(inner, rounded, alignment, small) {
+        if inner.order.first != Some(stream) {
+            self.see_stream(inner, stream);
+        }
+        if inner.order.count > 0 {
+            if let Some(grant) = self.take_pending(inner, stream, rounded, alignment, small, size) {
+                self.handed_out(inner, &grant);
+                return Ok(Allocation::new(
+                    grant.addr,
+                    size,
+                    stream,
+                    self.id,
+                    grant.token,
+                ));
+            }
+        }
+        let mut placement = self.place(inner, rounded, alignment, small);
+        if inner.order.count > 0
+            && placement.map_or(true, |p| self.needs_mapping(&inner.phys, p.addr, rounded))
+        {
+            // Memory only waiting for other streams' events is no reason to map more,
+            // stitch, reserve or fail: wait for it first.
+            self.sync_pending(inner);
+            placement = self.place(inner, rounded, alignment, small);
+        }
+        let placement = match placement {
             Some(p) => p,
             None => {
                 if let Err(e) = self.reserve(inner, self.class(small), rounded, alignment) {
@@ -868,7 +1015,7 @@ impl<D: Device + ?Sized> Allocator for VmmAllocator<D> {
                     Bytes(self.options.limit),
                     Bytes(inner.phys.pool_bytes),
                     Bytes(inner.phys.mapped.len() as u64 * self.granularity),
-                    Bytes(inner.space.bytes_in_use()),
+                    Bytes(inner.bytes_in_use()),
                     Bytes(self.granularity)
                 );
                 return Err(self.oom(inner, size, rounded, alignment, cause));
@@ -886,9 +1033,7 @@ impl<D: Device + ?Sized> Allocator for VmmAllocator<D> {
             return Err(self.oom(inner, size, rounded, alignment, cause));
         };
         self.touch(&mut inner.phys, grant.addr, grant.size);
-        inner.num_allocs += 1;
-        inner.peak_bytes_in_use = inner.peak_bytes_in_use.max(inner.space.bytes_in_use());
-        inner.largest_alloc_size = inner.largest_alloc_size.max(grant.size);
+        self.handed_out(inner, &grant);
         Ok(Allocation::new(
             grant.addr,
             size,
@@ -919,16 +1064,30 @@ impl<D: Device + ?Sized> Allocator for VmmAllocator<D> {
         }
         let mut guard = self.inner();
         let inner = &mut *guard;
+        let unknown = || Error::UnknownPointer {
+            what: "allocation",
+            ptr: allocation.ptr(),
+            backend: self.device.info().vendor.name(),
+        };
+        if inner.order.multi {
+            return if self.free_on_stream(
+                inner,
+                allocation.stream(),
+                allocation.ptr(),
+                allocation.token(),
+            ) {
+                Ok(())
+            } else {
+                Err(unknown())
+            };
+        }
         match inner.space.free(allocation.ptr(), allocation.token()) {
             Some((size, _)) => {
                 self.untouch(&mut inner.phys, allocation.ptr(), size);
+                inner.order.freed_while_single = true;
                 Ok(())
             }
-            None => Err(Error::UnknownPointer {
-                what: "allocation",
-                ptr: allocation.ptr(),
-                backend: self.device.info().vendor.name(),
-            }),
+            None => Err(unknown()),
         }
     }
 
@@ -941,7 +1100,7 @@ impl<D: Device + ?Sized> Allocator for VmmAllocator<D> {
         let inner = self.inner();
         let largest = self.largest_free_mapped(&inner);
         let pool = inner.phys.pool_bytes;
-        let in_use = inner.space.bytes_in_use();
+        let in_use = inner.bytes_in_use();
         Stats {
             num_allocs: inner.num_allocs,
             bytes_in_use: in_use,
@@ -965,6 +1124,9 @@ impl<D: Device + ?Sized> Allocator for VmmAllocator<D> {
     fn trim(&self) -> Result<u64> {
         let mut guard = self.inner();
         let inner = &mut *guard;
+        if inner.order.count > 0 {
+            self.sync_pending(inner);
+        }
         let vm = self.vm()?;
         let g = self.granularity;
         let free: Vec<u64> = inner.phys.free_mapped.iter().copied().collect();
@@ -1018,12 +1180,18 @@ impl<D: Device + ?Sized> Drop for VmmAllocator<D> {
     fn drop(&mut self) {
         let g = self.granularity;
         let inner = self.inner.get_mut().unwrap_or_else(|p| p.into_inner());
-        let live = inner.space.live_count();
+        let order = std::mem::take(&mut inner.order);
+        for event in order.events() {
+            if let Err(e) = self.device.destroy_event(event) {
+                tracing::debug!(event = event.0, error = %e, "vmm: could not destroy an event");
+            }
+        }
+        let live = inner.space.live_count() - order.count;
         if live > 0 {
             tracing::warn!(
                 allocator = "vmm",
                 live,
-                bytes = inner.space.bytes_in_use(),
+                bytes = inner.space.bytes_in_use() - order.bytes,
                 "allocator dropped with live allocations (leaked); returning its memory to the device"
             );
         }

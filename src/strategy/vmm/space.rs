@@ -179,7 +179,7 @@ impl Space {
 
     /// Where `rounded` bytes aligned to `alignment` would go in `(size, addr)`-ordered chunk
     /// `(size, addr)`: at its start (`high == false`) or its end; `None` if it does not fit.
-    fn fit(size: u64, addr: u64, rounded: u64, alignment: u64, high: bool) -> Option<u64> {
+    pub fn fit(size: u64, addr: u64, rounded: u64, alignment: u64, high: bool) -> Option<u64> {
         let end = addr + size;
         if high {
             let start = end.checked_sub(rounded)? & !(alignment - 1);
@@ -323,6 +323,109 @@ impl Space {
         }
         self.insert_free(start, end - start, c.region);
         Some((c.size, c.requested))
+    }
+
+    /// Size of the chunk in use at `addr` handed out with `token`; `None` when there is none
+    /// (free, stale or forged).
+    ///
+    /// # Time complexity
+    /// `O(log n)`.
+    pub fn in_use_size(&self, addr: u64, token: u64) -> Option<u64> {
+        self.chunks
+            .get(&addr)
+            .filter(|c| !c.is_free() && c.token == token)
+            .map(|c| c.size)
+    }
+
+    /// Gives the chunk in use at `addr` (handed out with `token`) a fresh token, so that the
+    /// old one is refused from now on. `None` (nothing changed) when there is no such chunk.
+    ///
+    /// # Time complexity
+    /// `O(log n)`.
+    pub fn retoken(&mut self, addr: u64, token: u64) -> Option<Grant> {
+        let c = self.chunks.get_mut(&addr)?;
+        if c.is_free() || c.token != token {
+            return None;
+        }
+        self.last_token += 1;
+        c.token = self.last_token;
+        Some(Grant {
+            addr,
+            size: c.size,
+            token: c.token,
+        })
+    }
+
+    /// Hands a chunk in use out again (a stream-ordered free reused by its own stream):
+    /// `[at, at + rounded)` of the chunk at `addr` with `token` becomes a chunk of its own for
+    /// `requested` bytes under a fresh token, and the bytes before and after it stay in use
+    /// as chunks of their own (fresh tokens too), returned as [`Grant`]s. `None` (nothing
+    /// changed) when the chunk is not in use with that token or does not hold the range.
+    ///
+    /// # Time complexity
+    /// `O(log n)`.
+    pub fn carve(
+        &mut self,
+        addr: u64,
+        token: u64,
+        at: u64,
+        rounded: u64,
+        requested: u64,
+    ) -> Option<(Grant, Vec<Grant>)> {
+        let c = *self.chunks.get(&addr)?;
+        let end = addr + c.size;
+        if c.is_free()
+            || c.token != token
+            || at < addr
+            || at % MIN_ALLOCATION != 0
+            || rounded == 0
+            || rounded % MIN_ALLOCATION != 0
+            || at.checked_add(rounded)? > end
+        {
+            return None;
+        }
+        let mut rest = Vec::new();
+        for (start, size) in [(addr, at - addr), (at + rounded, end - at - rounded)] {
+            if size == 0 {
+                continue;
+            }
+            self.last_token += 1;
+            let token = self.last_token;
+            self.chunks.insert(
+                start,
+                Chunk {
+                    size,
+                    requested: size,
+                    token,
+                    region: c.region,
+                },
+            );
+            self.live += 1;
+            rest.push(Grant {
+                addr: start,
+                size,
+                token,
+            });
+        }
+        self.last_token += 1;
+        let token = self.last_token;
+        self.chunks.insert(
+            at,
+            Chunk {
+                size: rounded,
+                requested,
+                token,
+                region: c.region,
+            },
+        );
+        Some((
+            Grant {
+                addr: at,
+                size: rounded,
+                token,
+            },
+            rest,
+        ))
     }
 
     /// The chunks in use that overlap `[start, end)`, as `(addr, size)`.

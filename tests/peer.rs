@@ -1,0 +1,429 @@
+//! Peer access between devices: the host (every host device reaches every other, and its
+//! `set_access_with_peers` records the peers), the `vmm` strategy granting enabled peers
+//! access to what it maps, `Portalloc` enabling it between the devices it discovered, and the
+//! CUDA and HIP shims over conformance drivers that do not export the peer calls (no peers,
+//! typed errors).
+
+#[cfg(any(feature = "cuda", feature = "hip"))]
+use std::path::PathBuf;
+#[cfg(any(feature = "cuda", feature = "hip"))]
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use portalloc::backends::host::HostDevice;
+use portalloc::device::{DeviceInfo, Event, MemInfo};
+use portalloc::discover::{describe_peer_access, enable_peer_access, PeerLink};
+use portalloc::strategy::vmm::{VmmAllocator, VmmOptions};
+use portalloc::{Allocator, Config, Device, Error, Portalloc, StrategyKind, Stream, Vendor};
+
+const MIB: u64 = 1 << 20;
+
+fn host(ordinal: u32) -> Arc<HostDevice> {
+    Arc::new(
+        HostDevice::builder()
+            .capacity(256 * MIB)
+            .simulated(true)
+            .ordinal(ordinal)
+            .build()
+            .unwrap(),
+    )
+}
+
+fn hosts(n: u32) -> Vec<Arc<HostDevice>> {
+    (0..n).map(host).collect()
+}
+
+fn dyns(devices: &[Arc<HostDevice>]) -> Vec<Arc<dyn Device>> {
+    devices
+        .iter()
+        .map(|d| Arc::clone(d) as Arc<dyn Device>)
+        .collect()
+}
+
+#[test]
+fn host_devices_reach_every_other_but_not_themselves() {
+    let d = hosts(3);
+    for a in &d {
+        for b in &d {
+            let same = a.info().ordinal == b.info().ordinal;
+            assert_eq!(a.can_access_peer(b.as_ref()).unwrap(), !same);
+        }
+    }
+    // A second device object with the same ordinal is not a peer either.
+    let twin = host(0);
+    assert!(!d[0].can_access_peer(twin.as_ref()).unwrap());
+    assert!(matches!(
+        d[0].enable_peer_access(d[0].as_ref()),
+        Err(Error::Unsupported { .. })
+    ));
+    assert!(d[0].peer_access().is_empty());
+    d[0].enable_peer_access(d[2].as_ref()).unwrap();
+    d[0].enable_peer_access(d[1].as_ref()).unwrap();
+    d[0].enable_peer_access(d[2].as_ref()).unwrap(); // again: no error
+    assert_eq!(d[0].peer_access(), vec![1, 2]);
+    assert!(d[1].peer_access().is_empty(), "one direction only");
+}
+
+#[test]
+fn host_set_access_with_peers_records_them_until_unmapped() {
+    let d = hosts(2);
+    let vm = d[0].virtual_memory().unwrap();
+    let g = vm.granularity();
+    let va = vm.reserve(4 * g, 0).unwrap();
+    let h = vm.create_physical(2 * g).unwrap();
+    vm.map(va, 2 * g, h, 0).unwrap();
+    // Not enabled yet: refused, nothing recorded.
+    assert!(matches!(
+        vm.set_access_with_peers(va, 2 * g, &[1]),
+        Err(Error::InvalidArgument { .. })
+    ));
+    assert!(d[0].peer_access_at(va).is_empty());
+    d[0].enable_peer_access(d[1].as_ref()).unwrap();
+    vm.set_access_with_peers(va, 2 * g, &[1]).unwrap();
+    assert_eq!(d[0].peer_access_at(va), vec![1]);
+    assert_eq!(d[0].peer_access_at(va + 2 * g - 1), vec![1]);
+    assert!(d[0].peer_access_at(va + 2 * g).is_empty());
+    // No peers: plain set_access.
+    vm.set_access_with_peers(va, g, &[]).unwrap();
+    // Still the driver's rules: the range must be mapped.
+    assert!(vm.set_access_with_peers(va + 2 * g, g, &[1]).is_err());
+    vm.unmap(va, 2 * g).unwrap();
+    assert!(d[0].peer_access_at(va).is_empty(), "forgotten at the unmap");
+    vm.release_physical(h).unwrap();
+    vm.free_reservation(va, 4 * g).unwrap();
+    let c = d[0].census();
+    assert_eq!((c.mappings, c.physical_handles, c.reservations), (0, 0, 0));
+}
+
+#[test]
+fn enable_peer_access_links_every_pair_both_ways() {
+    let d = hosts(3);
+    let links = enable_peer_access(&dyns(&d));
+    assert_eq!(links.len(), 6);
+    assert!(links.iter().all(|l| l.enabled && l.reason.is_none()));
+    assert_eq!(
+        links.iter().map(|l| (l.device, l.peer)).collect::<Vec<_>>(),
+        vec![(0, 1), (0, 2), (1, 0), (1, 2), (2, 0), (2, 1)]
+    );
+    for (i, dev) in d.iter().enumerate() {
+        let others: Vec<u32> = (0..3).filter(|&o| o != i as u32).collect();
+        assert_eq!(dev.peer_access(), others);
+    }
+    assert_eq!(describe_peer_access(&links, 0), "devices 1, 2");
+    assert_eq!(links[0].to_string(), "0 -> 1: enabled");
+    // One device: nothing to link.
+    let one = hosts(1);
+    let links = enable_peer_access(&dyns(&one));
+    assert!(links.is_empty());
+    assert_eq!(describe_peer_access(&links, 0), "none (no other device)");
+}
+
+/// A device that offers nothing beyond the required calls: the trait's defaults.
+#[derive(Debug)]
+struct Plain(Arc<HostDevice>);
+
+impl Device for Plain {
+    fn info(&self) -> &DeviceInfo {
+        self.0.info()
+    }
+    fn mem_info(&self) -> portalloc::Result<MemInfo> {
+        self.0.mem_info()
+    }
+    fn alloc(&self, size: u64) -> portalloc::Result<u64> {
+        self.0.alloc(size)
+    }
+    fn free(&self, ptr: u64, size: u64) -> portalloc::Result<()> {
+        self.0.free(ptr, size)
+    }
+    fn create_stream(&self) -> portalloc::Result<Stream> {
+        self.0.create_stream()
+    }
+    fn destroy_stream(&self, s: Stream) -> portalloc::Result<()> {
+        self.0.destroy_stream(s)
+    }
+    fn synchronize_stream(&self, s: Stream) -> portalloc::Result<()> {
+        self.0.synchronize_stream(s)
+    }
+    fn create_event(&self) -> portalloc::Result<Event> {
+        self.0.create_event()
+    }
+    fn record_event(&self, e: Event, s: Stream) -> portalloc::Result<()> {
+        self.0.record_event(e, s)
+    }
+    fn event_complete(&self, e: Event) -> portalloc::Result<bool> {
+        self.0.event_complete(e)
+    }
+    fn synchronize_event(&self, e: Event) -> portalloc::Result<()> {
+        self.0.synchronize_event(e)
+    }
+    fn destroy_event(&self, e: Event) -> portalloc::Result<()> {
+        self.0.destroy_event(e)
+    }
+}
+
+#[test]
+fn the_trait_defaults_offer_no_peers() {
+    let a: Arc<dyn Device> = Arc::new(Plain(host(0)));
+    let b: Arc<dyn Device> = Arc::new(Plain(host(1)));
+    assert!(!a.can_access_peer(b.as_ref()).unwrap());
+    assert!(matches!(
+        a.enable_peer_access(b.as_ref()),
+        Err(Error::Unsupported { .. })
+    ));
+    assert!(a.peer_access().is_empty());
+    let links = enable_peer_access(&[Arc::clone(&a), Arc::clone(&b)]);
+    assert_eq!(links.len(), 2);
+    assert!(links.iter().all(|l| !l.enabled));
+    assert!(describe_peer_access(&links, 0).starts_with("none (device 0 does not report"));
+}
+
+#[test]
+fn a_host_device_is_no_peer_of_another_backend() {
+    // A device claiming another vendor (a wrapper around a host device).
+    #[derive(Debug)]
+    struct Other(Plain, DeviceInfo);
+    impl Device for Other {
+        fn info(&self) -> &DeviceInfo {
+            &self.1
+        }
+        fn mem_info(&self) -> portalloc::Result<MemInfo> {
+            self.0.mem_info()
+        }
+        fn alloc(&self, size: u64) -> portalloc::Result<u64> {
+            self.0.alloc(size)
+        }
+        fn free(&self, ptr: u64, size: u64) -> portalloc::Result<()> {
+            self.0.free(ptr, size)
+        }
+        fn create_stream(&self) -> portalloc::Result<Stream> {
+            self.0.create_stream()
+        }
+        fn destroy_stream(&self, s: Stream) -> portalloc::Result<()> {
+            self.0.destroy_stream(s)
+        }
+        fn synchronize_stream(&self, s: Stream) -> portalloc::Result<()> {
+            self.0.synchronize_stream(s)
+        }
+        fn create_event(&self) -> portalloc::Result<Event> {
+            self.0.create_event()
+        }
+        fn record_event(&self, e: Event, s: Stream) -> portalloc::Result<()> {
+            self.0.record_event(e, s)
+        }
+        fn event_complete(&self, e: Event) -> portalloc::Result<bool> {
+            self.0.event_complete(e)
+        }
+        fn synchronize_event(&self, e: Event) -> portalloc::Result<()> {
+            self.0.synchronize_event(e)
+        }
+        fn destroy_event(&self, e: Event) -> portalloc::Result<()> {
+            self.0.destroy_event(e)
+        }
+    }
+    let inner = host(1);
+    let mut info = inner.info().clone();
+    info.vendor = Vendor::Cuda;
+    let other = Other(Plain(inner), info);
+    let h = host(0);
+    assert!(!h.can_access_peer(&other).unwrap());
+    assert!(matches!(
+        h.enable_peer_access(&other),
+        Err(Error::Unsupported { .. })
+    ));
+}
+
+// ---- vmm ----
+
+#[test]
+fn vmm_grants_the_enabled_peers_access_to_what_it_maps() {
+    let d = hosts(3);
+    enable_peer_access(&dyns(&d));
+    let a = VmmAllocator::new(Arc::clone(&d[0]), VmmOptions::new(64 * MIB)).unwrap();
+    assert_eq!(a.peers(), vec![1, 2]);
+    let small = a.allocate(1000, 0, Stream::DEFAULT, "s").unwrap();
+    let large = a.allocate(5 * MIB, 0, Stream::DEFAULT, "l").unwrap();
+    for x in [&small, &large] {
+        assert_eq!(d[0].peer_access_at(x.ptr()), vec![1, 2]);
+        assert_eq!(d[0].peer_access_at(x.ptr() + x.size() - 1), vec![1, 2]);
+    }
+    a.check_invariants().unwrap();
+    a.deallocate(small).unwrap();
+    a.deallocate(large).unwrap();
+    a.trim().unwrap();
+    drop(a);
+    let c = d[0].census();
+    assert_eq!((c.mappings, c.physical_handles, c.bytes_in_use), (0, 0, 0));
+}
+
+#[test]
+fn vmm_add_peer_grants_what_is_mapped_already() {
+    let d = hosts(2);
+    let a = VmmAllocator::new(Arc::clone(&d[0]), VmmOptions::new(64 * MIB)).unwrap();
+    assert!(a.peers().is_empty());
+    let x = a.allocate(3 * MIB, 0, Stream::DEFAULT, "x").unwrap();
+    assert!(d[0].peer_access_at(x.ptr()).is_empty());
+    // Not enabled on the device: the grant fails and the peer is not added.
+    assert!(a.add_peer(1).is_err());
+    assert!(a.peers().is_empty());
+    d[0].enable_peer_access(d[1].as_ref()).unwrap();
+    let before = a.counters().set_access;
+    a.add_peer(1).unwrap();
+    assert_eq!(a.peers(), vec![1]);
+    assert!(a.counters().set_access > before);
+    assert_eq!(d[0].peer_access_at(x.ptr()), vec![1]);
+    a.add_peer(1).unwrap(); // again: nothing to do
+    let y = a.allocate(100, 0, Stream::DEFAULT, "y").unwrap();
+    assert_eq!(d[0].peer_access_at(y.ptr()), vec![1]);
+    a.check_invariants().unwrap();
+    a.deallocate(x).unwrap();
+    a.deallocate(y).unwrap();
+}
+
+// ---- Portalloc ----
+
+#[test]
+fn portalloc_enables_peer_access_between_the_devices_it_found() {
+    let config = Config::builder()
+        .ignore_env()
+        .backend(Some(Vendor::Host))
+        .host_devices(3)
+        .host_simulated(true)
+        .host_capacity(1 << 30)
+        .strategy(StrategyKind::Vmm)
+        .build()
+        .unwrap();
+    let p = Portalloc::from_config(config).unwrap();
+    assert_eq!(p.allocators.len(), 3);
+    assert_eq!(p.discovery.devices.len(), 3);
+    assert_eq!(p.peers.len(), 6);
+    assert!(p.peers.iter().all(|l: &PeerLink| l.enabled));
+    for d in &p.discovery.devices {
+        assert_eq!(d.peer_access().len(), 2);
+    }
+    for (i, a) in p.allocators.iter().enumerate() {
+        let x = a.allocate(MIB, 0, Stream::DEFAULT, "x").unwrap();
+        assert_eq!(a.name(), "vmm");
+        a.deallocate(x).unwrap();
+        assert_eq!(
+            describe_peer_access(&p.peers, i as u32),
+            match i {
+                0 => "devices 1, 2",
+                1 => "devices 0, 2",
+                _ => "devices 0, 1",
+            }
+        );
+    }
+}
+
+// ---- CUDA and HIP conformance drivers (no peer symbols) ----
+
+#[cfg(any(feature = "cuda", feature = "hip"))]
+static COPIES: AtomicU64 = AtomicU64::new(0);
+
+/// A private copy of a built conformance driver (its state is per loaded copy).
+#[cfg(any(feature = "cuda", feature = "hip"))]
+fn private_copy(built: &str) -> PathBuf {
+    let n = COPIES.fetch_add(1, Ordering::Relaxed);
+    let path = std::env::temp_dir().join(format!(
+        "portalloc-peer-{}-{n}-{}",
+        std::process::id(),
+        PathBuf::from(built).file_name().unwrap().to_string_lossy()
+    ));
+    std::fs::copy(built, &path).expect("copy the conformance driver");
+    path
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_without_peer_symbols_reports_no_peers() {
+    use portalloc::backends::cuda::{CudaDevice, Driver};
+    use std::ffi::c_int;
+
+    let Some(built) = option_env!("PORTALLOC_TEST_DRIVER_FAKECUDA") else {
+        eprintln!("skipping: the conformance driver was not built (no C compiler)");
+        return;
+    };
+    let path = private_copy(built);
+    {
+        // SAFETY: our own test library; its initialisers do nothing.
+        let lib = unsafe { libloading::Library::new(&path) }.unwrap();
+        // SAFETY: the signature fakecuda.c defines; plain values.
+        let configure = unsafe {
+            lib.get::<unsafe extern "C" fn(c_int, u64, u64, c_int) -> c_int>(b"fakecuda_configure")
+        }
+        .unwrap();
+        // SAFETY: plain values, before cuInit.
+        assert_eq!(unsafe { configure(2, 1 << 30, 0, 0) }, 0);
+        let driver = Arc::new(Driver::load(&[path.to_string_lossy().into_owned()]).unwrap());
+        assert!(!driver.has_peer_symbols());
+        let devices = CudaDevice::open_all(Arc::clone(&driver)).unwrap();
+        assert_eq!(devices.len(), 2);
+        assert!(!devices[0].can_access_peer(&devices[1]).unwrap());
+        assert!(!devices[0].can_access_peer(&devices[0]).unwrap());
+        match devices[0].enable_peer_access(&devices[1]) {
+            Err(Error::Unsupported { reason, .. }) => {
+                assert!(reason.contains("cuDeviceCanAccessPeer"), "{reason}")
+            }
+            other => panic!("expected Unsupported, got {other:?}"),
+        }
+        assert!(devices[0].peer_access().is_empty());
+        assert!(!driver.can_access_peer(0, 1).unwrap());
+        // A host device is no CUDA peer.
+        assert!(!devices[0].can_access_peer(host(1).as_ref()).unwrap());
+        let all: Vec<Arc<dyn Device>> = devices
+            .into_iter()
+            .map(|d| Arc::new(d) as Arc<dyn Device>)
+            .collect();
+        let links = enable_peer_access(&all);
+        assert_eq!(links.len(), 2);
+        assert!(links.iter().all(|l| !l.enabled));
+        // vmm on a CUDA device without peers: plain set_access, as before.
+        if all[0].virtual_memory().is_some() {
+            let a = VmmAllocator::new(Arc::clone(&all[0]), VmmOptions::new(64 * MIB)).unwrap();
+            assert!(a.peers().is_empty());
+            let x = a.allocate(3 * MIB, 0, Stream::DEFAULT, "x").unwrap();
+            a.deallocate(x).unwrap();
+            a.check_invariants().unwrap();
+        }
+        drop(all);
+        drop(lib);
+    }
+    let _ = std::fs::remove_file(&path);
+}
+
+#[cfg(feature = "hip")]
+#[test]
+fn hip_without_peer_symbols_reports_no_peers() {
+    use portalloc::backends::hip::{HipDevice, Runtime};
+    use std::ffi::c_int;
+
+    let Some(built) = option_env!("PORTALLOC_TEST_DRIVER_FAKEHIP") else {
+        eprintln!("skipping: the fakehip conformance driver was not built (no C compiler)");
+        return;
+    };
+    let path = private_copy(built);
+    {
+        // SAFETY: our own test library; its initialisers do nothing.
+        let lib = unsafe { libloading::Library::new(&path) }.unwrap();
+        // SAFETY: the signatures fakehip.c defines; plain values.
+        unsafe {
+            lib.get::<unsafe extern "C" fn()>(b"fakehip_reset").unwrap()();
+            lib.get::<unsafe extern "C" fn(c_int, u64)>(b"fakehip_set_devices")
+                .unwrap()(2, 1 << 30);
+        }
+        let runtime = Arc::new(Runtime::load(&[path.to_string_lossy().into_owned()]).unwrap());
+        assert!(!runtime.has_peer_symbols());
+        let a = HipDevice::open(Arc::clone(&runtime), 0).unwrap();
+        let b = HipDevice::open(Arc::clone(&runtime), 1).unwrap();
+        assert!(!a.can_access_peer(&b).unwrap());
+        assert!(matches!(
+            a.enable_peer_access(&b),
+            Err(Error::Unsupported { .. })
+        ));
+        assert!(a.peer_access().is_empty());
+        assert!(!runtime.device_can_access_peer(0, 1).unwrap());
+        drop((a, b));
+        drop(lib);
+    }
+    let _ = std::fs::remove_file(&path);
+}
