@@ -1,0 +1,291 @@
+//! Concurrency: 8 threads doing mixed allocate/free on one allocator of each strategy, for a
+//! bounded number of operations; then the invariants and the totals are checked.
+//!
+//! While the threads run, every allocation handed out is entered into one shared map of
+//! live ranges (and taken out *before* it is handed back), so memory handed to two threads at
+//! once is caught at the moment it happens. Each thread works on its own stream, so the
+//! stream-ordered paths (bfc's pending frees, the async pool) are exercised too.
+//!
+//! There is no lock-free structure in portalloc to model with loom: every allocator keeps
+//! its books behind one `Mutex`, and the only atomics are id counters (`fetch_add`) and
+//! statistics counters (`Relaxed` loads and adds). `allocators_are_send_and_sync` asserts at
+//! compile time that every allocator, adaptor and device is `Send + Sync`.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread;
+
+use portalloc::adaptor::{CountingDevice, LedgerAllocator, RecorderAllocator};
+use portalloc::backends::host::HostDevice;
+use portalloc::device::{Device, Stream};
+use portalloc::strategy::async_pool::{AsyncOptions, AsyncPoolAllocator};
+use portalloc::strategy::bfc::{BfcAllocator, BfcOptions};
+use portalloc::strategy::platform::PlatformAllocator;
+use portalloc::strategy::vmm::{VmmAllocator, VmmOptions};
+use portalloc::{Allocation, Allocator, Portalloc};
+
+const MIB: u64 = 1 << 20;
+const THREADS: usize = 8;
+const OPS_PER_THREAD: usize = 20_000;
+const CAPACITY: u64 = 1 << 30;
+const LIMIT: u64 = CAPACITY / 4 * 3;
+
+fn assert_send_sync<T: Send + Sync + ?Sized>() {}
+
+#[test]
+fn allocators_are_send_and_sync() {
+    assert_send_sync::<BfcAllocator<HostDevice>>();
+    assert_send_sync::<BfcAllocator<dyn Device>>();
+    assert_send_sync::<PlatformAllocator<HostDevice>>();
+    assert_send_sync::<PlatformAllocator<dyn Device>>();
+    assert_send_sync::<VmmAllocator<HostDevice>>();
+    assert_send_sync::<VmmAllocator<dyn Device>>();
+    assert_send_sync::<AsyncPoolAllocator<HostDevice>>();
+    assert_send_sync::<AsyncPoolAllocator<dyn Device>>();
+    assert_send_sync::<LedgerAllocator<dyn Allocator>>();
+    assert_send_sync::<RecorderAllocator<BfcAllocator<HostDevice>>>();
+    assert_send_sync::<Box<dyn Allocator>>();
+    assert_send_sync::<dyn Allocator>();
+    assert_send_sync::<dyn Device>();
+    assert_send_sync::<HostDevice>();
+    assert_send_sync::<CountingDevice<dyn Device>>();
+    assert_send_sync::<Portalloc>();
+    assert_send_sync::<Allocation>();
+    #[cfg(feature = "cuda")]
+    assert_send_sync::<portalloc::backends::cuda::CudaDevice>();
+    #[cfg(feature = "hip")]
+    assert_send_sync::<portalloc::backends::hip::HipDevice>();
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Strategy {
+    Bfc,
+    BfcGrow,
+    Platform,
+    Vmm,
+    Async,
+}
+
+impl Strategy {
+    fn build(self, device: Arc<HostDevice>) -> Box<dyn Allocator> {
+        match self {
+            Strategy::Bfc | Strategy::BfcGrow => Box::new(
+                BfcAllocator::new(
+                    device,
+                    BfcOptions {
+                        limit: LIMIT,
+                        preallocate: self == Strategy::Bfc,
+                    },
+                )
+                .unwrap(),
+            ),
+            Strategy::Platform => Box::new(PlatformAllocator::new(device, Some(LIMIT))),
+            Strategy::Vmm => Box::new(VmmAllocator::new(device, VmmOptions::new(LIMIT)).unwrap()),
+            Strategy::Async => {
+                Box::new(AsyncPoolAllocator::new(device, AsyncOptions::new(LIMIT)).unwrap())
+            }
+        }
+    }
+
+    /// The largest alignment the strategy accepts that the stress test asks for.
+    fn max_alignment(self) -> u64 {
+        match self {
+            Strategy::Platform | Strategy::Async => 256,
+            _ => 64 << 10,
+        }
+    }
+}
+
+/// xorshift64*, one per thread.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Live ranges of all threads: start → (end, thread).
+type Ranges = Mutex<BTreeMap<u64, (u64, usize)>>;
+
+fn claim(ranges: &Ranges, a: &Allocation, thread: usize) {
+    if a.is_empty() {
+        return;
+    }
+    let (start, end) = (a.ptr(), a.ptr() + a.size());
+    let mut r = ranges.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some((&s, &(e, t))) = r.range(..end).next_back() {
+        assert!(
+            e <= start,
+            "thread {thread} was handed [{start:#x}, {end:#x}), which overlaps \
+             [{s:#x}, {e:#x}) live in thread {t}"
+        );
+    }
+    r.insert(start, (end, thread));
+}
+
+fn release(ranges: &Ranges, a: &Allocation) {
+    if !a.is_empty() {
+        let mut r = ranges.lock().unwrap_or_else(PoisonError::into_inner);
+        assert!(r.remove(&a.ptr()).is_some(), "{:#x} was not live", a.ptr());
+    }
+}
+
+/// What one thread did.
+#[derive(Debug, Default, Clone, Copy)]
+struct Counts {
+    allocated: u64,
+    freed: u64,
+    refused: u64,
+    trims: u64,
+}
+
+fn stress(strategy: Strategy) {
+    let host = Arc::new(
+        HostDevice::builder()
+            .capacity(CAPACITY)
+            .simulated(true)
+            .build()
+            .unwrap(),
+    );
+    let streams: Vec<Stream> = (0..THREADS)
+        .map(|i| {
+            if i == 0 {
+                Stream::DEFAULT
+            } else {
+                host.create_stream().unwrap()
+            }
+        })
+        .collect();
+    let allocator: Arc<dyn Allocator> = Arc::from(strategy.build(Arc::clone(&host)));
+    let ranges: Arc<Ranges> = Arc::default();
+    let workers: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let allocator = Arc::clone(&allocator);
+            let ranges = Arc::clone(&ranges);
+            let stream = streams[t];
+            let max_align = strategy.max_alignment();
+            thread::spawn(move || {
+                let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ ((t as u64 + 1) * 0x1234_5678_9abc));
+                let mut mine: Vec<Allocation> = Vec::new();
+                let mut c = Counts::default();
+                for _ in 0..OPS_PER_THREAD {
+                    let roll = rng.below(100);
+                    if roll < 2 {
+                        allocator.trim().expect("trim");
+                        c.trims += 1;
+                    } else if roll < 45 && !mine.is_empty() {
+                        let i = rng.below(mine.len() as u64) as usize;
+                        let a = mine.swap_remove(i);
+                        release(&ranges, &a);
+                        allocator.deallocate(a).expect("deallocate");
+                        c.freed += 1;
+                    } else {
+                        // Mostly small, sometimes up to 4 MiB; the limit is never reached
+                        // (8 threads × at most ~60 live × 4 MiB < 768 MiB).
+                        let bits = if rng.below(10) == 0 { 22 } else { 16 };
+                        let size = rng.below(1 << bits);
+                        let align = match rng.below(4) {
+                            0 => 0,
+                            1 => 256,
+                            _ => 1 << (8 + rng.below(max_align.trailing_zeros() as u64 - 7)),
+                        };
+                        match allocator.allocate(size, align, stream, "stress") {
+                            Ok(a) => {
+                                assert!(a.is_empty() || a.ptr() % align.max(256) == 0);
+                                assert_eq!(a.size(), size);
+                                claim(&ranges, &a, t);
+                                mine.push(a);
+                                c.allocated += 1;
+                            }
+                            Err(e) if e.is_out_of_memory() => c.refused += 1,
+                            Err(e) => panic!("thread {t}: {size} B at {align}: {e}"),
+                        }
+                    }
+                    if mine.len() > 60 {
+                        let a = mine.swap_remove(0);
+                        release(&ranges, &a);
+                        allocator.deallocate(a).expect("deallocate");
+                        c.freed += 1;
+                    }
+                }
+                (mine, c)
+            })
+        })
+        .collect();
+    let mut total = Counts::default();
+    let mut left = Vec::new();
+    for w in workers {
+        let (mine, c) = w.join().expect("a worker panicked");
+        total.allocated += c.allocated;
+        total.freed += c.freed;
+        total.refused += c.refused;
+        total.trims += c.trims;
+        left.extend(mine);
+    }
+    allocator
+        .check_invariants()
+        .expect("invariants after the threads");
+    let stats = allocator.stats();
+    let live_sum: u64 = left.iter().map(Allocation::size).sum();
+    assert!(stats.bytes_in_use >= live_sum, "{stats:?} < {live_sum}");
+    assert_eq!(total.allocated - total.freed, left.len() as u64);
+    assert_eq!(stats.num_allocs, total.allocated, "{strategy:?}: {stats:?}");
+    assert!(
+        stats.peak_pool_bytes <= LIMIT.next_multiple_of(2 * MIB),
+        "{stats:?}"
+    );
+    assert_eq!(total.refused, 0, "{strategy:?}: nothing should run out");
+    for a in left {
+        release(&ranges, &a);
+        allocator.deallocate(a).unwrap();
+    }
+    allocator.trim().unwrap();
+    allocator
+        .check_invariants()
+        .expect("invariants after freeing");
+    let stats = allocator.stats();
+    assert_eq!(stats.bytes_in_use, 0, "{strategy:?}: {stats:?}");
+    println!(
+        "stress [{strategy:?}]: {THREADS} threads × {OPS_PER_THREAD} operations: {} allocations, \
+         {} frees, {} trims; peak in use {} B, peak pool {} B",
+        total.allocated, total.freed, total.trims, stats.peak_bytes_in_use, stats.peak_pool_bytes
+    );
+    drop(allocator);
+    for s in streams.into_iter().skip(1) {
+        host.destroy_stream(s).unwrap();
+    }
+    assert!(host.census().is_empty(), "{:?}", host.census());
+}
+
+#[test]
+fn bfc_preallocated_under_8_threads() {
+    stress(Strategy::Bfc);
+}
+
+#[test]
+fn bfc_growing_under_8_threads() {
+    stress(Strategy::BfcGrow);
+}
+
+#[test]
+fn platform_under_8_threads() {
+    stress(Strategy::Platform);
+}
+
+#[test]
+fn vmm_under_8_threads() {
+    stress(Strategy::Vmm);
+}
+
+#[test]
+fn async_under_8_threads() {
+    stress(Strategy::Async);
+}
