@@ -7,6 +7,7 @@
 //! On a machine with a GPU the device count is non-zero and the no-device assertions are
 //! replaced by device checks.
 
+#[cfg(any(feature = "cuda", feature = "hip"))]
 fn runtime(var: &str) -> Option<String> {
     match std::env::var(var) {
         Ok(p) if !p.is_empty() => Some(p),

@@ -257,7 +257,8 @@ pub type Progress<'a> = &'a (dyn Fn(u64) + Sync);
 /// Replays `input` through `strategy` on a fresh simulated device.
 ///
 /// # Errors
-/// [`Error::Unsupported`] for a strategy this build cannot serve; the trace's own errors;
+/// [`Error::Config`] for a fraction outside (0, 1]; [`Error::Unsupported`] for a strategy
+/// this build cannot serve; the trace's own errors;
 /// errors other than out-of-memory from the allocator (e.g. an invalid size), which mean
 /// the trace asks for something no strategy can serve.
 pub fn replay(
@@ -267,6 +268,13 @@ pub fn replay(
     options: &ReplayOptions,
     progress: Option<Progress<'_>>,
 ) -> Result<ReplayResult> {
+    if !(options.fraction > 0.0 && options.fraction <= 1.0) {
+        return Err(Error::config(
+            "fraction",
+            options.fraction.to_string(),
+            "a number in (0, 1], e.g. 0.75",
+        ));
+    }
     let host = Arc::new(options.device.host_device()?);
     let device = Arc::new(CountingDevice::new(Arc::clone(&host)));
     let allocator = crate::strategy::build(&strategy.config(options.fraction), device.clone())?;

@@ -13,6 +13,12 @@ pub mod bfc;
 pub mod platform;
 pub mod vmm;
 
+/// Runs a release that must not be lost (in a `Drop`, where nothing can be returned) and
+/// tries it once more if the device refuses: a transient refusal then leaks nothing.
+pub(crate) fn release_with_retry(release: impl Fn() -> Result<()>) -> Result<()> {
+    release().or_else(|_| release())
+}
+
 /// Builds the strategy `config` names over `device`.
 ///
 /// # Errors

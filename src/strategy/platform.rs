@@ -81,8 +81,8 @@ impl<D: Device + ?Sized> Allocator for PlatformAllocator<D> {
     ) -> Result<Allocation> {
         let alignment = effective_alignment(alignment, DEVICE_ALIGNMENT, DEVICE_ALIGNMENT)?;
         let mut books = self.books();
-        books.stats.num_allocs += 1;
         if size == 0 {
+            books.stats.num_allocs += 1;
             return Ok(Allocation::new(0, 0, stream, self.id, 0));
         }
         let rounded = round_up(size, alignment)?;
@@ -104,6 +104,7 @@ impl<D: Device + ?Sized> Allocator for PlatformAllocator<D> {
         let ptr = self.device.alloc(rounded)?;
         books.live.insert(ptr, rounded);
         let s = &mut books.stats;
+        s.num_allocs += 1;
         s.bytes_in_use += rounded;
         s.pool_bytes = s.bytes_in_use;
         s.peak_bytes_in_use = s.peak_bytes_in_use.max(s.bytes_in_use);
@@ -124,13 +125,21 @@ impl<D: Device + ?Sized> Allocator for PlatformAllocator<D> {
             return Ok(());
         }
         let mut books = self.books();
-        let Some(bytes) = books.live.remove(&allocation.ptr()) else {
+        // The token is the rounded size this allocator recorded: an allocation whose address
+        // is live but whose token differs was not made by this allocation (forged or stale).
+        let Some(bytes) = books
+            .live
+            .get(&allocation.ptr())
+            .copied()
+            .filter(|&bytes| bytes == allocation.token())
+        else {
             return Err(Error::UnknownPointer {
                 what: "allocation",
                 ptr: allocation.ptr(),
                 backend: self.device.info().vendor.name(),
             });
         };
+        books.live.remove(&allocation.ptr());
         if let Err(e) = self.device.free(allocation.ptr(), bytes) {
             books.live.insert(allocation.ptr(), bytes);
             return Err(e);
@@ -173,7 +182,7 @@ impl<D: Device + ?Sized> Drop for PlatformAllocator<D> {
             );
         }
         for (ptr, bytes) in books.live.drain() {
-            if let Err(e) = self.device.free(ptr, bytes) {
+            if let Err(e) = super::release_with_retry(|| self.device.free(ptr, bytes)) {
                 tracing::warn!(ptr, bytes, error = %e, "could not free a leaked allocation");
             }
         }

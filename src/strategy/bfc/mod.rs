@@ -843,7 +843,7 @@ impl<D: Device + ?Sized> Drop for BfcAllocator<D> {
             .iter()
             .flat_map(|(_, q)| q.iter().map(|p| p.event));
         for event in events.chain(order.idle_events.iter().copied()) {
-            if let Err(e) = self.device.destroy_event(event) {
+            if let Err(e) = super::release_with_retry(|| self.device.destroy_event(event)) {
                 tracing::debug!(event = event.0, error = %e, "could not destroy an event");
             }
         }
@@ -857,7 +857,7 @@ impl<D: Device + ?Sized> Drop for BfcAllocator<D> {
             );
         }
         for (base, size) in inner.arena.regions() {
-            if let Err(e) = self.device.free(base, size) {
+            if let Err(e) = super::release_with_retry(|| self.device.free(base, size)) {
                 tracing::warn!(base, size, error = %e, "could not return a bfc region to the device");
             }
         }

@@ -1182,7 +1182,7 @@ impl<D: Device + ?Sized> Drop for VmmAllocator<D> {
         let inner = self.inner.get_mut().unwrap_or_else(|p| p.into_inner());
         let order = std::mem::take(&mut inner.order);
         for event in order.events() {
-            if let Err(e) = self.device.destroy_event(event) {
+            if let Err(e) = super::release_with_retry(|| self.device.destroy_event(event)) {
                 tracing::debug!(event = event.0, error = %e, "vmm: could not destroy an event");
             }
         }
@@ -1199,19 +1199,19 @@ impl<D: Device + ?Sized> Drop for VmmAllocator<D> {
             return;
         };
         for &v in inner.phys.mapped.keys() {
-            if let Err(e) = vm.unmap(v, g) {
+            if let Err(e) = super::release_with_retry(|| vm.unmap(v, g)) {
                 tracing::warn!(va = v, error = %e, "vmm: could not unmap a granule");
             }
         }
         inner.phys.mapped.clear();
         for &h in inner.phys.handles.keys() {
-            if let Err(e) = vm.release_physical(PhysicalHandle(h)) {
+            if let Err(e) = super::release_with_retry(|| vm.release_physical(PhysicalHandle(h))) {
                 tracing::warn!(handle = h, error = %e, "vmm: could not release a physical handle");
             }
         }
         inner.phys.handles.clear();
         for &(base, size) in inner.space.regions() {
-            if let Err(e) = vm.free_reservation(base, size) {
+            if let Err(e) = super::release_with_retry(|| vm.free_reservation(base, size)) {
                 tracing::warn!(base, size, error = %e, "vmm: could not free a reservation");
             }
         }
