@@ -11,7 +11,8 @@
 //! | raw FFI | `sys/` (crate [`sys`]) | types, constants, function-pointer tables for libcuda and libamdhip64; no logic | declarations only |
 //! | shims | `backends/` ([`backends`]) | find and load a vendor library, resolve symbols (required → error, newer → `Option`), map error codes, implement [`Device`]; `host/` is always built | yes, each block with a `// SAFETY:` line |
 //! | core | `src/` | [`Device`] and [`Allocator`] traits, [`config`], [`discover`](mod@discover), [`strategy`] | no: `#![deny(unsafe_code)]` outside `backends` |
-//! | CLI | `src/bin/portalloc.rs` (feature `cli`) | `portalloc info` | no |
+//! | CLI | `src/bin/portalloc/` (feature `cli`) | `portalloc info`, `replay`, `ledger` | no |
+//! | C ABI | `src/capi/` (feature `c-api`) | `include/portalloc.h`, PyTorch/CuPy hooks | raw pointers from C only, each block with a `// SAFETY:` line |
 //!
 //! Arrows point one way: strategies are generic over [`Device`] and know no vendor; backends
 //! know the traits and `sys`; discovery and the CLI know the backends.
@@ -22,6 +23,12 @@
 //! |---|---|---|
 //! | `bfc` | [`strategy::bfc`] | XLA's best-fit-with-coalescing, preallocated (`fraction × total` at the first allocation) or growing |
 //! | `platform` | [`strategy::platform`] | every allocation is a device allocation |
+//! | `vmm` | [`strategy::vmm`] | one reserved address range, physical granules mapped on demand, stitching |
+//! | `async` | [`strategy::async_pool`] | the device's stream-ordered pool (cuMemAllocFromPoolAsync / hipMallocFromPoolAsync) |
+//!
+//! Around them: [`adaptor`] (ledger, recorder, counting device), [`diagnose`] (why memory ran
+//! out), [`trace`] and [`replay`] (record, import, replay, plan capacity), and with the
+//! `c-api` feature the C ABI and the PyTorch/CuPy hooks.
 //!
 //! Start with [`Portalloc::from_env`] (discovery + configuration + strategy), or build the
 //! pieces yourself: a [`backends::host::HostDevice`], a [`config::Config`], and
