@@ -662,3 +662,29 @@ fn strategy_build_over_a_dyn_device() {
     assert_eq!(a.region_sizes(), vec![8 * MIB]);
     free(&a, x);
 }
+
+/// At fraction 1.0 on a device whose total is not a multiple of 2 MiB (an H100 reports
+/// 81,559 MiB), the preallocation is the whole device, not the limit rounded up past it.
+#[test]
+fn preallocation_never_asks_for_more_than_the_device_has() {
+    let total = 81_559u64 << 20;
+    let device = Arc::new(
+        HostDevice::builder()
+            .capacity(total)
+            .simulated(true)
+            .build()
+            .unwrap(),
+    );
+    let bfc = BfcAllocator::new(
+        device,
+        BfcOptions {
+            limit: total,
+            preallocate: true,
+        },
+    )
+    .unwrap();
+    assert_eq!(bfc.preallocation_size(), total);
+    let a = bfc.allocate(1 << 20, 0, Stream::DEFAULT, "t").unwrap();
+    assert_eq!(bfc.stats().pool_bytes, total);
+    bfc.deallocate(a).unwrap();
+}

@@ -287,10 +287,17 @@ impl<D: Device + ?Sized> BfcAllocator<D> {
         (inner.order.pending_count, inner.order.pending_bytes)
     }
 
-    /// The size of the one preallocated region: the limit rounded up to 2 MiB.
+    /// The size of the one preallocated region: the limit rounded up to 2 MiB, but never more
+    /// than the device's total memory — at fraction 1.0 on a device whose total is not a
+    /// multiple of 2 MiB (an H100 reports 81,559 MiB) rounding up would ask for more than
+    /// exists, and the device would refuse every allocation.
     pub fn preallocation_size(&self) -> u64 {
-        round_up(self.options.limit, PREALLOCATION_GRANULE)
-            .unwrap_or(self.options.limit & !(PREALLOCATION_GRANULE - 1))
+        let rounded = round_up(self.options.limit, PREALLOCATION_GRANULE)
+            .unwrap_or(self.options.limit & !(PREALLOCATION_GRANULE - 1));
+        match self.device.info().total_bytes {
+            0 => rounded,
+            total => rounded.min(total.max(self.options.limit)),
+        }
     }
 
     fn inner(&self) -> MutexGuard<'_, Inner> {
