@@ -13,6 +13,10 @@ pub mod hip;
 pub mod host;
 #[cfg(any(feature = "cuda", feature = "hip"))]
 pub(crate) mod loader;
+#[cfg(any(feature = "cuda", feature = "hip"))]
+mod vendor_books;
+#[cfg(any(feature = "cuda", feature = "hip"))]
+pub use vendor_books::VendorCensus;
 
 /// What probing one vendor backend found: the library it loaded, versions, devices, or the
 /// vendor's own error name.

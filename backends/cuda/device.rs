@@ -1,13 +1,13 @@
 //! [`CudaDevice`]: the [`Device`] trait over NVIDIA's driver API, one per device ordinal, on
 //! the device's primary context.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use portalloc_sys::cuda as sys;
 
 use super::Driver;
+use crate::backends::vendor_books::{self, Books, Handles, VendorCensus};
 use crate::device::{
     Capabilities, Device, DeviceInfo, Event, MemInfo, PhysicalHandle, PoolUsage, Stream,
     StreamOrderedPool, Vendor, VirtualMemory,
@@ -25,55 +25,8 @@ const VMM_MIN_VERSION: i32 = 10_020;
 /// The first driver with stream-ordered memory pools: CUDA 11.2.
 const POOLS_MIN_VERSION: i32 = 11_020;
 
-/// What a [`CudaDevice`] holds now, from its own books (the driver keeps the truth; these
-/// are what portalloc asked for and has not given back).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct CudaCensus {
-    /// Live `cuMemAlloc` allocations.
-    pub allocations: u64,
-    /// Live allocations from the device's stream-ordered pool.
-    pub pool_allocations: u64,
-    /// Physical handles not released.
-    pub physical_handles: u64,
-    /// Address reservations not freed.
-    pub reservations: u64,
-    /// Live mappings.
-    pub mappings: u64,
-    /// Live streams (the default stream not counted).
-    pub streams: u64,
-    /// Live events.
-    pub events: u64,
-}
-
-impl CudaCensus {
-    /// True when the device holds nothing.
-    pub fn is_empty(&self) -> bool {
-        *self == CudaCensus::default()
-    }
-}
-
-/// Memory portalloc holds from the driver.
-#[derive(Debug, Default)]
-struct Books {
-    /// `cuMemAlloc` pointer → size.
-    allocations: HashMap<u64, u64>,
-    /// Pool pointer → size.
-    pool_allocations: HashMap<u64, u64>,
-    /// Physical handles not released.
-    handles: HashSet<u64>,
-    /// Reservation start → size.
-    reservations: BTreeMap<u64, u64>,
-    /// Mapping start → size.
-    mappings: BTreeMap<u64, u64>,
-}
-
-/// Streams and events handed out: the driver dereferences these handles, so only ones in
-/// these sets are passed to it, under the read lock (destroying takes the write lock).
-#[derive(Debug, Default)]
-struct Handles {
-    streams: HashSet<u64>,
-    events: HashSet<u64>,
-}
+/// What a device holds now, from its own books: [`VendorCensus`].
+pub type CudaCensus = VendorCensus;
 
 /// One NVIDIA GPU behind the [`Device`] trait.
 ///
@@ -325,21 +278,7 @@ impl CudaDevice {
 
     /// What the device holds now, from its books.
     pub fn census(&self) -> CudaCensus {
-        // One lock at a time: elsewhere the handles lock is taken before the books.
-        let (streams, events) = {
-            let h = self.handles_read();
-            (h.streams.len() as u64, h.events.len() as u64)
-        };
-        let b = self.books();
-        CudaCensus {
-            allocations: b.allocations.len() as u64,
-            pool_allocations: b.pool_allocations.len() as u64,
-            physical_handles: b.handles.len() as u64,
-            reservations: b.reservations.len() as u64,
-            mappings: b.mappings.len() as u64,
-            streams,
-            events,
-        }
+        vendor_books::census(&self.handles, &self.books)
     }
 
     fn enter(&self) -> Result<()> {

@@ -1,6 +1,5 @@
 //! [`HipDevice`]: the [`Device`] trait over AMD's HIP runtime, one per device ordinal.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -9,6 +8,7 @@ use portalloc_sys::hip as sys;
 pub use super::tuning::MemoryKind;
 use super::tuning::{self, attribute, Gate};
 use super::{HipVersion, Runtime, BACKEND};
+use crate::backends::vendor_books::{self, Books, Handles, VendorCensus};
 use crate::device::{
     Capabilities, Device, DeviceInfo, Event, MemInfo, PhysicalHandle, PoolUsage, Stream,
     StreamOrderedPool, Vendor, VirtualMemory,
@@ -20,55 +20,8 @@ use crate::units::Bytes;
 /// or `uncached`.
 pub const MEMORY_VARIABLE: &str = "PORTALLOC_HIP_MEMORY";
 
-/// What a [`HipDevice`] holds now, from its own books (the runtime keeps the truth; these are
-/// what portalloc asked for and has not given back).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct HipCensus {
-    /// Live `hipMalloc` / `hipExtMallocWithFlags` allocations.
-    pub allocations: u64,
-    /// Live allocations from the device's stream-ordered pool.
-    pub pool_allocations: u64,
-    /// Physical handles not released.
-    pub physical_handles: u64,
-    /// Address reservations not freed.
-    pub reservations: u64,
-    /// Live mappings.
-    pub mappings: u64,
-    /// Live streams (the default stream not counted).
-    pub streams: u64,
-    /// Live events.
-    pub events: u64,
-}
-
-impl HipCensus {
-    /// True when the device holds nothing.
-    pub fn is_empty(&self) -> bool {
-        *self == HipCensus::default()
-    }
-}
-
-/// Memory portalloc holds from the runtime.
-#[derive(Debug, Default)]
-struct Books {
-    /// Allocation pointer → size.
-    allocations: HashMap<u64, u64>,
-    /// Pool pointer → size.
-    pool_allocations: HashMap<u64, u64>,
-    /// Physical handles not released.
-    handles: HashSet<u64>,
-    /// Reservation start → size.
-    reservations: BTreeMap<u64, u64>,
-    /// Mapping start → size.
-    mappings: BTreeMap<u64, u64>,
-}
-
-/// Streams and events handed out: HIP dereferences these handles, so only ones in these sets
-/// are passed to it, under the read lock (destroying takes the write lock).
-#[derive(Debug, Default)]
-struct Handles {
-    streams: HashSet<u64>,
-    events: HashSet<u64>,
-}
+/// What a device holds now, from its own books: [`VendorCensus`].
+pub type HipCensus = VendorCensus;
 
 /// The stream-ordered pool, made at first use.
 #[derive(Debug, Default)]
@@ -438,17 +391,7 @@ impl HipDevice {
 
     /// What the device holds now.
     pub fn census(&self) -> HipCensus {
-        let books = self.books();
-        let handles = self.handles_read();
-        HipCensus {
-            allocations: books.allocations.len() as u64,
-            pool_allocations: books.pool_allocations.len() as u64,
-            physical_handles: books.handles.len() as u64,
-            reservations: books.reservations.len() as u64,
-            mappings: books.mappings.len() as u64,
-            streams: handles.streams.len() as u64,
-            events: handles.events.len() as u64,
-        }
+        vendor_books::census(&self.handles, &self.books)
     }
 
     /// Makes this device current on the calling thread.
