@@ -10,6 +10,7 @@ use crate::error::Result;
 
 pub mod async_pool;
 pub mod bfc;
+mod idle_events;
 pub mod platform;
 pub mod vmm;
 

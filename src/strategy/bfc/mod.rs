@@ -75,8 +75,8 @@ pub const MAX_ALIGNMENT: u64 = 1 << 30;
 pub const PREALLOCATION_GRANULE: u64 = 2 << 20;
 /// Under growth, the first region is `min(limit, 2 MiB)`.
 pub const INITIAL_REGION: u64 = 2 << 20;
-/// At most this many idle events are kept for reuse by stream-ordered frees.
-pub const EVENT_POOL: usize = 64;
+use super::idle_events::IdleEvents;
+pub use super::idle_events::EVENT_POOL;
 
 /// Options of [`BfcAllocator`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,7 +122,7 @@ struct StreamOrder {
     pending_bytes: u64,
     pending_count: usize,
     /// Events not recorded on anything now, for reuse (at most [`EVENT_POOL`]).
-    idle_events: Vec<Event>,
+    idle_events: IdleEvents,
 }
 
 /// Everything behind the lock.
@@ -464,34 +464,20 @@ impl<D: Device + ?Sized> BfcAllocator<D> {
         }
     }
 
-    /// An idle event, or a new one.
-    fn take_event(&self, order: &mut StreamOrder) -> Result<Event> {
-        match order.idle_events.pop() {
-            Some(e) => Ok(e),
-            None => self.device.create_event(),
-        }
-    }
-
-    fn return_event(&self, order: &mut StreamOrder, event: Event) {
-        if order.idle_events.len() < EVENT_POOL {
-            order.idle_events.push(event);
-        } else if let Err(e) = self.device.destroy_event(event) {
-            tracing::debug!(event = event.0, error = %e, "could not destroy an event");
-        }
-    }
-
     /// Frees a chunk handed out while several streams are in use: pending on `stream` with
     /// an event, or at once when no event can be recorded there.
     fn free_on_stream(&self, inner: &mut Inner, stream: Stream, h: Handed) {
-        let recorded = self.take_event(&mut inner.order).and_then(|event| {
-            match self.device.record_event(event, stream) {
+        let recorded = inner
+            .order
+            .idle_events
+            .take(&*self.device)
+            .and_then(|event| match self.device.record_event(event, stream) {
                 Ok(()) => Ok(event),
                 Err(e) => {
-                    self.return_event(&mut inner.order, event);
+                    inner.order.idle_events.give(&*self.device, event);
                     Err(e)
                 }
-            }
-        });
+            });
         let event = match recorded {
             Ok(event) => event,
             Err(e) => {
@@ -531,7 +517,7 @@ impl<D: Device + ?Sized> BfcAllocator<D> {
         }
         for p in done {
             inner.release_pending(p);
-            self.return_event(&mut inner.order, p.event);
+            inner.order.idle_events.give(&*self.device, p.event);
         }
     }
 
@@ -547,7 +533,7 @@ impl<D: Device + ?Sized> BfcAllocator<D> {
                     }
                 }
                 inner.release_pending(p);
-                self.return_event(&mut inner.order, p.event);
+                inner.order.idle_events.give(&*self.device, p.event);
             }
         }
     }
@@ -577,7 +563,7 @@ impl<D: Device + ?Sized> BfcAllocator<D> {
         let p = queue.remove(i)?;
         order.pending_bytes -= p.size;
         order.pending_count -= 1;
-        self.return_event(order, p.event);
+        order.idle_events.give(&*self.device, p.event);
         Some(Grant {
             addr: p.addr,
             chunk_size: p.size,
@@ -849,7 +835,7 @@ impl<D: Device + ?Sized> Drop for BfcAllocator<D> {
             .pending
             .iter()
             .flat_map(|(_, q)| q.iter().map(|p| p.event));
-        for event in events.chain(order.idle_events.iter().copied()) {
+        for event in events.chain(order.idle_events.iter()) {
             if let Err(e) = super::release_with_retry(|| self.device.destroy_event(event)) {
                 tracing::debug!(event = event.0, error = %e, "could not destroy an event");
             }

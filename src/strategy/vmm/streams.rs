@@ -15,8 +15,8 @@ use crate::device::{Device, Event, Stream};
 use super::space::{Grant, Space};
 use super::{Inner, VmmAllocator};
 
-/// At most this many idle events are kept for reuse by stream-ordered frees.
-pub const EVENT_POOL: usize = 64;
+use crate::strategy::idle_events::IdleEvents;
+pub use crate::strategy::idle_events::EVENT_POOL;
 
 /// A chunk freed on a stream while other streams are in use, not yet safe for them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,7 +49,7 @@ pub(super) struct StreamOrder {
     /// Number of pending frees.
     pub count: usize,
     /// Events not recorded on anything now, for reuse (at most [`EVENT_POOL`]).
-    pub idle_events: Vec<Event>,
+    pub(crate) idle_events: IdleEvents,
 }
 
 impl StreamOrder {
@@ -59,7 +59,7 @@ impl StreamOrder {
             .pending
             .iter()
             .flat_map(|(_, q)| q.iter().map(|p| p.event))
-            .chain(self.idle_events.iter().copied())
+            .chain(self.idle_events.iter())
             .collect();
         out.sort_unstable();
         out.dedup();
@@ -139,22 +139,6 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         }
     }
 
-    /// An idle event, or a new one.
-    fn take_event(&self, order: &mut StreamOrder) -> crate::Result<Event> {
-        match order.idle_events.pop() {
-            Some(e) => Ok(e),
-            None => self.device.create_event(),
-        }
-    }
-
-    fn return_event(&self, order: &mut StreamOrder, event: Event) {
-        if order.idle_events.len() < EVENT_POOL {
-            order.idle_events.push(event);
-        } else if let Err(e) = self.device.destroy_event(event) {
-            tracing::debug!(event = event.0, error = %e, "vmm: could not destroy an event");
-        }
-    }
-
     /// Returns a chunk in use (pending, or freed at once) to the free space.
     fn release_chunk(&self, inner: &mut Inner, addr: u64, token: u64) {
         if let Some((size, _)) = inner.space.free(addr, token) {
@@ -178,15 +162,17 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         let Some(chunk) = inner.space.retoken(addr, token) else {
             return false;
         };
-        let recorded = self.take_event(&mut inner.order).and_then(|event| {
-            match self.device.record_event(event, stream) {
+        let recorded = inner
+            .order
+            .idle_events
+            .take(&*self.device)
+            .and_then(|event| match self.device.record_event(event, stream) {
                 Ok(()) => Ok(event),
                 Err(e) => {
-                    self.return_event(&mut inner.order, event);
+                    inner.order.idle_events.give(&*self.device, event);
                     Err(e)
                 }
-            }
-        });
+            });
         let event = match recorded {
             Ok(event) => event,
             Err(e) => {
@@ -259,7 +245,7 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         inner.order.count -= 1;
         self.release_chunk(inner, p.addr, p.token);
         if last_of_event {
-            self.return_event(&mut inner.order, p.event);
+            inner.order.idle_events.give(&*self.device, p.event);
         }
     }
 
@@ -318,7 +304,7 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         order.bytes -= grant.size;
         order.count = order.count - 1 + pieces.len();
         if pieces.is_empty() && !shared {
-            self.return_event(order, p.event);
+            order.idle_events.give(&*self.device, p.event);
         }
         Some(grant)
     }
