@@ -80,13 +80,51 @@ pub struct MemInfo {
     pub total: u64,
 }
 
-/// A stream (a queue of device work). `Stream::DEFAULT` is the legacy default stream.
+/// A stream (a queue of device work): the vendor's own handle as a number.
+///
+/// Streams belong to the caller. A `Stream` is whatever handle the caller's library made —
+/// PyTorch's `cudaStream_t`, cudarc's `CUstream`, a `hipStream_t`, the C ABI's `uint64_t` —
+/// or one of the special handles below, which CUDA and HIP define with the same values.
+/// Every [`Device`] accepts any of them; nothing needs registering (see the stream-ordering
+/// contract on [`Device`]). The handle must name a live stream of the device's context, as
+/// in the driver API; a handle the driver rejects comes back as its error.
+///
+/// ```
+/// use portalloc::Stream;
+/// // A raw handle from another library (here a made-up cudaStream_t value).
+/// let theirs = Stream::from_raw(0x5555_0000_1000);
+/// assert_eq!(theirs.as_raw(), 0x5555_0000_1000);
+/// assert!(Stream::PER_THREAD.is_per_thread() && !theirs.is_per_thread());
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, Serialize)]
 pub struct Stream(pub u64);
 
 impl Stream {
-    /// The default (null) stream.
+    /// The default (null) stream: the legacy default stream, which synchronises with every
+    /// blocking stream of the context.
     pub const DEFAULT: Stream = Stream(0);
+    /// The legacy default stream named explicitly (`CU_STREAM_LEGACY`, `hipStreamLegacy`:
+    /// both `0x1`).
+    pub const LEGACY: Stream = Stream(1);
+    /// The calling thread's default stream (`CU_STREAM_PER_THREAD`, `hipStreamPerThread`:
+    /// both `0x2`). The same handle names a different stream on each thread, so an allocator
+    /// never treats two requests on it as ordered with each other.
+    pub const PER_THREAD: Stream = Stream(2);
+
+    /// A stream from a raw handle (`cudaStream_t` / `CUstream` / `hipStream_t` as an integer).
+    pub const fn from_raw(handle: u64) -> Stream {
+        Stream(handle)
+    }
+
+    /// The raw handle, to pass to the vendor's API.
+    pub const fn as_raw(self) -> u64 {
+        self.0
+    }
+
+    /// True for [`Stream::PER_THREAD`], whose meaning depends on the calling thread.
+    pub const fn is_per_thread(self) -> bool {
+        self.0 == Stream::PER_THREAD.0
+    }
 }
 
 /// An event recorded on a stream; complete once the work before it on that stream is done.
@@ -113,9 +151,30 @@ pub struct PhysicalHandle(pub u64);
 ///   on `S` after the free*, without waiting. The caller promises that work on other streams
 ///   that used the memory has been ordered before the free (by events or synchronisation).
 /// * Memory freed on `S` is handed to a request on another stream `T` only after an event
-///   recorded on `S` at the free has completed; until then it is reserved for `S`.
+///   recorded on `S` at the free has completed (or `S`, or the whole device, was
+///   synchronised); until then it is reserved for `S`.
+/// * [`Stream::PER_THREAD`] names another stream on each thread: memory freed on it is never
+///   reused at once, not even by a request on the same handle.
 /// * Plain [`Device::alloc`] / [`Device::free`] are synchronous, like `cuMemAlloc` /
-///   `cuMemFree`: `free` waits for (or requires) all work using the memory to be complete.
+///   `cuMemFree`: `free` requires all work using the memory to be complete, so a strategy
+///   that returns memory to the device synchronises the freeing stream first.
+///
+/// # Streams belong to the caller
+///
+/// Every stream method and every stream-ordered pool call accepts **any** stream handle the
+/// caller passes — one from [`Device::create_stream`], one its own library made with the
+/// driver's own call (`cuStreamCreate`, `cudaStreamCreate`, `hipStreamCreate`, PyTorch's and
+/// cudarc's streams), or one of [`Stream::DEFAULT`], [`Stream::LEGACY`],
+/// [`Stream::PER_THREAD`]. There is nothing to register or adopt: a device validates only the
+/// objects it made itself (events, pools, physical handles, allocations) and the streams it is
+/// asked to destroy, and passes every other stream straight to the driver, whose error (for a
+/// handle that is not a live stream) comes back as [`crate::Error::Driver`].
+///
+/// A refusal is never read as "nothing is running there". When a strategy cannot record an
+/// event on `S` it synchronises `S`; when it cannot synchronise `S` (the caller destroyed it,
+/// say) it synchronises the device ([`Device::synchronize_device`]); when even that fails, the
+/// memory stays reserved for `S` until a later event on `S` completes or a later
+/// synchronisation succeeds.
 pub trait Device: Send + Sync + fmt::Debug {
     /// Static facts about the device.
     fn info(&self) -> &DeviceInfo;
@@ -154,13 +213,34 @@ pub trait Device: Send + Sync + fmt::Debug {
     /// Destroys a stream made by [`Device::create_stream`].
     fn destroy_stream(&self, stream: Stream) -> Result<()>;
 
-    /// Blocks until all work on `stream` is complete.
+    /// Blocks until all work on `stream` is complete. Any stream the caller passes (see
+    /// *Streams belong to the caller*).
     fn synchronize_stream(&self, stream: Stream) -> Result<()>;
+
+    /// Blocks until all work on every stream of the device is complete (`cuCtxSynchronize`,
+    /// `hipDeviceSynchronize`): the fallback when a stream cannot be synchronised. Default:
+    /// unsupported, for devices that cannot.
+    ///
+    /// # Errors
+    /// [`crate::Error::Unsupported`] by default; the backend's error when it fails.
+    fn synchronize_device(&self) -> Result<()> {
+        Err(crate::Error::Unsupported {
+            what: "synchronizing the whole device".into(),
+            backend: self.info().vendor.name(),
+            reason: format!(
+                "device {} ({}) does not implement synchronize_device",
+                self.info().ordinal,
+                self.info().name
+            ),
+        })
+    }
 
     /// Creates an event.
     fn create_event(&self) -> Result<Event>;
 
-    /// Records `event` on `stream`: it completes when the work enqueued before it does.
+    /// Records `event` (one this device made) on `stream` (any stream the caller passes): it
+    /// completes when the work enqueued on `stream` before it does. Events on one stream
+    /// complete in the order they were recorded.
     fn record_event(&self, event: Event, stream: Stream) -> Result<()>;
 
     /// True when the work before the event's last record has completed.

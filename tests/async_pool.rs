@@ -282,6 +282,9 @@ impl Device for NoPool {
     fn synchronize_stream(&self, stream: Stream) -> Result<()> {
         self.0.synchronize_stream(stream)
     }
+    fn synchronize_device(&self) -> Result<()> {
+        self.0.synchronize_device()
+    }
     fn create_event(&self) -> Result<Event> {
         self.0.create_event()
     }

@@ -723,7 +723,6 @@ enum HostCall {
     DestroyDefaultStream,
     DestroyUnknownStream,
     RecordUnknownEvent,
-    RecordOnUnknownStream,
     QueryUnknownEvent,
     PoolAllocZero,
     PoolAllocMax,
@@ -763,7 +762,6 @@ enum HostCall {
 #[test_case(HostCall::DestroyDefaultStream, "InvalidArgument")]
 #[test_case(HostCall::DestroyUnknownStream, "UnknownPointer")]
 #[test_case(HostCall::RecordUnknownEvent, "UnknownPointer")]
-#[test_case(HostCall::RecordOnUnknownStream, "UnknownPointer")]
 #[test_case(HostCall::QueryUnknownEvent, "UnknownPointer")]
 #[test_case(HostCall::PoolAllocZero, "InvalidSize")]
 #[test_case(HostCall::PoolAllocMax, "InvalidSize")]
@@ -830,7 +828,6 @@ fn host_device_refuses_hostile_calls(call: HostCall, want: &str) {
             HostCall::DestroyDefaultStream => d.destroy_stream(Stream::DEFAULT),
             HostCall::DestroyUnknownStream => d.destroy_stream(Stream(u64::MAX)),
             HostCall::RecordUnknownEvent => d.record_event(Event(u64::MAX), Stream::DEFAULT),
-            HostCall::RecordOnUnknownStream => d.record_event(event, Stream(777)),
             HostCall::QueryUnknownEvent => d.event_complete(Event(0)).map(drop),
             HostCall::PoolAllocZero => pool.alloc_async(0, Stream::DEFAULT).map(drop),
             HostCall::PoolAllocMax => pool.alloc_async(u64::MAX, Stream::DEFAULT).map(drop),

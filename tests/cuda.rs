@@ -793,9 +793,10 @@ mod pools_streams_events {
             pool.free_async(12345, s),
             Err(Error::UnknownPointer { .. })
         ));
+        // A stream handle is the caller's: portalloc passes it on, and the driver judges it.
         assert!(matches!(
             pool.alloc_async(MIB, Stream(0xdead)),
-            Err(Error::UnknownPointer { what: "stream", .. })
+            Err(Error::Driver { ref name, .. }) if name == "CUDA_ERROR_INVALID_HANDLE"
         ));
         assert!(matches!(
             pool.alloc_async(65 * MIB, s),
@@ -839,8 +840,13 @@ mod pools_streams_events {
         ));
         device.destroy_stream(s).unwrap();
         assert!(matches!(
-            device.synchronize_stream(s),
+            device.destroy_stream(s),
             Err(Error::UnknownPointer { what: "stream", .. })
+        ));
+        // Synchronising is passed to the driver, which knows the handle is gone.
+        assert!(matches!(
+            device.synchronize_stream(s),
+            Err(Error::Driver { ref name, .. }) if name == "CUDA_ERROR_INVALID_HANDLE"
         ));
         drop(device);
         fake.assert_empty();

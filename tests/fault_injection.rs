@@ -371,6 +371,10 @@ impl<D: Device + ?Sized> Device for FaultDevice<D> {
         self.gate("synchronize_stream")?;
         self.seen("synchronize_stream", self.inner.synchronize_stream(stream))
     }
+    fn synchronize_device(&self) -> Result<()> {
+        self.gate("synchronize_device")?;
+        self.seen("synchronize_device", self.inner.synchronize_device())
+    }
     fn create_event(&self) -> Result<Event> {
         self.gate("create_event")?;
         self.seen("create_event", self.inner.create_event())
@@ -950,6 +954,10 @@ impl Device for Persistent {
     fn synchronize_stream(&self, stream: Stream) -> Result<()> {
         self.gate("synchronize_stream")?;
         self.inner.inner.synchronize_stream(stream)
+    }
+    fn synchronize_device(&self) -> Result<()> {
+        self.gate("synchronize_device")?;
+        self.inner.inner.synchronize_device()
     }
     fn create_event(&self) -> Result<Event> {
         self.gate("create_event")?;

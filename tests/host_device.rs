@@ -720,7 +720,8 @@ fn streams_have_fresh_ids(simulated: bool) {
     d.synchronize_stream(a).unwrap();
     d.destroy_stream(a).unwrap();
     assert_unknown(d.destroy_stream(a), "stream", a.0);
-    assert_unknown(d.synchronize_stream(a), "stream", a.0);
+    // Synchronising is a caller's right on any stream, a destroyed one's handle included.
+    d.synchronize_stream(a).unwrap();
     invalid_argument(d.destroy_stream(Stream::DEFAULT), "destroy_stream");
     let c = d.create_stream().unwrap();
     assert!(c != a && c != b, "stream ids are not reused");
@@ -775,7 +776,26 @@ fn events_complete_at_once_unless_held(simulated: bool) {
     assert_unknown(d.record_event(gone, s), "event", gone.0);
     assert_unknown(d.event_complete(gone), "event", gone.0);
     assert_unknown(d.synchronize_event(gone), "event", gone.0);
-    assert_unknown(d.record_event(e1, Stream(s.0 + 1000)), "stream", s.0 + 1000);
+    // A stream the device never made (the caller's own) is accepted, and is a clock of its
+    // own: its events complete in order, a wait for one completes the earlier ones.
+    let theirs = Stream(s.0 + 1000);
+    assert_unknown(d.destroy_stream(theirs), "stream", theirs.0);
+    d.set_events_held(true);
+    d.record_event(e1, theirs).unwrap();
+    d.record_event(e2, theirs).unwrap();
+    assert!(!d.event_complete(e1).unwrap() && !d.event_complete(e2).unwrap());
+    d.synchronize_stream(s).unwrap();
+    assert!(!d.event_complete(e1).unwrap(), "another stream's wait");
+    d.synchronize_event(e2).unwrap();
+    assert!(
+        d.event_complete(e1).unwrap(),
+        "waiting for e2 waited for the e1 before it"
+    );
+    d.record_event(e1, theirs).unwrap();
+    d.record_event(e2, Stream::PER_THREAD).unwrap();
+    d.synchronize_device().unwrap();
+    assert!(d.event_complete(e1).unwrap() && d.event_complete(e2).unwrap());
+    d.set_events_held(false);
     d.destroy_event(e1).unwrap();
     assert_unknown(d.destroy_event(e1), "event", e1.0);
     d.destroy_event(e2).unwrap();

@@ -144,6 +144,9 @@ impl Device for Plain {
     fn synchronize_stream(&self, s: Stream) -> portalloc::Result<()> {
         self.0.synchronize_stream(s)
     }
+    fn synchronize_device(&self) -> portalloc::Result<()> {
+        self.0.synchronize_device()
+    }
     fn create_event(&self) -> portalloc::Result<Event> {
         self.0.create_event()
     }
@@ -203,6 +206,9 @@ fn a_host_device_is_no_peer_of_another_backend() {
         }
         fn synchronize_stream(&self, s: Stream) -> portalloc::Result<()> {
             self.0.synchronize_stream(s)
+        }
+        fn synchronize_device(&self) -> portalloc::Result<()> {
+            self.0.synchronize_device()
         }
         fn create_event(&self) -> portalloc::Result<Event> {
             self.0.create_event()

@@ -270,6 +270,7 @@ struct Seen {
     recorded: Vec<(portalloc::device::Event, portalloc::Stream)>,
     synced_events: Vec<portalloc::device::Event>,
     synced_streams: Vec<portalloc::Stream>,
+    synced_device: bool,
 }
 
 impl Watch {
@@ -300,6 +301,10 @@ impl Device for Watch {
     fn synchronize_stream(&self, stream: portalloc::Stream) -> portalloc::Result<()> {
         self.seen.lock().unwrap().synced_streams.push(stream);
         self.inner.synchronize_stream(stream)
+    }
+    fn synchronize_device(&self) -> portalloc::Result<()> {
+        self.seen.lock().unwrap().synced_device = true;
+        self.inner.synchronize_device()
     }
     fn create_event(&self) -> portalloc::Result<portalloc::device::Event> {
         self.inner.create_event()
@@ -339,7 +344,7 @@ fn settle(w: &Watch, unsafe_ranges: &mut Vec<Unsafe>) {
         let waited = e.is_some_and(|e| {
             seen.synced_events.contains(&e) || matches!(w.inner.event_complete(e), Ok(true))
         });
-        !waited && !seen.synced_streams.contains(&s)
+        !waited && !seen.synced_device && !seen.synced_streams.contains(&s)
     });
 }
 
@@ -635,6 +640,9 @@ impl Device for WatchVm {
     }
     fn synchronize_stream(&self, stream: portalloc::Stream) -> portalloc::Result<()> {
         self.0.synchronize_stream(stream)
+    }
+    fn synchronize_device(&self) -> portalloc::Result<()> {
+        self.0.synchronize_device()
     }
     fn create_event(&self) -> portalloc::Result<portalloc::device::Event> {
         self.0.create_event()

@@ -42,13 +42,17 @@ pub type CudaCensus = VendorCensus;
 ///   the calls, and the device sets `CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED`: a pool of
 ///   its own made with `cuMemPoolCreate` (so that its release threshold and trimming do not
 ///   disturb other users of the device's default pool).
-/// * **Streams and events**: `cuStreamCreate` (blocking, so the legacy default stream orders
-///   with them) and `cuEventCreate` (timing disabled); [`Stream::DEFAULT`] is the legacy
-///   default stream.
+/// * **Streams and events**: any stream the caller passes is used as it is — PyTorch's,
+///   cudarc's, one made with `cuStreamCreate` directly, [`Stream::DEFAULT`] / [`Stream::LEGACY`]
+///   (the legacy default stream) or [`Stream::PER_THREAD`]; [`Device::create_stream`] makes
+///   blocking streams (`cuStreamCreate`, so the legacy default stream orders with them), and
+///   events are `cuEventCreate` (timing disabled). [`Device::synchronize_device`] is
+///   `cuCtxSynchronize`.
 ///
 /// Errors: every failed call is [`Error::Driver`] with the driver's own name
 /// (`CUDA_ERROR_INVALID_VALUE`), out-of-memory is [`Error::DeviceOutOfMemory`], pointers,
-/// handles, streams and events the device did not hand out are [`Error::UnknownPointer`]
+/// handles and events the device did not hand out (and streams it is asked to destroy that it
+/// did not create) are [`Error::UnknownPointer`]
 /// (checked before the driver sees them), and sizes that are not multiples of the granularity
 /// are [`Error::InvalidArgument`]. Dropping the device gives back whatever it still holds and
 /// warns about it.
@@ -400,8 +404,9 @@ fn event_handle(event: Event) -> sys::CUevent {
 }
 
 impl Handles {
-    fn check_stream(&self, stream: Stream) -> Result<sys::CUstream> {
-        if stream == Stream::DEFAULT || self.streams.contains(&stream.0) {
+    /// A stream this device made (the only ones [`Device::destroy_stream`] takes).
+    fn check_own_stream(&self, stream: Stream) -> Result<sys::CUstream> {
+        if self.streams.contains(&stream.0) {
             Ok(stream_handle(stream))
         } else {
             Err(unknown("stream", stream.0))
@@ -494,20 +499,27 @@ impl Device for CudaDevice {
         }
         self.enter()?;
         let mut h = self.handles_write();
-        let s = h.check_stream(stream)?;
+        let s = h.check_own_stream(stream)?;
         // SAFETY: `s` is a live stream this device created (checked under the write lock).
         unsafe { self.driver.stream_destroy(s) }?;
         h.streams.remove(&stream.0);
         Ok(())
     }
 
-    /// `cuStreamSynchronize`.
+    /// `cuStreamSynchronize`, on any stream the caller passes (its own, one from
+    /// [`Device::create_stream`], or a special handle).
     fn synchronize_stream(&self, stream: Stream) -> Result<()> {
         self.enter()?;
-        let h = self.handles_read();
-        let s = h.check_stream(stream)?;
-        // SAFETY: `s` is null or a live stream of this device, kept alive by the read lock.
-        unsafe { self.driver.stream_synchronize(s) }
+        // SAFETY: by the contract of `Stream`, the handle is a live stream of this context or
+        // a special handle (null, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD); the driver answers
+        // CUDA_ERROR_INVALID_HANDLE for the invalid handles it detects.
+        unsafe { self.driver.stream_synchronize(stream_handle(stream)) }
+    }
+
+    /// `cuCtxSynchronize` on the device's primary context.
+    fn synchronize_device(&self) -> Result<()> {
+        self.enter()?;
+        self.driver.ctx_synchronize()
     }
 
     /// `cuEventCreate(CU_EVENT_DISABLE_TIMING)`.
@@ -519,14 +531,14 @@ impl Device for CudaDevice {
         Ok(Event(e))
     }
 
-    /// `cuEventRecord`.
+    /// `cuEventRecord` of an event this device made, on any stream the caller passes.
     fn record_event(&self, event: Event, stream: Stream) -> Result<()> {
         self.enter()?;
         let h = self.handles_read();
-        let s = h.check_stream(stream)?;
         let e = h.check_event(event)?;
-        // SAFETY: both handles are live (checked, kept alive by the read lock).
-        unsafe { self.driver.event_record(e, s) }
+        // SAFETY: the event is live (checked, kept alive by the read lock); by the contract
+        // of `Stream`, the stream is a live stream of this context or a special handle.
+        unsafe { self.driver.event_record(e, stream_handle(stream)) }
     }
 
     /// `cuEventQuery`.
@@ -788,10 +800,12 @@ impl StreamOrderedPool for CudaDevice {
         }
         let pool = self.pool_handle()?;
         self.enter()?;
-        let h = self.handles_read();
-        let s = h.check_stream(stream)?;
-        // SAFETY: the pool lives as long as `self`; the stream is null or live (read lock).
-        let ptr = unsafe { self.driver.alloc_from_pool_async(size, pool, s) }?;
+        // SAFETY: the pool lives as long as `self`; by the contract of `Stream`, the stream
+        // is a live stream of this context or a special handle.
+        let ptr = unsafe {
+            self.driver
+                .alloc_from_pool_async(size, pool, stream_handle(stream))
+        }?;
         self.books().pool_allocations.insert(ptr, size);
         Ok(ptr)
     }
@@ -800,15 +814,14 @@ impl StreamOrderedPool for CudaDevice {
     fn free_async(&self, ptr: u64, stream: Stream) -> Result<()> {
         self.pool_handle()?;
         self.enter()?;
-        let h = self.handles_read();
-        let s = h.check_stream(stream)?;
         let size = self
             .books()
             .pool_allocations
             .remove(&ptr)
             .ok_or_else(|| unknown("pool allocation", ptr))?;
-        // SAFETY: the stream is null or live (read lock).
-        let result = unsafe { self.driver.free_async(ptr, s) };
+        // SAFETY: by the contract of `Stream`, the stream is a live stream of this context or
+        // a special handle; the pointer came from this pool.
+        let result = unsafe { self.driver.free_async(ptr, stream_handle(stream)) };
         if result.is_err() {
             self.books().pool_allocations.insert(ptr, size);
         }

@@ -105,7 +105,7 @@ pub const POOL_SYMBOLS: [&str; 8] = [
 
 /// The names of the required symbols, in the order [`Driver::load`] resolves them. For
 /// `cuDevicePrimaryCtxRelease_v2` the CUDA 7 name `cuDevicePrimaryCtxRelease` is accepted too.
-pub const REQUIRED_SYMBOLS: [&str; 24] = [
+pub const REQUIRED_SYMBOLS: [&str; 25] = [
     "cuInit",
     "cuDriverGetVersion",
     "cuDeviceGetCount",
@@ -119,6 +119,7 @@ pub const REQUIRED_SYMBOLS: [&str; 24] = [
     "cuDevicePrimaryCtxRelease_v2",
     "cuCtxGetCurrent",
     "cuCtxSetCurrent",
+    "cuCtxSynchronize",
     "cuMemGetInfo_v2",
     "cuMemAlloc_v2",
     "cuMemFree_v2",
@@ -159,6 +160,7 @@ pub struct Driver {
     primary_ctx_release: sys::cuDevicePrimaryCtxRelease_v2,
     ctx_get_current: sys::cuCtxGetCurrent,
     ctx_set_current: sys::cuCtxSetCurrent,
+    ctx_synchronize: sys::cuCtxSynchronize,
     mem_get_info: sys::cuMemGetInfo_v2,
     mem_alloc: sys::cuMemAlloc_v2,
     mem_free: sys::cuMemFree_v2,
@@ -268,6 +270,7 @@ impl Driver {
                 },
                 ctx_get_current: loader::required(lib, &path, "cuCtxGetCurrent")?,
                 ctx_set_current: loader::required(lib, &path, "cuCtxSetCurrent")?,
+                ctx_synchronize: loader::required(lib, &path, "cuCtxSynchronize")?,
                 mem_get_info: loader::required(lib, &path, "cuMemGetInfo_v2")?,
                 mem_alloc: loader::required(lib, &path, "cuMemAlloc_v2")?,
                 mem_free: loader::required(lib, &path, "cuMemFree_v2")?,
@@ -790,7 +793,8 @@ impl Driver {
     /// `cuMemAllocFromPoolAsync`.
     ///
     /// # Safety
-    /// `pool` must be a live pool and `stream` a live stream (or null) of the current context.
+    /// `pool` must be a live pool and `stream` a live stream of the current context (or a
+    /// special handle: null, `CU_STREAM_LEGACY`, `CU_STREAM_PER_THREAD`).
     pub(crate) unsafe fn alloc_from_pool_async(
         &self,
         size: u64,
@@ -809,7 +813,7 @@ impl Driver {
     /// `cuMemFreeAsync`.
     ///
     /// # Safety
-    /// `stream` must be a live stream (or null) of the current context.
+    /// `stream` must be a live stream of the current context (or a special handle).
     pub(crate) unsafe fn free_async(&self, ptr: u64, stream: sys::CUstream) -> Result<()> {
         let api = self.pools("cuMemFreeAsync")?;
         // SAFETY: the caller guarantees the stream; the pointer is checked by the driver.
@@ -840,12 +844,19 @@ impl Driver {
     /// `cuStreamSynchronize`.
     ///
     /// # Safety
-    /// `stream` must be a live stream or null (the legacy default stream).
+    /// `stream` must be a live stream of the current context, null, or one of the special
+    /// handles `CU_STREAM_LEGACY` / `CU_STREAM_PER_THREAD`.
     pub(crate) unsafe fn stream_synchronize(&self, stream: sys::CUstream) -> Result<()> {
         // SAFETY: the caller guarantees the stream is live or null.
         self.check("cuStreamSynchronize", unsafe {
             (self.stream_synchronize)(stream)
         })
+    }
+
+    /// `cuCtxSynchronize`: waits for all work of the current context.
+    pub(crate) fn ctx_synchronize(&self) -> Result<()> {
+        // SAFETY: no arguments; the caller made its context current.
+        self.check("cuCtxSynchronize", unsafe { (self.ctx_synchronize)() })
     }
 
     /// `cuEventCreate` in the current context.
@@ -861,7 +872,7 @@ impl Driver {
     /// `cuEventRecord`.
     ///
     /// # Safety
-    /// `event` must be live, `stream` live or null, both of the current context.
+    /// `event` must be live, `stream` live (or a special handle), both of the current context.
     pub(crate) unsafe fn event_record(
         &self,
         event: sys::CUevent,

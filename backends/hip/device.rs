@@ -124,14 +124,17 @@ impl HipDeviceBuilder {
 ///   [`super::tuning`]), with chunks of the recommended granularity raised to 2 MiB.
 /// * **Stream-ordered pool** ([`StreamOrderedPool`]) when attribute 88 is set: a pool of its
 ///   own (`hipMemPoolCreate`), made at first use with its release threshold set explicitly.
-/// * **Streams and events**: `hipStreamCreateWithFlags(hipStreamDefault)` (blocking, so the
-///   null stream orders with them) and `hipEventCreateWithFlags(hipEventDisableTiming)`;
-///   [`Stream::DEFAULT`] is the null stream.
+/// * **Streams and events**: any stream the caller passes is used as it is — PyTorch's, one
+///   made with `hipStreamCreate` directly, [`Stream::DEFAULT`] (the null stream),
+///   [`Stream::LEGACY`] or [`Stream::PER_THREAD`]; [`Device::create_stream`] makes
+///   `hipStreamCreateWithFlags(hipStreamDefault)` streams (blocking, so the null stream orders
+///   with them) and events are `hipEventCreateWithFlags(hipEventDisableTiming)`.
+///   [`Device::synchronize_device`] is `hipDeviceSynchronize`.
 ///
 /// Errors: every failed call is [`Error::Driver`] with HIP's own name (`hipErrorInvalidValue`),
-/// `hipErrorOutOfMemory` is [`Error::DeviceOutOfMemory`], pointers, handles, streams and
-/// events the device did not hand out are [`Error::UnknownPointer`] (checked before HIP sees
-/// them), and sizes that are not multiples of the granularity are [`Error::InvalidArgument`].
+/// `hipErrorOutOfMemory` is [`Error::DeviceOutOfMemory`], pointers, handles and events the
+/// device did not hand out (and streams it is asked to destroy that it did not create) are
+/// [`Error::UnknownPointer`] (checked before HIP sees them), and sizes that are not multiples of the granularity are [`Error::InvalidArgument`].
 /// Dropping the device gives back whatever it still holds and warns about it.
 pub struct HipDevice {
     runtime: Arc<Runtime>,
@@ -430,8 +433,9 @@ impl HipDevice {
         }
     }
 
-    fn check_stream(handles: &Handles, stream: Stream) -> Result<()> {
-        if stream == Stream::DEFAULT || handles.streams.contains(&stream.0) {
+    /// A stream this device made (the only ones [`Device::destroy_stream`] takes).
+    fn check_own_stream(handles: &Handles, stream: Stream) -> Result<()> {
+        if handles.streams.contains(&stream.0) {
             Ok(())
         } else {
             Err(Error::UnknownPointer {
@@ -604,7 +608,7 @@ impl Device for HipDevice {
             });
         }
         let mut handles = self.handles_write();
-        Self::check_stream(&handles, stream)?;
+        Self::check_own_stream(&handles, stream)?;
         self.make_current()?;
         // SAFETY: a live stream of this device; the write lock keeps others from using it.
         unsafe { self.runtime.stream_destroy(stream_handle(stream)) }?;
@@ -612,12 +616,19 @@ impl Device for HipDevice {
         Ok(())
     }
 
+    /// `hipStreamSynchronize` on any stream the caller passes.
     fn synchronize_stream(&self, stream: Stream) -> Result<()> {
-        let handles = self.handles_read();
-        Self::check_stream(&handles, stream)?;
         self.make_current()?;
-        // SAFETY: null or a live stream of this device (checked; the read lock keeps it live).
+        // SAFETY: by the contract of `Stream`, a live stream of this device or a special
+        // handle (null, hipStreamLegacy, hipStreamPerThread); HIP answers
+        // hipErrorInvalidHandle for the invalid handles it detects.
         unsafe { self.runtime.stream_synchronize(stream_handle(stream)) }
+    }
+
+    /// `hipDeviceSynchronize` with this device current.
+    fn synchronize_device(&self) -> Result<()> {
+        self.make_current()?;
+        self.runtime.device_synchronize()
     }
 
     fn create_event(&self) -> Result<Event> {
@@ -631,9 +642,9 @@ impl Device for HipDevice {
     fn record_event(&self, event: Event, stream: Stream) -> Result<()> {
         let handles = self.handles_read();
         Self::check_event(&handles, event)?;
-        Self::check_stream(&handles, stream)?;
         self.make_current()?;
-        // SAFETY: a live event and a null or live stream of this device (checked).
+        // SAFETY: a live event of this device (checked; the read lock keeps it live) and, by
+        // the contract of `Stream`, a live stream or a special handle.
         unsafe {
             self.runtime
                 .event_record(event_handle(event), stream_handle(stream))
@@ -904,11 +915,9 @@ impl StreamOrderedPool for HipDevice {
         }
         let pool = self.pool()?;
         let ptr = {
-            // Released before the books are taken: the one nesting order is books → handles.
-            let handles = self.handles_read();
-            Self::check_stream(&handles, stream)?;
             self.make_current()?;
-            // SAFETY: a live pool of this device and a null or live stream (checked).
+            // SAFETY: a live pool of this device and, by the contract of `Stream`, a live
+            // stream or a special handle.
             unsafe {
                 self.runtime
                     .malloc_from_pool_async(size, pool_handle(pool), stream_handle(stream))
@@ -928,10 +937,9 @@ impl StreamOrderedPool for HipDevice {
                 backend: BACKEND,
             });
         }
-        let handles = self.handles_read();
-        Self::check_stream(&handles, stream)?;
         self.make_current()?;
-        // SAFETY: a live pool allocation and a null or live stream of this device (checked).
+        // SAFETY: a live pool allocation (checked) and, by the contract of `Stream`, a live
+        // stream or a special handle.
         unsafe { self.runtime.free_async(ptr, stream_handle(stream)) }?;
         books.pool_allocations.remove(&ptr);
         Ok(())

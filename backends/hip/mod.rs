@@ -76,7 +76,7 @@ pub fn library_candidates() -> Vec<String> {
 }
 
 /// The required symbols, in the order [`Runtime::load`] resolves them (all in HIP ≤ 4.2).
-pub const REQUIRED_SYMBOLS: [&str; 22] = [
+pub const REQUIRED_SYMBOLS: [&str; 23] = [
     "hipInit",
     "hipDriverGetVersion",
     "hipRuntimeGetVersion",
@@ -94,6 +94,7 @@ pub const REQUIRED_SYMBOLS: [&str; 22] = [
     "hipStreamCreateWithFlags",
     "hipStreamDestroy",
     "hipStreamSynchronize",
+    "hipDeviceSynchronize",
     "hipEventCreateWithFlags",
     "hipEventRecord",
     "hipEventQuery",
@@ -209,6 +210,7 @@ pub struct Runtime {
     stream_create_with_flags: sys::hipStreamCreateWithFlags,
     stream_destroy: sys::hipStreamDestroy,
     stream_synchronize: sys::hipStreamSynchronize,
+    device_synchronize: sys::hipDeviceSynchronize,
     event_create_with_flags: sys::hipEventCreateWithFlags,
     event_record: sys::hipEventRecord,
     event_query: sys::hipEventQuery,
@@ -308,6 +310,7 @@ impl Runtime {
                 stream_create_with_flags: loader::required(lib, &path, "hipStreamCreateWithFlags")?,
                 stream_destroy: loader::required(lib, &path, "hipStreamDestroy")?,
                 stream_synchronize: loader::required(lib, &path, "hipStreamSynchronize")?,
+                device_synchronize: loader::required(lib, &path, "hipDeviceSynchronize")?,
                 event_create_with_flags: loader::required(lib, &path, "hipEventCreateWithFlags")?,
                 event_record: loader::required(lib, &path, "hipEventRecord")?,
                 event_query: loader::required(lib, &path, "hipEventQuery")?,
@@ -574,10 +577,19 @@ impl Runtime {
         self.check("hipStreamDestroy", unsafe { (self.stream_destroy)(s) })
     }
 
+    /// `hipDeviceSynchronize`: waits for all work of the current device.
+    pub(crate) fn device_synchronize(&self) -> Result<()> {
+        // SAFETY: no arguments; the caller made its device current.
+        self.check("hipDeviceSynchronize", unsafe {
+            (self.device_synchronize)()
+        })
+    }
+
     /// `hipStreamSynchronize`.
     ///
     /// # Safety
-    /// `s` must be null (the default stream) or a live stream.
+    /// `s` must be a live stream, null (the default stream) or a special handle
+    /// (`hipStreamLegacy`, `hipStreamPerThread`).
     pub(crate) unsafe fn stream_synchronize(&self, s: sys::hipStream_t) -> Result<()> {
         // SAFETY: the caller guarantees a valid stream.
         self.check("hipStreamSynchronize", unsafe {
@@ -598,7 +610,7 @@ impl Runtime {
     /// `hipEventRecord`.
     ///
     /// # Safety
-    /// `e` must be a live event, `s` null or a live stream.
+    /// `e` must be a live event, `s` a live stream, null or a special handle.
     pub(crate) unsafe fn event_record(
         &self,
         e: sys::hipEvent_t,
@@ -938,7 +950,7 @@ impl Runtime {
     /// `hipMallocFromPoolAsync`.
     ///
     /// # Safety
-    /// `pool` must be a live pool, `stream` null or a live stream.
+    /// `pool` must be a live pool, `stream` a live stream, null or a special handle.
     pub(crate) unsafe fn malloc_from_pool_async(
         &self,
         size: u64,
@@ -957,7 +969,7 @@ impl Runtime {
     /// `hipFreeAsync`.
     ///
     /// # Safety
-    /// `ptr` must be a live pool allocation, `stream` null or a live stream.
+    /// `ptr` must be a live pool allocation, `stream` a live stream, null or a special handle.
     pub(crate) unsafe fn free_async(&self, ptr: u64, stream: sys::hipStream_t) -> Result<()> {
         let pools = self.pools("hipFreeAsync")?;
         // SAFETY: the caller guarantees a live allocation and stream.

@@ -39,9 +39,13 @@
 //!   the same checks and errors, but makes no system call and touches no memory: addresses
 //!   come from a fake address space starting at 1 TiB that is not reused until 2^63 bytes
 //!   have gone by. A 141 GiB device can be replayed on a laptop.
-//! * **Streams and events**: the host does all work synchronously, so a recorded event is
-//!   complete at once — unless a test holds events with [`HostDevice::set_events_held`] to
-//!   exercise stream-ordered reuse.
+//! * **Streams and events**: any stream handle is accepted, as on the GPU backends (a
+//!   caller's streams belong to the caller); [`Device::create_stream`] hands out ids from
+//!   `0x100` up, clear of the special handles 0, 1 and 2. The host does all work
+//!   synchronously, so a recorded event is complete at once — unless a test holds events with
+//!   [`HostDevice::set_events_held`] to exercise stream-ordered reuse. Each stream is a clock:
+//!   events on it complete in the order they were recorded, and waiting for one completes
+//!   the ones before it, as on a GPU.
 //! * **Stream-ordered pool** ([`StreamOrderedPool`], like `cuMemAllocFromPoolAsync`): segments
 //!   of plain allocations (so the census counts them), sub-allocated best fit, with CUDA's
 //!   release threshold and stream ordering — see the `pool` module.
@@ -71,6 +75,10 @@ use crate::units::Bytes;
 use books::{Books, BACKEND};
 use pool::PoolState;
 use sim::SimSpace;
+
+/// The first id [`Device::create_stream`] hands out: clear of the special handles
+/// ([`Stream::DEFAULT`], [`Stream::LEGACY`], [`Stream::PER_THREAD`]).
+const FIRST_STREAM_ID: u64 = 0x100;
 
 /// The default virtual-memory granularity: 2 MiB, as on current NVIDIA and AMD GPUs.
 pub const DEFAULT_GRANULARITY: u64 = 2 << 20;
@@ -222,13 +230,20 @@ impl HostDeviceBuilder {
     }
 }
 
-/// A recorded event.
+/// A recorded event: the stream of its last record and that stream's clock then (0: never
+/// recorded, complete).
 #[derive(Debug, Clone, Copy, Default)]
 struct EventRecord {
-    /// The stream of the last record, if any.
     stream: Option<Stream>,
-    /// Recorded while events were held, and not completed since.
-    pending: bool,
+    seq: u64,
+}
+
+/// One stream's work, as a clock: `recorded` counts the events recorded on it, `completed`
+/// is the newest of them that has completed. Work completes in order, as on a GPU.
+#[derive(Debug, Clone, Copy, Default)]
+struct Clock {
+    recorded: u64,
+    completed: u64,
 }
 
 /// Streams and events.
@@ -236,14 +251,17 @@ struct EventRecord {
 struct Timeline {
     held: bool,
     last_stream: u64,
+    /// Streams made by `create_stream` (the only ones `destroy_stream` accepts).
     streams: BTreeSet<u64>,
+    /// Every stream work was recorded on: the device's own and any the caller brought.
+    clocks: HashMap<u64, Clock>,
     last_event: u64,
     events: HashMap<u64, EventRecord>,
 }
 
 impl Timeline {
-    fn check_stream(&self, stream: Stream) -> Result<()> {
-        if stream == Stream::DEFAULT || self.streams.contains(&stream.0) {
+    fn check_own_stream(&self, stream: Stream) -> Result<()> {
+        if self.streams.contains(&stream.0) {
             Ok(())
         } else {
             Err(Error::UnknownPointer {
@@ -254,20 +272,58 @@ impl Timeline {
         }
     }
 
-    fn event(&mut self, event: Event) -> Result<&mut EventRecord> {
-        self.events.get_mut(&event.0).ok_or(Error::UnknownPointer {
-            what: "event",
-            ptr: event.0,
-            backend: BACKEND,
-        })
+    fn event(&self, event: Event) -> Result<EventRecord> {
+        self.events
+            .get(&event.0)
+            .copied()
+            .ok_or(Error::UnknownPointer {
+                what: "event",
+                ptr: event.0,
+                backend: BACKEND,
+            })
+    }
+
+    fn is_pending(&self, record: EventRecord) -> bool {
+        record
+            .stream
+            .and_then(|s| self.clocks.get(&s.0))
+            .is_some_and(|c| c.completed < record.seq)
+    }
+
+    /// Records `event` on `stream`: complete at once unless events are held.
+    fn record(&mut self, event: Event, stream: Stream) {
+        let held = self.held;
+        let clock = self.clocks.entry(stream.0).or_default();
+        clock.recorded += 1;
+        if !held {
+            clock.completed = clock.recorded;
+        }
+        let seq = clock.recorded;
+        self.events.insert(
+            event.0,
+            EventRecord {
+                stream: Some(stream),
+                seq,
+            },
+        );
+    }
+
+    /// Completes the work of `stream` up to its event number `seq`.
+    fn complete_up_to(&mut self, stream: Stream, seq: u64) {
+        if let Some(c) = self.clocks.get_mut(&stream.0) {
+            c.completed = c.completed.max(seq.min(c.recorded));
+        }
     }
 
     /// Completes every pending event; returns how many there were.
     fn complete_all(&mut self) -> usize {
-        let mut n = 0;
-        for e in self.events.values_mut().filter(|e| e.pending) {
-            e.pending = false;
-            n += 1;
+        let n = self
+            .events
+            .values()
+            .filter(|&&e| self.is_pending(e))
+            .count();
+        for c in self.clocks.values_mut() {
+            c.completed = c.recorded;
         }
         n
     }
@@ -501,14 +557,14 @@ impl Device for HostDevice {
         Some(self)
     }
 
-    /// A fresh stream id (never 0, never reused).
+    /// A fresh stream id (from `0x100` up, never reused).
     ///
     /// # Errors
     /// None in practice.
     fn create_stream(&self) -> Result<Stream> {
         let mut st = self.lock();
         st.timeline.last_stream += 1;
-        let id = st.timeline.last_stream;
+        let id = FIRST_STREAM_ID + st.timeline.last_stream;
         st.timeline.streams.insert(id);
         Ok(Stream(id))
     }
@@ -528,28 +584,36 @@ impl Device for HostDevice {
             });
         }
         let mut st = self.lock();
-        st.timeline.check_stream(stream)?;
+        st.timeline.check_own_stream(stream)?;
         st.timeline.streams.remove(&stream.0);
         Ok(())
     }
 
-    /// Completes the events last recorded on `stream` (the host's work is already done) and
-    /// the pool frees pending on it; then the pool returns idle memory beyond its release
-    /// threshold to the device.
+    /// Completes the work recorded on `stream` (the host's work is already done) and the
+    /// pool frees pending on it; then the pool returns idle memory beyond its release
+    /// threshold to the device. Any stream handle is accepted.
     ///
     /// # Errors
-    /// [`Error::UnknownPointer`] (`what = "stream"`) for an unknown stream; [`Error::Os`]
-    /// when returning pool memory fails.
+    /// [`Error::Os`] when returning pool memory fails.
     fn synchronize_stream(&self, stream: Stream) -> Result<()> {
         let mut guard = self.lock();
         let st = &mut *guard;
-        st.timeline.check_stream(stream)?;
-        for e in st.timeline.events.values_mut() {
-            if e.stream == Some(stream) {
-                e.pending = false;
-            }
-        }
+        st.timeline.complete_up_to(stream, u64::MAX);
         st.pool.complete_stream(stream);
+        let keep = st.pool.threshold();
+        self.pool_release(st, keep)
+    }
+
+    /// Completes the work of every stream and every pending pool free; then the pool returns
+    /// idle memory beyond its release threshold.
+    ///
+    /// # Errors
+    /// [`Error::Os`] when returning pool memory fails.
+    fn synchronize_device(&self) -> Result<()> {
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        st.timeline.complete_all();
+        st.pool.complete_all();
         let keep = st.pool.threshold();
         self.pool_release(st, keep)
     }
@@ -566,35 +630,36 @@ impl Device for HostDevice {
         Ok(Event(id))
     }
 
-    /// Records `event` on `stream`: complete at once, or pending while events are held.
+    /// Records `event` on `stream` (any stream handle): complete at once, or pending while
+    /// events are held. Events on one stream complete in order.
     ///
     /// # Errors
-    /// [`Error::UnknownPointer`] for an unknown stream (`what = "stream"`) or event
-    /// (`what = "event"`).
+    /// [`Error::UnknownPointer`] (`what = "event"`) for an unknown event.
     fn record_event(&self, event: Event, stream: Stream) -> Result<()> {
         let mut st = self.lock();
-        st.timeline.check_stream(stream)?;
-        let held = st.timeline.held;
-        let record = st.timeline.event(event)?;
-        record.stream = Some(stream);
-        record.pending = held;
+        st.timeline.event(event)?;
+        st.timeline.record(event, stream);
         Ok(())
     }
 
     /// # Errors
     /// [`Error::UnknownPointer`] (`what = "event"`) for an unknown event.
     fn event_complete(&self, event: Event) -> Result<bool> {
-        let mut st = self.lock();
-        Ok(!st.timeline.event(event)?.pending)
+        let st = self.lock();
+        let record = st.timeline.event(event)?;
+        Ok(!st.timeline.is_pending(record))
     }
 
-    /// Completes the event (a held one too).
+    /// Completes the event (a held one too) and the work recorded before it on its stream.
     ///
     /// # Errors
     /// [`Error::UnknownPointer`] (`what = "event"`) for an unknown event.
     fn synchronize_event(&self, event: Event) -> Result<()> {
         let mut st = self.lock();
-        st.timeline.event(event)?.pending = false;
+        let record = st.timeline.event(event)?;
+        if let Some(stream) = record.stream {
+            st.timeline.complete_up_to(stream, record.seq);
+        }
         Ok(())
     }
 

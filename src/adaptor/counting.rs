@@ -135,6 +135,10 @@ impl<D: Device + ?Sized> Device for CountingDevice<D> {
         bump(&self.counters.other);
         self.inner.synchronize_stream(stream)
     }
+    fn synchronize_device(&self) -> Result<()> {
+        bump(&self.counters.other);
+        self.inner.synchronize_device()
+    }
     fn create_event(&self) -> Result<Event> {
         bump(&self.counters.other);
         self.inner.create_event()

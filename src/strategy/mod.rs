@@ -10,8 +10,8 @@ use crate::error::Result;
 
 pub mod async_pool;
 pub mod bfc;
-mod idle_events;
 pub mod platform;
+pub(crate) mod stream_order;
 pub mod vmm;
 
 /// Runs a release that must not be lost (in a `Drop`, where nothing can be returned) and

@@ -1,6 +1,8 @@
 //! The `platform` strategy: every allocation is a device allocation, every free returns it
 //! (XLA's `platform` / `address` allocator). No caching, so no fragmentation of its own, and a
-//! device call per request.
+//! device call per request. A free waits for the freeing stream's work (then returns the
+//! memory with the device's synchronous free), since the device may hand it to any stream
+//! next.
 #![deny(unsafe_code)]
 
 use std::collections::HashMap;
@@ -11,6 +13,8 @@ use crate::allocator::{
 };
 use crate::device::{Device, Stream};
 use crate::error::{Error, Result};
+
+use super::stream_order::wait_for;
 
 /// Device allocations are at least this aligned (cuMemAlloc gives 256 B or more).
 const DEVICE_ALIGNMENT: u64 = 256;
@@ -140,7 +144,14 @@ impl<D: Device + ?Sized> Allocator for PlatformAllocator<D> {
             });
         };
         books.live.remove(&allocation.ptr());
-        if let Err(e) = self.device.free(allocation.ptr(), bytes) {
+        drop(books);
+        // The device's free requires the work using the memory to be complete, and the
+        // memory may go to any stream (or process) next: wait for the freeing stream first,
+        // without holding the lock across the wait.
+        let freed = wait_for(&*self.device, allocation.stream())
+            .and_then(|()| self.device.free(allocation.ptr(), bytes));
+        let mut books = self.books();
+        if let Err(e) = freed {
             books.live.insert(allocation.ptr(), bytes);
             return Err(e);
         }

@@ -397,6 +397,8 @@ pub type cuMemFreeAsync = unsafe extern "C" fn(dptr: CUdeviceptr, stream: CUstre
 pub type cuStreamCreate = unsafe extern "C" fn(stream: *mut CUstream, flags: c_uint) -> CUresult;
 /// `CUresult cuStreamDestroy_v2(CUstream hStream)`.
 pub type cuStreamDestroy_v2 = unsafe extern "C" fn(stream: CUstream) -> CUresult;
+/// `CUresult cuCtxSynchronize(void)`.
+pub type cuCtxSynchronize = unsafe extern "C" fn() -> CUresult;
 /// `CUresult cuStreamSynchronize(CUstream hStream)`.
 pub type cuStreamSynchronize = unsafe extern "C" fn(stream: CUstream) -> CUresult;
 /// `CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)`.

@@ -20,7 +20,10 @@
  *   - pools hand out memory stream-ordered (work is synchronous here), keep freed memory
  *     cached, give back what is above the release threshold at the next synchronisation, and
  *     answer the RESERVED/USED_MEM_CURRENT/HIGH attributes;
- *   - events complete when recorded, unless held "in flight" (fakecuda_hold_events).
+ *   - streams are clocks (any handle the driver knows: its own streams, NULL, CU_STREAM_LEGACY,
+ *     CU_STREAM_PER_THREAD): work on one finishes in order, at once unless held "in flight"
+ *     (fakecuda_hold_events); waiting for an event waits for the work before it; a pool block
+ *     freed on a stream is reused by another only once that free has finished.
  *
  * Configuration: environment variables read at load (FAKECUDA_DEVICES, default 1;
  * FAKECUDA_CAPACITY bytes, default 1 GiB; FAKECUDA_GRANULARITY, default 2 MiB;
@@ -129,10 +132,14 @@ typedef struct reservation {
   unsigned long long va, size;
 } reservation_t;
 
+typedef struct stream stream_t;
+
 typedef struct block {
   struct block *next;
   unsigned long long ptr, size;
   int in_use;
+  stream_t *free_stream;        /* the stream of the last cuMemFreeAsync */
+  unsigned long long free_seq;  /* that stream's clock at the free */
 } block_t;
 
 typedef struct pool {
@@ -143,15 +150,21 @@ typedef struct pool {
   block_t *blocks;
 } pool_t;
 
-typedef struct stream {
+/* A stream is a clock: `recorded` counts the operations enqueued on it that the fake tracks
+ * (event records, pool frees), `completed` is the newest of them that has finished. Work on a
+ * stream finishes in order, as on a GPU. The special handles NULL and CU_STREAM_LEGACY (0x1)
+ * share the legacy default stream's clock, CU_STREAM_PER_THREAD (0x2) has one of its own. */
+struct stream {
   struct stream *next;
   int device;
-} stream_t;
+  unsigned long long recorded, completed;
+};
 
 typedef struct event {
   struct event *next;
-  int device, recorded, pending;
-  stream_t *stream; /* NULL: the legacy default stream */
+  int device, recorded;
+  stream_t *stream;       /* the handle of the last record (NULL: the legacy default stream) */
+  unsigned long long seq; /* its stream's clock at the record; 0: complete */
 } event_t;
 
 typedef struct rule {
@@ -313,13 +326,14 @@ void fakecuda_clear_failures(void) {
   pthread_mutex_unlock(&lock);
 }
 
-/* While held, recorded events stay in flight (cuEventQuery: CUDA_ERROR_NOT_READY) until
- * synchronised or released; releasing completes them all. */
+static void complete_all_streams(void);
+
+/* While held, work recorded on streams (events, pool frees) stays in flight (cuEventQuery:
+ * CUDA_ERROR_NOT_READY) until synchronised or released; releasing completes it all. */
 void fakecuda_hold_events(int held) {
   pthread_mutex_lock(&lock);
   hold_events = held;
-  if (!held)
-    for (event_t *e = events; e; e = e->next) e->pending = 0;
+  if (!held) complete_all_streams();
   pthread_mutex_unlock(&lock);
 }
 
@@ -566,11 +580,45 @@ CUresult cuMemFree_v2(CUdeviceptr ptr) {
 
 /* ---- Streams and events ---- */
 
+#define STREAM_LEGACY ((stream_t *)(uintptr_t)1)
+#define STREAM_PER_THREAD ((stream_t *)(uintptr_t)2)
+static stream_t legacy_clock, per_thread_clock;
+
 static int stream_ok(stream_t *s) {
-  if (!s) return 1;
+  if (!s || s == STREAM_LEGACY || s == STREAM_PER_THREAD) return 1;
   for (stream_t *t = streams; t; t = t->next)
     if (t == s) return 1;
   return 0;
+}
+
+/* The clock of a valid stream handle. */
+static stream_t *clock_of(stream_t *s) {
+  if (!s || s == STREAM_LEGACY) return &legacy_clock;
+  if (s == STREAM_PER_THREAD) return &per_thread_clock;
+  return s;
+}
+
+/* Enqueues one tracked operation on `s`; returns its number. Done at once unless held. */
+static unsigned long long enqueue(stream_t *s) {
+  stream_t *c = clock_of(s);
+  c->recorded++;
+  if (!hold_events) c->completed = c->recorded;
+  return c->recorded;
+}
+
+static int done(stream_t *s, unsigned long long seq) {
+  return seq == 0 || clock_of(s)->completed >= seq;
+}
+
+static void complete_stream(stream_t *s) {
+  stream_t *c = clock_of(s);
+  c->completed = c->recorded;
+}
+
+static void complete_all_streams(void) {
+  complete_stream(NULL);
+  complete_stream(STREAM_PER_THREAD);
+  for (stream_t *t = streams; t; t = t->next) complete_stream(t);
 }
 
 static int event_ok(event_t *e) {
@@ -601,8 +649,15 @@ CUresult cuStreamDestroy_v2(stream_t *s) {
   for (stream_t **p = &streams; *p; p = &(*p)->next) {
     if (*p != s) continue;
     *p = s->next;
+    /* Like the driver, the work already enqueued still completes: the fake completes it now
+     * and forgets the stream. */
     for (event_t *e = events; e; e = e->next)
-      if (e->stream == s) e->stream = NULL;
+      if (e->stream == s) e->stream = NULL, e->seq = 0;
+#ifndef FAKECUDA_OLD
+    for (pool_t *q = pools; q; q = q->next)
+      for (block_t *b = q->blocks; b; b = b->next)
+        if (b->free_stream == s) b->free_stream = NULL, b->free_seq = 0;
+#endif
     free(s);
     RETURN(CUDA_SUCCESS);
   }
@@ -614,8 +669,11 @@ CUresult cuStreamSynchronize(stream_t *s) {
   NEED_CTX(dev);
   (void)dev;
   if (!stream_ok(s)) RETURN(CUDA_ERROR_INVALID_HANDLE);
-  for (event_t *e = events; e; e = e->next)
-    if (e->stream == s || !s) e->pending = 0;
+  /* The legacy default stream waits for every blocking stream. */
+  if (clock_of(s) == &legacy_clock)
+    complete_all_streams();
+  else
+    complete_stream(s);
   release_above_threshold();
   RETURN(CUDA_SUCCESS);
 }
@@ -640,7 +698,7 @@ CUresult cuEventRecord(event_t *e, stream_t *s) {
   if (!event_ok(e) || !stream_ok(s)) RETURN(CUDA_ERROR_INVALID_HANDLE);
   e->recorded = 1;
   e->stream = s;
-  e->pending = hold_events;
+  e->seq = enqueue(s);
   RETURN(CUDA_SUCCESS);
 }
 
@@ -649,7 +707,7 @@ CUresult cuEventQuery(event_t *e) {
   NEED_CTX(dev);
   (void)dev;
   if (!event_ok(e)) RETURN(CUDA_ERROR_INVALID_HANDLE);
-  RETURN(e->pending ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS);
+  RETURN(done(e->stream, e->seq) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY);
 }
 
 CUresult cuEventSynchronize(event_t *e) {
@@ -657,7 +715,9 @@ CUresult cuEventSynchronize(event_t *e) {
   NEED_CTX(dev);
   (void)dev;
   if (!event_ok(e)) RETURN(CUDA_ERROR_INVALID_HANDLE);
-  e->pending = 0;
+  /* Waiting for an event waits for the work before it on its stream. */
+  stream_t *c = clock_of(e->stream);
+  if (c->completed < e->seq) c->completed = e->seq;
   release_above_threshold();
   RETURN(CUDA_SUCCESS);
 }
@@ -689,7 +749,7 @@ CUresult cuCtxSynchronize(void) {
   ENTER("cuCtxSynchronize");
   NEED_CTX(dev);
   (void)dev;
-  for (event_t *e = events; e; e = e->next) e->pending = 0;
+  complete_all_streams();
   release_above_threshold();
   RETURN(CUDA_SUCCESS);
 }
@@ -708,7 +768,8 @@ CUresult cuStreamQuery(stream_t *s) {
   NEED_CTX(dev);
   (void)dev;
   if (!stream_ok(s)) RETURN(CUDA_ERROR_INVALID_HANDLE);
-  RETURN(CUDA_SUCCESS);
+  stream_t *c = clock_of(s);
+  RETURN(c->completed == c->recorded ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY);
 }
 
 /* True when [ptr, ptr + bytes) lies inside one live allocation (plain, pool or mapped). */
@@ -986,7 +1047,8 @@ static void unlink_pool(pool_t *p) {
 static void pool_release_free(pool_t *p, unsigned long long keep) {
   for (block_t **pb = &p->blocks; *pb && p->reserved > keep;) {
     block_t *b = *pb;
-    if (b->in_use) {
+    /* A block whose free is still in flight on its stream is not free for the driver yet. */
+    if (b->in_use || !done(b->free_stream, b->free_seq)) {
       pb = &b->next;
       continue;
     }
@@ -1105,10 +1167,15 @@ CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, pool_t *p, stre
   if (!dptr || size == 0 || !pool_ok(p)) RETURN(CUDA_ERROR_INVALID_VALUE);
   if (!stream_ok(s)) RETURN(CUDA_ERROR_INVALID_HANDLE);
   unsigned long long bytes = round_up(size, 512);
-  /* Reuse the smallest cached block that fits. */
+  /* Reuse the smallest cached block that fits and is safe for `s`: freed on `s` itself (stream
+   * order; never on the per-thread handle, another stream on each thread), or freed on a
+   * stream whose work up to the free has completed — as the driver's pools do. */
   block_t *best = NULL;
-  for (block_t *b = p->blocks; b; b = b->next)
-    if (!b->in_use && b->size >= bytes && (!best || b->size < best->size)) best = b;
+  for (block_t *b = p->blocks; b; b = b->next) {
+    int safe = done(b->free_stream, b->free_seq) ||
+               (clock_of(b->free_stream) == clock_of(s) && s != STREAM_PER_THREAD);
+    if (!b->in_use && safe && b->size >= bytes && (!best || b->size < best->size)) best = b;
+  }
   if (!best) {
     if (!charge(p->device, bytes)) {
       /* Like the driver: give back cached memory and try once more. */
@@ -1145,6 +1212,8 @@ CUresult cuMemFreeAsync(CUdeviceptr ptr, stream_t *s) {
     for (block_t *b = p->blocks; b; b = b->next) {
       if (b->ptr != ptr || !b->in_use) continue;
       b->in_use = 0;
+      b->free_stream = s;
+      b->free_seq = enqueue(s);
       p->used -= b->size;
       if (p->destroyed) {
         pool_release_free(p, 0);

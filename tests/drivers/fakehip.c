@@ -7,8 +7,10 @@
  * using memory. The rules follow HIP's: sizes and offsets of the virtual-memory calls are
  * multiples of the minimum granularity, a mapping lies inside one reservation, set-access
  * needs the range mapped, unmap covers whole mappings, a released handle lives until its last
- * mapping goes, the current device is per thread (hipSetDevice), events stay pending while
- * held, and pools give memory back only down to their release threshold at a synchronisation.
+ * mapping goes, the current device is per thread (hipSetDevice), streams are clocks (any
+ * handle HIP knows: its own streams, NULL, hipStreamLegacy, hipStreamPerThread) whose work
+ * finishes in order — at once, unless events are held — and waiting for an event waits for
+ * the work before it, and pools give memory back only down to their release threshold at a synchronisation.
  *
  * Personalities (hipRuntimeGetVersion / hipDriverGetVersion):
  *   ROCm 6/7 (default 6.2.41133): hipGetDevicePropertiesR0600, attribute 89 (VMM) = 1,
@@ -68,8 +70,9 @@ struct object {
   int mapcount;      /* HANDLE: live mappings */
   uint64_t handle;   /* MAPPING: the handle mapped */
   int pool;          /* POOL_ALLOC: pool index */
-  int pending;       /* EVENT: recorded while held, not yet complete */
   uint64_t stream;   /* EVENT: stream of the last record */
+  uint64_t seq;      /* EVENT: that stream's clock at the record (0: complete) */
+  uint64_t recorded, completed; /* STREAM: its clock (events recorded, events finished) */
 };
 
 struct pool {
@@ -99,6 +102,7 @@ static uint64_t capacity;
 static uint64_t min_gran, rec_gran;
 static int attr_integrated, attr_pools, attr_vmm; /* attr_vmm < 0: by version */
 static int hold_events;
+static struct object null_clock, per_thread_clock; /* see clock_of */
 static char arch[64];
 static unsigned last_flags;
 static int last_device;
@@ -134,6 +138,8 @@ static void reset_locked(void) {
   attr_pools = 1;
   attr_vmm = -1;
   hold_events = 0;
+  memset(&null_clock, 0, sizeof null_clock);
+  memset(&per_thread_clock, 0, sizeof per_thread_clock);
   snprintf(arch, sizeof arch, "gfx942:sramecc+:xnack-");
   last_flags = 0;
   last_device = -1;
@@ -208,6 +214,38 @@ static struct object *add(int kind, uint64_t addr, uint64_t size, int device) {
 
 static void drop(struct object *o) { o->kind = FREE_SLOT; }
 
+/* Streams are clocks: work on one finishes in order, at once unless events are held. The
+ * special handles NULL and hipStreamLegacy (0x1) share the null stream's clock,
+ * hipStreamPerThread (0x2) has one of its own. */
+static int valid_stream(void *stream) {
+  uint64_t s = (uint64_t)(uintptr_t)stream;
+  return s <= 2 || find(STREAM, s) != NULL;
+}
+
+/* The clock of a valid stream handle. */
+static struct object *clock_of(uint64_t s) {
+  if (s <= 1) return &null_clock;
+  if (s == 2) return &per_thread_clock;
+  struct object *o = find(STREAM, s);
+  return o ? o : &null_clock;
+}
+
+static uint64_t enqueue(uint64_t s) {
+  struct object *c = clock_of(s);
+  c->recorded++;
+  if (!hold_events) c->completed = c->recorded;
+  return c->recorded;
+}
+
+static int event_done(struct object *e) { return e->seq == 0 || clock_of(e->stream)->completed >= e->seq; }
+
+static void complete_all_streams(void) {
+  null_clock.completed = null_clock.recorded;
+  per_thread_clock.completed = per_thread_clock.recorded;
+  for (int i = 0; i < high; i++)
+    if (objects[i].kind == STREAM) objects[i].completed = objects[i].recorded;
+}
+
 static uint64_t take_va(uint64_t size, uint64_t align) {
   if (align < 2 * MIB) align = 2 * MIB;
   uint64_t va = (next_va + align - 1) & ~(align - 1);
@@ -274,9 +312,7 @@ EXPORT void fakehip_hold_events(int held) {
   pthread_mutex_lock(&lock);
   ensure_init();
   hold_events = held;
-  if (!held)
-    for (int i = 0; i < high; i++)
-      if (objects[i].kind == EVENT) objects[i].pending = 0;
+  if (!held) complete_all_streams();
   pthread_mutex_unlock(&lock);
 }
 EXPORT void fakehip_fail(const char *name, long nth, long count, int code) {
@@ -797,9 +833,6 @@ EXPORT hipError_t hipMemPoolTrimTo(void *handle, size_t keep) {
   pool_release(&pools[p], keep);
   RETURN(hipSuccess);
 }
-static int valid_stream(void *stream) {
-  return stream == NULL || find(STREAM, (uint64_t)(uintptr_t)stream) != NULL;
-}
 EXPORT hipError_t hipMallocFromPoolAsync(void **ptr, size_t size, void *handle, void *stream) {
   ENTER("hipMallocFromPoolAsync");
   int p = pool_index(handle);
@@ -849,15 +882,27 @@ EXPORT hipError_t hipStreamDestroy(void *stream) {
   ENTER("hipStreamDestroy");
   struct object *o = find(STREAM, (uint64_t)(uintptr_t)stream);
   if (!o) RETURN(hipErrorInvalidHandle);
+  /* The work already enqueued still completes: the fake completes it now. */
+  for (int i = 0; i < high; i++)
+    if (objects[i].kind == EVENT && objects[i].stream == o->addr) objects[i].seq = 0;
   drop(o);
   RETURN(hipSuccess);
 }
 EXPORT hipError_t hipStreamSynchronize(void *stream) {
   ENTER("hipStreamSynchronize");
   if (!valid_stream(stream)) RETURN(hipErrorInvalidHandle);
-  for (int i = 0; i < high; i++)
-    if (objects[i].kind == EVENT && objects[i].stream == (uint64_t)(uintptr_t)stream)
-      objects[i].pending = 0;
+  struct object *c = clock_of((uint64_t)(uintptr_t)stream);
+  /* The null stream waits for every blocking stream. */
+  if (c == &null_clock)
+    complete_all_streams();
+  else
+    c->completed = c->recorded;
+  sync_pools();
+  RETURN(hipSuccess);
+}
+EXPORT hipError_t hipDeviceSynchronize(void) {
+  ENTER("hipDeviceSynchronize");
+  complete_all_streams();
   sync_pools();
   RETURN(hipSuccess);
 }
@@ -874,20 +919,22 @@ EXPORT hipError_t hipEventRecord(void *event, void *stream) {
   struct object *o = find(EVENT, (uint64_t)(uintptr_t)event);
   if (!o || !valid_stream(stream)) RETURN(hipErrorInvalidHandle);
   o->stream = (uint64_t)(uintptr_t)stream;
-  o->pending = hold_events;
+  o->seq = enqueue(o->stream);
   RETURN(hipSuccess);
 }
 EXPORT hipError_t hipEventQuery(void *event) {
   ENTER("hipEventQuery");
   struct object *o = find(EVENT, (uint64_t)(uintptr_t)event);
   if (!o) RETURN(hipErrorInvalidHandle);
-  RETURN(o->pending ? hipErrorNotReady : hipSuccess);
+  RETURN(event_done(o) ? hipSuccess : hipErrorNotReady);
 }
 EXPORT hipError_t hipEventSynchronize(void *event) {
   ENTER("hipEventSynchronize");
   struct object *o = find(EVENT, (uint64_t)(uintptr_t)event);
   if (!o) RETURN(hipErrorInvalidHandle);
-  o->pending = 0;
+  /* Waiting for an event waits for the work before it on its stream. */
+  struct object *c = clock_of(o->stream);
+  if (c->completed < o->seq) c->completed = o->seq;
   sync_pools();
   RETURN(hipSuccess);
 }

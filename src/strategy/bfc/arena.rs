@@ -344,6 +344,16 @@ impl Arena {
         })
     }
 
+    /// True when `token` names a chunk in use at `addr`.
+    ///
+    /// # Time complexity
+    /// `O(1)`.
+    pub fn is_in_use(&self, token: u64, addr: u64) -> bool {
+        self.chunks.get(token as u32 as usize).is_some_and(|c| {
+            c.state == State::InUse && c.generation == (token >> 32) as u32 && c.addr == addr
+        })
+    }
+
     /// Frees the chunk `token` (from a [`Grant`]) at `addr`, coalescing it with free
     /// neighbours. `None` when the token does not name a chunk in use at `addr` (stale,
     /// forged, or freed already).

@@ -27,26 +27,20 @@
 //!
 //! # Stream-ordered reuse
 //!
-//! While every request has come on one stream, a free goes straight back to the bins, as in
-//! XLA, and no event is made: the single-stream path costs a comparison and the store of the
-//! chunk's size by slot. From the first request on a second stream on:
-//!
-//! * a chunk freed on stream `S` is kept **pending**: still counted in use by the arena (so
-//!   it coalesces with nothing and no other stream can be handed it), with an event recorded
-//!   on `S` at the free (events come from a small pool and are reused);
-//! * a request on `S` may reuse one of `S`'s pending chunks at once: the best fit among them
-//!   (smallest, then lowest address) that the split rule would hand out whole — one the
-//!   rule would split waits for its event, since its remainder would be free for everyone;
-//! * every allocation first polls the oldest pending free of each stream (events on one
-//!   stream complete in order) and returns completed ones to the bins, coalescing them;
-//! * before growing the pool or reporting out-of-memory, the events of all pending frees are
-//!   synchronised and the chunks returned, rather than failing while memory is only waiting;
-//!   [`Allocator::trim`] does the same before it looks for free regions;
-//! * at the switch, the first stream is synchronised once if anything was freed on it, since
-//!   those frees went to the bins without an event;
-//! * when the device refuses to record an event on `S` (e.g. a stream it does not know), `S`
-//!   is synchronised and the chunk freed at once (if that fails too, the device has no work
-//!   on `S` that could still use it).
+//! As the shared `stream_order` module does it for bfc and vmm: while every request has come
+//! on one stream a free goes straight back to the bins, as in XLA, and no event is made (the
+//! single-stream path costs one comparison and the store of the chunk's size by slot). From
+//! the first request on a second stream on, a chunk freed on stream `S` is kept **pending**:
+//! still in use in the arena (so it coalesces with nothing and no other stream is handed it),
+//! with an event recorded on `S`. A request on `S` may reuse one of `S`'s pending chunks at
+//! once — the best fit among them (smallest, then lowest address) that the split rule would
+//! hand out whole; one the rule would split waits for its event, since its remainder would
+//! be free for everyone. Every allocation first polls the pending frees and returns completed
+//! ones to the bins, coalescing them; before growing the pool or reporting out-of-memory
+//! every pending free is waited for, and [`Allocator::trim`] waits for all work on the freed
+//! memory before it gives regions back. Streams are the caller's: any handle is accepted, and
+//! a stream on which no event can be recorded is synchronised (or the device is), never
+//! taken for idle — see the stream-ordering contract on [`Device`].
 //!
 //! Pending chunks are not counted in `bytes_in_use` or [`BfcAllocator::live_count`]; the
 //! per-bin summaries and region maps show them as in use (with the request they were last
@@ -56,13 +50,12 @@
 pub mod arena;
 pub mod free_index;
 
-use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::allocator::{
     effective_alignment, next_allocator_id, round_up, Allocation, Allocator, Stats,
 };
-use crate::device::{Device, Event, Stream};
+use crate::device::{Device, Stream};
 use crate::error::{Error, Result};
 use crate::report::{BinSummary, OomReport};
 use crate::units::Bytes;
@@ -75,8 +68,8 @@ pub const MAX_ALIGNMENT: u64 = 1 << 30;
 pub const PREALLOCATION_GRANULE: u64 = 2 << 20;
 /// Under growth, the first region is `min(limit, 2 MiB)`.
 pub const INITIAL_REGION: u64 = 2 << 20;
-use super::idle_events::IdleEvents;
-pub use super::idle_events::EVENT_POOL;
+pub use super::stream_order::EVENT_POOL;
+use super::stream_order::{Chunk, StreamOrder};
 
 /// Options of [`BfcAllocator`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,7 +80,8 @@ pub struct BfcOptions {
     pub preallocate: bool,
 }
 
-/// A chunk handed out, by arena slot (the token's low 32 bits).
+/// A chunk handed out, by arena slot (the token's low 32 bits); also what a pending
+/// stream-ordered free keeps.
 #[derive(Debug, Clone, Copy, Default)]
 struct Handed {
     token: u64,
@@ -96,33 +90,13 @@ struct Handed {
     size: u64,
 }
 
-/// A chunk freed on a stream while other streams are in use, not yet safe for them.
-#[derive(Debug, Clone, Copy)]
-struct Pending {
-    token: u64,
-    addr: u64,
-    size: u64,
-    /// Recorded on the freeing stream at the free.
-    event: Event,
-}
-
-/// Stream-ordered reuse (see the module docs).
-#[derive(Debug, Default)]
-struct StreamOrder {
-    /// The stream of the first request.
-    first: Option<Stream>,
-    /// True once a request came on a second stream: frees are then kept pending.
-    multi: bool,
-    /// Something was freed (straight to the bins) before the switch.
-    freed_while_single: bool,
-    /// Pending frees by stream, oldest first. Invariant: their sizes sum to
-    /// `pending_bytes`, their number is `pending_count`, each is in use in the arena and
-    /// not in `handed`.
-    pending: Vec<(Stream, VecDeque<Pending>)>,
-    pending_bytes: u64,
-    pending_count: usize,
-    /// Events not recorded on anything now, for reuse (at most [`EVENT_POOL`]).
-    idle_events: IdleEvents,
+impl Chunk for Handed {
+    fn addr(&self) -> u64 {
+        self.addr
+    }
+    fn size(&self) -> u64 {
+        self.size
+    }
 }
 
 /// Everything behind the lock.
@@ -146,14 +120,15 @@ struct Inner {
     /// check of tokens while a pending chunk stays in use in the arena): one store per
     /// allocation and free, the only bookkeeping on the single-stream path.
     handed: Vec<Handed>,
-    /// Stream-ordered reuse.
-    order: StreamOrder,
+    /// Stream-ordered reuse. Invariant: each pending chunk is in use in the arena and not
+    /// in `handed`.
+    order: StreamOrder<Handed>,
 }
 
 impl Inner {
     /// Bytes handed out: the arena's in-use bytes less the pending frees.
     fn bytes_in_use(&self) -> u64 {
-        self.arena.bytes_in_use() - self.order.pending_bytes
+        self.arena.bytes_in_use() - self.order.bytes()
     }
 
     #[inline]
@@ -176,14 +151,12 @@ impl Inner {
         self.handed.resize(idx + 1, Handed::default());
         self.handed[idx] = record;
     }
+}
 
-    /// Returns a pending chunk to the bins (its event completed).
-    fn release_pending(&mut self, p: Pending) {
-        let freed = self.arena.free(p.token, p.addr);
-        debug_assert!(freed.is_some(), "a pending chunk was not in use");
-        self.order.pending_bytes -= p.size;
-        self.order.pending_count -= 1;
-    }
+/// Returns a pending chunk to the bins (its stream's work on it is done).
+fn release_pending(arena: &mut Arena, p: Handed) {
+    let freed = arena.free(p.token, p.addr);
+    debug_assert!(freed.is_some(), "a pending chunk was not in use");
 }
 
 /// XLA's BFC allocator over a device.
@@ -277,14 +250,14 @@ impl<D: Device + ?Sized> BfcAllocator<D> {
     /// stream-ordered frees excluded).
     pub fn live_count(&self) -> usize {
         let inner = self.inner();
-        inner.arena.live_count() - inner.order.pending_count
+        inner.arena.live_count() - inner.order.count()
     }
 
     /// Chunks freed on one stream and not yet safe for the others (see the module docs), and
     /// their bytes.
     pub fn pending_frees(&self) -> (usize, u64) {
         let inner = self.inner();
-        (inner.order.pending_count, inner.order.pending_bytes)
+        (inner.order.count(), inner.order.bytes())
     }
 
     /// The size of the one preallocated region: the limit rounded up to 2 MiB, but never more
@@ -390,7 +363,8 @@ impl<D: Device + ?Sized> BfcAllocator<D> {
     }
 
     /// Returns completed pending frees to the bins, then looks for a pending chunk of
-    /// `stream` to reuse at once.
+    /// `stream` that the split rule would hand out whole for `rounded` bytes at `alignment`
+    /// (the smallest, then the lowest address).
     #[cold]
     #[inline(never)]
     fn take_pending(
@@ -400,8 +374,35 @@ impl<D: Device + ?Sized> BfcAllocator<D> {
         rounded: u64,
         alignment: u64,
     ) -> Option<Grant> {
-        self.poll_pending(inner);
-        self.reuse_pending(inner, stream, rounded, alignment)
+        let device = &*self.device;
+        let arena = &mut inner.arena;
+        inner.order.poll(device, |p| release_pending(arena, p));
+        let whole = |p: &Handed| {
+            (p.size >= rounded
+                && p.addr % alignment == 0
+                && rounded.checked_mul(2).map_or(true, |twice| p.size < twice)
+                && p.size - rounded < MAX_INTERNAL_FRAGMENTATION)
+                .then_some(((p.size, p.addr), ()))
+        };
+        inner.order.take(device, stream, whole, |p, ()| {
+            let grant = Grant {
+                addr: p.addr,
+                chunk_size: p.size,
+                token: p.token,
+            };
+            Some((grant, Vec::new()))
+        })
+    }
+
+    /// Waits for every pending free and returns them to the bins (those that cannot be
+    /// waited for stay pending).
+    fn sync_pending(&self, inner: &mut Inner) {
+        let arena = &mut inner.arena;
+        // A stream that cannot be waited for keeps its frees pending: the request then grows
+        // the pool or fails, with the error logged.
+        let _ = inner
+            .order
+            .sync_all(&*self.device, |p| release_pending(arena, p));
     }
 
     /// No free chunk fits: wait for pending frees (memory only waiting for other streams'
@@ -414,7 +415,7 @@ impl<D: Device + ?Sized> BfcAllocator<D> {
         rounded: u64,
         alignment: u64,
     ) -> Result<Grant> {
-        if inner.order.pending_count > 0 {
+        if inner.order.count() > 0 {
             self.sync_pending(inner);
             if let Some(g) = inner.arena.allocate(rounded, alignment, size) {
                 return Ok(g);
@@ -432,143 +433,6 @@ impl<D: Device + ?Sized> BfcAllocator<D> {
                 let cause = "no chunk fits even after growing the pool".to_string();
                 self.oom(inner, size, rounded, alignment, cause)
             })
-    }
-
-    /// Notes the stream of a request; at the first request on a second stream, switches to
-    /// stream-ordered frees.
-    #[cold]
-    #[inline(never)]
-    fn see_stream(&self, inner: &mut Inner, stream: Stream) {
-        match inner.order.first {
-            Some(first) if first == stream || inner.order.multi => {}
-            Some(first) => {
-                inner.order.multi = true;
-                if inner.order.freed_while_single {
-                    // Frees on `first` went to the bins without an event: wait for its work
-                    // once before another stream may be handed that memory.
-                    if let Err(e) = self.device.synchronize_stream(first) {
-                        tracing::debug!(stream = first.0, error = %e, "could not synchronize the first stream");
-                    }
-                }
-            }
-            None => inner.order.first = Some(stream),
-        }
-    }
-
-    /// Waits for `stream`'s work; a device that refuses (a stream it does not know) has no
-    /// work there that could still use memory.
-    fn synchronize(&self, stream: Stream) {
-        if let Err(e) = self.device.synchronize_stream(stream) {
-            tracing::debug!(stream = stream.0, error = %e,
-                "could not synchronize the stream: the device has no work on it; freeing at once");
-        }
-    }
-
-    /// Frees a chunk handed out while several streams are in use: pending on `stream` with
-    /// an event, or at once when no event can be recorded there.
-    fn free_on_stream(&self, inner: &mut Inner, stream: Stream, h: Handed) {
-        let recorded = inner
-            .order
-            .idle_events
-            .take(&*self.device)
-            .and_then(|event| match self.device.record_event(event, stream) {
-                Ok(()) => Ok(event),
-                Err(e) => {
-                    inner.order.idle_events.give(&*self.device, event);
-                    Err(e)
-                }
-            });
-        let event = match recorded {
-            Ok(event) => event,
-            Err(e) => {
-                tracing::debug!(stream = stream.0, error = %e, "could not record an event");
-                self.synchronize(stream);
-                let freed = inner.arena.free(h.token, h.addr);
-                debug_assert!(freed.is_some());
-                return;
-            }
-        };
-        let pending = Pending {
-            token: h.token,
-            addr: h.addr,
-            size: h.size,
-            event,
-        };
-        let order = &mut inner.order;
-        match order.pending.iter_mut().find(|(s, _)| *s == stream) {
-            Some((_, queue)) => queue.push_back(pending),
-            None => order.pending.push((stream, VecDeque::from([pending]))),
-        }
-        order.pending_bytes += h.size;
-        order.pending_count += 1;
-    }
-
-    /// Returns the pending frees whose events have completed to the bins: the oldest of each
-    /// stream first, stopping at the first that has not (a stream's events complete in order).
-    fn poll_pending(&self, inner: &mut Inner) {
-        let mut done = Vec::new();
-        for (_, queue) in &mut inner.order.pending {
-            while let Some(p) = queue.front() {
-                if !matches!(self.device.event_complete(p.event), Ok(true)) {
-                    break;
-                }
-                done.extend(queue.pop_front());
-            }
-        }
-        for p in done {
-            inner.release_pending(p);
-            inner.order.idle_events.give(&*self.device, p.event);
-        }
-    }
-
-    /// Waits for every pending free and returns them all to the bins.
-    fn sync_pending(&self, inner: &mut Inner) {
-        let queues = std::mem::take(&mut inner.order.pending);
-        for (stream, queue) in queues {
-            for p in queue {
-                if let Err(e) = self.device.synchronize_event(p.event) {
-                    if let Err(sync) = self.device.synchronize_stream(stream) {
-                        tracing::debug!(stream = stream.0, event = %e, synchronize = %sync,
-                            "could not wait for a pending free; returning it anyway");
-                    }
-                }
-                inner.release_pending(p);
-                inner.order.idle_events.give(&*self.device, p.event);
-            }
-        }
-    }
-
-    /// A pending chunk of `stream` that the split rule would hand out whole for `rounded`
-    /// bytes at `alignment`: the smallest, then the lowest address. Taken out of pending.
-    fn reuse_pending(
-        &self,
-        inner: &mut Inner,
-        stream: Stream,
-        rounded: u64,
-        alignment: u64,
-    ) -> Option<Grant> {
-        let order = &mut inner.order;
-        let (_, queue) = order.pending.iter_mut().find(|(s, _)| *s == stream)?;
-        let whole = |p: &Pending| {
-            p.size >= rounded
-                && p.addr % alignment == 0
-                && rounded.checked_mul(2).map_or(true, |twice| p.size < twice)
-                && p.size - rounded < MAX_INTERNAL_FRAGMENTATION
-        };
-        let (i, _) = queue
-            .iter()
-            .enumerate()
-            .filter(|(_, p)| whole(p))
-            .min_by_key(|(_, p)| (p.size, p.addr))?;
-        let p = queue.remove(i)?;
-        order.pending_bytes -= p.size;
-        order.pending_count -= 1;
-        order.idle_events.give(&*self.device, p.event);
-        Some(Grant {
-            addr: p.addr,
-            chunk_size: p.size,
-            token: p.token,
-        })
     }
 
     fn exceeds(&self, need: u64, cap: u64) -> String {
@@ -662,11 +526,11 @@ impl<D: Device + ?Sized> Allocator for BfcAllocator<D> {
         let rounded = round_up(size, MIN_ALLOCATION)?;
         let mut guard = self.inner();
         let inner = &mut *guard;
-        if inner.order.first != Some(stream) {
-            self.see_stream(inner, stream);
+        if !inner.order.is_first(stream) {
+            inner.order.see_stream(&*self.device, stream)?;
         }
         let mut reused = None;
-        if inner.order.pending_count > 0 {
+        if inner.order.count() > 0 {
             reused = self.take_pending(inner, stream, rounded, alignment);
         }
         let grant = match reused {
@@ -717,12 +581,12 @@ impl<D: Device + ?Sized> Allocator for BfcAllocator<D> {
         let idx = token as u32 as usize;
         let mut guard = self.inner();
         let inner = &mut *guard;
-        if !inner.order.multi {
+        if !inner.order.is_multi() {
             inner.arena.free(token, ptr).ok_or_else(unknown)?;
             if let Some(h) = inner.handed.get_mut(idx) {
                 h.size = 0;
             }
-            inner.order.freed_while_single = true;
+            inner.order.freed_at_once();
             return Ok(());
         }
         // The chunk stays in use in the arena while pending: `handed` tells a live chunk from
@@ -734,7 +598,9 @@ impl<D: Device + ?Sized> Allocator for BfcAllocator<D> {
             .filter(|h| h.size != 0 && h.token == token && h.addr == ptr)
             .ok_or_else(unknown)?;
         inner.handed[idx].size = 0;
-        self.free_on_stream(inner, allocation.stream(), h);
+        if let Some(now) = inner.order.free(&*self.device, allocation.stream(), h) {
+            release_pending(&mut inner.arena, now);
+        }
         Ok(())
     }
 
@@ -759,20 +625,23 @@ impl<D: Device + ?Sized> Allocator for BfcAllocator<D> {
         }
     }
 
-    /// Returns every region that is entirely free to the device, after waiting for pending
-    /// stream-ordered frees. Under preallocation the region is taken again at the next
-    /// allocation.
+    /// Returns every region that is entirely free to the device, after waiting for the work
+    /// on freed memory (pending stream-ordered frees, and the stream of single-stream frees).
+    /// Under preallocation the region is taken again at the next allocation.
     ///
     /// # Errors
-    /// The device's error if it refuses a free; regions freed before it stay freed.
+    /// The device's error if it refuses a free, or when the freed memory's streams cannot be
+    /// waited for (nothing is released then); regions freed before it stay freed.
     ///
     /// # Time complexity
     /// `O(regions²)` plus a device call per region released.
     fn trim(&self) -> Result<u64> {
-        let mut inner = self.inner();
-        if inner.order.pending_count > 0 {
-            self.sync_pending(&mut inner);
-        }
+        let mut guard = self.inner();
+        let inner = &mut *guard;
+        let arena = &mut inner.arena;
+        inner
+            .order
+            .settle(&*self.device, |p| release_pending(arena, p))?;
         let mut released = 0;
         for (base, size) in inner.arena.free_regions() {
             self.device.free(base, size)?;
@@ -788,26 +657,15 @@ impl<D: Device + ?Sized> Allocator for BfcAllocator<D> {
         inner.arena.check_invariants()?;
         let a = &inner.arena;
         let order = &inner.order;
-        let pending = order.pending.iter().flat_map(|(_, q)| q.iter());
-        let (count, bytes) = pending
-            .clone()
-            .fold((0, 0), |(n, b), p| (n + 1, b + p.size));
-        if count != order.pending_count || bytes != order.pending_bytes {
-            return Err(format!(
-                "{count} pending frees of {bytes} B, counted {} of {} B",
-                order.pending_count, order.pending_bytes
-            ));
-        }
-        if bytes > a.bytes_in_use() || count > a.live_count() {
+        order.check(|p| {
+            a.is_in_use(p.token, p.addr)
+                && inner
+                    .handed
+                    .get(p.token as u32 as usize)
+                    .is_some_and(|h| h.size == 0)
+        })?;
+        if order.bytes() > a.bytes_in_use() || order.count() > a.live_count() {
             return Err("pending frees exceed the chunks in use".into());
-        }
-        if let Some(p) = pending.clone().find(|p| {
-            inner
-                .handed
-                .get(p.token as u32 as usize)
-                .map_or(true, |h| h.size != 0)
-        }) {
-            return Err(format!("pending chunk at {:#x} is also handed out", p.addr));
         }
         if inner.peak_bytes_in_use < inner.bytes_in_use() || inner.peak_pool_bytes < a.pool_bytes()
         {
@@ -831,21 +689,17 @@ impl<D: Device + ?Sized> Drop for BfcAllocator<D> {
     fn drop(&mut self) {
         let inner = self.inner.get_mut().unwrap_or_else(|p| p.into_inner());
         let order = std::mem::take(&mut inner.order);
-        let events = order
-            .pending
-            .iter()
-            .flat_map(|(_, q)| q.iter().map(|p| p.event));
-        for event in events.chain(order.idle_events.iter()) {
+        for event in order.events() {
             if let Err(e) = super::release_with_retry(|| self.device.destroy_event(event)) {
                 tracing::debug!(event = event.0, error = %e, "could not destroy an event");
             }
         }
-        let live = inner.arena.live_count() - order.pending_count;
+        let live = inner.arena.live_count() - order.count();
         if live > 0 {
             tracing::warn!(
                 allocator = "bfc",
                 live,
-                bytes = inner.arena.bytes_in_use() - order.pending_bytes,
+                bytes = inner.arena.bytes_in_use() - order.bytes(),
                 "allocator dropped with live allocations (leaked); returning its regions to the device"
             );
         }

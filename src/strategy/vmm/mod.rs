@@ -66,10 +66,10 @@
 //!
 //! # Streams
 //!
-//! The stream-ordering contract of [`Device`] is kept as bfc keeps it. While every request
-//! has come on one stream, a free goes straight back to the address space and no event is
-//! made: the single-stream path costs one comparison. From the first request on a second
-//! stream on:
+//! The stream-ordering contract of [`Device`] is kept by the module bfc uses too
+//! (`strategy::stream_order`). While every request has come on one stream, a free goes
+//! straight back to the address space and no event is made: the single-stream path costs one
+//! comparison. From the first request on a second stream on:
 //!
 //! * a chunk freed on stream `S` is kept **pending**: still in use in the address space (so
 //!   it coalesces with nothing and no other stream is handed it) and still counted on its
@@ -79,16 +79,17 @@
 //! * a request on `S` may reuse one of `S`'s pending chunks at once: the smallest that holds
 //!   it (then the lowest address), the request placed at its start (small) or end (large) as
 //!   in a free chunk; what is left of it stays pending under the same event;
-//! * every allocation first polls the oldest pending free of each stream (events on one
-//!   stream complete in order) and returns completed ones to the free space, coalescing them;
+//! * every allocation first polls the pending frees (events on one stream complete in order)
+//!   and returns completed ones to the free space, coalescing them;
 //! * before mapping more granules (idle, stitched or new), reserving more address space or
-//!   reporting out-of-memory, the events of all pending frees are synchronised and the
-//!   chunks returned, rather than taking memory while memory is only waiting;
-//!   [`Allocator::trim`] does the same before it unmaps anything;
+//!   reporting out-of-memory, all pending frees are waited for and the chunks returned,
+//!   rather than taking memory while memory is only waiting; [`Allocator::trim`] waits for
+//!   the work on all freed memory before it unmaps anything;
 //! * at the switch, the first stream is synchronised once if anything was freed on it, since
 //!   those frees went back without an event;
-//! * when the device refuses to record an event on `S`, `S` is synchronised and the chunk
-//!   freed at once.
+//! * streams are the caller's: when no event can be recorded on `S`, `S` is synchronised
+//!   (then the device) and the chunk freed at once; if nothing can be waited for, the chunk
+//!   stays pending until something can — a refusal is never taken for "idle".
 //!
 //! Pending chunks are not counted in `bytes_in_use` or [`VmmAllocator::live_count`];
 //! [`VmmAllocator::pending_frees`] counts them. The per-bin summaries and region maps of an
@@ -245,7 +246,7 @@ struct Inner {
 impl Inner {
     /// Bytes handed out: the chunks in use less the pending stream-ordered frees.
     fn bytes_in_use(&self) -> u64 {
-        self.space.bytes_in_use() - self.order.bytes
+        self.space.bytes_in_use() - self.order.bytes()
     }
 }
 
@@ -412,14 +413,14 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
     /// excluded).
     pub fn live_count(&self) -> usize {
         let inner = self.inner();
-        inner.space.live_count() - inner.order.count
+        inner.space.live_count() - inner.order.count()
     }
 
     /// Chunks freed on one stream and not yet safe for the others (see *Streams* in the
     /// module docs), and their bytes.
     pub fn pending_frees(&self) -> (usize, u64) {
         let inner = self.inner();
-        (inner.order.count, inner.order.bytes)
+        (inner.order.count(), inner.order.bytes())
     }
 
     fn inner(&self) -> MutexGuard<'_, Inner> {
@@ -914,7 +915,7 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         if inner.peak_pool_bytes < pool || inner.peak_bytes_in_use < inner.bytes_in_use() {
             return Err("a peak is below its current value".into());
         }
-        inner.order.check(&inner.space)?;
+        streams::check(&inner.order, &inner.space)?;
         Ok(())
     }
 }
@@ -964,10 +965,10 @@ impl<D: Device + ?Sized> Allocator for VmmAllocator<D> {
             return Err(self.oom(inner, size, rounded, alignment, cause));
         }
         let small = rounded < self.options.small_threshold;
-        if inner.order.first != Some(stream) {
-            self.see_stream(inner, stream);
+        if !inner.order.is_first(stream) {
+            inner.order.see_stream(&*self.device, stream)?;
         }
-        if inner.order.count > 0 {
+        if inner.order.count() > 0 {
             if let Some(grant) = self.take_pending(inner, stream, rounded, alignment, small, size) {
                 self.handed_out(inner, &grant);
                 return Ok(Allocation::new(
@@ -980,12 +981,14 @@ impl<D: Device + ?Sized> Allocator for VmmAllocator<D> {
             }
         }
         let mut placement = self.place(inner, rounded, alignment, small);
-        if inner.order.count > 0
+        if inner.order.count() > 0
             && placement.map_or(true, |p| self.needs_mapping(&inner.phys, p.addr, rounded))
         {
             // Memory only waiting for other streams' events is no reason to map more,
             // stitch, reserve or fail: wait for it first.
-            self.sync_pending(inner);
+            // A stream that cannot be waited for keeps its frees pending (logged): the
+            // request then maps more or fails.
+            let _ = self.sync_pending(inner);
             placement = self.place(inner, rounded, alignment, small);
         }
         let placement = match placement {
@@ -1069,7 +1072,7 @@ impl<D: Device + ?Sized> Allocator for VmmAllocator<D> {
             ptr: allocation.ptr(),
             backend: self.device.info().vendor.name(),
         };
-        if inner.order.multi {
+        if inner.order.is_multi() {
             return if self.free_on_stream(
                 inner,
                 allocation.stream(),
@@ -1084,7 +1087,7 @@ impl<D: Device + ?Sized> Allocator for VmmAllocator<D> {
         match inner.space.free(allocation.ptr(), allocation.token()) {
             Some((size, _)) => {
                 self.untouch(&mut inner.phys, allocation.ptr(), size);
-                inner.order.freed_while_single = true;
+                inner.order.freed_at_once();
                 Ok(())
             }
             None => Err(unknown()),
@@ -1124,9 +1127,7 @@ impl<D: Device + ?Sized> Allocator for VmmAllocator<D> {
     fn trim(&self) -> Result<u64> {
         let mut guard = self.inner();
         let inner = &mut *guard;
-        if inner.order.count > 0 {
-            self.sync_pending(inner);
-        }
+        self.settle(inner)?;
         let vm = self.vm()?;
         let g = self.granularity;
         let free: Vec<u64> = inner.phys.free_mapped.iter().copied().collect();
@@ -1186,12 +1187,12 @@ impl<D: Device + ?Sized> Drop for VmmAllocator<D> {
                 tracing::debug!(event = event.0, error = %e, "vmm: could not destroy an event");
             }
         }
-        let live = inner.space.live_count() - order.count;
+        let live = inner.space.live_count() - order.count();
         if live > 0 {
             tracing::warn!(
                 allocator = "vmm",
                 live,
-                bytes = inner.space.bytes_in_use() - order.bytes,
+                bytes = inner.space.bytes_in_use() - order.bytes(),
                 "allocator dropped with live allocations (leaked); returning its memory to the device"
             );
         }

@@ -510,6 +510,8 @@ pub type hipDeviceGetName = unsafe extern "C" fn(
 /// `hipDeviceTotalMem`, as declared in `hip/hip_runtime_api.h`.
 pub type hipDeviceTotalMem =
     unsafe extern "C" fn(bytes: *mut usize, device: hipDevice_t) -> hipError_t;
+/// `hipDeviceSynchronize`, as declared in `hip/hip_runtime_api.h`.
+pub type hipDeviceSynchronize = unsafe extern "C" fn() -> hipError_t;
 /// `hipSetDevice`, as declared in `hip/hip_runtime_api.h`.
 pub type hipSetDevice = unsafe extern "C" fn(deviceId: ::core::ffi::c_int) -> hipError_t;
 /// `hipGetDeviceCount`, as declared in `hip/hip_runtime_api.h`.

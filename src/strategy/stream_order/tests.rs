@@ -1,0 +1,368 @@
+//! The model-based test of [`StreamOrder`]: random frees, takes, polls and waits on three
+//! streams (two foreign handles and [`Stream::PER_THREAD`]) over a host device whose events
+//! are held in flight and which refuses records and synchronisations at random.
+//!
+//! The oracle is computed without the module: before every free the test records an event
+//! of its own (`work`) on the freeing stream — the caller's work on that memory — and a chunk
+//! the module returns for everyone must have its `work` complete in the host's own books. A
+//! chunk taken by a request must have been freed on that request's stream (never on the
+//! per-thread handle). The module's invariants are checked after every step, and its books
+//! against the model's.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::backends::host::HostDevice;
+use crate::device::{DeviceInfo, MemInfo};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct TestChunk {
+    addr: u64,
+    size: u64,
+}
+
+impl Chunk for TestChunk {
+    fn addr(&self) -> u64 {
+        self.addr
+    }
+    fn size(&self) -> u64 {
+        self.size
+    }
+}
+
+/// A host device that refuses what the flags say.
+#[derive(Debug)]
+struct Flaky {
+    host: HostDevice,
+    refuse_record: AtomicBool,
+    refuse_stream_sync: AtomicBool,
+    refuse_event_sync: AtomicBool,
+    refuse_device_sync: AtomicBool,
+}
+
+fn refused(call: &'static str) -> crate::Error {
+    crate::Error::InvalidArgument {
+        call,
+        reason: "refused by the test".into(),
+    }
+}
+
+impl Device for Flaky {
+    fn info(&self) -> &DeviceInfo {
+        self.host.info()
+    }
+    fn mem_info(&self) -> Result<MemInfo> {
+        self.host.mem_info()
+    }
+    fn alloc(&self, size: u64) -> Result<u64> {
+        self.host.alloc(size)
+    }
+    fn free(&self, ptr: u64, size: u64) -> Result<()> {
+        self.host.free(ptr, size)
+    }
+    fn create_stream(&self) -> Result<Stream> {
+        self.host.create_stream()
+    }
+    fn destroy_stream(&self, stream: Stream) -> Result<()> {
+        self.host.destroy_stream(stream)
+    }
+    fn synchronize_stream(&self, stream: Stream) -> Result<()> {
+        if self.refuse_stream_sync.load(Ordering::Relaxed) {
+            return Err(refused("synchronize_stream"));
+        }
+        self.host.synchronize_stream(stream)
+    }
+    fn synchronize_device(&self) -> Result<()> {
+        if self.refuse_device_sync.load(Ordering::Relaxed) {
+            return Err(refused("synchronize_device"));
+        }
+        self.host.synchronize_device()
+    }
+    fn create_event(&self) -> Result<Event> {
+        self.host.create_event()
+    }
+    fn record_event(&self, event: Event, stream: Stream) -> Result<()> {
+        if self.refuse_record.load(Ordering::Relaxed) {
+            return Err(refused("record_event"));
+        }
+        self.host.record_event(event, stream)
+    }
+    fn event_complete(&self, event: Event) -> Result<bool> {
+        self.host.event_complete(event)
+    }
+    fn synchronize_event(&self, event: Event) -> Result<()> {
+        if self.refuse_event_sync.load(Ordering::Relaxed) {
+            return Err(refused("synchronize_event"));
+        }
+        self.host.synchronize_event(event)
+    }
+    fn destroy_event(&self, event: Event) -> Result<()> {
+        self.host.destroy_event(event)
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Free { stream: usize, size: u64 },
+    Take { stream: usize, size: u64 },
+    Poll,
+    SyncAll,
+    CompleteHeld,
+    CallerSyncsStream(usize),
+    Refuse { which: usize, on: bool },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0..3usize, 1..8u64).prop_map(|(stream, size)| Op::Free { stream, size: size * 256 }),
+        3 => (0..3usize, 1..8u64).prop_map(|(stream, size)| Op::Take { stream, size: size * 256 }),
+        2 => Just(Op::Poll),
+        1 => Just(Op::SyncAll),
+        1 => Just(Op::CompleteHeld),
+        1 => (0..3usize).prop_map(Op::CallerSyncsStream),
+        2 => (0..4usize, any::<bool>()).prop_map(|(which, on)| Op::Refuse { which, on }),
+    ]
+}
+
+/// What the model knows of a pending chunk: its stream and the caller's work before it.
+#[derive(Debug, Clone, Copy)]
+struct Freed {
+    stream: Stream,
+    work: Event,
+    size: u64,
+}
+
+struct Harness {
+    device: Flaky,
+    order: StreamOrder<TestChunk>,
+    model: BTreeMap<u64, Freed>,
+    streams: [Stream; 3],
+    next_addr: u64,
+}
+
+impl Harness {
+    fn new() -> Harness {
+        let device = Flaky {
+            host: HostDevice::builder()
+                .capacity(1 << 30)
+                .simulated(true)
+                .build()
+                .unwrap(),
+            refuse_record: AtomicBool::new(false),
+            refuse_stream_sync: AtomicBool::new(false),
+            refuse_event_sync: AtomicBool::new(false),
+            refuse_device_sync: AtomicBool::new(false),
+        };
+        device.host.set_events_held(true);
+        // Two handles the device never made (a caller's own streams) and the per-thread one.
+        let streams = [
+            Stream::from_raw(0x7f00_0000_1000),
+            Stream::from_raw(0x7f00_0000_2000),
+            Stream::PER_THREAD,
+        ];
+        let mut order = StreamOrder::default();
+        order.see_stream(&device, streams[0]).unwrap();
+        order.see_stream(&device, streams[1]).unwrap();
+        assert!(order.is_multi());
+        Harness {
+            device,
+            order,
+            model: BTreeMap::new(),
+            streams,
+            next_addr: 1 << 20,
+        }
+    }
+
+    /// A chunk the module returned for every stream: the caller's work on it must be done.
+    fn released(&mut self, c: TestChunk) {
+        let f = self
+            .model
+            .remove(&c.addr)
+            .unwrap_or_else(|| panic!("released {c:?}, which is not pending"));
+        assert_eq!(f.size, c.size, "released {c:?} with another size");
+        assert!(
+            self.device.host.event_complete(f.work).unwrap(),
+            "{c:?} returned for every stream while the work on {:?} before its free is in flight",
+            f.stream
+        );
+    }
+
+    fn step(&mut self, op: &Op) {
+        let dev = &self.device;
+        match *op {
+            Op::Free { stream, size } => {
+                let s = self.streams[stream];
+                let work = dev.host.create_event().unwrap();
+                dev.host.record_event(work, s).unwrap();
+                let c = TestChunk {
+                    addr: self.next_addr,
+                    size,
+                };
+                self.next_addr += size;
+                self.model.insert(
+                    c.addr,
+                    Freed {
+                        stream: s,
+                        work,
+                        size,
+                    },
+                );
+                if let Some(now) = self.order.free(dev, s, c) {
+                    self.released(now);
+                }
+            }
+            Op::Take { stream, size } => {
+                let s = self.streams[stream];
+                let fit = |c: &TestChunk| (c.size >= size).then_some(((c.size, c.addr), ()));
+                let carve = |c: TestChunk, ()| {
+                    let rest = (c.size > size).then_some(TestChunk {
+                        addr: c.addr + size,
+                        size: c.size - size,
+                    });
+                    Some((c, rest.into_iter().collect()))
+                };
+                if let Some(c) = self.order.take(dev, s, fit, carve) {
+                    let f = self.model.remove(&c.addr).expect("taken chunk was pending");
+                    assert_eq!(f.stream, s, "{c:?} freed on {:?} handed to {s:?}", f.stream);
+                    assert!(
+                        !s.is_per_thread(),
+                        "reused at once on the per-thread handle"
+                    );
+                    if c.size > size {
+                        let rest = Freed {
+                            size: c.size - size,
+                            ..f
+                        };
+                        self.model.insert(c.addr + size, rest);
+                    }
+                }
+            }
+            Op::Poll => {
+                let mut out = Vec::new();
+                self.order.poll(dev, |c| out.push(c));
+                out.into_iter().for_each(|c| self.released(c));
+            }
+            Op::SyncAll => {
+                let mut out = Vec::new();
+                let waited = self.order.sync_all(dev, |c| out.push(c));
+                let can_wait = !dev.refuse_device_sync.load(Ordering::Relaxed);
+                out.into_iter().for_each(|c| self.released(c));
+                if can_wait {
+                    assert!(waited.is_ok(), "{waited:?}");
+                    assert_eq!(self.order.count(), 0, "a device that syncs leaves nothing");
+                }
+            }
+            Op::CompleteHeld => {
+                dev.host.complete_held_events();
+            }
+            Op::CallerSyncsStream(i) => {
+                dev.host.synchronize_stream(self.streams[i]).unwrap();
+            }
+            Op::Refuse { which, on } => {
+                let flag = [
+                    &dev.refuse_record,
+                    &dev.refuse_stream_sync,
+                    &dev.refuse_event_sync,
+                    &dev.refuse_device_sync,
+                ][which];
+                flag.store(on, Ordering::Relaxed);
+            }
+        }
+        self.check();
+    }
+
+    fn check(&self) {
+        let model = &self.model;
+        self.order
+            .check(|c| model.get(&c.addr).is_some_and(|f| f.size == c.size))
+            .unwrap_or_else(|e| panic!("invariant broken: {e}"));
+        assert_eq!(self.order.count(), model.len(), "pending count");
+        let bytes: u64 = model.values().map(|f| f.size).sum();
+        assert_eq!(self.order.bytes(), bytes, "pending bytes");
+        for (s, c) in self.order.iter() {
+            assert_eq!(
+                model[&c.addr].stream, s,
+                "{c:?} pending on the wrong stream"
+            );
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    /// Whatever the device refuses, no chunk is returned for everyone before the caller's
+    /// work on it is done, and with a device that synchronises again everything comes back.
+    #[test]
+    fn pending_frees_keep_the_contract(ops in proptest::collection::vec(op(), 1..80)) {
+        let mut h = Harness::new();
+        for op in &ops {
+            h.step(op);
+        }
+        for flag in [
+            &h.device.refuse_record,
+            &h.device.refuse_stream_sync,
+            &h.device.refuse_event_sync,
+            &h.device.refuse_device_sync,
+        ] {
+            flag.store(false, Ordering::Relaxed);
+        }
+        h.step(&Op::SyncAll);
+        prop_assert_eq!(h.order.count(), 0);
+        prop_assert!(h.model.is_empty());
+    }
+}
+
+#[test]
+fn the_switch_waits_for_the_first_stream_or_refuses() {
+    let h = Harness::new();
+    let dev = &h.device;
+    let (s, t) = (Stream::from_raw(0x5000), Stream::from_raw(0x6000));
+    let mut order: StreamOrder<TestChunk> = StreamOrder::default();
+    order.see_stream(dev, s).unwrap();
+    assert!(order.is_first(s) && !order.is_multi());
+    order.freed_at_once();
+    let work = dev.host.create_event().unwrap();
+    dev.host.record_event(work, s).unwrap();
+    // Neither the stream nor the device can be waited for: the second stream is refused.
+    dev.refuse_stream_sync.store(true, Ordering::Relaxed);
+    dev.refuse_device_sync.store(true, Ordering::Relaxed);
+    assert!(order.see_stream(dev, t).is_err());
+    assert!(
+        !order.is_multi(),
+        "not switched: the next request tries again"
+    );
+    assert!(!dev.host.event_complete(work).unwrap());
+    // The device can: the switch waits for it.
+    dev.refuse_device_sync.store(false, Ordering::Relaxed);
+    order.see_stream(dev, t).unwrap();
+    assert!(order.is_multi());
+    assert!(
+        dev.host.event_complete(work).unwrap(),
+        "the first stream's work was waited for"
+    );
+}
+
+#[test]
+fn the_per_thread_handle_is_never_reused_at_once() {
+    let h = Harness::new();
+    let dev = &h.device;
+    let mut order: StreamOrder<TestChunk> = StreamOrder::default();
+    order.see_stream(dev, Stream::PER_THREAD).unwrap();
+    assert!(
+        order.is_multi(),
+        "one handle, many streams: multi from the start"
+    );
+    let c = TestChunk {
+        addr: 4096,
+        size: 256,
+    };
+    assert!(order.free(dev, Stream::PER_THREAD, c).is_none());
+    let fit = |c: &TestChunk| Some(((c.size, c.addr), ()));
+    let got = order.take(dev, Stream::PER_THREAD, fit, |c, ()| Some((c, Vec::new())));
+    assert_eq!(got, None);
+    assert_eq!(order.count(), 1);
+}
