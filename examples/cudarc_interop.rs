@@ -32,36 +32,43 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         allocator.name()
     );
 
-    // cudarc's context is the device's primary context, the one portalloc uses too.
+    // cudarc's context is the device's primary context, the one portalloc uses too; its
+    // streams are cudarc's own (cuStreamCreate inside cudarc) and portalloc takes them as
+    // they are.
     let ctx = cudarc::driver::CudaContext::new(0)?;
-    let stream = ctx.default_stream();
+    let stream = ctx.new_stream()?;
     println!(
         "cudarc stream {:?} is portalloc {:?}",
         stream.cu_stream(),
         stream_of(&stream)
     );
 
+    // An owned slice: no borrow of the allocator, so it can live in a struct.
+    struct Layer {
+        weights: PortallocSlice<f32>,
+    }
     let n = 1 << 20;
     let host: Vec<f32> = (0..n).map(|i| i as f32 * 0.5).collect();
-    let mut buffer = PortallocSlice::<f32>::alloc(allocator, n, &stream)?;
+    let mut layer = Layer {
+        weights: PortallocSlice::alloc(&allocator, n, &stream)?,
+    };
     println!(
         "portalloc gave {} bytes at {:#x}",
-        buffer.allocation().size(),
-        buffer.allocation().ptr()
+        layer.weights.buffer().size(),
+        layer.weights.buffer().ptr()
     );
-    stream.memcpy_htod(&host, buffer.as_slice_mut())?;
-    let back = stream.clone_dtoh(buffer.as_slice())?;
+    stream.memcpy_htod(&host, layer.weights.as_slice_mut())?;
+    let back = stream.clone_dtoh(layer.weights.as_slice())?;
     assert_eq!(
         back, host,
         "the round trip through portalloc's memory changed the data"
     );
     println!("round trip of {n} f32 through portalloc memory: ok");
 
-    // Either hand the allocation back explicitly...
-    let allocation = buffer.into_allocation();
-    allocator.deallocate(allocation)?;
-    // ...or let the slice go: dropping it returns the memory to portalloc, once.
-    let again = PortallocSlice::<u8>::alloc(allocator, 4096, &stream)?;
+    // Either take the buffer back and free it, getting the allocator's answer...
+    layer.weights.into_buffer().free()?;
+    // ...or let a slice go: dropping it frees the memory on its stream, once.
+    let again = PortallocSlice::<u8>::alloc(&allocator, 4096, &stream)?;
     drop(again);
     stream.synchronize()?;
     let stats = allocator.stats();

@@ -11,8 +11,9 @@ use crate::error::Result;
 ///
 /// Move-only: it is not `Clone`, and [`Allocator::deallocate`] consumes it, so freeing it
 /// twice does not compile. Dropping it without handing it back leaks the memory until the
-/// allocator itself is dropped, which reports it.
-#[must_use = "an Allocation must be handed back with Allocator::deallocate, or it leaks"]
+/// allocator itself is dropped, which reports it: for memory that frees itself on drop, use
+/// a [`crate::DeviceBuffer`].
+#[must_use = "an Allocation must be handed back with Allocator::deallocate (or owned by a DeviceBuffer), or it leaks"]
 #[derive(Debug, PartialEq, Eq)]
 pub struct Allocation {
     ptr: u64,

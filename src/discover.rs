@@ -365,8 +365,9 @@ pub struct Portalloc {
     pub config: Config,
     /// What discovery found.
     pub discovery: Discovery,
-    /// One allocator per device, by ordinal.
-    pub allocators: Vec<Box<dyn Allocator>>,
+    /// One allocator per device, by ordinal, shared: clone the `Arc` to keep one (a
+    /// [`crate::DeviceBuffer`] does).
+    pub allocators: Vec<Arc<dyn Allocator>>,
     /// Peer access between the devices, enabled before the allocators were built (see
     /// [`enable_peer_access`]).
     pub peers: Vec<PeerLink>,
@@ -409,7 +410,7 @@ impl Portalloc {
         let allocators = discovery
             .devices
             .iter()
-            .map(|d| crate::strategy::build(&config, Arc::clone(d)))
+            .map(|d| crate::strategy::build(&config, Arc::clone(d)).map(Arc::from))
             .collect::<Result<Vec<_>>>()?;
         Ok(Portalloc {
             config,
@@ -419,8 +420,9 @@ impl Portalloc {
         })
     }
 
-    /// The allocator of device `ordinal`.
-    pub fn allocator(&self, ordinal: usize) -> Option<&dyn Allocator> {
-        self.allocators.get(ordinal).map(|a| a.as_ref())
+    /// The allocator of device `ordinal`, shared: it lives as long as the last `Arc` (a
+    /// buffer, a struct of yours), not only as long as this value.
+    pub fn allocator(&self, ordinal: usize) -> Option<Arc<dyn Allocator>> {
+        self.allocators.get(ordinal).cloned()
     }
 }

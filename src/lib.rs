@@ -30,14 +30,22 @@
 //! out), [`trace`] and [`replay`] (record, import, replay, plan capacity), and with the
 //! `c-api` feature the C ABI and the PyTorch/CuPy hooks.
 //!
-//! Start with [`Portalloc::from_env`] (discovery + configuration + strategy), or build the
-//! pieces yourself: a [`backends::host::HostDevice`], a [`config::Config`], and
-//! [`strategy::build`].
+//! Start with [`Portalloc::from_env`] (discovery + configuration + strategy) and
+//! [`DeviceBuffer`] (memory that frees itself on drop, in stream order), or build the pieces
+//! yourself: a [`backends::host::HostDevice`], a [`config::Config`], and
+//! [`strategy::build`]. The README's *From Rust* example is compiled as a doctest of this
+//! crate. Streams are the caller's own handles, passed as they are: see the stream-ordering
+//! contract on [`Device`].
 
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 pub use portalloc_sys as sys;
+
+/// The README's Rust examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
 
 #[allow(unsafe_code)]
 #[path = "../backends/mod.rs"]
@@ -45,6 +53,7 @@ pub mod backends;
 
 pub mod adaptor;
 pub mod allocator;
+pub mod buffer;
 #[cfg(feature = "c-api")]
 pub mod capi;
 pub mod config;
@@ -59,6 +68,7 @@ pub mod trace;
 pub mod units;
 
 pub use allocator::{Allocation, Allocator, Stats};
+pub use buffer::{DeviceBuffer, RawBuffer};
 pub use config::{Config, ConfigBuilder, Source, StrategyKind};
 pub use device::{Device, DeviceInfo, MemInfo, Stream, Vendor};
 pub use discover::{discover, Discovery, Portalloc};

@@ -581,6 +581,188 @@ fn torch_hooks_in_child() {
 }
 
 // ---------------------------------------------------------------------------------------
+// Foreign streams through the PyTorch hooks and the C ABI: in a child process whose
+// environment selects the CUDA backend over a private copy of the conformance driver, the
+// streams are made with the driver's own cuStreamCreate (as PyTorch makes its side streams),
+// and the caller's work on them is held in flight with the driver's event controls.
+
+const FOREIGN_CHILD: &str = "PORTALLOC_TEST_CAPI_FOREIGN_CHILD";
+
+#[test_case("bfc", "true" ; "bfc")]
+#[test_case("bfc", "false" ; "bfc growing")]
+#[test_case("vmm", "false" ; "vmm")]
+#[test_case("cuda_async", "false" ; "async")]
+#[test_case("platform", "false" ; "platform")]
+fn foreign_streams_through_the_hooks(strategy: &str, preallocate: &str) {
+    let Some(built) = option_env!("PORTALLOC_TEST_DRIVER_FAKECUDA") else {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "the conformance driver fakecuda was not built (no C compiler); CI=true requires it"
+        );
+        eprintln!("skipping: the conformance driver was not built (no C compiler)");
+        return;
+    };
+    let lib = std::env::temp_dir().join(format!(
+        "portalloc-capi-foreign-{}-{strategy}-{preallocate}.so",
+        std::process::id()
+    ));
+    std::fs::copy(built, &lib).unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let out = Command::new(exe)
+        .env(FOREIGN_CHILD, "1")
+        .env("PORTALLOC_BACKEND", "cuda")
+        .env("PORTALLOC_CUDA_LIBRARY", &lib)
+        .env("FAKECUDA_CAPACITY", (256 * MIB).to_string())
+        .env("PORTALLOC_MEM_FRACTION", "0.5")
+        .env("XLA_PYTHON_CLIENT_ALLOCATOR", strategy)
+        .env("XLA_PYTHON_CLIENT_PREALLOCATE", preallocate)
+        .env_remove("PORTALLOC_ALLOCATOR")
+        .env_remove("XLA_CLIENT_MEM_FRACTION")
+        .env_remove("XLA_PYTHON_CLIENT_MEM_FRACTION")
+        .env_remove("TF_GPU_ALLOCATOR")
+        .args([
+            "--exact",
+            "foreign_streams_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&lib);
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{strategy}: {text}");
+    assert!(text.contains("foreign streams: ok"), "{strategy}: {text}");
+}
+
+#[test]
+fn foreign_streams_child() {
+    if std::env::var(FOREIGN_CHILD).is_err() {
+        return; // Run by `foreign_streams_through_the_hooks` with the environment it needs.
+    }
+    type Create = unsafe extern "C" fn(*mut *mut c_void, u32) -> i32;
+    type Record = unsafe extern "C" fn(*mut c_void, *mut c_void) -> i32;
+    type One = unsafe extern "C" fn(*mut c_void) -> i32;
+    type Hold = unsafe extern "C" fn(i32);
+    let path = std::env::var("PORTALLOC_CUDA_LIBRARY").unwrap();
+    // SAFETY: the conformance driver, already loaded by portalloc under the same path below
+    // (one instance); its initialisers do nothing.
+    let lib = unsafe { libloading::Library::new(&path) }.unwrap();
+    // SAFETY (the `get`s): the signatures fakecuda.c gives these functions.
+    let sym = |name: &[u8]| {
+        unsafe { lib.get::<*const c_void>(name) }
+            .map(|f| *f)
+            .unwrap()
+    };
+    // SAFETY: each pointer is the named function, with the type fakecuda.c gives it.
+    let (
+        stream_create,
+        event_create,
+        event_record,
+        event_query,
+        event_destroy,
+        stream_destroy,
+        hold,
+    ) = unsafe {
+        (
+            std::mem::transmute::<*const c_void, Create>(sym(b"cuStreamCreate")),
+            std::mem::transmute::<*const c_void, Create>(sym(b"cuEventCreate")),
+            std::mem::transmute::<*const c_void, Record>(sym(b"cuEventRecord")),
+            std::mem::transmute::<*const c_void, One>(sym(b"cuEventQuery")),
+            std::mem::transmute::<*const c_void, One>(sym(b"cuEventDestroy_v2")),
+            std::mem::transmute::<*const c_void, One>(sym(b"cuStreamDestroy_v2")),
+            std::mem::transmute::<*const c_void, Hold>(sym(b"fakecuda_hold_events")),
+        )
+    };
+    // PyTorch's first allocation opens the device and makes its primary context current.
+    let first = portalloc_torch_alloc(4096, 0, ptr::null_mut());
+    assert!(!first.is_null(), "{}", last_error());
+    let stream = || {
+        let mut s = ptr::null_mut();
+        // SAFETY: one handle written, in the current (primary) context.
+        assert_eq!(unsafe { stream_create(&mut s, 0) }, 0, "cuStreamCreate");
+        s
+    };
+    let (s, t, u) = (stream(), stream(), stream());
+    let work_on = |st: *mut c_void| {
+        let mut e = ptr::null_mut();
+        // SAFETY: one handle written; a live event on a live stream.
+        unsafe {
+            assert_eq!(event_create(&mut e, 2), 0);
+            assert_eq!(event_record(e, st), 0);
+        }
+        e
+    };
+    // SAFETY: a live event of ours.
+    let done = |e: *mut c_void| unsafe { event_query(e) } == 0;
+    let overlaps = |p: *mut c_void, q: *mut c_void, len: usize| {
+        let (p, q) = (p as usize, q as usize);
+        p < q + len && q < p + len
+    };
+    const LEN: usize = 1 << 20;
+    // SAFETY: a plain value.
+    unsafe { hold(1) };
+
+    // The PyTorch hooks: a buffer used on S by a kernel still running, freed on S.
+    let keep_t = portalloc_torch_alloc(4096, 0, t);
+    assert!(!keep_t.is_null(), "{}", last_error());
+    let x = portalloc_torch_alloc(LEN as isize, 0, s);
+    assert!(!x.is_null(), "{}", last_error());
+    let work = work_on(s);
+    portalloc_torch_free(x, LEN as isize, 0, s);
+    let on_t = portalloc_torch_alloc(LEN as isize, 0, t);
+    assert!(!on_t.is_null(), "{}", last_error());
+    assert!(
+        !overlaps(on_t, x, LEN) || done(work),
+        "the hook handed memory freed on S to T while S's work is in flight"
+    );
+
+    // The C ABI on the global allocator: the same with its own calls, on U.
+    let mut g = ptr::null_mut();
+    // SAFETY: valid output.
+    assert_eq!(unsafe { portalloc_global(0, &mut g) }, PortallocStatus::Ok);
+    let (mut h, mut y) = (0u64, ptr::null_mut());
+    // SAFETY: valid outputs and tag.
+    let status =
+        unsafe { portalloc_allocate(g, LEN as u64, 0, s as u64, c"y".as_ptr(), &mut h, &mut y) };
+    assert_eq!(status, PortallocStatus::Ok, "{}", last_error());
+    let work2 = work_on(s);
+    // SAFETY: a handle this allocator issued.
+    assert_eq!(unsafe { portalloc_free(g, h) }, PortallocStatus::Ok);
+    let (mut h2, mut z) = (0u64, ptr::null_mut());
+    // SAFETY: valid outputs and tag.
+    let status =
+        unsafe { portalloc_allocate(g, LEN as u64, 0, u as u64, c"z".as_ptr(), &mut h2, &mut z) };
+    assert_eq!(status, PortallocStatus::Ok, "{}", last_error());
+    assert!(
+        !overlaps(z, y, LEN) || done(work2),
+        "the C ABI handed memory freed on S to U while S's work is in flight"
+    );
+
+    // SAFETY: a plain value.
+    unsafe { hold(0) };
+    for (p, st) in [(first, ptr::null_mut()), (keep_t, t), (on_t, t)] {
+        portalloc_torch_free(p, 0, 0, st);
+    }
+    // SAFETY: a handle this allocator issued.
+    assert_eq!(unsafe { portalloc_free(g, h2) }, PortallocStatus::Ok);
+    let mut st = PortallocStats::default();
+    // SAFETY: valid output.
+    unsafe { portalloc_stats(g, &mut st) };
+    assert_eq!((st.live_allocations, st.bytes_in_use), (0, 0));
+    // SAFETY: the caller's own live handles, each destroyed once.
+    unsafe {
+        for e in [work, work2] {
+            assert_eq!(event_destroy(e), 0);
+        }
+        for x in [s, t, u] {
+            assert_eq!(stream_destroy(x), 0);
+        }
+    }
+    println!("foreign streams: ok");
+}
+
+// ---------------------------------------------------------------------------------------
 // The header, a C program and the Python module.
 
 fn root() -> PathBuf {

@@ -1277,6 +1277,71 @@ mod cudarc_interop {
         );
     }
 
+    /// A portalloc device made from cudarc's context, used with cudarc's own streams
+    /// (`new_stream`: `cuStreamCreate` inside cudarc, never registered with portalloc); a slice
+    /// owned by a struct (no borrow of the allocator) and freed by drop on its stream, while
+    /// the caller's work on that stream is held in flight: another stream is not handed the
+    /// memory before that work completes.
+    fn cudarc_streams(fake: &Fake, ctx: &Arc<cudarc::driver::CudaContext>) {
+        struct Layer {
+            weights: PortallocSlice<f32>,
+        }
+        let device = Arc::new(CudaDevice::from_cudarc(ctx).expect("the primary context"));
+        let config = Config::builder()
+            .ignore_env()
+            .strategy(StrategyKind::Bfc)
+            .preallocate(true)
+            .build()
+            .unwrap();
+        let allocator: Arc<dyn Allocator> =
+            Arc::from(portalloc::strategy::build(&config, device as Arc<dyn Device>).unwrap());
+        let (s, t) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+        let keep = PortallocSlice::<u8>::alloc(&allocator, 4096, &t).unwrap();
+        let layer = Layer {
+            weights: PortallocSlice::alloc(&allocator, 1 << 18, &s).unwrap(),
+        };
+        let freed = layer.weights.buffer().ptr();
+        fake.hold_events(true);
+        // The caller's kernel on S, still running: an event of its own, recorded with the
+        // driver's own calls.
+        type Create = unsafe extern "C" fn(*mut *mut std::ffi::c_void, u32) -> i32;
+        type Record = unsafe extern "C" fn(*mut std::ffi::c_void, *mut std::ffi::c_void) -> i32;
+        type One = unsafe extern "C" fn(*mut std::ffi::c_void) -> i32;
+        // SAFETY: the signatures fakecuda.c gives these driver calls.
+        let (create, record, query, destroy) = unsafe {
+            (
+                *fake.library.get::<Create>(b"cuEventCreate").unwrap(),
+                *fake.library.get::<Record>(b"cuEventRecord").unwrap(),
+                *fake.library.get::<One>(b"cuEventQuery").unwrap(),
+                *fake.library.get::<One>(b"cuEventDestroy_v2").unwrap(),
+            )
+        };
+        let mut work = std::ptr::null_mut();
+        // SAFETY: one handle written; a live event on cudarc's live stream.
+        unsafe {
+            assert_eq!(create(&mut work, 2), 0);
+            assert_eq!(record(work, s.cu_stream().cast()), 0);
+        }
+        drop(layer);
+        let other = PortallocSlice::<f32>::alloc(&allocator, 1 << 18, &t).unwrap();
+        // SAFETY: the caller's live event.
+        let done = unsafe { query(work) } == 0;
+        assert!(
+            other.buffer().ptr() != freed || done,
+            "memory freed on cudarc's stream S was handed to T while S's work is in flight"
+        );
+        let again = PortallocSlice::<f32>::alloc(&allocator, 1 << 18, &s).unwrap();
+        assert_eq!(again.buffer().ptr(), freed, "S reuses its own free at once");
+        fake.hold_events(false);
+        drop((keep, other, again));
+        // SAFETY: the caller's live event, destroyed once.
+        assert_eq!(unsafe { destroy(work) }, 0);
+        s.synchronize().unwrap();
+        t.synchronize().unwrap();
+        drop((s, t));
+        assert_eq!(allocator.stats().bytes_in_use, 0);
+    }
+
     /// Run by the test above in a child process; does nothing when run directly.
     #[test]
     #[ignore = "run as a child process by the test above"]
@@ -1305,34 +1370,34 @@ mod cudarc_interop {
         );
         let stream = ctx.default_stream();
         assert_eq!(stream_of(&stream), Stream::DEFAULT);
+        let allocator: Arc<dyn Allocator> = Arc::from(allocator);
         let host: Vec<f32> = (0..4096).map(|i| i as f32 * 0.5).collect();
-        let mut buffer =
-            PortallocSlice::<f32>::alloc(allocator.as_ref(), host.len(), &stream).unwrap();
+        let mut buffer = PortallocSlice::<f32>::alloc(&allocator, host.len(), &stream).unwrap();
         assert_eq!(buffer.len(), host.len());
         stream.memcpy_htod(&host, buffer.as_slice_mut()).unwrap();
         assert_eq!(stream.clone_dtoh(buffer.as_slice()).unwrap(), host);
         assert_eq!(stream.clone_dtoh(&buffer.view()).unwrap(), host);
         let allocations_before = fake.live("allocations");
-        let allocation = buffer.into_allocation();
+        let taken = buffer.into_buffer();
         assert_eq!(
             fake.live("allocations"),
             allocations_before,
             "cudarc freed nothing"
         );
-        // Too small to lend: refused, and the allocation comes back.
-        let refused = PortallocSlice::<f64>::lend(allocator.as_ref(), allocation, 1 << 20, &stream)
-            .unwrap_err();
-        let (error, allocation) = *refused;
+        // Too small to lend: refused, and the buffer comes back.
+        let refused = PortallocSlice::<f64>::lend(taken, 1 << 20, &stream).unwrap_err();
+        let (error, taken) = *refused;
         assert!(matches!(error, Error::InvalidArgument { .. }), "{error}");
-        allocator.deallocate(allocation).unwrap();
+        taken.free().unwrap();
         // Dropping a slice hands it back to portalloc once.
-        let slice = PortallocSlice::<u8>::alloc(allocator.as_ref(), 1000, &stream).unwrap();
+        let slice = PortallocSlice::<u8>::alloc(&allocator, 1000, &stream).unwrap();
         drop(slice);
         assert_eq!(allocator.stats().bytes_in_use, 0);
         stream.synchronize().unwrap();
         drop(stream);
-        drop(ctx);
         drop(allocator);
+        cudarc_streams(&fake, &ctx);
+        drop(ctx);
         fake.assert_empty();
         println!("cudarc interop: ok");
     }

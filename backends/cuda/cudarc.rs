@@ -1,58 +1,98 @@
 //! Interop with [cudarc](https://crates.io/crates/cudarc) (feature `cudarc`): a portalloc
 //! allocation lent to cudarc as a [`CudaSlice`], so Rust GPU code built on cudarc (kernel
-//! launches, copies, cuBLAS) runs on memory portalloc manages.
+//! launches, copies, cuBLAS) runs on memory portalloc manages; and a portalloc
+//! [`CudaDevice`] made from a cudarc context, used with cudarc's own streams.
 //!
-//! Ownership stays with portalloc: [`PortallocSlice`] wraps the allocation in a `CudaSlice`
-//! that is never dropped as such — when the slice is handed back
-//! ([`PortallocSlice::into_allocation`]) or dropped, the `CudaSlice` is taken apart with
-//! [`CudaSlice::leak`] (which makes the stream wait for the work cudarc recorded on the
-//! memory, and frees nothing), and the allocation goes back to its allocator once. So neither
-//! side frees twice, and cudarc never calls `cuMemFree` on portalloc's memory.
+//! Ownership stays with portalloc: [`PortallocSlice`] owns a [`DeviceBuffer`] (the
+//! allocation and a shared handle to its allocator, so the slice has no lifetime and can be
+//! stored in a struct) and wraps its memory in a `CudaSlice` that is never dropped as such —
+//! when the slice is handed back ([`PortallocSlice::into_buffer`]) or dropped, the
+//! `CudaSlice` is taken apart with [`CudaSlice::leak`] (which makes the stream wait for the
+//! work cudarc recorded on the memory, and frees nothing), and the buffer goes back to its
+//! allocator once, in stream order. So neither side frees twice, and cudarc never calls
+//! `cuMemFree` on portalloc's memory.
 //!
-//! Both sides use the device's *primary* context (portalloc's [`super::CudaDevice`] retains
-//! it, and so does [`cudarc::driver::CudaContext::new`]), so pointers are valid on either
-//! side. portalloc makes its own driver calls through its own loader ([`super::Driver`]);
-//! cudarc's calls go through cudarc's loader, which is only reached once the caller uses
-//! cudarc — check [`crate::Discovery::chosen`] first, since cudarc panics when no driver
-//! library is there.
+//! Streams are cudarc's: [`stream_of`] is the same `CUstream` handle as a portalloc
+//! [`Stream`], and every portalloc strategy accepts it as it is (see the stream-ordering
+//! contract on [`crate::Device`]) — a stream from `ctx.new_stream()` needs no registering.
+//!
+//! Both sides use the device's *primary* context (portalloc's [`CudaDevice`] retains it, and
+//! so does [`cudarc::driver::CudaContext::new`]), so pointers are valid on either side.
+//! portalloc makes its own driver calls through its own loader ([`super::Driver`]); cudarc's
+//! calls go through cudarc's loader, which is only reached once the caller uses cudarc —
+//! check [`crate::Discovery::chosen`] first, since cudarc panics when no driver library is
+//! there.
 
 use std::mem::ManuallyDrop;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, CudaView, CudaViewMut};
 
-use crate::allocator::{Allocation, Allocator};
+use super::{CudaDevice, Driver};
+use crate::allocator::Allocator;
+use crate::buffer::DeviceBuffer;
 use crate::device::Stream;
 use crate::error::{Error, Result};
 
 /// The portalloc [`Stream`] of a cudarc stream: the same `CUstream` handle.
 pub fn stream_of(stream: &CudaStream) -> Stream {
-    Stream(stream.cu_stream() as usize as u64)
+    Stream::from_raw(stream.cu_stream() as usize as u64)
 }
 
-/// A portalloc [`Allocation`] usable as a cudarc [`CudaSlice<T>`] of `len` elements.
+impl CudaDevice {
+    /// The portalloc device of a cudarc context: the same device, on the same primary
+    /// context, with the driver loaded through portalloc's loader (the library
+    /// [`super::library_candidates`] names — the one cudarc loaded, on an ordinary system).
+    /// Streams made with `ctx.new_stream()` are then used with portalloc's strategies
+    /// directly, through [`stream_of`].
+    ///
+    /// # Errors
+    /// As [`CudaDevice::open`]; [`Error::InvalidArgument`] when `ctx` is not the device's
+    /// primary context (made with `CudaContext::new_non_primary`, say): portalloc works on
+    /// primary contexts only.
+    pub fn from_cudarc(ctx: &Arc<CudaContext>) -> Result<CudaDevice> {
+        let ordinal = u32::try_from(ctx.ordinal()).map_err(|_| Error::InvalidArgument {
+            call: "CudaDevice::from_cudarc",
+            reason: format!("device ordinal {} does not fit 32 bits", ctx.ordinal()),
+        })?;
+        let device = CudaDevice::open(Arc::new(Driver::load_default()?), ordinal)?;
+        if !std::ptr::eq(device.context().cast::<()>(), ctx.cu_ctx().cast::<()>()) {
+            return Err(Error::InvalidArgument {
+                call: "CudaDevice::from_cudarc",
+                reason: format!(
+                    "the cudarc context of device {ordinal} is not its primary context; \
+                     accepted are contexts from CudaContext::new"
+                ),
+            });
+        }
+        Ok(device)
+    }
+}
+
+/// A portalloc [`DeviceBuffer`] usable as a cudarc [`CudaSlice<T>`] of `len` elements. Owns
+/// its memory (no lifetime): store it in a struct, send it to another thread; dropping it
+/// frees the memory in stream order.
 ///
 /// Deref-free on purpose: borrow it with [`PortallocSlice::as_slice`] /
 /// [`PortallocSlice::as_slice_mut`] (anything cudarc takes as [`cudarc::driver::DevicePtr`] /
 /// [`cudarc::driver::DevicePtrMut`]) or [`PortallocSlice::view`] / [`PortallocSlice::view_mut`].
 /// Never drop the `CudaSlice` yourself (you cannot: only references are handed out).
-pub struct PortallocSlice<'a, T> {
+pub struct PortallocSlice<T> {
     slice: ManuallyDrop<CudaSlice<T>>,
-    allocation: Option<Allocation>,
-    allocator: &'a dyn Allocator,
+    /// `Some` until the slice is taken apart or dropped.
+    buffer: Option<DeviceBuffer>,
 }
 
-impl<T> std::fmt::Debug for PortallocSlice<'_, T> {
+impl<T> std::fmt::Debug for PortallocSlice<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PortallocSlice")
-            .field("allocation", &self.allocation)
+            .field("buffer", &self.buffer)
             .field("len", &self.slice.len())
-            .field("allocator", &self.allocator.name())
             .finish()
     }
 }
 
-impl<'a, T> PortallocSlice<'a, T> {
+impl<T> PortallocSlice<T> {
     /// Allocates `len` elements of `T` from `allocator` (a portalloc allocator on the CUDA
     /// device that `stream` belongs to), for use on `stream`.
     ///
@@ -60,7 +100,7 @@ impl<'a, T> PortallocSlice<'a, T> {
     /// [`Error::InvalidSize`] when `len × size_of::<T>()` overflows or is zero; the
     /// allocator's errors (out of memory with its report).
     pub fn alloc(
-        allocator: &'a dyn Allocator,
+        allocator: &Arc<dyn Allocator>,
         len: usize,
         stream: &Arc<CudaStream>,
     ) -> Result<Self> {
@@ -72,36 +112,32 @@ impl<'a, T> PortallocSlice<'a, T> {
                 reason: "the element count times the element size must be non-zero and fit usize",
             })? as u64;
         let alignment = std::mem::align_of::<T>() as u64;
-        let allocation = allocator.allocate(bytes, alignment, stream_of(stream), "cudarc")?;
-        Self::lend(allocator, allocation, len, stream).map_err(|refused| {
-            let (error, allocation) = *refused;
-            // Cannot happen (the allocation was made for this slice); never leak it.
-            let _ = allocator.deallocate(allocation);
-            error
-        })
+        let buffer =
+            DeviceBuffer::with_options(allocator, bytes, alignment, stream_of(stream), "cudarc")?;
+        // Cannot be refused (the buffer was made for this slice); if it were, dropping the
+        // returned buffer frees it.
+        Self::lend(buffer, len, stream).map_err(|refused| refused.0)
     }
 
-    /// Lends an existing allocation of `allocator` to cudarc as `len` elements of `T`.
+    /// Lends a buffer to cudarc as `len` elements of `T`.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when the allocation is too small for `len` elements or not
-    /// aligned for `T`, handing the allocation back with the error (boxed, as the pair is
-    /// large).
+    /// [`Error::InvalidArgument`] when the buffer is too small for `len` elements or not
+    /// aligned for `T`, handing the buffer back with the error (boxed, as the pair is large).
     pub fn lend(
-        allocator: &'a dyn Allocator,
-        allocation: Allocation,
+        buffer: DeviceBuffer,
         len: usize,
         stream: &Arc<CudaStream>,
-    ) -> std::result::Result<Self, Box<(Error, Allocation)>> {
+    ) -> std::result::Result<Self, Box<(Error, DeviceBuffer)>> {
         let bytes = len.checked_mul(std::mem::size_of::<T>());
-        let fits = bytes.is_some_and(|b| b as u64 <= allocation.size());
-        let aligned = allocation.ptr() % std::mem::align_of::<T>() as u64 == 0;
-        if !fits || !aligned || allocation.is_empty() {
+        let fits = bytes.is_some_and(|b| b as u64 <= buffer.size());
+        let aligned = buffer.ptr() % std::mem::align_of::<T>() as u64 == 0;
+        if !fits || !aligned || buffer.is_empty() {
             let reason = format!(
-                "an allocation of {} bytes at {:#x} cannot hold {len} elements of {} ({} bytes, \
+                "a buffer of {} bytes at {:#x} cannot hold {len} elements of {} ({} bytes, \
                  alignment {})",
-                allocation.size(),
-                allocation.ptr(),
+                buffer.size(),
+                buffer.ptr(),
                 std::any::type_name::<T>(),
                 std::mem::size_of::<T>(),
                 std::mem::align_of::<T>()
@@ -111,18 +147,17 @@ impl<'a, T> PortallocSlice<'a, T> {
                     call: "PortallocSlice::lend",
                     reason,
                 },
-                allocation,
+                buffer,
             )));
         }
         // SAFETY: the pointer is a live device allocation of at least `len × size_of::<T>()`
         // bytes, suitably aligned (checked above), in the primary context cudarc shares; it
         // stays allocated until this value gives the slice back with `leak` (never dropping
         // it), so cudarc never frees it.
-        let slice = unsafe { stream.upgrade_device_ptr::<T>(allocation.ptr(), len) };
+        let slice = unsafe { stream.upgrade_device_ptr::<T>(buffer.ptr(), len) };
         Ok(PortallocSlice {
             slice: ManuallyDrop::new(slice),
-            allocation: Some(allocation),
-            allocator,
+            buffer: Some(buffer),
         })
     }
 
@@ -156,38 +191,36 @@ impl<'a, T> PortallocSlice<'a, T> {
         self.slice.len() == 0
     }
 
-    /// The portalloc allocation behind the slice.
-    pub fn allocation(&self) -> &Allocation {
-        self.allocation
+    /// The portalloc buffer behind the slice.
+    pub fn buffer(&self) -> &DeviceBuffer {
+        self.buffer
             .as_ref()
-            .expect("present until into_allocation or drop")
+            .expect("present until into_buffer or drop")
     }
 
     /// Takes the slice back from cudarc (its stream waits for the work cudarc recorded on
-    /// it) and returns the allocation, for [`Allocator::deallocate`] or for lending again.
-    pub fn into_allocation(mut self) -> Allocation {
-        let allocation = self.take_back();
+    /// it) and returns the buffer, to keep, free, or lend again.
+    pub fn into_buffer(mut self) -> DeviceBuffer {
+        let buffer = self.take_back();
         std::mem::forget(self);
-        allocation
+        buffer
     }
 
-    fn take_back(&mut self) -> Allocation {
+    fn take_back(&mut self) -> DeviceBuffer {
         // SAFETY: `slice` is taken exactly once (here), and never used again: callers forget
         // or finish dropping `self` right after.
         let slice = unsafe { ManuallyDrop::take(&mut self.slice) };
         // Frees nothing: ends cudarc's ownership, after ordering the stream behind its events.
         let _ = slice.leak();
-        self.allocation
+        self.buffer
             .take()
-            .expect("present until into_allocation or drop")
+            .expect("present until into_buffer or drop")
     }
 }
 
-impl<T> Drop for PortallocSlice<'_, T> {
+impl<T> Drop for PortallocSlice<T> {
     fn drop(&mut self) {
-        let allocation = self.take_back();
-        if let Err(e) = self.allocator.deallocate(allocation) {
-            tracing::warn!(error = %e, "could not hand a cudarc slice back to portalloc");
-        }
+        // The buffer frees itself in stream order (logging a refusal).
+        drop(self.take_back());
     }
 }

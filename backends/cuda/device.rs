@@ -261,6 +261,12 @@ impl CudaDevice {
         &self.driver
     }
 
+    /// The device's primary context (`CUcontext`), retained for as long as this device
+    /// lives: the context cudarc, PyTorch and the runtime API use too.
+    pub fn context(&self) -> sys::CUcontext {
+        self.ctx
+    }
+
     /// The driver's handle for the device (`CUdevice`).
     pub fn cu_device(&self) -> sys::CUdevice {
         self.device
