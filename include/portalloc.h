@@ -163,6 +163,10 @@ PortallocStatus portalloc_destroy(struct PortallocAllocator *allocator);
 // Allocates `size` bytes aligned to `alignment` (a power of two; 0: the strategy's default)
 // for `stream`, labelled `tag` (null: `"buffer"`). Writes the handle to `*out_handle` and,
 // if `out_ptr` is not null, the device pointer to `*out_ptr` (null for a zero-byte buffer).
+// `stream` is the caller's own handle as an integer (a `cudaStream_t`, `CUstream` or
+// `hipStream_t` of the device's context, 0 for the default stream): nothing to register.
+// The buffer is freed in stream order on it: another stream gets the memory only after
+// the work queued on `stream` before the free has completed.
 //
 // # Safety
 // `tag` is null or NUL-terminated; `out_handle` null or valid for one `uint64_t`; `out_ptr`

@@ -280,7 +280,12 @@ class Allocator:
         return cls(out.value, owned=False)
 
     def allocate(self, size, alignment=0, stream=0, tag="buffer"):
-        """Allocates ``size`` bytes; returns a :class:`Buffer`."""
+        """Allocates ``size`` bytes for use on ``stream``; returns a :class:`Buffer`.
+
+        ``stream`` is the caller's own stream handle as an integer (``torch.cuda.Stream``'s
+        ``cuda_stream``, CuPy's ``Stream.ptr``; 0 for the default stream): nothing to
+        register. The buffer is freed in stream order on it.
+        """
         handle = ctypes.c_uint64()
         ptr = ctypes.c_void_p()
         _check(

@@ -21,8 +21,6 @@
 //! Then `S` reuses its own free at once (the pooling strategies), and everything is given
 //! back: the driver's own counts return to zero.
 
-use std::ffi::{c_int, c_uint, c_void, CString};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -38,58 +36,6 @@ use test_case::test_case;
 const MIB: u64 = 1 << 20;
 /// The buffer the caller's kernel uses on `S`.
 const SIZE: u64 = MIB;
-
-/// The path of a conformance driver build.rs made; `None` (with a message) when it made none —
-/// an error under `CI=true`, where every driver must run.
-fn built(path: Option<&'static str>, name: &str) -> Option<&'static str> {
-    if path.is_none() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "the conformance driver {name} was not built (no C compiler); CI=true requires it"
-        );
-        eprintln!("skipping: the conformance driver {name} was not built (no C compiler)");
-    }
-    path
-}
-
-/// A private copy of a conformance driver (its own state), removed on drop.
-struct Library {
-    lib: libloading::Library,
-    path: PathBuf,
-}
-
-impl Library {
-    fn copy_of(built: &str) -> Library {
-        static COPIES: AtomicU64 = AtomicU64::new(0);
-        let n = COPIES.fetch_add(1, Ordering::Relaxed);
-        let name = PathBuf::from(built);
-        let path = std::env::temp_dir().join(format!(
-            "portalloc-foreign-{}-{n}-{}",
-            std::process::id(),
-            name.file_name().unwrap().to_string_lossy()
-        ));
-        std::fs::copy(built, &path).expect("copy the conformance driver");
-        // SAFETY: our own test library; its initialisers do nothing.
-        let lib = unsafe { libloading::Library::new(&path) }.expect("load the driver");
-        Library { lib, path }
-    }
-
-    fn path(&self) -> String {
-        self.path.to_string_lossy().into_owned()
-    }
-
-    /// The symbol `name` with the signature `T` its C file gives it.
-    fn sym<T: Copy>(&self, name: &str) -> T {
-        // SAFETY: every caller names a function with the signature the C file defines.
-        *unsafe { self.lib.get::<T>(name.as_bytes()) }.expect(name)
-    }
-}
-
-impl Drop for Library {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
-    }
-}
 
 /// A caller's view of one backend: its device through portalloc, and the driver's own calls.
 trait Caller {
@@ -152,223 +98,6 @@ impl Caller for HostCaller {
         }
         let census = self.device.census();
         assert!(census.is_empty(), "the host still holds {census:?}");
-    }
-}
-
-// ---- the CUDA shim over fakecuda ------------------------------------------------------
-
-struct CudaCaller {
-    lib: Library,
-    device: Arc<dyn Device>,
-}
-
-type CuCreate = unsafe extern "C" fn(*mut *mut c_void, c_uint) -> c_int;
-type CuHandle = unsafe extern "C" fn(*mut c_void) -> c_int;
-type CuRecord = unsafe extern "C" fn(*mut c_void, *mut c_void) -> c_int;
-
-impl CudaCaller {
-    fn new() -> Option<CudaCaller> {
-        #[cfg(feature = "cuda")]
-        {
-            use portalloc::backends::cuda::{CudaDevice, Driver};
-            let built = built(option_env!("PORTALLOC_TEST_DRIVER_FAKECUDA"), "fakecuda")?;
-            let lib = Library::copy_of(built);
-            let configure: unsafe extern "C" fn(c_int, u64, u64, c_int) -> c_int =
-                lib.sym("fakecuda_configure");
-            // SAFETY: plain values, before cuInit.
-            unsafe { configure(1, 256 * MIB, 0, 0) };
-            let driver = Arc::new(Driver::load(&[lib.path()]).expect("fakecuda loads"));
-            let device = CudaDevice::open(driver, 0).expect("open the fake device");
-            // Any call makes the device's primary context current on this thread, as the
-            // runtime API does for PyTorch: the caller's own driver calls below use it.
-            device.mem_info().unwrap();
-            Some(CudaCaller {
-                lib,
-                device: Arc::new(device),
-            })
-        }
-        #[cfg(not(feature = "cuda"))]
-        {
-            eprintln!("skipping: built without the cuda feature");
-            None
-        }
-    }
-
-    fn live(&self, what: &str) -> i64 {
-        let f: unsafe extern "C" fn(*const std::ffi::c_char) -> i64 = self.lib.sym("fakecuda_live");
-        let name = CString::new(what).unwrap();
-        // SAFETY: a valid C string.
-        unsafe { f(name.as_ptr()) }
-    }
-}
-
-impl Caller for CudaCaller {
-    fn device(&self) -> Arc<dyn Device> {
-        Arc::clone(&self.device)
-    }
-    fn stream(&self) -> Stream {
-        let create: CuCreate = self.lib.sym("cuStreamCreate");
-        let mut s = std::ptr::null_mut();
-        // SAFETY: one handle written; flags 0 = CU_STREAM_DEFAULT.
-        assert_eq!(unsafe { create(&mut s, 0) }, 0, "cuStreamCreate");
-        Stream::from_raw(s as u64)
-    }
-    fn hold(&self, on: bool) {
-        let f: unsafe extern "C" fn(c_int) = self.lib.sym("fakecuda_hold_events");
-        // SAFETY: a plain value.
-        unsafe { f(c_int::from(on)) };
-    }
-    fn record_work(&self, s: Stream) -> u64 {
-        let create: CuCreate = self.lib.sym("cuEventCreate");
-        let record: CuRecord = self.lib.sym("cuEventRecord");
-        let mut e = std::ptr::null_mut();
-        // SAFETY: one handle written; then a live event on a live stream.
-        unsafe {
-            assert_eq!(create(&mut e, 2), 0, "cuEventCreate");
-            assert_eq!(record(e, s.as_raw() as *mut c_void), 0, "cuEventRecord");
-        }
-        e as u64
-    }
-    fn work_done(&self, work: u64) -> bool {
-        let query: CuHandle = self.lib.sym("cuEventQuery");
-        // SAFETY: a live event of the caller's.
-        match unsafe { query(work as *mut c_void) } {
-            0 => true,
-            600 => false, // CUDA_ERROR_NOT_READY
-            other => panic!("cuEventQuery: {other}"),
-        }
-    }
-    fn finish(&self, streams: &[Stream], works: &[u64]) {
-        let destroy_stream: CuHandle = self.lib.sym("cuStreamDestroy_v2");
-        let destroy_event: CuHandle = self.lib.sym("cuEventDestroy_v2");
-        // SAFETY: the caller's own live handles, each destroyed once.
-        unsafe {
-            for &w in works {
-                assert_eq!(destroy_event(w as *mut c_void), 0);
-            }
-            for s in streams {
-                assert_eq!(destroy_stream(s.as_raw() as *mut c_void), 0);
-            }
-        }
-        for what in [
-            "allocations",
-            "handles",
-            "mappings",
-            "reservations",
-            "pool_blocks",
-        ] {
-            assert_eq!(self.live(what), 0, "fakecuda still holds {what}");
-        }
-        assert_eq!(self.live("events"), 0, "events left behind");
-        assert_eq!(self.live("streams"), 0, "streams left behind");
-    }
-}
-
-// ---- the HIP shim over fakehip --------------------------------------------------------
-
-struct HipCaller {
-    lib: Library,
-    device: Arc<dyn Device>,
-}
-
-impl HipCaller {
-    fn new(version: i32) -> Option<HipCaller> {
-        #[cfg(feature = "hip")]
-        {
-            use portalloc::backends::hip::{HipDevice, Runtime};
-            let built = built(option_env!("PORTALLOC_TEST_DRIVER_FAKEHIP"), "fakehip")?;
-            let lib = Library::copy_of(built);
-            let reset: unsafe extern "C" fn() = lib.sym("fakehip_reset");
-            let set_version: unsafe extern "C" fn(c_int) = lib.sym("fakehip_set_version");
-            let set_devices: unsafe extern "C" fn(c_int, u64) = lib.sym("fakehip_set_devices");
-            // SAFETY: control functions with plain values.
-            unsafe {
-                reset();
-                set_version(version);
-                set_devices(1, 256 * MIB);
-            }
-            let runtime = Arc::new(Runtime::load(&[lib.path()]).expect("fakehip loads"));
-            let device = HipDevice::open(runtime, 0).expect("open the fake device");
-            Some(HipCaller {
-                lib,
-                device: Arc::new(device),
-            })
-        }
-        #[cfg(not(feature = "hip"))]
-        {
-            let _ = version;
-            eprintln!("skipping: built without the hip feature");
-            None
-        }
-    }
-
-    fn count(&self, what: &str) -> i64 {
-        let f: unsafe extern "C" fn(*const std::ffi::c_char) -> i64 = self.lib.sym("fakehip_count");
-        let name = CString::new(what).unwrap();
-        // SAFETY: a valid C string.
-        unsafe { f(name.as_ptr()) }
-    }
-}
-
-impl Caller for HipCaller {
-    fn device(&self) -> Arc<dyn Device> {
-        Arc::clone(&self.device)
-    }
-    fn stream(&self) -> Stream {
-        let create: CuCreate = self.lib.sym("hipStreamCreateWithFlags");
-        let mut s = std::ptr::null_mut();
-        // SAFETY: one handle written; flags 0 = hipStreamDefault.
-        assert_eq!(unsafe { create(&mut s, 0) }, 0, "hipStreamCreateWithFlags");
-        Stream::from_raw(s as u64)
-    }
-    fn hold(&self, on: bool) {
-        let f: unsafe extern "C" fn(c_int) = self.lib.sym("fakehip_hold_events");
-        // SAFETY: a plain value.
-        unsafe { f(c_int::from(on)) };
-    }
-    fn record_work(&self, s: Stream) -> u64 {
-        let create: CuCreate = self.lib.sym("hipEventCreateWithFlags");
-        let record: CuRecord = self.lib.sym("hipEventRecord");
-        let mut e = std::ptr::null_mut();
-        // SAFETY: one handle written; then a live event on a live stream.
-        unsafe {
-            assert_eq!(create(&mut e, 2), 0, "hipEventCreateWithFlags");
-            assert_eq!(record(e, s.as_raw() as *mut c_void), 0, "hipEventRecord");
-        }
-        e as u64
-    }
-    fn work_done(&self, work: u64) -> bool {
-        let query: CuHandle = self.lib.sym("hipEventQuery");
-        // SAFETY: a live event of the caller's.
-        match unsafe { query(work as *mut c_void) } {
-            0 => true,
-            600 => false, // hipErrorNotReady
-            other => panic!("hipEventQuery: {other}"),
-        }
-    }
-    fn finish(&self, streams: &[Stream], works: &[u64]) {
-        let destroy_stream: CuHandle = self.lib.sym("hipStreamDestroy");
-        let destroy_event: CuHandle = self.lib.sym("hipEventDestroy");
-        // SAFETY: the caller's own live handles, each destroyed once.
-        unsafe {
-            for &w in works {
-                assert_eq!(destroy_event(w as *mut c_void), 0);
-            }
-            for s in streams {
-                assert_eq!(destroy_stream(s.as_raw() as *mut c_void), 0);
-            }
-        }
-        for what in [
-            "allocations",
-            "pool_allocations",
-            "handles",
-            "mappings",
-            "reservations",
-        ] {
-            assert_eq!(self.count(what), 0, "fakehip still holds {what}");
-        }
-        assert_eq!(self.count("events"), 0, "events left behind");
-        assert_eq!(self.count("streams"), 0, "streams left behind");
     }
 }
 
@@ -491,28 +220,6 @@ fn host_foreign_streams(simulated: bool) {
     }
 }
 
-#[test]
-fn cuda_foreign_streams() {
-    for strategy in ALL {
-        let Some(caller) = CudaCaller::new() else {
-            return;
-        };
-        no_early_reuse(&caller, strategy);
-    }
-}
-
-#[test_case(50_221_153 ; "rocm 5")]
-#[test_case(60_241_133 ; "rocm 6")]
-#[test_case(70_051_831 ; "rocm 7")]
-fn hip_foreign_streams(version: i32) {
-    for strategy in ALL {
-        let Some(caller) = HipCaller::new(version) else {
-            return;
-        };
-        no_early_reuse(&caller, strategy);
-    }
-}
-
 /// The per-thread default stream names another stream on each thread: memory freed on it is
 /// not handed to the same handle at once, and never to another stream before its work.
 #[test]
@@ -538,43 +245,343 @@ fn per_thread_handle_is_not_reused_at_once() {
     }
 }
 
-/// The device refuses to record an event on the caller's stream and to synchronise it (a
-/// stream the caller destroyed, say): the memory is not handed out early — the device is
-/// synchronised instead.
-#[test]
-fn refusals_are_not_idle() {
-    let Some(caller) = CudaCaller::new() else {
-        return;
+// ---- the CUDA and HIP shims over their conformance drivers ------------------------------
+
+#[cfg(any(feature = "cuda", feature = "hip"))]
+mod drivers {
+    use std::ffi::{c_int, c_uint, c_void, CString};
+    use std::path::PathBuf;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    use super::*;
+    use test_case::test_case;
+
+    /// The path of a conformance driver build.rs made; `None` (with a message) when it made none —
+    /// an error under `CI=true`, where every driver must run.
+    fn built(path: Option<&'static str>, name: &str) -> Option<&'static str> {
+        if path.is_none() {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "the conformance driver {name} was not built (no C compiler); CI=true requires it"
+            );
+            eprintln!("skipping: the conformance driver {name} was not built (no C compiler)");
+        }
+        path
+    }
+
+    /// A private copy of a conformance driver (its own state), removed on drop.
+    struct Library {
+        lib: libloading::Library,
+        path: PathBuf,
+    }
+
+    impl Library {
+        fn copy_of(built: &str) -> Library {
+            static COPIES: AtomicU64 = AtomicU64::new(0);
+            let n = COPIES.fetch_add(1, Ordering::Relaxed);
+            let name = PathBuf::from(built);
+            let path = std::env::temp_dir().join(format!(
+                "portalloc-foreign-{}-{n}-{}",
+                std::process::id(),
+                name.file_name().unwrap().to_string_lossy()
+            ));
+            std::fs::copy(built, &path).expect("copy the conformance driver");
+            // SAFETY: our own test library; its initialisers do nothing.
+            let lib = unsafe { libloading::Library::new(&path) }.expect("load the driver");
+            Library { lib, path }
+        }
+
+        fn path(&self) -> String {
+            self.path.to_string_lossy().into_owned()
+        }
+
+        /// The symbol `name` with the signature `T` its C file gives it.
+        fn sym<T: Copy>(&self, name: &str) -> T {
+            // SAFETY: every caller names a function with the signature the C file defines.
+            *unsafe { self.lib.get::<T>(name.as_bytes()) }.expect(name)
+        }
+    }
+
+    impl Drop for Library {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+
+    /// The driver calls a caller makes itself, by vendor: the names, and what the driver's
+    /// inspection functions are called.
+    struct Api {
+        stream_create: &'static str,
+        stream_destroy: &'static str,
+        event_create: &'static str,
+        event_record: &'static str,
+        event_query: &'static str,
+        event_destroy: &'static str,
+        hold: &'static str,
+        /// The conformance driver's count of live objects by name.
+        count: &'static str,
+        /// What must be back to zero at the end.
+        counted: &'static [&'static str],
+    }
+
+    const CUDA: Api = Api {
+        stream_create: "cuStreamCreate",
+        stream_destroy: "cuStreamDestroy_v2",
+        event_create: "cuEventCreate",
+        event_record: "cuEventRecord",
+        event_query: "cuEventQuery",
+        event_destroy: "cuEventDestroy_v2",
+        hold: "fakecuda_hold_events",
+        count: "fakecuda_live",
+        counted: &[
+            "allocations",
+            "handles",
+            "mappings",
+            "reservations",
+            "pool_blocks",
+            "events",
+            "streams",
+        ],
     };
-    for strategy in [Strategy::Bfc, Strategy::Vmm] {
-        let a = build(strategy, caller.device()).unwrap();
-        let (s, t) = (caller.stream(), caller.stream());
-        caller.hold(true);
-        let keep = a.allocate(4096, 0, t, "t").unwrap();
-        let x = a.allocate(SIZE, 0, s, "x").unwrap();
-        let freed = (x.ptr(), x.ptr() + SIZE);
-        let work = caller.record_work(s);
-        let fail: unsafe extern "C" fn(*const std::ffi::c_char, c_int, c_int) =
-            caller.lib.sym("fakecuda_fail_call");
-        let (record, sync) = (c"cuEventRecord", c"cuStreamSynchronize");
-        // SAFETY: valid names; fail the next call of each with CUDA_ERROR_INVALID_HANDLE.
-        unsafe {
-            fail(record.as_ptr(), 1, 400);
-            fail(sync.as_ptr(), 1, 400);
+
+    const HIP: Api = Api {
+        stream_create: "hipStreamCreateWithFlags",
+        stream_destroy: "hipStreamDestroy",
+        event_create: "hipEventCreateWithFlags",
+        event_record: "hipEventRecord",
+        event_query: "hipEventQuery",
+        event_destroy: "hipEventDestroy",
+        hold: "fakehip_hold_events",
+        count: "fakehip_count",
+        counted: &[
+            "allocations",
+            "pool_allocations",
+            "handles",
+            "mappings",
+            "reservations",
+            "events",
+            "streams",
+        ],
+    };
+
+    /// `cuXxxCreate(&handle, flags)` / `hipXxxCreateWithFlags(&handle, flags)`.
+    type Create = unsafe extern "C" fn(*mut *mut c_void, c_uint) -> c_int;
+    /// A call on one handle.
+    type OnHandle = unsafe extern "C" fn(*mut c_void) -> c_int;
+    /// `cuEventRecord(event, stream)` / `hipEventRecord(event, stream)`.
+    type Record = unsafe extern "C" fn(*mut c_void, *mut c_void) -> c_int;
+    /// Both drivers' "not ready" code (`CUDA_ERROR_NOT_READY`, `hipErrorNotReady`).
+    const NOT_READY: c_int = 600;
+    /// The events' flags: timing disabled (2 in both APIs).
+    const DISABLE_TIMING: c_uint = 2;
+
+    struct DriverCaller {
+        lib: Library,
+        device: Arc<dyn Device>,
+        api: &'static Api,
+    }
+
+    impl DriverCaller {
+        /// The CUDA shim over a private copy of fakecuda (256 MiB).
+        fn cuda() -> Option<DriverCaller> {
+            #[cfg(feature = "cuda")]
+            {
+                use portalloc::backends::cuda::{CudaDevice, Driver};
+                let built = built(option_env!("PORTALLOC_TEST_DRIVER_FAKECUDA"), "fakecuda")?;
+                let lib = Library::copy_of(built);
+                let configure: unsafe extern "C" fn(c_int, u64, u64, c_int) -> c_int =
+                    lib.sym("fakecuda_configure");
+                // SAFETY: plain values, before cuInit.
+                unsafe { configure(1, 256 * MIB, 0, 0) };
+                let driver = Arc::new(Driver::load(&[lib.path()]).expect("fakecuda loads"));
+                let device = CudaDevice::open(driver, 0).expect("open the fake device");
+                // Any call makes the device's primary context current on this thread, as the
+                // runtime API does for PyTorch: the caller's own driver calls below use it.
+                device.mem_info().unwrap();
+                Some(DriverCaller {
+                    lib,
+                    device: Arc::new(device),
+                    api: &CUDA,
+                })
+            }
+            #[cfg(not(feature = "cuda"))]
+            {
+                eprintln!("skipping: built without the cuda feature");
+                None
+            }
         }
-        a.deallocate(x).unwrap();
-        assert!(
-            caller.work_done(work),
-            "{strategy:?}: neither an event nor the stream: the device was synchronised"
-        );
-        let y = a.allocate(SIZE, 0, t, "t").unwrap();
-        assert!(!overlaps(&y, freed) || caller.work_done(work));
-        caller.hold(false);
-        for z in [keep, y] {
-            a.deallocate(z).unwrap();
+
+        /// The HIP shim over a private copy of fakehip (256 MiB) as ROCm `version`.
+        fn hip(version: i32) -> Option<DriverCaller> {
+            #[cfg(feature = "hip")]
+            {
+                use portalloc::backends::hip::{HipDevice, Runtime};
+                let built = built(option_env!("PORTALLOC_TEST_DRIVER_FAKEHIP"), "fakehip")?;
+                let lib = Library::copy_of(built);
+                let reset: unsafe extern "C" fn() = lib.sym("fakehip_reset");
+                let set_version: unsafe extern "C" fn(c_int) = lib.sym("fakehip_set_version");
+                let set_devices: unsafe extern "C" fn(c_int, u64) = lib.sym("fakehip_set_devices");
+                // SAFETY: control functions with plain values.
+                unsafe {
+                    reset();
+                    set_version(version);
+                    set_devices(1, 256 * MIB);
+                }
+                let runtime = Arc::new(Runtime::load(&[lib.path()]).expect("fakehip loads"));
+                let device = HipDevice::open(runtime, 0).expect("open the fake device");
+                Some(DriverCaller {
+                    lib,
+                    device: Arc::new(device),
+                    api: &HIP,
+                })
+            }
+            #[cfg(not(feature = "hip"))]
+            {
+                let _ = version;
+                eprintln!("skipping: built without the hip feature");
+                None
+            }
         }
-        a.trim().unwrap();
-        drop(a);
-        caller.finish(&[s, t], &[work]);
+
+        fn count(&self, what: &str) -> i64 {
+            let f: unsafe extern "C" fn(*const std::ffi::c_char) -> i64 =
+                self.lib.sym(self.api.count);
+            let name = CString::new(what).unwrap();
+            // SAFETY: a valid C string.
+            unsafe { f(name.as_ptr()) }
+        }
+    }
+
+    impl Caller for DriverCaller {
+        fn device(&self) -> Arc<dyn Device> {
+            Arc::clone(&self.device)
+        }
+        fn stream(&self) -> Stream {
+            let create: Create = self.lib.sym(self.api.stream_create);
+            let mut s = std::ptr::null_mut();
+            // SAFETY: one handle written; flags 0 = a blocking stream.
+            assert_eq!(
+                unsafe { create(&mut s, 0) },
+                0,
+                "{}",
+                self.api.stream_create
+            );
+            Stream::from_raw(s as u64)
+        }
+        fn hold(&self, on: bool) {
+            let f: unsafe extern "C" fn(c_int) = self.lib.sym(self.api.hold);
+            // SAFETY: a plain value.
+            unsafe { f(c_int::from(on)) };
+        }
+        fn record_work(&self, s: Stream) -> u64 {
+            let create: Create = self.lib.sym(self.api.event_create);
+            let record: Record = self.lib.sym(self.api.event_record);
+            let mut e = std::ptr::null_mut();
+            // SAFETY: one handle written; then a live event on a live stream.
+            unsafe {
+                assert_eq!(
+                    create(&mut e, DISABLE_TIMING),
+                    0,
+                    "{}",
+                    self.api.event_create
+                );
+                assert_eq!(
+                    record(e, s.as_raw() as *mut c_void),
+                    0,
+                    "{}",
+                    self.api.event_record
+                );
+            }
+            e as u64
+        }
+        fn work_done(&self, work: u64) -> bool {
+            let query: OnHandle = self.lib.sym(self.api.event_query);
+            // SAFETY: a live event of the caller's.
+            match unsafe { query(work as *mut c_void) } {
+                0 => true,
+                NOT_READY => false,
+                other => panic!("{}: {other}", self.api.event_query),
+            }
+        }
+        fn finish(&self, streams: &[Stream], works: &[u64]) {
+            let destroy_stream: OnHandle = self.lib.sym(self.api.stream_destroy);
+            let destroy_event: OnHandle = self.lib.sym(self.api.event_destroy);
+            // SAFETY: the caller's own live handles, each destroyed once.
+            unsafe {
+                for &w in works {
+                    assert_eq!(destroy_event(w as *mut c_void), 0);
+                }
+                for s in streams {
+                    assert_eq!(destroy_stream(s.as_raw() as *mut c_void), 0);
+                }
+            }
+            for what in self.api.counted {
+                assert_eq!(self.count(what), 0, "the driver still holds {what}");
+            }
+        }
+    }
+
+    #[test]
+    fn cuda_foreign_streams() {
+        for strategy in ALL {
+            let Some(caller) = DriverCaller::cuda() else {
+                return;
+            };
+            no_early_reuse(&caller, strategy);
+        }
+    }
+
+    #[test_case(50_221_153 ; "rocm 5")]
+    #[test_case(60_241_133 ; "rocm 6")]
+    #[test_case(70_051_831 ; "rocm 7")]
+    fn hip_foreign_streams(version: i32) {
+        for strategy in ALL {
+            let Some(caller) = DriverCaller::hip(version) else {
+                return;
+            };
+            no_early_reuse(&caller, strategy);
+        }
+    }
+
+    /// The device refuses to record an event on the caller's stream and to synchronise it (a
+    /// stream the caller destroyed, say): the memory is not handed out early — the device is
+    /// synchronised instead.
+    #[test]
+    fn refusals_are_not_idle() {
+        let Some(caller) = DriverCaller::cuda() else {
+            return;
+        };
+        for strategy in [Strategy::Bfc, Strategy::Vmm] {
+            let a = build(strategy, caller.device()).unwrap();
+            let (s, t) = (caller.stream(), caller.stream());
+            caller.hold(true);
+            let keep = a.allocate(4096, 0, t, "t").unwrap();
+            let x = a.allocate(SIZE, 0, s, "x").unwrap();
+            let freed = (x.ptr(), x.ptr() + SIZE);
+            let work = caller.record_work(s);
+            let fail: unsafe extern "C" fn(*const std::ffi::c_char, c_int, c_int) =
+                caller.lib.sym("fakecuda_fail_call");
+            let (record, sync) = (c"cuEventRecord", c"cuStreamSynchronize");
+            // SAFETY: valid names; fail the next call of each with CUDA_ERROR_INVALID_HANDLE.
+            unsafe {
+                fail(record.as_ptr(), 1, 400);
+                fail(sync.as_ptr(), 1, 400);
+            }
+            a.deallocate(x).unwrap();
+            assert!(
+                caller.work_done(work),
+                "{strategy:?}: neither an event nor the stream: the device was synchronised"
+            );
+            let y = a.allocate(SIZE, 0, t, "t").unwrap();
+            assert!(!overlaps(&y, freed) || caller.work_done(work));
+            caller.hold(false);
+            for z in [keep, y] {
+                a.deallocate(z).unwrap();
+            }
+            a.trim().unwrap();
+            drop(a);
+            caller.finish(&[s, t], &[work]);
+        }
     }
 }

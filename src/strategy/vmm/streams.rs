@@ -81,35 +81,42 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         true
     }
 
-    /// Returns the pending frees that are safe now.
-    fn poll_pending(&self, inner: &mut Inner) {
+    /// Runs `step` on the stream-order books, then returns the chunks it gave back to the
+    /// free space.
+    fn give_back<R>(
+        &self,
+        inner: &mut Inner,
+        step: impl FnOnce(&mut StreamOrder, &D, &mut Vec<VmmChunk>) -> R,
+    ) -> R {
         let mut done = Vec::new();
-        inner.order.poll(&*self.device, |c| done.push(c));
+        let result = step(&mut inner.order, &*self.device, &mut done);
         for c in done {
             self.release_chunk(inner, c);
         }
+        result
+    }
+
+    /// Returns the pending frees that are safe now.
+    fn poll_pending(&self, inner: &mut Inner) {
+        self.give_back(inner, |order, device, done| {
+            order.poll(device, |c| done.push(c))
+        });
     }
 
     /// Waits for every pending free and returns them all (those that cannot be waited for
     /// stay pending).
     pub(super) fn sync_pending(&self, inner: &mut Inner) -> crate::Result<()> {
-        let mut done = Vec::new();
-        let waited = inner.order.sync_all(&*self.device, |c| done.push(c));
-        for c in done {
-            self.release_chunk(inner, c);
-        }
-        waited
+        self.give_back(inner, |order, device, done| {
+            order.sync_all(device, |c| done.push(c))
+        })
     }
 
     /// Waits for the work on every freed chunk (pending or freed at once on one stream) and
     /// returns the pending ones: before memory goes back to the device.
     pub(super) fn settle(&self, inner: &mut Inner) -> crate::Result<()> {
-        let mut done = Vec::new();
-        let settled = inner.order.settle(&*self.device, |c| done.push(c));
-        for c in done {
-            self.release_chunk(inner, c);
-        }
-        settled
+        self.give_back(inner, |order, device, done| {
+            order.settle(device, |c| done.push(c))
+        })
     }
 
     /// Polls the pending frees, then serves the request from one of `stream`'s own: the
