@@ -584,4 +584,31 @@ mod drivers {
             caller.finish(&[s, t], &[work]);
         }
     }
+
+    /// The special handles CUDA and HIP both define — the null stream, the legacy default
+    /// stream (0x1) and the per-thread default stream (0x2) — are streams like any other:
+    /// events are recorded on them, they are synchronised, pools serve them.
+    #[test]
+    fn special_handles_are_streams() {
+        let callers = [DriverCaller::cuda(), DriverCaller::hip(60_241_133)];
+        for caller in callers.into_iter().flatten() {
+            let d = caller.device();
+            let e = d.create_event().unwrap();
+            for s in [Stream::DEFAULT, Stream::LEGACY, Stream::PER_THREAD] {
+                caller.hold(true);
+                d.record_event(e, s).unwrap();
+                assert!(!d.event_complete(e).unwrap(), "{s:?}: held in flight");
+                d.synchronize_stream(s).unwrap();
+                assert!(d.event_complete(e).unwrap(), "{s:?}: synchronised");
+                caller.hold(false);
+                if let Some(pool) = d.stream_ordered_pool() {
+                    let p = pool.alloc_async(MIB, s).unwrap();
+                    pool.free_async(p, s).unwrap();
+                }
+            }
+            d.synchronize_device().unwrap();
+            d.destroy_event(e).unwrap();
+            caller.finish(&[], &[]);
+        }
+    }
 }
