@@ -267,3 +267,54 @@ fn replay_refuses_bad_input_with_what_is_accepted() {
     assert!(!ok);
     assert!(!err.is_empty());
 }
+
+/// A snapshot portalloc itself wrote, with a tag of 70,000 characters and one carrying a
+/// terminal escape: `portalloc ledger` prints it (the tag cut to its column, the escape
+/// escaped) rather than panicking ("Formatting argument out of range" at 65,536).
+#[test]
+fn ledger_prints_a_snapshot_with_a_huge_tag() {
+    use std::sync::Arc;
+
+    use portalloc::adaptor::LedgerAllocator;
+    use portalloc::backends::host::HostDevice;
+    use portalloc::strategy::bfc::{BfcAllocator, BfcOptions};
+    use portalloc::{Allocator, Stream};
+
+    let device = Arc::new(
+        HostDevice::builder()
+            .capacity(64 << 20)
+            .simulated(true)
+            .build()
+            .unwrap(),
+    );
+    let bfc = BfcAllocator::new(
+        device,
+        BfcOptions {
+            limit: 32 << 20,
+            preallocate: false,
+        },
+    )
+    .unwrap();
+    let ledger = LedgerAllocator::new(bfc);
+    let huge = "x".repeat(70_000);
+    let a = ledger.allocate(4096, 0, Stream::DEFAULT, &huge).unwrap();
+    let b = ledger
+        .allocate(4096, 0, Stream::DEFAULT, "red\u{1b}[31mtext")
+        .unwrap();
+    let path = std::env::temp_dir().join(format!("portalloc-huge-tag-{}.json", std::process::id()));
+    ledger.write_json(&path).unwrap();
+    let (ok, out, err) = portalloc(&["ledger", path.to_str().unwrap()], &[]);
+    let _ = std::fs::remove_file(&path);
+    assert!(ok, "{err}");
+    assert!(out.contains("xxxxxxxx…"), "{out}");
+    assert!(
+        !out.contains('\u{1b}'),
+        "the escape reached the terminal: {out}"
+    );
+    assert!(out.contains("red\\u{1b}[31mtext"), "{out}");
+    let longest = out.lines().map(|l| l.chars().count()).max().unwrap();
+    assert!(longest < 200, "a line of {longest} characters");
+    for x in [a, b] {
+        ledger.deallocate(x).unwrap();
+    }
+}

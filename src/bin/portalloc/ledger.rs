@@ -59,6 +59,28 @@ pub fn run(args: LedgerArgs) -> Result<()> {
     Ok(())
 }
 
+/// The most characters of a tag the tables show: a tag is the program's text, of any length
+/// (a column width past 65,535 would not even format).
+pub const TAG_COLUMN: usize = 48;
+
+/// A tag as the tables show it: control characters escaped (a snapshot is a file, and its
+/// text must not drive the terminal), at most [`TAG_COLUMN`] characters, with `…` when cut.
+fn shown(tag: &str) -> String {
+    let mut out = String::new();
+    for (n, c) in tag.chars().enumerate() {
+        if n + 1 >= TAG_COLUMN && tag.chars().nth(n + 1).is_some() {
+            out.push('…');
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// The text report of a snapshot.
 pub fn render(s: &LedgerSnapshot, oldest: usize, backtraces: bool) -> String {
     let mut out = String::new();
@@ -90,7 +112,7 @@ pub fn render(s: &LedgerSnapshot, oldest: usize, backtraces: bool) -> String {
     let width = s
         .tags
         .iter()
-        .map(|t| t.tag.chars().count())
+        .map(|t| shown(&t.tag).chars().count())
         .max()
         .unwrap_or(3)
         .max(3);
@@ -103,7 +125,7 @@ pub fn render(s: &LedgerSnapshot, oldest: usize, backtraces: bool) -> String {
         let _ = writeln!(
             out,
             "{:<width$}  {:>6}  {:>12}  {:>12}  {:>12}  {:>12}  {:>8}  {:>7}",
-            t.tag,
+            shown(&t.tag),
             t.live,
             Bytes(t.bytes).to_string(),
             Bytes(t.rounded_bytes).to_string(),
@@ -123,15 +145,14 @@ pub fn render(s: &LedgerSnapshot, oldest: usize, backtraces: bool) -> String {
             "seq", "tag", "size", "charged", "stream", "ptr"
         );
         for a in s.live.iter().take(n) {
-            let donated = a
-                .donated_from
-                .as_ref()
-                .map_or(String::new(), |d| format!("  (donated from `{d}`)"));
+            let donated = a.donated_from.as_ref().map_or(String::new(), |d| {
+                format!("  (donated from `{}`)", shown(d))
+            });
             let _ = writeln!(
                 out,
                 "  {:>8}  {:<width$}  {:>12}  {:>12}  {:>8}  {:>#18x}{donated}",
                 a.seq,
-                a.tag,
+                shown(&a.tag),
                 Bytes(a.size).to_string(),
                 Bytes(a.rounded).to_string(),
                 a.stream,
