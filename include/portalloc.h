@@ -181,7 +181,8 @@ PortallocStatus portalloc_allocate(struct PortallocAllocator *allocator,
 
 // Frees the buffer `handle` names. A handle already freed or donated is refused with
 // `PORTALLOC_STATUS_INVALID_HANDLE` ("buffer has been deleted or donated"); nothing is freed
-// twice.
+// twice. Handles are unique among the live allocators of the process: another allocator's
+// handle is refused the same way ("not issued by this allocator").
 //
 // # Safety
 // None beyond the ABI: `allocator` is only looked up, never dereferenced.

@@ -322,6 +322,32 @@ fn hostile_values_are_refused(case: Hostile, status: PortallocStatus, text: &str
     assert_eq!(stats(&f.a).bytes_in_use, 0);
 }
 
+/// Another allocator's handle is refused by this one, and frees nothing of its own: every
+/// allocator's first handle used to be the same number, so `portalloc_free(b, a's handle)`
+/// freed b's live buffer.
+#[test]
+fn another_allocators_handle_is_refused() {
+    let (a, b) = (make(c"bfc"), make(c"bfc"));
+    let (ha, _) = allocate(&a, MIB, c"a");
+    let (hb, _) = allocate(&b, MIB, c"b");
+    assert_ne!(ha, hb, "two allocators' first handles differ");
+    // SAFETY: plain values; the allocators are live.
+    let status = unsafe { portalloc_free(b.0, ha) };
+    assert_eq!(status, PortallocStatus::InvalidHandle);
+    assert!(
+        last_error().contains("not issued by this allocator"),
+        "{}",
+        last_error()
+    );
+    assert_eq!(stats(&b).live_allocations, 1, "b's own buffer is untouched");
+    assert_eq!(stats(&a).live_allocations, 1);
+    // SAFETY: each allocator's own handle.
+    unsafe {
+        assert_eq!(portalloc_free(a.0, ha), PortallocStatus::Ok);
+        assert_eq!(portalloc_free(b.0, hb), PortallocStatus::Ok);
+    }
+}
+
 #[test]
 fn refused_handle_message_names_the_handle() {
     let f = fixture();

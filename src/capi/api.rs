@@ -3,6 +3,7 @@
 use std::ffi::{c_char, c_void};
 use std::sync::{Arc, Mutex};
 
+use super::handles::{HandleTable, Refusal};
 use super::{
     guard, last_error_ptr, lookup, read_str, register, unregister, write_opt, write_out, Failure,
     Instance, PortallocAllocator, PortallocStatus,
@@ -178,7 +179,7 @@ pub(crate) fn make_instance(
     let ledger = LedgerAllocator::from_boxed(strategy, options).with_device(device);
     Ok(Instance {
         ledger,
-        table: Mutex::default(),
+        table: Mutex::new(HandleTable::new()?),
         global,
     })
 }
@@ -349,12 +350,21 @@ pub(crate) fn allocate(
         .ledger
         .allocate(size, alignment, Stream(stream), tag.unwrap_or("buffer"))?;
     let ptr = a.ptr();
-    Ok((instance.table().insert(a), ptr))
+    let inserted = instance.table().insert(a);
+    match inserted {
+        Ok(handle) => Ok((handle, ptr)),
+        Err(a) => {
+            // No handle to give: hand the buffer back rather than leak it.
+            let _ = instance.ledger.deallocate(a);
+            Err(Refusal::Full.into())
+        }
+    }
 }
 
 /// Frees the buffer `handle` names. A handle already freed or donated is refused with
 /// `PORTALLOC_STATUS_INVALID_HANDLE` ("buffer has been deleted or donated"); nothing is freed
-/// twice.
+/// twice. Handles are unique among the live allocators of the process: another allocator's
+/// handle is refused the same way ("not issued by this allocator").
 ///
 /// # Safety
 /// None beyond the ABI: `allocator` is only looked up, never dereferenced.
@@ -471,7 +481,11 @@ pub unsafe extern "C" fn portalloc_donate(
             let donated = instance
                 .ledger
                 .donate(a, tag.as_deref().unwrap_or("donated"))?;
-            table.insert(donated)
+            // The slot just freed by `take` is vacant: this cannot be full.
+            table.insert(donated).map_err(|a| {
+                let _ = instance.ledger.deallocate(a);
+                Failure::from(Refusal::Full)
+            })?
         };
         // SAFETY: the caller's promise on `out_handle`, checked non-null above.
         unsafe { write_out(CALL, "out_handle", out_handle, new_handle) }

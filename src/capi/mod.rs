@@ -178,6 +178,7 @@ impl From<Refusal> for Failure {
         let status = match r {
             Refusal::UnknownPointer { .. } => PortallocStatus::UnknownPointer,
             Refusal::Gone { .. } | Refusal::NeverIssued { .. } => PortallocStatus::InvalidHandle,
+            Refusal::Full => PortallocStatus::OutOfMemory,
         };
         Failure::new(status, r.to_string())
     }
