@@ -318,3 +318,52 @@ fn ledger_prints_a_snapshot_with_a_huge_tag() {
         ledger.deallocate(x).unwrap();
     }
 }
+
+/// The issue's reproducers, as a user types them (#12 bug 5 and the smaller ones): a trace
+/// that needs 100 GiB reports peak live 100 GiB on an 80 GB device that runs out, and its
+/// min capacity; capacities of 0 and 1 byte are refused naming `--capacity`; a request
+/// within 255 B of u64::MAX stops the replay naming the file and the event.
+#[test]
+fn replay_reports_the_demand_and_refuses_what_it_cannot_simulate() {
+    let dir = temp_dir("demand");
+    let big = dir.join("g.jsonl");
+    std::fs::write(
+        &big,
+        "{\"format\":\"portalloc-trace\",\"version\":1,\"source\":\"x\"}\n\
+         [0,0,0,0,\"a\",1,107374182400]\n[1,0,0,0,\"f\",1,107374182400]\n{\"end\":{\"events\":2}}\n",
+    )
+    .unwrap();
+    let big = big.to_string_lossy().into_owned();
+    let args = [
+        "replay",
+        &big,
+        "--strategies",
+        "bfc,platform",
+        "--min-capacity",
+        "--json",
+    ];
+    let (ok, out, err) = portalloc(&args, &[]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    for r in v["traces"][0]["results"].as_array().unwrap() {
+        assert_eq!(r["peak_live"], 107_374_182_400_u64, "{r}");
+        assert_eq!(r["oom_count"], 1, "{r}");
+        let min = r["min_capacity"]["bytes"].as_u64().expect("a min capacity");
+        assert!((100 << 30..=101 << 30).contains(&min), "{r}");
+    }
+    for capacity in ["0", "1", "2TiB"] {
+        let (ok, _, err) = portalloc(&["replay", &big, "--capacity", capacity], &[]);
+        assert!(!ok);
+        assert!(err.contains("--capacity") && err.contains("1TiB"), "{err}");
+    }
+    let huge = dir.join("h.jsonl");
+    std::fs::write(
+        &huge,
+        "{\"format\":\"portalloc-trace\",\"version\":1,\"source\":\"x\"}\n\
+         [0,0,0,0,\"a\",1,18446744073709551515]\n{\"end\":{\"events\":1}}\n",
+    )
+    .unwrap();
+    let (ok, _, err) = portalloc(&["replay", huge.to_str().unwrap()], &[]);
+    assert!(!ok);
+    assert!(err.contains("h.jsonl") && err.contains("event 0"), "{err}");
+}

@@ -147,7 +147,69 @@ fn running_out_is_counted_with_the_first_failing_event_and_its_frees_skipped() {
     assert_eq!((f.seq, f.size, f.live), (Some(1), 6 * MIB, 6 * MIB));
     assert!(!f.message.is_empty());
     assert_eq!(r.skipped_frees, 1);
-    assert_eq!(r.peak_live, 7 * MIB, "what was actually served");
+    assert_eq!(
+        r.peak_live,
+        13 * MIB,
+        "the trace's demand, the refused request included (7 MiB were served)"
+    );
+}
+
+/// Peak live is the trace's demand whatever the allocator served (#12 bug 5): a 100 GiB
+/// request that an 80 GB device at fraction 0.75 refuses still counts, the same for every
+/// strategy, and the capacity planner finds the ~100 GiB device that runs it (it said
+/// "> 64× live" when peak live was what had been served: nothing).
+#[test_case(ReplayStrategy::Bfc ; "bfc")]
+#[test_case(ReplayStrategy::BfcGrow ; "bfc growing")]
+#[test_case(ReplayStrategy::Vmm ; "vmm")]
+#[test_case(ReplayStrategy::Platform ; "platform")]
+fn peak_live_is_the_demand_even_when_it_runs_out(strategy: ReplayStrategy) {
+    const GIB: u64 = 1 << 30;
+    let input = trace(&[(A, 1, 100 * GIB), (F, 1, 100 * GIB)], 0);
+    let h100 = preset("h100-80g").unwrap();
+    let baseline = Baseline::scan(&input).unwrap();
+    let options = ReplayOptions {
+        device: h100,
+        fraction: 0.75,
+        samples: 0,
+    };
+    let r = replay(&input, &baseline, strategy, &options, None).unwrap();
+    assert_eq!(r.oom_count, 1);
+    assert_eq!(r.peak_live, 100 * GIB);
+    let m = min_capacity(&input, &baseline, strategy, h100, r.peak_live, 2 * MIB).unwrap();
+    let bytes = m.bytes.expect("a device of about 100 GiB runs it");
+    assert!(
+        (100 * GIB..=101 * GIB).contains(&bytes),
+        "{strategy:?}: {bytes} B"
+    );
+}
+
+/// A request no allocator can even round (within 255 B of u64::MAX) stops the replay with
+/// an error naming the event and the size.
+#[test]
+fn an_impossible_request_names_its_event() {
+    let input = trace(&[(A, 1, MIB), (A, 2, u64::MAX - 100), (F, 1, MIB)], 0);
+    let baseline = Baseline::scan(&input).unwrap();
+    let options = ReplayOptions {
+        device: device(64 * MIB),
+        fraction: 1.0,
+        samples: 0,
+    };
+    let e = replay(&input, &baseline, ReplayStrategy::Bfc, &options, None).unwrap_err();
+    let text = e.to_string();
+    assert!(
+        text.contains("event 1") && text.contains(&(u64::MAX - 100).to_string()),
+        "{text}"
+    );
+}
+
+#[test]
+fn capacities_outside_a_granule_to_a_tebibyte_are_refused() {
+    for c in [0, 1, 2 * MIB - 1, (1 << 40) + 1] {
+        assert!(preset::custom_checked(c).is_err(), "{c}");
+    }
+    for c in [2 * MIB, 80 << 30, 1 << 40] {
+        assert!(preset::custom_checked(c).is_ok(), "{c}");
+    }
 }
 
 #[test]

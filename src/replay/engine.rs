@@ -217,7 +217,9 @@ pub struct ReplayResult {
     pub fraction: f64,
     /// Events replayed.
     pub events: u64,
-    /// Highest sum of requested live bytes, baseline included: a floor for any allocator.
+    /// Highest sum of requested live bytes, baseline included — the trace's demand, counting
+    /// requests the allocator could not serve until their free: a floor for any allocator,
+    /// the same for every strategy.
     pub peak_live: u64,
     /// Highest bytes the allocator held from the device (`peak_pool_bytes`).
     pub peak_reserved: u64,
@@ -346,9 +348,15 @@ struct Run<'a> {
     allocator: &'a dyn Allocator,
     /// Trace id → the allocation serving it.
     live: FxHashMap<u64, Allocation>,
-    /// Ids whose allocation failed, so their free is skipped.
-    failed: FxHashSet<u64>,
+    /// Ids whose allocation failed, with their sizes: their free is skipped, but the trace's
+    /// demand still counts them until it comes.
+    failed: FxHashMap<u64, u64>,
+    /// Bytes served and live now.
     live_bytes: u64,
+    /// Bytes of `failed`.
+    failed_bytes: u64,
+    /// The most the trace asked to have live at once (`live_bytes + failed_bytes`): the
+    /// workload's demand, whatever the allocator managed to serve.
     peak_live: u64,
     oom_count: u64,
     first_failure: Option<Failure>,
@@ -369,8 +377,9 @@ impl<'a> Run<'a> {
         Run {
             allocator,
             live: FxHashMap::default(),
-            failed: FxHashSet::default(),
+            failed: FxHashMap::default(),
             live_bytes: 0,
+            failed_bytes: 0,
             peak_live: 0,
             oom_count: 0,
             first_failure: None,
@@ -390,11 +399,14 @@ impl<'a> Run<'a> {
         stream: Stream,
         tag: &str,
     ) -> Result<()> {
-        match self.allocator.allocate(size, 0, stream, tag) {
+        // The trace reused the id of a failed request (an importer anomaly): that demand ends.
+        if let Some(old) = self.failed.remove(&id) {
+            self.failed_bytes -= old;
+        }
+        let result = self.allocator.allocate(size, 0, stream, tag);
+        let outcome = match result {
             Ok(a) => {
                 self.live_bytes += size;
-                self.peak_live = self.peak_live.max(self.live_bytes);
-                self.bucket_peak = self.bucket_peak.max(self.live_bytes);
                 if let Some(old) = self.live.insert(id, a) {
                     // The trace reused a live id (an importer anomaly): keep books exact by
                     // releasing the allocation it replaced.
@@ -405,7 +417,8 @@ impl<'a> Run<'a> {
             }
             Err(e) if e.is_out_of_memory() || matches!(e, Error::ExceedsLimit { .. }) => {
                 self.oom_count += 1;
-                self.failed.insert(id);
+                self.failed.insert(id, size);
+                self.failed_bytes += size;
                 if self.first_failure.is_none() {
                     let message = e.to_string().lines().next().unwrap_or_default().to_string();
                     self.first_failure = Some(Failure {
@@ -418,15 +431,26 @@ impl<'a> Run<'a> {
                 }
                 Ok(())
             }
-            Err(e) => Err(e),
-        }
+            Err(e) => Err(Error::Trace(format!(
+                "{}: a request of {size} B cannot be replayed: {e}",
+                match seq {
+                    Some(n) => format!("event {n}"),
+                    None => "memory live before the window".to_string(),
+                }
+            ))),
+        };
+        let demand = self.live_bytes + self.failed_bytes;
+        self.peak_live = self.peak_live.max(demand);
+        self.bucket_peak = self.bucket_peak.max(demand);
+        outcome
     }
 
     fn free(&mut self, id: u64) -> Result<()> {
         if let Some(a) = self.live.remove(&id) {
             self.live_bytes -= a.size();
             self.allocator.deallocate(a)
-        } else if self.failed.remove(&id) {
+        } else if let Some(size) = self.failed.remove(&id) {
+            self.failed_bytes -= size;
             self.skipped_frees += 1;
             Ok(())
         } else {
@@ -442,7 +466,7 @@ impl<'a> Run<'a> {
                 live: self.bucket_peak,
                 reserved: self.allocator.stats().pool_bytes,
             });
-            self.bucket_peak = self.live_bytes;
+            self.bucket_peak = self.live_bytes + self.failed_bytes;
         }
     }
 
@@ -461,6 +485,9 @@ pub struct MinCapacity {
     /// the strategy ran the whole trace without running out; `None` if even the upper
     /// search bound failed.
     pub bytes: Option<u64>,
+    /// The largest capacity searched: 64 × peak live, at most
+    /// [`super::preset::MAX_CAPACITY`].
+    pub searched_up_to: u64,
     /// Replays it took.
     pub replays: u32,
 }
@@ -469,7 +496,7 @@ pub struct MinCapacity {
 /// runs the trace without out-of-memory — the budget, comparable with peak live.
 ///
 /// Starts from `[peak_live rounded down, 2 × peak_live]` and doubles the upper bound while it
-/// fails (up to 64 × peak live). Assumes success is monotone in capacity, which holds for
+/// fails (up to 64 × peak live, and never past [`super::preset::MAX_CAPACITY`]). Assumes success is monotone in capacity, which holds for
 /// every strategy here up to region-size effects in growing BFC (where the figure is the
 /// smallest passing capacity the bisection met).
 ///
@@ -484,7 +511,7 @@ pub fn min_capacity(
     step: u64,
 ) -> Result<MinCapacity> {
     let round_down = |x: u64| x / step * step;
-    let round_up = |x: u64| x.div_ceil(step) * step;
+    let round_up = |x: u64| x.div_ceil(step).saturating_mul(step);
     let mut replays = 0u32;
     let mut passes = |capacity: u64| -> Result<bool> {
         replays += 1;
@@ -496,14 +523,25 @@ pub fn min_capacity(
         Ok(replay(input, baseline, strategy, &options, None)?.oom_count == 0)
     };
     // Below peak live nothing can pass.
+    let ceiling = round_up(peak_live.max(step).saturating_mul(64))
+        .min(super::preset::MAX_CAPACITY)
+        .max(step);
     let mut lo = round_down(peak_live.saturating_sub(1));
-    let mut hi = round_up(peak_live.max(step) * 2);
-    let ceiling = round_up(peak_live.max(step).saturating_mul(64));
+    let mut hi = round_up(peak_live.max(step).saturating_mul(2)).min(ceiling);
+    if lo >= ceiling {
+        // The demand alone is past the largest device searched.
+        return Ok(MinCapacity {
+            bytes: None,
+            searched_up_to: ceiling,
+            replays,
+        });
+    }
     while !passes(hi)? {
         lo = hi;
         if hi >= ceiling {
             return Ok(MinCapacity {
                 bytes: None,
+                searched_up_to: ceiling,
                 replays,
             });
         }
@@ -519,6 +557,7 @@ pub fn min_capacity(
     }
     Ok(MinCapacity {
         bytes: Some(hi),
+        searched_up_to: ceiling,
         replays,
     })
 }

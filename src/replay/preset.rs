@@ -70,7 +70,32 @@ pub fn preset(name: &str) -> Result<DeviceSpec> {
         })
 }
 
-/// A device of `capacity` bytes with 2 MiB granularity (`--capacity`).
+/// The smallest simulated device: one 2 MiB granule.
+pub const MIN_CAPACITY: u64 = 2 * MIB;
+
+/// The largest simulated device: 1 TiB, over five times the largest GPU (MI300X, 192 GiB).
+/// Replay keeps books per 2 MiB granule (vmm maps each), so this bounds its memory; a trace
+/// that needs more does not fit one GPU anyway.
+pub const MAX_CAPACITY: u64 = 1 << 40;
+
+/// A device of `capacity` bytes (between [`MIN_CAPACITY`] and [`MAX_CAPACITY`]) with 2 MiB
+/// granularity, for `--capacity`.
+///
+/// # Errors
+/// [`Error::Config`] naming `--capacity` for a capacity outside that range.
+pub fn custom_checked(capacity: u64) -> Result<DeviceSpec> {
+    if !(MIN_CAPACITY..=MAX_CAPACITY).contains(&capacity) {
+        return Err(Error::config(
+            "--capacity",
+            capacity.to_string(),
+            "a size from 2 MiB (one granule) to 1 TiB (the largest simulated device), like 80GiB",
+        ));
+    }
+    Ok(custom(capacity))
+}
+
+/// A device of `capacity` bytes with 2 MiB granularity, unchecked (see
+/// [`custom_checked`]).
 pub fn custom(capacity: u64) -> DeviceSpec {
     DeviceSpec {
         name: "custom",

@@ -101,7 +101,15 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         .map(|s| ReplayStrategy::parse(s))
         .collect::<Result<Vec<_>>>()?;
     let device = match &args.capacity {
-        Some(c) => portalloc::replay::preset::custom(parse_size("--capacity", c)?),
+        Some(c) => portalloc::replay::preset::custom_checked(parse_size("--capacity", c)?)
+            .map_err(|_| {
+                Error::config(
+                    "--capacity",
+                    c.as_str(),
+                    "a size from 2MiB (one granule) to 1TiB (the largest simulated device), \
+                     like 80GiB",
+                )
+            })?,
         None => preset(&args.device)?,
     };
     let mut options = trace::Options::default().with_strict(args.strict);
@@ -160,14 +168,17 @@ pub fn run(args: ReplayArgs) -> Result<()> {
                 Ok(result) => {
                     let min = if args.min_capacity {
                         bar.set_message(format!("{label}: bisecting {}", strategy.name()));
-                        Some(min_capacity(
-                            input,
-                            &baseline,
-                            strategy,
-                            device,
-                            result.peak_live,
-                            2 << 20,
-                        )?)
+                        Some(
+                            min_capacity(
+                                input,
+                                &baseline,
+                                strategy,
+                                device,
+                                result.peak_live,
+                                2 << 20,
+                            )
+                            .map_err(|e| named(label, e))?,
+                        )
                     } else {
                         None
                     };
@@ -184,7 +195,7 @@ pub fn run(args: ReplayArgs) -> Result<()> {
                     unsupported: Some(format!("{what}: {reason}")),
                     min_capacity: None,
                 }),
-                Err(e) => return Err(e),
+                Err(e) => return Err(named(label, e)),
             }
         }
         bar.finish_and_clear();
@@ -231,6 +242,14 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// A replay error with the trace it came from: the file (or workload) first.
+fn named(label: &str, e: Error) -> Error {
+    match e {
+        Error::Trace(text) => Error::Trace(format!("{label}: {text}")),
+        other => other,
+    }
 }
 
 fn load(path: &PathBuf, options: &trace::Options) -> Result<(String, TraceInput, String)> {
@@ -378,7 +397,11 @@ fn print_report(r: &TraceReport) {
                             gib(b),
                             b as f64 / x.peak_live.max(1) as f64
                         ),
-                        None => print!("  {:>12}  {:>9}", "> 64× live", "-"),
+                        None => print!(
+                            "  {:>12}  {:>9}",
+                            format!("> {}", gib(m.searched_up_to)),
+                            "-"
+                        ),
                     }
                 }
                 println!();
