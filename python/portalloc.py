@@ -23,6 +23,11 @@ Every value is checked before it reaches ctypes, which would otherwise wrap inte
 ABI takes is an ``OverflowError``, something that is not an integer a ``TypeError``, text
 with a NUL (or not ``str``) a ``ValueError`` (``TypeError``); each names the argument, the
 value and what is accepted. Paths are ``str``, ``bytes`` or ``os.PathLike``.
+
+An owned :class:`Allocator` is destroyed by :meth:`Allocator.close`, by ``with``, or, when
+the last reference to it (or to one of its buffers: a :class:`Buffer` keeps its allocator
+alive) goes, by its finalizer (``weakref.finalize``, which also runs at interpreter exit).
+The global allocators (:func:`global_allocator`) are never destroyed.
 """
 
 import ctypes
@@ -32,6 +37,7 @@ import numbers
 import operator
 import os
 import pathlib
+import weakref
 
 __all__ = [
     "PortallocError",
@@ -64,6 +70,7 @@ STATUS_NAMES = {
     12: "INTERNAL",
 }
 _OK = 0
+_INVALID_ALLOCATOR = 6
 _BUFFER_TOO_SMALL = 10
 
 
@@ -327,8 +334,12 @@ def _fraction(call, name, value):
 
 class Buffer:
     """A live buffer: its ``handle`` (generation-checked), device ``ptr`` (an int; 0 for zero
-    bytes), ``size``, ``tag`` and the ``allocator`` it came from (whose other calls refuse
-    it: handles are per allocator)."""
+    bytes), ``size``, ``tag`` and the ``allocator`` it came from.
+
+    A buffer keeps its allocator alive, so its memory stays valid while the buffer is
+    reachable even if the allocator object is dropped; it is freed by
+    :meth:`Allocator.free`, or with the allocator when the allocator is closed or collected.
+    After :meth:`Allocator.close` the allocator's calls raise ``INVALID_ALLOCATOR``."""
 
     __slots__ = ("handle", "ptr", "size", "tag", "allocator")
 
@@ -345,15 +356,38 @@ class Buffer:
         )
 
 
+def _destroy(destroy, raw):
+    """The finalizer of an owned allocator (and :meth:`Allocator.close`): its status."""
+    return destroy(ctypes.c_void_p(raw))
+
+
 class Allocator:
-    """A portalloc allocator (with its ledger) made through the C ABI."""
+    """A portalloc allocator (with its ledger) made through the C ABI.
+
+    ``Allocator(raw, owned=True)`` wraps a ``PortallocAllocator*`` (an int); an owned one is
+    destroyed by :meth:`close` or, at the latest, when it is collected or the interpreter
+    exits."""
 
     def __init__(self, raw, owned=True):
+        lib = load()
         raw = _integer("Allocator", "raw", raw, 1, _PTR_MAX, "a PortallocAllocator* (nonzero)")
         self._raw = ctypes.c_void_p(raw)
-        self._owned = owned
+        self._owned = bool(owned)
+        # Holds the function, not the module: it may run at interpreter exit.
+        self._finalizer = (
+            weakref.finalize(self, _destroy, lib.portalloc_destroy, raw) if self._owned else None
+        )
+
+    @property
+    def closed(self):
+        """Whether :meth:`close` (or the finalizer) destroyed this allocator."""
+        return self._finalizer is not None and not self._finalizer.alive
 
     def _token(self, call):
+        if self.closed:
+            raise PortallocError(
+                _INVALID_ALLOCATOR, "%s: this allocator has been closed (destroyed)" % call
+            )
         return self._raw
 
     def _handle(self, call, buffer_or_handle):
@@ -535,10 +569,14 @@ class Allocator:
         return out.value
 
     def close(self):
-        """Destroys the allocator (frees its live buffers). The global one is left alone."""
-        if self._owned and self._raw:
-            raw, self._raw = self._raw, ctypes.c_void_p()
-            _check(_lib.portalloc_destroy(raw))
+        """Destroys the allocator (frees its live buffers); again, nothing. The finalizer
+        makes the same call when an unclosed allocator is collected or the interpreter
+        exits. The global allocator is not owned and is left alone."""
+        if self._finalizer is None:
+            return
+        status = self._finalizer()  # None once it has run
+        if status is not None:
+            _check(status)
 
     def __enter__(self):
         return self

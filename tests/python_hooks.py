@@ -6,8 +6,10 @@ Standard library only. Prints "python_hooks: ok" on success.
 """
 
 import ctypes
+import gc
 import os
 import pathlib
+import subprocess
 import sys
 import tempfile
 
@@ -340,6 +342,116 @@ class _BytesPath:
 
     def __fspath__(self):
         return self.b
+
+
+def vm_kib():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmSize in /proc/self/status")
+
+
+def token_live(raw):
+    """Whether the C ABI still knows the allocator token ``raw``."""
+    lib = portalloc.load()
+    s = portalloc._Stats()
+    status = lib.portalloc_stats(ctypes.c_void_p(raw), ctypes.byref(s))
+    assert status in (0, 6), (status, lib.portalloc_last_error())
+    return status == 0
+
+
+@check
+def dropped_allocators_are_destroyed():
+    n, size = 200, 8 * MIB
+    gc.collect()
+    before = vm_kib()
+    raws = []
+    for _ in range(n):
+        a = Allocator.create(**SMALL)
+        b = a.allocate(size, tag="dropped")
+        raws.append(a._raw.value)
+        del a, b
+    gc.collect()
+    grown = vm_kib() - before
+    still = sum(token_live(r) for r in raws)
+    assert still == 0 and grown < 20 * size // 1024, (
+        "%d of %d allocators dropped without close() are still alive; the process's address "
+        "space grew by %d MiB (%d MiB per drop)" % (still, n, grown >> 10, (grown >> 10) // n)
+    )
+
+
+@check
+def a_buffer_keeps_its_allocator_alive():
+    # The allocator is dropped at once; its buffer's memory must stay valid while the
+    # buffer is reachable, and go with it.
+    buf = Allocator.create(**SMALL).allocate(MIB, tag="orphan")
+    gc.collect()
+    raw = buf.allocator._raw.value
+    assert token_live(raw)
+    ctypes.memset(buf.ptr, 0x5A, MIB)  # real host memory: a destroyed one would be unmapped
+    assert buf.allocator.info(buf) == (buf.ptr, MIB)
+    del buf
+    gc.collect()
+    assert not token_live(raw), "the allocator outlived its last buffer"
+
+
+@check
+def close_is_idempotent_and_final():
+    a = Allocator.create(**SMALL)
+    b = a.allocate(4096)
+    raw = a._raw.value
+    a.close()
+    a.close()
+    assert not token_live(raw)
+    # A buffer that outlives its allocator never reaches a destroyed one: a clear error.
+    for fn, args in ((a.free, (b,)), (a.info, (b,)), (a.stats, ()), (a.allocate, (4096,))):
+        e = expect_error("INVALID_ALLOCATOR", "closed", fn, *args)
+    # And the C ABI refuses the old token itself (tokens are never reused).
+    lib = portalloc.load()
+    assert lib.portalloc_free(ctypes.c_void_p(raw), b.handle) == 6
+    assert b"not a live portalloc allocator" in lib.portalloc_last_error()
+    del a, b, e
+    gc.collect()
+
+
+@check
+def the_global_allocator_is_never_destroyed():
+    g = Allocator.global_allocator(0)
+    raw = g._raw.value
+    g.close()
+    del g
+    gc.collect()
+    assert token_live(raw)
+    assert portalloc.global_allocator(0)._raw.value == raw
+
+
+@check
+def allocators_left_open_are_destroyed_at_exit():
+    # In a child: an atexit handler registered before the allocator runs after portalloc's
+    # finalizers, and sees the allocator gone.
+    child = r"""
+import atexit, ctypes, portalloc
+from portalloc import Allocator
+def after():
+    lib = portalloc.load()
+    s = portalloc._Stats()
+    st = lib.portalloc_stats(ctypes.c_void_p(raw), ctypes.byref(s))
+    print("at exit: status %d" % st, flush=True)
+atexit.register(after)
+a = Allocator.create(strategy="bfc", backend="host", host_capacity=64 << 20,
+                     host_simulated=False, mem_fraction=0.5, preallocate=False, ignore_env=True)
+buf = a.allocate(1 << 20, tag="left open")
+raw = a._raw.value
+g = portalloc.global_allocator(0)
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", child], capture_output=True, text=True, timeout=120
+    )
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text
+    assert "at exit: status 6" in out.stdout, text
+    assert "Exception" not in out.stderr and "Traceback" not in out.stderr, text
 
 
 def hostile():
