@@ -17,13 +17,27 @@ The library is found through ``PORTALLOC_LIBRARY`` (a path), then next to this f
 ``target/release`` and ``target/debug`` of the source tree, then the loader's search path.
 Allocators read the same environment variables as JAX (``XLA_PYTHON_CLIENT_ALLOCATOR``,
 ``XLA_CLIENT_MEM_FRACTION``, ``XLA_PYTHON_CLIENT_PREALLOCATE``) and ``PORTALLOC_*``.
+
+Every value is checked before it reaches ctypes, which would otherwise wrap integers around
+(``2**64 + 4096`` bytes would be 4096) and cut text at a NUL: an integer outside what the C
+ABI takes is an ``OverflowError``, something that is not an integer a ``TypeError``, text
+with a NUL (or not ``str``) a ``ValueError`` (``TypeError``); each names the argument, the
+value and what is accepted. Paths are ``str``, ``bytes`` or ``os.PathLike``.
+
+An owned :class:`Allocator` is destroyed by :meth:`Allocator.close`, by ``with``, or, when
+the last reference to it (or to one of its buffers: a :class:`Buffer` keeps its allocator
+alive) goes, by its finalizer (``weakref.finalize``, which also runs at interpreter exit).
+The global allocators (:func:`global_allocator`) are never destroyed.
 """
 
 import ctypes
 import ctypes.util
 import json
+import numbers
+import operator
 import os
 import pathlib
+import weakref
 
 __all__ = [
     "PortallocError",
@@ -56,6 +70,7 @@ STATUS_NAMES = {
     12: "INTERNAL",
 }
 _OK = 0
+_INVALID_ALLOCATOR = 6
 _BUFFER_TOO_SMALL = 10
 
 
@@ -106,9 +121,10 @@ _lib_path = None
 
 
 def library_path(path=None):
-    """The path of libportalloc.so that :func:`load` would open."""
+    """The path of libportalloc.so that :func:`load` would open (``path``: ``str``, ``bytes``
+    or ``os.PathLike``)."""
     if path:
-        return str(path)
+        return os.fsdecode(path)
     env = os.environ.get("PORTALLOC_LIBRARY")
     if env:
         return env
@@ -196,22 +212,140 @@ def _check(status):
         raise PortallocError(status, _lib.portalloc_last_error().decode("utf-8", "replace"))
 
 
-def _text(value):
-    return None if value is None else str(value).encode("utf-8")
+# ---------------------------------------------------------------------------------------
+# Checking what goes to ctypes: it converts integers modulo the C type's range and passes
+# bytes up to their first NUL, silently.
+
+_U64_MAX = 2**64 - 1
+_U64_RANGE = "an integer from 0 to 2**64-1 (%d)" % _U64_MAX
+_DEVICE_MAX = 2**31 - 1  # a C int: portalloc_global takes one, and so do the hooks
+_DEVICE_RANGE = "a device ordinal from 0 to %d (a C int)" % _DEVICE_MAX
+_PTR_BITS = 8 * ctypes.sizeof(ctypes.c_void_p)
+_PTR_MAX = 2**_PTR_BITS - 1
+_PTR_RANGE = "an address from 0 to 2**%d-1 (%d)" % (_PTR_BITS, _PTR_MAX)
 
 
-def _tristate(value):
-    return -1 if value is None else (1 if value else 0)
+def _show(value, limit=48):
+    """``repr(value)``, cut to ``limit`` characters."""
+    try:
+        r = repr(value)
+    except Exception:
+        r = "<%s>" % type(value).__name__
+    return r if len(r) <= limit else r[: limit - 3] + "..."
+
+
+def _integer(call, name, value, low, high, accepted):
+    """``value`` as an int in ``[low, high]``, or a TypeError / OverflowError naming it."""
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise TypeError(
+            "portalloc: %s: %s must be an integer, not %s %s"
+            % (call, name, type(value).__name__, _show(value))
+        )
+    v = operator.index(value)
+    if not low <= v <= high:
+        raise OverflowError(
+            "portalloc: %s: %s = %s is out of range: %s" % (call, name, _show(v), accepted)
+        )
+    return v
+
+
+def _u64(call, name, value):
+    return _integer(call, name, value, 0, _U64_MAX, _U64_RANGE)
+
+
+def _device(call, device):
+    return _integer(call, "device", device, 0, _DEVICE_MAX, _DEVICE_RANGE)
+
+
+def _address(call, name, value):
+    return _integer(call, name, value, 0, _PTR_MAX, _PTR_RANGE)
+
+
+def _text(call, name, value, optional=True):
+    """``value`` (a ``str`` without NUL; ``None`` where ``optional``) as UTF-8 bytes."""
+    if value is None and optional:
+        return None
+    if not isinstance(value, str):
+        raise TypeError(
+            "portalloc: %s: %s must be a str%s, not %s %s"
+            % (call, name, " or None" if optional else "", type(value).__name__, _show(value))
+        )
+    if "\0" in value:
+        raise ValueError(
+            "portalloc: %s: %s = %s contains a NUL character, which C text cannot hold"
+            % (call, name, _show(value))
+        )
+    try:
+        return value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(
+            "portalloc: %s: %s = %s is not valid Unicode text: %s" % (call, name, _show(value), e)
+        ) from None
+
+
+def _path(call, name, value):
+    """A ``str``, ``bytes`` or ``os.PathLike`` path as the bytes the OS takes."""
+    try:
+        encoded = os.fsencode(value)
+    except TypeError:
+        raise TypeError(
+            "portalloc: %s: %s must be a str, bytes or os.PathLike path, not %s %s"
+            % (call, name, type(value).__name__, _show(value))
+        ) from None
+    if b"\0" in encoded:
+        raise ValueError(
+            "portalloc: %s: %s = %s contains a NUL byte, which a path cannot hold"
+            % (call, name, _show(value))
+        )
+    return encoded
+
+
+def _tristate(call, name, value):
+    """``None`` (the environment), ``True``/``False`` (or 1/0) as -1, 1, 0."""
+    if value is None:
+        return -1
+    if isinstance(value, bool):
+        return int(value)
+    if hasattr(type(value), "__index__") and operator.index(value) in (0, 1):
+        return operator.index(value)
+    raise TypeError(
+        "portalloc: %s: %s must be None, True or False, not %s %s"
+        % (call, name, type(value).__name__, _show(value))
+    )
+
+
+def _fraction(call, name, value):
+    """``None`` (0.0: the environment) or a fraction in (0, 1]."""
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(
+            "portalloc: %s: %s must be a number, not %s %s"
+            % (call, name, type(value).__name__, _show(value))
+        )
+    f = float(value)
+    if not 0.0 < f <= 1.0:  # NaN too
+        raise ValueError(
+            "portalloc: %s: %s = %s is out of range: a fraction in (0, 1], or None for the "
+            "environment" % (call, name, _show(value))
+        )
+    return f
 
 
 class Buffer:
     """A live buffer: its ``handle`` (generation-checked), device ``ptr`` (an int; 0 for zero
-    bytes), ``size`` and ``tag``."""
+    bytes), ``size``, ``tag`` and the ``allocator`` it came from.
 
-    __slots__ = ("handle", "ptr", "size", "tag")
+    A buffer keeps its allocator alive, so its memory stays valid while the buffer is
+    reachable even if the allocator object is dropped; it is freed by
+    :meth:`Allocator.free`, or with the allocator when the allocator is closed or collected.
+    After :meth:`Allocator.close` the allocator's calls raise ``INVALID_ALLOCATOR``."""
 
-    def __init__(self, handle, ptr, size, tag):
+    __slots__ = ("handle", "ptr", "size", "tag", "allocator")
+
+    def __init__(self, handle, ptr, size, tag, allocator=None):
         self.handle, self.ptr, self.size, self.tag = handle, ptr, size, tag
+        self.allocator = allocator
 
     def __repr__(self):
         return "Buffer(handle=%#x, ptr=%#x, size=%d, tag=%r)" % (
@@ -222,20 +356,54 @@ class Buffer:
         )
 
 
-def _handle(buffer_or_handle):
-    return buffer_or_handle.handle if isinstance(buffer_or_handle, Buffer) else int(buffer_or_handle)
+def _destroy(destroy, raw):
+    """The finalizer of an owned allocator (and :meth:`Allocator.close`): its status."""
+    return destroy(ctypes.c_void_p(raw))
 
 
 class Allocator:
-    """A portalloc allocator (with its ledger) made through the C ABI."""
+    """A portalloc allocator (with its ledger) made through the C ABI.
+
+    ``Allocator(raw, owned=True)`` wraps a ``PortallocAllocator*`` (an int); an owned one is
+    destroyed by :meth:`close` or, at the latest, when it is collected or the interpreter
+    exits."""
 
     def __init__(self, raw, owned=True):
+        lib = load()
+        raw = _integer("Allocator", "raw", raw, 1, _PTR_MAX, "a PortallocAllocator* (nonzero)")
         self._raw = ctypes.c_void_p(raw)
-        self._owned = owned
+        self._owned = bool(owned)
+        # Holds the function, not the module: it may run at interpreter exit.
+        self._finalizer = (
+            weakref.finalize(self, _destroy, lib.portalloc_destroy, raw) if self._owned else None
+        )
+
+    @property
+    def closed(self):
+        """Whether :meth:`close` (or the finalizer) destroyed this allocator."""
+        return self._finalizer is not None and not self._finalizer.alive
+
+    def _token(self, call):
+        if self.closed:
+            raise PortallocError(
+                _INVALID_ALLOCATOR, "%s: this allocator has been closed (destroyed)" % call
+            )
+        return self._raw
+
+    def _handle(self, call, buffer_or_handle):
+        if isinstance(buffer_or_handle, Buffer):
+            if buffer_or_handle.allocator is not None and buffer_or_handle.allocator is not self:
+                raise ValueError(
+                    "portalloc: %s: %r belongs to another allocator (handles are per "
+                    "allocator)" % (call, buffer_or_handle)
+                )
+            return _u64(call, "handle", buffer_or_handle.handle)
+        return _u64(call, "handle", buffer_or_handle)
 
     @classmethod
     def from_env(cls, device=0):
         """An allocator for ``device`` configured by the environment."""
+        device = _device("Allocator.from_env", device)
         lib = load()
         out = ctypes.c_void_p()
         _check(lib.portalloc_create_from_env(device, ctypes.byref(out)))
@@ -254,18 +422,39 @@ class Allocator:
         device=0,
         ignore_env=False,
     ):
-        """An allocator from explicit options; ``None`` defers to the environment."""
+        """An allocator from explicit options; ``None`` defers to the environment.
+
+        ``strategy`` and ``backend`` are ``str``; ``mem_fraction`` a number in (0, 1];
+        ``host_capacity`` bytes, 1 to 2**64-1; ``preallocate``, ``host_simulated``,
+        ``backtrace`` and ``ignore_env`` ``True`` or ``False``; ``device`` an ordinal."""
+        call = "Allocator.create"
+        strategy = _text(call, "strategy", strategy)
+        backend = _text(call, "backend", backend)
+        mem_fraction = _fraction(call, "mem_fraction", mem_fraction)
+        host_capacity = (
+            0
+            if host_capacity is None
+            else _integer(
+                call, "host_capacity", host_capacity, 1, _U64_MAX, "bytes, from 1 to 2**64-1"
+            )
+        )
+        preallocate = _tristate(call, "preallocate", preallocate)
+        host_simulated = _tristate(call, "host_simulated", host_simulated)
+        backtrace = _tristate(call, "backtrace", backtrace)
+        device = _device(call, device)
+        if _tristate(call, "ignore_env", ignore_env) == -1:
+            raise TypeError("portalloc: %s: ignore_env must be True or False, not None" % call)
         lib = load()
         o = _Options()
         _check(lib.portalloc_options_default(ctypes.byref(o)))
-        o.strategy = _text(strategy)
-        o.mem_fraction = float(mem_fraction or 0.0)
-        o.preallocate = _tristate(preallocate)
-        o.backend = _text(backend)
-        o.host_capacity = int(host_capacity or 0)
-        o.host_simulated = _tristate(host_simulated)
-        o.backtrace = _tristate(backtrace)
-        o.device = int(device)
+        o.strategy = strategy
+        o.mem_fraction = mem_fraction
+        o.preallocate = preallocate
+        o.backend = backend
+        o.host_capacity = host_capacity
+        o.host_simulated = host_simulated
+        o.backtrace = backtrace
+        o.device = device
         o.ignore_env = 1 if ignore_env else 0
         out = ctypes.c_void_p()
         _check(lib.portalloc_create(ctypes.byref(o), ctypes.byref(out)))
@@ -274,9 +463,10 @@ class Allocator:
     @classmethod
     def global_allocator(cls, device=0):
         """The process-global allocator of ``device``: the one the PyTorch hooks use."""
+        device = _device("global_allocator", device)
         lib = load()
         out = ctypes.c_void_p()
-        _check(lib.portalloc_global(int(device), ctypes.byref(out)))
+        _check(lib.portalloc_global(device, ctypes.byref(out)))
         return cls(out.value, owned=False)
 
     def allocate(self, size, alignment=0, stream=0, tag="buffer"):
@@ -285,48 +475,63 @@ class Allocator:
         ``stream`` is the caller's own stream handle as an integer (``torch.cuda.Stream``'s
         ``cuda_stream``, CuPy's ``Stream.ptr``; 0 for the default stream): nothing to
         register. The buffer is freed in stream order on it.
+
+        ``size``, ``alignment`` (a power of two, 0: the default) and ``stream`` are integers
+        from 0 to 2**64-1; ``tag`` a ``str`` without NUL (``None``: ``"buffer"``).
         """
+        call = "allocate"
+        size = _u64(call, "size", size)
+        alignment = _u64(call, "alignment", alignment)
+        stream = _u64(call, "stream", stream)
+        encoded = _text(call, "tag", tag)
+        raw = self._token(call)
         handle = ctypes.c_uint64()
         ptr = ctypes.c_void_p()
         _check(
             _lib.portalloc_allocate(
-                self._raw,
-                int(size),
-                int(alignment),
-                int(stream),
-                _text(tag),
+                raw,
+                size,
+                alignment,
+                stream,
+                encoded,
                 ctypes.byref(handle),
                 ctypes.byref(ptr),
             )
         )
-        return Buffer(handle.value, ptr.value or 0, int(size), tag)
+        return Buffer(handle.value, ptr.value or 0, size, "buffer" if tag is None else tag, self)
 
     def free(self, buffer):
         """Frees a :class:`Buffer` or handle. A freed or donated one raises
         :class:`PortallocError` (``INVALID_HANDLE``)."""
-        _check(_lib.portalloc_free(self._raw, _handle(buffer)))
+        handle = self._handle("free", buffer)
+        _check(_lib.portalloc_free(self._token("free"), handle))
 
     def free_ptr(self, ptr):
         """Frees the buffer starting at ``ptr`` (an int)."""
-        _check(_lib.portalloc_free_ptr(self._raw, ctypes.c_void_p(int(ptr))))
+        ptr = _address("free_ptr", "ptr", ptr)
+        _check(_lib.portalloc_free_ptr(self._token("free_ptr"), ctypes.c_void_p(ptr)))
 
     def donate(self, buffer, to_tag="donated"):
-        """Hands a buffer to a consumer under ``to_tag``; returns the consumer's
-        :class:`Buffer`. The old handle is dead afterwards."""
+        """Hands a buffer to a consumer under ``to_tag`` (a ``str`` without NUL; ``None``:
+        ``"donated"``); returns the consumer's :class:`Buffer`. The old handle is dead
+        afterwards."""
+        handle = self._handle("donate", buffer)
+        encoded = _text("donate", "to_tag", to_tag)
         new = ctypes.c_uint64()
         _check(
-            _lib.portalloc_donate(self._raw, _handle(buffer), _text(to_tag), ctypes.byref(new))
+            _lib.portalloc_donate(self._token("donate"), handle, encoded, ctypes.byref(new))
         )
         ptr, size = self.info(new.value)
-        return Buffer(new.value, ptr, size, to_tag)
+        return Buffer(new.value, ptr, size, "donated" if to_tag is None else to_tag, self)
 
     def info(self, buffer):
         """``(ptr, size)`` of a live buffer."""
+        handle = self._handle("info", buffer)
         ptr = ctypes.c_void_p()
         size = ctypes.c_uint64()
         _check(
             _lib.portalloc_handle_info(
-                self._raw, _handle(buffer), ctypes.byref(ptr), ctypes.byref(size)
+                self._token("info"), handle, ctypes.byref(ptr), ctypes.byref(size)
             )
         )
         return ptr.value or 0, size.value
@@ -334,34 +539,44 @@ class Allocator:
     def stats(self):
         """The counters, as a dict (XLA's ``AllocatorStats`` names)."""
         s = _Stats()
-        _check(_lib.portalloc_stats(self._raw, ctypes.byref(s)))
+        _check(_lib.portalloc_stats(self._token("stats"), ctypes.byref(s)))
         return {name: getattr(s, name) for name, _ in _Stats._fields_}
 
     def ledger(self):
         """The ledger snapshot (live buffers, totals by tag, last OOM diagnosis) as a dict."""
+        raw = self._token("ledger")
         n = ctypes.c_size_t()
-        status = _lib.portalloc_ledger_json(self._raw, None, 0, ctypes.byref(n))
-        if status != _BUFFER_TOO_SMALL:
-            _check(status)
-        buf = ctypes.create_string_buffer(n.value + 1)
-        _check(_lib.portalloc_ledger_json(self._raw, buf, len(buf), ctypes.byref(n)))
-        return json.loads(buf.value.decode("utf-8"))
+        buf = ctypes.create_string_buffer(1)
+        status = _lib.portalloc_ledger_json(raw, None, 0, ctypes.byref(n))
+        # Another thread may grow the ledger between two calls: ask again with its length.
+        while status == _BUFFER_TOO_SMALL:
+            buf = ctypes.create_string_buffer(n.value + 1)
+            status = _lib.portalloc_ledger_json(raw, buf, len(buf), ctypes.byref(n))
+        _check(status)
+        return json.loads(buf.raw[: n.value].decode("utf-8"))
 
     def write_ledger(self, path):
-        """Writes the ledger snapshot to ``path`` (``portalloc ledger PATH`` prints it)."""
-        _check(_lib.portalloc_ledger_write(self._raw, _text(os.fspath(path))))
+        """Writes the ledger snapshot to ``path`` (``str``, ``bytes`` or ``os.PathLike``;
+        ``portalloc ledger PATH`` prints it). The C ABI takes UTF-8 paths: one that is not
+        is refused (``INVALID_ARGUMENT``)."""
+        encoded = _path("write_ledger", "path", path)
+        _check(_lib.portalloc_ledger_write(self._token("write_ledger"), encoded))
 
     def trim(self):
         """Returns unused memory to the device; the bytes released."""
         out = ctypes.c_uint64()
-        _check(_lib.portalloc_trim(self._raw, ctypes.byref(out)))
+        _check(_lib.portalloc_trim(self._token("trim"), ctypes.byref(out)))
         return out.value
 
     def close(self):
-        """Destroys the allocator (frees its live buffers). The global one is left alone."""
-        if self._owned and self._raw:
-            raw, self._raw = self._raw, ctypes.c_void_p()
-            _check(_lib.portalloc_destroy(raw))
+        """Destroys the allocator (frees its live buffers); again, nothing. The finalizer
+        makes the same call when an unclosed allocator is collected or the interpreter
+        exits. The global allocator is not owned and is left alone."""
+        if self._finalizer is None:
+            return
+        status = self._finalizer()  # None once it has run
+        if status is not None:
+            _check(status)
 
     def __enter__(self):
         return self

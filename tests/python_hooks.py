@@ -6,7 +6,10 @@ Standard library only. Prints "python_hooks: ok" on success.
 """
 
 import ctypes
+import gc
 import os
+import pathlib
+import subprocess
 import sys
 import tempfile
 
@@ -15,6 +18,18 @@ from portalloc import Allocator, PortallocError
 
 MIB = 1 << 20
 DONATED = "buffer has been deleted or donated"
+U64_MAX = 2**64 - 1
+INT_MAX = 2**31 - 1
+# The options of a small real host device that ignores the environment.
+SMALL = dict(
+    strategy="bfc",
+    backend="host",
+    host_capacity=64 * MIB,
+    host_simulated=False,
+    mem_fraction=0.5,
+    preallocate=False,
+    ignore_env=True,
+)
 
 
 def expect_error(status_name, text, fn, *args):
@@ -116,10 +131,347 @@ def frameworks():
         assert "torch" not in installed
 
 
+# ---------------------------------------------------------------------------------------
+# Hostile input from Python (issue #12): every value the module hands to ctypes is checked
+# before ctypes can wrap it around, cut it at a NUL, or turn it into something else.
+
+CHECKS = []
+
+
+def check(fn):
+    CHECKS.append(fn)
+    return fn
+
+
+RANGE_ERRORS = (ValueError, OverflowError)
+
+
+def refused(kinds, words, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` raises one of ``kinds`` whose message holds every one of
+    ``words`` (the argument, the value, the accepted range) and stays short."""
+    try:
+        result = fn(*args, **kwargs)
+    except kinds as e:
+        text = str(e)
+        for w in words:
+            assert w in text, "%r lacks %r" % (text, w)
+        assert len(text) < 400, "an unbounded message (%d chars): %.200s" % (len(text), text)
+        return e
+    except Exception as e:
+        raise AssertionError(
+            "%s(%s) raised %s: %s, not %s"
+            % (fn.__name__, _args(args, kwargs), type(e).__name__, e, _names(kinds))
+        )
+    raise AssertionError(
+        "%s(%s) was accepted (returned %s), not refused with %s"
+        % (fn.__name__, _args(args, kwargs), _short(result), _names(kinds))
+    )
+
+
+def _short(v):
+    r = repr(v)
+    return r if len(r) < 160 else r[:157] + "..."
+
+
+def _args(args, kwargs):
+    named = ["%s=%s" % (k, _short(v)) for k, v in kwargs.items()]
+    return ", ".join([_short(a) for a in args] + named)
+
+
+def _names(kinds):
+    kinds = kinds if isinstance(kinds, tuple) else (kinds,)
+    return "/".join(k.__name__ for k in kinds)
+
+
+def live(a):
+    return a.stats()["live_allocations"]
+
+
+@check
+def sizes_alignments_streams_are_uint64():
+    with Allocator.create(**SMALL) as a:
+        for bad in (2**64 + 4096, 2**64, -1):
+            refused(RANGE_ERRORS, ["size", str(bad), "2**64"], a.allocate, bad)
+            refused(RANGE_ERRORS, ["alignment", str(bad), "2**64"], a.allocate, 4096, bad)
+            refused(RANGE_ERRORS, ["stream", str(bad), "2**64"], a.allocate, 4096, 0, bad)
+        # A value too long to print whole is cut, not dumped.
+        e = refused(RANGE_ERRORS, ["size", "..."], a.allocate, 10**500)
+        assert len(str(e)) < 300, str(e)
+        # Not an integer: refused, not truncated (4096.7 would allocate 4096 bytes).
+        refused(TypeError, ["size", "4096.7"], a.allocate, 4096.7)
+        refused(TypeError, ["size", "'4096'"], a.allocate, "4096")
+        refused(TypeError, ["stream"], a.allocate, 4096, 0, 1.5)
+        assert live(a) == 0, a.ledger()["live"]
+        # The edges are still served (or refused by the library, not by ctypes).
+        b = a.allocate(4096, 2**12, U64_MAX)
+        assert b.size == 4096 and b.ptr % 4096 == 0
+        expect_error("INVALID_ARGUMENT", "invalid size", a.allocate, U64_MAX)
+        a.free(b)
+
+
+@check
+def handles_and_pointers_are_uint64():
+    with Allocator.create(**SMALL) as a:
+        b = a.allocate(4096)
+        # 2**64 + handle would wrap to the live handle and free it.
+        for bad in (b.handle + 2**64, -1):
+            refused(RANGE_ERRORS, ["handle", str(bad), "2**64"], a.free, bad)
+            refused(RANGE_ERRORS, ["handle", str(bad), "2**64"], a.info, bad)
+            refused(RANGE_ERRORS, ["handle", str(bad), "2**64"], a.donate, bad)
+        refused(TypeError, ["handle"], a.free, float(b.handle))
+        for bad in (b.ptr + 2**64, -1, 2**70):
+            refused(RANGE_ERRORS, ["ptr", str(bad)], a.free_ptr, bad)
+        refused(TypeError, ["ptr"], a.free_ptr, "0x1000")
+        assert live(a) == 1 and a.info(b) == (b.ptr, 4096)
+        # Handles are per allocator: another's buffer with the same handle is refused.
+        with Allocator.create(**SMALL) as other:
+            theirs = other.allocate(4096)
+            assert theirs.handle == b.handle, (theirs, b)
+            refused(ValueError, ["another allocator"], a.free, theirs)
+            refused(ValueError, ["another allocator"], a.donate, theirs)
+            assert live(other) == 1
+        assert live(a) == 1
+        a.free(b.handle)
+
+
+@check
+def devices_are_ordinals():
+    for bad in (2**32, -1, 2**31, 2**64):
+        words = ["device", str(bad), str(INT_MAX)]
+        refused(RANGE_ERRORS, words, Allocator.create, device=bad, **SMALL)
+        refused(RANGE_ERRORS, words, Allocator.from_env, bad)
+        refused(RANGE_ERRORS, words, Allocator.global_allocator, bad)
+        refused(RANGE_ERRORS, words, portalloc.global_allocator, bad)
+        refused(RANGE_ERRORS, words, portalloc.stats, bad)
+    refused(TypeError, ["device"], Allocator.create, device=0.0, **SMALL)
+    # An ordinal in range that does not exist is the library's refusal.
+    expect_error(
+        "INVALID_ARGUMENT", "device 7 does not exist", lambda: Allocator.create(device=7, **SMALL)
+    )
+
+
+@check
+def options_are_checked():
+    opts = dict(SMALL)
+    for bad in (2**64 + 64 * MIB, -1, 0):
+        opts["host_capacity"] = bad
+        refused(RANGE_ERRORS, ["host_capacity", str(bad), "2**64"], Allocator.create, **opts)
+    opts = dict(SMALL)
+    for bad in (0, 0.0, -0.5, 1.5, float("nan"), float("inf")):
+        opts["mem_fraction"] = bad
+        refused(RANGE_ERRORS, ["mem_fraction", repr(bad)], Allocator.create, **opts)
+    opts["mem_fraction"] = "0.5"
+    refused(TypeError, ["mem_fraction"], Allocator.create, **opts)
+    # A tri-state is None, True or False: the string "false" is not true.
+    for name in ("preallocate", "host_simulated", "backtrace", "ignore_env"):
+        opts = dict(SMALL)
+        opts[name] = "false"
+        refused(TypeError, [name, "'false'"], Allocator.create, **opts)
+
+
+@check
+def text_is_str_without_nul():
+    with Allocator.create(**SMALL) as a:
+        refused(ValueError, ["tag", "NUL"], a.allocate, 4096, tag="work\0space")
+        refused(TypeError, ["tag", "bytes"], a.allocate, 4096, tag=b"workspace")
+        refused(TypeError, ["tag", "int"], a.allocate, 4096, tag=5)
+        b = a.allocate(4096, tag="ok")
+        refused(ValueError, ["to_tag", "NUL"], a.donate, b, "out\0put")
+        refused(TypeError, ["to_tag"], a.donate, b, 7)
+        assert [x["tag"] for x in a.ledger()["live"]] == ["ok"], a.ledger()["live"]
+        # Non-ASCII text passes whole.
+        c = a.allocate(4096, tag="données ✓")
+        assert "données ✓" in [x["tag"] for x in a.ledger()["live"]]
+        assert c.tag == "données ✓"
+        refused(ValueError, ["tag", "Unicode"], a.allocate, 4096, tag="\udcff")
+    for name, value in (("strategy", "bfc\0platform"), ("backend", "host\0cuda")):
+        opts = dict(SMALL)
+        opts[name] = value
+        refused(ValueError, [name, "NUL"], Allocator.create, **opts)
+        opts[name] = value.encode()
+        refused(TypeError, [name], Allocator.create, **opts)
+
+
+def _ledger_at(path):
+    import json
+
+    with open(path, "rb") as f:
+        led = json.loads(f.read().decode("utf-8"))
+    assert led["allocator"] == "bfc" and "live" in led and "tags" in led, led
+    return led
+
+
+@check
+def ledger_paths():
+    cwd = os.getcwd()
+    with tempfile.TemporaryDirectory() as d, Allocator.create(**SMALL) as a:
+        os.chdir(d)  # a mangled relative name would land here, not in the source tree
+        try:
+            b = a.allocate(4096, tag="on-disk")
+            target = os.path.join(d, "sub dir")
+            os.mkdir(target)
+            as_str = os.path.join(target, "str.json")
+            as_bytes = os.fsencode(os.path.join(target, "bytes.json"))
+            as_path = pathlib.Path(target) / "path.json"
+            as_bytes_path = _BytesPath(os.fsencode(os.path.join(target, "bytespath.json")))
+            for p in (as_str, as_bytes, as_path, as_bytes_path):
+                a.write_ledger(p)
+                where = os.fspath(p)
+                assert os.path.exists(where), "write_ledger(%r) wrote %r, not %r" % (
+                    p,
+                    sorted(os.listdir(d)) + sorted(os.listdir(target)),
+                    where,
+                )
+                assert _ledger_at(where)["live"][0]["tag"] == "on-disk"
+            assert sorted(os.listdir(d)) == ["sub dir"], os.listdir(d)
+            refused(ValueError, ["path", "NUL"], a.write_ledger, os.path.join(d, "x\0y"))
+            refused(ValueError, ["path", "NUL"], a.write_ledger, b"x\0y")
+            refused(TypeError, ["path"], a.write_ledger, 5)
+            refused(TypeError, ["path"], a.write_ledger, None)
+            assert sorted(os.listdir(d)) == ["sub dir"], os.listdir(d)
+            a.free(b)
+        finally:
+            os.chdir(cwd)
+
+
+class _BytesPath:
+    """An os.PathLike whose __fspath__ is bytes."""
+
+    def __init__(self, b):
+        self.b = b
+
+    def __fspath__(self):
+        return self.b
+
+
+def vm_kib():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmSize in /proc/self/status")
+
+
+def token_live(raw):
+    """Whether the C ABI still knows the allocator token ``raw``."""
+    lib = portalloc.load()
+    s = portalloc._Stats()
+    status = lib.portalloc_stats(ctypes.c_void_p(raw), ctypes.byref(s))
+    assert status in (0, 6), (status, lib.portalloc_last_error())
+    return status == 0
+
+
+@check
+def dropped_allocators_are_destroyed():
+    n, size = 200, 8 * MIB
+    gc.collect()
+    before = vm_kib()
+    raws = []
+    for _ in range(n):
+        a = Allocator.create(**SMALL)
+        b = a.allocate(size, tag="dropped")
+        raws.append(a._raw.value)
+        del a, b
+    gc.collect()
+    grown = vm_kib() - before
+    still = sum(token_live(r) for r in raws)
+    assert still == 0 and grown < 20 * size // 1024, (
+        "%d of %d allocators dropped without close() are still alive; the process's address "
+        "space grew by %d MiB (%d MiB per drop)" % (still, n, grown >> 10, (grown >> 10) // n)
+    )
+
+
+@check
+def a_buffer_keeps_its_allocator_alive():
+    # The allocator is dropped at once; its buffer's memory must stay valid while the
+    # buffer is reachable, and go with it.
+    buf = Allocator.create(**SMALL).allocate(MIB, tag="orphan")
+    gc.collect()
+    raw = buf.allocator._raw.value
+    assert token_live(raw)
+    ctypes.memset(buf.ptr, 0x5A, MIB)  # real host memory: a destroyed one would be unmapped
+    assert buf.allocator.info(buf) == (buf.ptr, MIB)
+    del buf
+    gc.collect()
+    assert not token_live(raw), "the allocator outlived its last buffer"
+
+
+@check
+def close_is_idempotent_and_final():
+    a = Allocator.create(**SMALL)
+    b = a.allocate(4096)
+    raw = a._raw.value
+    a.close()
+    a.close()
+    assert not token_live(raw)
+    # A buffer that outlives its allocator never reaches a destroyed one: a clear error.
+    for fn, args in ((a.free, (b,)), (a.info, (b,)), (a.stats, ()), (a.allocate, (4096,))):
+        e = expect_error("INVALID_ALLOCATOR", "closed", fn, *args)
+    # And the C ABI refuses the old token itself (tokens are never reused).
+    lib = portalloc.load()
+    assert lib.portalloc_free(ctypes.c_void_p(raw), b.handle) == 6
+    assert b"not a live portalloc allocator" in lib.portalloc_last_error()
+    del a, b, e
+    gc.collect()
+
+
+@check
+def the_global_allocator_is_never_destroyed():
+    g = Allocator.global_allocator(0)
+    raw = g._raw.value
+    g.close()
+    del g
+    gc.collect()
+    assert token_live(raw)
+    assert portalloc.global_allocator(0)._raw.value == raw
+
+
+@check
+def allocators_left_open_are_destroyed_at_exit():
+    # In a child: an atexit handler registered before the allocator runs after portalloc's
+    # finalizers, and sees the allocator gone.
+    child = r"""
+import atexit, ctypes, portalloc
+from portalloc import Allocator
+def after():
+    lib = portalloc.load()
+    s = portalloc._Stats()
+    st = lib.portalloc_stats(ctypes.c_void_p(raw), ctypes.byref(s))
+    print("at exit: status %d" % st, flush=True)
+atexit.register(after)
+a = Allocator.create(strategy="bfc", backend="host", host_capacity=64 << 20,
+                     host_simulated=False, mem_fraction=0.5, preallocate=False, ignore_env=True)
+buf = a.allocate(1 << 20, tag="left open")
+raw = a._raw.value
+g = portalloc.global_allocator(0)
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", child], capture_output=True, text=True, timeout=120
+    )
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text
+    assert "at exit: status 6" in out.stdout, text
+    assert "Exception" not in out.stderr and "Traceback" not in out.stderr, text
+
+
+def hostile():
+    failed = []
+    for fn in CHECKS:
+        try:
+            fn()
+        except Exception as e:
+            failed.append(fn.__name__)
+            print("FAIL %s: %s: %s" % (fn.__name__, type(e).__name__, e), flush=True)
+        else:
+            print("ok   %s" % fn.__name__, flush=True)
+    assert not failed, "%d hostile-input checks failed: %s" % (len(failed), ", ".join(failed))
+
+
 def main():
     explicit_allocator()
     torch_hooks()
     frameworks()
+    hostile()
     print("python_hooks: ok (portalloc %s)" % portalloc.load().portalloc_version().decode())
     return 0
 
