@@ -21,8 +21,8 @@ use std::io::{BufWriter, Write};
 use serde::{Deserialize, Serialize};
 
 use super::{
-    trace_error, Anomalies, Event, Input, Keying, Loc, Op, TraceHeader, TraceSource, Tracker,
-    FORMAT_NAME, FORMAT_VERSION,
+    excerpt, trace_error, Anomalies, Event, Input, Keying, Loc, Op, TraceHeader, TraceSource,
+    Tracker, FORMAT_NAME, FORMAT_VERSION,
 };
 use crate::error::{Error, Result};
 
@@ -246,7 +246,7 @@ fn parse_event(text: &str) -> std::result::Result<Event, String> {
         .ok_or_else(|| {
             format!(
                 "expected [seq,time_ns,thread,stream,\"a\"|\"f\",id,size(,tag)], got {}",
-                clip(text)
+                excerpt(text)
             )
         })?;
     let fields: Vec<&str> = inner.split(',').map(str::trim).collect();
@@ -260,16 +260,16 @@ fn parse_event(text: &str) -> std::result::Result<Event, String> {
         if f.is_empty() || !f.bytes().all(|b| b.is_ascii_digit()) {
             return Err(format!(
                 "{name} must be a non-negative integer, got {}",
-                clip(f)
+                excerpt(f)
             ));
         }
         f.parse::<T>()
-            .map_err(|_| format!("{name} {} is out of range", clip(f)))
+            .map_err(|_| format!("{name} {} is out of range", excerpt(f)))
     }
     let op = match fields[4] {
         "\"a\"" => Op::Alloc,
         "\"f\"" => Op::Free,
-        other => return Err(format!("op must be \"a\" or \"f\", got {}", clip(other))),
+        other => return Err(format!("op must be \"a\" or \"f\", got {}", excerpt(other))),
     };
     Ok(Event {
         seq: num(fields[0], "seq")?,
@@ -284,14 +284,6 @@ fn parse_event(text: &str) -> std::result::Result<Event, String> {
             None => 0,
         },
     })
-}
-
-fn clip(s: &str) -> String {
-    let mut out: String = s.chars().take(40).collect();
-    if out.len() < s.len() {
-        out.push('…');
-    }
-    format!("{out:?}")
 }
 
 /// Writes the own format: the header at once, then one line per event, then the end line

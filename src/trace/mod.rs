@@ -354,10 +354,23 @@ impl Iterator for Trace {
     }
 }
 
+/// The most characters of a trace error message: whatever a parser quotes of a file (a JSON
+/// library's "invalid type: string …" quotes the whole string) stays bounded.
+pub const MAX_MESSAGE_CHARS: usize = 1024;
+
 /// The error of every trace reader: a message with the source, the line or event, and what
-/// was wrong: an [`Error::Trace`].
+/// was wrong: an [`Error::Trace`], cut to [`MAX_MESSAGE_CHARS`].
 pub(crate) fn trace_error(message: String) -> Error {
-    Error::Trace(message)
+    let chars = message.chars().count();
+    if chars <= MAX_MESSAGE_CHARS {
+        return Error::Trace(message);
+    }
+    let mut cut: String = message.chars().take(MAX_MESSAGE_CHARS).collect();
+    cut.push_str(&format!(
+        "… ({} more characters)",
+        chars - MAX_MESSAGE_CHARS
+    ));
+    Error::Trace(cut)
 }
 
 pub(crate) fn io_error(origin: &str, e: std::io::Error) -> Error {
@@ -366,6 +379,82 @@ pub(crate) fn io_error(origin: &str, e: std::io::Error) -> Error {
 
 /// A boxed buffered reader, as the importers take it.
 pub(crate) type Input = Box<dyn BufRead + Send>;
+
+/// The longest line the text formats (portalloc's own, RMM's CSV, buffer-lifetime CSV)
+/// accept: 16 MiB. A real line is tens of bytes (a header with many tags, kilobytes); a
+/// longer one is refused as it is read, before it is held whole.
+pub const MAX_LINE_BYTES: u64 = 16 << 20;
+
+/// The most characters of a file's text an error message quotes.
+pub const EXCERPT_CHARS: usize = 40;
+
+/// `text` quoted for an error message: at most [`EXCERPT_CHARS`] characters, with `…` and
+/// the full length when cut.
+pub(crate) fn excerpt(text: &str) -> String {
+    let mut out: String = text.chars().take(EXCERPT_CHARS).collect();
+    if out.len() < text.len() {
+        out.push('…');
+        return format!("{out:?} ({} bytes)", text.len());
+    }
+    format!("{out:?}")
+}
+
+/// A reader that fails as soon as a line grows past `max` bytes, so that line-oriented
+/// readers (ours, the `csv` crate's) never hold a longer one.
+struct BoundedLines<R> {
+    inner: R,
+    /// Bytes since the last newline.
+    run: u64,
+    max: u64,
+}
+
+/// Counts `bytes` into `run` (bytes since the last newline); an error once past `max`.
+fn count_line(run: &mut u64, max: u64, bytes: &[u8]) -> std::io::Result<()> {
+    match bytes.iter().rposition(|&b| b == b'\n') {
+        Some(i) => *run = (bytes.len() - i - 1) as u64,
+        None => *run += bytes.len() as u64,
+    }
+    if *run > max {
+        return Err(too_long(max));
+    }
+    Ok(())
+}
+
+fn too_long(max: u64) -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::InvalidData,
+        format!(
+            "a line longer than {} MiB, the most a line of a text trace may have",
+            max >> 20
+        ),
+    )
+}
+
+impl<R: BufRead> Read for BoundedLines<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        count_line(&mut self.run, self.max, &buf[..n])?;
+        Ok(n)
+    }
+}
+
+impl<R: BufRead> BufRead for BoundedLines<R> {
+    fn fill_buf(&mut self) -> std::io::Result<&[u8]> {
+        if self.run > self.max {
+            return Err(too_long(self.max));
+        }
+        self.inner.fill_buf()
+    }
+
+    fn consume(&mut self, amt: usize) {
+        // Only the bytes consumed count; `fill_buf` showed them first. Going past the limit
+        // is reported by the next `fill_buf`.
+        if let Ok(bytes) = self.inner.fill_buf() {
+            let _ = count_line(&mut self.run, self.max, &bytes[..amt.min(bytes.len())]);
+        }
+        self.inner.consume(amt);
+    }
+}
 
 const SNIFF_BYTES: u64 = 8192;
 
@@ -422,6 +511,14 @@ pub fn open_reader<R: Read + Send + 'static>(
                 Format::accepted()
             ))
         })?,
+    };
+    let input: Input = match format {
+        Format::Portalloc | Format::RmmCsv | Format::LifetimesCsv => Box::new(BoundedLines {
+            inner: input,
+            run: 0,
+            max: MAX_LINE_BYTES,
+        }),
+        Format::Kineto | Format::PytorchSnapshot => input,
     };
     let source: Box<dyn TraceSource> = match format {
         Format::Portalloc => Box::new(jsonl::Reader::new(input, name, options.strict)?),

@@ -138,8 +138,24 @@ pub fn run(args: ReplayArgs) -> Result<()> {
             String::new(),
         ));
     }
-    for path in &args.traces {
-        inputs.push(load(path, &options)?);
+    // Pipes, FIFOs and terminals can be read once only, and a replay reads a streaming trace
+    // once per strategy and bisection step: such inputs are spooled to a file first (in
+    // bounded memory), removed when the replay ends.
+    let mut spools = Vec::new();
+    for given in &args.traces {
+        let spool = Spool::if_needed(given)?;
+        let path = spool
+            .as_ref()
+            .map_or_else(|| given.clone(), |s| s.path.clone());
+        let (_, input, anomalies) = load(&path, &options).map_err(|e| match (&spool, e) {
+            // Messages name the file the user gave, not its spool.
+            (Some(_), Error::Trace(text)) => {
+                Error::Trace(text.replace(&path_label(&path), &path_label(given)))
+            }
+            (_, e) => e,
+        })?;
+        inputs.push((path_label(given), input, anomalies));
+        spools.extend(spool);
     }
     if inputs.is_empty() {
         return Err(Error::InvalidArgument {
@@ -242,6 +258,57 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// A copy on disk of a trace that can be read only once (a pipe, a FIFO, `/dev/stdin`),
+/// removed when dropped.
+struct Spool {
+    /// The copy.
+    path: PathBuf,
+}
+
+impl Spool {
+    /// A spool of `path` when it is not a regular file; `None` for a regular file.
+    fn if_needed(path: &PathBuf) -> Result<Option<Spool>> {
+        let meta = std::fs::metadata(path)
+            .map_err(|e| Error::Trace(format!("cannot open {}: {e}", path.display())))?;
+        if meta.is_file() {
+            return Ok(None);
+        }
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "stdin".into());
+        let copy =
+            std::env::temp_dir().join(format!("portalloc-spool-{}-{n}-{name}", std::process::id()));
+        let spool = Spool { path: copy };
+        let mut source = std::fs::File::open(path)
+            .map_err(|e| Error::Trace(format!("cannot open {}: {e}", path.display())))?;
+        let mut sink = std::fs::File::create(&spool.path).map_err(|e| {
+            Error::Trace(format!(
+                "cannot spool {} to {}: {e}",
+                path.display(),
+                spool.path.display()
+            ))
+        })?;
+        std::io::copy(&mut source, &mut sink)
+            .map_err(|e| Error::Trace(format!("cannot read {}: {e}", path.display())))?;
+        Ok(Some(spool))
+    }
+}
+
+impl Drop for Spool {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn path_label(path: &std::path::Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
 }
 
 /// A replay error with the trace it came from: the file (or workload) first.

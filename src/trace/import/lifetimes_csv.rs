@@ -19,7 +19,8 @@ use std::collections::HashSet;
 use super::{Attrs, Emitter};
 use crate::error::Result;
 use crate::trace::{
-    trace_error, AnomalyKind, Format, Input, Keying, Loc, Op, Options, TraceHeader, VecSource,
+    excerpt, trace_error, AnomalyKind, Format, Input, Keying, Loc, Op, Options, TraceHeader,
+    VecSource,
 };
 
 struct Row {
@@ -70,7 +71,8 @@ pub(crate) fn read(input: Input, origin: &str, options: &Options) -> Result<VecS
             let t = rec.get(i).unwrap_or("");
             t.parse().map_err(|_| {
                 trace_error(format!(
-                    "{origin}: line {line}: {name} {t:?} is not a non-negative integer"
+                    "{origin}: line {line}: {name} {} is not a non-negative integer",
+                    excerpt(t)
                 ))
             })
         };

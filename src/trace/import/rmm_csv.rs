@@ -23,8 +23,8 @@ use std::collections::VecDeque;
 use super::{Attrs, Emitter};
 use crate::error::{Error, Result};
 use crate::trace::{
-    trace_error, Anomalies, AnomalyKind, Event, Format, Input, Keying, Loc, Op, Options, ThreadMap,
-    TraceHeader, TraceSource,
+    excerpt, trace_error, Anomalies, AnomalyKind, Event, Format, Input, Keying, Loc, Op, Options,
+    ThreadMap, TraceHeader, TraceSource,
 };
 
 #[derive(Debug, Clone, Copy)]
@@ -85,8 +85,8 @@ impl RmmCsvReader {
                 .position(|n| n.trim_start_matches('\u{feff}').eq_ignore_ascii_case(want))
                 .ok_or_else(|| {
                     trace_error(format!(
-                        "{origin}: line 1: RMM log lacks the {want} column; expected header Thread,Time,Action,Pointer,Size,Stream, got {:?}",
-                        names.iter().collect::<Vec<_>>().join(",")
+                        "{origin}: line 1: RMM log lacks the {want} column; expected header Thread,Time,Action,Pointer,Size,Stream, got {}",
+                        excerpt(&names.iter().collect::<Vec<_>>().join(","))
                     ))
                 })
         };
@@ -133,8 +133,8 @@ impl RmmCsvReader {
             let action = field(self.cols.action).to_ascii_lowercase();
             let size: u64 = field(self.cols.size).parse().map_err(|_| {
                 bad(format!(
-                    "Size {:?} is not a byte count",
-                    field(self.cols.size)
+                    "Size {} is not a byte count",
+                    excerpt(field(self.cols.size))
                 ))
             })?;
             let op = match action.as_str() {
@@ -150,26 +150,35 @@ impl RmmCsvReader {
                 }
                 other => {
                     return Err(bad(format!(
-                        "unknown Action {other:?}; accepted: allocate, free (or deallocate), allocate failure"
-                    )))
+                    "unknown Action {}; accepted: allocate, free (or deallocate), allocate failure",
+                    excerpt(other)
+                )))
                 }
             };
             let pointer = parse_hex(field(self.cols.pointer)).ok_or_else(|| {
                 bad(format!(
-                    "Pointer {:?} is not a hex address",
-                    field(self.cols.pointer)
+                    "Pointer {} is not a hex address",
+                    excerpt(field(self.cols.pointer))
                 ))
             })?;
             let stream_text = field(self.cols.stream);
             let stream = if stream_text.is_empty() {
                 0
             } else {
-                parse_hex(stream_text)
-                    .ok_or_else(|| bad(format!("Stream {stream_text:?} is not a hex handle")))?
+                parse_hex(stream_text).ok_or_else(|| {
+                    bad(format!(
+                        "Stream {} is not a hex handle",
+                        excerpt(stream_text)
+                    ))
+                })?
             };
             let thread_text = field(self.cols.thread);
-            let thread_raw = parse_thread(thread_text)
-                .ok_or_else(|| bad(format!("Thread {thread_text:?} is not a thread id")))?;
+            let thread_raw = parse_thread(thread_text).ok_or_else(|| {
+                bad(format!(
+                    "Thread {} is not a thread id",
+                    excerpt(thread_text)
+                ))
+            })?;
             let time_ns = self.clock.parse(field(self.cols.time)).map_err(&bad)?;
             let attrs = Attrs {
                 time_ns,
@@ -198,14 +207,15 @@ impl Clock {
             let s = parts.next().unwrap_or("");
             let h: u64 = h
                 .parse()
-                .map_err(|_| format!("bad hours in time {text:?}"))?;
+                .map_err(|_| format!("bad hours in time {}", excerpt(text)))?;
             let m: u64 = m
                 .parse()
-                .map_err(|_| format!("bad minutes in time {text:?}"))?;
+                .map_err(|_| format!("bad minutes in time {}", excerpt(text)))?;
             if h >= 24 || m >= 60 {
-                return Err(format!("time {text:?} is not HH:MM:SS.ffffff"));
+                return Err(format!("time {} is not HH:MM:SS.ffffff", excerpt(text)));
             }
-            let secs = parse_seconds(s).ok_or_else(|| format!("bad seconds in time {text:?}"))?;
+            let secs =
+                parse_seconds(s).ok_or_else(|| format!("bad seconds in time {}", excerpt(text)))?;
             let tod = (h * 3600 + m * 60) * 1_000_000_000 + secs;
             if let Some(last) = self.last_time_of_day {
                 if tod + NS_PER_DAY / 2 < last {
@@ -216,7 +226,10 @@ impl Clock {
             Ok(self.day.saturating_mul(NS_PER_DAY).saturating_add(tod))
         } else {
             parse_seconds(text).ok_or_else(|| {
-                format!("time {text:?} is neither HH:MM:SS.ffffff nor decimal seconds")
+                format!(
+                    "time {} is neither HH:MM:SS.ffffff nor decimal seconds",
+                    excerpt(text)
+                )
             })
         }
     }
