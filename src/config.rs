@@ -372,9 +372,37 @@ fn parse_host_capacity(variable: &str, text: &str) -> Result<u64> {
     }
 }
 
+/// Reads an environment variable portalloc uses: `None` when unset, its text when set, and
+/// an [`Error::Config`] naming it when the value is not UTF-8 — never ignored as if unset.
+///
+/// # Errors
+/// [`Error::Config`] for a value that is not valid UTF-8 (shown lossily, at most 64
+/// characters).
+pub fn env_var(name: &str) -> Result<Option<String>> {
+    match std::env::var(name) {
+        Ok(v) => Ok(Some(v)),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(raw)) => {
+            let shown: String = raw.to_string_lossy().chars().take(64).collect();
+            Err(Error::config(
+                name,
+                shown,
+                "UTF-8 text (this value is not valid UTF-8, so it cannot be read)",
+            ))
+        }
+    }
+}
+
 impl Config {
     /// Reads the process environment.
+    ///
+    /// # Errors
+    /// As [`Config::from_vars`]; [`Error::Config`] naming a variable of
+    /// [`Config::VARIABLES`] whose value is not UTF-8.
     pub fn from_env() -> Result<Config> {
+        for name in VARIABLES {
+            env_var(name)?;
+        }
         Config::from_vars(|name| std::env::var(name).ok())
     }
 

@@ -471,3 +471,43 @@ fn long_lines_and_fields_give_short_errors() {
         err
     );
 }
+
+/// A variable whose value is not UTF-8 is an error naming it, not ignored as if unset
+/// (#12 bug 8: `XLA_CLIENT_MEM_FRACTION=$'\xff' portalloc info` showed 0.75 "from default").
+#[test]
+fn variables_that_are_not_utf8_are_errors_naming_them() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+
+    let bad = OsStr::from_bytes(b"0.5\xff");
+    for var in [
+        "XLA_CLIENT_MEM_FRACTION",
+        "PORTALLOC_BACKEND",
+        "PORTALLOC_HOST_CAPACITY",
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_portalloc"))
+            .arg("info")
+            .env(var, bad)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{var}: {err}");
+        assert!(err.contains(var) && err.contains("UTF-8"), "{var}: {err}");
+    }
+    // A library path that is not UTF-8: the probe says so instead of looking elsewhere.
+    let out = Command::new(env!("CARGO_BIN_EXE_portalloc"))
+        .args(["info", "--json"])
+        .env(
+            "PORTALLOC_CUDA_LIBRARY",
+            OsStr::from_bytes(b"/opt/\xfe/libcuda.so.1"),
+        )
+        .env_remove("PORTALLOC_BACKEND")
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        text.contains("PORTALLOC_CUDA_LIBRARY") && text.contains("UTF-8"),
+        "{text}"
+    );
+}

@@ -37,12 +37,15 @@ pub const LIBRARY_VARIABLE: &str = "PORTALLOC_CUDA_LIBRARY";
 /// Where to look for the driver library, in order: `PORTALLOC_CUDA_LIBRARY` alone if set,
 /// else `libcuda.so.1` (never the bare `libcuda.so`, which can be the toolkit's link-time
 /// stub that fails every call) or `nvcuda.dll`.
-pub fn library_candidates() -> Vec<String> {
-    match std::env::var(LIBRARY_VARIABLE) {
-        Ok(path) if !path.is_empty() => vec![path],
+///
+/// # Errors
+/// [`Error::Config`] when `PORTALLOC_CUDA_LIBRARY` is not UTF-8.
+pub fn library_candidates() -> Result<Vec<String>> {
+    Ok(match crate::config::env_var(LIBRARY_VARIABLE)? {
+        Some(path) if !path.is_empty() => vec![path],
         _ if cfg!(windows) => vec!["nvcuda.dll".into()],
         _ => vec!["libcuda.so.1".into()],
-    }
+    })
 }
 
 /// Virtual-memory entry points (CUDA 10.2): all resolved, or none used.
@@ -296,7 +299,7 @@ impl Driver {
     /// # Errors
     /// As [`Driver::load`].
     pub fn load_default() -> Result<Driver> {
-        Driver::load(&library_candidates())
+        Driver::load(&library_candidates()?)
     }
 
     /// The path the library was loaded from.
@@ -942,7 +945,14 @@ fn to_usize(call: &'static str, value: u64) -> Result<usize> {
 /// Probes the CUDA backend: load, `cuInit`, versions, devices. Never fails: what went wrong
 /// is in [`Probe::error`] / [`Probe::load_failures`].
 pub fn probe() -> Probe {
-    probe_with(&library_candidates())
+    match library_candidates() {
+        Ok(candidates) => probe_with(&candidates),
+        Err(e) => Probe {
+            backend: Some(Vendor::Cuda),
+            error: Some(e.to_string()),
+            ..Probe::default()
+        },
+    }
 }
 
 /// [`probe`] over explicit library candidates.

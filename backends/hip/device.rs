@@ -54,7 +54,7 @@ impl HipDeviceBuilder {
     /// [`Error::Config`] for a value that is none of those.
     pub fn from_env() -> Result<Self> {
         let mut builder = Self::new();
-        if let Ok(value) = std::env::var(MEMORY_VARIABLE) {
+        if let Some(value) = crate::config::env_var(MEMORY_VARIABLE)? {
             if !value.is_empty() {
                 builder.memory = MemoryKind::parse(&value).ok_or_else(|| {
                     Error::config(
@@ -285,7 +285,7 @@ impl HipDevice {
             ),
         };
         let xnack = tuning::xnack_note(
-            std::env::var("HSA_XNACK").ok().as_deref(),
+            crate::config::env_var("HSA_XNACK")?.as_deref(),
             arch_found.as_ref().map(|(full, _)| full.as_str()),
         );
         let (_apu, apu_note) = tuning::apu_note(integrated);

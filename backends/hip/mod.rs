@@ -47,15 +47,18 @@ const SONAMES: [&str; 3] = ["libamdhip64.so.7", "libamdhip64.so.6", "libamdhip64
 /// Where to look, in order: `PORTALLOC_HIP_LIBRARY` alone if set; else each of
 /// `libamdhip64.so.7`, `.6`, `.5` under `$ROCM_PATH/lib`, `$HIP_PATH/lib`, `/opt/rocm/lib`;
 /// then the same names through the loader's search path.
-pub fn library_candidates() -> Vec<String> {
-    if let Ok(path) = std::env::var(LIBRARY_VARIABLE) {
+///
+/// # Errors
+/// [`Error::Config`] when one of those variables is not UTF-8.
+pub fn library_candidates() -> Result<Vec<String>> {
+    if let Some(path) = crate::config::env_var(LIBRARY_VARIABLE)? {
         if !path.is_empty() {
-            return vec![path];
+            return Ok(vec![path]);
         }
     }
     let mut dirs: Vec<String> = Vec::new();
     for var in ["ROCM_PATH", "HIP_PATH"] {
-        if let Ok(root) = std::env::var(var) {
+        if let Some(root) = crate::config::env_var(var)? {
             if !root.is_empty() {
                 dirs.push(format!("{}/lib", root.trim_end_matches('/')));
             }
@@ -72,7 +75,7 @@ pub fn library_candidates() -> Vec<String> {
         }
     }
     candidates.extend(SONAMES.iter().map(|s| s.to_string()));
-    candidates
+    Ok(candidates)
 }
 
 /// The required symbols, in the order [`Runtime::load`] resolves them (all in HIP ≤ 4.2).
@@ -333,7 +336,7 @@ impl Runtime {
     /// # Errors
     /// As [`Runtime::load`].
     pub fn load_default() -> Result<Runtime> {
-        Runtime::load(&library_candidates())
+        Runtime::load(&library_candidates()?)
     }
 
     /// The path the library was loaded from.
@@ -1026,7 +1029,14 @@ pub fn open_all() -> Result<Vec<HipDevice>> {
 
 /// Probes the HIP backend. Never fails: what went wrong is in the [`Probe`].
 pub fn probe() -> Probe {
-    probe_with(&library_candidates())
+    match library_candidates() {
+        Ok(candidates) => probe_with(&candidates),
+        Err(e) => Probe {
+            backend: Some(Vendor::Hip),
+            error: Some(e.to_string()),
+            ..Probe::default()
+        },
+    }
 }
 
 /// [`probe`] over explicit library candidates.

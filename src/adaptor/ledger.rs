@@ -54,8 +54,9 @@ impl LedgerOptions {
     /// Defaults, with `backtrace` read from `PORTALLOC_BACKTRACE`.
     ///
     /// # Errors
-    /// [`Error::Config`] for a value that is not a boolean.
+    /// [`Error::Config`] for a value that is not a boolean (or not UTF-8).
     pub fn from_env() -> Result<LedgerOptions> {
+        crate::config::env_var(BACKTRACE_VARIABLE)?;
         LedgerOptions::from_vars(|name| std::env::var(name).ok())
     }
 
