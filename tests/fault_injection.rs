@@ -552,13 +552,17 @@ fn check(
 }
 
 /// Replays `steps` against `strategy` on `device` (armed by the caller), frees what is left,
-/// trims and drops the allocator. Checks after every `check_every` steps and at the end.
+/// trims and drops the allocator. Checks the invariants after every step of a `clean` run and
+/// after every step from a fault this wrapper injected on (before it, a faulted run repeats
+/// the clean run exactly); for a fault the conformance driver injects, after every failed
+/// step and every `check_every` steps; and at the end.
 fn run<D: Device + ?Sized + 'static>(
     device: &Arc<FaultDevice<D>>,
     streams: &[Stream; STREAMS],
     strategy: Strategy,
     steps: &[Step],
     check_every: usize,
+    clean: bool,
 ) -> Outcome {
     let mut out = Outcome::default();
     device.set_phase(Phase::Construct);
@@ -576,6 +580,7 @@ fn run<D: Device + ?Sized + 'static>(
         out.broken.extend(check(allocator, live, at));
         device.set_armed(true);
     };
+    let mut fault_step: Option<usize> = None;
     for (i, step) in steps.iter().enumerate() {
         let mut failed = false;
         match *step {
@@ -608,7 +613,16 @@ fn run<D: Device + ?Sized + 'static>(
                 }
             }
         }
-        if failed || (check_every > 0 && i % check_every == 0) {
+        // After every step of the clean run, and after every step from the one an injected
+        // fault hits (a faulted run is the clean run, call for call, until its fault fires,
+        // so nothing before it needs checking again): every step of every run. A fault the
+        // conformance driver injects is not seen here: those runs are checked after every
+        // failed step and every `check_every` steps.
+        let fired_at = device.plan().fired.is_some();
+        if fired_at && fault_step.is_none() {
+            fault_step = Some(i);
+        }
+        if clean || fault_step.is_some() || failed || i % check_every == 0 {
             checked(&mut out, allocator.as_ref(), &live, &format!("step {i}"));
         }
     }
@@ -738,7 +752,7 @@ fn host_run(strategy: Strategy, steps: &[Step], k: u64, kind: Kind) -> HostRun {
     let streams = host_streams(&host);
     let device = Arc::new(FaultDevice::new(Arc::clone(&host)));
     device.arm(k, kind);
-    let out = run(&device, &streams, strategy, steps, 8);
+    let out = run(&device, &streams, strategy, steps, 8, k == 0);
     device.set_armed(false);
     destroy_host_streams(&host, &streams);
     let plan = device.plan();
@@ -1277,7 +1291,7 @@ mod cuda {
                 fake.fail(symbol, nth, code);
             }
             device.arm(0, Kind::Generic);
-            let out = run(&device, &streams, strategy, &steps, 16);
+            let out = run(&device, &streams, strategy, &steps, 16, arm.is_none());
             device.set_armed(false);
             fake.clear();
             for s in &streams[1..] {
@@ -1525,7 +1539,7 @@ mod hip {
                 fake.fail(symbol, nth, code);
             }
             device.arm(0, Kind::Generic);
-            let out = run(&device, &streams, strategy, &steps, 16);
+            let out = run(&device, &streams, strategy, &steps, 16, arm.is_none());
             device.set_armed(false);
             fake.clear();
             let made: Vec<i64> = fake

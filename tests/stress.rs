@@ -12,6 +12,7 @@
 //! compile time that every allocator, adaptor and device is `Send + Sync`.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread;
 
@@ -147,6 +148,24 @@ struct Counts {
     trims: u64,
 }
 
+/// How many threads are inside an allocator call now, and the most there ever were.
+#[derive(Default)]
+struct Overlap {
+    now: AtomicUsize,
+    most: AtomicUsize,
+}
+
+impl Overlap {
+    fn enter(&self) {
+        let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(n, Ordering::SeqCst);
+    }
+
+    fn leave(&self) {
+        self.now.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 fn stress(strategy: Strategy) {
     let host = Arc::new(
         HostDevice::builder()
@@ -166,26 +185,37 @@ fn stress(strategy: Strategy) {
         .collect();
     let allocator: Arc<dyn Allocator> = Arc::from(strategy.build(Arc::clone(&host)));
     let ranges: Arc<Ranges> = Arc::default();
+    // Every thread starts at once, and the most threads inside an allocator call at the same
+    // moment is measured: evidence that the threads did overlap.
+    let start = Arc::new(std::sync::Barrier::new(THREADS));
+    let inside = Arc::new(Overlap::default());
     let workers: Vec<_> = (0..THREADS)
         .map(|t| {
             let allocator = Arc::clone(&allocator);
             let ranges = Arc::clone(&ranges);
             let stream = streams[t];
             let max_align = strategy.max_alignment();
+            let start = Arc::clone(&start);
+            let inside = Arc::clone(&inside);
             thread::spawn(move || {
+                start.wait();
                 let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ ((t as u64 + 1) * 0x1234_5678_9abc));
                 let mut mine: Vec<Allocation> = Vec::new();
                 let mut c = Counts::default();
                 for _ in 0..OPS_PER_THREAD {
                     let roll = rng.below(100);
                     if roll < 2 {
+                        inside.enter();
                         allocator.trim().expect("trim");
+                        inside.leave();
                         c.trims += 1;
                     } else if roll < 45 && !mine.is_empty() {
                         let i = rng.below(mine.len() as u64) as usize;
                         let a = mine.swap_remove(i);
                         release(&ranges, &a);
+                        inside.enter();
                         allocator.deallocate(a).expect("deallocate");
+                        inside.leave();
                         c.freed += 1;
                     } else {
                         // Mostly small, sometimes up to 4 MiB; the limit is never reached
@@ -197,7 +227,10 @@ fn stress(strategy: Strategy) {
                             1 => 256,
                             _ => 1 << (8 + rng.below(max_align.trailing_zeros() as u64 - 7)),
                         };
-                        match allocator.allocate(size, align, stream, "stress") {
+                        inside.enter();
+                        let result = allocator.allocate(size, align, stream, "stress");
+                        inside.leave();
+                        match result {
                             Ok(a) => {
                                 assert!(a.is_empty() || a.ptr() % align.max(256) == 0);
                                 assert_eq!(a.size(), size);
@@ -253,9 +286,15 @@ fn stress(strategy: Strategy) {
         .expect("invariants after freeing");
     let stats = allocator.stats();
     assert_eq!(stats.bytes_in_use, 0, "{strategy:?}: {stats:?}");
+    let most = inside.most.load(Ordering::Relaxed);
+    assert!(
+        most >= 2,
+        "{strategy:?}: the threads never were inside the allocator together (at most {most})"
+    );
     println!(
         "stress [{strategy:?}]: {THREADS} threads × {OPS_PER_THREAD} operations: {} allocations, \
-         {} frees, {} trims; peak in use {} B, peak pool {} B",
+         {} frees, {} trims; peak in use {} B, peak pool {} B; at most {most} threads inside \
+         the allocator at once",
         total.allocated, total.freed, total.trims, stats.peak_bytes_in_use, stats.peak_pool_bytes
     );
     drop(allocator);
