@@ -655,6 +655,82 @@ fn every_real_trace_imports_and_converts() {
     }
 }
 
+fn edge_traces_dir() -> Option<PathBuf> {
+    let dir = std::env::var_os("PORTALLOC_TRACES_EDGE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces-edge"));
+    if dir.is_dir() {
+        Some(dir)
+    } else {
+        eprintln!(
+            "skipping: no edge traces at {} (set PORTALLOC_TRACES_EDGE to a copy of shared/traces-edge)",
+            dir.display()
+        );
+        None
+    }
+}
+
+/// FNV-1a, 64 bits: a fingerprint of a converted trace.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// Every real snapshot gives exactly what the serde-pickle reader gave before the bounded
+/// reader replaced it (issue #12): counts, peak, baseline, reserved, and a fingerprint of the
+/// whole trace converted to the own format (header, notes and every event). The figures are
+/// what the importer gave at that change, not a judgement of them: a deliberate change to the
+/// snapshot mapping updates them.
+#[test_case(false, "pytorch-snapshot-gpt2-small-compiled.pickle", [2162, 2162, 3_857_685_760, 3_072_871_424, 4_238_344_192], 0x100d_4cc8_8b93_b16f ; "gpt2 compiled")]
+#[test_case(false, "pytorch-snapshot-gpt2-shape-eager.pickle", [1721, 1721, 13_927_832_064, 1_377_753_600, 14_180_941_824], 0x762e_fa38_2937_49b3 ; "gpt2 eager")]
+#[test_case(true, "pytorch-snapshot-decomfl-newest.pickle", [7946, 7549, 1_786_608_896, 2_944_380, 1_897_922_560], 0x61ba_639d_1e18_5208 ; "decomfl newest")]
+#[test_case(true, "pytorch-snapshot-verl-pending-free.pickle", [0, 0, 24_916_034_560, 24_916_034_560, 26_189_234_176], 0x4613_83f7_e08c_897c ; "verl pending free")]
+fn real_snapshot_imports_exactly_as_before(
+    edge: bool,
+    file: &str,
+    // allocs, frees, peak live bytes, baseline bytes, reserved bytes
+    figures: [u64; 5],
+    fingerprint: u64,
+) {
+    let Some(dir) = (if edge {
+        edge_traces_dir()
+    } else {
+        traces_dir()
+    }) else {
+        return;
+    };
+    let path = dir.join(file);
+    if !path.exists() {
+        eprintln!("skipping: {} is absent", path.display());
+        return;
+    }
+    let t = open(&path, &Options::default()).unwrap();
+    let header = t.header().clone();
+    let s = summarize(t).unwrap();
+    let got = [
+        s.allocs,
+        s.frees,
+        s.peak_live_bytes,
+        header.baseline_bytes,
+        header
+            .reference
+            .as_ref()
+            .and_then(|r| r.reserved_bytes)
+            .unwrap_or(0),
+    ];
+    let mut bytes = Vec::new();
+    export::write_portalloc(
+        &mut bytes,
+        &header,
+        open(&path, &Options::default()).unwrap(),
+    )
+    .unwrap();
+    eprintln!("{file}: {got:?}, fingerprint {:#018x}", fnv1a(&bytes));
+    assert_eq!(got, figures, "{file}");
+    assert_eq!(fnv1a(&bytes), fingerprint, "{file}");
+}
+
 // ---------------------------------------------------------------- round trip
 
 /// A trace in canonical form: seq 0, 1, …; ids 1, 2, … in order of allocation; no tags;
