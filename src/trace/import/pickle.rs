@@ -845,6 +845,17 @@ impl Reader<'_> {
         }
     }
 
+    /// The length of list `id`.
+    fn list_len(&self, id: u32) -> Option<usize> {
+        match self.node(id) {
+            Node::Seq {
+                kind: SeqKind::List,
+                index,
+            } => self.seqs.get(index as usize).map(Vec::len),
+            _ => None,
+        }
+    }
+
     /// The items of list `id` (for `set()`, `frozenset()`, `list()` calls).
     fn list_items(&self, id: u32) -> Option<Vec<u32>> {
         match self.node(id) {
@@ -1193,24 +1204,34 @@ impl Reader<'_> {
 
     /// `REDUCE`: calls a global with an argument tuple.
     fn reduce(&mut self, callable: u32, args: u32) -> Result<(), PickleError> {
-        let args = match self.node(args) {
+        // Only the first and the last two arguments matter: the tuple is not copied (a
+        // large one reduced many times would cost time no limit counts).
+        let (first, second_last, last) = match self.node(args) {
             Node::Seq {
                 kind: SeqKind::Tuple,
                 index,
-            } => self.seqs.get(index as usize).cloned().unwrap_or_default(),
+            } => {
+                let args = self.seqs.get(index as usize).map_or(&[][..], Vec::as_slice);
+                (
+                    args.first().copied(),
+                    args.iter().rev().nth(1).copied(),
+                    args.last().copied(),
+                )
+            }
             _ => return self.malformed("REDUCE with arguments that are not a tuple"),
         };
         let Node::Global(global) = self.node(callable) else {
             return self.malformed("REDUCE of something that is not a global");
         };
-        let last = args.last().copied();
         match global {
             Global::Set | Global::FrozenSet | Global::List => {
-                let Some(items) = last.and_then(|id| self.list_items(id)) else {
+                let Some(len) = last.and_then(|id| self.list_len(id)) else {
                     return self.malformed("set(), frozenset() or list() without a list");
                 };
-                // The copy is as large as the list: its items count as values pushed.
-                self.count_values(items.len() as u64)?;
+                // The copy is as large as the list: its items count as values pushed, before
+                // it is made.
+                self.count_values(len as u64)?;
+                let items = last.and_then(|id| self.list_items(id)).unwrap_or_default();
                 let kind = match global {
                     Global::Set => SeqKind::Set,
                     Global::FrozenSet => SeqKind::FrozenSet,
@@ -1222,7 +1243,7 @@ impl Reader<'_> {
                 Some(node @ (Node::Int(_) | Node::Wide(_) | Node::Huge(_))) => self.push_new(node),
                 _ => self.malformed("int() without an integer"),
             },
-            Global::Bytearray => match args.first().map(|&id| (id, self.node(id))) {
+            Global::Bytearray => match first.map(|id| (id, self.node(id))) {
                 Some((id, Node::Bytes { .. })) => self.push(id),
                 Some((id, Node::Str { .. })) => {
                     let bytes = latin1(self.text_of(id).unwrap_or_default());
@@ -1232,7 +1253,7 @@ impl Reader<'_> {
             },
             Global::Encode => {
                 // _codecs.encode(text, 'latin1'): bytes of protocols below 3.
-                let (Some(&text), Some(&encoding)) = (args.iter().rev().nth(1), args.last()) else {
+                let (Some(text), Some(encoding)) = (second_last, last) else {
                     return self.malformed("_codecs.encode() without two strings");
                 };
                 match (self.text_of(text), self.text_of(encoding)) {
@@ -1813,6 +1834,22 @@ mod tests {
             let message = e.to_string();
             assert!(message.contains(limit.name()), "{message}");
         }
+    }
+
+    /// `REDUCE` reads its arguments in place: a 200,000-item tuple called 200,000 times is
+    /// 4·10¹⁰ item copies to a reader that copies the tuple each time.
+    #[test]
+    fn reduce_does_not_copy_its_arguments() {
+        let mut body = b"cfoo\nbar\nq\x00(".to_vec();
+        body.resize(body.len() + 200_000, b'N');
+        body.extend(b"tq\x01");
+        for _ in 0..200_000 {
+            body.extend(b"h\x00h\x01R0");
+        }
+        body.extend(b"00)");
+        let p = read_bytes(&p4(&body)).unwrap();
+        assert_eq!(repr(p.root()), "()");
+        assert_eq!(p.figures().values, 1 + 200_000 + 1 + 3 * 200_000 + 1);
     }
 
     #[test]
