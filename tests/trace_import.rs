@@ -1082,6 +1082,25 @@ fn hostile_pickle_is_a_trace_error_that_says_why(bytes: Vec<u8>, expected: &[&st
     assert!(e.len() < 400, "message not bounded: {} bytes", e.len());
 }
 
+/// Every one of 500,000 trace entries (one dict, shared) has an `action` of 15 MiB: its text
+/// is checked once, when read, not once per entry (which took hours).
+#[test]
+fn a_long_string_shared_by_every_entry_is_checked_once() {
+    let mut b = vec![b'}', b'('];
+    b.extend(pk_str("device_traces"));
+    b.extend(b"](](}(");
+    b.extend(pk_str("action"));
+    b.push(b'X');
+    b.extend((15u32 << 20).to_le_bytes());
+    b.resize(b.len() + (15 << 20), b'a');
+    b.push(b'u');
+    b.resize(b.len() + 499_999, b'2');
+    b.extend(b"eeu");
+    let (events, anomalies) = lenient(&pickle(&b));
+    assert!(events.is_empty());
+    assert_eq!(anomalies.defects(), 0, "{anomalies}");
+}
+
 /// What the reproducers hold, inside an otherwise valid snapshot: read, the allocation
 /// replayed, nothing copied (DUP chains) and nothing recursed (nesting).
 #[test_case(&nested_tuples(600_000)[2..600_003] ; "nested 600 thousand deep")]

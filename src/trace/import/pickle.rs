@@ -225,14 +225,17 @@ enum Node {
     /// An integer beyond 128 bits, approximated: only its magnitude matters to a reader.
     Huge(f64),
     Float(f64),
-    /// UTF-8 text: `len` bytes of the payload from `start`.
+    /// Text: `len` bytes of `Pickle::text` from `start`.
     Str {
         start: u32,
         len: u32,
     },
+    /// Bytes: `len` bytes from `start` of `Pickle::text` when they are UTF-8 (so that reading
+    /// them as text costs no validation), else of `Pickle::raw`.
     Bytes {
         start: u32,
         len: u32,
+        text: bool,
     },
     Seq {
         kind: SeqKind,
@@ -248,7 +251,10 @@ pub(crate) struct Pickle {
     nodes: Vec<Node>,
     seqs: Vec<Vec<u32>>,
     wide: Vec<i128>,
-    payload: Vec<u8>,
+    /// Strings, and bytes objects that are UTF-8: validated once, when read.
+    text: String,
+    /// Bytes objects that are not UTF-8.
+    raw: Vec<u8>,
     root: u32,
     // Read by the tests that hold real files against the limits.
     #[cfg_attr(not(test), allow(dead_code))]
@@ -286,11 +292,36 @@ impl Pickle {
         self.seqs.get(index as usize).map_or(&[], Vec::as_slice)
     }
 
-    fn bytes(&self, start: u32, len: u32) -> &[u8] {
-        let start = start as usize;
-        self.payload
-            .get(start..start.saturating_add(len as usize))
-            .unwrap_or(&[])
+    /// The bytes of a string or bytes object.
+    fn payload_of(&self, node: Node) -> Option<&[u8]> {
+        match node {
+            Node::Str { .. } | Node::Bytes { text: true, .. } => {
+                self.text_of(node).map(str::as_bytes)
+            }
+            Node::Bytes {
+                start,
+                len,
+                text: false,
+            } => self
+                .raw
+                .get(start as usize..(start as usize).saturating_add(len as usize)),
+            _ => None,
+        }
+    }
+
+    /// A string, or a bytes object that is UTF-8. O(1): validated when read.
+    fn text_of(&self, node: Node) -> Option<&str> {
+        match node {
+            Node::Str { start, len }
+            | Node::Bytes {
+                start,
+                len,
+                text: true,
+            } => self
+                .text
+                .get(start as usize..(start as usize).saturating_add(len as usize)),
+            _ => None,
+        }
     }
 
     fn charge(&self, steps: u64) -> Result<(), PickleError> {
@@ -345,14 +376,13 @@ impl<'p> Val<'p> {
         let mut text = None;
         let mut bytes = None;
         for pair in items.chunks_exact(2) {
-            match self.pickle.node(pair[0]) {
-                Node::Str { start, len } if self.pickle.bytes(start, len) == key.as_bytes() => {
-                    text = Some(pair[1]);
+            let node = self.pickle.node(pair[0]);
+            // Slices of different lengths compare in O(1): a long key costs no more.
+            if self.pickle.payload_of(node) == Some(key.as_bytes()) {
+                match node {
+                    Node::Str { .. } => text = Some(pair[1]),
+                    _ => bytes = Some(pair[1]),
                 }
-                Node::Bytes { start, len } if self.pickle.bytes(start, len) == key.as_bytes() => {
-                    bytes = Some(pair[1]);
-                }
-                _ => {}
             }
         }
         Ok(text.or(bytes).map(|id| Val {
@@ -361,14 +391,9 @@ impl<'p> Val<'p> {
         }))
     }
 
-    /// Text, or bytes that are UTF-8.
+    /// Text, or bytes that are UTF-8. O(1).
     pub(crate) fn as_str(self) -> Option<&'p str> {
-        match self.pickle.node(self.id) {
-            Node::Str { start, len } | Node::Bytes { start, len } => {
-                std::str::from_utf8(self.pickle.bytes(start, len)).ok()
-            }
-            _ => None,
-        }
+        self.pickle.text_of(self.pickle.node(self.id))
     }
 
     /// A non-negative integer that fits, or a bool as 0 or 1.
@@ -453,7 +478,8 @@ pub(crate) fn read(input: &mut dyn BufRead, limits: &Limits) -> Result<Pickle, P
         nodes: Vec::new(),
         seqs: Vec::new(),
         wide: Vec::new(),
-        payload: Vec::new(),
+        text: String::new(),
+        raw: Vec::new(),
         scratch: Vec::new(),
         memo: BTreeMap::new(),
         stack: Vec::new(),
@@ -475,7 +501,8 @@ pub(crate) fn read(input: &mut dyn BufRead, limits: &Limits) -> Result<Pickle, P
         nodes: r.nodes,
         seqs: r.seqs,
         wide: r.wide,
-        payload: r.payload,
+        text: r.text,
+        raw: r.raw,
         root,
         figures: r.figures,
         walk_limit: limits.walk_steps,
@@ -499,8 +526,10 @@ struct Reader<'a> {
     nodes: Vec<Node>,
     seqs: Vec<Vec<u32>>,
     wide: Vec<i128>,
-    payload: Vec<u8>,
-    /// A reused buffer for arguments that are not kept (lines, `LONG1`/`LONG4` bytes).
+    text: String,
+    raw: Vec<u8>,
+    /// A reused buffer for arguments: lines, counted strings before they are stored, `LONG1`
+    /// and `LONG4` bytes.
     scratch: Vec<u8>,
     memo: BTreeMap<u32, u32>,
     /// Node ids.
@@ -583,21 +612,13 @@ impl Reader<'_> {
         Ok(())
     }
 
-    /// Reads `len` bytes onto the payload; returns where they start.
-    fn read_payload(&mut self, len: u64) -> Result<u32, PickleError> {
-        self.charge_payload(len)?;
-        let start = self.payload.len();
-        // read_to_end grows the buffer as data arrives: a length the file does not back
-        // allocates nothing.
-        let got = (&mut *self.input)
-            .take(len)
-            .read_to_end(&mut self.payload)
-            .map_err(io_error)?;
-        self.offset += got as u64;
-        if (got as u64) < len {
-            return self.truncated();
+    /// Fails if `n` more payload bytes would exceed the limit (without counting them).
+    fn check_room(&self, n: u64) -> Result<(), PickleError> {
+        let reached = self.figures.payload_bytes.saturating_add(n);
+        if reached > self.limits.payload_bytes {
+            return self.exceeded(Limit::PayloadBytes, reached);
         }
-        self.offset_u32(start)
+        Ok(())
     }
 
     /// Reads `len` bytes into the scratch buffer.
@@ -695,37 +716,59 @@ impl Reader<'_> {
         self.push_new(Node::Seq { kind, index })
     }
 
-    fn push_str(&mut self, start: u32, len: u64) -> Result<(), PickleError> {
-        let len = self.offset_u32(len as usize)?;
-        let text = self
-            .payload
-            .get(start as usize..start as usize + len as usize)
-            .unwrap_or(&[]);
-        if std::str::from_utf8(text).is_err() {
-            return self.malformed("a string that is not UTF-8");
+    /// Stores `bytes` (already counted as payload): in the text arena when they are UTF-8.
+    fn store(&mut self, bytes: &[u8], must_be_text: bool) -> Result<Node, PickleError> {
+        match std::str::from_utf8(bytes) {
+            Ok(text) => {
+                let start = self.offset_u32(self.text.len())?;
+                let len = self.offset_u32(text.len())?;
+                self.text.push_str(text);
+                Ok(if must_be_text {
+                    Node::Str { start, len }
+                } else {
+                    Node::Bytes {
+                        start,
+                        len,
+                        text: true,
+                    }
+                })
+            }
+            Err(_) if must_be_text => self.malformed("a string that is not UTF-8"),
+            Err(_) => {
+                let start = self.offset_u32(self.raw.len())?;
+                let len = self.offset_u32(bytes.len())?;
+                self.raw.extend_from_slice(bytes);
+                Ok(Node::Bytes {
+                    start,
+                    len,
+                    text: false,
+                })
+            }
         }
-        self.push_new(Node::Str { start, len })
     }
 
-    fn push_bytes(&mut self, start: u32, len: u64) -> Result<(), PickleError> {
-        let len = self.offset_u32(len as usize)?;
-        self.push_new(Node::Bytes { start, len })
+    /// Reads a counted string of `len` bytes and pushes it (`text`) or a bytes object.
+    fn push_counted(&mut self, len: u64, text: bool) -> Result<(), PickleError> {
+        self.read_scratch(len)?;
+        let scratch = std::mem::take(&mut self.scratch);
+        let stored = self.store(&scratch, text);
+        self.scratch = scratch;
+        let node = stored?;
+        self.push_new(node)
     }
 
-    /// Puts `bytes` (made, not read) on the payload as a bytes object.
-    fn push_made_bytes(&mut self, bytes: Vec<u8>) -> Result<(), PickleError> {
+    /// Pushes `bytes` (made, not read) as a bytes object.
+    fn push_made_bytes(&mut self, bytes: &[u8]) -> Result<(), PickleError> {
         self.charge_payload(bytes.len() as u64)?;
-        let start = self.offset_u32(self.payload.len())?;
-        self.payload.extend_from_slice(&bytes);
-        self.push_bytes(start, bytes.len() as u64)
+        let node = self.store(bytes, false)?;
+        self.push_new(node)
     }
 
-    /// Puts `text` (made, not read) on the payload as a string.
+    /// Pushes `text` (made, not read) as a string.
     fn push_made_str(&mut self, text: &str) -> Result<(), PickleError> {
         self.charge_payload(text.len() as u64)?;
-        let start = self.offset_u32(self.payload.len())?;
-        self.payload.extend_from_slice(text.as_bytes());
-        self.push_str(start, text.len() as u64)
+        let node = self.store(text.as_bytes(), true)?;
+        self.push_new(node)
     }
 
     fn push_int(&mut self, value: i128) -> Result<(), PickleError> {
@@ -835,12 +878,12 @@ impl Reader<'_> {
         self.nodes.get(id as usize).copied().unwrap_or(Node::None)
     }
 
+    /// The text of string `id`. O(1).
     fn text_of(&self, id: u32) -> Option<&str> {
         match self.node(id) {
             Node::Str { start, len } => self
-                .payload
-                .get(start as usize..start as usize + len as usize)
-                .and_then(|b| std::str::from_utf8(b).ok()),
+                .text
+                .get(start as usize..(start as usize).saturating_add(len as usize)),
             _ => None,
         }
     }
@@ -1022,38 +1065,31 @@ impl Reader<'_> {
             // Strings and bytes.
             op::SHORT_BINUNICODE => {
                 let len = self.byte()?.into();
-                let start = self.read_payload(len)?;
-                self.push_str(start, len)?;
+                self.push_counted(len, true)?;
             }
             op::BINUNICODE => {
                 let len = self.u32_le()?.into();
-                let start = self.read_payload(len)?;
-                self.push_str(start, len)?;
+                self.push_counted(len, true)?;
             }
             op::BINUNICODE8 => {
                 let len = u64::from_le_bytes(self.fixed::<8>()?);
-                let start = self.read_payload(len)?;
-                self.push_str(start, len)?;
+                self.push_counted(len, true)?;
             }
             op::SHORT_BINSTRING | op::SHORT_BINBYTES => {
                 let len = self.byte()?.into();
-                let start = self.read_payload(len)?;
-                self.push_bytes(start, len)?;
+                self.push_counted(len, false)?;
             }
             op::BINSTRING => {
                 let len = self.i32_len()?;
-                let start = self.read_payload(len)?;
-                self.push_bytes(start, len)?;
+                self.push_counted(len, false)?;
             }
             op::BINBYTES => {
                 let len = self.u32_le()?.into();
-                let start = self.read_payload(len)?;
-                self.push_bytes(start, len)?;
+                self.push_counted(len, false)?;
             }
             op::BINBYTES8 | op::BYTEARRAY8 => {
                 let len = u64::from_le_bytes(self.fixed::<8>()?);
-                let start = self.read_payload(len)?;
-                self.push_bytes(start, len)?;
+                self.push_counted(len, false)?;
             }
             op::STRING => {
                 self.read_line()?;
@@ -1061,7 +1097,7 @@ impl Reader<'_> {
                     Some(b) => b,
                     None => return self.malformed("a STRING argument with a bad escape"),
                 };
-                self.push_made_bytes(bytes)?;
+                self.push_made_bytes(&bytes)?;
             }
             op::UNICODE => {
                 self.read_line()?;
@@ -1245,9 +1281,11 @@ impl Reader<'_> {
             },
             Global::Bytearray => match first.map(|id| (id, self.node(id))) {
                 Some((id, Node::Bytes { .. })) => self.push(id),
-                Some((id, Node::Str { .. })) => {
+                Some((id, Node::Str { len, .. })) => {
+                    // Counted before it is made: a long string converted many times.
+                    self.check_room(len.into())?;
                     let bytes = latin1(self.text_of(id).unwrap_or_default());
-                    self.push_made_bytes(bytes)
+                    self.push_made_bytes(&bytes)
                 }
                 _ => self.malformed("bytearray() without bytes or a string"),
             },
@@ -1256,10 +1294,12 @@ impl Reader<'_> {
                 let (Some(text), Some(encoding)) = (second_last, last) else {
                     return self.malformed("_codecs.encode() without two strings");
                 };
-                match (self.text_of(text), self.text_of(encoding)) {
-                    (Some(text), Some(_)) => {
-                        let bytes = latin1(text);
-                        self.push_made_bytes(bytes)
+                match (self.node(text), self.text_of(encoding)) {
+                    (Node::Str { len, .. }, Some(_)) => {
+                        // Counted before it is made: a long string converted many times.
+                        self.check_room(len.into())?;
+                        let bytes = latin1(self.text_of(text).unwrap_or_default());
+                        self.push_made_bytes(&bytes)
                     }
                     _ => self.malformed("_codecs.encode() without two strings"),
                 }
@@ -1590,8 +1630,11 @@ mod tests {
             Node::Huge(f) => format!("huge({f:e})"),
             Node::Float(f) => format!("{f:?}"),
             Node::Str { .. } => format!("'{}'", v.as_str().unwrap()),
-            Node::Bytes { start, len } => {
-                format!("b'{}'", String::from_utf8_lossy(p.bytes(start, len)))
+            node @ Node::Bytes { .. } => {
+                format!(
+                    "b'{}'",
+                    String::from_utf8_lossy(p.payload_of(node).unwrap())
+                )
             }
             Node::Seq { kind, index } => {
                 let items = p.seq(index);
