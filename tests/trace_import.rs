@@ -655,6 +655,82 @@ fn every_real_trace_imports_and_converts() {
     }
 }
 
+fn edge_traces_dir() -> Option<PathBuf> {
+    let dir = std::env::var_os("PORTALLOC_TRACES_EDGE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces-edge"));
+    if dir.is_dir() {
+        Some(dir)
+    } else {
+        eprintln!(
+            "skipping: no edge traces at {} (set PORTALLOC_TRACES_EDGE to a copy of shared/traces-edge)",
+            dir.display()
+        );
+        None
+    }
+}
+
+/// FNV-1a, 64 bits: a fingerprint of a converted trace.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// Every real snapshot gives exactly what the serde-pickle reader gave before the bounded
+/// reader replaced it (issue #12): counts, peak, baseline, reserved, and a fingerprint of the
+/// whole trace converted to the own format (header, notes and every event). The figures are
+/// what the importer gave at that change, not a judgement of them: a deliberate change to the
+/// snapshot mapping updates them.
+#[test_case(false, "pytorch-snapshot-gpt2-small-compiled.pickle", [2162, 2162, 3_857_685_760, 3_072_871_424, 4_238_344_192], 0x100d_4cc8_8b93_b16f ; "gpt2 compiled")]
+#[test_case(false, "pytorch-snapshot-gpt2-shape-eager.pickle", [1721, 1721, 13_927_832_064, 1_377_753_600, 14_180_941_824], 0x762e_fa38_2937_49b3 ; "gpt2 eager")]
+#[test_case(true, "pytorch-snapshot-decomfl-newest.pickle", [7946, 7549, 1_786_608_896, 2_944_380, 1_897_922_560], 0x61ba_639d_1e18_5208 ; "decomfl newest")]
+#[test_case(true, "pytorch-snapshot-verl-pending-free.pickle", [0, 0, 24_916_034_560, 24_916_034_560, 26_189_234_176], 0x4613_83f7_e08c_897c ; "verl pending free")]
+fn real_snapshot_imports_exactly_as_before(
+    edge: bool,
+    file: &str,
+    // allocs, frees, peak live bytes, baseline bytes, reserved bytes
+    figures: [u64; 5],
+    fingerprint: u64,
+) {
+    let Some(dir) = (if edge {
+        edge_traces_dir()
+    } else {
+        traces_dir()
+    }) else {
+        return;
+    };
+    let path = dir.join(file);
+    if !path.exists() {
+        eprintln!("skipping: {} is absent", path.display());
+        return;
+    }
+    let t = open(&path, &Options::default()).unwrap();
+    let header = t.header().clone();
+    let s = summarize(t).unwrap();
+    let got = [
+        s.allocs,
+        s.frees,
+        s.peak_live_bytes,
+        header.baseline_bytes,
+        header
+            .reference
+            .as_ref()
+            .and_then(|r| r.reserved_bytes)
+            .unwrap_or(0),
+    ];
+    let mut bytes = Vec::new();
+    export::write_portalloc(
+        &mut bytes,
+        &header,
+        open(&path, &Options::default()).unwrap(),
+    )
+    .unwrap();
+    eprintln!("{file}: {got:?}, fingerprint {:#018x}", fnv1a(&bytes));
+    assert_eq!(got, figures, "{file}");
+    assert_eq!(fnv1a(&bytes), fingerprint, "{file}");
+}
+
 // ---------------------------------------------------------------- round trip
 
 /// A trace in canonical form: seq 0, 1, …; ids 1, 2, … in order of allocation; no tags;
@@ -847,6 +923,193 @@ fn explicit_format_overrides_sniffing() {
     );
     assert!(e.contains("Thread"), "{e}");
     assert_eq!("somas".parse::<Format>().unwrap(), Format::LifetimesCsv);
+}
+
+// ---------------------------------------------------------------- hostile pickles
+
+// Issue #12: a snapshot pickle is untrusted input. Each case is refused with an
+// `Error::Trace` naming the file and what was wrong (the limit, its value, the byte), or read
+// without holding more than the file describes; none may crash or take all memory.
+
+const PROTO4: [u8; 2] = [0x80, 0x04];
+
+/// The issue's first reproducer: `None` wrapped in `depth` one-tuples (TUPLE1).
+fn nested_tuples(depth: usize) -> Vec<u8> {
+    let mut b = vec![0x80, 0x02, b'N'];
+    b.resize(3 + depth, 0x85);
+    b.push(b'.');
+    b
+}
+
+/// The issue's second reproducer: `None`, then `pairs` times DUP + TUPLE2 (each doubles the
+/// tree a copying reader builds).
+fn dup_tuple2(pairs: usize) -> Vec<u8> {
+    let mut b = vec![0x80, 0x02, b'N'];
+    for _ in 0..pairs {
+        b.extend([b'2', 0x86]);
+    }
+    b.push(b'.');
+    b
+}
+
+/// SHORT_BINUNICODE.
+fn pk_str(s: &str) -> Vec<u8> {
+    let mut b = vec![0x8c, u8::try_from(s.len()).unwrap()];
+    b.extend(s.as_bytes());
+    b
+}
+
+/// BININT.
+fn pk_int(i: i32) -> Vec<u8> {
+    let mut b = vec![b'J'];
+    b.extend(i.to_le_bytes());
+    b
+}
+
+/// Protocol 4, then `body`, then STOP.
+fn pickle(body: &[u8]) -> Vec<u8> {
+    let mut b = PROTO4.to_vec();
+    b.extend(body);
+    b.push(b'.');
+    b
+}
+
+/// The opcodes of `{'action': 'alloc', 'addr': 4096, 'size': 512}`.
+fn alloc_entry() -> Vec<u8> {
+    let mut b = vec![b'}', b'('];
+    for (k, v) in [
+        ("action", pk_str("alloc")),
+        ("addr", pk_int(4096)),
+        ("size", pk_int(512)),
+    ] {
+        b.extend(pk_str(k));
+        b.extend(v);
+    }
+    b.push(b'u');
+    b
+}
+
+/// A snapshot of one allocation whose dict also holds `extra` (the opcodes of one value)
+/// under the key `extra`.
+fn snapshot_with(extra: &[u8]) -> Vec<u8> {
+    let mut b = vec![b'}', b'('];
+    b.extend(pk_str("device_traces"));
+    b.extend([b']', b']']);
+    b.extend(alloc_entry());
+    b.extend([b'a', b'a']);
+    b.extend(pk_str("extra"));
+    b.extend(extra);
+    b.push(b'u');
+    pickle(&b)
+}
+
+/// `n` references to one `None` in a list: MARK, `None`, DUP × (n − 1), APPENDS.
+fn many_references(n: usize) -> Vec<u8> {
+    let mut b = vec![b']', b'(', b'N'];
+    b.resize(3 + n - 1, b'2');
+    b.push(b'e');
+    pickle(&b)
+}
+
+/// A snapshot whose `device_traces` holds `devices` references to one list of `entries`
+/// references to one allocation: small to store, `devices × entries` to walk.
+fn shared_traces(devices: usize, entries: usize) -> Vec<u8> {
+    let mut b = vec![b'}', b'('];
+    b.extend(pk_str("device_traces"));
+    b.extend([b']', b'(', b']', b'(']);
+    b.extend(alloc_entry());
+    b.resize(b.len() + entries - 1, b'2');
+    b.push(b'e');
+    b.resize(b.len() + devices - 1, b'2');
+    b.extend([b'e', b'u']);
+    pickle(&b)
+}
+
+/// An INT whose decimal argument is a line of 16 MiB + 1 digits.
+fn long_text_argument() -> Vec<u8> {
+    let mut b = PROTO4.to_vec();
+    b.extend(b"I1");
+    b.resize(b.len() + (16 << 20), b'9');
+    b.extend(b"\n.");
+    b
+}
+
+/// The error of reading `bytes` as a trace, which must be an `Error::Trace`.
+fn trace_error_of(bytes: Vec<u8>) -> String {
+    let e = match open_reader(
+        std::io::Cursor::new(bytes),
+        "bad.pickle",
+        &Options::default(),
+    ) {
+        Err(e) => e,
+        Ok(t) => match t.into_iter().find_map(Result::err) {
+            Some(e) => e,
+            None => panic!("read without an error"),
+        },
+    };
+    assert!(matches!(e, portalloc::Error::Trace(_)), "{e:?}");
+    e.to_string()
+}
+
+#[test_case(nested_tuples(8000), &["not a dict"] ; "issue reproducer nested 8000 deep")]
+#[test_case(nested_tuples(4096 - 4), &["not a dict"] ; "issue reproducer nested in 4 KB")]
+#[test_case(nested_tuples(1_000_000), &["limit on containers", "640001 > 640000", "at byte 640003"] ; "nested a million deep")]
+#[test_case(dup_tuple2(25), &["not a dict"] ; "issue reproducer dup tuple2 x25")]
+#[test_case(dup_tuple2(30), &["not a dict"] ; "issue reproducer dup tuple2 x30")]
+#[test_case(dup_tuple2(64), &["not a dict"] ; "issue reproducer dup tuple2 x64")]
+#[test_case(many_references(8_000_001), &["limit on values pushed", "8000001 > 8000000", "at byte"] ; "values pushed over the limit")]
+#[test_case(pickle(&[&[b'N'][..], &vec![0x94; 1_000_001][..]].concat()), &["limit on memo entries", "1000001 > 1000000", "at byte 1000003"] ; "memo entries over the limit")]
+#[test_case(pickle(&vec![b']'; 640_001]), &["limit on containers", "640001 > 640000", "at byte 640002"] ; "containers over the limit")]
+#[test_case(pickle(&vec![b'('; 5000]), &["limit on open marks", "4097 > 4096", "at byte 4098"] ; "open marks over the limit")]
+#[test_case(pickle(&[&[0x8d][..], &(1u64 << 40).to_le_bytes()].concat()), &["limit on payload bytes", "1099511627776 > 16777216", "at byte 2"] ; "a string of a terabyte")]
+#[test_case(long_text_argument(), &["limit on payload bytes", "> 16777216", "at byte 2"] ; "a text argument over 16 MiB")]
+#[test_case(shared_traces(400, 50_000), &["limit on walk steps", "16000001 > 16000000"] ; "a shared trace list walked too often")]
+#[test_case(pickle(&[0xff]), &["truncated or corrupt", "unknown opcode 0xff at byte 2"] ; "unknown opcode")]
+#[test_case(pickle(b"P1\n"), &["unsupported opcode PERSID (0x50)", "at byte 2"] ; "persistent id")]
+#[test_case(pickle(&[0x97]), &["unsupported opcode NEXT_BUFFER (0x97)"] ; "out of band buffer")]
+#[test_case(pickle(&[b'N', 0x86]), &["stack underflow in opcode TUPLE2 (0x86) at byte 3"] ; "stack underflow")]
+#[test_case(pickle(b"h\x05"), &["memo entry 5 is read before it is stored at byte 2"] ; "memo get before put")]
+#[test_case(pickle(&[&[0x8c, 2][..], &[0xff, 0xfe]].concat()), &["not UTF-8"] ; "string not utf8")]
+#[test_case([&pickle(&alloc_entry())[..], b"N"].concat(), &["bytes follow the end of the pickle"] ; "trailing bytes")]
+#[test_case(pickle(b"]K\x01K\x02\x86a"), &["not a dict", "torch.cuda.memory._dump_snapshot"] ; "valid pickle of a list")]
+#[test_case(pickle(&alloc_entry()), &["no device_traces"] ; "valid pickle of another dict")]
+fn hostile_pickle_is_a_trace_error_that_says_why(bytes: Vec<u8>, expected: &[&str]) {
+    let e = trace_error_of(bytes);
+    assert!(e.contains("bad.pickle: "), "{e}");
+    for what in expected {
+        assert!(e.contains(what), "{e:?} lacks {what:?}");
+    }
+    assert!(e.len() < 400, "message not bounded: {} bytes", e.len());
+}
+
+/// Every one of 500,000 trace entries (one dict, shared) has an `action` of 15 MiB: its text
+/// is checked once, when read, not once per entry (which took hours).
+#[test]
+fn a_long_string_shared_by_every_entry_is_checked_once() {
+    let mut b = vec![b'}', b'('];
+    b.extend(pk_str("device_traces"));
+    b.extend(b"](](}(");
+    b.extend(pk_str("action"));
+    b.push(b'X');
+    b.extend((15u32 << 20).to_le_bytes());
+    b.resize(b.len() + (15 << 20), b'a');
+    b.push(b'u');
+    b.resize(b.len() + 499_999, b'2');
+    b.extend(b"eeu");
+    let (events, anomalies) = lenient(&pickle(&b));
+    assert!(events.is_empty());
+    assert_eq!(anomalies.defects(), 0, "{anomalies}");
+}
+
+/// What the reproducers hold, inside an otherwise valid snapshot: read, the allocation
+/// replayed, nothing copied (DUP chains) and nothing recursed (nesting).
+#[test_case(&nested_tuples(600_000)[2..600_003] ; "nested 600 thousand deep")]
+#[test_case(&dup_tuple2(64)[2..131] ; "dup tuple2 x64")]
+#[test_case(&[&b"]("[..], &nested_tuples(100_000)[2..100_003], &vec![b'2'; 100_000], b"e"].concat() ; "a list of the same deep value 100001 times")]
+fn hostile_values_inside_a_snapshot_are_read_without_copies(extra: &[u8]) {
+    let (events, anomalies) = lenient(&snapshot_with(extra));
+    assert_eq!(events, vec![ev(0, 0, 0, 0, Op::Alloc, 1, 512)]);
+    assert_eq!(anomalies.defects(), 0, "{anomalies}");
 }
 
 // ---------------------------------------------------------------- bounded memory

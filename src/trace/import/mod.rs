@@ -7,6 +7,7 @@ use crate::error::Result;
 
 pub mod kineto;
 pub mod lifetimes_csv;
+mod pickle;
 pub mod pytorch_snapshot;
 pub mod rmm_csv;
 

@@ -1,5 +1,6 @@
 //! PyTorch memory snapshots: the pickle `torch.cuda.memory._dump_snapshot` writes (plain
-//! dicts and lists; no torch needed).
+//! dicts and lists; no torch needed), read with the bounded reader of `pickle.rs`: a
+//! file past one of its limits is refused with a message naming the limit.
 //!
 //! Replayed: the `alloc` and `free_completed` entries of `device_traces[d]` (`d` the device
 //! with the most such entries, or [`Options::device`]); `free_requested`, `segment_*` and
@@ -24,102 +25,93 @@
 //! [`Options::device`]: crate::trace::Options::device
 //! [`AnomalyKind::AllocFailure`]: crate::trace::AnomalyKind::AllocFailure
 
-use serde_pickle::{DeOptions, HashableValue, Value};
-
+use super::pickle::{self, Limits, PickleError, Seq, Val};
 use super::{us_to_ns, Attrs, Emitter};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::trace::{
     trace_error, AnomalyKind, Format, Input, Keying, Loc, Op, Options, Reference, TraceHeader,
     VecSource,
 };
 
-fn get<'a>(v: &'a Value, key: &str) -> Option<&'a Value> {
-    match v {
-        Value::Dict(d) => d
-            .get(&HashableValue::String(key.to_string()))
-            .or_else(|| d.get(&HashableValue::Bytes(key.as_bytes().to_vec()))),
-        _ => None,
+/// The error for a pickle the reader refused or a walk that ran out of steps.
+fn pickle_error(origin: &str, e: PickleError) -> Error {
+    match e {
+        PickleError::Limit { .. } => trace_error(format!(
+            "{origin}: refused: the snapshot pickle {e}; the limits on untrusted files are in docs/trace-format.md"
+        )),
+        PickleError::Malformed { .. } | PickleError::Io(_) => trace_error(format!(
+            "{origin}: not a readable snapshot pickle (truncated or corrupt?): {e}"
+        )),
     }
 }
 
-fn as_str(v: &Value) -> Option<&str> {
-    match v {
-        Value::String(s) => Some(s),
-        Value::Bytes(b) => std::str::from_utf8(b).ok(),
-        _ => None,
-    }
+/// Reads a dict's value at `key` (counting the walk's steps).
+fn get<'p>(origin: &str, v: Val<'p>, key: &str) -> Result<Option<Val<'p>>> {
+    v.get(key).map_err(|e| pickle_error(origin, e))
 }
 
-fn as_u64(v: &Value) -> Option<u64> {
-    match v {
-        Value::I64(i) => u64::try_from(*i).ok(),
-        Value::Int(b) => b.to_string().parse().ok(),
-        Value::Bool(b) => Some(u64::from(*b)),
-        _ => None,
-    }
+fn get_str<'p>(origin: &str, v: Val<'p>, key: &str) -> Result<Option<&'p str>> {
+    Ok(get(origin, v, key)?.and_then(Val::as_str))
 }
 
-fn as_f64(v: &Value) -> Option<f64> {
-    match v {
-        Value::I64(i) => Some(*i as f64),
-        Value::F64(f) => Some(*f),
-        Value::Int(b) => b.to_string().parse().ok(),
-        _ => None,
-    }
+fn get_u64(origin: &str, v: Val<'_>, key: &str) -> Result<Option<u64>> {
+    Ok(get(origin, v, key)?.and_then(Val::as_u64))
 }
 
-fn as_list(v: &Value) -> Option<&[Value]> {
-    match v {
-        Value::List(l) | Value::Tuple(l) => Some(l),
-        _ => None,
-    }
+fn get_list<'p>(origin: &str, v: Val<'p>, key: &str) -> Result<Option<Seq<'p>>> {
+    Ok(get(origin, v, key)?.and_then(Val::as_list))
 }
 
-fn replayed(entry: &Value) -> bool {
-    matches!(
-        get(entry, "action").and_then(as_str),
+/// The items of `list` (counting the walk's steps).
+fn items<'p>(origin: &'p str, list: Seq<'p>) -> impl Iterator<Item = Result<Val<'p>>> + 'p {
+    list.iter()
+        .map(move |v| v.map_err(|e| pickle_error(origin, e)))
+}
+
+fn replayed(origin: &str, entry: Val<'_>) -> Result<bool> {
+    Ok(matches!(
+        get_str(origin, entry, "action")?,
         Some("alloc") | Some("free_completed")
-    )
+    ))
 }
 
 /// Reads a snapshot pickle and returns the chosen device's events in replay order.
 ///
 /// # Errors
-/// Not a pickle, or one without `device_traces`; a device asked for that is not there; an
-/// entry to replay without `addr` or `size`; an anomaly in strict mode.
-pub(crate) fn read(input: Input, origin: &str, options: &Options) -> Result<VecSource> {
-    let root = serde_pickle::value_from_reader(
-        input,
-        DeOptions::new()
-            .replace_unresolved_globals()
-            .replace_recursive_structures(),
-    )
-    .map_err(|e| {
-        trace_error(format!(
-            "{origin}: not a readable snapshot pickle (truncated or corrupt?): {e}"
-        ))
-    })?;
-    if !matches!(root, Value::Dict(_)) {
+/// Not a pickle, or one without `device_traces`; a limit on untrusted files exceeded; a
+/// device asked for that is not there; an entry to replay without `addr` or `size`; an anomaly
+/// in strict mode.
+pub(crate) fn read(mut input: Input, origin: &str, options: &Options) -> Result<VecSource> {
+    let pickle =
+        pickle::read(&mut input, &Limits::UNTRUSTED).map_err(|e| pickle_error(origin, e))?;
+    import(&pickle, origin, options)
+}
+
+/// The events of a snapshot already read.
+fn import(pickle: &pickle::Pickle, origin: &str, options: &Options) -> Result<VecSource> {
+    let root = pickle.root();
+    if !root.is_dict() {
         return Err(trace_error(format!(
             "{origin}: the pickle is not a dict: not a torch.cuda.memory._dump_snapshot file"
         )));
     }
-    let traces = get(&root, "device_traces").and_then(as_list).ok_or_else(|| {
+    let traces = get_list(origin, root, "device_traces")?.ok_or_else(|| {
         trace_error(format!(
             "{origin}: the snapshot has no device_traces list (was torch.cuda.memory._record_memory_history enabled?)"
         ))
     })?;
-    let empty: &[Value] = &[];
-    let counts: Vec<usize> = traces
-        .iter()
-        .map(|t| {
-            as_list(t)
-                .unwrap_or(empty)
-                .iter()
-                .filter(|e| replayed(e))
-                .count()
-        })
-        .collect();
+    let mut counts: Vec<usize> = Vec::with_capacity(traces.len());
+    for t in items(origin, traces) {
+        let mut n = 0;
+        if let Some(list) = t?.as_list() {
+            for e in items(origin, list) {
+                if replayed(origin, e?)? {
+                    n += 1;
+                }
+            }
+        }
+        counts.push(n);
+    }
     let device = match options.device {
         Some(d) => {
             let d = d as usize;
@@ -138,31 +130,43 @@ pub(crate) fn read(input: Input, origin: &str, options: &Options) -> Result<VecS
             .map(|(i, _)| i)
             .unwrap_or(0),
     };
-    let trace = traces.get(device).and_then(as_list).unwrap_or(empty);
+    let trace = match items(origin, traces).nth(device) {
+        Some(t) => t?.as_list(),
+        None => None,
+    };
+    // Walked in place each time (entries are not collected: memory stays what the file holds).
+    let entries = || trace.into_iter().flat_map(|list| items(origin, list));
 
     // Live at dump time and reserved, from the segments of this device.
     let mut live_at_dump: u128 = 0;
     let mut reserved: u128 = 0;
     let mut segments = 0u64;
-    for seg in get(&root, "segments").and_then(as_list).unwrap_or(empty) {
-        let seg_device = get(seg, "device").and_then(as_u64).unwrap_or(0);
-        if seg_device != device as u64 {
-            continue;
-        }
-        segments += 1;
-        reserved += u128::from(get(seg, "total_size").and_then(as_u64).unwrap_or(0));
-        for b in get(seg, "blocks").and_then(as_list).unwrap_or(empty) {
-            if get(b, "state").and_then(as_str) == Some("active_allocated") {
-                live_at_dump += u128::from(get(b, "size").and_then(as_u64).unwrap_or(0));
+    if let Some(list) = get_list(origin, root, "segments")? {
+        for seg in items(origin, list) {
+            let seg = seg?;
+            let seg_device = get_u64(origin, seg, "device")?.unwrap_or(0);
+            if seg_device != device as u64 {
+                continue;
+            }
+            segments += 1;
+            reserved += u128::from(get_u64(origin, seg, "total_size")?.unwrap_or(0));
+            if let Some(blocks) = get_list(origin, seg, "blocks")? {
+                for b in items(origin, blocks) {
+                    let b = b?;
+                    if get_str(origin, b, "state")? == Some("active_allocated") {
+                        live_at_dump += u128::from(get_u64(origin, b, "size")?.unwrap_or(0));
+                    }
+                }
             }
         }
     }
 
     // The net of the trace, as recorded.
     let mut net: i128 = 0;
-    for e in trace {
-        let size = i128::from(get(e, "size").and_then(as_u64).unwrap_or(0));
-        match get(e, "action").and_then(as_str) {
+    for e in entries() {
+        let e = e?;
+        let size = i128::from(get_u64(origin, e, "size")?.unwrap_or(0));
+        match get_str(origin, e, "action")? {
             Some("alloc") => net += size,
             Some("free_completed") => net -= size,
             _ => {}
@@ -173,14 +177,15 @@ pub(crate) fn read(input: Input, origin: &str, options: &Options) -> Result<VecS
     let mut emitter = Emitter::new(Keying::Addresses, options.strict, origin, baseline);
     let mut events = Vec::with_capacity(counts.get(device).copied().unwrap_or(0));
     let mut skipped = 0u64;
-    for (i, e) in trace.iter().enumerate() {
+    for (i, e) in entries().enumerate() {
+        let e = e?;
         let loc = Loc::Event(i as u64 + 1);
-        let action = get(e, "action").and_then(as_str);
+        let action = get_str(origin, e, "action")?;
         let op = match action {
             Some("alloc") => Op::Alloc,
             Some("free_completed") => Op::Free,
             Some("oom") => {
-                let size = get(e, "size").and_then(as_u64).unwrap_or(0);
+                let size = get_u64(origin, e, "size")?.unwrap_or(0);
                 emitter.tracker.anomaly(
                     AnomalyKind::AllocFailure,
                     loc,
@@ -193,10 +198,8 @@ pub(crate) fn read(input: Input, origin: &str, options: &Options) -> Result<VecS
                 continue;
             }
         };
-        let (Some(addr), Some(size)) = (
-            get(e, "addr").and_then(as_u64),
-            get(e, "size").and_then(as_u64),
-        ) else {
+        let (Some(addr), Some(size)) = (get_u64(origin, e, "addr")?, get_u64(origin, e, "size")?)
+        else {
             emitter.tracker.anomaly(
                 AnomalyKind::InvalidRecord,
                 loc,
@@ -208,12 +211,12 @@ pub(crate) fn read(input: Input, origin: &str, options: &Options) -> Result<VecS
             continue;
         };
         let attrs = Attrs {
-            time_ns: get(e, "time_us")
-                .and_then(as_f64)
+            time_ns: get(origin, e, "time_us")?
+                .and_then(Val::as_f64)
                 .map(us_to_ns)
                 .unwrap_or(0),
             thread: 0,
-            stream: get(e, "stream").and_then(as_u64).unwrap_or(0),
+            stream: get_u64(origin, e, "stream")?.unwrap_or(0),
         };
         emitter.feed(loc, op, addr, size, attrs, &mut events)?;
     }
@@ -235,4 +238,65 @@ pub(crate) fn read(input: Input, origin: &str, options: &Options) -> Result<VecS
         anomalies: emitter.tracker.anomalies,
         events: events.into_iter(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::BufReader;
+    use std::path::Path;
+
+    use super::*;
+
+    /// The real snapshots (`../shared/traces*/`, absent from a fresh clone) read and imported
+    /// with room to spare: each figure at most 1/8 of its limit, so a snapshot 8 times larger
+    /// in every respect still imports. Run with `--nocapture` to see the figures.
+    #[test]
+    fn real_snapshots_stay_far_below_the_limits() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
+            .join("shared");
+        let mut seen = 0;
+        for dir in ["traces", "traces-edge"] {
+            let Ok(entries) = std::fs::read_dir(root.join(dir)) else {
+                eprintln!("skipping: no {}", root.join(dir).display());
+                continue;
+            };
+            let mut paths: Vec<_> = entries
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "pickle"))
+                .collect();
+            paths.sort();
+            for path in paths {
+                let file = std::fs::File::open(&path).unwrap();
+                let mut input = BufReader::new(file);
+                let limits = Limits::UNTRUSTED;
+                let p = pickle::read(&mut input, &limits).unwrap();
+                import(&p, "real", &Options::default()).unwrap();
+                let f = p.figures();
+                eprintln!(
+                    "{}: {f:?}, walk steps {}",
+                    path.file_name().unwrap().to_string_lossy(),
+                    p.walk_steps()
+                );
+                let pairs = [
+                    ("input bytes", f.input_bytes, limits.input_bytes),
+                    ("values", f.values, limits.values),
+                    ("containers", f.containers, limits.containers),
+                    ("memo entries", f.memo_entries, limits.memo_entries),
+                    ("payload bytes", f.payload_bytes, limits.payload_bytes),
+                    ("open marks", f.open_marks, limits.open_marks),
+                    ("walk steps", p.walk_steps(), limits.walk_steps),
+                ];
+                for (what, used, limit) in pairs {
+                    assert!(
+                        used.saturating_mul(8) <= limit,
+                        "{}: {what} {used} is more than 1/8 of the limit {limit}",
+                        path.display()
+                    );
+                }
+                seen += 1;
+            }
+        }
+        eprintln!("{seen} real snapshots checked");
+    }
 }

@@ -1,0 +1,2009 @@
+//! A bounded reader of pickle data from untrusted files (what
+//! `torch.cuda.memory._dump_snapshot` writes), and a read-only view of what it read.
+//!
+//! It runs the pickle virtual machine of protocols 0 to 5 over a stream and keeps the objects
+//! in a flat arena: every object is one [`Node`] of a `Vec`, and a container holds the
+//! indices of its items. An object the pickle refers to more than once (a memo get, `DUP`)
+//! is stored once and referred to twice, as in Python. A general-purpose unpickler that
+//! copies shared objects lets a file of a few bytes describe an exponential amount of data:
+//! 64 bytes of `DUP` + `TUPLE2` pairs describe 2⁶⁴ leaves, which this reader holds as 64
+//! nodes. Nothing here recurses (reading, walking, dropping), so nesting depth costs no stack:
+//! a pickle nested a million levels deep is read like any other.
+//!
+//! What grows with the input is bounded by [`Limits`]: bytes read, values pushed, containers,
+//! memo entries, payload bytes (strings, bytes, big integers, text arguments) and open marks;
+//! the walk over the result ([`Val::get`], [`Seq::iter`]) counts its steps, because a list
+//! shared through many references is visited once per reference. The first limit exceeded
+//! stops the reader with [`PickleError::Limit`], which names the limit, the value reached,
+//! the limit's value and the byte offset. A file that is not a pickle this reader accepts is a
+//! [`PickleError::Malformed`] naming what was wrong and where.
+//!
+//! Semantics follow Python's `pickle` where a snapshot can tell, and otherwise the reader
+//! portalloc used before (`serde-pickle` with unresolved globals read as `None`): a global
+//! reads as `None`, an instance (`NEWOBJ`, `OBJ`, `INST`) as an empty dict until `BUILD`
+//! replaces it by its state, `set`/`frozenset`/`list`/`bytearray`/`int`/`_codecs.encode`
+//! calls are evaluated, protocol 0 and 1 strings (`STRING`, `BINSTRING`) are bytes. Opcodes a
+//! snapshot never holds (persistent ids, the extension registry, out-of-band buffers) are
+//! refused, as is any byte that is not an opcode.
+//!
+//! # Time complexity
+//! Reading is O(n + v + m log m) for n input bytes, v values pushed and m memo entries: each
+//! opcode does O(1) work besides moving the items of its mark (each item is moved once) and
+//! copying a list for `set()`/`list()` calls (each copied item counts as a value pushed).
+//! Memory is O(v + payload + m), bounded by the limits. [`Val::get`] is O(k) for a dict of k
+//! pairs and [`Seq::iter`] O(1) per item; both count towards [`Limits::walk_steps`].
+#![deny(unsafe_code)]
+
+use std::cell::Cell;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io::{BufRead, Read};
+
+/// The bounds a read stays within. [`Limits::UNTRUSTED`] is what the snapshot importer uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Limits {
+    /// Bytes of (decompressed) input: bounds the time a read takes.
+    pub(crate) input_bytes: u64,
+    /// Values pushed on the stack: new objects, memo gets, `DUP`s, items copied by
+    /// `set()`/`list()` calls. Each is at most one node, one stack slot and one container slot.
+    pub(crate) values: u64,
+    /// Containers built (lists, tuples, dicts, sets, instances): each also holds a `Vec`.
+    pub(crate) containers: u64,
+    /// Distinct memo entries.
+    pub(crate) memo_entries: u64,
+    /// Bytes of strings, bytes objects, integers wider than 64 bits and protocol 0 text
+    /// arguments (one line each), read or made.
+    pub(crate) payload_bytes: u64,
+    /// Marks open at once.
+    pub(crate) open_marks: u64,
+    /// Steps of the walk over the result: dict pairs compared, list items visited.
+    pub(crate) walk_steps: u64,
+}
+
+impl Limits {
+    /// The limits on untrusted files (`docs/trace-format.md`, "Limits on untrusted files").
+    /// Each is at least 8 times what the largest real snapshot measured needs (the test
+    /// `real_snapshots_stay_far_below_the_limits` checks it on the files at hand), and all of
+    /// them reached at once keep the reader well under 512 MiB.
+    pub(crate) const UNTRUSTED: Limits = Limits {
+        input_bytes: 1 << 30,
+        values: 8_000_000,
+        containers: 640_000,
+        memo_entries: 1_000_000,
+        payload_bytes: 16 << 20,
+        open_marks: 4096,
+        walk_steps: 16_000_000,
+    };
+
+    fn of(&self, limit: Limit) -> u64 {
+        match limit {
+            Limit::InputBytes => self.input_bytes,
+            Limit::Values => self.values,
+            Limit::Containers => self.containers,
+            Limit::MemoEntries => self.memo_entries,
+            Limit::PayloadBytes => self.payload_bytes,
+            Limit::OpenMarks => self.open_marks,
+            Limit::WalkSteps => self.walk_steps,
+        }
+    }
+}
+
+// Offsets into the payload and indices into the arena are u32: the limits keep them there.
+const _: () = assert!(Limits::UNTRUSTED.payload_bytes < u32::MAX as u64);
+const _: () = assert!(Limits::UNTRUSTED.values < u32::MAX as u64);
+const _: () = assert!(Limits::UNTRUSTED.containers < u32::MAX as u64);
+
+/// Which of the [`Limits`] a file exceeded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Limit {
+    /// [`Limits::input_bytes`].
+    InputBytes,
+    /// [`Limits::values`].
+    Values,
+    /// [`Limits::containers`].
+    Containers,
+    /// [`Limits::memo_entries`].
+    MemoEntries,
+    /// [`Limits::payload_bytes`].
+    PayloadBytes,
+    /// [`Limits::open_marks`].
+    OpenMarks,
+    /// [`Limits::walk_steps`].
+    WalkSteps,
+}
+
+impl Limit {
+    /// The name used in messages and in `docs/trace-format.md`.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Limit::InputBytes => "input bytes",
+            Limit::Values => "values pushed",
+            Limit::Containers => "containers",
+            Limit::MemoEntries => "memo entries",
+            Limit::PayloadBytes => "payload bytes",
+            Limit::OpenMarks => "open marks",
+            Limit::WalkSteps => "walk steps",
+        }
+    }
+}
+
+/// Why a pickle was not read. Messages are bounded: they quote no input but an opcode byte.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum PickleError {
+    /// A limit on untrusted files was exceeded.
+    Limit {
+        /// Which one.
+        limit: Limit,
+        /// The value it would have reached.
+        reached: u64,
+        /// The limit's value.
+        max: u64,
+        /// Offset of the opcode being read (`None` for the walk over the result).
+        offset: Option<u64>,
+    },
+    /// Not a pickle this reader accepts: truncated, corrupt, or holding what snapshots never do.
+    Malformed {
+        /// What was wrong.
+        detail: String,
+        /// Offset of the opcode being read.
+        offset: u64,
+    },
+    /// The input could not be read (a corrupt gzip stream, an I/O error).
+    Io(String),
+}
+
+impl fmt::Display for PickleError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PickleError::Limit {
+                limit,
+                reached,
+                max,
+                offset,
+            } => {
+                write!(
+                    f,
+                    "exceeds the limit on {} ({reached} > {max}",
+                    limit.name()
+                )?;
+                if let Some(at) = offset {
+                    write!(f, ", at byte {at}")?;
+                }
+                f.write_str(")")
+            }
+            PickleError::Malformed { detail, offset } => write!(f, "{detail} at byte {offset}"),
+            PickleError::Io(e) => write!(f, "read failed: {e}"),
+        }
+    }
+}
+
+/// What a read used, against each of the [`Limits`] (for tests and for choosing the limits).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Figures {
+    pub(crate) input_bytes: u64,
+    pub(crate) values: u64,
+    pub(crate) containers: u64,
+    pub(crate) memo_entries: u64,
+    pub(crate) payload_bytes: u64,
+    pub(crate) open_marks: u64,
+    /// Nodes in the arena (values pushed that were new objects).
+    pub(crate) nodes: u64,
+}
+
+/// The kind of a container.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SeqKind {
+    List,
+    Tuple,
+    /// Items are key, value, key, value, …
+    Dict,
+    Set,
+    FrozenSet,
+}
+
+/// A global the reader evaluates when it is called (`REDUCE`); every other one is `Other`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Global {
+    Set,
+    FrozenSet,
+    Bytearray,
+    List,
+    Int,
+    Encode,
+    Reconstructor,
+    Other,
+}
+
+/// One object. 16 bytes: payloads and containers live in side tables.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Node {
+    None,
+    Bool(bool),
+    Int(i64),
+    /// An integer wider than 64 bits and within 128: index into `Pickle::wide`.
+    Wide(u32),
+    /// An integer beyond 128 bits, approximated: only its magnitude matters to a reader.
+    Huge(f64),
+    Float(f64),
+    /// Text: `len` bytes of `Pickle::text` from `start`.
+    Str {
+        start: u32,
+        len: u32,
+    },
+    /// Bytes: `len` bytes from `start` of `Pickle::text` when they are UTF-8 (so that reading
+    /// them as text costs no validation), else of `Pickle::raw`.
+    Bytes {
+        start: u32,
+        len: u32,
+        text: bool,
+    },
+    Seq {
+        kind: SeqKind,
+        index: u32,
+    },
+    /// A global not (yet) called: reads as `None`.
+    Global(Global),
+}
+
+/// What a read produced: the arena and its root.
+#[derive(Debug)]
+pub(crate) struct Pickle {
+    nodes: Vec<Node>,
+    seqs: Vec<Vec<u32>>,
+    wide: Vec<i128>,
+    /// Strings, and bytes objects that are UTF-8: validated once, when read.
+    text: String,
+    /// Bytes objects that are not UTF-8.
+    raw: Vec<u8>,
+    root: u32,
+    // Read by the tests that hold real files against the limits.
+    #[cfg_attr(not(test), allow(dead_code))]
+    figures: Figures,
+    walk_limit: u64,
+    walk_steps: Cell<u64>,
+}
+
+impl Pickle {
+    /// The object the pickle describes.
+    pub(crate) fn root(&self) -> Val<'_> {
+        Val {
+            pickle: self,
+            id: self.root,
+        }
+    }
+
+    /// What the read used.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn figures(&self) -> Figures {
+        self.figures
+    }
+
+    /// Steps the walk over the result has taken so far.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn walk_steps(&self) -> u64 {
+        self.walk_steps.get()
+    }
+
+    fn node(&self, id: u32) -> Node {
+        self.nodes.get(id as usize).copied().unwrap_or(Node::None)
+    }
+
+    fn seq(&self, index: u32) -> &[u32] {
+        self.seqs.get(index as usize).map_or(&[], Vec::as_slice)
+    }
+
+    /// The bytes of a string or bytes object.
+    fn payload_of(&self, node: Node) -> Option<&[u8]> {
+        match node {
+            Node::Str { .. } | Node::Bytes { text: true, .. } => {
+                self.text_of(node).map(str::as_bytes)
+            }
+            Node::Bytes {
+                start,
+                len,
+                text: false,
+            } => self
+                .raw
+                .get(start as usize..(start as usize).saturating_add(len as usize)),
+            _ => None,
+        }
+    }
+
+    /// A string, or a bytes object that is UTF-8. O(1): validated when read.
+    fn text_of(&self, node: Node) -> Option<&str> {
+        match node {
+            Node::Str { start, len }
+            | Node::Bytes {
+                start,
+                len,
+                text: true,
+            } => self
+                .text
+                .get(start as usize..(start as usize).saturating_add(len as usize)),
+            _ => None,
+        }
+    }
+
+    fn charge(&self, steps: u64) -> Result<(), PickleError> {
+        let reached = self.walk_steps.get().saturating_add(steps);
+        self.walk_steps.set(reached);
+        if reached > self.walk_limit {
+            return Err(PickleError::Limit {
+                limit: Limit::WalkSteps,
+                reached,
+                max: self.walk_limit,
+                offset: None,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// One object of a [`Pickle`], to read.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Val<'p> {
+    pickle: &'p Pickle,
+    id: u32,
+}
+
+impl<'p> Val<'p> {
+    /// Whether it is a dict.
+    pub(crate) fn is_dict(self) -> bool {
+        matches!(
+            self.pickle.node(self.id),
+            Node::Seq {
+                kind: SeqKind::Dict,
+                ..
+            }
+        )
+    }
+
+    /// The value of key `key` of a dict: the last pair with that text key, else the last with
+    /// that bytes key; `None` for another type or an absent key. Counts one walk step per pair.
+    ///
+    /// # Errors
+    /// [`Limit::WalkSteps`] exceeded.
+    pub(crate) fn get(self, key: &str) -> Result<Option<Val<'p>>, PickleError> {
+        let Node::Seq {
+            kind: SeqKind::Dict,
+            index,
+        } = self.pickle.node(self.id)
+        else {
+            return Ok(None);
+        };
+        let items = self.pickle.seq(index);
+        self.pickle.charge(items.len() as u64 / 2)?;
+        let mut text = None;
+        let mut bytes = None;
+        for pair in items.chunks_exact(2) {
+            let node = self.pickle.node(pair[0]);
+            // Slices of different lengths compare in O(1): a long key costs no more.
+            if self.pickle.payload_of(node) == Some(key.as_bytes()) {
+                match node {
+                    Node::Str { .. } => text = Some(pair[1]),
+                    _ => bytes = Some(pair[1]),
+                }
+            }
+        }
+        Ok(text.or(bytes).map(|id| Val {
+            pickle: self.pickle,
+            id,
+        }))
+    }
+
+    /// Text, or bytes that are UTF-8. O(1).
+    pub(crate) fn as_str(self) -> Option<&'p str> {
+        self.pickle.text_of(self.pickle.node(self.id))
+    }
+
+    /// A non-negative integer that fits, or a bool as 0 or 1.
+    pub(crate) fn as_u64(self) -> Option<u64> {
+        match self.pickle.node(self.id) {
+            Node::Int(i) => u64::try_from(i).ok(),
+            Node::Wide(w) => u64::try_from(*self.pickle.wide.get(w as usize)?).ok(),
+            Node::Bool(b) => Some(u64::from(b)),
+            _ => None,
+        }
+    }
+
+    /// A number (integer or float; not a bool), as the nearest `f64`.
+    pub(crate) fn as_f64(self) -> Option<f64> {
+        match self.pickle.node(self.id) {
+            Node::Int(i) => Some(i as f64),
+            Node::Wide(w) => Some(*self.pickle.wide.get(w as usize)? as f64),
+            Node::Huge(f) | Node::Float(f) => Some(f),
+            _ => None,
+        }
+    }
+
+    /// The items of a list or a tuple.
+    pub(crate) fn as_list(self) -> Option<Seq<'p>> {
+        match self.pickle.node(self.id) {
+            Node::Seq {
+                kind: SeqKind::List | SeqKind::Tuple,
+                index,
+            } => Some(Seq {
+                pickle: self.pickle,
+                items: self.pickle.seq(index),
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// The items of a list or tuple.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Seq<'p> {
+    pickle: &'p Pickle,
+    items: &'p [u32],
+}
+
+impl<'p> Seq<'p> {
+    /// How many items.
+    pub(crate) fn len(self) -> usize {
+        self.items.len()
+    }
+
+    /// The items in order, each counting one walk step: after the limit, one error and no more.
+    pub(crate) fn iter(self) -> impl Iterator<Item = Result<Val<'p>, PickleError>> + 'p {
+        let pickle = self.pickle;
+        let mut failed = false;
+        self.items.iter().map_while(move |&id| {
+            if failed {
+                return None;
+            }
+            match pickle.charge(1) {
+                Ok(()) => Some(Ok(Val { pickle, id })),
+                Err(e) => {
+                    failed = true;
+                    Some(Err(e))
+                }
+            }
+        })
+    }
+}
+
+/// Reads one pickle from `input`, to its `STOP`; nothing may follow it.
+///
+/// # Errors
+/// A limit exceeded ([`PickleError::Limit`]); a truncated or corrupt pickle, an unsupported or
+/// unknown opcode ([`PickleError::Malformed`]); a read error ([`PickleError::Io`]).
+pub(crate) fn read(input: &mut dyn BufRead, limits: &Limits) -> Result<Pickle, PickleError> {
+    let mut r = Reader {
+        input,
+        limits: *limits,
+        offset: 0,
+        op_offset: 0,
+        op: 0,
+        nodes: Vec::new(),
+        seqs: Vec::new(),
+        wide: Vec::new(),
+        text: String::new(),
+        raw: Vec::new(),
+        scratch: Vec::new(),
+        memo: BTreeMap::new(),
+        stack: Vec::new(),
+        marks: Vec::new(),
+        figures: Figures::default(),
+    };
+    let root = r.run()?;
+    // Bytes after STOP: the file is not one pickle (the reader before refused them too).
+    if !r.input.fill_buf().map_err(io_error)?.is_empty() {
+        return Err(PickleError::Malformed {
+            detail: "bytes follow the end of the pickle (STOP)".to_string(),
+            offset: r.offset,
+        });
+    }
+    r.figures.input_bytes = r.offset;
+    r.figures.memo_entries = r.memo.len() as u64;
+    r.figures.nodes = r.nodes.len() as u64;
+    Ok(Pickle {
+        nodes: r.nodes,
+        seqs: r.seqs,
+        wide: r.wide,
+        text: r.text,
+        raw: r.raw,
+        root,
+        figures: r.figures,
+        walk_limit: limits.walk_steps,
+        walk_steps: Cell::new(0),
+    })
+}
+
+fn io_error(e: std::io::Error) -> PickleError {
+    PickleError::Io(e.to_string())
+}
+
+/// The pickle virtual machine.
+struct Reader<'a> {
+    input: &'a mut dyn BufRead,
+    limits: Limits,
+    /// Bytes consumed.
+    offset: u64,
+    /// Offset and byte of the opcode being run, for messages.
+    op_offset: u64,
+    op: u8,
+    nodes: Vec<Node>,
+    seqs: Vec<Vec<u32>>,
+    wide: Vec<i128>,
+    text: String,
+    raw: Vec<u8>,
+    /// A reused buffer for arguments: lines, counted strings before they are stored, `LONG1`
+    /// and `LONG4` bytes.
+    scratch: Vec<u8>,
+    memo: BTreeMap<u32, u32>,
+    /// Node ids.
+    stack: Vec<u32>,
+    /// Stack lengths at each open MARK.
+    marks: Vec<usize>,
+    figures: Figures,
+}
+
+impl Reader<'_> {
+    fn malformed<T>(&self, detail: impl Into<String>) -> Result<T, PickleError> {
+        Err(PickleError::Malformed {
+            detail: detail.into(),
+            offset: self.op_offset,
+        })
+    }
+
+    fn exceeded<T>(&self, limit: Limit, reached: u64) -> Result<T, PickleError> {
+        Err(PickleError::Limit {
+            limit,
+            reached,
+            max: self.limits.of(limit),
+            offset: Some(self.op_offset),
+        })
+    }
+
+    fn truncated<T>(&self) -> Result<T, PickleError> {
+        self.malformed(format!(
+            "the input ends inside opcode {}",
+            describe_opcode(self.op)
+        ))
+    }
+
+    // ---- input
+
+    fn byte(&mut self) -> Result<u8, PickleError> {
+        let buf = self.input.fill_buf().map_err(io_error)?;
+        match buf.first() {
+            Some(&b) => {
+                self.input.consume(1);
+                self.offset += 1;
+                Ok(b)
+            }
+            None => self.truncated(),
+        }
+    }
+
+    fn fixed<const N: usize>(&mut self) -> Result<[u8; N], PickleError> {
+        let mut bytes = [0u8; N];
+        match self.input.read_exact(&mut bytes) {
+            Ok(()) => {
+                self.offset += N as u64;
+                Ok(bytes)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => self.truncated(),
+            Err(e) => Err(io_error(e)),
+        }
+    }
+
+    fn u32_le(&mut self) -> Result<u32, PickleError> {
+        self.fixed::<4>().map(u32::from_le_bytes)
+    }
+
+    /// A length that must not be negative (`BINSTRING`, `LONG4`).
+    fn i32_len(&mut self) -> Result<u64, PickleError> {
+        let n = i32::from_le_bytes(self.fixed::<4>()?);
+        match u64::try_from(n) {
+            Ok(n) => Ok(n),
+            Err(_) => self.malformed(format!("negative length {n}")),
+        }
+    }
+
+    /// Counts `n` more payload bytes, before they are read or made.
+    fn charge_payload(&mut self, n: u64) -> Result<(), PickleError> {
+        let reached = self.figures.payload_bytes.saturating_add(n);
+        if reached > self.limits.payload_bytes {
+            return self.exceeded(Limit::PayloadBytes, reached);
+        }
+        self.figures.payload_bytes = reached;
+        Ok(())
+    }
+
+    /// Fails if `n` more payload bytes would exceed the limit (without counting them).
+    fn check_room(&self, n: u64) -> Result<(), PickleError> {
+        let reached = self.figures.payload_bytes.saturating_add(n);
+        if reached > self.limits.payload_bytes {
+            return self.exceeded(Limit::PayloadBytes, reached);
+        }
+        Ok(())
+    }
+
+    /// Reads `len` bytes into the scratch buffer.
+    fn read_scratch(&mut self, len: u64) -> Result<(), PickleError> {
+        self.charge_payload(len)?;
+        self.scratch.clear();
+        let got = (&mut *self.input)
+            .take(len)
+            .read_to_end(&mut self.scratch)
+            .map_err(io_error)?;
+        self.offset += got as u64;
+        if (got as u64) < len {
+            return self.truncated();
+        }
+        Ok(())
+    }
+
+    /// Reads a `\n`-terminated text argument into the scratch buffer, without the `\n` (and a
+    /// `\r` before it). Its bytes count as payload.
+    fn read_line(&mut self) -> Result<(), PickleError> {
+        self.scratch.clear();
+        loop {
+            let buf = self.input.fill_buf().map_err(io_error)?;
+            if buf.is_empty() {
+                return self.truncated();
+            }
+            let (take, done) = match buf.iter().position(|&b| b == b'\n') {
+                Some(i) => (i + 1, true),
+                None => (buf.len(), false),
+            };
+            let room = self
+                .limits
+                .payload_bytes
+                .saturating_sub(self.figures.payload_bytes);
+            if (self.scratch.len() + take) as u64 > room {
+                let reached = self.figures.payload_bytes + (self.scratch.len() + take) as u64;
+                return self.exceeded(Limit::PayloadBytes, reached);
+            }
+            self.scratch.extend_from_slice(&buf[..take]);
+            self.input.consume(take);
+            self.offset += take as u64;
+            if done {
+                break;
+            }
+        }
+        self.charge_payload(self.scratch.len() as u64)?;
+        self.scratch.pop();
+        if self.scratch.last() == Some(&b'\r') {
+            self.scratch.pop();
+        }
+        Ok(())
+    }
+
+    fn offset_u32(&self, n: usize) -> Result<u32, PickleError> {
+        match u32::try_from(n) {
+            Ok(n) => Ok(n),
+            // Unreachable while the limits stay below u32::MAX (asserted above).
+            Err(_) => self.exceeded(Limit::PayloadBytes, n as u64),
+        }
+    }
+
+    // ---- objects and the stack
+
+    fn count_values(&mut self, n: u64) -> Result<(), PickleError> {
+        let reached = self.figures.values.saturating_add(n);
+        if reached > self.limits.values {
+            return self.exceeded(Limit::Values, reached);
+        }
+        self.figures.values = reached;
+        Ok(())
+    }
+
+    fn push(&mut self, id: u32) -> Result<(), PickleError> {
+        self.count_values(1)?;
+        self.stack.push(id);
+        Ok(())
+    }
+
+    fn push_new(&mut self, node: Node) -> Result<(), PickleError> {
+        self.count_values(1)?;
+        let id = self.offset_u32(self.nodes.len())?;
+        self.nodes.push(node);
+        self.stack.push(id);
+        Ok(())
+    }
+
+    fn push_seq(&mut self, kind: SeqKind, items: Vec<u32>) -> Result<(), PickleError> {
+        let reached = self.figures.containers + 1;
+        if reached > self.limits.containers {
+            return self.exceeded(Limit::Containers, reached);
+        }
+        self.figures.containers = reached;
+        let index = self.offset_u32(self.seqs.len())?;
+        self.seqs.push(items);
+        self.push_new(Node::Seq { kind, index })
+    }
+
+    /// Stores `bytes` (already counted as payload): in the text arena when they are UTF-8.
+    fn store(&mut self, bytes: &[u8], must_be_text: bool) -> Result<Node, PickleError> {
+        match std::str::from_utf8(bytes) {
+            Ok(text) => {
+                let start = self.offset_u32(self.text.len())?;
+                let len = self.offset_u32(text.len())?;
+                self.text.push_str(text);
+                Ok(if must_be_text {
+                    Node::Str { start, len }
+                } else {
+                    Node::Bytes {
+                        start,
+                        len,
+                        text: true,
+                    }
+                })
+            }
+            Err(_) if must_be_text => self.malformed("a string that is not UTF-8"),
+            Err(_) => {
+                let start = self.offset_u32(self.raw.len())?;
+                let len = self.offset_u32(bytes.len())?;
+                self.raw.extend_from_slice(bytes);
+                Ok(Node::Bytes {
+                    start,
+                    len,
+                    text: false,
+                })
+            }
+        }
+    }
+
+    /// Reads a counted string of `len` bytes and pushes it (`text`) or a bytes object.
+    fn push_counted(&mut self, len: u64, text: bool) -> Result<(), PickleError> {
+        self.read_scratch(len)?;
+        let scratch = std::mem::take(&mut self.scratch);
+        let stored = self.store(&scratch, text);
+        self.scratch = scratch;
+        let node = stored?;
+        self.push_new(node)
+    }
+
+    /// Pushes `bytes` (made, not read) as a bytes object.
+    fn push_made_bytes(&mut self, bytes: &[u8]) -> Result<(), PickleError> {
+        self.charge_payload(bytes.len() as u64)?;
+        let node = self.store(bytes, false)?;
+        self.push_new(node)
+    }
+
+    /// Pushes `text` (made, not read) as a string.
+    fn push_made_str(&mut self, text: &str) -> Result<(), PickleError> {
+        self.charge_payload(text.len() as u64)?;
+        let node = self.store(text.as_bytes(), true)?;
+        self.push_new(node)
+    }
+
+    fn push_int(&mut self, value: i128) -> Result<(), PickleError> {
+        match i64::try_from(value) {
+            Ok(i) => self.push_new(Node::Int(i)),
+            Err(_) => {
+                let w = self.offset_u32(self.wide.len())?;
+                self.wide.push(value);
+                self.push_new(Node::Wide(w))
+            }
+        }
+    }
+
+    /// Where the items above the last mark start (a pop never crosses a mark).
+    fn floor(&self) -> usize {
+        self.marks.last().copied().unwrap_or(0)
+    }
+
+    fn pop(&mut self) -> Result<u32, PickleError> {
+        if self.stack.len() > self.floor() {
+            if let Some(id) = self.stack.pop() {
+                return Ok(id);
+            }
+        }
+        self.malformed(format!(
+            "stack underflow in opcode {}",
+            describe_opcode(self.op)
+        ))
+    }
+
+    fn top(&self) -> Result<u32, PickleError> {
+        if self.stack.len() > self.floor() {
+            if let Some(&id) = self.stack.last() {
+                return Ok(id);
+            }
+        }
+        self.malformed(format!(
+            "stack underflow in opcode {}",
+            describe_opcode(self.op)
+        ))
+    }
+
+    /// The items above the last mark, which is closed.
+    fn pop_mark(&mut self) -> Result<Vec<u32>, PickleError> {
+        match self.marks.pop() {
+            Some(at) => Ok(self.stack.split_off(at.min(self.stack.len()))),
+            None => self.malformed(format!(
+                "opcode {} without a MARK",
+                describe_opcode(self.op)
+            )),
+        }
+    }
+
+    /// The items of the container on top of the stack, which must be of `kind`.
+    fn top_seq(&mut self, kind: SeqKind) -> Result<&mut Vec<u32>, PickleError> {
+        let id = self.top()?;
+        let index = match self.nodes.get(id as usize) {
+            Some(&Node::Seq { kind: k, index }) if k == kind => Some(index as usize),
+            _ => None,
+        };
+        if let Some(i) = index.filter(|&i| i < self.seqs.len()) {
+            return Ok(&mut self.seqs[i]);
+        }
+        self.malformed(format!(
+            "opcode {} on a stack top that is not a {}",
+            describe_opcode(self.op),
+            match kind {
+                SeqKind::List => "list",
+                SeqKind::Tuple => "tuple",
+                SeqKind::Dict => "dict",
+                SeqKind::Set | SeqKind::FrozenSet => "set",
+            }
+        ))
+    }
+
+    fn memoize(&mut self, id: u32) -> Result<(), PickleError> {
+        let top = self.top()?;
+        if !self.memo.contains_key(&id) {
+            let reached = self.memo.len() as u64 + 1;
+            if reached > self.limits.memo_entries {
+                return self.exceeded(Limit::MemoEntries, reached);
+            }
+        }
+        self.memo.insert(id, top);
+        Ok(())
+    }
+
+    fn memo_get(&mut self, id: u32) -> Result<(), PickleError> {
+        match self.memo.get(&id) {
+            Some(&node) => self.push(node),
+            None => self.malformed(format!("memo entry {id} is read before it is stored")),
+        }
+    }
+
+    fn text_memo_id(&mut self) -> Result<u32, PickleError> {
+        self.read_line()?;
+        match std::str::from_utf8(&self.scratch)
+            .ok()
+            .and_then(|s| s.parse().ok())
+        {
+            Some(id) => Ok(id),
+            None => self.malformed("a memo id that is not a number"),
+        }
+    }
+
+    fn node(&self, id: u32) -> Node {
+        self.nodes.get(id as usize).copied().unwrap_or(Node::None)
+    }
+
+    /// The text of string `id`. O(1).
+    fn text_of(&self, id: u32) -> Option<&str> {
+        match self.node(id) {
+            Node::Str { start, len } => self
+                .text
+                .get(start as usize..(start as usize).saturating_add(len as usize)),
+            _ => None,
+        }
+    }
+
+    /// The length of list `id`.
+    fn list_len(&self, id: u32) -> Option<usize> {
+        match self.node(id) {
+            Node::Seq {
+                kind: SeqKind::List,
+                index,
+            } => self.seqs.get(index as usize).map(Vec::len),
+            _ => None,
+        }
+    }
+
+    /// The items of list `id` (for `set()`, `frozenset()`, `list()` calls).
+    fn list_items(&self, id: u32) -> Option<Vec<u32>> {
+        match self.node(id) {
+            Node::Seq {
+                kind: SeqKind::List,
+                index,
+            } => self.seqs.get(index as usize).cloned(),
+            _ => None,
+        }
+    }
+
+    // ---- the machine
+
+    /// Runs opcodes up to STOP; returns the root.
+    fn run(&mut self) -> Result<u32, PickleError> {
+        loop {
+            self.op_offset = self.offset;
+            if self.offset >= self.limits.input_bytes {
+                return self.exceeded(Limit::InputBytes, self.offset + 1);
+            }
+            let op = match self.byte() {
+                Ok(op) => op,
+                Err(PickleError::Malformed { .. }) => {
+                    return self.malformed("the input ends before the end of the pickle (no STOP)")
+                }
+                Err(e) => return Err(e),
+            };
+            self.op = op;
+            if let Some(root) = self.step(op)? {
+                return Ok(root);
+            }
+        }
+    }
+
+    /// Runs one opcode; `Some(root)` at STOP.
+    fn step(&mut self, op: u8) -> Result<Option<u32>, PickleError> {
+        match op {
+            // Framing and protocol: arguments skipped.
+            op::PROTO => {
+                self.byte()?;
+            }
+            op::FRAME => {
+                self.fixed::<8>()?;
+            }
+            op::STOP => return self.pop().map(Some),
+
+            // The stack and marks.
+            op::MARK => {
+                let reached = self.marks.len() as u64 + 1;
+                if reached > self.limits.open_marks {
+                    return self.exceeded(Limit::OpenMarks, reached);
+                }
+                self.figures.open_marks = self.figures.open_marks.max(reached);
+                self.marks.push(self.stack.len());
+            }
+            op::POP => {
+                // As Python: a POP with nothing above the last mark pops the mark.
+                if self.stack.len() > self.floor() {
+                    self.pop()?;
+                } else {
+                    self.pop_mark()?;
+                }
+            }
+            op::POP_MARK => {
+                self.pop_mark()?;
+            }
+            // The same object again, not a copy: a copy is what makes DUP chains exponential.
+            op::DUP => {
+                let top = self.top()?;
+                self.push(top)?;
+            }
+
+            // The memo.
+            op::PUT => {
+                let id = self.text_memo_id()?;
+                self.memoize(id)?;
+            }
+            op::BINPUT => {
+                let id = self.byte()?;
+                self.memoize(id.into())?;
+            }
+            op::LONG_BINPUT => {
+                let id = self.u32_le()?;
+                self.memoize(id)?;
+            }
+            op::MEMOIZE => {
+                let id = u32::try_from(self.memo.len()).unwrap_or(u32::MAX);
+                self.memoize(id)?;
+            }
+            op::GET => {
+                let id = self.text_memo_id()?;
+                self.memo_get(id)?;
+            }
+            op::BINGET => {
+                let id = self.byte()?;
+                self.memo_get(id.into())?;
+            }
+            op::LONG_BINGET => {
+                let id = self.u32_le()?;
+                self.memo_get(id)?;
+            }
+
+            // Constants and numbers.
+            op::NONE => self.push_new(Node::None)?,
+            op::NEWTRUE => self.push_new(Node::Bool(true))?,
+            op::NEWFALSE => self.push_new(Node::Bool(false))?,
+            op::INT => {
+                self.read_line()?;
+                // Protocol 1 spells booleans 00 and 01.
+                let node = match self.scratch.as_slice() {
+                    b"00" => Node::Bool(false),
+                    b"01" => Node::Bool(true),
+                    text => match std::str::from_utf8(text).ok().and_then(|s| s.parse().ok()) {
+                        Some(i) => Node::Int(i),
+                        None => return self.malformed("an INT argument that is not a number"),
+                    },
+                };
+                self.push_new(node)?;
+            }
+            op::LONG => {
+                self.read_line()?;
+                if self.scratch.last() == Some(&b'L') {
+                    self.scratch.pop();
+                }
+                self.push_decimal()?;
+            }
+            op::FLOAT => {
+                self.read_line()?;
+                match std::str::from_utf8(&self.scratch)
+                    .ok()
+                    .and_then(|s| s.parse().ok())
+                {
+                    Some(f) => self.push_new(Node::Float(f))?,
+                    None => return self.malformed("a FLOAT argument that is not a number"),
+                }
+            }
+            op::BINFLOAT => {
+                let bytes = self.fixed::<8>()?;
+                self.push_new(Node::Float(f64::from_be_bytes(bytes)))?;
+            }
+            op::BININT => {
+                let bytes = self.fixed::<4>()?;
+                self.push_new(Node::Int(i32::from_le_bytes(bytes).into()))?;
+            }
+            op::BININT1 => {
+                let b = self.byte()?;
+                self.push_new(Node::Int(b.into()))?;
+            }
+            op::BININT2 => {
+                let bytes = self.fixed::<2>()?;
+                self.push_new(Node::Int(u16::from_le_bytes(bytes).into()))?;
+            }
+            op::LONG1 => {
+                let len = self.byte()?;
+                self.read_scratch(len.into())?;
+                self.push_twos_complement()?;
+            }
+            op::LONG4 => {
+                let len = self.i32_len()?;
+                self.read_scratch(len)?;
+                self.push_twos_complement()?;
+            }
+
+            // Strings and bytes.
+            op::SHORT_BINUNICODE => {
+                let len = self.byte()?.into();
+                self.push_counted(len, true)?;
+            }
+            op::BINUNICODE => {
+                let len = self.u32_le()?.into();
+                self.push_counted(len, true)?;
+            }
+            op::BINUNICODE8 => {
+                let len = u64::from_le_bytes(self.fixed::<8>()?);
+                self.push_counted(len, true)?;
+            }
+            op::SHORT_BINSTRING | op::SHORT_BINBYTES => {
+                let len = self.byte()?.into();
+                self.push_counted(len, false)?;
+            }
+            op::BINSTRING => {
+                let len = self.i32_len()?;
+                self.push_counted(len, false)?;
+            }
+            op::BINBYTES => {
+                let len = self.u32_le()?.into();
+                self.push_counted(len, false)?;
+            }
+            op::BINBYTES8 | op::BYTEARRAY8 => {
+                let len = u64::from_le_bytes(self.fixed::<8>()?);
+                self.push_counted(len, false)?;
+            }
+            op::STRING => {
+                self.read_line()?;
+                let bytes = match unescape_string(&self.scratch) {
+                    Some(b) => b,
+                    None => return self.malformed("a STRING argument with a bad escape"),
+                };
+                self.push_made_bytes(&bytes)?;
+            }
+            op::UNICODE => {
+                self.read_line()?;
+                let text = match unescape_raw_unicode(&self.scratch) {
+                    Some(t) => t,
+                    None => return self.malformed("a UNICODE argument with a bad escape"),
+                };
+                self.push_made_str(&text)?;
+            }
+
+            // Containers.
+            op::EMPTY_TUPLE => self.push_seq(SeqKind::Tuple, Vec::new())?,
+            op::EMPTY_LIST => self.push_seq(SeqKind::List, Vec::new())?,
+            op::EMPTY_DICT => self.push_seq(SeqKind::Dict, Vec::new())?,
+            op::EMPTY_SET => self.push_seq(SeqKind::Set, Vec::new())?,
+            op::TUPLE1 => {
+                let a = self.pop()?;
+                self.push_seq(SeqKind::Tuple, vec![a])?;
+            }
+            op::TUPLE2 => {
+                let b = self.pop()?;
+                let a = self.pop()?;
+                self.push_seq(SeqKind::Tuple, vec![a, b])?;
+            }
+            op::TUPLE3 => {
+                let c = self.pop()?;
+                let b = self.pop()?;
+                let a = self.pop()?;
+                self.push_seq(SeqKind::Tuple, vec![a, b, c])?;
+            }
+            op::TUPLE => {
+                let items = self.pop_mark()?;
+                self.push_seq(SeqKind::Tuple, items)?;
+            }
+            op::LIST => {
+                let items = self.pop_mark()?;
+                self.push_seq(SeqKind::List, items)?;
+            }
+            op::DICT => {
+                let mut items = self.pop_mark()?;
+                // A key without a value is dropped, as before.
+                items.truncate(items.len() & !1);
+                self.push_seq(SeqKind::Dict, items)?;
+            }
+            op::FROZENSET => {
+                let items = self.pop_mark()?;
+                self.push_seq(SeqKind::FrozenSet, items)?;
+            }
+            op::APPEND => {
+                let item = self.pop()?;
+                self.top_seq(SeqKind::List)?.push(item);
+            }
+            op::APPENDS => {
+                let items = self.pop_mark()?;
+                self.top_seq(SeqKind::List)?.extend(items);
+            }
+            op::SETITEM => {
+                let value = self.pop()?;
+                let key = self.pop()?;
+                self.top_seq(SeqKind::Dict)?.extend([key, value]);
+            }
+            op::SETITEMS => {
+                let mut items = self.pop_mark()?;
+                items.truncate(items.len() & !1);
+                self.top_seq(SeqKind::Dict)?.extend(items);
+            }
+            op::ADDITEMS => {
+                let items = self.pop_mark()?;
+                self.top_seq(SeqKind::Set)?.extend(items);
+            }
+
+            // Globals, calls and instances: snapshots hold none; read as the reader before did.
+            op::GLOBAL => {
+                self.read_line()?;
+                let module = std::mem::take(&mut self.scratch);
+                self.read_line()?;
+                let global = global(&module, &self.scratch);
+                self.scratch = module;
+                self.push_new(Node::Global(global))?;
+            }
+            op::STACK_GLOBAL => {
+                let name = self.pop()?;
+                let module = self.pop()?;
+                let (Some(name), Some(module)) = (self.text_of(name), self.text_of(module)) else {
+                    return self.malformed("STACK_GLOBAL on names that are not strings");
+                };
+                let global = global(module.as_bytes(), name.as_bytes());
+                self.push_new(Node::Global(global))?;
+            }
+            op::REDUCE => {
+                let args = self.pop()?;
+                let callable = self.pop()?;
+                self.reduce(callable, args)?;
+            }
+            op::NEWOBJ => {
+                self.pop()?;
+                self.pop()?;
+                self.push_seq(SeqKind::Dict, Vec::new())?;
+            }
+            op::NEWOBJ_EX => {
+                self.pop()?;
+                self.pop()?;
+                self.pop()?;
+                self.push_seq(SeqKind::Dict, Vec::new())?;
+            }
+            op::OBJ => {
+                self.pop_mark()?;
+                self.pop()?;
+                self.push_seq(SeqKind::Dict, Vec::new())?;
+            }
+            op::INST => {
+                self.read_line()?;
+                self.read_line()?;
+                self.pop_mark()?;
+                self.push_seq(SeqKind::Dict, Vec::new())?;
+            }
+            op::BUILD => {
+                // The instance becomes its state.
+                let state = self.pop()?;
+                self.pop()?;
+                self.push(state)?;
+            }
+
+            op::PERSID
+            | op::BINPERSID
+            | op::EXT1
+            | op::EXT2
+            | op::EXT4
+            | op::NEXT_BUFFER
+            | op::READONLY_BUFFER => {
+                return self.malformed(format!(
+                    "unsupported opcode {} (a snapshot never holds it)",
+                    describe_opcode(op)
+                ));
+            }
+            other => return self.malformed(format!("unknown opcode 0x{other:02x}")),
+        }
+        Ok(None)
+    }
+
+    /// `REDUCE`: calls a global with an argument tuple.
+    fn reduce(&mut self, callable: u32, args: u32) -> Result<(), PickleError> {
+        // Only the first and the last two arguments matter: the tuple is not copied (a
+        // large one reduced many times would cost time no limit counts).
+        let (first, second_last, last) = match self.node(args) {
+            Node::Seq {
+                kind: SeqKind::Tuple,
+                index,
+            } => {
+                let args = self.seqs.get(index as usize).map_or(&[][..], Vec::as_slice);
+                (
+                    args.first().copied(),
+                    args.iter().rev().nth(1).copied(),
+                    args.last().copied(),
+                )
+            }
+            _ => return self.malformed("REDUCE with arguments that are not a tuple"),
+        };
+        let Node::Global(global) = self.node(callable) else {
+            return self.malformed("REDUCE of something that is not a global");
+        };
+        match global {
+            Global::Set | Global::FrozenSet | Global::List => {
+                let Some(len) = last.and_then(|id| self.list_len(id)) else {
+                    return self.malformed("set(), frozenset() or list() without a list");
+                };
+                // The copy is as large as the list: its items count as values pushed, before
+                // it is made.
+                self.count_values(len as u64)?;
+                let items = last.and_then(|id| self.list_items(id)).unwrap_or_default();
+                let kind = match global {
+                    Global::Set => SeqKind::Set,
+                    Global::FrozenSet => SeqKind::FrozenSet,
+                    _ => SeqKind::List,
+                };
+                self.push_seq(kind, items)
+            }
+            Global::Int => match last.map(|id| self.node(id)) {
+                Some(node @ (Node::Int(_) | Node::Wide(_) | Node::Huge(_))) => self.push_new(node),
+                _ => self.malformed("int() without an integer"),
+            },
+            Global::Bytearray => match first.map(|id| (id, self.node(id))) {
+                Some((id, Node::Bytes { .. })) => self.push(id),
+                Some((id, Node::Str { len, .. })) => {
+                    // Counted before it is made: a long string converted many times.
+                    self.check_room(len.into())?;
+                    let bytes = latin1(self.text_of(id).unwrap_or_default());
+                    self.push_made_bytes(&bytes)
+                }
+                _ => self.malformed("bytearray() without bytes or a string"),
+            },
+            Global::Encode => {
+                // _codecs.encode(text, 'latin1'): bytes of protocols below 3.
+                let (Some(text), Some(encoding)) = (second_last, last) else {
+                    return self.malformed("_codecs.encode() without two strings");
+                };
+                match (self.node(text), self.text_of(encoding)) {
+                    (Node::Str { len, .. }, Some(_)) => {
+                        // Counted before it is made: a long string converted many times.
+                        self.check_room(len.into())?;
+                        let bytes = latin1(self.text_of(text).unwrap_or_default());
+                        self.push_made_bytes(&bytes)
+                    }
+                    _ => self.malformed("_codecs.encode() without two strings"),
+                }
+            }
+            Global::Reconstructor => self.push_seq(SeqKind::Dict, Vec::new()),
+            Global::Other => self.push_new(Node::Global(Global::Other)),
+        }
+    }
+
+    /// A decimal integer in the scratch buffer (`LONG`).
+    fn push_decimal(&mut self) -> Result<(), PickleError> {
+        let text = std::str::from_utf8(&self.scratch).unwrap_or("");
+        let digits = text.strip_prefix(['-', '+']).unwrap_or(text);
+        if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return self.malformed("a LONG argument that is not a number");
+        }
+        if let Ok(i) = text.parse::<i128>() {
+            return self.push_int(i);
+        }
+        match text.parse::<f64>() {
+            Ok(f) => self.push_new(Node::Huge(f)),
+            Err(_) => self.malformed("a LONG argument that is not a number"),
+        }
+    }
+
+    /// A little-endian two's-complement integer in the scratch buffer (`LONG1`, `LONG4`).
+    fn push_twos_complement(&mut self) -> Result<(), PickleError> {
+        let bytes = self.scratch.as_slice();
+        let negative = bytes.last().is_some_and(|b| b & 0x80 != 0);
+        // Sign-extension bytes carry no value: drop them, keeping the sign bit.
+        let mut len = bytes.len();
+        let fill = if negative { 0xff } else { 0x00 };
+        while len > 1 && bytes[len - 1] == fill && (bytes[len - 2] & 0x80 != 0) == negative {
+            len -= 1;
+        }
+        let bytes = &bytes[..len];
+        if bytes.len() <= 16 {
+            let mut wide = [fill; 16];
+            wide[..bytes.len()].copy_from_slice(bytes);
+            return self.push_int(i128::from_le_bytes(wide));
+        }
+        // Beyond 128 bits only the magnitude can matter to a reader.
+        let magnitude = bytes.iter().rev().fold(0.0f64, |acc, &b| {
+            acc * 256.0 + f64::from(if negative { !b } else { b })
+        });
+        self.push_new(Node::Huge(if negative { -magnitude } else { magnitude }))
+    }
+}
+
+fn global(module: &[u8], name: &[u8]) -> Global {
+    match (module, name) {
+        (b"__builtin__" | b"builtins", b"set") => Global::Set,
+        (b"__builtin__" | b"builtins", b"frozenset") => Global::FrozenSet,
+        (b"__builtin__" | b"builtins", b"bytearray") => Global::Bytearray,
+        (b"__builtin__" | b"builtins", b"list") => Global::List,
+        (b"__builtin__" | b"builtins", b"int") => Global::Int,
+        (b"_codecs", b"encode") => Global::Encode,
+        (b"copy_reg" | b"copyreg", b"_reconstructor") => Global::Reconstructor,
+        _ => Global::Other,
+    }
+}
+
+/// Code points below 256 as bytes (latin-1), as `_codecs.encode(text, 'latin1')` makes them.
+fn latin1(text: &str) -> Vec<u8> {
+    text.chars().map(|c| c as u32 as u8).collect()
+}
+
+/// A protocol 0 `STRING` argument: optional matching quotes, Python escapes.
+fn unescape_string(line: &[u8]) -> Option<Vec<u8>> {
+    let body = match line {
+        [q, body @ .., e] if q == e && (*q == b'"' || *q == b'\'') => body,
+        _ => line,
+    };
+    let mut out = Vec::with_capacity(body.len());
+    let mut it = body.iter();
+    while let Some(&b) = it.next() {
+        if b != b'\\' {
+            out.push(b);
+            continue;
+        }
+        let c = match it.next()? {
+            b'\\' => b'\\',
+            b'\'' => b'\'',
+            b'"' => b'"',
+            b'a' => 0x07,
+            b'b' => 0x08,
+            b't' => b'\t',
+            b'n' => b'\n',
+            b'v' => 0x0b,
+            b'f' => 0x0c,
+            b'r' => b'\r',
+            b'x' => {
+                let hi = (*it.next()? as char).to_digit(16)?;
+                let lo = (*it.next()? as char).to_digit(16)?;
+                (hi * 16 + lo) as u8
+            }
+            _ => return None,
+        };
+        out.push(c);
+    }
+    Some(out)
+}
+
+/// A protocol 0 `UNICODE` argument (raw-unicode-escape): `\uXXXX`, `\UXXXXXXXX`, other
+/// bytes are code points below 256.
+fn unescape_raw_unicode(line: &[u8]) -> Option<String> {
+    let mut out = String::with_capacity(line.len());
+    let mut it = line.iter();
+    while let Some(&b) = it.next() {
+        if b != b'\\' {
+            out.push(char::from(b));
+            continue;
+        }
+        let digits = match it.next()? {
+            b'u' => 4,
+            b'U' => 8,
+            _ => return None,
+        };
+        let mut code = 0u32;
+        for _ in 0..digits {
+            code = code * 16 + (*it.next()? as char).to_digit(16)?;
+        }
+        out.push(char::from_u32(code)?);
+    }
+    Some(out)
+}
+
+/// An opcode byte for messages: its name, and the byte.
+fn describe_opcode(b: u8) -> String {
+    match opcode_name(b) {
+        Some(name) => format!("{name} (0x{b:02x})"),
+        None => format!("0x{b:02x}"),
+    }
+}
+
+fn opcode_name(b: u8) -> Option<&'static str> {
+    use op::*;
+    Some(match b {
+        MARK => "MARK",
+        STOP => "STOP",
+        POP => "POP",
+        POP_MARK => "POP_MARK",
+        DUP => "DUP",
+        FLOAT => "FLOAT",
+        INT => "INT",
+        BININT => "BININT",
+        BININT1 => "BININT1",
+        LONG => "LONG",
+        BININT2 => "BININT2",
+        NONE => "NONE",
+        PERSID => "PERSID",
+        BINPERSID => "BINPERSID",
+        REDUCE => "REDUCE",
+        STRING => "STRING",
+        BINSTRING => "BINSTRING",
+        SHORT_BINSTRING => "SHORT_BINSTRING",
+        UNICODE => "UNICODE",
+        BINUNICODE => "BINUNICODE",
+        APPEND => "APPEND",
+        BUILD => "BUILD",
+        GLOBAL => "GLOBAL",
+        DICT => "DICT",
+        EMPTY_DICT => "EMPTY_DICT",
+        APPENDS => "APPENDS",
+        GET => "GET",
+        BINGET => "BINGET",
+        INST => "INST",
+        LONG_BINGET => "LONG_BINGET",
+        LIST => "LIST",
+        EMPTY_LIST => "EMPTY_LIST",
+        OBJ => "OBJ",
+        PUT => "PUT",
+        BINPUT => "BINPUT",
+        LONG_BINPUT => "LONG_BINPUT",
+        SETITEM => "SETITEM",
+        TUPLE => "TUPLE",
+        EMPTY_TUPLE => "EMPTY_TUPLE",
+        SETITEMS => "SETITEMS",
+        BINFLOAT => "BINFLOAT",
+        PROTO => "PROTO",
+        NEWOBJ => "NEWOBJ",
+        EXT1 => "EXT1",
+        EXT2 => "EXT2",
+        EXT4 => "EXT4",
+        TUPLE1 => "TUPLE1",
+        TUPLE2 => "TUPLE2",
+        TUPLE3 => "TUPLE3",
+        NEWTRUE => "NEWTRUE",
+        NEWFALSE => "NEWFALSE",
+        LONG1 => "LONG1",
+        LONG4 => "LONG4",
+        BINBYTES => "BINBYTES",
+        SHORT_BINBYTES => "SHORT_BINBYTES",
+        SHORT_BINUNICODE => "SHORT_BINUNICODE",
+        BINUNICODE8 => "BINUNICODE8",
+        BINBYTES8 => "BINBYTES8",
+        EMPTY_SET => "EMPTY_SET",
+        ADDITEMS => "ADDITEMS",
+        FROZENSET => "FROZENSET",
+        NEWOBJ_EX => "NEWOBJ_EX",
+        STACK_GLOBAL => "STACK_GLOBAL",
+        MEMOIZE => "MEMOIZE",
+        FRAME => "FRAME",
+        BYTEARRAY8 => "BYTEARRAY8",
+        NEXT_BUFFER => "NEXT_BUFFER",
+        READONLY_BUFFER => "READONLY_BUFFER",
+        _ => return None,
+    })
+}
+
+/// The opcodes of protocols 0 to 5, named as Python's `pickletools` names them.
+mod op {
+    pub(super) const MARK: u8 = b'(';
+    pub(super) const STOP: u8 = b'.';
+    pub(super) const POP: u8 = b'0';
+    pub(super) const POP_MARK: u8 = b'1';
+    pub(super) const DUP: u8 = b'2';
+    pub(super) const FLOAT: u8 = b'F';
+    pub(super) const INT: u8 = b'I';
+    pub(super) const BININT: u8 = b'J';
+    pub(super) const BININT1: u8 = b'K';
+    pub(super) const LONG: u8 = b'L';
+    pub(super) const BININT2: u8 = b'M';
+    pub(super) const NONE: u8 = b'N';
+    pub(super) const PERSID: u8 = b'P';
+    pub(super) const BINPERSID: u8 = b'Q';
+    pub(super) const REDUCE: u8 = b'R';
+    pub(super) const STRING: u8 = b'S';
+    pub(super) const BINSTRING: u8 = b'T';
+    pub(super) const SHORT_BINSTRING: u8 = b'U';
+    pub(super) const UNICODE: u8 = b'V';
+    pub(super) const BINUNICODE: u8 = b'X';
+    pub(super) const APPEND: u8 = b'a';
+    pub(super) const BUILD: u8 = b'b';
+    pub(super) const GLOBAL: u8 = b'c';
+    pub(super) const DICT: u8 = b'd';
+    pub(super) const EMPTY_DICT: u8 = b'}';
+    pub(super) const APPENDS: u8 = b'e';
+    pub(super) const GET: u8 = b'g';
+    pub(super) const BINGET: u8 = b'h';
+    pub(super) const INST: u8 = b'i';
+    pub(super) const LONG_BINGET: u8 = b'j';
+    pub(super) const LIST: u8 = b'l';
+    pub(super) const EMPTY_LIST: u8 = b']';
+    pub(super) const OBJ: u8 = b'o';
+    pub(super) const PUT: u8 = b'p';
+    pub(super) const BINPUT: u8 = b'q';
+    pub(super) const LONG_BINPUT: u8 = b'r';
+    pub(super) const SETITEM: u8 = b's';
+    pub(super) const TUPLE: u8 = b't';
+    pub(super) const EMPTY_TUPLE: u8 = b')';
+    pub(super) const SETITEMS: u8 = b'u';
+    pub(super) const BINFLOAT: u8 = b'G';
+    pub(super) const PROTO: u8 = 0x80;
+    pub(super) const NEWOBJ: u8 = 0x81;
+    pub(super) const EXT1: u8 = 0x82;
+    pub(super) const EXT2: u8 = 0x83;
+    pub(super) const EXT4: u8 = 0x84;
+    pub(super) const TUPLE1: u8 = 0x85;
+    pub(super) const TUPLE2: u8 = 0x86;
+    pub(super) const TUPLE3: u8 = 0x87;
+    pub(super) const NEWTRUE: u8 = 0x88;
+    pub(super) const NEWFALSE: u8 = 0x89;
+    pub(super) const LONG1: u8 = 0x8a;
+    pub(super) const LONG4: u8 = 0x8b;
+    pub(super) const BINBYTES: u8 = b'B';
+    pub(super) const SHORT_BINBYTES: u8 = b'C';
+    pub(super) const SHORT_BINUNICODE: u8 = 0x8c;
+    pub(super) const BINUNICODE8: u8 = 0x8d;
+    pub(super) const BINBYTES8: u8 = 0x8e;
+    pub(super) const EMPTY_SET: u8 = 0x8f;
+    pub(super) const ADDITEMS: u8 = 0x90;
+    pub(super) const FROZENSET: u8 = 0x91;
+    pub(super) const NEWOBJ_EX: u8 = 0x92;
+    pub(super) const STACK_GLOBAL: u8 = 0x93;
+    pub(super) const MEMOIZE: u8 = 0x94;
+    pub(super) const FRAME: u8 = 0x95;
+    pub(super) const BYTEARRAY8: u8 = 0x96;
+    pub(super) const NEXT_BUFFER: u8 = 0x97;
+    pub(super) const READONLY_BUFFER: u8 = 0x98;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `pickle.dumps(SAMPLE, protocol=p)` for p = 0 to 5, written by CPython 3.
+    const SAMPLES: [&[u8]; 6] = [
+        b"(dp0\nVa\np1\n(lp2\nI1\naI-2\naF3.5\naVx\xe9\np3\nac_codecs\nencode\np4\n(Vy\np5\nVlatin1\np6\ntp7\nRp8\naNaI01\naI00\na(I1\nI2\ntp9\naL1180591620717411303424L\naL-1180591620717411303424L\naL1606938044258990275541962092341162602522202993782792835301376L\naL-1606938044258990275541962092341162602522202993782792835301376L\naI65535\naL2147483648L\naI-2147483648\nasVb\np10\n(lp11\nI7\nasVc\np12\ng11\nsVs\np13\nc__builtin__\nset\np14\n((lp15\nI1\naI2\natp16\nRp17\nsVf\np18\nc__builtin__\nfrozenset\np19\n((lp20\nI3\natp21\nRp22\nsVba\np23\nc__builtin__\nbytearray\np24\n(g4\n(Vz\np25\ng6\ntp26\nRp27\ntp28\nRp29\ns.",
+        b"}q\x00(X\x01\x00\x00\x00aq\x01]q\x02(K\x01J\xfe\xff\xff\xffG@\x0c\x00\x00\x00\x00\x00\x00X\x03\x00\x00\x00x\xc3\xa9q\x03c_codecs\nencode\nq\x04(X\x01\x00\x00\x00yq\x05X\x06\x00\x00\x00latin1q\x06tq\x07Rq\x08NI01\nI00\n(K\x01K\x02tq\x09L1180591620717411303424L\nL-1180591620717411303424L\nL1606938044258990275541962092341162602522202993782792835301376L\nL-1606938044258990275541962092341162602522202993782792835301376L\nM\xff\xffL2147483648L\nJ\x00\x00\x00\x80eX\x01\x00\x00\x00bq\n]q\x0bK\x07aX\x01\x00\x00\x00cq\x0ch\x0bX\x01\x00\x00\x00sq\x0dc__builtin__\nset\nq\x0e(]q\x0f(K\x01K\x02etq\x10Rq\x11X\x01\x00\x00\x00fq\x12c__builtin__\nfrozenset\nq\x13(]q\x14K\x03atq\x15Rq\x16X\x02\x00\x00\x00baq\x17c__builtin__\nbytearray\nq\x18(h\x04(X\x01\x00\x00\x00zq\x19h\x06tq\x1aRq\x1btq\x1cRq\x1du.",
+        b"\x80\x02}q\x00(X\x01\x00\x00\x00aq\x01]q\x02(K\x01J\xfe\xff\xff\xffG@\x0c\x00\x00\x00\x00\x00\x00X\x03\x00\x00\x00x\xc3\xa9q\x03c_codecs\nencode\nq\x04X\x01\x00\x00\x00yq\x05X\x06\x00\x00\x00latin1q\x06\x86q\x07Rq\x08N\x88\x89K\x01K\x02\x86q\x09\x8a\x09\x00\x00\x00\x00\x00\x00\x00\x00@\x8a\x09\x00\x00\x00\x00\x00\x00\x00\x00\xc0\x8a\x1a\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x01\x8a\x1a\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\xffM\xff\xff\x8a\x05\x00\x00\x00\x80\x00J\x00\x00\x00\x80eX\x01\x00\x00\x00bq\n]q\x0bK\x07aX\x01\x00\x00\x00cq\x0ch\x0bX\x01\x00\x00\x00sq\x0dc__builtin__\nset\nq\x0e]q\x0f(K\x01K\x02e\x85q\x10Rq\x11X\x01\x00\x00\x00fq\x12c__builtin__\nfrozenset\nq\x13]q\x14K\x03a\x85q\x15Rq\x16X\x02\x00\x00\x00baq\x17c__builtin__\nbytearray\nq\x18h\x04X\x01\x00\x00\x00zq\x19h\x06\x86q\x1aRq\x1b\x85q\x1cRq\x1du.",
+        b"\x80\x03}q\x00(X\x01\x00\x00\x00aq\x01]q\x02(K\x01J\xfe\xff\xff\xffG@\x0c\x00\x00\x00\x00\x00\x00X\x03\x00\x00\x00x\xc3\xa9q\x03C\x01yq\x04N\x88\x89K\x01K\x02\x86q\x05\x8a\x09\x00\x00\x00\x00\x00\x00\x00\x00@\x8a\x09\x00\x00\x00\x00\x00\x00\x00\x00\xc0\x8a\x1a\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x01\x8a\x1a\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\xffM\xff\xff\x8a\x05\x00\x00\x00\x80\x00J\x00\x00\x00\x80eX\x01\x00\x00\x00bq\x06]q\x07K\x07aX\x01\x00\x00\x00cq\x08h\x07X\x01\x00\x00\x00sq\x09cbuiltins\nset\nq\n]q\x0b(K\x01K\x02e\x85q\x0cRq\x0dX\x01\x00\x00\x00fq\x0ecbuiltins\nfrozenset\nq\x0f]q\x10K\x03a\x85q\x11Rq\x12X\x02\x00\x00\x00baq\x13cbuiltins\nbytearray\nq\x14C\x01zq\x15\x85q\x16Rq\x17u.",
+        b"\x80\x04\x95\xd7\x00\x00\x00\x00\x00\x00\x00}\x94(\x8c\x01a\x94]\x94(K\x01J\xfe\xff\xff\xffG@\x0c\x00\x00\x00\x00\x00\x00\x8c\x03x\xc3\xa9\x94C\x01y\x94N\x88\x89K\x01K\x02\x86\x94\x8a\x09\x00\x00\x00\x00\x00\x00\x00\x00@\x8a\x09\x00\x00\x00\x00\x00\x00\x00\x00\xc0\x8a\x1a\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x01\x8a\x1a\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\xffM\xff\xff\x8a\x05\x00\x00\x00\x80\x00J\x00\x00\x00\x80e\x8c\x01b\x94]\x94K\x07a\x8c\x01c\x94h\x07\x8c\x01s\x94\x8f\x94(K\x01K\x02\x90\x8c\x01f\x94(K\x03\x91\x94\x8c\x02ba\x94\x8c\x08builtins\x94\x8c\x09bytearray\x94\x93\x94C\x01z\x94\x85\x94R\x94u.",
+        b"\x80\x05\x95\xc1\x00\x00\x00\x00\x00\x00\x00}\x94(\x8c\x01a\x94]\x94(K\x01J\xfe\xff\xff\xffG@\x0c\x00\x00\x00\x00\x00\x00\x8c\x03x\xc3\xa9\x94C\x01y\x94N\x88\x89K\x01K\x02\x86\x94\x8a\x09\x00\x00\x00\x00\x00\x00\x00\x00@\x8a\x09\x00\x00\x00\x00\x00\x00\x00\x00\xc0\x8a\x1a\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x01\x8a\x1a\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\xffM\xff\xff\x8a\x05\x00\x00\x00\x80\x00J\x00\x00\x00\x80e\x8c\x01b\x94]\x94K\x07a\x8c\x01c\x94h\x07\x8c\x01s\x94\x8f\x94(K\x01K\x02\x90\x8c\x01f\x94(K\x03\x91\x94\x8c\x02ba\x94\x96\x01\x00\x00\x00\x00\x00\x00\x00z\x94u.",
+    ];
+
+    /// What every sample holds, as `repr` below writes it. `SAMPLE` is
+    /// `{'a': [1, -2, 3.5, 'xé', b'y', None, True, False, (1, 2), 2**70, -2**70, 2**200,
+    /// -2**200, 65535, 2**31, -2**31], 'b': shared, 'c': shared, 's': {1, 2},
+    /// 'f': frozenset({3}), 'ba': bytearray(b'z')}` with `shared = [7]`.
+    const SAMPLE: &str = "{'a': [1, -2, 3.5, 'xé', b'y', None, True, False, (1, 2), \
+        1180591620717411303424, -1180591620717411303424, huge(1.6069380442589903e60), \
+        huge(-1.6069380442589903e60), 65535, 2147483648, -2147483648], 'b': [7], 'c': [7], \
+        's': {1, 2}, 'f': frozenset({3}), 'ba': b'z'}";
+
+    /// A Python-like rendering of a value. Recursive, so for small test values only; cut at
+    /// depth 16 (mutated inputs can hold cycles).
+    fn repr(v: Val<'_>) -> String {
+        repr_at(v, 0)
+    }
+
+    fn repr_at(v: Val<'_>, depth: usize) -> String {
+        if depth > 16 {
+            return "...".to_string();
+        }
+        let p = v.pickle;
+        let join = |ids: &[u32]| {
+            ids.iter()
+                .map(|&id| repr_at(Val { pickle: p, id }, depth + 1))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        match p.node(v.id) {
+            Node::None | Node::Global(_) => "None".to_string(),
+            Node::Bool(b) => if b { "True" } else { "False" }.to_string(),
+            Node::Int(i) => i.to_string(),
+            Node::Wide(w) => p.wide[w as usize].to_string(),
+            Node::Huge(f) => format!("huge({f:e})"),
+            Node::Float(f) => format!("{f:?}"),
+            Node::Str { .. } => format!("'{}'", v.as_str().unwrap()),
+            node @ Node::Bytes { .. } => {
+                format!(
+                    "b'{}'",
+                    String::from_utf8_lossy(p.payload_of(node).unwrap())
+                )
+            }
+            Node::Seq { kind, index } => {
+                let items = p.seq(index);
+                match kind {
+                    SeqKind::List => format!("[{}]", join(items)),
+                    SeqKind::Tuple => format!("({})", join(items)),
+                    SeqKind::Set => format!("{{{}}}", join(items)),
+                    SeqKind::FrozenSet => format!("frozenset({{{}}})", join(items)),
+                    SeqKind::Dict => {
+                        let pairs: Vec<String> = items
+                            .chunks_exact(2)
+                            .map(|kv| format!("{}: {}", join(&kv[..1]), join(&kv[1..])))
+                            .collect();
+                        format!("{{{}}}", pairs.join(", "))
+                    }
+                }
+            }
+        }
+    }
+
+    fn read_bytes(bytes: &[u8]) -> Result<Pickle, PickleError> {
+        read(&mut &bytes[..], &Limits::UNTRUSTED)
+    }
+
+    fn read_with(bytes: &[u8], limits: Limits) -> Result<Pickle, PickleError> {
+        read(&mut &bytes[..], &limits)
+    }
+
+    /// Protocol 4: `body` between PROTO and STOP.
+    fn p4(body: &[u8]) -> Vec<u8> {
+        [&[0x80, 4][..], body, b"."].concat()
+    }
+
+    #[test]
+    fn every_protocol_reads_the_same_values() {
+        for (protocol, bytes) in SAMPLES.iter().enumerate() {
+            let p = read_bytes(bytes).unwrap_or_else(|e| panic!("protocol {protocol}: {e}"));
+            assert_eq!(repr(p.root()), SAMPLE, "protocol {protocol}");
+            // The list under 'b' and 'c' is one object, stored once.
+            let root = p.root();
+            let (b, c) = (
+                root.get("b").unwrap().unwrap(),
+                root.get("c").unwrap().unwrap(),
+            );
+            assert_eq!(b.id, c.id, "protocol {protocol}");
+        }
+    }
+
+    #[test]
+    fn accessors_read_like_the_reader_before() {
+        let p = read_bytes(SAMPLES[4]).unwrap();
+        let a = p.root().get("a").unwrap().unwrap().as_list().unwrap();
+        let items: Vec<Val<'_>> = a.iter().map(Result::unwrap).collect();
+        assert_eq!(a.len(), 16);
+        assert_eq!(items[0].as_u64(), Some(1));
+        assert_eq!(items[1].as_u64(), None, "negative");
+        assert_eq!(items[1].as_f64(), Some(-2.0));
+        assert_eq!(items[2].as_f64(), Some(3.5));
+        assert_eq!(items[2].as_u64(), None, "a float is not an integer");
+        assert_eq!(items[3].as_str(), Some("xé"));
+        assert_eq!(
+            items[4].as_str(),
+            Some("y"),
+            "bytes that are UTF-8 read as text"
+        );
+        assert_eq!((items[6].as_u64(), items[7].as_u64()), (Some(1), Some(0)));
+        assert_eq!(items[6].as_f64(), None, "a bool is not a number");
+        assert!(items[8].as_list().is_some(), "a tuple reads as a list");
+        assert_eq!(items[9].as_u64(), None, "2**70 does not fit");
+        assert_eq!(items[9].as_f64(), Some(2f64.powi(70)));
+        assert_eq!(items[11].as_f64(), Some(2f64.powi(200)));
+        assert_eq!(items[14].as_u64(), Some(1 << 31));
+        assert!(p.root().get("s").unwrap().unwrap().as_list().is_none());
+        assert!(p.root().get("missing").unwrap().is_none());
+        assert!(items[0].get("a").unwrap().is_none(), "get on a non-dict");
+    }
+
+    #[test]
+    fn wide_integers_are_normalised() {
+        // LONG1 with redundant sign bytes: 1, -1, 2**64 - 1 (fits u64), 2**63.
+        let cases: [(&[u8], Option<u64>, f64); 5] = [
+            (
+                &[1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+                Some(1),
+                1.0,
+            ),
+            (&[0xff; 20], None, -1.0),
+            (
+                &[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0],
+                Some(u64::MAX),
+                1.8446744073709552e19,
+            ),
+            (
+                &[0, 0, 0, 0, 0, 0, 0, 0x80, 0],
+                Some(1 << 63),
+                9.223372036854776e18,
+            ),
+            (&[], Some(0), 0.0),
+        ];
+        for (bytes, as_u64, as_f64) in cases {
+            let body = [&[0x8a, bytes.len() as u8][..], bytes].concat();
+            let p = read_bytes(&p4(&body)).unwrap();
+            assert_eq!(p.root().as_u64(), as_u64, "{bytes:?}");
+            assert_eq!(p.root().as_f64(), Some(as_f64), "{bytes:?}");
+        }
+        // Text LONG beyond 128 bits.
+        let p = read_bytes(&p4(b"L-340282366920938463463374607431768211456L\n")).unwrap();
+        assert_eq!(p.root().as_f64(), Some(-(2f64.powi(128))));
+        assert_eq!(p.root().as_u64(), None);
+    }
+
+    #[test]
+    fn text_keys_win_over_bytes_keys_and_the_last_duplicate_wins() {
+        // {b'a': 1, 'a': 2, 'a': 3, b'a': 4} and {b'k': 5, b'k': 6}
+        let p = read_bytes(&p4(
+            b"}(C\x01aK\x01\x8c\x01aK\x02\x8c\x01aK\x03C\x01aK\x04u",
+        ))
+        .unwrap();
+        assert_eq!(p.root().get("a").unwrap().unwrap().as_u64(), Some(3));
+        let p = read_bytes(&p4(b"}(C\x01kK\x05C\x01kK\x06u")).unwrap();
+        assert_eq!(p.root().get("k").unwrap().unwrap().as_u64(), Some(6));
+    }
+
+    #[test]
+    fn shared_values_are_stored_once() {
+        // None, then DUP + TUPLE2 64 times: 2**64 leaves to a copying reader.
+        let body: Vec<u8> = std::iter::once(b'N')
+            .chain(std::iter::repeat([b'2', 0x86]).take(64).flatten())
+            .collect();
+        let p = read_bytes(&p4(&body)).unwrap();
+        let f = p.figures();
+        assert_eq!((f.nodes, f.values, f.containers), (65, 129, 64));
+    }
+
+    #[test]
+    fn deep_nesting_uses_no_stack() {
+        // A million nested one-tuples and a million nested lists, read and dropped in a
+        // test thread (2 MiB of stack): nothing recurses.
+        // (Past the limit on containers, which bounds depth for untrusted files.)
+        let limits = Limits {
+            containers: 2_000_000,
+            ..Limits::UNTRUSTED
+        };
+        let tuples = [&b"N"[..], &vec![0x85; 1_000_000]].concat();
+        let p = read_with(&p4(&tuples), limits).unwrap();
+        assert_eq!(p.figures().nodes, 1_000_001);
+        drop(p);
+        let lists = [vec![b']'; 1_000_000], vec![b'a'; 999_999]].concat();
+        let p = read_with(&p4(&lists), limits).unwrap();
+        assert_eq!(p.figures().containers, 1_000_000);
+        let mut v = p.root();
+        let mut depth = 1;
+        while let Some(inner) = v.as_list().and_then(|l| l.iter().next()) {
+            v = inner.unwrap();
+            depth += 1;
+        }
+        assert_eq!(depth, 1_000_000);
+    }
+
+    fn tiny() -> Limits {
+        Limits {
+            input_bytes: 1000,
+            values: 10,
+            containers: 3,
+            memo_entries: 2,
+            payload_bytes: 16,
+            open_marks: 2,
+            walk_steps: 4,
+        }
+    }
+
+    /// Each limit, just exceeded: the limit, the value reached and the opcode's offset.
+    #[test]
+    fn each_limit_names_itself_the_value_and_the_offset() {
+        let cases: Vec<(Vec<u8>, Limit, u64, Option<u64>)> = vec![
+            (p4(&[b'N'; 11]), Limit::Values, 11, Some(12)),
+            (p4(b"N2222222222"), Limit::Values, 11, Some(12)),
+            (p4(b"]]]]"), Limit::Containers, 4, Some(5)),
+            (p4(b"N\x94\x94\x94"), Limit::MemoEntries, 3, Some(5)),
+            // Re-storing an entry does not add one.
+            (
+                p4(b"Nq\x00q\x00q\x01q\x00q\x02"),
+                Limit::MemoEntries,
+                3,
+                Some(11),
+            ),
+            (p4(b"((("), Limit::OpenMarks, 3, Some(4)),
+            (
+                p4(b"\x8c\x11aaaaaaaaaaaaaaaaa"),
+                Limit::PayloadBytes,
+                17,
+                Some(2),
+            ),
+            (
+                p4(b"\x8c\x08aaaaaaaa\x8c\x09aaaaaaaaa"),
+                Limit::PayloadBytes,
+                17,
+                Some(12),
+            ),
+            (
+                p4(b"\x8d\xff\xff\xff\xff\xff\xff\xff\xff"),
+                Limit::PayloadBytes,
+                u64::MAX,
+                Some(2),
+            ),
+            (
+                p4(b"Vaaaaaaaaaaaaaaaaaaaa\n"),
+                Limit::PayloadBytes,
+                21,
+                Some(2),
+            ),
+            (p4(b"\x8a\x11"), Limit::PayloadBytes, 17, Some(2)),
+            (p4(&b"N0".repeat(600)), Limit::Values, 11, Some(22)),
+            (
+                [&[0x80, 4][..], &[0x95, 0, 0, 0, 0, 0, 0, 0, 0].repeat(200)].concat(),
+                Limit::InputBytes,
+                1002,
+                Some(1001),
+            ),
+            // set(list) copies the list: its items count as values pushed.
+            (
+                p4(b"c__builtin__\nset\n](NNNNNNe\x85R"),
+                Limit::Values,
+                15,
+                Some(29),
+            ),
+        ];
+        for (bytes, limit, reached, offset) in cases {
+            let e = read_with(&bytes, tiny()).unwrap_err();
+            assert_eq!(
+                e,
+                PickleError::Limit {
+                    limit,
+                    reached,
+                    max: tiny().of(limit),
+                    offset
+                },
+                "{bytes:?}"
+            );
+            let message = e.to_string();
+            assert!(message.contains(limit.name()), "{message}");
+        }
+    }
+
+    /// `REDUCE` reads its arguments in place: a 200,000-item tuple called 200,000 times is
+    /// 4·10¹⁰ item copies to a reader that copies the tuple each time.
+    #[test]
+    fn reduce_does_not_copy_its_arguments() {
+        let mut body = b"cfoo\nbar\nq\x00(".to_vec();
+        body.resize(body.len() + 200_000, b'N');
+        body.extend(b"tq\x01");
+        for _ in 0..200_000 {
+            body.extend(b"h\x00h\x01R0");
+        }
+        body.extend(b"00)");
+        let p = read_bytes(&p4(&body)).unwrap();
+        assert_eq!(repr(p.root()), "()");
+        assert_eq!(p.figures().values, 1 + 200_000 + 1 + 3 * 200_000 + 1);
+    }
+
+    #[test]
+    fn the_walk_counts_its_steps() {
+        let p = read_with(&p4(b"](K\x01K\x02K\x03K\x04K\x05e"), tiny()).unwrap();
+        let list = p.root().as_list().unwrap();
+        let got: Vec<_> = list.iter().collect();
+        assert_eq!(got.len(), 5, "four items, then the error, then nothing");
+        assert!(got[..4].iter().all(Result::is_ok));
+        assert_eq!(
+            got[4].as_ref().unwrap_err(),
+            &PickleError::Limit {
+                limit: Limit::WalkSteps,
+                reached: 5,
+                max: 4,
+                offset: None
+            }
+        );
+        assert!(p.walk_steps() >= 5);
+    }
+
+    #[test]
+    fn malformed_input_says_what_and_where() {
+        let cases: [(&[u8], &str); 14] = [
+            (b"", "ends before the end of the pickle"),
+            (
+                b"\x80\x04\x95\x10\x00",
+                "ends inside opcode FRAME (0x95) at byte 2",
+            ),
+            (
+                b"\x80\x04N",
+                "ends before the end of the pickle (no STOP) at byte 3",
+            ),
+            (b"\x80\x04\xff.", "unknown opcode 0xff at byte 2"),
+            (b"\x80\x04Q.", "unsupported opcode BINPERSID (0x51)"),
+            (b"\x80\x04\x82\x01.", "unsupported opcode EXT1 (0x82)"),
+            (
+                b"\x80\x04.",
+                "stack underflow in opcode STOP (0x2e) at byte 2",
+            ),
+            (b"\x80\x04(N\x86.", "stack underflow in opcode TUPLE2"),
+            (
+                b"\x80\x04Nt.",
+                "opcode TUPLE (0x74) without a MARK at byte 3",
+            ),
+            (
+                b"\x80\x04NNa.",
+                "opcode APPEND (0x61) on a stack top that is not a list",
+            ),
+            (
+                b"\x80\x04j\x00\x00\x00\x01.",
+                "memo entry 16777216 is read before it is stored",
+            ),
+            (
+                b"\x80\x04T\xff\xff\xff\xff.",
+                "negative length -1 at byte 2",
+            ),
+            (
+                b"\x80\x04N.N",
+                "bytes follow the end of the pickle (STOP) at byte 4",
+            ),
+            (b"\x80\x04Sabc\\q\n.", "a STRING argument with a bad escape"),
+        ];
+        for (bytes, expected) in cases {
+            let e = read_bytes(bytes).unwrap_err();
+            assert!(
+                matches!(e, PickleError::Malformed { .. }),
+                "{bytes:?}: {e:?}"
+            );
+            assert!(
+                e.to_string().contains(expected),
+                "{bytes:?}: {e} lacks {expected:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn python_quirks_are_kept() {
+        // POP with nothing above the mark pops the mark; INT 01 is True; a dangling dict
+        // key is dropped; BUILD replaces an instance by its state.
+        let p = read_bytes(&p4(b"(0I01\n")).unwrap();
+        assert_eq!(repr(p.root()), "True");
+        let p = read_bytes(&p4(b"(K\x01K\x02K\x03d")).unwrap();
+        assert_eq!(repr(p.root()), "{1: 2}");
+        let p = read_bytes(&p4(b"cfoo\nBar\n)\x81}(K\x01K\x02ub")).unwrap();
+        assert_eq!(repr(p.root()), "{1: 2}");
+        let p = read_bytes(&p4(b"cfoo\nBar\n)R")).unwrap();
+        assert_eq!(repr(p.root()), "None");
+        let p = read_bytes(&p4(b"Sa\\x41\\n'\n")).unwrap();
+        assert_eq!(repr(p.root()), "b'aA\n''");
+        let p = read_bytes(&p4(b"V\\u00e9\\U0001F600\n")).unwrap();
+        assert_eq!(p.root().as_str(), Some("é😀"));
+    }
+
+    /// Every prefix and many one-byte changes of a real-looking pickle: a value or an error,
+    /// never a panic.
+    #[test]
+    fn truncated_and_mutated_samples_never_panic() {
+        for bytes in SAMPLES {
+            for n in 0..bytes.len() {
+                assert!(read_bytes(&bytes[..n]).is_err(), "prefix {n} of {bytes:?}");
+            }
+            for i in 0..bytes.len() {
+                for b in [0x00, 0x28, 0x2e, 0x32, 0x7f, 0x80, 0x86, 0x94, 0xff] {
+                    let mut m = bytes.to_vec();
+                    m[i] = b;
+                    if let Ok(p) = read_with(&m, tiny()) {
+                        let _ = repr(p.root());
+                    }
+                }
+            }
+        }
+    }
+}
