@@ -1250,3 +1250,39 @@ proptest! {
         }
     }
 }
+
+/// A file past a limit on untrusted files is read with `trusted` (`--trusted-input`): the
+/// limits are for files from elsewhere, and a user's own long history with stack frames can
+/// need more.
+#[test]
+fn trusted_input_lifts_the_pickle_limits_sixteen_times() {
+    use portalloc::trace::{open_reader, Options};
+    // A list of 700,000 empty lists: past the 640,000 containers an untrusted file may have.
+    let mut bytes = vec![0x80, 0x02, b'('];
+    bytes.extend(std::iter::repeat(b']').take(700_000));
+    bytes.extend_from_slice(b"l.");
+    let Err(untrusted) = open_reader(
+        std::io::Cursor::new(bytes.clone()),
+        "many.pickle",
+        &Options::new(),
+    ) else {
+        panic!("an untrusted file past the limit was read")
+    };
+    let untrusted = untrusted.to_string();
+    assert!(
+        untrusted.contains("containers") && untrusted.contains("--trusted-input"),
+        "{untrusted}"
+    );
+    let Err(trusted) = open_reader(
+        std::io::Cursor::new(bytes),
+        "many.pickle",
+        &Options::new().with_trusted(true),
+    ) else {
+        panic!("a list of lists is not a snapshot")
+    };
+    let trusted = trusted.to_string();
+    assert!(
+        !trusted.contains("limit"),
+        "read whole, then judged: {trusted}"
+    );
+}

@@ -256,6 +256,9 @@ pub struct Options {
     /// Device to keep, for formats that record several (snapshot, Kineto); default: the
     /// device with the most events.
     pub device: Option<u32>,
+    /// The file is trusted: read snapshot pickles with 16 times the limits on untrusted files
+    /// (docs/trace-format.md), for long histories recorded with stack frames. Default false.
+    pub trusted: bool,
 }
 
 impl Options {
@@ -267,6 +270,12 @@ impl Options {
     /// Sets [`Options::format`].
     pub fn with_format(mut self, format: Format) -> Self {
         self.format = Some(format);
+        self
+    }
+
+    /// Sets [`Options::trusted`].
+    pub fn with_trusted(mut self, trusted: bool) -> Self {
+        self.trusted = trusted;
         self
     }
 

@@ -64,6 +64,10 @@ pub struct ReplayArgs {
     /// Treat trace anomalies (a free of an address never allocated, a double free, …) as errors.
     #[arg(long)]
     pub strict: bool,
+    /// The trace files are trusted: read PyTorch snapshots with 16 times the limits on
+    /// untrusted files (docs/trace-format.md), for long histories with stack frames.
+    #[arg(long)]
+    pub trusted_input: bool,
 }
 
 /// One trace's figures.
@@ -112,7 +116,9 @@ pub fn run(args: ReplayArgs) -> Result<()> {
             })?,
         None => preset(&args.device)?,
     };
-    let mut options = trace::Options::default().with_strict(args.strict);
+    let mut options = trace::Options::default()
+        .with_strict(args.strict)
+        .with_trusted(args.trusted_input);
     if let Some(f) = &args.format {
         options = options.with_format(f.parse::<Format>()?);
     }

@@ -88,10 +88,26 @@ impl Limits {
     }
 }
 
+impl Limits {
+    /// The limits for a file its user trusts (`trace::Options::trusted`, `portalloc replay
+    /// --trusted-input`): 16 times [`Limits::UNTRUSTED`], for snapshots recorded with long
+    /// histories and stack frames (a 100,000-entry history with frames needs millions of
+    /// containers). Memory then grows with the file, up to a few GiB.
+    pub(crate) const TRUSTED: Limits = Limits {
+        input_bytes: 16 << 30,
+        values: 16 * Limits::UNTRUSTED.values,
+        containers: 16 * Limits::UNTRUSTED.containers,
+        memo_entries: 16 * Limits::UNTRUSTED.memo_entries,
+        payload_bytes: 16 * Limits::UNTRUSTED.payload_bytes,
+        open_marks: 16 * Limits::UNTRUSTED.open_marks,
+        walk_steps: 16 * Limits::UNTRUSTED.walk_steps,
+    };
+}
+
 // Offsets into the payload and indices into the arena are u32: the limits keep them there.
-const _: () = assert!(Limits::UNTRUSTED.payload_bytes < u32::MAX as u64);
-const _: () = assert!(Limits::UNTRUSTED.values < u32::MAX as u64);
-const _: () = assert!(Limits::UNTRUSTED.containers < u32::MAX as u64);
+const _: () = assert!(Limits::TRUSTED.payload_bytes < u32::MAX as u64);
+const _: () = assert!(Limits::TRUSTED.values < u32::MAX as u64);
+const _: () = assert!(Limits::TRUSTED.containers < u32::MAX as u64);
 
 /// Which of the [`Limits`] a file exceeded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

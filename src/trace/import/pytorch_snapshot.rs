@@ -37,7 +37,9 @@ use crate::trace::{
 fn pickle_error(origin: &str, e: PickleError) -> Error {
     match e {
         PickleError::Limit { .. } => trace_error(format!(
-            "{origin}: refused: the snapshot pickle {e}; the limits on untrusted files are in docs/trace-format.md"
+            "{origin}: refused: the snapshot pickle {e}; the limits on untrusted files are in \
+             docs/trace-format.md (a file you trust is read with 16 times larger ones: \
+             --trusted-input)"
         )),
         PickleError::Malformed { .. } | PickleError::Io(_) => trace_error(format!(
             "{origin}: not a readable snapshot pickle (truncated or corrupt?): {e}"
@@ -82,8 +84,12 @@ fn replayed(origin: &str, entry: Val<'_>) -> Result<bool> {
 /// device asked for that is not there; an entry to replay without `addr` or `size`; an anomaly
 /// in strict mode.
 pub(crate) fn read(mut input: Input, origin: &str, options: &Options) -> Result<VecSource> {
-    let pickle =
-        pickle::read(&mut input, &Limits::UNTRUSTED).map_err(|e| pickle_error(origin, e))?;
+    let limits = if options.trusted {
+        Limits::TRUSTED
+    } else {
+        Limits::UNTRUSTED
+    };
+    let pickle = pickle::read(&mut input, &limits).map_err(|e| pickle_error(origin, e))?;
     import(&pickle, origin, options)
 }
 
