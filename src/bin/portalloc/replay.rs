@@ -77,6 +77,9 @@ struct TraceReport {
     header: TraceHeader,
     events: u64,
     anomalies: String,
+    /// Said when the trace is too short to compare strategies on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    warning: Option<String>,
     device: DeviceSpec,
     fraction: f64,
     results: Vec<StrategyReport>,
@@ -226,6 +229,7 @@ pub fn run(args: ReplayArgs) -> Result<()> {
             header: input.header().clone(),
             events: baseline.events,
             anomalies: anomalies.clone(),
+            warning: sparse_warning(input.header(), baseline.events),
             device,
             fraction: args.fraction,
             results,
@@ -364,6 +368,26 @@ fn load(path: &PathBuf, options: &trace::Options) -> Result<(String, TraceInput,
     }
 }
 
+/// A trace of 0 or 1 events compares the strategies on nothing: say so, and how to record
+/// one (a snapshot with recording off, or from PyTorch 2.0, which kept one entry).
+fn sparse_warning(header: &TraceHeader, events: u64) -> Option<String> {
+    if events > 1 {
+        return None;
+    }
+    let how = if header.source.starts_with(Format::PytorchSnapshot.name()) {
+        "the snapshot was dumped with memory history recording off (or by PyTorch 2.0, which \
+         kept one entry): call torch.cuda.memory._record_memory_history(max_entries=100000) \
+         before the step, then torch.cuda.memory._dump_snapshot(path)"
+    } else {
+        "record the program's allocations over a whole step"
+    };
+    Some(format!(
+        "the trace holds {events} event{}: the figures compare the strategies on nothing \
+         more than the memory live before it; {how}",
+        if events == 1 { "" } else { "s" }
+    ))
+}
+
 fn anomaly_text(t: &trace::Trace) -> String {
     if t.anomalies().is_empty() {
         String::new()
@@ -424,6 +448,9 @@ fn print_report(r: &TraceReport) {
     );
     if !r.anomalies.is_empty() {
         println!("   anomalies: {}", r.anomalies.trim());
+    }
+    if let Some(w) = &r.warning {
+        println!("   warning: {w}");
     }
     let with_min = r.results.iter().any(|s| s.min_capacity.is_some());
     print!(

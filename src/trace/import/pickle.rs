@@ -363,6 +363,26 @@ pub(crate) struct Val<'p> {
 }
 
 impl<'p> Val<'p> {
+    /// What kind of object it is, as Python names it with an article ("a list", "None"), for
+    /// messages about a pickle that is not what was expected.
+    pub(crate) fn kind_name(self) -> &'static str {
+        match self.pickle.node(self.id) {
+            Node::None | Node::Global(_) => "None",
+            Node::Bool(_) => "a bool",
+            Node::Int(_) | Node::Wide(_) | Node::Huge(_) => "an int",
+            Node::Float(_) => "a float",
+            Node::Str { .. } => "a str",
+            Node::Bytes { .. } => "a bytes object",
+            Node::Seq { kind, .. } => match kind {
+                SeqKind::List => "a list",
+                SeqKind::Tuple => "a tuple",
+                SeqKind::Dict => "a dict",
+                SeqKind::Set => "a set",
+                SeqKind::FrozenSet => "a frozenset",
+            },
+        }
+    }
+
     /// Whether it is a dict.
     pub(crate) fn is_dict(self) -> bool {
         matches!(

@@ -14,10 +14,11 @@
 //! | — | `thread` = 0 |
 //! | `stream` | `stream` |
 //! | `addr` | keys the allocation: a new `id` (1, 2, …) at each `alloc` |
-//! | `size` (after PyTorch's 512 B rounding) | `size` |
+//! | `size` (the size the program requested) | `size` |
 //!
-//! Baseline = bytes of the blocks in state `active_allocated` in `segments` of device `d`
-//! (live at dump time) minus the net of the trace (allocs − frees), floored at 0. A
+//! Baseline = the requested bytes (`requested_size`, or `size` in snapshots without it) of the
+//! blocks in state `active_allocated` or `active_pending_free` (both hold memory at dump time)
+//! in `segments` of device `d`, minus the net of the trace (allocs − frees), floored at 0. A
 //! `free_completed` of an address not allocated in the trace frees memory from that baseline.
 //! Reference: `reserved_bytes` = sum of the segments' `total_size`. Event numbers in messages
 //! are positions in `device_traces[d]`, from 1.
@@ -98,7 +99,9 @@ fn import(pickle: &pickle::Pickle, origin: &str, options: &Options) -> Result<Ve
     let root = pickle.root();
     if !root.is_dict() {
         return Err(trace_error(format!(
-            "{origin}: the pickle is not a dict: not a torch.cuda.memory._dump_snapshot file"
+            "{origin}: a valid pickle, but of {}, not the dict torch.cuda.memory._dump_snapshot \
+             writes (with segments and device_traces)",
+            root.kind_name()
         )));
     }
     let traces = get_list(origin, root, "device_traces")?.ok_or_else(|| {
@@ -159,8 +162,16 @@ fn import(pickle: &pickle::Pickle, origin: &str, options: &Options) -> Result<Ve
             if let Some(blocks) = get_list(origin, seg, "blocks")? {
                 for b in items(origin, blocks) {
                     let b = b?;
-                    if get_str(origin, b, "state")? == Some("active_allocated") {
-                        live_at_dump += u128::from(get_u64(origin, b, "size")?.unwrap_or(0));
+                    // Both hold memory at dump time: a block pending free waits for its
+                    // streams. In the trace's units: the size the program requested (older
+                    // snapshots without `requested_size` give the rounded `size`).
+                    let state = get_str(origin, b, "state")?;
+                    if matches!(state, Some("active_allocated" | "active_pending_free")) {
+                        let requested = match get_u64(origin, b, "requested_size")? {
+                            Some(r) => Some(r),
+                            None => get_u64(origin, b, "size")?,
+                        };
+                        live_at_dump += u128::from(requested.unwrap_or(0));
                     }
                 }
             }
@@ -236,7 +247,7 @@ fn import(pickle: &pickle::Pickle, origin: &str, options: &Options) -> Result<Ve
         allocator: Some("pytorch-caching".to_string()),
     });
     header.notes.push(format!(
-        "alloc and free_completed of device_traces[{device}] ({} devices traced); {skipped} other entries skipped; baseline = active_allocated blocks at dump ({live_at_dump} bytes) - net of the trace ({net} bytes)",
+        "alloc and free_completed of device_traces[{device}] ({} devices traced); {skipped} other entries skipped; baseline = requested bytes of the active_allocated and active_pending_free blocks at dump ({live_at_dump} bytes) - net of the trace ({net} bytes)",
         traces.len()
     ));
     Ok(VecSource {
