@@ -390,6 +390,77 @@ fn kineto_gzipped_small_trace() {
     assert!(err.contains("device 5"), "{err}");
 }
 
+/// A profile from before 2022: `[memory]` events with `Bytes` but no `Addr` and no `Total
+/// Allocated` (#13). It is replayed, not dropped: live bytes are exact (the running sum of
+/// `Bytes`), and each free is matched to the most recent live allocation of its size.
+#[test]
+fn kineto_without_addresses_replays_the_running_sum() {
+    let old = |ts: f64, ev_idx: i64, bytes: i64| {
+        serde_json::json!({
+            "ph": "i", "name": "[memory]", "pid": 1, "tid": 1, "ts": ts,
+            "args": {"Ev Idx": ev_idx, "Device Type": 1, "Device Id": 0, "Bytes": bytes}
+        })
+    };
+    let events = vec![
+        old(1.0, 1, 1000),
+        old(2.0, 2, 3000),
+        old(3.0, 3, 1000),
+        old(4.0, 4, -1000),
+        old(5.0, 5, -3000),
+        old(6.0, 6, -1000),
+    ];
+    let json = serde_json::to_vec(&serde_json::json!({ "traceEvents": events })).unwrap();
+    let file = TempFile::with("old.json", &json);
+    let (t, events) = open_all(file.path(), &Options::default());
+    assert_eq!(events.len(), 6);
+    assert!(t.anomalies().is_empty(), "{}", t.anomalies());
+    assert!(t.header().notes.iter().any(|n| n.contains("no Addr")));
+    let s = summarize(open(file.path(), &Options::default()).unwrap()).unwrap();
+    // 1000, 4000, 5000, 4000, 1000, 0.
+    assert_eq!((s.peak_live_bytes, s.final_live), (5000, 0));
+    // The free of 1000 at ts 4 takes the allocation of ts 3 (the most recent of that size).
+    assert_eq!(events[3].id, events[2].id);
+}
+
+/// An eager step profiled on a machine without a GPU has only CPU `[memory]` events
+/// (`Device Type` 0): they are replayed, with a note, instead of refused with the wrong hint
+/// (#13).
+#[test]
+fn kineto_cpu_profile_is_replayed() {
+    let events = vec![
+        mem_event(1.0, 1, 1, 0, -1, 0x10, 4096, 4096, 0),
+        mem_event(2.0, 1, 2, 0, -1, 0x20, 8192, 12288, 0),
+        mem_event(3.0, 1, 3, 0, -1, 0x10, -4096, 8192, 0),
+    ];
+    let json = serde_json::to_vec(&serde_json::json!({ "traceEvents": events })).unwrap();
+    let file = TempFile::with("cpu.json", &json);
+    let (t, events) = open_all(file.path(), &Options::default());
+    assert_eq!(t.header().device.as_deref(), Some("cpu"));
+    assert!(t.header().notes.iter().any(|n| n.contains("CPU")));
+    assert_eq!(events.len(), 3);
+    let s = summarize(open(file.path(), &Options::default()).unwrap()).unwrap();
+    assert_eq!(s.peak_live_bytes, 12288);
+}
+
+/// The real 2021 ResNet-50 profile without `Addr` (`../shared/traces-edge/`): its 8,220 CUDA
+/// events replay to the peak of the running sum of `Bytes` that an independent reader
+/// (Python's json module, events ordered by (`ts`, `Ev Idx`)) computes: 2,791,636,480 B,
+/// back to 0 at the end.
+#[test]
+fn real_kineto_without_addresses_peaks_at_the_running_sum() {
+    let Some(dir) = edge_traces_dir() else { return };
+    let path = dir.join("pytorch-kineto-resnet50-v100-noaddr.json.gz");
+    if !path.exists() {
+        eprintln!("skipping: {} is absent", path.display());
+        return;
+    }
+    let s = summarize(open(&path, &Options::default()).unwrap()).unwrap();
+    assert_eq!(
+        (s.allocs + s.frees, s.peak_live_bytes, s.final_live),
+        (8220, 2_791_636_480, 0)
+    );
+}
+
 #[test]
 fn kineto_without_memory_events_is_a_clear_error() {
     let json = br#"{"traceEvents":[{"name":"aten::mm","ph":"X","ts":1}]}"#;

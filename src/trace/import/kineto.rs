@@ -1,7 +1,10 @@
 //! PyTorch profiler (Kineto) Chrome-trace JSON, gzip-compressed or not.
 //!
 //! Kept: instant events named `[memory]` whose `args` say `Device Type` 1 (CUDA), of one
-//! `Device Id` (the one with the most events, or [`Options::device`]). Mapping:
+//! `Device Id` (the one with the most events, or [`Options::device`]); in a profile with no
+//! CUDA events (recorded on a machine without a GPU), the CPU's (`Device Type` 0), with a note.
+//! An event without `Addr` (profilers before 2022) gets a synthetic address: a free takes the
+//! most recent live allocation of its size, so live bytes stay exact. Mapping:
 //!
 //! | Kineto | event |
 //! |---|---|
@@ -35,6 +38,44 @@ use crate::trace::{
     trace_error, Anomalies, AnomalyKind, Format, Input, Keying, Loc, Op, Options, Reference,
     ThreadMap, TraceHeader, VecSource,
 };
+
+/// `Device Type` of the CPU.
+const CPU: i64 = 0;
+/// The device chosen when the CPU's events are replayed (no CUDA device has this id).
+const CPU_DEVICE: i64 = -1;
+
+/// Addresses for events recorded without one: a fresh one per allocation; a free takes the
+/// most recent live allocation of its size (or a fresh one: memory from before the window).
+#[derive(Debug, Default)]
+struct Synthetic {
+    next: u64,
+    live: BTreeMap<u64, Vec<u64>>,
+    events: u64,
+}
+
+impl Synthetic {
+    /// Far above any real address, so none is mistaken for one.
+    const BASE: u64 = 1 << 62;
+
+    fn address(&mut self, op: Op, size: u64) -> u64 {
+        self.events += 1;
+        let fresh = |next: &mut u64| {
+            *next += 1;
+            Self::BASE + *next
+        };
+        match op {
+            Op::Alloc => {
+                let a = fresh(&mut self.next);
+                self.live.entry(size).or_default().push(a);
+                a
+            }
+            Op::Free => match self.live.get_mut(&size).and_then(Vec::pop) {
+                Some(a) => a,
+                None => fresh(&mut self.next),
+            },
+        }
+    }
+}
 
 /// One `[memory]` event, as much of it as is kept.
 #[derive(Debug, Clone)]
@@ -238,18 +279,42 @@ pub(crate) fn read(input: Input, origin: &str, options: &Options) -> Result<VecS
                 .iter()
                 .max_by_key(|(id, n)| (**n, std::cmp::Reverse(**id)))
                 .map(|(id, _)| *id);
-            best.ok_or_else(|| {
-                trace_error(format!(
-                    "{origin}: no CUDA [memory] events (Device Type 1) among {} trace events; was the profiler run with profile_memory=True?",
-                    c.events_seen
-                ))
-            })?
+            match best {
+                Some(d) => d,
+                // A profile recorded on a machine without a GPU: the tensors an eager step
+                // allocates come from device-independent code, so the CPU's [memory] events
+                // plan the GPU's memory too.
+                None if other_types.contains_key(&CPU) => CPU_DEVICE,
+                None => {
+                    let found = if c.mem.is_empty() {
+                        "no [memory] events at all: was the profiler run with \
+                         profile_memory=True?"
+                            .to_string()
+                    } else {
+                        format!(
+                            "[memory] events only of device types {:?} (1 is CUDA, 0 the CPU)",
+                            other_types.keys().collect::<Vec<_>>()
+                        )
+                    };
+                    return Err(trace_error(format!(
+                        "{origin}: nothing to replay among {} trace events: {found}",
+                        c.events_seen
+                    )));
+                }
+            }
         }
     };
+    let on_cpu = device == CPU_DEVICE;
     let mut mem: Vec<Mem> = c
         .mem
         .into_iter()
-        .filter(|m| m.device_type == Some(1) && m.device_id.unwrap_or(0) == device)
+        .filter(|m| {
+            if on_cpu {
+                m.device_type == Some(CPU)
+            } else {
+                m.device_type == Some(1) && m.device_id.unwrap_or(0) == device
+            }
+        })
         .collect();
     mem.sort_by_key(|m| (m.ts_ns, m.ev_idx, m.index));
 
@@ -273,13 +338,14 @@ pub(crate) fn read(input: Input, origin: &str, options: &Options) -> Result<VecS
     let mut emitter = Emitter::new(Keying::Addresses, options.strict, origin, baseline);
     let mut threads = ThreadMap::default();
     let mut events = Vec::with_capacity(mem.len());
+    let mut synthetic = Synthetic::default();
     for m in &mem {
         let loc = Loc::Event(m.index);
-        let (Some(addr), Some(bytes)) = (m.addr, m.bytes) else {
+        let Some(bytes) = m.bytes else {
             emitter.tracker.anomaly(
                 AnomalyKind::InvalidRecord,
                 loc,
-                "[memory] event without Addr or Bytes".to_string(),
+                "[memory] event without Bytes".to_string(),
             )?;
             continue;
         };
@@ -287,6 +353,12 @@ pub(crate) fn read(input: Input, origin: &str, options: &Options) -> Result<VecS
             (Op::Alloc, bytes.unsigned_abs())
         } else {
             (Op::Free, bytes.unsigned_abs())
+        };
+        // Older profilers (2021) recorded no Addr: live bytes are still exact (the running
+        // sum of Bytes); a free is matched to a live allocation of the same size.
+        let addr = match m.addr {
+            Some(a) => a,
+            None => synthetic.address(op, size),
         };
         let attrs = Attrs {
             time_ns: m.ts_ns,
@@ -297,10 +369,30 @@ pub(crate) fn read(input: Input, origin: &str, options: &Options) -> Result<VecS
     }
 
     let mut header = TraceHeader::new(format!("{}:{origin}", Format::Kineto.name()));
-    header.device = Some(match c.device_names.get(&device) {
-        Some(name) => format!("cuda:{device} {name}"),
-        None => format!("cuda:{device}"),
+    header.device = Some(if on_cpu {
+        "cpu".to_string()
+    } else {
+        match c.device_names.get(&device) {
+            Some(name) => format!("cuda:{device} {name}"),
+            None => format!("cuda:{device}"),
+        }
     });
+    if on_cpu {
+        header.notes.push(
+            "no CUDA [memory] events: the CPU's (Device Type 0) are replayed — an eager step \
+             allocates the same tensors on a GPU, so they plan its memory (the CUDA caching \
+             allocator's rounding and workspaces aside)"
+                .to_string(),
+        );
+    }
+    if synthetic.events > 0 {
+        header.notes.push(format!(
+            "{} [memory] events had no Addr (a profiler before 2022): addresses are synthetic, \
+             each free matched to the most recent live allocation of the same size; live bytes \
+             are exact (the running sum of Bytes)",
+            synthetic.events
+        ));
+    }
     header.baseline_bytes = baseline;
     header.reference = Some(Reference {
         reserved_bytes: reserved,
@@ -308,7 +400,8 @@ pub(crate) fn read(input: Input, origin: &str, options: &Options) -> Result<VecS
         allocator: Some("pytorch-caching".to_string()),
     });
     header.notes.push(format!(
-        "[memory] events of CUDA device {device}, ordered by (ts, Ev Idx); baseline = Total Allocated - Bytes of the first"
+        "[memory] events of {}, ordered by (ts, Ev Idx); baseline = Total Allocated - Bytes of the first",
+        if on_cpu { "the CPU".to_string() } else { format!("CUDA device {device}") }
     ));
     let others: Vec<String> = per_device
         .iter()
