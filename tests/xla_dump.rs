@@ -51,6 +51,7 @@ fn read(name: &str, steps: u32) -> XlaModule {
     let options = XlaOptions {
         module: Some("jit_train_step".into()),
         steps,
+        per_buffer: false,
     };
     read_dir(&case(name), &options).expect("dump reads")
 }
@@ -86,7 +87,7 @@ fn one_step_peaks_at_memory_analysis_plain_and_donated() {
         assert_eq!(m.stats.alias_bytes, want.alias, "{name}");
         assert_eq!(m.stats.temp_bytes, want.temp, "{name}");
         assert_eq!(peak(&m.events), want.peak(), "{name}");
-        assert_eq!(m.header.tags, ["argument", "output", "temp"]);
+        assert_eq!(m.header.tags, ["argument", "output", "temp", "constant"]);
         // Every event carries a tag; exactly one temp arena, allocated and freed.
         assert!(m.events.iter().all(|e| e.tag != 0));
         let temps: Vec<_> = m
@@ -145,6 +146,61 @@ fn three_steps_feed_outputs_to_the_next_step() {
     // mlp_train: 276 668 then 266 488; donated: 259 196 then 249 016.
     let donated = read("mlp_train_donated", 3);
     assert_eq!(per_step(&donated.events, 3).0[2], 249_016);
+}
+
+#[test]
+fn per_buffer_peaks_where_xla_live_ranges_say() {
+    // The figures of each case's *-live-range.txt: "Stack trace breakdown for peak usage:
+    // 274 056 bytes" (plain, at instruction 25) and "265 800 bytes" (donated, at 28).
+    for (name, want, at) in [
+        ("mlp_train", 274_056, 25),
+        ("mlp_train_donated", 265_800, 28),
+    ] {
+        let m = read_dir(
+            &case(name),
+            &XlaOptions {
+                module: None,
+                steps: 1,
+                per_buffer: true,
+            },
+        )
+        .unwrap();
+        let s = summarize_events(0, m.events.iter().copied().map(Ok)).unwrap();
+        assert_eq!(s.peak_live_bytes, want, "{name}");
+        let seq = s.peak_seq.unwrap() as usize;
+        assert_eq!(m.events[seq].time_ns, at, "{name}");
+        assert!(m.events.iter().all(|e| e.tag != 0));
+        assert!(m.header.notes.iter().any(|n| n.contains("--per-buffer")));
+    }
+}
+
+#[test]
+fn per_buffer_refuses_steps_and_missing_or_bad_live_ranges() {
+    let per = |steps| XlaOptions {
+        module: None,
+        steps,
+        per_buffer: true,
+    };
+    let text = error_of(&case("mlp_train"), &per(2));
+    assert!(text.contains("one execution"), "{text}");
+    let s = Scratch::with("nolive", b"BufferAssignment:\nallocation 0: size 4:\n");
+    let text = error_of(&s.0, &per(1));
+    assert!(
+        text.contains("cannot open") && text.contains("-live-range.txt"),
+        "{text}"
+    );
+    std::fs::write(
+        s.0.join("module_0001.jit_f.cpu_after_optimizations-live-range.txt"),
+        b"HloLiveRange (max 3):\n  BufferLiveRange:\n    a{}:0-2\n    b{}:5-1\n",
+    )
+    .unwrap();
+    let text = error_of(&s.0, &per(1));
+    assert!(
+        text.contains("live-range.txt: line 4: live range \"5-1\""),
+        "{text}"
+    );
+    // Without --per-buffer the live ranges are not read.
+    assert!(read_dir(&s.0, &XlaOptions::default()).is_ok());
 }
 
 /// A fresh directory under the system's temp dir, removed when dropped.
@@ -225,6 +281,17 @@ fn malformed_dumps_give_errors_naming_file_and_line() {
             "line 2: allocation number",
         ),
         (
+            "orphanvalue",
+            b"BufferAssignment:\n value: <1 p @0> (size=4,offset=0): f32[]\n".to_vec(),
+            "line 2: a value before any allocation",
+        ),
+        (
+            "badvalue",
+            b"BufferAssignment:\nallocation 0: size 4:\n value: <1 p @0> (size=x,offset=0): f32[]\n"
+                .to_vec(),
+            "line 3: expected `value: <ID NAME @P> (size=S",
+        ),
+        (
             "utf8",
             b"BufferAssignment:\nallocation 0: size \xff\xfe:\n".to_vec(),
             "line 2: not UTF-8",
@@ -262,6 +329,7 @@ fn directories_and_options_that_do_not_fit_are_refused() {
         &XlaOptions {
             module: Some("jit_nothing".into()),
             steps: 1,
+            per_buffer: false,
         },
     );
     assert!(text.contains("no module matches --module"), "{text}");
@@ -270,6 +338,7 @@ fn directories_and_options_that_do_not_fit_are_refused() {
         &XlaOptions {
             module: None,
             steps: 0,
+            per_buffer: false,
         },
     );
     assert!(text.contains("--steps 0"), "{text}");
@@ -289,6 +358,7 @@ fn huge_sizes_saturate_without_panicking() {
         &XlaOptions {
             module: None,
             steps: 2,
+            per_buffer: false,
         },
     )
     .unwrap();

@@ -31,6 +31,11 @@ pub struct ReplayArgs {
     /// one needing the most bytes).
     #[arg(long, value_name = "NAME")]
     pub module: Option<String>,
+    /// Of an XLA dump directory, one execution with every HLO value its own allocation over
+    /// its live range (read from the module's *-live-range.txt), instead of what XLA's
+    /// runtime allocates.
+    #[arg(long)]
+    pub per_buffer: bool,
 
     /// A built-in workload instead of (or beside) trace files.
     #[arg(long, value_name = "NAME")]
@@ -164,6 +169,7 @@ pub fn run(args: ReplayArgs) -> Result<()> {
             let xla = XlaOptions {
                 module: args.module.clone(),
                 steps: args.shape.steps.unwrap_or(1),
+                per_buffer: args.per_buffer,
             };
             let m = xla_dump::read_dir(given, &xla)?;
             inputs.push((

@@ -26,6 +26,11 @@
 //! bytes, which is what `memory_analysis()` reports; later ones at outputs + (outputs −
 //! aliased) + temp. The last execution's outputs stay live.
 //!
+//! With [`XlaOptions::per_buffer`], one execution is replayed as the compiler planned it
+//! instead: every HLO value (the ` value: <ID NAME @P> (size=S,…` lines) its own allocation
+//! over its live range, read from the module's `*-live-range.txt` (`BufferLiveRange:`,
+//! `NAME{INDEX}:START-END`, closed), tagged by its allocation's kind.
+//!
 //! Files are untrusted: lines are bounded ([`MAX_XLA_LINE_BYTES`]), so are files
 //! ([`MAX_XLA_FILE_BYTES`]), allocations ([`MAX_XLA_ALLOCATIONS`]) and steps
 //! ([`MAX_XLA_STEPS`]); anything malformed is an [`Error::Trace`](crate::Error::Trace) with the
@@ -55,11 +60,15 @@ pub const MAX_XLA_FILES: usize = 100_000;
 /// The end of the name of a buffer-assignment file.
 pub const BUFFER_ASSIGNMENT_SUFFIX: &str = "-buffer-assignment.txt";
 
+/// The end of the name of a live-range file (read by `--per-buffer`).
+pub const LIVE_RANGE_SUFFIX: &str = "-live-range.txt";
+
 /// Tags of the events, in [`TraceHeader::tags`] order.
-pub const TAGS: [&str; 3] = ["argument", "output", "temp"];
+pub const TAGS: [&str; 4] = ["argument", "output", "temp", "constant"];
 const TAG_ARGUMENT: TagId = 1;
 const TAG_OUTPUT: TagId = 2;
 const TAG_TEMP: TagId = 3;
+const TAG_CONSTANT: TagId = 4;
 
 /// One allocation of a buffer assignment.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,11 +91,24 @@ pub struct Allocation {
     pub line: u64,
 }
 
+/// One HLO value of a buffer assignment (a ` value:` line).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Value {
+    /// `name{shape index}`, as the live-range file names it (`dot.1{}`).
+    pub name: String,
+    /// Bytes.
+    pub size: u64,
+    /// Position of its allocation in [`BufferAssignment::allocations`].
+    pub allocation: usize,
+}
+
 /// A parsed buffer-assignment file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BufferAssignment {
     /// The allocations, in file order.
     pub allocations: Vec<Allocation>,
+    /// The HLO values, in file order.
+    pub values: Vec<Value>,
 }
 
 /// The four figures of `compiled.memory_analysis()`, summed from a buffer assignment.
@@ -125,6 +147,7 @@ impl BufferAssignment {
         let mut buf = Vec::new();
         let mut line_no = 0u64;
         let mut allocations = Vec::new();
+        let mut values = Vec::new();
         let mut seen = HashSet::new();
         let mut started = false;
         loop {
@@ -162,8 +185,28 @@ impl BufferAssignment {
                 started = true;
                 continue;
             }
+            if let Some(rest) = text.trim_start().strip_prefix("value: ") {
+                let Some(allocation) = allocations.len().checked_sub(1) else {
+                    return Err(trace_error(format!(
+                        "{origin}: line {line_no}: a value before any allocation"
+                    )));
+                };
+                let (name, size) = parse_value(rest)
+                    .map_err(|why| trace_error(format!("{origin}: line {line_no}: {why}")))?;
+                if values.len() >= MAX_XLA_ALLOCATIONS {
+                    return Err(trace_error(format!(
+                        "{origin}: line {line_no}: more than {MAX_XLA_ALLOCATIONS} values"
+                    )));
+                }
+                values.push(Value {
+                    name,
+                    size,
+                    allocation,
+                });
+                continue;
+            }
             let Some(rest) = text.strip_prefix("allocation ") else {
-                // Value lines, and sections other XLA versions add: not needed.
+                // Sections other XLA versions add: not needed.
                 continue;
             };
             let a = parse_allocation(rest, line_no)
@@ -186,7 +229,10 @@ impl BufferAssignment {
                 "{origin}: empty: not an XLA buffer assignment"
             )));
         }
-        Ok(BufferAssignment { allocations })
+        Ok(BufferAssignment {
+            allocations,
+            values,
+        })
     }
 
     /// Reads and parses `path` (at most [`MAX_XLA_FILE_BYTES`]).
@@ -315,6 +361,156 @@ impl BufferAssignment {
     }
 }
 
+impl BufferAssignment {
+    /// One execution with every HLO value its own allocation over its live range
+    /// (`ranges`, from [`parse_live_ranges`]): allocated at its start, freed after its end
+    /// (frees first at equal times); `time_ns` is the instruction position. Values without
+    /// a range (those of nested computations, thread-local) and ranges without a value are
+    /// left out; returns the events and how many ranges were left out.
+    pub fn per_buffer_events(&self, ranges: &[(String, u64, u64)]) -> (Vec<Event>, usize) {
+        let mut by_name = std::collections::HashMap::new();
+        for v in &self.values {
+            by_name.entry(v.name.as_str()).or_insert(v);
+        }
+        let mut rows = Vec::new();
+        let mut missing = 0;
+        for (id, (name, start, end)) in ranges.iter().enumerate() {
+            let Some(v) = by_name.get(name.as_str()) else {
+                missing += 1;
+                continue;
+            };
+            let a = &self.allocations[v.allocation];
+            let tag = if a.parameter.is_some() {
+                TAG_ARGUMENT
+            } else if a.live_out {
+                TAG_OUTPUT
+            } else if a.constant {
+                TAG_CONSTANT
+            } else {
+                TAG_TEMP
+            };
+            rows.push((*start, 1u8, id as u64, v.size, tag));
+            rows.push((end + 1, 0u8, id as u64, v.size, tag));
+        }
+        rows.sort_unstable();
+        let events = rows
+            .into_iter()
+            .enumerate()
+            .map(|(seq, (time, free, id, size, tag))| Event {
+                seq: seq as u64,
+                time_ns: time,
+                thread: 0,
+                stream: 0,
+                op: if free == 0 { Op::Free } else { Op::Alloc },
+                id,
+                size,
+                tag,
+            })
+            .collect();
+        (events, missing)
+    }
+}
+
+/// Parses what follows `value: ` on a line: `<ID NAME @P> (size=S,offset=O): SHAPE`, to
+/// the name (with `{}` added when the name has no shape index) and the size.
+fn parse_value(rest: &str) -> std::result::Result<(String, u64), String> {
+    let bad = || {
+        format!(
+            "expected `value: <ID NAME @P> (size=S,…`, found {}",
+            excerpt(rest)
+        )
+    };
+    let inner = rest.strip_prefix('<').ok_or_else(bad)?;
+    let (inner, after) = inner.split_once('>').ok_or_else(bad)?;
+    let mut words = inner.split_whitespace();
+    let (_, name) = (words.next(), words.next().ok_or_else(bad)?);
+    let size = after
+        .trim_start()
+        .strip_prefix("(size=")
+        .and_then(|t| t.split(|c: char| !c.is_ascii_digit()).next())
+        .ok_or_else(bad)?;
+    let size: u64 = size.parse().map_err(|_| bad())?;
+    let name = if name.ends_with('}') {
+        name.to_string()
+    } else {
+        format!("{name}{{}}")
+    };
+    Ok((name, size))
+}
+
+/// The `BufferLiveRange:` section of a `*-live-range.txt` file: `NAME{INDEX}:START-END`,
+/// closed intervals of the module's instruction sequence.
+///
+/// # Errors
+/// As [`BufferAssignment::parse`] for lines; a range line that does not parse; no
+/// `BufferLiveRange:` section.
+pub fn parse_live_ranges(input: impl BufRead, origin: &str) -> Result<Vec<(String, u64, u64)>> {
+    let mut input = input;
+    let mut buf = Vec::new();
+    let mut line_no = 0u64;
+    let mut ranges = Vec::new();
+    let mut section = false;
+    let mut found = false;
+    loop {
+        buf.clear();
+        let n = input
+            .by_ref()
+            .take(MAX_XLA_LINE_BYTES as u64 + 1)
+            .read_until(b'\n', &mut buf)
+            .map_err(|e| trace_error(format!("{origin}: read failed: {e}")))?;
+        if n == 0 {
+            break;
+        }
+        line_no += 1;
+        if buf.len() > MAX_XLA_LINE_BYTES {
+            return Err(trace_error(format!(
+                "{origin}: line {line_no}: longer than {MAX_XLA_LINE_BYTES} bytes"
+            )));
+        }
+        let text = std::str::from_utf8(&buf)
+            .map_err(|_| trace_error(format!("{origin}: line {line_no}: not UTF-8 text")))?
+            .trim();
+        if text == "BufferLiveRange:" {
+            section = true;
+            found = true;
+            continue;
+        }
+        if !section {
+            continue;
+        }
+        // The section ends at the first line that is not a range (`Live ranges at …`).
+        let Some((name, range)) = text.rsplit_once(':') else {
+            section = false;
+            continue;
+        };
+        if !name.ends_with('}') {
+            section = false;
+            continue;
+        }
+        let parsed = range
+            .split_once('-')
+            .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)));
+        let Some((start, end)) = parsed.filter(|(a, b)| a <= b && *b < u64::MAX) else {
+            return Err(trace_error(format!(
+                "{origin}: line {line_no}: live range {} is not START-END with START <= END",
+                excerpt(range)
+            )));
+        };
+        if ranges.len() >= MAX_XLA_ALLOCATIONS {
+            return Err(trace_error(format!(
+                "{origin}: line {line_no}: more than {MAX_XLA_ALLOCATIONS} live ranges"
+            )));
+        }
+        ranges.push((name.to_string(), start, end));
+    }
+    if !found {
+        return Err(trace_error(format!(
+            "{origin}: no `BufferLiveRange:` section: not an XLA live-range file"
+        )));
+    }
+    Ok(ranges)
+}
+
 /// Parses what follows `allocation ` on a line.
 fn parse_allocation(rest: &str, line: u64) -> std::result::Result<Allocation, String> {
     let body = rest.trim_end();
@@ -394,6 +590,9 @@ pub struct XlaOptions {
     pub module: Option<String>,
     /// Executions to replay, at least 1.
     pub steps: u32,
+    /// Every HLO value its own allocation over its live range (one execution; needs the
+    /// module's `*-live-range.txt`) instead of what the runtime allocates.
+    pub per_buffer: bool,
 }
 
 impl Default for XlaOptions {
@@ -401,6 +600,7 @@ impl Default for XlaOptions {
         XlaOptions {
             module: None,
             steps: 1,
+            per_buffer: false,
         }
     }
 }
@@ -440,6 +640,12 @@ fn module_name(file: &str) -> String {
 /// is 0 or above [`MAX_XLA_STEPS`].
 pub fn read_dir(dir: &Path, options: &XlaOptions) -> Result<XlaModule> {
     let shown = dir.display().to_string();
+    if options.per_buffer && options.steps != 1 {
+        return Err(trace_error(format!(
+            "--steps {} with --per-buffer: a per-buffer replay is one execution",
+            options.steps
+        )));
+    }
     if options.steps == 0 || options.steps > MAX_XLA_STEPS {
         return Err(trace_error(format!(
             "--steps {}: give 1 to {MAX_XLA_STEPS} executions",
@@ -522,7 +728,27 @@ pub fn read_dir(dir: &Path, options: &XlaOptions) -> Result<XlaModule> {
         options.steps,
         if options.steps == 1 { "" } else { "s" }
     ));
-    let events = ba.events(options.steps);
+    let events = if options.per_buffer {
+        let live =
+            file.with_file_name(file_name.replace(BUFFER_ASSIGNMENT_SUFFIX, LIVE_RANGE_SUFFIX));
+        let origin = live.display().to_string();
+        let f = File::open(&live).map_err(|e| {
+            trace_error(format!(
+                "--per-buffer needs the module's live ranges: cannot open {origin}: {e}"
+            ))
+        })?;
+        let ranges = parse_live_ranges(BufReader::new(f.take(MAX_XLA_FILE_BYTES)), &origin)?;
+        let (events, missing) = ba.per_buffer_events(&ranges);
+        header.notes.pop();
+        header.notes.push(format!(
+            "--per-buffer: one execution, every HLO value its own allocation over its live \
+             range (time_ns is the instruction position); {missing} live ranges without a \
+             value left out"
+        ));
+        events
+    } else {
+        ba.events(options.steps)
+    };
     Ok(XlaModule {
         name,
         file,
