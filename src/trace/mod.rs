@@ -13,7 +13,9 @@
 //! | PyTorch profiler / Kineto Chrome-trace JSON | [`import::kineto`] | no (events are sorted) |
 //! | buffer-lifetime CSV (`id,lower,upper,size`, SOMAS) | [`import::lifetimes_csv`] | no (events are sorted) |
 //!
-//! Any of them may be gzip-compressed. Exporters: [`jsonl::Writer`] and
+//! Any of them may be gzip-compressed. An XLA dump directory (`--xla_dump_to`) is read by
+//! [`import::xla_dump::read_dir`] instead: a module's buffer assignment, as executions.
+//! Exporters: [`jsonl::Writer`] and
 //! [`export::RmmCsvWriter`].
 //!
 //! What importers tolerate (a free of an address never allocated, a double free, a zero size,

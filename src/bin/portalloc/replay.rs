@@ -11,6 +11,7 @@ use portalloc::replay::{
     min_capacity, preset, replay, Baseline, DeviceSpec, MinCapacity, ReplayOptions, ReplayResult,
     ReplayStrategy, TraceInput,
 };
+use portalloc::trace::import::xla_dump::{self, XlaOptions};
 use portalloc::trace::{self, Event, Format, TraceHeader};
 use portalloc::units::{parse_size, Bytes};
 use portalloc::{Error, Result};
@@ -22,8 +23,20 @@ use crate::plot;
 #[derive(Args, Debug)]
 pub struct ReplayArgs {
     /// Trace files: portalloc JSON lines, PyTorch snapshot pickles, Kineto JSON (gzip or
-    /// not), RMM CSV, buffer-lifetime CSV. The format is detected.
+    /// not), RMM CSV, buffer-lifetime CSV. The format is detected. A directory is read as
+    /// an XLA dump (XLA_FLAGS=--xla_dump_to=DIR): a module's buffer assignment, replayed as
+    /// XLA's runtime allocates for it.
     pub traces: Vec<PathBuf>,
+    /// Of an XLA dump directory, the module whose file name contains NAME (default: the
+    /// one needing the most bytes).
+    #[arg(long, value_name = "NAME")]
+    pub module: Option<String>,
+    /// Of an XLA dump directory, one execution with every HLO value its own allocation over
+    /// its live range (read from the module's *-live-range.txt), instead of what XLA's
+    /// runtime allocates.
+    #[arg(long)]
+    pub per_buffer: bool,
+
     /// A built-in workload instead of (or beside) trace files.
     #[arg(long, value_name = "NAME")]
     pub workload: Option<String>,
@@ -152,6 +165,23 @@ pub fn run(args: ReplayArgs) -> Result<()> {
     // bounded memory), removed when the replay ends.
     let mut spools = Vec::new();
     for given in &args.traces {
+        if given.is_dir() {
+            let xla = XlaOptions {
+                module: args.module.clone(),
+                steps: args.shape.steps.unwrap_or(1),
+                per_buffer: args.per_buffer,
+            };
+            let m = xla_dump::read_dir(given, &xla)?;
+            inputs.push((
+                format!("{} ({})", path_label(given), m.name),
+                TraceInput::Events {
+                    header: m.header,
+                    events: Arc::new(m.events),
+                },
+                String::new(),
+            ));
+            continue;
+        }
         let spool = Spool::if_needed(given)?;
         let path = spool
             .as_ref()
@@ -438,6 +468,11 @@ fn print_report(r: &TraceReport) {
         facts.push(format!("recorded on {d}"));
     }
     println!("   {}", facts.join(", "));
+    if h.source.starts_with("xla-dump:") {
+        for note in &h.notes {
+            println!("   {note}");
+        }
+    }
     println!(
         "   replayed on {} ({}, granularity {}), memory fraction {} → limit {}",
         r.device.name,

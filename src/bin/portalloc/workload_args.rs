@@ -29,7 +29,8 @@ pub struct ShapeArgs {
     /// Bytes per element (4 = fp32, 2 = bf16).
     #[arg(long)]
     pub dtype_bytes: Option<u64>,
-    /// Training steps.
+    /// Training steps; of an XLA dump directory, executions to replay (default 1), each
+    /// one's outputs the next one's arguments.
     #[arg(long)]
     pub steps: Option<u32>,
 }

@@ -10,6 +10,7 @@ pub mod lifetimes_csv;
 mod pickle;
 pub mod pytorch_snapshot;
 pub mod rmm_csv;
+pub mod xla_dump;
 
 /// Attributes of a source record other than op, key and size.
 #[derive(Debug, Clone, Copy, Default)]

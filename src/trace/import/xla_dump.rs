@@ -1,0 +1,796 @@
+//! XLA dumps (`XLA_FLAGS=--xla_dump_to=DIR`): a compiled module's buffer assignment, replayed
+//! as XLA's runtime asks its allocator, so a JAX program can be planned before it runs.
+//!
+//! XLA writes, per compiled module, `module_NNNN.<name>.<platform>_after_optimizations-buffer-assignment.txt`:
+//! a `BufferAssignment:` line, then one line per allocation,
+//! `allocation N: size S[, parameter P, shape |…| at ShapeIndex {…}][, constant][, thread-local][, maybe-live-out][, preallocated-temp]:`
+//! (the tuple index table reads `output shape is |…|`), each followed by its ` value: <…>`
+//! lines. What `compiled.memory_analysis()` reports is summed from the same allocations:
+//!
+//! | figure | allocations |
+//! |---|---|
+//! | `argument_size_in_bytes` | `parameter` |
+//! | `output_size_in_bytes` | `maybe-live-out` |
+//! | `alias_size_in_bytes` | `parameter` and `maybe-live-out` (a donated argument reused in place) |
+//! | `temp_size_in_bytes` | `preallocated-temp` |
+//!
+//! Constants (loaded with the executable) and thread-local buffers (on a stack) are not
+//! allocated by the runtime's device allocator and are left out.
+//!
+//! The events: every argument is allocated first (tag `argument`, time 0). Each execution
+//! `k` (time `k`, from 1) then allocates one temp arena (tag `temp`, the temp allocations
+//! together) and one buffer per output that is not aliased to an argument (tag `output`),
+//! and frees the arena when it ends. Its arguments that were not donated are then freed:
+//! its outputs (the aliased arguments, reused in place, and the new buffers) are the next
+//! execution's arguments. One execution so peaks at arguments + outputs + temp − aliased
+//! bytes, which is what `memory_analysis()` reports; later ones at outputs + (outputs −
+//! aliased) + temp. The last execution's outputs stay live.
+//!
+//! With [`XlaOptions::per_buffer`], one execution is replayed as the compiler planned it
+//! instead: every HLO value (the ` value: <ID NAME @P> (size=S,…` lines) its own allocation
+//! over its live range, read from the module's `*-live-range.txt` (`BufferLiveRange:`,
+//! `NAME{INDEX}:START-END`, closed), tagged by its allocation's kind.
+//!
+//! Files are untrusted: lines are bounded ([`MAX_XLA_LINE_BYTES`]), so are files
+//! ([`MAX_XLA_FILE_BYTES`]), allocations ([`MAX_XLA_ALLOCATIONS`]) and steps
+//! ([`MAX_XLA_STEPS`]); anything malformed is an [`Error::Trace`](crate::Error::Trace) with the
+//! file and line.
+#![deny(unsafe_code)]
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+
+use crate::error::Result;
+use crate::trace::{excerpt, trace_error, Event, Op, TagId, TraceHeader};
+
+/// The longest line of a buffer-assignment file: 1 MiB (a real one is at most a tuple
+/// shape of a few thousand elements).
+pub const MAX_XLA_LINE_BYTES: usize = 1 << 20;
+/// The largest buffer-assignment file read: 256 MiB.
+pub const MAX_XLA_FILE_BYTES: u64 = 256 << 20;
+/// The most allocations one module may have: 1 million.
+pub const MAX_XLA_ALLOCATIONS: usize = 1_000_000;
+/// The most executions replayed: 100 000.
+pub const MAX_XLA_STEPS: u32 = 100_000;
+/// The most buffer-assignment files a dump directory may hold: 100 000.
+pub const MAX_XLA_FILES: usize = 100_000;
+
+/// The end of the name of a buffer-assignment file.
+pub const BUFFER_ASSIGNMENT_SUFFIX: &str = "-buffer-assignment.txt";
+
+/// The end of the name of a live-range file (read by `--per-buffer`).
+pub const LIVE_RANGE_SUFFIX: &str = "-live-range.txt";
+
+/// Tags of the events, in [`TraceHeader::tags`] order.
+pub const TAGS: [&str; 4] = ["argument", "output", "temp", "constant"];
+const TAG_ARGUMENT: TagId = 1;
+const TAG_OUTPUT: TagId = 2;
+const TAG_TEMP: TagId = 3;
+const TAG_CONSTANT: TagId = 4;
+
+/// One allocation of a buffer assignment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Allocation {
+    /// `allocation N`.
+    pub index: u64,
+    /// Bytes.
+    pub size: u64,
+    /// Entry parameter number, for an argument.
+    pub parameter: Option<u64>,
+    /// `maybe-live-out`: part of the output.
+    pub live_out: bool,
+    /// `preallocated-temp`.
+    pub temp: bool,
+    /// `constant`.
+    pub constant: bool,
+    /// `thread-local`.
+    pub thread_local: bool,
+    /// Line of the file.
+    pub line: u64,
+}
+
+/// One HLO value of a buffer assignment (a ` value:` line).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Value {
+    /// `name{shape index}`, as the live-range file names it (`dot.1{}`).
+    pub name: String,
+    /// Bytes.
+    pub size: u64,
+    /// Position of its allocation in [`BufferAssignment::allocations`].
+    pub allocation: usize,
+}
+
+/// A parsed buffer-assignment file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BufferAssignment {
+    /// The allocations, in file order.
+    pub allocations: Vec<Allocation>,
+    /// The HLO values, in file order.
+    pub values: Vec<Value>,
+}
+
+/// The four figures of `compiled.memory_analysis()`, summed from a buffer assignment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemoryStats {
+    /// `argument_size_in_bytes`.
+    pub argument_bytes: u64,
+    /// `output_size_in_bytes`.
+    pub output_bytes: u64,
+    /// `alias_size_in_bytes`.
+    pub alias_bytes: u64,
+    /// `temp_size_in_bytes`.
+    pub temp_bytes: u64,
+}
+
+impl MemoryStats {
+    /// What one execution needs live at once: arguments + outputs + temp − aliased
+    /// (saturating at `u64::MAX`).
+    pub fn peak_bytes(&self) -> u64 {
+        let sum = u128::from(self.argument_bytes)
+            + u128::from(self.output_bytes)
+            + u128::from(self.temp_bytes);
+        u64::try_from(sum.saturating_sub(u128::from(self.alias_bytes))).unwrap_or(u64::MAX)
+    }
+}
+
+impl BufferAssignment {
+    /// Parses the text of a buffer-assignment file; `origin` names it in errors.
+    ///
+    /// # Errors
+    /// A read failure, a line over [`MAX_XLA_LINE_BYTES`], text that is not UTF-8, a first
+    /// line other than `BufferAssignment:`, an `allocation` line that does not parse, an
+    /// allocation number seen twice, more than [`MAX_XLA_ALLOCATIONS`] allocations.
+    pub fn parse(input: impl BufRead, origin: &str) -> Result<Self> {
+        let mut input = input;
+        let mut buf = Vec::new();
+        let mut line_no = 0u64;
+        let mut allocations = Vec::new();
+        let mut values = Vec::new();
+        let mut seen = HashSet::new();
+        let mut started = false;
+        loop {
+            buf.clear();
+            let n = input
+                .by_ref()
+                .take(MAX_XLA_LINE_BYTES as u64 + 1)
+                .read_until(b'\n', &mut buf)
+                .map_err(|e| trace_error(format!("{origin}: read failed: {e}")))?;
+            if n == 0 {
+                break;
+            }
+            line_no += 1;
+            if buf.len() > MAX_XLA_LINE_BYTES {
+                return Err(trace_error(format!(
+                    "{origin}: line {line_no}: longer than {} bytes, the most a line of a buffer \
+                     assignment may have",
+                    MAX_XLA_LINE_BYTES
+                )));
+            }
+            let text = std::str::from_utf8(&buf)
+                .map_err(|_| trace_error(format!("{origin}: line {line_no}: not UTF-8 text")))?;
+            let text = text.trim_end_matches(['\n', '\r']);
+            if !started {
+                if text.trim().is_empty() {
+                    continue;
+                }
+                if text.trim() != "BufferAssignment:" {
+                    return Err(trace_error(format!(
+                        "{origin}: line {line_no}: not an XLA buffer assignment: expected \
+                         `BufferAssignment:`, found {}",
+                        excerpt(text)
+                    )));
+                }
+                started = true;
+                continue;
+            }
+            if let Some(rest) = text.trim_start().strip_prefix("value: ") {
+                let Some(allocation) = allocations.len().checked_sub(1) else {
+                    return Err(trace_error(format!(
+                        "{origin}: line {line_no}: a value before any allocation"
+                    )));
+                };
+                let (name, size) = parse_value(rest)
+                    .map_err(|why| trace_error(format!("{origin}: line {line_no}: {why}")))?;
+                if values.len() >= MAX_XLA_ALLOCATIONS {
+                    return Err(trace_error(format!(
+                        "{origin}: line {line_no}: more than {MAX_XLA_ALLOCATIONS} values"
+                    )));
+                }
+                values.push(Value {
+                    name,
+                    size,
+                    allocation,
+                });
+                continue;
+            }
+            let Some(rest) = text.strip_prefix("allocation ") else {
+                // Sections other XLA versions add: not needed.
+                continue;
+            };
+            let a = parse_allocation(rest, line_no)
+                .map_err(|why| trace_error(format!("{origin}: line {line_no}: {why}")))?;
+            if !seen.insert(a.index) {
+                return Err(trace_error(format!(
+                    "{origin}: line {line_no}: allocation {} appears twice",
+                    a.index
+                )));
+            }
+            if allocations.len() >= MAX_XLA_ALLOCATIONS {
+                return Err(trace_error(format!(
+                    "{origin}: line {line_no}: more than {MAX_XLA_ALLOCATIONS} allocations"
+                )));
+            }
+            allocations.push(a);
+        }
+        if !started {
+            return Err(trace_error(format!(
+                "{origin}: empty: not an XLA buffer assignment"
+            )));
+        }
+        Ok(BufferAssignment {
+            allocations,
+            values,
+        })
+    }
+
+    /// Reads and parses `path` (at most [`MAX_XLA_FILE_BYTES`]).
+    ///
+    /// # Errors
+    /// As [`BufferAssignment::parse`], and a file that cannot be opened or is too large.
+    pub fn read(path: &Path) -> Result<Self> {
+        let origin = path.display().to_string();
+        let file =
+            File::open(path).map_err(|e| trace_error(format!("cannot open {origin}: {e}")))?;
+        let len = file
+            .metadata()
+            .map_err(|e| trace_error(format!("cannot open {origin}: {e}")))?
+            .len();
+        if len > MAX_XLA_FILE_BYTES {
+            return Err(trace_error(format!(
+                "{origin}: {len} bytes, more than the {} MiB a buffer assignment may have",
+                MAX_XLA_FILE_BYTES >> 20
+            )));
+        }
+        Self::parse(
+            BufReader::new(file.take(MAX_XLA_FILE_BYTES)),
+            origin.as_str(),
+        )
+    }
+
+    /// The figures `compiled.memory_analysis()` reports (saturating sums).
+    pub fn stats(&self) -> MemoryStats {
+        let mut s = MemoryStats::default();
+        for a in &self.allocations {
+            if a.parameter.is_some() {
+                s.argument_bytes = s.argument_bytes.saturating_add(a.size);
+                if a.live_out {
+                    s.alias_bytes = s.alias_bytes.saturating_add(a.size);
+                }
+            }
+            if a.live_out {
+                s.output_bytes = s.output_bytes.saturating_add(a.size);
+            }
+            if a.temp {
+                s.temp_bytes = s.temp_bytes.saturating_add(a.size);
+            }
+        }
+        s
+    }
+
+    /// The events of `steps` executions, as the module's header says (see the module
+    /// documentation); ids number the allocations from 0.
+    pub fn events(&self, steps: u32) -> Vec<Event> {
+        let stats = self.stats();
+        let arguments: Vec<&Allocation> = self
+            .allocations
+            .iter()
+            .filter(|a| a.parameter.is_some())
+            .collect();
+        let outputs: Vec<&Allocation> = self
+            .allocations
+            .iter()
+            .filter(|a| a.live_out && a.parameter.is_none())
+            .collect();
+        let mut events = Vec::new();
+        let mut next_id = 0u64;
+        let push = |events: &mut Vec<Event>, time: u64, op: Op, id: u64, size: u64, tag| {
+            let seq = events.len() as u64;
+            events.push(Event {
+                seq,
+                time_ns: time,
+                thread: 0,
+                stream: 0,
+                op,
+                id,
+                size,
+                tag,
+            });
+        };
+        // (id, size, donated): what the next execution takes.
+        let mut live_args: Vec<(u64, u64, bool)> = Vec::new();
+        for a in &arguments {
+            push(&mut events, 0, Op::Alloc, next_id, a.size, TAG_ARGUMENT);
+            live_args.push((next_id, a.size, a.live_out));
+            next_id += 1;
+        }
+        for step in 1..=u64::from(steps) {
+            let arena = next_id;
+            next_id += 1;
+            if stats.temp_bytes > 0 {
+                push(
+                    &mut events,
+                    step,
+                    Op::Alloc,
+                    arena,
+                    stats.temp_bytes,
+                    TAG_TEMP,
+                );
+            }
+            let mut produced = Vec::with_capacity(outputs.len());
+            for o in &outputs {
+                push(&mut events, step, Op::Alloc, next_id, o.size, TAG_OUTPUT);
+                produced.push((next_id, o.size, false));
+                next_id += 1;
+            }
+            if stats.temp_bytes > 0 {
+                push(
+                    &mut events,
+                    step,
+                    Op::Free,
+                    arena,
+                    stats.temp_bytes,
+                    TAG_TEMP,
+                );
+            }
+            // Arguments not donated are released; donated ones now hold outputs.
+            let mut next_args: Vec<(u64, u64, bool)> = Vec::new();
+            for &(id, size, donated) in &live_args {
+                if donated {
+                    next_args.push((id, size, true));
+                } else {
+                    let tag = if step == 1 { TAG_ARGUMENT } else { TAG_OUTPUT };
+                    push(&mut events, step, Op::Free, id, size, tag);
+                }
+            }
+            next_args.extend(produced);
+            live_args = next_args;
+        }
+        events
+    }
+}
+
+impl BufferAssignment {
+    /// One execution with every HLO value its own allocation over its live range
+    /// (`ranges`, from [`parse_live_ranges`]): allocated at its start, freed after its end
+    /// (frees first at equal times); `time_ns` is the instruction position. Values without
+    /// a range (those of nested computations, thread-local) and ranges without a value are
+    /// left out; returns the events and how many ranges were left out.
+    pub fn per_buffer_events(&self, ranges: &[(String, u64, u64)]) -> (Vec<Event>, usize) {
+        let mut by_name = std::collections::HashMap::new();
+        for v in &self.values {
+            by_name.entry(v.name.as_str()).or_insert(v);
+        }
+        let mut rows = Vec::new();
+        let mut missing = 0;
+        for (id, (name, start, end)) in ranges.iter().enumerate() {
+            let Some(v) = by_name.get(name.as_str()) else {
+                missing += 1;
+                continue;
+            };
+            let a = &self.allocations[v.allocation];
+            let tag = if a.parameter.is_some() {
+                TAG_ARGUMENT
+            } else if a.live_out {
+                TAG_OUTPUT
+            } else if a.constant {
+                TAG_CONSTANT
+            } else {
+                TAG_TEMP
+            };
+            rows.push((*start, 1u8, id as u64, v.size, tag));
+            rows.push((end + 1, 0u8, id as u64, v.size, tag));
+        }
+        rows.sort_unstable();
+        let events = rows
+            .into_iter()
+            .enumerate()
+            .map(|(seq, (time, free, id, size, tag))| Event {
+                seq: seq as u64,
+                time_ns: time,
+                thread: 0,
+                stream: 0,
+                op: if free == 0 { Op::Free } else { Op::Alloc },
+                id,
+                size,
+                tag,
+            })
+            .collect();
+        (events, missing)
+    }
+}
+
+/// Parses what follows `value: ` on a line: `<ID NAME @P> (size=S,offset=O): SHAPE`, to
+/// the name (with `{}` added when the name has no shape index) and the size.
+fn parse_value(rest: &str) -> std::result::Result<(String, u64), String> {
+    let bad = || {
+        format!(
+            "expected `value: <ID NAME @P> (size=S,…`, found {}",
+            excerpt(rest)
+        )
+    };
+    let inner = rest.strip_prefix('<').ok_or_else(bad)?;
+    let (inner, after) = inner.split_once('>').ok_or_else(bad)?;
+    let mut words = inner.split_whitespace();
+    let (_, name) = (words.next(), words.next().ok_or_else(bad)?);
+    let size = after
+        .trim_start()
+        .strip_prefix("(size=")
+        .and_then(|t| t.split(|c: char| !c.is_ascii_digit()).next())
+        .ok_or_else(bad)?;
+    let size: u64 = size.parse().map_err(|_| bad())?;
+    let name = if name.ends_with('}') {
+        name.to_string()
+    } else {
+        format!("{name}{{}}")
+    };
+    Ok((name, size))
+}
+
+/// The `BufferLiveRange:` section of a `*-live-range.txt` file: `NAME{INDEX}:START-END`,
+/// closed intervals of the module's instruction sequence.
+///
+/// # Errors
+/// As [`BufferAssignment::parse`] for lines; a range line that does not parse; no
+/// `BufferLiveRange:` section.
+pub fn parse_live_ranges(input: impl BufRead, origin: &str) -> Result<Vec<(String, u64, u64)>> {
+    let mut input = input;
+    let mut buf = Vec::new();
+    let mut line_no = 0u64;
+    let mut ranges = Vec::new();
+    let mut section = false;
+    let mut found = false;
+    loop {
+        buf.clear();
+        let n = input
+            .by_ref()
+            .take(MAX_XLA_LINE_BYTES as u64 + 1)
+            .read_until(b'\n', &mut buf)
+            .map_err(|e| trace_error(format!("{origin}: read failed: {e}")))?;
+        if n == 0 {
+            break;
+        }
+        line_no += 1;
+        if buf.len() > MAX_XLA_LINE_BYTES {
+            return Err(trace_error(format!(
+                "{origin}: line {line_no}: longer than {MAX_XLA_LINE_BYTES} bytes"
+            )));
+        }
+        let text = std::str::from_utf8(&buf)
+            .map_err(|_| trace_error(format!("{origin}: line {line_no}: not UTF-8 text")))?
+            .trim();
+        if text == "BufferLiveRange:" {
+            section = true;
+            found = true;
+            continue;
+        }
+        if !section {
+            continue;
+        }
+        // The section ends at the first line that is not a range (`Live ranges at …`).
+        let Some((name, range)) = text.rsplit_once(':') else {
+            section = false;
+            continue;
+        };
+        if !name.ends_with('}') {
+            section = false;
+            continue;
+        }
+        let parsed = range
+            .split_once('-')
+            .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)));
+        let Some((start, end)) = parsed.filter(|(a, b)| a <= b && *b < u64::MAX) else {
+            return Err(trace_error(format!(
+                "{origin}: line {line_no}: live range {} is not START-END with START <= END",
+                excerpt(range)
+            )));
+        };
+        if ranges.len() >= MAX_XLA_ALLOCATIONS {
+            return Err(trace_error(format!(
+                "{origin}: line {line_no}: more than {MAX_XLA_ALLOCATIONS} live ranges"
+            )));
+        }
+        ranges.push((name.to_string(), start, end));
+    }
+    if !found {
+        return Err(trace_error(format!(
+            "{origin}: no `BufferLiveRange:` section: not an XLA live-range file"
+        )));
+    }
+    Ok(ranges)
+}
+
+/// Parses what follows `allocation ` on a line.
+fn parse_allocation(rest: &str, line: u64) -> std::result::Result<Allocation, String> {
+    let body = rest.trim_end();
+    let body = body
+        .strip_suffix(':')
+        .ok_or_else(|| format!("an allocation line should end with `:`: {}", excerpt(rest)))?;
+    let (index, attrs) = body
+        .split_once(": ")
+        .ok_or_else(|| format!("expected `allocation N: size S…`, found {}", excerpt(rest)))?;
+    let index: u64 = index
+        .parse()
+        .map_err(|_| format!("allocation number {} is not an integer", excerpt(index)))?;
+    // Shapes (`|…|`) and shape indices (`{…}`) hold commas: blank them out first.
+    let mut flat = String::with_capacity(attrs.len());
+    let mut in_shape = false;
+    let mut braces = 0usize;
+    for c in attrs.chars() {
+        match c {
+            '|' if braces == 0 => in_shape = !in_shape,
+            '{' if !in_shape => braces += 1,
+            '}' if !in_shape && braces > 0 => braces -= 1,
+            _ if in_shape || braces > 0 => {}
+            _ => flat.push(c),
+        }
+    }
+    if in_shape || braces > 0 {
+        return Err(format!(
+            "unbalanced `|` or `{{` in allocation {index}: {}",
+            excerpt(attrs)
+        ));
+    }
+    let mut a = Allocation {
+        index,
+        size: 0,
+        parameter: None,
+        live_out: false,
+        temp: false,
+        constant: false,
+        thread_local: false,
+        line,
+    };
+    let mut size = None;
+    for field in flat.split(',').map(str::trim) {
+        if let Some(s) = field.strip_prefix("size ") {
+            size = Some(s.trim().parse::<u64>().map_err(|_| {
+                format!(
+                    "size {} of allocation {index} is not a non-negative integer",
+                    excerpt(s)
+                )
+            })?);
+        } else if let Some(p) = field.strip_prefix("parameter ") {
+            a.parameter = Some(p.trim().parse::<u64>().map_err(|_| {
+                format!(
+                    "parameter number {} of allocation {index} is not a non-negative integer",
+                    excerpt(p)
+                )
+            })?);
+        } else {
+            match field {
+                "maybe-live-out" => a.live_out = true,
+                "preallocated-temp" => a.temp = true,
+                "constant" => a.constant = true,
+                "thread-local" => a.thread_local = true,
+                // `shape … at ShapeIndex`, `output shape is`, `color N`, …: not needed.
+                _ => {}
+            }
+        }
+    }
+    a.size = size.ok_or_else(|| format!("allocation {index} has no `size`"))?;
+    Ok(a)
+}
+
+/// What [`read_dir`] does.
+#[derive(Debug, Clone)]
+pub struct XlaOptions {
+    /// Picks the module whose file name contains this (`None`: the one needing most bytes).
+    pub module: Option<String>,
+    /// Executions to replay, at least 1.
+    pub steps: u32,
+    /// Every HLO value its own allocation over its live range (one execution; needs the
+    /// module's `*-live-range.txt`) instead of what the runtime allocates.
+    pub per_buffer: bool,
+}
+
+impl Default for XlaOptions {
+    fn default() -> Self {
+        XlaOptions {
+            module: None,
+            steps: 1,
+            per_buffer: false,
+        }
+    }
+}
+
+/// A module of a dump, read and turned into events.
+#[derive(Debug, Clone)]
+pub struct XlaModule {
+    /// The module's name, as its file names it (`jit_train_step`).
+    pub name: String,
+    /// Its buffer-assignment file.
+    pub file: PathBuf,
+    /// What `compiled.memory_analysis()` reports for it.
+    pub stats: MemoryStats,
+    /// Header: tags `argument`, `output`, `temp`; the figures in its notes.
+    pub header: TraceHeader,
+    /// The events of the executions asked for.
+    pub events: Vec<Event>,
+}
+
+/// The module name a buffer-assignment file name carries: `module_0030.jit_f.cpu_…` gives
+/// `jit_f`.
+fn module_name(file: &str) -> String {
+    let stem = file.strip_suffix(BUFFER_ASSIGNMENT_SUFFIX).unwrap_or(file);
+    let mut parts = stem.splitn(3, '.');
+    match (parts.next(), parts.next()) {
+        (Some(m), Some(name)) if m.starts_with("module_") => name.to_string(),
+        _ => stem.to_string(),
+    }
+}
+
+/// Reads the XLA dump directory `dir`: picks a module, parses its buffer assignment and
+/// returns its executions as events.
+///
+/// # Errors
+/// The directory cannot be read, holds no buffer-assignment file or none matching
+/// `--module`, or the chosen files are malformed (see [`BufferAssignment::parse`]); `steps`
+/// is 0 or above [`MAX_XLA_STEPS`].
+pub fn read_dir(dir: &Path, options: &XlaOptions) -> Result<XlaModule> {
+    let shown = dir.display().to_string();
+    if options.per_buffer && options.steps != 1 {
+        return Err(trace_error(format!(
+            "--steps {} with --per-buffer: a per-buffer replay is one execution",
+            options.steps
+        )));
+    }
+    if options.steps == 0 || options.steps > MAX_XLA_STEPS {
+        return Err(trace_error(format!(
+            "--steps {}: give 1 to {MAX_XLA_STEPS} executions",
+            options.steps
+        )));
+    }
+    let entries =
+        std::fs::read_dir(dir).map_err(|e| trace_error(format!("cannot read {shown}: {e}")))?;
+    let mut files = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| trace_error(format!("cannot read {shown}: {e}")))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.ends_with(BUFFER_ASSIGNMENT_SUFFIX) {
+            if files.len() >= MAX_XLA_FILES {
+                return Err(trace_error(format!(
+                    "{shown}: more than {MAX_XLA_FILES} buffer-assignment files"
+                )));
+            }
+            files.push((name, entry.path()));
+        }
+    }
+    files.sort();
+    if files.is_empty() {
+        return Err(trace_error(format!(
+            "{shown}: no *{BUFFER_ASSIGNMENT_SUFFIX} file: not an XLA dump (run the program with \
+             XLA_FLAGS=--xla_dump_to={shown})"
+        )));
+    }
+    let total = files.len();
+    if let Some(want) = &options.module {
+        files.retain(|(name, _)| name.contains(want.as_str()));
+        if files.is_empty() {
+            return Err(trace_error(format!(
+                "{shown}: no module matches --module {}: {total} buffer-assignment files, none \
+                 with that in its name",
+                excerpt(want)
+            )));
+        }
+    }
+    // The module needing the most bytes (the first such, in name order).
+    let mut best: Option<(String, PathBuf, BufferAssignment, MemoryStats)> = None;
+    for (name, path) in &files {
+        let ba = BufferAssignment::read(path)?;
+        let stats = ba.stats();
+        if best
+            .as_ref()
+            .map_or(true, |(_, _, _, b)| stats.peak_bytes() > b.peak_bytes())
+        {
+            best = Some((name.clone(), path.clone(), ba, stats));
+        }
+    }
+    let Some((file_name, file, ba, stats)) = best else {
+        return Err(trace_error(format!("{shown}: no module read")));
+    };
+    let name = module_name(&file_name);
+    let mut header = TraceHeader::new(format!("xla-dump:{file_name}"));
+    header.tags = TAGS.iter().map(|t| t.to_string()).collect();
+    let chosen = match &options.module {
+        Some(want) if files.len() == 1 => format!("module {name} (--module {want})"),
+        Some(want) => format!(
+            "module {name}: the largest of {} matching --module {want}",
+            files.len()
+        ),
+        None => format!("module {name}: the largest of {total} in the dump"),
+    };
+    header.notes.push(chosen);
+    header.notes.push(format!(
+        "memory_analysis: arguments {} + outputs {} + temp {} - aliased {} = {} bytes for one \
+         execution",
+        stats.argument_bytes,
+        stats.output_bytes,
+        stats.temp_bytes,
+        stats.alias_bytes,
+        stats.peak_bytes()
+    ));
+    header.notes.push(format!(
+        "{} execution{} as XLA's runtime allocates them: arguments first, then per execution \
+         one temp arena and the outputs not aliased to a donated argument; time_ns is the \
+         execution number",
+        options.steps,
+        if options.steps == 1 { "" } else { "s" }
+    ));
+    let events = if options.per_buffer {
+        let live =
+            file.with_file_name(file_name.replace(BUFFER_ASSIGNMENT_SUFFIX, LIVE_RANGE_SUFFIX));
+        let origin = live.display().to_string();
+        let f = File::open(&live).map_err(|e| {
+            trace_error(format!(
+                "--per-buffer needs the module's live ranges: cannot open {origin}: {e}"
+            ))
+        })?;
+        let ranges = parse_live_ranges(BufReader::new(f.take(MAX_XLA_FILE_BYTES)), &origin)?;
+        let (events, missing) = ba.per_buffer_events(&ranges);
+        header.notes.pop();
+        header.notes.push(format!(
+            "--per-buffer: one execution, every HLO value its own allocation over its live \
+             range (time_ns is the instruction position); {missing} live ranges without a \
+             value left out"
+        ));
+        events
+    } else {
+        ba.events(options.steps)
+    };
+    Ok(XlaModule {
+        name,
+        file,
+        stats,
+        header,
+        events,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_shapes_with_commas() {
+        let text = "BufferAssignment:\n\
+            allocation 0: size 8, parameter 1, shape |f32[2]| at ShapeIndex {0,1}, maybe-live-out:\n \
+            value: <1 p @0> (size=8,offset=0): f32[2]{0}\n\
+            allocation 1: size 56, output shape is |(f32[1,2], f32[])|, maybe-live-out:\n\
+            allocation 2: size 100, preallocated-temp:\n";
+        let ba = BufferAssignment::parse(text.as_bytes(), "t").unwrap();
+        assert_eq!(ba.allocations.len(), 3);
+        assert_eq!(ba.allocations[0].parameter, Some(1));
+        let s = ba.stats();
+        assert_eq!(
+            s,
+            MemoryStats {
+                argument_bytes: 8,
+                output_bytes: 64,
+                alias_bytes: 8,
+                temp_bytes: 100
+            }
+        );
+        assert_eq!(s.peak_bytes(), 164);
+    }
+
+    #[test]
+    fn module_names() {
+        assert_eq!(
+            module_name("module_0030.jit_f.cpu_after_optimizations-buffer-assignment.txt"),
+            "jit_f"
+        );
+        assert_eq!(module_name("x-buffer-assignment.txt"), "x");
+    }
+}
