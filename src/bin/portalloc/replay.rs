@@ -446,22 +446,27 @@ fn short(source: &str) -> &str {
     source.rsplit('/').next().unwrap_or(source)
 }
 
-fn gib(bytes: u64) -> String {
-    format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
+/// A size for the tables: in the largest binary unit that keeps it at least 1 (a GPU's
+/// gibibytes, a JAX test model's kibibytes).
+fn human(bytes: u64) -> String {
+    Bytes(bytes).to_string()
 }
 
 fn print_report(r: &TraceReport) {
     let h = &r.header;
     println!("== {}", r.source);
     let mut facts = vec![format!("{} events", r.events)];
-    facts.push(format!("{} live before the window", gib(h.baseline_bytes)));
+    facts.push(format!(
+        "{} live before the window",
+        human(h.baseline_bytes)
+    ));
     if let Some(reference) = &h.reference {
         if let Some(reserved) = reference.reserved_bytes {
             let who = reference
                 .allocator
                 .as_deref()
                 .unwrap_or("the recording allocator");
-            facts.push(format!("{who} reserved {}", gib(reserved)));
+            facts.push(format!("{who} reserved {}", human(reserved)));
         }
     }
     if let Some(d) = &h.device {
@@ -476,10 +481,10 @@ fn print_report(r: &TraceReport) {
     println!(
         "   replayed on {} ({}, granularity {}), memory fraction {} → limit {}",
         r.device.name,
-        gib(r.device.capacity),
+        human(r.device.capacity),
         Bytes(r.device.granularity),
         r.fraction,
-        gib((r.fraction * r.device.capacity as f64) as u64)
+        human((r.fraction * r.device.capacity as f64) as u64)
     );
     if !r.anomalies.is_empty() {
         println!("   anomalies: {}", r.anomalies.trim());
@@ -517,8 +522,8 @@ fn print_report(r: &TraceReport) {
                 print!(
                     "   {:<9} {:>11} {:>13} {:>6.1}% {:>6} {:>12} {:>9} {:>9.0}",
                     s.strategy,
-                    gib(x.peak_live),
-                    gib(x.peak_reserved),
+                    human(x.peak_live),
+                    human(x.peak_reserved),
                     x.utilisation * 100.0,
                     x.oom_count,
                     first,
@@ -529,12 +534,12 @@ fn print_report(r: &TraceReport) {
                     match m.bytes {
                         Some(b) => print!(
                             "  {:>12}  {:>8.3}×",
-                            gib(b),
+                            human(b),
                             b as f64 / x.peak_live.max(1) as f64
                         ),
                         None => print!(
                             "  {:>12}  {:>9}",
-                            format!("> {}", gib(m.searched_up_to)),
+                            format!("> {}", human(m.searched_up_to)),
                             "-"
                         ),
                     }
