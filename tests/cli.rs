@@ -511,3 +511,47 @@ fn variables_that_are_not_utf8_are_errors_naming_them() {
         "{text}"
     );
 }
+
+/// A profiler trace's CPU events are picked with `--trace-device cpu`, and the memory live
+/// before the window, which a CPU profile cannot know, is passed with `--baseline` (#13).
+#[test]
+fn replay_picks_the_cpu_and_takes_a_baseline() {
+    let mem = |ts: u64, device_type: i64, addr: u64, bytes: i64| {
+        format!(
+            r#"{{"ph":"i","name":"[memory]","pid":1,"tid":1,"ts":{ts},"args":{{"Device Type":{device_type},"Device Id":0,"Addr":{addr},"Bytes":{bytes}}}}}"#
+        )
+    };
+    let events = [
+        mem(1, 1, 0x10, 1 << 20),
+        mem(2, 0, 0x20, 3 << 20),
+        mem(3, 0, 0x30, 5 << 20),
+        mem(4, 0, 0x20, -(3 << 20)),
+    ];
+    let dir = temp_dir("cpu");
+    let file = dir.join("profile.json");
+    std::fs::write(&file, format!("{{\"traceEvents\":[{}]}}", events.join(","))).unwrap();
+    let path = file.to_str().unwrap();
+    let args = [
+        "replay",
+        path,
+        "--trace-device",
+        "cpu",
+        "--baseline",
+        "2MiB",
+        "--strategies",
+        "platform",
+        "--json",
+    ];
+    let (ok, out, err) = portalloc(&args, &[]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    let t = &v["traces"][0];
+    assert_eq!(t["header"]["device"], "cpu", "{t}");
+    // 2 MiB before the window + 3 + 5 MiB at once.
+    assert_eq!(t["results"][0]["peak_live"], 10u64 << 20, "{t}");
+    let (ok, _, err) = portalloc(&["replay", path, "--trace-device", "gpu"], &[]);
+    assert!(
+        !ok && err.contains("--trace-device") && err.contains("cpu"),
+        "{err}"
+    );
+}

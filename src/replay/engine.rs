@@ -124,6 +124,16 @@ impl TraceInput {
         }
     }
 
+    /// Replaces the bytes live before the trace's window ([`TraceHeader::baseline_bytes`]),
+    /// for a trace that cannot know them (a CPU profile).
+    pub fn set_baseline(&mut self, bytes: u64) {
+        match self {
+            TraceInput::Events { header, .. } | TraceInput::File { header, .. } => {
+                header.baseline_bytes = bytes;
+            }
+        }
+    }
+
     /// One pass over the events.
     pub fn events(&self) -> Result<Box<dyn Iterator<Item = Result<Event>> + '_>> {
         match self {

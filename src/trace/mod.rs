@@ -258,6 +258,10 @@ pub struct Options {
     /// Device to keep, for formats that record several (snapshot, Kineto); default: the
     /// device with the most events.
     pub device: Option<u32>,
+    /// Read the CPU's events of a profile that records several device types (Kineto's
+    /// `Device Type` 0) instead of a GPU's. Default false (a profile with no GPU events
+    /// falls back to the CPU's by itself).
+    pub cpu: bool,
     /// The file is trusted: read snapshot pickles with 16 times the limits on untrusted files
     /// (docs/trace-format.md), for long histories recorded with stack frames. Default false.
     pub trusted: bool,
@@ -272,6 +276,12 @@ impl Options {
     /// Sets [`Options::format`].
     pub fn with_format(mut self, format: Format) -> Self {
         self.format = Some(format);
+        self
+    }
+
+    /// Sets [`Options::cpu`].
+    pub fn with_cpu(mut self, cpu: bool) -> Self {
+        self.cpu = cpu;
         self
     }
 

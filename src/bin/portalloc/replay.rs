@@ -71,9 +71,14 @@ pub struct ReplayArgs {
     /// Read traces as this format instead of detecting it.
     #[arg(long)]
     pub format: Option<String>,
-    /// Which device of a multi-device trace to replay (default: the one with most events).
+    /// Which device of a multi-device trace to replay: an ordinal, or `cpu` for a profiler
+    /// trace's CPU events (default: the GPU with most events; the CPU when there is none).
     #[arg(long)]
-    pub trace_device: Option<u32>,
+    pub trace_device: Option<String>,
+    /// Bytes live before the trace's window, for a trace that cannot know them (a CPU
+    /// profile's counter starts with the profiler): `2GiB`, `512MiB`, …
+    #[arg(long)]
+    pub baseline: Option<String>,
     /// Treat trace anomalies (a free of an address never allocated, a double free, …) as errors.
     #[arg(long)]
     pub strict: bool,
@@ -138,9 +143,20 @@ pub fn run(args: ReplayArgs) -> Result<()> {
     if let Some(f) = &args.format {
         options = options.with_format(f.parse::<Format>()?);
     }
-    if let Some(d) = args.trace_device {
-        options = options.with_device(d);
+    match args.trace_device.as_deref() {
+        None => {}
+        Some(d) if d.eq_ignore_ascii_case("cpu") => options = options.with_cpu(true),
+        Some(d) => {
+            let n = d.parse::<u32>().map_err(|_| {
+                Error::config("--trace-device", d, "a device ordinal (0, 1, …) or cpu")
+            })?;
+            options = options.with_device(n);
+        }
     }
+    let baseline = match &args.baseline {
+        Some(b) => Some(parse_size("--baseline", b)?),
+        None => None,
+    };
     let mut inputs: Vec<(String, TraceInput, String)> = Vec::new();
     if let Some(name) = &args.workload {
         let workload = args.shape.apply(Workload::from_name(name)?)?;
@@ -186,13 +202,16 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         let path = spool
             .as_ref()
             .map_or_else(|| given.clone(), |s| s.path.clone());
-        let (_, input, anomalies) = load(&path, &options).map_err(|e| match (&spool, e) {
+        let (_, mut input, anomalies) = load(&path, &options).map_err(|e| match (&spool, e) {
             // Messages name the file the user gave, not its spool.
             (Some(_), Error::Trace(text)) => {
                 Error::Trace(text.replace(&path_label(&path), &path_label(given)))
             }
             (_, e) => e,
         })?;
+        if let Some(b) = baseline {
+            input.set_baseline(b);
+        }
         inputs.push((path_label(given), input, anomalies));
         spools.extend(spool);
     }

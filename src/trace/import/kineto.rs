@@ -263,6 +263,19 @@ pub(crate) fn read(input: Input, origin: &str, options: &Options) -> Result<VecS
         }
     }
     let device = match options.device {
+        _ if options.cpu => {
+            if !other_types.contains_key(&CPU) {
+                return Err(trace_error(format!(
+                    "{origin}: no CPU [memory] events (Device Type 0) to replay; device types \
+                     with events: {:?} (1 is CUDA)",
+                    other_types
+                        .keys()
+                        .chain(per_device.keys().map(|_| &1))
+                        .collect::<std::collections::BTreeSet<_>>()
+                )));
+            }
+            CPU_DEVICE
+        }
         Some(d) => {
             let d = i64::from(d);
             if !per_device.contains_key(&d) {
@@ -379,9 +392,11 @@ pub(crate) fn read(input: Input, origin: &str, options: &Options) -> Result<VecS
     });
     if on_cpu {
         header.notes.push(
-            "no CUDA [memory] events: the CPU's (Device Type 0) are replayed — an eager step \
-             allocates the same tensors on a GPU, so they plan its memory (the CUDA caching \
-             allocator's rounding and workspaces aside)"
+            "the CPU's [memory] events (Device Type 0) are replayed: an eager step allocates \
+             the same tensors on a GPU, so they plan its memory — but CPU-only temporaries \
+             (MKL workspaces, scalar tensors) are included, the CUDA caching allocator's \
+             rounding and workspaces are not, and memory live before the window is unknown on \
+             the CPU (its counter starts with the profiler): pass it with --baseline SIZE"
                 .to_string(),
         );
     }
