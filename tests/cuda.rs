@@ -5,7 +5,7 @@
 //!   `.vendor/` and named by `PORTALLOC_TEST_CUDA_LIBRARY`; skipped with a message when
 //!   unset): every symbol portalloc needs resolves, `cuInit` answers `CUDA_ERROR_NO_DEVICE` as
 //!   a typed error with the driver's own name, and opening a device fails cleanly with it.
-//! * **The conformance driver** (`tests/drivers/fakecuda.c`, built by `build.rs`; skipped when
+//! * **The conformance driver** (`tests/drivers/fakecuda.c`, compiled by the tests themselves; skipped when
 //!   no C compiler was found): the real shim's code paths over host memory — loading, symbol
 //!   resolution, capability gates (with `fakecuda_old.c`, a CUDA 10.1 driver), context
 //!   handling, error mapping and fault injection, virtual memory, pools, streams and events,
@@ -16,6 +16,9 @@
 //! library instance with its own state): tests run in parallel without seeing each other's
 //! allocations or injected faults.
 #![cfg(feature = "cuda")]
+
+#[path = "support/mod.rs"]
+mod support;
 
 use std::ffi::{c_char, c_int, CString};
 use std::path::PathBuf;
@@ -193,17 +196,17 @@ static COPIES: AtomicU64 = AtomicU64::new(0);
 impl Fake {
     /// A private copy of `libfakecuda.so`, or `None` (with a message) when it was not built.
     fn new() -> Option<Fake> {
-        Fake::of(option_env!("PORTALLOC_TEST_DRIVER_FAKECUDA"))
+        Fake::of(support::driver("fakecuda"))
     }
 
     /// A private copy of `libfakecuda_old.so` (CUDA 10.1: no VMM, no pools).
     fn old() -> Option<Fake> {
-        Fake::of(option_env!("PORTALLOC_TEST_DRIVER_FAKECUDA_OLD"))
+        Fake::of(support::driver("fakecuda_old"))
     }
 
     fn of(built: Option<&str>) -> Option<Fake> {
         let Some(built) = built else {
-            eprintln!("skipping: the conformance driver was not built (no C compiler)");
+            support::skip("the conformance driver was not built (no C compiler)");
             return None;
         };
         let n = COPIES.fetch_add(1, Ordering::Relaxed);
@@ -1244,8 +1247,8 @@ mod cudarc_interop {
 
     #[test]
     fn a_portalloc_allocation_works_as_a_cudarc_slice_without_double_free() {
-        let Some(built) = option_env!("PORTALLOC_TEST_DRIVER_FAKECUDA") else {
-            eprintln!("skipping: the conformance driver was not built (no C compiler)");
+        let Some(built) = support::driver("fakecuda") else {
+            support::skip("the conformance driver was not built (no C compiler)");
             return;
         };
         let dir = std::env::temp_dir().join(format!("portalloc-cudarc-{}", std::process::id()));

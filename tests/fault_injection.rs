@@ -26,6 +26,9 @@
 //!
 //! Each sweep prints a summary line: run with `--nocapture` to see the figures.
 
+#[path = "support/mod.rs"]
+mod support;
+
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -1127,7 +1130,9 @@ impl Driver {
         use std::sync::atomic::{AtomicU64, Ordering};
         static COPIES: AtomicU64 = AtomicU64::new(0);
         let Some(built) = built else {
-            eprintln!("skipping: the {what} conformance driver was not built (no C compiler)");
+            support::skip(&format!(
+                "the {what} conformance driver was not built (no C compiler)"
+            ));
             return None;
         };
         let n = COPIES.fetch_add(1, Ordering::Relaxed);
@@ -1224,7 +1229,7 @@ mod cuda {
 
     impl Fake {
         fn new() -> Option<Fake> {
-            let d = super::Driver::copy(option_env!("PORTALLOC_TEST_DRIVER_FAKECUDA"), "fakecuda")?;
+            let d = super::Driver::copy(support::driver("fakecuda"), "fakecuda")?;
             let configure: unsafe extern "C" fn(c_int, u64, u64, c_int) -> c_int =
                 d.sym("fakecuda_configure");
             // SAFETY: plain values; before cuInit.
@@ -1443,7 +1448,7 @@ mod hip {
 
     impl Fake {
         fn new() -> Option<Fake> {
-            let d = super::Driver::copy(option_env!("PORTALLOC_TEST_DRIVER_FAKEHIP"), "fakehip")?;
+            let d = super::Driver::copy(support::driver("fakehip"), "fakehip")?;
             let reset: unsafe extern "C" fn() = d.sym("fakehip_reset");
             let version: unsafe extern "C" fn(c_int) = d.sym("fakehip_set_version");
             let devices: unsafe extern "C" fn(c_int, u64) = d.sym("fakehip_set_devices");

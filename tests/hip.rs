@@ -6,7 +6,7 @@
 //!   `scripts/fetch-vendor-runtimes`; `PORTALLOC_TEST_HIP_LIBRARY`, with its dependencies on
 //!   `LD_LIBRARY_PATH`): it loads, every required symbol resolves, and "no device" is a typed
 //!   error with HIP's own name;
-//! * **the conformance driver** `tests/drivers/fakehip.c` (built by build.rs): the capability
+//! * **the conformance driver** `tests/drivers/fakehip.c` (compiled by the tests themselves): the capability
 //!   gates per ROCm personality, the tuning notes, error mapping, fault injection, and the
 //!   strategies through `portalloc::strategy::build` over a `HipDevice`, with every handle
 //!   given back at the end.
@@ -14,6 +14,9 @@
 //! Tests that load a library (or set environment variables) hold one lock: the fake keeps
 //! its state per process.
 #![cfg(feature = "hip")]
+
+#[path = "support/mod.rs"]
+mod support;
 
 use std::ffi::{c_char, c_int, c_long, CString};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -255,11 +258,11 @@ struct Fake {
 }
 
 impl Fake {
-    /// `None` (with a message) when build.rs found no C compiler.
+    /// `None` (with a message) when no C compiler works.
     fn new() -> Option<Fake> {
         let guard = lock();
-        let Some(path) = option_env!("PORTALLOC_TEST_DRIVER_FAKEHIP") else {
-            eprintln!("skipping: the fakehip conformance driver was not built (no C compiler)");
+        let Some(path) = support::driver("fakehip") else {
+            support::skip("the fakehip conformance driver was not built (no C compiler)");
             return None;
         };
         // SAFETY: the conformance driver is ours; its initialisers do nothing.
@@ -992,8 +995,8 @@ fn discovery_chooses_hip_when_it_finds_devices() {
 #[test]
 fn discovery_with_cuda_and_hip_runtimes_follows_the_documented_order() {
     let Some(fake) = Fake::new() else { return };
-    let Some(cuda) = option_env!("PORTALLOC_TEST_DRIVER_FAKECUDA") else {
-        eprintln!("skipping: the fakecuda conformance driver was not built");
+    let Some(cuda) = support::driver("fakecuda") else {
+        support::skip("the fakecuda conformance driver was not built");
         return;
     };
     std::env::set_var("PORTALLOC_HIP_LIBRARY", &fake.path);

@@ -4,6 +4,9 @@
 //! CUDA and HIP shims over conformance drivers that do not export the peer calls (no peers,
 //! typed errors).
 
+#[path = "support/mod.rs"]
+mod support;
+
 #[cfg(any(feature = "cuda", feature = "hip"))]
 use std::path::PathBuf;
 #[cfg(any(feature = "cuda", feature = "hip"))]
@@ -345,8 +348,8 @@ fn cuda_without_peer_symbols_reports_no_peers() {
     use portalloc::backends::cuda::{CudaDevice, Driver};
     use std::ffi::c_int;
 
-    let Some(built) = option_env!("PORTALLOC_TEST_DRIVER_FAKECUDA") else {
-        eprintln!("skipping: the conformance driver was not built (no C compiler)");
+    let Some(built) = support::driver("fakecuda") else {
+        support::skip("the conformance driver was not built (no C compiler)");
         return;
     };
     let path = private_copy(built);
@@ -403,8 +406,8 @@ fn hip_without_peer_symbols_reports_no_peers() {
     use portalloc::backends::hip::{HipDevice, Runtime};
     use std::ffi::c_int;
 
-    let Some(built) = option_env!("PORTALLOC_TEST_DRIVER_FAKEHIP") else {
-        eprintln!("skipping: the fakehip conformance driver was not built (no C compiler)");
+    let Some(built) = support::driver("fakehip") else {
+        support::skip("the fakehip conformance driver was not built (no C compiler)");
         return;
     };
     let path = private_copy(built);

@@ -1,5 +1,8 @@
 //! Replay and the capacity planner, as executable specifications.
 
+#[path = "support/mod.rs"]
+mod support;
+
 use std::sync::Arc;
 
 use portalloc::replay::{
@@ -341,10 +344,10 @@ fn real_pangu_lifetimes_need_a_quarter_more_under_preallocated_bfc() {
         .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/traces").to_string());
     let path = std::path::Path::new(&dir).join("somas-pangu_2.6B.csv");
     if !path.exists() {
-        eprintln!(
-            "skipping: {} is absent (set PORTALLOC_TRACES)",
+        support::skip(&format!(
+            "{} is absent (set PORTALLOC_TRACES)",
             path.display()
-        );
+        ));
         return;
     }
     let mut t = portalloc::trace::open(&path, &Default::default()).unwrap();

@@ -2,6 +2,9 @@
 //! `../shared/traces/` against the figures its README lists, the own format ⇄ RMM CSV round
 //! trip, and bad input (errors and anomalies name the line or event).
 
+#[path = "support/mod.rs"]
+mod support;
+
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -451,7 +454,7 @@ fn real_kineto_without_addresses_peaks_at_the_running_sum() {
     let Some(dir) = edge_traces_dir() else { return };
     let path = dir.join("pytorch-kineto-resnet50-v100-noaddr.json.gz");
     if !path.exists() {
-        eprintln!("skipping: {} is absent", path.display());
+        support::skip(&format!("{} is absent", path.display()));
         return;
     }
     let s = summarize(open(&path, &Options::default()).unwrap()).unwrap();
@@ -647,10 +650,10 @@ fn traces_dir() -> Option<PathBuf> {
     if dir.is_dir() {
         Some(dir)
     } else {
-        eprintln!(
-            "skipping: no real traces at {} (set PORTALLOC_TRACES to a copy of shared/traces)",
+        support::skip(&format!(
+            "no real traces at {} (set PORTALLOC_TRACES to a copy of shared/traces)",
             dir.display()
-        );
+        ));
         None
     }
 }
@@ -684,7 +687,7 @@ fn real_trace_matches_readme(
     let Some(dir) = traces_dir() else { return };
     let path = dir.join(file);
     if !path.exists() {
-        eprintln!("skipping: {} is absent", path.display());
+        support::skip(&format!("{} is absent", path.display()));
         return;
     }
     let t = open(&path, &Options::default()).unwrap();
@@ -777,10 +780,10 @@ fn edge_traces_dir() -> Option<PathBuf> {
     if dir.is_dir() {
         Some(dir)
     } else {
-        eprintln!(
-            "skipping: no edge traces at {} (set PORTALLOC_TRACES_EDGE to a copy of shared/traces-edge)",
+        support::skip(&format!(
+            "no edge traces at {} (set PORTALLOC_TRACES_EDGE to a copy of shared/traces-edge)",
             dir.display()
-        );
+        ));
         None
     }
 }
@@ -823,7 +826,7 @@ fn real_snapshots_match_an_independent_reader(
     };
     let path = dir.join(file);
     if !path.exists() {
-        eprintln!("skipping: {} is absent", path.display());
+        support::skip(&format!("{} is absent", path.display()));
         return;
     }
     let t = open(&path, &Options::default()).unwrap();

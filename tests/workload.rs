@@ -1,6 +1,9 @@
 //! Built-in workloads: the generated allocation sequence is well formed, its peak matches an
 //! analytic estimate, it scales with the shapes, and it lands near the real eager GPT-2 trace.
 
+#[path = "support/mod.rs"]
+mod support;
+
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -286,10 +289,10 @@ fn calibration_against_eager_gpt2_snapshot_shape() {
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces"));
     let path = dir.join("pytorch-snapshot-gpt2-shape-eager.pickle");
     if !path.exists() {
-        eprintln!(
-            "skipping the comparison with the recording: {} is absent (set PORTALLOC_TRACES)",
+        support::skip(&format!(
+            "the comparison with the recording: {} is absent (set PORTALLOC_TRACES)",
             path.display()
-        );
+        ));
         return;
     }
     let s = summarize(open(&path, &Options::default()).unwrap()).unwrap();
