@@ -612,4 +612,26 @@ mod drivers {
             caller.finish(&[], &[]);
         }
     }
+
+    /// The CUDA and HIP shims agree with the host device on a free of the wrong size: it is
+    /// refused, nothing is freed, and the right size then frees it (#14: CUDA ignored it).
+    #[test]
+    fn a_free_of_the_wrong_size_is_refused_on_both_shims() {
+        let callers = [DriverCaller::cuda(), DriverCaller::hip(60_241_133)];
+        for caller in callers.into_iter().flatten() {
+            let d = caller.device();
+            let p = d.alloc(MIB).unwrap();
+            assert!(
+                matches!(
+                    d.free(p, 2 * MIB),
+                    Err(portalloc::Error::InvalidArgument { .. })
+                ),
+                "{}",
+                caller.api.count
+            );
+            assert_eq!(caller.count("allocations"), 1, "nothing was freed");
+            d.free(p, MIB).unwrap();
+            caller.finish(&[], &[]);
+        }
+    }
 }

@@ -462,13 +462,29 @@ impl Device for CudaDevice {
     ///
     /// # Errors
     /// [`Error::UnknownPointer`] for a pointer not from [`Device::alloc`] (or freed already);
-    /// [`Error::Driver`] when the driver refuses (the allocation is then still held).
-    fn free(&self, ptr: u64, _size: u64) -> Result<()> {
-        let size = self
-            .books()
-            .allocations
-            .remove(&ptr)
-            .ok_or_else(|| unknown("allocation", ptr))?;
+    /// [`Error::InvalidArgument`] for a `size` that is not the allocation's (as on the host
+    /// and HIP devices); [`Error::Driver`] when the driver refuses (the allocation is then
+    /// still held).
+    fn free(&self, ptr: u64, size: u64) -> Result<()> {
+        {
+            let mut books = self.books();
+            let held = *books
+                .allocations
+                .get(&ptr)
+                .ok_or_else(|| unknown("allocation", ptr))?;
+            // As the host and HIP devices do: a size that is not the allocation's is a bug
+            // of the caller's, refused before the driver frees anything.
+            if held != size {
+                return Err(Error::InvalidArgument {
+                    call: "free",
+                    reason: format!(
+                        "allocation {ptr:#x} was made with {held} bytes, not {size}; accepted \
+                         is the size it was allocated with"
+                    ),
+                });
+            }
+            books.allocations.remove(&ptr);
+        }
         let result = self.enter().and_then(|()| self.driver.mem_free(ptr));
         if result.is_err() {
             self.books().allocations.insert(ptr, size);
@@ -629,7 +645,8 @@ impl Device for CudaDevice {
                 Ok(())
             }
             Err(e) => {
-                if let Err(r) = self.driver.primary_ctx_release(peer_dev) {
+                // SAFETY: undoes the retain of the peer's primary context made above.
+                if let Err(r) = unsafe { self.driver.primary_ctx_release(peer_dev) } {
                     tracing::debug!(peer = ordinal, error = %r, "could not release a peer context");
                 }
                 Err(e)
@@ -947,12 +964,15 @@ impl Drop for CudaDevice {
         }
         let peers = std::mem::take(self.peers.get_mut().unwrap_or_else(PoisonError::into_inner));
         for (ordinal, peer) in peers {
-            if let Err(e) = driver.primary_ctx_release(peer) {
+            // SAFETY: each peer's primary context was retained once when its access was
+            // enabled, and is released once here.
+            if let Err(e) = unsafe { driver.primary_ctx_release(peer) } {
                 tracing::warn!(device = self.info.ordinal, peer = ordinal, error = %e,
                     "dropping a cuda device: could not release a peer's primary context");
             }
         }
-        if let Err(e) = driver.primary_ctx_release(self.device) {
+        // SAFETY: retained once at open, released once here, as the device goes.
+        if let Err(e) = unsafe { driver.primary_ctx_release(self.device) } {
             warn("could not release its primary context", e);
         }
         if !census.is_empty() {

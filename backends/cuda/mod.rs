@@ -534,8 +534,13 @@ impl Driver {
     }
 
     /// `cuDevicePrimaryCtxRelease_v2`: undoes one [`Driver::primary_ctx_retain`].
-    pub fn primary_ctx_release(&self, device: sys::CUdevice) -> Result<()> {
-        // SAFETY: takes the device ordinal by value; the driver checks it.
+    ///
+    /// # Safety
+    /// The caller retained the primary context of `device` with this driver and releases it
+    /// once: one release more drops a context other code (a [`CudaDevice`], PyTorch, cudarc)
+    /// still relies on, and the device's memory with it.
+    pub(crate) unsafe fn primary_ctx_release(&self, device: sys::CUdevice) -> Result<()> {
+        // SAFETY: takes the device ordinal by value; the caller balances it with a retain.
         self.check("cuDevicePrimaryCtxRelease_v2", unsafe {
             (self.primary_ctx_release)(device)
         })

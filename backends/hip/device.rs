@@ -575,11 +575,19 @@ impl Device for HipDevice {
             }
             Some(_) => {}
         }
-        self.make_current()?;
-        // SAFETY: the pointer is a live allocation of this device (checked in the books).
-        unsafe { self.runtime.free(ptr) }?;
+        // Out of the books before the call, and the lock dropped: hipFree can wait for the
+        // whole device, and no lock is held across a blocking driver call (as on CUDA).
         books.allocations.remove(&ptr);
-        Ok(())
+        drop(books);
+        let result = self.make_current().and_then(|()| {
+            // SAFETY: the pointer was a live allocation of this device (checked in the books,
+            // and taken out of them, so no other call frees it meanwhile).
+            unsafe { self.runtime.free(ptr) }
+        });
+        if result.is_err() {
+            self.books().allocations.insert(ptr, size);
+        }
+        result
     }
 
     fn virtual_memory(&self) -> Option<&dyn VirtualMemory> {
