@@ -644,14 +644,24 @@ fn snapshot_baseline_counts_pending_frees_in_requested_bytes() {
 // ---------------------------------------------------------------- real traces
 
 fn traces_dir() -> Option<PathBuf> {
-    let dir = std::env::var_os("PORTALLOC_TRACES")
+    shared_dir("PORTALLOC_TRACES", "traces")
+}
+
+/// `../shared/<name>` (or the directory `variable` names); skips (or fails under CI) when
+/// it is absent.
+fn shared_dir(variable: &str, name: &str) -> Option<PathBuf> {
+    let dir = std::env::var_os(variable)
         .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces"));
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../shared")
+                .join(name)
+        });
     if dir.is_dir() {
         Some(dir)
     } else {
         support::skip(&format!(
-            "no real traces at {} (set PORTALLOC_TRACES to a copy of shared/traces)",
+            "no {name} at {} (set {variable} to a copy of shared/{name})",
             dir.display()
         ));
         None
@@ -774,18 +784,7 @@ fn every_real_trace_imports_and_converts() {
 }
 
 fn edge_traces_dir() -> Option<PathBuf> {
-    let dir = std::env::var_os("PORTALLOC_TRACES_EDGE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces-edge"));
-    if dir.is_dir() {
-        Some(dir)
-    } else {
-        support::skip(&format!(
-            "no edge traces at {} (set PORTALLOC_TRACES_EDGE to a copy of shared/traces-edge)",
-            dir.display()
-        ));
-        None
-    }
+    shared_dir("PORTALLOC_TRACES_EDGE", "traces-edge")
 }
 
 /// FNV-1a, 64 bits: a fingerprint of a converted trace.
