@@ -61,7 +61,7 @@ use serde::Serialize;
 
 use crate::device::Vendor;
 use crate::error::{Error, Result};
-use crate::units::{parse_size, Bytes};
+use crate::units::{parse_bytes, Bytes, SIZE_ACCEPTED};
 
 /// `PORTALLOC_ALLOCATOR`: portalloc's strategy switch (beats the XLA/TF ones).
 pub const PORTALLOC_ALLOCATOR: &str = "PORTALLOC_ALLOCATOR";
@@ -372,6 +372,15 @@ fn parse_host_capacity(variable: &str, text: &str) -> Result<u64> {
     }
 }
 
+/// Parses a size such as `80GiB` or `1024` ([`crate::units::parse_bytes`]); `what` names the
+/// variable or option.
+///
+/// # Errors
+/// [`Error::Config`] naming `what`, the text and the accepted forms.
+pub fn parse_size(what: &str, text: &str) -> Result<u64> {
+    parse_bytes(text).ok_or_else(|| Error::config(what, text, SIZE_ACCEPTED))
+}
+
 /// Reads an environment variable portalloc uses: `None` when unset, its text when set, and
 /// an [`Error::Config`] naming it when the value is not UTF-8 — never ignored as if unset.
 ///
@@ -398,7 +407,7 @@ impl Config {
     ///
     /// # Errors
     /// As [`Config::from_vars`]; [`Error::Config`] naming a variable of
-    /// [`Config::VARIABLES`] whose value is not UTF-8.
+    /// [`VARIABLES`] whose value is not UTF-8.
     pub fn from_env() -> Result<Config> {
         for name in VARIABLES {
             env_var(name)?;

@@ -71,14 +71,7 @@ pub struct DeviceInfo {
     pub notes: Vec<(String, String)>,
 }
 
-/// Free and total memory as the device reports them now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct MemInfo {
-    /// Bytes free on the device (for every process).
-    pub free: u64,
-    /// Total bytes on the device.
-    pub total: u64,
-}
+pub use crate::stats::MemInfo;
 
 /// A stream (a queue of device work): the vendor's own handle as a number.
 ///

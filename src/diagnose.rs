@@ -21,11 +21,33 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::adaptor::LiveAllocation;
-use crate::allocator::Stats;
-use crate::device::MemInfo;
 use crate::report::OomReport;
+use crate::stats::{MemInfo, Stats};
 use crate::units::Bytes;
+
+/// One live allocation, as [`crate::adaptor::LedgerAllocator::live`] reports it. Defined
+/// here, with the diagnosis that reads it, so that the error vocabulary (which carries a
+/// [`Diagnosis`]) depends on nothing above it; re-exported by [`crate::adaptor`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LiveAllocation {
+    /// The allocation sequence number: 0 for the first allocation made through the ledger.
+    /// Lower is older.
+    pub seq: u64,
+    /// The device address (0 for a zero-byte allocation).
+    pub ptr: u64,
+    /// Bytes asked for.
+    pub size: u64,
+    /// Bytes the upstream charged (see [`crate::adaptor::LedgerOptions::measure_rounding`]).
+    pub rounded: u64,
+    /// The stream it was made for.
+    pub stream: u64,
+    /// Its tag.
+    pub tag: String,
+    /// The tag it was donated from, if it came by [`crate::adaptor::LedgerAllocator::donate`].
+    pub donated_from: Option<String>,
+    /// Where it was allocated, when backtraces are on.
+    pub backtrace: Option<String>,
+}
 
 /// Why an allocation failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

@@ -63,6 +63,7 @@ pub mod discover;
 pub mod error;
 pub mod replay;
 pub mod report;
+pub mod stats;
 pub mod strategy;
 pub mod trace;
 pub mod units;

@@ -2,8 +2,6 @@
 
 use std::fmt;
 
-use crate::error::{Error, Result};
-
 /// A byte count that displays in binary units (`1.5 GiB`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Bytes(pub u64);
@@ -25,16 +23,17 @@ impl fmt::Display for Bytes {
     }
 }
 
-/// Parses a size such as `80GiB`, `80 GiB`, `141GB`, `2MiB`, `512k` or `1024` (bytes).
+/// What [`parse_bytes`] accepts, for error messages.
+pub const SIZE_ACCEPTED: &str =
+    "a byte count with an optional unit: 1024, 512KiB, 2MiB, 80GiB, 141GB (K/M/G/T = KiB/MiB/GiB/TiB)";
+
+/// Parses a size such as `80GiB`, `80 GiB`, `141GB`, `2MiB`, `512k` or `1024` (bytes);
+/// `None` for anything else ([`crate::config::parse_size`] turns that into an error naming
+/// the variable).
 ///
 /// Binary suffixes (`KiB`, `MiB`, `GiB`, `TiB`, and the short `K`, `M`, `G`, `T`) are powers
 /// of 1024; decimal ones (`KB`, `MB`, `GB`, `TB`) powers of 1000. Case-insensitive.
-///
-/// `what` names the variable or option, for the error.
-pub fn parse_size(what: &str, text: &str) -> Result<u64> {
-    const ACCEPTED: &str =
-        "a byte count with an optional unit: 1024, 512KiB, 2MiB, 80GiB, 141GB (K/M/G/T = KiB/MiB/GiB/TiB)";
-    let err = || Error::config(what, text, ACCEPTED);
+pub fn parse_bytes(text: &str) -> Option<u64> {
     let t = text.trim();
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
@@ -51,20 +50,20 @@ pub fn parse_size(what: &str, text: &str) -> Result<u64> {
         "mb" => 1_000_000,
         "gb" => 1_000_000_000,
         "tb" => 1_000_000_000_000,
-        _ => return Err(err()),
+        _ => return None,
     };
     if number.is_empty() {
-        return Err(err());
+        return None;
     }
     if let Ok(n) = number.parse::<u64>() {
-        return n.checked_mul(multiplier).ok_or_else(err);
+        return n.checked_mul(multiplier);
     }
-    let value: f64 = number.parse().map_err(|_| err())?;
+    let value: f64 = number.parse().ok()?;
     let bytes = value * multiplier as f64;
     if !bytes.is_finite() || bytes < 0.0 || bytes >= u64::MAX as f64 {
-        return Err(err());
+        return None;
     }
-    Ok(bytes.round() as u64)
+    Some(bytes.round() as u64)
 }
 
 #[cfg(test)]
@@ -73,15 +72,15 @@ mod tests {
 
     #[test]
     fn parses_units() {
-        assert_eq!(parse_size("x", "1024").unwrap(), 1024);
-        assert_eq!(parse_size("x", "80GiB").unwrap(), 80 << 30);
-        assert_eq!(parse_size("x", "80 gib").unwrap(), 80 << 30);
-        assert_eq!(parse_size("x", "2M").unwrap(), 2 << 20);
-        assert_eq!(parse_size("x", "141GB").unwrap(), 141_000_000_000);
-        assert_eq!(parse_size("x", "1.5GiB").unwrap(), 3 << 29);
-        assert!(parse_size("x", "lots").is_err());
-        assert!(parse_size("x", "GiB").is_err());
-        assert!(parse_size("x", "99999999999TiB").is_err());
+        assert_eq!(parse_bytes("1024"), Some(1024));
+        assert_eq!(parse_bytes("80GiB"), Some(80 << 30));
+        assert_eq!(parse_bytes("80 gib"), Some(80 << 30));
+        assert_eq!(parse_bytes("2M"), Some(2 << 20));
+        assert_eq!(parse_bytes("141GB"), Some(141_000_000_000));
+        assert_eq!(parse_bytes("1.5GiB"), Some(3 << 29));
+        assert_eq!(parse_bytes("lots"), None);
+        assert_eq!(parse_bytes("GiB"), None);
+        assert_eq!(parse_bytes("99999999999TiB"), None);
     }
 
     #[test]

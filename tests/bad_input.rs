@@ -11,6 +11,7 @@ use std::io::Write;
 use std::sync::Arc;
 
 use portalloc::backends::host::HostDevice;
+use portalloc::config::parse_size;
 use portalloc::config::{Config, Setting};
 use portalloc::device::{Device, Event, PhysicalHandle, Stream, StreamOrderedPool, VirtualMemory};
 use portalloc::replay::workload::{TransformerTrain, Workload};
@@ -20,7 +21,6 @@ use portalloc::strategy::bfc::{BfcAllocator, BfcOptions};
 use portalloc::strategy::platform::PlatformAllocator;
 use portalloc::strategy::vmm::{VmmAllocator, VmmOptions};
 use portalloc::trace::{self, Format, Options};
-use portalloc::units::parse_size;
 use portalloc::{Allocation, Allocator, Error, StrategyKind};
 use test_case::test_case;
 

@@ -1,12 +1,12 @@
 //! Hostile environment values: the bytes are split on NUL into the values of every variable
 //! portalloc reads (an empty piece is unset) and given to `Config::from_vars`, the builder,
-//! and `units::parse_size`. Nothing may panic; errors must be `Config` or `ConfigConflict`
+//! and `config::parse_size`. Nothing may panic; errors must be `Config` or `ConfigConflict`
 //! naming a variable that was set; an accepted configuration has a fraction in (0, 1].
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use portalloc::config::{Config, VARIABLES};
-use portalloc::units::parse_size;
+use portalloc::config::parse_size;
 use portalloc::Error;
 
 fuzz_target!(|data: &[u8]| {

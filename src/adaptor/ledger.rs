@@ -111,27 +111,7 @@ impl LimitHint {
     }
 }
 
-/// One live allocation, as [`LedgerAllocator::live`] reports it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LiveAllocation {
-    /// The allocation sequence number: 0 for the first allocation made through the ledger.
-    /// Lower is older.
-    pub seq: u64,
-    /// The device address (0 for a zero-byte allocation).
-    pub ptr: u64,
-    /// Bytes asked for.
-    pub size: u64,
-    /// Bytes the upstream charged (see [`LedgerOptions::measure_rounding`]).
-    pub rounded: u64,
-    /// The stream it was made for.
-    pub stream: u64,
-    /// Its tag.
-    pub tag: String,
-    /// The tag it was donated from, if it came by [`LedgerAllocator::donate`].
-    pub donated_from: Option<String>,
-    /// Where it was allocated, when backtraces are on.
-    pub backtrace: Option<String>,
-}
+pub use crate::diagnose::LiveAllocation;
 
 /// Totals of one tag.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
+use portalloc::config::parse_size;
 use portalloc::replay::workload::Workload;
 use portalloc::replay::{
     min_capacity, preset, replay, Baseline, DeviceSpec, MinCapacity, ReplayOptions, ReplayResult,
@@ -13,7 +14,7 @@ use portalloc::replay::{
 };
 use portalloc::trace::import::xla_dump::{self, XlaOptions};
 use portalloc::trace::{self, Event, Format, TraceHeader};
-use portalloc::units::{parse_size, Bytes};
+use portalloc::units::Bytes;
 use portalloc::{Error, Result};
 use serde::Serialize;
 use serde_json::json;
