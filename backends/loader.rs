@@ -54,6 +54,13 @@ pub(crate) unsafe fn optional<T: Copy>(library: &Library, name: &str) -> Option<
         .map(|s| *s)
 }
 
+/// True when the library exports `name` (looked up now, not assumed).
+#[allow(dead_code)]
+pub(crate) fn exports(library: &Library, name: &str) -> bool {
+    // SAFETY: the symbol is only looked up as an untyped address, never called or read.
+    unsafe { library.get::<*const std::ffi::c_void>(name.as_bytes()) }.is_ok()
+}
+
 /// Reads a NUL-terminated name a vendor call wrote into `buf`.
 pub(crate) fn c_buf_to_string(buf: &[u8]) -> String {
     let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());

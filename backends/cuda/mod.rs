@@ -179,7 +179,7 @@ pub struct Driver {
     pools: Option<PoolApi>,
     peer: Option<PeerApi>,
     // Keeps the code behind the function pointers above loaded; dropped last.
-    _library: Library,
+    library: Library,
 }
 
 impl std::fmt::Debug for Driver {
@@ -288,7 +288,7 @@ impl Driver {
                 vmm,
                 pools,
                 peer,
-                _library: library,
+                library,
                 path,
             })
         }
@@ -357,12 +357,20 @@ impl Driver {
         self.pools.is_some()
     }
 
-    /// Every symbol portalloc uses, with whether this library resolved it: the required ones
-    /// (all true, or [`Driver::load`] would have failed), then [`VMM_SYMBOLS`] and
-    /// [`POOL_SYMBOLS`] (a group is resolved whole or not at all).
+    /// Every symbol portalloc uses, with whether this library exports it — each looked up in
+    /// the library now, not assumed from a successful load: the required ones (for
+    /// `cuDevicePrimaryCtxRelease_v2`, its CUDA 7 name counts too), then [`VMM_SYMBOLS`] and
+    /// [`POOL_SYMBOLS`] (a group is used whole or not at all).
     pub fn symbols(&self) -> Vec<(&'static str, bool)> {
-        let mut out: Vec<(&'static str, bool)> =
-            REQUIRED_SYMBOLS.iter().map(|&s| (s, true)).collect();
+        let mut out: Vec<(&'static str, bool)> = REQUIRED_SYMBOLS
+            .iter()
+            .map(|&s| {
+                let found = loader::exports(&self.library, s)
+                    || (s == "cuDevicePrimaryCtxRelease_v2"
+                        && loader::exports(&self.library, "cuDevicePrimaryCtxRelease"));
+                (s, found)
+            })
+            .collect();
         out.extend(VMM_SYMBOLS.iter().map(|&s| (s, self.vmm.is_some())));
         out.extend(POOL_SYMBOLS.iter().map(|&s| (s, self.pools.is_some())));
         out

@@ -226,7 +226,7 @@ pub struct Runtime {
     can_access_peer: Option<sys::hipDeviceCanAccessPeer>,
     enable_peer_access: Option<sys::hipDeviceEnablePeerAccess>,
     // Keeps the code behind the function pointers above loaded; dropped last.
-    _library: Library,
+    library: Library,
 }
 
 impl fmt::Debug for Runtime {
@@ -325,7 +325,7 @@ impl Runtime {
                 properties_r0000: loader::optional(lib, OPTIONAL_SYMBOLS[1]),
                 can_access_peer: loader::optional(lib, "hipDeviceCanAccessPeer"),
                 enable_peer_access: loader::optional(lib, "hipDeviceEnablePeerAccess"),
-                _library: library,
+                library,
                 path,
             })
         }
@@ -359,12 +359,15 @@ impl Runtime {
         self.properties_r0600.is_some()
     }
 
-    /// Every symbol portalloc uses, with whether this library resolved it: the required ones
-    /// (all true, or [`Runtime::load`] would have failed), [`VMM_SYMBOLS`], [`POOL_SYMBOLS`]
-    /// (each group resolved whole or not at all), then [`OPTIONAL_SYMBOLS`].
+    /// Every symbol portalloc uses, with whether this library exports it — the required ones
+    /// looked up in the library now, not assumed from a successful load — then
+    /// [`VMM_SYMBOLS`], [`POOL_SYMBOLS`] (each group used whole or not at all) and
+    /// [`OPTIONAL_SYMBOLS`].
     pub fn symbols(&self) -> Vec<(&'static str, bool)> {
-        let mut out: Vec<(&'static str, bool)> =
-            REQUIRED_SYMBOLS.iter().map(|&s| (s, true)).collect();
+        let mut out: Vec<(&'static str, bool)> = REQUIRED_SYMBOLS
+            .iter()
+            .map(|&s| (s, loader::exports(&self.library, s)))
+            .collect();
         out.extend(VMM_SYMBOLS.iter().map(|&s| (s, self.vmm.is_some())));
         out.extend(POOL_SYMBOLS.iter().map(|&s| (s, self.pools.is_some())));
         out.push((OPTIONAL_SYMBOLS[0], self.properties_r0600.is_some()));
