@@ -120,6 +120,12 @@ pub(crate) fn wait_for<D: Device + ?Sized>(device: &D, stream: Stream) -> Result
     })
 }
 
+/// How many entries from `i` on belong to the free at `i` (its pieces are adjacent).
+fn pieces_of<C>(queue: &VecDeque<Pending<C>>, i: usize) -> usize {
+    let free = queue[i].free;
+    queue.iter().skip(i).take_while(|q| q.free == free).count()
+}
+
 impl<C: Chunk> StreamOrder<C> {
     /// True when `stream` is the stream of the first request: the hot path's only check.
     #[inline]
@@ -247,22 +253,20 @@ impl<C: Chunk> StreamOrder<C> {
         }
     }
 
-    /// Removes the first `n` pending frees of queue `qi`, returning their chunks through
-    /// `release` and their events to the pool.
-    fn pop_front<D: Device + ?Sized>(
+    /// Removes the pending entries `range` of queue `qi` — whole frees, all their pieces —
+    /// returning their chunks through `release` and each free's event to the pool.
+    fn remove<D: Device + ?Sized>(
         &mut self,
         device: &D,
         qi: usize,
-        n: usize,
+        range: std::ops::Range<usize>,
         release: &mut impl FnMut(C),
     ) {
-        for _ in 0..n {
-            let Some(p) = self.queues[qi].1.pop_front() else {
-                break;
-            };
+        let removed: Vec<Pending<C>> = self.queues[qi].1.drain(range).collect();
+        for (k, p) in removed.iter().enumerate() {
             self.bytes -= p.chunk.size();
             self.count -= 1;
-            let last_piece = self.queues[qi].1.front().map_or(true, |q| q.free != p.free);
+            let last_piece = removed.get(k + 1).map_or(true, |q| q.free != p.free);
             if let (Some(event), true) = (p.event, last_piece) {
                 self.give_event(device, event);
             }
@@ -286,23 +290,9 @@ impl<C: Chunk> StreamOrder<C> {
             if stream.is_per_thread() {
                 let mut i = 0;
                 while i < self.queues[qi].1.len() {
-                    let p = self.queues[qi].1[i];
-                    let n = self.queues[qi]
-                        .1
-                        .iter()
-                        .skip(i)
-                        .take_while(|q| q.free == p.free);
-                    let n = n.count();
-                    if p.event.is_some_and(complete) {
-                        let pieces: Vec<Pending<C>> = self.queues[qi].1.drain(i..i + n).collect();
-                        for q in &pieces {
-                            self.bytes -= q.chunk.size();
-                            self.count -= 1;
-                            release(q.chunk);
-                        }
-                        if let Some(e) = p.event {
-                            self.give_event(device, e);
-                        }
+                    let n = pieces_of(&self.queues[qi].1, i);
+                    if self.queues[qi].1[i].event.is_some_and(complete) {
+                        self.remove(device, qi, i..i + n, &mut release);
                     } else {
                         i += n;
                     }
@@ -311,13 +301,8 @@ impl<C: Chunk> StreamOrder<C> {
                 let mut done = 0;
                 let mut i = 0;
                 while i < queue.len() {
-                    let p = queue[i];
-                    let n = queue
-                        .iter()
-                        .skip(i)
-                        .take_while(|q| q.free == p.free)
-                        .count();
-                    match p.event {
+                    let n = pieces_of(queue, i);
+                    match queue[i].event {
                         None => i += n,
                         Some(e) if complete(e) => {
                             i += n;
@@ -326,7 +311,7 @@ impl<C: Chunk> StreamOrder<C> {
                         Some(_) => break,
                     }
                 }
-                self.pop_front(device, qi, done, &mut release);
+                self.remove(device, qi, 0..done, &mut release);
             }
             if self.queues[qi].1.is_empty() {
                 self.queues.swap_remove(qi);
@@ -364,7 +349,7 @@ impl<C: Chunk> StreamOrder<C> {
             match waited {
                 Ok(()) => {
                     let n = self.queues[qi].1.len();
-                    self.pop_front(device, qi, n, &mut release);
+                    self.remove(device, qi, 0..n, &mut release);
                     self.queues.swap_remove(qi);
                 }
                 Err(e) => {

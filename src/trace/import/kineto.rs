@@ -270,8 +270,9 @@ pub(crate) fn read(input: Input, origin: &str, options: &Options) -> Result<VecS
                      with events: {:?} (1 is CUDA)",
                     other_types
                         .keys()
-                        .chain(per_device.keys().map(|_| &1))
-                        .collect::<std::collections::BTreeSet<_>>()
+                        .copied()
+                        .chain((!per_device.is_empty()).then_some(1))
+                        .collect::<Vec<_>>()
                 )));
             }
             CPU_DEVICE

@@ -143,34 +143,12 @@ impl BufferAssignment {
     /// line other than `BufferAssignment:`, an `allocation` line that does not parse, an
     /// allocation number seen twice, more than [`MAX_XLA_ALLOCATIONS`] allocations.
     pub fn parse(input: impl BufRead, origin: &str) -> Result<Self> {
-        let mut input = input;
-        let mut buf = Vec::new();
-        let mut line_no = 0u64;
+        let mut lines = Lines::new(input, origin);
         let mut allocations = Vec::new();
         let mut values = Vec::new();
         let mut seen = HashSet::new();
         let mut started = false;
-        loop {
-            buf.clear();
-            let n = input
-                .by_ref()
-                .take(MAX_XLA_LINE_BYTES as u64 + 1)
-                .read_until(b'\n', &mut buf)
-                .map_err(|e| trace_error(format!("{origin}: read failed: {e}")))?;
-            if n == 0 {
-                break;
-            }
-            line_no += 1;
-            if buf.len() > MAX_XLA_LINE_BYTES {
-                return Err(trace_error(format!(
-                    "{origin}: line {line_no}: longer than {} bytes, the most a line of a buffer \
-                     assignment may have",
-                    MAX_XLA_LINE_BYTES
-                )));
-            }
-            let text = std::str::from_utf8(&buf)
-                .map_err(|_| trace_error(format!("{origin}: line {line_no}: not UTF-8 text")))?;
-            let text = text.trim_end_matches(['\n', '\r']);
+        while let Some((line_no, text)) = lines.next_line()? {
             if !started {
                 if text.trim().is_empty() {
                     continue;
@@ -442,34 +420,62 @@ fn parse_value(rest: &str) -> std::result::Result<(String, u64), String> {
 /// closed intervals of the module's instruction sequence.
 ///
 /// # Errors
+/// The lines of a dump file, each read with a bound ([`MAX_XLA_LINE_BYTES`]) and checked as
+/// UTF-8, without its line ending: the one reader both dump files go through.
+struct Lines<'o, R> {
+    input: R,
+    origin: &'o str,
+    buf: Vec<u8>,
+    line_no: u64,
+}
+
+impl<'o, R: BufRead> Lines<'o, R> {
+    fn new(input: R, origin: &'o str) -> Self {
+        Lines {
+            input,
+            origin,
+            buf: Vec::new(),
+            line_no: 0,
+        }
+    }
+
+    /// The next line and its number (from 1), `None` at the end.
+    ///
+    /// # Errors
+    /// A read failure, a line over [`MAX_XLA_LINE_BYTES`], text that is not UTF-8.
+    fn next_line(&mut self) -> Result<Option<(u64, &str)>> {
+        let origin = self.origin;
+        self.buf.clear();
+        let n = (&mut self.input)
+            .take(MAX_XLA_LINE_BYTES as u64 + 1)
+            .read_until(b'\n', &mut self.buf)
+            .map_err(|e| trace_error(format!("{origin}: read failed: {e}")))?;
+        if n == 0 {
+            return Ok(None);
+        }
+        self.line_no += 1;
+        let line_no = self.line_no;
+        if self.buf.len() > MAX_XLA_LINE_BYTES {
+            return Err(trace_error(format!(
+                "{origin}: line {line_no}: longer than {MAX_XLA_LINE_BYTES} bytes, the most a \
+                 line of an XLA dump file may have"
+            )));
+        }
+        let text = std::str::from_utf8(&self.buf)
+            .map_err(|_| trace_error(format!("{origin}: line {line_no}: not UTF-8 text")))?;
+        Ok(Some((line_no, text.trim_end_matches(['\n', '\r']))))
+    }
+}
+
 /// As [`BufferAssignment::parse`] for lines; a range line that does not parse; no
 /// `BufferLiveRange:` section.
 pub fn parse_live_ranges(input: impl BufRead, origin: &str) -> Result<Vec<(String, u64, u64)>> {
-    let mut input = input;
-    let mut buf = Vec::new();
-    let mut line_no = 0u64;
+    let mut lines = Lines::new(input, origin);
     let mut ranges = Vec::new();
     let mut section = false;
     let mut found = false;
-    loop {
-        buf.clear();
-        let n = input
-            .by_ref()
-            .take(MAX_XLA_LINE_BYTES as u64 + 1)
-            .read_until(b'\n', &mut buf)
-            .map_err(|e| trace_error(format!("{origin}: read failed: {e}")))?;
-        if n == 0 {
-            break;
-        }
-        line_no += 1;
-        if buf.len() > MAX_XLA_LINE_BYTES {
-            return Err(trace_error(format!(
-                "{origin}: line {line_no}: longer than {MAX_XLA_LINE_BYTES} bytes"
-            )));
-        }
-        let text = std::str::from_utf8(&buf)
-            .map_err(|_| trace_error(format!("{origin}: line {line_no}: not UTF-8 text")))?
-            .trim();
+    while let Some((line_no, text)) = lines.next_line()? {
+        let text = text.trim();
         if text == "BufferLiveRange:" {
             section = true;
             found = true;
