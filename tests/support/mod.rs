@@ -28,7 +28,8 @@ pub fn skip(why: &str) {
 
 /// The conformance driver `name` (`fakecuda`, `fakecuda_old`, `fakehip`: `tests/drivers/`),
 /// compiled for the tests on first use — never by a user's build, which compiles no test
-/// fixture and needs no C compiler. The shared object is kept under the target directory and
+/// fixture and needs no C compiler. The shared object is kept under the target directory (a
+/// folder per source tree) and
 /// rebuilt when a driver source is newer. `None` (after a message) when no C compiler works:
 /// the caller then skips — or fails under `CI=true`, through [`skip`].
 ///
@@ -49,7 +50,17 @@ pub fn driver(name: &str) -> Option<&'static str> {
     }
     let sources = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/drivers");
     let source = sources.join(format!("{name}.c"));
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("conformance-drivers");
+    // One folder per source tree: checkouts (git worktrees) that share a target directory
+    // may hold different driver sources.
+    let tree = {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        env!("CARGO_MANIFEST_DIR").hash(&mut hasher);
+        format!("{:016x}", hasher.finish())
+    };
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join("conformance-drivers")
+        .join(tree);
     let output = dir.join(format!("lib{name}.so"));
     let newest_source = std::fs::read_dir(&sources)
         .into_iter()
