@@ -3,6 +3,9 @@
 //! semantics, synchronise-and-retry on out-of-memory, requested-byte statistics, the limit,
 //! selection from the environment, and a device without a pool.
 
+#[path = "support/mod.rs"]
+mod support;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -12,20 +15,11 @@ use portalloc::strategy::async_pool::{AsyncOptions, AsyncPoolAllocator};
 use portalloc::{
     Allocator, Config, Device, DeviceInfo, Error, MemInfo, Result, StrategyKind, Stream, Vendor,
 };
+use support::common::host_device;
 use test_case::test_case;
 
 const MIB: u64 = 1 << 20;
 const CAPACITY: u64 = 64 * MIB;
-
-fn device(capacity: u64, simulated: bool) -> Arc<HostDevice> {
-    Arc::new(
-        HostDevice::builder()
-            .capacity(capacity)
-            .simulated(simulated)
-            .build()
-            .unwrap(),
-    )
-}
 
 /// The configuration of the async strategy: fraction 0.5 (32 MiB of 64), as given.
 fn config(preallocate: bool, async_prealloc: Option<i64>) -> Config {
@@ -54,7 +48,7 @@ fn usage(d: &HostDevice) -> portalloc::device::PoolUsage {
 #[test_case(false, false, 0 ; "growing real: zero")]
 #[test_case(false, true, 0 ; "growing simulated: zero")]
 fn release_threshold_follows_preallocate(preallocate: bool, simulated: bool, expected: u64) {
-    let d = device(CAPACITY, simulated);
+    let d = host_device(CAPACITY, simulated);
     let a = build(&config(preallocate, None), &d);
     assert_eq!(a.name(), "async");
     assert_eq!(
@@ -84,7 +78,7 @@ fn async_prealloc_semantics(
     after_sync: u64,
 ) {
     for simulated in [false, true] {
-        let d = device(CAPACITY, simulated);
+        let d = host_device(CAPACITY, simulated);
         let a = build(&config(preallocate, prealloc), &d);
         let u = usage(&d);
         assert_eq!(u.reserved_current, reserved, "simulated={simulated}");
@@ -121,7 +115,7 @@ fn async_prealloc_semantics(
 #[test_case(false, true ; "real, frees pending on the stream")]
 #[test_case(true, true ; "simulated, frees pending on the stream")]
 fn oom_synchronizes_and_retries_once(simulated: bool, held: bool) {
-    let d = device(7 * MIB, simulated);
+    let d = host_device(7 * MIB, simulated);
     let t = d.create_stream().unwrap();
     let a = AsyncPoolAllocator::new(Arc::clone(&d), AsyncOptions::new(7 * MIB)).unwrap();
     d.set_events_held(held);
@@ -161,7 +155,7 @@ fn oom_synchronizes_and_retries_once(simulated: bool, held: bool) {
 #[test_case(false ; "real")]
 #[test_case(true ; "simulated")]
 fn stats_count_requested_bytes(simulated: bool) {
-    let d = device(CAPACITY, simulated);
+    let d = host_device(CAPACITY, simulated);
     let a = AsyncPoolAllocator::new(Arc::clone(&d), AsyncOptions::new(32 * MIB)).unwrap();
     let x = a.allocate(1000, 0, Stream::DEFAULT, "x").unwrap();
     let y = a.allocate(3, 0, Stream::DEFAULT, "y").unwrap();
@@ -184,7 +178,7 @@ fn stats_count_requested_bytes(simulated: bool) {
 #[test_case(false ; "real")]
 #[test_case(true ; "simulated")]
 fn the_limit_is_fraction_times_total(simulated: bool) {
-    let d = device(CAPACITY, simulated);
+    let d = host_device(CAPACITY, simulated);
     let a = build(&config(false, None), &d);
     let e = a
         .allocate(32 * MIB + 1, 0, Stream::DEFAULT, "x")
@@ -208,7 +202,7 @@ fn the_limit_is_fraction_times_total(simulated: bool) {
 #[test_case(false ; "real")]
 #[test_case(true ; "simulated")]
 fn census_returns_to_zero(simulated: bool) {
-    let d = device(CAPACITY, simulated);
+    let d = host_device(CAPACITY, simulated);
     let streams: Vec<Stream> = (0..3).map(|_| d.create_stream().unwrap()).collect();
     let a = build(&config(true, None), &d);
     let mut live = Vec::new();
@@ -249,7 +243,7 @@ fn variables_select_async(vars: &[(&str, &str)]) {
         .build()
         .unwrap();
     assert_eq!(c.strategy.value, StrategyKind::Async);
-    let d = device(CAPACITY, true);
+    let d = host_device(CAPACITY, true);
     assert_eq!(build(&c, &d).name(), "async");
 }
 
@@ -327,7 +321,7 @@ fn a_device_without_a_pool_is_unsupported() {
 
 #[test]
 fn bad_prealloc_option_is_a_config_error() {
-    let d = device(CAPACITY, true);
+    let d = host_device(CAPACITY, true);
     let options = AsyncOptions {
         prealloc_bytes: Some(-2),
         ..AsyncOptions::new(MIB)

@@ -7,6 +7,9 @@
 //! The C ABI's own table is in `tests/capi.rs`; the cases it lacks are at the end of this
 //! file (feature `c-api`).
 
+#[path = "support/mod.rs"]
+mod support;
+
 use std::io::Write;
 use std::sync::Arc;
 
@@ -17,11 +20,9 @@ use portalloc::device::{Device, Event, PhysicalHandle, Stream, StreamOrderedPool
 use portalloc::replay::workload::{TransformerTrain, Workload};
 use portalloc::replay::{self, Baseline, ReplayOptions, ReplayStrategy, TraceInput};
 use portalloc::strategy::async_pool::{AsyncOptions, AsyncPoolAllocator};
-use portalloc::strategy::bfc::{BfcAllocator, BfcOptions};
-use portalloc::strategy::platform::PlatformAllocator;
-use portalloc::strategy::vmm::{VmmAllocator, VmmOptions};
 use portalloc::trace::{self, Format, Options};
-use portalloc::{Allocation, Allocator, Error, StrategyKind};
+use portalloc::{Allocation, Error, StrategyKind};
+use support::common::{simulated_host, Strategy};
 use test_case::test_case;
 
 const MIB: u64 = 1 << 20;
@@ -54,55 +55,12 @@ fn variant(e: &Error) -> &'static str {
 }
 
 fn host() -> Arc<HostDevice> {
-    Arc::new(
-        HostDevice::builder()
-            .capacity(CAPACITY)
-            .simulated(true)
-            .build()
-            .unwrap(),
-    )
+    simulated_host(CAPACITY)
 }
 
 // ---------------------------------------------------------------------------------------------
 // Allocator::allocate and deallocate, on every strategy
 // ---------------------------------------------------------------------------------------------
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Strategy {
-    Bfc,
-    BfcGrow,
-    Platform,
-    Vmm,
-    Async,
-}
-
-fn build(s: Strategy, device: Arc<HostDevice>) -> Box<dyn Allocator> {
-    match s {
-        Strategy::Bfc | Strategy::BfcGrow => Box::new(
-            BfcAllocator::new(
-                device,
-                BfcOptions {
-                    limit: LIMIT,
-                    preallocate: s == Strategy::Bfc,
-                },
-            )
-            .unwrap(),
-        ),
-        Strategy::Platform => Box::new(PlatformAllocator::new(device, Some(LIMIT))),
-        Strategy::Vmm => Box::new(VmmAllocator::new(device, VmmOptions::new(LIMIT)).unwrap()),
-        Strategy::Async => {
-            Box::new(AsyncPoolAllocator::new(device, AsyncOptions::new(LIMIT)).unwrap())
-        }
-    }
-}
-
-const ALL: [Strategy; 5] = [
-    Strategy::Bfc,
-    Strategy::BfcGrow,
-    Strategy::Platform,
-    Strategy::Vmm,
-    Strategy::Async,
-];
 
 /// `(size, alignment)` → the variant every strategy must answer with; `None`: it must
 /// succeed.
@@ -115,9 +73,9 @@ const ALL: [Strategy; 5] = [
 #[test_case(1024, u64::MAX, Some("InvalidAlignment") ; "alignment u64 max")]
 #[test_case(1024, 1 << 63, Some("InvalidAlignment") ; "alignment 2 pow 63 is too large")]
 fn allocate_refuses_hostile_sizes_and_alignments(size: u64, align: u64, want: Option<&str>) {
-    for s in ALL {
+    for s in Strategy::ALL {
         let host = host();
-        let a = build(s, Arc::clone(&host));
+        let a = s.build(Arc::clone(&host), LIMIT);
         match (a.allocate(size, align, Stream::DEFAULT, "hostile"), want) {
             (Ok(x), None) => {
                 assert!(x.is_empty() || x.ptr() % 256 == 0);
@@ -146,7 +104,7 @@ fn allocate_refuses_hostile_sizes_and_alignments(size: u64, align: u64, want: Op
 #[test_case(Strategy::Async, "OutOfMemory")]
 fn allocate_beyond_the_limit_is_a_typed_out_of_memory(s: Strategy, want: &str) {
     let host = host();
-    let a = build(s, Arc::clone(&host));
+    let a = s.build(Arc::clone(&host), LIMIT);
     for size in [LIMIT + 1, CAPACITY, CAPACITY * 1024, u64::MAX >> 1] {
         let e = a.allocate(size, 0, Stream::DEFAULT, "huge").unwrap_err();
         assert_eq!(variant(&e), want, "{s:?} {size}: {e}");
@@ -184,12 +142,12 @@ enum Handed {
 #[test_case(Handed::Interior, Some("UnknownPointer") ; "interior address")]
 #[test_case(Handed::EmptyOfOwn, None ; "own empty allocation")]
 fn deallocate_refuses_what_it_did_not_hand_out(case: Handed, want: Option<&str>) {
-    for s in ALL {
+    for s in Strategy::ALL {
         let host = host();
-        let a = build(s, Arc::clone(&host));
-        let other = build(s, Arc::clone(&host));
+        let a = s.build(Arc::clone(&host), LIMIT);
+        let other = s.build(Arc::clone(&host), LIMIT);
         let host2 = self::host();
-        let far = build(s, Arc::clone(&host2));
+        let far = s.build(Arc::clone(&host2), LIMIT);
         let live = a.allocate(4096, 0, Stream::DEFAULT, "live").unwrap();
         let handed = match case {
             Handed::FromAnotherAllocator => other.allocate(4096, 0, Stream::DEFAULT, "x").unwrap(),

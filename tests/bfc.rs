@@ -1,50 +1,29 @@
 //! Executable specification of the `bfc` strategy (XLA's BFC rules) over a simulated host
 //! device.
 
+#[path = "support/mod.rs"]
+mod support;
+
 use std::sync::Arc;
 
 use portalloc::backends::host::HostDevice;
 use portalloc::strategy::bfc::{BfcAllocator, BfcOptions, MAX_ALIGNMENT};
 use portalloc::{Allocation, Allocator, Error, Stats, Stream};
+use support::common::{alloc, bfc, free, simulated_host};
 use test_case::test_case;
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 
-fn device(capacity: u64) -> Arc<HostDevice> {
-    Arc::new(
-        HostDevice::builder()
-            .capacity(capacity)
-            .simulated(true)
-            .build()
-            .unwrap(),
-    )
-}
-
-fn bfc_on(device: &Arc<HostDevice>, limit: u64, preallocate: bool) -> BfcAllocator<HostDevice> {
-    BfcAllocator::new(device.clone(), BfcOptions { limit, preallocate }).unwrap()
-}
-
 /// A preallocating allocator over a roomy device.
 fn prealloc(limit: u64) -> BfcAllocator<HostDevice> {
-    bfc_on(&device(limit + GIB), limit, true)
+    bfc(&simulated_host(limit + GIB), limit, true)
 }
 
 /// A growing allocator over a roomy device.
 fn growing(limit: u64) -> BfcAllocator<HostDevice> {
-    bfc_on(&device(limit + GIB), limit, false)
-}
-
-fn alloc(a: &impl Allocator, size: u64) -> Allocation {
-    let x = a.allocate(size, 0, Stream::DEFAULT, "test").unwrap();
-    a.check_invariants().unwrap();
-    x
-}
-
-fn free(a: &impl Allocator, x: Allocation) {
-    a.deallocate(x).unwrap();
-    a.check_invariants().unwrap();
+    bfc(&simulated_host(limit + GIB), limit, false)
 }
 
 /// Keeps an allocation live for the rest of the test (the allocator's drop returns it).
@@ -287,8 +266,8 @@ fn backed_off(mut bytes: u64, fits: impl Fn(u64) -> bool) -> u64 {
 
 #[test]
 fn growth_backs_off_when_the_device_refuses() {
-    let dev = device(10 * MIB);
-    let a = bfc_on(&dev, 100 * MIB, false);
+    let dev = simulated_host(10 * MIB);
+    let a = bfc(&dev, 100 * MIB, false);
     let mut served = 0;
     let err = loop {
         match a.allocate(MIB, 0, Stream::DEFAULT, "t") {
@@ -318,8 +297,8 @@ fn growth_backs_off_when_the_device_refuses() {
 #[test]
 fn backs_off_during_one_growth_only_like_xla() {
     // 7 MiB device: 2 + 4 MiB, then 8 MiB refused and the back-off cannot reach 1 MiB free.
-    let dev = device(7 * MIB);
-    let a = bfc_on(&dev, 100 * MIB, false);
+    let dev = simulated_host(7 * MIB);
+    let a = bfc(&dev, 100 * MIB, false);
     let xs: Vec<Allocation> = (0..6).map(|_| alloc(&a, MIB)).collect();
     assert!(a.allocate(MIB, 0, Stream::DEFAULT, "t").is_err());
     for x in xs {
@@ -337,8 +316,8 @@ fn backs_off_during_one_growth_only_like_xla() {
 
 #[test]
 fn preallocation_is_taken_at_the_first_allocation() {
-    let dev = device(GIB);
-    let a = bfc_on(&dev, 5 * MIB + 1, true);
+    let dev = simulated_host(GIB);
+    let a = bfc(&dev, 5 * MIB + 1, true);
     assert_eq!(dev.census().allocations, 0, "nothing at construction");
     assert_eq!(a.stats().pool_bytes, 0);
     let x = alloc(&a, 1);
@@ -363,8 +342,8 @@ fn preallocation_is_taken_at_the_first_allocation() {
 
 #[test]
 fn refused_preallocation_is_an_oom_naming_the_device() {
-    let dev = device(4 * MIB);
-    let a = bfc_on(&dev, 8 * MIB, true);
+    let dev = simulated_host(4 * MIB);
+    let a = bfc(&dev, 8 * MIB, true);
     let report = oom(a.allocate(256, 0, Stream::DEFAULT, "t"));
     assert!(
         report.cause.contains("refused the preallocation"),
@@ -384,8 +363,8 @@ fn refused_preallocation_is_an_oom_naming_the_device() {
 
 #[test]
 fn oom_report_says_why() {
-    let dev = device(GIB);
-    let a = bfc_on(&dev, 8 * MIB, true);
+    let dev = simulated_host(GIB);
+    let a = bfc(&dev, 8 * MIB, true);
     let xs: Vec<Allocation> = (0..8).map(|_| alloc(&a, MIB - 200)).collect();
     let mut xs: Vec<Option<Allocation>> = xs.into_iter().map(Some).collect();
     for i in [1, 3, 4] {
@@ -471,7 +450,7 @@ fn slack_shows_as_x() {
 #[test_case(GIB, false, "exceeds the limit" ; "growth, over the limit")]
 #[test_case(7 * MIB, false, "limit of 8.00 MiB is reached" ; "growth, limit reached")]
 fn oom_causes(request: u64, preallocate: bool, cause: &str) {
-    let a = bfc_on(&device(GIB), 8 * MIB, preallocate);
+    let a = bfc(&simulated_host(GIB), 8 * MIB, preallocate);
     let _x = alloc(&a, 2 * MIB);
     let report = oom(a.allocate(request, 0, Stream::DEFAULT, "t"));
     assert!(report.cause.contains(cause), "{}", report.cause);
@@ -482,8 +461,8 @@ fn oom_causes(request: u64, preallocate: bool, cause: &str) {
 
 #[test]
 fn zero_bytes_make_no_device_call() {
-    let dev = device(GIB);
-    let a = bfc_on(&dev, 8 * MIB, true);
+    let dev = simulated_host(GIB);
+    let a = bfc(&dev, 8 * MIB, true);
     let x = alloc(&a, 0);
     assert_eq!((x.ptr(), x.size()), (0, 0));
     assert!(x.is_empty());
@@ -496,8 +475,8 @@ fn zero_bytes_make_no_device_call() {
 
 #[test]
 fn trim_releases_free_regions() {
-    let dev = device(GIB);
-    let a = bfc_on(&dev, GIB, false);
+    let dev = simulated_host(GIB);
+    let a = bfc(&dev, GIB, false);
     let x = alloc(&a, 2 * MIB);
     let y = alloc(&a, 3 * MIB);
     assert_eq!(a.region_sizes(), vec![2 * MIB, 4 * MIB]);
@@ -516,8 +495,8 @@ fn trim_releases_free_regions() {
 
 #[test]
 fn trim_under_preallocation_retakes_the_region_later() {
-    let dev = device(GIB);
-    let a = bfc_on(&dev, 8 * MIB, true);
+    let dev = simulated_host(GIB);
+    let a = bfc(&dev, 8 * MIB, true);
     let x = alloc(&a, MIB);
     free(&a, x);
     assert_eq!(a.trim().unwrap(), 8 * MIB);
@@ -603,8 +582,8 @@ fn stats_follow_xla() {
 
 #[test]
 fn drop_returns_regions_even_with_leaks() {
-    let dev = device(GIB);
-    let a = bfc_on(&dev, GIB, false);
+    let dev = simulated_host(GIB);
+    let a = bfc(&dev, GIB, false);
     let _leak = alloc(&a, 3 * MIB);
     hold(alloc(&a, MIB));
     assert_eq!(a.live_count(), 2);
@@ -649,7 +628,7 @@ fn shared_between_threads() {
 
 #[test]
 fn strategy_build_over_a_dyn_device() {
-    let dev: Arc<dyn portalloc::Device> = device(GIB);
+    let dev: Arc<dyn portalloc::Device> = simulated_host(GIB);
     let a = BfcAllocator::new(
         dev,
         BfcOptions {
@@ -668,21 +647,7 @@ fn strategy_build_over_a_dyn_device() {
 #[test]
 fn preallocation_never_asks_for_more_than_the_device_has() {
     let total = 81_559u64 << 20;
-    let device = Arc::new(
-        HostDevice::builder()
-            .capacity(total)
-            .simulated(true)
-            .build()
-            .unwrap(),
-    );
-    let bfc = BfcAllocator::new(
-        device,
-        BfcOptions {
-            limit: total,
-            preallocate: true,
-        },
-    )
-    .unwrap();
+    let bfc = bfc(&simulated_host(total), total, true);
     assert_eq!(bfc.preallocation_size(), total);
     let a = bfc.allocate(1 << 20, 0, Stream::DEFAULT, "t").unwrap();
     assert_eq!(bfc.stats().pool_bytes, total);

@@ -2,10 +2,13 @@
 //! model of the live allocations, with the allocator's invariants checked after every step,
 //! in both preallocation and growth modes, over a simulated host device.
 
-use std::sync::Arc;
+#[path = "support/mod.rs"]
+mod support;
+
+use support::common::{bfc, simulated_host};
 
 use portalloc::backends::host::HostDevice;
-use portalloc::strategy::bfc::{BfcAllocator, BfcOptions};
+use portalloc::strategy::bfc::BfcAllocator;
 use portalloc::{Allocation, Allocator, Error, Stream};
 use proptest::prelude::*;
 
@@ -103,21 +106,8 @@ fn check(a: &BfcAllocator<HostDevice>, live: &[Allocation], alignments: &[u64]) 
 }
 
 fn run(ops: &[Op], preallocate: bool) {
-    let dev = Arc::new(
-        HostDevice::builder()
-            .capacity(4 * LIMIT)
-            .simulated(true)
-            .build()
-            .unwrap(),
-    );
-    let a = BfcAllocator::new(
-        dev.clone(),
-        BfcOptions {
-            limit: LIMIT,
-            preallocate,
-        },
-    )
-    .unwrap();
+    let dev = simulated_host(4 * LIMIT);
+    let a = bfc(&dev, LIMIT, preallocate);
     let mut live: Vec<Allocation> = Vec::new();
     let mut alignments: Vec<u64> = Vec::new();
     for op in ops {

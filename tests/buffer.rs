@@ -2,44 +2,21 @@
 //! came from; dropped without a word, freed in stream order on its stream; taken apart for
 //! FFI and rebuilt; refused when it belongs to another allocator.
 
+#[path = "support/mod.rs"]
+mod support;
+
 use std::sync::Arc;
 
 use portalloc::backends::host::HostDevice;
-use portalloc::strategy::bfc::{BfcAllocator, BfcOptions};
-use portalloc::strategy::platform::PlatformAllocator;
-use portalloc::strategy::vmm::{VmmAllocator, VmmOptions};
 use portalloc::{Allocator, Config, DeviceBuffer, Error, Portalloc, RawBuffer, Stream};
+use support::common::{simulated_host, Strategy};
 use test_case::test_case;
 
 const MIB: u64 = 1 << 20;
 
-fn host() -> Arc<HostDevice> {
-    Arc::new(
-        HostDevice::builder()
-            .capacity(64 * MIB)
-            .simulated(true)
-            .build()
-            .unwrap(),
-    )
-}
-
-fn strategy(name: &str, device: &Arc<HostDevice>) -> Arc<dyn Allocator> {
-    let d = Arc::clone(device);
-    match name {
-        "bfc" => Arc::new(
-            BfcAllocator::new(
-                d,
-                BfcOptions {
-                    limit: 32 * MIB,
-                    preallocate: true,
-                },
-            )
-            .unwrap(),
-        ),
-        "vmm" => Arc::new(VmmAllocator::new(d, VmmOptions::new(32 * MIB)).unwrap()),
-        "platform" => Arc::new(PlatformAllocator::new(d, Some(32 * MIB))),
-        other => unreachable!("{other}"),
-    }
+/// `strategy` over `device`, with a 32 MiB limit, shared as buffers hold it.
+fn shared(strategy: Strategy, device: &Arc<HostDevice>) -> Arc<dyn Allocator> {
+    Arc::from(strategy.build(Arc::clone(device), 32 * MIB))
 }
 
 /// A struct of the user's, holding buffers and no lifetime.
@@ -48,12 +25,12 @@ struct Model {
     bias: DeviceBuffer,
 }
 
-#[test_case("bfc")]
-#[test_case("vmm")]
-#[test_case("platform")]
-fn dropping_a_buffer_frees_it(name: &str) {
-    let device = host();
-    let allocator = strategy(name, &device);
+#[test_case(Strategy::Bfc ; "bfc")]
+#[test_case(Strategy::Vmm ; "vmm")]
+#[test_case(Strategy::Platform ; "platform")]
+fn dropping_a_buffer_frees_it(strategy: Strategy) {
+    let device = simulated_host(64 * MIB);
+    let allocator = shared(strategy, &device);
     let model = Model {
         weights: DeviceBuffer::new(&allocator, 3 * MIB, Stream::DEFAULT).unwrap(),
         bias: DeviceBuffer::with_options(&allocator, 4096, 256, Stream::DEFAULT, "bias").unwrap(),
@@ -63,17 +40,21 @@ fn dropping_a_buffer_frees_it(name: &str) {
     assert_eq!(allocator.stats().bytes_in_use, 3 * MIB + 4096);
     // Moved to another thread and dropped there.
     std::thread::spawn(move || drop(model)).join().unwrap();
-    assert_eq!(allocator.stats().bytes_in_use, 0, "{name}: dropped, freed");
+    assert_eq!(
+        allocator.stats().bytes_in_use,
+        0,
+        "{strategy:?}: dropped, freed"
+    );
     allocator.check_invariants().unwrap();
 }
 
 /// A buffer freed by drop on its stream, while the caller's work on that stream is in
 /// flight, goes to another stream only once that work is done.
-#[test_case("bfc")]
-#[test_case("vmm")]
-fn drop_frees_in_stream_order_on_its_stream(name: &str) {
-    let device = host();
-    let allocator = strategy(name, &device);
+#[test_case(Strategy::Bfc ; "bfc")]
+#[test_case(Strategy::Vmm ; "vmm")]
+fn drop_frees_in_stream_order_on_its_stream(strategy: Strategy) {
+    let device = simulated_host(64 * MIB);
+    let allocator = shared(strategy, &device);
     let (s, t) = (Stream::from_raw(0x7000), Stream::from_raw(0x8000));
     let keep = DeviceBuffer::new(&allocator, 4096, t).unwrap();
     let x = DeviceBuffer::new(&allocator, MIB, s).unwrap();
@@ -85,7 +66,11 @@ fn drop_frees_in_stream_order_on_its_stream(name: &str) {
     drop(x);
     // S reuses its own free at once...
     let z = DeviceBuffer::new(&allocator, MIB, s).unwrap();
-    assert_eq!(z.ptr(), freed, "{name}: S reuses its own free at once");
+    assert_eq!(
+        z.ptr(),
+        freed,
+        "{strategy:?}: S reuses its own free at once"
+    );
     assert!(!device.event_complete(work).unwrap());
     drop(z);
     // ...T gets it only after S's work: elsewhere, or after waiting for S (vmm waits rather
@@ -93,7 +78,7 @@ fn drop_frees_in_stream_order_on_its_stream(name: &str) {
     let y = DeviceBuffer::new(&allocator, MIB, t).unwrap();
     assert!(
         y.ptr() != freed || device.event_complete(work).unwrap(),
-        "{name}: handed to T while S's work is in flight"
+        "{strategy:?}: handed to T while S's work is in flight"
     );
     let z = DeviceBuffer::new(&allocator, MIB, s).unwrap();
     device.set_events_held(false);
@@ -104,9 +89,9 @@ fn drop_frees_in_stream_order_on_its_stream(name: &str) {
 
 #[test]
 fn free_returns_the_allocators_answer_and_raw_round_trips() {
-    let device = host();
-    let a = strategy("bfc", &device);
-    let b = strategy("bfc", &device);
+    let device = simulated_host(64 * MIB);
+    let a = shared(Strategy::Bfc, &device);
+    let b = shared(Strategy::Bfc, &device);
     let x = DeviceBuffer::new(&a, MIB, Stream::from_raw(0x1234)).unwrap();
     let (ptr, stream) = (x.ptr(), x.stream());
     let raw: RawBuffer = x.into_raw();

@@ -1,6 +1,9 @@
 //! The `portalloc` command line, run as a user runs it.
 #![cfg(feature = "cli")]
 
+#[path = "support/mod.rs"]
+mod support;
+
 use std::process::Command;
 
 fn portalloc(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
@@ -273,29 +276,11 @@ fn replay_refuses_bad_input_with_what_is_accepted() {
 /// escaped) rather than panicking ("Formatting argument out of range" at 65,536).
 #[test]
 fn ledger_prints_a_snapshot_with_a_huge_tag() {
-    use std::sync::Arc;
-
     use portalloc::adaptor::LedgerAllocator;
-    use portalloc::backends::host::HostDevice;
-    use portalloc::strategy::bfc::{BfcAllocator, BfcOptions};
     use portalloc::{Allocator, Stream};
+    use support::common::{bfc, simulated_host};
 
-    let device = Arc::new(
-        HostDevice::builder()
-            .capacity(64 << 20)
-            .simulated(true)
-            .build()
-            .unwrap(),
-    );
-    let bfc = BfcAllocator::new(
-        device,
-        BfcOptions {
-            limit: 32 << 20,
-            preallocate: false,
-        },
-    )
-    .unwrap();
-    let ledger = LedgerAllocator::new(bfc);
+    let ledger = LedgerAllocator::new(bfc(&simulated_host(64 << 20), 32 << 20, false));
     let huge = "x".repeat(70_000);
     let a = ledger.allocate(4096, 0, Stream::DEFAULT, &huge).unwrap();
     let b = ledger

@@ -1,26 +1,20 @@
 //! Out-of-memory diagnosis: each verdict from a situation built for it, through the ledger
 //! adaptor (which attaches the diagnosis to the upstream's error).
 
+#[path = "support/mod.rs"]
+mod support;
+
 use std::sync::Arc;
 
 use portalloc::adaptor::{LedgerAllocator, LedgerOptions, LiveAllocation};
 use portalloc::backends::host::HostDevice;
 use portalloc::diagnose::{diagnose, DiagnoseOptions, Diagnosis, LimitHint, OomContext, Verdict};
-use portalloc::strategy::bfc::{BfcAllocator, BfcOptions};
+use portalloc::strategy::bfc::BfcAllocator;
 use portalloc::strategy::platform::PlatformAllocator;
 use portalloc::{Allocation, Allocator, Config, Device, Error, MemInfo, Stats, Stream};
+use support::common::{bfc, simulated_host};
 
 const MIB: u64 = 1 << 20;
-
-fn host(capacity: u64) -> Arc<HostDevice> {
-    Arc::new(
-        HostDevice::builder()
-            .capacity(capacity)
-            .simulated(true)
-            .build()
-            .unwrap(),
-    )
-}
 
 fn bfc_ledger(
     device: &Arc<HostDevice>,
@@ -28,7 +22,7 @@ fn bfc_ledger(
     preallocate: bool,
     options: LedgerOptions,
 ) -> LedgerAllocator<BfcAllocator<HostDevice>> {
-    let bfc = BfcAllocator::new(Arc::clone(device), BfcOptions { limit, preallocate }).unwrap();
+    let bfc = bfc(device, limit, preallocate);
     let dev: Arc<dyn Device> = Arc::clone(device) as Arc<dyn Device>;
     LedgerAllocator::with_options(bfc, options).with_device(dev)
 }
@@ -62,7 +56,7 @@ fn free_all<A: Allocator>(a: &A, v: Vec<Allocation>) {
 
 #[test]
 fn fragmentation_from_interleaved_frees() {
-    let dev = host(64 * MIB);
+    let dev = simulated_host(64 * MIB);
     let l = bfc_ledger(&dev, 16 * MIB, true, LedgerOptions::default());
     let mut all: Vec<Allocation> = (0..16)
         .map(|_| l.allocate(MIB, 0, Stream::DEFAULT, "buffer").unwrap())
@@ -94,7 +88,7 @@ fn fragmentation_from_interleaved_frees() {
 
 #[test]
 fn other_processes_hold_the_device() {
-    let dev = host(64 * MIB);
+    let dev = simulated_host(64 * MIB);
     // Another allocator on the same device takes 40 MiB of the 64.
     let other = PlatformAllocator::new(Arc::clone(&dev), None);
     let held = other
@@ -117,7 +111,7 @@ fn other_processes_hold_the_device() {
 
 #[test]
 fn growth_exhausted_names_the_variable_that_raises_the_cap() {
-    let dev = host(64 * MIB);
+    let dev = simulated_host(64 * MIB);
     let config = Config::builder()
         .vars(|name| (name == "XLA_CLIENT_MEM_FRACTION").then(|| "0.125".to_string()))
         .host_simulated(true)
@@ -154,7 +148,7 @@ fn growth_exhausted_names_the_variable_that_raises_the_cap() {
 
 #[test]
 fn suspected_leak_from_many_old_live_allocations_of_one_tag() {
-    let dev = host(256 * MIB);
+    let dev = simulated_host(256 * MIB);
     let l = bfc_ledger(&dev, 32 * MIB, true, LedgerOptions::default());
     // A loop that keeps one 1 MiB "activations" buffer per step and frees its workspace.
     let mut kept = Vec::new();
@@ -187,7 +181,7 @@ fn suspected_leak_from_many_old_live_allocations_of_one_tag() {
 
 #[test]
 fn no_leak_verdict_for_young_allocations() {
-    let dev = host(256 * MIB);
+    let dev = simulated_host(256 * MIB);
     let l = bfc_ledger(&dev, 16 * MIB, true, LedgerOptions::default());
     // Few allocations made: too early to call anything a leak.
     let kept: Vec<Allocation> = (0..15)
@@ -200,7 +194,7 @@ fn no_leak_verdict_for_young_allocations() {
 
 #[test]
 fn platform_device_refusal_is_diagnosed() {
-    let dev = host(16 * MIB);
+    let dev = simulated_host(16 * MIB);
     let l = LedgerAllocator::new(PlatformAllocator::new(Arc::clone(&dev), Some(8 * MIB)));
     let a = l.allocate(6 * MIB, 0, Stream::DEFAULT, "buffer").unwrap();
     let e = l

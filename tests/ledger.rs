@@ -1,35 +1,22 @@
 //! The ledger adaptor: live allocations, totals and peaks by tag, JSON round trip, backtraces
 //! only when asked, and donation.
 
+#[path = "support/mod.rs"]
+mod support;
+
 use std::sync::Arc;
 
 use portalloc::adaptor::{LedgerAllocator, LedgerOptions, LedgerSnapshot, BACKTRACE_VARIABLE};
 use portalloc::backends::host::HostDevice;
-use portalloc::strategy::bfc::{BfcAllocator, BfcOptions};
+use portalloc::strategy::bfc::BfcAllocator;
 use portalloc::strategy::platform::PlatformAllocator;
 use portalloc::{Allocator, Error, Stream};
+use support::common::{bfc, simulated_host};
 
 const MIB: u64 = 1 << 20;
 
-fn device() -> Arc<HostDevice> {
-    Arc::new(
-        HostDevice::builder()
-            .capacity(256 * MIB)
-            .simulated(true)
-            .build()
-            .unwrap(),
-    )
-}
-
 fn bfc_ledger(options: LedgerOptions) -> LedgerAllocator<BfcAllocator<HostDevice>> {
-    let bfc = BfcAllocator::new(
-        device(),
-        BfcOptions {
-            limit: 64 * MIB,
-            preallocate: false,
-        },
-    )
-    .unwrap();
+    let bfc = bfc(&simulated_host(256 * MIB), 64 * MIB, false);
     LedgerAllocator::with_options(bfc, options)
 }
 
@@ -118,12 +105,12 @@ fn totals_and_peaks_by_tag_on_a_scripted_sequence() {
 #[test]
 fn rounded_size_is_what_the_upstream_charged() {
     // Platform rounds to 256 B; bfc charges whole chunks.
-    let p = LedgerAllocator::new(PlatformAllocator::new(device(), None));
+    let p = LedgerAllocator::new(PlatformAllocator::new(simulated_host(256 * MIB), None));
     let a = p.allocate(300, 0, Stream::DEFAULT, "t").unwrap();
     assert_eq!(p.lookup(&a).unwrap().rounded, 512);
     p.deallocate(a).unwrap();
     let unmeasured = LedgerAllocator::with_options(
-        PlatformAllocator::new(device(), None),
+        PlatformAllocator::new(simulated_host(256 * MIB), None),
         LedgerOptions {
             measure_rounding: false,
             ..LedgerOptions::default()
@@ -236,7 +223,7 @@ fn ledger_over_a_boxed_strategy() {
         .host_simulated(true)
         .build()
         .unwrap();
-    let dev: Arc<dyn portalloc::Device> = device();
+    let dev: Arc<dyn portalloc::Device> = simulated_host(256 * MIB);
     let strategy = portalloc::strategy::build(&config, Arc::clone(&dev)).unwrap();
     let l = LedgerAllocator::from_boxed(strategy, LedgerOptions::default().with_config(&config))
         .with_device(dev);

@@ -379,17 +379,11 @@ fn real_pangu_lifetimes_need_a_quarter_more_under_preallocated_bfc() {
 #[test]
 fn a_recorded_program_replays_to_the_same_peak() {
     use portalloc::adaptor::RecorderAllocator;
-    use portalloc::backends::host::HostDevice;
     use portalloc::strategy::platform::PlatformAllocator;
     use portalloc::{Allocator, Stream};
+    use support::common::simulated_host;
 
-    let device = Arc::new(
-        HostDevice::builder()
-            .capacity(1 << 30)
-            .simulated(true)
-            .build()
-            .unwrap(),
-    );
+    let device = simulated_host(1 << 30);
     let recorder = RecorderAllocator::new(PlatformAllocator::new(device, None), "test-program");
     let a = recorder
         .allocate(3 * MIB, 0, Stream::DEFAULT, "buffer")

@@ -3,28 +3,43 @@
 //! with the host device holding its events in flight (`set_events_held`), for bfc, the
 //! host's stream-ordered pool, and the `async` strategy over it.
 
+#[path = "support/mod.rs"]
+mod support;
+
 use std::sync::Arc;
 
-use portalloc::backends::host::HostDevice;
+use portalloc::backends::host::{HostCensus, HostDevice};
 use portalloc::strategy::async_pool::{AsyncOptions, AsyncPoolAllocator};
 use portalloc::strategy::bfc::{BfcAllocator, BfcOptions};
-use portalloc::{Allocator, Device};
+use portalloc::{Allocator, Device, Stream};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use support::common::{bfc, host_device};
 use test_case::test_case;
 
 const MIB: u64 = 1 << 20;
 
+/// The device every test here runs on: 64 MiB, real or simulated.
 fn device(simulated: bool) -> Arc<HostDevice> {
-    Arc::new(
-        HostDevice::builder()
-            .capacity(64 * MIB)
-            .simulated(simulated)
-            .build()
-            .unwrap(),
-    )
+    host_device(64 * MIB, simulated)
 }
 
-fn bfc(d: &Arc<HostDevice>, limit: u64, preallocate: bool) -> BfcAllocator<HostDevice> {
-    BfcAllocator::new(Arc::clone(d), BfcOptions { limit, preallocate }).unwrap()
+/// [`device`] with two streams of its own, S and T.
+fn device_with_two_streams(simulated: bool) -> (Arc<HostDevice>, Stream, Stream) {
+    let d = device(simulated);
+    let (s, t) = (d.create_stream().unwrap(), d.create_stream().unwrap());
+    (d, s, t)
+}
+
+/// Everything went back to `d`: no memory, no events; only the test's `streams` are left.
+fn assert_all_returned(d: &HostDevice, streams: u64) {
+    assert_eq!(
+        d.census(),
+        HostCensus {
+            streams,
+            ..HostCensus::default()
+        }
+    );
 }
 
 fn check(a: &dyn Allocator) {
@@ -32,35 +47,35 @@ fn check(a: &dyn Allocator) {
         .unwrap_or_else(|e| panic!("invariant broken: {e}"));
 }
 
-#[test_case(true, false ; "bfc preallocated real")]
-#[test_case(true, true ; "bfc preallocated simulated")]
-#[test_case(false, false ; "bfc growing real")]
-#[test_case(false, true ; "bfc growing simulated")]
-fn bfc_cross_stream_reuse_waits_for_the_event(preallocate: bool, simulated: bool) {
-    let d = device(simulated);
-    let (s, t) = (d.create_stream().unwrap(), d.create_stream().unwrap());
-    let a = bfc(&d, 32 * MIB, preallocate);
-    // Warm up on S alone (a growing pool takes an 8 MiB region), so that T below finds free
-    // memory without waiting for S.
-    let warm = a.allocate(8 * MIB, 0, s, "warm").unwrap();
-    a.deallocate(warm).unwrap();
+/// After a warm-up on S alone (so that T finds free memory without waiting for S), with
+/// events held: memory freed on S is S's at once, T's only after the event recorded at the
+/// free completed (then T gets it: the smallest fit, at the lowest address); at the end
+/// everything, events included, goes back to the device.
+fn cross_stream_reuse_waits_for_the_event<A: Allocator>(
+    d: &HostDevice,
+    (s, t): (portalloc::Stream, portalloc::Stream),
+    a: A,
+    pending_frees: fn(&A) -> (usize, u64),
+) {
     d.set_events_held(true);
 
     let first = a.allocate(MIB, 0, s, "a").unwrap();
     let keep = a.allocate(MIB, 0, t, "b").unwrap();
     let freed = first.ptr();
     a.deallocate(first).unwrap();
-    assert_eq!(a.pending_frees(), (1, MIB), "freed on S while T is in use");
+    assert_eq!(pending_frees(&a), (1, MIB), "freed on S while T is in use");
     assert_eq!(a.stats().bytes_in_use, MIB, "a pending free is not in use");
     check(&a);
 
-    // T may not have it while the event is pending.
     let on_t = a.allocate(MIB, 0, t, "t").unwrap();
-    assert_ne!(on_t.ptr(), freed);
-    // S may, at once.
+    assert_ne!(
+        on_t.ptr(),
+        freed,
+        "T may not have it while the event is pending"
+    );
     let on_s = a.allocate(MIB, 0, s, "s").unwrap();
-    assert_eq!(on_s.ptr(), freed);
-    assert_eq!(a.pending_frees(), (0, 0));
+    assert_eq!(on_s.ptr(), freed, "S may, at once");
+    assert_eq!(pending_frees(&a), (0, 0));
     check(&a);
 
     a.deallocate(on_s).unwrap();
@@ -68,11 +83,10 @@ fn bfc_cross_stream_reuse_waits_for_the_event(preallocate: bool, simulated: bool
     assert_ne!(still.ptr(), freed, "still pending");
     check(&a);
 
-    // Once the event completes, T gets it (the smallest fit, at the lowest address).
     assert!(d.complete_held_events() >= 1);
     let after = a.allocate(MIB, 0, t, "t").unwrap();
-    assert_eq!(after.ptr(), freed);
-    assert_eq!(a.pending_frees(), (0, 0));
+    assert_eq!(after.ptr(), freed, "the event completed: T gets it");
+    assert_eq!(pending_frees(&a), (0, 0));
     check(&a);
 
     for x in [on_t, still, after, keep] {
@@ -81,18 +95,27 @@ fn bfc_cross_stream_reuse_waits_for_the_event(preallocate: bool, simulated: bool
     d.set_events_held(false);
     a.trim().unwrap();
     drop(a);
-    let census = d.census();
-    assert_eq!(
-        (census.allocations, census.bytes_in_use, census.events),
-        (0, 0, 0)
-    );
+    assert_all_returned(d, 2);
+}
+
+#[test_case(true, false ; "bfc preallocated real")]
+#[test_case(true, true ; "bfc preallocated simulated")]
+#[test_case(false, false ; "bfc growing real")]
+#[test_case(false, true ; "bfc growing simulated")]
+fn bfc_cross_stream_reuse_waits_for_the_event(preallocate: bool, simulated: bool) {
+    let (d, s, t) = device_with_two_streams(simulated);
+    let a = bfc(&d, 32 * MIB, preallocate);
+    // Warm up on S alone (a growing pool takes an 8 MiB region), so that T below finds free
+    // memory without waiting for S.
+    let warm = a.allocate(8 * MIB, 0, s, "warm").unwrap();
+    a.deallocate(warm).unwrap();
+    cross_stream_reuse_waits_for_the_event(&d, (s, t), a, BfcAllocator::pending_frees);
 }
 
 #[test_case(false ; "real")]
 #[test_case(true ; "simulated")]
 fn bfc_synchronizes_pending_frees_rather_than_fail(simulated: bool) {
-    let d = device(simulated);
-    let (s, t) = (d.create_stream().unwrap(), d.create_stream().unwrap());
+    let (d, s, t) = device_with_two_streams(simulated);
     // One preallocated region of 4 MiB, filled with four 1 MiB chunks.
     let a = bfc(&d, 4 * MIB, true);
     d.set_events_held(true);
@@ -114,11 +137,7 @@ fn bfc_synchronizes_pending_frees_rather_than_fail(simulated: bool) {
     }
     d.set_events_held(false);
     drop(a);
-    let census = d.census();
-    assert_eq!(
-        (census.allocations, census.bytes_in_use, census.events),
-        (0, 0, 0)
-    );
+    assert_all_returned(&d, 2);
 }
 
 #[test_case(false ; "real")]
@@ -147,8 +166,7 @@ fn bfc_on_one_stream_makes_no_events(simulated: bool) {
 #[test_case(false ; "real")]
 #[test_case(true ; "simulated")]
 fn bfc_events_come_from_a_small_pool(simulated: bool) {
-    let d = device(simulated);
-    let (s, t) = (d.create_stream().unwrap(), d.create_stream().unwrap());
+    let (d, s, t) = device_with_two_streams(simulated);
     let a = bfc(&d, 32 * MIB, true);
     let on_t = a.allocate(256, 0, t, "t").unwrap();
     for _ in 0..1000 {
@@ -168,8 +186,7 @@ fn bfc_events_come_from_a_small_pool(simulated: bool) {
 #[test_case(false ; "real")]
 #[test_case(true ; "simulated")]
 fn host_pool_cross_stream_reuse_waits_for_the_event(simulated: bool) {
-    let d = device(simulated);
-    let (s, t) = (d.create_stream().unwrap(), d.create_stream().unwrap());
+    let (d, s, t) = device_with_two_streams(simulated);
     let pool = d.stream_ordered_pool().expect("the host has a pool");
     d.set_events_held(true);
 
@@ -192,15 +209,13 @@ fn host_pool_cross_stream_reuse_waits_for_the_event(simulated: bool) {
     d.set_events_held(false);
     pool.trim_to(0).unwrap();
     assert_eq!(pool.usage().unwrap().reserved_current, 0);
-    let census = d.census();
-    assert_eq!((census.allocations, census.bytes_in_use), (0, 0));
+    assert_all_returned(&d, 2);
 }
 
 #[test_case(false ; "real")]
 #[test_case(true ; "simulated")]
 fn host_pool_synchronizing_the_stream_completes_its_frees(simulated: bool) {
-    let d = device(simulated);
-    let (s, t) = (d.create_stream().unwrap(), d.create_stream().unwrap());
+    let (d, s, t) = device_with_two_streams(simulated);
     let pool = d.stream_ordered_pool().unwrap();
     pool.set_release_threshold(64 * MIB).unwrap();
     d.set_events_held(true);
@@ -220,15 +235,13 @@ fn host_pool_synchronizing_the_stream_completes_its_frees(simulated: bool) {
     pool.free_async(z, t).unwrap();
     d.set_events_held(false);
     pool.trim_to(0).unwrap();
-    let census = d.census();
-    assert_eq!((census.allocations, census.bytes_in_use), (0, 0));
+    assert_all_returned(&d, 2);
 }
 
 #[test_case(false ; "real")]
 #[test_case(true ; "simulated")]
 fn async_strategy_cross_stream_reuse_waits_for_the_event(simulated: bool) {
-    let d = device(simulated);
-    let (s, t) = (d.create_stream().unwrap(), d.create_stream().unwrap());
+    let (d, s, t) = device_with_two_streams(simulated);
     let a = AsyncPoolAllocator::new(Arc::clone(&d), AsyncOptions::new(32 * MIB)).unwrap();
     d.set_events_held(true);
 
@@ -253,8 +266,7 @@ fn async_strategy_cross_stream_reuse_waits_for_the_event(simulated: bool) {
     }
     d.set_events_held(false);
     drop(a);
-    let census = d.census();
-    assert_eq!((census.allocations, census.bytes_in_use), (0, 0));
+    assert_all_returned(&d, 2);
 }
 
 /// A device that reports which events were recorded and what was waited for, so that a
@@ -348,31 +360,21 @@ fn settle(w: &Watch, unsafe_ranges: &mut Vec<Unsafe>) {
     });
 }
 
-/// Random traffic on three streams with events held and completed at random: live
-/// allocations never overlap, and no stream is handed memory freed on another stream before
-/// the event recorded at the free completed (or the allocator waited for it).
-#[test_case(true, 1 ; "bfc preallocated, seed 1")]
-#[test_case(false, 2 ; "bfc growing, seed 2")]
-#[test_case(true, 3 ; "bfc preallocated, seed 3")]
-#[test_case(false, 4 ; "bfc growing, seed 4")]
-fn bfc_random_multi_stream_traffic_keeps_the_contract(preallocate: bool, seed: u64) {
-    use rand::rngs::SmallRng;
-    use rand::{Rng, SeedableRng};
-
-    let host = device(true);
-    let w = Arc::new(Watch {
-        inner: Arc::clone(&host),
-        seen: Default::default(),
-    });
+/// Random traffic on three streams of `host`, through `a` over `w`, with events held and
+/// completed at random: live allocations never overlap, no stream is handed memory freed on
+/// another before the event recorded at the free completed (or the allocator waited for it),
+/// a stream does reuse its own pending frees, the device never holds more than the
+/// allocator's 16 MiB budget, running out of it is a typed out-of-memory error, and at the
+/// end everything (memory and events) goes back to the device.
+fn random_multi_stream_traffic<A: Allocator>(
+    host: &HostDevice,
+    w: &Watch,
+    a: A,
+    pending_frees: fn(&A) -> (usize, u64),
+    seed: u64,
+    draw_size: fn(&mut SmallRng) -> u64,
+) {
     let streams: Vec<_> = (0..3).map(|_| host.create_stream().unwrap()).collect();
-    let a = BfcAllocator::new(
-        Arc::clone(&w),
-        BfcOptions {
-            limit: 16 * MIB,
-            preallocate,
-        },
-    )
-    .unwrap();
     let mut rng = SmallRng::seed_from_u64(seed);
     let mut live: Vec<portalloc::Allocation> = Vec::new();
     let mut unsafe_ranges: Vec<Unsafe> = Vec::new();
@@ -382,27 +384,30 @@ fn bfc_random_multi_stream_traffic_keeps_the_contract(preallocate: bool, seed: u
         match rng.gen_range(0..100) {
             0..=54 => {
                 let s = streams[rng.gen_range(0..3)];
-                let size = rng.gen_range(1..=256 * 1024);
+                let size = draw_size(&mut rng);
                 let result = a.allocate(size, 0, s, "x");
-                settle(&w, &mut unsafe_ranges);
-                if let Ok(x) = result {
-                    let (start, end) = (x.ptr(), x.ptr() + x.size());
-                    for &(us, ue, owner, _) in &unsafe_ranges {
-                        let overlaps = start < ue && us < end;
-                        assert!(
-                            owner == s || !overlaps,
-                            "step {step}: {start:#x}..{end:#x} on {s:?} overlaps memory \
-                             pending on {owner:?}"
-                        );
-                        reused_pending += usize::from(overlaps);
+                settle(w, &mut unsafe_ranges);
+                match result {
+                    Ok(x) => {
+                        let (start, end) = (x.ptr(), x.ptr() + x.size());
+                        for &(us, ue, owner, _) in &unsafe_ranges {
+                            let overlaps = start < ue && us < end;
+                            assert!(
+                                owner == s || !overlaps,
+                                "step {step}: {start:#x}..{end:#x} on {s:?} overlaps memory \
+                                 pending on {owner:?}"
+                            );
+                            reused_pending += usize::from(overlaps);
+                        }
+                        // Reused by its own stream: a later free makes a new entry.
+                        unsafe_ranges
+                            .retain(|&(us, ue, owner, _)| owner != s || end <= us || ue <= start);
+                        for y in &live {
+                            assert!(end <= y.ptr() || y.ptr() + y.size() <= start, "overlap");
+                        }
+                        live.push(x);
                     }
-                    // Reused by its own stream: a later free makes a new entry.
-                    unsafe_ranges
-                        .retain(|&(us, ue, owner, _)| owner != s || end <= us || ue <= start);
-                    for y in &live {
-                        assert!(end <= y.ptr() || y.ptr() + y.size() <= start, "overlap");
-                    }
-                    live.push(x);
+                    Err(e) => assert!(e.is_out_of_memory(), "step {step}: {e}"),
                 }
             }
             55..=94 if !live.is_empty() => {
@@ -421,6 +426,7 @@ fn bfc_random_multi_stream_traffic_keeps_the_contract(preallocate: bool, seed: u
         if step % 50 == 0 {
             check(&a);
         }
+        assert!(host.census().bytes_in_use <= 16 * MIB);
     }
     assert!(reused_pending > 0, "no stream reused its own pending free");
     for x in live {
@@ -430,13 +436,45 @@ fn bfc_random_multi_stream_traffic_keeps_the_contract(preallocate: bool, seed: u
     assert_eq!(a.stats().bytes_in_use, 0);
     host.set_events_held(false);
     a.trim().unwrap();
-    assert_eq!(a.pending_frees(), (0, 0));
+    assert_eq!(pending_frees(&a), (0, 0));
     drop(a);
-    let census = host.census();
-    assert_eq!(
-        (census.allocations, census.bytes_in_use, census.events),
-        (0, 0, 0)
-    );
+    assert_all_returned(host, 3);
+}
+
+/// Sizes up to 256 KiB.
+fn small_size(rng: &mut SmallRng) -> u64 {
+    rng.gen_range(1..=256 * 1024)
+}
+
+/// Sizes up to 256 KiB, and one in five of 2 to 5 MiB (more than a vmm granule).
+fn mostly_small_size(rng: &mut SmallRng) -> u64 {
+    if rng.gen_bool(0.8) {
+        small_size(rng)
+    } else {
+        rng.gen_range(2 * MIB..=5 * MIB)
+    }
+}
+
+/// [`random_multi_stream_traffic`] through bfc.
+#[test_case(true, 1 ; "bfc preallocated, seed 1")]
+#[test_case(false, 2 ; "bfc growing, seed 2")]
+#[test_case(true, 3 ; "bfc preallocated, seed 3")]
+#[test_case(false, 4 ; "bfc growing, seed 4")]
+fn bfc_random_multi_stream_traffic_keeps_the_contract(preallocate: bool, seed: u64) {
+    let host = device(true);
+    let w = Arc::new(Watch {
+        inner: Arc::clone(&host),
+        seen: Default::default(),
+    });
+    let a = BfcAllocator::new(
+        Arc::clone(&w),
+        BfcOptions {
+            limit: 16 * MIB,
+            preallocate,
+        },
+    )
+    .unwrap();
+    random_multi_stream_traffic(&host, &w, a, BfcAllocator::pending_frees, seed, small_size);
 }
 
 /// Random traffic on the host pool with events held: no stream is handed memory freed on
@@ -446,9 +484,6 @@ fn bfc_random_multi_stream_traffic_keeps_the_contract(preallocate: bool, seed: u
 #[test_case(2 ; "seed 2")]
 #[test_case(3 ; "seed 3")]
 fn host_pool_random_traffic_keeps_the_contract(seed: u64) {
-    use rand::rngs::SmallRng;
-    use rand::{Rng, SeedableRng};
-
     let d = device(true);
     let streams: Vec<_> = (0..3).map(|_| d.create_stream().unwrap()).collect();
     let pool = d.stream_ordered_pool().unwrap();
@@ -551,8 +586,7 @@ use portalloc::strategy::vmm::{VmmAllocator, VmmOptions};
 #[test_case(false ; "vmm real")]
 #[test_case(true ; "vmm simulated")]
 fn vmm_cross_stream_reuse_waits_for_the_event(simulated: bool) {
-    let d = device(simulated);
-    let (s, t) = (d.create_stream().unwrap(), d.create_stream().unwrap());
+    let (d, s, t) = device_with_two_streams(simulated);
     let a = VmmAllocator::new(Arc::clone(&d), VmmOptions::new(32 * MIB)).unwrap();
     // Warm up on S alone (8 MiB of low granules mapped), so that T below finds mapped free
     // memory without waiting for S: vmm waits for pending frees before mapping more.
@@ -562,54 +596,7 @@ fn vmm_cross_stream_reuse_waits_for_the_event(simulated: bool) {
     for x in warm {
         a.deallocate(x).unwrap();
     }
-    d.set_events_held(true);
-
-    let first = a.allocate(MIB, 0, s, "a").unwrap();
-    let keep = a.allocate(MIB, 0, t, "b").unwrap();
-    let freed = first.ptr();
-    a.deallocate(first).unwrap();
-    assert_eq!(a.pending_frees(), (1, MIB), "freed on S while T is in use");
-    assert_eq!(a.stats().bytes_in_use, MIB, "a pending free is not in use");
-    check(&a);
-
-    let on_t = a.allocate(MIB, 0, t, "t").unwrap();
-    assert_ne!(
-        on_t.ptr(),
-        freed,
-        "T may not have it while the event is pending"
-    );
-    let on_s = a.allocate(MIB, 0, s, "s").unwrap();
-    assert_eq!(on_s.ptr(), freed, "S may, at once");
-    assert_eq!(a.pending_frees(), (0, 0));
-    check(&a);
-
-    a.deallocate(on_s).unwrap();
-    let still = a.allocate(MIB, 0, t, "t").unwrap();
-    assert_ne!(still.ptr(), freed, "still pending");
-
-    assert!(d.complete_held_events() >= 1);
-    let after = a.allocate(MIB, 0, t, "t").unwrap();
-    assert_eq!(after.ptr(), freed, "the event completed: T gets it");
-    assert_eq!(a.pending_frees(), (0, 0));
-    check(&a);
-
-    for x in [on_t, still, after, keep] {
-        a.deallocate(x).unwrap();
-    }
-    d.set_events_held(false);
-    a.trim().unwrap();
-    drop(a);
-    let census = d.census();
-    assert_eq!(
-        (
-            census.bytes_in_use,
-            census.physical_handles,
-            census.mappings,
-            census.reservations,
-            census.events
-        ),
-        (0, 0, 0, 0, 0)
-    );
+    cross_stream_reuse_waits_for_the_event(&d, (s, t), a, VmmAllocator::pending_frees);
 }
 
 /// [`Watch`] with the host's virtual memory, for vmm.
@@ -665,99 +652,23 @@ impl Device for WatchVm {
     }
 }
 
-/// Random traffic on three streams through vmm, with events held and completed at random:
-/// live allocations never overlap, no stream is handed memory freed on another before the
-/// event recorded at the free completed (or the allocator waited for it), the budget holds,
-/// and everything goes back to the device.
+/// [`random_multi_stream_traffic`] through vmm, with sizes beyond a granule too.
 #[test_case(1 ; "vmm, seed 1")]
 #[test_case(2 ; "vmm, seed 2")]
 #[test_case(3 ; "vmm, seed 3")]
 fn vmm_random_multi_stream_traffic_keeps_the_contract(seed: u64) {
-    use rand::rngs::SmallRng;
-    use rand::{Rng, SeedableRng};
-
     let host = device(true);
     let w = Arc::new(WatchVm(Watch {
         inner: Arc::clone(&host),
         seen: Default::default(),
     }));
-    let streams: Vec<_> = (0..3).map(|_| host.create_stream().unwrap()).collect();
     let a = VmmAllocator::new(Arc::clone(&w), VmmOptions::new(16 * MIB)).unwrap();
-    let mut rng = SmallRng::seed_from_u64(seed);
-    let mut live: Vec<portalloc::Allocation> = Vec::new();
-    let mut unsafe_ranges: Vec<Unsafe> = Vec::new();
-    let mut reused_pending = 0;
-    host.set_events_held(true);
-    for step in 0..3000 {
-        match rng.gen_range(0..100) {
-            0..=54 => {
-                let s = streams[rng.gen_range(0..3)];
-                let size = if rng.gen_bool(0.8) {
-                    rng.gen_range(1..=256 * 1024)
-                } else {
-                    rng.gen_range(2 * MIB..=5 * MIB)
-                };
-                let result = a.allocate(size, 0, s, "x");
-                settle(&w.0, &mut unsafe_ranges);
-                match result {
-                    Ok(x) => {
-                        let (start, end) = (x.ptr(), x.ptr() + x.size());
-                        for &(us, ue, owner, _) in &unsafe_ranges {
-                            let overlaps = start < ue && us < end;
-                            assert!(
-                                owner == s || !overlaps,
-                                "step {step}: {start:#x}..{end:#x} on {s:?} overlaps memory \
-                                 pending on {owner:?}"
-                            );
-                            reused_pending += usize::from(overlaps);
-                        }
-                        unsafe_ranges
-                            .retain(|&(us, ue, owner, _)| owner != s || end <= us || ue <= start);
-                        for y in &live {
-                            assert!(end <= y.ptr() || y.ptr() + y.size() <= start, "overlap");
-                        }
-                        live.push(x);
-                    }
-                    Err(e) => assert!(e.is_out_of_memory(), "step {step}: {e}"),
-                }
-            }
-            55..=94 if !live.is_empty() => {
-                let x = live.swap_remove(rng.gen_range(0..live.len()));
-                let (start, end, s) = (x.ptr(), x.ptr() + x.size(), x.stream());
-                a.deallocate(x).unwrap();
-                let seen = w.0.seen();
-                let event = seen.recorded.last().map(|&(e, _)| e);
-                unsafe_ranges.push((start, end, s, event));
-            }
-            _ => {
-                host.complete_held_events();
-                unsafe_ranges.clear();
-            }
-        }
-        if step % 50 == 0 {
-            check(&a);
-        }
-        assert!(host.census().bytes_in_use <= 16 * MIB);
-    }
-    assert!(reused_pending > 0, "no stream reused its own pending free");
-    for x in live {
-        a.deallocate(x).unwrap();
-    }
-    check(&a);
-    assert_eq!(a.stats().bytes_in_use, 0);
-    host.set_events_held(false);
-    a.trim().unwrap();
-    assert_eq!(a.pending_frees(), (0, 0));
-    drop(a);
-    let census = host.census();
-    assert_eq!(
-        (
-            census.bytes_in_use,
-            census.physical_handles,
-            census.mappings,
-            census.reservations,
-            census.events
-        ),
-        (0, 0, 0, 0, 0)
+    random_multi_stream_traffic(
+        &host,
+        &w.0,
+        a,
+        VmmAllocator::pending_frees,
+        seed,
+        mostly_small_size,
     );
 }

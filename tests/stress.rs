@@ -11,6 +11,9 @@
 //! statistics counters (`Relaxed` loads and adds). `allocators_are_send_and_sync` asserts at
 //! compile time that every allocator, adaptor and device is `Send + Sync`.
 
+#[path = "support/mod.rs"]
+mod support;
+
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -19,11 +22,12 @@ use std::thread;
 use portalloc::adaptor::{CountingDevice, LedgerAllocator, RecorderAllocator};
 use portalloc::backends::host::HostDevice;
 use portalloc::device::{Device, Stream};
-use portalloc::strategy::async_pool::{AsyncOptions, AsyncPoolAllocator};
-use portalloc::strategy::bfc::{BfcAllocator, BfcOptions};
+use portalloc::strategy::async_pool::AsyncPoolAllocator;
+use portalloc::strategy::bfc::BfcAllocator;
 use portalloc::strategy::platform::PlatformAllocator;
-use portalloc::strategy::vmm::{VmmAllocator, VmmOptions};
+use portalloc::strategy::vmm::VmmAllocator;
 use portalloc::{Allocation, Allocator, Portalloc};
+use support::common::{simulated_host, Strategy};
 
 const MIB: u64 = 1 << 20;
 const THREADS: usize = 8;
@@ -58,36 +62,7 @@ fn allocators_are_send_and_sync() {
     assert_send_sync::<portalloc::backends::hip::HipDevice>();
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Strategy {
-    Bfc,
-    BfcGrow,
-    Platform,
-    Vmm,
-    Async,
-}
-
 impl Strategy {
-    fn build(self, device: Arc<HostDevice>) -> Box<dyn Allocator> {
-        match self {
-            Strategy::Bfc | Strategy::BfcGrow => Box::new(
-                BfcAllocator::new(
-                    device,
-                    BfcOptions {
-                        limit: LIMIT,
-                        preallocate: self == Strategy::Bfc,
-                    },
-                )
-                .unwrap(),
-            ),
-            Strategy::Platform => Box::new(PlatformAllocator::new(device, Some(LIMIT))),
-            Strategy::Vmm => Box::new(VmmAllocator::new(device, VmmOptions::new(LIMIT)).unwrap()),
-            Strategy::Async => {
-                Box::new(AsyncPoolAllocator::new(device, AsyncOptions::new(LIMIT)).unwrap())
-            }
-        }
-    }
-
     /// The largest alignment the strategy accepts that the stress test asks for.
     fn max_alignment(self) -> u64 {
         match self {
@@ -167,13 +142,7 @@ impl Overlap {
 }
 
 fn stress(strategy: Strategy) {
-    let host = Arc::new(
-        HostDevice::builder()
-            .capacity(CAPACITY)
-            .simulated(true)
-            .build()
-            .unwrap(),
-    );
+    let host = simulated_host(CAPACITY);
     let streams: Vec<Stream> = (0..THREADS)
         .map(|i| {
             if i == 0 {
@@ -183,7 +152,7 @@ fn stress(strategy: Strategy) {
             }
         })
         .collect();
-    let allocator: Arc<dyn Allocator> = Arc::from(strategy.build(Arc::clone(&host)));
+    let allocator: Arc<dyn Allocator> = Arc::from(strategy.build(Arc::clone(&host), LIMIT));
     let ranges: Arc<Ranges> = Arc::default();
     // Every thread starts at once, and the most threads inside an allocator call at the same
     // moment is measured: evidence that the threads did overlap.

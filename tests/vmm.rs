@@ -2,6 +2,9 @@
 //! trim, stitching, the physical budget, OOM reports, fault injection, and the figures on
 //! the real traces in `../shared/traces` (skipped with a message where they are absent).
 
+#[path = "support/mod.rs"]
+mod support;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -18,37 +21,17 @@ use portalloc::trace::Op;
 use portalloc::{Allocation, Allocator, Device, Error, Stream};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
+use support::common::{alloc, free, host_device};
 use test_case::test_case;
 
 const MIB: u64 = 1 << 20;
 const GRANULE: u64 = 2 * MIB;
 
-fn device(capacity: u64, simulated: bool) -> Arc<HostDevice> {
-    Arc::new(
-        HostDevice::builder()
-            .capacity(capacity)
-            .simulated(simulated)
-            .build()
-            .unwrap(),
-    )
-}
-
 /// A vmm allocator with budget `limit` over a simulated device of 64 MiB more.
 fn vmm(limit: u64) -> (Arc<HostDevice>, VmmAllocator<HostDevice>) {
-    let d = device(limit + 64 * MIB, true);
+    let d = host_device(limit + 64 * MIB, true);
     let a = VmmAllocator::new(Arc::clone(&d), VmmOptions::new(limit)).unwrap();
     (d, a)
-}
-
-fn alloc(a: &impl Allocator, size: u64) -> Allocation {
-    let x = a.allocate(size, 0, Stream::DEFAULT, "test").unwrap();
-    a.check_invariants().unwrap();
-    x
-}
-
-fn free(a: &impl Allocator, x: Allocation) {
-    a.deallocate(x).unwrap();
-    a.check_invariants().unwrap();
 }
 
 fn census(handles: u64, mappings: u64, reservations: u64) -> (u64, u64, u64) {
@@ -379,7 +362,7 @@ impl Device for NoVmm {
 
 #[test]
 fn a_device_without_virtual_memory_is_unsupported() {
-    let d = Arc::new(NoVmm(device(64 * MIB, true)));
+    let d = Arc::new(NoVmm(host_device(64 * MIB, true)));
     match VmmAllocator::new(d, VmmOptions::new(32 * MIB)) {
         Err(Error::Unsupported {
             what,
@@ -534,7 +517,7 @@ fn injected_faults_give_typed_errors_and_leak_nothing(call: Call) {
     for real in [false, true] {
         let mut tripped = 0;
         for at in 1..=24 {
-            let host = device(64 * MIB, !real);
+            let host = host_device(64 * MIB, !real);
             let faulty = Arc::new(Faulty {
                 inner: Arc::clone(&host),
                 call,
@@ -589,7 +572,7 @@ fn injected_faults_give_typed_errors_and_leak_nothing(call: Call) {
 
 #[test]
 fn dropping_with_live_allocations_returns_everything() {
-    let d = device(64 * MIB, false);
+    let d = host_device(64 * MIB, false);
     let a = VmmAllocator::new(Arc::clone(&d), VmmOptions::new(32 * MIB)).unwrap();
     let _small = alloc(&a, 1000);
     let _large = alloc(&a, 5 * MIB);
@@ -599,7 +582,7 @@ fn dropping_with_live_allocations_returns_everything() {
 
 #[test]
 fn real_memory_survives_stitching() {
-    let d = device(64 * MIB, false);
+    let d = host_device(64 * MIB, false);
     let a = VmmAllocator::new(Arc::clone(&d), VmmOptions::new(8 * MIB)).unwrap();
     let mut v: Vec<Option<Allocation>> = (0..4).map(|_| Some(alloc(&a, 2 * MIB))).collect();
     for (i, x) in v.iter().enumerate() {
@@ -666,7 +649,7 @@ fn load_traces() -> Option<Vec<(String, TraceInput)>> {
 
 /// Replays a trace through vmm directly (the engine does not see vmm's own counters).
 fn vmm_counters(input: &TraceInput, baseline: &Baseline, capacity: u64, limit: u64) -> VmmCounters {
-    let host = device(capacity, true);
+    let host = host_device(capacity, true);
     let d = Arc::new(CountingDevice::new(host));
     let a = VmmAllocator::new(d, VmmOptions::new(limit)).unwrap();
     let mut live = std::collections::HashMap::new();
@@ -950,7 +933,7 @@ fn all_back(d: &HostDevice) {
 #[test_case(false, 3 * MIB ; "real, large")]
 #[test_case(true, 3 * MIB ; "simulated, large")]
 fn cross_stream_reuse_waits_for_the_event(simulated: bool, size: u64) {
-    let d = device(128 * MIB, simulated);
+    let d = host_device(128 * MIB, simulated);
     let (s, t) = (d.create_stream().unwrap(), d.create_stream().unwrap());
     let a = VmmAllocator::new(Arc::clone(&d), VmmOptions::new(64 * MIB)).unwrap();
     // Warm up on S alone: 16 MiB mapped and free, so that T below finds mapped memory
@@ -1012,7 +995,7 @@ fn cross_stream_reuse_waits_for_the_event(simulated: bool, size: u64) {
 /// A double free is refused while the first free is pending.
 #[test]
 fn a_pending_free_cannot_be_freed_again() {
-    let d = device(64 * MIB, true);
+    let d = host_device(64 * MIB, true);
     let (s, t) = (d.create_stream().unwrap(), d.create_stream().unwrap());
     let a = VmmAllocator::new(Arc::clone(&d), VmmOptions::new(32 * MIB)).unwrap();
     d.set_events_held(true);
@@ -1033,7 +1016,7 @@ fn a_pending_free_cannot_be_freed_again() {
 #[test_case(false ; "real")]
 #[test_case(true ; "simulated")]
 fn pending_granules_are_not_stitched_or_trimmed(simulated: bool) {
-    let host = device(64 * MIB, simulated);
+    let host = host_device(64 * MIB, simulated);
     let d = Logged::new(&host);
     let (s, t) = (host.create_stream().unwrap(), host.create_stream().unwrap());
     let a = VmmAllocator::new(Arc::clone(&d), VmmOptions::new(10 * MIB)).unwrap();
@@ -1136,7 +1119,7 @@ fn pending_granules_are_not_stitched_or_trimmed(simulated: bool) {
 #[test_case(false ; "real")]
 #[test_case(true ; "simulated")]
 fn one_stream_makes_no_events_and_switching_synchronizes_once(simulated: bool) {
-    let host = device(64 * MIB, simulated);
+    let host = host_device(64 * MIB, simulated);
     let d = Logged::new(&host);
     let (s, t) = (host.create_stream().unwrap(), host.create_stream().unwrap());
     let a = VmmAllocator::new(Arc::clone(&d), VmmOptions::new(32 * MIB)).unwrap();
@@ -1167,7 +1150,7 @@ fn one_stream_makes_no_events_and_switching_synchronizes_once(simulated: bool) {
 
 #[test]
 fn events_come_from_a_small_pool() {
-    let d = device(64 * MIB, true);
+    let d = host_device(64 * MIB, true);
     let (s, t) = (d.create_stream().unwrap(), d.create_stream().unwrap());
     let a = VmmAllocator::new(Arc::clone(&d), VmmOptions::new(32 * MIB)).unwrap();
     let on_t = on(&a, 256, t);
@@ -1196,7 +1179,7 @@ fn events_come_from_a_small_pool() {
 #[test_case(false ; "real")]
 #[test_case(true ; "simulated")]
 fn synchronizes_pending_frees_rather_than_fail(simulated: bool) {
-    let d = device(64 * MIB, simulated);
+    let d = host_device(64 * MIB, simulated);
     let (s, t) = (d.create_stream().unwrap(), d.create_stream().unwrap());
     let a = VmmAllocator::new(Arc::clone(&d), VmmOptions::new(8 * MIB)).unwrap();
     d.set_events_held(true);
