@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use portalloc::backends::host::HostDevice;
 use portalloc::config::parse_size;
-use portalloc::config::{Config, Setting};
+use portalloc::config::{Config, ConfigBuilder, Setting};
 use portalloc::device::{Device, Event, PhysicalHandle, Stream, StreamOrderedPool, VirtualMemory};
 use portalloc::replay::workload::{TransformerTrain, Workload};
 use portalloc::replay::{self, Baseline, ReplayOptions, ReplayStrategy, TraceInput};
@@ -344,30 +344,17 @@ fn builder_fraction_out_of_range_is_refused(fraction: f64) {
     }
 }
 
-#[test_case(i64::MIN ; "i64 min")]
-#[test_case(-2 ; "minus two")]
-fn builder_async_prealloc_below_minus_one_is_refused(bytes: i64) {
-    match Config::builder()
-        .ignore_env()
-        .async_prealloc(bytes)
-        .build()
-        .unwrap_err()
-    {
-        Error::Config { variable, .. } => assert_eq!(variable, "async_prealloc"),
-        other => panic!("{bytes}: {other}"),
-    }
-}
-
-#[test]
-fn builder_host_capacity_zero_is_refused() {
-    match Config::builder()
-        .ignore_env()
-        .host_capacity(0)
-        .build()
-        .unwrap_err()
-    {
-        Error::Config { variable, .. } => assert_eq!(variable, "host_capacity"),
-        other => panic!("{other}"),
+/// A setting out of range is refused, the error naming the setting.
+#[test_case(|b| b.async_prealloc(i64::MIN), "async_prealloc" ; "async prealloc i64 min")]
+#[test_case(|b| b.async_prealloc(-2), "async_prealloc" ; "async prealloc minus two")]
+#[test_case(|b| b.host_capacity(0), "host_capacity" ; "host capacity zero")]
+fn builder_setting_out_of_range_is_refused(
+    set: fn(ConfigBuilder<'static>) -> ConfigBuilder<'static>,
+    setting: &str,
+) {
+    match set(Config::builder().ignore_env()).build().unwrap_err() {
+        Error::Config { variable, .. } => assert_eq!(variable, setting),
+        other => panic!("{setting}: {other}"),
     }
 }
 
@@ -516,6 +503,13 @@ fn unknown_trace_format_names_are_config_errors(name: &str) {
 // Replay options and workloads
 // ---------------------------------------------------------------------------------------------
 
+/// Every strategy `replay` knows (each of its names, parsed).
+fn every_replay_strategy() -> impl Iterator<Item = ReplayStrategy> {
+    replay::STRATEGY_NAMES
+        .iter()
+        .map(|name| ReplayStrategy::parse(name).unwrap())
+}
+
 fn tiny_input() -> TraceInput {
     let w = TransformerTrain {
         layers: 1,
@@ -566,13 +560,7 @@ fn replay_device_specs_are_checked(capacity: u64, granularity: u64, want: &str) 
     };
     let input = tiny_input();
     let baseline = Baseline::scan(&input).unwrap();
-    for s in [
-        ReplayStrategy::Bfc,
-        ReplayStrategy::BfcGrow,
-        ReplayStrategy::Vmm,
-        ReplayStrategy::Async,
-        ReplayStrategy::Platform,
-    ] {
+    for s in every_replay_strategy() {
         match replay::replay(&input, &baseline, s, &options, None) {
             // A device that cannot hold anything replays with every allocation out of
             // memory, counted, not an error.
@@ -602,13 +590,7 @@ fn replay_with_a_hostile_fraction_is_a_config_error(fraction: f64) {
         fraction,
         samples: 4,
     };
-    for s in [
-        ReplayStrategy::Bfc,
-        ReplayStrategy::BfcGrow,
-        ReplayStrategy::Vmm,
-        ReplayStrategy::Async,
-        ReplayStrategy::Platform,
-    ] {
+    for s in every_replay_strategy() {
         let e = replay::replay(&input, &baseline, s, &options, None).unwrap_err();
         assert_eq!(variant(&e), "Config", "{s:?}: {e}");
     }

@@ -538,23 +538,32 @@ fn child_env(cmd: &mut Command) -> &mut Command {
         .env_remove("XLA_PYTHON_CLIENT_MEM_FRACTION")
 }
 
-#[test]
-fn torch_hooks() {
-    let exe = std::env::current_exe().unwrap();
-    let out = child_env(&mut Command::new(exe))
-        .env(CHILD, "1")
-        .args([
-            "--exact",
-            "torch_hooks_in_child",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .output()
-        .unwrap();
+/// A command that runs the test `name` of this test executable, alone.
+fn this_test_alone(name: &str) -> Command {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", name, "--nocapture", "--test-threads=1"]);
+    cmd
+}
+
+/// Runs `cmd` to its end: whether it succeeded, and its output (stdout, then stderr).
+fn run_to_end(cmd: &mut Command) -> (bool, String) {
+    let out = cmd.output().unwrap();
     let text =
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{text}");
-    assert!(text.contains("1 passed"), "{text}");
+    (out.status.success(), text)
+}
+
+/// Asserts that a run of [`run_to_end`] succeeded and printed `marker`; a failure shows
+/// `context` and the output.
+fn assert_ran_to((succeeded, text): (bool, String), marker: &str, context: &str) {
+    assert!(succeeded, "{context}{text}");
+    assert!(text.contains(marker), "{context}{text}");
+}
+
+#[test]
+fn torch_hooks() {
+    let ran = run_to_end(child_env(&mut this_test_alone("torch_hooks_in_child")).env(CHILD, "1"));
+    assert_ran_to(ran, "1 passed", "");
 }
 
 #[test]
@@ -632,8 +641,8 @@ fn foreign_streams_through_the_hooks(strategy: &str, preallocate: &str) {
         std::process::id()
     ));
     std::fs::copy(built, &lib).unwrap();
-    let exe = std::env::current_exe().unwrap();
-    let out = Command::new(exe)
+    let mut child = this_test_alone("foreign_streams_child");
+    child
         .env(FOREIGN_CHILD, "1")
         .env("PORTALLOC_BACKEND", "cuda")
         .env("PORTALLOC_CUDA_LIBRARY", &lib)
@@ -644,20 +653,10 @@ fn foreign_streams_through_the_hooks(strategy: &str, preallocate: &str) {
         .env_remove("PORTALLOC_ALLOCATOR")
         .env_remove("XLA_CLIENT_MEM_FRACTION")
         .env_remove("XLA_PYTHON_CLIENT_MEM_FRACTION")
-        .env_remove("TF_GPU_ALLOCATOR")
-        .args([
-            "--exact",
-            "foreign_streams_child",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .output()
-        .unwrap();
+        .env_remove("TF_GPU_ALLOCATOR");
+    let ran = run_to_end(&mut child);
     let _ = std::fs::remove_file(&lib);
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{strategy}: {text}");
-    assert!(text.contains("foreign streams: ok"), "{strategy}: {text}");
+    assert_ran_to(ran, "foreign streams: ok", &format!("{strategy}: "));
 }
 
 #[test]
@@ -918,12 +917,9 @@ fn c_program_against_the_header_and_cdylib() {
         "{}",
         String::from_utf8_lossy(&build.stderr)
     );
-    let out = child_env(&mut Command::new(&exe)).output().unwrap();
+    let ran = run_to_end(child_env(&mut Command::new(&exe)));
     let _ = std::fs::remove_file(&exe);
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{text}");
-    assert!(text.contains("capi_c: ok"), "{text}");
+    assert_ran_to(ran, "capi_c: ok", "");
 }
 
 #[test]
@@ -935,14 +931,11 @@ fn python_hooks_through_ctypes() {
         Ok(lib) => lib,
         Err(why) => return skip_unless_ci(&why),
     };
-    let out = child_env(&mut Command::new("python3"))
-        .arg(root().join("tests/python_hooks.py"))
-        .env("PORTALLOC_LIBRARY", &lib)
-        .env("PYTHONPATH", root().join("python"))
-        .output()
-        .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{text}");
-    assert!(text.contains("python_hooks: ok"), "{text}");
+    let ran = run_to_end(
+        child_env(&mut Command::new("python3"))
+            .arg(root().join("tests/python_hooks.py"))
+            .env("PORTALLOC_LIBRARY", &lib)
+            .env("PYTHONPATH", root().join("python")),
+    );
+    assert_ran_to(ran, "python_hooks: ok", "");
 }

@@ -35,6 +35,13 @@ fn portalloc(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
     )
 }
 
+/// Runs `portalloc` with `args` and `env`, which must succeed and print JSON: the JSON.
+fn portalloc_json(args: &[&str], env: &[(&str, &str)]) -> serde_json::Value {
+    let (ok, out, err) = portalloc(args, env);
+    assert!(ok, "{err}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))
+}
+
 fn cuda_library() -> Option<String> {
     std::env::var("PORTALLOC_TEST_CUDA_LIBRARY")
         .ok()
@@ -76,9 +83,7 @@ fn info_json_reports_each_probe() {
     if let Some(lib) = &lib {
         env.push(("PORTALLOC_CUDA_LIBRARY", lib.as_str()));
     }
-    let (ok, out, err) = portalloc(&["info", "--json"], &env);
-    assert!(ok, "{err}");
-    let v: serde_json::Value = serde_json::from_str(&out).expect("valid JSON");
+    let v = portalloc_json(&["info", "--json"], &env);
     assert_eq!(v["discovery"]["chosen"], "host");
     assert_eq!(v["devices"][0]["info"]["total_bytes"], 141u64 << 30);
     let candidates = v["discovery"]["candidates"].as_array().unwrap();
@@ -139,6 +144,14 @@ fn surprising_jax_values_warn() {
     assert!(out.contains("warning:"), "{out}");
 }
 
+/// The header line of a trace in portalloc's own format.
+const TRACE_HEADER: &str = "{\"format\":\"portalloc-trace\",\"version\":1,\"source\":\"x\"}\n";
+
+/// Writes a trace in portalloc's own format: [`TRACE_HEADER`], then `body`.
+fn write_trace(path: &std::path::Path, body: &str) {
+    std::fs::write(path, format!("{TRACE_HEADER}{body}")).unwrap();
+}
+
 fn temp_dir(name: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("portalloc-cli-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -196,9 +209,7 @@ fn replay_json_and_plot() {
         "--capacity",
         "4GiB",
     ]);
-    let (ok, out, err) = portalloc(&args, &[]);
-    assert!(ok, "{err}");
-    let v: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    let v = portalloc_json(&args, &[]);
     let results = v["traces"][0]["results"].as_array().unwrap();
     assert_eq!(results.len(), 2);
     assert_eq!(results[0]["strategy"], "bfc");
@@ -312,12 +323,10 @@ fn ledger_prints_a_snapshot_with_a_huge_tag() {
 fn replay_reports_the_demand_and_refuses_what_it_cannot_simulate() {
     let dir = temp_dir("demand");
     let big = dir.join("g.jsonl");
-    std::fs::write(
+    write_trace(
         &big,
-        "{\"format\":\"portalloc-trace\",\"version\":1,\"source\":\"x\"}\n\
-         [0,0,0,0,\"a\",1,107374182400]\n[1,0,0,0,\"f\",1,107374182400]\n{\"end\":{\"events\":2}}\n",
-    )
-    .unwrap();
+        "[0,0,0,0,\"a\",1,107374182400]\n[1,0,0,0,\"f\",1,107374182400]\n{\"end\":{\"events\":2}}\n",
+    );
     let big = big.to_string_lossy().into_owned();
     let args = [
         "replay",
@@ -327,9 +336,7 @@ fn replay_reports_the_demand_and_refuses_what_it_cannot_simulate() {
         "--min-capacity",
         "--json",
     ];
-    let (ok, out, err) = portalloc(&args, &[]);
-    assert!(ok, "{err}");
-    let v: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    let v = portalloc_json(&args, &[]);
     for r in v["traces"][0]["results"].as_array().unwrap() {
         assert_eq!(r["peak_live"], 107_374_182_400_u64, "{r}");
         assert_eq!(r["oom_count"], 1, "{r}");
@@ -342,12 +349,10 @@ fn replay_reports_the_demand_and_refuses_what_it_cannot_simulate() {
         assert!(err.contains("--capacity") && err.contains("1TiB"), "{err}");
     }
     let huge = dir.join("h.jsonl");
-    std::fs::write(
+    write_trace(
         &huge,
-        "{\"format\":\"portalloc-trace\",\"version\":1,\"source\":\"x\"}\n\
-         [0,0,0,0,\"a\",1,18446744073709551515]\n{\"end\":{\"events\":1}}\n",
-    )
-    .unwrap();
+        "[0,0,0,0,\"a\",1,18446744073709551515]\n{\"end\":{\"events\":1}}\n",
+    );
     let (ok, _, err) = portalloc(&["replay", huge.to_str().unwrap()], &[]);
     assert!(!ok);
     assert!(err.contains("h.jsonl") && err.contains("event 0"), "{err}");
@@ -360,8 +365,9 @@ fn replay_reads_pipes_and_fifos() {
     use std::io::Write;
     use std::process::Stdio;
 
-    let trace = "{\"format\":\"portalloc-trace\",\"version\":1,\"source\":\"x\"}\n\
-                 [0,0,0,0,\"a\",1,1048576]\n[1,0,0,0,\"f\",1,1048576]\n{\"end\":{\"events\":2}}\n";
+    let trace = format!(
+        "{TRACE_HEADER}[0,0,0,0,\"a\",1,1048576]\n[1,0,0,0,\"f\",1,1048576]\n{{\"end\":{{\"events\":2}}}}\n"
+    );
     let mut child = Command::new(env!("CARGO_BIN_EXE_portalloc"))
         .args([
             "replay",
@@ -441,9 +447,7 @@ fn long_lines_and_fields_give_short_errors() {
     );
 
     let line = dir.join("line.jsonl");
-    let mut text = String::from(
-        "{\"format\":\"portalloc-trace\",\"version\":1,\"source\":\"x\"}\n[0,0,0,0,\"a\",1,",
-    );
+    let mut text = format!("{TRACE_HEADER}[0,0,0,0,\"a\",1,");
     text.push_str(&"1".repeat(20 << 20));
     text.push_str("]\n");
     std::fs::write(&line, &text).unwrap();
@@ -527,9 +531,7 @@ fn replay_picks_the_cpu_and_takes_a_baseline() {
         "platform",
         "--json",
     ];
-    let (ok, out, err) = portalloc(&args, &[]);
-    assert!(ok, "{err}");
-    let v: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    let v = portalloc_json(&args, &[]);
     let t = &v["traces"][0];
     assert_eq!(t["header"]["device"], "cpu", "{t}");
     // 2 MiB before the window + 3 + 5 MiB at once.

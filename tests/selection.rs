@@ -33,34 +33,24 @@ fn variables_select_the_strategy(vars: &[(&str, &str)], name: &str) {
     assert_eq!(p.allocator(0).unwrap().name(), name);
 }
 
-#[test]
-fn the_fraction_is_of_total_memory_and_preallocation_waits_for_the_first_allocation() {
-    let c = config(&[("XLA_CLIENT_MEM_FRACTION", "0.5")]).unwrap();
+/// The limit is the fraction of total memory (16 GiB here); nothing is taken at
+/// construction; the first allocation takes the whole limit when preallocating, a 2 MiB
+/// region when growing.
+#[test_case(&[("XLA_CLIENT_MEM_FRACTION", "0.5")], 8 << 30, 8 << 30 ; "the whole fraction at the first allocation")]
+#[test_case(&[("XLA_PYTHON_CLIENT_PREALLOCATE", "false")], 12 << 30, 2 << 20 ; "growth starts with a 2 MiB region")]
+fn bfc_takes_its_pool_at_the_first_allocation(
+    vars: &[(&str, &str)],
+    limit: u64,
+    pool_after_first: u64,
+) {
+    let c = config(vars).unwrap();
     assert_eq!(c.strategy.value, StrategyKind::Bfc);
     let p = Portalloc::from_config(c).unwrap();
     let a = p.allocator(0).unwrap();
-    assert_eq!(a.stats().bytes_limit, Some(8 << 30));
+    assert_eq!(a.stats().bytes_limit, Some(limit));
     assert_eq!(a.stats().pool_bytes, 0, "nothing is taken at construction");
     let x = a.allocate(1, 0, portalloc::Stream::DEFAULT, "t").unwrap();
-    assert_eq!(
-        a.stats().pool_bytes,
-        8 << 30,
-        "the whole fraction at the first allocation"
-    );
-    a.deallocate(x).unwrap();
-}
-
-#[test]
-fn growth_mode_when_preallocation_is_off() {
-    let c = config(&[("XLA_PYTHON_CLIENT_PREALLOCATE", "false")]).unwrap();
-    let p = Portalloc::from_config(c).unwrap();
-    let a = p.allocator(0).unwrap();
-    let x = a.allocate(1, 0, portalloc::Stream::DEFAULT, "t").unwrap();
-    assert_eq!(
-        a.stats().pool_bytes,
-        2 << 20,
-        "growth starts with a 2 MiB region"
-    );
+    assert_eq!(a.stats().pool_bytes, pool_after_first);
     a.deallocate(x).unwrap();
 }
 
