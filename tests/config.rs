@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use portalloc::config::{
-    Config, Source, StrategyKind, FRACTION_ACCEPTED, PORTALLOC_ALLOCATOR_VALUES,
+    Config, Setting, Source, StrategyKind, FRACTION_ACCEPTED, PORTALLOC_ALLOCATOR_VALUES,
     XLA_ALLOCATOR_VALUES,
 };
 use portalloc::{Error, Vendor};
@@ -43,23 +43,54 @@ fn config_err(result: portalloc::Result<Config>) -> (String, String, String) {
     }
 }
 
+/// `variable` set to `text` alone is refused with an `Error::Config` naming both: what it
+/// says is accepted.
+fn refused(variable: &str, text: &str) -> String {
+    let (var, val, accepted) = config_err(read(&[(variable, text)]));
+    assert_eq!(var, variable);
+    assert_eq!(val, text);
+    accepted
+}
+
+/// The setting has the value `expected`, read from `variable`.
+fn assert_from_env<T: PartialEq + std::fmt::Debug>(
+    setting: &Setting<T>,
+    expected: T,
+    variable: &'static str,
+) {
+    assert_eq!(setting.value, expected, "from {variable}");
+    assert_eq!(setting.source, Source::Env(variable));
+}
+
+/// Every setting `describe` lists comes from `source`.
+fn assert_every_source(c: &Config, source: &str) {
+    for (setting, _, from) in c.describe() {
+        assert_eq!(from, source, "{setting}");
+    }
+}
+
 // ---------------------------------------------------------------- strategy
 
-#[test_case("default", StrategyKind::Bfc ; "default is bfc")]
-#[test_case("bfc", StrategyKind::Bfc ; "bfc")]
-#[test_case("platform", StrategyKind::Platform ; "platform")]
-#[test_case("address", StrategyKind::Platform ; "address is platform")]
-#[test_case("vmm", StrategyKind::Vmm ; "vmm")]
-#[test_case("cuda_async", StrategyKind::Async ; "cuda_async is async")]
-#[test_case("BFC", StrategyKind::Bfc ; "uppercase is lowercased as in JAX")]
-#[test_case("Cuda_Async", StrategyKind::Async ; "mixed case cuda_async")]
-fn xla_allocator(value: &str, expected: StrategyKind) {
-    let c = ok(&[("XLA_PYTHON_CLIENT_ALLOCATOR", value)]);
-    assert_eq!(c.strategy.value, expected);
-    assert_eq!(
-        c.strategy.source,
-        Source::Env("XLA_PYTHON_CLIENT_ALLOCATOR")
-    );
+/// The allocator variable alone selects the strategy, without a warning.
+#[test_case("XLA_PYTHON_CLIENT_ALLOCATOR", "default", StrategyKind::Bfc ; "xla default is bfc")]
+#[test_case("XLA_PYTHON_CLIENT_ALLOCATOR", "bfc", StrategyKind::Bfc ; "xla bfc")]
+#[test_case("XLA_PYTHON_CLIENT_ALLOCATOR", "platform", StrategyKind::Platform ; "xla platform")]
+#[test_case("XLA_PYTHON_CLIENT_ALLOCATOR", "address", StrategyKind::Platform ; "xla address is platform")]
+#[test_case("XLA_PYTHON_CLIENT_ALLOCATOR", "vmm", StrategyKind::Vmm ; "xla vmm")]
+#[test_case("XLA_PYTHON_CLIENT_ALLOCATOR", "cuda_async", StrategyKind::Async ; "xla cuda_async is async")]
+#[test_case("XLA_PYTHON_CLIENT_ALLOCATOR", "BFC", StrategyKind::Bfc ; "xla uppercase is lowercased as in JAX")]
+#[test_case("XLA_PYTHON_CLIENT_ALLOCATOR", "Cuda_Async", StrategyKind::Async ; "xla mixed case cuda_async")]
+#[test_case("PORTALLOC_ALLOCATOR", "default", StrategyKind::Bfc ; "portalloc default")]
+#[test_case("PORTALLOC_ALLOCATOR", "bfc", StrategyKind::Bfc ; "portalloc bfc")]
+#[test_case("PORTALLOC_ALLOCATOR", "platform", StrategyKind::Platform ; "portalloc platform")]
+#[test_case("PORTALLOC_ALLOCATOR", "address", StrategyKind::Platform ; "portalloc address")]
+#[test_case("PORTALLOC_ALLOCATOR", "vmm", StrategyKind::Vmm ; "portalloc vmm")]
+#[test_case("PORTALLOC_ALLOCATOR", "cuda_async", StrategyKind::Async ; "portalloc cuda_async")]
+#[test_case("PORTALLOC_ALLOCATOR", "async", StrategyKind::Async ; "portalloc async")]
+#[test_case("PORTALLOC_ALLOCATOR", "ASYNC", StrategyKind::Async ; "portalloc is case insensitive")]
+fn allocator_variable(variable: &'static str, value: &str, expected: StrategyKind) {
+    let c = ok(&[(variable, value)]);
+    assert_from_env(&c.strategy, expected, variable);
     assert!(c.warnings.is_empty(), "{:?}", c.warnings);
 }
 
@@ -68,9 +99,7 @@ fn xla_allocator(value: &str, expected: StrategyKind) {
 #[test_case("XLA_PYTHON_CLIENT_ALLOCATOR", " bfc" ; "xla does not trim")]
 #[test_case("PORTALLOC_ALLOCATOR", "best_fit" ; "portalloc unknown name")]
 fn unknown_allocator_is_an_error_naming_everything(variable: &str, value: &str) {
-    let (var, val, accepted) = config_err(read(&[(variable, value)]));
-    assert_eq!(var, variable);
-    assert_eq!(val, value);
+    let accepted = refused(variable, value);
     let list = if variable == "PORTALLOC_ALLOCATOR" {
         PORTALLOC_ALLOCATOR_VALUES
     } else {
@@ -79,25 +108,11 @@ fn unknown_allocator_is_an_error_naming_everything(variable: &str, value: &str) 
     for name in list {
         assert!(accepted.contains(name), "{accepted:?} lacks {name}");
     }
-    let message = Error::config(var, val, accepted).to_string();
+    let message = Error::config(variable, value, accepted).to_string();
     assert!(
         message.contains(variable) && message.contains(value.trim()),
         "{message}"
     );
-}
-
-#[test_case("default", StrategyKind::Bfc ; "portalloc default")]
-#[test_case("bfc", StrategyKind::Bfc ; "portalloc bfc")]
-#[test_case("platform", StrategyKind::Platform ; "portalloc platform")]
-#[test_case("address", StrategyKind::Platform ; "portalloc address")]
-#[test_case("vmm", StrategyKind::Vmm ; "portalloc vmm")]
-#[test_case("cuda_async", StrategyKind::Async ; "portalloc cuda_async")]
-#[test_case("async", StrategyKind::Async ; "portalloc async")]
-#[test_case("ASYNC", StrategyKind::Async ; "portalloc is case insensitive")]
-fn portalloc_allocator(value: &str, expected: StrategyKind) {
-    let c = ok(&[("PORTALLOC_ALLOCATOR", value)]);
-    assert_eq!(c.strategy.value, expected);
-    assert_eq!(c.strategy.source, Source::Env("PORTALLOC_ALLOCATOR"));
 }
 
 #[test_case(&[("PORTALLOC_ALLOCATOR", "vmm"), ("XLA_PYTHON_CLIENT_ALLOCATOR", "platform")],
@@ -112,8 +127,7 @@ fn portalloc_allocator(value: &str, expected: StrategyKind) {
             StrategyKind::Vmm, "XLA_PYTHON_CLIENT_ALLOCATOR" ; "empty portalloc is unset")]
 fn strategy_precedence(pairs: &[(&str, &str)], expected: StrategyKind, source: &'static str) {
     let c = ok(pairs);
-    assert_eq!(c.strategy.value, expected);
-    assert_eq!(c.strategy.source, Source::Env(source));
+    assert_from_env(&c.strategy, expected, source);
 }
 
 #[test_case("bfc", true ; "disagreeing xla and tf warn")]
@@ -128,16 +142,6 @@ fn xla_and_tf_disagreement_warns(xla: &str, warns: bool) {
         assert!(c.warnings[0].contains("TF_GPU_ALLOCATOR"));
         assert!(c.warnings[0].contains("XLA_PYTHON_CLIENT_ALLOCATOR"));
     }
-}
-
-#[test_case("cuda_malloc" ; "tf cuda_malloc")]
-#[test_case("CUDA_MALLOC_ASYNC" ; "tf is case sensitive")]
-#[test_case("bfc" ; "tf bfc")]
-fn tf_gpu_allocator_other_values_are_errors(value: &str) {
-    let (var, val, accepted) = config_err(read(&[("TF_GPU_ALLOCATOR", value)]));
-    assert_eq!(var, "TF_GPU_ALLOCATOR");
-    assert_eq!(val, value);
-    assert!(accepted.contains("cuda_malloc_async"), "{accepted}");
 }
 
 #[test]
@@ -157,11 +161,7 @@ fn tf_gpu_allocator_empty_is_unset() {
 #[test_case(" 0.6 ", 0.6 ; "blanks around as python float")]
 fn fraction_good(text: &str, expected: f64) {
     let c = ok(&[("XLA_CLIENT_MEM_FRACTION", text)]);
-    assert_eq!(c.mem_fraction.value, expected);
-    assert_eq!(
-        c.mem_fraction.source,
-        Source::Env("XLA_CLIENT_MEM_FRACTION")
-    );
+    assert_from_env(&c.mem_fraction, expected, "XLA_CLIENT_MEM_FRACTION");
     assert!(c.warnings.is_empty());
 }
 
@@ -181,10 +181,7 @@ fn fraction_bad(text: &str) {
         "XLA_PYTHON_CLIENT_MEM_FRACTION",
         "PORTALLOC_MEM_FRACTION",
     ] {
-        let (var, val, accepted) = config_err(read(&[(variable, text)]));
-        assert_eq!(var, variable);
-        assert_eq!(val, text);
-        assert_eq!(accepted, FRACTION_ACCEPTED);
+        assert_eq!(refused(variable, text), FRACTION_ACCEPTED);
     }
 }
 
@@ -199,11 +196,7 @@ fn fraction_default_is_three_quarters_of_total() {
 #[test]
 fn deprecated_fraction_warns_and_is_used() {
     let c = ok(&[("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.5")]);
-    assert_eq!(c.mem_fraction.value, 0.5);
-    assert_eq!(
-        c.mem_fraction.source,
-        Source::Env("XLA_PYTHON_CLIENT_MEM_FRACTION")
-    );
+    assert_from_env(&c.mem_fraction, 0.5, "XLA_PYTHON_CLIENT_MEM_FRACTION");
     assert_eq!(c.warnings.len(), 1);
     assert!(c.warnings[0].contains("XLA_PYTHON_CLIENT_MEM_FRACTION"));
     assert!(c.warnings[0].contains("deprecated"));
@@ -248,8 +241,7 @@ fn empty_deprecated_fraction_is_unset_so_no_conflict() {
             0.2, "XLA_CLIENT_MEM_FRACTION" ; "xla fraction alone")]
 fn fraction_precedence(pairs: &[(&str, &str)], expected: f64, source: &'static str) {
     let c = ok(pairs);
-    assert_eq!(c.mem_fraction.value, expected);
-    assert_eq!(c.mem_fraction.source, Source::Env(source));
+    assert_from_env(&c.mem_fraction, expected, source);
 }
 
 #[test]
@@ -286,11 +278,7 @@ fn overridden_bad_value_is_still_an_error() {
 #[test_case("0 ", true, true ; "zero with a blank is true in JAX")]
 fn xla_preallocate_as_jax_reads_it(text: &str, expected: bool, warns: bool) {
     let c = ok(&[("XLA_PYTHON_CLIENT_PREALLOCATE", text)]);
-    assert_eq!(c.preallocate.value, expected);
-    assert_eq!(
-        c.preallocate.source,
-        Source::Env("XLA_PYTHON_CLIENT_PREALLOCATE")
-    );
+    assert_from_env(&c.preallocate, expected, "XLA_PYTHON_CLIENT_PREALLOCATE");
     if warns {
         assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
         let w = &c.warnings[0];
@@ -324,8 +312,7 @@ fn portalloc_preallocate(text: &str, expected: bool) {
         ("PORTALLOC_PREALLOCATE", text),
         ("XLA_PYTHON_CLIENT_PREALLOCATE", "1"),
     ]);
-    assert_eq!(c.preallocate.value, expected);
-    assert_eq!(c.preallocate.source, Source::Env("PORTALLOC_PREALLOCATE"));
+    assert_from_env(&c.preallocate, expected, "PORTALLOC_PREALLOCATE");
     assert!(c.warnings.is_empty());
 }
 
@@ -335,9 +322,7 @@ fn portalloc_preallocate(text: &str, expected: bool) {
 #[test_case("PORTALLOC_HOST_SIMULATED", "y" ; "simulated y is not accepted")]
 #[test_case("PORTALLOC_HOST_SIMULATED", "truee" ; "simulated typo")]
 fn portalloc_bool_bad(variable: &str, text: &str) {
-    let (var, val, accepted) = config_err(read(&[(variable, text)]));
-    assert_eq!(var, variable);
-    assert_eq!(val, text);
+    let accepted = refused(variable, text);
     for word in ["true", "false", "1", "0", "yes", "no", "on", "off"] {
         assert!(accepted.contains(word), "{accepted}");
     }
@@ -351,24 +336,25 @@ fn portalloc_bool_bad(variable: &str, text: &str) {
 #[test_case(" 42 ", 42 ; "blanks around")]
 fn async_prealloc_good(text: &str, expected: i64) {
     let c = ok(&[("TF_CUDA_MALLOC_ASYNC_SUPPORTED_PREALLOC", text)]);
-    assert_eq!(c.async_prealloc.value, Some(expected));
-    assert_eq!(
-        c.async_prealloc.source,
-        Source::Env("TF_CUDA_MALLOC_ASYNC_SUPPORTED_PREALLOC")
+    assert_from_env(
+        &c.async_prealloc,
+        Some(expected),
+        "TF_CUDA_MALLOC_ASYNC_SUPPORTED_PREALLOC",
     );
 }
 
-#[test_case("-2" ; "below minus one")]
-#[test_case("1GiB" ; "units are not read by XLA")]
-#[test_case("1.5" ; "fraction")]
-#[test_case("abc" ; "word")]
-#[test_case("99999999999999999999" ; "overflow")]
-fn async_prealloc_bad(text: &str) {
-    let (var, val, accepted) =
-        config_err(read(&[("TF_CUDA_MALLOC_ASYNC_SUPPORTED_PREALLOC", text)]));
-    assert_eq!(var, "TF_CUDA_MALLOC_ASYNC_SUPPORTED_PREALLOC");
-    assert_eq!(val, text);
-    assert!(accepted.contains("-1"), "{accepted}");
+/// A value the variable does not take is refused, naming what it does take.
+#[test_case("TF_GPU_ALLOCATOR", "cuda_malloc", "cuda_malloc_async" ; "tf cuda_malloc")]
+#[test_case("TF_GPU_ALLOCATOR", "CUDA_MALLOC_ASYNC", "cuda_malloc_async" ; "tf is case sensitive")]
+#[test_case("TF_GPU_ALLOCATOR", "bfc", "cuda_malloc_async" ; "tf bfc")]
+#[test_case("TF_CUDA_MALLOC_ASYNC_SUPPORTED_PREALLOC", "-2", "-1" ; "async prealloc below minus one")]
+#[test_case("TF_CUDA_MALLOC_ASYNC_SUPPORTED_PREALLOC", "1GiB", "-1" ; "async prealloc units are not read by XLA")]
+#[test_case("TF_CUDA_MALLOC_ASYNC_SUPPORTED_PREALLOC", "1.5", "-1" ; "async prealloc fraction")]
+#[test_case("TF_CUDA_MALLOC_ASYNC_SUPPORTED_PREALLOC", "abc", "-1" ; "async prealloc word")]
+#[test_case("TF_CUDA_MALLOC_ASYNC_SUPPORTED_PREALLOC", "99999999999999999999", "-1" ; "async prealloc overflow")]
+fn a_value_not_taken_is_refused_naming_what_is(variable: &str, text: &str, taken: &str) {
+    let accepted = refused(variable, text);
+    assert!(accepted.contains(taken), "{accepted}");
 }
 
 #[test]
@@ -385,14 +371,12 @@ fn async_prealloc_default_is_unset() {
 #[test_case("CUDA", Some(Vendor::Cuda) ; "backend is case insensitive")]
 fn backend(text: &str, expected: Option<Vendor>) {
     let c = ok(&[("PORTALLOC_BACKEND", text)]);
-    assert_eq!(c.backend.value, expected);
-    assert_eq!(c.backend.source, Source::Env("PORTALLOC_BACKEND"));
+    assert_from_env(&c.backend, expected, "PORTALLOC_BACKEND");
 }
 
 #[test]
 fn backend_unknown_is_an_error() {
-    let (var, val, accepted) = config_err(read(&[("PORTALLOC_BACKEND", "rocm")]));
-    assert_eq!((var.as_str(), val.as_str()), ("PORTALLOC_BACKEND", "rocm"));
+    let accepted = refused("PORTALLOC_BACKEND", "rocm");
     for name in ["auto", "host", "cuda", "hip"] {
         assert!(accepted.contains(name), "{accepted}");
     }
@@ -404,11 +388,7 @@ fn backend_unknown_is_an_error() {
 #[test_case("2M", 2 << 20 ; "short unit")]
 fn host_capacity_good(text: &str, expected: u64) {
     let c = ok(&[("PORTALLOC_HOST_CAPACITY", text)]);
-    assert_eq!(c.host_capacity.value, Some(expected));
-    assert_eq!(
-        c.host_capacity.source,
-        Source::Env("PORTALLOC_HOST_CAPACITY")
-    );
+    assert_from_env(&c.host_capacity, Some(expected), "PORTALLOC_HOST_CAPACITY");
 }
 
 #[test_case("0" ; "zero capacity")]
@@ -417,20 +397,14 @@ fn host_capacity_good(text: &str, expected: u64) {
 #[test_case("80XB" ; "unknown unit")]
 #[test_case("-1" ; "negative")]
 fn host_capacity_bad(text: &str) {
-    let (var, val, _) = config_err(read(&[("PORTALLOC_HOST_CAPACITY", text)]));
-    assert_eq!(var, "PORTALLOC_HOST_CAPACITY");
-    assert_eq!(val, text);
+    refused("PORTALLOC_HOST_CAPACITY", text);
 }
 
 #[test_case("true", true ; "simulated true")]
 #[test_case("0", false ; "simulated zero")]
 fn host_simulated(text: &str, expected: bool) {
     let c = ok(&[("PORTALLOC_HOST_SIMULATED", text)]);
-    assert_eq!(c.host_simulated.value, expected);
-    assert_eq!(
-        c.host_simulated.source,
-        Source::Env("PORTALLOC_HOST_SIMULATED")
-    );
+    assert_from_env(&c.host_simulated, expected, "PORTALLOC_HOST_SIMULATED");
 }
 
 // ---------------------------------------------------------------- sources and describe
@@ -439,9 +413,7 @@ fn host_simulated(text: &str, expected: bool) {
 fn defaults_record_default_source() {
     let c = ok(&[]);
     assert_eq!(c, Config::default());
-    for (setting, _, source) in c.describe() {
-        assert_eq!(source, "default", "{setting}");
-    }
+    assert_every_source(&c, "default");
 }
 
 #[test]
@@ -509,9 +481,7 @@ fn builder_overrides_env() {
     assert_eq!(c.async_prealloc.value, Some(-1));
     assert_eq!(c.host_capacity.value, Some(80 << 30));
     assert!(c.host_simulated.value);
-    for (setting, _, source) in c.describe() {
-        assert_eq!(source, "builder", "{setting}");
-    }
+    assert_every_source(&c, "builder");
 }
 
 #[test]
@@ -526,11 +496,7 @@ fn builder_keeps_env_for_what_it_does_not_set() {
         .build()
         .unwrap();
     assert_eq!(c.strategy.source, Source::Builder);
-    assert_eq!(c.mem_fraction.value, 0.9);
-    assert_eq!(
-        c.mem_fraction.source,
-        Source::Env("XLA_CLIENT_MEM_FRACTION")
-    );
+    assert_from_env(&c.mem_fraction, 0.9, "XLA_CLIENT_MEM_FRACTION");
     assert_eq!(c.backend.value, Some(Vendor::Hip));
     assert_eq!(c.preallocate.source, Source::Default);
 }

@@ -85,6 +85,13 @@ fn own_format_bytes(header: &TraceHeader, events: &[Event]) -> Vec<u8> {
     out
 }
 
+/// The trace at `path`, read again, in portalloc's own format under `header`.
+fn own_format_of_file(path: &Path, header: &TraceHeader) -> Vec<u8> {
+    let mut out = Vec::new();
+    export::write_portalloc(&mut out, header, open(path, &Options::default()).unwrap()).unwrap();
+    out
+}
+
 /// The error of the first `Err` in the trace (or of `open` itself).
 fn first_error(bytes: &[u8], options: &Options) -> String {
     match open_reader(std::io::Cursor::new(bytes.to_vec()), "bad.trace", options) {
@@ -759,13 +766,7 @@ fn every_real_trace_imports_and_converts() {
         );
         assert!(s.allocs > 0, "{}", path.display());
         // Own format out and back in gives the same figures.
-        let mut bytes = Vec::new();
-        export::write_portalloc(
-            &mut bytes,
-            &header,
-            open(&path, &Options::default()).unwrap(),
-        )
-        .unwrap();
+        let bytes = own_format_of_file(&path, &header);
         let back = open_reader(
             std::io::Cursor::new(bytes),
             "back.jsonl",
@@ -842,13 +843,7 @@ fn real_snapshots_match_an_independent_reader(
             .and_then(|r| r.reserved_bytes)
             .unwrap_or(0),
     ];
-    let mut bytes = Vec::new();
-    export::write_portalloc(
-        &mut bytes,
-        &header,
-        open(&path, &Options::default()).unwrap(),
-    )
-    .unwrap();
+    let bytes = own_format_of_file(&path, &header);
     eprintln!("{file}: {got:?}, fingerprint {:#018x}", fnv1a(&bytes));
     assert_eq!(got, figures, "{file}");
     assert_eq!(fnv1a(&bytes), fingerprint, "{file}");
