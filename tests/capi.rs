@@ -11,6 +11,7 @@ use std::ffi::{c_char, c_void, CStr, CString};
 use std::path::PathBuf;
 use std::process::Command;
 use std::ptr;
+use support::common::assert_mentions_all;
 
 use portalloc::capi::*;
 use test_case::test_case;
@@ -824,14 +825,15 @@ fn header_declares_every_exported_function() {
             "include/portalloc.h lacks {name}: regenerate it (see cbindgen.toml)"
         );
     }
-    for ty in [
-        "PortallocStatus",
-        "PortallocOptions",
-        "PortallocStats",
-        "PortallocAllocator",
-    ] {
-        assert!(header.contains(ty), "include/portalloc.h lacks {ty}");
-    }
+    assert_mentions_all(
+        &header,
+        &[
+            "PortallocStatus",
+            "PortallocOptions",
+            "PortallocStats",
+            "PortallocAllocator",
+        ],
+    );
 }
 
 #[test]

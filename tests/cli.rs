@@ -5,6 +5,7 @@
 mod support;
 
 use std::process::Command;
+use support::common::{assert_mentions_all, bfc, simulated_host};
 
 fn portalloc(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_portalloc"));
@@ -35,6 +36,23 @@ fn portalloc(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
     )
 }
 
+/// Runs `portalloc` with `args` and `env`, which must fail: its standard error.
+fn portalloc_fails(args: &[&str], env: &[(&str, &str)]) -> String {
+    let (ok, out, err) = portalloc(args, env);
+    assert!(!ok, "{args:?} succeeded: {out}");
+    err
+}
+
+/// The error mentions `needle` and is short (under 1000 bytes), whatever the input's size.
+fn assert_short_error(err: &str, needle: &str) {
+    assert!(
+        err.contains(needle) && err.len() < 1000,
+        "{} bytes: {:.300}",
+        err.len(),
+        err
+    );
+}
+
 /// Runs `portalloc` with `args` and `env`, which must succeed and print JSON: the JSON.
 fn portalloc_json(args: &[&str], env: &[(&str, &str)]) -> serde_json::Value {
     let (ok, out, err) = portalloc(args, env);
@@ -58,19 +76,20 @@ fn info_prints_discovery_devices_and_configuration() {
         ],
     );
     assert!(ok, "{err}");
-    for needle in [
-        "Discovery",
-        "host ",
-        "chosen",
-        "Devices (host)",
-        "80.00 GiB total",
-        "Configuration",
-        "mem_fraction",
-        "XLA_CLIENT_MEM_FRACTION",
-        "40.00 GiB",
-    ] {
-        assert!(out.contains(needle), "`{needle}` missing from:\n{out}");
-    }
+    assert_mentions_all(
+        &out,
+        &[
+            "Discovery",
+            "host ",
+            "chosen",
+            "Devices (host)",
+            "80.00 GiB total",
+            "Configuration",
+            "mem_fraction",
+            "XLA_CLIENT_MEM_FRACTION",
+            "40.00 GiB",
+        ],
+    );
 }
 
 #[test]
@@ -111,30 +130,29 @@ fn forcing_an_unusable_backend_is_an_error_with_the_reason() {
     if !cfg!(feature = "cuda") {
         return;
     }
-    let (ok, _, err) = portalloc(
+    let err = portalloc_fails(
         &["info"],
         &[
             ("PORTALLOC_BACKEND", "cuda"),
             ("PORTALLOC_CUDA_LIBRARY", &lib),
         ],
     );
-    assert!(!ok);
     assert!(err.contains("PORTALLOC_BACKEND forces cuda"), "{err}");
     assert!(err.contains("CUDA_ERROR_NO_DEVICE"), "{err}");
 }
 
 #[test]
 fn a_bad_variable_fails_naming_variable_value_and_accepted_values() {
-    let (ok, _, err) = portalloc(&["info"], &[("XLA_PYTHON_CLIENT_ALLOCATOR", "bogus")]);
-    assert!(!ok);
-    for needle in [
-        "XLA_PYTHON_CLIENT_ALLOCATOR",
-        "bogus",
-        "platform",
-        "cuda_async",
-    ] {
-        assert!(err.contains(needle), "`{needle}` missing from: {err}");
-    }
+    let err = portalloc_fails(&["info"], &[("XLA_PYTHON_CLIENT_ALLOCATOR", "bogus")]);
+    assert_mentions_all(
+        &err,
+        &[
+            "XLA_PYTHON_CLIENT_ALLOCATOR",
+            "bogus",
+            "platform",
+            "cuda_async",
+        ],
+    );
 }
 
 #[test]
@@ -180,16 +198,17 @@ fn replay_of_a_workload_prints_a_table_per_strategy() {
     args.extend_from_slice(&["--strategies", "bfc,bfc-grow,platform", "--min-capacity"]);
     let (ok, out, err) = portalloc(&args, &[]);
     assert!(ok, "{err}");
-    for needle in [
-        "transformer-train (layers 2, hidden 128",
-        "peak live",
-        "peak reserved",
-        "min capacity",
-        "bfc-grow",
-        "platform",
-    ] {
-        assert!(out.contains(needle), "`{needle}` missing from:\n{out}");
-    }
+    assert_mentions_all(
+        &out,
+        &[
+            "transformer-train (layers 2, hidden 128",
+            "peak live",
+            "peak reserved",
+            "min capacity",
+            "bfc-grow",
+            "platform",
+        ],
+    );
 }
 
 #[test]
@@ -251,34 +270,28 @@ fn replay_reads_the_own_format_and_strict_mode_names_the_line() {
         out.contains("anomalies"),
         "a double free is reported:\n{out}"
     );
-    let (ok, _, err) = portalloc(&["replay", &p, "--strict"], &[]);
-    assert!(!ok);
+    let err = portalloc_fails(&["replay", &p, "--strict"], &[]);
     assert!(err.contains("line 4"), "{err}");
     std::fs::remove_dir_all(dir).ok();
 }
 
 #[test]
 fn replay_refuses_bad_input_with_what_is_accepted() {
-    let (ok, _, err) = portalloc(&["replay", "/nonexistent/trace.json"], &[]);
-    assert!(!ok);
+    let err = portalloc_fails(&["replay", "/nonexistent/trace.json"], &[]);
     assert!(err.contains("/nonexistent/trace.json"), "{err}");
     let mut args = vec!["replay"];
     args.extend_from_slice(SMALL_MODEL);
     args.extend_from_slice(&["--strategies", "best"]);
-    let (ok, _, err) = portalloc(&args, &[]);
-    assert!(!ok);
+    let err = portalloc_fails(&args, &[]);
     assert!(err.contains("bfc-grow"), "{err}");
-    let (ok, _, err) = portalloc(&["replay", "--workload", "resnet"], &[]);
-    assert!(!ok);
+    let err = portalloc_fails(&["replay", "--workload", "resnet"], &[]);
     assert!(err.contains("transformer-train"), "{err}");
-    let (ok, _, err) = portalloc(&["replay"], &[]);
-    assert!(!ok);
+    let err = portalloc_fails(&["replay"], &[]);
     assert!(err.contains("--workload"), "{err}");
-    let (ok, _, err) = portalloc(
+    let err = portalloc_fails(
         &["replay", "--workload", "transformer-train", "--layers", "0"],
         &[],
     );
-    assert!(!ok);
     assert!(!err.is_empty());
 }
 
@@ -289,7 +302,6 @@ fn replay_refuses_bad_input_with_what_is_accepted() {
 fn ledger_prints_a_snapshot_with_a_huge_tag() {
     use portalloc::adaptor::LedgerAllocator;
     use portalloc::{Allocator, Stream};
-    use support::common::{bfc, simulated_host};
 
     let ledger = LedgerAllocator::new(bfc(&simulated_host(64 << 20), 32 << 20, false));
     let huge = "x".repeat(70_000);
@@ -344,8 +356,7 @@ fn replay_reports_the_demand_and_refuses_what_it_cannot_simulate() {
         assert!((100 << 30..=101 << 30).contains(&min), "{r}");
     }
     for capacity in ["0", "1", "2TiB"] {
-        let (ok, _, err) = portalloc(&["replay", &big, "--capacity", capacity], &[]);
-        assert!(!ok);
+        let err = portalloc_fails(&["replay", &big, "--capacity", capacity], &[]);
         assert!(err.contains("--capacity") && err.contains("1TiB"), "{err}");
     }
     let huge = dir.join("h.jsonl");
@@ -353,8 +364,7 @@ fn replay_reports_the_demand_and_refuses_what_it_cannot_simulate() {
         &huge,
         "[0,0,0,0,\"a\",1,18446744073709551515]\n{\"end\":{\"events\":1}}\n",
     );
-    let (ok, _, err) = portalloc(&["replay", huge.to_str().unwrap()], &[]);
-    assert!(!ok);
+    let err = portalloc_fails(&["replay", huge.to_str().unwrap()], &[]);
     assert!(err.contains("h.jsonl") && err.contains("event 0"), "{err}");
 }
 
@@ -434,31 +444,19 @@ fn long_lines_and_fields_give_short_errors() {
     text.push_str(&"9x".repeat(5_000_000));
     text.push_str(",0x0\n");
     std::fs::write(&field, &text).unwrap();
-    let (ok, _, err) = portalloc(
+    let err = portalloc_fails(
         &["replay", field.to_str().unwrap(), "--format", "rmm-csv"],
         &[],
     );
-    assert!(!ok);
-    assert!(
-        err.contains("Size") && err.len() < 1000,
-        "{} bytes: {:.300}",
-        err.len(),
-        err
-    );
+    assert_short_error(&err, "Size");
 
     let line = dir.join("line.jsonl");
     let mut text = format!("{TRACE_HEADER}[0,0,0,0,\"a\",1,");
     text.push_str(&"1".repeat(20 << 20));
     text.push_str("]\n");
     std::fs::write(&line, &text).unwrap();
-    let (ok, _, err) = portalloc(&["replay", line.to_str().unwrap()], &[]);
-    assert!(!ok);
-    assert!(
-        err.contains("16 MiB") && err.len() < 1000,
-        "{} bytes: {:.300}",
-        err.len(),
-        err
-    );
+    let err = portalloc_fails(&["replay", line.to_str().unwrap()], &[]);
+    assert_short_error(&err, "16 MiB");
 }
 
 /// A variable whose value is not UTF-8 is an error naming it, not ignored as if unset

@@ -4,7 +4,11 @@
 //! CPU); the figures below are what that script printed of `compiled.memory_analysis()`
 //! (also in `tests/data/xla/README.md`).
 
+#[path = "support/mod.rs"]
+mod support;
+
 use std::path::{Path, PathBuf};
+use support::common::assert_mentions_all;
 
 use portalloc::trace::import::xla_dump::{read_dir, XlaModule, XlaOptions};
 use portalloc::trace::{summarize_events, Event, Op};
@@ -391,13 +395,14 @@ fn cli_replays_a_dump_directory_for_two_steps() {
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     let text = run(&[]);
-    for needle in [
-        "module jit_train_step",
-        "arguments 117824 + outputs 107644 + temp 141312 - aliased 107584 = 259196",
-        "2 executions",
-    ] {
-        assert!(text.contains(needle), "`{needle}` missing from:\n{text}");
-    }
+    assert_mentions_all(
+        &text,
+        &[
+            "module jit_train_step",
+            "arguments 117824 + outputs 107644 + temp 141312 - aliased 107584 = 259196",
+            "2 executions",
+        ],
+    );
     let json: serde_json::Value = serde_json::from_str(&run(&["--json"])).expect("JSON");
     let t = &json["traces"][0];
     assert_eq!(t["results"][0]["peak_live"], DONATED.peak());

@@ -102,3 +102,13 @@ impl Strategy {
         }
     }
 }
+
+/// Asserts that `text` contains each of `needles`, naming the first one it lacks.
+///
+/// # Panics
+/// When a needle is missing.
+pub fn assert_mentions_all(text: &str, needles: &[&str]) {
+    for needle in needles {
+        assert!(text.contains(needle), "`{needle}` missing from:\n{text}");
+    }
+}
