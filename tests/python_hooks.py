@@ -43,15 +43,7 @@ def expect_error(status_name, text, fn, *args):
 
 
 def explicit_allocator():
-    with Allocator.create(
-        strategy="bfc",
-        backend="host",
-        host_capacity=64 * MIB,
-        host_simulated=True,
-        mem_fraction=0.5,
-        preallocate=False,
-        ignore_env=True,
-    ) as a:
+    with Allocator.create(**dict(SMALL, host_simulated=True)) as a:
         b = a.allocate(1000, tag="buffer")
         w = a.allocate(2 * MIB, tag="workspace")
         assert b.ptr and b.ptr % 256 == 0, b
@@ -439,14 +431,13 @@ def after():
     lib = portalloc.load()
     s = portalloc._Stats()
     st = lib.portalloc_stats(ctypes.c_void_p(raw), ctypes.byref(s))
-    print("at exit: status %d" % st, flush=True)
+    print("at exit: status %%d" %% st, flush=True)
 atexit.register(after)
-a = Allocator.create(strategy="bfc", backend="host", host_capacity=64 << 20,
-                     host_simulated=False, mem_fraction=0.5, preallocate=False, ignore_env=True)
+a = Allocator.create(**%r)
 buf = a.allocate(1 << 20, tag="left open")
 raw = a._raw.value
 g = portalloc.global_allocator(0)
-"""
+""" % (SMALL,)
     out = subprocess.run(
         [sys.executable, "-c", child], capture_output=True, text=True, timeout=120
     )

@@ -11,7 +11,7 @@ use portalloc::strategy::async_pool::{AsyncOptions, AsyncPoolAllocator};
 use portalloc::strategy::bfc::{BfcAllocator, BfcOptions};
 use portalloc::strategy::platform::PlatformAllocator;
 use portalloc::strategy::vmm::{VmmAllocator, VmmOptions};
-use portalloc::{Allocation, Allocator, Stream};
+use portalloc::{Allocation, Allocator, Error, Stream};
 
 /// A host device of `capacity` bytes: real host memory, or `simulated` (addresses only, no
 /// memory behind them).
@@ -62,6 +62,19 @@ pub fn alloc(a: &impl Allocator, size: u64) -> Allocation {
 pub fn free(a: &impl Allocator, x: Allocation) {
     a.deallocate(x).unwrap();
     a.check_invariants().unwrap();
+}
+
+/// Frees `x`, which `a` must refuse: the error, once the invariants are checked (a refusal
+/// changes nothing).
+///
+/// # Panics
+/// When the free succeeds or an invariant is broken.
+pub fn refused_free(a: &(impl Allocator + ?Sized), x: Allocation) -> Error {
+    let e = a
+        .deallocate(x)
+        .expect_err("a free that must be refused succeeded");
+    a.check_invariants().unwrap();
+    e
 }
 
 /// The strategies a sweep runs every case on, with bfc both preallocated and growing.
