@@ -8,7 +8,6 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use support::common::assert_mentions_all;
 
 use portalloc::trace::import::xla_dump::{read_dir, XlaModule, XlaOptions};
 use portalloc::trace::{summarize_events, Event, Op};
@@ -374,6 +373,8 @@ fn huge_sizes_saturate_without_panicking() {
 #[test]
 fn cli_replays_a_dump_directory_for_two_steps() {
     use std::process::Command;
+
+    use support::common::assert_mentions_all;
     let dir = case("mlp_train_donated");
     let run = |extra: &[&str]| {
         let out = Command::new(env!("CARGO_BIN_EXE_portalloc"))
