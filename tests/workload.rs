@@ -263,14 +263,9 @@ fn doubling_layers_roughly_doubles_parameters() {
 #[test]
 fn calibration_against_eager_gpt2_snapshot_shape() {
     let w = TransformerTrain {
-        vocab: 10_000,
-        hidden: 768,
-        layers: 12,
-        seq: 256,
-        batch: 32,
         dtype_bytes: 4,
         steps: 1,
-        ..TransformerTrain::default()
+        ..shape(12, 768, 32, 256, 10_000)
     };
     let (_, events) = w.events().unwrap();
     let peak = tally(&events).peak as f64;
