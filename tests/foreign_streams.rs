@@ -17,8 +17,8 @@
 #[path = "support/mod.rs"]
 mod support;
 
-use portalloc::{Allocation, Error, Stream};
-use support::targets::{Rig, Strategy, Target};
+use portalloc::{Allocation, Stream};
+use support::targets::{Strategy, SuiteStrategy, Target};
 
 const MIB: u64 = 1 << 20;
 /// The buffer the caller's kernel uses.
@@ -34,11 +34,7 @@ fn overlaps(a: &Allocation, range: (u64, u64)) -> bool {
 /// not handed to the same handle at once, and never to another stream before its work.
 #[test]
 fn per_thread_handle_is_not_reused_at_once() {
-    for strategy in [
-        Strategy::BfcPreallocated,
-        Strategy::BfcGrowing,
-        Strategy::Vmm,
-    ] {
+    for strategy in [Strategy::Bfc, Strategy::BfcGrow, Strategy::Vmm] {
         let rig = Target::HostSimulated.open(1, CAPACITY).unwrap();
         let a = strategy.build(rig.device(0)).unwrap();
         rig.hold(true);
@@ -60,8 +56,10 @@ fn per_thread_handle_is_not_reused_at_once() {
     }
 }
 
-/// The CUDA shim and one HIP personality: the targets whose drivers the tests below ask.
-fn vendor_rigs() -> Vec<Rig> {
+/// Runs `check` on device 0 of the CUDA shim and of the HIP shim (ROCm 6), each over its
+/// conformance driver; then the census.
+#[cfg(any(feature = "cuda", feature = "hip"))]
+fn on_each_shim(check: impl Fn(&support::targets::Rig, &dyn portalloc::Device)) {
     let mut targets = Vec::new();
     if cfg!(feature = "cuda") {
         targets.push(Target::FakeCuda);
@@ -69,10 +67,12 @@ fn vendor_rigs() -> Vec<Rig> {
     if cfg!(feature = "hip") {
         targets.push(Target::FakeHip(support::targets::Rocm::V6));
     }
-    targets
-        .into_iter()
-        .filter_map(|t| t.open(1, CAPACITY))
-        .collect()
+    for rig in targets.into_iter().filter_map(|t| t.open(1, CAPACITY)) {
+        let device = rig.device(0);
+        check(&rig, device.as_ref());
+        drop(device);
+        rig.finish();
+    }
 }
 
 /// The device refuses to record an event on the caller's stream and to synchronise it (a
@@ -81,7 +81,7 @@ fn vendor_rigs() -> Vec<Rig> {
 #[cfg(feature = "cuda")]
 #[test]
 fn refusals_are_not_idle() {
-    for strategy in [Strategy::BfcPreallocated, Strategy::Vmm] {
+    for strategy in [Strategy::Bfc, Strategy::Vmm] {
         let Some(rig) = Target::FakeCuda.open(1, CAPACITY) else {
             return;
         };
@@ -94,8 +94,8 @@ fn refusals_are_not_idle() {
         let freed = (x.ptr(), x.ptr() + SIZE);
         let work = rig.record_work(s);
         // The next call of each fails with CUDA_ERROR_INVALID_HANDLE.
-        fake.fail_next("cuEventRecord", 400);
-        fake.fail_next("cuStreamSynchronize", 400);
+        fake.fail("cuEventRecord", 1, 1, 400);
+        fake.fail("cuStreamSynchronize", 1, 1, 400);
         a.deallocate(x).unwrap();
         assert!(
             rig.work_done(work),
@@ -117,10 +117,10 @@ fn refusals_are_not_idle() {
 /// The special handles CUDA and HIP both define — the null stream, the legacy default
 /// stream (0x1) and the per-thread default stream (0x2) — are streams like any other:
 /// events are recorded on them, they are synchronised, pools serve them.
+#[cfg(any(feature = "cuda", feature = "hip"))]
 #[test]
 fn special_handles_are_streams() {
-    for rig in vendor_rigs() {
-        let d = rig.device(0);
+    on_each_shim(|rig, d| {
         let e = d.create_event().unwrap();
         for s in [Stream::DEFAULT, Stream::LEGACY, Stream::PER_THREAD] {
             rig.hold(true);
@@ -136,27 +136,26 @@ fn special_handles_are_streams() {
         }
         d.synchronize_device().unwrap();
         d.destroy_event(e).unwrap();
-        drop(d);
-        rig.finish();
-    }
+    });
 }
 
 /// The CUDA and HIP shims agree with the host device on a free of the wrong size: it is
 /// refused, nothing is freed, and the right size then frees it (#14: CUDA ignored it).
+#[cfg(any(feature = "cuda", feature = "hip"))]
 #[test]
 fn a_free_of_the_wrong_size_is_refused_on_both_shims() {
-    for rig in vendor_rigs() {
-        let d = rig.device(0);
+    on_each_shim(|rig, d| {
         let p = d.alloc(MIB).unwrap();
         assert!(
-            matches!(d.free(p, 2 * MIB), Err(Error::InvalidArgument { .. })),
+            matches!(
+                d.free(p, 2 * MIB),
+                Err(portalloc::Error::InvalidArgument { .. })
+            ),
             "{:?}",
             rig.target
         );
         let fake = rig.fake().expect("a conformance driver");
         assert_eq!(fake.live("allocations"), 1, "nothing was freed");
         d.free(p, MIB).unwrap();
-        drop(d);
-        rig.finish();
-    }
+    });
 }

@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use portalloc::backends::host::HostDevice;
 use portalloc::device::{Device, Event, Stream};
-use portalloc::{Allocator, Config, StrategyKind};
+use portalloc::Allocator;
 
 const MIB: u64 = 1 << 20;
 
@@ -34,7 +34,7 @@ pub enum Rocm {
 
 impl Rocm {
     /// The runtime version code `fakehip` answers.
-    pub fn version(self) -> i32 {
+    pub const fn version(self) -> i32 {
         match self {
             Rocm::V5 => 50_221_153,
             Rocm::V6 => 60_241_133,
@@ -107,7 +107,7 @@ impl Target {
     /// # Panics
     /// When a device does not open.
     pub fn open(self, devices: u32, capacity: u64) -> Option<Rig> {
-        let (opened, fake) = match self {
+        let (opened, fake): (Vec<Opened>, Option<Fake>) = match self {
             Target::HostReal | Target::HostSimulated => {
                 let opened = (0..devices)
                     .map(|ordinal| {
@@ -130,8 +130,8 @@ impl Target {
                 } else {
                     "fakecuda_old"
                 };
-                let fake = Fake::copy(name, Vendor::Cuda)?;
-                fake.configure(devices, capacity, None);
+                let fake = Fake::copy(name)?;
+                fake.set_devices(devices as i32, capacity);
                 let driver = Arc::new(Driver::load(&[fake.path()]).expect("the driver loads"));
                 let opened: Vec<Opened> = (0..devices)
                     .rev()
@@ -150,8 +150,12 @@ impl Target {
             #[cfg(feature = "hip")]
             Target::FakeHip(rocm) => {
                 use portalloc::backends::hip::{HipDevice, Runtime};
-                let fake = Fake::copy("fakehip", Vendor::Hip)?;
-                fake.configure(devices, capacity, Some(rocm.version()));
+                let fake = Fake::copy("fakehip")?;
+                let set_version: unsafe extern "C" fn(std::ffi::c_int) =
+                    fake.sym("fakehip_set_version");
+                // SAFETY: a control function of fakehip, by value, before any device opens.
+                unsafe { set_version(rocm.version()) };
+                fake.set_devices(devices as i32, capacity);
                 let runtime = Arc::new(Runtime::load(&[fake.path()]).expect("the runtime loads"));
                 let opened = (0..devices)
                     .map(|ordinal| {
@@ -249,12 +253,11 @@ impl Rig {
         for opened in &self.devices {
             let device = opened.device();
             let caps = device.info().capabilities;
+            let vmm = self.target.has_virtual_memory();
+            let pool = self.target.has_pool();
             assert_eq!(
                 (caps.virtual_memory, device.virtual_memory().is_some()),
-                (
-                    self.target.has_virtual_memory(),
-                    self.target.has_virtual_memory()
-                ),
+                (vmm, vmm),
                 "{:?}: virtual memory",
                 self.target
             );
@@ -263,7 +266,7 @@ impl Rig {
                     caps.stream_ordered_pool,
                     device.stream_ordered_pool().is_some()
                 ),
-                (self.target.has_pool(), self.target.has_pool()),
+                (pool, pool),
                 "{:?}: stream-ordered pool",
                 self.target
             );
@@ -273,38 +276,41 @@ impl Rig {
     /// Everything the devices and the driver hold now, to compare before and after an
     /// operation that must not reach the device.
     pub fn snapshot(&self) -> String {
-        let mut text: Vec<String> = self.devices.iter().map(|d| d.census().1).collect();
-        if let Some(fake) = &self.fake {
-            text.push(format!("{:?}", fake.live_counts()));
-        }
-        text.join("; ")
+        let censuses = self.devices.iter().map(|d| d.census().1);
+        #[cfg(any(feature = "cuda", feature = "hip"))]
+        let censuses = censuses.chain(self.fake.iter().map(|fake| {
+            let counts: Vec<i64> = LIVE.iter().map(|&what| fake.live(what)).collect();
+            format!("driver: {counts:?}")
+        }));
+        censuses.collect::<Vec<String>>().join("; ")
     }
 
-    /// Bytes of device memory held now (all devices): the host's books, or the driver's
-    /// own count.
+    /// Bytes of device memory held now, all devices together: the driver's own count, or
+    /// the host's books.
     pub fn device_bytes(&self) -> u64 {
-        match &self.fake {
-            Some(fake) => fake.live("bytes") as u64,
-            None => self
-                .devices
-                .iter()
-                .map(|d| match d {
-                    Opened::Host(h) => h.census().bytes_in_use,
-                    #[allow(unreachable_patterns)]
-                    _ => unreachable!("a vendor device without its driver"),
-                })
-                .sum(),
+        #[cfg(any(feature = "cuda", feature = "hip"))]
+        if let Some(fake) = &self.fake {
+            return fake.live("bytes") as u64;
         }
+        (0..self.devices.len())
+            .map(|d| self.host(d).census().bytes_in_use)
+            .sum()
     }
 
-    /// The peers granted access at `va` of device 0, where the target can tell (the host
-    /// records them per mapping; the conformance drivers do not say).
+    /// The peers granted access at `va` of device 0, where the target can tell: the host
+    /// records them per mapping; a conformance driver answers where it exports `fake_access`.
     pub fn peer_access_at(&self, va: u64) -> Option<Vec<u32>> {
-        match &self.devices[0] {
-            Opened::Host(h) => Some(h.peer_access_at(va)),
-            #[allow(unreachable_patterns)]
-            _ => None,
+        #[cfg(any(feature = "cuda", feature = "hip"))]
+        if let Some(fake) = &self.fake {
+            let mut peers = Vec::new();
+            for peer in 1..self.devices.len() as u32 {
+                if fake.access(va, peer as i32)? {
+                    peers.push(peer);
+                }
+            }
+            return Some(peers);
         }
+        Some(self.host(0).peer_access_at(va))
     }
 
     /// Drops the devices after checking that nothing else holds them and that their books
@@ -329,9 +335,12 @@ impl Rig {
             assert!(empty, "{target:?}: device {ordinal} still holds {census}");
         }
         drop(devices);
+        #[cfg(any(feature = "cuda", feature = "hip"))]
         if let Some(fake) = fake {
             fake.assert_empty();
         }
+        #[cfg(not(any(feature = "cuda", feature = "hip")))]
+        drop(fake);
     }
 
     // ---- a caller's own driver calls (foreign streams) ------------------------------------
@@ -339,52 +348,55 @@ impl Rig {
     /// A stream made with the driver's own call, not through portalloc (on the host, which
     /// has no driver, a handle the device never made).
     pub fn foreign_stream(&self) -> Stream {
-        match &self.fake {
-            Some(fake) => fake.create_stream(),
-            None => Stream::from_raw(
-                0x7f3a_0000_0000 + 0x100 * self.next_stream.fetch_add(1, Ordering::Relaxed),
-            ),
+        #[cfg(any(feature = "cuda", feature = "hip"))]
+        if let Some(fake) = &self.fake {
+            return caller::create_stream(fake);
         }
+        Stream::from_raw(
+            0x7f3a_0000_0000 + 0x100 * self.next_stream.fetch_add(1, Ordering::Relaxed),
+        )
     }
 
     /// Holds (or, with false, completes) the work recorded on streams.
     pub fn hold(&self, on: bool) {
-        match &self.fake {
-            Some(fake) => fake.hold_events(on),
-            None => self.host(0).set_events_held(on),
+        #[cfg(any(feature = "cuda", feature = "hip"))]
+        if let Some(fake) = &self.fake {
+            return fake.hold_events(on);
         }
+        self.host(0).set_events_held(on)
     }
 
     /// Records an event of the caller's own on `stream`: the caller's kernel.
     pub fn record_work(&self, stream: Stream) -> u64 {
-        match &self.fake {
-            Some(fake) => fake.record_event(stream),
-            None => {
-                let host = self.host(0);
-                let e = host.create_event().unwrap();
-                host.record_event(e, stream).unwrap();
-                e.0
-            }
+        #[cfg(any(feature = "cuda", feature = "hip"))]
+        if let Some(fake) = &self.fake {
+            return caller::record_event(fake, stream);
         }
+        let host = self.host(0);
+        let e = host.create_event().unwrap();
+        host.record_event(e, stream).unwrap();
+        e.0
     }
 
     /// The driver's own answer: has the work recorded as `work` completed?
     pub fn work_done(&self, work: u64) -> bool {
-        match &self.fake {
-            Some(fake) => fake.event_done(work),
-            None => self.host(0).event_complete(Event(work)).unwrap(),
+        #[cfg(any(feature = "cuda", feature = "hip"))]
+        if let Some(fake) = &self.fake {
+            return caller::event_done(fake, work);
         }
+        self.host(0).event_complete(Event(work)).unwrap()
     }
 
     /// Gives back the caller's own streams and events.
     pub fn destroy_foreign(&self, streams: &[Stream], works: &[u64]) {
-        match &self.fake {
-            Some(fake) => fake.destroy(streams, works),
-            None => {
-                for &w in works {
-                    self.host(0).destroy_event(Event(w)).unwrap();
-                }
-            }
+        #[cfg(any(feature = "cuda", feature = "hip"))]
+        if let Some(fake) = &self.fake {
+            return caller::destroy(fake, streams, works);
+        }
+        // The host's foreign streams are bare handles: nothing to give back.
+        let _ = streams;
+        for &w in works {
+            self.host(0).destroy_event(Event(w)).unwrap();
         }
     }
 
@@ -392,343 +404,368 @@ impl Rig {
         match &self.devices[ordinal] {
             Opened::Host(h) => h,
             #[allow(unreachable_patterns)]
-            _ => unreachable!("host-only call on a vendor target"),
+            _ => unreachable!("a host-only call on a vendor target"),
         }
     }
 }
 
-/// A strategy of the suite.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Strategy {
-    BfcPreallocated,
-    BfcGrowing,
-    Platform,
-    /// The device's stream-ordered pool, preallocated.
-    Async,
-    Vmm,
-}
+/// The strategies of the suite: replay's list (`bfc` preallocated, `bfc-grow`, `vmm`,
+/// `async`, `platform`), so a strategy added there is one the suite can name.
+pub use portalloc::replay::ReplayStrategy as Strategy;
 
-impl Strategy {
+/// What the suite asks of a strategy beyond its name.
+pub trait SuiteStrategy: Copy {
     /// Whether `target` can serve the strategy; where it cannot, building it must fail with
     /// `Error::Unsupported`.
-    pub fn served_by(self, target: Target) -> bool {
+    fn served_by(self, target: Target) -> bool;
+
+    /// The strategy over `device` with 3/4 of its memory, through `strategy::build` as users
+    /// build it; the async pool is preallocated (replay grows it), so that path is covered.
+    ///
+    /// # Errors
+    /// What `strategy::build` answers (`Error::Unsupported` for a capability the device
+    /// lacks).
+    fn build(self, device: Arc<dyn Device>) -> portalloc::Result<Box<dyn Allocator>>;
+}
+
+impl SuiteStrategy for Strategy {
+    fn served_by(self, target: Target) -> bool {
         match self {
             Strategy::Vmm => target.has_virtual_memory(),
             Strategy::Async => target.has_pool(),
-            Strategy::BfcPreallocated | Strategy::BfcGrowing | Strategy::Platform => true,
+            Strategy::Bfc | Strategy::BfcGrow | Strategy::Platform => true,
         }
     }
 
-    /// The configuration that names the strategy: 3/4 of the device's memory.
-    pub fn config(self) -> Config {
-        let (kind, preallocate) = match self {
-            Strategy::BfcPreallocated => (StrategyKind::Bfc, true),
-            Strategy::BfcGrowing => (StrategyKind::Bfc, false),
-            Strategy::Platform => (StrategyKind::Platform, false),
-            Strategy::Async => (StrategyKind::Async, true),
-            Strategy::Vmm => (StrategyKind::Vmm, false),
-        };
-        Config::builder()
-            .ignore_env()
-            .strategy(kind)
-            .preallocate(preallocate)
-            .mem_fraction(0.75)
-            .build()
-            .expect("a valid configuration")
-    }
-
-    /// The strategy over `device`, through `strategy::build` as users build it.
-    ///
-    /// # Errors
-    /// What `strategy::build` answers (`Error::Unsupported` for a capability the device lacks).
-    pub fn build(self, device: Arc<dyn Device>) -> portalloc::Result<Box<dyn Allocator>> {
-        portalloc::strategy::build(&self.config(), device)
+    fn build(self, device: Arc<dyn Device>) -> portalloc::Result<Box<dyn Allocator>> {
+        let mut config = self.config(0.75);
+        config.preallocate.value |= self == Strategy::Async;
+        portalloc::strategy::build(&config, device)
     }
 }
 
-// ---- the conformance drivers' control functions -------------------------------------------
+// ---- the conformance drivers ----------------------------------------------------------------
 
-/// Which conformance driver a [`Fake`] is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Vendor {
-    Cuda,
-    Hip,
-}
-
-/// A private copy of a conformance driver, and the one adapter to its control functions and
-/// to the calls a caller makes on the driver directly. Removed from disk on drop.
-pub struct Fake {
-    /// `libloading` is a dependency only with a vendor feature; without one no `Fake` is
-    /// ever made.
-    #[cfg(any(feature = "cuda", feature = "hip"))]
-    lib: libloading::Library,
-    path: std::path::PathBuf,
-    pub vendor: Vendor,
-}
-
-/// What must be back to zero in each driver when portalloc has given everything back.
-const CUDA_COUNTED: &[&str] = &[
-    "allocations",
-    "handles",
-    "mappings",
-    "reservations",
-    "pools",
-    "pool_blocks",
-    "pool_reserved",
-    "streams",
-    "events",
-    "contexts",
-    "bytes",
-];
-const HIP_COUNTED: &[&str] = &[
+/// The live counts of the conformance drivers' common vocabulary: all zero once portalloc
+/// (and the caller) gave everything back.
+pub const LIVE: &[&str] = &[
     "allocations",
     "pool_allocations",
-    "reservations",
+    "pool_reserved",
+    "pools",
     "handles",
     "mappings",
+    "reservations",
     "streams",
     "events",
-    "pools",
     "bytes",
 ];
 
-/// Both drivers' "not ready" code (`CUDA_ERROR_NOT_READY`, `hipErrorNotReady`).
-const NOT_READY: i32 = 600;
-/// The events' flags: timing disabled (2 in both APIs).
-const DISABLE_TIMING: u32 = 2;
-
 #[cfg(any(feature = "cuda", feature = "hip"))]
-impl Fake {
-    /// A private copy of the conformance driver `name` (`support::driver`), loaded. `None`
-    /// (after [`super::skip`]) when it could not be built.
-    pub fn copy(name: &str, vendor: Vendor) -> Option<Fake> {
-        static COPIES: AtomicU64 = AtomicU64::new(0);
-        let Some(built) = super::driver(name) else {
-            super::skip(&format!(
-                "the conformance driver {name} was not built (no C compiler)"
-            ));
-            return None;
-        };
-        let n = COPIES.fetch_add(1, Ordering::Relaxed);
-        let path = std::env::temp_dir().join(format!(
-            "portalloc-conformance-{}-{n}-lib{name}.so",
-            std::process::id()
-        ));
-        std::fs::copy(built, &path).expect("copy the conformance driver");
-        // SAFETY: our own test library; its initialisers do nothing.
-        let lib = unsafe { libloading::Library::new(&path) }.expect("load the driver");
-        Some(Fake { lib, path, vendor })
+pub use adapter::Fake;
+
+/// A private copy of the built library at `built`, in the temporary directory under a name
+/// of this process: loaded, it is an instance of its own (a conformance driver keeps its
+/// state per loaded library). The caller removes it.
+///
+/// # Panics
+/// When the copy cannot be made.
+pub fn private_copy(built: &str) -> std::path::PathBuf {
+    static COPIES: AtomicU64 = AtomicU64::new(0);
+    let file = std::path::Path::new(built)
+        .file_name()
+        .expect("a file name");
+    let file = file.to_string_lossy();
+    let name = file.trim_start_matches("lib").trim_end_matches(".so");
+    let copy = std::env::temp_dir().join(format!(
+        "portalloc-{name}-{}-{}-{file}",
+        std::process::id(),
+        COPIES.fetch_add(1, Ordering::Relaxed),
+    ));
+    std::fs::copy(built, &copy).expect("copy the conformance driver");
+    copy
+}
+
+/// Without a vendor feature no conformance driver is loaded.
+#[cfg(not(any(feature = "cuda", feature = "hip")))]
+pub enum Fake {}
+
+/// The one adapter to the conformance drivers' control functions, with the names and
+/// signatures of the common control API (`fake_fail`, `fake_live`, …, Rust side
+/// `support::fakes::Fake`) that is replacing the drivers' own ones (`fakecuda_fail_call`,
+/// `fakehip_count`, …). When that API is in, this module becomes
+/// `pub use super::fakes::Fake;` and nothing else here changes.
+#[cfg(any(feature = "cuda", feature = "hip"))]
+mod adapter {
+    use std::ffi::{c_char, c_int, c_long, CString};
+    use std::path::PathBuf;
+
+    use portalloc::Vendor;
+
+    /// A private copy of a conformance driver, loaded; removed from disk on drop.
+    pub struct Fake {
+        library: libloading::Library,
+        path: PathBuf,
+        vendor: Vendor,
     }
 
-    /// The copy's path, for `Driver::load` / `Runtime::load`.
-    pub fn path(&self) -> String {
-        self.path.to_string_lossy().into_owned()
-    }
-
-    /// The symbol `name`, with the signature `T` the driver's C file gives it.
-    pub fn sym<T: Copy>(&self, name: &str) -> T {
-        // SAFETY: every caller names a function with the signature the C file defines.
-        *unsafe { self.lib.get::<T>(name.as_bytes()) }.expect(name)
-    }
-
-    fn cuda_or_hip<T>(&self, cuda: T, hip: T) -> T {
-        match self.vendor {
-            Vendor::Cuda => cuda,
-            Vendor::Hip => hip,
+    impl Fake {
+        /// A private copy of the driver `name` (`fakecuda`, `fakecuda_old`, `fakehip`),
+        /// built on first use; `None` after [`super::super::skip`] when no C compiler works.
+        ///
+        /// # Panics
+        /// When the copy cannot be made or loaded.
+        pub fn copy(name: &str) -> Option<Fake> {
+            let Some(built) = super::super::driver(name) else {
+                super::super::skip(&format!(
+                    "the {name} conformance driver was not built (no C compiler)"
+                ));
+                return None;
+            };
+            let path = super::private_copy(built);
+            // SAFETY: our own test library; its initialisers do nothing.
+            let library = unsafe { libloading::Library::new(&path) }.expect("load the fake");
+            let vendor = if name.starts_with("fakehip") {
+                Vendor::Hip
+            } else {
+                Vendor::Cuda
+            };
+            Some(Fake {
+                library,
+                path,
+                vendor,
+            })
         }
-    }
 
-    /// Starts the driver afresh with `devices` devices of `capacity` bytes (and, for HIP,
-    /// the runtime version `version`). Before any device is opened.
-    pub fn configure(&self, devices: u32, capacity: u64, version: Option<i32>) {
-        use std::ffi::c_int;
-        match self.vendor {
-            Vendor::Cuda => {
-                let f: unsafe extern "C" fn(c_int, u64, u64, c_int) -> c_int =
-                    self.sym("fakecuda_configure");
-                // SAFETY: plain values, before cuInit.
-                let rc = unsafe { f(devices as c_int, capacity, 0, version.unwrap_or(0)) };
-                assert_eq!(rc, 0, "fakecuda_configure after cuInit");
-            }
-            Vendor::Hip => {
-                self.reset();
-                let set_version: unsafe extern "C" fn(c_int) = self.sym("fakehip_set_version");
-                let set_devices: unsafe extern "C" fn(c_int, u64) = self.sym("fakehip_set_devices");
-                // SAFETY: control functions taking plain values.
-                unsafe {
-                    if let Some(v) = version {
-                        set_version(v);
-                    }
-                    set_devices(devices as c_int, capacity);
-                }
-            }
+        /// Which vendor's library this fakes.
+        pub fn vendor(&self) -> Vendor {
+            self.vendor
         }
-    }
 
-    /// Forgets injected faults (and, for HIP, every setting and object: a fresh runtime).
-    pub fn reset(&self) {
-        let f: unsafe extern "C" fn() =
-            self.sym(self.cuda_or_hip("fakecuda_clear_failures", "fakehip_reset"));
-        // SAFETY: a control function without arguments.
-        unsafe { f() }
-    }
-
-    /// The driver's live count of `what` (see [`CUDA_COUNTED`], [`HIP_COUNTED`]).
-    ///
-    /// # Panics
-    /// When the driver does not know `what`.
-    pub fn live(&self, what: &str) -> i64 {
-        let f: unsafe extern "C" fn(*const std::ffi::c_char) -> i64 =
-            self.sym(self.cuda_or_hip("fakecuda_live", "fakehip_count"));
-        let name = std::ffi::CString::new(what).unwrap();
-        // SAFETY: a NUL-terminated name, read only.
-        let n = unsafe { f(name.as_ptr()) };
-        assert!(n >= 0, "the conformance driver does not count {what}");
-        n
-    }
-
-    fn counted(&self) -> &'static [&'static str] {
-        self.cuda_or_hip(CUDA_COUNTED, HIP_COUNTED)
-    }
-
-    /// Every live count, by name.
-    pub fn live_counts(&self) -> Vec<(&'static str, i64)> {
-        self.counted().iter().map(|&w| (w, self.live(w))).collect()
-    }
-
-    /// Asserts that the driver holds nothing for anyone any more.
-    pub fn assert_empty(&self) {
-        for (what, n) in self.live_counts() {
-            assert_eq!(n, 0, "the {:?} driver still holds {what}", self.vendor);
+        /// The library's path, for `Driver::load` / `Runtime::load`.
+        pub fn path(&self) -> String {
+            self.path.to_string_lossy().into_owned()
         }
-    }
 
-    /// The next call of `function` answers `code`, once.
-    pub fn fail_next(&self, function: &str, code: i32) {
-        use std::ffi::{c_char, c_int, c_long};
-        let name = std::ffi::CString::new(function).unwrap();
-        match self.vendor {
-            Vendor::Cuda => {
-                let f: unsafe extern "C" fn(*const c_char, c_int, c_int) =
-                    self.sym("fakecuda_fail_call");
-                // SAFETY: a NUL-terminated name the driver copies.
-                unsafe { f(name.as_ptr(), 1, code) }
-            }
-            Vendor::Hip => {
+        /// The exported function `name`, as the type the caller names.
+        ///
+        /// # Panics
+        /// When the library does not export it.
+        pub fn sym<T: Copy>(&self, name: &str) -> T {
+            // SAFETY: each caller names a function with the signature the fake gives it.
+            *unsafe { self.library.get::<T>(name.as_bytes()) }.expect(name)
+        }
+
+        fn hip(&self) -> bool {
+            self.vendor == Vendor::Hip
+        }
+
+        /// Calls `nth` .. `nth + count - 1` of `function` (1-based, from now) return `code`.
+        ///
+        /// # Panics
+        /// For fakecuda, whose own call fails one call or every call: when `count` is
+        /// neither 1 nor negative from the first call.
+        pub fn fail(&self, function: &str, nth: i64, count: i64, code: i32) {
+            let name = CString::new(function).expect("no NUL in a function name");
+            if self.hip() {
                 let f: unsafe extern "C" fn(*const c_char, c_long, c_long, c_int) =
                     self.sym("fakehip_fail");
-                // SAFETY: a NUL-terminated name the driver copies.
-                unsafe { f(name.as_ptr(), 1, 1, code) }
+                // SAFETY: a NUL-terminated name the fake copies; the rest by value.
+                return unsafe { f(name.as_ptr(), nth as c_long, count as c_long, code) };
             }
+            let nth = match (nth, count) {
+                (nth, 1) => nth as c_int,
+                (1, count) if count < 0 => 0, // fakecuda: 0 = every call
+                _ => panic!("fakecuda fails one call or all: nth {nth}, count {count}"),
+            };
+            let f: unsafe extern "C" fn(*const c_char, c_int, c_int) =
+                self.sym("fakecuda_fail_call");
+            // SAFETY: a NUL-terminated name the fake copies; the rest by value.
+            unsafe { f(name.as_ptr(), nth, code) }
+        }
+
+        /// Disarms every fault.
+        pub fn clear_faults(&self) {
+            let name = if self.hip() {
+                "fakehip_clear_faults"
+            } else {
+                "fakecuda_clear_failures"
+            };
+            let f: unsafe extern "C" fn() = self.sym(name);
+            // SAFETY: no arguments.
+            unsafe { f() }
+        }
+
+        /// The fake's live count of `what` (see [`super::LIVE`]).
+        ///
+        /// # Panics
+        /// When this fake does not answer `what`.
+        pub fn live(&self, what: &str) -> i64 {
+            // The two fakes' own names, until the common vocabulary.
+            let (function, what) = match (self.hip(), what) {
+                (true, what) => ("fakehip_count", what),
+                (false, "pool_allocations") => ("fakecuda_live", "pool_blocks"),
+                (false, what) => ("fakecuda_live", what),
+            };
+            let f: unsafe extern "C" fn(*const c_char) -> i64 = self.sym(function);
+            let name = CString::new(what).expect("no NUL in a name");
+            // SAFETY: a NUL-terminated name, read only.
+            let n = unsafe { f(name.as_ptr()) };
+            assert!(n >= 0, "{} does not count {what}", self.path());
+            n
+        }
+
+        /// Asserts that the fake holds nothing for anyone (and, for CUDA, that no
+        /// primary-context reference is left).
+        ///
+        /// # Panics
+        /// When something is still held.
+        pub fn assert_empty(&self) {
+            let mut names = super::LIVE.to_vec();
+            if self.vendor == Vendor::Cuda {
+                names.push("contexts");
+            }
+            let held: Vec<(&str, i64)> = names
+                .iter()
+                .map(|&w| (w, self.live(w)))
+                .filter(|&(_, n)| n != 0)
+                .collect();
+            assert!(held.is_empty(), "the fake still holds {held:?}");
+        }
+
+        /// Whether the mapping holding `va` grants `device` access; `None` when no mapping
+        /// holds `va` — or when the fake cannot tell (no `fake_access` export yet).
+        pub fn access(&self, va: u64, device: i32) -> Option<bool> {
+            // SAFETY: the signature fake_common.h gives fake_access.
+            let f = unsafe {
+                self.library
+                    .get::<unsafe extern "C" fn(u64, c_int) -> c_int>(b"fake_access")
+            }
+            .ok()?;
+            // SAFETY: by value.
+            match unsafe { f(va, device) } {
+                n if n < 0 => None,
+                n => Some(n != 0),
+            }
+        }
+
+        /// `devices` devices of `capacity` bytes (CUDA: before `cuInit`).
+        ///
+        /// # Panics
+        /// When fakecuda was already initialised.
+        pub fn set_devices(&self, devices: i32, capacity: u64) {
+            if self.hip() {
+                let f: unsafe extern "C" fn(c_int, u64) = self.sym("fakehip_set_devices");
+                // SAFETY: by value.
+                return unsafe { f(devices, capacity) };
+            }
+            let f: unsafe extern "C" fn(c_int, u64, u64, c_int) -> c_int =
+                self.sym("fakecuda_configure");
+            // SAFETY: by value; 0 keeps the granularity and version.
+            let rc = unsafe { f(devices, capacity, 0, 0) };
+            assert_eq!(rc, 0, "configured before cuInit");
+        }
+
+        /// While held, work recorded on streams stays in flight until synchronised or
+        /// released; releasing completes it all.
+        pub fn hold_events(&self, held: bool) {
+            let name = if self.hip() {
+                "fakehip_hold_events"
+            } else {
+                "fakecuda_hold_events"
+            };
+            let f: unsafe extern "C" fn(c_int) = self.sym(name);
+            // SAFETY: by value.
+            unsafe { f(c_int::from(held)) }
         }
     }
 
-    /// While held, work recorded on streams stays in flight until synchronised; releasing
-    /// completes it all.
-    pub fn hold_events(&self, held: bool) {
-        let f: unsafe extern "C" fn(std::ffi::c_int) =
-            self.sym(self.cuda_or_hip("fakecuda_hold_events", "fakehip_hold_events"));
-        // SAFETY: a plain value.
-        unsafe { f(held.into()) }
+    impl Drop for Fake {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// What a caller does beside portalloc, with the vendor's own calls from the driver library
+/// (as PyTorch or cudarc do): make streams and events, record, query, destroy.
+#[cfg(any(feature = "cuda", feature = "hip"))]
+mod caller {
+    use std::ffi::{c_int, c_uint, c_void};
+
+    use portalloc::{Stream, Vendor};
+
+    use super::Fake;
+
+    /// `cuXxxCreate(&handle, flags)` / `hipXxxCreateWithFlags(&handle, flags)`.
+    type Create = unsafe extern "C" fn(*mut *mut c_void, c_uint) -> c_int;
+    /// A call on one handle.
+    type OnHandle = unsafe extern "C" fn(*mut c_void) -> c_int;
+    /// `cuEventRecord(event, stream)` / `hipEventRecord(event, stream)`.
+    type Record = unsafe extern "C" fn(*mut c_void, *mut c_void) -> c_int;
+    /// Both vendors' "not ready" (`CUDA_ERROR_NOT_READY`, `hipErrorNotReady`).
+    const NOT_READY: c_int = 600;
+    /// The events' flags: timing disabled (2 in both APIs).
+    const DISABLE_TIMING: c_uint = 2;
+
+    /// The vendor's name of a call: CUDA's, or HIP's.
+    fn call<T: Copy>(fake: &Fake, cuda: &str, hip: &str) -> T {
+        fake.sym(if fake.vendor() == Vendor::Hip {
+            hip
+        } else {
+            cuda
+        })
     }
 
-    /// A stream made with the driver's own call (`cuStreamCreate`, `hipStreamCreateWithFlags`).
-    pub fn create_stream(&self) -> Stream {
-        let create: Create =
-            self.sym(self.cuda_or_hip("cuStreamCreate", "hipStreamCreateWithFlags"));
+    /// A stream made with `cuStreamCreate` / `hipStreamCreateWithFlags`.
+    pub fn create_stream(fake: &Fake) -> Stream {
+        let create: Create = call(fake, "cuStreamCreate", "hipStreamCreateWithFlags");
         let mut s = std::ptr::null_mut();
         // SAFETY: one handle written; flags 0 = a blocking stream.
         assert_eq!(unsafe { create(&mut s, 0) }, 0, "stream create");
         Stream::from_raw(s as u64)
     }
 
-    /// An event of the caller's own, made and recorded on `stream` with the driver's calls.
-    pub fn record_event(&self, stream: Stream) -> u64 {
-        let create: Create = self.sym(self.cuda_or_hip("cuEventCreate", "hipEventCreateWithFlags"));
-        let record: Record = self.sym(self.cuda_or_hip("cuEventRecord", "hipEventRecord"));
+    /// An event of the caller's own, made and recorded on `stream`.
+    pub fn record_event(fake: &Fake, stream: Stream) -> u64 {
+        let create: Create = call(fake, "cuEventCreate", "hipEventCreateWithFlags");
+        let record: Record = call(fake, "cuEventRecord", "hipEventRecord");
         let mut e = std::ptr::null_mut();
         // SAFETY: one handle written; then a live event on a live stream.
         unsafe {
             assert_eq!(create(&mut e, DISABLE_TIMING), 0, "event create");
-            assert_eq!(
-                record(e, stream.as_raw() as *mut std::ffi::c_void),
-                0,
-                "event record"
-            );
+            assert_eq!(record(e, stream.as_raw() as *mut c_void), 0, "event record");
         }
         e as u64
     }
 
     /// The driver's own query of the caller's event.
-    pub fn event_done(&self, event: u64) -> bool {
-        let query: OnHandle = self.sym(self.cuda_or_hip("cuEventQuery", "hipEventQuery"));
+    pub fn event_done(fake: &Fake, event: u64) -> bool {
+        let query: OnHandle = call(fake, "cuEventQuery", "hipEventQuery");
         // SAFETY: a live event of the caller's.
-        match unsafe { query(event as *mut std::ffi::c_void) } {
+        match unsafe { query(event as *mut c_void) } {
             0 => true,
             NOT_READY => false,
             other => panic!("event query: {other}"),
         }
     }
 
-    /// Destroys the caller's own events and streams with the driver's calls.
-    pub fn destroy(&self, streams: &[Stream], events: &[u64]) {
-        let destroy_event: OnHandle =
-            self.sym(self.cuda_or_hip("cuEventDestroy_v2", "hipEventDestroy"));
-        let destroy_stream: OnHandle =
-            self.sym(self.cuda_or_hip("cuStreamDestroy_v2", "hipStreamDestroy"));
+    /// Destroys the caller's own events and streams.
+    pub fn destroy(fake: &Fake, streams: &[Stream], events: &[u64]) {
+        let destroy_event: OnHandle = call(fake, "cuEventDestroy_v2", "hipEventDestroy");
+        let destroy_stream: OnHandle = call(fake, "cuStreamDestroy_v2", "hipStreamDestroy");
         // SAFETY: the caller's own live handles, each destroyed once.
         unsafe {
             for &e in events {
-                assert_eq!(destroy_event(e as *mut std::ffi::c_void), 0);
+                assert_eq!(destroy_event(e as *mut c_void), 0, "event destroy");
             }
             for s in streams {
-                assert_eq!(destroy_stream(s.as_raw() as *mut std::ffi::c_void), 0);
+                assert_eq!(
+                    destroy_stream(s.as_raw() as *mut c_void),
+                    0,
+                    "stream destroy"
+                );
             }
         }
     }
 }
-
-/// Without a vendor feature no `Fake` exists; these keep the rig's code one shape.
-#[cfg(not(any(feature = "cuda", feature = "hip")))]
-impl Fake {
-    fn unreachable(&self) -> ! {
-        unreachable!("no conformance driver is loaded without a vendor feature")
-    }
-    pub fn live(&self, _: &str) -> i64 {
-        self.unreachable()
-    }
-    pub fn live_counts(&self) -> Vec<(&'static str, i64)> {
-        self.unreachable()
-    }
-    pub fn assert_empty(&self) {
-        self.unreachable()
-    }
-    pub fn hold_events(&self, _: bool) {
-        self.unreachable()
-    }
-    pub fn create_stream(&self) -> Stream {
-        self.unreachable()
-    }
-    pub fn record_event(&self, _: Stream) -> u64 {
-        self.unreachable()
-    }
-    pub fn event_done(&self, _: u64) -> bool {
-        self.unreachable()
-    }
-    pub fn destroy(&self, _: &[Stream], _: &[u64]) {
-        self.unreachable()
-    }
-}
-
-impl Drop for Fake {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
-    }
-}
-
-/// `cuXxxCreate(&handle, flags)` / `hipXxxCreateWithFlags(&handle, flags)`.
-type Create = unsafe extern "C" fn(*mut *mut std::ffi::c_void, std::ffi::c_uint) -> std::ffi::c_int;
-/// A call on one handle.
-type OnHandle = unsafe extern "C" fn(*mut std::ffi::c_void) -> std::ffi::c_int;
-/// `cuEventRecord(event, stream)` / `hipEventRecord(event, stream)`.
-type Record = unsafe extern "C" fn(*mut std::ffi::c_void, *mut std::ffi::c_void) -> std::ffi::c_int;
