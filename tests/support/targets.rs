@@ -21,8 +21,6 @@ use portalloc::backends::host::HostDevice;
 use portalloc::device::{Device, Event, Stream};
 use portalloc::Allocator;
 
-const MIB: u64 = 1 << 20;
-
 /// Which ROCm the HIP conformance driver plays: its `hipRuntimeGetVersion`, and with it the
 /// capability gates (VMM from ROCm 7; `hipGetDevicePropertiesR0600` from ROCm 6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,9 +56,11 @@ pub enum Target {
     FakeHip(Rocm),
 }
 
-/// The targets on which two devices offer each other peer access. The conformance drivers
-/// join this list once they export `cuDeviceCanAccessPeer` / `hipDeviceCanAccessPeer` (and
-/// the enable calls); until then the suite asserts they offer none, with a typed error.
+/// The targets on which two devices offer each other peer access; on the others the suite
+/// asserts that none is offered, with a typed error. The conformance drivers join this list
+/// once they export `cuDeviceCanAccessPeer` / `hipDeviceCanAccessPeer` and the enable calls
+/// (then `FakeCuda`, `FakeCudaOld`, `FakeHip(Rocm::V5)`, `FakeHip(Rocm::V6)`,
+/// `FakeHip(Rocm::V7)`): the `peer_access` cases fail, naming the target, until they do.
 pub const PEER_TARGETS: &[Target] = &[Target::HostReal, Target::HostSimulated];
 
 impl Target {
