@@ -22,7 +22,6 @@ mod support;
 
 use std::ffi::{c_char, c_int, CString};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use portalloc::backends::cuda::{CudaDevice, Driver, POOL_SYMBOLS, REQUIRED_SYMBOLS, VMM_SYMBOLS};
@@ -191,8 +190,6 @@ struct Fake {
     owned: bool,
 }
 
-static COPIES: AtomicU64 = AtomicU64::new(0);
-
 impl Fake {
     /// A private copy of `libfakecuda.so`, or `None` (with a message) when it was not built.
     fn new() -> Option<Fake> {
@@ -209,14 +206,7 @@ impl Fake {
             support::skip("the conformance driver was not built (no C compiler)");
             return None;
         };
-        let n = COPIES.fetch_add(1, Ordering::Relaxed);
-        let path = std::env::temp_dir().join(format!(
-            "portalloc-fakecuda-{}-{n}-{}",
-            std::process::id(),
-            PathBuf::from(built).file_name().unwrap().to_string_lossy()
-        ));
-        std::fs::copy(built, &path).expect("copy the conformance driver");
-        let mut fake = Fake::at(path);
+        let mut fake = Fake::at(support::targets::private_copy(built));
         fake.owned = true;
         Some(fake)
     }
@@ -502,19 +492,8 @@ mod loading {
         drop(all);
         fake.assert_empty();
     }
-
-    #[test]
-    fn a_library_without_the_driver_api_names_the_missing_symbol() {
-        match Driver::load(&["libm.so.6".into()]) {
-            Err(Error::MissingSymbol {
-                symbol, library, ..
-            }) => {
-                assert_eq!(symbol, "cuInit");
-                assert_eq!(library, "libm.so.6");
-            }
-            other => panic!("expected MissingSymbol, got {other:?}"),
-        }
-    }
+    // A library without the driver API (no cuInit): tests/vendor_runtimes.rs,
+    // `library_without_the_driver_api_is_missing_a_symbol`.
 }
 
 mod errors {
@@ -860,271 +839,43 @@ mod pools_streams_events {
 // Strategies over the CUDA device on the conformance driver
 // ---------------------------------------------------------------------------------------------
 
+/// What every strategy must do on every device — on `fakecuda` and `fakecuda_old` too — is
+/// the conformance suite's (`tests/conformance.rs`, modules `fakecuda` and `fakecuda_old`).
+/// Here: how the strategies meet this driver's refusals and its virtual-memory calls.
 mod strategies {
+    use super::support::targets::{Rig, Strategy, SuiteStrategy, Target};
     use super::*;
 
-    /// Capacity of the fake device; the allocators get 3/4 of it.
-    const CAPACITY: u64 = 64 * MIB;
-    const LIMIT: u64 = 48 * MIB;
-
-    struct Subject {
-        allocator: Box<dyn Allocator>,
-        device: Arc<CudaDevice>,
-        fake: Fake,
+    /// `strategy` over a 64 MiB device of a private `fakecuda`, or `None` when it was not
+    /// built.
+    fn subject(strategy: Strategy) -> Option<(Rig, Box<dyn Allocator>)> {
+        let rig = Target::FakeCuda.open(1, 64 * MIB)?;
+        let allocator = strategy.build(rig.device(0)).unwrap();
+        Some((rig, allocator))
     }
 
-    fn config(strategy: StrategyKind, preallocate: bool) -> Config {
-        Config::builder()
-            .ignore_env()
-            .strategy(strategy)
-            .preallocate(preallocate)
-            .mem_fraction(0.75)
-            .build()
-            .unwrap()
-    }
-
-    fn subject(strategy: StrategyKind, preallocate: bool) -> Option<Subject> {
-        let fake = Fake::new()?;
-        let device = Arc::new(fake.device(CAPACITY));
-        let allocator = portalloc::strategy::build(
-            &config(strategy, preallocate),
-            Arc::clone(&device) as Arc<dyn Device>,
-        )
-        .unwrap();
-        Some(Subject {
-            allocator,
-            device,
-            fake,
-        })
-    }
-
-    impl Subject {
-        fn invariants(&self) {
-            self.allocator
-                .check_invariants()
-                .unwrap_or_else(|e| panic!("{}: invariant broken: {e}", self.allocator.name()));
-        }
-
-        fn free_all(&self, live: Vec<Allocation>) {
-            for a in live {
-                self.allocator.deallocate(a).unwrap();
-                self.invariants();
-            }
-        }
-
-        /// Drops the allocator and the device; the driver must hold nothing after.
-        fn finish(self) {
-            let Subject {
-                allocator,
-                device,
-                fake,
-            } = self;
-            drop(allocator);
-            assert_eq!(Arc::strong_count(&device), 1, "the device is still shared");
-            drop(device);
-            fake.assert_empty();
-        }
-    }
-
-    fn zero_size_is_empty(s: Subject) {
-        let before = s.fake.live("allocations");
-        let a = s.allocator.allocate(0, 0, Stream::DEFAULT, "t").unwrap();
-        assert!(a.is_empty());
-        assert_eq!(a.ptr(), 0);
-        assert_eq!(
-            s.fake.live("allocations"),
-            before,
-            "zero bytes made a device call"
-        );
-        s.allocator.deallocate(a).unwrap();
-        s.finish();
-    }
-
-    fn aligned_disjoint_usable(s: Subject) {
-        let sizes = [1u64, 255, 256, 257, 4096, 100_000, MIB, 3 * MIB + 5];
-        let mut live = Vec::new();
-        for (i, &size) in sizes.iter().enumerate() {
-            let a = s
-                .allocator
-                .allocate(size, 0, Stream::DEFAULT, "buffer")
-                .unwrap();
-            assert_eq!(a.size(), size);
-            assert_eq!(
-                a.ptr() % 256,
-                0,
-                "{size} B at {:#x} is not 256-aligned",
-                a.ptr()
-            );
-            // SAFETY: the conformance driver's device memory is host memory; this allocation
-            // is `size` bytes owned by this test.
-            unsafe { std::ptr::write_bytes(a.ptr() as *mut u8, i as u8 + 1, size as usize) };
-            s.invariants();
-            live.push(a);
-        }
-        let mut ranges: Vec<(u64, u64)> =
-            live.iter().map(|a| (a.ptr(), a.ptr() + a.size())).collect();
-        ranges.sort();
-        for w in ranges.windows(2) {
-            assert!(w[0].1 <= w[1].0, "overlap: {:x?} and {:x?}", w[0], w[1]);
-        }
-        for (i, a) in live.iter().enumerate() {
-            // SAFETY: as above.
-            let bytes =
-                unsafe { std::slice::from_raw_parts(a.ptr() as *const u8, a.size() as usize) };
-            assert!(
-                bytes.iter().all(|&b| b == i as u8 + 1),
-                "allocation {i} overwritten"
-            );
-        }
-        assert_eq!(s.allocator.stats().num_allocs, sizes.len() as u64);
-        s.free_all(live);
-        assert_eq!(s.allocator.stats().bytes_in_use, 0);
-        s.finish();
-    }
-
-    fn alignment_rules(s: Subject) {
-        for alignment in [1u64, 2, 256, 512, 4096, 65536] {
-            match s.allocator.allocate(1000, alignment, Stream::DEFAULT, "t") {
-                Ok(a) => {
-                    assert_eq!(a.ptr() % alignment.max(256), 0);
-                    s.allocator.deallocate(a).unwrap();
-                }
-                Err(Error::InvalidAlignment { max, .. }) => assert!(alignment > max),
-                Err(e) => panic!("alignment {alignment}: {e}"),
-            }
-        }
-        for alignment in [3u64, 100, 257, u64::MAX] {
-            assert!(matches!(
-                s.allocator.allocate(1000, alignment, Stream::DEFAULT, "t"),
-                Err(Error::InvalidAlignment { .. })
-            ));
-        }
-        s.invariants();
-        s.finish();
-    }
-
-    fn impossible_sizes(s: Subject) {
-        for size in [u64::MAX, u64::MAX - 255, CAPACITY * 2, LIMIT + 1] {
-            let e = s
-                .allocator
-                .allocate(size, 0, Stream::DEFAULT, "t")
-                .expect_err("impossible size served");
-            assert!(
-                matches!(e, Error::InvalidSize { .. } | Error::ExceedsLimit { .. })
-                    || e.is_out_of_memory(),
-                "size {size}: {e}"
-            );
-            s.invariants();
-        }
-        let a = s.allocator.allocate(MIB, 0, Stream::DEFAULT, "t").unwrap();
-        s.allocator.deallocate(a).unwrap();
-        s.finish();
-    }
-
-    fn exhaustion_and_recovery(s: Subject) {
-        let mut live = Vec::new();
-        let e = loop {
-            match s.allocator.allocate(4 * MIB, 0, Stream::DEFAULT, "t") {
-                Ok(a) => live.push(a),
-                Err(e) => break e,
-            }
-            assert!(live.len() < 1000, "never ran out");
-        };
-        assert!(e.is_out_of_memory(), "expected out of memory, got {e}");
-        assert!(live.len() as u64 * 4 * MIB <= LIMIT);
-        s.invariants();
-        s.free_all(live);
-        let a = s
-            .allocator
-            .allocate(4 * MIB, 0, Stream::DEFAULT, "t")
-            .unwrap();
-        s.allocator.deallocate(a).unwrap();
-        s.finish();
-    }
-
-    fn trim_and_drop_return_everything(s: Subject) {
-        let live: Vec<_> = (1..=5)
-            .map(|i| {
-                s.allocator
-                    .allocate(i * MIB, 0, Stream::DEFAULT, "t")
-                    .unwrap()
-            })
-            .collect();
-        s.free_all(live);
-        s.allocator.trim().unwrap();
-        assert_eq!(s.allocator.stats().pool_bytes, 0, "trim() kept memory");
-        assert_eq!(s.fake.live("bytes"), 0, "trim() left device memory");
-        let _leak = s
-            .allocator
-            .allocate(MIB, 0, Stream::DEFAULT, "leak")
-            .unwrap();
-        s.finish();
-    }
-
-    fn threads_share_one_allocator(s: Subject) {
-        std::thread::scope(|scope| {
-            for t in 0..4u64 {
-                let s = &s;
-                scope.spawn(move || {
-                    let mut live = Vec::new();
-                    for i in 0..200u64 {
-                        let size = 256 + ((i * 7919 + t * 104_729) % (256 * 1024));
-                        if let Ok(a) = s.allocator.allocate(size, 0, Stream::DEFAULT, "t") {
-                            live.push(a);
-                        }
-                        if i % 3 == 2 && !live.is_empty() {
-                            let a = live.swap_remove((i as usize) % live.len());
-                            s.allocator.deallocate(a).unwrap();
-                        }
-                    }
-                    for a in live {
-                        s.allocator.deallocate(a).unwrap();
-                    }
-                });
-            }
-        });
-        s.invariants();
-        assert_eq!(s.allocator.stats().bytes_in_use, 0);
-        s.finish();
-    }
-
-    macro_rules! conformance {
-        ($($name:ident => ($strategy:expr, $prealloc:expr)),* $(,)?) => {$(
-            mod $name {
-                use super::*;
-                fn s() -> Option<Subject> { subject($strategy, $prealloc) }
-                #[test] fn zero_size() { if let Some(s) = s() { zero_size_is_empty(s) } }
-                #[test] fn aligned_disjoint() { if let Some(s) = s() { aligned_disjoint_usable(s) } }
-                #[test] fn alignment() { if let Some(s) = s() { alignment_rules(s) } }
-                #[test] fn impossible() { if let Some(s) = s() { impossible_sizes(s) } }
-                #[test] fn exhaustion() { if let Some(s) = s() { exhaustion_and_recovery(s) } }
-                #[test] fn trim_and_drop() { if let Some(s) = s() { trim_and_drop_return_everything(s) } }
-                #[test] fn threads() { if let Some(s) = s() { threads_share_one_allocator(s) } }
-            }
-        )*};
-    }
-
-    conformance! {
-        bfc_preallocated => (StrategyKind::Bfc, true),
-        bfc_growing => (StrategyKind::Bfc, false),
-        platform => (StrategyKind::Platform, false),
+    fn invariants(allocator: &dyn Allocator) {
+        allocator
+            .check_invariants()
+            .unwrap_or_else(|e| panic!("{}: invariant broken: {e}", allocator.name()));
     }
 
     #[test]
     fn bfc_backs_off_when_the_device_refuses() {
-        let Some(s) = subject(StrategyKind::Bfc, false) else {
+        let Some((rig, allocator)) = subject(Strategy::BfcGrow) else {
             return;
         };
+        let fake = rig.fake().unwrap();
         // Growth asks the device for a region; the first attempt is refused with OOM and
         // bfc retries smaller (×0.9) instead of failing.
-        s.fake.fail("cuMemAlloc_v2", 1, 2);
-        let a = s.allocator.allocate(MIB, 0, Stream::DEFAULT, "t").unwrap();
-        s.invariants();
-        s.allocator.deallocate(a).unwrap();
+        fake.fail("cuMemAlloc_v2", 1, 1, 2);
+        let a = allocator.allocate(MIB, 0, Stream::DEFAULT, "t").unwrap();
+        invariants(allocator.as_ref());
+        allocator.deallocate(a).unwrap();
         // A non-OOM failure is surfaced as the driver's typed error, not retried.
-        let big = s.allocator.stats().pool_bytes + MIB;
-        s.fake.fail("cuMemAlloc_v2", 1, 999);
-        match s.allocator.allocate(big, 0, Stream::DEFAULT, "t") {
+        let big = allocator.stats().pool_bytes + MIB;
+        fake.fail("cuMemAlloc_v2", 1, 1, 999);
+        match allocator.allocate(big, 0, Stream::DEFAULT, "t") {
             Err(e) => {
                 let text = e.to_string();
                 assert!(
@@ -1134,48 +885,53 @@ mod strategies {
             }
             Ok(a) => panic!("the injected failure was not seen: {a:?}"),
         }
-        s.invariants();
-        s.finish();
+        invariants(allocator.as_ref());
+        drop(allocator);
+        rig.finish();
     }
 
     #[test]
     fn platform_reports_device_oom() {
-        let Some(s) = subject(StrategyKind::Platform, false) else {
+        let Some((rig, allocator)) = subject(Strategy::Platform) else {
             return;
         };
-        s.fake.fail("cuMemAlloc_v2", 1, 2);
-        let e = s
-            .allocator
+        rig.fake().unwrap().fail("cuMemAlloc_v2", 1, 1, 2);
+        let e = allocator
             .allocate(MIB, 0, Stream::DEFAULT, "t")
             .unwrap_err();
         assert!(e.is_out_of_memory(), "{e}");
-        let a = s.allocator.allocate(MIB, 0, Stream::DEFAULT, "t").unwrap();
-        s.allocator.deallocate(a).unwrap();
-        s.finish();
+        let a = allocator.allocate(MIB, 0, Stream::DEFAULT, "t").unwrap();
+        allocator.deallocate(a).unwrap();
+        drop(allocator);
+        rig.finish();
     }
 
     #[test]
     fn vmm_strategy_runs_on_the_cuda_vmm_api() {
-        let Some(s) = subject(StrategyKind::Vmm, false) else {
+        let Some((rig, allocator)) = subject(Strategy::Vmm) else {
             return;
         };
+        let fake = rig.fake().unwrap();
         let sizes = [1000u64, 3 * MIB, 5 * MIB + 17, 256];
-        let live: Vec<_> = sizes
+        let live: Vec<Allocation> = sizes
             .iter()
-            .map(|&n| s.allocator.allocate(n, 0, Stream::DEFAULT, "t").unwrap())
+            .map(|&n| allocator.allocate(n, 0, Stream::DEFAULT, "t").unwrap())
             .collect();
         for a in &live {
             // SAFETY: mapped read-write host memory in the conformance driver, owned here.
             unsafe { std::ptr::write_bytes(a.ptr() as *mut u8, 7, a.size() as usize) };
         }
-        assert!(s.fake.live("mappings") > 0);
-        s.free_all(live);
-        s.allocator.trim().unwrap();
+        assert!(fake.live("mappings") > 0);
+        for a in live {
+            allocator.deallocate(a).unwrap();
+        }
+        allocator.trim().unwrap();
         // A failing cuMemCreate surfaces as an error value.
-        s.fake.fail("cuMemCreate", 1, 999);
-        assert!(s.allocator.allocate(MIB, 0, Stream::DEFAULT, "t").is_err());
-        s.invariants();
-        s.finish();
+        fake.fail("cuMemCreate", 1, 1, 999);
+        assert!(allocator.allocate(MIB, 0, Stream::DEFAULT, "t").is_err());
+        invariants(allocator.as_ref());
+        drop(allocator);
+        rig.finish();
     }
 }
 

@@ -7,6 +7,7 @@
 //! fails the test with the same message instead of passing it silently.
 
 pub mod common;
+pub mod targets;
 
 /// True when a missing prerequisite must fail the run (`CI=true` or
 /// `PORTALLOC_TEST_REQUIRE_ALL=1`).
