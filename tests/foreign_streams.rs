@@ -252,7 +252,7 @@ fn per_thread_handle_is_not_reused_at_once() {
 
 #[cfg(any(feature = "cuda", feature = "hip"))]
 mod drivers {
-    use std::ffi::{c_int, c_uint, c_void, CString};
+    use std::ffi::{c_int, c_long, c_uint, c_void, CString};
     use std::path::PathBuf;
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::Arc;
@@ -334,13 +334,13 @@ mod drivers {
         event_query: "cuEventQuery",
         event_destroy: "cuEventDestroy_v2",
         hold: "fakecuda_hold_events",
-        count: "fakecuda_live",
+        count: "fake_live",
         counted: &[
             "allocations",
             "handles",
             "mappings",
             "reservations",
-            "pool_blocks",
+            "pool_allocations",
             "events",
             "streams",
         ],
@@ -354,7 +354,7 @@ mod drivers {
         event_query: "hipEventQuery",
         event_destroy: "hipEventDestroy",
         hold: "fakehip_hold_events",
-        count: "fakehip_count",
+        count: "fake_live",
         counted: &[
             "allocations",
             "pool_allocations",
@@ -561,13 +561,13 @@ mod drivers {
             let x = a.allocate(SIZE, 0, s, "x").unwrap();
             let freed = (x.ptr(), x.ptr() + SIZE);
             let work = caller.record_work(s);
-            let fail: unsafe extern "C" fn(*const std::ffi::c_char, c_int, c_int) =
-                caller.lib.sym("fakecuda_fail_call");
+            let fail: unsafe extern "C" fn(*const std::ffi::c_char, c_long, c_long, c_int) =
+                caller.lib.sym("fake_fail");
             let (record, sync) = (c"cuEventRecord", c"cuStreamSynchronize");
             // SAFETY: valid names; fail the next call of each with CUDA_ERROR_INVALID_HANDLE.
             unsafe {
-                fail(record.as_ptr(), 1, 400);
-                fail(sync.as_ptr(), 1, 400);
+                fail(record.as_ptr(), 1, 1, 400);
+                fail(sync.as_ptr(), 1, 1, 400);
             }
             a.deallocate(x).unwrap();
             assert!(

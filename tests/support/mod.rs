@@ -128,3 +128,6 @@ fn compile(
         }
     }
 }
+
+#[cfg(any(feature = "cuda", feature = "hip"))]
+pub mod fakes;
