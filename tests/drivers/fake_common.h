@@ -10,7 +10,8 @@
  *       until fake_clear_faults. Several faults may be armed at once, each counting on its own;
  *       the first that is due answers.
  *   void fake_clear_faults(void)
- *       Disarms every fault.
+ *       Disarms every fault. (fakehip_reset also forgets faults, call counts and peer state;
+ *       fakecuda keeps its state for the life of the loaded library: load a private copy.)
  *   long long fake_calls(const char *function)
  *       How many times the exported vendor call `function` was made since the library was
  *       loaded (or, for fakehip, since fakehip_reset), failed ones included. Every exported
