@@ -20,7 +20,7 @@
 #[path = "support/mod.rs"]
 mod support;
 
-use std::ffi::{c_char, c_int, CString};
+use std::ffi::c_int;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
@@ -182,49 +182,33 @@ mod real_libcuda {
 // The conformance driver
 // ---------------------------------------------------------------------------------------------
 
-/// One private instance of a conformance driver, and its control functions.
-struct Fake {
-    library: libloading::Library,
-    path: PathBuf,
-    /// A private copy, removed on drop (false: a library some other process made).
-    owned: bool,
+/// One private instance of a conformance driver: the shared harness (`support::fakes`: faults,
+/// call and live counts, peers, event holding) and what only fakecuda has.
+struct Fake(support::fakes::Fake);
+
+impl std::ops::Deref for Fake {
+    type Target = support::fakes::Fake;
+
+    fn deref(&self) -> &support::fakes::Fake {
+        &self.0
+    }
 }
 
 impl Fake {
     /// A private copy of `libfakecuda.so`, or `None` (with a message) when it was not built.
     fn new() -> Option<Fake> {
-        Fake::of(support::driver("fakecuda"))
+        support::fakes::Fake::copy("fakecuda").map(Fake)
     }
 
     /// A private copy of `libfakecuda_old.so` (CUDA 10.1: no VMM, no pools).
     fn old() -> Option<Fake> {
-        Fake::of(support::driver("fakecuda_old"))
-    }
-
-    fn of(built: Option<&str>) -> Option<Fake> {
-        let Some(built) = built else {
-            support::skip("the conformance driver was not built (no C compiler)");
-            return None;
-        };
-        let mut fake = Fake::at(support::targets::private_copy(built));
-        fake.owned = true;
-        Some(fake)
+        support::fakes::Fake::copy("fakecuda_old").map(Fake)
     }
 
     /// The conformance driver at `path` (not copied, not removed).
     #[cfg_attr(not(feature = "cudarc"), allow(dead_code))]
     fn at(path: PathBuf) -> Fake {
-        // SAFETY: our own test library; its initialisers do nothing.
-        let library = unsafe { libloading::Library::new(&path) }.expect("load the driver");
-        Fake {
-            library,
-            path,
-            owned: false,
-        }
-    }
-
-    fn path(&self) -> String {
-        self.path.to_string_lossy().into_owned()
+        Fake(support::fakes::Fake::at(path))
     }
 
     fn driver(&self) -> Arc<Driver> {
@@ -233,12 +217,8 @@ impl Fake {
 
     /// Devices (-1: none), capacity, granularity, version; 0 keeps the default.
     fn configure(&self, devices: i32, capacity: u64, granularity: u64, version: i32) {
-        // SAFETY: the signature fakecuda.c defines.
-        let f = unsafe {
-            self.library
-                .get::<unsafe extern "C" fn(c_int, u64, u64, c_int) -> c_int>(b"fakecuda_configure")
-        }
-        .unwrap();
+        let f: unsafe extern "C" fn(c_int, u64, u64, c_int) -> c_int =
+            self.sym("fakecuda_configure");
         // SAFETY: plain values.
         assert_eq!(unsafe { f(devices, capacity, granularity, version) }, 0);
     }
@@ -248,101 +228,16 @@ impl Fake {
         CudaDevice::open(self.driver(), 0).expect("open the fake device")
     }
 
-    fn fail(&self, call: &str, nth: i32, code: i32) {
-        // SAFETY: the signature fakecuda.c defines.
-        let f = unsafe {
-            self.library
-                .get::<unsafe extern "C" fn(*const c_char, c_int, c_int)>(b"fakecuda_fail_call")
-        }
-        .unwrap();
-        let name = CString::new(call).unwrap();
-        // SAFETY: a valid C string, copied by the callee.
-        unsafe { f(name.as_ptr(), nth, code) }
-    }
-
-    fn clear_failures(&self) {
-        // SAFETY: the signature fakecuda.c defines.
-        let f = unsafe {
-            self.library
-                .get::<unsafe extern "C" fn()>(b"fakecuda_clear_failures")
-        }
-        .unwrap();
-        // SAFETY: no arguments.
-        unsafe { f() }
-    }
-
-    fn hold_events(&self, held: bool) {
-        // SAFETY: the signature fakecuda.c defines.
-        let f = unsafe {
-            self.library
-                .get::<unsafe extern "C" fn(c_int)>(b"fakecuda_hold_events")
-        }
-        .unwrap();
-        // SAFETY: a plain value.
-        unsafe { f(held.into()) }
-    }
-
     fn set_attribute(&self, device: i32, attribute: i32, value: i32) {
-        // SAFETY: the signature fakecuda.c defines.
-        let f = unsafe {
-            self.library
-                .get::<unsafe extern "C" fn(c_int, c_int, c_int)>(b"fakecuda_set_attribute")
-        }
-        .unwrap();
+        let f: unsafe extern "C" fn(c_int, c_int, c_int) = self.sym("fakecuda_set_attribute");
         // SAFETY: plain values.
         unsafe { f(device, attribute, value) }
     }
 
-    fn live(&self, what: &str) -> i64 {
-        // SAFETY: the signature fakecuda.c defines.
-        let f = unsafe {
-            self.library
-                .get::<unsafe extern "C" fn(*const c_char) -> i64>(b"fakecuda_live")
-        }
-        .unwrap();
-        let name = CString::new(what).unwrap();
-        // SAFETY: a valid C string.
-        let n = unsafe { f(name.as_ptr()) };
-        assert!(n >= 0, "fakecuda_live does not know {what}");
-        n
-    }
-
     fn device_used(&self, device: i32) -> u64 {
-        // SAFETY: the signature fakecuda.c defines.
-        let f = unsafe {
-            self.library
-                .get::<unsafe extern "C" fn(c_int) -> u64>(b"fakecuda_device_used")
-        }
-        .unwrap();
+        let f: unsafe extern "C" fn(c_int) -> u64 = self.sym("fakecuda_device_used");
         // SAFETY: a plain value.
         unsafe { f(device) }
-    }
-
-    /// Asserts that the driver holds nothing for portalloc any more.
-    fn assert_empty(&self) {
-        for what in [
-            "allocations",
-            "handles",
-            "mappings",
-            "reservations",
-            "pools",
-            "pool_blocks",
-            "pool_reserved",
-            "streams",
-            "events",
-            "contexts",
-            "bytes",
-        ] {
-            assert_eq!(self.live(what), 0, "the driver still holds {what}");
-        }
-    }
-}
-
-impl Drop for Fake {
-    fn drop(&mut self) {
-        if self.owned {
-            let _ = std::fs::remove_file(&self.path);
-        }
     }
 }
 
@@ -514,7 +409,7 @@ mod errors {
             other => panic!("expected DeviceOutOfMemory, got {other:?}"),
         }
         // An injected OOM from a call that would have succeeded maps the same way.
-        fake.fail("cuMemAlloc_v2", 1, 2);
+        fake.fail("cuMemAlloc_v2", 1, 1, 2);
         assert!(matches!(
             device.alloc(MIB),
             Err(Error::DeviceOutOfMemory { .. })
@@ -529,7 +424,7 @@ mod errors {
     fn other_codes_carry_the_drivers_name_and_text() {
         let Some(fake) = Fake::new() else { return };
         let device = fake.device(64 * MIB);
-        fake.fail("cuMemAlloc_v2", 1, 999);
+        fake.fail("cuMemAlloc_v2", 1, 1, 999);
         match device.alloc(MIB) {
             Err(Error::Driver {
                 backend,
@@ -545,7 +440,7 @@ mod errors {
             other => panic!("expected Driver, got {other:?}"),
         }
         // A code the driver has no name for gets a made-up one, no panic.
-        fake.fail("cuMemGetInfo_v2", 1, 12_345);
+        fake.fail("cuMemGetInfo_v2", 1, 1, 12_345);
         match device.mem_info() {
             Err(Error::Driver { name, code, .. }) => {
                 assert_eq!((name.as_str(), code), ("CUDA_ERROR_12345", 12_345));
@@ -554,7 +449,7 @@ mod errors {
         }
         // A failed free keeps the allocation, and the retry frees it.
         let p = device.alloc(MIB).unwrap();
-        fake.fail("cuMemFree_v2", 1, 700);
+        fake.fail("cuMemFree_v2", 1, 1, 700);
         assert!(matches!(
             device.free(p, MIB),
             Err(Error::Driver { code: 700, .. })
@@ -578,7 +473,7 @@ mod errors {
     fn a_failed_context_switch_is_an_error_not_a_crash() {
         let Some(fake) = Fake::new() else { return };
         let device = Arc::new(fake.device(64 * MIB));
-        fake.fail("cuCtxSetCurrent", 0, 201);
+        fake.fail("cuCtxSetCurrent", 1, -1, 201);
         // A new thread has no current context: the shim must set it, and that fails.
         let d = Arc::clone(&device);
         let r = std::thread::spawn(move || d.alloc(MIB)).join().unwrap();
@@ -591,7 +486,7 @@ mod errors {
             }
             other => panic!("expected INVALID_CONTEXT, got {other:?}"),
         }
-        fake.clear_failures();
+        fake.clear_faults();
         drop(device);
         fake.assert_empty();
     }
@@ -1066,15 +961,13 @@ mod cudarc_interop {
         type Create = unsafe extern "C" fn(*mut *mut std::ffi::c_void, u32) -> i32;
         type Record = unsafe extern "C" fn(*mut std::ffi::c_void, *mut std::ffi::c_void) -> i32;
         type One = unsafe extern "C" fn(*mut std::ffi::c_void) -> i32;
-        // SAFETY: the signatures fakecuda.c gives these driver calls.
-        let (create, record, query, destroy) = unsafe {
-            (
-                *fake.library.get::<Create>(b"cuEventCreate").unwrap(),
-                *fake.library.get::<Record>(b"cuEventRecord").unwrap(),
-                *fake.library.get::<One>(b"cuEventQuery").unwrap(),
-                *fake.library.get::<One>(b"cuEventDestroy_v2").unwrap(),
-            )
-        };
+        // The signatures fakecuda.c gives these driver calls.
+        let (create, record, query, destroy) = (
+            fake.sym::<Create>("cuEventCreate"),
+            fake.sym::<Record>("cuEventRecord"),
+            fake.sym::<One>("cuEventQuery"),
+            fake.sym::<One>("cuEventDestroy_v2"),
+        );
         let mut work = std::ptr::null_mut();
         // SAFETY: one handle written; a live event on cudarc's live stream.
         unsafe {

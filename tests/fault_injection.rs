@@ -9,11 +9,10 @@
 //! * **Rust** ([`FaultDevice`] over the simulated [`HostDevice`]): every `Device`,
 //!   `VirtualMemory` and `StreamOrderedPool` call the allocator makes is counted, and the
 //!   k-th fails. k runs over every call of a clean run, construction and drop included.
-//! * **CUDA conformance driver** (`tests/drivers/fakecuda.c` through the real shim,
-//!   `fakecuda_fail_call`): for every memory, pool, stream and event symbol the allocator
-//!   reaches, its n-th call fails, for every n a clean run makes.
-//! * **HIP conformance driver** (`tests/drivers/fakehip.c`, `fakehip_fail`): the same, with
-//!   the driver's own call counters.
+//! * **The CUDA and HIP conformance drivers** (`tests/drivers/fakecuda.c`, `fakehip.c`,
+//!   through the real shims; one sweep generic over the vendor, faults injected with
+//!   `fake_fail`): for every memory, pool, stream and event call the allocator reaches, its
+//!   n-th call fails, for every n a clean run makes (the driver's own call counts).
 //!
 //! After each run: the error surfaced as a typed error that names the fault (or as an
 //! out-of-memory error for an injected out-of-memory), or was absorbed by a retry or a
@@ -44,7 +43,13 @@ use portalloc::strategy::bfc::{BfcAllocator, BfcOptions};
 use portalloc::strategy::platform::PlatformAllocator;
 use portalloc::strategy::vmm::{VmmAllocator, VmmOptions};
 use portalloc::trace::Op;
+#[cfg(any(feature = "cuda", feature = "hip"))]
+use portalloc::Vendor;
 use portalloc::{Allocation, Allocator, Error, Result};
+#[cfg(any(feature = "cuda", feature = "hip"))]
+use support::fakes::{Fake, FakeDevice};
+#[cfg(any(feature = "cuda", feature = "hip"))]
+use test_case::test_case;
 
 const MIB: u64 = 1 << 20;
 /// Capacity of every device: room for the workload with no real out-of-memory.
@@ -1117,57 +1122,6 @@ fn run_persistent(
 // The conformance drivers
 // ---------------------------------------------------------------------------------------------
 
-/// A private copy of a conformance driver (its own library instance) and a symbol lookup.
-#[cfg(any(feature = "cuda", feature = "hip"))]
-struct Driver {
-    library: libloading::Library,
-    path: std::path::PathBuf,
-}
-
-#[cfg(any(feature = "cuda", feature = "hip"))]
-impl Driver {
-    fn copy(built: Option<&str>, what: &str) -> Option<Driver> {
-        use std::sync::atomic::{AtomicU64, Ordering};
-        static COPIES: AtomicU64 = AtomicU64::new(0);
-        let Some(built) = built else {
-            support::skip(&format!(
-                "the {what} conformance driver was not built (no C compiler)"
-            ));
-            return None;
-        };
-        let n = COPIES.fetch_add(1, Ordering::Relaxed);
-        let path = std::env::temp_dir().join(format!(
-            "portalloc-fault-{}-{n}-lib{what}.so",
-            std::process::id()
-        ));
-        std::fs::copy(built, &path).expect("copy the conformance driver");
-        // SAFETY: our own test library; its initialisers do nothing.
-        let library = unsafe { libloading::Library::new(&path) }.expect("load the driver");
-        Some(Driver { library, path })
-    }
-
-    fn path(&self) -> String {
-        self.path.to_string_lossy().into_owned()
-    }
-
-    fn sym<T: Copy>(&self, name: &str) -> T {
-        // SAFETY: each caller names a control function with the signature it asks for.
-        *unsafe { self.library.get::<T>(name.as_bytes()) }.expect(name)
-    }
-
-    fn with_name<R>(&self, name: &str, f: impl FnOnce(*const std::ffi::c_char) -> R) -> R {
-        let name = std::ffi::CString::new(name).expect("no NUL in a symbol name");
-        f(name.as_ptr())
-    }
-}
-
-#[cfg(any(feature = "cuda", feature = "hip"))]
-impl Drop for Driver {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
-    }
-}
-
 /// The driver sweeps use a shorter workload: each run opens a device through the shim.
 #[cfg(any(feature = "cuda", feature = "hip"))]
 fn driver_workload() -> Vec<Step> {
@@ -1187,476 +1141,242 @@ fn driver_workload() -> Vec<Step> {
     steps
 }
 
-#[cfg(feature = "cuda")]
-mod cuda {
-    use std::ffi::{c_char, c_int};
-
-    use portalloc::backends::cuda::{CudaDevice, Driver as CudaDriver};
-
-    use super::*;
-
-    /// The driver symbol behind each `Device` call the CUDA shim makes (one each).
-    const SYMBOLS: &[(&str, &str)] = &[
-        ("alloc", "cuMemAlloc_v2"),
-        ("free", "cuMemFree_v2"),
-        ("mem_info", "cuMemGetInfo_v2"),
-        ("synchronize_stream", "cuStreamSynchronize"),
-        ("create_event", "cuEventCreate"),
-        ("record_event", "cuEventRecord"),
-        ("event_complete", "cuEventQuery"),
-        ("synchronize_event", "cuEventSynchronize"),
-        ("destroy_event", "cuEventDestroy_v2"),
-        ("reserve", "cuMemAddressReserve"),
-        ("free_reservation", "cuMemAddressFree"),
-        ("create_physical", "cuMemCreate"),
-        ("release_physical", "cuMemRelease"),
-        ("map", "cuMemMap"),
-        ("set_access", "cuMemSetAccess"),
-        ("unmap", "cuMemUnmap"),
-        ("alloc_async", "cuMemAllocFromPoolAsync"),
-        ("free_async", "cuMemFreeAsync"),
-        ("set_release_threshold", "cuMemPoolSetAttribute"),
-        ("trim_to", "cuMemPoolTrimTo"),
-    ];
-
-    const ERROR_NAMES: [&str; 3] = [
-        "CUDA_ERROR_OUT_OF_MEMORY",
-        "CUDA_ERROR_NOT_SUPPORTED",
-        "CUDA_ERROR_UNKNOWN",
-    ];
-
-    struct Fake(super::Driver);
-
-    impl Fake {
-        fn new() -> Option<Fake> {
-            let d = super::Driver::copy(support::driver("fakecuda"), "fakecuda")?;
-            let configure: unsafe extern "C" fn(c_int, u64, u64, c_int) -> c_int =
-                d.sym("fakecuda_configure");
-            // SAFETY: plain values; before cuInit.
-            assert_eq!(unsafe { configure(1, CAPACITY, 0, 0) }, 0);
-            Some(Fake(d))
-        }
-
-        fn device(&self) -> CudaDevice {
-            let driver = Arc::new(CudaDriver::load(&[self.0.path()]).expect("fakecuda loads"));
-            CudaDevice::open(driver, 0).expect("open the fake device")
-        }
-
-        fn fail(&self, symbol: &str, nth: i32, code: i32) {
-            let f: unsafe extern "C" fn(*const c_char, c_int, c_int) =
-                self.0.sym("fakecuda_fail_call");
-            // SAFETY: a NUL-terminated name the driver copies.
-            self.0.with_name(symbol, |n| unsafe { f(n, nth, code) });
-        }
-
-        fn clear(&self) {
-            let f: unsafe extern "C" fn() = self.0.sym("fakecuda_clear_failures");
-            // SAFETY: no arguments.
-            unsafe { f() }
-        }
-
-        fn live(&self, what: &str) -> i64 {
-            let f: unsafe extern "C" fn(*const c_char) -> i64 = self.0.sym("fakecuda_live");
-            // SAFETY: a NUL-terminated name, read only.
-            let n = self.0.with_name(what, |p| unsafe { f(p) });
-            assert!(n >= 0, "fakecuda_live does not know {what}");
-            n
-        }
-
-        /// Memory the driver holds for portalloc: `(what, count)` of the non-zero ones.
-        fn held(&self) -> Vec<(&'static str, i64)> {
-            [
-                "allocations",
-                "handles",
-                "mappings",
-                "reservations",
-                "pool_blocks",
-                "pool_reserved",
-                "streams",
-                "bytes",
-            ]
-            .into_iter()
-            .map(|w| (w, self.live(w)))
-            .filter(|&(_, n)| n != 0)
-            .collect()
-        }
-    }
-
-    fn sweep(strategy: Strategy) {
-        let Some(fake) = Fake::new() else { return };
-        let steps = driver_workload();
-        let run_once = |arm: Option<(&str, i32, i32)>| {
-            let device = Arc::new(FaultDevice::new(Arc::new(fake.device())));
-            let streams = [
-                Stream::DEFAULT,
-                device.inner.create_stream().unwrap(),
-                device.inner.create_stream().unwrap(),
-            ];
-            if let Some((symbol, nth, code)) = arm {
-                fake.fail(symbol, nth, code);
-            }
-            device.arm(0, Kind::Generic);
-            let out = run(&device, &streams, strategy, &steps, 16, arm.is_none());
-            device.set_armed(false);
-            fake.clear();
-            for s in &streams[1..] {
-                device.inner.destroy_stream(*s).unwrap();
-            }
-            let census = device.inner.census();
-            let held = fake.held();
-            let plan = device.plan();
-            let result = (
-                out,
-                plan.per_call.clone(),
-                plan.inner_errors.clone(),
-                census,
-                held,
-            );
-            drop(plan);
-            drop(device);
-            result
-        };
-        let (clean, per_call, errors, census, held) = run_once(None);
-        assert!(clean.broken.is_empty(), "{:#?}", clean.broken);
-        assert!(
-            clean.surfaced.is_empty(),
-            "clean run failed: {:?}",
-            clean.surfaced
-        );
-        assert!(errors.is_empty(), "clean run: driver errors {errors:?}");
-        assert!(census.is_empty() && held.is_empty(), "{census:?} {held:?}");
-        let mut tally = Tally {
-            calls_in_clean_run: per_call.values().sum(),
-            ..Tally::default()
-        };
-        for &(call, symbol) in SYMBOLS {
-            let n = per_call.get(call).copied().unwrap_or(0);
-            for nth in 1..=n {
-                for (kind, name) in KINDS.into_iter().zip(ERROR_NAMES) {
-                    let code = kind.driver_code();
-                    let what =
-                        format!("cuda {}: {symbol} call {nth} fails {name}", strategy.name());
-                    let (out, _, errors, census, held) = run_once(Some((symbol, nth as i32, code)));
-                    let hit = errors
-                        .iter()
-                        .find(|(c, _, m)| *c == call && (m.contains(name) || code == 2))
-                        .unwrap_or_else(|| {
-                            panic!("{what}: the fault was never injected: {errors:?}")
-                        });
-                    let phase = hit.1;
-                    tally.injected += 1;
-                    *tally.by_phase.entry(phase).or_insert(0) += 1;
-                    let surfaced = judge(&out, kind, name, &format!("{what} ({phase})"));
-                    if phase == Phase::Drop {
-                        tally.in_drop += 1;
-                        let left: i64 = held
-                            .iter()
-                            .filter(|(w, _)| *w != "bytes" && *w != "pool_reserved")
-                            .map(|(_, n)| n)
-                            .sum();
-                        assert!(left <= 1, "{what}: drop left {held:?}");
-                        tally.drop_leaks += left as u64;
-                    } else {
-                        assert!(
-                            census.is_empty() && held.is_empty(),
-                            "{what} ({phase}): still held: shim {census:?}, driver {held:?}"
-                        );
-                    }
-                    tally.survived += 1;
-                    if surfaced {
-                        tally.surfaced += 1;
-                    } else {
-                        tally.absorbed += 1;
-                    }
-                }
-            }
-        }
-        assert!(tally.injected > 0);
-        tally.print(&format!(
-            "fakecuda, {}, {} steps, calls {per_call:?}",
-            strategy.name(),
-            steps.len()
-        ));
-        for what in ["contexts", "pools", "events"] {
-            assert_eq!(fake.live(what), 0, "the driver still holds {what}");
-        }
-    }
-
-    #[test]
-    fn cuda_bfc_survives_every_driver_fault() {
-        sweep(Strategy::Bfc);
-    }
-
-    #[test]
-    fn cuda_bfc_grow_survives_every_driver_fault() {
-        sweep(Strategy::BfcGrow);
-    }
-
-    #[test]
-    fn cuda_platform_survives_every_driver_fault() {
-        sweep(Strategy::Platform);
-    }
-
-    #[test]
-    fn cuda_vmm_survives_every_driver_fault() {
-        sweep(Strategy::Vmm);
-    }
-
-    #[test]
-    fn cuda_async_survives_every_driver_fault() {
-        sweep(Strategy::Async);
+/// The vendor calls a strategy reaches through the shim, each with the `Device` call it serves:
+/// the fault injected into the vendor call must come back as that call's error.
+#[cfg(any(feature = "cuda", feature = "hip"))]
+fn vendor_calls(vendor: Vendor) -> &'static [(&'static str, &'static str)] {
+    match vendor {
+        Vendor::Cuda => &[
+            ("alloc", "cuMemAlloc_v2"),
+            ("free", "cuMemFree_v2"),
+            ("mem_info", "cuMemGetInfo_v2"),
+            ("synchronize_stream", "cuStreamSynchronize"),
+            ("create_event", "cuEventCreate"),
+            ("record_event", "cuEventRecord"),
+            ("event_complete", "cuEventQuery"),
+            ("synchronize_event", "cuEventSynchronize"),
+            ("destroy_event", "cuEventDestroy_v2"),
+            ("reserve", "cuMemAddressReserve"),
+            ("free_reservation", "cuMemAddressFree"),
+            ("create_physical", "cuMemCreate"),
+            ("release_physical", "cuMemRelease"),
+            ("map", "cuMemMap"),
+            ("set_access", "cuMemSetAccess"),
+            ("unmap", "cuMemUnmap"),
+            ("alloc_async", "cuMemAllocFromPoolAsync"),
+            ("free_async", "cuMemFreeAsync"),
+            ("set_release_threshold", "cuMemPoolSetAttribute"),
+            ("trim_to", "cuMemPoolTrimTo"),
+        ],
+        _ => &[
+            ("alloc", "hipMalloc"),
+            ("alloc", "hipExtMallocWithFlags"),
+            ("free", "hipFree"),
+            ("mem_info", "hipMemGetInfo"),
+            ("synchronize_stream", "hipStreamSynchronize"),
+            ("create_event", "hipEventCreateWithFlags"),
+            ("record_event", "hipEventRecord"),
+            ("event_complete", "hipEventQuery"),
+            ("synchronize_event", "hipEventSynchronize"),
+            ("destroy_event", "hipEventDestroy"),
+            ("reserve", "hipMemAddressReserve"),
+            ("free_reservation", "hipMemAddressFree"),
+            ("create_physical", "hipMemCreate"),
+            ("release_physical", "hipMemRelease"),
+            ("map", "hipMemMap"),
+            ("set_access", "hipMemSetAccess"),
+            ("unmap", "hipMemUnmap"),
+            ("alloc_async", "hipMallocFromPoolAsync"),
+            ("free_async", "hipFreeAsync"),
+            ("set_release_threshold", "hipMemPoolSetAttribute"),
+            ("trim_to", "hipMemPoolTrimTo"),
+        ],
     }
 }
 
-#[cfg(feature = "hip")]
-mod hip {
-    use std::ffi::{c_char, c_int, c_long};
+/// What one run over a conformance driver left: the outcome, the vendor calls it made (per
+/// entry of [`vendor_calls`]), the errors of the shim beneath the [`FaultDevice`], the shim's
+/// census and what the driver still holds.
+#[cfg(any(feature = "cuda", feature = "hip"))]
+struct DriverRun {
+    out: Outcome,
+    made: Vec<i64>,
+    errors: Vec<(&'static str, Phase, String)>,
+    census: portalloc::backends::VendorCensus,
+    held: Vec<(&'static str, i64)>,
+}
 
-    use portalloc::backends::hip::{HipDevice, Runtime};
-
-    use super::*;
-
-    /// HIP 7.0 (ROCm 7): VMM and pools on.
-    const ROCM7: c_int = 70_051_831;
-
-    /// The runtime calls a strategy reaches.
-    const SYMBOLS: &[&str] = &[
-        "hipMalloc",
-        "hipExtMallocWithFlags",
-        "hipFree",
-        "hipMemGetInfo",
-        "hipStreamSynchronize",
-        "hipEventCreateWithFlags",
-        "hipEventRecord",
-        "hipEventQuery",
-        "hipEventSynchronize",
-        "hipEventDestroy",
-        "hipMemAddressReserve",
-        "hipMemAddressFree",
-        "hipMemCreate",
-        "hipMemRelease",
-        "hipMemMap",
-        "hipMemSetAccess",
-        "hipMemUnmap",
-        "hipMallocFromPoolAsync",
-        "hipFreeAsync",
-        "hipMemPoolSetAttribute",
-        "hipMemPoolTrimTo",
+/// One run of the workload over a fresh device of the fake, with `arm`
+/// `(vendor call, nth, code)` injected for its duration.
+#[cfg(any(feature = "cuda", feature = "hip"))]
+fn driver_run<D: FakeDevice>(
+    fake: &Fake,
+    strategy: Strategy,
+    steps: &[Step],
+    arm: Option<(&str, i64, i32)>,
+) -> DriverRun {
+    let calls = vendor_calls(D::VENDOR);
+    let device = Arc::new(FaultDevice::new(Arc::new(D::open(fake, 0))));
+    let streams = [
+        Stream::DEFAULT,
+        device.inner.create_stream().unwrap(),
+        device.inner.create_stream().unwrap(),
     ];
-
-    struct Fake(super::Driver);
-
-    impl Fake {
-        fn new() -> Option<Fake> {
-            let d = super::Driver::copy(support::driver("fakehip"), "fakehip")?;
-            let reset: unsafe extern "C" fn() = d.sym("fakehip_reset");
-            let version: unsafe extern "C" fn(c_int) = d.sym("fakehip_set_version");
-            let devices: unsafe extern "C" fn(c_int, u64) = d.sym("fakehip_set_devices");
-            // SAFETY: control functions with plain arguments.
-            unsafe {
-                reset();
-                version(ROCM7);
-                devices(1, CAPACITY);
-            }
-            Some(Fake(d))
-        }
-
-        fn device(&self) -> HipDevice {
-            let runtime = Arc::new(Runtime::load(&[self.0.path()]).expect("fakehip loads"));
-            HipDevice::open(runtime, 0).expect("open the fake device")
-        }
-
-        fn fail(&self, symbol: &str, nth: i64, code: i32) {
-            let f: unsafe extern "C" fn(*const c_char, c_long, c_long, c_int) =
-                self.0.sym("fakehip_fail");
-            // SAFETY: a NUL-terminated name the runtime copies.
-            self.0
-                .with_name(symbol, |n| unsafe { f(n, nth as c_long, 1, code) });
-        }
-
-        fn clear(&self) {
-            let f: unsafe extern "C" fn() = self.0.sym("fakehip_clear_faults");
-            // SAFETY: no arguments.
-            unsafe { f() }
-        }
-
-        fn calls(&self, symbol: &str) -> i64 {
-            let f: unsafe extern "C" fn(*const c_char) -> i64 = self.0.sym("fakehip_calls");
-            // SAFETY: a NUL-terminated name, read only.
-            self.0.with_name(symbol, |n| unsafe { f(n) })
-        }
-
-        fn count(&self, what: &str) -> i64 {
-            let f: unsafe extern "C" fn(*const c_char) -> i64 = self.0.sym("fakehip_count");
-            // SAFETY: a NUL-terminated name, read only.
-            let n = self.0.with_name(what, |p| unsafe { f(p) });
-            assert!(n >= 0, "fakehip_count does not know {what}");
-            n
-        }
-
-        fn held(&self) -> Vec<(&'static str, i64)> {
-            [
-                "allocations",
-                "pool_allocations",
-                "reservations",
-                "handles",
-                "mappings",
-                "streams",
-                "pool_reserved",
-                "bytes",
-            ]
-            .into_iter()
-            .map(|w| (w, self.count(w)))
-            .filter(|&(_, n)| n != 0)
-            .collect()
-        }
-
-        fn all_calls(&self) -> Vec<i64> {
-            SYMBOLS.iter().map(|s| self.calls(s)).collect()
-        }
+    let before: Vec<i64> = calls.iter().map(|(_, s)| fake.calls(s)).collect();
+    if let Some((symbol, nth, code)) = arm {
+        fake.fail(symbol, nth, 1, code);
     }
+    device.arm(0, Kind::Generic);
+    let out = run(&device, &streams, strategy, steps, 16, arm.is_none());
+    device.set_armed(false);
+    fake.clear_faults();
+    let made = calls
+        .iter()
+        .zip(&before)
+        .map(|((_, s), b)| fake.calls(s) - b)
+        .collect();
+    for s in &streams[1..] {
+        device.inner.destroy_stream(*s).unwrap();
+    }
+    let census = device.inner.vendor_census();
+    let mut counted = support::fakes::MEMORY.to_vec();
+    counted.push("streams");
+    let held = fake.nonzero(&counted);
+    let errors = device.plan().inner_errors.clone();
+    drop(device);
+    DriverRun {
+        out,
+        made,
+        errors,
+        census,
+        held,
+    }
+}
 
-    fn sweep(strategy: Strategy) {
-        let Some(fake) = Fake::new() else { return };
-        let steps = driver_workload();
-        let probe = fake.device();
-        let caps = probe.info().capabilities;
-        drop(probe);
-        if (strategy == Strategy::Vmm && !caps.virtual_memory)
-            || (strategy == Strategy::Async && !caps.stream_ordered_pool)
-        {
-            eprintln!(
-                "skipping {}: the fake HIP 7 device lacks it ({caps:?})",
-                strategy.name()
-            );
-            return;
-        }
-        // `(calls per symbol made by the run, outcome, phase of the first driver error, held)`
-        let run_once = |arm: Option<(&str, i64, i32)>| {
-            let device = Arc::new(FaultDevice::new(Arc::new(fake.device())));
-            let streams = [
-                Stream::DEFAULT,
-                device.inner.create_stream().unwrap(),
-                device.inner.create_stream().unwrap(),
-            ];
-            let before = fake.all_calls();
-            if let Some((symbol, nth, code)) = arm {
-                fake.fail(symbol, nth, code);
-            }
-            device.arm(0, Kind::Generic);
-            let out = run(&device, &streams, strategy, &steps, 16, arm.is_none());
-            device.set_armed(false);
-            fake.clear();
-            let made: Vec<i64> = fake
-                .all_calls()
-                .iter()
-                .zip(&before)
-                .map(|(a, b)| a - b)
-                .collect();
-            for s in &streams[1..] {
-                device.inner.destroy_stream(*s).unwrap();
-            }
-            let census = device.inner.census();
-            let held = fake.held();
-            let phase = device.plan().inner_errors.first().map(|e| e.1);
-            drop(device);
-            (made, out, phase, census, held)
-        };
-        let (made, clean, phase, census, held) = run_once(None);
-        assert!(clean.broken.is_empty(), "{:#?}", clean.broken);
-        assert!(
-            clean.surfaced.is_empty(),
-            "clean run failed: {:?}",
-            clean.surfaced
-        );
-        assert!(phase.is_none(), "clean run: a runtime error");
-        assert!(census.is_empty() && held.is_empty(), "{census:?} {held:?}");
-        let mut tally = Tally {
-            calls_in_clean_run: made.iter().sum::<i64>() as u64,
-            ..Tally::default()
-        };
-        let names = [
-            "hipErrorOutOfMemory",
-            "hipErrorNotSupported",
-            "hipErrorUnknown",
-        ];
-        for (symbol, &n) in SYMBOLS.iter().zip(&made) {
-            for nth in 1..=n {
-                for (kind, name) in KINDS.into_iter().zip(names) {
-                    let what = format!("hip {}: {symbol} call {nth} fails {name}", strategy.name());
-                    let (again, out, phase, census, held) =
-                        run_once(Some((symbol, nth, kind.driver_code())));
-                    let i = SYMBOLS.iter().position(|s| s == symbol).unwrap_or(0);
-                    assert!(again[i] >= nth, "{what}: the fault was never injected");
-                    // A fault the shim swallows (none today) would have no phase: count it as
-                    // absorbed during the workload.
-                    let phase = phase.unwrap_or(Phase::Workload);
-                    tally.injected += 1;
-                    *tally.by_phase.entry(phase).or_insert(0) += 1;
-                    let surfaced = judge(&out, kind, name, &format!("{what} ({phase})"));
-                    if phase == Phase::Drop {
-                        tally.in_drop += 1;
-                        let left: i64 = held
-                            .iter()
-                            .filter(|(w, _)| *w != "bytes" && *w != "pool_reserved")
-                            .map(|(_, n)| n)
-                            .sum();
-                        assert!(left <= 1, "{what}: drop left {held:?}");
-                        tally.drop_leaks += left as u64;
-                    } else {
-                        assert!(
-                            census.is_empty() && held.is_empty(),
-                            "{what} ({phase}): still held: shim {census:?}, runtime {held:?}"
-                        );
-                    }
-                    tally.survived += 1;
-                    if surfaced {
-                        tally.surfaced += 1;
-                    } else {
-                        tally.absorbed += 1;
-                    }
+/// For every vendor call the clean run made, its n-th call fails (for every n it made) with
+/// each of [`KINDS`]: the error is typed and names the fault, nothing leaks (a fault in drop
+/// may leave the one object whose release was refused), the books hold.
+#[cfg(any(feature = "cuda", feature = "hip"))]
+fn driver_sweep<D: FakeDevice>(strategy: Strategy) {
+    let Some(fake) = Fake::with_devices(D::VENDOR, 1, CAPACITY) else {
+        return;
+    };
+    let vendor = format!("{:?}", D::VENDOR).to_lowercase();
+    let steps = driver_workload();
+    let caps = D::open(&fake, 0).info().capabilities;
+    assert!(
+        caps.virtual_memory && caps.stream_ordered_pool,
+        "the {vendor} fake serves every strategy: {caps:?}"
+    );
+    let clean = driver_run::<D>(&fake, strategy, &steps, None);
+    assert!(clean.out.broken.is_empty(), "{:#?}", clean.out.broken);
+    assert!(
+        clean.out.surfaced.is_empty(),
+        "clean run failed: {:?}",
+        clean.out.surfaced
+    );
+    assert!(
+        clean.errors.is_empty(),
+        "clean run: driver errors {:?}",
+        clean.errors
+    );
+    assert!(
+        clean.census.is_empty() && clean.held.is_empty(),
+        "{:?} {:?}",
+        clean.census,
+        clean.held
+    );
+    let mut tally = Tally {
+        calls_in_clean_run: clean.made.iter().sum::<i64>() as u64,
+        ..Tally::default()
+    };
+    let calls = vendor_calls(D::VENDOR);
+    for (&(call, symbol), &n) in calls.iter().zip(&clean.made) {
+        for nth in 1..=n {
+            for kind in KINDS {
+                let code = kind.driver_code();
+                let name = D::error_name(code);
+                let what = format!(
+                    "{vendor} {}: {symbol} call {nth} fails {name}",
+                    strategy.name()
+                );
+                let r = driver_run::<D>(&fake, strategy, &steps, Some((symbol, nth, code)));
+                let i = calls.iter().position(|&(_, s)| s == symbol).unwrap_or(0);
+                assert!(r.made[i] >= nth, "{what}: the call was not made again");
+                let phase = r
+                    .errors
+                    .iter()
+                    .find(|(c, _, m)| *c == call && (m.contains(name) || kind == Kind::OutOfMemory))
+                    .unwrap_or_else(|| panic!("{what}: the fault never came back: {:?}", r.errors))
+                    .1;
+                tally.injected += 1;
+                *tally.by_phase.entry(phase).or_insert(0) += 1;
+                let surfaced = judge(&r.out, kind, name, &format!("{what} ({phase})"));
+                if phase == Phase::Drop {
+                    tally.in_drop += 1;
+                    let left: i64 = r
+                        .held
+                        .iter()
+                        .filter(|(w, _)| *w != "bytes" && *w != "pool_reserved")
+                        .map(|(_, n)| n)
+                        .sum();
+                    assert!(left <= 1, "{what}: drop left {:?}", r.held);
+                    tally.drop_leaks += left as u64;
+                } else {
+                    assert!(
+                        r.census.is_empty() && r.held.is_empty(),
+                        "{what} ({phase}): still held: shim {:?}, driver {:?}",
+                        r.census,
+                        r.held
+                    );
+                }
+                tally.survived += 1;
+                if surfaced {
+                    tally.surfaced += 1;
+                } else {
+                    tally.absorbed += 1;
                 }
             }
         }
-        assert!(tally.injected > 0);
-        let per_symbol: Vec<(&str, i64)> = SYMBOLS
-            .iter()
-            .copied()
-            .zip(made.iter().copied())
-            .filter(|&(_, n)| n > 0)
-            .collect();
-        tally.print(&format!(
-            "fakehip, {}, {} steps, calls {per_symbol:?}",
-            strategy.name(),
-            steps.len()
-        ));
-        for what in ["events", "pools"] {
-            assert_eq!(fake.count(what), 0, "the runtime still holds {what}");
-        }
     }
-
-    #[test]
-    fn hip_bfc_survives_every_runtime_fault() {
-        sweep(Strategy::Bfc);
+    assert!(tally.injected > 0);
+    let per_symbol: Vec<(&str, i64)> = calls
+        .iter()
+        .map(|&(_, s)| s)
+        .zip(clean.made.iter().copied())
+        .filter(|&(_, n)| n > 0)
+        .collect();
+    tally.print(&format!(
+        "fake {vendor}, {}, {} steps, calls {per_symbol:?}",
+        strategy.name(),
+        steps.len()
+    ));
+    let mut end = vec!["pools", "events"];
+    if D::VENDOR == Vendor::Cuda {
+        end.push("contexts");
     }
+    let left = fake.nonzero(&end);
+    assert!(left.is_empty(), "the {vendor} fake still holds {left:?}");
+}
 
-    #[test]
-    fn hip_bfc_grow_survives_every_runtime_fault() {
-        sweep(Strategy::BfcGrow);
-    }
-
-    #[test]
-    fn hip_platform_survives_every_runtime_fault() {
-        sweep(Strategy::Platform);
-    }
-
-    #[test]
-    fn hip_vmm_survives_every_runtime_fault() {
-        sweep(Strategy::Vmm);
-    }
-
-    #[test]
-    fn hip_async_survives_every_runtime_fault() {
-        sweep(Strategy::Async);
+/// Every strategy over each vendor's fake: `cuda_bfc`, …, `hip_async`.
+#[cfg_attr(feature = "cuda", test_case(Vendor::Cuda, Strategy::Bfc ; "cuda_bfc"))]
+#[cfg_attr(feature = "cuda", test_case(Vendor::Cuda, Strategy::BfcGrow ; "cuda_bfc_grow"))]
+#[cfg_attr(feature = "cuda", test_case(Vendor::Cuda, Strategy::Platform ; "cuda_platform"))]
+#[cfg_attr(feature = "cuda", test_case(Vendor::Cuda, Strategy::Vmm ; "cuda_vmm"))]
+#[cfg_attr(feature = "cuda", test_case(Vendor::Cuda, Strategy::Async ; "cuda_async"))]
+#[cfg_attr(feature = "hip", test_case(Vendor::Hip, Strategy::Bfc ; "hip_bfc"))]
+#[cfg_attr(feature = "hip", test_case(Vendor::Hip, Strategy::BfcGrow ; "hip_bfc_grow"))]
+#[cfg_attr(feature = "hip", test_case(Vendor::Hip, Strategy::Platform ; "hip_platform"))]
+#[cfg_attr(feature = "hip", test_case(Vendor::Hip, Strategy::Vmm ; "hip_vmm"))]
+#[cfg_attr(feature = "hip", test_case(Vendor::Hip, Strategy::Async ; "hip_async"))]
+#[cfg(any(feature = "cuda", feature = "hip"))]
+fn survives_every_driver_fault(vendor: Vendor, strategy: Strategy) {
+    match vendor {
+        #[cfg(feature = "cuda")]
+        Vendor::Cuda => driver_sweep::<portalloc::backends::cuda::CudaDevice>(strategy),
+        #[cfg(feature = "hip")]
+        Vendor::Hip => driver_sweep::<portalloc::backends::hip::HipDevice>(strategy),
+        other => unreachable!("{other:?} has no conformance fake"),
     }
 }

@@ -18,7 +18,7 @@
 #[path = "support/mod.rs"]
 mod support;
 
-use std::ffi::{c_char, c_int, c_long, CString};
+use std::ffi::c_int;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use portalloc::backends::hip::{tuning, HipDevice, HipVersion, MemoryKind, Runtime};
@@ -250,11 +250,20 @@ fn real_runtime_reports_no_device_with_hips_name() {
 
 // ----- the conformance driver ------------------------------------------------------------
 
-/// The fake runtime: its path, its control functions, and the test lock.
+/// The fake runtime — the shared harness (`support::fakes`: faults, call and live counts,
+/// peers, event holding) over the built library every test here loads, and what only fakehip
+/// has — with the test lock: the fake keeps its state per process.
 struct Fake {
-    path: String,
-    lib: libloading::Library,
+    fake: support::fakes::Fake,
     _guard: MutexGuard<'static, ()>,
+}
+
+impl std::ops::Deref for Fake {
+    type Target = support::fakes::Fake;
+
+    fn deref(&self) -> &support::fakes::Fake {
+        &self.fake
+    }
 }
 
 impl Fake {
@@ -265,20 +274,12 @@ impl Fake {
             support::skip("the fakehip conformance driver was not built (no C compiler)");
             return None;
         };
-        // SAFETY: the conformance driver is ours; its initialisers do nothing.
-        let lib = unsafe { libloading::Library::new(path) }.expect("libfakehip.so loads");
         let fake = Fake {
-            path: path.to_string(),
-            lib,
+            fake: support::fakes::Fake::at(path),
             _guard: guard,
         };
         fake.call0("fakehip_reset");
         Some(fake)
-    }
-
-    fn sym<T: Copy>(&self, name: &str) -> T {
-        // SAFETY: each caller names a control function with the signature it asks for.
-        *unsafe { self.lib.get::<T>(name.as_bytes()) }.expect(name)
     }
 
     fn call0(&self, name: &str) {
@@ -295,9 +296,7 @@ impl Fake {
     }
 
     fn devices(&self, n: i32, capacity: u64) -> &Self {
-        let f: unsafe extern "C" fn(c_int, u64) = self.sym("fakehip_set_devices");
-        // SAFETY: by value.
-        unsafe { f(n, capacity) };
+        self.set_devices(n, capacity);
         self
     }
 
@@ -313,39 +312,6 @@ impl Fake {
         // SAFETY: by value.
         unsafe { f(minimum, recommended) };
         self
-    }
-
-    fn hold_events(&self, held: bool) {
-        let f: unsafe extern "C" fn(c_int) = self.sym("fakehip_hold_events");
-        // SAFETY: by value.
-        unsafe { f(held as c_int) };
-    }
-
-    /// Calls `nth` .. `nth + count - 1` of `function` (counted from now) return `code`.
-    fn fail(&self, function: &str, nth: i64, count: i64, code: u32) {
-        let f: unsafe extern "C" fn(*const c_char, c_long, c_long, c_int) =
-            self.sym("fakehip_fail");
-        let name = CString::new(function).unwrap();
-        // SAFETY: a NUL-terminated name the driver copies.
-        unsafe { f(name.as_ptr(), nth as c_long, count as c_long, code as c_int) };
-    }
-
-    fn clear_faults(&self) {
-        self.call0("fakehip_clear_faults");
-    }
-
-    fn calls(&self, function: &str) -> i64 {
-        let f: unsafe extern "C" fn(*const c_char) -> i64 = self.sym("fakehip_calls");
-        let name = CString::new(function).unwrap();
-        // SAFETY: a NUL-terminated name, read only.
-        unsafe { f(name.as_ptr()) }
-    }
-
-    fn count(&self, what: &str) -> i64 {
-        let f: unsafe extern "C" fn(*const c_char) -> i64 = self.sym("fakehip_count");
-        let name = CString::new(what).unwrap();
-        // SAFETY: a NUL-terminated name, read only.
-        unsafe { f(name.as_ptr()) }
     }
 
     fn device_used(&self, device: i32) -> u64 {
@@ -367,29 +333,11 @@ impl Fake {
     }
 
     fn runtime(&self) -> Arc<Runtime> {
-        Arc::new(Runtime::load(std::slice::from_ref(&self.path)).expect("fakehip loads"))
+        Arc::new(Runtime::load(&[self.path()]).expect("fakehip loads"))
     }
 
     fn open(&self, ordinal: u32) -> HipDevice {
         HipDevice::open(self.runtime(), ordinal).expect("open a fake device")
-    }
-
-    /// Nothing is held by anyone: allocations, handles, mappings, reservations, streams,
-    /// events, pools, bytes.
-    fn assert_all_returned(&self) {
-        for what in [
-            "allocations",
-            "pool_allocations",
-            "reservations",
-            "handles",
-            "mappings",
-            "streams",
-            "events",
-            "pools",
-            "bytes",
-        ] {
-            assert_eq!(self.count(what), 0, "fakehip still holds {what}");
-        }
     }
 }
 
@@ -457,7 +405,7 @@ fn rocm6_pools_on_vmm_off_even_with_the_attribute() {
         .err()
         .unwrap();
     assert!(matches!(err, Error::Unsupported { .. }), "{err}");
-    fake.assert_all_returned();
+    fake.assert_empty();
 }
 
 #[test]
@@ -483,7 +431,7 @@ fn rocm7_vmm_on_with_the_attribute_and_2mib_chunks() {
     let h = vm.create_physical(4 * MIB).unwrap();
     vm.map(va, 4 * MIB, h, 0).unwrap();
     vm.set_access(va, 4 * MIB).unwrap();
-    assert_eq!(fake.count("mappings"), 1);
+    assert_eq!(fake.live("mappings"), 1);
     assert!(
         matches!(
             vm.map(va + MIB, 2 * MIB, h, 0),
@@ -493,7 +441,7 @@ fn rocm7_vmm_on_with_the_attribute_and_2mib_chunks() {
     );
     vm.release_physical(h).unwrap();
     assert_eq!(
-        fake.count("handles"),
+        fake.live("handles"),
         1,
         "a released handle lives while mapped"
     );
@@ -502,7 +450,7 @@ fn rocm7_vmm_on_with_the_attribute_and_2mib_chunks() {
         Err(Error::InvalidArgument { .. })
     ));
     vm.unmap(va, 4 * MIB).unwrap();
-    assert_eq!(fake.count("handles"), 0);
+    assert_eq!(fake.live("handles"), 0);
     vm.free_reservation(va, 8 * MIB).unwrap();
     assert!(matches!(
         vm.release_physical(h),
@@ -530,13 +478,13 @@ fn rocm7_vmm_on_with_the_attribute_and_2mib_chunks() {
     let b = alloc
         .allocate(100 * KIB, 256, Stream::DEFAULT, "b")
         .unwrap();
-    assert!(fake.count("mappings") >= 1);
+    assert!(fake.live("mappings") >= 1);
     alloc.deallocate(a).unwrap();
     alloc.deallocate(b).unwrap();
     alloc.trim().unwrap();
     drop(alloc);
     drop(device);
-    fake.assert_all_returned();
+    fake.assert_empty();
 
     // ROCm 7 without the attribute: off, and says why.
     fake.attribute(89, 0);
@@ -672,7 +620,7 @@ fn errors_carry_hips_names() {
         other => panic!("expected MissingSymbol, got {other:?}"),
     }
     drop(device);
-    fake.assert_all_returned();
+    fake.assert_empty();
 }
 
 // What every strategy must do on every ROCm personality is the conformance suite's
@@ -714,7 +662,7 @@ fn bfc_backs_off_when_hip_refuses() {
     alloc.trim().unwrap();
     drop(alloc);
     drop(device);
-    fake.assert_all_returned();
+    fake.assert_empty();
 }
 
 #[test]
@@ -725,7 +673,7 @@ fn pool_threshold_is_set_explicitly_and_memory_comes_back() {
     // The fake's pools start at "never release" (the ROCm quirk); portalloc sets 0.
     assert_eq!(pool.release_threshold().unwrap(), 0);
     assert!(fake.calls("hipMemPoolSetAttribute") >= 1);
-    assert_eq!(fake.count("pools"), 1, "a pool of its own");
+    assert_eq!(fake.live("pools"), 1, "a pool of its own");
     let s = device.create_stream().unwrap();
     let a = pool.alloc_async(3 * MIB, s).unwrap();
     let b = pool.alloc_async(MIB, Stream::DEFAULT).unwrap();
@@ -759,7 +707,7 @@ fn pool_threshold_is_set_explicitly_and_memory_comes_back() {
     pool.free_async(b, Stream::DEFAULT).unwrap();
     device.destroy_stream(s).unwrap();
     drop(device);
-    fake.assert_all_returned();
+    fake.assert_empty();
     // The async strategy over this pool: the conformance suite, `fakehip_rocm*::async_pool`.
 }
 
@@ -801,7 +749,7 @@ fn streams_and_events_follow_the_runtime() {
     let _leaked_event = device.create_event().unwrap();
     let _leaked = device.alloc(MIB).unwrap();
     drop(device);
-    fake.assert_all_returned();
+    fake.assert_empty();
 }
 
 #[test]
@@ -828,7 +776,7 @@ fn each_device_is_made_current_on_the_calling_thread() {
     d1.free(p1, 8 * MIB).unwrap();
     d0.free(p0, MIB).unwrap();
     drop((d0, d1));
-    fake.assert_all_returned();
+    fake.assert_empty();
 }
 
 #[test]
@@ -883,7 +831,7 @@ fn tuning_is_visible_in_the_device_info() {
 fn discovery_chooses_hip_when_it_finds_devices() {
     let Some(fake) = Fake::new() else { return };
     fake.devices(2, 8 * GIB);
-    std::env::set_var("PORTALLOC_HIP_LIBRARY", &fake.path);
+    std::env::set_var("PORTALLOC_HIP_LIBRARY", fake.path());
     std::env::set_var("PORTALLOC_CUDA_LIBRARY", "/nonexistent/libcuda.so.1");
     let config = Config::builder()
         .ignore_env()
@@ -914,7 +862,7 @@ fn discovery_chooses_hip_when_it_finds_devices() {
     assert!(fake.device_used(1) >= MIB);
     p.allocator(1).unwrap().deallocate(a).unwrap();
     drop(p);
-    fake.assert_all_returned();
+    fake.assert_empty();
 }
 
 #[test]
@@ -924,7 +872,7 @@ fn discovery_with_cuda_and_hip_runtimes_follows_the_documented_order() {
         support::skip("the fakecuda conformance driver was not built");
         return;
     };
-    std::env::set_var("PORTALLOC_HIP_LIBRARY", &fake.path);
+    std::env::set_var("PORTALLOC_HIP_LIBRARY", fake.path());
     std::env::set_var("PORTALLOC_CUDA_LIBRARY", cuda);
     let auto = Config::builder().ignore_env().build().unwrap();
     let found = portalloc::discover(&auto);
@@ -964,5 +912,5 @@ fn discovery_with_cuda_and_hip_runtimes_follows_the_documented_order() {
         matches!(decision(&chosen_hip, Vendor::Cuda), Decision::Skipped(ref why) if why.contains("forces hip"))
     );
     drop(chosen_hip);
-    fake.assert_all_returned();
+    fake.assert_empty();
 }

@@ -1,16 +1,12 @@
 //! Peer access between devices: the host (every host device reaches every other, and its
 //! `set_access_with_peers` records the peers), the `vmm` strategy granting enabled peers
 //! access to what it maps, `Portalloc` enabling it between the devices it discovered, and the
-//! CUDA and HIP shims over conformance drivers that do not export the peer calls (no peers,
-//! typed errors).
+//! CUDA and HIP shims over conformance drivers whose two devices are declared not
+//! peer-capable (no peers, typed errors).
 
 #[path = "support/mod.rs"]
 mod support;
 
-#[cfg(any(feature = "cuda", feature = "hip"))]
-use std::path::PathBuf;
-#[cfg(any(feature = "cuda", feature = "hip"))]
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use portalloc::backends::host::HostDevice;
@@ -324,115 +320,84 @@ fn portalloc_enables_peer_access_between_the_devices_it_found() {
     }
 }
 
-// ---- CUDA and HIP conformance drivers (no peer symbols) ----
-
-#[cfg(any(feature = "cuda", feature = "hip"))]
-static COPIES: AtomicU64 = AtomicU64::new(0);
-
-/// A private copy of a built conformance driver (its state is per loaded copy).
-#[cfg(any(feature = "cuda", feature = "hip"))]
-fn private_copy(built: &str) -> PathBuf {
-    let n = COPIES.fetch_add(1, Ordering::Relaxed);
-    let path = std::env::temp_dir().join(format!(
-        "portalloc-peer-{}-{n}-{}",
-        std::process::id(),
-        PathBuf::from(built).file_name().unwrap().to_string_lossy()
-    ));
-    std::fs::copy(built, &path).expect("copy the conformance driver");
-    path
-}
+// ---- CUDA and HIP conformance drivers (a pair declared not peer-capable) ----
+//
+// Both fakes export the peer calls; the pair is declared not capable (`fake_set_peer`), so
+// the shims report no peers and typed errors. `tests/vendor_fakes.rs` has the capable paths.
 
 #[cfg(feature = "cuda")]
 #[test]
-fn cuda_without_peer_symbols_reports_no_peers() {
+fn cuda_without_peer_capability_reports_no_peers() {
     use portalloc::backends::cuda::{CudaDevice, Driver};
-    use std::ffi::c_int;
 
-    let Some(built) = support::driver("fakecuda") else {
-        support::skip("the conformance driver was not built (no C compiler)");
+    let Some(fake) = support::fakes::Fake::copy("fakecuda") else {
         return;
     };
-    let path = private_copy(built);
-    {
-        // SAFETY: our own test library; its initialisers do nothing.
-        let lib = unsafe { libloading::Library::new(&path) }.unwrap();
-        // SAFETY: the signature fakecuda.c defines; plain values.
-        let configure = unsafe {
-            lib.get::<unsafe extern "C" fn(c_int, u64, u64, c_int) -> c_int>(b"fakecuda_configure")
+    fake.set_devices(2, 1 << 30);
+    fake.set_peer(0, 1, false);
+    fake.set_peer(1, 0, false);
+    let driver = Arc::new(Driver::load(&[fake.path()]).unwrap());
+    assert!(driver.has_peer_symbols());
+    let devices = CudaDevice::open_all(Arc::clone(&driver)).unwrap();
+    assert_eq!(devices.len(), 2);
+    assert!(!devices[0].can_access_peer(&devices[1]).unwrap());
+    assert!(!devices[0].can_access_peer(&devices[0]).unwrap());
+    match devices[0].enable_peer_access(&devices[1]) {
+        Err(Error::Unsupported { reason, .. }) => {
+            assert!(reason.contains("cuDeviceCanAccessPeer"), "{reason}")
         }
-        .unwrap();
-        // SAFETY: plain values, before cuInit.
-        assert_eq!(unsafe { configure(2, 1 << 30, 0, 0) }, 0);
-        let driver = Arc::new(Driver::load(&[path.to_string_lossy().into_owned()]).unwrap());
-        assert!(!driver.has_peer_symbols());
-        let devices = CudaDevice::open_all(Arc::clone(&driver)).unwrap();
-        assert_eq!(devices.len(), 2);
-        assert!(!devices[0].can_access_peer(&devices[1]).unwrap());
-        assert!(!devices[0].can_access_peer(&devices[0]).unwrap());
-        match devices[0].enable_peer_access(&devices[1]) {
-            Err(Error::Unsupported { reason, .. }) => {
-                assert!(reason.contains("cuDeviceCanAccessPeer"), "{reason}")
-            }
-            other => panic!("expected Unsupported, got {other:?}"),
-        }
-        assert!(devices[0].peer_access().is_empty());
-        assert!(!driver.can_access_peer(0, 1).unwrap());
-        // A host device is no CUDA peer.
-        assert!(!devices[0].can_access_peer(host(1).as_ref()).unwrap());
-        let all: Vec<Arc<dyn Device>> = devices
-            .into_iter()
-            .map(|d| Arc::new(d) as Arc<dyn Device>)
-            .collect();
-        let links = enable_peer_access(&all);
-        assert_eq!(links.len(), 2);
-        assert!(links.iter().all(|l| !l.enabled));
-        // vmm on a CUDA device without peers: plain set_access, as before.
-        if all[0].virtual_memory().is_some() {
-            let a = VmmAllocator::new(Arc::clone(&all[0]), VmmOptions::new(64 * MIB)).unwrap();
-            assert!(a.peers().is_empty());
-            let x = a.allocate(3 * MIB, 0, Stream::DEFAULT, "x").unwrap();
-            a.deallocate(x).unwrap();
-            a.check_invariants().unwrap();
-        }
-        drop(all);
-        drop(lib);
+        other => panic!("expected Unsupported, got {other:?}"),
     }
-    let _ = std::fs::remove_file(&path);
+    assert!(devices[0].peer_access().is_empty());
+    assert!(!driver.can_access_peer(0, 1).unwrap());
+    // A host device is no CUDA peer.
+    assert!(!devices[0].can_access_peer(host(1).as_ref()).unwrap());
+    let all: Vec<Arc<dyn Device>> = devices
+        .into_iter()
+        .map(|d| Arc::new(d) as Arc<dyn Device>)
+        .collect();
+    let links = enable_peer_access(&all);
+    assert_eq!(links.len(), 2);
+    assert!(links.iter().all(|l| !l.enabled));
+    assert_eq!(fake.calls("cuCtxEnablePeerAccess"), 0);
+    // vmm on a CUDA device without peers: plain set_access, as before.
+    if all[0].virtual_memory().is_some() {
+        let a = VmmAllocator::new(Arc::clone(&all[0]), VmmOptions::new(64 * MIB)).unwrap();
+        assert!(a.peers().is_empty());
+        let x = a.allocate(3 * MIB, 0, Stream::DEFAULT, "x").unwrap();
+        assert_eq!(
+            (fake.access(x.ptr(), 0), fake.access(x.ptr(), 1)),
+            (Some(true), Some(false))
+        );
+        a.deallocate(x).unwrap();
+        a.check_invariants().unwrap();
+    }
+    drop(all);
+    fake.assert_empty();
 }
 
 #[cfg(feature = "hip")]
 #[test]
-fn hip_without_peer_symbols_reports_no_peers() {
+fn hip_without_peer_capability_reports_no_peers() {
     use portalloc::backends::hip::{HipDevice, Runtime};
-    use std::ffi::c_int;
 
-    let Some(built) = support::driver("fakehip") else {
-        support::skip("the fakehip conformance driver was not built (no C compiler)");
+    let Some(fake) = support::fakes::Fake::copy("fakehip") else {
         return;
     };
-    let path = private_copy(built);
-    {
-        // SAFETY: our own test library; its initialisers do nothing.
-        let lib = unsafe { libloading::Library::new(&path) }.unwrap();
-        // SAFETY: the signatures fakehip.c defines; plain values.
-        unsafe {
-            lib.get::<unsafe extern "C" fn()>(b"fakehip_reset").unwrap()();
-            lib.get::<unsafe extern "C" fn(c_int, u64)>(b"fakehip_set_devices")
-                .unwrap()(2, 1 << 30);
-        }
-        let runtime = Arc::new(Runtime::load(&[path.to_string_lossy().into_owned()]).unwrap());
-        assert!(!runtime.has_peer_symbols());
-        let a = HipDevice::open(Arc::clone(&runtime), 0).unwrap();
-        let b = HipDevice::open(Arc::clone(&runtime), 1).unwrap();
-        assert!(!a.can_access_peer(&b).unwrap());
-        assert!(matches!(
-            a.enable_peer_access(&b),
-            Err(Error::Unsupported { .. })
-        ));
-        assert!(a.peer_access().is_empty());
-        assert!(!runtime.device_can_access_peer(0, 1).unwrap());
-        drop((a, b));
-        drop(lib);
-    }
-    let _ = std::fs::remove_file(&path);
+    fake.set_devices(2, 1 << 30);
+    fake.set_peer(0, 1, false);
+    let runtime = Arc::new(Runtime::load(&[fake.path()]).unwrap());
+    assert!(runtime.has_peer_symbols());
+    let a = HipDevice::open(Arc::clone(&runtime), 0).unwrap();
+    let b = HipDevice::open(Arc::clone(&runtime), 1).unwrap();
+    assert!(!a.can_access_peer(&b).unwrap());
+    assert!(matches!(
+        a.enable_peer_access(&b),
+        Err(Error::Unsupported { .. })
+    ));
+    assert!(a.peer_access().is_empty());
+    assert!(!runtime.device_can_access_peer(0, 1).unwrap());
+    assert_eq!(fake.calls("hipDeviceEnablePeerAccess"), 0);
+    drop((a, b));
+    fake.assert_empty();
 }

@@ -25,10 +25,16 @@
  *     (fakecuda_hold_events); waiting for an event waits for the work before it; a pool block
  *     freed on a stream is reused by another only once that free has finished.
  *
+ *   - peer access is the driver's: cuDeviceCanAccessPeer answers 1 for distinct devices
+ *     unless fake_set_peer says otherwise, cuCtxEnablePeerAccess enables it from the current
+ *     context to a peer's, and cuMemSetAccess takes a descriptor per device (see
+ *     fake_common.h).
+ *
  * Configuration: environment variables read at load (FAKECUDA_DEVICES, default 1;
  * FAKECUDA_CAPACITY bytes, default 1 GiB; FAKECUDA_GRANULARITY, default 2 MiB;
  * FAKECUDA_VERSION, default 12020), or fakecuda_configure() before cuInit.
- * Fault injection and inspection through exported functions (fakecuda_*), below.
+ * Faults, call counts, live counts and peer controls: the fake_* API of fake_common.h; what
+ * only this fake has: fakecuda_* below.
  *
  * Built twice by build.rs: this file (libfakecuda.so) and fakecuda_old.c, which defines
  * FAKECUDA_OLD and includes it (libfakecuda_old.so): a CUDA 10.1 driver without the virtual
@@ -56,13 +62,23 @@ typedef unsigned long long CUmemGenericAllocationHandle;
 #define CUDA_ERROR_NO_DEVICE 100
 #define CUDA_ERROR_INVALID_DEVICE 101
 #define CUDA_ERROR_INVALID_CONTEXT 201
+#define CUDA_ERROR_PEER_ACCESS_UNSUPPORTED 217
 #define CUDA_ERROR_INVALID_HANDLE 400
 #define CUDA_ERROR_NOT_READY 600
+#define CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED 704
+#define CUDA_ERROR_PEER_ACCESS_NOT_ENABLED 705
 #define CUDA_ERROR_NOT_SUPPORTED 801
 #define CUDA_ERROR_UNKNOWN 999
 
-#define MAX_DEVICES 8
-#define MAX_RULES 16
+#define FAKE_STATUS CUresult
+#define FAKE_OK CUDA_SUCCESS
+#define FAKE_INVALID_VALUE CUDA_ERROR_INVALID_VALUE
+#define FAKE_INVALID_DEVICE CUDA_ERROR_INVALID_DEVICE
+#define FAKE_PEER_UNSUPPORTED CUDA_ERROR_PEER_ACCESS_UNSUPPORTED
+#define FAKE_PEER_ALREADY_ENABLED CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
+#define FAKE_PEER_NOT_ENABLED CUDA_ERROR_PEER_ACCESS_NOT_ENABLED
+#include "fake_common.h"
+#define MAX_DEVICES FAKE_MAX_DEVICES
 
 /* ---- The header's structs, as portalloc's sys crate declares them ---- */
 
@@ -125,6 +141,7 @@ typedef struct mapping {
   struct mapping *next;
   unsigned long long va, size;
   handle_t *handle;
+  unsigned access; /* bit d: device d may access it (cuMemSetAccess) */
 } mapping_t;
 
 typedef struct reservation {
@@ -145,8 +162,7 @@ typedef struct block {
 typedef struct pool {
   struct pool *next;
   int device, is_default, destroyed;
-  unsigned long long threshold, reserved, reserved_high, used, used_high;
-  int reuse[3];
+  struct fake_pool_stats stats;
   block_t *blocks;
 } pool_t;
 
@@ -167,13 +183,6 @@ typedef struct event {
   unsigned long long seq; /* its stream's clock at the record; 0: complete */
 } event_t;
 
-typedef struct rule {
-  char name[64];
-  int countdown; /* calls to let through first; -1: fail every call */
-  CUresult code;
-} rule_t;
-
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static __thread ctx_t *current;
 
 static int configured, initialized, hold_events;
@@ -190,7 +199,6 @@ static reservation_t *reservations;
 static pool_t *pools;
 static stream_t *streams;
 static event_t *events;
-static rule_t rules[MAX_RULES];
 
 static unsigned long long env_u64(const char *name, unsigned long long fallback) {
   const char *v = getenv(name);
@@ -224,43 +232,21 @@ static void configure_defaults(void) {
   }
 }
 
-/* Fault injection: returns the code to fail with, or CUDA_SUCCESS. Caller holds the lock. */
-static CUresult injected(const char *name) {
-  for (int i = 0; i < MAX_RULES; i++) {
-    rule_t *r = &rules[i];
-    if (!r->name[0] || strcmp(r->name, name) != 0) continue;
-    if (r->countdown < 0) return r->code;
-    if (r->countdown == 0) {
-      CUresult code = r->code;
-      r->name[0] = 0;
-      return code;
-    }
-    r->countdown--;
-  }
-  return CUDA_SUCCESS;
-}
+static void fake_prepare(void) { configure_defaults(); }
 
-#define ENTER(name)                                  \
-  pthread_mutex_lock(&lock);                         \
-  configure_defaults();                              \
-  CUresult rc_ = injected(name);                     \
-  if (rc_ != CUDA_SUCCESS) {                         \
-    pthread_mutex_unlock(&lock);                     \
-    return rc_;                                      \
-  }
-#define RETURN(code)                                 \
-  do {                                               \
-    CUresult c_ = (code);                            \
-    pthread_mutex_unlock(&lock);                     \
-    return c_;                                       \
-  } while (0)
 #define NEED_INIT() \
   if (!initialized) RETURN(CUDA_ERROR_NOT_INITIALIZED)
+/* A live current context, or return CUDA_ERROR_INVALID_CONTEXT. */
+#define NEED_CURRENT() \
+  NEED_INIT();         \
+  if (!current || current->refcount <= 0) RETURN(CUDA_ERROR_INVALID_CONTEXT)
 /* The device of the current context, or return CUDA_ERROR_INVALID_CONTEXT. */
-#define NEED_CTX(dev)                                          \
-  NEED_INIT();                                                 \
-  if (!current || current->refcount <= 0) RETURN(CUDA_ERROR_INVALID_CONTEXT); \
+#define NEED_CTX(dev) \
+  NEED_CURRENT();     \
   int dev = current->device
+
+/* Pushes `node` at the head of `list`. */
+#define PUSH(list, node) ((node)->next = (list), (list) = (node))
 
 static unsigned long long round_up(unsigned long long x, unsigned long long to) {
   return (x + to - 1) / to * to;
@@ -283,47 +269,26 @@ static void *map_anonymous(unsigned long long size) {
 /* Sets the devices before cuInit: count, capacity (bytes), granularity (bytes), version. A
  * zero leaves that setting as it is; devices = -1 means none. */
 int fakecuda_configure(int devices, unsigned long long cap, unsigned long long gran, int ver) {
-  pthread_mutex_lock(&lock);
-  configure_defaults();
-  int ok = !initialized;
-  if (ok) {
-    if (devices < 0) n_devices = 0;
-    else if (devices > 0) n_devices = devices > MAX_DEVICES ? MAX_DEVICES : devices;
-    if (cap) capacity = cap;
-    if (gran) granularity = gran;
-    if (ver) version = ver;
-  }
-  pthread_mutex_unlock(&lock);
+  int ok = 0;
+  LOCKED({
+    ok = !initialized;
+    if (ok) {
+      if (devices < 0) n_devices = 0;
+      else if (devices > 0) n_devices = devices > MAX_DEVICES ? MAX_DEVICES : devices;
+      if (cap) capacity = cap;
+      if (gran) granularity = gran;
+      if (ver) version = ver;
+    }
+  });
   return ok ? 0 : -1;
 }
 
 /* Overrides a device attribute (e.g. 102 = 0: no virtual memory). */
 void fakecuda_set_attribute(int device, int attribute, int value) {
-  pthread_mutex_lock(&lock);
-  configure_defaults();
-  if (device >= 0 && device < MAX_DEVICES && attribute >= 0 && attribute < 256)
-    attributes[device][attribute] = value;
-  pthread_mutex_unlock(&lock);
-}
-
-/* Fails the nth call of `name` from now (1 = the next one) with `code`, once; nth = 0 fails
- * every call until fakecuda_clear_failures. */
-void fakecuda_fail_call(const char *name, int nth, int code) {
-  pthread_mutex_lock(&lock);
-  for (int i = 0; i < MAX_RULES; i++) {
-    if (rules[i].name[0]) continue;
-    snprintf(rules[i].name, sizeof rules[i].name, "%s", name);
-    rules[i].countdown = nth <= 0 ? -1 : nth - 1;
-    rules[i].code = code;
-    break;
-  }
-  pthread_mutex_unlock(&lock);
-}
-
-void fakecuda_clear_failures(void) {
-  pthread_mutex_lock(&lock);
-  memset(rules, 0, sizeof rules);
-  pthread_mutex_unlock(&lock);
+  LOCKED({
+    if (fake_device_index_ok(device) && attribute >= 0 && attribute < 256)
+      attributes[device][attribute] = value;
+  });
 }
 
 static void complete_all_streams(void);
@@ -331,54 +296,54 @@ static void complete_all_streams(void);
 /* While held, work recorded on streams (events, pool frees) stays in flight (cuEventQuery:
  * CUDA_ERROR_NOT_READY) until synchronised or released; releasing completes it all. */
 void fakecuda_hold_events(int held) {
-  pthread_mutex_lock(&lock);
-  hold_events = held;
-  if (!held) complete_all_streams();
-  pthread_mutex_unlock(&lock);
+  LOCKED({
+    hold_events = held;
+    if (!held) complete_all_streams();
+  });
 }
 
-/* Live counts by name: allocations, handles (held memory, released-but-mapped included),
- * mappings, reservations, pools (created ones), pool_blocks (live pool allocations),
- * pool_reserved (bytes pools hold), streams, events, contexts (primary context references),
- * bytes (charged on all devices). -1 for an unknown name. */
-long long fakecuda_live(const char *what) {
+/* fake_live's answers (fake_common.h). */
+static long long fake_live_of(enum fake_live_what what) {
   long long n = 0;
-  pthread_mutex_lock(&lock);
-  if (!strcmp(what, "allocations")) {
-    for (alloc_t *a = allocs; a; a = a->next) n++;
-  } else if (!strcmp(what, "handles")) {
-    for (handle_t *h = handles; h; h = h->next) n++;
-  } else if (!strcmp(what, "mappings")) {
-    for (mapping_t *m = mappings; m; m = m->next) n++;
-  } else if (!strcmp(what, "reservations")) {
-    for (reservation_t *r = reservations; r; r = r->next) n++;
-  } else if (!strcmp(what, "pools")) {
-    for (pool_t *p = pools; p; p = p->next) n += !p->is_default && !p->destroyed;
-  } else if (!strcmp(what, "pool_blocks")) {
-    for (pool_t *p = pools; p; p = p->next)
-      for (block_t *b = p->blocks; b; b = b->next) n += b->in_use;
-  } else if (!strcmp(what, "pool_reserved")) {
-    for (pool_t *p = pools; p; p = p->next) n += (long long)p->reserved;
-  } else if (!strcmp(what, "streams")) {
-    for (stream_t *s = streams; s; s = s->next) n++;
-  } else if (!strcmp(what, "events")) {
-    for (event_t *e = events; e; e = e->next) n++;
-  } else if (!strcmp(what, "contexts")) {
-    for (int d = 0; d < MAX_DEVICES; d++) n += contexts[d].refcount;
-  } else if (!strcmp(what, "bytes")) {
-    for (int d = 0; d < MAX_DEVICES; d++) n += (long long)used[d];
-  } else {
-    n = -1;
+/* Adds `term` for each node `x` of `list`. */
+#define SUM(type, x, list, term) \
+  for (type *x = (list); x; x = x->next) n += (long long)(term)
+  switch (what) {
+    case LIVE_ALLOCATIONS: SUM(alloc_t, a, allocs, 1); break;
+    case LIVE_HANDLES: SUM(handle_t, h, handles, 1); break;
+    case LIVE_MAPPINGS: SUM(mapping_t, m, mappings, 1); break;
+    case LIVE_RESERVATIONS: SUM(reservation_t, r, reservations, 1); break;
+    case LIVE_POOLS: SUM(pool_t, p, pools, !p->is_default && !p->destroyed); break;
+    case LIVE_POOL_ALLOCATIONS:
+      for (pool_t *p = pools; p; p = p->next) SUM(block_t, b, p->blocks, b->in_use);
+      break;
+    case LIVE_POOL_RESERVED: SUM(pool_t, p, pools, p->stats.reserved); break;
+    case LIVE_STREAMS: SUM(stream_t, s, streams, 1); break;
+    case LIVE_EVENTS: SUM(event_t, e, events, 1); break;
+    case LIVE_CONTEXTS:
+      for (int d = 0; d < MAX_DEVICES; d++) n += contexts[d].refcount;
+      break;
+    case LIVE_BYTES:
+      for (int d = 0; d < MAX_DEVICES; d++) n += (long long)used[d];
+      break;
+    default: n = -1;
   }
-  pthread_mutex_unlock(&lock);
+#undef SUM
   return n;
+}
+
+/* fake_access's answer (fake_common.h). */
+static int fake_access_of(unsigned long long va, int device) {
+  for (mapping_t *m = mappings; m; m = m->next)
+    if (m->va <= va && va < m->va + m->size)
+      return fake_device_index_ok(device) && (m->access >> device) & 1;
+  return -1;
 }
 
 /* Bytes charged on one device. */
 unsigned long long fakecuda_device_used(int device) {
-  pthread_mutex_lock(&lock);
-  unsigned long long n = (device >= 0 && device < MAX_DEVICES) ? used[device] : 0;
-  pthread_mutex_unlock(&lock);
+  unsigned long long n = 0;
+  LOCKED(n = fake_device_index_ok(device) ? used[device] : 0);
   return n;
 }
 
@@ -446,10 +411,7 @@ CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
   RETURN(CUDA_SUCCESS);
 }
 
-static const struct {
-  CUresult code;
-  const char *name, *text;
-} error_table[] = {
+static const struct fake_error errors[] = {
     {0, "CUDA_SUCCESS", "no error"},
     {1, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
     {2, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
@@ -458,29 +420,33 @@ static const struct {
     {100, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
     {101, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
     {201, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
+    {217, "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED", "peer access is not supported between these two devices"},
     {400, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
     {500, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
     {600, "CUDA_ERROR_NOT_READY", "device not ready"},
     {700, "CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered"},
+    {704, "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED", "peer access is already enabled"},
+    {705, "CUDA_ERROR_PEER_ACCESS_NOT_ENABLED", "peer access has not been enabled"},
     {800, "CUDA_ERROR_NOT_PERMITTED", "operation not permitted"},
     {801, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
     {999, "CUDA_ERROR_UNKNOWN", "unknown error"},
 };
 
-static CUresult lookup_error(CUresult error, const char **out, int text) {
+/* The name (`text` 0) or text of `error`; CUDA_ERROR_INVALID_VALUE for a code it has not. */
+static CUresult describe_error(const char *function, CUresult error, const char **out, int text) {
+  const struct fake_error *e = fake_error_of(errors, sizeof errors / sizeof errors[0], error,
+                                             function);
   if (!out) return CUDA_ERROR_INVALID_VALUE;
-  for (size_t i = 0; i < sizeof error_table / sizeof error_table[0]; i++) {
-    if (error_table[i].code == error) {
-      *out = text ? error_table[i].text : error_table[i].name;
-      return CUDA_SUCCESS;
-    }
-  }
-  *out = NULL;
-  return CUDA_ERROR_INVALID_VALUE;
+  *out = e ? (text ? e->text : e->name) : NULL;
+  return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
-CUresult cuGetErrorName(CUresult error, const char **name) { return lookup_error(error, name, 0); }
-CUresult cuGetErrorString(CUresult error, const char **text) { return lookup_error(error, text, 1); }
+CUresult cuGetErrorName(CUresult error, const char **name) {
+  return describe_error("cuGetErrorName", error, name, 0);
+}
+CUresult cuGetErrorString(CUresult error, const char **text) {
+  return describe_error("cuGetErrorString", error, text, 1);
+}
 
 /* ---- Contexts ---- */
 
@@ -528,6 +494,24 @@ CUresult cuCtxSetCurrent(ctx_t *ctx) {
   RETURN(CUDA_SUCCESS);
 }
 
+/* ---- Peer access ---- */
+
+CUresult cuDeviceCanAccessPeer(int *can, CUdevice dev, CUdevice peer) {
+  ENTER("cuDeviceCanAccessPeer");
+  NEED_INIT();
+  RETURN(fake_can_access_peer(can, dev, peer, n_devices));
+}
+
+/* From the current context's device to `peer_ctx`'s. */
+CUresult cuCtxEnablePeerAccess(ctx_t *peer_ctx, unsigned int flags) {
+  ENTER("cuCtxEnablePeerAccess");
+  NEED_CTX(dev);
+  if (!peer_ctx || peer_ctx < &contexts[0] || peer_ctx >= &contexts[MAX_DEVICES] ||
+      peer_ctx->refcount <= 0)
+    RETURN(CUDA_ERROR_INVALID_CONTEXT);
+  RETURN(fake_enable_peer(dev, peer_ctx->device, flags, n_devices));
+}
+
 /* ---- Plain memory ---- */
 
 CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
@@ -556,16 +540,14 @@ CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
   a->size = size;
   a->charge = bytes;
   a->device = dev;
-  a->next = allocs;
-  allocs = a;
+  PUSH(allocs, a);
   *dptr = a->ptr;
   RETURN(CUDA_SUCCESS);
 }
 
 CUresult cuMemFree_v2(CUdeviceptr ptr) {
   ENTER("cuMemFree_v2");
-  NEED_CTX(dev);
-  (void)dev;
+  NEED_CURRENT();
   for (alloc_t **pa = &allocs; *pa; pa = &(*pa)->next) {
     alloc_t *a = *pa;
     if (a->ptr != ptr) continue;
@@ -629,23 +611,26 @@ static int event_ok(event_t *e) {
 
 static void release_above_threshold(void);
 
+/* cuStreamCreate / cuEventCreate: a new object of the current context's device, pushed on
+ * `list` and written to `*out`; `flags` at most `max_flags`. */
+#define CREATE_IN_CONTEXT(list, out, flags, max_flags)                  \
+  NEED_CTX(dev);                                                        \
+  if (!(out) || (flags) > (max_flags)) RETURN(CUDA_ERROR_INVALID_VALUE); \
+  __typeof__(*(out)) made_ = calloc(1, sizeof *made_);                  \
+  if (!made_) RETURN(CUDA_ERROR_OUT_OF_MEMORY);                         \
+  made_->device = dev;                                                  \
+  PUSH(list, made_);                                                    \
+  *(out) = made_;                                                       \
+  RETURN(CUDA_SUCCESS)
+
 CUresult cuStreamCreate(stream_t **ps, unsigned int flags) {
   ENTER("cuStreamCreate");
-  NEED_CTX(dev);
-  if (!ps || flags > 1) RETURN(CUDA_ERROR_INVALID_VALUE);
-  stream_t *s = calloc(1, sizeof *s);
-  if (!s) RETURN(CUDA_ERROR_OUT_OF_MEMORY);
-  s->device = dev;
-  s->next = streams;
-  streams = s;
-  *ps = s;
-  RETURN(CUDA_SUCCESS);
+  CREATE_IN_CONTEXT(streams, ps, flags, 1);
 }
 
 CUresult cuStreamDestroy_v2(stream_t *s) {
   ENTER("cuStreamDestroy_v2");
-  NEED_CTX(dev);
-  (void)dev;
+  NEED_CURRENT();
   for (stream_t **p = &streams; *p; p = &(*p)->next) {
     if (*p != s) continue;
     *p = s->next;
@@ -666,8 +651,7 @@ CUresult cuStreamDestroy_v2(stream_t *s) {
 
 CUresult cuStreamSynchronize(stream_t *s) {
   ENTER("cuStreamSynchronize");
-  NEED_CTX(dev);
-  (void)dev;
+  NEED_CURRENT();
   if (!stream_ok(s)) RETURN(CUDA_ERROR_INVALID_HANDLE);
   /* The legacy default stream waits for every blocking stream. */
   if (clock_of(s) == &legacy_clock)
@@ -680,21 +664,12 @@ CUresult cuStreamSynchronize(stream_t *s) {
 
 CUresult cuEventCreate(event_t **pe, unsigned int flags) {
   ENTER("cuEventCreate");
-  NEED_CTX(dev);
-  if (!pe || flags > 15) RETURN(CUDA_ERROR_INVALID_VALUE);
-  event_t *e = calloc(1, sizeof *e);
-  if (!e) RETURN(CUDA_ERROR_OUT_OF_MEMORY);
-  e->device = dev;
-  e->next = events;
-  events = e;
-  *pe = e;
-  RETURN(CUDA_SUCCESS);
+  CREATE_IN_CONTEXT(events, pe, flags, 15);
 }
 
 CUresult cuEventRecord(event_t *e, stream_t *s) {
   ENTER("cuEventRecord");
-  NEED_CTX(dev);
-  (void)dev;
+  NEED_CURRENT();
   if (!event_ok(e) || !stream_ok(s)) RETURN(CUDA_ERROR_INVALID_HANDLE);
   e->recorded = 1;
   e->stream = s;
@@ -704,16 +679,14 @@ CUresult cuEventRecord(event_t *e, stream_t *s) {
 
 CUresult cuEventQuery(event_t *e) {
   ENTER("cuEventQuery");
-  NEED_CTX(dev);
-  (void)dev;
+  NEED_CURRENT();
   if (!event_ok(e)) RETURN(CUDA_ERROR_INVALID_HANDLE);
   RETURN(done(e->stream, e->seq) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY);
 }
 
 CUresult cuEventSynchronize(event_t *e) {
   ENTER("cuEventSynchronize");
-  NEED_CTX(dev);
-  (void)dev;
+  NEED_CURRENT();
   if (!event_ok(e)) RETURN(CUDA_ERROR_INVALID_HANDLE);
   /* Waiting for an event waits for the work before it on its stream. */
   stream_t *c = clock_of(e->stream);
@@ -724,8 +697,7 @@ CUresult cuEventSynchronize(event_t *e) {
 
 CUresult cuEventDestroy_v2(event_t *e) {
   ENTER("cuEventDestroy_v2");
-  NEED_CTX(dev);
-  (void)dev;
+  NEED_CURRENT();
   for (event_t **p = &events; *p; p = &(*p)->next) {
     if (*p != e) continue;
     *p = e->next;
@@ -747,8 +719,7 @@ CUresult cuCtxGetDevice(CUdevice *device) {
 
 CUresult cuCtxSynchronize(void) {
   ENTER("cuCtxSynchronize");
-  NEED_CTX(dev);
-  (void)dev;
+  NEED_CURRENT();
   complete_all_streams();
   release_above_threshold();
   RETURN(CUDA_SUCCESS);
@@ -756,8 +727,7 @@ CUresult cuCtxSynchronize(void) {
 
 CUresult cuStreamWaitEvent(stream_t *s, event_t *e, unsigned int flags) {
   ENTER("cuStreamWaitEvent");
-  NEED_CTX(dev);
-  (void)dev;
+  NEED_CURRENT();
   if (!stream_ok(s) || !event_ok(e)) RETURN(CUDA_ERROR_INVALID_HANDLE);
   if (flags > 1) RETURN(CUDA_ERROR_INVALID_VALUE);
   RETURN(CUDA_SUCCESS);
@@ -765,8 +735,7 @@ CUresult cuStreamWaitEvent(stream_t *s, event_t *e, unsigned int flags) {
 
 CUresult cuStreamQuery(stream_t *s) {
   ENTER("cuStreamQuery");
-  NEED_CTX(dev);
-  (void)dev;
+  NEED_CURRENT();
   if (!stream_ok(s)) RETURN(CUDA_ERROR_INVALID_HANDLE);
   stream_t *c = clock_of(s);
   RETURN(c->completed == c->recorded ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY);
@@ -785,8 +754,7 @@ static int device_range_ok(unsigned long long ptr, unsigned long long bytes) {
 }
 
 static CUresult copy(unsigned long long device_ptr, void *host, const void *src, size_t bytes, stream_t *s) {
-  NEED_CTX(dev);
-  (void)dev;
+  NEED_CURRENT();
   if (!stream_ok(s)) RETURN(CUDA_ERROR_INVALID_HANDLE);
   if (!host || !device_range_ok(device_ptr, bytes)) RETURN(CUDA_ERROR_INVALID_VALUE);
   memcpy(host == src ? (void *)(uintptr_t)device_ptr : host,
@@ -838,8 +806,7 @@ CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *pro
 CUresult cuMemCreate(CUmemGenericAllocationHandle *out, size_t size, const CUmemAllocationProp *prop,
                      unsigned long long flags) {
   ENTER("cuMemCreate");
-  NEED_CTX(dev);
-  (void)dev;
+  NEED_CURRENT();
   if (!out || !prop || flags || size == 0 || size % granularity || prop->type != 1 ||
       !location_ok(&prop->location))
     RETURN(CUDA_ERROR_INVALID_VALUE);
@@ -861,8 +828,7 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *out, size_t size, const CUmem
   h->size = size;
   h->device = d;
   h->fd = fd;
-  h->next = handles;
-  handles = h;
+  PUSH(handles, h);
   *out = h->id;
   RETURN(CUDA_SUCCESS);
 }
@@ -880,8 +846,7 @@ static void drop_handle(handle_t *h) {
 
 CUresult cuMemRelease(CUmemGenericAllocationHandle id) {
   ENTER("cuMemRelease");
-  NEED_CTX(dev);
-  (void)dev;
+  NEED_CURRENT();
   for (handle_t *h = handles; h; h = h->next) {
     if (h->id != id || h->released) continue;
     h->released = 1;
@@ -894,8 +859,7 @@ CUresult cuMemRelease(CUmemGenericAllocationHandle id) {
 CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
                              unsigned long long flags) {
   ENTER("cuMemAddressReserve");
-  NEED_CTX(dev);
-  (void)dev;
+  NEED_CURRENT();
   if (!ptr || size == 0 || size % granularity || flags || addr ||
       (alignment & (alignment - 1)))
     RETURN(CUDA_ERROR_INVALID_VALUE);
@@ -914,8 +878,7 @@ CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CU
   }
   r->va = start;
   r->size = size;
-  r->next = reservations;
-  reservations = r;
+  PUSH(reservations, r);
   *ptr = start;
   RETURN(CUDA_SUCCESS);
 }
@@ -928,8 +891,7 @@ static int overlaps_mapping(unsigned long long va, unsigned long long size) {
 
 CUresult cuMemAddressFree(CUdeviceptr va, size_t size) {
   ENTER("cuMemAddressFree");
-  NEED_CTX(dev);
-  (void)dev;
+  NEED_CURRENT();
   for (reservation_t **p = &reservations; *p; p = &(*p)->next) {
     reservation_t *r = *p;
     if (r->va != va) continue;
@@ -945,8 +907,7 @@ CUresult cuMemAddressFree(CUdeviceptr va, size_t size) {
 CUresult cuMemMap(CUdeviceptr va, size_t size, size_t offset, CUmemGenericAllocationHandle id,
                   unsigned long long flags) {
   ENTER("cuMemMap");
-  NEED_CTX(dev);
-  (void)dev;
+  NEED_CURRENT();
   if (flags || size == 0 || va % granularity || size % granularity || offset % granularity)
     RETURN(CUDA_ERROR_INVALID_VALUE);
   handle_t *h = NULL;
@@ -968,8 +929,7 @@ CUresult cuMemMap(CUdeviceptr va, size_t size, size_t offset, CUmemGenericAlloca
   m->size = size;
   m->handle = h;
   h->mappings++;
-  m->next = mappings;
-  mappings = m;
+  PUSH(mappings, m);
   RETURN(CUDA_SUCCESS);
 }
 
@@ -986,23 +946,32 @@ static int fully_mapped(unsigned long long va, unsigned long long size) {
   return 1;
 }
 
+/* One descriptor per device; a device other than the memory's owner must be linked to it by
+ * peer access (fake_common.h). The host protection is the widest any descriptor grants. */
 CUresult cuMemSetAccess(CUdeviceptr va, size_t size, const CUmemAccessDesc *desc, size_t count) {
   ENTER("cuMemSetAccess");
-  NEED_CTX(dev);
-  (void)dev;
-  if (!desc || count != 1 || size == 0 || va % granularity || size % granularity ||
-      !location_ok(&desc->location) || (desc->flags != 0 && desc->flags != 1 && desc->flags != 3))
+  NEED_CURRENT();
+  const struct fake_access_desc *d = (const struct fake_access_desc *)desc;
+  if (!desc || count == 0 || size == 0 || va % granularity || size % granularity)
     RETURN(CUDA_ERROR_INVALID_VALUE);
   if (!fully_mapped(va, size)) RETURN(CUDA_ERROR_INVALID_VALUE);
-  int prot = desc->flags == 3 ? PROT_READ | PROT_WRITE : desc->flags == 1 ? PROT_READ : PROT_NONE;
+  for (mapping_t *m = mappings; m; m = m->next) {
+    if (m->va >= va + size || va >= m->va + m->size) continue;
+    CUresult refused = fake_check_access(d, count, m->handle->device, n_devices);
+    if (refused != CUDA_SUCCESS) RETURN(refused);
+  }
+  unsigned widest = 0;
+  for (size_t i = 0; i < count; i++) widest |= d[i].flags;
+  int prot = widest == 3 ? PROT_READ | PROT_WRITE : widest == 1 ? PROT_READ : PROT_NONE;
   if (mprotect((void *)(uintptr_t)va, size, prot) != 0) RETURN(CUDA_ERROR_UNKNOWN);
+  for (mapping_t *m = mappings; m; m = m->next)
+    if (m->va < va + size && va < m->va + m->size) m->access = fake_apply_access(m->access, d, count);
   RETURN(CUDA_SUCCESS);
 }
 
 CUresult cuMemUnmap(CUdeviceptr va, size_t size) {
   ENTER("cuMemUnmap");
-  NEED_CTX(dev);
-  (void)dev;
+  NEED_CURRENT();
   if (size == 0 || va % granularity || size % granularity) RETURN(CUDA_ERROR_INVALID_VALUE);
   /* Every mapping touched must lie wholly inside the range, and the range be fully mapped. */
   for (mapping_t *m = mappings; m; m = m->next)
@@ -1045,7 +1014,7 @@ static void unlink_pool(pool_t *p) {
 }
 
 static void pool_release_free(pool_t *p, unsigned long long keep) {
-  for (block_t **pb = &p->blocks; *pb && p->reserved > keep;) {
+  for (block_t **pb = &p->blocks; *pb && p->stats.reserved > keep;) {
     block_t *b = *pb;
     /* A block whose free is still in flight on its stream is not free for the driver yet. */
     if (b->in_use || !done(b->free_stream, b->free_seq)) {
@@ -1054,7 +1023,7 @@ static void pool_release_free(pool_t *p, unsigned long long keep) {
     }
     *pb = b->next;
     munmap((void *)(uintptr_t)b->ptr, b->size);
-    p->reserved -= b->size;
+    p->stats.reserved -= b->size;
     used[p->device] -= b->size;
     free(b);
   }
@@ -1062,7 +1031,7 @@ static void pool_release_free(pool_t *p, unsigned long long keep) {
 
 static void release_above_threshold(void) {
   for (pool_t *p = pools; p; p = p->next)
-    if (p->reserved > p->threshold) pool_release_free(p, p->threshold);
+    if (p->stats.reserved > p->stats.threshold) pool_release_free(p, p->stats.threshold);
 }
 
 static pool_t *new_pool(int device, int is_default) {
@@ -1070,9 +1039,8 @@ static pool_t *new_pool(int device, int is_default) {
   if (!p) return NULL;
   p->device = device;
   p->is_default = is_default;
-  p->reuse[0] = p->reuse[1] = p->reuse[2] = 1;
-  p->next = pools;
-  pools = p;
+  fake_pool_init(&p->stats, 0);
+  PUSH(pools, p);
   return p;
 }
 
@@ -1119,37 +1087,14 @@ CUresult cuMemPoolSetAttribute(pool_t *p, unsigned int attr, void *value) {
   ENTER("cuMemPoolSetAttribute");
   NEED_INIT();
   if (!pool_ok(p) || !value) RETURN(CUDA_ERROR_INVALID_VALUE);
-  switch (attr) {
-    case 1: case 2: case 3: p->reuse[attr - 1] = *(int *)value; break;
-    case 4: p->threshold = *(unsigned long long *)value; break;
-    case 6:
-      if (*(unsigned long long *)value != 0) RETURN(CUDA_ERROR_INVALID_VALUE);
-      p->reserved_high = p->reserved;
-      break;
-    case 8:
-      if (*(unsigned long long *)value != 0) RETURN(CUDA_ERROR_INVALID_VALUE);
-      p->used_high = p->used;
-      break;
-    default: RETURN(CUDA_ERROR_INVALID_VALUE);
-  }
-  RETURN(CUDA_SUCCESS);
+  RETURN(fake_pool_set(&p->stats, (int)attr, value) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS);
 }
 
 CUresult cuMemPoolGetAttribute(pool_t *p, unsigned int attr, void *value) {
   ENTER("cuMemPoolGetAttribute");
   NEED_INIT();
   if (!pool_ok(p) || !value) RETURN(CUDA_ERROR_INVALID_VALUE);
-  unsigned long long *v = value;
-  switch (attr) {
-    case 1: case 2: case 3: *(int *)value = p->reuse[attr - 1]; break;
-    case 4: *v = p->threshold; break;
-    case 5: *v = p->reserved; break;
-    case 6: *v = p->reserved_high; break;
-    case 7: *v = p->used; break;
-    case 8: *v = p->used_high; break;
-    default: RETURN(CUDA_ERROR_INVALID_VALUE);
-  }
-  RETURN(CUDA_SUCCESS);
+  RETURN(fake_pool_get(&p->stats, (int)attr, value) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS);
 }
 
 CUresult cuMemPoolTrimTo(pool_t *p, size_t keep) {
@@ -1162,8 +1107,7 @@ CUresult cuMemPoolTrimTo(pool_t *p, size_t keep) {
 
 CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, pool_t *p, stream_t *s) {
   ENTER("cuMemAllocFromPoolAsync");
-  NEED_CTX(dev);
-  (void)dev;
+  NEED_CURRENT();
   if (!dptr || size == 0 || !pool_ok(p)) RETURN(CUDA_ERROR_INVALID_VALUE);
   if (!stream_ok(s)) RETURN(CUDA_ERROR_INVALID_HANDLE);
   unsigned long long bytes = round_up(size, 512);
@@ -1171,6 +1115,7 @@ CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, pool_t *p, stre
    * order; never on the per-thread handle, another stream on each thread), or freed on a
    * stream whose work up to the free has completed — as the driver's pools do. */
   block_t *best = NULL;
+  unsigned long long grown = 0;
   for (block_t *b = p->blocks; b; b = b->next) {
     int safe = done(b->free_stream, b->free_seq) ||
                (clock_of(b->free_stream) == clock_of(s) && s != STREAM_PER_THREAD);
@@ -1191,22 +1136,18 @@ CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, pool_t *p, stre
     }
     best->ptr = (unsigned long long)(uintptr_t)mem;
     best->size = bytes;
-    best->next = p->blocks;
-    p->blocks = best;
-    p->reserved += bytes;
-    if (p->reserved > p->reserved_high) p->reserved_high = p->reserved;
+    PUSH(p->blocks, best);
+    grown = bytes;
   }
   best->in_use = 1;
-  p->used += best->size;
-  if (p->used > p->used_high) p->used_high = p->used;
+  fake_pool_grow(&p->stats, grown, best->size);
   *dptr = best->ptr;
   RETURN(CUDA_SUCCESS);
 }
 
 CUresult cuMemFreeAsync(CUdeviceptr ptr, stream_t *s) {
   ENTER("cuMemFreeAsync");
-  NEED_CTX(dev);
-  (void)dev;
+  NEED_CURRENT();
   if (!stream_ok(s)) RETURN(CUDA_ERROR_INVALID_HANDLE);
   for (pool_t *p = pools; p; p = p->next) {
     for (block_t *b = p->blocks; b; b = b->next) {
@@ -1214,7 +1155,7 @@ CUresult cuMemFreeAsync(CUdeviceptr ptr, stream_t *s) {
       b->in_use = 0;
       b->free_stream = s;
       b->free_seq = enqueue(s);
-      p->used -= b->size;
+      p->stats.used -= b->size;
       if (p->destroyed) {
         pool_release_free(p, 0);
         if (!p->blocks) unlink_pool(p);

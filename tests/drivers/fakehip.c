@@ -21,10 +21,13 @@
  * A quirk of ROCm is modelled on purpose: a new pool's release threshold is "never release"
  * (UINT64_MAX) until set, so a shim that forgets to set it keeps every freed byte.
  *
+ * Peer access is HIP's: hipDeviceCanAccessPeer answers 1 for distinct devices unless
+ * fake_set_peer says otherwise, hipDeviceEnablePeerAccess enables it from the current device
+ * (hipSetDevice), and hipMemSetAccess takes a descriptor per device (see fake_common.h).
+ *
  * Defaults come from the environment at fakehip_reset (FAKEHIP_VERSION, FAKEHIP_DEVICES,
- * FAKEHIP_CAPACITY) and the control functions below override them. Fault injection:
- * fakehip_fail("hipMalloc", n, count, code) makes calls n .. n+count-1 (1-based, counted from
- * now; count < 0: forever) of that function return `code`.
+ * FAKEHIP_CAPACITY) and the control functions below override them. Faults, call counts, live
+ * counts and peer controls: the fake_* API of fake_common.h (fakehip_reset clears them too).
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -42,20 +45,30 @@ enum {
   hipErrorInvalidDevicePointer = 17,
   hipErrorNoDevice = 100,
   hipErrorInvalidDevice = 101,
+  hipErrorPeerAccessUnsupported = 217,
   hipErrorInvalidHandle = 400,
   hipErrorNotReady = 600,
+  hipErrorPeerAccessAlreadyEnabled = 704,
+  hipErrorPeerAccessNotEnabled = 705,
   hipErrorNotSupported = 801,
 };
 
-#define EXPORT __attribute__((visibility("default")))
+#define FAKE_STATUS hipError_t
+#define FAKE_OK hipSuccess
+#define FAKE_INVALID_VALUE hipErrorInvalidValue
+#define FAKE_INVALID_DEVICE hipErrorInvalidDevice
+#define FAKE_PEER_UNSUPPORTED hipErrorPeerAccessUnsupported
+#define FAKE_PEER_ALREADY_ENABLED hipErrorPeerAccessAlreadyEnabled
+#define FAKE_PEER_NOT_ENABLED hipErrorPeerAccessNotEnabled
+#include "fake_common.h"
+
+#define EXPORT FAKE_EXPORT
 #define KIB 1024ULL
 #define MIB (1024ULL * 1024ULL)
 #define GIB (1024ULL * MIB)
-#define MAX_DEVICES 8
+#define MAX_DEVICES FAKE_MAX_DEVICES
 #define MAX_OBJECTS 65536
 #define MAX_POOLS 64
-#define MAX_FAULTS 32
-#define MAX_CALLS 64
 
 /* ----- state ----------------------------------------------------------------------------- */
 
@@ -73,27 +86,16 @@ struct object {
   uint64_t stream;   /* EVENT: stream of the last record */
   uint64_t seq;      /* EVENT: that stream's clock at the record (0: complete) */
   uint64_t recorded, completed; /* STREAM: its clock (events recorded, events finished) */
+  unsigned access;   /* MAPPING: bit d, device d may access it (hipMemSetAccess) */
 };
 
 struct pool {
   int live;
   int device;
   int is_default;
-  uint64_t threshold, reserved, used, reserved_high, used_high;
+  struct fake_pool_stats stats;
 };
 
-struct fault {
-  char name[64];
-  long seen, nth, count;
-  int code;
-};
-
-struct counter {
-  char name[64];
-  long long calls;
-};
-
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static __thread int current_device = 0;
 
 static int version;
@@ -111,8 +113,6 @@ static uint64_t used[MAX_DEVICES];
 static struct object objects[MAX_OBJECTS];
 static int high; /* objects[0 .. high) may be in use */
 static struct pool pools[MAX_POOLS];
-static struct fault faults[MAX_FAULTS];
-static struct counter counters[MAX_CALLS];
 static uint64_t next_va, next_id;
 static int initialised;
 
@@ -146,50 +146,16 @@ static void reset_locked(void) {
   memset(used, 0, sizeof used);
   memset(objects, 0, sizeof objects);
   memset(pools, 0, sizeof pools);
-  memset(faults, 0, sizeof faults);
-  memset(counters, 0, sizeof counters);
+  fake_common_reset();
   high = 0;
   next_va = 0x100000000000ULL; /* 16 TiB: far from anything the host maps */
   next_id = 0x5000;
   initialised = 1;
 }
 
-static void ensure_init(void) {
+static void fake_prepare(void) {
   if (!initialised) reset_locked();
 }
-
-/* Counts the call and answers an injected fault, if one is due. Called with the lock held. */
-static hipError_t enter(const char *name) {
-  ensure_init();
-  int i;
-  for (i = 0; i < MAX_CALLS && counters[i].name[0]; i++)
-    if (!strcmp(counters[i].name, name)) break;
-  if (i < MAX_CALLS) {
-    if (!counters[i].name[0]) snprintf(counters[i].name, sizeof counters[i].name, "%s", name);
-    counters[i].calls++;
-  }
-  for (int f = 0; f < MAX_FAULTS; f++) {
-    struct fault *x = &faults[f];
-    if (!x->name[0] || strcmp(x->name, name)) continue;
-    x->seen++;
-    if (x->seen >= x->nth && (x->count < 0 || x->seen < x->nth + x->count)) return x->code;
-  }
-  return hipSuccess;
-}
-
-#define ENTER(name)                   \
-  pthread_mutex_lock(&lock);          \
-  hipError_t fault_ = enter(name);    \
-  if (fault_ != hipSuccess) {         \
-    pthread_mutex_unlock(&lock);      \
-    return fault_;                    \
-  }
-#define RETURN(code)           \
-  do {                         \
-    hipError_t r_ = (code);    \
-    pthread_mutex_unlock(&lock); \
-    return r_;                 \
-  } while (0)
 
 static struct object *find(int kind, uint64_t addr) {
   for (int i = 0; i < high; i++)
@@ -267,167 +233,120 @@ static uint64_t round256(uint64_t n) { return (n + 255) & ~255ULL; }
 
 /* ----- control functions (called by the tests through libloading) ------------------------- */
 
-EXPORT void fakehip_reset(void) {
-  pthread_mutex_lock(&lock);
-  reset_locked();
-  pthread_mutex_unlock(&lock);
-}
-EXPORT void fakehip_set_version(int v) {
-  pthread_mutex_lock(&lock);
-  ensure_init();
-  version = v;
-  pthread_mutex_unlock(&lock);
-}
+EXPORT void fakehip_reset(void) { LOCKED(reset_locked()); }
+EXPORT void fakehip_set_version(int v) { LOCKED(version = v); }
 EXPORT void fakehip_set_devices(int n, unsigned long long bytes) {
-  pthread_mutex_lock(&lock);
-  ensure_init();
-  n_devices = n < 0 ? 0 : n > MAX_DEVICES ? MAX_DEVICES : n;
-  capacity = bytes;
-  pthread_mutex_unlock(&lock);
+  LOCKED({
+    n_devices = n < 0 ? 0 : n > MAX_DEVICES ? MAX_DEVICES : n;
+    capacity = bytes;
+  });
 }
 /* attr: 16 (integrated), 88 (pools), 89 (VMM; -1 = by version). */
 EXPORT void fakehip_set_attribute(int attr, int value) {
-  pthread_mutex_lock(&lock);
-  ensure_init();
-  if (attr == 16) attr_integrated = value;
-  if (attr == 88) attr_pools = value;
-  if (attr == 89) attr_vmm = value;
-  pthread_mutex_unlock(&lock);
+  LOCKED({
+    if (attr == 16) attr_integrated = value;
+    if (attr == 88) attr_pools = value;
+    if (attr == 89) attr_vmm = value;
+  });
 }
 EXPORT void fakehip_set_granularity(unsigned long long minimum, unsigned long long recommended) {
-  pthread_mutex_lock(&lock);
-  ensure_init();
-  min_gran = minimum;
-  rec_gran = recommended;
-  pthread_mutex_unlock(&lock);
+  LOCKED({
+    min_gran = minimum;
+    rec_gran = recommended;
+  });
 }
-EXPORT void fakehip_set_arch(const char *name) {
-  pthread_mutex_lock(&lock);
-  ensure_init();
-  snprintf(arch, sizeof arch, "%s", name);
-  pthread_mutex_unlock(&lock);
-}
+EXPORT void fakehip_set_arch(const char *name) { LOCKED(snprintf(arch, sizeof arch, "%s", name)); }
 /* While held, recorded events stay pending until synchronised or released. */
 EXPORT void fakehip_hold_events(int held) {
-  pthread_mutex_lock(&lock);
-  ensure_init();
-  hold_events = held;
-  if (!held) complete_all_streams();
-  pthread_mutex_unlock(&lock);
+  LOCKED({
+    hold_events = held;
+    if (!held) complete_all_streams();
+  });
 }
-EXPORT void fakehip_fail(const char *name, long nth, long count, int code) {
-  pthread_mutex_lock(&lock);
-  ensure_init();
-  for (int f = 0; f < MAX_FAULTS; f++) {
-    if (!faults[f].name[0]) {
-      snprintf(faults[f].name, sizeof faults[f].name, "%s", name);
-      faults[f].seen = 0;
-      faults[f].nth = nth < 1 ? 1 : nth;
-      faults[f].count = count;
-      faults[f].code = code;
-      break;
-    }
-  }
-  pthread_mutex_unlock(&lock);
-}
-EXPORT void fakehip_clear_faults(void) {
-  pthread_mutex_lock(&lock);
-  memset(faults, 0, sizeof faults);
-  pthread_mutex_unlock(&lock);
-}
-/* Calls made of `name` since the last reset (faulted ones included). */
-EXPORT long long fakehip_calls(const char *name) {
+/* fake_live's answers (fake_common.h). */
+static long long fake_live_of(enum fake_live_what what) {
+  static const int kinds[LIVE_KINDS] = {
+      [LIVE_ALLOCATIONS] = ALLOC,   [LIVE_POOL_ALLOCATIONS] = POOL_ALLOC,
+      [LIVE_RESERVATIONS] = RESERVATION, [LIVE_HANDLES] = HANDLE,
+      [LIVE_MAPPINGS] = MAPPING,    [LIVE_STREAMS] = STREAM,
+      [LIVE_EVENTS] = EVENT,
+  };
   long long n = 0;
-  pthread_mutex_lock(&lock);
-  for (int i = 0; i < MAX_CALLS; i++)
-    if (counters[i].name[0] && !strcmp(counters[i].name, name)) n = counters[i].calls;
-  pthread_mutex_unlock(&lock);
-  return n;
-}
-/* Live counts: allocations, pool_allocations, reservations, handles, mappings, streams,
- * events, pools (created ones; default pools are not counted), bytes (charged on every
- * device), pool_reserved (bytes pools hold). */
-EXPORT long long fakehip_count(const char *what) {
-  long long n = 0;
-  pthread_mutex_lock(&lock);
-  ensure_init();
-  int kind = !strcmp(what, "allocations")        ? ALLOC
-             : !strcmp(what, "pool_allocations") ? POOL_ALLOC
-             : !strcmp(what, "reservations")     ? RESERVATION
-             : !strcmp(what, "handles")          ? HANDLE
-             : !strcmp(what, "mappings")         ? MAPPING
-             : !strcmp(what, "streams")          ? STREAM
-             : !strcmp(what, "events")           ? EVENT
-                                                 : -1;
-  if (kind >= 0) {
-    for (int i = 0; i < high; i++)
-      if (objects[i].kind == kind) n++;
-  } else if (!strcmp(what, "pools")) {
-    for (int p = 0; p < MAX_POOLS; p++)
-      if (pools[p].live && !pools[p].is_default) n++;
-  } else if (!strcmp(what, "bytes")) {
-    for (int d = 0; d < MAX_DEVICES; d++) n += (long long)used[d];
-  } else if (!strcmp(what, "pool_reserved")) {
-    for (int p = 0; p < MAX_POOLS; p++)
-      if (pools[p].live) n += (long long)pools[p].reserved;
-  } else {
-    n = -1;
+  switch (what) {
+    case LIVE_POOLS:
+      for (int p = 0; p < MAX_POOLS; p++) n += pools[p].live && !pools[p].is_default;
+      return n;
+    case LIVE_BYTES:
+      for (int d = 0; d < MAX_DEVICES; d++) n += (long long)used[d];
+      return n;
+    case LIVE_POOL_RESERVED:
+      for (int p = 0; p < MAX_POOLS; p++)
+        if (pools[p].live) n += (long long)pools[p].stats.reserved;
+      return n;
+    case LIVE_CONTEXTS:
+      return -1; /* HIP has no context a caller retains */
+    default:
+      for (int i = 0; i < high; i++) n += objects[i].kind == kinds[what];
+      return n;
   }
-  pthread_mutex_unlock(&lock);
-  return n;
+}
+/* fake_access's answer (fake_common.h). */
+static int fake_access_of(unsigned long long va, int device) {
+  for (int i = 0; i < high; i++) {
+    struct object *m = &objects[i];
+    if (m->kind == MAPPING && m->addr <= va && va < m->addr + m->size)
+      return fake_device_index_ok(device) && (m->access >> device) & 1;
+  }
+  return -1;
 }
 EXPORT unsigned long long fakehip_device_used(int device) {
-  pthread_mutex_lock(&lock);
-  ensure_init();
-  unsigned long long n = valid_device(device) ? used[device] : 0;
-  pthread_mutex_unlock(&lock);
+  unsigned long long n = 0;
+  LOCKED(n = valid_device(device) ? used[device] : 0);
   return n;
 }
 /* Flags of the last hipExtMallocWithFlags (hipMalloc: 0) and the device it charged. */
 EXPORT unsigned fakehip_last_malloc_flags(void) {
-  pthread_mutex_lock(&lock);
-  unsigned flags = last_flags;
-  pthread_mutex_unlock(&lock);
+  unsigned flags = 0;
+  LOCKED(flags = last_flags);
   return flags;
 }
 EXPORT int fakehip_last_device(void) {
-  pthread_mutex_lock(&lock);
-  int device = last_device;
-  pthread_mutex_unlock(&lock);
+  int device = -1;
+  LOCKED(device = last_device);
   return device;
 }
 
 /* ----- errors ----------------------------------------------------------------------------- */
 
-EXPORT const char *hipGetErrorName(hipError_t e) {
-  switch (e) {
-    case hipSuccess: return "hipSuccess";
-    case hipErrorInvalidValue: return "hipErrorInvalidValue";
-    case hipErrorOutOfMemory: return "hipErrorOutOfMemory";
-    case hipErrorNotInitialized: return "hipErrorNotInitialized";
-    case hipErrorInvalidDevicePointer: return "hipErrorInvalidDevicePointer";
-    case hipErrorNoDevice: return "hipErrorNoDevice";
-    case hipErrorInvalidDevice: return "hipErrorInvalidDevice";
-    case hipErrorInvalidHandle: return "hipErrorInvalidHandle";
-    case hipErrorNotReady: return "hipErrorNotReady";
-    case hipErrorNotSupported: return "hipErrorNotSupported";
-    default: return "hipErrorUnknown";
-  }
+static const struct fake_error errors[] = {
+    {hipSuccess, "hipSuccess", "no error"},
+    {hipErrorInvalidValue, "hipErrorInvalidValue", "invalid argument"},
+    {hipErrorOutOfMemory, "hipErrorOutOfMemory", "out of memory"},
+    {hipErrorNotInitialized, "hipErrorNotInitialized", "initialization error"},
+    {hipErrorInvalidDevicePointer, "hipErrorInvalidDevicePointer", "invalid device pointer"},
+    {hipErrorNoDevice, "hipErrorNoDevice", "no ROCm-capable device is detected"},
+    {hipErrorInvalidDevice, "hipErrorInvalidDevice", "invalid device ordinal"},
+    {hipErrorPeerAccessUnsupported, "hipErrorPeerAccessUnsupported",
+     "peer access is not supported between these two devices"},
+    {hipErrorInvalidHandle, "hipErrorInvalidHandle", "invalid resource handle"},
+    {hipErrorNotReady, "hipErrorNotReady", "device not ready"},
+    {hipErrorPeerAccessAlreadyEnabled, "hipErrorPeerAccessAlreadyEnabled",
+     "peer access is already enabled"},
+    {hipErrorPeerAccessNotEnabled, "hipErrorPeerAccessNotEnabled",
+     "peer access has not been enabled"},
+    {hipErrorNotSupported, "hipErrorNotSupported", "operation not supported"},
+};
+/* HIP answers every code; one it does not know is its unknown error. */
+static const struct fake_error unknown_error = {999, "hipErrorUnknown", "unknown error"};
+
+static const struct fake_error *error_of(hipError_t e, const char *function) {
+  const struct fake_error *known =
+      fake_error_of(errors, sizeof errors / sizeof errors[0], e, function);
+  return known ? known : &unknown_error;
 }
+EXPORT const char *hipGetErrorName(hipError_t e) { return error_of(e, "hipGetErrorName")->name; }
 EXPORT const char *hipGetErrorString(hipError_t e) {
-  switch (e) {
-    case hipSuccess: return "no error";
-    case hipErrorInvalidValue: return "invalid argument";
-    case hipErrorOutOfMemory: return "out of memory";
-    case hipErrorNotInitialized: return "initialization error";
-    case hipErrorInvalidDevicePointer: return "invalid device pointer";
-    case hipErrorNoDevice: return "no ROCm-capable device is detected";
-    case hipErrorInvalidDevice: return "invalid device ordinal";
-    case hipErrorInvalidHandle: return "invalid resource handle";
-    case hipErrorNotReady: return "device not ready";
-    case hipErrorNotSupported: return "operation not supported";
-    default: return "unknown error";
-  }
+  return error_of(e, "hipGetErrorString")->text;
 }
 
 /* ----- devices ---------------------------------------------------------------------------- */
@@ -460,6 +379,15 @@ EXPORT hipError_t hipSetDevice(int device) {
   if (!valid_device(device)) RETURN(hipErrorInvalidDevice);
   current_device = device;
   RETURN(hipSuccess);
+}
+EXPORT hipError_t hipDeviceCanAccessPeer(int *can, int device, int peer) {
+  ENTER("hipDeviceCanAccessPeer");
+  RETURN(fake_can_access_peer(can, device, peer, n_devices));
+}
+/* From the calling thread's current device to `peer`. */
+EXPORT hipError_t hipDeviceEnablePeerAccess(int peer, unsigned flags) {
+  ENTER("hipDeviceEnablePeerAccess");
+  RETURN(fake_enable_peer(current_device, peer, flags, n_devices));
 }
 EXPORT hipError_t hipDeviceGetAttribute(int *value, int attr, int device) {
   ENTER("hipDeviceGetAttribute");
@@ -495,26 +423,25 @@ EXPORT hipError_t hipDeviceTotalMem(size_t *bytes, int device) {
   *bytes = capacity;
   RETURN(hipSuccess);
 }
-/* HIP 5.x hipDeviceProp_t (R0000): 792 bytes, name at 0, gcnArchName at 396. */
+/* Fills a hipDeviceProp_t of `size` bytes: the name at 0, gcnArchName at `arch_at`. */
+static hipError_t properties(void *prop, int device, size_t size, size_t arch_at) {
+  if (!prop) return hipErrorInvalidValue;
+  if (!valid_device(device)) return hipErrorInvalidDevice;
+  memset(prop, 0, size);
+  device_name(device, (char *)prop, 256);
+  snprintf((char *)prop + arch_at, 256, "%s", arch);
+  return hipSuccess;
+}
+/* HIP 5.x hipDeviceProp_t (R0000): 792 bytes, gcnArchName at 396. */
 EXPORT hipError_t hipGetDeviceProperties(void *prop, int device) {
   ENTER("hipGetDeviceProperties");
-  if (!prop) RETURN(hipErrorInvalidValue);
-  if (!valid_device(device)) RETURN(hipErrorInvalidDevice);
-  memset(prop, 0, 792);
-  device_name(device, (char *)prop, 256);
-  snprintf((char *)prop + 396, 256, "%s", arch);
-  RETURN(hipSuccess);
+  RETURN(properties(prop, device, 792, 396));
 }
-/* ROCm 6+ hipDeviceProp_tR0600: 1472 bytes, name at 0, gcnArchName at 1160. */
+/* ROCm 6+ hipDeviceProp_tR0600: 1472 bytes, gcnArchName at 1160. */
 EXPORT hipError_t hipGetDevicePropertiesR0600(void *prop, int device) {
   ENTER("hipGetDevicePropertiesR0600");
   if (major() < 6) RETURN(hipErrorNotSupported); /* stands in for the missing symbol */
-  if (!prop) RETURN(hipErrorInvalidValue);
-  if (!valid_device(device)) RETURN(hipErrorInvalidDevice);
-  memset(prop, 0, 1472);
-  device_name(device, (char *)prop, 256);
-  snprintf((char *)prop + 1160, 256, "%s", arch);
-  RETURN(hipSuccess);
+  RETURN(properties(prop, device, 1472, 1160));
 }
 EXPORT hipError_t hipMemGetInfo(size_t *free_bytes, size_t *total) {
   ENTER("hipMemGetInfo");
@@ -576,11 +503,6 @@ struct prop6 {
   void *win32;
   unsigned char compression, rdma;
   unsigned short usage;
-};
-struct access_desc {
-  int loc_type;
-  int loc_id;
-  int flags;
 };
 
 static int prop_ok(const struct prop6 *p) {
@@ -682,15 +604,27 @@ static uint64_t mapped_bytes(uint64_t va, uint64_t size, int *partial) {
   }
   return n;
 }
-EXPORT hipError_t hipMemSetAccess(void *ptr, size_t size, const struct access_desc *desc,
+/* One descriptor per device; a device other than the memory's owner must be linked to it by
+ * peer access (fake_common.h). */
+EXPORT hipError_t hipMemSetAccess(void *ptr, size_t size, const struct fake_access_desc *desc,
                                   size_t count) {
   ENTER("hipMemSetAccess");
   uint64_t va = (uint64_t)(uintptr_t)ptr;
   int partial;
-  if (!desc || count != 1 || desc->loc_type != 1 || !valid_device(desc->loc_id) ||
-      desc->flags != 3 || size == 0 || va % min_gran || size % min_gran ||
+  if (!desc || count == 0 || size == 0 || va % min_gran || size % min_gran ||
       mapped_bytes(va, size, &partial) != size)
     RETURN(hipErrorInvalidValue);
+  for (int i = 0; i < high; i++) {
+    struct object *m = &objects[i];
+    if (m->kind != MAPPING || m->addr >= va + size || va >= m->addr + m->size) continue;
+    hipError_t refused = fake_check_access(desc, count, m->device, n_devices);
+    if (refused != hipSuccess) RETURN(refused);
+  }
+  for (int i = 0; i < high; i++) {
+    struct object *m = &objects[i];
+    if (m->kind == MAPPING && m->addr < va + size && va < m->addr + m->size)
+      m->access = fake_apply_access(m->access, desc, count);
+  }
   RETURN(hipSuccess);
 }
 EXPORT hipError_t hipMemUnmap(void *ptr, size_t size) {
@@ -738,7 +672,7 @@ static int new_pool(int device, int is_default) {
       pools[p].live = 1;
       pools[p].device = device;
       pools[p].is_default = is_default;
-      pools[p].threshold = UINT64_MAX; /* the ROCm quirk: never release unless told */
+      fake_pool_init(&pools[p].stats, UINT64_MAX); /* the ROCm quirk: never release unless told */
       return p;
     }
   }
@@ -746,15 +680,15 @@ static int new_pool(int device, int is_default) {
 }
 /* Releases cached bytes until the pool holds at most `keep` (never what is in use). */
 static void pool_release(struct pool *p, uint64_t keep) {
-  uint64_t cached = p->reserved - p->used;
-  uint64_t excess = p->reserved > keep ? p->reserved - keep : 0;
+  uint64_t cached = p->stats.reserved - p->stats.used;
+  uint64_t excess = p->stats.reserved > keep ? p->stats.reserved - keep : 0;
   uint64_t give = excess < cached ? excess : cached;
-  p->reserved -= give;
+  p->stats.reserved -= give;
   used[p->device] -= give;
 }
 static void sync_pools(void) {
   for (int p = 0; p < MAX_POOLS; p++)
-    if (pools[p].live) pool_release(&pools[p], pools[p].threshold);
+    if (pools[p].live) pool_release(&pools[p], pools[p].stats.threshold);
 }
 
 EXPORT hipError_t hipDeviceGetDefaultMemPool(void **pool, int device) {
@@ -789,7 +723,7 @@ EXPORT hipError_t hipMemPoolCreate(void **pool, const struct pool_props *props) 
 EXPORT hipError_t hipMemPoolDestroy(void *handle) {
   ENTER("hipMemPoolDestroy");
   int p = pool_index(handle);
-  if (p < 0 || pools[p].is_default || pools[p].used) RETURN(hipErrorInvalidValue);
+  if (p < 0 || pools[p].is_default || pools[p].stats.used) RETURN(hipErrorInvalidValue);
   pool_release(&pools[p], 0);
   pools[p].live = 0;
   RETURN(hipSuccess);
@@ -798,33 +732,13 @@ EXPORT hipError_t hipMemPoolSetAttribute(void *handle, int attr, void *value) {
   ENTER("hipMemPoolSetAttribute");
   int p = pool_index(handle);
   if (p < 0 || !value) RETURN(hipErrorInvalidValue);
-  struct pool *x = &pools[p];
-  uint64_t v = *(uint64_t *)value;
-  switch (attr) {
-    case 1: case 2: case 3: break; /* reuse policies (int): accepted */
-    case 4: x->threshold = v; break;
-    case 6: if (v) RETURN(hipErrorInvalidValue); x->reserved_high = x->reserved; break;
-    case 8: if (v) RETURN(hipErrorInvalidValue); x->used_high = x->used; break;
-    default: RETURN(hipErrorInvalidValue);
-  }
-  RETURN(hipSuccess);
+  RETURN(fake_pool_set(&pools[p].stats, attr, value) ? hipErrorInvalidValue : hipSuccess);
 }
 EXPORT hipError_t hipMemPoolGetAttribute(void *handle, int attr, void *value) {
   ENTER("hipMemPoolGetAttribute");
   int p = pool_index(handle);
   if (p < 0 || !value) RETURN(hipErrorInvalidValue);
-  struct pool *x = &pools[p];
-  uint64_t *out = value;
-  switch (attr) {
-    case 1: case 2: case 3: *(int *)value = 1; break;
-    case 4: *out = x->threshold; break;
-    case 5: *out = x->reserved; break;
-    case 6: *out = x->reserved_high; break;
-    case 7: *out = x->used; break;
-    case 8: *out = x->used_high; break;
-    default: RETURN(hipErrorInvalidValue);
-  }
-  RETURN(hipSuccess);
+  RETURN(fake_pool_get(&pools[p].stats, attr, value) ? hipErrorInvalidValue : hipSuccess);
 }
 EXPORT hipError_t hipMemPoolTrimTo(void *handle, size_t keep) {
   ENTER("hipMemPoolTrimTo");
@@ -843,14 +757,10 @@ EXPORT hipError_t hipMallocFromPoolAsync(void **ptr, size_t size, void *handle, 
   }
   struct pool *x = &pools[p];
   uint64_t bytes = round256(size);
-  uint64_t cached = x->reserved - x->used;
-  if (cached < bytes) {
-    if (!charge(x->device, bytes - cached)) RETURN(hipErrorOutOfMemory);
-    x->reserved += bytes - cached;
-  }
-  x->used += bytes;
-  if (x->used > x->used_high) x->used_high = x->used;
-  if (x->reserved > x->reserved_high) x->reserved_high = x->reserved;
+  uint64_t cached = x->stats.reserved - x->stats.used;
+  uint64_t grown = cached < bytes ? bytes - cached : 0;
+  if (grown && !charge(x->device, grown)) RETURN(hipErrorOutOfMemory);
+  fake_pool_grow(&x->stats, grown, bytes);
   uint64_t va = take_va(bytes, 256);
   struct object *o = add(POOL_ALLOC, va, bytes, x->device);
   if (!o) RETURN(hipErrorOutOfMemory);
@@ -863,25 +773,34 @@ EXPORT hipError_t hipFreeAsync(void *ptr, void *stream) {
   if (!valid_stream(stream)) RETURN(hipErrorInvalidValue);
   struct object *o = find(POOL_ALLOC, (uint64_t)(uintptr_t)ptr);
   if (!o) RETURN(hipErrorInvalidValue);
-  pools[o->pool].used -= o->size;
+  pools[o->pool].stats.used -= o->size;
   drop(o);
   RETURN(hipSuccess);
 }
 
 /* ----- streams and events ----------------------------------------------------------------- */
 
+/* hipStreamCreateWithFlags / hipEventCreateWithFlags: a new object of `kind` on the current
+ * device, its handle written to `*out`; `flags` at most `max_flags`. */
+static hipError_t create_object(int kind, void **out, unsigned flags, unsigned max_flags) {
+  if (!out || flags > max_flags) return hipErrorInvalidValue;
+  uint64_t id = new_id();
+  if (!add(kind, id, 0, current_device)) return hipErrorOutOfMemory;
+  *out = (void *)(uintptr_t)id;
+  return hipSuccess;
+}
+/* The live object of `kind` behind `handle` as `o`, or return hipErrorInvalidHandle. */
+#define FIND_OR_INVALID(o, kind, handle)                        \
+  struct object *o = find(kind, (uint64_t)(uintptr_t)(handle)); \
+  if (!o) RETURN(hipErrorInvalidHandle)
+
 EXPORT hipError_t hipStreamCreateWithFlags(void **stream, unsigned flags) {
   ENTER("hipStreamCreateWithFlags");
-  if (!stream || flags > 1) RETURN(hipErrorInvalidValue);
-  uint64_t id = new_id();
-  if (!add(STREAM, id, 0, current_device)) RETURN(hipErrorOutOfMemory);
-  *stream = (void *)(uintptr_t)id;
-  RETURN(hipSuccess);
+  RETURN(create_object(STREAM, stream, flags, 1));
 }
 EXPORT hipError_t hipStreamDestroy(void *stream) {
   ENTER("hipStreamDestroy");
-  struct object *o = find(STREAM, (uint64_t)(uintptr_t)stream);
-  if (!o) RETURN(hipErrorInvalidHandle);
+  FIND_OR_INVALID(o, STREAM, stream);
   /* The work already enqueued still completes: the fake completes it now. */
   for (int i = 0; i < high; i++)
     if (objects[i].kind == EVENT && objects[i].stream == o->addr) objects[i].seq = 0;
@@ -908,11 +827,7 @@ EXPORT hipError_t hipDeviceSynchronize(void) {
 }
 EXPORT hipError_t hipEventCreateWithFlags(void **event, unsigned flags) {
   ENTER("hipEventCreateWithFlags");
-  if (!event || flags > 7) RETURN(hipErrorInvalidValue);
-  uint64_t id = new_id();
-  if (!add(EVENT, id, 0, current_device)) RETURN(hipErrorOutOfMemory);
-  *event = (void *)(uintptr_t)id;
-  RETURN(hipSuccess);
+  RETURN(create_object(EVENT, event, flags, 7));
 }
 EXPORT hipError_t hipEventRecord(void *event, void *stream) {
   ENTER("hipEventRecord");
@@ -924,14 +839,12 @@ EXPORT hipError_t hipEventRecord(void *event, void *stream) {
 }
 EXPORT hipError_t hipEventQuery(void *event) {
   ENTER("hipEventQuery");
-  struct object *o = find(EVENT, (uint64_t)(uintptr_t)event);
-  if (!o) RETURN(hipErrorInvalidHandle);
+  FIND_OR_INVALID(o, EVENT, event);
   RETURN(event_done(o) ? hipSuccess : hipErrorNotReady);
 }
 EXPORT hipError_t hipEventSynchronize(void *event) {
   ENTER("hipEventSynchronize");
-  struct object *o = find(EVENT, (uint64_t)(uintptr_t)event);
-  if (!o) RETURN(hipErrorInvalidHandle);
+  FIND_OR_INVALID(o, EVENT, event);
   /* Waiting for an event waits for the work before it on its stream. */
   struct object *c = clock_of(o->stream);
   if (c->completed < o->seq) c->completed = o->seq;
@@ -940,8 +853,7 @@ EXPORT hipError_t hipEventSynchronize(void *event) {
 }
 EXPORT hipError_t hipEventDestroy(void *event) {
   ENTER("hipEventDestroy");
-  struct object *o = find(EVENT, (uint64_t)(uintptr_t)event);
-  if (!o) RETURN(hipErrorInvalidHandle);
+  FIND_OR_INVALID(o, EVENT, event);
   drop(o);
   RETURN(hipSuccess);
 }

@@ -131,3 +131,6 @@ fn compile(
         }
     }
 }
+
+#[cfg(any(feature = "cuda", feature = "hip"))]
+pub mod fakes;

@@ -56,12 +56,25 @@ pub enum Target {
     FakeHip(Rocm),
 }
 
-/// The targets on which two devices offer each other peer access; on the others the suite
-/// asserts that none is offered, with a typed error. The conformance drivers join this list
-/// once they export `cuDeviceCanAccessPeer` / `hipDeviceCanAccessPeer` and the enable calls
-/// (then `FakeCuda`, `FakeCudaOld`, `FakeHip(Rocm::V5)`, `FakeHip(Rocm::V6)`,
-/// `FakeHip(Rocm::V7)`): the `peer_access` cases fail, naming the target, until they do.
-pub const PEER_TARGETS: &[Target] = &[Target::HostReal, Target::HostSimulated];
+/// The targets on which two devices offer each other peer access: every one — the host
+/// backend, and both conformance drivers, which export `cuDeviceCanAccessPeer` /
+/// `cuCtxEnablePeerAccess` and `hipDeviceCanAccessPeer` / `hipDeviceEnablePeerAccess`. A
+/// target left out of this list must refuse peer access with a typed error (the suite
+/// asserts it); a pair declared not capable is `tests/vendor_fakes.rs`' and `tests/peer.rs`'.
+pub const PEER_TARGETS: &[Target] = &[
+    Target::HostReal,
+    Target::HostSimulated,
+    #[cfg(feature = "cuda")]
+    Target::FakeCuda,
+    #[cfg(feature = "cuda")]
+    Target::FakeCudaOld,
+    #[cfg(feature = "hip")]
+    Target::FakeHip(Rocm::V5),
+    #[cfg(feature = "hip")]
+    Target::FakeHip(Rocm::V6),
+    #[cfg(feature = "hip")]
+    Target::FakeHip(Rocm::V7),
+];
 
 impl Target {
     /// The backend name errors carry (`Error::Unsupported::backend`).
@@ -446,246 +459,13 @@ impl SuiteStrategy for Strategy {
 
 // ---- the conformance drivers ----------------------------------------------------------------
 
-/// The live counts of the conformance drivers' common vocabulary: all zero once portalloc
-/// (and the caller) gave everything back.
-pub const LIVE: &[&str] = &[
-    "allocations",
-    "pool_allocations",
-    "pool_reserved",
-    "pools",
-    "handles",
-    "mappings",
-    "reservations",
-    "streams",
-    "events",
-    "bytes",
-];
-
+/// The conformance drivers' control API, one type for both vendors.
 #[cfg(any(feature = "cuda", feature = "hip"))]
-pub use adapter::Fake;
-
-/// A private copy of the built library at `built`, in the temporary directory under a name
-/// of this process: loaded, it is an instance of its own (a conformance driver keeps its
-/// state per loaded library). The caller removes it.
-///
-/// # Panics
-/// When the copy cannot be made.
-pub fn private_copy(built: &str) -> std::path::PathBuf {
-    static COPIES: AtomicU64 = AtomicU64::new(0);
-    let file = std::path::Path::new(built)
-        .file_name()
-        .expect("a file name");
-    let file = file.to_string_lossy();
-    let name = file.trim_start_matches("lib").trim_end_matches(".so");
-    let copy = std::env::temp_dir().join(format!(
-        "portalloc-{name}-{}-{}-{file}",
-        std::process::id(),
-        COPIES.fetch_add(1, Ordering::Relaxed),
-    ));
-    std::fs::copy(built, &copy).expect("copy the conformance driver");
-    copy
-}
+pub use super::fakes::{Fake, LIVE};
 
 /// Without a vendor feature no conformance driver is loaded.
 #[cfg(not(any(feature = "cuda", feature = "hip")))]
 pub enum Fake {}
-
-/// The one adapter to the conformance drivers' control functions, with the names and
-/// signatures of the common control API (`fake_fail`, `fake_live`, …, Rust side
-/// `support::fakes::Fake`) that is replacing the drivers' own ones (`fakecuda_fail_call`,
-/// `fakehip_count`, …). When that API is in, this module becomes
-/// `pub use super::fakes::Fake;` and nothing else here changes.
-#[cfg(any(feature = "cuda", feature = "hip"))]
-mod adapter {
-    use std::ffi::{c_char, c_int, c_long, CString};
-    use std::path::PathBuf;
-
-    use portalloc::Vendor;
-
-    /// A private copy of a conformance driver, loaded; removed from disk on drop.
-    pub struct Fake {
-        library: libloading::Library,
-        path: PathBuf,
-        vendor: Vendor,
-    }
-
-    impl Fake {
-        /// A private copy of the driver `name` (`fakecuda`, `fakecuda_old`, `fakehip`),
-        /// built on first use; `None` after [`super::super::skip`] when no C compiler works.
-        ///
-        /// # Panics
-        /// When the copy cannot be made or loaded.
-        pub fn copy(name: &str) -> Option<Fake> {
-            let Some(built) = super::super::driver(name) else {
-                super::super::skip(&format!(
-                    "the {name} conformance driver was not built (no C compiler)"
-                ));
-                return None;
-            };
-            let path = super::private_copy(built);
-            // SAFETY: our own test library; its initialisers do nothing.
-            let library = unsafe { libloading::Library::new(&path) }.expect("load the fake");
-            let vendor = if name.starts_with("fakehip") {
-                Vendor::Hip
-            } else {
-                Vendor::Cuda
-            };
-            Some(Fake {
-                library,
-                path,
-                vendor,
-            })
-        }
-
-        /// Which vendor's library this fakes.
-        pub fn vendor(&self) -> Vendor {
-            self.vendor
-        }
-
-        /// The library's path, for `Driver::load` / `Runtime::load`.
-        pub fn path(&self) -> String {
-            self.path.to_string_lossy().into_owned()
-        }
-
-        /// The exported function `name`, as the type the caller names.
-        ///
-        /// # Panics
-        /// When the library does not export it.
-        pub fn sym<T: Copy>(&self, name: &str) -> T {
-            // SAFETY: each caller names a function with the signature the fake gives it.
-            *unsafe { self.library.get::<T>(name.as_bytes()) }.expect(name)
-        }
-
-        fn hip(&self) -> bool {
-            self.vendor == Vendor::Hip
-        }
-
-        /// Calls `nth` .. `nth + count - 1` of `function` (1-based, from now) return `code`.
-        ///
-        /// # Panics
-        /// For fakecuda, whose own call fails one call or every call: when `count` is
-        /// neither 1 nor negative from the first call.
-        pub fn fail(&self, function: &str, nth: i64, count: i64, code: i32) {
-            let name = CString::new(function).expect("no NUL in a function name");
-            if self.hip() {
-                let f: unsafe extern "C" fn(*const c_char, c_long, c_long, c_int) =
-                    self.sym("fakehip_fail");
-                // SAFETY: a NUL-terminated name the fake copies; the rest by value.
-                return unsafe { f(name.as_ptr(), nth as c_long, count as c_long, code) };
-            }
-            let nth = match (nth, count) {
-                (nth, 1) => nth as c_int,
-                (1, count) if count < 0 => 0, // fakecuda: 0 = every call
-                _ => panic!("fakecuda fails one call or all: nth {nth}, count {count}"),
-            };
-            let f: unsafe extern "C" fn(*const c_char, c_int, c_int) =
-                self.sym("fakecuda_fail_call");
-            // SAFETY: a NUL-terminated name the fake copies; the rest by value.
-            unsafe { f(name.as_ptr(), nth, code) }
-        }
-
-        /// Disarms every fault.
-        pub fn clear_faults(&self) {
-            let name = if self.hip() {
-                "fakehip_clear_faults"
-            } else {
-                "fakecuda_clear_failures"
-            };
-            let f: unsafe extern "C" fn() = self.sym(name);
-            // SAFETY: no arguments.
-            unsafe { f() }
-        }
-
-        /// The fake's live count of `what` (see [`super::LIVE`]).
-        ///
-        /// # Panics
-        /// When this fake does not answer `what`.
-        pub fn live(&self, what: &str) -> i64 {
-            // The two fakes' own names, until the common vocabulary.
-            let (function, what) = match (self.hip(), what) {
-                (true, what) => ("fakehip_count", what),
-                (false, "pool_allocations") => ("fakecuda_live", "pool_blocks"),
-                (false, what) => ("fakecuda_live", what),
-            };
-            let f: unsafe extern "C" fn(*const c_char) -> i64 = self.sym(function);
-            let name = CString::new(what).expect("no NUL in a name");
-            // SAFETY: a NUL-terminated name, read only.
-            let n = unsafe { f(name.as_ptr()) };
-            assert!(n >= 0, "{} does not count {what}", self.path());
-            n
-        }
-
-        /// Asserts that the fake holds nothing for anyone (and, for CUDA, that no
-        /// primary-context reference is left).
-        ///
-        /// # Panics
-        /// When something is still held.
-        pub fn assert_empty(&self) {
-            let mut names = super::LIVE.to_vec();
-            if self.vendor == Vendor::Cuda {
-                names.push("contexts");
-            }
-            let held: Vec<(&str, i64)> = names
-                .iter()
-                .map(|&w| (w, self.live(w)))
-                .filter(|&(_, n)| n != 0)
-                .collect();
-            assert!(held.is_empty(), "the fake still holds {held:?}");
-        }
-
-        /// Whether the mapping holding `va` grants `device` access; `None` when no mapping
-        /// holds `va` — or when the fake cannot tell (no `fake_access` export yet).
-        pub fn access(&self, va: u64, device: i32) -> Option<bool> {
-            // SAFETY: the signature fake_common.h gives fake_access.
-            let f = unsafe {
-                self.library
-                    .get::<unsafe extern "C" fn(u64, c_int) -> c_int>(b"fake_access")
-            }
-            .ok()?;
-            // SAFETY: by value.
-            match unsafe { f(va, device) } {
-                n if n < 0 => None,
-                n => Some(n != 0),
-            }
-        }
-
-        /// `devices` devices of `capacity` bytes (CUDA: before `cuInit`).
-        ///
-        /// # Panics
-        /// When fakecuda was already initialised.
-        pub fn set_devices(&self, devices: i32, capacity: u64) {
-            if self.hip() {
-                let f: unsafe extern "C" fn(c_int, u64) = self.sym("fakehip_set_devices");
-                // SAFETY: by value.
-                return unsafe { f(devices, capacity) };
-            }
-            let f: unsafe extern "C" fn(c_int, u64, u64, c_int) -> c_int =
-                self.sym("fakecuda_configure");
-            // SAFETY: by value; 0 keeps the granularity and version.
-            let rc = unsafe { f(devices, capacity, 0, 0) };
-            assert_eq!(rc, 0, "configured before cuInit");
-        }
-
-        /// While held, work recorded on streams stays in flight until synchronised or
-        /// released; releasing completes it all.
-        pub fn hold_events(&self, held: bool) {
-            let name = if self.hip() {
-                "fakehip_hold_events"
-            } else {
-                "fakecuda_hold_events"
-            };
-            let f: unsafe extern "C" fn(c_int) = self.sym(name);
-            // SAFETY: by value.
-            unsafe { f(c_int::from(held)) }
-        }
-    }
-
-    impl Drop for Fake {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_file(&self.path);
-        }
-    }
-}
 
 /// What a caller does beside portalloc, with the vendor's own calls from the driver library
 /// (as PyTorch or cudarc do): make streams and events, record, query, destroy.

@@ -1,0 +1,372 @@
+//! The conformance fakes' control API (`tests/drivers/fake_common.h`, whose comment is the
+//! spec) from Rust: one type, [`Fake`], for `fakecuda`, `fakecuda_old` and `fakehip`.
+//!
+//! A fake keeps its state per loaded library, so [`Fake::copy`] loads a private copy of the
+//! built library — its own instance: tests in one process do not see each other's objects or
+//! faults — and the backend under test is pointed at [`Fake::path`]. [`Fake::at`] wraps a
+//! library that is already loaded elsewhere (the same path gives the same instance).
+#![allow(dead_code)]
+
+use std::ffi::{c_char, c_int, c_long, CString};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use portalloc::Vendor;
+
+/// The live counts that are device memory or address space held for a caller: all zero once
+/// everything was given back.
+pub const MEMORY: &[&str] = &[
+    "allocations",
+    "pool_allocations",
+    "pool_reserved",
+    "handles",
+    "mappings",
+    "reservations",
+    "bytes",
+];
+
+/// Every name of `fake_live`'s vocabulary both fakes answer.
+pub const LIVE: &[&str] = &[
+    "allocations",
+    "pool_allocations",
+    "pool_reserved",
+    "pools",
+    "handles",
+    "mappings",
+    "reservations",
+    "streams",
+    "events",
+    "bytes",
+];
+
+/// ROCm 7.0 (HIP 7.0.51831): the personality with every capability (virtual memory, pools).
+pub const ROCM7: i32 = 70_051_831;
+
+/// One loaded conformance fake and its control functions.
+pub struct Fake {
+    library: libloading::Library,
+    path: PathBuf,
+    vendor: Vendor,
+    /// A private copy, removed on drop.
+    owned: bool,
+}
+
+static COPIES: AtomicU64 = AtomicU64::new(0);
+
+impl Fake {
+    /// A private copy of the fake `name` (`fakecuda`, `fakecuda_old`, `fakehip`), built on
+    /// first use; `None` after [`super::skip`] when no C compiler works.
+    ///
+    /// # Panics
+    /// When the copy cannot be made or loaded.
+    pub fn copy(name: &str) -> Option<Fake> {
+        let Some(built) = super::driver(name) else {
+            super::skip(&format!(
+                "the {name} conformance driver was not built (no C compiler)"
+            ));
+            return None;
+        };
+        let n = COPIES.fetch_add(1, Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!(
+            "portalloc-{name}-{}-{n}-lib{name}.so",
+            std::process::id()
+        ));
+        std::fs::copy(built, &path).expect("copy the conformance driver");
+        let mut fake = Fake::at(path);
+        fake.owned = true;
+        Some(fake)
+    }
+
+    /// A private copy of the vendor's current fake with `devices` devices of `capacity` bytes
+    /// each, every capability on (fakehip as ROCm 7).
+    ///
+    /// # Panics
+    /// As [`Fake::copy`], and for a vendor without a fake (the host).
+    pub fn with_devices(vendor: Vendor, devices: i32, capacity: u64) -> Option<Fake> {
+        let fake = Fake::copy(match vendor {
+            Vendor::Cuda => "fakecuda",
+            Vendor::Hip => "fakehip",
+            other => panic!("{other:?} has no conformance fake"),
+        })?;
+        if vendor == Vendor::Hip {
+            let set_version: unsafe extern "C" fn(c_int) = fake.sym("fakehip_set_version");
+            // SAFETY: by value.
+            unsafe { set_version(ROCM7) }
+        }
+        fake.set_devices(devices, capacity);
+        Some(fake)
+    }
+
+    /// The fake already built at `path` (not copied, not removed).
+    ///
+    /// # Panics
+    /// When it does not load.
+    pub fn at(path: impl Into<PathBuf>) -> Fake {
+        let path = path.into();
+        let vendor = if path.to_string_lossy().contains("fakehip") {
+            Vendor::Hip
+        } else {
+            Vendor::Cuda
+        };
+        // SAFETY: our own test library; its initialisers do nothing.
+        let library = unsafe { libloading::Library::new(&path) }.expect("load the fake");
+        Fake {
+            library,
+            path,
+            vendor,
+            owned: false,
+        }
+    }
+
+    /// Which vendor's library this fakes.
+    pub fn vendor(&self) -> Vendor {
+        self.vendor
+    }
+
+    /// The library's path, for `Driver::load` / `Runtime::load`.
+    pub fn path(&self) -> String {
+        self.path.to_string_lossy().into_owned()
+    }
+
+    /// The exported function `name`, as the type the caller names.
+    ///
+    /// # Panics
+    /// When the library does not export it.
+    pub fn sym<T: Copy>(&self, name: &str) -> T {
+        // SAFETY: each caller names a function with the signature the fake gives it.
+        *unsafe { self.library.get::<T>(name.as_bytes()) }.expect(name)
+    }
+
+    /// Calls `nth` .. `nth + count - 1` of `function` (1-based, counted from now; `count < 0`:
+    /// every call from the `nth` on) return `code` (the vendor's status: `CUresult`,
+    /// `hipError_t`).
+    ///
+    /// # Panics
+    /// When `code` is no C `int`.
+    pub fn fail(&self, function: &str, nth: i64, count: i64, code: impl Into<i64>) {
+        let f: unsafe extern "C" fn(*const c_char, c_long, c_long, c_int) = self.sym("fake_fail");
+        let name = CString::new(function).expect("no NUL in a function name");
+        let code = c_int::try_from(code.into()).expect("a status code is a C int");
+        // SAFETY: a NUL-terminated name the fake copies; the rest by value.
+        unsafe { f(name.as_ptr(), nth as c_long, count as c_long, code) }
+    }
+
+    /// Disarms every fault.
+    pub fn clear_faults(&self) {
+        let f: unsafe extern "C" fn() = self.sym("fake_clear_faults");
+        // SAFETY: no arguments.
+        unsafe { f() }
+    }
+
+    /// Calls of `function` made so far, failed ones included.
+    pub fn calls(&self, function: &str) -> i64 {
+        self.by_name("fake_calls", function)
+    }
+
+    /// The fake's live count of `what` (the vocabulary of `fake_common.h`).
+    ///
+    /// # Panics
+    /// When this fake does not answer `what`.
+    pub fn live(&self, what: &str) -> i64 {
+        let n = self.by_name("fake_live", what);
+        assert!(n >= 0, "{} does not count {what}", self.path());
+        n
+    }
+
+    /// The non-zero counts among `names`.
+    pub fn nonzero(&self, names: &[&'static str]) -> Vec<(&'static str, i64)> {
+        names
+            .iter()
+            .map(|&w| (w, self.live(w)))
+            .filter(|&(_, n)| n != 0)
+            .collect()
+    }
+
+    /// Asserts that the fake holds nothing for anyone: every count of [`LIVE`] (and, for
+    /// CUDA, primary-context references) is zero.
+    ///
+    /// # Panics
+    /// When something is still held.
+    pub fn assert_empty(&self) {
+        let mut names = LIVE.to_vec();
+        if self.vendor == Vendor::Cuda {
+            names.push("contexts");
+        }
+        let held = self.nonzero(&names);
+        assert!(held.is_empty(), "the fake still holds {held:?}");
+    }
+
+    /// Declares whether `device` can access `peer`'s memory (default: yes, for distinct
+    /// devices).
+    pub fn set_peer(&self, device: i32, peer: i32, can: bool) {
+        let f: unsafe extern "C" fn(c_int, c_int, c_int) = self.sym("fake_set_peer");
+        // SAFETY: by value.
+        unsafe { f(device, peer, c_int::from(can)) }
+    }
+
+    /// Whether peer access from `device` to `peer` was enabled through the vendor call.
+    pub fn peer_enabled(&self, device: i32, peer: i32) -> bool {
+        let f: unsafe extern "C" fn(c_int, c_int) -> c_int = self.sym("fake_peer_enabled");
+        // SAFETY: by value.
+        unsafe { f(device, peer) != 0 }
+    }
+
+    /// Whether the mapping holding `va` grants `device` access; `None` when no mapping holds
+    /// `va`.
+    pub fn access(&self, va: u64, device: i32) -> Option<bool> {
+        let f: unsafe extern "C" fn(u64, c_int) -> c_int = self.sym("fake_access");
+        // SAFETY: by value.
+        match unsafe { f(va, device) } {
+            n if n < 0 => None,
+            n => Some(n != 0),
+        }
+    }
+
+    /// `devices` devices of `capacity` bytes (CUDA: before `cuInit`).
+    ///
+    /// # Panics
+    /// When fakecuda was already initialised.
+    pub fn set_devices(&self, devices: i32, capacity: u64) {
+        match self.vendor {
+            Vendor::Hip => {
+                let f: unsafe extern "C" fn(c_int, u64) = self.sym("fakehip_set_devices");
+                // SAFETY: by value.
+                unsafe { f(devices, capacity) }
+            }
+            _ => {
+                let f: unsafe extern "C" fn(c_int, u64, u64, c_int) -> c_int =
+                    self.sym("fakecuda_configure");
+                // SAFETY: by value; 0 keeps the granularity and version.
+                assert_eq!(
+                    unsafe { f(devices, capacity, 0, 0) },
+                    0,
+                    "configured before cuInit"
+                );
+            }
+        }
+    }
+
+    /// While held, work recorded on streams stays in flight until synchronised or released.
+    pub fn hold_events(&self, held: bool) {
+        let name = match self.vendor {
+            Vendor::Hip => "fakehip_hold_events",
+            _ => "fakecuda_hold_events",
+        };
+        let f: unsafe extern "C" fn(c_int) = self.sym(name);
+        // SAFETY: by value.
+        unsafe { f(c_int::from(held)) }
+    }
+
+    fn by_name(&self, function: &str, name: &str) -> i64 {
+        let f: unsafe extern "C" fn(*const c_char) -> i64 = self.sym(function);
+        let name = CString::new(name).expect("no NUL in a name");
+        // SAFETY: a NUL-terminated name, read only.
+        unsafe { f(name.as_ptr()) }
+    }
+}
+
+impl Drop for Fake {
+    fn drop(&mut self) {
+        if self.owned {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// The vendor error codes the tests inject or expect, with each vendor's name for them.
+const ERROR_NAMES: &[(i32, &str, &str)] = &[
+    (2, "CUDA_ERROR_OUT_OF_MEMORY", "hipErrorOutOfMemory"),
+    (101, "CUDA_ERROR_INVALID_DEVICE", "hipErrorInvalidDevice"),
+    (
+        217,
+        "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED",
+        "hipErrorPeerAccessUnsupported",
+    ),
+    (
+        704,
+        "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED",
+        "hipErrorPeerAccessAlreadyEnabled",
+    ),
+    (
+        705,
+        "CUDA_ERROR_PEER_ACCESS_NOT_ENABLED",
+        "hipErrorPeerAccessNotEnabled",
+    ),
+    (801, "CUDA_ERROR_NOT_SUPPORTED", "hipErrorNotSupported"),
+    (999, "CUDA_ERROR_UNKNOWN", "hipErrorUnknown"),
+];
+
+/// A device type of a vendor backend, opened over a [`Fake`]: what a test body generic over
+/// the vendor needs.
+pub trait FakeDevice: portalloc::Device + Sized + 'static {
+    /// The vendor whose fake serves it.
+    const VENDOR: Vendor;
+
+    /// The vendor's name for `code`, one of [`ERROR_NAMES`].
+    ///
+    /// # Panics
+    /// For a code not in the table.
+    fn error_name(code: i32) -> &'static str {
+        let &(_, cuda, hip) = ERROR_NAMES
+            .iter()
+            .find(|(c, _, _)| *c == code)
+            .unwrap_or_else(|| panic!("no name for error {code}"));
+        if Self::VENDOR == Vendor::Cuda {
+            cuda
+        } else {
+            hip
+        }
+    }
+
+    /// Device `ordinal` of the fake, through the vendor's loader.
+    ///
+    /// # Panics
+    /// When the fake does not load or the device does not open.
+    fn open(fake: &Fake, ordinal: u32) -> Self;
+
+    /// Every device of the fake, over one loaded library.
+    ///
+    /// # Panics
+    /// As [`FakeDevice::open`].
+    fn open_all(fake: &Fake) -> Vec<Self>;
+
+    /// What the backend still holds in its own books.
+    fn vendor_census(&self) -> portalloc::backends::VendorCensus;
+}
+
+/// `FakeDevice` for a backend's device type, loading its library type from the fake's path.
+macro_rules! fake_device {
+    ($feature:literal, $vendor:ident, $device:ty, $library:ty) => {
+        #[cfg(feature = $feature)]
+        impl FakeDevice for $device {
+            const VENDOR: Vendor = Vendor::$vendor;
+
+            fn open(fake: &Fake, ordinal: u32) -> Self {
+                let library = <$library>::load(&[fake.path()]).expect("the fake loads");
+                Self::open(std::sync::Arc::new(library), ordinal).expect("a fake device opens")
+            }
+
+            fn open_all(fake: &Fake) -> Vec<Self> {
+                let library = <$library>::load(&[fake.path()]).expect("the fake loads");
+                Self::open_all(std::sync::Arc::new(library)).expect("the fake devices open")
+            }
+
+            fn vendor_census(&self) -> portalloc::backends::VendorCensus {
+                self.census()
+            }
+        }
+    };
+}
+
+fake_device!(
+    "cuda",
+    Cuda,
+    portalloc::backends::cuda::CudaDevice,
+    portalloc::backends::cuda::Driver
+);
+fake_device!(
+    "hip",
+    Hip,
+    portalloc::backends::hip::HipDevice,
+    portalloc::backends::hip::Runtime
+);
