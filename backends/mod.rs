@@ -1,6 +1,8 @@
 //! Backends: one folder per vendor, each implementing [`crate::Device`]. The host backend is
-//! always compiled; `cuda` and `hip` come with their cargo features. Unsafe code lives here
-//! (and in `sys/`) only; every block says why it is sound in a `// SAFETY:` line.
+//! always compiled; `cuda` and `hip` come with their cargo features and share one vendor
+//! layer (`vendor/`: [`GpuDevice`], the books, the checks, the lock order, the rule for what
+//! is `unsafe`, and the table of what differs between them on purpose). Unsafe code lives
+//! here (and in `sys/`) only; every block says why it is sound in a `// SAFETY:` line.
 
 use serde::Serialize;
 
@@ -14,9 +16,24 @@ pub mod host;
 #[cfg(any(feature = "cuda", feature = "hip"))]
 pub(crate) mod loader;
 #[cfg(any(feature = "cuda", feature = "hip"))]
-mod vendor_books;
+mod vendor;
 #[cfg(any(feature = "cuda", feature = "hip"))]
-pub use vendor_books::VendorCensus;
+pub use vendor::{GpuDevice, VendorCensus};
+
+/// Builder setters that store their argument as it is: `name: Type;` entries, each with its
+/// doc comment, become `pub fn name(mut self, name: Type) -> Self`.
+macro_rules! setters {
+    ($($(#[$doc:meta])* $name:ident: $ty:ty;)*) => {
+        $(
+            $(#[$doc])*
+            pub fn $name(mut self, $name: $ty) -> Self {
+                self.$name = $name;
+                self
+            }
+        )*
+    };
+}
+pub(crate) use setters;
 
 /// What probing one vendor backend found: the library it loaded, versions, devices, or the
 /// vendor's own error name.
