@@ -5,10 +5,8 @@ use libloading::Library;
 use crate::error::Error;
 
 /// Loads the first library in `candidates` that opens. Returns it with the candidate that
-/// worked, or every candidate with its loader message.
-pub(crate) fn open_first(
-    candidates: &[String],
-) -> std::result::Result<(Library, String), Vec<String>> {
+/// worked, or [`Error::LibraryLoad`] with every candidate and its loader message.
+pub(crate) fn open_first(candidates: &[String]) -> Result<(Library, String), Error> {
     let mut failures = Vec::new();
     for candidate in candidates {
         // SAFETY: loading a vendor driver library runs its initialisers; these are the
@@ -19,7 +17,10 @@ pub(crate) fn open_first(
             Err(e) => failures.push(format!("{candidate}: {e}")),
         }
     }
-    Err(failures)
+    Err(Error::LibraryLoad {
+        library: candidates.join(", "),
+        reason: failures.join("; "),
+    })
 }
 
 /// Resolves one symbol as a `T`: missing is `Err` with the loader's message.
@@ -52,49 +53,29 @@ pub(crate) fn exports(library: &Library, name: &str) -> bool {
     unsafe { library.get::<*const std::ffi::c_void>(name.as_bytes()) }.is_ok()
 }
 
-/// Declares a group of entry points bound by name *with* their type: each `field: symbol`
+/// Declares groups of entry points bound by name *with* their type: each `field: symbol`
 /// entry declares `field: sys::symbol` (the type `portalloc_sys` declares under the symbol's
 /// own name, from the vendor header) and resolves `stringify!(symbol)`, so a name and its
 /// signature come from one token and cannot drift apart. `field: symbol | fallback` also
 /// accepts an older name with the same signature.
 ///
-/// It declares the struct, a public constant `NAMES` with the symbol names in order, and
-/// `resolve` (every symbol or the first one missing) and `exported` (each name looked up in
-/// the library now). `sys` must name the vendor's `portalloc_sys` module where it is used.
-///
-/// `symbol_table!(each ...)` declares a table of single optional symbols instead: each field
-/// an `Option`, resolved on its own.
+/// Each group `Table, NAMES { entries }` declares the struct, a public constant `NAMES` with
+/// the symbol names in order, and `resolve` (every symbol, or the first one missing: a
+/// required group maps that to [`Error::MissingSymbol`] with [`missing`], an optional one
+/// to `None`) and `exported` (each name looked up in the library now). A group written
+/// `Table, NAMES each { entries }` holds single optional symbols instead: each field an
+/// `Option`, resolved on its own. `sys` must name the vendor's `portalloc_sys` module where
+/// the macro is used.
 macro_rules! symbol_table {
-    (each $(#[$doc:meta])* $table:ident, $(#[$names_doc:meta])* $names:ident {
-        $($field:ident: $symbol:ident),* $(,)?
-    }) => {
-        $(#[$doc])*
-        #[derive(Clone, Copy)]
-        pub(crate) struct $table {
-            $(pub(crate) $field: Option<sys::$symbol>,)*
-        }
-
-        $(#[$names_doc])*
-        pub const $names: [&str; [$(stringify!($symbol)),*].len()] = [$(stringify!($symbol)),*];
-
-        impl $table {
-            /// Each symbol the library exports.
-            fn resolve(library: &libloading::Library) -> Self {
-                $table {
-                    // SAFETY: the type is `sys::<symbol>`, the signature the vendor header
-                    // declares for the symbol of that very name.
-                    $($field: unsafe { $crate::backends::loader::resolve(library, stringify!($symbol)) }.ok(),)*
-                }
-            }
-
-            /// Each symbol with whether it was resolved.
-            fn exported(&self) -> Vec<(&'static str, bool)> {
-                vec![$((stringify!($symbol), self.$field.is_some())),*]
-            }
-        }
-    };
-    ($(#[$doc:meta])* $table:ident, $(#[$names_doc:meta])* $names:ident {
+    ($($(#[$doc:meta])* $table:ident, $names:ident $($each:ident)? {
         $($field:ident: $symbol:ident $(| $fallback:ident)?),* $(,)?
+    })*) => {$(
+        $crate::backends::loader::symbol_table!(@group $(#[$doc])* [$($each)?] $table, $names {
+            $($field: $symbol $(| $fallback)?),*
+        });
+    )*};
+    (@group $(#[$doc:meta])* [] $table:ident, $names:ident {
+        $($field:ident: $symbol:ident $(| $fallback:ident)?),*
     }) => {
         $(#[$doc])*
         #[derive(Clone, Copy)]
@@ -102,7 +83,7 @@ macro_rules! symbol_table {
             $(pub(crate) $field: sys::$symbol,)*
         }
 
-        $(#[$names_doc])*
+        #[doc = concat!("The names of the symbols of the `", stringify!($table), "` group, in the order they are resolved and reported.")]
         pub const $names: [&str; [$(stringify!($symbol)),*].len()] = [$(stringify!($symbol)),*];
 
         impl $table {
@@ -137,8 +118,76 @@ macro_rules! symbol_table {
             }
         }
     };
+    (@group $(#[$doc:meta])* [each] $table:ident, $names:ident {
+        $($field:ident: $symbol:ident),*
+    }) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy)]
+        pub(crate) struct $table {
+            $(pub(crate) $field: Option<sys::$symbol>,)*
+        }
+
+        #[doc = concat!("The names of the single optional symbols of `", stringify!($table), "`, in the order they are reported.")]
+        pub const $names: [&str; [$(stringify!($symbol)),*].len()] = [$(stringify!($symbol)),*];
+
+        impl $table {
+            /// Each symbol the library exports.
+            fn resolve(library: &libloading::Library) -> Self {
+                $table {
+                    // SAFETY: the type is `sys::<symbol>`, the signature the vendor header
+                    // declares for the symbol of that very name.
+                    $($field: unsafe { $crate::backends::loader::resolve(library, stringify!($symbol)) }.ok(),)*
+                }
+            }
+
+            /// Each symbol with whether it was resolved.
+            fn exported(&self) -> Vec<(&'static str, bool)> {
+                vec![$((stringify!($symbol), self.$field.is_some())),*]
+            }
+        }
+    };
 }
 pub(crate) use symbol_table;
+
+/// The result layer's checking, written once for `cuda::Driver` and `hip::Runtime`: a
+/// status code becomes `Ok` or [`Error::Driver`] with the vendor's own name and text.
+pub(crate) trait Checked {
+    /// The vendor's status code (`CUresult`, `hipError_t`).
+    type Code: Copy + PartialEq + Into<i64>;
+    /// The code for success.
+    const SUCCESS: Self::Code;
+    /// The backend's name in errors.
+    const BACKEND: &'static str;
+
+    /// The vendor's name and text for `code`.
+    fn names(&self, code: Self::Code) -> (String, String);
+
+    /// `Ok` for success, else [`Error::Driver`] with the vendor's name and text.
+    fn check(&self, call: &'static str, code: Self::Code) -> Result<(), Error> {
+        if code == Self::SUCCESS {
+            return Ok(());
+        }
+        let (name, message) = self.names(code);
+        Err(Error::Driver {
+            backend: Self::BACKEND,
+            call,
+            code: code.into(),
+            name,
+            message,
+        })
+    }
+
+    /// Runs a call that writes its answer through its one out-pointer, checked.
+    fn out<T: Default>(
+        &self,
+        call: &'static str,
+        f: impl FnOnce(&mut T) -> Self::Code,
+    ) -> Result<T, Error> {
+        let mut value = T::default();
+        self.check(call, f(&mut value))?;
+        Ok(value)
+    }
+}
 
 /// Reads a static NUL-terminated string a vendor call pointed to; `None` for none (or null).
 pub(crate) fn c_str(p: Option<*const std::ffi::c_char>) -> Option<String> {

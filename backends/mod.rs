@@ -7,6 +7,7 @@
 use serde::Serialize;
 
 use crate::device::Vendor;
+use crate::error::{Error, Result};
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -55,4 +56,57 @@ pub struct Probe {
     pub devices: Vec<String>,
     /// The vendor's error, e.g. `CUDA_ERROR_NO_DEVICE (100): no CUDA-capable device is detected`.
     pub error: Option<String>,
+}
+
+impl Probe {
+    /// A vendor's probe: the library loaded by `load` from `candidates` (or why not:
+    /// `not_found` and each candidate's reason when none opened), then `survey` (which fills
+    /// in the library and versions and counts the devices; its error is the vendor's, as
+    /// `NAME (code): text`) and one line per device from `describe`.
+    pub(crate) fn run<L>(
+        backend: Vendor,
+        candidates: Result<Vec<String>>,
+        not_found: impl FnOnce(&[String]) -> String,
+        load: impl FnOnce(&[String]) -> Result<L>,
+        survey: impl FnOnce(&L, &mut Probe) -> Result<u32>,
+        describe: impl Fn(&L, u32) -> Result<String>,
+    ) -> Probe {
+        let mut probe = Probe {
+            backend: Some(backend),
+            ..Probe::default()
+        };
+        let loaded = match candidates {
+            Err(e) => Err(e.to_string()),
+            Ok(candidates) => load(&candidates).map_err(|e| match e {
+                Error::LibraryLoad { reason, .. } => {
+                    probe.load_failures = reason.split("; ").map(String::from).collect();
+                    not_found(&candidates)
+                }
+                other => other.to_string(),
+            }),
+        };
+        let library = match loaded {
+            Ok(library) => library,
+            Err(why) => {
+                probe.error = Some(why);
+                return probe;
+            }
+        };
+        match survey(&library, &mut probe) {
+            Ok(count) => {
+                probe.device_count = count;
+                probe.devices = (0..count)
+                    .map(|ordinal| describe(&library, ordinal).unwrap_or_else(|e| e.to_string()))
+                    .collect();
+            }
+            Err(Error::Driver {
+                code,
+                name,
+                message,
+                ..
+            }) => probe.error = Some(format!("{name} ({code}): {message}")),
+            Err(e) => probe.error = Some(e.to_string()),
+        }
+        probe
+    }
 }

@@ -9,7 +9,8 @@ use std::sync::Arc;
 use portalloc_sys::cuda as sys;
 
 use super::{allocation_prop, device_location, to_usize, Driver, Facts};
-use crate::backends::vendor::{GpuDevice, Opened, PoolAttribute, VendorApi, VendorCensus};
+use crate::backends::loader::Checked;
+use crate::backends::vendor::{handle, GpuDevice, Opened, PoolAttribute, VendorApi, VendorCensus};
 use crate::device::{Capabilities, DeviceInfo, Vendor};
 use crate::error::{Error, Result};
 use crate::units::Bytes;
@@ -81,18 +82,6 @@ impl Drop for Cuda {
     }
 }
 
-fn stream(s: u64) -> sys::CUstream {
-    s as usize as sys::CUstream
-}
-
-fn event(e: u64) -> sys::CUevent {
-    e as usize as sys::CUevent
-}
-
-fn pool(p: u64) -> sys::CUmemoryPool {
-    p as usize as sys::CUmemoryPool
-}
-
 impl Cuda {
     fn check(&self, call: &'static str, code: sys::CUresult) -> Result<()> {
         self.driver.check(call, code)
@@ -115,14 +104,18 @@ impl VendorApi for Cuda {
     /// The peer's device, whose primary context is retained while access is enabled.
     type Peer = sys::CUdevice;
 
+    /// The primary context made current: one `cuCtxGetCurrent`, plus `cuCtxSetCurrent` when
+    /// another context was current on the calling thread.
     fn enter(&self) -> Result<()> {
         self.driver.make_current(self.ctx)
     }
 
+    /// `cuMemGetInfo_v2` of the current context's device.
     fn mem_info(&self) -> Result<(u64, u64)> {
         self.driver.mem_info()
     }
 
+    /// `cuDeviceGetCount`.
     fn device_count(&self) -> Result<u32> {
         self.driver.device_count()
     }
@@ -151,13 +144,13 @@ impl VendorApi for Cuda {
     unsafe fn stream_destroy(&self, s: u64) -> Result<()> {
         // SAFETY: the caller guarantees a live stream of this device.
         self.check("cuStreamDestroy_v2", unsafe {
-            (self.driver.api.stream_destroy)(stream(s))
+            (self.driver.api.stream_destroy)(handle(s))
         })
     }
 
     unsafe fn stream_synchronize(&self, s: u64) -> Result<()> {
         // SAFETY: the caller guarantees a live stream, null or a special handle.
-        let code = unsafe { (self.driver.api.stream_synchronize)(stream(s)) };
+        let code = unsafe { (self.driver.api.stream_synchronize)(handle(s)) };
         self.check("cuStreamSynchronize", code)
     }
 
@@ -178,13 +171,13 @@ impl VendorApi for Cuda {
 
     unsafe fn event_record(&self, e: u64, s: u64) -> Result<()> {
         // SAFETY: the caller guarantees both handles.
-        let code = unsafe { (self.driver.api.event_record)(event(e), stream(s)) };
+        let code = unsafe { (self.driver.api.event_record)(handle(e), handle(s)) };
         self.check("cuEventRecord", code)
     }
 
     unsafe fn event_query(&self, e: u64) -> Result<bool> {
         // SAFETY: the caller guarantees a live event.
-        match unsafe { (self.driver.api.event_query)(event(e)) } {
+        match unsafe { (self.driver.api.event_query)(handle(e)) } {
             sys::CUDA_ERROR_NOT_READY => Ok(false),
             code => self.check("cuEventQuery", code).map(|()| true),
         }
@@ -192,14 +185,14 @@ impl VendorApi for Cuda {
 
     unsafe fn event_synchronize(&self, e: u64) -> Result<()> {
         // SAFETY: the caller guarantees a live event.
-        let code = unsafe { (self.driver.api.event_synchronize)(event(e)) };
+        let code = unsafe { (self.driver.api.event_synchronize)(handle(e)) };
         self.check("cuEventSynchronize", code)
     }
 
     unsafe fn event_destroy(&self, e: u64) -> Result<()> {
         // SAFETY: the caller guarantees a live event, not used afterwards.
         self.check("cuEventDestroy_v2", unsafe {
-            (self.driver.api.event_destroy)(event(e))
+            (self.driver.api.event_destroy)(handle(e))
         })
     }
 
@@ -286,7 +279,7 @@ impl VendorApi for Cuda {
     unsafe fn pool_close(&self, p: u64) -> Result<()> {
         let api = self.driver.pools("cuMemPoolDestroy")?;
         // SAFETY: the caller guarantees a live pool of this device, not used afterwards.
-        self.check("cuMemPoolDestroy", unsafe { (api.destroy)(pool(p)) })
+        self.check("cuMemPoolDestroy", unsafe { (api.destroy)(handle(p)) })
     }
 
     unsafe fn pool_alloc(&self, p: u64, size: u64, s: u64) -> Result<u64> {
@@ -294,7 +287,7 @@ impl VendorApi for Cuda {
         let bytes = to_usize("cuMemAllocFromPoolAsync", size)?;
         // SAFETY: the caller guarantees pool and stream; writes one device pointer.
         self.driver.out("cuMemAllocFromPoolAsync", |ptr| unsafe {
-            (api.alloc_async)(ptr, bytes, pool(p), stream(s))
+            (api.alloc_async)(ptr, bytes, handle(p), handle(s))
         })
     }
 
@@ -302,23 +295,16 @@ impl VendorApi for Cuda {
         let api = self.driver.pools("cuMemFreeAsync")?;
         // SAFETY: the caller guarantees a live pool allocation and stream.
         self.check("cuMemFreeAsync", unsafe {
-            (api.free_async)(ptr, stream(s))
+            (api.free_async)(ptr, handle(s))
         })
     }
 
     unsafe fn pool_attribute(&self, p: u64, attribute: PoolAttribute) -> Result<u64> {
         let api = self.driver.pools("cuMemPoolGetAttribute")?;
-        let attr = match attribute {
-            PoolAttribute::ReleaseThreshold => sys::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-            PoolAttribute::ReservedCurrent => sys::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
-            PoolAttribute::ReservedHigh => sys::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH,
-            PoolAttribute::UsedCurrent => sys::CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
-            PoolAttribute::UsedHigh => sys::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
-        };
         // SAFETY: the caller guarantees a live pool; all five are cuuint64_t attributes.
         self.driver
             .out("cuMemPoolGetAttribute", |v: &mut sys::cuuint64_t| unsafe {
-                (api.get_attribute)(pool(p), attr, (v as *mut u64).cast())
+                (api.get_attribute)(handle(p), attribute as _, (v as *mut u64).cast())
             })
     }
 
@@ -328,7 +314,7 @@ impl VendorApi for Cuda {
         let attr = sys::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD;
         // SAFETY: the caller guarantees a live pool; the threshold is a cuuint64_t.
         self.check("cuMemPoolSetAttribute", unsafe {
-            (api.set_attribute)(pool(p), attr, (&mut v as *mut u64).cast())
+            (api.set_attribute)(handle(p), attr, (&mut v as *mut u64).cast())
         })
     }
 
@@ -336,7 +322,7 @@ impl VendorApi for Cuda {
         let api = self.driver.pools("cuMemPoolTrimTo")?;
         let keep = usize::try_from(keep).unwrap_or(usize::MAX);
         // SAFETY: the caller guarantees a live pool.
-        self.check("cuMemPoolTrimTo", unsafe { (api.trim_to)(pool(p), keep) })
+        self.check("cuMemPoolTrimTo", unsafe { (api.trim_to)(handle(p), keep) })
     }
 
     fn has_peer_calls(&self) -> bool {

@@ -28,7 +28,7 @@ mod device;
 
 pub use device::{open_all, Cuda, CudaCensus, CudaDevice};
 
-use super::loader::{self, symbol_table};
+use super::loader::{self, symbol_table, Checked};
 use super::Probe;
 use crate::device::Vendor;
 use crate::error::{Error, Result};
@@ -50,59 +50,40 @@ pub fn library_candidates() -> Result<Vec<String>> {
     })
 }
 
-symbol_table!(
-    /// The required entry points (CUDA ≤ 7.0, and the `_v2` names the header maps to).
-    Required,
-    /// The names of the required symbols, in the order [`Driver::load`] resolves them. For
-    /// `cuDevicePrimaryCtxRelease_v2` the CUDA 7 name `cuDevicePrimaryCtxRelease` is accepted too.
-    REQUIRED_SYMBOLS {
+symbol_table! {
+    /// The required entry points (CUDA ≤ 7.0, and the `_v2` names the header maps to),
+    /// resolved at [`Driver::load`]. For `cuDevicePrimaryCtxRelease_v2` the CUDA 7 name
+    /// `cuDevicePrimaryCtxRelease` (same signature) is accepted too.
+    Required, REQUIRED_SYMBOLS {
         init: cuInit, driver_get_version: cuDriverGetVersion, device_get_count: cuDeviceGetCount,
         device_get: cuDeviceGet, device_get_name: cuDeviceGetName,
         device_get_attribute: cuDeviceGetAttribute, device_total_mem: cuDeviceTotalMem_v2,
         get_error_name: cuGetErrorName, get_error_string: cuGetErrorString,
         primary_ctx_retain: cuDevicePrimaryCtxRetain,
-        // CUDA 11.0 renamed it `_v2`; the CUDA 7 name has the same signature.
         primary_ctx_release: cuDevicePrimaryCtxRelease_v2 | cuDevicePrimaryCtxRelease,
         ctx_get_current: cuCtxGetCurrent, ctx_set_current: cuCtxSetCurrent,
-        ctx_synchronize: cuCtxSynchronize, mem_get_info: cuMemGetInfo_v2,
-        mem_alloc: cuMemAlloc_v2, mem_free: cuMemFree_v2, stream_create: cuStreamCreate,
-        stream_destroy: cuStreamDestroy_v2, stream_synchronize: cuStreamSynchronize,
-        event_create: cuEventCreate, event_record: cuEventRecord, event_query: cuEventQuery,
+        ctx_synchronize: cuCtxSynchronize, mem_get_info: cuMemGetInfo_v2, mem_alloc: cuMemAlloc_v2,
+        mem_free: cuMemFree_v2, stream_create: cuStreamCreate, stream_destroy: cuStreamDestroy_v2,
+        stream_synchronize: cuStreamSynchronize, event_create: cuEventCreate,
+        event_record: cuEventRecord, event_query: cuEventQuery,
         event_synchronize: cuEventSynchronize, event_destroy: cuEventDestroy_v2,
     }
-);
-
-symbol_table!(
     /// Virtual-memory entry points (CUDA 10.2): all resolved, or none used.
-    Vmm,
-    /// The names of the virtual-memory symbols (CUDA 10.2), in [`Driver::symbols`] order.
-    VMM_SYMBOLS {
+    Vmm, VMM_SYMBOLS {
         granularity: cuMemGetAllocationGranularity, create: cuMemCreate, release: cuMemRelease,
-        reserve: cuMemAddressReserve, address_free: cuMemAddressFree, map: cuMemMap,
-        unmap: cuMemUnmap, set_access: cuMemSetAccess,
+        reserve: cuMemAddressReserve, address_free: cuMemAddressFree, map: cuMemMap, unmap: cuMemUnmap,
+        set_access: cuMemSetAccess,
     }
-);
-
-symbol_table!(
     /// Stream-ordered pool entry points (CUDA 11.2): all resolved, or none used.
-    Pools,
-    /// The names of the memory-pool symbols (CUDA 11.2), in [`Driver::symbols`] order.
-    POOL_SYMBOLS {
-        default_pool: cuDeviceGetDefaultMemPool, create: cuMemPoolCreate,
-        destroy: cuMemPoolDestroy, set_attribute: cuMemPoolSetAttribute,
-        get_attribute: cuMemPoolGetAttribute, trim_to: cuMemPoolTrimTo,
-        alloc_async: cuMemAllocFromPoolAsync, free_async: cuMemFreeAsync,
+    Pools, POOL_SYMBOLS {
+        default_pool: cuDeviceGetDefaultMemPool, create: cuMemPoolCreate, destroy: cuMemPoolDestroy,
+        set_attribute: cuMemPoolSetAttribute, get_attribute: cuMemPoolGetAttribute,
+        trim_to: cuMemPoolTrimTo, alloc_async: cuMemAllocFromPoolAsync, free_async: cuMemFreeAsync,
     }
-);
-
-symbol_table!(
     /// Peer-access entry points (CUDA 4.0, but optional: a driver without them reports no
-    /// peers).
-    Peer,
-    /// The names of the peer-access symbols (not in [`Driver::symbols`]: optional, and only
-    /// asked for by peer access).
-    PEER_SYMBOLS { can_access: cuDeviceCanAccessPeer, enable: cuCtxEnablePeerAccess }
-);
+    /// peers; not in [`Driver::symbols`]).
+    Peer, PEER_SYMBOLS { can_access: cuDeviceCanAccessPeer, enable: cuCtxEnablePeerAccess }
+}
 
 /// The loaded driver library and its entry points: the result layer, where every `CUresult`
 /// becomes a [`Result`].
@@ -144,11 +125,7 @@ impl Driver {
     /// [`Error::MissingSymbol`] when a required call is missing (too old a driver, or not
     /// libcuda at all).
     pub fn load(candidates: &[String]) -> Result<Driver> {
-        let (library, path) =
-            loader::open_first(candidates).map_err(|failures| Error::LibraryLoad {
-                library: candidates.join(", "),
-                reason: failures.join("; "),
-            })?;
+        let (library, path) = loader::open_first(candidates)?;
         Ok(Driver {
             api: Required::resolve(&library).map_err(loader::missing(&path))?,
             vmm: Vmm::resolve(&library).ok(),
@@ -234,32 +211,6 @@ impl Driver {
             loader::c_str((rt == sys::CUDA_SUCCESS).then_some(text))
                 .unwrap_or_else(|| "unknown error".into()),
         )
-    }
-
-    /// `Ok` for `CUDA_SUCCESS`, else [`Error::Driver`] with the driver's name and text.
-    pub(crate) fn check(&self, call: &'static str, code: sys::CUresult) -> Result<()> {
-        if code == sys::CUDA_SUCCESS {
-            return Ok(());
-        }
-        let (name, message) = self.error_name(code);
-        Err(Error::Driver {
-            backend: "cuda",
-            call,
-            code: code.into(),
-            name,
-            message,
-        })
-    }
-
-    /// Runs a call that writes its answer through its one out-pointer, checked.
-    pub(crate) fn out<T: Default>(
-        &self,
-        call: &'static str,
-        f: impl FnOnce(&mut T) -> sys::CUresult,
-    ) -> Result<T> {
-        let mut value = T::default();
-        self.check(call, f(&mut value))?;
-        Ok(value)
     }
 
     pub(crate) fn vmm(&self, call: &'static str) -> Result<&Vmm> {
@@ -436,6 +387,16 @@ impl Driver {
     }
 }
 
+impl Checked for Driver {
+    type Code = sys::CUresult;
+    const SUCCESS: sys::CUresult = sys::CUDA_SUCCESS;
+    const BACKEND: &'static str = "cuda";
+
+    fn names(&self, code: sys::CUresult) -> (String, String) {
+        self.error_name(code)
+    }
+}
+
 /// The allocation properties portalloc uses: pinned device memory on `device`, no IPC handle.
 pub(crate) fn allocation_prop(device: sys::CUdevice) -> sys::CUmemAllocationProp {
     sys::CUmemAllocationProp {
@@ -466,62 +427,30 @@ pub(crate) fn to_usize(call: &'static str, value: u64) -> Result<usize> {
 /// Probes the CUDA backend: load, `cuInit`, versions, devices. Never fails: what went wrong
 /// is in [`Probe::error`] / [`Probe::load_failures`].
 pub fn probe() -> Probe {
-    match library_candidates() {
-        Ok(candidates) => probe_with(&candidates),
-        Err(e) => Probe {
-            backend: Some(Vendor::Cuda),
-            error: Some(e.to_string()),
-            ..Probe::default()
-        },
-    }
+    probe_from(library_candidates())
 }
 
 /// [`probe`] over explicit library candidates.
 pub fn probe_with(candidates: &[String]) -> Probe {
-    let mut probe = Probe {
-        backend: Some(Vendor::Cuda),
-        ..Probe::default()
+    probe_from(Ok(candidates.to_vec()))
+}
+
+fn probe_from(candidates: Result<Vec<String>>) -> Probe {
+    let not_found = |c: &[String]| format!("driver library not found ({})", c.join(", "));
+    let survey = |driver: &Driver, probe: &mut Probe| {
+        probe.library = Some(driver.path().to_string());
+        let version = driver.driver_version().ok();
+        probe.driver_version = version.map(|(major, minor)| format!("{major}.{minor}"));
+        driver.init().and_then(|()| driver.device_count())
     };
-    let driver = match Driver::load(candidates) {
-        Ok(d) => d,
-        Err(Error::LibraryLoad { reason, .. }) => {
-            probe.load_failures = reason.split("; ").map(String::from).collect();
-            probe.error = Some(format!(
-                "driver library not found ({})",
-                candidates.join(", ")
-            ));
-            return probe;
-        }
-        Err(e) => {
-            probe.error = Some(e.to_string());
-            return probe;
-        }
-    };
-    probe.library = Some(driver.path().to_string());
-    if let Ok((major, minor)) = driver.driver_version() {
-        probe.driver_version = Some(format!("{major}.{minor}"));
-    }
-    let found = driver.init().and_then(|()| driver.device_count());
-    match found {
-        Ok(count) => {
-            probe.device_count = count;
-            for ordinal in 0..count {
-                probe
-                    .devices
-                    .push(describe(&driver, ordinal).unwrap_or_else(|e| e.to_string()));
-            }
-        }
-        Err(Error::Driver {
-            code,
-            name,
-            message,
-            ..
-        }) => {
-            probe.error = Some(format!("{name} ({code}): {message}"));
-        }
-        Err(e) => probe.error = Some(e.to_string()),
-    }
-    probe
+    Probe::run(
+        Vendor::Cuda,
+        candidates,
+        not_found,
+        Driver::load,
+        survey,
+        describe,
+    )
 }
 
 fn describe(driver: &Driver, ordinal: u32) -> Result<String> {

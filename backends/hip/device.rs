@@ -2,7 +2,7 @@
 //! ordinal. This file holds what is HIP's own: the checked calls of [`VendorApi`] for HIP,
 //! the options, the capability gates and opening (with the AMD tuning of [`super::tuning`]).
 
-use std::ffi::{c_int, c_void};
+use std::ffi::c_int;
 use std::sync::Arc;
 
 use portalloc_sys::hip as sys;
@@ -10,7 +10,8 @@ use portalloc_sys::hip as sys;
 pub use super::tuning::MemoryKind;
 use super::tuning::{self, attribute, Gate};
 use super::{device_prop, location, HipVersion, Runtime, BACKEND};
-use crate::backends::vendor::{GpuDevice, Opened, PoolAttribute, VendorApi, VendorCensus};
+use crate::backends::loader::Checked;
+use crate::backends::vendor::{handle, GpuDevice, Opened, PoolAttribute, VendorApi, VendorCensus};
 use crate::device::{Capabilities, Device, DeviceInfo, Vendor, VirtualMemory};
 use crate::error::{Error, Result};
 
@@ -118,26 +119,6 @@ pub struct Hip {
     default_pool: bool,
 }
 
-fn ptr(p: u64) -> *mut c_void {
-    p as usize as *mut c_void
-}
-
-fn stream(s: u64) -> sys::hipStream_t {
-    s as usize as sys::hipStream_t
-}
-
-fn event(e: u64) -> sys::hipEvent_t {
-    e as usize as sys::hipEvent_t
-}
-
-fn pool(p: u64) -> sys::hipMemPool_t {
-    p as usize as sys::hipMemPool_t
-}
-
-fn handle(h: u64) -> sys::hipMemGenericAllocationHandle_t {
-    h as usize as sys::hipMemGenericAllocationHandle_t
-}
-
 impl Hip {
     fn check(&self, call: &'static str, code: sys::hipError_t) -> Result<()> {
         self.runtime.check(call, code)
@@ -167,14 +148,6 @@ impl VendorApi for Hip {
         self.runtime.set_device(self.ordinal)
     }
 
-    fn mem_info(&self) -> Result<(u64, u64)> {
-        self.runtime.mem_get_info()
-    }
-
-    fn device_count(&self) -> Result<u32> {
-        self.runtime.device_count()
-    }
-
     /// `hipMalloc` (coarse-grained) or `hipExtMallocWithFlags` (the kind chosen at open).
     fn alloc(&self, size: u64) -> Result<u64> {
         let bytes = usize::try_from(size).map_err(|_| Error::InvalidSize {
@@ -192,9 +165,14 @@ impl VendorApi for Hip {
         }
     }
 
+    /// `hipMemGetInfo` of the current device.
+    fn mem_info(&self) -> Result<(u64, u64)> {
+        self.runtime.mem_get_info()
+    }
+
     unsafe fn free(&self, p: u64) -> Result<()> {
         // SAFETY: the caller guarantees a live allocation.
-        self.check("hipFree", unsafe { (self.runtime.api.free)(ptr(p)) })
+        self.check("hipFree", unsafe { (self.runtime.api.free)(handle(p)) })
     }
 
     fn stream_create(&self) -> Result<u64> {
@@ -208,14 +186,14 @@ impl VendorApi for Hip {
     unsafe fn stream_destroy(&self, s: u64) -> Result<()> {
         // SAFETY: the caller guarantees a live stream, not used afterwards.
         self.check("hipStreamDestroy", unsafe {
-            (self.runtime.api.stream_destroy)(stream(s))
+            (self.runtime.api.stream_destroy)(handle(s))
         })
     }
 
     unsafe fn stream_synchronize(&self, s: u64) -> Result<()> {
         let f = self.runtime.api.stream_synchronize;
         // SAFETY: the caller guarantees a live stream, null or a special handle.
-        self.check("hipStreamSynchronize", unsafe { f(stream(s)) })
+        self.check("hipStreamSynchronize", unsafe { f(handle(s)) })
     }
 
     fn device_synchronize(&self) -> Result<()> {
@@ -236,13 +214,13 @@ impl VendorApi for Hip {
     unsafe fn event_record(&self, e: u64, s: u64) -> Result<()> {
         // SAFETY: the caller guarantees a live event and a valid stream.
         self.check("hipEventRecord", unsafe {
-            (self.runtime.api.event_record)(event(e), stream(s))
+            (self.runtime.api.event_record)(handle(e), handle(s))
         })
     }
 
     unsafe fn event_query(&self, e: u64) -> Result<bool> {
         // SAFETY: the caller guarantees a live event.
-        let code = unsafe { (self.runtime.api.event_query)(event(e)) };
+        let code = unsafe { (self.runtime.api.event_query)(handle(e)) };
         if code == sys::hipErrorNotReady {
             return Ok(false);
         }
@@ -252,13 +230,13 @@ impl VendorApi for Hip {
     unsafe fn event_synchronize(&self, e: u64) -> Result<()> {
         let f = self.runtime.api.event_synchronize;
         // SAFETY: the caller guarantees a live event.
-        self.check("hipEventSynchronize", unsafe { f(event(e)) })
+        self.check("hipEventSynchronize", unsafe { f(handle(e)) })
     }
 
     unsafe fn event_destroy(&self, e: u64) -> Result<()> {
         // SAFETY: the caller guarantees a live event, not used afterwards.
         self.check("hipEventDestroy", unsafe {
-            (self.runtime.api.event_destroy)(event(e))
+            (self.runtime.api.event_destroy)(handle(e))
         })
     }
 
@@ -290,7 +268,7 @@ impl VendorApi for Hip {
         let vmm = self.runtime.vmm("hipMemAddressFree")?;
         // SAFETY: the caller guarantees a whole, unmapped reservation.
         self.check("hipMemAddressFree", unsafe {
-            (vmm.address_free)(ptr(va), size as usize)
+            (vmm.address_free)(handle(va), size as usize)
         })
     }
 
@@ -299,7 +277,7 @@ impl VendorApi for Hip {
         let (size, offset) = (size as usize, offset as usize);
         // SAFETY: the caller guarantees a live handle and a free range of a reservation.
         self.check("hipMemMap", unsafe {
-            (vmm.map)(ptr(va), size, offset, handle(h), 0)
+            (vmm.map)(handle(va), size, offset, handle(h), 0)
         })
     }
 
@@ -307,7 +285,7 @@ impl VendorApi for Hip {
         let vmm = self.runtime.vmm("hipMemUnmap")?;
         // SAFETY: the caller guarantees whole live mappings, unused now.
         self.check("hipMemUnmap", unsafe {
-            (vmm.unmap)(ptr(va), size as usize)
+            (vmm.unmap)(handle(va), size as usize)
         })
     }
 
@@ -320,7 +298,7 @@ impl VendorApi for Hip {
                 flags: sys::hipMemAccessFlagsProtReadWrite,
             })
             .collect();
-        let (va, size, count) = (ptr(va), size as usize, descs.len());
+        let (va, size, count) = (handle(va), size as usize, descs.len());
         // SAFETY: reads `count` descriptors; the caller guarantees the range is mapped.
         self.check("hipMemSetAccess", unsafe {
             (vmm.set_access)(va, size, descs.as_ptr(), count)
@@ -367,14 +345,14 @@ impl VendorApi for Hip {
         }
         let api = self.runtime.pools("hipMemPoolDestroy")?;
         // SAFETY: the caller guarantees a live pool of this device, not used afterwards.
-        self.check("hipMemPoolDestroy", unsafe { (api.destroy)(pool(p)) })
+        self.check("hipMemPoolDestroy", unsafe { (api.destroy)(handle(p)) })
     }
 
     unsafe fn pool_alloc(&self, p: u64, size: u64, s: u64) -> Result<u64> {
         let api = self.runtime.pools("hipMallocFromPoolAsync")?;
         // SAFETY: the caller guarantees pool and stream; writes one pointer.
         self.made("hipMallocFromPoolAsync", |out| unsafe {
-            (api.malloc_async)(out, size as usize, pool(p), stream(s))
+            (api.malloc_async)(out, size as usize, handle(p), handle(s))
         })
     }
 
@@ -382,21 +360,16 @@ impl VendorApi for Hip {
         let api = self.runtime.pools("hipFreeAsync")?;
         // SAFETY: the caller guarantees a live pool allocation and stream.
         self.check("hipFreeAsync", unsafe {
-            (api.free_async)(ptr(p), stream(s))
+            (api.free_async)(handle(p), handle(s))
         })
     }
 
     unsafe fn pool_attribute(&self, p: u64, attribute: PoolAttribute) -> Result<u64> {
         let api = self.runtime.pools("hipMemPoolGetAttribute")?;
-        let attr = match attribute {
-            PoolAttribute::ReleaseThreshold => sys::hipMemPoolAttrReleaseThreshold,
-            PoolAttribute::ReservedCurrent => sys::hipMemPoolAttrReservedMemCurrent,
-            PoolAttribute::ReservedHigh => sys::hipMemPoolAttrReservedMemHigh,
-            PoolAttribute::UsedCurrent => sys::hipMemPoolAttrUsedMemCurrent,
-            PoolAttribute::UsedHigh => sys::hipMemPoolAttrUsedMemHigh,
-        };
         // SAFETY: the caller guarantees a live pool; every one is a uint64_t attribute.
-        let f = |v: &mut u64| unsafe { (api.get_attribute)(pool(p), attr, (v as *mut u64).cast()) };
+        let f = |v: &mut u64| unsafe {
+            (api.get_attribute)(handle(p), attribute as _, (v as *mut u64).cast())
+        };
         self.runtime.out("hipMemPoolGetAttribute", f)
     }
 
@@ -404,7 +377,7 @@ impl VendorApi for Hip {
         let api = self.runtime.pools("hipMemPoolSetAttribute")?;
         let (mut v, attr) = (bytes, sys::hipMemPoolAttrReleaseThreshold);
         // SAFETY: the caller guarantees a live pool; the threshold is a uint64_t.
-        let code = unsafe { (api.set_attribute)(pool(p), attr, (&mut v as *mut u64).cast()) };
+        let code = unsafe { (api.set_attribute)(handle(p), attr, (&mut v as *mut u64).cast()) };
         self.check("hipMemPoolSetAttribute", code)
     }
 
@@ -412,12 +385,16 @@ impl VendorApi for Hip {
         let api = self.runtime.pools("hipMemPoolTrimTo")?;
         // SAFETY: the caller guarantees a live pool.
         self.check("hipMemPoolTrimTo", unsafe {
-            (api.trim_to)(pool(p), keep as usize)
+            (api.trim_to)(handle(p), keep as usize)
         })
     }
 
     fn has_peer_calls(&self) -> bool {
         self.runtime.has_peer_symbols()
+    }
+
+    fn device_count(&self) -> Result<u32> {
+        self.runtime.device_count()
     }
 
     fn can_access_peer(&self, peer: u32) -> Result<bool> {

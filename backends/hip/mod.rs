@@ -25,7 +25,7 @@ use std::fmt;
 use libloading::Library;
 use portalloc_sys::hip as sys;
 
-use super::loader::{self, symbol_table};
+use super::loader::{self, symbol_table, Checked};
 use super::Probe;
 use crate::device::Vendor;
 use crate::error::{Error, Result};
@@ -78,63 +78,45 @@ pub fn library_candidates() -> Result<Vec<String>> {
     Ok(candidates)
 }
 
-symbol_table!(
-    /// The required entry points (all in HIP ≤ 4.2).
-    Required,
-    /// The required symbols, in the order [`Runtime::load`] resolves them (all in HIP ≤ 4.2).
-    REQUIRED_SYMBOLS {
+symbol_table! {
+    /// The required entry points (all in HIP ≤ 4.2), resolved at [`Runtime::load`].
+    Required, REQUIRED_SYMBOLS {
         init: hipInit, driver_get_version: hipDriverGetVersion,
-        runtime_get_version: hipRuntimeGetVersion, get_device_count: hipGetDeviceCount,
-        set_device: hipSetDevice, device_get_attribute: hipDeviceGetAttribute,
-        device_get_name: hipDeviceGetName, device_total_mem: hipDeviceTotalMem,
-        get_error_name: hipGetErrorName, get_error_string: hipGetErrorString,
-        mem_get_info: hipMemGetInfo, malloc: hipMalloc, free: hipFree,
-        ext_malloc_with_flags: hipExtMallocWithFlags,
-        stream_create_with_flags: hipStreamCreateWithFlags, stream_destroy: hipStreamDestroy,
-        stream_synchronize: hipStreamSynchronize, device_synchronize: hipDeviceSynchronize,
+        runtime_get_version: hipRuntimeGetVersion,
+        get_device_count: hipGetDeviceCount, set_device: hipSetDevice,
+        device_get_attribute: hipDeviceGetAttribute, device_get_name: hipDeviceGetName,
+        device_total_mem: hipDeviceTotalMem, get_error_name: hipGetErrorName,
+        get_error_string: hipGetErrorString, mem_get_info: hipMemGetInfo, malloc: hipMalloc,
+        free: hipFree, ext_malloc_with_flags: hipExtMallocWithFlags,
+        stream_create_with_flags: hipStreamCreateWithFlags,
+        stream_destroy: hipStreamDestroy, stream_synchronize: hipStreamSynchronize,
+        device_synchronize: hipDeviceSynchronize,
         event_create_with_flags: hipEventCreateWithFlags, event_record: hipEventRecord,
         event_query: hipEventQuery, event_synchronize: hipEventSynchronize,
         event_destroy: hipEventDestroy,
     }
-);
-
-symbol_table!(
     /// The virtual-memory entry points (HIP 5.1): all resolved, or none used.
-    Vmm,
-    /// The virtual-memory symbols (HIP 5.1), in [`Runtime::symbols`] order.
-    VMM_SYMBOLS {
-        granularity: hipMemGetAllocationGranularity, create: hipMemCreate,
-        release: hipMemRelease, reserve: hipMemAddressReserve,
-        address_free: hipMemAddressFree, map: hipMemMap, unmap: hipMemUnmap,
-        set_access: hipMemSetAccess,
+    Vmm, VMM_SYMBOLS {
+        granularity: hipMemGetAllocationGranularity,
+        create: hipMemCreate, release: hipMemRelease, reserve: hipMemAddressReserve,
+        address_free: hipMemAddressFree, map: hipMemMap, unmap: hipMemUnmap, set_access: hipMemSetAccess,
     }
-);
-
-symbol_table!(
     /// The stream-ordered pool entry points (HIP 5.1): all resolved, or none used.
-    Pools,
-    /// The stream-ordered pool symbols (HIP 5.1), in [`Runtime::symbols`] order.
-    POOL_SYMBOLS {
-        default_pool: hipDeviceGetDefaultMemPool, create: hipMemPoolCreate,
-        destroy: hipMemPoolDestroy, set_attribute: hipMemPoolSetAttribute,
+    Pools, POOL_SYMBOLS {
+        default_pool: hipDeviceGetDefaultMemPool,
+        create: hipMemPoolCreate, destroy: hipMemPoolDestroy, set_attribute: hipMemPoolSetAttribute,
         get_attribute: hipMemPoolGetAttribute, trim_to: hipMemPoolTrimTo,
-        malloc_async: hipMallocFromPoolAsync, free_async: hipFreeAsync,
+        malloc_async: hipMallocFromPoolAsync,
+        free_async: hipFreeAsync,
     }
-);
-
-symbol_table!(
-    /// The peer-access entry points: both resolved, or no peers.
-    Peer,
-    /// The peer-access symbols (not in [`Runtime::symbols`]).
-    PEER_SYMBOLS { can_access: hipDeviceCanAccessPeer, enable: hipDeviceEnablePeerAccess }
-);
-
-symbol_table!(each
+    /// The peer-access entry points: both resolved, or no peers (not in
+    /// [`Runtime::symbols`]).
+    Peer, PEER_SYMBOLS { can_access: hipDeviceCanAccessPeer, enable: hipDeviceEnablePeerAccess }
     /// The single optional entry points: the device properties, each layout on its own.
-    Optional,
-    /// The optional single symbols, in [`Runtime::symbols`] order.
-    OPTIONAL_SYMBOLS { properties_r0600: hipGetDevicePropertiesR0600, properties_r0000: hipGetDeviceProperties }
-);
+    Optional, OPTIONAL_SYMBOLS each {
+        properties_r0600: hipGetDevicePropertiesR0600, properties_r0000: hipGetDeviceProperties,
+    }
+}
 
 /// A HIP version as `hipRuntimeGetVersion` encodes it: `major * 10_000_000 + minor * 100_000
 /// + patch` (6.2.41133 is 60_241_133).
@@ -179,10 +161,10 @@ pub fn decode_version(v: i32) -> String {
 pub struct Runtime {
     path: String,
     pub(crate) api: Required,
+    optional: Optional,
     pub(crate) vmm: Option<Vmm>,
     pub(crate) pools: Option<Pools>,
     pub(crate) peer: Option<Peer>,
-    optional: Optional,
     // Keeps the code behind the function pointers above loaded; dropped last.
     library: Library,
 }
@@ -218,20 +200,22 @@ impl Runtime {
     /// [`Error::MissingSymbol`] when a required call is missing (not a HIP runtime, or one
     /// older than 4.2).
     pub fn load(candidates: &[String]) -> Result<Runtime> {
-        let (library, path) =
-            loader::open_first(candidates).map_err(|failures| Error::LibraryLoad {
-                library: candidates.join(", "),
-                reason: failures.join("; "),
-            })?;
+        let (library, path) = loader::open_first(candidates)?;
+        let api = Required::resolve(&library).map_err(loader::missing(&path))?;
         Ok(Runtime {
-            api: Required::resolve(&library).map_err(loader::missing(&path))?,
+            optional: Optional::resolve(&library),
+            peer: Peer::resolve(&library).ok(),
             vmm: Vmm::resolve(&library).ok(),
             pools: Pools::resolve(&library).ok(),
-            peer: Peer::resolve(&library).ok(),
-            optional: Optional::resolve(&library),
+            api,
             library,
             path,
         })
+    }
+
+    /// The path the library was loaded from.
+    pub fn path(&self) -> &str {
+        &self.path
     }
 
     /// Loads the library [`library_candidates`] finds.
@@ -240,11 +224,6 @@ impl Runtime {
     /// As [`Runtime::load`].
     pub fn load_default() -> Result<Runtime> {
         Runtime::load(&library_candidates()?)
-    }
-
-    /// The path the library was loaded from.
-    pub fn path(&self) -> &str {
-        &self.path
     }
 
     /// True when every virtual-memory symbol (HIP 5.1) was resolved.
@@ -288,32 +267,6 @@ impl Runtime {
             loader::c_str(Some(name)).unwrap_or_else(|| format!("hipError{code}")),
             loader::c_str(Some(text)).unwrap_or_else(|| "unknown error".into()),
         )
-    }
-
-    /// `Ok` for `hipSuccess`, else [`Error::Driver`] with HIP's name and text.
-    pub fn check(&self, call: &'static str, code: sys::hipError_t) -> Result<()> {
-        if code == sys::hipSuccess {
-            return Ok(());
-        }
-        let (name, message) = self.error_name(code);
-        Err(Error::Driver {
-            backend: BACKEND,
-            call,
-            code: code.into(),
-            name,
-            message,
-        })
-    }
-
-    /// Runs a call that writes its answer through its one out-pointer, checked.
-    pub(crate) fn out<T: Default>(
-        &self,
-        call: &'static str,
-        f: impl FnOnce(&mut T) -> sys::hipError_t,
-    ) -> Result<T> {
-        let mut value = T::default();
-        self.check(call, f(&mut value))?;
-        Ok(value)
     }
 
     /// `hipInit(0)`.
@@ -481,6 +434,16 @@ impl Runtime {
     }
 }
 
+impl Checked for Runtime {
+    type Code = sys::hipError_t;
+    const SUCCESS: sys::hipError_t = sys::hipSuccess;
+    const BACKEND: &'static str = BACKEND;
+
+    fn names(&self, code: sys::hipError_t) -> (String, String) {
+        self.error_name(code)
+    }
+}
+
 /// The ROCm 6+ allocation properties of pinned memory on device `ordinal`.
 pub(crate) fn device_prop(ordinal: u32) -> sys::hipMemAllocationProp {
     sys::hipMemAllocationProp {
@@ -533,61 +496,37 @@ pub fn open_all() -> Result<Vec<HipDevice>> {
 
 /// Probes the HIP backend. Never fails: what went wrong is in the [`Probe`].
 pub fn probe() -> Probe {
-    match library_candidates() {
-        Ok(candidates) => probe_with(&candidates),
-        Err(e) => Probe {
-            backend: Some(Vendor::Hip),
-            error: Some(e.to_string()),
-            ..Probe::default()
-        },
-    }
+    probe_from(library_candidates())
 }
 
 /// [`probe`] over explicit library candidates.
 pub fn probe_with(candidates: &[String]) -> Probe {
-    let mut probe = Probe {
-        backend: Some(Vendor::Hip),
-        ..Probe::default()
+    probe_from(Ok(candidates.to_vec()))
+}
+
+fn probe_from(candidates: Result<Vec<String>>) -> Probe {
+    let not_found = |_: &[String]| "runtime library libamdhip64 not found".to_string();
+    let survey = |runtime: &Runtime, probe: &mut Probe| {
+        probe.library = Some(runtime.path().to_string());
+        probe.driver_version = runtime.driver_version().ok();
+        probe.runtime_version = runtime.runtime_version().ok();
+        // hipGetDeviceCount initialises the runtime itself and answers hipErrorNoDevice where
+        // there is none; hipInit(0) on HIP 5.2 answers the less telling hipErrorInvalidDevice.
+        runtime.device_count()
     };
-    let runtime = match Runtime::load(candidates) {
-        Ok(r) => r,
-        Err(Error::LibraryLoad { reason, .. }) => {
-            probe.load_failures = reason.split("; ").map(String::from).collect();
-            probe.error = Some("runtime library libamdhip64 not found".into());
-            return probe;
-        }
-        Err(e) => {
-            probe.error = Some(e.to_string());
-            return probe;
-        }
+    let describe = |runtime: &Runtime, ordinal| {
+        let (name, total) = (runtime.device_name(ordinal)?, runtime.total_mem(ordinal)?);
+        Ok(format!(
+            "{ordinal}: {name} ({})",
+            crate::units::Bytes(total)
+        ))
     };
-    probe.library = Some(runtime.path().to_string());
-    probe.driver_version = runtime.driver_version().ok();
-    probe.runtime_version = runtime.runtime_version().ok();
-    // hipGetDeviceCount initialises the runtime itself and answers hipErrorNoDevice where
-    // there is none; hipInit(0) on HIP 5.2 answers the less telling hipErrorInvalidDevice.
-    match runtime.device_count() {
-        Ok(count) => {
-            probe.device_count = count;
-            for ordinal in 0..count {
-                let line = runtime.device_name(ordinal).and_then(|name| {
-                    Ok(format!(
-                        "{ordinal}: {name} ({})",
-                        crate::units::Bytes(runtime.total_mem(ordinal)?)
-                    ))
-                });
-                probe.devices.push(line.unwrap_or_else(|e| e.to_string()));
-            }
-        }
-        Err(Error::Driver {
-            code,
-            name,
-            message,
-            ..
-        }) => {
-            probe.error = Some(format!("{name} ({code}): {message}"));
-        }
-        Err(e) => probe.error = Some(e.to_string()),
-    }
-    probe
+    Probe::run(
+        Vendor::Hip,
+        candidates,
+        not_found,
+        Runtime::load,
+        survey,
+        describe,
+    )
 }

@@ -59,20 +59,62 @@ use crate::device::{
 };
 use crate::error::{Error, Result};
 
-/// A pool attribute portalloc reads (all are 64-bit values on both vendors).
+/// A pool attribute portalloc reads (all are 64-bit values on both vendors), numbered as
+/// `CUmemPool_attribute` and `hipMemPoolAttr` both number it (HIP copies CUDA's enum; checked
+/// below at compile time), so a vendor passes it on as it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
 pub enum PoolAttribute {
     /// The release threshold (bytes kept at a synchronisation).
-    ReleaseThreshold,
+    ReleaseThreshold = 4,
     /// Memory the pool holds from the device now.
-    ReservedCurrent,
+    ReservedCurrent = 5,
     /// The high-water mark of `ReservedCurrent`.
-    ReservedHigh,
+    ReservedHigh = 6,
     /// Memory handed out now.
-    UsedCurrent,
+    UsedCurrent = 7,
     /// The high-water mark of `UsedCurrent`.
-    UsedHigh,
+    UsedHigh = 8,
 }
+
+#[cfg(feature = "cuda")]
+const _: () = {
+    use portalloc_sys::cuda as sys;
+    assert!(sys::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD == PoolAttribute::ReleaseThreshold as u32);
+    assert!(sys::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT == PoolAttribute::ReservedCurrent as u32);
+    assert!(sys::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH == PoolAttribute::ReservedHigh as u32);
+    assert!(sys::CU_MEMPOOL_ATTR_USED_MEM_CURRENT == PoolAttribute::UsedCurrent as u32);
+    assert!(sys::CU_MEMPOOL_ATTR_USED_MEM_HIGH == PoolAttribute::UsedHigh as u32);
+};
+
+#[cfg(feature = "hip")]
+const _: () = {
+    use portalloc_sys::hip as sys;
+    let attributes = [
+        (
+            sys::hipMemPoolAttrReleaseThreshold,
+            PoolAttribute::ReleaseThreshold,
+        ),
+        (
+            sys::hipMemPoolAttrReservedMemCurrent,
+            PoolAttribute::ReservedCurrent,
+        ),
+        (
+            sys::hipMemPoolAttrReservedMemHigh,
+            PoolAttribute::ReservedHigh,
+        ),
+        (
+            sys::hipMemPoolAttrUsedMemCurrent,
+            PoolAttribute::UsedCurrent,
+        ),
+        (sys::hipMemPoolAttrUsedMemHigh, PoolAttribute::UsedHigh),
+    ];
+    let mut i = 0;
+    while i < attributes.len() {
+        assert!(attributes[i].0 == attributes[i].1 as u32);
+        i += 1;
+    }
+};
 
 /// The checked calls of one vendor, for one device, with vendor-neutral signatures: handles
 /// and pointers are `u64`, every call answers a [`Result`] with the vendor's own error names.
@@ -187,6 +229,12 @@ pub trait VendorApi: fmt::Debug + Send + Sync + Sized + 'static {
     /// # Safety
     /// `peer` came from [`VendorApi::enable_peer`] and is released once.
     unsafe fn release_peer(&self, peer: Self::Peer) -> Result<()>;
+}
+
+/// A handle the vendor API takes as a pointer (a stream, event or pool; on HIP also a device
+/// pointer or physical handle) from the `u64` the vendor layer keeps it as.
+pub(crate) fn handle<T>(value: u64) -> *mut T {
+    value as usize as *mut T
 }
 
 /// What a GPU device is made of at open: the vendor's calls for it, its facts, and the
