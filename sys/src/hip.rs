@@ -37,18 +37,14 @@ pub use bindings::*;
 /// where 89 is past the end of the CUDA-compatible attributes and answers an error).
 pub const hipDeviceAttributeVirtualMemoryManagementSupported: hipDeviceAttribute_t = 89;
 
-/// `hipError_t hipDeviceCanAccessPeer(int* canAccessPeer, int deviceId, int peerDeviceId)`
-/// (`hip_runtime_api.h`; by hand because the generated bindings cover the memory calls only).
-pub type hipDeviceCanAccessPeer = unsafe extern "C" fn(
-    canAccessPeer: *mut c_int,
-    deviceId: c_int,
-    peerDeviceId: c_int,
-) -> hipError_t;
-
-/// `hipError_t hipDeviceEnablePeerAccess(int peerDeviceId, unsigned int flags)`
-/// (`hip_runtime_api.h`; from the current device, `flags` 0).
-pub type hipDeviceEnablePeerAccess =
-    unsafe extern "C" fn(peerDeviceId: c_int, flags: core::ffi::c_uint) -> hipError_t;
+signatures! {
+    /// `hipError_t hipDeviceCanAccessPeer(int* canAccessPeer, int deviceId, int peerDeviceId)`
+    /// (`hip_runtime_api.h`; by hand because the generated bindings cover the memory calls only).
+    fn hipDeviceCanAccessPeer(canAccessPeer: *mut c_int, deviceId: c_int, peerDeviceId: c_int) -> hipError_t;
+    /// `hipError_t hipDeviceEnablePeerAccess(int peerDeviceId, unsigned int flags)`
+    /// (`hip_runtime_api.h`; from the current device, `flags` 0).
+    fn hipDeviceEnablePeerAccess(peerDeviceId: c_int, flags: core::ffi::c_uint) -> hipError_t;
+}
 
 /// `hipDeviceMallocUncached`: a `hipExtMallocWithFlags` flag (ROCm 6+; absent from 5.2.3).
 pub const hipDeviceMallocUncached: u32 = 0x3;
@@ -144,10 +140,11 @@ pub type hipDeviceProp_tR0000 = DeviceProperties<396, 140>;
 /// `hipDeviceProp_t` of the HIP 5.2.3 headers, which `hipGetDeviceProperties` fills on 5.x.
 pub type hipDeviceProp_t = hipDeviceProp_tR0000;
 
-/// `hipError_t hipGetDevicePropertiesR0600(hipDeviceProp_tR0600* prop, int deviceId)`
-/// (ROCm 6+).
-pub type hipGetDevicePropertiesR0600 =
-    unsafe extern "C" fn(prop: *mut hipDeviceProp_tR0600, deviceId: c_int) -> hipError_t;
+signatures! {
+    /// `hipError_t hipGetDevicePropertiesR0600(hipDeviceProp_tR0600* prop, int deviceId)`
+    /// (ROCm 6+).
+    fn hipGetDevicePropertiesR0600(prop: *mut hipDeviceProp_tR0600, deviceId: c_int) -> hipError_t;
+}
 
 #[allow(clippy::identity_op)]
 const _: () = {
