@@ -36,6 +36,38 @@ macro_rules! setters {
 }
 pub(crate) use setters;
 
+/// What a request for memory must be, on every backend: at least one byte (`what` says of
+/// which kind, e.g. "a device allocation") and, rounded up to `unit` bytes, still a `u64`.
+/// Returns the rounded size.
+///
+/// # Errors
+/// [`Error::InvalidSize`] for zero or a size that overflows once rounded.
+pub(crate) fn request_size(size: u64, unit: u64, what: Request) -> Result<u64> {
+    if size == 0 {
+        return Err(Error::InvalidSize {
+            size,
+            reason: match what {
+                Request::Allocation => "a device allocation must be at least 1 byte",
+                Request::PoolAllocation => "a pool allocation must be at least 1 byte",
+            },
+        });
+    }
+    size.checked_next_multiple_of(unit)
+        .ok_or(Error::InvalidSize {
+            size,
+            reason: "too large: rounding it up to the allocation unit overflows",
+        })
+}
+
+/// The kind of memory a [`request_size`] is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Request {
+    /// [`crate::Device::alloc`].
+    Allocation,
+    /// [`crate::device::StreamOrderedPool::alloc_async`].
+    PoolAllocation,
+}
+
 /// What probing one vendor backend found: the library it loaded, versions, devices, or the
 /// vendor's own error name.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -58,6 +90,7 @@ pub struct Probe {
     pub error: Option<String>,
 }
 
+#[cfg(any(feature = "cuda", feature = "hip"))]
 impl Probe {
     /// A vendor's probe: the library loaded by `load` from `candidates` (or why not:
     /// `not_found` and each candidate's reason when none opened), then `survey` (which fills

@@ -107,7 +107,8 @@ impl VendorApi for Cuda {
     /// The primary context made current: one `cuCtxGetCurrent`, plus `cuCtxSetCurrent` when
     /// another context was current on the calling thread.
     fn enter(&self) -> Result<()> {
-        self.driver.make_current(self.ctx)
+        // SAFETY: the primary context is retained for as long as `self` lives.
+        unsafe { self.driver.make_current(self.ctx) }
     }
 
     /// `cuMemGetInfo_v2` of the current context's device.

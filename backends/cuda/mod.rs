@@ -339,11 +339,14 @@ impl Driver {
     }
 
     /// `cuCtxSetCurrent`, skipped when `ctx` is current already.
-    pub(crate) fn make_current(&self, ctx: sys::CUcontext) -> Result<()> {
+    ///
+    /// # Safety
+    /// `ctx` must be a live context the caller holds retained (the driver dereferences it).
+    pub(crate) unsafe fn make_current(&self, ctx: sys::CUcontext) -> Result<()> {
         if self.current_context()? == ctx {
             return Ok(());
         }
-        // SAFETY: `ctx` is a primary context the caller holds retained.
+        // SAFETY: the caller guarantees a live, retained context.
         self.check("cuCtxSetCurrent", unsafe {
             (self.api.ctx_set_current)(ctx)
         })

@@ -17,9 +17,9 @@
 //!
 //! # Locks
 //!
-//! A device has four locks. The order, when more than one is held, is
-//! **pool → peers → handles → books**; in practice no call holds two at once except
-//! [`Device::enable_peer_access`] (peers, then none) and the pool's first use (pool alone).
+//! A device has four locks, taken in this order if a call ever holds more than one:
+//! **pool → peers → handles → books**. Today no call holds two at once (the census reads the
+//! handles, lets go, then reads the books), so the order is the rule for the next one.
 //!
 //! * `books` (a mutex) is never held across a driver call: a call *claims* what it gives back
 //!   (takes it out of the books, checked), drops the lock, calls the driver, and puts it back
@@ -53,6 +53,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockW
 pub use books::VendorCensus;
 use books::{check_granular, unknown, Books, Handles};
 
+use crate::backends::{request_size, Request};
 use crate::device::{
     Device, DeviceInfo, Event, MemInfo, PhysicalHandle, PoolUsage, Stream, StreamOrderedPool,
     Vendor, VirtualMemory,
@@ -359,6 +360,19 @@ impl<V: VendorApi> GpuDevice<V> {
 
     /// The pool, made at first use where the vendor did not make it at open.
     fn pool(&self) -> Result<u64> {
+        self.has_pool()?;
+        let mut pool = lock(&self.pool);
+        if let Some(p) = *pool {
+            return Ok(p);
+        }
+        self.vendor.enter()?;
+        let p = self.vendor.pool_open()?;
+        *pool = Some(p);
+        Ok(p)
+    }
+
+    /// [`Error::Unsupported`] when the device has no stream-ordered pool.
+    fn has_pool(&self) -> Result<()> {
         if !self.info.capabilities.stream_ordered_pool {
             return Err(Error::Unsupported {
                 what: "stream-ordered pool".into(),
@@ -369,14 +383,7 @@ impl<V: VendorApi> GpuDevice<V> {
                 ),
             });
         }
-        let mut pool = lock(&self.pool);
-        if let Some(p) = *pool {
-            return Ok(p);
-        }
-        self.vendor.enter()?;
-        let p = self.vendor.pool_open()?;
-        *pool = Some(p);
-        Ok(p)
+        Ok(())
     }
 
     /// Runs `call` with the device current and `claimed` out of the books; puts it back with
@@ -422,12 +429,7 @@ impl<V: VendorApi> Device for GpuDevice<V> {
     /// [`Error::InvalidSize`] for zero; [`Error::DeviceOutOfMemory`] for the vendor's
     /// out-of-memory (or a null pointer); [`Error::Driver`] otherwise.
     fn alloc(&self, size: u64) -> Result<u64> {
-        if size == 0 {
-            return Err(Error::InvalidSize {
-                size,
-                reason: "a device allocation must be at least 1 byte",
-            });
-        }
+        request_size(size, 1, Request::Allocation)?;
         self.vendor.enter()?;
         let ptr = self.vendor.alloc(size).map_err(|e| self.oom(e, size))?;
         if ptr == 0 {
@@ -724,12 +726,7 @@ impl<V: VendorApi> VirtualMemory for GpuDevice<V> {
 
 impl<V: VendorApi> StreamOrderedPool for GpuDevice<V> {
     fn alloc_async(&self, size: u64, stream: Stream) -> Result<u64> {
-        if size == 0 {
-            return Err(Error::InvalidSize {
-                size,
-                reason: "a pool allocation must be at least 1 byte",
-            });
-        }
+        request_size(size, 1, Request::PoolAllocation)?;
         let pool = self.pool()?;
         self.vendor.enter()?;
         // SAFETY: the pool lives as long as `self`; by the contract of `Stream`, the stream is
@@ -740,8 +737,12 @@ impl<V: VendorApi> StreamOrderedPool for GpuDevice<V> {
         Ok(ptr)
     }
 
+    /// # Errors
+    /// [`Error::UnknownPointer`] for a pointer not from [`StreamOrderedPool::alloc_async`]
+    /// (checked without making the pool); [`Error::Driver`] when the driver refuses (the
+    /// allocation is then still held).
     fn free_async(&self, ptr: u64, stream: Stream) -> Result<()> {
-        self.pool()?;
+        self.has_pool()?;
         let size = self
             .books()
             .pool_allocations
