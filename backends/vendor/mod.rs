@@ -43,7 +43,10 @@
 //! | dropping the pool | destroyed | destroyed; the shared default pool is trimmed instead |
 //! | plain allocations | `cuMemAlloc_v2` | `hipMalloc` or `hipExtMallocWithFlags` with the [`crate::backends::hip::MemoryKind`] chosen at open |
 //! | version numbers | `cuDriverGetVersion` (12020) | `hipRuntimeGetVersion` (60241133) |
-//! | opening | `CudaDevice::open(driver, ordinal)` | `HipDevice::builder()` with options |
+//! | initialising | `cuInit(0)` at open | none: `hipGetDeviceCount` initialises (HIP 5.2's `hipInit` answers a less telling error) |
+//! | out of memory | `CUDA_ERROR_OUT_OF_MEMORY` | `hipErrorOutOfMemory`, or a null pointer from `hipMalloc` |
+//! | symbols | `cuDevicePrimaryCtxRelease_v2` falls back to the CUDA 7 name | the device-properties call by ROCm release (`R0600` on ROCm ≥ 6) |
+//! | opening | `CudaDevice::open(driver, ordinal)` | `HipDevice::builder()` with options (memory kind, required capabilities, default pool) |
 
 mod books;
 
@@ -249,7 +252,7 @@ pub(crate) struct Opened<V> {
     pub(crate) pool: Option<u64>,
 }
 
-/// One GPU behind the [`Device`] trait, over a vendor's [`VendorApi`]: `CudaDevice` and
+/// One GPU behind the [`Device`] trait, over a vendor's checked calls (`VendorApi`): `CudaDevice` and
 /// `HipDevice`.
 ///
 /// * Every call first makes the device current on the calling thread, so the device may be
