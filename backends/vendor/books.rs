@@ -62,7 +62,16 @@ pub(crate) struct Books {
 #[derive(Debug, Default)]
 pub(crate) struct Handles {
     pub(crate) streams: HashSet<u64>,
-    pub(crate) events: HashSet<u64>,
+    /// Event → the calls using it now. An event is passed to the driver only while a call
+    /// holds a use of it, so one destroyed meanwhile is *doomed* and goes with its last user.
+    pub(crate) events: HashMap<u64, EventUse>,
+}
+
+/// The calls using one event now, and whether it was destroyed meanwhile.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct EventUse {
+    users: u32,
+    doomed: bool,
 }
 
 /// A pointer or handle the device did not hand out (or gave back already).
@@ -272,21 +281,55 @@ impl Books {
 }
 
 impl Handles {
-    /// A stream this device made (the only ones [`crate::Device::destroy_stream`] takes).
-    pub(crate) fn check_stream(&self, backend: &'static str, stream: Stream) -> Result<u64> {
-        if self.streams.contains(&stream.0) {
+    /// Takes a stream this device made (the only ones [`crate::Device::destroy_stream`]
+    /// takes) out of the set.
+    pub(crate) fn claim_stream(&mut self, backend: &'static str, stream: Stream) -> Result<u64> {
+        if self.streams.remove(&stream.0) {
             Ok(stream.0)
         } else {
             Err(unknown(backend, "stream", stream.0))
         }
     }
 
-    /// An event this device made.
-    pub(crate) fn check_event(&self, backend: &'static str, event: Event) -> Result<u64> {
-        if self.events.contains(&event.0) {
-            Ok(event.0)
-        } else {
-            Err(unknown(backend, "event", event.0))
+    /// Takes one use of an event this device made and did not destroy.
+    pub(crate) fn borrow_event(&mut self, backend: &'static str, event: Event) -> Result<u64> {
+        match self.events.get_mut(&event.0) {
+            Some(u) if !u.doomed => {
+                u.users += 1;
+                Ok(event.0)
+            }
+            _ => Err(unknown(backend, "event", event.0)),
+        }
+    }
+
+    /// Gives back a use [`Handles::borrow_event`] took. True when the event was destroyed
+    /// meanwhile and this was its last user: it is out of the set, for the caller to destroy.
+    pub(crate) fn return_event(&mut self, event: u64) -> bool {
+        let Some(u) = self.events.get_mut(&event) else {
+            return false;
+        };
+        u.users -= 1;
+        let last = u.doomed && u.users == 0;
+        if last {
+            self.events.remove(&event);
+        }
+        last
+    }
+
+    /// A request to destroy an event this device made: true when no call uses it (it is out
+    /// of the set, for the caller to destroy now), false when it is doomed and goes with its
+    /// last user.
+    pub(crate) fn claim_event(&mut self, backend: &'static str, event: Event) -> Result<bool> {
+        match self.events.get_mut(&event.0) {
+            Some(u) if !u.doomed && u.users > 0 => {
+                u.doomed = true;
+                Ok(false)
+            }
+            Some(u) if !u.doomed => {
+                self.events.remove(&event.0);
+                Ok(true)
+            }
+            _ => Err(unknown(backend, "event", event.0)),
         }
     }
 
@@ -308,5 +351,76 @@ impl Books {
             streams,
             events,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn handles_with_event(e: u64) -> Handles {
+        let mut h = Handles::default();
+        h.events.insert(e, EventUse::default());
+        h
+    }
+
+    #[test]
+    fn an_event_destroyed_while_in_use_goes_with_its_last_use() {
+        let mut h = handles_with_event(7);
+        assert_eq!(h.borrow_event("t", Event(7)).unwrap(), 7);
+        assert_eq!(h.borrow_event("t", Event(7)).unwrap(), 7);
+        // Destroyed while two calls use it: doomed, unknown to every later call.
+        assert!(!h.claim_event("t", Event(7)).unwrap());
+        assert!(h.borrow_event("t", Event(7)).is_err());
+        assert!(h.claim_event("t", Event(7)).is_err());
+        assert_eq!(h.count(), (0, 1), "still live until its last use ends");
+        assert!(!h.return_event(7), "one use is left");
+        assert!(h.return_event(7), "the last use destroys it");
+        assert_eq!(h.count(), (0, 0));
+    }
+
+    #[test]
+    fn an_event_nobody_uses_is_destroyed_at_once_and_only_once() {
+        let mut h = handles_with_event(9);
+        assert!(h.borrow_event("t", Event(9)).is_ok());
+        assert!(!h.return_event(9), "not destroyed: nobody asked");
+        assert!(h.claim_event("t", Event(9)).unwrap());
+        assert!(matches!(
+            h.claim_event("t", Event(9)),
+            Err(Error::UnknownPointer { what: "event", .. })
+        ));
+    }
+
+    #[test]
+    fn unmap_claims_exactly_whole_runs_and_restores_them() {
+        let mut b = Books::default();
+        b.reservations.insert(0, 8 << 20);
+        b.handles.insert(1);
+        b.claim_mapping("t", 0, 2 << 20, 1).unwrap();
+        b.claim_mapping("t", 2 << 20, 2 << 20, 1).unwrap();
+        assert!(
+            b.claim_mapping("t", 1 << 20, 2 << 20, 1).is_err(),
+            "overlap"
+        );
+        assert!(
+            b.claim_mapping("t", 6 << 20, 4 << 20, 1).is_err(),
+            "past the reservation"
+        );
+        assert!(b.claim_unmap(0, 1 << 20).is_err(), "splits a mapping");
+        assert!(
+            b.claim_unmap(1 << 20, 3 << 20).is_err(),
+            "starts inside a mapping"
+        );
+        assert!(b.check_mapped(0, 4 << 20).is_ok());
+        assert!(b.check_mapped(0, 5 << 20).is_err());
+        let claimed = b.claim_unmap(0, 4 << 20).unwrap();
+        assert_eq!(claimed.len(), 2);
+        assert!(b.mappings.is_empty());
+        b.restore_mappings(claimed);
+        assert_eq!(b.mappings.len(), 2);
+        assert!(
+            b.claim_reservation("t", 0, 8 << 20).is_err(),
+            "still mapped"
+        );
     }
 }

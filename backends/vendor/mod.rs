@@ -25,10 +25,10 @@
 //!   (takes it out of the books, checked), drops the lock, calls the driver, and puts it back
 //!   if the driver refuses; a call that makes something books it after the driver answered.
 //!   So `free`, `unmap` and the like, which can wait for the whole device, block no one.
-//! * `handles` (streams and events, a read-write lock) is held *shared* across a call that
-//!   passes one of the device's own streams or events to the driver — that is what keeps the
-//!   handle alive meanwhile — and *exclusively* only to destroy one (not a blocking call) or
-//!   to book a new one. A caller's own streams are passed on without it.
+//! * `handles` (streams and events, a mutex) is not held across a driver call either: a call
+//!   that passes one of the device's events to the driver (record, query, synchronize) takes
+//!   a *use* of it first, and an event destroyed meanwhile goes when its last use ends, so
+//!   `synchronize_event` blocks no one. A caller's own streams are passed on as they are.
 //! * `peers` is held while peer access is enabled (so two threads do not enable it twice).
 //! * `pool` is held while the pool is made at first use.
 //!
@@ -51,10 +51,10 @@
 mod books;
 
 use std::fmt;
-use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 pub use books::VendorCensus;
-use books::{check_granular, unknown, Books, Handles};
+use books::{check_granular, unknown, Books, EventUse, Handles};
 
 use crate::backends::{request_size, Request};
 use crate::device::{
@@ -273,7 +273,7 @@ pub struct GpuDevice<V: VendorApi> {
     granularity: u64,
     pool: Mutex<Option<u64>>,
     peers: Mutex<Vec<(u32, V::Peer)>>,
-    handles: RwLock<Handles>,
+    handles: Mutex<Handles>,
     books: Mutex<Books>,
 }
 
@@ -303,7 +303,7 @@ impl<V: VendorApi> GpuDevice<V> {
             granularity: opened.granularity,
             pool: Mutex::new(opened.pool),
             peers: Mutex::new(Vec::new()),
-            handles: RwLock::new(Handles::default()),
+            handles: Mutex::new(Handles::default()),
             books: Mutex::new(Books::default()),
         }
     }
@@ -316,7 +316,7 @@ impl<V: VendorApi> GpuDevice<V> {
     /// What the device holds now, from its books. Takes one lock at a time (see the lock
     /// order in the module docs).
     pub fn census(&self) -> VendorCensus {
-        let counts = self.handles_read().count();
+        let counts = self.handles().count();
         self.books().census(counts)
     }
 
@@ -332,12 +332,24 @@ impl<V: VendorApi> GpuDevice<V> {
         lock(&self.books)
     }
 
-    fn handles_read(&self) -> RwLockReadGuard<'_, Handles> {
-        self.handles.read().unwrap_or_else(PoisonError::into_inner)
+    fn handles(&self) -> MutexGuard<'_, Handles> {
+        lock(&self.handles)
     }
 
-    fn handles_write(&self) -> RwLockWriteGuard<'_, Handles> {
-        self.handles.write().unwrap_or_else(PoisonError::into_inner)
+    /// Runs `call` on an event of this device, made current, holding a use of the event (no
+    /// lock); destroys the event after the call when it was destroyed meanwhile.
+    fn with_event<T>(&self, event: Event, call: impl FnOnce(u64) -> Result<T>) -> Result<T> {
+        let e = self.handles().borrow_event(V::BACKEND, event)?;
+        let result = self.vendor.enter().and_then(|()| call(e));
+        if self.handles().return_event(e) {
+            // SAFETY: destroyed by the device's user while this call used it; this was its
+            // last use, and it is out of the set, so nothing passes it to the driver again.
+            if let Err(err) = unsafe { self.vendor.event_destroy(e) } {
+                tracing::warn!(backend = V::BACKEND, event = e, error = %err,
+                    "could not destroy an event after its last use");
+            }
+        }
+        result
     }
 
     fn granular(&self, call: &'static str, what: &str, value: u64, zero_ok: bool) -> Result<()> {
@@ -476,7 +488,7 @@ impl<V: VendorApi> Device for GpuDevice<V> {
     fn create_stream(&self) -> Result<Stream> {
         self.vendor.enter()?;
         let s = self.vendor.stream_create()?;
-        self.handles_write().streams.insert(s);
+        self.handles().streams.insert(s);
         Ok(Stream(s))
     }
 
@@ -489,14 +501,16 @@ impl<V: VendorApi> Device for GpuDevice<V> {
                     .into(),
             });
         }
-        let mut handles = self.handles_write();
-        let s = handles.check_stream(V::BACKEND, stream)?;
-        self.vendor.enter()?;
-        // SAFETY: a live stream this device made (checked); the write lock keeps every other
-        // call from using it.
-        unsafe { self.vendor.stream_destroy(s) }?;
-        handles.streams.remove(&s);
-        Ok(())
+        let s = self.handles().claim_stream(V::BACKEND, stream)?;
+        let result = self.vendor.enter().and_then(|()| {
+            // SAFETY: a live stream this device made (checked), out of the set, so no other
+            // call of this device destroys it meanwhile.
+            unsafe { self.vendor.stream_destroy(s) }
+        });
+        if result.is_err() {
+            self.handles().streams.insert(s);
+        }
+        result
     }
 
     fn synchronize_stream(&self, stream: Stream) -> Result<()> {
@@ -514,43 +528,40 @@ impl<V: VendorApi> Device for GpuDevice<V> {
     fn create_event(&self) -> Result<Event> {
         self.vendor.enter()?;
         let e = self.vendor.event_create()?;
-        self.handles_write().events.insert(e);
+        self.handles().events.insert(e, EventUse::default());
         Ok(Event(e))
     }
 
     fn record_event(&self, event: Event, stream: Stream) -> Result<()> {
-        let handles = self.handles_read();
-        let e = handles.check_event(V::BACKEND, event)?;
-        self.vendor.enter()?;
-        // SAFETY: a live event of this device (checked; the read lock keeps it live) and, by
-        // the contract of `Stream`, a live stream or a special handle.
-        unsafe { self.vendor.event_record(e, stream.0) }
+        // SAFETY: a live event of this device (checked; the use keeps it live) and, by the
+        // contract of `Stream`, a live stream or a special handle.
+        self.with_event(event, |e| unsafe { self.vendor.event_record(e, stream.0) })
     }
 
     fn event_complete(&self, event: Event) -> Result<bool> {
-        let handles = self.handles_read();
-        let e = handles.check_event(V::BACKEND, event)?;
-        self.vendor.enter()?;
-        // SAFETY: a live event of this device (checked; the read lock keeps it live).
-        unsafe { self.vendor.event_query(e) }
+        // SAFETY: a live event of this device (checked; the use keeps it live).
+        self.with_event(event, |e| unsafe { self.vendor.event_query(e) })
     }
 
     fn synchronize_event(&self, event: Event) -> Result<()> {
-        let handles = self.handles_read();
-        let e = handles.check_event(V::BACKEND, event)?;
-        self.vendor.enter()?;
-        // SAFETY: a live event of this device (checked; the read lock keeps it live).
-        unsafe { self.vendor.event_synchronize(e) }
+        // SAFETY: a live event of this device (checked; the use keeps it live).
+        self.with_event(event, |e| unsafe { self.vendor.event_synchronize(e) })
     }
 
+    /// Destroys the event now, or, while another call uses it, when that call is done; it is
+    /// unknown to every later call either way.
     fn destroy_event(&self, event: Event) -> Result<()> {
-        let mut handles = self.handles_write();
-        let e = handles.check_event(V::BACKEND, event)?;
-        self.vendor.enter()?;
-        // SAFETY: a live event of this device; the write lock keeps others from using it.
-        unsafe { self.vendor.event_destroy(e) }?;
-        handles.events.remove(&e);
-        Ok(())
+        if !self.handles().claim_event(V::BACKEND, event)? {
+            return Ok(());
+        }
+        let result = self.vendor.enter().and_then(|()| {
+            // SAFETY: a live event of this device that no call uses, out of the set.
+            unsafe { self.vendor.event_destroy(event.0) }
+        });
+        if result.is_err() {
+            self.handles().events.insert(event.0, EventUse::default());
+        }
+        result
     }
 
     /// For another device of this driver; false for anything else, and when the driver lacks
@@ -862,7 +873,7 @@ impl<V: VendorApi> Drop for GpuDevice<V> {
                     warn("could not free a reservation", e);
                 }
             }
-            for &e in &handles.events {
+            for &e in handles.events.keys() {
                 if let Err(err) = vendor.event_destroy(e) {
                     warn("could not destroy an event", err);
                 }
