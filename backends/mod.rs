@@ -1,10 +1,13 @@
 //! Backends: one folder per vendor, each implementing [`crate::Device`]. The host backend is
-//! always compiled; `cuda` and `hip` come with their cargo features. Unsafe code lives here
-//! (and in `sys/`) only; every block says why it is sound in a `// SAFETY:` line.
+//! always compiled; `cuda` and `hip` come with their cargo features and share one vendor
+//! layer (`vendor/`: [`GpuDevice`], the books, the checks, the lock order, the rule for what
+//! is `unsafe`, and the table of what differs between them on purpose). Unsafe code lives
+//! here (and in `sys/`) only; every block says why it is sound in a `// SAFETY:` line.
 
 use serde::Serialize;
 
 use crate::device::Vendor;
+use crate::error::{Error, Result};
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -14,9 +17,56 @@ pub mod host;
 #[cfg(any(feature = "cuda", feature = "hip"))]
 pub(crate) mod loader;
 #[cfg(any(feature = "cuda", feature = "hip"))]
-mod vendor_books;
+mod vendor;
 #[cfg(any(feature = "cuda", feature = "hip"))]
-pub use vendor_books::VendorCensus;
+pub use vendor::{GpuDevice, VendorCensus};
+
+/// Builder setters that store their argument as it is: `name: Type;` entries, each with its
+/// doc comment, become `pub fn name(mut self, name: Type) -> Self`.
+macro_rules! setters {
+    ($($(#[$doc:meta])* $name:ident: $ty:ty;)*) => {
+        $(
+            $(#[$doc])*
+            pub fn $name(mut self, $name: $ty) -> Self {
+                self.$name = $name;
+                self
+            }
+        )*
+    };
+}
+pub(crate) use setters;
+
+/// What a request for memory must be, on every backend: at least one byte (`what` says of
+/// which kind, e.g. "a device allocation") and, rounded up to `unit` bytes, still a `u64`.
+/// Returns the rounded size.
+///
+/// # Errors
+/// [`Error::InvalidSize`] for zero or a size that overflows once rounded.
+pub(crate) fn request_size(size: u64, unit: u64, what: Request) -> Result<u64> {
+    if size == 0 {
+        return Err(Error::InvalidSize {
+            size,
+            reason: match what {
+                Request::Allocation => "a device allocation must be at least 1 byte",
+                Request::PoolAllocation => "a pool allocation must be at least 1 byte",
+            },
+        });
+    }
+    size.checked_next_multiple_of(unit)
+        .ok_or(Error::InvalidSize {
+            size,
+            reason: "too large: rounding it up to the allocation unit overflows",
+        })
+}
+
+/// The kind of memory a [`request_size`] is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Request {
+    /// [`crate::Device::alloc`].
+    Allocation,
+    /// [`crate::device::StreamOrderedPool::alloc_async`].
+    PoolAllocation,
+}
 
 /// What probing one vendor backend found: the library it loaded, versions, devices, or the
 /// vendor's own error name.
@@ -38,4 +88,58 @@ pub struct Probe {
     pub devices: Vec<String>,
     /// The vendor's error, e.g. `CUDA_ERROR_NO_DEVICE (100): no CUDA-capable device is detected`.
     pub error: Option<String>,
+}
+
+#[cfg(any(feature = "cuda", feature = "hip"))]
+impl Probe {
+    /// A vendor's probe: the library loaded by `load` from `candidates` (or why not:
+    /// `not_found` and each candidate's reason when none opened), then `survey` (which fills
+    /// in the library and versions and counts the devices; its error is the vendor's, as
+    /// `NAME (code): text`) and one line per device from `describe`.
+    pub(crate) fn run<L>(
+        backend: Vendor,
+        candidates: Result<Vec<String>>,
+        not_found: impl FnOnce(&[String]) -> String,
+        load: impl FnOnce(&[String]) -> Result<L>,
+        survey: impl FnOnce(&L, &mut Probe) -> Result<u32>,
+        describe: impl Fn(&L, u32) -> Result<String>,
+    ) -> Probe {
+        let mut probe = Probe {
+            backend: Some(backend),
+            ..Probe::default()
+        };
+        let loaded = match candidates {
+            Err(e) => Err(e.to_string()),
+            Ok(candidates) => load(&candidates).map_err(|e| match e {
+                Error::LibraryLoad { reason, .. } => {
+                    probe.load_failures = reason.split("; ").map(String::from).collect();
+                    not_found(&candidates)
+                }
+                other => other.to_string(),
+            }),
+        };
+        let library = match loaded {
+            Ok(library) => library,
+            Err(why) => {
+                probe.error = Some(why);
+                return probe;
+            }
+        };
+        match survey(&library, &mut probe) {
+            Ok(count) => {
+                probe.device_count = count;
+                probe.devices = (0..count)
+                    .map(|ordinal| describe(&library, ordinal).unwrap_or_else(|e| e.to_string()))
+                    .collect();
+            }
+            Err(Error::Driver {
+                code,
+                name,
+                message,
+                ..
+            }) => probe.error = Some(format!("{name} ({code}): {message}")),
+            Err(e) => probe.error = Some(e.to_string()),
+        }
+        probe
+    }
 }

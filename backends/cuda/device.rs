@@ -1,21 +1,19 @@
-//! [`CudaDevice`]: the [`Device`] trait over NVIDIA's driver API, one per device ordinal, on
-//! the device's primary context.
+//! [`CudaDevice`]: the vendor layer's [`GpuDevice`] over NVIDIA's driver API, one per device
+//! ordinal, on the device's primary context. This file holds what is CUDA's own: the checked
+//! calls of [`VendorApi`] for CUDA, the capability gates and opening.
 
+use std::ffi::c_int;
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::Arc;
 
 use portalloc_sys::cuda as sys;
 
-use super::Driver;
-use crate::backends::vendor_books::{self, Books, Handles, VendorCensus};
-use crate::device::{
-    Capabilities, Device, DeviceInfo, Event, MemInfo, PhysicalHandle, PoolUsage, Stream,
-    StreamOrderedPool, Vendor, VirtualMemory,
-};
+use super::{allocation_prop, device_location, to_usize, Driver, Facts};
+use crate::backends::loader::Checked;
+use crate::backends::vendor::{handle, GpuDevice, Opened, PoolAttribute, VendorApi, VendorCensus};
+use crate::device::{Capabilities, DeviceInfo, Vendor};
 use crate::error::{Error, Result};
 use crate::units::Bytes;
-
-const BACKEND: &str = "cuda";
 
 /// The granularity reported when the driver has no virtual-memory API to ask: 2 MiB, what
 /// every NVIDIA GPU since Pascal answers.
@@ -28,65 +26,344 @@ const POOLS_MIN_VERSION: i32 = 11_020;
 /// What a device holds now, from its own books: [`VendorCensus`].
 pub type CudaCensus = VendorCensus;
 
-/// One NVIDIA GPU behind the [`Device`] trait.
+/// One NVIDIA GPU behind the [`crate::Device`] trait: the vendor layer's [`GpuDevice`] (books,
+/// checks, locks, drop) over CUDA's calls.
 ///
 /// * **Context**: the device's primary context, retained at [`CudaDevice::open`] and released
 ///   when the device is dropped; every call first makes it current on the calling thread
 ///   (one `cuCtxGetCurrent`, plus `cuCtxSetCurrent` when another context was current), so the
 ///   device may be used from any thread and shares its context with other libraries that
 ///   use the primary context (the runtime API, cudarc, PyTorch).
-/// * **Memory**: [`Device::alloc`] / [`Device::free`] are `cuMemAlloc_v2` / `cuMemFree_v2`.
-/// * **Virtual memory** ([`VirtualMemory`]) when the driver is CUDA ≥ 10.2, exports the
-///   calls, and the device sets `CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED`.
-/// * **Stream-ordered pool** ([`StreamOrderedPool`]) when the driver is CUDA ≥ 11.2, exports
-///   the calls, and the device sets `CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED`: a pool of
-///   its own made with `cuMemPoolCreate` (so that its release threshold and trimming do not
-///   disturb other users of the device's default pool).
-/// * **Streams and events**: any stream the caller passes is used as it is — PyTorch's,
-///   cudarc's, one made with `cuStreamCreate` directly, [`Stream::DEFAULT`] / [`Stream::LEGACY`]
-///   (the legacy default stream) or [`Stream::PER_THREAD`]; [`Device::create_stream`] makes
-///   blocking streams (`cuStreamCreate`, so the legacy default stream orders with them), and
-///   events are `cuEventCreate` (timing disabled). [`Device::synchronize_device`] is
+/// * **Memory**: [`crate::Device::alloc`] / [`crate::Device::free`] are `cuMemAlloc_v2` /
+///   `cuMemFree_v2`.
+/// * **Virtual memory** ([`crate::device::VirtualMemory`]) when the driver is CUDA ≥ 10.2,
+///   exports the calls, and the device sets
+///   `CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED`.
+/// * **Stream-ordered pool** ([`crate::device::StreamOrderedPool`]) when the driver is CUDA ≥
+///   11.2, exports the calls, and the device sets `CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED`:
+///   a pool of its own made with `cuMemPoolCreate` (so that its release threshold and trimming
+///   do not disturb other users of the device's default pool).
+/// * **Streams and events**: [`crate::Device::create_stream`] makes blocking streams
+///   (`cuStreamCreate`, so the legacy default stream orders with them), events are
+///   `cuEventCreate` (timing disabled), [`crate::Device::synchronize_device`] is
 ///   `cuCtxSynchronize`.
-///
-/// Errors: every failed call is [`Error::Driver`] with the driver's own name
-/// (`CUDA_ERROR_INVALID_VALUE`), out-of-memory is [`Error::DeviceOutOfMemory`], pointers,
-/// handles and events the device did not hand out (and streams it is asked to destroy that it
-/// did not create) are [`Error::UnknownPointer`]
-/// (checked before the driver sees them), and sizes that are not multiples of the granularity
-/// are [`Error::InvalidArgument`]. Dropping the device gives back whatever it still holds and
-/// warns about it.
-pub struct CudaDevice {
+pub type CudaDevice = GpuDevice<Cuda>;
+
+/// CUDA's side of a [`CudaDevice`]: the driver, the device and its primary context (retained
+/// while this lives).
+pub struct Cuda {
     driver: Arc<Driver>,
     device: sys::CUdevice,
     ctx: sys::CUcontext,
-    info: DeviceInfo,
-    granularity: u64,
-    vmm: bool,
-    pool: Option<sys::CUmemoryPool>,
-    books: Mutex<Books>,
-    handles: RwLock<Handles>,
-    /// Peer access enabled: `(ordinal, CUdevice)` of each peer, whose primary context is
-    /// retained until this device is dropped (so that the access lasts as long as it).
-    peers: Mutex<Vec<(u32, sys::CUdevice)>>,
 }
 
-// SAFETY: the raw handles (the primary context and the pool) are driver objects that the CUDA
-// driver API allows any thread to use, once the context is current on it, which every call
-// makes sure of; all mutable state is behind the mutex and the lock.
-unsafe impl Send for CudaDevice {}
-// SAFETY: as above: the driver API is thread-safe and the books are locked.
-unsafe impl Sync for CudaDevice {}
+// SAFETY: the primary context is a driver object that the CUDA driver API allows any thread
+// to use once it is current there, which every call makes sure of (`enter`).
+unsafe impl Send for Cuda {}
+// SAFETY: as above: the driver API is thread-safe.
+unsafe impl Sync for Cuda {}
 
-impl fmt::Debug for CudaDevice {
+impl fmt::Debug for Cuda {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CudaDevice")
-            .field("ordinal", &self.info.ordinal)
-            .field("name", &self.info.name)
-            .field("arch", &self.info.arch)
+        f.debug_struct("Cuda")
+            .field("device", &self.device)
             .field("library", &self.driver.path())
-            .field("capabilities", &self.info.capabilities)
             .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Cuda {
+    fn drop(&mut self) {
+        // SAFETY: retained once when this value was made, released once here, as it goes
+        // (after the device gave back everything it held, see `GpuDevice`'s drop).
+        if let Err(e) = unsafe { self.driver.primary_ctx_release(self.device) } {
+            tracing::warn!(error = %e, "dropping a cuda device: could not release its primary context");
+        }
+    }
+}
+
+impl Cuda {
+    fn check(&self, call: &'static str, code: sys::CUresult) -> Result<()> {
+        self.driver.check(call, code)
+    }
+
+    /// One read-write access descriptor for `device`.
+    fn access(device: sys::CUdevice) -> sys::CUmemAccessDesc {
+        sys::CUmemAccessDesc {
+            location: device_location(device),
+            flags: sys::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        }
+    }
+}
+
+impl VendorApi for Cuda {
+    const BACKEND: &'static str = "cuda";
+    const VENDOR: Vendor = Vendor::Cuda;
+    const OUT_OF_MEMORY: i64 = sys::CUDA_ERROR_OUT_OF_MEMORY as i64;
+    const PEER_CALLS: &'static str = "cuDeviceCanAccessPeer / cuCtxEnablePeerAccess";
+    /// The peer's device, whose primary context is retained while access is enabled.
+    type Peer = sys::CUdevice;
+
+    /// The primary context made current: one `cuCtxGetCurrent`, plus `cuCtxSetCurrent` when
+    /// another context was current on the calling thread.
+    fn enter(&self) -> Result<()> {
+        // SAFETY: the primary context is retained for as long as `self` lives.
+        unsafe { self.driver.make_current(self.ctx) }
+    }
+
+    /// `cuMemGetInfo_v2` of the current context's device.
+    fn mem_info(&self) -> Result<(u64, u64)> {
+        self.driver.mem_info()
+    }
+
+    /// `cuDeviceGetCount`.
+    fn device_count(&self) -> Result<u32> {
+        self.driver.device_count()
+    }
+
+    fn alloc(&self, size: u64) -> Result<u64> {
+        let bytes = to_usize("cuMemAlloc_v2", size)?;
+        // SAFETY: writes one device pointer through a valid pointer.
+        self.driver.out("cuMemAlloc_v2", |p| unsafe {
+            (self.driver.api.mem_alloc)(p, bytes)
+        })
+    }
+
+    unsafe fn free(&self, ptr: u64) -> Result<()> {
+        // SAFETY: the caller guarantees a live allocation.
+        self.check("cuMemFree_v2", unsafe { (self.driver.api.mem_free)(ptr) })
+    }
+
+    fn stream_create(&self) -> Result<u64> {
+        let mut s: sys::CUstream = std::ptr::null_mut();
+        // SAFETY: writes one stream handle through a valid pointer.
+        let code = unsafe { (self.driver.api.stream_create)(&mut s, sys::CU_STREAM_DEFAULT) };
+        self.check("cuStreamCreate", code)
+            .map(|()| s as usize as u64)
+    }
+
+    unsafe fn stream_destroy(&self, s: u64) -> Result<()> {
+        // SAFETY: the caller guarantees a live stream of this device.
+        self.check("cuStreamDestroy_v2", unsafe {
+            (self.driver.api.stream_destroy)(handle(s))
+        })
+    }
+
+    unsafe fn stream_synchronize(&self, s: u64) -> Result<()> {
+        // SAFETY: the caller guarantees a live stream, null or a special handle.
+        let code = unsafe { (self.driver.api.stream_synchronize)(handle(s)) };
+        self.check("cuStreamSynchronize", code)
+    }
+
+    fn device_synchronize(&self) -> Result<()> {
+        // SAFETY: no arguments; the context was made current.
+        self.check("cuCtxSynchronize", unsafe {
+            (self.driver.api.ctx_synchronize)()
+        })
+    }
+
+    fn event_create(&self) -> Result<u64> {
+        let mut e: sys::CUevent = std::ptr::null_mut();
+        // SAFETY: writes one event handle through a valid pointer.
+        let code = unsafe { (self.driver.api.event_create)(&mut e, sys::CU_EVENT_DISABLE_TIMING) };
+        self.check("cuEventCreate", code)
+            .map(|()| e as usize as u64)
+    }
+
+    unsafe fn event_record(&self, e: u64, s: u64) -> Result<()> {
+        // SAFETY: the caller guarantees both handles.
+        let code = unsafe { (self.driver.api.event_record)(handle(e), handle(s)) };
+        self.check("cuEventRecord", code)
+    }
+
+    unsafe fn event_query(&self, e: u64) -> Result<bool> {
+        // SAFETY: the caller guarantees a live event.
+        match unsafe { (self.driver.api.event_query)(handle(e)) } {
+            sys::CUDA_ERROR_NOT_READY => Ok(false),
+            code => self.check("cuEventQuery", code).map(|()| true),
+        }
+    }
+
+    unsafe fn event_synchronize(&self, e: u64) -> Result<()> {
+        // SAFETY: the caller guarantees a live event.
+        let code = unsafe { (self.driver.api.event_synchronize)(handle(e)) };
+        self.check("cuEventSynchronize", code)
+    }
+
+    unsafe fn event_destroy(&self, e: u64) -> Result<()> {
+        // SAFETY: the caller guarantees a live event, not used afterwards.
+        self.check("cuEventDestroy_v2", unsafe {
+            (self.driver.api.event_destroy)(handle(e))
+        })
+    }
+
+    fn create_physical(&self, size: u64) -> Result<u64> {
+        let api = self.driver.vmm("cuMemCreate")?;
+        let (bytes, prop) = (to_usize("cuMemCreate", size)?, allocation_prop(self.device));
+        // SAFETY: `prop` is fully initialised; writes one handle through a valid pointer.
+        self.driver.out("cuMemCreate", |h| unsafe {
+            (api.create)(h, bytes, &prop, 0)
+        })
+    }
+
+    unsafe fn release_physical(&self, handle: u64) -> Result<()> {
+        let api = self.driver.vmm("cuMemRelease")?;
+        // SAFETY: the caller guarantees a live handle.
+        self.check("cuMemRelease", unsafe { (api.release)(handle) })
+    }
+
+    fn reserve(&self, size: u64, alignment: u64) -> Result<u64> {
+        let api = self.driver.vmm("cuMemAddressReserve")?;
+        let bytes = to_usize("cuMemAddressReserve", size)?;
+        let align = to_usize("cuMemAddressReserve", alignment)?;
+        // SAFETY: writes one device pointer through a valid pointer; no fixed address.
+        self.driver.out("cuMemAddressReserve", |va| unsafe {
+            (api.reserve)(va, bytes, align, 0, 0)
+        })
+    }
+
+    unsafe fn free_reservation(&self, va: u64, size: u64) -> Result<()> {
+        let api = self.driver.vmm("cuMemAddressFree")?;
+        let bytes = to_usize("cuMemAddressFree", size)?;
+        // SAFETY: the caller guarantees a whole, unmapped reservation.
+        self.check("cuMemAddressFree", unsafe { (api.address_free)(va, bytes) })
+    }
+
+    unsafe fn map(&self, va: u64, size: u64, offset: u64, handle: u64) -> Result<()> {
+        let api = self.driver.vmm("cuMemMap")?;
+        let (bytes, offset) = (to_usize("cuMemMap", size)?, to_usize("cuMemMap", offset)?);
+        // SAFETY: the caller guarantees a live handle and a free range of a reservation.
+        self.check("cuMemMap", unsafe {
+            (api.map)(va, bytes, offset, handle, 0)
+        })
+    }
+
+    unsafe fn unmap(&self, va: u64, size: u64) -> Result<()> {
+        let api = self.driver.vmm("cuMemUnmap")?;
+        let bytes = to_usize("cuMemUnmap", size)?;
+        // SAFETY: the caller guarantees whole live mappings, unused now.
+        self.check("cuMemUnmap", unsafe { (api.unmap)(va, bytes) })
+    }
+
+    unsafe fn set_access(&self, va: u64, size: u64, peers: &[sys::CUdevice]) -> Result<()> {
+        let api = self.driver.vmm("cuMemSetAccess")?;
+        let bytes = to_usize("cuMemSetAccess", size)?;
+        let descs: Vec<_> = std::iter::once(self.device)
+            .chain(peers.iter().copied())
+            .map(Cuda::access)
+            .collect();
+        // SAFETY: `descs.len()` initialised descriptors; the caller guarantees the range is
+        // mapped.
+        self.check("cuMemSetAccess", unsafe {
+            (api.set_access)(va, bytes, descs.as_ptr(), descs.len())
+        })
+    }
+
+    /// `cuMemPoolCreate` of a pinned-memory pool on this device, no IPC handle types.
+    fn pool_open(&self) -> Result<u64> {
+        let api = self.driver.pools("cuMemPoolCreate")?;
+        let props = sys::CUmemPoolProps {
+            allocType: sys::CU_MEM_ALLOCATION_TYPE_PINNED,
+            handleTypes: sys::CU_MEM_HANDLE_TYPE_NONE,
+            location: device_location(self.device),
+            win32SecurityAttributes: std::ptr::null_mut(),
+            maxSize: 0,
+            reserved: [0; 56],
+        };
+        let mut p: sys::CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: `props` is fully initialised (zero tail); writes one pool handle.
+        let code = unsafe { (api.create)(&mut p, &props) };
+        self.check("cuMemPoolCreate", code)
+            .map(|()| p as usize as u64)
+    }
+
+    unsafe fn pool_close(&self, p: u64) -> Result<()> {
+        let api = self.driver.pools("cuMemPoolDestroy")?;
+        // SAFETY: the caller guarantees a live pool of this device, not used afterwards.
+        self.check("cuMemPoolDestroy", unsafe { (api.destroy)(handle(p)) })
+    }
+
+    unsafe fn pool_alloc(&self, p: u64, size: u64, s: u64) -> Result<u64> {
+        let api = self.driver.pools("cuMemAllocFromPoolAsync")?;
+        let bytes = to_usize("cuMemAllocFromPoolAsync", size)?;
+        // SAFETY: the caller guarantees pool and stream; writes one device pointer.
+        self.driver.out("cuMemAllocFromPoolAsync", |ptr| unsafe {
+            (api.alloc_async)(ptr, bytes, handle(p), handle(s))
+        })
+    }
+
+    unsafe fn pool_free(&self, ptr: u64, s: u64) -> Result<()> {
+        let api = self.driver.pools("cuMemFreeAsync")?;
+        // SAFETY: the caller guarantees a live pool allocation and stream.
+        self.check("cuMemFreeAsync", unsafe {
+            (api.free_async)(ptr, handle(s))
+        })
+    }
+
+    unsafe fn pool_attribute(&self, p: u64, attribute: PoolAttribute) -> Result<u64> {
+        let api = self.driver.pools("cuMemPoolGetAttribute")?;
+        // SAFETY: the caller guarantees a live pool; all five are cuuint64_t attributes.
+        self.driver
+            .out("cuMemPoolGetAttribute", |v: &mut sys::cuuint64_t| unsafe {
+                (api.get_attribute)(handle(p), attribute as _, (v as *mut u64).cast())
+            })
+    }
+
+    unsafe fn pool_set_release_threshold(&self, p: u64, bytes: u64) -> Result<()> {
+        let api = self.driver.pools("cuMemPoolSetAttribute")?;
+        let mut v: sys::cuuint64_t = bytes;
+        let attr = sys::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD;
+        // SAFETY: the caller guarantees a live pool; the threshold is a cuuint64_t.
+        self.check("cuMemPoolSetAttribute", unsafe {
+            (api.set_attribute)(handle(p), attr, (&mut v as *mut u64).cast())
+        })
+    }
+
+    unsafe fn pool_trim(&self, p: u64, keep: u64) -> Result<()> {
+        let api = self.driver.pools("cuMemPoolTrimTo")?;
+        let keep = usize::try_from(keep).unwrap_or(usize::MAX);
+        // SAFETY: the caller guarantees a live pool.
+        self.check("cuMemPoolTrimTo", unsafe { (api.trim_to)(handle(p), keep) })
+    }
+
+    fn has_peer_calls(&self) -> bool {
+        self.driver.has_peer_symbols()
+    }
+
+    fn can_access_peer(&self, peer: u32) -> Result<bool> {
+        let peer = self.driver.device(peer)?;
+        self.driver.can_access_peer(self.device, peer)
+    }
+
+    /// Retains the peer's primary context and enables access to it from this (current)
+    /// context; already enabled is success.
+    fn enable_peer(&self, peer: u32) -> Result<sys::CUdevice> {
+        let api = self
+            .driver
+            .peer
+            .ok_or_else(|| self.driver.lacks("cuCtxEnablePeerAccess", "peer access"))?;
+        let peer = self.driver.device(peer)?;
+        let peer_ctx = self.driver.primary_ctx_retain(peer)?;
+        // SAFETY: the peer's primary context was retained just above; flags must be 0.
+        let code = unsafe { (api.enable)(peer_ctx, 0) };
+        if code == sys::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
+            return Ok(peer);
+        }
+        match self.check("cuCtxEnablePeerAccess", code) {
+            Ok(()) => Ok(peer),
+            Err(e) => {
+                // SAFETY: undoes the retain of the peer's primary context made above.
+                if let Err(r) = unsafe { self.driver.primary_ctx_release(peer) } {
+                    tracing::debug!(error = %r, "could not release a peer context");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    unsafe fn release_peer(&self, peer: sys::CUdevice) -> Result<()> {
+        // SAFETY: the caller guarantees one release per retain made by `enable_peer`.
+        unsafe { self.driver.primary_ctx_release(peer) }
     }
 }
 
@@ -98,7 +375,7 @@ pub fn open_all() -> Result<Vec<CudaDevice>> {
     CudaDevice::open_all(Arc::new(Driver::load_default()?))
 }
 
-impl CudaDevice {
+impl GpuDevice<Cuda> {
     /// Opens device `ordinal`: `cuInit`, the device's facts and capabilities, its primary
     /// context retained, and its pool created when it has pools.
     ///
@@ -123,56 +400,57 @@ impl CudaDevice {
                 ),
             });
         }
-        let device = driver.device(ordinal)?;
-        let name = driver.device_name(device)?;
-        let major =
-            driver.device_attribute(device, sys::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
-        let minor =
-            driver.device_attribute(device, sys::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
-        let total = driver.total_mem(device)?;
+        let Facts {
+            device,
+            name,
+            major,
+            minor,
+            total,
+        } = Facts::read(&driver, ordinal)?;
         let version = driver.version_code()?;
         let ctx = driver.primary_ctx_retain(device)?;
-        // From here on, dropping `dev` releases the context (and whatever else it holds).
-        let mut dev = CudaDevice {
+        // From here on, dropping `cuda` releases the context.
+        let cuda = Cuda {
             driver: Arc::clone(&driver),
             device,
             ctx,
-            info: DeviceInfo {
-                vendor: Vendor::Cuda,
-                ordinal,
-                name,
-                arch: format!("sm_{major}{minor}"),
-                total_bytes: total,
-                min_granularity: ASSUMED_GRANULARITY,
-                recommended_granularity: ASSUMED_GRANULARITY,
-                capabilities: Capabilities::default(),
-                notes: vec![
-                    ("library".into(), driver.path().to_string()),
-                    (
-                        "driver".into(),
-                        format!(
-                            "CUDA {}.{} ({version})",
-                            version / 1000,
-                            version % 1000 / 10
-                        ),
-                    ),
-                    ("compute capability".into(), format!("{major}.{minor}")),
-                    ("context".into(), "primary".into()),
-                ],
-            },
-            granularity: ASSUMED_GRANULARITY,
-            vmm: false,
-            pool: None,
-            books: Mutex::new(Books::default()),
-            handles: RwLock::new(Handles::default()),
-            peers: Mutex::new(Vec::new()),
         };
-        dev.enter()?;
-
+        cuda.enter()?;
+        let mut info = DeviceInfo {
+            vendor: Vendor::Cuda,
+            ordinal,
+            name,
+            arch: format!("sm_{major}{minor}"),
+            total_bytes: total,
+            min_granularity: ASSUMED_GRANULARITY,
+            recommended_granularity: ASSUMED_GRANULARITY,
+            capabilities: Capabilities::default(),
+            notes: vec![
+                ("library".into(), driver.path().to_string()),
+                (
+                    "driver".into(),
+                    format!(
+                        "CUDA {}.{} ({version})",
+                        version / 1000,
+                        version % 1000 / 10
+                    ),
+                ),
+                ("compute capability".into(), format!("{major}.{minor}")),
+                ("context".into(), "primary".into()),
+            ],
+        };
+        let gate = |min_version, symbols, attribute, what| {
+            gate(
+                &driver,
+                device,
+                version,
+                min_version,
+                symbols,
+                attribute,
+                what,
+            )
+        };
         let vmm_gate = gate(
-            &driver,
-            device,
-            version,
             VMM_MIN_VERSION,
             driver.has_vmm_symbols(),
             sys::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
@@ -180,22 +458,16 @@ impl CudaDevice {
         );
         let vmm_note = match vmm_gate {
             Ok(()) => {
-                let granularities = driver
-                    .allocation_granularity(device, sys::CU_MEM_ALLOC_GRANULARITY_MINIMUM)
-                    .and_then(|min| {
-                        driver
-                            .allocation_granularity(
-                                device,
-                                sys::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED,
-                            )
-                            .map(|rec| (min, rec))
+                let granularity = |option| driver.allocation_granularity(device, option);
+                let granularities =
+                    granularity(sys::CU_MEM_ALLOC_GRANULARITY_MINIMUM).and_then(|min| {
+                        granularity(sys::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED).map(|rec| (min, rec))
                     });
                 match granularities {
                     Ok((min, rec)) if min.is_power_of_two() => {
-                        dev.vmm = true;
-                        dev.granularity = min;
-                        dev.info.min_granularity = min;
-                        dev.info.recommended_granularity = rec.max(min);
+                        info.capabilities.virtual_memory = true;
+                        info.min_granularity = min;
+                        info.recommended_granularity = rec.max(min);
                         format!(
                             "yes (granularity {}, recommended {})",
                             Bytes(min),
@@ -209,39 +481,34 @@ impl CudaDevice {
             Err(why) => format!("no: {why}"),
         };
         let pool_gate = gate(
-            &driver,
-            device,
-            version,
             POOLS_MIN_VERSION,
             driver.has_pool_symbols(),
             sys::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
             "memory pools",
         );
-        let pool_note = match pool_gate {
-            Ok(()) => match driver.mem_pool_create(device) {
-                Ok(pool) => {
-                    dev.pool = Some(pool);
-                    "yes (a pool of its own, release threshold 0)".to_string()
-                }
-                Err(e) => format!("no: {e}"),
-            },
+        let mut pool = None;
+        let pool_note = match pool_gate.and_then(|()| cuda.pool_open().map_err(|e| e.to_string())) {
+            Ok(p) => {
+                pool = Some(p);
+                info.capabilities.stream_ordered_pool = true;
+                "yes (a pool of its own, release threshold 0)".to_string()
+            }
             Err(why) => format!("no: {why}"),
         };
-        dev.info.capabilities = Capabilities {
-            virtual_memory: dev.vmm,
-            stream_ordered_pool: dev.pool.is_some(),
-        };
-        dev.info.notes.push(("virtual memory".into(), vmm_note));
-        dev.info
-            .notes
-            .push(("stream-ordered pool".into(), pool_note));
-        if !dev.vmm {
-            dev.info.notes.push((
+        info.notes.push(("virtual memory".into(), vmm_note));
+        info.notes.push(("stream-ordered pool".into(), pool_note));
+        if !info.capabilities.virtual_memory {
+            info.notes.push((
                 "granularity".into(),
                 format!("{} (assumed)", Bytes(ASSUMED_GRANULARITY)),
             ));
         }
-        Ok(dev)
+        Ok(GpuDevice::new(Opened {
+            vendor: cuda,
+            granularity: info.min_granularity,
+            info,
+            pool,
+        }))
     }
 
     /// Opens every device the driver reports, by ordinal.
@@ -258,104 +525,24 @@ impl CudaDevice {
 
     /// The loaded driver.
     pub fn driver(&self) -> &Arc<Driver> {
-        &self.driver
+        &self.vendor().driver
     }
 
     /// The device's primary context (`CUcontext`), retained for as long as this device
     /// lives: the context cudarc, PyTorch and the runtime API use too.
     pub fn context(&self) -> sys::CUcontext {
-        self.ctx
+        self.vendor().ctx
     }
 
     /// The driver's handle for the device (`CUdevice`).
     pub fn cu_device(&self) -> sys::CUdevice {
-        self.device
+        self.vendor().device
     }
 
     /// The device's primary context, retained for as long as this value lives. For interop
     /// with other users of the driver API (they share it).
     pub fn cu_context(&self) -> sys::CUcontext {
-        self.ctx
-    }
-
-    /// Makes the device's primary context current on the calling thread.
-    ///
-    /// # Errors
-    /// [`Error::Driver`] from `cuCtxGetCurrent` / `cuCtxSetCurrent`.
-    pub fn make_current(&self) -> Result<()> {
-        self.enter()
-    }
-
-    /// What the device holds now, from its books.
-    pub fn census(&self) -> CudaCensus {
-        vendor_books::census(&self.handles, &self.books)
-    }
-
-    fn enter(&self) -> Result<()> {
-        self.driver.make_current(self.ctx)
-    }
-
-    fn peers(&self) -> MutexGuard<'_, Vec<(u32, sys::CUdevice)>> {
-        self.peers.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// The driver's handle of `peer`, when it is another CUDA device of this driver.
-    fn peer_device(&self, peer: &dyn Device) -> Result<Option<sys::CUdevice>> {
-        let info = peer.info();
-        if info.vendor != Vendor::Cuda || info.ordinal == self.info.ordinal {
-            return Ok(None);
-        }
-        if info.ordinal >= self.driver.device_count()? {
-            return Ok(None);
-        }
-        self.driver.device(info.ordinal).map(Some)
-    }
-
-    fn books(&self) -> MutexGuard<'_, Books> {
-        // Every update is a single insert or remove after the driver call, so the books are
-        // consistent even if a holder panicked.
-        self.books.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn handles_read(&self) -> RwLockReadGuard<'_, Handles> {
-        self.handles.read().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn handles_write(&self) -> RwLockWriteGuard<'_, Handles> {
-        self.handles.write().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Checks that `value` is a non-zero multiple of the granularity (`zero_ok` for offsets).
-    fn check_granular(
-        &self,
-        call: &'static str,
-        what: &str,
-        value: u64,
-        zero_ok: bool,
-    ) -> Result<()> {
-        if (value == 0 && !zero_ok) || value % self.granularity != 0 {
-            return Err(Error::InvalidArgument {
-                call,
-                reason: format!(
-                    "{what} {value:#x} is not accepted: it must be a {}multiple of the \
-                     device's granularity ({} bytes)",
-                    if zero_ok { "" } else { "non-zero " },
-                    self.granularity
-                ),
-            });
-        }
-        Ok(())
-    }
-
-    fn pool_handle(&self) -> Result<sys::CUmemoryPool> {
-        self.pool.ok_or_else(|| Error::Unsupported {
-            what: "stream-ordered pool".into(),
-            backend: BACKEND,
-            reason: format!(
-                "device {} ({}) has no memory pools",
-                self.info.ordinal, self.info.name
-            ),
-        })
+        self.vendor().ctx
     }
 }
 
@@ -366,7 +553,7 @@ fn gate(
     version: i32,
     min_version: i32,
     symbols: bool,
-    attribute: std::ffi::c_int,
+    attribute: c_int,
     what: &str,
 ) -> std::result::Result<(), String> {
     if version < min_version {
@@ -390,598 +577,5 @@ fn gate(
         )),
         Ok(_) => Ok(()),
         Err(e) => Err(format!("attribute {attribute} could not be read: {e}")),
-    }
-}
-
-fn unknown(what: &'static str, ptr: u64) -> Error {
-    Error::UnknownPointer {
-        what,
-        ptr,
-        backend: BACKEND,
-    }
-}
-
-fn stream_handle(stream: Stream) -> sys::CUstream {
-    stream.0 as usize as sys::CUstream
-}
-
-fn event_handle(event: Event) -> sys::CUevent {
-    event.0 as usize as sys::CUevent
-}
-
-impl Handles {
-    /// A stream this device made (the only ones [`Device::destroy_stream`] takes).
-    fn check_own_stream(&self, stream: Stream) -> Result<sys::CUstream> {
-        if self.streams.contains(&stream.0) {
-            Ok(stream_handle(stream))
-        } else {
-            Err(unknown("stream", stream.0))
-        }
-    }
-
-    fn check_event(&self, event: Event) -> Result<sys::CUevent> {
-        if self.events.contains(&event.0) {
-            Ok(event_handle(event))
-        } else {
-            Err(unknown("event", event.0))
-        }
-    }
-}
-
-impl Device for CudaDevice {
-    fn info(&self) -> &DeviceInfo {
-        &self.info
-    }
-
-    /// `cuMemGetInfo_v2`.
-    fn mem_info(&self) -> Result<MemInfo> {
-        self.enter()?;
-        let (free, total) = self.driver.mem_info()?;
-        Ok(MemInfo { free, total })
-    }
-
-    /// `cuMemAlloc_v2` (256-byte aligned or better).
-    ///
-    /// # Errors
-    /// [`Error::InvalidSize`] for zero; [`Error::DeviceOutOfMemory`] for
-    /// `CUDA_ERROR_OUT_OF_MEMORY`; [`Error::Driver`] otherwise.
-    fn alloc(&self, size: u64) -> Result<u64> {
-        if size == 0 {
-            return Err(Error::InvalidSize {
-                size,
-                reason: "a device allocation must be at least 1 byte",
-            });
-        }
-        self.enter()?;
-        let ptr = self.driver.mem_alloc(size)?;
-        self.books().allocations.insert(ptr, size);
-        Ok(ptr)
-    }
-
-    /// `cuMemFree_v2`.
-    ///
-    /// # Errors
-    /// [`Error::UnknownPointer`] for a pointer not from [`Device::alloc`] (or freed already);
-    /// [`Error::InvalidArgument`] for a `size` that is not the allocation's (as on the host
-    /// and HIP devices); [`Error::Driver`] when the driver refuses (the allocation is then
-    /// still held).
-    fn free(&self, ptr: u64, size: u64) -> Result<()> {
-        {
-            let mut books = self.books();
-            let held = *books
-                .allocations
-                .get(&ptr)
-                .ok_or_else(|| unknown("allocation", ptr))?;
-            // As the host and HIP devices do: a size that is not the allocation's is a bug
-            // of the caller's, refused before the driver frees anything.
-            if held != size {
-                return Err(Error::InvalidArgument {
-                    call: "free",
-                    reason: format!(
-                        "allocation {ptr:#x} was made with {held} bytes, not {size}; accepted \
-                         is the size it was allocated with"
-                    ),
-                });
-            }
-            books.allocations.remove(&ptr);
-        }
-        let result = self.enter().and_then(|()| self.driver.mem_free(ptr));
-        if result.is_err() {
-            self.books().allocations.insert(ptr, size);
-        }
-        result
-    }
-
-    fn virtual_memory(&self) -> Option<&dyn VirtualMemory> {
-        self.vmm.then_some(self as &dyn VirtualMemory)
-    }
-
-    fn stream_ordered_pool(&self) -> Option<&dyn StreamOrderedPool> {
-        self.pool.map(|_| self as &dyn StreamOrderedPool)
-    }
-
-    /// `cuStreamCreate(CU_STREAM_DEFAULT)`.
-    fn create_stream(&self) -> Result<Stream> {
-        self.enter()?;
-        let mut h = self.handles_write();
-        let s = self.driver.stream_create(sys::CU_STREAM_DEFAULT)? as usize as u64;
-        h.streams.insert(s);
-        Ok(Stream(s))
-    }
-
-    /// `cuStreamDestroy_v2`.
-    fn destroy_stream(&self, stream: Stream) -> Result<()> {
-        if stream == Stream::DEFAULT {
-            return Err(Error::InvalidArgument {
-                call: "destroy_stream",
-                reason: "the default stream cannot be destroyed; accepted are streams from \
-                         create_stream"
-                    .into(),
-            });
-        }
-        self.enter()?;
-        let mut h = self.handles_write();
-        let s = h.check_own_stream(stream)?;
-        // SAFETY: `s` is a live stream this device created (checked under the write lock).
-        unsafe { self.driver.stream_destroy(s) }?;
-        h.streams.remove(&stream.0);
-        Ok(())
-    }
-
-    /// `cuStreamSynchronize`, on any stream the caller passes (its own, one from
-    /// [`Device::create_stream`], or a special handle).
-    fn synchronize_stream(&self, stream: Stream) -> Result<()> {
-        self.enter()?;
-        // SAFETY: by the contract of `Stream`, the handle is a live stream of this context or
-        // a special handle (null, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD); the driver answers
-        // CUDA_ERROR_INVALID_HANDLE for the invalid handles it detects.
-        unsafe { self.driver.stream_synchronize(stream_handle(stream)) }
-    }
-
-    /// `cuCtxSynchronize` on the device's primary context.
-    fn synchronize_device(&self) -> Result<()> {
-        self.enter()?;
-        self.driver.ctx_synchronize()
-    }
-
-    /// `cuEventCreate(CU_EVENT_DISABLE_TIMING)`.
-    fn create_event(&self) -> Result<Event> {
-        self.enter()?;
-        let mut h = self.handles_write();
-        let e = self.driver.event_create(sys::CU_EVENT_DISABLE_TIMING)? as usize as u64;
-        h.events.insert(e);
-        Ok(Event(e))
-    }
-
-    /// `cuEventRecord` of an event this device made, on any stream the caller passes.
-    fn record_event(&self, event: Event, stream: Stream) -> Result<()> {
-        self.enter()?;
-        let h = self.handles_read();
-        let e = h.check_event(event)?;
-        // SAFETY: the event is live (checked, kept alive by the read lock); by the contract
-        // of `Stream`, the stream is a live stream of this context or a special handle.
-        unsafe { self.driver.event_record(e, stream_handle(stream)) }
-    }
-
-    /// `cuEventQuery`.
-    fn event_complete(&self, event: Event) -> Result<bool> {
-        self.enter()?;
-        let h = self.handles_read();
-        let e = h.check_event(event)?;
-        // SAFETY: the event is live (checked, kept alive by the read lock).
-        unsafe { self.driver.event_query(e) }
-    }
-
-    /// `cuEventSynchronize`.
-    fn synchronize_event(&self, event: Event) -> Result<()> {
-        self.enter()?;
-        let h = self.handles_read();
-        let e = h.check_event(event)?;
-        // SAFETY: the event is live (checked, kept alive by the read lock).
-        unsafe { self.driver.event_synchronize(e) }
-    }
-
-    /// `cuEventDestroy_v2`.
-    fn destroy_event(&self, event: Event) -> Result<()> {
-        self.enter()?;
-        let mut h = self.handles_write();
-        let e = h.check_event(event)?;
-        // SAFETY: the event is live and no other call uses it (write lock).
-        unsafe { self.driver.event_destroy(e) }?;
-        h.events.remove(&event.0);
-        Ok(())
-    }
-
-    /// `cuDeviceCanAccessPeer`, for another CUDA device of this driver; false for anything
-    /// else, and when the driver lacks the call.
-    fn can_access_peer(&self, peer: &dyn Device) -> Result<bool> {
-        if !self.driver.has_peer_symbols() {
-            return Ok(false);
-        }
-        match self.peer_device(peer)? {
-            Some(p) => self.driver.can_access_peer(self.device, p),
-            None => Ok(false),
-        }
-    }
-
-    /// `cuCtxEnablePeerAccess` from this device's primary context to the peer's (retained
-    /// until this device is dropped).
-    fn enable_peer_access(&self, peer: &dyn Device) -> Result<()> {
-        if !self.can_access_peer(peer)? {
-            return Err(Error::Unsupported {
-                what: "peer access".into(),
-                backend: BACKEND,
-                reason: format!(
-                    "device {} ({}) cannot access device {} of {}{}",
-                    self.info.ordinal,
-                    self.info.name,
-                    peer.info().ordinal,
-                    peer.info().vendor,
-                    if self.driver.has_peer_symbols() {
-                        " (cuDeviceCanAccessPeer says no)"
-                    } else {
-                        ": the driver does not export cuDeviceCanAccessPeer / cuCtxEnablePeerAccess"
-                    }
-                ),
-            });
-        }
-        let ordinal = peer.info().ordinal;
-        let mut peers = self.peers();
-        if peers.iter().any(|&(o, _)| o == ordinal) {
-            return Ok(());
-        }
-        let Some(peer_dev) = self.peer_device(peer)? else {
-            return Ok(());
-        };
-        let peer_ctx = self.driver.primary_ctx_retain(peer_dev)?;
-        let result = self.enter().and_then(|()| {
-            // SAFETY: the peer's primary context was retained just above.
-            unsafe { self.driver.ctx_enable_peer_access(peer_ctx) }
-        });
-        match result {
-            Ok(()) => {
-                peers.push((ordinal, peer_dev));
-                peers.sort_unstable();
-                Ok(())
-            }
-            Err(e) => {
-                // SAFETY: undoes the retain of the peer's primary context made above.
-                if let Err(r) = unsafe { self.driver.primary_ctx_release(peer_dev) } {
-                    tracing::debug!(peer = ordinal, error = %r, "could not release a peer context");
-                }
-                Err(e)
-            }
-        }
-    }
-
-    fn peer_access(&self) -> Vec<u32> {
-        self.peers().iter().map(|&(o, _)| o).collect()
-    }
-}
-
-impl VirtualMemory for CudaDevice {
-    /// The minimum granularity `cuMemGetAllocationGranularity` reports.
-    fn granularity(&self) -> u64 {
-        self.granularity
-    }
-
-    /// `cuMemAddressReserve`.
-    fn reserve(&self, size: u64, alignment: u64) -> Result<u64> {
-        self.check_granular("reserve", "size", size, false)?;
-        if alignment != 0 && !alignment.is_power_of_two() {
-            return Err(Error::InvalidArgument {
-                call: "reserve",
-                reason: format!(
-                    "alignment {alignment} is not accepted: 0 (the granularity) or a power of two"
-                ),
-            });
-        }
-        let alignment = if alignment == 0 {
-            0
-        } else {
-            alignment.max(self.granularity)
-        };
-        self.enter()?;
-        let va = self.driver.address_reserve(size, alignment)?;
-        self.books().reservations.insert(va, size);
-        Ok(va)
-    }
-
-    /// `cuMemAddressFree` of a whole reservation with nothing mapped in it.
-    fn free_reservation(&self, va: u64, size: u64) -> Result<()> {
-        {
-            let b = self.books();
-            match b.reservations.get(&va) {
-                None => return Err(unknown("reservation", va)),
-                Some(&s) if s != size => {
-                    return Err(Error::InvalidArgument {
-                        call: "free_reservation",
-                        reason: format!(
-                            "the reservation at {va:#x} is {s} bytes, not {size}: it is freed whole"
-                        ),
-                    })
-                }
-                Some(_) => {}
-            }
-            if b.mappings
-                .range(va..va.saturating_add(size))
-                .next()
-                .is_some()
-            {
-                return Err(Error::InvalidArgument {
-                    call: "free_reservation",
-                    reason: format!(
-                        "the reservation at {va:#x} still has mappings; unmap them first"
-                    ),
-                });
-            }
-        }
-        self.enter()?;
-        self.driver.address_free(va, size)?;
-        self.books().reservations.remove(&va);
-        Ok(())
-    }
-
-    /// `cuMemCreate` of pinned device memory.
-    fn create_physical(&self, size: u64) -> Result<PhysicalHandle> {
-        self.check_granular("create_physical", "size", size, false)?;
-        self.enter()?;
-        let handle = self.driver.mem_create(self.device, size)?;
-        self.books().handles.insert(handle);
-        Ok(PhysicalHandle(handle))
-    }
-
-    /// `cuMemRelease` (the memory goes once its last mapping does).
-    fn release_physical(&self, handle: PhysicalHandle) -> Result<()> {
-        if !self.books().handles.contains(&handle.0) {
-            return Err(unknown("physical handle", handle.0));
-        }
-        self.enter()?;
-        self.driver.mem_release(handle.0)?;
-        self.books().handles.remove(&handle.0);
-        Ok(())
-    }
-
-    /// `cuMemMap`.
-    fn map(&self, va: u64, size: u64, handle: PhysicalHandle, offset: u64) -> Result<()> {
-        self.check_granular("map", "address", va, false)?;
-        self.check_granular("map", "size", size, false)?;
-        self.check_granular("map", "offset", offset, true)?;
-        if !self.books().handles.contains(&handle.0) {
-            return Err(unknown("physical handle", handle.0));
-        }
-        self.enter()?;
-        self.driver.mem_map(va, size, offset, handle.0)?;
-        self.books().mappings.insert(va, size);
-        Ok(())
-    }
-
-    /// `cuMemSetAccess`: read-write for this device.
-    fn set_access(&self, va: u64, size: u64) -> Result<()> {
-        self.check_granular("set_access", "address", va, false)?;
-        self.check_granular("set_access", "size", size, false)?;
-        self.enter()?;
-        self.driver.set_access(self.device, va, size)
-    }
-
-    /// `cuMemSetAccess` with one descriptor for this device and one per peer.
-    fn set_access_with_peers(&self, va: u64, size: u64, peers: &[u32]) -> Result<()> {
-        if peers.is_empty() {
-            return self.set_access(va, size);
-        }
-        self.check_granular("set_access", "address", va, false)?;
-        self.check_granular("set_access", "size", size, false)?;
-        let mut devices = vec![self.device];
-        {
-            let enabled = self.peers();
-            for p in peers {
-                let Some(&(_, d)) = enabled.iter().find(|(o, _)| o == p) else {
-                    return Err(Error::InvalidArgument {
-                        call: "set_access_with_peers",
-                        reason: format!(
-                            "peer access to device {p} is not enabled on device {}; accepted \
-                             are the devices enable_peer_access was called with ({:?})",
-                            self.info.ordinal,
-                            enabled.iter().map(|&(o, _)| o).collect::<Vec<_>>()
-                        ),
-                    });
-                };
-                devices.push(d);
-            }
-        }
-        self.enter()?;
-        self.driver.set_access_devices(&devices, va, size)
-    }
-
-    /// `cuMemUnmap`.
-    fn unmap(&self, va: u64, size: u64) -> Result<()> {
-        self.check_granular("unmap", "address", va, false)?;
-        self.check_granular("unmap", "size", size, false)?;
-        self.enter()?;
-        self.driver.mem_unmap(va, size)?;
-        let mut b = self.books();
-        let starts: Vec<u64> = b
-            .mappings
-            .range(va..va.saturating_add(size))
-            .map(|(&s, _)| s)
-            .collect();
-        for s in starts {
-            b.mappings.remove(&s);
-        }
-        Ok(())
-    }
-}
-
-impl StreamOrderedPool for CudaDevice {
-    /// `cuMemAllocFromPoolAsync` from the device's own pool.
-    fn alloc_async(&self, size: u64, stream: Stream) -> Result<u64> {
-        if size == 0 {
-            return Err(Error::InvalidSize {
-                size,
-                reason: "a pool allocation must be at least 1 byte",
-            });
-        }
-        let pool = self.pool_handle()?;
-        self.enter()?;
-        // SAFETY: the pool lives as long as `self`; by the contract of `Stream`, the stream
-        // is a live stream of this context or a special handle.
-        let ptr = unsafe {
-            self.driver
-                .alloc_from_pool_async(size, pool, stream_handle(stream))
-        }?;
-        self.books().pool_allocations.insert(ptr, size);
-        Ok(ptr)
-    }
-
-    /// `cuMemFreeAsync`.
-    fn free_async(&self, ptr: u64, stream: Stream) -> Result<()> {
-        self.pool_handle()?;
-        self.enter()?;
-        let size = self
-            .books()
-            .pool_allocations
-            .remove(&ptr)
-            .ok_or_else(|| unknown("pool allocation", ptr))?;
-        // SAFETY: by the contract of `Stream`, the stream is a live stream of this context or
-        // a special handle; the pointer came from this pool.
-        let result = unsafe { self.driver.free_async(ptr, stream_handle(stream)) };
-        if result.is_err() {
-            self.books().pool_allocations.insert(ptr, size);
-        }
-        result
-    }
-
-    /// `cuMemPoolSetAttribute(CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)`.
-    fn set_release_threshold(&self, bytes: u64) -> Result<()> {
-        let pool = self.pool_handle()?;
-        self.enter()?;
-        // SAFETY: the pool is live; the release threshold is a cuuint64_t attribute.
-        unsafe {
-            self.driver
-                .pool_set_u64(pool, sys::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, bytes)
-        }
-    }
-
-    /// `cuMemPoolGetAttribute(CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)`.
-    fn release_threshold(&self) -> Result<u64> {
-        let pool = self.pool_handle()?;
-        self.enter()?;
-        // SAFETY: the pool is live; the release threshold is a cuuint64_t attribute.
-        unsafe {
-            self.driver
-                .pool_get_u64(pool, sys::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)
-        }
-    }
-
-    /// `cuMemPoolTrimTo`.
-    fn trim_to(&self, keep: u64) -> Result<()> {
-        let pool = self.pool_handle()?;
-        self.enter()?;
-        // SAFETY: the pool lives as long as `self`.
-        unsafe { self.driver.pool_trim_to(pool, keep) }
-    }
-
-    /// The pool's `RESERVED_MEM_CURRENT/HIGH` and `USED_MEM_CURRENT/HIGH` attributes.
-    fn usage(&self) -> Result<PoolUsage> {
-        let pool = self.pool_handle()?;
-        self.enter()?;
-        // SAFETY: the pool is live; all four are cuuint64_t attributes.
-        let get = |attr| unsafe { self.driver.pool_get_u64(pool, attr) };
-        Ok(PoolUsage {
-            reserved_current: get(sys::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?,
-            reserved_high: get(sys::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)?,
-            used_current: get(sys::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
-            used_high: get(sys::CU_MEMPOOL_ATTR_USED_MEM_HIGH)?,
-        })
-    }
-}
-
-impl Drop for CudaDevice {
-    fn drop(&mut self) {
-        let census = self.census();
-        let driver = Arc::clone(&self.driver);
-        let warn = |what: &str, e: Error| {
-            tracing::warn!(device = self.info.ordinal, error = %e, "dropping a cuda device: {what}");
-        };
-        if let Err(e) = self.enter() {
-            warn("could not make its context current", e);
-        }
-        let books = std::mem::take(self.books.get_mut().unwrap_or_else(PoisonError::into_inner));
-        let handles = std::mem::take(
-            self.handles
-                .get_mut()
-                .unwrap_or_else(PoisonError::into_inner),
-        );
-        if !books.pool_allocations.is_empty() {
-            for &ptr in books.pool_allocations.keys() {
-                // SAFETY: the null stream is always valid.
-                if let Err(e) = unsafe { driver.free_async(ptr, std::ptr::null_mut()) } {
-                    warn("could not free a pool allocation", e);
-                }
-            }
-            // SAFETY: the null stream is always valid.
-            if let Err(e) = unsafe { driver.stream_synchronize(std::ptr::null_mut()) } {
-                warn("could not synchronise", e);
-            }
-        }
-        for &ptr in books.allocations.keys() {
-            if let Err(e) = driver.mem_free(ptr) {
-                warn("could not free an allocation", e);
-            }
-        }
-        for (&va, &size) in &books.mappings {
-            if let Err(e) = driver.mem_unmap(va, size) {
-                warn("could not unmap", e);
-            }
-        }
-        for &handle in &books.handles {
-            if let Err(e) = driver.mem_release(handle) {
-                warn("could not release a physical handle", e);
-            }
-        }
-        for (&va, &size) in &books.reservations {
-            if let Err(e) = driver.address_free(va, size) {
-                warn("could not free a reservation", e);
-            }
-        }
-        for &e in &handles.events {
-            // SAFETY: a live event of this device, used by no one else any more.
-            if let Err(err) = unsafe { driver.event_destroy(event_handle(Event(e))) } {
-                warn("could not destroy an event", err);
-            }
-        }
-        for &s in &handles.streams {
-            // SAFETY: a live stream of this device, used by no one else any more.
-            if let Err(err) = unsafe { driver.stream_destroy(stream_handle(Stream(s))) } {
-                warn("could not destroy a stream", err);
-            }
-        }
-        if let Some(pool) = self.pool.take() {
-            // SAFETY: the pool was made by this device and is destroyed once, here.
-            if let Err(e) = unsafe { driver.mem_pool_destroy(pool) } {
-                warn("could not destroy its pool", e);
-            }
-        }
-        let peers = std::mem::take(self.peers.get_mut().unwrap_or_else(PoisonError::into_inner));
-        for (ordinal, peer) in peers {
-            // SAFETY: each peer's primary context was retained once when its access was
-            // enabled, and is released once here.
-            if let Err(e) = unsafe { driver.primary_ctx_release(peer) } {
-                tracing::warn!(device = self.info.ordinal, peer = ordinal, error = %e,
-                    "dropping a cuda device: could not release a peer's primary context");
-            }
-        }
-        // SAFETY: retained once at open, released once here, as the device goes.
-        if let Err(e) = unsafe { driver.primary_ctx_release(self.device) } {
-            warn("could not release its primary context", e);
-        }
-        if !census.is_empty() {
-            tracing::warn!(
-                device = self.info.ordinal,
-                name = %self.info.name,
-                ?census,
-                "cuda device dropped while still holding these; returned them"
-            );
-        }
     }
 }

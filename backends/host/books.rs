@@ -9,6 +9,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::os::fd::OwnedFd;
 
+use crate::backends::{request_size, Request};
 use crate::device::PhysicalHandle;
 use crate::error::{Error, Result};
 use crate::units::Bytes;
@@ -172,18 +173,7 @@ impl Books {
     /// # Errors
     /// `InvalidSize` for zero or an overflowing size; `DeviceOutOfMemory` past the capacity.
     pub(crate) fn check_alloc(&self, size: u64) -> Result<u64> {
-        if size == 0 {
-            return Err(Error::InvalidSize {
-                size,
-                reason: "a device allocation must be at least 1 byte",
-            });
-        }
-        let charge = size
-            .checked_next_multiple_of(ALLOC_UNIT)
-            .ok_or(Error::InvalidSize {
-                size,
-                reason: "too large: rounding it up to the allocation unit overflows",
-            })?;
+        let charge = request_size(size, ALLOC_UNIT, Request::Allocation)?;
         self.charge_check(size, charge)?;
         Ok(charge)
     }

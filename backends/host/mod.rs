@@ -128,28 +128,21 @@ impl HostDeviceBuilder {
         self
     }
 
-    /// Track addresses only, touching no memory and making no system calls (default: false).
-    pub fn simulated(mut self, simulated: bool) -> Self {
-        self.simulated = simulated;
-        self
-    }
-
-    /// Virtual-memory granularity (a power of two, a multiple of the page size; default 2 MiB).
-    pub fn granularity(mut self, bytes: u64) -> Self {
-        self.granularity = bytes;
-        self
-    }
-
     /// A name for reports (default `host`, or `host (simulated)`).
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = Some(name.into());
         self
     }
 
-    /// The ordinal reported in [`DeviceInfo`] (default 0).
-    pub fn ordinal(mut self, ordinal: u32) -> Self {
-        self.ordinal = ordinal;
-        self
+    crate::backends::setters! {
+        /// Track addresses only, touching no memory and making no system calls (default:
+        /// false).
+        simulated: bool;
+        /// Virtual-memory granularity (a power of two, a multiple of the page size; default
+        /// 2 MiB).
+        granularity: u64;
+        /// The ordinal reported in [`DeviceInfo`] (default 0).
+        ordinal: u32;
     }
 
     /// Builds the device.

@@ -202,18 +202,14 @@ pub(crate) fn map_file_fixed(addr: u64, len: u64, fd: &OwnedFd, offset: u64) -> 
 
 /// Makes `[addr, addr + len)` (mapped memory of this backend) readable and writable.
 pub(crate) fn protect_rw(addr: u64, len: u64) -> Result<()> {
-    let len = usize_of("mprotect", len)?;
+    let (len, read_write) = (
+        usize_of("mprotect", len)?,
+        libc::PROT_READ | libc::PROT_WRITE,
+    );
     // SAFETY: the books guarantee the range is entirely mapped by this backend; changing its
     // protection to allow more access cannot invalidate any Rust object.
-    let rc = unsafe {
-        libc::mprotect(
-            addr as *mut libc::c_void,
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-        )
-    };
-    if rc != 0 {
-        return Err(last_error("mprotect"));
+    match unsafe { libc::mprotect(addr as *mut libc::c_void, len, read_write) } {
+        0 => Ok(()),
+        _ => Err(last_error("mprotect")),
     }
-    Ok(())
 }

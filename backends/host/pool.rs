@@ -34,6 +34,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use crate::backends::{request_size, Request};
 use crate::device::{PoolUsage, Stream, StreamOrderedPool};
 use crate::error::{Error, Result};
 
@@ -227,18 +228,7 @@ impl StreamOrderedPool for HostDevice {
     /// [`Error::InvalidSize`] for zero or a size that overflows once rounded;
     /// [`Error::DeviceOutOfMemory`] when the pool cannot grow within the capacity.
     fn alloc_async(&self, size: u64, stream: Stream) -> Result<u64> {
-        if size == 0 {
-            return Err(Error::InvalidSize {
-                size,
-                reason: "a pool allocation must be at least 1 byte",
-            });
-        }
-        let rounded = size
-            .checked_next_multiple_of(POOL_UNIT)
-            .ok_or(Error::InvalidSize {
-                size,
-                reason: "too large: rounding it up to 256 bytes overflows",
-            })?;
+        let rounded = request_size(size, POOL_UNIT, Request::PoolAllocation)?;
         let mut guard = self.lock();
         let st = &mut *guard;
         if let Some((addr, range)) = st.pool.best_fit(rounded, stream) {

@@ -30,25 +30,15 @@ pub type CUmemGenericAllocationHandle = c_ulonglong;
 /// `cuuint64_t`, as the pool attributes take it.
 pub type cuuint64_t = u64;
 
-/// Opaque `struct CUctx_st`.
-#[repr(C)]
-pub struct CUctx_st {
-    _opaque: [u8; 0],
-}
-/// Opaque `struct CUstream_st`.
-#[repr(C)]
-pub struct CUstream_st {
-    _opaque: [u8; 0],
-}
-/// Opaque `struct CUevent_st`.
-#[repr(C)]
-pub struct CUevent_st {
-    _opaque: [u8; 0],
-}
-/// Opaque `struct CUmemPoolHandle_st`.
-#[repr(C)]
-pub struct CUmemPoolHandle_st {
-    _opaque: [u8; 0],
+opaque! {
+    /// Opaque `struct CUctx_st`.
+    CUctx_st;
+    /// Opaque `struct CUstream_st`.
+    CUstream_st;
+    /// Opaque `struct CUevent_st`.
+    CUevent_st;
+    /// Opaque `struct CUmemPoolHandle_st`.
+    CUmemPoolHandle_st;
 }
 /// `CUcontext`.
 pub type CUcontext = *mut CUctx_st;
@@ -260,154 +250,105 @@ const _: () = {
 
 // ---- Function signatures, named after the exported symbols ----
 
-/// `CUresult cuInit(unsigned int Flags)`.
-pub type cuInit = unsafe extern "C" fn(flags: c_uint) -> CUresult;
-/// `CUresult cuDriverGetVersion(int *driverVersion)`.
-pub type cuDriverGetVersion = unsafe extern "C" fn(version: *mut c_int) -> CUresult;
-/// `CUresult cuDeviceGetCount(int *count)`.
-pub type cuDeviceGetCount = unsafe extern "C" fn(count: *mut c_int) -> CUresult;
-/// `CUresult cuDeviceGet(CUdevice *device, int ordinal)`.
-pub type cuDeviceGet = unsafe extern "C" fn(device: *mut CUdevice, ordinal: c_int) -> CUresult;
-/// `CUresult cuDeviceGetName(char *name, int len, CUdevice dev)`.
-pub type cuDeviceGetName =
-    unsafe extern "C" fn(name: *mut c_char, len: c_int, dev: CUdevice) -> CUresult;
-/// `CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)`.
-pub type cuDeviceGetAttribute =
-    unsafe extern "C" fn(value: *mut c_int, attribute: c_int, dev: CUdevice) -> CUresult;
-/// `CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)`.
-pub type cuDeviceTotalMem_v2 = unsafe extern "C" fn(bytes: *mut usize, dev: CUdevice) -> CUresult;
-/// `CUresult cuGetErrorName(CUresult error, const char **pStr)`.
-pub type cuGetErrorName =
-    unsafe extern "C" fn(error: CUresult, name: *mut *const c_char) -> CUresult;
-/// `CUresult cuGetErrorString(CUresult error, const char **pStr)`.
-pub type cuGetErrorString =
-    unsafe extern "C" fn(error: CUresult, text: *mut *const c_char) -> CUresult;
+signatures! {
+    /// `CUresult cuInit(unsigned int Flags)`.
+    fn cuInit(flags: c_uint) -> CUresult;
+    /// `CUresult cuDriverGetVersion(int *driverVersion)`.
+    fn cuDriverGetVersion(version: *mut c_int) -> CUresult;
+    /// `CUresult cuDeviceGetCount(int *count)`.
+    fn cuDeviceGetCount(count: *mut c_int) -> CUresult;
+    /// `CUresult cuDeviceGet(CUdevice *device, int ordinal)`.
+    fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int) -> CUresult;
+    /// `CUresult cuDeviceGetName(char *name, int len, CUdevice dev)`.
+    fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice) -> CUresult;
+    /// `CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)`.
+    fn cuDeviceGetAttribute(value: *mut c_int, attribute: c_int, dev: CUdevice) -> CUresult;
+    /// `CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)`.
+    fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult;
+    /// `CUresult cuGetErrorName(CUresult error, const char **pStr)`.
+    fn cuGetErrorName(error: CUresult, name: *mut *const c_char) -> CUresult;
+    /// `CUresult cuGetErrorString(CUresult error, const char **pStr)`.
+    fn cuGetErrorString(error: CUresult, text: *mut *const c_char) -> CUresult;
 
-/// `CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)`.
-pub type cuDevicePrimaryCtxRetain =
-    unsafe extern "C" fn(pctx: *mut CUcontext, dev: CUdevice) -> CUresult;
-/// `CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)` (also the signature of the CUDA 7
-/// `cuDevicePrimaryCtxRelease`).
-pub type cuDevicePrimaryCtxRelease_v2 = unsafe extern "C" fn(dev: CUdevice) -> CUresult;
-/// `CUresult cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev)`
-/// (CUDA 4.0; resolved as optional).
-pub type cuDeviceCanAccessPeer = unsafe extern "C" fn(
-    can_access_peer: *mut c_int,
-    dev: CUdevice,
-    peer_dev: CUdevice,
-) -> CUresult;
-/// `CUresult cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags)` (CUDA 4.0;
-/// resolved as optional). `Flags` must be 0.
-pub type cuCtxEnablePeerAccess =
-    unsafe extern "C" fn(peer_context: CUcontext, flags: c_uint) -> CUresult;
-/// `CUresult cuCtxGetCurrent(CUcontext *pctx)`.
-pub type cuCtxGetCurrent = unsafe extern "C" fn(pctx: *mut CUcontext) -> CUresult;
-/// `CUresult cuCtxSetCurrent(CUcontext ctx)`.
-pub type cuCtxSetCurrent = unsafe extern "C" fn(ctx: CUcontext) -> CUresult;
+    /// `CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)`.
+    fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult;
+    /// `CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)` (also the signature of the CUDA 7
+    /// `cuDevicePrimaryCtxRelease`).
+    fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult;
+    /// `CUresult cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev)`
+    /// (CUDA 4.0; resolved as optional).
+    fn cuDeviceCanAccessPeer(can_access_peer: *mut c_int, dev: CUdevice, peer_dev: CUdevice) -> CUresult;
+    /// `CUresult cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags)` (CUDA 4.0;
+    /// resolved as optional). `Flags` must be 0.
+    fn cuCtxEnablePeerAccess(peer_context: CUcontext, flags: c_uint) -> CUresult;
+    /// `CUresult cuCtxGetCurrent(CUcontext *pctx)`.
+    fn cuCtxGetCurrent(pctx: *mut CUcontext) -> CUresult;
+    /// `CUresult cuCtxSetCurrent(CUcontext ctx)`.
+    fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult;
 
-/// `CUresult cuMemGetInfo_v2(size_t *free, size_t *total)`.
-pub type cuMemGetInfo_v2 = unsafe extern "C" fn(free: *mut usize, total: *mut usize) -> CUresult;
-/// `CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)`.
-pub type cuMemAlloc_v2 = unsafe extern "C" fn(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult;
-/// `CUresult cuMemFree_v2(CUdeviceptr dptr)`.
-pub type cuMemFree_v2 = unsafe extern "C" fn(dptr: CUdeviceptr) -> CUresult;
+    /// `CUresult cuMemGetInfo_v2(size_t *free, size_t *total)`.
+    fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult;
+    /// `CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)`.
+    fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult;
+    /// `CUresult cuMemFree_v2(CUdeviceptr dptr)`.
+    fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult;
 
-/// `CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp
-/// *prop, CUmemAllocationGranularity_flags option)`.
-pub type cuMemGetAllocationGranularity = unsafe extern "C" fn(
-    granularity: *mut usize,
-    prop: *const CUmemAllocationProp,
-    option: CUmemAllocationGranularity_flags,
-) -> CUresult;
-/// `CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const
-/// CUmemAllocationProp *prop, unsigned long long flags)`.
-pub type cuMemCreate = unsafe extern "C" fn(
-    handle: *mut CUmemGenericAllocationHandle,
-    size: usize,
-    prop: *const CUmemAllocationProp,
-    flags: c_ulonglong,
-) -> CUresult;
-/// `CUresult cuMemRelease(CUmemGenericAllocationHandle handle)`.
-pub type cuMemRelease = unsafe extern "C" fn(handle: CUmemGenericAllocationHandle) -> CUresult;
-/// `CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr
-/// addr, unsigned long long flags)`.
-pub type cuMemAddressReserve = unsafe extern "C" fn(
-    ptr: *mut CUdeviceptr,
-    size: usize,
-    alignment: usize,
-    addr: CUdeviceptr,
-    flags: c_ulonglong,
-) -> CUresult;
-/// `CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)`.
-pub type cuMemAddressFree = unsafe extern "C" fn(ptr: CUdeviceptr, size: usize) -> CUresult;
-/// `CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
-/// CUmemGenericAllocationHandle handle, unsigned long long flags)`.
-pub type cuMemMap = unsafe extern "C" fn(
-    ptr: CUdeviceptr,
-    size: usize,
-    offset: usize,
-    handle: CUmemGenericAllocationHandle,
-    flags: c_ulonglong,
-) -> CUresult;
-/// `CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)`.
-pub type cuMemUnmap = unsafe extern "C" fn(ptr: CUdeviceptr, size: usize) -> CUresult;
-/// `CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t
-/// count)`.
-pub type cuMemSetAccess = unsafe extern "C" fn(
-    ptr: CUdeviceptr,
-    size: usize,
-    desc: *const CUmemAccessDesc,
-    count: usize,
-) -> CUresult;
+    /// `CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp
+    /// *prop, CUmemAllocationGranularity_flags option)`.
+    fn cuMemGetAllocationGranularity(granularity: *mut usize, prop: *const CUmemAllocationProp, option: CUmemAllocationGranularity_flags) -> CUresult;
+    /// `CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const
+    /// CUmemAllocationProp *prop, unsigned long long flags)`.
+    fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: c_ulonglong) -> CUresult;
+    /// `CUresult cuMemRelease(CUmemGenericAllocationHandle handle)`.
+    fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult;
+    /// `CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr
+    /// addr, unsigned long long flags)`.
+    fn cuMemAddressReserve(ptr: *mut CUdeviceptr, size: usize, alignment: usize, addr: CUdeviceptr, flags: c_ulonglong) -> CUresult;
+    /// `CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)`.
+    fn cuMemAddressFree(ptr: CUdeviceptr, size: usize) -> CUresult;
+    /// `CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+    /// CUmemGenericAllocationHandle handle, unsigned long long flags)`.
+    fn cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: c_ulonglong) -> CUresult;
+    /// `CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)`.
+    fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult;
+    /// `CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t
+    /// count)`.
+    fn cuMemSetAccess(ptr: CUdeviceptr, size: usize, desc: *const CUmemAccessDesc, count: usize) -> CUresult;
 
-/// `CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev)`.
-pub type cuDeviceGetDefaultMemPool =
-    unsafe extern "C" fn(pool: *mut CUmemoryPool, dev: CUdevice) -> CUresult;
-/// `CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps)`.
-pub type cuMemPoolCreate =
-    unsafe extern "C" fn(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) -> CUresult;
-/// `CUresult cuMemPoolDestroy(CUmemoryPool pool)`.
-pub type cuMemPoolDestroy = unsafe extern "C" fn(pool: CUmemoryPool) -> CUresult;
-/// `CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)`.
-pub type cuMemPoolSetAttribute = unsafe extern "C" fn(
-    pool: CUmemoryPool,
-    attr: CUmemPool_attribute,
-    value: *mut c_void,
-) -> CUresult;
-/// `CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)`.
-pub type cuMemPoolGetAttribute = unsafe extern "C" fn(
-    pool: CUmemoryPool,
-    attr: CUmemPool_attribute,
-    value: *mut c_void,
-) -> CUresult;
-/// `CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)`.
-pub type cuMemPoolTrimTo = unsafe extern "C" fn(pool: CUmemoryPool, keep: usize) -> CUresult;
-/// `CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
-/// CUstream hStream)`.
-pub type cuMemAllocFromPoolAsync = unsafe extern "C" fn(
-    dptr: *mut CUdeviceptr,
-    bytesize: usize,
-    pool: CUmemoryPool,
-    stream: CUstream,
-) -> CUresult;
-/// `CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)`.
-pub type cuMemFreeAsync = unsafe extern "C" fn(dptr: CUdeviceptr, stream: CUstream) -> CUresult;
+    /// `CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev)`.
+    fn cuDeviceGetDefaultMemPool(pool: *mut CUmemoryPool, dev: CUdevice) -> CUresult;
+    /// `CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps)`.
+    fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) -> CUresult;
+    /// `CUresult cuMemPoolDestroy(CUmemoryPool pool)`.
+    fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult;
+    /// `CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)`.
+    fn cuMemPoolSetAttribute(pool: CUmemoryPool, attr: CUmemPool_attribute, value: *mut c_void) -> CUresult;
+    /// `CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)`.
+    fn cuMemPoolGetAttribute(pool: CUmemoryPool, attr: CUmemPool_attribute, value: *mut c_void) -> CUresult;
+    /// `CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)`.
+    fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize) -> CUresult;
+    /// `CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+    /// CUstream hStream)`.
+    fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, stream: CUstream) -> CUresult;
+    /// `CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)`.
+    fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) -> CUresult;
 
-/// `CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags)`.
-pub type cuStreamCreate = unsafe extern "C" fn(stream: *mut CUstream, flags: c_uint) -> CUresult;
-/// `CUresult cuStreamDestroy_v2(CUstream hStream)`.
-pub type cuStreamDestroy_v2 = unsafe extern "C" fn(stream: CUstream) -> CUresult;
-/// `CUresult cuCtxSynchronize(void)`.
-pub type cuCtxSynchronize = unsafe extern "C" fn() -> CUresult;
-/// `CUresult cuStreamSynchronize(CUstream hStream)`.
-pub type cuStreamSynchronize = unsafe extern "C" fn(stream: CUstream) -> CUresult;
-/// `CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)`.
-pub type cuEventCreate = unsafe extern "C" fn(event: *mut CUevent, flags: c_uint) -> CUresult;
-/// `CUresult cuEventRecord(CUevent hEvent, CUstream hStream)`.
-pub type cuEventRecord = unsafe extern "C" fn(event: CUevent, stream: CUstream) -> CUresult;
-/// `CUresult cuEventQuery(CUevent hEvent)`: `CUDA_ERROR_NOT_READY` while in flight.
-pub type cuEventQuery = unsafe extern "C" fn(event: CUevent) -> CUresult;
-/// `CUresult cuEventSynchronize(CUevent hEvent)`.
-pub type cuEventSynchronize = unsafe extern "C" fn(event: CUevent) -> CUresult;
-/// `CUresult cuEventDestroy_v2(CUevent hEvent)`.
-pub type cuEventDestroy_v2 = unsafe extern "C" fn(event: CUevent) -> CUresult;
+    /// `CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags)`.
+    fn cuStreamCreate(stream: *mut CUstream, flags: c_uint) -> CUresult;
+    /// `CUresult cuStreamDestroy_v2(CUstream hStream)`.
+    fn cuStreamDestroy_v2(stream: CUstream) -> CUresult;
+    /// `CUresult cuCtxSynchronize(void)`.
+    fn cuCtxSynchronize() -> CUresult;
+    /// `CUresult cuStreamSynchronize(CUstream hStream)`.
+    fn cuStreamSynchronize(stream: CUstream) -> CUresult;
+    /// `CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)`.
+    fn cuEventCreate(event: *mut CUevent, flags: c_uint) -> CUresult;
+    /// `CUresult cuEventRecord(CUevent hEvent, CUstream hStream)`.
+    fn cuEventRecord(event: CUevent, stream: CUstream) -> CUresult;
+    /// `CUresult cuEventQuery(CUevent hEvent)`: `CUDA_ERROR_NOT_READY` while in flight.
+    fn cuEventQuery(event: CUevent) -> CUresult;
+    /// `CUresult cuEventSynchronize(CUevent hEvent)`.
+    fn cuEventSynchronize(event: CUevent) -> CUresult;
+    /// `CUresult cuEventDestroy_v2(CUevent hEvent)`.
+    fn cuEventDestroy_v2(event: CUevent) -> CUresult;
+}

@@ -37,18 +37,14 @@ pub use bindings::*;
 /// where 89 is past the end of the CUDA-compatible attributes and answers an error).
 pub const hipDeviceAttributeVirtualMemoryManagementSupported: hipDeviceAttribute_t = 89;
 
-/// `hipError_t hipDeviceCanAccessPeer(int* canAccessPeer, int deviceId, int peerDeviceId)`
-/// (`hip_runtime_api.h`; by hand because the generated bindings cover the memory calls only).
-pub type hipDeviceCanAccessPeer = unsafe extern "C" fn(
-    canAccessPeer: *mut c_int,
-    deviceId: c_int,
-    peerDeviceId: c_int,
-) -> hipError_t;
-
-/// `hipError_t hipDeviceEnablePeerAccess(int peerDeviceId, unsigned int flags)`
-/// (`hip_runtime_api.h`; from the current device, `flags` 0).
-pub type hipDeviceEnablePeerAccess =
-    unsafe extern "C" fn(peerDeviceId: c_int, flags: core::ffi::c_uint) -> hipError_t;
+signatures! {
+    /// `hipError_t hipDeviceCanAccessPeer(int* canAccessPeer, int deviceId, int peerDeviceId)`
+    /// (`hip_runtime_api.h`; by hand because the generated bindings cover the memory calls only).
+    fn hipDeviceCanAccessPeer(canAccessPeer: *mut c_int, deviceId: c_int, peerDeviceId: c_int) -> hipError_t;
+    /// `hipError_t hipDeviceEnablePeerAccess(int peerDeviceId, unsigned int flags)`
+    /// (`hip_runtime_api.h`; from the current device, `flags` 0).
+    fn hipDeviceEnablePeerAccess(peerDeviceId: c_int, flags: core::ffi::c_uint) -> hipError_t;
+}
 
 /// `hipDeviceMallocUncached`: a `hipExtMallocWithFlags` flag (ROCm 6+; absent from 5.2.3).
 pub const hipDeviceMallocUncached: u32 = 0x3;
@@ -117,40 +113,38 @@ pub struct hipMemAllocationProp {
     pub allocFlags: hipMemAllocationProp_allocFlags,
 }
 
-/// The properties struct of `hipGetDevicePropertiesR0600` (ROCm 6+, 1472 bytes, 8-aligned),
-/// as an opaque view: portalloc reads only `gcnArchName` (e.g. `gfx942:sramecc+:xnack-`),
+/// A device-properties struct as an opaque view: `BEFORE` bytes portalloc does not read,
+/// `char gcnArchName[256]` (the architecture with its target features, e.g.
+/// `gfx942:sramecc+:xnack-`), `AFTER` bytes it does not read. portalloc reads only the name,
 /// never capabilities, whose fields moved between releases.
 #[repr(C, align(8))]
 #[derive(Clone, Copy)]
-pub struct hipDeviceProp_tR0600 {
-    /// Fields portalloc does not read (`name` … `hipReserved`).
-    pub _before: [u8; 1160],
-    /// `char gcnArchName[256]`: the architecture with its target features.
-    pub gcnArchName: [c_char; 256],
-    /// Fields portalloc does not read (`maxSharedMemoryPerMultiProcessor` … `asicRevision`).
-    pub _after: [u8; 56],
-}
-
-/// The HIP 5.x `hipDeviceProp_t` (792 bytes, 8-aligned; ROCm 6 renamed it `R0000`) as an
-/// opaque view: only `gcnArchName` is read.
-#[repr(C, align(8))]
-#[derive(Clone, Copy)]
-pub struct hipDeviceProp_tR0000 {
-    /// Fields portalloc does not read (`name` … `canMapHostMemory`, `gcnArch`).
-    pub _before: [u8; 396],
+pub struct DeviceProperties<const BEFORE: usize, const AFTER: usize> {
+    /// Fields portalloc does not read.
+    pub _before: [u8; BEFORE],
     /// `char gcnArchName[256]`.
     pub gcnArchName: [c_char; 256],
     /// Fields portalloc does not read.
-    pub _after: [u8; 140],
+    pub _after: [u8; AFTER],
 }
+
+/// The properties struct of `hipGetDevicePropertiesR0600` (ROCm 6+, 1472 bytes, 8-aligned):
+/// `name` … `hipReserved` before the name, `maxSharedMemoryPerMultiProcessor` …
+/// `asicRevision` after it.
+pub type hipDeviceProp_tR0600 = DeviceProperties<1160, 56>;
+
+/// The HIP 5.x `hipDeviceProp_t` (792 bytes, 8-aligned; ROCm 6 renamed it `R0000`):
+/// `name` … `canMapHostMemory`, `gcnArch` before the name.
+pub type hipDeviceProp_tR0000 = DeviceProperties<396, 140>;
 
 /// `hipDeviceProp_t` of the HIP 5.2.3 headers, which `hipGetDeviceProperties` fills on 5.x.
 pub type hipDeviceProp_t = hipDeviceProp_tR0000;
 
-/// `hipError_t hipGetDevicePropertiesR0600(hipDeviceProp_tR0600* prop, int deviceId)`
-/// (ROCm 6+).
-pub type hipGetDevicePropertiesR0600 =
-    unsafe extern "C" fn(prop: *mut hipDeviceProp_tR0600, deviceId: c_int) -> hipError_t;
+signatures! {
+    /// `hipError_t hipGetDevicePropertiesR0600(hipDeviceProp_tR0600* prop, int deviceId)`
+    /// (ROCm 6+).
+    fn hipGetDevicePropertiesR0600(prop: *mut hipDeviceProp_tR0600, deviceId: c_int) -> hipError_t;
+}
 
 #[allow(clippy::identity_op)]
 const _: () = {

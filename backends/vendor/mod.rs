@@ -1,0 +1,907 @@
+//! The vendor layer: what the CUDA and HIP shims share, written once. A vendor implements
+//! [`VendorApi`] — its checked calls, with vendor-neutral signatures — and
+//! [`GpuDevice<V>`](GpuDevice) is the [`Device`], [`VirtualMemory`] and [`StreamOrderedPool`]
+//! over it: the books, the checks, the lock discipline, the census and what a dropped device
+//! gives back. `CudaDevice` is `GpuDevice<Cuda>` and `HipDevice` is `GpuDevice<Hip>`; `cuda/`
+//! and `hip/` keep loading, symbols, error names, capability gates and opening.
+//!
+//! # What is `unsafe`
+//!
+//! One rule for both result layers (`cuda::Driver`, `hip::Runtime`) and for [`VendorApi`]:
+//! a call that passes a handle or pointer the driver dereferences or frees — a stream, event,
+//! pool, physical handle, device pointer or mapped address — is an `unsafe fn`, crate-private,
+//! with a `# Safety` section saying which handle must be live. Calls that only create
+//! something, or take integers the driver looks up itself (ordinals, attribute numbers), are
+//! safe. A public safe function can never break a device's invariants: only [`GpuDevice`]
+//! passes handles, after checking them against its books.
+//!
+//! # Locks
+//!
+//! A device has four locks, taken in this order if a call ever holds more than one:
+//! **pool → peers → handles → books**. Today no call holds two at once (the census reads the
+//! handles, lets go, then reads the books), so the order is the rule for the next one.
+//!
+//! * `books` (a mutex) is never held across a driver call: a call *claims* what it gives back
+//!   (takes it out of the books, checked), drops the lock, calls the driver, and puts it back
+//!   if the driver refuses; a call that makes something books it after the driver answered.
+//!   So `free`, `unmap` and the like, which can wait for the whole device, block no one.
+//! * `handles` (streams and events, a mutex) is not held across a driver call either: a call
+//!   that passes one of the device's events to the driver (record, query, synchronize) takes
+//!   a *use* of it first, and an event destroyed meanwhile goes when its last use ends, so
+//!   `synchronize_event` blocks no one. A caller's own streams are passed on as they are.
+//! * `peers` is held while peer access is enabled (so two threads do not enable it twice).
+//! * `pool` is held while the pool is made at first use.
+//!
+//! # What differs between the vendors, on purpose
+//!
+//! | | CUDA (`cuda/`) | HIP (`hip/`) |
+//! |---|---|---|
+//! | making the device current ("enter") | the primary context, retained at open, made current (`cuCtxSetCurrent`) | `hipSetDevice(ordinal)` |
+//! | peer access | per context: the peer's primary context is retained until the device goes (`cuCtxEnablePeerAccess`) | per device: `hipDeviceEnablePeerAccess(ordinal)`, nothing to release |
+//! | virtual memory | CUDA ≥ 10.2, the calls exported, attribute 102 set; the minimum granularity | ROCm ≥ 7 and attribute 89 (`hipDeviceAttributeVirtualMemoryManagementSupported`) set; the recommended granularity raised to 2 MiB (`hip/tuning.rs`) |
+//! | pool | made at open (`cuMemPoolCreate`) | made at first use, own (`hipMemPoolCreate`) or the default pool (builder), release threshold always set to 0 |
+//! | dropping the pool | destroyed | destroyed; the shared default pool is trimmed instead |
+//! | plain allocations | `cuMemAlloc_v2` | `hipMalloc` or `hipExtMallocWithFlags` with the [`crate::backends::hip::MemoryKind`] chosen at open |
+//! | version numbers | `cuDriverGetVersion` (12020) | `hipRuntimeGetVersion` (60241133) |
+//! | initialising | `cuInit(0)` at open | none: `hipGetDeviceCount` initialises (HIP 5.2's `hipInit` answers a less telling error) |
+//! | out of memory | `CUDA_ERROR_OUT_OF_MEMORY` | `hipErrorOutOfMemory`, or a null pointer from `hipMalloc` |
+//! | symbols | `cuDevicePrimaryCtxRelease_v2` falls back to the CUDA 7 name | the device-properties call by ROCm release (`R0600` on ROCm ≥ 6) |
+//! | opening | `CudaDevice::open(driver, ordinal)` | `HipDevice::builder()` with options (memory kind, required capabilities, default pool) |
+
+mod books;
+
+use std::fmt;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+pub use books::VendorCensus;
+use books::{check_granular, unknown, Books, EventUse, Handles};
+
+use crate::backends::{request_size, Request};
+use crate::device::{
+    Device, DeviceInfo, Event, MemInfo, PhysicalHandle, PoolUsage, Stream, StreamOrderedPool,
+    Vendor, VirtualMemory,
+};
+use crate::error::{Error, Result};
+
+/// A pool attribute portalloc reads (all are 64-bit values on both vendors), numbered as
+/// `CUmemPool_attribute` and `hipMemPoolAttr` both number it (HIP copies CUDA's enum; checked
+/// below at compile time), so a vendor passes it on as it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum PoolAttribute {
+    /// The release threshold (bytes kept at a synchronisation).
+    ReleaseThreshold = 4,
+    /// Memory the pool holds from the device now.
+    ReservedCurrent = 5,
+    /// The high-water mark of `ReservedCurrent`.
+    ReservedHigh = 6,
+    /// Memory handed out now.
+    UsedCurrent = 7,
+    /// The high-water mark of `UsedCurrent`.
+    UsedHigh = 8,
+}
+
+#[cfg(feature = "cuda")]
+const _: () = {
+    use portalloc_sys::cuda as sys;
+    assert!(sys::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD == PoolAttribute::ReleaseThreshold as u32);
+    assert!(sys::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT == PoolAttribute::ReservedCurrent as u32);
+    assert!(sys::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH == PoolAttribute::ReservedHigh as u32);
+    assert!(sys::CU_MEMPOOL_ATTR_USED_MEM_CURRENT == PoolAttribute::UsedCurrent as u32);
+    assert!(sys::CU_MEMPOOL_ATTR_USED_MEM_HIGH == PoolAttribute::UsedHigh as u32);
+};
+
+#[cfg(feature = "hip")]
+const _: () = {
+    use portalloc_sys::hip as sys;
+    let attributes = [
+        (
+            sys::hipMemPoolAttrReleaseThreshold,
+            PoolAttribute::ReleaseThreshold,
+        ),
+        (
+            sys::hipMemPoolAttrReservedMemCurrent,
+            PoolAttribute::ReservedCurrent,
+        ),
+        (
+            sys::hipMemPoolAttrReservedMemHigh,
+            PoolAttribute::ReservedHigh,
+        ),
+        (
+            sys::hipMemPoolAttrUsedMemCurrent,
+            PoolAttribute::UsedCurrent,
+        ),
+        (sys::hipMemPoolAttrUsedMemHigh, PoolAttribute::UsedHigh),
+    ];
+    let mut i = 0;
+    while i < attributes.len() {
+        assert!(attributes[i].0 == attributes[i].1 as u32);
+        i += 1;
+    }
+};
+
+/// The checked calls of one vendor, for one device, with vendor-neutral signatures: handles
+/// and pointers are `u64`, every call answers a [`Result`] with the vendor's own error names.
+/// Calls that depend on the current device are made after [`VendorApi::enter`].
+///
+/// The trait is public only so that `CudaDevice` / `HipDevice` can name it as a bound; it
+/// lives in a private module, so no one outside portalloc can name or call it.
+pub trait VendorApi: fmt::Debug + Send + Sync + Sized + 'static {
+    /// The backend's name in errors (`"cuda"`, `"hip"`).
+    const BACKEND: &'static str;
+    /// The vendor of the devices.
+    const VENDOR: Vendor;
+    /// The vendor's out-of-memory code, which allocations turn into
+    /// [`Error::DeviceOutOfMemory`].
+    const OUT_OF_MEMORY: i64;
+    /// The peer-access calls, named when they are missing.
+    const PEER_CALLS: &'static str;
+    /// What enabled peer access keeps about the peer (passed back to
+    /// [`VendorApi::set_access`] and [`VendorApi::release_peer`]).
+    type Peer: Copy + Send + Sync + fmt::Debug + 'static;
+
+    /// Makes the device current on the calling thread.
+    fn enter(&self) -> Result<()>;
+    /// (free, total) bytes of the current device.
+    fn mem_info(&self) -> Result<(u64, u64)>;
+    /// How many devices the driver reports.
+    fn device_count(&self) -> Result<u32>;
+    /// A plain allocation of `size` bytes (`size` > 0).
+    fn alloc(&self, size: u64) -> Result<u64>;
+    /// Frees a plain allocation.
+    ///
+    /// # Safety
+    /// `ptr` must be a live allocation from [`VendorApi::alloc`], not used afterwards.
+    unsafe fn free(&self, ptr: u64) -> Result<()>;
+    /// A new blocking stream.
+    fn stream_create(&self) -> Result<u64>;
+    /// # Safety
+    /// `stream` must be a live stream from [`VendorApi::stream_create`], not used afterwards.
+    unsafe fn stream_destroy(&self, stream: u64) -> Result<()>;
+    /// # Safety
+    /// `stream` must be a live stream of the current device, 0 or a special handle.
+    unsafe fn stream_synchronize(&self, stream: u64) -> Result<()>;
+    /// Waits for all work of the current device.
+    fn device_synchronize(&self) -> Result<()>;
+    /// A new event, timing disabled.
+    fn event_create(&self) -> Result<u64>;
+    /// # Safety
+    /// `event` must be a live event, `stream` as for [`VendorApi::stream_synchronize`].
+    unsafe fn event_record(&self, event: u64, stream: u64) -> Result<()>;
+    /// True when complete, false while in flight.
+    ///
+    /// # Safety
+    /// `event` must be a live event.
+    unsafe fn event_query(&self, event: u64) -> Result<bool>;
+    /// # Safety
+    /// `event` must be a live event.
+    unsafe fn event_synchronize(&self, event: u64) -> Result<()>;
+    /// # Safety
+    /// `event` must be a live event, not used afterwards.
+    unsafe fn event_destroy(&self, event: u64) -> Result<()>;
+    /// Physical memory of `size` bytes on this device.
+    fn create_physical(&self, size: u64) -> Result<u64>;
+    /// # Safety
+    /// `handle` must be a live handle from [`VendorApi::create_physical`], not used afterwards.
+    unsafe fn release_physical(&self, handle: u64) -> Result<()>;
+    /// An address range of `size` bytes aligned to `alignment`.
+    fn reserve(&self, size: u64, alignment: u64) -> Result<u64>;
+    /// # Safety
+    /// `[va, va + size)` must be a whole live reservation with nothing mapped in it.
+    unsafe fn free_reservation(&self, va: u64, size: u64) -> Result<()>;
+    /// # Safety
+    /// `handle` must be live and `[va, va + size)` inside a live reservation, unmapped.
+    unsafe fn map(&self, va: u64, size: u64, offset: u64, handle: u64) -> Result<()>;
+    /// # Safety
+    /// `[va, va + size)` must be whole live mappings no one uses any more.
+    unsafe fn unmap(&self, va: u64, size: u64) -> Result<()>;
+    /// Read-write access to `[va, va + size)` for this device and each of `peers`.
+    ///
+    /// # Safety
+    /// `[va, va + size)` must be mapped by this device.
+    unsafe fn set_access(&self, va: u64, size: u64, peers: &[Self::Peer]) -> Result<()>;
+    /// The device's stream-ordered pool, made (or fetched) and set up.
+    fn pool_open(&self) -> Result<u64>;
+    /// Gives back a pool from [`VendorApi::pool_open`].
+    ///
+    /// # Safety
+    /// `pool` must come from [`VendorApi::pool_open`], not used afterwards.
+    unsafe fn pool_close(&self, pool: u64) -> Result<()>;
+    /// # Safety
+    /// `pool` must be live, `stream` as for [`VendorApi::stream_synchronize`].
+    unsafe fn pool_alloc(&self, pool: u64, size: u64, stream: u64) -> Result<u64>;
+    /// # Safety
+    /// `ptr` must be a live pool allocation, `stream` as for [`VendorApi::stream_synchronize`].
+    unsafe fn pool_free(&self, ptr: u64, stream: u64) -> Result<()>;
+    /// # Safety
+    /// `pool` must be live.
+    unsafe fn pool_attribute(&self, pool: u64, attribute: PoolAttribute) -> Result<u64>;
+    /// # Safety
+    /// `pool` must be live.
+    unsafe fn pool_set_release_threshold(&self, pool: u64, bytes: u64) -> Result<()>;
+    /// # Safety
+    /// `pool` must be live.
+    unsafe fn pool_trim(&self, pool: u64, keep: u64) -> Result<()>;
+    /// True when the driver exports the peer-access calls.
+    fn has_peer_calls(&self) -> bool;
+    /// Whether this device can access memory of device `peer` (another ordinal).
+    fn can_access_peer(&self, peer: u32) -> Result<bool>;
+    /// Enables access to device `peer`'s memory from this (current) device.
+    fn enable_peer(&self, peer: u32) -> Result<Self::Peer>;
+    /// Undoes what [`VendorApi::enable_peer`] holds, as the device goes.
+    ///
+    /// # Safety
+    /// `peer` came from [`VendorApi::enable_peer`] and is released once.
+    unsafe fn release_peer(&self, peer: Self::Peer) -> Result<()>;
+}
+
+/// A handle the vendor API takes as a pointer (a stream, event or pool; on HIP also a device
+/// pointer or physical handle) from the `u64` the vendor layer keeps it as.
+pub(crate) fn handle<T>(value: u64) -> *mut T {
+    value as usize as *mut T
+}
+
+/// What a GPU device is made of at open: the vendor's calls for it, its facts, and the
+/// capabilities the vendor's gates turned on.
+pub(crate) struct Opened<V> {
+    pub(crate) vendor: V,
+    pub(crate) info: DeviceInfo,
+    /// The granularity sizes and addresses are checked against.
+    pub(crate) granularity: u64,
+    /// A pool made at open already (CUDA), or none (made at first use).
+    pub(crate) pool: Option<u64>,
+}
+
+/// One GPU behind the [`Device`] trait, over a vendor's checked calls (`VendorApi`): `CudaDevice` and
+/// `HipDevice`.
+///
+/// * Every call first makes the device current on the calling thread, so the device may be
+///   used from any thread.
+/// * Pointers, handles, streams (to destroy) and events it did not hand out are
+///   [`Error::UnknownPointer`], a size that is not the allocation's or not a multiple of the
+///   granularity is [`Error::InvalidArgument`] — checked before the driver sees them; the
+///   driver's refusals are [`Error::Driver`] with its own names, out-of-memory
+///   [`Error::DeviceOutOfMemory`].
+/// * Any stream the caller passes (its own, one from [`Device::create_stream`], or a special
+///   handle) is used as it is.
+/// * Dropping the device gives back whatever it still holds — pool allocations (then a
+///   synchronisation), allocations, mappings, physical handles, reservations, events,
+///   streams, the pool, peers — and warns about it.
+pub struct GpuDevice<V: VendorApi> {
+    vendor: V,
+    info: DeviceInfo,
+    granularity: u64,
+    pool: Mutex<Option<u64>>,
+    peers: Mutex<Vec<(u32, V::Peer)>>,
+    handles: Mutex<Handles>,
+    books: Mutex<Books>,
+}
+
+impl<V: VendorApi> fmt::Debug for GpuDevice<V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GpuDevice")
+            .field("ordinal", &self.info.ordinal)
+            .field("name", &self.info.name)
+            .field("arch", &self.info.arch)
+            .field("capabilities", &self.info.capabilities)
+            .field("vendor", &self.vendor)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Locks a mutex; every update of the guarded state is one step after the driver answered,
+/// so the state is consistent even if a holder panicked.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl<V: VendorApi> GpuDevice<V> {
+    pub(crate) fn new(opened: Opened<V>) -> Self {
+        GpuDevice {
+            vendor: opened.vendor,
+            info: opened.info,
+            granularity: opened.granularity,
+            pool: Mutex::new(opened.pool),
+            peers: Mutex::new(Vec::new()),
+            handles: Mutex::new(Handles::default()),
+            books: Mutex::new(Books::default()),
+        }
+    }
+
+    /// The vendor's calls for this device.
+    pub(crate) fn vendor(&self) -> &V {
+        &self.vendor
+    }
+
+    /// What the device holds now, from its books. Takes one lock at a time (see the lock
+    /// order in the module docs).
+    pub fn census(&self) -> VendorCensus {
+        let counts = self.handles().count();
+        self.books().census(counts)
+    }
+
+    /// Makes the device current on the calling thread.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the vendor's call fails.
+    pub fn make_current(&self) -> Result<()> {
+        self.vendor.enter()
+    }
+
+    fn books(&self) -> MutexGuard<'_, Books> {
+        lock(&self.books)
+    }
+
+    fn handles(&self) -> MutexGuard<'_, Handles> {
+        lock(&self.handles)
+    }
+
+    /// Runs `call` on an event of this device, made current, holding a use of the event (no
+    /// lock); destroys the event after the call when it was destroyed meanwhile.
+    fn with_event<T>(&self, event: Event, call: impl FnOnce(u64) -> Result<T>) -> Result<T> {
+        let e = self.handles().borrow_event(V::BACKEND, event)?;
+        let result = self.vendor.enter().and_then(|()| call(e));
+        if self.handles().return_event(e) {
+            // SAFETY: destroyed by the device's user while this call used it; this was its
+            // last use, and it is out of the set, so nothing passes it to the driver again.
+            if let Err(err) = unsafe { self.vendor.event_destroy(e) } {
+                tracing::warn!(backend = V::BACKEND, event = e, error = %err,
+                    "could not destroy an event after its last use");
+            }
+        }
+        result
+    }
+
+    fn granular(&self, call: &'static str, what: &str, value: u64, zero_ok: bool) -> Result<()> {
+        check_granular(self.granularity, call, what, value, zero_ok)
+    }
+
+    /// The vendor's out-of-memory code becomes [`Error::DeviceOutOfMemory`] with the free
+    /// figure (0 when that cannot be read either); other errors pass through.
+    fn oom(&self, e: Error, requested: u64) -> Error {
+        match e {
+            Error::Driver { code, .. } if code == V::OUT_OF_MEMORY => self.out_of_memory(requested),
+            other => other,
+        }
+    }
+
+    fn out_of_memory(&self, requested: u64) -> Error {
+        Error::DeviceOutOfMemory {
+            backend: V::BACKEND,
+            requested,
+            free: self.vendor.mem_info().map(|(free, _)| free).unwrap_or(0),
+        }
+    }
+
+    /// The pool, made at first use where the vendor did not make it at open.
+    fn pool(&self) -> Result<u64> {
+        self.has_pool()?;
+        let mut pool = lock(&self.pool);
+        if let Some(p) = *pool {
+            return Ok(p);
+        }
+        self.vendor.enter()?;
+        let p = self.vendor.pool_open()?;
+        *pool = Some(p);
+        Ok(p)
+    }
+
+    /// [`Error::Unsupported`] when the device has no stream-ordered pool.
+    fn has_pool(&self) -> Result<()> {
+        if !self.info.capabilities.stream_ordered_pool {
+            return Err(Error::Unsupported {
+                what: "stream-ordered pool".into(),
+                backend: V::BACKEND,
+                reason: format!(
+                    "device {} ({}) has no memory pools",
+                    self.info.ordinal, self.info.name
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Runs `call` with the device current and `claimed` out of the books; puts it back with
+    /// `restore` when the driver refuses. The books lock is not held during the call.
+    fn give_back<T>(
+        &self,
+        claimed: T,
+        call: impl FnOnce() -> Result<()>,
+        restore: impl FnOnce(&mut Books, T),
+    ) -> Result<()> {
+        let result = self.vendor.enter().and_then(|()| call());
+        if result.is_err() {
+            restore(&mut self.books(), claimed);
+        }
+        result
+    }
+
+    /// The device handle, when `peer` is another device of this vendor's driver.
+    fn peer_ordinal(&self, peer: &dyn Device) -> Result<Option<u32>> {
+        let info = peer.info();
+        if info.vendor != V::VENDOR
+            || info.ordinal == self.info.ordinal
+            || info.ordinal >= self.vendor.device_count()?
+        {
+            return Ok(None);
+        }
+        Ok(Some(info.ordinal))
+    }
+}
+
+impl<V: VendorApi> Device for GpuDevice<V> {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn mem_info(&self) -> Result<MemInfo> {
+        self.vendor.enter()?;
+        let (free, total) = self.vendor.mem_info()?;
+        Ok(MemInfo { free, total })
+    }
+
+    /// # Errors
+    /// [`Error::InvalidSize`] for zero; [`Error::DeviceOutOfMemory`] for the vendor's
+    /// out-of-memory (or a null pointer); [`Error::Driver`] otherwise.
+    fn alloc(&self, size: u64) -> Result<u64> {
+        request_size(size, 1, Request::Allocation)?;
+        self.vendor.enter()?;
+        let ptr = self.vendor.alloc(size).map_err(|e| self.oom(e, size))?;
+        if ptr == 0 {
+            return Err(self.out_of_memory(size));
+        }
+        self.books().allocations.insert(ptr, size);
+        Ok(ptr)
+    }
+
+    /// # Errors
+    /// [`Error::UnknownPointer`] for a pointer not from [`Device::alloc`] (or freed already);
+    /// [`Error::InvalidArgument`] for a `size` that is not the allocation's; [`Error::Driver`]
+    /// when the driver refuses (the allocation is then still held).
+    fn free(&self, ptr: u64, size: u64) -> Result<()> {
+        self.books().claim_allocation(V::BACKEND, ptr, size)?;
+        self.give_back(
+            (ptr, size),
+            // SAFETY: a live allocation of this device, taken out of the books above, so no
+            // other call frees it meanwhile.
+            || unsafe { self.vendor.free(ptr) },
+            |b, (ptr, size)| {
+                b.allocations.insert(ptr, size);
+            },
+        )
+    }
+
+    fn virtual_memory(&self) -> Option<&dyn VirtualMemory> {
+        self.info
+            .capabilities
+            .virtual_memory
+            .then_some(self as &dyn VirtualMemory)
+    }
+
+    fn stream_ordered_pool(&self) -> Option<&dyn StreamOrderedPool> {
+        self.info
+            .capabilities
+            .stream_ordered_pool
+            .then_some(self as &dyn StreamOrderedPool)
+    }
+
+    fn create_stream(&self) -> Result<Stream> {
+        self.vendor.enter()?;
+        let s = self.vendor.stream_create()?;
+        self.handles().streams.insert(s);
+        Ok(Stream(s))
+    }
+
+    fn destroy_stream(&self, stream: Stream) -> Result<()> {
+        if stream == Stream::DEFAULT {
+            return Err(Error::InvalidArgument {
+                call: "destroy_stream",
+                reason: "the default stream cannot be destroyed; accepted are streams from \
+                         create_stream"
+                    .into(),
+            });
+        }
+        let s = self.handles().claim_stream(V::BACKEND, stream)?;
+        let result = self.vendor.enter().and_then(|()| {
+            // SAFETY: a live stream this device made (checked), out of the set, so no other
+            // call of this device destroys it meanwhile.
+            unsafe { self.vendor.stream_destroy(s) }
+        });
+        if result.is_err() {
+            self.handles().streams.insert(s);
+        }
+        result
+    }
+
+    fn synchronize_stream(&self, stream: Stream) -> Result<()> {
+        self.vendor.enter()?;
+        // SAFETY: by the contract of `Stream`, a live stream of this device or a special
+        // handle; the driver answers an invalid-handle error for the bad ones it detects.
+        unsafe { self.vendor.stream_synchronize(stream.0) }
+    }
+
+    fn synchronize_device(&self) -> Result<()> {
+        self.vendor.enter()?;
+        self.vendor.device_synchronize()
+    }
+
+    fn create_event(&self) -> Result<Event> {
+        self.vendor.enter()?;
+        let e = self.vendor.event_create()?;
+        self.handles().events.insert(e, EventUse::default());
+        Ok(Event(e))
+    }
+
+    fn record_event(&self, event: Event, stream: Stream) -> Result<()> {
+        // SAFETY: a live event of this device (checked; the use keeps it live) and, by the
+        // contract of `Stream`, a live stream or a special handle.
+        self.with_event(event, |e| unsafe { self.vendor.event_record(e, stream.0) })
+    }
+
+    fn event_complete(&self, event: Event) -> Result<bool> {
+        // SAFETY: a live event of this device (checked; the use keeps it live).
+        self.with_event(event, |e| unsafe { self.vendor.event_query(e) })
+    }
+
+    fn synchronize_event(&self, event: Event) -> Result<()> {
+        // SAFETY: a live event of this device (checked; the use keeps it live).
+        self.with_event(event, |e| unsafe { self.vendor.event_synchronize(e) })
+    }
+
+    /// Destroys the event now, or, while another call uses it, when that call is done; it is
+    /// unknown to every later call either way.
+    fn destroy_event(&self, event: Event) -> Result<()> {
+        if !self.handles().claim_event(V::BACKEND, event)? {
+            return Ok(());
+        }
+        let result = self.vendor.enter().and_then(|()| {
+            // SAFETY: a live event of this device that no call uses, out of the set.
+            unsafe { self.vendor.event_destroy(event.0) }
+        });
+        if result.is_err() {
+            self.handles().events.insert(event.0, EventUse::default());
+        }
+        result
+    }
+
+    /// For another device of this driver; false for anything else, and when the driver lacks
+    /// the peer calls.
+    fn can_access_peer(&self, peer: &dyn Device) -> Result<bool> {
+        if !self.vendor.has_peer_calls() {
+            return Ok(false);
+        }
+        match self.peer_ordinal(peer)? {
+            Some(ordinal) => self.vendor.can_access_peer(ordinal),
+            None => Ok(false),
+        }
+    }
+
+    fn enable_peer_access(&self, peer: &dyn Device) -> Result<()> {
+        let target = peer.info();
+        let ordinal = match self.peer_ordinal(peer)? {
+            Some(o) if self.can_access_peer(peer)? => o,
+            _ => {
+                return Err(Error::Unsupported {
+                    what: "peer access".into(),
+                    backend: V::BACKEND,
+                    reason: format!(
+                        "device {} ({}) cannot access device {} of {}{}",
+                        self.info.ordinal,
+                        self.info.name,
+                        target.ordinal,
+                        target.vendor,
+                        if self.vendor.has_peer_calls() {
+                            " (the driver says no)".to_string()
+                        } else {
+                            format!(": the driver does not export {}", V::PEER_CALLS)
+                        }
+                    ),
+                })
+            }
+        };
+        let mut peers = lock(&self.peers);
+        if peers.iter().any(|&(o, _)| o == ordinal) {
+            return Ok(());
+        }
+        self.vendor.enter()?;
+        let kept = self.vendor.enable_peer(ordinal)?;
+        peers.push((ordinal, kept));
+        peers.sort_unstable_by_key(|&(o, _)| o);
+        Ok(())
+    }
+
+    fn peer_access(&self) -> Vec<u32> {
+        lock(&self.peers).iter().map(|&(o, _)| o).collect()
+    }
+}
+
+impl<V: VendorApi> VirtualMemory for GpuDevice<V> {
+    fn granularity(&self) -> u64 {
+        self.granularity
+    }
+
+    fn reserve(&self, size: u64, alignment: u64) -> Result<u64> {
+        self.granular("reserve", "size", size, false)?;
+        if alignment != 0 && !alignment.is_power_of_two() {
+            return Err(Error::InvalidArgument {
+                call: "reserve",
+                reason: format!(
+                    "alignment {alignment} is not accepted: 0 (the granularity) or a power of two"
+                ),
+            });
+        }
+        self.vendor.enter()?;
+        let va = self.vendor.reserve(size, alignment.max(self.granularity))?;
+        self.books().reservations.insert(va, size);
+        Ok(va)
+    }
+
+    fn free_reservation(&self, va: u64, size: u64) -> Result<()> {
+        self.books().claim_reservation(V::BACKEND, va, size)?;
+        self.give_back(
+            (va, size),
+            // SAFETY: a whole live reservation of this device with nothing mapped (checked),
+            // out of the books, so no other call maps into it or frees it meanwhile.
+            || unsafe { self.vendor.free_reservation(va, size) },
+            |b, (va, size)| {
+                b.reservations.insert(va, size);
+            },
+        )
+    }
+
+    fn create_physical(&self, size: u64) -> Result<PhysicalHandle> {
+        self.granular("create_physical", "size", size, false)?;
+        self.vendor.enter()?;
+        let handle = self
+            .vendor
+            .create_physical(size)
+            .map_err(|e| self.oom(e, size))?;
+        self.books().handles.insert(handle);
+        Ok(PhysicalHandle(handle))
+    }
+
+    /// The memory goes once its last mapping does.
+    fn release_physical(&self, handle: PhysicalHandle) -> Result<()> {
+        self.books().claim_handle(V::BACKEND, handle.0)?;
+        self.give_back(
+            handle.0,
+            // SAFETY: a live handle of this device (checked), out of the books.
+            || unsafe { self.vendor.release_physical(handle.0) },
+            |b, h| {
+                b.handles.insert(h);
+            },
+        )
+    }
+
+    fn map(&self, va: u64, size: u64, handle: PhysicalHandle, offset: u64) -> Result<()> {
+        self.granular("map", "address", va, false)?;
+        self.granular("map", "size", size, false)?;
+        self.granular("map", "offset", offset, true)?;
+        self.books().claim_mapping(V::BACKEND, va, size, handle.0)?;
+        self.give_back(
+            va,
+            // SAFETY: a live handle and a free range inside a live reservation (checked, and
+            // booked so no other map takes it); the driver checks the handle's size.
+            || unsafe { self.vendor.map(va, size, offset, handle.0) },
+            |b, va| {
+                b.mappings.remove(&va);
+            },
+        )
+    }
+
+    fn set_access(&self, va: u64, size: u64) -> Result<()> {
+        self.set_access_with_peers(va, size, &[])
+    }
+
+    fn set_access_with_peers(&self, va: u64, size: u64, peers: &[u32]) -> Result<()> {
+        self.granular("set_access", "address", va, false)?;
+        self.granular("set_access", "size", size, false)?;
+        self.books().check_mapped(va, size)?;
+        let kept: Vec<V::Peer> = {
+            let enabled = lock(&self.peers);
+            peers
+                .iter()
+                .map(|p| {
+                    enabled
+                        .iter()
+                        .find(|(o, _)| o == p)
+                        .map(|&(_, kept)| kept)
+                        .ok_or_else(|| Error::InvalidArgument {
+                            call: "set_access_with_peers",
+                            reason: format!(
+                                "peer access to device {p} is not enabled on device {}; \
+                                 accepted are the devices enable_peer_access was called with \
+                                 ({:?})",
+                                self.info.ordinal,
+                                enabled.iter().map(|&(o, _)| o).collect::<Vec<_>>()
+                            ),
+                        })
+                })
+                .collect::<Result<_>>()?
+        };
+        self.vendor.enter()?;
+        // SAFETY: the range is mapped by this device (checked).
+        unsafe { self.vendor.set_access(va, size, &kept) }
+    }
+
+    fn unmap(&self, va: u64, size: u64) -> Result<()> {
+        self.granular("unmap", "address", va, false)?;
+        self.granular("unmap", "size", size, false)?;
+        let claimed = self.books().claim_unmap(va, size)?;
+        self.give_back(
+            claimed,
+            // SAFETY: the range is exactly this device's live mappings (checked), out of the
+            // books.
+            || unsafe { self.vendor.unmap(va, size) },
+            Books::restore_mappings,
+        )
+    }
+}
+
+impl<V: VendorApi> StreamOrderedPool for GpuDevice<V> {
+    fn alloc_async(&self, size: u64, stream: Stream) -> Result<u64> {
+        request_size(size, 1, Request::PoolAllocation)?;
+        let pool = self.pool()?;
+        self.vendor.enter()?;
+        // SAFETY: the pool lives as long as `self`; by the contract of `Stream`, the stream is
+        // a live stream of this device or a special handle.
+        let ptr = unsafe { self.vendor.pool_alloc(pool, size, stream.0) }
+            .map_err(|e| self.oom(e, size))?;
+        self.books().pool_allocations.insert(ptr, size);
+        Ok(ptr)
+    }
+
+    /// # Errors
+    /// [`Error::UnknownPointer`] for a pointer not from [`StreamOrderedPool::alloc_async`]
+    /// (checked without making the pool); [`Error::Driver`] when the driver refuses (the
+    /// allocation is then still held).
+    fn free_async(&self, ptr: u64, stream: Stream) -> Result<()> {
+        self.has_pool()?;
+        let size = self
+            .books()
+            .pool_allocations
+            .remove(&ptr)
+            .ok_or_else(|| unknown(V::BACKEND, "pool allocation", ptr))?;
+        self.give_back(
+            (ptr, size),
+            // SAFETY: a live pool allocation (checked, out of the books) and, by the contract
+            // of `Stream`, a live stream or a special handle.
+            || unsafe { self.vendor.pool_free(ptr, stream.0) },
+            |b, (ptr, size)| {
+                b.pool_allocations.insert(ptr, size);
+            },
+        )
+    }
+
+    fn set_release_threshold(&self, bytes: u64) -> Result<()> {
+        let pool = self.pool()?;
+        self.vendor.enter()?;
+        // SAFETY: the pool lives as long as `self`.
+        unsafe { self.vendor.pool_set_release_threshold(pool, bytes) }
+    }
+
+    fn release_threshold(&self) -> Result<u64> {
+        let pool = self.pool()?;
+        self.vendor.enter()?;
+        // SAFETY: the pool lives as long as `self`.
+        unsafe {
+            self.vendor
+                .pool_attribute(pool, PoolAttribute::ReleaseThreshold)
+        }
+    }
+
+    fn trim_to(&self, keep: u64) -> Result<()> {
+        let pool = self.pool()?;
+        self.vendor.enter()?;
+        // SAFETY: the pool lives as long as `self`.
+        unsafe { self.vendor.pool_trim(pool, keep) }
+    }
+
+    fn usage(&self) -> Result<PoolUsage> {
+        let pool = self.pool()?;
+        self.vendor.enter()?;
+        // SAFETY: the pool lives as long as `self`.
+        let get = |attribute| unsafe { self.vendor.pool_attribute(pool, attribute) };
+        Ok(PoolUsage {
+            reserved_current: get(PoolAttribute::ReservedCurrent)?,
+            reserved_high: get(PoolAttribute::ReservedHigh)?,
+            used_current: get(PoolAttribute::UsedCurrent)?,
+            used_high: get(PoolAttribute::UsedHigh)?,
+        })
+    }
+}
+
+impl<V: VendorApi> Drop for GpuDevice<V> {
+    /// Gives back what the device still holds, in an order the drivers accept: pool
+    /// allocations (then a synchronisation, so the pool really has them back), allocations,
+    /// mappings, physical handles (after their mappings), reservations (after what was mapped
+    /// in them), events, streams, the pool, the peers. The vendor's own state (CUDA's primary
+    /// context) goes last, when the vendor value drops.
+    fn drop(&mut self) {
+        let census = self.census();
+        let ordinal = self.info.ordinal;
+        let vendor = &self.vendor;
+        let warn = |what: &str, e: Error| {
+            tracing::warn!(backend = V::BACKEND, device = ordinal, error = %e,
+                "dropping a {} device: {what}", V::BACKEND);
+        };
+        if let Err(e) = vendor.enter() {
+            warn("could not make it current", e);
+        }
+        let books = std::mem::take(self.books.get_mut().unwrap_or_else(PoisonError::into_inner));
+        let handles = std::mem::take(
+            self.handles
+                .get_mut()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        let pool = self
+            .pool
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        let peers = std::mem::take(self.peers.get_mut().unwrap_or_else(PoisonError::into_inner));
+        // SAFETY (every call below): each handle is one this device made and still held, per
+        // its books, used by no one else now that the device goes, and given back once.
+        unsafe {
+            if !books.pool_allocations.is_empty() {
+                for &ptr in books.pool_allocations.keys() {
+                    if let Err(e) = vendor.pool_free(ptr, Stream::DEFAULT.0) {
+                        warn("could not free a pool allocation", e);
+                    }
+                }
+                if let Err(e) = vendor.stream_synchronize(Stream::DEFAULT.0) {
+                    warn("could not synchronise", e);
+                }
+            }
+            for &ptr in books.allocations.keys() {
+                if let Err(e) = vendor.free(ptr) {
+                    warn("could not free an allocation", e);
+                }
+            }
+            for (&va, &size) in &books.mappings {
+                if let Err(e) = vendor.unmap(va, size) {
+                    warn("could not unmap", e);
+                }
+            }
+            for &handle in &books.handles {
+                if let Err(e) = vendor.release_physical(handle) {
+                    warn("could not release a physical handle", e);
+                }
+            }
+            for (&va, &size) in &books.reservations {
+                if let Err(e) = vendor.free_reservation(va, size) {
+                    warn("could not free a reservation", e);
+                }
+            }
+            for &e in handles.events.keys() {
+                if let Err(err) = vendor.event_destroy(e) {
+                    warn("could not destroy an event", err);
+                }
+            }
+            for &s in &handles.streams {
+                if let Err(err) = vendor.stream_destroy(s) {
+                    warn("could not destroy a stream", err);
+                }
+            }
+            if let Some(pool) = pool {
+                if let Err(e) = vendor.pool_close(pool) {
+                    warn("could not give back its pool", e);
+                }
+            }
+            for (_, kept) in peers {
+                if let Err(e) = vendor.release_peer(kept) {
+                    warn("could not release a peer", e);
+                }
+            }
+        }
+        if !census.is_empty() {
+            tracing::warn!(
+                backend = V::BACKEND,
+                device = ordinal,
+                name = %self.info.name,
+                ?census,
+                "device dropped while still holding these; returned them"
+            );
+        }
+    }
+}

@@ -1,0 +1,472 @@
+//! The rules the vendor layer (`backends/vendor`) now writes once for CUDA and HIP, checked on
+//! both conformance fakes with one test body each: a wrong size or a foreign pointer is refused
+//! before the driver sees it, a foreign or destroyed stream or event is refused, a double free
+//! is refused, a refused call leaves the books and the driver as they were, and a dropped
+//! device gives everything back (the fake's own live counts, not only portalloc's census).
+//!
+//! Each test loads a private copy of the fake (its state is per library), so the tests run in
+//! parallel without sharing a driver.
+#![cfg(all(feature = "cuda", feature = "hip"))]
+
+#[path = "support/mod.rs"]
+mod support;
+
+use std::ffi::{c_char, c_int, c_long, CString};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use portalloc::backends::cuda::{self, CudaDevice};
+use portalloc::backends::hip::{self, HipDevice};
+use portalloc::backends::VendorCensus;
+use portalloc::device::{Device, Event, PhysicalHandle, Stream};
+use portalloc::Error;
+use test_case::test_case;
+
+const MIB: u64 = 1 << 20;
+/// A HIP runtime version with virtual memory on (ROCm 7), as `hipRuntimeGetVersion` writes it.
+const ROCM7: i32 = 70_051_831;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Vendor {
+    Cuda,
+    Hip,
+}
+
+static COPIES: AtomicU64 = AtomicU64::new(0);
+
+/// A private copy of one vendor's conformance fake, loaded.
+struct Fake {
+    vendor: Vendor,
+    path: PathBuf,
+    library: libloading::Library,
+}
+
+impl Drop for Fake {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// An open device of either vendor, with its census.
+enum Opened {
+    Cuda(CudaDevice),
+    Hip(HipDevice),
+}
+
+impl Opened {
+    fn device(&self) -> &dyn Device {
+        match self {
+            Opened::Cuda(d) => d,
+            Opened::Hip(d) => d,
+        }
+    }
+
+    fn census(&self) -> VendorCensus {
+        match self {
+            Opened::Cuda(d) => d.census(),
+            Opened::Hip(d) => d.census(),
+        }
+    }
+}
+
+impl Fake {
+    /// `None` (with a message) when no C compiler built the fakes.
+    fn new(vendor: Vendor) -> Option<Fake> {
+        let name = match vendor {
+            Vendor::Cuda => "fakecuda",
+            Vendor::Hip => "fakehip",
+        };
+        let Some(built) = support::driver(name) else {
+            support::skip("the conformance drivers were not built (no C compiler)");
+            return None;
+        };
+        let path = std::env::temp_dir().join(format!(
+            "portalloc-vendor-layer-{}-{}-{}",
+            std::process::id(),
+            COPIES.fetch_add(1, Ordering::Relaxed),
+            PathBuf::from(built).file_name().unwrap().to_string_lossy()
+        ));
+        std::fs::copy(built, &path).expect("copy the conformance driver");
+        // SAFETY: our own test library; its initialisers do nothing.
+        let library = unsafe { libloading::Library::new(&path) }.expect("load the fake");
+        let fake = Fake {
+            vendor,
+            path,
+            library,
+        };
+        match vendor {
+            // One device of 64 MiB, the default granularity and version (VMM and pools on).
+            Vendor::Cuda => {
+                let configure: unsafe extern "C" fn(c_int, u64, u64, c_int) -> c_int =
+                    fake.sym("fakecuda_configure");
+                // SAFETY: plain values, before the driver is initialised.
+                assert_eq!(unsafe { configure(1, 64 * MIB, 0, 0) }, 0);
+            }
+            // ROCm 7, so that virtual memory is on as on CUDA.
+            Vendor::Hip => {
+                let set_version: unsafe extern "C" fn(c_int) = fake.sym("fakehip_set_version");
+                // SAFETY: by value.
+                unsafe { set_version(ROCM7) };
+            }
+        }
+        Some(fake)
+    }
+
+    fn sym<T: Copy>(&self, name: &str) -> T {
+        // SAFETY: each caller names a control function of the fake with the signature it
+        // asks for.
+        *unsafe { self.library.get::<T>(name.as_bytes()) }.expect(name)
+    }
+
+    /// Device 0 of this fake, through portalloc's own loader.
+    fn open(&self) -> Opened {
+        let path = [self.path.to_string_lossy().into_owned()];
+        match self.vendor {
+            Vendor::Cuda => Opened::Cuda(
+                CudaDevice::open(Arc::new(cuda::Driver::load(&path).unwrap()), 0).unwrap(),
+            ),
+            Vendor::Hip => Opened::Hip(
+                HipDevice::open(Arc::new(hip::Runtime::load(&path).unwrap()), 0).unwrap(),
+            ),
+        }
+    }
+
+    /// What the fake driver itself holds of `what` (`allocations`, `handles`, `mappings`,
+    /// `reservations`, `streams`, `events`, `pools`, `bytes`): the one place that knows the
+    /// fakes' counting functions.
+    fn live(&self, what: &str) -> i64 {
+        let symbol = match self.vendor {
+            Vendor::Cuda => "fakecuda_live",
+            Vendor::Hip => "fakehip_count",
+        };
+        let count: unsafe extern "C" fn(*const c_char) -> i64 = self.sym(symbol);
+        let name = CString::new(what).unwrap();
+        // SAFETY: a NUL-terminated name, read only.
+        let n = unsafe { count(name.as_ptr()) };
+        assert!(n >= 0, "{symbol} does not know {what}");
+        n
+    }
+
+    /// The next call of the vendor's `call` fails with the vendor's "not supported" code:
+    /// the other place that knows the fakes' control functions.
+    fn fail_next(&self, call: &str) {
+        let name = CString::new(call).unwrap();
+        match self.vendor {
+            Vendor::Cuda => {
+                let fail: unsafe extern "C" fn(*const c_char, c_int, c_int) =
+                    self.sym("fakecuda_fail_call");
+                // SAFETY: a NUL-terminated name the fake copies; plain values.
+                unsafe {
+                    fail(
+                        name.as_ptr(),
+                        1,
+                        portalloc::sys::cuda::CUDA_ERROR_NOT_SUPPORTED,
+                    )
+                }
+            }
+            Vendor::Hip => {
+                let fail: unsafe extern "C" fn(*const c_char, c_long, c_long, c_int) =
+                    self.sym("fakehip_fail");
+                let code = portalloc::sys::hip::hipErrorNotSupported as c_int;
+                // SAFETY: a NUL-terminated name the fake copies; plain values.
+                unsafe { fail(name.as_ptr(), 1, 1, code) }
+            }
+        }
+    }
+
+    /// The vendor's name of a call.
+    fn call(&self, cuda: &'static str, hip: &'static str) -> &'static str {
+        match self.vendor {
+            Vendor::Cuda => cuda,
+            Vendor::Hip => hip,
+        }
+    }
+
+    /// Runs `test` on device 0 of a private copy of `vendor`'s fake, then drops the device and
+    /// checks that the driver holds nothing any more.
+    fn with_device(vendor: Vendor, test: impl FnOnce(&Fake, &Opened)) {
+        let Some(fake) = Fake::new(vendor) else {
+            return;
+        };
+        let opened = fake.open();
+        test(&fake, &opened);
+        drop(opened);
+        fake.assert_all_returned();
+    }
+
+    /// Nothing is held in the fake driver.
+    fn assert_all_returned(&self) {
+        for what in [
+            "allocations",
+            "handles",
+            "mappings",
+            "reservations",
+            "streams",
+            "events",
+            "pools",
+            "bytes",
+        ] {
+            assert_eq!(
+                self.live(what),
+                0,
+                "{:?}: the driver still holds {what}",
+                self.vendor
+            );
+        }
+    }
+}
+
+/// Declares each test once and runs it on both fakes: `fn name(fake, opened, device) { … }`
+/// becomes a `test-case` table over CUDA and HIP whose body runs on device 0 of a private copy
+/// of the vendor's fake, which must hold nothing once the device is dropped.
+macro_rules! on_both_vendors {
+    ($($(#[$doc:meta])* fn $name:ident($fake:ident, $opened:ident, $device:ident) $body:block)*) => {$(
+        $(#[$doc])*
+        #[test_case(Vendor::Cuda ; "cuda")]
+        #[test_case(Vendor::Hip ; "hip")]
+        #[allow(unused_variables)]
+        fn $name(vendor: Vendor) {
+            Fake::with_device(vendor, |$fake, $opened| {
+                let $device = $opened.device();
+                $body
+            });
+        }
+    )*};
+}
+
+on_both_vendors! {
+    /// A size that is not the allocation's is refused before the driver frees anything.
+    fn a_wrong_size_on_free_is_refused_and_the_allocation_kept(fake, opened, device) {
+        let ptr = device.alloc(4096).unwrap();
+        for wrong in [4095, 4097, 0] {
+            assert!(
+                matches!(
+                    device.free(ptr, wrong),
+                    Err(Error::InvalidArgument { call: "free", .. })
+                ),
+                "{:?}: free with {wrong} bytes",
+                fake.vendor
+            );
+        }
+        assert_eq!(opened.census().allocations, 1);
+        assert_eq!(
+            fake.live("allocations"),
+            1,
+            "the driver never saw the refused frees"
+        );
+        device.free(ptr, 4096).unwrap();
+        assert!(opened.census().is_empty());
+    }
+
+    /// Pointers and handles the device never handed out are refused before the driver sees them.
+    fn pointers_and_handles_it_never_handed_out_are_refused(fake, opened, device) {
+        let held = device.alloc(4096).unwrap();
+        let foreign = held + (1 << 40);
+        let unknown = |r: Result<(), Error>| match r {
+            Err(Error::UnknownPointer { what, ptr, .. }) => Some((what, ptr)),
+            _ => None,
+        };
+        assert_eq!(
+            unknown(device.free(foreign, 4096)),
+            Some(("allocation", foreign))
+        );
+        let pool = device.stream_ordered_pool().expect("the fake has pools");
+        assert_eq!(
+            unknown(pool.free_async(foreign, Stream::DEFAULT)),
+            Some(("pool allocation", foreign))
+        );
+        let vm = device
+            .virtual_memory()
+            .expect("the fake has virtual memory");
+        assert_eq!(
+            unknown(vm.release_physical(PhysicalHandle(77))),
+            Some(("physical handle", 77))
+        );
+        let g = vm.granularity();
+        assert_eq!(
+            unknown(vm.map(0x7000_0000_0000, g, PhysicalHandle(77), 0)),
+            Some(("physical handle", 77))
+        );
+        assert_eq!(
+            unknown(vm.free_reservation(1 << 44, g)),
+            Some(("reservation", 1 << 44))
+        );
+        assert_eq!(fake.live("allocations"), 1);
+        device.free(held, 4096).unwrap();
+    }
+
+    /// Streams and events the device did not make, or destroyed already, are refused.
+    fn foreign_and_destroyed_streams_and_events_are_refused(fake, opened, device) {
+        let stream = device.create_stream().unwrap();
+        let event = device.create_event().unwrap();
+        let foreign_stream = Stream(stream.0 ^ 0x10);
+        let foreign_event = Event(event.0 ^ 0x10);
+        let is_unknown = |r: Result<(), Error>, expected: &str| matches!(r, Err(Error::UnknownPointer { what, .. }) if what == expected);
+        // Foreign ones: never handed out by this device.
+        assert!(is_unknown(device.destroy_stream(foreign_stream), "stream"));
+        assert!(is_unknown(
+            device.record_event(foreign_event, stream),
+            "event"
+        ));
+        assert!(is_unknown(device.destroy_event(foreign_event), "event"));
+        assert!(matches!(
+            device.destroy_stream(Stream::DEFAULT),
+            Err(Error::InvalidArgument { .. })
+        ));
+        // Its own, in use and then destroyed.
+        device.record_event(event, stream).unwrap();
+        device.synchronize_event(event).unwrap();
+        assert!(device.event_complete(event).unwrap());
+        device.destroy_event(event).unwrap();
+        device.destroy_stream(stream).unwrap();
+        assert!(is_unknown(
+            device.record_event(event, Stream::DEFAULT),
+            "event"
+        ));
+        assert!(matches!(
+            device.event_complete(event),
+            Err(Error::UnknownPointer { what: "event", .. })
+        ));
+        assert!(is_unknown(device.destroy_event(event), "event"));
+        assert!(is_unknown(device.destroy_stream(stream), "stream"));
+        assert_eq!((fake.live("streams"), fake.live("events")), (0, 0));
+        assert!(opened.census().is_empty());
+    }
+
+    /// What was given back once is unknown the second time.
+    fn double_frees_are_refused(fake, opened, device) {
+        let ptr = device.alloc(MIB).unwrap();
+        device.free(ptr, MIB).unwrap();
+        assert!(matches!(
+            device.free(ptr, MIB),
+            Err(Error::UnknownPointer {
+                what: "allocation",
+                ..
+            })
+        ));
+        let pool = device.stream_ordered_pool().unwrap();
+        let p = pool.alloc_async(MIB, Stream::DEFAULT).unwrap();
+        pool.free_async(p, Stream::DEFAULT).unwrap();
+        assert!(matches!(
+            pool.free_async(p, Stream::DEFAULT),
+            Err(Error::UnknownPointer {
+                what: "pool allocation",
+                ..
+            })
+        ));
+        let vm = device.virtual_memory().unwrap();
+        let g = vm.granularity();
+        let va = vm.reserve(2 * g, 0).unwrap();
+        let h = vm.create_physical(g).unwrap();
+        vm.map(va, g, h, 0).unwrap();
+        vm.unmap(va, g).unwrap();
+        assert!(matches!(
+            vm.unmap(va, g),
+            Err(Error::InvalidArgument { call: "unmap", .. })
+        ));
+        vm.release_physical(h).unwrap();
+        assert!(matches!(
+            vm.release_physical(h),
+            Err(Error::UnknownPointer {
+                what: "physical handle",
+                ..
+            })
+        ));
+        vm.free_reservation(va, 2 * g).unwrap();
+        assert!(matches!(
+            vm.free_reservation(va, 2 * g),
+            Err(Error::UnknownPointer {
+                what: "reservation",
+                ..
+            })
+        ));
+        device.synchronize_device().unwrap();
+        assert!(opened.census().is_empty());
+    }
+
+    /// Mappings lie inside one reservation and overlap none; access only where mapped; unmap
+    /// only whole mappings; a reservation is freed whole with nothing mapped in it.
+    fn virtual_memory_ranges_follow_the_host_rules(fake, opened, device) {
+        let vm = device.virtual_memory().unwrap();
+        let g = vm.granularity();
+        let va = vm.reserve(4 * g, 0).unwrap();
+        let h = vm.create_physical(2 * g).unwrap();
+        let invalid = |r: Result<(), Error>| matches!(r, Err(Error::InvalidArgument { .. }));
+        // Outside the reservation, or overlapping a mapping: refused before the driver.
+        assert!(invalid(vm.map(va + 3 * g, 2 * g, h, 0)));
+        vm.map(va, 2 * g, h, 0).unwrap();
+        assert!(invalid(vm.map(va + g, g, h, 0)));
+        // Access only where mapped; unmap only whole mappings; free only with nothing mapped.
+        assert!(invalid(vm.set_access(va, 3 * g)));
+        vm.set_access(va, 2 * g).unwrap();
+        assert!(invalid(vm.unmap(va, g)));
+        assert!(invalid(vm.free_reservation(va, 4 * g)));
+        assert!(invalid(vm.free_reservation(va, 2 * g)));
+        assert_eq!(fake.live("mappings"), 1);
+        vm.unmap(va, 2 * g).unwrap();
+        vm.release_physical(h).unwrap();
+        vm.free_reservation(va, 4 * g).unwrap();
+    }
+
+    /// A dropped device gives back everything it held, in an order the driver accepts.
+    fn a_dropped_device_gives_everything_back(fake, opened, device) {
+        let (stream, event) = (device.create_stream().unwrap(), device.create_event().unwrap());
+        device.record_event(event, stream).unwrap();
+        let _plain = device.alloc(1234).unwrap();
+        let _pooled = device.stream_ordered_pool().unwrap().alloc_async(4096, stream).unwrap();
+        let vm = device.virtual_memory().unwrap();
+        let g = vm.granularity();
+        let (va, h) = (vm.reserve(4 * g, 0).unwrap(), vm.create_physical(g).unwrap());
+        vm.map(va, g, h, 0).unwrap();
+        let census = opened.census();
+        assert_eq!(
+            census,
+            VendorCensus {
+                allocations: 1,
+                pool_allocations: 1,
+                physical_handles: 1,
+                reservations: 1,
+                mappings: 1,
+                streams: 1,
+                events: 1,
+            }
+        );
+        assert!(fake.live("bytes") > 0);
+    }
+
+    /// What the driver refuses to give back stays in the books, so it can be given back later.
+    fn what_the_driver_refuses_to_give_back_stays_in_the_books(fake, opened, device) {
+        let is_driver = |r: Result<(), Error>, expected: &str| matches!(r, Err(Error::Driver { call, .. }) if call == expected);
+        let ptr = device.alloc(4096).unwrap();
+        let free = fake.call("cuMemFree_v2", "hipFree");
+        fake.fail_next(free);
+        assert!(is_driver(device.free(ptr, 4096), free));
+        assert_eq!(
+            opened.census().allocations,
+            1,
+            "still held, so it can be freed again"
+        );
+        device.free(ptr, 4096).unwrap();
+
+        let vm = device.virtual_memory().unwrap();
+        let g = vm.granularity();
+        let va = vm.reserve(2 * g, 0).unwrap();
+        let h = vm.create_physical(2 * g).unwrap();
+        vm.map(va, 2 * g, h, 0).unwrap();
+        let unmap = fake.call("cuMemUnmap", "hipMemUnmap");
+        fake.fail_next(unmap);
+        assert!(is_driver(vm.unmap(va, 2 * g), unmap));
+        assert_eq!(opened.census().mappings, 1);
+        vm.unmap(va, 2 * g).unwrap();
+        let release = fake.call("cuMemRelease", "hipMemRelease");
+        fake.fail_next(release);
+        assert!(is_driver(vm.release_physical(h), release));
+        vm.release_physical(h).unwrap();
+        let address_free = fake.call("cuMemAddressFree", "hipMemAddressFree");
+        fake.fail_next(address_free);
+        assert!(is_driver(vm.free_reservation(va, 2 * g), address_free));
+        vm.free_reservation(va, 2 * g).unwrap();
+        assert!(opened.census().is_empty());
+    }
+}
