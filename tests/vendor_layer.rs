@@ -11,40 +11,25 @@
 #[path = "support/mod.rs"]
 mod support;
 
-use std::ffi::{c_char, c_int, c_long, CString};
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-
-use portalloc::backends::cuda::{self, CudaDevice};
-use portalloc::backends::hip::{self, HipDevice};
+use portalloc::backends::cuda::CudaDevice;
+use portalloc::backends::hip::HipDevice;
 use portalloc::backends::VendorCensus;
 use portalloc::device::{Device, Event, PhysicalHandle, Stream};
-use portalloc::Error;
+use portalloc::{Error, Vendor};
+use support::fakes::FakeDevice;
 use test_case::test_case;
 
 const MIB: u64 = 1 << 20;
-/// A HIP runtime version with virtual memory on (ROCm 7), as `hipRuntimeGetVersion` writes it.
-const ROCM7: i32 = 70_051_831;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Vendor {
-    Cuda,
-    Hip,
-}
+/// A private copy of one vendor's conformance fake (`support::fakes`: its state is per
+/// library), with one device of 64 MiB and every capability on (fakehip as ROCm 7).
+struct Fake(support::fakes::Fake);
 
-static COPIES: AtomicU64 = AtomicU64::new(0);
+impl std::ops::Deref for Fake {
+    type Target = support::fakes::Fake;
 
-/// A private copy of one vendor's conformance fake, loaded.
-struct Fake {
-    vendor: Vendor,
-    path: PathBuf,
-    library: libloading::Library,
-}
-
-impl Drop for Fake {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+    fn deref(&self) -> &support::fakes::Fake {
+        &self.0
     }
 }
 
@@ -73,113 +58,28 @@ impl Opened {
 impl Fake {
     /// `None` (with a message) when no C compiler built the fakes.
     fn new(vendor: Vendor) -> Option<Fake> {
-        let name = match vendor {
-            Vendor::Cuda => "fakecuda",
-            Vendor::Hip => "fakehip",
-        };
-        let Some(built) = support::driver(name) else {
-            support::skip("the conformance drivers were not built (no C compiler)");
-            return None;
-        };
-        let path = std::env::temp_dir().join(format!(
-            "portalloc-vendor-layer-{}-{}-{}",
-            std::process::id(),
-            COPIES.fetch_add(1, Ordering::Relaxed),
-            PathBuf::from(built).file_name().unwrap().to_string_lossy()
-        ));
-        std::fs::copy(built, &path).expect("copy the conformance driver");
-        // SAFETY: our own test library; its initialisers do nothing.
-        let library = unsafe { libloading::Library::new(&path) }.expect("load the fake");
-        let fake = Fake {
-            vendor,
-            path,
-            library,
-        };
-        match vendor {
-            // One device of 64 MiB, the default granularity and version (VMM and pools on).
-            Vendor::Cuda => {
-                let configure: unsafe extern "C" fn(c_int, u64, u64, c_int) -> c_int =
-                    fake.sym("fakecuda_configure");
-                // SAFETY: plain values, before the driver is initialised.
-                assert_eq!(unsafe { configure(1, 64 * MIB, 0, 0) }, 0);
-            }
-            // ROCm 7, so that virtual memory is on as on CUDA.
-            Vendor::Hip => {
-                let set_version: unsafe extern "C" fn(c_int) = fake.sym("fakehip_set_version");
-                // SAFETY: by value.
-                unsafe { set_version(ROCM7) };
-            }
-        }
-        Some(fake)
-    }
-
-    fn sym<T: Copy>(&self, name: &str) -> T {
-        // SAFETY: each caller names a control function of the fake with the signature it
-        // asks for.
-        *unsafe { self.library.get::<T>(name.as_bytes()) }.expect(name)
+        support::fakes::Fake::with_devices(vendor, 1, 64 * MIB).map(Fake)
     }
 
     /// Device 0 of this fake, through portalloc's own loader.
     fn open(&self) -> Opened {
-        let path = [self.path.to_string_lossy().into_owned()];
-        match self.vendor {
-            Vendor::Cuda => Opened::Cuda(
-                CudaDevice::open(Arc::new(cuda::Driver::load(&path).unwrap()), 0).unwrap(),
-            ),
-            Vendor::Hip => Opened::Hip(
-                HipDevice::open(Arc::new(hip::Runtime::load(&path).unwrap()), 0).unwrap(),
-            ),
+        match self.vendor() {
+            Vendor::Cuda => Opened::Cuda(<CudaDevice as FakeDevice>::open(&self.0, 0)),
+            _ => Opened::Hip(<HipDevice as FakeDevice>::open(&self.0, 0)),
         }
     }
 
-    /// What the fake driver itself holds of `what` (`allocations`, `handles`, `mappings`,
-    /// `reservations`, `streams`, `events`, `pools`, `bytes`): the one place that knows the
-    /// fakes' counting functions.
-    fn live(&self, what: &str) -> i64 {
-        let symbol = match self.vendor {
-            Vendor::Cuda => "fakecuda_live",
-            Vendor::Hip => "fakehip_count",
-        };
-        let count: unsafe extern "C" fn(*const c_char) -> i64 = self.sym(symbol);
-        let name = CString::new(what).unwrap();
-        // SAFETY: a NUL-terminated name, read only.
-        let n = unsafe { count(name.as_ptr()) };
-        assert!(n >= 0, "{symbol} does not know {what}");
-        n
-    }
-
-    /// The next call of the vendor's `call` fails with the vendor's "not supported" code:
-    /// the other place that knows the fakes' control functions.
+    /// The next call of the vendor's `call` fails with the vendor's "not supported" code
+    /// (801 in both: `CUDA_ERROR_NOT_SUPPORTED`, `hipErrorNotSupported`).
     fn fail_next(&self, call: &str) {
-        let name = CString::new(call).unwrap();
-        match self.vendor {
-            Vendor::Cuda => {
-                let fail: unsafe extern "C" fn(*const c_char, c_int, c_int) =
-                    self.sym("fakecuda_fail_call");
-                // SAFETY: a NUL-terminated name the fake copies; plain values.
-                unsafe {
-                    fail(
-                        name.as_ptr(),
-                        1,
-                        portalloc::sys::cuda::CUDA_ERROR_NOT_SUPPORTED,
-                    )
-                }
-            }
-            Vendor::Hip => {
-                let fail: unsafe extern "C" fn(*const c_char, c_long, c_long, c_int) =
-                    self.sym("fakehip_fail");
-                let code = portalloc::sys::hip::hipErrorNotSupported as c_int;
-                // SAFETY: a NUL-terminated name the fake copies; plain values.
-                unsafe { fail(name.as_ptr(), 1, 1, code) }
-            }
-        }
+        self.fail(call, 1, 1, 801);
     }
 
     /// The vendor's name of a call.
     fn call(&self, cuda: &'static str, hip: &'static str) -> &'static str {
-        match self.vendor {
+        match self.vendor() {
             Vendor::Cuda => cuda,
-            Vendor::Hip => hip,
+            _ => hip,
         }
     }
 
@@ -192,28 +92,7 @@ impl Fake {
         let opened = fake.open();
         test(&fake, &opened);
         drop(opened);
-        fake.assert_all_returned();
-    }
-
-    /// Nothing is held in the fake driver.
-    fn assert_all_returned(&self) {
-        for what in [
-            "allocations",
-            "handles",
-            "mappings",
-            "reservations",
-            "streams",
-            "events",
-            "pools",
-            "bytes",
-        ] {
-            assert_eq!(
-                self.live(what),
-                0,
-                "{:?}: the driver still holds {what}",
-                self.vendor
-            );
-        }
+        fake.assert_empty();
     }
 }
 
@@ -246,7 +125,7 @@ on_both_vendors! {
                     Err(Error::InvalidArgument { call: "free", .. })
                 ),
                 "{:?}: free with {wrong} bytes",
-                fake.vendor
+                fake.vendor()
             );
         }
         assert_eq!(opened.census().allocations, 1);

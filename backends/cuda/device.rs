@@ -100,7 +100,7 @@ impl VendorApi for Cuda {
     const BACKEND: &'static str = "cuda";
     const VENDOR: Vendor = Vendor::Cuda;
     const OUT_OF_MEMORY: i64 = sys::CUDA_ERROR_OUT_OF_MEMORY as i64;
-    const PEER_CALLS: &'static str = "cuDeviceCanAccessPeer / cuCtxEnablePeerAccess";
+    const PEER_CALLS: [&'static str; 2] = super::PEER_SYMBOLS;
     /// The peer's device, whose primary context is retained while access is enabled.
     type Peer = sys::CUdevice;
 

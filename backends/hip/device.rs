@@ -140,7 +140,7 @@ impl VendorApi for Hip {
     const BACKEND: &'static str = BACKEND;
     const VENDOR: Vendor = Vendor::Hip;
     const OUT_OF_MEMORY: i64 = sys::hipErrorOutOfMemory as i64;
-    const PEER_CALLS: &'static str = "hipDeviceCanAccessPeer / hipDeviceEnablePeerAccess";
+    const PEER_CALLS: [&'static str; 2] = super::PEER_SYMBOLS;
     /// The peer's ordinal: HIP's peer access is per device, with nothing to release.
     type Peer = u32;
 

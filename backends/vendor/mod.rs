@@ -134,8 +134,8 @@ pub trait VendorApi: fmt::Debug + Send + Sync + Sized + 'static {
     /// The vendor's out-of-memory code, which allocations turn into
     /// [`Error::DeviceOutOfMemory`].
     const OUT_OF_MEMORY: i64;
-    /// The peer-access calls, named when they are missing.
-    const PEER_CALLS: &'static str;
+    /// The peer-access calls (query, enable), named in refusals.
+    const PEER_CALLS: [&'static str; 2];
     /// What enabled peer access keeps about the peer (passed back to
     /// [`VendorApi::set_access`] and [`VendorApi::release_peer`]).
     type Peer: Copy + Send + Sync + fmt::Debug + 'static;
@@ -591,9 +591,9 @@ impl<V: VendorApi> Device for GpuDevice<V> {
                         target.ordinal,
                         target.vendor,
                         if self.vendor.has_peer_calls() {
-                            " (the driver says no)".to_string()
+                            format!(" ({} says no)", V::PEER_CALLS[0])
                         } else {
-                            format!(": the driver does not export {}", V::PEER_CALLS)
+                            format!(": the driver does not export {}", V::PEER_CALLS.join(" / "))
                         }
                     ),
                 })
