@@ -28,6 +28,7 @@ use portalloc::backends::cuda::{CudaDevice, Driver, POOL_SYMBOLS, REQUIRED_SYMBO
 use portalloc::device::{Device, PhysicalHandle, Stream};
 use portalloc::sys::cuda as sys;
 use portalloc::{Allocation, Allocator, Config, Error, StrategyKind, Vendor};
+use support::common::{assert_chosen, discover_with, driver_failure};
 
 const MIB: u64 = 1 << 20;
 
@@ -36,69 +37,52 @@ const MIB: u64 = 1 << 20;
 // ---------------------------------------------------------------------------------------------
 
 mod abi {
-    use std::mem::{offset_of, size_of};
-
     use super::sys;
 
     #[test]
     fn struct_layouts_match_cuda_h() {
-        assert_eq!(size_of::<sys::CUmemLocation>(), 8);
-        assert_eq!(offset_of!(sys::CUmemLocation, type_), 0);
-        assert_eq!(offset_of!(sys::CUmemLocation, id), 4);
-
-        assert_eq!(size_of::<sys::CUmemAllocationProp>(), 32);
-        assert_eq!(offset_of!(sys::CUmemAllocationProp, type_), 0);
-        assert_eq!(
-            offset_of!(sys::CUmemAllocationProp, requestedHandleTypes),
-            4
+        crate::assert_layout!(sys::CUmemLocation, size 8; type_ @ 0, id @ 4);
+        crate::assert_layout!(sys::CUmemAllocationProp, size 32;
+            type_ @ 0,
+            requestedHandleTypes @ 4,
+            location @ 8,
+            win32HandleMetaData @ 16,
+            allocFlags @ 24,
         );
-        assert_eq!(offset_of!(sys::CUmemAllocationProp, location), 8);
-        assert_eq!(
-            offset_of!(sys::CUmemAllocationProp, win32HandleMetaData),
-            16
+        crate::assert_layout!(sys::CUmemAllocationPropAllocFlags, size 8; usage @ 2, reserved @ 4);
+        crate::assert_layout!(sys::CUmemAccessDesc, size 12; location @ 0, flags @ 8);
+        crate::assert_layout!(sys::CUmemPoolProps, size 88;
+            allocType @ 0,
+            handleTypes @ 4,
+            location @ 8,
+            win32SecurityAttributes @ 16,
+            maxSize @ 24,
+            reserved @ 32,
         );
-        assert_eq!(offset_of!(sys::CUmemAllocationProp, allocFlags), 24);
-        assert_eq!(size_of::<sys::CUmemAllocationPropAllocFlags>(), 8);
-        assert_eq!(offset_of!(sys::CUmemAllocationPropAllocFlags, usage), 2);
-        assert_eq!(offset_of!(sys::CUmemAllocationPropAllocFlags, reserved), 4);
-
-        assert_eq!(size_of::<sys::CUmemAccessDesc>(), 12);
-        assert_eq!(offset_of!(sys::CUmemAccessDesc, location), 0);
-        assert_eq!(offset_of!(sys::CUmemAccessDesc, flags), 8);
-
-        assert_eq!(size_of::<sys::CUmemPoolProps>(), 88);
-        assert_eq!(offset_of!(sys::CUmemPoolProps, allocType), 0);
-        assert_eq!(offset_of!(sys::CUmemPoolProps, handleTypes), 4);
-        assert_eq!(offset_of!(sys::CUmemPoolProps, location), 8);
-        assert_eq!(offset_of!(sys::CUmemPoolProps, win32SecurityAttributes), 16);
-        assert_eq!(offset_of!(sys::CUmemPoolProps, maxSize), 24);
-        assert_eq!(offset_of!(sys::CUmemPoolProps, reserved), 32);
-
-        assert_eq!(size_of::<sys::CUdeviceptr>(), 8);
-        assert_eq!(size_of::<sys::CUmemGenericAllocationHandle>(), 8);
-        assert_eq!(size_of::<sys::CUcontext>(), size_of::<usize>());
+        crate::assert_layout!(sys::CUdeviceptr, size 8);
+        crate::assert_layout!(sys::CUmemGenericAllocationHandle, size 8);
+        crate::assert_layout!(sys::CUcontext, size std::mem::size_of::<usize>());
     }
 
     #[test]
     fn constants_match_cuda_h() {
-        assert_eq!(sys::CUDA_ERROR_OUT_OF_MEMORY, 2);
-        assert_eq!(sys::CUDA_ERROR_NO_DEVICE, 100);
-        assert_eq!(sys::CUDA_ERROR_NOT_READY, 600);
-        assert_eq!(sys::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, 75);
-        assert_eq!(sys::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, 76);
-        assert_eq!(
-            sys::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
-            102
+        crate::assert_values!(
+            sys::CUDA_ERROR_OUT_OF_MEMORY = 2,
+            sys::CUDA_ERROR_NO_DEVICE = 100,
+            sys::CUDA_ERROR_NOT_READY = 600,
+            sys::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75,
+            sys::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76,
+            sys::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 102,
+            sys::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED = 115,
+            sys::CU_MEM_ALLOCATION_TYPE_PINNED = 1,
+            sys::CU_MEM_LOCATION_TYPE_DEVICE = 1,
+            sys::CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3,
+            sys::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED = 1,
+            sys::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD = 4,
+            sys::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT = 5,
+            sys::CU_MEMPOOL_ATTR_USED_MEM_HIGH = 8,
+            sys::CU_EVENT_DISABLE_TIMING = 2,
         );
-        assert_eq!(sys::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, 115);
-        assert_eq!(sys::CU_MEM_ALLOCATION_TYPE_PINNED, 1);
-        assert_eq!(sys::CU_MEM_LOCATION_TYPE_DEVICE, 1);
-        assert_eq!(sys::CU_MEM_ACCESS_FLAGS_PROT_READWRITE, 3);
-        assert_eq!(sys::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED, 1);
-        assert_eq!(sys::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, 4);
-        assert_eq!(sys::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, 5);
-        assert_eq!(sys::CU_MEMPOOL_ATTR_USED_MEM_HIGH, 8);
-        assert_eq!(sys::CU_EVENT_DISABLE_TIMING, 2);
     }
 }
 
@@ -109,17 +93,9 @@ mod abi {
 mod real_libcuda {
     use super::*;
 
+    /// Debian's libcuda1 (driver 535), where `scripts/test` fetched it.
     fn library() -> Option<String> {
-        match std::env::var("PORTALLOC_TEST_CUDA_LIBRARY") {
-            Ok(p) if !p.is_empty() => Some(p),
-            _ => {
-                eprintln!(
-                    "skipping: PORTALLOC_TEST_CUDA_LIBRARY is not set (run scripts/test, which \
-                     fetches Debian's libcuda1 into .vendor/)"
-                );
-                None
-            }
-        }
+        support::vendor_runtime("PORTALLOC_TEST_CUDA_LIBRARY")
     }
 
     #[test]
@@ -145,32 +121,25 @@ mod real_libcuda {
     fn no_device_is_a_typed_error_with_the_drivers_name() {
         let Some(path) = library() else { return };
         let driver = Arc::new(Driver::load(&[path]).unwrap());
-        match driver.init() {
-            Err(Error::Driver {
-                backend,
-                call,
-                code,
-                name,
-                message,
-            }) => {
-                assert_eq!((backend, call, code), ("cuda", "cuInit", 100));
-                assert_eq!(name, "CUDA_ERROR_NO_DEVICE");
-                assert!(message.contains("no CUDA-capable device"), "{message}");
-            }
+        let e = match driver.init() {
             Ok(()) => {
                 eprintln!("a GPU is present: cuInit succeeded; checking it opens instead");
                 let device = CudaDevice::open(Arc::clone(&driver), 0).unwrap();
                 assert!(device.info().arch.starts_with("sm_"));
                 return;
             }
-            Err(e) => panic!("unexpected {e}"),
-        }
-        match CudaDevice::open(Arc::clone(&driver), 0) {
-            Err(Error::Driver { name, call, .. }) => {
-                assert_eq!((name.as_str(), call), ("CUDA_ERROR_NO_DEVICE", "cuInit"));
-            }
-            other => panic!("expected CUDA_ERROR_NO_DEVICE, got {other:?}"),
-        }
+            failed => driver_failure(failed),
+        };
+        assert_eq!(
+            (e.backend, e.call, e.code, e.name.as_str()),
+            ("cuda", "cuInit", 100, "CUDA_ERROR_NO_DEVICE")
+        );
+        assert!(e.message.contains("no CUDA-capable device"), "{e:?}");
+        let e = driver_failure(CudaDevice::open(Arc::clone(&driver), 0));
+        assert_eq!(
+            (e.name.as_str(), e.call),
+            ("CUDA_ERROR_NO_DEVICE", "cuInit")
+        );
         assert!(matches!(
             CudaDevice::open_all(driver),
             Err(Error::Driver { code: 100, .. })
@@ -357,12 +326,8 @@ mod loading {
         let Some(fake) = Fake::new() else { return };
         fake.configure(-1, 0, 0, 0);
         let driver = fake.driver();
-        match CudaDevice::open(Arc::clone(&driver), 0) {
-            Err(Error::Driver { name, code, .. }) => {
-                assert_eq!((name.as_str(), code), ("CUDA_ERROR_NO_DEVICE", 100));
-            }
-            other => panic!("expected CUDA_ERROR_NO_DEVICE, got {other:?}"),
-        }
+        let e = driver_failure(CudaDevice::open(Arc::clone(&driver), 0));
+        assert_eq!((e.name.as_str(), e.code), ("CUDA_ERROR_NO_DEVICE", 100));
         let probe = portalloc::backends::cuda::probe_with(&[fake.path()]);
         assert_eq!(probe.device_count, 0);
         assert!(probe
@@ -425,28 +390,27 @@ mod errors {
         let Some(fake) = Fake::new() else { return };
         let device = fake.device(64 * MIB);
         fake.fail("cuMemAlloc_v2", 1, 1, 999);
-        match device.alloc(MIB) {
-            Err(Error::Driver {
-                backend,
-                call,
-                code,
-                name,
-                message,
-            }) => {
-                assert_eq!((backend, call, code), ("cuda", "cuMemAlloc_v2", 999));
-                assert_eq!(name, "CUDA_ERROR_UNKNOWN");
-                assert_eq!(message, "unknown error");
-            }
-            other => panic!("expected Driver, got {other:?}"),
-        }
+        let e = driver_failure(device.alloc(MIB));
+        assert_eq!(
+            (
+                e.backend,
+                e.call,
+                e.code,
+                e.name.as_str(),
+                e.message.as_str()
+            ),
+            (
+                "cuda",
+                "cuMemAlloc_v2",
+                999,
+                "CUDA_ERROR_UNKNOWN",
+                "unknown error"
+            )
+        );
         // A code the driver has no name for gets a made-up one, no panic.
         fake.fail("cuMemGetInfo_v2", 1, 1, 12_345);
-        match device.mem_info() {
-            Err(Error::Driver { name, code, .. }) => {
-                assert_eq!((name.as_str(), code), ("CUDA_ERROR_12345", 12_345));
-            }
-            other => panic!("expected Driver, got {other:?}"),
-        }
+        let e = driver_failure(device.mem_info());
+        assert_eq!((e.name.as_str(), e.code), ("CUDA_ERROR_12345", 12_345));
         // A failed free keeps the allocation, and the retry frees it.
         let p = device.alloc(MIB).unwrap();
         fake.fail("cuMemFree_v2", 1, 1, 700);
@@ -476,16 +440,11 @@ mod errors {
         fake.fail("cuCtxSetCurrent", 1, -1, 201);
         // A new thread has no current context: the shim must set it, and that fails.
         let d = Arc::clone(&device);
-        let r = std::thread::spawn(move || d.alloc(MIB)).join().unwrap();
-        match r {
-            Err(Error::Driver { name, call, .. }) => {
-                assert_eq!(
-                    (name.as_str(), call),
-                    ("CUDA_ERROR_INVALID_CONTEXT", "cuCtxSetCurrent")
-                );
-            }
-            other => panic!("expected INVALID_CONTEXT, got {other:?}"),
-        }
+        let e = driver_failure(std::thread::spawn(move || d.alloc(MIB)).join().unwrap());
+        assert_eq!(
+            (e.name.as_str(), e.call),
+            ("CUDA_ERROR_INVALID_CONTEXT", "cuCtxSetCurrent")
+        );
         fake.clear_faults();
         drop(device);
         fake.assert_empty();
@@ -588,15 +547,11 @@ mod virtual_memory {
         let va = vm.reserve(4 * g, 0).unwrap();
         let h = vm.create_physical(g).unwrap();
         // Past the handle's end: the driver refuses, with its own name.
-        match vm.map(va, 2 * g, h, 0) {
-            Err(Error::Driver { name, call, .. }) => {
-                assert_eq!(
-                    (name.as_str(), call),
-                    ("CUDA_ERROR_INVALID_VALUE", "cuMemMap")
-                );
-            }
-            other => panic!("expected Driver, got {other:?}"),
-        }
+        let e = driver_failure(vm.map(va, 2 * g, h, 0));
+        assert_eq!(
+            (e.name.as_str(), e.call),
+            ("CUDA_ERROR_INVALID_VALUE", "cuMemMap")
+        );
         vm.map(va, g, h, 0).unwrap();
         assert!(matches!(
             vm.free_reservation(va, 4 * g),
@@ -842,34 +797,10 @@ fn discovery_chooses_cuda_and_opens_every_device() {
     let Some(fake) = Fake::new() else { return };
     let _guard = ENV.lock().unwrap_or_else(|p| p.into_inner());
     fake.configure(2, 512 * MIB, 0, 0);
-    std::env::set_var("PORTALLOC_CUDA_LIBRARY", fake.path());
-    let config = Config::builder()
-        .ignore_env()
-        .strategy(StrategyKind::Bfc)
-        .preallocate(false)
-        .build()
-        .unwrap();
-    let result = portalloc::Portalloc::from_config(config);
-    std::env::remove_var("PORTALLOC_CUDA_LIBRARY");
-    let p = result.unwrap();
-    assert_eq!(p.discovery.chosen, Vendor::Cuda);
-    assert_eq!(p.discovery.devices.len(), 2);
-    assert_eq!(p.allocators.len(), 2);
-    let cuda = p
-        .discovery
-        .candidates
-        .iter()
-        .find(|c| c.backend == Vendor::Cuda)
-        .unwrap();
-    assert_eq!(cuda.decision, portalloc::discover::Decision::Chosen);
-    let probe = cuda.probe.as_ref().unwrap();
+    let p = discover_with(&[("PORTALLOC_CUDA_LIBRARY", &fake.path())]);
+    let probe = assert_chosen(&p, Vendor::Cuda, 2);
     assert_eq!(probe.library.as_deref(), Some(fake.path().as_str()));
     assert_eq!(probe.driver_version.as_deref(), Some("12.2"));
-    assert_eq!(probe.device_count, 2);
-    for (ordinal, device) in p.discovery.devices.iter().enumerate() {
-        assert_eq!(device.info().vendor, Vendor::Cuda);
-        assert_eq!(device.info().ordinal, ordinal as u32);
-    }
     let a = p.allocators[1]
         .allocate(MIB, 0, Stream::DEFAULT, "t")
         .unwrap();

@@ -25,6 +25,7 @@ use portalloc::backends::hip::{tuning, HipDevice, HipVersion, MemoryKind, Runtim
 use portalloc::device::{Device, Stream};
 use portalloc::sys::hip as sys;
 use portalloc::{Config, Error, StrategyKind, Vendor};
+use support::common::{assert_chosen, discover_with, driver_failure};
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
@@ -40,77 +41,58 @@ fn lock() -> MutexGuard<'static, ()> {
 
 #[test]
 fn struct_layouts_match_the_headers() {
-    use std::mem::{align_of, offset_of, size_of};
+    use std::mem::size_of;
     // HIP 5.2.3 hip_runtime_api.h (generated; bindgen also asserts these at compile time).
-    assert_eq!(size_of::<sys::hipMemLocation>(), 8);
-    assert_eq!(offset_of!(sys::hipMemLocation, type_), 0);
-    assert_eq!(offset_of!(sys::hipMemLocation, id), 4);
-    assert_eq!(size_of::<sys::hipMemAccessDesc>(), 12);
-    assert_eq!(offset_of!(sys::hipMemAccessDesc, location), 0);
-    assert_eq!(offset_of!(sys::hipMemAccessDesc, flags), 8);
-    assert_eq!(size_of::<sys::hipMemPoolProps>(), 88);
-    assert_eq!(align_of::<sys::hipMemPoolProps>(), 8);
-    assert_eq!(offset_of!(sys::hipMemPoolProps, allocType), 0);
-    assert_eq!(offset_of!(sys::hipMemPoolProps, handleTypes), 4);
-    assert_eq!(offset_of!(sys::hipMemPoolProps, location), 8);
-    assert_eq!(
-        offset_of!(sys::hipMemPoolProps, win32SecurityAttributes),
-        16
+    crate::assert_layout!(sys::hipMemLocation, size 8; type_ @ 0, id @ 4);
+    crate::assert_layout!(sys::hipMemAccessDesc, size 12; location @ 0, flags @ 8);
+    crate::assert_layout!(sys::hipMemPoolProps, size 88, align 8;
+        allocType @ 0,
+        handleTypes @ 4,
+        location @ 8,
+        win32SecurityAttributes @ 16,
+        reserved @ 24,
     );
-    assert_eq!(offset_of!(sys::hipMemPoolProps, reserved), 24);
     // ROCm 6/7 hipMemAllocationProp: type, a handle-type union, location, win32 metadata,
     // and a 4-byte allocFlags struct (not CUDA's layout, nor HIP 5.2.3's).
-    assert_eq!(size_of::<sys::hipMemAllocationProp>(), 32);
-    assert_eq!(align_of::<sys::hipMemAllocationProp>(), 8);
-    assert_eq!(offset_of!(sys::hipMemAllocationProp, type_), 0);
-    assert_eq!(offset_of!(sys::hipMemAllocationProp, handleType), 4);
-    assert_eq!(size_of::<sys::hipMemAllocationProp_handleType>(), 4);
-    assert_eq!(offset_of!(sys::hipMemAllocationProp, location), 8);
-    assert_eq!(
-        offset_of!(sys::hipMemAllocationProp, win32HandleMetaData),
-        16
+    crate::assert_layout!(sys::hipMemAllocationProp, size 32, align 8;
+        type_ @ 0,
+        handleType @ 4,
+        location @ 8,
+        win32HandleMetaData @ 16,
+        allocFlags @ 24,
     );
-    assert_eq!(offset_of!(sys::hipMemAllocationProp, allocFlags), 24);
-    assert_eq!(size_of::<sys::hipMemAllocationProp_allocFlags>(), 4);
-    assert_eq!(
-        offset_of!(sys::hipMemAllocationProp_allocFlags, compressionType),
-        0
+    crate::assert_layout!(sys::hipMemAllocationProp_handleType, size 4);
+    crate::assert_layout!(sys::hipMemAllocationProp_allocFlags, size 4;
+        compressionType @ 0,
+        gpuDirectRDMACapable @ 1,
+        usage @ 2,
     );
-    assert_eq!(
-        offset_of!(sys::hipMemAllocationProp_allocFlags, gpuDirectRDMACapable),
-        1
-    );
-    assert_eq!(offset_of!(sys::hipMemAllocationProp_allocFlags, usage), 2);
     // Device properties: only gcnArchName is read, at its verified offset.
-    assert_eq!(size_of::<sys::hipDeviceProp_tR0600>(), 1472);
-    assert_eq!(align_of::<sys::hipDeviceProp_tR0600>(), 8);
-    assert_eq!(offset_of!(sys::hipDeviceProp_tR0600, gcnArchName), 1160);
-    assert_eq!(size_of::<sys::hipDeviceProp_tR0000>(), 792);
-    assert_eq!(offset_of!(sys::hipDeviceProp_tR0000, gcnArchName), 396);
+    crate::assert_layout!(sys::hipDeviceProp_tR0600, size 1472, align 8; gcnArchName @ 1160);
+    crate::assert_layout!(sys::hipDeviceProp_tR0000, size 792; gcnArchName @ 396);
     // Opaque handles are pointers.
-    assert_eq!(size_of::<sys::hipStream_t>(), size_of::<usize>());
-    assert_eq!(
-        size_of::<sys::hipMemGenericAllocationHandle_t>(),
-        size_of::<usize>()
-    );
+    crate::assert_layout!(sys::hipStream_t, size size_of::<usize>());
+    crate::assert_layout!(sys::hipMemGenericAllocationHandle_t, size size_of::<usize>());
 }
 
 #[test]
 fn attribute_and_error_numbers_are_hips() {
-    assert_eq!(sys::hipDeviceAttributeIntegrated, 16);
-    assert_eq!(sys::hipDeviceAttributeWarpSize, 87);
-    assert_eq!(sys::hipDeviceAttributeMemoryPoolsSupported, 88);
-    assert_eq!(sys::hipDeviceAttributeVirtualMemoryManagementSupported, 89);
-    assert_eq!(sys::hipSuccess, 0);
-    assert_eq!(sys::hipErrorOutOfMemory, 2);
-    assert_eq!(sys::hipErrorNoDevice, 100);
-    assert_eq!(sys::hipErrorInvalidDevice, 101);
-    assert_eq!(sys::hipErrorNotReady, 600);
-    assert_eq!(sys::hipErrorNotSupported, 801);
-    assert_eq!(sys::hipMemPoolAttrReleaseThreshold, 4);
-    assert_eq!(sys::hipMemPoolAttrUsedMemHigh, 8);
-    assert_eq!(sys::hipDeviceMallocFinegrained, 1);
-    assert_eq!(sys::hipDeviceMallocUncached, 3);
+    crate::assert_values!(
+        sys::hipDeviceAttributeIntegrated = 16,
+        sys::hipDeviceAttributeWarpSize = 87,
+        sys::hipDeviceAttributeMemoryPoolsSupported = 88,
+        sys::hipDeviceAttributeVirtualMemoryManagementSupported = 89,
+        sys::hipSuccess = 0,
+        sys::hipErrorOutOfMemory = 2,
+        sys::hipErrorNoDevice = 100,
+        sys::hipErrorInvalidDevice = 101,
+        sys::hipErrorNotReady = 600,
+        sys::hipErrorNotSupported = 801,
+        sys::hipMemPoolAttrReleaseThreshold = 4,
+        sys::hipMemPoolAttrUsedMemHigh = 8,
+        sys::hipDeviceMallocFinegrained = 1,
+        sys::hipDeviceMallocUncached = 3,
+    );
     assert_eq!(
         sys::HIP_VERSION,
         50_221_153,
@@ -157,17 +139,9 @@ fn tuning_decisions() {
 
 // ----- AMD's real runtime (HIP 5.2.3, no GPU) --------------------------------------------
 
+/// Debian's libamdhip64 (HIP 5.2.3), where `scripts/fetch-vendor-runtimes` fetched it.
 fn real_runtime() -> Option<String> {
-    match std::env::var("PORTALLOC_TEST_HIP_LIBRARY") {
-        Ok(p) if !p.is_empty() => Some(p),
-        _ => {
-            eprintln!(
-                "skipping: PORTALLOC_TEST_HIP_LIBRARY is not set (run scripts/fetch-vendor-runtimes \
-                 and `. .vendor/env; export LD_LIBRARY_PATH=$PORTALLOC_TEST_LIBRARY_PATH`)"
-            );
-            None
-        }
-    }
+    support::vendor_runtime("PORTALLOC_TEST_HIP_LIBRARY")
 }
 
 #[test]
@@ -209,30 +183,21 @@ fn real_runtime_reports_no_device_with_hips_name() {
     let _guard = lock();
     let Some(path) = real_runtime() else { return };
     let runtime = Arc::new(Runtime::load(&[path]).unwrap());
-    match runtime.device_count() {
-        Err(Error::Driver {
-            backend,
-            call,
-            code,
-            name,
-            message,
-        }) => {
-            assert_eq!((backend, call, code), ("hip", "hipGetDeviceCount", 100));
-            assert_eq!(name, "hipErrorNoDevice");
-            assert!(!message.is_empty());
-        }
+    let e = match runtime.device_count() {
         Ok(n) => {
             eprintln!("a GPU is present ({n} device(s)): the no-device checks do not apply");
             return;
         }
-        Err(e) => panic!("expected hipErrorNoDevice, got {e}"),
-    }
-    match HipDevice::open(Arc::clone(&runtime), 0) {
-        Err(Error::Driver { name, code, .. }) => {
-            assert_eq!((name.as_str(), code), ("hipErrorNoDevice", 100))
-        }
-        other => panic!("opening a device must fail cleanly, got {other:?}"),
-    }
+        failed => driver_failure(failed),
+    };
+    assert_eq!(
+        (e.backend, e.call, e.code, e.name.as_str()),
+        ("hip", "hipGetDeviceCount", 100, "hipErrorNoDevice")
+    );
+    assert!(!e.message.is_empty());
+    // Opening a device fails cleanly.
+    let e = driver_failure(HipDevice::open(Arc::clone(&runtime), 0));
+    assert_eq!((e.name.as_str(), e.code), ("hipErrorNoDevice", 100));
     // Discovery forced to hip says why; unforced it falls back to the host.
     std::env::set_var("PORTALLOC_HIP_LIBRARY", runtime.path());
     let forced = Config::builder()
@@ -560,22 +525,23 @@ fn errors_carry_hips_names() {
     let Some(fake) = Fake::new() else { return };
     let device = fake.open(0);
     fake.fail("hipMalloc", 1, 1, sys::hipErrorNotSupported);
-    match device.alloc(MIB) {
-        Err(Error::Driver {
-            backend,
-            call,
-            code,
-            name,
-            message,
-        }) => {
-            assert_eq!((backend, call, code), ("hip", "hipMalloc", 801));
-            assert_eq!(
-                (name.as_str(), message.as_str()),
-                ("hipErrorNotSupported", "operation not supported")
-            );
-        }
-        other => panic!("expected a Driver error, got {other:?}"),
-    }
+    let e = driver_failure(device.alloc(MIB));
+    assert_eq!(
+        (
+            e.backend,
+            e.call,
+            e.code,
+            e.name.as_str(),
+            e.message.as_str()
+        ),
+        (
+            "hip",
+            "hipMalloc",
+            801,
+            "hipErrorNotSupported",
+            "operation not supported"
+        )
+    );
     fake.fail("hipMalloc", 1, 1, sys::hipErrorOutOfMemory);
     let err = device.alloc(MIB).unwrap_err();
     assert!(
@@ -831,29 +797,11 @@ fn tuning_is_visible_in_the_device_info() {
 fn discovery_chooses_hip_when_it_finds_devices() {
     let Some(fake) = Fake::new() else { return };
     fake.devices(2, 8 * GIB);
-    std::env::set_var("PORTALLOC_HIP_LIBRARY", fake.path());
-    std::env::set_var("PORTALLOC_CUDA_LIBRARY", "/nonexistent/libcuda.so.1");
-    let config = Config::builder()
-        .ignore_env()
-        .strategy(StrategyKind::Bfc)
-        .preallocate(false)
-        .build()
-        .unwrap();
-    let result = portalloc::Portalloc::from_config(config);
-    std::env::remove_var("PORTALLOC_HIP_LIBRARY");
-    std::env::remove_var("PORTALLOC_CUDA_LIBRARY");
-    let p = result.unwrap();
-    assert_eq!(p.discovery.chosen, Vendor::Hip);
-    assert_eq!(p.discovery.devices.len(), 2);
-    assert_eq!(p.discovery.devices[1].info().ordinal, 1);
-    let hip = p
-        .discovery
-        .candidates
-        .iter()
-        .find(|c| c.backend == Vendor::Hip)
-        .unwrap();
-    assert_eq!(hip.decision, portalloc::discover::Decision::Chosen);
-    assert_eq!(hip.probe.as_ref().unwrap().device_count, 2);
+    let p = discover_with(&[
+        ("PORTALLOC_HIP_LIBRARY", &fake.path()),
+        ("PORTALLOC_CUDA_LIBRARY", "/nonexistent/libcuda.so.1"),
+    ]);
+    assert_chosen(&p, Vendor::Hip, 2);
     let a = p
         .allocator(1)
         .unwrap()

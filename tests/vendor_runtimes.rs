@@ -8,17 +8,8 @@
 //! replaced by device checks.
 
 #[cfg(any(feature = "cuda", feature = "hip"))]
-fn runtime(var: &str) -> Option<String> {
-    match std::env::var(var) {
-        Ok(p) if !p.is_empty() => Some(p),
-        _ => {
-            eprintln!(
-                "skipping: {var} is not set (run scripts/test, which fetches the vendor runtimes)"
-            );
-            None
-        }
-    }
-}
+#[path = "support/mod.rs"]
+mod support;
 
 /// Probes the real runtime at the path in `var` (`None`, after a message, where it is not
 /// set): the probe loads that library, and with no device it says so with the runtime's
@@ -29,7 +20,7 @@ fn probe_real_runtime(
     probe_with: fn(&[String]) -> portalloc::backends::Probe,
     no_device: &str,
 ) -> Option<portalloc::backends::Probe> {
-    let path = runtime(var)?;
+    let path = support::vendor_runtime(var)?;
     let probe = probe_with(std::slice::from_ref(&path));
     assert_eq!(
         probe.library.as_deref(),
@@ -74,7 +65,7 @@ mod cuda {
 
     #[test]
     fn real_libcuda_names_its_errors() {
-        let Some(path) = super::runtime("PORTALLOC_TEST_CUDA_LIBRARY") else {
+        let Some(path) = super::support::vendor_runtime("PORTALLOC_TEST_CUDA_LIBRARY") else {
             return;
         };
         let driver = Driver::load(&[path]).unwrap();
@@ -148,7 +139,7 @@ mod hip {
 
     #[test]
     fn real_libamdhip64_names_its_errors() {
-        let Some(path) = super::runtime("PORTALLOC_TEST_HIP_LIBRARY") else {
+        let Some(path) = super::support::vendor_runtime("PORTALLOC_TEST_HIP_LIBRARY") else {
             return;
         };
         let runtime = Runtime::load(&[path]).unwrap();
