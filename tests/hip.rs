@@ -46,27 +46,14 @@ fn struct_layouts_match_the_headers() {
     crate::assert_layout!(sys::hipMemLocation, size 8; type_ @ 0, id @ 4);
     crate::assert_layout!(sys::hipMemAccessDesc, size 12; location @ 0, flags @ 8);
     crate::assert_layout!(sys::hipMemPoolProps, size 88, align 8;
-        allocType @ 0,
-        handleTypes @ 4,
-        location @ 8,
-        win32SecurityAttributes @ 16,
-        reserved @ 24,
-    );
+        allocType @ 0, handleTypes @ 4, location @ 8, win32SecurityAttributes @ 16, reserved @ 24);
     // ROCm 6/7 hipMemAllocationProp: type, a handle-type union, location, win32 metadata,
     // and a 4-byte allocFlags struct (not CUDA's layout, nor HIP 5.2.3's).
     crate::assert_layout!(sys::hipMemAllocationProp, size 32, align 8;
-        type_ @ 0,
-        handleType @ 4,
-        location @ 8,
-        win32HandleMetaData @ 16,
-        allocFlags @ 24,
-    );
+        type_ @ 0, handleType @ 4, location @ 8, win32HandleMetaData @ 16, allocFlags @ 24);
     crate::assert_layout!(sys::hipMemAllocationProp_handleType, size 4);
     crate::assert_layout!(sys::hipMemAllocationProp_allocFlags, size 4;
-        compressionType @ 0,
-        gpuDirectRDMACapable @ 1,
-        usage @ 2,
-    );
+        compressionType @ 0, gpuDirectRDMACapable @ 1, usage @ 2);
     // Device properties: only gcnArchName is read, at its verified offset.
     crate::assert_layout!(sys::hipDeviceProp_tR0600, size 1472, align 8; gcnArchName @ 1160);
     crate::assert_layout!(sys::hipDeviceProp_tR0000, size 792; gcnArchName @ 396);
@@ -301,6 +288,16 @@ impl Fake {
         Arc::new(Runtime::load(&[self.path()]).expect("fakehip loads"))
     }
 
+    /// Runs `test` on device 0 of the fake; once it is done and the device dropped, the fake
+    /// must hold nothing. Skips where the fake was not built.
+    fn with_device(test: impl FnOnce(&Fake, &HipDevice)) {
+        let Some(fake) = Fake::new() else { return };
+        let device = fake.open(0);
+        test(&fake, &device);
+        drop(device);
+        fake.assert_empty();
+    }
+
     fn open(&self, ordinal: u32) -> HipDevice {
         HipDevice::open(self.runtime(), ordinal).expect("open a fake device")
     }
@@ -522,71 +519,69 @@ fn rocm5_no_vmm_arch_from_the_5x_properties_and_no_uncached() {
 
 #[test]
 fn errors_carry_hips_names() {
-    let Some(fake) = Fake::new() else { return };
-    let device = fake.open(0);
-    fake.fail("hipMalloc", 1, 1, sys::hipErrorNotSupported);
-    let e = driver_failure(device.alloc(MIB));
-    assert_eq!(
-        (
-            e.backend,
-            e.call,
-            e.code,
-            e.name.as_str(),
-            e.message.as_str()
-        ),
-        (
-            "hip",
-            "hipMalloc",
-            801,
-            "hipErrorNotSupported",
-            "operation not supported"
-        )
-    );
-    fake.fail("hipMalloc", 1, 1, sys::hipErrorOutOfMemory);
-    let err = device.alloc(MIB).unwrap_err();
-    assert!(
-        matches!(err, Error::DeviceOutOfMemory { backend: "hip", requested, .. } if requested == MIB),
-        "{err}"
-    );
-    assert!(err.is_out_of_memory());
-    assert!(matches!(device.alloc(0), Err(Error::InvalidSize { .. })));
-    assert!(matches!(
-        device.free(0xdead_0000, 16),
-        Err(Error::UnknownPointer {
-            what: "allocation",
-            ..
-        })
-    ));
-    let p = device.alloc(MIB).unwrap();
-    assert!(matches!(
-        device.free(p, 2 * MIB),
-        Err(Error::InvalidArgument { .. })
-    ));
-    device.free(p, MIB).unwrap();
-    assert!(matches!(
-        device.free(p, MIB),
-        Err(Error::UnknownPointer { .. })
-    ));
-    // An ordinal out of range names what was found.
-    let err = HipDevice::open(fake.runtime(), 3).unwrap_err();
-    assert!(
-        matches!(err, Error::InvalidArgument { ref reason, .. } if reason.contains("1 device(s)")),
-        "{err}"
-    );
-    // No device at all: HIP's own error.
-    fake.devices(0, GIB);
-    let err = HipDevice::open(fake.runtime(), 0).unwrap_err();
-    assert!(
-        matches!(err, Error::Driver { ref name, code: 100, .. } if name == "hipErrorNoDevice"),
-        "{err}"
-    );
-    // A library that is not HIP.
-    match Runtime::load(&["libc.so.6".into()]) {
-        Err(Error::MissingSymbol { symbol, .. }) => assert_eq!(symbol, "hipInit"),
-        other => panic!("expected MissingSymbol, got {other:?}"),
-    }
-    drop(device);
-    fake.assert_empty();
+    Fake::with_device(|fake, device| {
+        fake.fail("hipMalloc", 1, 1, sys::hipErrorNotSupported);
+        let e = driver_failure(device.alloc(MIB));
+        assert_eq!(
+            (
+                e.backend,
+                e.call,
+                e.code,
+                e.name.as_str(),
+                e.message.as_str()
+            ),
+            (
+                "hip",
+                "hipMalloc",
+                801,
+                "hipErrorNotSupported",
+                "operation not supported"
+            )
+        );
+        fake.fail("hipMalloc", 1, 1, sys::hipErrorOutOfMemory);
+        let err = device.alloc(MIB).unwrap_err();
+        assert!(
+            matches!(err, Error::DeviceOutOfMemory { backend: "hip", requested, .. } if requested == MIB),
+            "{err}"
+        );
+        assert!(err.is_out_of_memory());
+        assert!(matches!(device.alloc(0), Err(Error::InvalidSize { .. })));
+        assert!(matches!(
+            device.free(0xdead_0000, 16),
+            Err(Error::UnknownPointer {
+                what: "allocation",
+                ..
+            })
+        ));
+        let p = device.alloc(MIB).unwrap();
+        assert!(matches!(
+            device.free(p, 2 * MIB),
+            Err(Error::InvalidArgument { .. })
+        ));
+        device.free(p, MIB).unwrap();
+        assert!(matches!(
+            device.free(p, MIB),
+            Err(Error::UnknownPointer { .. })
+        ));
+        // An ordinal out of range names what was found.
+        let err = HipDevice::open(fake.runtime(), 3).unwrap_err();
+        assert!(
+            matches!(err, Error::InvalidArgument { ref reason, .. } if reason.contains("1 device(s)")),
+            "{err}"
+        );
+        // No device at all: HIP's own error.
+        fake.devices(0, GIB);
+        let err = HipDevice::open(fake.runtime(), 0).unwrap_err();
+        assert!(
+            matches!(err, Error::Driver { ref name, code: 100, .. } if name == "hipErrorNoDevice"),
+            "{err}"
+        );
+        // A library that is not HIP.
+        match Runtime::load(&["libc.so.6".into()]) {
+            Err(Error::MissingSymbol { symbol, .. }) => assert_eq!(symbol, "hipInit"),
+            other => panic!("expected MissingSymbol, got {other:?}"),
+        }
+    });
 }
 
 // What every strategy must do on every ROCm personality is the conformance suite's
@@ -633,89 +628,64 @@ fn bfc_backs_off_when_hip_refuses() {
 
 #[test]
 fn pool_threshold_is_set_explicitly_and_memory_comes_back() {
-    let Some(fake) = Fake::new() else { return };
-    let device = fake.open(0);
-    let pool = device.stream_ordered_pool().expect("pools on");
-    // The fake's pools start at "never release" (the ROCm quirk); portalloc sets 0.
-    assert_eq!(pool.release_threshold().unwrap(), 0);
-    assert!(fake.calls("hipMemPoolSetAttribute") >= 1);
-    assert_eq!(fake.live("pools"), 1, "a pool of its own");
-    let s = device.create_stream().unwrap();
-    let a = pool.alloc_async(3 * MIB, s).unwrap();
-    let b = pool.alloc_async(MIB, Stream::DEFAULT).unwrap();
-    let usage = pool.usage().unwrap();
-    assert_eq!(usage.used_current, 4 * MIB);
-    pool.free_async(a, s).unwrap();
-    pool.set_release_threshold(2 * MIB).unwrap();
-    assert_eq!(pool.release_threshold().unwrap(), 2 * MIB);
-    device.synchronize_stream(s).unwrap();
-    let usage = pool.usage().unwrap();
-    assert_eq!(
-        (usage.used_current, usage.reserved_current),
-        (MIB, 2 * MIB),
-        "released down to the threshold"
-    );
-    pool.trim_to(0).unwrap();
-    assert_eq!(
-        pool.usage().unwrap().reserved_current,
-        MIB,
-        "what is in use stays"
-    );
-    assert!(matches!(
-        pool.free_async(0x1234, s),
-        Err(Error::UnknownPointer {
-            what: "pool allocation",
-            ..
-        })
-    ));
-    fake.fail("hipMallocFromPoolAsync", 1, 1, sys::hipErrorOutOfMemory);
-    assert!(pool.alloc_async(MIB, s).unwrap_err().is_out_of_memory());
-    pool.free_async(b, Stream::DEFAULT).unwrap();
-    device.destroy_stream(s).unwrap();
-    drop(device);
-    fake.assert_empty();
-    // The async strategy over this pool: the conformance suite, `fakehip_rocm*::async_pool`.
+    Fake::with_device(|fake, device| {
+        let pool = device.stream_ordered_pool().expect("pools on");
+        // The fake's pools start at "never release" (the ROCm quirk); portalloc sets 0.
+        assert_eq!(pool.release_threshold().unwrap(), 0);
+        assert!(fake.calls("hipMemPoolSetAttribute") >= 1);
+        assert_eq!(fake.live("pools"), 1, "a pool of its own");
+        let s = device.create_stream().unwrap();
+        let a = pool.alloc_async(3 * MIB, s).unwrap();
+        let b = pool.alloc_async(MIB, Stream::DEFAULT).unwrap();
+        let usage = pool.usage().unwrap();
+        assert_eq!(usage.used_current, 4 * MIB);
+        pool.free_async(a, s).unwrap();
+        pool.set_release_threshold(2 * MIB).unwrap();
+        assert_eq!(pool.release_threshold().unwrap(), 2 * MIB);
+        device.synchronize_stream(s).unwrap();
+        let usage = pool.usage().unwrap();
+        assert_eq!(
+            (usage.used_current, usage.reserved_current),
+            (MIB, 2 * MIB),
+            "released down to the threshold"
+        );
+        pool.trim_to(0).unwrap();
+        assert_eq!(
+            pool.usage().unwrap().reserved_current,
+            MIB,
+            "what is in use stays"
+        );
+        assert!(matches!(
+            pool.free_async(0x1234, s),
+            Err(Error::UnknownPointer {
+                what: "pool allocation",
+                ..
+            })
+        ));
+        fake.fail("hipMallocFromPoolAsync", 1, 1, sys::hipErrorOutOfMemory);
+        assert!(pool.alloc_async(MIB, s).unwrap_err().is_out_of_memory());
+        pool.free_async(b, Stream::DEFAULT).unwrap();
+        device.destroy_stream(s).unwrap();
+        // The async strategy over this pool: the conformance suite, `fakehip_rocm*::async_pool`.
+    });
 }
 
 #[test]
 fn streams_and_events_follow_the_runtime() {
-    let Some(fake) = Fake::new() else { return };
-    let device = fake.open(0);
-    let s = device.create_stream().unwrap();
-    let e = device.create_event().unwrap();
-    fake.hold_events(true);
-    device.record_event(e, s).unwrap();
-    assert!(
-        !device.event_complete(e).unwrap(),
-        "hipErrorNotReady is 'not yet'"
-    );
-    device.synchronize_event(e).unwrap();
-    assert!(device.event_complete(e).unwrap());
-    device.record_event(e, s).unwrap();
-    device.synchronize_stream(s).unwrap();
-    assert!(device.event_complete(e).unwrap());
-    fake.hold_events(false);
-    // A stream handle is the caller's: portalloc passes it on, and HIP judges it.
-    assert!(matches!(
-        device.record_event(e, Stream(0x77)),
-        Err(Error::Driver { ref name, .. }) if name == "hipErrorInvalidHandle"
-    ));
-    assert!(matches!(
-        device.destroy_stream(Stream::DEFAULT),
-        Err(Error::InvalidArgument { .. })
-    ));
-    device.destroy_event(e).unwrap();
-    assert!(matches!(
-        device.event_complete(e),
-        Err(Error::UnknownPointer { what: "event", .. })
-    ));
-    device.destroy_stream(s).unwrap();
-    // Leaks are given back when the device goes.
-    let _leaked_stream = device.create_stream().unwrap();
-    let _leaked_event = device.create_event().unwrap();
-    let _leaked = device.alloc(MIB).unwrap();
-    drop(device);
-    fake.assert_empty();
+    Fake::with_device(|fake, device| {
+        // hipErrorNotReady is "not yet": an event held in flight is not complete.
+        fake.check_streams_and_events(device, |_, e| {
+            // A stream handle is the caller's: portalloc passes it on, and HIP judges it.
+            assert!(matches!(
+                device.record_event(e, Stream(0x77)),
+                Err(Error::Driver { ref name, .. }) if name == "hipErrorInvalidHandle"
+            ));
+        });
+        // Leaks are given back when the device goes.
+        let _leaked_stream = device.create_stream().unwrap();
+        let _leaked_event = device.create_event().unwrap();
+        let _leaked = device.alloc(MIB).unwrap();
+    });
 }
 
 #[test]
