@@ -389,22 +389,9 @@ mod errors {
         Fake::with_device(64 * MIB, |fake, device| {
             fake.fail("cuMemAlloc_v2", 1, 1, 999);
             let e = driver_failure(device.alloc(MIB));
-            assert_eq!(
-                (
-                    e.backend,
-                    e.call,
-                    e.code,
-                    e.name.as_str(),
-                    e.message.as_str()
-                ),
-                (
-                    "cuda",
-                    "cuMemAlloc_v2",
-                    999,
-                    "CUDA_ERROR_UNKNOWN",
-                    "unknown error"
-                )
-            );
+            assert_eq!((e.backend, e.call, e.code), ("cuda", "cuMemAlloc_v2", 999));
+            assert_eq!(e.name, "CUDA_ERROR_UNKNOWN");
+            assert_eq!(e.message, "unknown error");
             // A code the driver has no name for gets a made-up one, no panic.
             fake.fail("cuMemGetInfo_v2", 1, 1, 12_345);
             let e = driver_failure(device.mem_info());

@@ -522,21 +522,10 @@ fn errors_carry_hips_names() {
     Fake::with_device(|fake, device| {
         fake.fail("hipMalloc", 1, 1, sys::hipErrorNotSupported);
         let e = driver_failure(device.alloc(MIB));
+        assert_eq!((e.backend, e.call, e.code), ("hip", "hipMalloc", 801));
         assert_eq!(
-            (
-                e.backend,
-                e.call,
-                e.code,
-                e.name.as_str(),
-                e.message.as_str()
-            ),
-            (
-                "hip",
-                "hipMalloc",
-                801,
-                "hipErrorNotSupported",
-                "operation not supported"
-            )
+            (e.name.as_str(), e.message.as_str()),
+            ("hipErrorNotSupported", "operation not supported")
         );
         fake.fail("hipMalloc", 1, 1, sys::hipErrorOutOfMemory);
         let err = device.alloc(MIB).unwrap_err();
