@@ -28,6 +28,7 @@ use portalloc::backends::cuda::{CudaDevice, Driver, POOL_SYMBOLS, REQUIRED_SYMBO
 use portalloc::device::{Device, PhysicalHandle, Stream};
 use portalloc::sys::cuda as sys;
 use portalloc::{Allocation, Allocator, Config, Error, StrategyKind, Vendor};
+use support::common::{assert_chosen, discover_with, driver_failure};
 
 const MIB: u64 = 1 << 20;
 
@@ -36,69 +37,42 @@ const MIB: u64 = 1 << 20;
 // ---------------------------------------------------------------------------------------------
 
 mod abi {
-    use std::mem::{offset_of, size_of};
-
     use super::sys;
 
     #[test]
     fn struct_layouts_match_cuda_h() {
-        assert_eq!(size_of::<sys::CUmemLocation>(), 8);
-        assert_eq!(offset_of!(sys::CUmemLocation, type_), 0);
-        assert_eq!(offset_of!(sys::CUmemLocation, id), 4);
-
-        assert_eq!(size_of::<sys::CUmemAllocationProp>(), 32);
-        assert_eq!(offset_of!(sys::CUmemAllocationProp, type_), 0);
-        assert_eq!(
-            offset_of!(sys::CUmemAllocationProp, requestedHandleTypes),
-            4
-        );
-        assert_eq!(offset_of!(sys::CUmemAllocationProp, location), 8);
-        assert_eq!(
-            offset_of!(sys::CUmemAllocationProp, win32HandleMetaData),
-            16
-        );
-        assert_eq!(offset_of!(sys::CUmemAllocationProp, allocFlags), 24);
-        assert_eq!(size_of::<sys::CUmemAllocationPropAllocFlags>(), 8);
-        assert_eq!(offset_of!(sys::CUmemAllocationPropAllocFlags, usage), 2);
-        assert_eq!(offset_of!(sys::CUmemAllocationPropAllocFlags, reserved), 4);
-
-        assert_eq!(size_of::<sys::CUmemAccessDesc>(), 12);
-        assert_eq!(offset_of!(sys::CUmemAccessDesc, location), 0);
-        assert_eq!(offset_of!(sys::CUmemAccessDesc, flags), 8);
-
-        assert_eq!(size_of::<sys::CUmemPoolProps>(), 88);
-        assert_eq!(offset_of!(sys::CUmemPoolProps, allocType), 0);
-        assert_eq!(offset_of!(sys::CUmemPoolProps, handleTypes), 4);
-        assert_eq!(offset_of!(sys::CUmemPoolProps, location), 8);
-        assert_eq!(offset_of!(sys::CUmemPoolProps, win32SecurityAttributes), 16);
-        assert_eq!(offset_of!(sys::CUmemPoolProps, maxSize), 24);
-        assert_eq!(offset_of!(sys::CUmemPoolProps, reserved), 32);
-
-        assert_eq!(size_of::<sys::CUdeviceptr>(), 8);
-        assert_eq!(size_of::<sys::CUmemGenericAllocationHandle>(), 8);
-        assert_eq!(size_of::<sys::CUcontext>(), size_of::<usize>());
+        crate::assert_layout!(sys::CUmemLocation, size 8; type_ @ 0, id @ 4);
+        crate::assert_layout!(sys::CUmemAllocationProp, size 32;
+            type_ @ 0, requestedHandleTypes @ 4, location @ 8, win32HandleMetaData @ 16, allocFlags @ 24);
+        crate::assert_layout!(sys::CUmemAllocationPropAllocFlags, size 8; usage @ 2, reserved @ 4);
+        crate::assert_layout!(sys::CUmemAccessDesc, size 12; location @ 0, flags @ 8);
+        crate::assert_layout!(sys::CUmemPoolProps, size 88;
+            allocType @ 0, handleTypes @ 4, location @ 8,
+            win32SecurityAttributes @ 16, maxSize @ 24, reserved @ 32);
+        crate::assert_layout!(sys::CUdeviceptr, size 8);
+        crate::assert_layout!(sys::CUmemGenericAllocationHandle, size 8);
+        crate::assert_layout!(sys::CUcontext, size std::mem::size_of::<usize>());
     }
 
     #[test]
     fn constants_match_cuda_h() {
-        assert_eq!(sys::CUDA_ERROR_OUT_OF_MEMORY, 2);
-        assert_eq!(sys::CUDA_ERROR_NO_DEVICE, 100);
-        assert_eq!(sys::CUDA_ERROR_NOT_READY, 600);
-        assert_eq!(sys::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, 75);
-        assert_eq!(sys::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, 76);
-        assert_eq!(
-            sys::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
-            102
+        crate::assert_values!(
+            sys::CUDA_ERROR_OUT_OF_MEMORY = 2,
+            sys::CUDA_ERROR_NO_DEVICE = 100,
+            sys::CUDA_ERROR_NOT_READY = 600,
+            sys::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75,
+            sys::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76,
+            sys::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 102,
+            sys::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED = 115,
+            sys::CU_MEM_ALLOCATION_TYPE_PINNED = 1,
+            sys::CU_MEM_LOCATION_TYPE_DEVICE = 1,
+            sys::CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3,
+            sys::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED = 1,
+            sys::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD = 4,
+            sys::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT = 5,
+            sys::CU_MEMPOOL_ATTR_USED_MEM_HIGH = 8,
+            sys::CU_EVENT_DISABLE_TIMING = 2,
         );
-        assert_eq!(sys::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, 115);
-        assert_eq!(sys::CU_MEM_ALLOCATION_TYPE_PINNED, 1);
-        assert_eq!(sys::CU_MEM_LOCATION_TYPE_DEVICE, 1);
-        assert_eq!(sys::CU_MEM_ACCESS_FLAGS_PROT_READWRITE, 3);
-        assert_eq!(sys::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED, 1);
-        assert_eq!(sys::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, 4);
-        assert_eq!(sys::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, 5);
-        assert_eq!(sys::CU_MEMPOOL_ATTR_USED_MEM_HIGH, 8);
-        assert_eq!(sys::CU_EVENT_DISABLE_TIMING, 2);
     }
 }
 
@@ -109,17 +83,9 @@ mod abi {
 mod real_libcuda {
     use super::*;
 
+    /// Debian's libcuda1 (driver 535), where `scripts/test` fetched it.
     fn library() -> Option<String> {
-        match std::env::var("PORTALLOC_TEST_CUDA_LIBRARY") {
-            Ok(p) if !p.is_empty() => Some(p),
-            _ => {
-                eprintln!(
-                    "skipping: PORTALLOC_TEST_CUDA_LIBRARY is not set (run scripts/test, which \
-                     fetches Debian's libcuda1 into .vendor/)"
-                );
-                None
-            }
-        }
+        support::vendor_runtime("PORTALLOC_TEST_CUDA_LIBRARY")
     }
 
     #[test]
@@ -145,32 +111,25 @@ mod real_libcuda {
     fn no_device_is_a_typed_error_with_the_drivers_name() {
         let Some(path) = library() else { return };
         let driver = Arc::new(Driver::load(&[path]).unwrap());
-        match driver.init() {
-            Err(Error::Driver {
-                backend,
-                call,
-                code,
-                name,
-                message,
-            }) => {
-                assert_eq!((backend, call, code), ("cuda", "cuInit", 100));
-                assert_eq!(name, "CUDA_ERROR_NO_DEVICE");
-                assert!(message.contains("no CUDA-capable device"), "{message}");
-            }
+        let e = match driver.init() {
             Ok(()) => {
                 eprintln!("a GPU is present: cuInit succeeded; checking it opens instead");
                 let device = CudaDevice::open(Arc::clone(&driver), 0).unwrap();
                 assert!(device.info().arch.starts_with("sm_"));
                 return;
             }
-            Err(e) => panic!("unexpected {e}"),
-        }
-        match CudaDevice::open(Arc::clone(&driver), 0) {
-            Err(Error::Driver { name, call, .. }) => {
-                assert_eq!((name.as_str(), call), ("CUDA_ERROR_NO_DEVICE", "cuInit"));
-            }
-            other => panic!("expected CUDA_ERROR_NO_DEVICE, got {other:?}"),
-        }
+            failed => driver_failure(failed),
+        };
+        assert_eq!(
+            (e.backend, e.call, e.code, e.name.as_str()),
+            ("cuda", "cuInit", 100, "CUDA_ERROR_NO_DEVICE")
+        );
+        assert!(e.message.contains("no CUDA-capable device"), "{e:?}");
+        let e = driver_failure(CudaDevice::open(Arc::clone(&driver), 0));
+        assert_eq!(
+            (e.name.as_str(), e.call),
+            ("CUDA_ERROR_NO_DEVICE", "cuInit")
+        );
         assert!(matches!(
             CudaDevice::open_all(driver),
             Err(Error::Driver { code: 100, .. })
@@ -221,6 +180,17 @@ impl Fake {
             self.sym("fakecuda_configure");
         // SAFETY: plain values.
         assert_eq!(unsafe { f(devices, capacity, granularity, version) }, 0);
+    }
+
+    /// Runs `test` on device 0 (`capacity` bytes) of a private `fakecuda`; once it is done
+    /// and the device dropped, the driver must hold nothing. Skips where the fake was not
+    /// built.
+    fn with_device(capacity: u64, test: impl FnOnce(&Fake, &CudaDevice)) {
+        let Some(fake) = Fake::new() else { return };
+        let device = fake.device(capacity);
+        test(&fake, &device);
+        drop(device);
+        fake.assert_empty();
     }
 
     fn device(&self, capacity: u64) -> CudaDevice {
@@ -357,12 +327,8 @@ mod loading {
         let Some(fake) = Fake::new() else { return };
         fake.configure(-1, 0, 0, 0);
         let driver = fake.driver();
-        match CudaDevice::open(Arc::clone(&driver), 0) {
-            Err(Error::Driver { name, code, .. }) => {
-                assert_eq!((name.as_str(), code), ("CUDA_ERROR_NO_DEVICE", 100));
-            }
-            other => panic!("expected CUDA_ERROR_NO_DEVICE, got {other:?}"),
-        }
+        let e = driver_failure(CudaDevice::open(Arc::clone(&driver), 0));
+        assert_eq!((e.name.as_str(), e.code), ("CUDA_ERROR_NO_DEVICE", 100));
         let probe = portalloc::backends::cuda::probe_with(&[fake.path()]);
         assert_eq!(probe.device_count, 0);
         assert!(probe
@@ -396,77 +362,59 @@ mod errors {
 
     #[test]
     fn out_of_memory_is_device_out_of_memory() {
-        let Some(fake) = Fake::new() else { return };
-        let device = fake.device(64 * MIB);
-        match device.alloc(65 * MIB) {
-            Err(Error::DeviceOutOfMemory {
-                backend,
-                requested,
-                free,
-            }) => {
-                assert_eq!((backend, requested, free), ("cuda", 65 * MIB, 64 * MIB));
+        Fake::with_device(64 * MIB, |fake, device| {
+            match device.alloc(65 * MIB) {
+                Err(Error::DeviceOutOfMemory {
+                    backend,
+                    requested,
+                    free,
+                }) => {
+                    assert_eq!((backend, requested, free), ("cuda", 65 * MIB, 64 * MIB));
+                }
+                other => panic!("expected DeviceOutOfMemory, got {other:?}"),
             }
-            other => panic!("expected DeviceOutOfMemory, got {other:?}"),
-        }
-        // An injected OOM from a call that would have succeeded maps the same way.
-        fake.fail("cuMemAlloc_v2", 1, 1, 2);
-        assert!(matches!(
-            device.alloc(MIB),
-            Err(Error::DeviceOutOfMemory { .. })
-        ));
-        let p = device.alloc(MIB).unwrap();
-        device.free(p, MIB).unwrap();
-        drop(device);
-        fake.assert_empty();
+            // An injected OOM from a call that would have succeeded maps the same way.
+            fake.fail("cuMemAlloc_v2", 1, 1, 2);
+            assert!(matches!(
+                device.alloc(MIB),
+                Err(Error::DeviceOutOfMemory { .. })
+            ));
+            let p = device.alloc(MIB).unwrap();
+            device.free(p, MIB).unwrap();
+        });
     }
 
     #[test]
     fn other_codes_carry_the_drivers_name_and_text() {
-        let Some(fake) = Fake::new() else { return };
-        let device = fake.device(64 * MIB);
-        fake.fail("cuMemAlloc_v2", 1, 1, 999);
-        match device.alloc(MIB) {
-            Err(Error::Driver {
-                backend,
-                call,
-                code,
-                name,
-                message,
-            }) => {
-                assert_eq!((backend, call, code), ("cuda", "cuMemAlloc_v2", 999));
-                assert_eq!(name, "CUDA_ERROR_UNKNOWN");
-                assert_eq!(message, "unknown error");
-            }
-            other => panic!("expected Driver, got {other:?}"),
-        }
-        // A code the driver has no name for gets a made-up one, no panic.
-        fake.fail("cuMemGetInfo_v2", 1, 1, 12_345);
-        match device.mem_info() {
-            Err(Error::Driver { name, code, .. }) => {
-                assert_eq!((name.as_str(), code), ("CUDA_ERROR_12345", 12_345));
-            }
-            other => panic!("expected Driver, got {other:?}"),
-        }
-        // A failed free keeps the allocation, and the retry frees it.
-        let p = device.alloc(MIB).unwrap();
-        fake.fail("cuMemFree_v2", 1, 1, 700);
-        assert!(matches!(
-            device.free(p, MIB),
-            Err(Error::Driver { code: 700, .. })
-        ));
-        assert_eq!(device.census().allocations, 1);
-        device.free(p, MIB).unwrap();
-        // Pointers the device never handed out are refused before the driver sees them.
-        assert!(matches!(
-            device.free(p, MIB),
-            Err(Error::UnknownPointer {
-                what: "allocation",
-                ..
-            })
-        ));
-        assert!(matches!(device.alloc(0), Err(Error::InvalidSize { .. })));
-        drop(device);
-        fake.assert_empty();
+        Fake::with_device(64 * MIB, |fake, device| {
+            fake.fail("cuMemAlloc_v2", 1, 1, 999);
+            let e = driver_failure(device.alloc(MIB));
+            assert_eq!((e.backend, e.call, e.code), ("cuda", "cuMemAlloc_v2", 999));
+            assert_eq!(e.name, "CUDA_ERROR_UNKNOWN");
+            assert_eq!(e.message, "unknown error");
+            // A code the driver has no name for gets a made-up one, no panic.
+            fake.fail("cuMemGetInfo_v2", 1, 1, 12_345);
+            let e = driver_failure(device.mem_info());
+            assert_eq!((e.name.as_str(), e.code), ("CUDA_ERROR_12345", 12_345));
+            // A failed free keeps the allocation, and the retry frees it.
+            let p = device.alloc(MIB).unwrap();
+            fake.fail("cuMemFree_v2", 1, 1, 700);
+            assert!(matches!(
+                device.free(p, MIB),
+                Err(Error::Driver { code: 700, .. })
+            ));
+            assert_eq!(device.census().allocations, 1);
+            device.free(p, MIB).unwrap();
+            // Pointers the device never handed out are refused before the driver sees them.
+            assert!(matches!(
+                device.free(p, MIB),
+                Err(Error::UnknownPointer {
+                    what: "allocation",
+                    ..
+                })
+            ));
+            assert!(matches!(device.alloc(0), Err(Error::InvalidSize { .. })));
+        });
     }
 
     #[test]
@@ -476,16 +424,11 @@ mod errors {
         fake.fail("cuCtxSetCurrent", 1, -1, 201);
         // A new thread has no current context: the shim must set it, and that fails.
         let d = Arc::clone(&device);
-        let r = std::thread::spawn(move || d.alloc(MIB)).join().unwrap();
-        match r {
-            Err(Error::Driver { name, call, .. }) => {
-                assert_eq!(
-                    (name.as_str(), call),
-                    ("CUDA_ERROR_INVALID_CONTEXT", "cuCtxSetCurrent")
-                );
-            }
-            other => panic!("expected INVALID_CONTEXT, got {other:?}"),
-        }
+        let e = driver_failure(std::thread::spawn(move || d.alloc(MIB)).join().unwrap());
+        assert_eq!(
+            (e.name.as_str(), e.call),
+            ("CUDA_ERROR_INVALID_CONTEXT", "cuCtxSetCurrent")
+        );
         fake.clear_faults();
         drop(device);
         fake.assert_empty();
@@ -531,106 +474,96 @@ mod virtual_memory {
 
     #[test]
     fn reserve_create_map_access_unmap_release() {
-        let Some(fake) = Fake::new() else { return };
-        let device = fake.device(64 * MIB);
-        let vm = device.virtual_memory().unwrap();
-        let g = vm.granularity();
-        assert_eq!(g, 2 * MIB);
-        let va = vm.reserve(8 * g, 0).unwrap();
-        assert_eq!(va % g, 0);
-        let h = vm.create_physical(2 * g).unwrap();
-        assert_eq!(fake.device_used(0), 2 * g, "physical memory counts");
-        vm.map(va, 2 * g, h, 0).unwrap();
-        vm.map(va + 4 * g, g, h, g).unwrap();
-        vm.set_access(va, 2 * g).unwrap();
-        vm.set_access(va + 4 * g, g).unwrap();
-        // SAFETY: [va, va + 2g) is mapped read-write host memory in the conformance driver.
-        unsafe {
-            std::ptr::write_bytes(va as *mut u8, 0xab, (2 * g) as usize);
-            // Two mappings of one handle see the same bytes: offset g of the handle.
-            assert_eq!(*((va + 4 * g) as *const u8), 0xab);
-        }
-        assert_eq!(fake.live("mappings"), 2);
-        // Releasing a mapped handle defers the free to the last unmap.
-        vm.release_physical(h).unwrap();
-        assert_eq!(fake.live("handles"), 1);
-        vm.unmap(va, 2 * g).unwrap();
-        vm.unmap(va + 4 * g, g).unwrap();
-        assert_eq!(fake.live("handles"), 0);
-        vm.free_reservation(va, 8 * g).unwrap();
-        assert!(device.census().is_empty());
-        drop(device);
-        fake.assert_empty();
+        Fake::with_device(64 * MIB, |fake, device| {
+            let vm = device.virtual_memory().unwrap();
+            let g = vm.granularity();
+            assert_eq!(g, 2 * MIB);
+            let va = vm.reserve(8 * g, 0).unwrap();
+            assert_eq!(va % g, 0);
+            let h = vm.create_physical(2 * g).unwrap();
+            assert_eq!(fake.device_used(0), 2 * g, "physical memory counts");
+            vm.map(va, 2 * g, h, 0).unwrap();
+            vm.map(va + 4 * g, g, h, g).unwrap();
+            vm.set_access(va, 2 * g).unwrap();
+            vm.set_access(va + 4 * g, g).unwrap();
+            // SAFETY: [va, va + 2g) is mapped read-write host memory in the conformance driver.
+            unsafe {
+                std::ptr::write_bytes(va as *mut u8, 0xab, (2 * g) as usize);
+                // Two mappings of one handle see the same bytes: offset g of the handle.
+                assert_eq!(*((va + 4 * g) as *const u8), 0xab);
+            }
+            assert_eq!(fake.live("mappings"), 2);
+            // Releasing a mapped handle defers the free to the last unmap.
+            vm.release_physical(h).unwrap();
+            assert_eq!(fake.live("handles"), 1);
+            vm.unmap(va, 2 * g).unwrap();
+            vm.unmap(va + 4 * g, g).unwrap();
+            assert_eq!(fake.live("handles"), 0);
+            vm.free_reservation(va, 8 * g).unwrap();
+            assert!(device.census().is_empty());
+        });
     }
 
     #[test]
     fn bad_arguments_are_typed_errors() {
-        let Some(fake) = Fake::new() else { return };
-        let device = fake.device(64 * MIB);
-        let vm = device.virtual_memory().unwrap();
-        let g = vm.granularity();
-        assert!(matches!(
-            vm.reserve(g + 1, 0),
-            Err(Error::InvalidArgument { .. })
-        ));
-        assert!(matches!(
-            vm.reserve(g, 3),
-            Err(Error::InvalidArgument { .. })
-        ));
-        assert!(matches!(
-            vm.create_physical(0),
-            Err(Error::InvalidArgument { .. })
-        ));
-        assert!(matches!(
-            vm.release_physical(PhysicalHandle(77)),
-            Err(Error::UnknownPointer { .. })
-        ));
-        let va = vm.reserve(4 * g, 0).unwrap();
-        let h = vm.create_physical(g).unwrap();
-        // Past the handle's end: the driver refuses, with its own name.
-        match vm.map(va, 2 * g, h, 0) {
-            Err(Error::Driver { name, call, .. }) => {
-                assert_eq!(
-                    (name.as_str(), call),
-                    ("CUDA_ERROR_INVALID_VALUE", "cuMemMap")
-                );
-            }
-            other => panic!("expected Driver, got {other:?}"),
-        }
-        vm.map(va, g, h, 0).unwrap();
-        assert!(matches!(
-            vm.free_reservation(va, 4 * g),
-            Err(Error::InvalidArgument { .. })
-        ));
-        // Too much physical memory: device OOM.
-        assert!(matches!(
-            vm.create_physical(64 * MIB),
-            Err(Error::DeviceOutOfMemory { .. })
-        ));
-        vm.unmap(va, g).unwrap();
-        vm.release_physical(h).unwrap();
-        vm.free_reservation(va, 4 * g).unwrap();
-        drop(device);
-        fake.assert_empty();
+        Fake::with_device(64 * MIB, |_, device| {
+            let vm = device.virtual_memory().unwrap();
+            let g = vm.granularity();
+            assert!(matches!(
+                vm.reserve(g + 1, 0),
+                Err(Error::InvalidArgument { .. })
+            ));
+            assert!(matches!(
+                vm.reserve(g, 3),
+                Err(Error::InvalidArgument { .. })
+            ));
+            assert!(matches!(
+                vm.create_physical(0),
+                Err(Error::InvalidArgument { .. })
+            ));
+            assert!(matches!(
+                vm.release_physical(PhysicalHandle(77)),
+                Err(Error::UnknownPointer { .. })
+            ));
+            let va = vm.reserve(4 * g, 0).unwrap();
+            let h = vm.create_physical(g).unwrap();
+            // Past the handle's end: the driver refuses, with its own name.
+            let e = driver_failure(vm.map(va, 2 * g, h, 0));
+            assert_eq!(
+                (e.name.as_str(), e.call),
+                ("CUDA_ERROR_INVALID_VALUE", "cuMemMap")
+            );
+            vm.map(va, g, h, 0).unwrap();
+            assert!(matches!(
+                vm.free_reservation(va, 4 * g),
+                Err(Error::InvalidArgument { .. })
+            ));
+            // Too much physical memory: device OOM.
+            assert!(matches!(
+                vm.create_physical(64 * MIB),
+                Err(Error::DeviceOutOfMemory { .. })
+            ));
+            vm.unmap(va, g).unwrap();
+            vm.release_physical(h).unwrap();
+            vm.free_reservation(va, 4 * g).unwrap();
+        });
     }
 
     #[test]
     fn dropping_the_device_returns_what_it_held() {
-        let Some(fake) = Fake::new() else { return };
-        let device = fake.device(64 * MIB);
-        let vm = device.virtual_memory().unwrap();
-        let g = vm.granularity();
-        let va = vm.reserve(4 * g, 0).unwrap();
-        let h = vm.create_physical(g).unwrap();
-        vm.map(va, g, h, 0).unwrap();
-        let _leaked = device.alloc(1234).unwrap();
-        let _stream = device.create_stream().unwrap();
-        let _event = device.create_event().unwrap();
-        let pool = device.stream_ordered_pool().unwrap();
-        let _p = pool.alloc_async(4096, Stream::DEFAULT).unwrap();
-        assert!(fake.live("bytes") > 0);
-        drop(device);
-        fake.assert_empty();
+        Fake::with_device(64 * MIB, |fake, device| {
+            let vm = device.virtual_memory().unwrap();
+            let g = vm.granularity();
+            let va = vm.reserve(4 * g, 0).unwrap();
+            let h = vm.create_physical(g).unwrap();
+            vm.map(va, g, h, 0).unwrap();
+            let _leaked = device.alloc(1234).unwrap();
+            let _stream = device.create_stream().unwrap();
+            let _event = device.create_event().unwrap();
+            let pool = device.stream_ordered_pool().unwrap();
+            let _p = pool.alloc_async(4096, Stream::DEFAULT).unwrap();
+            assert!(fake.live("bytes") > 0);
+        });
     }
 }
 
@@ -639,94 +572,61 @@ mod pools_streams_events {
 
     #[test]
     fn pool_allocates_counts_trims_and_releases_above_threshold() {
-        let Some(fake) = Fake::new() else { return };
-        let device = fake.device(64 * MIB);
-        let pool = device.stream_ordered_pool().unwrap();
-        let s = device.create_stream().unwrap();
-        assert_eq!(pool.release_threshold().unwrap(), 0);
-        let a = pool.alloc_async(3 * MIB, s).unwrap();
-        let b = pool.alloc_async(MIB, Stream::DEFAULT).unwrap();
-        let u = pool.usage().unwrap();
-        assert_eq!(u.used_current, 4 * MIB);
-        assert_eq!(u.reserved_current, 4 * MIB);
-        pool.free_async(a, s).unwrap();
-        // Freed memory stays in the pool until a synchronisation, then goes (threshold 0).
-        assert_eq!(pool.usage().unwrap().used_current, MIB);
-        assert_eq!(pool.usage().unwrap().reserved_current, 4 * MIB);
-        device.synchronize_stream(s).unwrap();
-        assert_eq!(pool.usage().unwrap().reserved_current, MIB);
-        // With a threshold the pool keeps memory; trim_to gives it back.
-        pool.set_release_threshold(16 * MIB).unwrap();
-        assert_eq!(pool.release_threshold().unwrap(), 16 * MIB);
-        let c = pool.alloc_async(8 * MIB, s).unwrap();
-        pool.free_async(c, s).unwrap();
-        device.synchronize_stream(s).unwrap();
-        assert_eq!(pool.usage().unwrap().reserved_current, 9 * MIB);
-        pool.trim_to(0).unwrap();
-        let u = pool.usage().unwrap();
-        assert_eq!((u.reserved_current, u.used_current), (MIB, MIB));
-        assert_eq!(u.used_high, 9 * MIB);
-        assert!(matches!(
-            pool.free_async(12345, s),
-            Err(Error::UnknownPointer { .. })
-        ));
-        // A stream handle is the caller's: portalloc passes it on, and the driver judges it.
-        assert!(matches!(
-            pool.alloc_async(MIB, Stream(0xdead)),
-            Err(Error::Driver { ref name, .. }) if name == "CUDA_ERROR_INVALID_HANDLE"
-        ));
-        assert!(matches!(
-            pool.alloc_async(65 * MIB, s),
-            Err(Error::DeviceOutOfMemory { .. })
-        ));
-        pool.free_async(b, Stream::DEFAULT).unwrap();
-        device.synchronize_stream(Stream::DEFAULT).unwrap();
-        device.destroy_stream(s).unwrap();
-        drop(device);
-        fake.assert_empty();
+        Fake::with_device(64 * MIB, |_, device| {
+            let pool = device.stream_ordered_pool().unwrap();
+            let s = device.create_stream().unwrap();
+            assert_eq!(pool.release_threshold().unwrap(), 0);
+            let a = pool.alloc_async(3 * MIB, s).unwrap();
+            let b = pool.alloc_async(MIB, Stream::DEFAULT).unwrap();
+            let u = pool.usage().unwrap();
+            assert_eq!(u.used_current, 4 * MIB);
+            assert_eq!(u.reserved_current, 4 * MIB);
+            pool.free_async(a, s).unwrap();
+            // Freed memory stays in the pool until a synchronisation, then goes (threshold 0).
+            assert_eq!(pool.usage().unwrap().used_current, MIB);
+            assert_eq!(pool.usage().unwrap().reserved_current, 4 * MIB);
+            device.synchronize_stream(s).unwrap();
+            assert_eq!(pool.usage().unwrap().reserved_current, MIB);
+            // With a threshold the pool keeps memory; trim_to gives it back.
+            pool.set_release_threshold(16 * MIB).unwrap();
+            assert_eq!(pool.release_threshold().unwrap(), 16 * MIB);
+            let c = pool.alloc_async(8 * MIB, s).unwrap();
+            pool.free_async(c, s).unwrap();
+            device.synchronize_stream(s).unwrap();
+            assert_eq!(pool.usage().unwrap().reserved_current, 9 * MIB);
+            pool.trim_to(0).unwrap();
+            let u = pool.usage().unwrap();
+            assert_eq!((u.reserved_current, u.used_current), (MIB, MIB));
+            assert_eq!(u.used_high, 9 * MIB);
+            assert!(matches!(
+                pool.free_async(12345, s),
+                Err(Error::UnknownPointer { .. })
+            ));
+            // A stream handle is the caller's: portalloc passes it on, and the driver judges it.
+            assert!(matches!(
+                pool.alloc_async(MIB, Stream(0xdead)),
+                Err(Error::Driver { ref name, .. }) if name == "CUDA_ERROR_INVALID_HANDLE"
+            ));
+            assert!(matches!(
+                pool.alloc_async(65 * MIB, s),
+                Err(Error::DeviceOutOfMemory { .. })
+            ));
+            pool.free_async(b, Stream::DEFAULT).unwrap();
+            device.synchronize_stream(Stream::DEFAULT).unwrap();
+            device.destroy_stream(s).unwrap();
+        });
     }
 
     #[test]
     fn events_in_flight_complete_when_synchronised() {
-        let Some(fake) = Fake::new() else { return };
-        let device = fake.device(64 * MIB);
-        let s = device.create_stream().unwrap();
-        let e = device.create_event().unwrap();
-        assert!(
-            device.event_complete(e).unwrap(),
-            "never recorded: complete"
-        );
-        fake.hold_events(true);
-        device.record_event(e, s).unwrap();
-        assert!(!device.event_complete(e).unwrap(), "held in flight");
-        device.synchronize_event(e).unwrap();
-        assert!(device.event_complete(e).unwrap());
-        device.record_event(e, s).unwrap();
-        assert!(!device.event_complete(e).unwrap());
-        device.synchronize_stream(s).unwrap();
-        assert!(device.event_complete(e).unwrap());
-        fake.hold_events(false);
-        assert!(matches!(
-            device.destroy_stream(Stream::DEFAULT),
-            Err(Error::InvalidArgument { .. })
-        ));
-        device.destroy_event(e).unwrap();
-        assert!(matches!(
-            device.event_complete(e),
-            Err(Error::UnknownPointer { what: "event", .. })
-        ));
-        device.destroy_stream(s).unwrap();
-        assert!(matches!(
-            device.destroy_stream(s),
-            Err(Error::UnknownPointer { what: "stream", .. })
-        ));
-        // Synchronising is passed to the driver, which knows the handle is gone.
-        assert!(matches!(
-            device.synchronize_stream(s),
-            Err(Error::Driver { ref name, .. }) if name == "CUDA_ERROR_INVALID_HANDLE"
-        ));
-        drop(device);
-        fake.assert_empty();
+        Fake::with_device(64 * MIB, |fake, device| {
+            let s = fake.check_streams_and_events(device, |_, _| {});
+            // Synchronising is passed to the driver, which knows the handle is gone.
+            assert!(matches!(
+                device.synchronize_stream(s),
+                Err(Error::Driver { ref name, .. }) if name == "CUDA_ERROR_INVALID_HANDLE"
+            ));
+        });
     }
 }
 
@@ -738,15 +638,20 @@ mod pools_streams_events {
 /// the conformance suite's (`tests/conformance.rs`, modules `fakecuda` and `fakecuda_old`).
 /// Here: how the strategies meet this driver's refusals and its virtual-memory calls.
 mod strategies {
-    use super::support::targets::{Rig, Strategy, SuiteStrategy, Target};
+    use super::support::targets::{Strategy, SuiteStrategy, Target};
     use super::*;
 
-    /// `strategy` over a 64 MiB device of a private `fakecuda`, or `None` when it was not
-    /// built.
-    fn subject(strategy: Strategy) -> Option<(Rig, Box<dyn Allocator>)> {
-        let rig = Target::FakeCuda.open(1, 64 * MIB)?;
+    /// Runs `test` on `strategy` over a 64 MiB device of a private `fakecuda` (and the fake
+    /// itself); once the allocator is dropped, the fake must hold nothing. Skips where the
+    /// fake was not built.
+    fn with_subject(strategy: Strategy, test: impl FnOnce(&support::fakes::Fake, &dyn Allocator)) {
+        let Some(rig) = Target::FakeCuda.open(1, 64 * MIB) else {
+            return;
+        };
         let allocator = strategy.build(rig.device(0)).unwrap();
-        Some((rig, allocator))
+        test(rig.fake().unwrap(), allocator.as_ref());
+        drop(allocator);
+        rig.finish();
     }
 
     fn invariants(allocator: &dyn Allocator) {
@@ -757,76 +662,65 @@ mod strategies {
 
     #[test]
     fn bfc_backs_off_when_the_device_refuses() {
-        let Some((rig, allocator)) = subject(Strategy::BfcGrow) else {
-            return;
-        };
-        let fake = rig.fake().unwrap();
-        // Growth asks the device for a region; the first attempt is refused with OOM and
-        // bfc retries smaller (×0.9) instead of failing.
-        fake.fail("cuMemAlloc_v2", 1, 1, 2);
-        let a = allocator.allocate(MIB, 0, Stream::DEFAULT, "t").unwrap();
-        invariants(allocator.as_ref());
-        allocator.deallocate(a).unwrap();
-        // A non-OOM failure is surfaced as the driver's typed error, not retried.
-        let big = allocator.stats().pool_bytes + MIB;
-        fake.fail("cuMemAlloc_v2", 1, 1, 999);
-        match allocator.allocate(big, 0, Stream::DEFAULT, "t") {
-            Err(e) => {
-                let text = e.to_string();
-                assert!(
-                    matches!(e, Error::Driver { .. }) || text.contains("CUDA_ERROR_UNKNOWN"),
-                    "{text}"
-                );
+        with_subject(Strategy::BfcGrow, |fake, allocator| {
+            // Growth asks the device for a region; the first attempt is refused with OOM and
+            // bfc retries smaller (×0.9) instead of failing.
+            fake.fail("cuMemAlloc_v2", 1, 1, 2);
+            let a = allocator.allocate(MIB, 0, Stream::DEFAULT, "t").unwrap();
+            invariants(allocator);
+            allocator.deallocate(a).unwrap();
+            // A non-OOM failure is surfaced as the driver's typed error, not retried.
+            let big = allocator.stats().pool_bytes + MIB;
+            fake.fail("cuMemAlloc_v2", 1, 1, 999);
+            match allocator.allocate(big, 0, Stream::DEFAULT, "t") {
+                Err(e) => {
+                    let text = e.to_string();
+                    assert!(
+                        matches!(e, Error::Driver { .. }) || text.contains("CUDA_ERROR_UNKNOWN"),
+                        "{text}"
+                    );
+                }
+                Ok(a) => panic!("the injected failure was not seen: {a:?}"),
             }
-            Ok(a) => panic!("the injected failure was not seen: {a:?}"),
-        }
-        invariants(allocator.as_ref());
-        drop(allocator);
-        rig.finish();
+            invariants(allocator);
+        });
     }
 
     #[test]
     fn platform_reports_device_oom() {
-        let Some((rig, allocator)) = subject(Strategy::Platform) else {
-            return;
-        };
-        rig.fake().unwrap().fail("cuMemAlloc_v2", 1, 1, 2);
-        let e = allocator
-            .allocate(MIB, 0, Stream::DEFAULT, "t")
-            .unwrap_err();
-        assert!(e.is_out_of_memory(), "{e}");
-        let a = allocator.allocate(MIB, 0, Stream::DEFAULT, "t").unwrap();
-        allocator.deallocate(a).unwrap();
-        drop(allocator);
-        rig.finish();
+        with_subject(Strategy::Platform, |fake, allocator| {
+            fake.fail("cuMemAlloc_v2", 1, 1, 2);
+            let e = allocator
+                .allocate(MIB, 0, Stream::DEFAULT, "t")
+                .unwrap_err();
+            assert!(e.is_out_of_memory(), "{e}");
+            let a = allocator.allocate(MIB, 0, Stream::DEFAULT, "t").unwrap();
+            allocator.deallocate(a).unwrap();
+        });
     }
 
     #[test]
     fn vmm_strategy_runs_on_the_cuda_vmm_api() {
-        let Some((rig, allocator)) = subject(Strategy::Vmm) else {
-            return;
-        };
-        let fake = rig.fake().unwrap();
-        let sizes = [1000u64, 3 * MIB, 5 * MIB + 17, 256];
-        let live: Vec<Allocation> = sizes
-            .iter()
-            .map(|&n| allocator.allocate(n, 0, Stream::DEFAULT, "t").unwrap())
-            .collect();
-        for a in &live {
-            // SAFETY: mapped read-write host memory in the conformance driver, owned here.
-            unsafe { std::ptr::write_bytes(a.ptr() as *mut u8, 7, a.size() as usize) };
-        }
-        assert!(fake.live("mappings") > 0);
-        for a in live {
-            allocator.deallocate(a).unwrap();
-        }
-        allocator.trim().unwrap();
-        // A failing cuMemCreate surfaces as an error value.
-        fake.fail("cuMemCreate", 1, 1, 999);
-        assert!(allocator.allocate(MIB, 0, Stream::DEFAULT, "t").is_err());
-        invariants(allocator.as_ref());
-        drop(allocator);
-        rig.finish();
+        with_subject(Strategy::Vmm, |fake, allocator| {
+            let sizes = [1000u64, 3 * MIB, 5 * MIB + 17, 256];
+            let live: Vec<Allocation> = sizes
+                .iter()
+                .map(|&n| allocator.allocate(n, 0, Stream::DEFAULT, "t").unwrap())
+                .collect();
+            for a in &live {
+                // SAFETY: mapped read-write host memory in the conformance driver, owned here.
+                unsafe { std::ptr::write_bytes(a.ptr() as *mut u8, 7, a.size() as usize) };
+            }
+            assert!(fake.live("mappings") > 0);
+            for a in live {
+                allocator.deallocate(a).unwrap();
+            }
+            allocator.trim().unwrap();
+            // A failing cuMemCreate surfaces as an error value.
+            fake.fail("cuMemCreate", 1, 1, 999);
+            assert!(allocator.allocate(MIB, 0, Stream::DEFAULT, "t").is_err());
+            invariants(allocator);
+        });
     }
 }
 
@@ -842,34 +736,10 @@ fn discovery_chooses_cuda_and_opens_every_device() {
     let Some(fake) = Fake::new() else { return };
     let _guard = ENV.lock().unwrap_or_else(|p| p.into_inner());
     fake.configure(2, 512 * MIB, 0, 0);
-    std::env::set_var("PORTALLOC_CUDA_LIBRARY", fake.path());
-    let config = Config::builder()
-        .ignore_env()
-        .strategy(StrategyKind::Bfc)
-        .preallocate(false)
-        .build()
-        .unwrap();
-    let result = portalloc::Portalloc::from_config(config);
-    std::env::remove_var("PORTALLOC_CUDA_LIBRARY");
-    let p = result.unwrap();
-    assert_eq!(p.discovery.chosen, Vendor::Cuda);
-    assert_eq!(p.discovery.devices.len(), 2);
-    assert_eq!(p.allocators.len(), 2);
-    let cuda = p
-        .discovery
-        .candidates
-        .iter()
-        .find(|c| c.backend == Vendor::Cuda)
-        .unwrap();
-    assert_eq!(cuda.decision, portalloc::discover::Decision::Chosen);
-    let probe = cuda.probe.as_ref().unwrap();
+    let p = discover_with(&[("PORTALLOC_CUDA_LIBRARY", &fake.path())]);
+    let probe = assert_chosen(&p, Vendor::Cuda, 2);
     assert_eq!(probe.library.as_deref(), Some(fake.path().as_str()));
     assert_eq!(probe.driver_version.as_deref(), Some("12.2"));
-    assert_eq!(probe.device_count, 2);
-    for (ordinal, device) in p.discovery.devices.iter().enumerate() {
-        assert_eq!(device.info().vendor, Vendor::Cuda);
-        assert_eq!(device.info().ordinal, ordinal as u32);
-    }
     let a = p.allocators[1]
         .allocate(MIB, 0, Stream::DEFAULT, "t")
         .unwrap();
@@ -895,6 +765,18 @@ mod cudarc_interop {
     use super::*;
 
     const CHILD: &str = "PORTALLOC_TEST_CUDARC_CHILD";
+
+    /// bfc over `device`, through `strategy::build` as an application would build it, with
+    /// the pool taken at the first allocation (`preallocate`) or grown.
+    fn bfc(device: Arc<CudaDevice>, preallocate: bool) -> Box<dyn Allocator> {
+        let config = Config::builder()
+            .ignore_env()
+            .strategy(StrategyKind::Bfc)
+            .preallocate(preallocate)
+            .build()
+            .unwrap();
+        portalloc::strategy::build(&config, device as Arc<dyn Device>).unwrap()
+    }
 
     #[test]
     fn a_portalloc_allocation_works_as_a_cudarc_slice_without_double_free() {
@@ -941,14 +823,7 @@ mod cudarc_interop {
             weights: PortallocSlice<f32>,
         }
         let device = Arc::new(CudaDevice::from_cudarc(ctx).expect("the primary context"));
-        let config = Config::builder()
-            .ignore_env()
-            .strategy(StrategyKind::Bfc)
-            .preallocate(true)
-            .build()
-            .unwrap();
-        let allocator: Arc<dyn Allocator> =
-            Arc::from(portalloc::strategy::build(&config, device as Arc<dyn Device>).unwrap());
+        let allocator: Arc<dyn Allocator> = Arc::from(bfc(device, true));
         let (s, t) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
         let keep = PortallocSlice::<u8>::alloc(&allocator, 4096, &t).unwrap();
         let layer = Layer {
@@ -1006,13 +881,7 @@ mod cudarc_interop {
         fake.configure(1, 64 * MIB, 0, 0);
         let device =
             Arc::new(CudaDevice::open(Arc::new(Driver::load_default().unwrap()), 0).unwrap());
-        let config = Config::builder()
-            .ignore_env()
-            .strategy(StrategyKind::Bfc)
-            .preallocate(false)
-            .build()
-            .unwrap();
-        let allocator = portalloc::strategy::build(&config, device as Arc<dyn Device>).unwrap();
+        let allocator = bfc(device, false);
 
         let ctx = cudarc::driver::CudaContext::new(0).unwrap();
         assert_eq!(

@@ -38,17 +38,13 @@ use portalloc::device::{
     VirtualMemory,
 };
 use portalloc::replay::workload::TransformerTrain;
-use portalloc::strategy::async_pool::{AsyncOptions, AsyncPoolAllocator};
-use portalloc::strategy::bfc::{BfcAllocator, BfcOptions};
-use portalloc::strategy::platform::PlatformAllocator;
-use portalloc::strategy::vmm::{VmmAllocator, VmmOptions};
 use portalloc::trace::Op;
 #[cfg(any(feature = "cuda", feature = "hip"))]
 use portalloc::Vendor;
 use portalloc::{Allocation, Allocator, Error, Result};
+use support::common::{first_overlap, simulated_host, Rng, Strategy};
 #[cfg(any(feature = "cuda", feature = "hip"))]
 use support::fakes::{Fake, FakeDevice};
-#[cfg(any(feature = "cuda", feature = "hip"))]
 use test_case::test_case;
 
 const MIB: u64 = 1 << 20;
@@ -107,24 +103,9 @@ fn transformer_steps() -> Vec<Step> {
         .collect()
 }
 
-/// A deterministic pseudo-random generator (xorshift64*), so every run makes the same calls.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 /// `n` steps: allocations of 1 B to 24 MiB (log-uniform) on three streams, frees of random
-/// live ones, a trim now and then; everything freed at the end.
+/// live ones, a trim now and then; everything freed at the end. Seeded, so every run makes
+/// the same calls.
 fn synthetic_steps(n: usize, seed: u64) -> Vec<Step> {
     let mut rng = Rng(seed | 1);
     let mut live: Vec<u64> = Vec::new();
@@ -474,42 +455,6 @@ impl<D: Device + ?Sized> StreamOrderedPool for FaultDevice<D> {
 // One run
 // ---------------------------------------------------------------------------------------------
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Strategy {
-    Bfc,
-    BfcGrow,
-    Platform,
-    Vmm,
-    Async,
-}
-
-impl Strategy {
-    fn name(self) -> &'static str {
-        match self {
-            Strategy::Bfc => "bfc",
-            Strategy::BfcGrow => "bfc-grow",
-            Strategy::Platform => "platform",
-            Strategy::Vmm => "vmm",
-            Strategy::Async => "async",
-        }
-    }
-
-    fn build(self, device: Arc<dyn Device>) -> Result<Box<dyn Allocator>> {
-        Ok(match self {
-            Strategy::Bfc | Strategy::BfcGrow => Box::new(BfcAllocator::new(
-                device,
-                BfcOptions {
-                    limit: LIMIT,
-                    preallocate: self == Strategy::Bfc,
-                },
-            )?),
-            Strategy::Platform => Box::new(PlatformAllocator::new(device, Some(LIMIT))),
-            Strategy::Vmm => Box::new(VmmAllocator::new(device, VmmOptions::new(LIMIT))?),
-            Strategy::Async => Box::new(AsyncPoolAllocator::new(device, AsyncOptions::new(LIMIT))?),
-        })
-    }
-}
-
 /// What happened in one run.
 #[derive(Debug, Default)]
 struct Outcome {
@@ -530,16 +475,9 @@ fn check(
     if let Err(e) = allocator.check_invariants() {
         broken.push(format!("{at}: invariant broken: {e}"));
     }
-    let mut spans: Vec<(u64, u64)> = live
-        .values()
-        .filter(|(a, _)| !a.is_empty())
-        .map(|(a, _)| (a.ptr(), a.ptr() + a.size()))
-        .collect();
-    spans.sort_unstable();
-    if let Some(w) = spans.windows(2).find(|w| w[0].1 > w[1].0) {
+    if let Some((first, second)) = first_overlap(live.values().map(|(a, _)| a)) {
         broken.push(format!(
-            "{at}: live ranges overlap: {:x?} and {:x?}",
-            w[0], w[1]
+            "{at}: live ranges overlap: {first:x?} and {second:x?}"
         ));
     }
     if let Some((a, align)) = live
@@ -559,6 +497,61 @@ fn check(
     broken
 }
 
+/// Builds `strategy` over `device`; a refusal is recorded in `out` as a construction error.
+fn construct(
+    strategy: Strategy,
+    device: Arc<dyn Device>,
+    out: &mut Outcome,
+) -> Option<Box<dyn Allocator>> {
+    strategy
+        .try_build(device, LIMIT)
+        .map_err(|e| out.surfaced.push((Phase::Construct, e)))
+        .ok()
+}
+
+/// Performs `step` on `allocator`, keeping `live` (id → allocation and the alignment asked
+/// for) up to date; the error the allocator returned, if any.
+fn apply(
+    allocator: &dyn Allocator,
+    step: Step,
+    streams: &[Stream; STREAMS],
+    live: &mut HashMap<u64, (Allocation, u64)>,
+) -> Result<()> {
+    match step {
+        Step::Alloc {
+            id,
+            size,
+            align,
+            stream,
+        } => {
+            let a = allocator.allocate(size, align, streams[stream], "fault")?;
+            live.insert(id, (a, align));
+        }
+        Step::Free { id } => {
+            if let Some((a, _)) = live.remove(&id) {
+                allocator.deallocate(a)?;
+            }
+        }
+        Step::Trim => {
+            allocator.trim()?;
+        }
+    }
+    Ok(())
+}
+
+/// Frees everything in `live`; each refusal is recorded in `out` as a cleanup error.
+fn free_all(
+    allocator: &dyn Allocator,
+    live: &mut HashMap<u64, (Allocation, u64)>,
+    out: &mut Outcome,
+) {
+    for (_, (a, _)) in live.drain() {
+        if let Err(e) = allocator.deallocate(a) {
+            out.surfaced.push((Phase::Cleanup, e));
+        }
+    }
+}
+
 /// Replays `steps` against `strategy` on `device` (armed by the caller), frees what is left,
 /// trims and drops the allocator. Checks the invariants after every step of a `clean` run and
 /// after every step from a fault this wrapper injected on (before it, a faulted run repeats
@@ -574,12 +567,9 @@ fn run<D: Device + ?Sized + 'static>(
 ) -> Outcome {
     let mut out = Outcome::default();
     device.set_phase(Phase::Construct);
-    let allocator = match strategy.build(Arc::clone(device) as Arc<dyn Device>) {
-        Ok(a) => a,
-        Err(e) => {
-            out.surfaced.push((Phase::Construct, e));
-            return out;
-        }
+    let Some(allocator) = construct(strategy, Arc::clone(device) as Arc<dyn Device>, &mut out)
+    else {
+        return out;
     };
     device.set_phase(Phase::Workload);
     let mut live: HashMap<u64, (Allocation, u64)> = HashMap::new();
@@ -589,38 +579,14 @@ fn run<D: Device + ?Sized + 'static>(
         device.set_armed(true);
     };
     let mut fault_step: Option<usize> = None;
-    for (i, step) in steps.iter().enumerate() {
-        let mut failed = false;
-        match *step {
-            Step::Alloc {
-                id,
-                size,
-                align,
-                stream,
-            } => match allocator.allocate(size, align, streams[stream], "fault") {
-                Ok(a) => {
-                    live.insert(id, (a, align));
-                }
-                Err(e) => {
-                    out.surfaced.push((Phase::Workload, e));
-                    failed = true;
-                }
-            },
-            Step::Free { id } => {
-                if let Some((a, _)) = live.remove(&id) {
-                    if let Err(e) = allocator.deallocate(a) {
-                        out.surfaced.push((Phase::Workload, e));
-                        failed = true;
-                    }
-                }
+    for (i, &step) in steps.iter().enumerate() {
+        let failed = match apply(allocator.as_ref(), step, streams, &mut live) {
+            Ok(()) => false,
+            Err(e) => {
+                out.surfaced.push((Phase::Workload, e));
+                true
             }
-            Step::Trim => {
-                if let Err(e) = allocator.trim() {
-                    out.surfaced.push((Phase::Workload, e));
-                    failed = true;
-                }
-            }
-        }
+        };
         // After every step of the clean run, and after every step from the one an injected
         // fault hits (a faulted run is the clean run, call for call, until its fault fires,
         // so nothing before it needs checking again): every step of every run. A fault the
@@ -635,11 +601,7 @@ fn run<D: Device + ?Sized + 'static>(
         }
     }
     device.set_phase(Phase::Cleanup);
-    for (_, (a, _)) in live.drain() {
-        if let Err(e) = allocator.deallocate(a) {
-            out.surfaced.push((Phase::Cleanup, e));
-        }
-    }
+    free_all(allocator.as_ref(), &mut live, &mut out);
     if let Err(e) = allocator.trim() {
         out.surfaced.push((Phase::Cleanup, e));
     }
@@ -672,6 +634,23 @@ struct Tally {
 }
 
 impl Tally {
+    /// Counts one injected fault that was survived: where it fired, whether it `surfaced`,
+    /// and how many objects a fault in drop left behind (`drop_leaks`, 0 elsewhere).
+    fn count(&mut self, phase: Phase, surfaced: bool, drop_leaks: u64) {
+        self.injected += 1;
+        *self.by_phase.entry(phase).or_insert(0) += 1;
+        if phase == Phase::Drop {
+            self.in_drop += 1;
+            self.drop_leaks += drop_leaks;
+        }
+        self.survived += 1;
+        if surfaced {
+            self.surfaced += 1;
+        } else {
+            self.absorbed += 1;
+        }
+    }
+
     fn print(&self, what: &str) {
         println!(
             "fault injection [{what}]: {} calls in a clean run; {} faults injected \
@@ -714,16 +693,6 @@ fn judge(out: &Outcome, kind: Kind, marker: &str, what: &str) -> bool {
 // Rust: every call of the allocator to the simulated host device
 // ---------------------------------------------------------------------------------------------
 
-fn host() -> Arc<HostDevice> {
-    Arc::new(
-        HostDevice::builder()
-            .capacity(CAPACITY)
-            .simulated(true)
-            .build()
-            .expect("a simulated host device"),
-    )
-}
-
 fn workload() -> Vec<Step> {
     let mut steps = transformer_steps();
     steps.extend(synthetic_steps(120, 0x5eed));
@@ -756,7 +725,7 @@ struct HostRun {
 
 /// One host run with the fault at call `k` (0: none).
 fn host_run(strategy: Strategy, steps: &[Step], k: u64, kind: Kind) -> HostRun {
-    let host = host();
+    let host = simulated_host(CAPACITY);
     let streams = host_streams(&host);
     let device = Arc::new(FaultDevice::new(Arc::clone(&host)));
     device.arm(k, kind);
@@ -808,13 +777,10 @@ fn host_sweep(strategy: Strategy) {
             let what = format!("{} fault {kind:?} at call {k}", strategy.name());
             let (_, call, phase) =
                 fired.unwrap_or_else(|| panic!("{what}: the fault was never injected"));
-            tally.injected += 1;
-            *tally.by_phase.entry(phase).or_insert(0) += 1;
             let what = format!("{what} ({call}, {phase})");
             let marker = format!("injected fault at call {k}");
             let surfaced = judge(&out, kind, &marker, &what);
-            if phase == Phase::Drop {
-                tally.in_drop += 1;
+            let left = if phase == Phase::Drop {
                 let left = census.allocations
                     + census.physical_handles
                     + census.mappings
@@ -824,19 +790,15 @@ fn host_sweep(strategy: Strategy) {
                     left <= 1,
                     "{what}: a refused release in drop left more than that one object: {census:?}"
                 );
-                tally.drop_leaks += left;
+                left
             } else {
                 assert!(
                     census.is_empty(),
                     "{what}: the device still holds {census:?}"
                 );
-            }
-            tally.survived += 1;
-            if surfaced {
-                tally.surfaced += 1;
-            } else {
-                tally.absorbed += 1;
-            }
+                0
+            };
+            tally.count(phase, surfaced, left);
         }
     }
     assert_eq!(tally.injected, calls * KINDS.len() as u64);
@@ -847,29 +809,14 @@ fn host_sweep(strategy: Strategy) {
     ));
 }
 
-#[test]
-fn host_bfc_survives_a_fault_on_every_call() {
-    host_sweep(Strategy::Bfc);
-}
-
-#[test]
-fn host_bfc_grow_survives_a_fault_on_every_call() {
-    host_sweep(Strategy::BfcGrow);
-}
-
-#[test]
-fn host_platform_survives_a_fault_on_every_call() {
-    host_sweep(Strategy::Platform);
-}
-
-#[test]
-fn host_vmm_survives_a_fault_on_every_call() {
-    host_sweep(Strategy::Vmm);
-}
-
-#[test]
-fn host_async_survives_a_fault_on_every_call() {
-    host_sweep(Strategy::Async);
+/// Every strategy over the simulated host: `bfc`, …, `async`.
+#[test_case(Strategy::Bfc ; "bfc")]
+#[test_case(Strategy::BfcGrow ; "bfc_grow")]
+#[test_case(Strategy::Platform ; "platform")]
+#[test_case(Strategy::Vmm ; "vmm")]
+#[test_case(Strategy::Async ; "async")]
+fn host_survives_a_fault_on_every_call(strategy: Strategy) {
+    host_sweep(strategy);
 }
 
 /// A fault that persists (the device refuses every call from the k-th on, as a driver that
@@ -878,15 +825,9 @@ fn host_async_survives_a_fault_on_every_call() {
 #[test]
 fn host_persistent_failure_is_survived_by_every_strategy() {
     let steps = workload();
-    for strategy in [
-        Strategy::Bfc,
-        Strategy::BfcGrow,
-        Strategy::Platform,
-        Strategy::Vmm,
-        Strategy::Async,
-    ] {
+    for strategy in Strategy::ALL {
         for k in [1u64, 2, 3, 5, 8, 13, 21] {
-            let host = host();
+            let host = simulated_host(CAPACITY);
             let streams = host_streams(&host);
             let inner = Arc::new(FaultDevice::new(Arc::clone(&host)));
             let device = Arc::new(Persistent { inner, from: k });
@@ -1073,48 +1014,19 @@ fn run_persistent(
 ) -> Outcome {
     let mut out = Outcome::default();
     device.inner.set_armed(true);
-    let allocator = match strategy.build(Arc::clone(device) as Arc<dyn Device>) {
-        Ok(a) => a,
-        Err(e) => {
-            out.surfaced.push((Phase::Construct, e));
-            return out;
-        }
+    let Some(allocator) = construct(strategy, Arc::clone(device) as Arc<dyn Device>, &mut out)
+    else {
+        return out;
     };
     let mut live: HashMap<u64, (Allocation, u64)> = HashMap::new();
-    for step in steps {
-        match *step {
-            Step::Alloc {
-                id,
-                size,
-                align,
-                stream,
-            } => match allocator.allocate(size, align, streams[stream], "fault") {
-                Ok(a) => {
-                    live.insert(id, (a, align));
-                }
-                Err(e) => out.surfaced.push((Phase::Workload, e)),
-            },
-            Step::Free { id } => {
-                if let Some((a, _)) = live.remove(&id) {
-                    if let Err(e) = allocator.deallocate(a) {
-                        out.surfaced.push((Phase::Workload, e));
-                    }
-                }
-            }
-            Step::Trim => {
-                if let Err(e) = allocator.trim() {
-                    out.surfaced.push((Phase::Workload, e));
-                }
-            }
+    for &step in steps {
+        if let Err(e) = apply(allocator.as_ref(), step, streams, &mut live) {
+            out.surfaced.push((Phase::Workload, e));
         }
     }
     device.inner.set_armed(false);
     out.broken.extend(check(allocator.as_ref(), &live, "end"));
-    for (_, (a, _)) in live.drain() {
-        if let Err(e) = allocator.deallocate(a) {
-            out.surfaced.push((Phase::Cleanup, e));
-        }
-    }
+    free_all(allocator.as_ref(), &mut live, &mut out);
     out
 }
 
@@ -1309,11 +1221,8 @@ fn driver_sweep<D: FakeDevice>(strategy: Strategy) {
                     .find(|(c, _, m)| *c == call && (m.contains(name) || kind == Kind::OutOfMemory))
                     .unwrap_or_else(|| panic!("{what}: the fault never came back: {:?}", r.errors))
                     .1;
-                tally.injected += 1;
-                *tally.by_phase.entry(phase).or_insert(0) += 1;
                 let surfaced = judge(&r.out, kind, name, &format!("{what} ({phase})"));
-                if phase == Phase::Drop {
-                    tally.in_drop += 1;
+                let left = if phase == Phase::Drop {
                     let left: i64 = r
                         .held
                         .iter()
@@ -1321,7 +1230,7 @@ fn driver_sweep<D: FakeDevice>(strategy: Strategy) {
                         .map(|(_, n)| n)
                         .sum();
                     assert!(left <= 1, "{what}: drop left {:?}", r.held);
-                    tally.drop_leaks += left as u64;
+                    left as u64
                 } else {
                     assert!(
                         r.census.is_empty() && r.held.is_empty(),
@@ -1329,13 +1238,9 @@ fn driver_sweep<D: FakeDevice>(strategy: Strategy) {
                         r.census,
                         r.held
                     );
-                }
-                tally.survived += 1;
-                if surfaced {
-                    tally.surfaced += 1;
-                } else {
-                    tally.absorbed += 1;
-                }
+                    0
+                };
+                tally.count(phase, surfaced, left);
             }
         }
     }

@@ -25,6 +25,7 @@ use portalloc::backends::hip::{tuning, HipDevice, HipVersion, MemoryKind, Runtim
 use portalloc::device::{Device, Stream};
 use portalloc::sys::hip as sys;
 use portalloc::{Config, Error, StrategyKind, Vendor};
+use support::common::{assert_chosen, discover_with, driver_failure};
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
@@ -40,77 +41,45 @@ fn lock() -> MutexGuard<'static, ()> {
 
 #[test]
 fn struct_layouts_match_the_headers() {
-    use std::mem::{align_of, offset_of, size_of};
+    use std::mem::size_of;
     // HIP 5.2.3 hip_runtime_api.h (generated; bindgen also asserts these at compile time).
-    assert_eq!(size_of::<sys::hipMemLocation>(), 8);
-    assert_eq!(offset_of!(sys::hipMemLocation, type_), 0);
-    assert_eq!(offset_of!(sys::hipMemLocation, id), 4);
-    assert_eq!(size_of::<sys::hipMemAccessDesc>(), 12);
-    assert_eq!(offset_of!(sys::hipMemAccessDesc, location), 0);
-    assert_eq!(offset_of!(sys::hipMemAccessDesc, flags), 8);
-    assert_eq!(size_of::<sys::hipMemPoolProps>(), 88);
-    assert_eq!(align_of::<sys::hipMemPoolProps>(), 8);
-    assert_eq!(offset_of!(sys::hipMemPoolProps, allocType), 0);
-    assert_eq!(offset_of!(sys::hipMemPoolProps, handleTypes), 4);
-    assert_eq!(offset_of!(sys::hipMemPoolProps, location), 8);
-    assert_eq!(
-        offset_of!(sys::hipMemPoolProps, win32SecurityAttributes),
-        16
-    );
-    assert_eq!(offset_of!(sys::hipMemPoolProps, reserved), 24);
+    crate::assert_layout!(sys::hipMemLocation, size 8; type_ @ 0, id @ 4);
+    crate::assert_layout!(sys::hipMemAccessDesc, size 12; location @ 0, flags @ 8);
+    crate::assert_layout!(sys::hipMemPoolProps, size 88, align 8;
+        allocType @ 0, handleTypes @ 4, location @ 8, win32SecurityAttributes @ 16, reserved @ 24);
     // ROCm 6/7 hipMemAllocationProp: type, a handle-type union, location, win32 metadata,
     // and a 4-byte allocFlags struct (not CUDA's layout, nor HIP 5.2.3's).
-    assert_eq!(size_of::<sys::hipMemAllocationProp>(), 32);
-    assert_eq!(align_of::<sys::hipMemAllocationProp>(), 8);
-    assert_eq!(offset_of!(sys::hipMemAllocationProp, type_), 0);
-    assert_eq!(offset_of!(sys::hipMemAllocationProp, handleType), 4);
-    assert_eq!(size_of::<sys::hipMemAllocationProp_handleType>(), 4);
-    assert_eq!(offset_of!(sys::hipMemAllocationProp, location), 8);
-    assert_eq!(
-        offset_of!(sys::hipMemAllocationProp, win32HandleMetaData),
-        16
-    );
-    assert_eq!(offset_of!(sys::hipMemAllocationProp, allocFlags), 24);
-    assert_eq!(size_of::<sys::hipMemAllocationProp_allocFlags>(), 4);
-    assert_eq!(
-        offset_of!(sys::hipMemAllocationProp_allocFlags, compressionType),
-        0
-    );
-    assert_eq!(
-        offset_of!(sys::hipMemAllocationProp_allocFlags, gpuDirectRDMACapable),
-        1
-    );
-    assert_eq!(offset_of!(sys::hipMemAllocationProp_allocFlags, usage), 2);
+    crate::assert_layout!(sys::hipMemAllocationProp, size 32, align 8;
+        type_ @ 0, handleType @ 4, location @ 8, win32HandleMetaData @ 16, allocFlags @ 24);
+    crate::assert_layout!(sys::hipMemAllocationProp_handleType, size 4);
+    crate::assert_layout!(sys::hipMemAllocationProp_allocFlags, size 4;
+        compressionType @ 0, gpuDirectRDMACapable @ 1, usage @ 2);
     // Device properties: only gcnArchName is read, at its verified offset.
-    assert_eq!(size_of::<sys::hipDeviceProp_tR0600>(), 1472);
-    assert_eq!(align_of::<sys::hipDeviceProp_tR0600>(), 8);
-    assert_eq!(offset_of!(sys::hipDeviceProp_tR0600, gcnArchName), 1160);
-    assert_eq!(size_of::<sys::hipDeviceProp_tR0000>(), 792);
-    assert_eq!(offset_of!(sys::hipDeviceProp_tR0000, gcnArchName), 396);
+    crate::assert_layout!(sys::hipDeviceProp_tR0600, size 1472, align 8; gcnArchName @ 1160);
+    crate::assert_layout!(sys::hipDeviceProp_tR0000, size 792; gcnArchName @ 396);
     // Opaque handles are pointers.
-    assert_eq!(size_of::<sys::hipStream_t>(), size_of::<usize>());
-    assert_eq!(
-        size_of::<sys::hipMemGenericAllocationHandle_t>(),
-        size_of::<usize>()
-    );
+    crate::assert_layout!(sys::hipStream_t, size size_of::<usize>());
+    crate::assert_layout!(sys::hipMemGenericAllocationHandle_t, size size_of::<usize>());
 }
 
 #[test]
 fn attribute_and_error_numbers_are_hips() {
-    assert_eq!(sys::hipDeviceAttributeIntegrated, 16);
-    assert_eq!(sys::hipDeviceAttributeWarpSize, 87);
-    assert_eq!(sys::hipDeviceAttributeMemoryPoolsSupported, 88);
-    assert_eq!(sys::hipDeviceAttributeVirtualMemoryManagementSupported, 89);
-    assert_eq!(sys::hipSuccess, 0);
-    assert_eq!(sys::hipErrorOutOfMemory, 2);
-    assert_eq!(sys::hipErrorNoDevice, 100);
-    assert_eq!(sys::hipErrorInvalidDevice, 101);
-    assert_eq!(sys::hipErrorNotReady, 600);
-    assert_eq!(sys::hipErrorNotSupported, 801);
-    assert_eq!(sys::hipMemPoolAttrReleaseThreshold, 4);
-    assert_eq!(sys::hipMemPoolAttrUsedMemHigh, 8);
-    assert_eq!(sys::hipDeviceMallocFinegrained, 1);
-    assert_eq!(sys::hipDeviceMallocUncached, 3);
+    crate::assert_values!(
+        sys::hipDeviceAttributeIntegrated = 16,
+        sys::hipDeviceAttributeWarpSize = 87,
+        sys::hipDeviceAttributeMemoryPoolsSupported = 88,
+        sys::hipDeviceAttributeVirtualMemoryManagementSupported = 89,
+        sys::hipSuccess = 0,
+        sys::hipErrorOutOfMemory = 2,
+        sys::hipErrorNoDevice = 100,
+        sys::hipErrorInvalidDevice = 101,
+        sys::hipErrorNotReady = 600,
+        sys::hipErrorNotSupported = 801,
+        sys::hipMemPoolAttrReleaseThreshold = 4,
+        sys::hipMemPoolAttrUsedMemHigh = 8,
+        sys::hipDeviceMallocFinegrained = 1,
+        sys::hipDeviceMallocUncached = 3,
+    );
     assert_eq!(
         sys::HIP_VERSION,
         50_221_153,
@@ -157,17 +126,9 @@ fn tuning_decisions() {
 
 // ----- AMD's real runtime (HIP 5.2.3, no GPU) --------------------------------------------
 
+/// Debian's libamdhip64 (HIP 5.2.3), where `scripts/fetch-vendor-runtimes` fetched it.
 fn real_runtime() -> Option<String> {
-    match std::env::var("PORTALLOC_TEST_HIP_LIBRARY") {
-        Ok(p) if !p.is_empty() => Some(p),
-        _ => {
-            eprintln!(
-                "skipping: PORTALLOC_TEST_HIP_LIBRARY is not set (run scripts/fetch-vendor-runtimes \
-                 and `. .vendor/env; export LD_LIBRARY_PATH=$PORTALLOC_TEST_LIBRARY_PATH`)"
-            );
-            None
-        }
-    }
+    support::vendor_runtime("PORTALLOC_TEST_HIP_LIBRARY")
 }
 
 #[test]
@@ -209,30 +170,21 @@ fn real_runtime_reports_no_device_with_hips_name() {
     let _guard = lock();
     let Some(path) = real_runtime() else { return };
     let runtime = Arc::new(Runtime::load(&[path]).unwrap());
-    match runtime.device_count() {
-        Err(Error::Driver {
-            backend,
-            call,
-            code,
-            name,
-            message,
-        }) => {
-            assert_eq!((backend, call, code), ("hip", "hipGetDeviceCount", 100));
-            assert_eq!(name, "hipErrorNoDevice");
-            assert!(!message.is_empty());
-        }
+    let e = match runtime.device_count() {
         Ok(n) => {
             eprintln!("a GPU is present ({n} device(s)): the no-device checks do not apply");
             return;
         }
-        Err(e) => panic!("expected hipErrorNoDevice, got {e}"),
-    }
-    match HipDevice::open(Arc::clone(&runtime), 0) {
-        Err(Error::Driver { name, code, .. }) => {
-            assert_eq!((name.as_str(), code), ("hipErrorNoDevice", 100))
-        }
-        other => panic!("opening a device must fail cleanly, got {other:?}"),
-    }
+        failed => driver_failure(failed),
+    };
+    assert_eq!(
+        (e.backend, e.call, e.code, e.name.as_str()),
+        ("hip", "hipGetDeviceCount", 100, "hipErrorNoDevice")
+    );
+    assert!(!e.message.is_empty());
+    // Opening a device fails cleanly.
+    let e = driver_failure(HipDevice::open(Arc::clone(&runtime), 0));
+    assert_eq!((e.name.as_str(), e.code), ("hipErrorNoDevice", 100));
     // Discovery forced to hip says why; unforced it falls back to the host.
     std::env::set_var("PORTALLOC_HIP_LIBRARY", runtime.path());
     let forced = Config::builder()
@@ -334,6 +286,16 @@ impl Fake {
 
     fn runtime(&self) -> Arc<Runtime> {
         Arc::new(Runtime::load(&[self.path()]).expect("fakehip loads"))
+    }
+
+    /// Runs `test` on device 0 of the fake; once it is done and the device dropped, the fake
+    /// must hold nothing. Skips where the fake was not built.
+    fn with_device(test: impl FnOnce(&Fake, &HipDevice)) {
+        let Some(fake) = Fake::new() else { return };
+        let device = fake.open(0);
+        test(&fake, &device);
+        drop(device);
+        fake.assert_empty();
     }
 
     fn open(&self, ordinal: u32) -> HipDevice {
@@ -557,70 +519,58 @@ fn rocm5_no_vmm_arch_from_the_5x_properties_and_no_uncached() {
 
 #[test]
 fn errors_carry_hips_names() {
-    let Some(fake) = Fake::new() else { return };
-    let device = fake.open(0);
-    fake.fail("hipMalloc", 1, 1, sys::hipErrorNotSupported);
-    match device.alloc(MIB) {
-        Err(Error::Driver {
-            backend,
-            call,
-            code,
-            name,
-            message,
-        }) => {
-            assert_eq!((backend, call, code), ("hip", "hipMalloc", 801));
-            assert_eq!(
-                (name.as_str(), message.as_str()),
-                ("hipErrorNotSupported", "operation not supported")
-            );
+    Fake::with_device(|fake, device| {
+        fake.fail("hipMalloc", 1, 1, sys::hipErrorNotSupported);
+        let e = driver_failure(device.alloc(MIB));
+        assert_eq!((e.backend, e.call, e.code), ("hip", "hipMalloc", 801));
+        assert_eq!(
+            (e.name.as_str(), e.message.as_str()),
+            ("hipErrorNotSupported", "operation not supported")
+        );
+        fake.fail("hipMalloc", 1, 1, sys::hipErrorOutOfMemory);
+        let err = device.alloc(MIB).unwrap_err();
+        assert!(
+            matches!(err, Error::DeviceOutOfMemory { backend: "hip", requested, .. } if requested == MIB),
+            "{err}"
+        );
+        assert!(err.is_out_of_memory());
+        assert!(matches!(device.alloc(0), Err(Error::InvalidSize { .. })));
+        assert!(matches!(
+            device.free(0xdead_0000, 16),
+            Err(Error::UnknownPointer {
+                what: "allocation",
+                ..
+            })
+        ));
+        let p = device.alloc(MIB).unwrap();
+        assert!(matches!(
+            device.free(p, 2 * MIB),
+            Err(Error::InvalidArgument { .. })
+        ));
+        device.free(p, MIB).unwrap();
+        assert!(matches!(
+            device.free(p, MIB),
+            Err(Error::UnknownPointer { .. })
+        ));
+        // An ordinal out of range names what was found.
+        let err = HipDevice::open(fake.runtime(), 3).unwrap_err();
+        assert!(
+            matches!(err, Error::InvalidArgument { ref reason, .. } if reason.contains("1 device(s)")),
+            "{err}"
+        );
+        // No device at all: HIP's own error.
+        fake.devices(0, GIB);
+        let err = HipDevice::open(fake.runtime(), 0).unwrap_err();
+        assert!(
+            matches!(err, Error::Driver { ref name, code: 100, .. } if name == "hipErrorNoDevice"),
+            "{err}"
+        );
+        // A library that is not HIP.
+        match Runtime::load(&["libc.so.6".into()]) {
+            Err(Error::MissingSymbol { symbol, .. }) => assert_eq!(symbol, "hipInit"),
+            other => panic!("expected MissingSymbol, got {other:?}"),
         }
-        other => panic!("expected a Driver error, got {other:?}"),
-    }
-    fake.fail("hipMalloc", 1, 1, sys::hipErrorOutOfMemory);
-    let err = device.alloc(MIB).unwrap_err();
-    assert!(
-        matches!(err, Error::DeviceOutOfMemory { backend: "hip", requested, .. } if requested == MIB),
-        "{err}"
-    );
-    assert!(err.is_out_of_memory());
-    assert!(matches!(device.alloc(0), Err(Error::InvalidSize { .. })));
-    assert!(matches!(
-        device.free(0xdead_0000, 16),
-        Err(Error::UnknownPointer {
-            what: "allocation",
-            ..
-        })
-    ));
-    let p = device.alloc(MIB).unwrap();
-    assert!(matches!(
-        device.free(p, 2 * MIB),
-        Err(Error::InvalidArgument { .. })
-    ));
-    device.free(p, MIB).unwrap();
-    assert!(matches!(
-        device.free(p, MIB),
-        Err(Error::UnknownPointer { .. })
-    ));
-    // An ordinal out of range names what was found.
-    let err = HipDevice::open(fake.runtime(), 3).unwrap_err();
-    assert!(
-        matches!(err, Error::InvalidArgument { ref reason, .. } if reason.contains("1 device(s)")),
-        "{err}"
-    );
-    // No device at all: HIP's own error.
-    fake.devices(0, GIB);
-    let err = HipDevice::open(fake.runtime(), 0).unwrap_err();
-    assert!(
-        matches!(err, Error::Driver { ref name, code: 100, .. } if name == "hipErrorNoDevice"),
-        "{err}"
-    );
-    // A library that is not HIP.
-    match Runtime::load(&["libc.so.6".into()]) {
-        Err(Error::MissingSymbol { symbol, .. }) => assert_eq!(symbol, "hipInit"),
-        other => panic!("expected MissingSymbol, got {other:?}"),
-    }
-    drop(device);
-    fake.assert_empty();
+    });
 }
 
 // What every strategy must do on every ROCm personality is the conformance suite's
@@ -667,89 +617,64 @@ fn bfc_backs_off_when_hip_refuses() {
 
 #[test]
 fn pool_threshold_is_set_explicitly_and_memory_comes_back() {
-    let Some(fake) = Fake::new() else { return };
-    let device = fake.open(0);
-    let pool = device.stream_ordered_pool().expect("pools on");
-    // The fake's pools start at "never release" (the ROCm quirk); portalloc sets 0.
-    assert_eq!(pool.release_threshold().unwrap(), 0);
-    assert!(fake.calls("hipMemPoolSetAttribute") >= 1);
-    assert_eq!(fake.live("pools"), 1, "a pool of its own");
-    let s = device.create_stream().unwrap();
-    let a = pool.alloc_async(3 * MIB, s).unwrap();
-    let b = pool.alloc_async(MIB, Stream::DEFAULT).unwrap();
-    let usage = pool.usage().unwrap();
-    assert_eq!(usage.used_current, 4 * MIB);
-    pool.free_async(a, s).unwrap();
-    pool.set_release_threshold(2 * MIB).unwrap();
-    assert_eq!(pool.release_threshold().unwrap(), 2 * MIB);
-    device.synchronize_stream(s).unwrap();
-    let usage = pool.usage().unwrap();
-    assert_eq!(
-        (usage.used_current, usage.reserved_current),
-        (MIB, 2 * MIB),
-        "released down to the threshold"
-    );
-    pool.trim_to(0).unwrap();
-    assert_eq!(
-        pool.usage().unwrap().reserved_current,
-        MIB,
-        "what is in use stays"
-    );
-    assert!(matches!(
-        pool.free_async(0x1234, s),
-        Err(Error::UnknownPointer {
-            what: "pool allocation",
-            ..
-        })
-    ));
-    fake.fail("hipMallocFromPoolAsync", 1, 1, sys::hipErrorOutOfMemory);
-    assert!(pool.alloc_async(MIB, s).unwrap_err().is_out_of_memory());
-    pool.free_async(b, Stream::DEFAULT).unwrap();
-    device.destroy_stream(s).unwrap();
-    drop(device);
-    fake.assert_empty();
-    // The async strategy over this pool: the conformance suite, `fakehip_rocm*::async_pool`.
+    Fake::with_device(|fake, device| {
+        let pool = device.stream_ordered_pool().expect("pools on");
+        // The fake's pools start at "never release" (the ROCm quirk); portalloc sets 0.
+        assert_eq!(pool.release_threshold().unwrap(), 0);
+        assert!(fake.calls("hipMemPoolSetAttribute") >= 1);
+        assert_eq!(fake.live("pools"), 1, "a pool of its own");
+        let s = device.create_stream().unwrap();
+        let a = pool.alloc_async(3 * MIB, s).unwrap();
+        let b = pool.alloc_async(MIB, Stream::DEFAULT).unwrap();
+        let usage = pool.usage().unwrap();
+        assert_eq!(usage.used_current, 4 * MIB);
+        pool.free_async(a, s).unwrap();
+        pool.set_release_threshold(2 * MIB).unwrap();
+        assert_eq!(pool.release_threshold().unwrap(), 2 * MIB);
+        device.synchronize_stream(s).unwrap();
+        let usage = pool.usage().unwrap();
+        assert_eq!(
+            (usage.used_current, usage.reserved_current),
+            (MIB, 2 * MIB),
+            "released down to the threshold"
+        );
+        pool.trim_to(0).unwrap();
+        assert_eq!(
+            pool.usage().unwrap().reserved_current,
+            MIB,
+            "what is in use stays"
+        );
+        assert!(matches!(
+            pool.free_async(0x1234, s),
+            Err(Error::UnknownPointer {
+                what: "pool allocation",
+                ..
+            })
+        ));
+        fake.fail("hipMallocFromPoolAsync", 1, 1, sys::hipErrorOutOfMemory);
+        assert!(pool.alloc_async(MIB, s).unwrap_err().is_out_of_memory());
+        pool.free_async(b, Stream::DEFAULT).unwrap();
+        device.destroy_stream(s).unwrap();
+        // The async strategy over this pool: the conformance suite, `fakehip_rocm*::async_pool`.
+    });
 }
 
 #[test]
 fn streams_and_events_follow_the_runtime() {
-    let Some(fake) = Fake::new() else { return };
-    let device = fake.open(0);
-    let s = device.create_stream().unwrap();
-    let e = device.create_event().unwrap();
-    fake.hold_events(true);
-    device.record_event(e, s).unwrap();
-    assert!(
-        !device.event_complete(e).unwrap(),
-        "hipErrorNotReady is 'not yet'"
-    );
-    device.synchronize_event(e).unwrap();
-    assert!(device.event_complete(e).unwrap());
-    device.record_event(e, s).unwrap();
-    device.synchronize_stream(s).unwrap();
-    assert!(device.event_complete(e).unwrap());
-    fake.hold_events(false);
-    // A stream handle is the caller's: portalloc passes it on, and HIP judges it.
-    assert!(matches!(
-        device.record_event(e, Stream(0x77)),
-        Err(Error::Driver { ref name, .. }) if name == "hipErrorInvalidHandle"
-    ));
-    assert!(matches!(
-        device.destroy_stream(Stream::DEFAULT),
-        Err(Error::InvalidArgument { .. })
-    ));
-    device.destroy_event(e).unwrap();
-    assert!(matches!(
-        device.event_complete(e),
-        Err(Error::UnknownPointer { what: "event", .. })
-    ));
-    device.destroy_stream(s).unwrap();
-    // Leaks are given back when the device goes.
-    let _leaked_stream = device.create_stream().unwrap();
-    let _leaked_event = device.create_event().unwrap();
-    let _leaked = device.alloc(MIB).unwrap();
-    drop(device);
-    fake.assert_empty();
+    Fake::with_device(|fake, device| {
+        // hipErrorNotReady is "not yet": an event held in flight is not complete.
+        fake.check_streams_and_events(device, |_, e| {
+            // A stream handle is the caller's: portalloc passes it on, and HIP judges it.
+            assert!(matches!(
+                device.record_event(e, Stream(0x77)),
+                Err(Error::Driver { ref name, .. }) if name == "hipErrorInvalidHandle"
+            ));
+        });
+        // Leaks are given back when the device goes.
+        let _leaked_stream = device.create_stream().unwrap();
+        let _leaked_event = device.create_event().unwrap();
+        let _leaked = device.alloc(MIB).unwrap();
+    });
 }
 
 #[test]
@@ -831,29 +756,11 @@ fn tuning_is_visible_in_the_device_info() {
 fn discovery_chooses_hip_when_it_finds_devices() {
     let Some(fake) = Fake::new() else { return };
     fake.devices(2, 8 * GIB);
-    std::env::set_var("PORTALLOC_HIP_LIBRARY", fake.path());
-    std::env::set_var("PORTALLOC_CUDA_LIBRARY", "/nonexistent/libcuda.so.1");
-    let config = Config::builder()
-        .ignore_env()
-        .strategy(StrategyKind::Bfc)
-        .preallocate(false)
-        .build()
-        .unwrap();
-    let result = portalloc::Portalloc::from_config(config);
-    std::env::remove_var("PORTALLOC_HIP_LIBRARY");
-    std::env::remove_var("PORTALLOC_CUDA_LIBRARY");
-    let p = result.unwrap();
-    assert_eq!(p.discovery.chosen, Vendor::Hip);
-    assert_eq!(p.discovery.devices.len(), 2);
-    assert_eq!(p.discovery.devices[1].info().ordinal, 1);
-    let hip = p
-        .discovery
-        .candidates
-        .iter()
-        .find(|c| c.backend == Vendor::Hip)
-        .unwrap();
-    assert_eq!(hip.decision, portalloc::discover::Decision::Chosen);
-    assert_eq!(hip.probe.as_ref().unwrap().device_count, 2);
+    let p = discover_with(&[
+        ("PORTALLOC_HIP_LIBRARY", &fake.path()),
+        ("PORTALLOC_CUDA_LIBRARY", "/nonexistent/libcuda.so.1"),
+    ]);
+    assert_chosen(&p, Vendor::Hip, 2);
     let a = p
         .allocator(1)
         .unwrap()

@@ -27,7 +27,8 @@ use portalloc::strategy::bfc::BfcAllocator;
 use portalloc::strategy::platform::PlatformAllocator;
 use portalloc::strategy::vmm::VmmAllocator;
 use portalloc::{Allocation, Allocator, Portalloc};
-use support::common::{simulated_host, Strategy};
+use support::common::{simulated_host, Rng, Strategy};
+use test_case::test_case;
 
 const MIB: u64 = 1 << 20;
 const THREADS: usize = 8;
@@ -69,22 +70,6 @@ impl Strategy {
             Strategy::Platform | Strategy::Async => 256,
             _ => 64 << 10,
         }
-    }
-}
-
-/// xorshift64*, one per thread.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
     }
 }
 
@@ -168,6 +153,7 @@ fn stress(strategy: Strategy) {
             let inside = Arc::clone(&inside);
             thread::spawn(move || {
                 start.wait();
+                // One generator per thread, seeded by the thread.
                 let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ ((t as u64 + 1) * 0x1234_5678_9abc));
                 let mut mine: Vec<Allocation> = Vec::new();
                 let mut c = Counts::default();
@@ -273,27 +259,12 @@ fn stress(strategy: Strategy) {
     assert!(host.census().is_empty(), "{:?}", host.census());
 }
 
-#[test]
-fn bfc_preallocated_under_8_threads() {
-    stress(Strategy::Bfc);
-}
-
-#[test]
-fn bfc_growing_under_8_threads() {
-    stress(Strategy::BfcGrow);
-}
-
-#[test]
-fn platform_under_8_threads() {
-    stress(Strategy::Platform);
-}
-
-#[test]
-fn vmm_under_8_threads() {
-    stress(Strategy::Vmm);
-}
-
-#[test]
-fn async_under_8_threads() {
-    stress(Strategy::Async);
+/// Every strategy, bfc both preallocated and growing.
+#[test_case(Strategy::Bfc ; "bfc_preallocated")]
+#[test_case(Strategy::BfcGrow ; "bfc_growing")]
+#[test_case(Strategy::Platform ; "platform")]
+#[test_case(Strategy::Vmm ; "vmm")]
+#[test_case(Strategy::Async ; "async")]
+fn under_8_threads(strategy: Strategy) {
+    stress(strategy);
 }

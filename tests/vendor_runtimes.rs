@@ -8,17 +8,11 @@
 //! replaced by device checks.
 
 #[cfg(any(feature = "cuda", feature = "hip"))]
-fn runtime(var: &str) -> Option<String> {
-    match std::env::var(var) {
-        Ok(p) if !p.is_empty() => Some(p),
-        _ => {
-            eprintln!(
-                "skipping: {var} is not set (run scripts/test, which fetches the vendor runtimes)"
-            );
-            None
-        }
-    }
-}
+#[path = "support/mod.rs"]
+mod support;
+
+#[cfg(any(feature = "cuda", feature = "hip"))]
+use test_case::test_case;
 
 /// Probes the real runtime at the path in `var` (`None`, after a message, where it is not
 /// set): the probe loads that library, and with no device it says so with the runtime's
@@ -29,7 +23,7 @@ fn probe_real_runtime(
     probe_with: fn(&[String]) -> portalloc::backends::Probe,
     no_device: &str,
 ) -> Option<portalloc::backends::Probe> {
-    let path = runtime(var)?;
+    let path = support::vendor_runtime(var)?;
     let probe = probe_with(std::slice::from_ref(&path));
     assert_eq!(
         probe.library.as_deref(),
@@ -45,6 +39,33 @@ fn probe_real_runtime(
         );
     }
     Some(probe)
+}
+
+/// The real runtime's own names for the codes CUDA and HIP share: out of memory (2), no
+/// device (100), not supported (801). `error_names` loads the runtime at a path and names
+/// codes with it.
+#[cfg_attr(feature = "cuda", test_case(
+    "PORTALLOC_TEST_CUDA_LIBRARY",
+    cuda::error_names,
+    ["CUDA_ERROR_OUT_OF_MEMORY", "CUDA_ERROR_NO_DEVICE", "CUDA_ERROR_NOT_SUPPORTED"]
+    ; "libcuda"
+))]
+#[cfg_attr(feature = "hip", test_case(
+    "PORTALLOC_TEST_HIP_LIBRARY",
+    hip::error_names,
+    ["hipErrorOutOfMemory", "hipErrorNoDevice", "hipErrorNotSupported"]
+    ; "libamdhip64"
+))]
+#[cfg(any(feature = "cuda", feature = "hip"))]
+fn real_runtime_names_the_shared_codes(
+    var: &str,
+    error_names: fn(String, &[i32]) -> Vec<String>,
+    names: [&str; 3],
+) {
+    let Some(path) = support::vendor_runtime(var) else {
+        return;
+    };
+    assert_eq!(error_names(path, &[2, 100, 801]), names);
 }
 
 #[cfg(feature = "cuda")]
@@ -72,15 +93,22 @@ mod cuda {
         }
     }
 
+    /// The driver's names for `codes`.
+    pub fn error_names(path: String, codes: &[i32]) -> Vec<String> {
+        let driver = Driver::load(&[path]).unwrap();
+        codes
+            .iter()
+            .map(|&code| driver.error_name(code).0)
+            .collect()
+    }
+
+    /// Beyond the codes HIP shares (`real_runtime_names_the_shared_codes`).
     #[test]
     fn real_libcuda_names_its_errors() {
-        let Some(path) = super::runtime("PORTALLOC_TEST_CUDA_LIBRARY") else {
+        let Some(path) = super::support::vendor_runtime("PORTALLOC_TEST_CUDA_LIBRARY") else {
             return;
         };
         let driver = Driver::load(&[path]).unwrap();
-        assert_eq!(driver.error_name(2).0, "CUDA_ERROR_OUT_OF_MEMORY");
-        assert_eq!(driver.error_name(100).0, "CUDA_ERROR_NO_DEVICE");
-        assert_eq!(driver.error_name(801).0, "CUDA_ERROR_NOT_SUPPORTED");
         assert_eq!(
             driver.error_name(123_456).0,
             "CUDA_ERROR_123456",
@@ -146,15 +174,17 @@ mod hip {
         );
     }
 
-    #[test]
-    fn real_libamdhip64_names_its_errors() {
-        let Some(path) = super::runtime("PORTALLOC_TEST_HIP_LIBRARY") else {
-            return;
-        };
+    /// The runtime's names for `codes`.
+    pub fn error_names(path: String, codes: &[i32]) -> Vec<String> {
         let runtime = Runtime::load(&[path]).unwrap();
-        assert_eq!(runtime.error_name(2).0, "hipErrorOutOfMemory");
-        assert_eq!(runtime.error_name(100).0, "hipErrorNoDevice");
-        assert_eq!(runtime.error_name(801).0, "hipErrorNotSupported");
+        codes
+            .iter()
+            .map(|&code| {
+                runtime
+                    .error_name(u32::try_from(code).expect("a HIP code"))
+                    .0
+            })
+            .collect()
     }
 
     #[test]

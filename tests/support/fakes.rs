@@ -11,7 +11,8 @@ use std::ffi::{c_char, c_int, c_long, CString};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use portalloc::Vendor;
+use portalloc::device::Event;
+use portalloc::{Error, Stream, Vendor};
 
 /// The live counts that are device memory or address space held for a caller: all zero once
 /// everything was given back.
@@ -255,6 +256,55 @@ impl Fake {
         let f: unsafe extern "C" fn(c_int) = self.sym(name);
         // SAFETY: by value.
         unsafe { f(c_int::from(held)) }
+    }
+
+    /// Streams and events of `device`, a vendor device over this fake, as the `Device`
+    /// contract has them: an event never recorded is complete; one recorded while the fake
+    /// holds events is in flight until it, or its stream, is synchronised; the default stream
+    /// is not the caller's to destroy; a destroyed event or stream is unknown. `while_live`
+    /// runs once the fake stops holding, with the stream and the event still live, for the
+    /// vendor's own checks; the stream, destroyed, is returned for its checks of a stale
+    /// handle.
+    ///
+    /// # Panics
+    /// When the device does not behave so.
+    pub fn check_streams_and_events(
+        &self,
+        device: &dyn portalloc::Device,
+        while_live: impl FnOnce(Stream, Event),
+    ) -> Stream {
+        let s = device.create_stream().unwrap();
+        let e = device.create_event().unwrap();
+        assert!(
+            device.event_complete(e).unwrap(),
+            "never recorded: complete"
+        );
+        self.hold_events(true);
+        device.record_event(e, s).unwrap();
+        assert!(!device.event_complete(e).unwrap(), "held in flight");
+        device.synchronize_event(e).unwrap();
+        assert!(device.event_complete(e).unwrap(), "synchronised itself");
+        device.record_event(e, s).unwrap();
+        assert!(!device.event_complete(e).unwrap(), "held in flight again");
+        device.synchronize_stream(s).unwrap();
+        assert!(device.event_complete(e).unwrap(), "its stream synchronised");
+        self.hold_events(false);
+        while_live(s, e);
+        assert!(matches!(
+            device.destroy_stream(Stream::DEFAULT),
+            Err(Error::InvalidArgument { .. })
+        ));
+        device.destroy_event(e).unwrap();
+        assert!(matches!(
+            device.event_complete(e),
+            Err(Error::UnknownPointer { what: "event", .. })
+        ));
+        device.destroy_stream(s).unwrap();
+        assert!(matches!(
+            device.destroy_stream(s),
+            Err(Error::UnknownPointer { what: "stream", .. })
+        ));
+        s
     }
 
     fn by_name(&self, function: &str, name: &str) -> i64 {

@@ -29,6 +29,51 @@ pub fn skip(why: &str) {
     eprintln!("skipping: {why}");
 }
 
+/// The path of a real vendor runtime named by `var` (`PORTALLOC_TEST_CUDA_LIBRARY`,
+/// `PORTALLOC_TEST_HIP_LIBRARY`: Debian's libraries, which `scripts/fetch-vendor-runtimes`
+/// unpacks into `.vendor/` and `scripts/test` exports); `None`, after a message, where it is
+/// not set: the test then passes without checking the runtime.
+#[allow(dead_code)]
+pub fn vendor_runtime(var: &str) -> Option<String> {
+    match std::env::var(var) {
+        Ok(p) if !p.is_empty() => Some(p),
+        _ => {
+            eprintln!(
+                "skipping: {var} is not set (run scripts/test, which fetches the vendor runtimes \
+                 into .vendor/; by hand: `. .vendor/env; export {var} \
+                 LD_LIBRARY_PATH=$PORTALLOC_TEST_LIBRARY_PATH`)"
+            );
+            None
+        }
+    }
+}
+
+/// Asserts a `#[repr(C)]` type's size (and alignment, where given) and its fields' offsets,
+/// as the C header gives them: `assert_layout!(sys::T, size 8, align 4; a @ 0, b @ 4)`.
+#[macro_export]
+macro_rules! assert_layout {
+    ($ty:ty, size $size:expr $(, align $align:expr)? $(; $($field:ident @ $offset:expr),+ $(,)?)?) => {{
+        assert_eq!(std::mem::size_of::<$ty>(), $size, "size of {}", stringify!($ty));
+        $(assert_eq!(std::mem::align_of::<$ty>(), $align, "alignment of {}", stringify!($ty));)?
+        $($(assert_eq!(
+            std::mem::offset_of!($ty, $field),
+            $offset,
+            "offset of {}.{}",
+            stringify!($ty),
+            stringify!($field)
+        );)+)?
+    }};
+}
+
+/// Asserts that each constant has the value the C header gives it, naming the first that
+/// does not: `assert_values!(sys::A = 2, sys::B = 100)`.
+#[macro_export]
+macro_rules! assert_values {
+    ($($constant:path = $value:expr),+ $(,)?) => {{
+        $(assert_eq!($constant, $value, "{}", stringify!($constant));)+
+    }};
+}
+
 /// The conformance driver `name` (`fakecuda`, `fakecuda_old`, `fakehip`: `tests/drivers/`),
 /// compiled for the tests on first use — never by a user's build, which compiles no test
 /// fixture and needs no C compiler. The shared object is kept under the target directory (a
