@@ -28,6 +28,7 @@
 use crate::report::{BinSummary, RegionMap};
 
 use super::free_index::{Entry, FreeIndex};
+use crate::strategy::occupancy::{self, ChunkUse};
 
 /// Every request is rounded up to a multiple of this, and every chunk starts on it.
 pub const MIN_ALLOCATION: u64 = 256;
@@ -83,6 +84,17 @@ struct Chunk {
     /// Bumped each time the chunk is handed out, so a stale token is refused.
     generation: u32,
     state: State,
+}
+
+impl Chunk {
+    /// The chunk as an out-of-memory report sees it.
+    fn usage(&self) -> ChunkUse {
+        ChunkUse {
+            addr: self.addr,
+            size: self.size,
+            requested: (self.state == State::InUse).then_some(self.requested),
+        }
+    }
 }
 
 /// A piece of memory the arena manages: `[base, base + size)`.
@@ -410,94 +422,27 @@ impl Arena {
     /// # Time complexity
     /// `O(chunks)`.
     pub fn bin_summaries(&self) -> Vec<BinSummary> {
-        let mut bins: Vec<BinSummary> = (0..NUM_BINS)
-            .map(|index| BinSummary {
-                index,
-                min_size: bin_min_size(index),
-                total_chunks: 0,
-                chunks_in_use: 0,
-                total_bytes: 0,
-                bytes_in_use: 0,
-                requested_bytes_in_use: 0,
-            })
-            .collect();
-        for c in self.chunks.iter().filter(|c| c.state != State::Vacant) {
-            let b = &mut bins[bin_for_size(c.size)];
-            b.total_chunks += 1;
-            b.total_bytes += c.size;
-            if c.state == State::InUse {
-                b.chunks_in_use += 1;
-                b.bytes_in_use += c.size;
-                b.requested_bytes_in_use += c.requested;
-            }
-        }
-        bins.retain(|b| b.total_chunks > 0);
-        bins
+        occupancy::bin_summaries(
+            self.chunks
+                .iter()
+                .filter(|c| c.state != State::Vacant)
+                .map(Chunk::usage),
+        )
     }
 
-    /// A [`MAP_CELLS`]-character occupancy map of every region: cell `i` covers
-    /// `[base + size·i/100, base + size·(i+1)/100)` and shows the class with the most bytes
-    /// in it — `*` requested bytes, `x` slack (bytes of a chunk in use beyond the request:
-    /// rounding and unsplit remainders), `_` free — ties going to `*`, then `x`, then `_`.
+    /// A [`MAP_CELLS`]-character occupancy map of every region (see
+    /// [`occupancy::region_map`]: `*` requested, `x` slack, `_` free).
     ///
     /// # Time complexity
     /// `O(chunks + 100 · regions)`.
     pub fn region_maps(&self) -> Vec<RegionMap> {
         self.regions
             .iter()
-            .map(|r| RegionMap {
-                base: r.base,
-                size: r.size,
-                map: self.region_map(r),
-            })
-            .collect()
-    }
-
-    fn region_map(&self, r: &Region) -> String {
-        const CLASSES: [char; 3] = ['*', 'x', '_'];
-        let mut weight = [[0u64; 3]; MAP_CELLS];
-        let bound =
-            |i: usize| r.base + ((u128::from(r.size) * i as u128) / MAP_CELLS as u128) as u64;
-        let mut cell = 0;
-        let mut idx = r.first;
-        while idx != NONE {
-            let c = &self.chunks[idx as usize];
-            let end = c.addr + c.size;
-            let segments = if c.state == State::InUse {
-                [
-                    (c.addr, c.addr + c.requested, 0),
-                    (c.addr + c.requested, end, 1),
-                ]
-            } else {
-                [(c.addr, end, 2), (end, end, 2)]
-            };
-            for (start, stop, class) in segments {
-                if start == stop {
-                    continue;
-                }
-                while cell + 1 < MAP_CELLS && bound(cell + 1) <= start {
-                    cell += 1;
-                }
-                let mut i = cell;
-                while i < MAP_CELLS && bound(i) < stop {
-                    let lo = bound(i).max(start);
-                    let hi = bound(i + 1).min(stop);
-                    weight[i][class] += hi.saturating_sub(lo);
-                    i += 1;
-                }
-            }
-            idx = c.next;
-        }
-        weight
-            .iter()
-            .map(|w| {
-                let mut best = 0;
-                for k in 1..3 {
-                    if w[k] > w[best] {
-                        best = k;
-                    }
-                }
-                CLASSES[best]
+            .map(|r| {
+                let chunks = std::iter::successors(Some(&self.chunks[r.first as usize]), |c| {
+                    (c.next != NONE).then(|| &self.chunks[c.next as usize])
+                });
+                occupancy::region_map(r.base, r.size, chunks.map(Chunk::usage))
             })
             .collect()
     }

@@ -21,7 +21,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::report::{BinSummary, RegionMap};
-use crate::strategy::bfc::arena::{bin_for_size, bin_min_size, MAP_CELLS, NUM_BINS};
+use crate::strategy::occupancy::{self, ChunkUse};
 
 /// Every request is rounded up to a multiple of this, and every chunk starts on it.
 pub const MIN_ALLOCATION: u64 = 256;
@@ -45,6 +45,15 @@ struct Chunk {
 impl Chunk {
     fn is_free(&self) -> bool {
         self.token == 0
+    }
+
+    /// The chunk at `addr` as an out-of-memory report sees it.
+    fn usage((&addr, c): (&u64, &Chunk)) -> ChunkUse {
+        ChunkUse {
+            addr,
+            size: c.size,
+            requested: (!c.is_free()).then_some(c.requested),
+        }
     }
 }
 
@@ -469,82 +478,17 @@ impl Space {
 
     /// XLA's per-bin summary of every chunk (free and in use), non-empty bins only.
     pub fn bin_summaries(&self) -> Vec<BinSummary> {
-        let mut bins: Vec<BinSummary> = (0..NUM_BINS)
-            .map(|index| BinSummary {
-                index,
-                min_size: bin_min_size(index),
-                total_chunks: 0,
-                chunks_in_use: 0,
-                total_bytes: 0,
-                bytes_in_use: 0,
-                requested_bytes_in_use: 0,
-            })
-            .collect();
-        for c in self.chunks.values() {
-            let b = &mut bins[bin_for_size(c.size)];
-            b.total_chunks += 1;
-            b.total_bytes += c.size;
-            if !c.is_free() {
-                b.chunks_in_use += 1;
-                b.bytes_in_use += c.size;
-                b.requested_bytes_in_use += c.requested;
-            }
-        }
-        bins.retain(|b| b.total_chunks > 0);
-        bins
+        occupancy::bin_summaries(self.chunks.iter().map(Chunk::usage))
     }
 
-    /// A [`MAP_CELLS`]-character occupancy map of each region (`*` requested, `x` slack,
-    /// `_` free), as bfc draws them.
+    /// A [`MAP_CELLS`](crate::strategy::bfc::arena::MAP_CELLS)-character occupancy map of
+    /// each region (`*` requested, `x` slack, `_` free), as bfc draws them.
     pub fn region_maps(&self) -> Vec<RegionMap> {
         self.regions
             .iter()
-            .map(|&(base, size)| RegionMap {
-                base,
-                size,
-                map: self.region_map(base, size),
-            })
-            .collect()
-    }
-
-    fn region_map(&self, base: u64, size: u64) -> String {
-        const CLASSES: [char; 3] = ['*', 'x', '_'];
-        let mut weight = [[0u64; 3]; MAP_CELLS];
-        let bound = |i: usize| base + ((u128::from(size) * i as u128) / MAP_CELLS as u128) as u64;
-        let mut cell = 0;
-        for (&addr, c) in self.chunks.range(base..base.saturating_add(size)) {
-            let end = addr + c.size;
-            let segments = if c.is_free() {
-                [(addr, end, 2), (end, end, 2)]
-            } else {
-                [(addr, addr + c.requested, 0), (addr + c.requested, end, 1)]
-            };
-            for (start, stop, class) in segments {
-                if start == stop {
-                    continue;
-                }
-                while cell + 1 < MAP_CELLS && bound(cell + 1) <= start {
-                    cell += 1;
-                }
-                let mut i = cell;
-                while i < MAP_CELLS && bound(i) < stop {
-                    let lo = bound(i).max(start);
-                    let hi = bound(i + 1).min(stop);
-                    weight[i][class] += hi.saturating_sub(lo);
-                    i += 1;
-                }
-            }
-        }
-        weight
-            .iter()
-            .map(|w| {
-                let mut best = 0;
-                for k in 1..3 {
-                    if w[k] > w[best] {
-                        best = k;
-                    }
-                }
-                CLASSES[best]
+            .map(|&(base, size)| {
+                let chunks = self.chunks.range(base..base.saturating_add(size));
+                occupancy::region_map(base, size, chunks.map(Chunk::usage))
             })
             .collect()
     }
