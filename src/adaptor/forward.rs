@@ -302,6 +302,12 @@ fn through<W: DeviceWrapper + ?Sized, T>(
     result
 }
 
+/// The device beneath `wrapper` (never missing: a `Result` only so that [`forward!`] treats
+/// it as it treats the optional capabilities).
+fn device_beneath<W: DeviceWrapper + ?Sized>(wrapper: &W) -> Result<&W::Inner> {
+    Ok(wrapper.wrapped())
+}
+
 /// The virtual memory of the device beneath `wrapper`.
 fn vm_beneath<W: DeviceWrapper + ?Sized>(wrapper: &W) -> Result<&dyn VirtualMemory> {
     let inner = wrapper.wrapped();
@@ -326,20 +332,37 @@ fn missing_beneath<D: Device + ?Sized>(inner: &D, what: &str) -> Error {
     }
 }
 
+/// The methods that only pass down, one line each: `fn method(args) -> T = call;` is the
+/// method of the trait being implemented that runs `call` through the hooks and then
+/// `beneath(self)?.method(args)`.
+macro_rules! forward {
+    ($beneath:ident: $(fn $method:ident($($arg:ident: $ty:ty),*) -> $ret:ty = $call:expr;)*) => {
+        $(
+            fn $method(&self $(, $arg: $ty)*) -> Result<$ret> {
+                through(self, $call, || $beneath(self)?.$method($($arg),*))
+            }
+        )*
+    };
+}
+
 impl<W: DeviceWrapper> Device for W {
+    forward! { device_beneath:
+        fn mem_info() -> MemInfo = Call::MemInfo;
+        fn alloc(size: u64) -> u64 = Call::Alloc { size };
+        fn free(ptr: u64, size: u64) -> () = Call::Free { ptr, size };
+        fn create_stream() -> Stream = Call::CreateStream;
+        fn destroy_stream(stream: Stream) -> () = Call::DestroyStream(stream);
+        fn synchronize_stream(stream: Stream) -> () = Call::SynchronizeStream(stream);
+        fn synchronize_device() -> () = Call::SynchronizeDevice;
+        fn create_event() -> Event = Call::CreateEvent;
+        fn record_event(event: Event, stream: Stream) -> () = Call::RecordEvent { event, stream };
+        fn event_complete(event: Event) -> bool = Call::EventComplete(event);
+        fn synchronize_event(event: Event) -> () = Call::SynchronizeEvent(event);
+        fn destroy_event(event: Event) -> () = Call::DestroyEvent(event);
+    }
+
     fn info(&self) -> &DeviceInfo {
         self.device_info()
-    }
-    fn mem_info(&self) -> Result<MemInfo> {
-        through(self, Call::MemInfo, || self.wrapped().mem_info())
-    }
-    fn alloc(&self, size: u64) -> Result<u64> {
-        through(self, Call::Alloc { size }, || self.wrapped().alloc(size))
-    }
-    fn free(&self, ptr: u64, size: u64) -> Result<()> {
-        through(self, Call::Free { ptr, size }, || {
-            self.wrapped().free(ptr, size)
-        })
     }
     fn virtual_memory(&self) -> Option<&dyn VirtualMemory> {
         let shown = self.offers(Capability::VirtualMemory);
@@ -348,47 +371,6 @@ impl<W: DeviceWrapper> Device for W {
     fn stream_ordered_pool(&self) -> Option<&dyn StreamOrderedPool> {
         let shown = self.offers(Capability::StreamOrderedPool);
         (shown && self.wrapped().stream_ordered_pool().is_some()).then_some(self as _)
-    }
-    fn create_stream(&self) -> Result<Stream> {
-        through(self, Call::CreateStream, || self.wrapped().create_stream())
-    }
-    fn destroy_stream(&self, stream: Stream) -> Result<()> {
-        through(self, Call::DestroyStream(stream), || {
-            self.wrapped().destroy_stream(stream)
-        })
-    }
-    fn synchronize_stream(&self, stream: Stream) -> Result<()> {
-        through(self, Call::SynchronizeStream(stream), || {
-            self.wrapped().synchronize_stream(stream)
-        })
-    }
-    fn synchronize_device(&self) -> Result<()> {
-        through(self, Call::SynchronizeDevice, || {
-            self.wrapped().synchronize_device()
-        })
-    }
-    fn create_event(&self) -> Result<Event> {
-        through(self, Call::CreateEvent, || self.wrapped().create_event())
-    }
-    fn record_event(&self, event: Event, stream: Stream) -> Result<()> {
-        through(self, Call::RecordEvent { event, stream }, || {
-            self.wrapped().record_event(event, stream)
-        })
-    }
-    fn event_complete(&self, event: Event) -> Result<bool> {
-        through(self, Call::EventComplete(event), || {
-            self.wrapped().event_complete(event)
-        })
-    }
-    fn synchronize_event(&self, event: Event) -> Result<()> {
-        through(self, Call::SynchronizeEvent(event), || {
-            self.wrapped().synchronize_event(event)
-        })
-    }
-    fn destroy_event(&self, event: Event) -> Result<()> {
-        through(self, Call::DestroyEvent(event), || {
-            self.wrapped().destroy_event(event)
-        })
     }
     fn can_access_peer(&self, peer: &dyn Device) -> Result<bool> {
         if !self.offers(Capability::PeerAccess) {
@@ -415,42 +397,21 @@ impl<W: DeviceWrapper> Device for W {
 }
 
 impl<W: DeviceWrapper> VirtualMemory for W {
+    forward! { vm_beneath:
+        fn reserve(size: u64, alignment: u64) -> u64 = Call::Reserve { size, alignment };
+        fn free_reservation(va: u64, size: u64) -> () = Call::FreeReservation { va, size };
+        fn create_physical(size: u64) -> PhysicalHandle = Call::CreatePhysical { size };
+        fn release_physical(handle: PhysicalHandle) -> () = Call::ReleasePhysical(handle);
+        fn map(va: u64, size: u64, handle: PhysicalHandle, offset: u64) -> () =
+            Call::Map { va, size, handle, offset };
+        fn unmap(va: u64, size: u64) -> () = Call::Unmap { va, size };
+    }
+
     fn granularity(&self) -> u64 {
         let inner = self.wrapped();
         inner
             .virtual_memory()
             .map_or(inner.info().min_granularity, |vm| vm.granularity())
-    }
-    fn reserve(&self, size: u64, alignment: u64) -> Result<u64> {
-        through(self, Call::Reserve { size, alignment }, || {
-            vm_beneath(self)?.reserve(size, alignment)
-        })
-    }
-    fn free_reservation(&self, va: u64, size: u64) -> Result<()> {
-        through(self, Call::FreeReservation { va, size }, || {
-            vm_beneath(self)?.free_reservation(va, size)
-        })
-    }
-    fn create_physical(&self, size: u64) -> Result<PhysicalHandle> {
-        through(self, Call::CreatePhysical { size }, || {
-            vm_beneath(self)?.create_physical(size)
-        })
-    }
-    fn release_physical(&self, handle: PhysicalHandle) -> Result<()> {
-        through(self, Call::ReleasePhysical(handle), || {
-            vm_beneath(self)?.release_physical(handle)
-        })
-    }
-    fn map(&self, va: u64, size: u64, handle: PhysicalHandle, offset: u64) -> Result<()> {
-        let call = Call::Map {
-            va,
-            size,
-            handle,
-            offset,
-        };
-        through(self, call, || {
-            vm_beneath(self)?.map(va, size, handle, offset)
-        })
     }
     fn set_access(&self, va: u64, size: u64) -> Result<()> {
         self.set_access_with_peers(va, size, &[])
@@ -465,41 +426,16 @@ impl<W: DeviceWrapper> VirtualMemory for W {
             }
         })
     }
-    fn unmap(&self, va: u64, size: u64) -> Result<()> {
-        through(self, Call::Unmap { va, size }, || {
-            vm_beneath(self)?.unmap(va, size)
-        })
-    }
 }
 
 impl<W: DeviceWrapper> StreamOrderedPool for W {
-    fn alloc_async(&self, size: u64, stream: Stream) -> Result<u64> {
-        through(self, Call::AllocAsync { size, stream }, || {
-            pool_beneath(self)?.alloc_async(size, stream)
-        })
-    }
-    fn free_async(&self, ptr: u64, stream: Stream) -> Result<()> {
-        through(self, Call::FreeAsync { ptr, stream }, || {
-            pool_beneath(self)?.free_async(ptr, stream)
-        })
-    }
-    fn set_release_threshold(&self, bytes: u64) -> Result<()> {
-        through(self, Call::SetReleaseThreshold(bytes), || {
-            pool_beneath(self)?.set_release_threshold(bytes)
-        })
-    }
-    fn release_threshold(&self) -> Result<u64> {
-        through(self, Call::ReleaseThreshold, || {
-            pool_beneath(self)?.release_threshold()
-        })
-    }
-    fn trim_to(&self, keep: u64) -> Result<()> {
-        through(self, Call::TrimTo(keep), || {
-            pool_beneath(self)?.trim_to(keep)
-        })
-    }
-    fn usage(&self) -> Result<PoolUsage> {
-        through(self, Call::Usage, || pool_beneath(self)?.usage())
+    forward! { pool_beneath:
+        fn alloc_async(size: u64, stream: Stream) -> u64 = Call::AllocAsync { size, stream };
+        fn free_async(ptr: u64, stream: Stream) -> () = Call::FreeAsync { ptr, stream };
+        fn set_release_threshold(bytes: u64) -> () = Call::SetReleaseThreshold(bytes);
+        fn release_threshold() -> u64 = Call::ReleaseThreshold;
+        fn trim_to(keep: u64) -> () = Call::TrimTo(keep);
+        fn usage() -> PoolUsage = Call::Usage;
     }
 }
 

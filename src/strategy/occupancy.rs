@@ -1,10 +1,12 @@
-//! What an out-of-memory report shows of an address space carved into chunks: XLA's per-bin
-//! summary and a [`MAP_CELLS`]-character occupancy map per region. bfc's arena and vmm's
-//! space keep their chunks differently (a slab of linked chunks, an ordered map) and both
-//! hand them here as [`ChunkUse`]s.
+//! Regions carved into chunks, as bfc's arena and vmm's space both keep them (a slab of
+//! linked chunks, an ordered map) and hand them here as [`ChunkUse`]s: what an out-of-memory
+//! report shows of them (XLA's per-bin summary, a [`MAP_CELLS`]-character occupancy map per
+//! region), and the invariants every such region keeps ([`RegionCheck`]).
 
 use crate::report::{BinSummary, RegionMap};
-use crate::strategy::bfc::arena::{bin_for_size, bin_min_size, MAP_CELLS, NUM_BINS};
+use crate::strategy::bfc::arena::{
+    bin_for_size, bin_min_size, MAP_CELLS, MIN_ALLOCATION, NUM_BINS,
+};
 
 /// A chunk as the report sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,6 +107,126 @@ pub(crate) fn region_map(
     RegionMap { base, size, map }
 }
 
+/// Checks that the region `[base, base + size)` may join `regions` (each `(base, size)`):
+/// non-empty, in whole 256-byte units, not overflowing the address space, overlapping none.
+///
+/// # Errors
+/// The reason it may not, described.
+pub(crate) fn check_new_region(
+    base: u64,
+    size: u64,
+    regions: impl IntoIterator<Item = (u64, u64)>,
+) -> Result<(), String> {
+    if size == 0 || base % MIN_ALLOCATION != 0 || size % MIN_ALLOCATION != 0 {
+        return Err(format!(
+            "region {base:#x}+{size} is not a non-empty range of whole 256-byte units"
+        ));
+    }
+    let end = base
+        .checked_add(size)
+        .ok_or_else(|| format!("region {base:#x}+{size} overflows the address space"))?;
+    match regions.into_iter().find(|&(b, s)| base < b + s && b < end) {
+        Some((b, s)) => Err(format!(
+            "region {base:#x}+{size} overlaps region {b:#x}+{s}"
+        )),
+        None => Ok(()),
+    }
+}
+
+/// What the chunks of the regions checked add up to.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Tally {
+    /// Bytes of the chunks in use.
+    pub in_use: u64,
+    /// Chunks in use.
+    pub live: usize,
+    /// Free chunks.
+    pub free: usize,
+    /// The largest free chunk.
+    pub largest_free: u64,
+}
+
+/// Checks, chunk by chunk in address order, what every region keeps: its chunks tile it
+/// (no gap, no overlap, the last ending at its end) in whole 256-byte units, no two free
+/// chunks are neighbours (frees coalesce), and no chunk in use records more requested than
+/// its size. The store checks its own books (links, free index) beside it.
+#[derive(Debug)]
+pub(crate) struct RegionCheck {
+    base: u64,
+    end: u64,
+    expected: u64,
+    prev_free: bool,
+}
+
+impl RegionCheck {
+    /// Starts on the region `[base, base + size)`.
+    pub(crate) fn new(base: u64, size: u64) -> Self {
+        RegionCheck {
+            base,
+            end: base + size,
+            expected: base,
+            prev_free: false,
+        }
+    }
+
+    /// Checks the next chunk, `at` describing it for the message, and counts it in `tally`.
+    ///
+    /// # Errors
+    /// The broken invariant, described.
+    pub(crate) fn chunk(&mut self, at: &str, c: ChunkUse, tally: &mut Tally) -> Result<(), String> {
+        if c.addr != self.expected {
+            let expected = self.expected;
+            return Err(format!(
+                "{at}: should start at {expected:#x} (gap or overlap)"
+            ));
+        }
+        if c.size == 0 || c.size % MIN_ALLOCATION != 0 || c.addr % MIN_ALLOCATION != 0 {
+            return Err(format!(
+                "{at}: size {} or address not in whole 256-byte units",
+                c.size
+            ));
+        }
+        self.expected = c.addr + c.size;
+        if self.expected > self.end {
+            return Err(format!("{at}: runs past the region's end"));
+        }
+        match c.requested {
+            None if self.prev_free => {
+                return Err(format!("{at}: two adjacent free chunks (not coalesced)"));
+            }
+            None => {
+                tally.free += 1;
+                tally.largest_free = tally.largest_free.max(c.size);
+            }
+            Some(requested) if requested > c.size => {
+                return Err(format!("{at}: requested {requested} exceeds the chunk"));
+            }
+            Some(_) => {
+                tally.in_use += c.size;
+                tally.live += 1;
+            }
+        }
+        self.prev_free = c.requested.is_none();
+        Ok(())
+    }
+
+    /// Checks that the chunks reached the region's end.
+    ///
+    /// # Errors
+    /// The broken invariant, described.
+    pub(crate) fn finish(self) -> Result<(), String> {
+        if self.expected != self.end {
+            return Err(format!(
+                "region {:#x}+{}: chunks end at {:#x}, not at the region's end",
+                self.base,
+                self.end - self.base,
+                self.expected
+            ));
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -150,6 +272,65 @@ mod tests {
             [used(0, half(3), half(1)), free(half(3), 197 * MIB)],
         );
         assert_eq!(&m.map[..2], "*x");
+    }
+
+    fn check(base: u64, size: u64, chunks: &[ChunkUse]) -> Result<Tally, String> {
+        let mut tally = Tally::default();
+        let mut region = RegionCheck::new(base, size);
+        for &c in chunks {
+            region.chunk(&format!("chunk at {:#x}", c.addr), c, &mut tally)?;
+        }
+        region.finish()?;
+        Ok(tally)
+    }
+
+    #[test_case::test_case(0, 0, "256-byte units" ; "empty")]
+    #[test_case::test_case(100, 256, "256-byte units" ; "base not in units")]
+    #[test_case::test_case(0, 100, "256-byte units" ; "size not in units")]
+    #[test_case::test_case(u64::MAX - 255, 512, "overflows" ; "overflowing")]
+    #[test_case::test_case(0x1f00, 512, "overlaps region 0x1000+4096" ; "overlapping")]
+    fn a_region_that_may_not_join_is_refused(base: u64, size: u64, expected: &str) {
+        let e = check_new_region(base, size, [(0x1000, 4096)]).unwrap_err();
+        assert!(e.contains(expected), "{e}");
+        assert!(
+            check_new_region(0x2000, 256, [(0x1000, 4096)]).is_ok(),
+            "adjacent is fine"
+        );
+    }
+
+    #[test]
+    fn a_tiled_region_adds_up() {
+        let tally = check(
+            0x1000,
+            4096,
+            &[
+                used(0x1000, 1024, 1000),
+                free(0x1400, 2048),
+                used(0x1c00, 1024, 1024),
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            tally,
+            Tally {
+                in_use: 2048,
+                live: 2,
+                free: 1,
+                largest_free: 2048
+            }
+        );
+    }
+
+    #[test_case::test_case(&[used(0, 512, 1), used(768, 256, 1)], "gap or overlap" ; "a gap")]
+    #[test_case::test_case(&[used(0, 512, 1), used(256, 768, 1)], "gap or overlap" ; "an overlap")]
+    #[test_case::test_case(&[used(0, 100, 1), used(100, 924, 1)], "256-byte units" ; "not in units")]
+    #[test_case::test_case(&[free(0, 512), free(512, 512)], "not coalesced" ; "free neighbours")]
+    #[test_case::test_case(&[used(0, 512, 513), free(512, 512)], "exceeds the chunk" ; "over-requested")]
+    #[test_case::test_case(&[used(0, 512, 1)], "not at the region's end" ; "short")]
+    #[test_case::test_case(&[used(0, 2048, 1)], "past the region's end" ; "long")]
+    fn a_broken_region_is_described(chunks: &[ChunkUse], expected: &str) {
+        let e = check(0, 1024, chunks).unwrap_err();
+        assert!(e.contains(expected), "{e}");
     }
 
     #[test]

@@ -28,7 +28,7 @@
 use crate::report::{BinSummary, RegionMap};
 
 use super::free_index::{Entry, FreeIndex};
-use crate::strategy::occupancy::{self, ChunkUse};
+use crate::strategy::occupancy::{self, check_new_region, ChunkUse, RegionCheck, Tally};
 
 /// Every request is rounded up to a multiple of this, and every chunk starts on it.
 pub const MIN_ALLOCATION: u64 = 256;
@@ -184,24 +184,7 @@ impl Arena {
     /// # Time complexity
     /// `O(regions + log n)`.
     pub fn add_region(&mut self, base: u64, size: u64) -> Result<(), String> {
-        if size == 0 || base % MIN_ALLOCATION != 0 || size % MIN_ALLOCATION != 0 {
-            return Err(format!(
-                "region {base:#x}+{size} is not a non-empty range of whole 256-byte units"
-            ));
-        }
-        let end = base
-            .checked_add(size)
-            .ok_or_else(|| format!("region {base:#x}+{size} overflows the address space"))?;
-        if let Some(r) = self
-            .regions
-            .iter()
-            .find(|r| base < r.base + r.size && r.base < end)
-        {
-            return Err(format!(
-                "region {base:#x}+{size} overlaps region {:#x}+{}",
-                r.base, r.size
-            ));
-        }
+        check_new_region(base, size, self.regions.iter().map(|r| (r.base, r.size)))?;
         let idx = self
             .new_slot(Chunk {
                 addr: base,
@@ -456,10 +439,7 @@ impl Arena {
     /// `O(chunks log n + regions²)`.
     pub fn check_invariants(&self) -> Result<(), String> {
         let mut reached = 0usize;
-        let mut in_use = 0u64;
-        let mut live = 0usize;
-        let mut free_chunks = 0usize;
-        let mut largest = 0u64;
+        let mut tally = Tally::default();
         let mut pool = 0u64;
         for (ri, r) in self.regions.iter().enumerate() {
             pool += r.size;
@@ -471,9 +451,8 @@ impl Arena {
                     ));
                 }
             }
-            let mut expected = r.base;
+            let mut region = RegionCheck::new(r.base, r.size);
             let mut prev = NONE;
-            let mut prev_free = false;
             let mut idx = r.first;
             while idx != NONE {
                 let c = self
@@ -491,26 +470,8 @@ impl Arena {
                 if c.prev != prev {
                     return Err(format!("{at}: prev link {} should be {prev}", c.prev));
                 }
-                if c.addr != expected {
-                    return Err(format!(
-                        "{at}: should start at {expected:#x} (gap or overlap)"
-                    ));
-                }
-                if c.size == 0 || c.size % MIN_ALLOCATION != 0 || c.addr % MIN_ALLOCATION != 0 {
-                    return Err(format!(
-                        "{at}: size {} or address not in 256-byte units",
-                        c.size
-                    ));
-                }
-                expected = c.addr + c.size;
-                if expected > r.base + r.size {
-                    return Err(format!("{at}: runs past the region's end"));
-                }
-                let free = c.state == State::Free;
-                if free {
-                    if prev_free {
-                        return Err(format!("{at}: two adjacent free chunks (not coalesced)"));
-                    }
+                region.chunk(&at, c.usage(), &mut tally)?;
+                if c.state == State::Free {
                     if c.requested != 0 {
                         return Err(format!(
                             "{at}: a free chunk records {} requested",
@@ -524,26 +485,18 @@ impl Arena {
                             c.size
                         ));
                     }
-                    free_chunks += 1;
-                    largest = largest.max(c.size);
-                } else {
-                    if c.requested > c.size {
-                        return Err(format!("{at}: requested {} exceeds the chunk", c.requested));
-                    }
-                    in_use += c.size;
-                    live += 1;
                 }
-                prev_free = free;
                 prev = idx;
                 idx = c.next;
             }
-            if expected != r.base + r.size {
-                return Err(format!(
-                    "region {:#x}+{}: chunks end at {expected:#x}, not at the region's end",
-                    r.base, r.size
-                ));
-            }
+            region.finish()?;
         }
+        let Tally {
+            in_use,
+            live,
+            free: free_chunks,
+            largest_free: largest,
+        } = tally;
         let mut vacant = 0usize;
         let mut v = self.vacant;
         while v != NONE {

@@ -21,7 +21,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::report::{BinSummary, RegionMap};
-use crate::strategy::occupancy::{self, ChunkUse};
+use crate::strategy::occupancy::{self, check_new_region, ChunkUse, RegionCheck, Tally};
 
 /// Every request is rounded up to a multiple of this, and every chunk starts on it.
 pub const MIN_ALLOCATION: u64 = 256;
@@ -121,19 +121,7 @@ impl Space {
         if class >= CLASSES {
             return Err(format!("class {class} is not below {CLASSES}"));
         }
-        if size == 0 || base % MIN_ALLOCATION != 0 || size % MIN_ALLOCATION != 0 {
-            return Err(format!(
-                "region {base:#x}+{size} is not a non-empty range of whole 256-byte units"
-            ));
-        }
-        let end = base
-            .checked_add(size)
-            .ok_or_else(|| format!("region {base:#x}+{size} overflows the address space"))?;
-        if let Some(&(b, s)) = self.regions.iter().find(|&&(b, s)| base < b + s && b < end) {
-            return Err(format!(
-                "region {base:#x}+{size} overlaps region {b:#x}+{s}"
-            ));
-        }
+        check_new_region(base, size, self.regions.iter().copied())?;
         let region = u32::try_from(self.regions.len()).map_err(|_| "too many regions")?;
         self.regions.push((base, size));
         self.class_of.push(class);
@@ -498,51 +486,27 @@ impl Space {
     /// # Errors
     /// A description of the first one broken.
     pub fn check_invariants(&self) -> Result<(), String> {
-        let mut in_use = 0u64;
-        let mut live = 0usize;
-        let mut free = 0usize;
+        let mut tally = Tally::default();
         let mut covered = 0u64;
         for (ri, &(base, size)) in self.regions.iter().enumerate() {
-            let mut expected = base;
-            let mut prev_free = false;
-            for (&addr, c) in self.chunks.range(base..base + size) {
+            let mut region = RegionCheck::new(base, size);
+            for chunk in self.chunks.range(base..base + size) {
+                let (&addr, c) = chunk;
                 let at = format!("region {base:#x}, chunk at {addr:#x}+{}", c.size);
-                if addr != expected {
-                    return Err(format!(
-                        "{at}: should start at {expected:#x} (gap or overlap)"
-                    ));
-                }
-                if c.size == 0 || c.size % MIN_ALLOCATION != 0 || addr % MIN_ALLOCATION != 0 {
-                    return Err(format!("{at}: not in whole 256-byte units"));
-                }
+                region.chunk(&at, Chunk::usage(chunk), &mut tally)?;
                 if c.region as usize != ri {
                     return Err(format!("{at}: records region {}", c.region));
                 }
-                expected = addr + c.size;
-                if c.is_free() {
-                    if prev_free {
-                        return Err(format!("{at}: two adjacent free chunks (not coalesced)"));
-                    }
-                    if !self.free[self.class_of[ri]].contains(&(c.size, addr)) {
-                        return Err(format!("{at}: free chunk missing from the free index"));
-                    }
-                    free += 1;
-                } else {
-                    if c.requested > c.size {
-                        return Err(format!("{at}: requested {} exceeds the chunk", c.requested));
-                    }
-                    in_use += c.size;
-                    live += 1;
+                if c.is_free() && !self.free[self.class_of[ri]].contains(&(c.size, addr)) {
+                    return Err(format!("{at}: free chunk missing from the free index"));
                 }
-                prev_free = c.is_free();
                 covered += c.size;
             }
-            if expected != base + size {
-                return Err(format!(
-                    "region {base:#x}+{size}: chunks end at {expected:#x}, not at its end"
-                ));
-            }
+            region.finish()?;
         }
+        let Tally {
+            in_use, live, free, ..
+        } = tally;
         let total: u64 = self.chunks.values().map(|c| c.size).sum();
         if total != covered {
             return Err("a chunk lies outside every region".into());
