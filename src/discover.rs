@@ -104,31 +104,10 @@ pub fn discover(config: &Config) -> Result<Discovery> {
             Decision::Unusable(why)
         } else if let Some(earlier) = chosen {
             Decision::Passed(format!("{earlier} was chosen first"))
-        } else if vendor == Vendor::Cuda {
-            // CUDA: one `CudaDevice` per ordinal, on each device's primary context.
-            match open_cuda() {
+        } else if let Some(opened) = open_vendor(vendor) {
+            match opened {
                 Ok(devices) => {
-                    chosen = Some(Vendor::Cuda);
-                    vendor_devices = devices;
-                    Decision::Chosen
-                }
-                Err(e) => {
-                    if forced == Some(vendor) {
-                        return Err(Error::NoDevice(format!(
-                            "{forced_by}, but its devices could not be opened: {e}"
-                        )));
-                    }
-                    Decision::Unusable(format!(
-                        "found {} device(s), but opening them failed: {e}",
-                        probe.device_count
-                    ))
-                }
-            }
-        } else if vendor == Vendor::Hip {
-            // HIP: one `HipDevice` per ordinal, with the AMD tuning in its notes.
-            match open_hip() {
-                Ok(devices) => {
-                    chosen = Some(Vendor::Hip);
+                    chosen = Some(vendor);
                     vendor_devices = devices;
                     Decision::Chosen
                 }
@@ -257,6 +236,17 @@ fn open_hip() -> Result<Vec<Arc<dyn Device>>> {
         backend: "hip",
         reason: "this build lacks the `hip` cargo feature".into(),
     })
+}
+
+/// Opens every device of a vendor backend: CUDA, one `CudaDevice` per ordinal on each
+/// device's primary context; HIP, one `HipDevice` per ordinal with the AMD tuning in its
+/// notes. `None` for a backend without a [`Device`] implementation of its own.
+fn open_vendor(vendor: Vendor) -> Option<Result<Vec<Arc<dyn Device>>>> {
+    match vendor {
+        Vendor::Cuda => Some(open_cuda()),
+        Vendor::Hip => Some(open_hip()),
+        Vendor::Host => None,
+    }
 }
 
 fn probe_vendor(vendor: Vendor) -> Probe {

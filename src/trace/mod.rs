@@ -36,6 +36,45 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
+/// Implements [`Iterator`] and [`TraceSource`] for a streaming reader with a `done: bool`
+/// field, a `header: TraceHeader` field, a method `next_inner` that gives the next event
+/// (`Ok(None)` at the end) and its [`Anomalies`] at the field path given: the reader yields
+/// nothing more after its end or its first error, as [`TraceSource`] promises.
+macro_rules! streaming_trace_source {
+    ($reader:ty, anomalies: $($anomalies:ident).+) => {
+        impl Iterator for $reader {
+            type Item = Result<Event>;
+
+            fn next(&mut self) -> Option<Result<Event>> {
+                if self.done {
+                    return None;
+                }
+                let item = self.next_inner().transpose();
+                self.done = !matches!(item, Some(Ok(_)));
+                item
+            }
+        }
+
+        impl TraceSource for $reader {
+            fn header(&self) -> &TraceHeader {
+                &self.header
+            }
+
+            fn anomalies(&self) -> &Anomalies {
+                &self.$($anomalies).+
+            }
+        }
+    };
+}
+
+/// The error of a trace writer whose output fails.
+pub(crate) fn write_error(e: std::io::Error) -> Error {
+    Error::Os {
+        call: "write trace",
+        source: e,
+    }
+}
+
 mod anomaly;
 pub mod export;
 pub mod import;

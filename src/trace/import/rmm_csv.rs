@@ -281,36 +281,7 @@ fn parse_thread(text: &str) -> Option<u64> {
     text.parse().ok()
 }
 
-impl Iterator for RmmCsvReader {
-    type Item = Result<Event>;
-
-    fn next(&mut self) -> Option<Result<Event>> {
-        if self.done {
-            return None;
-        }
-        match self.next_inner() {
-            Ok(Some(e)) => Some(Ok(e)),
-            Ok(None) => {
-                self.done = true;
-                None
-            }
-            Err(e) => {
-                self.done = true;
-                Some(Err(e))
-            }
-        }
-    }
-}
-
-impl TraceSource for RmmCsvReader {
-    fn header(&self) -> &TraceHeader {
-        &self.header
-    }
-
-    fn anomalies(&self) -> &Anomalies {
-        &self.emitter.tracker.anomalies
-    }
-}
+streaming_trace_source!(RmmCsvReader, anomalies: emitter.tracker.anomalies);
 
 #[cfg(test)]
 mod tests {
