@@ -201,11 +201,7 @@ impl StrategyKind {
     }
 }
 
-impl fmt::Display for StrategyKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+display_as_name!(StrategyKind);
 
 impl FromStr for StrategyKind {
     type Err = Error;

@@ -33,11 +33,7 @@ impl Vendor {
     }
 }
 
-impl fmt::Display for Vendor {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+display_as_name!(Vendor);
 
 /// What optional features a device has.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]

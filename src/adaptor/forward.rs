@@ -186,11 +186,7 @@ impl Call<'_> {
     }
 }
 
-impl fmt::Display for Call<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+display_as_name!(Call<'_>);
 
 /// An optional part of a device that a [`DeviceWrapper`] may hide.
 #[non_exhaustive]

@@ -263,11 +263,7 @@ impl Format {
     }
 }
 
-impl fmt::Display for Format {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+display_as_name!(Format);
 
 impl FromStr for Format {
     type Err = Error;
