@@ -27,6 +27,7 @@ use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use portalloc::backends::host::HostDevice;
+use portalloc::replay::preset;
 use portalloc::strategy::bfc::arena::Arena;
 use portalloc::strategy::bfc::{BfcAllocator, BfcOptions};
 use portalloc::{Allocation, Allocator, Stream};
@@ -125,8 +126,34 @@ fn run_arena(a: &mut Arena, w: &Workload, slots: &mut [(u64, u64)]) -> u64 {
     high
 }
 
+/// offset-allocator as the benchmark drives it: alone, or behind the mutex a shared
+/// allocator needs.
+trait OffsetHeap {
+    fn allocate(&mut self, units: u32) -> offset_allocator::Allocation;
+    fn free(&mut self, allocation: offset_allocator::Allocation);
+}
+
+impl OffsetHeap for offset_allocator::Allocator {
+    fn allocate(&mut self, units: u32) -> offset_allocator::Allocation {
+        offset_allocator::Allocator::allocate(self, units).expect("offset-allocator allocation")
+    }
+    fn free(&mut self, allocation: offset_allocator::Allocation) {
+        offset_allocator::Allocator::free(self, allocation);
+    }
+}
+
+/// Locks around each call, as a shared allocator must.
+impl OffsetHeap for &std::sync::Mutex<offset_allocator::Allocator> {
+    fn allocate(&mut self, units: u32) -> offset_allocator::Allocation {
+        OffsetHeap::allocate(&mut *self.lock().unwrap(), units)
+    }
+    fn free(&mut self, allocation: offset_allocator::Allocation) {
+        OffsetHeap::free(&mut *self.lock().unwrap(), allocation);
+    }
+}
+
 fn run_offset(
-    a: &mut offset_allocator::Allocator,
+    a: &mut impl OffsetHeap,
     w: &Workload,
     slots: &mut [Option<offset_allocator::Allocation>],
 ) -> u64 {
@@ -135,39 +162,11 @@ fn run_offset(
         match *op {
             Op::Alloc { id, size } => {
                 let n = units(size);
-                let x = a.allocate(n).expect("offset-allocator allocation");
+                let x = a.allocate(n);
                 high = high.max((u64::from(x.offset) + u64::from(n)) * UNIT);
                 slots[id as usize] = Some(x);
             }
             Op::Free { id } => a.free(black_box(slots[id as usize].take().expect("live"))),
-        }
-    }
-    high
-}
-
-/// As [`run_offset`], locking a mutex around each call as a shared allocator must.
-fn run_offset_locked(
-    a: &std::sync::Mutex<offset_allocator::Allocator>,
-    w: &Workload,
-    slots: &mut [Option<offset_allocator::Allocation>],
-) -> u64 {
-    let mut high = 0;
-    for op in &w.ops {
-        match *op {
-            Op::Alloc { id, size } => {
-                let n = units(size);
-                let x = a
-                    .lock()
-                    .unwrap()
-                    .allocate(n)
-                    .expect("offset-allocator allocation");
-                high = high.max((u64::from(x.offset) + u64::from(n)) * UNIT);
-                slots[id as usize] = Some(x);
-            }
-            Op::Free { id } => a
-                .lock()
-                .unwrap()
-                .free(black_box(slots[id as usize].take().expect("live"))),
         }
     }
     high
@@ -198,10 +197,8 @@ fn churn(c: &mut Criterion, label: &str, max_size: u64, range: u64) {
     let w = workload(0x5eed, max_size);
     let pairs = w.allocs as u64;
     let device = Arc::new(
-        HostDevice::builder()
-            .capacity(2 * range)
-            .simulated(true)
-            .build()
+        preset::custom(2 * range)
+            .host_device()
             .expect("simulated host device"),
     );
     let bfc = BfcAllocator::new(
@@ -230,13 +227,7 @@ fn churn(c: &mut Criterion, label: &str, max_size: u64, range: u64) {
 
     // Footprints, once.
     let growth = {
-        let dev = Arc::new(
-            HostDevice::builder()
-                .capacity(2 * range)
-                .simulated(true)
-                .build()
-                .expect("device"),
-        );
+        let dev = Arc::new(preset::custom(2 * range).host_device().expect("device"));
         let g = BfcAllocator::new(
             dev,
             BfcOptions {
@@ -292,7 +283,7 @@ fn churn(c: &mut Criterion, label: &str, max_size: u64, range: u64) {
     });
     let locked = std::sync::Mutex::new(offset_allocator::Allocator::new(units(range)));
     g.bench_function("offset_allocator_mutex", |b| {
-        b.iter(|| run_offset_locked(&locked, &w, &mut offset_slots))
+        b.iter(|| run_offset(&mut &locked, &w, &mut offset_slots))
     });
     g.bench_function("range_alloc", |b| {
         b.iter(|| run_range(&mut ranges, &w, &mut range_slots))

@@ -441,6 +441,7 @@ mod tests {
 
     use super::*;
     use crate::backends::host::HostDevice;
+    use crate::replay::preset;
 
     /// Logs every call it sees and fails the ones named in `refuse`.
     #[derive(Debug)]
@@ -479,11 +480,7 @@ mod tests {
     }
 
     fn logging(refuse: &'static [&'static str], hidden: &'static [Capability]) -> Logging {
-        let host = HostDevice::builder()
-            .capacity(64 << 20)
-            .simulated(true)
-            .build()
-            .unwrap();
+        let host = preset::custom(64 << 20).host_device().unwrap();
         Logging {
             host: Arc::new(host),
             refuse,

@@ -5,8 +5,8 @@ use std::sync::{Arc, Mutex};
 
 use super::handles::{HandleTable, Refusal};
 use super::{
-    guard, last_error_ptr, lookup, read_str, register, unregister, write_opt, write_out, Failure,
-    Instance, PortallocAllocator, PortallocStatus,
+    guard, last_error_ptr, lookup, read_str, register, require_non_null, unregister, write_opt,
+    write_out, Failure, Instance, PortallocAllocator, PortallocStatus,
 };
 use crate::adaptor::{LedgerAllocator, LedgerOptions};
 use crate::allocator::Allocator;
@@ -196,9 +196,7 @@ pub unsafe extern "C" fn portalloc_create_from_env(
 ) -> PortallocStatus {
     const CALL: &str = "portalloc_create_from_env";
     guard(CALL, || {
-        if out.is_null() {
-            return Err(Failure::null(CALL, "out"));
-        }
+        require_non_null(CALL, "out", out)?;
         let config = Config::from_env()?;
         let instance = make_instance(&config, device, None, false)?;
         // SAFETY: the caller's promise on `out`, checked non-null above.
@@ -219,12 +217,8 @@ pub unsafe extern "C" fn portalloc_create(
 ) -> PortallocStatus {
     const CALL: &str = "portalloc_create";
     guard(CALL, || {
-        if options.is_null() {
-            return Err(Failure::null(CALL, "options"));
-        }
-        if out.is_null() {
-            return Err(Failure::null(CALL, "out"));
-        }
+        require_non_null(CALL, "options", options)?;
+        require_non_null(CALL, "out", out)?;
         // SAFETY: non-null; the caller promises a valid, aligned `PortallocOptions`.
         let o = unsafe { options.read() };
         let mut b = Config::builder();
@@ -324,9 +318,7 @@ pub unsafe extern "C" fn portalloc_allocate(
     const CALL: &str = "portalloc_allocate";
     guard(CALL, || {
         let instance = lookup(CALL, allocator)?;
-        if out_handle.is_null() {
-            return Err(Failure::null(CALL, "out_handle"));
-        }
+        require_non_null(CALL, "out_handle", out_handle)?;
         // SAFETY: the caller's promise on `tag`.
         let tag = unsafe { read_str(CALL, "tag", tag) }?;
         let (handle, ptr) = allocate(&instance, size, alignment, stream, tag.as_deref())?;
@@ -468,9 +460,7 @@ pub unsafe extern "C" fn portalloc_donate(
     const CALL: &str = "portalloc_donate";
     guard(CALL, || {
         let instance = lookup(CALL, allocator)?;
-        if out_handle.is_null() {
-            return Err(Failure::null(CALL, "out_handle"));
-        }
+        require_non_null(CALL, "out_handle", out_handle)?;
         // SAFETY: the caller's promise on `to_tag`.
         let tag = unsafe { read_str(CALL, "to_tag", to_tag) }?;
         let new_handle = {
@@ -541,9 +531,7 @@ pub unsafe extern "C" fn portalloc_ledger_json(
     const CALL: &str = "portalloc_ledger_json";
     guard(CALL, || {
         let instance = lookup(CALL, allocator)?;
-        if out_len.is_null() {
-            return Err(Failure::null(CALL, "out_len"));
-        }
+        require_non_null(CALL, "out_len", out_len)?;
         let json = instance.ledger.to_json();
         let len = json.len();
         // SAFETY: the caller's promise on `out_len`, checked non-null above.

@@ -68,7 +68,7 @@ pub const PREALLOCATION_GRANULE: u64 = 2 << 20;
 pub const INITIAL_REGION: u64 = 2 << 20;
 use super::common::{admit, holds_memory, Admitted, FailedRequest};
 pub use super::stream_order::EVENT_POOL;
-use super::stream_order::{Chunk, StreamOrder};
+use super::stream_order::{StreamOrder, TokenChunk};
 
 /// Options of [`BfcAllocator`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,23 +80,8 @@ pub struct BfcOptions {
 }
 
 /// A chunk handed out, by arena slot (the token's low 32 bits); also what a pending
-/// stream-ordered free keeps.
-#[derive(Debug, Clone, Copy, Default)]
-struct Handed {
-    token: u64,
-    addr: u64,
-    /// Bytes of the chunk; 0 when the slot holds nothing handed out.
-    size: u64,
-}
-
-impl Chunk for Handed {
-    fn addr(&self) -> u64 {
-        self.addr
-    }
-    fn size(&self) -> u64 {
-        self.size
-    }
-}
+/// stream-ordered free keeps. `size` is 0 when the slot holds nothing handed out.
+type Handed = TokenChunk;
 
 /// Everything behind the lock.
 #[derive(Debug)]

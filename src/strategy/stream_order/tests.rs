@@ -17,21 +17,10 @@ use proptest::prelude::*;
 use super::*;
 use crate::adaptor::{Call, Capability, DeviceWrapper};
 use crate::backends::host::HostDevice;
+use crate::replay::preset;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct TestChunk {
-    addr: u64,
-    size: u64,
-}
-
-impl Chunk for TestChunk {
-    fn addr(&self) -> u64 {
-        self.addr
-    }
-    fn size(&self) -> u64 {
-        self.size
-    }
-}
+/// The test's chunks carry no token.
+type TestChunk = TokenChunk;
 
 /// A host device that refuses what the flags say.
 #[derive(Debug)]
@@ -116,11 +105,7 @@ struct Harness {
 impl Harness {
     fn new() -> Harness {
         let device = Flaky {
-            host: HostDevice::builder()
-                .capacity(1 << 30)
-                .simulated(true)
-                .build()
-                .unwrap(),
+            host: preset::custom(1 << 30).host_device().unwrap(),
             refuse_record: AtomicBool::new(false),
             refuse_stream_sync: AtomicBool::new(false),
             refuse_event_sync: AtomicBool::new(false),
@@ -170,6 +155,7 @@ impl Harness {
                 let c = TestChunk {
                     addr: self.next_addr,
                     size,
+                    token: 0,
                 };
                 self.next_addr += size;
                 self.model.insert(
@@ -191,6 +177,7 @@ impl Harness {
                     let rest = (c.size > size).then_some(TestChunk {
                         addr: c.addr + size,
                         size: c.size - size,
+                        token: 0,
                     });
                     Some((c, rest.into_iter().collect()))
                 };
@@ -329,6 +316,7 @@ fn the_per_thread_handle_is_never_reused_at_once() {
     let c = TestChunk {
         addr: 4096,
         size: 256,
+        token: 0,
     };
     assert!(order.free(dev, Stream::PER_THREAD, c).is_none());
     let fit = |c: &TestChunk| Some(((c.size, c.addr), ()));
