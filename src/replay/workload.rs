@@ -105,7 +105,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use crate::error::{Error, Result};
-use crate::trace::{Event, Op, TagId, TraceHeader};
+use crate::trace::{push_generated, Event, Op, TagId, TraceHeader};
 
 /// The tag table of every built-in workload, in [`TraceHeader::tags`] order: tag `k` is
 /// `TAGS[k - 1]`.
@@ -776,18 +776,10 @@ struct Gen {
 }
 
 impl Gen {
+    /// Appends an event, a microsecond after the one before.
     fn push(&mut self, op: Op, id: u64, size: u64, tag: TagId) {
-        let seq = self.events.len() as u64;
-        self.events.push(Event {
-            seq,
-            time_ns: seq.saturating_mul(1000),
-            thread: 0,
-            stream: 0,
-            op,
-            id,
-            size,
-            tag,
-        });
+        let time_ns = (self.events.len() as u64).saturating_mul(1000);
+        push_generated(&mut self.events, time_ns, op, id, size, tag);
     }
 
     fn alloc(&mut self, size: u64, tag: TagId) -> Buf {

@@ -135,6 +135,29 @@ pub struct Event {
     pub tag: TagId,
 }
 
+/// Appends an event of a generated trace (one thread, the default stream) to `events`,
+/// numbered by its position.
+pub(crate) fn push_generated(
+    events: &mut Vec<Event>,
+    time_ns: u64,
+    op: Op,
+    id: u64,
+    size: u64,
+    tag: TagId,
+) {
+    let seq = events.len() as u64;
+    events.push(Event {
+        seq,
+        time_ns,
+        thread: 0,
+        stream: 0,
+        op,
+        id,
+        size,
+        tag,
+    });
+}
+
 /// What the recording allocator itself reported, kept alongside the events for comparison.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Reference {
