@@ -274,6 +274,16 @@ pub(crate) fn require_non_null<T>(
     Ok(())
 }
 
+/// Runs `body` on the instance `allocator` names, behind [`guard`]: the C entry points that
+/// take an allocator start so.
+pub(crate) fn with_instance(
+    call: &str,
+    allocator: *const PortallocAllocator,
+    body: impl FnOnce(Arc<Instance>) -> Result<(), Failure>,
+) -> PortallocStatus {
+    guard(call, || body(lookup(call, allocator)?))
+}
+
 pub(crate) fn lookup(
     call: &str,
     allocator: *const PortallocAllocator,
