@@ -15,8 +15,8 @@ use rustc_hash::FxHashMap;
 
 use super::api::{allocate, free_ptr, make_instance};
 use super::{
-    guard, lookup, register, require_non_null, with_instance, write_out, Failure, Instance,
-    PortallocAllocator, PortallocStatus,
+    guard, lookup, register, require_non_null, write_out, Failure, Instance, PortallocAllocator,
+    PortallocStatus,
 };
 use crate::config::Config;
 
