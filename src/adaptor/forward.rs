@@ -1,23 +1,5 @@
 //! [`DeviceWrapper`]: one forwarding [`Device`] for every adaptor that changes a few calls of
-//! the device beneath it and passes the rest down.
-//!
-//! Like RMM's `device_memory_resource` adaptors, a wrapper owns (or borrows) an upstream and
-//! adds one concern. Writing `impl Device` by hand for that means forwarding some thirty
-//! methods of three traits, and every wrapper written so would repeat them. A type that
-//! implements [`DeviceWrapper`] instead writes only what differs:
-//!
-//! * [`DeviceWrapper::wrapped`]: the device beneath (required);
-//! * [`DeviceWrapper::before`]: sees every fallible call, by name and with its arguments
-//!   ([`Call`]), before it goes down, and may fail it (fault injection, refusals, logs,
-//!   counters);
-//! * [`DeviceWrapper::after`]: sees the error of every call that went down;
-//! * [`DeviceWrapper::offers`]: hides a capability ([`Capability`]) of the device beneath;
-//! * [`DeviceWrapper::device_info`]: shows other facts than the device beneath.
-//!
-//! Every such type is a [`Device`], a [`VirtualMemory`] and a [`StreamOrderedPool`]. Its
-//! [`Device::virtual_memory`] and [`Device::stream_ordered_pool`] hand out the wrapper itself
-//! when the device beneath has the capability (and the wrapper offers it), so that the
-//! capability's calls come through the hooks too.
+//! the device beneath it and passes the rest down (see the trait).
 #![deny(unsafe_code)]
 
 use std::fmt;
@@ -202,8 +184,26 @@ pub enum Capability {
 }
 
 /// A device that passes every call to the device beneath ([`DeviceWrapper::wrapped`]) except
-/// where its hooks say otherwise. Implementing it makes the type a [`Device`],
-/// [`VirtualMemory`] and [`StreamOrderedPool`] (see the [module](self)).
+/// where its hooks say otherwise.
+///
+/// Like RMM's `device_memory_resource` adaptors, a wrapper owns (or borrows) an upstream and
+/// adds one concern. Writing `impl Device` by hand for that means forwarding some thirty
+/// methods of three traits, and every wrapper written so repeats them. A type that
+/// implements `DeviceWrapper` instead writes only what differs:
+///
+/// * [`DeviceWrapper::wrapped`]: the device beneath (required);
+/// * [`DeviceWrapper::before`]: sees every fallible call, by name and with its arguments
+///   ([`Call`]), before it goes down, and may fail it (fault injection, refusals, logs,
+///   counters);
+/// * [`DeviceWrapper::after`]: sees the error of every call that went down;
+/// * [`DeviceWrapper::offers`]: hides a capability ([`Capability`]) of the device beneath;
+/// * [`DeviceWrapper::device_info`]: shows other facts than the device beneath.
+///
+/// Every such type is a [`Device`], a [`VirtualMemory`] and a [`StreamOrderedPool`] (so it
+/// cannot implement those itself). Its [`Device::virtual_memory`] and
+/// [`Device::stream_ordered_pool`] hand out the wrapper itself when the device beneath has
+/// the capability (and the wrapper offers it), so that the capability's calls come through
+/// the hooks too. [`crate::adaptor::CountingDevice`] is one.
 ///
 /// ```
 /// use std::sync::Mutex;
@@ -298,7 +298,7 @@ fn through<W: DeviceWrapper + ?Sized, T>(
     result
 }
 
-/// The device beneath `wrapper` (never missing: a `Result` only so that [`forward!`] treats
+/// The device beneath `wrapper` (never missing: a `Result` only so that `forward!` treats
 /// it as it treats the optional capabilities).
 fn device_beneath<W: DeviceWrapper + ?Sized>(wrapper: &W) -> Result<&W::Inner> {
     Ok(wrapper.wrapped())

@@ -413,8 +413,10 @@ impl Arena {
         )
     }
 
-    /// A [`MAP_CELLS`]-character occupancy map of every region (see
-    /// [`occupancy::region_map`]: `*` requested, `x` slack, `_` free).
+    /// A [`MAP_CELLS`]-character occupancy map of every region: cell `i` covers
+    /// `[base + size·i/100, base + size·(i+1)/100)` and shows the class with the most bytes
+    /// in it — `*` requested bytes, `x` slack (bytes of a chunk in use beyond the request:
+    /// rounding and unsplit remainders), `_` free — ties going to `*`, then `x`, then `_`.
     ///
     /// # Time complexity
     /// `O(chunks + 100 · regions)`.
