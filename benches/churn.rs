@@ -27,6 +27,7 @@ use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use portalloc::backends::host::HostDevice;
+use portalloc::replay::preset;
 use portalloc::strategy::bfc::arena::Arena;
 use portalloc::strategy::bfc::{BfcAllocator, BfcOptions};
 use portalloc::{Allocation, Allocator, Stream};
@@ -81,63 +82,25 @@ fn units(size: u64) -> u32 {
     u32::try_from(size.div_ceil(UNIT)).expect("request fits the u32 unit range")
 }
 
-fn run_bfc(
-    a: &BfcAllocator<HostDevice>,
-    w: &Workload,
-    slots: &mut [Option<Allocation>],
-    base: u64,
-) -> u64 {
-    let mut high = 0;
-    for op in &w.ops {
-        match *op {
-            Op::Alloc { id, size } => {
-                let x = a
-                    .allocate(size, 0, Stream::DEFAULT, "churn")
-                    .expect("bfc allocation");
-                high = high.max(x.ptr() + size.div_ceil(UNIT) * UNIT - base);
-                slots[id as usize] = Some(x);
-            }
-            Op::Free { id } => {
-                let x = slots[id as usize].take().expect("live");
-                a.deallocate(black_box(x)).expect("bfc free");
-            }
-        }
-    }
-    high
+/// An allocator the churn runs through.
+trait Contender {
+    /// What it frees an allocation by.
+    type Slot;
+    /// Allocates `size` bytes: the slot, and the end offset the allocation reaches in the
+    /// range.
+    fn allocate(&mut self, size: u64) -> (Self::Slot, u64);
+    fn free(&mut self, slot: Self::Slot);
 }
 
-fn run_arena(a: &mut Arena, w: &Workload, slots: &mut [(u64, u64)]) -> u64 {
+/// Runs `w` through `a`; returns the highest end offset used.
+fn run<C: Contender>(a: &mut C, w: &Workload, slots: &mut [Option<C::Slot>]) -> u64 {
     let mut high = 0;
     for op in &w.ops {
         match *op {
             Op::Alloc { id, size } => {
-                let rounded = size.div_ceil(UNIT) * UNIT;
-                let g = a.allocate(rounded, UNIT, size).expect("arena allocation");
-                high = high.max(g.addr + rounded);
-                slots[id as usize] = (g.token, g.addr);
-            }
-            Op::Free { id } => {
-                let (token, addr) = slots[id as usize];
-                black_box(a.free(token, addr).expect("arena free"));
-            }
-        }
-    }
-    high
-}
-
-fn run_offset(
-    a: &mut offset_allocator::Allocator,
-    w: &Workload,
-    slots: &mut [Option<offset_allocator::Allocation>],
-) -> u64 {
-    let mut high = 0;
-    for op in &w.ops {
-        match *op {
-            Op::Alloc { id, size } => {
-                let n = units(size);
-                let x = a.allocate(n).expect("offset-allocator allocation");
-                high = high.max((u64::from(x.offset) + u64::from(n)) * UNIT);
-                slots[id as usize] = Some(x);
+                let (slot, end) = a.allocate(size);
+                high = high.max(end);
+                slots[id as usize] = Some(slot);
             }
             Op::Free { id } => a.free(black_box(slots[id as usize].take().expect("live"))),
         }
@@ -145,63 +108,89 @@ fn run_offset(
     high
 }
 
-/// As [`run_offset`], locking a mutex around each call as a shared allocator must.
-fn run_offset_locked(
-    a: &std::sync::Mutex<offset_allocator::Allocator>,
-    w: &Workload,
-    slots: &mut [Option<offset_allocator::Allocation>],
-) -> u64 {
-    let mut high = 0;
-    for op in &w.ops {
-        match *op {
-            Op::Alloc { id, size } => {
-                let n = units(size);
-                let x = a
-                    .lock()
-                    .unwrap()
-                    .allocate(n)
-                    .expect("offset-allocator allocation");
-                high = high.max((u64::from(x.offset) + u64::from(n)) * UNIT);
-                slots[id as usize] = Some(x);
-            }
-            Op::Free { id } => a
-                .lock()
-                .unwrap()
-                .free(black_box(slots[id as usize].take().expect("live"))),
-        }
-    }
-    high
+/// [`BfcAllocator`], its offsets counted from `base`.
+struct Bfc<'a> {
+    bfc: &'a BfcAllocator<HostDevice>,
+    base: u64,
 }
 
-fn run_range(
-    a: &mut range_alloc::RangeAllocator<u64>,
-    w: &Workload,
-    slots: &mut [std::ops::Range<u64>],
-) -> u64 {
-    let mut high = 0;
-    for op in &w.ops {
-        match *op {
-            Op::Alloc { id, size } => {
-                let r = a
-                    .allocate_range(size.div_ceil(UNIT) * UNIT)
-                    .expect("range-alloc allocation");
-                high = high.max(r.end);
-                slots[id as usize] = r;
-            }
-            Op::Free { id } => a.free_range(black_box(slots[id as usize].clone())),
-        }
+impl Contender for Bfc<'_> {
+    type Slot = Allocation;
+    fn allocate(&mut self, size: u64) -> (Allocation, u64) {
+        let x = self
+            .bfc
+            .allocate(size, 0, Stream::DEFAULT, "churn")
+            .expect("bfc allocation");
+        let end = x.ptr() + size.div_ceil(UNIT) * UNIT - self.base;
+        (x, end)
     }
-    high
+    fn free(&mut self, slot: Allocation) {
+        self.bfc.deallocate(slot).expect("bfc free");
+    }
+}
+
+impl Contender for Arena {
+    type Slot = (u64, u64);
+    fn allocate(&mut self, size: u64) -> ((u64, u64), u64) {
+        let rounded = size.div_ceil(UNIT) * UNIT;
+        let g = Arena::allocate(self, rounded, UNIT, size).expect("arena allocation");
+        ((g.token, g.addr), g.addr + rounded)
+    }
+    fn free(&mut self, (token, addr): (u64, u64)) {
+        black_box(Arena::free(self, token, addr).expect("arena free"));
+    }
+}
+
+impl Contender for offset_allocator::Allocator {
+    type Slot = offset_allocator::Allocation;
+    fn allocate(&mut self, size: u64) -> (offset_allocator::Allocation, u64) {
+        let n = units(size);
+        let x =
+            offset_allocator::Allocator::allocate(self, n).expect("offset-allocator allocation");
+        let end = (u64::from(x.offset) + u64::from(n)) * UNIT;
+        (x, end)
+    }
+    fn free(&mut self, slot: offset_allocator::Allocation) {
+        offset_allocator::Allocator::free(self, slot);
+    }
+}
+
+/// offset-allocator behind a mutex locked per call, as a shared allocator must be.
+impl Contender for &std::sync::Mutex<offset_allocator::Allocator> {
+    type Slot = offset_allocator::Allocation;
+    fn allocate(&mut self, size: u64) -> (offset_allocator::Allocation, u64) {
+        Contender::allocate(&mut *self.lock().unwrap(), size)
+    }
+    fn free(&mut self, slot: offset_allocator::Allocation) {
+        Contender::free(&mut *self.lock().unwrap(), slot);
+    }
+}
+
+impl Contender for range_alloc::RangeAllocator<u64> {
+    type Slot = std::ops::Range<u64>;
+    fn allocate(&mut self, size: u64) -> (std::ops::Range<u64>, u64) {
+        let r = self
+            .allocate_range(size.div_ceil(UNIT) * UNIT)
+            .expect("range-alloc allocation");
+        let end = r.end;
+        (r, end)
+    }
+    fn free(&mut self, slot: std::ops::Range<u64>) {
+        self.free_range(slot);
+    }
+}
+
+/// Slots for every allocation of `w`, all empty.
+fn slots<T>(w: &Workload) -> Vec<Option<T>> {
+    (0..w.allocs).map(|_| None).collect()
 }
 
 fn churn(c: &mut Criterion, label: &str, max_size: u64, range: u64) {
     let w = workload(0x5eed, max_size);
     let pairs = w.allocs as u64;
     let device = Arc::new(
-        HostDevice::builder()
-            .capacity(2 * range)
-            .simulated(true)
-            .build()
+        preset::custom(2 * range)
+            .host_device()
             .expect("simulated host device"),
     );
     let bfc = BfcAllocator::new(
@@ -212,31 +201,25 @@ fn churn(c: &mut Criterion, label: &str, max_size: u64, range: u64) {
         },
     )
     .expect("bfc");
-    let mut bfc_slots: Vec<Option<Allocation>> = (0..w.allocs).map(|_| None).collect();
+    let mut bfc_slots = slots(&w);
     // The first run takes the preallocated region; the base is known from then on.
     let bfc_high = {
         let first = bfc.allocate(1, 0, Stream::DEFAULT, "probe").expect("probe");
         let base = bfc.regions()[0].0;
         bfc.deallocate(first).expect("probe free");
-        (run_bfc(&bfc, &w, &mut bfc_slots, base), base)
+        (run(&mut Bfc { bfc: &bfc, base }, &w, &mut bfc_slots), base)
     };
     let mut arena = Arena::new();
     arena.add_region(0, range).expect("arena region");
-    let mut arena_slots = vec![(0u64, 0u64); w.allocs];
+    let mut arena_slots = slots(&w);
     let mut offset = offset_allocator::Allocator::new(units(range));
-    let mut offset_slots: Vec<Option<offset_allocator::Allocation>> = vec![None; w.allocs];
+    let mut offset_slots = slots(&w);
     let mut ranges = range_alloc::RangeAllocator::new(0..range);
-    let mut range_slots = vec![0..0; w.allocs];
+    let mut range_slots = slots(&w);
 
     // Footprints, once.
     let growth = {
-        let dev = Arc::new(
-            HostDevice::builder()
-                .capacity(2 * range)
-                .simulated(true)
-                .build()
-                .expect("device"),
-        );
+        let dev = Arc::new(preset::custom(2 * range).host_device().expect("device"));
         let g = BfcAllocator::new(
             dev,
             BfcOptions {
@@ -245,8 +228,7 @@ fn churn(c: &mut Criterion, label: &str, max_size: u64, range: u64) {
             },
         )
         .expect("bfc");
-        let mut slots: Vec<Option<Allocation>> = (0..w.allocs).map(|_| None).collect();
-        run_bfc(&g, &w, &mut slots, 0);
+        run(&mut Bfc { bfc: &g, base: 0 }, &w, &mut slots(&w));
         g.stats().peak_pool_bytes
     };
     let peak_live = {
@@ -272,9 +254,9 @@ fn churn(c: &mut Criterion, label: &str, max_size: u64, range: u64) {
     eprintln!(
         "  footprint (highest end offset used): bfc {:.1} MiB, bfc_arena {:.1} MiB, offset_allocator {:.1} MiB, range_alloc {:.1} MiB; bfc growing from 2 MiB: peak pool {:.1} MiB",
         mib(bfc_high.0),
-        mib(run_arena(&mut arena, &w, &mut arena_slots)),
-        mib(run_offset(&mut offset, &w, &mut offset_slots)),
-        mib(run_range(&mut ranges, &w, &mut range_slots)),
+        mib(run(&mut arena, &w, &mut arena_slots)),
+        mib(run(&mut offset, &w, &mut offset_slots)),
+        mib(run(&mut ranges, &w, &mut range_slots)),
         mib(growth),
     );
     let base = bfc_high.1;
@@ -282,20 +264,20 @@ fn churn(c: &mut Criterion, label: &str, max_size: u64, range: u64) {
     let mut g = c.benchmark_group(format!("churn/{label}"));
     g.throughput(Throughput::Elements(pairs));
     g.bench_function("bfc", |b| {
-        b.iter(|| run_bfc(&bfc, &w, &mut bfc_slots, base))
+        b.iter(|| run(&mut Bfc { bfc: &bfc, base }, &w, &mut bfc_slots))
     });
     g.bench_function("bfc_arena", |b| {
-        b.iter(|| run_arena(&mut arena, &w, &mut arena_slots))
+        b.iter(|| run(&mut arena, &w, &mut arena_slots))
     });
     g.bench_function("offset_allocator", |b| {
-        b.iter(|| run_offset(&mut offset, &w, &mut offset_slots))
+        b.iter(|| run(&mut offset, &w, &mut offset_slots))
     });
     let locked = std::sync::Mutex::new(offset_allocator::Allocator::new(units(range)));
     g.bench_function("offset_allocator_mutex", |b| {
-        b.iter(|| run_offset_locked(&locked, &w, &mut offset_slots))
+        b.iter(|| run(&mut &locked, &w, &mut offset_slots))
     });
     g.bench_function("range_alloc", |b| {
-        b.iter(|| run_range(&mut ranges, &w, &mut range_slots))
+        b.iter(|| run(&mut ranges, &w, &mut range_slots))
     });
     g.finish();
     assert_eq!(bfc.live_count(), 0);

@@ -4,18 +4,13 @@
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use portalloc::adaptor::{LedgerAllocator, LedgerOptions};
 use portalloc::backends::host::HostDevice;
+use portalloc::replay::preset;
 use portalloc::strategy::bfc::{BfcAllocator, BfcOptions};
 use portalloc::{Allocator, Stream};
 use std::sync::Arc;
 
 fn bfc() -> BfcAllocator<HostDevice> {
-    let dev = Arc::new(
-        HostDevice::builder()
-            .capacity(1 << 30)
-            .simulated(true)
-            .build()
-            .unwrap(),
-    );
+    let dev = Arc::new(preset::custom(1 << 30).host_device().unwrap());
     BfcAllocator::new(
         dev,
         BfcOptions {

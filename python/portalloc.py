@@ -234,13 +234,18 @@ def _show(value, limit=48):
     return r if len(r) <= limit else r[: limit - 3] + "..."
 
 
+def _type_error(call, name, expected, value):
+    """The TypeError for argument ``name`` of ``call``: it must be ``expected``."""
+    return TypeError(
+        "portalloc: %s: %s must be %s, not %s %s"
+        % (call, name, expected, type(value).__name__, _show(value))
+    )
+
+
 def _integer(call, name, value, low, high, accepted):
     """``value`` as an int in ``[low, high]``, or a TypeError / OverflowError naming it."""
     if isinstance(value, bool) or not hasattr(type(value), "__index__"):
-        raise TypeError(
-            "portalloc: %s: %s must be an integer, not %s %s"
-            % (call, name, type(value).__name__, _show(value))
-        )
+        raise _type_error(call, name, "an integer", value)
     v = operator.index(value)
     if not low <= v <= high:
         raise OverflowError(
@@ -266,10 +271,7 @@ def _text(call, name, value, optional=True):
     if value is None and optional:
         return None
     if not isinstance(value, str):
-        raise TypeError(
-            "portalloc: %s: %s must be a str%s, not %s %s"
-            % (call, name, " or None" if optional else "", type(value).__name__, _show(value))
-        )
+        raise _type_error(call, name, "a str or None" if optional else "a str", value)
     if "\0" in value:
         raise ValueError(
             "portalloc: %s: %s = %s contains a NUL character, which C text cannot hold"
@@ -288,10 +290,7 @@ def _path(call, name, value):
     try:
         encoded = os.fsencode(value)
     except TypeError:
-        raise TypeError(
-            "portalloc: %s: %s must be a str, bytes or os.PathLike path, not %s %s"
-            % (call, name, type(value).__name__, _show(value))
-        ) from None
+        raise _type_error(call, name, "a str, bytes or os.PathLike path", value) from None
     if b"\0" in encoded:
         raise ValueError(
             "portalloc: %s: %s = %s contains a NUL byte, which a path cannot hold"
@@ -308,10 +307,7 @@ def _tristate(call, name, value):
         return int(value)
     if hasattr(type(value), "__index__") and operator.index(value) in (0, 1):
         return operator.index(value)
-    raise TypeError(
-        "portalloc: %s: %s must be None, True or False, not %s %s"
-        % (call, name, type(value).__name__, _show(value))
-    )
+    raise _type_error(call, name, "None, True or False", value)
 
 
 def _fraction(call, name, value):
@@ -319,10 +315,7 @@ def _fraction(call, name, value):
     if value is None:
         return 0.0
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(
-            "portalloc: %s: %s must be a number, not %s %s"
-            % (call, name, type(value).__name__, _show(value))
-        )
+        raise _type_error(call, name, "a number", value)
     f = float(value)
     if not 0.0 < f <= 1.0:  # NaN too
         raise ValueError(

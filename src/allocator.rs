@@ -35,6 +35,28 @@ impl Allocation {
         }
     }
 
+    /// The empty allocation every allocator hands out for a zero-byte request: no memory,
+    /// no device call.
+    pub fn empty(stream: Stream, allocator_id: u64) -> Self {
+        Allocation::new(0, 0, stream, allocator_id, 0)
+    }
+
+    /// Checks that allocator `allocator_id` made this allocation.
+    ///
+    /// # Errors
+    /// [`crate::Error::ForeignAllocation`] when another allocator made it.
+    #[inline]
+    pub fn check_owner(&self, allocator_id: u64) -> Result<()> {
+        if self.allocator_id == allocator_id {
+            return Ok(());
+        }
+        Err(crate::Error::ForeignAllocation {
+            ptr: self.ptr,
+            owner: self.allocator_id,
+            this: allocator_id,
+        })
+    }
+
     /// The device address. 0 for an empty (zero-byte) allocation.
     pub fn ptr(&self) -> u64 {
         self.ptr

@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 use crate::allocator::{Allocation, Allocator};
 use crate::device::Stream;
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// Device memory owned by the caller that frees itself on drop, on its stream. See the
 /// [module docs](self).
@@ -87,17 +87,11 @@ impl DeviceBuffer {
     /// Takes ownership of an allocation `allocator` made.
     ///
     /// # Errors
-    /// [`Error::ForeignAllocation`] when another allocator made it; the allocation is then
+    /// [`crate::Error::ForeignAllocation`] when another allocator made it; the allocation is then
     /// dropped with the error (check [`Allocation::allocator_id`] first to hand it to its own
     /// allocator instead).
     pub fn from_allocation(allocator: Arc<dyn Allocator>, allocation: Allocation) -> Result<Self> {
-        if allocation.allocator_id() != allocator.id() {
-            return Err(Error::ForeignAllocation {
-                ptr: allocation.ptr(),
-                owner: allocation.allocator_id(),
-                this: allocator.id(),
-            });
-        }
+        allocation.check_owner(allocator.id())?;
         Ok(DeviceBuffer {
             allocator,
             allocation: Some(allocation),
@@ -178,7 +172,7 @@ impl DeviceBuffer {
     /// logged by drop), never freed.
     ///
     /// # Errors
-    /// [`Error::ForeignAllocation`] when `raw` came from another allocator.
+    /// [`crate::Error::ForeignAllocation`] when `raw` came from another allocator.
     pub fn from_raw(allocator: Arc<dyn Allocator>, raw: RawBuffer) -> Result<Self> {
         let allocation = Allocation::new(
             raw.ptr,

@@ -201,11 +201,7 @@ impl StrategyKind {
     }
 }
 
-impl fmt::Display for StrategyKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+display_as_name!(StrategyKind);
 
 impl FromStr for StrategyKind {
     type Err = Error;
@@ -485,8 +481,7 @@ impl Config {
                  are both set; remove {XLA_PYTHON_CLIENT_MEM_FRACTION}, the deprecated spelling"
             )));
         }
-        let mut fraction = None;
-        if let Some(v) = &deprecated_fraction {
+        if deprecated_fraction.is_some() {
             warn(
                 warnings,
                 format!(
@@ -494,25 +489,13 @@ impl Config {
                      use {XLA_CLIENT_MEM_FRACTION} (or {PORTALLOC_MEM_FRACTION}) instead"
                 ),
             );
-            fraction = Some(Setting::env(
-                parse_fraction(XLA_PYTHON_CLIENT_MEM_FRACTION, v)?,
-                XLA_PYTHON_CLIENT_MEM_FRACTION,
-            ));
         }
-        if let Some(v) = &xla_fraction {
-            fraction = Some(Setting::env(
-                parse_fraction(XLA_CLIENT_MEM_FRACTION, v)?,
-                XLA_CLIENT_MEM_FRACTION,
-            ));
-        }
-        if let Some(v) = get(PORTALLOC_MEM_FRACTION) {
-            fraction = Some(Setting::env(
-                parse_fraction(PORTALLOC_MEM_FRACTION, &v)?,
-                PORTALLOC_MEM_FRACTION,
-            ));
-        }
-        if let Some(f) = fraction {
-            config.mem_fraction = f;
+        for variable in [
+            XLA_PYTHON_CLIENT_MEM_FRACTION,
+            XLA_CLIENT_MEM_FRACTION,
+            PORTALLOC_MEM_FRACTION,
+        ] {
+            read_var(get, &mut config.mem_fraction, variable, parse_fraction)?;
         }
 
         // --- Preallocate: PORTALLOC_PREALLOCATE > XLA_PYTHON_CLIENT_PREALLOCATE (JAX's quirk).
@@ -531,44 +514,42 @@ impl Config {
             }
             config.preallocate = Setting::env(value, XLA_PYTHON_CLIENT_PREALLOCATE);
         }
-        if let Some(v) = get(PORTALLOC_PREALLOCATE) {
-            config.preallocate = Setting::env(
-                parse_bool(PORTALLOC_PREALLOCATE, &v)?,
-                PORTALLOC_PREALLOCATE,
-            );
-        }
+        read_var(
+            get,
+            &mut config.preallocate,
+            PORTALLOC_PREALLOCATE,
+            parse_bool,
+        )?;
 
         // --- The rest.
-        if let Some(v) = get(TF_CUDA_MALLOC_ASYNC_SUPPORTED_PREALLOC) {
-            config.async_prealloc = Setting::env(
-                Some(parse_async_prealloc(
-                    TF_CUDA_MALLOC_ASYNC_SUPPORTED_PREALLOC,
-                    &v,
-                )?),
-                TF_CUDA_MALLOC_ASYNC_SUPPORTED_PREALLOC,
-            );
-        }
-        if let Some(v) = get(PORTALLOC_BACKEND) {
-            config.backend = Setting::env(parse_backend(PORTALLOC_BACKEND, &v)?, PORTALLOC_BACKEND);
-        }
-        if let Some(v) = get(PORTALLOC_HOST_CAPACITY) {
-            config.host_capacity = Setting::env(
-                Some(parse_host_capacity(PORTALLOC_HOST_CAPACITY, &v)?),
-                PORTALLOC_HOST_CAPACITY,
-            );
-        }
-        if let Some(v) = get(PORTALLOC_HOST_SIMULATED) {
-            config.host_simulated = Setting::env(
-                parse_bool(PORTALLOC_HOST_SIMULATED, &v)?,
-                PORTALLOC_HOST_SIMULATED,
-            );
-        }
-        if let Some(v) = get(PORTALLOC_HOST_DEVICES) {
-            config.host_devices = Setting::env(
-                parse_host_devices(PORTALLOC_HOST_DEVICES, &v)?,
-                PORTALLOC_HOST_DEVICES,
-            );
-        }
+        let prealloc = |var: &str, v: &str| parse_async_prealloc(var, v).map(Some);
+        let async_prealloc = &mut config.async_prealloc;
+        read_var(
+            get,
+            async_prealloc,
+            TF_CUDA_MALLOC_ASYNC_SUPPORTED_PREALLOC,
+            prealloc,
+        )?;
+        read_var(get, &mut config.backend, PORTALLOC_BACKEND, parse_backend)?;
+        let capacity = |var: &str, v: &str| parse_host_capacity(var, v).map(Some);
+        read_var(
+            get,
+            &mut config.host_capacity,
+            PORTALLOC_HOST_CAPACITY,
+            capacity,
+        )?;
+        read_var(
+            get,
+            &mut config.host_simulated,
+            PORTALLOC_HOST_SIMULATED,
+            parse_bool,
+        )?;
+        read_var(
+            get,
+            &mut config.host_devices,
+            PORTALLOC_HOST_DEVICES,
+            parse_host_devices,
+        )?;
 
         Ok(config)
     }
@@ -587,58 +568,54 @@ impl Config {
     /// Every setting as `(setting, value, source)` rows, for `portalloc info`; the source is
     /// `default`, the variable's name, or `builder`.
     pub fn describe(&self) -> Vec<(String, String, String)> {
-        let row = |name: &str, value: String, source: &Source| {
-            (name.to_string(), value, source.to_string())
-        };
+        fn row<T>(
+            name: &str,
+            setting: &Setting<T>,
+            show: impl Fn(&T) -> String,
+        ) -> (String, String, String) {
+            let value = show(&setting.value);
+            (name.to_string(), value, setting.source.to_string())
+        }
         vec![
-            row(
-                "strategy",
-                self.strategy.value.to_string(),
-                &self.strategy.source,
-            ),
-            row(
-                "mem_fraction",
-                self.mem_fraction.value.to_string(),
-                &self.mem_fraction.source,
-            ),
-            row(
-                "preallocate",
-                self.preallocate.value.to_string(),
-                &self.preallocate.source,
-            ),
-            row(
-                "backend",
-                self.backend
-                    .value
-                    .map_or_else(|| "auto".to_string(), |v| v.to_string()),
-                &self.backend.source,
-            ),
-            row(
-                "async_prealloc",
-                self.async_prealloc
-                    .value
-                    .map_or_else(|| "unset".to_string(), |v| v.to_string()),
-                &self.async_prealloc.source,
-            ),
-            row(
-                "host_capacity",
-                self.host_capacity.value.map_or_else(
+            row("strategy", &self.strategy, ToString::to_string),
+            row("mem_fraction", &self.mem_fraction, ToString::to_string),
+            row("preallocate", &self.preallocate, ToString::to_string),
+            row("backend", &self.backend, |v| {
+                v.map_or_else(|| "auto".to_string(), |v| v.to_string())
+            }),
+            row("async_prealloc", &self.async_prealloc, |v| {
+                v.map_or_else(|| "unset".to_string(), |v| v.to_string())
+            }),
+            row("host_capacity", &self.host_capacity, |v| {
+                v.map_or_else(
                     || "physical memory".to_string(),
                     |v| format!("{} ({v} bytes)", Bytes(v)),
-                ),
-                &self.host_capacity.source,
-            ),
-            row(
-                "host_simulated",
-                self.host_simulated.value.to_string(),
-                &self.host_simulated.source,
-            ),
-            row(
-                "host_devices",
-                self.host_devices.value.to_string(),
-                &self.host_devices.source,
-            ),
+                )
+            }),
+            row("host_simulated", &self.host_simulated, ToString::to_string),
+            row("host_devices", &self.host_devices, ToString::to_string),
         ]
+    }
+}
+
+/// Sets `setting` from the environment variable `variable` when it is set (as `get` finds
+/// it), parsed by `parse`, whose error names the variable.
+fn read_var<T>(
+    get: impl Fn(&str) -> Option<String>,
+    setting: &mut Setting<T>,
+    variable: &'static str,
+    parse: impl Fn(&str, &str) -> Result<T>,
+) -> Result<()> {
+    if let Some(v) = get(variable) {
+        *setting = Setting::env(parse(variable, &v)?, variable);
+    }
+    Ok(())
+}
+
+/// Sets `setting` to the builder's `value` when it was given one.
+fn set_by_builder<T>(setting: &mut Setting<T>, value: Option<T>) {
+    if let Some(v) = value {
+        *setting = Setting::builder(v);
     }
 }
 
@@ -687,59 +664,44 @@ impl fmt::Debug for ConfigBuilder<'_> {
     }
 }
 
+/// The builder's setters: `name: T;` is `pub fn name(self, value: T) -> Self`, which gives
+/// the setting `name` the builder's value.
+macro_rules! builder_setters {
+    ($($(#[$doc:meta])* $name:ident: $ty:ty;)*) => {
+        $(
+            $(#[$doc])*
+            pub fn $name(mut self, value: $ty) -> Self {
+                self.$name = Some(value);
+                self
+            }
+        )*
+    };
+}
+
 impl<'a> ConfigBuilder<'a> {
     /// A builder that reads the process environment (same as [`Config::builder`]).
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// The strategy.
-    pub fn strategy(mut self, strategy: StrategyKind) -> Self {
-        self.strategy = Some(strategy);
-        self
-    }
-
-    /// Fraction of TOTAL device memory, in (0, 1]; checked by [`ConfigBuilder::build`].
-    pub fn mem_fraction(mut self, fraction: f64) -> Self {
-        self.mem_fraction = Some(fraction);
-        self
-    }
-
-    /// Preallocate or grow.
-    pub fn preallocate(mut self, preallocate: bool) -> Self {
-        self.preallocate = Some(preallocate);
-        self
-    }
-
-    /// Force a backend, or `None` to discover.
-    pub fn backend(mut self, backend: Option<Vendor>) -> Self {
-        self.backend = Some(backend);
-        self
-    }
-
-    /// Bytes the async pool preallocates: `-1` or ≥ 0, as XLA reads
-    /// `TF_CUDA_MALLOC_ASYNC_SUPPORTED_PREALLOC`; checked by [`ConfigBuilder::build`].
-    pub fn async_prealloc(mut self, bytes: i64) -> Self {
-        self.async_prealloc = Some(bytes);
-        self
-    }
-
-    /// Capacity of the host device in bytes (> 0; checked by [`ConfigBuilder::build`]).
-    pub fn host_capacity(mut self, bytes: u64) -> Self {
-        self.host_capacity = Some(bytes);
-        self
-    }
-
-    /// Whether the host device only tracks addresses.
-    pub fn host_simulated(mut self, simulated: bool) -> Self {
-        self.host_simulated = Some(simulated);
-        self
-    }
-
-    /// How many host devices discovery opens (1 to 64; checked by [`ConfigBuilder::build`]).
-    pub fn host_devices(mut self, count: u32) -> Self {
-        self.host_devices = Some(count);
-        self
+    builder_setters! {
+        /// The strategy.
+        strategy: StrategyKind;
+        /// Fraction of TOTAL device memory, in (0, 1]; checked by [`ConfigBuilder::build`].
+        mem_fraction: f64;
+        /// Preallocate or grow.
+        preallocate: bool;
+        /// Force a backend, or `None` to discover.
+        backend: Option<Vendor>;
+        /// Bytes the async pool preallocates: `-1` or ≥ 0, as XLA reads
+        /// `TF_CUDA_MALLOC_ASYNC_SUPPORTED_PREALLOC`; checked by [`ConfigBuilder::build`].
+        async_prealloc: i64;
+        /// Capacity of the host device in bytes (> 0; checked by [`ConfigBuilder::build`]).
+        host_capacity: u64;
+        /// Whether the host device only tracks addresses.
+        host_simulated: bool;
+        /// How many host devices discovery opens (1 to 64; checked by [`ConfigBuilder::build`]).
+        host_devices: u32;
     }
 
     /// Start from the defaults instead of reading the environment.
@@ -767,48 +729,45 @@ impl<'a> ConfigBuilder<'a> {
         } else {
             Config::from_env()?
         };
-        if let Some(s) = self.strategy {
-            config.strategy = Setting::builder(s);
-        }
+        let checked = |name: &str, value: String, ok: bool, accepted: &str| {
+            ok.then_some(())
+                .ok_or_else(|| Error::config(name, value, accepted))
+        };
         if let Some(f) = self.mem_fraction {
-            if !valid_fraction(f) {
-                return Err(Error::config(
-                    "mem_fraction",
-                    f.to_string(),
-                    FRACTION_ACCEPTED,
-                ));
-            }
-            config.mem_fraction = Setting::builder(f);
-        }
-        if let Some(p) = self.preallocate {
-            config.preallocate = Setting::builder(p);
-        }
-        if let Some(b) = self.backend {
-            config.backend = Setting::builder(b);
+            checked(
+                "mem_fraction",
+                f.to_string(),
+                valid_fraction(f),
+                FRACTION_ACCEPTED,
+            )?;
         }
         if let Some(a) = self.async_prealloc {
-            if a < -1 {
-                return Err(Error::config(
-                    "async_prealloc",
-                    a.to_string(),
-                    ASYNC_PREALLOC_ACCEPTED,
-                ));
-            }
-            config.async_prealloc = Setting::builder(Some(a));
+            checked(
+                "async_prealloc",
+                a.to_string(),
+                a >= -1,
+                ASYNC_PREALLOC_ACCEPTED,
+            )?;
         }
         if let Some(c) = self.host_capacity {
-            if c == 0 {
-                return Err(Error::config("host_capacity", "0", HOST_CAPACITY_ACCEPTED));
-            }
-            config.host_capacity = Setting::builder(Some(c));
-        }
-        if let Some(s) = self.host_simulated {
-            config.host_simulated = Setting::builder(s);
+            checked(
+                "host_capacity",
+                c.to_string(),
+                c > 0,
+                HOST_CAPACITY_ACCEPTED,
+            )?;
         }
         if let Some(n) = self.host_devices {
-            config.host_devices =
-                Setting::builder(parse_host_devices("host_devices", &n.to_string())?);
+            parse_host_devices("host_devices", &n.to_string())?;
         }
+        set_by_builder(&mut config.strategy, self.strategy);
+        set_by_builder(&mut config.mem_fraction, self.mem_fraction);
+        set_by_builder(&mut config.preallocate, self.preallocate);
+        set_by_builder(&mut config.backend, self.backend);
+        set_by_builder(&mut config.async_prealloc, self.async_prealloc.map(Some));
+        set_by_builder(&mut config.host_capacity, self.host_capacity.map(Some));
+        set_by_builder(&mut config.host_simulated, self.host_simulated);
+        set_by_builder(&mut config.host_devices, self.host_devices);
         Ok(config)
     }
 }

@@ -33,11 +33,7 @@ impl Vendor {
     }
 }
 
-impl fmt::Display for Vendor {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+display_as_name!(Vendor);
 
 /// What optional features a device has.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -217,15 +213,11 @@ pub trait Device: Send + Sync + fmt::Debug {
     /// # Errors
     /// [`crate::Error::Unsupported`] by default; the backend's error when it fails.
     fn synchronize_device(&self) -> Result<()> {
-        Err(crate::Error::Unsupported {
-            what: "synchronizing the whole device".into(),
-            backend: self.info().vendor.name(),
-            reason: format!(
-                "device {} ({}) does not implement synchronize_device",
-                self.info().ordinal,
-                self.info().name
-            ),
-        })
+        Err(unsupported_by(
+            self,
+            "synchronizing the whole device",
+            format_args!("does not implement synchronize_device"),
+        ))
     }
 
     /// Creates an event.
@@ -264,17 +256,7 @@ pub trait Device: Send + Sync + fmt::Debug {
     /// [`crate::Error::Unsupported`] when the device cannot access `peer`; the backend's
     /// error when enabling fails.
     fn enable_peer_access(&self, peer: &dyn Device) -> Result<()> {
-        Err(crate::Error::Unsupported {
-            what: "peer access".into(),
-            backend: self.info().vendor.name(),
-            reason: format!(
-                "device {} ({}) does not offer peer access (to device {} of {})",
-                self.info().ordinal,
-                self.info().name,
-                peer.info().ordinal,
-                peer.info().vendor
-            ),
-        })
+        Err(peer_access_unsupported(self, peer))
     }
 
     /// The ordinals of the devices (of the same backend) this device has enabled peer access
@@ -282,6 +264,38 @@ pub trait Device: Send + Sync + fmt::Debug {
     fn peer_access(&self) -> Vec<u32> {
         Vec::new()
     }
+}
+
+/// [`crate::Error::Unsupported`] for `what` on `device`; the reason names the device and
+/// says what it `lacks`.
+fn unsupported_by<D: Device + ?Sized>(
+    device: &D,
+    what: &str,
+    lacks: fmt::Arguments<'_>,
+) -> crate::Error {
+    let info = device.info();
+    crate::Error::Unsupported {
+        what: what.into(),
+        backend: info.vendor.name(),
+        reason: format!("device {} ({}) {lacks}", info.ordinal, info.name),
+    }
+}
+
+/// The refusal of [`Device::enable_peer_access`] by a device without peer access (the
+/// trait's default, and a wrapper that hides it).
+pub(crate) fn peer_access_unsupported<D: Device + ?Sized>(
+    device: &D,
+    peer: &dyn Device,
+) -> crate::Error {
+    let peer = peer.info();
+    unsupported_by(
+        device,
+        "peer access",
+        format_args!(
+            "does not offer peer access (to device {} of {})",
+            peer.ordinal, peer.vendor
+        ),
+    )
 }
 
 /// Virtual memory as the GPU drivers offer it (cuMemAddressReserve / cuMemCreate /

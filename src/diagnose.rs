@@ -78,11 +78,7 @@ impl Verdict {
     }
 }
 
-impl fmt::Display for Verdict {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+display_as_name!(Verdict);
 
 /// One verdict with its evidence and remedy.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -104,31 +104,10 @@ pub fn discover(config: &Config) -> Result<Discovery> {
             Decision::Unusable(why)
         } else if let Some(earlier) = chosen {
             Decision::Passed(format!("{earlier} was chosen first"))
-        } else if vendor == Vendor::Cuda {
-            // CUDA: one `CudaDevice` per ordinal, on each device's primary context.
-            match open_cuda() {
+        } else if let Some(opened) = open_vendor(vendor) {
+            match opened {
                 Ok(devices) => {
-                    chosen = Some(Vendor::Cuda);
-                    vendor_devices = devices;
-                    Decision::Chosen
-                }
-                Err(e) => {
-                    if forced == Some(vendor) {
-                        return Err(Error::NoDevice(format!(
-                            "{forced_by}, but its devices could not be opened: {e}"
-                        )));
-                    }
-                    Decision::Unusable(format!(
-                        "found {} device(s), but opening them failed: {e}",
-                        probe.device_count
-                    ))
-                }
-            }
-        } else if vendor == Vendor::Hip {
-            // HIP: one `HipDevice` per ordinal, with the AMD tuning in its notes.
-            match open_hip() {
-                Ok(devices) => {
-                    chosen = Some(Vendor::Hip);
+                    chosen = Some(vendor);
                     vendor_devices = devices;
                     Decision::Chosen
                 }
@@ -223,40 +202,28 @@ fn compiled(vendor: Vendor) -> bool {
         && (vendor != Vendor::Hip || cfg!(feature = "hip"))
 }
 
-/// Opens every CUDA device (one [`crate::backends::cuda::CudaDevice`] per ordinal).
-#[cfg(feature = "cuda")]
-fn open_cuda() -> Result<Vec<Arc<dyn Device>>> {
-    Ok(crate::backends::cuda::open_all()?
+/// Opens every device of a vendor backend: CUDA, one [`crate::backends::cuda::CudaDevice`]
+/// per ordinal on each device's primary context; HIP, one
+/// [`crate::backends::hip::HipDevice`] per ordinal with the AMD tuning in its notes. `None`
+/// for a backend without a [`Device`] implementation of its own, or not compiled in (which
+/// [`discover`] skips before asking).
+fn open_vendor(vendor: Vendor) -> Option<Result<Vec<Arc<dyn Device>>>> {
+    match vendor {
+        #[cfg(feature = "cuda")]
+        Vendor::Cuda => Some(crate::backends::cuda::open_all().map(shared)),
+        #[cfg(feature = "hip")]
+        Vendor::Hip => Some(crate::backends::hip::open_all().map(shared)),
+        _ => None,
+    }
+}
+
+/// The devices a backend opened, as `discover` hands them out.
+#[cfg(any(feature = "cuda", feature = "hip"))]
+fn shared<D: Device + 'static>(devices: Vec<D>) -> Vec<Arc<dyn Device>> {
+    devices
         .into_iter()
         .map(|d| Arc::new(d) as Arc<dyn Device>)
-        .collect())
-}
-
-#[cfg(not(feature = "cuda"))]
-fn open_cuda() -> Result<Vec<Arc<dyn Device>>> {
-    Err(Error::Unsupported {
-        what: "backend `cuda`".into(),
-        backend: "cuda",
-        reason: "this build lacks the `cuda` cargo feature".into(),
-    })
-}
-
-/// Opens every HIP device (one [`crate::backends::hip::HipDevice`] per ordinal).
-#[cfg(feature = "hip")]
-fn open_hip() -> Result<Vec<Arc<dyn Device>>> {
-    Ok(crate::backends::hip::open_all()?
-        .into_iter()
-        .map(|d| Arc::new(d) as Arc<dyn Device>)
-        .collect())
-}
-
-#[cfg(not(feature = "hip"))]
-fn open_hip() -> Result<Vec<Arc<dyn Device>>> {
-    Err(Error::Unsupported {
-        what: "backend `hip`".into(),
-        backend: "hip",
-        reason: "this build lacks the `hip` cargo feature".into(),
-    })
+        .collect()
 }
 
 fn probe_vendor(vendor: Vendor) -> Probe {

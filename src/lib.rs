@@ -47,6 +47,20 @@ pub use portalloc_sys as sys;
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
 
+/// Implements [`std::fmt::Display`] for types with a `name()` method (enums of named values:
+/// backends, strategies, formats, verdicts, …): each shows as its name.
+macro_rules! display_as_name {
+    ($($named:ty),+ $(,)?) => {
+        $(
+            impl std::fmt::Display for $named {
+                fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                    f.write_str(self.name())
+                }
+            }
+        )+
+    };
+}
+
 #[allow(unsafe_code)]
 #[path = "../backends/mod.rs"]
 pub mod backends;

@@ -9,12 +9,10 @@ mod support;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use portalloc::adaptor::{Capability, DeviceWrapper};
 use portalloc::backends::host::HostDevice;
-use portalloc::device::{Event, VirtualMemory};
 use portalloc::strategy::async_pool::{AsyncOptions, AsyncPoolAllocator};
-use portalloc::{
-    Allocator, Config, Device, DeviceInfo, Error, MemInfo, Result, StrategyKind, Stream, Vendor,
-};
+use portalloc::{Allocator, Config, Device, Error, StrategyKind, Stream, Vendor};
 use support::common::host_device;
 use test_case::test_case;
 
@@ -251,48 +249,14 @@ fn variables_select_async(vars: &[(&str, &str)]) {
 #[derive(Debug)]
 struct NoPool(HostDevice);
 
-impl Device for NoPool {
-    fn info(&self) -> &DeviceInfo {
-        self.0.info()
+impl DeviceWrapper for NoPool {
+    type Inner = HostDevice;
+    fn wrapped(&self) -> &HostDevice {
+        &self.0
     }
-    fn mem_info(&self) -> Result<MemInfo> {
-        self.0.mem_info()
-    }
-    fn alloc(&self, size: u64) -> Result<u64> {
-        self.0.alloc(size)
-    }
-    fn free(&self, ptr: u64, size: u64) -> Result<()> {
-        self.0.free(ptr, size)
-    }
-    fn virtual_memory(&self) -> Option<&dyn VirtualMemory> {
-        self.0.virtual_memory()
-    }
-    fn create_stream(&self) -> Result<Stream> {
-        self.0.create_stream()
-    }
-    fn destroy_stream(&self, stream: Stream) -> Result<()> {
-        self.0.destroy_stream(stream)
-    }
-    fn synchronize_stream(&self, stream: Stream) -> Result<()> {
-        self.0.synchronize_stream(stream)
-    }
-    fn synchronize_device(&self) -> Result<()> {
-        self.0.synchronize_device()
-    }
-    fn create_event(&self) -> Result<Event> {
-        self.0.create_event()
-    }
-    fn record_event(&self, event: Event, stream: Stream) -> Result<()> {
-        self.0.record_event(event, stream)
-    }
-    fn event_complete(&self, event: Event) -> Result<bool> {
-        self.0.event_complete(event)
-    }
-    fn synchronize_event(&self, event: Event) -> Result<()> {
-        self.0.synchronize_event(event)
-    }
-    fn destroy_event(&self, event: Event) -> Result<()> {
-        self.0.destroy_event(event)
+    /// Virtual memory only: no pool, no peers.
+    fn offers(&self, capability: Capability) -> bool {
+        capability == Capability::VirtualMemory
     }
 }
 

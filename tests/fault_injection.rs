@@ -32,11 +32,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use portalloc::adaptor::{Call, DeviceWrapper};
 use portalloc::backends::host::{HostCensus, HostDevice};
-use portalloc::device::{
-    Device, DeviceInfo, Event, MemInfo, PhysicalHandle, PoolUsage, Stream, StreamOrderedPool,
-    VirtualMemory,
-};
+use portalloc::device::{Device, Stream};
 use portalloc::replay::workload::TransformerTrain;
 use portalloc::trace::Op;
 #[cfg(any(feature = "cuda", feature = "hip"))]
@@ -290,164 +288,27 @@ impl<D: Device + ?Sized> FaultDevice<D> {
     }
 
     /// Records an error of the device beneath.
-    fn seen<T>(&self, call: &'static str, result: Result<T>) -> Result<T> {
-        if let Err(e) = &result {
+    fn seen(&self, call: &'static str, error: Option<&Error>) {
+        if let Some(e) = error {
             let mut p = self.plan();
             if p.armed {
                 let phase = p.phase;
                 p.inner_errors.push((call, phase, e.to_string()));
             }
         }
-        result
-    }
-
-    fn vm(&self) -> Result<&dyn VirtualMemory> {
-        self.inner
-            .virtual_memory()
-            .ok_or_else(|| Error::Unsupported {
-                what: "virtual memory".into(),
-                backend: "host",
-                reason: "the device beneath has none".into(),
-            })
-    }
-
-    fn pool(&self) -> Result<&dyn StreamOrderedPool> {
-        self.inner
-            .stream_ordered_pool()
-            .ok_or_else(|| Error::Unsupported {
-                what: "stream-ordered pool".into(),
-                backend: "host",
-                reason: "the device beneath has none".into(),
-            })
     }
 }
 
-impl<D: Device + ?Sized> Device for FaultDevice<D> {
-    fn info(&self) -> &DeviceInfo {
-        self.inner.info()
+impl<D: Device + ?Sized> DeviceWrapper for FaultDevice<D> {
+    type Inner = D;
+    fn wrapped(&self) -> &D {
+        &self.inner
     }
-    fn mem_info(&self) -> Result<MemInfo> {
-        self.gate("mem_info")?;
-        self.seen("mem_info", self.inner.mem_info())
+    fn before(&self, call: &Call<'_>) -> Result<()> {
+        self.gate(call.name())
     }
-    fn alloc(&self, size: u64) -> Result<u64> {
-        self.gate("alloc")?;
-        self.seen("alloc", self.inner.alloc(size))
-    }
-    fn free(&self, ptr: u64, size: u64) -> Result<()> {
-        self.gate("free")?;
-        self.seen("free", self.inner.free(ptr, size))
-    }
-    fn virtual_memory(&self) -> Option<&dyn VirtualMemory> {
-        self.inner
-            .virtual_memory()
-            .map(|_| self as &dyn VirtualMemory)
-    }
-    fn stream_ordered_pool(&self) -> Option<&dyn StreamOrderedPool> {
-        self.inner
-            .stream_ordered_pool()
-            .map(|_| self as &dyn StreamOrderedPool)
-    }
-    fn create_stream(&self) -> Result<Stream> {
-        self.gate("create_stream")?;
-        self.seen("create_stream", self.inner.create_stream())
-    }
-    fn destroy_stream(&self, stream: Stream) -> Result<()> {
-        self.gate("destroy_stream")?;
-        self.seen("destroy_stream", self.inner.destroy_stream(stream))
-    }
-    fn synchronize_stream(&self, stream: Stream) -> Result<()> {
-        self.gate("synchronize_stream")?;
-        self.seen("synchronize_stream", self.inner.synchronize_stream(stream))
-    }
-    fn synchronize_device(&self) -> Result<()> {
-        self.gate("synchronize_device")?;
-        self.seen("synchronize_device", self.inner.synchronize_device())
-    }
-    fn create_event(&self) -> Result<Event> {
-        self.gate("create_event")?;
-        self.seen("create_event", self.inner.create_event())
-    }
-    fn record_event(&self, event: Event, stream: Stream) -> Result<()> {
-        self.gate("record_event")?;
-        self.seen("record_event", self.inner.record_event(event, stream))
-    }
-    fn event_complete(&self, event: Event) -> Result<bool> {
-        self.gate("event_complete")?;
-        self.seen("event_complete", self.inner.event_complete(event))
-    }
-    fn synchronize_event(&self, event: Event) -> Result<()> {
-        self.gate("synchronize_event")?;
-        self.seen("synchronize_event", self.inner.synchronize_event(event))
-    }
-    fn destroy_event(&self, event: Event) -> Result<()> {
-        self.gate("destroy_event")?;
-        self.seen("destroy_event", self.inner.destroy_event(event))
-    }
-}
-
-impl<D: Device + ?Sized> VirtualMemory for FaultDevice<D> {
-    fn granularity(&self) -> u64 {
-        self.vm()
-            .map_or(self.inner.info().min_granularity, |v| v.granularity())
-    }
-    fn reserve(&self, size: u64, alignment: u64) -> Result<u64> {
-        self.gate("reserve")?;
-        self.seen("reserve", self.vm()?.reserve(size, alignment))
-    }
-    fn free_reservation(&self, va: u64, size: u64) -> Result<()> {
-        self.gate("free_reservation")?;
-        self.seen("free_reservation", self.vm()?.free_reservation(va, size))
-    }
-    fn create_physical(&self, size: u64) -> Result<PhysicalHandle> {
-        self.gate("create_physical")?;
-        self.seen("create_physical", self.vm()?.create_physical(size))
-    }
-    fn release_physical(&self, handle: PhysicalHandle) -> Result<()> {
-        self.gate("release_physical")?;
-        self.seen("release_physical", self.vm()?.release_physical(handle))
-    }
-    fn map(&self, va: u64, size: u64, handle: PhysicalHandle, offset: u64) -> Result<()> {
-        self.gate("map")?;
-        self.seen("map", self.vm()?.map(va, size, handle, offset))
-    }
-    fn set_access(&self, va: u64, size: u64) -> Result<()> {
-        self.gate("set_access")?;
-        self.seen("set_access", self.vm()?.set_access(va, size))
-    }
-    fn unmap(&self, va: u64, size: u64) -> Result<()> {
-        self.gate("unmap")?;
-        self.seen("unmap", self.vm()?.unmap(va, size))
-    }
-}
-
-impl<D: Device + ?Sized> StreamOrderedPool for FaultDevice<D> {
-    fn alloc_async(&self, size: u64, stream: Stream) -> Result<u64> {
-        self.gate("alloc_async")?;
-        self.seen("alloc_async", self.pool()?.alloc_async(size, stream))
-    }
-    fn free_async(&self, ptr: u64, stream: Stream) -> Result<()> {
-        self.gate("free_async")?;
-        self.seen("free_async", self.pool()?.free_async(ptr, stream))
-    }
-    fn set_release_threshold(&self, bytes: u64) -> Result<()> {
-        self.gate("set_release_threshold")?;
-        self.seen(
-            "set_release_threshold",
-            self.pool()?.set_release_threshold(bytes),
-        )
-    }
-    fn release_threshold(&self) -> Result<u64> {
-        self.gate("release_threshold")?;
-        self.seen("release_threshold", self.pool()?.release_threshold())
-    }
-    fn trim_to(&self, keep: u64) -> Result<()> {
-        self.gate("trim_to")?;
-        self.seen("trim_to", self.pool()?.trim_to(keep))
-    }
-    fn usage(&self) -> Result<PoolUsage> {
-        self.gate("usage")?;
-        self.seen("usage", self.pool()?.usage())
+    fn after(&self, call: &Call<'_>, error: Option<&Error>) {
+        self.seen(call.name(), error);
     }
 }
 
@@ -884,124 +745,14 @@ impl Persistent {
     }
 }
 
-impl Device for Persistent {
-    fn info(&self) -> &DeviceInfo {
-        self.inner.info()
+impl DeviceWrapper for Persistent {
+    type Inner = HostDevice;
+    /// The host beneath the [`FaultDevice`]: its plan counts here, its gate is not passed.
+    fn wrapped(&self) -> &HostDevice {
+        &self.inner.inner
     }
-    fn mem_info(&self) -> Result<MemInfo> {
-        self.gate("mem_info")?;
-        self.inner.inner.mem_info()
-    }
-    fn alloc(&self, size: u64) -> Result<u64> {
-        self.gate("alloc")?;
-        self.inner.inner.alloc(size)
-    }
-    fn free(&self, ptr: u64, size: u64) -> Result<()> {
-        self.gate("free")?;
-        self.inner.inner.free(ptr, size)
-    }
-    fn virtual_memory(&self) -> Option<&dyn VirtualMemory> {
-        Some(self)
-    }
-    fn stream_ordered_pool(&self) -> Option<&dyn StreamOrderedPool> {
-        Some(self)
-    }
-    fn create_stream(&self) -> Result<Stream> {
-        self.gate("create_stream")?;
-        self.inner.inner.create_stream()
-    }
-    fn destroy_stream(&self, stream: Stream) -> Result<()> {
-        self.gate("destroy_stream")?;
-        self.inner.inner.destroy_stream(stream)
-    }
-    fn synchronize_stream(&self, stream: Stream) -> Result<()> {
-        self.gate("synchronize_stream")?;
-        self.inner.inner.synchronize_stream(stream)
-    }
-    fn synchronize_device(&self) -> Result<()> {
-        self.gate("synchronize_device")?;
-        self.inner.inner.synchronize_device()
-    }
-    fn create_event(&self) -> Result<Event> {
-        self.gate("create_event")?;
-        self.inner.inner.create_event()
-    }
-    fn record_event(&self, event: Event, stream: Stream) -> Result<()> {
-        self.gate("record_event")?;
-        self.inner.inner.record_event(event, stream)
-    }
-    fn event_complete(&self, event: Event) -> Result<bool> {
-        self.gate("event_complete")?;
-        self.inner.inner.event_complete(event)
-    }
-    fn synchronize_event(&self, event: Event) -> Result<()> {
-        self.gate("synchronize_event")?;
-        self.inner.inner.synchronize_event(event)
-    }
-    fn destroy_event(&self, event: Event) -> Result<()> {
-        self.gate("destroy_event")?;
-        self.inner.inner.destroy_event(event)
-    }
-}
-
-impl VirtualMemory for Persistent {
-    fn granularity(&self) -> u64 {
-        VirtualMemory::granularity(self.inner.inner.as_ref())
-    }
-    fn reserve(&self, size: u64, alignment: u64) -> Result<u64> {
-        self.gate("reserve")?;
-        self.inner.inner.reserve(size, alignment)
-    }
-    fn free_reservation(&self, va: u64, size: u64) -> Result<()> {
-        self.gate("free_reservation")?;
-        self.inner.inner.free_reservation(va, size)
-    }
-    fn create_physical(&self, size: u64) -> Result<PhysicalHandle> {
-        self.gate("create_physical")?;
-        self.inner.inner.create_physical(size)
-    }
-    fn release_physical(&self, handle: PhysicalHandle) -> Result<()> {
-        self.gate("release_physical")?;
-        self.inner.inner.release_physical(handle)
-    }
-    fn map(&self, va: u64, size: u64, handle: PhysicalHandle, offset: u64) -> Result<()> {
-        self.gate("map")?;
-        self.inner.inner.map(va, size, handle, offset)
-    }
-    fn set_access(&self, va: u64, size: u64) -> Result<()> {
-        self.gate("set_access")?;
-        self.inner.inner.set_access(va, size)
-    }
-    fn unmap(&self, va: u64, size: u64) -> Result<()> {
-        self.gate("unmap")?;
-        self.inner.inner.unmap(va, size)
-    }
-}
-
-impl StreamOrderedPool for Persistent {
-    fn alloc_async(&self, size: u64, stream: Stream) -> Result<u64> {
-        self.gate("alloc_async")?;
-        self.inner.inner.alloc_async(size, stream)
-    }
-    fn free_async(&self, ptr: u64, stream: Stream) -> Result<()> {
-        self.gate("free_async")?;
-        self.inner.inner.free_async(ptr, stream)
-    }
-    fn set_release_threshold(&self, bytes: u64) -> Result<()> {
-        self.gate("set_release_threshold")?;
-        self.inner.inner.set_release_threshold(bytes)
-    }
-    fn release_threshold(&self) -> Result<u64> {
-        self.gate("release_threshold")?;
-        self.inner.inner.release_threshold()
-    }
-    fn trim_to(&self, keep: u64) -> Result<()> {
-        self.gate("trim_to")?;
-        self.inner.inner.trim_to(keep)
-    }
-    fn usage(&self) -> Result<PoolUsage> {
-        self.gate("usage")?;
-        self.inner.inner.usage()
+    fn before(&self, call: &Call<'_>) -> Result<()> {
+        self.gate(call.name())
     }
 }
 

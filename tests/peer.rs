@@ -9,8 +9,9 @@ mod support;
 
 use std::sync::Arc;
 
+use portalloc::adaptor::{Capability, DeviceWrapper};
 use portalloc::backends::host::HostDevice;
-use portalloc::device::{DeviceInfo, Event, MemInfo};
+use portalloc::device::DeviceInfo;
 use portalloc::discover::{describe_peer_access, enable_peer_access, PeerLink};
 use portalloc::strategy::vmm::{VmmAllocator, VmmOptions};
 use portalloc::{Allocator, Config, Device, Error, Portalloc, StrategyKind, Stream, Vendor};
@@ -121,45 +122,13 @@ fn enable_peer_access_links_every_pair_both_ways() {
 #[derive(Debug)]
 struct Plain(Arc<HostDevice>);
 
-impl Device for Plain {
-    fn info(&self) -> &DeviceInfo {
-        self.0.info()
+impl DeviceWrapper for Plain {
+    type Inner = HostDevice;
+    fn wrapped(&self) -> &HostDevice {
+        &self.0
     }
-    fn mem_info(&self) -> portalloc::Result<MemInfo> {
-        self.0.mem_info()
-    }
-    fn alloc(&self, size: u64) -> portalloc::Result<u64> {
-        self.0.alloc(size)
-    }
-    fn free(&self, ptr: u64, size: u64) -> portalloc::Result<()> {
-        self.0.free(ptr, size)
-    }
-    fn create_stream(&self) -> portalloc::Result<Stream> {
-        self.0.create_stream()
-    }
-    fn destroy_stream(&self, s: Stream) -> portalloc::Result<()> {
-        self.0.destroy_stream(s)
-    }
-    fn synchronize_stream(&self, s: Stream) -> portalloc::Result<()> {
-        self.0.synchronize_stream(s)
-    }
-    fn synchronize_device(&self) -> portalloc::Result<()> {
-        self.0.synchronize_device()
-    }
-    fn create_event(&self) -> portalloc::Result<Event> {
-        self.0.create_event()
-    }
-    fn record_event(&self, e: Event, s: Stream) -> portalloc::Result<()> {
-        self.0.record_event(e, s)
-    }
-    fn event_complete(&self, e: Event) -> portalloc::Result<bool> {
-        self.0.event_complete(e)
-    }
-    fn synchronize_event(&self, e: Event) -> portalloc::Result<()> {
-        self.0.synchronize_event(e)
-    }
-    fn destroy_event(&self, e: Event) -> portalloc::Result<()> {
-        self.0.destroy_event(e)
+    fn offers(&self, _: Capability) -> bool {
+        false
     }
 }
 
@@ -184,45 +153,13 @@ fn a_host_device_is_no_peer_of_another_backend() {
     // A device claiming another vendor (a wrapper around a host device).
     #[derive(Debug)]
     struct Other(Plain, DeviceInfo);
-    impl Device for Other {
-        fn info(&self) -> &DeviceInfo {
+    impl DeviceWrapper for Other {
+        type Inner = Plain;
+        fn wrapped(&self) -> &Plain {
+            &self.0
+        }
+        fn device_info(&self) -> &DeviceInfo {
             &self.1
-        }
-        fn mem_info(&self) -> portalloc::Result<MemInfo> {
-            self.0.mem_info()
-        }
-        fn alloc(&self, size: u64) -> portalloc::Result<u64> {
-            self.0.alloc(size)
-        }
-        fn free(&self, ptr: u64, size: u64) -> portalloc::Result<()> {
-            self.0.free(ptr, size)
-        }
-        fn create_stream(&self) -> portalloc::Result<Stream> {
-            self.0.create_stream()
-        }
-        fn destroy_stream(&self, s: Stream) -> portalloc::Result<()> {
-            self.0.destroy_stream(s)
-        }
-        fn synchronize_stream(&self, s: Stream) -> portalloc::Result<()> {
-            self.0.synchronize_stream(s)
-        }
-        fn synchronize_device(&self) -> portalloc::Result<()> {
-            self.0.synchronize_device()
-        }
-        fn create_event(&self) -> portalloc::Result<Event> {
-            self.0.create_event()
-        }
-        fn record_event(&self, e: Event, s: Stream) -> portalloc::Result<()> {
-            self.0.record_event(e, s)
-        }
-        fn event_complete(&self, e: Event) -> portalloc::Result<bool> {
-            self.0.event_complete(e)
-        }
-        fn synchronize_event(&self, e: Event) -> portalloc::Result<()> {
-            self.0.synchronize_event(e)
-        }
-        fn destroy_event(&self, e: Event) -> portalloc::Result<()> {
-            self.0.destroy_event(e)
         }
     }
     let inner = host(1);

@@ -8,6 +8,7 @@ mod support;
 
 use std::sync::Arc;
 
+use portalloc::adaptor::{Call, DeviceWrapper};
 use portalloc::backends::host::{HostCensus, HostDevice};
 use portalloc::strategy::async_pool::{AsyncOptions, AsyncPoolAllocator};
 use portalloc::strategy::bfc::{BfcAllocator, BfcOptions};
@@ -291,53 +292,21 @@ impl Watch {
     }
 }
 
-impl Device for Watch {
-    fn info(&self) -> &portalloc::DeviceInfo {
-        self.inner.info()
+impl DeviceWrapper for Watch {
+    type Inner = HostDevice;
+    fn wrapped(&self) -> &HostDevice {
+        &self.inner
     }
-    fn mem_info(&self) -> portalloc::Result<portalloc::MemInfo> {
-        self.inner.mem_info()
-    }
-    fn alloc(&self, size: u64) -> portalloc::Result<u64> {
-        self.inner.alloc(size)
-    }
-    fn free(&self, ptr: u64, size: u64) -> portalloc::Result<()> {
-        self.inner.free(ptr, size)
-    }
-    fn create_stream(&self) -> portalloc::Result<portalloc::Stream> {
-        self.inner.create_stream()
-    }
-    fn destroy_stream(&self, stream: portalloc::Stream) -> portalloc::Result<()> {
-        self.inner.destroy_stream(stream)
-    }
-    fn synchronize_stream(&self, stream: portalloc::Stream) -> portalloc::Result<()> {
-        self.seen.lock().unwrap().synced_streams.push(stream);
-        self.inner.synchronize_stream(stream)
-    }
-    fn synchronize_device(&self) -> portalloc::Result<()> {
-        self.seen.lock().unwrap().synced_device = true;
-        self.inner.synchronize_device()
-    }
-    fn create_event(&self) -> portalloc::Result<portalloc::device::Event> {
-        self.inner.create_event()
-    }
-    fn record_event(
-        &self,
-        event: portalloc::device::Event,
-        stream: portalloc::Stream,
-    ) -> portalloc::Result<()> {
-        self.seen.lock().unwrap().recorded.push((event, stream));
-        self.inner.record_event(event, stream)
-    }
-    fn event_complete(&self, event: portalloc::device::Event) -> portalloc::Result<bool> {
-        self.inner.event_complete(event)
-    }
-    fn synchronize_event(&self, event: portalloc::device::Event) -> portalloc::Result<()> {
-        self.seen.lock().unwrap().synced_events.push(event);
-        self.inner.synchronize_event(event)
-    }
-    fn destroy_event(&self, event: portalloc::device::Event) -> portalloc::Result<()> {
-        self.inner.destroy_event(event)
+    fn before(&self, call: &Call<'_>) -> portalloc::Result<()> {
+        let mut seen = self.seen.lock().unwrap();
+        match *call {
+            Call::SynchronizeStream(stream) => seen.synced_streams.push(stream),
+            Call::SynchronizeDevice => seen.synced_device = true,
+            Call::RecordEvent { event, stream } => seen.recorded.push((event, stream)),
+            Call::SynchronizeEvent(event) => seen.synced_events.push(event),
+            _ => {}
+        }
+        Ok(())
     }
 }
 
@@ -599,56 +568,15 @@ fn vmm_cross_stream_reuse_waits_for_the_event(simulated: bool) {
     cross_stream_reuse_waits_for_the_event(&d, (s, t), a, VmmAllocator::pending_frees);
 }
 
-/// [`Watch`] with the host's virtual memory, for vmm.
+/// [`Watch`] under the name vmm's test builds it by: every call, the virtual memory's
+/// included, goes through the [`Watch`] inside.
 #[derive(Debug)]
 struct WatchVm(Watch);
 
-impl Device for WatchVm {
-    fn info(&self) -> &portalloc::DeviceInfo {
-        self.0.info()
-    }
-    fn mem_info(&self) -> portalloc::Result<portalloc::MemInfo> {
-        self.0.mem_info()
-    }
-    fn alloc(&self, size: u64) -> portalloc::Result<u64> {
-        self.0.alloc(size)
-    }
-    fn free(&self, ptr: u64, size: u64) -> portalloc::Result<()> {
-        self.0.free(ptr, size)
-    }
-    fn virtual_memory(&self) -> Option<&dyn portalloc::device::VirtualMemory> {
-        self.0.inner.virtual_memory()
-    }
-    fn create_stream(&self) -> portalloc::Result<portalloc::Stream> {
-        self.0.create_stream()
-    }
-    fn destroy_stream(&self, stream: portalloc::Stream) -> portalloc::Result<()> {
-        self.0.destroy_stream(stream)
-    }
-    fn synchronize_stream(&self, stream: portalloc::Stream) -> portalloc::Result<()> {
-        self.0.synchronize_stream(stream)
-    }
-    fn synchronize_device(&self) -> portalloc::Result<()> {
-        self.0.synchronize_device()
-    }
-    fn create_event(&self) -> portalloc::Result<portalloc::device::Event> {
-        self.0.create_event()
-    }
-    fn record_event(
-        &self,
-        event: portalloc::device::Event,
-        stream: portalloc::Stream,
-    ) -> portalloc::Result<()> {
-        self.0.record_event(event, stream)
-    }
-    fn event_complete(&self, event: portalloc::device::Event) -> portalloc::Result<bool> {
-        self.0.event_complete(event)
-    }
-    fn synchronize_event(&self, event: portalloc::device::Event) -> portalloc::Result<()> {
-        self.0.synchronize_event(event)
-    }
-    fn destroy_event(&self, event: portalloc::device::Event) -> portalloc::Result<()> {
-        self.0.destroy_event(event)
+impl DeviceWrapper for WatchVm {
+    type Inner = Watch;
+    fn wrapped(&self) -> &Watch {
+        &self.0
     }
 }
 

@@ -8,11 +8,9 @@ mod support;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use portalloc::adaptor::CountingDevice;
+use portalloc::adaptor::{Call as DeviceCall, Capability, CountingDevice, DeviceWrapper};
 use portalloc::backends::host::{HostCensus, HostDevice};
-use portalloc::device::{
-    DeviceInfo, Event, MemInfo, PhysicalHandle, StreamOrderedPool, VirtualMemory,
-};
+use portalloc::device::Event;
 use portalloc::replay::{
     min_capacity, preset, replay, Baseline, ReplayOptions, ReplayStrategy, TraceInput,
 };
@@ -314,49 +312,18 @@ fn alignment_follows_bfc() {
 
 // ---- devices without virtual memory, and failing ones ----
 
-/// The host device with its virtual memory hidden.
+/// The host device with its virtual memory hidden (and its other optional parts: only the
+/// required calls).
 #[derive(Debug)]
 struct NoVmm(Arc<HostDevice>);
 
-impl Device for NoVmm {
-    fn info(&self) -> &DeviceInfo {
-        self.0.info()
+impl DeviceWrapper for NoVmm {
+    type Inner = HostDevice;
+    fn wrapped(&self) -> &HostDevice {
+        &self.0
     }
-    fn mem_info(&self) -> portalloc::Result<MemInfo> {
-        self.0.mem_info()
-    }
-    fn alloc(&self, size: u64) -> portalloc::Result<u64> {
-        self.0.alloc(size)
-    }
-    fn free(&self, ptr: u64, size: u64) -> portalloc::Result<()> {
-        self.0.free(ptr, size)
-    }
-    fn create_stream(&self) -> portalloc::Result<Stream> {
-        self.0.create_stream()
-    }
-    fn destroy_stream(&self, s: Stream) -> portalloc::Result<()> {
-        self.0.destroy_stream(s)
-    }
-    fn synchronize_stream(&self, s: Stream) -> portalloc::Result<()> {
-        self.0.synchronize_stream(s)
-    }
-    fn synchronize_device(&self) -> portalloc::Result<()> {
-        self.0.synchronize_device()
-    }
-    fn create_event(&self) -> portalloc::Result<Event> {
-        self.0.create_event()
-    }
-    fn record_event(&self, e: Event, s: Stream) -> portalloc::Result<()> {
-        self.0.record_event(e, s)
-    }
-    fn event_complete(&self, e: Event) -> portalloc::Result<bool> {
-        self.0.event_complete(e)
-    }
-    fn synchronize_event(&self, e: Event) -> portalloc::Result<()> {
-        self.0.synchronize_event(e)
-    }
-    fn destroy_event(&self, e: Event) -> portalloc::Result<()> {
-        self.0.destroy_event(e)
+    fn offers(&self, _: Capability) -> bool {
+        false
     }
 }
 
@@ -410,82 +377,24 @@ impl Faulty {
     }
 }
 
-impl Device for Faulty {
-    fn info(&self) -> &DeviceInfo {
-        self.inner.info()
+impl DeviceWrapper for Faulty {
+    type Inner = HostDevice;
+    fn wrapped(&self) -> &HostDevice {
+        &self.inner
     }
-    fn mem_info(&self) -> portalloc::Result<MemInfo> {
-        self.inner.mem_info()
+    fn before(&self, call: &DeviceCall<'_>) -> portalloc::Result<()> {
+        let kind = match call {
+            DeviceCall::Map { .. } => Call::Map,
+            DeviceCall::CreatePhysical { .. } => Call::Create,
+            DeviceCall::SetAccess { .. } => Call::SetAccess,
+            DeviceCall::Unmap { .. } => Call::Unmap,
+            _ => return Ok(()),
+        };
+        self.trip(kind, call.name())
     }
-    fn alloc(&self, size: u64) -> portalloc::Result<u64> {
-        self.inner.alloc(size)
-    }
-    fn free(&self, ptr: u64, size: u64) -> portalloc::Result<()> {
-        self.inner.free(ptr, size)
-    }
-    fn virtual_memory(&self) -> Option<&dyn VirtualMemory> {
-        Some(self)
-    }
-    fn stream_ordered_pool(&self) -> Option<&dyn StreamOrderedPool> {
-        None
-    }
-    fn create_stream(&self) -> portalloc::Result<Stream> {
-        self.inner.create_stream()
-    }
-    fn destroy_stream(&self, s: Stream) -> portalloc::Result<()> {
-        self.inner.destroy_stream(s)
-    }
-    fn synchronize_stream(&self, s: Stream) -> portalloc::Result<()> {
-        self.inner.synchronize_stream(s)
-    }
-    fn synchronize_device(&self) -> portalloc::Result<()> {
-        self.inner.synchronize_device()
-    }
-    fn create_event(&self) -> portalloc::Result<Event> {
-        self.inner.create_event()
-    }
-    fn record_event(&self, e: Event, s: Stream) -> portalloc::Result<()> {
-        self.inner.record_event(e, s)
-    }
-    fn event_complete(&self, e: Event) -> portalloc::Result<bool> {
-        self.inner.event_complete(e)
-    }
-    fn synchronize_event(&self, e: Event) -> portalloc::Result<()> {
-        self.inner.synchronize_event(e)
-    }
-    fn destroy_event(&self, e: Event) -> portalloc::Result<()> {
-        self.inner.destroy_event(e)
-    }
-}
-
-impl VirtualMemory for Faulty {
-    fn granularity(&self) -> u64 {
-        self.inner.granularity()
-    }
-    fn reserve(&self, size: u64, alignment: u64) -> portalloc::Result<u64> {
-        self.inner.reserve(size, alignment)
-    }
-    fn free_reservation(&self, va: u64, size: u64) -> portalloc::Result<()> {
-        self.inner.free_reservation(va, size)
-    }
-    fn create_physical(&self, size: u64) -> portalloc::Result<PhysicalHandle> {
-        self.trip(Call::Create, "create_physical")?;
-        self.inner.create_physical(size)
-    }
-    fn release_physical(&self, h: PhysicalHandle) -> portalloc::Result<()> {
-        self.inner.release_physical(h)
-    }
-    fn map(&self, va: u64, size: u64, h: PhysicalHandle, offset: u64) -> portalloc::Result<()> {
-        self.trip(Call::Map, "map")?;
-        self.inner.map(va, size, h, offset)
-    }
-    fn set_access(&self, va: u64, size: u64) -> portalloc::Result<()> {
-        self.trip(Call::SetAccess, "set_access")?;
-        self.inner.set_access(va, size)
-    }
-    fn unmap(&self, va: u64, size: u64) -> portalloc::Result<()> {
-        self.trip(Call::Unmap, "unmap")?;
-        self.inner.unmap(va, size)
+    /// Virtual memory only: no pool, no peers.
+    fn offers(&self, capability: Capability) -> bool {
+        capability == Capability::VirtualMemory
     }
 }
 
@@ -830,80 +739,25 @@ impl Logged {
     }
 }
 
-impl Device for Logged {
-    fn info(&self) -> &DeviceInfo {
-        self.inner.info()
+impl DeviceWrapper for Logged {
+    type Inner = HostDevice;
+    fn wrapped(&self) -> &HostDevice {
+        &self.inner
     }
-    fn mem_info(&self) -> portalloc::Result<MemInfo> {
-        self.inner.mem_info()
+    fn before(&self, call: &DeviceCall<'_>) -> portalloc::Result<()> {
+        match *call {
+            DeviceCall::SynchronizeStream(s) => self.push(Logged1::SyncStream(s)),
+            DeviceCall::SynchronizeDevice => self.push(Logged1::SyncDevice),
+            DeviceCall::RecordEvent { event, stream } => self.push(Logged1::Record(event, stream)),
+            DeviceCall::SynchronizeEvent(e) => self.push(Logged1::SyncEvent(e)),
+            DeviceCall::Unmap { va, size } => self.push(Logged1::Unmap(va, size)),
+            _ => {}
+        }
+        Ok(())
     }
-    fn alloc(&self, size: u64) -> portalloc::Result<u64> {
-        self.inner.alloc(size)
-    }
-    fn free(&self, ptr: u64, size: u64) -> portalloc::Result<()> {
-        self.inner.free(ptr, size)
-    }
-    fn virtual_memory(&self) -> Option<&dyn VirtualMemory> {
-        Some(self)
-    }
-    fn create_stream(&self) -> portalloc::Result<Stream> {
-        self.inner.create_stream()
-    }
-    fn destroy_stream(&self, s: Stream) -> portalloc::Result<()> {
-        self.inner.destroy_stream(s)
-    }
-    fn synchronize_stream(&self, s: Stream) -> portalloc::Result<()> {
-        self.push(Logged1::SyncStream(s));
-        self.inner.synchronize_stream(s)
-    }
-    fn synchronize_device(&self) -> portalloc::Result<()> {
-        self.push(Logged1::SyncDevice);
-        self.inner.synchronize_device()
-    }
-    fn create_event(&self) -> portalloc::Result<Event> {
-        self.inner.create_event()
-    }
-    fn record_event(&self, e: Event, s: Stream) -> portalloc::Result<()> {
-        self.push(Logged1::Record(e, s));
-        self.inner.record_event(e, s)
-    }
-    fn event_complete(&self, e: Event) -> portalloc::Result<bool> {
-        self.inner.event_complete(e)
-    }
-    fn synchronize_event(&self, e: Event) -> portalloc::Result<()> {
-        self.push(Logged1::SyncEvent(e));
-        self.inner.synchronize_event(e)
-    }
-    fn destroy_event(&self, e: Event) -> portalloc::Result<()> {
-        self.inner.destroy_event(e)
-    }
-}
-
-impl VirtualMemory for Logged {
-    fn granularity(&self) -> u64 {
-        self.inner.granularity()
-    }
-    fn reserve(&self, size: u64, alignment: u64) -> portalloc::Result<u64> {
-        self.inner.reserve(size, alignment)
-    }
-    fn free_reservation(&self, va: u64, size: u64) -> portalloc::Result<()> {
-        self.inner.free_reservation(va, size)
-    }
-    fn create_physical(&self, size: u64) -> portalloc::Result<PhysicalHandle> {
-        self.inner.create_physical(size)
-    }
-    fn release_physical(&self, h: PhysicalHandle) -> portalloc::Result<()> {
-        self.inner.release_physical(h)
-    }
-    fn map(&self, va: u64, size: u64, h: PhysicalHandle, offset: u64) -> portalloc::Result<()> {
-        self.inner.map(va, size, h, offset)
-    }
-    fn set_access(&self, va: u64, size: u64) -> portalloc::Result<()> {
-        self.inner.set_access(va, size)
-    }
-    fn unmap(&self, va: u64, size: u64) -> portalloc::Result<()> {
-        self.push(Logged1::Unmap(va, size));
-        self.inner.unmap(va, size)
+    /// Virtual memory only: no pool, no peers.
+    fn offers(&self, capability: Capability) -> bool {
+        capability == Capability::VirtualMemory
     }
 }
 

@@ -17,6 +17,9 @@ use portalloc::strategy::platform::PlatformAllocator;
 use portalloc::strategy::vmm::{VmmAllocator, VmmOptions};
 use portalloc::{Allocation, Allocator, Error};
 
+mod support;
+use support::Bytes;
+
 const MIB: u64 = 1 << 20;
 /// A small device, so that the limit and the device's capacity are reached often.
 const CAPACITY: u64 = 64 * MIB;
@@ -43,32 +46,9 @@ enum Op {
     },
 }
 
-/// A little-endian reader that yields zeros when the input runs out.
-struct Bytes<'a>(&'a [u8]);
-
-impl Bytes<'_> {
-    fn u8(&mut self) -> Option<u8> {
-        let (&b, rest) = self.0.split_first()?;
-        self.0 = rest;
-        Some(b)
-    }
-
-    fn u16(&mut self) -> u16 {
-        let lo = self.u8().unwrap_or(0);
-        let hi = self.u8().unwrap_or(0);
-        u16::from_le_bytes([lo, hi])
-    }
-
-    fn u64(&mut self) -> u64 {
-        (0..8).fold(0u64, |acc, i| {
-            acc | u64::from(self.u8().unwrap_or(0)) << (8 * i)
-        })
-    }
-}
-
 fn decode(data: &[u8]) -> (u8, Vec<Op>) {
     let mut b = Bytes(data);
-    let config = b.u8().unwrap_or(0);
+    let config = b.byte();
     let mut ops = Vec::new();
     while let Some(tag) = b.u8() {
         if ops.len() == MAX_OPS {
@@ -77,15 +57,15 @@ fn decode(data: &[u8]) -> (u8, Vec<Op>) {
         let op = match tag % 16 {
             0..=5 => {
                 // Sizes: small, page-ish, up to tens of MiB, and hostile.
-                let class = b.u8().unwrap_or(0);
+                let class = b.byte();
                 let size = match class % 8 {
-                    0 => u64::from(b.u8().unwrap_or(0)),
+                    0 => u64::from(b.byte()),
                     1..=3 => u64::from(b.u16()),
                     4 | 5 => u64::from(b.u16()) << 8,
                     6 => u64::from(b.u16()) << 12,
                     _ => b.u64(),
                 };
-                let a = b.u8().unwrap_or(0);
+                let a = b.byte();
                 let align = match a % 8 {
                     0..=3 => 0,
                     4 | 5 => 1u64 << (a >> 3 & 31),
@@ -99,7 +79,7 @@ fn decode(data: &[u8]) -> (u8, Vec<Op>) {
             },
             11 => Op::Trim,
             12 | 13 => Op::Stream {
-                index: usize::from(b.u8().unwrap_or(0)) % STREAMS,
+                index: usize::from(b.byte()) % STREAMS,
             },
             _ => Op::Foreign {
                 index: usize::from(b.u16()),

@@ -9,16 +9,14 @@
 //! `MAX_PICKLE_BYTES` and the reader's own limits bound what it holds.
 #![no_main]
 
-use std::io::Cursor;
-
 use libfuzzer_sys::fuzz_target;
-use portalloc::trace::{self, Format, Options};
-use portalloc::Error;
+use portalloc::trace::{Format, Options};
+
+mod support;
+use support::Bytes;
 
 /// The generated pickle is cut at this size.
 const MAX_PICKLE_BYTES: usize = 1 << 20;
-/// At most this many events are read per input.
-const MAX_EVENTS: usize = 100_000;
 /// Longer messages mean an input is being echoed.
 const MAX_MESSAGE_BYTES: usize = 1024;
 
@@ -52,29 +50,9 @@ const WORDS: &[&str] = &[
     "set",
 ];
 
-/// A little-endian reader that yields zeros when the input runs out.
-struct Bytes<'a>(&'a [u8]);
-
-impl Bytes<'_> {
-    fn u8(&mut self) -> Option<u8> {
-        let (&b, rest) = self.0.split_first()?;
-        self.0 = rest;
-        Some(b)
-    }
-
-    fn byte(&mut self) -> u8 {
-        self.u8().unwrap_or(0)
-    }
-
-    fn u16(&mut self) -> u16 {
-        let lo = self.byte();
-        let hi = self.byte();
-        u16::from_le_bytes([lo, hi])
-    }
-
-    fn bare(&mut self) -> u8 {
-        BARE[usize::from(self.byte()) % BARE.len()]
-    }
+/// A bare opcode chosen by the next byte.
+fn bare(b: &mut Bytes) -> u8 {
+    BARE[usize::from(b.byte()) % BARE.len()]
 }
 
 fn push_word(out: &mut Vec<u8>, opcode: u8, word: &str) {
@@ -98,13 +76,13 @@ fn generate(data: &[u8]) -> (bool, Option<u32>, Vec<u8>) {
         match tag % 8 {
             // One opcode, up to 65,535 times: TUPLE1 nesting, open marks, DUP runs.
             0 | 1 => {
-                let op = b.bare();
+                let op = bare(&mut b);
                 let n = usize::from(b.u16());
                 body.resize(body.len() + n, op);
             }
             // Two opcodes, up to 65,535 times: DUP + TUPLE2 doubling, EMPTY_LIST + APPEND.
             2 => {
-                let (x, y) = (b.bare(), b.bare());
+                let (x, y) = (bare(&mut b), bare(&mut b));
                 for _ in 0..b.u16() {
                     body.extend([x, y]);
                 }
@@ -194,32 +172,5 @@ fuzz_target!(|data: &[u8]| {
         .with_format(Format::PytorchSnapshot)
         .with_strict(strict);
     options.device = device;
-    let t = match trace::open_reader(Cursor::new(pickle), "fuzz", &options) {
-        Ok(t) => t,
-        Err(Error::Trace(m)) => {
-            assert!(m.len() <= MAX_MESSAGE_BYTES, "message of {} bytes", m.len());
-            return;
-        }
-        Err(e) => panic!("open_reader: not a trace error: {e:?}"),
-    };
-    let mut last: Option<u64> = None;
-    for event in t.take(MAX_EVENTS) {
-        match event {
-            Ok(e) => {
-                if let Some(prev) = last {
-                    assert!(
-                        e.seq > prev,
-                        "sequence numbers must increase: {prev} then {}",
-                        e.seq
-                    );
-                }
-                last = Some(e.seq);
-            }
-            Err(Error::Trace(m)) => {
-                assert!(m.len() <= MAX_MESSAGE_BYTES, "message of {} bytes", m.len());
-                break;
-            }
-            Err(e) => panic!("an event: not a trace error: {e:?}"),
-        }
-    }
+    support::read_trace(pickle, &options, MAX_MESSAGE_BYTES);
 });

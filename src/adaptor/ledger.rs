@@ -557,7 +557,7 @@ impl<A: Allocator + ?Sized> LedgerAllocator<A> {
     /// when it is not live in this ledger. Either way the allocation is consumed, as
     /// [`Allocator::deallocate`] consumes it.
     pub fn donate(&self, allocation: Allocation, to_tag: &str) -> Result<Allocation> {
-        self.check_owner(&allocation)?;
+        allocation.check_owner(self.id)?;
         let mut guard = self.books();
         let books = &mut *guard;
         let entry = self.take_entry(books, &allocation)?;
@@ -579,18 +579,6 @@ impl<A: Allocator + ?Sized> LedgerAllocator<A> {
             ..entry
         });
         Ok(Allocation::new(ptr, size, stream, self.id, token))
-    }
-
-    fn check_owner(&self, allocation: &Allocation) -> Result<()> {
-        if allocation.allocator_id() == self.id {
-            Ok(())
-        } else {
-            Err(Error::ForeignAllocation {
-                ptr: allocation.ptr(),
-                owner: allocation.allocator_id(),
-                this: self.id,
-            })
-        }
     }
 
     fn take_entry(&self, books: &mut Books, allocation: &Allocation) -> Result<Entry> {
@@ -724,7 +712,7 @@ impl<A: Allocator + ?Sized> Allocator for LedgerAllocator<A> {
     /// when it is not live in this ledger; the upstream's error if it refuses (the
     /// allocation is then gone from the books, as the upstream consumed it).
     fn deallocate(&self, allocation: Allocation) -> Result<()> {
-        self.check_owner(&allocation)?;
+        allocation.check_owner(self.id)?;
         let mut guard = self.books();
         let books = &mut *guard;
         let entry = self.take_entry(books, &allocation)?;

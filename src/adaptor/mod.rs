@@ -3,15 +3,18 @@
 //!
 //! | adaptor | wraps | adds |
 //! |---|---|---|
+//! | [`DeviceWrapper`] | a [`crate::Device`] | nothing by itself: the forwarding every device adaptor shares; its hooks see, fail or hide calls |
 //! | [`CountingDevice`] | a [`crate::Device`] | counts every device call by kind (replay's "device calls" column; leak checks) |
 //! | [`LedgerAllocator`] | a [`crate::Allocator`] | every live allocation (size, rounded size, stream, tag, age, optional backtrace), totals and peaks per tag, JSON snapshots, donation, and a [diagnosis](crate::diagnose) on every out-of-memory error |
 //! | [`RecorderAllocator`] | an [`crate::Allocator`] | records its allocation trace for `portalloc replay` |
 
 mod counting;
+mod forward;
 mod ledger;
 mod recorder;
 
 pub use counting::{CallCounts, CountingDevice};
+pub use forward::{Call, Capability, DeviceWrapper};
 pub use ledger::{
     LedgerAllocator, LedgerOptions, LedgerSnapshot, LiveAllocation, PoolStats, TagTotals,
     BACKTRACE_VARIABLE, SNAPSHOT_VERSION,

@@ -5,8 +5,8 @@ use std::sync::{Arc, Mutex};
 
 use super::handles::{HandleTable, Refusal};
 use super::{
-    guard, last_error_ptr, lookup, read_str, register, unregister, write_opt, write_out, Failure,
-    Instance, PortallocAllocator, PortallocStatus,
+    guard, last_error_ptr, read_str, register, require_non_null, unregister, with_instance,
+    write_opt, write_out, Failure, Instance, PortallocAllocator, PortallocStatus,
 };
 use crate::adaptor::{LedgerAllocator, LedgerOptions};
 use crate::allocator::Allocator;
@@ -196,9 +196,7 @@ pub unsafe extern "C" fn portalloc_create_from_env(
 ) -> PortallocStatus {
     const CALL: &str = "portalloc_create_from_env";
     guard(CALL, || {
-        if out.is_null() {
-            return Err(Failure::null(CALL, "out"));
-        }
+        require_non_null(CALL, "out", out)?;
         let config = Config::from_env()?;
         let instance = make_instance(&config, device, None, false)?;
         // SAFETY: the caller's promise on `out`, checked non-null above.
@@ -219,12 +217,8 @@ pub unsafe extern "C" fn portalloc_create(
 ) -> PortallocStatus {
     const CALL: &str = "portalloc_create";
     guard(CALL, || {
-        if options.is_null() {
-            return Err(Failure::null(CALL, "options"));
-        }
-        if out.is_null() {
-            return Err(Failure::null(CALL, "out"));
-        }
+        require_non_null(CALL, "options", options)?;
+        require_non_null(CALL, "out", out)?;
         // SAFETY: non-null; the caller promises a valid, aligned `PortallocOptions`.
         let o = unsafe { options.read() };
         let mut b = Config::builder();
@@ -322,11 +316,8 @@ pub unsafe extern "C" fn portalloc_allocate(
     out_ptr: *mut *mut c_void,
 ) -> PortallocStatus {
     const CALL: &str = "portalloc_allocate";
-    guard(CALL, || {
-        let instance = lookup(CALL, allocator)?;
-        if out_handle.is_null() {
-            return Err(Failure::null(CALL, "out_handle"));
-        }
+    with_instance(CALL, allocator, |instance| {
+        require_non_null(CALL, "out_handle", out_handle)?;
         // SAFETY: the caller's promise on `tag`.
         let tag = unsafe { read_str(CALL, "tag", tag) }?;
         let (handle, ptr) = allocate(&instance, size, alignment, stream, tag.as_deref())?;
@@ -374,8 +365,7 @@ pub unsafe extern "C" fn portalloc_free(
     handle: u64,
 ) -> PortallocStatus {
     const CALL: &str = "portalloc_free";
-    guard(CALL, || {
-        let instance = lookup(CALL, allocator)?;
+    with_instance(CALL, allocator, |instance| {
         let a = instance
             .table()
             .take(handle, false)
@@ -397,8 +387,7 @@ pub unsafe extern "C" fn portalloc_free_ptr(
     ptr: *mut c_void,
 ) -> PortallocStatus {
     const CALL: &str = "portalloc_free_ptr";
-    guard(CALL, || {
-        let instance = lookup(CALL, allocator)?;
+    with_instance(CALL, allocator, |instance| {
         free_ptr(CALL, &instance, ptr as usize as u64)
     })
 }
@@ -435,8 +424,7 @@ pub unsafe extern "C" fn portalloc_handle_info(
     out_size: *mut u64,
 ) -> PortallocStatus {
     const CALL: &str = "portalloc_handle_info";
-    guard(CALL, || {
-        let instance = lookup(CALL, allocator)?;
+    with_instance(CALL, allocator, |instance| {
         let (ptr, size) = {
             let table = instance.table();
             let a = table.get(handle).map_err(|r| prefixed(CALL, r.into()))?;
@@ -466,11 +454,8 @@ pub unsafe extern "C" fn portalloc_donate(
     out_handle: *mut u64,
 ) -> PortallocStatus {
     const CALL: &str = "portalloc_donate";
-    guard(CALL, || {
-        let instance = lookup(CALL, allocator)?;
-        if out_handle.is_null() {
-            return Err(Failure::null(CALL, "out_handle"));
-        }
+    with_instance(CALL, allocator, |instance| {
+        require_non_null(CALL, "out_handle", out_handle)?;
         // SAFETY: the caller's promise on `to_tag`.
         let tag = unsafe { read_str(CALL, "to_tag", to_tag) }?;
         let new_handle = {
@@ -502,8 +487,7 @@ pub unsafe extern "C" fn portalloc_stats(
     out: *mut PortallocStats,
 ) -> PortallocStatus {
     const CALL: &str = "portalloc_stats";
-    guard(CALL, || {
-        let instance = lookup(CALL, allocator)?;
+    with_instance(CALL, allocator, |instance| {
         let s = instance.ledger.stats();
         let stats = PortallocStats {
             num_allocs: s.num_allocs,
@@ -539,11 +523,8 @@ pub unsafe extern "C" fn portalloc_ledger_json(
     out_len: *mut usize,
 ) -> PortallocStatus {
     const CALL: &str = "portalloc_ledger_json";
-    guard(CALL, || {
-        let instance = lookup(CALL, allocator)?;
-        if out_len.is_null() {
-            return Err(Failure::null(CALL, "out_len"));
-        }
+    with_instance(CALL, allocator, |instance| {
+        require_non_null(CALL, "out_len", out_len)?;
         let json = instance.ledger.to_json();
         let len = json.len();
         // SAFETY: the caller's promise on `out_len`, checked non-null above.
@@ -578,8 +559,7 @@ pub unsafe extern "C" fn portalloc_ledger_write(
     path: *const c_char,
 ) -> PortallocStatus {
     const CALL: &str = "portalloc_ledger_write";
-    guard(CALL, || {
-        let instance = lookup(CALL, allocator)?;
+    with_instance(CALL, allocator, |instance| {
         // SAFETY: the caller's promise on `path`.
         let path =
             unsafe { read_str(CALL, "path", path) }?.ok_or_else(|| Failure::null(CALL, "path"))?;
@@ -601,8 +581,7 @@ pub unsafe extern "C" fn portalloc_trim(
     out_released: *mut u64,
 ) -> PortallocStatus {
     const CALL: &str = "portalloc_trim";
-    guard(CALL, || {
-        let instance = lookup(CALL, allocator)?;
+    with_instance(CALL, allocator, |instance| {
         let released = instance.ledger.trim()?;
         // SAFETY: the caller's promise on `out_released`.
         unsafe { write_opt(out_released, released) };

@@ -262,13 +262,33 @@ pub(crate) fn register(instance: Instance) -> *mut PortallocAllocator {
 }
 
 /// The instance a pointer names.
+/// Refuses a null `argument` of `call` ([`PortallocStatus::NullArgument`]).
+pub(crate) fn require_non_null<T>(
+    call: &str,
+    argument: &str,
+    pointer: *const T,
+) -> Result<(), Failure> {
+    if pointer.is_null() {
+        return Err(Failure::null(call, argument));
+    }
+    Ok(())
+}
+
+/// Runs `body` on the instance `allocator` names, behind [`guard`]: the C entry points that
+/// take an allocator start so.
+pub(crate) fn with_instance(
+    call: &str,
+    allocator: *const PortallocAllocator,
+    body: impl FnOnce(Arc<Instance>) -> Result<(), Failure>,
+) -> PortallocStatus {
+    guard(call, || body(lookup(call, allocator)?))
+}
+
 pub(crate) fn lookup(
     call: &str,
     allocator: *const PortallocAllocator,
 ) -> Result<Arc<Instance>, Failure> {
-    if allocator.is_null() {
-        return Err(Failure::null(call, "allocator"));
-    }
+    require_non_null(call, "allocator", allocator)?;
     let token = allocator as usize as u64;
     registry().get(&token).cloned().ok_or_else(|| {
         Failure::new(
@@ -332,9 +352,7 @@ pub(crate) unsafe fn write_out<T>(
     out: *mut T,
     value: T,
 ) -> Result<(), Failure> {
-    if out.is_null() {
-        return Err(Failure::null(call, argument));
-    }
+    require_non_null(call, argument, out)?;
     // SAFETY: non-null, and the caller promises it is valid and aligned for one `T`.
     unsafe { out.write(value) };
     Ok(())

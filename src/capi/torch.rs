@@ -15,7 +15,8 @@ use rustc_hash::FxHashMap;
 
 use super::api::{allocate, free_ptr, make_instance};
 use super::{
-    guard, lookup, register, write_out, Failure, Instance, PortallocAllocator, PortallocStatus,
+    guard, lookup, register, require_non_null, write_out, Failure, Instance, PortallocAllocator,
+    PortallocStatus,
 };
 use crate::config::Config;
 
@@ -70,9 +71,7 @@ pub unsafe extern "C" fn portalloc_global(
 ) -> PortallocStatus {
     const CALL: &str = "portalloc_global";
     guard(CALL, || {
-        if out.is_null() {
-            return Err(Failure::null(CALL, "out"));
-        }
+        require_non_null(CALL, "out", out)?;
         let (ptr, _) = global(CALL, i64::from(device))?;
         // SAFETY: the caller's promise on `out`, checked non-null above.
         unsafe { write_out(CALL, "out", out, ptr) }

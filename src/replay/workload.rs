@@ -105,7 +105,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use crate::error::{Error, Result};
-use crate::trace::{Event, Op, TagId, TraceHeader};
+use crate::trace::{push_generated, Event, Op, TagId, TraceHeader};
 
 /// The tag table of every built-in workload, in [`TraceHeader::tags`] order: tag `k` is
 /// `TAGS[k - 1]`.
@@ -162,11 +162,7 @@ impl Optimizer {
     }
 }
 
-impl fmt::Display for Optimizer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+display_as_name!(Optimizer);
 
 impl FromStr for Optimizer {
     type Err = Error;
@@ -573,18 +569,14 @@ impl TransformerTrain {
         let pos = g.alloc(dims.pos, TAG_ACTIVATION); // saved by wpe's embedding
         let tok_emb = g.alloc(dims.nd, TAG_TEMPORARY);
         let pos_emb = g.alloc(dims.pos_emb, TAG_TEMPORARY);
-        let mut x = g.alloc(dims.nd, TAG_ACTIVATION);
-        g.free(tok_emb);
-        g.free(pos_emb);
+        let mut x = g.op(dims.nd, TAG_ACTIVATION, [tok_emb, pos_emb]);
         let mut saved = Vec::with_capacity(dims.layers as usize);
         for _ in 0..dims.layers {
             let (layer, out) = forward_layer(g, dims, x);
             saved.push(layer);
             x = out;
         }
-        let lnf_out = g.alloc(dims.nd, TAG_ACTIVATION);
-        let lnf_mean = g.alloc(dims.stat, TAG_ACTIVATION);
-        let lnf_rstd = g.alloc(dims.stat, TAG_ACTIVATION);
+        let lnf = g.layer_norm(dims);
         let logits = g.alloc(dims.nv, TAG_ACTIVATION);
         let logp = g.alloc(dims.nv, TAG_ACTIVATION);
         let loss = g.alloc(dims.scalar, TAG_ACTIVATION);
@@ -594,40 +586,29 @@ impl TransformerTrain {
         let mut grads: Vec<Option<Buf>> = Vec::with_capacity(dims.params.len());
         grads.resize_with(dims.params.len(), || None);
         let grad_loss = g.alloc(dims.scalar, TAG_TEMPORARY);
-        let grad_logp = g.alloc(dims.nv, TAG_TEMPORARY);
-        g.free(grad_loss);
-        g.free(total_weight);
-        let grad_logits = g.alloc(dims.nv, TAG_TEMPORARY);
-        g.free(grad_logp);
-        g.free(logp);
+        let grad_logp = g.op(dims.nv, TAG_TEMPORARY, [grad_loss, total_weight]);
+        let grad_logits = g.op(dims.nv, TAG_TEMPORARY, [grad_logp, logp]);
         let grad_lnf_out = g.alloc(dims.nd, TAG_TEMPORARY);
         // The tied weight's gradient: the head's part, held until the embedding's is added.
         grads[WTE] = Some(g.alloc(dims.wte, TAG_GRADIENT));
-        g.free(grad_logits);
-        g.free(lnf_out);
+        g.free_all([grad_logits, lnf.out]);
         let mut grad = g.alloc(dims.nd, TAG_TEMPORARY);
-        let lnf = dims.params.len() - 2;
-        grads[lnf] = Some(g.alloc(dims.params[lnf], TAG_GRADIENT));
-        grads[lnf + 1] = Some(g.alloc(dims.params[lnf + 1], TAG_GRADIENT));
-        g.free(grad_lnf_out);
-        g.free(lnf_mean);
-        g.free(lnf_rstd);
-        g.free(x);
+        let lnf_w = dims.params.len() - 2;
+        grads[lnf_w] = Some(g.alloc(dims.params[lnf_w], TAG_GRADIENT));
+        grads[lnf_w + 1] = Some(g.alloc(dims.params[lnf_w + 1], TAG_GRADIENT));
+        g.free_all([grad_lnf_out, lnf.mean, lnf.rstd, x]);
         for (l, layer) in (0..dims.layers).zip(saved).rev() {
             grad = backward_layer(g, dims, l, layer, grad, &mut grads);
         }
         // Embeddings: x = wte[X] + wpe[pos] (broadcast over the batch).
         let grad_pos_emb = g.alloc(dims.pos_emb, TAG_TEMPORARY);
         grads[WPE] = Some(g.alloc(dims.params[WPE], TAG_GRADIENT));
-        g.free(grad_pos_emb);
-        g.free(pos);
+        g.free_all([grad_pos_emb, pos]);
         let sorted = g.alloc(dims.ids, TAG_TEMPORARY);
         let order = g.alloc(dims.ids, TAG_TEMPORARY);
         let wte_part = g.alloc(dims.wte, TAG_TEMPORARY);
-        g.free(sorted);
-        g.free(order);
-        g.free(grad);
-        g.free(wte_part); // added in place into the head's part
+        // wte_part is added in place into the head's part.
+        g.free_all([sorted, order, grad, wte_part]);
 
         // ---- optimizer ----
         if self.optimizer == Optimizer::Adam {
@@ -642,27 +623,18 @@ impl TransformerTrain {
                 .iter()
                 .map(|&p| g.alloc(p, TAG_TEMPORARY))
                 .collect();
-            for b in sqrt {
-                g.free(b);
-            }
+            g.free_all(sqrt);
         }
         // zero_grad(set_to_none=True)
-        for b in grads.into_iter().flatten() {
-            g.free(b);
-        }
-        g.free(logits);
-        g.free(loss);
-        g.free(x_ids);
-        g.free(y_ids);
+        g.free_all(grads.into_iter().flatten());
+        g.free_all([logits, loss, x_ids, y_ids]);
     }
 }
 
 /// What one decoder block keeps for its backward.
 struct SavedLayer {
     x_in: Buf,
-    ln1_out: Buf,
-    ln1_mean: Buf,
-    ln1_rstd: Buf,
+    ln1: LayerNorm,
     q: Buf,
     k: Buf,
     mask: Buf,
@@ -670,54 +642,47 @@ struct SavedLayer {
     v: Buf,
     y: Buf,
     x_mid: Buf,
-    ln2_out: Buf,
-    ln2_mean: Buf,
-    ln2_rstd: Buf,
+    ln2: LayerNorm,
     fc: Buf,
     gelu: Buf,
 }
 
+/// What a layer norm saves for its backward.
+struct LayerNorm {
+    out: Buf,
+    mean: Buf,
+    rstd: Buf,
+}
+
 /// One block forward on input `x_in`: returns what it saved and its output.
 fn forward_layer(g: &mut Gen, dims: &Dims, x_in: Buf) -> (SavedLayer, Buf) {
-    let ln1_out = g.alloc(dims.nd, TAG_ACTIVATION);
-    let ln1_mean = g.alloc(dims.stat, TAG_ACTIVATION);
-    let ln1_rstd = g.alloc(dims.stat, TAG_ACTIVATION);
+    let ln1 = g.layer_norm(dims);
     let qkv = g.alloc(dims.n3d, TAG_TEMPORARY);
     // att = (q @ k^T) * scale: matmul copies the head-split views; bmm saves the copies.
     let q = g.alloc(dims.nd, TAG_ACTIVATION);
     let k = g.alloc(dims.nd, TAG_ACTIVATION);
     let scores = g.alloc(dims.scores, TAG_TEMPORARY);
-    let scaled = g.alloc(dims.scores, TAG_TEMPORARY);
-    g.free(scores);
+    let scaled = g.op(dims.scores, TAG_TEMPORARY, [scores]);
     // masked_fill(bias[:, :, :T, :T] == 0, -inf): the comparison is saved.
     let mask = g.alloc(dims.mask, TAG_ACTIVATION);
-    let masked = g.alloc(dims.scores, TAG_TEMPORARY);
-    g.free(scaled);
-    let att = g.alloc(dims.scores, TAG_ACTIVATION);
-    g.free(masked);
+    let masked = g.op(dims.scores, TAG_TEMPORARY, [scaled]);
+    let att = g.op(dims.scores, TAG_ACTIVATION, [masked]);
     // y = att @ v; y.transpose(1, 2).contiguous()
     let v = g.alloc(dims.nd, TAG_ACTIVATION);
     let y_heads = g.alloc(dims.nd, TAG_TEMPORARY);
-    let y = g.alloc(dims.nd, TAG_ACTIVATION);
-    g.free(y_heads);
-    let proj = g.alloc(dims.nd, TAG_TEMPORARY);
-    g.free(qkv); // the attention module returns: q, k, v views go
-    let x_mid = g.alloc(dims.nd, TAG_ACTIVATION);
-    g.free(proj);
-    let ln2_out = g.alloc(dims.nd, TAG_ACTIVATION);
-    let ln2_mean = g.alloc(dims.stat, TAG_ACTIVATION);
-    let ln2_rstd = g.alloc(dims.stat, TAG_ACTIVATION);
+    let y = g.op(dims.nd, TAG_ACTIVATION, [y_heads]);
+    // The attention module returns: the q, k, v views go.
+    let proj = g.op(dims.nd, TAG_TEMPORARY, [qkv]);
+    let x_mid = g.op(dims.nd, TAG_ACTIVATION, [proj]);
+    let ln2 = g.layer_norm(dims);
     let fc = g.alloc(dims.nf, TAG_ACTIVATION);
     let gelu = g.alloc(dims.nf, TAG_ACTIVATION);
     let fc_proj = g.alloc(dims.nd, TAG_TEMPORARY);
-    let x_out = g.alloc(dims.nd, TAG_ACTIVATION);
-    g.free(fc_proj);
+    let x_out = g.op(dims.nd, TAG_ACTIVATION, [fc_proj]);
     (
         SavedLayer {
             x_in,
-            ln1_out,
-            ln1_mean,
-            ln1_rstd,
+            ln1,
             q,
             k,
             mask,
@@ -725,9 +690,7 @@ fn forward_layer(g: &mut Gen, dims: &Dims, x_in: Buf) -> (SavedLayer, Buf) {
             v,
             y,
             x_mid,
-            ln2_out,
-            ln2_mean,
-            ln2_rstd,
+            ln2,
             fc,
             gelu,
         },
@@ -745,73 +708,58 @@ fn backward_layer(
     grad_out: Buf,
     grads: &mut [Option<Buf>],
 ) -> Buf {
-    let mut param_grad = |g: &mut Gen, k: usize| {
-        let i = layer_param(l, k);
-        grads[i] = Some(g.alloc(dims.params[i], TAG_GRADIENT));
-    };
+    let mut b = Backward { dims, l, grads };
     // MLP: x_out = x_mid + c_proj(gelu(c_fc(ln_2(x_mid)))); the add passes grad_out on.
-    let grad_gelu = g.alloc(dims.nf, TAG_TEMPORARY);
-    param_grad(g, FCP_W);
-    param_grad(g, FCP_B);
-    g.free(s.gelu);
-    let grad_fc = g.alloc(dims.nf, TAG_TEMPORARY);
-    g.free(grad_gelu);
-    g.free(s.fc);
-    let grad_ln2_out = g.alloc(dims.nd, TAG_TEMPORARY);
-    param_grad(g, FC_W);
-    param_grad(g, FC_B);
-    g.free(grad_fc);
-    g.free(s.ln2_out);
-    let grad_x_mid = g.alloc(dims.nd, TAG_TEMPORARY);
-    param_grad(g, LN2_W);
-    param_grad(g, LN2_B);
-    g.free(grad_ln2_out);
-    g.free(s.ln2_mean);
-    g.free(s.ln2_rstd);
-    g.free(s.x_mid);
-    g.free(grad_out); // summed in place into grad_x_mid
-    let grad = grad_x_mid;
+    let grad_gelu = b.step(g, dims.nf, &[FCP_W, FCP_B], [s.gelu]);
+    let grad_fc = b.step(g, dims.nf, &[], [grad_gelu, s.fc]);
+    let grad_ln2_out = b.step(g, dims.nd, &[FC_W, FC_B], [grad_fc, s.ln2.out]);
+    // grad_out is summed in place into grad_x_mid.
+    let dead = [grad_ln2_out, s.ln2.mean, s.ln2.rstd, s.x_mid, grad_out];
+    let grad = b.step(g, dims.nd, &[LN2_W, LN2_B], dead);
 
     // Attention: x_mid = x_in + c_proj(attn(ln_1(x_in))).
-    let grad_y = g.alloc(dims.nd, TAG_TEMPORARY);
-    param_grad(g, PROJ_W);
-    param_grad(g, PROJ_B);
-    g.free(s.y);
-    let grad_att = g.alloc(dims.scores, TAG_TEMPORARY);
-    let grad_v = g.alloc(dims.nd, TAG_TEMPORARY);
-    g.free(grad_y);
-    g.free(s.v);
-    let grad_masked = g.alloc(dims.scores, TAG_TEMPORARY);
-    g.free(grad_att);
-    g.free(s.att);
-    let grad_scaled = g.alloc(dims.scores, TAG_TEMPORARY);
-    g.free(grad_masked);
-    g.free(s.mask);
-    let grad_scores = g.alloc(dims.scores, TAG_TEMPORARY);
-    g.free(grad_scaled);
-    let grad_q = g.alloc(dims.nd, TAG_TEMPORARY);
-    let grad_k = g.alloc(dims.nd, TAG_TEMPORARY);
-    g.free(grad_scores);
-    g.free(s.q);
-    g.free(s.k);
-    let grad_qkv = g.alloc(dims.n3d, TAG_TEMPORARY);
-    g.free(grad_q);
-    g.free(grad_k);
-    g.free(grad_v);
-    let grad_ln1_out = g.alloc(dims.nd, TAG_TEMPORARY);
-    param_grad(g, QKV_W);
-    param_grad(g, QKV_B);
-    g.free(grad_qkv);
-    g.free(s.ln1_out);
-    let grad_x_in = g.alloc(dims.nd, TAG_TEMPORARY);
-    param_grad(g, LN1_W);
-    param_grad(g, LN1_B);
-    g.free(grad_ln1_out);
-    g.free(s.ln1_mean);
-    g.free(s.ln1_rstd);
-    g.free(s.x_in);
-    g.free(grad); // summed in place into grad_x_in
-    grad_x_in
+    let grad_y = b.step(g, dims.nd, &[PROJ_W, PROJ_B], [s.y]);
+    let grad_att = b.step(g, dims.scores, &[], []);
+    let grad_v = b.step(g, dims.nd, &[], [grad_y, s.v]);
+    let grad_masked = b.step(g, dims.scores, &[], [grad_att, s.att]);
+    let grad_scaled = b.step(g, dims.scores, &[], [grad_masked, s.mask]);
+    let grad_scores = b.step(g, dims.scores, &[], [grad_scaled]);
+    let grad_q = b.step(g, dims.nd, &[], []);
+    let grad_k = b.step(g, dims.nd, &[], [grad_scores, s.q, s.k]);
+    let grad_qkv = b.step(g, dims.n3d, &[], [grad_q, grad_k, grad_v]);
+    let grad_ln1_out = b.step(g, dims.nd, &[QKV_W, QKV_B], [grad_qkv, s.ln1.out]);
+    // grad is summed in place into grad_x_in.
+    let dead = [grad_ln1_out, s.ln1.mean, s.ln1.rstd, s.x_in, grad];
+    b.step(g, dims.nd, &[LN1_W, LN1_B], dead)
+}
+
+/// Layer `l`'s backward, step by step.
+struct Backward<'a> {
+    dims: &'a Dims,
+    l: u32,
+    /// Every parameter's gradient, by parameter index.
+    grads: &'a mut [Option<Buf>],
+}
+
+impl Backward<'_> {
+    /// One step: allocates a gradient of `size` bytes; then the gradients of `params`, the
+    /// parameters of the step's module (by index in the layer); then frees `dead`, which no
+    /// later step reads.
+    fn step<const N: usize>(
+        &mut self,
+        g: &mut Gen,
+        size: u64,
+        params: &[usize],
+        dead: [Buf; N],
+    ) -> Buf {
+        let grad = g.alloc(size, TAG_TEMPORARY);
+        for &k in params {
+            let i = layer_param(self.l, k);
+            self.grads[i] = Some(g.alloc(self.dims.params[i], TAG_GRADIENT));
+        }
+        g.free_all(dead);
+        grad
+    }
 }
 
 /// A live allocation of the generator. Not `Clone`: freeing consumes it, so the generator
@@ -828,18 +776,10 @@ struct Gen {
 }
 
 impl Gen {
+    /// Appends an event, a microsecond after the one before.
     fn push(&mut self, op: Op, id: u64, size: u64, tag: TagId) {
-        let seq = self.events.len() as u64;
-        self.events.push(Event {
-            seq,
-            time_ns: seq.saturating_mul(1000),
-            thread: 0,
-            stream: 0,
-            op,
-            id,
-            size,
-            tag,
-        });
+        let time_ns = (self.events.len() as u64).saturating_mul(1000);
+        push_generated(&mut self.events, time_ns, op, id, size, tag);
     }
 
     fn alloc(&mut self, size: u64, tag: TagId) -> Buf {
@@ -851,6 +791,29 @@ impl Gen {
 
     fn free(&mut self, b: Buf) {
         self.push(Op::Free, b.id, b.size, b.tag);
+    }
+
+    /// A layer norm forward: its output, and the mean and reciprocal deviation it saves.
+    fn layer_norm(&mut self, dims: &Dims) -> LayerNorm {
+        LayerNorm {
+            out: self.alloc(dims.nd, TAG_ACTIVATION),
+            mean: self.alloc(dims.stat, TAG_ACTIVATION),
+            rstd: self.alloc(dims.stat, TAG_ACTIVATION),
+        }
+    }
+
+    fn free_all(&mut self, bufs: impl IntoIterator<Item = Buf>) {
+        for b in bufs {
+            self.free(b);
+        }
+    }
+
+    /// One operation: allocates its output, then frees `dead`, the inputs no later
+    /// operation reads.
+    fn op<const N: usize>(&mut self, size: u64, tag: TagId, dead: [Buf; N]) -> Buf {
+        let out = self.alloc(size, tag);
+        self.free_all(dead);
+        out
     }
 }
 

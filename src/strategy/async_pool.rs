@@ -45,9 +45,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::allocator::{
-    effective_alignment, next_allocator_id, round_up, Allocation, Allocator, Stats,
-};
+use super::common::{admit, holds_memory, Admitted, FailedRequest};
+use crate::allocator::{next_allocator_id, Allocation, Allocator, Stats};
 use crate::config::{Config, ASYNC_PREALLOC_ACCEPTED};
 use crate::device::{Device, PoolUsage, Stream, StreamOrderedPool};
 use crate::error::{Error, Result};
@@ -248,20 +247,17 @@ impl<D: Device + ?Sized> AsyncPoolAllocator<D> {
             .pool()
             .and_then(|p| p.usage())
             .map_or(0, |u| u.reserved_current);
-        Error::OutOfMemory(Box::new(OomReport {
-            allocator: self.name().to_string(),
+        let request = FailedRequest {
+            allocator: self.name(),
             requested,
             rounded,
             alignment: POOL_ALIGNMENT,
             limit: Some(self.options.limit),
+        };
+        Error::OutOfMemory(Box::new(OomReport {
             bytes_in_use: books.stats.bytes_in_use,
             pool_bytes,
-            largest_free_block: 0,
-            fragmentation: 0.0,
-            device_free: self.device.mem_info().ok().map(|m| m.free),
-            cause,
-            bins: Vec::new(),
-            regions: Vec::new(),
+            ..request.report(&*self.device, cause)
         }))
     }
 }
@@ -289,12 +285,12 @@ impl<D: Device + ?Sized> Allocator for AsyncPoolAllocator<D> {
         stream: Stream,
         _tag: &str,
     ) -> Result<Allocation> {
-        let alignment = effective_alignment(alignment, POOL_ALIGNMENT, POOL_ALIGNMENT)?;
-        if size == 0 {
+        let Some(Admitted { rounded, .. }) =
+            admit(size, alignment, POOL_ALIGNMENT, POOL_ALIGNMENT)?
+        else {
             self.books().stats.num_allocs += 1;
-            return Ok(Allocation::new(0, 0, stream, self.id, 0));
-        }
-        let rounded = round_up(size, alignment)?;
+            return Ok(Allocation::empty(stream, self.id));
+        };
         let mut books = self.books();
         let limit = self.options.limit;
         let in_use = books.stats.bytes_in_use;
@@ -362,14 +358,7 @@ impl<D: Device + ?Sized> Allocator for AsyncPoolAllocator<D> {
     /// [`Error::UnknownPointer`] when it names no live allocation of this allocator; the
     /// pool's error (the allocation then stays live).
     fn deallocate(&self, allocation: Allocation) -> Result<()> {
-        if allocation.allocator_id() != self.id {
-            return Err(Error::ForeignAllocation {
-                ptr: allocation.ptr(),
-                owner: allocation.allocator_id(),
-                this: self.id,
-            });
-        }
-        if allocation.is_empty() {
+        if !holds_memory(&allocation, self.id)? {
             return Ok(());
         }
         let mut books = self.books();

@@ -10,6 +10,8 @@ use crate::error::Result;
 
 pub mod async_pool;
 pub mod bfc;
+mod common;
+mod occupancy;
 pub mod platform;
 pub(crate) mod stream_order;
 pub mod vmm;

@@ -8,9 +8,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::allocator::{
-    effective_alignment, next_allocator_id, round_up, Allocation, Allocator, Stats,
-};
+use super::common::{admit, holds_memory, Admitted};
+use crate::allocator::{next_allocator_id, Allocation, Allocator, Stats};
 use crate::device::{Device, Stream};
 use crate::error::{Error, Result};
 
@@ -83,13 +82,13 @@ impl<D: Device + ?Sized> Allocator for PlatformAllocator<D> {
         stream: Stream,
         _tag: &str,
     ) -> Result<Allocation> {
-        let alignment = effective_alignment(alignment, DEVICE_ALIGNMENT, DEVICE_ALIGNMENT)?;
         let mut books = self.books();
-        if size == 0 {
+        let Some(Admitted { rounded, .. }) =
+            admit(size, alignment, DEVICE_ALIGNMENT, DEVICE_ALIGNMENT)?
+        else {
             books.stats.num_allocs += 1;
-            return Ok(Allocation::new(0, 0, stream, self.id, 0));
-        }
-        let rounded = round_up(size, alignment)?;
+            return Ok(Allocation::empty(stream, self.id));
+        };
         if let Some(limit) = self.limit {
             if rounded > limit {
                 return Err(Error::ExceedsLimit {
@@ -118,14 +117,7 @@ impl<D: Device + ?Sized> Allocator for PlatformAllocator<D> {
     }
 
     fn deallocate(&self, allocation: Allocation) -> Result<()> {
-        if allocation.allocator_id() != self.id {
-            return Err(Error::ForeignAllocation {
-                ptr: allocation.ptr(),
-                owner: allocation.allocator_id(),
-                this: self.id,
-            });
-        }
-        if allocation.is_empty() {
+        if !holds_memory(&allocation, self.id)? {
             return Ok(());
         }
         let mut books = self.books();

@@ -50,6 +50,27 @@ pub(crate) trait Chunk: Copy + fmt::Debug {
     fn size(&self) -> u64;
 }
 
+/// A chunk as bfc and vmm record it while handed out or pending: where it is, how large,
+/// and the token their books know it by.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct TokenChunk {
+    /// First byte.
+    pub addr: u64,
+    /// Bytes.
+    pub size: u64,
+    /// The allocator's token for it.
+    pub token: u64,
+}
+
+impl Chunk for TokenChunk {
+    fn addr(&self) -> u64 {
+        self.addr
+    }
+    fn size(&self) -> u64 {
+        self.size
+    }
+}
+
 /// A chunk freed on a stream while other streams are in use, not yet safe for them.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Pending<C> {

@@ -12,15 +12,8 @@
 
 use std::io::{BufWriter, Write};
 
-use super::{jsonl, Event, Op, TraceHeader};
-use crate::error::{Error, Result};
-
-fn write_error(e: std::io::Error) -> Error {
-    Error::Os {
-        call: "write trace",
-        source: e,
-    }
-}
+use super::{jsonl, write_error, Event, Op, TraceHeader};
+use crate::error::Result;
 
 /// Writes `header` and every event of `events` in the own format; returns the number of
 /// events written.

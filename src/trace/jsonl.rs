@@ -21,8 +21,8 @@ use std::io::{BufWriter, Write};
 use serde::{Deserialize, Serialize};
 
 use super::{
-    excerpt, trace_error, Anomalies, Event, Input, Keying, Loc, Op, TraceHeader, TraceSource,
-    Tracker, FORMAT_NAME, FORMAT_VERSION,
+    excerpt, trace_error, write_error, Anomalies, Event, Input, Keying, Loc, Op, TraceHeader,
+    TraceSource, Tracker, FORMAT_NAME, FORMAT_VERSION,
 };
 use crate::error::{Error, Result};
 
@@ -208,36 +208,7 @@ impl Reader {
     }
 }
 
-impl Iterator for Reader {
-    type Item = Result<Event>;
-
-    fn next(&mut self) -> Option<Result<Event>> {
-        if self.done {
-            return None;
-        }
-        match self.next_inner() {
-            Ok(Some(e)) => Some(Ok(e)),
-            Ok(None) => {
-                self.done = true;
-                None
-            }
-            Err(e) => {
-                self.done = true;
-                Some(Err(e))
-            }
-        }
-    }
-}
-
-impl TraceSource for Reader {
-    fn header(&self) -> &TraceHeader {
-        &self.header
-    }
-
-    fn anomalies(&self) -> &Anomalies {
-        &self.tracker.anomalies
-    }
-}
+streaming_trace_source!(Reader, anomalies: tracker.anomalies);
 
 fn parse_event(text: &str) -> std::result::Result<Event, String> {
     let inner = text
@@ -303,13 +274,6 @@ impl<W: Write> std::fmt::Debug for Writer<W> {
     }
 }
 
-fn write_error(e: std::io::Error) -> Error {
-    Error::Os {
-        call: "write trace",
-        source: e,
-    }
-}
-
 impl<W: Write> Writer<W> {
     /// Writes `header` (its `format` and `version` set to this build's) as line 1.
     ///
@@ -365,33 +329,23 @@ impl<W: Write> Writer<W> {
             });
         }
         self.last_seq = Some(e.seq);
-        let r = if e.tag == 0 {
-            writeln!(
-                self.out,
-                "[{},{},{},{},\"{}\",{},{}]",
-                e.seq,
-                e.time_ns,
-                e.thread,
-                e.stream,
-                e.op.code(),
-                e.id,
-                e.size
-            )
-        } else {
-            writeln!(
-                self.out,
-                "[{},{},{},{},\"{}\",{},{},{}]",
-                e.seq,
-                e.time_ns,
-                e.thread,
-                e.stream,
-                e.op.code(),
-                e.id,
-                e.size,
-                e.tag
-            )
-        };
-        r.map_err(write_error)?;
+        write!(
+            self.out,
+            "[{},{},{},{},\"{}\",{},{}",
+            e.seq,
+            e.time_ns,
+            e.thread,
+            e.stream,
+            e.op.code(),
+            e.id,
+            e.size
+        )
+        .and_then(|()| match e.tag {
+            // Untagged events leave the tag out.
+            0 => writeln!(self.out, "]"),
+            tag => writeln!(self.out, ",{tag}]"),
+        })
+        .map_err(write_error)?;
         self.events += 1;
         Ok(())
     }

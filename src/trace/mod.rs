@@ -36,6 +36,45 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
+/// Implements [`Iterator`] and [`TraceSource`] for a streaming reader with a `done: bool`
+/// field, a `header: TraceHeader` field, a method `next_inner` that gives the next event
+/// (`Ok(None)` at the end) and its [`Anomalies`] at the field path given: the reader yields
+/// nothing more after its end or its first error, as [`TraceSource`] promises.
+macro_rules! streaming_trace_source {
+    ($reader:ty, anomalies: $($anomalies:ident).+) => {
+        impl Iterator for $reader {
+            type Item = Result<Event>;
+
+            fn next(&mut self) -> Option<Result<Event>> {
+                if self.done {
+                    return None;
+                }
+                let item = self.next_inner().transpose();
+                self.done = !matches!(item, Some(Ok(_)));
+                item
+            }
+        }
+
+        impl TraceSource for $reader {
+            fn header(&self) -> &TraceHeader {
+                &self.header
+            }
+
+            fn anomalies(&self) -> &Anomalies {
+                &self.$($anomalies).+
+            }
+        }
+    };
+}
+
+/// The error of a trace writer whose output fails.
+pub(crate) fn write_error(e: std::io::Error) -> Error {
+    Error::Os {
+        call: "write trace",
+        source: e,
+    }
+}
+
 mod anomaly;
 pub mod export;
 pub mod import;
@@ -94,6 +133,29 @@ pub struct Event {
     pub size: u64,
     /// Tag: index into [`TraceHeader::tags`] plus one; 0 = none.
     pub tag: TagId,
+}
+
+/// Appends an event of a generated trace (one thread, the default stream) to `events`,
+/// numbered by its position.
+pub(crate) fn push_generated(
+    events: &mut Vec<Event>,
+    time_ns: u64,
+    op: Op,
+    id: u64,
+    size: u64,
+    tag: TagId,
+) {
+    let seq = events.len() as u64;
+    events.push(Event {
+        seq,
+        time_ns,
+        thread: 0,
+        stream: 0,
+        op,
+        id,
+        size,
+        tag,
+    });
 }
 
 /// What the recording allocator itself reported, kept alongside the events for comparison.
@@ -224,11 +286,7 @@ impl Format {
     }
 }
 
-impl fmt::Display for Format {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+display_as_name!(Format);
 
 impl FromStr for Format {
     type Err = Error;

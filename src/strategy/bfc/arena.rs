@@ -28,6 +28,7 @@
 use crate::report::{BinSummary, RegionMap};
 
 use super::free_index::{Entry, FreeIndex};
+use crate::strategy::occupancy::{self, check_new_region, ChunkUse, RegionCheck, Tally};
 
 /// Every request is rounded up to a multiple of this, and every chunk starts on it.
 pub const MIN_ALLOCATION: u64 = 256;
@@ -83,6 +84,17 @@ struct Chunk {
     /// Bumped each time the chunk is handed out, so a stale token is refused.
     generation: u32,
     state: State,
+}
+
+impl Chunk {
+    /// The chunk as an out-of-memory report sees it.
+    fn usage(&self) -> ChunkUse {
+        ChunkUse {
+            addr: self.addr,
+            size: self.size,
+            requested: (self.state == State::InUse).then_some(self.requested),
+        }
+    }
 }
 
 /// A piece of memory the arena manages: `[base, base + size)`.
@@ -172,24 +184,7 @@ impl Arena {
     /// # Time complexity
     /// `O(regions + log n)`.
     pub fn add_region(&mut self, base: u64, size: u64) -> Result<(), String> {
-        if size == 0 || base % MIN_ALLOCATION != 0 || size % MIN_ALLOCATION != 0 {
-            return Err(format!(
-                "region {base:#x}+{size} is not a non-empty range of whole 256-byte units"
-            ));
-        }
-        let end = base
-            .checked_add(size)
-            .ok_or_else(|| format!("region {base:#x}+{size} overflows the address space"))?;
-        if let Some(r) = self
-            .regions
-            .iter()
-            .find(|r| base < r.base + r.size && r.base < end)
-        {
-            return Err(format!(
-                "region {base:#x}+{size} overlaps region {:#x}+{}",
-                r.base, r.size
-            ));
-        }
+        check_new_region(base, size, self.regions.iter().map(|r| (r.base, r.size)))?;
         let idx = self
             .new_slot(Chunk {
                 addr: base,
@@ -410,29 +405,12 @@ impl Arena {
     /// # Time complexity
     /// `O(chunks)`.
     pub fn bin_summaries(&self) -> Vec<BinSummary> {
-        let mut bins: Vec<BinSummary> = (0..NUM_BINS)
-            .map(|index| BinSummary {
-                index,
-                min_size: bin_min_size(index),
-                total_chunks: 0,
-                chunks_in_use: 0,
-                total_bytes: 0,
-                bytes_in_use: 0,
-                requested_bytes_in_use: 0,
-            })
-            .collect();
-        for c in self.chunks.iter().filter(|c| c.state != State::Vacant) {
-            let b = &mut bins[bin_for_size(c.size)];
-            b.total_chunks += 1;
-            b.total_bytes += c.size;
-            if c.state == State::InUse {
-                b.chunks_in_use += 1;
-                b.bytes_in_use += c.size;
-                b.requested_bytes_in_use += c.requested;
-            }
-        }
-        bins.retain(|b| b.total_chunks > 0);
-        bins
+        occupancy::bin_summaries(
+            self.chunks
+                .iter()
+                .filter(|c| c.state != State::Vacant)
+                .map(Chunk::usage),
+        )
     }
 
     /// A [`MAP_CELLS`]-character occupancy map of every region: cell `i` covers
@@ -445,59 +423,11 @@ impl Arena {
     pub fn region_maps(&self) -> Vec<RegionMap> {
         self.regions
             .iter()
-            .map(|r| RegionMap {
-                base: r.base,
-                size: r.size,
-                map: self.region_map(r),
-            })
-            .collect()
-    }
-
-    fn region_map(&self, r: &Region) -> String {
-        const CLASSES: [char; 3] = ['*', 'x', '_'];
-        let mut weight = [[0u64; 3]; MAP_CELLS];
-        let bound =
-            |i: usize| r.base + ((u128::from(r.size) * i as u128) / MAP_CELLS as u128) as u64;
-        let mut cell = 0;
-        let mut idx = r.first;
-        while idx != NONE {
-            let c = &self.chunks[idx as usize];
-            let end = c.addr + c.size;
-            let segments = if c.state == State::InUse {
-                [
-                    (c.addr, c.addr + c.requested, 0),
-                    (c.addr + c.requested, end, 1),
-                ]
-            } else {
-                [(c.addr, end, 2), (end, end, 2)]
-            };
-            for (start, stop, class) in segments {
-                if start == stop {
-                    continue;
-                }
-                while cell + 1 < MAP_CELLS && bound(cell + 1) <= start {
-                    cell += 1;
-                }
-                let mut i = cell;
-                while i < MAP_CELLS && bound(i) < stop {
-                    let lo = bound(i).max(start);
-                    let hi = bound(i + 1).min(stop);
-                    weight[i][class] += hi.saturating_sub(lo);
-                    i += 1;
-                }
-            }
-            idx = c.next;
-        }
-        weight
-            .iter()
-            .map(|w| {
-                let mut best = 0;
-                for k in 1..3 {
-                    if w[k] > w[best] {
-                        best = k;
-                    }
-                }
-                CLASSES[best]
+            .map(|r| {
+                let chunks = std::iter::successors(Some(&self.chunks[r.first as usize]), |c| {
+                    (c.next != NONE).then(|| &self.chunks[c.next as usize])
+                });
+                occupancy::region_map(r.base, r.size, chunks.map(Chunk::usage))
             })
             .collect()
     }
@@ -511,10 +441,7 @@ impl Arena {
     /// `O(chunks log n + regions²)`.
     pub fn check_invariants(&self) -> Result<(), String> {
         let mut reached = 0usize;
-        let mut in_use = 0u64;
-        let mut live = 0usize;
-        let mut free_chunks = 0usize;
-        let mut largest = 0u64;
+        let mut tally = Tally::default();
         let mut pool = 0u64;
         for (ri, r) in self.regions.iter().enumerate() {
             pool += r.size;
@@ -526,9 +453,8 @@ impl Arena {
                     ));
                 }
             }
-            let mut expected = r.base;
+            let mut region = RegionCheck::new(r.base, r.size);
             let mut prev = NONE;
-            let mut prev_free = false;
             let mut idx = r.first;
             while idx != NONE {
                 let c = self
@@ -546,26 +472,8 @@ impl Arena {
                 if c.prev != prev {
                     return Err(format!("{at}: prev link {} should be {prev}", c.prev));
                 }
-                if c.addr != expected {
-                    return Err(format!(
-                        "{at}: should start at {expected:#x} (gap or overlap)"
-                    ));
-                }
-                if c.size == 0 || c.size % MIN_ALLOCATION != 0 || c.addr % MIN_ALLOCATION != 0 {
-                    return Err(format!(
-                        "{at}: size {} or address not in 256-byte units",
-                        c.size
-                    ));
-                }
-                expected = c.addr + c.size;
-                if expected > r.base + r.size {
-                    return Err(format!("{at}: runs past the region's end"));
-                }
-                let free = c.state == State::Free;
-                if free {
-                    if prev_free {
-                        return Err(format!("{at}: two adjacent free chunks (not coalesced)"));
-                    }
+                region.chunk(&at, c.usage(), &mut tally)?;
+                if c.state == State::Free {
                     if c.requested != 0 {
                         return Err(format!(
                             "{at}: a free chunk records {} requested",
@@ -579,26 +487,18 @@ impl Arena {
                             c.size
                         ));
                     }
-                    free_chunks += 1;
-                    largest = largest.max(c.size);
-                } else {
-                    if c.requested > c.size {
-                        return Err(format!("{at}: requested {} exceeds the chunk", c.requested));
-                    }
-                    in_use += c.size;
-                    live += 1;
                 }
-                prev_free = free;
                 prev = idx;
                 idx = c.next;
             }
-            if expected != r.base + r.size {
-                return Err(format!(
-                    "region {:#x}+{}: chunks end at {expected:#x}, not at the region's end",
-                    r.base, r.size
-                ));
-            }
+            region.finish()?;
         }
+        let Tally {
+            in_use,
+            live,
+            free: free_chunks,
+            largest_free: largest,
+        } = tally;
         let mut vacant = 0usize;
         let mut v = self.vacant;
         while v != NONE {

@@ -52,9 +52,7 @@ pub mod free_index;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::allocator::{
-    effective_alignment, next_allocator_id, round_up, Allocation, Allocator, Stats,
-};
+use crate::allocator::{next_allocator_id, round_up, Allocation, Allocator, Stats};
 use crate::device::{Device, Stream};
 use crate::error::{Error, Result};
 use crate::report::{BinSummary, OomReport};
@@ -68,8 +66,9 @@ pub const MAX_ALIGNMENT: u64 = 1 << 30;
 pub const PREALLOCATION_GRANULE: u64 = 2 << 20;
 /// Under growth, the first region is `min(limit, 2 MiB)`.
 pub const INITIAL_REGION: u64 = 2 << 20;
+use super::common::{admit, holds_memory, Admitted, FailedRequest};
 pub use super::stream_order::EVENT_POOL;
-use super::stream_order::{Chunk, StreamOrder};
+use super::stream_order::{StreamOrder, TokenChunk};
 
 /// Options of [`BfcAllocator`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,23 +80,8 @@ pub struct BfcOptions {
 }
 
 /// A chunk handed out, by arena slot (the token's low 32 bits); also what a pending
-/// stream-ordered free keeps.
-#[derive(Debug, Clone, Copy, Default)]
-struct Handed {
-    token: u64,
-    addr: u64,
-    /// Bytes of the chunk; 0 when the slot holds nothing handed out.
-    size: u64,
-}
-
-impl Chunk for Handed {
-    fn addr(&self) -> u64 {
-        self.addr
-    }
-    fn size(&self) -> u64 {
-        self.size
-    }
-}
+/// stream-ordered free keeps. `size` is 0 when the slot holds nothing handed out.
+type Handed = TokenChunk;
 
 /// Everything behind the lock.
 #[derive(Debug)]
@@ -473,20 +457,21 @@ impl<D: Device + ?Sized> BfcAllocator<D> {
     ) -> Error {
         let a = &inner.arena;
         let largest = a.largest_free();
-        Error::OutOfMemory(Box::new(OomReport {
-            allocator: self.name().to_string(),
+        let request = FailedRequest {
+            allocator: self.name(),
             requested,
             rounded,
             alignment,
             limit: Some(self.options.limit),
+        };
+        Error::OutOfMemory(Box::new(OomReport {
             bytes_in_use: inner.bytes_in_use(),
             pool_bytes: a.pool_bytes(),
             largest_free_block: largest,
             fragmentation: Stats::compute_fragmentation(a.pool_bytes(), a.bytes_in_use(), largest),
-            device_free: self.device.mem_info().ok().map(|m| m.free),
-            cause,
             bins: a.bin_summaries(),
             regions: a.region_maps(),
+            ..request.report(&*self.device, cause)
         }))
     }
 }
@@ -518,12 +503,12 @@ impl<D: Device + ?Sized> Allocator for BfcAllocator<D> {
         stream: Stream,
         _tag: &str,
     ) -> Result<Allocation> {
-        let alignment = effective_alignment(alignment, MIN_ALLOCATION, MAX_ALIGNMENT)?;
-        if size == 0 {
+        let Some(Admitted { alignment, rounded }) =
+            admit(size, alignment, MIN_ALLOCATION, MAX_ALIGNMENT)?
+        else {
             self.inner().num_allocs += 1;
-            return Ok(Allocation::new(0, 0, stream, self.id, 0));
-        }
-        let rounded = round_up(size, MIN_ALLOCATION)?;
+            return Ok(Allocation::empty(stream, self.id));
+        };
         let mut guard = self.inner();
         let inner = &mut *guard;
         if !inner.order.is_first(stream) {
@@ -562,14 +547,7 @@ impl<D: Device + ?Sized> Allocator for BfcAllocator<D> {
     /// # Time complexity
     /// `O(log n)` in the number of free chunks.
     fn deallocate(&self, allocation: Allocation) -> Result<()> {
-        if allocation.allocator_id() != self.id {
-            return Err(Error::ForeignAllocation {
-                ptr: allocation.ptr(),
-                owner: allocation.allocator_id(),
-                this: self.id,
-            });
-        }
-        if allocation.is_empty() {
+        if !holds_memory(&allocation, self.id)? {
             return Ok(());
         }
         let unknown = || Error::UnknownPointer {

@@ -15,23 +15,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use proptest::prelude::*;
 
 use super::*;
+use crate::adaptor::{Call, Capability, DeviceWrapper};
 use crate::backends::host::HostDevice;
-use crate::device::{DeviceInfo, MemInfo};
+use crate::replay::preset;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct TestChunk {
-    addr: u64,
-    size: u64,
-}
-
-impl Chunk for TestChunk {
-    fn addr(&self) -> u64 {
-        self.addr
-    }
-    fn size(&self) -> u64 {
-        self.size
-    }
-}
+/// The test's chunks carry no token.
+type TestChunk = TokenChunk;
 
 /// A host device that refuses what the flags say.
 #[derive(Debug)]
@@ -50,57 +39,27 @@ fn refused(call: &'static str) -> crate::Error {
     }
 }
 
-impl Device for Flaky {
-    fn info(&self) -> &DeviceInfo {
-        self.host.info()
+impl DeviceWrapper for Flaky {
+    type Inner = HostDevice;
+    fn wrapped(&self) -> &HostDevice {
+        &self.host
     }
-    fn mem_info(&self) -> Result<MemInfo> {
-        self.host.mem_info()
-    }
-    fn alloc(&self, size: u64) -> Result<u64> {
-        self.host.alloc(size)
-    }
-    fn free(&self, ptr: u64, size: u64) -> Result<()> {
-        self.host.free(ptr, size)
-    }
-    fn create_stream(&self) -> Result<Stream> {
-        self.host.create_stream()
-    }
-    fn destroy_stream(&self, stream: Stream) -> Result<()> {
-        self.host.destroy_stream(stream)
-    }
-    fn synchronize_stream(&self, stream: Stream) -> Result<()> {
-        if self.refuse_stream_sync.load(Ordering::Relaxed) {
-            return Err(refused("synchronize_stream"));
+    fn before(&self, call: &Call<'_>) -> Result<()> {
+        let refusing = match call {
+            Call::RecordEvent { .. } => &self.refuse_record,
+            Call::SynchronizeStream(_) => &self.refuse_stream_sync,
+            Call::SynchronizeEvent(_) => &self.refuse_event_sync,
+            Call::SynchronizeDevice => &self.refuse_device_sync,
+            _ => return Ok(()),
+        };
+        if refusing.load(Ordering::Relaxed) {
+            return Err(refused(call.name()));
         }
-        self.host.synchronize_stream(stream)
+        Ok(())
     }
-    fn synchronize_device(&self) -> Result<()> {
-        if self.refuse_device_sync.load(Ordering::Relaxed) {
-            return Err(refused("synchronize_device"));
-        }
-        self.host.synchronize_device()
-    }
-    fn create_event(&self) -> Result<Event> {
-        self.host.create_event()
-    }
-    fn record_event(&self, event: Event, stream: Stream) -> Result<()> {
-        if self.refuse_record.load(Ordering::Relaxed) {
-            return Err(refused("record_event"));
-        }
-        self.host.record_event(event, stream)
-    }
-    fn event_complete(&self, event: Event) -> Result<bool> {
-        self.host.event_complete(event)
-    }
-    fn synchronize_event(&self, event: Event) -> Result<()> {
-        if self.refuse_event_sync.load(Ordering::Relaxed) {
-            return Err(refused("synchronize_event"));
-        }
-        self.host.synchronize_event(event)
-    }
-    fn destroy_event(&self, event: Event) -> Result<()> {
-        self.host.destroy_event(event)
+    /// Only streams and events, as the module needs.
+    fn offers(&self, _: Capability) -> bool {
+        false
     }
 }
 
@@ -146,11 +105,7 @@ struct Harness {
 impl Harness {
     fn new() -> Harness {
         let device = Flaky {
-            host: HostDevice::builder()
-                .capacity(1 << 30)
-                .simulated(true)
-                .build()
-                .unwrap(),
+            host: preset::custom(1 << 30).host_device().unwrap(),
             refuse_record: AtomicBool::new(false),
             refuse_stream_sync: AtomicBool::new(false),
             refuse_event_sync: AtomicBool::new(false),
@@ -200,6 +155,7 @@ impl Harness {
                 let c = TestChunk {
                     addr: self.next_addr,
                     size,
+                    token: 0,
                 };
                 self.next_addr += size;
                 self.model.insert(
@@ -221,6 +177,7 @@ impl Harness {
                     let rest = (c.size > size).then_some(TestChunk {
                         addr: c.addr + size,
                         size: c.size - size,
+                        token: 0,
                     });
                     Some((c, rest.into_iter().collect()))
                 };
@@ -359,6 +316,7 @@ fn the_per_thread_handle_is_never_reused_at_once() {
     let c = TestChunk {
         addr: 4096,
         size: 256,
+        token: 0,
     };
     assert!(order.free(dev, Stream::PER_THREAD, c).is_none());
     let fit = |c: &TestChunk| Some(((c.size, c.addr), ()));

@@ -125,14 +125,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use rustc_hash::FxHashMap;
 
-use crate::allocator::{
-    effective_alignment, next_allocator_id, round_up, Allocation, Allocator, Stats,
-};
+use crate::allocator::{next_allocator_id, round_up, Allocation, Allocator, Stats};
 use crate::device::{Device, PhysicalHandle, Stream, VirtualMemory};
 use crate::error::{Error, Result};
 use crate::report::OomReport;
 use crate::units::Bytes;
 
+use super::common::{admit, holds_memory, Admitted, FailedRequest};
 use space::{Grant, Placement, Space, MIN_ALLOCATION};
 use streams::StreamOrder;
 pub use streams::EVENT_POOL;
@@ -789,20 +788,21 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         let largest = self.largest_free_mapped(inner);
         let pool = inner.phys.pool_bytes;
         let in_use = inner.bytes_in_use();
-        Error::OutOfMemory(Box::new(OomReport {
-            allocator: self.name().to_string(),
+        let request = FailedRequest {
+            allocator: self.name(),
             requested,
             rounded,
             alignment,
             limit: Some(self.options.limit),
+        };
+        Error::OutOfMemory(Box::new(OomReport {
             bytes_in_use: in_use,
             pool_bytes: pool,
             largest_free_block: largest,
             fragmentation: Stats::compute_fragmentation(pool, in_use, largest),
-            device_free: self.device.mem_info().ok().map(|m| m.free),
-            cause,
             bins: inner.space.bin_summaries(),
             regions: inner.space.region_maps(),
+            ..request.report(&*self.device, cause)
         }))
     }
 
@@ -948,12 +948,12 @@ impl<D: Device + ?Sized> Allocator for VmmAllocator<D> {
         stream: Stream,
         _tag: &str,
     ) -> Result<Allocation> {
-        let alignment = effective_alignment(alignment, MIN_ALLOCATION, MAX_ALIGNMENT)?;
-        if size == 0 {
+        let Some(Admitted { alignment, rounded }) =
+            admit(size, alignment, MIN_ALLOCATION, MAX_ALIGNMENT)?
+        else {
             self.inner().num_allocs += 1;
-            return Ok(Allocation::new(0, 0, stream, self.id, 0));
-        }
-        let rounded = round_up(size, MIN_ALLOCATION)?;
+            return Ok(Allocation::empty(stream, self.id));
+        };
         let mut guard = self.inner();
         let inner = &mut *guard;
         if rounded > self.options.limit {
@@ -1055,14 +1055,7 @@ impl<D: Device + ?Sized> Allocator for VmmAllocator<D> {
     /// # Time complexity
     /// `O(log n)` plus `O(granules)` of the chunk.
     fn deallocate(&self, allocation: Allocation) -> Result<()> {
-        if allocation.allocator_id() != self.id {
-            return Err(Error::ForeignAllocation {
-                ptr: allocation.ptr(),
-                owner: allocation.allocator_id(),
-                this: self.id,
-            });
-        }
-        if allocation.is_empty() {
+        if !holds_memory(&allocation, self.id)? {
             return Ok(());
         }
         let mut guard = self.inner();

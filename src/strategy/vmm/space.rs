@@ -21,7 +21,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::report::{BinSummary, RegionMap};
-use crate::strategy::bfc::arena::{bin_for_size, bin_min_size, MAP_CELLS, NUM_BINS};
+use crate::strategy::occupancy::{self, check_new_region, ChunkUse, RegionCheck, Tally};
 
 /// Every request is rounded up to a multiple of this, and every chunk starts on it.
 pub const MIN_ALLOCATION: u64 = 256;
@@ -45,6 +45,15 @@ struct Chunk {
 impl Chunk {
     fn is_free(&self) -> bool {
         self.token == 0
+    }
+
+    /// The chunk at `addr` as an out-of-memory report sees it.
+    fn usage((&addr, c): (&u64, &Chunk)) -> ChunkUse {
+        ChunkUse {
+            addr,
+            size: c.size,
+            requested: (!c.is_free()).then_some(c.requested),
+        }
     }
 }
 
@@ -112,19 +121,7 @@ impl Space {
         if class >= CLASSES {
             return Err(format!("class {class} is not below {CLASSES}"));
         }
-        if size == 0 || base % MIN_ALLOCATION != 0 || size % MIN_ALLOCATION != 0 {
-            return Err(format!(
-                "region {base:#x}+{size} is not a non-empty range of whole 256-byte units"
-            ));
-        }
-        let end = base
-            .checked_add(size)
-            .ok_or_else(|| format!("region {base:#x}+{size} overflows the address space"))?;
-        if let Some(&(b, s)) = self.regions.iter().find(|&&(b, s)| base < b + s && b < end) {
-            return Err(format!(
-                "region {base:#x}+{size} overlaps region {b:#x}+{s}"
-            ));
-        }
+        check_new_region(base, size, self.regions.iter().copied())?;
         let region = u32::try_from(self.regions.len()).map_err(|_| "too many regions")?;
         self.regions.push((base, size));
         self.class_of.push(class);
@@ -469,82 +466,17 @@ impl Space {
 
     /// XLA's per-bin summary of every chunk (free and in use), non-empty bins only.
     pub fn bin_summaries(&self) -> Vec<BinSummary> {
-        let mut bins: Vec<BinSummary> = (0..NUM_BINS)
-            .map(|index| BinSummary {
-                index,
-                min_size: bin_min_size(index),
-                total_chunks: 0,
-                chunks_in_use: 0,
-                total_bytes: 0,
-                bytes_in_use: 0,
-                requested_bytes_in_use: 0,
-            })
-            .collect();
-        for c in self.chunks.values() {
-            let b = &mut bins[bin_for_size(c.size)];
-            b.total_chunks += 1;
-            b.total_bytes += c.size;
-            if !c.is_free() {
-                b.chunks_in_use += 1;
-                b.bytes_in_use += c.size;
-                b.requested_bytes_in_use += c.requested;
-            }
-        }
-        bins.retain(|b| b.total_chunks > 0);
-        bins
+        occupancy::bin_summaries(self.chunks.iter().map(Chunk::usage))
     }
 
-    /// A [`MAP_CELLS`]-character occupancy map of each region (`*` requested, `x` slack,
-    /// `_` free), as bfc draws them.
+    /// A [`MAP_CELLS`](crate::strategy::bfc::arena::MAP_CELLS)-character occupancy map of
+    /// each region (`*` requested, `x` slack, `_` free), as bfc draws them.
     pub fn region_maps(&self) -> Vec<RegionMap> {
         self.regions
             .iter()
-            .map(|&(base, size)| RegionMap {
-                base,
-                size,
-                map: self.region_map(base, size),
-            })
-            .collect()
-    }
-
-    fn region_map(&self, base: u64, size: u64) -> String {
-        const CLASSES: [char; 3] = ['*', 'x', '_'];
-        let mut weight = [[0u64; 3]; MAP_CELLS];
-        let bound = |i: usize| base + ((u128::from(size) * i as u128) / MAP_CELLS as u128) as u64;
-        let mut cell = 0;
-        for (&addr, c) in self.chunks.range(base..base.saturating_add(size)) {
-            let end = addr + c.size;
-            let segments = if c.is_free() {
-                [(addr, end, 2), (end, end, 2)]
-            } else {
-                [(addr, addr + c.requested, 0), (addr + c.requested, end, 1)]
-            };
-            for (start, stop, class) in segments {
-                if start == stop {
-                    continue;
-                }
-                while cell + 1 < MAP_CELLS && bound(cell + 1) <= start {
-                    cell += 1;
-                }
-                let mut i = cell;
-                while i < MAP_CELLS && bound(i) < stop {
-                    let lo = bound(i).max(start);
-                    let hi = bound(i + 1).min(stop);
-                    weight[i][class] += hi.saturating_sub(lo);
-                    i += 1;
-                }
-            }
-        }
-        weight
-            .iter()
-            .map(|w| {
-                let mut best = 0;
-                for k in 1..3 {
-                    if w[k] > w[best] {
-                        best = k;
-                    }
-                }
-                CLASSES[best]
+            .map(|&(base, size)| {
+                let chunks = self.chunks.range(base..base.saturating_add(size));
+                occupancy::region_map(base, size, chunks.map(Chunk::usage))
             })
             .collect()
     }
@@ -554,51 +486,27 @@ impl Space {
     /// # Errors
     /// A description of the first one broken.
     pub fn check_invariants(&self) -> Result<(), String> {
-        let mut in_use = 0u64;
-        let mut live = 0usize;
-        let mut free = 0usize;
+        let mut tally = Tally::default();
         let mut covered = 0u64;
         for (ri, &(base, size)) in self.regions.iter().enumerate() {
-            let mut expected = base;
-            let mut prev_free = false;
-            for (&addr, c) in self.chunks.range(base..base + size) {
+            let mut region = RegionCheck::new(base, size);
+            for chunk in self.chunks.range(base..base + size) {
+                let (&addr, c) = chunk;
                 let at = format!("region {base:#x}, chunk at {addr:#x}+{}", c.size);
-                if addr != expected {
-                    return Err(format!(
-                        "{at}: should start at {expected:#x} (gap or overlap)"
-                    ));
-                }
-                if c.size == 0 || c.size % MIN_ALLOCATION != 0 || addr % MIN_ALLOCATION != 0 {
-                    return Err(format!("{at}: not in whole 256-byte units"));
-                }
+                region.chunk(&at, Chunk::usage(chunk), &mut tally)?;
                 if c.region as usize != ri {
                     return Err(format!("{at}: records region {}", c.region));
                 }
-                expected = addr + c.size;
-                if c.is_free() {
-                    if prev_free {
-                        return Err(format!("{at}: two adjacent free chunks (not coalesced)"));
-                    }
-                    if !self.free[self.class_of[ri]].contains(&(c.size, addr)) {
-                        return Err(format!("{at}: free chunk missing from the free index"));
-                    }
-                    free += 1;
-                } else {
-                    if c.requested > c.size {
-                        return Err(format!("{at}: requested {} exceeds the chunk", c.requested));
-                    }
-                    in_use += c.size;
-                    live += 1;
+                if c.is_free() && !self.free[self.class_of[ri]].contains(&(c.size, addr)) {
+                    return Err(format!("{at}: free chunk missing from the free index"));
                 }
-                prev_free = c.is_free();
                 covered += c.size;
             }
-            if expected != base + size {
-                return Err(format!(
-                    "region {base:#x}+{size}: chunks end at {expected:#x}, not at its end"
-                ));
-            }
+            region.finish()?;
         }
+        let Tally {
+            in_use, live, free, ..
+        } = tally;
         let total: u64 = self.chunks.values().map(|c| c.size).sum();
         if total != covered {
             return Err("a chunk lies outside every region".into());

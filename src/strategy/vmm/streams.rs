@@ -13,27 +13,13 @@ use crate::device::{Device, Stream};
 
 use super::space::{Grant, Space};
 use super::{Inner, VmmAllocator};
-use crate::strategy::stream_order::{self, Chunk};
+use crate::strategy::stream_order::{self, TokenChunk};
 
 pub use crate::strategy::stream_order::EVENT_POOL;
 
 /// A pending chunk: where it is and the token the address space knows it by (a fresh one,
 /// given at the free, so that the allocation's own is refused from then on).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct VmmChunk {
-    pub addr: u64,
-    pub token: u64,
-    pub size: u64,
-}
-
-impl Chunk for VmmChunk {
-    fn addr(&self) -> u64 {
-        self.addr
-    }
-    fn size(&self) -> u64 {
-        self.size
-    }
-}
+pub(super) type VmmChunk = TokenChunk;
 
 /// Stream-ordered reuse of vmm's chunks.
 pub(super) type StreamOrder = stream_order::StreamOrder<VmmChunk>;

@@ -16,7 +16,7 @@
 
 use std::collections::HashSet;
 
-use super::{Attrs, Emitter};
+use super::{csv_column, csv_error, csv_reader, Attrs, Emitter};
 use crate::error::Result;
 use crate::trace::{
     excerpt, trace_error, AnomalyKind, Format, Input, Keying, Loc, Op, Options, TraceHeader,
@@ -38,21 +38,11 @@ struct Row {
 /// A missing column, a field that is not a non-negative integer (with its line), or an
 /// anomaly in strict mode.
 pub(crate) fn read(input: Input, origin: &str, options: &Options) -> Result<VecSource> {
-    let mut rdr = csv::ReaderBuilder::new()
-        .has_headers(true)
-        .trim(csv::Trim::All)
-        .flexible(false)
-        .from_reader(input);
-    let csv_err = |e: csv::Error| match e.position() {
-        Some(p) => trace_error(format!("{origin}: line {}: {e}", p.line())),
-        None => trace_error(format!("{origin}: {e}")),
-    };
+    let mut rdr = csv_reader(input);
+    let csv_err = |e: csv::Error| csv_error(origin, &e);
     let names = rdr.headers().map_err(csv_err)?.clone();
     let find = |want: &str| -> Result<usize> {
-        names
-            .iter()
-            .position(|n| n.trim_start_matches('\u{feff}').eq_ignore_ascii_case(want))
-            .ok_or_else(|| {
+        csv_column(&names, want).ok_or_else(|| {
                 trace_error(format!(
                     "{origin}: line 1: lifetime CSV lacks the {want} column; expected header id,lower,upper,size"
                 ))

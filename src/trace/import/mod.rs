@@ -2,8 +2,8 @@
 //! a stream of [`Event`]s. They are reached through [`open`](super::open); each module also
 //! documents how its source maps into the own format.
 
-use super::{Event, Keying, Loc, Op, Tracker};
-use crate::error::Result;
+use super::{trace_error, Event, Input, Keying, Loc, Op, Tracker};
+use crate::error::{Error, Result};
 
 pub mod kineto;
 pub mod lifetimes_csv;
@@ -65,6 +65,32 @@ impl Emitter {
         }
         Ok(())
     }
+}
+
+/// A CSV reader as the CSV importers read: a header row, fields trimmed, every row as wide
+/// as the header.
+pub(crate) fn csv_reader(input: Input) -> csv::Reader<Input> {
+    csv::ReaderBuilder::new()
+        .has_headers(true)
+        .trim(csv::Trim::All)
+        .flexible(false)
+        .from_reader(input)
+}
+
+/// The error for a CSV that cannot be read, with its line where the reader knows it.
+pub(crate) fn csv_error(origin: &str, e: &csv::Error) -> Error {
+    match e.position() {
+        Some(p) => trace_error(format!("{origin}: line {}: {e}", p.line())),
+        None => trace_error(format!("{origin}: {e}")),
+    }
+}
+
+/// The position of the column `want` among the header's `names`, matched without regard to
+/// case or a leading byte-order mark.
+pub(crate) fn csv_column(names: &csv::StringRecord, want: &str) -> Option<usize> {
+    names
+        .iter()
+        .position(|n| n.trim_start_matches('\u{feff}').eq_ignore_ascii_case(want))
 }
 
 /// Microseconds (integer or fractional, as JSON or pickle numbers carry them) to

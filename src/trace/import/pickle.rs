@@ -592,6 +592,14 @@ impl Reader<'_> {
         })
     }
 
+    /// `reached`, or the error when it is past `limit`.
+    fn within(&self, limit: Limit, reached: u64) -> Result<u64, PickleError> {
+        if reached > self.limits.of(limit) {
+            return self.exceeded(limit, reached);
+        }
+        Ok(reached)
+    }
+
     fn truncated<T>(&self) -> Result<T, PickleError> {
         self.malformed(format!(
             "the input ends inside opcode {}",
@@ -640,21 +648,15 @@ impl Reader<'_> {
 
     /// Counts `n` more payload bytes, before they are read or made.
     fn charge_payload(&mut self, n: u64) -> Result<(), PickleError> {
-        let reached = self.figures.payload_bytes.saturating_add(n);
-        if reached > self.limits.payload_bytes {
-            return self.exceeded(Limit::PayloadBytes, reached);
-        }
-        self.figures.payload_bytes = reached;
+        self.figures.payload_bytes = self.check_room(n)?;
         Ok(())
     }
 
-    /// Fails if `n` more payload bytes would exceed the limit (without counting them).
-    fn check_room(&self, n: u64) -> Result<(), PickleError> {
+    /// Fails if `n` more payload bytes would exceed the limit (without counting them);
+    /// otherwise the payload bytes they would make.
+    fn check_room(&self, n: u64) -> Result<u64, PickleError> {
         let reached = self.figures.payload_bytes.saturating_add(n);
-        if reached > self.limits.payload_bytes {
-            return self.exceeded(Limit::PayloadBytes, reached);
-        }
-        Ok(())
+        self.within(Limit::PayloadBytes, reached)
     }
 
     /// Reads `len` bytes into the scratch buffer.
@@ -720,10 +722,7 @@ impl Reader<'_> {
 
     fn count_values(&mut self, n: u64) -> Result<(), PickleError> {
         let reached = self.figures.values.saturating_add(n);
-        if reached > self.limits.values {
-            return self.exceeded(Limit::Values, reached);
-        }
-        self.figures.values = reached;
+        self.figures.values = self.within(Limit::Values, reached)?;
         Ok(())
     }
 
@@ -742,11 +741,7 @@ impl Reader<'_> {
     }
 
     fn push_seq(&mut self, kind: SeqKind, items: Vec<u32>) -> Result<(), PickleError> {
-        let reached = self.figures.containers + 1;
-        if reached > self.limits.containers {
-            return self.exceeded(Limit::Containers, reached);
-        }
-        self.figures.containers = reached;
+        self.figures.containers = self.within(Limit::Containers, self.figures.containers + 1)?;
         let index = self.offset_u32(self.seqs.len())?;
         self.seqs.push(items);
         self.push_new(Node::Seq { kind, index })
@@ -883,10 +878,7 @@ impl Reader<'_> {
     fn memoize(&mut self, id: u32) -> Result<(), PickleError> {
         let top = self.top()?;
         if !self.memo.contains_key(&id) {
-            let reached = self.memo.len() as u64 + 1;
-            if reached > self.limits.memo_entries {
-                return self.exceeded(Limit::MemoEntries, reached);
-            }
+            self.within(Limit::MemoEntries, self.memo.len() as u64 + 1)?;
         }
         self.memo.insert(id, top);
         Ok(())
@@ -952,9 +944,7 @@ impl Reader<'_> {
     fn run(&mut self) -> Result<u32, PickleError> {
         loop {
             self.op_offset = self.offset;
-            if self.offset >= self.limits.input_bytes {
-                return self.exceeded(Limit::InputBytes, self.offset + 1);
-            }
+            self.within(Limit::InputBytes, self.offset + 1)?;
             let op = match self.byte() {
                 Ok(op) => op,
                 Err(PickleError::Malformed { .. }) => {
@@ -983,10 +973,7 @@ impl Reader<'_> {
 
             // The stack and marks.
             op::MARK => {
-                let reached = self.marks.len() as u64 + 1;
-                if reached > self.limits.open_marks {
-                    return self.exceeded(Limit::OpenMarks, reached);
-                }
+                let reached = self.within(Limit::OpenMarks, self.marks.len() as u64 + 1)?;
                 self.figures.open_marks = self.figures.open_marks.max(reached);
                 self.marks.push(self.stack.len());
             }

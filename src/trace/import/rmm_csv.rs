@@ -20,8 +20,8 @@
 
 use std::collections::VecDeque;
 
-use super::{Attrs, Emitter};
-use crate::error::{Error, Result};
+use super::{csv_column, csv_error, csv_reader, Attrs, Emitter};
+use crate::error::Result;
 use crate::trace::{
     excerpt, trace_error, Anomalies, AnomalyKind, Event, Format, Input, Keying, Loc, Op, Options,
     ThreadMap, TraceHeader, TraceSource,
@@ -60,30 +60,16 @@ impl std::fmt::Debug for RmmCsvReader {
     }
 }
 
-fn csv_error(origin: &str, e: &csv::Error) -> Error {
-    match e.position() {
-        Some(p) => trace_error(format!("{origin}: line {}: {e}", p.line())),
-        None => trace_error(format!("{origin}: {e}")),
-    }
-}
-
 impl RmmCsvReader {
     /// Reads the header row of `input`.
     ///
     /// # Errors
     /// A required column is missing, or the header cannot be read.
     pub fn new(input: Input, origin: &str, options: &Options) -> Result<Self> {
-        let mut rdr = csv::ReaderBuilder::new()
-            .has_headers(true)
-            .trim(csv::Trim::All)
-            .flexible(false)
-            .from_reader(input);
+        let mut rdr = csv_reader(input);
         let names = rdr.headers().map_err(|e| csv_error(origin, &e))?.clone();
         let find = |want: &str| -> Result<usize> {
-            names
-                .iter()
-                .position(|n| n.trim_start_matches('\u{feff}').eq_ignore_ascii_case(want))
-                .ok_or_else(|| {
+            csv_column(&names, want).ok_or_else(|| {
                     trace_error(format!(
                         "{origin}: line 1: RMM log lacks the {want} column; expected header Thread,Time,Action,Pointer,Size,Stream, got {}",
                         excerpt(&names.iter().collect::<Vec<_>>().join(","))
@@ -281,36 +267,7 @@ fn parse_thread(text: &str) -> Option<u64> {
     text.parse().ok()
 }
 
-impl Iterator for RmmCsvReader {
-    type Item = Result<Event>;
-
-    fn next(&mut self) -> Option<Result<Event>> {
-        if self.done {
-            return None;
-        }
-        match self.next_inner() {
-            Ok(Some(e)) => Some(Ok(e)),
-            Ok(None) => {
-                self.done = true;
-                None
-            }
-            Err(e) => {
-                self.done = true;
-                Some(Err(e))
-            }
-        }
-    }
-}
-
-impl TraceSource for RmmCsvReader {
-    fn header(&self) -> &TraceHeader {
-        &self.header
-    }
-
-    fn anomalies(&self) -> &Anomalies {
-        &self.emitter.tracker.anomalies
-    }
-}
+streaming_trace_source!(RmmCsvReader, anomalies: emitter.tracker.anomalies);
 
 #[cfg(test)]
 mod tests {

@@ -43,7 +43,7 @@ use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 
 use crate::error::Result;
-use crate::trace::{excerpt, trace_error, Event, Op, TagId, TraceHeader};
+use crate::trace::{excerpt, push_generated, trace_error, Event, Op, TagId, TraceHeader};
 
 /// The longest line of a buffer-assignment file: 1 MiB (a real one is at most a tuple
 /// shape of a few thousand elements).
@@ -273,55 +273,30 @@ impl BufferAssignment {
             .collect();
         let mut events = Vec::new();
         let mut next_id = 0u64;
-        let push = |events: &mut Vec<Event>, time: u64, op: Op, id: u64, size: u64, tag| {
-            let seq = events.len() as u64;
-            events.push(Event {
-                seq,
-                time_ns: time,
-                thread: 0,
-                stream: 0,
-                op,
-                id,
-                size,
-                tag,
-            });
-        };
         // (id, size, donated): what the next execution takes.
         let mut live_args: Vec<(u64, u64, bool)> = Vec::new();
         for a in &arguments {
-            push(&mut events, 0, Op::Alloc, next_id, a.size, TAG_ARGUMENT);
+            push_generated(&mut events, 0, Op::Alloc, next_id, a.size, TAG_ARGUMENT);
             live_args.push((next_id, a.size, a.live_out));
             next_id += 1;
         }
         for step in 1..=u64::from(steps) {
             let arena = next_id;
             next_id += 1;
-            if stats.temp_bytes > 0 {
-                push(
-                    &mut events,
-                    step,
-                    Op::Alloc,
-                    arena,
-                    stats.temp_bytes,
-                    TAG_TEMP,
-                );
-            }
+            // The temporaries' arena, taken before the outputs and given back after them.
+            let temps = |events: &mut Vec<Event>, op| {
+                if stats.temp_bytes > 0 {
+                    push_generated(events, step, op, arena, stats.temp_bytes, TAG_TEMP);
+                }
+            };
+            temps(&mut events, Op::Alloc);
             let mut produced = Vec::with_capacity(outputs.len());
             for o in &outputs {
-                push(&mut events, step, Op::Alloc, next_id, o.size, TAG_OUTPUT);
+                push_generated(&mut events, step, Op::Alloc, next_id, o.size, TAG_OUTPUT);
                 produced.push((next_id, o.size, false));
                 next_id += 1;
             }
-            if stats.temp_bytes > 0 {
-                push(
-                    &mut events,
-                    step,
-                    Op::Free,
-                    arena,
-                    stats.temp_bytes,
-                    TAG_TEMP,
-                );
-            }
+            temps(&mut events, Op::Free);
             // Arguments not donated are released; donated ones now hold outputs.
             let mut next_args: Vec<(u64, u64, bool)> = Vec::new();
             for &(id, size, donated) in &live_args {
@@ -329,7 +304,7 @@ impl BufferAssignment {
                     next_args.push((id, size, true));
                 } else {
                     let tag = if step == 1 { TAG_ARGUMENT } else { TAG_OUTPUT };
-                    push(&mut events, step, Op::Free, id, size, tag);
+                    push_generated(&mut events, step, Op::Free, id, size, tag);
                 }
             }
             next_args.extend(produced);

@@ -1,0 +1,606 @@
+//! [`DeviceWrapper`]: one forwarding [`Device`] for every adaptor that changes a few calls of
+//! the device beneath it and passes the rest down (see the trait).
+#![deny(unsafe_code)]
+
+use std::fmt;
+
+use crate::device::{
+    peer_access_unsupported, Device, DeviceInfo, Event, MemInfo, PhysicalHandle, PoolUsage, Stream,
+    StreamOrderedPool, VirtualMemory,
+};
+use crate::error::{Error, Result};
+
+/// A fallible call of a [`Device`], [`VirtualMemory`] or [`StreamOrderedPool`], with its
+/// arguments, as [`DeviceWrapper::before`] and [`DeviceWrapper::after`] see it.
+///
+/// The infallible queries (`info`, `peer_access`, `granularity`) pass down unseen.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Call<'a> {
+    /// [`Device::mem_info`].
+    MemInfo,
+    /// [`Device::alloc`].
+    Alloc {
+        /// Bytes asked for.
+        size: u64,
+    },
+    /// [`Device::free`].
+    Free {
+        /// The allocation.
+        ptr: u64,
+        /// Its size.
+        size: u64,
+    },
+    /// [`Device::create_stream`].
+    CreateStream,
+    /// [`Device::destroy_stream`].
+    DestroyStream(Stream),
+    /// [`Device::synchronize_stream`].
+    SynchronizeStream(Stream),
+    /// [`Device::synchronize_device`].
+    SynchronizeDevice,
+    /// [`Device::create_event`].
+    CreateEvent,
+    /// [`Device::record_event`].
+    RecordEvent {
+        /// The event.
+        event: Event,
+        /// The stream it is recorded on.
+        stream: Stream,
+    },
+    /// [`Device::event_complete`].
+    EventComplete(Event),
+    /// [`Device::synchronize_event`].
+    SynchronizeEvent(Event),
+    /// [`Device::destroy_event`].
+    DestroyEvent(Event),
+    /// [`Device::can_access_peer`], with the peer's facts.
+    CanAccessPeer(&'a DeviceInfo),
+    /// [`Device::enable_peer_access`], with the peer's facts.
+    EnablePeerAccess(&'a DeviceInfo),
+    /// [`VirtualMemory::reserve`].
+    Reserve {
+        /// Bytes of address space.
+        size: u64,
+        /// Their alignment (0: the granularity).
+        alignment: u64,
+    },
+    /// [`VirtualMemory::free_reservation`].
+    FreeReservation {
+        /// The reservation.
+        va: u64,
+        /// Its size.
+        size: u64,
+    },
+    /// [`VirtualMemory::create_physical`].
+    CreatePhysical {
+        /// Bytes of physical memory.
+        size: u64,
+    },
+    /// [`VirtualMemory::release_physical`].
+    ReleasePhysical(PhysicalHandle),
+    /// [`VirtualMemory::map`].
+    Map {
+        /// Where.
+        va: u64,
+        /// How many bytes.
+        size: u64,
+        /// Of which physical memory.
+        handle: PhysicalHandle,
+        /// From how far into it.
+        offset: u64,
+    },
+    /// [`VirtualMemory::set_access`], or [`VirtualMemory::set_access_with_peers`] (which is
+    /// `set_access` when `peers` is empty).
+    SetAccess {
+        /// Where.
+        va: u64,
+        /// How many bytes.
+        size: u64,
+        /// The peer devices granted access too.
+        peers: &'a [u32],
+    },
+    /// [`VirtualMemory::unmap`].
+    Unmap {
+        /// Where.
+        va: u64,
+        /// How many bytes.
+        size: u64,
+    },
+    /// [`StreamOrderedPool::alloc_async`].
+    AllocAsync {
+        /// Bytes asked for.
+        size: u64,
+        /// For work on which stream.
+        stream: Stream,
+    },
+    /// [`StreamOrderedPool::free_async`].
+    FreeAsync {
+        /// The allocation.
+        ptr: u64,
+        /// Freed in order on which stream.
+        stream: Stream,
+    },
+    /// [`StreamOrderedPool::set_release_threshold`].
+    SetReleaseThreshold(u64),
+    /// [`StreamOrderedPool::release_threshold`].
+    ReleaseThreshold,
+    /// [`StreamOrderedPool::trim_to`].
+    TrimTo(u64),
+    /// [`StreamOrderedPool::usage`].
+    Usage,
+}
+
+impl Call<'_> {
+    /// The method's name (`alloc`, `record_event`, `set_access_with_peers`, …), as errors
+    /// name calls.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Call::MemInfo => "mem_info",
+            Call::Alloc { .. } => "alloc",
+            Call::Free { .. } => "free",
+            Call::CreateStream => "create_stream",
+            Call::DestroyStream(_) => "destroy_stream",
+            Call::SynchronizeStream(_) => "synchronize_stream",
+            Call::SynchronizeDevice => "synchronize_device",
+            Call::CreateEvent => "create_event",
+            Call::RecordEvent { .. } => "record_event",
+            Call::EventComplete(_) => "event_complete",
+            Call::SynchronizeEvent(_) => "synchronize_event",
+            Call::DestroyEvent(_) => "destroy_event",
+            Call::CanAccessPeer(_) => "can_access_peer",
+            Call::EnablePeerAccess(_) => "enable_peer_access",
+            Call::Reserve { .. } => "reserve",
+            Call::FreeReservation { .. } => "free_reservation",
+            Call::CreatePhysical { .. } => "create_physical",
+            Call::ReleasePhysical(_) => "release_physical",
+            Call::Map { .. } => "map",
+            Call::SetAccess { peers: [], .. } => "set_access",
+            Call::SetAccess { .. } => "set_access_with_peers",
+            Call::Unmap { .. } => "unmap",
+            Call::AllocAsync { .. } => "alloc_async",
+            Call::FreeAsync { .. } => "free_async",
+            Call::SetReleaseThreshold(_) => "set_release_threshold",
+            Call::ReleaseThreshold => "release_threshold",
+            Call::TrimTo(_) => "trim_to",
+            Call::Usage => "usage",
+        }
+    }
+}
+
+display_as_name!(Call<'_>);
+
+/// An optional part of a device that a [`DeviceWrapper`] may hide.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Capability {
+    /// [`Device::virtual_memory`].
+    VirtualMemory,
+    /// [`Device::stream_ordered_pool`].
+    StreamOrderedPool,
+    /// [`Device::can_access_peer`], [`Device::enable_peer_access`] and
+    /// [`Device::peer_access`]; hidden, they answer as the trait's defaults do (no peers).
+    PeerAccess,
+}
+
+/// A device that passes every call to the device beneath ([`DeviceWrapper::wrapped`]) except
+/// where its hooks say otherwise.
+///
+/// Like RMM's `device_memory_resource` adaptors, a wrapper owns (or borrows) an upstream and
+/// adds one concern. Writing `impl Device` by hand for that means forwarding some thirty
+/// methods of three traits, and every wrapper written so repeats them. A type that
+/// implements `DeviceWrapper` instead writes only what differs:
+///
+/// * [`DeviceWrapper::wrapped`]: the device beneath (required);
+/// * [`DeviceWrapper::before`]: sees every fallible call, by name and with its arguments
+///   ([`Call`]), before it goes down, and may fail it (fault injection, refusals, logs,
+///   counters);
+/// * [`DeviceWrapper::after`]: sees the error of every call that went down;
+/// * [`DeviceWrapper::offers`]: hides a capability ([`Capability`]) of the device beneath;
+/// * [`DeviceWrapper::device_info`]: shows other facts than the device beneath.
+///
+/// Every such type is a [`Device`], a [`VirtualMemory`] and a [`StreamOrderedPool`] (so it
+/// cannot implement those itself). Its [`Device::virtual_memory`] and
+/// [`Device::stream_ordered_pool`] hand out the wrapper itself when the device beneath has
+/// the capability (and the wrapper offers it), so that the capability's calls come through
+/// the hooks too. [`crate::adaptor::CountingDevice`] is one.
+///
+/// ```
+/// use std::sync::Mutex;
+/// use portalloc::adaptor::{Call, Capability, DeviceWrapper};
+/// use portalloc::backends::host::HostDevice;
+/// use portalloc::{Device, Error, Stream};
+///
+/// /// The host device without virtual memory, refusing to synchronise streams and logging
+/// /// every call.
+/// #[derive(Debug)]
+/// struct Picky {
+///     host: HostDevice,
+///     log: Mutex<Vec<&'static str>>,
+/// }
+///
+/// impl DeviceWrapper for Picky {
+///     type Inner = HostDevice;
+///     fn wrapped(&self) -> &HostDevice {
+///         &self.host
+///     }
+///     fn before(&self, call: &Call<'_>) -> portalloc::Result<()> {
+///         self.log.lock().unwrap().push(call.name());
+///         match call {
+///             Call::SynchronizeStream(_) => Err(Error::InvalidArgument {
+///                 call: call.name(),
+///                 reason: "refused".into(),
+///             }),
+///             _ => Ok(()),
+///         }
+///     }
+///     fn offers(&self, capability: Capability) -> bool {
+///         capability != Capability::VirtualMemory
+///     }
+/// }
+///
+/// let picky = Picky {
+///     host: HostDevice::builder().capacity(1 << 20).build().unwrap(),
+///     log: Mutex::new(Vec::new()),
+/// };
+/// let p = picky.alloc(4096).unwrap();
+/// picky.free(p, 4096).unwrap();
+/// assert!(picky.synchronize_stream(Stream::DEFAULT).is_err());
+/// assert!(picky.virtual_memory().is_none());
+/// assert!(picky.stream_ordered_pool().is_some());
+/// assert_eq!(*picky.log.lock().unwrap(), ["alloc", "free", "synchronize_stream"]);
+/// ```
+pub trait DeviceWrapper: Send + Sync + fmt::Debug {
+    /// The type of the device beneath.
+    type Inner: Device + ?Sized;
+
+    /// The device beneath, which every call goes down to.
+    fn wrapped(&self) -> &Self::Inner;
+
+    /// Sees `call` before it goes down; an error fails the call with it, and the call does
+    /// not go down. Default: lets every call through.
+    ///
+    /// # Errors
+    /// Whatever the wrapper chooses to fail the call with.
+    fn before(&self, call: &Call<'_>) -> Result<()> {
+        let _ = call;
+        Ok(())
+    }
+
+    /// Sees how a call that went down ended: `Some(error)` when it failed. Default: nothing.
+    fn after(&self, call: &Call<'_>, error: Option<&Error>) {
+        let _ = (call, error);
+    }
+
+    /// Whether the wrapper shows `capability` of the device beneath (a device beneath
+    /// without it never shows it). Default: every one.
+    fn offers(&self, capability: Capability) -> bool {
+        let _ = capability;
+        true
+    }
+
+    /// The facts [`Device::info`] reports. Default: those of the device beneath.
+    fn device_info(&self) -> &DeviceInfo {
+        self.wrapped().info()
+    }
+}
+
+/// Runs `call` through `wrapper`'s hooks around `down`, the call to the device beneath.
+#[inline]
+fn through<W: DeviceWrapper + ?Sized, T>(
+    wrapper: &W,
+    call: Call<'_>,
+    down: impl FnOnce() -> Result<T>,
+) -> Result<T> {
+    wrapper.before(&call)?;
+    let result = down();
+    wrapper.after(&call, result.as_ref().err());
+    result
+}
+
+/// The device beneath `wrapper` (never missing: a `Result` only so that `forward!` treats
+/// it as it treats the optional capabilities).
+fn device_beneath<W: DeviceWrapper + ?Sized>(wrapper: &W) -> Result<&W::Inner> {
+    Ok(wrapper.wrapped())
+}
+
+/// The virtual memory of the device beneath `wrapper`.
+fn vm_beneath<W: DeviceWrapper + ?Sized>(wrapper: &W) -> Result<&dyn VirtualMemory> {
+    let inner = wrapper.wrapped();
+    inner
+        .virtual_memory()
+        .ok_or_else(|| missing_beneath(inner, "virtual memory"))
+}
+
+/// The stream-ordered pool of the device beneath `wrapper`.
+fn pool_beneath<W: DeviceWrapper + ?Sized>(wrapper: &W) -> Result<&dyn StreamOrderedPool> {
+    let inner = wrapper.wrapped();
+    inner
+        .stream_ordered_pool()
+        .ok_or_else(|| missing_beneath(inner, "stream-ordered pools"))
+}
+
+fn missing_beneath<D: Device + ?Sized>(inner: &D, what: &str) -> Error {
+    Error::Unsupported {
+        what: what.into(),
+        backend: inner.info().vendor.name(),
+        reason: format!("the device beneath has no {what}"),
+    }
+}
+
+/// The methods that only pass down, one line each: `fn method(args) -> T = call;` is the
+/// method of the trait being implemented that runs `call` through the hooks and then
+/// `beneath(self)?.method(args)`.
+macro_rules! forward {
+    ($beneath:ident: $(fn $method:ident($($arg:ident: $ty:ty),*) -> $ret:ty = $call:expr;)*) => {
+        $(
+            fn $method(&self $(, $arg: $ty)*) -> Result<$ret> {
+                through(self, $call, || $beneath(self)?.$method($($arg),*))
+            }
+        )*
+    };
+}
+
+impl<W: DeviceWrapper> Device for W {
+    forward! { device_beneath:
+        fn mem_info() -> MemInfo = Call::MemInfo;
+        fn alloc(size: u64) -> u64 = Call::Alloc { size };
+        fn free(ptr: u64, size: u64) -> () = Call::Free { ptr, size };
+        fn create_stream() -> Stream = Call::CreateStream;
+        fn destroy_stream(stream: Stream) -> () = Call::DestroyStream(stream);
+        fn synchronize_stream(stream: Stream) -> () = Call::SynchronizeStream(stream);
+        fn synchronize_device() -> () = Call::SynchronizeDevice;
+        fn create_event() -> Event = Call::CreateEvent;
+        fn record_event(event: Event, stream: Stream) -> () = Call::RecordEvent { event, stream };
+        fn event_complete(event: Event) -> bool = Call::EventComplete(event);
+        fn synchronize_event(event: Event) -> () = Call::SynchronizeEvent(event);
+        fn destroy_event(event: Event) -> () = Call::DestroyEvent(event);
+    }
+
+    fn info(&self) -> &DeviceInfo {
+        self.device_info()
+    }
+    fn virtual_memory(&self) -> Option<&dyn VirtualMemory> {
+        let shown = self.offers(Capability::VirtualMemory);
+        (shown && self.wrapped().virtual_memory().is_some()).then_some(self as _)
+    }
+    fn stream_ordered_pool(&self) -> Option<&dyn StreamOrderedPool> {
+        let shown = self.offers(Capability::StreamOrderedPool);
+        (shown && self.wrapped().stream_ordered_pool().is_some()).then_some(self as _)
+    }
+    fn can_access_peer(&self, peer: &dyn Device) -> Result<bool> {
+        if !self.offers(Capability::PeerAccess) {
+            return Ok(false);
+        }
+        through(self, Call::CanAccessPeer(peer.info()), || {
+            self.wrapped().can_access_peer(peer)
+        })
+    }
+    fn enable_peer_access(&self, peer: &dyn Device) -> Result<()> {
+        if !self.offers(Capability::PeerAccess) {
+            return Err(peer_access_unsupported(self, peer));
+        }
+        through(self, Call::EnablePeerAccess(peer.info()), || {
+            self.wrapped().enable_peer_access(peer)
+        })
+    }
+    fn peer_access(&self) -> Vec<u32> {
+        if !self.offers(Capability::PeerAccess) {
+            return Vec::new();
+        }
+        self.wrapped().peer_access()
+    }
+}
+
+impl<W: DeviceWrapper> VirtualMemory for W {
+    forward! { vm_beneath:
+        fn reserve(size: u64, alignment: u64) -> u64 = Call::Reserve { size, alignment };
+        fn free_reservation(va: u64, size: u64) -> () = Call::FreeReservation { va, size };
+        fn create_physical(size: u64) -> PhysicalHandle = Call::CreatePhysical { size };
+        fn release_physical(handle: PhysicalHandle) -> () = Call::ReleasePhysical(handle);
+        fn map(va: u64, size: u64, handle: PhysicalHandle, offset: u64) -> () =
+            Call::Map { va, size, handle, offset };
+        fn unmap(va: u64, size: u64) -> () = Call::Unmap { va, size };
+    }
+
+    fn granularity(&self) -> u64 {
+        let inner = self.wrapped();
+        inner
+            .virtual_memory()
+            .map_or(inner.info().min_granularity, |vm| vm.granularity())
+    }
+    fn set_access(&self, va: u64, size: u64) -> Result<()> {
+        self.set_access_with_peers(va, size, &[])
+    }
+    fn set_access_with_peers(&self, va: u64, size: u64, peers: &[u32]) -> Result<()> {
+        through(self, Call::SetAccess { va, size, peers }, || {
+            let vm = vm_beneath(self)?;
+            if peers.is_empty() {
+                vm.set_access(va, size)
+            } else {
+                vm.set_access_with_peers(va, size, peers)
+            }
+        })
+    }
+}
+
+impl<W: DeviceWrapper> StreamOrderedPool for W {
+    forward! { pool_beneath:
+        fn alloc_async(size: u64, stream: Stream) -> u64 = Call::AllocAsync { size, stream };
+        fn free_async(ptr: u64, stream: Stream) -> () = Call::FreeAsync { ptr, stream };
+        fn set_release_threshold(bytes: u64) -> () = Call::SetReleaseThreshold(bytes);
+        fn release_threshold() -> u64 = Call::ReleaseThreshold;
+        fn trim_to(keep: u64) -> () = Call::TrimTo(keep);
+        fn usage() -> PoolUsage = Call::Usage;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+    use crate::backends::host::HostDevice;
+    use crate::replay::preset;
+
+    /// Logs every call it sees and fails the ones named in `refuse`.
+    #[derive(Debug)]
+    struct Logging {
+        host: Arc<HostDevice>,
+        refuse: &'static [&'static str],
+        hidden: &'static [Capability],
+        seen: Mutex<Vec<String>>,
+    }
+
+    impl DeviceWrapper for Logging {
+        type Inner = HostDevice;
+        fn wrapped(&self) -> &HostDevice {
+            &self.host
+        }
+        fn before(&self, call: &Call<'_>) -> Result<()> {
+            self.seen.lock().unwrap().push(format!("before {call}"));
+            if self.refuse.contains(&call.name()) {
+                return Err(Error::InvalidArgument {
+                    call: call.name(),
+                    reason: "refused by the test".into(),
+                });
+            }
+            Ok(())
+        }
+        fn after(&self, call: &Call<'_>, error: Option<&Error>) {
+            let how = if error.is_some() { "failed" } else { "ok" };
+            self.seen
+                .lock()
+                .unwrap()
+                .push(format!("after {call}: {how}"));
+        }
+        fn offers(&self, capability: Capability) -> bool {
+            !self.hidden.contains(&capability)
+        }
+    }
+
+    fn logging(refuse: &'static [&'static str], hidden: &'static [Capability]) -> Logging {
+        let host = preset::custom(64 << 20).host_device().unwrap();
+        Logging {
+            host: Arc::new(host),
+            refuse,
+            hidden,
+            seen: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn seen(w: &Logging) -> Vec<String> {
+        std::mem::take(&mut *w.seen.lock().unwrap())
+    }
+
+    #[test]
+    fn calls_go_down_through_both_hooks() {
+        let w = logging(&[], &[]);
+        let p = w.alloc(1 << 20).unwrap();
+        assert_eq!(w.host.census().bytes_in_use, 1 << 20, "the call went down");
+        assert!(w.alloc(1 << 40).is_err());
+        w.free(p, 1 << 20).unwrap();
+        assert_eq!(
+            seen(&w),
+            [
+                "before alloc",
+                "after alloc: ok",
+                "before alloc",
+                "after alloc: failed",
+                "before free",
+                "after free: ok"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_refused_call_does_not_go_down() {
+        let w = logging(&["alloc", "set_access"], &[]);
+        match w.alloc(4096) {
+            Err(Error::InvalidArgument { call, .. }) => assert_eq!(call, "alloc"),
+            other => panic!("expected the refusal, got {other:?}"),
+        }
+        assert_eq!(w.host.census().bytes_in_use, 0);
+        assert_eq!(seen(&w), ["before alloc"]);
+        // set_access_with_peers without peers is set_access, and refused as such.
+        let vm = w.virtual_memory().unwrap();
+        let g = vm.granularity();
+        assert_eq!(g, w.host.info().min_granularity);
+        let va = vm.reserve(g, 0).unwrap();
+        assert!(vm.set_access_with_peers(va, g, &[]).is_err());
+        vm.free_reservation(va, g).unwrap();
+        assert_eq!(
+            seen(&w)[2..],
+            [
+                "before set_access",
+                "before free_reservation",
+                "after free_reservation: ok"
+            ]
+        );
+    }
+
+    #[test]
+    fn capabilities_come_through_the_wrapper_unless_hidden() {
+        let w = logging(&[], &[]);
+        let pool = w.stream_ordered_pool().unwrap();
+        let p = pool.alloc_async(4096, Stream::DEFAULT).unwrap();
+        pool.free_async(p, Stream::DEFAULT).unwrap();
+        assert_eq!(
+            seen(&w),
+            [
+                "before alloc_async",
+                "after alloc_async: ok",
+                "before free_async",
+                "after free_async: ok"
+            ]
+        );
+
+        let hidden = logging(
+            &[],
+            &[
+                Capability::VirtualMemory,
+                Capability::StreamOrderedPool,
+                Capability::PeerAccess,
+            ],
+        );
+        assert!(hidden.virtual_memory().is_none());
+        assert!(hidden.stream_ordered_pool().is_none());
+        let other = logging(&[], &[]);
+        assert!(!hidden.can_access_peer(&other).unwrap());
+        assert!(matches!(
+            hidden.enable_peer_access(&other),
+            Err(Error::Unsupported { .. })
+        ));
+        assert!(hidden.peer_access().is_empty());
+        assert!(seen(&hidden).is_empty(), "hidden calls never go down");
+    }
+
+    #[test]
+    fn call_names_are_the_method_names() {
+        let peers = [1];
+        let cases = [
+            (
+                Call::SetAccess {
+                    va: 0,
+                    size: 0,
+                    peers: &[],
+                },
+                "set_access",
+            ),
+            (
+                Call::SetAccess {
+                    va: 0,
+                    size: 0,
+                    peers: &peers,
+                },
+                "set_access_with_peers",
+            ),
+            (Call::SynchronizeDevice, "synchronize_device"),
+            (Call::TrimTo(0), "trim_to"),
+        ];
+        for (call, name) in cases {
+            assert_eq!(call.name(), name);
+            assert_eq!(call.to_string(), name);
+        }
+    }
+}
