@@ -1,16 +1,20 @@
 //! The C ABI (feature `c-api`), called from Rust (the exported functions are ordinary Rust
 //! functions too) with hostile values; donation through handles; the ledger JSON; per-thread
-//! error text; the PyTorch hooks; the header's freshness; and, when a C compiler and
-//! python3 are present, a C program and the Python module against the built cdylib.
+//! error text; the PyTorch hooks; the header's freshness; and libportalloc.so as C and Python
+//! users get it — the workspace member capi/, built here with cargo — checked with `nm` against
+//! the header, and run by a C program and the Python module (when `cc`, `nm` and `python3` are
+//! present: a missing one is a skip that CI turns into a failure).
 #![cfg(feature = "c-api")]
 
 #[path = "support/mod.rs"]
 mod support;
 
+use std::collections::BTreeSet;
 use std::ffi::{c_char, c_void, CStr, CString};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::ptr;
+use std::sync::OnceLock;
 use support::common::assert_mentions_all;
 
 use portalloc::capi::*;
@@ -862,46 +866,108 @@ fn header_is_what_cbindgen_generates() {
     }
 }
 
-/// The cdylib cargo built for this test run, if it exports the C ABI; else why not.
-fn cdylib() -> Result<PathBuf, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("no test executable path: {e}"))?;
-    let lib = exe.with_file_name("libportalloc.so");
-    let bytes = std::fs::read(&lib).map_err(|e| format!("{}: {e}", lib.display()))?;
-    let has = |s: &[u8]| bytes.windows(s.len()).any(|w| w == s);
-    if has(b"portalloc_torch_alloc") && has(b"portalloc_ledger_json") {
-        Ok(lib)
-    } else {
-        Err(format!(
-            "{} lacks the C ABI (built without `c-api` by another build?)",
-            lib.display()
-        ))
-    }
+/// libportalloc.so as C and Python users get it: the workspace member capi/ (package
+/// `portalloc-capi`; the root crate is an rlib only), built once per test process with the
+/// cargo and profile of this test run. A failed build fails the test.
+fn cdylib() -> &'static Path {
+    static LIBRARY: OnceLock<PathBuf> = OnceLock::new();
+    LIBRARY.get_or_init(|| {
+        let mut cargo = Command::new(env!("CARGO"));
+        cargo.current_dir(root()).args([
+            "build",
+            "-p",
+            "portalloc-capi",
+            "--message-format=json-render-diagnostics",
+        ]);
+        if !cfg!(debug_assertions) {
+            cargo.arg("--release");
+        }
+        let out = cargo.output().expect("cargo runs");
+        assert!(
+            out.status.success(),
+            "cargo build -p portalloc-capi failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .filter(|message| {
+                message["reason"] == "compiler-artifact"
+                    && message["target"]["kind"] == serde_json::json!(["cdylib"])
+            })
+            .find_map(|message| message["filenames"][0].as_str().map(PathBuf::from))
+            .expect("cargo reports the cdylib of portalloc-capi")
+    })
 }
 
 fn tool(name: &str) -> bool {
     Command::new(name).arg("--version").output().is_ok()
 }
 
-/// Skips a test whose tool or build product is missing, with a note, except under CI
-/// (`CI=true`, as CI services set it), where a silent skip would pass without testing
-/// anything: there it fails.
-fn skip_unless_ci(why: &str) {
-    if std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true")) {
-        panic!("cannot run: {why}; CI=true, so this is a failure, not a skip");
+/// The functions include/portalloc.h declares (its comments left out).
+fn header_functions() -> BTreeSet<String> {
+    let header = std::fs::read_to_string(root().join("include/portalloc.h")).unwrap();
+    let mut names = BTreeSet::new();
+    for line in header.lines().filter(|l| !l.trim_start().starts_with("//")) {
+        for (at, _) in line.match_indices("portalloc_") {
+            let name: String = line[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            if line[at + name.len()..].starts_with('(') {
+                names.insert(name);
+            }
+        }
     }
-    eprintln!("skipped: {why}");
+    names
+}
+
+#[test]
+fn cdylib_exports_exactly_the_functions_of_the_header() {
+    if !tool("nm") {
+        return support::skip("nm (binutils) is not installed");
+    }
+    let declared = header_functions();
+    // PyTorch's CUDAPluggableAllocator loads the hooks by these names.
+    for hook in ["portalloc_torch_alloc", "portalloc_torch_free"] {
+        assert!(declared.contains(hook), "the header lacks {hook}");
+    }
+    assert!(declared.len() >= 19, "{declared:?}");
+    let lib = cdylib();
+    let nm = Command::new("nm")
+        .args(["-D", "--defined-only"])
+        .arg(lib)
+        .output()
+        .unwrap();
+    assert!(
+        nm.status.success(),
+        "{}",
+        String::from_utf8_lossy(&nm.stderr)
+    );
+    // Lines `ADDRESS TYPE NAME`: the functions (T) named portalloc_*.
+    let exported: BTreeSet<String> = String::from_utf8_lossy(&nm.stdout)
+        .lines()
+        .filter_map(
+            |line| match line.split_whitespace().collect::<Vec<_>>()[..] {
+                [_, "T", name] if name.starts_with("portalloc_") => Some(name.to_string()),
+                _ => None,
+            },
+        )
+        .collect();
+    assert_eq!(
+        exported,
+        declared,
+        "{} exports other functions than include/portalloc.h declares",
+        lib.display()
+    );
 }
 
 #[test]
 fn c_program_against_the_header_and_cdylib() {
     if !tool("cc") {
-        eprintln!("skipped: no C compiler (cc)");
-        return;
+        return support::skip("no C compiler (cc)");
     }
-    let lib = match cdylib() {
-        Ok(lib) => lib,
-        Err(why) => return eprintln!("skipped: {why}"),
-    };
+    let lib = cdylib();
     let dir = lib.parent().unwrap();
     let exe = std::env::temp_dir().join(format!("portalloc-capi-c-{}", std::process::id()));
     let build = Command::new("cc")
@@ -910,7 +976,7 @@ fn c_program_against_the_header_and_cdylib() {
         .arg(root().join("tests/capi_c.c"))
         .arg("-o")
         .arg(&exe)
-        .arg(&lib)
+        .arg(lib)
         .arg(format!("-Wl,-rpath,{}", dir.display()))
         .output()
         .unwrap();
@@ -927,16 +993,15 @@ fn c_program_against_the_header_and_cdylib() {
 #[test]
 fn python_hooks_through_ctypes() {
     if !tool("python3") {
-        return skip_unless_ci("python3 is not installed");
+        return support::skip("python3 is not installed");
     }
-    let lib = match cdylib() {
-        Ok(lib) => lib,
-        Err(why) => return skip_unless_ci(&why),
-    };
+    // The module of the source tree (python/portalloc) with the library just built; the
+    // installed package is tested by scripts/test (tests/python_package.py). The script sets
+    // the environment of its host device itself.
     let ran = run_to_end(
-        child_env(&mut Command::new("python3"))
+        Command::new("python3")
             .arg(root().join("tests/python_hooks.py"))
-            .env("PORTALLOC_LIBRARY", &lib)
+            .env("PORTALLOC_LIBRARY", cdylib())
             .env("PYTHONPATH", root().join("python")),
     );
     assert_ran_to(ran, "python_hooks: ok", "");

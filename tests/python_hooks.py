@@ -1,8 +1,9 @@
 """The Python module and the framework hooks through ctypes, on the host backend.
 
-Run by tests/capi.rs (python_hooks_through_ctypes) with PORTALLOC_LIBRARY set to the built
-cdylib, PYTHONPATH to python/, and an environment selecting a small real host device.
-Standard library only. Prints "python_hooks: ok" on success.
+Run by tests/capi.rs (python_hooks_through_ctypes) against the source tree's module
+(PYTHONPATH=python, PORTALLOC_LIBRARY the cdylib it built), and by scripts/test against the
+installed package. It selects its small real host device itself (below). Standard library
+only. Prints "python_hooks: ok" on success.
 """
 
 import ctypes
@@ -13,8 +14,26 @@ import subprocess
 import sys
 import tempfile
 
-import portalloc
-from portalloc import Allocator, PortallocError
+# The device the global allocator (the hooks', portalloc.stats()) is made for when first
+# used, whatever the caller's environment: 64 MiB of real host memory, half of it usable,
+# not preallocated, the default strategy. portalloc reads the environment only then.
+os.environ.update(
+    PORTALLOC_BACKEND="host",
+    PORTALLOC_HOST_CAPACITY="64MiB",
+    PORTALLOC_HOST_SIMULATED="false",
+    PORTALLOC_MEM_FRACTION="0.5",
+    XLA_PYTHON_CLIENT_PREALLOCATE="false",
+)
+for _name in (
+    "XLA_PYTHON_CLIENT_ALLOCATOR",
+    "PORTALLOC_ALLOCATOR",
+    "XLA_CLIENT_MEM_FRACTION",
+    "XLA_PYTHON_CLIENT_MEM_FRACTION",
+):
+    os.environ.pop(_name, None)
+
+import portalloc  # noqa: E402 (after the environment it reads)
+from portalloc import Allocator, PortallocError  # noqa: E402
 
 MIB = 1 << 20
 DONATED = "buffer has been deleted or donated"
