@@ -13,8 +13,11 @@ or explicitly::
         buf = a.allocate(1 << 20, tag="workspace")
         a.free(buf)
 
-The library is found through ``PORTALLOC_LIBRARY`` (a path), then next to this file, then
-``target/release`` and ``target/debug`` of the source tree, then the loader's search path.
+Installed with ``pip install ./python`` (from the repository root), the package holds the
+library (``libportalloc.abi3.so``, built from the workspace member ``capi/``) next to this
+file, which is where it is loaded from; ``PORTALLOC_LIBRARY`` (a path), when set, names
+another one. From a source tree (``PYTHONPATH=python``) it is ``target/release`` or
+``target/debug`` (``cargo build -p portalloc-capi``), then the loader's search path.
 Allocators read the same environment variables as JAX (``XLA_PYTHON_CLIENT_ALLOCATOR``,
 ``XLA_CLIENT_MEM_FRACTION``, ``XLA_PYTHON_CLIENT_PREALLOCATE``) and ``PORTALLOC_*``.
 
@@ -32,15 +35,31 @@ The global allocators (:func:`global_allocator`) are never destroyed.
 
 import ctypes
 import ctypes.util
+import importlib
+import importlib.metadata
 import json
 import numbers
 import operator
 import os
 import pathlib
 import weakref
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    List,
+    Optional,
+    SupportsIndex,
+    Tuple,
+    TypedDict,
+    Union,
+    cast,
+)
 
 __all__ = [
+    "__version__",
     "PortallocError",
+    "Stats",
     "Buffer",
     "Allocator",
     "load",
@@ -69,6 +88,16 @@ STATUS_NAMES = {
     11: "PANIC",
     12: "INTERNAL",
 }
+try:
+    # The installed distribution's version, which setup.py takes from Cargo: the version of
+    # the crate the bundled library was built from (its portalloc_version()).
+    __version__ = importlib.metadata.version(__name__)
+except importlib.metadata.PackageNotFoundError:  # imported from a source tree
+    __version__ = "0+source"
+
+PathArg = Union[str, bytes, os.PathLike[str], os.PathLike[bytes]]
+"""A path: ``str``, ``bytes`` or ``os.PathLike``."""
+
 _OK = 0
 _INVALID_ALLOCATOR = 6
 _BUFFER_TOO_SMALL = 10
@@ -78,7 +107,7 @@ class PortallocError(RuntimeError):
     """A failed portalloc call: ``status`` (an int), ``name`` (``INVALID_HANDLE``, ...) and the
     library's message."""
 
-    def __init__(self, status, message):
+    def __init__(self, status: int, message: str) -> None:
         self.status = status
         self.name = STATUS_NAMES.get(status, "UNKNOWN")
         self.message = message
@@ -99,60 +128,81 @@ class _Options(ctypes.Structure):
     ]
 
 
+class Stats(TypedDict):
+    """An allocator's counters (:meth:`Allocator.stats`; XLA's ``AllocatorStats`` names), in
+    the order of the C ABI's ``PortallocStats``: its ``int`` fields are ``uint64_t``, its
+    ``float`` a ``double``."""
+
+    num_allocs: int
+    bytes_in_use: int
+    peak_bytes_in_use: int
+    largest_alloc_size: int
+    bytes_limit: int
+    bytes_reserved: int
+    peak_bytes_reserved: int
+    largest_free_block_bytes: int
+    pool_bytes: int
+    peak_pool_bytes: int
+    fragmentation: float
+    live_allocations: int
+
+
 class _Stats(ctypes.Structure):
     _fields_ = [
-        ("num_allocs", ctypes.c_uint64),
-        ("bytes_in_use", ctypes.c_uint64),
-        ("peak_bytes_in_use", ctypes.c_uint64),
-        ("largest_alloc_size", ctypes.c_uint64),
-        ("bytes_limit", ctypes.c_uint64),
-        ("bytes_reserved", ctypes.c_uint64),
-        ("peak_bytes_reserved", ctypes.c_uint64),
-        ("largest_free_block_bytes", ctypes.c_uint64),
-        ("pool_bytes", ctypes.c_uint64),
-        ("peak_pool_bytes", ctypes.c_uint64),
-        ("fragmentation", ctypes.c_double),
-        ("live_allocations", ctypes.c_uint64),
+        (name, ctypes.c_double if kind is float else ctypes.c_uint64)
+        for name, kind in Stats.__annotations__.items()
     ]
 
 
-_lib = None
-_lib_path = None
+_lib: Optional[ctypes.CDLL] = None
+_lib_path: Optional[str] = None
 
 
-def library_path(path=None):
-    """The path of libportalloc.so that :func:`load` would open (``path``: ``str``, ``bytes``
-    or ``os.PathLike``)."""
+def _candidates(here: pathlib.Path) -> List[pathlib.Path]:
+    """Where the library may be, in order: inside the installed package (setuptools-rust
+    names it ``libportalloc.abi3.so``; a plain ``libportalloc.so`` copied there too), then the
+    cargo output of the source tree this file is in (``python/portalloc/``)."""
+    source_target = here.parent.parent / "target"
+    return [
+        here / "libportalloc.abi3.so",
+        here / "libportalloc.so",
+        source_target / "release" / "libportalloc.so",
+        source_target / "debug" / "libportalloc.so",
+    ]
+
+
+def library_path(path: Optional[PathArg] = None) -> str:
+    """The path of libportalloc.so that :func:`load` would open: ``path`` when given, else
+    ``PORTALLOC_LIBRARY`` when set, else the one inside this package.
+
+    Raises ``FileNotFoundError`` when there is none."""
     if path:
         return os.fsdecode(path)
     env = os.environ.get("PORTALLOC_LIBRARY")
     if env:
         return env
-    here = pathlib.Path(__file__).resolve().parent
-    for candidate in (
-        here / "libportalloc.so",
-        here.parent / "target" / "release" / "libportalloc.so",
-        here.parent / "target" / "debug" / "libportalloc.so",
-    ):
+    for candidate in _candidates(pathlib.Path(__file__).resolve().parent):
         if candidate.exists():
             return str(candidate)
     found = ctypes.util.find_library("portalloc")
     if found:
         return found
     raise FileNotFoundError(
-        "libportalloc.so not found: set PORTALLOC_LIBRARY, or build it with "
-        "`cargo build --release --features c-api`"
+        "libportalloc.so not found: install the package (`pip install ./python` from the "
+        "repository root), set PORTALLOC_LIBRARY, or build it with "
+        "`cargo build --release -p portalloc-capi`"
     )
 
 
-def _sig(lib, name, restype, *argtypes):
+def _sig(lib: ctypes.CDLL, name: str, restype: Any, *argtypes: Any) -> None:
     f = getattr(lib, name)
     f.restype = restype
     f.argtypes = list(argtypes)
 
 
-def load(path=None):
-    """Opens libportalloc.so (once) and declares its functions."""
+def load(path: Optional[PathArg] = None) -> ctypes.CDLL:
+    """Opens libportalloc.so (once: later calls return the same library, whatever ``path``)
+    and declares its functions. Raises ``OSError`` for a library without the C ABI."""
     global _lib, _lib_path
     if _lib is not None:
         return _lib
@@ -160,7 +210,7 @@ def load(path=None):
     lib = ctypes.CDLL(p)
     if not hasattr(lib, "portalloc_create"):
         raise OSError(
-            "%s lacks the portalloc C ABI: build it with `cargo build --features c-api`" % p
+            "%s lacks the portalloc C ABI: build it with `cargo build -p portalloc-capi`" % p
         )
     P = ctypes.c_void_p
     S = ctypes.c_int32
@@ -207,9 +257,10 @@ def load(path=None):
     return lib
 
 
-def _check(status):
+def _check(status: int) -> None:
     if status != _OK:
-        raise PortallocError(status, _lib.portalloc_last_error().decode("utf-8", "replace"))
+        message = load().portalloc_last_error().decode("utf-8", "replace")
+        raise PortallocError(status, message)
 
 
 # ---------------------------------------------------------------------------------------
@@ -225,7 +276,7 @@ _PTR_MAX = 2**_PTR_BITS - 1
 _PTR_RANGE = "an address from 0 to 2**%d-1 (%d)" % (_PTR_BITS, _PTR_MAX)
 
 
-def _show(value, limit=48):
+def _show(value: object, limit: int = 48) -> str:
     """``repr(value)``, cut to ``limit`` characters."""
     try:
         r = repr(value)
@@ -234,7 +285,7 @@ def _show(value, limit=48):
     return r if len(r) <= limit else r[: limit - 3] + "..."
 
 
-def _type_error(call, name, expected, value):
+def _type_error(call: str, name: str, expected: str, value: object) -> TypeError:
     """The TypeError for argument ``name`` of ``call``: it must be ``expected``."""
     return TypeError(
         "portalloc: %s: %s must be %s, not %s %s"
@@ -242,9 +293,9 @@ def _type_error(call, name, expected, value):
     )
 
 
-def _integer(call, name, value, low, high, accepted):
+def _integer(call: str, name: str, value: object, low: int, high: int, accepted: str) -> int:
     """``value`` as an int in ``[low, high]``, or a TypeError / OverflowError naming it."""
-    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+    if isinstance(value, bool) or not isinstance(value, SupportsIndex):
         raise _type_error(call, name, "an integer", value)
     v = operator.index(value)
     if not low <= v <= high:
@@ -254,19 +305,19 @@ def _integer(call, name, value, low, high, accepted):
     return v
 
 
-def _u64(call, name, value):
+def _u64(call: str, name: str, value: object) -> int:
     return _integer(call, name, value, 0, _U64_MAX, _U64_RANGE)
 
 
-def _device(call, device):
+def _device(call: str, device: object) -> int:
     return _integer(call, "device", device, 0, _DEVICE_MAX, _DEVICE_RANGE)
 
 
-def _address(call, name, value):
+def _address(call: str, name: str, value: object) -> int:
     return _integer(call, name, value, 0, _PTR_MAX, _PTR_RANGE)
 
 
-def _text(call, name, value, optional=True):
+def _text(call: str, name: str, value: object, optional: bool = True) -> Optional[bytes]:
     """``value`` (a ``str`` without NUL; ``None`` where ``optional``) as UTF-8 bytes."""
     if value is None and optional:
         return None
@@ -285,10 +336,10 @@ def _text(call, name, value, optional=True):
         ) from None
 
 
-def _path(call, name, value):
+def _path(call: str, name: str, value: object) -> bytes:
     """A ``str``, ``bytes`` or ``os.PathLike`` path as the bytes the OS takes."""
     try:
-        encoded = os.fsencode(value)
+        encoded = os.fsencode(cast(PathArg, value))
     except TypeError:
         raise _type_error(call, name, "a str, bytes or os.PathLike path", value) from None
     if b"\0" in encoded:
@@ -299,18 +350,18 @@ def _path(call, name, value):
     return encoded
 
 
-def _tristate(call, name, value):
+def _tristate(call: str, name: str, value: object) -> int:
     """``None`` (the environment), ``True``/``False`` (or 1/0) as -1, 1, 0."""
     if value is None:
         return -1
     if isinstance(value, bool):
         return int(value)
-    if hasattr(type(value), "__index__") and operator.index(value) in (0, 1):
+    if isinstance(value, SupportsIndex) and operator.index(value) in (0, 1):
         return operator.index(value)
     raise _type_error(call, name, "None, True or False", value)
 
 
-def _fraction(call, name, value):
+def _fraction(call: str, name: str, value: object) -> float:
     """``None`` (0.0: the environment) or a fraction in (0, 1]."""
     if value is None:
         return 0.0
@@ -336,11 +387,18 @@ class Buffer:
 
     __slots__ = ("handle", "ptr", "size", "tag", "allocator")
 
-    def __init__(self, handle, ptr, size, tag, allocator=None):
+    def __init__(
+        self,
+        handle: int,
+        ptr: int,
+        size: int,
+        tag: str,
+        allocator: Optional["Allocator"] = None,
+    ) -> None:
         self.handle, self.ptr, self.size, self.tag = handle, ptr, size, tag
         self.allocator = allocator
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "Buffer(handle=%#x, ptr=%#x, size=%d, tag=%r)" % (
             self.handle,
             self.ptr,
@@ -349,7 +407,7 @@ class Buffer:
         )
 
 
-def _destroy(destroy, raw):
+def _destroy(destroy: Callable[[ctypes.c_void_p], int], raw: int) -> int:
     """The finalizer of an owned allocator (and :meth:`Allocator.close`): its status."""
     return destroy(ctypes.c_void_p(raw))
 
@@ -361,29 +419,33 @@ class Allocator:
     destroyed by :meth:`close` or, at the latest, when it is collected or the interpreter
     exits."""
 
-    def __init__(self, raw, owned=True):
+    def __init__(self, raw: Optional[SupportsIndex], owned: bool = True) -> None:
         lib = load()
-        raw = _integer("Allocator", "raw", raw, 1, _PTR_MAX, "a PortallocAllocator* (nonzero)")
-        self._raw = ctypes.c_void_p(raw)
+        address = _integer(
+            "Allocator", "raw", raw, 1, _PTR_MAX, "a PortallocAllocator* (nonzero)"
+        )
+        self._raw = ctypes.c_void_p(address)
         self._owned = bool(owned)
         # Holds the function, not the module: it may run at interpreter exit.
         self._finalizer = (
-            weakref.finalize(self, _destroy, lib.portalloc_destroy, raw) if self._owned else None
+            weakref.finalize(self, _destroy, lib.portalloc_destroy, address)
+            if self._owned
+            else None
         )
 
     @property
-    def closed(self):
+    def closed(self) -> bool:
         """Whether :meth:`close` (or the finalizer) destroyed this allocator."""
         return self._finalizer is not None and not self._finalizer.alive
 
-    def _token(self, call):
+    def _token(self, call: str) -> ctypes.c_void_p:
         if self.closed:
             raise PortallocError(
                 _INVALID_ALLOCATOR, "%s: this allocator has been closed (destroyed)" % call
             )
         return self._raw
 
-    def _handle(self, call, buffer_or_handle):
+    def _handle(self, call: str, buffer_or_handle: Union[Buffer, SupportsIndex]) -> int:
         if isinstance(buffer_or_handle, Buffer):
             if buffer_or_handle.allocator is not None and buffer_or_handle.allocator is not self:
                 raise ValueError(
@@ -394,7 +456,7 @@ class Allocator:
         return _u64(call, "handle", buffer_or_handle)
 
     @classmethod
-    def from_env(cls, device=0):
+    def from_env(cls, device: SupportsIndex = 0) -> "Allocator":
         """An allocator for ``device`` configured by the environment."""
         device = _device("Allocator.from_env", device)
         lib = load()
@@ -405,56 +467,53 @@ class Allocator:
     @classmethod
     def create(
         cls,
-        strategy=None,
-        mem_fraction=None,
-        preallocate=None,
-        backend=None,
-        host_capacity=None,
-        host_simulated=None,
-        backtrace=None,
-        device=0,
-        ignore_env=False,
-    ):
+        strategy: Optional[str] = None,
+        mem_fraction: Optional[float] = None,
+        preallocate: Optional[bool] = None,
+        backend: Optional[str] = None,
+        host_capacity: Optional[SupportsIndex] = None,
+        host_simulated: Optional[bool] = None,
+        backtrace: Optional[bool] = None,
+        device: SupportsIndex = 0,
+        ignore_env: bool = False,
+    ) -> "Allocator":
         """An allocator from explicit options; ``None`` defers to the environment.
 
         ``strategy`` and ``backend`` are ``str``; ``mem_fraction`` a number in (0, 1];
         ``host_capacity`` bytes, 1 to 2**64-1; ``preallocate``, ``host_simulated``,
         ``backtrace`` and ``ignore_env`` ``True`` or ``False``; ``device`` an ordinal."""
         call = "Allocator.create"
-        strategy = _text(call, "strategy", strategy)
-        backend = _text(call, "backend", backend)
-        mem_fraction = _fraction(call, "mem_fraction", mem_fraction)
-        host_capacity = (
-            0
-            if host_capacity is None
-            else _integer(
-                call, "host_capacity", host_capacity, 1, _U64_MAX, "bytes, from 1 to 2**64-1"
-            )
+        # Each value checked (and converted) before any reaches the C struct.
+        checked = dict(
+            strategy=_text(call, "strategy", strategy),
+            backend=_text(call, "backend", backend),
+            mem_fraction=_fraction(call, "mem_fraction", mem_fraction),
+            host_capacity=(
+                0
+                if host_capacity is None
+                else _integer(
+                    call, "host_capacity", host_capacity, 1, _U64_MAX, "bytes, from 1 to 2**64-1"
+                )
+            ),
+            preallocate=_tristate(call, "preallocate", preallocate),
+            host_simulated=_tristate(call, "host_simulated", host_simulated),
+            backtrace=_tristate(call, "backtrace", backtrace),
+            device=_device(call, device),
         )
-        preallocate = _tristate(call, "preallocate", preallocate)
-        host_simulated = _tristate(call, "host_simulated", host_simulated)
-        backtrace = _tristate(call, "backtrace", backtrace)
-        device = _device(call, device)
         if _tristate(call, "ignore_env", ignore_env) == -1:
             raise TypeError("portalloc: %s: ignore_env must be True or False, not None" % call)
         lib = load()
         o = _Options()
         _check(lib.portalloc_options_default(ctypes.byref(o)))
-        o.strategy = strategy
-        o.mem_fraction = mem_fraction
-        o.preallocate = preallocate
-        o.backend = backend
-        o.host_capacity = host_capacity
-        o.host_simulated = host_simulated
-        o.backtrace = backtrace
-        o.device = device
+        for field, value in checked.items():
+            setattr(o, field, value)
         o.ignore_env = 1 if ignore_env else 0
         out = ctypes.c_void_p()
         _check(lib.portalloc_create(ctypes.byref(o), ctypes.byref(out)))
         return cls(out.value)
 
     @classmethod
-    def global_allocator(cls, device=0):
+    def global_allocator(cls, device: SupportsIndex = 0) -> "Allocator":
         """The process-global allocator of ``device``: the one the PyTorch hooks use."""
         device = _device("global_allocator", device)
         lib = load()
@@ -462,7 +521,13 @@ class Allocator:
         _check(lib.portalloc_global(device, ctypes.byref(out)))
         return cls(out.value, owned=False)
 
-    def allocate(self, size, alignment=0, stream=0, tag="buffer"):
+    def allocate(
+        self,
+        size: SupportsIndex,
+        alignment: SupportsIndex = 0,
+        stream: SupportsIndex = 0,
+        tag: Optional[str] = "buffer",
+    ) -> Buffer:
         """Allocates ``size`` bytes for use on ``stream``; returns a :class:`Buffer`.
 
         ``stream`` is the caller's own stream handle as an integer (``torch.cuda.Stream``'s
@@ -473,38 +538,40 @@ class Allocator:
         from 0 to 2**64-1; ``tag`` a ``str`` without NUL (``None``: ``"buffer"``).
         """
         call = "allocate"
-        size = _u64(call, "size", size)
-        alignment = _u64(call, "alignment", alignment)
-        stream = _u64(call, "stream", stream)
+        nbytes = _u64(call, "size", size)
+        align = _u64(call, "alignment", alignment)
+        stream_handle = _u64(call, "stream", stream)
         encoded = _text(call, "tag", tag)
         raw = self._token(call)
         handle = ctypes.c_uint64()
         ptr = ctypes.c_void_p()
         _check(
-            _lib.portalloc_allocate(
+            load().portalloc_allocate(
                 raw,
-                size,
-                alignment,
-                stream,
+                nbytes,
+                align,
+                stream_handle,
                 encoded,
                 ctypes.byref(handle),
                 ctypes.byref(ptr),
             )
         )
-        return Buffer(handle.value, ptr.value or 0, size, "buffer" if tag is None else tag, self)
+        return Buffer(handle.value, ptr.value or 0, nbytes, "buffer" if tag is None else tag, self)
 
-    def free(self, buffer):
+    def free(self, buffer: Union[Buffer, SupportsIndex]) -> None:
         """Frees a :class:`Buffer` or handle. A freed or donated one raises
         :class:`PortallocError` (``INVALID_HANDLE``)."""
         handle = self._handle("free", buffer)
-        _check(_lib.portalloc_free(self._token("free"), handle))
+        _check(load().portalloc_free(self._token("free"), handle))
 
-    def free_ptr(self, ptr):
+    def free_ptr(self, ptr: SupportsIndex) -> None:
         """Frees the buffer starting at ``ptr`` (an int)."""
-        ptr = _address("free_ptr", "ptr", ptr)
-        _check(_lib.portalloc_free_ptr(self._token("free_ptr"), ctypes.c_void_p(ptr)))
+        address = _address("free_ptr", "ptr", ptr)
+        _check(load().portalloc_free_ptr(self._token("free_ptr"), ctypes.c_void_p(address)))
 
-    def donate(self, buffer, to_tag="donated"):
+    def donate(
+        self, buffer: Union[Buffer, SupportsIndex], to_tag: Optional[str] = "donated"
+    ) -> Buffer:
         """Hands a buffer to a consumer under ``to_tag`` (a ``str`` without NUL; ``None``:
         ``"donated"``); returns the consumer's :class:`Buffer`. The old handle is dead
         afterwards."""
@@ -512,56 +579,57 @@ class Allocator:
         encoded = _text("donate", "to_tag", to_tag)
         new = ctypes.c_uint64()
         _check(
-            _lib.portalloc_donate(self._token("donate"), handle, encoded, ctypes.byref(new))
+            load().portalloc_donate(self._token("donate"), handle, encoded, ctypes.byref(new))
         )
         ptr, size = self.info(new.value)
         return Buffer(new.value, ptr, size, "donated" if to_tag is None else to_tag, self)
 
-    def info(self, buffer):
+    def info(self, buffer: Union[Buffer, SupportsIndex]) -> Tuple[int, int]:
         """``(ptr, size)`` of a live buffer."""
         handle = self._handle("info", buffer)
         ptr = ctypes.c_void_p()
         size = ctypes.c_uint64()
         _check(
-            _lib.portalloc_handle_info(
+            load().portalloc_handle_info(
                 self._token("info"), handle, ctypes.byref(ptr), ctypes.byref(size)
             )
         )
         return ptr.value or 0, size.value
 
-    def stats(self):
+    def stats(self) -> Stats:
         """The counters, as a dict (XLA's ``AllocatorStats`` names)."""
         s = _Stats()
-        _check(_lib.portalloc_stats(self._token("stats"), ctypes.byref(s)))
-        return {name: getattr(s, name) for name, _ in _Stats._fields_}
+        _check(load().portalloc_stats(self._token("stats"), ctypes.byref(s)))
+        return cast(Stats, {name: getattr(s, name) for name in Stats.__annotations__})
 
-    def ledger(self):
+    def ledger(self) -> Dict[str, Any]:
         """The ledger snapshot (live buffers, totals by tag, last OOM diagnosis) as a dict."""
         raw = self._token("ledger")
         n = ctypes.c_size_t()
         buf = ctypes.create_string_buffer(1)
-        status = _lib.portalloc_ledger_json(raw, None, 0, ctypes.byref(n))
+        status = load().portalloc_ledger_json(raw, None, 0, ctypes.byref(n))
         # Another thread may grow the ledger between two calls: ask again with its length.
         while status == _BUFFER_TOO_SMALL:
             buf = ctypes.create_string_buffer(n.value + 1)
-            status = _lib.portalloc_ledger_json(raw, buf, len(buf), ctypes.byref(n))
+            status = load().portalloc_ledger_json(raw, buf, len(buf), ctypes.byref(n))
         _check(status)
-        return json.loads(buf.raw[: n.value].decode("utf-8"))
+        snapshot: Dict[str, Any] = json.loads(buf.raw[: n.value].decode("utf-8"))
+        return snapshot
 
-    def write_ledger(self, path):
+    def write_ledger(self, path: PathArg) -> None:
         """Writes the ledger snapshot to ``path`` (``str``, ``bytes`` or ``os.PathLike``;
         ``portalloc ledger PATH`` prints it). The C ABI takes UTF-8 paths: one that is not
         is refused (``INVALID_ARGUMENT``)."""
         encoded = _path("write_ledger", "path", path)
-        _check(_lib.portalloc_ledger_write(self._token("write_ledger"), encoded))
+        _check(load().portalloc_ledger_write(self._token("write_ledger"), encoded))
 
-    def trim(self):
+    def trim(self) -> int:
         """Returns unused memory to the device; the bytes released."""
         out = ctypes.c_uint64()
-        _check(_lib.portalloc_trim(self._token("trim"), ctypes.byref(out)))
+        _check(load().portalloc_trim(self._token("trim"), ctypes.byref(out)))
         return out.value
 
-    def close(self):
+    def close(self) -> None:
         """Destroys the allocator (frees its live buffers); again, nothing. The finalizer
         makes the same call when an unclosed allocator is collected or the interpreter
         exits. The global allocator is not owned and is left alone."""
@@ -571,33 +639,32 @@ class Allocator:
         if status is not None:
             _check(status)
 
-    def __enter__(self):
+    def __enter__(self) -> "Allocator":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
-        return False
 
 
-def global_allocator(device=0):
+def global_allocator(device: SupportsIndex = 0) -> Allocator:
     """The process-global allocator of ``device`` (the PyTorch hooks' and CuPy's)."""
     return Allocator.global_allocator(device)
 
 
-def stats(device=0):
+def stats(device: SupportsIndex = 0) -> Stats:
     """Counters of the global allocator of ``device``."""
     return global_allocator(device).stats()
 
 
-def ledger(device=0):
+def ledger(device: SupportsIndex = 0) -> Dict[str, Any]:
     """Ledger snapshot of the global allocator of ``device``."""
     return global_allocator(device).ledger()
 
 
-def install_torch(path=None):
+def install_torch(path: Optional[PathArg] = None) -> Any:
     """Makes portalloc PyTorch's CUDA allocator (before any CUDA memory is allocated).
     Returns the ``CUDAPluggableAllocator``. Raises ImportError without PyTorch."""
-    import torch  # noqa: F401 (optional dependency)
+    torch = importlib.import_module("torch")  # optional: ImportError without it
 
     p = library_path(path)
     load(p)
@@ -613,25 +680,25 @@ class _CupyOwner:
 
     __slots__ = ("allocator", "handle")
 
-    def __init__(self, allocator, handle):
+    def __init__(self, allocator: "Allocator", handle: int) -> None:
         self.allocator, self.handle = allocator, handle
 
-    def __del__(self):
+    def __del__(self) -> None:
         try:
             self.allocator.free(self.handle)
         except Exception:  # never raise from a finaliser
             pass
 
 
-def install_cupy(path=None):
+def install_cupy(path: Optional[PathArg] = None) -> Callable[[int], Any]:
     """Makes portalloc CuPy's allocator (``cupy.cuda.set_allocator``): each request is a
     buffer of the current device's global allocator, tagged ``cupy``, freed when CuPy drops
     it. Raises ImportError without CuPy."""
-    import cupy  # optional dependency
+    cupy = importlib.import_module("cupy")  # optional: ImportError without it
 
     load(path)
 
-    def malloc(size):
+    def malloc(size: int) -> Any:
         device = cupy.cuda.Device().id
         allocator = global_allocator(device)
         buf = allocator.allocate(size, tag="cupy")
@@ -643,7 +710,7 @@ def install_cupy(path=None):
     return malloc
 
 
-def install(path=None):
+def install(path: Optional[PathArg] = None) -> List[str]:
     """Installs portalloc into every framework present (PyTorch, CuPy); returns the names
     of those it installed into (empty when neither is importable)."""
     installed = []
