@@ -558,6 +558,19 @@ fn run_to_end(cmd: &mut Command) -> (bool, String) {
     (out.status.success(), text)
 }
 
+/// The standard output of `cmd`, which must succeed: a failure shows its standard error.
+fn stdout_of(cmd: &mut Command) -> Vec<u8> {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{cmd:?} did not start: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
 /// Asserts that a run of [`run_to_end`] succeeded and printed `marker`; a failure shows
 /// `context` and the output.
 fn assert_ran_to((succeeded, text): (bool, String), marker: &str, context: &str) {
@@ -882,13 +895,7 @@ fn cdylib() -> &'static Path {
         if !cfg!(debug_assertions) {
             cargo.arg("--release");
         }
-        let out = cargo.output().expect("cargo runs");
-        assert!(
-            out.status.success(),
-            "cargo build -p portalloc-capi failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout)
+        String::from_utf8_lossy(&stdout_of(&mut cargo))
             .lines()
             .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
             .filter(|message| {
@@ -898,6 +905,48 @@ fn cdylib() -> &'static Path {
             .find_map(|message| message["filenames"][0].as_str().map(PathBuf::from))
             .expect("cargo reports the cdylib of portalloc-capi")
     })
+}
+
+/// The crate types of the library of each workspace package that has one (`cargo metadata`).
+fn library_crate_types() -> std::collections::BTreeMap<String, serde_json::Value> {
+    let metadata = stdout_of(Command::new(env!("CARGO")).current_dir(root()).args([
+        "metadata",
+        "--no-deps",
+        "--format-version",
+        "1",
+    ]));
+    let metadata: serde_json::Value = serde_json::from_slice(&metadata).unwrap();
+    let mut libraries = std::collections::BTreeMap::new();
+    for package in metadata["packages"].as_array().unwrap() {
+        for target in package["targets"].as_array().unwrap() {
+            let kinds = target["kind"].as_array().unwrap();
+            if kinds
+                .iter()
+                .any(|k| ["lib", "rlib", "cdylib"].contains(&k.as_str().unwrap()))
+            {
+                let name = package["name"].as_str().unwrap().to_string();
+                libraries.insert(name, target["crate_types"].clone());
+            }
+        }
+    }
+    libraries
+}
+
+#[test]
+fn only_portalloc_capi_is_a_cdylib() {
+    // A crate that depends on portalloc builds what portalloc's [lib] declares: an rlib, not
+    // also a shared library nobody asked for.
+    let libraries = library_crate_types();
+    assert_eq!(
+        libraries["portalloc"],
+        serde_json::json!(["rlib"]),
+        "{libraries:?}"
+    );
+    assert_eq!(
+        libraries["portalloc-capi"],
+        serde_json::json!(["cdylib"]),
+        "{libraries:?}"
+    );
 }
 
 fn tool(name: &str) -> bool {
@@ -934,18 +983,9 @@ fn cdylib_exports_exactly_the_functions_of_the_header() {
     }
     assert!(declared.len() >= 19, "{declared:?}");
     let lib = cdylib();
-    let nm = Command::new("nm")
-        .args(["-D", "--defined-only"])
-        .arg(lib)
-        .output()
-        .unwrap();
-    assert!(
-        nm.status.success(),
-        "{}",
-        String::from_utf8_lossy(&nm.stderr)
-    );
+    let symbols = stdout_of(Command::new("nm").args(["-D", "--defined-only"]).arg(lib));
     // Lines `ADDRESS TYPE NAME`: the functions (T) named portalloc_*.
-    let exported: BTreeSet<String> = String::from_utf8_lossy(&nm.stdout)
+    let exported: BTreeSet<String> = String::from_utf8_lossy(&symbols)
         .lines()
         .filter_map(
             |line| match line.split_whitespace().collect::<Vec<_>>()[..] {
@@ -970,20 +1010,15 @@ fn c_program_against_the_header_and_cdylib() {
     let lib = cdylib();
     let dir = lib.parent().unwrap();
     let exe = std::env::temp_dir().join(format!("portalloc-capi-c-{}", std::process::id()));
-    let build = Command::new("cc")
-        .args(["-std=c99", "-Wall", "-Wextra", "-Werror", "-pedantic"])
-        .arg(format!("-I{}", root().join("include").display()))
-        .arg(root().join("tests/capi_c.c"))
-        .arg("-o")
-        .arg(&exe)
-        .arg(lib)
-        .arg(format!("-Wl,-rpath,{}", dir.display()))
-        .output()
-        .unwrap();
-    assert!(
-        build.status.success(),
-        "{}",
-        String::from_utf8_lossy(&build.stderr)
+    stdout_of(
+        Command::new("cc")
+            .args(["-std=c99", "-Wall", "-Wextra", "-Werror", "-pedantic"])
+            .arg(format!("-I{}", root().join("include").display()))
+            .arg(root().join("tests/capi_c.c"))
+            .arg("-o")
+            .arg(&exe)
+            .arg(lib)
+            .arg(format!("-Wl,-rpath,{}", dir.display())),
     );
     let ran = run_to_end(child_env(&mut Command::new(&exe)));
     let _ = std::fs::remove_file(&exe);

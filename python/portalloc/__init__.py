@@ -407,6 +407,14 @@ class Buffer:
         )
 
 
+def _made(constructor: Callable[[Any], int]) -> Optional[int]:
+    """The ``PortallocAllocator*`` that ``constructor`` (a C ABI call given the output
+    argument) writes, after checking its status."""
+    out = ctypes.c_void_p()
+    _check(constructor(ctypes.byref(out)))
+    return out.value
+
+
 def _destroy(destroy: Callable[[ctypes.c_void_p], int], raw: int) -> int:
     """The finalizer of an owned allocator (and :meth:`Allocator.close`): its status."""
     return destroy(ctypes.c_void_p(raw))
@@ -458,11 +466,8 @@ class Allocator:
     @classmethod
     def from_env(cls, device: SupportsIndex = 0) -> "Allocator":
         """An allocator for ``device`` configured by the environment."""
-        device = _device("Allocator.from_env", device)
-        lib = load()
-        out = ctypes.c_void_p()
-        _check(lib.portalloc_create_from_env(device, ctypes.byref(out)))
-        return cls(out.value)
+        ordinal = _device("Allocator.from_env", device)
+        return cls(_made(lambda out: load().portalloc_create_from_env(ordinal, out)))
 
     @classmethod
     def create(
@@ -508,18 +513,13 @@ class Allocator:
         for field, value in checked.items():
             setattr(o, field, value)
         o.ignore_env = 1 if ignore_env else 0
-        out = ctypes.c_void_p()
-        _check(lib.portalloc_create(ctypes.byref(o), ctypes.byref(out)))
-        return cls(out.value)
+        return cls(_made(lambda out: lib.portalloc_create(ctypes.byref(o), out)))
 
     @classmethod
     def global_allocator(cls, device: SupportsIndex = 0) -> "Allocator":
         """The process-global allocator of ``device``: the one the PyTorch hooks use."""
-        device = _device("global_allocator", device)
-        lib = load()
-        out = ctypes.c_void_p()
-        _check(lib.portalloc_global(device, ctypes.byref(out)))
-        return cls(out.value, owned=False)
+        ordinal = _device("global_allocator", device)
+        return cls(_made(lambda out: load().portalloc_global(ordinal, out)), owned=False)
 
     def allocate(
         self,
