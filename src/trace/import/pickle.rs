@@ -778,6 +778,19 @@ impl Reader<'_> {
     }
 
     /// Reads a counted string of `len` bytes and pushes it (`text`) or a bytes object.
+    /// The length argument of a counted string or bytes opcode, by its width: one byte, four
+    /// (signed for BINSTRING, as Python reads it) or eight.
+    fn length(&mut self, op: u8) -> Result<u64, PickleError> {
+        match op {
+            op::SHORT_BINUNICODE | op::SHORT_BINSTRING | op::SHORT_BINBYTES => {
+                self.byte().map(u64::from)
+            }
+            op::BINSTRING => self.i32_len(),
+            op::BINUNICODE | op::BINBYTES => self.u32_le().map(u64::from),
+            _ => self.fixed::<8>().map(u64::from_le_bytes),
+        }
+    }
+
     fn push_counted(&mut self, len: u64, text: bool) -> Result<(), PickleError> {
         self.read_scratch(len)?;
         let scratch = std::mem::take(&mut self.scratch);
@@ -1079,32 +1092,17 @@ impl Reader<'_> {
             }
 
             // Strings and bytes.
-            op::SHORT_BINUNICODE => {
-                let len = self.byte()?.into();
+            op::SHORT_BINUNICODE | op::BINUNICODE | op::BINUNICODE8 => {
+                let len = self.length(op)?;
                 self.push_counted(len, true)?;
             }
-            op::BINUNICODE => {
-                let len = self.u32_le()?.into();
-                self.push_counted(len, true)?;
-            }
-            op::BINUNICODE8 => {
-                let len = u64::from_le_bytes(self.fixed::<8>()?);
-                self.push_counted(len, true)?;
-            }
-            op::SHORT_BINSTRING | op::SHORT_BINBYTES => {
-                let len = self.byte()?.into();
-                self.push_counted(len, false)?;
-            }
-            op::BINSTRING => {
-                let len = self.i32_len()?;
-                self.push_counted(len, false)?;
-            }
-            op::BINBYTES => {
-                let len = self.u32_le()?.into();
-                self.push_counted(len, false)?;
-            }
-            op::BINBYTES8 | op::BYTEARRAY8 => {
-                let len = u64::from_le_bytes(self.fixed::<8>()?);
+            op::SHORT_BINSTRING
+            | op::SHORT_BINBYTES
+            | op::BINSTRING
+            | op::BINBYTES
+            | op::BINBYTES8
+            | op::BYTEARRAY8 => {
+                let len = self.length(op)?;
                 self.push_counted(len, false)?;
             }
             op::STRING => {
@@ -1129,20 +1127,15 @@ impl Reader<'_> {
             op::EMPTY_LIST => self.push_seq(SeqKind::List, Vec::new())?,
             op::EMPTY_DICT => self.push_seq(SeqKind::Dict, Vec::new())?,
             op::EMPTY_SET => self.push_seq(SeqKind::Set, Vec::new())?,
-            op::TUPLE1 => {
-                let a = self.pop()?;
-                self.push_seq(SeqKind::Tuple, vec![a])?;
-            }
-            op::TUPLE2 => {
-                let b = self.pop()?;
-                let a = self.pop()?;
-                self.push_seq(SeqKind::Tuple, vec![a, b])?;
-            }
-            op::TUPLE3 => {
-                let c = self.pop()?;
-                let b = self.pop()?;
-                let a = self.pop()?;
-                self.push_seq(SeqKind::Tuple, vec![a, b, c])?;
+            op::TUPLE1 | op::TUPLE2 | op::TUPLE3 => {
+                // The top 1, 2 or 3 items, in stack order; popped from the top down.
+                let n = usize::from(op - op::TUPLE1) + 1;
+                let mut items = Vec::with_capacity(n);
+                for _ in 0..n {
+                    items.push(self.pop()?);
+                }
+                items.reverse();
+                self.push_seq(SeqKind::Tuple, items)?;
             }
             op::TUPLE => {
                 let items = self.pop_mark()?;
