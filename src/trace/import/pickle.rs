@@ -903,6 +903,16 @@ impl Reader<'_> {
         }
     }
 
+    /// The items above the last mark (popped with it), for a container of `kind`: of a
+    /// dict's, a key without a value is dropped, as the reader before did.
+    fn marked_items(&mut self, kind: SeqKind) -> Result<Vec<u32>, PickleError> {
+        let mut items = self.pop_mark()?;
+        if kind == SeqKind::Dict {
+            items.truncate(items.len() & !1);
+        }
+        Ok(items)
+    }
+
     /// The memo id argument of a PUT or GET opcode: a text line, one byte or four, by its
     /// width.
     fn memo_id(&mut self, op: u8) -> Result<u32, PickleError> {
@@ -1137,45 +1147,35 @@ impl Reader<'_> {
                 items.reverse();
                 self.push_seq(SeqKind::Tuple, items)?;
             }
-            op::TUPLE => {
-                let items = self.pop_mark()?;
-                self.push_seq(SeqKind::Tuple, items)?;
+            // Built from the items above the mark.
+            op::TUPLE | op::LIST | op::DICT | op::FROZENSET => {
+                let kind = match op {
+                    op::TUPLE => SeqKind::Tuple,
+                    op::LIST => SeqKind::List,
+                    op::DICT => SeqKind::Dict,
+                    _ => SeqKind::FrozenSet,
+                };
+                let items = self.marked_items(kind)?;
+                self.push_seq(kind, items)?;
             }
-            op::LIST => {
-                let items = self.pop_mark()?;
-                self.push_seq(SeqKind::List, items)?;
-            }
-            op::DICT => {
-                let mut items = self.pop_mark()?;
-                // A key without a value is dropped, as before.
-                items.truncate(items.len() & !1);
-                self.push_seq(SeqKind::Dict, items)?;
-            }
-            op::FROZENSET => {
-                let items = self.pop_mark()?;
-                self.push_seq(SeqKind::FrozenSet, items)?;
+            // Added to the container below the mark.
+            op::APPENDS | op::SETITEMS | op::ADDITEMS => {
+                let kind = match op {
+                    op::APPENDS => SeqKind::List,
+                    op::SETITEMS => SeqKind::Dict,
+                    _ => SeqKind::Set,
+                };
+                let items = self.marked_items(kind)?;
+                self.top_seq(kind)?.extend(items);
             }
             op::APPEND => {
                 let item = self.pop()?;
                 self.top_seq(SeqKind::List)?.push(item);
             }
-            op::APPENDS => {
-                let items = self.pop_mark()?;
-                self.top_seq(SeqKind::List)?.extend(items);
-            }
             op::SETITEM => {
                 let value = self.pop()?;
                 let key = self.pop()?;
                 self.top_seq(SeqKind::Dict)?.extend([key, value]);
-            }
-            op::SETITEMS => {
-                let mut items = self.pop_mark()?;
-                items.truncate(items.len() & !1);
-                self.top_seq(SeqKind::Dict)?.extend(items);
-            }
-            op::ADDITEMS => {
-                let items = self.pop_mark()?;
-                self.top_seq(SeqKind::Set)?.extend(items);
             }
 
             // Globals, calls and instances: snapshots hold none; read as the reader before did.
