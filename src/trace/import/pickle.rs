@@ -903,6 +903,19 @@ impl Reader<'_> {
         }
     }
 
+    /// The escaped text argument (protocol 0) of `opcode`, read as a line and unescaped.
+    fn escaped_line<T>(
+        &mut self,
+        opcode: &str,
+        unescape: fn(&[u8]) -> Option<T>,
+    ) -> Result<T, PickleError> {
+        self.read_line()?;
+        match unescape(&self.scratch) {
+            Some(v) => Ok(v),
+            None => self.malformed(format!("a {opcode} argument with a bad escape")),
+        }
+    }
+
     /// The items above the last mark (popped with it), for a container of `kind`: of a
     /// dict's, a key without a value is dropped, as the reader before did.
     fn marked_items(&mut self, kind: SeqKind) -> Result<Vec<u32>, PickleError> {
@@ -1116,19 +1129,11 @@ impl Reader<'_> {
                 self.push_counted(len, false)?;
             }
             op::STRING => {
-                self.read_line()?;
-                let bytes = match unescape_string(&self.scratch) {
-                    Some(b) => b,
-                    None => return self.malformed("a STRING argument with a bad escape"),
-                };
+                let bytes = self.escaped_line("STRING", unescape_string)?;
                 self.push_made_bytes(&bytes)?;
             }
             op::UNICODE => {
-                self.read_line()?;
-                let text = match unescape_raw_unicode(&self.scratch) {
-                    Some(t) => t,
-                    None => return self.malformed("a UNICODE argument with a bad escape"),
-                };
+                let text = self.escaped_line("UNICODE", unescape_raw_unicode)?;
                 self.push_made_str(&text)?;
             }
 
