@@ -604,17 +604,21 @@ mod real_traces {
         a.counters()
     }
 
+    /// Replay on a simulated H100 80GB with memory fraction 0.75, no timeline.
+    fn h100_options() -> ReplayOptions {
+        ReplayOptions {
+            device: preset("h100-80g").unwrap(),
+            fraction: 0.75,
+            samples: 0,
+        }
+    }
+
     /// The replay figures: vmm against bfc-growing on every real trace (quick enough for the
     /// default run). Targets asserted: utilisation ≥ 0.97 and above bfc-growing.
     #[test]
     fn real_traces_vmm_beats_bfc_growing() {
         let Some(traces) = load_traces() else { return };
-        let device = preset("h100-80g").unwrap();
-        let options = ReplayOptions {
-            device,
-            fraction: 0.75,
-            samples: 0,
-        };
+        let options = h100_options();
         for (name, input) in &traces {
             let b = Baseline::scan(input).unwrap();
             let grow = replay(input, &b, ReplayStrategy::BfcGrow, &options, None).unwrap();
@@ -639,12 +643,7 @@ mod real_traces {
     #[ignore = "slow in debug builds: cargo test --release --test vmm real_traces_figures -- --ignored --nocapture"]
     fn real_traces_figures() {
         let Some(traces) = load_traces() else { return };
-        let device = preset("h100-80g").unwrap();
-        let options = ReplayOptions {
-            device,
-            fraction: 0.75,
-            samples: 0,
-        };
+        let options = h100_options();
         let strategies = [
             ReplayStrategy::Bfc,
             ReplayStrategy::BfcGrow,
@@ -667,7 +666,7 @@ mod real_traces {
                         continue;
                     }
                 };
-                let min = min_capacity(input, &b, s, device, r.peak_live, GRANULE).unwrap();
+                let min = min_capacity(input, &b, s, options.device, r.peak_live, GRANULE).unwrap();
                 let ratio = min
                     .bytes
                     .map_or(f64::NAN, |m| m as f64 / r.peak_live as f64);
@@ -684,7 +683,8 @@ mod real_traces {
                     grow_util = r.utilisation;
                 }
                 if s == ReplayStrategy::Vmm {
-                    let c = vmm_counters(input, &b, device.capacity, options_limit(&options));
+                    let c =
+                        vmm_counters(input, &b, options.device.capacity, options_limit(&options));
                     println!(
                     "{:<46} {:>9} {:<8} creates {} maps {} unmaps {} set_access {} stitches {} ({} granules) pressure placements {}",
                     "", "", "", c.creates, c.maps, c.unmaps, c.set_access, c.stitches,
