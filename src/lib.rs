@@ -26,9 +26,10 @@
 //! | `vmm` | [`strategy::vmm`] | one reserved address range, physical granules mapped on demand, stitching |
 //! | `async` | [`strategy::async_pool`] | the device's stream-ordered pool (cuMemAllocFromPoolAsync / hipMallocFromPoolAsync) |
 //!
-//! Around them: [`adaptor`] (ledger, recorder, counting device), [`diagnose`] (why memory ran
-//! out), [`trace`] and [`replay`] (record, import, replay, plan capacity), and with the
-//! `c-api` feature the C ABI and the PyTorch/CuPy hooks.
+//! Around them: [`adaptor`] (ledger, counting device), [`diagnose`] (why memory ran out), and
+//! behind features (see the README's *Cargo features*): the modules `trace` (feature `trace`:
+//! record, import, export) and `replay` (feature `replay`: replay, plan capacity), and the C
+//! ABI with the PyTorch/CuPy hooks (feature `c-api`).
 //!
 //! Start with [`Portalloc::from_env`] (discovery + configuration + strategy) and
 //! [`DeviceBuffer`] (memory that frees itself on drop, in stream order), or build the pieces
@@ -75,10 +76,12 @@ pub mod device;
 pub mod diagnose;
 pub mod discover;
 pub mod error;
+#[cfg(feature = "replay")]
 pub mod replay;
 pub mod report;
 pub mod stats;
 pub mod strategy;
+#[cfg(feature = "trace")]
 pub mod trace;
 pub mod units;
 
