@@ -343,9 +343,8 @@ pub fn configure_peer_access(config: &Config, devices: &[Arc<dyn Device>]) -> Ve
 }
 
 /// Why [`peer_access_off`]'s links are not enabled.
-pub const PEER_ACCESS_OFF: &str =
-    "peer access is off (the default); turn it on with PORTALLOC_PEER_ACCESS=1 or \
-     Config::builder().peer_access(true)";
+pub const PEER_ACCESS_OFF: &str = "peer access is off, the default; PORTALLOC_PEER_ACCESS=1 or \
+     Config::builder().peer_access(true) turns it on";
 
 /// One line about device `ordinal`'s peer access among `links`: `devices 1, 2`, or `none`
 /// with the first reason.
