@@ -35,9 +35,10 @@
 //!
 //! Every variable portalloc reads is here and in [`VARIABLES`]: the backends take these
 //! values from the [`Config`] they are given, and read no variable themselves. The
-//! constructors that take no `Config` ([`crate::backends::cuda::Driver::load_default`],
-//! `backends::hip::HipDeviceBuilder::from_env`, [`crate::adaptor::LedgerOptions::from_env`], …)
-//! read their few variables through [`Config::from_env_vars`], with the same parsing.
+//! constructors that take no `Config` (`backends::cuda::Driver::load_default`,
+//! `backends::hip::HipDeviceBuilder::from_env`,
+//! [`crate::adaptor::LedgerOptions::from_env`], …) read their few variables through
+//! [`Config::from_env_vars`], with the same parsing.
 //!
 //! ## Peer access
 //!
@@ -571,6 +572,9 @@ pub fn env_var(name: &str) -> Result<Option<String>> {
 }
 
 impl Config {
+    /// Every variable a configuration reads: [`VARIABLES`].
+    pub const VARIABLES: &'static [&'static str] = VARIABLES;
+
     /// Reads the process environment.
     ///
     /// # Errors

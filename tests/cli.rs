@@ -81,6 +81,13 @@ fn info_prints_discovery_devices_and_configuration() {
     );
 }
 
+/// `portalloc info` with `env` succeeds and mentions every one of `needles`.
+fn info_mentions(env: &[(&str, &str)], needles: &[&str]) {
+    let (ok, out, err) = portalloc(&["info"], env);
+    assert!(ok, "{err}");
+    assert_mentions_all(&out, needles);
+}
+
 /// `info` shows peer access per device as the setting asks (off by default, naming the
 /// switch), and the settings that come from the library and HIP variables with their sources.
 #[test]
@@ -90,10 +97,8 @@ fn info_shows_peer_access_and_every_setting_with_its_source() {
         ("PORTALLOC_HOST_DEVICES", "2"),
         ("PORTALLOC_HOST_SIMULATED", "1"),
     ];
-    let (ok, off, err) = portalloc(&["info"], &two_hosts);
-    assert!(ok, "{err}");
-    assert_mentions_all(
-        &off,
+    info_mentions(
+        &two_hosts,
         &[
             "peer access: none (peer access is off, the default; PORTALLOC_PEER_ACCESS=1",
             "peer_access      false              from default",
@@ -110,10 +115,8 @@ fn info_shows_peer_access_and_every_setting_with_its_source() {
         ("HSA_XNACK", "0"),
         ("PORTALLOC_BACKTRACE", "yes"),
     ]);
-    let (ok, out, err) = portalloc(&["info"], &on);
-    assert!(ok, "{err}");
-    assert_mentions_all(
-        &out,
+    info_mentions(
+        &on,
         &[
             "peer access: device 1",
             "peer access: device 0",
