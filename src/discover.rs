@@ -205,9 +205,8 @@ fn compiled(vendor: Vendor) -> bool {
 /// Opens every device of a vendor backend, with the library and options `config` gives:
 /// CUDA, one [`crate::backends::cuda::CudaDevice`] per ordinal on each device's primary
 /// context; HIP, one [`crate::backends::hip::HipDevice`] per ordinal with the AMD tuning in
-/// its notes. `None`
-/// for a backend without a [`Device`] implementation of its own, or not compiled in (which
-/// [`discover`] skips before asking).
+/// its notes. `None` for a backend without a [`Device`] implementation of its own, or not
+/// compiled in (which [`discover`] skips before asking).
 #[allow(unused_variables)] // `config` is unused in a build with neither cuda nor hip
 fn open_vendor(vendor: Vendor, config: &Config) -> Option<Result<Vec<Arc<dyn Device>>>> {
     match vendor {
@@ -411,8 +410,9 @@ impl Portalloc {
         Portalloc::from_config(Config::from_env()?)
     }
 
-    /// As [`Portalloc::from_env`], with an explicit configuration, and nothing read from the
-    /// environment besides what `config` says.
+    /// As [`Portalloc::from_env`], with an explicit configuration: no environment variable
+    /// is read here, everything comes from `config` (built with
+    /// [`crate::ConfigBuilder::ignore_env`], nothing at all is read).
     ///
     /// When [`Config::peer_access`] is on (`PORTALLOC_PEER_ACCESS=1`,
     /// [`crate::ConfigBuilder::peer_access`]), peer access is enabled between the devices that
