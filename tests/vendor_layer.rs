@@ -1,8 +1,9 @@
 //! The rules the vendor layer (`backends/vendor`) now writes once for CUDA and HIP, checked on
 //! both conformance fakes with one test body each: a wrong size or a foreign pointer is refused
 //! before the driver sees it, a foreign or destroyed stream or event is refused, a double free
-//! is refused, a refused call leaves the books and the driver as they were, and a dropped
-//! device gives everything back (the fake's own live counts, not only portalloc's census).
+//! is refused, a refused call leaves the books and the driver as they were, a driver call that
+//! blocks holds none of the device's locks, and a dropped device gives everything back (the
+//! fake's own live counts, not only portalloc's census).
 //!
 //! Each test loads a private copy of the fake (its state is per library), so the tests run in
 //! parallel without sharing a driver.
@@ -312,6 +313,60 @@ on_both_vendors! {
             }
         );
         assert!(fake.live("bytes") > 0);
+    }
+
+    /// A driver call that blocks — a free, an unmap, a synchronisation: each can wait for the
+    /// whole device — holds none of the device's locks: allocations, streams, events and the
+    /// census go on meanwhile from another thread (HIP held its books across `hipFree`).
+    fn a_blocking_driver_call_holds_no_lock(fake, opened, device) {
+        // What another thread does meanwhile takes the books' and the handles' locks.
+        let meanwhile = || {
+            let p = device.alloc(4096).unwrap();
+            let (s, e) = (device.create_stream().unwrap(), device.create_event().unwrap());
+            device.record_event(e, s).unwrap();
+            device.event_complete(e).unwrap();
+            device.destroy_event(e).unwrap();
+            device.destroy_stream(s).unwrap();
+            (p, opened.census().allocations)
+        };
+        let plain = device.alloc(MIB).unwrap();
+        let free = fake.call("cuMemFree_v2", "hipFree");
+        let (freed, (p, live)) = fake.while_paused(free, || device.free(plain, MIB), meanwhile);
+        assert_eq!(live, 1, "the allocation being freed left the books before the call");
+        freed.unwrap();
+        device.free(p, 4096).unwrap();
+
+        let stream = device.create_stream().unwrap();
+        let event = device.create_event().unwrap();
+        let call = fake.call("cuStreamSynchronize", "hipStreamSynchronize");
+        let keep = device.alloc(MIB).unwrap();
+        let (synced, (p, live)) =
+            fake.while_paused(call, || device.synchronize_stream(stream), meanwhile);
+        assert_eq!(live, 2);
+        synced.unwrap();
+        device.free(p, 4096).unwrap();
+        device.record_event(event, stream).unwrap();
+        let call = fake.call("cuEventSynchronize", "hipEventSynchronize");
+        let (synced, (p, live)) =
+            fake.while_paused(call, || device.synchronize_event(event), meanwhile);
+        assert_eq!(live, 2);
+        synced.unwrap();
+        device.free(p, 4096).unwrap();
+
+        let vm = device.virtual_memory().unwrap();
+        let g = vm.granularity();
+        let (va, h) = (vm.reserve(g, 0).unwrap(), vm.create_physical(g).unwrap());
+        vm.map(va, g, h, 0).unwrap();
+        let call = fake.call("cuMemUnmap", "hipMemUnmap");
+        let (unmapped, (p, live)) = fake.while_paused(call, || vm.unmap(va, g), meanwhile);
+        assert_eq!(live, 2);
+        unmapped.unwrap();
+        device.free(p, 4096).unwrap();
+        vm.release_physical(h).unwrap();
+        vm.free_reservation(va, g).unwrap();
+        device.free(keep, MIB).unwrap();
+        device.destroy_event(event).unwrap();
+        device.destroy_stream(stream).unwrap();
     }
 
     /// What the driver refuses to give back stays in the books, so it can be given back later.

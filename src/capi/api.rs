@@ -5,8 +5,8 @@ use std::sync::{Arc, Mutex};
 
 use super::handles::{HandleTable, Refusal};
 use super::{
-    guard, last_error_ptr, read_str, register, require_non_null, unregister, with_instance,
-    write_opt, write_out, Failure, Instance, PortallocAllocator, PortallocStatus,
+    guard, guard_out, last_error_ptr, read_str, register, require_non_null, unregister,
+    with_instance, write_opt, write_out, Failure, Instance, PortallocAllocator, PortallocStatus,
 };
 use crate::adaptor::{LedgerAllocator, LedgerOptions};
 use crate::allocator::Allocator;
@@ -189,13 +189,13 @@ pub unsafe extern "C" fn portalloc_create_from_env(
     out: *mut *mut PortallocAllocator,
 ) -> PortallocStatus {
     const CALL: &str = "portalloc_create_from_env";
-    guard(CALL, || {
-        require_non_null(CALL, "out", out)?;
-        let config = Config::from_env()?;
-        let instance = make_instance(&config, device, false)?;
-        // SAFETY: the caller's promise on `out`, checked non-null above.
-        unsafe { write_out(CALL, "out", out, register(instance)) }
-    })
+    // SAFETY: the caller's promise on `out`.
+    unsafe {
+        guard_out(CALL, out, || {
+            let config = Config::from_env()?;
+            Ok(register(make_instance(&config, device, false)?))
+        })
+    }
 }
 
 /// Creates an allocator from explicit options (see [`PortallocOptions`]). Writes it to

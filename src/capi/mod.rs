@@ -274,6 +274,24 @@ pub(crate) fn require_non_null<T>(
     Ok(())
 }
 
+/// Runs `make` behind [`guard`] and writes what it makes to `*out`, refusing a null `out`
+/// before anything is made: the C entry points that hand out a new object end so.
+///
+/// # Safety
+/// `out` is null or valid for writing one `T`.
+pub(crate) unsafe fn guard_out<T>(
+    call: &str,
+    out: *mut T,
+    make: impl FnOnce() -> Result<T, Failure>,
+) -> PortallocStatus {
+    guard(call, || {
+        require_non_null(call, "out", out)?;
+        let made = make()?;
+        // SAFETY: the caller's promise on `out`, checked non-null above.
+        unsafe { write_out(call, "out", out, made) }
+    })
+}
+
 /// Runs `body` on the instance `allocator` names, behind [`guard`]: the C entry points that
 /// take an allocator start so.
 pub(crate) fn with_instance(

@@ -15,8 +15,7 @@ use rustc_hash::FxHashMap;
 
 use super::api::{allocate, free_ptr, make_instance};
 use super::{
-    guard, lookup, register, require_non_null, write_out, Failure, Instance, PortallocAllocator,
-    PortallocStatus,
+    guard, guard_out, lookup, register, Failure, Instance, PortallocAllocator, PortallocStatus,
 };
 use crate::config::Config;
 
@@ -69,12 +68,8 @@ pub unsafe extern "C" fn portalloc_global(
     out: *mut *mut PortallocAllocator,
 ) -> PortallocStatus {
     const CALL: &str = "portalloc_global";
-    guard(CALL, || {
-        require_non_null(CALL, "out", out)?;
-        let (ptr, _) = global(CALL, i64::from(device))?;
-        // SAFETY: the caller's promise on `out`, checked non-null above.
-        unsafe { write_out(CALL, "out", out, ptr) }
-    })
+    // SAFETY: the caller's promise on `out`.
+    unsafe { guard_out(CALL, out, || Ok(global(CALL, i64::from(device))?.0)) }
 }
 
 /// PyTorch's pluggable allocation hook:

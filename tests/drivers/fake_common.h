@@ -17,6 +17,15 @@
  *       loaded (or, for fakehip, since fakehip_reset), failed ones included. Every exported
  *       vendor function counts its calls; a function never called answers 0.
  *
+ * A call that blocks (as a free, an unmap or a synchronisation can wait for the device)
+ *   void fake_pause(const char *function)
+ *       From now on, calls of `function` wait — before they count, fail or touch any state of
+ *       the fake, so other calls go on — until fake_resume. One function at a time.
+ *   void fake_resume(void)
+ *       Lets every waiting call go on and pauses nothing any more.
+ *   int fake_waiting(void)
+ *       How many calls are waiting now.
+ *
  * Live counts: long long fake_live(const char *what), one vocabulary in both fakes; -1 for a
  * name neither knows:
  *   allocations       plain device allocations (cuMemAlloc / hipMalloc, hipExtMallocWithFlags)
@@ -141,8 +150,50 @@ static FAKE_STATUS fake_enter(const char *function) {
   return code;
 }
 
-/* Takes the lock and counts the call; returns an injected fault at once. */
+/* The paused function (fake_pause), and the calls waiting for it; under pause_lock, which is
+ * never held with `lock`. */
+static pthread_mutex_t pause_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t pause_changed = PTHREAD_COND_INITIALIZER;
+static char fake_paused[64];
+static int fake_waiters;
+
+/* Waits while `function` is paused. */
+static void fake_gate(const char *function) {
+  pthread_mutex_lock(&pause_lock);
+  if (fake_paused[0] && !strcmp(fake_paused, function)) {
+    fake_waiters++;
+    pthread_cond_broadcast(&pause_changed);
+    while (fake_paused[0] && !strcmp(fake_paused, function))
+      pthread_cond_wait(&pause_changed, &pause_lock);
+    fake_waiters--;
+  }
+  pthread_mutex_unlock(&pause_lock);
+}
+
+FAKE_EXPORT void fake_pause(const char *function) {
+  pthread_mutex_lock(&pause_lock);
+  snprintf(fake_paused, sizeof fake_paused, "%s", function);
+  pthread_mutex_unlock(&pause_lock);
+}
+
+FAKE_EXPORT void fake_resume(void) {
+  pthread_mutex_lock(&pause_lock);
+  fake_paused[0] = 0;
+  pthread_cond_broadcast(&pause_changed);
+  pthread_mutex_unlock(&pause_lock);
+}
+
+FAKE_EXPORT int fake_waiting(void) {
+  pthread_mutex_lock(&pause_lock);
+  int n = fake_waiters;
+  pthread_mutex_unlock(&pause_lock);
+  return n;
+}
+
+/* Waits while the function is paused, takes the lock and counts the call; returns an
+ * injected fault at once. */
 #define ENTER(function)                         \
+  fake_gate(function);                          \
   pthread_mutex_lock(&lock);                    \
   FAKE_STATUS fault_ = fake_enter(function);    \
   if (fault_ != FAKE_OK) {                      \

@@ -247,6 +247,62 @@ impl Fake {
         }
     }
 
+    /// Runs `blocked` on one thread while calls of `function` wait inside the fake
+    /// (`fake_pause`: before they touch any state of the fake, so other calls go on), and,
+    /// once `blocked` waits there, `meanwhile` on another: `meanwhile` must finish while
+    /// `blocked` still waits — a device that holds one of its locks across the driver call
+    /// fails this. Then the call goes on; answers what both returned.
+    ///
+    /// # Panics
+    /// When `blocked` does not reach the call, or `meanwhile` does not finish, within 10 s.
+    pub fn while_paused<A: Send, B: Send>(
+        &self,
+        function: &str,
+        blocked: impl FnOnce() -> A + Send,
+        meanwhile: impl FnOnce() -> B + Send,
+    ) -> (A, B) {
+        use std::time::{Duration, Instant};
+
+        /// Lets the paused call go on however the test ends, so the threads can be joined.
+        struct Resume<'a>(&'a Fake);
+        impl Drop for Resume<'_> {
+            fn drop(&mut self) {
+                let resume: unsafe extern "C" fn() = self.0.sym("fake_resume");
+                // SAFETY: no arguments.
+                unsafe { resume() }
+            }
+        }
+
+        let pause: unsafe extern "C" fn(*const c_char) = self.sym("fake_pause");
+        let waiting: unsafe extern "C" fn() -> c_int = self.sym("fake_waiting");
+        let name = CString::new(function).expect("no NUL in a function name");
+        // SAFETY: a NUL-terminated name the fake copies.
+        unsafe { pause(name.as_ptr()) };
+        std::thread::scope(|scope| {
+            let resume = Resume(self);
+            let a = scope.spawn(blocked);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            // SAFETY (both calls): no arguments.
+            while unsafe { waiting() } == 0 {
+                assert!(Instant::now() < deadline, "{function} was never called");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let (done, finished) = std::sync::mpsc::channel();
+            let b = scope.spawn(move || {
+                let b = meanwhile();
+                let _ = done.send(());
+                b
+            });
+            assert!(
+                finished.recv_timeout(Duration::from_secs(10)).is_ok(),
+                "other calls waited for {function}: a lock is held across it"
+            );
+            assert_eq!(unsafe { waiting() }, 1, "{function} is still waiting");
+            drop(resume);
+            (a.join().unwrap(), b.join().unwrap())
+        })
+    }
+
     /// While held, work recorded on streams stays in flight until synchronised or released.
     pub fn hold_events(&self, held: bool) {
         let name = match self.vendor {

@@ -28,7 +28,9 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{
+    DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Unexpected, Visitor,
+};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -112,26 +114,45 @@ struct RawEvent {
     args: Option<Value>,
 }
 
-struct TopSeed<'a>(&'a mut Collected);
+/// Streams the document into a [`Collected`]: at the top (`top`), a Chrome-trace object with
+/// `traceEvents` or a bare array of events; below it, the `traceEvents` array.
+struct Seed<'a> {
+    collected: &'a mut Collected,
+    top: bool,
+}
 
-impl<'de> DeserializeSeed<'de> for TopSeed<'_> {
+impl<'de> DeserializeSeed<'de> for Seed<'_> {
     type Value = ();
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<(), D::Error> {
-        d.deserialize_any(self)
+        if self.top {
+            d.deserialize_any(self)
+        } else {
+            d.deserialize_seq(self)
+        }
     }
 }
 
-impl<'de> Visitor<'de> for TopSeed<'_> {
+impl<'de> Visitor<'de> for Seed<'_> {
     type Value = ();
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a Chrome-trace object with traceEvents, or an array of events")
+        f.write_str(if self.top {
+            "a Chrome-trace object with traceEvents, or an array of events"
+        } else {
+            "an array of trace events"
+        })
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<(), A::Error> {
+        if !self.top {
+            return Err(serde::de::Error::invalid_type(Unexpected::Map, &self));
+        }
         while let Some(key) = map.next_key::<String>()? {
             match key.as_str() {
                 "traceEvents" => {
-                    self.0.saw_trace_events = true;
-                    map.next_value_seed(EventsSeed(self.0))?;
+                    self.collected.saw_trace_events = true;
+                    map.next_value_seed(Seed {
+                        collected: &mut *self.collected,
+                        top: false,
+                    })?;
                 }
                 "deviceProperties" => {
                     let v: Value = map.next_value()?;
@@ -141,7 +162,7 @@ impl<'de> Visitor<'de> for TopSeed<'_> {
                                 d.get("id").and_then(Value::as_i64),
                                 d.get("name").and_then(Value::as_str),
                             ) {
-                                self.0.device_names.insert(id, name.to_string());
+                                self.collected.device_names.insert(id, name.to_string());
                             }
                         }
                     }
@@ -153,36 +174,18 @@ impl<'de> Visitor<'de> for TopSeed<'_> {
         }
         Ok(())
     }
-    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> std::result::Result<(), A::Error> {
-        self.0.saw_trace_events = true;
-        EventsSeed(self.0).visit_seq(seq)
-    }
-}
-
-struct EventsSeed<'a>(&'a mut Collected);
-
-impl<'de> DeserializeSeed<'de> for EventsSeed<'_> {
-    type Value = ();
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<(), D::Error> {
-        d.deserialize_seq(self)
-    }
-}
-
-impl<'de> Visitor<'de> for EventsSeed<'_> {
-    type Value = ();
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("an array of trace events")
-    }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<(), A::Error> {
+        let c = self.collected;
+        c.saw_trace_events = true;
         while let Some(raw) = seq.next_element::<RawEvent>()? {
-            self.0.events_seen += 1;
+            c.events_seen += 1;
             if raw.name.as_ref().and_then(Value::as_str) != Some("[memory]") {
                 continue;
             }
             let args = raw.args.unwrap_or(Value::Null);
             let int = |k: &str| args.get(k).and_then(as_i64);
-            self.0.mem.push(Mem {
-                index: self.0.events_seen,
+            c.mem.push(Mem {
+                index: c.events_seen,
                 ts_ns: raw
                     .ts
                     .as_ref()
@@ -219,21 +222,24 @@ fn as_i64(v: &Value) -> Option<i64> {
 pub(crate) fn read(input: Input, origin: &str, options: &Options) -> Result<VecSource> {
     let mut c = Collected::default();
     let mut de = serde_json::Deserializer::from_reader(input);
-    TopSeed(&mut c)
-        .deserialize(&mut de)
-        .and_then(|()| de.end())
-        .map_err(|e| {
-            let what = if e.is_eof() {
-                "truncated JSON"
-            } else {
-                "corrupt JSON"
-            };
-            trace_error(format!(
-                "{origin}: {what} at line {} column {}: {e}",
-                e.line(),
-                e.column()
-            ))
-        })?;
+    Seed {
+        collected: &mut c,
+        top: true,
+    }
+    .deserialize(&mut de)
+    .and_then(|()| de.end())
+    .map_err(|e| {
+        let what = if e.is_eof() {
+            "truncated JSON"
+        } else {
+            "corrupt JSON"
+        };
+        trace_error(format!(
+            "{origin}: {what} at line {} column {}: {e}",
+            e.line(),
+            e.column()
+        ))
+    })?;
     if !c.saw_trace_events {
         return Err(trace_error(format!(
             "{origin}: a JSON object without traceEvents: not a Chrome trace; {}",

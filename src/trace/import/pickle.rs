@@ -40,7 +40,8 @@ use std::fmt;
 use std::io::{BufRead, Read};
 
 /// The bounds a read stays within. [`Limits::UNTRUSTED`] is what the snapshot importer uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// [`Default`]: all zero, which is where a read's [`Figures`] start.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Limits {
     /// Bytes of (decompressed) input: bounds the time a read takes.
     pub(crate) input_bytes: u64,
@@ -196,12 +197,9 @@ impl fmt::Display for PickleError {
 /// What a read used, against each of the [`Limits`] (for tests and for choosing the limits).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Figures {
-    pub(crate) input_bytes: u64,
-    pub(crate) values: u64,
-    pub(crate) containers: u64,
-    pub(crate) memo_entries: u64,
-    pub(crate) payload_bytes: u64,
-    pub(crate) open_marks: u64,
+    /// The figure of each limit (`walk_steps` stays 0: the walk over the result counts its
+    /// own, [`Pickle::walk_steps`]).
+    pub(crate) used: Limits,
     /// Nodes in the arena (values pushed that were new objects).
     pub(crate) nodes: u64,
 }
@@ -530,8 +528,8 @@ pub(crate) fn read(input: &mut dyn BufRead, limits: &Limits) -> Result<Pickle, P
             offset: r.offset,
         });
     }
-    r.figures.input_bytes = r.offset;
-    r.figures.memo_entries = r.memo.len() as u64;
+    r.figures.used.input_bytes = r.offset;
+    r.figures.used.memo_entries = r.memo.len() as u64;
     r.figures.nodes = r.nodes.len() as u64;
     Ok(Pickle {
         nodes: r.nodes,
@@ -648,14 +646,14 @@ impl Reader<'_> {
 
     /// Counts `n` more payload bytes, before they are read or made.
     fn charge_payload(&mut self, n: u64) -> Result<(), PickleError> {
-        self.figures.payload_bytes = self.check_room(n)?;
+        self.figures.used.payload_bytes = self.check_room(n)?;
         Ok(())
     }
 
     /// Fails if `n` more payload bytes would exceed the limit (without counting them);
     /// otherwise the payload bytes they would make.
     fn check_room(&self, n: u64) -> Result<u64, PickleError> {
-        let reached = self.figures.payload_bytes.saturating_add(n);
+        let reached = self.figures.used.payload_bytes.saturating_add(n);
         self.within(Limit::PayloadBytes, reached)
     }
 
@@ -690,9 +688,9 @@ impl Reader<'_> {
             let room = self
                 .limits
                 .payload_bytes
-                .saturating_sub(self.figures.payload_bytes);
+                .saturating_sub(self.figures.used.payload_bytes);
             if (self.scratch.len() + take) as u64 > room {
-                let reached = self.figures.payload_bytes + (self.scratch.len() + take) as u64;
+                let reached = self.figures.used.payload_bytes + (self.scratch.len() + take) as u64;
                 return self.exceeded(Limit::PayloadBytes, reached);
             }
             self.scratch.extend_from_slice(&buf[..take]);
@@ -721,8 +719,8 @@ impl Reader<'_> {
     // ---- objects and the stack
 
     fn count_values(&mut self, n: u64) -> Result<(), PickleError> {
-        let reached = self.figures.values.saturating_add(n);
-        self.figures.values = self.within(Limit::Values, reached)?;
+        let reached = self.figures.used.values.saturating_add(n);
+        self.figures.used.values = self.within(Limit::Values, reached)?;
         Ok(())
     }
 
@@ -741,7 +739,8 @@ impl Reader<'_> {
     }
 
     fn push_seq(&mut self, kind: SeqKind, items: Vec<u32>) -> Result<(), PickleError> {
-        self.figures.containers = self.within(Limit::Containers, self.figures.containers + 1)?;
+        self.figures.used.containers =
+            self.within(Limit::Containers, self.figures.used.containers + 1)?;
         let index = self.offset_u32(self.seqs.len())?;
         self.seqs.push(items);
         self.push_new(Node::Seq { kind, index })
@@ -779,6 +778,19 @@ impl Reader<'_> {
     }
 
     /// Reads a counted string of `len` bytes and pushes it (`text`) or a bytes object.
+    /// The length argument of a counted string or bytes opcode, by its width: one byte, four
+    /// (signed for BINSTRING, as Python reads it) or eight.
+    fn length(&mut self, op: u8) -> Result<u64, PickleError> {
+        match op {
+            op::SHORT_BINUNICODE | op::SHORT_BINSTRING | op::SHORT_BINBYTES => {
+                self.byte().map(u64::from)
+            }
+            op::BINSTRING => self.i32_len(),
+            op::BINUNICODE | op::BINBYTES => self.u32_le().map(u64::from),
+            _ => self.fixed::<8>().map(u64::from_le_bytes),
+        }
+    }
+
     fn push_counted(&mut self, len: u64, text: bool) -> Result<(), PickleError> {
         self.read_scratch(len)?;
         let scratch = std::mem::take(&mut self.scratch);
@@ -891,6 +903,39 @@ impl Reader<'_> {
         }
     }
 
+    /// The escaped text argument (protocol 0) of `opcode`, read as a line and unescaped.
+    fn escaped_line<T>(
+        &mut self,
+        opcode: &str,
+        unescape: fn(&[u8]) -> Option<T>,
+    ) -> Result<T, PickleError> {
+        self.read_line()?;
+        match unescape(&self.scratch) {
+            Some(v) => Ok(v),
+            None => self.malformed(format!("a {opcode} argument with a bad escape")),
+        }
+    }
+
+    /// The items above the last mark (popped with it), for a container of `kind`: of a
+    /// dict's, a key without a value is dropped, as the reader before did.
+    fn marked_items(&mut self, kind: SeqKind) -> Result<Vec<u32>, PickleError> {
+        let mut items = self.pop_mark()?;
+        if kind == SeqKind::Dict {
+            items.truncate(items.len() & !1);
+        }
+        Ok(items)
+    }
+
+    /// The memo id argument of a PUT or GET opcode: a text line, one byte or four, by its
+    /// width.
+    fn memo_id(&mut self, op: u8) -> Result<u32, PickleError> {
+        match op {
+            op::BINPUT | op::BINGET => self.byte().map(u32::from),
+            op::LONG_BINPUT | op::LONG_BINGET => self.u32_le(),
+            _ => self.text_memo_id(),
+        }
+    }
+
     fn text_memo_id(&mut self) -> Result<u32, PickleError> {
         self.read_line()?;
         match std::str::from_utf8(&self.scratch)
@@ -974,7 +1019,7 @@ impl Reader<'_> {
             // The stack and marks.
             op::MARK => {
                 let reached = self.within(Limit::OpenMarks, self.marks.len() as u64 + 1)?;
-                self.figures.open_marks = self.figures.open_marks.max(reached);
+                self.figures.used.open_marks = self.figures.used.open_marks.max(reached);
                 self.marks.push(self.stack.len());
             }
             op::POP => {
@@ -995,32 +1040,16 @@ impl Reader<'_> {
             }
 
             // The memo.
-            op::PUT => {
-                let id = self.text_memo_id()?;
-                self.memoize(id)?;
-            }
-            op::BINPUT => {
-                let id = self.byte()?;
-                self.memoize(id.into())?;
-            }
-            op::LONG_BINPUT => {
-                let id = self.u32_le()?;
+            op::PUT | op::BINPUT | op::LONG_BINPUT => {
+                let id = self.memo_id(op)?;
                 self.memoize(id)?;
             }
             op::MEMOIZE => {
                 let id = u32::try_from(self.memo.len()).unwrap_or(u32::MAX);
                 self.memoize(id)?;
             }
-            op::GET => {
-                let id = self.text_memo_id()?;
-                self.memo_get(id)?;
-            }
-            op::BINGET => {
-                let id = self.byte()?;
-                self.memo_get(id.into())?;
-            }
-            op::LONG_BINGET => {
-                let id = self.u32_le()?;
+            op::GET | op::BINGET | op::LONG_BINGET => {
+                let id = self.memo_id(op)?;
                 self.memo_get(id)?;
             }
 
@@ -1086,48 +1115,25 @@ impl Reader<'_> {
             }
 
             // Strings and bytes.
-            op::SHORT_BINUNICODE => {
-                let len = self.byte()?.into();
+            op::SHORT_BINUNICODE | op::BINUNICODE | op::BINUNICODE8 => {
+                let len = self.length(op)?;
                 self.push_counted(len, true)?;
             }
-            op::BINUNICODE => {
-                let len = self.u32_le()?.into();
-                self.push_counted(len, true)?;
-            }
-            op::BINUNICODE8 => {
-                let len = u64::from_le_bytes(self.fixed::<8>()?);
-                self.push_counted(len, true)?;
-            }
-            op::SHORT_BINSTRING | op::SHORT_BINBYTES => {
-                let len = self.byte()?.into();
-                self.push_counted(len, false)?;
-            }
-            op::BINSTRING => {
-                let len = self.i32_len()?;
-                self.push_counted(len, false)?;
-            }
-            op::BINBYTES => {
-                let len = self.u32_le()?.into();
-                self.push_counted(len, false)?;
-            }
-            op::BINBYTES8 | op::BYTEARRAY8 => {
-                let len = u64::from_le_bytes(self.fixed::<8>()?);
+            op::SHORT_BINSTRING
+            | op::SHORT_BINBYTES
+            | op::BINSTRING
+            | op::BINBYTES
+            | op::BINBYTES8
+            | op::BYTEARRAY8 => {
+                let len = self.length(op)?;
                 self.push_counted(len, false)?;
             }
             op::STRING => {
-                self.read_line()?;
-                let bytes = match unescape_string(&self.scratch) {
-                    Some(b) => b,
-                    None => return self.malformed("a STRING argument with a bad escape"),
-                };
+                let bytes = self.escaped_line("STRING", unescape_string)?;
                 self.push_made_bytes(&bytes)?;
             }
             op::UNICODE => {
-                self.read_line()?;
-                let text = match unescape_raw_unicode(&self.scratch) {
-                    Some(t) => t,
-                    None => return self.malformed("a UNICODE argument with a bad escape"),
-                };
+                let text = self.escaped_line("UNICODE", unescape_raw_unicode)?;
                 self.push_made_str(&text)?;
             }
 
@@ -1136,60 +1142,45 @@ impl Reader<'_> {
             op::EMPTY_LIST => self.push_seq(SeqKind::List, Vec::new())?,
             op::EMPTY_DICT => self.push_seq(SeqKind::Dict, Vec::new())?,
             op::EMPTY_SET => self.push_seq(SeqKind::Set, Vec::new())?,
-            op::TUPLE1 => {
-                let a = self.pop()?;
-                self.push_seq(SeqKind::Tuple, vec![a])?;
-            }
-            op::TUPLE2 => {
-                let b = self.pop()?;
-                let a = self.pop()?;
-                self.push_seq(SeqKind::Tuple, vec![a, b])?;
-            }
-            op::TUPLE3 => {
-                let c = self.pop()?;
-                let b = self.pop()?;
-                let a = self.pop()?;
-                self.push_seq(SeqKind::Tuple, vec![a, b, c])?;
-            }
-            op::TUPLE => {
-                let items = self.pop_mark()?;
+            op::TUPLE1 | op::TUPLE2 | op::TUPLE3 => {
+                // The top 1, 2 or 3 items, in stack order; popped from the top down.
+                let n = usize::from(op - op::TUPLE1) + 1;
+                let mut items = Vec::with_capacity(n);
+                for _ in 0..n {
+                    items.push(self.pop()?);
+                }
+                items.reverse();
                 self.push_seq(SeqKind::Tuple, items)?;
             }
-            op::LIST => {
-                let items = self.pop_mark()?;
-                self.push_seq(SeqKind::List, items)?;
+            // Built from the items above the mark.
+            op::TUPLE | op::LIST | op::DICT | op::FROZENSET => {
+                let kind = match op {
+                    op::TUPLE => SeqKind::Tuple,
+                    op::LIST => SeqKind::List,
+                    op::DICT => SeqKind::Dict,
+                    _ => SeqKind::FrozenSet,
+                };
+                let items = self.marked_items(kind)?;
+                self.push_seq(kind, items)?;
             }
-            op::DICT => {
-                let mut items = self.pop_mark()?;
-                // A key without a value is dropped, as before.
-                items.truncate(items.len() & !1);
-                self.push_seq(SeqKind::Dict, items)?;
-            }
-            op::FROZENSET => {
-                let items = self.pop_mark()?;
-                self.push_seq(SeqKind::FrozenSet, items)?;
+            // Added to the container below the mark.
+            op::APPENDS | op::SETITEMS | op::ADDITEMS => {
+                let kind = match op {
+                    op::APPENDS => SeqKind::List,
+                    op::SETITEMS => SeqKind::Dict,
+                    _ => SeqKind::Set,
+                };
+                let items = self.marked_items(kind)?;
+                self.top_seq(kind)?.extend(items);
             }
             op::APPEND => {
                 let item = self.pop()?;
                 self.top_seq(SeqKind::List)?.push(item);
             }
-            op::APPENDS => {
-                let items = self.pop_mark()?;
-                self.top_seq(SeqKind::List)?.extend(items);
-            }
             op::SETITEM => {
                 let value = self.pop()?;
                 let key = self.pop()?;
                 self.top_seq(SeqKind::Dict)?.extend([key, value]);
-            }
-            op::SETITEMS => {
-                let mut items = self.pop_mark()?;
-                items.truncate(items.len() & !1);
-                self.top_seq(SeqKind::Dict)?.extend(items);
-            }
-            op::ADDITEMS => {
-                let items = self.pop_mark()?;
-                self.top_seq(SeqKind::Set)?.extend(items);
             }
 
             // Globals, calls and instances: snapshots hold none; read as the reader before did.
@@ -1789,7 +1780,7 @@ mod tests {
             .collect();
         let p = read_bytes(&p4(&body)).unwrap();
         let f = p.figures();
-        assert_eq!((f.nodes, f.values, f.containers), (65, 129, 64));
+        assert_eq!((f.nodes, f.used.values, f.used.containers), (65, 129, 64));
     }
 
     #[test]
@@ -1807,7 +1798,7 @@ mod tests {
         drop(p);
         let lists = [vec![b']'; 1_000_000], vec![b'a'; 999_999]].concat();
         let p = read_with(&p4(&lists), limits).unwrap();
-        assert_eq!(p.figures().containers, 1_000_000);
+        assert_eq!(p.figures().used.containers, 1_000_000);
         let mut v = p.root();
         let mut depth = 1;
         while let Some(inner) = v.as_list().and_then(|l| l.iter().next()) {
@@ -1915,7 +1906,7 @@ mod tests {
         body.extend(b"00)");
         let p = read_bytes(&p4(&body)).unwrap();
         assert_eq!(repr(p.root()), "()");
-        assert_eq!(p.figures().values, 1 + 200_000 + 1 + 3 * 200_000 + 1);
+        assert_eq!(p.figures().used.values, 1 + 200_000 + 1 + 3 * 200_000 + 1);
     }
 
     #[test]

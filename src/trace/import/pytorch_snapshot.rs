@@ -296,12 +296,12 @@ mod tests {
                     p.walk_steps()
                 );
                 let pairs = [
-                    ("input bytes", f.input_bytes, limits.input_bytes),
-                    ("values", f.values, limits.values),
-                    ("containers", f.containers, limits.containers),
-                    ("memo entries", f.memo_entries, limits.memo_entries),
-                    ("payload bytes", f.payload_bytes, limits.payload_bytes),
-                    ("open marks", f.open_marks, limits.open_marks),
+                    ("input bytes", f.used.input_bytes, limits.input_bytes),
+                    ("values", f.used.values, limits.values),
+                    ("containers", f.used.containers, limits.containers),
+                    ("memo entries", f.used.memo_entries, limits.memo_entries),
+                    ("payload bytes", f.used.payload_bytes, limits.payload_bytes),
+                    ("open marks", f.used.open_marks, limits.open_marks),
                     ("walk steps", p.walk_steps(), limits.walk_steps),
                 ];
                 for (what, used, limit) in pairs {
