@@ -9,14 +9,31 @@
 //! (it cannot be returned from `drop`) is logged; [`DeviceBuffer::free`] returns it instead.
 //!
 //! ```
-//! use portalloc::{DeviceBuffer, Portalloc, Stream};
-//! # std::env::set_var("PORTALLOC_BACKEND", "host");
-//! let portalloc = Portalloc::from_env()?;
-//! let allocator = portalloc.allocator(0).expect("one device at least");
+//! use std::sync::Arc;
+//!
+//! use portalloc::backends::host::HostDevice;
+//! use portalloc::strategy::bfc::{BfcAllocator, BfcOptions};
+//! use portalloc::{Allocator, DeviceBuffer, Stream};
+//!
+//! // Any allocator, shared: here a growing BFC pool on a simulated device.
+//! let device = Arc::new(HostDevice::builder().capacity(1 << 30).simulated(true).build()?);
+//! let options = BfcOptions { limit: 512 << 20, preallocate: false };
+//! let allocator: Arc<dyn Allocator> = Arc::new(BfcAllocator::new(device, options)?);
+//!
 //! let buffer = DeviceBuffer::new(&allocator, 1 << 20, Stream::DEFAULT)?;
 //! assert_eq!(buffer.size(), 1 << 20);
 //! assert_eq!(allocator.stats().bytes_in_use, 1 << 20);
 //! drop(buffer); // freed on its stream
+//! assert_eq!(allocator.stats().bytes_in_use, 0);
+//!
+//! // A tagged, aligned buffer, taken apart into plain data for C or Python and rebuilt;
+//! // `free` returns the allocator's answer where a drop can only log it.
+//! let stream = Stream::PER_THREAD;
+//! let buffer = DeviceBuffer::with_options(&allocator, 4096, 1 << 16, stream, "kv-cache")?;
+//! assert_eq!(buffer.ptr() % (1 << 16), 0);
+//! let raw = buffer.into_raw();
+//! assert_eq!((raw.size, raw.stream), (4096, Stream::PER_THREAD.as_raw()));
+//! DeviceBuffer::from_raw(Arc::clone(&allocator), raw)?.free()?;
 //! assert_eq!(allocator.stats().bytes_in_use, 0);
 //! # Ok::<(), portalloc::Error>(())
 //! ```

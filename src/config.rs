@@ -874,6 +874,38 @@ type Lookup<'a> = Box<dyn Fn(&str) -> Option<String> + 'a>;
 
 /// Builds a [`Config`]: the environment first, then every value given here over it
 /// (recorded as [`Source::Builder`]).
+///
+/// ```
+/// use portalloc::config::{Config, Source, StrategyKind};
+/// use portalloc::Error;
+///
+/// // Variables through a lookup, here a fixed table (`Config::builder()` alone reads the
+/// // process environment): JAX's allocator switch and memory fraction.
+/// let jax_job = |name: &str| match name {
+///     "XLA_PYTHON_CLIENT_ALLOCATOR" => Some("platform".to_string()),
+///     "XLA_CLIENT_MEM_FRACTION" => Some(".5".to_string()),
+///     _ => None,
+/// };
+/// // The builder's values win over every variable, and each setting says where it came from.
+/// let config = Config::builder().vars(jax_job).mem_fraction(0.9).build()?;
+/// assert_eq!(config.strategy.value, StrategyKind::Platform);
+/// assert_eq!(config.strategy.source, Source::Env("XLA_PYTHON_CLIENT_ALLOCATOR"));
+/// assert_eq!(config.mem_fraction.value, 0.9);
+/// assert_eq!(config.mem_fraction.source, Source::Builder);
+/// assert_eq!(config.limit(1000), 900);
+///
+/// // `ignore_env`: the defaults, whatever the environment holds.
+/// assert_eq!(Config::builder().ignore_env().build()?, Config::default());
+///
+/// // A value that cannot be used is an error naming the option, never ignored.
+/// match Config::builder().ignore_env().mem_fraction(1.5).build() {
+///     Err(Error::Config { variable, value, .. }) => {
+///         assert_eq!((variable.as_str(), value.as_str()), ("mem_fraction", "1.5"));
+///     }
+///     other => panic!("expected a configuration error, got {other:?}"),
+/// }
+/// # Ok::<(), portalloc::Error>(())
+/// ```
 #[derive(Default)]
 #[must_use]
 pub struct ConfigBuilder<'a> {

@@ -368,6 +368,44 @@ pub fn describe_peer_access(links: &[PeerLink], ordinal: u32) -> String {
 }
 
 /// Discovery, configuration and one allocator per device, in one value.
+///
+/// [`Portalloc::from_env`] takes the configuration from the environment (the variables of
+/// [`config::VARIABLES`](crate::config::VARIABLES), JAX's among them);
+/// [`Portalloc::from_config`] from code. Here two simulated host devices, each with its own
+/// `vmm` allocator:
+///
+/// ```
+/// use portalloc::discover::Decision;
+/// use portalloc::{Config, Portalloc, StrategyKind, Stream, Vendor};
+///
+/// let config = Config::builder()
+///     .ignore_env()
+///     .backend(Some(Vendor::Host))
+///     .host_devices(2)
+///     .host_capacity(8 << 30)
+///     .host_simulated(true)
+///     .strategy(StrategyKind::Vmm)
+///     .mem_fraction(0.5)
+///     .build()?;
+/// let portalloc = Portalloc::from_config(config)?;
+///
+/// // Every compiled-in backend was considered; the host was forced, so the others were
+/// // skipped without being probed.
+/// let host = portalloc.discovery.candidates.iter().find(|c| c.backend == Vendor::Host);
+/// assert_eq!(host.map(|c| &c.decision), Some(&Decision::Chosen));
+/// assert_eq!(portalloc.allocators.len(), 2);
+///
+/// for ordinal in 0..2 {
+///     let allocator = portalloc.allocator(ordinal).expect("two devices");
+///     assert_eq!(allocator.name(), "vmm");
+///     assert_eq!(allocator.stats().bytes_limit, Some(4 << 30));
+///     let a = allocator.allocate(3 << 20, 0, Stream::DEFAULT, "weights")?;
+///     assert_eq!(allocator.stats().bytes_in_use, 3 << 20);
+///     allocator.deallocate(a)?;
+/// }
+/// assert!(portalloc.allocator(2).is_none());
+/// # Ok::<(), portalloc::Error>(())
+/// ```
 pub struct Portalloc {
     /// The configuration used.
     pub config: Config,

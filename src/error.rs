@@ -169,6 +169,7 @@ pub enum Error {
     /// A trace that cannot be read: truncated, corrupt, of an unknown format, or (strict
     /// mode) holding an anomaly. The message names the line or event number.
     #[error("trace: {0}")]
+    #[cfg(feature = "trace")]
     Trace(String),
 
     /// No backend could serve the request (see the discovery report).

@@ -10,17 +10,13 @@
 #[path = "support/mod.rs"]
 mod support;
 
-use std::io::Write;
 use std::sync::Arc;
 
 use portalloc::backends::host::HostDevice;
 use portalloc::config::parse_size;
 use portalloc::config::{Config, ConfigBuilder, Setting};
 use portalloc::device::{Device, Event, PhysicalHandle, Stream, StreamOrderedPool, VirtualMemory};
-use portalloc::replay::workload::{TransformerTrain, Workload};
-use portalloc::replay::{self, Baseline, ReplayOptions, ReplayStrategy, TraceInput};
 use portalloc::strategy::async_pool::{AsyncOptions, AsyncPoolAllocator};
-use portalloc::trace::{self, Format, Options};
 use portalloc::{Allocation, Error, StrategyKind};
 use support::common::{simulated_host, Strategy};
 use test_case::test_case;
@@ -48,6 +44,7 @@ fn variant(e: &Error) -> &'static str {
         Error::MissingSymbol { .. } => "MissingSymbol",
         Error::Driver { .. } => "Driver",
         Error::Os { .. } => "Os",
+        #[cfg(feature = "trace")]
         Error::Trace(_) => "Trace",
         Error::NoDevice(_) => "NoDevice",
         _ => "other",
@@ -411,213 +408,235 @@ fn parse_size_accepts_the_edges(text: &str, want: u64) {
 // trace::open and open_reader on hostile bytes
 // ---------------------------------------------------------------------------------------------
 
-/// Drains a trace; the first error, if any.
-fn drain(t: trace::Trace) -> Option<Error> {
-    for e in t {
-        if let Err(e) = e {
-            return Some(e);
+#[cfg(feature = "trace")]
+mod traces {
+    use super::*;
+    use portalloc::trace::{self, Format, Options};
+    use std::io::Write;
+    use test_case::test_case;
+
+    /// Drains a trace; the first error, if any.
+    fn drain(t: trace::Trace) -> Option<Error> {
+        for e in t {
+            if let Err(e) = e {
+                return Some(e);
+            }
+        }
+        None
+    }
+
+    const HEADER: &str = r#"{"format":"portalloc-trace","version":1,"source":"test","device":null,"baseline_bytes":0,"reference":null,"tags":[],"notes":[]}"#;
+
+    #[test_case(b"" as &[u8], None ; "empty")]
+    #[test_case(b"\0\0\0\0\0\0\0\0", None ; "zeros")]
+    #[test_case(b"\xff\xfe garbage \x80\x81", None ; "binary garbage")]
+    #[test_case(b"\x1f\x8b", None ; "truncated gzip magic")]
+    #[test_case(b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03garbage", None ; "corrupt gzip")]
+    #[test_case(b"{\"format\":\"portalloc-trace\",\"version\":99}\n", Some(Format::Portalloc) ; "future version")]
+    #[test_case(b"{\"format\":\"portalloc-trace\"", Some(Format::Portalloc) ; "truncated header")]
+    #[test_case(b"{\"traceEvents\": [", Some(Format::Kineto) ; "truncated kineto")]
+    #[test_case(b"{\"traceEvents\": 7}", Some(Format::Kineto) ; "kineto events not a list")]
+    #[test_case(b"\x80\x04\x95", Some(Format::PytorchSnapshot) ; "truncated pickle")]
+    #[test_case(b"Thread,Time,Action,Pointer,Size,Stream\n1,2,allocate,0xzz,-5,0\n", Some(Format::RmmCsv) ; "rmm bad row")]
+    #[test_case(b"id,lower,upper,size\n1,5,2,18446744073709551616\n", Some(Format::LifetimesCsv) ; "lifetimes overflow")]
+    #[test_case(b"not,a,known,header\n1,2,3,4\n", Some(Format::LifetimesCsv) ; "csv wrong header")]
+    fn hostile_trace_bytes_are_a_trace_error(bytes: &[u8], format: Option<Format>) {
+        for strict in [false, true] {
+            let mut options = Options::new().with_strict(strict);
+            options.format = format;
+            let e =
+                match trace::open_reader(std::io::Cursor::new(bytes.to_vec()), "hostile", &options)
+                {
+                    Err(e) => e,
+                    Ok(t) => drain(t).unwrap_or_else(|| {
+                        panic!("{bytes:?} (strict {strict}): read without an error")
+                    }),
+                };
+            assert_eq!(variant(&e), "Trace", "{bytes:?} (strict {strict}): {e}");
         }
     }
-    None
-}
 
-const HEADER: &str = r#"{"format":"portalloc-trace","version":1,"source":"test","device":null,"baseline_bytes":0,"reference":null,"tags":[],"notes":[]}"#;
-
-#[test_case(b"" as &[u8], None ; "empty")]
-#[test_case(b"\0\0\0\0\0\0\0\0", None ; "zeros")]
-#[test_case(b"\xff\xfe garbage \x80\x81", None ; "binary garbage")]
-#[test_case(b"\x1f\x8b", None ; "truncated gzip magic")]
-#[test_case(b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03garbage", None ; "corrupt gzip")]
-#[test_case(b"{\"format\":\"portalloc-trace\",\"version\":99}\n", Some(Format::Portalloc) ; "future version")]
-#[test_case(b"{\"format\":\"portalloc-trace\"", Some(Format::Portalloc) ; "truncated header")]
-#[test_case(b"{\"traceEvents\": [", Some(Format::Kineto) ; "truncated kineto")]
-#[test_case(b"{\"traceEvents\": 7}", Some(Format::Kineto) ; "kineto events not a list")]
-#[test_case(b"\x80\x04\x95", Some(Format::PytorchSnapshot) ; "truncated pickle")]
-#[test_case(b"Thread,Time,Action,Pointer,Size,Stream\n1,2,allocate,0xzz,-5,0\n", Some(Format::RmmCsv) ; "rmm bad row")]
-#[test_case(b"id,lower,upper,size\n1,5,2,18446744073709551616\n", Some(Format::LifetimesCsv) ; "lifetimes overflow")]
-#[test_case(b"not,a,known,header\n1,2,3,4\n", Some(Format::LifetimesCsv) ; "csv wrong header")]
-fn hostile_trace_bytes_are_a_trace_error(bytes: &[u8], format: Option<Format>) {
-    for strict in [false, true] {
-        let mut options = Options::new().with_strict(strict);
-        options.format = format;
-        let e = match trace::open_reader(std::io::Cursor::new(bytes.to_vec()), "hostile", &options)
-        {
+    /// A well-formed header followed by hostile event lines: each is a `Trace` error in strict
+    /// mode and, where it cannot be skipped, also when tolerant.
+    #[test_case(r#"{"seq":0,"t":0,"op":"x","id":1,"size":1}"# ; "unknown op")]
+    #[test_case(r#"{"seq":0,"op":"a","id":1,"size":18446744073709551616}"# ; "size over u64")]
+    #[test_case(r#"{"seq":0,"op":"a","id":1,"size":-1}"# ; "negative size")]
+    #[test_case("[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[" ; "deep nesting")]
+    #[test_case("{" ; "truncated event")]
+    fn hostile_portalloc_events_are_a_trace_error_in_strict_mode(line: &str) {
+        let text = format!("{HEADER}\n{line}\n");
+        let options = Options::new()
+            .with_format(Format::Portalloc)
+            .with_strict(true);
+        let e = match trace::open_reader(
+            std::io::Cursor::new(text.into_bytes()),
+            "hostile",
+            &options,
+        ) {
             Err(e) => e,
-            Ok(t) => drain(t)
-                .unwrap_or_else(|| panic!("{bytes:?} (strict {strict}): read without an error")),
+            Ok(t) => drain(t).unwrap_or_else(|| panic!("{line}: read without an error")),
         };
-        assert_eq!(variant(&e), "Trace", "{bytes:?} (strict {strict}): {e}");
+        assert_eq!(variant(&e), "Trace", "{line}: {e}");
     }
-}
 
-/// A well-formed header followed by hostile event lines: each is a `Trace` error in strict
-/// mode and, where it cannot be skipped, also when tolerant.
-#[test_case(r#"{"seq":0,"t":0,"op":"x","id":1,"size":1}"# ; "unknown op")]
-#[test_case(r#"{"seq":0,"op":"a","id":1,"size":18446744073709551616}"# ; "size over u64")]
-#[test_case(r#"{"seq":0,"op":"a","id":1,"size":-1}"# ; "negative size")]
-#[test_case("[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[" ; "deep nesting")]
-#[test_case("{" ; "truncated event")]
-fn hostile_portalloc_events_are_a_trace_error_in_strict_mode(line: &str) {
-    let text = format!("{HEADER}\n{line}\n");
-    let options = Options::new()
-        .with_format(Format::Portalloc)
-        .with_strict(true);
-    let e = match trace::open_reader(std::io::Cursor::new(text.into_bytes()), "hostile", &options) {
-        Err(e) => e,
-        Ok(t) => drain(t).unwrap_or_else(|| panic!("{line}: read without an error")),
-    };
-    assert_eq!(variant(&e), "Trace", "{line}: {e}");
-}
-
-#[test]
-fn opening_a_missing_or_unreadable_path_is_a_trace_error() {
-    let dir = std::env::temp_dir().join(format!("portalloc-bad-input-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    for path in [
-        dir.join("does-not-exist.jsonl"),
-        dir.clone(),
-        std::path::PathBuf::from(""),
-    ] {
-        let e = trace::open(&path, &Options::new()).err().unwrap();
-        assert_eq!(variant(&e), "Trace", "{}: {e}", path.display());
+    #[test]
+    fn opening_a_missing_or_unreadable_path_is_a_trace_error() {
+        let dir = std::env::temp_dir().join(format!("portalloc-bad-input-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for path in [
+            dir.join("does-not-exist.jsonl"),
+            dir.clone(),
+            std::path::PathBuf::from(""),
+        ] {
+            let e = trace::open(&path, &Options::new()).err().unwrap();
+            assert_eq!(variant(&e), "Trace", "{}: {e}", path.display());
+        }
+        let file = dir.join("garbage.bin");
+        std::fs::File::create(&file)
+            .unwrap()
+            .write_all(&[0xde, 0xad, 0xbe, 0xef])
+            .unwrap();
+        let e = trace::open(&file, &Options::new()).err().unwrap();
+        assert_eq!(variant(&e), "Trace", "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
-    let file = dir.join("garbage.bin");
-    std::fs::File::create(&file)
-        .unwrap()
-        .write_all(&[0xde, 0xad, 0xbe, 0xef])
-        .unwrap();
-    let e = trace::open(&file, &Options::new()).err().unwrap();
-    assert_eq!(variant(&e), "Trace", "{e}");
-    std::fs::remove_dir_all(&dir).unwrap();
-}
 
-#[test_case("" ; "empty")]
-#[test_case("jsonl2" ; "unknown")]
-#[test_case("PORTALLOC\u{0}" ; "nul")]
-fn unknown_trace_format_names_are_config_errors(name: &str) {
-    let e = name.parse::<Format>().unwrap_err();
-    assert_eq!(variant(&e), "Config", "{e}");
+    #[test_case("" ; "empty")]
+    #[test_case("jsonl2" ; "unknown")]
+    #[test_case("PORTALLOC\u{0}" ; "nul")]
+    fn unknown_trace_format_names_are_config_errors(name: &str) {
+        let e = name.parse::<Format>().unwrap_err();
+        assert_eq!(variant(&e), "Config", "{e}");
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
 // Replay options and workloads
 // ---------------------------------------------------------------------------------------------
 
-/// Every strategy `replay` knows (each of its names, parsed).
-fn every_replay_strategy() -> impl Iterator<Item = ReplayStrategy> {
-    replay::STRATEGY_NAMES
-        .iter()
-        .map(|name| ReplayStrategy::parse(name).unwrap())
-}
+#[cfg(feature = "replay")]
+mod replay_inputs {
+    use super::*;
+    use portalloc::replay::workload::{TransformerTrain, Workload};
+    use portalloc::replay::{self, Baseline, ReplayOptions, ReplayStrategy, TraceInput};
+    use test_case::test_case;
 
-fn tiny_input() -> TraceInput {
-    let w = TransformerTrain {
-        layers: 1,
-        hidden: 64,
-        batch: 1,
-        seq: 16,
-        vocab: 128,
-        heads: 1,
-        steps: 1,
-        ..TransformerTrain::default()
-    };
-    let (header, events) = w.events().unwrap();
-    TraceInput::Events {
-        header,
-        events: Arc::new(events),
+    /// Every strategy `replay` knows (each of its names, parsed).
+    fn every_replay_strategy() -> impl Iterator<Item = ReplayStrategy> {
+        replay::STRATEGY_NAMES
+            .iter()
+            .map(|name| ReplayStrategy::parse(name).unwrap())
     }
-}
 
-#[test_case("" ; "empty")]
-#[test_case("bfc,vmm" ; "a list is not one name")]
-#[test_case("BFC-GROWING" ; "unknown")]
-fn replay_strategy_names_are_checked(name: &str) {
-    let e = ReplayStrategy::parse(name).unwrap_err();
-    assert_eq!(variant(&e), "Config", "{e}");
-}
+    fn tiny_input() -> TraceInput {
+        let w = TransformerTrain {
+            layers: 1,
+            hidden: 64,
+            batch: 1,
+            seq: 16,
+            vocab: 128,
+            heads: 1,
+            steps: 1,
+            ..TransformerTrain::default()
+        };
+        let (header, events) = w.events().unwrap();
+        TraceInput::Events {
+            header,
+            events: Arc::new(events),
+        }
+    }
 
-#[test_case("" ; "empty")]
-#[test_case("h100-80g-plus" ; "unknown preset")]
-fn replay_presets_are_checked(name: &str) {
-    let e = replay::preset(name).unwrap_err();
-    assert_eq!(variant(&e), "Config", "{e}");
-}
+    #[test_case("" ; "empty")]
+    #[test_case("bfc,vmm" ; "a list is not one name")]
+    #[test_case("BFC-GROWING" ; "unknown")]
+    fn replay_strategy_names_are_checked(name: &str) {
+        let e = ReplayStrategy::parse(name).unwrap_err();
+        assert_eq!(variant(&e), "Config", "{e}");
+    }
 
-#[test_case(0, 2 * MIB, "InvalidArgument" ; "capacity zero")]
-#[test_case(CAPACITY, 3, "InvalidArgument" ; "granularity not a power of two")]
-#[test_case(CAPACITY, 0, "InvalidArgument" ; "granularity zero")]
-#[test_case(CAPACITY, 1 << 63, "ok" ; "granularity huge")]
-fn replay_device_specs_are_checked(capacity: u64, granularity: u64, want: &str) {
-    let spec = replay::DeviceSpec {
-        name: "hostile",
-        capacity,
-        granularity,
-    };
-    let options = ReplayOptions {
-        device: spec,
-        fraction: 0.75,
-        samples: 0,
-    };
-    let input = tiny_input();
-    let baseline = Baseline::scan(&input).unwrap();
-    for s in every_replay_strategy() {
-        match replay::replay(&input, &baseline, s, &options, None) {
-            // A device that cannot hold anything replays with every allocation out of
-            // memory, counted, not an error.
-            Ok(r) => assert!(
-                want == "ok" || capacity == 0 && r.oom_count > 0,
-                "{s:?} capacity {capacity} granularity {granularity}: {r:?}"
-            ),
-            Err(e) => {
-                assert!(want != "ok", "{s:?}: {e}");
-                assert_eq!(variant(&e), want, "{s:?}: {e}");
+    #[test_case("" ; "empty")]
+    #[test_case("h100-80g-plus" ; "unknown preset")]
+    fn replay_presets_are_checked(name: &str) {
+        let e = replay::preset(name).unwrap_err();
+        assert_eq!(variant(&e), "Config", "{e}");
+    }
+
+    #[test_case(0, 2 * MIB, "InvalidArgument" ; "capacity zero")]
+    #[test_case(CAPACITY, 3, "InvalidArgument" ; "granularity not a power of two")]
+    #[test_case(CAPACITY, 0, "InvalidArgument" ; "granularity zero")]
+    #[test_case(CAPACITY, 1 << 63, "ok" ; "granularity huge")]
+    fn replay_device_specs_are_checked(capacity: u64, granularity: u64, want: &str) {
+        let spec = replay::DeviceSpec {
+            name: "hostile",
+            capacity,
+            granularity,
+        };
+        let options = ReplayOptions {
+            device: spec,
+            fraction: 0.75,
+            samples: 0,
+        };
+        let input = tiny_input();
+        let baseline = Baseline::scan(&input).unwrap();
+        for s in every_replay_strategy() {
+            match replay::replay(&input, &baseline, s, &options, None) {
+                // A device that cannot hold anything replays with every allocation out of
+                // memory, counted, not an error.
+                Ok(r) => assert!(
+                    want == "ok" || capacity == 0 && r.oom_count > 0,
+                    "{s:?} capacity {capacity} granularity {granularity}: {r:?}"
+                ),
+                Err(e) => {
+                    assert!(want != "ok", "{s:?}: {e}");
+                    assert_eq!(variant(&e), want, "{s:?}: {e}");
+                }
             }
         }
     }
-}
 
-/// A NaN, negative, zero or above-one fraction is a typed configuration error from the
-/// library's `replay`, as from the CLI's `--fraction`.
-#[test_case(f64::NAN ; "nan")]
-#[test_case(-1.0 ; "negative")]
-#[test_case(0.0 ; "zero")]
-#[test_case(1.5 ; "above one")]
-fn replay_with_a_hostile_fraction_is_a_config_error(fraction: f64) {
-    let input = tiny_input();
-    let baseline = Baseline::scan(&input).unwrap();
-    let options = ReplayOptions {
-        device: replay::preset("h100-80g").unwrap(),
-        fraction,
-        samples: 4,
-    };
-    for s in every_replay_strategy() {
-        let e = replay::replay(&input, &baseline, s, &options, None).unwrap_err();
-        assert_eq!(variant(&e), "Config", "{s:?}: {e}");
+    /// A NaN, negative, zero or above-one fraction is a typed configuration error from the
+    /// library's `replay`, as from the CLI's `--fraction`.
+    #[test_case(f64::NAN ; "nan")]
+    #[test_case(-1.0 ; "negative")]
+    #[test_case(0.0 ; "zero")]
+    #[test_case(1.5 ; "above one")]
+    fn replay_with_a_hostile_fraction_is_a_config_error(fraction: f64) {
+        let input = tiny_input();
+        let baseline = Baseline::scan(&input).unwrap();
+        let options = ReplayOptions {
+            device: replay::preset("h100-80g").unwrap(),
+            fraction,
+            samples: 4,
+        };
+        for s in every_replay_strategy() {
+            let e = replay::replay(&input, &baseline, s, &options, None).unwrap_err();
+            assert_eq!(variant(&e), "Config", "{s:?}: {e}");
+        }
     }
-}
 
-#[test_case(TransformerTrain { layers: 0, ..TransformerTrain::default() } ; "zero layers")]
-#[test_case(TransformerTrain { hidden: 0, ..TransformerTrain::default() } ; "zero hidden")]
-#[test_case(TransformerTrain { hidden: 100, heads: 0, ..TransformerTrain::default() } ; "hidden not a multiple of 64")]
-#[test_case(TransformerTrain { hidden: 64, heads: 3, ..TransformerTrain::default() } ; "heads do not divide hidden")]
-#[test_case(TransformerTrain { batch: u64::MAX, ..TransformerTrain::default() } ; "batch overflows")]
-#[test_case(TransformerTrain { seq: u64::MAX, ..TransformerTrain::default() } ; "seq overflows")]
-#[test_case(TransformerTrain { vocab: u64::MAX, ..TransformerTrain::default() } ; "vocab overflows")]
-#[test_case(TransformerTrain { dtype_bytes: 3, ..TransformerTrain::default() } ; "dtype of three bytes")]
-#[test_case(TransformerTrain { steps: 0, ..TransformerTrain::default() } ; "zero steps")]
-#[test_case(TransformerTrain { ffn_mult: 0, ..TransformerTrain::default() } ; "zero ffn")]
-fn hostile_workload_parameters_are_invalid_arguments(w: TransformerTrain) {
-    let e = w.validate().unwrap_err();
-    assert_eq!(variant(&e), "InvalidArgument", "{w:?}: {e}");
-    let e = Workload::TransformerTrain(w).events().unwrap_err();
-    assert_eq!(variant(&e), "InvalidArgument", "{e}");
-}
+    #[test_case(TransformerTrain { layers: 0, ..TransformerTrain::default() } ; "zero layers")]
+    #[test_case(TransformerTrain { hidden: 0, ..TransformerTrain::default() } ; "zero hidden")]
+    #[test_case(TransformerTrain { hidden: 100, heads: 0, ..TransformerTrain::default() } ; "hidden not a multiple of 64")]
+    #[test_case(TransformerTrain { hidden: 64, heads: 3, ..TransformerTrain::default() } ; "heads do not divide hidden")]
+    #[test_case(TransformerTrain { batch: u64::MAX, ..TransformerTrain::default() } ; "batch overflows")]
+    #[test_case(TransformerTrain { seq: u64::MAX, ..TransformerTrain::default() } ; "seq overflows")]
+    #[test_case(TransformerTrain { vocab: u64::MAX, ..TransformerTrain::default() } ; "vocab overflows")]
+    #[test_case(TransformerTrain { dtype_bytes: 3, ..TransformerTrain::default() } ; "dtype of three bytes")]
+    #[test_case(TransformerTrain { steps: 0, ..TransformerTrain::default() } ; "zero steps")]
+    #[test_case(TransformerTrain { ffn_mult: 0, ..TransformerTrain::default() } ; "zero ffn")]
+    fn hostile_workload_parameters_are_invalid_arguments(w: TransformerTrain) {
+        let e = w.validate().unwrap_err();
+        assert_eq!(variant(&e), "InvalidArgument", "{w:?}: {e}");
+        let e = Workload::TransformerTrain(w).events().unwrap_err();
+        assert_eq!(variant(&e), "InvalidArgument", "{e}");
+    }
 
-#[test]
-fn unknown_workload_names_are_config_errors() {
-    for name in ["", "transformer", "transformer-train\u{0}"] {
-        let e = Workload::from_name(name).unwrap_err();
-        assert_eq!(variant(&e), "Config", "{name:?}: {e}");
+    #[test]
+    fn unknown_workload_names_are_config_errors() {
+        for name in ["", "transformer", "transformer-train\u{0}"] {
+            let e = Workload::from_name(name).unwrap_err();
+            assert_eq!(variant(&e), "Config", "{name:?}: {e}");
+        }
     }
 }
 

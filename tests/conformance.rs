@@ -18,6 +18,7 @@
 //! `fakehip_rocm6::bfc_growing::trim_and_drop`, and ends with the census: the allocator
 //! dropped, every device's books are empty and the conformance driver's own live counts are
 //! all zero.
+#![cfg(feature = "replay")]
 
 #[path = "support/mod.rs"]
 mod support;

@@ -27,7 +27,7 @@ use std::sync::Arc;
 use portalloc::backends::cuda::{CudaDevice, Driver, POOL_SYMBOLS, REQUIRED_SYMBOLS, VMM_SYMBOLS};
 use portalloc::device::{Device, PhysicalHandle, Stream};
 use portalloc::sys::cuda as sys;
-use portalloc::{Allocation, Allocator, Config, Error, StrategyKind, Vendor};
+use portalloc::{Config, Error, StrategyKind, Vendor};
 use support::common::{assert_chosen, discover_with, driver_failure};
 
 const MIB: u64 = 1 << 20;
@@ -636,10 +636,13 @@ mod pools_streams_events {
 
 /// What every strategy must do on every device — on `fakecuda` and `fakecuda_old` too — is
 /// the conformance suite's (`tests/conformance.rs`, modules `fakecuda` and `fakecuda_old`).
-/// Here: how the strategies meet this driver's refusals and its virtual-memory calls.
+/// Here: how the strategies meet this driver's refusals and its virtual-memory calls. Like the
+/// suite, it names the strategies by replay's list.
+#[cfg(feature = "replay")]
 mod strategies {
     use super::support::targets::{Strategy, SuiteStrategy, Target};
     use super::*;
+    use portalloc::{Allocation, Allocator};
 
     /// Runs `test` on `strategy` over a 64 MiB device of a private `fakecuda` (and the fake
     /// itself); once the allocator is dropped, the fake must hold nothing. Skips where the
@@ -757,6 +760,7 @@ fn discovery_chooses_cuda_and_opens_every_device() {
 #[cfg(feature = "cudarc")]
 mod cudarc_interop {
     use portalloc::backends::cuda::cudarc::{stream_of, PortallocSlice};
+    use portalloc::Allocator;
 
     use super::*;
 

@@ -24,6 +24,7 @@
 //! the one object whose release was refused.
 //!
 //! Each sweep prints a summary line: run with `--nocapture` to see the figures.
+#![cfg(feature = "replay")]
 
 #[path = "support/mod.rs"]
 mod support;

@@ -13,6 +13,7 @@
 //!   stream, the strategy synchronises the device rather than read the refusal as "idle";
 //! * the special handles (null, legacy, per-thread) are streams to both shims;
 //! * both shims refuse a free of the wrong size, as the host does.
+#![cfg(feature = "replay")]
 
 #[path = "support/mod.rs"]
 mod support;

@@ -1,4 +1,5 @@
 //! Replay and the capacity planner, as executable specifications.
+#![cfg(feature = "replay")]
 
 #[path = "support/mod.rs"]
 mod support;

@@ -10,6 +10,7 @@
 //! its books behind one `Mutex`, and the only atomics are id counters (`fetch_add`) and
 //! statistics counters (`Relaxed` loads and adds). `allocators_are_send_and_sync` asserts at
 //! compile time that every allocator, adaptor and device is `Send + Sync`.
+#![cfg(feature = "trace")]
 
 #[path = "support/mod.rs"]
 mod support;

@@ -1,6 +1,7 @@
 //! Trace formats: each importer on a small file written here, every real trace in
 //! `../shared/traces/` against the figures its README lists, the own format ⇄ RMM CSV round
 //! trip, and bad input (errors and anomalies name the line or event).
+#![cfg(feature = "trace")]
 
 #[path = "support/mod.rs"]
 mod support;

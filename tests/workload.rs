@@ -1,5 +1,6 @@
 //! Built-in workloads: the generated allocation sequence is well formed, its peak matches an
 //! analytic estimate, it scales with the shapes, and it lands near the real eager GPT-2 trace.
+#![cfg(feature = "replay")]
 
 #[path = "support/mod.rs"]
 mod support;

@@ -3,6 +3,7 @@
 //! The dumps under `tests/data/xla/` were made by `scripts/make-xla-dumps` (JAX 0.10.2 on
 //! CPU); the figures below are what that script printed of `compiled.memory_analysis()`
 //! (also in `tests/data/xla/README.md`).
+#![cfg(feature = "trace")]
 
 #[path = "support/mod.rs"]
 mod support;

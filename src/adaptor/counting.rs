@@ -120,11 +120,17 @@ impl<D: Device + ?Sized> DeviceWrapper for CountingDevice<D> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::replay::preset;
+    use crate::backends::host::HostDevice;
 
     #[test]
     fn counts_each_kind_of_call() {
-        let host = Arc::new(preset::custom(64 << 20).host_device().unwrap());
+        let host = Arc::new(
+            HostDevice::builder()
+                .capacity(64 << 20)
+                .simulated(true)
+                .build()
+                .unwrap(),
+        );
         let dev = CountingDevice::new(host);
         let p = dev.alloc(1 << 20).unwrap();
         dev.free(p, 1 << 20).unwrap();

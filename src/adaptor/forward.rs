@@ -441,7 +441,6 @@ mod tests {
 
     use super::*;
     use crate::backends::host::HostDevice;
-    use crate::replay::preset;
 
     /// Logs every call it sees and fails the ones named in `refuse`.
     #[derive(Debug)]
@@ -480,7 +479,11 @@ mod tests {
     }
 
     fn logging(refuse: &'static [&'static str], hidden: &'static [Capability]) -> Logging {
-        let host = preset::custom(64 << 20).host_device().unwrap();
+        let host = HostDevice::builder()
+            .capacity(64 << 20)
+            .simulated(true)
+            .build()
+            .unwrap();
         Logging {
             host: Arc::new(host),
             refuse,

@@ -385,6 +385,48 @@ impl Books {
 /// Owns its upstream (every call to it should come through the ledger, or rounded sizes
 /// may be misattributed). Allocations it hands out carry the ledger's id and a sequence
 /// number as token; hand them back to the ledger, not to the upstream.
+///
+/// # Example
+///
+/// ```
+/// use std::sync::Arc;
+///
+/// use portalloc::adaptor::{LedgerAllocator, LedgerSnapshot};
+/// use portalloc::backends::host::HostDevice;
+/// use portalloc::strategy::bfc::{BfcAllocator, BfcOptions};
+/// use portalloc::{Allocator, Error, Stream};
+///
+/// let device = Arc::new(HostDevice::builder().capacity(1 << 30).simulated(true).build()?);
+/// let bfc = BfcAllocator::new(device, BfcOptions { limit: 32 << 20, preallocate: true })?;
+/// let ledger = LedgerAllocator::new(bfc);
+///
+/// let weights = ledger.allocate(10 << 20, 0, Stream::DEFAULT, "weights")?;
+/// let input = ledger.allocate(1000, 0, Stream::DEFAULT, "input")?;
+/// assert_eq!(ledger.live_count(), 2);
+/// assert_eq!(ledger.tag("weights").bytes, 10 << 20);
+/// // BFC rounds to 256 bytes: the ledger records what the upstream charged.
+/// assert_eq!(ledger.tag("input").rounded_bytes, 1024);
+///
+/// // Donation: the output reuses the input's memory; the input's allocation is consumed.
+/// let output = ledger.donate(input, "output")?;
+/// assert_eq!((ledger.tag("input").bytes, ledger.tag("output").bytes), (0, 1000));
+/// assert_eq!(ledger.tag("output").donated_in, 1);
+///
+/// // Out of memory: the upstream's report, with the ledger's diagnosis attached.
+/// let too_much = ledger.allocate(24 << 20, 0, Stream::DEFAULT, "activations");
+/// assert!(matches!(too_much, Err(Error::OutOfMemoryDiagnosed { .. })));
+/// assert!(ledger.last_oom().is_some());
+///
+/// // A snapshot, as `portalloc ledger` prints it, survives JSON.
+/// let snapshot = ledger.snapshot();
+/// assert_eq!(LedgerSnapshot::from_json(&snapshot.to_json())?, snapshot);
+/// assert_eq!(snapshot.live.len(), 2);
+///
+/// ledger.deallocate(weights)?;
+/// ledger.deallocate(output)?;
+/// assert_eq!(ledger.live_count(), 0);
+/// # Ok::<(), portalloc::Error>(())
+/// ```
 pub struct LedgerAllocator<A: Allocator + ?Sized> {
     upstream: Box<A>,
     device: Option<Arc<dyn Device>>,

@@ -6,11 +6,12 @@
 //! | [`DeviceWrapper`] | a [`crate::Device`] | nothing by itself: the forwarding every device adaptor shares; its hooks see, fail or hide calls |
 //! | [`CountingDevice`] | a [`crate::Device`] | counts every device call by kind (replay's "device calls" column; leak checks) |
 //! | [`LedgerAllocator`] | a [`crate::Allocator`] | every live allocation (size, rounded size, stream, tag, age, optional backtrace), totals and peaks per tag, JSON snapshots, donation, and a [diagnosis](crate::diagnose) on every out-of-memory error |
-//! | [`RecorderAllocator`] | an [`crate::Allocator`] | records its allocation trace for `portalloc replay` |
+//! | `RecorderAllocator` (feature `trace`) | an [`crate::Allocator`] | records its allocation trace for `portalloc replay` |
 
 mod counting;
 mod forward;
 mod ledger;
+#[cfg(feature = "trace")]
 mod recorder;
 
 pub use counting::{CallCounts, CountingDevice};
@@ -19,4 +20,5 @@ pub use ledger::{
     LedgerAllocator, LedgerOptions, LedgerSnapshot, LiveAllocation, PoolStats, TagTotals,
     BACKTRACE_VARIABLE, SNAPSHOT_VERSION,
 };
+#[cfg(feature = "trace")]
 pub use recorder::RecorderAllocator;

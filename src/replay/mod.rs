@@ -8,6 +8,62 @@
 //! * [`engine::min_capacity`] — bisection for the smallest device (memory fraction 1.0) that
 //!   runs the trace without running out.
 //! * [`preset`](mod@preset) — real GPUs' capacities; [`workload`] — built-in workloads.
+//!
+//! ```
+//! use std::sync::Arc;
+//!
+//! use portalloc::replay::{self, Baseline, ReplayOptions, ReplayStrategy, TraceInput};
+//! use portalloc::trace::{Event, Op, TraceHeader};
+//!
+//! // A trace: 3 MiB of weights held throughout, a 4 MiB temporary, then a 6 MiB one.
+//! let steps = [
+//!     (Op::Alloc, 1, 3),
+//!     (Op::Alloc, 2, 4),
+//!     (Op::Free, 2, 4),
+//!     (Op::Alloc, 3, 6),
+//!     (Op::Free, 3, 6),
+//!     (Op::Free, 1, 3),
+//! ];
+//! let events: Vec<Event> = (0u64..)
+//!     .zip(steps)
+//!     .map(|(seq, (op, id, mib))| Event {
+//!         seq,
+//!         time_ns: seq * 1_000,
+//!         thread: 0,
+//!         stream: 0,
+//!         op,
+//!         id,
+//!         size: mib << 20,
+//!         tag: 0,
+//!     })
+//!     .collect();
+//! let input = TraceInput::Events {
+//!     header: TraceHeader::new("example"),
+//!     events: Arc::new(events),
+//! };
+//! let baseline = Baseline::scan(&input)?;
+//!
+//! // Each strategy on a simulated H100 (80 GB), at JAX's default memory fraction.
+//! let options = ReplayOptions {
+//!     device: replay::preset("h100-80g")?,
+//!     fraction: 0.75,
+//!     samples: 0,
+//! };
+//! for name in ["bfc", "bfc-grow", "vmm", "platform"] {
+//!     let strategy = ReplayStrategy::parse(name)?;
+//!     let result = replay::replay(&input, &baseline, strategy, &options, None)?;
+//!     assert_eq!((result.strategy, result.events), (name, 6));
+//!     // The workload's own demand, the same for every strategy: 3 + 6 MiB.
+//!     assert_eq!(result.peak_live, 9 << 20);
+//!     assert_eq!(result.oom_count, 0);
+//! }
+//!
+//! // The smallest device on which `platform` runs it, bisected to 2 MiB.
+//! let (platform, peak_live, step) = (ReplayStrategy::Platform, 9 << 20, 2 << 20);
+//! let min = replay::min_capacity(&input, &baseline, platform, options.device, peak_live, step)?;
+//! assert_eq!(min.bytes, Some(10 << 20));
+//! # Ok::<(), portalloc::Error>(())
+//! ```
 
 pub mod engine;
 pub mod preset;

@@ -50,6 +50,17 @@ pub const PRESETS: &[(&str, DeviceSpec)] = &[
 
 /// The preset of that name.
 ///
+/// ```
+/// use portalloc::replay::preset;
+///
+/// let h100 = preset("h100-80g")?;
+/// assert_eq!((h100.capacity, h100.granularity), (81_559 << 20, 2 << 20));
+/// // An unknown name is an error that lists the presets.
+/// let unknown = preset("h100").unwrap_err().to_string();
+/// assert!(unknown.contains("h100-80g") && unknown.contains("mi300x"));
+/// # Ok::<(), portalloc::Error>(())
+/// ```
+///
 /// # Errors
 /// [`Error::Config`] listing the presets.
 pub fn preset(name: &str) -> Result<DeviceSpec> {

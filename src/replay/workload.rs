@@ -818,6 +818,38 @@ impl Gen {
 }
 
 /// A built-in workload, by name.
+///
+/// ```
+/// use portalloc::replay::workload::{TransformerTrain, Workload};
+/// use portalloc::trace::Op;
+///
+/// // A two-layer GPT-2-style model, small enough to generate in a blink.
+/// let tiny = TransformerTrain {
+///     layers: 2,
+///     hidden: 128,
+///     batch: 2,
+///     seq: 64,
+///     vocab: 1000,
+///     ..TransformerTrain::default()
+/// };
+/// // Token and position embeddings, 12·h² + 13·h per block, the final layer norm.
+/// let (h, per_block) = (128, 12 * 128 * 128 + 13 * 128);
+/// assert_eq!(tiny.parameter_count()?, 1000 * h + 64 * h + 2 * per_block + 2 * h);
+///
+/// let workload: Workload = "transformer-train".parse()?;
+/// assert_eq!(workload.name(), "transformer-train");
+/// let (header, events) = Workload::TransformerTrain(tiny.clone()).events()?;
+/// assert_eq!(events.len() as u64, tiny.event_count()?);
+/// assert_eq!(header.source, tiny.source());
+/// // Live after the last step: the fp32 parameters and Adam's two states for each; the
+/// // gradients went with `zero_grad(set_to_none=True)`, the activations with backward.
+/// let (allocated, freed) = events.iter().fold((0, 0), |(a, f), e| match e.op {
+///     Op::Alloc => (a + e.size, f),
+///     Op::Free => (a, f + e.size),
+/// });
+/// assert_eq!(allocated - freed, 3 * tiny.parameter_count()? * 4);
+/// # Ok::<(), portalloc::Error>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Workload {
     /// `transformer-train`: see [`TransformerTrain`].

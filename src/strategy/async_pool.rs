@@ -159,6 +159,32 @@ impl<D: Device + ?Sized> AsyncPoolAllocator<D> {
     /// ([`AsyncOptions::preallocation`]) on the default stream. A preallocation the device
     /// refuses is a warning, as in XLA: the pool then grows on demand.
     ///
+    /// ```
+    /// use std::sync::Arc;
+    ///
+    /// use portalloc::backends::host::HostDevice;
+    /// use portalloc::strategy::async_pool::{AsyncOptions, AsyncPoolAllocator};
+    /// use portalloc::{Allocator, Stream};
+    ///
+    /// // The host device has a stream-ordered pool with CUDA's semantics.
+    /// let device = Arc::new(HostDevice::builder().capacity(1 << 30).simulated(true).build()?);
+    /// // XLA's preallocate switch: the pool keeps up to the limit when idle, and takes it
+    /// // at once.
+    /// let options = AsyncOptions { preallocate: true, ..AsyncOptions::new(64 << 20) };
+    /// assert_eq!(options.release_threshold(), 64 << 20);
+    /// let pool = AsyncPoolAllocator::new(device, options)?;
+    /// assert_eq!(pool.pool_usage()?.reserved_current, 64 << 20);
+    ///
+    /// // Freed in stream order on the stream it was made for: reused on that stream at
+    /// // once, on others once the work queued before the free is done.
+    /// let stream = Stream::PER_THREAD;
+    /// let scratch = pool.allocate(1 << 20, 0, stream, "scratch")?;
+    /// assert_eq!(pool.pool_usage()?.used_current, 1 << 20);
+    /// pool.deallocate(scratch)?;
+    /// assert_eq!(pool.stats().bytes_in_use, 0);
+    /// # Ok::<(), portalloc::Error>(())
+    /// ```
+    ///
     /// # Errors
     /// [`Error::Unsupported`] when the device has no stream-ordered pool;
     /// [`Error::Config`] for a `prealloc_bytes` below −1; the pool's error when it refuses

@@ -38,6 +38,37 @@ pub struct PlatformAllocator<D: Device + ?Sized> {
 impl<D: Device + ?Sized> PlatformAllocator<D> {
     /// Makes the allocator over `device`; `limit` caps the bytes it holds at once (`None`:
     /// whatever the device gives).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    ///
+    /// use portalloc::backends::host::HostDevice;
+    /// use portalloc::strategy::platform::PlatformAllocator;
+    /// use portalloc::{Allocator, Device, Error, Stream};
+    ///
+    /// let device = Arc::new(HostDevice::builder().capacity(64 << 20).simulated(true).build()?);
+    /// let platform = PlatformAllocator::new(Arc::clone(&device), Some(8 << 20));
+    ///
+    /// // Every allocation is a device allocation, and every free gives it back at once.
+    /// let buffer = platform.allocate(6 << 20, 0, Stream::DEFAULT, "buffer")?;
+    /// assert_eq!(device.mem_info()?.free, 58 << 20);
+    ///
+    /// // Past what the limit leaves: out of memory, and nothing asked of the device.
+    /// match platform.allocate(4 << 20, 0, Stream::DEFAULT, "buffer") {
+    ///     Err(Error::DeviceOutOfMemory { free, .. }) => assert_eq!(free, 2 << 20),
+    ///     other => panic!("expected DeviceOutOfMemory, got {other:?}"),
+    /// }
+    /// // Larger than the limit itself: no free could ever make room.
+    /// match platform.allocate(16 << 20, 0, Stream::DEFAULT, "buffer") {
+    ///     Err(Error::ExceedsLimit { requested, limit }) => {
+    ///         assert_eq!((requested, limit), (16 << 20, 8 << 20));
+    ///     }
+    ///     other => panic!("expected ExceedsLimit, got {other:?}"),
+    /// }
+    /// platform.deallocate(buffer)?;
+    /// assert_eq!(device.mem_info()?.free, 64 << 20);
+    /// # Ok::<(), portalloc::Error>(())
+    /// ```
     pub fn new(device: Arc<D>, limit: Option<u64>) -> Self {
         let books = Books {
             stats: Stats {

@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use portalloc::backends::host::HostDevice;
 use portalloc::device::{Device, Event, Stream};
+#[cfg(feature = "replay")]
 use portalloc::Allocator;
 
 /// Which ROCm the HIP conformance driver plays: its `hipRuntimeGetVersion`, and with it the
@@ -423,10 +424,13 @@ impl Rig {
 }
 
 /// The strategies of the suite: replay's list (`bfc` preallocated, `bfc-grow`, `vmm`,
-/// `async`, `platform`), so a strategy added there is one the suite can name.
+/// `async`, `platform`), so a strategy added there is one the suite can name. The suites that
+/// name strategies therefore need the `replay` feature; the targets themselves do not.
+#[cfg(feature = "replay")]
 pub use portalloc::replay::ReplayStrategy as Strategy;
 
 /// What the suite asks of a strategy beyond its name.
+#[cfg(feature = "replay")]
 pub trait SuiteStrategy: Copy {
     /// Whether `target` can serve the strategy; where it cannot, building it must fail with
     /// `Error::Unsupported`.
@@ -441,6 +445,7 @@ pub trait SuiteStrategy: Copy {
     fn build(self, device: Arc<dyn Device>) -> portalloc::Result<Box<dyn Allocator>>;
 }
 
+#[cfg(feature = "replay")]
 impl SuiteStrategy for Strategy {
     fn served_by(self, target: Target) -> bool {
         match self {

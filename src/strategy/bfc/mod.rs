@@ -172,6 +172,43 @@ pub struct BfcAllocator<D: Device + ?Sized> {
 impl<D: Device + ?Sized> BfcAllocator<D> {
     /// Makes the allocator; takes no memory until the first allocation.
     ///
+    /// ```
+    /// use std::sync::Arc;
+    ///
+    /// use portalloc::backends::host::HostDevice;
+    /// use portalloc::strategy::bfc::{BfcAllocator, BfcOptions};
+    /// use portalloc::{Allocator, Stream};
+    ///
+    /// // A simulated 1 GiB device: it tracks addresses and touches no memory.
+    /// let device = Arc::new(HostDevice::builder().capacity(1 << 30).simulated(true).build()?);
+    ///
+    /// // Preallocating, XLA's default: the first allocation takes one region of the whole
+    /// // limit, and every later one is served from it.
+    /// let options = BfcOptions { limit: 256 << 20, preallocate: true };
+    /// let preallocated = BfcAllocator::new(Arc::clone(&device), options)?;
+    /// assert!(preallocated.region_sizes().is_empty());
+    /// let weights = preallocated.allocate(1 << 20, 0, Stream::DEFAULT, "weights")?;
+    /// assert_eq!(preallocated.region_sizes(), [256 << 20]);
+    /// preallocated.deallocate(weights)?;
+    /// // Freed memory stays in the pool until trimmed.
+    /// assert_eq!(preallocated.stats().pool_bytes, 256 << 20);
+    /// assert_eq!(preallocated.trim()?, 256 << 20);
+    ///
+    /// // Growing (`XLA_PYTHON_CLIENT_PREALLOCATE=false`): a first region of 2 MiB, and each
+    /// // region taken doubles the next one.
+    /// let options = BfcOptions { limit: 256 << 20, preallocate: false };
+    /// let growing = BfcAllocator::new(device, options)?;
+    /// let small = growing.allocate(1 << 20, 0, Stream::DEFAULT, "weights")?;
+    /// let large = growing.allocate(3 << 20, 0, Stream::DEFAULT, "activations")?;
+    /// assert_eq!(growing.region_sizes(), [2 << 20, 4 << 20]);
+    /// // XLA's split rule: a chunk is split only when it is at least twice the request (or
+    /// // the rest is 128 MiB or more), so the 3 MiB request holds the whole 4 MiB region.
+    /// assert_eq!(growing.stats().bytes_in_use, (1 << 20) + (4 << 20));
+    /// growing.deallocate(small)?;
+    /// growing.deallocate(large)?;
+    /// # Ok::<(), portalloc::Error>(())
+    /// ```
+    ///
     /// # Errors
     /// None today; the `Result` leaves room for option checks.
     pub fn new(device: Arc<D>, options: BfcOptions) -> Result<Self> {

@@ -17,7 +17,6 @@ use proptest::prelude::*;
 use super::*;
 use crate::adaptor::{Call, Capability, DeviceWrapper};
 use crate::backends::host::HostDevice;
-use crate::replay::preset;
 
 /// The test's chunks carry no token.
 type TestChunk = TokenChunk;
@@ -105,7 +104,11 @@ struct Harness {
 impl Harness {
     fn new() -> Harness {
         let device = Flaky {
-            host: preset::custom(1 << 30).host_device().unwrap(),
+            host: HostDevice::builder()
+                .capacity(1 << 30)
+                .simulated(true)
+                .build()
+                .unwrap(),
             refuse_record: AtomicBool::new(false),
             refuse_stream_sync: AtomicBool::new(false),
             refuse_event_sync: AtomicBool::new(false),

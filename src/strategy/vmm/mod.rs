@@ -272,6 +272,27 @@ pub struct VmmAllocator<D: Device + ?Sized> {
 impl<D: Device + ?Sized> VmmAllocator<D> {
     /// Makes the allocator; reserves and maps nothing until the first allocation.
     ///
+    /// ```
+    /// use std::sync::Arc;
+    ///
+    /// use portalloc::backends::host::HostDevice;
+    /// use portalloc::strategy::vmm::{VmmAllocator, VmmOptions};
+    /// use portalloc::{Allocator, Stream};
+    ///
+    /// // A simulated 4 GiB device with the GPU drivers' 2 MiB granularity.
+    /// let device = Arc::new(HostDevice::builder().capacity(4 << 30).simulated(true).build()?);
+    /// let vmm = VmmAllocator::new(device, VmmOptions::new(1 << 30))?;
+    /// assert_eq!((vmm.granularity(), vmm.mapped_bytes()), (2 << 20, 0));
+    ///
+    /// // A 5 MiB request is mapped in whole granules: three of them.
+    /// let activations = vmm.allocate(5 << 20, 0, Stream::DEFAULT, "activations")?;
+    /// assert_eq!(vmm.mapped_bytes(), 6 << 20);
+    /// assert_eq!(vmm.stats().bytes_in_use, 5 << 20);
+    /// vmm.deallocate(activations)?;
+    /// assert_eq!(vmm.stats().bytes_in_use, 0);
+    /// # Ok::<(), portalloc::Error>(())
+    /// ```
+    ///
     /// # Errors
     /// [`Error::Unsupported`] when the device offers no virtual memory, or a granularity
     /// that is not a power of two.
