@@ -21,6 +21,34 @@
 //! | `PORTALLOC_HOST_CAPACITY` | capacity of the host device, to simulate a GPU | a size > 0: `1024`, `2MiB`, `80GiB`, `141GB` | physical memory |
 //! | `PORTALLOC_HOST_SIMULATED` | host device only tracks addresses, touching no memory | as `PORTALLOC_PREALLOCATE` | `false` |
 //! | `PORTALLOC_HOST_DEVICES` | how many host devices discovery opens (ordinals 0…N−1), to exercise many-device code without GPUs | an integer from 1 to 64 | `1` |
+//! | `PORTALLOC_PEER_ACCESS` | enable peer access between every two devices discovery opens that report it (see below) | as `PORTALLOC_PREALLOCATE` | `false` |
+//! | `PORTALLOC_BACKTRACE` | the ledger captures a backtrace at every allocation | as `PORTALLOC_PREALLOCATE` | `false` |
+//! | `PORTALLOC_CUDA_LIBRARY` | the CUDA driver library to load, alone, instead of `libcuda.so.1` | a path (UTF-8, no control characters) | `libcuda.so.1` (`nvcuda.dll`) |
+//! | `PORTALLOC_HIP_LIBRARY` | the HIP runtime to load, alone, instead of searching | a path | search (below) |
+//! | `ROCM_PATH` | ROCm's root: the HIP search looks in its `lib/` first (ROCm's own variable) | a path | unset |
+//! | `HIP_PATH` | HIP's root: the HIP search looks in its `lib/` next (ROCm's own variable) | a path | unset |
+//! | `PORTALLOC_HIP_MEMORY` | memory kind of plain HIP allocations | `coarse`, `fine`, `uncached` (also `coarse-grained`, `fine-grained`, `default`; case-insensitive) | `coarse` |
+//! | `HSA_XNACK` | the ROCm runtime's XNACK mode, read for the HIP devices' notes only (the runtime reads it itself) | `0` or `1`, as the runtime reads it | unset |
+//!
+//! Without `PORTALLOC_HIP_LIBRARY`, the HIP search tries `libamdhip64.so.7`, `.6`, `.5` under
+//! `$ROCM_PATH/lib`, `$HIP_PATH/lib` and `/opt/rocm/lib`, then the loader's search path.
+//!
+//! Every variable portalloc reads is here and in [`VARIABLES`]: the backends take these
+//! values from the [`Config`] they are given, and read no variable themselves. The
+//! constructors that take no `Config` (`backends::cuda::Driver::load_default`,
+//! `backends::hip::HipDeviceBuilder::from_env`,
+//! [`crate::adaptor::LedgerOptions::from_env`], …) read their few variables through
+//! [`Config::from_env_vars`], with the same parsing.
+//!
+//! ## Peer access
+//!
+//! Off by default. Enabling it ([`ConfigBuilder::peer_access`], `PORTALLOC_PEER_ACCESS=1`)
+//! makes [`crate::Portalloc::from_config`] call `cuCtxEnablePeerAccess` /
+//! `hipDeviceEnablePeerAccess` between every two devices that report it, so that the `vmm`
+//! strategy grants the peers access to what it maps. That changes the devices' primary
+//! contexts, which the whole process shares (PyTorch, cudarc, CuPy see the change), so
+//! portalloc does not do it unasked. XLA enables peer access between the devices of a
+//! client: a JAX-like multi-GPU job that reads another device's buffers wants it on.
 //!
 //! The accepted lists are the constants of this module ([`XLA_ALLOCATOR_VALUES`],
 //! [`PORTALLOC_ALLOCATOR_VALUES`], [`FRACTION_ACCEPTED`], …); error messages quote them.
@@ -89,6 +117,22 @@ pub const PORTALLOC_HOST_CAPACITY: &str = "PORTALLOC_HOST_CAPACITY";
 pub const PORTALLOC_HOST_SIMULATED: &str = "PORTALLOC_HOST_SIMULATED";
 /// `PORTALLOC_HOST_DEVICES`: how many host devices discovery opens.
 pub const PORTALLOC_HOST_DEVICES: &str = "PORTALLOC_HOST_DEVICES";
+/// `PORTALLOC_PEER_ACCESS`: enable peer access between the devices discovery opens.
+pub const PORTALLOC_PEER_ACCESS: &str = "PORTALLOC_PEER_ACCESS";
+/// `PORTALLOC_BACKTRACE`: the ledger captures a backtrace at every allocation.
+pub const PORTALLOC_BACKTRACE: &str = "PORTALLOC_BACKTRACE";
+/// `PORTALLOC_CUDA_LIBRARY`: the CUDA driver library to load instead of `libcuda.so.1`.
+pub const PORTALLOC_CUDA_LIBRARY: &str = "PORTALLOC_CUDA_LIBRARY";
+/// `PORTALLOC_HIP_LIBRARY`: the HIP runtime library to load instead of searching.
+pub const PORTALLOC_HIP_LIBRARY: &str = "PORTALLOC_HIP_LIBRARY";
+/// `ROCM_PATH`: ROCm's root, searched for the HIP runtime (ROCm's own variable).
+pub const ROCM_PATH: &str = "ROCM_PATH";
+/// `HIP_PATH`: HIP's root, searched for the HIP runtime (ROCm's own variable).
+pub const HIP_PATH: &str = "HIP_PATH";
+/// `PORTALLOC_HIP_MEMORY`: memory kind of plain HIP allocations.
+pub const PORTALLOC_HIP_MEMORY: &str = "PORTALLOC_HIP_MEMORY";
+/// `HSA_XNACK`: the ROCm runtime's XNACK mode, reported in the HIP devices' notes.
+pub const HSA_XNACK: &str = "HSA_XNACK";
 /// What `PORTALLOC_HOST_DEVICES` accepts.
 pub const HOST_DEVICES_ACCEPTED: &str = "an integer from 1 to 64";
 
@@ -107,6 +151,14 @@ pub const VARIABLES: &[&str] = &[
     PORTALLOC_HOST_CAPACITY,
     PORTALLOC_HOST_SIMULATED,
     PORTALLOC_HOST_DEVICES,
+    PORTALLOC_PEER_ACCESS,
+    PORTALLOC_BACKTRACE,
+    PORTALLOC_CUDA_LIBRARY,
+    PORTALLOC_HIP_LIBRARY,
+    ROCM_PATH,
+    HIP_PATH,
+    PORTALLOC_HIP_MEMORY,
+    HSA_XNACK,
 ];
 
 /// Values of `XLA_PYTHON_CLIENT_ALLOCATOR` (after lowercasing).
@@ -126,6 +178,35 @@ pub const PORTALLOC_ALLOCATOR_VALUES: &[&str] = &[
 pub const TF_GPU_ALLOCATOR_VALUE: &str = "cuda_malloc_async";
 /// Values of `PORTALLOC_BACKEND` (case-insensitive); `auto` discovers.
 pub const BACKEND_VALUES: &[&str] = &["auto", "host", "cuda", "hip"];
+/// `PORTALLOC_BACKEND`'s values and what each means.
+const BACKEND_CHOICES: &[(&str, Option<Vendor>)] = &[
+    ("auto", None),
+    ("host", Some(Vendor::Host)),
+    ("cuda", Some(Vendor::Cuda)),
+    ("hip", Some(Vendor::Hip)),
+];
+/// Values of `PORTALLOC_HIP_MEMORY` (case-insensitive) and what each means; the first of
+/// each kind is its [`HipMemoryKind::name`].
+pub const HIP_MEMORY_CHOICES: &[(&str, HipMemoryKind)] = &[
+    ("coarse", HipMemoryKind::Coarse),
+    ("fine", HipMemoryKind::FineGrained),
+    ("uncached", HipMemoryKind::Uncached),
+    ("coarse-grained", HipMemoryKind::Coarse),
+    ("coarsegrained", HipMemoryKind::Coarse),
+    ("default", HipMemoryKind::Coarse),
+    ("fine-grained", HipMemoryKind::FineGrained),
+    ("finegrained", HipMemoryKind::FineGrained),
+];
+/// Accepted form of `PORTALLOC_HIP_MEMORY`.
+pub const HIP_MEMORY_ACCEPTED: &str = "coarse (hipMalloc, the default), fine (fine-grained, \
+     host-coherent) or uncached (ROCm 6+)";
+/// Values of `HSA_XNACK`, as the ROCm runtime reads it, and what each means.
+const XNACK_CHOICES: &[(&str, bool)] = &[("0", false), ("1", true)];
+/// Accepted form of `HSA_XNACK`.
+pub const XNACK_ACCEPTED: &str = "0 or 1 (the values the ROCm runtime reads)";
+/// Accepted form of the path variables (`PORTALLOC_CUDA_LIBRARY`, `ROCM_PATH`, …).
+pub const PATH_ACCEPTED: &str =
+    "a path: UTF-8 text without control characters (a library file, or a root directory)";
 /// Spellings of true for portalloc's own boolean variables (case-insensitive).
 pub const BOOL_TRUE_VALUES: &[&str] = &["true", "1", "yes", "on"];
 /// Spellings of false for portalloc's own boolean variables (case-insensitive).
@@ -213,6 +294,43 @@ impl FromStr for StrategyKind {
     }
 }
 
+/// Which kind of device memory plain HIP allocations get (`PORTALLOC_HIP_MEMORY`).
+///
+/// Here, with the configuration, so that every build reads the variable the same way; the
+/// HIP backend re-exports it as `backends::hip::MemoryKind` with its allocation flags.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HipMemoryKind {
+    /// Coarse-grained (`hipMalloc`): coherent at kernel boundaries, full bandwidth. Default.
+    #[default]
+    Coarse,
+    /// Fine-grained (`hipExtMallocWithFlags(hipDeviceMallocFinegrained)`): coherent with the
+    /// host while kernels run, at a bandwidth cost.
+    FineGrained,
+    /// Uncached (`hipExtMallocWithFlags(hipDeviceMallocUncached)`, ROCm 6+): fine-grained and
+    /// bypassing the GPU caches, for memory the host polls.
+    Uncached,
+}
+
+impl HipMemoryKind {
+    /// The name `PORTALLOC_HIP_MEMORY` accepts: `coarse`, `fine` or `uncached`.
+    pub fn name(self) -> &'static str {
+        match self {
+            HipMemoryKind::Coarse => "coarse",
+            HipMemoryKind::FineGrained => "fine",
+            HipMemoryKind::Uncached => "uncached",
+        }
+    }
+
+    /// Parses any of [`HIP_MEMORY_CHOICES`] (case-insensitive, surrounding blanks ignored).
+    pub fn parse(s: &str) -> Option<HipMemoryKind> {
+        choose(HIP_MEMORY_CHOICES, s)
+    }
+}
+
+display_as_name!(HipMemoryKind);
+
 /// Where a setting's value came from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "kind", content = "name", rename_all = "lowercase")]
@@ -290,6 +408,24 @@ pub struct Config {
     pub host_simulated: Setting<bool>,
     /// How many host devices discovery opens (`PORTALLOC_HOST_DEVICES`), 1 to 64.
     pub host_devices: Setting<u32>,
+    /// Whether [`crate::Portalloc::from_config`] enables peer access between the devices
+    /// (`PORTALLOC_PEER_ACCESS`). Default off: see the module documentation.
+    pub peer_access: Setting<bool>,
+    /// Whether the ledger captures a backtrace at every allocation (`PORTALLOC_BACKTRACE`).
+    pub backtrace: Setting<bool>,
+    /// The CUDA driver library to load (`PORTALLOC_CUDA_LIBRARY`); `None` = `libcuda.so.1`.
+    pub cuda_library: Setting<Option<String>>,
+    /// The HIP runtime library to load (`PORTALLOC_HIP_LIBRARY`); `None` = search.
+    pub hip_library: Setting<Option<String>>,
+    /// ROCm's root (`ROCM_PATH`), searched first for the HIP runtime.
+    pub rocm_path: Setting<Option<String>>,
+    /// HIP's root (`HIP_PATH`), searched next for the HIP runtime.
+    pub hip_path: Setting<Option<String>>,
+    /// Memory kind of plain HIP allocations (`PORTALLOC_HIP_MEMORY`).
+    pub hip_memory: Setting<HipMemoryKind>,
+    /// The ROCm runtime's XNACK mode (`HSA_XNACK`), for the HIP devices' notes only; `None`
+    /// when not set (the runtime's default mode).
+    pub hsa_xnack: Setting<Option<bool>>,
     /// Warnings found while reading (deprecated variables, values JAX reads surprisingly).
     pub warnings: Vec<String>,
 }
@@ -305,6 +441,14 @@ impl Default for Config {
             host_capacity: Setting::default_value(None),
             host_simulated: Setting::default_value(false),
             host_devices: Setting::default_value(1),
+            peer_access: Setting::default_value(false),
+            backtrace: Setting::default_value(false),
+            cuda_library: Setting::default_value(None),
+            hip_library: Setting::default_value(None),
+            rocm_path: Setting::default_value(None),
+            hip_path: Setting::default_value(None),
+            hip_memory: Setting::default_value(HipMemoryKind::Coarse),
+            hsa_xnack: Setting::default_value(None),
             warnings: Vec::new(),
         }
     }
@@ -343,13 +487,42 @@ fn parse_bool(variable: &str, text: &str) -> Result<bool> {
     }
 }
 
-fn parse_backend(variable: &str, text: &str) -> Result<Option<Vendor>> {
-    match text.trim().to_ascii_lowercase().as_str() {
-        "auto" => Ok(None),
-        "host" => Ok(Some(Vendor::Host)),
-        "cuda" => Ok(Some(Vendor::Cuda)),
-        "hip" => Ok(Some(Vendor::Hip)),
-        _ => Err(Error::config(variable, text, one_of(BACKEND_VALUES))),
+/// The value `choices` pairs with `text`, compared case-insensitively with surrounding blanks
+/// ignored: the one reader of every variable that takes one of a fixed list of names.
+fn choose<T: Copy>(choices: &[(&str, T)], text: &str) -> Option<T> {
+    let folded = text.trim().to_ascii_lowercase();
+    choices
+        .iter()
+        .find(|(name, _)| *name == folded)
+        .map(|&(_, value)| value)
+}
+
+pub(crate) fn parse_backend(variable: &str, text: &str) -> Result<Option<Vendor>> {
+    choose(BACKEND_CHOICES, text)
+        .ok_or_else(|| Error::config(variable, text, one_of(BACKEND_VALUES)))
+}
+
+fn parse_hip_memory(variable: &str, text: &str) -> Result<HipMemoryKind> {
+    HipMemoryKind::parse(text).ok_or_else(|| Error::config(variable, text, HIP_MEMORY_ACCEPTED))
+}
+
+fn parse_xnack(variable: &str, text: &str) -> Result<Option<bool>> {
+    choose(XNACK_CHOICES, text)
+        .map(Some)
+        .ok_or_else(|| Error::config(variable, text, XNACK_ACCEPTED))
+}
+
+/// The one reader of path variables and options: the text as it is (a path may have
+/// blanks), refused when it holds a control character, which no library or directory a user
+/// means has.
+///
+/// # Errors
+/// [`Error::Config`] naming `what`, the text and [`PATH_ACCEPTED`].
+pub fn parse_path(what: &str, text: &str) -> Result<String> {
+    if text.chars().any(char::is_control) {
+        Err(Error::config(what, text, PATH_ACCEPTED))
+    } else {
+        Ok(text.to_string())
     }
 }
 
@@ -399,16 +572,41 @@ pub fn env_var(name: &str) -> Result<Option<String>> {
 }
 
 impl Config {
+    /// Every variable a configuration reads: [`VARIABLES`].
+    pub const VARIABLES: &'static [&'static str] = VARIABLES;
+
     /// Reads the process environment.
     ///
     /// # Errors
     /// As [`Config::from_vars`]; [`Error::Config`] naming a variable of
     /// [`VARIABLES`] whose value is not UTF-8.
     pub fn from_env() -> Result<Config> {
-        for name in VARIABLES {
+        Config::from_env_vars(VARIABLES)
+    }
+
+    /// Reads only the variables `names` from the process environment, every other one being
+    /// unset, with the parsing of [`Config::from_env`]: for the constructors that take no
+    /// `Config` and read their few variables (`Driver::load_default` reads
+    /// `PORTALLOC_CUDA_LIBRARY` this way).
+    ///
+    /// # Errors
+    /// As [`Config::from_env`], for the variables `names` only.
+    pub fn from_env_vars(names: &[&str]) -> Result<Config> {
+        for name in names {
             env_var(name)?;
         }
-        Config::from_vars(|name| std::env::var(name).ok())
+        Config::from_vars_only(names, |name| std::env::var(name).ok())
+    }
+
+    /// As [`Config::from_vars`], asking `lookup` for the variables `names` only.
+    ///
+    /// # Errors
+    /// As [`Config::from_vars`].
+    pub fn from_vars_only(
+        names: &[&str],
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> Result<Config> {
+        Config::from_vars(|name| names.contains(&name).then(|| lookup(name)).flatten())
     }
 
     /// Reads variables through `lookup` (for tests and embedders).
@@ -550,6 +748,29 @@ impl Config {
             PORTALLOC_HOST_DEVICES,
             parse_host_devices,
         )?;
+        read_var(
+            get,
+            &mut config.peer_access,
+            PORTALLOC_PEER_ACCESS,
+            parse_bool,
+        )?;
+        read_var(get, &mut config.backtrace, PORTALLOC_BACKTRACE, parse_bool)?;
+        let path = |var: &str, v: &str| parse_path(var, v).map(Some);
+        for (setting, variable) in [
+            (&mut config.cuda_library, PORTALLOC_CUDA_LIBRARY),
+            (&mut config.hip_library, PORTALLOC_HIP_LIBRARY),
+            (&mut config.rocm_path, ROCM_PATH),
+            (&mut config.hip_path, HIP_PATH),
+        ] {
+            read_var(get, setting, variable, path)?;
+        }
+        read_var(
+            get,
+            &mut config.hip_memory,
+            PORTALLOC_HIP_MEMORY,
+            parse_hip_memory,
+        )?;
+        read_var(get, &mut config.hsa_xnack, HSA_XNACK, parse_xnack)?;
 
         Ok(config)
     }
@@ -594,6 +815,27 @@ impl Config {
             }),
             row("host_simulated", &self.host_simulated, ToString::to_string),
             row("host_devices", &self.host_devices, ToString::to_string),
+            row("peer_access", &self.peer_access, ToString::to_string),
+            row("backtrace", &self.backtrace, ToString::to_string),
+            row("cuda_library", &self.cuda_library, |v| {
+                v.clone()
+                    .unwrap_or_else(|| "libcuda.so.1 (the loader's search)".into())
+            }),
+            row("hip_library", &self.hip_library, |v| {
+                v.clone()
+                    .unwrap_or_else(|| "libamdhip64.so.{7,6,5} (searched)".into())
+            }),
+            row("rocm_path", &self.rocm_path, |v| {
+                v.clone().unwrap_or_else(|| "unset".into())
+            }),
+            row("hip_path", &self.hip_path, |v| {
+                v.clone().unwrap_or_else(|| "unset".into())
+            }),
+            row("hip_memory", &self.hip_memory, ToString::to_string),
+            row("hsa_xnack", &self.hsa_xnack, |v| match v {
+                Some(on) => u8::from(*on).to_string(),
+                None => "unset".into(),
+            }),
         ]
     }
 }
@@ -677,6 +919,14 @@ pub struct ConfigBuilder<'a> {
     host_capacity: Option<u64>,
     host_simulated: Option<bool>,
     host_devices: Option<u32>,
+    peer_access: Option<bool>,
+    backtrace: Option<bool>,
+    cuda_library: Option<String>,
+    hip_library: Option<String>,
+    rocm_path: Option<String>,
+    hip_path: Option<String>,
+    hip_memory: Option<HipMemoryKind>,
+    hsa_xnack: Option<Option<bool>>,
 }
 
 impl fmt::Debug for ConfigBuilder<'_> {
@@ -692,6 +942,14 @@ impl fmt::Debug for ConfigBuilder<'_> {
             .field("host_capacity", &self.host_capacity)
             .field("host_simulated", &self.host_simulated)
             .field("host_devices", &self.host_devices)
+            .field("peer_access", &self.peer_access)
+            .field("backtrace", &self.backtrace)
+            .field("cuda_library", &self.cuda_library)
+            .field("hip_library", &self.hip_library)
+            .field("rocm_path", &self.rocm_path)
+            .field("hip_path", &self.hip_path)
+            .field("hip_memory", &self.hip_memory)
+            .field("hsa_xnack", &self.hsa_xnack)
             .finish()
     }
 }
@@ -734,9 +992,29 @@ impl<'a> ConfigBuilder<'a> {
         host_simulated: bool;
         /// How many host devices discovery opens (1 to 64; checked by [`ConfigBuilder::build`]).
         host_devices: u32;
+        /// Enable peer access between the devices [`crate::Portalloc::from_config`] opens
+        /// (default off: it changes the primary contexts the whole process shares; see the
+        /// module documentation).
+        peer_access: bool;
+        /// Capture a backtrace at every allocation of the ledger.
+        backtrace: bool;
+        /// The CUDA driver library to load, alone (checked by [`ConfigBuilder::build`]).
+        cuda_library: String;
+        /// The HIP runtime library to load, alone (checked by [`ConfigBuilder::build`]).
+        hip_library: String;
+        /// ROCm's root, searched first for the HIP runtime.
+        rocm_path: String;
+        /// HIP's root, searched next for the HIP runtime.
+        hip_path: String;
+        /// Memory kind of plain HIP allocations.
+        hip_memory: HipMemoryKind;
+        /// The ROCm runtime's XNACK mode, for the HIP devices' notes (`None`: not set).
+        hsa_xnack: Option<bool>;
     }
 
-    /// Start from the defaults instead of reading the environment.
+    /// Start from the defaults instead of reading the environment: no variable of
+    /// [`VARIABLES`] is read, by this build or by anything given the resulting [`Config`]
+    /// (discovery, the backends, [`crate::Portalloc::from_config`], the ledger's options).
     pub fn ignore_env(mut self) -> Self {
         self.ignore_env = true;
         self
@@ -750,9 +1028,11 @@ impl<'a> ConfigBuilder<'a> {
 
     /// The configuration: the environment (unless ignored), then the builder's values.
     ///
-    /// Errors: any [`Error::Config`] / [`Error::ConfigConflict`] of [`Config::from_vars`];
+    /// # Errors
+    /// Any [`Error::Config`] / [`Error::ConfigConflict`] of [`Config::from_vars`];
     /// an out-of-range builder value is an [`Error::Config`] naming the builder option
-    /// (`mem_fraction`, `async_prealloc`, `host_capacity`).
+    /// (`mem_fraction`, `async_prealloc`, `host_capacity`, `host_devices`, a path with a
+    /// control character).
     pub fn build(self) -> Result<Config> {
         let mut config = if self.ignore_env {
             Config::default()
@@ -792,6 +1072,17 @@ impl<'a> ConfigBuilder<'a> {
         if let Some(n) = self.host_devices {
             parse_host_devices("host_devices", &n.to_string())?;
         }
+        let paths = [
+            ("cuda_library", &self.cuda_library),
+            ("hip_library", &self.hip_library),
+            ("rocm_path", &self.rocm_path),
+            ("hip_path", &self.hip_path),
+        ];
+        for (name, path) in paths {
+            if let Some(path) = path {
+                parse_path(name, path)?;
+            }
+        }
         set_by_builder(&mut config.strategy, self.strategy);
         set_by_builder(&mut config.mem_fraction, self.mem_fraction);
         set_by_builder(&mut config.preallocate, self.preallocate);
@@ -800,6 +1091,14 @@ impl<'a> ConfigBuilder<'a> {
         set_by_builder(&mut config.host_capacity, self.host_capacity.map(Some));
         set_by_builder(&mut config.host_simulated, self.host_simulated);
         set_by_builder(&mut config.host_devices, self.host_devices);
+        set_by_builder(&mut config.peer_access, self.peer_access);
+        set_by_builder(&mut config.backtrace, self.backtrace);
+        set_by_builder(&mut config.cuda_library, self.cuda_library.map(Some));
+        set_by_builder(&mut config.hip_library, self.hip_library.map(Some));
+        set_by_builder(&mut config.rocm_path, self.rocm_path.map(Some));
+        set_by_builder(&mut config.hip_path, self.hip_path.map(Some));
+        set_by_builder(&mut config.hip_memory, self.hip_memory);
+        set_by_builder(&mut config.hsa_xnack, self.hsa_xnack);
         Ok(config)
     }
 }

@@ -95,7 +95,7 @@ pub fn discover(config: &Config) -> Result<Discovery> {
             });
             continue;
         }
-        let probe = probe_vendor(vendor);
+        let probe = probe_vendor(vendor, config);
         let decision = if probe.device_count == 0 {
             let why = probe.error.clone().unwrap_or_else(|| "no devices".into());
             if forced == Some(vendor) {
@@ -104,7 +104,7 @@ pub fn discover(config: &Config) -> Result<Discovery> {
             Decision::Unusable(why)
         } else if let Some(earlier) = chosen {
             Decision::Passed(format!("{earlier} was chosen first"))
-        } else if let Some(opened) = open_vendor(vendor) {
+        } else if let Some(opened) = open_vendor(vendor, config) {
             match opened {
                 Ok(devices) => {
                     chosen = Some(vendor);
@@ -202,17 +202,18 @@ fn compiled(vendor: Vendor) -> bool {
         && (vendor != Vendor::Hip || cfg!(feature = "hip"))
 }
 
-/// Opens every device of a vendor backend: CUDA, one [`crate::backends::cuda::CudaDevice`]
-/// per ordinal on each device's primary context; HIP, one
-/// [`crate::backends::hip::HipDevice`] per ordinal with the AMD tuning in its notes. `None`
-/// for a backend without a [`Device`] implementation of its own, or not compiled in (which
-/// [`discover`] skips before asking).
-fn open_vendor(vendor: Vendor) -> Option<Result<Vec<Arc<dyn Device>>>> {
+/// Opens every device of a vendor backend, with the library and options `config` gives:
+/// CUDA, one [`crate::backends::cuda::CudaDevice`] per ordinal on each device's primary
+/// context; HIP, one [`crate::backends::hip::HipDevice`] per ordinal with the AMD tuning in
+/// its notes. `None` for a backend without a [`Device`] implementation of its own, or not
+/// compiled in (which [`discover`] skips before asking).
+#[allow(unused_variables)] // `config` is unused in a build with neither cuda nor hip
+fn open_vendor(vendor: Vendor, config: &Config) -> Option<Result<Vec<Arc<dyn Device>>>> {
     match vendor {
         #[cfg(feature = "cuda")]
-        Vendor::Cuda => Some(crate::backends::cuda::open_all().map(shared)),
+        Vendor::Cuda => Some(crate::backends::cuda::open_all(config).map(shared)),
         #[cfg(feature = "hip")]
-        Vendor::Hip => Some(crate::backends::hip::open_all().map(shared)),
+        Vendor::Hip => Some(crate::backends::hip::open_all(config).map(shared)),
         _ => None,
     }
 }
@@ -226,12 +227,13 @@ fn shared<D: Device + 'static>(devices: Vec<D>) -> Vec<Arc<dyn Device>> {
         .collect()
 }
 
-fn probe_vendor(vendor: Vendor) -> Probe {
+#[allow(unused_variables)] // `config` is unused in a build with neither cuda nor hip
+fn probe_vendor(vendor: Vendor, config: &Config) -> Probe {
     match vendor {
         #[cfg(feature = "cuda")]
-        Vendor::Cuda => crate::backends::cuda::probe(),
+        Vendor::Cuda => crate::backends::cuda::probe(config),
         #[cfg(feature = "hip")]
-        Vendor::Hip => crate::backends::hip::probe(),
+        Vendor::Hip => crate::backends::hip::probe(config),
         other => Probe {
             backend: Some(other),
             ..Probe::default()
@@ -239,7 +241,8 @@ fn probe_vendor(vendor: Vendor) -> Probe {
     }
 }
 
-/// Peer access between two devices of the chosen backend, as [`enable_peer_access`] left it.
+/// Peer access between two devices of the chosen backend, as [`enable_peer_access`] (or
+/// [`peer_access_off`]) left it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct PeerLink {
     /// The device whose work accesses the memory (ordinal).
@@ -303,6 +306,44 @@ pub fn enable_peer_access(devices: &[Arc<dyn Device>]) -> Vec<PeerLink> {
     links.sort_by_key(|l| (l.device, l.peer));
     links
 }
+
+/// One [`PeerLink`] per ordered pair of distinct `devices`, none enabled, saying that the
+/// configuration leaves peer access off ([`Config::peer_access`]): what
+/// [`Portalloc::from_config`] reports when it enables none. Calls nothing on the devices.
+pub fn peer_access_off(devices: &[Arc<dyn Device>]) -> Vec<PeerLink> {
+    let ordinals: Vec<u32> = devices.iter().map(|d| d.info().ordinal).collect();
+    let mut links: Vec<PeerLink> = ordinals
+        .iter()
+        .flat_map(|&device| {
+            ordinals
+                .iter()
+                .filter(move |&&peer| peer != device)
+                .map(move |&peer| PeerLink {
+                    device,
+                    peer,
+                    enabled: false,
+                    reason: Some(PEER_ACCESS_OFF.to_string()),
+                })
+        })
+        .collect();
+    links.sort_by_key(|l| (l.device, l.peer));
+    links
+}
+
+/// Peer access between `devices` as `config` asks: [`enable_peer_access`] when
+/// [`Config::peer_access`] is on, else [`peer_access_off`] (the default: nothing is changed
+/// on the devices' contexts).
+pub fn configure_peer_access(config: &Config, devices: &[Arc<dyn Device>]) -> Vec<PeerLink> {
+    if config.peer_access.value {
+        enable_peer_access(devices)
+    } else {
+        peer_access_off(devices)
+    }
+}
+
+/// Why [`peer_access_off`]'s links are not enabled.
+pub const PEER_ACCESS_OFF: &str = "peer access is off, the default; PORTALLOC_PEER_ACCESS=1 or \
+     Config::builder().peer_access(true) turns it on";
 
 /// One line about device `ordinal`'s peer access among `links`: `devices 1, 2`, or `none`
 /// with the first reason.
@@ -373,8 +414,9 @@ pub struct Portalloc {
     /// One allocator per device, by ordinal, shared: clone the `Arc` to keep one (a
     /// [`crate::DeviceBuffer`] does).
     pub allocators: Vec<Arc<dyn Allocator>>,
-    /// Peer access between the devices, enabled before the allocators were built (see
-    /// [`enable_peer_access`]).
+    /// Peer access between the devices: enabled before the allocators were built when
+    /// [`Config::peer_access`] is on ([`enable_peer_access`]), else every pair not enabled
+    /// ([`peer_access_off`]).
     pub peers: Vec<PeerLink>,
 }
 
@@ -406,12 +448,22 @@ impl Portalloc {
         Portalloc::from_config(Config::from_env()?)
     }
 
-    /// As [`Portalloc::from_env`], with an explicit configuration. Peer access is enabled
-    /// between the devices that report it ([`enable_peer_access`]) before the allocators are
-    /// built, so that `vmm` grants the peers access to what it maps.
+    /// As [`Portalloc::from_env`], with an explicit configuration: no environment variable
+    /// is read here, everything comes from `config` (built with
+    /// [`crate::ConfigBuilder::ignore_env`], nothing at all is read).
+    ///
+    /// When [`Config::peer_access`] is on (`PORTALLOC_PEER_ACCESS=1`,
+    /// [`crate::ConfigBuilder::peer_access`]), peer access is enabled between the devices that
+    /// report it ([`enable_peer_access`]) before the allocators are built, so that `vmm`
+    /// grants the peers access to what it maps. It is off by default, since enabling it
+    /// changes the primary contexts the whole process shares (PyTorch, cudarc); see
+    /// [`crate::config`].
+    ///
+    /// # Errors
+    /// As [`Portalloc::from_env`], less the configuration's.
     pub fn from_config(config: Config) -> Result<Portalloc> {
         let discovery = discover(&config)?;
-        let peers = enable_peer_access(&discovery.devices);
+        let peers = configure_peer_access(&config, &discovery.devices);
         let allocators = discovery
             .devices
             .iter()

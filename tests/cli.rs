@@ -10,19 +10,8 @@ use support::common::{assert_mentions_all, bfc, simulated_host};
 fn portalloc(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_portalloc"));
     cmd.args(args);
-    for var in [
-        "XLA_PYTHON_CLIENT_ALLOCATOR",
-        "XLA_CLIENT_MEM_FRACTION",
-        "XLA_PYTHON_CLIENT_MEM_FRACTION",
-        "XLA_PYTHON_CLIENT_PREALLOCATE",
-        "TF_GPU_ALLOCATOR",
-        "PORTALLOC_ALLOCATOR",
-        "PORTALLOC_MEM_FRACTION",
-        "PORTALLOC_PREALLOCATE",
-        "PORTALLOC_BACKEND",
-        "PORTALLOC_HOST_CAPACITY",
-        "PORTALLOC_HOST_SIMULATED",
-    ] {
+    // Every variable portalloc reads, so that the caller's environment does not leak in.
+    for var in portalloc::config::VARIABLES {
         cmd.env_remove(var);
     }
     for (k, v) in env {
@@ -90,6 +79,57 @@ fn info_prints_discovery_devices_and_configuration() {
             "40.00 GiB",
         ],
     );
+}
+
+/// `portalloc info` with `env` succeeds and mentions every one of `needles`.
+fn info_mentions(env: &[(&str, &str)], needles: &[&str]) {
+    let (ok, out, err) = portalloc(&["info"], env);
+    assert!(ok, "{err}");
+    assert_mentions_all(&out, needles);
+}
+
+/// `info` shows peer access per device as the setting asks (off by default, naming the
+/// switch), and the settings that come from the library and HIP variables with their sources.
+#[test]
+fn info_shows_peer_access_and_every_setting_with_its_source() {
+    let two_hosts = [
+        ("PORTALLOC_BACKEND", "host"),
+        ("PORTALLOC_HOST_DEVICES", "2"),
+        ("PORTALLOC_HOST_SIMULATED", "1"),
+    ];
+    info_mentions(
+        &two_hosts,
+        &[
+            "peer access: none (peer access is off, the default; PORTALLOC_PEER_ACCESS=1",
+            "peer_access      false              from default",
+            "cuda_library     libcuda.so.1",
+            "hsa_xnack        unset              from default",
+        ],
+    );
+    let mut on = two_hosts.to_vec();
+    on.extend([
+        ("PORTALLOC_PEER_ACCESS", "1"),
+        ("PORTALLOC_CUDA_LIBRARY", "/opt/nv/libcuda.so.1"),
+        ("ROCM_PATH", "/opt/rocm-6.2"),
+        ("PORTALLOC_HIP_MEMORY", "fine"),
+        ("HSA_XNACK", "0"),
+        ("PORTALLOC_BACKTRACE", "yes"),
+    ]);
+    info_mentions(
+        &on,
+        &[
+            "peer access: device 1",
+            "peer access: device 0",
+            "peer_access      true               from PORTALLOC_PEER_ACCESS",
+            "cuda_library     /opt/nv/libcuda.so.1 from PORTALLOC_CUDA_LIBRARY",
+            "rocm_path        /opt/rocm-6.2      from ROCM_PATH",
+            "hip_memory       fine               from PORTALLOC_HIP_MEMORY",
+            "hsa_xnack        0                  from HSA_XNACK",
+            "backtrace        true               from PORTALLOC_BACKTRACE",
+        ],
+    );
+    let err = portalloc_fails(&["info"], &[("HSA_XNACK", "yes")]);
+    assert_mentions_all(&err, &["HSA_XNACK", "yes", "0 or 1"]);
 }
 
 #[test]

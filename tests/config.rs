@@ -9,8 +9,9 @@ use std::collections::HashMap;
 use support::common::assert_mentions_all;
 
 use portalloc::config::{
-    Config, Setting, Source, StrategyKind, FRACTION_ACCEPTED, PORTALLOC_ALLOCATOR_VALUES,
-    XLA_ALLOCATOR_VALUES,
+    Config, HipMemoryKind, Setting, Source, StrategyKind, BOOL_ACCEPTED, FRACTION_ACCEPTED,
+    HIP_MEMORY_ACCEPTED, PATH_ACCEPTED, PORTALLOC_ALLOCATOR_VALUES, XLA_ALLOCATOR_VALUES,
+    XNACK_ACCEPTED,
 };
 use portalloc::{Error, Vendor};
 use test_case::test_case;
@@ -443,8 +444,143 @@ fn describe_names_value_and_source() {
             "async_prealloc",
             "host_capacity",
             "host_simulated",
-            "host_devices"
+            "host_devices",
+            "peer_access",
+            "backtrace",
+            "cuda_library",
+            "hip_library",
+            "rocm_path",
+            "hip_path",
+            "hip_memory",
+            "hsa_xnack",
         ]
+    );
+}
+
+/// A value each variable accepts, and the setting it gives (`describe`'s row and value).
+#[rustfmt::skip]
+const ONE_GOOD_VALUE_EACH: &[(&str, &str, &str, &str)] = &[
+    ("PORTALLOC_ALLOCATOR", "vmm", "strategy", "vmm"),
+    ("XLA_PYTHON_CLIENT_ALLOCATOR", "platform", "strategy", "platform"),
+    ("TF_GPU_ALLOCATOR", "cuda_malloc_async", "strategy", "async"),
+    ("PORTALLOC_MEM_FRACTION", "0.5", "mem_fraction", "0.5"),
+    ("XLA_CLIENT_MEM_FRACTION", "0.25", "mem_fraction", "0.25"),
+    ("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.125", "mem_fraction", "0.125"),
+    ("PORTALLOC_PREALLOCATE", "off", "preallocate", "false"),
+    ("XLA_PYTHON_CLIENT_PREALLOCATE", "false", "preallocate", "false"),
+    ("TF_CUDA_MALLOC_ASYNC_SUPPORTED_PREALLOC", "1024", "async_prealloc", "1024"),
+    ("PORTALLOC_BACKEND", "host", "backend", "host"),
+    ("PORTALLOC_HOST_CAPACITY", "1KiB", "host_capacity", "1.00 KiB (1024 bytes)"),
+    ("PORTALLOC_HOST_SIMULATED", "yes", "host_simulated", "true"),
+    ("PORTALLOC_HOST_DEVICES", "4", "host_devices", "4"),
+    ("PORTALLOC_PEER_ACCESS", "1", "peer_access", "true"),
+    ("PORTALLOC_BACKTRACE", "ON", "backtrace", "true"),
+    ("PORTALLOC_CUDA_LIBRARY", "/opt/cuda lib/libcuda.so.1", "cuda_library", "/opt/cuda lib/libcuda.so.1"),
+    ("PORTALLOC_HIP_LIBRARY", "libamdhip64.so.6", "hip_library", "libamdhip64.so.6"),
+    ("ROCM_PATH", "/opt/rocm-6.2", "rocm_path", "/opt/rocm-6.2"),
+    ("HIP_PATH", "/opt/hip/", "hip_path", "/opt/hip/"),
+    ("PORTALLOC_HIP_MEMORY", " Fine-Grained ", "hip_memory", "fine"),
+    ("HSA_XNACK", "1", "hsa_xnack", "1"),
+];
+
+/// Every variable of `VARIABLES` is a setting `describe` (and so `portalloc info`) shows,
+/// with the variable as its source.
+#[test]
+fn every_variable_is_a_setting_shown_with_its_source() {
+    let listed: Vec<&str> = ONE_GOOD_VALUE_EACH.iter().map(|row| row.0).collect();
+    assert_eq!(
+        listed,
+        portalloc::config::VARIABLES,
+        "one row per variable, in order"
+    );
+    for &(variable, text, setting, shown) in ONE_GOOD_VALUE_EACH {
+        let rows = ok(&[(variable, text)]).describe();
+        let row = rows.iter().find(|r| r.0 == setting).unwrap();
+        assert_eq!(
+            (row.1.as_str(), row.2.as_str()),
+            (shown, variable),
+            "{variable}={text:?}"
+        );
+        let others_default = rows
+            .iter()
+            .filter(|r| r.0 != setting)
+            .all(|r| r.2 == "default");
+        assert!(others_default, "{variable} sets {setting} only: {rows:?}");
+    }
+}
+
+// ---------------------------------------------------------------- new settings
+
+/// The switches read with the one boolean reader: the same spellings as
+/// `PORTALLOC_PREALLOCATE`, and the same refusal.
+#[test_case("PORTALLOC_PEER_ACCESS" ; "peer access")]
+#[test_case("PORTALLOC_BACKTRACE" ; "backtrace")]
+fn switches_share_the_boolean_reader(variable: &'static str) {
+    for (text, expected) in [("1", true), ("Yes", true), ("off", false), ("FALSE", false)] {
+        let c = ok(&[(variable, text)]);
+        let value = match variable {
+            "PORTALLOC_PEER_ACCESS" => &c.peer_access,
+            _ => &c.backtrace,
+        };
+        assert_from_env(value, expected, variable);
+    }
+    assert_eq!(refused(variable, "sometimes"), BOOL_ACCEPTED);
+}
+
+#[test]
+fn peer_access_is_off_by_default() {
+    let c = ok(&[]);
+    assert!(!c.peer_access.value);
+    assert_eq!(c.peer_access.source, Source::Default);
+}
+
+#[test_case("PORTALLOC_CUDA_LIBRARY", "/tmp/\nlibcuda.so" ; "cuda library with a newline")]
+#[test_case("PORTALLOC_HIP_LIBRARY", "\u{1b}[31m" ; "hip library with an escape")]
+#[test_case("ROCM_PATH", "/opt/rocm\t" ; "rocm path with a tab")]
+#[test_case("HIP_PATH", "\u{7f}" ; "hip path delete")]
+fn a_path_with_a_control_character_is_refused(variable: &str, text: &str) {
+    assert_eq!(refused(variable, text), PATH_ACCEPTED);
+}
+
+#[test_case("coarse", HipMemoryKind::Coarse ; "coarse")]
+#[test_case("default", HipMemoryKind::Coarse ; "default is coarse")]
+#[test_case("FINE", HipMemoryKind::FineGrained ; "fine any case")]
+#[test_case("fine-grained", HipMemoryKind::FineGrained ; "fine grained")]
+#[test_case(" uncached ", HipMemoryKind::Uncached ; "uncached blanks")]
+fn hip_memory_good(text: &str, expected: HipMemoryKind) {
+    assert_from_env(
+        &ok(&[("PORTALLOC_HIP_MEMORY", text)]).hip_memory,
+        expected,
+        "PORTALLOC_HIP_MEMORY",
+    );
+}
+
+#[test_case("PORTALLOC_HIP_MEMORY", "fast", HIP_MEMORY_ACCEPTED ; "hip memory unknown")]
+#[test_case("HSA_XNACK", "2", XNACK_ACCEPTED ; "xnack two")]
+#[test_case("HSA_XNACK", "true", XNACK_ACCEPTED ; "xnack true is not what the runtime reads")]
+fn hip_choice_bad(variable: &str, text: &str, accepted: &str) {
+    assert_eq!(refused(variable, text), accepted);
+}
+
+#[test_case("0", Some(false) ; "xnack off")]
+#[test_case("1", Some(true) ; "xnack on")]
+#[test_case("", None ; "xnack empty is unset")]
+fn hsa_xnack(text: &str, expected: Option<bool>) {
+    let c = ok(&[("HSA_XNACK", text)]);
+    assert_eq!(c.hsa_xnack.value, expected);
+}
+
+#[test]
+fn builder_refuses_a_path_with_a_control_character() {
+    let (var, _, accepted) = config_err(
+        Config::builder()
+            .ignore_env()
+            .rocm_path("/opt/\nrocm".into())
+            .build(),
+    );
+    assert_eq!(
+        (var.as_str(), accepted.as_str()),
+        ("rocm_path", PATH_ACCEPTED)
     );
 }
 
@@ -461,9 +597,25 @@ fn builder_overrides_env() {
         ("PORTALLOC_HOST_CAPACITY", "1GiB"),
         ("PORTALLOC_HOST_SIMULATED", "false"),
         ("PORTALLOC_HOST_DEVICES", "2"),
+        ("PORTALLOC_PEER_ACCESS", "1"),
+        ("PORTALLOC_BACKTRACE", "1"),
+        ("PORTALLOC_CUDA_LIBRARY", "/env/libcuda.so.1"),
+        ("PORTALLOC_HIP_LIBRARY", "/env/libamdhip64.so.6"),
+        ("ROCM_PATH", "/env/rocm"),
+        ("HIP_PATH", "/env/hip"),
+        ("PORTALLOC_HIP_MEMORY", "fine"),
+        ("HSA_XNACK", "1"),
     ]);
     let c = Config::builder()
         .vars(|name| map.get(name).cloned())
+        .peer_access(false)
+        .backtrace(false)
+        .cuda_library("/builder/libcuda.so.1".into())
+        .hip_library("/builder/libamdhip64.so.6".into())
+        .rocm_path("/builder/rocm".into())
+        .hip_path("/builder/hip".into())
+        .hip_memory(HipMemoryKind::Coarse)
+        .hsa_xnack(None)
         .strategy(StrategyKind::Vmm)
         .mem_fraction(0.5)
         .preallocate(true)
@@ -482,6 +634,14 @@ fn builder_overrides_env() {
     assert_eq!(c.async_prealloc.value, Some(-1));
     assert_eq!(c.host_capacity.value, Some(80 << 30));
     assert!(c.host_simulated.value);
+    assert!(!c.peer_access.value && !c.backtrace.value);
+    assert_eq!(c.rocm_path.value.as_deref(), Some("/builder/rocm"));
+    assert_eq!(
+        c.cuda_library.value.as_deref(),
+        Some("/builder/libcuda.so.1")
+    );
+    assert_eq!(c.hip_memory.value, HipMemoryKind::Coarse);
+    assert_eq!(c.hsa_xnack.value, None);
     assert_every_source(&c, "builder");
 }
 

@@ -22,7 +22,7 @@ mod support;
 
 use std::ffi::c_int;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use portalloc::backends::cuda::{CudaDevice, Driver, POOL_SYMBOLS, REQUIRED_SYMBOLS, VMM_SYMBOLS};
 use portalloc::device::{Device, PhysicalHandle, Stream};
@@ -731,13 +731,9 @@ mod strategies {
 // Discovery
 // ---------------------------------------------------------------------------------------------
 
-/// Discovery reads `PORTALLOC_CUDA_LIBRARY` from the process environment: one test at a time.
-static ENV: Mutex<()> = Mutex::new(());
-
 #[test]
 fn discovery_chooses_cuda_and_opens_every_device() {
     let Some(fake) = Fake::new() else { return };
-    let _guard = ENV.lock().unwrap_or_else(|p| p.into_inner());
     fake.configure(2, 512 * MIB, 0, 0);
     let p = discover_with(&[("PORTALLOC_CUDA_LIBRARY", &fake.path())]);
     let probe = assert_chosen(&p, Vendor::Cuda, 2);

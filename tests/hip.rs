@@ -186,10 +186,10 @@ fn real_runtime_reports_no_device_with_hips_name() {
     let e = driver_failure(HipDevice::open(Arc::clone(&runtime), 0));
     assert_eq!((e.name.as_str(), e.code), ("hipErrorNoDevice", 100));
     // Discovery forced to hip says why; unforced it falls back to the host.
-    std::env::set_var("PORTALLOC_HIP_LIBRARY", runtime.path());
     let forced = Config::builder()
         .ignore_env()
         .backend(Some(Vendor::Hip))
+        .hip_library(runtime.path().to_string())
         .build()
         .unwrap();
     let err = portalloc::discover(&forced).unwrap_err();
@@ -197,7 +197,6 @@ fn real_runtime_reports_no_device_with_hips_name() {
         matches!(err, Error::NoDevice(ref m) if m.contains("hipErrorNoDevice")),
         "{err}"
     );
-    std::env::remove_var("PORTALLOC_HIP_LIBRARY");
 }
 
 // ----- the conformance driver ------------------------------------------------------------
@@ -732,9 +731,10 @@ fn tuning_is_visible_in_the_device_info() {
     drop(device);
     // An APU, with XNACK on.
     fake.attribute(16, 1);
-    std::env::set_var("HSA_XNACK", "1");
-    let device = fake.open(0);
-    std::env::remove_var("HSA_XNACK");
+    let device = portalloc::backends::hip::HipDeviceBuilder::new()
+        .hsa_xnack(Some(true))
+        .open(fake.runtime())
+        .unwrap();
     assert!(device.info().name.contains("MI300A"));
     assert!(note(&device, "apu").starts_with("yes"));
     let xnack = note(&device, "xnack");
@@ -779,18 +779,15 @@ fn discovery_with_cuda_and_hip_runtimes_follows_the_documented_order() {
         support::skip("the fakecuda conformance driver was not built");
         return;
     };
-    std::env::set_var("PORTALLOC_HIP_LIBRARY", fake.path());
-    std::env::set_var("PORTALLOC_CUDA_LIBRARY", cuda);
-    let auto = Config::builder().ignore_env().build().unwrap();
-    let found = portalloc::discover(&auto);
-    let forced = Config::builder()
-        .ignore_env()
-        .backend(Some(Vendor::Hip))
-        .build()
-        .unwrap();
+    let both = || {
+        Config::builder()
+            .ignore_env()
+            .hip_library(fake.path())
+            .cuda_library(cuda.to_string())
+    };
+    let found = portalloc::discover(&both().build().unwrap());
+    let forced = both().backend(Some(Vendor::Hip)).build().unwrap();
     let chosen_hip = portalloc::discover(&forced);
-    std::env::remove_var("PORTALLOC_HIP_LIBRARY");
-    std::env::remove_var("PORTALLOC_CUDA_LIBRARY");
     let decision = |d: &portalloc::Discovery, v: Vendor| {
         d.candidates
             .iter()

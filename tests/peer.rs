@@ -1,6 +1,7 @@
 //! Peer access between devices: the host (every host device reaches every other, and its
 //! `set_access_with_peers` records the peers), the `vmm` strategy granting enabled peers
-//! access to what it maps, `Portalloc` enabling it between the devices it discovered, and the
+//! access to what it maps, `Portalloc` enabling it between the devices it discovered only when
+//! the configuration asks (`peer_access`, off by default), and the
 //! CUDA and HIP shims over conformance drivers whose two devices are declared not
 //! peer-capable (no peers, typed errors).
 
@@ -12,9 +13,10 @@ use std::sync::Arc;
 use portalloc::adaptor::{Capability, DeviceWrapper};
 use portalloc::backends::host::HostDevice;
 use portalloc::device::DeviceInfo;
-use portalloc::discover::{describe_peer_access, enable_peer_access, PeerLink};
+use portalloc::discover::{describe_peer_access, enable_peer_access, PeerLink, PEER_ACCESS_OFF};
 use portalloc::strategy::vmm::{VmmAllocator, VmmOptions};
 use portalloc::{Allocator, Config, Device, Error, Portalloc, StrategyKind, Stream, Vendor};
+use test_case::test_case;
 
 const MIB: u64 = 1 << 20;
 
@@ -223,18 +225,25 @@ fn vmm_add_peer_grants_what_is_mapped_already() {
 
 // ---- Portalloc ----
 
-#[test]
-fn portalloc_enables_peer_access_between_the_devices_it_found() {
-    let config = Config::builder()
+/// Three simulated host devices, the `vmm` strategy on each, peer access as `peer_access`
+/// says (`None`: the default).
+fn three_hosts(peer_access: Option<bool>) -> Portalloc {
+    let mut builder = Config::builder()
         .ignore_env()
         .backend(Some(Vendor::Host))
         .host_devices(3)
         .host_simulated(true)
         .host_capacity(1 << 30)
-        .strategy(StrategyKind::Vmm)
-        .build()
-        .unwrap();
-    let p = Portalloc::from_config(config).unwrap();
+        .strategy(StrategyKind::Vmm);
+    if let Some(on) = peer_access {
+        builder = builder.peer_access(on);
+    }
+    Portalloc::from_config(builder.build().unwrap()).unwrap()
+}
+
+#[test]
+fn portalloc_enables_peer_access_between_the_devices_it_found_when_asked() {
+    let p = three_hosts(Some(true));
     assert_eq!(p.allocators.len(), 3);
     assert_eq!(p.discovery.devices.len(), 3);
     assert_eq!(p.peers.len(), 6);
@@ -255,6 +264,87 @@ fn portalloc_enables_peer_access_between_the_devices_it_found() {
             }
         );
     }
+}
+
+/// Off by default and when turned off: no device's peer list changes, every pair is
+/// reported not enabled with the setting that turns it on, and `vmm` grants no peer.
+#[test_case(None ; "off by default")]
+#[test_case(Some(false) ; "off when asked")]
+fn portalloc_leaves_peer_access_off_unless_asked(peer_access: Option<bool>) {
+    let p = three_hosts(peer_access);
+    assert!(!p.config.peer_access.value);
+    assert_eq!(p.peers.len(), 6);
+    for link in &p.peers {
+        assert!(!link.enabled, "{link}");
+        assert_eq!(link.reason.as_deref(), Some(PEER_ACCESS_OFF));
+    }
+    assert!(PEER_ACCESS_OFF.contains("PORTALLOC_PEER_ACCESS=1"));
+    for (i, d) in p.discovery.devices.iter().enumerate() {
+        assert!(d.peer_access().is_empty(), "device {i}");
+        assert_eq!(
+            describe_peer_access(&p.peers, i as u32),
+            format!("none ({PEER_ACCESS_OFF})")
+        );
+        let a = &p.allocators[i];
+        let x = a.allocate(MIB, 0, Stream::DEFAULT, "x").unwrap();
+        assert!(d.peer_access().is_empty(), "vmm grants no peer: {i}");
+        a.deallocate(x).unwrap();
+    }
+}
+
+/// The vendor shims over their conformance drivers (two peer-capable devices): discovery
+/// with `PORTALLOC_PEER_ACCESS` set enables access both ways through the vendor call; unset,
+/// the call is never made.
+#[cfg(any(feature = "cuda", feature = "hip"))]
+#[test_case(Vendor::Cuda, "1", true ; "cuda on")]
+#[test_case(Vendor::Cuda, "0", false ; "cuda off")]
+#[test_case(Vendor::Cuda, "", false ; "cuda unset")]
+#[test_case(Vendor::Hip, "yes", true ; "hip on")]
+#[test_case(Vendor::Hip, "off", false ; "hip off")]
+#[test_case(Vendor::Hip, "", false ; "hip unset")]
+fn discovery_enables_vendor_peer_access_only_when_configured(
+    vendor: Vendor,
+    variable: &str,
+    enabled: bool,
+) {
+    if !cfg!(feature = "cuda") && vendor == Vendor::Cuda
+        || !cfg!(feature = "hip") && vendor == Vendor::Hip
+    {
+        return;
+    }
+    let Some(fake) = support::fakes::Fake::with_devices(vendor, 2, 1 << 30) else {
+        return;
+    };
+    let library = match vendor {
+        Vendor::Cuda => portalloc::config::PORTALLOC_CUDA_LIBRARY,
+        _ => portalloc::config::PORTALLOC_HIP_LIBRARY,
+    };
+    let p = support::common::discover_with(&[
+        (library, &fake.path()),
+        ("PORTALLOC_BACKEND", vendor.name()),
+        ("PORTALLOC_PEER_ACCESS", variable),
+    ]);
+    assert_eq!(p.discovery.chosen, vendor);
+    assert_eq!(p.peers.len(), 2);
+    assert!(
+        p.peers.iter().all(|l| l.enabled == enabled),
+        "{:?}",
+        p.peers
+    );
+    assert_eq!(
+        (fake.peer_enabled(0, 1), fake.peer_enabled(1, 0)),
+        (enabled, enabled)
+    );
+    let enable_call = match vendor {
+        Vendor::Cuda => "cuCtxEnablePeerAccess",
+        _ => "hipDeviceEnablePeerAccess",
+    };
+    assert_eq!(fake.calls(enable_call), if enabled { 2 } else { 0 });
+    for d in &p.discovery.devices {
+        assert_eq!(d.peer_access().len(), usize::from(enabled));
+    }
+    drop(p);
+    fake.assert_empty();
 }
 
 // ---- CUDA and HIP conformance drivers (a pair declared not peer-capable) ----

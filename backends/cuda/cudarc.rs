@@ -42,7 +42,9 @@ pub fn stream_of(stream: &CudaStream) -> Stream {
 impl CudaDevice {
     /// The portalloc device of a cudarc context: the same device, on the same primary
     /// context, with the driver loaded through portalloc's loader (the library
-    /// [`super::library_candidates`] names — the one cudarc loaded, on an ordinary system).
+    /// [`Driver::load_default`] names, reading `PORTALLOC_CUDA_LIBRARY` through
+    /// [`crate::config::Config::from_env_vars`] — the one cudarc loaded, on an ordinary
+    /// system).
     /// Streams made with `ctx.new_stream()` are then used with portalloc's strategies
     /// directly, through [`stream_of`].
     ///

@@ -367,12 +367,12 @@ impl VendorApi for Cuda {
     }
 }
 
-/// Opens every device of the driver [`super::library_candidates`] names.
+/// Opens every device of the driver [`super::library_candidates`] names for `config`.
 ///
 /// # Errors
 /// As [`Driver::load`] and [`CudaDevice::open_all`].
-pub fn open_all() -> Result<Vec<CudaDevice>> {
-    CudaDevice::open_all(Arc::new(Driver::load_default()?))
+pub fn open_all(config: &crate::config::Config) -> Result<Vec<CudaDevice>> {
+    CudaDevice::open_all(Arc::new(Driver::load_configured(config)?))
 }
 
 impl GpuDevice<Cuda> {

@@ -30,24 +30,24 @@ pub use device::{open_all, Cuda, CudaCensus, CudaDevice};
 
 use super::loader::{self, symbol_table, Checked};
 use super::Probe;
+use crate::config::Config;
 use crate::device::Vendor;
 use crate::error::{Error, Result};
 
-/// The variable that names the CUDA driver library to load instead of the default.
-pub const LIBRARY_VARIABLE: &str = "PORTALLOC_CUDA_LIBRARY";
+/// The variable that names the CUDA driver library to load instead of the default (read by
+/// [`crate::config`], as [`Config::cuda_library`]).
+pub const LIBRARY_VARIABLE: &str = crate::config::PORTALLOC_CUDA_LIBRARY;
 
-/// Where to look for the driver library, in order: `PORTALLOC_CUDA_LIBRARY` alone if set,
-/// else `libcuda.so.1` (never the bare `libcuda.so`, which can be the toolkit's link-time
-/// stub that fails every call) or `nvcuda.dll`.
-///
-/// # Errors
-/// [`Error::Config`] when `PORTALLOC_CUDA_LIBRARY` is not UTF-8.
-pub fn library_candidates() -> Result<Vec<String>> {
-    Ok(match crate::config::env_var(LIBRARY_VARIABLE)? {
-        Some(path) if !path.is_empty() => vec![path],
+/// Where to look for the driver library, in order: `config`'s
+/// [`cuda_library`](Config::cuda_library) (`PORTALLOC_CUDA_LIBRARY`) alone if set, else
+/// `libcuda.so.1` (never the bare `libcuda.so`, which can be the toolkit's link-time stub
+/// that fails every call) or `nvcuda.dll`. Reads no environment variable.
+pub fn library_candidates(config: &Config) -> Vec<String> {
+    match &config.cuda_library.value {
+        Some(path) if !path.is_empty() => vec![path.clone()],
         _ if cfg!(windows) => vec!["nvcuda.dll".into()],
         _ => vec!["libcuda.so.1".into()],
-    })
+    }
 }
 
 symbol_table! {
@@ -136,12 +136,23 @@ impl Driver {
         })
     }
 
-    /// Loads the library [`library_candidates`] names.
+    /// Loads the library [`library_candidates`] names for `config`.
     ///
     /// # Errors
     /// As [`Driver::load`].
+    pub fn load_configured(config: &Config) -> Result<Driver> {
+        Driver::load(&library_candidates(config))
+    }
+
+    /// Loads the library [`library_candidates`] names, reading `PORTALLOC_CUDA_LIBRARY` (and
+    /// no other variable) from the process environment, through [`Config::from_env_vars`]:
+    /// for callers without a [`Config`]; with one, use [`Driver::load_configured`].
+    ///
+    /// # Errors
+    /// [`Error::Config`] for a `PORTALLOC_CUDA_LIBRARY` that is not a path (not UTF-8, a
+    /// control character); as [`Driver::load`].
     pub fn load_default() -> Result<Driver> {
-        Driver::load(&library_candidates()?)
+        Driver::load_configured(&Config::from_env_vars(&[LIBRARY_VARIABLE])?)
     }
 
     /// The path the library was loaded from.
@@ -427,10 +438,11 @@ pub(crate) fn to_usize(call: &'static str, value: u64) -> Result<usize> {
     })
 }
 
-/// Probes the CUDA backend: load, `cuInit`, versions, devices. Never fails: what went wrong
+/// Probes the CUDA backend, with the library `config` names: load, `cuInit`, versions,
+/// devices. Never fails: what went wrong
 /// is in [`Probe::error`] / [`Probe::load_failures`].
-pub fn probe() -> Probe {
-    probe_from(library_candidates())
+pub fn probe(config: &Config) -> Probe {
+    probe_with(&library_candidates(config))
 }
 
 /// [`probe`] over explicit library candidates.

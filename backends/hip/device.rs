@@ -12,12 +12,13 @@ use super::tuning::{self, attribute, Gate};
 use super::{device_prop, location, HipVersion, Runtime, BACKEND};
 use crate::backends::loader::Checked;
 use crate::backends::vendor::{handle, GpuDevice, Opened, PoolAttribute, VendorApi, VendorCensus};
+use crate::config::Config;
 use crate::device::{Capabilities, Device, DeviceInfo, Vendor, VirtualMemory};
 use crate::error::{Error, Result};
 
 /// The variable that picks the memory kind of plain allocations: `coarse` (default), `fine`
-/// or `uncached`.
-pub const MEMORY_VARIABLE: &str = "PORTALLOC_HIP_MEMORY";
+/// or `uncached` (read by [`crate::config`], as [`Config::hip_memory`]).
+pub const MEMORY_VARIABLE: &str = crate::config::PORTALLOC_HIP_MEMORY;
 
 /// What a device holds now, from its own books: [`VendorCensus`].
 pub type HipCensus = VendorCensus;
@@ -30,6 +31,7 @@ pub struct HipDeviceBuilder {
     require_virtual_memory: bool,
     require_pools: bool,
     default_pool: bool,
+    hsa_xnack: Option<bool>,
 }
 
 impl HipDeviceBuilder {
@@ -39,26 +41,24 @@ impl HipDeviceBuilder {
         Self::default()
     }
 
-    /// The defaults, with the memory kind `PORTALLOC_HIP_MEMORY` names (`coarse`, `fine`,
-    /// `uncached`).
+    /// The defaults, with what `config` gives a HIP device: the memory kind
+    /// ([`Config::hip_memory`]) and the XNACK mode for the notes ([`Config::hsa_xnack`]).
+    pub fn from_config(config: &Config) -> Self {
+        Self::new()
+            .memory(config.hip_memory.value)
+            .hsa_xnack(config.hsa_xnack.value)
+    }
+
+    /// [`HipDeviceBuilder::from_config`] with `PORTALLOC_HIP_MEMORY` and `HSA_XNACK` (and no
+    /// other variable) read from the process environment through [`Config::from_env_vars`]:
+    /// for callers without a [`Config`].
     ///
     /// # Errors
-    /// [`Error::Config`] for a value that is none of those.
+    /// [`Error::Config`] for a memory kind that is none of `coarse`, `fine`, `uncached`, or
+    /// an `HSA_XNACK` that is neither 0 nor 1.
     pub fn from_env() -> Result<Self> {
-        let mut builder = Self::new();
-        if let Some(value) = crate::config::env_var(MEMORY_VARIABLE)? {
-            if !value.is_empty() {
-                builder.memory = MemoryKind::parse(&value).ok_or_else(|| {
-                    Error::config(
-                        MEMORY_VARIABLE,
-                        value.clone(),
-                        "coarse (hipMalloc, the default), fine (fine-grained, host-coherent) \
-                         or uncached (ROCm 6+)",
-                    )
-                })?;
-            }
-        }
-        Ok(builder)
+        let config = Config::from_env_vars(&[MEMORY_VARIABLE, crate::config::HSA_XNACK])?;
+        Ok(Self::from_config(&config))
     }
 
     crate::backends::setters! {
@@ -75,6 +75,10 @@ impl HipDeviceBuilder {
         /// of the process) instead of one of portalloc's own (`hipMemPoolCreate`, the
         /// default, whose threshold and trimming disturb no one else).
         default_pool: bool;
+        /// The XNACK mode the runtime was started with (`HSA_XNACK`: `Some(true)` for 1),
+        /// reported in the device's notes; the runtime reads the variable itself, so this
+        /// changes no behaviour (default `None`: not set).
+        hsa_xnack: Option<bool>;
     }
 
     /// Opens the device on `runtime`.
@@ -530,7 +534,7 @@ impl GpuDevice<Hip> {
             ),
         };
         let xnack = tuning::xnack_note(
-            crate::config::env_var("HSA_XNACK")?.as_deref(),
+            options.hsa_xnack,
             arch_found.as_ref().map(|(full, _)| full.as_str()),
         );
         let (_apu, apu_note) = tuning::apu_note(integrated);

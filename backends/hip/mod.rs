@@ -27,6 +27,7 @@ use portalloc_sys::hip as sys;
 
 use super::loader::{self, symbol_table, Checked};
 use super::Probe;
+use crate::config::Config;
 use crate::device::Vendor;
 use crate::error::{Error, Result};
 
@@ -38,32 +39,29 @@ pub use device::{Hip, HipCensus, HipDevice, HipDeviceBuilder, MemoryKind};
 /// The backend's name in errors.
 const BACKEND: &str = "hip";
 
-/// The variable that names the HIP library to load instead of searching.
-pub const LIBRARY_VARIABLE: &str = "PORTALLOC_HIP_LIBRARY";
+/// The variable that names the HIP library to load instead of searching (read by
+/// [`crate::config`], as [`Config::hip_library`]).
+pub const LIBRARY_VARIABLE: &str = crate::config::PORTALLOC_HIP_LIBRARY;
 
 /// Library file names, newest ROCm first.
 const SONAMES: [&str; 3] = ["libamdhip64.so.7", "libamdhip64.so.6", "libamdhip64.so.5"];
 
-/// Where to look, in order: `PORTALLOC_HIP_LIBRARY` alone if set; else each of
-/// `libamdhip64.so.7`, `.6`, `.5` under `$ROCM_PATH/lib`, `$HIP_PATH/lib`, `/opt/rocm/lib`;
-/// then the same names through the loader's search path.
-///
-/// # Errors
-/// [`Error::Config`] when one of those variables is not UTF-8.
-pub fn library_candidates() -> Result<Vec<String>> {
-    if let Some(path) = crate::config::env_var(LIBRARY_VARIABLE)? {
-        if !path.is_empty() {
-            return Ok(vec![path]);
-        }
+/// Where to look, in order: `config`'s [`hip_library`](Config::hip_library)
+/// (`PORTALLOC_HIP_LIBRARY`) alone if set; else each of `libamdhip64.so.7`, `.6`, `.5` under
+/// the [`rocm_path`](Config::rocm_path) (`ROCM_PATH`) and [`hip_path`](Config::hip_path)
+/// (`HIP_PATH`) roots' `lib/` and `/opt/rocm/lib`; then the same names through the loader's
+/// search path. Reads no environment variable.
+pub fn library_candidates(config: &Config) -> Vec<String> {
+    if let Some(path) = config.hip_library.value.as_ref().filter(|p| !p.is_empty()) {
+        return vec![path.clone()];
     }
-    let mut dirs: Vec<String> = Vec::new();
-    for var in ["ROCM_PATH", "HIP_PATH"] {
-        if let Some(root) = crate::config::env_var(var)? {
-            if !root.is_empty() {
-                dirs.push(format!("{}/lib", root.trim_end_matches('/')));
-            }
-        }
-    }
+    let roots = [&config.rocm_path.value, &config.hip_path.value];
+    let mut dirs: Vec<String> = roots
+        .into_iter()
+        .flatten()
+        .filter(|root| !root.is_empty())
+        .map(|root| format!("{}/lib", root.trim_end_matches('/')))
+        .collect();
     dirs.push("/opt/rocm/lib".into());
     let mut candidates = Vec::new();
     for soname in SONAMES {
@@ -75,7 +73,7 @@ pub fn library_candidates() -> Result<Vec<String>> {
         }
     }
     candidates.extend(SONAMES.iter().map(|s| s.to_string()));
-    Ok(candidates)
+    candidates
 }
 
 symbol_table! {
@@ -218,12 +216,29 @@ impl Runtime {
         &self.path
     }
 
-    /// Loads the library [`library_candidates`] finds.
+    /// Loads the library [`library_candidates`] finds for `config`.
     ///
     /// # Errors
     /// As [`Runtime::load`].
+    pub fn load_configured(config: &Config) -> Result<Runtime> {
+        Runtime::load(&library_candidates(config))
+    }
+
+    /// Loads the library [`library_candidates`] finds, reading `PORTALLOC_HIP_LIBRARY`,
+    /// `ROCM_PATH` and `HIP_PATH` (and no other variable) from the process environment,
+    /// through [`Config::from_env_vars`]: for callers without a [`Config`]; with one, use
+    /// [`Runtime::load_configured`].
+    ///
+    /// # Errors
+    /// [`Error::Config`] for one of those variables that is not a path (not UTF-8, a control
+    /// character); as [`Runtime::load`].
     pub fn load_default() -> Result<Runtime> {
-        Runtime::load(&library_candidates()?)
+        use crate::config::{HIP_PATH, ROCM_PATH};
+        Runtime::load_configured(&Config::from_env_vars(&[
+            LIBRARY_VARIABLE,
+            ROCM_PATH,
+            HIP_PATH,
+        ])?)
     }
 
     /// True when every virtual-memory symbol (HIP 5.1) was resolved.
@@ -475,14 +490,14 @@ fn c_chars(buf: &[c_char]) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
-/// Opens every device of the runtime [`library_candidates`] finds, with the options
-/// `PORTALLOC_HIP_MEMORY` names (see [`HipDeviceBuilder::from_env`]).
+/// Opens every device of the runtime [`library_candidates`] finds for `config`, with the
+/// options it gives ([`HipDeviceBuilder::from_config`]: the memory kind, the XNACK mode).
 ///
 /// # Errors
-/// As [`Runtime::load`], [`HipDeviceBuilder::from_env`] and [`HipDevice::open_all`].
-pub fn open_all() -> Result<Vec<HipDevice>> {
-    let runtime = std::sync::Arc::new(Runtime::load_default()?);
-    let template = HipDeviceBuilder::from_env()?;
+/// As [`Runtime::load`] and [`HipDevice::open_all`].
+pub fn open_all(config: &Config) -> Result<Vec<HipDevice>> {
+    let runtime = std::sync::Arc::new(Runtime::load_configured(config)?);
+    let template = HipDeviceBuilder::from_config(config);
     let count = runtime.device_count()?;
     (0..count)
         .map(|ordinal| {
@@ -494,9 +509,10 @@ pub fn open_all() -> Result<Vec<HipDevice>> {
         .collect()
 }
 
-/// Probes the HIP backend. Never fails: what went wrong is in the [`Probe`].
-pub fn probe() -> Probe {
-    probe_from(library_candidates())
+/// Probes the HIP backend, with the library `config` names. Never fails: what went wrong is
+/// in the [`Probe`].
+pub fn probe(config: &Config) -> Probe {
+    probe_with(&library_candidates(config))
 }
 
 /// [`probe`] over explicit library candidates.

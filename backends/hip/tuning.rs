@@ -13,8 +13,6 @@
 //! | APU | attribute 16 (`hipDeviceAttributeIntegrated`) reported | on an APU (MI300A) device memory is the same HBM the CPU uses: a preallocated fraction is taken from the host too |
 //! | XNACK | `HSA_XNACK` and the architecture's `xnack±` feature reported | with XNACK on, page faults are retried (unified memory can migrate); with it off, a fault is fatal |
 
-use std::fmt;
-
 use serde::Serialize;
 
 use super::HipVersion;
@@ -39,41 +37,12 @@ pub mod attribute {
         sys::hipDeviceAttributeVirtualMemoryManagementSupported;
 }
 
-/// Which kind of device memory plain allocations get.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum MemoryKind {
-    /// Coarse-grained (`hipMalloc`): coherent at kernel boundaries, full bandwidth. Default.
-    #[default]
-    Coarse,
-    /// Fine-grained (`hipExtMallocWithFlags(hipDeviceMallocFinegrained)`): coherent with the
-    /// host while kernels run, at a bandwidth cost.
-    FineGrained,
-    /// Uncached (`hipExtMallocWithFlags(hipDeviceMallocUncached)`, ROCm 6+): fine-grained and
-    /// bypassing the GPU caches, for memory the host polls.
-    Uncached,
-}
+/// Which kind of device memory plain allocations get: the configuration's
+/// [`HipMemoryKind`](crate::config::HipMemoryKind) (`PORTALLOC_HIP_MEMORY`), with its
+/// allocation flags here.
+pub use crate::config::HipMemoryKind as MemoryKind;
 
 impl MemoryKind {
-    /// The name `PORTALLOC_HIP_MEMORY` accepts: `coarse`, `fine` or `uncached`.
-    pub fn name(self) -> &'static str {
-        match self {
-            MemoryKind::Coarse => "coarse",
-            MemoryKind::FineGrained => "fine",
-            MemoryKind::Uncached => "uncached",
-        }
-    }
-
-    /// Parses [`MemoryKind::name`] (also `coarse-grained`, `fine-grained`, `finegrained`).
-    pub fn parse(s: &str) -> Option<MemoryKind> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "coarse" | "coarse-grained" | "coarsegrained" | "default" => Some(MemoryKind::Coarse),
-            "fine" | "fine-grained" | "finegrained" => Some(MemoryKind::FineGrained),
-            "uncached" => Some(MemoryKind::Uncached),
-            _ => None,
-        }
-    }
-
     /// The `hipExtMallocWithFlags` flags, or `None` for plain `hipMalloc`.
     pub fn flags(self) -> Option<u32> {
         match self {
@@ -81,12 +50,6 @@ impl MemoryKind {
             MemoryKind::FineGrained => Some(portalloc_sys::hip::hipDeviceMallocFinegrained),
             MemoryKind::Uncached => Some(portalloc_sys::hip::hipDeviceMallocUncached),
         }
-    }
-}
-
-impl fmt::Display for MemoryKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
     }
 }
 
@@ -218,18 +181,18 @@ pub fn arch_xnack(full: &str) -> Option<bool> {
     })
 }
 
-/// The XNACK report from `HSA_XNACK` and the architecture string.
-pub fn xnack_note(hsa_xnack: Option<&str>, arch_full: Option<&str>) -> String {
-    let env = match hsa_xnack.map(str::trim) {
-        Some("1") => "HSA_XNACK=1: page faults are retried (memory can migrate on demand)".into(),
-        Some("0") => "HSA_XNACK=0: a GPU page fault is fatal; memory must be resident".into(),
-        Some(other) => format!("HSA_XNACK={other:?} (the runtime accepts 0 or 1)"),
-        None => "HSA_XNACK unset (the runtime's default mode)".into(),
+/// The XNACK report from `HSA_XNACK` (as the configuration read it) and the architecture
+/// string.
+pub fn xnack_note(hsa_xnack: Option<bool>, arch_full: Option<&str>) -> String {
+    let env = match hsa_xnack {
+        Some(true) => "HSA_XNACK=1: page faults are retried (memory can migrate on demand)",
+        Some(false) => "HSA_XNACK=0: a GPU page fault is fatal; memory must be resident",
+        None => "HSA_XNACK unset in the configuration (the runtime's default mode)",
     };
     match arch_full.and_then(arch_xnack) {
         Some(true) => format!("{env}; the device runs with xnack+"),
         Some(false) => format!("{env}; the device runs with xnack-"),
-        None => env,
+        None => env.to_string(),
     }
 }
 

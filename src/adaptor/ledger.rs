@@ -18,8 +18,8 @@ use crate::device::{Device, Stream};
 use crate::diagnose::{diagnose, DiagnoseOptions, Diagnosis, LimitHint, OomContext};
 use crate::error::{Error, Result};
 
-/// The variable that turns backtrace capture on.
-pub const BACKTRACE_VARIABLE: &str = "PORTALLOC_BACKTRACE";
+/// The variable that turns backtrace capture on (read by [`crate::config`]).
+pub const BACKTRACE_VARIABLE: &str = crate::config::PORTALLOC_BACKTRACE;
 /// The version of [`LedgerSnapshot`]'s JSON layout.
 pub const SNAPSHOT_VERSION: u32 = 1;
 
@@ -51,49 +51,38 @@ impl Default for LedgerOptions {
 }
 
 impl LedgerOptions {
-    /// Defaults, with `backtrace` read from `PORTALLOC_BACKTRACE`.
+    /// Defaults, with `backtrace` read from `PORTALLOC_BACKTRACE` alone, through
+    /// [`Config::from_env_vars`] (the parsing of every configuration variable). With a
+    /// [`Config`] at hand, use [`LedgerOptions::with_config`] instead, which reads nothing.
     ///
     /// # Errors
     /// [`Error::Config`] for a value that is not a boolean (or not UTF-8).
     pub fn from_env() -> Result<LedgerOptions> {
-        crate::config::env_var(BACKTRACE_VARIABLE)?;
-        LedgerOptions::from_vars(|name| std::env::var(name).ok())
+        let config = Config::from_env_vars(&[BACKTRACE_VARIABLE])?;
+        Ok(LedgerOptions::default().with_backtrace_of(&config))
     }
 
-    /// As [`LedgerOptions::from_env`], reading variables through `lookup`.
+    /// As [`LedgerOptions::from_env`], reading `PORTALLOC_BACKTRACE` through `lookup`.
     ///
     /// # Errors
     /// [`Error::Config`] for a `PORTALLOC_BACKTRACE` that is not a boolean.
     pub fn from_vars(lookup: impl Fn(&str) -> Option<String>) -> Result<LedgerOptions> {
-        let backtrace = match lookup(BACKTRACE_VARIABLE) {
-            None => false,
-            Some(v) => parse_bool(&v).ok_or_else(|| {
-                Error::config(
-                    BACKTRACE_VARIABLE,
-                    v.clone(),
-                    "a boolean: 1, 0, true, false, yes, no, on, off (any case), or empty for off",
-                )
-            })?,
-        };
-        Ok(LedgerOptions {
-            backtrace,
-            ..LedgerOptions::default()
-        })
+        let config = Config::from_vars_only(&[BACKTRACE_VARIABLE], lookup)?;
+        Ok(LedgerOptions::default().with_backtrace_of(&config))
     }
 
-    /// Sets [`LedgerOptions::limit_hint`] from a configuration: the fraction and the
-    /// variable (or builder) it came from.
-    pub fn with_config(mut self, config: &Config) -> Self {
-        self.limit_hint = LimitHint::from_config(config);
+    /// Takes from a configuration what the ledger uses: [`LedgerOptions::backtrace`]
+    /// (`PORTALLOC_BACKTRACE`, [`crate::ConfigBuilder::backtrace`]) and
+    /// [`LedgerOptions::limit_hint`] (the fraction and the variable, or builder, it came from).
+    pub fn with_config(self, config: &Config) -> Self {
+        let mut options = self.with_backtrace_of(config);
+        options.limit_hint = LimitHint::from_config(config);
+        options
+    }
+
+    fn with_backtrace_of(mut self, config: &Config) -> Self {
+        self.backtrace = config.backtrace.value;
         self
-    }
-}
-
-fn parse_bool(v: &str) -> Option<bool> {
-    match v.trim().to_ascii_lowercase().as_str() {
-        "1" | "true" | "yes" | "on" => Some(true),
-        "" | "0" | "false" | "no" | "off" => Some(false),
-        _ => None,
     }
 }
 

@@ -11,7 +11,7 @@ use super::{
 use crate::adaptor::{LedgerAllocator, LedgerOptions};
 use crate::allocator::Allocator;
 use crate::config::{Config, StrategyKind};
-use crate::device::{Stream, Vendor};
+use crate::device::Stream;
 use crate::discover::discover;
 
 /// Options of [`portalloc_create`]. Fill with [`portalloc_options_default`], then set what
@@ -147,7 +147,6 @@ fn tristate(call: &str, field: &str, v: i32) -> Result<Option<bool>, Failure> {
 pub(crate) fn make_instance(
     config: &Config,
     ordinal: u32,
-    backtrace: Option<bool>,
     global: bool,
 ) -> Result<Instance, Failure> {
     let discovery = discover(config)?;
@@ -168,14 +167,9 @@ pub(crate) fn make_instance(
             )
         })?;
     let strategy = crate::strategy::build(config, Arc::clone(&device))?;
-    let mut options = match backtrace {
-        Some(_) => LedgerOptions::default(),
-        None => LedgerOptions::from_env()?,
-    }
-    .with_config(config);
-    if let Some(b) = backtrace {
-        options.backtrace = b;
-    }
+    // The backtrace switch is the configuration's: PORTALLOC_BACKTRACE (unless ignore_env)
+    // or the caller's explicit choice, through the builder.
+    let options = LedgerOptions::default().with_config(config);
     let ledger = LedgerAllocator::from_boxed(strategy, options).with_device(device);
     Ok(Instance {
         ledger,
@@ -199,7 +193,7 @@ pub unsafe extern "C" fn portalloc_create_from_env(
     unsafe {
         guard_out(CALL, out, || {
             let config = Config::from_env()?;
-            Ok(register(make_instance(&config, device, None, false)?))
+            Ok(register(make_instance(&config, device, false)?))
         })
     }
 }
@@ -237,19 +231,7 @@ pub unsafe extern "C" fn portalloc_create(
         }
         // SAFETY: as above.
         if let Some(s) = unsafe { read_str(CALL, "options.backend", o.backend) }? {
-            let backend = match s.trim().to_ascii_lowercase().as_str() {
-                "auto" => None,
-                "host" => Some(Vendor::Host),
-                "cuda" => Some(Vendor::Cuda),
-                "hip" => Some(Vendor::Hip),
-                _ => {
-                    return Err(Failure::from(crate::Error::config(
-                        "options.backend",
-                        s,
-                        "one of auto, host, cuda, hip",
-                    )))
-                }
-            };
+            let backend = crate::config::parse_backend("options.backend", &s)?;
             b = b.backend(backend);
         }
         if o.host_capacity != 0 {
@@ -258,13 +240,11 @@ pub unsafe extern "C" fn portalloc_create(
         if let Some(s) = tristate(CALL, "host_simulated", o.host_simulated)? {
             b = b.host_simulated(s);
         }
-        let backtrace = tristate(CALL, "backtrace", o.backtrace)?;
-        let backtrace = match (backtrace, o.ignore_env != 0) {
-            (None, true) => Some(false),
-            (b, _) => b,
-        };
+        if let Some(bt) = tristate(CALL, "backtrace", o.backtrace)? {
+            b = b.backtrace(bt);
+        }
         let config = b.build()?;
-        let instance = make_instance(&config, o.device, backtrace, false)?;
+        let instance = make_instance(&config, o.device, false)?;
         // SAFETY: the caller's promise on `out`, checked non-null above.
         unsafe { write_out(CALL, "out", out, register(instance)) }
     })

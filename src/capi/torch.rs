@@ -43,8 +43,7 @@ fn global(call: &str, device: i64) -> Result<(*mut PortallocAllocator, Arc<Insta
         Some(&t) => t,
         None => {
             let config = Config::from_env().map_err(|e| prefixed(call, e.into()))?;
-            let instance =
-                make_instance(&config, ordinal, None, true).map_err(|f| prefixed(call, f))?;
+            let instance = make_instance(&config, ordinal, true).map_err(|f| prefixed(call, f))?;
             let t = register(instance) as usize;
             map.insert(ordinal, t);
             t

@@ -230,27 +230,24 @@ pub fn driver_failure<T: std::fmt::Debug>(result: Result<T, Error>) -> DriverFai
     }
 }
 
-/// Discovery and a growing bfc allocator on every device it finds, with the environment
-/// variables `vars` set for its duration (removed after): the caller holds whatever lock
-/// keeps other tests out of the process environment meanwhile.
+/// Discovery and a growing bfc allocator on every device it finds, with the configuration
+/// variables `vars` (given to the builder as a lookup: the process environment is neither
+/// read nor touched).
 ///
 /// # Panics
-/// When discovery or an allocator fails.
+/// When the configuration, discovery or an allocator fails.
 pub fn discover_with(vars: &[(&str, &str)]) -> portalloc::Portalloc {
+    let vars: std::collections::HashMap<String, String> = vars
+        .iter()
+        .map(|(name, value)| (name.to_string(), value.to_string()))
+        .collect();
     let config = portalloc::Config::builder()
-        .ignore_env()
+        .vars(move |name| vars.get(name).cloned())
         .strategy(portalloc::StrategyKind::Bfc)
         .preallocate(false)
         .build()
         .unwrap();
-    for (name, value) in vars {
-        std::env::set_var(name, value);
-    }
-    let result = portalloc::Portalloc::from_config(config);
-    for (name, _) in vars {
-        std::env::remove_var(name);
-    }
-    result.unwrap()
+    portalloc::Portalloc::from_config(config).unwrap()
 }
 
 /// Asserts that `p`'s discovery chose `vendor` and found `devices` devices of it, in ordinal

@@ -94,7 +94,7 @@ fn decision_text(d: &Decision) -> (&'static str, String) {
 fn info(as_json: bool) -> portalloc::Result<()> {
     let config = Config::from_env()?;
     let discovery = discover(&config)?;
-    let peers = portalloc::discover::enable_peer_access(&discovery.devices);
+    let peers = portalloc::discover::configure_peer_access(&config, &discovery.devices);
     if as_json {
         println!(
             "{}",
