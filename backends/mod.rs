@@ -1,6 +1,6 @@
 //! Backends: one folder per vendor, each implementing [`crate::Device`]. The host backend is
 //! always compiled; `cuda` and `hip` come with their cargo features and share one vendor
-//! layer (`vendor/`: [`GpuDevice`], the books, the checks, the lock order, the rule for what
+//! layer (`vendor/`: `GpuDevice`, the books, the checks, the lock order, the rule for what
 //! is `unsafe`, and the table of what differs between them on purpose). Unsafe code lives
 //! here (and in `sys/`) only; every block says why it is sound in a `// SAFETY:` line.
 
