@@ -21,22 +21,50 @@ pub(crate) struct Admitted {
 /// strategy's minimum alignment). `None` for a zero `size`, which a strategy serves with an
 /// [`Allocation::empty`] and no device call.
 ///
+/// The checks are written out here, inlined into every strategy's `allocate`, and the errors
+/// are built only on failure (by [`effective_alignment`] and [`round_up`], in a cold path):
+/// the shared helpers are out-of-line calls, and `round_up` builds its error value on every
+/// call — a measurable share of a ~100 ns allocation.
+///
 /// # Errors
 /// [`crate::Error::InvalidAlignment`]; [`crate::Error::InvalidSize`] for a size that
 /// overflows once rounded.
-#[inline]
+///
+/// # Time complexity
+/// `O(1)`.
+#[inline(always)]
 pub(crate) fn admit(
     size: u64,
     alignment: u64,
     unit: u64,
     max_alignment: u64,
 ) -> Result<Option<Admitted>> {
-    let alignment = effective_alignment(alignment, unit, max_alignment)?;
+    debug_assert!(unit.is_power_of_two() && unit <= max_alignment);
+    let asked = if alignment == 0 { unit } else { alignment };
+    if !asked.is_power_of_two() || asked > max_alignment {
+        return Err(refused(size, alignment, unit, max_alignment));
+    }
     if size == 0 {
         return Ok(None);
     }
-    let rounded = round_up(size, unit)?;
-    Ok(Some(Admitted { alignment, rounded }))
+    let Some(padded) = size.checked_add(unit - 1) else {
+        return Err(refused(size, alignment, unit, max_alignment));
+    };
+    Ok(Some(Admitted {
+        alignment: asked.max(unit),
+        rounded: padded & !(unit - 1),
+    }))
+}
+
+/// The error [`admit`] returns for a request it refuses: the shared helpers' own, so that
+/// every strategy reports a bad request the same way.
+#[cold]
+#[inline(never)]
+fn refused(size: u64, alignment: u64, unit: u64, max_alignment: u64) -> crate::Error {
+    match effective_alignment(alignment, unit, max_alignment).and_then(|_| round_up(size, unit)) {
+        Err(e) => e,
+        Ok(_) => unreachable!("admit refused a request the shared checks accept"),
+    }
 }
 
 /// The check at the top of every strategy's `deallocate`: whether `allocation` holds memory
