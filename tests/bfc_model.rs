@@ -1,6 +1,9 @@
 //! Model-based test of the `bfc` strategy: random allocate / free / trim sequences against a
 //! model of the live allocations, with the allocator's invariants checked after every step,
-//! in both preallocation and growth modes, over a simulated host device.
+//! in both preallocation and growth modes, over a simulated host device; and the same with a
+//! request on a second stream at a random step, which switches bfc to stream-ordered frees
+//! with allocations live (frees are then made on each allocation's own stream and may stay
+//! pending until a later request).
 
 #[path = "support/mod.rs"]
 mod support;
@@ -9,7 +12,7 @@ use support::common::{bfc, simulated_host};
 
 use portalloc::backends::host::HostDevice;
 use portalloc::strategy::bfc::BfcAllocator;
-use portalloc::{Allocation, Allocator, Error, Stream};
+use portalloc::{Allocation, Allocator, Device, Error, Stream};
 use proptest::prelude::*;
 
 const MIB: u64 = 1 << 20;
@@ -49,7 +52,8 @@ fn round256(x: u64) -> u64 {
     x.div_ceil(256) * 256
 }
 
-/// Checks the allocator against the model of live allocations.
+/// Checks the allocator against the model of live allocations (pending stream-ordered frees
+/// are still in use in the bins, and not live).
 fn check(a: &BfcAllocator<HostDevice>, live: &[Allocation], alignments: &[u64]) {
     if let Err(why) = a.check_invariants() {
         panic!("invariant broken: {why}");
@@ -86,13 +90,16 @@ fn check(a: &BfcAllocator<HostDevice>, live: &[Allocation], alignments: &[u64]) 
     let requested: u64 = nonempty.iter().map(|x| x.size()).sum();
     let rounded: u64 = nonempty.iter().map(|x| round256(x.size())).sum();
     let bins = a.bin_summaries();
-    assert_eq!(
-        bins.iter().map(|b| b.requested_bytes_in_use).sum::<u64>(),
-        requested
-    );
+    let (pending, _) = a.pending_frees();
+    let requested_in_bins = bins.iter().map(|b| b.requested_bytes_in_use).sum::<u64>();
+    if pending == 0 {
+        assert_eq!(requested_in_bins, requested);
+    } else {
+        assert!(requested_in_bins >= requested);
+    }
     assert_eq!(
         bins.iter().map(|b| b.chunks_in_use).sum::<u64>(),
-        nonempty.len() as u64
+        (nonempty.len() + pending) as u64
     );
     assert_eq!(a.live_count(), nonempty.len());
     let s = a.stats();
@@ -105,12 +112,26 @@ fn check(a: &BfcAllocator<HostDevice>, live: &[Allocation], alignments: &[u64]) 
     assert_eq!(s.pool_bytes, regions.iter().map(|r| r.1).sum::<u64>());
 }
 
-fn run(ops: &[Op], preallocate: bool) {
+/// Runs `ops` on the default stream; before step `switch_at` (when given), one 256-byte
+/// request on a second stream, kept live like the others (and freed on its stream).
+fn run(ops: &[Op], preallocate: bool, switch_at: Option<usize>) {
     let dev = simulated_host(4 * LIMIT);
     let a = bfc(&dev, LIMIT, preallocate);
+    let second = dev.create_stream().unwrap();
     let mut live: Vec<Allocation> = Vec::new();
     let mut alignments: Vec<u64> = Vec::new();
-    for op in ops {
+    for (step, op) in ops.iter().enumerate() {
+        if switch_at == Some(step) {
+            // The pool may be full: out of memory is a fine answer, and still switches.
+            match a.allocate(256, 0, second, "second stream") {
+                Ok(x) => {
+                    live.push(x);
+                    alignments.push(256);
+                }
+                Err(e) => assert!(e.is_out_of_memory(), "{e}"),
+            }
+            check(&a, &live, &alignments);
+        }
         match *op {
             Op::Alloc { size, align_log } => {
                 let alignment = align_log.map_or(0, |l| 1u64 << l);
@@ -181,8 +202,10 @@ fn run(ops: &[Op], preallocate: bool) {
         pool,
         "every region is free once everything is freed"
     );
+    assert_eq!(a.pending_frees(), (0, 0));
     assert_eq!(dev.census().allocations, 0);
     drop(a);
+    dev.destroy_stream(second).unwrap();
     assert!(dev.census().is_empty());
 }
 
@@ -191,11 +214,20 @@ proptest! {
 
     #[test]
     fn preallocated_pool_matches_the_model(ops in proptest::collection::vec(op(), 1..200)) {
-        run(&ops, true);
+        run(&ops, true, None);
     }
 
     #[test]
     fn growing_pool_matches_the_model(ops in proptest::collection::vec(op(), 1..200)) {
-        run(&ops, false);
+        run(&ops, false, None);
+    }
+
+    #[test]
+    fn switching_to_a_second_stream_midway_matches_the_model(
+        ops in proptest::collection::vec(op(), 1..200),
+        switch_at in 0usize..200,
+        preallocate in any::<bool>(),
+    ) {
+        run(&ops, preallocate, Some(switch_at % ops.len()));
     }
 }

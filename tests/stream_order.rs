@@ -141,6 +141,124 @@ fn bfc_synchronizes_pending_frees_rather_than_fail(simulated: bool) {
     assert_all_returned(&d, 2);
 }
 
+/// The switch to multi-stream mode with live allocations (the single-stream path keeps no
+/// per-chunk books beyond the arena, so the switch must start them from the arena): several
+/// chunks live on A, some freed on A before the switch; the first request on B switches; then
+/// A's chunks freed on A in allocation order stay pending (B is never handed them while
+/// their events are held; A reuses its own at once, whole), a forged copy of a pending or
+/// freed allocation is refused, and everything goes back once the events complete. The
+/// invariants are checked after every step. On real and simulated host memory.
+#[test_case(true ; "preallocated")]
+#[test_case(false ; "growing")]
+fn bfc_switches_to_several_streams_with_live_allocations(preallocate: bool) {
+    for simulated in [false, true] {
+        switch_with_live_allocations(preallocate, simulated);
+    }
+}
+
+/// The body of [`bfc_switches_to_several_streams_with_live_allocations`].
+fn switch_with_live_allocations(preallocate: bool, simulated: bool) {
+    let (d, s, t) = device_with_two_streams(simulated);
+    let a = bfc(&d, 32 * MIB, preallocate);
+    let sizes = [
+        4096,
+        64 * 1024,
+        256,
+        300 * 1024,
+        4096,
+        1024,
+        128 * 1024,
+        4096,
+    ];
+    let mut on_s: Vec<_> = sizes
+        .iter()
+        .map(|&size| {
+            let x = a.allocate(size, 0, s, "a").unwrap();
+            check(&a);
+            x
+        })
+        .collect();
+    // Holes freed on the single-stream path, straight back to the bins.
+    for i in [5, 2] {
+        a.deallocate(on_s.remove(i)).unwrap();
+        check(&a);
+    }
+    assert_eq!((a.live_count(), a.pending_frees()), (6, (0, 0)));
+    assert_eq!(d.census().events, 0, "no event before the switch");
+
+    d.set_events_held(true);
+    let first_on_t = a.allocate(4096, 0, t, "b").unwrap();
+    check(&a);
+    assert_eq!((a.live_count(), a.pending_frees()), (7, (0, 0)));
+
+    // A's allocations freed on A, in the order they were made: each stays pending.
+    let freed: Vec<(u64, u64, u64)> = on_s
+        .iter()
+        .map(|x| (x.ptr(), x.size(), x.token()))
+        .collect();
+    let mut pending_bytes = 0;
+    for (n, x) in on_s.drain(..).enumerate() {
+        pending_bytes += x.size().div_ceil(256) * 256;
+        a.deallocate(x).unwrap();
+        check(&a);
+        assert_eq!(a.pending_frees(), (n + 1, pending_bytes));
+        assert_eq!(a.live_count(), 7 - (n + 1));
+    }
+    // Neither a pending chunk nor a stale copy of one can be freed again.
+    for &(ptr, size, token) in &freed {
+        let forged = portalloc::Allocation::new(ptr, size, s, a.id(), token);
+        assert!(a.deallocate(forged).is_err(), "{ptr:#x} freed twice");
+        check(&a);
+    }
+
+    // B is not handed memory pending on A while A's events are held.
+    let on_t: Vec<_> = freed
+        .iter()
+        .map(|&(_, size, _)| {
+            let y = a.allocate(size, 0, t, "b").unwrap();
+            check(&a);
+            for &(ptr, size, _) in &freed {
+                assert!(
+                    y.ptr() + y.size() <= ptr || ptr + size <= y.ptr(),
+                    "{:#x} on T overlaps {ptr:#x} pending on S",
+                    y.ptr()
+                );
+            }
+            y
+        })
+        .collect();
+    assert_eq!(a.pending_frees().0, freed.len());
+
+    // A reuses its own pending chunk at once: the 4 KiB ones, lowest address first.
+    let again = a.allocate(4096, 0, s, "a").unwrap();
+    check(&a);
+    let lowest_4k = freed
+        .iter()
+        .filter(|f| f.1 == 4096)
+        .map(|f| f.0)
+        .min()
+        .unwrap();
+    assert_eq!(again.ptr(), lowest_4k);
+    assert_eq!(a.pending_frees().0, freed.len() - 1);
+
+    // Once the events complete, the next request returns the pending chunks to the bins.
+    assert!(d.complete_held_events() > 0);
+    let after = a.allocate(256, 0, t, "b").unwrap();
+    check(&a);
+    assert_eq!(a.pending_frees(), (0, 0));
+
+    d.set_events_held(false);
+    for x in on_t.into_iter().chain([first_on_t, again, after]) {
+        a.deallocate(x).unwrap();
+        check(&a);
+    }
+    assert_eq!(a.live_count(), 0);
+    a.trim().unwrap();
+    assert_eq!(a.pending_frees(), (0, 0));
+    drop(a);
+    assert_all_returned(&d, 2);
+}
+
 #[test_case(false ; "real")]
 #[test_case(true ; "simulated")]
 fn bfc_on_one_stream_makes_no_events(simulated: bool) {

@@ -339,6 +339,24 @@ impl Arena {
         })
     }
 
+    /// Every chunk in use, as the [`Grant`] that handed it out (its token, address and
+    /// chunk size), in slot order: what a caller that keeps no per-chunk books of its own
+    /// until it needs them (bfc's single-stream mode) reads to start them.
+    ///
+    /// # Time complexity
+    /// `O(slots)`.
+    pub fn in_use(&self) -> impl Iterator<Item = Grant> + '_ {
+        self.chunks
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.state == State::InUse)
+            .map(|(idx, c)| Grant {
+                addr: c.addr,
+                chunk_size: c.size,
+                token: (u64::from(c.generation) << 32) | idx as u64,
+            })
+    }
+
     /// True when `token` names a chunk in use at `addr`.
     ///
     /// # Time complexity

@@ -29,8 +29,8 @@
 //!
 //! As the shared `stream_order` module does it for bfc and vmm: while every request has come
 //! on one stream a free goes straight back to the bins, as in XLA, and no event is made (the
-//! single-stream path costs one comparison and the store of the chunk's size by slot). From
-//! the first request on a second stream on, a chunk freed on stream `S` is kept **pending**:
+//! single-stream path costs one comparison and keeps no per-chunk books beside the arena's).
+//! From the first request on a second stream on, a chunk freed on stream `S` is kept **pending**:
 //! still in use in the arena (so it coalesces with nothing and no other stream is handed it),
 //! with an event recorded on `S`. A request on `S` may reuse one of `S`'s pending chunks at
 //! once — the best fit among them (smallest, then lowest address) that the split rule would
@@ -101,8 +101,15 @@ struct Inner {
     /// Invariant: `>= arena.pool_bytes()`.
     peak_pool_bytes: u64,
     /// What each arena slot holds handed out (the chunk's size, for pending frees, and a
-    /// check of tokens while a pending chunk stays in use in the arena): one store per
-    /// allocation and free, the only bookkeeping on the single-stream path.
+    /// check of tokens while a pending chunk stays in use in the arena). Kept only from the
+    /// switch to multi-stream mode on: on the single-stream path a free goes straight to the
+    /// arena, which checks the token itself, so a store per operation into this vector (one
+    /// entry per slot, far out of cache with hundreds of thousands of chunks) bought nothing.
+    /// At the switch it is filled from the arena's chunks in use ([`Inner::start_handed`]).
+    ///
+    /// Invariant: empty while `!order.is_multi()`; once multi, `handed[slot]` has a non-zero
+    /// `size` exactly for the arena's chunks in use that are not pending, with their token,
+    /// address and chunk size.
     handed: Vec<Handed>,
     /// Stream-ordered reuse. Invariant: each pending chunk is in use in the arena and not
     /// in `handed`.
@@ -113,6 +120,22 @@ impl Inner {
     /// Bytes handed out: the arena's in-use bytes less the pending frees.
     fn bytes_in_use(&self) -> u64 {
         self.arena.bytes_in_use() - self.order.bytes()
+    }
+
+    /// Starts `handed` at the switch to multi-stream mode: every chunk in use then is live
+    /// (nothing is pending before the switch).
+    ///
+    /// # Time complexity
+    /// `O(slots)`, once.
+    #[cold]
+    #[inline(never)]
+    fn start_handed(&mut self) {
+        debug_assert_eq!(self.order.count(), 0, "pending frees before the switch");
+        self.handed.clear();
+        let live: Vec<Grant> = self.arena.in_use().collect();
+        for grant in &live {
+            self.record_handed(grant);
+        }
     }
 
     #[inline]
@@ -135,6 +158,23 @@ impl Inner {
         self.handed.resize(idx + 1, Handed::default());
         self.handed[idx] = record;
     }
+}
+
+/// Notes the stream of a request that is not on the first stream; at the switch to
+/// multi-stream mode, starts the books of chunks handed out, which the single-stream path
+/// does not keep.
+///
+/// # Errors
+/// As [`StreamOrder::see_stream`].
+#[cold]
+#[inline(never)]
+fn see_stream<D: Device + ?Sized>(device: &D, inner: &mut Inner, stream: Stream) -> Result<()> {
+    let was_multi = inner.order.is_multi();
+    inner.order.see_stream(device, stream)?;
+    if !was_multi && inner.order.is_multi() {
+        inner.start_handed();
+    }
+    Ok(())
 }
 
 /// Returns a pending chunk to the bins (its stream's work on it is done).
@@ -549,7 +589,7 @@ impl<D: Device + ?Sized> Allocator for BfcAllocator<D> {
         let mut guard = self.inner();
         let inner = &mut *guard;
         if !inner.order.is_first(stream) {
-            inner.order.see_stream(&*self.device, stream)?;
+            see_stream(&*self.device, inner, stream)?;
         }
         let mut reused = None;
         if inner.order.count() > 0 {
@@ -562,7 +602,9 @@ impl<D: Device + ?Sized> Allocator for BfcAllocator<D> {
                 None => self.allocate_slow(inner, size, rounded, alignment)?,
             },
         };
-        inner.record_handed(&grant);
+        if inner.order.is_multi() {
+            inner.record_handed(&grant);
+        }
         inner.num_allocs += 1;
         inner.peak_bytes_in_use = inner.peak_bytes_in_use.max(inner.bytes_in_use());
         inner.largest_alloc_size = inner.largest_alloc_size.max(grant.chunk_size);
@@ -598,9 +640,6 @@ impl<D: Device + ?Sized> Allocator for BfcAllocator<D> {
         let inner = &mut *guard;
         if !inner.order.is_multi() {
             inner.arena.free(token, ptr).ok_or_else(unknown)?;
-            if let Some(h) = inner.handed.get_mut(idx) {
-                h.size = 0;
-            }
             inner.order.freed_at_once();
             return Ok(());
         }
@@ -681,6 +720,43 @@ impl<D: Device + ?Sized> Allocator for BfcAllocator<D> {
         })?;
         if order.bytes() > a.bytes_in_use() || order.count() > a.live_count() {
             return Err("pending frees exceed the chunks in use".into());
+        }
+        if !order.is_multi() {
+            if !inner.handed.is_empty() {
+                return Err("chunks handed out are recorded on the single-stream path".into());
+            }
+        } else {
+            let mut recorded = 0;
+            for (slot, h) in inner.handed.iter().enumerate() {
+                if h.size == 0 {
+                    continue;
+                }
+                recorded += 1;
+                if h.token as u32 as usize != slot || !a.is_in_use(h.token, h.addr) {
+                    return Err(format!("handed[{slot}] = {h:?} names no chunk in use"));
+                }
+            }
+            let live: Vec<Grant> = a.in_use().collect();
+            for g in &live {
+                let h = inner.handed.get(g.token as u32 as usize);
+                let unrecorded = h.map_or(true, |h| h.size == 0);
+                if !unrecorded
+                    && h != Some(&Handed {
+                        token: g.token,
+                        addr: g.addr,
+                        size: g.chunk_size,
+                    })
+                {
+                    return Err(format!("{g:?} is recorded as {h:?}"));
+                }
+            }
+            if recorded + order.count() != a.live_count() {
+                return Err(format!(
+                    "{recorded} chunks recorded live and {} pending, {} in use",
+                    order.count(),
+                    a.live_count()
+                ));
+            }
         }
         if inner.peak_bytes_in_use < inner.bytes_in_use() || inner.peak_pool_bytes < a.pool_bytes()
         {
