@@ -47,7 +47,7 @@
 //! the most physical bytes it held (`peak_pool_bytes`, whole 2 MiB granules). Both are "what
 //! a device would have to hold to serve this sequence from this allocator".
 //!
-//! Before criterion runs, the **ratio table** is printed: 3 passes, each running every timed
+//! Before criterion runs (not under `--test` or `--list`), the **ratio table** is printed: 3 passes, each running every timed
 //! contender once over the full 2 M-operation sequence (in rotated order), ns per
 //! allocate+free pair from one `Instant` per pass; ratios are taken within a pass and
 //! reported min/median/max. The criterion loop then times the same full sequence (flat
@@ -533,27 +533,20 @@ fn wanted(prefix: &str) -> bool {
     }
 }
 
-fn steady(c: &mut Criterion, label: &str, max_size: u64) {
-    let w = steady_workload(0x5eed_0016, max_size);
+/// Prints the steady regime's utilisation (one pass of each contender, range-alloc's only
+/// one), vmm's device calls and the ratio table ([`PASSES`] passes of the timed contenders).
+fn report_steady(s: &mut Steady, w: &Workload, peak: u64) {
     let pairs = w.allocs as u64;
-    let (peak, peak_blocks) = peak_live(&w);
-    let mut s = Steady::new(&w);
     let gib = |b: u64| b as f64 / GIB as f64;
-    eprintln!(
-        "churn/steady/{label}: {} ops, {pairs} allocate+free pairs, peak live {:.3} GiB (256-rounded) in up to {peak_blocks} blocks",
-        w.ops.len(),
-        gib(peak)
-    );
-
     // Utilisation, from the first pass of each (range-alloc's only pass).
     let mut footprint = Vec::new();
     for name in TIMED {
-        footprint.push((name, s.run(name, &w)));
+        footprint.push((name, s.run(name, w)));
     }
     let vmm_calls = s.device.counts();
     let t = std::time::Instant::now();
     let mut ranges = range_alloc::RangeAllocator::new(0..STEADY_RANGE);
-    let range_high = run(&mut ranges, &w, &mut slots(&w));
+    let range_high = run(&mut ranges, w, &mut slots(w));
     let range_secs = t.elapsed().as_secs_f64();
     footprint.push(("range_alloc", range_high));
     let util: Vec<String> = footprint
@@ -590,7 +583,7 @@ fn steady(c: &mut Criterion, label: &str, max_size: u64) {
         for k in 0..TIMED.len() {
             let i = (k + pass) % TIMED.len();
             let t = std::time::Instant::now();
-            black_box(s.run(TIMED[i], &w));
+            black_box(s.run(TIMED[i], w));
             row[i] = t.elapsed().as_nanos() as f64 / pairs as f64;
         }
     }
@@ -622,6 +615,25 @@ fn steady(c: &mut Criterion, label: &str, max_size: u64) {
         stat(&|r| r[vmm]),
         stat(&|r| r[mutex])
     );
+}
+
+fn steady(c: &mut Criterion, label: &str, max_size: u64) {
+    let w = steady_workload(0x5eed_0016, max_size);
+    let pairs = w.allocs as u64;
+    let (peak, peak_blocks) = peak_live(&w);
+    let mut s = Steady::new(&w);
+    let gib = |b: u64| b as f64 / GIB as f64;
+    eprintln!(
+        "churn/steady/{label}: {} ops, {pairs} allocate+free pairs, peak live {:.3} GiB (256-rounded) in up to {peak_blocks} blocks",
+        w.ops.len(),
+        gib(peak)
+    );
+
+    // `--test` (one iteration each, as `cargo test --benches` runs) and `--list` want no
+    // measurement: skip the utilisation and ratio passes (a minute or more).
+    if !std::env::args().any(|a| a == "--test" || a == "--list") {
+        report_steady(&mut s, &w, peak);
+    }
 
     // Criterion: the full sequence per iteration, one iteration per sample.
     let mut g = c.benchmark_group(format!("churn/steady/{label}"));
