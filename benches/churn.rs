@@ -21,19 +21,54 @@
 //! once.
 //!
 //! Run: `cargo bench --bench churn -- --warm-up-time 1 --measurement-time 3`
+//!
+//! # The steady-state regime (`churn/steady/…`, issue #16)
+//!
+//! The growing regime above has no cap on live bytes: the live set only grows and the heap
+//! stays in cache. The steady regime is RMM's pattern with a cap: allocate with p = 0.73,
+//! sizes uniform in `[256 B, max]` for max ∈ {64 KiB, 4 MiB}; when an allocation would take
+//! the live (requested) bytes past 8 GiB, a random live block is freed instead; 2 M
+//! operations over a 16 GiB range, then whatever is live is freed. The heap fills up with holes
+//! (~260k live blocks at 64 KiB). The same seeded sequence runs through every contender:
+//!
+//! * locked against locked: `bfc` (public API) and `offset_allocator_mutex`;
+//! * unlocked against unlocked: `bfc_arena` (bare [`Arena`]) and `offset_allocator`;
+//! * `vmm` ([`VmmAllocator`], 16 GiB budget) on the simulated host device behind a
+//!   [`CountingDevice`]: its time includes the simulated device's calls (book-keeping only, no
+//!   driver), and those calls are counted and printed separately per pair, so the CPU path
+//!   can be told from the device traffic a real GPU would add;
+//! * `range_alloc`: utilisation only (its free list is a sorted `Vec`, O(holes) per call —
+//!   minutes per pass at 64 KiB, so it is not timed).
+//!
+//! **Utilisation** = peak live bytes (the highest sum of live requests, each rounded up to
+//! 256 B, over the sequence — the same figure for every contender) ÷ the memory the
+//! contender spanned at its peak: for the range allocators (bfc, bfc_arena, offset-allocator,
+//! range-alloc) the highest end offset used in the range; for vmm, whose range is virtual,
+//! the most physical bytes it held (`peak_pool_bytes`, whole 2 MiB granules). Both are "what
+//! a device would have to hold to serve this sequence from this allocator".
+//!
+//! Before criterion runs (not under `--test` or `--list`), the **ratio table** is printed: 3 passes, each running every timed
+//! contender once over the full 2 M-operation sequence (in rotated order), ns per
+//! allocate+free pair from one `Instant` per pass; ratios are taken within a pass and
+//! reported min/median/max. The criterion loop then times the same full sequence (flat
+//! sampling, 10 samples). `cargo bench --bench churn -- steady` runs only this regime
+//! (`steady/64KiB` or `steady/4MiB` one size).
 
 use std::hint::black_box;
 use std::sync::Arc;
 
-use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use criterion::{criterion_group, criterion_main, Criterion, SamplingMode, Throughput};
+use portalloc::adaptor::CountingDevice;
 use portalloc::backends::host::HostDevice;
 use portalloc::replay::preset;
 use portalloc::strategy::bfc::arena::Arena;
 use portalloc::strategy::bfc::{BfcAllocator, BfcOptions};
+use portalloc::strategy::vmm::{VmmAllocator, VmmOptions};
 use portalloc::{Allocation, Allocator, Stream};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
+const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 const OPS: usize = 10_000;
@@ -108,24 +143,25 @@ fn run<C: Contender>(a: &mut C, w: &Workload, slots: &mut [Option<C::Slot>]) -> 
     high
 }
 
-/// [`BfcAllocator`], its offsets counted from `base`.
-struct Bfc<'a> {
-    bfc: &'a BfcAllocator<HostDevice>,
+/// An allocator through the public [`Allocator`] API (bfc, vmm), its offsets counted from
+/// `base` (vmm's footprint is read from its stats instead: its range is virtual).
+struct Public<'a, A> {
+    alloc: &'a A,
     base: u64,
 }
 
-impl Contender for Bfc<'_> {
+impl<A: Allocator> Contender for Public<'_, A> {
     type Slot = Allocation;
     fn allocate(&mut self, size: u64) -> (Allocation, u64) {
         let x = self
-            .bfc
+            .alloc
             .allocate(size, 0, Stream::DEFAULT, "churn")
-            .expect("bfc allocation");
-        let end = x.ptr() + size.div_ceil(UNIT) * UNIT - self.base;
+            .expect("allocation");
+        let end = (x.ptr() + size.div_ceil(UNIT) * UNIT).saturating_sub(self.base);
         (x, end)
     }
     fn free(&mut self, slot: Allocation) {
-        self.bfc.deallocate(slot).expect("bfc free");
+        self.alloc.deallocate(slot).expect("free");
     }
 }
 
@@ -207,7 +243,10 @@ fn churn(c: &mut Criterion, label: &str, max_size: u64, range: u64) {
         let first = bfc.allocate(1, 0, Stream::DEFAULT, "probe").expect("probe");
         let base = bfc.regions()[0].0;
         bfc.deallocate(first).expect("probe free");
-        (run(&mut Bfc { bfc: &bfc, base }, &w, &mut bfc_slots), base)
+        (
+            run(&mut Public { alloc: &bfc, base }, &w, &mut bfc_slots),
+            base,
+        )
     };
     let mut arena = Arena::new();
     arena.add_region(0, range).expect("arena region");
@@ -228,7 +267,7 @@ fn churn(c: &mut Criterion, label: &str, max_size: u64, range: u64) {
             },
         )
         .expect("bfc");
-        run(&mut Bfc { bfc: &g, base: 0 }, &w, &mut slots(&w));
+        run(&mut Public { alloc: &g, base: 0 }, &w, &mut slots(&w));
         g.stats().peak_pool_bytes
     };
     let peak_live = {
@@ -264,7 +303,7 @@ fn churn(c: &mut Criterion, label: &str, max_size: u64, range: u64) {
     let mut g = c.benchmark_group(format!("churn/{label}"));
     g.throughput(Throughput::Elements(pairs));
     g.bench_function("bfc", |b| {
-        b.iter(|| run(&mut Bfc { bfc: &bfc, base }, &w, &mut bfc_slots))
+        b.iter(|| run(&mut Public { alloc: &bfc, base }, &w, &mut bfc_slots))
     });
     g.bench_function("bfc_arena", |b| {
         b.iter(|| run(&mut arena, &w, &mut arena_slots))
@@ -284,9 +323,341 @@ fn churn(c: &mut Criterion, label: &str, max_size: u64, range: u64) {
     assert_eq!(bfc.stats().bytes_in_use, 0);
 }
 
+// ---- The steady-state regime (issue #16) ----
+
+/// Operations in the steady sequence (RMM's 2 M).
+const STEADY_OPS: usize = 2_000_000;
+/// The cap on live requested bytes.
+const STEADY_CAP: u64 = 8 * GIB;
+/// The range (and vmm's physical budget) every contender manages.
+const STEADY_RANGE: u64 = 16 * GIB;
+/// Smallest request.
+const STEADY_MIN: u64 = 256;
+/// Passes of the ratio table.
+const PASSES: usize = 3;
+
+/// RMM's random allocations with a cap: allocate (p = 0.73, size uniform in
+/// `[STEADY_MIN, max_size]`) unless that would take the live requested bytes past
+/// [`STEADY_CAP`] or nothing is live to free — then free a random live block; after
+/// [`STEADY_OPS`] operations free what is live, so each pass leaves every allocator empty.
+fn steady_workload(seed: u64, max_size: u64) -> Workload {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut ops = Vec::with_capacity(STEADY_OPS + STEADY_OPS / 4);
+    // Live ids and their requested sizes, swap-removed at random.
+    let mut live: Vec<(u32, u64)> = Vec::new();
+    let (mut live_bytes, mut next) = (0u64, 0u32);
+    for _ in 0..STEADY_OPS {
+        let want_alloc = live.is_empty() || rng.gen_bool(0.73);
+        let size = rng.gen_range(STEADY_MIN..=max_size);
+        if want_alloc && live_bytes + size <= STEADY_CAP {
+            ops.push(Op::Alloc { id: next, size });
+            live.push((next, size));
+            live_bytes += size;
+            next += 1;
+        } else {
+            let (id, size) = live.swap_remove(rng.gen_range(0..live.len()));
+            live_bytes -= size;
+            ops.push(Op::Free { id });
+        }
+    }
+    ops.extend(live.into_iter().map(|(id, _)| Op::Free { id }));
+    Workload {
+        ops,
+        allocs: next as usize,
+    }
+}
+
+/// The highest sum of live requests (each rounded up to [`UNIT`]) over `w`, and the most
+/// blocks live at once.
+fn peak_live(w: &Workload) -> (u64, usize) {
+    let (mut live, mut peak, mut blocks, mut peak_blocks) = (0u64, 0u64, 0usize, 0usize);
+    let mut sizes = vec![0u64; w.allocs];
+    for op in &w.ops {
+        match *op {
+            Op::Alloc { id, size } => {
+                sizes[id as usize] = size.div_ceil(UNIT) * UNIT;
+                live += sizes[id as usize];
+                blocks += 1;
+                peak = peak.max(live);
+                peak_blocks = peak_blocks.max(blocks);
+            }
+            Op::Free { id } => {
+                live -= sizes[id as usize];
+                blocks -= 1;
+            }
+        }
+    }
+    (peak, peak_blocks)
+}
+
+type SimDevice = CountingDevice<HostDevice>;
+
+/// The steady regime's contenders, each with its slots; every one is empty between passes.
+struct Steady {
+    bfc: BfcAllocator<HostDevice>,
+    /// Start of bfc's preallocated region (its offsets count from there).
+    bfc_base: u64,
+    arena: Arena,
+    offset: offset_allocator::Allocator,
+    locked: std::sync::Mutex<offset_allocator::Allocator>,
+    vmm: VmmAllocator<SimDevice>,
+    device: Arc<SimDevice>,
+    /// Slots for every allocation of the sequence, all empty between passes: made once, so
+    /// no pass times their allocation.
+    handles: Vec<Option<Allocation>>,
+    arena_slots: Vec<Option<(u64, u64)>>,
+    offset_slots: Vec<Option<offset_allocator::Allocation>>,
+}
+
+/// The timed contenders, in the ratio table's order.
+const TIMED: [&str; 5] = [
+    "bfc",
+    "offset_allocator_mutex",
+    "bfc_arena",
+    "offset_allocator",
+    "vmm",
+];
+
+impl Steady {
+    fn new(w: &Workload) -> Steady {
+        let host = Arc::new(
+            preset::custom(2 * STEADY_RANGE)
+                .host_device()
+                .expect("simulated host device"),
+        );
+        let bfc = BfcAllocator::new(
+            host,
+            BfcOptions {
+                limit: STEADY_RANGE,
+                preallocate: true,
+            },
+        )
+        .expect("bfc");
+        let probe = bfc.allocate(1, 0, Stream::DEFAULT, "probe").expect("probe");
+        let bfc_base = bfc.regions()[0].0;
+        bfc.deallocate(probe).expect("probe free");
+        let mut arena = Arena::new();
+        arena.add_region(0, STEADY_RANGE).expect("arena region");
+        // offset-allocator's default of 128k allocations is below the ~260k live blocks
+        // (and as many holes) of the 64 KiB sequence.
+        let offset = || offset_allocator::Allocator::with_max_allocs(units(STEADY_RANGE), 1 << 21);
+        // vmm's own simulated device: its calls are counted apart from bfc's preallocation.
+        let device = Arc::new(CountingDevice::new(Arc::new(
+            preset::custom(2 * STEADY_RANGE)
+                .host_device()
+                .expect("simulated host device"),
+        )));
+        let vmm = VmmAllocator::new(device.clone(), VmmOptions::new(STEADY_RANGE)).expect("vmm");
+        Steady {
+            bfc,
+            bfc_base,
+            arena,
+            offset: offset(),
+            locked: std::sync::Mutex::new(offset()),
+            vmm,
+            device,
+            handles: slots(w),
+            arena_slots: slots(w),
+            offset_slots: slots(w),
+        }
+    }
+
+    /// Runs `w` through the contender `name`; returns its footprint (see the module docs).
+    fn run(&mut self, name: &str, w: &Workload) -> u64 {
+        match name {
+            "bfc" => run(
+                &mut Public {
+                    alloc: &self.bfc,
+                    base: self.bfc_base,
+                },
+                w,
+                &mut self.handles,
+            ),
+            "bfc_arena" => run(&mut self.arena, w, &mut self.arena_slots),
+            "offset_allocator" => run(&mut self.offset, w, &mut self.offset_slots),
+            "offset_allocator_mutex" => run(&mut &self.locked, w, &mut self.offset_slots),
+            "vmm" => {
+                run(
+                    &mut Public {
+                        alloc: &self.vmm,
+                        base: 0,
+                    },
+                    w,
+                    &mut self.handles,
+                );
+                self.vmm.stats().peak_pool_bytes
+            }
+            _ => unreachable!("no contender {name}"),
+        }
+    }
+}
+
+/// Whether criterion's filter (the first free argument after `--`) admits benchmark ids
+/// under `churn/{prefix}`. A rough reading of criterion's regex: a filter is taken to admit
+/// the ids it is a substring of, and a filter naming `steady` admits the whole regime.
+fn wanted(prefix: &str) -> bool {
+    const VALUED: [&str; 13] = [
+        "--warm-up-time",
+        "--measurement-time",
+        "--sample-size",
+        "--save-baseline",
+        "--baseline",
+        "--load-baseline",
+        "--profile-time",
+        "--output-format",
+        "--color",
+        "--noise-threshold",
+        "--confidence-level",
+        "--significance-level",
+        "--nresamples",
+    ];
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut filter = None;
+    let mut i = 0;
+    while i < args.len() {
+        let a = &args[i];
+        if VALUED.contains(&a.as_str()) {
+            i += 1;
+        } else if !a.starts_with('-') {
+            filter = Some(a.clone());
+            break;
+        }
+        i += 1;
+    }
+    match filter {
+        None => true,
+        Some(f) => {
+            let id = format!("churn/{prefix}");
+            id.contains(&f) || f.contains(&id) || f == "steady" || f == "churn/steady"
+        }
+    }
+}
+
+/// Prints the steady regime's utilisation (one pass of each contender, range-alloc's only
+/// one), vmm's device calls and the ratio table ([`PASSES`] passes of the timed contenders).
+fn report_steady(s: &mut Steady, w: &Workload, peak: u64) {
+    let pairs = w.allocs as u64;
+    let gib = |b: u64| b as f64 / GIB as f64;
+    // Utilisation, from the first pass of each (range-alloc's only pass).
+    let mut footprint = Vec::new();
+    for name in TIMED {
+        footprint.push((name, s.run(name, w)));
+    }
+    let vmm_calls = s.device.counts();
+    let t = std::time::Instant::now();
+    let mut ranges = range_alloc::RangeAllocator::new(0..STEADY_RANGE);
+    let range_high = run(&mut ranges, w, &mut slots(w));
+    let range_secs = t.elapsed().as_secs_f64();
+    footprint.push(("range_alloc", range_high));
+    let util: Vec<String> = footprint
+        .iter()
+        .map(|&(name, f)| format!("{name} {:.3}", peak as f64 / f as f64))
+        .collect();
+    eprintln!(
+        "  utilisation (peak live ÷ footprint): {}  [range_alloc's pass: {range_secs:.1} s]",
+        util.join(", ")
+    );
+    eprintln!(
+        "  footprint GiB: {}",
+        footprint
+            .iter()
+            .map(|&(name, f)| format!("{name} {:.3}", gib(f)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let per_pair = |n: u64| n as f64 / pairs as f64;
+    eprintln!(
+        "  vmm device calls in one pass: {} memory calls ({:.4} per pair): map/unmap/set_access {}, create/release {}, reserve {}; counters {:?}",
+        vmm_calls.memory_calls(),
+        per_pair(vmm_calls.memory_calls()),
+        vmm_calls.vm_map,
+        vmm_calls.vm_physical,
+        vmm_calls.vm_reserve,
+        s.vmm.counters(),
+    );
+
+    // The ratio table: PASSES passes, every timed contender once per pass on the same
+    // sequence, the order rotated so none always runs first (warm) or last.
+    let mut ns = [[0f64; TIMED.len()]; PASSES];
+    for (pass, row) in ns.iter_mut().enumerate() {
+        for k in 0..TIMED.len() {
+            let i = (k + pass) % TIMED.len();
+            let t = std::time::Instant::now();
+            black_box(s.run(TIMED[i], w));
+            row[i] = t.elapsed().as_nanos() as f64 / pairs as f64;
+        }
+    }
+    let stat = |f: &dyn Fn(&[f64; TIMED.len()]) -> f64| {
+        let mut v: Vec<f64> = ns.iter().map(f).collect();
+        v.sort_by(f64::total_cmp);
+        format!(
+            "{:.2} / {:.2} / {:.2}",
+            v[0],
+            v[v.len() / 2],
+            v[v.len() - 1]
+        )
+    };
+    let [bfc, mutex, arena, offset, vmm] = [0, 1, 2, 3, 4];
+    eprintln!("  ratio table (min / median / max over {PASSES} passes):");
+    eprintln!(
+        "    bfc ÷ offset_allocator_mutex {}  (bfc ns/pair {})",
+        stat(&|r| r[bfc] / r[mutex]),
+        stat(&|r| r[bfc])
+    );
+    eprintln!(
+        "    bfc_arena ÷ offset_allocator {}  (offset_allocator ns/pair {})",
+        stat(&|r| r[arena] / r[offset]),
+        stat(&|r| r[offset])
+    );
+    eprintln!(
+        "    vmm ÷ offset_allocator_mutex {}  (vmm ns/pair {}; offset_allocator_mutex ns/pair {})",
+        stat(&|r| r[vmm] / r[mutex]),
+        stat(&|r| r[vmm]),
+        stat(&|r| r[mutex])
+    );
+}
+
+fn steady(c: &mut Criterion, label: &str, max_size: u64) {
+    let w = steady_workload(0x5eed_0016, max_size);
+    let pairs = w.allocs as u64;
+    let (peak, peak_blocks) = peak_live(&w);
+    let mut s = Steady::new(&w);
+    let gib = |b: u64| b as f64 / GIB as f64;
+    eprintln!(
+        "churn/steady/{label}: {} ops, {pairs} allocate+free pairs, peak live {:.3} GiB (256-rounded) in up to {peak_blocks} blocks",
+        w.ops.len(),
+        gib(peak)
+    );
+
+    // `--test` (one iteration each, as `cargo test --benches` runs) and `--list` want no
+    // measurement: skip the utilisation and ratio passes (a minute or more).
+    if !std::env::args().any(|a| a == "--test" || a == "--list") {
+        report_steady(&mut s, &w, peak);
+    }
+
+    // Criterion: the full sequence per iteration, one iteration per sample.
+    let mut g = c.benchmark_group(format!("churn/steady/{label}"));
+    g.throughput(Throughput::Elements(pairs))
+        .sampling_mode(SamplingMode::Flat)
+        .sample_size(10);
+    for name in TIMED {
+        g.bench_function(name, |b| b.iter(|| s.run(name, &w)));
+    }
+    g.finish();
+    assert_eq!(s.bfc.live_count(), 0);
+    assert_eq!(s.vmm.live_count(), 0);
+}
+
 fn benches(c: &mut Criterion) {
     churn(c, "1MiB", MIB, 8 * GIB);
     churn(c, "64MiB", 64 * MIB, 512 * GIB);
+    for (label, max_size) in [("64KiB", 64 * KIB), ("4MiB", 4 * MIB)] {
+        // The steady regime's set-up (the sequence, the utilisation and ratio passes) takes
+        // a minute or more: skip it when criterion's filter excludes its benchmarks.
+        if wanted(&format!("steady/{label}")) {
+            steady(c, label, max_size);
+        }
+    }
 }
 
 criterion_group!(churn_group, benches);
