@@ -18,7 +18,6 @@
 //! `fakehip_rocm6::bfc_growing::trim_and_drop`, and ends with the census: the allocator
 //! dropped, every device's books are empty and the conformance driver's own live counts are
 //! all zero.
-#![cfg(feature = "replay")]
 
 #[path = "support/mod.rs"]
 mod support;
@@ -44,7 +43,7 @@ struct Subject {
 /// typed refusal and the empty census instead, and returns `None`.
 fn subject(rig: Rig, strategy: Strategy) -> Option<Subject> {
     let target = rig.target;
-    let built = strategy.build(rig.device(0));
+    let built = strategy.build_as_configured(rig.device(0));
     if strategy.served_by(target) {
         let allocator = built.unwrap_or_else(|e| panic!("{target:?} {strategy:?}: {e}"));
         return Some(Subject {
@@ -257,7 +256,9 @@ mod cases {
         let other = Target::HostSimulated
             .open(1, CAPACITY)
             .expect("the simulated host needs nothing");
-        let theirs_allocator = Strategy::Platform.build(other.device(0)).unwrap();
+        let theirs_allocator = Strategy::Platform
+            .build_as_configured(other.device(0))
+            .unwrap();
         let theirs = theirs_allocator
             .allocate(1024, 0, Stream::DEFAULT, "t")
             .unwrap();

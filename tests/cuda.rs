@@ -636,9 +636,8 @@ mod pools_streams_events {
 
 /// What every strategy must do on every device — on `fakecuda` and `fakecuda_old` too — is
 /// the conformance suite's (`tests/conformance.rs`, modules `fakecuda` and `fakecuda_old`).
-/// Here: how the strategies meet this driver's refusals and its virtual-memory calls. Like the
-/// suite, it names the strategies by replay's list.
-#[cfg(feature = "replay")]
+/// Here: how the strategies meet this driver's refusals and its virtual-memory calls, named
+/// by the suite's list.
 mod strategies {
     use super::support::targets::{Strategy, SuiteStrategy, Target};
     use super::*;
@@ -651,7 +650,7 @@ mod strategies {
         let Some(rig) = Target::FakeCuda.open(1, 64 * MIB) else {
             return;
         };
-        let allocator = strategy.build(rig.device(0)).unwrap();
+        let allocator = strategy.build_as_configured(rig.device(0)).unwrap();
         test(rig.fake().unwrap(), allocator.as_ref());
         drop(allocator);
         rig.finish();
@@ -871,7 +870,7 @@ mod cudarc_interop {
 
     /// Run by the test above in a child process; does nothing when run directly.
     #[test]
-    #[ignore = "run as a child process by the test above"]
+    #[ignore = "the child process of cudarc_interop::a_portalloc_allocation_works_as_a_cudarc_slice_without_double_free (cargo test --all-features --test cuda cudarc_interop), which runs it with --ignored --exact and PORTALLOC_TEST_CUDARC_CHILD set"]
     fn child() {
         if std::env::var_os(CHILD).is_none() {
             return;

@@ -13,7 +13,6 @@
 //!   stream, the strategy synchronises the device rather than read the refusal as "idle";
 //! * the special handles (null, legacy, per-thread) are streams to both shims;
 //! * both shims refuse a free of the wrong size, as the host does.
-#![cfg(feature = "replay")]
 
 #[path = "support/mod.rs"]
 mod support;
@@ -37,7 +36,7 @@ fn overlaps(a: &Allocation, range: (u64, u64)) -> bool {
 fn per_thread_handle_is_not_reused_at_once() {
     for strategy in [Strategy::Bfc, Strategy::BfcGrow, Strategy::Vmm] {
         let rig = Target::HostSimulated.open(1, CAPACITY).unwrap();
-        let a = strategy.build(rig.device(0)).unwrap();
+        let a = strategy.build_as_configured(rig.device(0)).unwrap();
         rig.hold(true);
         let x = a.allocate(SIZE, 0, Stream::PER_THREAD, "x").unwrap();
         let freed = (x.ptr(), x.ptr() + SIZE);
@@ -87,7 +86,7 @@ fn refusals_are_not_idle() {
             return;
         };
         let fake = rig.fake().expect("a conformance driver");
-        let a = strategy.build(rig.device(0)).unwrap();
+        let a = strategy.build_as_configured(rig.device(0)).unwrap();
         let (s, t) = (rig.foreign_stream(), rig.foreign_stream());
         rig.hold(true);
         let keep = a.allocate(4096, 0, t, "t").unwrap();

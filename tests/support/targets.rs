@@ -19,7 +19,6 @@ use std::sync::Arc;
 
 use portalloc::backends::host::HostDevice;
 use portalloc::device::{Device, Event, Stream};
-#[cfg(feature = "replay")]
 use portalloc::Allocator;
 
 /// Which ROCm the HIP conformance driver plays: its `hipRuntimeGetVersion`, and with it the
@@ -423,29 +422,26 @@ impl Rig {
     }
 }
 
-/// The strategies of the suite: replay's list (`bfc` preallocated, `bfc-grow`, `vmm`,
-/// `async`, `platform`), so a strategy added there is one the suite can name. The suites that
-/// name strategies therefore need the `replay` feature; the targets themselves do not.
-#[cfg(feature = "replay")]
-pub use portalloc::replay::ReplayStrategy as Strategy;
+/// The strategies of the suite: the tests' one list (`support::common::Strategy`: bfc
+/// preallocated, bfc growing, platform, vmm, async).
+pub use super::common::Strategy;
 
 /// What the suite asks of a strategy beyond its name.
-#[cfg(feature = "replay")]
 pub trait SuiteStrategy: Copy {
     /// Whether `target` can serve the strategy; where it cannot, building it must fail with
     /// `Error::Unsupported`.
     fn served_by(self, target: Target) -> bool;
 
     /// The strategy over `device` with 3/4 of its memory, through `strategy::build` as users
-    /// build it; the async pool is preallocated (replay grows it), so that path is covered.
+    /// build it (a `Config` made in code); the async pool is preallocated, so that path is
+    /// covered.
     ///
     /// # Errors
     /// What `strategy::build` answers (`Error::Unsupported` for a capability the device
     /// lacks).
-    fn build(self, device: Arc<dyn Device>) -> portalloc::Result<Box<dyn Allocator>>;
+    fn build_as_configured(self, device: Arc<dyn Device>) -> portalloc::Result<Box<dyn Allocator>>;
 }
 
-#[cfg(feature = "replay")]
 impl SuiteStrategy for Strategy {
     fn served_by(self, target: Target) -> bool {
         match self {
@@ -455,9 +451,21 @@ impl SuiteStrategy for Strategy {
         }
     }
 
-    fn build(self, device: Arc<dyn Device>) -> portalloc::Result<Box<dyn Allocator>> {
-        let mut config = self.config(0.75);
-        config.preallocate.value |= self == Strategy::Async;
+    fn build_as_configured(self, device: Arc<dyn Device>) -> portalloc::Result<Box<dyn Allocator>> {
+        use portalloc::StrategyKind;
+        let (kind, preallocate) = match self {
+            Strategy::Bfc => (StrategyKind::Bfc, true),
+            Strategy::BfcGrow => (StrategyKind::Bfc, false),
+            Strategy::Platform => (StrategyKind::Platform, false),
+            Strategy::Vmm => (StrategyKind::Vmm, false),
+            Strategy::Async => (StrategyKind::Async, true),
+        };
+        let config = portalloc::Config::builder()
+            .ignore_env()
+            .strategy(kind)
+            .mem_fraction(0.75)
+            .preallocate(preallocate)
+            .build()?;
         portalloc::strategy::build(&config, device)
     }
 }
