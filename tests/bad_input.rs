@@ -456,6 +456,24 @@ mod traces {
         }
     }
 
+    /// A Kineto trace whose one event is longer than the most one JSON value may have
+    /// (16 MiB, docs/trace-format.md) is refused by name, in either mode.
+    #[test]
+    fn a_kineto_event_past_the_limit_is_refused() {
+        let mut bytes = br#"{"traceEvents": [{"name": "[memory]", "cat": ""#.to_vec();
+        bytes.resize(bytes.len() + (17 << 20), b'x');
+        bytes.extend_from_slice(br#""}]}"#);
+        for strict in [false, true] {
+            let options = Options::new().with_strict(strict);
+            let e = match trace::open_reader(std::io::Cursor::new(bytes.clone()), "big", &options) {
+                Err(e) => e,
+                Ok(t) => drain(t).expect("an event past the limit is read"),
+            };
+            assert_eq!(variant(&e), "Trace", "{e}");
+            assert!(e.to_string().contains("longer than 16 MiB"), "{e}");
+        }
+    }
+
     /// A well-formed header followed by hostile event lines: each is a `Trace` error in strict
     /// mode and, where it cannot be skipped, also when tolerant.
     #[test_case(r#"{"seq":0,"t":0,"op":"x","id":1,"size":1}"# ; "unknown op")]

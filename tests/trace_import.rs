@@ -789,6 +789,23 @@ fn edge_traces_dir() -> Option<PathBuf> {
     shared_dir("PORTALLOC_TRACES_EDGE", "traces-edge")
 }
 
+/// `file` of `../shared/traces-edge/` (`edge`) or `../shared/traces/`; `None` (after
+/// skipping, or failing under CI) when it is absent.
+fn shared_trace(edge: bool, file: &str) -> Option<PathBuf> {
+    let dir = if edge {
+        edge_traces_dir()
+    } else {
+        traces_dir()
+    }?;
+    let path = dir.join(file);
+    if path.exists() {
+        Some(path)
+    } else {
+        support::skip(&format!("{} is absent", path.display()));
+        None
+    }
+}
+
 /// FNV-1a, 64 bits: a fingerprint of a converted trace.
 fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
@@ -818,36 +835,82 @@ fn real_snapshots_match_an_independent_reader(
     figures: [u64; 5],
     fingerprint: u64,
 ) {
-    let Some(dir) = (if edge {
-        edge_traces_dir()
-    } else {
-        traces_dir()
-    }) else {
+    let Some(path) = shared_trace(edge, file) else {
         return;
     };
-    let path = dir.join(file);
-    if !path.exists() {
-        support::skip(&format!("{} is absent", path.display()));
-        return;
-    }
     let t = open(&path, &Options::default()).unwrap();
     let header = t.header().clone();
     let s = summarize(t).unwrap();
-    let got = [
-        s.allocs,
-        s.frees,
-        s.peak_live_bytes,
-        header.baseline_bytes,
-        header
-            .reference
-            .as_ref()
-            .and_then(|r| r.reserved_bytes)
-            .unwrap_or(0),
-    ];
+    let got = figures_of(&s, &header);
     let bytes = own_format_of_file(&path, &header);
     eprintln!("{file}: {got:?}, fingerprint {:#018x}", fnv1a(&bytes));
     assert_eq!(got, figures, "{file}");
     assert_eq!(fnv1a(&bytes), fingerprint, "{file}");
+}
+
+/// Every real Kineto trace gives the figures an independent reader computes:
+/// `scripts/kineto-oracle FILE` (Python's own `gzip` and `json` modules, following the format
+/// as documented) prints, for the busiest CUDA device, the allocations and frees, the peak of
+/// baseline + the running sum of `Bytes`, the baseline (`Total Allocated` − `Bytes` of the
+/// first kept event), the most `Total Reserved`, and the FNV-1a of one line per event in replay
+/// order (`{a|f} {id} {size} {time_ns} {thread}`): what is pinned here. The fingerprint of the
+/// whole trace converted to the own format (header, notes, every event) pins the rest, as read
+/// before issue #16 made the reader faster; a deliberate change to the mapping updates it.
+#[test_case(false, "pytorch-kineto-ddp-v100.json.gz", [13_385, 13_385, 6_629_508_096, 4_096_614_400, 12_782_141_440], 0x8514_edc5_3bd5_2302, OWN_DDP ; "ddp v100")]
+#[test_case(true, "pytorch-kineto-resnet50-v100-noaddr.json.gz", [4110, 4110, 2_791_636_480, 0, 0], 0x404b_6084_4108_a099, OWN_RESNET ; "resnet50 without addresses")]
+fn real_kineto_traces_match_an_independent_reader(
+    edge: bool,
+    file: &str,
+    // allocs, frees, peak live bytes, baseline bytes, reserved bytes
+    figures: [u64; 5],
+    oracle: u64,
+    own: u64,
+) {
+    let Some(path) = shared_trace(edge, file) else {
+        return;
+    };
+    let (t, events) = open_all(&path, &Options::default());
+    let header = t.header().clone();
+    assert!(t.anomalies().is_empty(), "{file}: {}", t.anomalies());
+    let s = summarize_events_of(&header, &events);
+    let got = figures_of(&s, &header);
+    let lines: String = events
+        .iter()
+        .map(|e| {
+            let op = if e.op == Op::Alloc { "a" } else { "f" };
+            format!("{op} {} {} {} {}\n", e.id, e.size, e.time_ns, e.thread)
+        })
+        .collect();
+    let bytes = own_format_of_file(&path, &header);
+    eprintln!(
+        "{file}: {got:?}, oracle fingerprint {:#018x}, own format {:#018x}",
+        fnv1a(lines.as_bytes()),
+        fnv1a(&bytes)
+    );
+    assert_eq!(got, figures, "{file}");
+    assert_eq!(fnv1a(lines.as_bytes()), oracle, "{file}");
+    assert_eq!(fnv1a(&bytes), own, "{file}");
+}
+
+/// Allocations, frees, peak live bytes, baseline bytes and the recording allocator's reserved
+/// bytes (0 when not recorded): the figures the independent readers print.
+fn figures_of(s: &trace::Summary, header: &TraceHeader) -> [u64; 5] {
+    let reserved = header.reference.as_ref().and_then(|r| r.reserved_bytes);
+    [
+        s.allocs,
+        s.frees,
+        s.peak_live_bytes,
+        header.baseline_bytes,
+        reserved.unwrap_or(0),
+    ]
+}
+
+/// Own-format fingerprints of the real Kineto traces.
+const OWN_DDP: u64 = 0x76b4_7c05_8b14_82cf;
+const OWN_RESNET: u64 = 0xff97_53a5_a697_4f46;
+
+fn summarize_events_of(header: &TraceHeader, events: &[Event]) -> trace::Summary {
+    trace::summarize_events(header.baseline_bytes, events.iter().copied().map(Ok)).unwrap()
 }
 
 // ---------------------------------------------------------------- round trip

@@ -20,20 +20,23 @@
 //! `peak_live_bytes` = max `Total Allocated`. Event numbers in messages are positions in
 //! `traceEvents`, from 1.
 //!
-//! The JSON is walked once with a streaming visitor that keeps only `[memory]` events; the
-//! rest of the file is never held in memory.
+//! The JSON is walked once, one event at a time: [`Frames`] holds a window of the stream (at
+//! most about [`MAX_VALUE_BYTES`]) from which `serde_json` parses each event into typed fields
+//! (no JSON value is built); only the `[memory]` events are kept. The rest of the file is never held
+//! in memory.
+//!
+//! [`MAX_VALUE_BYTES`]: super::json_frames::MAX_VALUE_BYTES
 //!
 //! [`Options::device`]: crate::trace::Options::device
 
 use std::collections::BTreeMap;
 use std::fmt;
 
-use serde::de::{
-    DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Unexpected, Visitor,
-};
+use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::json_frames::{FrameError, Frames};
 use super::{us_to_ns, Attrs, Emitter};
 use crate::error::Result;
 use crate::trace::{
@@ -102,116 +105,405 @@ struct Collected {
     device_names: BTreeMap<i64, String>,
 }
 
+/// The `Visitor` methods of a lenient reader for every JSON value it does not read: each
+/// gives `$none` (after walking an array or object, so the input stays in step).
+macro_rules! other_values {
+    ($none:expr) => {
+        fn visit_bool<E: serde::de::Error>(self, _: bool) -> std::result::Result<Self::Value, E> {
+            Ok($none)
+        }
+        fn visit_unit<E: serde::de::Error>(self) -> std::result::Result<Self::Value, E> {
+            Ok($none)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(
+            self,
+            mut seq: A,
+        ) -> std::result::Result<Self::Value, A::Error> {
+            while seq.next_element::<IgnoredAny>()?.is_some() {}
+            Ok($none)
+        }
+        fn visit_map<A: MapAccess<'de>>(
+            self,
+            mut map: A,
+        ) -> std::result::Result<Self::Value, A::Error> {
+            while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+            Ok($none)
+        }
+    };
+}
+
+/// The `Visitor` methods of a lenient reader that reads no number: each gives `$none`.
+macro_rules! numbers_are {
+    ($none:expr) => {
+        fn visit_u64<E: serde::de::Error>(self, _: u64) -> std::result::Result<Self::Value, E> {
+            Ok($none)
+        }
+        fn visit_i64<E: serde::de::Error>(self, _: i64) -> std::result::Result<Self::Value, E> {
+            Ok($none)
+        }
+        fn visit_f64<E: serde::de::Error>(self, _: f64) -> std::result::Result<Self::Value, E> {
+            Ok($none)
+        }
+    };
+}
+
+/// `Deserialize` for `$ty` through a visitor of any JSON value, with the `Visitor` methods
+/// given (the others fail as serde's defaults do).
+macro_rules! lenient {
+    ($ty:ty, { $($methods:tt)* }) => {
+        impl<'de> Deserialize<'de> for $ty {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+                struct V;
+                impl<'de> Visitor<'de> for V {
+                    type Value = $ty;
+                    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                        f.write_str("any JSON value")
+                    }
+                    $($methods)*
+                }
+                d.deserialize_any(V)
+            }
+        }
+    };
+}
+
+/// One element of `traceEvents`, as much of it as is read: each field typed, so that an
+/// event is walked once without building a JSON value of it (most events are not `[memory]`
+/// events and are dropped as soon as they are read). Fields missing or `null` are `None`; a
+/// field of another type than the one used reads as `None` too, as `serde_json::Value`'s
+/// accessors gave for it.
 #[derive(Deserialize)]
 struct RawEvent {
     #[serde(default)]
-    name: Option<Value>,
+    name: Option<Name>,
     #[serde(default)]
-    ts: Option<Value>,
+    ts: Option<Num>,
     #[serde(default)]
-    tid: Option<Value>,
+    tid: Option<Num>,
     #[serde(default)]
-    args: Option<Value>,
+    args: Option<Args>,
 }
 
-/// Streams the document into a [`Collected`]: at the top (`top`), a Chrome-trace object with
-/// `traceEvents` or a bare array of events; below it, the `traceEvents` array.
-struct Seed<'a> {
-    collected: &'a mut Collected,
-    top: bool,
+/// Whether a JSON value is the string `"[memory]"` (any other string, or any other value,
+/// is not).
+struct Name(bool);
+
+lenient!(Name, {
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<Name, E> {
+        Ok(Name(v == "[memory]"))
+    }
+    numbers_are!(Name(false));
+    other_values!(Name(false));
+});
+
+/// A JSON number as `serde_json` reads it (an unsigned or negative integer, or a float);
+/// `Num::None` for any other value.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Num {
+    U(u64),
+    I(i64),
+    F(f64),
+    None,
 }
 
-impl<'de> DeserializeSeed<'de> for Seed<'_> {
-    type Value = ();
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<(), D::Error> {
-        if self.top {
-            d.deserialize_any(self)
-        } else {
-            d.deserialize_seq(self)
+impl Num {
+    /// As `serde_json::Value::as_u64`: a non-negative integer.
+    fn as_u64(self) -> Option<u64> {
+        match self {
+            Num::U(u) => Some(u),
+            _ => None,
+        }
+    }
+
+    /// As `serde_json::Value::as_f64`: any number.
+    fn as_f64(self) -> Option<f64> {
+        match self {
+            Num::U(u) => Some(u as f64),
+            Num::I(i) => Some(i as f64),
+            Num::F(f) => Some(f),
+            Num::None => None,
+        }
+    }
+
+    /// An integer, or a float with an integral value that fits.
+    fn as_i64(self) -> Option<i64> {
+        let integral = |f: f64| {
+            Some(f)
+                .filter(|f| f.is_finite() && f.fract() == 0.0 && f.abs() < 9.0e18)
+                .map(|f| f as i64)
+        };
+        match self {
+            Num::U(u) => i64::try_from(u).ok().or_else(|| integral(u as f64)),
+            Num::I(i) => Some(i),
+            Num::F(f) => integral(f),
+            Num::None => None,
         }
     }
 }
 
-impl<'de> Visitor<'de> for Seed<'_> {
+lenient!(Num, {
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> std::result::Result<Num, E> {
+        Ok(Num::U(v))
+    }
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> std::result::Result<Num, E> {
+        Ok(Num::I(v))
+    }
+    fn visit_f64<E: serde::de::Error>(self, v: f64) -> std::result::Result<Num, E> {
+        Ok(Num::F(v))
+    }
+    fn visit_str<E: serde::de::Error>(self, _: &str) -> std::result::Result<Num, E> {
+        Ok(Num::None)
+    }
+    other_values!(Num::None);
+});
+
+/// The keys of a `[memory]` event's `args` that are read.
+enum Key {
+    Addr,
+    Bytes,
+    TotalAllocated,
+    TotalReserved,
+    DeviceType,
+    DeviceId,
+    EvIdx,
+    Other,
+}
+
+impl<'de> Deserialize<'de> for Key {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = Key;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a key")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<Key, E> {
+                Ok(match v {
+                    "Addr" => Key::Addr,
+                    "Bytes" => Key::Bytes,
+                    "Total Allocated" => Key::TotalAllocated,
+                    "Total Reserved" => Key::TotalReserved,
+                    "Device Type" => Key::DeviceType,
+                    "Device Id" => Key::DeviceId,
+                    "Ev Idx" => Key::EvIdx,
+                    _ => Key::Other,
+                })
+            }
+        }
+        d.deserialize_identifier(V)
+    }
+}
+
+/// An event's `args`: the values of the keys read (the last one where a key repeats, as a
+/// JSON object keeps it); all `Num::None` when `args` is not an object.
+#[derive(Debug, Clone, Copy)]
+struct Args {
+    addr: Num,
+    bytes: Num,
+    total_allocated: Num,
+    total_reserved: Num,
+    device_type: Num,
+    device_id: Num,
+    ev_idx: Num,
+}
+
+impl Args {
+    const NONE: Args = Args {
+        addr: Num::None,
+        bytes: Num::None,
+        total_allocated: Num::None,
+        total_reserved: Num::None,
+        device_type: Num::None,
+        device_id: Num::None,
+        ev_idx: Num::None,
+    };
+}
+
+lenient!(Args, {
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Args, A::Error> {
+        let mut a = Args::NONE;
+        while let Some(key) = map.next_key::<Key>()? {
+            let slot = match key {
+                Key::Addr => &mut a.addr,
+                Key::Bytes => &mut a.bytes,
+                Key::TotalAllocated => &mut a.total_allocated,
+                Key::TotalReserved => &mut a.total_reserved,
+                Key::DeviceType => &mut a.device_type,
+                Key::DeviceId => &mut a.device_id,
+                Key::EvIdx => &mut a.ev_idx,
+                Key::Other => {
+                    map.next_value::<IgnoredAny>()?;
+                    continue;
+                }
+            };
+            *slot = map.next_value::<Num>()?;
+        }
+        Ok(a)
+    }
+    fn visit_str<E: serde::de::Error>(self, _: &str) -> std::result::Result<Args, E> {
+        Ok(Args::NONE)
+    }
+    numbers_are!(Args::NONE);
+    fn visit_bool<E: serde::de::Error>(self, _: bool) -> std::result::Result<Args, E> {
+        Ok(Args::NONE)
+    }
+    fn visit_unit<E: serde::de::Error>(self) -> std::result::Result<Args, E> {
+        Ok(Args::NONE)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<Args, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(Args::NONE)
+    }
+});
+
+/// A visitor that takes no value: deserializing with it gives `serde_json`'s "invalid type:
+/// …, expected {what}" for whatever stands there.
+struct Expecting(&'static str);
+
+impl Visitor<'_> for Expecting {
     type Value = ();
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(if self.top {
-            "a Chrome-trace object with traceEvents, or an array of events"
-        } else {
-            "an array of trace events"
-        })
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<(), A::Error> {
-        if !self.top {
-            return Err(serde::de::Error::invalid_type(Unexpected::Map, &self));
-        }
-        while let Some(key) = map.next_key::<String>()? {
-            match key.as_str() {
-                "traceEvents" => {
-                    self.collected.saw_trace_events = true;
-                    map.next_value_seed(Seed {
-                        collected: &mut *self.collected,
-                        top: false,
-                    })?;
-                }
-                "deviceProperties" => {
-                    let v: Value = map.next_value()?;
-                    if let Some(list) = v.as_array() {
-                        for d in list {
-                            if let (Some(id), Some(name)) = (
-                                d.get("id").and_then(Value::as_i64),
-                                d.get("name").and_then(Value::as_str),
-                            ) {
-                                self.collected.device_names.insert(id, name.to_string());
-                            }
-                        }
-                    }
-                }
-                _ => {
-                    map.next_value::<IgnoredAny>()?;
-                }
-            }
-        }
-        Ok(())
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<(), A::Error> {
-        let c = self.collected;
-        c.saw_trace_events = true;
-        while let Some(raw) = seq.next_element::<RawEvent>()? {
-            c.events_seen += 1;
-            if raw.name.as_ref().and_then(Value::as_str) != Some("[memory]") {
-                continue;
-            }
-            let args = raw.args.unwrap_or(Value::Null);
-            let int = |k: &str| args.get(k).and_then(as_i64);
-            c.mem.push(Mem {
-                index: c.events_seen,
-                ts_ns: raw
-                    .ts
-                    .as_ref()
-                    .and_then(Value::as_f64)
-                    .map(us_to_ns)
-                    .unwrap_or(0),
-                ev_idx: int("Ev Idx").unwrap_or(0),
-                tid: raw.tid.as_ref().and_then(Value::as_u64).unwrap_or(0),
-                device_type: int("Device Type"),
-                device_id: int("Device Id"),
-                addr: args.get("Addr").and_then(Value::as_u64),
-                bytes: int("Bytes"),
-                total_allocated: int("Total Allocated"),
-                total_reserved: int("Total Reserved"),
-            });
-        }
-        Ok(())
+        f.write_str(self.0)
     }
 }
 
-fn as_i64(v: &Value) -> Option<i64> {
-    v.as_i64().or_else(|| {
-        v.as_f64()
-            .filter(|f| f.is_finite() && f.fract() == 0.0 && f.abs() < 9.0e18)
-            .map(|f| f as i64)
-    })
+/// What the top of the document must be.
+const TOP: &str = "a Chrome-trace object with traceEvents, or an array of events";
+
+/// A value that is never accepted: parsing one gives `serde_json`'s "invalid type: …,
+/// expected …" (what the top of the document must be, or, with `TOP` false, what
+/// `traceEvents` must be).
+struct Refused<const TOP_LEVEL: bool>;
+
+impl<'de, const TOP_LEVEL: bool> Deserialize<'de> for Refused<TOP_LEVEL> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let what = if TOP_LEVEL {
+            TOP
+        } else {
+            "an array of trace events"
+        };
+        d.deserialize_any(Expecting(what)).map(|()| Refused)
+    }
+}
+
+/// The error for a value that is not `what` (parsed as [`Refused`]).
+fn refuse<const TOP_LEVEL: bool>(f: &mut Frames<Input>, what: &str) -> FrameError {
+    match f.parse::<Refused<TOP_LEVEL>>() {
+        Err(e) => e,
+        // `Refused` accepts nothing; kept total all the same.
+        Ok(Refused) => f.error(false, format!("expected {what}")),
+    }
+}
+
+/// Walks the document into `c`: a Chrome-trace object with `traceEvents`, or a bare array
+/// of events; each event (and each other member of the object) is cut out by `f` and parsed
+/// from its bytes.
+fn walk(f: &mut Frames<Input>, c: &mut Collected) -> std::result::Result<(), FrameError> {
+    match f.peek()? {
+        Some(b'[') => events(f, c)?,
+        Some(b'{') => {
+            f.take();
+            if f.peek()? == Some(b'}') {
+                f.take();
+            } else {
+                loop {
+                    match f.peek()? {
+                        Some(b'"') => {}
+                        Some(_) => return Err(f.error(false, "key must be a string")),
+                        None => return Err(f.error(true, "EOF while parsing an object")),
+                    }
+                    let key: String = f.parse()?;
+                    match f.peek()? {
+                        Some(b':') => f.take(),
+                        Some(_) => return Err(f.error(false, "expected `:`")),
+                        None => return Err(f.error(true, "EOF while parsing an object")),
+                    }
+                    match key.as_str() {
+                        "traceEvents" if f.peek()? == Some(b'[') => events(f, c)?,
+                        "traceEvents" => {
+                            return Err(refuse::<false>(f, "an array of trace events"))
+                        }
+                        "deviceProperties" => {
+                            let v: Value = f.parse()?;
+                            if let Some(list) = v.as_array() {
+                                for d in list {
+                                    if let (Some(id), Some(name)) = (
+                                        d.get("id").and_then(Value::as_i64),
+                                        d.get("name").and_then(Value::as_str),
+                                    ) {
+                                        c.device_names.insert(id, name.to_string());
+                                    }
+                                }
+                            }
+                        }
+                        _ => {
+                            f.parse::<IgnoredAny>()?;
+                        }
+                    }
+                    match f.peek()? {
+                        Some(b',') => f.take(),
+                        Some(b'}') => {
+                            f.take();
+                            break;
+                        }
+                        Some(_) => return Err(f.error(false, "expected `,` or `}`")),
+                        None => return Err(f.error(true, "EOF while parsing an object")),
+                    }
+                    if f.peek()? == Some(b'}') {
+                        return Err(f.error(false, "trailing comma"));
+                    }
+                }
+            }
+        }
+        _ => return Err(refuse::<true>(f, TOP)),
+    }
+    match f.peek()? {
+        None => Ok(()),
+        Some(_) => Err(f.error(false, "trailing characters")),
+    }
+}
+
+/// The array of trace events (at its `[`): each event parsed from its bytes, the
+/// `[memory]` ones kept.
+fn events(f: &mut Frames<Input>, c: &mut Collected) -> std::result::Result<(), FrameError> {
+    c.saw_trace_events = true;
+    f.take();
+    if f.peek()? == Some(b']') {
+        f.take();
+        return Ok(());
+    }
+    loop {
+        let raw: RawEvent = f.parse()?;
+        c.events_seen += 1;
+        if raw.name.is_some_and(|n| n.0) {
+            let args = raw.args.unwrap_or(Args::NONE);
+            let none = Num::None;
+            c.mem.push(Mem {
+                index: c.events_seen,
+                ts_ns: raw.ts.unwrap_or(none).as_f64().map(us_to_ns).unwrap_or(0),
+                ev_idx: args.ev_idx.as_i64().unwrap_or(0),
+                tid: raw.tid.unwrap_or(none).as_u64().unwrap_or(0),
+                device_type: args.device_type.as_i64(),
+                device_id: args.device_id.as_i64(),
+                addr: args.addr.as_u64(),
+                bytes: args.bytes.as_i64(),
+                total_allocated: args.total_allocated.as_i64(),
+                total_reserved: args.total_reserved.as_i64(),
+            });
+        }
+        match f.peek()? {
+            Some(b',') => f.take(),
+            Some(b']') => {
+                f.take();
+                return Ok(());
+            }
+            Some(_) => return Err(f.error(false, "expected `,` or `]`")),
+            None => return Err(f.error(true, "EOF while parsing a list")),
+        }
+        if f.peek()? == Some(b']') {
+            return Err(f.error(false, "trailing comma"));
+        }
+    }
 }
 
 /// Reads a Kineto trace and returns the chosen device's events in replay order.
@@ -221,23 +513,15 @@ fn as_i64(v: &Value) -> Option<i64> {
 /// for), or an anomaly in strict mode.
 pub(crate) fn read(input: Input, origin: &str, options: &Options) -> Result<VecSource> {
     let mut c = Collected::default();
-    let mut de = serde_json::Deserializer::from_reader(input);
-    Seed {
-        collected: &mut c,
-        top: true,
-    }
-    .deserialize(&mut de)
-    .and_then(|()| de.end())
-    .map_err(|e| {
-        let what = if e.is_eof() {
+    walk(&mut Frames::new(input), &mut c).map_err(|e| {
+        let what = if e.eof {
             "truncated JSON"
         } else {
             "corrupt JSON"
         };
         trace_error(format!(
-            "{origin}: {what} at line {} column {}: {e}",
-            e.line(),
-            e.column()
+            "{origin}: {what} at line {} column {}: {}",
+            e.line, e.column, e.message
         ))
     })?;
     if !c.saw_trace_events {

@@ -27,7 +27,8 @@
 //! refused, as is any byte that is not an opcode.
 //!
 //! # Time complexity
-//! Reading is O(n + v + m log m) for n input bytes, v values pushed and m memo entries: each
+//! Reading is O(n + v + m log m) for n input bytes, v values pushed and m memo entries (O(1)
+//! per memo entry numbered below the limit on memo entries, as pickles number them): each
 //! opcode does O(1) work besides moving the items of its mark (each item is moved once) and
 //! copying a list for `set()`/`list()` calls (each copied item counts as a value pushed).
 //! Memory is O(v + payload + m), bounded by the limits. [`Val::get`] is O(k) for a dict of k
@@ -37,7 +38,7 @@
 use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::fmt;
-use std::io::{BufRead, Read};
+use std::io::{BufRead, BufReader, Read};
 
 /// The bounds a read stays within. [`Limits::UNTRUSTED`] is what the snapshot importer uses.
 /// [`Default`]: all zero, which is where a read's [`Figures`] start.
@@ -395,33 +396,61 @@ impl<'p> Val<'p> {
     /// The value of key `key` of a dict: the last pair with that text key, else the last with
     /// that bytes key; `None` for another type or an absent key. Counts one walk step per pair.
     ///
+    /// # Time complexity
+    /// O(k) for a dict of k pairs.
+    ///
     /// # Errors
     /// [`Limit::WalkSteps`] exceeded.
     pub(crate) fn get(self, key: &str) -> Result<Option<Val<'p>>, PickleError> {
+        let [value] = self.get_all([key])?;
+        Ok(value)
+    }
+
+    /// The values of several keys of a dict, each as [`Val::get`] gives it, in one walk of its
+    /// pairs: one walk step per pair, however many keys (a snapshot's trace entry is read with
+    /// five).
+    ///
+    /// # Time complexity
+    /// O(k × N) comparisons of lengths for a dict of k pairs, a byte comparison only where a
+    /// length matches.
+    ///
+    /// # Errors
+    /// [`Limit::WalkSteps`] exceeded.
+    pub(crate) fn get_all<const N: usize>(
+        self,
+        keys: [&str; N],
+    ) -> Result<[Option<Val<'p>>; N], PickleError> {
         let Node::Seq {
             kind: SeqKind::Dict,
             index,
         } = self.pickle.node(self.id)
         else {
-            return Ok(None);
+            return Ok([None; N]);
         };
         let items = self.pickle.seq(index);
         self.pickle.charge(items.len() as u64 / 2)?;
-        let mut text = None;
-        let mut bytes = None;
+        let mut text = [None; N];
+        let mut bytes = [None; N];
         for pair in items.chunks_exact(2) {
             let node = self.pickle.node(pair[0]);
+            let Some(payload) = self.pickle.payload_of(node) else {
+                continue;
+            };
             // Slices of different lengths compare in O(1): a long key costs no more.
-            if self.pickle.payload_of(node) == Some(key.as_bytes()) {
-                match node {
-                    Node::Str { .. } => text = Some(pair[1]),
-                    _ => bytes = Some(pair[1]),
+            for (k, key) in keys.iter().enumerate() {
+                if payload == key.as_bytes() {
+                    match node {
+                        Node::Str { .. } => text[k] = Some(pair[1]),
+                        _ => bytes[k] = Some(pair[1]),
+                    }
                 }
             }
         }
-        Ok(text.or(bytes).map(|id| Val {
-            pickle: self.pickle,
-            id,
+        Ok(std::array::from_fn(|k| {
+            text[k].or(bytes[k]).map(|id| Val {
+                pickle: self.pickle,
+                id,
+            })
         }))
     }
 
@@ -504,7 +533,9 @@ impl<'p> Seq<'p> {
 /// unknown opcode ([`PickleError::Malformed`]); a read error ([`PickleError::Io`]).
 pub(crate) fn read(input: &mut dyn BufRead, limits: &Limits) -> Result<Pickle, PickleError> {
     let mut r = Reader {
-        input,
+        // The reader takes a byte at a time (each opcode): from a `BufReader` of its own that
+        // is an inlined read of its buffer, where `input` costs a dynamic call per byte.
+        input: BufReader::with_capacity(1 << 16, input),
         limits: *limits,
         offset: 0,
         op_offset: 0,
@@ -515,7 +546,7 @@ pub(crate) fn read(input: &mut dyn BufRead, limits: &Limits) -> Result<Pickle, P
         text: String::new(),
         raw: Vec::new(),
         scratch: Vec::new(),
-        memo: BTreeMap::new(),
+        memo: Memo::new(limits.memo_entries),
         stack: Vec::new(),
         marks: Vec::new(),
         figures: Figures::default(),
@@ -529,7 +560,7 @@ pub(crate) fn read(input: &mut dyn BufRead, limits: &Limits) -> Result<Pickle, P
         });
     }
     r.figures.used.input_bytes = r.offset;
-    r.figures.used.memo_entries = r.memo.len() as u64;
+    r.figures.used.memo_entries = r.memo.len;
     r.figures.nodes = r.nodes.len() as u64;
     Ok(Pickle {
         nodes: r.nodes,
@@ -548,9 +579,66 @@ fn io_error(e: std::io::Error) -> PickleError {
     PickleError::Io(e.to_string())
 }
 
+/// The memo: node ids by memo id. Pickles number their memo entries 0, 1, 2, … (`MEMOIZE`
+/// takes the next number; Python's `BINPUT` the same), so ids below the limit on memo entries
+/// are kept in a vector indexed by id, O(1) each; any other id (a hand-written pickle) in a
+/// map. The vector grows only to the largest id stored, so it holds at most the limit's
+/// number of 4-byte slots.
+struct Memo {
+    /// `dense[id]` = the node of memo id `id`, or [`Memo::EMPTY`]. Invariant:
+    /// `dense.len() <= dense_bound`.
+    dense: Vec<u32>,
+    /// Ids at or above `dense_bound`.
+    sparse: BTreeMap<u32, u32>,
+    /// Ids below it go to `dense`.
+    dense_bound: u32,
+    /// Entries stored: slots of `dense` not [`Memo::EMPTY`] plus `sparse.len()`.
+    len: u64,
+}
+
+impl Memo {
+    /// An empty slot (no node has this id: node ids are bounded by the limit on values pushed).
+    const EMPTY: u32 = u32::MAX;
+
+    fn new(max_entries: u64) -> Self {
+        Memo {
+            dense: Vec::new(),
+            sparse: BTreeMap::new(),
+            dense_bound: u32::try_from(max_entries).unwrap_or(u32::MAX - 1),
+            len: 0,
+        }
+    }
+
+    fn get(&self, id: u32) -> Option<u32> {
+        if id < self.dense_bound {
+            self.dense
+                .get(id as usize)
+                .copied()
+                .filter(|&n| n != Self::EMPTY)
+        } else {
+            self.sparse.get(&id).copied()
+        }
+    }
+
+    fn insert(&mut self, id: u32, node: u32) {
+        if id < self.dense_bound {
+            let i = id as usize;
+            if i >= self.dense.len() {
+                self.dense.resize(i + 1, Self::EMPTY);
+            }
+            if self.dense[i] == Self::EMPTY {
+                self.len += 1;
+            }
+            self.dense[i] = node;
+        } else if self.sparse.insert(id, node).is_none() {
+            self.len += 1;
+        }
+    }
+}
+
 /// The pickle virtual machine.
 struct Reader<'a> {
-    input: &'a mut dyn BufRead,
+    input: BufReader<&'a mut dyn BufRead>,
     limits: Limits,
     /// Bytes consumed.
     offset: u64,
@@ -565,7 +653,7 @@ struct Reader<'a> {
     /// A reused buffer for arguments: lines, counted strings before they are stored, `LONG1`
     /// and `LONG4` bytes.
     scratch: Vec<u8>,
-    memo: BTreeMap<u32, u32>,
+    memo: Memo,
     /// Node ids.
     stack: Vec<u32>,
     /// Stack lengths at each open MARK.
@@ -661,7 +749,7 @@ impl Reader<'_> {
     fn read_scratch(&mut self, len: u64) -> Result<(), PickleError> {
         self.charge_payload(len)?;
         self.scratch.clear();
-        let got = (&mut *self.input)
+        let got = (&mut self.input)
             .take(len)
             .read_to_end(&mut self.scratch)
             .map_err(io_error)?;
@@ -889,16 +977,16 @@ impl Reader<'_> {
 
     fn memoize(&mut self, id: u32) -> Result<(), PickleError> {
         let top = self.top()?;
-        if !self.memo.contains_key(&id) {
-            self.within(Limit::MemoEntries, self.memo.len() as u64 + 1)?;
+        if self.memo.get(id).is_none() {
+            self.within(Limit::MemoEntries, self.memo.len + 1)?;
         }
         self.memo.insert(id, top);
         Ok(())
     }
 
     fn memo_get(&mut self, id: u32) -> Result<(), PickleError> {
-        match self.memo.get(&id) {
-            Some(&node) => self.push(node),
+        match self.memo.get(id) {
+            Some(node) => self.push(node),
             None => self.malformed(format!("memo entry {id} is read before it is stored")),
         }
     }
@@ -1045,7 +1133,7 @@ impl Reader<'_> {
                 self.memoize(id)?;
             }
             op::MEMOIZE => {
-                let id = u32::try_from(self.memo.len()).unwrap_or(u32::MAX);
+                let id = u32::try_from(self.memo.len).unwrap_or(u32::MAX);
                 self.memoize(id)?;
             }
             op::GET | op::BINGET | op::LONG_BINGET => {

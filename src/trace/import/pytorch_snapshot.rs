@@ -53,6 +53,15 @@ fn get<'p>(origin: &str, v: Val<'p>, key: &str) -> Result<Option<Val<'p>>> {
     v.get(key).map_err(|e| pickle_error(origin, e))
 }
 
+/// Reads several of a dict's values in one walk of it (counting its steps once).
+fn get_all<'p, const N: usize>(
+    origin: &str,
+    v: Val<'p>,
+    keys: [&str; N],
+) -> Result<[Option<Val<'p>>; N]> {
+    v.get_all(keys).map_err(|e| pickle_error(origin, e))
+}
+
 fn get_str<'p>(origin: &str, v: Val<'p>, key: &str) -> Result<Option<&'p str>> {
     Ok(get(origin, v, key)?.and_then(Val::as_str))
 }
@@ -181,9 +190,9 @@ fn import(pickle: &pickle::Pickle, origin: &str, options: &Options) -> Result<Ve
     // The net of the trace, as recorded.
     let mut net: i128 = 0;
     for e in entries() {
-        let e = e?;
-        let size = i128::from(get_u64(origin, e, "size")?.unwrap_or(0));
-        match get_str(origin, e, "action")? {
+        let [size, action] = get_all(origin, e?, ["size", "action"])?;
+        let size = i128::from(size.and_then(Val::as_u64).unwrap_or(0));
+        match action.and_then(Val::as_str) {
             Some("alloc") => net += size,
             Some("free_completed") => net -= size,
             _ => {}
@@ -195,14 +204,17 @@ fn import(pickle: &pickle::Pickle, origin: &str, options: &Options) -> Result<Ve
     let mut events = Vec::with_capacity(counts.get(device).copied().unwrap_or(0));
     let mut skipped = 0u64;
     for (i, e) in entries().enumerate() {
-        let e = e?;
         let loc = Loc::Event(i as u64 + 1);
-        let action = get_str(origin, e, "action")?;
+        // One walk of the entry for the five keys read.
+        let [action, addr, size, time_us, stream] =
+            get_all(origin, e?, ["action", "addr", "size", "time_us", "stream"])?;
+        let action = action.and_then(Val::as_str);
+        let (addr, size) = (addr.and_then(Val::as_u64), size.and_then(Val::as_u64));
         let op = match action {
             Some("alloc") => Op::Alloc,
             Some("free_completed") => Op::Free,
             Some("oom") => {
-                let size = get_u64(origin, e, "size")?.unwrap_or(0);
+                let size = size.unwrap_or(0);
                 emitter.tracker.anomaly(
                     AnomalyKind::AllocFailure,
                     loc,
@@ -215,8 +227,7 @@ fn import(pickle: &pickle::Pickle, origin: &str, options: &Options) -> Result<Ve
                 continue;
             }
         };
-        let (Some(addr), Some(size)) = (get_u64(origin, e, "addr")?, get_u64(origin, e, "size")?)
-        else {
+        let (Some(addr), Some(size)) = (addr, size) else {
             emitter.tracker.anomaly(
                 AnomalyKind::InvalidRecord,
                 loc,
@@ -228,12 +239,9 @@ fn import(pickle: &pickle::Pickle, origin: &str, options: &Options) -> Result<Ve
             continue;
         };
         let attrs = Attrs {
-            time_ns: get(origin, e, "time_us")?
-                .and_then(Val::as_f64)
-                .map(us_to_ns)
-                .unwrap_or(0),
+            time_ns: time_us.and_then(Val::as_f64).map(us_to_ns).unwrap_or(0),
             thread: 0,
-            stream: get_u64(origin, e, "stream")?.unwrap_or(0),
+            stream: stream.and_then(Val::as_u64).unwrap_or(0),
         };
         emitter.feed(loc, op, addr, size, attrs, &mut events)?;
     }
