@@ -151,6 +151,7 @@ impl Class {
     }
 
     /// Removes and returns the entry at `pos` of a class that is not a tree.
+    #[inline]
     fn remove_at(&mut self, pos: usize) -> Entry {
         match self {
             Class::Inline { len, items } => {
@@ -177,6 +178,7 @@ impl Class {
 
     /// Removes and returns the first entry with `size >= at_least`: one search where
     /// [`Class::first_at_least`] then [`Class::remove`] would make two.
+    #[inline]
     fn take_first_at_least(&mut self, at_least: u64) -> Option<Entry> {
         let pos = match self {
             Class::Inline { len, items } => {
@@ -430,6 +432,7 @@ impl FreeIndex {
     ///
     /// # Time complexity
     /// As [`FreeIndex::remove`].
+    #[inline]
     pub fn take_best_fit(&mut self, size: u64) -> Option<Entry> {
         let mut c = class_of(size);
         // The bitmap says whether the request's own class holds anything, without touching
