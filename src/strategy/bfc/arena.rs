@@ -25,6 +25,8 @@
 //! and invariant helpers, which are linear.
 #![deny(unsafe_code)]
 
+use std::collections::BTreeMap;
+
 use crate::report::{BinSummary, RegionMap};
 
 use super::free_index::{Entry, FreeIndex};
@@ -56,26 +58,42 @@ pub fn bin_min_size(bin: usize) -> u64 {
     MIN_ALLOCATION << bin
 }
 
-/// What a slab slot holds.
+/// What a slab slot holds (the low two bits of [`Chunk::tag`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
 enum State {
     /// Unused slot, on the vacant list (linked through `next`).
-    Vacant,
+    Vacant = 0,
     /// A free chunk, in its bin.
-    Free,
+    Free = 1,
     /// A chunk handed out.
-    InUse,
+    InUse = 2,
 }
 
+/// Bits of [`Chunk::tag`] below the slack.
+const STATE_BITS: u32 = 2;
+/// The slack [`Chunk::tag`] records for a chunk in use whose slack does not fit in its 30
+/// bits (≥ 1 GiB − 256 B): its request is then kept in [`Arena::spilled`]. Under XLA's split
+/// rule a chunk is handed out whole only when the surplus is under 128 MiB
+/// ([`MAX_INTERNAL_FRAGMENTATION`]), so with a request rounded up to 256 B the slack stays
+/// below 128 MiB + 256 B and this never happens for bfc; it serves a caller of
+/// [`Arena::allocate`] that reports a request far below the rounded size.
+const SLACK_SPILLED: u32 = u32::MAX >> STATE_BITS;
+
 /// One chunk: a contiguous piece of a region.
-#[derive(Debug, Clone)]
+///
+/// The record is what `free` reads of the chunk and of both its neighbours, at random slab
+/// positions — with hundreds of thousands of chunks, a cache miss each. It is kept at 32
+/// bytes, aligned to 32, so each read touches exactly one cache line (at 48 bytes, as with
+/// a `u64` request and a separate state byte, half the records straddled two): the request
+/// is kept as the slack `size − requested` in 30 bits beside the state.
+#[derive(Debug, Clone, Copy)]
+#[repr(C, align(32))]
 struct Chunk {
     /// First byte. Invariant: a multiple of 256 (for a region base that is).
     addr: u64,
     /// Bytes. Invariant: a non-zero multiple of 256.
     size: u64,
-    /// Bytes the user asked for (`InUse` only; 0 otherwise). Invariant: `requested <= size`.
-    requested: u64,
     /// The chunk just below, in the same region, or `NONE` at the region's start.
     prev: u32,
     /// The chunk just above, in the same region, or `NONE` at the region's end. For a
@@ -83,19 +101,54 @@ struct Chunk {
     next: u32,
     /// Bumped each time the chunk is handed out, so a stale token is refused.
     generation: u32,
-    state: State,
+    /// The [`State`] in the low [`STATE_BITS`] bits; above them the **slack** — for an
+    /// `InUse` chunk `size − requested` (bytes the user did not ask for), or
+    /// [`SLACK_SPILLED`] when that does not fit (the request is then in [`Arena::spilled`]).
+    /// Invariant: the slack is 0 unless `InUse`; for an `InUse` chunk `requested <= size`.
+    tag: u32,
 }
 
 impl Chunk {
-    /// The chunk as an out-of-memory report sees it.
-    fn usage(&self) -> ChunkUse {
-        ChunkUse {
-            addr: self.addr,
-            size: self.size,
-            requested: (self.state == State::InUse).then_some(self.requested),
+    /// A slot holding `state`, with no slack.
+    const fn blank(state: State) -> Chunk {
+        Chunk {
+            addr: 0,
+            size: 0,
+            prev: NONE,
+            next: NONE,
+            generation: 0,
+            tag: state as u32,
         }
     }
+
+    #[inline(always)]
+    fn state(&self) -> State {
+        match self.tag & ((1 << STATE_BITS) - 1) {
+            0 => State::Vacant,
+            1 => State::Free,
+            _ => State::InUse,
+        }
+    }
+
+    #[inline(always)]
+    fn is(&self, state: State) -> bool {
+        self.tag & ((1 << STATE_BITS) - 1) == state as u32
+    }
+
+    /// Sets the state; the slack becomes 0.
+    #[inline(always)]
+    fn set_state(&mut self, state: State) {
+        self.tag = state as u32;
+    }
+
+    #[inline(always)]
+    fn slack(&self) -> u32 {
+        self.tag >> STATE_BITS
+    }
 }
+
+// A record is 32 bytes, half a cache line, never straddling two: see `Chunk`.
+const _: () = assert!(std::mem::size_of::<Chunk>() == 32);
 
 /// A piece of memory the arena manages: `[base, base + size)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -153,6 +206,11 @@ pub struct Arena {
     live: usize,
     /// Invariant: the sum of the region sizes.
     pool_bytes: u64,
+    /// The requests of the chunks in use whose slack does not fit in [`Chunk::tag`], by slab
+    /// index (see [`SLACK_SPILLED`]; never used by bfc). Invariant: holds exactly the `InUse`
+    /// chunks whose slack is `SLACK_SPILLED`, each with a request `r` such that
+    /// `size − r >= SLACK_SPILLED`.
+    spilled: BTreeMap<u32, u64>,
 }
 
 impl Default for Arena {
@@ -172,6 +230,7 @@ impl Arena {
             bytes_in_use: 0,
             live: 0,
             pool_bytes: 0,
+            spilled: BTreeMap::new(),
         }
     }
 
@@ -189,11 +248,7 @@ impl Arena {
             .new_slot(Chunk {
                 addr: base,
                 size,
-                requested: 0,
-                prev: NONE,
-                next: NONE,
-                generation: 0,
-                state: State::Free,
+                ..Chunk::blank(State::Free)
             })
             .ok_or_else(|| "the chunk table is full".to_string())?;
         self.insert_free(idx);
@@ -225,7 +280,7 @@ impl Arena {
             .iter()
             .filter(|r| {
                 let c = &self.chunks[r.first as usize];
-                c.state == State::Free && c.size == r.size
+                c.is(State::Free) && c.size == r.size
             })
             .map(|r| (r.base, r.size))
             .collect()
@@ -241,7 +296,7 @@ impl Arena {
         };
         let r = self.regions[pos];
         let c = &self.chunks[r.first as usize];
-        if c.state != State::Free || c.size != r.size {
+        if !c.is(State::Free) || c.size != r.size {
             return false;
         }
         self.remove_free(r.first);
@@ -280,14 +335,40 @@ impl Arena {
     ///
     /// # Time complexity
     /// `O(log n)` for `alignment == 256`; otherwise `O(k log n)` for `k` candidates tried.
+    ///
+    /// # Panics
+    /// When `requested > rounded`.
     pub fn allocate(&mut self, rounded: u64, alignment: u64, requested: u64) -> Option<Grant> {
+        assert!(requested <= rounded, "{requested} B requested of {rounded}");
         debug_assert!(rounded > 0 && rounded % MIN_ALLOCATION == 0);
         debug_assert!(alignment.is_power_of_two() && alignment >= MIN_ALLOCATION);
+        if alignment == MIN_ALLOCATION {
+            // Every chunk starts on 256: no padding. The best fit is taken out of the index
+            // in the same search that finds it, and only a split's tail goes back in.
+            let Entry { size, addr: _, idx } = self.free.take_best_fit(rounded)?;
+            // Without a slot for the tail the chunk is handed out whole: still correct.
+            if splits(size, rounded) {
+                if let Some(tail) = self.new_slot_vacant() {
+                    self.split_into(idx, rounded, tail);
+                    let t = &self.chunks[tail as usize];
+                    self.free.insert(t.size, t.addr, tail);
+                }
+            }
+            return Some(self.hand_out(idx, requested));
+        }
+        self.allocate_aligned(rounded, alignment, requested)
+    }
+
+    /// [`Arena::allocate`] for an alignment above 256 B.
+    #[inline(never)]
+    fn allocate_aligned(&mut self, rounded: u64, alignment: u64, requested: u64) -> Option<Grant> {
         let Entry {
             size,
             addr,
             mut idx,
-        } = self.find(rounded, alignment)?;
+        } = self.free.find(rounded, |e| {
+            align_up(e.addr, alignment).is_some_and(|a| a - e.addr <= e.size - rounded)
+        })?;
         let aligned = align_up(addr, alignment)?;
         let pad = aligned - addr;
         // The front padding stays free; it needs a second slot (taken before any change).
@@ -297,12 +378,12 @@ impl Arena {
             None
         };
         let after_pad = size - pad;
-        let split = rounded
-            .checked_mul(2)
-            .is_some_and(|twice| after_pad >= twice)
-            || after_pad - rounded >= MAX_INTERNAL_FRAGMENTATION;
         // Without a slot for the tail the chunk is handed out whole: still correct.
-        let tail = if split { self.new_slot_vacant() } else { None };
+        let tail = if splits(after_pad, rounded) {
+            self.new_slot_vacant()
+        } else {
+            None
+        };
         // The index entry of the chosen chunk is reused for the first free piece left over
         // (padding, else tail): one index update instead of two in the common cases.
         let mut entry = Some((size, addr));
@@ -326,17 +407,31 @@ impl Arena {
         if let Some((size, addr)) = entry {
             self.free.remove(size, addr);
         }
+        Some(self.hand_out(idx, requested))
+    }
+
+    /// Marks the unbinned chunk `idx` in use for `requested` bytes and makes its grant.
+    #[inline(always)]
+    fn hand_out(&mut self, idx: u32, requested: u64) -> Grant {
         let c = &mut self.chunks[idx as usize];
-        c.state = State::InUse;
-        c.requested = requested;
+        let slack = c.size - requested;
+        c.tag = if slack < u64::from(SLACK_SPILLED) {
+            ((slack as u32) << STATE_BITS) | State::InUse as u32
+        } else {
+            (SLACK_SPILLED << STATE_BITS) | State::InUse as u32
+        };
         c.generation = c.generation.wrapping_add(1);
-        self.bytes_in_use += c.size;
-        self.live += 1;
-        Some(Grant {
+        let grant = Grant {
             addr: c.addr,
             chunk_size: c.size,
             token: (u64::from(c.generation) << 32) | u64::from(idx),
-        })
+        };
+        if slack >= u64::from(SLACK_SPILLED) {
+            self.spill(idx, requested);
+        }
+        self.bytes_in_use += grant.chunk_size;
+        self.live += 1;
+        grant
     }
 
     /// Every chunk in use, as the [`Grant`] that handed it out (its token, address and
@@ -349,7 +444,7 @@ impl Arena {
         self.chunks
             .iter()
             .enumerate()
-            .filter(|(_, c)| c.state == State::InUse)
+            .filter(|(_, c)| c.is(State::InUse))
             .map(|(idx, c)| Grant {
                 addr: c.addr,
                 chunk_size: c.size,
@@ -363,7 +458,7 @@ impl Arena {
     /// `O(1)`.
     pub fn is_in_use(&self, token: u64, addr: u64) -> bool {
         self.chunks.get(token as u32 as usize).is_some_and(|c| {
-            c.state == State::InUse && c.generation == (token >> 32) as u32 && c.addr == addr
+            c.is(State::InUse) && c.generation == (token >> 32) as u32 && c.addr == addr
         })
     }
 
@@ -377,20 +472,23 @@ impl Arena {
         let idx = token as u32;
         let generation = (token >> 32) as u32;
         let c = self.chunks.get_mut(idx as usize)?;
-        if c.state != State::InUse || c.generation != generation || c.addr != addr {
+        if !c.is(State::InUse) || c.generation != generation || c.addr != addr {
             return None;
         }
-        let freed = Freed {
+        let slack = c.slack();
+        let mut freed = Freed {
             chunk_size: c.size,
-            requested: c.requested,
+            requested: c.size - u64::from(slack),
         };
-        c.state = State::Free;
-        c.requested = 0;
+        c.set_state(State::Free);
         let (prev, next) = (c.prev, c.next);
+        if slack == SLACK_SPILLED {
+            freed.requested = self.unspill(idx);
+        }
         self.bytes_in_use -= freed.chunk_size;
         self.live -= 1;
-        let next_free = next != NONE && self.chunks[next as usize].state == State::Free;
-        let prev_free = prev != NONE && self.chunks[prev as usize].state == State::Free;
+        let next_free = next != NONE && self.chunks[next as usize].is(State::Free);
+        let prev_free = prev != NONE && self.chunks[prev as usize].is(State::Free);
         // A free neighbour's index entry is updated in place to the merged chunk.
         match (prev_free, next_free) {
             (false, false) => self.free.insert(freed.chunk_size, addr, idx),
@@ -424,10 +522,9 @@ impl Arena {
     /// `O(chunks)`.
     pub fn bin_summaries(&self) -> Vec<BinSummary> {
         occupancy::bin_summaries(
-            self.chunks
-                .iter()
-                .filter(|c| c.state != State::Vacant)
-                .map(Chunk::usage),
+            (0..self.chunks.len() as u32)
+                .filter(|&idx| !self.chunks[idx as usize].is(State::Vacant))
+                .map(|idx| self.usage(idx)),
         )
     }
 
@@ -442,10 +539,11 @@ impl Arena {
         self.regions
             .iter()
             .map(|r| {
-                let chunks = std::iter::successors(Some(&self.chunks[r.first as usize]), |c| {
-                    (c.next != NONE).then(|| &self.chunks[c.next as usize])
+                let chunks = std::iter::successors(Some(r.first), |&idx| {
+                    let next = self.chunks[idx as usize].next;
+                    (next != NONE).then_some(next)
                 });
-                occupancy::region_map(r.base, r.size, chunks.map(Chunk::usage))
+                occupancy::region_map(r.base, r.size, chunks.map(|idx| self.usage(idx)))
             })
             .collect()
     }
@@ -484,20 +582,29 @@ impl Arena {
                     return Err(format!("region {:#x}: the chunk list has a cycle", r.base));
                 }
                 let at = format!("region {:#x}, chunk {idx} at {:#x}", r.base, c.addr);
-                if c.state == State::Vacant {
+                if c.is(State::Vacant) {
                     return Err(format!("{at}: a vacant slot is linked into the region"));
                 }
                 if c.prev != prev {
                     return Err(format!("{at}: prev link {} should be {prev}", c.prev));
                 }
-                region.chunk(&at, c.usage(), &mut tally)?;
-                if c.state == State::Free {
-                    if c.requested != 0 {
-                        return Err(format!(
-                            "{at}: a free chunk records {} requested",
-                            c.requested
-                        ));
+                if c.is(State::InUse) {
+                    let spill = self.spilled.get(&idx);
+                    match (c.slack() == SLACK_SPILLED, spill) {
+                        (true, Some(&r))
+                            if r <= c.size && c.size - r >= u64::from(SLACK_SPILLED) => {}
+                        (false, None) if u64::from(c.slack()) <= c.size => {}
+                        _ => {
+                            return Err(format!(
+                                "{at}: slack {} of {} B, spilled request {spill:?}",
+                                c.slack(),
+                                c.size
+                            ))
+                        }
                     }
+                }
+                region.chunk(&at, self.usage(idx), &mut tally)?;
+                if c.is(State::Free) {
                     let b = bin_for_size(c.size);
                     if self.free.get(c.size, c.addr) != Some(idx) {
                         return Err(format!(
@@ -524,7 +631,7 @@ impl Arena {
                 .chunks
                 .get(v as usize)
                 .ok_or_else(|| format!("vacant list links to missing slot {v}"))?;
-            if c.state != State::Vacant {
+            if !c.is(State::Vacant) {
                 return Err(format!("slot {v} is on the vacant list but not vacant"));
             }
             vacant += 1;
@@ -532,6 +639,33 @@ impl Arena {
                 return Err("the vacant list has a cycle".into());
             }
             v = c.next;
+        }
+        if let Some((idx, c)) = self
+            .chunks
+            .iter()
+            .enumerate()
+            .find(|(_, c)| c.slack() != 0 && !c.is(State::InUse))
+        {
+            return Err(format!(
+                "slot {idx} ({:?}) records slack {}",
+                c.state(),
+                c.slack()
+            ));
+        }
+        let spilled_in_use = self
+            .spilled
+            .keys()
+            .filter(|&&idx| {
+                self.chunks
+                    .get(idx as usize)
+                    .is_some_and(|c| c.is(State::InUse))
+            })
+            .count();
+        if spilled_in_use != self.spilled.len() {
+            return Err(format!(
+                "{} spilled requests, {spilled_in_use} of them of chunks in use",
+                self.spilled.len()
+            ));
         }
         if reached + vacant != self.chunks.len() {
             return Err(format!(
@@ -572,20 +706,38 @@ impl Arena {
 
     // ---- internals ----
 
-    /// The best-fit free chunk for the request.
-    fn find(&self, rounded: u64, alignment: u64) -> Option<Entry> {
-        if alignment == MIN_ALLOCATION {
-            self.free.best_fit(rounded)
-        } else {
-            self.free.find(rounded, |e| {
-                align_up(e.addr, alignment).is_some_and(|a| a - e.addr <= e.size - rounded)
-            })
+    /// The chunk `idx` as an out-of-memory report sees it.
+    fn usage(&self, idx: u32) -> ChunkUse {
+        let c = &self.chunks[idx as usize];
+        let requested = match c.slack() {
+            SLACK_SPILLED => self.spilled.get(&idx).copied().unwrap_or(0),
+            slack => c.size - u64::from(slack),
+        };
+        ChunkUse {
+            addr: c.addr,
+            size: c.size,
+            requested: c.is(State::InUse).then_some(requested),
         }
+    }
+
+    /// Keeps the request of chunk `idx`, whose slack does not fit its record.
+    #[cold]
+    #[inline(never)]
+    fn spill(&mut self, idx: u32, requested: u64) {
+        self.spilled.insert(idx, requested);
+    }
+
+    /// Takes back the request [`Arena::spill`] kept (0 if none: a broken invariant that
+    /// `check_invariants` reports).
+    #[cold]
+    #[inline(never)]
+    fn unspill(&mut self, idx: u32) -> u64 {
+        self.spilled.remove(&idx).unwrap_or(0)
     }
 
     fn insert_free(&mut self, idx: u32) {
         let c = &mut self.chunks[idx as usize];
-        c.state = State::Free;
+        c.set_state(State::Free);
         self.free.insert(c.size, c.addr, idx);
     }
 
@@ -602,11 +754,10 @@ impl Arena {
         let upper = Chunk {
             addr: c.addr + at,
             size: c.size - at,
-            requested: 0,
             prev: idx,
             next: c.next,
             generation,
-            state: State::Free,
+            tag: State::Free as u32,
         };
         c.size = at;
         c.next = new;
@@ -638,22 +789,14 @@ impl Arena {
             let idx = self.vacant;
             self.vacant = self.chunks[idx as usize].next;
             // Marked Free so the list stays consistent until `split_into` overwrites it.
-            self.chunks[idx as usize].state = State::Free;
+            self.chunks[idx as usize].set_state(State::Free);
             self.chunks[idx as usize].next = NONE;
             return Some(idx);
         }
         let idx = u32::try_from(self.chunks.len())
             .ok()
             .filter(|&i| i != NONE)?;
-        self.chunks.push(Chunk {
-            addr: 0,
-            size: 0,
-            requested: 0,
-            prev: NONE,
-            next: NONE,
-            generation: 0,
-            state: State::Free,
-        });
+        self.chunks.push(Chunk::blank(State::Free));
         Some(idx)
     }
 
@@ -669,12 +812,19 @@ impl Arena {
 
     fn release_slot(&mut self, idx: u32) {
         let c = &mut self.chunks[idx as usize];
-        c.state = State::Vacant;
-        c.requested = 0;
+        c.set_state(State::Vacant);
         c.prev = NONE;
         c.next = self.vacant;
         self.vacant = idx;
     }
+}
+
+/// XLA's split rule: a free chunk of `size` bytes serving `rounded` is split iff it is at
+/// least twice the request, or the leftover is at least [`MAX_INTERNAL_FRAGMENTATION`].
+#[inline(always)]
+fn splits(size: u64, rounded: u64) -> bool {
+    rounded.checked_mul(2).is_some_and(|twice| size >= twice)
+        || size - rounded >= MAX_INTERNAL_FRAGMENTATION
 }
 
 /// `addr` rounded up to `alignment` (a power of two); `None` on overflow.
@@ -827,6 +977,57 @@ mod tests {
         assert!(a.add_region(0, 0).is_err());
         a.add_region(0, 4096).unwrap();
         assert!(a.add_region(2048, 4096).is_err());
+    }
+
+    /// The request is kept exactly whatever its slack: in the record's 30 bits up to
+    /// `SLACK_SPILLED − 1` bytes, beside it from there on.
+    #[test]
+    fn requests_are_kept_exactly_whatever_the_slack() {
+        const GIB: u64 = 1 << 30;
+        let spilled = u64::from(SLACK_SPILLED);
+        // (name, rounded, requested, spilled)
+        let cases = [
+            ("exact", 2 * GIB, 2 * GIB, false),
+            ("rounding slack", 256, 1, false),
+            (
+                "largest slack in the record",
+                2 * GIB,
+                2 * GIB - (spilled - 1),
+                false,
+            ),
+            ("smallest spilled slack", 2 * GIB, 2 * GIB - spilled, true),
+            ("nothing of 2 GiB requested", 2 * GIB, 0, true),
+        ];
+        for (name, rounded, requested, spills) in cases {
+            let mut a = arena(&[(0, 4 * GIB)]);
+            let keep = alloc(&mut a, 256);
+            let g = a.allocate(rounded, 256, requested).unwrap();
+            a.check_invariants().unwrap();
+            assert_eq!(a.spilled.len(), usize::from(spills), "{name}");
+            let in_use: u64 = a
+                .bin_summaries()
+                .iter()
+                .map(|b| b.requested_bytes_in_use)
+                .sum();
+            assert_eq!(in_use, 256 + requested, "{name}: requests in the summaries");
+            let freed = a.free(g.token, g.addr).unwrap();
+            a.check_invariants().unwrap();
+            assert_eq!(
+                (freed.chunk_size, freed.requested),
+                (rounded, requested),
+                "{name}"
+            );
+            assert!(a.spilled.is_empty(), "{name}: spill left behind");
+            free(&mut a, keep);
+        }
+    }
+
+    #[test]
+    fn a_request_above_the_rounded_size_is_refused() {
+        let mut a = arena(&[(0, 4096)]);
+        let result =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| a.allocate(256, 256, 257)));
+        assert!(result.is_err());
     }
 
     #[test]

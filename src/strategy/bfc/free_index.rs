@@ -128,41 +128,73 @@ impl Class {
     }
 
     fn remove(&mut self, size: u64, addr: u64) -> bool {
-        match self {
+        let pos = match self {
             Class::Inline { len, items } => {
-                let n = usize::from(*len);
-                match items[..n].binary_search_by(|x| key(x).cmp(&(size, addr))) {
-                    Ok(pos) => {
-                        items.copy_within(pos + 1..n, pos);
-                        *len -= 1;
-                        true
-                    }
-                    Err(_) => false,
-                }
+                items[..usize::from(*len)].binary_search_by(|x| key(x).cmp(&(size, addr)))
             }
-            Class::Sorted(v) => match v.binary_search_by(|x| key(x).cmp(&(size, addr))) {
-                Ok(pos) => {
-                    v.remove(pos);
-                    if v.len() <= INLINE / 2 {
-                        let mut items = [Entry::default(); INLINE];
-                        items[..v.len()].copy_from_slice(v);
-                        *self = Class::Inline {
-                            len: v.len() as u8,
-                            items,
-                        };
-                    }
-                    true
-                }
-                Err(_) => false,
-            },
+            Class::Sorted(v) => v.binary_search_by(|x| key(x).cmp(&(size, addr))),
             Class::Tree(t) => {
                 let found = t.remove(&(size, addr)).is_some();
                 if t.is_empty() {
                     *self = Class::EMPTY;
                 }
-                found
+                return found;
             }
+        };
+        match pos {
+            Ok(pos) => {
+                self.remove_at(pos);
+                true
+            }
+            Err(_) => false,
         }
+    }
+
+    /// Removes and returns the entry at `pos` of a class that is not a tree.
+    #[inline]
+    fn remove_at(&mut self, pos: usize) -> Entry {
+        match self {
+            Class::Inline { len, items } => {
+                let e = items[pos];
+                items.copy_within(pos + 1..usize::from(*len), pos);
+                *len -= 1;
+                e
+            }
+            Class::Sorted(v) => {
+                let e = v.remove(pos);
+                if v.len() <= INLINE / 2 {
+                    let mut items = [Entry::default(); INLINE];
+                    items[..v.len()].copy_from_slice(v);
+                    *self = Class::Inline {
+                        len: v.len() as u8,
+                        items,
+                    };
+                }
+                e
+            }
+            Class::Tree(_) => unreachable!("remove_at on a tree"),
+        }
+    }
+
+    /// Removes and returns the first entry with `size >= at_least`: one search where
+    /// [`Class::first_at_least`] then [`Class::remove`] would make two.
+    #[inline]
+    fn take_first_at_least(&mut self, at_least: u64) -> Option<Entry> {
+        let pos = match self {
+            Class::Inline { len, items } => {
+                items[..usize::from(*len)].partition_point(|x| x.size < at_least)
+            }
+            Class::Sorted(v) => v.partition_point(|x| x.size < at_least),
+            Class::Tree(t) => {
+                let (&(size, addr), &idx) = t.range((at_least, 0)..).next()?;
+                t.remove(&(size, addr));
+                if t.is_empty() {
+                    *self = Class::EMPTY;
+                }
+                return Some(Entry { size, addr, idx });
+            }
+        };
+        (pos < self.len()).then(|| self.remove_at(pos))
     }
 
     /// Replaces the entry `(size, addr)` by `e`, which belongs to the same class; false if
@@ -319,13 +351,7 @@ impl FreeIndex {
         if !class.remove(size, addr) {
             return false;
         }
-        if class.len() == 0 {
-            let f = c / SL_COUNT;
-            self.sl_map[f] &= !(1 << (c % SL_COUNT));
-            if self.sl_map[f] == 0 {
-                self.fl_map &= !(1 << f);
-            }
-        }
+        self.emptied(c);
         self.len -= 1;
         true
     }
@@ -399,6 +425,46 @@ impl FreeIndex {
         }
         let next = self.next_class(c + 1)?;
         self.classes[next].first_at_least(0)
+    }
+
+    /// Removes and returns [`FreeIndex::best_fit`]`(size)`: one search of the class where
+    /// `best_fit` then `remove` would make two.
+    ///
+    /// # Time complexity
+    /// As [`FreeIndex::remove`].
+    #[inline]
+    pub fn take_best_fit(&mut self, size: u64) -> Option<Entry> {
+        let mut c = class_of(size);
+        // The bitmap says whether the request's own class holds anything, without touching
+        // the class (a cache miss when the index is large).
+        let here = self.sl_map[c / SL_COUNT] & (1 << (c % SL_COUNT)) != 0;
+        let found = if here {
+            self.classes[c].take_first_at_least(size)
+        } else {
+            None
+        };
+        let e = match found {
+            Some(e) => e,
+            None => {
+                c = self.next_class(c + 1)?;
+                self.classes[c].take_first_at_least(0)?
+            }
+        };
+        self.emptied(c);
+        self.len -= 1;
+        Some(e)
+    }
+
+    /// Clears class `c`'s bits if it is empty now.
+    #[inline]
+    fn emptied(&mut self, c: usize) {
+        if self.classes[c].len() == 0 {
+            let f = c / SL_COUNT;
+            self.sl_map[f] &= !(1 << (c % SL_COUNT));
+            if self.sl_map[f] == 0 {
+                self.fl_map &= !(1 << f);
+            }
+        }
     }
 
     /// The first free chunk of at least `size` bytes, in `(size, address)` order, that
@@ -540,6 +606,41 @@ mod tests {
         assert!(!ix.remove(1024, 100));
         assert_eq!(ix.best_fit(1024).map(|e| e.addr), Some(500));
         ix.check().unwrap();
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+        /// `take_best_fit` removes exactly what `best_fit` names — the smallest entry of at
+        /// least the size, the lowest address on ties, as a sorted set's first entry at or
+        /// after `(size, 0)` — through every class form (sizes crowd a few classes, so
+        /// classes grow past `TREE_AT` into trees and shrink back).
+        #[test]
+        fn take_best_fit_takes_the_best_fit(
+            ops in proptest::collection::vec((0u64..2, 1u64..3, 0u8..3), 1..800)
+        ) {
+            let mut ix = FreeIndex::new();
+            let mut model = std::collections::BTreeSet::new();
+            for (i, (shift, units, op)) in ops.into_iter().enumerate() {
+                // Four sizes in as many classes (256 B to 4 KiB), two inserts to a take.
+                let size = units << (8 + 3 * shift);
+                if op < 2 {
+                    let addr = (i as u64) << 40;
+                    ix.insert(size, addr, i as u32);
+                    model.insert((size, addr, i as u32));
+                } else {
+                    let want = model.range((size, 0, 0)..).next().copied();
+                    let expected = ix.best_fit(size);
+                    let got = ix.take_best_fit(size);
+                    proptest::prop_assert_eq!(got, expected);
+                    proptest::prop_assert_eq!(got.map(|e| (e.size, e.addr, e.idx)), want);
+                    if let Some(w) = want {
+                        model.remove(&w);
+                    }
+                }
+                ix.check().map_err(proptest::test_runner::TestCaseError::fail)?;
+                proptest::prop_assert_eq!(ix.len(), model.len());
+            }
+        }
     }
 
     #[test]
