@@ -170,30 +170,37 @@ impl Books {
     }
 
     /// Refuses `value` unless it is a multiple of the granularity (and non-zero when asked).
+    #[inline]
     fn granular(&self, call: &'static str, what: &str, value: u64, nonzero: bool) -> Result<()> {
-        let g = self.granularity;
         // The granularity is a power of two (the builder refuses anything else).
-        if value & (g - 1) != 0 || (nonzero && value == 0) {
-            let accepted = if nonzero {
-                "a non-zero multiple"
-            } else {
-                "a multiple"
-            };
-            let value_shown = if what.contains("size") || what.contains("offset") {
-                show(value)
-            } else {
-                format!("{value:#x}")
-            };
-            return Err(Error::InvalidArgument {
-                call,
-                reason: format!(
-                    "{what} {value_shown} is not accepted: it must be {accepted} of the \
-                     granularity {}",
-                    show(g)
-                ),
-            });
+        if value & (self.granularity - 1) != 0 || (nonzero && value == 0) {
+            return Err(self.not_granular(call, what, value, nonzero));
         }
         Ok(())
+    }
+
+    /// The error of [`Books::granular`], built only on that path.
+    #[cold]
+    #[inline(never)]
+    fn not_granular(&self, call: &'static str, what: &str, value: u64, nonzero: bool) -> Error {
+        let accepted = if nonzero {
+            "a non-zero multiple"
+        } else {
+            "a multiple"
+        };
+        let value_shown = if what.contains("size") || what.contains("offset") {
+            show(value)
+        } else {
+            format!("{value:#x}")
+        };
+        Error::InvalidArgument {
+            call,
+            reason: format!(
+                "{what} {value_shown} is not accepted: it must be {accepted} of the granularity \
+                 {}",
+                show(self.granularity)
+            ),
+        }
     }
 
     // ---- plain allocations ------------------------------------------------------------
