@@ -6,8 +6,10 @@
 //! changing anything and an `insert_*` / `remove_*` that records the result, so an OS failure
 //! in between leaves the books untouched.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
+
+use rustc_hash::FxHashMap;
 
 use crate::backends::{request_size, Request};
 use crate::device::PhysicalHandle;
@@ -39,6 +41,15 @@ struct Mapping {
     handle: u64,
 }
 
+/// What covers a mapped granule.
+#[derive(Debug, Clone, Copy)]
+enum Granule {
+    /// A mapping starts here.
+    Start(Mapping),
+    /// Inside the mapping that starts at this address.
+    Inside(u64),
+}
+
 /// Physical memory made by `create_physical`.
 #[derive(Debug)]
 struct HandleRecord {
@@ -49,6 +60,17 @@ struct HandleRecord {
     mappings: u64,
     /// The memory file (real mode; closed at release even if still mapped).
     fd: Option<OwnedFd>,
+}
+
+/// A run of mappings that follow each other without a gap (see `Books::covering_run`).
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    /// Start of the first mapping; `None` when nothing is mapped at the run's first address.
+    first: Option<u64>,
+    /// Start of the last mapping.
+    last: u64,
+    /// Where the run ends.
+    reached: u64,
 }
 
 /// Everything a device still held when it was dropped.
@@ -74,12 +96,18 @@ pub(crate) struct Books {
     granularity: u64,
     capacity: u64,
     charged: u64,
-    allocations: HashMap<u64, AllocRecord>,
+    allocations: FxHashMap<u64, AllocRecord>,
     /// base → size.
     reservations: BTreeMap<u64, u64>,
-    /// va → mapping; never overlapping.
-    mappings: BTreeMap<u64, Mapping>,
-    handles: HashMap<u64, HandleRecord>,
+    /// Granule address → what covers it, for every granule mapped (and no other): one
+    /// `Start` per mapping, at its first granule, and `Inside` naming that start at each of
+    /// its other granules. Mappings therefore never overlap, and each question about a range
+    /// costs one lookup per granule (or per mapping, walking a run) instead of an ordered
+    /// search.
+    granules: FxHashMap<u64, Granule>,
+    /// Invariant: the number of `Start` entries of `granules`.
+    mappings: usize,
+    handles: FxHashMap<u64, HandleRecord>,
     next_handle: u64,
 }
 
@@ -98,10 +126,11 @@ impl Books {
             granularity,
             capacity,
             charged: 0,
-            allocations: HashMap::new(),
+            allocations: FxHashMap::default(),
             reservations: BTreeMap::new(),
-            mappings: BTreeMap::new(),
-            handles: HashMap::new(),
+            granules: FxHashMap::default(),
+            mappings: 0,
+            handles: FxHashMap::default(),
             next_handle: 1,
         }
     }
@@ -122,7 +151,7 @@ impl Books {
             allocations: self.allocations.len() as u64,
             bytes_in_use: self.charged,
             physical_handles: self.handles.len() as u64,
-            mappings: self.mappings.len() as u64,
+            mappings: self.mappings as u64,
             reservations: self.reservations.len() as u64,
             streams: 0,
             events: 0,
@@ -141,29 +170,37 @@ impl Books {
     }
 
     /// Refuses `value` unless it is a multiple of the granularity (and non-zero when asked).
+    #[inline]
     fn granular(&self, call: &'static str, what: &str, value: u64, nonzero: bool) -> Result<()> {
-        let g = self.granularity;
-        if value % g != 0 || (nonzero && value == 0) {
-            let accepted = if nonzero {
-                "a non-zero multiple"
-            } else {
-                "a multiple"
-            };
-            let value_shown = if what.contains("size") || what.contains("offset") {
-                show(value)
-            } else {
-                format!("{value:#x}")
-            };
-            return Err(Error::InvalidArgument {
-                call,
-                reason: format!(
-                    "{what} {value_shown} is not accepted: it must be {accepted} of the \
-                     granularity {}",
-                    show(g)
-                ),
-            });
+        // The granularity is a power of two (the builder refuses anything else).
+        if value & (self.granularity - 1) != 0 || (nonzero && value == 0) {
+            return Err(self.not_granular(call, what, value, nonzero));
         }
         Ok(())
+    }
+
+    /// The error of [`Books::granular`], built only on that path.
+    #[cold]
+    #[inline(never)]
+    fn not_granular(&self, call: &'static str, what: &str, value: u64, nonzero: bool) -> Error {
+        let accepted = if nonzero {
+            "a non-zero multiple"
+        } else {
+            "a multiple"
+        };
+        let value_shown = if what.contains("size") || what.contains("offset") {
+            show(value)
+        } else {
+            format!("{value:#x}")
+        };
+        Error::InvalidArgument {
+            call,
+            reason: format!(
+                "{what} {value_shown} is not accepted: it must be {accepted} of the granularity \
+                 {}",
+                show(self.granularity)
+            ),
+        }
     }
 
     // ---- plain allocations ------------------------------------------------------------
@@ -269,7 +306,14 @@ impl Books {
                 ),
             });
         }
-        let inside = self.mappings.range(va..va + reserved).count();
+        // Mappings lie inside one reservation each: count those that start in this one (a
+        // walk over every mapping, on this rare path only).
+        let end = va + reserved;
+        let inside = self
+            .granules
+            .iter()
+            .filter(|(&at, u)| matches!(u, Granule::Start(_)) && at >= va && at < end)
+            .count();
         if inside > 0 {
             return Err(Error::InvalidArgument {
                 call: "free_reservation",
@@ -401,14 +445,19 @@ impl Books {
             });
         }
         let end = va + size;
-        if let Some((&at, m)) = self.mappings.range(..end).next_back() {
-            if at + m.size > va {
+        // The overlapping mapping named is the one over the highest mapped granule of the
+        // range (the last mapping starting below its end).
+        let g = self.granularity;
+        let mut at = end;
+        while at > va {
+            at -= g;
+            if let Some((start, m)) = self.mapping_over(at) {
                 return Err(Error::InvalidArgument {
                     call: "map",
                     reason: format!(
-                        "[{va:#x}, {end:#x}) overlaps the mapping at [{at:#x}, {:#x}); unmap it \
-                         first",
-                        at + m.size
+                        "[{va:#x}, {end:#x}) overlaps the mapping at [{start:#x}, {:#x}); unmap \
+                         it first",
+                        start + m.size
                     ),
                 });
             }
@@ -416,46 +465,65 @@ impl Books {
         Ok(record.fd.as_ref())
     }
 
+    /// The mapping covering the granule at `at`, as `(start, mapping)`.
+    fn mapping_over(&self, at: u64) -> Option<(u64, Mapping)> {
+        match *self.granules.get(&at)? {
+            Granule::Start(m) => Some((at, m)),
+            Granule::Inside(start) => match self.granules.get(&start) {
+                Some(&Granule::Start(m)) => Some((start, m)),
+                _ => None,
+            },
+        }
+    }
+
     /// Records a mapping checked by [`Books::check_map`].
     pub(crate) fn insert_mapping(&mut self, va: u64, size: u64, handle: PhysicalHandle) {
         if let Some(record) = self.handles.get_mut(&handle.0) {
             record.mappings += 1;
         }
-        self.mappings.insert(
-            va,
-            Mapping {
-                size,
-                handle: handle.0,
-            },
-        );
+        let mapping = Mapping {
+            size,
+            handle: handle.0,
+        };
+        self.granules.insert(va, Granule::Start(mapping));
+        let g = self.granularity;
+        let mut at = va + g;
+        while at < va + size {
+            self.granules.insert(at, Granule::Inside(va));
+            at += g;
+        }
+        self.mappings += 1;
     }
 
-    /// Walks the mappings that cover `[va, va + size)`, in address order, as long as they
-    /// follow each other without a gap. Returns the start of each mapping touched and where
+    /// Walks the mappings that cover `[va, va + size)` (`va` granule-aligned), in address
+    /// order, as long as they follow each other without a gap. Returns the run: the start of
+    /// the first and of the last mapping touched (`None` when nothing covers `va`), and where
     /// the covered run ends (which may be short of, or past, `va + size`).
-    fn covering_run(&self, va: u64, size: u64) -> (Vec<u64>, u64) {
+    fn covering_run(&self, va: u64, size: u64) -> Run {
         let end = va.saturating_add(size);
-        let mut starts = Vec::new();
-        let mut reached = va;
-        if let Some((&at, m)) = self.mappings.range(..=va).next_back() {
-            if at + m.size > va {
-                starts.push(at);
-                reached = at + m.size;
-            }
-        }
-        if starts.is_empty() {
-            return (starts, va);
-        }
+        let Some((first, m)) = self.mapping_over(va) else {
+            return Run {
+                first: None,
+                last: va,
+                reached: va,
+            };
+        };
+        let mut last = first;
+        let mut reached = first + m.size;
         while reached < end {
-            match self.mappings.get(&reached) {
-                Some(m) => {
-                    starts.push(reached);
+            match self.granules.get(&reached) {
+                Some(&Granule::Start(m)) => {
+                    last = reached;
                     reached += m.size;
                 }
-                None => break,
+                _ => break,
             }
         }
-        (starts, reached)
+        Run {
+            first: Some(first),
+            last,
+            reached,
+        }
     }
 
     /// Checks `set_access(va, size)`: every granule of the range must be mapped.
@@ -466,9 +534,10 @@ impl Books {
         self.granular("set_access", "address", va, false)?;
         self.granular("set_access", "size", size, true)?;
         let end = va.saturating_add(size);
-        let (starts, reached) = self.covering_run(va, size);
+        let run = self.covering_run(va, size);
+        let reached = run.reached;
         if reached < end {
-            let hole = if starts.is_empty() { va } else { reached };
+            let hole = if run.first.is_none() { va } else { reached };
             return Err(Error::InvalidArgument {
                 call: "set_access",
                 reason: format!(
@@ -480,26 +549,29 @@ impl Books {
         Ok(())
     }
 
-    /// Checks `unmap(va, size)`: the range must be exactly a run of whole mappings. Returns
-    /// their starts.
+    /// Checks `unmap(va, size)`: the range must be exactly a run of whole mappings.
     ///
     /// # Errors
     /// `InvalidArgument` for a misaligned or zero argument, a range that is not mapped, or
     /// one that would split a mapping.
-    pub(crate) fn check_unmap(&self, va: u64, size: u64) -> Result<Vec<u64>> {
+    pub(crate) fn check_unmap(&self, va: u64, size: u64) -> Result<()> {
         self.granular("unmap", "address", va, false)?;
         self.granular("unmap", "size", size, true)?;
         let end = va.saturating_add(size);
-        let (starts, reached) = self.covering_run(va, size);
+        let Run {
+            first,
+            last,
+            reached,
+        } = self.covering_run(va, size);
         let refuse = |why: String| Error::InvalidArgument {
             call: "unmap",
             reason: format!(
                 "[{va:#x}, {end:#x}) {why}; accepted is a range made of whole earlier mappings"
             ),
         };
-        match starts.first() {
+        match first {
             None => return Err(refuse(format!("is not mapped at {va:#x}"))),
-            Some(&first) if first != va => {
+            Some(first) if first != va => {
                 return Err(refuse(format!(
                     "starts inside the mapping at {first:#x} and would split it"
                 )))
@@ -510,21 +582,31 @@ impl Books {
             return Err(refuse(format!("is not mapped at {reached:#x}")));
         }
         if reached > end {
-            let last = starts.last().copied().unwrap_or(va);
             return Err(refuse(format!(
                 "ends inside the mapping [{last:#x}, {reached:#x}) and would split it"
             )));
         }
-        Ok(starts)
+        Ok(())
     }
 
-    /// Forgets mappings checked by [`Books::check_unmap`]; a released handle whose last
-    /// mapping goes is freed and credited.
-    pub(crate) fn remove_mappings(&mut self, starts: &[u64]) {
-        for at in starts {
-            let Some(m) = self.mappings.remove(at) else {
-                continue;
+    /// Forgets the mappings of `[va, va + size)`, a run checked by [`Books::check_unmap`]; a
+    /// released handle whose last mapping goes is freed and credited.
+    pub(crate) fn remove_mappings(&mut self, va: u64, size: u64) {
+        let g = self.granularity;
+        let end = va.saturating_add(size);
+        let mut at = va;
+        while at < end {
+            let Some(Granule::Start(m)) = self.granules.remove(&at) else {
+                debug_assert!(false, "unmap of a run not checked");
+                break;
             };
+            self.mappings -= 1;
+            let mut inside = at + g;
+            at += m.size;
+            while inside < at {
+                self.granules.remove(&inside);
+                inside += g;
+            }
             let Some(record) = self.handles.get_mut(&m.handle) else {
                 continue;
             };
@@ -548,12 +630,13 @@ impl Books {
                 .map(|(ptr, r)| (ptr, r.size))
                 .collect(),
             reservations: std::mem::take(&mut self.reservations).into_iter().collect(),
-            mappings: self.mappings.len(),
+            mappings: self.mappings,
             handles,
             released_mapped: self.handles.len() - handles,
             bytes: self.charged,
         };
-        self.mappings.clear();
+        self.granules.clear();
+        self.mappings = 0;
         self.handles.clear();
         self.charged = 0;
         left
@@ -581,7 +664,7 @@ mod tests {
             b.insert_mapping(base + 2 * i * G, 2 * G, h);
         }
         // Whole run of three mappings.
-        assert_eq!(b.check_unmap(base, 6 * G).unwrap().len(), 3);
+        b.check_unmap(base, 6 * G).unwrap();
         // Splits: starting or ending inside a mapping.
         assert!(b.check_unmap(base + G, 2 * G).is_err());
         assert!(b.check_unmap(base, 3 * G).is_err());
@@ -591,7 +674,7 @@ mod tests {
         b.check_set_access(base + G, 4 * G).unwrap();
         assert!(b.check_set_access(base + 4 * G, 4 * G).is_err());
         assert!(b.check_set_access(base + 8 * G, G).is_err());
-        b.remove_mappings(&[base, base + 2 * G, base + 4 * G]);
+        b.remove_mappings(base, 6 * G);
         assert_eq!(b.census().mappings, 0);
         b.release(h).unwrap();
         assert_eq!(
@@ -613,7 +696,7 @@ mod tests {
         assert_eq!(b.free_bytes(), 62 * G);
         assert!(b.release(h).is_err());
         assert!(b.check_map(1 << 40, 2 * G, h, 0).is_err());
-        b.remove_mappings(&[1 << 40]);
+        b.remove_mappings(1 << 40, 2 * G);
         assert_eq!(b.free_bytes(), 64 * G);
         assert_eq!(b.census().physical_handles, 0);
     }

@@ -854,11 +854,11 @@ impl VirtualMemory for HostDevice {
     fn unmap(&self, va: u64, size: u64) -> Result<()> {
         let mut guard = self.lock();
         let st = &mut *guard;
-        let starts = st.books.check_unmap(va, size)?;
+        st.books.check_unmap(va, size)?;
         if st.sim.is_none() {
             os::rereserve(va, size)?;
         }
-        st.books.remove_mappings(&starts);
+        st.books.remove_mappings(va, size);
         if !st.peer_grants.is_empty() {
             let gone: Vec<u64> = st
                 .peer_grants

@@ -1,0 +1,1002 @@
+//! The physical side of [`super::VmmAllocator`]: which granule of which reservation is mapped
+//! to which piece of which physical handle, how many chunks in use touch each granule, and
+//! which mapped granules are free (no chunk in use on them) or still lack access.
+//!
+//! Reservations are few and large (`2 × limit + 1 GiB` each), so every granule of a
+//! reservation has a slot in arrays indexed by its position, in **pages** of [`PAGE`]
+//! granules made when a granule of theirs is first mapped or touched (a reservation of which
+//! only both ends are used costs two pages, not the whole range). Per page: each granule's
+//! backing and touch count, and bitmaps of the mapped, free-mapped and access-less granules,
+//! with the free ones counted per page so that the search for granules to stitch skips the
+//! pages that have none. Every count the allocator asks for is kept, never computed by
+//! iterating; a question about a span costs `O(granules of the span / 64)` word operations.
+//!
+//! Handles live in a slab (slots reused); idle pieces (held, not mapped) in a set ordered by
+//! `(handle id, offset)`, the order they are taken in.
+#![deny(unsafe_code)]
+
+use std::collections::BTreeSet;
+
+use rustc_hash::FxHashMap;
+
+/// Granules per page (`2^PAGE_SHIFT`).
+const PAGE_SHIFT: u32 = 10;
+/// Granules per page.
+pub(super) const PAGE: usize = 1 << PAGE_SHIFT;
+/// Bitmap words per page.
+const WORDS: usize = PAGE / 64;
+
+/// Where a mapped granule's memory comes from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Backing {
+    /// Slot of the handle in [`Physical::handles`].
+    slot: u32,
+    /// Granule index inside the handle (its offset ÷ the granularity).
+    piece: u32,
+}
+
+/// [`PAGE`] consecutive granules of a region.
+#[derive(Debug)]
+struct Page {
+    /// The backing of each granule; meaningful exactly where `mapped` is set.
+    backing: [Backing; PAGE],
+    /// Number of chunks in use overlapping each granule (pending stream-ordered frees
+    /// included).
+    touch: [u32; PAGE],
+    /// Granules mapped.
+    mapped: [u64; WORDS],
+    /// Invariant: exactly the granules mapped whose `touch` is 0.
+    free: [u64; WORDS],
+    /// Invariant: a subset of `mapped`: granules whose access was not granted yet (a failed
+    /// or not yet made `set_access`).
+    no_access: [u64; WORDS],
+    /// Invariant: the number of bits set in `free`.
+    free_count: u32,
+}
+
+impl Page {
+    fn new() -> Box<Page> {
+        Box::new(Page {
+            backing: [Backing::default(); PAGE],
+            touch: [0; PAGE],
+            mapped: [0; WORDS],
+            free: [0; WORDS],
+            no_access: [0; WORDS],
+            free_count: 0,
+        })
+    }
+}
+
+/// One reservation's granules.
+#[derive(Debug)]
+struct Region {
+    /// First byte (granule-aligned).
+    base: u64,
+    /// Granules in it.
+    granules: u64,
+    /// Its pages, `None` until a granule of the page is mapped or touched (then all zero).
+    pages: Vec<Option<Box<Page>>>,
+}
+
+/// One physical handle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct HandleRec {
+    /// The device's id for it.
+    pub(super) id: u64,
+    /// Bytes (a multiple of the granularity).
+    pub(super) size: u64,
+    /// Invariant: granules of it mapped now.
+    pub(super) mapped: u64,
+}
+
+/// A piece of physical memory: `(handle id, offset in bytes, slot)`. Ordered by the device's
+/// handle id, then the offset: the order idle pieces are used in.
+pub(super) type Piece = (u64, u64, u32);
+
+/// The physical books. See the module docs.
+#[derive(Debug)]
+pub(super) struct Physical {
+    /// log2 of the granularity.
+    shift: u32,
+    /// Invariant: the regions of the address space, sorted by base, not overlapping.
+    regions: Vec<Region>,
+    /// Handle slab; `None` = a vacant slot (listed in `vacant`).
+    handles: Vec<Option<HandleRec>>,
+    /// Vacant slots of `handles`, reused last in, first out.
+    vacant: Vec<u32>,
+    /// Invariant: number of `Some` in `handles`.
+    handle_count: usize,
+    /// Pieces of handles held but not mapped. Invariant: with the backing of the mapped
+    /// granules, every granule of every handle exactly once.
+    idle: BTreeSet<Piece>,
+    /// Invariant: granules mapped, over all pages.
+    mapped: u64,
+    /// Invariant: granules free and mapped, over all pages (= sum of `free_count`).
+    free_mapped: u64,
+    /// Invariant: granules without access, over all pages.
+    no_access: u64,
+    /// Invariant: bytes of all handles.
+    pool_bytes: u64,
+}
+
+/// Calls `f(page, word, mask)` for each bitmap word of the granules `[i0, i1)` of a region,
+/// in order, `mask` selecting the granules of the range in that word.
+#[inline]
+fn words(i0: u64, i1: u64, mut f: impl FnMut(usize, usize, u64)) {
+    let mut i = i0;
+    while i < i1 {
+        let w = i >> 6;
+        let hi = ((w + 1) << 6).min(i1);
+        let n = hi - i;
+        let mask = if n == 64 {
+            !0
+        } else {
+            ((1u64 << n) - 1) << (i & 63)
+        };
+        f((w >> 4) as usize, (w & 15) as usize, mask);
+        i = hi;
+    }
+}
+
+/// `(page, index in page, word, bit)` of granule `i` of a region.
+#[inline]
+fn pos(i: u64) -> (usize, usize, usize, u64) {
+    let k = (i as usize) & (PAGE - 1);
+    ((i >> PAGE_SHIFT) as usize, k, k >> 6, 1u64 << (k & 63))
+}
+
+impl Physical {
+    /// Empty books for this granularity (a power of two).
+    pub(super) fn new(granularity: u64) -> Self {
+        debug_assert!(granularity.is_power_of_two());
+        Physical {
+            shift: granularity.trailing_zeros(),
+            regions: Vec::new(),
+            handles: Vec::new(),
+            vacant: Vec::new(),
+            handle_count: 0,
+            idle: BTreeSet::new(),
+            mapped: 0,
+            free_mapped: 0,
+            no_access: 0,
+            pool_bytes: 0,
+        }
+    }
+
+    fn g(&self) -> u64 {
+        1 << self.shift
+    }
+
+    /// Adds the reservation `[base, base + size)` (granule-aligned, overlapping none added).
+    ///
+    /// # Time complexity
+    /// `O(regions + size / granularity / PAGE)`.
+    pub(super) fn add_region(&mut self, base: u64, size: u64) {
+        let granules = size >> self.shift;
+        let pages = granules.div_ceil(PAGE as u64) as usize;
+        let at = self.regions.partition_point(|r| r.base < base);
+        self.regions.insert(
+            at,
+            Region {
+                base,
+                granules,
+                pages: (0..pages).map(|_| None).collect(),
+            },
+        );
+    }
+
+    /// The region and granule indices `[i0, i1)` of the granule-aligned span `[start, end)`;
+    /// `None` when it does not lie inside one region.
+    #[inline]
+    fn locate(&self, start: u64, end: u64) -> Option<(usize, u64, u64)> {
+        let r = self
+            .regions
+            .partition_point(|x| x.base <= start)
+            .checked_sub(1)?;
+        let reg = &self.regions[r];
+        let i0 = (start - reg.base) >> self.shift;
+        let i1 = (end.max(start) - reg.base) >> self.shift;
+        (i1 <= reg.granules).then_some((r, i0, i1))
+    }
+
+    fn page(&self, r: usize, p: usize) -> Option<&Page> {
+        self.regions[r].pages[p].as_deref()
+    }
+
+    fn page_mut(&mut self, r: usize, p: usize) -> &mut Page {
+        self.regions[r].pages[p].get_or_insert_with(Page::new)
+    }
+
+    /// Set bits of `sel` among the granules of `[start, end)` (inside one region).
+    fn count(&self, start: u64, end: u64, sel: impl Fn(&Page) -> &[u64; WORDS]) -> u64 {
+        let Some((r, i0, i1)) = self.locate(start, end) else {
+            return 0;
+        };
+        let mut n = 0u64;
+        words(i0, i1, |p, w, mask| {
+            if let Some(page) = self.page(r, p) {
+                n += u64::from((sel(page)[w] & mask).count_ones());
+            }
+        });
+        n
+    }
+
+    /// Calls `f(address)` for each granule of `[start, end)` (inside one region) whose bit is
+    /// set in `sel`, in address order.
+    fn each(&self, start: u64, end: u64, sel: impl Fn(&Page) -> &[u64; WORDS], f: impl FnMut(u64)) {
+        if let Some((r, i0, i1)) = self.locate(start, end) {
+            self.each_in(r, i0, i1, sel, f);
+        }
+    }
+
+    fn each_in(
+        &self,
+        r: usize,
+        i0: u64,
+        i1: u64,
+        sel: impl Fn(&Page) -> &[u64; WORDS],
+        mut f: impl FnMut(u64),
+    ) {
+        let reg = &self.regions[r];
+        words(i0, i1, |p, w, mask| {
+            if let Some(page) = self.page(r, p) {
+                let mut bits = sel(page)[w] & mask;
+                while bits != 0 {
+                    let b = u64::from(bits.trailing_zeros());
+                    bits &= bits - 1;
+                    let i = ((p as u64) << PAGE_SHIFT) + ((w as u64) << 6) + b;
+                    f(reg.base + (i << self.shift));
+                }
+            }
+        });
+    }
+
+    // ---- counts -------------------------------------------------------------------------
+
+    /// Granules mapped, over all regions.
+    pub(super) fn mapped_count(&self) -> u64 {
+        self.mapped
+    }
+
+    /// Granules mapped and free (no chunk in use on them), over all regions.
+    pub(super) fn free_mapped_count(&self) -> u64 {
+        self.free_mapped
+    }
+
+    /// Pieces held but not mapped.
+    pub(super) fn idle_count(&self) -> u64 {
+        self.idle.len() as u64
+    }
+
+    /// Bytes of all handles.
+    pub(super) fn pool_bytes(&self) -> u64 {
+        self.pool_bytes
+    }
+
+    /// Handles held.
+    pub(super) fn handle_count(&self) -> usize {
+        self.handle_count
+    }
+
+    /// Granules mapped under the granule-aligned span `[start, end)`.
+    ///
+    /// # Time complexity
+    /// `O(granules / 64)`.
+    pub(super) fn mapped_in(&self, start: u64, end: u64) -> u64 {
+        self.count(start, end, |p| &p.mapped)
+    }
+
+    /// Granules mapped and free under `[start, end)`.
+    ///
+    /// # Time complexity
+    /// `O(granules / 64)`.
+    pub(super) fn free_in(&self, start: u64, end: u64) -> u64 {
+        self.count(start, end, |p| &p.free)
+    }
+
+    /// Granules under `[start, end)` that no chunk in use touches.
+    ///
+    /// # Time complexity
+    /// `O(granules)`.
+    pub(super) fn untouched_in(&self, start: u64, end: u64) -> u64 {
+        let Some((r, i0, i1)) = self.locate(start, end) else {
+            return (end.saturating_sub(start)) >> self.shift;
+        };
+        (i0..i1)
+            .filter(|&i| {
+                let (p, k, _, _) = pos(i);
+                self.page(r, p).map_or(true, |page| page.touch[k] == 0)
+            })
+            .count() as u64
+    }
+
+    /// True when the granule at `v` is mapped.
+    pub(super) fn is_mapped(&self, v: u64) -> bool {
+        self.bit(v, |p| &p.mapped)
+    }
+
+    /// True when the granule at `v` is mapped without access.
+    pub(super) fn lacks_access(&self, v: u64) -> bool {
+        self.bit(v, |p| &p.no_access)
+    }
+
+    fn bit(&self, v: u64, sel: impl Fn(&Page) -> &[u64; WORDS]) -> bool {
+        let Some((r, i, _)) = self.locate(v, v) else {
+            return false;
+        };
+        let (p, _, w, bit) = pos(i);
+        self.page(r, p).is_some_and(|page| sel(page)[w] & bit != 0)
+    }
+
+    // ---- touch counts -------------------------------------------------------------------
+
+    /// Counts a chunk in use on the granules of `[start, end)` (inside one region).
+    ///
+    /// # Time complexity
+    /// `O(granules)`.
+    pub(super) fn touch(&mut self, start: u64, end: u64) {
+        let Some((r, i0, i1)) = self.locate(start, end) else {
+            debug_assert!(false, "a chunk outside every region");
+            return;
+        };
+        for i in i0..i1 {
+            let (p, k, w, bit) = pos(i);
+            let page = self.page_mut(r, p);
+            page.touch[k] += 1;
+            if page.touch[k] == 1 && page.free[w] & bit != 0 {
+                page.free[w] &= !bit;
+                page.free_count -= 1;
+                self.free_mapped -= 1;
+            }
+        }
+    }
+
+    /// Undoes [`Physical::touch`]: a granule no chunk touches any more is free if mapped.
+    ///
+    /// # Time complexity
+    /// `O(granules)`.
+    pub(super) fn untouch(&mut self, start: u64, end: u64) {
+        let Some((r, i0, i1)) = self.locate(start, end) else {
+            debug_assert!(false, "a chunk outside every region");
+            return;
+        };
+        let mut freed = 0;
+        for i in i0..i1 {
+            let (p, k, w, bit) = pos(i);
+            let Some(page) = self.regions[r].pages[p].as_deref_mut() else {
+                continue;
+            };
+            if page.touch[k] > 1 {
+                page.touch[k] -= 1;
+                continue;
+            }
+            page.touch[k] = 0;
+            if page.mapped[w] & bit != 0 && page.free[w] & bit == 0 {
+                page.free[w] |= bit;
+                page.free_count += 1;
+                freed += 1;
+            }
+        }
+        self.free_mapped += freed;
+    }
+
+    // ---- mapping ------------------------------------------------------------------------
+
+    /// Records `piece` mapped at granule `v` (not mapped), without access.
+    ///
+    /// # Time complexity
+    /// `O(log regions)`.
+    pub(super) fn map(&mut self, v: u64, piece: Piece) {
+        let Some((r, i, _)) = self.locate(v, v) else {
+            debug_assert!(false, "a granule outside every region");
+            return;
+        };
+        let (_, off, slot) = piece;
+        let shift = self.shift;
+        let (p, k, w, bit) = pos(i);
+        let page = self.page_mut(r, p);
+        debug_assert!(page.mapped[w] & bit == 0, "granule {v:#x} mapped twice");
+        page.backing[k] = Backing {
+            slot,
+            piece: (off >> shift) as u32,
+        };
+        page.mapped[w] |= bit;
+        page.no_access[w] |= bit;
+        let free = page.touch[k] == 0;
+        if free {
+            page.free[w] |= bit;
+            page.free_count += 1;
+        }
+        self.free_mapped += u64::from(free);
+        self.mapped += 1;
+        self.no_access += 1;
+        if let Some(Some(h)) = self.handles.get_mut(slot as usize) {
+            h.mapped += 1;
+        }
+    }
+
+    /// Forgets the mapping of granule `v` and returns its piece; `None` when it is not
+    /// mapped.
+    ///
+    /// # Time complexity
+    /// `O(log regions)`.
+    pub(super) fn unmap(&mut self, v: u64) -> Option<Piece> {
+        let (r, i, _) = self.locate(v, v)?;
+        let shift = self.shift;
+        let (p, k, w, bit) = pos(i);
+        let page = self.regions[r].pages[p].as_deref_mut()?;
+        if page.mapped[w] & bit == 0 {
+            return None;
+        }
+        let b = page.backing[k];
+        page.mapped[w] &= !bit;
+        if page.free[w] & bit != 0 {
+            page.free[w] &= !bit;
+            page.free_count -= 1;
+            self.free_mapped -= 1;
+        }
+        if page.no_access[w] & bit != 0 {
+            page.no_access[w] &= !bit;
+            self.no_access -= 1;
+        }
+        self.mapped -= 1;
+        let h = self.handles.get_mut(b.slot as usize)?.as_mut()?;
+        h.mapped -= 1;
+        Some((h.id, u64::from(b.piece) << shift, b.slot))
+    }
+
+    /// Records that the granule at `v` was granted access.
+    pub(super) fn grant(&mut self, v: u64) {
+        let Some((r, i, _)) = self.locate(v, v) else {
+            return;
+        };
+        let (p, _, w, bit) = pos(i);
+        if let Some(page) = self.regions[r].pages[p].as_deref_mut() {
+            if page.no_access[w] & bit != 0 {
+                page.no_access[w] &= !bit;
+                self.no_access -= 1;
+            }
+        }
+    }
+
+    /// True when no granule of `[start, end)` lacks access.
+    ///
+    /// # Time complexity
+    /// `O(1)` while every granule mapped has access, else `O(granules / 64)`.
+    pub(super) fn all_granted(&self, start: u64, end: u64) -> bool {
+        self.no_access == 0 || self.count(start, end, |p| &p.no_access) == 0
+    }
+
+    /// The granules of `[start, end)` (inside one region) mapped without access, in address
+    /// order.
+    ///
+    /// # Time complexity
+    /// `O(granules / 64)` plus the granules listed.
+    pub(super) fn lacking_access(&self, start: u64, end: u64) -> Vec<u64> {
+        let mut out = Vec::new();
+        if self.no_access > 0 {
+            self.each(start, end, |p| &p.no_access, |v| out.push(v));
+        }
+        out
+    }
+
+    /// The granules of `[start, end)` (inside one region) not mapped, in address order.
+    ///
+    /// # Time complexity
+    /// `O(granules)`.
+    pub(super) fn unmapped_in(&self, start: u64, end: u64) -> Vec<u64> {
+        let g = self.g();
+        (start..end)
+            .step_by(g as usize)
+            .filter(|&v| !self.is_mapped(v))
+            .collect()
+    }
+
+    /// The first `want` free mapped granules outside `[start, end)`, in address order over
+    /// all regions: the granules stitching moves.
+    ///
+    /// # Time complexity
+    /// `O(pages)` plus `O(PAGE / 64)` per page holding a free granule looked at, plus the
+    /// granules returned.
+    pub(super) fn victims(&self, start: u64, end: u64, want: u64) -> Vec<u64> {
+        let mut out = Vec::new();
+        if want == 0 {
+            return out;
+        }
+        for (r, reg) in self.regions.iter().enumerate() {
+            for (p, page) in reg.pages.iter().enumerate() {
+                let Some(page) = page.as_deref() else {
+                    continue;
+                };
+                if page.free_count == 0 {
+                    continue;
+                }
+                let i0 = (p as u64) << PAGE_SHIFT;
+                let i1 = (i0 + PAGE as u64).min(reg.granules);
+                let mut done = false;
+                self.each_in(
+                    r,
+                    i0,
+                    i1,
+                    |pg| &pg.free,
+                    |v| {
+                        if !done && (v < start || v >= end) {
+                            out.push(v);
+                            done = out.len() as u64 >= want;
+                        }
+                    },
+                );
+                if done {
+                    return out;
+                }
+            }
+        }
+        out
+    }
+
+    /// Every granule mapped, in address order.
+    pub(super) fn mapped_granules(&self) -> Vec<u64> {
+        self.all(|p| &p.mapped)
+    }
+
+    /// Every free mapped granule, in address order.
+    pub(super) fn free_granules(&self) -> Vec<u64> {
+        self.all(|p| &p.free)
+    }
+
+    fn all(&self, sel: impl Fn(&Page) -> &[u64; WORDS] + Copy) -> Vec<u64> {
+        let mut out = Vec::new();
+        for (r, reg) in self.regions.iter().enumerate() {
+            for (p, page) in reg.pages.iter().enumerate() {
+                if page.is_some() {
+                    let i0 = (p as u64) << PAGE_SHIFT;
+                    let i1 = (i0 + PAGE as u64).min(reg.granules);
+                    self.each_in(r, i0, i1, sel, |v| out.push(v));
+                }
+            }
+        }
+        out
+    }
+
+    /// Calls `f(from, to)` for each run of consecutive mapped granules under `[start, end)`
+    /// (inside one region), in address order.
+    ///
+    /// # Time complexity
+    /// `O(granules / 64)` plus the mapped granules.
+    pub(super) fn mapped_runs(&self, start: u64, end: u64, mut f: impl FnMut(u64, u64)) {
+        let g = self.g();
+        let mut run: Option<(u64, u64)> = None;
+        self.each(
+            start,
+            end,
+            |p| &p.mapped,
+            |v| {
+                run = match run {
+                    Some((s, e)) if e == v => Some((s, v + g)),
+                    Some((s, e)) => {
+                        f(s, e);
+                        Some((v, v + g))
+                    }
+                    None => Some((v, v + g)),
+                };
+            },
+        );
+        if let Some((s, e)) = run {
+            f(s, e);
+        }
+    }
+
+    // ---- handles and idle pieces --------------------------------------------------------
+
+    /// Records a new handle of `size` bytes with the device's `id`; returns its slot. Its
+    /// pieces are neither mapped nor idle yet: the caller maps them or makes them idle.
+    pub(super) fn add_handle(&mut self, id: u64, size: u64) -> u32 {
+        let rec = HandleRec {
+            id,
+            size,
+            mapped: 0,
+        };
+        self.handle_count += 1;
+        self.pool_bytes += size;
+        let slot = self.vacant.pop().unwrap_or(self.handles.len() as u32);
+        if slot as usize == self.handles.len() {
+            self.handles.push(None);
+        }
+        self.handles[slot as usize] = Some(rec);
+        slot
+    }
+
+    /// Forgets the handle in `slot` (none of its pieces mapped) and its idle pieces; returns
+    /// its size.
+    pub(super) fn remove_handle(&mut self, slot: u32) -> Option<u64> {
+        let rec = self.handles.get_mut(slot as usize)?.take()?;
+        self.vacant.push(slot);
+        self.handle_count -= 1;
+        self.pool_bytes -= rec.size;
+        let pieces: Vec<Piece> = self
+            .idle
+            .range((rec.id, 0, 0)..=(rec.id, u64::MAX, u32::MAX))
+            .copied()
+            .collect();
+        for piece in pieces {
+            self.idle.remove(&piece);
+        }
+        Some(rec.size)
+    }
+
+    /// `(slot, record)` of every handle, by the device's handle id.
+    pub(super) fn handles_by_id(&self) -> Vec<(u32, HandleRec)> {
+        let mut all: Vec<(u32, HandleRec)> = self
+            .handles
+            .iter()
+            .enumerate()
+            .filter_map(|(s, h)| h.map(|h| (s as u32, h)))
+            .collect();
+        all.sort_unstable_by_key(|(_, h)| h.id);
+        all
+    }
+
+    /// Makes `piece` idle.
+    pub(super) fn make_idle(&mut self, piece: Piece) {
+        self.idle.insert(piece);
+    }
+
+    /// Takes the first idle piece (lowest handle id, then offset).
+    pub(super) fn take_idle(&mut self) -> Option<Piece> {
+        self.idle.pop_first()
+    }
+
+    /// Forgets every mapping (the device's were all unmapped) and every handle.
+    pub(super) fn clear(&mut self) {
+        for reg in &mut self.regions {
+            reg.pages.iter_mut().for_each(|p| *p = None);
+        }
+        self.handles.clear();
+        self.vacant.clear();
+        self.idle.clear();
+        self.handle_count = 0;
+        self.mapped = 0;
+        self.free_mapped = 0;
+        self.no_access = 0;
+        self.pool_bytes = 0;
+    }
+
+    // ---- invariants ---------------------------------------------------------------------
+
+    /// Checks the invariants stated on the fields against `touch`, the touch count of every
+    /// granule recomputed from the chunks in use (absent = 0), and `regions`, the regions of
+    /// the address space.
+    ///
+    /// # Errors
+    /// A description of the first one broken.
+    pub(super) fn check(
+        &self,
+        touch: &FxHashMap<u64, u32>,
+        regions: &[(u64, u64)],
+    ) -> Result<(), String> {
+        let g = self.g();
+        let mut mine: Vec<(u64, u64)> = self
+            .regions
+            .iter()
+            .map(|r| (r.base, r.granules << self.shift))
+            .collect();
+        let mut theirs = regions.to_vec();
+        theirs.sort_unstable();
+        mine.sort_unstable();
+        if mine != theirs
+            || self
+                .regions
+                .iter()
+                .map(|r| r.base)
+                .ne(mine.iter().map(|m| m.0))
+        {
+            return Err("the physical books' regions differ from the address space's".into());
+        }
+        let (mut mapped, mut free, mut no_access, mut touched) = (0u64, 0u64, 0u64, 0usize);
+        let mut seen: BTreeSet<(u64, u64)> = BTreeSet::new();
+        let mut mapped_of: FxHashMap<u32, u64> = FxHashMap::default();
+        for reg in &self.regions {
+            if reg.pages.len() as u64 != reg.granules.div_ceil(PAGE as u64) {
+                return Err(format!("region {:#x}: wrong number of pages", reg.base));
+            }
+            for (p, page) in reg.pages.iter().enumerate() {
+                let Some(page) = page.as_deref() else {
+                    continue;
+                };
+                let mut page_free = 0u32;
+                for k in 0..PAGE {
+                    let i = ((p as u64) << PAGE_SHIFT) + k as u64;
+                    let (w, bit) = (k >> 6, 1u64 << (k & 63));
+                    let is = |bits: &[u64; WORDS]| bits[w] & bit != 0;
+                    let v = reg.base + (i << self.shift);
+                    let t = page.touch[k];
+                    if i >= reg.granules {
+                        if t != 0 || is(&page.mapped) || is(&page.free) || is(&page.no_access) {
+                            return Err(format!("region {:#x}: a granule past its end", reg.base));
+                        }
+                        continue;
+                    }
+                    if touch.get(&v).copied().unwrap_or(0) != t {
+                        return Err(format!(
+                            "granule {v:#x}: use count {t}, the chunks in use say {}",
+                            touch.get(&v).copied().unwrap_or(0)
+                        ));
+                    }
+                    touched += usize::from(t > 0);
+                    let m = is(&page.mapped);
+                    if is(&page.free) != (m && t == 0) {
+                        return Err(format!("granule {v:#x}: free-mapped index is wrong"));
+                    }
+                    if is(&page.no_access) && !m {
+                        return Err(format!("granule {v:#x} lacks access but is not mapped"));
+                    }
+                    page_free += u32::from(is(&page.free));
+                    no_access += u64::from(is(&page.no_access));
+                    if m {
+                        mapped += 1;
+                        let b = page.backing[k];
+                        let Some(Some(h)) = self.handles.get(b.slot as usize) else {
+                            return Err(format!("granule {v:#x} is mapped to no handle"));
+                        };
+                        let off = u64::from(b.piece) * g;
+                        if !seen.insert((h.id, off)) {
+                            return Err(format!("handle {} offset {off} is mapped twice", h.id));
+                        }
+                        *mapped_of.entry(b.slot).or_insert(0) += 1;
+                    }
+                }
+                if page_free != page.free_count {
+                    return Err(format!(
+                        "region {:#x} page {p}: free count is wrong",
+                        reg.base
+                    ));
+                }
+                free += u64::from(page_free);
+            }
+        }
+        if touched != touch.len() {
+            return Err("a granule in use lies outside every region".into());
+        }
+        if (mapped, free, no_access) != (self.mapped, self.free_mapped, self.no_access) {
+            return Err(format!(
+                "counts: {mapped} mapped, {free} free, {no_access} without access; books say \
+                 {}, {}, {}",
+                self.mapped, self.free_mapped, self.no_access
+            ));
+        }
+        for &(id, off, slot) in &self.idle {
+            match self.handles.get(slot as usize) {
+                Some(Some(h)) if h.id == id => {}
+                _ => return Err(format!("idle piece of handle {id} names slot {slot}")),
+            }
+            if !seen.insert((id, off)) {
+                return Err(format!("handle {id} offset {off} is idle and mapped"));
+            }
+        }
+        let (mut pool, mut granules, mut count) = (0u64, 0u64, 0usize);
+        for (slot, h) in self.handles.iter().enumerate() {
+            let vacant = self.vacant.contains(&(slot as u32));
+            let Some(h) = h else {
+                if !vacant {
+                    return Err(format!("handle slot {slot} is empty but not vacant"));
+                }
+                continue;
+            };
+            if vacant {
+                return Err(format!("handle slot {slot} is held and vacant"));
+            }
+            count += 1;
+            pool += h.size;
+            granules += h.size / g;
+            if h.size == 0 || h.size % g != 0 {
+                return Err(format!("handle {} has size {}", h.id, h.size));
+            }
+            if mapped_of.get(&(slot as u32)).copied().unwrap_or(0) != h.mapped {
+                return Err(format!(
+                    "handle {}: mapped count {} is wrong",
+                    h.id, h.mapped
+                ));
+            }
+        }
+        if self.vacant.len() + count != self.handles.len() || count != self.handle_count {
+            return Err("the handle slab's counts are wrong".into());
+        }
+        let by_id: FxHashMap<u64, u64> = self
+            .handles
+            .iter()
+            .flatten()
+            .map(|h| (h.id, h.size))
+            .collect();
+        if by_id.len() != count
+            || granules != seen.len() as u64
+            || seen.iter().any(|(id, off)| {
+                by_id
+                    .get(id)
+                    .map_or(true, |&size| off % g != 0 || *off >= size)
+            })
+        {
+            return Err("mapped and idle granules do not tile the handles".into());
+        }
+        if pool != self.pool_bytes {
+            return Err(format!(
+                "handles sum to {pool}, pool_bytes = {}",
+                self.pool_bytes
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use proptest::prelude::*;
+
+    const G: u64 = 1 << 21;
+
+    /// The rule the bitmaps replace: the free mapped granules in address order, the span
+    /// skipped, the first `want` taken.
+    fn model_victims(free: &BTreeSet<u64>, start: u64, end: u64, want: u64) -> Vec<u64> {
+        free.iter()
+            .copied()
+            .filter(|v| *v < start || *v >= end)
+            .take(want as usize)
+            .collect()
+    }
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        Map(usize),
+        Unmap(usize),
+        Touch(usize, usize),
+        Untouch(usize),
+        Victims(usize, usize, u64),
+    }
+
+    fn step(n: usize) -> impl Strategy<Value = Step> {
+        prop_oneof![
+            (0..n).prop_map(Step::Map),
+            (0..n).prop_map(Step::Unmap),
+            (0..n, 1..40usize).prop_map(|(a, l)| Step::Touch(a, l)),
+            (0..n).prop_map(Step::Untouch),
+            (0..n, 0..40usize, 0..3000u64).prop_map(|(a, l, w)| Step::Victims(a, l, w)),
+        ]
+    }
+
+    // Three regions given out of address order, two of them adjacent, spanning several
+    // pages: granule `i` of the concatenation below is at `addr(i)`.
+    const SIZES: [u64; 3] = [1100, 300, 700];
+    const BASES: [u64; 3] = [(1 << 40) + 300 * G, 1 << 40, 1 << 41];
+
+    fn addr(i: usize) -> (u64, u64) {
+        let mut i = i as u64;
+        for (b, s) in BASES.iter().zip(SIZES) {
+            if i < s {
+                return (b + i * G, b + s * G);
+            }
+            i -= s;
+        }
+        unreachable!()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(32))]
+
+        /// The books against a model of sets and maps, step by step: counts, stitching
+        /// victims in address order, runs, and the exact invariant check.
+        #[test]
+        fn books_follow_the_model(steps in proptest::collection::vec(step(2100), 1..200)) {
+            let mut phys = Physical::new(G);
+            for (b, s) in BASES.iter().zip(SIZES) {
+                phys.add_region(*b, s * G);
+            }
+            let h = phys.add_handle(7, 2100 * G);
+            let mut pieces: BTreeSet<u64> = (0..2100).collect();
+            for &p in &pieces {
+                phys.make_idle((7, p * G, h));
+            }
+            let regions: Vec<(u64, u64)> =
+                BASES.iter().zip(SIZES).map(|(b, s)| (*b, s * G)).collect();
+            let mut mapped: BTreeMap<u64, u64> = BTreeMap::new();
+            let mut touch: FxHashMap<u64, u32> = FxHashMap::default();
+            let mut live: Vec<(u64, u64)> = Vec::new();
+            for s in steps {
+                match s {
+                    Step::Map(i) => {
+                        let (v, _) = addr(i);
+                        if let std::collections::btree_map::Entry::Vacant(e) = mapped.entry(v) {
+                            let p = pieces.pop_first().unwrap();
+                            prop_assert_eq!(phys.take_idle(), Some((7, p * G, h)));
+                            phys.map(v, (7, p * G, h));
+                            e.insert(p);
+                        }
+                    }
+                    Step::Unmap(i) => {
+                        let (v, _) = addr(i);
+                        let got = phys.unmap(v);
+                        match mapped.remove(&v) {
+                            Some(p) => {
+                                prop_assert_eq!(got, Some((7, p * G, h)));
+                                phys.make_idle((7, p * G, h));
+                                pieces.insert(p);
+                            }
+                            None => prop_assert_eq!(got, None),
+                        }
+                    }
+                    Step::Touch(i, l) => {
+                        let (v, end) = addr(i);
+                        let e = (v + l as u64 * G).min(end);
+                        phys.touch(v, e);
+                        live.push((v, e));
+                        for g in (v..e).step_by(G as usize) {
+                            *touch.entry(g).or_insert(0) += 1;
+                        }
+                    }
+                    Step::Untouch(i) => {
+                        if !live.is_empty() {
+                            let (v, e) = live.swap_remove(i % live.len());
+                            phys.untouch(v, e);
+                            for g in (v..e).step_by(G as usize) {
+                                let t = touch.get_mut(&g).unwrap();
+                                *t -= 1;
+                                if *t == 0 {
+                                    touch.remove(&g);
+                                }
+                            }
+                        }
+                    }
+                    Step::Victims(i, l, want) => {
+                        let (v, end) = addr(i);
+                        let e = (v + l as u64 * G).min(end);
+                        let free: BTreeSet<u64> = mapped
+                            .keys()
+                            .copied()
+                            .filter(|g| !touch.contains_key(g))
+                            .collect();
+                        prop_assert_eq!(phys.victims(v, e, want), model_victims(&free, v, e, want));
+                        let inside = free.range(v..e).count() as u64;
+                        prop_assert_eq!(phys.free_in(v, e), inside);
+                        prop_assert_eq!(phys.mapped_in(v, e), mapped.range(v..e).count() as u64);
+                        let untouched = (v..e).step_by(G as usize).filter(|g| !touch.contains_key(g));
+                        prop_assert_eq!(phys.untouched_in(v, e), untouched.count() as u64);
+                        let mut runs = Vec::new();
+                        phys.mapped_runs(v, e, |a, b| runs.push((a, b)));
+                        let mut want_runs: Vec<(u64, u64)> = Vec::new();
+                        for &g in mapped.range(v..e).map(|(g, _)| g) {
+                            match want_runs.last_mut() {
+                                Some((_, b)) if *b == g => *b += G,
+                                _ => want_runs.push((g, g + G)),
+                            }
+                        }
+                        prop_assert_eq!(runs, want_runs);
+                    }
+                }
+                prop_assert_eq!(phys.mapped_count(), mapped.len() as u64);
+                let free = mapped.keys().filter(|g| !touch.contains_key(g)).count() as u64;
+                prop_assert_eq!(phys.free_mapped_count(), free);
+                prop_assert_eq!(phys.idle_count(), pieces.len() as u64);
+                prop_assert_eq!(phys.check(&touch, &regions), Ok(()));
+            }
+            prop_assert_eq!(phys.mapped_granules(), mapped.keys().copied().collect::<Vec<_>>());
+        }
+    }
+
+    #[test]
+    fn check_catches_a_wrong_count() {
+        let mut phys = Physical::new(G);
+        phys.add_region(1 << 40, 64 * G);
+        let h = phys.add_handle(1, G);
+        phys.map(1 << 40, (1, 0, h));
+        let regions = [(1 << 40, 64 * G)];
+        let none = FxHashMap::default();
+        assert_eq!(phys.check(&none, &regions), Ok(()));
+        // A touch the chunks do not explain.
+        phys.touch(1 << 40, (1 << 40) + G);
+        assert!(phys.check(&none, &regions).is_err());
+        phys.untouch(1 << 40, (1 << 40) + G);
+        phys.free_mapped += 1;
+        assert!(phys.check(&none, &regions).is_err());
+    }
+}
