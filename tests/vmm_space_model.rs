@@ -246,6 +246,13 @@ enum Op {
         high: bool,
         requested_less: u64,
     },
+    /// find without a commit: the placement is remembered for a later (stale) one.
+    Peek {
+        class: usize,
+        units: u64,
+        align_log: u32,
+        high: bool,
+    },
     /// candidates (compared in full), then commit the `pick`-th.
     Candidate {
         class: usize,
@@ -253,7 +260,8 @@ enum Op {
         align_log: u32,
         pick: usize,
     },
-    /// commit a placement found earlier (stale or not).
+    /// commit a placement found earlier (stale or not; `find`'s hint for `commit` stale or
+    /// not).
     Recommit {
         pick: usize,
         units: u64,
@@ -305,6 +313,14 @@ fn op() -> impl Strategy<Value = Op> {
                 align_log,
                 high,
                 requested_less,
+            }
+        ),
+        2 => (class.clone(), 1u64..64, align.clone(), any::<bool>()).prop_map(
+            |(class, units, align_log, high)| Op::Peek {
+                class,
+                units,
+                align_log,
+                high,
             }
         ),
         2 => (class.clone(), 1u64..64, align, any::<usize>()).prop_map(
@@ -412,6 +428,17 @@ impl Pair {
                 let rounded = units * 256;
                 let requested = rounded - requested_less.min(255);
                 self.alloc(class, rounded, 1 << align_log, high, requested);
+            }
+            Op::Peek {
+                class,
+                units,
+                align_log,
+                high,
+            } => {
+                let (rounded, alignment) = (units * 256, 1 << align_log);
+                let p = self.space.find(class, rounded, alignment, high);
+                assert_eq!(p, self.model.find(class, rounded, alignment, high), "find");
+                self.placements.extend(p);
             }
             Op::Candidate {
                 class,

@@ -28,6 +28,8 @@
 //! linear in the chunks of the regions they walk.
 #![deny(unsafe_code)]
 
+use std::cell::Cell;
+
 use rustc_hash::FxHashMap;
 
 use crate::report::{BinSummary, RegionMap};
@@ -139,6 +141,11 @@ pub struct Space {
     /// The last token handed out (tokens are never reused). Invariant: no chunk holds a
     /// larger one.
     last_token: u64,
+    /// `(address, slot)` of the chunk the last [`Space::find`] chose: a hint that spares
+    /// [`Space::commit`] the address-map probe (a cache miss or two at scale) in the usual
+    /// find-then-commit. No invariant: `commit` uses it only when that slot still holds a
+    /// chunk at that address.
+    found: Cell<Option<(u64, u32)>>,
 }
 
 impl Default for Space {
@@ -165,6 +172,7 @@ impl Space {
             bytes_in_use: 0,
             live: 0,
             last_token: 0,
+            found: Cell::new(None),
         }
     }
 
@@ -275,10 +283,13 @@ impl Space {
         high: bool,
     ) -> Option<Placement> {
         let free = self.free.get(class)?;
-        let placed = |e: Entry, addr| Placement {
-            chunk: e.addr,
-            chunk_size: e.size,
-            addr,
+        let placed = |e: Entry, addr| {
+            self.found.set(Some((e.addr, e.idx)));
+            Placement {
+                chunk: e.addr,
+                chunk_size: e.size,
+                addr,
+            }
         };
         if alignment == MIN_ALLOCATION {
             // Every chunk starts on 256 and spans whole 256-byte units, so any chunk of at
@@ -347,7 +358,19 @@ impl Space {
     /// # Time complexity
     /// `O(1)` expected plus `O(log k)` in the free index.
     pub fn commit(&mut self, p: Placement, rounded: u64, requested: u64) -> Option<Grant> {
-        let idx = *self.slot_at.get(&p.chunk)?;
+        let idx = match self.found.take() {
+            // One chunk per address: a slot holding a chunk at `p.chunk` is the one.
+            Some((addr, idx))
+                if addr == p.chunk
+                    && self
+                        .chunks
+                        .get(idx as usize)
+                        .is_some_and(|c| c.size != 0 && c.addr == addr) =>
+            {
+                idx
+            }
+            _ => *self.slot_at.get(&p.chunk)?,
+        };
         let c = self.chunks[idx as usize];
         let end = p.chunk + c.size;
         let taken_end = p.addr.checked_add(rounded)?;
