@@ -879,6 +879,34 @@ mod tests {
         assert!(s.add_region(4096, 256, 0).is_err());
     }
 
+    #[test]
+    fn a_stale_find_hint_is_not_trusted() {
+        const U: u64 = 256;
+        let mut s = Space::new();
+        s.add_region(0, 64 * U, 0).unwrap();
+        let x = s.commit(s.find(0, U, 256, false).unwrap(), U, U).unwrap();
+        let y = s
+            .commit(s.find(0, 4 * U, 256, true).unwrap(), 4 * U, 4 * U)
+            .unwrap();
+        // Found but not taken: the hint names the free chunk at 256 and its slot.
+        let stale = s.find(0, U, 256, false).unwrap();
+        assert_eq!((stale.chunk, stale.addr), (U, U));
+        // Freeing `x` merges that chunk away and frees its slot; carving `y` reuses the
+        // slot for a chunk at 61 units, which is then freed: a free chunk in the hinted
+        // slot, at another address.
+        s.free(x.addr, x.token).unwrap();
+        let (mid, _) = s.carve(y.addr, y.token, y.addr + U, U, U).unwrap();
+        s.free(mid.addr, mid.token).unwrap();
+        s.check_invariants().unwrap();
+        assert_eq!(
+            s.commit(stale, U, 1),
+            None,
+            "no chunk starts at 256 any more"
+        );
+        s.check_invariants().unwrap();
+        assert_eq!(s.live_count(), 2);
+    }
+
     /// A space with chunks in use and free ones between them, in two regions.
     fn busy() -> Space {
         let mut s = Space::new();
