@@ -252,6 +252,33 @@ impl Class {
         }
     }
 
+    /// The entry of exactly `size` bytes with the highest address.
+    fn last_of_size(&self, size: u64) -> Option<Entry> {
+        match self {
+            Class::Tree(t) => t
+                .range(..=(size, u64::MAX))
+                .next_back()
+                .filter(|(&(s, _), _)| s == size)
+                .map(|(&(size, addr), &idx)| Entry { size, addr, idx }),
+            _ => {
+                let v = self.slice()?;
+                let end = v.partition_point(|x| x.size <= size);
+                end.checked_sub(1).map(|i| v[i]).filter(|e| e.size == size)
+            }
+        }
+    }
+
+    /// The entries with `size >= at_least`, in `(size, addr)` order.
+    fn iter_from(&self, at_least: u64) -> ClassIter<'_> {
+        match self {
+            Class::Tree(t) => ClassIter::Tree(t.range((at_least, 0)..)),
+            _ => {
+                let v = self.slice().unwrap_or_default();
+                ClassIter::Slice(v[v.partition_point(|x| x.size < at_least)..].iter())
+            }
+        }
+    }
+
     fn get(&self, size: u64, addr: u64) -> Option<u32> {
         match self {
             Class::Tree(t) => t.get(&(size, addr)).copied(),
@@ -271,6 +298,25 @@ impl Class {
                 .map(|(&(size, addr), &idx)| Entry { size, addr, idx })
                 .collect(),
             _ => self.slice().map(<[Entry]>::to_vec).unwrap_or_default(),
+        }
+    }
+}
+
+/// The entries of one class from some size on, in `(size, addr)` order.
+enum ClassIter<'a> {
+    Slice(std::slice::Iter<'a, Entry>),
+    Tree(std::collections::btree_map::Range<'a, (u64, u64), u32>),
+}
+
+impl Iterator for ClassIter<'_> {
+    type Item = Entry;
+
+    fn next(&mut self) -> Option<Entry> {
+        match self {
+            ClassIter::Slice(it) => it.next().copied(),
+            ClassIter::Tree(it) => it
+                .next()
+                .map(|(&(size, addr), &idx)| Entry { size, addr, idx }),
         }
     }
 }
@@ -482,6 +528,26 @@ impl FreeIndex {
         }
     }
 
+    /// The free chunk of exactly `size` bytes with the highest address: with
+    /// [`FreeIndex::best_fit`], the best fit that takes the highest address among equal
+    /// sizes (vmm's requests placed at the top of a chunk).
+    ///
+    /// # Time complexity
+    /// `O(log k)` for `k` chunks in a class.
+    pub fn last_of_size(&self, size: u64) -> Option<Entry> {
+        self.classes[class_of(size)].last_of_size(size)
+    }
+
+    /// Every free chunk of at least `size` bytes, in `(size, address)` order, lazily.
+    ///
+    /// # Time complexity
+    /// `O(1)` per entry yielded, plus a bitmap step per non-empty class.
+    pub fn iter_from(&self, size: u64) -> impl Iterator<Item = Entry> + '_ {
+        let first = self.next_class(class_of(size));
+        std::iter::successors(first, move |&c| self.next_class(c + 1))
+            .flat_map(move |c| self.classes[c].iter_from(size))
+    }
+
     /// The largest free chunk.
     ///
     /// # Time complexity
@@ -639,6 +705,36 @@ mod tests {
                 }
                 ix.check().map_err(proptest::test_runner::TestCaseError::fail)?;
                 proptest::prop_assert_eq!(ix.len(), model.len());
+            }
+        }
+    }
+
+    #[test]
+    fn last_of_size_and_iter_from_follow_the_order() {
+        // Inline, Vec and tree classes alike: the same answers as the sorted entries.
+        for copies in [2u64, 6, 100] {
+            let mut ix = FreeIndex::new();
+            let mut i = 0;
+            for size in [512u64, 4096, 4352, 1 << 30] {
+                for k in 0..copies {
+                    ix.insert(size, (k * 7919 % copies) << 32 | size, i);
+                    i += 1;
+                }
+            }
+            ix.check().unwrap();
+            let all = ix.entries();
+            for at_least in [0, 256, 512, 768, 4096, 4352, 4608, 1 << 30, (1 << 30) + 256] {
+                let want: Vec<Entry> = all.iter().filter(|e| e.size >= at_least).copied().collect();
+                assert_eq!(
+                    ix.iter_from(at_least).collect::<Vec<_>>(),
+                    want,
+                    "from {at_least}"
+                );
+                let last = all
+                    .iter()
+                    .filter(|e| e.size == at_least)
+                    .max_by_key(|e| e.addr);
+                assert_eq!(ix.last_of_size(at_least), last.copied(), "{at_least} bytes");
             }
         }
     }

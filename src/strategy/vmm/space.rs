@@ -14,13 +14,26 @@
 //!   stays free. This departs from bfc's split rule on purpose — an unsplit remainder would
 //!   hold physical memory nobody can use.
 //!
-//! Every operation is `O(log n)` in the number of chunks, except an aligned request, which
-//! may try several candidates.
+//! **Structures**, sized for a steady state of hundreds of thousands of live chunks (where
+//! B-trees keyed by address miss the cache on every level, several times per operation): the
+//! chunks live in a slab (`Vec`) linked to their neighbours by slot (`prev`/`next`, within a
+//! region only, as bfc's arena keeps them); a hash map finds a chunk's slot from its address
+//! (one probe per [`Space::free`]); the free chunks of each class sit in bfc's
+//! [`FreeIndex`] (size classes with bitmaps, each class sorted by `(size, address)`), which
+//! keeps the exact `(size, address)` order and hence the same placements as one ordered set.
+//!
+//! Every operation is `O(1)` expected for the chunks plus `O(log k)` in the free index for
+//! `k` free chunks in a size class, except an aligned request, which may try several
+//! candidates, and the walks (reports, checks, [`Space::in_use_overlapping`]), which are
+//! linear in the chunks of the regions they walk.
 #![deny(unsafe_code)]
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::cell::Cell;
+
+use rustc_hash::FxHashMap;
 
 use crate::report::{BinSummary, RegionMap};
+use crate::strategy::bfc::free_index::{Entry, FreeIndex};
 use crate::strategy::occupancy::{self, check_new_region, ChunkUse, RegionCheck, Tally};
 
 /// Every request is rounded up to a multiple of this, and every chunk starts on it.
@@ -29,30 +42,50 @@ pub const MIN_ALLOCATION: u64 = 256;
 /// each class has its own free index.
 pub const CLASSES: usize = 2;
 
-/// One chunk.
+/// "No chunk" in a link or list head.
+const NONE: u32 = u32::MAX;
+
+/// One slab slot: a chunk, or vacant (`size == 0`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Chunk {
-    /// Bytes; a non-zero multiple of 256.
+    /// First byte.
+    addr: u64,
+    /// Bytes; a non-zero multiple of 256 for a chunk, 0 for a vacant slot.
     size: u64,
     /// Bytes the user asked for (in use only; 0 when free).
     requested: u64,
     /// 0 when free; otherwise the token of the allocation holding it.
     token: u64,
+    /// The chunk just below in the same region, or `NONE` at the region's base.
+    prev: u32,
+    /// The chunk just above in the same region, or `NONE` at the region's end; for a vacant
+    /// slot, the next vacant slot.
+    next: u32,
     /// Index of the region (reservation) it lies in.
     region: u32,
 }
 
 impl Chunk {
+    const VACANT: Chunk = Chunk {
+        addr: 0,
+        size: 0,
+        requested: 0,
+        token: 0,
+        prev: NONE,
+        next: NONE,
+        region: NONE,
+    };
+
     fn is_free(&self) -> bool {
         self.token == 0
     }
 
-    /// The chunk at `addr` as an out-of-memory report sees it.
-    fn usage((&addr, c): (&u64, &Chunk)) -> ChunkUse {
+    /// The chunk as an out-of-memory report sees it.
+    fn usage(&self) -> ChunkUse {
         ChunkUse {
-            addr,
-            size: c.size,
-            requested: (!c.is_free()).then_some(c.requested),
+            addr: self.addr,
+            size: self.size,
+            requested: (!self.is_free()).then_some(self.requested),
         }
     }
 }
@@ -81,15 +114,23 @@ pub struct Grant {
 }
 
 /// The chunk manager. See the module docs.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Space {
-    /// Invariant: the chunks tile every region exactly, in address order, no two adjacent
-    /// free chunks of one region.
-    chunks: BTreeMap<u64, Chunk>,
-    /// Invariant: exactly the free chunks of the regions of class `k`, as `(size, addr)`,
-    /// in `free[k]`.
-    free: [BTreeSet<(u64, u64)>; CLASSES],
+    /// The slab. Invariant: the non-vacant slots are exactly the chunks reachable from the
+    /// regions' bases (through `slot_at`) by `next` links; within a region they tile it
+    /// exactly, in address order, with `prev`/`next` links that agree, `region` naming it,
+    /// and no two neighbours both free.
+    chunks: Vec<Chunk>,
+    /// Head of the list of vacant slots (linked through `next`), or `NONE`. Invariant: the
+    /// list holds exactly the vacant slots.
+    vacant: u32,
+    /// Address → slot. Invariant: exactly one entry per chunk, `addr → its slot`.
+    slot_at: FxHashMap<u64, u32>,
+    /// Invariant: `free[k]` holds exactly the free chunks of the regions of class `k`, each
+    /// under its size, address and slot.
+    free: [FreeIndex; CLASSES],
     /// Reservations `(base, size)`, in the order they were added; index = `Chunk::region`.
+    /// Invariant: they do not overlap.
     regions: Vec<(u64, u64)>,
     /// The class of each region.
     class_of: Vec<usize>,
@@ -97,8 +138,20 @@ pub struct Space {
     bytes_in_use: u64,
     /// Invariant: number of chunks in use.
     live: usize,
-    /// The last token handed out (tokens are never reused).
+    /// The last token handed out (tokens are never reused). Invariant: no chunk holds a
+    /// larger one.
     last_token: u64,
+    /// `(address, slot)` of the chunk the last [`Space::find`] chose: a hint that spares
+    /// [`Space::commit`] the address-map probe (a cache miss or two at scale) in the usual
+    /// find-then-commit. No invariant: `commit` uses it only when that slot still holds a
+    /// chunk at that address.
+    found: Cell<Option<(u64, u32)>>,
+}
+
+impl Default for Space {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 fn align_up(addr: u64, alignment: u64) -> Option<u64> {
@@ -109,32 +162,51 @@ fn align_up(addr: u64, alignment: u64) -> Option<u64> {
 impl Space {
     /// An empty space.
     pub fn new() -> Self {
-        Self::default()
+        Space {
+            chunks: Vec::new(),
+            vacant: NONE,
+            slot_at: FxHashMap::default(),
+            free: std::array::from_fn(|_| FreeIndex::new()),
+            regions: Vec::new(),
+            class_of: Vec::new(),
+            bytes_in_use: 0,
+            live: 0,
+            last_token: 0,
+            found: Cell::new(None),
+        }
     }
 
     /// Adds the region `[base, base + size)` as one free chunk.
     ///
     /// # Errors
     /// A message for a range that is empty, not in 256-byte units, overflows, or overlaps
-    /// a region already added.
+    /// a region already added, or when the slab is full.
+    ///
+    /// # Time complexity
+    /// `O(regions)`.
     pub fn add_region(&mut self, base: u64, size: u64, class: usize) -> Result<(), String> {
         if class >= CLASSES {
             return Err(format!("class {class} is not below {CLASSES}"));
         }
         check_new_region(base, size, self.regions.iter().copied())?;
-        let region = u32::try_from(self.regions.len()).map_err(|_| "too many regions")?;
+        let region = u32::try_from(self.regions.len())
+            .ok()
+            .filter(|&r| r != NONE)
+            .ok_or("too many regions")?;
+        let idx = self.take_slot().ok_or("the chunk table is full")?;
         self.regions.push((base, size));
         self.class_of.push(class);
-        self.chunks.insert(
-            base,
-            Chunk {
-                size,
-                requested: 0,
-                token: 0,
-                region,
-            },
-        );
-        self.free[class].insert((size, base));
+        self.chunks[idx as usize] = Chunk {
+            addr: base,
+            size,
+            requested: 0,
+            token: 0,
+            prev: NONE,
+            next: NONE,
+            region,
+        };
+        self.slot_at.insert(base, idx);
+        self.free[class].insert(size, base, idx);
         Ok(())
     }
 
@@ -154,17 +226,28 @@ impl Space {
     }
 
     /// The largest free chunk (0 when none).
+    ///
+    /// # Time complexity
+    /// `O(1)` per class (`O(log k)` where its top size class is a tree).
     pub fn largest_free(&self) -> u64 {
         self.free
             .iter()
-            .filter_map(|f| f.last().map(|&(s, _)| s))
+            .filter_map(|f| f.largest().map(|e| e.size))
             .max()
             .unwrap_or(0)
     }
 
     /// Free chunks `(size, addr)` of every class, from the largest down.
+    ///
+    /// # Time complexity
+    /// `O(n log n)` in the free chunks.
     pub fn free_chunks_descending(&self) -> Vec<(u64, u64)> {
-        let mut all: Vec<(u64, u64)> = self.free.iter().flatten().copied().collect();
+        let mut all: Vec<(u64, u64)> = self
+            .free
+            .iter()
+            .flat_map(FreeIndex::entries)
+            .map(|e| (e.size, e.addr))
+            .collect();
         all.sort_unstable_by(|a, b| b.cmp(a));
         all
     }
@@ -176,6 +259,7 @@ impl Space {
 
     /// Where `rounded` bytes aligned to `alignment` would go in `(size, addr)`-ordered chunk
     /// `(size, addr)`: at its start (`high == false`) or its end; `None` if it does not fit.
+    #[inline]
     pub fn fit(size: u64, addr: u64, rounded: u64, alignment: u64, high: bool) -> Option<u64> {
         let end = addr + size;
         if high {
@@ -190,7 +274,7 @@ impl Space {
     /// The best fit for the request (see the module docs), or `None` when no free chunk fits.
     ///
     /// # Time complexity
-    /// `O(log n)` for 256-byte alignment; otherwise linear in the candidates tried.
+    /// `O(log k)` for 256-byte alignment; otherwise linear in the candidates tried.
     pub fn find(
         &self,
         class: usize,
@@ -199,26 +283,46 @@ impl Space {
         high: bool,
     ) -> Option<Placement> {
         let free = self.free.get(class)?;
-        let mut from = rounded;
-        loop {
-            let &(size, _) = free.range((from, 0)..).next()?;
-            let same = free.range((size, 0)..=(size, u64::MAX));
-            let hit = if high {
-                same.rev()
-                    .find_map(|&(s, a)| Some((a, Self::fit(s, a, rounded, alignment, true)?)))
-            } else {
-                same.into_iter()
-                    .find_map(|&(s, a)| Some((a, Self::fit(s, a, rounded, alignment, false)?)))
-            };
-            if let Some((chunk, addr)) = hit {
-                return Some(Placement {
-                    chunk,
-                    chunk_size: size,
-                    addr,
-                });
+        let placed = |e: Entry, addr| {
+            self.found.set(Some((e.addr, e.idx)));
+            Placement {
+                chunk: e.addr,
+                chunk_size: e.size,
+                addr,
             }
-            from = size.checked_add(1)?;
+        };
+        if alignment == MIN_ALLOCATION {
+            // Every chunk starts on 256 and spans whole 256-byte units, so any chunk of at
+            // least `rounded` bytes fits at either end: the best fit is the first entry of
+            // the smallest size that fits (low), or the last of that size (high).
+            let e = free.best_fit(rounded)?;
+            let e = if high { free.last_of_size(e.size)? } else { e };
+            if let Some(addr) = Self::fit(e.size, e.addr, rounded, alignment, high) {
+                return Some(placed(e, addr));
+            }
         }
+        if !high {
+            let mut at = 0;
+            let e = free.find(rounded, |e| {
+                Self::fit(e.size, e.addr, rounded, alignment, false).is_some_and(|a| {
+                    at = a;
+                    true
+                })
+            })?;
+            return Some(placed(e, at));
+        }
+        // High: the smallest size with a fit, and among its chunks the highest address that
+        // fits — the last fitting one in address order.
+        let mut best: Option<(Entry, u64)> = None;
+        for e in free.iter_from(rounded) {
+            if best.is_some_and(|(b, _)| b.size != e.size) {
+                break;
+            }
+            if let Some(at) = Self::fit(e.size, e.addr, rounded, alignment, true) {
+                best = Some((e, at));
+            }
+        }
+        best.map(|(e, at)| placed(e, at))
     }
 
     /// Every place the request could go: the start and the end of each free chunk that fits
@@ -234,51 +338,80 @@ impl Space {
         alignment: u64,
     ) -> impl Iterator<Item = Placement> + '_ {
         self.free[class.min(CLASSES - 1)]
-            .range((rounded, 0)..)
-            .flat_map(move |&(size, chunk)| {
-                let low = Self::fit(size, chunk, rounded, alignment, false);
+            .iter_from(rounded)
+            .flat_map(move |Entry { size, addr, .. }| {
+                let low = Self::fit(size, addr, rounded, alignment, false);
                 let high =
-                    Self::fit(size, chunk, rounded, alignment, true).filter(|&h| Some(h) != low);
-                low.into_iter().chain(high).map(move |addr| Placement {
-                    chunk,
+                    Self::fit(size, addr, rounded, alignment, true).filter(|&h| Some(h) != low);
+                low.into_iter().chain(high).map(move |at| Placement {
+                    chunk: addr,
                     chunk_size: size,
-                    addr,
+                    addr: at,
                 })
             })
     }
 
     /// Hands out `rounded` bytes at `p.addr` from the free chunk `p.chunk` (a placement found
     /// by [`Space::find`] or [`Space::candidates`] with no change since); `None` when the
-    /// placement is stale.
+    /// placement is stale (or the slab is full).
     ///
     /// # Time complexity
-    /// `O(log n)`.
+    /// `O(1)` expected plus `O(log k)` in the free index.
     pub fn commit(&mut self, p: Placement, rounded: u64, requested: u64) -> Option<Grant> {
-        let c = *self.chunks.get(&p.chunk)?;
+        let idx = match self.found.take() {
+            // One chunk per address: a slot holding a chunk at `p.chunk` is the one.
+            Some((addr, idx))
+                if addr == p.chunk
+                    && self
+                        .chunks
+                        .get(idx as usize)
+                        .is_some_and(|c| c.size != 0 && c.addr == addr) =>
+            {
+                idx
+            }
+            _ => *self.slot_at.get(&p.chunk)?,
+        };
+        let c = self.chunks[idx as usize];
         let end = p.chunk + c.size;
-        if !c.is_free() || p.addr < p.chunk || p.addr.checked_add(rounded)? > end {
+        let taken_end = p.addr.checked_add(rounded)?;
+        if !c.is_free() || p.addr < p.chunk || taken_end > end {
             return None;
         }
-        let class = self.class_of[c.region as usize];
-        self.free[class].remove(&(c.size, p.chunk));
-        self.chunks.remove(&p.chunk);
-        if p.addr > p.chunk {
-            self.insert_free(p.chunk, p.addr - p.chunk, c.region);
-        }
-        if p.addr + rounded < end {
-            self.insert_free(p.addr + rounded, end - p.addr - rounded, c.region);
-        }
+        let (front, back) = (p.addr - p.chunk, end - taken_end);
+        // Slots first, so that a full slab changes nothing.
+        let (front_slot, back_slot) = self.take_slots(front > 0, back > 0)?;
+        let free = &mut self.free[self.class_of[c.region as usize]];
+        // The chunk's slot (and its index entry, where it can) goes to its lowest piece.
+        let used = match (front_slot, back_slot) {
+            (None, None) => {
+                free.remove(c.size, p.chunk);
+                idx
+            }
+            (None, Some(b)) => {
+                free.replace(c.size, p.chunk, back, taken_end, b);
+                idx
+            }
+            (Some(u), b) => {
+                free.replace(c.size, p.chunk, front, p.chunk, idx);
+                if let Some(b) = b {
+                    free.insert(back, taken_end, b);
+                }
+                u
+            }
+        };
         self.last_token += 1;
         let token = self.last_token;
-        self.chunks.insert(
-            p.addr,
-            Chunk {
-                size: rounded,
-                requested,
-                token,
-                region: c.region,
-            },
-        );
+        if used != idx {
+            self.chunks[idx as usize].size = front;
+            self.link_after(idx, used, p.addr, rounded, c.region);
+        }
+        let u = &mut self.chunks[used as usize];
+        u.size = rounded;
+        u.requested = requested;
+        u.token = token;
+        if let Some(b) = back_slot {
+            self.link_after(used, b, taken_end, back, c.region);
+        }
         self.bytes_in_use += rounded;
         self.live += 1;
         Some(Grant {
@@ -292,33 +425,52 @@ impl Space {
     /// neighbours. Returns `(chunk size, requested)`; `None` for a stale or forged token.
     ///
     /// # Time complexity
-    /// `O(log n)`.
+    /// `O(1)` expected plus `O(log k)` in the free index.
     pub fn free(&mut self, addr: u64, token: u64) -> Option<(u64, u64)> {
-        let c = *self.chunks.get(&addr)?;
+        let idx = *self.slot_at.get(&addr)?;
+        let c = self.chunks[idx as usize];
         if c.is_free() || c.token != token {
             return None;
         }
-        self.chunks.remove(&addr);
         self.bytes_in_use -= c.size;
         self.live -= 1;
-        let class = self.class_of[c.region as usize];
-        let mut start = addr;
-        let mut end = addr + c.size;
-        if let Some((&pa, &pc)) = self.chunks.range(..addr).next_back() {
-            if pc.is_free() && pc.region == c.region && pa + pc.size == addr {
-                self.free[class].remove(&(pc.size, pa));
-                self.chunks.remove(&pa);
-                start = pa;
+        let (prev, next) = (c.prev, c.next);
+        let free_at = |slot: u32| slot != NONE && self.chunks[slot as usize].is_free();
+        let (prev_free, next_free) = (free_at(prev), free_at(next));
+        let free = &mut self.free[self.class_of[c.region as usize]];
+        // A free neighbour's index entry becomes the merged chunk's, in place where it can.
+        let mut merged = c.size;
+        if next_free {
+            let n = self.chunks[next as usize];
+            merged += n.size;
+            if prev_free {
+                free.remove(n.size, n.addr);
+            } else {
+                free.replace(n.size, n.addr, merged, addr, idx);
             }
         }
-        if let Some(&nc) = self.chunks.get(&end) {
-            if nc.is_free() && nc.region == c.region {
-                self.free[class].remove(&(nc.size, end));
-                self.chunks.remove(&end);
-                end += nc.size;
+        let survivor = if prev_free {
+            let p = self.chunks[prev as usize];
+            free.replace(p.size, p.addr, p.size + merged, p.addr, prev);
+            prev
+        } else {
+            if !next_free {
+                free.insert(merged, addr, idx);
             }
+            idx
+        };
+        if next_free {
+            self.unlink(next);
         }
-        self.insert_free(start, end - start, c.region);
+        if prev_free {
+            self.unlink(idx);
+        }
+        let s = &mut self.chunks[survivor as usize];
+        s.size += if prev_free { merged } else { merged - c.size };
+        if !prev_free {
+            s.token = 0;
+            s.requested = 0;
+        }
         Some((c.size, c.requested))
     }
 
@@ -326,25 +478,21 @@ impl Space {
     /// (free, stale or forged).
     ///
     /// # Time complexity
-    /// `O(log n)`.
+    /// `O(1)` expected.
     pub fn in_use_size(&self, addr: u64, token: u64) -> Option<u64> {
-        self.chunks
-            .get(&addr)
-            .filter(|c| !c.is_free() && c.token == token)
-            .map(|c| c.size)
+        self.in_use_slot(addr, token)
+            .map(|idx| self.chunks[idx as usize].size)
     }
 
     /// Gives the chunk in use at `addr` (handed out with `token`) a fresh token, so that the
     /// old one is refused from now on. `None` (nothing changed) when there is no such chunk.
     ///
     /// # Time complexity
-    /// `O(log n)`.
+    /// `O(1)` expected.
     pub fn retoken(&mut self, addr: u64, token: u64) -> Option<Grant> {
-        let c = self.chunks.get_mut(&addr)?;
-        if c.is_free() || c.token != token {
-            return None;
-        }
+        let idx = self.in_use_slot(addr, token)?;
         self.last_token += 1;
+        let c = &mut self.chunks[idx as usize];
         c.token = self.last_token;
         Some(Grant {
             addr,
@@ -357,10 +505,11 @@ impl Space {
     /// `[at, at + rounded)` of the chunk at `addr` with `token` becomes a chunk of its own for
     /// `requested` bytes under a fresh token, and the bytes before and after it stay in use
     /// as chunks of their own (fresh tokens too), returned as [`Grant`]s. `None` (nothing
-    /// changed) when the chunk is not in use with that token or does not hold the range.
+    /// changed) when the chunk is not in use with that token or does not hold the range (or
+    /// the slab is full).
     ///
     /// # Time complexity
-    /// `O(log n)`.
+    /// `O(1)` expected.
     pub fn carve(
         &mut self,
         addr: u64,
@@ -369,11 +518,10 @@ impl Space {
         rounded: u64,
         requested: u64,
     ) -> Option<(Grant, Vec<Grant>)> {
-        let c = *self.chunks.get(&addr)?;
+        let idx = self.in_use_slot(addr, token)?;
+        let c = self.chunks[idx as usize];
         let end = addr + c.size;
-        if c.is_free()
-            || c.token != token
-            || at < addr
+        if at < addr
             || at % MIN_ALLOCATION != 0
             || rounded == 0
             || rounded % MIN_ALLOCATION != 0
@@ -381,102 +529,105 @@ impl Space {
         {
             return None;
         }
+        let (front, back) = (at - addr, end - at - rounded);
+        let (mid_slot, back_slot) = self.take_slots(front > 0, back > 0)?;
+        let mid_slot = mid_slot.unwrap_or(idx);
+        // Tokens in address order of the pieces left over, then the carved one's.
         let mut rest = Vec::new();
-        for (start, size) in [(addr, at - addr), (at + rounded, end - at - rounded)] {
-            if size == 0 {
-                continue;
-            }
-            self.last_token += 1;
-            let token = self.last_token;
-            self.chunks.insert(
-                start,
-                Chunk {
-                    size,
-                    requested: size,
-                    token,
-                    region: c.region,
-                },
-            );
-            self.live += 1;
+        let mut token_for = |space: &mut Self, slot: u32, start: u64, size: u64| {
+            space.last_token += 1;
+            let t = space.last_token;
+            let piece = &mut space.chunks[slot as usize];
+            piece.token = t;
+            piece.requested = size;
             rest.push(Grant {
                 addr: start,
                 size,
-                token,
+                token: t,
             });
+        };
+        if front > 0 {
+            self.chunks[idx as usize].size = front;
+            self.link_after(idx, mid_slot, at, rounded, c.region);
+            token_for(self, idx, addr, front);
+        } else {
+            self.chunks[idx as usize].size = rounded;
         }
+        if let Some(b) = back_slot {
+            self.link_after(mid_slot, b, at + rounded, back, c.region);
+            token_for(self, b, at + rounded, back);
+        }
+        self.live += rest.len();
         self.last_token += 1;
-        let token = self.last_token;
-        self.chunks.insert(
-            at,
-            Chunk {
-                size: rounded,
-                requested,
-                token,
-                region: c.region,
-            },
-        );
+        let m = &mut self.chunks[mid_slot as usize];
+        m.token = self.last_token;
+        m.requested = requested;
         Some((
             Grant {
                 addr: at,
                 size: rounded,
-                token,
+                token: m.token,
             },
             rest,
         ))
     }
 
-    /// The chunks in use that overlap `[start, end)`, as `(addr, size)`.
+    /// The chunks in use that overlap `[start, end)`, as `(addr, size)`, in address order.
+    ///
+    /// # Time complexity
+    /// Linear in the chunks of the regions that overlap the range, from the chunk at
+    /// `start` on where there is one.
     pub fn in_use_overlapping(
         &self,
         start: u64,
         end: u64,
     ) -> impl Iterator<Item = (u64, u64)> + '_ {
-        let first = self
-            .chunks
-            .range(..=start)
-            .next_back()
-            .map_or(start, |(&a, _)| a);
-        self.chunks
-            .range(first..end)
-            .filter(move |(&a, c)| !c.is_free() && a + c.size > start)
-            .map(|(&a, c)| (a, c.size))
+        // The region holding `start` is walked from the chunk at `start` when there is one.
+        let from_start = self.slot_at.get(&start).copied();
+        self.regions_by_address()
+            .filter(move |&r| {
+                let (base, size) = self.regions[r];
+                base < end && start < base + size
+            })
+            .map(move |r| match from_start {
+                Some(idx) if self.chunks[idx as usize].region as usize == r => idx,
+                _ => self.head(r),
+            })
+            .flat_map(move |h| self.walk(h))
+            .take_while(move |c| c.addr < end)
+            .filter(move |c| !c.is_free() && c.addr + c.size > start)
+            .map(|c| (c.addr, c.size))
     }
 
     /// Every chunk in use as `(addr, size)`, in address order.
+    ///
+    /// # Time complexity
+    /// `O(chunks + regions log regions)`.
     pub fn in_use(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
-        self.chunks
-            .iter()
-            .filter(|(_, c)| !c.is_free())
-            .map(|(&a, c)| (a, c.size))
-    }
-
-    fn insert_free(&mut self, addr: u64, size: u64, region: u32) {
-        let class = self.class_of[region as usize];
-        self.chunks.insert(
-            addr,
-            Chunk {
-                size,
-                requested: 0,
-                token: 0,
-                region,
-            },
-        );
-        self.free[class].insert((size, addr));
+        self.all_chunks()
+            .filter(|c| !c.is_free())
+            .map(|c| (c.addr, c.size))
     }
 
     /// XLA's per-bin summary of every chunk (free and in use), non-empty bins only.
+    ///
+    /// # Time complexity
+    /// `O(chunks)`.
     pub fn bin_summaries(&self) -> Vec<BinSummary> {
-        occupancy::bin_summaries(self.chunks.iter().map(Chunk::usage))
+        occupancy::bin_summaries(self.all_chunks().map(Chunk::usage))
     }
 
     /// A [`MAP_CELLS`](crate::strategy::bfc::arena::MAP_CELLS)-character occupancy map of
     /// each region (`*` requested, `x` slack, `_` free), as bfc draws them.
+    ///
+    /// # Time complexity
+    /// `O(chunks)`.
     pub fn region_maps(&self) -> Vec<RegionMap> {
-        self.regions
-            .iter()
-            .map(|&(base, size)| {
-                let chunks = self.chunks.range(base..base.saturating_add(size));
-                occupancy::region_map(base, size, chunks.map(Chunk::usage))
+        (0..self.regions.len())
+            .map(|r| {
+                let (base, size) = self.regions[r];
+                let chunks = self.walk(self.head(r)).map(Chunk::usage);
+                occupancy::region_map(base, size, chunks)
             })
             .collect()
     }
@@ -485,33 +636,94 @@ impl Space {
     ///
     /// # Errors
     /// A description of the first one broken.
+    ///
+    /// # Time complexity
+    /// `O(chunks log k + regions²)`.
     pub fn check_invariants(&self) -> Result<(), String> {
         let mut tally = Tally::default();
-        let mut covered = 0u64;
+        // Each slot must be reached exactly once: as a chunk of a region or on the vacant list.
+        let mut seen = vec![false; self.chunks.len()];
+        let mut reached = 0usize;
         for (ri, &(base, size)) in self.regions.iter().enumerate() {
+            for &(other, other_size) in &self.regions[ri + 1..] {
+                if base < other + other_size && other < base + size {
+                    return Err(format!(
+                        "regions {base:#x}+{size} and {other:#x}+{other_size} overlap"
+                    ));
+                }
+            }
             let mut region = RegionCheck::new(base, size);
-            for chunk in self.chunks.range(base..base + size) {
-                let (&addr, c) = chunk;
-                let at = format!("region {base:#x}, chunk at {addr:#x}+{}", c.size);
-                region.chunk(&at, Chunk::usage(chunk), &mut tally)?;
+            let Some(&head) = self.slot_at.get(&base) else {
+                return Err(format!("region {base:#x}: no chunk at its base"));
+            };
+            let mut prev = NONE;
+            let mut idx = head;
+            while idx != NONE {
+                let c = self
+                    .chunks
+                    .get(idx as usize)
+                    .ok_or_else(|| format!("region {base:#x}: link to missing slot {idx}"))?;
+                if std::mem::replace(&mut seen[idx as usize], true) {
+                    return Err(format!("region {base:#x}: slot {idx} reached twice"));
+                }
+                reached += 1;
+                let at = format!("region {base:#x}, chunk {idx} at {:#x}+{}", c.addr, c.size);
+                region.chunk(&at, c.usage(), &mut tally)?;
+                if c.prev != prev {
+                    return Err(format!("{at}: prev link {} should be {prev}", c.prev));
+                }
                 if c.region as usize != ri {
                     return Err(format!("{at}: records region {}", c.region));
                 }
-                if c.is_free() && !self.free[self.class_of[ri]].contains(&(c.size, addr)) {
-                    return Err(format!("{at}: free chunk missing from the free index"));
+                if self.slot_at.get(&c.addr) != Some(&idx) {
+                    return Err(format!("{at}: the address map does not name this slot"));
                 }
-                covered += c.size;
+                if c.token > self.last_token {
+                    return Err(format!("{at}: token {} not handed out yet", c.token));
+                }
+                if c.is_free() {
+                    if c.requested != 0 {
+                        return Err(format!("{at}: free, but records {} requested", c.requested));
+                    }
+                    if self.free[self.class_of[ri]].get(c.size, c.addr) != Some(idx) {
+                        return Err(format!("{at}: free chunk missing from the free index"));
+                    }
+                }
+                prev = idx;
+                idx = c.next;
             }
             region.finish()?;
+        }
+        let mut v = self.vacant;
+        while let Some(mark) = seen.get_mut(v as usize) {
+            if std::mem::replace(mark, true) {
+                return Err(format!("vacant slot {v} reached twice"));
+            }
+            if self.chunks[v as usize].size != 0 {
+                return Err(format!("slot {v} is on the vacant list but holds a chunk"));
+            }
+            v = self.chunks[v as usize].next;
+        }
+        if v != NONE {
+            return Err(format!("the vacant list links to missing slot {v}"));
+        }
+        if let Some(lost) = seen.iter().position(|&s| !s) {
+            return Err(format!("slot {lost} is neither a chunk nor vacant"));
+        }
+        if self.slot_at.len() != reached {
+            return Err(format!(
+                "the address map holds {} entries for {reached} chunks",
+                self.slot_at.len()
+            ));
         }
         let Tally {
             in_use, live, free, ..
         } = tally;
-        let total: u64 = self.chunks.values().map(|c| c.size).sum();
-        if total != covered {
-            return Err("a chunk lies outside every region".into());
+        let mut indexed = 0;
+        for f in &self.free {
+            f.check()?;
+            indexed += f.len();
         }
-        let indexed: usize = self.free.iter().map(BTreeSet::len).sum();
         if free != indexed {
             return Err(format!(
                 "the free index holds {indexed} chunks, the regions {free} free ones"
@@ -524,6 +736,115 @@ impl Space {
             ));
         }
         Ok(())
+    }
+
+    // ---- internals ----
+
+    /// The slot of the chunk in use at `addr` with `token`.
+    fn in_use_slot(&self, addr: u64, token: u64) -> Option<u32> {
+        let idx = *self.slot_at.get(&addr)?;
+        let c = &self.chunks[idx as usize];
+        (!c.is_free() && c.token == token).then_some(idx)
+    }
+
+    /// A vacant slot (reused, or a new one); `None` when the slab is full.
+    fn take_slot(&mut self) -> Option<u32> {
+        if self.vacant != NONE {
+            let idx = self.vacant;
+            self.vacant = self.chunks[idx as usize].next;
+            return Some(idx);
+        }
+        let idx = u32::try_from(self.chunks.len())
+            .ok()
+            .filter(|&i| i != NONE)?;
+        self.chunks.push(Chunk::VACANT);
+        Some(idx)
+    }
+
+    /// A vacant slot for each `true`, or none at all (`None`, nothing changed) when the slab
+    /// cannot hold them.
+    fn take_slots(&mut self, first: bool, second: bool) -> Option<(Option<u32>, Option<u32>)> {
+        let a = if first { Some(self.take_slot()?) } else { None };
+        let b = if second {
+            let Some(b) = self.take_slot() else {
+                if let Some(a) = a {
+                    self.release_slot(a);
+                }
+                return None;
+            };
+            Some(b)
+        } else {
+            None
+        };
+        Some((a, b))
+    }
+
+    /// Puts slot `idx` (holding no chunk) on the vacant list.
+    fn release_slot(&mut self, idx: u32) {
+        self.chunks[idx as usize] = Chunk {
+            next: self.vacant,
+            ..Chunk::VACANT
+        };
+        self.vacant = idx;
+    }
+
+    /// Makes the vacant slot `new` the chunk `[addr, addr + size)` (free, no token yet) just
+    /// above chunk `after`, and maps its address.
+    fn link_after(&mut self, after: u32, new: u32, addr: u64, size: u64, region: u32) {
+        let next = self.chunks[after as usize].next;
+        self.chunks[new as usize] = Chunk {
+            addr,
+            size,
+            requested: 0,
+            token: 0,
+            prev: after,
+            next,
+            region,
+        };
+        self.chunks[after as usize].next = new;
+        if next != NONE {
+            self.chunks[next as usize].prev = new;
+        }
+        self.slot_at.insert(addr, new);
+    }
+
+    /// Takes chunk `idx` out of its region's list and the address map (its bytes now belong
+    /// to its lower neighbour) and makes its slot vacant.
+    fn unlink(&mut self, idx: u32) {
+        let c = self.chunks[idx as usize];
+        if c.prev != NONE {
+            self.chunks[c.prev as usize].next = c.next;
+        }
+        if c.next != NONE {
+            self.chunks[c.next as usize].prev = c.prev;
+        }
+        self.slot_at.remove(&c.addr);
+        self.release_slot(idx);
+    }
+
+    /// The slot of the chunk at region `r`'s base.
+    fn head(&self, r: usize) -> u32 {
+        self.slot_at[&self.regions[r].0]
+    }
+
+    /// The chunks from slot `from` to its region's end, in address order.
+    fn walk(&self, from: u32) -> impl Iterator<Item = &Chunk> + '_ {
+        std::iter::successors(Some(&self.chunks[from as usize]), |c| {
+            (c.next != NONE).then(|| &self.chunks[c.next as usize])
+        })
+    }
+
+    /// Region indices in address order.
+    fn regions_by_address(&self) -> impl Iterator<Item = usize> {
+        let mut order: Vec<usize> = (0..self.regions.len()).collect();
+        order.sort_unstable_by_key(|&r| self.regions[r].0);
+        order.into_iter()
+    }
+
+    /// Every chunk, in address order.
+    fn all_chunks(&self) -> impl Iterator<Item = &Chunk> + '_ {
+        self.regions_by_address()
+            .flat_map(move |r| self.walk(self.head(r)))
     }
 }
 
@@ -556,5 +877,94 @@ mod tests {
         s.free(g.addr, g.token).unwrap();
         assert!(s.find(0, 2 << 20, 256, false).is_none());
         assert!(s.add_region(4096, 256, 0).is_err());
+    }
+
+    #[test]
+    fn a_stale_find_hint_is_not_trusted() {
+        const U: u64 = 256;
+        let mut s = Space::new();
+        s.add_region(0, 64 * U, 0).unwrap();
+        let x = s.commit(s.find(0, U, 256, false).unwrap(), U, U).unwrap();
+        let y = s
+            .commit(s.find(0, 4 * U, 256, true).unwrap(), 4 * U, 4 * U)
+            .unwrap();
+        // Found but not taken: the hint names the free chunk at 256 and its slot.
+        let stale = s.find(0, U, 256, false).unwrap();
+        assert_eq!((stale.chunk, stale.addr), (U, U));
+        // Freeing `x` merges that chunk away and frees its slot; carving `y` reuses the
+        // slot for a chunk at 61 units, which is then freed: a free chunk in the hinted
+        // slot, at another address.
+        s.free(x.addr, x.token).unwrap();
+        let (mid, _) = s.carve(y.addr, y.token, y.addr + U, U, U).unwrap();
+        s.free(mid.addr, mid.token).unwrap();
+        s.check_invariants().unwrap();
+        assert_eq!(
+            s.commit(stale, U, 1),
+            None,
+            "no chunk starts at 256 any more"
+        );
+        s.check_invariants().unwrap();
+        assert_eq!(s.live_count(), 2);
+    }
+
+    /// A space with chunks in use and free ones between them, in two regions.
+    fn busy() -> Space {
+        let mut s = Space::new();
+        s.add_region(1 << 20, 1 << 16, 0).unwrap();
+        s.add_region(0, 1 << 16, 1).unwrap();
+        for class in [0, 1] {
+            let grants: Vec<Grant> = (0..6)
+                .map(|i| {
+                    let p = s.find(class, 512, 256, i % 2 == 1).unwrap();
+                    s.commit(p, 512, 500).unwrap()
+                })
+                .collect();
+            s.free(grants[2].addr, grants[2].token).unwrap();
+        }
+        s.retoken(0, 7).unwrap();
+        s.check_invariants().unwrap();
+        s
+    }
+
+    /// The slot of the first chunk of `busy()`'s first region (in use).
+    fn in_use(s: &Space) -> u32 {
+        s.slot_at[&(1 << 20)]
+    }
+
+    #[test]
+    fn check_invariants_catches_each_broken_book() {
+        type Corruption = fn(&mut Space);
+        let cases: [(&str, Corruption); 9] = [
+            ("free chunk out of the index", |s| {
+                let (size, addr) = s.free_chunks_descending()[0];
+                s.free[0].remove(size, addr);
+                s.free[1].remove(size, addr);
+            }),
+            ("chunk missing from the address map", |s| {
+                s.slot_at.remove(&(1 << 20));
+            }),
+            ("stray address in the map", |s| {
+                s.slot_at.insert(7 << 30, 0);
+            }),
+            ("prev link broken", |s| {
+                let second = s.chunks[in_use(s) as usize].next;
+                s.chunks[second as usize].prev = NONE;
+            }),
+            ("bytes in use off", |s| s.bytes_in_use += 256),
+            ("live count off", |s| s.live -= 1),
+            ("slot neither chunk nor vacant", |s| {
+                s.chunks.push(Chunk::VACANT)
+            }),
+            ("token not handed out yet", |s| {
+                let i = in_use(s) as usize;
+                s.chunks[i].token = s.last_token + 1;
+            }),
+            ("vacant list through a chunk", |s| s.vacant = 0),
+        ];
+        for (name, corrupt) in cases {
+            let mut s = busy();
+            corrupt(&mut s);
+            assert!(s.check_invariants().is_err(), "{name} went unnoticed");
+        }
     }
 }
