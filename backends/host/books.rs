@@ -6,7 +6,6 @@
 //! changing anything and an `insert_*` / `remove_*` that records the result, so an OS failure
 //! in between leaves the books untouched.
 
-use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
 
 use rustc_hash::FxHashMap;
@@ -34,20 +33,100 @@ pub(crate) struct AllocRecord {
     pub(crate) charged: u64,
 }
 
-/// A live mapping of (part of) a physical handle into a reservation.
-#[derive(Debug, Clone, Copy)]
-struct Mapping {
-    size: u64,
+/// Granules per page of a reservation's slot table (`2^PAGE_SHIFT`).
+const PAGE_SHIFT: u32 = 9;
+/// Granules per page.
+const PAGE: usize = 1 << PAGE_SHIFT;
+/// Pages with an index below this live in a vector (at most 512 KiB of pointers); the pages
+/// of a reservation larger than `DENSE_PAGES * PAGE` granules beyond that go to a hash map,
+/// so no reservation, however large, costs more than the pages it has mapped.
+const DENSE_PAGES: u64 = 1 << 16;
+
+/// What the books know about one granule of a reservation.
+///
+/// Invariant (kept by `Books::insert_mapping` / `Books::remove_mappings`, checked by
+/// `Books::check_invariants`): a granule is mapped exactly when `handle != 0`; then `link`
+/// is non-zero, and the granules of one mapping are `n` consecutive slots of one reservation
+/// with the same `handle`, the first holding `link = n` and the `k`-th after it
+/// `link = -k`. An unmapped granule is `Slot::default()`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Slot {
+    /// The handle mapped here; 0 when nothing is (handle ids start at 1).
     handle: u64,
+    /// At a mapping's first granule: its length in granules (> 0). At its other granules:
+    /// minus their distance in granules from the first (< 0). 0 when unmapped.
+    link: i64,
 }
 
-/// What covers a mapped granule.
-#[derive(Debug, Clone, Copy)]
-enum Granule {
-    /// A mapping starts here.
-    Start(Mapping),
-    /// Inside the mapping that starts at this address.
-    Inside(u64),
+/// A reservation's granule slots, indexed by granule number from its base, in pages made
+/// on first use (a reservation of terabytes that maps a few granules costs a few pages).
+#[derive(Debug, Default)]
+struct Slots {
+    /// Page `p < DENSE_PAGES` (grown on demand to the highest page written).
+    near: Vec<Option<Box<[Slot]>>>,
+    /// Page `p >= DENSE_PAGES`.
+    far: FxHashMap<u64, Box<[Slot]>>,
+}
+
+impl Slots {
+    /// The slot of granule `i` (unmapped if its page was never made).
+    #[inline]
+    fn get(&self, i: u64) -> Slot {
+        let (p, o) = (i >> PAGE_SHIFT, i as usize & (PAGE - 1));
+        let page = if p < DENSE_PAGES {
+            self.near.get(p as usize).and_then(Option::as_deref)
+        } else {
+            self.far.get(&p).map(|b| &**b)
+        };
+        page.map_or(Slot::default(), |page| page[o])
+    }
+
+    /// Writes the slot of granule `i`, making its page if needed.
+    #[inline]
+    fn set(&mut self, i: u64, slot: Slot) {
+        let (p, o) = (i >> PAGE_SHIFT, i as usize & (PAGE - 1));
+        let fresh = || vec![Slot::default(); PAGE].into_boxed_slice();
+        let page = if p < DENSE_PAGES {
+            let p = p as usize;
+            if p >= self.near.len() {
+                self.near.resize_with(p + 1, || None);
+            }
+            self.near[p].get_or_insert_with(fresh)
+        } else {
+            self.far.entry(p).or_insert_with(fresh)
+        };
+        page[o] = slot;
+    }
+
+    /// Every page made, with the number of its first granule.
+    #[cfg(test)]
+    fn pages(&self) -> impl Iterator<Item = (u64, &[Slot])> {
+        let near = self
+            .near
+            .iter()
+            .enumerate()
+            .filter_map(|(p, page)| Some(((p as u64) << PAGE_SHIFT, page.as_deref()?)));
+        let far = self.far.iter().map(|(&p, page)| (p << PAGE_SHIFT, &**page));
+        near.chain(far)
+    }
+}
+
+/// A live reservation.
+#[derive(Debug)]
+struct Reservation {
+    base: u64,
+    size: u64,
+    /// Invariant: the number of mappings in it (slots with `link > 0`); each mapping lies in
+    /// one reservation, so this is what `free_reservation` must find zero.
+    mappings: usize,
+    /// Its granules, numbered from `base`.
+    slots: Slots,
+}
+
+impl Reservation {
+    fn end(&self) -> u64 {
+        self.base + self.size
+    }
 }
 
 /// Physical memory made by `create_physical`.
@@ -97,16 +176,18 @@ pub(crate) struct Books {
     capacity: u64,
     charged: u64,
     allocations: FxHashMap<u64, AllocRecord>,
-    /// base → size.
-    reservations: BTreeMap<u64, u64>,
-    /// Granule address → what covers it, for every granule mapped (and no other): one
-    /// `Start` per mapping, at its first granule, and `Inside` naming that start at each of
-    /// its other granules. Mappings therefore never overlap, and each question about a range
-    /// costs one lookup per granule (or per mapping, walking a run) instead of an ordered
-    /// search.
-    granules: FxHashMap<u64, Granule>,
-    /// Invariant: the number of `Start` entries of `granules`.
+    /// `log2(granularity)` (the granularity is a power of two).
+    shift: u32,
+    /// The live reservations. Invariant: sorted by base, none overlapping another. Each
+    /// holds the slots of its granules, so every question about a range is answered by one
+    /// binary search over the (few) reservations and then array reads: one per granule, or
+    /// one per mapping when walking a run of mappings. Mappings never overlap, as each
+    /// granule has one slot.
+    reservations: Vec<Reservation>,
+    /// Invariant: the sum of the reservations' `mappings`.
     mappings: usize,
+    /// Invariant: each record's `mappings` is the number of mappings of that handle, and a
+    /// released handle is kept only while that is non-zero.
     handles: FxHashMap<u64, HandleRecord>,
     next_handle: u64,
 }
@@ -127,8 +208,8 @@ impl Books {
             capacity,
             charged: 0,
             allocations: FxHashMap::default(),
-            reservations: BTreeMap::new(),
-            granules: FxHashMap::default(),
+            shift: granularity.trailing_zeros(),
+            reservations: Vec::new(),
             mappings: 0,
             handles: FxHashMap::default(),
             next_handle: 1,
@@ -279,9 +360,45 @@ impl Books {
         Ok(alignment.max(self.granularity))
     }
 
-    /// Records a reservation checked by [`Books::check_reserve`].
+    /// Records a reservation checked by [`Books::check_reserve`] (the address space gives
+    /// none that overlaps a live one).
+    ///
+    /// # Time complexity
+    /// `O(reservations)` (an insertion into a sorted vector).
     pub(crate) fn insert_reservation(&mut self, va: u64, size: u64) {
-        self.reservations.insert(va, size);
+        let i = self.reservations.partition_point(|r| r.base < va);
+        debug_assert!(
+            self.reservations
+                .get(i)
+                .map_or(true, |r| va + size <= r.base)
+                && (i == 0 || self.reservations[i - 1].end() <= va),
+            "reservations overlap"
+        );
+        self.reservations.insert(
+            i,
+            Reservation {
+                base: va,
+                size,
+                mappings: 0,
+                slots: Slots::default(),
+            },
+        );
+    }
+
+    /// The index of the reservation holding the address `va`.
+    ///
+    /// # Time complexity
+    /// `O(log reservations)`.
+    #[inline]
+    fn reservation_at(&self, va: u64) -> Option<usize> {
+        let i = self.reservations.partition_point(|r| r.base <= va);
+        let r = i.checked_sub(1)?;
+        (va < self.reservations[r].end()).then_some(r)
+    }
+
+    /// The index of the reservation starting at `va`.
+    fn reservation_starting(&self, va: u64) -> Option<usize> {
+        self.reservations.binary_search_by_key(&va, |r| r.base).ok()
     }
 
     /// Checks `free_reservation(va, size)`.
@@ -290,11 +407,12 @@ impl Books {
     /// `UnknownPointer` when no reservation starts at `va`; `InvalidArgument` when `size` is
     /// not the reserved size or something is still mapped in it.
     pub(crate) fn check_free_reservation(&self, va: u64, size: u64) -> Result<()> {
-        let &reserved = self.reservations.get(&va).ok_or(Error::UnknownPointer {
+        let r = self.reservation_starting(va).ok_or(Error::UnknownPointer {
             what: "reservation",
             ptr: va,
             backend: BACKEND,
         })?;
+        let reserved = self.reservations[r].size;
         if reserved != size {
             return Err(Error::InvalidArgument {
                 call: "free_reservation",
@@ -306,14 +424,7 @@ impl Books {
                 ),
             });
         }
-        // Mappings lie inside one reservation each: count those that start in this one (a
-        // walk over every mapping, on this rare path only).
-        let end = va + reserved;
-        let inside = self
-            .granules
-            .iter()
-            .filter(|(&at, u)| matches!(u, Granule::Start(_)) && at >= va && at < end)
-            .count();
+        let inside = self.reservations[r].mappings;
         if inside > 0 {
             return Err(Error::InvalidArgument {
                 call: "free_reservation",
@@ -325,16 +436,28 @@ impl Books {
         Ok(())
     }
 
-    /// Forgets a reservation checked by [`Books::check_free_reservation`].
+    /// Forgets a reservation checked by [`Books::check_free_reservation`] (and its slots).
+    ///
+    /// # Time complexity
+    /// `O(reservations)` plus its pages.
     pub(crate) fn remove_reservation(&mut self, va: u64) {
-        self.reservations.remove(&va);
+        if let Some(r) = self.reservation_starting(va) {
+            self.reservations.remove(r);
+        }
     }
 
-    /// The reservation that holds all of `[va, va + size)`, as `(base, size)`.
-    fn reservation_holding(&self, va: u64, size: u64) -> Option<(u64, u64)> {
-        let (&base, &len) = self.reservations.range(..=va).next_back()?;
+    /// The index of the reservation that holds all of `[va, va + size)`.
+    fn reservation_holding(&self, va: u64, size: u64) -> Option<usize> {
+        let r = self.reservation_at(va)?;
         let end = va.checked_add(size)?;
-        (end <= base + len).then_some((base, len))
+        (end <= self.reservations[r].end()).then_some(r)
+    }
+
+    /// The slot of the granule at `at` in reservation `r` (which holds `at`).
+    #[inline]
+    fn slot(&self, r: usize, at: u64) -> Slot {
+        let res = &self.reservations[r];
+        res.slots.get((at - res.base) >> self.shift)
     }
 
     // ---- physical handles -------------------------------------------------------------
@@ -434,7 +557,7 @@ impl Books {
                 ),
             });
         }
-        if self.reservation_holding(va, size).is_none() {
+        let Some(r) = self.reservation_holding(va, size) else {
             return Err(Error::InvalidArgument {
                 call: "map",
                 reason: format!(
@@ -443,7 +566,7 @@ impl Books {
                     show(size)
                 ),
             });
-        }
+        };
         let end = va + size;
         // The overlapping mapping named is the one over the highest mapped granule of the
         // range (the last mapping starting below its end).
@@ -451,13 +574,13 @@ impl Books {
         let mut at = end;
         while at > va {
             at -= g;
-            if let Some((start, m)) = self.mapping_over(at) {
+            if let Some((start, m_size)) = self.mapping_over(r, at) {
                 return Err(Error::InvalidArgument {
                     call: "map",
                     reason: format!(
                         "[{va:#x}, {end:#x}) overlaps the mapping at [{start:#x}, {:#x}); unmap \
                          it first",
-                        start + m.size
+                        start + m_size
                     ),
                 });
             }
@@ -465,56 +588,97 @@ impl Books {
         Ok(record.fd.as_ref())
     }
 
-    /// The mapping covering the granule at `at`, as `(start, mapping)`.
-    fn mapping_over(&self, at: u64) -> Option<(u64, Mapping)> {
-        match *self.granules.get(&at)? {
-            Granule::Start(m) => Some((at, m)),
-            Granule::Inside(start) => match self.granules.get(&start) {
-                Some(&Granule::Start(m)) => Some((start, m)),
-                _ => None,
-            },
+    /// The mapping covering the granule at `at` of reservation `r`, as `(start, size)`.
+    ///
+    /// # Time complexity
+    /// `O(1)`: at most two slot reads.
+    #[inline]
+    fn mapping_over(&self, r: usize, at: u64) -> Option<(u64, u64)> {
+        let s = self.slot(r, at);
+        match s.link {
+            0 => None,
+            n if n > 0 => Some((at, (n as u64) << self.shift)),
+            back => {
+                let start = at - ((back.unsigned_abs()) << self.shift);
+                let n = self.slot(r, start).link;
+                debug_assert!(n > 0, "an inner granule names no first granule");
+                Some((start, (n as u64) << self.shift))
+            }
         }
     }
 
     /// Records a mapping checked by [`Books::check_map`].
+    ///
+    /// # Time complexity
+    /// `O(log reservations + granules)` of the mapping.
     pub(crate) fn insert_mapping(&mut self, va: u64, size: u64, handle: PhysicalHandle) {
+        let Some(r) = self.reservation_holding(va, size) else {
+            debug_assert!(false, "map outside a reservation not checked");
+            return;
+        };
         if let Some(record) = self.handles.get_mut(&handle.0) {
             record.mappings += 1;
         }
-        let mapping = Mapping {
-            size,
-            handle: handle.0,
-        };
-        self.granules.insert(va, Granule::Start(mapping));
-        let g = self.granularity;
-        let mut at = va + g;
-        while at < va + size {
-            self.granules.insert(at, Granule::Inside(va));
-            at += g;
+        let shift = self.shift;
+        let res = &mut self.reservations[r];
+        let first = (va - res.base) >> shift;
+        let n = size >> shift;
+        res.slots.set(
+            first,
+            Slot {
+                handle: handle.0,
+                link: n as i64,
+            },
+        );
+        for k in 1..n {
+            res.slots.set(
+                first + k,
+                Slot {
+                    handle: handle.0,
+                    link: -(k as i64),
+                },
+            );
         }
+        res.mappings += 1;
         self.mappings += 1;
     }
 
     /// Walks the mappings that cover `[va, va + size)` (`va` granule-aligned), in address
-    /// order, as long as they follow each other without a gap. Returns the run: the start of
-    /// the first and of the last mapping touched (`None` when nothing covers `va`), and where
-    /// the covered run ends (which may be short of, or past, `va + size`).
+    /// order, as long as they follow each other without a gap (into an adjacent reservation
+    /// too). Returns the run: the start of the first and of the last mapping touched (`None`
+    /// when nothing covers `va`), and where the covered run ends (which may be short of, or
+    /// past, `va + size`).
+    ///
+    /// # Time complexity
+    /// `O(log reservations)` plus one slot read per mapping walked.
     fn covering_run(&self, va: u64, size: u64) -> Run {
         let end = va.saturating_add(size);
-        let Some((first, m)) = self.mapping_over(va) else {
-            return Run {
-                first: None,
-                last: va,
-                reached: va,
-            };
+        let none = Run {
+            first: None,
+            last: va,
+            reached: va,
+        };
+        let Some(mut r) = self.reservation_at(va) else {
+            return none;
+        };
+        let Some((first, m_size)) = self.mapping_over(r, va) else {
+            return none;
         };
         let mut last = first;
-        let mut reached = first + m.size;
+        let mut reached = first + m_size;
         while reached < end {
-            match self.granules.get(&reached) {
-                Some(&Granule::Start(m)) => {
+            if reached >= self.reservations[r].end() {
+                // Mappings end inside their reservation: the run goes on only into one that
+                // starts right here.
+                match self.reservations.get(r + 1) {
+                    Some(next) if next.base == reached => r += 1,
+                    _ => break,
+                }
+            }
+            match self.slot(r, reached).link {
+                n if n > 0 => {
                     last = reached;
-                    reached += m.size;
+                    reached += (n as u64) << self.shift;
                 }
                 _ => break,
             }
@@ -591,31 +755,161 @@ impl Books {
 
     /// Forgets the mappings of `[va, va + size)`, a run checked by [`Books::check_unmap`]; a
     /// released handle whose last mapping goes is freed and credited.
+    ///
+    /// # Time complexity
+    /// `O(log reservations + granules)` of the run.
     pub(crate) fn remove_mappings(&mut self, va: u64, size: u64) {
-        let g = self.granularity;
+        let shift = self.shift;
         let end = va.saturating_add(size);
+        let Some(mut r) = self.reservation_at(va) else {
+            debug_assert!(false, "unmap of a run not checked");
+            return;
+        };
         let mut at = va;
         while at < end {
-            let Some(Granule::Start(m)) = self.granules.remove(&at) else {
-                debug_assert!(false, "unmap of a run not checked");
-                break;
-            };
-            self.mappings -= 1;
-            let mut inside = at + g;
-            at += m.size;
-            while inside < at {
-                self.granules.remove(&inside);
-                inside += g;
+            if at >= self.reservations[r].end() {
+                r += 1;
+                if self.reservations.get(r).map_or(true, |res| res.base != at) {
+                    debug_assert!(false, "unmap of a run not checked");
+                    return;
+                }
             }
-            let Some(record) = self.handles.get_mut(&m.handle) else {
+            let res = &mut self.reservations[r];
+            let first = (at - res.base) >> shift;
+            let Slot { handle, link } = res.slots.get(first);
+            if link <= 0 {
+                debug_assert!(false, "unmap of a run not checked");
+                return;
+            }
+            let n = link as u64;
+            for k in 0..n {
+                res.slots.set(first + k, Slot::default());
+            }
+            res.mappings -= 1;
+            self.mappings -= 1;
+            at += n << shift;
+            let Some(record) = self.handles.get_mut(&handle) else {
                 continue;
             };
             record.mappings -= 1;
             if record.released && record.mappings == 0 {
                 self.charged -= record.size;
-                self.handles.remove(&m.handle);
+                self.handles.remove(&handle);
             }
         }
+    }
+
+    // ---- invariants -------------------------------------------------------------------
+
+    /// Checks every invariant stated on the fields, exactly: the reservations sorted and
+    /// apart, each slot's encoding, the mapping counts (per reservation, in all, per handle),
+    /// released handles kept only while mapped, and the bytes charged.
+    #[cfg(test)]
+    pub(crate) fn check_invariants(&self) -> std::result::Result<(), String> {
+        let g = self.granularity;
+        if self.shift != g.trailing_zeros() || !g.is_power_of_two() {
+            return Err(format!("shift {} for granularity {g}", self.shift));
+        }
+        let mut per_handle: FxHashMap<u64, u64> = FxHashMap::default();
+        let mut total = 0;
+        for (i, res) in self.reservations.iter().enumerate() {
+            if res.size == 0 || res.base % g != 0 || res.size % g != 0 {
+                return Err(format!(
+                    "reservation {:#x}+{} not granular",
+                    res.base, res.size
+                ));
+            }
+            if i > 0 && self.reservations[i - 1].end() > res.base {
+                return Err(format!(
+                    "reservation {:#x} out of order or overlapping",
+                    res.base
+                ));
+            }
+            let granules = res.size >> self.shift;
+            if res.slots.near.len() as u64 > DENSE_PAGES
+                || res.slots.far.keys().any(|&p| p < DENSE_PAGES)
+            {
+                return Err(format!(
+                    "reservation {:#x}: a page in the wrong table",
+                    res.base
+                ));
+            }
+            let mut starts = 0;
+            for (first, page) in res.slots.pages() {
+                for (o, &slot) in page.iter().enumerate() {
+                    let at = first + o as u64;
+                    let bad = |why: &str| {
+                        Err(format!(
+                            "reservation {:#x}, granule {at}: {why} ({slot:?})",
+                            res.base
+                        ))
+                    };
+                    if slot == Slot::default() {
+                        continue;
+                    }
+                    if slot.handle == 0 || slot.link == 0 || at >= granules {
+                        return bad("neither unmapped nor mapped");
+                    }
+                    if slot.link > 0 {
+                        let n = slot.link as u64;
+                        if at + n > granules {
+                            return bad("mapping runs past the reservation");
+                        }
+                        let tail = (1..n).all(|k| {
+                            res.slots.get(at + k)
+                                == Slot {
+                                    handle: slot.handle,
+                                    link: -(k as i64),
+                                }
+                        });
+                        if !tail {
+                            return bad("a mapping's inner granules do not name it");
+                        }
+                        starts += 1;
+                        *per_handle.entry(slot.handle).or_insert(0) += 1;
+                    } else {
+                        let back = slot.link.unsigned_abs();
+                        let Some(start) = at.checked_sub(back) else {
+                            return bad("points before the reservation");
+                        };
+                        let head = res.slots.get(start);
+                        if head.link <= back as i64 || head.handle != slot.handle {
+                            return bad("inner granule of no mapping");
+                        }
+                    }
+                }
+            }
+            if starts != res.mappings {
+                return Err(format!(
+                    "reservation {:#x}: {starts} mappings, counted {}",
+                    res.base, res.mappings
+                ));
+            }
+            total += starts;
+        }
+        if total != self.mappings {
+            return Err(format!("{total} mappings, counted {}", self.mappings));
+        }
+        let mut charged = self.allocations.values().map(|a| a.charged).sum::<u64>();
+        for (&id, h) in &self.handles {
+            let mapped = per_handle.remove(&id).unwrap_or(0);
+            if mapped != h.mappings || (h.released && mapped == 0) || id >= self.next_handle {
+                return Err(format!(
+                    "handle {id}: {mapped} mappings, counted {} (released {})",
+                    h.mappings, h.released
+                ));
+            }
+            charged += h.size;
+        }
+        if let Some((id, _)) = per_handle.into_iter().next() {
+            return Err(format!(
+                "mappings of handle {id}, which the books do not hold"
+            ));
+        }
+        if charged != self.charged {
+            return Err(format!("{charged} bytes held, charged {}", self.charged));
+        }
+        Ok(())
     }
 
     // ---- teardown ---------------------------------------------------------------------
@@ -629,13 +923,15 @@ impl Books {
                 .drain()
                 .map(|(ptr, r)| (ptr, r.size))
                 .collect(),
-            reservations: std::mem::take(&mut self.reservations).into_iter().collect(),
+            reservations: std::mem::take(&mut self.reservations)
+                .into_iter()
+                .map(|r| (r.base, r.size))
+                .collect(),
             mappings: self.mappings,
             handles,
             released_mapped: self.handles.len() - handles,
             bytes: self.charged,
         };
-        self.granules.clear();
         self.mappings = 0;
         self.handles.clear();
         self.charged = 0;
@@ -674,7 +970,9 @@ mod tests {
         b.check_set_access(base + G, 4 * G).unwrap();
         assert!(b.check_set_access(base + 4 * G, 4 * G).is_err());
         assert!(b.check_set_access(base + 8 * G, G).is_err());
+        b.check_invariants().unwrap();
         b.remove_mappings(base, 6 * G);
+        b.check_invariants().unwrap();
         assert_eq!(b.census().mappings, 0);
         b.release(h).unwrap();
         assert_eq!(
@@ -696,8 +994,229 @@ mod tests {
         assert_eq!(b.free_bytes(), 62 * G);
         assert!(b.release(h).is_err());
         assert!(b.check_map(1 << 40, 2 * G, h, 0).is_err());
+        b.check_invariants().unwrap();
         b.remove_mappings(1 << 40, 2 * G);
+        b.check_invariants().unwrap();
         assert_eq!(b.free_bytes(), 64 * G);
         assert_eq!(b.census().physical_handles, 0);
+    }
+
+    #[test]
+    fn runs_continue_into_an_adjacent_reservation_only() {
+        let mut b = books();
+        let (first, second) = (1 << 40, (1 << 40) + 2 * G);
+        b.insert_reservation(first, 2 * G);
+        b.insert_reservation(second, 2 * G);
+        b.insert_reservation(second + 4 * G, 2 * G);
+        let h = b.insert_handle(6 * G, None);
+        for (k, va) in [first, second, second + 4 * G].into_iter().enumerate() {
+            b.check_map(va, 2 * G, h, 2 * k as u64 * G).unwrap();
+            b.insert_mapping(va, 2 * G, h);
+        }
+        // A mapping may not span two reservations, but a run of mappings may.
+        assert!(b.check_map(first + G, 2 * G, h, 0).is_err());
+        b.check_set_access(first + G, 2 * G).unwrap();
+        b.check_unmap(first, 4 * G).unwrap();
+        // The third reservation is not adjacent: the run stops at the gap.
+        let err = b.check_set_access(first, 8 * G).unwrap_err().to_string();
+        assert!(
+            err.contains(&format!("nothing is mapped at {:#x}", second + 2 * G)),
+            "{err}"
+        );
+        b.remove_mappings(first, 4 * G);
+        b.check_invariants().unwrap();
+        assert_eq!(b.census().mappings, 1);
+        b.check_free_reservation(first, 2 * G).unwrap();
+        assert!(b.check_free_reservation(second + 4 * G, 2 * G).is_err());
+    }
+
+    #[test]
+    fn huge_reservations_keep_far_granules_in_the_hash_pages() {
+        // 4 KiB granules: a 1 TiB reservation has 2^28 granules, past the dense pages.
+        let g = 4096;
+        let mut b = Books::new(1 << 30, g);
+        let base = 1 << 44;
+        let size = 1 << 40;
+        b.insert_reservation(base, size);
+        let h = b.insert_handle(4 * g, None);
+        for va in [base, base + size / 2, base + size - 2 * g] {
+            b.check_map(va, 2 * g, h, 0).unwrap();
+            b.insert_mapping(va, 2 * g, h);
+            b.check_set_access(va, 2 * g).unwrap();
+            assert!(b.check_map(va + g, g, h, 0).is_err());
+        }
+        b.check_invariants().unwrap();
+        let res = &b.reservations[0];
+        assert_eq!(res.slots.far.len(), 2);
+        assert_eq!(res.slots.near.iter().flatten().count(), 1);
+        for va in [base, base + size / 2, base + size - 2 * g] {
+            b.check_unmap(va, 2 * g).unwrap();
+            b.remove_mappings(va, 2 * g);
+        }
+        b.check_invariants().unwrap();
+        b.check_free_reservation(base, size).unwrap();
+    }
+
+    /// The simple model: mappings as a list, every question answered by scanning it.
+    #[derive(Debug, Default)]
+    struct Model {
+        reservations: Vec<(u64, u64)>,
+        /// `(va, size, handle)`.
+        mappings: Vec<(u64, u64, u64)>,
+        /// `(handle, size, released)`.
+        handles: Vec<(u64, u64, bool)>,
+    }
+
+    impl Model {
+        fn mapping_at(&self, at: u64) -> Option<(u64, u64, u64)> {
+            self.mappings
+                .iter()
+                .copied()
+                .find(|&(va, size, _)| va <= at && at < va + size)
+        }
+
+        fn map_ok(&self, va: u64, size: u64, handle: u64, offset: u64) -> bool {
+            let live = self
+                .handles
+                .iter()
+                .any(|&(h, hs, released)| h == handle && !released && offset + size <= hs);
+            let inside = self
+                .reservations
+                .iter()
+                .any(|&(b, s)| b <= va && va + size <= b + s);
+            let free = (va..va + size)
+                .step_by(G as usize)
+                .all(|at| self.mapping_at(at).is_none());
+            live && inside && free
+        }
+
+        fn covered(&self, va: u64, size: u64) -> bool {
+            (va..va + size)
+                .step_by(G as usize)
+                .all(|at| self.mapping_at(at).is_some())
+        }
+
+        fn unmap_ok(&self, va: u64, size: u64) -> bool {
+            self.covered(va, size)
+                && self.mappings.iter().all(|&(m, ms, _)| {
+                    m + ms <= va || va + size <= m || (va <= m && m + ms <= va + size)
+                })
+        }
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Reserve(u64),
+        FreeReservation(usize),
+        Create(u64),
+        Release(usize),
+        Map(u64, u64, usize, u64),
+        SetAccess(u64, u64),
+        Unmap(u64, u64),
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            2 => (1..6u64).prop_map(Op::Reserve),
+            1 => (0..4usize).prop_map(Op::FreeReservation),
+            2 => (2..6u64).prop_map(Op::Create),
+            1 => (0..6usize).prop_map(Op::Release),
+            6 => (0..24u64, 1..4u64, 0..4usize, 0..2u64)
+                .prop_map(|(a, s, h, o)| Op::Map(a, s, h, o)),
+            2 => (0..24u64, 1..6u64).prop_map(|(a, s)| Op::SetAccess(a, s)),
+            3 => (0..24u64, 1..6u64).prop_map(|(a, s)| Op::Unmap(a, s)),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Every check accepts exactly what the list model accepts, mappings of several
+        /// granules and runs across adjacent reservations included; the invariants hold after
+        /// every step, and the census agrees with the model.
+        #[test]
+        fn books_agree_with_a_list_model(ops in proptest::collection::vec(op(), 1..120)) {
+            let mut b = Books::new(64 * G, G);
+            let mut m = Model::default();
+            // Reservations are handed out back to back, so runs can cross from one into
+            // the next; addresses are granules from `base`.
+            let base = 1u64 << 40;
+            let mut cursor = base;
+            let mut ids = Vec::new();
+            for op in ops {
+                match op {
+                    Op::Reserve(n) => {
+                        if cursor + n * G <= base + 24 * G {
+                            b.check_reserve(n * G, 0).unwrap();
+                            b.insert_reservation(cursor, n * G);
+                            m.reservations.push((cursor, n * G));
+                            cursor += n * G;
+                        }
+                    }
+                    Op::FreeReservation(i) => {
+                        if let Some(&(va, size)) = m.reservations.get(i) {
+                            let ok = !m.mappings.iter().any(|&(a, _, _)| va <= a && a < va + size);
+                            proptest::prop_assert_eq!(b.check_free_reservation(va, size).is_ok(), ok);
+                            if ok {
+                                b.remove_reservation(va);
+                                m.reservations.remove(i);
+                            }
+                        }
+                    }
+                    Op::Create(n) => {
+                        let h = b.insert_handle(n * G, None);
+                        m.handles.push((h.0, n * G, false));
+                        ids.push(h.0);
+                    }
+                    Op::Release(i) => {
+                        if let Some(&id) = ids.get(i) {
+                            let live = m.handles.iter().any(|&(h, _, r)| h == id && !r);
+                            proptest::prop_assert_eq!(b.release(PhysicalHandle(id)).is_ok(), live);
+                            if let Some(e) = m.handles.iter_mut().find(|e| e.0 == id) {
+                                e.2 = true;
+                            }
+                            let mapped = m.mappings.iter().any(|&(_, _, h)| h == id);
+                            m.handles.retain(|&(h, _, r)| h != id || !r || mapped);
+                        }
+                    }
+                    Op::Map(a, n, i, o) => {
+                        let id = ids.get(i).copied().unwrap_or(999);
+                        let (va, size, offset) = (base + a * G, n * G, o * G);
+                        let ok = m.map_ok(va, size, id, offset);
+                        let got = b.check_map(va, size, PhysicalHandle(id), offset).is_ok();
+                        proptest::prop_assert_eq!(got, ok, "map {:#x}+{}", va, size);
+                        if ok {
+                            b.insert_mapping(va, size, PhysicalHandle(id));
+                            m.mappings.push((va, size, id));
+                        }
+                    }
+                    Op::SetAccess(a, n) => {
+                        let (va, size) = (base + a * G, n * G);
+                        proptest::prop_assert_eq!(
+                            b.check_set_access(va, size).is_ok(),
+                            m.covered(va, size)
+                        );
+                    }
+                    Op::Unmap(a, n) => {
+                        let (va, size) = (base + a * G, n * G);
+                        let ok = m.unmap_ok(va, size);
+                        proptest::prop_assert_eq!(b.check_unmap(va, size).is_ok(), ok);
+                        if ok {
+                            b.remove_mappings(va, size);
+                            m.mappings.retain(|&(v, _, _)| v < va || v >= va + size);
+                            m.handles.retain(|&(h, _, r)| {
+                                !r || m.mappings.iter().any(|&(_, _, mh)| mh == h)
+                            });
+                        }
+                    }
+                }
+                proptest::prop_assert_eq!(b.check_invariants(), Ok(()));
+                let census = b.census();
+                proptest::prop_assert_eq!(census.mappings, m.mappings.len() as u64);
+                proptest::prop_assert_eq!(census.reservations, m.reservations.len() as u64);
+                proptest::prop_assert_eq!(census.physical_handles, m.handles.len() as u64);
+                let held: u64 = m.handles.iter().map(|&(_, s, _)| s).sum();
+                proptest::prop_assert_eq!(census.bytes_in_use, held);
+            }
+        }
     }
 }

@@ -461,8 +461,8 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         let (start, end) = self.span(addr, size);
         let g = self.granularity;
         let total = (end - start) / g;
-        let mapped = phys.mapped_in(start, end);
-        let inside_free = phys.free_in(start, end);
+        // One walk over the span's bitmaps for both counts.
+        let (mapped, inside_free) = phys.mapped_and_free_in(start, end);
         let supply =
             phys.idle_count() + phys.free_mapped_count() - inside_free + self.creatable(phys);
         (total - mapped, supply)

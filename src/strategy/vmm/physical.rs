@@ -286,12 +286,23 @@ impl Physical {
         self.count(start, end, |p| &p.mapped)
     }
 
-    /// Granules mapped and free under `[start, end)`.
+    /// `(granules mapped, granules mapped and free)` under the granule-aligned span
+    /// `[start, end)`, in one walk: the question every placement asks.
     ///
     /// # Time complexity
     /// `O(granules / 64)`.
-    pub(super) fn free_in(&self, start: u64, end: u64) -> u64 {
-        self.count(start, end, |p| &p.free)
+    pub(super) fn mapped_and_free_in(&self, start: u64, end: u64) -> (u64, u64) {
+        let Some((r, i0, i1)) = self.locate(start, end) else {
+            return (0, 0);
+        };
+        let (mut mapped, mut free) = (0u64, 0u64);
+        words(i0, i1, |p, w, mask| {
+            if let Some(page) = self.page(r, p) {
+                mapped += u64::from((page.mapped[w] & mask).count_ones());
+                free += u64::from((page.free[w] & mask).count_ones());
+            }
+        });
+        (mapped, free)
     }
 
     /// Granules under `[start, end)` that no chunk in use touches.
@@ -957,8 +968,9 @@ mod tests {
                             .collect();
                         prop_assert_eq!(phys.victims(v, e, want), model_victims(&free, v, e, want));
                         let inside = free.range(v..e).count() as u64;
-                        prop_assert_eq!(phys.free_in(v, e), inside);
-                        prop_assert_eq!(phys.mapped_in(v, e), mapped.range(v..e).count() as u64);
+                        let mapped_in = mapped.range(v..e).count() as u64;
+                        prop_assert_eq!(phys.mapped_in(v, e), mapped_in);
+                        prop_assert_eq!(phys.mapped_and_free_in(v, e), (mapped_in, inside));
                         let untouched = (v..e).step_by(G as usize).filter(|g| !touch.contains_key(g));
                         prop_assert_eq!(phys.untouched_in(v, e), untouched.count() as u64);
                         let mut runs = Vec::new();
