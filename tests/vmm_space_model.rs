@@ -4,11 +4,16 @@
 //! in_use_overlapping against a reference model — the ordered-map implementation `Space` had
 //! before its slab and binned free index (a `BTreeMap` of chunks by address and a `BTreeSet`
 //! of `(size, address)` per class), kept here as the specification of its placements. After
-//! every step both must agree on every answer, the placements and grants (tokens included),
-//! the chunks in use, the largest free chunk and the free chunks, and `check_invariants()`
-//! must hold.
+//! every step both must agree on every answer, the placements and grants, the chunks in use,
+//! the largest free chunk and the free chunks, and `check_invariants()` must hold.
+//!
+//! Tokens: the model hands out 1, 2, 3, …; `Space` hands out `(serial << 32) | slot`, whose
+//! serial must be the model's token. The test keeps every token `Space` handed out (none may
+//! come twice) and gives the model the serial of those, and of any other token one the model
+//! never handed out: what `Space` refuses, the model must refuse too, and the other way round.
+//! A placement names its chunk's slot (private to `Space`); the model compares the rest.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use portalloc::strategy::vmm::space::{Grant, Placement, Space, CLASSES};
 use proptest::prelude::*;
@@ -45,7 +50,7 @@ impl Model {
         true
     }
 
-    fn find(&self, class: usize, rounded: u64, alignment: u64, high: bool) -> Option<Placement> {
+    fn find(&self, class: usize, rounded: u64, alignment: u64, high: bool) -> Option<Spot> {
         let free = self.free.get(class)?;
         let mut sizes: Vec<u64> = free
             .iter()
@@ -60,29 +65,21 @@ impl Model {
             }
             for chunk in same {
                 if let Some(addr) = Space::fit(size, chunk, rounded, alignment, high) {
-                    return Some(Placement {
-                        chunk,
-                        chunk_size: size,
-                        addr,
-                    });
+                    return Some((chunk, size, addr));
                 }
             }
         }
         None
     }
 
-    fn candidates(&self, class: usize, rounded: u64, alignment: u64) -> Vec<Placement> {
+    fn candidates(&self, class: usize, rounded: u64, alignment: u64) -> Vec<Spot> {
         let mut out = Vec::new();
         for &(size, chunk) in self.free[class.min(CLASSES - 1)].range((rounded, 0)..) {
             let low = Space::fit(size, chunk, rounded, alignment, false);
             let high =
                 Space::fit(size, chunk, rounded, alignment, true).filter(|&h| Some(h) != low);
             for addr in low.into_iter().chain(high) {
-                out.push(Placement {
-                    chunk,
-                    chunk_size: size,
-                    addr,
-                });
+                out.push((chunk, size, addr));
             }
         }
         out
@@ -103,10 +100,15 @@ impl Model {
         c
     }
 
+    /// Honoured while the free chunk the placement was found in is there, unchanged.
     fn commit(&mut self, p: Placement, rounded: u64, requested: u64) -> Option<Grant> {
         let &(size, _, token, region) = self.chunks.get(&p.chunk)?;
         let end = p.chunk + size;
-        if token != 0 || p.addr < p.chunk || p.addr.checked_add(rounded)? > end {
+        if token != 0
+            || size != p.chunk_size
+            || p.addr < p.chunk
+            || p.addr.checked_add(rounded)? > end
+        {
             return None;
         }
         self.take(p.chunk);
@@ -229,6 +231,21 @@ impl Model {
     }
 }
 
+/// A placement as the model sees it: `(chunk, chunk_size, addr)`.
+type Spot = (u64, u64, u64);
+
+fn spot(p: &Placement) -> Spot {
+    (p.chunk, p.chunk_size, p.addr)
+}
+
+/// A grant of `Space` as the model hands it out: the token's serial for the token.
+fn serial(g: Grant) -> Grant {
+    Grant {
+        token: g.token >> 32,
+        ..g
+    }
+}
+
 #[derive(Debug, Clone)]
 enum Op {
     /// A region at `base` units of 256 B (occasionally not a multiple of 256) of `units`.
@@ -277,7 +294,8 @@ enum Op {
     Free(usize),
     /// free with a token once valid (freed, retokened or carved since).
     FreeStale(usize),
-    /// free at a live address with a token off by `delta`.
+    /// free at a live address with forged tokens: off by `delta`, in the slot part or the
+    /// serial part; another live chunk's; its serial with another live chunk's slot.
     Forged {
         pick: usize,
         delta: u64,
@@ -369,17 +387,36 @@ struct Pair {
     stale: Vec<(u64, u64)>,
     /// Placements found so far.
     placements: Vec<Placement>,
+    /// Every token `Space` handed out.
+    handed: HashSet<u64>,
 }
 
 impl Pair {
+    /// The model's token for a token of `Space`'s: its serial if `Space` handed it out, else
+    /// one the model never hands out.
+    fn model_token(&self, token: u64) -> u64 {
+        if self.handed.contains(&token) {
+            token >> 32
+        } else {
+            u64::MAX
+        }
+    }
+
+    /// Records a token `Space` handed out: a new one.
+    fn handed(&mut self, g: Grant) -> Grant {
+        assert!(self.handed.insert(g.token), "token {:#x} again", g.token);
+        g
+    }
+
     fn commit(&mut self, p: Placement, rounded: u64, requested: u64) {
         let got = self.space.commit(p, rounded, requested);
         assert_eq!(
-            got,
+            got.map(serial),
             self.model.commit(p, rounded, requested),
             "commit {p:?}"
         );
         if let Some(g) = got {
+            self.handed(g);
             self.live.push((g.addr, g.token));
         }
     }
@@ -387,7 +424,11 @@ impl Pair {
     fn alloc(&mut self, class: usize, rounded: u64, alignment: u64, high: bool, requested: u64) {
         let p = self.space.find(class, rounded, alignment, high);
         let want = self.model.find(class, rounded, alignment, high);
-        assert_eq!(p, want, "find {rounded} aligned {alignment}, high {high}");
+        assert_eq!(
+            p.as_ref().map(spot),
+            want,
+            "find {rounded} aligned {alignment}, high {high}"
+        );
         if let Some(p) = p {
             self.placements.push(p);
             self.commit(p, rounded, requested);
@@ -397,7 +438,8 @@ impl Pair {
     fn free(&mut self, i: usize) {
         let (addr, token) = self.live.swap_remove(i);
         let got = self.space.free(addr, token);
-        assert_eq!(got, self.model.free(addr, token), "free {addr:#x}");
+        let want = self.model.free(addr, self.model_token(token));
+        assert_eq!(got, want, "free {addr:#x}");
         assert!(got.is_some());
         self.stale.push((addr, token));
     }
@@ -437,7 +479,11 @@ impl Pair {
             } => {
                 let (rounded, alignment) = (units * 256, 1 << align_log);
                 let p = self.space.find(class, rounded, alignment, high);
-                assert_eq!(p, self.model.find(class, rounded, alignment, high), "find");
+                assert_eq!(
+                    p.as_ref().map(spot),
+                    self.model.find(class, rounded, alignment, high),
+                    "find"
+                );
                 self.placements.extend(p);
             }
             Op::Candidate {
@@ -450,7 +496,7 @@ impl Pair {
                 let got: Vec<Placement> =
                     self.space.candidates(class, rounded, alignment).collect();
                 assert_eq!(
-                    got,
+                    got.iter().map(spot).collect::<Vec<_>>(),
                     self.model.candidates(class, rounded, alignment),
                     "candidates"
                 );
@@ -492,19 +538,32 @@ impl Pair {
                 if !self.stale.is_empty() {
                     let (addr, token) = self.stale[i % self.stale.len()];
                     let got = self.space.free(addr, token);
-                    assert_eq!(got, None, "stale free {addr:#x} token {token}");
-                    assert_eq!(self.model.free(addr, token), None);
+                    assert_eq!(got, None, "stale free {addr:#x} token {token:#x}");
+                    assert_eq!(self.model.free(addr, self.model_token(token)), None);
                     assert_eq!(self.space.in_use_size(addr, token), None);
                 }
             }
             Op::Forged { pick, delta } => {
                 if !self.live.is_empty() {
                     let (addr, token) = self.live[pick % self.live.len()];
-                    for (a, t) in [(addr, token + delta), (addr + 256, token), (addr, 0)] {
-                        assert_eq!(self.space.free(a, t), None, "forged {a:#x} token {t}");
-                        assert_eq!(self.model.free(a, t), None);
+                    let mut forged = vec![
+                        (addr, token + delta),
+                        (addr, token + (delta << 32)),
+                        (addr + 256, token),
+                        (addr, 0),
+                    ];
+                    // Another live chunk's token, and this serial with that chunk's slot.
+                    let (_, other) = self.live[(pick / 2 + 1) % self.live.len()];
+                    if other != token {
+                        forged.push((addr, other));
+                        forged.push((addr, (token >> 32 << 32) | (other & 0xffff_ffff)));
+                    }
+                    for (a, t) in forged {
+                        assert_eq!(self.space.free(a, t), None, "forged {a:#x} token {t:#x}");
+                        assert_eq!(self.model.free(a, self.model_token(t)), None);
                         assert_eq!(self.space.retoken(a, t), None);
                         assert_eq!(self.space.in_use_size(a, t), None);
+                        assert_eq!(self.space.carve(a, t, a, 256, 1), None);
                     }
                 }
             }
@@ -512,13 +571,18 @@ impl Pair {
                 if !self.live.is_empty() {
                     let i = i % self.live.len();
                     let (addr, token) = self.live[i];
+                    let model_token = self.model_token(token);
                     assert_eq!(
                         self.space.in_use_size(addr, token),
-                        self.model.in_use_size(addr, token)
+                        self.model.in_use_size(addr, model_token)
                     );
                     let got = self.space.retoken(addr, token);
-                    assert_eq!(got, self.model.retoken(addr, token), "retoken");
-                    let g = got.expect("a live chunk");
+                    assert_eq!(
+                        got.map(serial),
+                        self.model.retoken(addr, model_token),
+                        "retoken"
+                    );
+                    let g = self.handed(got.expect("a live chunk"));
                     self.live[i] = (g.addr, g.token);
                     self.stale.push((addr, token));
                 }
@@ -533,9 +597,21 @@ impl Pair {
                     let (addr, token) = self.live[i];
                     let (at, rounded) = (addr + at_units * 256, units * 256);
                     let got = self.space.carve(addr, token, at, rounded, rounded / 2);
-                    let want = self.model.carve(addr, token, (at, rounded, rounded / 2));
-                    assert_eq!(got, want, "carve {addr:#x} at {at:#x}+{rounded}");
+                    let model_token = self.model_token(token);
+                    let want = self
+                        .model
+                        .carve(addr, model_token, (at, rounded, rounded / 2));
+                    assert_eq!(
+                        got.clone()
+                            .map(|(g, rest)| (serial(g), rest.into_iter().map(serial).collect())),
+                        want,
+                        "carve {addr:#x} at {at:#x}+{rounded}"
+                    );
                     if let Some((g, rest)) = got {
+                        self.handed(g);
+                        for &r in &rest {
+                            self.handed(r);
+                        }
                         self.stale.push((addr, token));
                         self.live[i] = (g.addr, g.token);
                         self.live.extend(rest.iter().map(|r| (r.addr, r.token)));

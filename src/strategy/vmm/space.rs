@@ -17,20 +17,28 @@
 //! **Structures**, sized for a steady state of hundreds of thousands of live chunks (where
 //! B-trees keyed by address miss the cache on every level, several times per operation): the
 //! chunks live in a slab (`Vec`) linked to their neighbours by slot (`prev`/`next`, within a
-//! region only, as bfc's arena keeps them); a hash map finds a chunk's slot from its address
-//! (one probe per [`Space::free`]); the free chunks of each class sit in bfc's
+//! region only, as bfc's arena keeps them); the free chunks of each class sit in bfc's
 //! [`FreeIndex`] (size classes with bitmaps, each class sorted by `(size, address)`), which
 //! keeps the exact `(size, address)` order and hence the same placements as one ordered set.
+//! Nothing maps addresses to slots: a chunk is found from what names it — a [`Grant`]'s token
+//! carries the slot, a [`Placement`] the free chunk's slot, each region its first slot — in
+//! one load, then checked against the address (a hash probe per operation was the largest
+//! cost of [`Space::free`] at scale: a cache miss or two before the chunk's own).
 //!
-//! Every operation is `O(1)` expected for the chunks plus `O(log k)` in the free index for
-//! `k` free chunks in a size class, except an aligned request, which may try several
-//! candidates, and the walks (reports, checks, [`Space::in_use_overlapping`]), which are
-//! linear in the chunks of the regions they walk.
+//! **Tokens** are `(serial << 32) | slot`: `serial` counts the hand-outs (1, 2, …, skipping
+//! the multiples of 2³², so that no token is 0), `slot` is the chunk's slot. A token is
+//! honoured only while the chunk in its slot is in use at the address given with it under
+//! exactly that token, so a stale or forged token is refused — with one bound: the serial
+//! keeps only its low 32 bits, so a token can come back once 2³² more hand-outs have been
+//! made, if the same slot is handed out again at that very serial (low bits) and address. A
+//! token kept that long after its free (over an hour at a million hand-outs a second) could
+//! then free another allocation; tokens guard against mistakes, not malice.
+//!
+//! Every operation is `O(1)` for the chunks plus `O(log k)` in the free index for `k` free
+//! chunks in a size class, except an aligned request, which may try several candidates, and
+//! the walks (reports, checks, [`Space::in_use_overlapping`]), which are linear in the chunks
+//! of the regions they walk.
 #![deny(unsafe_code)]
-
-use std::cell::Cell;
-
-use rustc_hash::FxHashMap;
 
 use crate::report::{BinSummary, RegionMap};
 use crate::strategy::bfc::free_index::{Entry, FreeIndex};
@@ -45,6 +53,21 @@ pub const CLASSES: usize = 2;
 /// "No chunk" in a link or list head.
 const NONE: u32 = u32::MAX;
 
+/// A token's low bits: the slot.
+const SLOT_BITS: u32 = 32;
+
+/// The token of hand-out `serial` of slot `slot` (see the module docs).
+#[inline]
+fn token_of(serial: u64, slot: u32) -> u64 {
+    (serial << SLOT_BITS) | u64::from(slot)
+}
+
+/// The slot a token names.
+#[inline]
+fn slot_of(token: u64) -> u32 {
+    token as u32
+}
+
 /// One slab slot: a chunk, or vacant (`size == 0`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Chunk {
@@ -54,7 +77,8 @@ struct Chunk {
     size: u64,
     /// Bytes the user asked for (in use only; 0 when free).
     requested: u64,
-    /// 0 when free; otherwise the token of the allocation holding it.
+    /// 0 when free; otherwise the token of the allocation holding it, which names this
+    /// slot (see the module docs).
     token: u64,
     /// The chunk just below in the same region, or `NONE` at the region's base.
     prev: u32,
@@ -91,7 +115,7 @@ impl Chunk {
 }
 
 /// Where a request would go: found by [`Space::find`] or [`Space::candidates`], taken by
-/// [`Space::commit`].
+/// [`Space::commit`]. Only those make one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Placement {
     /// The free chunk it comes out of.
@@ -100,6 +124,8 @@ pub struct Placement {
     pub chunk_size: u64,
     /// First byte of the allocation.
     pub addr: u64,
+    /// The slot that chunk was in when found: spares [`Space::commit`] a search.
+    slot: u32,
 }
 
 /// An allocation made by [`Space::commit`].
@@ -117,15 +143,18 @@ pub struct Grant {
 #[derive(Debug)]
 pub struct Space {
     /// The slab. Invariant: the non-vacant slots are exactly the chunks reachable from the
-    /// regions' bases (through `slot_at`) by `next` links; within a region they tile it
-    /// exactly, in address order, with `prev`/`next` links that agree, `region` naming it,
-    /// and no two neighbours both free.
+    /// regions' first slots (`heads`) by `next` links; within a region they tile it exactly,
+    /// in address order, with `prev`/`next` links that agree, `region` naming it, no two
+    /// neighbours both free, and each token in use naming its own slot with a serial handed
+    /// out already.
     chunks: Vec<Chunk>,
     /// Head of the list of vacant slots (linked through `next`), or `NONE`. Invariant: the
     /// list holds exactly the vacant slots.
     vacant: u32,
-    /// Address → slot. Invariant: exactly one entry per chunk, `addr → its slot`.
-    slot_at: FxHashMap<u64, u32>,
+    /// The slot of the chunk at each region's base (index = `Chunk::region`). It never
+    /// changes: a split leaves a chunk's slot to its lowest piece, and a merge keeps the lower
+    /// chunk's slot. Invariant: one per region, the slot of the chunk at its base.
+    heads: Vec<u32>,
     /// Invariant: `free[k]` holds exactly the free chunks of the regions of class `k`, each
     /// under its size, address and slot.
     free: [FreeIndex; CLASSES],
@@ -138,14 +167,9 @@ pub struct Space {
     bytes_in_use: u64,
     /// Invariant: number of chunks in use.
     live: usize,
-    /// The last token handed out (tokens are never reused). Invariant: no chunk holds a
-    /// larger one.
-    last_token: u64,
-    /// `(address, slot)` of the chunk the last [`Space::find`] chose: a hint that spares
-    /// [`Space::commit`] the address-map probe (a cache miss or two at scale) in the usual
-    /// find-then-commit. No invariant: `commit` uses it only when that slot still holds a
-    /// chunk at that address.
-    found: Cell<Option<(u64, u32)>>,
+    /// The serial of the last hand-out (see the module docs). Invariant: no token in use
+    /// has serial 0 or, before the serials wrap, a larger one.
+    last_serial: u64,
 }
 
 impl Default for Space {
@@ -165,14 +189,13 @@ impl Space {
         Space {
             chunks: Vec::new(),
             vacant: NONE,
-            slot_at: FxHashMap::default(),
+            heads: Vec::new(),
             free: std::array::from_fn(|_| FreeIndex::new()),
             regions: Vec::new(),
             class_of: Vec::new(),
             bytes_in_use: 0,
             live: 0,
-            last_token: 0,
-            found: Cell::new(None),
+            last_serial: 0,
         }
     }
 
@@ -205,7 +228,7 @@ impl Space {
             next: NONE,
             region,
         };
-        self.slot_at.insert(base, idx);
+        self.heads.push(idx);
         self.free[class].insert(size, base, idx);
         Ok(())
     }
@@ -283,13 +306,11 @@ impl Space {
         high: bool,
     ) -> Option<Placement> {
         let free = self.free.get(class)?;
-        let placed = |e: Entry, addr| {
-            self.found.set(Some((e.addr, e.idx)));
-            Placement {
-                chunk: e.addr,
-                chunk_size: e.size,
-                addr,
-            }
+        let placed = |e: Entry, addr| Placement {
+            chunk: e.addr,
+            chunk_size: e.size,
+            addr,
+            slot: e.idx,
         };
         if alignment == MIN_ALLOCATION {
             // Every chunk starts on 256 and spans whole 256-byte units, so any chunk of at
@@ -339,7 +360,7 @@ impl Space {
     ) -> impl Iterator<Item = Placement> + '_ {
         self.free[class.min(CLASSES - 1)]
             .iter_from(rounded)
-            .flat_map(move |Entry { size, addr, .. }| {
+            .flat_map(move |Entry { size, addr, idx }| {
                 let low = Self::fit(size, addr, rounded, alignment, false);
                 let high =
                     Self::fit(size, addr, rounded, alignment, true).filter(|&h| Some(h) != low);
@@ -347,34 +368,24 @@ impl Space {
                     chunk: addr,
                     chunk_size: size,
                     addr: at,
+                    slot: idx,
                 })
             })
     }
 
     /// Hands out `rounded` bytes at `p.addr` from the free chunk `p.chunk` (a placement found
-    /// by [`Space::find`] or [`Space::candidates`] with no change since); `None` when the
-    /// placement is stale (or the slab is full).
+    /// by [`Space::find`] or [`Space::candidates`], normally with no change since); `None`
+    /// when the placement is stale — no free chunk of `p.chunk_size` bytes at `p.chunk` any
+    /// more, or the range not inside it — or the slab is full.
     ///
     /// # Time complexity
-    /// `O(1)` expected plus `O(log k)` in the free index.
+    /// `O(1)` plus `O(log k)` in the free index.
     pub fn commit(&mut self, p: Placement, rounded: u64, requested: u64) -> Option<Grant> {
-        let idx = match self.found.take() {
-            // One chunk per address: a slot holding a chunk at `p.chunk` is the one.
-            Some((addr, idx))
-                if addr == p.chunk
-                    && self
-                        .chunks
-                        .get(idx as usize)
-                        .is_some_and(|c| c.size != 0 && c.addr == addr) =>
-            {
-                idx
-            }
-            _ => *self.slot_at.get(&p.chunk)?,
-        };
+        let idx = self.placed_slot(&p)?;
         let c = self.chunks[idx as usize];
         let end = p.chunk + c.size;
         let taken_end = p.addr.checked_add(rounded)?;
-        if !c.is_free() || p.addr < p.chunk || taken_end > end {
+        if p.addr < p.chunk || taken_end > end {
             return None;
         }
         let (front, back) = (p.addr - p.chunk, end - taken_end);
@@ -399,8 +410,7 @@ impl Space {
                 u
             }
         };
-        self.last_token += 1;
-        let token = self.last_token;
+        let token = self.next_token(used);
         if used != idx {
             self.chunks[idx as usize].size = front;
             self.link_after(idx, used, p.addr, rounded, c.region);
@@ -425,13 +435,10 @@ impl Space {
     /// neighbours. Returns `(chunk size, requested)`; `None` for a stale or forged token.
     ///
     /// # Time complexity
-    /// `O(1)` expected plus `O(log k)` in the free index.
+    /// `O(1)` plus `O(log k)` in the free index.
     pub fn free(&mut self, addr: u64, token: u64) -> Option<(u64, u64)> {
-        let idx = *self.slot_at.get(&addr)?;
+        let idx = self.in_use_slot(addr, token)?;
         let c = self.chunks[idx as usize];
-        if c.is_free() || c.token != token {
-            return None;
-        }
         self.bytes_in_use -= c.size;
         self.live -= 1;
         let (prev, next) = (c.prev, c.next);
@@ -478,7 +485,7 @@ impl Space {
     /// (free, stale or forged).
     ///
     /// # Time complexity
-    /// `O(1)` expected.
+    /// `O(1)`.
     pub fn in_use_size(&self, addr: u64, token: u64) -> Option<u64> {
         self.in_use_slot(addr, token)
             .map(|idx| self.chunks[idx as usize].size)
@@ -488,12 +495,12 @@ impl Space {
     /// old one is refused from now on. `None` (nothing changed) when there is no such chunk.
     ///
     /// # Time complexity
-    /// `O(1)` expected.
+    /// `O(1)`.
     pub fn retoken(&mut self, addr: u64, token: u64) -> Option<Grant> {
         let idx = self.in_use_slot(addr, token)?;
-        self.last_token += 1;
+        let token = self.next_token(idx);
         let c = &mut self.chunks[idx as usize];
-        c.token = self.last_token;
+        c.token = token;
         Some(Grant {
             addr,
             size: c.size,
@@ -509,7 +516,7 @@ impl Space {
     /// the slab is full).
     ///
     /// # Time complexity
-    /// `O(1)` expected.
+    /// `O(1)`.
     pub fn carve(
         &mut self,
         addr: u64,
@@ -535,8 +542,7 @@ impl Space {
         // Tokens in address order of the pieces left over, then the carved one's.
         let mut rest = Vec::new();
         let mut token_for = |space: &mut Self, slot: u32, start: u64, size: u64| {
-            space.last_token += 1;
-            let t = space.last_token;
+            let t = space.next_token(slot);
             let piece = &mut space.chunks[slot as usize];
             piece.token = t;
             piece.requested = size;
@@ -558,9 +564,9 @@ impl Space {
             token_for(self, b, at + rounded, back);
         }
         self.live += rest.len();
-        self.last_token += 1;
+        let token = self.next_token(mid_slot);
         let m = &mut self.chunks[mid_slot as usize];
-        m.token = self.last_token;
+        m.token = token;
         m.requested = requested;
         Some((
             Grant {
@@ -575,25 +581,19 @@ impl Space {
     /// The chunks in use that overlap `[start, end)`, as `(addr, size)`, in address order.
     ///
     /// # Time complexity
-    /// Linear in the chunks of the regions that overlap the range, from the chunk at
-    /// `start` on where there is one.
+    /// Linear in the chunks of the regions that overlap the range (up to `end`), plus
+    /// `O(regions log regions)`.
     pub fn in_use_overlapping(
         &self,
         start: u64,
         end: u64,
     ) -> impl Iterator<Item = (u64, u64)> + '_ {
-        // The region holding `start` is walked from the chunk at `start` when there is one.
-        let from_start = self.slot_at.get(&start).copied();
         self.regions_by_address()
             .filter(move |&r| {
                 let (base, size) = self.regions[r];
                 base < end && start < base + size
             })
-            .map(move |r| match from_start {
-                Some(idx) if self.chunks[idx as usize].region as usize == r => idx,
-                _ => self.head(r),
-            })
-            .flat_map(move |h| self.walk(h))
+            .flat_map(move |r| self.walk(self.head(r)))
             .take_while(move |c| c.addr < end)
             .filter(move |c| !c.is_free() && c.addr + c.size > start)
             .map(|c| (c.addr, c.size))
@@ -643,7 +643,13 @@ impl Space {
         let mut tally = Tally::default();
         // Each slot must be reached exactly once: as a chunk of a region or on the vacant list.
         let mut seen = vec![false; self.chunks.len()];
-        let mut reached = 0usize;
+        if self.heads.len() != self.regions.len() {
+            return Err(format!(
+                "{} region heads for {} regions",
+                self.heads.len(),
+                self.regions.len()
+            ));
+        }
         for (ri, &(base, size)) in self.regions.iter().enumerate() {
             for &(other, other_size) in &self.regions[ri + 1..] {
                 if base < other + other_size && other < base + size {
@@ -653,11 +659,8 @@ impl Space {
                 }
             }
             let mut region = RegionCheck::new(base, size);
-            let Some(&head) = self.slot_at.get(&base) else {
-                return Err(format!("region {base:#x}: no chunk at its base"));
-            };
             let mut prev = NONE;
-            let mut idx = head;
+            let mut idx = self.heads[ri];
             while idx != NONE {
                 let c = self
                     .chunks
@@ -666,7 +669,6 @@ impl Space {
                 if std::mem::replace(&mut seen[idx as usize], true) {
                     return Err(format!("region {base:#x}: slot {idx} reached twice"));
                 }
-                reached += 1;
                 let at = format!("region {base:#x}, chunk {idx} at {:#x}+{}", c.addr, c.size);
                 region.chunk(&at, c.usage(), &mut tally)?;
                 if c.prev != prev {
@@ -675,11 +677,16 @@ impl Space {
                 if c.region as usize != ri {
                     return Err(format!("{at}: records region {}", c.region));
                 }
-                if self.slot_at.get(&c.addr) != Some(&idx) {
-                    return Err(format!("{at}: the address map does not name this slot"));
+                if prev == NONE && c.addr != base {
+                    return Err(format!("{at}: the region's head, not at its base"));
                 }
-                if c.token > self.last_token {
-                    return Err(format!("{at}: token {} not handed out yet", c.token));
+                let serial = c.token >> SLOT_BITS;
+                if !c.is_free()
+                    && (slot_of(c.token) != idx
+                        || serial == 0
+                        || self.last_serial < 1 << (64 - SLOT_BITS) && serial > self.last_serial)
+                {
+                    return Err(format!("{at}: token {:#x} not handed out to it", c.token));
                 }
                 if c.is_free() {
                     if c.requested != 0 {
@@ -710,12 +717,6 @@ impl Space {
         if let Some(lost) = seen.iter().position(|&s| !s) {
             return Err(format!("slot {lost} is neither a chunk nor vacant"));
         }
-        if self.slot_at.len() != reached {
-            return Err(format!(
-                "the address map holds {} entries for {reached} chunks",
-                self.slot_at.len()
-            ));
-        }
         let Tally {
             in_use, live, free, ..
         } = tally;
@@ -740,11 +741,38 @@ impl Space {
 
     // ---- internals ----
 
-    /// The slot of the chunk in use at `addr` with `token`.
+    /// The slot of the chunk in use at `addr` with `token`: the one the token names, if it
+    /// holds such a chunk.
+    #[inline]
     fn in_use_slot(&self, addr: u64, token: u64) -> Option<u32> {
-        let idx = *self.slot_at.get(&addr)?;
-        let c = &self.chunks[idx as usize];
-        (!c.is_free() && c.token == token).then_some(idx)
+        let idx = slot_of(token);
+        let c = self.chunks.get(idx as usize)?;
+        // A free chunk (or vacant slot) has token 0, which no hand-out gets.
+        (c.token == token && token != 0 && c.addr == addr).then_some(idx)
+    }
+
+    /// The slot of the free chunk `p` comes out of, if it is still free with the size and
+    /// address `p` saw: the slot `p` names, one load in the usual find-then-commit; else the
+    /// free index's (merges and splits since may have moved the chunk to another slot).
+    #[inline]
+    fn placed_slot(&self, p: &Placement) -> Option<u32> {
+        // Vacant slots (size 0) never match: a placement's chunk has bytes.
+        let holds = |c: &Chunk| c.is_free() && c.addr == p.chunk && c.size == p.chunk_size;
+        if self.chunks.get(p.slot as usize).is_some_and(holds) {
+            return Some(p.slot);
+        }
+        self.free.iter().find_map(|f| f.get(p.chunk_size, p.chunk))
+    }
+
+    /// The token of the next hand-out, to slot `slot` (see the module docs).
+    #[inline]
+    fn next_token(&mut self, slot: u32) -> u64 {
+        self.last_serial += 1;
+        if token_of(self.last_serial, 0) == 0 {
+            // Serial's low bits 0: skipped, so that no token is 0 ("free").
+            self.last_serial += 1;
+        }
+        token_of(self.last_serial, slot)
     }
 
     /// A vacant slot (reused, or a new one); `None` when the slab is full.
@@ -789,7 +817,7 @@ impl Space {
     }
 
     /// Makes the vacant slot `new` the chunk `[addr, addr + size)` (free, no token yet) just
-    /// above chunk `after`, and maps its address.
+    /// above chunk `after`.
     fn link_after(&mut self, after: u32, new: u32, addr: u64, size: u64, region: u32) {
         let next = self.chunks[after as usize].next;
         self.chunks[new as usize] = Chunk {
@@ -805,11 +833,10 @@ impl Space {
         if next != NONE {
             self.chunks[next as usize].prev = new;
         }
-        self.slot_at.insert(addr, new);
     }
 
-    /// Takes chunk `idx` out of its region's list and the address map (its bytes now belong
-    /// to its lower neighbour) and makes its slot vacant.
+    /// Takes chunk `idx` out of its region's list (its bytes now belong to its lower
+    /// neighbour) and makes its slot vacant.
     fn unlink(&mut self, idx: u32) {
         let c = self.chunks[idx as usize];
         if c.prev != NONE {
@@ -818,13 +845,12 @@ impl Space {
         if c.next != NONE {
             self.chunks[c.next as usize].prev = c.prev;
         }
-        self.slot_at.remove(&c.addr);
         self.release_slot(idx);
     }
 
     /// The slot of the chunk at region `r`'s base.
     fn head(&self, r: usize) -> u32 {
-        self.slot_at[&self.regions[r].0]
+        self.heads[r]
     }
 
     /// The chunks from slot `from` to its region's end, in address order.
@@ -880,19 +906,36 @@ mod tests {
     }
 
     #[test]
-    fn a_stale_find_hint_is_not_trusted() {
-        const U: u64 = 256;
+    fn space_is_send_and_sync() {
+        fn shareable<T: Send + Sync>() {}
+        shareable::<Space>();
+    }
+
+    const U: u64 = 256;
+
+    /// One unit from the bottom and four from the top of class 0, as `(low, high)`.
+    fn both_ends(s: &mut Space) -> (Grant, Grant) {
+        let low = s.commit(s.find(0, U, 256, false).unwrap(), U, U).unwrap();
+        let p = s.find(0, 4 * U, 256, true).unwrap();
+        (low, s.commit(p, 4 * U, 4 * U).unwrap())
+    }
+
+    /// A region of 64 units with [`both_ends`] taken, and a placement found (not taken) for
+    /// one unit: at the start of the free chunk `[U, 60 U)`, naming its slot.
+    fn found_between_ends() -> (Space, Grant, Grant, Placement) {
         let mut s = Space::new();
         s.add_region(0, 64 * U, 0).unwrap();
-        let x = s.commit(s.find(0, U, 256, false).unwrap(), U, U).unwrap();
-        let y = s
-            .commit(s.find(0, 4 * U, 256, true).unwrap(), 4 * U, 4 * U)
-            .unwrap();
-        // Found but not taken: the hint names the free chunk at 256 and its slot.
-        let stale = s.find(0, U, 256, false).unwrap();
-        assert_eq!((stale.chunk, stale.addr), (U, U));
+        let (low, high) = both_ends(&mut s);
+        let p = s.find(0, U, 256, false).unwrap();
+        assert_eq!((p.chunk, p.chunk_size, p.addr), (U, 59 * U, U));
+        (s, low, high, p)
+    }
+
+    #[test]
+    fn a_stale_placement_is_refused() {
+        let (mut s, x, y, stale) = found_between_ends();
         // Freeing `x` merges that chunk away and frees its slot; carving `y` reuses the
-        // slot for a chunk at 61 units, which is then freed: a free chunk in the hinted
+        // slot for a chunk at 61 units, which is then freed: a free chunk in the named
         // slot, at another address.
         s.free(x.addr, x.token).unwrap();
         let (mid, _) = s.carve(y.addr, y.token, y.addr + U, U, U).unwrap();
@@ -905,6 +948,22 @@ mod tests {
         );
         s.check_invariants().unwrap();
         assert_eq!(s.live_count(), 2);
+    }
+
+    #[test]
+    fn a_placement_follows_its_chunk_into_another_slot() {
+        let (mut s, a, b, p) = found_between_ends();
+        // Both frees merge into the region's first chunk; the two slots go vacant, the
+        // placement's first (so it is reused last). The same two allocations again then
+        // put the free chunk `[U, 60 U)` back in the other slot, and `b` in the placement's.
+        s.free(a.addr, a.token).unwrap();
+        s.free(b.addr, b.token).unwrap();
+        let (_, b) = both_ends(&mut s);
+        assert_eq!(slot_of(b.token), p.slot, "the placement's slot is in use");
+        let g = s.commit(p, U, 1).expect("the chunk is free, as found");
+        assert_eq!((g.addr, g.size), (U, U));
+        assert_ne!(slot_of(g.token), p.slot);
+        s.check_invariants().unwrap();
     }
 
     /// A space with chunks in use and free ones between them, in two regions.
@@ -920,31 +979,41 @@ mod tests {
                 })
                 .collect();
             s.free(grants[2].addr, grants[2].token).unwrap();
+            if class == 1 {
+                s.retoken(grants[0].addr, grants[0].token).unwrap();
+            }
         }
-        s.retoken(0, 7).unwrap();
         s.check_invariants().unwrap();
         s
     }
 
     /// The slot of the first chunk of `busy()`'s first region (in use).
     fn in_use(s: &Space) -> u32 {
-        s.slot_at[&(1 << 20)]
+        s.heads[0]
     }
 
     #[test]
     fn check_invariants_catches_each_broken_book() {
         type Corruption = fn(&mut Space);
-        let cases: [(&str, Corruption); 9] = [
+        let cases: [(&str, Corruption); 11] = [
             ("free chunk out of the index", |s| {
                 let (size, addr) = s.free_chunks_descending()[0];
                 s.free[0].remove(size, addr);
                 s.free[1].remove(size, addr);
             }),
-            ("chunk missing from the address map", |s| {
-                s.slot_at.remove(&(1 << 20));
+            ("region head past the base", |s| {
+                s.heads[0] = s.chunks[in_use(s) as usize].next;
             }),
-            ("stray address in the map", |s| {
-                s.slot_at.insert(7 << 30, 0);
+            ("region head missing", |s| {
+                s.heads.pop();
+            }),
+            ("token naming another slot", |s| {
+                let i = in_use(s) as usize;
+                s.chunks[i].token += 1;
+            }),
+            ("token with serial 0", |s| {
+                let i = in_use(s);
+                s.chunks[i as usize].token = token_of(0, i);
             }),
             ("prev link broken", |s| {
                 let second = s.chunks[in_use(s) as usize].next;
@@ -956,8 +1025,8 @@ mod tests {
                 s.chunks.push(Chunk::VACANT)
             }),
             ("token not handed out yet", |s| {
-                let i = in_use(s) as usize;
-                s.chunks[i].token = s.last_token + 1;
+                let i = in_use(s);
+                s.chunks[i as usize].token = token_of(s.last_serial + 1, i);
             }),
             ("vacant list through a chunk", |s| s.vacant = 0),
         ];
