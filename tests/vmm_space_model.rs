@@ -647,6 +647,9 @@ impl Pair {
         assert_eq!(s.live_count(), self.live.len());
         let free = self.model.free_chunks_descending();
         assert_eq!(s.free_chunks_descending(), free, "free chunks");
+        let mut walked: Vec<(u64, u64)> = s.free_chunks().collect();
+        walked.sort_unstable_by(|a, b| b.cmp(a));
+        assert_eq!(walked, free, "free chunks walked from the slab");
         assert_eq!(
             s.largest_free(),
             free.first().map_or(0, |c| c.0),

@@ -711,9 +711,12 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
     fn largest_free_mapped(&self, inner: &Inner) -> u64 {
         let phys = &inner.phys;
         let mut best = 0u64;
-        for (size, addr) in inner.space.free_chunks_descending() {
+        // Replay samples stats after many events: one allocation-free pass over the slab,
+        // skipping chunks that cannot beat the best so far (collecting and sorting every
+        // free chunk per sample made a plotted replay 30 times slower).
+        for (size, addr) in inner.space.free_chunks() {
             if size <= best {
-                break;
+                continue;
             }
             let end = addr + size;
             // Runs of mapped granules under the chunk are usable at once.

@@ -275,6 +275,19 @@ impl Space {
         all
     }
 
+    /// Every free chunk as `(size, addr)`, in slot order (no order of size or address):
+    /// for a maximum over the free chunks taken on every stats sample, where collecting and
+    /// sorting them all (as [`Space::free_chunks_descending`] does) costs far more.
+    ///
+    /// # Time complexity
+    /// `O(slots)`, one sequential pass over the slab, allocating nothing.
+    pub fn free_chunks(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.chunks
+            .iter()
+            .filter(|c| c.size != 0 && c.is_free())
+            .map(|c| (c.size, c.addr))
+    }
+
     /// True when some region of `class` exists.
     pub fn has_class(&self, class: usize) -> bool {
         self.class_of.contains(&class)
