@@ -20,12 +20,11 @@
 //! `peak_live_bytes` = max `Total Allocated`. Event numbers in messages are positions in
 //! `traceEvents`, from 1.
 //!
-//! The JSON is walked once, one event at a time: [`Frames`] holds a window of the stream (at
-//! most about [`MAX_VALUE_BYTES`]) from which `serde_json` parses each event into typed fields
+//! The JSON is walked once, one event at a time: `json_frames::Frames` holds a window of the
+//! stream (at most about 16 MiB, `MAX_VALUE_BYTES`: one event longer than that is refused by
+//! name) from which `serde_json` parses each event into typed fields
 //! (no JSON value is built); only the `[memory]` events are kept. The rest of the file is never held
 //! in memory.
-//!
-//! [`MAX_VALUE_BYTES`]: super::json_frames::MAX_VALUE_BYTES
 //!
 //! [`Options::device`]: crate::trace::Options::device
 
