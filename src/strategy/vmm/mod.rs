@@ -228,6 +228,18 @@ impl Inner {
     }
 }
 
+/// A placement chosen by [`VmmAllocator::place`], with the granules it needs mapped and
+/// those obtainable for it, computed once: `place` has them in hand, and nothing changes the
+/// books between it and [`VmmAllocator::back`].
+#[derive(Clone, Copy)]
+struct Site {
+    at: Placement,
+    /// Granules under it not mapped yet.
+    need: u64,
+    /// Granules obtainable for it (idle + stitchable outside it + creatable).
+    supply: u64,
+}
+
 /// Why physical memory could not be found for a placement.
 enum Shortfall {
     /// Not enough memory within the budget: `(needed, obtainable)` granules.
@@ -501,10 +513,10 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
     /// Maps every granule under `[addr, addr + size)` that is not mapped yet, and grants
     /// access. On failure the books stay consistent (whatever was obtained is kept, idle or
     /// mapped-and-free).
-    fn back(&self, inner: &mut Inner, addr: u64, size: u64, small: bool) -> Result<(), Shortfall> {
+    fn back(&self, inner: &mut Inner, site: Site, size: u64, small: bool) -> Result<(), Shortfall> {
         let g = self.granularity;
-        let (start, end) = self.span(addr, size);
-        let (need, supply) = self.need_and_supply(&inner.phys, addr, size);
+        let Site { at, need, supply } = site;
+        let (start, end) = self.span(at.addr, size);
         if need > supply {
             return Err(Shortfall::Budget(need, supply));
         }
@@ -637,12 +649,6 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         inner.largest_alloc_size = inner.largest_alloc_size.max(grant.size);
     }
 
-    /// True when some granule under `[addr, addr + size)` is not mapped.
-    fn needs_mapping(&self, phys: &Physical, addr: u64, size: u64) -> bool {
-        let (start, end) = self.span(addr, size);
-        phys.mapped_in(start, end) < (end - start) / self.granularity
-    }
-
     /// Counts a chunk in use on its granules.
     ///
     /// # Time complexity
@@ -672,27 +678,25 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
     /// found; then every free chunk (its start and its end) is tried and the place that adds
     /// the fewest untouched granules among those that can be backed wins. `None` when
     /// nothing fits in the address space.
-    fn place(
-        &self,
-        inner: &mut Inner,
-        rounded: u64,
-        alignment: u64,
-        small: bool,
-    ) -> Option<Placement> {
+    fn place(&self, inner: &mut Inner, rounded: u64, alignment: u64, small: bool) -> Option<Site> {
         let class = self.class(small);
         let p = inner.space.find(class, rounded, alignment, !small)?;
         let phys = &inner.phys;
-        let (need, supply) = self.need_and_supply(phys, p.addr, rounded);
-        if need <= supply {
-            return Some(p);
+        let site = |at: Placement| {
+            let (need, supply) = self.need_and_supply(phys, at.addr, rounded);
+            Site { at, need, supply }
+        };
+        let first = site(p);
+        if first.need <= first.supply {
+            return Some(first);
         }
-        let mut best: Option<(u64, Placement)> = None;
+        let mut best: Option<(u64, Site)> = None;
         for c in inner.space.candidates(class, rounded, alignment) {
             let cost = self.cost(phys, c.addr, rounded);
             if best.map_or(true, |(b, _)| cost < b) {
-                let (need, supply) = self.need_and_supply(phys, c.addr, rounded);
-                if need <= supply {
-                    best = Some((cost, c));
+                let s = site(c);
+                if s.need <= s.supply {
+                    best = Some((cost, s));
                     if cost == 0 {
                         break;
                     }
@@ -700,11 +704,11 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
             }
         }
         match best {
-            Some((_, c)) => {
+            Some((_, s)) => {
                 inner.counters.pressure_placements += 1;
-                Some(c)
+                Some(s)
             }
-            None => Some(p),
+            None => Some(first),
         }
     }
 
@@ -858,9 +862,7 @@ impl<D: Device + ?Sized> Allocator for VmmAllocator<D> {
             }
         }
         let mut placement = self.place(inner, rounded, alignment, small);
-        if inner.order.count() > 0
-            && placement.map_or(true, |p| self.needs_mapping(&inner.phys, p.addr, rounded))
-        {
+        if inner.order.count() > 0 && placement.map_or(true, |site| site.need > 0) {
             // Memory only waiting for other streams' events is no reason to map more,
             // stitch, reserve or fail: wait for it first.
             // A stream that cannot be waited for keeps its frees pending (logged): the
@@ -885,7 +887,7 @@ impl<D: Device + ?Sized> Allocator for VmmAllocator<D> {
                 }
             }
         };
-        match self.back(inner, placement.addr, rounded, small) {
+        match self.back(inner, placement, rounded, small) {
             Ok(()) => {}
             Err(Shortfall::Budget(need, supply)) => {
                 let cause = format!(
@@ -908,7 +910,7 @@ impl<D: Device + ?Sized> Allocator for VmmAllocator<D> {
             }
             Err(Shortfall::Device(e)) => return Err(e),
         }
-        let Some(grant) = inner.space.commit(placement, rounded, size) else {
+        let Some(grant) = inner.space.commit(placement.at, rounded, size) else {
             let cause = "internal: the placement went stale".to_string();
             return Err(self.oom(inner, size, rounded, alignment, cause));
         };

@@ -282,6 +282,9 @@ impl Physical {
     ///
     /// # Time complexity
     /// `O(granules / 64)`.
+    ///
+    /// The allocator asks [`Physical::mapped_and_free_in`]; the model test checks both.
+    #[cfg(test)]
     pub(super) fn mapped_in(&self, start: u64, end: u64) -> u64 {
         self.count(start, end, |p| &p.mapped)
     }
