@@ -464,15 +464,16 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
 
     /// Granules the budget still allows to create.
     fn creatable(&self, phys: &Physical) -> u64 {
-        self.options.limit.saturating_sub(phys.pool_bytes()) / self.granularity
+        // A shift: the granularity is a power of two (checked in `new`), and a division
+        // here is the slowest instruction of a steady-state allocation.
+        self.options.limit.saturating_sub(phys.pool_bytes()) >> self.granularity.trailing_zeros()
     }
 
     /// Granules a placement at `[addr, addr + size)` needs mapped, and granules obtainable
     /// for it (idle + stitchable outside its span + creatable).
     fn need_and_supply(&self, phys: &Physical, addr: u64, size: u64) -> (u64, u64) {
         let (start, end) = self.span(addr, size);
-        let g = self.granularity;
-        let total = (end - start) / g;
+        let total = (end - start) >> self.granularity.trailing_zeros();
         // One walk over the span's bitmaps for both counts.
         let (mapped, inside_free) = phys.mapped_and_free_in(start, end);
         let supply =

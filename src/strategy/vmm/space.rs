@@ -311,6 +311,7 @@ impl Space {
     ///
     /// # Time complexity
     /// `O(log k)` for 256-byte alignment; otherwise linear in the candidates tried.
+    #[inline]
     pub fn find(
         &self,
         class: usize,
@@ -393,6 +394,7 @@ impl Space {
     ///
     /// # Time complexity
     /// `O(1)` plus `O(log k)` in the free index.
+    #[inline]
     pub fn commit(&mut self, p: Placement, rounded: u64, requested: u64) -> Option<Grant> {
         let idx = self.placed_slot(&p)?;
         let c = self.chunks[idx as usize];
@@ -449,6 +451,7 @@ impl Space {
     ///
     /// # Time complexity
     /// `O(1)` plus `O(log k)` in the free index.
+    #[inline]
     pub fn free(&mut self, addr: u64, token: u64) -> Option<(u64, u64)> {
         let idx = self.in_use_slot(addr, token)?;
         let c = self.chunks[idx as usize];
@@ -789,6 +792,7 @@ impl Space {
     }
 
     /// A vacant slot (reused, or a new one); `None` when the slab is full.
+    #[inline]
     fn take_slot(&mut self) -> Option<u32> {
         if self.vacant != NONE {
             let idx = self.vacant;
@@ -804,6 +808,7 @@ impl Space {
 
     /// A vacant slot for each `true`, or none at all (`None`, nothing changed) when the slab
     /// cannot hold them.
+    #[inline]
     fn take_slots(&mut self, first: bool, second: bool) -> Option<(Option<u32>, Option<u32>)> {
         let a = if first { Some(self.take_slot()?) } else { None };
         let b = if second {
@@ -831,6 +836,7 @@ impl Space {
 
     /// Makes the vacant slot `new` the chunk `[addr, addr + size)` (free, no token yet) just
     /// above chunk `after`.
+    #[inline]
     fn link_after(&mut self, after: u32, new: u32, addr: u64, size: u64, region: u32) {
         let next = self.chunks[after as usize].next;
         self.chunks[new as usize] = Chunk {
@@ -850,6 +856,7 @@ impl Space {
 
     /// Takes chunk `idx` out of its region's list (its bytes now belong to its lower
     /// neighbour) and makes its slot vacant.
+    #[inline]
     fn unlink(&mut self, idx: u32) {
         let c = self.chunks[idx as usize];
         if c.prev != NONE {
