@@ -151,6 +151,11 @@ pub struct Space {
     /// Head of the list of vacant slots (linked through `next`), or `NONE`. Invariant: the
     /// list holds exactly the vacant slots.
     vacant: u32,
+    /// Bit `s % 64` of word `s / 64` set iff slot `s` holds a chunk in use (`token != 0`).
+    /// [`Space::free`] asks here whether a neighbour is free, so that a neighbour in use —
+    /// which a free leaves alone — is never loaded (a cache miss apiece at scale). Invariant:
+    /// exactly those bits are set, and there is a word for every slot.
+    in_use: Vec<u64>,
     /// The slot of the chunk at each region's base (index = `Chunk::region`). It never
     /// changes: a split leaves a chunk's slot to its lowest piece, and a merge keeps the lower
     /// chunk's slot. Invariant: one per region, the slot of the chunk at its base.
@@ -189,6 +194,7 @@ impl Space {
         Space {
             chunks: Vec::new(),
             vacant: NONE,
+            in_use: Vec::new(),
             heads: Vec::new(),
             free: std::array::from_fn(|_| FreeIndex::new()),
             regions: Vec::new(),
@@ -434,6 +440,7 @@ impl Space {
         u.size = rounded;
         u.requested = requested;
         u.token = token;
+        self.mark(used, true);
         if let Some(b) = back_slot {
             self.link_after(used, b, taken_end, back, c.region);
         }
@@ -458,7 +465,8 @@ impl Space {
         self.bytes_in_use -= c.size;
         self.live -= 1;
         let (prev, next) = (c.prev, c.next);
-        let free_at = |slot: u32| slot != NONE && self.chunks[slot as usize].is_free();
+        // Neighbours are chunks (never vacant slots): not in use means free.
+        let free_at = |slot: u32| slot != NONE && !self.is_in_use(slot);
         let (prev_free, next_free) = (free_at(prev), free_at(next));
         let free = &mut self.free[self.class_of[c.region as usize]];
         // A free neighbour's index entry becomes the merged chunk's, in place where it can.
@@ -482,6 +490,7 @@ impl Space {
             }
             idx
         };
+        self.mark(idx, false);
         if next_free {
             self.unlink(next);
         }
@@ -562,6 +571,7 @@ impl Space {
             let piece = &mut space.chunks[slot as usize];
             piece.token = t;
             piece.requested = size;
+            space.mark(slot, true);
             rest.push(Grant {
                 addr: start,
                 size,
@@ -584,11 +594,12 @@ impl Space {
         let m = &mut self.chunks[mid_slot as usize];
         m.token = token;
         m.requested = requested;
+        self.mark(mid_slot, true);
         Some((
             Grant {
                 addr: at,
                 size: rounded,
-                token: m.token,
+                token,
             },
             rest,
         ))
@@ -733,6 +744,19 @@ impl Space {
         if let Some(lost) = seen.iter().position(|&s| !s) {
             return Err(format!("slot {lost} is neither a chunk nor vacant"));
         }
+        if self.in_use.len() != self.chunks.len().div_ceil(64) {
+            return Err(format!(
+                "{} in-use words for {} slots",
+                self.in_use.len(),
+                self.chunks.len()
+            ));
+        }
+        let slots = (0..self.in_use.len() * 64).map(|s| s as u32);
+        if let Some(s) = slots.into_iter().find(|&s| {
+            self.is_in_use(s) != self.chunks.get(s as usize).is_some_and(|c| !c.is_free())
+        }) {
+            return Err(format!("slot {s}'s in-use bit disagrees with its token"));
+        }
         let Tally {
             in_use, live, free, ..
         } = tally;
@@ -803,6 +827,9 @@ impl Space {
             .ok()
             .filter(|&i| i != NONE)?;
         self.chunks.push(Chunk::VACANT);
+        if idx % 64 == 0 {
+            self.in_use.push(0);
+        }
         Some(idx)
     }
 
@@ -825,8 +852,26 @@ impl Space {
         Some((a, b))
     }
 
+    /// Whether slot `slot` holds a chunk in use.
+    #[inline]
+    fn is_in_use(&self, slot: u32) -> bool {
+        self.in_use[slot as usize / 64] & (1 << (slot % 64)) != 0
+    }
+
+    /// Records whether slot `slot` holds a chunk in use (see [`Space::in_use`]).
+    #[inline]
+    fn mark(&mut self, slot: u32, used: bool) {
+        let (word, bit) = (&mut self.in_use[slot as usize / 64], 1u64 << (slot % 64));
+        if used {
+            *word |= bit;
+        } else {
+            *word &= !bit;
+        }
+    }
+
     /// Puts slot `idx` (holding no chunk) on the vacant list.
     fn release_slot(&mut self, idx: u32) {
+        self.mark(idx, false);
         self.chunks[idx as usize] = Chunk {
             next: self.vacant,
             ..Chunk::VACANT
@@ -848,6 +893,7 @@ impl Space {
             next,
             region,
         };
+        self.mark(new, false);
         self.chunks[after as usize].next = new;
         if next != NONE {
             self.chunks[next as usize].prev = new;
@@ -1015,7 +1061,7 @@ mod tests {
     #[test]
     fn check_invariants_catches_each_broken_book() {
         type Corruption = fn(&mut Space);
-        let cases: [(&str, Corruption); 11] = [
+        let cases: [(&str, Corruption); 13] = [
             ("free chunk out of the index", |s| {
                 let (size, addr) = s.free_chunks_descending()[0];
                 s.free[0].remove(size, addr);
@@ -1049,6 +1095,14 @@ mod tests {
                 s.chunks[i as usize].token = token_of(s.last_serial + 1, i);
             }),
             ("vacant list through a chunk", |s| s.vacant = 0),
+            ("chunk in use without its bit", |s| {
+                let i = in_use(s);
+                s.mark(i, false);
+            }),
+            ("free chunk with a bit", |s| {
+                let i = s.chunks[in_use(s) as usize].next;
+                s.mark(i, true);
+            }),
         ];
         for (name, corrupt) in cases {
             let mut s = busy();
