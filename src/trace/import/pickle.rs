@@ -674,6 +674,7 @@ impl Memo {
         }
     }
 
+    #[inline]
     fn get(&self, id: u32) -> Option<u32> {
         if id < self.dense_bound {
             self.dense
@@ -727,6 +728,7 @@ struct Reader<'a> {
 }
 
 impl Reader<'_> {
+    #[cold]
     fn malformed<T>(&self, detail: impl Into<String>) -> Result<T, PickleError> {
         Err(PickleError::Malformed {
             detail: detail.into(),
@@ -734,6 +736,7 @@ impl Reader<'_> {
         })
     }
 
+    #[cold]
     fn exceeded<T>(&self, limit: Limit, reached: u64) -> Result<T, PickleError> {
         Err(PickleError::Limit {
             limit,
@@ -744,6 +747,7 @@ impl Reader<'_> {
     }
 
     /// `reached`, or the error when it is past `limit`.
+    #[inline]
     fn within(&self, limit: Limit, reached: u64) -> Result<u64, PickleError> {
         if reached > self.limits.of(limit) {
             return self.exceeded(limit, reached);
@@ -751,6 +755,7 @@ impl Reader<'_> {
         Ok(reached)
     }
 
+    #[cold]
     fn truncated<T>(&self) -> Result<T, PickleError> {
         self.malformed(format!(
             "the input ends inside opcode {}",
@@ -1069,6 +1074,39 @@ impl Reader<'_> {
         }
     }
 
+    /// Runs the `BINGET` and `LONG_BINGET` opcodes that follow, while their arguments are
+    /// buffered and nothing goes wrong, in a loop of their own: a snapshot's lists of stack
+    /// frames are runs of memo gets (three quarters of its opcodes), and a two-way branch
+    /// here is predicted where the dispatch of every opcode is not. Whatever it does not run
+    /// (another opcode, an argument not buffered, a missing memo entry, a limit reached) is
+    /// left to [`Reader::step`], which runs it or reports it as it would have.
+    ///
+    /// # Time complexity
+    /// O(1) per opcode run.
+    #[inline]
+    fn more_gets(&mut self) {
+        loop {
+            let (id, len) = match self.input.available() {
+                [op::BINGET, id, ..] => (u32::from(*id), 2),
+                [op::LONG_BINGET, a, b, c, d, ..] => (u32::from_le_bytes([*a, *b, *c, *d]), 5),
+                _ => return,
+            };
+            // The checks of `run` (the opcode within the input limit) and of `push`.
+            if self.offset >= self.limits.input_bytes
+                || self.figures.used.values >= self.limits.values
+            {
+                return;
+            }
+            let Some(node) = self.memo.get(id) else {
+                return;
+            };
+            self.figures.used.values += 1;
+            self.stack.push(node);
+            self.input.consume(len);
+            self.offset += len as u64;
+        }
+    }
+
     /// The escaped text argument (protocol 0) of `opcode`, read as a line and unescaped.
     fn escaped_line<T>(
         &mut self,
@@ -1140,6 +1178,7 @@ impl Reader<'_> {
 
     /// The memo id argument of a PUT or GET opcode: a text line, one byte or four, by its
     /// width.
+    #[inline]
     fn memo_id(&mut self, op: u8) -> Result<u32, PickleError> {
         match op {
             op::BINPUT | op::BINGET => self.byte().map(u32::from),
@@ -1263,6 +1302,7 @@ impl Reader<'_> {
             op::GET | op::BINGET | op::LONG_BINGET => {
                 let id = self.memo_id(op)?;
                 self.memo_get(id)?;
+                self.more_gets();
             }
 
             // Constants and numbers.
@@ -1317,8 +1357,18 @@ impl Reader<'_> {
             }
             op::LONG1 => {
                 let len = self.byte()?;
-                self.read_scratch(len.into())?;
-                self.push_twos_complement()?;
+                let n = usize::from(len);
+                if self.input.available().len() >= n {
+                    // In place (a snapshot's addresses): counted as `read_scratch` counts it.
+                    self.charge_payload(len.into())?;
+                    let value = twos_complement(&self.input.available()[..n]);
+                    self.input.consume(n);
+                    self.offset += u64::from(len);
+                    self.push_wide(value)?;
+                } else {
+                    self.read_scratch(len.into())?;
+                    self.push_twos_complement()?;
+                }
             }
             op::LONG4 => {
                 let len = self.i32_len()?;
@@ -1552,26 +1602,39 @@ impl Reader<'_> {
 
     /// A little-endian two's-complement integer in the scratch buffer (`LONG1`, `LONG4`).
     fn push_twos_complement(&mut self) -> Result<(), PickleError> {
-        let bytes = self.scratch.as_slice();
-        let negative = bytes.last().is_some_and(|b| b & 0x80 != 0);
-        // Sign-extension bytes carry no value: drop them, keeping the sign bit.
-        let mut len = bytes.len();
-        let fill = if negative { 0xff } else { 0x00 };
-        while len > 1 && bytes[len - 1] == fill && (bytes[len - 2] & 0x80 != 0) == negative {
-            len -= 1;
-        }
-        let bytes = &bytes[..len];
-        if bytes.len() <= 16 {
-            let mut wide = [fill; 16];
-            wide[..bytes.len()].copy_from_slice(bytes);
-            return self.push_int(i128::from_le_bytes(wide));
-        }
-        // Beyond 128 bits only the magnitude can matter to a reader.
-        let magnitude = bytes.iter().rev().fold(0.0f64, |acc, &b| {
-            acc * 256.0 + f64::from(if negative { !b } else { b })
-        });
-        self.push_new(Node::Huge(if negative { -magnitude } else { magnitude }))
+        let value = twos_complement(&self.scratch);
+        self.push_wide(value)
     }
+
+    /// Pushes what [`twos_complement`] read.
+    fn push_wide(&mut self, value: Result<i128, f64>) -> Result<(), PickleError> {
+        match value {
+            Ok(i) => self.push_int(i),
+            Err(huge) => self.push_new(Node::Huge(huge)),
+        }
+    }
+}
+
+/// A little-endian two's-complement integer: `Ok` within 128 bits, else `Err` of its
+/// approximate value (beyond 128 bits only the magnitude can matter to a reader).
+fn twos_complement(bytes: &[u8]) -> Result<i128, f64> {
+    let negative = bytes.last().is_some_and(|b| b & 0x80 != 0);
+    // Sign-extension bytes carry no value: drop them, keeping the sign bit.
+    let mut len = bytes.len();
+    let fill = if negative { 0xff } else { 0x00 };
+    while len > 1 && bytes[len - 1] == fill && (bytes[len - 2] & 0x80 != 0) == negative {
+        len -= 1;
+    }
+    let bytes = &bytes[..len];
+    if bytes.len() <= 16 {
+        let mut wide = [fill; 16];
+        wide[..bytes.len()].copy_from_slice(bytes);
+        return Ok(i128::from_le_bytes(wide));
+    }
+    let magnitude = bytes.iter().rev().fold(0.0f64, |acc, &b| {
+        acc * 256.0 + f64::from(if negative { !b } else { b })
+    });
+    Err(if negative { -magnitude } else { magnitude })
 }
 
 /// `a == b`, compared in line: keys are a few bytes and most differ in the first, where `==`
