@@ -22,9 +22,9 @@
 //!
 //! The JSON is walked once, one event at a time: `json_frames::Frames` holds a window of the
 //! stream (at most about 16 MiB, `MAX_VALUE_BYTES`: one event longer than that is refused by
-//! name) from which `serde_json` parses each event into typed fields
-//! (no JSON value is built); only the `[memory]` events are kept. The rest of the file is never held
-//! in memory.
+//! name) from which an event that is not a `[memory]` one is dropped after a validating scan
+//! (`json_skip`), and the others are parsed by `serde_json` into typed fields (no JSON value is
+//! built); only the `[memory]` events are kept. The rest of the file is never held in memory.
 //!
 //! [`Options::device`]: crate::trace::Options::device
 
