@@ -107,23 +107,54 @@ const ESCAPE: u8 = 2;
 const CONTROL: u8 = 3;
 const NON_ASCII: u8 = 4;
 
+/// A byte 0x01 in each lane of a word.
+const LANES: u64 = u64::MAX / 255;
+
+/// The high bit of each byte of `x` that is zero, and perhaps of bytes above one that is.
+#[inline(always)]
+fn zero_bytes(x: u64) -> u64 {
+    x.wrapping_sub(LANES) & !x & (LANES << 7)
+}
+
+/// The high bit of each byte of `x` that is special in a string (a quote, a backslash, a
+/// control character below 0x20, a byte that is not ASCII), and perhaps of bytes above one
+/// that is: the lowest flagged byte is the first special one.
+#[inline(always)]
+fn special(x: u64) -> u64 {
+    let quote = zero_bytes(x ^ (LANES * u64::from(b'"')));
+    let backslash = zero_bytes(x ^ (LANES * u64::from(b'\\')));
+    // Below 0x20: subtracting 0x20 borrows from bit 7 only there (in an ASCII byte).
+    let control = x.wrapping_sub(LANES * 0x20) & !x & (LANES << 7);
+    quote | backslash | control | (x & (LANES << 7))
+}
+
 /// The string at `b[i] == b'"'`: the position after its closing quote, and its body. One
 /// pass over its bytes (real strings are short: a call to `memchr` cost more than it saved).
 #[inline(always)]
 fn string(b: &[u8], i: usize) -> Result<(usize, &[u8]), Stop> {
     let start = i + 1;
     let rest = b.get(start..).unwrap_or_default();
-    // Sixteen bytes at a time while none is special (a comparison the compiler vectorises),
-    // then a byte at a time.
+    // Eight bytes at a time, as one word: the lowest byte flagged by `special` is the first
+    // special one (the tests for a zero byte may also flag a byte above a true one, never
+    // below). A byte at a time only in the last few bytes held, or after a byte that is not
+    // ASCII.
     let mut from = 0;
-    while let Some(chunk) = rest.get(from..from + 16) {
-        let special = chunk.iter().fold(false, |any, &c| {
-            any | (c == b'"') | (c == b'\\') | !(0x20..0x80).contains(&c)
-        });
-        if special {
-            break;
+    while let Some(word) = rest.get(from..).and_then(<[u8]>::first_chunk::<8>) {
+        let flags = special(u64::from_le_bytes(*word));
+        if flags == 0 {
+            from += 8;
+            continue;
         }
-        from += 16;
+        let at = from + flags.trailing_zeros() as usize / 8;
+        match STRING_CLASS[usize::from(rest[at])] {
+            // All ASCII before it: no UTF-8 to check.
+            QUOTE => return Ok((start + at + 1, &rest[..at])),
+            NON_ASCII => {
+                from = at;
+                break;
+            }
+            _ => return Err(Stop::Parse),
+        }
     }
     let mut ascii = true;
     for (len, &c) in rest.iter().enumerate().skip(from) {
@@ -426,6 +457,39 @@ mod tests {
             assert_eq!(scan_event(&event[..cut]), Scan::Incomplete, "cut at {cut}");
         }
         assert_eq!(scan_event(event), Scan::Drop(event.len()));
+    }
+
+    /// The word-at-a-time test finds the first special byte of a string wherever it stands
+    /// in the word and whatever precedes it, as a byte-at-a-time loop would.
+    #[test]
+    fn the_first_special_byte_is_found_in_every_lane() {
+        let specials = [b'"', b'\\', 0x00, 0x1f, 0x80, 0xc3, 0xff];
+        let ordinary = [b' ', b'a', b'~', 0x7f, b'!', b'#', b'[', b']'];
+        for at in 0..8 {
+            for &s in &specials {
+                for &o in &ordinary {
+                    // Specials (or ordinary bytes) above it must not hide it.
+                    for &above in specials.iter().chain(&ordinary) {
+                        let mut word = [o; 8];
+                        word[at] = s;
+                        for b in word.iter_mut().skip(at + 1) {
+                            *b = above;
+                        }
+                        let flags = special(u64::from_le_bytes(word));
+                        assert_eq!(
+                            flags.trailing_zeros() as usize / 8,
+                            at,
+                            "{word:02x?}: flags {flags:#x}"
+                        );
+                    }
+                }
+            }
+            let clean = special(u64::from_le_bytes([b'a'; 8]));
+            assert_eq!(clean, 0);
+        }
+        for o in ordinary {
+            assert_eq!(special(u64::from_le_bytes([o; 8])), 0, "{o:#x}");
+        }
     }
 
     /// Digits up to `MAX_DIGITS` are skipped; more are handed over.
