@@ -1,9 +1,10 @@
 //! Inflating a gzip'd trace on a second thread, so that the reader parses one buffer while
 //! the next is inflated.
 //!
-//! Inflating alone takes longer than replaying a Kineto trace (29 ms of DDP's 53 MB, 14 ms
-//! of resnet50's 35 MB, with zlib-rs), so a reader that inflates and parses in turn can never
-//! be as fast as the replay it feeds; in parallel, reading takes the longer of the two
+//! Inflating alone takes about as long as replaying a Kineto trace, or longer (DDP's 53 MB:
+//! 17 ms against an 18 ms replay; resnet50's 35 MB: 7.8 against 5.2; zlib-rs, `cargo bench
+//! --bench trace_read`), so a reader that inflates and parses in turn can never be as fast
+//! as the replay it feeds; in parallel, reading takes the longer of the two
 //! instead of their sum. A thread of its own inflates the stream into buffers of
 //! [`CHUNK_BYTES`] and hands them over a bounded channel ([`DEPTH`] buffers in flight, so
 //! memory stays at most about `(2 × DEPTH + 2) × CHUNK_BYTES` however large the file); the
