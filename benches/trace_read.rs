@@ -15,13 +15,18 @@
 //! Before criterion runs (not under `--test` or `--list`), a **table** is printed: per trace,
 //! [`PASSES`] passes each timing the three phases once (in rotated order); milliseconds
 //! min / median / max, and the ratio read ÷ replay taken within a pass (min / median / max).
-//! Reading is no slower than the replay it feeds when the median ratio is ≤ 1.
+//! Reading is no slower than the replay it feeds when the median ratio is ≤ 1. For a gzip'd
+//! trace the table also times **inflating alone** (the file's bytes, in memory, through the
+//! same zlib-rs decoder into a buffer): the floor of a reader that inflates and parses in
+//! turn; the reader inflates on a second thread, so its own floor is the longer of inflating
+//! and parsing.
 //!
 //! Run: `cargo bench --bench trace_read` (one trace: `cargo bench --bench trace_read -- ddp`;
 //! to profile reading one: `-- --profile-time 10 trace_read/pytorch-kineto-ddp-v100.json.gz/read`).
 //! Without the shared traces it prints why and measures nothing.
 
 use std::hint::black_box;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -87,6 +92,20 @@ fn read(path: &Path) -> TraceInput {
     TraceInput::Events {
         header: t.header().clone(),
         events: Arc::new(events),
+    }
+}
+
+/// Inflates `gz` (a gzip file's bytes) to its end; the bytes it makes.
+fn inflate(gz: &[u8]) -> usize {
+    let mut decoder = flate2::read::MultiGzDecoder::new(gz);
+    let mut buf = vec![0u8; 1 << 18];
+    let mut total = 0;
+    loop {
+        match decoder.read(&mut buf) {
+            Ok(0) => return total,
+            Ok(n) => total += n,
+            Err(e) => panic!("inflating: {e}"),
+        }
     }
 }
 
@@ -157,6 +176,21 @@ fn report(path: &Path, label: &str) {
     }
     let col = |i: usize| ms.iter().map(|r| r[i]).collect::<Vec<_>>();
     eprintln!("trace_read/{label}: {events} events");
+    if label.ends_with(".gz") {
+        let gz = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let mut inflating = Vec::with_capacity(PASSES);
+        let mut bytes = 0;
+        for _ in 0..PASSES {
+            let t = Instant::now();
+            bytes = black_box(inflate(&gz));
+            inflating.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        eprintln!(
+            "  inflating alone ms {} ({} MB)",
+            spread(inflating),
+            bytes / 1_000_000
+        );
+    }
     eprintln!("  read ms {}", spread(col(0)));
     eprintln!("  replay ms {}", spread(col(1)));
     eprintln!(

@@ -474,6 +474,96 @@ mod traces {
         }
     }
 
+    /// Kineto events that are not `[memory]` ones are dropped after a validating scan
+    /// (`src/trace/import/json_skip.rs`) instead of being parsed: each of these, placed between
+    /// two good events, is still refused as corrupt or truncated JSON, in either mode, gzip'd
+    /// or not.
+    #[test_case(r#"{"name": "aten::mm", "cat": "cpu_op}"# ; "truncated string")]
+    #[test_case(r#"{"name": "aten::mm\q"}"# ; "bad escape")]
+    #[test_case(r#"{"name": "\ud800x"}"# ; "lone surrogate")]
+    #[test_case("{\"name\": \"a\u{1}b\"}" ; "control character in a string")]
+    #[test_case(r#"{"name": "aten::mm", "args": {"a": [1, 2}}"# ; "unbalanced brackets")]
+    #[test_case(r#"{"name": "aten::mm", "args": {"a": 1]]"# ; "crossed brackets")]
+    #[test_case(r#"{"name": "aten::mm" "ts": 1}"# ; "missing comma")]
+    #[test_case(r#"{"name": "aten::mm", "ts": 01}"# ; "leading zero")]
+    #[test_case(r#"{"name": "aten::mm", "ts": 1e999}"# ; "number out of range")]
+    #[test_case(r#"{"name": "aten::mm", "ts": tru}"# ; "bad literal")]
+    #[test_case(r#"{"name": "aten::mm", "ts": 1, "ts": 2}"# ; "duplicate field")]
+    #[test_case(r#"{"name": "aten::mm", "args": {"a": 1,}}"# ; "trailing comma")]
+    #[test_case(&format!(r#"{{"name": "x", "args": {}1}}{}}}"#, "[".repeat(200), "]".repeat(199)) ; "over-deep nesting unbalanced")]
+    #[test_case(&format!(r#"{{"name": "x", "args": {}"#, "[".repeat(100_000)) ; "deep and truncated")]
+    fn hostile_kineto_events_that_would_be_skipped_are_refused(event: &str) {
+        let gzip = |bytes: &[u8]| {
+            let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+            gz.write_all(bytes).unwrap();
+            gz.finish().unwrap()
+        };
+        let good = r#"{"name": "aten::add", "ph": "X", "ts": 1, "tid": 1, "args": {}}"#;
+        let text = format!(r#"{{"traceEvents": [{good}, {event}, {good}]}}"#);
+        for (gzipped, bytes) in [
+            (false, text.clone().into_bytes()),
+            (true, gzip(text.as_bytes())),
+        ] {
+            for strict in [false, true] {
+                let options = Options::new().with_strict(strict);
+                let e = match trace::open_reader(
+                    std::io::Cursor::new(bytes.clone()),
+                    "hostile",
+                    &options,
+                ) {
+                    Err(e) => e,
+                    Ok(t) => drain(t).unwrap_or_else(|| {
+                        panic!("{event} (gzip {gzipped}, strict {strict}): read without an error")
+                    }),
+                };
+                assert_eq!(variant(&e), "Trace", "{event}: {e}");
+                let m = e.to_string();
+                assert!(
+                    m.contains("corrupt JSON") || m.contains("truncated JSON"),
+                    "{event}: {m}"
+                );
+            }
+        }
+    }
+
+    /// Nesting deeper than the skipper follows (64 levels) is handed to serde_json, which
+    /// walks what the importer ignores without recursion: a million levels in an event that
+    /// is not a `[memory]` one cost no stack, and the `[memory]` event after it is read.
+    #[test]
+    fn deep_nesting_in_a_skipped_kineto_event_is_read() {
+        let deep = 1_000_000;
+        let memory = r#"{"name": "[memory]", "ph": "i", "ts": 1, "args": {"Addr": 4096, "Bytes": 512, "Total Allocated": 512, "Total Reserved": 2097152, "Device Type": 1, "Device Id": 0}}"#;
+        let text = format!(
+            r#"{{"traceEvents": [{{"name": "x", "args": {}{}}}, {memory}]}}"#,
+            "[".repeat(deep),
+            "]".repeat(deep)
+        );
+        let t = trace::open_reader(
+            std::io::Cursor::new(text.into_bytes()),
+            "deep",
+            &Options::new(),
+        )
+        .unwrap();
+        let events: Vec<_> = t.collect::<Result<_, _>>().unwrap();
+        assert_eq!(events.len(), 1);
+    }
+
+    /// An event that is not a `[memory]` one, past the most one JSON value may have, is
+    /// refused by name as a `[memory]` one is: the skipper hands it to the parser, which
+    /// refuses it before holding it whole.
+    #[test]
+    fn a_skipped_kineto_event_past_the_limit_is_refused() {
+        let mut bytes = br#"{"traceEvents": [{"name": "aten::mm", "cat": ""#.to_vec();
+        bytes.resize(bytes.len() + (17 << 20), b'x');
+        bytes.extend_from_slice(br#""}]}"#);
+        let e = match trace::open_reader(std::io::Cursor::new(bytes), "big", &Options::new()) {
+            Err(e) => e,
+            Ok(t) => drain(t).expect("an event past the limit is read"),
+        };
+        assert_eq!(variant(&e), "Trace", "{e}");
+        assert!(e.to_string().contains("longer than 16 MiB"), "{e}");
+    }
+
     /// A well-formed header followed by hostile event lines: each is a `Trace` error in strict
     /// mode and, where it cannot be skipped, also when tolerant.
     #[test_case(r#"{"seq":0,"t":0,"op":"x","id":1,"size":1}"# ; "unknown op")]

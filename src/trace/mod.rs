@@ -78,6 +78,7 @@ pub(crate) fn write_error(e: std::io::Error) -> Error {
 mod anomaly;
 pub mod export;
 pub mod import;
+mod inflate;
 pub mod jsonl;
 mod summary;
 
@@ -566,12 +567,19 @@ pub fn open_reader<R: Read + Send + 'static>(
 ) -> Result<Trace> {
     let (prefix, rest) = peek(Box::new(reader), name)?;
     let (prefix, input): (Vec<u8>, Input) = if prefix.starts_with(&[0x1f, 0x8b]) {
+        // Inflated on a thread of its own while the importer parses (see `inflate`).
         let gz = flate2::read::MultiGzDecoder::new(Cursor::new(prefix).chain(rest));
-        let (p, r) = peek(Box::new(gz), name)?;
-        (
-            p.clone(),
-            Box::new(BufReader::with_capacity(1 << 16, Cursor::new(p).chain(r))),
-        )
+        let mut inflated = inflate::Inflated::spawn(Box::new(gz)).map_err(|e| {
+            trace_error(format!(
+                "{name}: cannot start a thread to inflate the gzip stream: {e}"
+            ))
+        })?;
+        let mut p = Vec::new();
+        (&mut inflated)
+            .take(SNIFF_BYTES)
+            .read_to_end(&mut p)
+            .map_err(|e| io_error(name, e))?;
+        (p.clone(), Box::new(Cursor::new(p).chain(inflated)))
     } else {
         (
             prefix.clone(),

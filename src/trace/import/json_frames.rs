@@ -17,6 +17,8 @@ use std::io::BufRead;
 
 use serde::Deserialize;
 
+use super::json_skip::Scan;
+
 /// The most bytes one value may have: one trace event, or one member of the top-level
 /// object other than `traceEvents` (real ones: hundreds of bytes, a few kilobytes).
 pub(crate) const MAX_VALUE_BYTES: usize = 16 << 20;
@@ -207,6 +209,38 @@ impl<R: BufRead> Frames<R> {
                 .max(self.chunk)
                 .min(MAX_VALUE_BYTES + 1);
             self.refill(want)?;
+        }
+    }
+
+    /// Drops the next value (after whitespace) when `scan` says it may be dropped
+    /// ([`Scan::Drop`]); `false`, with nothing consumed, when it is to be parsed
+    /// ([`Frames::parse`] then reads it, or reports what is wrong with it). A value cut by the
+    /// window's end is scanned again once more of the stream is in, as [`Frames::parse`]
+    /// parses it again; one that the stream ends inside, or longer than [`MAX_VALUE_BYTES`],
+    /// is left to [`Frames::parse`] to report.
+    ///
+    /// # Errors
+    /// The stream fails.
+    pub(crate) fn skip_if(&mut self, scan: impl Fn(&[u8]) -> Scan) -> Result<bool, FrameError> {
+        self.peek()?;
+        loop {
+            let rest = &self.buf[self.pos..];
+            match scan(rest) {
+                Scan::Drop(used) => {
+                    self.pos += used.min(rest.len());
+                    return Ok(true);
+                }
+                Scan::Parse => return Ok(false),
+                Scan::Incomplete if self.done || rest.len() >= MAX_VALUE_BYTES => return Ok(false),
+                Scan::Incomplete => {
+                    let want = rest
+                        .len()
+                        .saturating_mul(2)
+                        .max(self.chunk)
+                        .min(MAX_VALUE_BYTES + 1);
+                    self.refill(want)?;
+                }
+            }
         }
     }
 

@@ -22,9 +22,9 @@
 //!
 //! The JSON is walked once, one event at a time: `json_frames::Frames` holds a window of the
 //! stream (at most about 16 MiB, `MAX_VALUE_BYTES`: one event longer than that is refused by
-//! name) from which `serde_json` parses each event into typed fields
-//! (no JSON value is built); only the `[memory]` events are kept. The rest of the file is never held
-//! in memory.
+//! name) from which an event that is not a `[memory]` one is dropped after a validating scan
+//! (`json_skip`), and the others are parsed by `serde_json` into typed fields (no JSON value is
+//! built); only the `[memory]` events are kept. The rest of the file is never held in memory.
 //!
 //! [`Options::device`]: crate::trace::Options::device
 
@@ -36,6 +36,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::json_frames::{FrameError, Frames};
+use super::json_skip;
 use super::{us_to_ns, Attrs, Emitter};
 use crate::error::Result;
 use crate::trace::{
@@ -472,9 +473,16 @@ fn events(f: &mut Frames<Input>, c: &mut Collected) -> std::result::Result<(), F
         return Ok(());
     }
     loop {
-        let raw: RawEvent = f.parse()?;
         c.events_seen += 1;
-        if raw.name.is_some_and(|n| n.0) {
+        // Most events are not `[memory]` ones: dropped after a validating scan, the others
+        // (and whatever the scan does not decide) parsed by serde_json.
+        if f.skip_if(json_skip::scan_event)? {
+            // Dropped.
+        } else if let raw @ RawEvent {
+            name: Some(Name(true)),
+            ..
+        } = f.parse::<RawEvent>()?
+        {
             let args = raw.args.unwrap_or(Args::NONE);
             let none = Num::None;
             c.mem.push(Mem {
@@ -728,4 +736,118 @@ pub(crate) fn read(input: Input, origin: &str, options: &Options) -> Result<VecS
         anomalies,
         events: events.into_iter(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::{Map, Number};
+
+    /// Any JSON value, a few levels deep, with the keys and strings a Kineto event has.
+    fn value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<u64>().prop_map(|n| Value::Number(n.into())),
+            any::<i64>().prop_map(|n| Value::Number(n.into())),
+            any::<f64>().prop_map(|f| Number::from_f64(f).map_or(Value::Null, Value::Number)),
+            prop_oneof![
+                Just("[memory]".to_string()),
+                "[a-z:\\[\\] é\\\\\"\t]{0,8}".prop_map(String::from),
+            ]
+            .prop_map(Value::String),
+        ];
+        leaf.prop_recursive(4, 32, 6, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                prop::collection::vec((key(), inner), 0..6)
+                    .prop_map(|kv| Value::Object(kv.into_iter().collect::<Map<_, _>>())),
+            ]
+        })
+    }
+
+    fn key() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just("name".to_string()),
+            Just("ts".to_string()),
+            Just("tid".to_string()),
+            Just("args".to_string()),
+            Just("Ev Idx".to_string()),
+            "[a-z]{1,3}".prop_map(String::from),
+        ]
+    }
+
+    /// An event: an object of fields, rendered compact or pretty.
+    fn event() -> impl Strategy<Value = (Vec<u8>, Value)> {
+        (prop::collection::vec((key(), value()), 0..6), any::<bool>()).prop_map(|(kv, pretty)| {
+            let v = Value::Object(kv.into_iter().collect());
+            let text = if pretty {
+                serde_json::to_vec_pretty(&v)
+            } else {
+                serde_json::to_vec(&v)
+            };
+            (text.unwrap_or_default(), v)
+        })
+    }
+
+    /// What serde_json makes of the value at the start of `bytes`, as `events` parses it:
+    /// the event and the bytes it used, or `None` when it is refused.
+    fn serde_reads(bytes: &[u8]) -> Option<(RawEvent, usize)> {
+        let mut it = serde_json::Deserializer::from_slice(bytes).into_iter::<RawEvent>();
+        let event = it.next()?.ok()?;
+        Some((event, it.byte_offset()))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        /// The skipper drops only what serde_json would read, as one value of the same
+        /// length, and drop: an event not named `[memory]`. And every generated event that
+        /// serde reads and drops, and that has no escape, no exponent and no `[memory]` name,
+        /// is dropped by the skipper.
+        #[test]
+        fn the_skipper_drops_only_what_serde_drops((bytes, v) in event()) {
+            let scan = json_skip::scan_event(&bytes);
+            if let json_skip::Scan::Drop(used) = scan {
+                let (raw, serde_used) = serde_reads(&bytes).expect("dropped, but serde refuses it");
+                prop_assert_eq!(used, serde_used);
+                prop_assert!(!raw.name.is_some_and(|n| n.0));
+            }
+            // No escape, no exponent (the strings generated hold no digit).
+            let plain = !bytes.contains(&b'\\')
+                && !bytes
+                    .windows(2)
+                    .any(|w| w[0].is_ascii_digit() && matches!(w[1], b'e' | b'E'));
+            let memory = v.get("name").and_then(Value::as_str) == Some("[memory]");
+            if plain && !memory {
+                prop_assert_eq!(scan, json_skip::Scan::Drop(bytes.len()));
+            }
+        }
+
+        /// The same on damaged events: bytes overwritten with JSON's punctuation, or cut.
+        #[test]
+        fn damaged_events_are_never_dropped_when_serde_refuses_them(
+            (bytes, _v) in event(),
+            edits in prop::collection::vec((any::<prop::sample::Index>(), prop::sample::select(&b"{}[]\",:\\ -0.e\x01\xc3nt"[..])), 1..4),
+            cut in any::<prop::sample::Index>(),
+            cutting in any::<bool>(),
+        ) {
+            let mut bytes = bytes;
+            for (at, b) in edits {
+                if !bytes.is_empty() {
+                    let i = at.index(bytes.len());
+                    bytes[i] = b;
+                }
+            }
+            if cutting && !bytes.is_empty() {
+                bytes.truncate(cut.index(bytes.len()));
+            }
+            if let json_skip::Scan::Drop(used) = json_skip::scan_event(&bytes) {
+                let (raw, serde_used) = serde_reads(&bytes).expect("dropped, but serde refuses it");
+                prop_assert_eq!(used, serde_used);
+                prop_assert!(!raw.name.is_some_and(|n| n.0));
+            }
+        }
+    }
 }

@@ -87,6 +87,26 @@ fn replayed(origin: &str, entry: Val<'_>) -> Result<bool> {
     ))
 }
 
+/// What an entry of `device_traces[d]` that is not skipped does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Action {
+    Alloc,
+    FreeCompleted,
+    Oom,
+}
+
+/// The fields of an entry the importer reads, read in one walk of its dict.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    /// Its position in `device_traces[d]`, from 0.
+    position: u64,
+    action: Action,
+    addr: Option<u64>,
+    size: Option<u64>,
+    time_ns: u64,
+    stream: u64,
+}
+
 /// Reads a snapshot pickle and returns the chosen device's events in replay order.
 ///
 /// # Errors
@@ -118,18 +138,25 @@ fn import(pickle: &pickle::Pickle, origin: &str, options: &Options) -> Result<Ve
             "{origin}: the snapshot has no device_traces list (was torch.cuda.memory._record_memory_history enabled?)"
         ))
     })?;
-    let mut counts: Vec<usize> = Vec::with_capacity(traces.len());
-    for t in items(origin, traces) {
-        let mut n = 0;
-        if let Some(list) = t?.as_list() {
-            for e in items(origin, list) {
-                if replayed(origin, e?)? {
-                    n += 1;
+    // The entries to replay per device, to choose the device with the most: only when there
+    // is a choice (a walk of every entry).
+    let counts = if options.device.is_none() && traces.len() > 1 {
+        let mut counts: Vec<usize> = Vec::with_capacity(traces.len());
+        for t in items(origin, traces) {
+            let mut n = 0;
+            if let Some(list) = t?.as_list() {
+                for e in items(origin, list) {
+                    if replayed(origin, e?)? {
+                        n += 1;
+                    }
                 }
             }
+            counts.push(n);
         }
-        counts.push(n);
-    }
+        counts
+    } else {
+        Vec::new()
+    };
     let device = match options.device {
         Some(d) => {
             let d = d as usize;
@@ -152,8 +179,6 @@ fn import(pickle: &pickle::Pickle, origin: &str, options: &Options) -> Result<Ve
         Some(t) => t?.as_list(),
         None => None,
     };
-    // Walked in place each time (entries are not collected: memory stays what the file holds).
-    let entries = || trace.into_iter().flat_map(|list| items(origin, list));
 
     // Live at dump time and reserved, from the segments of this device.
     let mut live_at_dump: u128 = 0;
@@ -187,34 +212,53 @@ fn import(pickle: &pickle::Pickle, origin: &str, options: &Options) -> Result<Ve
         }
     }
 
-    // The net of the trace, as recorded.
+    // The entries, read in one walk (five keys each), and the net of the trace as recorded:
+    // the baseline it gives is needed before the first event is emitted. Only the entries
+    // that become an event or an anomaly are kept (about the size of the events they make).
+    let mut entries: Vec<Entry> = Vec::new();
     let mut net: i128 = 0;
-    for e in entries() {
-        let [size, action] = get_all(origin, e?, ["size", "action"])?;
-        let size = i128::from(size.and_then(Val::as_u64).unwrap_or(0));
-        match action.and_then(Val::as_str) {
-            Some("alloc") => net += size,
-            Some("free_completed") => net -= size,
-            _ => {}
+    let mut walked = 0u64;
+    for (i, e) in trace
+        .into_iter()
+        .flat_map(|list| items(origin, list))
+        .enumerate()
+    {
+        walked += 1;
+        let [action, addr, size, time_us, stream] =
+            get_all(origin, e?, ["action", "addr", "size", "time_us", "stream"])?;
+        let action = match action.and_then(Val::as_str) {
+            Some("alloc") => Action::Alloc,
+            Some("free_completed") => Action::FreeCompleted,
+            Some("oom") => Action::Oom,
+            _ => continue,
+        };
+        let size = size.and_then(Val::as_u64);
+        match action {
+            Action::Alloc => net += i128::from(size.unwrap_or(0)),
+            Action::FreeCompleted => net -= i128::from(size.unwrap_or(0)),
+            Action::Oom => {}
         }
+        entries.push(Entry {
+            position: i as u64,
+            action,
+            addr: addr.and_then(Val::as_u64),
+            size,
+            time_ns: time_us.and_then(Val::as_f64).map(us_to_ns).unwrap_or(0),
+            stream: stream.and_then(Val::as_u64).unwrap_or(0),
+        });
     }
     let baseline = u64::try_from((live_at_dump as i128 - net).max(0)).unwrap_or(u64::MAX);
 
     let mut emitter = Emitter::new(Keying::Addresses, options.strict, origin, baseline);
-    let mut events = Vec::with_capacity(counts.get(device).copied().unwrap_or(0));
-    let mut skipped = 0u64;
-    for (i, e) in entries().enumerate() {
-        let loc = Loc::Event(i as u64 + 1);
-        // One walk of the entry for the five keys read.
-        let [action, addr, size, time_us, stream] =
-            get_all(origin, e?, ["action", "addr", "size", "time_us", "stream"])?;
-        let action = action.and_then(Val::as_str);
-        let (addr, size) = (addr.and_then(Val::as_u64), size.and_then(Val::as_u64));
-        let op = match action {
-            Some("alloc") => Op::Alloc,
-            Some("free_completed") => Op::Free,
-            Some("oom") => {
-                let size = size.unwrap_or(0);
+    let mut events = Vec::with_capacity(entries.len());
+    let skipped = walked - entries.len() as u64;
+    for e in &entries {
+        let loc = Loc::Event(e.position + 1);
+        let op = match e.action {
+            Action::Alloc => Op::Alloc,
+            Action::FreeCompleted => Op::Free,
+            Action::Oom => {
+                let size = e.size.unwrap_or(0);
                 emitter.tracker.anomaly(
                     AnomalyKind::AllocFailure,
                     loc,
@@ -222,26 +266,25 @@ fn import(pickle: &pickle::Pickle, origin: &str, options: &Options) -> Result<Ve
                 )?;
                 continue;
             }
-            _ => {
-                skipped += 1;
-                continue;
-            }
         };
-        let (Some(addr), Some(size)) = (addr, size) else {
+        let (Some(addr), Some(size)) = (e.addr, e.size) else {
             emitter.tracker.anomaly(
                 AnomalyKind::InvalidRecord,
                 loc,
                 format!(
                     "{} entry without a usable addr or size",
-                    action.unwrap_or("?")
+                    match e.action {
+                        Action::Alloc => "alloc",
+                        _ => "free_completed",
+                    }
                 ),
             )?;
             continue;
         };
         let attrs = Attrs {
-            time_ns: time_us.and_then(Val::as_f64).map(us_to_ns).unwrap_or(0),
+            time_ns: e.time_ns,
             thread: 0,
-            stream: stream.and_then(Val::as_u64).unwrap_or(0),
+            stream: e.stream,
         };
         emitter.feed(loc, op, addr, size, attrs, &mut events)?;
     }
