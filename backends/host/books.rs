@@ -507,7 +507,7 @@ impl Books {
             .handles
             .get_mut(&handle.0)
             .filter(|h| !h.released)
-            .ok_or(Self::unknown_handle(handle.0))?;
+            .ok_or_else(|| Self::unknown_handle(handle.0))?;
         record.released = true;
         record.fd = None;
         if record.mappings == 0 {
@@ -519,7 +519,9 @@ impl Books {
 
     // ---- mappings ---------------------------------------------------------------------
 
-    /// Checks `map(va, size, handle, offset)`; returns the handle's memory file (real mode).
+    /// Checks `map(va, size, handle, offset)`; returns the index of the reservation that
+    /// holds the range (for [`Books::insert_mapping_at`]) and the handle's memory file (real
+    /// mode).
     ///
     /// # Errors
     /// `InvalidArgument` for a misaligned or zero argument, a range past the end of the
@@ -531,7 +533,7 @@ impl Books {
         size: u64,
         handle: PhysicalHandle,
         offset: u64,
-    ) -> Result<Option<&OwnedFd>> {
+    ) -> Result<(usize, Option<&OwnedFd>)> {
         self.granular("map", "address", va, false)?;
         self.granular("map", "size", size, true)?;
         self.granular("map", "offset", offset, false)?;
@@ -539,7 +541,7 @@ impl Books {
             .handles
             .get(&handle.0)
             .filter(|h| !h.released)
-            .ok_or(Self::unknown_handle(handle.0))?;
+            .ok_or_else(|| Self::unknown_handle(handle.0))?;
         let past_end = match offset.checked_add(size) {
             Some(end) => end > record.size,
             None => true,
@@ -585,7 +587,7 @@ impl Books {
                 });
             }
         }
-        Ok(record.fd.as_ref())
+        Ok((r, record.fd.as_ref()))
     }
 
     /// The mapping covering the granule at `at` of reservation `r`, as `(start, size)`.
@@ -611,11 +613,31 @@ impl Books {
     ///
     /// # Time complexity
     /// `O(log reservations + granules)` of the mapping.
+    #[cfg(test)]
     pub(crate) fn insert_mapping(&mut self, va: u64, size: u64, handle: PhysicalHandle) {
         let Some(r) = self.reservation_holding(va, size) else {
             debug_assert!(false, "map outside a reservation not checked");
             return;
         };
+        self.insert_mapping_at(r, va, size, handle);
+    }
+
+    /// Records a mapping checked by [`Books::check_map`], which found it in reservation `r`
+    /// (nothing changed the books since): no second search of the reservations.
+    ///
+    /// # Time complexity
+    /// `O(granules)` of the mapping.
+    pub(crate) fn insert_mapping_at(
+        &mut self,
+        r: usize,
+        va: u64,
+        size: u64,
+        handle: PhysicalHandle,
+    ) {
+        debug_assert!(
+            self.reservation_holding(va, size) == Some(r),
+            "map outside the reservation checked"
+        );
         if let Some(record) = self.handles.get_mut(&handle.0) {
             record.mappings += 1;
         }

@@ -784,7 +784,7 @@ impl VirtualMemory for HostDevice {
     fn map(&self, va: u64, size: u64, handle: PhysicalHandle, offset: u64) -> Result<()> {
         let mut guard = self.lock();
         let st = &mut *guard;
-        let fd = st.books.check_map(va, size, handle, offset)?;
+        let (r, fd) = st.books.check_map(va, size, handle, offset)?;
         if st.sim.is_none() {
             match fd {
                 Some(fd) => os::map_file_fixed(va, size, fd, offset)?,
@@ -796,7 +796,7 @@ impl VirtualMemory for HostDevice {
                 }
             }
         }
-        st.books.insert_mapping(va, size, handle);
+        st.books.insert_mapping_at(r, va, size, handle);
         Ok(())
     }
 
