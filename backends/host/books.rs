@@ -688,16 +688,21 @@ impl Books {
         };
         let mut last = first;
         let mut reached = first + m_size;
+        // The reservation walked, held across the loop (the walk reads one slot per mapping).
+        let mut res = &self.reservations[r];
         while reached < end {
-            if reached >= self.reservations[r].end() {
+            if reached >= res.end() {
                 // Mappings end inside their reservation: the run goes on only into one that
                 // starts right here.
                 match self.reservations.get(r + 1) {
-                    Some(next) if next.base == reached => r += 1,
+                    Some(next) if next.base == reached => {
+                        r += 1;
+                        res = next;
+                    }
                     _ => break,
                 }
             }
-            match self.slot(r, reached).link {
+            match res.slots.get((reached - res.base) >> self.shift).link {
                 n if n > 0 => {
                     last = reached;
                     reached += (n as u64) << self.shift;
