@@ -560,14 +560,20 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         );
         let mut mapped_now = 0;
         let result = result.and_then(|()| {
+            let mapping = missing
+                .iter()
+                .zip(&backing)
+                .try_for_each(|(&v, &(h, off, _))| {
+                    vm.map(v, g, PhysicalHandle(h), off)?;
+                    mapped_now += 1;
+                    Ok(())
+                });
+            // The books record what the device mapped (nothing reads them in between), with
+            // one search for the region.
+            inner.counters.maps += mapped_now as u64;
             let phys = &mut inner.phys;
-            for (&v, &piece) in missing.iter().zip(&backing) {
-                let (h, off, _) = piece;
-                vm.map(v, g, PhysicalHandle(h), off)?;
-                inner.counters.maps += 1;
-                phys.map(v, piece);
-                mapped_now += 1;
-            }
+            phys.map_all(&missing[..mapped_now], &backing[..mapped_now]);
+            mapping?;
             // Grant access to every run of granules under the request that lacks it.
             phys.lacking_access(start, end, &mut lacking);
             let mut i = 0;

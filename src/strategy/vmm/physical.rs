@@ -426,16 +426,46 @@ impl Physical {
     ///
     /// # Time complexity
     /// `O(log regions)`.
+    ///
+    /// The allocator maps through [`Physical::map_all`]; the model test checks both.
+    #[cfg(test)]
     pub(super) fn map(&mut self, v: u64, piece: Piece) {
         let Some((r, i, _)) = self.locate(v, v) else {
             debug_assert!(false, "a granule outside every region");
             return;
         };
+        self.map_in(r, i, piece);
+    }
+
+    /// Records each `pieces[k]` mapped at granule `granules[k]` (ascending, none mapped, all
+    /// in one region), without access: [`Physical::map`] for each, with one search for the
+    /// region.
+    ///
+    /// # Time complexity
+    /// `O(log regions + granules)`.
+    pub(super) fn map_all(&mut self, granules: &[u64], pieces: &[Piece]) {
+        debug_assert!(granules.len() == pieces.len() && granules.windows(2).all(|w| w[0] < w[1]));
+        let (Some(&first), Some(&last)) = (granules.first(), granules.last()) else {
+            return;
+        };
+        let Some((r, _, _)) = self.locate(first, last + self.g()) else {
+            debug_assert!(false, "granules outside every region");
+            return;
+        };
+        let base = self.regions[r].base;
+        for (&v, &piece) in granules.iter().zip(pieces) {
+            self.map_in(r, (v - base) >> self.shift, piece);
+        }
+    }
+
+    /// [`Physical::map`] of granule `i` of region `r`.
+    #[inline]
+    fn map_in(&mut self, r: usize, i: u64, piece: Piece) {
         let (_, off, slot) = piece;
         let shift = self.shift;
         let (p, k, w, bit) = pos(i);
         let page = self.page_mut(r, p);
-        debug_assert!(page.mapped[w] & bit == 0, "granule {v:#x} mapped twice");
+        debug_assert!(page.mapped[w] & bit == 0, "granule {i} mapped twice");
         page.backing[k] = Backing {
             slot,
             piece: (off >> shift) as u32,
@@ -908,6 +938,7 @@ mod tests {
         Untouch(usize),
         Victims(usize, usize, u64),
         Grant(usize, usize),
+        MapAll(usize, usize),
     }
 
     fn step(n: usize) -> impl Strategy<Value = Step> {
@@ -918,6 +949,7 @@ mod tests {
             (0..n).prop_map(Step::Untouch),
             (0..n, 0..40usize, 0..3000u64).prop_map(|(a, l, w)| Step::Victims(a, l, w)),
             (0..n, 0..40usize).prop_map(|(a, l)| Step::Grant(a, l)),
+            (0..n, 0..40usize).prop_map(|(a, l)| Step::MapAll(a, l)),
         ]
     }
 
@@ -1038,6 +1070,22 @@ mod tests {
                             .filter(|g| !mapped.contains_key(g))
                             .collect();
                         prop_assert_eq!(unmapped, want_unmapped);
+                    }
+                    Step::MapAll(i, l) => {
+                        // The unmapped granules of a span, mapped in one call.
+                        let (v, end) = addr(i);
+                        let e = (v + l as u64 * G).min(end);
+                        let mut at = Vec::new();
+                        phys.unmapped_in(v, e, &mut at);
+                        let mut backing = Vec::new();
+                        for &g in &at {
+                            let p = pieces.pop_first().unwrap();
+                            prop_assert_eq!(phys.take_idle(), Some((7, p * G, h)));
+                            backing.push((7, p * G, h));
+                            mapped.insert(g, p);
+                            granted.remove(&g);
+                        }
+                        phys.map_all(&at, &backing);
                     }
                     Step::Grant(i, l) => {
                         let (v, end) = addr(i);
