@@ -127,6 +127,7 @@ fn memory_live_before_the_window_is_allocated_first_and_frees_of_it_release_exac
     assert_eq!(baseline.freed_in_window, vec![(100, 3 * MIB)]);
     assert_eq!(baseline.held, 5 * MIB);
     assert_eq!(baseline.events, 5);
+    assert_eq!(baseline.peak_live_ids, 2, "ids 1 and 2 of the window");
     let r = run(&input, ReplayStrategy::Platform, 1 << 30, 1.0);
     assert_eq!(r.peak_live, 12 * MIB, "8 before + 4");
     assert_eq!(r.unknown_frees, 0);
@@ -437,4 +438,55 @@ fn a_recorded_program_replays_to_the_same_peak() {
     assert!(String::from_utf8(csv)
         .unwrap()
         .starts_with("Thread,Time,Action,Pointer,Size,Stream"));
+}
+
+#[test_case(ReplayStrategy::Vmm, 0 ; "vmm")]
+#[test_case(ReplayStrategy::BfcGrow, 7 ; "bfc growing, with a timeline")]
+fn a_streamed_trace_replays_as_the_same_trace_in_memory(strategy: ReplayStrategy, samples: usize) {
+    // Replay reads events in memory straight from their slice and streamed ones through the
+    // trace reader: both ways must give the same figures and timeline.
+    let mut rows = Vec::new();
+    for i in 0..50u64 {
+        rows.push((A, i, (i % 7 + 1) * MIB));
+        if i % 3 == 2 {
+            rows.push((F, i - 1, ((i - 1) % 7 + 1) * MIB));
+        }
+    }
+    rows.push((F, 1000, 2 * MIB));
+    let memory = trace(&rows, 4 * MIB);
+    let TraceInput::Events { header, events } = &memory else {
+        unreachable!()
+    };
+    let path = std::env::temp_dir().join(format!(
+        "portalloc-replay-streamed-{}-{samples}.jsonl",
+        std::process::id()
+    ));
+    let file = std::fs::File::create(&path).unwrap();
+    portalloc::trace::export::write_portalloc(file, header, events.iter().copied().map(Ok))
+        .unwrap();
+    let opened = path.clone();
+    let streamed = TraceInput::File {
+        header: header.clone(),
+        open: Box::new(move || portalloc::trace::open(&opened, &Default::default())),
+    };
+    let options = ReplayOptions {
+        device: device(1 << 30),
+        fraction: 1.0,
+        samples,
+    };
+    let mut results = [&memory, &streamed].map(|input| {
+        let baseline = Baseline::scan(input).unwrap();
+        let mut r = replay(input, &baseline, strategy, &options, None).unwrap();
+        r.ns_per_event = 0.0;
+        (baseline, r)
+    });
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(results[0], results[1]);
+    let (baseline, r) = &mut results[0];
+    assert_eq!(
+        (baseline.events, r.events),
+        (rows.len() as u64, rows.len() as u64)
+    );
+    assert_eq!(baseline.freed_in_window, vec![(1000, 2 * MIB)]);
+    assert_eq!(r.samples.len(), samples);
 }

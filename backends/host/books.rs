@@ -507,7 +507,7 @@ impl Books {
             .handles
             .get_mut(&handle.0)
             .filter(|h| !h.released)
-            .ok_or(Self::unknown_handle(handle.0))?;
+            .ok_or_else(|| Self::unknown_handle(handle.0))?;
         record.released = true;
         record.fd = None;
         if record.mappings == 0 {
@@ -525,6 +525,7 @@ impl Books {
     /// `InvalidArgument` for a misaligned or zero argument, a range past the end of the
     /// handle, outside one reservation or overlapping a mapping; `UnknownPointer` for an
     /// unknown or released handle.
+    #[cfg(test)]
     pub(crate) fn check_map(
         &self,
         va: u64,
@@ -532,14 +533,93 @@ impl Books {
         handle: PhysicalHandle,
         offset: u64,
     ) -> Result<Option<&OwnedFd>> {
+        let place = self.map_place(va, size, offset)?;
+        let record = self.handles.get(&handle.0);
+        Self::map_within(record, handle, offset, size)?;
+        place?;
+        Ok(record.and_then(|h| h.fd.as_ref()))
+    }
+
+    /// Checks and records `map(va, size, handle, offset)`: `os` (real mode's `mmap` of the
+    /// handle's memory file) runs between the check and the record, and its error leaves the
+    /// books untouched. One search of the reservations and one lookup of the handle serve
+    /// both.
+    ///
+    /// # Errors
+    /// Those of [`Books::check_map`], in the same order; then `os`'s.
+    ///
+    /// # Time complexity
+    /// `O(log reservations + granules)` of the mapping.
+    pub(crate) fn map(
+        &mut self,
+        va: u64,
+        size: u64,
+        handle: PhysicalHandle,
+        offset: u64,
+        os: impl FnOnce(Option<&OwnedFd>) -> Result<()>,
+    ) -> Result<()> {
+        let place = self.map_place(va, size, offset)?;
+        let record = self.handles.get_mut(&handle.0);
+        Self::map_within(record.as_deref(), handle, offset, size)?;
+        let r = place?;
+        // `map_within` refused a missing or released handle.
+        let Some(record) = record else {
+            return Err(Self::unknown_handle(handle.0));
+        };
+        os(record.fd.as_ref())?;
+        record.mappings += 1;
+        self.insert_slots(r, va, size, handle);
+        Ok(())
+    }
+
+    /// The checks of `map` on the arguments' granularity (returned at once: they come first)
+    /// and on the range: the reservation holding it and not mapped there, or the error saying
+    /// why not, returned inside for the caller to report after the handle's.
+    fn map_place(&self, va: u64, size: u64, offset: u64) -> Result<Result<usize>> {
         self.granular("map", "address", va, false)?;
         self.granular("map", "size", size, true)?;
         self.granular("map", "offset", offset, false)?;
-        let record = self
-            .handles
-            .get(&handle.0)
+        let Some(r) = self.reservation_holding(va, size) else {
+            return Ok(Err(Error::InvalidArgument {
+                call: "map",
+                reason: format!(
+                    "[{va:#x}, +{}) is not inside one reservation; accepted is a range within \
+                     a single range returned by reserve",
+                    show(size)
+                ),
+            }));
+        };
+        let end = va + size;
+        // The overlapping mapping named is the one over the highest mapped granule of the
+        // range (the last mapping starting below its end).
+        let g = self.granularity;
+        let mut at = end;
+        while at > va {
+            at -= g;
+            if let Some((start, m_size)) = self.mapping_over(r, at) {
+                return Ok(Err(Error::InvalidArgument {
+                    call: "map",
+                    reason: format!(
+                        "[{va:#x}, {end:#x}) overlaps the mapping at [{start:#x}, {:#x}); unmap \
+                         it first",
+                        start + m_size
+                    ),
+                }));
+            }
+        }
+        Ok(Ok(r))
+    }
+
+    /// The checks of `map` on the handle: live, and `[offset, offset + size)` within it.
+    fn map_within(
+        record: Option<&HandleRecord>,
+        handle: PhysicalHandle,
+        offset: u64,
+        size: u64,
+    ) -> Result<()> {
+        let record = record
             .filter(|h| !h.released)
-            .ok_or(Self::unknown_handle(handle.0))?;
+            .ok_or_else(|| Self::unknown_handle(handle.0))?;
         let past_end = match offset.checked_add(size) {
             Some(end) => end > record.size,
             None => true,
@@ -557,35 +637,7 @@ impl Books {
                 ),
             });
         }
-        let Some(r) = self.reservation_holding(va, size) else {
-            return Err(Error::InvalidArgument {
-                call: "map",
-                reason: format!(
-                    "[{va:#x}, +{}) is not inside one reservation; accepted is a range within \
-                     a single range returned by reserve",
-                    show(size)
-                ),
-            });
-        };
-        let end = va + size;
-        // The overlapping mapping named is the one over the highest mapped granule of the
-        // range (the last mapping starting below its end).
-        let g = self.granularity;
-        let mut at = end;
-        while at > va {
-            at -= g;
-            if let Some((start, m_size)) = self.mapping_over(r, at) {
-                return Err(Error::InvalidArgument {
-                    call: "map",
-                    reason: format!(
-                        "[{va:#x}, {end:#x}) overlaps the mapping at [{start:#x}, {:#x}); unmap \
-                         it first",
-                        start + m_size
-                    ),
-                });
-            }
-        }
-        Ok(record.fd.as_ref())
+        Ok(())
     }
 
     /// The mapping covering the granule at `at` of reservation `r`, as `(start, size)`.
@@ -611,6 +663,7 @@ impl Books {
     ///
     /// # Time complexity
     /// `O(log reservations + granules)` of the mapping.
+    #[cfg(test)]
     pub(crate) fn insert_mapping(&mut self, va: u64, size: u64, handle: PhysicalHandle) {
         let Some(r) = self.reservation_holding(va, size) else {
             debug_assert!(false, "map outside a reservation not checked");
@@ -619,6 +672,19 @@ impl Books {
         if let Some(record) = self.handles.get_mut(&handle.0) {
             record.mappings += 1;
         }
+        self.insert_slots(r, va, size, handle);
+    }
+
+    /// Records the slots of a mapping of `handle` at `[va, va + size)`, which lies in
+    /// reservation `r`, and counts it (the handle's own count is the caller's).
+    ///
+    /// # Time complexity
+    /// `O(granules)` of the mapping.
+    fn insert_slots(&mut self, r: usize, va: u64, size: u64, handle: PhysicalHandle) {
+        debug_assert!(
+            self.reservation_holding(va, size) == Some(r),
+            "map outside the reservation checked"
+        );
         let shift = self.shift;
         let res = &mut self.reservations[r];
         let first = (va - res.base) >> shift;
@@ -666,16 +732,21 @@ impl Books {
         };
         let mut last = first;
         let mut reached = first + m_size;
+        // The reservation walked, held across the loop (the walk reads one slot per mapping).
+        let mut res = &self.reservations[r];
         while reached < end {
-            if reached >= self.reservations[r].end() {
+            if reached >= res.end() {
                 // Mappings end inside their reservation: the run goes on only into one that
                 // starts right here.
                 match self.reservations.get(r + 1) {
-                    Some(next) if next.base == reached => r += 1,
+                    Some(next) if next.base == reached => {
+                        r += 1;
+                        res = next;
+                    }
                     _ => break,
                 }
             }
-            match self.slot(r, reached).link {
+            match res.slots.get((reached - res.base) >> self.shift).link {
                 n if n > 0 => {
                     last = reached;
                     reached += (n as u64) << self.shift;
@@ -985,6 +1056,30 @@ mod tests {
     }
 
     #[test]
+    fn a_map_the_os_refuses_leaves_the_books_untouched() {
+        let mut b = books();
+        b.insert_reservation(1 << 40, 4 * G);
+        let h = b.insert_handle(2 * G, None);
+        let before = b.census();
+        let refused = b.map(1 << 40, 2 * G, h, 0, |fd| {
+            assert!(fd.is_none(), "no memory file was given");
+            Err(Error::Os {
+                call: "mmap",
+                source: std::io::Error::from_raw_os_error(libc::ENOMEM),
+            })
+        });
+        assert!(matches!(refused, Err(Error::Os { call: "mmap", .. })));
+        assert_eq!(b.census(), before);
+        b.check_invariants().unwrap();
+        // Nothing is mapped there: the same map goes through, and then overlaps.
+        b.map(1 << 40, 2 * G, h, 0, |_| Ok(())).unwrap();
+        assert_eq!(b.census().mappings, 1);
+        let err = b.map(1 << 40, 2 * G, h, 0, |_| Ok(())).unwrap_err();
+        assert!(err.to_string().contains("overlaps the mapping"), "{err}");
+        b.check_invariants().unwrap();
+    }
+
+    #[test]
     fn released_handle_lives_until_unmapped() {
         let mut b = books();
         b.insert_reservation(1 << 40, 4 * G);
@@ -1182,10 +1277,23 @@ mod tests {
                         let id = ids.get(i).copied().unwrap_or(999);
                         let (va, size, offset) = (base + a * G, n * G, o * G);
                         let ok = m.map_ok(va, size, id, offset);
-                        let got = b.check_map(va, size, PhysicalHandle(id), offset).is_ok();
-                        proptest::prop_assert_eq!(got, ok, "map {:#x}+{}", va, size);
-                        if ok {
+                        let checked = b
+                            .check_map(va, size, PhysicalHandle(id), offset)
+                            .map(|_| ())
+                            .map_err(|e| e.to_string());
+                        proptest::prop_assert_eq!(checked.is_ok(), ok, "map {:#x}+{}", va, size);
+                        // The device's path (check and record in one) refuses with the same
+                        // error, and records what check_map accepts (alternately through
+                        // insert_mapping, which the other tests use).
+                        if !ok || a % 2 == 0 {
+                            let got = b
+                                .map(va, size, PhysicalHandle(id), offset, |_| Ok(()))
+                                .map_err(|e| e.to_string());
+                            proptest::prop_assert_eq!(got, checked);
+                        } else {
                             b.insert_mapping(va, size, PhysicalHandle(id));
+                        }
+                        if ok {
                             m.mappings.push((va, size, id));
                         }
                     }

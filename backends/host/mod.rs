@@ -784,20 +784,16 @@ impl VirtualMemory for HostDevice {
     fn map(&self, va: u64, size: u64, handle: PhysicalHandle, offset: u64) -> Result<()> {
         let mut guard = self.lock();
         let st = &mut *guard;
-        let fd = st.books.check_map(va, size, handle, offset)?;
-        if st.sim.is_none() {
-            match fd {
-                Some(fd) => os::map_file_fixed(va, size, fd, offset)?,
-                None => {
-                    return Err(Error::Os {
-                        call: "mmap",
-                        source: std::io::Error::from_raw_os_error(libc::EBADF),
-                    })
-                }
-            }
-        }
-        st.books.insert_mapping(va, size, handle);
-        Ok(())
+        let real = st.sim.is_none();
+        st.books
+            .map(va, size, handle, offset, |fd| match (real, fd) {
+                (false, _) => Ok(()),
+                (true, Some(fd)) => os::map_file_fixed(va, size, fd, offset),
+                (true, None) => Err(Error::Os {
+                    call: "mmap",
+                    source: std::io::Error::from_raw_os_error(libc::EBADF),
+                }),
+            })
     }
 
     /// Grants read-write access to `[va, va + size)`, which must be entirely mapped (it may

@@ -154,6 +154,10 @@ pub struct Baseline {
     pub held: u64,
     /// Events in the trace (counted by the same pass).
     pub events: u64,
+    /// The most ids of the window live at once (counted by the same pass): with
+    /// `freed_in_window` and the held allocation, what replay's table of live allocations is
+    /// sized for before its clock starts, so that it never grows while timed.
+    pub peak_live_ids: u64,
 }
 
 impl Baseline {
@@ -173,6 +177,7 @@ impl Baseline {
             match event.op {
                 Op::Alloc => {
                     live.insert(event.id);
+                    baseline.peak_live_ids = baseline.peak_live_ids.max(live.len() as u64);
                 }
                 // A free of an id not live is memory from before the window while the
                 // header's baseline still covers it; past that it is an anomaly (a double
@@ -290,7 +295,13 @@ pub fn replay(
     let host = Arc::new(options.device.host_device()?);
     let device = Arc::new(CountingDevice::new(Arc::clone(&host)));
     let allocator = crate::strategy::build(&strategy.config(options.fraction), device.clone())?;
-    let mut run = Run::new(allocator.as_ref(), baseline.events, options.samples);
+    let live_ids = baseline.peak_live_ids + baseline.freed_in_window.len() as u64 + 1;
+    let mut run = Run::new(
+        allocator.as_ref(),
+        baseline.events,
+        options.samples,
+        live_ids,
+    );
     for &(id, size) in &baseline.freed_in_window {
         run.allocate(None, id, size, Stream::DEFAULT, "baseline")?;
     }
@@ -300,8 +311,7 @@ pub fn replay(
     let header = input.header();
     let started = Instant::now();
     let mut index = 0u64;
-    for event in input.events()? {
-        let event = event?;
+    let mut step = |event: Event| -> Result<()> {
         match event.op {
             Op::Alloc => {
                 let tag = header.tag_name(event.tag).unwrap_or("");
@@ -320,6 +330,21 @@ pub fn replay(
         if index % (1 << 16) == 0 {
             if let Some(p) = progress {
                 p(index);
+            }
+        }
+        Ok(())
+    };
+    match input {
+        // Events in memory are read straight from the slice: no boxed iterator to call and
+        // no `Result` to unwrap per event.
+        TraceInput::Events { events, .. } => {
+            for &event in events.iter() {
+                step(event)?;
+            }
+        }
+        TraceInput::File { .. } => {
+            for event in input.events()? {
+                step(event?)?;
             }
         }
     }
@@ -374,11 +399,15 @@ struct Run<'a> {
     unknown_frees: u64,
     samples: Vec<Sample>,
     sample_every: u64,
+    /// The event index of the next sample: a multiple of `sample_every` (`u64::MAX` when no
+    /// timeline is wanted), compared with each index instead of dividing it.
+    next_sample: u64,
     bucket_peak: u64,
 }
 
 impl<'a> Run<'a> {
-    fn new(allocator: &'a dyn Allocator, events: u64, samples: usize) -> Self {
+    /// `live_ids`: the most trace ids live at once (the table is made that large).
+    fn new(allocator: &'a dyn Allocator, events: u64, samples: usize, live_ids: u64) -> Self {
         let sample_every = if samples == 0 {
             u64::MAX
         } else {
@@ -386,7 +415,10 @@ impl<'a> Run<'a> {
         };
         Run {
             allocator,
-            live: FxHashMap::default(),
+            live: FxHashMap::with_capacity_and_hasher(
+                usize::try_from(live_ids).unwrap_or(0),
+                Default::default(),
+            ),
             failed: FxHashMap::default(),
             live_bytes: 0,
             failed_bytes: 0,
@@ -397,6 +429,7 @@ impl<'a> Run<'a> {
             unknown_frees: 0,
             samples: Vec::new(),
             sample_every,
+            next_sample: sample_every,
             bucket_peak: 0,
         }
     }
@@ -410,8 +443,11 @@ impl<'a> Run<'a> {
         tag: &str,
     ) -> Result<()> {
         // The trace reused the id of a failed request (an importer anomaly): that demand ends.
-        if let Some(old) = self.failed.remove(&id) {
-            self.failed_bytes -= old;
+        // (Most replays fail nothing: no hashing then.)
+        if !self.failed.is_empty() {
+            if let Some(old) = self.failed.remove(&id) {
+                self.failed_bytes -= old;
+            }
         }
         let result = self.allocator.allocate(size, 0, stream, tag);
         let outcome = match result {
@@ -469,8 +505,11 @@ impl<'a> Run<'a> {
         }
     }
 
+    /// Takes a sample at every `sample_every`-th index (called with each index in turn).
+    #[inline]
     fn sample(&mut self, index: u64) {
-        if index % self.sample_every == 0 {
+        if index == self.next_sample {
+            self.next_sample = self.next_sample.saturating_add(self.sample_every);
             self.samples.push(Sample {
                 index,
                 live: self.bucket_peak,

@@ -219,6 +219,19 @@ struct Inner {
     order: StreamOrder,
     /// Ordinals of the peer devices granted access to every granule mapped.
     peers: Vec<u32>,
+    /// Lists [`VmmAllocator::back`] fills and empties on each call, kept for their capacity.
+    scratch: Scratch,
+}
+
+/// The lists of [`VmmAllocator::back`]. Invariant: all empty between calls.
+#[derive(Debug, Default)]
+struct Scratch {
+    /// Granules under the request not mapped yet.
+    missing: Vec<u64>,
+    /// The physical memory gathered for them.
+    backing: Vec<Piece>,
+    /// Granules under the request mapped without access.
+    lacking: Vec<u64>,
 }
 
 impl Inner {
@@ -330,6 +343,7 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
                 peak_pool_bytes: 0,
                 order: StreamOrder::default(),
                 peers,
+                scratch: Scratch::default(),
             }),
         })
     }
@@ -526,12 +540,16 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
             return Ok(());
         }
         let vm = self.vm().map_err(Shortfall::Device)?;
-        let missing: Vec<u64> = if need == 0 {
-            Vec::new()
-        } else {
-            inner.phys.unmapped_in(start, end)
-        };
-        let mut backing: Vec<Piece> = Vec::with_capacity(missing.len());
+        // The scratch lists, kept between calls so that backing a request allocates nothing
+        // in the steady state (a request that fails leaves them empty, not lost).
+        let Scratch {
+            mut missing,
+            mut backing,
+            mut lacking,
+        } = std::mem::take(&mut inner.scratch);
+        if need > 0 {
+            inner.phys.unmapped_in(start, end, &mut missing);
+        }
         let result = self.gather(
             vm,
             inner,
@@ -543,16 +561,22 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         );
         let mut mapped_now = 0;
         let result = result.and_then(|()| {
+            let mapping = missing
+                .iter()
+                .zip(&backing)
+                .try_for_each(|(&v, &(h, off, _))| {
+                    vm.map(v, g, PhysicalHandle(h), off)?;
+                    mapped_now += 1;
+                    Ok(())
+                });
+            // The books record what the device mapped (nothing reads them in between), with
+            // one search for the region.
+            inner.counters.maps += mapped_now as u64;
             let phys = &mut inner.phys;
-            for (&v, &piece) in missing.iter().zip(&backing) {
-                let (h, off, _) = piece;
-                vm.map(v, g, PhysicalHandle(h), off)?;
-                inner.counters.maps += 1;
-                phys.map(v, piece);
-                mapped_now += 1;
-            }
+            phys.map_all(&missing[..mapped_now], &backing[..mapped_now]);
+            mapping?;
             // Grant access to every run of granules under the request that lacks it.
-            let lacking = phys.lacking_access(start, end);
+            phys.lacking_access(start, end, &mut lacking);
             let mut i = 0;
             while i < lacking.len() {
                 let mut j = i + 1;
@@ -566,17 +590,22 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
                     vm.set_access_with_peers(lacking[i], run, &inner.peers)?;
                 }
                 inner.counters.set_access += 1;
-                for &v in &lacking[i..j] {
-                    phys.grant(v);
-                }
+                phys.grant(lacking[i], lacking[i] + run);
                 i = j;
             }
             Ok(())
         });
         // Whatever was obtained but not mapped stays held, idle.
-        for piece in backing.into_iter().skip(mapped_now) {
+        for piece in backing.drain(..).skip(mapped_now) {
             inner.phys.make_idle(piece);
         }
+        missing.clear();
+        lacking.clear();
+        inner.scratch = Scratch {
+            missing,
+            backing,
+            lacking,
+        };
         result.map_err(Shortfall::Device)
     }
 
@@ -765,6 +794,14 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
     fn check(&self, inner: &Inner) -> std::result::Result<(), String> {
         let g = self.granularity;
         inner.space.check_invariants()?;
+        let Scratch {
+            missing,
+            backing,
+            lacking,
+        } = &inner.scratch;
+        if !(missing.is_empty() && backing.is_empty() && lacking.is_empty()) {
+            return Err("back's scratch lists are not empty between calls".into());
+        }
         let phys = &inner.phys;
         // Touch counts from the chunks in use; every in-use byte mapped with access.
         let mut touch: FxHashMap<u64, u32> = FxHashMap::default();

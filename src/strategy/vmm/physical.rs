@@ -138,6 +138,25 @@ fn words(i0: u64, i1: u64, mut f: impl FnMut(usize, usize, u64)) {
     }
 }
 
+/// The bits `[b0, b1)` a contiguous non-zero `mask` selects.
+#[inline]
+fn bit_range(mask: u64) -> (usize, usize) {
+    (
+        mask.trailing_zeros() as usize,
+        64 - mask.leading_zeros() as usize,
+    )
+}
+
+/// Bit `b` set for each zero `counts[b]` (at most 64 counts).
+#[inline]
+fn zeros(counts: &[u32]) -> u64 {
+    debug_assert!(counts.len() <= 64);
+    counts
+        .iter()
+        .enumerate()
+        .fold(0u64, |bits, (b, &t)| bits | u64::from(t == 0) << b)
+}
+
 /// `(page, index in page, word, bit)` of granule `i` of a region.
 #[inline]
 fn pos(i: u64) -> (usize, usize, usize, u64) {
@@ -347,50 +366,57 @@ impl Physical {
     /// Counts a chunk in use on the granules of `[start, end)` (inside one region).
     ///
     /// # Time complexity
-    /// `O(granules)`.
+    /// `O(granules)`: one page lookup and bitmap update per word, not per granule.
     pub(super) fn touch(&mut self, start: u64, end: u64) {
         let Some((r, i0, i1)) = self.locate(start, end) else {
             debug_assert!(false, "a chunk outside every region");
             return;
         };
-        for i in i0..i1 {
-            let (p, k, w, bit) = pos(i);
-            let page = self.page_mut(r, p);
-            page.touch[k] += 1;
-            if page.touch[k] == 1 && page.free[w] & bit != 0 {
-                page.free[w] &= !bit;
-                page.free_count -= 1;
-                self.free_mapped -= 1;
-            }
-        }
+        let mut taken = 0u64;
+        let pages = &mut self.regions[r].pages;
+        words(i0, i1, |p, w, mask| {
+            let page = pages[p].get_or_insert_with(Page::new);
+            // The granules of this word no chunk touched before: those mapped stop being
+            // free.
+            let (b0, b1) = bit_range(mask);
+            let counts = &mut page.touch[(w << 6) + b0..(w << 6) + b1];
+            // Two passes the compiler vectorises: which counts are 0, then all plus one.
+            let first = zeros(counts) << b0;
+            counts.iter_mut().for_each(|t| *t += 1);
+            let gone = page.free[w] & first;
+            page.free[w] &= !gone;
+            page.free_count -= gone.count_ones();
+            taken += u64::from(gone.count_ones());
+        });
+        self.free_mapped -= taken;
     }
 
     /// Undoes [`Physical::touch`]: a granule no chunk touches any more is free if mapped.
     ///
     /// # Time complexity
-    /// `O(granules)`.
+    /// `O(granules)`, as [`Physical::touch`].
     pub(super) fn untouch(&mut self, start: u64, end: u64) {
         let Some((r, i0, i1)) = self.locate(start, end) else {
             debug_assert!(false, "a chunk outside every region");
             return;
         };
-        let mut freed = 0;
-        for i in i0..i1 {
-            let (p, k, w, bit) = pos(i);
-            let Some(page) = self.regions[r].pages[p].as_deref_mut() else {
-                continue;
+        let mut freed = 0u64;
+        let pages = &mut self.regions[r].pages;
+        words(i0, i1, |p, w, mask| {
+            // A page never made has no touch to undo.
+            let Some(page) = pages[p].as_deref_mut() else {
+                return;
             };
-            if page.touch[k] > 1 {
-                page.touch[k] -= 1;
-                continue;
-            }
-            page.touch[k] = 0;
-            if page.mapped[w] & bit != 0 && page.free[w] & bit == 0 {
-                page.free[w] |= bit;
-                page.free_count += 1;
-                freed += 1;
-            }
-        }
+            // The granules of this word that no chunk touches any more.
+            let (b0, b1) = bit_range(mask);
+            let counts = &mut page.touch[(w << 6) + b0..(w << 6) + b1];
+            counts.iter_mut().for_each(|t| *t = t.saturating_sub(1));
+            let last = zeros(counts) << b0;
+            let now = page.mapped[w] & last & !page.free[w];
+            page.free[w] |= now;
+            page.free_count += now.count_ones();
+            freed += u64::from(now.count_ones());
+        });
         self.free_mapped += freed;
     }
 
@@ -400,16 +426,46 @@ impl Physical {
     ///
     /// # Time complexity
     /// `O(log regions)`.
+    ///
+    /// The allocator maps through [`Physical::map_all`]; the model test checks both.
+    #[cfg(test)]
     pub(super) fn map(&mut self, v: u64, piece: Piece) {
         let Some((r, i, _)) = self.locate(v, v) else {
             debug_assert!(false, "a granule outside every region");
             return;
         };
+        self.map_in(r, i, piece);
+    }
+
+    /// Records each `pieces[k]` mapped at granule `granules[k]` (ascending, none mapped, all
+    /// in one region), without access: [`Physical::map`] for each, with one search for the
+    /// region.
+    ///
+    /// # Time complexity
+    /// `O(log regions + granules)`.
+    pub(super) fn map_all(&mut self, granules: &[u64], pieces: &[Piece]) {
+        debug_assert!(granules.len() == pieces.len() && granules.windows(2).all(|w| w[0] < w[1]));
+        let (Some(&first), Some(&last)) = (granules.first(), granules.last()) else {
+            return;
+        };
+        let Some((r, _, _)) = self.locate(first, last + self.g()) else {
+            debug_assert!(false, "granules outside every region");
+            return;
+        };
+        let base = self.regions[r].base;
+        for (&v, &piece) in granules.iter().zip(pieces) {
+            self.map_in(r, (v - base) >> self.shift, piece);
+        }
+    }
+
+    /// [`Physical::map`] of granule `i` of region `r`.
+    #[inline]
+    fn map_in(&mut self, r: usize, i: u64, piece: Piece) {
         let (_, off, slot) = piece;
         let shift = self.shift;
         let (p, k, w, bit) = pos(i);
         let page = self.page_mut(r, p);
-        debug_assert!(page.mapped[w] & bit == 0, "granule {v:#x} mapped twice");
+        debug_assert!(page.mapped[w] & bit == 0, "granule {i} mapped twice");
         page.backing[k] = Backing {
             slot,
             piece: (off >> shift) as u32,
@@ -459,18 +515,24 @@ impl Physical {
         Some((h.id, u64::from(b.piece) << shift, b.slot))
     }
 
-    /// Records that the granule at `v` was granted access.
-    pub(super) fn grant(&mut self, v: u64) {
-        let Some((r, i, _)) = self.locate(v, v) else {
+    /// Records that the granules of `[start, end)` (inside one region) were granted access.
+    ///
+    /// # Time complexity
+    /// `O(granules / 64)`.
+    pub(super) fn grant(&mut self, start: u64, end: u64) {
+        let Some((r, i0, i1)) = self.locate(start, end) else {
             return;
         };
-        let (p, _, w, bit) = pos(i);
-        if let Some(page) = self.regions[r].pages[p].as_deref_mut() {
-            if page.no_access[w] & bit != 0 {
-                page.no_access[w] &= !bit;
-                self.no_access -= 1;
+        let mut granted = 0u64;
+        let pages = &mut self.regions[r].pages;
+        words(i0, i1, |p, w, mask| {
+            if let Some(page) = pages[p].as_deref_mut() {
+                let now = page.no_access[w] & mask;
+                page.no_access[w] &= !now;
+                granted += u64::from(now.count_ones());
             }
-        }
+        });
+        self.no_access -= granted;
     }
 
     /// True when no granule of `[start, end)` lacks access.
@@ -481,29 +543,37 @@ impl Physical {
         self.no_access == 0 || self.count(start, end, |p| &p.no_access) == 0
     }
 
-    /// The granules of `[start, end)` (inside one region) mapped without access, in address
-    /// order.
+    /// Appends to `out` the granules of `[start, end)` (inside one region) mapped without
+    /// access, in address order.
     ///
     /// # Time complexity
     /// `O(granules / 64)` plus the granules listed.
-    pub(super) fn lacking_access(&self, start: u64, end: u64) -> Vec<u64> {
-        let mut out = Vec::new();
+    pub(super) fn lacking_access(&self, start: u64, end: u64, out: &mut Vec<u64>) {
         if self.no_access > 0 {
             self.each(start, end, |p| &p.no_access, |v| out.push(v));
         }
-        out
     }
 
-    /// The granules of `[start, end)` (inside one region) not mapped, in address order.
+    /// Appends to `out` the granules of `[start, end)` not mapped, in address order (all of
+    /// them when the span lies in no region).
     ///
     /// # Time complexity
-    /// `O(granules)`.
-    pub(super) fn unmapped_in(&self, start: u64, end: u64) -> Vec<u64> {
-        let g = self.g();
-        (start..end)
-            .step_by(g as usize)
-            .filter(|&v| !self.is_mapped(v))
-            .collect()
+    /// `O(granules / 64)` plus the granules listed.
+    pub(super) fn unmapped_in(&self, start: u64, end: u64, out: &mut Vec<u64>) {
+        let Some((r, i0, i1)) = self.locate(start, end) else {
+            out.extend((start..end).step_by(self.g() as usize));
+            return;
+        };
+        let base = self.regions[r].base;
+        words(i0, i1, |p, w, mask| {
+            let mut bits = self.page(r, p).map_or(mask, |page| !page.mapped[w] & mask);
+            while bits != 0 {
+                let b = u64::from(bits.trailing_zeros());
+                bits &= bits - 1;
+                let i = ((p as u64) << PAGE_SHIFT) + ((w as u64) << 6) + b;
+                out.push(base + (i << self.shift));
+            }
+        });
     }
 
     /// The first `want` free mapped granules outside `[start, end)`, in address order over
@@ -867,6 +937,8 @@ mod tests {
         Touch(usize, usize),
         Untouch(usize),
         Victims(usize, usize, u64),
+        Grant(usize, usize),
+        MapAll(usize, usize),
     }
 
     fn step(n: usize) -> impl Strategy<Value = Step> {
@@ -876,6 +948,8 @@ mod tests {
             (0..n, 1..40usize).prop_map(|(a, l)| Step::Touch(a, l)),
             (0..n).prop_map(Step::Untouch),
             (0..n, 0..40usize, 0..3000u64).prop_map(|(a, l, w)| Step::Victims(a, l, w)),
+            (0..n, 0..40usize).prop_map(|(a, l)| Step::Grant(a, l)),
+            (0..n, 0..40usize).prop_map(|(a, l)| Step::MapAll(a, l)),
         ]
     }
 
@@ -916,6 +990,8 @@ mod tests {
             let mut mapped: BTreeMap<u64, u64> = BTreeMap::new();
             let mut touch: FxHashMap<u64, u32> = FxHashMap::default();
             let mut live: Vec<(u64, u64)> = Vec::new();
+            // Mapped granules granted access (a granule lacks it from its mapping on).
+            let mut granted: BTreeSet<u64> = BTreeSet::new();
             for s in steps {
                 match s {
                     Step::Map(i) => {
@@ -925,6 +1001,7 @@ mod tests {
                             prop_assert_eq!(phys.take_idle(), Some((7, p * G, h)));
                             phys.map(v, (7, p * G, h));
                             e.insert(p);
+                            granted.remove(&v);
                         }
                     }
                     Step::Unmap(i) => {
@@ -986,6 +1063,48 @@ mod tests {
                             }
                         }
                         prop_assert_eq!(runs, want_runs);
+                        let mut unmapped = Vec::new();
+                        phys.unmapped_in(v, e, &mut unmapped);
+                        let want_unmapped: Vec<u64> = (v..e)
+                            .step_by(G as usize)
+                            .filter(|g| !mapped.contains_key(g))
+                            .collect();
+                        prop_assert_eq!(unmapped, want_unmapped);
+                    }
+                    Step::MapAll(i, l) => {
+                        // The unmapped granules of a span, mapped in one call.
+                        let (v, end) = addr(i);
+                        let e = (v + l as u64 * G).min(end);
+                        let mut at = Vec::new();
+                        phys.unmapped_in(v, e, &mut at);
+                        let mut backing = Vec::new();
+                        for &g in &at {
+                            let p = pieces.pop_first().unwrap();
+                            prop_assert_eq!(phys.take_idle(), Some((7, p * G, h)));
+                            backing.push((7, p * G, h));
+                            mapped.insert(g, p);
+                            granted.remove(&g);
+                        }
+                        phys.map_all(&at, &backing);
+                    }
+                    Step::Grant(i, l) => {
+                        let (v, end) = addr(i);
+                        let e = (v + l as u64 * G).min(end);
+                        let mut lacking = Vec::new();
+                        phys.lacking_access(v, e, &mut lacking);
+                        let want_lacking: Vec<u64> = mapped
+                            .range(v..e)
+                            .map(|(&g, _)| g)
+                            .filter(|g| !granted.contains(g))
+                            .collect();
+                        prop_assert_eq!(lacking, want_lacking);
+                        prop_assert_eq!(
+                            phys.all_granted(v, e),
+                            mapped.range(v..e).all(|(g, _)| granted.contains(g))
+                        );
+                        phys.grant(v, e);
+                        granted.extend(mapped.range(v..e).map(|(&g, _)| g));
+                        prop_assert!(phys.all_granted(v, e));
                     }
                 }
                 prop_assert_eq!(phys.mapped_count(), mapped.len() as u64);
