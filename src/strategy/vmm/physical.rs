@@ -138,25 +138,6 @@ fn words(i0: u64, i1: u64, mut f: impl FnMut(usize, usize, u64)) {
     }
 }
 
-/// The bits `[b0, b1)` a contiguous non-zero `mask` selects.
-#[inline]
-fn bit_range(mask: u64) -> (usize, usize) {
-    (
-        mask.trailing_zeros() as usize,
-        64 - mask.leading_zeros() as usize,
-    )
-}
-
-/// Bit `b` set for each zero `counts[b]` (at most 64 counts).
-#[inline]
-fn zeros(counts: &[u32]) -> u64 {
-    debug_assert!(counts.len() <= 64);
-    counts
-        .iter()
-        .enumerate()
-        .fold(0u64, |bits, (b, &t)| bits | u64::from(t == 0) << b)
-}
-
 /// `(page, index in page, word, bit)` of granule `i` of a region.
 #[inline]
 fn pos(i: u64) -> (usize, usize, usize, u64) {
@@ -378,11 +359,12 @@ impl Physical {
             let page = pages[p].get_or_insert_with(Page::new);
             // The granules of this word no chunk touched before: those mapped stop being
             // free.
-            let (b0, b1) = bit_range(mask);
-            let counts = &mut page.touch[(w << 6) + b0..(w << 6) + b1];
-            // Two passes the compiler vectorises: which counts are 0, then all plus one.
-            let first = zeros(counts) << b0;
-            counts.iter_mut().for_each(|t| *t += 1);
+            let mut first = 0u64;
+            for b in mask.trailing_zeros()..64 - mask.leading_zeros() {
+                let t = &mut page.touch[(w << 6) + b as usize];
+                first |= u64::from(*t == 0) << b;
+                *t += 1;
+            }
             let gone = page.free[w] & first;
             page.free[w] &= !gone;
             page.free_count -= gone.count_ones();
@@ -408,10 +390,12 @@ impl Physical {
                 return;
             };
             // The granules of this word that no chunk touches any more.
-            let (b0, b1) = bit_range(mask);
-            let counts = &mut page.touch[(w << 6) + b0..(w << 6) + b1];
-            counts.iter_mut().for_each(|t| *t = t.saturating_sub(1));
-            let last = zeros(counts) << b0;
+            let mut last = 0u64;
+            for b in mask.trailing_zeros()..64 - mask.leading_zeros() {
+                let t = &mut page.touch[(w << 6) + b as usize];
+                last |= u64::from(*t <= 1) << b;
+                *t = t.saturating_sub(1);
+            }
             let now = page.mapped[w] & last & !page.free[w];
             page.free[w] |= now;
             page.free_count += now.count_ones();
