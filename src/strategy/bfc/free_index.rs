@@ -412,12 +412,34 @@ fn class_of(size: u64) -> usize {
     fl as usize * SL_COUNT + sl
 }
 
+/// The 64 classes of one power of two (4 KiB).
+type Row = [Class; SL_COUNT];
+
+/// A row of empty classes, on the heap. Out of line: built in place, its 4 KiB would make
+/// the frame of every insertion that might call it that large (a stack probe per call).
+#[cold]
+#[inline(never)]
+fn new_row() -> Box<Row> {
+    let mut row: Vec<Class> = Vec::with_capacity(SL_COUNT);
+    row.extend((0..SL_COUNT).map(|_| Class::EMPTY));
+    row.into_boxed_slice()
+        .try_into()
+        .unwrap_or_else(|_| unreachable!("a row has SL_COUNT classes"))
+}
+
+/// What a class of a row never made reads as.
+static EMPTY_CLASS: Class = Class::EMPTY;
+
 /// Free chunks ordered by `(size, address)`; see the module docs.
 #[derive(Debug)]
 pub struct FreeIndex {
-    /// Invariant: class `c` holds exactly the indexed chunks with `class_of(size) == c`,
-    /// sorted by `(size, addr)`.
-    classes: Vec<Class>,
+    /// Row `f` holds classes `f * 64 .. f * 64 + 64`, made when a chunk of that power of two
+    /// first arrives: an index is cheap to make and to drop (a full table, 224 KiB, was
+    /// written or faulted in by every index made — a replay makes many — and read back when
+    /// dropped), and the rows a workload uses are few. Invariant: class `c` holds exactly the
+    /// indexed chunks with `class_of(size) == c`, sorted by `(size, addr)`; a row never made
+    /// holds none.
+    rows: [Option<Box<Row>>; FL_COUNT],
     /// Bit `s` of `sl_map[f]` set iff class `f * 64 + s` is non-empty.
     sl_map: [u64; FL_COUNT],
     /// Bit `f` set iff `sl_map[f] != 0`.
@@ -433,19 +455,13 @@ impl Default for FreeIndex {
 }
 
 impl FreeIndex {
-    /// An empty index.
+    /// An empty index: no class row made yet.
     ///
-    /// The class table (`NUM_CLASSES` × 64 B, 224 KiB) is written here, page by page:
-    /// built from an all-zero value it became a `calloc` of untouched pages, so its 56 page
-    /// faults fell on the first allocations instead (a quarter of a short replay's time).
+    /// # Time complexity
+    /// `O(1)`, no allocation.
     pub fn new() -> Self {
-        let mut classes = Vec::with_capacity(NUM_CLASSES);
-        for _ in 0..NUM_CLASSES {
-            // `black_box`: the optimiser may not fold these writes into a zeroed allocation.
-            classes.push(std::hint::black_box(Class::EMPTY));
-        }
         FreeIndex {
-            classes,
+            rows: [const { None }; FL_COUNT],
             sl_map: [0; FL_COUNT],
             fl_map: 0,
             len: 0,
@@ -455,6 +471,34 @@ impl FreeIndex {
     /// Number of chunks indexed.
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// Class `c` (an empty one if its row was never made).
+    #[inline]
+    fn class(&self, c: usize) -> &Class {
+        self.rows[c / SL_COUNT]
+            .as_deref()
+            .map_or(&EMPTY_CLASS, |row| &row[c % SL_COUNT])
+    }
+
+    /// Class `c`, if its row was made.
+    #[inline]
+    fn class_if_made(&mut self, c: usize) -> Option<&mut Class> {
+        self.rows[c / SL_COUNT]
+            .as_deref_mut()
+            .map(|row| &mut row[c % SL_COUNT])
+    }
+
+    /// Class `c`, its row made if need be.
+    #[inline]
+    fn class_made(&mut self, c: usize) -> &mut Class {
+        let row = self.rows[c / SL_COUNT].get_or_insert_with(new_row);
+        &mut row[c % SL_COUNT]
+    }
+
+    /// Every class, in order (those of rows never made read as empty).
+    fn all_classes(&self) -> impl Iterator<Item = &Class> + '_ {
+        (0..NUM_CLASSES).map(|c| self.class(c))
     }
 
     /// True when no chunk is indexed.
@@ -470,7 +514,7 @@ impl FreeIndex {
     #[inline]
     pub fn insert(&mut self, size: u64, addr: u64, idx: u32) {
         let c = class_of(size);
-        self.classes[c].insert(Entry { size, addr, idx });
+        self.class_made(c).insert(Entry { size, addr, idx });
         self.sl_map[c / SL_COUNT] |= 1 << (c % SL_COUNT);
         self.fl_map |= 1 << (c / SL_COUNT);
         self.len += 1;
@@ -483,8 +527,10 @@ impl FreeIndex {
     #[inline]
     pub fn remove(&mut self, size: u64, addr: u64) -> bool {
         let c = class_of(size);
-        let class = &mut self.classes[c];
-        if !class.remove(size, addr) {
+        if !self
+            .class_if_made(c)
+            .is_some_and(|class| class.remove(size, addr))
+        {
             return false;
         }
         self.emptied(c);
@@ -514,7 +560,9 @@ impl FreeIndex {
                 addr: new_addr,
                 idx,
             };
-            return self.classes[c].replace(size, addr, e);
+            return self
+                .class_if_made(c)
+                .is_some_and(|class| class.replace(size, addr, e));
         }
         if !self.remove(size, addr) {
             return false;
@@ -525,7 +573,7 @@ impl FreeIndex {
 
     /// The slab index of the free chunk `(size, addr)`, if indexed.
     pub fn get(&self, size: u64, addr: u64) -> Option<u32> {
-        self.classes[class_of(size)].get(size, addr)
+        self.class(class_of(size)).get(size, addr)
     }
 
     /// The first non-empty class at or after `c`.
@@ -558,11 +606,11 @@ impl FreeIndex {
     #[inline]
     pub fn best_fit(&self, size: u64) -> Option<Entry> {
         let c = class_of(size);
-        if let Some(e) = self.classes[c].first_at_least(size) {
+        if let Some(e) = self.class(c).first_at_least(size) {
             return Some(e);
         }
         let next = self.next_class(c + 1)?;
-        self.classes[next].first_at_least(0)
+        self.class(next).first_at_least(0)
     }
 
     /// Removes and returns [`FreeIndex::best_fit`]`(size)`: one search of the class where
@@ -577,7 +625,7 @@ impl FreeIndex {
         // the class (a cache miss when the index is large).
         let here = self.sl_map[c / SL_COUNT] & (1 << (c % SL_COUNT)) != 0;
         let found = if here {
-            self.classes[c].take_first_at_least(size)
+            self.class_if_made(c)?.take_first_at_least(size)
         } else {
             None
         };
@@ -585,7 +633,7 @@ impl FreeIndex {
             Some(e) => e,
             None => {
                 c = self.next_class(c + 1)?;
-                self.classes[c].take_first_at_least(0)?
+                self.class_if_made(c)?.take_first_at_least(0)?
             }
         };
         self.emptied(c);
@@ -596,7 +644,7 @@ impl FreeIndex {
     /// Clears class `c`'s bits if it is empty now.
     #[inline]
     fn emptied(&mut self, c: usize) {
-        if self.classes[c].len() == 0 {
+        if self.class(c).len() == 0 {
             let f = c / SL_COUNT;
             self.sl_map[f] &= !(1 << (c % SL_COUNT));
             if self.sl_map[f] == 0 {
@@ -613,7 +661,7 @@ impl FreeIndex {
     pub fn find(&self, size: u64, mut accept: impl FnMut(&Entry) -> bool) -> Option<Entry> {
         let mut c = self.next_class(class_of(size))?;
         loop {
-            if let Some(e) = self.classes[c].find_from(size, &mut accept) {
+            if let Some(e) = self.class(c).find_from(size, &mut accept) {
                 return Some(e);
             }
             c = self.next_class(c + 1)?;
@@ -628,7 +676,7 @@ impl FreeIndex {
     /// `O(log k)` for `k` chunks in a class.
     #[inline]
     pub fn last_of_size(&self, size: u64) -> Option<Entry> {
-        self.classes[class_of(size)].last_of_size(size)
+        self.class(class_of(size)).last_of_size(size)
     }
 
     /// Every free chunk of at least `size` bytes, in `(size, address)` order, lazily.
@@ -638,7 +686,7 @@ impl FreeIndex {
     pub fn iter_from(&self, size: u64) -> impl Iterator<Item = Entry> + '_ {
         let first = self.next_class(class_of(size));
         std::iter::successors(first, move |&c| self.next_class(c + 1))
-            .flat_map(move |c| self.classes[c].iter_from(size))
+            .flat_map(move |c| self.class(c).iter_from(size))
     }
 
     /// The largest free chunk.
@@ -651,7 +699,7 @@ impl FreeIndex {
         }
         let f = 63 - self.fl_map.leading_zeros() as usize;
         let s = 63 - self.sl_map[f].leading_zeros() as usize;
-        self.classes[f * SL_COUNT + s].last()
+        self.class(f * SL_COUNT + s).last()
     }
 
     /// Every entry, in `(size, address)` order. For checks.
@@ -659,7 +707,7 @@ impl FreeIndex {
     /// # Time complexity
     /// `O(n + classes)`.
     pub fn entries(&self) -> Vec<Entry> {
-        self.classes.iter().flat_map(Class::entries).collect()
+        self.all_classes().flat_map(Class::entries).collect()
     }
 
     /// Checks the index's own invariants (classes, order, bitmaps, count).
@@ -668,7 +716,7 @@ impl FreeIndex {
     /// A description of the first one broken.
     pub fn check(&self) -> Result<(), String> {
         let mut total = 0;
-        for (c, class) in self.classes.iter().enumerate() {
+        for (c, class) in self.all_classes().enumerate() {
             let entries = class.entries();
             total += entries.len();
             match class {
@@ -873,7 +921,7 @@ mod tests {
             }
         }
         ix.check().unwrap();
-        assert!(matches!(ix.classes[class_of(4096)], Class::Tree(_)));
+        assert!(matches!(*ix.class(class_of(4096)), Class::Tree(_)));
         assert_eq!(ix.best_fit(4096).map(|e| e.addr), Some(4096));
         for i in 0..200u64 {
             assert!(ix.remove(4096, (i + 1) * 4096));
@@ -887,7 +935,7 @@ mod tests {
             ix.insert(8192, i * 8192, i as u32);
             ix.check().unwrap();
         }
-        assert!(matches!(ix.classes[class_of(8192)], Class::Sorted(_)));
+        assert!(matches!(*ix.class(class_of(8192)), Class::Sorted(_)));
         for i in (0..6u64).rev() {
             assert!(ix.replace(8192, i * 8192, 8192, i * 8192 + 1, i as u32));
             ix.check().unwrap();
@@ -897,7 +945,7 @@ mod tests {
         ix.check().unwrap();
         assert!(ix.is_empty());
         assert!(matches!(
-            ix.classes[class_of(4096)],
+            *ix.class(class_of(4096)),
             Class::Inline { len: 0, .. }
         ));
     }
