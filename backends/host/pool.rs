@@ -156,11 +156,16 @@ impl PoolState {
 
     /// The best-fit free range for `rounded` bytes usable on `stream`.
     fn best_fit(&self, rounded: u64, stream: Stream) -> Option<(u64, FreeRange)> {
-        self.free
-            .iter()
-            .filter(|(_, r)| r.size >= rounded && r.pending.map_or(true, |s| s == stream))
-            .min_by_key(|(&a, r)| (r.size, a))
-            .map(|(&a, &r)| (a, r))
+        let mut best: Option<(u64, FreeRange)> = None;
+        for (&a, &r) in &self.free {
+            if r.size >= rounded
+                && r.pending.map_or(true, |s| s == stream)
+                && best.map_or(true, |(b, br)| (r.size, a) < (br.size, b))
+            {
+                best = Some((a, r));
+            }
+        }
+        best
     }
 
     /// Hands out `[addr, addr + rounded)` of the free range at `addr`.
