@@ -323,7 +323,7 @@ impl Class {
                 .find(|e| accept(e)),
             _ => {
                 let v = self.slice()?;
-                let start = v.partition_point(|x| x.size < at_least);
+                let start = lower_bound(v, key128(at_least, 0));
                 v[start..].iter().find(|e| accept(e)).copied()
             }
         }
@@ -352,7 +352,7 @@ impl Class {
             Class::Tree(t) => ClassIter::Tree(t.range((at_least, 0)..)),
             _ => {
                 let v = self.slice().unwrap_or_default();
-                ClassIter::Slice(v[v.partition_point(|x| x.size < at_least)..].iter())
+                ClassIter::Slice(v[lower_bound(v, key128(at_least, 0))..].iter())
             }
         }
     }
@@ -362,9 +362,10 @@ impl Class {
             Class::Tree(t) => t.get(&(size, addr)).copied(),
             _ => {
                 let v = self.slice()?;
-                v.binary_search_by(|x| key(x).cmp(&(size, addr)))
-                    .ok()
-                    .map(|p| v[p].idx)
+                let k = key128(size, addr);
+                v.get(lower_bound(v, k))
+                    .filter(|x| ekey(x) == k)
+                    .map(|x| x.idx)
             }
         }
     }
@@ -420,11 +421,7 @@ type Row = [Class; SL_COUNT];
 #[cold]
 #[inline(never)]
 fn new_row() -> Box<Row> {
-    let mut row: Vec<Class> = Vec::with_capacity(SL_COUNT);
-    row.extend((0..SL_COUNT).map(|_| Class::EMPTY));
-    row.into_boxed_slice()
-        .try_into()
-        .unwrap_or_else(|_| unreachable!("a row has SL_COUNT classes"))
+    Box::new([const { Class::EMPTY }; SL_COUNT])
 }
 
 /// What a class of a row never made reads as.
