@@ -672,11 +672,13 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         Ok(())
     }
 
-    /// The counters of an allocation handed out (its granules already touched).
-    fn handed_out(&self, inner: &mut Inner, grant: &Grant) {
+    /// Counts an allocation handed out (its granules already touched) and makes it.
+    #[inline]
+    fn granted(&self, inner: &mut Inner, grant: &Grant, size: u64, stream: Stream) -> Allocation {
         inner.num_allocs += 1;
         inner.peak_bytes_in_use = inner.peak_bytes_in_use.max(inner.bytes_in_use());
         inner.largest_alloc_size = inner.largest_alloc_size.max(grant.size);
+        Allocation::new(grant.addr, size, stream, self.id, grant.token)
     }
 
     /// Counts a chunk in use on its granules.
@@ -740,6 +742,73 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
             }
             None => Some(first),
         }
+    }
+
+    /// The general path of an allocation: chooses the place (waiting for other streams'
+    /// frees, or reserving more address space, when that is what it takes) and backs it with
+    /// physical memory, mapping, stitching or creating what it lacks.
+    ///
+    /// # Errors
+    /// Out of memory, with the cause, when no place fits or cannot be backed; a device error.
+    #[inline(never)]
+    fn place_and_back(
+        &self,
+        inner: &mut Inner,
+        size: u64,
+        rounded: u64,
+        alignment: u64,
+        small: bool,
+    ) -> Result<Placement> {
+        let mut placement = self.place(inner, rounded, alignment, small);
+        if inner.order.count() > 0 && placement.map_or(true, |site| site.need > 0) {
+            // Memory only waiting for other streams' events is no reason to map more,
+            // stitch, reserve or fail: wait for it first.
+            // A stream that cannot be waited for keeps its frees pending (logged): the
+            // request then maps more or fails.
+            let _ = self.sync_pending(inner);
+            placement = self.place(inner, rounded, alignment, small);
+        }
+        let placement = match placement {
+            Some(p) => p,
+            None => {
+                if let Err(e) = self.reserve(inner, self.class(small), rounded, alignment) {
+                    let cause =
+                        format!("no free address range fits and reserving more failed: {e}");
+                    return Err(self.oom(inner, size, rounded, alignment, cause));
+                }
+                match self.place(inner, rounded, alignment, small) {
+                    Some(p) => p,
+                    None => {
+                        let cause = "no free address range fits even in a fresh reservation".into();
+                        return Err(self.oom(inner, size, rounded, alignment, cause));
+                    }
+                }
+            }
+        };
+        match self.back(inner, placement, rounded, small) {
+            Ok(()) => {}
+            Err(Shortfall::Budget(need, supply)) => {
+                let cause = format!(
+                    "the physical budget of {} is reached: {} held ({} mapped, {} in use), the \
+                     request needs {need} more granules of {} and only {supply} can be found \
+                     (idle, stitchable or creatable)",
+                    Bytes(self.options.limit),
+                    Bytes(inner.phys.pool_bytes()),
+                    Bytes(inner.phys.mapped_count() * self.granularity),
+                    Bytes(inner.bytes_in_use()),
+                    Bytes(self.granularity)
+                );
+                return Err(self.oom(inner, size, rounded, alignment, cause));
+            }
+            Err(Shortfall::Device(e))
+                if e.is_out_of_memory() || matches!(e, Error::ExceedsLimit { .. }) =>
+            {
+                let cause = format!("the device refused physical memory: {e}");
+                return Err(self.oom(inner, size, rounded, alignment, cause));
+            }
+            Err(Shortfall::Device(e)) => return Err(e),
+        }
+        Ok(placement.at)
     }
 
     fn largest_free_mapped(&self, inner: &Inner) -> u64 {
@@ -889,78 +958,37 @@ impl<D: Device + ?Sized> Allocator for VmmAllocator<D> {
         }
         if inner.order.count() > 0 {
             if let Some(grant) = self.take_pending(inner, stream, rounded, alignment, small, size) {
-                self.handed_out(inner, &grant);
-                return Ok(Allocation::new(
-                    grant.addr,
-                    size,
-                    stream,
-                    self.id,
-                    grant.token,
-                ));
+                return Ok(self.granted(inner, &grant, size, stream));
             }
         }
-        let mut placement = self.place(inner, rounded, alignment, small);
-        if inner.order.count() > 0 && placement.map_or(true, |site| site.need > 0) {
-            // Memory only waiting for other streams' events is no reason to map more,
-            // stitch, reserve or fail: wait for it first.
-            // A stream that cannot be waited for keeps its frees pending (logged): the
-            // request then maps more or fails.
-            let _ = self.sync_pending(inner);
-            placement = self.place(inner, rounded, alignment, small);
-        }
-        let placement = match placement {
-            Some(p) => p,
-            None => {
-                if let Err(e) = self.reserve(inner, self.class(small), rounded, alignment) {
-                    let cause =
-                        format!("no free address range fits and reserving more failed: {e}");
-                    return Err(self.oom(inner, size, rounded, alignment, cause));
-                }
-                match self.place(inner, rounded, alignment, small) {
-                    Some(p) => p,
-                    None => {
-                        let cause = "no free address range fits even in a fresh reservation".into();
-                        return Err(self.oom(inner, size, rounded, alignment, cause));
-                    }
-                }
-            }
+        // The steady state: the best fit lies on granules mapped with access already, and
+        // one walk over them checks that and touches them (what `place`, `back` and `touch`
+        // would each walk them for). Anything else takes the general path.
+        let ready = inner
+            .space
+            .find(self.class(small), rounded, alignment, !small)
+            .filter(|p| {
+                let (start, end) = self.span(p.addr, rounded);
+                inner.phys.touch_if_ready(start, end)
+            });
+        let (at, touched) = match ready {
+            Some(p) => (p, true),
+            None => (
+                self.place_and_back(inner, size, rounded, alignment, small)?,
+                false,
+            ),
         };
-        match self.back(inner, placement, rounded, small) {
-            Ok(()) => {}
-            Err(Shortfall::Budget(need, supply)) => {
-                let cause = format!(
-                    "the physical budget of {} is reached: {} held ({} mapped, {} in use), the \
-                     request needs {need} more granules of {} and only {supply} can be found \
-                     (idle, stitchable or creatable)",
-                    Bytes(self.options.limit),
-                    Bytes(inner.phys.pool_bytes()),
-                    Bytes(inner.phys.mapped_count() * self.granularity),
-                    Bytes(inner.bytes_in_use()),
-                    Bytes(self.granularity)
-                );
-                return Err(self.oom(inner, size, rounded, alignment, cause));
+        let Some(grant) = inner.space.commit(at, rounded, size) else {
+            if touched {
+                self.untouch(&mut inner.phys, at.addr, rounded);
             }
-            Err(Shortfall::Device(e))
-                if e.is_out_of_memory() || matches!(e, Error::ExceedsLimit { .. }) =>
-            {
-                let cause = format!("the device refused physical memory: {e}");
-                return Err(self.oom(inner, size, rounded, alignment, cause));
-            }
-            Err(Shortfall::Device(e)) => return Err(e),
-        }
-        let Some(grant) = inner.space.commit(placement.at, rounded, size) else {
             let cause = "internal: the placement went stale".to_string();
             return Err(self.oom(inner, size, rounded, alignment, cause));
         };
-        self.touch(&mut inner.phys, grant.addr, grant.size);
-        self.handed_out(inner, &grant);
-        Ok(Allocation::new(
-            grant.addr,
-            size,
-            stream,
-            self.id,
-            grant.token,
-        ))
+        if !touched {
+            self.touch(&mut inner.phys, grant.addr, grant.size);
+        }
+        Ok(self.granted(inner, &grant, size, stream))
     }
 
     /// Frees the chunk and coalesces it with its free neighbours; unmaps nothing.

@@ -317,7 +317,7 @@ impl Space {
     ///
     /// # Time complexity
     /// `O(log k)` for 256-byte alignment; otherwise linear in the candidates tried.
-    #[inline]
+    #[inline(always)]
     pub fn find(
         &self,
         class: usize,
@@ -325,23 +325,44 @@ impl Space {
         alignment: u64,
         high: bool,
     ) -> Option<Placement> {
-        let free = self.free.get(class)?;
-        let placed = |e: Entry, addr| Placement {
-            chunk: e.addr,
-            chunk_size: e.size,
-            addr,
-            slot: e.idx,
-        };
         if alignment == MIN_ALLOCATION {
             // Every chunk starts on 256 and spans whole 256-byte units, so any chunk of at
             // least `rounded` bytes fits at either end: the best fit is the first entry of
             // the smallest size that fits (low), or the last of that size (high).
+            let free = self.free.get(class)?;
             let e = free.best_fit(rounded)?;
             let e = if high { free.last_of_size(e.size)? } else { e };
             if let Some(addr) = Self::fit(e.size, e.addr, rounded, alignment, high) {
-                return Some(placed(e, addr));
+                return Some(Self::placed(e, addr));
             }
         }
+        Self::find_aligned(self.free.get(class)?, rounded, alignment, high)
+    }
+
+    /// A placement at `addr` in the free chunk `e`.
+    #[inline]
+    fn placed(e: Entry, addr: u64) -> Placement {
+        Placement {
+            chunk: e.addr,
+            chunk_size: e.size,
+            addr,
+            slot: e.idx,
+        }
+    }
+
+    /// [`Space::find`] for an alignment above 256 bytes, where a chunk large enough may
+    /// still not fit: the candidates are tried in order.
+    ///
+    /// # Time complexity
+    /// Linear in the candidates tried.
+    #[inline(never)]
+    fn find_aligned(
+        free: &FreeIndex,
+        rounded: u64,
+        alignment: u64,
+        high: bool,
+    ) -> Option<Placement> {
+        let placed = Self::placed;
         if !high {
             let mut at = 0;
             let e = free.find(rounded, |e| {
@@ -458,7 +479,7 @@ impl Space {
     ///
     /// # Time complexity
     /// `O(1)` plus `O(log k)` in the free index.
-    #[inline]
+    #[inline(always)]
     pub fn free(&mut self, addr: u64, token: u64) -> Option<(u64, u64)> {
         let idx = self.in_use_slot(addr, token)?;
         let c = self.chunks[idx as usize];
