@@ -22,13 +22,18 @@
 
 use std::collections::BTreeMap;
 
-/// Bits of second-level refinement: 64 classes per power of two.
+/// Bits of second-level refinement: 64 classes per power of two. (128 halve the chunks per
+/// class — about five on vmm's steady 4 MiB churn — for ~2% there, but double a row to
+/// 8 KiB, and short replays, which make rows afresh, lost more: resnet50's vmm replay
+/// 113 -> 145 ns/event.)
 const SL_BITS: u32 = 6;
 const SL_COUNT: usize = 1 << SL_BITS;
 /// Powers of two of 256-byte units a `u64` size can have.
 const FL_COUNT: usize = 56;
 /// Number of classes.
 const NUM_CLASSES: usize = FL_COUNT * SL_COUNT;
+/// One bit per class of a power of two.
+type SlMap = u64;
 /// A class holding more chunks than this becomes a B-tree.
 pub const TREE_AT: usize = 64;
 
@@ -41,6 +46,22 @@ pub struct Entry {
     pub addr: u64,
     /// The chunk's slab index.
     pub idx: u32,
+}
+
+/// Where [`FreeIndex::best_fit_hinted`] found an entry: its class and position there
+/// (`u32::MAX` when the class is a tree). Only a hint: checked against the entry before use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hint {
+    class: u32,
+    pos: u32,
+}
+
+impl Hint {
+    /// A hint that never holds: the hinted calls search.
+    pub const NONE: Hint = Hint {
+        class: u32::MAX,
+        pos: u32::MAX,
+    };
 }
 
 /// Entries a class holds inline, without a heap buffer.
@@ -154,6 +175,15 @@ impl Class {
     fn slice(&self) -> Option<&[Entry]> {
         match self {
             Class::Inline { len, items } => Some(&items[..usize::from(*len)]),
+            Class::Sorted(v) => Some(v),
+            Class::Tree(_) => None,
+        }
+    }
+
+    /// The entries, mutable, when not a tree.
+    fn slice_mut(&mut self) -> Option<&mut [Entry]> {
+        match self {
+            Class::Inline { len, items } => Some(&mut items[..usize::from(*len)]),
             Class::Sorted(v) => Some(v),
             Class::Tree(_) => None,
         }
@@ -295,13 +325,36 @@ impl Class {
         true
     }
 
-    /// The first entry with `size >= at_least`.
+    /// The first entry with `size >= at_least` — or, with `last_of_size`, the last entry of
+    /// that entry's size — and its position (`None` in a tree).
     #[inline]
-    fn first_at_least(&self, at_least: u64) -> Option<Entry> {
-        match self.slice() {
-            Some(v) => v.get(lower_bound(v, key128(at_least, 0))).copied(),
-            None => self.find_from(at_least, |_| true),
+    fn first_at_least(&self, at_least: u64, last_of_size: bool) -> Option<(Entry, Option<usize>)> {
+        let Some(v) = self.slice() else {
+            let e = self.find_from(at_least, |_| true)?;
+            let e = if last_of_size {
+                self.last_of_size(e.size)?
+            } else {
+                e
+            };
+            return Some((e, None));
+        };
+        let mut pos = lower_bound(v, key128(at_least, 0));
+        let size = v.get(pos)?.size;
+        if last_of_size {
+            // Chunks of one size are few: a step or two forward, not a second search.
+            while v.get(pos + 1).is_some_and(|x| x.size == size) {
+                pos += 1;
+            }
         }
+        Some((v[pos], Some(pos)))
+    }
+
+    /// True when the entry at `pos` is `(size, addr)`.
+    #[inline]
+    fn holds_at(&self, pos: usize, size: u64, addr: u64) -> bool {
+        self.slice()
+            .and_then(|v| v.get(pos))
+            .is_some_and(|x| ekey(x) == key128(size, addr))
     }
 
     fn last(&self) -> Option<Entry> {
@@ -405,14 +458,14 @@ impl Iterator for ClassIter<'_> {
 fn class_of(size: u64) -> usize {
     let units = (size >> 8).max(1);
     let lz = units.leading_zeros();
-    // The six bits below the leading one, read after shifting that bit to the top: the same
-    // for sizes above and below 64 units, where choosing between a right and a left shift by
+    // The `SL_BITS` bits below the leading one, read after shifting that bit to the top: the
+    // same for sizes above and below `SL_COUNT` units, where choosing between a right and a left shift by
     // the size's magnitude was a branch mispredicted on about one class lookup in five.
     let sl = ((units << lz) >> (63 - SL_BITS)) as usize & (SL_COUNT - 1);
     (63 - lz) as usize * SL_COUNT + sl
 }
 
-/// The 64 classes of one power of two (4 KiB).
+/// The classes of one power of two (4 KiB).
 type Row = [Class; SL_COUNT];
 
 /// A row of empty classes, on the heap. Out of line: built in place, its 4 KiB would make
@@ -429,15 +482,15 @@ static EMPTY_CLASS: Class = Class::EMPTY;
 /// Free chunks ordered by `(size, address)`; see the module docs.
 #[derive(Debug)]
 pub struct FreeIndex {
-    /// Row `f` holds classes `f * 64 .. f * 64 + 64`, made when a chunk of that power of two
-    /// first arrives: an index is cheap to make and to drop (a full table, 224 KiB, was
-    /// written or faulted in by every index made — a replay makes many — and read back when
-    /// dropped), and the rows a workload uses are few. Invariant: class `c` holds exactly the
+    /// Row `f` holds classes `f * SL_COUNT .. (f + 1) * SL_COUNT`, made when a chunk of that
+    /// power of two first arrives: an index is cheap to make and to drop (a full table,
+    /// 224 KiB, would be written or faulted in by every index made — a replay makes many — and
+    /// read back when dropped), and the rows a workload uses are few. Invariant: class `c` holds exactly the
     /// indexed chunks with `class_of(size) == c`, sorted by `(size, addr)`; a row never made
     /// holds none.
     rows: [Option<Box<Row>>; FL_COUNT],
-    /// Bit `s` of `sl_map[f]` set iff class `f * 64 + s` is non-empty.
-    sl_map: [u64; FL_COUNT],
+    /// Bit `s` of `sl_map[f]` set iff class `f * SL_COUNT + s` is non-empty.
+    sl_map: [SlMap; FL_COUNT],
     /// Bit `f` set iff `sl_map[f] != 0`.
     fl_map: u64,
     /// Invariant: the number of entries in all classes.
@@ -578,7 +631,7 @@ impl FreeIndex {
             return None;
         }
         let (f, s) = (c / SL_COUNT, c % SL_COUNT);
-        let here = self.sl_map[f] & (u64::MAX << s);
+        let here = self.sl_map[f] & (SlMap::MAX << s);
         if here != 0 {
             return Some(f * SL_COUNT + here.trailing_zeros() as usize);
         }
@@ -599,14 +652,93 @@ impl FreeIndex {
     ///
     /// # Time complexity
     /// `O(log k)` for `k` chunks in a class.
-    #[inline(always)]
+    #[inline]
     pub fn best_fit(&self, size: u64) -> Option<Entry> {
-        let c = class_of(size);
-        if let Some(e) = self.class(c).first_at_least(size) {
-            return Some(e);
+        self.best_fit_hinted(size, false).map(|(e, _)| e)
+    }
+
+    /// [`FreeIndex::best_fit`] — or, with `last_of_size`, the chunk of the best fit's size
+    /// with the highest address — and a [`Hint`] of where it sits, which spares
+    /// [`FreeIndex::replace_hinted`] or [`FreeIndex::remove_hinted`] their search while the
+    /// index has not changed in between.
+    ///
+    /// # Time complexity
+    /// `O(log k)` for `k` chunks in a class, plus the chunks of the best fit's size.
+    #[inline(always)]
+    pub fn best_fit_hinted(&self, size: u64, last_of_size: bool) -> Option<(Entry, Hint)> {
+        let mut c = class_of(size);
+        let found = match self.class(c).first_at_least(size, last_of_size) {
+            Some(found) => found,
+            None => {
+                c = self.next_class(c + 1)?;
+                self.class(c).first_at_least(0, last_of_size)?
+            }
+        };
+        let (e, pos) = found;
+        let hint = Hint {
+            class: c as u32,
+            pos: pos.map_or(u32::MAX, |p| p as u32),
+        };
+        Some((e, hint))
+    }
+
+    /// [`FreeIndex::replace`], with a search spared when `hint` (from
+    /// [`FreeIndex::best_fit_hinted`]) still points at `(size, addr)`; any hint is safe: a
+    /// stale one costs the search.
+    ///
+    /// # Time complexity
+    /// As [`FreeIndex::replace`]; no search in the class of `(size, addr)` when the hint holds.
+    #[inline]
+    pub fn replace_hinted(&mut self, hint: Hint, size: u64, addr: u64, e: Entry) -> bool {
+        match self.hinted(hint, size, addr) {
+            Some((c, pos)) if class_of(e.size) == c => {
+                // A class that is not a tree: `holds_at` checked it.
+                if let Some(v) = self.class_if_made(c).and_then(Class::slice_mut) {
+                    v[pos] = e;
+                    resettle(v, pos);
+                }
+                true
+            }
+            Some((c, pos)) => {
+                self.remove_in(c, pos);
+                self.insert(e.size, e.addr, e.idx);
+                true
+            }
+            None => self.replace(size, addr, e.size, e.addr, e.idx),
         }
-        let next = self.next_class(c + 1)?;
-        self.class(next).first_at_least(0)
+    }
+
+    /// [`FreeIndex::remove`], with a search spared when `hint` still points at `(size, addr)`
+    /// (see [`FreeIndex::replace_hinted`]).
+    ///
+    /// # Time complexity
+    /// As [`FreeIndex::remove`]; no search when the hint holds.
+    #[inline]
+    pub fn remove_hinted(&mut self, hint: Hint, size: u64, addr: u64) -> bool {
+        match self.hinted(hint, size, addr) {
+            Some((c, pos)) => {
+                self.remove_in(c, pos);
+                true
+            }
+            None => self.remove(size, addr),
+        }
+    }
+
+    /// `(class, position)` of `hint` if the entry there is `(size, addr)`.
+    #[inline]
+    fn hinted(&self, hint: Hint, size: u64, addr: u64) -> Option<(usize, usize)> {
+        let (c, pos) = (hint.class as usize, hint.pos as usize);
+        (c < NUM_CLASSES && self.class(c).holds_at(pos, size, addr)).then_some((c, pos))
+    }
+
+    /// Removes the entry at `pos` of class `c`, which is not a tree and holds one there.
+    #[inline]
+    fn remove_in(&mut self, c: usize, pos: usize) {
+        if let Some(class) = self.class_if_made(c) {
+            class.remove_at(pos);
+            self.emptied(c);
+            self.len -= 1;
+        }
     }
 
     /// Removes and returns [`FreeIndex::best_fit`]`(size)`: one search of the class where
@@ -694,7 +826,7 @@ impl FreeIndex {
             return None;
         }
         let f = 63 - self.fl_map.leading_zeros() as usize;
-        let s = 63 - self.sl_map[f].leading_zeros() as usize;
+        let s = SlMap::BITS as usize - 1 - self.sl_map[f].leading_zeros() as usize;
         self.class(f * SL_COUNT + s).last()
     }
 
@@ -787,13 +919,17 @@ mod tests {
     }
 
     #[test_case::test_case(256, 0; "one unit")]
-    #[test_case::test_case(768, SL_COUNT + 32; "three units: bits shifted up")]
-    #[test_case::test_case(63 << 8, 5 * SL_COUNT + 62; "63 units: last below a full row")]
-    #[test_case::test_case(64 << 8, 6 * SL_COUNT; "64 units: the first exact row")]
-    #[test_case::test_case(127 << 8, 6 * SL_COUNT + 63; "127 units")]
-    #[test_case::test_case(3 << 20, 13 * SL_COUNT + 32; "3 MiB")]
-    #[test_case::test_case(u64::MAX, 55 * SL_COUNT + 63; "the largest size")]
+    #[test_case::test_case(768, 64 + 32; "three units: bits shifted up")]
+    #[test_case::test_case(63 << 8, 5 * 64 + 62; "63 units: the last class with gaps")]
+    #[test_case::test_case(64 << 8, 6 * 64; "64 units: the first row of exact sizes")]
+    #[test_case::test_case(127 << 8, 6 * 64 + 63; "127 units")]
+    #[test_case::test_case(3 << 20, 13 * 64 + 32; "3 MiB")]
+    #[test_case::test_case(u64::MAX, 55 * 64 + 63; "the largest size")]
     fn class_of_cases(size: u64, class: usize) {
+        assert_eq!(
+            SL_COUNT, 64,
+            "the table is written for 64 classes per power of two"
+        );
         assert_eq!(class_of(size), class);
         assert_eq!(class_by_definition(size), class);
     }
@@ -854,10 +990,13 @@ mod tests {
         /// trees and shrink back, and past `LINEAR_UP_TO` into halving searches).
         #[test]
         fn the_index_agrees_with_a_sorted_set(
-            ops in proptest::collection::vec((0u64..2, 1u64..3, 0u8..5, 0usize..1000), 1..800)
+            ops in proptest::collection::vec((0u64..2, 1u64..3, 0u8..7, 0usize..1000), 1..800)
         ) {
             let mut ix = FreeIndex::new();
             let mut model = std::collections::BTreeSet::new();
+            // The last hint handed out and the entry it named, kept across later changes (so
+            // often stale).
+            let mut hint = (Hint::NONE, (0, 0, 0));
             for (i, (shift, units, op, pick)) in ops.into_iter().enumerate() {
                 // Four sizes in as many classes (256 B to 4 KiB), two inserts to a take.
                 let size = units << (8 + 3 * shift);
@@ -890,6 +1029,37 @@ mod tests {
                         let there = model.iter().any(|&(ms, ma, _)| (ms, ma) == (s, a));
                         proptest::prop_assert_eq!(ix.remove(s, a), there);
                         model.retain(|&(ms, ma, _)| (ms, ma) != (s, a));
+                    }
+                    5 => {
+                        // The best fit's size, its first or its last entry, and a hint.
+                        let last = pick % 2 == 1;
+                        let first = model.range((size, 0, 0)..).next().copied();
+                        let want = first.and_then(|(fs, _, _)| {
+                            let mut of_size = model.range((fs, 0, 0)..(fs + 1, 0, 0));
+                            if last { of_size.next_back() } else { of_size.next() }.copied()
+                        });
+                        let got = ix.best_fit_hinted(size, last);
+                        proptest::prop_assert_eq!(got.map(|(e, _)| (e.size, e.addr, e.idx)), want);
+                        hint = got.map_or((Hint::NONE, named), |(e, h)| (h, (e.size, e.addr, e.idx)));
+                    }
+                    6 => {
+                        // The last hint, current or stale, with the entry it named or another,
+                        // either maybe gone: the hinted calls answer as the plain ones.
+                        let named = if pick % 2 == 0 { hint.1 } else { named };
+                        let (s, a, idx) = named;
+                        let hint = hint.0;
+                        let there = model.contains(&named);
+                        if pick % 3 == 0 {
+                            proptest::prop_assert_eq!(ix.remove_hinted(hint, s, a), there);
+                            model.remove(&named);
+                        } else {
+                            let e = Entry { size, addr: a, idx };
+                            proptest::prop_assert_eq!(ix.replace_hinted(hint, s, a, e), there);
+                            if there {
+                                model.remove(&named);
+                                model.insert((size, a, idx));
+                            }
+                        }
                     }
                     _ => {
                         // Split or merge: a new size (maybe in another class), same address.

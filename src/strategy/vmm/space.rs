@@ -41,7 +41,7 @@
 #![deny(unsafe_code)]
 
 use crate::report::{BinSummary, RegionMap};
-use crate::strategy::bfc::free_index::{Entry, FreeIndex};
+use crate::strategy::bfc::free_index::{Entry, FreeIndex, Hint};
 use crate::strategy::occupancy::{self, check_new_region, ChunkUse, RegionCheck, Tally};
 
 /// Every request is rounded up to a multiple of this, and every chunk starts on it.
@@ -126,6 +126,8 @@ pub struct Placement {
     pub addr: u64,
     /// The slot that chunk was in when found: spares [`Space::commit`] a search.
     slot: u32,
+    /// Where the chunk sat in the free index when found: spares [`Space::commit`] another.
+    hint: Hint,
 }
 
 /// An allocation made by [`Space::commit`].
@@ -329,11 +331,12 @@ impl Space {
             // Every chunk starts on 256 and spans whole 256-byte units, so any chunk of at
             // least `rounded` bytes fits at either end: the best fit is the first entry of
             // the smallest size that fits (low), or the last of that size (high).
-            let free = self.free.get(class)?;
-            let e = free.best_fit(rounded)?;
-            let e = if high { free.last_of_size(e.size)? } else { e };
+            let (e, hint) = self.free.get(class)?.best_fit_hinted(rounded, high)?;
             if let Some(addr) = Self::fit(e.size, e.addr, rounded, alignment, high) {
-                return Some(Self::placed(e, addr));
+                return Some(Placement {
+                    hint,
+                    ..Self::placed(e, addr)
+                });
             }
         }
         Self::find_aligned(self.free.get(class)?, rounded, alignment, high)
@@ -347,6 +350,7 @@ impl Space {
             chunk_size: e.size,
             addr,
             slot: e.idx,
+            hint: Hint::NONE,
         }
     }
 
@@ -405,12 +409,10 @@ impl Space {
                 let low = Self::fit(size, addr, rounded, alignment, false);
                 let high =
                     Self::fit(size, addr, rounded, alignment, true).filter(|&h| Some(h) != low);
-                low.into_iter().chain(high).map(move |at| Placement {
-                    chunk: addr,
-                    chunk_size: size,
-                    addr: at,
-                    slot: idx,
-                })
+                let e = Entry { size, addr, idx };
+                low.into_iter()
+                    .chain(high)
+                    .map(move |at| Self::placed(e, at))
             })
     }
 
@@ -437,15 +439,25 @@ impl Space {
         // The chunk's slot (and its index entry, where it can) goes to its lowest piece.
         let used = match (front_slot, back_slot) {
             (None, None) => {
-                free.remove(c.size, p.chunk);
+                free.remove_hinted(p.hint, c.size, p.chunk);
                 idx
             }
             (None, Some(b)) => {
-                free.replace(c.size, p.chunk, back, taken_end, b);
+                let rest = Entry {
+                    size: back,
+                    addr: taken_end,
+                    idx: b,
+                };
+                free.replace_hinted(p.hint, c.size, p.chunk, rest);
                 idx
             }
             (Some(u), b) => {
-                free.replace(c.size, p.chunk, front, p.chunk, idx);
+                let rest = Entry {
+                    size: front,
+                    addr: p.chunk,
+                    idx,
+                };
+                free.replace_hinted(p.hint, c.size, p.chunk, rest);
                 if let Some(b) = b {
                     free.insert(back, taken_end, b);
                 }
