@@ -66,6 +66,17 @@ typedef struct PortallocAllocator PortallocAllocator;
 // Options of [`portalloc_create`]. Fill with [`portalloc_options_default`], then set what
 // you need; every field left at its default defers to the environment (unless
 // `ignore_env`), then to portalloc's defaults.
+//
+// Versions: the struct only grows, at its end, and every call that reads or writes it is
+// told its size, so that a program and a library of different versions agree on what the
+// other holds. In C this takes nothing: `portalloc_options_default(out)` and
+// `portalloc_create(options, out)` are macros (at the end of `include/portalloc.h`) that call
+// [`portalloc_options_init`] and [`portalloc_create_sized`] with
+// `sizeof(struct PortallocOptions)`. A program compiled against portalloc 0.1.0's header,
+// whose struct ends at `ignore_env`, calls the functions of those names themselves: they
+// read and write that first layout only, and the fields added since take their defaults
+// (`peer_access`: the environment). A size larger than this library knows (a newer header
+// than the library) is refused.
 typedef struct PortallocOptions {
   // Strategy name as `PORTALLOC_ALLOCATOR` takes it (`bfc`, `platform`, `vmm`, …); null:
   // the environment or the default.
@@ -86,6 +97,14 @@ typedef struct PortallocOptions {
   uint32_t device;
   // Nonzero: start from portalloc's defaults instead of the environment.
   int32_t ignore_env;
+  // 1 enable peer access between the devices that report it, both ways, before the
+  // allocator is made (`cuCtxEnablePeerAccess` / `hipDeviceEnablePeerAccess`; `vmm` then
+  // grants the peers access to what it maps); 0 leave it off; -1 `PORTALLOC_PEER_ACCESS`
+  // (off unless set). Off by default because it changes the devices' primary contexts, which
+  // the whole process shares. A pair that cannot have it — a single device, a pair the
+  // driver does not report as capable, a driver without the peer-access calls — is left as
+  // it is: not an error, as in `Portalloc::from_config`. Not in 0.1.0's layout.
+  int32_t peer_access;
 } PortallocOptions;
 
 // Counters of an allocator (XLA's `AllocatorStats` names, plus the ledger's live count).
@@ -131,10 +150,22 @@ const char *portalloc_status_name(int32_t status);
 // stays valid until the next portalloc call on this thread; copy it to keep it.
 const char *portalloc_last_error(void);
 
-// Fills `out` with the defaults: every field defers to the environment, device 0.
+// Fills the first `size` bytes of `out` with the defaults: every field defers to the
+// environment, device 0. `size` is `sizeof(struct PortallocOptions)` of the caller's header
+// (the macro `portalloc_options_default` passes it); one of a layout this library knows, else
+// `PORTALLOC_STATUS_INVALID_ARGUMENT` (`PORTALLOC_STATUS_UNSUPPORTED` when larger than this
+// library's) and nothing is written.
 //
 // # Safety
-// `out` is null or valid for writing one `PortallocOptions`.
+// `out` is null or valid for writing `size` bytes.
+PortallocStatus portalloc_options_init(struct PortallocOptions *out, size_t size);
+
+// [`portalloc_options_init`] of portalloc 0.1.0's layout, for the programs compiled against
+// that header: it writes the fields up to `ignore_env` only. A C program compiled against
+// this header calls [`portalloc_options_init`] through the macro of this name instead.
+//
+// # Safety
+// `out` is null or valid for writing portalloc 0.1.0's `PortallocOptions`.
 PortallocStatus portalloc_options_default(struct PortallocOptions *out);
 
 // Creates an allocator for device `device` from the environment (`XLA_*`, `PORTALLOC_*`),
@@ -144,12 +175,27 @@ PortallocStatus portalloc_options_default(struct PortallocOptions *out);
 // `out` is null or valid for writing one pointer.
 PortallocStatus portalloc_create_from_env(uint32_t device, struct PortallocAllocator **out);
 
-// Creates an allocator from explicit options (see [`PortallocOptions`]). Writes it to
+// Creates an allocator from explicit options (see [`PortallocOptions`]) of `size` bytes:
+// `sizeof(struct PortallocOptions)` of the caller's header (the macro `portalloc_create`
+// passes it). The fields a smaller, older layout lacks take their defaults; a size of no
+// known layout is refused as [`portalloc_options_init`] refuses it. Writes the allocator to
 // `*out`.
 //
 // # Safety
-// `options` is null or points to a valid `PortallocOptions` whose string fields are null or
-// NUL-terminated; `out` is null or valid for writing one pointer.
+// `options` is null or points to `size` readable bytes holding a `PortallocOptions` whose
+// string fields are null or NUL-terminated; `out` is null or valid for writing one pointer.
+PortallocStatus portalloc_create_sized(const struct PortallocOptions *options,
+                                       size_t size,
+                                       struct PortallocAllocator **out);
+
+// [`portalloc_create_sized`] with portalloc 0.1.0's layout, for the programs compiled
+// against that header: it reads the fields up to `ignore_env` only, and the later ones
+// (`peer_access`) take their defaults. A C program compiled against this header calls
+// [`portalloc_create_sized`] through the macro of this name instead.
+//
+// # Safety
+// `options` is null or points to a valid `PortallocOptions` of portalloc 0.1.0 whose string
+// fields are null or NUL-terminated; `out` is null or valid for writing one pointer.
 PortallocStatus portalloc_create(const struct PortallocOptions *options,
                                  struct PortallocAllocator **out);
 
@@ -272,3 +318,17 @@ void portalloc_torch_free(void *ptr, ssize_t size, int device, void *stream);
 #endif  // __cplusplus
 
 #endif  /* PORTALLOC_H */
+
+/*
+ * PortallocOptions has grown since portalloc 0.1.0 (peer_access). A program compiled against
+ * this header passes the size of its struct through these macros; the functions of the same
+ * names read and write 0.1.0's layout, for the programs compiled against that header. (Taking
+ * the address of one of these names gives that function, not the macro.)
+ */
+#ifndef PORTALLOC_SIZED_OPTIONS
+#define PORTALLOC_SIZED_OPTIONS
+#define portalloc_options_default(out) \
+  portalloc_options_init((out), sizeof(struct PortallocOptions))
+#define portalloc_create(options, out) \
+  portalloc_create_sized((options), sizeof(struct PortallocOptions), (out))
+#endif /* PORTALLOC_SIZED_OPTIONS */

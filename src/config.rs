@@ -42,8 +42,9 @@
 //!
 //! ## Peer access
 //!
-//! Off by default. Enabling it ([`ConfigBuilder::peer_access`], `PORTALLOC_PEER_ACCESS=1`)
-//! makes [`crate::Portalloc::from_config`] call `cuCtxEnablePeerAccess` /
+//! Off by default. Enabling it ([`ConfigBuilder::peer_access`], `PORTALLOC_PEER_ACCESS=1`, the
+//! C ABI's `PortallocOptions::peer_access`) makes [`crate::Portalloc::from_config`] (and the C
+//! ABI's `portalloc_create*`) call `cuCtxEnablePeerAccess` /
 //! `hipDeviceEnablePeerAccess` between every two devices that report it, so that the `vmm`
 //! strategy grants the peers access to what it maps. That changes the devices' primary
 //! contexts, which the whole process shares (PyTorch, cudarc, CuPy see the change), so
@@ -408,8 +409,8 @@ pub struct Config {
     pub host_simulated: Setting<bool>,
     /// How many host devices discovery opens (`PORTALLOC_HOST_DEVICES`), 1 to 64.
     pub host_devices: Setting<u32>,
-    /// Whether [`crate::Portalloc::from_config`] enables peer access between the devices
-    /// (`PORTALLOC_PEER_ACCESS`). Default off: see the module documentation.
+    /// Whether [`crate::Portalloc::from_config`] (and the C ABI) enables peer access between
+    /// the devices (`PORTALLOC_PEER_ACCESS`). Default off: see the module documentation.
     pub peer_access: Setting<bool>,
     /// Whether the ledger captures a backtrace at every allocation (`PORTALLOC_BACKTRACE`).
     pub backtrace: Setting<bool>,

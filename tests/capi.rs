@@ -35,12 +35,7 @@ impl Drop for Alloc {
 /// A bfc allocator on a simulated 64 MiB host device, half of it usable, ignoring the
 /// environment.
 fn make(strategy: &CStr) -> Alloc {
-    let mut o = std::mem::MaybeUninit::<PortallocOptions>::uninit();
-    // SAFETY: `o` is valid for writing one PortallocOptions.
-    let status = unsafe { portalloc_options_default(o.as_mut_ptr()) };
-    assert_eq!(status, PortallocStatus::Ok);
-    // SAFETY: initialised by portalloc_options_default.
-    let mut o = unsafe { o.assume_init() };
+    let mut o = default_options();
     o.ignore_env = 1;
     o.strategy = strategy.as_ptr();
     o.backend = c"host".as_ptr();
@@ -50,10 +45,72 @@ fn make(strategy: &CStr) -> Alloc {
     o.preallocate = 0;
     let mut a = ptr::null_mut();
     // SAFETY: valid options with static strings; `a` is valid for one pointer.
-    let status = unsafe { portalloc_create(&o, &mut a) };
+    let status = unsafe { portalloc_create_sized(&o, OPTIONS_SIZE, &mut a) };
     assert_eq!(status, PortallocStatus::Ok, "{}", last_error());
     assert!(!a.is_null());
     Alloc(a)
+}
+
+/// The size of this header's `PortallocOptions`, as a C caller's `sizeof` gives it.
+const OPTIONS_SIZE: usize = std::mem::size_of::<PortallocOptions>();
+
+/// `PortallocOptions` as portalloc 0.1.0's header declared it (the fields up to
+/// `ignore_env`), written out here from that header rather than derived from portalloc's own
+/// definition: what a program compiled against 0.1.0 has.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct OptionsV1 {
+    strategy: *const c_char,
+    mem_fraction: f64,
+    preallocate: i32,
+    backend: *const c_char,
+    host_capacity: u64,
+    host_simulated: i32,
+    backtrace: i32,
+    device: u32,
+    ignore_env: i32,
+}
+
+/// An [`OptionsV1`] followed by bytes a 0.1.0 caller does not own: portalloc must neither
+/// write them nor read them.
+#[repr(C)]
+struct GuardedV1 {
+    options: OptionsV1,
+    after: [u8; 32],
+}
+
+impl GuardedV1 {
+    /// `after` filled with `guard`; `options` with bytes portalloc must overwrite.
+    fn new(guard: u8) -> Self {
+        GuardedV1 {
+            options: OptionsV1 {
+                strategy: ptr::null(),
+                mem_fraction: 9.0,
+                preallocate: 9,
+                backend: ptr::null(),
+                host_capacity: 9,
+                host_simulated: 9,
+                backtrace: 9,
+                device: 9,
+                ignore_env: 9,
+            },
+            after: [guard; 32],
+        }
+    }
+
+    fn as_options(&mut self) -> *mut PortallocOptions {
+        std::ptr::addr_of_mut!(self.options).cast()
+    }
+}
+
+/// The defaults, through `portalloc_options_init` with this header's size.
+fn default_options() -> PortallocOptions {
+    let mut o = std::mem::MaybeUninit::<PortallocOptions>::uninit();
+    // SAFETY: `o` is valid for writing OPTIONS_SIZE bytes.
+    let status = unsafe { portalloc_options_init(o.as_mut_ptr(), OPTIONS_SIZE) };
+    assert_eq!(status, PortallocStatus::Ok, "{}", last_error());
+    // SAFETY: every byte of the struct written by portalloc_options_init.
+    unsafe { o.assume_init() }
 }
 
 fn last_error() -> String {
@@ -150,6 +207,7 @@ enum Hostile {
     NullLedgerLen,
     NullOptions,
     BadTristate,
+    BadPeerAccess,
     BadStrategy,
     BadFraction,
 }
@@ -244,6 +302,7 @@ fn run(f: &Fixture, case: Hostile) -> PortallocStatus {
                 portalloc_create(ptr::null(), &mut out)
             }
             Hostile::BadTristate => with_options(|o| o.preallocate = 7),
+            Hostile::BadPeerAccess => with_options(|o| o.peer_access = 2),
             Hostile::BadStrategy => with_options(|o| o.strategy = c"best-guess".as_ptr()),
             Hostile::BadFraction => with_options(|o| o.mem_fraction = f64::NAN),
         }
@@ -251,12 +310,7 @@ fn run(f: &Fixture, case: Hostile) -> PortallocStatus {
 }
 
 fn with_options(edit: impl FnOnce(&mut PortallocOptions)) -> PortallocStatus {
-    let mut o = std::mem::MaybeUninit::<PortallocOptions>::uninit();
-    // SAFETY: valid for one PortallocOptions; initialised by the call.
-    let mut o = unsafe {
-        portalloc_options_default(o.as_mut_ptr());
-        o.assume_init()
-    };
+    let mut o = default_options();
     o.ignore_env = 1;
     o.backend = c"host".as_ptr();
     o.host_simulated = 1;
@@ -264,7 +318,7 @@ fn with_options(edit: impl FnOnce(&mut PortallocOptions)) -> PortallocStatus {
     edit(&mut o);
     let mut out = ptr::null_mut();
     // SAFETY: valid options and output.
-    let s = unsafe { portalloc_create(&o, &mut out) };
+    let s = unsafe { portalloc_create_sized(&o, OPTIONS_SIZE, &mut out) };
     if s == PortallocStatus::Ok {
         drop(Alloc(out));
     }
@@ -292,6 +346,7 @@ fn with_options(edit: impl FnOnce(&mut PortallocOptions)) -> PortallocStatus {
 #[test_case(Hostile::NullLedgerLen, PortallocStatus::NullArgument, "out_len" ; "null ledger length")]
 #[test_case(Hostile::NullOptions, PortallocStatus::NullArgument, "options" ; "null options")]
 #[test_case(Hostile::BadTristate, PortallocStatus::InvalidArgument, "preallocate" ; "bad tristate")]
+#[test_case(Hostile::BadPeerAccess, PortallocStatus::InvalidArgument, "options.peer_access = 2" ; "bad peer access")]
 #[test_case(Hostile::BadStrategy, PortallocStatus::Config, "best-guess" ; "bad strategy")]
 #[test_case(Hostile::BadFraction, PortallocStatus::Config, "mem_fraction" ; "bad fraction")]
 fn hostile_values_are_refused(case: Hostile, status: PortallocStatus, text: &str) {
@@ -805,6 +860,237 @@ fn foreign_streams_child() {
 }
 
 // ---------------------------------------------------------------------------------------
+// The versions of PortallocOptions: sized entry points, and 0.1.0's callers.
+
+/// What `portalloc_options_init` answers for each size of struct, and which bytes of a
+/// 128-byte buffer it writes: exactly the first `size` on success, none on a refusal.
+#[test_case(OPTIONS_SIZE, PortallocStatus::Ok, "" ; "this header's size")]
+#[test_case(std::mem::size_of::<OptionsV1>(), PortallocStatus::Ok, "" ; "0.1.0's size")]
+#[test_case(0, PortallocStatus::InvalidArgument, "0 bytes is not the size of any layout" ; "zero")]
+#[test_case(std::mem::size_of::<OptionsV1>() - 1, PortallocStatus::InvalidArgument, "not the size of any layout" ; "one byte short of 0.1.0's")]
+#[test_case(std::mem::size_of::<OptionsV1>() + 4, PortallocStatus::InvalidArgument, "not the size of any layout" ; "between the layouts")]
+#[test_case(OPTIONS_SIZE + 8, PortallocStatus::Unsupported, "newer portalloc.h" ; "a newer header's")]
+fn options_init_writes_the_size_it_is_given(size: usize, status: PortallocStatus, text: &str) {
+    #[repr(C, align(8))]
+    struct Buffer([u8; 128]);
+    let mut buffer = Buffer([0xa5; 128]);
+    // SAFETY: 128 writable bytes, aligned for a PortallocOptions; `size` is at most 128.
+    let got = unsafe { portalloc_options_init(buffer.0.as_mut_ptr().cast(), size) };
+    assert_eq!(got, status, "{}", last_error());
+    let written = if got == PortallocStatus::Ok { size } else { 0 };
+    assert!(
+        buffer.0[written..].iter().all(|&b| b == 0xa5),
+        "bytes past {written} were written"
+    );
+    if got != PortallocStatus::Ok {
+        assert!(last_error().contains(text), "{}", last_error());
+        return;
+    }
+    // The first layout's fields at their defaults, whichever the size.
+    // SAFETY: at least 0.1.0's bytes were written; an OptionsV1 is read from them.
+    let v1 = unsafe { buffer.0.as_ptr().cast::<OptionsV1>().read() };
+    assert!(v1.strategy.is_null() && v1.backend.is_null());
+    assert_eq!(
+        (v1.mem_fraction, v1.preallocate, v1.host_capacity),
+        (0.0, -1, 0)
+    );
+    assert_eq!(
+        (v1.host_simulated, v1.backtrace, v1.device, v1.ignore_env),
+        (-1, -1, 0, 0)
+    );
+    if size == OPTIONS_SIZE {
+        // SAFETY: every byte of a PortallocOptions was written.
+        let o = unsafe { buffer.0.as_ptr().cast::<PortallocOptions>().read() };
+        assert_eq!(o.peer_access, -1, "peer access defers to the environment");
+    }
+}
+
+#[test]
+fn create_sized_refuses_sizes_of_no_layout() {
+    let o = default_options();
+    for (size, status) in [
+        (0, PortallocStatus::InvalidArgument),
+        (OPTIONS_SIZE - 4, PortallocStatus::InvalidArgument),
+        (OPTIONS_SIZE + 8, PortallocStatus::Unsupported),
+    ] {
+        let mut out = ptr::null_mut();
+        // SAFETY: `o` is readable for OPTIONS_SIZE bytes; larger sizes are refused before any
+        // byte is read.
+        let got = unsafe { portalloc_create_sized(&o, size, &mut out) };
+        assert_eq!(got, status, "size {size}: {}", last_error());
+        assert!(out.is_null(), "size {size}");
+        assert!(
+            last_error().contains("PortallocOptions"),
+            "{}",
+            last_error()
+        );
+    }
+}
+
+/// The functions a program compiled against portalloc 0.1.0's header calls, on its struct
+/// (which ends at `ignore_env`) followed by bytes it does not own: `portalloc_options_default`
+/// writes the first layout and nothing after it, and `portalloc_create` reads nothing after
+/// it — here 0x7f bytes, which as `peer_access` would be refused — so the allocator is made
+/// and works.
+#[test]
+fn callers_compiled_against_the_first_layout_keep_working() {
+    let mut g = GuardedV1::new(0x7f);
+    // SAFETY: `g.options` is valid for writing 0.1.0's struct.
+    assert_eq!(
+        unsafe { portalloc_options_default(g.as_options()) },
+        PortallocStatus::Ok
+    );
+    assert_eq!(
+        g.after, [0x7f; 32],
+        "portalloc_options_default wrote past 0.1.0's struct"
+    );
+    assert_eq!(
+        (
+            g.options.preallocate,
+            g.options.host_simulated,
+            g.options.ignore_env
+        ),
+        (-1, -1, 0)
+    );
+    g.options.ignore_env = 1;
+    g.options.backend = c"host".as_ptr();
+    g.options.host_simulated = 1;
+    g.options.host_capacity = 64 * MIB;
+    g.options.strategy = c"bfc".as_ptr();
+    g.options.preallocate = 0;
+    let mut a = ptr::null_mut();
+    // SAFETY: 0.1.0's struct with static strings; `a` valid for one pointer.
+    let status = unsafe { portalloc_create(g.as_options(), &mut a) };
+    assert_eq!(status, PortallocStatus::Ok, "{}", last_error());
+    let a = Alloc(a);
+    let (h, p) = allocate(&a, 4096, c"v1");
+    assert!(!p.is_null());
+    // SAFETY: plain values.
+    assert_eq!(unsafe { portalloc_free(a.0, h) }, PortallocStatus::Ok);
+    // A 0.1.0 struct's fields are still checked.
+    g.options.backtrace = 5;
+    let mut b = ptr::null_mut();
+    // SAFETY: as above.
+    let status = unsafe { portalloc_create(g.as_options(), &mut b) };
+    assert_eq!(status, PortallocStatus::InvalidArgument);
+    assert!(last_error().contains("backtrace"), "{}", last_error());
+}
+
+// ---------------------------------------------------------------------------------------
+// Peer access through the C ABI, over the CUDA conformance drivers (two devices; the vmm
+// strategy grants the devices with peer access to what it maps, which the fake records), in
+// a child process whose environment names the driver.
+
+#[cfg(feature = "cuda")]
+const PEER_CHILD: &str = "PORTALLOC_TEST_CAPI_PEER_CHILD";
+
+/// How the child makes its allocator: with this header's struct and its `peer_access`
+/// value, or with 0.1.0's struct (no such field).
+#[cfg(feature = "cuda")]
+#[derive(Debug, Clone, Copy)]
+enum Layout {
+    Current(i32),
+    V1,
+}
+
+#[cfg(feature = "cuda")]
+impl Layout {
+    /// The child's variable: the value of `peer_access`, or `v1`.
+    fn var(self) -> String {
+        match self {
+            Layout::Current(peer_access) => peer_access.to_string(),
+            Layout::V1 => "v1".into(),
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
+#[test_case("fakecuda", Layout::Current(1), None, true ; "on")]
+#[test_case("fakecuda", Layout::Current(0), Some("1"), false ; "off beats the environment")]
+#[test_case("fakecuda", Layout::Current(-1), Some("1"), true ; "the environment")]
+#[test_case("fakecuda", Layout::Current(-1), None, false ; "off by default")]
+#[test_case("fakecuda", Layout::V1, Some("1"), true ; "first layout the environment")]
+#[test_case("fakecuda", Layout::V1, None, false ; "first layout off by default")]
+#[test_case("fakecuda_nopeer", Layout::Current(1), None, false ; "driver without peer calls no-op")]
+#[test_case("fakecuda_nopeer", Layout::V1, Some("1"), false ; "driver without peer calls first layout no-op")]
+fn peer_access_through_the_abi(driver: &str, layout: Layout, env: Option<&str>, enabled: bool) {
+    let Some(fake) = support::fakes::Fake::copy(driver) else {
+        return;
+    };
+    let mut cmd = this_test_alone("peer_access_child");
+    cmd.env(PEER_CHILD, layout.var())
+        .env("PORTALLOC_TEST_CAPI_PEER_EXPECT", enabled.to_string())
+        .env("PORTALLOC_TEST_CAPI_PEER_DRIVER", fake.path())
+        .env(portalloc::config::PORTALLOC_CUDA_LIBRARY, fake.path())
+        .env("PORTALLOC_BACKEND", "cuda")
+        .env("FAKECUDA_DEVICES", "2")
+        .env_remove("PORTALLOC_ALLOCATOR")
+        .env_remove("XLA_PYTHON_CLIENT_ALLOCATOR")
+        .env_remove("PORTALLOC_MEM_FRACTION")
+        .env_remove("XLA_CLIENT_MEM_FRACTION")
+        .env_remove("XLA_PYTHON_CLIENT_MEM_FRACTION");
+    match env {
+        Some(v) => cmd.env("PORTALLOC_PEER_ACCESS", v),
+        None => cmd.env_remove("PORTALLOC_PEER_ACCESS"),
+    };
+    assert_ran_to(run_to_end(&mut cmd), "peer child: ok", "");
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn peer_access_child() {
+    let Ok(layout) = std::env::var(PEER_CHILD) else {
+        return; // Run by `peer_access_through_the_abi` with the environment it needs.
+    };
+    let expect: bool = std::env::var("PORTALLOC_TEST_CAPI_PEER_EXPECT")
+        .unwrap()
+        .parse()
+        .unwrap();
+    // The driver portalloc loads: the same library, so the fake's records are its.
+    let fake = support::fakes::Fake::at(std::env::var("PORTALLOC_TEST_CAPI_PEER_DRIVER").unwrap());
+    let mut a = ptr::null_mut();
+    let status = if layout == "v1" {
+        let mut g = GuardedV1::new(0x7f);
+        // SAFETY: 0.1.0's struct, then static strings; `a` valid for one pointer.
+        unsafe {
+            assert_eq!(
+                portalloc_options_default(g.as_options()),
+                PortallocStatus::Ok
+            );
+            g.options.strategy = c"vmm".as_ptr();
+            g.options.mem_fraction = 0.5;
+            portalloc_create(g.as_options(), &mut a)
+        }
+    } else {
+        let value: i32 = layout.parse().unwrap();
+        let mut o = default_options();
+        o.strategy = c"vmm".as_ptr();
+        o.mem_fraction = 0.5;
+        o.peer_access = value;
+        // SAFETY: this header's struct with static strings; `a` valid for one pointer.
+        unsafe { portalloc_create_sized(&o, OPTIONS_SIZE, &mut a) }
+    };
+    // Asked for or not, on a driver without the peer calls too, the allocator is made.
+    assert_eq!(status, PortallocStatus::Ok, "{}", last_error());
+    let a = Alloc(a);
+    assert_eq!(
+        (fake.peer_enabled(0, 1), fake.peer_enabled(1, 0)),
+        (expect, expect),
+        "peer access between the two devices"
+    );
+    let (h, p) = allocate(&a, 3 * MIB, c"shared");
+    assert_eq!(
+        (fake.access(p as u64, 0), fake.access(p as u64, 1)),
+        (Some(true), Some(expect)),
+        "vmm's grant of device 1"
+    );
+    // SAFETY: plain values.
+    assert_eq!(unsafe { portalloc_free(a.0, h) }, PortallocStatus::Ok);
+    drop(a);
+    println!("peer child: ok");
+}
+
+// ---------------------------------------------------------------------------------------
 // The header, a C program and the Python module.
 
 fn root() -> PathBuf {
@@ -1002,19 +1288,22 @@ fn cdylib_exports_exactly_the_functions_of_the_header() {
     );
 }
 
-#[test]
-fn c_program_against_the_header_and_cdylib() {
+/// Compiles the C program `source` (under tests/) against the header in `include` (under the
+/// repository) and libportalloc.so, runs it with the host device of [`child_env`], and checks
+/// it printed `marker`.
+fn c_program(source: &str, include: &str, marker: &str) {
     if !tool("cc") {
         return support::skip("no C compiler (cc)");
     }
     let lib = cdylib();
     let dir = lib.parent().unwrap();
-    let exe = std::env::temp_dir().join(format!("portalloc-capi-c-{}", std::process::id()));
+    let stem = source.trim_end_matches(".c");
+    let exe = std::env::temp_dir().join(format!("portalloc-{stem}-{}", std::process::id()));
     stdout_of(
         Command::new("cc")
             .args(["-std=c99", "-Wall", "-Wextra", "-Werror", "-pedantic"])
-            .arg(format!("-I{}", root().join("include").display()))
-            .arg(root().join("tests/capi_c.c"))
+            .arg(format!("-I{}", root().join(include).display()))
+            .arg(root().join("tests").join(source))
             .arg("-o")
             .arg(&exe)
             .arg(lib)
@@ -1022,7 +1311,19 @@ fn c_program_against_the_header_and_cdylib() {
     );
     let ran = run_to_end(child_env(&mut Command::new(&exe)));
     let _ = std::fs::remove_file(&exe);
-    assert_ran_to(ran, "capi_c: ok", "");
+    assert_ran_to(ran, marker, "");
+}
+
+#[test]
+fn c_program_against_the_header_and_cdylib() {
+    c_program("capi_c.c", "include", "capi_c: ok");
+}
+
+/// A C program as portalloc 0.1.0 built it (the functions of 0.1.0's names, on an object of
+/// 0.1.0's size) runs on today's library: they read and write 0.1.0's struct only.
+#[test]
+fn c_program_of_the_first_layout() {
+    c_program("capi_v1.c", "include", "capi_v1: ok");
 }
 
 #[test]

@@ -9,15 +9,8 @@
 
 #include "portalloc.h"
 
-#define CHECK(cond, ...)                                                    \
-    do {                                                                    \
-        if (!(cond)) {                                                      \
-            fprintf(stderr, "capi_c: line %d: ", __LINE__);                 \
-            fprintf(stderr, __VA_ARGS__);                                   \
-            fprintf(stderr, " (last error: %s)\n", portalloc_last_error()); \
-            return 1;                                                       \
-        }                                                                   \
-    } while (0)
+#define PROGRAM "capi_c"
+#include "capi_check.h"
 
 int main(void) {
     PortallocAllocator *a = NULL;
@@ -73,6 +66,40 @@ int main(void) {
     CHECK(s == PORTALLOC_STATUS_OK, "destroy");
     s = portalloc_destroy(a);
     CHECK(s == PORTALLOC_STATUS_INVALID_ALLOCATOR, "double destroy");
+
+    /* Explicit options: portalloc_options_default and portalloc_create are the header's
+     * macros, which pass this header's sizeof(struct PortallocOptions), so peer_access (not in
+     * 0.1.0's layout) is written and read. */
+    PortallocOptions o;
+    memset(&o, 0x55, sizeof o);
+    s = portalloc_options_default(&o);
+    CHECK(s == PORTALLOC_STATUS_OK && o.peer_access == -1 && o.preallocate == -1 &&
+              o.ignore_env == 0 && o.strategy == NULL,
+          "options_default: %s", portalloc_status_name(s));
+    o.ignore_env = 1;
+    o.strategy = "bfc";
+    o.backend = "host";
+    o.host_simulated = 1;
+    o.host_capacity = 64u << 20;
+    o.mem_fraction = 0.5;
+    o.preallocate = 0;
+    o.peer_access = 7;
+    PortallocAllocator *b = NULL;
+    s = portalloc_create(&o, &b);
+    CHECK(s == PORTALLOC_STATUS_INVALID_ARGUMENT &&
+              strstr(portalloc_last_error(), "options.peer_access = 7") != NULL,
+          "peer_access 7 is read and refused: %s", portalloc_status_name(s));
+    /* One device: nothing to enable, which is not an error. */
+    o.peer_access = 1;
+    s = portalloc_create(&o, &b);
+    CHECK(s == PORTALLOC_STATUS_OK && b != NULL, "create with peer access: %s",
+          portalloc_status_name(s));
+    s = portalloc_allocate(b, 4096, 0, 0, "peer", &h, &p);
+    CHECK(s == PORTALLOC_STATUS_OK, "allocate with peer access");
+    s = portalloc_free(b, h);
+    CHECK(s == PORTALLOC_STATUS_OK, "free");
+    s = portalloc_destroy(b);
+    CHECK(s == PORTALLOC_STATUS_OK, "destroy");
 
     printf("capi_c: ok (portalloc %s)\n", portalloc_version());
     return 0;

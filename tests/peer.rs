@@ -352,24 +352,49 @@ fn discovery_enables_vendor_peer_access_only_when_configured(
 // Both fakes export the peer calls; the pair is declared not capable (`fake_set_peer`), so
 // the shims report no peers and typed errors. `tests/vendor_fakes.rs` has the capable paths.
 
+/// A CUDA conformance driver with two devices: the fake, its driver, and both devices.
+#[cfg(feature = "cuda")]
+type TwoCudaDevices = (
+    support::fakes::Fake,
+    Arc<portalloc::backends::cuda::Driver>,
+    Vec<Arc<dyn Device>>,
+);
+
+/// A private copy of the CUDA conformance driver `name` with two devices of 1 GiB, after
+/// `configure` (which runs before `cuInit`); its driver, and both devices opened.
+#[cfg(feature = "cuda")]
+fn two_cuda_devices(
+    name: &str,
+    configure: impl FnOnce(&support::fakes::Fake),
+) -> Option<TwoCudaDevices> {
+    use portalloc::backends::cuda::{CudaDevice, Driver};
+
+    let fake = support::fakes::Fake::copy(name)?;
+    fake.set_devices(2, 1 << 30);
+    configure(&fake);
+    let driver = Arc::new(Driver::load(&[fake.path()]).unwrap());
+    let devices: Vec<Arc<dyn Device>> = CudaDevice::open_all(Arc::clone(&driver))
+        .unwrap()
+        .into_iter()
+        .map(|d| Arc::new(d) as Arc<dyn Device>)
+        .collect();
+    assert_eq!(devices.len(), 2);
+    Some((fake, driver, devices))
+}
+
 #[cfg(feature = "cuda")]
 #[test]
 fn cuda_without_peer_capability_reports_no_peers() {
-    use portalloc::backends::cuda::{CudaDevice, Driver};
-
-    let Some(fake) = support::fakes::Fake::copy("fakecuda") else {
+    let Some((fake, driver, devices)) = two_cuda_devices("fakecuda", |fake| {
+        fake.set_peer(0, 1, false);
+        fake.set_peer(1, 0, false);
+    }) else {
         return;
     };
-    fake.set_devices(2, 1 << 30);
-    fake.set_peer(0, 1, false);
-    fake.set_peer(1, 0, false);
-    let driver = Arc::new(Driver::load(&[fake.path()]).unwrap());
     assert!(driver.has_peer_symbols());
-    let devices = CudaDevice::open_all(Arc::clone(&driver)).unwrap();
-    assert_eq!(devices.len(), 2);
-    assert!(!devices[0].can_access_peer(&devices[1]).unwrap());
-    assert!(!devices[0].can_access_peer(&devices[0]).unwrap());
-    match devices[0].enable_peer_access(&devices[1]) {
+    assert!(!devices[0].can_access_peer(devices[1].as_ref()).unwrap());
+    assert!(!devices[0].can_access_peer(devices[0].as_ref()).unwrap());
+    match devices[0].enable_peer_access(devices[1].as_ref()) {
         Err(Error::Unsupported { reason, .. }) => {
             assert!(reason.contains("cuDeviceCanAccessPeer"), "{reason}")
         }
@@ -379,10 +404,7 @@ fn cuda_without_peer_capability_reports_no_peers() {
     assert!(!driver.can_access_peer(0, 1).unwrap());
     // A host device is no CUDA peer.
     assert!(!devices[0].can_access_peer(host(1).as_ref()).unwrap());
-    let all: Vec<Arc<dyn Device>> = devices
-        .into_iter()
-        .map(|d| Arc::new(d) as Arc<dyn Device>)
-        .collect();
+    let all = devices;
     let links = enable_peer_access(&all);
     assert_eq!(links.len(), 2);
     assert!(links.iter().all(|l| !l.enabled));
@@ -426,5 +448,51 @@ fn hip_without_peer_capability_reports_no_peers() {
     assert!(!runtime.device_can_access_peer(0, 1).unwrap());
     assert_eq!(fake.calls("hipDeviceEnablePeerAccess"), 0);
     drop((a, b));
+    fake.assert_empty();
+}
+
+/// A driver without the peer-access calls (`fakecuda_nopeer`): the shim loads it, reports no
+/// peer symbols and no peers, and enabling peer access on a device is a typed error that says
+/// the driver lacks the calls; `enable_peer_access` records that per pair, never fatal, and
+/// discovery with `PORTALLOC_PEER_ACCESS=1` makes its allocators all the same (the C ABI's
+/// `peer_access = 1` too: tests/capi.rs).
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_driver_without_the_peer_calls_offers_no_peers() {
+    let Some((fake, driver, devices)) = two_cuda_devices("fakecuda_nopeer", |_| ()) else {
+        return;
+    };
+    assert!(!driver.has_peer_symbols());
+    assert!(!driver.can_access_peer(0, 1).unwrap());
+    assert!(!devices[0].can_access_peer(devices[1].as_ref()).unwrap());
+    match devices[0].enable_peer_access(devices[1].as_ref()) {
+        Err(Error::Unsupported { reason, .. }) => assert!(
+            reason.contains("does not export cuDeviceCanAccessPeer / cuCtxEnablePeerAccess"),
+            "{reason}"
+        ),
+        other => panic!("expected Unsupported, got {other:?}"),
+    }
+    assert!(devices[0].peer_access().is_empty());
+    // Per pair, with the reason: never fatal.
+    let links = enable_peer_access(&devices);
+    assert!(
+        links.len() == 2 && links.iter().all(|l| !l.enabled && l.reason.is_some()),
+        "{links:?}"
+    );
+    drop(devices);
+
+    let p = support::common::discover_with(&[
+        (portalloc::config::PORTALLOC_CUDA_LIBRARY, &fake.path()),
+        ("PORTALLOC_BACKEND", "cuda"),
+        ("PORTALLOC_PEER_ACCESS", "1"),
+    ]);
+    assert!(p.config.peer_access.value);
+    assert_eq!(p.allocators.len(), 2);
+    assert!(p.peers.iter().all(|l| !l.enabled), "{:?}", p.peers);
+    let x = p.allocators[0]
+        .allocate(MIB, 0, Stream::DEFAULT, "x")
+        .unwrap();
+    p.allocators[0].deallocate(x).unwrap();
+    drop(p);
     fake.assert_empty();
 }

@@ -62,6 +62,9 @@ def expect_error(status_name, text, fn, *args):
 
 
 def explicit_allocator():
+    # Peer access asked for on a single device: nothing to enable, no error.
+    with Allocator.create(**dict(SMALL, peer_access=True)) as a:
+        a.free(a.allocate(4096, tag="peer"))
     with Allocator.create(**dict(SMALL, host_simulated=True)) as a:
         b = a.allocate(1000, tag="buffer")
         w = a.allocate(2 * MIB, tag="workspace")
@@ -276,7 +279,7 @@ def options_are_checked():
     opts["mem_fraction"] = "0.5"
     refused(TypeError, ["mem_fraction"], Allocator.create, **opts)
     # A tri-state is None, True or False: the string "false" is not true.
-    for name in ("preallocate", "host_simulated", "backtrace", "ignore_env"):
+    for name in ("preallocate", "host_simulated", "backtrace", "ignore_env", "peer_access"):
         opts = dict(SMALL)
         opts[name] = "false"
         refused(TypeError, [name, "'false'"], Allocator.create, **opts)

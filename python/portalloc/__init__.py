@@ -125,6 +125,7 @@ class _Options(ctypes.Structure):
         ("backtrace", ctypes.c_int32),
         ("device", ctypes.c_uint32),
         ("ignore_env", ctypes.c_int32),
+        ("peer_access", ctypes.c_int32),
     ]
 
 
@@ -208,9 +209,11 @@ def load(path: Optional[PathArg] = None) -> ctypes.CDLL:
         return _lib
     p = library_path(path)
     lib = ctypes.CDLL(p)
-    if not hasattr(lib, "portalloc_create"):
+    # portalloc_create_sized: the C ABI, of a version with this module's options struct.
+    if not hasattr(lib, "portalloc_create_sized"):
         raise OSError(
-            "%s lacks the portalloc C ABI: build it with `cargo build -p portalloc-capi`" % p
+            "%s lacks the portalloc C ABI (or is older than this module): build it with "
+            "`cargo build -p portalloc-capi`" % p
         )
     P = ctypes.c_void_p
     S = ctypes.c_int32
@@ -218,9 +221,18 @@ def load(path: Optional[PathArg] = None) -> ctypes.CDLL:
     _sig(lib, "portalloc_version", ctypes.c_char_p)
     _sig(lib, "portalloc_status_name", ctypes.c_char_p, ctypes.c_int32)
     _sig(lib, "portalloc_last_error", ctypes.c_char_p)
-    _sig(lib, "portalloc_options_default", S, ctypes.POINTER(_Options))
+    # The options by size (the C header's macros do the same): this struct's layout, which
+    # has fields portalloc 0.1.0's lacks.
+    _sig(lib, "portalloc_options_init", S, ctypes.POINTER(_Options), ctypes.c_size_t)
     _sig(lib, "portalloc_create_from_env", S, ctypes.c_uint32, ctypes.POINTER(P))
-    _sig(lib, "portalloc_create", S, ctypes.POINTER(_Options), ctypes.POINTER(P))
+    _sig(
+        lib,
+        "portalloc_create_sized",
+        S,
+        ctypes.POINTER(_Options),
+        ctypes.c_size_t,
+        ctypes.POINTER(P),
+    )
     _sig(lib, "portalloc_destroy", S, P)
     _sig(
         lib,
@@ -481,12 +493,17 @@ class Allocator:
         backtrace: Optional[bool] = None,
         device: SupportsIndex = 0,
         ignore_env: bool = False,
+        peer_access: Optional[bool] = None,
     ) -> "Allocator":
         """An allocator from explicit options; ``None`` defers to the environment.
 
         ``strategy`` and ``backend`` are ``str``; ``mem_fraction`` a number in (0, 1];
         ``host_capacity`` bytes, 1 to 2**64-1; ``preallocate``, ``host_simulated``,
-        ``backtrace`` and ``ignore_env`` ``True`` or ``False``; ``device`` an ordinal."""
+        ``backtrace``, ``ignore_env`` and ``peer_access`` ``True`` or ``False``; ``device`` an
+        ordinal. ``peer_access=True`` enables peer access between the devices that report it
+        before the allocator is made (``PORTALLOC_PEER_ACCESS``; off by default, since it
+        changes contexts the whole process shares); where no pair can have it, nothing
+        changes and it is no error."""
         call = "Allocator.create"
         # Each value checked (and converted) before any reaches the C struct.
         checked = dict(
@@ -504,16 +521,18 @@ class Allocator:
             host_simulated=_tristate(call, "host_simulated", host_simulated),
             backtrace=_tristate(call, "backtrace", backtrace),
             device=_device(call, device),
+            peer_access=_tristate(call, "peer_access", peer_access),
         )
         if _tristate(call, "ignore_env", ignore_env) == -1:
             raise TypeError("portalloc: %s: ignore_env must be True or False, not None" % call)
         lib = load()
         o = _Options()
-        _check(lib.portalloc_options_default(ctypes.byref(o)))
+        size = ctypes.sizeof(_Options)
+        _check(lib.portalloc_options_init(ctypes.byref(o), size))
         for field, value in checked.items():
             setattr(o, field, value)
         o.ignore_env = 1 if ignore_env else 0
-        return cls(_made(lambda out: lib.portalloc_create(ctypes.byref(o), out)))
+        return cls(_made(lambda out: lib.portalloc_create_sized(ctypes.byref(o), size, out)))
 
     @classmethod
     def global_allocator(cls, device: SupportsIndex = 0) -> "Allocator":

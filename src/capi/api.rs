@@ -17,6 +17,17 @@ use crate::discover::discover;
 /// Options of [`portalloc_create`]. Fill with [`portalloc_options_default`], then set what
 /// you need; every field left at its default defers to the environment (unless
 /// `ignore_env`), then to portalloc's defaults.
+///
+/// Versions: the struct only grows, at its end, and every call that reads or writes it is
+/// told its size, so that a program and a library of different versions agree on what the
+/// other holds. In C this takes nothing: `portalloc_options_default(out)` and
+/// `portalloc_create(options, out)` are macros (at the end of `include/portalloc.h`) that call
+/// [`portalloc_options_init`] and [`portalloc_create_sized`] with
+/// `sizeof(struct PortallocOptions)`. A program compiled against portalloc 0.1.0's header,
+/// whose struct ends at `ignore_env`, calls the functions of those names themselves: they
+/// read and write that first layout only, and the fields added since take their defaults
+/// (`peer_access`: the environment). A size larger than this library knows (a newer header
+/// than the library) is refused.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct PortallocOptions {
@@ -39,6 +50,72 @@ pub struct PortallocOptions {
     pub device: u32,
     /// Nonzero: start from portalloc's defaults instead of the environment.
     pub ignore_env: i32,
+    /// 1 enable peer access between the devices that report it, both ways, before the
+    /// allocator is made (`cuCtxEnablePeerAccess` / `hipDeviceEnablePeerAccess`; `vmm` then
+    /// grants the peers access to what it maps); 0 leave it off; -1 `PORTALLOC_PEER_ACCESS`
+    /// (off unless set). Off by default because it changes the devices' primary contexts, which
+    /// the whole process shares. A pair that cannot have it — a single device, a pair the
+    /// driver does not report as capable, a driver without the peer-access calls — is left as
+    /// it is: not an error, as in `Portalloc::from_config`. Not in 0.1.0's layout.
+    pub peer_access: i32,
+}
+
+/// The size of [`PortallocOptions`] in portalloc 0.1.0, the first layout: the fields up to
+/// `ignore_env` (`peer_access` follows it with no padding between), the struct's alignment
+/// included. What the functions named `portalloc_options_default` and `portalloc_create`
+/// read and write.
+const OPTIONS_SIZE_V1: usize = {
+    let end = std::mem::offset_of!(PortallocOptions, peer_access);
+    let align = std::mem::align_of::<PortallocOptions>();
+    end.div_ceil(align) * align
+};
+
+/// The sizes of [`PortallocOptions`] this library accepts, oldest first: one per layout.
+const OPTIONS_SIZES: [usize; 2] = [OPTIONS_SIZE_V1, std::mem::size_of::<PortallocOptions>()];
+
+/// Refuses a `size` of [`PortallocOptions`] that is not one of [`OPTIONS_SIZES`].
+fn check_options_size(call: &str, size: usize) -> Result<(), Failure> {
+    if OPTIONS_SIZES.contains(&size) {
+        return Ok(());
+    }
+    let (status, why) = if size > std::mem::size_of::<PortallocOptions>() {
+        (
+            PortallocStatus::Unsupported,
+            "larger than this library's: the program was compiled against a newer portalloc.h \
+             than this libportalloc.so; use the library of that version",
+        )
+    } else {
+        (
+            PortallocStatus::InvalidArgument,
+            "not the size of any layout: pass sizeof(struct PortallocOptions)",
+        )
+    };
+    Err(Failure::new(
+        status,
+        format!(
+            "{call}: a PortallocOptions of {size} bytes is {why} (portalloc {} knows {} and {} \
+             bytes)",
+            env!("CARGO_PKG_VERSION"),
+            OPTIONS_SIZES[0],
+            OPTIONS_SIZES[1]
+        ),
+    ))
+}
+
+/// Every field at its default: each defers to the environment, device 0.
+fn default_options() -> PortallocOptions {
+    PortallocOptions {
+        strategy: std::ptr::null(),
+        mem_fraction: 0.0,
+        preallocate: -1,
+        backend: std::ptr::null(),
+        host_capacity: 0,
+        host_simulated: -1,
+        backtrace: -1,
+        device: 0,
+        ignore_env: 0,
+        peer_access: -1,
+    }
 }
 
 /// Counters of an allocator (XLA's `AllocatorStats` names, plus the ledger's live count).
@@ -109,27 +186,47 @@ pub extern "C" fn portalloc_last_error() -> *const c_char {
     last_error_ptr()
 }
 
-/// Fills `out` with the defaults: every field defers to the environment, device 0.
+/// Fills the first `size` bytes of `out` with the defaults: every field defers to the
+/// environment, device 0. `size` is `sizeof(struct PortallocOptions)` of the caller's header
+/// (the macro `portalloc_options_default` passes it); one of a layout this library knows, else
+/// `PORTALLOC_STATUS_INVALID_ARGUMENT` (`PORTALLOC_STATUS_UNSUPPORTED` when larger than this
+/// library's) and nothing is written.
 ///
 /// # Safety
-/// `out` is null or valid for writing one `PortallocOptions`.
+/// `out` is null or valid for writing `size` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn portalloc_options_init(
+    out: *mut PortallocOptions,
+    size: usize,
+) -> PortallocStatus {
+    const CALL: &str = "portalloc_options_init";
+    guard(CALL, || {
+        require_non_null(CALL, "out", out)?;
+        check_options_size(CALL, size)?;
+        let defaults = default_options();
+        // SAFETY: `size` is at most the size of `defaults` (checked); the caller promises
+        // `size` writable bytes at `out`, checked non-null. Bytes: no alignment needed.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                std::ptr::addr_of!(defaults).cast::<u8>(),
+                out.cast::<u8>(),
+                size,
+            )
+        };
+        Ok(())
+    })
+}
+
+/// [`portalloc_options_init`] of portalloc 0.1.0's layout, for the programs compiled against
+/// that header: it writes the fields up to `ignore_env` only. A C program compiled against
+/// this header calls [`portalloc_options_init`] through the macro of this name instead.
+///
+/// # Safety
+/// `out` is null or valid for writing portalloc 0.1.0's `PortallocOptions`.
 #[no_mangle]
 pub unsafe extern "C" fn portalloc_options_default(out: *mut PortallocOptions) -> PortallocStatus {
-    guard("portalloc_options_default", || {
-        let defaults = PortallocOptions {
-            strategy: std::ptr::null(),
-            mem_fraction: 0.0,
-            preallocate: -1,
-            backend: std::ptr::null(),
-            host_capacity: 0,
-            host_simulated: -1,
-            backtrace: -1,
-            device: 0,
-            ignore_env: 0,
-        };
-        // SAFETY: the caller's promise on `out`.
-        unsafe { write_out("portalloc_options_default", "out", out, defaults) }
-    })
+    // SAFETY: the caller's promise on `out`, for the size of the first layout.
+    unsafe { portalloc_options_init(out, OPTIONS_SIZE_V1) }
 }
 
 fn tristate(call: &str, field: &str, v: i32) -> Result<Option<bool>, Failure> {
@@ -166,6 +263,9 @@ pub(crate) fn make_instance(
                 ),
             )
         })?;
+    // Peer access as the configuration asks (off unless asked), before the strategy is
+    // built, as `Portalloc::from_config` does: `vmm` grants the peers the device reports.
+    crate::discover::configure_peer_access(config, &discovery.devices);
     let strategy = crate::strategy::build(config, Arc::clone(&device))?;
     // The backtrace switch is the configuration's: PORTALLOC_BACKTRACE (unless ignore_env)
     // or the caller's explicit choice, through the builder.
@@ -198,56 +298,100 @@ pub unsafe extern "C" fn portalloc_create_from_env(
     }
 }
 
-/// Creates an allocator from explicit options (see [`PortallocOptions`]). Writes it to
+/// Creates an allocator from explicit options (see [`PortallocOptions`]) of `size` bytes:
+/// `sizeof(struct PortallocOptions)` of the caller's header (the macro `portalloc_create`
+/// passes it). The fields a smaller, older layout lacks take their defaults; a size of no
+/// known layout is refused as [`portalloc_options_init`] refuses it. Writes the allocator to
 /// `*out`.
 ///
 /// # Safety
-/// `options` is null or points to a valid `PortallocOptions` whose string fields are null or
-/// NUL-terminated; `out` is null or valid for writing one pointer.
+/// `options` is null or points to `size` readable bytes holding a `PortallocOptions` whose
+/// string fields are null or NUL-terminated; `out` is null or valid for writing one pointer.
 #[no_mangle]
-pub unsafe extern "C" fn portalloc_create(
+pub unsafe extern "C" fn portalloc_create_sized(
     options: *const PortallocOptions,
+    size: usize,
     out: *mut *mut PortallocAllocator,
 ) -> PortallocStatus {
     const CALL: &str = "portalloc_create";
     guard(CALL, || {
         require_non_null(CALL, "options", options)?;
         require_non_null(CALL, "out", out)?;
-        // SAFETY: non-null; the caller promises a valid, aligned `PortallocOptions`.
-        let o = unsafe { options.read() };
-        let mut b = Config::builder();
-        if o.ignore_env != 0 {
-            b = b.ignore_env();
-        }
+        check_options_size(CALL, size)?;
+        let mut o = default_options();
+        // SAFETY: `size` is at most the size of `o` (checked); the caller promises `size`
+        // readable bytes at `options`, checked non-null. Bytes: no alignment needed, and
+        // every bit pattern is a value of these fields.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                options.cast::<u8>(),
+                std::ptr::addr_of_mut!(o).cast::<u8>(),
+                size,
+            )
+        };
         // SAFETY: the caller's promise on the string fields.
-        if let Some(s) = unsafe { read_str(CALL, "options.strategy", o.strategy) }? {
-            b = b.strategy(s.parse::<StrategyKind>()?);
-        }
-        if o.mem_fraction != 0.0 {
-            b = b.mem_fraction(o.mem_fraction);
-        }
-        if let Some(p) = tristate(CALL, "preallocate", o.preallocate)? {
-            b = b.preallocate(p);
-        }
-        // SAFETY: as above.
-        if let Some(s) = unsafe { read_str(CALL, "options.backend", o.backend) }? {
-            let backend = crate::config::parse_backend("options.backend", &s)?;
-            b = b.backend(backend);
-        }
-        if o.host_capacity != 0 {
-            b = b.host_capacity(o.host_capacity);
-        }
-        if let Some(s) = tristate(CALL, "host_simulated", o.host_simulated)? {
-            b = b.host_simulated(s);
-        }
-        if let Some(bt) = tristate(CALL, "backtrace", o.backtrace)? {
-            b = b.backtrace(bt);
-        }
-        let config = b.build()?;
+        let config = unsafe { config_of(&o) }?;
         let instance = make_instance(&config, o.device, false)?;
         // SAFETY: the caller's promise on `out`, checked non-null above.
         unsafe { write_out(CALL, "out", out, register(instance)) }
     })
+}
+
+/// [`portalloc_create_sized`] with portalloc 0.1.0's layout, for the programs compiled
+/// against that header: it reads the fields up to `ignore_env` only, and the later ones
+/// (`peer_access`) take their defaults. A C program compiled against this header calls
+/// [`portalloc_create_sized`] through the macro of this name instead.
+///
+/// # Safety
+/// `options` is null or points to a valid `PortallocOptions` of portalloc 0.1.0 whose string
+/// fields are null or NUL-terminated; `out` is null or valid for writing one pointer.
+#[no_mangle]
+pub unsafe extern "C" fn portalloc_create(
+    options: *const PortallocOptions,
+    out: *mut *mut PortallocAllocator,
+) -> PortallocStatus {
+    // SAFETY: the caller's promises, for the size of the first layout.
+    unsafe { portalloc_create_sized(options, OPTIONS_SIZE_V1, out) }
+}
+
+/// The configuration `o` asks for.
+///
+/// # Safety
+/// The string fields of `o` are null or NUL-terminated.
+unsafe fn config_of(o: &PortallocOptions) -> Result<Config, Failure> {
+    const CALL: &str = "portalloc_create";
+    let mut b = Config::builder();
+    if o.ignore_env != 0 {
+        b = b.ignore_env();
+    }
+    // SAFETY: the caller's promise on the string fields.
+    if let Some(s) = unsafe { read_str(CALL, "options.strategy", o.strategy) }? {
+        b = b.strategy(s.parse::<StrategyKind>()?);
+    }
+    if o.mem_fraction != 0.0 {
+        b = b.mem_fraction(o.mem_fraction);
+    }
+    if let Some(p) = tristate(CALL, "preallocate", o.preallocate)? {
+        b = b.preallocate(p);
+    }
+    // SAFETY: as above.
+    if let Some(s) = unsafe { read_str(CALL, "options.backend", o.backend) }? {
+        let backend = crate::config::parse_backend("options.backend", &s)?;
+        b = b.backend(backend);
+    }
+    if o.host_capacity != 0 {
+        b = b.host_capacity(o.host_capacity);
+    }
+    if let Some(s) = tristate(CALL, "host_simulated", o.host_simulated)? {
+        b = b.host_simulated(s);
+    }
+    if let Some(bt) = tristate(CALL, "backtrace", o.backtrace)? {
+        b = b.backtrace(bt);
+    }
+    if let Some(p) = tristate(CALL, "peer_access", o.peer_access)? {
+        b = b.peer_access(p);
+    }
+    Ok(b.build()?)
 }
 
 /// Destroys an allocator: frees every buffer still live (handles die with it) and returns

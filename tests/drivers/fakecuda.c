@@ -36,9 +36,10 @@
  * Faults, call counts, live counts and peer controls: the fake_* API of fake_common.h; what
  * only this fake has: fakecuda_* below.
  *
- * Built twice by build.rs: this file (libfakecuda.so) and fakecuda_old.c, which defines
- * FAKECUDA_OLD and includes it (libfakecuda_old.so): a CUDA 10.1 driver without the virtual
- * memory and pool symbols.
+ * Built three times by the tests (tests/support/mod.rs): this file (libfakecuda.so),
+ * fakecuda_old.c, which defines FAKECUDA_OLD and includes it (libfakecuda_old.so): a CUDA 10.1
+ * driver without the virtual memory and pool symbols, and fakecuda_nopeer.c, which defines
+ * FAKECUDA_NO_PEER (libfakecuda_nopeer.so): a driver without the peer-access calls.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -494,8 +495,9 @@ CUresult cuCtxSetCurrent(ctx_t *ctx) {
   RETURN(CUDA_SUCCESS);
 }
 
-/* ---- Peer access ---- */
+/* ---- Peer access (not in fakecuda_nopeer) ---- */
 
+#ifndef FAKECUDA_NO_PEER
 CUresult cuDeviceCanAccessPeer(int *can, CUdevice dev, CUdevice peer) {
   ENTER("cuDeviceCanAccessPeer");
   NEED_INIT();
@@ -511,6 +513,7 @@ CUresult cuCtxEnablePeerAccess(ctx_t *peer_ctx, unsigned int flags) {
     RETURN(CUDA_ERROR_INVALID_CONTEXT);
   RETURN(fake_enable_peer(dev, peer_ctx->device, flags, n_devices));
 }
+#endif /* FAKECUDA_NO_PEER */
 
 /* ---- Plain memory ---- */
 
