@@ -172,6 +172,7 @@ impl Class {
     }
 
     /// The entries, when not a tree.
+    #[inline(always)]
     fn slice(&self) -> Option<&[Entry]> {
         match self {
             Class::Inline { len, items } => Some(&items[..usize::from(*len)]),
@@ -327,7 +328,7 @@ impl Class {
 
     /// The first entry with `size >= at_least` — or, with `last_of_size`, the last entry of
     /// that entry's size — and its position (`None` in a tree).
-    #[inline]
+    #[inline(always)]
     fn first_at_least(&self, at_least: u64, last_of_size: bool) -> Option<(Entry, Option<usize>)> {
         let Some(v) = self.slice() else {
             let e = self.find_from(at_least, |_| true)?;
