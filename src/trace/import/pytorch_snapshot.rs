@@ -113,13 +113,20 @@ struct Entry {
 /// Not a pickle, or one without `device_traces`; a limit on untrusted files exceeded; a
 /// device asked for that is not there; an entry to replay without `addr` or `size`; an anomaly
 /// in strict mode.
-pub(crate) fn read(mut input: Input, origin: &str, options: &Options) -> Result<VecSource> {
+///
+/// `size`: the input's length when known (a file not compressed), to make room up front.
+pub(crate) fn read(
+    mut input: Input,
+    origin: &str,
+    options: &Options,
+    size: Option<u64>,
+) -> Result<VecSource> {
     let limits = if options.trusted {
         Limits::TRUSTED
     } else {
         Limits::UNTRUSTED
     };
-    let pickle = pickle::read(&mut input, &limits).map_err(|e| pickle_error(origin, e))?;
+    let pickle = pickle::read(&mut input, &limits, size).map_err(|e| pickle_error(origin, e))?;
     import(&pickle, origin, options)
 }
 
@@ -336,9 +343,10 @@ mod tests {
             paths.sort();
             for path in paths {
                 let file = std::fs::File::open(&path).unwrap();
+                let size = file.metadata().unwrap().len();
                 let mut input = BufReader::new(file);
                 let limits = Limits::UNTRUSTED;
-                let p = pickle::read(&mut input, &limits).unwrap();
+                let p = pickle::read(&mut input, &limits, Some(size)).unwrap();
                 import(&p, "real", &Options::default()).unwrap();
                 let f = p.figures();
                 eprintln!(
