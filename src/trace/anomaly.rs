@@ -366,7 +366,11 @@ impl Tracker {
                 }
             }
         }
-        self.zero_live.remove(&key);
+        // Hashing a key costs as much as the rest of the step: none for a set that is
+        // empty, as it nearly always is.
+        if !self.zero_live.is_empty() {
+            self.zero_live.remove(&key);
+        }
         let id = match self.keying {
             Keying::Ids => {
                 if self.freed.contains(key) {

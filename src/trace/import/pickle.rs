@@ -341,6 +341,25 @@ impl Pickle {
         }
     }
 
+    /// Which of `keys` object `id` is equal to, as a dict key.
+    fn matching(&self, id: u32, keys: &[&str]) -> Matched {
+        let node = self.node(id);
+        let Some(payload) = self.payload_of(node) else {
+            return Matched::NONE;
+        };
+        let mut mask = 0;
+        // Slices of different lengths compare in O(1): a long key costs no more.
+        for (k, key) in keys.iter().enumerate() {
+            if same_bytes(payload, key.as_bytes()) {
+                mask |= 1 << k;
+            }
+        }
+        Matched {
+            mask,
+            text: matches!(node, Node::Str { .. }),
+        }
+    }
+
     fn charge(&self, steps: u64) -> Result<(), PickleError> {
         let reached = self.walk_steps.get().saturating_add(steps);
         self.walk_steps.set(reached);
@@ -354,6 +373,33 @@ impl Pickle {
         }
         Ok(())
     }
+}
+
+/// What [`Val::get_all_with`] remembers of the dict before: per pair position (the first
+/// [`KeyMemo::POSITIONS`]), its key object and the keys it matched. Valid for one set of keys:
+/// a memo is used with the keys it was filled with (objects never change once read).
+#[derive(Debug, Default, Clone)]
+pub(crate) struct KeyMemo {
+    known: Vec<(u32, Matched)>,
+}
+
+impl KeyMemo {
+    /// Pair positions remembered: a snapshot's trace entry has 7 or 8.
+    const POSITIONS: usize = 16;
+}
+
+/// The keys (bit `k`: key `k`) a key object equals, and whether it is text (else bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Matched {
+    mask: u32,
+    text: bool,
+}
+
+impl Matched {
+    const NONE: Matched = Matched {
+        mask: 0,
+        text: false,
+    };
 }
 
 /// One object of a [`Pickle`], to read.
@@ -422,6 +468,26 @@ impl<'p> Val<'p> {
         self,
         keys: [&str; N],
     ) -> Result<[Option<Val<'p>>; N], PickleError> {
+        self.get_all_with(keys, &mut KeyMemo::default())
+    }
+
+    /// [`Val::get_all`] for one dict of many read with the same `keys`, remembering in
+    /// `memo` which key object at each position matched which keys: the next dict whose key
+    /// at that position is the same object (a pickle stores a repeated key once and refers
+    /// to it again) is not compared again. Same result as [`Val::get_all`].
+    ///
+    /// # Time complexity
+    /// O(k) for a dict of k pairs whose keys are the objects at the same positions as in the
+    /// dict before; O(k × N) otherwise.
+    ///
+    /// # Errors
+    /// [`Limit::WalkSteps`] exceeded.
+    pub(crate) fn get_all_with<const N: usize>(
+        self,
+        keys: [&str; N],
+        memo: &mut KeyMemo,
+    ) -> Result<[Option<Val<'p>>; N], PickleError> {
+        const { assert!(N <= 32, "a KeyMemo mask holds 32 keys") };
         let Node::Seq {
             kind: SeqKind::Dict,
             index,
@@ -433,18 +499,28 @@ impl<'p> Val<'p> {
         self.pickle.charge(items.len() as u64 / 2)?;
         let mut text = [None; N];
         let mut bytes = [None; N];
-        for pair in items.chunks_exact(2) {
-            let node = self.pickle.node(pair[0]);
-            let Some(payload) = self.pickle.payload_of(node) else {
-                continue;
-            };
-            // Slices of different lengths compare in O(1): a long key costs no more.
-            for (k, key) in keys.iter().enumerate() {
-                if same_bytes(payload, key.as_bytes()) {
-                    match node {
-                        Node::Str { .. } => text[k] = Some(pair[1]),
-                        _ => bytes[k] = Some(pair[1]),
+        for (position, pair) in items.chunks_exact(2).enumerate() {
+            let matched = match memo.known.get(position) {
+                Some(&(id, matched)) if id == pair[0] => matched,
+                _ => {
+                    let matched = self.pickle.matching(pair[0], &keys);
+                    if position < KeyMemo::POSITIONS {
+                        if position >= memo.known.len() {
+                            memo.known.resize(position + 1, (u32::MAX, Matched::NONE));
+                        }
+                        memo.known[position] = (pair[0], matched);
                     }
+                    matched
+                }
+            };
+            // The keys it matched, lowest first (most keys match none).
+            let mut mask = matched.mask;
+            while mask != 0 {
+                let k = mask.trailing_zeros() as usize;
+                mask &= mask - 1;
+                let found = if matched.text { &mut text } else { &mut bytes };
+                if let Some(slot) = found.get_mut(k) {
+                    *slot = Some(pair[1]);
                 }
             }
         }
@@ -739,7 +815,10 @@ impl Memo {
     fn insert(&mut self, id: u32, node: u32) {
         if id < self.dense_bound {
             let i = id as usize;
-            if i >= self.dense.len() {
+            if i == self.dense.len() {
+                // The next id, as pickles number them.
+                self.dense.push(Self::EMPTY);
+            } else if i > self.dense.len() {
                 self.dense.resize(i + 1, Self::EMPTY);
             }
             if self.dense[i] == Self::EMPTY {
@@ -1286,6 +1365,7 @@ impl Reader<'_> {
         ))
     }
 
+    #[inline]
     fn top(&self) -> Result<u32, PickleError> {
         if self.stack.len() > self.floor() {
             if let Some(&id) = self.stack.last() {
@@ -1900,6 +1980,9 @@ impl Reader<'_> {
 /// approximate value (beyond 128 bits only the magnitude can matter to a reader).
 fn twos_complement(bytes: &[u8]) -> Result<i128, f64> {
     let negative = bytes.last().is_some_and(|b| b & 0x80 != 0);
+    if bytes.len() <= 16 {
+        return Ok(sign_extended(bytes, negative));
+    }
     // Sign-extension bytes carry no value: drop them, keeping the sign bit.
     let mut len = bytes.len();
     let fill = if negative { 0xff } else { 0x00 };
@@ -1908,14 +1991,25 @@ fn twos_complement(bytes: &[u8]) -> Result<i128, f64> {
     }
     let bytes = &bytes[..len];
     if bytes.len() <= 16 {
-        let mut wide = [fill; 16];
-        wide[..bytes.len()].copy_from_slice(bytes);
-        return Ok(i128::from_le_bytes(wide));
+        return Ok(sign_extended(bytes, negative));
     }
     let magnitude = bytes.iter().rev().fold(0.0f64, |acc, &b| {
         acc * 256.0 + f64::from(if negative { !b } else { b })
     });
     Err(if negative { -magnitude } else { magnitude })
+}
+
+/// At most 16 little-endian bytes, extended with the sign `negative`. From the most
+/// significant byte down, over the sign's fill, in registers: copying into a 16-byte array
+/// and reading it back went through `memcpy` and then waited on the store (2% of a snapshot's
+/// read, one per address and timestamp).
+#[inline]
+fn sign_extended(bytes: &[u8], negative: bool) -> i128 {
+    let sign: i128 = if negative { -1 } else { 0 };
+    bytes
+        .iter()
+        .rev()
+        .fold(sign, |value, &b| (value << 8) | i128::from(b))
 }
 
 /// `a == b`, compared in line: keys are a few bytes and most differ in the first, where `==`
@@ -2608,6 +2702,61 @@ mod tests {
         assert_eq!(repr(p.root()), "b'aA\n''");
         let p = read_bytes(&p4(b"V\\u00e9\\U0001F600\n")).unwrap();
         assert_eq!(p.root().as_str(), Some("é😀"));
+    }
+
+    /// Dicts read one after another with one [`KeyMemo`] give what [`Val::get_all`] gives
+    /// each: the same key objects at the same positions (remembered), swapped (not), a bytes
+    /// key before a text one, a duplicate key, and another set of keys with a fresh memo.
+    #[test]
+    fn a_key_memo_changes_no_answer() {
+        let p = read_bytes(&p4(
+            b"](}(X\x01\x00\x00\x00aq\x00K\x01X\x01\x00\x00\x00bq\x01K\x02u}(h\x00K\x03h\x01K\x04u\
+              }(h\x01K\x05h\x00K\x06u}(C\x01aK\x07h\x00K\x08u}(h\x00K\x09h\x00K\x0aue",
+        ))
+        .unwrap();
+        let dicts: Vec<Val<'_>> = p
+            .root()
+            .as_list()
+            .unwrap()
+            .iter()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let ints = |vals: [Option<Val<'_>>; 2]| vals.map(|v| v.and_then(Val::as_u64));
+        let want = [
+            [Some(1), Some(2)],
+            [Some(3), Some(4)],
+            [Some(6), Some(5)],
+            [Some(8), None],
+            [Some(10), None],
+        ];
+        for _ in 0..2 {
+            let mut memo = KeyMemo::default();
+            for (d, want) in dicts.iter().zip(want) {
+                let with_memo = ints(d.get_all_with(["a", "b"], &mut memo).unwrap());
+                assert_eq!(with_memo, ints(d.get_all(["a", "b"]).unwrap()));
+                assert_eq!(with_memo, want);
+            }
+        }
+        let mut memo = KeyMemo::default();
+        let bs: Vec<_> = dicts
+            .iter()
+            .map(|d| ints(d.get_all_with(["b", "zz"], &mut memo).unwrap())[0])
+            .collect();
+        assert_eq!(bs, [Some(2), Some(4), Some(5), None, None]);
+    }
+
+    proptest::proptest! {
+        /// Up to 16 bytes read as the little-endian two's-complement integer they spell:
+        /// the bytes sign-extended to 16 and read by `i128::from_le_bytes`.
+        #[test]
+        fn twos_complement_matches_sign_extension(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..=16),
+        ) {
+            let fill = if bytes.last().is_some_and(|b| b & 0x80 != 0) { 0xff } else { 0 };
+            let mut wide = [fill; 16];
+            wide[..bytes.len()].copy_from_slice(&bytes);
+            proptest::prop_assert_eq!(twos_complement(&bytes), Ok(i128::from_le_bytes(wide)));
+        }
     }
 
     /// One step of the model-based test of [`Seqs`].

@@ -26,7 +26,7 @@
 //! [`Options::device`]: crate::trace::Options::device
 //! [`AnomalyKind::AllocFailure`]: crate::trace::AnomalyKind::AllocFailure
 
-use super::pickle::{self, Limits, PickleError, Seq, Val};
+use super::pickle::{self, KeyMemo, Limits, PickleError, Seq, Val};
 use super::{us_to_ns, Attrs, Emitter};
 use crate::error::{Error, Result};
 use crate::trace::{
@@ -53,13 +53,16 @@ fn get<'p>(origin: &str, v: Val<'p>, key: &str) -> Result<Option<Val<'p>>> {
     v.get(key).map_err(|e| pickle_error(origin, e))
 }
 
-/// Reads several of a dict's values in one walk of it (counting its steps once).
+/// Reads several of a dict's values in one walk of it (counting its steps once), for one
+/// of many dicts read with the same keys (`memo`).
 fn get_all<'p, const N: usize>(
     origin: &str,
     v: Val<'p>,
     keys: [&str; N],
+    memo: &mut KeyMemo,
 ) -> Result<[Option<Val<'p>>; N]> {
-    v.get_all(keys).map_err(|e| pickle_error(origin, e))
+    v.get_all_with(keys, memo)
+        .map_err(|e| pickle_error(origin, e))
 }
 
 fn get_str<'p>(origin: &str, v: Val<'p>, key: &str) -> Result<Option<&'p str>> {
@@ -222,17 +225,24 @@ fn import(pickle: &pickle::Pickle, origin: &str, options: &Options) -> Result<Ve
     // The entries, read in one walk (five keys each), and the net of the trace as recorded:
     // the baseline it gives is needed before the first event is emitted. Only the entries
     // that become an event or an anomaly are kept (about the size of the events they make).
-    let mut entries: Vec<Entry> = Vec::new();
+    // Made at the size of the list (most of its entries are kept), not copied as it grows;
+    // capped, for a list of references to one dict that the limit on walk steps stops.
+    let mut entries: Vec<Entry> = Vec::with_capacity(trace.map_or(0, Seq::len).min(1 << 20));
     let mut net: i128 = 0;
     let mut walked = 0u64;
+    let mut memo = KeyMemo::default();
     for (i, e) in trace
         .into_iter()
         .flat_map(|list| items(origin, list))
         .enumerate()
     {
         walked += 1;
-        let [action, addr, size, time_us, stream] =
-            get_all(origin, e?, ["action", "addr", "size", "time_us", "stream"])?;
+        let [action, addr, size, time_us, stream] = get_all(
+            origin,
+            e?,
+            ["action", "addr", "size", "time_us", "stream"],
+            &mut memo,
+        )?;
         let action = match action.and_then(Val::as_str) {
             Some("alloc") => Action::Alloc,
             Some("free_completed") => Action::FreeCompleted,
