@@ -1,6 +1,6 @@
 //! What importers tolerate, and the bookkeeping that finds it.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{hash_map, BTreeMap, HashMap, HashSet};
 use std::fmt;
 
 use serde::Serialize;
@@ -339,6 +339,20 @@ impl Tracker {
             )?;
             self.zero_live.insert(key);
             return Ok(Steps::default());
+        }
+        if self.keying == Keying::Addresses {
+            // The common case, in one lookup of `live` (a hash of the key costs as much as
+            // the rest of the step): an address not live gets a fresh id, as below.
+            if let hash_map::Entry::Vacant(slot) = self.live.entry(key) {
+                if !self.zero_live.is_empty() {
+                    self.zero_live.remove(&key);
+                }
+                self.freed.remove(key);
+                let id = self.next_id;
+                self.next_id = self.next_id.saturating_add(1);
+                slot.insert((id, size));
+                return Ok(Steps::one((Op::Alloc, id, size)));
+            }
         }
         let mut steps = Steps::default();
         if let Some(&(old_id, old_size)) = self.live.get(&key) {
