@@ -1445,26 +1445,39 @@ impl Reader<'_> {
     /// O(1) per opcode run.
     #[inline]
     fn more_gets(&mut self) {
+        // Over the buffered bytes, with the counters in registers and written back once: the
+        // checks of `run` (each opcode within the input limit) and of `push` (the values
+        // pushed within theirs) become two budgets.
+        let bytes = self.input.available();
+        if !matches!(bytes.first(), Some(&(op::BINGET | op::LONG_BINGET))) {
+            // Most runs are one get (a dict's key): nothing to set up.
+            return;
+        }
+        let byte_budget = self.limits.input_bytes.saturating_sub(self.offset);
+        let value_budget = self.limits.values.saturating_sub(self.figures.used.values);
+        let mut at = 0usize;
+        let mut pushed = 0u64;
         loop {
-            let (id, len) = match self.input.available() {
-                [op::BINGET, id, ..] => (u32::from(*id), 2),
-                [op::LONG_BINGET, a, b, c, d, ..] => (u32::from_le_bytes([*a, *b, *c, *d]), 5),
-                _ => return,
+            let (id, len) = match bytes.get(at..) {
+                Some([op::BINGET, id, ..]) => (u32::from(*id), 2),
+                Some([op::LONG_BINGET, a, b, c, d, ..]) => {
+                    (u32::from_le_bytes([*a, *b, *c, *d]), 5)
+                }
+                _ => break,
             };
-            // The checks of `run` (the opcode within the input limit) and of `push`.
-            if self.offset >= self.limits.input_bytes
-                || self.figures.used.values >= self.limits.values
-            {
-                return;
+            if at as u64 >= byte_budget || pushed >= value_budget {
+                break;
             }
             let Some(node) = self.memo.get(id) else {
-                return;
+                break;
             };
-            self.figures.used.values += 1;
             self.stack.push(node);
-            self.input.consume(len);
-            self.offset += len as u64;
+            pushed += 1;
+            at += len;
         }
+        self.figures.used.values += pushed;
+        self.input.consume(at);
+        self.offset += at as u64;
     }
 
     /// Runs a `MEMOIZE` that follows, and then (`mark`) a `MARK`, while nothing goes wrong,
