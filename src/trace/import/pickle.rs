@@ -3,7 +3,8 @@
 //!
 //! It runs the pickle virtual machine of protocols 0 to 5 over a stream and keeps the objects
 //! in a flat arena: every object is one [`Node`] of a `Vec`, and a container holds the
-//! indices of its items. An object the pickle refers to more than once (a memo get, `DUP`)
+//! indices of its items (the items of all containers in one arena of their own, [`Seqs`]).
+//! An object the pickle refers to more than once (a memo get, `DUP`)
 //! is stored once and referred to twice, as in Python. A general-purpose unpickler that
 //! copies shared objects lets a file of a few bytes describe an exponential amount of data:
 //! 64 bytes of `DUP` + `TUPLE2` pairs describe 2⁶⁴ leaves, which this reader holds as 64
