@@ -1,6 +1,6 @@
 //! What importers tolerate, and the bookkeeping that finds it.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{hash_map, BTreeMap, HashMap, HashSet};
 use std::fmt;
 
 use serde::Serialize;
@@ -275,6 +275,9 @@ pub(crate) struct Tracker {
     freed: U64Set,
     next_id: u64,
     baseline_left: u64,
+    /// The baseline is not known yet ([`Tracker::defer_baseline`]): [`Tracker::try_free`]
+    /// answers `None`, changing nothing, for a free that would draw on it.
+    baseline_deferred: bool,
     pub(crate) anomalies: Anomalies,
     pub(crate) baseline_frees: u64,
 }
@@ -290,6 +293,7 @@ impl Tracker {
             freed: U64Set::default(),
             next_id: 1,
             baseline_left: baseline,
+            baseline_deferred: false,
             anomalies: Anomalies::new(),
             baseline_frees: 0,
         }
@@ -340,6 +344,20 @@ impl Tracker {
             self.zero_live.insert(key);
             return Ok(Steps::default());
         }
+        if self.keying == Keying::Addresses {
+            // The common case, in one lookup of `live` (a hash of the key costs as much as
+            // the rest of the step): an address not live gets a fresh id, as below.
+            if let hash_map::Entry::Vacant(slot) = self.live.entry(key) {
+                if !self.zero_live.is_empty() {
+                    self.zero_live.remove(&key);
+                }
+                self.freed.remove(key);
+                let id = self.next_id;
+                self.next_id = self.next_id.saturating_add(1);
+                slot.insert((id, size));
+                return Ok(Steps::one((Op::Alloc, id, size)));
+            }
+        }
         let mut steps = Steps::default();
         if let Some(&(old_id, old_size)) = self.live.get(&key) {
             let what = self.what();
@@ -366,7 +384,11 @@ impl Tracker {
                 }
             }
         }
-        self.zero_live.remove(&key);
+        // Hashing a key costs as much as the rest of the step: none for a set that is
+        // empty, as it nearly always is.
+        if !self.zero_live.is_empty() {
+            self.zero_live.remove(&key);
+        }
         let id = match self.keying {
             Keying::Ids => {
                 if self.freed.contains(key) {
@@ -395,7 +417,31 @@ impl Tracker {
         }
     }
 
+    /// From now until [`Tracker::set_baseline`], a free that would draw on the baseline (of
+    /// a key neither live nor freed before) is not made: [`Tracker::try_free`] answers `None`.
+    /// For an importer that learns the baseline only at the end of its input: what it feeds
+    /// before the first such free does not depend on the baseline.
+    pub(crate) fn defer_baseline(&mut self) {
+        self.baseline_deferred = true;
+    }
+
+    /// Sets the baseline (what is left of it to draw on) and ends a deferral.
+    pub(crate) fn set_baseline(&mut self, baseline: u64) {
+        self.baseline_left = baseline;
+        self.baseline_deferred = false;
+    }
+
     pub(crate) fn free(&mut self, loc: Loc, key: u64, size: u64) -> Result<Steps> {
+        Ok(self.try_free(loc, key, size)?.unwrap_or_default())
+    }
+
+    /// [`Tracker::free`], or `None` while the baseline is deferred and the free would draw on
+    /// it; then nothing has changed (the same free made once the baseline is set does what
+    /// it would have done).
+    ///
+    /// # Errors
+    /// An anomaly in strict mode.
+    pub(crate) fn try_free(&mut self, loc: Loc, key: u64, size: u64) -> Result<Option<Steps>> {
         if let Some((id, live_size)) = self.live.remove(&key) {
             self.freed.insert(key);
             if size != live_size {
@@ -409,10 +455,10 @@ impl Tracker {
                     ),
                 )?;
             }
-            return Ok(Steps::one((Op::Free, id, live_size)));
+            return Ok(Some(Steps::one((Op::Free, id, live_size))));
         }
         if self.zero_live.remove(&key) {
-            return Ok(Steps::default());
+            return Ok(Some(Steps::default()));
         }
         let shown = self.show(key);
         let what = self.what();
@@ -422,7 +468,10 @@ impl Tracker {
                 loc,
                 format!("double free of {what} {shown} ({size} bytes)"),
             )?;
-            return Ok(Steps::default());
+            return Ok(Some(Steps::default()));
+        }
+        if self.baseline_deferred {
+            return Ok(None);
         }
         if size > 0 && size <= self.baseline_left {
             // Memory allocated before the window: released from the baseline.
@@ -433,7 +482,7 @@ impl Tracker {
                 Keying::Ids => key,
                 Keying::Addresses => self.fresh_id(),
             };
-            return Ok(Steps::one((Op::Free, id, size)));
+            return Ok(Some(Steps::one((Op::Free, id, size))));
         }
         let why = if size == 0 {
             "zero bytes"
@@ -448,7 +497,7 @@ impl Tracker {
                 "free of {what} {shown} ({size} bytes), never allocated ({why}: baseline left {left} bytes)"
             ),
         )?;
-        Ok(Steps::default())
+        Ok(Some(Steps::default()))
     }
 }
 
@@ -458,6 +507,53 @@ mod tests {
 
     fn ops(s: Steps) -> Vec<Step> {
         s.iter().collect()
+    }
+
+    /// One free per case, made by a tracker that defers its baseline and again once it is
+    /// set, against a tracker that knew the baseline from the start: deferred exactly when
+    /// the free would draw on the baseline, and then with nothing changed.
+    #[test_case::test_case(0x10, 8, true ; "drawn from the baseline")]
+    #[test_case::test_case(0x99, 500, true ; "more than the baseline left")]
+    #[test_case::test_case(0x98, 0, true ; "zero bytes of an unknown address")]
+    #[test_case::test_case(0x20, 16, false ; "a live address")]
+    #[test_case::test_case(0x30, 4, false ; "a double free")]
+    #[test_case::test_case(0x40, 0, false ; "a zero-byte allocation")]
+    fn a_deferred_baseline_changes_nothing_it_does_not_defer(key: u64, size: u64, deferred: bool) {
+        let setup = |t: &mut Tracker| {
+            t.alloc(Loc::Event(1), 0x20, 16).unwrap();
+            t.alloc(Loc::Event(2), 0x30, 4).unwrap();
+            t.free(Loc::Event(3), 0x30, 4).unwrap();
+            t.alloc(Loc::Event(4), 0x40, 0).unwrap();
+        };
+        let mut known = Tracker::new(Keying::Addresses, false, "t", 100);
+        setup(&mut known);
+        let want = ops(known.free(Loc::Event(5), key, size).unwrap());
+
+        let mut late = Tracker::new(Keying::Addresses, false, "t", 0);
+        late.defer_baseline();
+        setup(&mut late);
+        let first = late.try_free(Loc::Event(5), key, size).unwrap();
+        assert_eq!(first.is_none(), deferred);
+        let got = match first {
+            Some(steps) => {
+                // Set at the end, as an importer does once it knows it.
+                late.set_baseline(100);
+                ops(steps)
+            }
+            None => {
+                late.set_baseline(100);
+                ops(late.try_free(Loc::Event(5), key, size).unwrap().unwrap())
+            }
+        };
+        assert_eq!(got, want);
+        assert_eq!(late.anomalies, known.anomalies);
+        assert_eq!(late.baseline_frees, known.baseline_frees);
+        assert_eq!(late.baseline_left, known.baseline_left);
+        // And the next allocation gets the same id.
+        assert_eq!(
+            ops(late.alloc(Loc::Event(6), 0x50, 1).unwrap()),
+            ops(known.alloc(Loc::Event(6), 0x50, 1).unwrap())
+        );
     }
 
     #[test]

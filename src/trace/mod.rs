@@ -552,7 +552,14 @@ pub fn open(path: impl AsRef<Path>, options: &Options) -> Result<Trace> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| path.display().to_string());
-    open_reader(file, &name, options)
+    // The size lets a reader that holds the whole file make its room up front; a size that
+    // is wrong (a file still being written) costs a copy, nothing else.
+    let size = file
+        .metadata()
+        .ok()
+        .filter(|m| m.is_file())
+        .map(|m| m.len());
+    open_sized(file, &name, options, size)
 }
 
 /// Like [`open`], over any reader; `name` stands for the file name in the header and in
@@ -565,8 +572,21 @@ pub fn open_reader<R: Read + Send + 'static>(
     name: &str,
     options: &Options,
 ) -> Result<Trace> {
+    open_sized(reader, name, options, None)
+}
+
+/// [`open_reader`], given the size of the input when known.
+fn open_sized<R: Read + Send + 'static>(
+    reader: R,
+    name: &str,
+    options: &Options,
+    size: Option<u64>,
+) -> Result<Trace> {
     let (prefix, rest) = peek(Box::new(reader), name)?;
+    let mut size = size;
     let (prefix, input): (Vec<u8>, Input) = if prefix.starts_with(&[0x1f, 0x8b]) {
+        // The size of what it inflates to is not known.
+        size = None;
         // Inflated on a thread of its own while the importer parses (see `inflate`).
         let gz = flate2::read::MultiGzDecoder::new(Cursor::new(prefix).chain(rest));
         let mut inflated = inflate::Inflated::spawn(Box::new(gz)).map_err(|e| {
@@ -612,7 +632,9 @@ pub fn open_reader<R: Read + Send + 'static>(
         Format::RmmCsv => Box::new(import::rmm_csv::RmmCsvReader::new(input, name, options)?),
         Format::LifetimesCsv => Box::new(import::lifetimes_csv::read(input, name, options)?),
         Format::Kineto => Box::new(import::kineto::read(input, name, options)?),
-        Format::PytorchSnapshot => Box::new(import::pytorch_snapshot::read(input, name, options)?),
+        Format::PytorchSnapshot => {
+            Box::new(import::pytorch_snapshot::read(input, name, options, size)?)
+        }
     };
     Ok(Trace::new(format, source))
 }

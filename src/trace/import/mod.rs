@@ -37,7 +37,12 @@ impl Emitter {
         }
     }
 
-    /// Feeds one record; pushes what passes onto `out`.
+    /// Feeds one record; pushes what passes onto `out`. `false` (nothing fed, nothing
+    /// changed) only for a free that draws on a baseline the tracker defers
+    /// ([`Tracker::defer_baseline`]); always `true` otherwise.
+    ///
+    /// # Errors
+    /// An anomaly in strict mode.
     pub(crate) fn feed(
         &mut self,
         loc: Loc,
@@ -46,10 +51,13 @@ impl Emitter {
         size: u64,
         attrs: Attrs,
         out: &mut impl Extend<Event>,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let steps = match op {
             Op::Alloc => self.tracker.alloc(loc, key, size)?,
-            Op::Free => self.tracker.free(loc, key, size)?,
+            Op::Free => match self.tracker.try_free(loc, key, size)? {
+                Some(steps) => steps,
+                None => return Ok(false),
+            },
         };
         for (op, id, size) in steps.iter() {
             let seq = self.next_seq;
@@ -65,7 +73,7 @@ impl Emitter {
                 tag: 0,
             }));
         }
-        Ok(())
+        Ok(true)
     }
 }
 

@@ -3,7 +3,8 @@
 //!
 //! It runs the pickle virtual machine of protocols 0 to 5 over a stream and keeps the objects
 //! in a flat arena: every object is one [`Node`] of a `Vec`, and a container holds the
-//! indices of its items. An object the pickle refers to more than once (a memo get, `DUP`)
+//! indices of its items (the items of all containers in one arena of their own, [`Seqs`]).
+//! An object the pickle refers to more than once (a memo get, `DUP`)
 //! is stored once and referred to twice, as in Python. A general-purpose unpickler that
 //! copies shared objects lets a file of a few bytes describe an exponential amount of data:
 //! 64 bytes of `DUP` + `TUPLE2` pairs describe 2⁶⁴ leaves, which this reader holds as 64
@@ -110,6 +111,8 @@ impl Limits {
 const _: () = assert!(Limits::TRUSTED.payload_bytes < u32::MAX as u64);
 const _: () = assert!(Limits::TRUSTED.values < u32::MAX as u64);
 const _: () = assert!(Limits::TRUSTED.containers < u32::MAX as u64);
+// The arena of container items holds at most four slots per value pushed (see `Seqs`).
+const _: () = assert!(Limits::TRUSTED.values < u32::MAX as u64 / 4);
 
 /// Which of the [`Limits`] a file exceeded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -264,7 +267,7 @@ enum Node {
 #[derive(Debug)]
 pub(crate) struct Pickle {
     nodes: Vec<Node>,
-    seqs: Vec<Vec<u32>>,
+    seqs: Seqs,
     wide: Vec<i128>,
     /// Strings, and bytes objects that are UTF-8: validated once, when read.
     text: String,
@@ -304,7 +307,7 @@ impl Pickle {
     }
 
     fn seq(&self, index: u32) -> &[u32] {
-        self.seqs.get(index as usize).map_or(&[], Vec::as_slice)
+        self.seqs.get(index)
     }
 
     /// The bytes of a string or bytes object.
@@ -339,6 +342,25 @@ impl Pickle {
         }
     }
 
+    /// Which of `keys` object `id` is equal to, as a dict key.
+    fn matching(&self, id: u32, keys: &[&str]) -> Matched {
+        let node = self.node(id);
+        let Some(payload) = self.payload_of(node) else {
+            return Matched::NONE;
+        };
+        let mut mask = 0;
+        // Slices of different lengths compare in O(1): a long key costs no more.
+        for (k, key) in keys.iter().enumerate() {
+            if same_bytes(payload, key.as_bytes()) {
+                mask |= 1 << k;
+            }
+        }
+        Matched {
+            mask,
+            text: matches!(node, Node::Str { .. }),
+        }
+    }
+
     fn charge(&self, steps: u64) -> Result<(), PickleError> {
         let reached = self.walk_steps.get().saturating_add(steps);
         self.walk_steps.set(reached);
@@ -352,6 +374,33 @@ impl Pickle {
         }
         Ok(())
     }
+}
+
+/// What [`Val::get_all_with`] remembers of the dict before: per pair position (the first
+/// [`KeyMemo::POSITIONS`]), its key object and the keys it matched. Valid for one set of keys:
+/// a memo is used with the keys it was filled with (objects never change once read).
+#[derive(Debug, Default, Clone)]
+pub(crate) struct KeyMemo {
+    known: Vec<(u32, Matched)>,
+}
+
+impl KeyMemo {
+    /// Pair positions remembered: a snapshot's trace entry has 7 or 8.
+    const POSITIONS: usize = 16;
+}
+
+/// The keys (bit `k`: key `k`) a key object equals, and whether it is text (else bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Matched {
+    mask: u32,
+    text: bool,
+}
+
+impl Matched {
+    const NONE: Matched = Matched {
+        mask: 0,
+        text: false,
+    };
 }
 
 /// One object of a [`Pickle`], to read.
@@ -420,6 +469,26 @@ impl<'p> Val<'p> {
         self,
         keys: [&str; N],
     ) -> Result<[Option<Val<'p>>; N], PickleError> {
+        self.get_all_with(keys, &mut KeyMemo::default())
+    }
+
+    /// [`Val::get_all`] for one dict of many read with the same `keys`, remembering in
+    /// `memo` which key object at each position matched which keys: the next dict whose key
+    /// at that position is the same object (a pickle stores a repeated key once and refers
+    /// to it again) is not compared again. Same result as [`Val::get_all`].
+    ///
+    /// # Time complexity
+    /// O(k) for a dict of k pairs whose keys are the objects at the same positions as in the
+    /// dict before; O(k × N) otherwise.
+    ///
+    /// # Errors
+    /// [`Limit::WalkSteps`] exceeded.
+    pub(crate) fn get_all_with<const N: usize>(
+        self,
+        keys: [&str; N],
+        memo: &mut KeyMemo,
+    ) -> Result<[Option<Val<'p>>; N], PickleError> {
+        const { assert!(N <= 32, "a KeyMemo mask holds 32 keys") };
         let Node::Seq {
             kind: SeqKind::Dict,
             index,
@@ -431,18 +500,28 @@ impl<'p> Val<'p> {
         self.pickle.charge(items.len() as u64 / 2)?;
         let mut text = [None; N];
         let mut bytes = [None; N];
-        for pair in items.chunks_exact(2) {
-            let node = self.pickle.node(pair[0]);
-            let Some(payload) = self.pickle.payload_of(node) else {
-                continue;
-            };
-            // Slices of different lengths compare in O(1): a long key costs no more.
-            for (k, key) in keys.iter().enumerate() {
-                if same_bytes(payload, key.as_bytes()) {
-                    match node {
-                        Node::Str { .. } => text[k] = Some(pair[1]),
-                        _ => bytes[k] = Some(pair[1]),
+        for (position, pair) in items.chunks_exact(2).enumerate() {
+            let matched = match memo.known.get(position) {
+                Some(&(id, matched)) if id == pair[0] => matched,
+                _ => {
+                    let matched = self.pickle.matching(pair[0], &keys);
+                    if position < KeyMemo::POSITIONS {
+                        if position >= memo.known.len() {
+                            memo.known.resize(position + 1, (u32::MAX, Matched::NONE));
+                        }
+                        memo.known[position] = (pair[0], matched);
                     }
+                    matched
+                }
+            };
+            // The keys it matched, lowest first (most keys match none).
+            let mut mask = matched.mask;
+            while mask != 0 {
+                let k = mask.trailing_zeros() as usize;
+                mask &= mask - 1;
+                let found = if matched.text { &mut text } else { &mut bytes };
+                if let Some(slot) = found.get_mut(k) {
+                    *slot = Some(pair[1]);
                 }
             }
         }
@@ -526,25 +605,72 @@ impl<'p> Seq<'p> {
     }
 }
 
-/// Reads one pickle from `input`, to its `STOP`; nothing may follow it.
+/// How much room the reader makes up front for a pickle of a given size, by what the real
+/// snapshots hold per input byte (the test `real_snapshots_stay_far_below_the_limits` prints
+/// it: 1 container item per 3.4–4.1 bytes, a node per 12–26, a container per 50–190, a memo
+/// entry per 33–150, a text byte per 7–24), rounded up so that they fit without a copy.
+/// Growing by doubling instead copies each vector once or twice, and every copy faults in
+/// fresh pages as well: with the vectors made at their size, their pages are written once.
+/// Room is only address space until it is written, and each is capped by its limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Room {
+    items: usize,
+    nodes: usize,
+    containers: usize,
+    memo: usize,
+    text: usize,
+}
+
+impl Room {
+    /// The room for `bytes` bytes of input (none when the size is unknown).
+    fn for_input(bytes: Option<u64>, limits: &Limits) -> Room {
+        let Some(bytes) = bytes else {
+            return Room {
+                items: 0,
+                nodes: 0,
+                containers: 0,
+                memo: 0,
+                text: 0,
+            };
+        };
+        let bytes = bytes.min(limits.input_bytes);
+        let room = |per: u64, limit: u64| usize::try_from((bytes / per).min(limit)).unwrap_or(0);
+        Room {
+            items: room(3, limits.values),
+            nodes: room(10, limits.values),
+            containers: room(40, limits.containers),
+            memo: room(24, limits.memo_entries),
+            text: room(6, limits.payload_bytes),
+        }
+    }
+}
+
+/// Reads one pickle from `input`, to its `STOP`; nothing may follow it. `size`: the input's
+/// length when known (a file not compressed), to make room up front ([`Room`]); it changes
+/// nothing but the time and the copies made.
 ///
 /// # Errors
 /// A limit exceeded ([`PickleError::Limit`]); a truncated or corrupt pickle, an unsupported or
 /// unknown opcode ([`PickleError::Malformed`]); a read error ([`PickleError::Io`]).
-pub(crate) fn read(input: &mut dyn BufRead, limits: &Limits) -> Result<Pickle, PickleError> {
+pub(crate) fn read(
+    input: &mut dyn BufRead,
+    limits: &Limits,
+    size: Option<u64>,
+) -> Result<Pickle, PickleError> {
+    let room = Room::for_input(size, limits);
     let mut r = Reader {
         input: Src::new(input),
         limits: *limits,
         offset: 0,
         op_offset: 0,
         op: 0,
-        nodes: Vec::new(),
-        seqs: Vec::new(),
+        nodes: Vec::with_capacity(room.nodes),
+        seqs: Seqs::with_capacity(room.containers, room.items),
         wide: Vec::new(),
-        text: String::new(),
+        text: String::with_capacity(room.text),
         raw: Vec::new(),
         scratch: Vec::new(),
-        memo: Memo::new(limits.memo_entries),
+        memo: Memo::new(limits.memo_entries, room.memo),
         stack: Vec::new(),
         marks: Vec::new(),
         figures: Figures::default(),
@@ -665,9 +791,10 @@ impl Memo {
     /// An empty slot (no node has this id: node ids are bounded by the limit on values pushed).
     const EMPTY: u32 = u32::MAX;
 
-    fn new(max_entries: u64) -> Self {
+    /// A memo for at most `max_entries` entries, with room for `room` ids without a copy.
+    fn new(max_entries: u64, room: usize) -> Self {
         Memo {
-            dense: Vec::new(),
+            dense: Vec::with_capacity(room),
             sparse: BTreeMap::new(),
             dense_bound: u32::try_from(max_entries).unwrap_or(u32::MAX - 1),
             len: 0,
@@ -689,7 +816,10 @@ impl Memo {
     fn insert(&mut self, id: u32, node: u32) {
         if id < self.dense_bound {
             let i = id as usize;
-            if i >= self.dense.len() {
+            if i == self.dense.len() {
+                // The next id, as pickles number them.
+                self.dense.push(Self::EMPTY);
+            } else if i > self.dense.len() {
                 self.dense.resize(i + 1, Self::EMPTY);
             }
             if self.dense[i] == Self::EMPTY {
@@ -699,6 +829,190 @@ impl Memo {
         } else if self.sparse.insert(id, node).is_none() {
             self.len += 1;
         }
+    }
+}
+
+/// The items of every container, in one arena (one allocation for all of them, where a
+/// `Vec` per container cost a `malloc` and a `free` each — a snapshot has tens of thousands —
+/// and the page faults of as many small blocks). A container is filled after it is made
+/// (`APPENDS`, `SETITEMS`), often with others made and filled in between (the items of a
+/// dict, a list longer than the pickler's batch of 1000), so each has room of its own: it
+/// grows in place while its items fit its room, or while its room ends the arena; otherwise
+/// its items move to the end of the arena with room for twice as many (none when it has no
+/// items yet). Each move at least doubles a container's room, so the arena holds at most four
+/// slots per item, and an item is moved O(1) times on average.
+#[derive(Debug, Default)]
+struct Seqs {
+    /// Container `i` holds `items[spans[i].start..][..spans[i].len]` and owns the room
+    /// `items[spans[i].start..][..spans[i].cap]`. Invariants: `len <= cap`;
+    /// `start + cap <= items.len()`; the rooms of any two containers are disjoint.
+    spans: Vec<Span>,
+    /// The slots: a container's items, its free room, and rooms it left behind when it moved.
+    items: Vec<u32>,
+}
+
+/// Where a container's items are in [`Seqs::items`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Span {
+    start: u32,
+    len: u32,
+    cap: u32,
+}
+
+/// What a new container holds.
+#[derive(Debug, Clone, Copy)]
+enum Fill {
+    Empty,
+    /// The stack's items `at..end`, which are popped (with any above them).
+    Stack {
+        at: usize,
+        end: usize,
+    },
+    /// A copy of the items of container `index`.
+    Copy(u32),
+}
+
+impl Seqs {
+    /// Room for `containers` containers of `items` items in all, made without a copy.
+    fn with_capacity(containers: usize, items: usize) -> Self {
+        Seqs {
+            spans: Vec::with_capacity(containers),
+            items: Vec::with_capacity(items),
+        }
+    }
+
+    /// Containers.
+    fn len(&self) -> usize {
+        self.spans.len()
+    }
+
+    /// The items of container `index` (none for an index out of range). O(1).
+    #[inline]
+    fn get(&self, index: u32) -> &[u32] {
+        match self.spans.get(index as usize) {
+            Some(s) => self
+                .items
+                .get(s.start as usize..s.start as usize + s.len as usize)
+                .unwrap_or(&[]),
+            None => &[],
+        }
+    }
+
+    /// A new container holding `items`; its index.
+    ///
+    /// # Time complexity
+    /// O(`items.len()`) amortized.
+    ///
+    /// # Errors
+    /// The arena would pass `u32::MAX` slots (the limits keep it far below): the slots it
+    /// would reach.
+    fn push(&mut self, items: &[u32]) -> Result<u32, u64> {
+        let index = u32::try_from(self.spans.len()).map_err(|_| self.spans.len() as u64)?;
+        let start = self.items.len();
+        let span = span(start, items.len(), items.len())?;
+        self.items.extend_from_slice(items);
+        self.spans.push(span);
+        Ok(index)
+    }
+
+    /// A new container holding a copy of the items of container `source`; its index.
+    ///
+    /// # Time complexity
+    /// O(items copied) amortized.
+    ///
+    /// # Errors
+    /// As [`Seqs::push`].
+    fn push_copy(&mut self, source: u32) -> Result<u32, u64> {
+        let index = u32::try_from(self.spans.len()).map_err(|_| self.spans.len() as u64)?;
+        let (from, len) = match self.spans.get(source as usize) {
+            Some(s) => (s.start as usize, s.len as usize),
+            None => (0, 0),
+        };
+        let start = self.items.len();
+        let span = span(start, len, len)?;
+        self.items.extend_from_within(from..from + len);
+        self.spans.push(span);
+        Ok(index)
+    }
+
+    /// Appends `new` to the items of container `index` (nothing for an index out of range).
+    ///
+    /// # Time complexity
+    /// O(`new.len()`) amortized: a container moved has room for twice its items.
+    ///
+    /// # Errors
+    /// As [`Seqs::push`].
+    fn extend(&mut self, index: usize, new: &[u32]) -> Result<(), u64> {
+        let Some(&Span { start, len, cap }) = self.spans.get(index) else {
+            return Ok(());
+        };
+        let (start, len, cap) = (start as usize, len as usize, cap as usize);
+        let want = len + new.len();
+        let tail = self.items.len();
+        let moved = if want <= cap {
+            self.items[start + len..start + want].copy_from_slice(new);
+            span(start, want, cap)?
+        } else if start + cap == tail {
+            // Its room ends the arena: it grows in place (over its free room, if any).
+            self.items.truncate(start + len);
+            self.items.extend_from_slice(new);
+            span(start, want, want)?
+        } else if len == 0 {
+            // Nothing to move: it starts again at the end.
+            self.items.extend_from_slice(new);
+            span(tail, want, want)?
+        } else {
+            let room = want.saturating_mul(2);
+            let moved = span(tail, want, room)?;
+            self.items.extend_from_within(start..start + len);
+            self.items.extend_from_slice(new);
+            self.items.resize(tail + room, 0);
+            moved
+        };
+        self.spans[index] = moved;
+        Ok(())
+    }
+
+    /// Checks the invariants stated on the fields, exactly.
+    #[cfg(test)]
+    fn check_invariants(&self) -> Result<(), String> {
+        let mut rooms: Vec<(usize, usize)> = Vec::new();
+        for (i, s) in self.spans.iter().enumerate() {
+            let (start, len, cap) = (s.start as usize, s.len as usize, s.cap as usize);
+            if len > cap {
+                return Err(format!("container {i}: len {len} > cap {cap}"));
+            }
+            if start + cap > self.items.len() {
+                return Err(format!(
+                    "container {i}: room {start}..{} past the arena ({})",
+                    start + cap,
+                    self.items.len()
+                ));
+            }
+            if cap > 0 {
+                rooms.push((start, start + cap));
+            }
+        }
+        rooms.sort_unstable();
+        for w in rooms.windows(2) {
+            if w[0].1 > w[1].0 {
+                return Err(format!("rooms {:?} and {:?} overlap", w[0], w[1]));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A [`Span`], or the slots it would reach when they pass `u32::MAX`.
+fn span(start: usize, len: usize, cap: usize) -> Result<Span, u64> {
+    let end = start.saturating_add(cap);
+    match (u32::try_from(start), u32::try_from(len), u32::try_from(end)) {
+        (Ok(start), Ok(len), Ok(_)) => Ok(Span {
+            start,
+            len,
+            cap: cap as u32,
+        }),
+        _ => Err(end as u64),
     }
 }
 
@@ -712,7 +1026,7 @@ struct Reader<'a> {
     op_offset: u64,
     op: u8,
     nodes: Vec<Node>,
-    seqs: Vec<Vec<u32>>,
+    seqs: Seqs,
     wide: Vec<i128>,
     text: String,
     raw: Vec<u8>,
@@ -906,12 +1220,51 @@ impl Reader<'_> {
         Ok(())
     }
 
-    fn push_seq(&mut self, kind: SeqKind, items: Vec<u32>) -> Result<(), PickleError> {
+    fn push_seq(&mut self, kind: SeqKind, fill: Fill) -> Result<(), PickleError> {
         self.figures.used.containers =
             self.within(Limit::Containers, self.figures.used.containers + 1)?;
-        let index = self.offset_u32(self.seqs.len())?;
-        self.seqs.push(items);
-        self.push_new(Node::Seq { kind, index })
+        let made = match fill {
+            Fill::Empty => self.seqs.push(&[]),
+            Fill::Stack { at, end } => {
+                let made = self.seqs.push(&self.stack[at..end]);
+                self.stack.truncate(at);
+                made
+            }
+            Fill::Copy(source) => self.seqs.push_copy(source),
+        };
+        match made {
+            Ok(index) => self.push_new(Node::Seq { kind, index }),
+            // Unreachable while the limits stay below u32::MAX / 4 (asserted above).
+            Err(n) => self.exceeded(Limit::Values, n),
+        }
+    }
+
+    /// Appends `new` (`Stack` or nothing) to container `index`.
+    fn extend_seq(&mut self, index: usize, new: Fill) -> Result<(), PickleError> {
+        let extended = match new {
+            Fill::Stack { at, end } => {
+                let extended = self.seqs.extend(index, &self.stack[at..end]);
+                self.stack.truncate(at);
+                extended
+            }
+            Fill::Empty | Fill::Copy(_) => Ok(()),
+        };
+        self.arena_result(extended)
+    }
+
+    /// Appends `items` (popped already) to container `index`.
+    fn push_extend(&mut self, index: usize, items: &[u32]) -> Result<(), PickleError> {
+        let extended = self.seqs.extend(index, items);
+        self.arena_result(extended)
+    }
+
+    /// What [`Seqs::extend`] did, as the reader's result.
+    fn arena_result(&self, r: Result<(), u64>) -> Result<(), PickleError> {
+        match r {
+            Ok(()) => Ok(()),
+            // Unreachable while the limits stay below u32::MAX / 4 (asserted above).
+            Err(n) => self.exceeded(Limit::Values, n),
+        }
     }
 
     /// Stores `bytes` (already counted as payload): in the text arena when they are UTF-8.
@@ -1013,6 +1366,7 @@ impl Reader<'_> {
         ))
     }
 
+    #[inline]
     fn top(&self) -> Result<u32, PickleError> {
         if self.stack.len() > self.floor() {
             if let Some(&id) = self.stack.last() {
@@ -1025,10 +1379,10 @@ impl Reader<'_> {
         ))
     }
 
-    /// The items above the last mark, which is closed.
-    fn pop_mark(&mut self) -> Result<Vec<u32>, PickleError> {
+    /// Where the items above the last mark, which is closed, start on the stack.
+    fn close_mark(&mut self) -> Result<usize, PickleError> {
         match self.marks.pop() {
-            Some(at) => Ok(self.stack.split_off(at.min(self.stack.len()))),
+            Some(at) => Ok(at.min(self.stack.len())),
             None => self.malformed(format!(
                 "opcode {} without a MARK",
                 describe_opcode(self.op)
@@ -1036,15 +1390,22 @@ impl Reader<'_> {
         }
     }
 
-    /// The items of the container on top of the stack, which must be of `kind`.
-    fn top_seq(&mut self, kind: SeqKind) -> Result<&mut Vec<u32>, PickleError> {
+    /// Drops the items above the last mark, which is closed.
+    fn pop_mark(&mut self) -> Result<(), PickleError> {
+        let at = self.close_mark()?;
+        self.stack.truncate(at);
+        Ok(())
+    }
+
+    /// The index of the container on top of the stack, which must be of `kind`.
+    fn top_seq(&mut self, kind: SeqKind) -> Result<usize, PickleError> {
         let id = self.top()?;
         let index = match self.nodes.get(id as usize) {
             Some(&Node::Seq { kind: k, index }) if k == kind => Some(index as usize),
             _ => None,
         };
         if let Some(i) = index.filter(|&i| i < self.seqs.len()) {
-            return Ok(&mut self.seqs[i]);
+            return Ok(i);
         }
         self.malformed(format!(
             "opcode {} on a stack top that is not a {}",
@@ -1085,26 +1446,82 @@ impl Reader<'_> {
     /// O(1) per opcode run.
     #[inline]
     fn more_gets(&mut self) {
+        // Over the buffered bytes, with the counters in registers and written back once: the
+        // checks of `run` (each opcode within the input limit) and of `push` (the values
+        // pushed within theirs) become two budgets.
+        let bytes = self.input.available();
+        if !matches!(bytes.first(), Some(&(op::BINGET | op::LONG_BINGET))) {
+            // Most runs are one get (a dict's key): nothing to set up.
+            return;
+        }
+        let byte_budget = self.limits.input_bytes.saturating_sub(self.offset);
+        let value_budget = self.limits.values.saturating_sub(self.figures.used.values);
+        let mut at = 0usize;
+        let mut pushed = 0u64;
         loop {
-            let (id, len) = match self.input.available() {
-                [op::BINGET, id, ..] => (u32::from(*id), 2),
-                [op::LONG_BINGET, a, b, c, d, ..] => (u32::from_le_bytes([*a, *b, *c, *d]), 5),
-                _ => return,
+            let (id, len) = match bytes.get(at..) {
+                Some([op::BINGET, id, ..]) => (u32::from(*id), 2),
+                Some([op::LONG_BINGET, a, b, c, d, ..]) => {
+                    (u32::from_le_bytes([*a, *b, *c, *d]), 5)
+                }
+                _ => break,
             };
-            // The checks of `run` (the opcode within the input limit) and of `push`.
-            if self.offset >= self.limits.input_bytes
-                || self.figures.used.values >= self.limits.values
-            {
-                return;
+            if at as u64 >= byte_budget || pushed >= value_budget {
+                break;
             }
             let Some(node) = self.memo.get(id) else {
-                return;
+                break;
             };
-            self.figures.used.values += 1;
             self.stack.push(node);
-            self.input.consume(len);
-            self.offset += len as u64;
+            pushed += 1;
+            at += len;
         }
+        self.figures.used.values += pushed;
+        self.input.consume(at);
+        self.offset += at as u64;
+    }
+
+    /// Runs a `MEMOIZE` that follows, and then (`mark`) a `MARK`, while nothing goes wrong,
+    /// in line: a pickler memoizes each container and string it makes and opens the items of a
+    /// container with a mark, so these follow `EMPTY_DICT`, `EMPTY_LIST` and strings, where a
+    /// branch per opcode is predicted and the dispatch of the next opcode is not. Whatever it
+    /// does not run (another opcode, a limit reached, a stack with nothing above the mark) is
+    /// left to [`Reader::step`], which runs it or reports it as it would have.
+    ///
+    /// # Time complexity
+    /// O(1).
+    #[inline]
+    fn more_memoize(&mut self, mark: bool) {
+        if self.input.available().first() != Some(&op::MEMOIZE) {
+            return;
+        }
+        // The checks of `run` (the opcode within the input limit) and of `memoize`.
+        let id = u32::try_from(self.memo.len).unwrap_or(u32::MAX);
+        if self.offset >= self.limits.input_bytes
+            || self.stack.len() <= self.floor()
+            || (self.memo.len >= self.limits.memo_entries && self.memo.get(id).is_none())
+        {
+            return;
+        }
+        let Some(&top) = self.stack.last() else {
+            return;
+        };
+        self.memo.insert(id, top);
+        self.input.consume(1);
+        self.offset += 1;
+        if !mark
+            || self.input.available().first() != Some(&op::MARK)
+            || self.offset >= self.limits.input_bytes
+            || self.marks.len() as u64 >= self.limits.open_marks
+        {
+            return;
+        }
+        // As `MARK` in `step`.
+        let reached = self.marks.len() as u64 + 1;
+        self.figures.used.open_marks = self.figures.used.open_marks.max(reached);
+        self.marks.push(self.stack.len());
+        self.input.consume(1);
+        self.offset += 1;
     }
 
     /// The escaped text argument (protocol 0) of `opcode`, read as a line and unescaped.
@@ -1122,12 +1539,13 @@ impl Reader<'_> {
 
     /// The items above the last mark (popped with it), for a container of `kind`: of a
     /// dict's, a key without a value is dropped, as the reader before did.
-    fn marked_items(&mut self, kind: SeqKind) -> Result<Vec<u32>, PickleError> {
-        let mut items = self.pop_mark()?;
+    fn marked_items(&mut self, kind: SeqKind) -> Result<Fill, PickleError> {
+        let at = self.close_mark()?;
+        let mut end = self.stack.len();
         if kind == SeqKind::Dict {
-            items.truncate(items.len() & !1);
+            end -= (end - at) & 1;
         }
-        Ok(items)
+        Ok(Fill::Stack { at, end })
     }
 
     /// Moves the items above the last mark, which is closed, to the end of the container of
@@ -1157,12 +1575,8 @@ impl Reader<'_> {
             Some(&Node::Seq { kind: k, index }) if k == kind => Some(index as usize),
             _ => None,
         };
-        match index.and_then(|i| self.seqs.get_mut(i)) {
-            Some(seq) => {
-                seq.extend_from_slice(&self.stack[at..end]);
-                self.stack.truncate(at);
-                Ok(())
-            }
+        match index.filter(|&i| i < self.seqs.len()) {
+            Some(i) => self.extend_seq(i, Fill::Stack { at, end }),
             None => {
                 self.stack.truncate(at);
                 if container.is_none() {
@@ -1218,18 +1632,18 @@ impl Reader<'_> {
             Node::Seq {
                 kind: SeqKind::List,
                 index,
-            } => self.seqs.get(index as usize).map(Vec::len),
+            } => Some(self.seqs.get(index).len()),
             _ => None,
         }
     }
 
-    /// The items of list `id` (for `set()`, `frozenset()`, `list()` calls).
-    fn list_items(&self, id: u32) -> Option<Vec<u32>> {
+    /// The container of list `id` (for `set()`, `frozenset()`, `list()` calls).
+    fn list_index(&self, id: u32) -> Option<u32> {
         match self.node(id) {
             Node::Seq {
                 kind: SeqKind::List,
                 index,
-            } => self.seqs.get(index as usize).cloned(),
+            } => Some(index),
             _ => None,
         }
     }
@@ -1380,6 +1794,7 @@ impl Reader<'_> {
             op::SHORT_BINUNICODE | op::BINUNICODE | op::BINUNICODE8 => {
                 let len = self.length(op)?;
                 self.push_counted(len, true)?;
+                self.more_memoize(false);
             }
             op::SHORT_BINSTRING
             | op::SHORT_BINBYTES
@@ -1400,19 +1815,25 @@ impl Reader<'_> {
             }
 
             // Containers.
-            op::EMPTY_TUPLE => self.push_seq(SeqKind::Tuple, Vec::new())?,
-            op::EMPTY_LIST => self.push_seq(SeqKind::List, Vec::new())?,
-            op::EMPTY_DICT => self.push_seq(SeqKind::Dict, Vec::new())?,
-            op::EMPTY_SET => self.push_seq(SeqKind::Set, Vec::new())?,
+            op::EMPTY_TUPLE => self.push_seq(SeqKind::Tuple, Fill::Empty)?,
+            op::EMPTY_LIST => {
+                self.push_seq(SeqKind::List, Fill::Empty)?;
+                self.more_memoize(true);
+            }
+            op::EMPTY_DICT => {
+                self.push_seq(SeqKind::Dict, Fill::Empty)?;
+                self.more_memoize(true);
+            }
+            op::EMPTY_SET => self.push_seq(SeqKind::Set, Fill::Empty)?,
             op::TUPLE1 | op::TUPLE2 | op::TUPLE3 => {
-                // The top 1, 2 or 3 items, in stack order; popped from the top down.
+                // The top 1, 2 or 3 items, in stack order (none below the last mark).
                 let n = usize::from(op - op::TUPLE1) + 1;
-                let mut items = Vec::with_capacity(n);
-                for _ in 0..n {
-                    items.push(self.pop()?);
+                let end = self.stack.len();
+                if end < self.floor() + n {
+                    return self
+                        .malformed(format!("stack underflow in opcode {}", describe_opcode(op)));
                 }
-                items.reverse();
-                self.push_seq(SeqKind::Tuple, items)?;
+                self.push_seq(SeqKind::Tuple, Fill::Stack { at: end - n, end })?;
             }
             // Built from the items above the mark.
             op::TUPLE | op::LIST | op::DICT | op::FROZENSET => {
@@ -1422,8 +1843,8 @@ impl Reader<'_> {
                     op::DICT => SeqKind::Dict,
                     _ => SeqKind::FrozenSet,
                 };
-                let items = self.marked_items(kind)?;
-                self.push_seq(kind, items)?;
+                let fill = self.marked_items(kind)?;
+                self.push_seq(kind, fill)?;
             }
             // Added to the container below the mark.
             op::APPENDS | op::SETITEMS | op::ADDITEMS => {
@@ -1436,12 +1857,14 @@ impl Reader<'_> {
             }
             op::APPEND => {
                 let item = self.pop()?;
-                self.top_seq(SeqKind::List)?.push(item);
+                let index = self.top_seq(SeqKind::List)?;
+                self.push_extend(index, &[item])?;
             }
             op::SETITEM => {
                 let value = self.pop()?;
                 let key = self.pop()?;
-                self.top_seq(SeqKind::Dict)?.extend([key, value]);
+                let index = self.top_seq(SeqKind::Dict)?;
+                self.push_extend(index, &[key, value])?;
             }
 
             // Globals, calls and instances: snapshots hold none; read as the reader before did.
@@ -1470,24 +1893,24 @@ impl Reader<'_> {
             op::NEWOBJ => {
                 self.pop()?;
                 self.pop()?;
-                self.push_seq(SeqKind::Dict, Vec::new())?;
+                self.push_seq(SeqKind::Dict, Fill::Empty)?;
             }
             op::NEWOBJ_EX => {
                 self.pop()?;
                 self.pop()?;
                 self.pop()?;
-                self.push_seq(SeqKind::Dict, Vec::new())?;
+                self.push_seq(SeqKind::Dict, Fill::Empty)?;
             }
             op::OBJ => {
                 self.pop_mark()?;
                 self.pop()?;
-                self.push_seq(SeqKind::Dict, Vec::new())?;
+                self.push_seq(SeqKind::Dict, Fill::Empty)?;
             }
             op::INST => {
                 self.read_line()?;
                 self.read_line()?;
                 self.pop_mark()?;
-                self.push_seq(SeqKind::Dict, Vec::new())?;
+                self.push_seq(SeqKind::Dict, Fill::Empty)?;
             }
             op::BUILD => {
                 // The instance becomes its state.
@@ -1522,7 +1945,7 @@ impl Reader<'_> {
                 kind: SeqKind::Tuple,
                 index,
             } => {
-                let args = self.seqs.get(index as usize).map_or(&[][..], Vec::as_slice);
+                let args = self.seqs.get(index);
                 (
                     args.first().copied(),
                     args.iter().rev().nth(1).copied(),
@@ -1542,13 +1965,15 @@ impl Reader<'_> {
                 // The copy is as large as the list: its items count as values pushed, before
                 // it is made.
                 self.count_values(len as u64)?;
-                let items = last.and_then(|id| self.list_items(id)).unwrap_or_default();
+                let fill = last
+                    .and_then(|id| self.list_index(id))
+                    .map_or(Fill::Empty, Fill::Copy);
                 let kind = match global {
                     Global::Set => SeqKind::Set,
                     Global::FrozenSet => SeqKind::FrozenSet,
                     _ => SeqKind::List,
                 };
-                self.push_seq(kind, items)
+                self.push_seq(kind, fill)
             }
             Global::Int => match last.map(|id| self.node(id)) {
                 Some(node @ (Node::Int(_) | Node::Wide(_) | Node::Huge(_))) => self.push_new(node),
@@ -1579,7 +2004,7 @@ impl Reader<'_> {
                     _ => self.malformed("_codecs.encode() without two strings"),
                 }
             }
-            Global::Reconstructor => self.push_seq(SeqKind::Dict, Vec::new()),
+            Global::Reconstructor => self.push_seq(SeqKind::Dict, Fill::Empty),
             Global::Other => self.push_new(Node::Global(Global::Other)),
         }
     }
@@ -1619,6 +2044,9 @@ impl Reader<'_> {
 /// approximate value (beyond 128 bits only the magnitude can matter to a reader).
 fn twos_complement(bytes: &[u8]) -> Result<i128, f64> {
     let negative = bytes.last().is_some_and(|b| b & 0x80 != 0);
+    if bytes.len() <= 16 {
+        return Ok(sign_extended(bytes, negative));
+    }
     // Sign-extension bytes carry no value: drop them, keeping the sign bit.
     let mut len = bytes.len();
     let fill = if negative { 0xff } else { 0x00 };
@@ -1627,14 +2055,25 @@ fn twos_complement(bytes: &[u8]) -> Result<i128, f64> {
     }
     let bytes = &bytes[..len];
     if bytes.len() <= 16 {
-        let mut wide = [fill; 16];
-        wide[..bytes.len()].copy_from_slice(bytes);
-        return Ok(i128::from_le_bytes(wide));
+        return Ok(sign_extended(bytes, negative));
     }
     let magnitude = bytes.iter().rev().fold(0.0f64, |acc, &b| {
         acc * 256.0 + f64::from(if negative { !b } else { b })
     });
     Err(if negative { -magnitude } else { magnitude })
+}
+
+/// At most 16 little-endian bytes, extended with the sign `negative`. From the most
+/// significant byte down, over the sign's fill, in registers: copying into a 16-byte array
+/// and reading it back went through `memcpy` and then waited on the store (2% of a snapshot's
+/// read, one per address and timestamp).
+#[inline]
+fn sign_extended(bytes: &[u8], negative: bool) -> i128 {
+    let sign: i128 = if negative { -1 } else { 0 };
+    bytes
+        .iter()
+        .rev()
+        .fold(sign, |value, &b| (value << 8) | i128::from(b))
 }
 
 /// `a == b`, compared in line: keys are a few bytes and most differ in the first, where `==`
@@ -1996,12 +2435,13 @@ mod tests {
         }
     }
 
+    /// Read as a file is, its size known (room made up front).
     fn read_bytes(bytes: &[u8]) -> Result<Pickle, PickleError> {
-        read(&mut &bytes[..], &Limits::UNTRUSTED)
+        read_with(bytes, Limits::UNTRUSTED)
     }
 
     fn read_with(bytes: &[u8], limits: Limits) -> Result<Pickle, PickleError> {
-        read(&mut &bytes[..], &limits)
+        read(&mut &bytes[..], &limits, Some(bytes.len() as u64))
     }
 
     /// Protocol 4: `body` between PROTO and STOP.
@@ -2163,6 +2603,9 @@ mod tests {
                 Some(11),
             ),
             (p4(b"((("), Limit::OpenMarks, 3, Some(4)),
+            // The MEMOIZE and MARK run in line after a new container stop at the same limits.
+            (p4(b"]\x94]\x94]\x94"), Limit::MemoEntries, 3, Some(7)),
+            (p4(b"((}\x94("), Limit::OpenMarks, 3, Some(6)),
             (
                 p4(b"\x8c\x11aaaaaaaaaaaaaaaaa"),
                 Limit::PayloadBytes,
@@ -2326,6 +2769,145 @@ mod tests {
         assert_eq!(repr(p.root()), "b'aA\n''");
         let p = read_bytes(&p4(b"V\\u00e9\\U0001F600\n")).unwrap();
         assert_eq!(p.root().as_str(), Some("é😀"));
+    }
+
+    /// Dicts read one after another with one [`KeyMemo`] give what [`Val::get_all`] gives
+    /// each: the same key objects at the same positions (remembered), swapped (not), a bytes
+    /// key before a text one, a duplicate key, and another set of keys with a fresh memo.
+    #[test]
+    fn a_key_memo_changes_no_answer() {
+        let p = read_bytes(&p4(
+            b"](}(X\x01\x00\x00\x00aq\x00K\x01X\x01\x00\x00\x00bq\x01K\x02u}(h\x00K\x03h\x01K\x04u\
+              }(h\x01K\x05h\x00K\x06u}(C\x01aK\x07h\x00K\x08u}(h\x00K\x09h\x00K\x0aue",
+        ))
+        .unwrap();
+        let dicts: Vec<Val<'_>> = p
+            .root()
+            .as_list()
+            .unwrap()
+            .iter()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let ints = |vals: [Option<Val<'_>>; 2]| vals.map(|v| v.and_then(Val::as_u64));
+        let want = [
+            [Some(1), Some(2)],
+            [Some(3), Some(4)],
+            [Some(6), Some(5)],
+            [Some(8), None],
+            [Some(10), None],
+        ];
+        for _ in 0..2 {
+            let mut memo = KeyMemo::default();
+            for (d, want) in dicts.iter().zip(want) {
+                let with_memo = ints(d.get_all_with(["a", "b"], &mut memo).unwrap());
+                assert_eq!(with_memo, ints(d.get_all(["a", "b"]).unwrap()));
+                assert_eq!(with_memo, want);
+            }
+        }
+        let mut memo = KeyMemo::default();
+        let bs: Vec<_> = dicts
+            .iter()
+            .map(|d| ints(d.get_all_with(["b", "zz"], &mut memo).unwrap())[0])
+            .collect();
+        assert_eq!(bs, [Some(2), Some(4), Some(5), None, None]);
+    }
+
+    proptest::proptest! {
+        /// Up to 16 bytes read as the little-endian two's-complement integer they spell:
+        /// the bytes sign-extended to 16 and read by `i128::from_le_bytes`.
+        #[test]
+        fn twos_complement_matches_sign_extension(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..=16),
+        ) {
+            let fill = if bytes.last().is_some_and(|b| b & 0x80 != 0) { 0xff } else { 0 };
+            let mut wide = [fill; 16];
+            wide[..bytes.len()].copy_from_slice(&bytes);
+            proptest::prop_assert_eq!(twos_complement(&bytes), Ok(i128::from_le_bytes(wide)));
+        }
+    }
+
+    /// One step of the model-based test of [`Seqs`].
+    #[derive(Debug, Clone)]
+    enum SeqsStep {
+        /// A new container with these items.
+        Push(Vec<u32>),
+        /// A new container copying container `i % len`.
+        Copy(usize),
+        /// Container `i % len` extended with these items.
+        Extend(usize, Vec<u32>),
+    }
+
+    fn seqs_step() -> impl proptest::strategy::Strategy<Value = SeqsStep> {
+        use proptest::prelude::*;
+        let items = || proptest::collection::vec(any::<u32>(), 0..12);
+        prop_oneof![
+            1 => items().prop_map(SeqsStep::Push),
+            1 => any::<usize>().prop_map(SeqsStep::Copy),
+            3 => (any::<usize>(), items()).prop_map(|(i, v)| SeqsStep::Extend(i, v)),
+        ]
+    }
+
+    proptest::proptest! {
+        /// The arena holds what a `Vec` per container would, whatever the order in which
+        /// containers are made and extended, within four slots per item; its invariants hold
+        /// after every step.
+        #[test]
+        fn seqs_match_a_vec_per_container(
+            steps in proptest::collection::vec(seqs_step(), 0..200),
+            room in 0usize..64,
+        ) {
+            let mut seqs = Seqs::with_capacity(room, room);
+            let mut model: Vec<Vec<u32>> = Vec::new();
+            for step in steps {
+                match step {
+                    SeqsStep::Push(items) => {
+                        let index = seqs.push(&items).unwrap();
+                        proptest::prop_assert_eq!(index as usize, model.len());
+                        model.push(items);
+                    }
+                    SeqsStep::Copy(i) if !model.is_empty() => {
+                        let i = i % model.len();
+                        let index = seqs.push_copy(i as u32).unwrap();
+                        proptest::prop_assert_eq!(index as usize, model.len());
+                        model.push(model[i].clone());
+                    }
+                    SeqsStep::Extend(i, items) if !model.is_empty() => {
+                        let i = i % model.len();
+                        seqs.extend(i, &items).unwrap();
+                        model[i].extend_from_slice(&items);
+                    }
+                    SeqsStep::Copy(_) | SeqsStep::Extend(..) => {}
+                }
+                if let Err(e) = seqs.check_invariants() {
+                    return Err(proptest::test_runner::TestCaseError::fail(e));
+                }
+                proptest::prop_assert_eq!(seqs.len(), model.len());
+                for (i, items) in model.iter().enumerate() {
+                    proptest::prop_assert_eq!(seqs.get(i as u32), items.as_slice());
+                }
+                let total: usize = model.iter().map(Vec::len).sum();
+                proptest::prop_assert!(seqs.items.len() <= 4 * total);
+            }
+            proptest::prop_assert_eq!(seqs.get(model.len() as u32), &[] as &[u32]);
+        }
+    }
+
+    /// Containers filled in batches with others made in between (a list longer than the
+    /// pickler's batch of 1000, the items of a dict after its nested lists) hold their items
+    /// in order, and room made from the input's size, too small, absent or too large, changes
+    /// nothing.
+    #[test]
+    fn batched_containers_and_any_room_read_the_same() {
+        // The outer list gets a first batch ([1, 2]), then a second made after other
+        // containers were filled ([3], and a dict filled after its list [4, 5]).
+        let body = b"](](K\x01K\x02ee(](K\x03e}(X\x01\x00\x00\x00a](K\x04K\x05eue";
+        let bytes = p4(body);
+        let want = "[[1, 2], [3], {'a': [4, 5]}]";
+        for size in [None, Some(0), Some(bytes.len() as u64), Some(1 << 40)] {
+            let p = read(&mut &bytes[..], &Limits::UNTRUSTED, size).unwrap();
+            assert_eq!(repr(p.root()), want, "size {size:?}");
+            p.seqs.check_invariants().unwrap();
+        }
     }
 
     /// Every prefix and many one-byte changes of a real-looking pickle: a value or an error,
