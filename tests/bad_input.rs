@@ -957,10 +957,11 @@ mod c_abi {
 
     fn options() -> PortallocOptions {
         let mut o = std::mem::MaybeUninit::<PortallocOptions>::uninit();
-        // SAFETY: valid for one PortallocOptions; initialised by the call.
+        // SAFETY: valid for one PortallocOptions, whose every field the sized call writes (the
+        // 0.1.0 `portalloc_options_default` writes only that release's fields).
         let mut o = unsafe {
             assert_eq!(
-                portalloc_options_default(o.as_mut_ptr()),
+                portalloc_options_init(o.as_mut_ptr(), std::mem::size_of::<PortallocOptions>()),
                 PortallocStatus::Ok
             );
             o.assume_init()
