@@ -797,17 +797,6 @@ impl FreeIndex {
         }
     }
 
-    /// The free chunk of exactly `size` bytes with the highest address: with
-    /// [`FreeIndex::best_fit`], the best fit that takes the highest address among equal
-    /// sizes (vmm's requests placed at the top of a chunk).
-    ///
-    /// # Time complexity
-    /// `O(log k)` for `k` chunks in a class.
-    #[inline]
-    pub fn last_of_size(&self, size: u64) -> Option<Entry> {
-        self.class(class_of(size)).last_of_size(size)
-    }
-
     /// Every free chunk of at least `size` bytes, in `(size, address)` order, lazily.
     ///
     /// # Time complexity
@@ -1119,7 +1108,7 @@ mod tests {
     }
 
     #[test]
-    fn last_of_size_and_iter_from_follow_the_order() {
+    fn best_fit_last_and_iter_from_follow_the_order() {
         // Inline, Vec and tree classes alike: the same answers as the sorted entries.
         for copies in [2u64, 6, 100] {
             let mut ix = FreeIndex::new();
@@ -1139,11 +1128,17 @@ mod tests {
                     want,
                     "from {at_least}"
                 );
-                let last = all
-                    .iter()
-                    .filter(|e| e.size == at_least)
-                    .max_by_key(|e| e.addr);
-                assert_eq!(ix.last_of_size(at_least), last.copied(), "{at_least} bytes");
+                // The best fit's size, and among its chunks the highest address.
+                let last = want.first().and_then(|first| {
+                    want.iter()
+                        .filter(|e| e.size == first.size)
+                        .max_by_key(|e| e.addr)
+                });
+                assert_eq!(
+                    ix.best_fit_hinted(at_least, true).map(|(e, _)| e),
+                    last.copied(),
+                    "{at_least} bytes"
+                );
             }
         }
     }
