@@ -15,7 +15,9 @@
 //! is no pointer to chase), spills into a sorted `Vec`, and turns into a `BTreeMap` when it
 //! holds more than [`TREE_AT`] chunks, so many chunks of one size stay `O(log n)`. Searches
 //! within a class compare `(size, address)` as one 128-bit key and take no data-dependent
-//! branch; entries move up or down through a register, not by a `memmove` call. (A class of
+//! branch; entries move up or down through a register, not by a `memmove` call, and a sorted
+//! class finds the place of an entry it gains or loses in the same backward pass that moves
+//! the entries above it (one loop exit to mispredict rather than a search's and a shift's). (A class of
 //! 104 bytes with four inline entries straddled two lines, and on vmm's steady 4 MiB churn the
 //! class record's first load and the search's mispredictions were the index's largest costs.)
 #![deny(unsafe_code)]
@@ -129,6 +131,31 @@ fn remove_at_vec(v: &mut Vec<Entry>, pos: usize) -> Entry {
     carry
 }
 
+/// Removes the entry with key `k` from the sorted `v`; false (and `v` unchanged) if there
+/// is none. Searches and shifts in one backward pass, carrying each entry down a slot until
+/// the carried one is `k`: one loop exit to mispredict, where a search and then a shift each
+/// had theirs. A missing key costs a second pass to put the entries back.
+///
+/// # Time complexity
+/// `O(n - p)` moves for the entry at position `p`.
+#[inline]
+fn remove_sorted(v: &mut Vec<Entry>, k: u128) -> bool {
+    let Some(mut carry) = v.pop() else {
+        return false;
+    };
+    // Invariant: `v[j..]` holds the entries after `carry`'s old position, each one slot down.
+    let mut j = v.len();
+    while ekey(&carry) > k && j > 0 {
+        j -= 1;
+        carry = std::mem::replace(&mut v[j], carry);
+    }
+    if ekey(&carry) == k {
+        return true;
+    }
+    insert_at(v, j, carry);
+    false
+}
+
 /// Restores the order of `v` after `v[pos]` was overwritten.
 fn resettle(v: &mut [Entry], mut pos: usize) {
     while pos > 0 && key(&v[pos - 1]) > key(&v[pos]) {
@@ -162,6 +189,16 @@ impl Class {
             idx: 0,
         }; INLINE],
     };
+
+    /// An inline class holding the entries of `v` (at most `INLINE`).
+    fn inline_from(v: &[Entry]) -> Class {
+        let mut items = [Entry::default(); INLINE];
+        items[..v.len()].copy_from_slice(v);
+        Class::Inline {
+            len: v.len() as u8,
+            items,
+        }
+    }
 
     fn len(&self) -> usize {
         match self {
@@ -214,8 +251,16 @@ impl Class {
                 }
             }
             Class::Sorted(v) => {
-                let pos = lower_bound(v, ekey(&e));
-                insert_at(v, pos, e);
+                // Search and shift in one backward pass: one loop exit to mispredict, where
+                // a search and then a shift each had theirs.
+                let k = ekey(&e);
+                v.push(e);
+                let mut i = v.len() - 1;
+                while i > 0 && ekey(&v[i - 1]) > k {
+                    v[i] = v[i - 1];
+                    i -= 1;
+                }
+                v[i] = e;
                 if v.len() > TREE_AT {
                     let tree = v.iter().map(|x| (key(x), x.idx)).collect();
                     *self = Class::Tree(tree);
@@ -232,7 +277,15 @@ impl Class {
         let k = key128(size, addr);
         let v = match self {
             Class::Inline { len, items } => &items[..usize::from(*len)],
-            Class::Sorted(v) => v,
+            Class::Sorted(v) => {
+                if !remove_sorted(v, k) {
+                    return false;
+                }
+                if v.len() <= INLINE / 2 {
+                    *self = Class::inline_from(v);
+                }
+                return true;
+            }
             Class::Tree(t) => {
                 let found = t.remove(&(size, addr)).is_some();
                 if t.is_empty() {
@@ -268,12 +321,7 @@ impl Class {
             Class::Sorted(v) => {
                 let e = remove_at_vec(v, pos);
                 if v.len() <= INLINE / 2 {
-                    let mut items = [Entry::default(); INLINE];
-                    items[..v.len()].copy_from_slice(v);
-                    *self = Class::Inline {
-                        len: v.len() as u8,
-                        items,
-                    };
+                    *self = Class::inline_from(v);
                 }
                 e
             }
@@ -559,8 +607,8 @@ impl FreeIndex {
     /// Adds a free chunk.
     ///
     /// # Time complexity
-    /// `O(log k)` search plus an `O(k)` move for `k ≤ 64` chunks in its class; `O(log k)`
-    /// beyond.
+    /// `O(k)` for `k ≤ 64` chunks in its class (one backward pass that finds the place and
+    /// moves the entries above it); `O(log k)` beyond.
     #[inline]
     pub fn insert(&mut self, size: u64, addr: u64, idx: u32) {
         let c = class_of(size);
@@ -915,6 +963,27 @@ mod tests {
         } as usize
             & (SL_COUNT - 1);
         fl as usize * SL_COUNT + sl
+    }
+
+    /// `remove_sorted` on the keys 10, 20, 30 (sizes, address 0): a present key goes and the
+    /// rest keep their order; an absent one leaves the vector as it was (the second pass).
+    #[test_case::test_case(&[10, 20, 30], 10, true, &[20, 30]; "the first")]
+    #[test_case::test_case(&[10, 20, 30], 20, true, &[10, 30]; "the middle")]
+    #[test_case::test_case(&[10, 20, 30], 30, true, &[10, 20]; "the last: nothing carried")]
+    #[test_case::test_case(&[10, 20, 30], 5, false, &[10, 20, 30]; "absent, below all")]
+    #[test_case::test_case(&[10, 20, 30], 25, false, &[10, 20, 30]; "absent, between")]
+    #[test_case::test_case(&[10, 20, 30], 35, false, &[10, 20, 30]; "absent, above all")]
+    #[test_case::test_case(&[10], 10, true, &[]; "the only one")]
+    #[test_case::test_case(&[], 10, false, &[]; "empty")]
+    fn remove_sorted_cases(before: &[u64], key: u64, found: bool, after: &[u64]) {
+        let entry = |&size: &u64| Entry {
+            size,
+            addr: 0,
+            idx: size as u32,
+        };
+        let mut v: Vec<Entry> = before.iter().map(entry).collect();
+        assert_eq!(remove_sorted(&mut v, key128(key, 0)), found);
+        assert_eq!(v, after.iter().map(entry).collect::<Vec<_>>());
     }
 
     #[test_case::test_case(256, 0; "one unit")]
