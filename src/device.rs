@@ -256,7 +256,16 @@ pub trait Device: Send + Sync + fmt::Debug {
     /// [`crate::Error::Unsupported`] when the device cannot access `peer`; the backend's
     /// error when enabling fails.
     fn enable_peer_access(&self, peer: &dyn Device) -> Result<()> {
-        Err(peer_access_unsupported(self, peer))
+        Err(self.peer_access_refusal(peer))
+    }
+
+    /// Why work on this device cannot access the memory of `peer`, for a pair
+    /// [`Device::can_access_peer`] answers false for: the [`crate::Error::Unsupported`] that
+    /// [`Device::enable_peer_access`] refuses it with, and what reports show per pair (a
+    /// driver that lacks the peer calls, say, rather than one that says no). Calls nothing
+    /// on the device. Default: the device offers no peer access.
+    fn peer_access_refusal(&self, peer: &dyn Device) -> crate::Error {
+        peer_access_unsupported(self, peer)
     }
 
     /// The ordinals of the devices (of the same backend) this device has enabled peer access

@@ -278,11 +278,12 @@ pub fn enable_peer_access(devices: &[Arc<dyn Device>]) -> Vec<PeerLink> {
             let can = |x: &Arc<dyn Device>, y: &Arc<dyn Device>| match x.can_access_peer(y.as_ref())
             {
                 Ok(true) => Ok(()),
-                Ok(false) => Err(format!(
-                    "device {} does not report access to device {}",
-                    x.info().ordinal,
-                    y.info().ordinal
-                )),
+                // The device's own account of why not (a driver without the peer calls reads
+                // differently from one that says no).
+                Ok(false) => Err(match x.peer_access_refusal(y.as_ref()) {
+                    crate::Error::Unsupported { reason, .. } => reason,
+                    other => other.to_string(),
+                }),
                 Err(e) => Err(e.to_string()),
             };
             let both = can(a, b).and_then(|()| can(b, a));

@@ -680,20 +680,24 @@ impl Device for HostDevice {
     /// [`Error::Unsupported`] for a device that is not another host device.
     fn enable_peer_access(&self, peer: &dyn Device) -> Result<()> {
         if !self.can_access_peer(peer)? {
-            return Err(Error::Unsupported {
-                what: "peer access".into(),
-                backend: BACKEND,
-                reason: format!(
-                    "host device {} can access other host devices only, not device {} of {} \
-                     (nor itself)",
-                    self.info.ordinal,
-                    peer.info().ordinal,
-                    peer.info().vendor
-                ),
-            });
+            return Err(self.peer_access_refusal(peer));
         }
         self.lock().peers.insert(peer.info().ordinal);
         Ok(())
+    }
+
+    fn peer_access_refusal(&self, peer: &dyn Device) -> Error {
+        Error::Unsupported {
+            what: "peer access".into(),
+            backend: BACKEND,
+            reason: format!(
+                "host device {} can access other host devices only, not device {} of {} \
+                 (nor itself)",
+                self.info.ordinal,
+                peer.info().ordinal,
+                peer.info().vendor
+            ),
+        }
     }
 
     fn peer_access(&self) -> Vec<u32> {

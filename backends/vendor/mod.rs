@@ -577,27 +577,9 @@ impl<V: VendorApi> Device for GpuDevice<V> {
     }
 
     fn enable_peer_access(&self, peer: &dyn Device) -> Result<()> {
-        let target = peer.info();
         let ordinal = match self.peer_ordinal(peer)? {
             Some(o) if self.can_access_peer(peer)? => o,
-            _ => {
-                return Err(Error::Unsupported {
-                    what: "peer access".into(),
-                    backend: V::BACKEND,
-                    reason: format!(
-                        "device {} ({}) cannot access device {} of {}{}",
-                        self.info.ordinal,
-                        self.info.name,
-                        target.ordinal,
-                        target.vendor,
-                        if self.vendor.has_peer_calls() {
-                            format!(" ({} says no)", V::PEER_CALLS[0])
-                        } else {
-                            format!(": the driver does not export {}", V::PEER_CALLS.join(" / "))
-                        }
-                    ),
-                })
-            }
+            _ => return Err(self.peer_access_refusal(peer)),
         };
         let mut peers = lock(&self.peers);
         if peers.iter().any(|&(o, _)| o == ordinal) {
@@ -608,6 +590,27 @@ impl<V: VendorApi> Device for GpuDevice<V> {
         peers.push((ordinal, kept));
         peers.sort_unstable_by_key(|&(o, _)| o);
         Ok(())
+    }
+
+    /// Names the cause: a driver without the peer calls, or the driver's answer.
+    fn peer_access_refusal(&self, peer: &dyn Device) -> Error {
+        let target = peer.info();
+        Error::Unsupported {
+            what: "peer access".into(),
+            backend: V::BACKEND,
+            reason: format!(
+                "device {} ({}) cannot access device {} of {}{}",
+                self.info.ordinal,
+                self.info.name,
+                target.ordinal,
+                target.vendor,
+                if self.vendor.has_peer_calls() {
+                    format!(" ({} says no)", V::PEER_CALLS[0])
+                } else {
+                    format!(": the driver does not export {}", V::PEER_CALLS.join(" / "))
+                }
+            ),
+        }
     }
 
     fn peer_access(&self) -> Vec<u32> {

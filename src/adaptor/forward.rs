@@ -384,6 +384,12 @@ impl<W: DeviceWrapper> Device for W {
             self.wrapped().enable_peer_access(peer)
         })
     }
+    fn peer_access_refusal(&self, peer: &dyn Device) -> crate::Error {
+        if !self.offers(Capability::PeerAccess) {
+            return peer_access_unsupported(self, peer);
+        }
+        self.wrapped().peer_access_refusal(peer)
+    }
     fn peer_access(&self) -> Vec<u32> {
         if !self.offers(Capability::PeerAccess) {
             return Vec::new();
