@@ -212,26 +212,30 @@ impl<R: BufRead> Frames<R> {
         }
     }
 
-    /// Drops the next value (after whitespace) when `scan` says it may be dropped
-    /// ([`Scan::Drop`]); `false`, with nothing consumed, when it is to be parsed
-    /// ([`Frames::parse`] then reads it, or reports what is wrong with it). A value cut by the
-    /// window's end is scanned again once more of the stream is in, as [`Frames::parse`]
-    /// parses it again; one that the stream ends inside, or longer than [`MAX_VALUE_BYTES`],
-    /// is left to [`Frames::parse`] to report.
+    /// Scans the next value (after whitespace) with `scan`, and consumes it when `scan`
+    /// decided it ([`Scan::Drop`], [`Scan::Memory`]); [`Scan::Parse`], with nothing consumed,
+    /// when it is to be parsed ([`Frames::parse`] then reads it, or reports what is wrong
+    /// with it). A value cut by the window's end is scanned again once more of the stream is
+    /// in, as [`Frames::parse`] parses it again; one that the stream ends inside, or longer
+    /// than [`MAX_VALUE_BYTES`], is left to [`Frames::parse`] to report (never
+    /// [`Scan::Incomplete`]).
     ///
     /// # Errors
     /// The stream fails.
-    pub(crate) fn skip_if(&mut self, scan: impl Fn(&[u8]) -> Scan) -> Result<bool, FrameError> {
+    pub(crate) fn scan(&mut self, scan: impl Fn(&[u8]) -> Scan) -> Result<Scan, FrameError> {
         self.peek()?;
         loop {
             let rest = &self.buf[self.pos..];
-            match scan(rest) {
-                Scan::Drop(used) => {
+            let decided = scan(rest);
+            match decided {
+                Scan::Drop(used) | Scan::Memory(used, _) => {
                     self.pos += used.min(rest.len());
-                    return Ok(true);
+                    return Ok(decided);
                 }
-                Scan::Parse => return Ok(false),
-                Scan::Incomplete if self.done || rest.len() >= MAX_VALUE_BYTES => return Ok(false),
+                Scan::Parse => return Ok(Scan::Parse),
+                Scan::Incomplete if self.done || rest.len() >= MAX_VALUE_BYTES => {
+                    return Ok(Scan::Parse)
+                }
                 Scan::Incomplete => {
                     let want = rest
                         .len()
