@@ -136,7 +136,7 @@ impl From<Stop> for Scan {
 /// passed eight at a time (a word equal to eight spaces), and the first byte that is not a
 /// space is found from the word's lowest nonzero byte after `^` with spaces.
 #[inline(always)]
-fn skip_ws(b: &[u8], mut i: usize) -> usize {
+pub(crate) fn skip_ws(b: &[u8], mut i: usize) -> usize {
     loop {
         match b.get(i) {
             Some(b' ' | b'\t' | b'\n' | b'\r') => i += 1,

@@ -20,10 +20,11 @@
 //! `peak_live_bytes` = max `Total Allocated`. Event numbers in messages are positions in
 //! `traceEvents`, from 1.
 //!
-//! The JSON is walked once, one event at a time: `json_frames::Frames` holds a window of the
-//! stream (at most about 16 MiB, `MAX_VALUE_BYTES`: one event longer than that is refused by
-//! name) from which an event that is not a `[memory]` one is dropped after a validating scan
-//! (`json_skip`), which also reads the fields of a `[memory]` event when they are plain
+//! The JSON is walked once, one event at a time: `json_frames::Frames` reads it in the input's
+//! own buffers (an event cut by a buffer's end is copied out, at most about 16 MiB of it,
+//! `MAX_VALUE_BYTES`: one event longer than that is refused by name), where an event that is
+//! not a `[memory]` one is dropped after a validating scan (`json_skip`; many events at once
+//! within a buffer), which also reads the fields of a `[memory]` event when they are plain
 //! integers; what the scan leaves is parsed by `serde_json` into typed fields (no JSON value is
 //! built); only the `[memory]` events are kept. The rest of the file is never held in memory.
 //!
@@ -543,18 +544,17 @@ fn events(f: &mut Frames<Input>, c: &mut Collected) -> std::result::Result<(), F
         return Ok(());
     }
     loop {
-        c.events_seen += 1;
-        // Most events are not `[memory]` ones: dropped after a validating scan, the others
-        // (and whatever the scan does not decide) parsed by serde_json.
-        match f.scan(json_skip::scan_event)? {
-            Scan::Drop(_) => {}
-            Scan::Memory(_, m) => c.mem.push(Mem::new(c.events_seen, Raw::from(m))),
-            Scan::Parse | Scan::Incomplete => {
-                let raw = f.parse::<RawEvent>()?;
-                if raw.name.as_ref().is_some_and(|n| n.0) {
-                    c.mem.push(Mem::new(c.events_seen, Raw::from(raw)));
-                }
+        // Most events are not `[memory]` ones: dropped after a validating scan, in the input's
+        // buffer, many at once; then the one it stopped at, if any, one at a time.
+        let after = f.scan_elements(json_skip::scan_event, |decided| {
+            c.events_seen += 1;
+            if let Scan::Memory(_, m) = decided {
+                c.mem.push(Mem::new(c.events_seen, Raw::from(m)));
             }
+        })?;
+        if !after {
+            c.events_seen += 1;
+            one_event(f, c)?;
         }
         match f.peek()? {
             Some(b',') => f.take(),
@@ -569,6 +569,22 @@ fn events(f: &mut Frames<Input>, c: &mut Collected) -> std::result::Result<(), F
             return Err(f.error(false, "trailing comma"));
         }
     }
+}
+
+/// One event, scanned (dropped, or read when it is a `[memory]` one) or, what the scan does
+/// not decide, parsed by serde_json.
+fn one_event(f: &mut Frames<Input>, c: &mut Collected) -> std::result::Result<(), FrameError> {
+    match f.scan(json_skip::scan_event)? {
+        Scan::Drop(_) => {}
+        Scan::Memory(_, m) => c.mem.push(Mem::new(c.events_seen, Raw::from(m))),
+        Scan::Parse | Scan::Incomplete => {
+            let raw = f.parse::<RawEvent>()?;
+            if raw.name.as_ref().is_some_and(|n| n.0) {
+                c.mem.push(Mem::new(c.events_seen, Raw::from(raw)));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Reads a Kineto trace and returns the chosen device's events in replay order.
