@@ -200,6 +200,39 @@ fn special(x: u64) -> (u64, u64) {
     (quote | backslash | control | (x & (LANES << 7)), quote)
 }
 
+/// Bytes of a string read a word at a time before [`long_string`] is tried: most strings
+/// (keys, operator names) end before; call stacks and kernel names go on for hundreds.
+const LONG_STRING: usize = 32;
+
+/// The end of a long string whose first `from` bytes are plain (printable ASCII): the
+/// position of its closing quote in `rest`, found by `memchr2` (which compares many bytes
+/// at once), when every byte before it is plain too — checked a word at a time without a
+/// branch per word (a flag for a byte below 0x20 may also flag the byte above it, never
+/// miss one: any flag sends the string back to the exact word loop). `None` when the string
+/// has an escape, a byte that is not plain, or no end in `rest`: the word loop decides.
+///
+/// # Time complexity
+/// O(n) in the string's bytes.
+#[inline(never)]
+fn long_string(rest: &[u8], from: usize) -> Option<usize> {
+    let tail = rest.get(from..)?;
+    let k = memchr::memchr2(b'"', b'\\', tail)?;
+    if tail[k] != b'"' {
+        return None;
+    }
+    let body = &tail[..k];
+    let words = body.chunks_exact(8);
+    let last = words.remainder();
+    let mut flags = 0u64;
+    for word in words {
+        let x = u64::from_le_bytes(word.try_into().unwrap_or_default());
+        // Below 0x20 (and perhaps the byte above it), or not ASCII.
+        flags |= (x.wrapping_sub(LANES * 0x20) | x) & (LANES << 7);
+    }
+    let plain = flags == 0 && last.iter().all(|c| (0x20..0x80).contains(c));
+    plain.then_some(from + k)
+}
+
 /// The string at `b[i] == b'"'`: the position after its closing quote, and its body. One
 /// pass over its bytes (real strings are short: a call to `memchr` cost more than it saved).
 #[inline(always)]
@@ -215,6 +248,11 @@ fn string(b: &[u8], i: usize) -> Result<(usize, &[u8]), Stop> {
         let (flags, quotes) = special(u64::from_le_bytes(*word));
         if flags == 0 {
             from += 8;
+            if from == LONG_STRING {
+                if let Some(end) = long_string(rest, from) {
+                    return Ok((start + end + 1, &rest[..end]));
+                }
+            }
             continue;
         }
         let at = from + flags.trailing_zeros() as usize / 8;
@@ -715,6 +753,57 @@ mod tests {
                     assert_eq!(flags & !(LANES << 7), 0, "{word:02x?}");
                 }
             }
+        }
+    }
+
+    /// A string read byte by byte, as JSON has it: its end and body; an escape, a control
+    /// character or text that is not UTF-8 handed over; no end held, incomplete.
+    fn string_model(b: &[u8]) -> Scan {
+        for (len, &c) in b.iter().enumerate().skip(1) {
+            match c {
+                b'"' => {
+                    return match std::str::from_utf8(&b[1..len]) {
+                        Ok(_) => Scan::Drop(len + 1),
+                        Err(_) => Scan::Parse,
+                    }
+                }
+                b'\\' | 0..=0x1f => return Scan::Parse,
+                _ => {}
+            }
+        }
+        Scan::Incomplete
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(5000))]
+
+        /// Strings of every length (short ones a word at a time, long ones through
+        /// `long_string`) with a special byte anywhere, ended or not: read as the byte model
+        /// reads them.
+        #[test]
+        fn strings_are_read_as_the_model_reads_them(
+            body in proptest::collection::vec(
+                proptest::prop_oneof![
+                    40 => proptest::sample::select(&b"abc:/ ()[]{}0123456789.,~\x7f"[..]),
+                    1 => proptest::sample::select(&b"\"\\\x00\x01\x1f\x80\xbf\xc3\xa9\xff"[..]),
+                ],
+                0..120,
+            ),
+            ended in proptest::bool::ANY,
+        ) {
+            let mut text = vec![b'"'];
+            text.extend_from_slice(&body);
+            if ended {
+                text.push(b'"');
+            }
+            let got = match string(&text, 0) {
+                Ok((end, s)) => {
+                    proptest::prop_assert_eq!(s, &text[1..end - 1]);
+                    Scan::Drop(end)
+                }
+                Err(stop) => stop.into(),
+            };
+            proptest::prop_assert_eq!(got, string_model(&text), "{:?}", String::from_utf8_lossy(&text));
         }
     }
 
