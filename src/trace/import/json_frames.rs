@@ -6,7 +6,7 @@
 //! the input's own buffer — the 256 KiB buffers the inflating thread hands over, or a
 //! `BufReader`'s — and moves past the bytes used, without copying them. Only a value cut by
 //! the end of an input buffer is copied: its start, and then the next buffer's bytes in steps
-//! that at least double ([`CARRY_BYTES`] the first), into a carry-over buffer where it is
+//! that at least double ([`CARRY_BYTES`] more the first), into a carry-over buffer where it is
 //! parsed again (so a value is parsed O(1) times on average); the walk goes back to the
 //! input's buffer as soon as the value has been read. One longer than [`MAX_VALUE_BYTES`] is
 //! refused, so the carry-over never holds more than about that. The punctuation between the
@@ -28,7 +28,7 @@ pub(crate) const MAX_VALUE_BYTES: usize = 16 << 20;
 /// The least a carry-over grows by: a value cut by the end of an input buffer is read again
 /// once this many more bytes (or twice what is held) are in. Small, as the bytes copied past
 /// the value's end are copied for nothing (real events are hundreds of bytes).
-pub(crate) const CARRY_BYTES: usize = 4 << 10;
+pub(crate) const CARRY_BYTES: usize = 1 << 10;
 
 /// What stopped the walk: bad JSON (`eof`: the input ended inside it), a value past
 /// [`MAX_VALUE_BYTES`], or the input failing.

@@ -100,19 +100,22 @@ fn field_of(key: &[u8]) -> Option<usize> {
     }
 }
 
-/// The index of `key` among the [`ARG_KEYS`], matched in line as [`field_of`] does.
-#[inline]
+/// The index of `key` among the [`ARG_KEYS`]. Every event's `args` keys come here (DDP's
+/// `External id`, `Ev Idx`, …): the keys differ in length, or in their first byte, so one
+/// candidate at most is compared whole.
+#[inline(always)]
 fn arg_of(key: &[u8]) -> Option<usize> {
-    match key {
-        b"Addr" => Some(0),
-        b"Bytes" => Some(1),
-        b"Total Allocated" => Some(2),
-        b"Total Reserved" => Some(3),
-        b"Device Type" => Some(4),
-        b"Device Id" => Some(5),
-        b"Ev Idx" => Some(6),
-        _ => None,
-    }
+    let candidate = match (key.len(), key.first()) {
+        (4, Some(b'A')) => 0,
+        (5, Some(b'B')) => 1,
+        (15, Some(b'T')) => 2,
+        (14, Some(b'T')) => 3,
+        (11, Some(b'D')) => 4,
+        (9, Some(b'D')) => 5,
+        (6, Some(b'E')) => 6,
+        _ => return None,
+    };
+    (key == ARG_KEYS[candidate]).then_some(candidate)
 }
 
 /// Why a scan stopped early: the caller's answer.
@@ -385,10 +388,19 @@ fn literal(b: &[u8], i: usize, word: &[u8]) -> Result<usize, Stop> {
 /// # Time complexity
 /// O(n) in the bytes of the value (or of `b`, when it is incomplete).
 pub(crate) fn scan_event(b: &[u8]) -> Scan {
-    match scan(b) {
-        Ok(scan) => scan,
-        Err(stop) => stop.into(),
-    }
+    scan(b)
+}
+
+/// The value of `$result`, or, when it stopped early, the decision that says why, returned.
+/// (Returning a `Scan` itself, not a `Result` of one: the conversion copied the whole
+/// `Scan`, with its `[memory]` fields, on every event.)
+macro_rules! decided {
+    ($result:expr) => {
+        match $result {
+            Ok(value) => value,
+            Err(stop) => return Scan::from(stop),
+        }
+    };
 }
 
 /// What the value being scanned is to the event.
@@ -446,9 +458,7 @@ fn integer(b: &[u8], at: usize) -> Result<Int, Stop> {
     if n > 18 || b.get(start + n) == Some(&b'.') {
         return Err(Stop::Parse);
     }
-    let value = b[start..start + n]
-        .iter()
-        .fold(0u64, |v, d| v * 10 + u64::from(d - b'0'));
+    let value = decimal(&b[start..start + n]);
     match (negative, value) {
         (false, v) => Ok(Int::U(v)),
         // serde_json reads `-0` as the float -0.0.
@@ -458,11 +468,43 @@ fn integer(b: &[u8], at: usize) -> Result<Int, Stop> {
     }
 }
 
-fn scan(b: &[u8]) -> Result<Scan, Stop> {
+/// The value of at most 18 ASCII digits: the first few one at a time, then eight at a time
+/// ([`eight_digits`]), so that a timestamp's 16 digits are two steps of a dependent chain
+/// rather than sixteen.
+fn decimal(digits: &[u8]) -> u64 {
+    let head = digits.len() % 8;
+    let mut value = digits[..head]
+        .iter()
+        .fold(0u64, |v, d| v * 10 + u64::from(d - b'0'));
+    for chunk in digits[head..].chunks_exact(8) {
+        let word: [u8; 8] = chunk.try_into().unwrap_or([b'0'; 8]);
+        value = value * 100_000_000 + eight_digits(word);
+    }
+    value
+}
+
+/// The value of eight ASCII digits (the first the most significant), in three steps of
+/// multiplications on the word: pairs of digits, then fours, then the eight.
+#[inline(always)]
+fn eight_digits(word: [u8; 8]) -> u64 {
+    // Each byte a digit, the first in the lowest byte.
+    let v = u64::from_le_bytes(word) - LANES * u64::from(b'0');
+    // Byte 2k: 10 × digit 2k + digit 2k + 1 (the odd bytes hold leftovers, masked below).
+    let v = v.wrapping_mul(10).wrapping_add(v >> 8);
+    // The four pairs into two fours (bits 0..32 and 32..64), then those into the eight.
+    let pairs = 0x0000_00ff_0000_00ff;
+    let v = (v & pairs)
+        .wrapping_mul(100 + (1_000_000 << 32))
+        .wrapping_add(((v >> 16) & pairs).wrapping_mul(1 + (10_000 << 32)));
+    v >> 32
+}
+
+#[inline(always)]
+fn scan(b: &[u8]) -> Scan {
     match b.first() {
         Some(b'{') => {}
-        Some(_) => return Ok(Scan::Parse),
-        None => return Ok(Scan::Incomplete),
+        Some(_) => return Scan::Parse,
+        None => return Scan::Incomplete,
     }
     // Bit d of `objects` is set when the container at depth d + 1 is an object.
     // Invariant: 1 <= depth <= MAX_DEPTH while the event is open.
@@ -475,8 +517,8 @@ fn scan(b: &[u8]) -> Result<Scan, Stop> {
     let mut slots: Slots = [NOT_A_NUMBER; 2 + ARG_KEYS.len()];
     let mut i = skip_ws(b, 1);
     match b.get(i) {
-        Some(b'}') => return Ok(Scan::Drop(i + 1)),
-        None => return Ok(Scan::Incomplete),
+        Some(b'}') => return Scan::Drop(i + 1),
+        None => return Scan::Incomplete,
         Some(_) => {}
     }
     // The walk: a key at `i` (whitespace skipped), then its value; a value, then what
@@ -484,11 +526,11 @@ fn scan(b: &[u8]) -> Result<Scan, Stop> {
     'key: loop {
         match b.get(i) {
             Some(b'"') => {}
-            Some(_) => return Ok(Scan::Parse),
-            None => return Ok(Scan::Incomplete),
+            Some(_) => return Scan::Parse,
+            None => return Scan::Incomplete,
         }
-        let (end, key) = string(b, i)?;
-        let mut role = role_of(key, depth, in_args, &mut seen)?;
+        let (end, key) = decided!(string(b, i));
+        let mut role = decided!(role_of(key, depth, in_args, &mut seen));
         // The printers' `": "` in one test (the next token's position then waits on one load
         // less); whitespace after it is skipped where the value is read.
         if b.get(end..end + 2) == Some(b": ") {
@@ -497,13 +539,13 @@ fn scan(b: &[u8]) -> Result<Scan, Stop> {
             i = skip_ws(b, end);
             match b.get(i) {
                 Some(b':') => i = skip_ws(b, i + 1),
-                Some(_) => return Ok(Scan::Parse),
-                None => return Ok(Scan::Incomplete),
+                Some(_) => return Scan::Parse,
+                None => return Scan::Incomplete,
             }
         }
         'value: loop {
             let Some(&c) = b.get(i) else {
-                return Ok(Scan::Incomplete);
+                return Scan::Incomplete;
             };
             if let Role::Slot(s) = role {
                 slots[s] = if matches!(c, b'-' | b'0'..=b'9') {
@@ -514,7 +556,7 @@ fn scan(b: &[u8]) -> Result<Scan, Stop> {
             }
             match c {
                 b'"' => {
-                    let (end, text) = string(b, i)?;
+                    let (end, text) = decided!(string(b, i));
                     if role == Role::Name && text == b"[memory]" {
                         memory = true;
                     }
@@ -522,7 +564,7 @@ fn scan(b: &[u8]) -> Result<Scan, Stop> {
                 }
                 b'{' | b'[' => {
                     if depth >= MAX_DEPTH {
-                        return Ok(Scan::Parse);
+                        return Scan::Parse;
                     }
                     let object = c == b'{';
                     if object && role == Role::Args {
@@ -539,7 +581,7 @@ fn scan(b: &[u8]) -> Result<Scan, Stop> {
                                 in_args = false;
                             }
                         }
-                        (None, _) => return Ok(Scan::Incomplete),
+                        (None, _) => return Scan::Incomplete,
                         (Some(_), true) => continue 'key,
                         (Some(_), false) => {
                             role = Role::Other;
@@ -547,15 +589,15 @@ fn scan(b: &[u8]) -> Result<Scan, Stop> {
                         }
                     }
                 }
-                b'-' | b'0'..=b'9' => i = number(b, i)?,
-                b't' => i = literal(b, i, b"true")?,
-                b'f' => i = literal(b, i, b"false")?,
-                b'n' => i = literal(b, i, b"null")?,
+                b'-' | b'0'..=b'9' => i = decided!(number(b, i)),
+                b't' => i = decided!(literal(b, i, b"true")),
+                b'f' => i = decided!(literal(b, i, b"false")),
+                b'n' => i = decided!(literal(b, i, b"null")),
                 b' ' | b'\t' | b'\n' | b'\r' => {
                     i = skip_ws(b, i);
                     continue 'value;
                 }
-                _ => return Ok(Scan::Parse),
+                _ => return Scan::Parse,
             }
             // After a value: `,` and the next key or element, or the end of containers.
             loop {
@@ -567,7 +609,7 @@ fn scan(b: &[u8]) -> Result<Scan, Stop> {
                 }
                 i = skip_ws(b, i);
                 let Some(&c) = b.get(i) else {
-                    return Ok(Scan::Incomplete);
+                    return Scan::Incomplete;
                 };
                 match (c, in_object) {
                     (b',', true) => {
@@ -587,29 +629,31 @@ fn scan(b: &[u8]) -> Result<Scan, Stop> {
                         }
                         // The event has ended (at `i`; whitespace after it is not counted).
                         if depth == 0 {
-                            return finish(b, i, memory, &slots);
+                            return if memory {
+                                finish(b, i, &slots)
+                            } else {
+                                Scan::Drop(i)
+                            };
                         }
                     }
-                    _ => return Ok(Scan::Parse),
+                    _ => return Scan::Parse,
                 }
             }
         }
     }
 }
 
-/// The decision on an event of `used` bytes, scanned whole.
-fn finish(b: &[u8], used: usize, memory: bool, slots: &Slots) -> Result<Scan, Stop> {
-    if !memory {
-        return Ok(Scan::Drop(used));
-    }
+/// The decision on a `[memory]` event of `used` bytes, scanned whole: its numbers read.
+#[inline(never)]
+fn finish(b: &[u8], used: usize, slots: &Slots) -> Scan {
     let mut ints = [Int::None; 2 + ARG_KEYS.len()];
     for (int, &at) in ints.iter_mut().zip(slots) {
         if at != NOT_A_NUMBER {
-            *int = integer(b, at)?;
+            *int = decided!(integer(b, at));
         }
     }
     let [ts, tid, args @ ..] = ints;
-    Ok(Scan::Memory(used, Memory { ts, tid, args }))
+    Scan::Memory(used, Memory { ts, tid, args })
 }
 
 #[cfg(test)]
@@ -807,6 +851,35 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// Digits are read as a fold one digit at a time reads them, at every length a kept
+        /// number may have.
+        #[test]
+        fn decimal_is_the_fold_of_its_digits(text in "[0-9]{0,18}") {
+            let want = text.bytes().fold(0u64, |v, d| v * 10 + u64::from(d - b'0'));
+            proptest::prop_assert_eq!(decimal(text.as_bytes()), want, "{}", text);
+        }
+    }
+
+    /// Each lane of eight digits weighs as its place says, for every digit.
+    #[test]
+    fn eight_digits_weigh_each_place() {
+        for place in 0..8 {
+            for d in b'0'..=b'9' {
+                for around in [b'0', b'9'] {
+                    let mut word = [around; 8];
+                    word[place] = d;
+                    let text = std::str::from_utf8(&word).unwrap_or_default();
+                    assert_eq!(
+                        eight_digits(word),
+                        text.parse::<u64>().unwrap_or(0),
+                        "{text}"
+                    );
+                }
+            }
+        }
+    }
+
     /// `arg_of` matches exactly the keys of `ARG_KEYS`, at their index.
     #[test]
     fn arg_keys_are_matched_at_their_index() {
@@ -814,7 +887,17 @@ mod tests {
             assert_eq!(arg_of(k), Some(i), "{}", String::from_utf8_lossy(k));
             assert_eq!(arg_of(&k[1..]), None);
         }
-        assert_eq!(arg_of(b"bytes"), None);
+        for other in [
+            &b"bytes"[..],
+            b"Addx",
+            b"External id",
+            b"Device Typf",
+            b"Ev Idy",
+            b"",
+            b"T",
+        ] {
+            assert_eq!(arg_of(other), None, "{}", String::from_utf8_lossy(other));
+        }
     }
 
     /// The whitespace skip stops at the first byte that is not whitespace, wherever it stands
