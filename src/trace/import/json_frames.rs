@@ -109,7 +109,9 @@ impl<R: BufRead> Frames<R> {
     }
 
     /// The window (whole, from its first byte); an input that fails gives an empty one here
-    /// (the failure is met again, and reported, where more of the input is read).
+    /// (the failure is met again, and reported, where more of the input is read: the
+    /// callers slice it with `get`, so that an empty window where bytes were used reads as
+    /// a value cut short).
     fn window(&mut self) -> &[u8] {
         if self.in_carry {
             &self.carry
@@ -197,7 +199,7 @@ impl<R: BufRead> Frames<R> {
         if !self.in_carry {
             let pos = self.pos;
             self.rebase(pos);
-            let rest = self.window()[pos..].to_vec();
+            let rest = self.window().get(pos..).unwrap_or_default().to_vec();
             let len = rest.len() + pos;
             self.carry = rest;
             self.input.consume(len);
@@ -287,7 +289,7 @@ impl<R: BufRead> Frames<R> {
         self.peek()?;
         loop {
             let pos = self.pos;
-            let rest = &self.window()[pos..];
+            let rest = self.window().get(pos..).unwrap_or_default();
             let held = rest.len();
             let mut values = serde_json::Deserializer::from_slice(rest).into_iter::<T>();
             let result = values.next();
@@ -340,7 +342,7 @@ impl<R: BufRead> Frames<R> {
         self.peek()?;
         loop {
             let pos = self.pos;
-            let rest = &self.window()[pos..];
+            let rest = self.window().get(pos..).unwrap_or_default();
             let held = rest.len();
             let decided = scan(rest);
             match decided {
@@ -382,7 +384,9 @@ impl<R: BufRead> Frames<R> {
         let window = self.window();
         let mut at = start;
         let mut after = false;
-        while let decided @ (Scan::Drop(used) | Scan::Memory(used, _)) = scan(&window[at..]) {
+        while let decided @ (Scan::Drop(used) | Scan::Memory(used, _)) =
+            scan(window.get(at..).unwrap_or_default())
+        {
             each(decided);
             at += used;
             after = true;
@@ -654,6 +658,53 @@ mod tests {
             let e = f.parse::<Value>().unwrap_err();
             assert!(e.message.contains("longer than 16 MiB"), "{}", e.message);
             assert!(f.carry.len() <= MAX_VALUE_BYTES + 1, "{}", f.carry.len());
+        }
+    }
+
+    /// An input that fails after any number of bytes, in buffers of any size, stops the walk
+    /// with its error (once what came before has been walked), whatever is cut there.
+    #[test]
+    fn a_failing_input_is_an_error_wherever_it_fails() {
+        struct Failing<'a>(&'a [u8]);
+        impl std::io::Read for Failing<'_> {
+            fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+                if self.0.is_empty() {
+                    return Err(std::io::Error::other("the disk is gone"));
+                }
+                let n = out.len().min(self.0.len());
+                out[..n].copy_from_slice(&self.0[..n]);
+                self.0 = &self.0[n..];
+                Ok(n)
+            }
+        }
+        let e = r#"{"name": "a", "ts": 1}"#;
+        let m = r#"{"name": "[memory]", "ts": 2, "args": {"Bytes": 3}}"#;
+        let text = format!("[{e}, {m},\n {{\"name\": \"\\u0041\"}}, {e}]");
+        for cut in 0..text.len() {
+            for buffer in [1, 5, 64] {
+                let input = BufReader::with_capacity(buffer, Failing(&text.as_bytes()[..cut]));
+                let mut f = Frames::with_step(input, 3);
+                let mut go = || -> Result<(), FrameError> {
+                    f.peek()?;
+                    f.take();
+                    loop {
+                        if !f.scan_elements(scan_event, |_| {})? {
+                            if let Scan::Parse = f.scan(scan_event)? {
+                                f.parse::<Value>()?;
+                            }
+                        }
+                        match f.peek()? {
+                            Some(b',') => f.take(),
+                            _ => return Ok(()),
+                        }
+                    }
+                };
+                let error = go().expect_err("the input failed");
+                assert!(
+                    error.message.contains("the disk is gone"),
+                    "cut at {cut}, buffers of {buffer}: {error:?}"
+                );
+            }
         }
     }
 
