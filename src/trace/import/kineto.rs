@@ -20,10 +20,12 @@
 //! `peak_live_bytes` = max `Total Allocated`. Event numbers in messages are positions in
 //! `traceEvents`, from 1.
 //!
-//! The JSON is walked once, one event at a time: `json_frames::Frames` holds a window of the
-//! stream (at most about 16 MiB, `MAX_VALUE_BYTES`: one event longer than that is refused by
-//! name) from which an event that is not a `[memory]` one is dropped after a validating scan
-//! (`json_skip`), and the others are parsed by `serde_json` into typed fields (no JSON value is
+//! The JSON is walked once, one event at a time: `json_frames::Frames` reads it in the input's
+//! own buffers (an event cut by a buffer's end is copied out, at most about 16 MiB of it,
+//! `MAX_VALUE_BYTES`: one event longer than that is refused by name), where an event that is
+//! not a `[memory]` one is dropped after a validating scan (`json_skip`; many events at once
+//! within a buffer), which also reads the fields of a `[memory]` event when they are plain
+//! integers; what the scan leaves is parsed by `serde_json` into typed fields (no JSON value is
 //! built); only the `[memory]` events are kept. The rest of the file is never held in memory.
 //!
 //! [`Options::device`]: crate::trace::Options::device
@@ -36,7 +38,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::json_frames::{FrameError, Frames};
-use super::json_skip;
+use super::json_skip::{self, Scan};
 use super::{us_to_ns, Attrs, Emitter};
 use crate::error::Result;
 use crate::trace::{
@@ -95,6 +97,75 @@ struct Mem {
     bytes: Option<i64>,
     total_allocated: Option<i64>,
     total_reserved: Option<i64>,
+}
+
+/// The fields of a `[memory]` event that are read, as `serde_json` gives them (absent,
+/// `null` and values of another type: `Num::None`), whoever read them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Raw {
+    ts: Num,
+    tid: Num,
+    args: Args,
+}
+
+impl From<RawEvent> for Raw {
+    fn from(raw: RawEvent) -> Raw {
+        Raw {
+            ts: raw.ts.unwrap_or(Num::None),
+            tid: raw.tid.unwrap_or(Num::None),
+            args: raw.args.unwrap_or(Args::NONE),
+        }
+    }
+}
+
+impl From<json_skip::Int> for Num {
+    fn from(i: json_skip::Int) -> Num {
+        match i {
+            json_skip::Int::None => Num::None,
+            json_skip::Int::U(u) => Num::U(u),
+            json_skip::Int::I(i) => Num::I(i),
+        }
+    }
+}
+
+impl From<json_skip::Memory> for Raw {
+    fn from(m: json_skip::Memory) -> Raw {
+        // In the order of `json_skip::ARG_KEYS`.
+        let [addr, bytes, total_allocated, total_reserved, device_type, device_id, ev_idx] =
+            m.args.map(Num::from);
+        Raw {
+            ts: m.ts.into(),
+            tid: m.tid.into(),
+            args: Args {
+                addr,
+                bytes,
+                total_allocated,
+                total_reserved,
+                device_type,
+                device_id,
+                ev_idx,
+            },
+        }
+    }
+}
+
+impl Mem {
+    /// The event `index` (from 1) of these fields.
+    fn new(index: u64, raw: Raw) -> Mem {
+        let args = raw.args;
+        Mem {
+            index,
+            ts_ns: raw.ts.as_f64().map(us_to_ns).unwrap_or(0),
+            ev_idx: args.ev_idx.as_i64().unwrap_or(0),
+            tid: raw.tid.as_u64().unwrap_or(0),
+            device_type: args.device_type.as_i64(),
+            device_id: args.device_id.as_i64(),
+            addr: args.addr.as_u64(),
+            bytes: args.bytes.as_i64(),
+            total_allocated: args.total_allocated.as_i64(),
+            total_reserved: args.total_reserved.as_i64(),
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -296,7 +367,7 @@ impl<'de> Deserialize<'de> for Key {
 
 /// An event's `args`: the values of the keys read (the last one where a key repeats, as a
 /// JSON object keeps it); all `Num::None` when `args` is not an object.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 struct Args {
     addr: Num,
     bytes: Num,
@@ -473,30 +544,17 @@ fn events(f: &mut Frames<Input>, c: &mut Collected) -> std::result::Result<(), F
         return Ok(());
     }
     loop {
-        c.events_seen += 1;
-        // Most events are not `[memory]` ones: dropped after a validating scan, the others
-        // (and whatever the scan does not decide) parsed by serde_json.
-        if f.skip_if(json_skip::scan_event)? {
-            // Dropped.
-        } else if let raw @ RawEvent {
-            name: Some(Name(true)),
-            ..
-        } = f.parse::<RawEvent>()?
-        {
-            let args = raw.args.unwrap_or(Args::NONE);
-            let none = Num::None;
-            c.mem.push(Mem {
-                index: c.events_seen,
-                ts_ns: raw.ts.unwrap_or(none).as_f64().map(us_to_ns).unwrap_or(0),
-                ev_idx: args.ev_idx.as_i64().unwrap_or(0),
-                tid: raw.tid.unwrap_or(none).as_u64().unwrap_or(0),
-                device_type: args.device_type.as_i64(),
-                device_id: args.device_id.as_i64(),
-                addr: args.addr.as_u64(),
-                bytes: args.bytes.as_i64(),
-                total_allocated: args.total_allocated.as_i64(),
-                total_reserved: args.total_reserved.as_i64(),
-            });
+        // Most events are not `[memory]` ones: dropped after a validating scan, in the input's
+        // buffer, many at once; then the one it stopped at, if any, one at a time.
+        let after = f.scan_elements(json_skip::scan_event, |decided| {
+            c.events_seen += 1;
+            if let Scan::Memory(_, m) = decided {
+                c.mem.push(Mem::new(c.events_seen, Raw::from(m)));
+            }
+        })?;
+        if !after {
+            c.events_seen += 1;
+            one_event(f, c)?;
         }
         match f.peek()? {
             Some(b',') => f.take(),
@@ -511,6 +569,22 @@ fn events(f: &mut Frames<Input>, c: &mut Collected) -> std::result::Result<(), F
             return Err(f.error(false, "trailing comma"));
         }
     }
+}
+
+/// One event, scanned (dropped, or read when it is a `[memory]` one) or, what the scan does
+/// not decide, parsed by serde_json.
+fn one_event(f: &mut Frames<Input>, c: &mut Collected) -> std::result::Result<(), FrameError> {
+    match f.scan(json_skip::scan_event)? {
+        Scan::Drop(_) => {}
+        Scan::Memory(_, m) => c.mem.push(Mem::new(c.events_seen, Raw::from(m))),
+        Scan::Parse | Scan::Incomplete => {
+            let raw = f.parse::<RawEvent>()?;
+            if raw.name.as_ref().is_some_and(|n| n.0) {
+                c.mem.push(Mem::new(c.events_seen, Raw::from(raw)));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Reads a Kineto trace and returns the chosen device's events in replay order.
@@ -774,8 +848,159 @@ mod tests {
             Just("tid".to_string()),
             Just("args".to_string()),
             Just("Ev Idx".to_string()),
+            arg_key(),
             "[a-z]{1,3}".prop_map(String::from),
         ]
+    }
+
+    /// One of the keys of `args` the import reads.
+    fn arg_key() -> impl Strategy<Value = String> {
+        prop::sample::select(&json_skip::ARG_KEYS[..])
+            .prop_map(|k| String::from_utf8_lossy(k).into_owned())
+    }
+
+    /// A value where the import reads a number: mostly integers (of every size, both signs),
+    /// floats (fractional or integral), or any other value.
+    fn number() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            4 => (0u64..1 << 50).prop_map(|n| Value::Number(n.into())),
+            2 => any::<u64>().prop_map(|n| Value::Number(n.into())),
+            2 => any::<i64>().prop_map(|n| Value::Number(n.into())),
+            1 => (-3i64..3).prop_map(|n| Value::Number(n.into())),
+            1 => any::<f64>().prop_map(|f| Number::from_f64(f).map_or(Value::Null, Value::Number)),
+            1 => (-1e6f64..1e6).prop_map(|f| Number::from_f64(f.trunc()).map_or(Value::Null, Value::Number)),
+            1 => value(),
+        ]
+    }
+
+    /// A `[memory]` event: `name`, maybe `ts`, `tid` and `args` (mostly an object of the keys
+    /// read, with others), in any order among other fields; compact or pretty.
+    fn memory_event() -> impl Strategy<Value = (Vec<u8>, Value)> {
+        let args = prop_oneof![
+            4 => prop::collection::vec(
+                (prop_oneof![3 => arg_key(), 1 => key()], number()),
+                0..10
+            )
+            .prop_map(|kv| Value::Object(kv.into_iter().collect())),
+            1 => value(),
+        ];
+        (
+            prop::option::of(number()),
+            prop::option::of(number()),
+            prop::option::of(args),
+            prop::collection::vec(
+                (
+                    "[a-z]{1,3}".prop_filter("a field read", |k| k != "ts" && k != "tid"),
+                    value(),
+                ),
+                0..3,
+            ),
+            any::<bool>(),
+            any::<prop::sample::Index>(),
+        )
+            .prop_map(|(ts, tid, args, others, pretty, at)| {
+                let mut fields: Vec<(String, Value)> = others;
+                fields.extend(ts.map(|v| ("ts".to_string(), v)));
+                fields.extend(tid.map(|v| ("tid".to_string(), v)));
+                fields.extend(args.map(|v| ("args".to_string(), v)));
+                let name = ("name".to_string(), Value::String("[memory]".to_string()));
+                fields.insert(at.index(fields.len() + 1), name);
+                // Serialized in this order (a Map would sort its keys).
+                let sep = if pretty { ",\n  " } else { "," };
+                let body: Vec<String> = fields
+                    .iter()
+                    .map(|(k, v)| {
+                        let v = if pretty {
+                            serde_json::to_string_pretty(v)
+                        } else {
+                            serde_json::to_string(v)
+                        };
+                        format!("{}: {}", Value::String(k.clone()), v.unwrap_or_default())
+                    })
+                    .collect();
+                let text = format!("{{{}}}", body.join(sep));
+                let v = Value::Object(fields.into_iter().collect());
+                (text.into_bytes(), v)
+            })
+    }
+
+    /// `events`' bytes damaged: one to three bytes overwritten with JSON's punctuation (and
+    /// an escape, a control character, a UTF-8 lead byte, letters of literals), maybe cut.
+    fn damaged(events: impl Strategy<Value = (Vec<u8>, Value)>) -> impl Strategy<Value = Vec<u8>> {
+        let edits = prop::collection::vec(
+            (
+                any::<prop::sample::Index>(),
+                prop::sample::select(&b"{}[]\",:\\ -0.e\x01\xc3nt"[..]),
+            ),
+            1..4,
+        );
+        (events, edits, any::<prop::sample::Index>(), any::<bool>()).prop_map(
+            |((mut bytes, _), edits, cut, cutting)| {
+                for (at, b) in edits {
+                    if !bytes.is_empty() {
+                        let i = at.index(bytes.len());
+                        bytes[i] = b;
+                    }
+                }
+                if cutting && !bytes.is_empty() {
+                    bytes.truncate(cut.index(bytes.len()));
+                }
+                bytes
+            },
+        )
+    }
+
+    /// Whether generated text holds no escape and no exponent (the strings generated hold no
+    /// digit, so a digit before an `e` is a number's): what the scan decides itself.
+    fn plain_text(bytes: &[u8]) -> bool {
+        !bytes.contains(&b'\\')
+            && !bytes
+                .windows(2)
+                .any(|w| w[0].is_ascii_digit() && matches!(w[1], b'e' | b'E'))
+    }
+
+    /// Whether every number the import reads from `event` is an integer the scan reads
+    /// itself: at most 18 digits, no fraction, not `-0`.
+    fn plain_numbers(event: &Value) -> bool {
+        let simple = |v: Option<&Value>| match v {
+            Some(Value::Number(n)) => {
+                n.as_u64().is_some_and(|u| u < 1_000_000_000_000_000_000)
+                    || n.as_i64()
+                        .is_some_and(|i| i < 0 && i > -1_000_000_000_000_000_000)
+            }
+            _ => true,
+        };
+        let args_simple = match event.get("args") {
+            Some(Value::Object(m)) => json_skip::ARG_KEYS
+                .iter()
+                .all(|k| simple(m.get(std::str::from_utf8(k).unwrap_or_default()))),
+            _ => true,
+        };
+        simple(event.get("ts")) && simple(event.get("tid")) && args_simple
+    }
+
+    /// Checks a decision of the scan against serde_json's reading of the same bytes: a value
+    /// dropped or read is one serde reads, of the same length, named `[memory]` exactly when
+    /// read, with the same fields.
+    fn agrees_with_serde(
+        bytes: &[u8],
+        scan: json_skip::Scan,
+    ) -> std::result::Result<(), TestCaseError> {
+        match scan {
+            json_skip::Scan::Drop(used) => {
+                let (raw, serde_used) = serde_reads(bytes).expect("dropped, but serde refuses it");
+                prop_assert_eq!(used, serde_used);
+                prop_assert!(!raw.name.is_some_and(|n| n.0));
+            }
+            json_skip::Scan::Memory(used, m) => {
+                let (raw, serde_used) = serde_reads(bytes).expect("read, but serde refuses it");
+                prop_assert_eq!(used, serde_used);
+                prop_assert!(raw.name.as_ref().is_some_and(|n| n.0));
+                prop_assert_eq!(Raw::from(m), Raw::from(raw));
+            }
+            json_skip::Scan::Parse | json_skip::Scan::Incomplete => {}
+        }
+        Ok(())
     }
 
     /// An event: an object of fields, rendered compact or pretty.
@@ -809,16 +1034,8 @@ mod tests {
         #[test]
         fn the_skipper_drops_only_what_serde_drops((bytes, v) in event()) {
             let scan = json_skip::scan_event(&bytes);
-            if let json_skip::Scan::Drop(used) = scan {
-                let (raw, serde_used) = serde_reads(&bytes).expect("dropped, but serde refuses it");
-                prop_assert_eq!(used, serde_used);
-                prop_assert!(!raw.name.is_some_and(|n| n.0));
-            }
-            // No escape, no exponent (the strings generated hold no digit).
-            let plain = !bytes.contains(&b'\\')
-                && !bytes
-                    .windows(2)
-                    .any(|w| w[0].is_ascii_digit() && matches!(w[1], b'e' | b'E'));
+            agrees_with_serde(&bytes, scan)?;
+            let plain = plain_text(&bytes);
             let memory = v.get("name").and_then(Value::as_str) == Some("[memory]");
             if plain && !memory {
                 prop_assert_eq!(scan, json_skip::Scan::Drop(bytes.len()));
@@ -827,27 +1044,31 @@ mod tests {
 
         /// The same on damaged events: bytes overwritten with JSON's punctuation, or cut.
         #[test]
-        fn damaged_events_are_never_dropped_when_serde_refuses_them(
-            (bytes, _v) in event(),
-            edits in prop::collection::vec((any::<prop::sample::Index>(), prop::sample::select(&b"{}[]\",:\\ -0.e\x01\xc3nt"[..])), 1..4),
-            cut in any::<prop::sample::Index>(),
-            cutting in any::<bool>(),
+        fn damaged_events_are_never_dropped_when_serde_refuses_them(bytes in damaged(event())) {
+            agrees_with_serde(&bytes, json_skip::scan_event(&bytes))?;
+        }
+
+        /// A `[memory]` event the scan reads has the fields serde_json reads from it, and
+        /// every one without an escape whose numbers read are plain integers is read so.
+        #[test]
+        fn memory_events_are_read_as_serde_reads_them((bytes, v) in memory_event()) {
+            let scan = json_skip::scan_event(&bytes);
+            agrees_with_serde(&bytes, scan)?;
+            let plain = plain_text(&bytes);
+            if plain && plain_numbers(&v) {
+                prop_assert!(
+                    matches!(scan, json_skip::Scan::Memory(used, _) if used == bytes.len()),
+                    "{:?}: {}", scan, String::from_utf8_lossy(&bytes)
+                );
+            }
+        }
+
+        /// Damaged `[memory]` events: whatever the scan reads, serde reads alike.
+        #[test]
+        fn damaged_memory_events_are_read_only_as_serde_reads_them(
+            bytes in damaged(memory_event()),
         ) {
-            let mut bytes = bytes;
-            for (at, b) in edits {
-                if !bytes.is_empty() {
-                    let i = at.index(bytes.len());
-                    bytes[i] = b;
-                }
-            }
-            if cutting && !bytes.is_empty() {
-                bytes.truncate(cut.index(bytes.len()));
-            }
-            if let json_skip::Scan::Drop(used) = json_skip::scan_event(&bytes) {
-                let (raw, serde_used) = serde_reads(&bytes).expect("dropped, but serde refuses it");
-                prop_assert_eq!(used, serde_used);
-                prop_assert!(!raw.name.is_some_and(|n| n.0));
-            }
+            agrees_with_serde(&bytes, json_skip::scan_event(&bytes))?;
         }
     }
 }
