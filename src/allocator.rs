@@ -119,6 +119,14 @@ pub trait Allocator: Send + Sync {
     /// Current counters.
     fn stats(&self) -> Stats;
 
+    /// The bytes held from the device now: [`Stats::pool_bytes`] without the rest of
+    /// [`Allocator::stats`], some of which a strategy may compute by walking its free space
+    /// (vmm's largest free block). For callers that sample it often, as a plotted replay
+    /// does after every few events. Default: `self.stats().pool_bytes`.
+    fn pool_bytes(&self) -> u64 {
+        self.stats().pool_bytes
+    }
+
     /// Returns memory the allocator holds but does not use to the device, where the strategy
     /// can. Returns the number of bytes released.
     fn trim(&self) -> Result<u64>;

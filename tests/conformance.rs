@@ -171,6 +171,11 @@ mod cases {
         assert!(stats.bytes_in_use >= requested);
         assert!(stats.peak_bytes_in_use >= stats.bytes_in_use);
         assert!(stats.pool_bytes >= stats.bytes_in_use);
+        assert_eq!(
+            s.allocator.pool_bytes(),
+            stats.pool_bytes,
+            "pool_bytes() disagrees with stats()"
+        );
         assert_eq!(stats.num_allocs, sizes.len() as u64);
         s.free_all(live);
         assert_eq!(s.allocator.stats().bytes_in_use, 0);
@@ -286,11 +291,17 @@ mod cases {
             .map(|i| s.allocate(i * MIB, Stream::DEFAULT))
             .collect();
         s.free_all(live);
+        assert_eq!(s.allocator.pool_bytes(), s.allocator.stats().pool_bytes);
         s.allocator.trim().unwrap();
         assert_eq!(
             s.allocator.stats().pool_bytes,
             0,
             "trim() left pool memory with nothing live"
+        );
+        assert_eq!(
+            s.allocator.pool_bytes(),
+            0,
+            "pool_bytes() disagrees with stats()"
         );
         assert_eq!(s.rig.device_bytes(), 0, "trim() left device memory");
         // Live allocations at drop are reported and returned to the device.

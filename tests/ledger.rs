@@ -96,6 +96,8 @@ fn totals_and_peaks_by_tag_on_a_scripted_sequence() {
     // The rounded totals account for every byte the upstream has in use.
     let rounded: u64 = l.tags().iter().map(|t| t.rounded_bytes).sum();
     assert_eq!(rounded, l.stats().bytes_in_use);
+    // The ledger passes the upstream's pool size through, as its stats do.
+    assert_eq!(l.pool_bytes(), l.stats().pool_bytes);
     l.check_invariants().unwrap();
     l.deallocate(b3).unwrap();
     l.deallocate(w2).unwrap();

@@ -756,6 +756,10 @@ impl<A: Allocator + ?Sized> Allocator for LedgerAllocator<A> {
         self.upstream.stats()
     }
 
+    fn pool_bytes(&self) -> u64 {
+        self.upstream.pool_bytes()
+    }
+
     fn trim(&self) -> Result<u64> {
         let _books = self.books();
         self.upstream.trim()

@@ -180,6 +180,10 @@ impl<A: Allocator> Allocator for RecorderAllocator<A> {
         self.inner.stats()
     }
 
+    fn pool_bytes(&self) -> u64 {
+        self.inner.pool_bytes()
+    }
+
     fn trim(&self) -> Result<u64> {
         self.inner.trim()
     }

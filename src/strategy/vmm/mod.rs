@@ -1037,6 +1037,12 @@ impl<D: Device + ?Sized> Allocator for VmmAllocator<D> {
     ///
     /// # Time complexity
     /// Linear in the free chunks at worst.
+    /// `O(1)`: the physical books keep the count (the largest free block `stats` reports is
+    /// a walk over the free chunks).
+    fn pool_bytes(&self) -> u64 {
+        self.inner().phys.pool_bytes()
+    }
+
     fn stats(&self) -> Stats {
         let inner = self.inner();
         let largest = self.largest_free_mapped(&inner);
