@@ -131,6 +131,24 @@ fn remove_at_vec(v: &mut Vec<Entry>, pos: usize) -> Entry {
     carry
 }
 
+/// Inserts `e` into the sorted `v`. Searches and shifts in one backward pass, moving each
+/// entry above `e` up a slot: one loop exit to mispredict, where a search and then a shift
+/// each had theirs. The mirror of [`remove_sorted`].
+///
+/// # Time complexity
+/// `O(n - p)` moves for `e`'s position `p`.
+#[inline]
+fn insert_sorted(v: &mut Vec<Entry>, e: Entry) {
+    let k = ekey(&e);
+    v.push(e);
+    let mut i = v.len() - 1;
+    while i > 0 && ekey(&v[i - 1]) > k {
+        v[i] = v[i - 1];
+        i -= 1;
+    }
+    v[i] = e;
+}
+
 /// Removes the entry with key `k` from the sorted `v`; false (and `v` unchanged) if there
 /// is none. Searches and shifts in one backward pass, carrying each entry down a slot until
 /// the carried one is `k`: one loop exit to mispredict, where a search and then a shift each
@@ -251,16 +269,7 @@ impl Class {
                 }
             }
             Class::Sorted(v) => {
-                // Search and shift in one backward pass: one loop exit to mispredict, where
-                // a search and then a shift each had theirs.
-                let k = ekey(&e);
-                v.push(e);
-                let mut i = v.len() - 1;
-                while i > 0 && ekey(&v[i - 1]) > k {
-                    v[i] = v[i - 1];
-                    i -= 1;
-                }
-                v[i] = e;
+                insert_sorted(v, e);
                 if v.len() > TREE_AT {
                     let tree = v.iter().map(|x| (key(x), x.idx)).collect();
                     *self = Class::Tree(tree);

@@ -1032,17 +1032,20 @@ impl<D: Device + ?Sized> Allocator for VmmAllocator<D> {
         }
     }
 
-    /// `pool_bytes` = physical memory held (mapped or idle); `largest_free_block_bytes` = the
-    /// largest free range that is mapped already.
+    /// Physical memory held (mapped or idle), as [`Stats::pool_bytes`].
     ///
     /// # Time complexity
-    /// Linear in the free chunks at worst.
     /// `O(1)`: the physical books keep the count (the largest free block `stats` reports is
     /// a walk over the free chunks).
     fn pool_bytes(&self) -> u64 {
         self.inner().phys.pool_bytes()
     }
 
+    /// `pool_bytes` = physical memory held (mapped or idle); `largest_free_block_bytes` = the
+    /// largest free range that is mapped already.
+    ///
+    /// # Time complexity
+    /// Linear in the free chunks at worst.
     fn stats(&self) -> Stats {
         let inner = self.inner();
         let largest = self.largest_free_mapped(&inner);
