@@ -61,6 +61,9 @@ mod os;
 mod pool;
 mod sim;
 
+#[cfg(feature = "replay")]
+pub(crate) use os::keep_freed_heap;
+
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::sync::{Mutex, MutexGuard, PoisonError};

@@ -55,6 +55,8 @@ fn main() -> ExitCode {
         .without_time()
         .init();
     let cli = Cli::parse();
+    // A replay follows the reading of its trace: keep what the reader frees for it.
+    portalloc::replay::keep_freed_memory();
     let result = match cli.command {
         Command::Info { json } => info(json),
         Command::Replay(args) => replay::run(*args),
