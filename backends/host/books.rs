@@ -141,6 +141,125 @@ struct HandleRecord {
     fd: Option<OwnedFd>,
 }
 
+/// The live physical handles, in a slab: a handle's id names its slot, so finding its record
+/// is one indexed read (a hash map's probe was the costliest read of an unmap, the call a
+/// stitching allocator makes most).
+///
+/// An id's low 32 bits are its slot + 1 (never 0: a granule slot's `handle == 0` means
+/// unmapped), its high 32 bits the slot's generation, raised each time the slot is reused,
+/// so that a released handle's id stays unknown after its slot holds another (until the
+/// generation wraps, after 2^32 reuses of one slot). The first handles made get ids 1, 2, 3…
+#[derive(Debug, Default)]
+struct HandleSlab {
+    /// Invariant: `entries[i].0 & 0xffff_ffff == i + 1`; the record is `None` exactly for the
+    /// slots listed in `vacant`, and then `.0` is the id it last held.
+    entries: Vec<(u64, Option<HandleRecord>)>,
+    /// Vacant slots, reused last in, first out.
+    vacant: Vec<u32>,
+    /// Invariant: the number of records held.
+    len: usize,
+}
+
+impl HandleSlab {
+    /// Stores `record` and returns its new id.
+    ///
+    /// # Time complexity
+    /// `O(1)` amortised.
+    fn insert(&mut self, record: HandleRecord) -> u64 {
+        self.len += 1;
+        if let Some(slot) = self.vacant.pop() {
+            let entry = &mut self.entries[slot as usize];
+            entry.0 = entry.0.wrapping_add(1 << 32);
+            entry.1 = Some(record);
+            return entry.0;
+        }
+        let id = self.entries.len() as u64 + 1;
+        self.entries.push((id, Some(record)));
+        id
+    }
+
+    /// The slot an id names.
+    #[inline]
+    fn slot(id: u64) -> usize {
+        (id as u32).wrapping_sub(1) as usize
+    }
+
+    /// The record of a live handle.
+    ///
+    /// # Time complexity
+    /// `O(1)`.
+    #[cfg(test)]
+    fn get(&self, id: u64) -> Option<&HandleRecord> {
+        match self.entries.get(Self::slot(id)) {
+            Some((held, record)) if *held == id => record.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// [`HandleSlab::get`], mutable.
+    #[inline]
+    fn get_mut(&mut self, id: u64) -> Option<&mut HandleRecord> {
+        match self.entries.get_mut(Self::slot(id)) {
+            Some((held, record)) if *held == id => record.as_mut(),
+            _ => None,
+        }
+    }
+
+    /// Forgets a live handle; its slot is reused next.
+    ///
+    /// # Time complexity
+    /// `O(1)`.
+    fn remove(&mut self, id: u64) {
+        let slot = Self::slot(id);
+        if let Some((held, record)) = self.entries.get_mut(slot) {
+            if *held == id && record.take().is_some() {
+                self.vacant.push(slot as u32);
+                self.len -= 1;
+            }
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The live handles, as `(id, record)`.
+    fn iter(&self) -> impl Iterator<Item = (u64, &HandleRecord)> {
+        self.entries
+            .iter()
+            .filter_map(|(id, record)| Some((*id, record.as_ref()?)))
+    }
+
+    /// Checks the invariants stated on the fields.
+    #[cfg(test)]
+    fn check_invariants(&self) -> std::result::Result<(), String> {
+        let mut vacant = vec![false; self.entries.len()];
+        for &v in &self.vacant {
+            match vacant.get_mut(v as usize) {
+                Some(seen) if !*seen => *seen = true,
+                _ => {
+                    return Err(format!(
+                        "handle slot {v} listed vacant twice or out of range"
+                    ))
+                }
+            }
+        }
+        for (i, (id, record)) in self.entries.iter().enumerate() {
+            if *id & 0xffff_ffff != i as u64 + 1 || record.is_none() != vacant[i] {
+                return Err(format!("handle slot {i}: id {id:#x}, vacant {}", vacant[i]));
+            }
+        }
+        if self.iter().count() != self.len {
+            return Err(format!(
+                "{} handles counted, {} held",
+                self.len,
+                self.iter().count()
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// A run of mappings that follow each other without a gap (see `Books::covering_run`).
 #[derive(Debug, Clone, Copy)]
 struct Run {
@@ -188,8 +307,7 @@ pub(crate) struct Books {
     mappings: usize,
     /// Invariant: each record's `mappings` is the number of mappings of that handle, and a
     /// released handle is kept only while that is non-zero.
-    handles: FxHashMap<u64, HandleRecord>,
-    next_handle: u64,
+    handles: HandleSlab,
 }
 
 fn show(bytes: u64) -> String {
@@ -211,8 +329,7 @@ impl Books {
             shift: granularity.trailing_zeros(),
             reservations: Vec::new(),
             mappings: 0,
-            handles: FxHashMap::default(),
-            next_handle: 1,
+            handles: HandleSlab::default(),
         }
     }
 
@@ -474,19 +591,13 @@ impl Books {
 
     /// Records physical memory checked by [`Books::check_create`] and charges it.
     pub(crate) fn insert_handle(&mut self, size: u64, fd: Option<OwnedFd>) -> PhysicalHandle {
-        let id = self.next_handle;
-        self.next_handle += 1;
         self.charged += size;
-        self.handles.insert(
-            id,
-            HandleRecord {
-                size,
-                released: false,
-                mappings: 0,
-                fd,
-            },
-        );
-        PhysicalHandle(id)
+        PhysicalHandle(self.handles.insert(HandleRecord {
+            size,
+            released: false,
+            mappings: 0,
+            fd,
+        }))
     }
 
     fn unknown_handle(handle: u64) -> Error {
@@ -505,14 +616,14 @@ impl Books {
     pub(crate) fn release(&mut self, handle: PhysicalHandle) -> Result<()> {
         let record = self
             .handles
-            .get_mut(&handle.0)
+            .get_mut(handle.0)
             .filter(|h| !h.released)
             .ok_or_else(|| Self::unknown_handle(handle.0))?;
         record.released = true;
         record.fd = None;
         if record.mappings == 0 {
             self.charged -= record.size;
-            self.handles.remove(&handle.0);
+            self.handles.remove(handle.0);
         }
         Ok(())
     }
@@ -534,7 +645,7 @@ impl Books {
         offset: u64,
     ) -> Result<Option<&OwnedFd>> {
         let place = self.map_place(va, size, offset)?;
-        let record = self.handles.get(&handle.0);
+        let record = self.handles.get(handle.0);
         Self::map_within(record, handle, offset, size)?;
         place?;
         Ok(record.and_then(|h| h.fd.as_ref()))
@@ -559,7 +670,7 @@ impl Books {
         os: impl FnOnce(Option<&OwnedFd>) -> Result<()>,
     ) -> Result<()> {
         let place = self.map_place(va, size, offset)?;
-        let record = self.handles.get_mut(&handle.0);
+        let record = self.handles.get_mut(handle.0);
         Self::map_within(record.as_deref(), handle, offset, size)?;
         let r = place?;
         // `map_within` refused a missing or released handle.
@@ -669,7 +780,7 @@ impl Books {
             debug_assert!(false, "map outside a reservation not checked");
             return;
         };
-        if let Some(record) = self.handles.get_mut(&handle.0) {
+        if let Some(record) = self.handles.get_mut(handle.0) {
             record.mappings += 1;
         }
         self.insert_slots(r, va, size, handle);
@@ -859,13 +970,13 @@ impl Books {
             res.mappings -= 1;
             self.mappings -= 1;
             at += n << shift;
-            let Some(record) = self.handles.get_mut(&handle) else {
+            let Some(record) = self.handles.get_mut(handle) else {
                 continue;
             };
             record.mappings -= 1;
             if record.released && record.mappings == 0 {
                 self.charged -= record.size;
-                self.handles.remove(&handle);
+                self.handles.remove(handle);
             }
         }
     }
@@ -962,9 +1073,10 @@ impl Books {
             return Err(format!("{total} mappings, counted {}", self.mappings));
         }
         let mut charged = self.allocations.values().map(|a| a.charged).sum::<u64>();
-        for (&id, h) in &self.handles {
+        self.handles.check_invariants()?;
+        for (id, h) in self.handles.iter() {
             let mapped = per_handle.remove(&id).unwrap_or(0);
-            if mapped != h.mappings || (h.released && mapped == 0) || id >= self.next_handle {
+            if mapped != h.mappings || (h.released && mapped == 0) {
                 return Err(format!(
                     "handle {id}: {mapped} mappings, counted {} (released {})",
                     h.mappings, h.released
@@ -987,7 +1099,7 @@ impl Books {
 
     /// Empties the books, returning what was still held (memory files are closed).
     pub(crate) fn take_all(&mut self) -> Leftovers {
-        let handles = self.handles.values().filter(|h| !h.released).count();
+        let handles = self.handles.iter().filter(|(_, h)| !h.released).count();
         let left = Leftovers {
             allocations: self
                 .allocations
@@ -1004,7 +1116,7 @@ impl Books {
             bytes: self.charged,
         };
         self.mappings = 0;
-        self.handles.clear();
+        self.handles = HandleSlab::default();
         self.charged = 0;
         left
     }
@@ -1077,6 +1189,37 @@ mod tests {
         let err = b.map(1 << 40, 2 * G, h, 0, |_| Ok(())).unwrap_err();
         assert!(err.to_string().contains("overlaps the mapping"), "{err}");
         b.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_released_handle_stays_unknown_when_its_slot_is_reused() {
+        let mut b = books();
+        b.insert_reservation(1 << 40, 4 * G);
+        let first = b.insert_handle(G, None);
+        assert_eq!(
+            first,
+            PhysicalHandle(1),
+            "the first handles are numbered 1, 2, 3…"
+        );
+        b.release(first).unwrap();
+        let second = b.insert_handle(2 * G, None);
+        assert_ne!(second, first, "the reused slot gets a new generation");
+        assert!(matches!(
+            b.release(first),
+            Err(Error::UnknownPointer { .. })
+        ));
+        assert!(matches!(
+            b.check_map(1 << 40, G, first, 0),
+            Err(Error::UnknownPointer { .. })
+        ));
+        // The new handle is whole: it maps over all of its 2 granules.
+        b.insert_mapping(1 << 40, 2 * G, second);
+        b.check_invariants().unwrap();
+        // Ids that name no slot, or slot 0's wrap-around, are unknown too.
+        for forged in [0, u64::MAX, 1 << 32, 77] {
+            assert!(b.release(PhysicalHandle(forged)).is_err(), "{forged:#x}");
+        }
+        assert_eq!(b.census().physical_handles, 1);
     }
 
     #[test]
