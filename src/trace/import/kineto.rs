@@ -32,15 +32,18 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 
 use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::json_ahead::Ahead;
 use super::json_frames::{FrameError, Frames};
 use super::json_skip::{self, Scan};
 use super::{us_to_ns, Attrs, Emitter};
 use crate::error::Result;
+use crate::trace::inflate::HookSlot;
 use crate::trace::{
     trace_error, Anomalies, AnomalyKind, Format, Input, Keying, Loc, Op, Options, Reference,
     ThreadMap, TraceHeader, VecSource,
@@ -587,14 +590,33 @@ fn one_event(f: &mut Frames<Input>, c: &mut Collected) -> std::result::Result<()
     Ok(())
 }
 
-/// Reads a Kineto trace and returns the chosen device's events in replay order.
+/// Reads a Kineto trace and returns the chosen device's events in replay order. `inflating`:
+/// the hook of the thread that inflates `input` (a gzip'd trace), where events are scanned
+/// ahead (`json_ahead`).
 ///
 /// # Errors
 /// Not JSON, no `traceEvents`, no CUDA `[memory]` events (or none on the device asked
 /// for), or an anomaly in strict mode.
-pub(crate) fn read(input: Input, origin: &str, options: &Options) -> Result<VecSource> {
+pub(crate) fn read(
+    input: Input,
+    origin: &str,
+    options: &Options,
+    inflating: Option<&HookSlot>,
+) -> Result<VecSource> {
     let mut c = Collected::default();
-    walk(&mut Frames::new(input), &mut c).map_err(|e| {
+    let mut frames = match inflating {
+        Some(slot) => {
+            let ahead = Arc::new(Ahead::default());
+            let on_thread = Arc::clone(&ahead);
+            // Installed once per stream: a slot already set keeps its hook.
+            let _ = slot.set(Box::new(move |buf: &[u8], offset: u64| {
+                on_thread.scan(buf, offset)
+            }));
+            Frames::with_ahead(input, ahead)
+        }
+        None => Frames::new(input),
+    };
+    walk(&mut frames, &mut c).map_err(|e| {
         let what = if e.eof {
             "truncated JSON"
         } else {

@@ -1,0 +1,242 @@
+//! Scanning a Kineto trace's events ahead, on the thread that inflates it.
+//!
+//! Reading a gzip'd Kineto trace takes two threads: one inflates (`trace::inflate`), the
+//! other walks the events (`json_frames`, `json_skip`) — and the walk took about three times
+//! as long as the inflating, so the inflating thread idled most of the time. Here it takes
+//! a share of the walk: in each buffer it has inflated, before handing it over, it finds a
+//! likely start of an event past [`AHEAD_FROM`] of the buffer (a `{` after `},`), and scans
+//! the events from there to the buffer's end, as the walk would (`json_frames::element_step`
+//! with `json_skip::scan_event`), into a [`Chain`] of decisions. The parsing thread walks the
+//! buffer's first part itself; where its walk reaches the chain's start, it takes the
+//! chain's decisions instead of scanning those events again (`Frames::scan_elements`).
+//!
+//! A guess that is not an event's start (a `},` inside a string) is never reached by the
+//! walk, which then scans the rest itself: the guess costs time, never a different result.
+//! A chain taken is one made from the same bytes by the same steps: the events read, and
+//! the errors, are those of the walk alone.
+#![deny(unsafe_code)]
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+
+use super::json_frames::element_step;
+use super::json_skip::{scan_event, skip_ws, Scan};
+use crate::trace::inflate::DEPTH;
+
+/// Where in a buffer the scan ahead starts looking for an event, in 256ths of the buffer:
+/// the inflating thread inflates a buffer in about a third of the time the walk takes over
+/// it, so it scans about the last 40% and the walk the first 60% (measured: DDP's read took
+/// least at 150–160).
+pub(crate) const AHEAD_FROM: usize = 154;
+
+/// Candidate starts tried in a buffer before it is handed over without a chain.
+const GUESSES: usize = 8;
+
+/// One element scanned ahead: the decision, where the walk goes on (bytes from the chain's
+/// start), and whether another element follows (the walk goes on at its start) or not (the
+/// walk stops after this one).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Step {
+    pub(crate) decided: Scan,
+    pub(crate) to: usize,
+    pub(crate) followed: bool,
+}
+
+/// Elements scanned ahead from `start`, one after another, in a buffer that ends at `end`.
+/// Invariant: `steps` is not empty; every step but the last is followed; the last is not
+/// followed, or the element after it is not decided by the scan.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Chain {
+    /// Bytes of the stream before the first element.
+    pub(crate) start: u64,
+    /// Bytes of the stream before the end of the buffer scanned.
+    pub(crate) end: u64,
+    pub(crate) steps: Vec<Step>,
+}
+
+/// The chains scanned ahead and not yet taken, in stream order.
+/// Invariant: at most [`MAX_CHAINS`]; starts increasing.
+#[derive(Debug, Default)]
+pub(crate) struct Ahead {
+    chains: Mutex<VecDeque<Chain>>,
+}
+
+/// Chains held at most: one per buffer, and the inflating thread is at most `DEPTH` + 2
+/// buffers ahead of the reader; an older chain is one the walk has passed.
+const MAX_CHAINS: usize = DEPTH + 3;
+
+impl Ahead {
+    /// Scans ahead in `buf`, whose first byte is the stream's byte `offset`: from the first
+    /// likely start of an event past [`AHEAD_FROM`], if any.
+    ///
+    /// # Time complexity
+    /// O(n) in the buffer's bytes.
+    pub(crate) fn scan(&self, buf: &[u8], offset: u64) {
+        if let Some(at) = guess(buf, buf.len() * AHEAD_FROM / 256) {
+            self.scan_from(buf, offset, at);
+        }
+    }
+
+    /// Scans ahead in `buf` (whose first byte is the stream's byte `offset`) from `at`, as
+    /// if an element started there; keeps the chain if an element was decided.
+    ///
+    /// # Time complexity
+    /// O(n) in the bytes from `at`.
+    pub(crate) fn scan_from(&self, buf: &[u8], offset: u64, at: usize) {
+        let mut steps = Vec::new();
+        let mut next = at;
+        while let Some((decided, to, followed)) = element_step(buf, next, &scan_event) {
+            steps.push(Step {
+                decided,
+                to: to - at,
+                followed,
+            });
+            if !followed {
+                break;
+            }
+            next = to;
+        }
+        if steps.is_empty() {
+            return;
+        }
+        let chain = Chain {
+            start: offset + at as u64,
+            end: offset + buf.len() as u64,
+            steps,
+        };
+        if let Ok(mut chains) = self.chains.lock() {
+            if chains.len() == MAX_CHAINS {
+                chains.pop_front();
+            }
+            chains.push_back(chain);
+        }
+    }
+
+    /// The first chain that starts at or after the stream's byte `at`, taken out; the chains
+    /// before it (which the walk has passed) dropped.
+    ///
+    /// # Time complexity
+    /// O(chains dropped).
+    pub(crate) fn take(&self, at: u64) -> Option<Chain> {
+        let mut chains = self.chains.lock().ok()?;
+        while chains.front().is_some_and(|c| c.start < at) {
+            chains.pop_front();
+        }
+        chains.pop_front()
+    }
+}
+
+/// A likely start of an array element at or after `from` in `buf`: a `{` after `}` and `,`
+/// (whitespace between), as trace events follow one another; the first of [`GUESSES`].
+fn guess(buf: &[u8], from: usize) -> Option<usize> {
+    let mut at = from;
+    for _ in 0..GUESSES {
+        let k = memchr::memmem::find(buf.get(at..)?, b"},")?;
+        let next = skip_ws(buf, at + k + 2);
+        if buf.get(next) == Some(&b'{') {
+            return Some(next);
+        }
+        at = next;
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const E: &str = r#"{"name": "a", "ts": 1}"#;
+
+    #[test]
+    fn a_guess_is_a_brace_after_a_closed_element() {
+        let text = format!("[{E},\n  {E}, {E},{E}]");
+        let starts: Vec<usize> = text.match_indices("{\"name").map(|(i, _)| i).collect();
+        assert_eq!(guess(text.as_bytes(), 0), Some(starts[1]));
+        assert_eq!(guess(text.as_bytes(), starts[1]), Some(starts[2]));
+        assert_eq!(guess(text.as_bytes(), starts[3]), None);
+        // `},` not followed by `{`, then one that is.
+        let text = format!("[{{\"a\": {{}}, \"b\": 1}}, {E}]");
+        assert_eq!(guess(text.as_bytes(), 0), text.find("{\"name"));
+    }
+
+    /// A chain is the walk's steps from its start: each element decided, where the walk goes
+    /// on, and its last step not followed (or followed by an element the scan leaves).
+    #[test]
+    fn a_chain_holds_the_walks_steps() {
+        let m = r#"{"name": "[memory]", "ts": 2}"#;
+        let cases = [
+            ("to the array's end", format!("[{E}, {E}]"), 1, 2, false),
+            (
+                "to an element left to serde_json",
+                format!("[{E}, {E}, 7, {E}]"),
+                1,
+                2,
+                true,
+            ),
+            (
+                "to the buffer's end",
+                format!("[{E}, {m}, {E}"),
+                1,
+                3,
+                false,
+            ),
+            (
+                "to an element cut",
+                format!("[{E}, {m}, {{\"na"),
+                1,
+                2,
+                true,
+            ),
+            (
+                "nothing decided",
+                format!("[{E}, 7]"),
+                E.len() + 3,
+                0,
+                false,
+            ),
+        ];
+        for (name, text, at, steps, last_followed) in cases {
+            let ahead = Ahead::default();
+            ahead.scan_from(text.as_bytes(), 100, at);
+            let chain = ahead.take(0);
+            if steps == 0 {
+                assert_eq!(chain, None, "{name}");
+                continue;
+            }
+            let chain = chain.unwrap_or_else(|| panic!("{name}: no chain"));
+            assert_eq!(chain.start, 100 + at as u64, "{name}");
+            assert_eq!(chain.end, 100 + text.len() as u64, "{name}");
+            assert_eq!(chain.steps.len(), steps, "{name}");
+            let mut next = at;
+            for (i, step) in chain.steps.iter().enumerate() {
+                let want = element_step(text.as_bytes(), next, &scan_event);
+                assert_eq!(
+                    Some((step.decided, at + step.to, step.followed)),
+                    want,
+                    "{name}: step {i}"
+                );
+                next = at + step.to;
+            }
+            assert_eq!(
+                chain.steps.last().map(|s| s.followed),
+                Some(last_followed),
+                "{name}"
+            );
+        }
+    }
+
+    /// Chains the walk has passed are dropped when a later one is taken, and no more than
+    /// `MAX_CHAINS` are held.
+    #[test]
+    fn chains_passed_are_dropped() {
+        let text = format!("[{E}, {E}]");
+        let ahead = Ahead::default();
+        for k in 0..MAX_CHAINS as u64 + 3 {
+            ahead.scan_from(text.as_bytes(), 1000 * k, 1);
+        }
+        assert_eq!(ahead.chains.lock().map(|c| c.len()).ok(), Some(MAX_CHAINS));
+        let taken = ahead.take(5000).map(|c| c.start);
+        assert_eq!(taken, Some(5001));
+        assert_eq!(ahead.take(5001).map(|c| c.start), Some(6001));
+    }
+}
