@@ -32,6 +32,11 @@ pub(crate) const AHEAD_FROM: usize = 154;
 /// Candidate starts tried in a buffer before it is handed over without a chain.
 const GUESSES: usize = 8;
 
+/// Steps a chain holds at most, so that the chains in flight stay about as large as the
+/// buffers whatever the events' size (a step is ~180 bytes; a real event, hundreds of bytes:
+/// the last 40% of a buffer of DDP's is ~420 events): the walk scans the rest itself.
+pub(crate) const MAX_STEPS: usize = 2048;
+
 /// One element scanned ahead: the decision, where the walk goes on (bytes from the chain's
 /// start), and whether another element follows (the walk goes on at its start) or not (the
 /// walk stops after this one).
@@ -43,8 +48,9 @@ pub(crate) struct Step {
 }
 
 /// Elements scanned ahead from `start`, one after another, in a buffer that ends at `end`.
-/// Invariant: `steps` is not empty; every step but the last is followed; the last is not
-/// followed, or the element after it is not decided by the scan.
+/// Invariant: `steps` is not empty and holds at most [`MAX_STEPS`]; every step but the last
+/// is followed; the last is not followed, or the element after it is not decided by the
+/// scan, or the chain is full.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Chain {
     /// Bytes of the stream before the first element.
@@ -91,7 +97,7 @@ impl Ahead {
                 to: to - at,
                 followed,
             });
-            if !followed {
+            if !followed || steps.len() == MAX_STEPS {
                 break;
             }
             next = to;
@@ -223,6 +229,20 @@ mod tests {
                 "{name}"
             );
         }
+    }
+
+    /// A chain stops at `MAX_STEPS`, followed: the walk goes on from there itself.
+    #[test]
+    fn a_chain_is_full_at_max_steps() {
+        let text = format!("[{}]", vec!["{}"; MAX_STEPS + 100].join(","));
+        let ahead = Ahead::default();
+        ahead.scan_from(text.as_bytes(), 0, 1);
+        let chain = ahead.take(0).expect("a chain");
+        assert_eq!(chain.steps.len(), MAX_STEPS);
+        assert_eq!(
+            chain.steps.last().map(|s| (s.to, s.followed)),
+            Some((3 * MAX_STEPS, true))
+        );
     }
 
     /// Chains the walk has passed are dropped when a later one is taken, and no more than

@@ -797,6 +797,19 @@ mod tests {
         }
     }
 
+    /// A full chain is taken, and the walk goes on after it by itself.
+    #[test]
+    fn the_walk_goes_on_after_a_full_chain() {
+        use crate::trace::import::json_ahead::MAX_STEPS;
+        let text = format!("[{}, 7, {{}}]", vec!["{}"; MAX_STEPS + 100].join(", "));
+        let whole = walk(text.as_bytes(), text.len(), CARRY_BYTES, false);
+        assert_eq!(whole.0.len(), MAX_STEPS + 102);
+        for guess in [Some(1), None] {
+            let got = walk_ahead(text.as_bytes(), text.len(), CARRY_BYTES, &[guess]);
+            assert_eq!(got, whole, "{guess:?}");
+        }
+    }
+
     #[test]
     fn errors_are_placed_as_serde_json_places_them() {
         let text = "[1,\n   {\"a\" 1}]";
