@@ -20,31 +20,36 @@ use std::collections::VecDeque;
 use std::sync::Mutex;
 
 use super::json_frames::element_step;
-use super::json_skip::{scan_event, skip_ws, Scan};
+use super::json_skip::{scan_event, skip_ws, Memory, Scan};
 use crate::trace::inflate::DEPTH;
 
 /// Where in a buffer the scan ahead starts looking for an event, in 256ths of the buffer:
-/// the inflating thread inflates a buffer in about a third of the time the walk takes over
-/// it, so it scans about the last 40% and the walk the first 60% (measured: DDP's read took
-/// least at 150–160).
-pub(crate) const AHEAD_FROM: usize = 154;
+/// the inflating thread spends about half the time the walk does on a buffer (inflating,
+/// checking the CRC, handing over), so it scans about the last 30% and the walk the first
+/// 70% (measured, load ~1: DDP's read took 47 ms without, 40–42 at 154, 37–39 at 172,
+/// 36.5 at 190; resnet50's 21.8, 19.4, 17.8, 18.6).
+pub(crate) const AHEAD_FROM: usize = 180;
 
 /// Candidate starts tried in a buffer before it is handed over without a chain.
 const GUESSES: usize = 8;
 
-/// Steps a chain holds at most, so that the chains in flight stay about as large as the
-/// buffers whatever the events' size (a step is ~180 bytes; a real event, hundreds of bytes:
-/// the last 40% of a buffer of DDP's is ~420 events): the walk scans the rest itself.
+/// Steps a chain holds at most, so that the chains in flight stay smaller than the buffers
+/// whatever the events' size (a step is 24 bytes, with 144 more for a `[memory]` event's
+/// numbers; a real event is hundreds of bytes: the last 30% of a buffer of DDP's is ~310
+/// events): the walk scans the rest itself.
 pub(crate) const MAX_STEPS: usize = 2048;
 
-/// One element scanned ahead: the decision, where the walk goes on (bytes from the chain's
-/// start), and whether another element follows (the walk goes on at its start) or not (the
-/// walk stops after this one).
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// One element scanned ahead: its bytes (`used`, as the scan decided: [`Scan::Memory`] when
+/// `memory`, with the chain's next [`Memory`], else [`Scan::Drop`]), where the walk goes on
+/// (`to`, bytes from the chain's start), and whether another element follows (the walk goes
+/// on at its start) or not (the walk stops after this one). The `[memory]` events' numbers
+/// are kept apart: most steps are events dropped, and a step stays small to copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Step {
-    pub(crate) decided: Scan,
+    pub(crate) used: usize,
     pub(crate) to: usize,
     pub(crate) followed: bool,
+    pub(crate) memory: bool,
 }
 
 /// Elements scanned ahead from `start`, one after another, in a buffer that ends at `end`.
@@ -58,6 +63,25 @@ pub(crate) struct Chain {
     /// Bytes of the stream before the end of the buffer scanned.
     pub(crate) end: u64,
     pub(crate) steps: Vec<Step>,
+    /// The numbers of the `[memory]` events among the steps, in order. Invariant: one per
+    /// step with `memory`.
+    pub(crate) memories: Vec<Memory>,
+}
+
+impl Chain {
+    /// Each step with the decision the scan made on its element.
+    pub(crate) fn decisions(&self) -> impl Iterator<Item = (Scan, &Step)> {
+        let mut memories = self.memories.iter();
+        self.steps.iter().map(move |step| {
+            let decided = if step.memory {
+                // One per memory step (the invariant): never the default.
+                Scan::Memory(step.used, memories.next().copied().unwrap_or_default())
+            } else {
+                Scan::Drop(step.used)
+            };
+            (decided, step)
+        })
+    }
 }
 
 /// The chains scanned ahead and not yet taken, in stream order.
@@ -90,12 +114,23 @@ impl Ahead {
     /// O(n) in the bytes from `at`.
     pub(crate) fn scan_from(&self, buf: &[u8], offset: u64, at: usize) {
         let mut steps = Vec::new();
+        let mut memories = Vec::new();
         let mut next = at;
         while let Some((decided, to, followed)) = element_step(buf, next, &scan_event) {
+            let (used, memory) = match decided {
+                Scan::Memory(used, m) => {
+                    memories.push(m);
+                    (used, true)
+                }
+                Scan::Drop(used) => (used, false),
+                // `element_step` gives decided elements only.
+                Scan::Parse | Scan::Incomplete => break,
+            };
             steps.push(Step {
-                decided,
+                used,
                 to: to - at,
                 followed,
+                memory,
             });
             if !followed || steps.len() == MAX_STEPS {
                 break;
@@ -109,6 +144,7 @@ impl Ahead {
             start: offset + at as u64,
             end: offset + buf.len() as u64,
             steps,
+            memories,
         };
         if let Ok(mut chains) = self.chains.lock() {
             if chains.len() == MAX_CHAINS {
@@ -214,10 +250,10 @@ mod tests {
             assert_eq!(chain.end, 100 + text.len() as u64, "{name}");
             assert_eq!(chain.steps.len(), steps, "{name}");
             let mut next = at;
-            for (i, step) in chain.steps.iter().enumerate() {
+            for (i, (decided, step)) in chain.decisions().enumerate() {
                 let want = element_step(text.as_bytes(), next, &scan_event);
                 assert_eq!(
-                    Some((step.decided, at + step.to, step.followed)),
+                    Some((decided, at + step.to, step.followed)),
                     want,
                     "{name}: step {i}"
                 );

@@ -421,8 +421,8 @@ impl<R: BufRead> Frames<R> {
         loop {
             let here = base + at as u64;
             if let Some(c) = chain.take_if(|c| c.start == here && c.end == end) {
-                for step in &c.steps {
-                    each(step.decided);
+                for (decided, _) in c.decisions() {
+                    each(decided);
                 }
                 // A chain has a step at least.
                 let Some(last) = c.steps.last() else { break };
