@@ -18,12 +18,14 @@
 #![deny(unsafe_code)]
 
 use std::io::{self, BufRead, ErrorKind, Read};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, OnceLock};
 
-/// Work on each buffer on the inflating thread, before it is handed over: its bytes, and the
-/// stream's bytes before them.
-pub(crate) type Hook = Box<dyn Fn(&[u8], u64) + Send + Sync>;
+/// Work on each buffer on the inflating thread, before it is handed over: its bytes, the
+/// stream's bytes before them, and the buffers handed over that the reader has not taken yet
+/// (0: the reader has caught up, and waits or soon will; `DEPTH`: the thread waits on it).
+pub(crate) type Hook = Box<dyn Fn(&[u8], u64, usize) + Send + Sync>;
 
 /// Where a [`Hook`] is installed, once, while the thread runs: buffers inflated before it is
 /// are handed over without it.
@@ -49,6 +51,9 @@ pub(crate) struct Inflated {
     ended: Option<std::result::Result<(), (ErrorKind, String)>>,
     /// The thread's hook, once installed.
     hook: HookSlot,
+    /// Messages sent by the thread and not yet received here: counted up before each send,
+    /// down after each receive, so never below 0 (at most `DEPTH` + 1 for a moment).
+    queued: Arc<AtomicUsize>,
 }
 
 impl Inflated {
@@ -61,6 +66,13 @@ impl Inflated {
         let (empty, empty_rx) = sync_channel::<Vec<u8>>(DEPTH + 2);
         let hook = HookSlot::default();
         let thread_hook = Arc::clone(&hook);
+        let queued = Arc::new(AtomicUsize::new(0));
+        let thread_queued = Arc::clone(&queued);
+        let send = move |message: io::Result<Vec<u8>>| {
+            thread_queued.fetch_add(1, Ordering::Relaxed);
+            full_tx.send(message).is_ok()
+        };
+        let waiting = Arc::clone(&queued);
         // Bytes of the stream handed over before the buffer being filled.
         let mut offset = 0u64;
         std::thread::Builder::new()
@@ -77,21 +89,21 @@ impl Inflated {
                         Err(e) => {
                             // What was inflated before the error is handed over first.
                             buf.truncate(n);
-                            if n > 0 && full_tx.send(Ok(buf)).is_err() {
+                            if n > 0 && !send(Ok(buf)) {
                                 return;
                             }
-                            let _ = full_tx.send(Err(e));
+                            send(Err(e));
                             return;
                         }
                     }
                 }
                 buf.truncate(n);
                 if let Some(hook) = thread_hook.get() {
-                    hook(&buf, offset);
+                    hook(&buf, offset, waiting.load(Ordering::Relaxed));
                 }
                 offset += n as u64;
                 // The reader is gone (dropped early): stop.
-                if full_tx.send(Ok(buf)).is_err() || n == 0 {
+                if !send(Ok(buf)) || n == 0 {
                     return;
                 }
             })?;
@@ -102,6 +114,7 @@ impl Inflated {
             pos: 0,
             ended: None,
             hook,
+            queued,
         })
     }
 
@@ -130,7 +143,11 @@ impl BufRead for Inflated {
                 // Back to the thread; dropped instead when it has enough.
                 let _ = self.empty.try_send(used);
             }
-            match self.full.recv() {
+            let message = self.full.recv();
+            if message.is_ok() {
+                self.queued.fetch_sub(1, Ordering::Relaxed);
+            }
+            match message {
                 Ok(Ok(buf)) if buf.is_empty() => self.ended = Some(Ok(())),
                 Ok(Ok(buf)) => self.current = buf,
                 Ok(Err(e)) => self.ended = Some(Err((e.kind(), e.to_string()))),
@@ -230,7 +247,7 @@ mod tests {
     }
 
     /// A hook installed before the first buffer sees every buffer, in order, with the bytes
-    /// before it, before the reader does.
+    /// before it, before the reader does; and how many buffers wait for the reader.
     #[test]
     fn the_hook_sees_each_buffer_at_its_offset() {
         let want = data(3 * CHUNK_BYTES + 17);
@@ -254,9 +271,9 @@ mod tests {
             }
         }
         let mut r = Inflated::spawn(Box::new(Gate(source, Some(wait)))).unwrap();
-        let hook: Hook = Box::new(move |buf: &[u8], offset: u64| {
+        let hook: Hook = Box::new(move |buf: &[u8], offset: u64, queued: usize| {
             if let Ok(mut seen) = record.lock() {
-                seen.push((offset, buf.to_vec()));
+                seen.push((offset, buf.to_vec(), queued));
             }
         });
         assert!(r.hook_slot().set(hook).is_ok());
@@ -268,9 +285,11 @@ mod tests {
         // The buffers, then the empty one that ends the stream.
         assert_eq!(seen.len(), 5);
         let mut at = 0;
-        for (offset, buf) in seen.iter() {
+        for (offset, buf, queued) in seen.iter() {
             assert_eq!(*offset, at as u64);
             assert!(buf[..] == want[at..at + buf.len()], "buffer at {at}");
+            // The channel holds DEPTH buffers; one more may be counted while sent.
+            assert!(*queued <= DEPTH + 1, "{queued} queued at {at}");
             at += buf.len();
         }
         assert_eq!(at, want.len());

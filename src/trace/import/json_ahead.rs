@@ -17,18 +17,41 @@
 #![deny(unsafe_code)]
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use super::json_frames::element_step;
 use super::json_skip::{scan_event, skip_ws, Memory, Scan};
 use crate::trace::inflate::DEPTH;
 
-/// Where in a buffer the scan ahead starts looking for an event, in 256ths of the buffer:
-/// the inflating thread spends about half the time the walk does on a buffer (inflating,
-/// checking the CRC, handing over), so it scans about the last 30% and the walk the first
-/// 70% (measured, load ~1: DDP's read took 47 ms without, 40–42 at 154, 37–39 at 172,
-/// 36.5 at 190; resnet50's 21.8, 19.4, 17.8, 18.6).
+/// Where in a buffer the scan ahead starts looking for an event, in 256ths of the buffer, at
+/// first: the inflating thread spends about half the time the walk does on a buffer
+/// (inflating, checking the CRC, handing over), so it scans about the last 30% and the walk
+/// the first 70% (measured, load ~1: DDP's read took 47 ms without, 40–42 at 154, 37–39 at
+/// 172, 36.5 at 190; resnet50's 21.8, 19.4, 17.8, 18.6). Then [`next_from`] moves it.
 pub(crate) const AHEAD_FROM: usize = 180;
+
+/// The least [`next_from`] goes to: the inflating thread scans at most the last 3/4.
+const MIN_FROM: usize = 64;
+
+/// What [`next_from`] moves the start by, per buffer.
+const FROM_STEP: usize = 4;
+
+/// Where the scan ahead starts in the next buffer (256ths), from where it started in the last
+/// and the buffers waiting for the reader: none — the reader has caught up and waits, or
+/// soon will — scan less (at 256, nothing); two or more — the reader is behind — scan more.
+/// So the inflating thread takes as much of the scan as keeps the reader from waiting,
+/// whatever the machine and its load.
+///
+/// # Time complexity
+/// O(1).
+pub(crate) fn next_from(from: usize, queued: usize) -> usize {
+    match queued {
+        0 => (from + FROM_STEP).min(256),
+        1 => from,
+        _ => from.saturating_sub(FROM_STEP).max(MIN_FROM),
+    }
+}
 
 /// Candidate starts tried in a buffer before it is handed over without a chain.
 const GUESSES: usize = 8;
@@ -84,11 +107,23 @@ impl Chain {
     }
 }
 
-/// The chains scanned ahead and not yet taken, in stream order.
-/// Invariant: at most [`MAX_CHAINS`]; starts increasing.
-#[derive(Debug, Default)]
+/// The chains scanned ahead and not yet taken, in stream order, and where in a buffer the
+/// next scan ahead starts. Invariant: at most [`MAX_CHAINS`], starts increasing;
+/// `MIN_FROM <= from <= 256`.
+#[derive(Debug)]
 pub(crate) struct Ahead {
     chains: Mutex<VecDeque<Chain>>,
+    /// Only the inflating thread reads and writes it.
+    from: AtomicUsize,
+}
+
+impl Default for Ahead {
+    fn default() -> Ahead {
+        Ahead {
+            chains: Mutex::default(),
+            from: AtomicUsize::new(AHEAD_FROM),
+        }
+    }
 }
 
 /// Chains held at most: one per buffer, and the inflating thread is at most `DEPTH` + 2
@@ -96,13 +131,19 @@ pub(crate) struct Ahead {
 const MAX_CHAINS: usize = DEPTH + 3;
 
 impl Ahead {
-    /// Scans ahead in `buf`, whose first byte is the stream's byte `offset`: from the first
-    /// likely start of an event past [`AHEAD_FROM`], if any.
+    /// Scans ahead in `buf`, whose first byte is the stream's byte `offset`, with `queued`
+    /// buffers waiting for the reader: from the first likely start of an event past where
+    /// [`next_from`] says, if any.
     ///
     /// # Time complexity
     /// O(n) in the buffer's bytes.
-    pub(crate) fn scan(&self, buf: &[u8], offset: u64) {
-        if let Some(at) = guess(buf, buf.len() * AHEAD_FROM / 256) {
+    pub(crate) fn scan(&self, buf: &[u8], offset: u64, queued: usize) {
+        let from = next_from(self.from.load(Ordering::Relaxed), queued);
+        self.from.store(from, Ordering::Relaxed);
+        if from >= 256 {
+            return;
+        }
+        if let Some(at) = guess(buf, buf.len() * from / 256) {
             self.scan_from(buf, offset, at);
         }
     }
@@ -265,6 +306,37 @@ mod tests {
                 "{name}"
             );
         }
+    }
+
+    /// The start moves later while the reader waits, earlier while it is behind, within its
+    /// bounds.
+    #[test_case::test_case(180, 0, 184 ; "the reader waits: scan less")]
+    #[test_case::test_case(180, 1, 180 ; "one buffer ready: keep")]
+    #[test_case::test_case(180, 2, 176 ; "the reader behind: scan more")]
+    #[test_case::test_case(180, 6, 176 ; "far behind: one step")]
+    #[test_case::test_case(254, 0, 256 ; "up to no scan at all")]
+    #[test_case::test_case(256, 0, 256 ; "no scan stays")]
+    #[test_case::test_case(256, 3, 252 ; "back from no scan")]
+    #[test_case::test_case(66, 4, 64 ; "down to the least")]
+    #[test_case::test_case(64, 4, 64 ; "the least stays")]
+    fn the_start_follows_the_reader(from: usize, queued: usize, want: usize) {
+        assert_eq!(next_from(from, queued), want);
+    }
+
+    /// At 256 nothing is scanned ahead; the start comes back once the reader falls behind.
+    #[test]
+    fn a_reader_that_waits_gets_buffers_unscanned() {
+        // Events to the last 2% of the buffer.
+        let text = format!("[{}]", vec![E; 200].join(", "));
+        let ahead = Ahead::default();
+        for _ in 1..(256 - AHEAD_FROM) / FROM_STEP {
+            ahead.scan(text.as_bytes(), 0, 0);
+            assert!(ahead.take(0).is_some());
+        }
+        ahead.scan(text.as_bytes(), 0, 0);
+        assert_eq!(ahead.take(0), None);
+        ahead.scan(text.as_bytes(), 0, 2);
+        assert!(ahead.take(0).is_some());
     }
 
     /// A chain stops at `MAX_STEPS`, followed: the walk goes on from there itself.

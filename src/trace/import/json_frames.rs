@@ -646,7 +646,7 @@ mod tests {
                 self.buffers += 1;
                 match guess {
                     Some(at) => self.ahead.scan_from(buf, self.pos as u64, at % buf.len()),
-                    None => self.ahead.scan(buf, self.pos as u64),
+                    None => self.ahead.scan(buf, self.pos as u64, 1),
                 }
             }
             Ok(&self.text[self.pos..self.filled])

@@ -609,8 +609,8 @@ pub(crate) fn read(
             let ahead = Arc::new(Ahead::default());
             let on_thread = Arc::clone(&ahead);
             // Installed once per stream: a slot already set keeps its hook.
-            let _ = slot.set(Box::new(move |buf: &[u8], offset: u64| {
-                on_thread.scan(buf, offset)
+            let _ = slot.set(Box::new(move |buf: &[u8], offset: u64, queued: usize| {
+                on_thread.scan(buf, offset, queued)
             }));
             Frames::with_ahead(input, ahead)
         }
