@@ -16,9 +16,11 @@
 //! that line.
 
 use std::io::BufRead;
+use std::sync::Arc;
 
 use serde::Deserialize;
 
+use super::json_ahead::{Ahead, Chain};
 use super::json_skip::{skip_ws, Scan};
 
 /// The most bytes one value may have: one trace event, or one member of the top-level
@@ -86,6 +88,11 @@ pub(crate) struct Frames<R> {
     base_column: u64,
     /// Bytes of the stream before the window's first byte.
     base_offset: u64,
+    /// Elements scanned ahead on another thread ([`Frames::with_ahead`]).
+    ahead: Option<Arc<Ahead>>,
+    /// The next chain of elements scanned ahead, taken from `ahead`: used when the walk
+    /// reaches its start, dropped when the walk passes it.
+    chain: Option<Chain>,
 }
 
 impl<R: BufRead> Frames<R> {
@@ -105,7 +112,17 @@ impl<R: BufRead> Frames<R> {
             base_line: 1,
             base_column: 0,
             base_offset: 0,
+            ahead: None,
+            chain: None,
         }
+    }
+
+    /// Reads `input`, using the elements another thread scans ahead into `ahead` (see
+    /// [`Frames::scan_elements`]).
+    pub(crate) fn with_ahead(input: R, ahead: Arc<Ahead>) -> Self {
+        let mut f = Self::new(input);
+        f.ahead = Some(ahead);
+        f
     }
 
     /// The window (whole, from its first byte); an input that fails gives an empty one here
@@ -369,6 +386,11 @@ impl<R: BufRead> Frames<R> {
     /// same decisions as those calls, one event at a time, with one look at the input's
     /// buffer for all.
     ///
+    /// Where the walk reaches the start of a chain of elements scanned ahead (with the same
+    /// `scan`, [`element_step`] by [`element_step`]) in a buffer that ends where the window
+    /// does, the chain's decisions are taken instead of scanning again: they were made from
+    /// the same bytes, so they are the ones this walk would make.
+    ///
     /// # Errors
     /// The stream fails.
     pub(crate) fn scan_elements(
@@ -381,29 +403,50 @@ impl<R: BufRead> Frames<R> {
             return Ok(false);
         }
         let start = self.pos;
+        let base = self.base_offset;
+        let mut chain = self.chain.take();
+        if chain
+            .as_ref()
+            .map_or(true, |c| c.start < base + start as u64)
+        {
+            chain = self
+                .ahead
+                .as_ref()
+                .and_then(|a| a.take(base + start as u64));
+        }
         let window = self.window();
+        let end = base + window.len() as u64;
         let mut at = start;
         let mut after = false;
-        while let decided @ (Scan::Drop(used) | Scan::Memory(used, _)) =
-            scan(window.get(at..).unwrap_or_default())
-        {
-            each(decided);
-            at += used;
-            after = true;
-            let comma = skip_ws(window, at);
-            if window.get(comma) != Some(&b',') {
-                break;
-            }
-            let next = skip_ws(window, comma + 1);
-            match window.get(next) {
-                // A trailing comma, or the end of the window: left to the walk.
-                Some(b']') | None => break,
-                Some(_) => {
-                    at = next;
-                    after = false;
+        loop {
+            let here = base + at as u64;
+            if let Some(c) = chain.take_if(|c| c.start == here && c.end == end) {
+                for (decided, _) in c.decisions() {
+                    each(decided);
                 }
+                // A chain has a step at least.
+                let Some(last) = c.steps.last() else { break };
+                at += last.to;
+                after = !last.followed;
+                if after {
+                    break;
+                }
+                continue;
+            }
+            match element_step(window, at, &scan) {
+                Some((decided, to, followed)) => {
+                    each(decided);
+                    at = to;
+                    after = !followed;
+                    if after {
+                        break;
+                    }
+                }
+                None => break,
             }
         }
+        // A chain not reached yet is kept for a later call.
+        self.chain = chain.filter(|c| c.start > base + at as u64);
         self.advance(at - start);
         Ok(after)
     }
@@ -425,6 +468,38 @@ impl<R: BufRead> Frames<R> {
             line,
             column,
         }
+    }
+}
+
+/// The element at `window[at]` (its start: whitespace before it skipped), when `scan`
+/// decides it there ([`Scan::Drop`], [`Scan::Memory`]): the decision, where the walk goes on,
+/// and whether another element follows it in the window — then the walk goes on at that
+/// element's start (past the `,` and whitespace), else just after this one. `None` where
+/// `scan` does not decide it. A trailing comma (`,` then `]`) or a window that ends after
+/// the `,` is left to the walk: not followed.
+///
+/// Depends on `window[at..]` alone: the same bytes to the window's end give the same step.
+///
+/// # Time complexity
+/// That of `scan` on the element, and O(whitespace) after it.
+pub(crate) fn element_step(
+    window: &[u8],
+    at: usize,
+    scan: &impl Fn(&[u8]) -> Scan,
+) -> Option<(Scan, usize, bool)> {
+    let decided = scan(window.get(at..).unwrap_or_default());
+    let (Scan::Drop(used) | Scan::Memory(used, _)) = decided else {
+        return None;
+    };
+    let after = at + used;
+    let comma = skip_ws(window, after);
+    if window.get(comma) != Some(&b',') {
+        return Some((decided, after, false));
+    }
+    let next = skip_ws(window, comma + 1);
+    match window.get(next) {
+        Some(b']') | None => Some((decided, after, false)),
+        Some(_) => Some((decided, next, true)),
     }
 }
 
@@ -496,7 +571,11 @@ mod tests {
         step: usize,
         batched: bool,
     ) -> (Vec<String>, Option<String>) {
-        let mut f = frames(text, buffer, step);
+        walk_with(frames(text, buffer, step), batched)
+    }
+
+    /// [`walk`] over the stream `f` reads.
+    fn walk_with<R: BufRead>(mut f: Frames<R>, batched: bool) -> (Vec<String>, Option<String>) {
         let mut out = Vec::new();
         let mut go = || -> Result<(), FrameError> {
             if f.peek()? != Some(b'[') {
@@ -535,6 +614,71 @@ mod tests {
         (out, error)
     }
 
+    /// `text` in buffers of `buffer` bytes, each scanned ahead (as the inflating thread does)
+    /// before it is handed over: from the guess the reader makes (`None`), or from the byte
+    /// the next of `guesses` (modulo the buffer's length: an element's start, or not), one
+    /// guess per buffer.
+    struct AheadInput<'a> {
+        text: &'a [u8],
+        pos: usize,
+        filled: usize,
+        buffer: usize,
+        ahead: Arc<Ahead>,
+        guesses: Vec<Option<usize>>,
+        buffers: usize,
+    }
+
+    impl std::io::Read for AheadInput<'_> {
+        fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+            let n = self.fill_buf()?.len().min(out.len());
+            out[..n].copy_from_slice(&self.text[self.pos..self.pos + n]);
+            self.consume(n);
+            Ok(n)
+        }
+    }
+
+    impl BufRead for AheadInput<'_> {
+        fn fill_buf(&mut self) -> std::io::Result<&[u8]> {
+            if self.pos == self.filled && self.filled < self.text.len() {
+                self.filled = (self.pos + self.buffer).min(self.text.len());
+                let buf = &self.text[self.pos..self.filled];
+                let guess = self.guesses[self.buffers % self.guesses.len()];
+                self.buffers += 1;
+                match guess {
+                    Some(at) => self.ahead.scan_from(buf, self.pos as u64, at % buf.len()),
+                    None => self.ahead.scan(buf, self.pos as u64, 1),
+                }
+            }
+            Ok(&self.text[self.pos..self.filled])
+        }
+
+        fn consume(&mut self, n: usize) {
+            self.pos = (self.pos + n).min(self.filled);
+        }
+    }
+
+    /// [`walk`], many at once, with elements scanned ahead in each buffer.
+    fn walk_ahead(
+        text: &[u8],
+        buffer: usize,
+        step: usize,
+        guesses: &[Option<usize>],
+    ) -> (Vec<String>, Option<String>) {
+        let ahead = Arc::new(Ahead::default());
+        let input = AheadInput {
+            text,
+            pos: 0,
+            filled: 0,
+            buffer,
+            ahead: Arc::clone(&ahead),
+            guesses: guesses.to_vec(),
+            buffers: 0,
+        };
+        let mut f = Frames::with_step(input, step);
+        f.ahead = Some(ahead);
+        walk_with(f, true)
+    }
+
     /// An event of the kinds a Kineto trace holds (operators, `[memory]` events), or hostile
     /// bytes: escapes (`\"`, `\\`) that a buffer's edge may cut, deep nesting, long strings,
     /// damage.
@@ -562,6 +706,7 @@ mod tests {
             events in prop::collection::vec(event(), 0..8),
             spaces in prop::collection::vec("[ \n]{0,3}", 8),
             truncate in prop::option::of(any::<prop::sample::Index>()),
+            guesses in prop::collection::vec(prop::option::of(0usize..1 << 20), 1..5),
         ) {
             let mut text = String::from("[");
             for (i, e) in events.iter().enumerate() {
@@ -585,6 +730,11 @@ mod tests {
                         "buffers of {}, steps of {}, batched {}", buffer, step, batched
                     );
                 }
+                prop_assert_eq!(
+                    &walk_ahead(&bytes, buffer, step, &guesses),
+                    &whole,
+                    "buffers of {}, steps of {}, scanned ahead from {:?}", buffer, step, guesses
+                );
             }
         }
     }
@@ -613,6 +763,50 @@ mod tests {
                 let got = walk(text.as_bytes(), buffer, step, true);
                 assert_eq!(got, whole, "{name}: buffers of {buffer}, steps of {step}");
             }
+        }
+    }
+
+    /// Elements scanned ahead from every byte of every buffer (an element's start or not,
+    /// in events to drop, `[memory]` events, values left to serde_json, damage, a cut), at
+    /// every buffer size: the same walk as without.
+    #[test]
+    fn the_walk_is_the_same_whatever_was_scanned_ahead() {
+        let e = r#"{"name": "a", "ts": 1}"#;
+        let m = r#"{"name": "[memory]", "ts": 2, "args": {"Bytes": 3}}"#;
+        let s = r#"{"name": "},{", "args": {"x": [{}, {"y": "}, {"}]}}"#;
+        let texts = [
+            format!("[{e},\n {m}, {s}, {e}, {m},{e}]"),
+            format!("[{e}, {{\"name\": \"\\u0041\"}}, {m}, 7, {e},\n {e},]"),
+            format!("[{e}, {m}, {e} {e}, {m}]"),
+            format!("[{s}, {e}, {m}, {e}, {m}"),
+        ];
+        for text in &texts {
+            let whole = walk(text.as_bytes(), text.len(), CARRY_BYTES, false);
+            for (buffer, step) in SIZES {
+                let buffer = buffer.min(text.len());
+                for at in 0..buffer {
+                    let got = walk_ahead(text.as_bytes(), buffer, step, &[Some(at)]);
+                    assert_eq!(
+                        got, whole,
+                        "{text}: buffers of {buffer}, steps of {step}, ahead from {at}"
+                    );
+                }
+                let got = walk_ahead(text.as_bytes(), buffer, step, &[None]);
+                assert_eq!(got, whole, "{text}: buffers of {buffer}, guessed");
+            }
+        }
+    }
+
+    /// A full chain is taken, and the walk goes on after it by itself.
+    #[test]
+    fn the_walk_goes_on_after_a_full_chain() {
+        use crate::trace::import::json_ahead::MAX_STEPS;
+        let text = format!("[{}, 7, {{}}]", vec!["{}"; MAX_STEPS + 100].join(", "));
+        let whole = walk(text.as_bytes(), text.len(), CARRY_BYTES, false);
+        assert_eq!(whole.0.len(), MAX_STEPS + 102);
+        for guess in [Some(1), None] {
+            let got = walk_ahead(text.as_bytes(), text.len(), CARRY_BYTES, &[guess]);
+            assert_eq!(got, whole, "{guess:?}");
         }
     }
 

@@ -32,15 +32,18 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 
 use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::json_ahead::Ahead;
 use super::json_frames::{FrameError, Frames};
 use super::json_skip::{self, Scan};
 use super::{us_to_ns, Attrs, Emitter};
 use crate::error::Result;
+use crate::trace::inflate::HookSlot;
 use crate::trace::{
     trace_error, Anomalies, AnomalyKind, Format, Input, Keying, Loc, Op, Options, Reference,
     ThreadMap, TraceHeader, VecSource,
@@ -587,14 +590,33 @@ fn one_event(f: &mut Frames<Input>, c: &mut Collected) -> std::result::Result<()
     Ok(())
 }
 
-/// Reads a Kineto trace and returns the chosen device's events in replay order.
+/// Reads a Kineto trace and returns the chosen device's events in replay order. `inflating`:
+/// the hook of the thread that inflates `input` (a gzip'd trace), where events are scanned
+/// ahead (`json_ahead`).
 ///
 /// # Errors
 /// Not JSON, no `traceEvents`, no CUDA `[memory]` events (or none on the device asked
 /// for), or an anomaly in strict mode.
-pub(crate) fn read(input: Input, origin: &str, options: &Options) -> Result<VecSource> {
+pub(crate) fn read(
+    input: Input,
+    origin: &str,
+    options: &Options,
+    inflating: Option<&HookSlot>,
+) -> Result<VecSource> {
     let mut c = Collected::default();
-    walk(&mut Frames::new(input), &mut c).map_err(|e| {
+    let mut frames = match inflating {
+        Some(slot) => {
+            let ahead = Arc::new(Ahead::default());
+            let on_thread = Arc::clone(&ahead);
+            // Installed once per stream: a slot already set keeps its hook.
+            let _ = slot.set(Box::new(move |buf: &[u8], offset: u64, queued: usize| {
+                on_thread.scan(buf, offset, queued)
+            }));
+            Frames::with_ahead(input, ahead)
+        }
+        None => Frames::new(input),
+    };
+    walk(&mut frames, &mut c).map_err(|e| {
         let what = if e.eof {
             "truncated JSON"
         } else {
@@ -815,6 +837,7 @@ pub(crate) fn read(input: Input, origin: &str, options: &Options) -> Result<VecS
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::trace::Event;
     use proptest::prelude::*;
     use serde_json::{Map, Number};
 
@@ -1022,6 +1045,99 @@ mod tests {
         let mut it = serde_json::Deserializer::from_slice(bytes).into_iter::<RawEvent>();
         let event = it.next()?.ok()?;
         Some((event, it.byte_offset()))
+    }
+
+    /// A trace of many buffers, its events' bytes, as the import reads it: the events and
+    /// header, or the error message.
+    fn import(bytes: Vec<u8>, name: &str) -> std::result::Result<(String, Vec<Event>), String> {
+        let mut t =
+            crate::trace::open_reader(std::io::Cursor::new(bytes), name, &Options::default())
+                .map_err(|e| e.to_string())?;
+        let events: Vec<Event> = t
+            .by_ref()
+            .collect::<Result<_>>()
+            .map_err(|e| e.to_string())?;
+        Ok((format!("{:?}", t.header()), events))
+    }
+
+    /// A gzip'd trace (read with events scanned ahead on the inflating thread) reads as its
+    /// JSON does (read by the walk alone): many buffers of events whose strings hold what the
+    /// guess looks for (`},` then `{`), `[memory]` events, an event left to serde_json, compact
+    /// and pretty; and, damaged anywhere (a trailing comma, a bad number, a cut), with the
+    /// same error.
+    #[test]
+    fn a_gzipped_trace_reads_as_its_json_does() {
+        use std::io::Write;
+        let mut events = Vec::new();
+        for i in 0..40_000u64 {
+            events.push(match i % 7 {
+                0 => format!(
+                    "{{\"ph\": \"i\", \"name\": \"[memory]\", \"tid\": 3, \"ts\": {}, \"args\": {{\"Addr\": {}, \"Bytes\": {}, \"Device Type\": 1, \"Total Allocated\": {}}}}}",
+                    1000 + i,
+                    4096 * (i / 14 + 1),
+                    if i % 14 == 0 { 512 } else { -512 },
+                    512 * (i % 14 == 0) as u64,
+                ),
+                1 => format!("{{\"name\": \"x}},\\n  {{ {i}\", \"ts\": {i}}}"),
+                2 => format!("{{\"name\": \"}}, {{\", \"args\": {{\"s\": \"}},{{\"}}, \"ts\": {i}.5}}"),
+                3 => format!("{{\n    \"ph\": \"X\", \"name\": \"aten::mm\",\n    \"ts\": {i}, \"args\": {{\"grid\": [1, 2, 3]}}\n  }}"),
+                4 => format!("{{\"name\": \"esc\\u0041\", \"ts\": {i}}}"),
+                _ => format!("{{\"ph\": \"X\", \"name\": \"op\", \"ts\": {i}, \"args\": {{}}}}"),
+            });
+        }
+        let text = format!("{{\"traceEvents\": [\n  {}\n]}}\n", events.join(",\n  "));
+        let gzip = |bytes: &[u8]| {
+            let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+            gz.write_all(bytes).unwrap_or_default();
+            gz.finish().unwrap_or_default()
+        };
+        assert!(
+            text.len() > 8 * crate::trace::inflate::CHUNK_BYTES,
+            "{}",
+            text.len()
+        );
+        let plain = import(text.clone().into_bytes(), "t.json");
+        let read = plain.as_ref().map(|(_, e)| e.len());
+        assert_eq!(
+            read,
+            Ok(2 * (40_000 / 14) + 1),
+            "{:?}",
+            plain.as_ref().err()
+        );
+        assert_eq!(import(gzip(text.as_bytes()), "t.json"), plain);
+        // Damage at places spread over the buffers (at each, in the second half of a
+        // buffer, where events are scanned ahead, and in the first).
+        let marker = "{\"ph\": \"X\", \"name\": \"op\", \"ts\": ";
+        let mut damaged_at = 0;
+        for k in 1..8 {
+            let at = k * text.len() / 8 + k * 997;
+            let Some(open) = text[at..].find(marker).map(|i| at + i) else {
+                continue;
+            };
+            let ts = open + marker.len();
+            for (what, damaged) in [
+                (
+                    "a trailing comma",
+                    format!(
+                        "{}{}",
+                        &text[..open],
+                        text[open..].replacen("\"args\": {}}", "\"args\": {},}", 1)
+                    ),
+                ),
+                ("a leading zero", format!("{}0{}", &text[..ts], &text[ts..])),
+                ("a cut", text[..open + 9].to_string()),
+            ] {
+                let plain = import(damaged.clone().into_bytes(), "t.json");
+                assert!(plain.is_err(), "{what} at {open}");
+                assert_eq!(
+                    import(gzip(damaged.as_bytes()), "t.json"),
+                    plain,
+                    "{what} at {open}"
+                );
+                damaged_at += 1;
+            }
+        }
+        assert_eq!(damaged_at, 21);
     }
 
     proptest! {
