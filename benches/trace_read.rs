@@ -224,6 +224,8 @@ fn benches(c: &mut Criterion) {
     // benchmark) want no table.
     let measuring =
         !std::env::args().any(|a| a == "--test" || a == "--list" || a == "--profile-time");
+    // The process as the CLI sets it up: freed memory kept for the next read or replay.
+    portalloc::replay::keep_freed_memory();
     for path in traces() {
         let label = path
             .file_name()
