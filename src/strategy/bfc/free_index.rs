@@ -39,7 +39,7 @@ type SlMap = u64;
 /// A class holding more chunks than this becomes a B-tree. Below it, a sorted vector's
 /// one backward pass to insert or remove (a few kilobytes moved at most) costs less than the
 /// tree's node walk: in vmm's steady churn to 4 MiB, 128 was 2–3% faster per operation than
-/// 64, and 256 or 512 no faster (at 64 KiB, 1% slower).
+/// 64, and 256 or 512 no faster (at 64 KiB, within 1% either way).
 pub const TREE_AT: usize = 128;
 
 /// One free chunk as the index knows it.
