@@ -17,9 +17,11 @@
 //! min / median / max, and the ratio read ÷ replay taken within a pass (min / median / max).
 //! Reading is no slower than the replay it feeds when the median ratio is ≤ 1. For a gzip'd
 //! trace the table also times **inflating alone** (the file's bytes, in memory, through the
-//! same zlib-rs decoder into a buffer): the floor of a reader that inflates and parses in
-//! turn; the reader inflates on a second thread, so its own floor is the longer of inflating
-//! and parsing.
+//! same zlib-rs decoder into a buffer) and **parsing alone** (the inflated JSON, held in
+//! memory, read on one thread): the reader inflates on a second thread while it parses, so
+//! with two cores its floor is the longer of the two, and about half their sum where each
+//! thread takes a share of the parsing. `scripts/json-floor` times simdjson on the same
+//! inflated bytes: what validating them costs on this machine without portalloc's code.
 //!
 //! Run: `cargo bench --bench trace_read` (one trace: `cargo bench --bench trace_read -- ddp`;
 //! to profile reading one: `-- --profile-time 10 trace_read/pytorch-kineto-ddp-v100.json.gz/read`).
@@ -93,6 +95,21 @@ fn read(path: &Path) -> TraceInput {
         header: t.header().clone(),
         events: Arc::new(events),
     }
+}
+
+/// The events of a trace's JSON held in memory, read as [`read`] reads a file (the JSON is
+/// not gzip'd, so the reader parses on the calling thread alone).
+fn read_json(json: &Arc<[u8]>, label: &str) -> usize {
+    let mut t = trace::open_reader(
+        std::io::Cursor::new(json.clone()),
+        label,
+        &Options::default(),
+    )
+    .unwrap_or_else(|e| panic!("{label}: {e}"));
+    t.by_ref()
+        .collect::<portalloc::Result<Vec<Event>>>()
+        .unwrap_or_else(|e| panic!("{label}: {e}"))
+        .len()
 }
 
 /// Inflates `gz` (a gzip file's bytes) to its end; the bytes it makes.
@@ -189,6 +206,23 @@ fn report(path: &Path, label: &str) {
             "  inflating alone ms {} ({} MB)",
             spread(inflating),
             bytes / 1_000_000
+        );
+        // The other half of the reader's work: the same JSON, inflated beforehand and held in
+        // memory, read on this thread alone (no gzip, so no second thread).
+        let mut json = Vec::with_capacity(bytes);
+        flate2::read::MultiGzDecoder::new(&gz[..])
+            .read_to_end(&mut json)
+            .unwrap_or_else(|e| panic!("inflating {}: {e}", path.display()));
+        let json: Arc<[u8]> = json.into();
+        let mut parsing = Vec::with_capacity(PASSES);
+        for _ in 0..PASSES {
+            let t = Instant::now();
+            black_box(read_json(&json, label));
+            parsing.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        eprintln!(
+            "  parsing alone ms {} (the inflated JSON from memory, one thread; `scripts/json-floor` times simdjson on the same bytes)",
+            spread(parsing)
         );
     }
     eprintln!("  read ms {}", spread(col(0)));
