@@ -85,31 +85,30 @@ fn traces() -> Vec<PathBuf> {
 /// The file read into memory as `portalloc replay` reads it (`load()` in
 /// `src/bin/portalloc/replay.rs`).
 fn read(path: &Path) -> TraceInput {
-    let mut t = trace::open(path, &Options::default())
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    collect(
+        trace::open(path, &Options::default()),
+        &path.display().to_string(),
+    )
+}
+
+/// A trace's JSON held in memory, read as [`read`] reads a file (the JSON is not gzip'd, so
+/// the reader parses on the calling thread alone).
+fn read_json(json: &Arc<[u8]>, label: &str) -> TraceInput {
+    let input = std::io::Cursor::new(Arc::clone(json));
+    collect(trace::open_reader(input, label, &Options::default()), label)
+}
+
+/// Every event of an opened trace, with its header; panics naming `label` on an error.
+fn collect(opened: portalloc::Result<trace::Trace>, label: &str) -> TraceInput {
+    let mut t = opened.unwrap_or_else(|e| panic!("{label}: {e}"));
     let events: Vec<Event> = t
         .by_ref()
         .collect::<portalloc::Result<_>>()
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        .unwrap_or_else(|e| panic!("{label}: {e}"));
     TraceInput::Events {
         header: t.header().clone(),
         events: Arc::new(events),
     }
-}
-
-/// The events of a trace's JSON held in memory, read as [`read`] reads a file (the JSON is
-/// not gzip'd, so the reader parses on the calling thread alone).
-fn read_json(json: &Arc<[u8]>, label: &str) -> usize {
-    let mut t = trace::open_reader(
-        std::io::Cursor::new(json.clone()),
-        label,
-        &Options::default(),
-    )
-    .unwrap_or_else(|e| panic!("{label}: {e}"));
-    t.by_ref()
-        .collect::<portalloc::Result<Vec<Event>>>()
-        .unwrap_or_else(|e| panic!("{label}: {e}"))
-        .len()
 }
 
 /// Inflates `gz` (a gzip file's bytes) to its end; the bytes it makes.
