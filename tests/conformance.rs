@@ -11,8 +11,18 @@
 //! * **cases** (the module [`cases`], one body each): zero size, aligned / disjoint / usable
 //!   allocations, alignment rules, impossible sizes, exhaustion and recovery, foreign
 //!   allocations refused, the census after trim and drop, threads sharing an allocator,
-//!   streams the caller made with the driver's own calls, and peer access between two
-//!   devices.
+//!   streams the caller made with the driver's own calls, peer access between two devices —
+//!   and the hazards of a GPU program: kernels still reading memory freed on their stream
+//!   while another stream asks for memory (with the CPU waits counted), memory freed at once
+//!   on one stream that stitching would unmap, an allocator dropped with work in flight, a
+//!   per-thread-stream buffer dropped on another thread, a destroyed stream's handle reused.
+//! * **the world** (`tests/support/targets.rs`): the caller keeps a current context (CUDA) or
+//!   device (HIP) of its own, and every call of the allocator — drop included — is made with
+//!   the caller's *other* device current and must leave it so; the caller's kernels stay in
+//!   flight over the memory they use until the case finishes them, and any unmap, device free
+//!   or pool trim of memory a kernel still uses is a hazard that fails the case; a hand-out to
+//!   another stream of memory a kernel still uses must be ordered after it (a completed
+//!   kernel, or a GPU-side wait), which the device's own timeline answers.
 //!
 //! Each (target, strategy, case) is one named test, e.g.
 //! `fakehip_rocm6::bfc_growing::trim_and_drop`, and ends with the census: the allocator
@@ -24,8 +34,8 @@ mod support;
 
 use std::sync::Arc;
 
-use portalloc::{Allocation, Allocator, Error, Stream};
-use support::targets::{Rig, Rocm, Strategy, SuiteStrategy, Target};
+use portalloc::{Allocation, Allocator, DeviceBuffer, Error, Stats, Stream};
+use support::targets::{CallerProbe, Rig, Rocm, Strategy, SuiteStrategy, Target};
 
 const MIB: u64 = 1 << 20;
 /// Capacity of every device in the suite; the strategies get 3/4 of it.
@@ -34,18 +44,96 @@ const LIMIT: u64 = 48 * MIB;
 
 /// A strategy over device 0 of a rig.
 struct Subject {
-    allocator: Box<dyn Allocator>,
+    allocator: Arc<dyn Allocator>,
     rig: Rig,
     strategy: Strategy,
+}
+
+/// An allocator whose every call — drop included — is made with the caller's other device
+/// current ([`CallerProbe::around`]), which it must leave so.
+struct CallerChecked {
+    inner: Option<Box<dyn Allocator>>,
+    probe: CallerProbe,
+}
+
+impl CallerChecked {
+    fn inner(&self) -> &dyn Allocator {
+        self.inner.as_deref().expect("live until dropped")
+    }
+}
+
+impl Allocator for CallerChecked {
+    fn name(&self) -> &str {
+        self.inner().name()
+    }
+    fn id(&self) -> u64 {
+        self.inner().id()
+    }
+    fn allocate(
+        &self,
+        size: u64,
+        alignment: u64,
+        stream: Stream,
+        tag: &str,
+    ) -> portalloc::Result<Allocation> {
+        self.probe.around("allocate", || {
+            self.inner().allocate(size, alignment, stream, tag)
+        })
+    }
+    fn deallocate(&self, allocation: Allocation) -> portalloc::Result<()> {
+        self.probe
+            .around("deallocate", || self.inner().deallocate(allocation))
+    }
+    fn stats(&self) -> Stats {
+        self.probe.around("stats", || self.inner().stats())
+    }
+    fn charged(&self, allocation: &Allocation) -> Option<u64> {
+        self.probe
+            .around("charged", || self.inner().charged(allocation))
+    }
+    fn pool_bytes(&self) -> u64 {
+        self.probe
+            .around("pool_bytes", || self.inner().pool_bytes())
+    }
+    fn trim(&self) -> portalloc::Result<u64> {
+        self.probe.around("trim", || self.inner().trim())
+    }
+    fn check_invariants(&self) -> std::result::Result<(), String> {
+        self.inner().check_invariants()
+    }
+}
+
+impl Drop for CallerChecked {
+    fn drop(&mut self) {
+        let inner = self.inner.take();
+        if std::thread::panicking() {
+            // A case failed already: a second panic here would abort the whole suite.
+            return drop(inner);
+        }
+        self.probe.around("the allocator's drop", || drop(inner));
+    }
 }
 
 /// Builds `strategy` over device 0 of `rig`. Where the target cannot serve it, asserts the
 /// typed refusal and the empty census instead, and returns `None`.
 fn subject(rig: Rig, strategy: Strategy) -> Option<Subject> {
     let target = rig.target;
-    let built = strategy.build_as_configured(rig.device(0));
+    let probe = rig.caller_probe();
+    let built = match &probe {
+        Some(p) => p.around("strategy::build", || {
+            strategy.build_as_configured(rig.device(0))
+        }),
+        None => strategy.build_as_configured(rig.device(0)),
+    };
     if strategy.served_by(target) {
         let allocator = built.unwrap_or_else(|e| panic!("{target:?} {strategy:?}: {e}"));
+        let allocator: Arc<dyn Allocator> = match probe {
+            Some(probe) => Arc::new(CallerChecked {
+                inner: Some(allocator),
+                probe,
+            }),
+            None => Arc::from(allocator),
+        };
         return Some(Subject {
             allocator,
             rig,
@@ -114,6 +202,19 @@ impl Subject {
         drop(allocator);
         rig.finish();
     }
+
+    /// True when the pooling strategies' rules apply: memory is reused, not freed.
+    fn pools(&self) -> bool {
+        matches!(
+            self.strategy,
+            Strategy::Bfc | Strategy::BfcGrow | Strategy::Vmm
+        )
+    }
+}
+
+/// True when the allocation overlaps `[range.0, range.1)`.
+fn overlaps(a: &Allocation, range: (u64, u64)) -> bool {
+    a.size() > 0 && a.ptr() < range.1 && range.0 < a.ptr() + a.size()
 }
 
 /// The case bodies, one per behaviour; each takes a fresh rig and builds the strategy on it.
@@ -352,19 +453,16 @@ mod cases {
         rig.finish();
     }
 
-    /// Streams the caller made with the driver's own call (issue #11): with the caller's
-    /// work on `S` held in flight (an event of its own, recorded with the driver's calls), a
-    /// buffer freed on `S` is not handed to `T`, `U` or the default stream before that work
-    /// completes — the driver's own event query is the oracle. `S` reuses its own free at
-    /// once (the pooling strategies), and everything is given back.
+    /// Streams the caller made with the driver's own call: with the caller's kernel on `S`
+    /// still reading a buffer when it is freed on `S`, the buffer is not handed to `T`, `U` or
+    /// the default stream unless work queued there is ordered after that kernel — the
+    /// driver's own timeline is the oracle (a completed kernel, or a GPU-side wait). `S`
+    /// reuses its own free at once (the pooling strategies), and everything is given back.
     pub fn foreign_streams(rig: Rig, strategy: Strategy) {
         let Some(s) = subject(rig, strategy) else {
             return;
         };
         const SIZE: u64 = MIB;
-        let overlaps = |a: &Allocation, r: (u64, u64)| {
-            a.size() > 0 && a.ptr() < r.1 && r.0 < a.ptr() + a.size()
-        };
         let rig = &s.rig;
         let (st, tt, ut) = (
             rig.foreign_stream(),
@@ -372,13 +470,12 @@ mod cases {
             rig.foreign_stream(),
         );
         let mut keep: Vec<Allocation> = Vec::new();
-        rig.hold(true);
         // T is in use too (several streams: frees become stream-ordered), then the caller's
         // kernel uses a buffer on S and is still running when the buffer is freed on S.
         keep.push(s.allocate(4096, tt));
         let x = s.allocate(SIZE, st);
         let freed = (x.ptr(), x.ptr() + SIZE);
-        let work = rig.record_work(st);
+        let work = rig.launch(st, x.ptr(), SIZE);
         s.allocator.deallocate(x).unwrap();
         let mut reused_elsewhere = 0;
         for other in [tt, ut, Stream::DEFAULT] {
@@ -386,9 +483,9 @@ mod cases {
                 let y = s.allocate(size, other);
                 if overlaps(&y, freed) {
                     assert!(
-                        rig.work_done(work),
-                        "{strategy:?}: {:#x}+{size} handed to {other:?} while the caller's work \
-                         on {st:?} before the free of {:#x}+{SIZE} is in flight",
+                        rig.ordered(work, other),
+                        "{strategy:?}: {:#x}+{size} handed to {other:?} while the caller's kernel \
+                         on {st:?} still uses {:#x}+{SIZE}, and nothing orders {other:?} after it",
                         y.ptr(),
                         freed.0
                     );
@@ -399,9 +496,7 @@ mod cases {
         }
         // S's own later work is ordered after the free: the pooling strategies reuse at once.
         let again = s.allocate(SIZE, st);
-        if matches!(strategy, Strategy::Bfc | Strategy::BfcGrow | Strategy::Vmm)
-            && reused_elsewhere == 0
-        {
+        if s.pools() && reused_elsewhere == 0 {
             assert!(
                 overlaps(&again, freed),
                 "{strategy:?}: S did not reuse its own pending free"
@@ -409,12 +504,256 @@ mod cases {
             assert!(!rig.work_done(work), "S reused without waiting");
         }
         keep.push(again);
-        rig.hold(false);
+        rig.finish_work(work);
         s.free_all(keep);
         s.allocator.trim().unwrap();
         let Subject { allocator, rig, .. } = s;
         drop(allocator);
-        rig.destroy_foreign(&[st, tt, ut], &[work]);
+        rig.destroy_foreign(&[st, tt, ut]);
+        rig.finish();
+    }
+
+    /// Two streams, as a PyTorch program has them: buffers freed on `S` while `S`'s kernels
+    /// still read them, requests on `T`. Whatever `T` is handed that a kernel still uses
+    /// must be ordered after it on the device; and until the limit is near, the caching
+    /// strategies and the driver's pool make no CPU wait at all (RMM's order: `T`'s own free
+    /// memory, another stream's behind a GPU-side wait, growth).
+    pub fn kernels_in_flight_across_streams(rig: Rig, strategy: Strategy) {
+        let Some(s) = subject(rig, strategy) else {
+            return;
+        };
+        let rig = &s.rig;
+        let (st, tt) = (rig.foreign_stream(), rig.foreign_stream());
+        let sizes = [16 << 10, 64 << 10, 256 << 10, 48 << 10];
+        let (cpu_before, gpu_before) = rig.waits();
+        let mut kernels: Vec<(u64, (u64, u64))> = Vec::new();
+        let mut on_t: Vec<Allocation> = Vec::new();
+        for i in 0..48usize {
+            let x = s.allocate(sizes[i % 4], st);
+            let range = (x.ptr(), x.ptr() + x.size());
+            kernels.push((rig.launch(st, x.ptr(), x.size()), range));
+            s.allocator.deallocate(x).unwrap();
+            let y = s.allocate(sizes[(i + 1) % 4], tt);
+            for &(k, range) in &kernels {
+                if overlaps(&y, range) {
+                    assert!(
+                        rig.ordered(k, tt),
+                        "{strategy:?}: {:#x}+{} handed to T while a kernel on S still uses \
+                         [{:#x}, {:#x}), and nothing orders T after it",
+                        y.ptr(),
+                        y.size(),
+                        range.0,
+                        range.1
+                    );
+                }
+            }
+            on_t.push(y);
+            if i % 3 == 2 {
+                // T frees too, on T: its own memory, reused on T at once.
+                let a = on_t.swap_remove(0);
+                s.allocator.deallocate(a).unwrap();
+            }
+            s.invariants();
+        }
+        let (cpu, gpu) = rig.waits();
+        if strategy != Strategy::Platform {
+            assert_eq!(
+                cpu - cpu_before,
+                0,
+                "{strategy:?}: {} CPU waits (and {} GPU-side waits) far below the limit",
+                cpu - cpu_before,
+                gpu - gpu_before
+            );
+        }
+        for &(k, _) in &kernels {
+            rig.finish_work(k);
+        }
+        s.free_all(on_t);
+        s.allocator.trim().unwrap();
+        let Subject { allocator, rig, .. } = s;
+        drop(allocator);
+        rig.destroy_foreign(&[st, tt]);
+        rig.finish();
+    }
+
+    /// One stream, memory freed at once while kernels still read it (no event: the
+    /// single-stream path), then a request that needs memory elsewhere: vmm stitches free
+    /// granules only once the work on them is known complete, so nothing a kernel reads is
+    /// unmapped (the rig fails on any such hazard); the request is still served.
+    pub fn freed_at_once_is_not_unmapped_under_kernels(rig: Rig, strategy: Strategy) {
+        let Some(s) = subject(rig, strategy) else {
+            return;
+        };
+        let rig = &s.rig;
+        let st = rig.foreign_stream();
+        // The whole limit in 2 MiB buffers (a granule each under vmm).
+        let mut live: Vec<Allocation> = Vec::new();
+        while let Ok(a) = s.allocator.allocate(2 * MIB, 0, st, "t") {
+            live.push(a);
+            assert!(live.len() <= 64, "never ran out");
+        }
+        // Every other buffer freed while a kernel of S still reads it.
+        let mut kernels = Vec::new();
+        let mut keep = Vec::new();
+        for (i, a) in live.into_iter().enumerate() {
+            if i % 2 == 0 {
+                kernels.push(rig.launch(st, a.ptr(), a.size()));
+                s.allocator.deallocate(a).unwrap();
+            } else {
+                keep.push(a);
+            }
+        }
+        // Two granules together: none free side by side, so vmm must stitch.
+        let big = s.allocator.allocate(4 * MIB, 0, st, "t");
+        match (&big, strategy) {
+            (Ok(_), _) => {}
+            (Err(e), Strategy::Vmm) => panic!("vmm: the request needs stitching: {e}"),
+            (Err(e), _) => assert!(e.is_out_of_memory(), "{strategy:?}: {e}"),
+        }
+        let (hazards, first) = rig.hazards();
+        assert_eq!(hazards, 0, "{strategy:?}: {first}");
+        s.invariants();
+        if let Ok(a) = big {
+            keep.push(a);
+        }
+        for k in kernels {
+            rig.finish_work(k);
+        }
+        s.free_all(keep);
+        s.allocator.trim().unwrap();
+        let Subject { allocator, rig, .. } = s;
+        drop(allocator);
+        rig.destroy_foreign(&[st]);
+        rig.finish();
+    }
+
+    /// An allocator dropped while kernels still read memory it freed, and memory still live
+    /// in it: it waits for that work before its memory goes back to the device.
+    pub fn drop_waits_for_work_in_flight(rig: Rig, strategy: Strategy) {
+        let Some(s) = subject(rig, strategy) else {
+            return;
+        };
+        let rig = &s.rig;
+        let (st, tt) = (rig.foreign_stream(), rig.foreign_stream());
+        let mut kernels = Vec::new();
+        for (i, stream) in [st, st, tt, st].into_iter().enumerate() {
+            let a = s.allocate((i as u64 + 1) * MIB, stream);
+            kernels.push(rig.launch(stream, a.ptr(), a.size()));
+            if i == 3 {
+                drop(a); // live at drop (never freed): a leak the drop reports and returns
+            } else {
+                s.allocator.deallocate(a).unwrap();
+            }
+        }
+        let Subject { allocator, rig, .. } = s;
+        drop(allocator);
+        let (hazards, first) = rig.hazards();
+        assert_eq!(
+            hazards, 0,
+            "{strategy:?}: the drop returned memory in use: {first}"
+        );
+        for k in kernels {
+            rig.finish_work(k);
+        }
+        if strategy == Strategy::Async {
+            // The driver's pool gives back what was freed in it once those frees completed:
+            // the device's owner trims it now that they have.
+            let device = rig.device(0);
+            let pool = device.stream_ordered_pool().expect("a pool");
+            pool.trim_to(0).unwrap();
+        }
+        rig.destroy_foreign(&[st, tt]);
+        rig.finish();
+    }
+
+    /// A buffer made on the per-thread default stream by one thread, whose kernel there
+    /// still reads it, dropped on another thread: the free is ordered after the allocating
+    /// thread's work (the dropping thread's per-thread stream is another stream), so
+    /// another stream handed that memory runs after the kernel.
+    pub fn per_thread_buffer_dropped_on_another_thread(rig: Rig, strategy: Strategy) {
+        let Some(s) = subject(rig, strategy) else {
+            return;
+        };
+        let rig = &s.rig;
+        let tt = rig.foreign_stream();
+        let keep = s.allocate(4096, tt);
+        let (buffer, work) = std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    let b = DeviceBuffer::new(&s.allocator, MIB, Stream::PER_THREAD).unwrap();
+                    let work = rig.launch(Stream::PER_THREAD, b.ptr(), b.size());
+                    (b, work)
+                })
+                .join()
+                .unwrap()
+        });
+        let freed = (buffer.ptr(), buffer.ptr() + MIB);
+        // Dropped here, on another thread than the one that made it.
+        drop(buffer);
+        let y = s.allocate(MIB, tt);
+        if overlaps(&y, freed) {
+            assert!(
+                rig.ordered(work, tt),
+                "{strategy:?}: memory a kernel on another thread's per-thread stream still uses \
+                 was handed to T with nothing ordering T after it"
+            );
+        }
+        rig.finish_work(work);
+        s.free_all(vec![keep, y]);
+        s.allocator.trim().unwrap();
+        let Subject { allocator, rig, .. } = s;
+        drop(allocator);
+        rig.destroy_foreign(&[tt]);
+        rig.finish();
+    }
+
+    /// A stream destroyed once the work of its frees completed (the contract), and another
+    /// made — which the conformance drivers give the destroyed one's handle value, as the
+    /// drivers reuse handles: the books stay consistent, and memory goes to a third stream
+    /// only in order.
+    pub fn destroyed_stream_handles_are_reused(rig: Rig, strategy: Strategy) {
+        let Some(s) = subject(rig, strategy) else {
+            return;
+        };
+        let rig = &s.rig;
+        let tt = rig.foreign_stream();
+        let keep = s.allocate(4096, tt);
+        let first = rig.foreign_stream();
+        let x = s.allocate(MIB, first);
+        let freed = (x.ptr(), x.ptr() + MIB);
+        let work = rig.launch(first, x.ptr(), MIB);
+        s.allocator.deallocate(x).unwrap();
+        rig.finish_work(work);
+        rig.destroy_foreign(&[first]);
+        let second = rig.foreign_stream();
+        if rig.target != Target::HostReal && rig.target != Target::HostSimulated {
+            assert_eq!(
+                second, first,
+                "the driver reuses a destroyed stream's handle"
+            );
+        }
+        // The new stream is a new stream: memory freed on the old one (its work complete)
+        // may go to it, and what it frees while its kernel runs goes to T only in order.
+        let y = s.allocate(MIB, second);
+        let reused = overlaps(&y, freed);
+        let used = (y.ptr(), y.ptr() + MIB);
+        let later = rig.launch(second, y.ptr(), MIB);
+        s.allocator.deallocate(y).unwrap();
+        let z = s.allocate(MIB, tt);
+        if overlaps(&z, used) {
+            assert!(
+                rig.ordered(later, tt),
+                "{strategy:?}: memory the new stream's kernel still uses went to T unordered \
+                 (reused the old stream's: {reused})"
+            );
+        }
+        rig.finish_work(later);
+        s.invariants();
+        s.free_all(vec![keep, z]);
+        s.allocator.trim().unwrap();
+        let Subject { allocator, rig, .. } = s;
+        drop(allocator);
+        rig.destroy_foreign(&[second, tt]);
         rig.finish();
     }
 
@@ -492,6 +831,11 @@ macro_rules! cases {
             trim_and_drop: 1,
             threads_share_one_allocator: 1,
             foreign_streams: 1,
+            kernels_in_flight_across_streams: 1,
+            freed_at_once_is_not_unmapped_under_kernels: 1,
+            drop_waits_for_work_in_flight: 1,
+            per_thread_buffer_dropped_on_another_thread: 1,
+            destroyed_stream_handles_are_reused: 1,
             peer_access: 2,
         );
     };

@@ -41,11 +41,15 @@
 //!   have gone by. A 141 GiB device can be replayed on a laptop.
 //! * **Streams and events**: any stream handle is accepted, as on the GPU backends (a
 //!   caller's streams belong to the caller); [`Device::create_stream`] hands out ids from
-//!   `0x100` up, clear of the special handles 0, 1 and 2. The host does all work
-//!   synchronously, so a recorded event is complete at once — unless a test holds events with
-//!   [`HostDevice::set_events_held`] to exercise stream-ordered reuse. Each stream is a clock:
-//!   events on it complete in the order they were recorded, and waiting for one completes
-//!   the ones before it, as on a GPU.
+//!   `0x100` up, clear of the special handles 0, 1 and 2, and [`Stream::PER_THREAD`] names
+//!   another stream on each thread. The host does all work synchronously, so a recorded
+//!   event is complete at once — unless something holds it back: a test's kernel in flight
+//!   ([`HostDevice::launch`]), a GPU-side wait ([`Device::wait_event`]) for an event not
+//!   complete, or the test's hold ([`HostDevice::set_events_held`]). Each stream is a clock:
+//!   work on it completes in order, and waiting for an event completes the work before it,
+//!   as on a GPU. Freeing or unmapping memory a kernel still uses is recorded as a hazard
+//!   ([`HostDevice::hazards`]), and CPU waits are counted ([`HostDevice::cpu_waits`]): the
+//!   conformance suite's test world (see the `timeline` module).
 //! * **Stream-ordered pool** ([`StreamOrderedPool`], like `cuMemAllocFromPoolAsync`): segments
 //!   of plain allocations (so the census counts them), sub-allocated best fit, with CUDA's
 //!   release threshold and stream ordering — see the `pool` module.
@@ -60,11 +64,12 @@ mod books;
 mod os;
 mod pool;
 mod sim;
+mod timeline;
 
 #[cfg(feature = "replay")]
 pub(crate) use os::keep_freed_heap;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
@@ -78,6 +83,7 @@ use crate::units::Bytes;
 use books::{Books, BACKEND};
 use pool::PoolState;
 use sim::SimSpace;
+use timeline::Timeline;
 
 /// The first id [`Device::create_stream`] hands out: clear of the special handles
 /// ([`Stream::DEFAULT`], [`Stream::LEGACY`], [`Stream::PER_THREAD`]).
@@ -217,6 +223,7 @@ impl HostDeviceBuilder {
             state: Mutex::new(State {
                 books: Books::new(capacity, g),
                 sim: self.simulated.then(SimSpace::new),
+                streams: Streams::default(),
                 timeline: Timeline::default(),
                 pool: PoolState::default(),
                 peers: BTreeSet::new(),
@@ -226,103 +233,11 @@ impl HostDeviceBuilder {
     }
 }
 
-/// A recorded event: the stream of its last record and that stream's clock then (0: never
-/// recorded, complete).
-#[derive(Debug, Clone, Copy, Default)]
-struct EventRecord {
-    stream: Option<Stream>,
-    seq: u64,
-}
-
-/// One stream's work, as a clock: `recorded` counts the events recorded on it, `completed`
-/// is the newest of them that has completed. Work completes in order, as on a GPU.
-#[derive(Debug, Clone, Copy, Default)]
-struct Clock {
-    recorded: u64,
-    completed: u64,
-}
-
-/// Streams and events.
+/// The streams the device made (the only ones `destroy_stream` accepts).
 #[derive(Debug, Default)]
-struct Timeline {
-    held: bool,
-    last_stream: u64,
-    /// Streams made by `create_stream` (the only ones `destroy_stream` accepts).
-    streams: BTreeSet<u64>,
-    /// Every stream work was recorded on: the device's own and any the caller brought.
-    clocks: HashMap<u64, Clock>,
-    last_event: u64,
-    events: HashMap<u64, EventRecord>,
-}
-
-impl Timeline {
-    fn check_own_stream(&self, stream: Stream) -> Result<()> {
-        if self.streams.contains(&stream.0) {
-            Ok(())
-        } else {
-            Err(Error::UnknownPointer {
-                what: "stream",
-                ptr: stream.0,
-                backend: BACKEND,
-            })
-        }
-    }
-
-    fn event(&self, event: Event) -> Result<EventRecord> {
-        self.events
-            .get(&event.0)
-            .copied()
-            .ok_or(Error::UnknownPointer {
-                what: "event",
-                ptr: event.0,
-                backend: BACKEND,
-            })
-    }
-
-    fn is_pending(&self, record: EventRecord) -> bool {
-        record
-            .stream
-            .and_then(|s| self.clocks.get(&s.0))
-            .is_some_and(|c| c.completed < record.seq)
-    }
-
-    /// Records `event` on `stream`: complete at once unless events are held.
-    fn record(&mut self, event: Event, stream: Stream) {
-        let held = self.held;
-        let clock = self.clocks.entry(stream.0).or_default();
-        clock.recorded += 1;
-        if !held {
-            clock.completed = clock.recorded;
-        }
-        let seq = clock.recorded;
-        self.events.insert(
-            event.0,
-            EventRecord {
-                stream: Some(stream),
-                seq,
-            },
-        );
-    }
-
-    /// Completes the work of `stream` up to its event number `seq`.
-    fn complete_up_to(&mut self, stream: Stream, seq: u64) {
-        if let Some(c) = self.clocks.get_mut(&stream.0) {
-            c.completed = c.completed.max(seq.min(c.recorded));
-        }
-    }
-
-    /// Completes every pending event; returns how many there were.
-    fn complete_all(&mut self) -> usize {
-        let n = self
-            .events
-            .values()
-            .filter(|&&e| self.is_pending(e))
-            .count();
-        for c in self.clocks.values_mut() {
-            c.completed = c.recorded;
-        }
-        n
-    }
+struct Streams {
+    last: u64,
+    live: BTreeSet<u64>,
 }
 
 /// Everything behind the device's lock.
@@ -331,6 +246,7 @@ struct State {
     books: Books,
     /// The fake address space; `Some` exactly in simulated mode.
     sim: Option<SimSpace>,
+    streams: Streams,
     timeline: Timeline,
     /// The stream-ordered pool's books.
     pool: PoolState,
@@ -364,6 +280,15 @@ impl fmt::Debug for HostDevice {
     }
 }
 
+/// The record of an event of this device, or [`Error::UnknownPointer`].
+fn event_record(st: &State, event: Event) -> Result<timeline::EventRecord> {
+    st.timeline.event(event).ok_or(Error::UnknownPointer {
+        what: "event",
+        ptr: event.0,
+        backend: BACKEND,
+    })
+}
+
 /// The out-of-address-space error of a simulated `call`, worded like the real one.
 fn no_address_space(call: &'static str) -> Error {
     Error::Os {
@@ -389,8 +314,8 @@ impl HostDevice {
     pub fn census(&self) -> HostCensus {
         let st = self.lock();
         HostCensus {
-            streams: st.timeline.streams.len() as u64,
-            events: st.timeline.events.len() as u64,
+            streams: st.streams.live.len() as u64,
+            events: st.timeline.event_count() as u64,
             ..st.books.census()
         }
     }
@@ -412,21 +337,51 @@ impl HostDevice {
     /// waits on them. Frees into the stream-ordered pool made while held are pending the
     /// same way (reusable only on their own stream until completed).
     pub fn set_events_held(&self, held: bool) {
-        let mut st = self.lock();
-        st.timeline.held = held;
-        if !held {
-            st.timeline.complete_all();
-            st.pool.complete_all();
-        }
+        self.lock().timeline.set_held(held);
     }
 
     /// Completes every event held by [`HostDevice::set_events_held`] (and every pending
-    /// pool free); returns how many events were pending. Events recorded later are still
-    /// held while the hold is on.
+    /// pool free, and every kernel in flight); returns how many events were pending. Events
+    /// recorded later are still held while the hold is on.
     pub fn complete_held_events(&self) -> usize {
-        let mut st = self.lock();
-        st.pool.complete_all();
-        st.timeline.complete_all()
+        self.lock().timeline.release_all()
+    }
+
+    /// A test hook: a kernel on `stream` that uses `[va, va + size)`, in flight — holding
+    /// back the work queued after it on its stream — until [`HostDevice::finish`] or a CPU
+    /// wait that covers it. Returns its id (never 0).
+    pub fn launch(&self, stream: Stream, va: u64, size: u64) -> u64 {
+        self.lock().timeline.launch(stream, va, size)
+    }
+
+    /// A test hook: kernel `work` ([`HostDevice::launch`]) completes.
+    pub fn finish(&self, work: u64) {
+        self.lock().timeline.finish(work);
+    }
+
+    /// A test hook: whether kernel `work` completed (`None` for an unknown id).
+    pub fn kernel_done(&self, work: u64) -> Option<bool> {
+        self.lock().timeline.kernel_done(work)
+    }
+
+    /// A test hook: whether work queued on `stream` (on the calling thread) from now on
+    /// runs after kernel `work`: the kernel completed, `stream` is its own stream, or
+    /// `stream` waits — through [`Device::wait_event`], directly or through other streams'
+    /// waits — for an event recorded after it on its stream. `None` for an unknown id.
+    pub fn ordered(&self, work: u64, stream: Stream) -> Option<bool> {
+        self.lock().timeline.ordered(work, stream)
+    }
+
+    /// A test hook: how many times memory was freed or unmapped while a kernel in flight
+    /// used it (undefined behaviour on a GPU), and the first few as text.
+    pub fn hazards(&self) -> (u64, Vec<String>) {
+        self.lock().timeline.hazards()
+    }
+
+    /// A test hook: CPU waits so far (stream, event and device synchronisations, each call)
+    /// and GPU-side waits ([`Device::wait_event`] calls).
+    pub fn cpu_waits(&self) -> (u64, u64) {
+        self.lock().timeline.waits_counted()
     }
 
     /// The peers granted access to the granule holding `va` by
@@ -475,10 +430,12 @@ impl HostDevice {
         &self,
         books: &mut Books,
         sim: &mut Option<SimSpace>,
-        ptr: u64,
-        size: u64,
+        timeline: &mut Timeline,
+        (ptr, size): (u64, u64),
+        what: &str,
     ) -> Result<()> {
         books.check_free(ptr, size)?;
+        timeline.check_unused(ptr, size, what);
         match sim {
             Some(space) => {
                 space.give(ptr);
@@ -542,7 +499,13 @@ impl Device for HostDevice {
                 backend: BACKEND,
             });
         }
-        self.free_in(&mut st.books, &mut st.sim, ptr, size)
+        self.free_in(
+            &mut st.books,
+            &mut st.sim,
+            &mut st.timeline,
+            (ptr, size),
+            "a device free",
+        )
     }
 
     fn virtual_memory(&self) -> Option<&dyn VirtualMemory> {
@@ -559,13 +522,14 @@ impl Device for HostDevice {
     /// None in practice.
     fn create_stream(&self) -> Result<Stream> {
         let mut st = self.lock();
-        st.timeline.last_stream += 1;
-        let id = FIRST_STREAM_ID + st.timeline.last_stream;
-        st.timeline.streams.insert(id);
+        st.streams.last += 1;
+        let id = FIRST_STREAM_ID + st.streams.last;
+        st.streams.live.insert(id);
         Ok(Stream(id))
     }
 
-    /// Forgets a stream. Events recorded on it keep their state.
+    /// Forgets a stream. Events recorded on it keep their state, and the work queued on it
+    /// still completes.
     ///
     /// # Errors
     /// [`Error::UnknownPointer`] (`what = "stream"`) for a stream not created here (or
@@ -580,36 +544,39 @@ impl Device for HostDevice {
             });
         }
         let mut st = self.lock();
-        st.timeline.check_own_stream(stream)?;
-        st.timeline.streams.remove(&stream.0);
+        if !st.streams.live.remove(&stream.0) {
+            return Err(Error::UnknownPointer {
+                what: "stream",
+                ptr: stream.0,
+                backend: BACKEND,
+            });
+        }
         Ok(())
     }
 
-    /// Completes the work recorded on `stream` (the host's work is already done) and the
-    /// pool frees pending on it; then the pool returns idle memory beyond its release
-    /// threshold to the device. Any stream handle is accepted.
+    /// A CPU wait: completes the work queued on `stream` (on the legacy default stream, on
+    /// every stream) and the pool frees pending on it; then the pool returns idle memory
+    /// beyond its release threshold to the device. Any stream handle is accepted.
     ///
     /// # Errors
     /// [`Error::Os`] when returning pool memory fails.
     fn synchronize_stream(&self, stream: Stream) -> Result<()> {
         let mut guard = self.lock();
         let st = &mut *guard;
-        st.timeline.complete_up_to(stream, u64::MAX);
-        st.pool.complete_stream(stream);
+        st.timeline.synchronize_stream(stream);
         let keep = st.pool.threshold();
         self.pool_release(st, keep)
     }
 
-    /// Completes the work of every stream and every pending pool free; then the pool returns
-    /// idle memory beyond its release threshold.
+    /// A CPU wait for every stream (pool frees included); then the pool returns idle memory
+    /// beyond its release threshold.
     ///
     /// # Errors
     /// [`Error::Os`] when returning pool memory fails.
     fn synchronize_device(&self) -> Result<()> {
         let mut guard = self.lock();
         let st = &mut *guard;
-        st.timeline.complete_all();
-        st.pool.complete_all();
+        st.timeline.synchronize_device();
         let keep = st.pool.threshold();
         self.pool_release(st, keep)
     }
@@ -619,21 +586,18 @@ impl Device for HostDevice {
     /// # Errors
     /// None in practice.
     fn create_event(&self) -> Result<Event> {
-        let mut st = self.lock();
-        st.timeline.last_event += 1;
-        let id = st.timeline.last_event;
-        st.timeline.events.insert(id, EventRecord::default());
-        Ok(Event(id))
+        Ok(self.lock().timeline.create_event())
     }
 
-    /// Records `event` on `stream` (any stream handle): complete at once, or pending while
-    /// events are held. Events on one stream complete in order.
+    /// Records `event` on `stream` (any stream handle): complete once the work queued on
+    /// `stream` before it is (at once, unless something holds it back). Events on one stream
+    /// complete in order.
     ///
     /// # Errors
     /// [`Error::UnknownPointer`] (`what = "event"`) for an unknown event.
     fn record_event(&self, event: Event, stream: Stream) -> Result<()> {
         let mut st = self.lock();
-        st.timeline.event(event)?;
+        event_record(&st, event)?;
         st.timeline.record(event, stream);
         Ok(())
     }
@@ -642,20 +606,19 @@ impl Device for HostDevice {
     /// [`Error::UnknownPointer`] (`what = "event"`) for an unknown event.
     fn event_complete(&self, event: Event) -> Result<bool> {
         let st = self.lock();
-        let record = st.timeline.event(event)?;
-        Ok(!st.timeline.is_pending(record))
+        let record = event_record(&st, event)?;
+        Ok(st.timeline.is_complete(record))
     }
 
-    /// Completes the event (a held one too) and the work recorded before it on its stream.
+    /// A CPU wait: completes the event (a held one too) and the work queued before it on its
+    /// stream, kernels included.
     ///
     /// # Errors
     /// [`Error::UnknownPointer`] (`what = "event"`) for an unknown event.
     fn synchronize_event(&self, event: Event) -> Result<()> {
         let mut st = self.lock();
-        let record = st.timeline.event(event)?;
-        if let Some(stream) = record.stream {
-            st.timeline.complete_up_to(stream, record.seq);
-        }
+        let record = event_record(&st, event)?;
+        st.timeline.synchronize_event(record);
         Ok(())
     }
 
@@ -663,8 +626,20 @@ impl Device for HostDevice {
     /// [`Error::UnknownPointer`] (`what = "event"`) for an unknown event.
     fn destroy_event(&self, event: Event) -> Result<()> {
         let mut st = self.lock();
-        st.timeline.event(event)?;
-        st.timeline.events.remove(&event.0);
+        event_record(&st, event)?;
+        st.timeline.destroy_event(event);
+        Ok(())
+    }
+
+    /// Work queued on `stream` from now on completes only after the work before the event's
+    /// last record: a GPU-side wait, as `cuStreamWaitEvent`.
+    ///
+    /// # Errors
+    /// [`Error::UnknownPointer`] (`what = "event"`) for an unknown event.
+    fn wait_event(&self, stream: Stream, event: Event) -> Result<()> {
+        let mut st = self.lock();
+        let record = event_record(&st, event)?;
+        st.timeline.wait(stream, record);
         Ok(())
     }
 
@@ -858,6 +833,7 @@ impl VirtualMemory for HostDevice {
         let mut guard = self.lock();
         let st = &mut *guard;
         st.books.check_unmap(va, size)?;
+        st.timeline.check_unused(va, size, "unmap");
         if st.sim.is_none() {
             os::rereserve(va, size)?;
         }
@@ -881,8 +857,8 @@ impl Drop for HostDevice {
         let page = self.page;
         let st = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
         let real = st.sim.is_none();
-        let streams = st.timeline.streams.len();
-        let events = st.timeline.events.len();
+        let streams = st.streams.live.len();
+        let events = st.timeline.event_count();
         let left = st.books.take_all();
         if real {
             for &(ptr, size) in &left.allocations {

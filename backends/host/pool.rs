@@ -12,13 +12,12 @@
 //! * **Allocations** are carved out of free ranges of the segments, best fit (the smallest
 //!   free range that holds the request, the lowest address on ties), each request rounded up
 //!   to 256 bytes. A freed range coalesces with free neighbours in the same segment.
-//! * **Stream order**: memory freed on stream `S` is reusable at once by requests on `S`.
-//!   The host's work is synchronous, so it is reusable by other streams at once too —
-//!   unless events are held ([`HostDevice::set_events_held`]): then a range freed on `S` is
-//!   *pending* (an event recorded at the free has not completed) and only `S` may reuse it,
-//!   until [`HostDevice::complete_held_events`], `set_events_held(false)` or
-//!   [`crate::Device::synchronize_stream`]`(S)` completes it. Pending ranges are never
-//!   merged with ranges that are not pending on the same stream.
+//! * **Stream order**: a free on stream `S` is an operation on `S`'s clock (the device's
+//!   timeline): memory freed on `S` is reusable at once by requests on `S` (not on
+//!   [`Stream::PER_THREAD`], another stream on each thread), and by other streams once the
+//!   free has completed — at once on the host, unless something holds `S` back (a kernel in
+//!   flight, a wait, the test's hold; then only once it completes or `S` is synchronised).
+//!   Pending ranges are never merged with ranges that are not pending at the same place.
 //! * **Release threshold** (`CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`, default 0): at
 //!   [`crate::Device::synchronize_stream`], whole free segments (none of their bytes in use
 //!   or pending) are returned to the device, most recently placed first, until the pool holds
@@ -39,6 +38,7 @@ use crate::device::{PoolUsage, Stream, StreamOrderedPool};
 use crate::error::{Error, Result};
 
 use super::books::BACKEND;
+use super::timeline::{ClockKey, Timeline};
 use super::{HostDevice, State};
 
 /// Pool allocations are rounded up to this, and start on it.
@@ -48,9 +48,9 @@ const POOL_UNIT: u64 = 256;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct FreeRange {
     size: u64,
-    /// `Some(S)`: freed on `S` while events were held, and not completed since; only `S`
-    /// may reuse it.
-    pending: Option<Stream>,
+    /// The free's place on its stream's clock, until it completes: only that stream may
+    /// reuse it meanwhile.
+    pending: Option<(ClockKey, u64)>,
 }
 
 /// The pool's books, kept behind the device's lock (in its `State`).
@@ -117,11 +117,12 @@ impl PoolState {
     }
 
     /// Completes the pending frees that `which` selects (they become reusable by any stream).
-    fn complete(&mut self, which: impl Fn(Stream) -> bool) {
+    /// Forgets the pending place of every free that completed, coalescing it.
+    fn settle(&mut self, timeline: &Timeline) {
         let done: Vec<u64> = self
             .free
             .iter()
-            .filter(|(_, r)| r.pending.is_some_and(&which))
+            .filter(|(_, r)| r.pending.is_some_and(|at| timeline.done_at(at)))
             .map(|(&a, _)| a)
             .collect();
         for &addr in &done {
@@ -134,17 +135,6 @@ impl PoolState {
         }
     }
 
-    /// Completes every pending free (the held events were completed).
-    pub(super) fn complete_all(&mut self) {
-        self.complete(|_| true);
-    }
-
-    /// Completes the pending frees of `stream` (it was synchronised).
-    pub(super) fn complete_stream(&mut self, stream: Stream) {
-        self.complete(|s| s == stream);
-    }
-
-    /// True when `addr` is the base of one of the pool's segments.
     pub(super) fn is_segment(&self, addr: u64) -> bool {
         self.segments.contains_key(&addr)
     }
@@ -157,9 +147,10 @@ impl PoolState {
     /// The best-fit free range for `rounded` bytes usable on `stream`.
     fn best_fit(&self, rounded: u64, stream: Stream) -> Option<(u64, FreeRange)> {
         let mut best: Option<(u64, FreeRange)> = None;
+        let own = (!stream.is_per_thread()).then(|| ClockKey::of(stream));
         for (&a, &r) in &self.free {
             if r.size >= rounded
-                && r.pending.map_or(true, |s| s == stream)
+                && r.pending.map_or(true, |(key, _)| Some(key) == own)
                 && best.map_or(true, |(b, br)| (r.size, a) < (br.size, b))
             {
                 best = Some((a, r));
@@ -212,11 +203,18 @@ impl PoolState {
 impl HostDevice {
     /// Returns idle segments to the device until the pool holds at most `keep` bytes.
     pub(super) fn pool_release(&self, st: &mut State, keep: u64) -> Result<()> {
+        st.pool.settle(&st.timeline);
         for (base, size) in st.pool.idle_segments() {
             if st.pool.reserved <= keep {
                 break;
             }
-            self.free_in(&mut st.books, &mut st.sim, base, size)?;
+            self.free_in(
+                &mut st.books,
+                &mut st.sim,
+                &mut st.timeline,
+                (base, size),
+                "a pool giving back a segment",
+            )?;
             st.pool.free.remove(&base);
             st.pool.segments.remove(&base);
             st.pool.reserved -= size;
@@ -236,6 +234,7 @@ impl StreamOrderedPool for HostDevice {
         let rounded = request_size(size, POOL_UNIT, Request::PoolAllocation)?;
         let mut guard = self.lock();
         let st = &mut *guard;
+        st.pool.settle(&st.timeline);
         if let Some((addr, range)) = st.pool.best_fit(rounded, stream) {
             st.pool.take(addr, range, rounded);
             return Ok(addr);
@@ -261,9 +260,8 @@ impl StreamOrderedPool for HostDevice {
         Ok(base)
     }
 
-    /// Frees in stream order: reusable on `stream` at once, and on other streams at once too
-    /// unless events are held (then after the held events complete or `stream` is
-    /// synchronised).
+    /// Frees in stream order: reusable on `stream` at once, and on other streams once the
+    /// free completes on `stream`'s clock (at once, unless something holds it back).
     ///
     /// # Errors
     /// [`Error::UnknownPointer`] (`what = "pool allocation"`) for a pointer the pool did not
@@ -277,7 +275,8 @@ impl StreamOrderedPool for HostDevice {
             backend: BACKEND,
         })?;
         st.pool.used_bytes -= size;
-        let pending = st.timeline.held.then_some(stream);
+        let at = st.timeline.free_on(stream);
+        let pending = (!st.timeline.done_at(at)).then_some(at);
         st.pool.insert_free(ptr, FreeRange { size, pending });
         Ok(())
     }

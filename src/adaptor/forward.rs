@@ -54,6 +54,13 @@ pub enum Call<'a> {
     SynchronizeEvent(Event),
     /// [`Device::destroy_event`].
     DestroyEvent(Event),
+    /// [`Device::wait_event`].
+    WaitEvent {
+        /// The stream that waits.
+        stream: Stream,
+        /// The event it waits for.
+        event: Event,
+    },
     /// [`Device::can_access_peer`], with the peer's facts.
     CanAccessPeer(&'a DeviceInfo),
     /// [`Device::enable_peer_access`], with the peer's facts.
@@ -145,6 +152,7 @@ impl Call<'_> {
             Call::SynchronizeDevice => "synchronize_device",
             Call::CreateEvent => "create_event",
             Call::RecordEvent { .. } => "record_event",
+            Call::WaitEvent { .. } => "wait_event",
             Call::EventComplete(_) => "event_complete",
             Call::SynchronizeEvent(_) => "synchronize_event",
             Call::DestroyEvent(_) => "destroy_event",
@@ -355,6 +363,7 @@ impl<W: DeviceWrapper> Device for W {
         fn event_complete(event: Event) -> bool = Call::EventComplete(event);
         fn synchronize_event(event: Event) -> () = Call::SynchronizeEvent(event);
         fn destroy_event(event: Event) -> () = Call::DestroyEvent(event);
+        fn wait_event(stream: Stream, event: Event) -> () = Call::WaitEvent { stream, event };
     }
 
     fn info(&self) -> &DeviceInfo {

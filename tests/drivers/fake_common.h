@@ -57,6 +57,39 @@
  *   "peer access not enabled", 705). The vmm strategy grants the devices its device enabled
  *   access to, so either direction counts; real drivers ask only for a peer-capable pair.
  *
+ * The timeline: streams, kernels, GPU-side waits (both fakes, one model)
+ *   Every stream is a clock of operations (event records, stream-ordered frees, waits,
+ *   kernels) that complete in order. The handles NULL and the legacy stream (0x1) share one
+ *   clock; the per-thread stream (0x2) names a clock of the calling thread's own, so two
+ *   threads' per-thread streams are two streams, as on a GPU; a destroyed stream's handle
+ *   value is handed to the next stream created, as the drivers' allocators do.
+ *   unsigned long long fake_launch(void *stream, unsigned long long va, unsigned long long size)
+ *       A kernel on `stream` that uses [va, va + size): in flight, and holding back the work
+ *       queued after it on its stream, until fake_finish or a CPU wait that covers it. 0 when
+ *       the stream is unknown.
+ *   void fake_finish(unsigned long long kernel)
+ *       The kernel completes (nothing for an unknown or finished one).
+ *   int fake_kernel_done(unsigned long long kernel)
+ *       1 once it completed (fake_finish, or a CPU wait), 0 while in flight, -1 unknown.
+ *   int fake_ordered(unsigned long long kernel, void *stream)
+ *       1 when work queued on `stream` from now on runs after the kernel: the kernel is done,
+ *       `stream` is the kernel's own stream, or `stream` waits (the vendor's stream-wait-event
+ *       call), directly or through other streams' waits, for an event recorded after it on
+ *       its stream; else 0 (-1 unknown kernel).
+ *   long long fake_hazards(void)
+ *       How many times memory was freed, unmapped or given back to the device (plain free,
+ *       unmap, a pool trimming a block) while a kernel still used it: undefined behaviour on
+ *       a GPU. const char *fake_first_hazard(void): what the first one was ("" for none).
+ *   long long fake_cpu_waits(void)
+ *       CPU waits so far: stream, event and device synchronisations (each call, whether or
+ *       not it had to wait). A CPU wait completes what it waits for, kernels included.
+ *   long long fake_gpu_waits(void)
+ *       Stream-wait-event calls so far.
+ *
+ * The caller's current device: fakecuda keeps each thread's current context
+ * (cuCtxGetCurrent / cuCtxSetCurrent), fakehip each thread's current device (hipGetDevice /
+ * hipSetDevice), as the drivers do: a test reads them with those calls.
+ *
  * Each fake defines, before including this file, FAKE_STATUS (its result type) and its codes
  * FAKE_OK, FAKE_INVALID_VALUE, FAKE_INVALID_DEVICE, FAKE_PEER_UNSUPPORTED (217),
  * FAKE_PEER_ALREADY_ENABLED (704), FAKE_PEER_NOT_ENABLED (705); after it the hooks
@@ -408,6 +441,291 @@ static inline void fake_pool_grow(struct fake_pool_stats *s, unsigned long long 
   s->used += used;
   if (s->reserved > s->reserved_high) s->reserved_high = s->reserved;
   if (s->used > s->used_high) s->used_high = s->used;
+}
+
+
+/* ---- The timeline (see the spec above). Every function here is called with `lock` held,
+ * except the exported ones, which take it. ---------------------------------------------- */
+
+#define FAKE_MAX_CLOCKS 65536
+#define FAKE_MAX_KERNELS 65536
+#define FAKE_MAX_WAITS 65536
+#define FAKE_NULL_CLOCK 1 /* NULL and the legacy stream */
+
+struct fake_clock {
+  unsigned long long recorded, completed;
+};
+struct fake_kernel {
+  int clock, finished;
+  unsigned long long seq, va, size;
+};
+struct fake_wait {
+  int waiter, dep; /* clocks */
+  unsigned long long seq, dep_seq;
+};
+
+/* Clock 0 is never used (it means "none"); clock 1 is the legacy stream's. Clocks are never
+ * reused, so an event or a kernel always names the clock it was queued on. */
+static struct fake_clock fake_clocks[FAKE_MAX_CLOCKS];
+static int fake_n_clocks = 2;
+static struct fake_kernel fake_kernels[FAKE_MAX_KERNELS + 1]; /* by id, from 1 */
+static int fake_n_kernels;
+static int fake_active[FAKE_MAX_KERNELS]; /* ids of the kernels in flight */
+static int fake_n_active;
+static struct fake_wait fake_waits[FAKE_MAX_WAITS];
+static int fake_n_waits;
+static int fake_hold; /* held: nothing completes but what a CPU wait forces */
+static long long fake_hazard_count, fake_cpu_wait_count, fake_gpu_wait_count;
+static char fake_hazard_text[256];
+static int fake_epoch = 1; /* bumped by a reset, which forgets every thread's clock */
+static __thread int fake_thread_clock, fake_thread_epoch; /* this thread's per-thread stream */
+
+/* A new clock, or 0 when there is no room. */
+static int fake_clock_new(void) {
+  if (fake_n_clocks >= FAKE_MAX_CLOCKS) return 0;
+  memset(&fake_clocks[fake_n_clocks], 0, sizeof fake_clocks[0]);
+  return fake_n_clocks++;
+}
+
+/* The calling thread's per-thread stream's clock. */
+static int fake_per_thread_clock(void) {
+  if (!fake_thread_clock || fake_thread_epoch != fake_epoch) {
+    fake_thread_clock = fake_clock_new();
+    fake_thread_epoch = fake_epoch;
+  }
+  return fake_thread_clock ? fake_thread_clock : FAKE_NULL_CLOCK;
+}
+
+static int fake_clock_done(int clock, unsigned long long seq) {
+  return seq == 0 || clock <= 0 || fake_clocks[clock].completed >= seq;
+}
+
+/* Completes what nothing holds back: each clock up to its first kernel in flight or wait on
+ * an incomplete event (nothing while held). */
+static void fake_progress(void) {
+  if (fake_hold) return;
+  static unsigned long long limit[FAKE_MAX_CLOCKS];
+  for (int changed = 1; changed;) {
+    changed = 0;
+    for (int c = 1; c < fake_n_clocks; c++) limit[c] = fake_clocks[c].recorded;
+    for (int i = 0; i < fake_n_active; i++) {
+      struct fake_kernel *k = &fake_kernels[fake_active[i]];
+      if (k->seq - 1 < limit[k->clock]) limit[k->clock] = k->seq - 1;
+    }
+    for (int i = 0; i < fake_n_waits; i++) {
+      struct fake_wait *w = &fake_waits[i];
+      if (!fake_clock_done(w->dep, w->dep_seq) && w->seq - 1 < limit[w->waiter])
+        limit[w->waiter] = w->seq - 1;
+    }
+    for (int c = 1; c < fake_n_clocks; c++) {
+      if (limit[c] > fake_clocks[c].completed) {
+        fake_clocks[c].completed = limit[c];
+        changed = 1;
+      }
+    }
+  }
+}
+
+/* Queues one operation on `clock`; returns its number. */
+static unsigned long long fake_enqueue(int clock) {
+  unsigned long long seq = ++fake_clocks[clock].recorded;
+  fake_progress();
+  return seq;
+}
+
+static void fake_kernel_finish(int id) {
+  struct fake_kernel *k = &fake_kernels[id];
+  if (k->finished) return;
+  k->finished = 1;
+  for (int i = 0; i < fake_n_active; i++) {
+    if (fake_active[i] == id) {
+      fake_active[i] = fake_active[--fake_n_active];
+      break;
+    }
+  }
+}
+
+/* A CPU wait for `clock` up to `seq` (everything queued on it: ULLONG_MAX): completes the
+ * kernels and the events waited for first, then the clock. */
+static void fake_force(int clock, unsigned long long seq, int depth) {
+  if (clock <= 0) return;
+  if (seq > fake_clocks[clock].recorded) seq = fake_clocks[clock].recorded;
+  if (fake_clocks[clock].completed >= seq || depth > 64) return;
+  for (int i = 0; i < fake_n_waits; i++)
+    if (fake_waits[i].waiter == clock && fake_waits[i].seq <= seq)
+      fake_force(fake_waits[i].dep, fake_waits[i].dep_seq, depth + 1);
+  for (int i = 0; i < fake_n_active;) {
+    struct fake_kernel *k = &fake_kernels[fake_active[i]];
+    if (k->clock == clock && k->seq <= seq)
+      fake_kernel_finish(fake_active[i]); /* swaps another into slot i */
+    else
+      i++;
+  }
+  fake_clocks[clock].completed = seq;
+  fake_progress();
+}
+
+/* Counts a CPU wait (every synchronisation call, whether or not it had to wait). */
+static void fake_cpu_wait(void) { fake_cpu_wait_count++; }
+
+/* A CPU wait for every stream (device synchronisation). */
+static void fake_force_all(void) {
+  for (int c = 1; c < fake_n_clocks; c++) fake_force(c, ~0ULL, 0);
+}
+
+/* Releases or holds everything (the fakes' hold_events controls): releasing completes all. */
+static void fake_set_hold(int held) {
+  fake_hold = held;
+  if (!held) {
+    while (fake_n_active) fake_kernel_finish(fake_active[0]);
+    for (int c = 1; c < fake_n_clocks; c++) fake_clocks[c].completed = fake_clocks[c].recorded;
+  }
+}
+
+/* A stream that is destroyed: the work queued on it still completes (at once here, but for
+ * its kernels in flight, which run on). */
+static void fake_clock_retire(int clock) {
+  if (clock <= FAKE_NULL_CLOCK) return;
+  unsigned long long limit = fake_clocks[clock].recorded;
+  for (int i = 0; i < fake_n_active; i++) {
+    struct fake_kernel *k = &fake_kernels[fake_active[i]];
+    if (k->clock == clock && k->seq - 1 < limit) limit = k->seq - 1;
+  }
+  if (limit > fake_clocks[clock].completed) fake_clocks[clock].completed = limit;
+  fake_progress();
+}
+
+/* `waiter` waits on the GPU for `dep` up to `dep_seq` (an event's record). */
+static void fake_wait_for(int waiter, int dep, unsigned long long dep_seq) {
+  fake_gpu_wait_count++;
+  if (fake_clock_done(dep, dep_seq)) return;
+  if (fake_n_waits == FAKE_MAX_WAITS) {
+    /* Forget the waits that completed: they hold nothing back, and what they ordered has
+     * completed too. */
+    int n = 0;
+    for (int i = 0; i < fake_n_waits; i++)
+      if (!fake_clock_done(fake_waits[i].waiter, fake_waits[i].seq)) fake_waits[n++] = fake_waits[i];
+    fake_n_waits = n;
+    if (n == FAKE_MAX_WAITS) {
+      fake_force(dep, dep_seq, 0); /* no room: wait on the CPU instead */
+      return;
+    }
+  }
+  struct fake_wait *w = &fake_waits[fake_n_waits++];
+  w->waiter = waiter;
+  w->dep = dep;
+  w->dep_seq = dep_seq;
+  w->seq = ++fake_clocks[waiter].recorded;
+  fake_progress();
+}
+
+/* Whether work on `clock` queued after its op `before` - 1 runs after kernel `k`. */
+static int fake_ordered_before(const struct fake_kernel *k, int clock, unsigned long long before,
+                               int depth) {
+  if (k->finished) return 1;
+  if (clock == k->clock && k->seq < before) return 1;
+  if (depth > 16) return 0;
+  for (int i = 0; i < fake_n_waits; i++) {
+    const struct fake_wait *w = &fake_waits[i];
+    if (w->waiter == clock && w->seq < before &&
+        fake_ordered_before(k, w->dep, w->dep_seq + 1, depth + 1))
+      return 1;
+  }
+  return 0;
+}
+
+/* Called before memory goes away (freed, unmapped, trimmed): a kernel in flight over
+ * [va, va + size) is a hazard, recorded. */
+static void fake_check_unused(unsigned long long va, unsigned long long size, const char *what) {
+  for (int i = 0; i < fake_n_active; i++) {
+    struct fake_kernel *k = &fake_kernels[fake_active[i]];
+    if (k->va < va + size && va < k->va + k->size) {
+      if (!fake_hazard_count++)
+        snprintf(fake_hazard_text, sizeof fake_hazard_text,
+                 "%s of [%#llx, %#llx) while kernel %d (on clock %d) uses [%#llx, %#llx)", what,
+                 va, va + size, fake_active[i], k->clock, k->va, k->va + k->size);
+      return;
+    }
+  }
+}
+
+/* The clock of a stream handle, or 0 for one the fake does not know (each fake's). */
+static int fake_clock_of_handle(void *stream);
+
+FAKE_EXPORT unsigned long long fake_launch(void *stream, unsigned long long va,
+                                           unsigned long long size) {
+  unsigned long long id = 0;
+  LOCKED({
+    int clock = fake_clock_of_handle(stream);
+    if (clock > 0 && fake_n_kernels < FAKE_MAX_KERNELS) {
+      id = (unsigned long long)++fake_n_kernels;
+      struct fake_kernel *k = &fake_kernels[id];
+      k->clock = clock;
+      k->va = va;
+      k->size = size;
+      k->finished = 0;
+      k->seq = ++fake_clocks[clock].recorded;
+      fake_active[fake_n_active++] = (int)id;
+    }
+  });
+  return id;
+}
+
+FAKE_EXPORT void fake_finish(unsigned long long kernel) {
+  LOCKED({
+    if (kernel >= 1 && kernel <= (unsigned long long)fake_n_kernels) {
+      fake_kernel_finish((int)kernel);
+      fake_progress();
+    }
+  });
+}
+
+FAKE_EXPORT int fake_kernel_done(unsigned long long kernel) {
+  int done = -1;
+  LOCKED(if (kernel >= 1 && kernel <= (unsigned long long)fake_n_kernels) done =
+             fake_kernels[kernel].finished);
+  return done;
+}
+
+FAKE_EXPORT int fake_ordered(unsigned long long kernel, void *stream) {
+  int ordered = -1;
+  LOCKED({
+    int clock = fake_clock_of_handle(stream);
+    if (kernel >= 1 && kernel <= (unsigned long long)fake_n_kernels)
+      ordered = clock > 0 && fake_ordered_before(&fake_kernels[kernel], clock, ~0ULL, 0);
+  });
+  return ordered;
+}
+
+FAKE_EXPORT long long fake_hazards(void) {
+  long long n = 0;
+  LOCKED(n = fake_hazard_count);
+  return n;
+}
+
+FAKE_EXPORT const char *fake_first_hazard(void) { return fake_hazard_text; }
+
+FAKE_EXPORT long long fake_cpu_waits(void) {
+  long long n = 0;
+  LOCKED(n = fake_cpu_wait_count);
+  return n;
+}
+
+FAKE_EXPORT long long fake_gpu_waits(void) {
+  long long n = 0;
+  LOCKED(n = fake_gpu_wait_count);
+  return n;
+}
+
+/* Forgets the timeline (fakehip_reset). Caller holds the lock. */
+static inline void fake_timeline_reset(void) {
+  fake_n_clocks = 2;
+  memset(&fake_clocks[FAKE_NULL_CLOCK], 0, sizeof fake_clocks[0]);
+  fake_n_kernels = fake_n_active = fake_n_waits = 0;
+  fake_hold = 0;
+  fake_hazard_count = fake_cpu_wait_count = fake_gpu_wait_count = 0;
+  fake_hazard_text[0] = 0;
+  fake_epoch++;
 }
 
 #endif /* FAKE_COMMON_H */

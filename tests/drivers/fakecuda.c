@@ -156,8 +156,8 @@ typedef struct block {
   struct block *next;
   unsigned long long ptr, size;
   int in_use;
-  stream_t *free_stream;        /* the stream of the last cuMemFreeAsync */
-  unsigned long long free_seq;  /* that stream's clock at the free */
+  int free_clock;               /* the clock of the last cuMemFreeAsync's stream */
+  unsigned long long free_seq;  /* that clock's number for the free */
 } block_t;
 
 typedef struct pool {
@@ -167,26 +167,26 @@ typedef struct pool {
   block_t *blocks;
 } pool_t;
 
-/* A stream is a clock: `recorded` counts the operations enqueued on it that the fake tracks
- * (event records, pool frees), `completed` is the newest of them that has finished. Work on a
- * stream finishes in order, as on a GPU. The special handles NULL and CU_STREAM_LEGACY (0x1)
- * share the legacy default stream's clock, CU_STREAM_PER_THREAD (0x2) has one of its own. */
+/* A stream is a clock of the timeline (fake_common.h): the operations the fake tracks (event
+ * records, pool frees, waits, kernels) finish in order, as on a GPU. The special handles NULL
+ * and CU_STREAM_LEGACY (0x1) share the legacy default stream's clock, CU_STREAM_PER_THREAD
+ * (0x2) names the calling thread's own. */
 struct stream {
   struct stream *next;
   int device;
-  unsigned long long recorded, completed;
+  int clock;
 };
 
 typedef struct event {
   struct event *next;
   int device, recorded;
-  stream_t *stream;       /* the handle of the last record (NULL: the legacy default stream) */
-  unsigned long long seq; /* its stream's clock at the record; 0: complete */
+  int clock;              /* the clock of the last record's stream */
+  unsigned long long seq; /* its number on that clock; 0: complete */
 } event_t;
 
 static __thread ctx_t *current;
 
-static int configured, initialized, hold_events;
+static int configured, initialized;
 static int n_devices = 1, version = 12020;
 static unsigned long long capacity = 1ULL << 30, granularity = 2ULL << 20;
 static unsigned long long used[MAX_DEVICES];
@@ -292,15 +292,10 @@ void fakecuda_set_attribute(int device, int attribute, int value) {
   });
 }
 
-static void complete_all_streams(void);
-
 /* While held, work recorded on streams (events, pool frees) stays in flight (cuEventQuery:
  * CUDA_ERROR_NOT_READY) until synchronised or released; releasing completes it all. */
 void fakecuda_hold_events(int held) {
-  LOCKED({
-    hold_events = held;
-    if (!held) complete_all_streams();
-  });
+  LOCKED(fake_set_hold(held));
 }
 
 /* fake_live's answers (fake_common.h). */
@@ -555,6 +550,7 @@ CUresult cuMemFree_v2(CUdeviceptr ptr) {
     alloc_t *a = *pa;
     if (a->ptr != ptr) continue;
     *pa = a->next;
+    fake_check_unused(a->ptr, a->size, "cuMemFree_v2");
     munmap((void *)(uintptr_t)a->ptr, a->size);
     used[a->device] -= a->charge;
     free(a);
@@ -567,7 +563,8 @@ CUresult cuMemFree_v2(CUdeviceptr ptr) {
 
 #define STREAM_LEGACY ((stream_t *)(uintptr_t)1)
 #define STREAM_PER_THREAD ((stream_t *)(uintptr_t)2)
-static stream_t legacy_clock, per_thread_clock;
+/* Destroyed streams, whose handle values the next cuStreamCreate hands out again. */
+static stream_t *destroyed_streams;
 
 static int stream_ok(stream_t *s) {
   if (!s || s == STREAM_LEGACY || s == STREAM_PER_THREAD) return 1;
@@ -577,34 +574,18 @@ static int stream_ok(stream_t *s) {
 }
 
 /* The clock of a valid stream handle. */
-static stream_t *clock_of(stream_t *s) {
-  if (!s || s == STREAM_LEGACY) return &legacy_clock;
-  if (s == STREAM_PER_THREAD) return &per_thread_clock;
-  return s;
+static int clock_of(stream_t *s) {
+  if (!s || s == STREAM_LEGACY) return FAKE_NULL_CLOCK;
+  if (s == STREAM_PER_THREAD) return fake_per_thread_clock();
+  return s->clock;
 }
 
-/* Enqueues one tracked operation on `s`; returns its number. Done at once unless held. */
-static unsigned long long enqueue(stream_t *s) {
-  stream_t *c = clock_of(s);
-  c->recorded++;
-  if (!hold_events) c->completed = c->recorded;
-  return c->recorded;
+static int fake_clock_of_handle(void *stream) {
+  return stream_ok((stream_t *)stream) ? clock_of((stream_t *)stream) : 0;
 }
 
-static int done(stream_t *s, unsigned long long seq) {
-  return seq == 0 || clock_of(s)->completed >= seq;
-}
-
-static void complete_stream(stream_t *s) {
-  stream_t *c = clock_of(s);
-  c->completed = c->recorded;
-}
-
-static void complete_all_streams(void) {
-  complete_stream(NULL);
-  complete_stream(STREAM_PER_THREAD);
-  for (stream_t *t = streams; t; t = t->next) complete_stream(t);
-}
+/* Enqueues one tracked operation on `s`; returns its number. */
+static unsigned long long enqueue(stream_t *s) { return fake_enqueue(clock_of(s)); }
 
 static int event_ok(event_t *e) {
   for (event_t *t = events; t; t = t->next)
@@ -628,7 +609,22 @@ static void release_above_threshold(void);
 
 CUresult cuStreamCreate(stream_t **ps, unsigned int flags) {
   ENTER("cuStreamCreate");
-  CREATE_IN_CONTEXT(streams, ps, flags, 1);
+  NEED_CTX(dev);
+  if (!ps || flags > 1) RETURN(CUDA_ERROR_INVALID_VALUE);
+  int clock = fake_clock_new();
+  if (!clock) RETURN(CUDA_ERROR_OUT_OF_MEMORY);
+  /* The handle of the stream destroyed last, if any: drivers reuse freed handles. */
+  stream_t *made = destroyed_streams;
+  if (made)
+    destroyed_streams = made->next;
+  else
+    made = calloc(1, sizeof *made);
+  if (!made) RETURN(CUDA_ERROR_OUT_OF_MEMORY);
+  made->device = dev;
+  made->clock = clock;
+  PUSH(streams, made);
+  *ps = made;
+  RETURN(CUDA_SUCCESS);
 }
 
 CUresult cuStreamDestroy_v2(stream_t *s) {
@@ -637,16 +633,10 @@ CUresult cuStreamDestroy_v2(stream_t *s) {
   for (stream_t **p = &streams; *p; p = &(*p)->next) {
     if (*p != s) continue;
     *p = s->next;
-    /* Like the driver, the work already enqueued still completes: the fake completes it now
-     * and forgets the stream. */
-    for (event_t *e = events; e; e = e->next)
-      if (e->stream == s) e->stream = NULL, e->seq = 0;
-#ifndef FAKECUDA_OLD
-    for (pool_t *q = pools; q; q = q->next)
-      for (block_t *b = q->blocks; b; b = b->next)
-        if (b->free_stream == s) b->free_stream = NULL, b->free_seq = 0;
-#endif
-    free(s);
+    /* Like the driver, the work already enqueued still completes (kernels in flight run on);
+     * events and pool frees keep naming the stream's clock. */
+    fake_clock_retire(s->clock);
+    PUSH(destroyed_streams, s);
     RETURN(CUDA_SUCCESS);
   }
   RETURN(CUDA_ERROR_INVALID_HANDLE);
@@ -656,11 +646,12 @@ CUresult cuStreamSynchronize(stream_t *s) {
   ENTER("cuStreamSynchronize");
   NEED_CURRENT();
   if (!stream_ok(s)) RETURN(CUDA_ERROR_INVALID_HANDLE);
+  fake_cpu_wait();
   /* The legacy default stream waits for every blocking stream. */
-  if (clock_of(s) == &legacy_clock)
-    complete_all_streams();
+  if (clock_of(s) == FAKE_NULL_CLOCK)
+    fake_force_all();
   else
-    complete_stream(s);
+    fake_force(clock_of(s), ~0ULL, 0);
   release_above_threshold();
   RETURN(CUDA_SUCCESS);
 }
@@ -675,7 +666,7 @@ CUresult cuEventRecord(event_t *e, stream_t *s) {
   NEED_CURRENT();
   if (!event_ok(e) || !stream_ok(s)) RETURN(CUDA_ERROR_INVALID_HANDLE);
   e->recorded = 1;
-  e->stream = s;
+  e->clock = clock_of(s);
   e->seq = enqueue(s);
   RETURN(CUDA_SUCCESS);
 }
@@ -684,7 +675,7 @@ CUresult cuEventQuery(event_t *e) {
   ENTER("cuEventQuery");
   NEED_CURRENT();
   if (!event_ok(e)) RETURN(CUDA_ERROR_INVALID_HANDLE);
-  RETURN(done(e->stream, e->seq) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY);
+  RETURN(fake_clock_done(e->clock, e->seq) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY);
 }
 
 CUresult cuEventSynchronize(event_t *e) {
@@ -692,8 +683,8 @@ CUresult cuEventSynchronize(event_t *e) {
   NEED_CURRENT();
   if (!event_ok(e)) RETURN(CUDA_ERROR_INVALID_HANDLE);
   /* Waiting for an event waits for the work before it on its stream. */
-  stream_t *c = clock_of(e->stream);
-  if (c->completed < e->seq) c->completed = e->seq;
+  fake_cpu_wait();
+  fake_force(e->clock, e->seq, 0);
   release_above_threshold();
   RETURN(CUDA_SUCCESS);
 }
@@ -723,7 +714,8 @@ CUresult cuCtxGetDevice(CUdevice *device) {
 CUresult cuCtxSynchronize(void) {
   ENTER("cuCtxSynchronize");
   NEED_CURRENT();
-  complete_all_streams();
+  fake_cpu_wait();
+  fake_force_all();
   release_above_threshold();
   RETURN(CUDA_SUCCESS);
 }
@@ -733,6 +725,8 @@ CUresult cuStreamWaitEvent(stream_t *s, event_t *e, unsigned int flags) {
   NEED_CURRENT();
   if (!stream_ok(s) || !event_ok(e)) RETURN(CUDA_ERROR_INVALID_HANDLE);
   if (flags > 1) RETURN(CUDA_ERROR_INVALID_VALUE);
+  /* Work queued on `s` from now on waits for the event's last record. */
+  if (e->recorded) fake_wait_for(clock_of(s), e->clock, e->seq);
   RETURN(CUDA_SUCCESS);
 }
 
@@ -740,7 +734,7 @@ CUresult cuStreamQuery(stream_t *s) {
   ENTER("cuStreamQuery");
   NEED_CURRENT();
   if (!stream_ok(s)) RETURN(CUDA_ERROR_INVALID_HANDLE);
-  stream_t *c = clock_of(s);
+  struct fake_clock *c = &fake_clocks[clock_of(s)];
   RETURN(c->completed == c->recorded ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY);
 }
 
@@ -981,6 +975,7 @@ CUresult cuMemUnmap(CUdeviceptr va, size_t size) {
     if (m->va < va + size && va < m->va + m->size && (m->va < va || m->va + m->size > va + size))
       RETURN(CUDA_ERROR_INVALID_VALUE);
   if (!fully_mapped(va, size)) RETURN(CUDA_ERROR_INVALID_VALUE);
+  fake_check_unused(va, size, "cuMemUnmap");
   if (mmap((void *)(uintptr_t)va, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,
            -1, 0) == MAP_FAILED)
     RETURN(CUDA_ERROR_UNKNOWN);
@@ -1020,11 +1015,12 @@ static void pool_release_free(pool_t *p, unsigned long long keep) {
   for (block_t **pb = &p->blocks; *pb && p->stats.reserved > keep;) {
     block_t *b = *pb;
     /* A block whose free is still in flight on its stream is not free for the driver yet. */
-    if (b->in_use || !done(b->free_stream, b->free_seq)) {
+    if (b->in_use || !fake_clock_done(b->free_clock, b->free_seq)) {
       pb = &b->next;
       continue;
     }
     *pb = b->next;
+    fake_check_unused(b->ptr, b->size, "a pool giving back a block");
     munmap((void *)(uintptr_t)b->ptr, b->size);
     p->stats.reserved -= b->size;
     used[p->device] -= b->size;
@@ -1120,8 +1116,8 @@ CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, pool_t *p, stre
   block_t *best = NULL;
   unsigned long long grown = 0;
   for (block_t *b = p->blocks; b; b = b->next) {
-    int safe = done(b->free_stream, b->free_seq) ||
-               (clock_of(b->free_stream) == clock_of(s) && s != STREAM_PER_THREAD);
+    int safe = fake_clock_done(b->free_clock, b->free_seq) ||
+               (b->free_clock == clock_of(s) && s != STREAM_PER_THREAD);
     if (!b->in_use && safe && b->size >= bytes && (!best || b->size < best->size)) best = b;
   }
   if (!best) {
@@ -1156,7 +1152,7 @@ CUresult cuMemFreeAsync(CUdeviceptr ptr, stream_t *s) {
     for (block_t *b = p->blocks; b; b = b->next) {
       if (b->ptr != ptr || !b->in_use) continue;
       b->in_use = 0;
-      b->free_stream = s;
+      b->free_clock = clock_of(s);
       b->free_seq = enqueue(s);
       p->stats.used -= b->size;
       if (p->destroyed) {

@@ -7,10 +7,12 @@
  * using memory. The rules follow HIP's: sizes and offsets of the virtual-memory calls are
  * multiples of the minimum granularity, a mapping lies inside one reservation, set-access
  * needs the range mapped, unmap covers whole mappings, a released handle lives until its last
- * mapping goes, the current device is per thread (hipSetDevice), streams are clocks (any
- * handle HIP knows: its own streams, NULL, hipStreamLegacy, hipStreamPerThread) whose work
- * finishes in order — at once, unless events are held — and waiting for an event waits for
- * the work before it, and pools give memory back only down to their release threshold at a synchronisation.
+ * mapping goes, the current device is per thread (hipSetDevice / hipGetDevice), streams are
+ * clocks of the timeline of fake_common.h (any handle HIP knows: its own streams, NULL,
+ * hipStreamLegacy, hipStreamPerThread — the calling thread's own) whose work finishes in
+ * order — at once, unless held by a kernel in flight, a stream wait or hold_events — and
+ * waiting for an event waits for the work before it, and pools give memory back only down
+ * to their release threshold at a synchronisation.
  *
  * Personalities (hipRuntimeGetVersion / hipDriverGetVersion):
  *   ROCm 6/7 (default 6.2.41133): hipGetDevicePropertiesR0600, attribute 89 (VMM) = 1,
@@ -83,9 +85,8 @@ struct object {
   int mapcount;      /* HANDLE: live mappings */
   uint64_t handle;   /* MAPPING: the handle mapped */
   int pool;          /* POOL_ALLOC: pool index */
-  uint64_t stream;   /* EVENT: stream of the last record */
-  uint64_t seq;      /* EVENT: that stream's clock at the record (0: complete) */
-  uint64_t recorded, completed; /* STREAM: its clock (events recorded, events finished) */
+  int clock;         /* STREAM: its clock; EVENT: the clock of the last record's stream */
+  uint64_t seq;      /* EVENT: its number on that clock (0: complete) */
   unsigned access;   /* MAPPING: bit d, device d may access it (hipMemSetAccess) */
 };
 
@@ -103,8 +104,11 @@ static int n_devices;
 static uint64_t capacity;
 static uint64_t min_gran, rec_gran;
 static int attr_integrated, attr_pools, attr_vmm; /* attr_vmm < 0: by version */
-static int hold_events;
-static struct object null_clock, per_thread_clock; /* see clock_of */
+/* Destroyed streams' handle values, which the next hipStreamCreateWithFlags hands out again,
+ * as drivers reuse freed handles. */
+#define MAX_REUSED 64
+static uint64_t reusable_streams[MAX_REUSED];
+static int n_reusable;
 static char arch[64];
 static unsigned last_flags;
 static int last_device;
@@ -137,9 +141,8 @@ static void reset_locked(void) {
   attr_integrated = 0;
   attr_pools = 1;
   attr_vmm = -1;
-  hold_events = 0;
-  memset(&null_clock, 0, sizeof null_clock);
-  memset(&per_thread_clock, 0, sizeof per_thread_clock);
+  n_reusable = 0;
+  fake_timeline_reset();
   snprintf(arch, sizeof arch, "gfx942:sramecc+:xnack-");
   last_flags = 0;
   last_device = -1;
@@ -180,37 +183,27 @@ static struct object *add(int kind, uint64_t addr, uint64_t size, int device) {
 
 static void drop(struct object *o) { o->kind = FREE_SLOT; }
 
-/* Streams are clocks: work on one finishes in order, at once unless events are held. The
- * special handles NULL and hipStreamLegacy (0x1) share the null stream's clock,
- * hipStreamPerThread (0x2) has one of its own. */
+/* Streams are clocks of the timeline (fake_common.h): the special handles NULL and
+ * hipStreamLegacy (0x1) share the null stream's clock, hipStreamPerThread (0x2) names the
+ * calling thread's own. */
 static int valid_stream(void *stream) {
   uint64_t s = (uint64_t)(uintptr_t)stream;
   return s <= 2 || find(STREAM, s) != NULL;
 }
 
 /* The clock of a valid stream handle. */
-static struct object *clock_of(uint64_t s) {
-  if (s <= 1) return &null_clock;
-  if (s == 2) return &per_thread_clock;
+static int clock_of(uint64_t s) {
+  if (s <= 1) return FAKE_NULL_CLOCK;
+  if (s == 2) return fake_per_thread_clock();
   struct object *o = find(STREAM, s);
-  return o ? o : &null_clock;
+  return o ? o->clock : FAKE_NULL_CLOCK;
 }
 
-static uint64_t enqueue(uint64_t s) {
-  struct object *c = clock_of(s);
-  c->recorded++;
-  if (!hold_events) c->completed = c->recorded;
-  return c->recorded;
+static int fake_clock_of_handle(void *stream) {
+  return valid_stream(stream) ? clock_of((uint64_t)(uintptr_t)stream) : 0;
 }
 
-static int event_done(struct object *e) { return e->seq == 0 || clock_of(e->stream)->completed >= e->seq; }
-
-static void complete_all_streams(void) {
-  null_clock.completed = null_clock.recorded;
-  per_thread_clock.completed = per_thread_clock.recorded;
-  for (int i = 0; i < high; i++)
-    if (objects[i].kind == STREAM) objects[i].completed = objects[i].recorded;
-}
+static int event_done(struct object *e) { return fake_clock_done(e->clock, e->seq); }
 
 static uint64_t take_va(uint64_t size, uint64_t align) {
   if (align < 2 * MIB) align = 2 * MIB;
@@ -258,10 +251,7 @@ EXPORT void fakehip_set_granularity(unsigned long long minimum, unsigned long lo
 EXPORT void fakehip_set_arch(const char *name) { LOCKED(snprintf(arch, sizeof arch, "%s", name)); }
 /* While held, recorded events stay pending until synchronised or released. */
 EXPORT void fakehip_hold_events(int held) {
-  LOCKED({
-    hold_events = held;
-    if (!held) complete_all_streams();
-  });
+  LOCKED(fake_set_hold(held));
 }
 /* fake_live's answers (fake_common.h). */
 static long long fake_live_of(enum fake_live_what what) {
@@ -380,6 +370,13 @@ EXPORT hipError_t hipSetDevice(int device) {
   current_device = device;
   RETURN(hipSuccess);
 }
+/* The calling thread's current device (0 until hipSetDevice). */
+EXPORT hipError_t hipGetDevice(int *device) {
+  ENTER("hipGetDevice");
+  if (!device) RETURN(hipErrorInvalidValue);
+  *device = current_device;
+  RETURN(hipSuccess);
+}
 EXPORT hipError_t hipDeviceCanAccessPeer(int *can, int device, int peer) {
   ENTER("hipDeviceCanAccessPeer");
   RETURN(fake_can_access_peer(can, device, peer, n_devices));
@@ -486,6 +483,7 @@ EXPORT hipError_t hipFree(void *ptr) {
   if (!ptr) RETURN(hipSuccess);
   struct object *o = find(ALLOC, (uint64_t)(uintptr_t)ptr);
   if (!o) RETURN(hipErrorInvalidValue);
+  fake_check_unused(o->addr, o->size, "hipFree");
   used[o->device] -= o->size;
   drop(o);
   RETURN(hipSuccess);
@@ -634,6 +632,7 @@ EXPORT hipError_t hipMemUnmap(void *ptr, size_t size) {
   if (size == 0 || va % min_gran || size % min_gran || mapped_bytes(va, size, &partial) != size ||
       partial)
     RETURN(hipErrorInvalidValue);
+  fake_check_unused(va, size, "hipMemUnmap");
   for (int i = 0; i < high; i++) {
     struct object *m = &objects[i];
     if (m->kind != MAPPING || m->addr < va || m->addr >= va + size) continue;
@@ -784,8 +783,13 @@ EXPORT hipError_t hipFreeAsync(void *ptr, void *stream) {
  * device, its handle written to `*out`; `flags` at most `max_flags`. */
 static hipError_t create_object(int kind, void **out, unsigned flags, unsigned max_flags) {
   if (!out || flags > max_flags) return hipErrorInvalidValue;
-  uint64_t id = new_id();
-  if (!add(kind, id, 0, current_device)) return hipErrorOutOfMemory;
+  int clock = kind == STREAM ? fake_clock_new() : 0;
+  if (kind == STREAM && !clock) return hipErrorOutOfMemory;
+  /* A stream takes the handle of one destroyed before, when there is one. */
+  uint64_t id = kind == STREAM && n_reusable ? reusable_streams[--n_reusable] : new_id();
+  struct object *o = add(kind, id, 0, current_device);
+  if (!o) return hipErrorOutOfMemory;
+  o->clock = clock;
   *out = (void *)(uintptr_t)id;
   return hipSuccess;
 }
@@ -801,27 +805,30 @@ EXPORT hipError_t hipStreamCreateWithFlags(void **stream, unsigned flags) {
 EXPORT hipError_t hipStreamDestroy(void *stream) {
   ENTER("hipStreamDestroy");
   FIND_OR_INVALID(o, STREAM, stream);
-  /* The work already enqueued still completes: the fake completes it now. */
-  for (int i = 0; i < high; i++)
-    if (objects[i].kind == EVENT && objects[i].stream == o->addr) objects[i].seq = 0;
+  /* The work already enqueued still completes (kernels in flight run on); events keep naming
+   * the stream's clock. */
+  fake_clock_retire(o->clock);
+  if (n_reusable < MAX_REUSED) reusable_streams[n_reusable++] = o->addr;
   drop(o);
   RETURN(hipSuccess);
 }
 EXPORT hipError_t hipStreamSynchronize(void *stream) {
   ENTER("hipStreamSynchronize");
   if (!valid_stream(stream)) RETURN(hipErrorInvalidHandle);
-  struct object *c = clock_of((uint64_t)(uintptr_t)stream);
+  fake_cpu_wait();
+  int c = clock_of((uint64_t)(uintptr_t)stream);
   /* The null stream waits for every blocking stream. */
-  if (c == &null_clock)
-    complete_all_streams();
+  if (c == FAKE_NULL_CLOCK)
+    fake_force_all();
   else
-    c->completed = c->recorded;
+    fake_force(c, ~0ULL, 0);
   sync_pools();
   RETURN(hipSuccess);
 }
 EXPORT hipError_t hipDeviceSynchronize(void) {
   ENTER("hipDeviceSynchronize");
-  complete_all_streams();
+  fake_cpu_wait();
+  fake_force_all();
   sync_pools();
   RETURN(hipSuccess);
 }
@@ -833,8 +840,8 @@ EXPORT hipError_t hipEventRecord(void *event, void *stream) {
   ENTER("hipEventRecord");
   struct object *o = find(EVENT, (uint64_t)(uintptr_t)event);
   if (!o || !valid_stream(stream)) RETURN(hipErrorInvalidHandle);
-  o->stream = (uint64_t)(uintptr_t)stream;
-  o->seq = enqueue(o->stream);
+  o->clock = clock_of((uint64_t)(uintptr_t)stream);
+  o->seq = fake_enqueue(o->clock);
   RETURN(hipSuccess);
 }
 EXPORT hipError_t hipEventQuery(void *event) {
@@ -846,9 +853,18 @@ EXPORT hipError_t hipEventSynchronize(void *event) {
   ENTER("hipEventSynchronize");
   FIND_OR_INVALID(o, EVENT, event);
   /* Waiting for an event waits for the work before it on its stream. */
-  struct object *c = clock_of(o->stream);
-  if (c->completed < o->seq) c->completed = o->seq;
+  fake_cpu_wait();
+  fake_force(o->clock, o->seq, 0);
   sync_pools();
+  RETURN(hipSuccess);
+}
+/* Work queued on `stream` from now on waits for the event's last record. */
+EXPORT hipError_t hipStreamWaitEvent(void *stream, void *event, unsigned flags) {
+  ENTER("hipStreamWaitEvent");
+  struct object *o = find(EVENT, (uint64_t)(uintptr_t)event);
+  if (!o || !valid_stream(stream)) RETURN(hipErrorInvalidHandle);
+  if (flags != 0) RETURN(hipErrorInvalidValue);
+  if (o->seq) fake_wait_for(clock_of((uint64_t)(uintptr_t)stream), o->clock, o->seq);
   RETURN(hipSuccess);
 }
 EXPORT hipError_t hipEventDestroy(void *event) {

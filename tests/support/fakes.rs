@@ -363,6 +363,133 @@ impl Fake {
         s
     }
 
+    // ---- the timeline: kernels, waits, hazards (fake_common.h) -----------------------------
+
+    /// A kernel on `stream` that uses `[va, va + size)`, in flight until [`Fake::finish`] or
+    /// a CPU wait that covers it.
+    ///
+    /// # Panics
+    /// When the fake does not know the stream.
+    pub fn launch(&self, stream: Stream, va: u64, size: u64) -> u64 {
+        let f: unsafe extern "C" fn(*mut std::ffi::c_void, u64, u64) -> u64 =
+            self.sym("fake_launch");
+        // SAFETY: by value; the fake only looks the handle up.
+        let id = unsafe { f(stream.as_raw() as *mut _, va, size) };
+        assert_ne!(id, 0, "fake_launch: unknown stream {stream:?}");
+        id
+    }
+
+    /// The kernel completes.
+    pub fn finish(&self, kernel: u64) {
+        let f: unsafe extern "C" fn(u64) = self.sym("fake_finish");
+        // SAFETY: by value.
+        unsafe { f(kernel) }
+    }
+
+    /// Whether the kernel completed.
+    pub fn kernel_done(&self, kernel: u64) -> bool {
+        let f: unsafe extern "C" fn(u64) -> c_int = self.sym("fake_kernel_done");
+        // SAFETY: by value.
+        let done = unsafe { f(kernel) };
+        assert!(done >= 0, "unknown kernel {kernel}");
+        done == 1
+    }
+
+    /// Whether work queued on `stream` from now on runs after the kernel.
+    pub fn ordered(&self, kernel: u64, stream: Stream) -> bool {
+        let f: unsafe extern "C" fn(u64, *mut std::ffi::c_void) -> c_int = self.sym("fake_ordered");
+        // SAFETY: by value; the fake only looks the handle up.
+        let ordered = unsafe { f(kernel, stream.as_raw() as *mut _) };
+        assert!(ordered >= 0, "unknown kernel {kernel}");
+        ordered == 1
+    }
+
+    /// How many times memory a kernel still used was freed or unmapped, and the first one.
+    pub fn hazards(&self) -> (u64, String) {
+        let count: unsafe extern "C" fn() -> i64 = self.sym("fake_hazards");
+        let first: unsafe extern "C" fn() -> *const c_char = self.sym("fake_first_hazard");
+        // SAFETY: no arguments; the text is the fake's static buffer, NUL-terminated.
+        unsafe {
+            (
+                count() as u64,
+                std::ffi::CStr::from_ptr(first())
+                    .to_string_lossy()
+                    .into_owned(),
+            )
+        }
+    }
+
+    /// CPU waits (synchronisations) and GPU-side waits (stream-wait-event calls) so far.
+    pub fn waits(&self) -> (u64, u64) {
+        let cpu: unsafe extern "C" fn() -> i64 = self.sym("fake_cpu_waits");
+        let gpu: unsafe extern "C" fn() -> i64 = self.sym("fake_gpu_waits");
+        // SAFETY: no arguments.
+        unsafe { (cpu() as u64, gpu() as u64) }
+    }
+
+    // ---- the caller's current context (CUDA) or device (HIP) -------------------------------
+
+    /// The calling thread's current context (CUDA: `cuCtxGetCurrent`, null as 0) or device
+    /// (HIP: `hipGetDevice`), as the caller's own driver call answers it.
+    pub fn current(&self) -> u64 {
+        if self.vendor == Vendor::Hip {
+            let f: unsafe extern "C" fn(*mut c_int) -> c_int = self.sym("hipGetDevice");
+            let mut d: c_int = -1;
+            // SAFETY: one int written.
+            assert_eq!(unsafe { f(&mut d) }, 0, "hipGetDevice");
+            return d as u64;
+        }
+        let f: unsafe extern "C" fn(*mut *mut std::ffi::c_void) -> c_int =
+            self.sym("cuCtxGetCurrent");
+        let mut ctx = std::ptr::null_mut();
+        // SAFETY: one handle written.
+        assert_eq!(unsafe { f(&mut ctx) }, 0, "cuCtxGetCurrent");
+        ctx as u64
+    }
+
+    /// Makes `current` ([`Fake::current`]'s value) current on the calling thread, with the
+    /// caller's own driver call (`cuCtxSetCurrent` / `hipSetDevice`).
+    pub fn set_current(&self, current: u64) {
+        if self.vendor == Vendor::Hip {
+            let f: unsafe extern "C" fn(c_int) -> c_int = self.sym("hipSetDevice");
+            // SAFETY: by value.
+            assert_eq!(unsafe { f(current as c_int) }, 0, "hipSetDevice");
+            return;
+        }
+        let f: unsafe extern "C" fn(*mut std::ffi::c_void) -> c_int = self.sym("cuCtxSetCurrent");
+        // SAFETY: null or a context the caller retained.
+        assert_eq!(unsafe { f(current as *mut _) }, 0, "cuCtxSetCurrent");
+    }
+
+    /// What a caller (PyTorch's runtime, a C program) makes current to work on `device`: its
+    /// primary context, retained (CUDA; release it with [`Fake::release_primary`]), or the
+    /// device's ordinal (HIP). CUDA: after `cuInit`.
+    pub fn primary(&self, device: i32) -> u64 {
+        if self.vendor == Vendor::Hip {
+            return device as u64;
+        }
+        let f: unsafe extern "C" fn(*mut *mut std::ffi::c_void, c_int) -> c_int =
+            self.sym("cuDevicePrimaryCtxRetain");
+        let mut ctx = std::ptr::null_mut();
+        // SAFETY: one handle written; the device by value.
+        assert_eq!(
+            unsafe { f(&mut ctx, device) },
+            0,
+            "cuDevicePrimaryCtxRetain"
+        );
+        ctx as u64
+    }
+
+    /// Undoes one [`Fake::primary`] (CUDA; nothing for HIP).
+    pub fn release_primary(&self, device: i32) {
+        if self.vendor == Vendor::Hip {
+            return;
+        }
+        let f: unsafe extern "C" fn(c_int) -> c_int = self.sym("cuDevicePrimaryCtxRelease_v2");
+        // SAFETY: by value; balances a retain of `primary`.
+        assert_eq!(unsafe { f(device) }, 0, "cuDevicePrimaryCtxRelease_v2");
+    }
+
     fn by_name(&self, function: &str, name: &str) -> i64 {
         let f: unsafe extern "C" fn(*const c_char) -> i64 = self.sym(function);
         let name = CString::new(name).expect("no NUL in a name");
@@ -438,6 +565,10 @@ pub trait FakeDevice: portalloc::Device + Sized + 'static {
 
     /// What the backend still holds in its own books.
     fn vendor_census(&self) -> portalloc::backends::VendorCensus;
+
+    /// Makes the device current on the calling thread and leaves it so, for the test's own
+    /// driver calls (portalloc's calls never leave it so).
+    fn make_current_for_caller(&self);
 }
 
 /// `FakeDevice` for a backend's device type, loading its library type from the fake's path.
@@ -459,6 +590,10 @@ macro_rules! fake_device {
 
             fn vendor_census(&self) -> portalloc::backends::VendorCensus {
                 self.census()
+            }
+
+            fn make_current_for_caller(&self) {
+                self.make_current().expect("the device made current");
             }
         }
     };

@@ -179,3 +179,12 @@ fn compile(
 
 #[cfg(any(feature = "cuda", feature = "hip"))]
 pub mod fakes;
+
+/// A stream from a raw handle, for the tests: a value the host device only compares, or a
+/// stream the test made with the conformance driver's own call and destroys only after its
+/// last use — what [`portalloc::Stream::from_raw`] asks of its caller.
+#[allow(dead_code)]
+pub fn stream(raw: u64) -> portalloc::Stream {
+    // SAFETY: see above: every caller in the tests passes such a handle.
+    unsafe { portalloc::Stream::from_raw(raw) }
+}

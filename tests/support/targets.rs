@@ -12,13 +12,25 @@
 //! so a separate instance with its own state) and configures it from scratch: tests on one
 //! driver run in parallel without sharing allocations, faults or held events, which a lock
 //! around one shared instance would only serialise.
+//!
+//! The rig is a world like a GPU program's: the caller has a current context (CUDA) or
+//! device (HIP) of its own on its thread — device 0's at open, as PyTorch's runtime makes it
+//! — and the driver has one device more than portalloc opens (the caller's other GPU), whose
+//! context [`Rig::caller_probe`] makes current around every call to check that portalloc
+//! leaves it as it found it. The caller's kernels ([`Rig::launch`]) stay in flight over the
+//! memory they use until it finishes them, and the device counts the hazards (memory freed
+//! or unmapped while a kernel used it) and the CPU waits: [`Rig::finish`] requires no
+//! hazard.
 #![allow(dead_code)]
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+#[cfg(any(feature = "cuda", feature = "hip"))]
+use portalloc::Vendor;
+
 use portalloc::backends::host::HostDevice;
-use portalloc::device::{Device, Event, Stream};
+use portalloc::device::{Device, Stream};
 use portalloc::Allocator;
 
 /// Which ROCm the HIP conformance driver plays: its `hipRuntimeGetVersion`, and with it the
@@ -144,21 +156,17 @@ impl Target {
                     "fakecuda_old"
                 };
                 let fake = Fake::copy(name)?;
-                fake.set_devices(devices as i32, capacity);
+                // One device more than portalloc opens: the caller's other GPU.
+                fake.set_devices(devices as i32 + 1, capacity);
                 let driver = Arc::new(Driver::load(&[fake.path()]).expect("the driver loads"));
                 let opened: Vec<Opened> = (0..devices)
-                    .rev()
                     .map(|ordinal| {
                         let device = CudaDevice::open(Arc::clone(&driver), ordinal)
                             .expect("open the fake device");
-                        // Any call makes the device's primary context current on this thread,
-                        // as the runtime API does for PyTorch: a caller's own driver calls
-                        // (foreign streams) then find device 0's context, opened last.
-                        device.mem_info().expect("mem_info");
                         Opened::Cuda(Arc::new(device))
                     })
                     .collect();
-                (opened.into_iter().rev().collect(), Some(fake))
+                (opened, Some(fake))
             }
             #[cfg(feature = "hip")]
             Target::FakeHip(rocm) => {
@@ -168,7 +176,8 @@ impl Target {
                     fake.sym("fakehip_set_version");
                 // SAFETY: a control function of fakehip, by value, before any device opens.
                 unsafe { set_version(rocm.version()) };
-                fake.set_devices(devices as i32, capacity);
+                // One device more than portalloc opens: the caller's other GPU.
+                fake.set_devices(devices as i32 + 1, capacity);
                 let runtime = Arc::new(Runtime::load(&[fake.path()]).expect("the runtime loads"));
                 let opened = (0..devices)
                     .map(|ordinal| {
@@ -187,10 +196,26 @@ impl Target {
                 return None;
             }
         };
+        // The caller's current context or device: device 0's, as PyTorch's runtime makes it
+        // current on this thread; and its other device's, for the checks.
+        #[cfg(any(feature = "cuda", feature = "hip"))]
+        let caller = fake.as_ref().map(|fake| {
+            let home = fake.primary(0);
+            let other = fake.primary(devices as i32);
+            fake.set_current(home);
+            Caller {
+                home,
+                other,
+                other_ordinal: devices as i32,
+            }
+        });
+        #[cfg(not(any(feature = "cuda", feature = "hip")))]
+        let caller = None;
         let rig = Rig {
             target: self,
             devices: opened,
             fake,
+            caller,
             next_stream: AtomicU64::new(0),
         };
         rig.check_capabilities();
@@ -240,12 +265,58 @@ impl Opened {
     }
 }
 
+/// The caller's current contexts (CUDA: primary contexts it retained) or devices (HIP).
+#[derive(Debug, Clone, Copy)]
+struct Caller {
+    /// Device 0's: current on the thread that opened the rig.
+    home: u64,
+    /// The caller's other device's (one portalloc never opens), for the checks.
+    other: u64,
+    other_ordinal: i32,
+}
+
+/// What [`Rig::caller_probe`] gives: the caller's driver calls that read and set the
+/// calling thread's current context (CUDA) or device (HIP), and a value to set that is not
+/// any device portalloc opened.
+#[derive(Clone)]
+pub struct CallerProbe {
+    current: Arc<dyn Fn() -> u64 + Send + Sync>,
+    set: Arc<dyn Fn(u64) + Send + Sync>,
+    /// The caller's other device's context or ordinal.
+    pub other: u64,
+    /// `context` (CUDA) or `device` (HIP), for messages.
+    pub what: &'static str,
+}
+
+impl CallerProbe {
+    /// Runs `call` with the caller's other device current on this thread, and asserts that
+    /// it is still current afterwards; then makes current again what was.
+    ///
+    /// # Panics
+    /// When `call` left another context or device current.
+    pub fn around<T>(&self, call: &str, f: impl FnOnce() -> T) -> T {
+        let before = (self.current)();
+        (self.set)(self.other);
+        let result = f();
+        let after = (self.current)();
+        assert_eq!(
+            after, self.other,
+            "{call} changed the caller's current {} from {:#x} to {after:#x}",
+            self.what, self.other
+        );
+        (self.set)(before);
+        result
+    }
+}
+
 /// The devices of one target, and the conformance driver beneath them (when there is one).
 pub struct Rig {
     pub target: Target,
     /// Dropped before `fake`: the devices give back what they hold through its library.
     devices: Vec<Opened>,
     fake: Option<Fake>,
+    /// The caller's contexts or devices, on a vendor target.
+    caller: Option<Caller>,
     /// For the host's foreign stream handles.
     next_stream: AtomicU64,
 }
@@ -332,10 +403,17 @@ impl Rig {
     /// # Panics
     /// When anything is still held.
     pub fn finish(self) {
+        let (hazards, first) = self.hazards();
+        assert_eq!(
+            hazards, 0,
+            "{:?}: memory a kernel still used was freed or unmapped: {first}",
+            self.target
+        );
         let Rig {
             target,
             devices,
             fake,
+            caller,
             ..
         } = self;
         for (ordinal, opened) in devices.iter().enumerate() {
@@ -350,10 +428,125 @@ impl Rig {
         drop(devices);
         #[cfg(any(feature = "cuda", feature = "hip"))]
         if let Some(fake) = fake {
+            if let Some(c) = caller {
+                fake.set_current(0);
+                fake.release_primary(0);
+                fake.release_primary(c.other_ordinal);
+            }
             fake.assert_empty();
         }
         #[cfg(not(any(feature = "cuda", feature = "hip")))]
-        drop(fake);
+        drop((fake, caller));
+    }
+
+    /// The caller's driver calls around portalloc's, on a vendor target (`None` on the host,
+    /// which has no current device).
+    pub fn caller_probe(&self) -> Option<CallerProbe> {
+        #[cfg(any(feature = "cuda", feature = "hip"))]
+        if let (Some(fake), Some(c)) = (&self.fake, self.caller) {
+            let vendor = fake.vendor();
+            // The fake's library stays loaded while the rig lives; the probe is used only
+            // by what the rig outlives (its subject).
+            let (current, set) = caller::current_calls(fake);
+            return Some(CallerProbe {
+                current: Arc::new(current),
+                set: Arc::new(set),
+                other: c.other,
+                what: if vendor == Vendor::Cuda {
+                    "context"
+                } else {
+                    "device"
+                },
+            });
+        }
+        None
+    }
+
+    /// The caller's current context or device on this thread (0 on the host).
+    pub fn current(&self) -> u64 {
+        #[cfg(any(feature = "cuda", feature = "hip"))]
+        if let Some(fake) = &self.fake {
+            return fake.current();
+        }
+        0
+    }
+
+    /// What the caller made current for device 0 at open (0 on the host).
+    pub fn caller_home(&self) -> u64 {
+        self.caller.map_or(0, |c| c.home)
+    }
+
+    // ---- the caller's kernels, and what the device saw -----------------------------------
+
+    /// A kernel of the caller's on `stream` over `[va, va + size)`, in flight until
+    /// [`Rig::finish_work`] (or a CPU wait of portalloc's that covers it).
+    pub fn launch(&self, stream: Stream, va: u64, size: u64) -> u64 {
+        #[cfg(any(feature = "cuda", feature = "hip"))]
+        if let Some(fake) = &self.fake {
+            return fake.launch(stream, va, size);
+        }
+        self.host(0).launch(stream, va, size)
+    }
+
+    /// The kernel completes.
+    pub fn finish_work(&self, work: u64) {
+        #[cfg(any(feature = "cuda", feature = "hip"))]
+        if let Some(fake) = &self.fake {
+            return fake.finish(work);
+        }
+        self.host(0).finish(work)
+    }
+
+    /// The device's own answer: has the kernel completed?
+    pub fn work_done(&self, work: u64) -> bool {
+        #[cfg(any(feature = "cuda", feature = "hip"))]
+        if let Some(fake) = &self.fake {
+            return fake.kernel_done(work);
+        }
+        self.host(0)
+            .kernel_done(work)
+            .expect("a kernel of the rig's")
+    }
+
+    /// The device's own answer: does work queued on `stream` from now on run after the
+    /// kernel (completed, the same stream, or a GPU-side wait ordering it)?
+    pub fn ordered(&self, work: u64, stream: Stream) -> bool {
+        #[cfg(any(feature = "cuda", feature = "hip"))]
+        if let Some(fake) = &self.fake {
+            return fake.ordered(work, stream);
+        }
+        self.host(0)
+            .ordered(work, stream)
+            .expect("a kernel of the rig's")
+    }
+
+    /// Memory freed or unmapped while a kernel used it: how often, and the first.
+    pub fn hazards(&self) -> (u64, String) {
+        #[cfg(any(feature = "cuda", feature = "hip"))]
+        if let Some(fake) = &self.fake {
+            return fake.hazards();
+        }
+        let mut count = 0;
+        let mut first = String::new();
+        for d in 0..self.devices.len() {
+            let (n, texts) = self.host(d).hazards();
+            count += n;
+            if first.is_empty() {
+                first = texts.into_iter().next().unwrap_or_default();
+            }
+        }
+        (count, first)
+    }
+
+    /// CPU waits and GPU-side waits the devices saw so far.
+    pub fn waits(&self) -> (u64, u64) {
+        #[cfg(any(feature = "cuda", feature = "hip"))]
+        if let Some(fake) = &self.fake {
+            return fake.waits();
+        }
+        (0..self.devices.len())
+            .map(|d| self.host(d).cpu_waits())
+            .fold((0, 0), |(c, g), (a, b)| (c + a, g + b))
     }
 
     // ---- a caller's own driver calls (foreign streams) ------------------------------------
@@ -365,9 +558,7 @@ impl Rig {
         if let Some(fake) = &self.fake {
             return caller::create_stream(fake);
         }
-        Stream::from_raw(
-            0x7f3a_0000_0000 + 0x100 * self.next_stream.fetch_add(1, Ordering::Relaxed),
-        )
+        super::stream(0x7f3a_0000_0000 + 0x100 * self.next_stream.fetch_add(1, Ordering::Relaxed))
     }
 
     /// Holds (or, with false, completes) the work recorded on streams.
@@ -379,38 +570,14 @@ impl Rig {
         self.host(0).set_events_held(on)
     }
 
-    /// Records an event of the caller's own on `stream`: the caller's kernel.
-    pub fn record_work(&self, stream: Stream) -> u64 {
+    /// Gives back the caller's own streams.
+    pub fn destroy_foreign(&self, streams: &[Stream]) {
         #[cfg(any(feature = "cuda", feature = "hip"))]
         if let Some(fake) = &self.fake {
-            return caller::record_event(fake, stream);
-        }
-        let host = self.host(0);
-        let e = host.create_event().unwrap();
-        host.record_event(e, stream).unwrap();
-        e.0
-    }
-
-    /// The driver's own answer: has the work recorded as `work` completed?
-    pub fn work_done(&self, work: u64) -> bool {
-        #[cfg(any(feature = "cuda", feature = "hip"))]
-        if let Some(fake) = &self.fake {
-            return caller::event_done(fake, work);
-        }
-        self.host(0).event_complete(Event(work)).unwrap()
-    }
-
-    /// Gives back the caller's own streams and events.
-    pub fn destroy_foreign(&self, streams: &[Stream], works: &[u64]) {
-        #[cfg(any(feature = "cuda", feature = "hip"))]
-        if let Some(fake) = &self.fake {
-            return caller::destroy(fake, streams, works);
+            return caller::destroy(fake, streams);
         }
         // The host's foreign streams are bare handles: nothing to give back.
         let _ = streams;
-        for &w in works {
-            self.host(0).destroy_event(Event(w)).unwrap();
-        }
     }
 
     fn host(&self, ordinal: usize) -> &HostDevice {
@@ -480,6 +647,19 @@ pub use super::fakes::{Fake, LIVE};
 #[cfg(not(any(feature = "cuda", feature = "hip")))]
 pub enum Fake {}
 
+/// A stream the caller makes with the driver's own call (`cuStreamCreate`,
+/// `hipStreamCreateWithFlags`), in its current context.
+#[cfg(any(feature = "cuda", feature = "hip"))]
+pub fn caller_stream(fake: &Fake) -> Stream {
+    caller::create_stream(fake)
+}
+
+/// Destroys streams of [`caller_stream`].
+#[cfg(any(feature = "cuda", feature = "hip"))]
+pub fn destroy_caller_streams(fake: &Fake, streams: &[Stream]) {
+    caller::destroy(fake, streams)
+}
+
 /// What a caller does beside portalloc, with the vendor's own calls from the driver library
 /// (as PyTorch or cudarc do): make streams and events, record, query, destroy.
 #[cfg(any(feature = "cuda", feature = "hip"))]
@@ -516,42 +696,73 @@ mod caller {
         let mut s = std::ptr::null_mut();
         // SAFETY: one handle written; flags 0 = a blocking stream.
         assert_eq!(unsafe { create(&mut s, 0) }, 0, "stream create");
-        Stream::from_raw(s as u64)
+        crate::support::stream(s as u64)
     }
 
-    /// An event of the caller's own, made and recorded on `stream`.
-    pub fn record_event(fake: &Fake, stream: Stream) -> u64 {
-        let create: Create = call(fake, "cuEventCreate", "hipEventCreateWithFlags");
-        let record: Record = call(fake, "cuEventRecord", "hipEventRecord");
-        let mut e = std::ptr::null_mut();
-        // SAFETY: one handle written; then a live event on a live stream.
-        unsafe {
-            assert_eq!(create(&mut e, DISABLE_TIMING), 0, "event create");
-            assert_eq!(record(e, stream.as_raw() as *mut c_void), 0, "event record");
-        }
-        e as u64
+    /// The caller's calls that read and set the thread's current context (CUDA) or device
+    /// (HIP): `cuCtxGetCurrent` / `cuCtxSetCurrent`, `hipGetDevice` / `hipSetDevice`.
+    pub fn current_calls(
+        fake: &Fake,
+    ) -> (impl Fn() -> u64 + Send + Sync, impl Fn(u64) + Send + Sync) {
+        type GetCtx = unsafe extern "C" fn(*mut *mut c_void) -> c_int;
+        type SetCtx = unsafe extern "C" fn(*mut c_void) -> c_int;
+        type GetDev = unsafe extern "C" fn(*mut c_int) -> c_int;
+        type SetDev = unsafe extern "C" fn(c_int) -> c_int;
+        let hip = fake.vendor() == Vendor::Hip;
+        let (get_ctx, set_ctx, get_dev, set_dev): (
+            Option<GetCtx>,
+            Option<SetCtx>,
+            Option<GetDev>,
+            Option<SetDev>,
+        ) = if hip {
+            (
+                None,
+                None,
+                Some(fake.sym("hipGetDevice")),
+                Some(fake.sym("hipSetDevice")),
+            )
+        } else {
+            (
+                Some(fake.sym("cuCtxGetCurrent")),
+                Some(fake.sym("cuCtxSetCurrent")),
+                None,
+                None,
+            )
+        };
+        let current = move || -> u64 {
+            // SAFETY (each call): one value written through a valid pointer.
+            match (get_ctx, get_dev) {
+                (Some(get), _) => {
+                    let mut ctx = std::ptr::null_mut();
+                    assert_eq!(unsafe { get(&mut ctx) }, 0, "cuCtxGetCurrent");
+                    ctx as u64
+                }
+                (_, Some(get)) => {
+                    let mut d: c_int = -1;
+                    assert_eq!(unsafe { get(&mut d) }, 0, "hipGetDevice");
+                    d as u64
+                }
+                _ => unreachable!(),
+            }
+        };
+        let set = move |v: u64| {
+            // SAFETY (each call): null, a context the rig retained, or a device ordinal.
+            match (set_ctx, set_dev) {
+                (Some(set), _) => {
+                    assert_eq!(unsafe { set(v as *mut c_void) }, 0, "cuCtxSetCurrent")
+                }
+                (_, Some(set)) => assert_eq!(unsafe { set(v as c_int) }, 0, "hipSetDevice"),
+                _ => unreachable!(),
+            }
+        };
+        (current, set)
     }
 
-    /// The driver's own query of the caller's event.
-    pub fn event_done(fake: &Fake, event: u64) -> bool {
-        let query: OnHandle = call(fake, "cuEventQuery", "hipEventQuery");
-        // SAFETY: a live event of the caller's.
-        match unsafe { query(event as *mut c_void) } {
-            0 => true,
-            NOT_READY => false,
-            other => panic!("event query: {other}"),
-        }
-    }
-
-    /// Destroys the caller's own events and streams.
-    pub fn destroy(fake: &Fake, streams: &[Stream], events: &[u64]) {
-        let destroy_event: OnHandle = call(fake, "cuEventDestroy_v2", "hipEventDestroy");
+    /// Destroys the caller's own streams.
+    pub fn destroy(fake: &Fake, streams: &[Stream]) {
         let destroy_stream: OnHandle = call(fake, "cuStreamDestroy_v2", "hipStreamDestroy");
         // SAFETY: the caller's own live handles, each destroyed once.
         unsafe {
-            for &e in events {
-                assert_eq!(destroy_event(e as *mut c_void), 0, "event destroy");
-            }
             for s in streams {
                 assert_eq!(
                     destroy_stream(s.as_raw() as *mut c_void),
