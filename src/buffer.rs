@@ -33,7 +33,8 @@
 //! assert_eq!(buffer.ptr() % (1 << 16), 0);
 //! let raw = buffer.into_raw();
 //! assert_eq!((raw.size, raw.stream), (4096, Stream::PER_THREAD.as_raw()));
-//! DeviceBuffer::from_raw(Arc::clone(&allocator), raw)?.free()?;
+//! // SAFETY: `raw` is what into_raw gave, on a stream that is still live.
+//! unsafe { DeviceBuffer::from_raw(Arc::clone(&allocator), raw) }?.free()?;
 //! assert_eq!(allocator.stats().bytes_in_use, 0);
 //! # Ok::<(), portalloc::Error>(())
 //! ```
@@ -71,6 +72,9 @@ pub struct RawBuffer {
     pub allocator_id: u64,
     /// The allocator's private token.
     pub token: u64,
+    /// The thread that made it, for a buffer on [`Stream::PER_THREAD`]
+    /// ([`Allocation::origin_thread`]; 0 for any other stream).
+    pub origin_thread: u64,
 }
 
 impl DeviceBuffer {
@@ -181,6 +185,7 @@ impl DeviceBuffer {
             stream: a.stream().as_raw(),
             allocator_id: a.allocator_id(),
             token: a.token(),
+            origin_thread: a.origin_thread(),
         }
     }
 
@@ -190,14 +195,22 @@ impl DeviceBuffer {
     ///
     /// # Errors
     /// [`crate::Error::ForeignAllocation`] when `raw` came from another allocator.
-    pub fn from_raw(allocator: Arc<dyn Allocator>, raw: RawBuffer) -> Result<Self> {
+    ///
+    /// # Safety
+    /// `raw.stream` is a stream handle as [`Stream::from_raw`] requires (it is passed to the
+    /// driver when the buffer is freed): in practice, `raw` is what `into_raw` gave, and the
+    /// stream is still live.
+    // The declaration states the contract; the body does nothing unsafe.
+    #[allow(unsafe_code)]
+    pub unsafe fn from_raw(allocator: Arc<dyn Allocator>, raw: RawBuffer) -> Result<Self> {
         let allocation = Allocation::new(
             raw.ptr,
             raw.size,
-            Stream::from_raw(raw.stream),
+            Stream(raw.stream),
             raw.allocator_id,
             raw.token,
-        );
+        )
+        .with_origin(raw.origin_thread);
         DeviceBuffer::from_allocation(allocator, allocation)
     }
 }

@@ -75,18 +75,32 @@ pub use crate::stats::MemInfo;
 /// PyTorch's `cudaStream_t`, cudarc's `CUstream`, a `hipStream_t`, the C ABI's `uint64_t` —
 /// or one of the special handles below, which CUDA and HIP define with the same values.
 /// Every [`Device`] accepts any of them; nothing needs registering (see the stream-ordering
-/// contract on [`Device`]). The handle must name a live stream of the device's context, as
-/// in the driver API; a handle the driver rejects comes back as its error.
+/// contract on [`Device`]). The handle reaches the driver, which dereferences it, so making
+/// a `Stream` from a raw handle is `unsafe` ([`Stream::from_raw`]): it must name a live
+/// stream of the device's context, as in the driver API.
 ///
 /// ```
 /// use portalloc::Stream;
-/// // A raw handle from another library (here a made-up cudaStream_t value).
-/// let theirs = Stream::from_raw(0x5555_0000_1000);
+/// // A raw handle from another library (here a cudaStream_t the caller made; on the host
+/// // device, which dereferences nothing, any value is a stream).
+/// // SAFETY: the host device's streams are numbers it never dereferences.
+/// let theirs = unsafe { Stream::from_raw(0x5555_0000_1000) };
 /// assert_eq!(theirs.as_raw(), 0x5555_0000_1000);
 /// assert!(Stream::PER_THREAD.is_per_thread() && !theirs.is_per_thread());
 /// ```
+///
+/// Safe code cannot make one from a number: the constructor is `unsafe`, and the field is
+/// private.
+///
+/// ```compile_fail
+/// let made_up = portalloc::Stream::from_raw(0x5555_0000_1000); // needs `unsafe`
+/// ```
+///
+/// ```compile_fail
+/// let made_up = portalloc::Stream(0x5555_0000_1000); // the field is private
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, Serialize)]
-pub struct Stream(pub u64);
+pub struct Stream(pub(crate) u64);
 
 impl Stream {
     /// The default (null) stream: the legacy default stream, which synchronises with every
@@ -101,7 +115,18 @@ impl Stream {
     pub const PER_THREAD: Stream = Stream(2);
 
     /// A stream from a raw handle (`cudaStream_t` / `CUstream` / `hipStream_t` as an integer).
-    pub const fn from_raw(handle: u64) -> Stream {
+    ///
+    /// # Safety
+    /// `handle` is 0, one of the special handles ([`Stream::LEGACY`], [`Stream::PER_THREAD`])
+    /// or a stream that is live in the context of every device it is used with, for as long
+    /// as it is used — and, as with RMM, not destroyed before the work queued on it before
+    /// a free of memory from portalloc has completed (see the stream-ordering contract on
+    /// [`Device`]). The CUDA and HIP drivers dereference the handle; a dangling or made-up
+    /// one is undefined behaviour there. (The host device only compares handles: any value
+    /// is sound with it.)
+    // The declaration states the contract; nothing unsafe is done here.
+    #[allow(unsafe_code)]
+    pub const unsafe fn from_raw(handle: u64) -> Stream {
         Stream(handle)
     }
 
@@ -114,6 +139,17 @@ impl Stream {
     pub const fn is_per_thread(self) -> bool {
         self.0 == Stream::PER_THREAD.0
     }
+}
+
+/// A number for the calling thread, unique in the process and never 0 (0 while the thread is
+/// being torn down): what tells one thread's [`Stream::PER_THREAD`] from another's.
+pub fn thread_number() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    thread_local! {
+        static NUMBER: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    NUMBER.try_with(|n| *n).unwrap_or(0)
 }
 
 /// An event recorded on a stream; complete once the work before it on that stream is done.
@@ -142,8 +178,24 @@ pub struct PhysicalHandle(pub u64);
 /// * Memory freed on `S` is handed to a request on another stream `T` only after an event
 ///   recorded on `S` at the free has completed (or `S`, or the whole device, was
 ///   synchronised); until then it is reserved for `S`.
+/// * Memory pending on stream `S` may also go to a request on `T` *without a CPU wait*: after
+///   [`Device::wait_event`] enqueued on `T` a wait for an event recorded on `S` at the free
+///   (`cuStreamWaitEvent` / `hipStreamWaitEvent`, as RMM's stream-ordered pools do). The
+///   order a request on `T` is served in is RMM's: `T`'s own free memory; memory pending on
+///   another stream, behind such a GPU-side wait; growth within the limit; and a CPU wait
+///   only when nothing else can serve, just before refusing — never with an allocator's
+///   lock held.
 /// * [`Stream::PER_THREAD`] names another stream on each thread: memory freed on it is never
-///   reused at once, not even by a request on the same handle.
+///   reused at once, not even by a request on the same handle (only behind a GPU-side wait).
+///   An allocation made on it on one thread and freed on another (a buffer dropped on
+///   another thread) is freed after synchronising the device, since no event on the
+///   allocating thread's stream can be recorded from the freeing thread.
+/// * Memory is unmapped or returned to the device (stitching, trim, an allocator's drop) only
+///   once the work on it is known complete: an event recorded after the free has completed,
+///   or the stream (or device) was synchronised.
+/// * **The caller destroys a stream only after the work queued on it before a free has
+///   completed** (as with RMM): the handle value of a destroyed stream may name the next
+///   stream the driver makes, which then reuses that memory at once.
 /// * Plain [`Device::alloc`] / [`Device::free`] are synchronous, like `cuMemAlloc` /
 ///   `cuMemFree`: `free` requires all work using the memory to be complete, so a strategy
 ///   that returns memory to the device synchronises the freeing stream first.
@@ -222,6 +274,24 @@ pub trait Device: Send + Sync + fmt::Debug {
 
     /// Creates an event.
     fn create_event(&self) -> Result<Event>;
+
+    /// Makes the work enqueued on `stream` (any stream the caller passes) from now on wait,
+    /// on the device, for the work before `event`'s last record (`cuStreamWaitEvent` /
+    /// `hipStreamWaitEvent`): no CPU wait. The wait captures the record as it is now; a later
+    /// record of the event does not change it. An event never recorded is complete: nothing
+    /// to wait for. Default: unsupported (a strategy then waits on the CPU instead).
+    ///
+    /// # Errors
+    /// [`crate::Error::Unsupported`] by default; [`crate::Error::UnknownPointer`] for an event
+    /// this device did not make; the backend's error when it fails.
+    fn wait_event(&self, stream: Stream, event: Event) -> Result<()> {
+        let _ = (stream, event);
+        Err(unsupported_by(
+            self,
+            "waiting for an event on the device",
+            format_args!("does not implement wait_event"),
+        ))
+    }
 
     /// Records `event` (one this device made) on `stream` (any stream the caller passes): it
     /// completes when the work enqueued on `stream` before it does. Events on one stream

@@ -31,7 +31,8 @@
 //!
 //! // A stream is the caller's raw handle (a cudaStream_t, a CUstream, a hipStream_t),
 //! // passed as it is; here the calling thread's default stream.
-//! let stream = Stream::from_raw(Stream::PER_THREAD.as_raw());
+//! // SAFETY: the per-thread stream handle is always valid.
+//! let stream = unsafe { Stream::from_raw(Stream::PER_THREAD.as_raw()) };
 //!
 //! // A buffer owns its memory and a handle to the allocator, and frees itself on drop, in
 //! // stream order on its stream.

@@ -893,7 +893,7 @@ fn host_device_refuses_hostile_calls(call: HostCall, want: &str) {
                 r
             }
             HostCall::DestroyDefaultStream => d.destroy_stream(Stream::DEFAULT),
-            HostCall::DestroyUnknownStream => d.destroy_stream(Stream(u64::MAX)),
+            HostCall::DestroyUnknownStream => d.destroy_stream(support::stream(u64::MAX)),
             HostCall::RecordUnknownEvent => d.record_event(Event(u64::MAX), Stream::DEFAULT),
             HostCall::QueryUnknownEvent => d.event_complete(Event(0)).map(drop),
             HostCall::PoolAllocZero => pool.alloc_async(0, Stream::DEFAULT).map(drop),

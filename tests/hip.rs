@@ -665,7 +665,7 @@ fn streams_and_events_follow_the_runtime() {
         fake.check_streams_and_events(device, |_, e| {
             // A stream handle is the caller's: portalloc passes it on, and HIP judges it.
             assert!(matches!(
-                device.record_event(e, Stream(0x77)),
+                device.record_event(e, support::stream(0x77)),
                 Err(Error::Driver { ref name, .. }) if name == "hipErrorInvalidHandle"
             ));
         });

@@ -719,7 +719,7 @@ fn streams_have_fresh_ids(simulated: bool) {
     d.synchronize_stream(Stream::DEFAULT).unwrap();
     d.synchronize_stream(a).unwrap();
     d.destroy_stream(a).unwrap();
-    assert_unknown(d.destroy_stream(a), "stream", a.0);
+    assert_unknown(d.destroy_stream(a), "stream", a.as_raw());
     // Synchronising is a caller's right on any stream, a destroyed one's handle included.
     d.synchronize_stream(a).unwrap();
     invalid_argument(d.destroy_stream(Stream::DEFAULT), "destroy_stream");
@@ -778,8 +778,9 @@ fn events_complete_at_once_unless_held(simulated: bool) {
     assert_unknown(d.synchronize_event(gone), "event", gone.0);
     // A stream the device never made (the caller's own) is accepted, and is a clock of its
     // own: its events complete in order, a wait for one completes the earlier ones.
-    let theirs = Stream(s.0 + 1000);
-    assert_unknown(d.destroy_stream(theirs), "stream", theirs.0);
+    // SAFETY: the host device only compares stream handles.
+    let theirs = unsafe { Stream::from_raw(s.as_raw() + 1000) };
+    assert_unknown(d.destroy_stream(theirs), "stream", theirs.as_raw());
     d.set_events_held(true);
     d.record_event(e1, theirs).unwrap();
     d.record_event(e2, theirs).unwrap();

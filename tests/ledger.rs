@@ -23,7 +23,7 @@ fn bfc_ledger(options: LedgerOptions) -> LedgerAllocator<BfcAllocator<HostDevice
 #[test]
 fn live_lists_every_allocation_oldest_first() {
     let l = bfc_ledger(LedgerOptions::default());
-    let a = l.allocate(1000, 0, Stream(3), "buffer").unwrap();
+    let a = l.allocate(1000, 0, support::stream(3), "buffer").unwrap();
     let b = l.allocate(MIB, 0, Stream::DEFAULT, "workspace").unwrap();
     let c = l.allocate(0, 0, Stream::DEFAULT, "buffer").unwrap();
     let live = l.live();
@@ -126,7 +126,7 @@ fn rounded_size_is_what_the_upstream_charged() {
 #[test]
 fn json_round_trip() {
     let l = bfc_ledger(LedgerOptions::default());
-    let a = l.allocate(5000, 0, Stream(7), "kv-cache").unwrap();
+    let a = l.allocate(5000, 0, support::stream(7), "kv-cache").unwrap();
     let b = l.allocate(MIB, 0, Stream::DEFAULT, "workspace").unwrap();
     let b = l.donate(b, "output").unwrap();
     let snap = l.snapshot();

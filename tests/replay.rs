@@ -391,7 +391,7 @@ fn a_recorded_program_replays_to_the_same_peak() {
         .allocate(3 * MIB, 0, Stream::DEFAULT, "buffer")
         .unwrap();
     let b = recorder
-        .allocate(5 * MIB, 0, Stream(7), "workspace")
+        .allocate(5 * MIB, 0, support::stream(7), "workspace")
         .unwrap();
     let empty = recorder.allocate(0, 0, Stream::DEFAULT, "buffer").unwrap();
     recorder.deallocate(a).unwrap();

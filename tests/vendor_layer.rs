@@ -180,7 +180,7 @@ on_both_vendors! {
     fn foreign_and_destroyed_streams_and_events_are_refused(fake, opened, device) {
         let stream = device.create_stream().unwrap();
         let event = device.create_event().unwrap();
-        let foreign_stream = Stream(stream.0 ^ 0x10);
+        let foreign_stream = support::stream(stream.as_raw() ^ 0x10);
         let foreign_event = Event(event.0 ^ 0x10);
         let is_unknown = |r: Result<(), Error>, expected: &str| matches!(r, Err(Error::UnknownPointer { what, .. }) if what == expected);
         // Foreign ones: never handed out by this device.
