@@ -37,10 +37,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // they are.
     let ctx = cudarc::driver::CudaContext::new(0)?;
     let stream = ctx.new_stream()?;
+    // SAFETY: the handle is only printed, while `stream` lives.
+    let handle = unsafe { stream_of(&stream) };
     println!(
-        "cudarc stream {:?} is portalloc {:?}",
-        stream.cu_stream(),
-        stream_of(&stream)
+        "cudarc stream {:?} is portalloc {handle:?}",
+        stream.cu_stream()
     );
 
     // An owned slice: no borrow of the allocator, so it can live in a struct.
@@ -65,8 +66,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     println!("round trip of {n} f32 through portalloc memory: ok");
 
-    // Either take the buffer back and free it, getting the allocator's answer...
-    layer.weights.into_buffer().free()?;
+    // Either free it now, getting the allocator's answer...
+    layer.weights.free()?;
     // ...or let a slice go: dropping it frees the memory on its stream, once.
     let again = PortallocSlice::<u8>::alloc(&allocator, 4096, &stream)?;
     drop(again);

@@ -49,7 +49,8 @@ pub struct Discovery {
     pub candidates: Vec<Candidate>,
     /// The backend chosen.
     pub chosen: Vendor,
-    /// The devices of the chosen backend, by ordinal.
+    /// The devices of the chosen backend that were opened, in ordinal order (every one for
+    /// [`discover`]; the one asked for by [`discover_device`]).
     pub devices: Vec<Arc<dyn Device>>,
 }
 
@@ -60,6 +61,22 @@ pub struct Discovery {
 /// in the message); [`Error::Unsupported`] when it is not compiled in; errors from opening the
 /// host device (an invalid capacity).
 pub fn discover(config: &Config) -> Result<Discovery> {
+    discover_some(config, None)
+}
+
+/// [`discover`], opening only device `ordinal` of the backend chosen: what an allocator of
+/// one device needs (the C ABI's `portalloc_global(n)`, the framework hooks,
+/// [`Portalloc::for_device`]). The probes open no device; no other device's context is
+/// retained and no other device's pool made.
+///
+/// # Errors
+/// As [`discover`]; [`Error::InvalidArgument`] naming the ordinal and the device count
+/// when the backend has no such device.
+pub fn discover_device(config: &Config, ordinal: u32) -> Result<Discovery> {
+    discover_some(config, Some(ordinal))
+}
+
+fn discover_some(config: &Config, only: Option<u32>) -> Result<Discovery> {
     let forced = config.backend.value;
     let forced_by = format!(
         "{} forces {}",
@@ -104,7 +121,9 @@ pub fn discover(config: &Config) -> Result<Discovery> {
             Decision::Unusable(why)
         } else if let Some(earlier) = chosen {
             Decision::Passed(format!("{earlier} was chosen first"))
-        } else if let Some(opened) = open_vendor(vendor, config) {
+        } else if let Some(ordinal) = only.filter(|&o| o >= probe.device_count) {
+            return Err(no_such_device(vendor, ordinal, probe.device_count));
+        } else if let Some(opened) = open_vendor(vendor, config, only) {
             match opened {
                 Ok(devices) => {
                     chosen = Some(vendor);
@@ -164,7 +183,13 @@ pub fn discover(config: &Config) -> Result<Discovery> {
 
     let chosen = chosen.unwrap_or(Vendor::Host);
     let devices = if chosen == Vendor::Host {
-        (0..config.host_devices.value)
+        let count = config.host_devices.value;
+        let ordinals = match only {
+            Some(o) if o >= count => return Err(no_such_device(Vendor::Host, o, count)),
+            Some(o) => o..o + 1,
+            None => 0..count,
+        };
+        ordinals
             .map(|ordinal| Ok(Arc::new(host_device(config, ordinal)?) as Arc<dyn Device>))
             .collect::<Result<Vec<_>>>()?
     } else {
@@ -208,13 +233,31 @@ fn compiled(vendor: Vendor) -> bool {
 /// its notes. `None` for a backend without a [`Device`] implementation of its own, or not
 /// compiled in (which [`discover`] skips before asking).
 #[allow(unused_variables)] // `config` is unused in a build with neither cuda nor hip
-fn open_vendor(vendor: Vendor, config: &Config) -> Option<Result<Vec<Arc<dyn Device>>>> {
+fn open_vendor(
+    vendor: Vendor,
+    config: &Config,
+    only: Option<u32>,
+) -> Option<Result<Vec<Arc<dyn Device>>>> {
     match vendor {
         #[cfg(feature = "cuda")]
-        Vendor::Cuda => Some(crate::backends::cuda::open_all(config).map(shared)),
+        Vendor::Cuda => Some(crate::backends::cuda::open_some(config, only).map(shared)),
         #[cfg(feature = "hip")]
-        Vendor::Hip => Some(crate::backends::hip::open_all(config).map(shared)),
+        Vendor::Hip => Some(crate::backends::hip::open_some(config, only).map(shared)),
         _ => None,
+    }
+}
+
+/// The refusal of an ordinal the chosen backend does not have.
+fn no_such_device(vendor: Vendor, ordinal: u32, count: u32) -> Error {
+    Error::InvalidArgument {
+        call: "discover_device",
+        reason: format!(
+            "device {ordinal} does not exist: the {vendor} backend has {count} device(s){}",
+            match count {
+                0 => String::new(),
+                n => format!(", ordinals 0 to {}", n - 1),
+            }
+        ),
     }
 }
 
@@ -465,6 +508,50 @@ impl Portalloc {
     pub fn from_config(config: Config) -> Result<Portalloc> {
         let discovery = discover(&config)?;
         let peers = configure_peer_access(&config, &discovery.devices);
+        let allocators = discovery
+            .devices
+            .iter()
+            .map(|d| crate::strategy::build(&config, Arc::clone(d)).map(Arc::from))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Portalloc {
+            config,
+            discovery,
+            allocators,
+            peers,
+        })
+    }
+
+    /// [`Portalloc::from_config`] for device `ordinal` alone: discovery opens only that
+    /// device ([`discover_device`]) — no other device's context is retained, no other pool
+    /// made — and [`Portalloc::allocator`]`(0)` is its allocator. With peer access on,
+    /// every device is opened, since enabling it needs the peers.
+    ///
+    /// # Errors
+    /// As [`Portalloc::from_config`]; [`Error::InvalidArgument`] for an ordinal the backend
+    /// does not have.
+    pub fn for_device(config: Config, ordinal: u32) -> Result<Portalloc> {
+        if config.peer_access.value {
+            let mut all = Portalloc::from_config(config)?;
+            let index = all
+                .discovery
+                .devices
+                .iter()
+                .position(|d| d.info().ordinal == ordinal)
+                .ok_or_else(|| {
+                    no_such_device(
+                        all.discovery.chosen,
+                        ordinal,
+                        all.discovery.devices.len() as u32,
+                    )
+                })?;
+            let device = all.discovery.devices.swap_remove(index);
+            let allocator = all.allocators.swap_remove(index);
+            all.discovery.devices = vec![device];
+            all.allocators = vec![allocator];
+            return Ok(all);
+        }
+        let discovery = discover_device(&config, ordinal)?;
+        let peers = peer_access_off(&discovery.devices);
         let allocators = discovery
             .devices
             .iter()

@@ -604,7 +604,7 @@ mod pools_streams_events {
             ));
             // A stream handle is the caller's: portalloc passes it on, and the driver judges it.
             assert!(matches!(
-                pool.alloc_async(MIB, Stream(0xdead)),
+                pool.alloc_async(MIB, support::stream(0xdead)),
                 Err(Error::Driver { ref name, .. }) if name == "CUDA_ERROR_INVALID_HANDLE"
             ));
             assert!(matches!(
@@ -889,7 +889,8 @@ mod cudarc_interop {
             "cudarc and portalloc share the primary context"
         );
         let stream = ctx.default_stream();
-        assert_eq!(stream_of(&stream), Stream::DEFAULT);
+        // SAFETY: compared only, while `stream` lives.
+        assert_eq!(unsafe { stream_of(&stream) }, Stream::DEFAULT);
         let allocator: Arc<dyn Allocator> = Arc::from(allocator);
         let host: Vec<f32> = (0..4096).map(|i| i as f32 * 0.5).collect();
         let mut buffer = PortallocSlice::<f32>::alloc(&allocator, host.len(), &stream).unwrap();
@@ -898,7 +899,7 @@ mod cudarc_interop {
         assert_eq!(stream.clone_dtoh(buffer.as_slice()).unwrap(), host);
         assert_eq!(stream.clone_dtoh(&buffer.view()).unwrap(), host);
         let allocations_before = fake.live("allocations");
-        let taken = buffer.into_buffer();
+        let (taken, taken_stream) = buffer.into_parts();
         assert_eq!(
             fake.live("allocations"),
             allocations_before,
@@ -908,7 +909,17 @@ mod cudarc_interop {
         let refused = PortallocSlice::<f64>::lend(taken, 1 << 20, &stream).unwrap_err();
         let (error, taken) = *refused;
         assert!(matches!(error, Error::InvalidArgument { .. }), "{error}");
+        // Lent on another stream than its own: refused too — cudarc orders its work before
+        // the slice's stream, and the buffer is freed on its own.
+        let other = ctx.new_stream().unwrap();
+        let refused = PortallocSlice::<f32>::lend(taken, 16, &other).unwrap_err();
+        let (error, taken) = *refused;
+        assert!(
+            error.to_string().contains("lend it on its own stream"),
+            "{error}"
+        );
         taken.free().unwrap();
+        drop((taken_stream, other));
         // Dropping a slice hands it back to portalloc once.
         let slice = PortallocSlice::<u8>::alloc(&allocator, 1000, &stream).unwrap();
         drop(slice);

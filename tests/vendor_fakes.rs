@@ -318,8 +318,10 @@ fn set_access_refusals<D: FakeDevice>(fake: &Fake, a: &D, b: &D, api: &Api) {
     let size = vm.granularity().max(2 * MIB);
     let va = vm.reserve(size, 0).unwrap();
     let handle = vm.create_physical(size).unwrap();
-    // The backend made device 0 current on this thread (CUDA: its context).
     vm.map(va, size, handle, 0).unwrap();
+    // The test's own driver calls below run in device 0's context (CUDA), as the caller's
+    // would: portalloc's calls leave none of theirs current.
+    a.make_current_for_caller();
     let set_access: unsafe extern "C" fn(u64, usize, *const AccessDesc, usize) -> c_int =
         fake.sym(api.set_access);
     let call = |descs: &[AccessDesc]| {

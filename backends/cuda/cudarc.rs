@@ -6,11 +6,13 @@
 //! Ownership stays with portalloc: [`PortallocSlice`] owns a [`DeviceBuffer`] (the
 //! allocation and a shared handle to its allocator, so the slice has no lifetime and can be
 //! stored in a struct) and wraps its memory in a `CudaSlice` that is never dropped as such —
-//! when the slice is handed back ([`PortallocSlice::into_buffer`]) or dropped, the
+//! when the slice is handed back ([`PortallocSlice::into_parts`], [`PortallocSlice::free`]) or dropped, the
 //! `CudaSlice` is taken apart with [`CudaSlice::leak`] (which makes the stream wait for the
 //! work cudarc recorded on the memory, and frees nothing), and the buffer goes back to its
-//! allocator once, in stream order. So neither side frees twice, and cudarc never calls
-//! `cuMemFree` on portalloc's memory.
+//! allocator once, in stream order on the same stream — a buffer lent on another stream than
+//! its own is refused, since its free would not be ordered after cudarc's work. So neither
+//! side frees twice, and cudarc never calls `cuMemFree` on portalloc's memory. The slice
+//! keeps its stream alive until the buffer is freed on it.
 //!
 //! Streams are cudarc's: [`stream_of`] is the same `CUstream` handle as a portalloc
 //! [`Stream`], and every portalloc strategy accepts it as it is (see the stream-ordering
@@ -35,8 +37,19 @@ use crate::device::Stream;
 use crate::error::{Error, Result};
 
 /// The portalloc [`Stream`] of a cudarc stream: the same `CUstream` handle.
-pub fn stream_of(stream: &CudaStream) -> Stream {
-    Stream::from_raw(stream.cu_stream() as usize as u64)
+///
+/// # Safety
+/// As [`Stream::from_raw`]: the returned handle is used only while `stream` lives (cudarc
+/// destroys the stream when its last `Arc` goes, and the handle would then dangle).
+// The declaration states the contract; nothing unsafe is done here.
+#[allow(unsafe_code)]
+pub unsafe fn stream_of(stream: &CudaStream) -> Stream {
+    handle_of(stream)
+}
+
+/// [`stream_of`] for the slices here, which keep the stream alive as long as they use it.
+fn handle_of(stream: &CudaStream) -> Stream {
+    Stream(stream.cu_stream() as usize as u64)
 }
 
 impl CudaDevice {
@@ -83,6 +96,9 @@ pub struct PortallocSlice<T> {
     slice: ManuallyDrop<CudaSlice<T>>,
     /// `Some` until the slice is taken apart or dropped.
     buffer: Option<DeviceBuffer>,
+    /// The stream the buffer is freed on, kept alive until it is (the `CudaSlice` lets go of
+    /// its own reference when it is taken apart, before the free).
+    stream: Arc<CudaStream>,
 }
 
 impl<T> std::fmt::Debug for PortallocSlice<T> {
@@ -114,18 +130,22 @@ impl<T> PortallocSlice<T> {
                 reason: "the element count times the element size must be non-zero and fit usize",
             })? as u64;
         let alignment = std::mem::align_of::<T>() as u64;
+        // The slice keeps `stream` alive for as long as the buffer uses it.
         let buffer =
-            DeviceBuffer::with_options(allocator, bytes, alignment, stream_of(stream), "cudarc")?;
+            DeviceBuffer::with_options(allocator, bytes, alignment, handle_of(stream), "cudarc")?;
         // Cannot be refused (the buffer was made for this slice); if it were, dropping the
         // returned buffer frees it.
         Self::lend(buffer, len, stream).map_err(|refused| refused.0)
     }
 
-    /// Lends a buffer to cudarc as `len` elements of `T`.
+    /// Lends a buffer to cudarc as `len` elements of `T`, on `stream`: the buffer's own
+    /// stream, since cudarc orders the work it did on the memory before `stream` when the
+    /// slice is taken back, and the buffer is freed on its own stream.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when the buffer is too small for `len` elements or not
-    /// aligned for `T`, handing the buffer back with the error (boxed, as the pair is large).
+    /// [`Error::InvalidArgument`] when the buffer is too small for `len` elements, not
+    /// aligned for `T`, or made for another stream than `stream`, handing the buffer back
+    /// with the error (boxed, as the pair is large).
     pub fn lend(
         buffer: DeviceBuffer,
         len: usize,
@@ -134,6 +154,23 @@ impl<T> PortallocSlice<T> {
         let bytes = len.checked_mul(std::mem::size_of::<T>());
         let fits = bytes.is_some_and(|b| b as u64 <= buffer.size());
         let aligned = buffer.ptr() % std::mem::align_of::<T>() as u64 == 0;
+        if buffer.stream() != handle_of(stream) {
+            let reason = format!(
+                "the buffer was made for stream {:#x} and is freed there, but is lent on stream \
+                 {:#x}: cudarc orders its work on the memory before the slice's stream only, so \
+                 the free would not wait for it; lend it on its own stream (or synchronise \
+                 and make a buffer for this one)",
+                buffer.stream().as_raw(),
+                handle_of(stream).as_raw()
+            );
+            return Err(Box::new((
+                Error::InvalidArgument {
+                    call: "PortallocSlice::lend",
+                    reason,
+                },
+                buffer,
+            )));
+        }
         if !fits || !aligned || buffer.is_empty() {
             let reason = format!(
                 "a buffer of {} bytes at {:#x} cannot hold {len} elements of {} ({} bytes, \
@@ -160,6 +197,7 @@ impl<T> PortallocSlice<T> {
         Ok(PortallocSlice {
             slice: ManuallyDrop::new(slice),
             buffer: Some(buffer),
+            stream: Arc::clone(stream),
         })
     }
 
@@ -197,32 +235,50 @@ impl<T> PortallocSlice<T> {
     pub fn buffer(&self) -> &DeviceBuffer {
         self.buffer
             .as_ref()
-            .expect("present until into_buffer or drop")
+            .expect("present until into_parts or drop")
     }
 
     /// Takes the slice back from cudarc (its stream waits for the work cudarc recorded on
-    /// it) and returns the buffer, to keep, free, or lend again.
-    pub fn into_buffer(mut self) -> DeviceBuffer {
-        let buffer = self.take_back();
-        std::mem::forget(self);
-        buffer
+    /// it) and frees the buffer on that stream now, returning the allocator's answer (a drop
+    /// logs it instead).
+    ///
+    /// # Errors
+    /// As [`DeviceBuffer::free`].
+    pub fn free(self) -> Result<()> {
+        let (buffer, stream) = self.into_parts();
+        let freed = buffer.free();
+        drop(stream);
+        freed
     }
 
+    /// Takes the slice back from cudarc (its stream waits for the work cudarc recorded on
+    /// it) and returns the buffer, to keep, free, or lend again, with the stream it is freed
+    /// on — which must outlive it: keep the `Arc` until the buffer is freed.
+    pub fn into_parts(mut self) -> (DeviceBuffer, Arc<CudaStream>) {
+        let buffer = self.take_back();
+        (buffer, Arc::clone(&self.stream))
+    }
+
+    /// Takes the slice back from cudarc. Called once: by `into_parts`, or by drop when
+    /// `into_parts` was not (then `buffer` is still there).
     fn take_back(&mut self) -> DeviceBuffer {
-        // SAFETY: `slice` is taken exactly once (here), and never used again: callers forget
-        // or finish dropping `self` right after.
+        // SAFETY: `slice` is taken exactly once: here, while `buffer` is still `Some` (which
+        // this ends), and never used again (drop takes it only while `buffer` is `Some`).
         let slice = unsafe { ManuallyDrop::take(&mut self.slice) };
         // Frees nothing: ends cudarc's ownership, after ordering the stream behind its events.
         let _ = slice.leak();
         self.buffer
             .take()
-            .expect("present until into_buffer or drop")
+            .expect("present until into_parts or drop")
     }
 }
 
 impl<T> Drop for PortallocSlice<T> {
     fn drop(&mut self) {
-        // The buffer frees itself in stream order (logging a refusal).
-        drop(self.take_back());
+        // The buffer frees itself in stream order (logging a refusal), while `self.stream`
+        // still keeps the stream alive; the stream's `Arc` goes after.
+        if self.buffer.is_some() {
+            drop(self.take_back());
+        }
     }
 }

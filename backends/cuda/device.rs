@@ -30,10 +30,12 @@ pub type CudaCensus = VendorCensus;
 /// checks, locks, drop) over CUDA's calls.
 ///
 /// * **Context**: the device's primary context, retained at [`CudaDevice::open`] and released
-///   when the device is dropped; every call first makes it current on the calling thread
-///   (one `cuCtxGetCurrent`, plus `cuCtxSetCurrent` when another context was current), so the
-///   device may be used from any thread and shares its context with other libraries that
-///   use the primary context (the runtime API, cudarc, PyTorch).
+///   when the device is dropped; every call makes it current on the calling thread for the
+///   call's length (one `cuCtxGetCurrent`; when another context — or none — was current, a
+///   `cuCtxSetCurrent` to it and one back to the caller's afterwards), so the device may be
+///   used from any thread, never changes the caller's current context, and shares its
+///   context with other libraries that use the primary context (the runtime API, cudarc,
+///   PyTorch).
 /// * **Memory**: [`crate::Device::alloc`] / [`crate::Device::free`] are `cuMemAlloc_v2` /
 ///   `cuMemFree_v2`.
 /// * **Virtual memory** ([`crate::device::VirtualMemory`]) when the driver is CUDA ≥ 10.2,
@@ -48,6 +50,14 @@ pub type CudaCensus = VendorCensus;
 ///   `cuEventCreate` (timing disabled), [`crate::Device::synchronize_device`] is
 ///   `cuCtxSynchronize`.
 pub type CudaDevice = GpuDevice<Cuda>;
+
+/// The context a caller had current on its thread when a call of a [`CudaDevice`] began
+/// (null: none), made current again when the call ends.
+#[derive(Debug, Clone, Copy)]
+pub struct CallerContext(sys::CUcontext);
+
+// SAFETY: only ever made current again on the thread it was read on, within one call.
+unsafe impl Send for CallerContext {}
 
 /// CUDA's side of a [`CudaDevice`]: the driver, the device and its primary context (retained
 /// while this lives).
@@ -103,12 +113,23 @@ impl VendorApi for Cuda {
     const PEER_CALLS: [&'static str; 2] = super::PEER_SYMBOLS;
     /// The peer's device, whose primary context is retained while access is enabled.
     type Peer = sys::CUdevice;
+    /// The caller's current context (null: none).
+    type Saved = CallerContext;
 
     /// The primary context made current: one `cuCtxGetCurrent`, plus `cuCtxSetCurrent` when
-    /// another context was current on the calling thread.
-    fn enter(&self) -> Result<()> {
+    /// another context (or none) was current on the calling thread.
+    fn enter(&self) -> Result<Option<CallerContext>> {
         // SAFETY: the primary context is retained for as long as `self` lives.
-        unsafe { self.driver.make_current(self.ctx) }
+        Ok(unsafe { self.driver.make_current(self.ctx) }?.map(CallerContext))
+    }
+
+    /// `cuCtxSetCurrent` back to the caller's context.
+    fn leave(&self, saved: CallerContext) {
+        // SAFETY: the context that was current on this thread before `enter`: the caller's,
+        // live as long as the caller keeps it current (or null).
+        if let Err(e) = unsafe { self.driver.restore_current(saved.0) } {
+            tracing::warn!(error = %e, "could not make the caller's context current again");
+        }
     }
 
     /// `cuMemGetInfo_v2` of the current context's device.
@@ -188,6 +209,12 @@ impl VendorApi for Cuda {
         // SAFETY: the caller guarantees a live event.
         let code = unsafe { (self.driver.api.event_synchronize)(handle(e)) };
         self.check("cuEventSynchronize", code)
+    }
+
+    unsafe fn stream_wait_event(&self, s: u64, e: u64) -> Result<()> {
+        // SAFETY: the caller guarantees both handles; flags 0 (the default wait).
+        let code = unsafe { (self.driver.api.stream_wait_event)(handle(s), handle(e), 0) };
+        self.check("cuStreamWaitEvent", code)
     }
 
     unsafe fn event_destroy(&self, e: u64) -> Result<()> {
@@ -372,7 +399,21 @@ impl VendorApi for Cuda {
 /// # Errors
 /// As [`Driver::load`] and [`CudaDevice::open_all`].
 pub fn open_all(config: &crate::config::Config) -> Result<Vec<CudaDevice>> {
-    CudaDevice::open_all(Arc::new(Driver::load_configured(config)?))
+    open_some(config, None)
+}
+
+/// Opens the devices `only` names (`None`: every one) of the driver
+/// [`super::library_candidates`] names for `config`: a caller that wants one device retains
+/// no other device's context and makes no other device's pool.
+///
+/// # Errors
+/// As [`Driver::load`] and [`CudaDevice::open`].
+pub fn open_some(config: &crate::config::Config, only: Option<u32>) -> Result<Vec<CudaDevice>> {
+    let driver = Arc::new(Driver::load_configured(config)?);
+    match only {
+        Some(ordinal) => Ok(vec![CudaDevice::open(driver, ordinal)?]),
+        None => CudaDevice::open_all(driver),
+    }
 }
 
 impl GpuDevice<Cuda> {
@@ -400,14 +441,7 @@ impl GpuDevice<Cuda> {
                 ),
             });
         }
-        let Facts {
-            device,
-            name,
-            major,
-            minor,
-            total,
-        } = Facts::read(&driver, ordinal)?;
-        let version = driver.version_code()?;
+        let device = driver.device(ordinal)?;
         let ctx = driver.primary_ctx_retain(device)?;
         // From here on, dropping `cuda` releases the context.
         let cuda = Cuda {
@@ -415,94 +449,13 @@ impl GpuDevice<Cuda> {
             device,
             ctx,
         };
-        cuda.enter()?;
-        let mut info = DeviceInfo {
-            vendor: Vendor::Cuda,
-            ordinal,
-            name,
-            arch: format!("sm_{major}{minor}"),
-            total_bytes: total,
-            min_granularity: ASSUMED_GRANULARITY,
-            recommended_granularity: ASSUMED_GRANULARITY,
-            capabilities: Capabilities::default(),
-            notes: vec![
-                ("library".into(), driver.path().to_string()),
-                (
-                    "driver".into(),
-                    format!(
-                        "CUDA {}.{} ({version})",
-                        version / 1000,
-                        version % 1000 / 10
-                    ),
-                ),
-                ("compute capability".into(), format!("{major}.{minor}")),
-                ("context".into(), "primary".into()),
-            ],
-        };
-        let gate = |min_version, symbols, attribute, what| {
-            gate(
-                &driver,
-                device,
-                version,
-                min_version,
-                symbols,
-                attribute,
-                what,
-            )
-        };
-        let vmm_gate = gate(
-            VMM_MIN_VERSION,
-            driver.has_vmm_symbols(),
-            sys::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
-            "virtual memory management",
-        );
-        let vmm_note = match vmm_gate {
-            Ok(()) => {
-                let granularity = |option| driver.allocation_granularity(device, option);
-                let granularities =
-                    granularity(sys::CU_MEM_ALLOC_GRANULARITY_MINIMUM).and_then(|min| {
-                        granularity(sys::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED).map(|rec| (min, rec))
-                    });
-                match granularities {
-                    Ok((min, rec)) if min.is_power_of_two() => {
-                        info.capabilities.virtual_memory = true;
-                        info.min_granularity = min;
-                        info.recommended_granularity = rec.max(min);
-                        format!(
-                            "yes (granularity {}, recommended {})",
-                            Bytes(min),
-                            Bytes(rec.max(min))
-                        )
-                    }
-                    Ok((min, _)) => format!("no: the driver reports a granularity of {min} bytes"),
-                    Err(e) => format!("no: {e}"),
-                }
-            }
-            Err(why) => format!("no: {why}"),
-        };
-        let pool_gate = gate(
-            POOLS_MIN_VERSION,
-            driver.has_pool_symbols(),
-            sys::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
-            "memory pools",
-        );
-        let mut pool = None;
-        let pool_note = match pool_gate.and_then(|()| cuda.pool_open().map_err(|e| e.to_string())) {
-            Ok(p) => {
-                pool = Some(p);
-                info.capabilities.stream_ordered_pool = true;
-                "yes (a pool of its own, release threshold 0)".to_string()
-            }
-            Err(why) => format!("no: {why}"),
-        };
-        info.notes.push(("virtual memory".into(), vmm_note));
-        info.notes.push(("stream-ordered pool".into(), pool_note));
-        if !info.capabilities.virtual_memory {
-            info.notes.push((
-                "granularity".into(),
-                format!("{} (assumed)", Bytes(ASSUMED_GRANULARITY)),
-            ));
+        // The pool is made in the device's context; the caller's is current again after.
+        let saved = cuda.enter()?;
+        let opened = open_in_context(&driver, &cuda, device, ordinal);
+        if let Some(saved) = saved {
+            cuda.leave(saved);
         }
+        let (info, pool) = opened?;
         Ok(GpuDevice::new(Opened {
             vendor: cuda,
             granularity: info.min_granularity,
@@ -510,7 +463,114 @@ impl GpuDevice<Cuda> {
             pool,
         }))
     }
+}
 
+/// What [`CudaDevice::open`] reads and makes with the device's primary context current: its
+/// facts, its gates and its pool.
+fn open_in_context(
+    driver: &Arc<Driver>,
+    cuda: &Cuda,
+    device: sys::CUdevice,
+    ordinal: u32,
+) -> Result<(DeviceInfo, Option<u64>)> {
+    let Facts {
+        name,
+        major,
+        minor,
+        total,
+    } = Facts::read(driver, ordinal)?;
+    let version = driver.version_code()?;
+    let mut info = DeviceInfo {
+        vendor: Vendor::Cuda,
+        ordinal,
+        name,
+        arch: format!("sm_{major}{minor}"),
+        total_bytes: total,
+        min_granularity: ASSUMED_GRANULARITY,
+        recommended_granularity: ASSUMED_GRANULARITY,
+        capabilities: Capabilities::default(),
+        notes: vec![
+            ("library".into(), driver.path().to_string()),
+            (
+                "driver".into(),
+                format!(
+                    "CUDA {}.{} ({version})",
+                    version / 1000,
+                    version % 1000 / 10
+                ),
+            ),
+            ("compute capability".into(), format!("{major}.{minor}")),
+            ("context".into(), "primary".into()),
+        ],
+    };
+    let gate = |min_version, symbols, attribute, what| {
+        gate(
+            driver,
+            device,
+            version,
+            min_version,
+            symbols,
+            attribute,
+            what,
+        )
+    };
+    let vmm_gate = gate(
+        VMM_MIN_VERSION,
+        driver.has_vmm_symbols(),
+        sys::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+        "virtual memory management",
+    );
+    let vmm_note = match vmm_gate {
+        Ok(()) => {
+            let granularity = |option| driver.allocation_granularity(device, option);
+            let granularities =
+                granularity(sys::CU_MEM_ALLOC_GRANULARITY_MINIMUM).and_then(|min| {
+                    granularity(sys::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED).map(|rec| (min, rec))
+                });
+            match granularities {
+                Ok((min, rec)) if min.is_power_of_two() => {
+                    info.capabilities.virtual_memory = true;
+                    info.min_granularity = min;
+                    info.recommended_granularity = rec.max(min);
+                    format!(
+                        "yes (granularity {}, recommended {})",
+                        Bytes(min),
+                        Bytes(rec.max(min))
+                    )
+                }
+                Ok((min, _)) => format!("no: the driver reports a granularity of {min} bytes"),
+                Err(e) => format!("no: {e}"),
+            }
+        }
+        Err(why) => format!("no: {why}"),
+    };
+    let pool_gate = gate(
+        POOLS_MIN_VERSION,
+        driver.has_pool_symbols(),
+        sys::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
+        "memory pools",
+    );
+    let mut pool = None;
+    let pool_note = match pool_gate.and_then(|()| cuda.pool_open().map_err(|e| e.to_string())) {
+        Ok(p) => {
+            pool = Some(p);
+            info.capabilities.stream_ordered_pool = true;
+            "yes (a pool of its own, release threshold 0)".to_string()
+        }
+        Err(why) => format!("no: {why}"),
+    };
+    info.notes.push(("virtual memory".into(), vmm_note));
+    info.notes.push(("stream-ordered pool".into(), pool_note));
+    if !info.capabilities.virtual_memory {
+        info.notes.push((
+            "granularity".into(),
+            format!("{} (assumed)", Bytes(ASSUMED_GRANULARITY)),
+        ));
+    }
+    Ok((info, pool))
+}
+
+impl GpuDevice<Cuda> {
     /// Opens every device the driver reports, by ordinal.
     ///
     /// # Errors

@@ -26,7 +26,7 @@ use portalloc_sys::cuda as sys;
 pub mod cudarc;
 mod device;
 
-pub use device::{open_all, Cuda, CudaCensus, CudaDevice};
+pub use device::{open_all, open_some, CallerContext, Cuda, CudaCensus, CudaDevice};
 
 use super::loader::{self, symbol_table, Checked};
 use super::Probe;
@@ -67,6 +67,7 @@ symbol_table! {
         stream_synchronize: cuStreamSynchronize, event_create: cuEventCreate,
         event_record: cuEventRecord, event_query: cuEventQuery,
         event_synchronize: cuEventSynchronize, event_destroy: cuEventDestroy_v2,
+        stream_wait_event: cuStreamWaitEvent,
     }
     /// Virtual-memory entry points (CUDA 10.2): all resolved, or none used.
     Vmm, VMM_SYMBOLS {
@@ -349,15 +350,34 @@ impl Driver {
         Ok(ctx)
     }
 
-    /// `cuCtxSetCurrent`, skipped when `ctx` is current already.
+    /// `cuCtxSetCurrent`, skipped when `ctx` is current already. Returns the context it
+    /// replaced (null when none was current), or `None` when `ctx` was current.
     ///
     /// # Safety
     /// `ctx` must be a live context the caller holds retained (the driver dereferences it).
-    pub(crate) unsafe fn make_current(&self, ctx: sys::CUcontext) -> Result<()> {
-        if self.current_context()? == ctx {
-            return Ok(());
+    pub(crate) unsafe fn make_current(
+        &self,
+        ctx: sys::CUcontext,
+    ) -> Result<Option<sys::CUcontext>> {
+        let before = self.current_context()?;
+        if before == ctx {
+            return Ok(None);
         }
         // SAFETY: the caller guarantees a live, retained context.
+        self.check("cuCtxSetCurrent", unsafe {
+            (self.api.ctx_set_current)(ctx)
+        })?;
+        Ok(Some(before))
+    }
+
+    /// `cuCtxSetCurrent(ctx)`: makes current again a context [`Driver::make_current`]
+    /// replaced (null: none).
+    ///
+    /// # Safety
+    /// `ctx` is null or a context that was current on this thread and is still live: the
+    /// caller's, which it owns.
+    pub(crate) unsafe fn restore_current(&self, ctx: sys::CUcontext) -> Result<()> {
+        // SAFETY: the caller guarantees null or a live context.
         self.check("cuCtxSetCurrent", unsafe {
             (self.api.ctx_set_current)(ctx)
         })
@@ -481,7 +501,6 @@ fn describe(driver: &Driver, ordinal: u32) -> Result<String> {
 
 /// What a device is, as the driver reports it: for [`probe`] and [`CudaDevice::open`].
 pub(crate) struct Facts {
-    pub(crate) device: sys::CUdevice,
     pub(crate) name: String,
     pub(crate) major: i32,
     pub(crate) minor: i32,
@@ -493,7 +512,6 @@ impl Facts {
         let device = driver.device(ordinal)?;
         let attribute = |a| driver.device_attribute(device, a);
         Ok(Facts {
-            device,
             name: driver.device_name(device)?,
             major: attribute(sys::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
             minor: attribute(sys::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,

@@ -96,8 +96,10 @@ impl HipDeviceBuilder {
 /// One AMD GPU behind the [`Device`] trait: the vendor layer's [`GpuDevice`] (books, checks,
 /// locks, drop) over HIP's calls.
 ///
-/// * **Device**: HIP's current device is per thread, so every call first makes this
-///   device's ordinal current (`hipSetDevice`); the device may be used from any thread.
+/// * **Device**: HIP's current device is per thread, so every call makes this device's
+///   ordinal current for the call's length (`hipGetDevice`; when another device was
+///   current, `hipSetDevice` to this one and back to the caller's afterwards): the device
+///   may be used from any thread and never changes the caller's current device.
 /// * **Memory**: [`Device::alloc`] / [`Device::free`] are `hipMalloc` (coarse-grained, the
 ///   default) or `hipExtMallocWithFlags` (fine-grained, uncached) and `hipFree`.
 /// * **Virtual memory** ([`VirtualMemory`]) only on ROCm ≥ 7 with attribute 89 set (see
@@ -147,9 +149,24 @@ impl VendorApi for Hip {
     const PEER_CALLS: [&'static str; 2] = super::PEER_SYMBOLS;
     /// The peer's ordinal: HIP's peer access is per device, with nothing to release.
     type Peer = u32;
+    /// The caller's current device.
+    type Saved = u32;
 
-    fn enter(&self) -> Result<()> {
-        self.runtime.set_device(self.ordinal)
+    /// `hipGetDevice`, plus `hipSetDevice` when another device was current.
+    fn enter(&self) -> Result<Option<u32>> {
+        let before = self.runtime.current_device()?;
+        if before == self.ordinal {
+            return Ok(None);
+        }
+        self.runtime.set_device(self.ordinal)?;
+        Ok(Some(before))
+    }
+
+    /// `hipSetDevice` back to the caller's device.
+    fn leave(&self, saved: u32) {
+        if let Err(e) = self.runtime.set_device(saved) {
+            tracing::warn!(error = %e, "could not make the caller's device current again");
+        }
     }
 
     /// `hipMalloc` (coarse-grained) or `hipExtMallocWithFlags` (the kind chosen at open).
@@ -198,6 +215,12 @@ impl VendorApi for Hip {
         let f = self.runtime.api.stream_synchronize;
         // SAFETY: the caller guarantees a live stream, null or a special handle.
         self.check("hipStreamSynchronize", unsafe { f(handle(s)) })
+    }
+
+    unsafe fn stream_wait_event(&self, s: u64, e: u64) -> Result<()> {
+        let f = self.runtime.api.stream_wait_event;
+        // SAFETY: the caller guarantees both handles; flags must be 0.
+        self.check("hipStreamWaitEvent", unsafe { f(handle(s), handle(e), 0) })
     }
 
     fn device_synchronize(&self) -> Result<()> {
@@ -467,7 +490,7 @@ impl GpuDevice<Hip> {
                 ),
             });
         }
-        runtime.set_device(ordinal)?;
+        // Every query below names the device: the caller's current device stays as it is.
         let version = runtime.version()?;
         let name = runtime.device_name(ordinal)?;
         let total = runtime.total_mem(ordinal)?;

@@ -81,13 +81,14 @@ symbol_table! {
     Required, REQUIRED_SYMBOLS {
         init: hipInit, driver_get_version: hipDriverGetVersion,
         runtime_get_version: hipRuntimeGetVersion,
-        get_device_count: hipGetDeviceCount, set_device: hipSetDevice,
+        get_device_count: hipGetDeviceCount, set_device: hipSetDevice, get_device: hipGetDevice,
         device_get_attribute: hipDeviceGetAttribute, device_get_name: hipDeviceGetName,
         device_total_mem: hipDeviceTotalMem, get_error_name: hipGetErrorName,
         get_error_string: hipGetErrorString, mem_get_info: hipMemGetInfo, malloc: hipMalloc,
         free: hipFree, ext_malloc_with_flags: hipExtMallocWithFlags,
         stream_create_with_flags: hipStreamCreateWithFlags,
         stream_destroy: hipStreamDestroy, stream_synchronize: hipStreamSynchronize,
+        stream_wait_event: hipStreamWaitEvent,
         device_synchronize: hipDeviceSynchronize,
         event_create_with_flags: hipEventCreateWithFlags, event_record: hipEventRecord,
         event_query: hipEventQuery, event_synchronize: hipEventSynchronize,
@@ -329,6 +330,13 @@ impl Runtime {
         })
     }
 
+    /// `hipGetDevice`: the calling thread's current device (0 until one is set).
+    pub fn current_device(&self) -> Result<u32> {
+        // SAFETY: writes one int through a valid pointer.
+        let f = |d: &mut c_int| unsafe { (self.api.get_device)(d) };
+        Ok(self.out("hipGetDevice", f)?.max(0) as u32)
+    }
+
     /// `hipDeviceGetAttribute` (HIP's attribute numbers, not CUDA's).
     pub fn device_attribute(
         &self,
@@ -496,10 +504,23 @@ fn c_chars(buf: &[c_char]) -> String {
 /// # Errors
 /// As [`Runtime::load`] and [`HipDevice::open_all`].
 pub fn open_all(config: &Config) -> Result<Vec<HipDevice>> {
+    open_some(config, None)
+}
+
+/// Opens the devices `only` names (`None`: every one) of the runtime `config` names, each
+/// as [`HipDeviceBuilder::from_config`] says.
+///
+/// # Errors
+/// As [`Runtime::load`] and [`HipDevice::open`]; [`Error::InvalidArgument`] for an ordinal
+/// the runtime does not have.
+pub fn open_some(config: &Config, only: Option<u32>) -> Result<Vec<HipDevice>> {
     let runtime = std::sync::Arc::new(Runtime::load_configured(config)?);
     let template = HipDeviceBuilder::from_config(config);
-    let count = runtime.device_count()?;
-    (0..count)
+    let ordinals = match only {
+        Some(ordinal) => ordinal..ordinal + 1,
+        None => 0..runtime.device_count()?,
+    };
+    ordinals
         .map(|ordinal| {
             template
                 .clone()

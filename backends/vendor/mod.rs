@@ -36,7 +36,8 @@
 //!
 //! | | CUDA (`cuda/`) | HIP (`hip/`) |
 //! |---|---|---|
-//! | making the device current ("enter") | the primary context, retained at open, made current (`cuCtxSetCurrent`) | `hipSetDevice(ordinal)` |
+//! | making the device current for a call ("enter", then "leave") | the primary context, retained at open, made current (`cuCtxSetCurrent`) when another (or none) was, and the caller's made current again after | `hipSetDevice(ordinal)` when another device was current (`hipGetDevice`), and the caller's again after |
+//! | a GPU-side wait | `cuStreamWaitEvent` | `hipStreamWaitEvent` |
 //! | peer access | per context: the peer's primary context is retained until the device goes (`cuCtxEnablePeerAccess`) | per device: `hipDeviceEnablePeerAccess(ordinal)`, nothing to release |
 //! | virtual memory | CUDA ≥ 10.2, the calls exported, attribute 102 set; the minimum granularity | ROCm ≥ 7 and attribute 89 (`hipDeviceAttributeVirtualMemoryManagementSupported`) set; the recommended granularity raised to 2 MiB (`hip/tuning.rs`) |
 //! | pool | made at open (`cuMemPoolCreate`) | made at first use, own (`hipMemPoolCreate`) or the default pool (builder), release threshold always set to 0 |
@@ -140,8 +141,15 @@ pub trait VendorApi: fmt::Debug + Send + Sync + Sized + 'static {
     /// [`VendorApi::set_access`] and [`VendorApi::release_peer`]).
     type Peer: Copy + Send + Sync + fmt::Debug + 'static;
 
-    /// Makes the device current on the calling thread.
-    fn enter(&self) -> Result<()>;
+    /// What [`VendorApi::enter`] found current on the calling thread and replaced, to be
+    /// made current again by [`VendorApi::leave`].
+    type Saved: Copy + fmt::Debug;
+    /// Makes the device current on the calling thread and says what it replaced (`None`
+    /// when the device was current already).
+    fn enter(&self) -> Result<Option<Self::Saved>>;
+    /// Makes `saved` (what [`VendorApi::enter`] replaced) current again on the calling
+    /// thread. Never fails: a refusal is logged.
+    fn leave(&self, saved: Self::Saved);
     /// (free, total) bytes of the current device.
     fn mem_info(&self) -> Result<(u64, u64)>;
     /// How many devices the driver reports.
@@ -179,6 +187,11 @@ pub trait VendorApi: fmt::Debug + Send + Sync + Sized + 'static {
     /// # Safety
     /// `event` must be a live event, not used afterwards.
     unsafe fn event_destroy(&self, event: u64) -> Result<()>;
+    /// Work queued on `stream` from now on waits, on the device, for `event`'s last record.
+    ///
+    /// # Safety
+    /// `event` must be a live event, `stream` as for [`VendorApi::stream_synchronize`].
+    unsafe fn stream_wait_event(&self, stream: u64, event: u64) -> Result<()>;
     /// Physical memory of `size` bytes on this device.
     fn create_physical(&self, size: u64) -> Result<u64>;
     /// # Safety
@@ -255,8 +268,9 @@ pub(crate) struct Opened<V> {
 /// One GPU behind the [`Device`] trait, over a vendor's checked calls (`VendorApi`): `CudaDevice` and
 /// `HipDevice`.
 ///
-/// * Every call first makes the device current on the calling thread, so the device may be
-///   used from any thread.
+/// * Every call makes the device current on the calling thread for its length and then makes
+///   current again what the caller had (a scope, `Current`), so the device may be used from
+///   any thread and never changes the caller's current context or device.
 /// * Pointers, handles, streams (to destroy) and events it did not hand out are
 ///   [`Error::UnknownPointer`], a size that is not the allocation's or not a multiple of the
 ///   granularity is [`Error::InvalidArgument`] — checked before the driver sees them; the
@@ -286,6 +300,22 @@ impl<V: VendorApi> fmt::Debug for GpuDevice<V> {
             .field("capabilities", &self.info.capabilities)
             .field("vendor", &self.vendor)
             .finish_non_exhaustive()
+    }
+}
+
+/// The scope of a driver call: the device current on the calling thread, and what the
+/// caller had current before, made current again when the scope ends (CUDA's context, HIP's
+/// device), so that a call of portalloc never changes the caller's current device.
+struct Current<'a, V: VendorApi> {
+    vendor: &'a V,
+    saved: Option<V::Saved>,
+}
+
+impl<V: VendorApi> Drop for Current<'_, V> {
+    fn drop(&mut self) {
+        if let Some(saved) = self.saved.take() {
+            self.vendor.leave(saved);
+        }
     }
 }
 
@@ -320,12 +350,23 @@ impl<V: VendorApi> GpuDevice<V> {
         self.books().census(counts)
     }
 
-    /// Makes the device current on the calling thread.
+    /// Makes the device current on the calling thread, and leaves it current: for a caller
+    /// that wants this device's context (CUDA) or device (HIP) for calls of its own. No call
+    /// of portalloc does this: each makes current again what the caller had.
     ///
     /// # Errors
     /// [`Error::Driver`] when the vendor's call fails.
     pub fn make_current(&self) -> Result<()> {
-        self.vendor.enter()
+        self.vendor.enter().map(|_| ())
+    }
+
+    /// Makes the device current on the calling thread until the returned scope ends, which
+    /// makes current again what the caller had: every driver call of the device runs in one.
+    fn current(&self) -> Result<Current<'_, V>> {
+        Ok(Current {
+            vendor: &self.vendor,
+            saved: self.vendor.enter()?,
+        })
     }
 
     fn books(&self) -> MutexGuard<'_, Books> {
@@ -340,7 +381,7 @@ impl<V: VendorApi> GpuDevice<V> {
     /// lock); destroys the event after the call when it was destroyed meanwhile.
     fn with_event<T>(&self, event: Event, call: impl FnOnce(u64) -> Result<T>) -> Result<T> {
         let e = self.handles().borrow_event(V::BACKEND, event)?;
-        let result = self.vendor.enter().and_then(|()| call(e));
+        let result = self.current().and_then(|_current| call(e));
         if self.handles().return_event(e) {
             // SAFETY: destroyed by the device's user while this call used it; this was its
             // last use, and it is out of the set, so nothing passes it to the driver again.
@@ -380,7 +421,7 @@ impl<V: VendorApi> GpuDevice<V> {
         if let Some(p) = *pool {
             return Ok(p);
         }
-        self.vendor.enter()?;
+        let _current = self.current()?;
         let p = self.vendor.pool_open()?;
         *pool = Some(p);
         Ok(p)
@@ -409,7 +450,7 @@ impl<V: VendorApi> GpuDevice<V> {
         call: impl FnOnce() -> Result<()>,
         restore: impl FnOnce(&mut Books, T),
     ) -> Result<()> {
-        let result = self.vendor.enter().and_then(|()| call());
+        let result = self.current().and_then(|_current| call());
         if result.is_err() {
             restore(&mut self.books(), claimed);
         }
@@ -435,7 +476,7 @@ impl<V: VendorApi> Device for GpuDevice<V> {
     }
 
     fn mem_info(&self) -> Result<MemInfo> {
-        self.vendor.enter()?;
+        let _current = self.current()?;
         let (free, total) = self.vendor.mem_info()?;
         Ok(MemInfo { free, total })
     }
@@ -445,7 +486,7 @@ impl<V: VendorApi> Device for GpuDevice<V> {
     /// out-of-memory (or a null pointer); [`Error::Driver`] otherwise.
     fn alloc(&self, size: u64) -> Result<u64> {
         request_size(size, 1, Request::Allocation)?;
-        self.vendor.enter()?;
+        let _current = self.current()?;
         let ptr = self.vendor.alloc(size).map_err(|e| self.oom(e, size))?;
         if ptr == 0 {
             return Err(self.out_of_memory(size));
@@ -486,7 +527,7 @@ impl<V: VendorApi> Device for GpuDevice<V> {
     }
 
     fn create_stream(&self) -> Result<Stream> {
-        self.vendor.enter()?;
+        let _current = self.current()?;
         let s = self.vendor.stream_create()?;
         self.handles().streams.insert(s);
         Ok(Stream(s))
@@ -502,7 +543,7 @@ impl<V: VendorApi> Device for GpuDevice<V> {
             });
         }
         let s = self.handles().claim_stream(V::BACKEND, stream)?;
-        let result = self.vendor.enter().and_then(|()| {
+        let result = self.current().and_then(|_current| {
             // SAFETY: a live stream this device made (checked), out of the set, so no other
             // call of this device destroys it meanwhile.
             unsafe { self.vendor.stream_destroy(s) }
@@ -514,19 +555,19 @@ impl<V: VendorApi> Device for GpuDevice<V> {
     }
 
     fn synchronize_stream(&self, stream: Stream) -> Result<()> {
-        self.vendor.enter()?;
+        let _current = self.current()?;
         // SAFETY: by the contract of `Stream`, a live stream of this device or a special
         // handle; the driver answers an invalid-handle error for the bad ones it detects.
         unsafe { self.vendor.stream_synchronize(stream.0) }
     }
 
     fn synchronize_device(&self) -> Result<()> {
-        self.vendor.enter()?;
+        let _current = self.current()?;
         self.vendor.device_synchronize()
     }
 
     fn create_event(&self) -> Result<Event> {
-        self.vendor.enter()?;
+        let _current = self.current()?;
         let e = self.vendor.event_create()?;
         self.handles().events.insert(e, EventUse::default());
         Ok(Event(e))
@@ -548,13 +589,22 @@ impl<V: VendorApi> Device for GpuDevice<V> {
         self.with_event(event, |e| unsafe { self.vendor.event_synchronize(e) })
     }
 
+    /// `cuStreamWaitEvent` / `hipStreamWaitEvent`: no CPU wait.
+    fn wait_event(&self, stream: Stream, event: Event) -> Result<()> {
+        // SAFETY: a live event of this device (checked; the use keeps it live) and, by the
+        // contract of `Stream`, a live stream or a special handle.
+        self.with_event(event, |e| unsafe {
+            self.vendor.stream_wait_event(stream.0, e)
+        })
+    }
+
     /// Destroys the event now, or, while another call uses it, when that call is done; it is
     /// unknown to every later call either way.
     fn destroy_event(&self, event: Event) -> Result<()> {
         if !self.handles().claim_event(V::BACKEND, event)? {
             return Ok(());
         }
-        let result = self.vendor.enter().and_then(|()| {
+        let result = self.current().and_then(|_current| {
             // SAFETY: a live event of this device that no call uses, out of the set.
             unsafe { self.vendor.event_destroy(event.0) }
         });
@@ -585,7 +635,7 @@ impl<V: VendorApi> Device for GpuDevice<V> {
         if peers.iter().any(|&(o, _)| o == ordinal) {
             return Ok(());
         }
-        self.vendor.enter()?;
+        let _current = self.current()?;
         let kept = self.vendor.enable_peer(ordinal)?;
         peers.push((ordinal, kept));
         peers.sort_unstable_by_key(|&(o, _)| o);
@@ -633,7 +683,7 @@ impl<V: VendorApi> VirtualMemory for GpuDevice<V> {
                 ),
             });
         }
-        self.vendor.enter()?;
+        let _current = self.current()?;
         let va = self.vendor.reserve(size, alignment.max(self.granularity))?;
         self.books().reservations.insert(va, size);
         Ok(va)
@@ -654,7 +704,7 @@ impl<V: VendorApi> VirtualMemory for GpuDevice<V> {
 
     fn create_physical(&self, size: u64) -> Result<PhysicalHandle> {
         self.granular("create_physical", "size", size, false)?;
-        self.vendor.enter()?;
+        let _current = self.current()?;
         let handle = self
             .vendor
             .create_physical(size)
@@ -722,7 +772,7 @@ impl<V: VendorApi> VirtualMemory for GpuDevice<V> {
                 })
                 .collect::<Result<_>>()?
         };
-        self.vendor.enter()?;
+        let _current = self.current()?;
         // SAFETY: the range is mapped by this device (checked).
         unsafe { self.vendor.set_access(va, size, &kept) }
     }
@@ -745,7 +795,7 @@ impl<V: VendorApi> StreamOrderedPool for GpuDevice<V> {
     fn alloc_async(&self, size: u64, stream: Stream) -> Result<u64> {
         request_size(size, 1, Request::PoolAllocation)?;
         let pool = self.pool()?;
-        self.vendor.enter()?;
+        let _current = self.current()?;
         // SAFETY: the pool lives as long as `self`; by the contract of `Stream`, the stream is
         // a live stream of this device or a special handle.
         let ptr = unsafe { self.vendor.pool_alloc(pool, size, stream.0) }
@@ -778,14 +828,14 @@ impl<V: VendorApi> StreamOrderedPool for GpuDevice<V> {
 
     fn set_release_threshold(&self, bytes: u64) -> Result<()> {
         let pool = self.pool()?;
-        self.vendor.enter()?;
+        let _current = self.current()?;
         // SAFETY: the pool lives as long as `self`.
         unsafe { self.vendor.pool_set_release_threshold(pool, bytes) }
     }
 
     fn release_threshold(&self) -> Result<u64> {
         let pool = self.pool()?;
-        self.vendor.enter()?;
+        let _current = self.current()?;
         // SAFETY: the pool lives as long as `self`.
         unsafe {
             self.vendor
@@ -795,14 +845,14 @@ impl<V: VendorApi> StreamOrderedPool for GpuDevice<V> {
 
     fn trim_to(&self, keep: u64) -> Result<()> {
         let pool = self.pool()?;
-        self.vendor.enter()?;
+        let _current = self.current()?;
         // SAFETY: the pool lives as long as `self`.
         unsafe { self.vendor.pool_trim(pool, keep) }
     }
 
     fn usage(&self) -> Result<PoolUsage> {
         let pool = self.pool()?;
-        self.vendor.enter()?;
+        let _current = self.current()?;
         // SAFETY: the pool lives as long as `self`.
         let get = |attribute| unsafe { self.vendor.pool_attribute(pool, attribute) };
         Ok(PoolUsage {
@@ -828,9 +878,15 @@ impl<V: VendorApi> Drop for GpuDevice<V> {
             tracing::warn!(backend = V::BACKEND, device = ordinal, error = %e,
                 "dropping a {} device: {what}", V::BACKEND);
         };
-        if let Err(e) = vendor.enter() {
-            warn("could not make it current", e);
-        }
+        // What the caller had current is made current again when `_current` goes, at the
+        // end of this body: before the vendor's own state (CUDA's primary context) goes.
+        let _current = match vendor.enter() {
+            Ok(saved) => Some(Current { vendor, saved }),
+            Err(e) => {
+                warn("could not make it current", e);
+                None
+            }
+        };
         let books = std::mem::take(self.books.get_mut().unwrap_or_else(PoisonError::into_inner));
         let handles = std::mem::take(
             self.handles

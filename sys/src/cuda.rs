@@ -351,4 +351,7 @@ signatures! {
     fn cuEventSynchronize(event: CUevent) -> CUresult;
     /// `CUresult cuEventDestroy_v2(CUevent hEvent)`.
     fn cuEventDestroy_v2(event: CUevent) -> CUresult;
+    /// `CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)`:
+    /// work queued on the stream from now on waits for the event's last record (flags 0).
+    fn cuStreamWaitEvent(stream: CUstream, event: CUevent, flags: c_uint) -> CUresult;
 }

@@ -514,6 +514,8 @@ pub type hipDeviceTotalMem =
 pub type hipDeviceSynchronize = unsafe extern "C" fn() -> hipError_t;
 /// `hipSetDevice`, as declared in `hip/hip_runtime_api.h`.
 pub type hipSetDevice = unsafe extern "C" fn(deviceId: ::core::ffi::c_int) -> hipError_t;
+/// `hipGetDevice`, as declared in `hip/hip_runtime_api.h`.
+pub type hipGetDevice = unsafe extern "C" fn(deviceId: *mut ::core::ffi::c_int) -> hipError_t;
 /// `hipGetDeviceCount`, as declared in `hip/hip_runtime_api.h`.
 pub type hipGetDeviceCount = unsafe extern "C" fn(count: *mut ::core::ffi::c_int) -> hipError_t;
 /// `hipDeviceGetAttribute`, as declared in `hip/hip_runtime_api.h`.
@@ -541,6 +543,12 @@ pub type hipStreamCreateWithFlags =
 pub type hipStreamDestroy = unsafe extern "C" fn(stream: hipStream_t) -> hipError_t;
 /// `hipStreamSynchronize`, as declared in `hip/hip_runtime_api.h`.
 pub type hipStreamSynchronize = unsafe extern "C" fn(stream: hipStream_t) -> hipError_t;
+/// `hipStreamWaitEvent`, as declared in `hip/hip_runtime_api.h`.
+pub type hipStreamWaitEvent = unsafe extern "C" fn(
+    stream: hipStream_t,
+    event: hipEvent_t,
+    flags: ::core::ffi::c_uint,
+) -> hipError_t;
 /// `hipEventCreateWithFlags`, as declared in `hip/hip_runtime_api.h`.
 pub type hipEventCreateWithFlags =
     unsafe extern "C" fn(event: *mut hipEvent_t, flags: ::core::ffi::c_uint) -> hipError_t;
