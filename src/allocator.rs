@@ -19,6 +19,10 @@ pub struct Allocation {
     stream: Stream,
     allocator_id: u64,
     token: u64,
+    /// The thread that made it ([`crate::device::thread_number`]) when `stream` is
+    /// [`Stream::PER_THREAD`], else 0: a free of it on another thread cannot be ordered by an
+    /// event on the allocating thread's stream.
+    origin: u64,
 }
 
 impl Allocation {
@@ -26,13 +30,43 @@ impl Allocation {
     ///
     /// `token` is private to the allocator that makes it (a chunk index, a sequence number).
     pub fn new(ptr: u64, size: u64, stream: Stream, allocator_id: u64, token: u64) -> Self {
+        let origin = if stream.is_per_thread() {
+            crate::device::thread_number()
+        } else {
+            0
+        };
         Allocation {
             ptr,
             size,
             stream,
             allocator_id,
             token,
+            origin,
         }
+    }
+
+    /// [`Allocation::new`] made on thread `origin` (a number from
+    /// [`Allocation::origin_thread`]): for an allocation taken apart and made again, such as
+    /// [`crate::DeviceBuffer::from_raw`].
+    pub fn with_origin(mut self, origin: u64) -> Self {
+        if self.stream.is_per_thread() {
+            self.origin = origin;
+        }
+        self
+    }
+
+    /// The number of the thread that made it, for an allocation on [`Stream::PER_THREAD`]
+    /// (another stream on each thread); 0 for any other stream.
+    pub fn origin_thread(&self) -> u64 {
+        self.origin
+    }
+
+    /// True for an allocation on [`Stream::PER_THREAD`] made on a thread other than the
+    /// calling one: its free cannot be ordered by an event on the calling thread's
+    /// per-thread stream, which is another stream. A strategy synchronises the device first.
+    #[inline]
+    pub fn freed_off_its_thread(&self) -> bool {
+        self.stream.is_per_thread() && self.origin != crate::device::thread_number()
     }
 
     /// The empty allocation every allocator hands out for a zero-byte request: no memory,
@@ -118,6 +152,16 @@ pub trait Allocator: Send + Sync {
 
     /// Current counters.
     fn stats(&self) -> Stats;
+
+    /// The bytes this allocator counts in [`Stats::bytes_in_use`] for `allocation`, a live
+    /// one of its own: the request as the strategy rounded it (bfc's chunk, vmm's 256-byte
+    /// multiple, the pool's request). For an adaptor that records sizes (the ledger) without
+    /// serialising its upstream. `None` when it cannot tell (a foreign or freed allocation;
+    /// the default).
+    fn charged(&self, allocation: &Allocation) -> Option<u64> {
+        let _ = allocation;
+        None
+    }
 
     /// The bytes held from the device now: [`Stats::pool_bytes`] without the rest of
     /// [`Allocator::stats`], some of which a strategy may compute by walking its free space

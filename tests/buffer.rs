@@ -48,21 +48,19 @@ fn dropping_a_buffer_frees_it(strategy: Strategy) {
     allocator.check_invariants().unwrap();
 }
 
-/// A buffer freed by drop on its stream, while the caller's work on that stream is in
-/// flight, goes to another stream only once that work is done.
+/// A buffer freed by drop on its stream, while the caller's kernel on that stream still
+/// uses it, is reused by that stream at once, and goes to another stream only ordered after
+/// the kernel (a GPU-side wait, or the kernel done) — the host device's timeline says which.
 #[test_case(Strategy::Bfc ; "bfc")]
 #[test_case(Strategy::Vmm ; "vmm")]
 fn drop_frees_in_stream_order_on_its_stream(strategy: Strategy) {
     let device = simulated_host(64 * MIB);
     let allocator = shared(strategy, &device);
-    let (s, t) = (Stream::from_raw(0x7000), Stream::from_raw(0x8000));
+    let (s, t) = (support::stream(0x7000), support::stream(0x8000));
     let keep = DeviceBuffer::new(&allocator, 4096, t).unwrap();
     let x = DeviceBuffer::new(&allocator, MIB, s).unwrap();
     let freed = x.ptr();
-    device.set_events_held(true);
-    let work = device.create_event().unwrap();
-    use portalloc::Device;
-    device.record_event(work, s).unwrap();
+    let work = device.launch(s, x.ptr(), MIB);
     drop(x);
     // S reuses its own free at once...
     let z = DeviceBuffer::new(&allocator, MIB, s).unwrap();
@@ -71,19 +69,55 @@ fn drop_frees_in_stream_order_on_its_stream(strategy: Strategy) {
         freed,
         "{strategy:?}: S reuses its own free at once"
     );
-    assert!(!device.event_complete(work).unwrap());
+    assert_eq!(device.kernel_done(work), Some(false));
     drop(z);
-    // ...T gets it only after S's work: elsewhere, or after waiting for S (vmm waits rather
-    // than map more memory).
+    // ...T gets it only ordered after S's kernel.
     let y = DeviceBuffer::new(&allocator, MIB, t).unwrap();
     assert!(
-        y.ptr() != freed || device.event_complete(work).unwrap(),
-        "{strategy:?}: handed to T while S's work is in flight"
+        y.ptr() != freed || device.ordered(work, t) == Some(true),
+        "{strategy:?}: handed to T with nothing ordering T after S's kernel"
     );
     let z = DeviceBuffer::new(&allocator, MIB, s).unwrap();
-    device.set_events_held(false);
+    device.finish(work);
     drop((keep, y, z));
-    device.destroy_event(work).unwrap();
+    assert_eq!(allocator.stats().bytes_in_use, 0);
+    assert_eq!(device.hazards().0, 0);
+}
+
+/// A stale record of a buffer (taken apart with `into_raw`, freed) is refused after its
+/// memory was reused by its stream while several streams are in use — the pending chunk is
+/// handed out again under a new generation — and the new owner's buffer is untouched.
+#[test_case(Strategy::Bfc ; "bfc")]
+#[test_case(Strategy::BfcGrow ; "bfc growing")]
+#[test_case(Strategy::Vmm ; "vmm")]
+#[test_case(Strategy::Platform ; "platform")]
+#[test_case(Strategy::Async ; "async")]
+fn a_stale_record_is_refused_after_same_stream_reuse(strategy: Strategy) {
+    let device = simulated_host(64 * MIB);
+    let allocator = shared(strategy, &device);
+    let (s, t) = (support::stream(0x7000), support::stream(0x8000));
+    let keep = DeviceBuffer::new(&allocator, 4096, t).unwrap();
+    let x = DeviceBuffer::new(&allocator, MIB, s).unwrap();
+    let work = device.launch(s, x.ptr(), MIB);
+    let raw = x.into_raw();
+    // SAFETY (both): `raw` came from `into_raw`, on a host-device stream.
+    unsafe { DeviceBuffer::from_raw(Arc::clone(&allocator), raw) }
+        .unwrap()
+        .free()
+        .unwrap();
+    // S's next request reuses the pending free at once (the pooling strategies).
+    let owner = DeviceBuffer::new(&allocator, MIB, s).unwrap();
+    let stale = unsafe { DeviceBuffer::from_raw(Arc::clone(&allocator), raw) }.unwrap();
+    assert!(
+        matches!(stale.free(), Err(Error::UnknownPointer { .. })),
+        "{strategy:?}: a stale record freed the buffer that reused its memory"
+    );
+    assert!(
+        allocator.stats().bytes_in_use >= MIB + 4096,
+        "{strategy:?}: the new owner's buffer is still live"
+    );
+    device.finish(work);
+    drop((keep, owner));
     assert_eq!(allocator.stats().bytes_in_use, 0);
 }
 
@@ -92,28 +126,29 @@ fn free_returns_the_allocators_answer_and_raw_round_trips() {
     let device = simulated_host(64 * MIB);
     let a = shared(Strategy::Bfc, &device);
     let b = shared(Strategy::Bfc, &device);
-    let x = DeviceBuffer::new(&a, MIB, Stream::from_raw(0x1234)).unwrap();
+    let x = DeviceBuffer::new(&a, MIB, support::stream(0x1234)).unwrap();
     let (ptr, stream) = (x.ptr(), x.stream());
     let raw: RawBuffer = x.into_raw();
     assert_eq!((raw.ptr, raw.size, raw.stream), (ptr, MIB, 0x1234));
     assert_eq!(a.stats().bytes_in_use, MIB, "into_raw frees nothing");
+    // SAFETY (every `from_raw` below): `raw` came from `into_raw`, on a host-device stream.
     // Another allocator's record is refused, never freed.
-    match DeviceBuffer::from_raw(Arc::clone(&b), raw) {
+    match unsafe { DeviceBuffer::from_raw(Arc::clone(&b), raw) } {
         Err(Error::ForeignAllocation { owner, this, .. }) => {
             assert_eq!((owner, this), (a.id(), b.id()))
         }
         other => panic!("{other:?}"),
     }
-    let x = DeviceBuffer::from_raw(Arc::clone(&a), raw).unwrap();
+    let x = unsafe { DeviceBuffer::from_raw(Arc::clone(&a), raw) }.unwrap();
     assert_eq!((x.ptr(), x.stream()), (ptr, stream));
     x.free().unwrap();
     assert_eq!(a.stats().bytes_in_use, 0);
     // A stale record (freed already) is refused by the allocator when freed: an error from
     // `free`, a warning from drop, and no other buffer of the allocator is touched.
     let other = DeviceBuffer::new(&a, MIB, Stream::DEFAULT).unwrap();
-    let stale = DeviceBuffer::from_raw(Arc::clone(&a), raw).unwrap();
+    let stale = unsafe { DeviceBuffer::from_raw(Arc::clone(&a), raw) }.unwrap();
     assert!(matches!(stale.free(), Err(Error::UnknownPointer { .. })));
-    drop(DeviceBuffer::from_raw(Arc::clone(&a), raw).unwrap());
+    drop(unsafe { DeviceBuffer::from_raw(Arc::clone(&a), raw) }.unwrap());
     assert_eq!(a.stats().bytes_in_use, MIB, "the live buffer is untouched");
     drop(other);
     assert_eq!(a.stats().bytes_in_use, 0);

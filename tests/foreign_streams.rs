@@ -31,27 +31,28 @@ fn overlaps(a: &Allocation, range: (u64, u64)) -> bool {
 }
 
 /// The per-thread default stream names another stream on each thread: memory freed on it is
-/// not handed to the same handle at once, and never to another stream before its work.
+/// not handed to the same handle at once — only behind a GPU-side wait for the kernel's
+/// work (the host device's own timeline says whether the request's stream is ordered after
+/// it).
 #[test]
 fn per_thread_handle_is_not_reused_at_once() {
     for strategy in [Strategy::Bfc, Strategy::BfcGrow, Strategy::Vmm] {
         let rig = Target::HostSimulated.open(1, CAPACITY).unwrap();
         let a = strategy.build_as_configured(rig.device(0)).unwrap();
-        rig.hold(true);
         let x = a.allocate(SIZE, 0, Stream::PER_THREAD, "x").unwrap();
         let freed = (x.ptr(), x.ptr() + SIZE);
-        let work = rig.record_work(Stream::PER_THREAD);
+        let work = rig.launch(Stream::PER_THREAD, x.ptr(), SIZE);
         a.deallocate(x).unwrap();
         let y = a.allocate(SIZE, 0, Stream::PER_THREAD, "y").unwrap();
         assert!(
-            !overlaps(&y, freed) || rig.work_done(work),
-            "{strategy:?}: reused on the per-thread handle while its work is in flight"
+            !overlaps(&y, freed) || rig.ordered(work, Stream::PER_THREAD),
+            "{strategy:?}: reused on the per-thread handle with nothing ordering it after \
+             the kernel"
         );
-        rig.hold(false);
+        rig.finish_work(work);
         a.deallocate(y).unwrap();
         a.trim().unwrap();
         drop(a);
-        rig.destroy_foreign(&[], &[work]);
         rig.finish();
     }
 }
@@ -88,11 +89,10 @@ fn refusals_are_not_idle() {
         let fake = rig.fake().expect("a conformance driver");
         let a = strategy.build_as_configured(rig.device(0)).unwrap();
         let (s, t) = (rig.foreign_stream(), rig.foreign_stream());
-        rig.hold(true);
         let keep = a.allocate(4096, 0, t, "t").unwrap();
         let x = a.allocate(SIZE, 0, s, "x").unwrap();
         let freed = (x.ptr(), x.ptr() + SIZE);
-        let work = rig.record_work(s);
+        let work = rig.launch(s, x.ptr(), SIZE);
         // The next call of each fails with CUDA_ERROR_INVALID_HANDLE.
         fake.fail("cuEventRecord", 1, 1, 400);
         fake.fail("cuStreamSynchronize", 1, 1, 400);
@@ -103,13 +103,12 @@ fn refusals_are_not_idle() {
         );
         let y = a.allocate(SIZE, 0, t, "t").unwrap();
         assert!(!overlaps(&y, freed) || rig.work_done(work));
-        rig.hold(false);
         for z in [keep, y] {
             a.deallocate(z).unwrap();
         }
         a.trim().unwrap();
         drop(a);
-        rig.destroy_foreign(&[s, t], &[work]);
+        rig.destroy_foreign(&[s, t]);
         rig.finish();
     }
 }

@@ -399,6 +399,8 @@ struct Watch {
 #[derive(Debug, Default)]
 struct Seen {
     recorded: Vec<(portalloc::device::Event, portalloc::Stream)>,
+    /// GPU-side waits: (the stream that waits, the event it waits for).
+    waits: Vec<(portalloc::Stream, portalloc::device::Event)>,
     synced_events: Vec<portalloc::device::Event>,
     synced_streams: Vec<portalloc::Stream>,
     synced_device: bool,
@@ -422,35 +424,67 @@ impl DeviceWrapper for Watch {
             Call::SynchronizeDevice => seen.synced_device = true,
             Call::RecordEvent { event, stream } => seen.recorded.push((event, stream)),
             Call::SynchronizeEvent(event) => seen.synced_events.push(event),
+            Call::WaitEvent { stream, event } => seen.waits.push((stream, event)),
             _ => {}
         }
         Ok(())
     }
 }
 
-/// A range freed while events were held: `(start, end, stream, event recorded at the free)`.
-type Unsafe = (
-    u64,
-    u64,
-    portalloc::Stream,
-    Option<portalloc::device::Event>,
-);
+/// A range freed while events were held: `(start, end, stream it was freed on, the number
+/// of the first event record that came after the free)`.
+type Unsafe = (u64, u64, portalloc::Stream, u64);
 
-/// Forgets the ranges the allocator waited for (or whose event completed by itself).
-fn settle(w: &Watch, unsafe_ranges: &mut Vec<Unsafe>) {
+/// Every event record the allocator made, in order, numbered: an event recorded on a range's
+/// stream after its free (the free's own event, or a fence) covers the work before the free.
+#[derive(Default)]
+struct Records {
+    list: Vec<(portalloc::device::Event, portalloc::Stream)>,
+}
+
+impl Records {
+    /// The newest record of `e`: its stream and number.
+    fn latest(&self, e: portalloc::device::Event) -> Option<(portalloc::Stream, u64)> {
+        self.list
+            .iter()
+            .rposition(|&(x, _)| x == e)
+            .map(|i| (self.list[i].1, i as u64))
+    }
+}
+
+/// Takes what the device saw since the last call: records them, forgets the ranges the
+/// allocator waited for on the CPU (or whose covering event completed by itself), and
+/// returns the GPU-side waits it enqueued (stream, the record waited for).
+fn settle(
+    w: &Watch,
+    records: &mut Records,
+    unsafe_ranges: &mut Vec<Unsafe>,
+) -> Vec<(portalloc::Stream, Option<(portalloc::Stream, u64)>)> {
     let seen = w.seen();
-    unsafe_ranges.retain(|&(_, _, s, e)| {
-        let waited = e.is_some_and(|e| {
-            seen.synced_events.contains(&e) || matches!(w.inner.event_complete(e), Ok(true))
-        });
-        !waited && !seen.synced_device && !seen.synced_streams.contains(&s)
+    records.list.extend(seen.recorded.iter().copied());
+    let covering_done = |r: &Unsafe| {
+        records.list.iter().enumerate().any(|(n, &(e, stream))| {
+            stream == r.2
+                && n as u64 >= r.3
+                && records.latest(e) == Some((stream, n as u64))
+                && (seen.synced_events.contains(&e)
+                    || matches!(w.inner.event_complete(e), Ok(true)))
+        })
+    };
+    unsafe_ranges.retain(|r| {
+        !covering_done(r) && !seen.synced_device && !seen.synced_streams.contains(&r.2)
     });
+    seen.waits
+        .iter()
+        .map(|&(s, e)| (s, records.latest(e)))
+        .collect()
 }
 
 /// Random traffic on three streams of `host`, through `a` over `w`, with events held and
 /// completed at random: live allocations never overlap, no stream is handed memory freed on
-/// another before the event recorded at the free completed (or the allocator waited for it),
-/// a stream does reuse its own pending frees, the device never holds more than the
+/// another unless it was told to wait (on the device) for an event recorded on that stream
+/// after the free, or the event completed, or the allocator waited for it on the CPU; a
+/// stream does reuse its own pending frees, the device never holds more than the
 /// allocator's 16 MiB budget, running out of it is a typed out-of-memory error, and at the
 /// end everything (memory and events) goes back to the device.
 fn random_multi_stream_traffic<A: Allocator>(
@@ -465,6 +499,7 @@ fn random_multi_stream_traffic<A: Allocator>(
     let mut rng = SmallRng::seed_from_u64(seed);
     let mut live: Vec<portalloc::Allocation> = Vec::new();
     let mut unsafe_ranges: Vec<Unsafe> = Vec::new();
+    let mut records = Records::default();
     let mut reused_pending = 0;
     host.set_events_held(true);
     for step in 0..3000 {
@@ -473,22 +508,27 @@ fn random_multi_stream_traffic<A: Allocator>(
                 let s = streams[rng.gen_range(0..3)];
                 let size = draw_size(&mut rng);
                 let result = a.allocate(size, 0, s, "x");
-                settle(w, &mut unsafe_ranges);
+                let waits = settle(w, &mut records, &mut unsafe_ranges);
                 match result {
                     Ok(x) => {
                         let (start, end) = (x.ptr(), x.ptr() + x.size());
-                        for &(us, ue, owner, _) in &unsafe_ranges {
+                        for r in &unsafe_ranges {
+                            let &(us, ue, owner, after) = r;
                             let overlaps = start < ue && us < end;
+                            let behind_a_wait = waits.iter().any(|&(waiter, record)| {
+                                waiter == s
+                                    && record.is_some_and(|(on, n)| on == owner && n >= after)
+                            });
                             assert!(
-                                owner == s || !overlaps,
+                                owner == s || behind_a_wait || !overlaps,
                                 "step {step}: {start:#x}..{end:#x} on {s:?} overlaps memory \
-                                 pending on {owner:?}"
+                                 pending on {owner:?}, and {s:?} was not told to wait for it"
                             );
                             reused_pending += usize::from(overlaps);
                         }
-                        // Reused by its own stream: a later free makes a new entry.
-                        unsafe_ranges
-                            .retain(|&(us, ue, owner, _)| owner != s || end <= us || ue <= start);
+                        // Now this allocation's (checked above): a later free makes a new
+                        // entry.
+                        unsafe_ranges.retain(|&(us, ue, _, _)| end <= us || ue <= start);
                         for y in &live {
                             assert!(end <= y.ptr() || y.ptr() + y.size() <= start, "overlap");
                         }
@@ -500,10 +540,11 @@ fn random_multi_stream_traffic<A: Allocator>(
             55..=94 if !live.is_empty() => {
                 let x = live.swap_remove(rng.gen_range(0..live.len()));
                 let (start, end, s) = (x.ptr(), x.ptr() + x.size(), x.stream());
+                settle(w, &mut records, &mut unsafe_ranges);
+                let after = records.list.len() as u64;
                 a.deallocate(x).unwrap();
-                let seen = w.seen();
-                let event = seen.recorded.last().map(|&(e, _)| e);
-                unsafe_ranges.push((start, end, s, event));
+                settle(w, &mut records, &mut unsafe_ranges);
+                unsafe_ranges.push((start, end, s, after));
             }
             _ => {
                 host.complete_held_events();

@@ -734,6 +734,7 @@ enum Logged1 {
     SyncStream(Stream),
     SyncDevice,
     Unmap(u64, u64),
+    Wait(Stream, Event),
 }
 
 impl Logged {
@@ -763,6 +764,7 @@ impl DeviceWrapper for Logged {
             DeviceCall::RecordEvent { event, stream } => self.push(Logged1::Record(event, stream)),
             DeviceCall::SynchronizeEvent(e) => self.push(Logged1::SyncEvent(e)),
             DeviceCall::Unmap { va, size } => self.push(Logged1::Unmap(va, size)),
+            DeviceCall::WaitEvent { stream, event } => self.push(Logged1::Wait(stream, event)),
             _ => {}
         }
         Ok(())
@@ -983,7 +985,7 @@ fn pending_granules_are_not_stitched_or_trimmed(simulated: bool) {
 
 #[test_case(false ; "real")]
 #[test_case(true ; "simulated")]
-fn one_stream_makes_no_events_and_switching_synchronizes_once(simulated: bool) {
+fn one_stream_makes_no_events_and_switching_fences_once(simulated: bool) {
     let host = host_device(64 * MIB, simulated);
     let d = Logged::new(&host);
     let (s, t) = (host.create_stream().unwrap(), host.create_stream().unwrap());
@@ -1003,9 +1005,19 @@ fn one_stream_makes_no_events_and_switching_synchronizes_once(simulated: bool) {
         d.take().is_empty(),
         "no stream-ordering calls on one stream"
     );
-    // The first request on T synchronises S once (its frees went back without events).
+    // The first request on T fences S once on the device (its frees went back without
+    // events): an event recorded on S, which T waits for before it is served — no CPU wait.
     let z = on(&a, 4096, t);
-    assert_eq!(d.take(), vec![Logged1::SyncStream(s)]);
+    match d.take()[..] {
+        [Logged1::Record(e, on_s), Logged1::Wait(on_t, w)] => {
+            assert_eq!(
+                (on_s, on_t, w),
+                (s, t, e),
+                "the fence on S, waited for by T"
+            )
+        }
+        ref other => panic!("expected the fence and T's wait for it, got {other:?}"),
+    }
     free(&a, z);
     drop(a);
     drop(d);

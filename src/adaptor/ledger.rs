@@ -28,10 +28,9 @@ pub const SNAPSHOT_VERSION: u32 = 1;
 pub struct LedgerOptions {
     /// Capture a backtrace at every allocation (`PORTALLOC_BACKTRACE=1`). Default off.
     pub backtrace: bool,
-    /// Record the rounded size as the upstream charged it: the change in the upstream's
-    /// `bytes_in_use` across the allocation (exact, since the ledger owns its upstream and
-    /// serialises calls to it; costs one `stats()` call per allocation). When off, the
-    /// rounded size is the size asked for. Default on.
+    /// Record the rounded size as the upstream charged it ([`Allocator::charged`]: bfc's
+    /// chunk, vmm's rounded request; the size asked for where the upstream cannot tell).
+    /// When off, the rounded size is the size asked for. Default on.
     pub measure_rounding: bool,
     /// Thresholds of the out-of-memory diagnosis.
     pub diagnose: DiagnoseOptions,
@@ -236,8 +235,6 @@ struct Books {
     last_tag: u32,
     next_seq: u64,
     donations: u64,
-    /// The upstream's `bytes_in_use` after the last call made through the ledger.
-    upstream_in_use: u64,
     last_oom: Option<Diagnosis>,
 }
 
@@ -461,20 +458,12 @@ impl<A: Allocator + ?Sized> LedgerAllocator<A> {
     /// Wraps a boxed upstream, such as the `Box<dyn Allocator>` that
     /// [`crate::strategy::build`] returns.
     pub fn from_boxed(upstream: Box<A>, options: LedgerOptions) -> Self {
-        let upstream_in_use = if options.measure_rounding {
-            upstream.stats().bytes_in_use
-        } else {
-            0
-        };
         LedgerAllocator {
             upstream,
             device: None,
             options,
             id: next_allocator_id(),
-            books: Mutex::new(Books {
-                upstream_in_use,
-                ..Books::default()
-            }),
+            books: Mutex::new(Books { ..Books::default() }),
         }
     }
 
@@ -696,29 +685,25 @@ impl<A: Allocator + ?Sized> Allocator for LedgerAllocator<A> {
             .options
             .backtrace
             .then(|| Arc::new(Backtrace::force_capture()));
-        let mut guard = self.books();
-        let books = &mut *guard;
+        // The upstream is called without the ledger's lock: a request that waits (the
+        // strategies' last resort before refusing) blocks no other caller's free.
         let upstream = match self.upstream.allocate(size, alignment, stream, tag) {
             Ok(a) => a,
             Err(e) if e.is_out_of_memory() || matches!(e, Error::ExceedsLimit { .. }) => {
-                return Err(self.diagnosed(books, e, size, alignment, tag));
+                return Err(self.diagnosed(&mut self.books(), e, size, alignment, tag));
             }
             Err(e) => return Err(e),
         };
         let rounded = if self.options.measure_rounding {
-            let after = self.upstream.stats().bytes_in_use;
-            let charged = after.wrapping_sub(books.upstream_in_use);
-            books.upstream_in_use = after;
-            // A charge below the size (or a wrap) means someone else used the upstream
-            // between two ledger calls: fall back to the size.
-            if after >= charged && charged >= size {
-                charged
-            } else {
-                size
-            }
+            self.upstream
+                .charged(&upstream)
+                .filter(|&c| c >= size)
+                .unwrap_or(size)
         } else {
             size
         };
+        let mut guard = self.books();
+        let books = &mut *guard;
         let tag = books.intern(tag);
         books.add(tag, size, rounded);
         books.tags[tag as usize].allocations += 1;
@@ -744,11 +729,15 @@ impl<A: Allocator + ?Sized> Allocator for LedgerAllocator<A> {
     /// allocation is then gone from the books, as the upstream consumed it).
     fn deallocate(&self, allocation: Allocation) -> Result<()> {
         allocation.check_owner(self.id)?;
-        let mut guard = self.books();
-        let books = &mut *guard;
-        let entry = self.take_entry(books, &allocation)?;
-        books.remove(entry.tag, entry.upstream.size(), entry.rounded);
-        books.upstream_in_use = books.upstream_in_use.saturating_sub(entry.rounded);
+        let entry = {
+            let mut guard = self.books();
+            let books = &mut *guard;
+            let entry = self.take_entry(books, &allocation)?;
+            books.remove(entry.tag, entry.upstream.size(), entry.rounded);
+            entry
+        };
+        // Without the ledger's lock: a free that waits (another thread's per-thread-stream
+        // buffer) blocks no other caller.
         self.upstream.deallocate(entry.upstream)
     }
 
@@ -760,9 +749,15 @@ impl<A: Allocator + ?Sized> Allocator for LedgerAllocator<A> {
         self.upstream.pool_bytes()
     }
 
+    /// The upstream's trim, without the ledger's lock (a trim waits for the work on freed
+    /// memory).
     fn trim(&self) -> Result<u64> {
-        let _books = self.books();
         self.upstream.trim()
+    }
+
+    /// The upstream's charge for it, as recorded.
+    fn charged(&self, allocation: &Allocation) -> Option<u64> {
+        self.books().get(allocation).map(|e| e.rounded)
     }
 
     /// The upstream's invariants, and the ledger's: per-tag totals equal the sums over the

@@ -180,6 +180,10 @@ impl<A: Allocator> Allocator for RecorderAllocator<A> {
         self.inner.stats()
     }
 
+    fn charged(&self, allocation: &Allocation) -> Option<u64> {
+        self.inner.charged(allocation)
+    }
+
     fn pool_bytes(&self) -> u64 {
         self.inner.pool_bytes()
     }

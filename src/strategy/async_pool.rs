@@ -19,7 +19,8 @@
 //!   next synchronisation gives them back. The preallocation is made on the default stream
 //!   when the allocator is built, and is not counted in the statistics (XLA clears them).
 //! * **Out of memory**: the stream is synchronised (which lets the driver return and
-//!   coalesce freed memory) and the request retried once.
+//!   coalesce freed memory) and the request retried once — with the allocator's lock
+//!   released: no lock is held across a pool call or a wait.
 //! * **Statistics count requested bytes**, not the pool's rounding.
 //!
 //! # Where this differs from XLA, and why
@@ -45,7 +46,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::common::{admit, holds_memory, Admitted, FailedRequest};
+use super::common::{admit, holds_memory, synchronized, Admitted, FailedRequest};
 use crate::allocator::{next_allocator_id, Allocation, Allocator, Stats};
 use crate::config::{Config, ASYNC_PREALLOC_ACCEPTED};
 use crate::device::{Device, PoolUsage, Stream, StreamOrderedPool};
@@ -317,47 +318,59 @@ impl<D: Device + ?Sized> Allocator for AsyncPoolAllocator<D> {
             self.books().stats.num_allocs += 1;
             return Ok(Allocation::empty(stream, self.id));
         };
-        let mut books = self.books();
-        let limit = self.options.limit;
-        let in_use = books.stats.bytes_in_use;
-        if size > limit.saturating_sub(in_use) {
-            let cause = if size > limit {
-                format!(
-                    "the request exceeds the limit of {} ({limit} B)",
-                    Bytes(limit)
-                )
-            } else {
-                format!(
-                    "the limit of {} is reached: {} in use, {} left",
-                    Bytes(limit),
-                    Bytes(in_use),
-                    Bytes(limit - in_use)
-                )
-            };
-            return Err(self.oom(&books, size, rounded, cause));
-        }
-        let pool = self.pool()?;
-        let ptr = match pool.alloc_async(size, stream) {
-            Ok(ptr) => ptr,
-            Err(first) if first.is_out_of_memory() => {
-                books.retries += 1;
-                let retried = self
-                    .device
-                    .synchronize_stream(stream)
-                    .and_then(|()| pool.alloc_async(size, stream));
-                match retried {
-                    Ok(ptr) => ptr,
-                    Err(second) => {
-                        let cause = format!(
-                            "the pool could not serve it ({first}); after synchronizing stream \
-                             {} and retrying once: {second}",
-                            stream.0
-                        );
-                        return Err(self.oom(&books, size, rounded, cause));
-                    }
-                }
+        // The bytes are taken from the limit under the lock; the pool is called without it, so
+        // that a request waiting for the driver (or synchronising on its retry) blocks no one.
+        {
+            let mut books = self.books();
+            let limit = self.options.limit;
+            let in_use = books.stats.bytes_in_use;
+            if size > limit.saturating_sub(in_use) {
+                let cause = if size > limit {
+                    format!(
+                        "the request exceeds the limit of {} ({limit} B)",
+                        Bytes(limit)
+                    )
+                } else {
+                    format!(
+                        "the limit of {} is reached: {} in use, {} left",
+                        Bytes(limit),
+                        Bytes(in_use),
+                        Bytes(limit - in_use)
+                    )
+                };
+                return Err(self.oom(&books, size, rounded, cause));
             }
-            Err(e) => return Err(e),
+            books.stats.bytes_in_use += size;
+        }
+        // Out of memory: synchronise the stream (the driver then returns and coalesces what
+        // was freed on it) and retry once. `Err((e, None))` is any other failure.
+        let served = self.pool().map_err(|e| (e, None)).and_then(|pool| {
+            match pool.alloc_async(size, stream) {
+                Err(first) if first.is_out_of_memory() => {
+                    self.books().retries += 1;
+                    self.device
+                        .synchronize_stream(stream)
+                        .and_then(|()| pool.alloc_async(size, stream))
+                        .map_err(|second| (second, Some(Box::new(first))))
+                }
+                other => other.map_err(|e| (e, None)),
+            }
+        });
+        let mut books = self.books();
+        let ptr = match served {
+            Ok(ptr) => ptr,
+            Err((e, first)) => {
+                books.stats.bytes_in_use -= size;
+                let Some(first) = first else {
+                    return Err(e);
+                };
+                let cause = format!(
+                    "the pool could not serve it ({first}); after synchronizing stream {} and \
+                     retrying once: {e}",
+                    stream.0
+                );
+                return Err(self.oom(&books, size, rounded, cause));
+            }
         };
         let token = books.next_token;
         books.next_token += 1;
@@ -371,43 +384,63 @@ impl<D: Device + ?Sized> Allocator for AsyncPoolAllocator<D> {
         );
         let s = &mut books.stats;
         s.num_allocs += 1;
-        s.bytes_in_use += size;
         s.peak_bytes_in_use = s.peak_bytes_in_use.max(s.bytes_in_use);
         s.largest_alloc_size = s.largest_alloc_size.max(size);
         Ok(Allocation::new(ptr, size, stream, self.id, token))
     }
 
-    /// One `free_async` on the allocation's stream.
-    ///
-    /// # Errors
-    /// [`Error::ForeignAllocation`] when another allocator made it;
-    /// [`Error::UnknownPointer`] when it names no live allocation of this allocator; the
-    /// pool's error (the allocation then stays live).
     fn deallocate(&self, allocation: Allocation) -> Result<()> {
         if !holds_memory(&allocation, self.id)? {
             return Ok(());
         }
-        let mut books = self.books();
         let ptr = allocation.ptr();
-        let live = books
-            .live
-            .get(&ptr)
-            .copied()
-            .filter(|l| l.token == allocation.token())
-            .ok_or(Error::UnknownPointer {
-                what: "allocation",
-                ptr,
-                backend: self.device.info().vendor.name(),
-            })?;
-        self.pool()?.free_async(ptr, live.stream)?;
-        books.live.remove(&ptr);
-        books.stats.bytes_in_use -= live.size;
-        Ok(())
+        let live = {
+            let mut books = self.books();
+            let live = books
+                .live
+                .get(&ptr)
+                .copied()
+                .filter(|l| l.token == allocation.token())
+                .ok_or(Error::UnknownPointer {
+                    what: "allocation",
+                    ptr,
+                    backend: self.device.info().vendor.name(),
+                })?;
+            books.live.remove(&ptr);
+            live
+        };
+        // Made on another thread's per-thread stream: a free on this thread's would not be
+        // ordered after that work, so the device is synchronised first (without the lock).
+        if allocation.freed_off_its_thread() {
+            synchronized(&*self.device);
+        }
+        let freed = self
+            .pool()
+            .and_then(|pool| pool.free_async(ptr, live.stream));
+        let mut books = self.books();
+        match freed {
+            Ok(()) => {
+                books.stats.bytes_in_use -= live.size;
+                Ok(())
+            }
+            Err(e) => {
+                books.live.insert(ptr, live);
+                Err(e)
+            }
+        }
     }
 
     /// Requested bytes in use; the pool's reserved bytes as `pool_bytes`. The pool does not
     /// say how its free memory is split, so `largest_free_block_bytes` and `fragmentation`
     /// are 0.
+    fn charged(&self, allocation: &Allocation) -> Option<u64> {
+        self.books()
+            .live
+            .get(&allocation.ptr())
+            .filter(|l| l.token == allocation.token())
+            .map(|l| l.size)
+    }
+
     fn stats(&self) -> Stats {
         let mut stats = self.books().stats;
         if let Ok(u) = self.pool_usage() {

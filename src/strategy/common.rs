@@ -116,6 +116,22 @@ impl FailedRequest<'_> {
     }
 }
 
+/// Synchronises the whole device before an allocation made on another thread's per-thread
+/// stream is freed ([`Allocation::freed_off_its_thread`]): true when it did (the memory is
+/// then idle for every stream), false (logged) when the device refused — the free is then
+/// ordered on the calling thread's stream, the best left.
+pub(crate) fn synchronized<D: crate::device::Device + ?Sized>(device: &D) -> bool {
+    match device.synchronize_device() {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(error = %e,
+                "a per-thread-stream allocation freed on another thread: could not synchronize \
+                 the device; ordering the free on this thread's stream instead");
+            false
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use test_case::test_case;

@@ -21,8 +21,12 @@ const DEVICE_ALIGNMENT: u64 = 256;
 #[derive(Debug, Default)]
 struct Books {
     /// Live allocations: address → bytes taken from the device.
-    /// Invariant: `sum(live.values()) == stats.bytes_in_use == stats.pool_bytes`.
-    live: HashMap<u64, u64>,
+    /// Address → (rounded bytes, the token it was handed out with). Invariant: the sum of
+    /// the bytes `== stats.bytes_in_use == stats.pool_bytes`.
+    live: HashMap<u64, (u64, u64)>,
+    /// The next token: never repeats, so a stale record of an address the device handed
+    /// out again is refused.
+    next_token: u64,
     stats: Stats,
 }
 
@@ -136,7 +140,9 @@ impl<D: Device + ?Sized> Allocator for PlatformAllocator<D> {
             }
         }
         let ptr = self.device.alloc(rounded)?;
-        books.live.insert(ptr, rounded);
+        books.next_token += 1;
+        let token = books.next_token;
+        books.live.insert(ptr, (rounded, token));
         let s = &mut books.stats;
         s.num_allocs += 1;
         s.bytes_in_use += rounded;
@@ -144,7 +150,7 @@ impl<D: Device + ?Sized> Allocator for PlatformAllocator<D> {
         s.peak_bytes_in_use = s.peak_bytes_in_use.max(s.bytes_in_use);
         s.peak_pool_bytes = s.peak_pool_bytes.max(s.pool_bytes);
         s.largest_alloc_size = s.largest_alloc_size.max(rounded);
-        Ok(Allocation::new(ptr, size, stream, self.id, rounded))
+        Ok(Allocation::new(ptr, size, stream, self.id, token))
     }
 
     fn deallocate(&self, allocation: Allocation) -> Result<()> {
@@ -152,13 +158,14 @@ impl<D: Device + ?Sized> Allocator for PlatformAllocator<D> {
             return Ok(());
         }
         let mut books = self.books();
-        // The token is the rounded size this allocator recorded: an allocation whose address
-        // is live but whose token differs was not made by this allocation (forged or stale).
+        // An allocation whose address is live but whose token differs was not made by this
+        // allocation (forged, or stale: the device handed the address out again).
         let Some(bytes) = books
             .live
             .get(&allocation.ptr())
             .copied()
-            .filter(|&bytes| bytes == allocation.token())
+            .filter(|&(_, token)| token == allocation.token())
+            .map(|(bytes, _)| bytes)
         else {
             return Err(Error::UnknownPointer {
                 what: "allocation",
@@ -175,7 +182,9 @@ impl<D: Device + ?Sized> Allocator for PlatformAllocator<D> {
             .and_then(|()| self.device.free(allocation.ptr(), bytes));
         let mut books = self.books();
         if let Err(e) = freed {
-            books.live.insert(allocation.ptr(), bytes);
+            books
+                .live
+                .insert(allocation.ptr(), (bytes, allocation.token()));
             return Err(e);
         }
         books.stats.bytes_in_use -= bytes;
@@ -187,13 +196,21 @@ impl<D: Device + ?Sized> Allocator for PlatformAllocator<D> {
         self.books().stats
     }
 
+    fn charged(&self, allocation: &Allocation) -> Option<u64> {
+        self.books()
+            .live
+            .get(&allocation.ptr())
+            .filter(|&&(_, token)| token == allocation.token())
+            .map(|&(bytes, _)| bytes)
+    }
+
     fn trim(&self) -> Result<u64> {
         Ok(0)
     }
 
     fn check_invariants(&self) -> std::result::Result<(), String> {
         let books = self.books();
-        let sum: u64 = books.live.values().sum();
+        let sum: u64 = books.live.values().map(|&(bytes, _)| bytes).sum();
         if sum != books.stats.bytes_in_use || sum != books.stats.pool_bytes {
             return Err(format!(
                 "live allocations sum to {sum} B but bytes_in_use = {} and pool_bytes = {}",
@@ -214,8 +231,14 @@ impl<D: Device + ?Sized> Drop for PlatformAllocator<D> {
                 bytes = books.stats.bytes_in_use,
                 "allocator dropped with live allocations; returning them to the device"
             );
+            // Their streams are not in the books: wait for the whole device before the
+            // memory goes back, since work may still use it.
+            if let Err(e) = self.device.synchronize_device() {
+                tracing::warn!(allocator = "platform", error = %e,
+                    "could not wait for the work on its memory; returning it anyway");
+            }
         }
-        for (ptr, bytes) in books.live.drain() {
+        for (ptr, (bytes, _)) in books.live.drain() {
             if let Err(e) = super::release_with_retry(|| self.device.free(ptr, bytes)) {
                 tracing::warn!(ptr, bytes, error = %e, "could not free a leaked allocation");
             }

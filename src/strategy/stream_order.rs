@@ -7,30 +7,45 @@
 //! * **One stream**: while every request has come on one stream, a free goes straight back to
 //!   the strategy's free lists, as in XLA, and no event is made. The single-stream path costs
 //!   one comparison ([`StreamOrder::is_first`]).
-//! * **The switch**: at the first request on a second stream (or the first on
-//!   [`Stream::PER_THREAD`], which names another stream on each thread), the first stream is
-//!   synchronised once if anything was freed on it, since those frees carried no event.
+//! * **The fence**: memory freed at once carries no event, so before it may go where work it
+//!   was freed after could still be reading it — to another stream, or back to the device —
+//!   an event is recorded on the first stream (the *fence*, [`StreamOrder::fence_now`]): it
+//!   completes once everything queued there before it has. That is a GPU-side record, not a
+//!   CPU wait. At the first request on a second stream (or the first on
+//!   [`Stream::PER_THREAD`], which names another stream on each thread) the fence is
+//!   recorded if anything was freed at once, and a request on another stream is served from
+//!   the free lists only after enqueuing a wait for it ([`StreamOrder::order_after_fence`]),
+//!   once per stream, until it completes.
 //! * **Several streams**: a chunk freed on stream `S` is kept **pending** — still in use for
-//!   the strategy, so it coalesces with nothing and nobody else is handed it — with an event
-//!   recorded on `S` at the free. Events come from a small pool ([`EVENT_POOL`]).
-//!   [`StreamOrder::take`] lets a request on `S` reuse one of `S`'s own pending chunks at once
-//!   (never on [`Stream::PER_THREAD`]); [`StreamOrder::poll`] returns the pending chunks whose
-//!   event completed; [`StreamOrder::sync_all`] waits for all of them (before a strategy grows,
-//!   fails, or trims).
+//!   the strategy, so it coalesces with nothing and nobody else is handed it without an order
+//!   — with an event recorded on `S` at the free. Events come from a small pool
+//!   ([`EVENT_POOL`]). A request on `T` is served, in RMM's order: from `T`'s own pending frees
+//!   at once ([`StreamOrder::take`]; never on [`Stream::PER_THREAD`]); from the free lists;
+//!   from another stream's pending frees after enqueuing on `T` a GPU-side wait for their
+//!   event ([`StreamOrder::take_elsewhere`], [`Device::wait_event`]); by growth; and only
+//!   then by a CPU wait, which the strategy makes **with its lock released**
+//!   ([`StreamOrder::cpu_waits_pending`], [`wait_outside`]) just before it would refuse.
+//!   [`StreamOrder::poll`] returns the pending chunks whose event completed;
+//!   [`StreamOrder::sync_all`] and [`StreamOrder::settle`] wait on the CPU (an allocator's
+//!   drop, or a last resort).
 //! * **A refusal is never "idle"**: when no event can be recorded on `S` (a stream the driver
 //!   rejects, a failing driver), `S` is synchronised and the chunk is free at once; when `S`
 //!   cannot be synchronised either, the device is; and when that fails too the chunk stays
 //!   pending *without* an event: it is returned only once a later event on `S` completes
-//!   (events on one stream complete in order) or a later synchronisation succeeds.
+//!   (events on one stream complete in order) or a later synchronisation succeeds. These are
+//!   the only CPU waits made with the strategy's lock held: a driver that fails.
 //!
 //! # Invariants (checked by [`StreamOrder::check`])
 //!
 //! * `bytes` and `count` are the sum of the sizes and the number of pending chunks.
 //! * Pieces of one free (a strategy may carve a request out of a pending chunk and keep the
 //!   rest pending) share its event and its `free` number and sit next to each other in their
-//!   stream's queue; no event is used by two frees; no idle event is pending.
+//!   stream's queue; no event is used by two frees; no idle event is pending; the fence's
+//!   event is neither idle nor pending.
 //! * At most [`EVENT_POOL`] idle events.
 //! * `multi` is true once two streams were seen, or [`Stream::PER_THREAD`] was.
+//! * The fence's `waited` streams never include [`Stream::PER_THREAD`] (a wait on it orders
+//!   one thread's stream only).
 #![deny(unsafe_code)]
 
 use std::collections::VecDeque;
@@ -83,6 +98,23 @@ pub(crate) struct Pending<C> {
     free: u64,
 }
 
+/// An event recorded on the first stream after memory freed at once (see the module docs).
+#[derive(Debug)]
+struct Fence {
+    event: Event,
+    /// Streams that enqueued a wait for its record (never [`Stream::PER_THREAD`]).
+    waited: Vec<Stream>,
+}
+
+/// One CPU wait a strategy makes with its lock released ([`wait_outside`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CpuWait {
+    /// The work before an event's record.
+    Event(Event),
+    /// Everything queued on a stream (the stream, or the device when that fails).
+    Stream(Stream),
+}
+
 /// Stream-ordered reuse (see the module docs).
 #[derive(Debug)]
 pub(crate) struct StreamOrder<C> {
@@ -91,8 +123,14 @@ pub(crate) struct StreamOrder<C> {
     /// True once a request came on a second stream (or on [`Stream::PER_THREAD`]): frees are
     /// then kept pending.
     multi: bool,
-    /// Something was freed straight back, without an event, before the switch.
-    freed_while_single: bool,
+    /// Something was freed straight back, without an event, since the fence was last
+    /// recorded.
+    unfenced: bool,
+    /// The fence, until it is known complete.
+    fence: Option<Fence>,
+    /// How many times the fence was recorded: a strategy that tracks what each record covers
+    /// (vmm's granules) compares it with what it saw last.
+    fence_records: u64,
     /// Pending frees by stream, oldest first.
     queues: Vec<(Stream, VecDeque<Pending<C>>)>,
     /// Bytes of the pending chunks.
@@ -110,7 +148,9 @@ impl<C> Default for StreamOrder<C> {
         StreamOrder {
             first: None,
             multi: false,
-            freed_while_single: false,
+            unfenced: false,
+            fence: None,
+            fence_records: 0,
             queues: Vec::new(),
             bytes: 0,
             count: 0,
@@ -139,6 +179,23 @@ pub(crate) fn wait_for<D: Device + ?Sized>(device: &D, stream: Stream) -> Result
         tracing::debug!(error = %d, "could not synchronize the device either");
         e
     })
+}
+
+/// Makes `waits` (from [`StreamOrder::cpu_waits_pending`]) on the CPU: what a strategy calls
+/// with its lock released. A wait that fails is logged and skipped: the strategy finds out
+/// what completed when it polls again.
+pub(crate) fn wait_outside<D: Device + ?Sized>(device: &D, waits: &[CpuWait]) {
+    for &w in waits {
+        let result = match w {
+            // The event may have been given back and recorded again meanwhile: then this
+            // waits for later work, which is still finite.
+            CpuWait::Event(e) => device.synchronize_event(e),
+            CpuWait::Stream(s) => wait_for(device, s),
+        };
+        if let Err(e) = result {
+            tracing::debug!(wait = ?w, error = %e, "a wait outside the lock failed");
+        }
+    }
 }
 
 /// How many entries from `i` on belong to the free at `i` (its pieces are adjacent).
@@ -172,17 +229,35 @@ impl<C: Chunk> StreamOrder<C> {
         self.bytes
     }
 
-    /// Notes a free that went straight back (single-stream mode).
+    /// True while the fence is recorded and not known complete.
+    #[inline]
+    pub fn fence_active(&self) -> bool {
+        self.fence.is_some()
+    }
+
+    /// How many times the fence was recorded so far.
+    pub fn fence_records(&self) -> u64 {
+        self.fence_records
+    }
+
+    /// True when something was freed at once since the fence was last recorded.
+    pub fn unfenced(&self) -> bool {
+        self.unfenced
+    }
+
+    /// Notes a free that went back at once, without an event (single-stream mode, or a
+    /// synchronised one with no event recorded).
     #[inline]
     pub fn freed_at_once(&mut self) {
-        self.freed_while_single = true;
+        self.unfenced = true;
     }
 
     /// Notes the stream of a request (called when [`StreamOrder::is_first`] is false); at the
-    /// first request on a second stream, switches to stream-ordered frees.
+    /// first request on a second stream, switches to stream-ordered frees, recording the
+    /// fence if anything was freed at once (no CPU wait).
     ///
     /// # Errors
-    /// The device's error when the first stream had frees without events and neither it nor
+    /// The device's error when the fence cannot be recorded and neither the first stream nor
     /// the device can be synchronised: the request must not be served then (it could be
     /// handed that memory), and the switch is tried again at the next request.
     #[cold]
@@ -195,16 +270,109 @@ impl<C: Chunk> StreamOrder<C> {
             }
             Some(first) if first == stream && !stream.is_per_thread() => {}
             Some(_) if self.multi => {}
-            Some(first) => {
-                if self.freed_while_single {
-                    // Frees on `first` went back without an event: wait for its work once
-                    // before another stream may be handed that memory.
-                    wait_for(device, first)?;
+            Some(_) => {
+                if self.unfenced {
+                    self.fence_now(device)?;
                 }
                 self.multi = true;
             }
         }
         Ok(())
+    }
+
+    /// Records the fence on the first stream now (again, if it was recorded before: the new
+    /// record covers the old one's work too, and every stream must wait for it anew). When
+    /// no event can be recorded, waits for the first stream on the CPU instead (a driver
+    /// that fails: with the lock held).
+    ///
+    /// # Errors
+    /// The device's error when neither works.
+    pub fn fence_now<D: Device + ?Sized>(&mut self, device: &D) -> Result<()> {
+        let Some(first) = self.first else {
+            self.unfenced = false;
+            return Ok(());
+        };
+        let event = match self.fence.take() {
+            Some(f) => Ok(f.event),
+            None => self.take_event(device),
+        };
+        let recorded = event.and_then(|e| match device.record_event(e, first) {
+            Ok(()) => Ok(e),
+            Err(err) => {
+                self.give_event(device, e);
+                Err(err)
+            }
+        });
+        match recorded {
+            Ok(event) => {
+                self.fence = Some(Fence {
+                    event,
+                    waited: Vec::new(),
+                });
+                self.fence_records += 1;
+                self.unfenced = false;
+                Ok(())
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "could not record the fence; synchronizing instead");
+                wait_for(device, first)?;
+                self.unfenced = false;
+                Ok(())
+            }
+        }
+    }
+
+    /// Forgets the fence once its event completed. True when it is gone (or never was).
+    fn poll_fence<D: Device + ?Sized>(&mut self, device: &D) -> bool {
+        let Some(f) = &self.fence else {
+            return true;
+        };
+        if !matches!(device.event_complete(f.event), Ok(true)) {
+            return false;
+        }
+        if let Some(f) = self.fence.take() {
+            self.give_event(device, f.event);
+        }
+        true
+    }
+
+    /// Before a request on `stream` is served from the free lists: while the fence is
+    /// active, `stream` (unless it is the first stream) gets a GPU-side wait for it, once.
+    /// When the wait cannot be enqueued, the fence is waited for on the CPU (a driver that
+    /// fails).
+    ///
+    /// # Errors
+    /// The device's error when neither works: the free lists must not serve `stream` then.
+    pub fn order_after_fence<D: Device + ?Sized>(
+        &mut self,
+        device: &D,
+        stream: Stream,
+    ) -> Result<()> {
+        if self.poll_fence(device) {
+            return Ok(());
+        }
+        let own = !stream.is_per_thread() && self.first == Some(stream);
+        let Some(f) = self.fence.as_mut() else {
+            return Ok(());
+        };
+        if own || f.waited.contains(&stream) {
+            return Ok(());
+        }
+        match device.wait_event(stream, f.event) {
+            Ok(()) => {
+                if !stream.is_per_thread() {
+                    f.waited.push(stream);
+                }
+                Ok(())
+            }
+            Err(e) => {
+                tracing::debug!(stream = stream.0, error = %e,
+                    "could not wait for the fence on the device; waiting on the CPU");
+                device.synchronize_event(f.event)?;
+                self.poll_fence(device);
+                Ok(())
+            }
+        }
     }
 
     fn take_event<D: Device + ?Sized>(&mut self, device: &D) -> Result<Event> {
@@ -295,15 +463,16 @@ impl<C: Chunk> StreamOrder<C> {
         }
     }
 
-    /// Returns the pending chunks that are safe now through `release`. On an ordinary stream,
-    /// everything up to the newest completed event (events on one stream complete in order;
-    /// frees without an event before it are safe too); on [`Stream::PER_THREAD`] (another
-    /// stream on each thread) each free whose own event completed. A query that fails counts
-    /// as not complete.
+    /// Returns the pending chunks that are safe now through `release`, and forgets the fence
+    /// if it completed. On an ordinary stream, everything up to the newest completed event
+    /// (events on one stream complete in order; frees without an event before it are safe
+    /// too); on [`Stream::PER_THREAD`] (another stream on each thread) each free whose own
+    /// event completed. A query that fails counts as not complete.
     ///
     /// # Time complexity
     /// One event query per stream with pending frees, plus one per free returned.
     pub fn poll<D: Device + ?Sized>(&mut self, device: &D, mut release: impl FnMut(C)) {
+        self.poll_fence(device);
         let mut qi = 0;
         while qi < self.queues.len() {
             let (stream, ref queue) = self.queues[qi];
@@ -342,9 +511,33 @@ impl<C: Chunk> StreamOrder<C> {
         }
     }
 
+    /// What waiting on the CPU for every pending free and the fence takes: for each stream
+    /// with pending frees its newest event (or the stream itself, when frees without an event
+    /// come after it, or on [`Stream::PER_THREAD`]), and the fence's event. Empty when
+    /// nothing is pending. A strategy makes these waits with [`wait_outside`], its lock
+    /// released, then polls.
+    pub fn cpu_waits_pending(&self) -> Vec<CpuWait> {
+        let mut out: Vec<CpuWait> = self
+            .queues
+            .iter()
+            .map(|(stream, queue)| {
+                let newest = queue.iter().rposition(|p| p.event.is_some());
+                let after = newest.map_or(0, |i| i + 1);
+                let unevented_after = queue.iter().skip(after).any(|p| p.event.is_none());
+                match newest.and_then(|i| queue[i].event) {
+                    Some(e) if !unevented_after && !stream.is_per_thread() => CpuWait::Event(e),
+                    _ => CpuWait::Stream(*stream),
+                }
+            })
+            .collect();
+        out.extend(self.fence.as_ref().map(|f| CpuWait::Event(f.event)));
+        out
+    }
+
     /// Waits for every pending free and returns the chunks through `release`: on an ordinary
     /// stream one wait for its newest event (or the stream, or the device, when that fails or
-    /// frees without an event come after it); on [`Stream::PER_THREAD`] the device.
+    /// frees without an event come after it); on [`Stream::PER_THREAD`] the device. With the
+    /// lock held: for an allocator's drop, and the strategies' last resort.
     ///
     /// # Errors
     /// The device's error for a stream whose frees could not be waited for: they stay
@@ -384,20 +577,35 @@ impl<C: Chunk> StreamOrder<C> {
         failed.map_or(Ok(()), Err)
     }
 
-    /// Waits for everything freed so far, pending or not (single-stream frees carry no
-    /// event), then returns the pending chunks: what a strategy does before it gives memory
-    /// back to the device, whose plain free requires the work using it to be complete.
+    /// Waits on the CPU for everything freed so far — the pending frees, the fence, and the
+    /// first stream when frees went back at once since the fence — then returns the pending
+    /// chunks: what a strategy does before it gives memory back to the device, whose plain
+    /// free requires the work using it to be complete. With the lock held: for an
+    /// allocator's drop, and the strategies' last resort.
     ///
     /// # Errors
-    /// The device's error when a pending free or the first stream cannot be waited for.
+    /// The device's error when a pending free, the fence or the first stream cannot be
+    /// waited for.
     pub fn settle<D: Device + ?Sized>(&mut self, device: &D, release: impl FnMut(C)) -> Result<()> {
-        if self.freed_while_single && !self.multi {
+        if self.unfenced {
             if let Some(first) = self.first {
                 wait_for(device, first)?;
-                self.freed_while_single = false;
+            }
+            self.unfenced = false;
+        }
+        if let Some(f) = &self.fence {
+            device.synchronize_event(f.event)?;
+            if let Some(f) = self.fence.take() {
+                self.give_event(device, f.event);
             }
         }
         self.sync_all(device, release)
+    }
+
+    /// True when nothing freed so far can still be in use by work in flight, as far as the
+    /// books know: no pending free, no fence, nothing freed at once since the last fence.
+    pub fn is_settled(&self) -> bool {
+        self.count == 0 && self.fence.is_none() && !self.unfenced
     }
 
     /// Serves a request on `stream` from one of its own pending frees, at once: `pick` rates
@@ -423,13 +631,71 @@ impl<C: Chunk> StreamOrder<C> {
             return None;
         }
         let qi = self.queues.iter().position(|(s, _)| *s == stream)?;
-        let queue = &self.queues[qi].1;
-        let (i, _, x) = queue
+        let (i, _, x) = self.queues[qi]
+            .1
             .iter()
             .enumerate()
             .filter_map(|(i, p)| pick(&p.chunk).map(|(k, x)| (i, k, x)))
             .min_by(|a, b| a.1.cmp(&b.1))?;
-        let p = queue[i];
+        self.carve_out(device, qi, i, x, carve)
+    }
+
+    /// Serves a request on `stream` from a pending free of *another* stream (any queue, for
+    /// [`Stream::PER_THREAD`]) after enqueuing on `stream` a GPU-side wait for that free's
+    /// event ([`Device::wait_event`]): no CPU wait. `pick` and `carve` as for
+    /// [`StreamOrder::take`]; a free without an event is never taken, and when the wait
+    /// cannot be enqueued nothing is taken. `None` when nothing fits.
+    ///
+    /// # Time complexity
+    /// Linear in the pending frees.
+    pub fn take_elsewhere<D, K, X, G>(
+        &mut self,
+        device: &D,
+        stream: Stream,
+        mut pick: impl FnMut(&C) -> Option<(K, X)>,
+        carve: impl FnOnce(C, X) -> Option<(G, Vec<C>)>,
+    ) -> Option<G>
+    where
+        D: Device + ?Sized,
+        K: Ord,
+    {
+        let own = |s: Stream| !stream.is_per_thread() && s == stream;
+        let (qi, i, _, x) = self
+            .queues
+            .iter()
+            .enumerate()
+            .filter(|(_, (s, _))| !own(*s))
+            .flat_map(|(qi, (_, queue))| {
+                queue
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, p)| p.event.is_some())
+                    .map(move |(i, p)| (qi, i, p))
+            })
+            .filter_map(|(qi, i, p)| pick(&p.chunk).map(|(k, x)| (qi, i, k, x)))
+            .min_by(|a, b| a.2.cmp(&b.2))?;
+        let event = self.queues[qi].1[i].event?;
+        if let Err(e) = device.wait_event(stream, event) {
+            tracing::debug!(stream = stream.0, error = %e,
+                "could not wait on the device for another stream's free");
+            return None;
+        }
+        self.carve_out(device, qi, i, x, carve)
+    }
+
+    /// Cuts a request out of pending entry `i` of queue `qi` (see [`StreamOrder::take`]).
+    fn carve_out<D, X, G>(
+        &mut self,
+        device: &D,
+        qi: usize,
+        i: usize,
+        x: X,
+        carve: impl FnOnce(C, X) -> Option<(G, Vec<C>)>,
+    ) -> Option<G>
+    where
+        D: Device + ?Sized,
+    {
+        let p = self.queues[qi].1[i];
         let (grant, pieces) = carve(p.chunk, x)?;
         let queue = &mut self.queues[qi].1;
         queue.remove(i);
@@ -468,13 +734,14 @@ impl<C: Chunk> StreamOrder<C> {
             .flat_map(|(s, q)| q.iter().map(move |p| (*s, &p.chunk)))
     }
 
-    /// Every event held (pending and idle), each once: for the strategy's drop.
+    /// Every event held (pending, idle and the fence's), each once: for the strategy's drop.
     pub fn events(&self) -> Vec<Event> {
         let mut out: Vec<Event> = self
             .queues
             .iter()
             .flat_map(|(_, q)| q.iter().filter_map(|p| p.event))
             .chain(self.idle.iter().copied())
+            .chain(self.fence.as_ref().map(|f| f.event))
             .collect();
         out.sort_unstable();
         out.dedup();
@@ -544,6 +811,17 @@ impl<C: Chunk> StreamOrder<C> {
             .find(|e| events.iter().any(|(f, _)| f == *e))
         {
             return Err(format!("idle event {e:?} is pending too"));
+        }
+        if let Some(f) = &self.fence {
+            if self.idle.contains(&f.event) || events.iter().any(|&(e, _)| e == f.event) {
+                return Err(format!(
+                    "the fence's event {:?} is idle or pending",
+                    f.event
+                ));
+            }
+            if f.waited.iter().any(|s| s.is_per_thread()) {
+                return Err("the per-thread handle is listed as ordered after the fence".into());
+            }
         }
         if count > 0 && !self.multi {
             return Err("pending frees in single-stream mode".into());

@@ -434,6 +434,32 @@ impl Arena {
         grant
     }
 
+    /// Hands the chunk in use `token` at `addr` out again, for `requested` bytes, under a
+    /// new generation (a stream-ordered free reused by its stream: the chunk never left the
+    /// arena's books, but whoever held the old token must be refused from now on). `None`
+    /// when the token does not name a chunk in use at `addr`, or the chunk cannot hold
+    /// `requested`.
+    ///
+    /// # Time complexity
+    /// `O(1)` (`O(log n)` when a request's slack is kept aside).
+    pub fn hand_out_again(&mut self, token: u64, addr: u64, requested: u64) -> Option<Grant> {
+        if !self.is_in_use(token, addr) {
+            return None;
+        }
+        let idx = token as u32;
+        if requested > self.chunks[idx as usize].size {
+            return None;
+        }
+        if self.chunks[idx as usize].slack() == SLACK_SPILLED {
+            self.unspill(idx);
+        }
+        let grant = self.hand_out(idx, requested);
+        // `hand_out` counts a chunk that was not in use: this one was, and still is.
+        self.bytes_in_use -= grant.chunk_size;
+        self.live -= 1;
+        Some(grant)
+    }
+
     /// Every chunk in use, as the [`Grant`] that handed it out (its token, address and
     /// chunk size), in slot order: what a caller that keeps no per-chunk books of its own
     /// until it needs them (bfc's single-stream mode) reads to start them.
@@ -450,6 +476,15 @@ impl Arena {
                 chunk_size: c.size,
                 token: (u64::from(c.generation) << 32) | idx as u64,
             })
+    }
+
+    /// The size of the chunk in use that `token` names at `addr`.
+    ///
+    /// # Time complexity
+    /// `O(1)`.
+    pub fn in_use_size(&self, token: u64, addr: u64) -> Option<u64> {
+        self.is_in_use(token, addr)
+            .then(|| self.chunks[token as u32 as usize].size)
     }
 
     /// True when `token` names a chunk in use at `addr`.

@@ -66,9 +66,13 @@ pub const MAX_ALIGNMENT: u64 = 1 << 30;
 pub const PREALLOCATION_GRANULE: u64 = 2 << 20;
 /// Under growth, the first region is `min(limit, 2 MiB)`.
 pub const INITIAL_REGION: u64 = 2 << 20;
-use super::common::{admit, holds_memory, Admitted, FailedRequest};
+use super::common::{admit, holds_memory, synchronized, Admitted, FailedRequest};
 pub use super::stream_order::EVENT_POOL;
-use super::stream_order::{StreamOrder, TokenChunk};
+use super::stream_order::{wait_outside, StreamOrder, TokenChunk};
+
+/// How many times [`Allocator::trim`] waits, with the lock released, for the work on freed
+/// memory before it waits with the lock held (frees that keep arriving meanwhile).
+const TRIM_WAITS: usize = 3;
 
 /// Options of [`BfcAllocator`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -181,6 +185,17 @@ fn see_stream<D: Device + ?Sized>(device: &D, inner: &mut Inner, stream: Stream)
 fn release_pending(arena: &mut Arena, p: Handed) {
     let freed = arena.free(p.token, p.addr);
     debug_assert!(freed.is_some(), "a pending chunk was not in use");
+}
+
+/// Whether pending chunk `p` is one the split rule hands out whole for `rounded` bytes at
+/// `alignment`, keyed by (size, address) for the best fit. One the rule would split waits
+/// for its event instead, since its remainder would be free for everyone.
+fn whole(p: &Handed, rounded: u64, alignment: u64) -> Option<((u64, u64), ())> {
+    (p.size >= rounded
+        && p.addr % alignment == 0
+        && rounded.checked_mul(2).map_or(true, |twice| p.size < twice)
+        && p.size - rounded < MAX_INTERNAL_FRAGMENTATION)
+        .then_some(((p.size, p.addr), ()))
 }
 
 /// XLA's BFC allocator over a device.
@@ -423,64 +438,105 @@ impl<D: Device + ?Sized> BfcAllocator<D> {
         self.add_region(inner, base, bytes)
     }
 
-    /// Returns completed pending frees to the bins, then looks for a pending chunk of
-    /// `stream` that the split rule would hand out whole for `rounded` bytes at `alignment`
-    /// (the smallest, then the lowest address).
+    /// Returns completed pending frees to the bins (and forgets a completed fence), then looks
+    /// for a pending chunk of `stream` that the split rule would hand out whole for `rounded`
+    /// bytes at `alignment` (the smallest, then the lowest address), handed out again under a
+    /// new generation.
     #[cold]
     #[inline(never)]
     fn take_pending(
         &self,
         inner: &mut Inner,
         stream: Stream,
+        size: u64,
         rounded: u64,
         alignment: u64,
     ) -> Option<Grant> {
         let device = &*self.device;
         let arena = &mut inner.arena;
         inner.order.poll(device, |p| release_pending(arena, p));
-        let whole = |p: &Handed| {
-            (p.size >= rounded
-                && p.addr % alignment == 0
-                && rounded.checked_mul(2).map_or(true, |twice| p.size < twice)
-                && p.size - rounded < MAX_INTERNAL_FRAGMENTATION)
-                .then_some(((p.size, p.addr), ()))
-        };
-        inner.order.take(device, stream, whole, |p, ()| {
-            let grant = Grant {
-                addr: p.addr,
-                chunk_size: p.size,
-                token: p.token,
-            };
-            Some((grant, Vec::new()))
-        })
-    }
-
-    /// Waits for every pending free and returns them to the bins (those that cannot be
-    /// waited for stay pending).
-    fn sync_pending(&self, inner: &mut Inner) {
+        if inner.order.count() == 0 {
+            return None;
+        }
         let arena = &mut inner.arena;
-        // A stream that cannot be waited for keeps its frees pending: the request then grows
-        // the pool or fails, with the error logged.
-        let _ = inner
-            .order
-            .sync_all(&*self.device, |p| release_pending(arena, p));
+        inner.order.take(
+            device,
+            stream,
+            |p| whole(p, rounded, alignment),
+            |p, ()| Some((arena.hand_out_again(p.token, p.addr, size)?, Vec::new())),
+        )
     }
 
-    /// No free chunk fits: wait for pending frees (memory only waiting for other streams'
-    /// events is no reason to grow or fail), then grow the pool.
-    #[inline(never)]
-    fn allocate_slow(
+    /// A pending chunk of another stream, handed out whole to `stream` behind a GPU-side wait
+    /// for its free's event (no CPU wait), by the same rule as [`Self::take_pending`].
+    fn take_elsewhere(
         &self,
         inner: &mut Inner,
+        stream: Stream,
+        size: u64,
+        rounded: u64,
+        alignment: u64,
+    ) -> Option<Grant> {
+        if inner.order.count() == 0 {
+            return None;
+        }
+        let arena = &mut inner.arena;
+        inner.order.take_elsewhere(
+            &*self.device,
+            stream,
+            |p| whole(p, rounded, alignment),
+            |p, ()| Some((arena.hand_out_again(p.token, p.addr, size)?, Vec::new())),
+        )
+    }
+
+    /// Serves a request without waiting on the CPU, in RMM's order: `stream`'s own pending
+    /// frees, the bins (after a GPU-side wait for the fence, on another stream), another
+    /// stream's pending frees behind a GPU-side wait, growth.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`] with the cause when none of them serves it.
+    fn serve(
+        &self,
+        inner: &mut Inner,
+        stream: Stream,
         size: u64,
         rounded: u64,
         alignment: u64,
     ) -> Result<Grant> {
-        if inner.order.count() > 0 {
-            self.sync_pending(inner);
+        let mut bins = true;
+        if inner.order.is_multi() {
+            if inner.order.count() > 0 || inner.order.fence_active() {
+                if let Some(g) = self.take_pending(inner, stream, size, rounded, alignment) {
+                    return Ok(g);
+                }
+            }
+            if inner.order.fence_active() {
+                // Memory freed at once before the switch may still be read by the first
+                // stream's work: another stream takes it from the bins only behind the fence.
+                bins = inner.order.order_after_fence(&*self.device, stream).is_ok();
+            }
+        }
+        if bins {
             if let Some(g) = inner.arena.allocate(rounded, alignment, size) {
                 return Ok(g);
             }
+        }
+        self.allocate_slow(inner, stream, size, rounded, alignment)
+    }
+
+    /// Nothing in the bins fits: another stream's pending free behind a GPU-side wait, then
+    /// growth.
+    #[inline(never)]
+    fn allocate_slow(
+        &self,
+        inner: &mut Inner,
+        stream: Stream,
+        size: u64,
+        rounded: u64,
+        alignment: u64,
+    ) -> Result<Grant> {
+        if let Some(g) = self.take_elsewhere(inner, stream, size, rounded, alignment) {
+            return Ok(g);
         }
         // A device base is only 256-aligned: leave room to align within the region.
         let need = rounded.saturating_add(alignment - MIN_ALLOCATION);
@@ -494,6 +550,18 @@ impl<D: Device + ?Sized> BfcAllocator<D> {
                 let cause = "no chunk fits even after growing the pool".to_string();
                 self.oom(inner, size, rounded, alignment, cause)
             })
+    }
+
+    /// Returns every region that is entirely free to the device; the work on the freed
+    /// memory must be known complete (the caller checked, or waited).
+    fn release_free_regions(&self, inner: &mut Inner) -> Result<u64> {
+        let mut released = 0;
+        for (base, size) in inner.arena.free_regions() {
+            self.device.free(base, size)?;
+            inner.arena.remove_free_region(base);
+            released += size;
+        }
+        Ok(released)
     }
 
     fn exceeds(&self, need: u64, cap: u64) -> String {
@@ -587,20 +655,26 @@ impl<D: Device + ?Sized> Allocator for BfcAllocator<D> {
             return Ok(Allocation::empty(stream, self.id));
         };
         let mut guard = self.inner();
-        let inner = &mut *guard;
+        let mut inner = &mut *guard;
         if !inner.order.is_first(stream) {
             see_stream(&*self.device, inner, stream)?;
         }
-        let mut reused = None;
-        if inner.order.count() > 0 {
-            reused = self.take_pending(inner, stream, rounded, alignment);
-        }
-        let grant = match reused {
-            Some(g) => g,
-            None => match inner.arena.allocate(rounded, alignment, size) {
-                Some(g) => g,
-                None => self.allocate_slow(inner, size, rounded, alignment)?,
-            },
+        let grant = match self.serve(inner, stream, size, rounded, alignment) {
+            Ok(g) => g,
+            Err(refused) => {
+                // Nothing serves it without a CPU wait: wait, with the lock released, for
+                // the frees still in flight, then try once more — the CPU waits only here,
+                // just before refusing.
+                let waits = inner.order.cpu_waits_pending();
+                if waits.is_empty() {
+                    return Err(refused);
+                }
+                drop(guard);
+                wait_outside(&*self.device, &waits);
+                guard = self.inner();
+                inner = &mut *guard;
+                self.serve(inner, stream, size, rounded, alignment)?
+            }
         };
         if inner.order.is_multi() {
             inner.record_handed(&grant);
@@ -636,6 +710,9 @@ impl<D: Device + ?Sized> Allocator for BfcAllocator<D> {
         };
         let (token, ptr) = (allocation.token(), allocation.ptr());
         let idx = token as u32 as usize;
+        // Made on another thread's per-thread stream: no event on this thread's can order the
+        // free after that work, so the device is synchronised (without the lock) instead.
+        let settled = allocation.freed_off_its_thread() && synchronized(&*self.device);
         let mut guard = self.inner();
         let inner = &mut *guard;
         if !inner.order.is_multi() {
@@ -652,10 +729,27 @@ impl<D: Device + ?Sized> Allocator for BfcAllocator<D> {
             .filter(|h| h.size != 0 && h.token == token && h.addr == ptr)
             .ok_or_else(unknown)?;
         inner.handed[idx].size = 0;
-        if let Some(now) = inner.order.free(&*self.device, allocation.stream(), h) {
+        if settled {
+            release_pending(&mut inner.arena, h);
+        } else if let Some(now) = inner.order.free(&*self.device, allocation.stream(), h) {
             release_pending(&mut inner.arena, now);
         }
         Ok(())
+    }
+
+    /// The chunk it holds (pending frees are not live: `None`).
+    fn charged(&self, allocation: &Allocation) -> Option<u64> {
+        let inner = self.inner();
+        let size = inner
+            .arena
+            .in_use_size(allocation.token(), allocation.ptr())?;
+        if inner.order.is_multi() {
+            // A pending chunk is still in use in the arena, but no longer handed out.
+            let h = inner.handed.get(allocation.token() as u32 as usize)?;
+            (h.size != 0 && h.token == allocation.token()).then_some(size)
+        } else {
+            Some(size)
+        }
     }
 
     /// # Time complexity
@@ -690,19 +784,30 @@ impl<D: Device + ?Sized> Allocator for BfcAllocator<D> {
     /// # Time complexity
     /// `O(regions²)` plus a device call per region released.
     fn trim(&self) -> Result<u64> {
+        let device = &*self.device;
+        for _ in 0..TRIM_WAITS {
+            let mut guard = self.inner();
+            let inner = &mut *guard;
+            // Frees that went back at once are fenced on the device; then everything in
+            // flight is waited for with the lock released, and looked at again.
+            if inner.order.unfenced() {
+                inner.order.fence_now(device)?;
+            }
+            let arena = &mut inner.arena;
+            inner.order.poll(device, |p| release_pending(arena, p));
+            if inner.order.is_settled() {
+                return self.release_free_regions(inner);
+            }
+            let waits = inner.order.cpu_waits_pending();
+            drop(guard);
+            wait_outside(device, &waits);
+        }
+        // Frees kept arriving while it waited: wait with the lock held.
         let mut guard = self.inner();
         let inner = &mut *guard;
         let arena = &mut inner.arena;
-        inner
-            .order
-            .settle(&*self.device, |p| release_pending(arena, p))?;
-        let mut released = 0;
-        for (base, size) in inner.arena.free_regions() {
-            self.device.free(base, size)?;
-            inner.arena.remove_free_region(base);
-            released += size;
-        }
-        Ok(released)
+        inner.order.settle(device, |p| release_pending(arena, p))?;
+        self.release_free_regions(inner)
     }
 
     /// Checks the arena's invariants (see [`Arena::check_invariants`]) and the peaks.
@@ -779,13 +884,28 @@ impl<D: Device + ?Sized> Allocator for BfcAllocator<D> {
 impl<D: Device + ?Sized> Drop for BfcAllocator<D> {
     fn drop(&mut self) {
         let inner = self.inner.get_mut().unwrap_or_else(|p| p.into_inner());
+        let live = inner.arena.live_count() - inner.order.count();
+        // Work may still use the memory: wait before it goes back to the device — for the
+        // frees (or, with allocations still live, on streams the books do not know, for the
+        // whole device).
+        let arena = &mut inner.arena;
+        let waited = if live > 0 {
+            self.device.synchronize_device()
+        } else {
+            inner
+                .order
+                .settle(&*self.device, |p| release_pending(arena, p))
+        };
+        if let Err(e) = waited {
+            tracing::warn!(allocator = "bfc", error = %e,
+                "could not wait for the work on its memory; returning it to the device anyway");
+        }
         let order = std::mem::take(&mut inner.order);
         for event in order.events() {
             if let Err(e) = super::release_with_retry(|| self.device.destroy_event(event)) {
                 tracing::debug!(event = event.0, error = %e, "could not destroy an event");
             }
         }
-        let live = inner.arena.live_count() - order.count();
         if live > 0 {
             tracing::warn!(
                 allocator = "bfc",

@@ -2,11 +2,13 @@
 //! streams (two foreign handles and [`Stream::PER_THREAD`]) over a host device whose events
 //! are held in flight and which refuses records and synchronisations at random.
 //!
-//! The oracle is computed without the module: before every free the test records an event
-//! of its own (`work`) on the freeing stream — the caller's work on that memory — and a chunk
-//! the module returns for everyone must have its `work` complete in the host's own books. A
-//! chunk taken by a request must have been freed on that request's stream (never on the
-//! per-thread handle). The module's invariants are checked after every step, and its books
+//! The oracle is computed without the module: before every free the test launches a kernel
+//! of its own (`work`) on the freeing stream over the chunk — the caller's work on that
+//! memory — and a chunk the module returns for everyone must have its `work` complete in the
+//! host's own books. A chunk taken by a request at once must have been freed on that
+//! request's stream (never on the per-thread handle); one taken from another stream must
+//! leave the request's stream ordered after the `work` (a GPU-side wait), as the host's own
+//! timeline says. The module's invariants are checked after every step, and its books
 //! against the model's.
 
 use std::collections::BTreeMap;
@@ -66,6 +68,7 @@ impl DeviceWrapper for Flaky {
 enum Op {
     Free { stream: usize, size: u64 },
     Take { stream: usize, size: u64 },
+    TakeElsewhere { stream: usize, size: u64 },
     Poll,
     SyncAll,
     CompleteHeld,
@@ -77,6 +80,8 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => (0..3usize, 1..8u64).prop_map(|(stream, size)| Op::Free { stream, size: size * 256 }),
         3 => (0..3usize, 1..8u64).prop_map(|(stream, size)| Op::Take { stream, size: size * 256 }),
+        2 => (0..3usize, 1..8u64)
+            .prop_map(|(stream, size)| Op::TakeElsewhere { stream, size: size * 256 }),
         2 => Just(Op::Poll),
         1 => Just(Op::SyncAll),
         1 => Just(Op::CompleteHeld),
@@ -89,7 +94,8 @@ fn op() -> impl Strategy<Value = Op> {
 #[derive(Debug, Clone, Copy)]
 struct Freed {
     stream: Stream,
-    work: Event,
+    /// The kernel on `stream` over the chunk, launched before the free.
+    work: u64,
     size: u64,
 }
 
@@ -117,8 +123,8 @@ impl Harness {
         device.host.set_events_held(true);
         // Two handles the device never made (a caller's own streams) and the per-thread one.
         let streams = [
-            Stream::from_raw(0x7f00_0000_1000),
-            Stream::from_raw(0x7f00_0000_2000),
+            Stream(0x7f00_0000_1000),
+            Stream(0x7f00_0000_2000),
             Stream::PER_THREAD,
         ];
         let mut order = StreamOrder::default();
@@ -141,8 +147,9 @@ impl Harness {
             .remove(&c.addr)
             .unwrap_or_else(|| panic!("released {c:?}, which is not pending"));
         assert_eq!(f.size, c.size, "released {c:?} with another size");
-        assert!(
-            self.device.host.event_complete(f.work).unwrap(),
+        assert_eq!(
+            self.device.host.kernel_done(f.work),
+            Some(true),
             "{c:?} returned for every stream while the work on {:?} before its free is in flight",
             f.stream
         );
@@ -153,13 +160,12 @@ impl Harness {
         match *op {
             Op::Free { stream, size } => {
                 let s = self.streams[stream];
-                let work = dev.host.create_event().unwrap();
-                dev.host.record_event(work, s).unwrap();
                 let c = TestChunk {
                     addr: self.next_addr,
                     size,
                     token: 0,
                 };
+                let work = dev.host.launch(s, c.addr, size);
                 self.next_addr += size;
                 self.model.insert(
                     c.addr,
@@ -190,6 +196,38 @@ impl Harness {
                     assert!(
                         !s.is_per_thread(),
                         "reused at once on the per-thread handle"
+                    );
+                    if c.size > size {
+                        let rest = Freed {
+                            size: c.size - size,
+                            ..f
+                        };
+                        self.model.insert(c.addr + size, rest);
+                    }
+                }
+            }
+            Op::TakeElsewhere { stream, size } => {
+                let s = self.streams[stream];
+                let fit = |c: &TestChunk| (c.size >= size).then_some(((c.size, c.addr), ()));
+                let carve = |c: TestChunk, ()| {
+                    let rest = (c.size > size).then_some(TestChunk {
+                        addr: c.addr + size,
+                        size: c.size - size,
+                        token: 0,
+                    });
+                    Some((c, rest.into_iter().collect()))
+                };
+                if let Some(c) = self.order.take_elsewhere(dev, s, fit, carve) {
+                    let f = self.model.remove(&c.addr).expect("taken chunk was pending");
+                    assert!(
+                        s.is_per_thread() || f.stream != s,
+                        "take_elsewhere took {c:?} from the request's own stream"
+                    );
+                    assert_eq!(
+                        dev.host.ordered(f.work, s),
+                        Some(true),
+                        "{c:?} freed on {:?} handed to {s:?} with no order after the work on it",
+                        f.stream
                     );
                     if c.size > size {
                         let rest = Freed {
@@ -277,17 +315,21 @@ proptest! {
 }
 
 #[test]
-fn the_switch_waits_for_the_first_stream_or_refuses() {
+fn the_switch_fences_the_first_stream_on_the_device_or_refuses() {
     let h = Harness::new();
     let dev = &h.device;
-    let (s, t) = (Stream::from_raw(0x5000), Stream::from_raw(0x6000));
+    let (s, t) = (Stream(0x5000), Stream(0x6000));
     let mut order: StreamOrder<TestChunk> = StreamOrder::default();
     order.see_stream(dev, s).unwrap();
     assert!(order.is_first(s) && !order.is_multi());
+    // Memory freed at once on S while S's kernel still reads it.
     order.freed_at_once();
-    let work = dev.host.create_event().unwrap();
-    dev.host.record_event(work, s).unwrap();
-    // Neither the stream nor the device can be waited for: the second stream is refused.
+    dev.host.set_events_held(false);
+    let kernel = dev.host.launch(s, 0x1000, 256);
+    let (cpu_before, gpu_before) = dev.host.cpu_waits();
+    // No event can be recorded and neither the stream nor the device can be waited for:
+    // the second stream is refused.
+    dev.refuse_record.store(true, Ordering::Relaxed);
     dev.refuse_stream_sync.store(true, Ordering::Relaxed);
     dev.refuse_device_sync.store(true, Ordering::Relaxed);
     assert!(order.see_stream(dev, t).is_err());
@@ -295,15 +337,36 @@ fn the_switch_waits_for_the_first_stream_or_refuses() {
         !order.is_multi(),
         "not switched: the next request tries again"
     );
-    assert!(!dev.host.event_complete(work).unwrap());
-    // The device can: the switch waits for it.
-    dev.refuse_device_sync.store(false, Ordering::Relaxed);
+    // An event can be recorded: the switch fences S on the device — no CPU wait, the kernel
+    // still runs — and T is ordered after the fence by a GPU-side wait before the free
+    // lists serve it.
+    dev.refuse_record.store(false, Ordering::Relaxed);
     order.see_stream(dev, t).unwrap();
-    assert!(order.is_multi());
-    assert!(
-        dev.host.event_complete(work).unwrap(),
-        "the first stream's work was waited for"
+    assert!(order.is_multi() && order.fence_active());
+    assert_eq!(dev.host.kernel_done(kernel), Some(false));
+    assert_eq!(dev.host.ordered(kernel, t), Some(false));
+    order.order_after_fence(dev, t).unwrap();
+    assert_eq!(
+        dev.host.ordered(kernel, t),
+        Some(true),
+        "T waits for S's kernel"
     );
+    assert_eq!(dev.host.kernel_done(kernel), Some(false));
+    let (cpu, gpu) = dev.host.cpu_waits();
+    assert_eq!(
+        (cpu - cpu_before, gpu - gpu_before),
+        (0, 1),
+        "one GPU-side wait, no CPU wait"
+    );
+    // Once: T is not told to wait again, and S (the first stream) never is.
+    order.order_after_fence(dev, t).unwrap();
+    order.order_after_fence(dev, s).unwrap();
+    assert_eq!(dev.host.cpu_waits().1 - gpu_before, 1);
+    // The kernel completes: so does the fence, which is forgotten.
+    dev.host.finish(kernel);
+    order.poll(dev, |_| {});
+    assert!(!order.fence_active());
+    order.check(|_| true).unwrap();
 }
 
 #[test]

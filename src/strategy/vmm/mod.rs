@@ -138,7 +138,8 @@ use crate::error::{Error, Result};
 use crate::report::OomReport;
 use crate::units::Bytes;
 
-use super::common::{admit, holds_memory, Admitted, FailedRequest};
+use super::common::{admit, holds_memory, synchronized, Admitted, FailedRequest};
+use super::stream_order::wait_outside;
 use physical::{Physical, Piece};
 use space::{Grant, Placement, Space, MIN_ALLOCATION};
 use streams::StreamOrder;
@@ -221,6 +222,9 @@ struct Inner {
     peers: Vec<u32>,
     /// Lists [`VmmAllocator::back`] fills and empties on each call, kept for their capacity.
     scratch: Scratch,
+    /// The fence records of `order` the physical books have moved their unsettled granules
+    /// to fenced for ([`VmmAllocator::sync_fence`]).
+    fence_seen: u64,
 }
 
 /// The lists of [`VmmAllocator::back`]. Invariant: all empty between calls.
@@ -251,6 +255,19 @@ struct Site {
     need: u64,
     /// Granules obtainable for it (idle + stitchable outside it + creatable).
     supply: u64,
+}
+
+/// A request, as [`VmmAllocator::serve`] takes it.
+#[derive(Clone, Copy)]
+struct Request {
+    stream: Stream,
+    /// Bytes asked for.
+    size: u64,
+    /// Rounded to 256 B.
+    rounded: u64,
+    alignment: u64,
+    /// Below the small threshold.
+    small: bool,
 }
 
 /// Why physical memory could not be found for a placement.
@@ -344,6 +361,7 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
                 order: StreamOrder::default(),
                 peers,
                 scratch: Scratch::default(),
+                fence_seen: 0,
             }),
         })
     }
@@ -485,14 +503,50 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
 
     /// Granules a placement at `[addr, addr + size)` needs mapped, and granules obtainable
     /// for it (idle + stitchable outside its span + creatable).
-    fn need_and_supply(&self, phys: &Physical, addr: u64, size: u64) -> (u64, u64) {
+    ///
+    /// `unsettled` is [`Physical::unsettled_free`]: free granules that cannot be stitched yet.
+    fn need_and_supply(&self, phys: &Physical, addr: u64, size: u64, unsettled: u64) -> (u64, u64) {
         let (start, end) = self.span(addr, size);
         let total = (end - start) >> self.granularity.trailing_zeros();
         // One walk over the span's bitmaps for both counts.
         let (mapped, inside_free) = phys.mapped_and_free_in(start, end);
-        let supply =
-            phys.idle_count() + phys.free_mapped_count() - inside_free + self.creatable(phys);
+        let unsettled_outside = if unsettled > 0 {
+            unsettled - phys.unsettled_free_in(start, end)
+        } else {
+            0
+        };
+        let stitchable = phys.free_mapped_count() - inside_free - unsettled_outside;
+        let supply = phys.idle_count() + stitchable + self.creatable(phys);
         (total - mapped, supply)
+    }
+
+    /// Brings the physical books in step with the stream order's fence: granules unsettled
+    /// when the fence was recorded wait for it, and are settled once it completed.
+    fn sync_fence(inner: &mut Inner) {
+        let records = inner.order.fence_records();
+        if records != inner.fence_seen {
+            inner.phys.fence_recorded();
+            inner.fence_seen = records;
+        }
+        if !inner.order.fence_active() {
+            inner.phys.fence_completed();
+        }
+    }
+
+    /// Before stitching away or unmapping free granules: when some are unsettled (freed at
+    /// once, with work queued before the free maybe still reading them), records the fence
+    /// if none is in flight — on the device, no CPU wait — and settles what a completed fence
+    /// covers.
+    fn settle_granules(&self, inner: &mut Inner) {
+        if !inner.phys.any_unsettled() {
+            return;
+        }
+        if inner.order.unfenced() && !inner.order.fence_active() {
+            if let Err(e) = inner.order.fence_now(&*self.device) {
+                tracing::debug!(error = %e, "vmm: could not fence the memory freed at once");
+            }
+        }
+        self.poll_pending(inner);
     }
 
     /// Makes another reservation able to hold `rounded` bytes at `alignment`.
@@ -714,8 +768,9 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         let class = self.class(small);
         let p = inner.space.find(class, rounded, alignment, !small)?;
         let phys = &inner.phys;
+        let unsettled = phys.unsettled_free();
         let site = |at: Placement| {
-            let (need, supply) = self.need_and_supply(phys, at.addr, rounded);
+            let (need, supply) = self.need_and_supply(phys, at.addr, rounded, unsettled);
             Site { at, need, supply }
         };
         let first = site(p);
@@ -760,12 +815,9 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         small: bool,
     ) -> Result<Placement> {
         let mut placement = self.place(inner, rounded, alignment, small);
-        if inner.order.count() > 0 && placement.map_or(true, |site| site.need > 0) {
-            // Memory only waiting for other streams' events is no reason to map more,
-            // stitch, reserve or fail: wait for it first.
-            // A stream that cannot be waited for keeps its frees pending (logged): the
-            // request then maps more or fails.
-            let _ = self.sync_pending(inner);
+        if inner.phys.any_unsettled() && placement.is_some_and(|site| site.need > 0) {
+            // Free granules freed at once may be stitched only once a fence covers them.
+            self.settle_granules(inner);
             placement = self.place(inner, rounded, alignment, small);
         }
         let placement = match placement {
@@ -809,6 +861,73 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
             Err(Shortfall::Device(e)) => return Err(e),
         }
         Ok(placement.at)
+    }
+
+    /// Serves a request without waiting on the CPU, in RMM's order: `stream`'s own pending
+    /// frees; the free space (after a GPU-side wait for the fence, on another stream),
+    /// mapped already or not; another stream's pending frees behind a GPU-side wait; more
+    /// physical memory (idle, stitched, created).
+    ///
+    /// # Errors
+    /// Out of memory, with the cause, when none of them serves it; a device error.
+    fn serve(&self, inner: &mut Inner, r: &Request) -> Result<Grant> {
+        let Request {
+            stream,
+            size,
+            rounded,
+            alignment,
+            small,
+        } = *r;
+        if inner.order.is_multi() {
+            if inner.order.count() > 0 || inner.order.fence_active() {
+                self.poll_pending(inner);
+                let own = self.take_pending(inner, stream, rounded, alignment, small, size, false);
+                if let Some(grant) = own {
+                    return Ok(grant);
+                }
+            }
+            if inner.order.fence_active() {
+                // Memory freed at once before the switch may still be read by the first
+                // stream's work: another stream takes it only behind the fence.
+                inner.order.order_after_fence(&*self.device, stream)?;
+                Self::sync_fence(inner);
+            }
+        }
+        // The steady state: the best fit lies on granules mapped with access already, and
+        // one walk over them checks that and touches them (what `place`, `back` and `touch`
+        // would each walk them for). Anything else takes the general path.
+        let ready = inner
+            .space
+            .find(self.class(small), rounded, alignment, !small)
+            .filter(|p| {
+                let (start, end) = self.span(p.addr, rounded);
+                inner.phys.touch_if_ready(start, end)
+            });
+        let (at, touched) = match ready {
+            Some(p) => (p, true),
+            None => {
+                let elsewhere =
+                    self.take_pending(inner, stream, rounded, alignment, small, size, true);
+                if let Some(grant) = elsewhere {
+                    return Ok(grant);
+                }
+                (
+                    self.place_and_back(inner, size, rounded, alignment, small)?,
+                    false,
+                )
+            }
+        };
+        let Some(grant) = inner.space.commit(at, rounded, size) else {
+            if touched {
+                self.untouch(&mut inner.phys, at.addr, rounded);
+            }
+            let cause = "internal: the placement went stale".to_string();
+            return Err(self.oom(inner, size, rounded, alignment, cause));
+        };
+        if !touched {
+            self.touch(&mut inner.phys, grant.addr, grant.size);
+        }
+        Ok(grant)
     }
 
     fn largest_free_mapped(&self, inner: &Inner) -> u64 {
@@ -943,7 +1062,7 @@ impl<D: Device + ?Sized> Allocator for VmmAllocator<D> {
             return Ok(Allocation::empty(stream, self.id));
         };
         let mut guard = self.inner();
-        let inner = &mut *guard;
+        let mut inner = &mut *guard;
         if rounded > self.options.limit {
             let cause = format!(
                 "the request exceeds the physical budget of {} ({} B)",
@@ -955,39 +1074,34 @@ impl<D: Device + ?Sized> Allocator for VmmAllocator<D> {
         let small = rounded < self.options.small_threshold;
         if !inner.order.is_first(stream) {
             inner.order.see_stream(&*self.device, stream)?;
+            Self::sync_fence(inner);
         }
-        if inner.order.count() > 0 {
-            if let Some(grant) = self.take_pending(inner, stream, rounded, alignment, small, size) {
-                return Ok(self.granted(inner, &grant, size, stream));
-            }
-        }
-        // The steady state: the best fit lies on granules mapped with access already, and
-        // one walk over them checks that and touches them (what `place`, `back` and `touch`
-        // would each walk them for). Anything else takes the general path.
-        let ready = inner
-            .space
-            .find(self.class(small), rounded, alignment, !small)
-            .filter(|p| {
-                let (start, end) = self.span(p.addr, rounded);
-                inner.phys.touch_if_ready(start, end)
-            });
-        let (at, touched) = match ready {
-            Some(p) => (p, true),
-            None => (
-                self.place_and_back(inner, size, rounded, alignment, small)?,
-                false,
-            ),
+        let request = Request {
+            stream,
+            size,
+            rounded,
+            alignment,
+            small,
         };
-        let Some(grant) = inner.space.commit(at, rounded, size) else {
-            if touched {
-                self.untouch(&mut inner.phys, at.addr, rounded);
+        let grant = match self.serve(inner, &request) {
+            Ok(g) => g,
+            Err(refused) if refused.is_out_of_memory() => {
+                // Nothing serves it without a CPU wait: wait, with the lock released, for
+                // the frees still in flight and the fence, then try once more — the CPU
+                // waits only here, just before refusing.
+                let waits = inner.order.cpu_waits_pending();
+                if waits.is_empty() {
+                    return Err(refused);
+                }
+                drop(guard);
+                wait_outside(&*self.device, &waits);
+                guard = self.inner();
+                inner = &mut *guard;
+                self.poll_pending(inner);
+                self.serve(inner, &request)?
             }
-            let cause = "internal: the placement went stale".to_string();
-            return Err(self.oom(inner, size, rounded, alignment, cause));
+            Err(e) => return Err(e),
         };
-        if !touched {
-            self.touch(&mut inner.phys, grant.addr, grant.size);
-        }
         Ok(self.granted(inner, &grant, size, stream))
     }
 
@@ -1003,6 +1117,9 @@ impl<D: Device + ?Sized> Allocator for VmmAllocator<D> {
         if !holds_memory(&allocation, self.id)? {
             return Ok(());
         }
+        // Made on another thread's per-thread stream: no event on this thread's can order the
+        // free after that work, so the device is synchronised (without the lock) instead.
+        let settled = allocation.freed_off_its_thread() && synchronized(&*self.device);
         let mut guard = self.inner();
         let inner = &mut *guard;
         let unknown = || Error::UnknownPointer {
@@ -1016,6 +1133,7 @@ impl<D: Device + ?Sized> Allocator for VmmAllocator<D> {
                 allocation.stream(),
                 allocation.ptr(),
                 allocation.token(),
+                settled,
             ) {
                 Ok(())
             } else {
@@ -1024,12 +1142,22 @@ impl<D: Device + ?Sized> Allocator for VmmAllocator<D> {
         }
         match inner.space.free(allocation.ptr(), allocation.token()) {
             Some((size, _)) => {
-                self.untouch(&mut inner.phys, allocation.ptr(), size);
+                let (start, end) = self.span(allocation.ptr(), size);
+                inner.phys.untouch(start, end);
+                // No event: work queued before the free may still read these granules.
+                inner.phys.mark_unsettled(start, end);
                 inner.order.freed_at_once();
                 Ok(())
             }
             None => Err(unknown()),
         }
+    }
+
+    /// The chunk it holds, rounded to 256 B (a pending free was given a fresh token: `None`).
+    fn charged(&self, allocation: &Allocation) -> Option<u64> {
+        self.inner()
+            .space
+            .in_use_size(allocation.ptr(), allocation.token())
     }
 
     /// Physical memory held (mapped or idle), as [`Stats::pool_bytes`].
@@ -1072,13 +1200,26 @@ impl<D: Device + ?Sized> Allocator for VmmAllocator<D> {
     /// # Errors
     /// The device's error; what was unmapped or released before it stays so.
     fn trim(&self) -> Result<u64> {
+        let device = &*self.device;
         let mut guard = self.inner();
+        // Memory freed at once is fenced on the device; then the work on everything freed
+        // is waited for with the lock released. What is freed meanwhile stays mapped.
+        if guard.order.unfenced() {
+            guard.order.fence_now(device)?;
+            Self::sync_fence(&mut guard);
+        }
+        let waits = guard.order.cpu_waits_pending();
+        if !waits.is_empty() {
+            drop(guard);
+            wait_outside(device, &waits);
+            guard = self.inner();
+        }
         let inner = &mut *guard;
-        self.settle(inner)?;
+        self.poll_pending(inner);
         let vm = self.vm()?;
         let g = self.granularity;
-        // In address order.
-        for v in inner.phys.free_granules() {
+        // In address order; only what no work in flight may read.
+        for v in inner.phys.settled_free_granules() {
             vm.unmap(v, g)?;
             inner.counters.unmaps += 1;
             if let Some(piece) = inner.phys.unmap(v) {
@@ -1115,6 +1256,26 @@ impl<D: Device + ?Sized> Drop for VmmAllocator<D> {
     fn drop(&mut self) {
         let g = self.granularity;
         let inner = self.inner.get_mut().unwrap_or_else(|p| p.into_inner());
+        // Work may still use the memory: wait before anything is unmapped — for the frees
+        // (or, with allocations still live, on streams the books do not know, for the whole
+        // device).
+        let live = inner.space.live_count() - inner.order.count();
+        let waited = if live > 0 {
+            self.device.synchronize_device()
+        } else {
+            let mut done = Vec::new();
+            let settled = inner.order.settle(&*self.device, |c| done.push(c));
+            for c in done {
+                if inner.space.free(c.addr, c.token).is_none() {
+                    debug_assert!(false, "a pending chunk was not in use");
+                }
+            }
+            settled
+        };
+        if let Err(e) = waited {
+            tracing::warn!(allocator = "vmm", error = %e,
+                "could not wait for the work on its memory; unmapping it anyway");
+        }
         let order = std::mem::take(&mut inner.order);
         for event in order.events() {
             if let Err(e) = super::release_with_retry(|| self.device.destroy_event(event)) {

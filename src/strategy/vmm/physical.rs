@@ -54,6 +54,14 @@ struct Page {
     /// Invariant: a subset of `mapped`: granules whose access was not granted yet (a failed
     /// or not yet made `set_access`).
     no_access: [u64; WORDS],
+    /// Granules under memory freed at once (no event: the single-stream path) since the
+    /// stream-order fence was last recorded: work queued before that free may still read
+    /// them, so they are never unmapped (stitched, trimmed) until a fence covers them and
+    /// completes. Empty everywhere while [`Physical::unsettled_any`] is false.
+    unsettled: [u64; WORDS],
+    /// Granules under memory freed at once before the fence's current record, waiting for
+    /// it to complete. Empty everywhere while [`Physical::fenced_any`] is false.
+    fenced: [u64; WORDS],
     /// Invariant: the number of bits set in `free`.
     free_count: u32,
 }
@@ -66,6 +74,8 @@ impl Page {
             mapped: [0; WORDS],
             free: [0; WORDS],
             no_access: [0; WORDS],
+            unsettled: [0; WORDS],
+            fenced: [0; WORDS],
             free_count: 0,
         })
     }
@@ -121,6 +131,10 @@ pub(super) struct Physical {
     no_access: u64,
     /// Invariant: bytes of all handles.
     pool_bytes: u64,
+    /// False only when no page has a bit set in `unsettled`.
+    unsettled_any: bool,
+    /// False only when no page has a bit set in `fenced`.
+    fenced_any: bool,
 }
 
 /// Calls `f(page, word, mask)` for each bitmap word of the granules `[i0, i1)` of a region,
@@ -164,6 +178,8 @@ impl Physical {
             free_mapped: 0,
             no_access: 0,
             pool_bytes: 0,
+            unsettled_any: false,
+            fenced_any: false,
         }
     }
 
@@ -556,6 +572,8 @@ impl Physical {
             page.no_access[w] &= !bit;
             self.no_access -= 1;
         }
+        page.unsettled[w] &= !bit;
+        page.fenced[w] &= !bit;
         self.mapped -= 1;
         let h = self.handles.get_mut(b.slot as usize)?.as_mut()?;
         h.mapped -= 1;
@@ -623,8 +641,9 @@ impl Physical {
         });
     }
 
-    /// The first `want` free mapped granules outside `[start, end)`, in address order over
-    /// all regions: the granules stitching moves.
+    /// The first `want` free mapped granules outside `[start, end)` whose work is known
+    /// complete (not unsettled or fenced), in address order over all regions: the granules
+    /// stitching moves.
     ///
     /// # Time complexity
     /// `O(pages)` plus `O(PAGE / 64)` per page holding a free granule looked at, plus the
@@ -634,7 +653,7 @@ impl Physical {
         if want == 0 {
             return out;
         }
-        for (r, reg) in self.regions.iter().enumerate() {
+        for reg in &self.regions {
             for (p, page) in reg.pages.iter().enumerate() {
                 let Some(page) = page.as_deref() else {
                     continue;
@@ -642,23 +661,27 @@ impl Physical {
                 if page.free_count == 0 {
                     continue;
                 }
-                let i0 = (p as u64) << PAGE_SHIFT;
-                let i1 = (i0 + PAGE as u64).min(reg.granules);
-                let mut done = false;
-                self.each_in(
-                    r,
-                    i0,
-                    i1,
-                    |pg| &pg.free,
-                    |v| {
-                        if !done && (v < start || v >= end) {
-                            out.push(v);
-                            done = out.len() as u64 >= want;
+                // The page's granules, at most `reg.granules`, in address order: free, and
+                // settled (not unsettled or fenced).
+                let first = (p as u64) << PAGE_SHIFT;
+                let in_page = (reg.granules - first).min(PAGE as u64);
+                for w in 0..WORDS {
+                    let mut bits = page.free[w] & !(page.unsettled[w] | page.fenced[w]);
+                    while bits != 0 {
+                        let b = u64::from(bits.trailing_zeros());
+                        bits &= bits - 1;
+                        let k = ((w as u64) << 6) + b;
+                        if k >= in_page {
+                            break;
                         }
-                    },
-                );
-                if done {
-                    return out;
+                        let v = reg.base + ((first + k) << self.shift);
+                        if v < start || v >= end {
+                            out.push(v);
+                            if out.len() as u64 >= want {
+                                return out;
+                            }
+                        }
+                    }
                 }
             }
         }
@@ -670,9 +693,118 @@ impl Physical {
         self.all(|p| &p.mapped)
     }
 
-    /// Every free mapped granule, in address order.
-    pub(super) fn free_granules(&self) -> Vec<u64> {
-        self.all(|p| &p.free)
+    /// Every free mapped granule whose work is known complete (not unsettled or fenced), in
+    /// address order: what trimming unmaps.
+    pub(super) fn settled_free_granules(&self) -> Vec<u64> {
+        let mut out = self.all(|p| &p.free);
+        if self.unsettled_any || self.fenced_any {
+            out.retain(|&v| !self.bit(v, |p| &p.unsettled) && !self.bit(v, |p| &p.fenced));
+        }
+        out
+    }
+
+    // ---- settling (stream order) ----------------------------------------------------------
+
+    /// Marks the granules under `[start, end)` (inside one region) unsettled: memory on them
+    /// was freed at once, with no event, and work queued before the free may read it.
+    ///
+    /// # Time complexity
+    /// `O(granules / 64)`.
+    pub(super) fn mark_unsettled(&mut self, start: u64, end: u64) {
+        let Some((r, i0, i1)) = self.locate(start, end) else {
+            return;
+        };
+        let pages = &mut self.regions[r].pages;
+        words(i0, i1, |p, w, mask| {
+            if let Some(page) = pages[p].as_deref_mut() {
+                page.unsettled[w] |= mask;
+            }
+        });
+        self.unsettled_any = true;
+    }
+
+    /// The fence was recorded (again): what was unsettled waits for it now.
+    ///
+    /// # Time complexity
+    /// `O(pages)` when anything is unsettled, else `O(1)`.
+    pub(super) fn fence_recorded(&mut self) {
+        if !self.unsettled_any {
+            return;
+        }
+        for page in self
+            .regions
+            .iter_mut()
+            .flat_map(|r| r.pages.iter_mut().flatten())
+        {
+            for w in 0..WORDS {
+                page.fenced[w] |= page.unsettled[w];
+                page.unsettled[w] = 0;
+            }
+        }
+        self.unsettled_any = false;
+        self.fenced_any = true;
+    }
+
+    /// The fence completed: what waited for it is settled.
+    ///
+    /// # Time complexity
+    /// `O(pages)` when anything was fenced, else `O(1)`.
+    pub(super) fn fence_completed(&mut self) {
+        if !self.fenced_any {
+            return;
+        }
+        for page in self
+            .regions
+            .iter_mut()
+            .flat_map(|r| r.pages.iter_mut().flatten())
+        {
+            page.fenced = [0; WORDS];
+        }
+        self.fenced_any = false;
+    }
+
+    /// True when some granule is unsettled or fenced.
+    pub(super) fn any_unsettled(&self) -> bool {
+        self.unsettled_any || self.fenced_any
+    }
+
+    /// Free mapped granules that are unsettled or fenced: free, but not to be unmapped yet.
+    ///
+    /// # Time complexity
+    /// `O(pages)` when anything is unsettled or fenced, else `O(1)`.
+    pub(super) fn unsettled_free(&self) -> u64 {
+        if !self.any_unsettled() {
+            return 0;
+        }
+        let mut all = 0u64;
+        for page in self.regions.iter().flat_map(|r| r.pages.iter().flatten()) {
+            for w in 0..WORDS {
+                let bits = page.free[w] & (page.unsettled[w] | page.fenced[w]);
+                all += u64::from(bits.count_ones());
+            }
+        }
+        all
+    }
+
+    /// [`Physical::unsettled_free`] under the granule-aligned span `[start, end)`.
+    ///
+    /// # Time complexity
+    /// `O(granules / 64)`.
+    pub(super) fn unsettled_free_in(&self, start: u64, end: u64) -> u64 {
+        if !self.any_unsettled() {
+            return 0;
+        }
+        let Some((r, i0, i1)) = self.locate(start, end) else {
+            return 0;
+        };
+        let mut n = 0u64;
+        words(i0, i1, |p, w, mask| {
+            if let Some(page) = self.page(r, p) {
+                let bits = page.free[w] & (page.unsettled[w] | page.fenced[w]) & mask;
+                n += u64::from(bits.count_ones());
+            }
+        });
+        n
     }
 
     fn all(&self, sel: impl Fn(&Page) -> &[u64; WORDS] + Copy) -> Vec<u64> {
@@ -846,6 +978,16 @@ impl Physical {
                             return Err(format!("region {:#x}: a granule past its end", reg.base));
                         }
                         continue;
+                    }
+                    if (is(&page.unsettled) && !self.unsettled_any)
+                        || (is(&page.fenced) && !self.fenced_any)
+                    {
+                        return Err(format!(
+                            "granule {v:#x} is unsettled or fenced, the flags say none is"
+                        ));
+                    }
+                    if (is(&page.unsettled) || is(&page.fenced)) && !is(&page.mapped) {
+                        return Err(format!("granule {v:#x} is unsettled but not mapped"));
                     }
                     if touch.get(&v).copied().unwrap_or(0) != t {
                         return Err(format!(

@@ -45,13 +45,15 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
 
     /// Frees the chunk at `addr` (handed out with `token`) while several streams are in
     /// use: pending on `stream` with an event, or at once when the stream (or device) was
-    /// synchronised instead. `false` when no live chunk has that token.
+    /// synchronised instead — or already, when `settled` (the caller synchronised the
+    /// device). `false` when no live chunk has that token.
     pub(super) fn free_on_stream(
         &self,
         inner: &mut Inner,
         stream: Stream,
         addr: u64,
         token: u64,
+        settled: bool,
     ) -> bool {
         let Some(chunk) = inner.space.retoken(addr, token) else {
             return false;
@@ -61,7 +63,9 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
             token: chunk.token,
             size: chunk.size,
         };
-        if let Some(now) = inner.order.free(&*self.device, stream, chunk) {
+        if settled {
+            self.release_chunk(inner, chunk);
+        } else if let Some(now) = inner.order.free(&*self.device, stream, chunk) {
             self.release_chunk(inner, now);
         }
         true
@@ -82,35 +86,23 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         result
     }
 
-    /// Returns the pending frees that are safe now.
-    fn poll_pending(&self, inner: &mut Inner) {
+    /// Returns the pending frees that are safe now, and settles the granules a completed
+    /// fence covers.
+    pub(super) fn poll_pending(&self, inner: &mut Inner) {
         self.give_back(inner, |order, device, done| {
             order.poll(device, |c| done.push(c))
         });
+        Self::sync_fence(inner);
     }
 
-    /// Waits for every pending free and returns them all (those that cannot be waited for
-    /// stay pending).
-    pub(super) fn sync_pending(&self, inner: &mut Inner) -> crate::Result<()> {
-        self.give_back(inner, |order, device, done| {
-            order.sync_all(device, |c| done.push(c))
-        })
-    }
-
-    /// Waits for the work on every freed chunk (pending or freed at once on one stream) and
-    /// returns the pending ones: before memory goes back to the device.
-    pub(super) fn settle(&self, inner: &mut Inner) -> crate::Result<()> {
-        self.give_back(inner, |order, device, done| {
-            order.settle(device, |c| done.push(c))
-        })
-    }
-
-    /// Polls the pending frees, then serves the request from one of `stream`'s own: the
+    /// Serves the request from a pending free: one of `stream`'s own at once, or with
+    /// `elsewhere` one of another stream's behind a GPU-side wait for its event. The
     /// smallest that holds it (then the lowest address), placed at its start (small
     /// requests) or its end (large ones) as free chunks are. What is left of that free stays
     /// pending under its event. `None` when none holds it.
     #[cold]
     #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn take_pending(
         &self,
         inner: &mut Inner,
@@ -119,15 +111,18 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         alignment: u64,
         small: bool,
         requested: u64,
+        elsewhere: bool,
     ) -> Option<Grant> {
-        self.poll_pending(inner);
+        if inner.order.count() == 0 {
+            return None;
+        }
         let Inner {
             order, space, phys, ..
         } = inner;
         let fit = |p: &VmmChunk| {
             Space::fit(p.size, p.addr, rounded, alignment, !small).map(|at| ((p.size, p.addr), at))
         };
-        order.take(&*self.device, stream, fit, |p, at| {
+        let carve = |p: VmmChunk, at| {
             let (grant, rest) = space.carve(p.addr, p.token, at, rounded, requested)?;
             self.untouch(phys, p.addr, p.size);
             self.touch(phys, grant.addr, grant.size);
@@ -143,6 +138,11 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
                 })
                 .collect();
             Some((grant, pieces))
-        })
+        };
+        if elsewhere {
+            order.take_elsewhere(&*self.device, stream, fit, carve)
+        } else {
+            order.take(&*self.device, stream, fit, carve)
+        }
     }
 }
