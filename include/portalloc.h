@@ -200,7 +200,9 @@ PortallocStatus portalloc_create(const struct PortallocOptions *options,
                                  struct PortallocAllocator **out);
 
 // Destroys an allocator: frees every buffer still live (handles die with it) and returns
-// its memory to the device. The pointer is refused by every call afterwards.
+// its memory to the device. The pointer is refused by every call afterwards; a call that
+// races the destroy either completes before it (its buffer is then freed by it) or fails
+// with `PORTALLOC_STATUS_INVALID_ALLOCATOR` having given back what it took.
 //
 // # Safety
 // None beyond the ABI: `allocator` is only looked up, never dereferenced.
@@ -241,6 +243,20 @@ PortallocStatus portalloc_free(struct PortallocAllocator *allocator, uint64_t ha
 // # Safety
 // None beyond the ABI: neither pointer is dereferenced.
 PortallocStatus portalloc_free_ptr(struct PortallocAllocator *allocator, void *ptr);
+
+// Declares that work on `stream` (another stream than the buffer's own: a side stream, an
+// NCCL stream) uses the live buffer that starts at `ptr`: its free then waits for the work
+// queued on `stream` before the free — events recorded there at the free must complete
+// before the memory goes back to the allocator — as PyTorch's `Tensor.record_stream` does
+// with its own allocator (which its pluggable-allocator interface does not pass on).
+// Recording the buffer's own stream, or one stream twice, does nothing more.
+//
+// # Safety
+// `stream` is a live stream of the allocator's device (0 for the default stream), as for
+// [`portalloc_allocate`]; neither pointer is dereferenced.
+PortallocStatus portalloc_record_stream(struct PortallocAllocator *allocator,
+                                        void *ptr,
+                                        uint64_t stream);
 
 // Writes the device pointer (null for a zero-byte buffer) and size of the live buffer
 // `handle` names; either output may be null.
@@ -304,7 +320,10 @@ PortallocStatus portalloc_global(int32_t device, struct PortallocAllocator **out
 
 // PyTorch's pluggable allocation hook:
 // `void* alloc(ssize_t size, int device, cudaStream_t stream)`. Returns the device pointer,
-// or null on failure (message in `portalloc_last_error`) and for `size == 0`.
+// or null on failure and for `size == 0`. PyTorch keeps a null as the tensor's pointer (it
+// raises nothing), so a failure's message — the OOM report and diagnosis, for out of
+// memory — is logged at warn level before the null is returned, and kept in
+// `portalloc_last_error`.
 void *portalloc_torch_alloc(ssize_t size, int device, void *stream);
 
 // PyTorch's pluggable free hook:

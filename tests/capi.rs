@@ -411,6 +411,127 @@ fn another_allocators_handle_is_refused() {
     }
 }
 
+/// A destroyed allocator's handles are refused by every allocator made after it, however
+/// many came and went: handle tags are never reused in a process. (With 16-bit tags reused
+/// round robin, the 65,536th allocator after `a` got `a`'s tag, and its first handle was
+/// `a`'s: `portalloc_free(new, a's handle)` freed the new allocator's buffer.)
+#[test]
+fn a_dead_allocators_handle_is_refused_after_many_lifetimes() {
+    let a = make(c"platform");
+    let (ha, _) = allocate(&a, MIB, c"a");
+    drop(a);
+    // More allocators than a 16-bit tag tells apart, each offered `a`'s handle.
+    for i in 0..(1u32 << 16) + 16 {
+        let b = make(c"platform");
+        let (hb, _) = allocate(&b, 4096, c"b");
+        // SAFETY: plain values; `b` is live.
+        let status = unsafe { portalloc_free(b.0, ha) };
+        assert_eq!(
+            status,
+            PortallocStatus::InvalidHandle,
+            "allocator {i} after `a` took a's handle {ha:#x} (its own: {hb:#x})"
+        );
+        assert_eq!(stats(&b).live_allocations, 1, "b's own buffer is untouched");
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Destroy racing allocate, made deterministic: in a child process over the conformance
+// driver, the allocation is held inside the driver call that takes its memory while the
+// destroy runs to its end; then it goes on. It must fail cleanly and give back what it took,
+// not return a pointer over memory the destroy freed.
+
+#[cfg(feature = "cuda")]
+const DESTROY_CHILD: &str = "PORTALLOC_TEST_CAPI_DESTROY_CHILD";
+
+#[cfg(feature = "cuda")]
+#[test_case("platform", "false", "cuMemAlloc_v2" ; "platform")]
+#[test_case("bfc", "true", "cuMemAlloc_v2" ; "bfc")]
+#[test_case("bfc", "false", "cuMemAlloc_v2" ; "bfc growing")]
+#[test_case("vmm", "false", "cuMemCreate" ; "vmm")]
+#[test_case("cuda_async", "false", "cuMemAllocFromPoolAsync" ; "async")]
+fn an_allocate_racing_destroy_fails_cleanly(strategy: &str, preallocate: &str, held: &str) {
+    let Some(built) = support::driver("fakecuda") else {
+        support::skip("the conformance driver fakecuda was not built (no C compiler)");
+        return;
+    };
+    let lib = std::env::temp_dir().join(format!(
+        "portalloc-capi-destroy-{}-{strategy}-{preallocate}.so",
+        std::process::id()
+    ));
+    std::fs::copy(built, &lib).unwrap();
+    let mut child = this_test_alone("destroy_race_child");
+    child
+        .env(DESTROY_CHILD, held)
+        .env("PORTALLOC_BACKEND", "cuda")
+        .env("PORTALLOC_CUDA_LIBRARY", &lib)
+        .env("FAKECUDA_CAPACITY", (256 * MIB).to_string())
+        .env("PORTALLOC_MEM_FRACTION", "0.5")
+        .env("XLA_PYTHON_CLIENT_ALLOCATOR", strategy)
+        .env("XLA_PYTHON_CLIENT_PREALLOCATE", preallocate)
+        .env_remove("PORTALLOC_ALLOCATOR")
+        .env_remove("XLA_CLIENT_MEM_FRACTION")
+        .env_remove("XLA_PYTHON_CLIENT_MEM_FRACTION")
+        .env_remove("TF_GPU_ALLOCATOR");
+    let ran = run_to_end(&mut child);
+    let _ = std::fs::remove_file(&lib);
+    assert_ran_to(ran, "destroy race: ok", &format!("{strategy}: "));
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn destroy_race_child() {
+    let Ok(held) = std::env::var(DESTROY_CHILD) else {
+        return; // Run by `an_allocate_racing_destroy_fails_cleanly` with its environment.
+    };
+    let fake = support::fakes::Fake::at(std::env::var("PORTALLOC_CUDA_LIBRARY").unwrap());
+    let mut a = ptr::null_mut();
+    // SAFETY: valid output.
+    let status = unsafe { portalloc_create_from_env(0, &mut a) };
+    assert_eq!(status, PortallocStatus::Ok, "{}", last_error());
+    let token = a as usize;
+    let (allocated, destroyed) = fake.while_paused(
+        &held,
+        move || {
+            let (mut h, mut p) = (0u64, ptr::null_mut());
+            // SAFETY: valid outputs and tag; the allocator may be destroyed meanwhile, which
+            // the call must answer with a status.
+            let status = unsafe {
+                portalloc_allocate(
+                    token as *mut PortallocAllocator,
+                    MIB,
+                    0,
+                    0,
+                    c"racing".as_ptr(),
+                    &mut h,
+                    &mut p,
+                )
+            };
+            (status, last_error(), p as usize)
+        },
+        // SAFETY: the allocator made above, destroyed once.
+        move || unsafe { portalloc_destroy(token as *mut PortallocAllocator) },
+    );
+    assert_eq!(destroyed, PortallocStatus::Ok);
+    let (status, message, p) = allocated;
+    assert_eq!(
+        status,
+        PortallocStatus::InvalidAllocator,
+        "an allocation that completed after the destroy returned {status:?} and pointer \
+         {p:#x} (the destroy freed its memory): {message}"
+    );
+    assert!(
+        message.contains("destroyed while this call ran"),
+        "{message}"
+    );
+    assert_eq!(p, 0, "a pointer came back with the refusal");
+    // What it took is back with the driver.
+    for what in ["allocations", "pool_allocations", "mappings"] {
+        assert_eq!(fake.live(what), 0, "{what} still held after the destroy");
+    }
+    println!("destroy race: ok");
+}
+
 #[test]
 fn refused_handle_message_names_the_handle() {
     let f = fixture();
@@ -697,8 +818,10 @@ fn torch_hooks_in_child() {
 // streams are made with the driver's own cuStreamCreate (as PyTorch makes its side streams),
 // and the caller's work on them is held in flight with the driver's event controls.
 
+#[cfg(feature = "cuda")]
 const FOREIGN_CHILD: &str = "PORTALLOC_TEST_CAPI_FOREIGN_CHILD";
 
+#[cfg(feature = "cuda")]
 #[test_case("bfc", "true" ; "bfc")]
 #[test_case("bfc", "false" ; "bfc growing")]
 #[test_case("vmm", "false" ; "vmm")]
@@ -732,86 +855,53 @@ fn foreign_streams_through_the_hooks(strategy: &str, preallocate: &str) {
     assert_ran_to(ran, "foreign streams: ok", &format!("{strategy}: "));
 }
 
+#[cfg(feature = "cuda")]
 #[test]
 fn foreign_streams_child() {
     if std::env::var(FOREIGN_CHILD).is_err() {
         return; // Run by `foreign_streams_through_the_hooks` with the environment it needs.
     }
-    type Create = unsafe extern "C" fn(*mut *mut c_void, u32) -> i32;
-    type Record = unsafe extern "C" fn(*mut c_void, *mut c_void) -> i32;
-    type One = unsafe extern "C" fn(*mut c_void) -> i32;
-    type Hold = unsafe extern "C" fn(i32);
     let path = std::env::var("PORTALLOC_CUDA_LIBRARY").unwrap();
-    // SAFETY: the conformance driver, already loaded by portalloc under the same path below
-    // (one instance); its initialisers do nothing.
-    let lib = unsafe { libloading::Library::new(&path) }.unwrap();
-    // SAFETY (the `get`s): the signatures fakecuda.c gives these functions.
-    let sym = |name: &[u8]| {
-        unsafe { lib.get::<*const c_void>(name) }
-            .map(|f| *f)
-            .unwrap()
-    };
-    // SAFETY: each pointer is the named function, with the type fakecuda.c gives it.
-    let (
-        stream_create,
-        event_create,
-        event_record,
-        event_query,
-        event_destroy,
-        stream_destroy,
-        hold,
-    ) = unsafe {
-        (
-            std::mem::transmute::<*const c_void, Create>(sym(b"cuStreamCreate")),
-            std::mem::transmute::<*const c_void, Create>(sym(b"cuEventCreate")),
-            std::mem::transmute::<*const c_void, Record>(sym(b"cuEventRecord")),
-            std::mem::transmute::<*const c_void, One>(sym(b"cuEventQuery")),
-            std::mem::transmute::<*const c_void, One>(sym(b"cuEventDestroy_v2")),
-            std::mem::transmute::<*const c_void, One>(sym(b"cuStreamDestroy_v2")),
-            std::mem::transmute::<*const c_void, Hold>(sym(b"fakecuda_hold_events")),
-        )
-    };
-    // PyTorch's first allocation opens the device and makes its primary context current.
+    // The conformance driver, already loaded by portalloc under the same path (one instance).
+    let fake = support::fakes::Fake::at(&path);
+    let init: unsafe extern "C" fn(u32) -> i32 = fake.sym("cuInit");
+    // SAFETY: flags 0.
+    assert_eq!(unsafe { init(0) }, 0);
+    // PyTorch's runtime makes device 0's primary context current on its thread; portalloc's
+    // calls leave it so.
+    let ctx = fake.primary(0);
+    fake.set_current(ctx);
     let first = portalloc_torch_alloc(4096, 0, ptr::null_mut());
     assert!(!first.is_null(), "{}", last_error());
-    let stream = || {
-        let mut s = ptr::null_mut();
-        // SAFETY: one handle written, in the current (primary) context.
-        assert_eq!(unsafe { stream_create(&mut s, 0) }, 0, "cuStreamCreate");
-        s
-    };
-    let (s, t, u) = (stream(), stream(), stream());
-    let work_on = |st: *mut c_void| {
-        let mut e = ptr::null_mut();
-        // SAFETY: one handle written; a live event on a live stream.
-        unsafe {
-            assert_eq!(event_create(&mut e, 2), 0);
-            assert_eq!(event_record(e, st), 0);
-        }
-        e
-    };
-    // SAFETY: a live event of ours.
-    let done = |e: *mut c_void| unsafe { event_query(e) } == 0;
+    assert_eq!(
+        fake.current(),
+        ctx,
+        "the hook changed the caller's current context"
+    );
+    let (s, t, u) = (
+        support::targets::caller_stream(&fake),
+        support::targets::caller_stream(&fake),
+        support::targets::caller_stream(&fake),
+    );
     let overlaps = |p: *mut c_void, q: *mut c_void, len: usize| {
         let (p, q) = (p as usize, q as usize);
         p < q + len && q < p + len
     };
     const LEN: usize = 1 << 20;
-    // SAFETY: a plain value.
-    unsafe { hold(1) };
+    let raw = |st: portalloc::Stream| st.as_raw() as usize as *mut c_void;
 
     // The PyTorch hooks: a buffer used on S by a kernel still running, freed on S.
-    let keep_t = portalloc_torch_alloc(4096, 0, t);
+    let keep_t = portalloc_torch_alloc(4096, 0, raw(t));
     assert!(!keep_t.is_null(), "{}", last_error());
-    let x = portalloc_torch_alloc(LEN as isize, 0, s);
+    let x = portalloc_torch_alloc(LEN as isize, 0, raw(s));
     assert!(!x.is_null(), "{}", last_error());
-    let work = work_on(s);
-    portalloc_torch_free(x, LEN as isize, 0, s);
-    let on_t = portalloc_torch_alloc(LEN as isize, 0, t);
+    let work = fake.launch(s, x as u64, LEN as u64);
+    portalloc_torch_free(x, LEN as isize, 0, raw(s));
+    let on_t = portalloc_torch_alloc(LEN as isize, 0, raw(t));
     assert!(!on_t.is_null(), "{}", last_error());
     assert!(
-        !overlaps(on_t, x, LEN) || done(work),
-        "the hook handed memory freed on S to T while S's work is in flight"
+        !overlaps(on_t, x, LEN) || fake.ordered(work, t),
+        "the hook handed memory a kernel on S still uses to T, with nothing ordering T after it"
     );
 
     // The C ABI on the global allocator: the same with its own calls, on U.
@@ -821,42 +911,233 @@ fn foreign_streams_child() {
     let (mut h, mut y) = (0u64, ptr::null_mut());
     // SAFETY: valid outputs and tag.
     let status =
-        unsafe { portalloc_allocate(g, LEN as u64, 0, s as u64, c"y".as_ptr(), &mut h, &mut y) };
+        unsafe { portalloc_allocate(g, LEN as u64, 0, s.as_raw(), c"y".as_ptr(), &mut h, &mut y) };
     assert_eq!(status, PortallocStatus::Ok, "{}", last_error());
-    let work2 = work_on(s);
+    let work2 = fake.launch(s, y as u64, LEN as u64);
     // SAFETY: a handle this allocator issued.
     assert_eq!(unsafe { portalloc_free(g, h) }, PortallocStatus::Ok);
     let (mut h2, mut z) = (0u64, ptr::null_mut());
     // SAFETY: valid outputs and tag.
     let status =
-        unsafe { portalloc_allocate(g, LEN as u64, 0, u as u64, c"z".as_ptr(), &mut h2, &mut z) };
+        unsafe { portalloc_allocate(g, LEN as u64, 0, u.as_raw(), c"z".as_ptr(), &mut h2, &mut z) };
     assert_eq!(status, PortallocStatus::Ok, "{}", last_error());
     assert!(
-        !overlaps(z, y, LEN) || done(work2),
-        "the C ABI handed memory freed on S to U while S's work is in flight"
+        !overlaps(z, y, LEN) || fake.ordered(work2, u),
+        "the C ABI handed memory a kernel on S still uses to U, with nothing ordering U after it"
     );
 
-    // SAFETY: a plain value.
-    unsafe { hold(0) };
-    for (p, st) in [(first, ptr::null_mut()), (keep_t, t), (on_t, t)] {
-        portalloc_torch_free(p, 0, 0, st);
+    // A buffer of T used by a kernel on a side stream U (record_stream): its free waits for
+    // that kernel, whatever stream asks next.
+    let side = portalloc_torch_alloc(LEN as isize, 0, raw(t));
+    assert!(!side.is_null(), "{}", last_error());
+    // SAFETY: the global allocator; U is the caller's live stream.
+    let recorded = unsafe { portalloc_record_stream(g, side, u.as_raw()) };
+    assert_eq!(recorded, PortallocStatus::Ok, "{}", last_error());
+    let on_side = fake.launch(u, side as u64, LEN as u64);
+    portalloc_torch_free(side, LEN as isize, 0, raw(t));
+    for st in [t, s] {
+        let next = portalloc_torch_alloc(LEN as isize, 0, raw(st));
+        assert!(!next.is_null(), "{}", last_error());
+        assert!(
+            !overlaps(next, side, LEN) || fake.ordered(on_side, st),
+            "memory a kernel on the recorded side stream still uses was handed out again"
+        );
+        portalloc_torch_free(next, LEN as isize, 0, raw(st));
+    }
+    fake.finish(on_side);
+
+    for k in [work, work2] {
+        fake.finish(k);
+    }
+    for (p, st) in [(first, portalloc::Stream::DEFAULT), (keep_t, t), (on_t, t)] {
+        portalloc_torch_free(p, 0, 0, raw(st));
     }
     // SAFETY: a handle this allocator issued.
     assert_eq!(unsafe { portalloc_free(g, h2) }, PortallocStatus::Ok);
+    // A free after the side stream's kernel completed hands the deferred buffer back.
+    let last = portalloc_torch_alloc(4096, 0, raw(t));
+    portalloc_torch_free(last, 4096, 0, raw(t));
     let mut st = PortallocStats::default();
     // SAFETY: valid output.
     unsafe { portalloc_stats(g, &mut st) };
     assert_eq!((st.live_allocations, st.bytes_in_use), (0, 0));
-    // SAFETY: the caller's own live handles, each destroyed once.
-    unsafe {
-        for e in [work, work2] {
-            assert_eq!(event_destroy(e), 0);
-        }
-        for x in [s, t, u] {
-            assert_eq!(stream_destroy(x), 0);
-        }
-    }
+    assert_eq!(
+        fake.current(),
+        ctx,
+        "a call changed the caller's current context"
+    );
+    let (hazards, first_hazard) = fake.hazards();
+    assert_eq!(hazards, 0, "{first_hazard}");
+    support::targets::destroy_caller_streams(&fake, &[s, t, u]);
     println!("foreign streams: ok");
+}
+
+// ---------------------------------------------------------------------------------------
+// The caller's current device, through the hooks and the C ABI, in a child process whose
+// conformance driver has two devices: the caller works on device 1 (torch.cuda.set_device(1),
+// hipSetDevice(1)) while portalloc serves device 0.
+
+const DEVICE_CHILD: &str = "PORTALLOC_TEST_CAPI_DEVICE_CHILD";
+
+#[cfg(feature = "cuda")]
+#[test_case("cuda", "platform" ; "cuda platform")]
+#[test_case("cuda", "bfc" ; "cuda bfc")]
+#[test_case("cuda", "vmm" ; "cuda vmm")]
+#[test_case("cuda", "cuda_async" ; "cuda async")]
+fn the_callers_current_device_is_kept(vendor: &str, strategy: &str) {
+    callers_device_in_child(vendor, strategy);
+}
+
+#[cfg(feature = "hip")]
+#[test_case("hip", "platform" ; "hip platform")]
+#[test_case("hip", "vmm" ; "hip vmm")]
+fn the_callers_current_hip_device_is_kept(vendor: &str, strategy: &str) {
+    callers_device_in_child(vendor, strategy);
+}
+
+#[cfg(any(feature = "cuda", feature = "hip"))]
+fn callers_device_in_child(vendor: &str, strategy: &str) {
+    let name = if vendor == "hip" {
+        "fakehip"
+    } else {
+        "fakecuda"
+    };
+    let Some(built) = support::driver(name) else {
+        support::skip("the conformance driver was not built (no C compiler)");
+        return;
+    };
+    let lib = std::env::temp_dir().join(format!(
+        "portalloc-capi-device-{}-{vendor}-{strategy}-{name}.so",
+        std::process::id()
+    ));
+    std::fs::copy(built, &lib).unwrap();
+    let mut child = this_test_alone("callers_device_child");
+    child
+        .env(DEVICE_CHILD, vendor)
+        .env("PORTALLOC_BACKEND", vendor)
+        .env("PORTALLOC_CUDA_LIBRARY", &lib)
+        .env("PORTALLOC_HIP_LIBRARY", &lib)
+        .env("FAKECUDA_DEVICES", "2")
+        .env("FAKECUDA_CAPACITY", (256 * MIB).to_string())
+        .env("FAKEHIP_DEVICES", "2")
+        .env("FAKEHIP_VERSION", "7.0")
+        .env("FAKEHIP_CAPACITY", (256 * MIB).to_string())
+        .env("PORTALLOC_MEM_FRACTION", "0.5")
+        .env("XLA_PYTHON_CLIENT_ALLOCATOR", strategy)
+        .env("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+        .env_remove("PORTALLOC_ALLOCATOR")
+        .env_remove("PORTALLOC_PEER_ACCESS")
+        .env_remove("XLA_CLIENT_MEM_FRACTION")
+        .env_remove("XLA_PYTHON_CLIENT_MEM_FRACTION")
+        .env_remove("TF_GPU_ALLOCATOR");
+    let ran = run_to_end(&mut child);
+    let _ = std::fs::remove_file(&lib);
+    assert_ran_to(
+        ran,
+        "caller's device: ok",
+        &format!("{vendor} {strategy}: "),
+    );
+}
+
+#[test]
+fn callers_device_child() {
+    let Ok(vendor) = std::env::var(DEVICE_CHILD) else {
+        return; // Run by `the_callers_current_device_is_kept` with the environment it needs.
+    };
+    #[cfg(any(feature = "cuda", feature = "hip"))]
+    {
+        use support::fakes::Fake;
+        let var = if vendor == "hip" {
+            "PORTALLOC_HIP_LIBRARY"
+        } else {
+            "PORTALLOC_CUDA_LIBRARY"
+        };
+        let fake = Fake::at(std::env::var(var).unwrap());
+        let cuda = vendor == "cuda";
+        if cuda {
+            let init: unsafe extern "C" fn(u32) -> i32 = fake.sym("cuInit");
+            // SAFETY: flags 0.
+            assert_eq!(unsafe { init(0) }, 0);
+        }
+        // The caller works on device 1.
+        let theirs = fake.primary(1);
+        fake.set_current(theirs);
+        let contexts = cuda.then(|| fake.live("contexts"));
+        let check = |after: &str| {
+            assert_eq!(
+                fake.current(),
+                theirs,
+                "{after} changed the caller's current {}",
+                if cuda { "context" } else { "device" }
+            );
+        };
+        let p = portalloc_torch_alloc(MIB as isize, 0, ptr::null_mut());
+        assert!(!p.is_null(), "{}", last_error());
+        check("portalloc_torch_alloc (the first: discovery and opening)");
+        // Only device 0 was opened: one primary context more, one pool at most.
+        if let Some(before) = contexts {
+            assert_eq!(
+                fake.live("contexts"),
+                before + 1,
+                "portalloc retained a context of a device nobody asked for"
+            );
+        }
+        assert!(
+            fake.live("pools") <= 1,
+            "a pool was made on a device nobody asked for"
+        );
+        portalloc_torch_free(p, MIB as isize, 0, ptr::null_mut());
+        check("portalloc_torch_free");
+        let mut g = ptr::null_mut();
+        // SAFETY: valid output.
+        assert_eq!(unsafe { portalloc_global(0, &mut g) }, PortallocStatus::Ok);
+        check("portalloc_global");
+        let (mut h, mut q) = (0u64, ptr::null_mut());
+        // SAFETY: valid outputs and tag.
+        let status = unsafe { portalloc_allocate(g, 3 * MIB, 0, 0, c"q".as_ptr(), &mut h, &mut q) };
+        assert_eq!(status, PortallocStatus::Ok, "{}", last_error());
+        check("portalloc_allocate");
+        // SAFETY: a handle of this allocator; valid output.
+        unsafe {
+            let mut released = 0;
+            assert_eq!(portalloc_free(g, h), PortallocStatus::Ok);
+            check("portalloc_free");
+            assert_eq!(portalloc_trim(g, &mut released), PortallocStatus::Ok);
+            check("portalloc_trim");
+        }
+        // The caller's own next allocation lands on its device, 1.
+        if cuda {
+            let alloc: unsafe extern "C" fn(*mut u64, usize) -> i32 = fake.sym("cuMemAlloc_v2");
+            let free: unsafe extern "C" fn(u64) -> i32 = fake.sym("cuMemFree_v2");
+            let used: unsafe extern "C" fn(i32) -> u64 = fake.sym("fakecuda_device_used");
+            let mut d = 0u64;
+            // SAFETY: one pointer written; then freed once; by value.
+            unsafe {
+                let before = used(1);
+                assert_eq!(alloc(&mut d, 4096), 0, "the caller's cuMemAlloc failed");
+                assert!(
+                    used(1) > before,
+                    "the caller's cuMemAlloc did not land on device 1"
+                );
+                assert_eq!(free(d), 0);
+            }
+        } else {
+            let malloc: unsafe extern "C" fn(*mut *mut c_void, usize) -> i32 =
+                fake.sym("hipMalloc");
+            let free: unsafe extern "C" fn(*mut c_void) -> i32 = fake.sym("hipFree");
+            let last: unsafe extern "C" fn() -> i32 = fake.sym("fakehip_last_device");
+            let mut d = ptr::null_mut();
+            // SAFETY: one pointer written; then freed once.
+            unsafe {
+                assert_eq!(malloc(&mut d, 4096), 0);
+                assert_eq!(last(), 1, "the caller's hipMalloc did not land on device 1");
+                assert_eq!(free(d), 0);
+            }
+        }
+        println!("caller's device: ok");
+    }
+    #[cfg(not(any(feature = "cuda", feature = "hip")))]
+    let _ = vendor;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1341,4 +1622,43 @@ fn python_hooks_through_ctypes() {
             .env("PYTHONPATH", root().join("python")),
     );
     assert_ran_to(ran, "python_hooks: ok", "");
+}
+
+/// The Python module from the caller's side over the CUDA conformance driver
+/// (`tests/python_streams.py`): the caller's current context kept, CuPy's current stream
+/// used, `portalloc.torch.record_stream`, `close()` racing an allocation.
+#[cfg(feature = "cuda")]
+#[test]
+fn python_streams_over_fakecuda() {
+    if !tool("python3") {
+        return support::skip("python3 is not installed");
+    }
+    let Some(built) = support::driver("fakecuda") else {
+        return support::skip("the conformance driver fakecuda was not built (no C compiler)");
+    };
+    let lib = std::env::temp_dir().join(format!(
+        "portalloc-python-streams-{}-libfakecuda.so",
+        std::process::id()
+    ));
+    std::fs::copy(built, &lib).unwrap();
+    let ran = run_to_end(
+        Command::new("python3")
+            .arg(root().join("tests/python_streams.py"))
+            .env("PORTALLOC_LIBRARY", cdylib())
+            .env("PYTHONPATH", root().join("python"))
+            .env("PORTALLOC_BACKEND", "cuda")
+            .env("PORTALLOC_CUDA_LIBRARY", &lib)
+            .env("FAKECUDA_DEVICES", "2")
+            .env("FAKECUDA_CAPACITY", (256 * MIB).to_string())
+            .env("PORTALLOC_MEM_FRACTION", "0.5")
+            .env("XLA_PYTHON_CLIENT_ALLOCATOR", "bfc")
+            .env("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+            .env_remove("PORTALLOC_ALLOCATOR")
+            .env_remove("PORTALLOC_PEER_ACCESS")
+            .env_remove("XLA_CLIENT_MEM_FRACTION")
+            .env_remove("XLA_PYTHON_CLIENT_MEM_FRACTION")
+            .env_remove("TF_GPU_ALLOCATOR"),
+    );
+    let _ = std::fs::remove_file(&lib);
+    assert_ran_to(ran, "python_streams: ok", "");
 }

@@ -248,6 +248,7 @@ def load(path: Optional[PathArg] = None) -> ctypes.CDLL:
     )
     _sig(lib, "portalloc_free", S, P, u64)
     _sig(lib, "portalloc_free_ptr", S, P, P)
+    _sig(lib, "portalloc_record_stream", S, P, P, u64)
     _sig(lib, "portalloc_handle_info", S, P, u64, ctypes.POINTER(P), ctypes.POINTER(u64))
     _sig(lib, "portalloc_donate", S, P, u64, ctypes.c_char_p, ctypes.POINTER(u64))
     _sig(lib, "portalloc_stats", S, P, ctypes.POINTER(_Stats))
@@ -588,6 +589,20 @@ class Allocator:
         address = _address("free_ptr", "ptr", ptr)
         _check(load().portalloc_free_ptr(self._token("free_ptr"), ctypes.c_void_p(address)))
 
+    def record_stream(self, ptr: SupportsIndex, stream: SupportsIndex) -> None:
+        """Declares that work on ``stream`` (a stream handle as an int: another stream than
+        the buffer's own, such as a side or NCCL stream) uses the live buffer starting at
+        ``ptr``: when the buffer is freed, its memory goes back to the allocator only once
+        the work queued on ``stream`` before the free has completed. What PyTorch's
+        ``Tensor.record_stream`` does with its own allocator; see
+        :func:`portalloc.torch.record_stream`."""
+        call = "record_stream"
+        address = _address(call, "ptr", ptr)
+        handle = _u64(call, "stream", stream)
+        _check(
+            load().portalloc_record_stream(self._token(call), ctypes.c_void_p(address), handle)
+        )
+
     def donate(
         self, buffer: Union[Buffer, SupportsIndex], to_tag: Optional[str] = "donated"
     ) -> Buffer:
@@ -711,16 +726,19 @@ class _CupyOwner:
 
 def install_cupy(path: Optional[PathArg] = None) -> Callable[[int], Any]:
     """Makes portalloc CuPy's allocator (``cupy.cuda.set_allocator``): each request is a
-    buffer of the current device's global allocator, tagged ``cupy``, freed when CuPy drops
-    it. Raises ImportError without CuPy."""
+    buffer of the current device's global allocator for CuPy's current stream
+    (``cupy.cuda.get_current_stream()``), tagged ``cupy``, freed in stream order on that
+    stream when CuPy drops it — as CuPy's own pool does. Raises ImportError without
+    CuPy."""
     cupy = importlib.import_module("cupy")  # optional: ImportError without it
 
     load(path)
 
     def malloc(size: int) -> Any:
         device = cupy.cuda.Device().id
+        stream = cupy.cuda.get_current_stream().ptr
         allocator = global_allocator(device)
-        buf = allocator.allocate(size, tag="cupy")
+        buf = allocator.allocate(size, stream=stream, tag="cupy")
         owner = _CupyOwner(allocator, buf.handle)
         memory = cupy.cuda.memory.UnownedMemory(buf.ptr, size, owner, device_id=device)
         return cupy.cuda.memory.MemoryPointer(memory, 0)

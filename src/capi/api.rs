@@ -3,7 +3,9 @@
 use std::ffi::{c_char, c_void};
 use std::sync::{Arc, Mutex};
 
-use super::handles::{HandleTable, Refusal};
+use super::handles::HandleTable;
+use super::handles::Live;
+use super::Deferred;
 use super::{
     guard, guard_out, last_error_ptr, read_str, register, require_non_null, unregister,
     with_instance, write_opt, write_out, Failure, Instance, PortallocAllocator, PortallocStatus,
@@ -11,8 +13,9 @@ use super::{
 use crate::adaptor::{LedgerAllocator, LedgerOptions};
 use crate::allocator::Allocator;
 use crate::config::{Config, StrategyKind};
+use crate::device::Event;
 use crate::device::Stream;
-use crate::discover::discover;
+use crate::discover::{discover, discover_device};
 
 /// Options of [`portalloc_create`]. Fill with [`portalloc_options_default`], then set what
 /// you need; every field left at its default defers to the environment (unless
@@ -246,11 +249,17 @@ pub(crate) fn make_instance(
     ordinal: u32,
     global: bool,
 ) -> Result<Instance, Failure> {
-    let discovery = discover(config)?;
+    // One device is opened, unless peer access is asked for (it needs the peers).
+    let discovery = if config.peer_access.value {
+        discover(config)?
+    } else {
+        discover_device(config, ordinal)?
+    };
     let count = discovery.devices.len();
     let device = discovery
         .devices
-        .get(ordinal as usize)
+        .iter()
+        .find(|d| d.info().ordinal == ordinal)
         .cloned()
         .ok_or_else(|| {
             Failure::new(
@@ -270,11 +279,13 @@ pub(crate) fn make_instance(
     // The backtrace switch is the configuration's: PORTALLOC_BACKTRACE (unless ignore_env)
     // or the caller's explicit choice, through the builder.
     let options = LedgerOptions::default().with_config(config);
-    let ledger = LedgerAllocator::from_boxed(strategy, options).with_device(device);
+    let ledger = LedgerAllocator::from_boxed(strategy, options).with_device(Arc::clone(&device));
     Ok(Instance {
         ledger,
         table: Mutex::new(HandleTable::new()?),
         global,
+        device,
+        deferred: Mutex::new(Vec::new()),
     })
 }
 
@@ -395,7 +406,9 @@ unsafe fn config_of(o: &PortallocOptions) -> Result<Config, Failure> {
 }
 
 /// Destroys an allocator: frees every buffer still live (handles die with it) and returns
-/// its memory to the device. The pointer is refused by every call afterwards.
+/// its memory to the device. The pointer is refused by every call afterwards; a call that
+/// races the destroy either completes before it (its buffer is then freed by it) or fails
+/// with `PORTALLOC_STATUS_INVALID_ALLOCATOR` having given back what it took.
 ///
 /// # Safety
 /// None beyond the ABI: `allocator` is only looked up, never dereferenced.
@@ -404,18 +417,97 @@ pub unsafe extern "C" fn portalloc_destroy(allocator: *mut PortallocAllocator) -
     const CALL: &str = "portalloc_destroy";
     guard(CALL, || {
         let instance = unregister(CALL, allocator)?;
-        let live = instance.table().drain();
+        // Closed under the table's lock: an allocation inserting after this is refused.
+        let live = instance.table().close();
         let mut first_error = None;
-        for a in live {
-            if let Err(e) = instance.ledger.deallocate(a) {
-                first_error.get_or_insert(e);
+        for l in live {
+            if let Err(f) = give_back(&instance, l) {
+                first_error.get_or_insert(f);
             }
         }
+        // Buffers waiting for other streams' work: waited for now.
+        settle_deferred(&instance, true);
         match first_error {
-            Some(e) => Err(e.into()),
+            Some(f) => Err(f),
             None => Ok(()),
         }
     })
+}
+
+/// Frees a buffer taken out of the table: at once, or — when it was used on other streams
+/// ([`portalloc_record_stream`]) — once events recorded there now complete.
+///
+/// # Errors
+/// The allocator's refusal of the free.
+pub(crate) fn give_back(instance: &Instance, live: Live) -> Result<(), Failure> {
+    let Live { allocation, uses } = live;
+    if uses.is_empty() {
+        return Ok(instance.ledger.deallocate(allocation)?);
+    }
+    let device = &*instance.device;
+    let mut events: Vec<Event> = Vec::new();
+    for stream in uses {
+        let recorded = device
+            .create_event()
+            .and_then(|e| match device.record_event(e, stream) {
+                Ok(()) => Ok(e),
+                Err(err) => {
+                    let _ = device.destroy_event(e);
+                    Err(err)
+                }
+            });
+        match recorded {
+            Ok(e) => events.push(e),
+            // No event on that stream: wait for it (or the device) instead; never idle.
+            Err(e) => {
+                tracing::debug!(stream = stream.as_raw(), error = %e,
+                    "no event for a recorded stream; synchronizing it");
+                if device.synchronize_stream(stream).is_err() {
+                    let _ = device.synchronize_device();
+                }
+            }
+        }
+    }
+    if events.is_empty() {
+        return Ok(instance.ledger.deallocate(allocation)?);
+    }
+    instance.deferred().push(Deferred { allocation, events });
+    Ok(())
+}
+
+/// Hands back to the allocator the deferred frees whose events completed (all of them after
+/// waiting, with `wait`: on the CPU, with no lock held).
+pub(crate) fn settle_deferred(instance: &Instance, wait: bool) {
+    let taken = std::mem::take(&mut *instance.deferred());
+    if taken.is_empty() {
+        return;
+    }
+    let device = &*instance.device;
+    let mut kept = Vec::new();
+    for d in taken {
+        if wait {
+            for &e in &d.events {
+                if device.synchronize_event(e).is_err() {
+                    let _ = device.synchronize_device();
+                }
+            }
+        }
+        let done = d
+            .events
+            .iter()
+            .all(|&e| matches!(device.event_complete(e), Ok(true)));
+        if !done {
+            kept.push(d);
+            continue;
+        }
+        for &e in &d.events {
+            let _ = device.destroy_event(e);
+        }
+        if let Err(e) = instance.ledger.deallocate(d.allocation) {
+            tracing::warn!(error = %e, "a deferred free was refused");
+        }
+    }
+    instance.deferred().extend(kept);
 }
 
 /// Allocates `size` bytes aligned to `alignment` (a power of two; 0: the strategy's default)
@@ -461,17 +553,26 @@ pub(crate) fn allocate(
     stream: u64,
     tag: Option<&str>,
 ) -> Result<(u64, u64), Failure> {
-    let a = instance
-        .ledger
-        .allocate(size, alignment, Stream(stream), tag.unwrap_or("buffer"))?;
+    let stream = Stream(stream);
+    let tag = tag.unwrap_or("buffer");
+    settle_deferred(instance, false);
+    let a = match instance.ledger.allocate(size, alignment, stream, tag) {
+        Err(e) if e.is_out_of_memory() && !instance.deferred().is_empty() => {
+            // Memory waiting only for other streams' work: wait for it, then try again.
+            settle_deferred(instance, true);
+            instance.ledger.allocate(size, alignment, stream, tag)?
+        }
+        other => other?,
+    };
     let ptr = a.ptr();
     let inserted = instance.table().insert(a);
     match inserted {
         Ok(handle) => Ok((handle, ptr)),
-        Err(a) => {
-            // No handle to give: hand the buffer back rather than leak it.
+        Err((refusal, a)) => {
+            // No handle to give (full, or destroyed meanwhile): hand the buffer back rather
+            // than leak it, or return memory the destroy frees.
             let _ = instance.ledger.deallocate(a);
-            Err(Refusal::Full.into())
+            Err(refusal.into())
         }
     }
 }
@@ -490,12 +591,12 @@ pub unsafe extern "C" fn portalloc_free(
 ) -> PortallocStatus {
     const CALL: &str = "portalloc_free";
     with_instance(CALL, allocator, |instance| {
-        let a = instance
+        let live = instance
             .table()
             .take(handle, false)
             .map_err(|r| prefixed(CALL, r.into()))?;
-        instance.ledger.deallocate(a)?;
-        Ok(())
+        settle_deferred(&instance, false);
+        give_back(&instance, live)
     })
 }
 
@@ -516,19 +617,47 @@ pub unsafe extern "C" fn portalloc_free_ptr(
     })
 }
 
+/// Declares that work on `stream` (another stream than the buffer's own: a side stream, an
+/// NCCL stream) uses the live buffer that starts at `ptr`: its free then waits for the work
+/// queued on `stream` before the free — events recorded there at the free must complete
+/// before the memory goes back to the allocator — as PyTorch's `Tensor.record_stream` does
+/// with its own allocator (which its pluggable-allocator interface does not pass on).
+/// Recording the buffer's own stream, or one stream twice, does nothing more.
+///
+/// # Safety
+/// `stream` is a live stream of the allocator's device (0 for the default stream), as for
+/// [`portalloc_allocate`]; neither pointer is dereferenced.
+#[no_mangle]
+pub unsafe extern "C" fn portalloc_record_stream(
+    allocator: *mut PortallocAllocator,
+    ptr: *mut c_void,
+    stream: u64,
+) -> PortallocStatus {
+    const CALL: &str = "portalloc_record_stream";
+    with_instance(CALL, allocator, |instance| {
+        if ptr.is_null() {
+            return Err(Failure::null(CALL, "ptr"));
+        }
+        instance
+            .table()
+            .record_use(ptr as usize as u64, Stream(stream))
+            .map_err(|r| prefixed(CALL, r.into()))
+    })
+}
+
 pub(crate) fn free_ptr(call: &str, instance: &Instance, ptr: u64) -> Result<(), Failure> {
     if ptr == 0 {
         return Err(Failure::null(call, "ptr"));
     }
-    let a = {
+    let live = {
         let mut table = instance.table();
         let handle = table.handle_of(ptr).map_err(|r| prefixed(call, r.into()))?;
         table
             .take(handle, false)
             .map_err(|r| prefixed(call, r.into()))?
     };
-    instance.ledger.deallocate(a)?;
-    Ok(())
+    settle_deferred(instance, false);
+    give_back(instance, live)
 }
 
 fn prefixed(call: &str, f: Failure) -> Failure {
@@ -584,17 +713,22 @@ pub unsafe extern "C" fn portalloc_donate(
         let tag = unsafe { read_str(CALL, "to_tag", to_tag) }?;
         let new_handle = {
             let mut table = instance.table();
-            let a = table
+            let Live { allocation, uses } = table
                 .take(handle, true)
                 .map_err(|r| prefixed(CALL, r.into()))?;
             let donated = instance
                 .ledger
-                .donate(a, tag.as_deref().unwrap_or("donated"))?;
-            // The slot just freed by `take` is vacant: this cannot be full.
-            table.insert(donated).map_err(|a| {
+                .donate(allocation, tag.as_deref().unwrap_or("donated"))?;
+            let ptr = donated.ptr();
+            let new_handle = table.insert(donated).map_err(|(refusal, a)| {
                 let _ = instance.ledger.deallocate(a);
-                Failure::from(Refusal::Full)
-            })?
+                Failure::from(refusal)
+            })?;
+            // The consumer's buffer is the same memory: the streams it was used on too.
+            for stream in uses {
+                let _ = table.record_use(ptr, stream);
+            }
+            new_handle
         };
         // SAFETY: the caller's promise on `out_handle`, checked non-null above.
         unsafe { write_out(CALL, "out_handle", out_handle, new_handle) }
@@ -625,7 +759,7 @@ pub unsafe extern "C" fn portalloc_stats(
             pool_bytes: s.pool_bytes,
             peak_pool_bytes: s.peak_pool_bytes,
             fragmentation: s.fragmentation,
-            live_allocations: instance.table().live() as u64,
+            live_allocations: instance.table().live_count() as u64,
         };
         // SAFETY: the caller's promise on `out`.
         unsafe { write_out(CALL, "out", out, stats) }

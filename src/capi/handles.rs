@@ -1,32 +1,40 @@
 //! The handle table of one C-ABI allocator: generation-checked handles over the ledger's
 //! [`Allocation`]s, and the address → handle index for freeing by raw pointer.
 //!
-//! A handle packs `(tag << 48) | (generation << 24) | slot`:
+//! A handle packs `(tag << 44) | (generation << 24) | slot`:
 //!
-//! * `tag` (16 bits) names the table: unique among the tables alive in the process (taken
-//!   from a process-wide registry, never 0), so a handle one allocator issued is refused by
-//!   every other live allocator as "not issued by this allocator" — two allocators' first
-//!   handles are different numbers;
-//! * `generation` (24 bits) grows each time the slot is reused, so a handle kept after its
-//!   buffer was freed or donated never names the buffer that reuses the slot (until the slot
-//!   has been reused 2^24 times); generation 0 is never issued;
-//! * `slot` (24 bits): at most 2^24 buffers live in one allocator at once.
+//! * `tag` (20 bits) names the table: taken from a process-wide counter and **never reused
+//!   within the process** (never 0), so a handle one allocator issued is refused by every
+//!   other allocator, live or made later, as "not issued by this allocator" — however many
+//!   allocators came and went. Once 2^20 − 1 tables were made, making another is refused;
+//! * `generation` (20 bits) grows each time the slot is reused, so a handle kept after its
+//!   buffer was freed or donated never names the buffer that reuses the slot: a slot whose
+//!   generation reached the maximum is retired, never reused; generation 0 is never issued;
+//! * `slot` (24 bits): at most 2^24 buffers (retired slots included) in one allocator.
 //!
-//! Handle 0 is never valid.
-use std::sync::Mutex;
+//! Handle 0 is never valid. A table is *closed* by the allocator's destroy: from then on
+//! nothing is inserted, so an allocation racing the destroy is refused and given back rather
+//! than handed out over memory the destroy frees.
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use rustc_hash::FxHashMap;
 
 use crate::allocator::Allocation;
+use crate::device::Stream;
 use crate::error::{Error, Result};
 
 /// Bits of a handle that number the slot.
 const SLOT_BITS: u32 = 24;
 /// Bits of a handle that hold the slot's generation.
-const GENERATION_BITS: u32 = 24;
+const GENERATION_BITS: u32 = 20;
+/// Bits of a handle that hold the table's tag.
+const TAG_BITS: u32 = 20;
+const _: () = assert!(SLOT_BITS + GENERATION_BITS + TAG_BITS == 64);
 /// The most buffers one allocator holds at once.
 pub(crate) const MAX_LIVE: usize = 1 << SLOT_BITS;
 const GENERATION_MAX: u32 = (1 << GENERATION_BITS) - 1;
+/// The most tables one process makes.
+const TAG_MAX: u32 = (1 << TAG_BITS) - 1;
 
 /// Why a handle or pointer was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,6 +47,8 @@ pub(crate) enum Refusal {
     UnknownPointer { ptr: u64 },
     /// The allocator holds [`MAX_LIVE`] buffers already.
     Full,
+    /// The allocator was destroyed while the call ran.
+    Closed,
 }
 
 impl std::fmt::Display for Refusal {
@@ -60,16 +70,28 @@ impl std::fmt::Display for Refusal {
             ),
             Refusal::Full => write!(
                 f,
-                "the allocator holds {MAX_LIVE} live buffers, the most one C-ABI allocator \
-                 can hand out handles for; free some first"
+                "the allocator holds {MAX_LIVE} buffers, the most one C-ABI allocator can \
+                 hand out handles for; free some first"
+            ),
+            Refusal::Closed => write!(
+                f,
+                "the allocator was destroyed while this call ran; nothing was allocated"
             ),
         }
     }
 }
 
+/// A live buffer: its allocation, and the streams other than its own that it was used on
+/// ([`HandleTable::record_use`]), which its free waits for.
+#[derive(Debug)]
+pub(crate) struct Live {
+    pub(crate) allocation: Allocation,
+    pub(crate) uses: Vec<Stream>,
+}
+
 #[derive(Debug)]
 enum State {
-    Live(Allocation),
+    Live(Live),
     Freed,
     Donated,
 }
@@ -83,103 +105,91 @@ struct Slot {
 /// Live buffers by handle, and by address.
 #[derive(Debug)]
 pub(crate) struct HandleTable {
-    /// This table's tag, unique among live tables (see the module docs).
-    tag: u16,
+    /// This table's tag, unique in the process (see the module docs).
+    tag: u32,
     slots: Vec<Slot>,
+    /// Slots free for reuse (never a retired one, whose generation is at the maximum).
     vacant: Vec<u32>,
     by_ptr: FxHashMap<u64, u64>,
+    /// Set by the allocator's destroy: nothing is inserted afterwards.
+    closed: bool,
 }
 
-/// The tags of the live tables: a bit per tag, and where to look for a free one next.
-struct Tags {
-    taken: Vec<u64>,
-    next: u16,
-}
+/// The next table's tag; the counter only grows.
+static NEXT_TAG: AtomicU32 = AtomicU32::new(1);
 
-static TAGS: Mutex<Tags> = Mutex::new(Tags {
-    taken: Vec::new(),
-    next: 1,
-});
-
-fn tags() -> std::sync::MutexGuard<'static, Tags> {
-    TAGS.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn pack(tag: u16, generation: u32, index: u32) -> u64 {
+fn pack(tag: u32, generation: u32, index: u32) -> u64 {
     (u64::from(tag) << (SLOT_BITS + GENERATION_BITS))
         | (u64::from(generation) << SLOT_BITS)
         | u64::from(index)
 }
 
 /// `(tag, generation, slot)`.
-fn unpack(handle: u64) -> (u16, u32, u32) {
+fn unpack(handle: u64) -> (u32, u32, u32) {
     (
-        (handle >> (SLOT_BITS + GENERATION_BITS)) as u16,
+        (handle >> (SLOT_BITS + GENERATION_BITS)) as u32,
         ((handle >> SLOT_BITS) as u32) & GENERATION_MAX,
         (handle as u32) & (MAX_LIVE as u32 - 1),
     )
 }
 
 impl HandleTable {
-    /// An empty table with a tag no other live table has.
+    /// An empty table with a tag no table of this process had before.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when 65,535 C-ABI allocators are alive already.
+    /// [`Error::InvalidArgument`] when this process has made 2^20 − 1 C-ABI allocators.
     pub(crate) fn new() -> Result<HandleTable> {
-        let mut t = tags();
-        if t.taken.is_empty() {
-            t.taken = vec![0; 1024];
-        }
-        // Tags are handed out round-robin, so a destroyed allocator's tag is reused as late
-        // as possible.
-        let start = t.next;
-        let mut tag = start;
-        loop {
-            let (word, bit) = (usize::from(tag) / 64, tag % 64);
-            if tag != 0 && t.taken[word] & (1 << bit) == 0 {
-                t.taken[word] |= 1 << bit;
-                t.next = tag.wrapping_add(1);
-                break;
-            }
-            tag = tag.wrapping_add(1);
-            if tag == start {
-                return Err(Error::InvalidArgument {
-                    call: "portalloc_create",
-                    reason: "65,535 C-ABI allocators are alive already; destroy one first".into(),
-                });
-            }
-        }
+        let tag = NEXT_TAG
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| {
+                (t <= TAG_MAX).then_some(t + 1)
+            })
+            .map_err(|_| Error::InvalidArgument {
+                call: "portalloc_create",
+                reason: format!(
+                    "this process has made {TAG_MAX} C-ABI allocators, the most it can: a \
+                     handle's allocator tag is never reused, so that a destroyed allocator's \
+                     handles are refused by every later one"
+                ),
+            })?;
         Ok(HandleTable {
             tag,
             slots: Vec::new(),
             vacant: Vec::new(),
             by_ptr: FxHashMap::default(),
+            closed: false,
         })
     }
 
     /// Stores a live allocation; returns its handle.
     ///
     /// # Errors
-    /// The allocation back when [`MAX_LIVE`] buffers are live ([`Refusal::Full`]).
-    pub(crate) fn insert(&mut self, allocation: Allocation) -> Result<u64, Allocation> {
+    /// The allocation back, with [`Refusal::Full`] when [`MAX_LIVE`] slots are used, or
+    /// [`Refusal::Closed`] after [`HandleTable::close`].
+    pub(crate) fn insert(&mut self, allocation: Allocation) -> Result<u64, (Refusal, Allocation)> {
+        if self.closed {
+            return Err((Refusal::Closed, allocation));
+        }
         let ptr = allocation.ptr();
+        let live = State::Live(Live {
+            allocation,
+            uses: Vec::new(),
+        });
         let handle = match self.vacant.pop() {
             Some(index) => {
                 let slot = &mut self.slots[index as usize];
-                slot.generation = if slot.generation >= GENERATION_MAX {
-                    1
-                } else {
-                    slot.generation + 1
-                };
-                slot.state = State::Live(allocation);
+                slot.generation += 1;
+                slot.state = live;
                 pack(self.tag, slot.generation, index)
             }
-            None if self.slots.len() >= MAX_LIVE => return Err(allocation),
+            None if self.slots.len() >= MAX_LIVE => {
+                let State::Live(l) = live else { unreachable!() };
+                return Err((Refusal::Full, l.allocation));
+            }
             None => {
                 let index = self.slots.len() as u32;
                 self.slots.push(Slot {
                     generation: 1,
-                    state: State::Live(allocation),
+                    state: live,
                 });
                 pack(self.tag, 1, index)
             }
@@ -202,12 +212,12 @@ impl HandleTable {
         Ok((index, slot))
     }
 
-    /// The live allocation `handle` names.
-    pub(crate) fn get(&self, handle: u64) -> Result<&Allocation, Refusal> {
+    /// The live buffer `handle` names.
+    fn live(&self, handle: u64) -> Result<&Live, Refusal> {
         let (_, slot) = self.slot(handle)?;
         let (_, generation, _) = unpack(handle);
         match &slot.state {
-            State::Live(a) if slot.generation == generation => Ok(a),
+            State::Live(l) if slot.generation == generation => Ok(l),
             State::Donated if slot.generation == generation => Err(Refusal::Gone {
                 handle,
                 how: "it was donated",
@@ -223,9 +233,15 @@ impl HandleTable {
         }
     }
 
-    /// Takes the live allocation out: the handle is dead from now on (`donated` says how).
-    pub(crate) fn take(&mut self, handle: u64, donated: bool) -> Result<Allocation, Refusal> {
-        self.get(handle)?;
+    /// The live allocation `handle` names.
+    pub(crate) fn get(&self, handle: u64) -> Result<&Allocation, Refusal> {
+        self.live(handle).map(|l| &l.allocation)
+    }
+
+    /// Takes the live buffer out: the handle is dead from now on (`donated` says how). A
+    /// slot at the last generation is retired rather than reused.
+    pub(crate) fn take(&mut self, handle: u64, donated: bool) -> Result<Live, Refusal> {
+        self.live(handle)?;
         let (index, _) = self.slot(handle)?;
         let slot = &mut self.slots[index as usize];
         let state = std::mem::replace(
@@ -236,19 +252,22 @@ impl HandleTable {
                 State::Freed
             },
         );
-        let State::Live(allocation) = state else {
-            // `get` checked it is live; keep the state as it was.
+        let State::Live(live) = state else {
+            // `live` checked it is live; keep the state as it was.
             slot.state = state;
             return Err(Refusal::Gone {
                 handle,
                 how: "it was freed",
             });
         };
-        self.vacant.push(index);
-        if allocation.ptr() != 0 && self.by_ptr.get(&allocation.ptr()) == Some(&handle) {
-            self.by_ptr.remove(&allocation.ptr());
+        if slot.generation < GENERATION_MAX {
+            self.vacant.push(index);
         }
-        Ok(allocation)
+        let ptr = live.allocation.ptr();
+        if ptr != 0 && self.by_ptr.get(&ptr) == Some(&handle) {
+            self.by_ptr.remove(&ptr);
+        }
+        Ok(live)
     }
 
     /// The handle of the live buffer starting at `ptr`.
@@ -259,37 +278,43 @@ impl HandleTable {
             .ok_or(Refusal::UnknownPointer { ptr })
     }
 
-    /// Takes every live allocation out (for destroying the allocator).
-    pub(crate) fn drain(&mut self) -> Vec<Allocation> {
+    /// Notes that the live buffer starting at `ptr` is used by work on `stream` (one other
+    /// than its own): its free waits for the work queued there before it.
+    pub(crate) fn record_use(&mut self, ptr: u64, stream: Stream) -> Result<(), Refusal> {
+        let handle = self.handle_of(ptr)?;
+        let (index, _) = self.slot(handle)?;
+        if let State::Live(live) = &mut self.slots[index as usize].state {
+            if live.allocation.stream() != stream && !live.uses.contains(&stream) {
+                live.uses.push(stream);
+            }
+        }
+        Ok(())
+    }
+
+    /// Closes the table (the allocator's destroy) and takes every live buffer out.
+    pub(crate) fn close(&mut self) -> Vec<Live> {
+        self.closed = true;
         self.by_ptr.clear();
         let mut out = Vec::new();
         for (index, slot) in self.slots.iter_mut().enumerate() {
             if matches!(slot.state, State::Live(_)) {
-                if let State::Live(a) = std::mem::replace(&mut slot.state, State::Freed) {
-                    out.push(a);
+                if let State::Live(l) = std::mem::replace(&mut slot.state, State::Freed) {
+                    out.push(l);
                 }
-                self.vacant.push(index as u32);
+                if slot.generation < GENERATION_MAX {
+                    self.vacant.push(index as u32);
+                }
             }
         }
         out
     }
 
     /// Number of live buffers.
-    pub(crate) fn live(&self) -> usize {
+    pub(crate) fn live_count(&self) -> usize {
         self.slots
             .iter()
             .filter(|s| matches!(s.state, State::Live(_)))
             .count()
-    }
-}
-
-impl Drop for HandleTable {
-    fn drop(&mut self) {
-        let mut t = tags();
-        let (word, bit) = (usize::from(self.tag) / 64, self.tag % 64);
-        if let Some(w) = t.taken.get_mut(word) {
-            *w &= !(1 << bit);
-        }
     }
 }
 
@@ -308,7 +333,7 @@ mod tests {
         let h = t.insert(alloc(0x1000)).unwrap();
         assert_eq!(t.handle_of(0x1000), Ok(h));
         let a = t.take(h, false).unwrap();
-        assert_eq!(a.ptr(), 0x1000);
+        assert_eq!(a.allocation.ptr(), 0x1000);
         assert!(matches!(t.take(h, false), Err(Refusal::Gone { .. })));
         let h2 = t.insert(alloc(0x2000)).unwrap();
         assert_ne!(h, h2, "a reused slot gets a new generation");
@@ -319,9 +344,9 @@ mod tests {
             t.handle_of(0x1000),
             Err(Refusal::UnknownPointer { .. })
         ));
-        assert_eq!(t.live(), 1);
-        assert_eq!(t.drain().len(), 1);
-        assert_eq!(t.live(), 0);
+        assert_eq!(t.live_count(), 1);
+        assert_eq!(t.close().len(), 1);
+        assert_eq!(t.live_count(), 0);
     }
 
     #[test]
@@ -335,7 +360,7 @@ mod tests {
             a.take(hb, false),
             Err(Refusal::NeverIssued { .. })
         ));
-        assert_eq!((a.live(), b.live()), (1, 1));
+        assert_eq!((a.live_count(), b.live_count()), (1, 1));
         // A handle with junk between its fields is not one of ours either.
         assert!(matches!(
             a.get(ha | 1 << 23),
@@ -344,11 +369,40 @@ mod tests {
     }
 
     #[test]
-    fn a_destroyed_tables_tag_is_reused_last() {
+    fn tags_are_never_reused() {
         let a = HandleTable::new().unwrap();
         let tag = a.tag;
         drop(a);
-        let b = HandleTable::new().unwrap();
-        assert_ne!(b.tag, tag, "round robin: not the tag just released");
+        let later: Vec<u32> = (0..1000).map(|_| HandleTable::new().unwrap().tag).collect();
+        assert!(
+            later.iter().all(|&t| t > tag),
+            "a destroyed table's tag came back"
+        );
+    }
+
+    #[test]
+    fn a_slot_at_the_last_generation_is_retired() {
+        let mut t = HandleTable::new().unwrap();
+        let h = t.insert(alloc(0x1000)).unwrap();
+        t.take(h, false).unwrap();
+        // As if it had been reused until its last generation.
+        t.slots[0].generation = GENERATION_MAX - 1;
+        let last = t.insert(alloc(0x2000)).unwrap();
+        assert_eq!(unpack(last).1, GENERATION_MAX);
+        t.take(last, false).unwrap();
+        let next = t.insert(alloc(0x3000)).unwrap();
+        assert_eq!(unpack(next).2, 1, "a new slot, not the retired one");
+        assert!(matches!(t.get(last), Err(Refusal::Gone { .. })));
+        assert!(matches!(t.get(h), Err(Refusal::Gone { .. })));
+    }
+
+    #[test]
+    fn a_closed_table_takes_nothing_more() {
+        let mut t = HandleTable::new().unwrap();
+        let h = t.insert(alloc(0x1000)).unwrap();
+        assert_eq!(t.close().len(), 1);
+        assert!(matches!(t.get(h), Err(Refusal::Gone { .. })));
+        let refused = t.insert(alloc(0x2000));
+        assert!(matches!(refused, Err((Refusal::Closed, ref a)) if a.ptr() == 0x2000));
     }
 }

@@ -20,11 +20,27 @@
 //!
 //! # Buffers
 //!
-//! [`portalloc_allocate`] gives a *handle* — `(generation << 32) | slot`, generation-checked
-//! so a handle kept after its buffer is freed or donated is refused ("buffer has been deleted
-//! or donated") — and the device pointer. Free by handle ([`portalloc_free`]) or by pointer
-//! ([`portalloc_free_ptr`]). [`portalloc_donate`] hands a buffer to a consumer under a new
-//! tag and handle; the old handle is dead.
+//! [`portalloc_allocate`] gives a *handle* — generation-checked, and tagged with its
+//! allocator, whose tag no later allocator of the process gets, so a handle kept after its
+//! buffer is freed or donated (or its allocator destroyed) is refused ("buffer has been
+//! deleted or donated", "not issued by this allocator") — and the device pointer. Free by
+//! handle ([`portalloc_free`]) or by pointer ([`portalloc_free_ptr`]).
+//! [`portalloc_donate`] hands a buffer to a consumer under a new tag and handle; the old
+//! handle is dead. A buffer used on another stream than its own is declared so with
+//! [`portalloc_record_stream`]: its free then waits for the work queued there.
+//!
+//! # The caller's thread
+//!
+//! No call changes the calling thread's current context (CUDA) or device (HIP): each driver
+//! call portalloc makes restores the caller's afterwards. An allocator of one device
+//! ([`portalloc_create`] and [`portalloc_global`] for device `n`) opens only that device,
+//! unless peer access is asked for.
+//!
+//! # Destroy and the calls racing it
+//!
+//! [`portalloc_destroy`] is linearised with the other calls: an allocation that loses the
+//! race fails with `PORTALLOC_STATUS_INVALID_ALLOCATOR` and gives back what it took, never
+//! returning a pointer the destroy frees.
 #![allow(unsafe_code)]
 
 mod api;
@@ -41,6 +57,7 @@ use rustc_hash::FxHashMap;
 
 use crate::adaptor::LedgerAllocator;
 use crate::allocator::Allocator;
+use crate::device::Device;
 use crate::error::Error;
 
 pub use api::*;
@@ -180,6 +197,7 @@ impl From<Refusal> for Failure {
             Refusal::UnknownPointer { .. } => PortallocStatus::UnknownPointer,
             Refusal::Gone { .. } | Refusal::NeverIssued { .. } => PortallocStatus::InvalidHandle,
             Refusal::Full => PortallocStatus::OutOfMemory,
+            Refusal::Closed => PortallocStatus::InvalidAllocator,
         };
         Failure::new(status, r.to_string())
     }
@@ -193,6 +211,13 @@ pub(crate) fn set_last_error(message: &str) {
     let text = CString::new(message.replace('\0', "\\0")).unwrap_or_default();
     // `try_with`: during thread teardown the slot may be gone; then the text is dropped.
     let _ = LAST_ERROR.try_with(|e| *e.borrow_mut() = text);
+}
+
+/// The thread's last error text, copied (for the hooks' logs).
+pub(crate) fn last_error_text() -> String {
+    LAST_ERROR
+        .try_with(|e| e.borrow().to_string_lossy().into_owned())
+        .unwrap_or_default()
 }
 
 /// A pointer to the thread's last error text (valid until the next call on this thread).
@@ -235,12 +260,31 @@ pub(crate) struct Instance {
     pub(crate) table: Mutex<HandleTable>,
     /// The process-global allocator of a device (the framework hooks'): never destroyed.
     pub(crate) global: bool,
+    /// The device: its events order the frees of buffers used on other streams.
+    pub(crate) device: Arc<dyn Device>,
+    /// Buffers freed while work queued on other streams than their own
+    /// ([`portalloc_record_stream`]) may still use them: handed back to the allocator once
+    /// the events recorded there at the free complete, as PyTorch's caching allocator does
+    /// for `record_stream`.
+    pub(crate) deferred: Mutex<Vec<Deferred>>,
+}
+
+/// A freed buffer waiting for the work on the other streams it was used on.
+pub(crate) struct Deferred {
+    pub(crate) allocation: crate::allocator::Allocation,
+    /// Recorded at the free on each stream the buffer was used on.
+    pub(crate) events: Vec<crate::device::Event>,
 }
 
 impl Instance {
     pub(crate) fn table(&self) -> MutexGuard<'_, HandleTable> {
         // Every update of the table is complete before anything that can panic.
         self.table.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn deferred(&self) -> MutexGuard<'_, Vec<Deferred>> {
+        // Pushes and takes whole entries: consistent whatever panicked.
+        self.deferred.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 

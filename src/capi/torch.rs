@@ -4,9 +4,22 @@
 //! environment at first use (with a ledger; buffers tagged `torch`). CuPy and other callers
 //! reach the same allocators through [`portalloc_global`].
 //!
-//! PyTorch fixes these signatures, so they cannot return a status: a failed allocation
-//! returns null (PyTorch raises its out-of-memory error) and a refused free is ignored; both
-//! leave their message in [`super::portalloc_last_error`] and log it (`tracing`, warn).
+//! PyTorch fixes these signatures, so they cannot return a status. What PyTorch does with a
+//! null return matters: `CUDAPluggableAllocator::malloc` stores whatever the hook returns as
+//! the tensor's data pointer, without a check — it raises **no** out-of-memory error, and
+//! the tensor's first kernel reads address 0 (an illegal-address error at best). So a failed
+//! allocation returns null *and* logs its whole message — for an out-of-memory failure the
+//! report and its diagnosis — at warn level (`tracing`, the C ABI's log) before returning,
+//! and leaves it in [`super::portalloc_last_error`]; check `portalloc.stats()` or the log
+//! when a tensor's pointer is 0. A refused free is ignored, with its message kept and
+//! logged the same way.
+//!
+//! PyTorch's `Tensor.record_stream(side)` does nothing under the pluggable allocator (its
+//! Python interface passes no record-stream hook): [`super::portalloc_record_stream`] (and
+//! `portalloc.torch.record_stream(tensor, stream)` in Python) takes its place.
+//!
+//! The allocator of a device opens that device only ([`crate::discover::discover_device`]),
+//! and no call changes the caller's current device (`torch.cuda.set_device` stays as it was).
 
 use std::ffi::{c_int, c_void};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -74,7 +87,10 @@ pub unsafe extern "C" fn portalloc_global(
 
 /// PyTorch's pluggable allocation hook:
 /// `void* alloc(ssize_t size, int device, cudaStream_t stream)`. Returns the device pointer,
-/// or null on failure (message in `portalloc_last_error`) and for `size == 0`.
+/// or null on failure and for `size == 0`. PyTorch keeps a null as the tensor's pointer (it
+/// raises nothing), so a failure's message — the OOM report and diagnosis, for out of
+/// memory — is logged at warn level before the null is returned, and kept in
+/// `portalloc_last_error`.
 #[no_mangle]
 pub extern "C" fn portalloc_torch_alloc(
     size: libc::ssize_t,
@@ -99,11 +115,13 @@ pub extern "C" fn portalloc_torch_alloc(
         Ok(())
     });
     if status != PortallocStatus::Ok {
+        let message = super::last_error_text();
         tracing::warn!(
             size,
             device,
             status = status.name(),
-            "{CALL} failed; returning null"
+            "{CALL} failed; returning null, which PyTorch keeps as the tensor's pointer: \
+             {message}"
         );
     }
     out as usize as *mut c_void
@@ -130,12 +148,13 @@ pub extern "C" fn portalloc_torch_free(
         free_ptr(CALL, &instance, ptr as usize as u64)
     });
     if status != PortallocStatus::Ok {
+        let message = super::last_error_text();
         tracing::warn!(
             ptr = ptr as usize,
             size,
             device,
             status = status.name(),
-            "{CALL} refused the free"
+            "{CALL} refused the free: {message}"
         );
     }
 }

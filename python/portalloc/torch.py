@@ -1,0 +1,41 @@
+"""portalloc with PyTorch: what PyTorch's pluggable-allocator interface does not pass on.
+
+With portalloc installed as PyTorch's CUDA allocator (:func:`portalloc.install_torch`,
+``torch.cuda.memory.CUDAPluggableAllocator``), ``Tensor.record_stream(stream)`` does nothing:
+PyTorch's Python interface gives the pluggable allocator no record-stream hook, so a tensor
+used on a side stream (NCCL's, a copy stream) could have its memory handed out again while
+that stream's work still reads it. :func:`record_stream` is the replacement. Standard
+library only: PyTorch is not imported here, the tensor and stream are only asked for their
+pointer, device and handle.
+"""
+
+import importlib
+from typing import Any, Optional
+
+from . import global_allocator
+
+__all__ = ["record_stream"]
+
+
+def _device_of(tensor: Any) -> int:
+    """The CUDA device index of ``tensor`` (its ``device.index``, else the current one)."""
+    index: Optional[int] = getattr(getattr(tensor, "device", None), "index", None)
+    if index is not None:
+        return int(index)
+    torch = importlib.import_module("torch")  # only for a tensor without a device index
+    return int(torch.cuda.current_device())
+
+
+def record_stream(tensor: Any, stream: Any) -> None:
+    """The replacement for ``tensor.record_stream(stream)`` under portalloc: marks the
+    memory behind ``tensor`` (its storage, the buffer portalloc handed out) as used by work
+    on ``stream`` — a ``torch.cuda.Stream`` (its ``cuda_stream`` handle) or a stream handle
+    as an int — so that when the tensor goes, the memory is handed out again only after the
+    work queued on ``stream`` before that has completed.
+
+    Raises :class:`portalloc.PortallocError` (``UNKNOWN_POINTER``) for a tensor whose
+    memory portalloc's global allocator of its device did not hand out."""
+    storage = tensor.untyped_storage()
+    ptr = int(storage.data_ptr())
+    handle = int(getattr(stream, "cuda_stream", stream))
+    global_allocator(_device_of(tensor)).record_stream(ptr, handle)
