@@ -53,6 +53,20 @@
 //! reported min/median/max. The criterion loop then times the same full sequence (flat
 //! sampling, 10 samples). `cargo bench --bench churn -- steady` runs only this regime
 //! (`steady/64KiB` or `steady/4MiB` one size).
+//!
+//! # Two streams with kernels in flight (`churn/two_streams/…`)
+//!
+//! A PyTorch-style program: each step allocates a buffer on stream `S`, launches a kernel on
+//! `S` over it and frees it on `S` while the kernel runs, then allocates on stream `T` (which
+//! keeps up to 64 buffers live and frees its oldest on `T`); the device runs behind the CPU,
+//! with the 32 newest kernels in flight (the oldest completes as a new one starts). Sizes are
+//! uniform in `[256 B, 256 KiB]`, 20,000 steps, on a simulated 64 GiB host device, 3/4 of it
+//! the limit — far from it. The table printed first (not under `--test` or `--list`) gives,
+//! per strategy, the **CPU waits and GPU-side waits per 1,000 requests** as the device counts
+//! them (its own synchronisation and wait-event calls: an oracle outside the strategies), and
+//! the device's hazard count (memory freed or unmapped under a kernel), which must be 0.
+//! Criterion then times the sequence. `cargo bench --bench churn -- two_streams` runs only
+//! this regime.
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -528,7 +542,9 @@ fn wanted(prefix: &str) -> bool {
         None => true,
         Some(f) => {
             let id = format!("churn/{prefix}");
-            id.contains(&f) || f.contains(&id) || f == "steady" || f == "churn/steady"
+            id.contains(&f)
+                || f.contains(&id)
+                || (prefix.starts_with("steady") && (f == "steady" || f == "churn/steady"))
         }
     }
 }
@@ -648,9 +664,120 @@ fn steady(c: &mut Criterion, label: &str, max_size: u64) {
     assert_eq!(s.vmm.live_count(), 0);
 }
 
+/// The strategies of the two-stream regime: name, strategy kind, preallocate.
+const TWO_STREAM_STRATEGIES: [(&str, portalloc::StrategyKind, bool); 5] = [
+    ("bfc", portalloc::StrategyKind::Bfc, true),
+    ("bfc_grow", portalloc::StrategyKind::Bfc, false),
+    ("vmm", portalloc::StrategyKind::Vmm, false),
+    ("async", portalloc::StrategyKind::Async, true),
+    ("platform", portalloc::StrategyKind::Platform, false),
+];
+const TWO_STREAM_STEPS: usize = 20_000;
+const IN_FLIGHT: usize = 32;
+const T_LIVE: usize = 64;
+
+/// One two-stream run (see the module docs) on a fresh simulated device: the device's CPU
+/// waits, GPU-side waits and hazards, and the requests made.
+fn two_streams_run(
+    kind: portalloc::StrategyKind,
+    preallocate: bool,
+    sizes: &[(u64, u64)],
+) -> (u64, u64, u64, u64) {
+    use std::collections::VecDeque;
+    let host = Arc::new(
+        HostDevice::builder()
+            .capacity(64 * GIB)
+            .simulated(true)
+            .build()
+            .unwrap(),
+    );
+    let config = portalloc::Config::builder()
+        .ignore_env()
+        .strategy(kind)
+        .mem_fraction(0.75)
+        .preallocate(preallocate)
+        .build()
+        .unwrap();
+    let allocator =
+        portalloc::strategy::build(&config, Arc::clone(&host) as Arc<dyn portalloc::Device>)
+            .unwrap();
+    // SAFETY: the host device only compares stream handles.
+    let (s, t) = unsafe { (Stream::from_raw(0x5000), Stream::from_raw(0x6000)) };
+    let before = host.cpu_waits();
+    let mut kernels: VecDeque<u64> = VecDeque::new();
+    let mut on_t: VecDeque<Allocation> = VecDeque::new();
+    let mut requests = 0u64;
+    for &(x_size, y_size) in sizes {
+        let x = allocator.allocate(x_size, 0, s, "s").unwrap();
+        kernels.push_back(host.launch(s, x.ptr(), x.size()));
+        allocator.deallocate(x).unwrap();
+        let y = allocator.allocate(y_size, 0, t, "t").unwrap();
+        on_t.push_back(y);
+        requests += 2;
+        if on_t.len() > T_LIVE {
+            allocator.deallocate(on_t.pop_front().unwrap()).unwrap();
+        }
+        if kernels.len() > IN_FLIGHT {
+            host.finish(kernels.pop_front().unwrap());
+        }
+    }
+    let after = host.cpu_waits();
+    for k in kernels {
+        host.finish(k);
+    }
+    for y in on_t {
+        allocator.deallocate(y).unwrap();
+    }
+    drop(allocator);
+    let (hazards, _) = host.hazards();
+    (after.0 - before.0, after.1 - before.1, hazards, requests)
+}
+
+fn two_streams(c: &mut Criterion) {
+    let mut rng = SmallRng::seed_from_u64(0x2_57ea_u64);
+    let sizes: Vec<(u64, u64)> = (0..TWO_STREAM_STEPS)
+        .map(|_| {
+            (
+                rng.gen_range(256..=256 * KIB),
+                rng.gen_range(256..=256 * KIB),
+            )
+        })
+        .collect();
+    if !std::env::args().any(|a| a == "--test" || a == "--list") {
+        eprintln!(
+            "churn/two_streams: {TWO_STREAM_STEPS} steps (free on S under a kernel, request on T), \
+             {IN_FLIGHT} kernels in flight, limit 48 GiB"
+        );
+        for (name, kind, preallocate) in TWO_STREAM_STRATEGIES {
+            let (cpu, gpu, hazards, requests) = two_streams_run(kind, preallocate, &sizes);
+            let per = |n: u64| n as f64 * 1000.0 / requests as f64;
+            eprintln!(
+                "  {name:<9} CPU waits {:>8.2} / 1,000 requests, GPU-side waits {:>8.2} / 1,000, hazards {hazards}",
+                per(cpu),
+                per(gpu)
+            );
+        }
+    }
+    let mut g = c.benchmark_group("churn/two_streams");
+    g.throughput(Throughput::Elements(sizes.len() as u64 * 2))
+        .sampling_mode(SamplingMode::Flat)
+        .sample_size(10);
+    for (name, kind, preallocate) in TWO_STREAM_STRATEGIES {
+        g.bench_function(name, |b| {
+            b.iter(|| black_box(two_streams_run(kind, preallocate, &sizes)))
+        });
+    }
+    g.finish();
+}
+
 fn benches(c: &mut Criterion) {
-    churn(c, "1MiB", MIB, 8 * GIB);
-    churn(c, "64MiB", 64 * MIB, 512 * GIB);
+    if wanted("two_streams") {
+        two_streams(c);
+    }
+    if !std::env::args().any(|a| a.contains("two_streams")) {
+        churn(c, "1MiB", MIB, 8 * GIB);
+        churn(c, "64MiB", 64 * MIB, 512 * GIB);
+    }
     for (label, max_size) in [("64KiB", 64 * KIB), ("4MiB", 4 * MIB)] {
         // The steady regime's set-up (the sequence, the utilisation and ratio passes) takes
         // a minute or more: skip it when criterion's filter excludes its benchmarks.
