@@ -25,13 +25,21 @@ pub struct Allocation {
     origin: u64,
 }
 
+/// The calling thread's number, out of line: the thread-local lookup stays off the path of
+/// every allocation on a stream other than [`Stream::PER_THREAD`].
+#[inline(never)]
+fn per_thread_origin() -> u64 {
+    crate::device::thread_number()
+}
+
 impl Allocation {
     /// Makes an allocation record. For strategies and adaptors.
     ///
     /// `token` is private to the allocator that makes it (a chunk index, a sequence number).
+    #[inline]
     pub fn new(ptr: u64, size: u64, stream: Stream, allocator_id: u64, token: u64) -> Self {
         let origin = if stream.is_per_thread() {
-            crate::device::thread_number()
+            per_thread_origin()
         } else {
             0
         };

@@ -96,7 +96,7 @@ const LINEAR_UP_TO: usize = 8;
 ///
 /// # Time complexity
 /// `O(log n)` (`O(n)` for `n <= LINEAR_UP_TO`).
-#[inline]
+#[inline(always)]
 fn lower_bound(v: &[Entry], k: u128) -> usize {
     if v.len() <= LINEAR_UP_TO {
         return v.iter().map(|x| usize::from(ekey(x) < k)).sum();

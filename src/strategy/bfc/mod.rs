@@ -495,6 +495,7 @@ impl<D: Device + ?Sized> BfcAllocator<D> {
     ///
     /// # Errors
     /// [`Error::OutOfMemory`] with the cause when none of them serves it.
+    #[inline]
     fn serve(
         &self,
         inner: &mut Inner,
@@ -503,19 +504,36 @@ impl<D: Device + ?Sized> BfcAllocator<D> {
         rounded: u64,
         alignment: u64,
     ) -> Result<Grant> {
-        let mut bins = true;
         if inner.order.is_multi() {
-            if inner.order.count() > 0 || inner.order.fence_active() {
-                if let Some(g) = self.take_pending(inner, stream, size, rounded, alignment) {
-                    return Ok(g);
-                }
-            }
-            if inner.order.fence_active() {
-                // Memory freed at once before the switch may still be read by the first
-                // stream's work: another stream takes it from the bins only behind the fence.
-                bins = inner.order.order_after_fence(&*self.device, stream).is_ok();
+            return self.serve_multi(inner, stream, size, rounded, alignment);
+        }
+        // One stream: nothing is pending, the bins serve it or the pool grows.
+        match inner.arena.allocate(rounded, alignment, size) {
+            Some(g) => Ok(g),
+            None => self.allocate_slow(inner, stream, size, rounded, alignment),
+        }
+    }
+
+    /// [`BfcAllocator::serve`] once a second stream has been seen: pending frees first, the
+    /// bins behind the fence.
+    #[inline(never)]
+    fn serve_multi(
+        &self,
+        inner: &mut Inner,
+        stream: Stream,
+        size: u64,
+        rounded: u64,
+        alignment: u64,
+    ) -> Result<Grant> {
+        if inner.order.count() > 0 || inner.order.fence_active() {
+            if let Some(g) = self.take_pending(inner, stream, size, rounded, alignment) {
+                return Ok(g);
             }
         }
+        // Memory freed at once before the switch may still be read by the first stream's
+        // work: another stream takes it from the bins only behind the fence.
+        let bins = !inner.order.fence_active()
+            || inner.order.order_after_fence(&*self.device, stream).is_ok();
         if bins {
             if let Some(g) = inner.arena.allocate(rounded, alignment, size) {
                 return Ok(g);

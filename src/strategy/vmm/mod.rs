@@ -520,15 +520,38 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         (total - mapped, supply)
     }
 
+    /// Whether backing a request may come to stitching: the best fit (the place chosen
+    /// unless it cannot be backed) lacks more granules than are idle, or no address range
+    /// fits yet. When it lacks no more, [`VmmAllocator::place`] picks it and backing takes idle
+    /// memory only.
+    fn may_stitch(&self, inner: &Inner, rounded: u64, alignment: u64, small: bool) -> bool {
+        let class = self.class(small);
+        let Some(p) = inner.space.find(class, rounded, alignment, !small) else {
+            return true;
+        };
+        let (start, end) = self.span(p.addr, rounded);
+        let total = (end - start) >> self.granularity.trailing_zeros();
+        let (mapped, _) = inner.phys.mapped_and_free_in(start, end);
+        total - mapped > inner.phys.idle_count()
+    }
+
     /// Brings the physical books in step with the stream order's fence: granules unsettled
     /// when the fence was recorded wait for it, and are settled once it completed.
     fn sync_fence(inner: &mut Inner) {
         let records = inner.order.fence_records();
+        let complete = !inner.order.fence_active();
         if records != inner.fence_seen {
-            inner.phys.fence_recorded();
             inner.fence_seen = records;
+            if complete {
+                // Recorded and complete already (each record is followed by this call under
+                // the same lock, so nothing was freed in between): all of it is settled, in
+                // one pass.
+                inner.phys.settle_all();
+                return;
+            }
+            inner.phys.fence_recorded();
         }
-        if !inner.order.fence_active() {
+        if complete {
             inner.phys.fence_completed();
         }
     }
@@ -814,13 +837,11 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         alignment: u64,
         small: bool,
     ) -> Result<Placement> {
-        let mut placement = self.place(inner, rounded, alignment, small);
-        if inner.phys.any_unsettled() && placement.is_some_and(|site| site.need > 0) {
+        if inner.phys.any_unsettled() && self.may_stitch(inner, rounded, alignment, small) {
             // Free granules freed at once may be stitched only once a fence covers them.
             self.settle_granules(inner);
-            placement = self.place(inner, rounded, alignment, small);
         }
-        let placement = match placement {
+        let placement = match self.place(inner, rounded, alignment, small) {
             Some(p) => p,
             None => {
                 if let Err(e) = self.reserve(inner, self.class(small), rounded, alignment) {
@@ -870,7 +891,24 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
     ///
     /// # Errors
     /// Out of memory, with the cause, when none of them serves it; a device error.
+    #[inline(never)]
     fn serve(&self, inner: &mut Inner, r: &Request) -> Result<Grant> {
+        if inner.order.is_multi() {
+            if let Some(grant) = self.serve_pending_first(inner, r)? {
+                return Ok(grant);
+            }
+        }
+        self.serve_free_space(inner, r)
+    }
+
+    /// The part of [`VmmAllocator::serve`] after the pending frees of `r.stream`: the free
+    /// space, mapped already or not, another stream's pending frees, more physical memory.
+    /// All of a single-stream request.
+    ///
+    /// # Errors
+    /// As [`VmmAllocator::serve`].
+    #[inline(always)]
+    fn serve_free_space(&self, inner: &mut Inner, r: &Request) -> Result<Grant> {
         let Request {
             stream,
             size,
@@ -878,21 +916,6 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
             alignment,
             small,
         } = *r;
-        if inner.order.is_multi() {
-            if inner.order.count() > 0 || inner.order.fence_active() {
-                self.poll_pending(inner);
-                let own = self.take_pending(inner, stream, rounded, alignment, small, size, false);
-                if let Some(grant) = own {
-                    return Ok(grant);
-                }
-            }
-            if inner.order.fence_active() {
-                // Memory freed at once before the switch may still be read by the first
-                // stream's work: another stream takes it only behind the fence.
-                inner.order.order_after_fence(&*self.device, stream)?;
-                Self::sync_fence(inner);
-            }
-        }
         // The steady state: the best fit lies on granules mapped with access already, and
         // one walk over them checks that and touches them (what `place`, `back` and `touch`
         // would each walk them for). Anything else takes the general path.
@@ -928,6 +951,67 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
             self.touch(&mut inner.phys, grant.addr, grant.size);
         }
         Ok(grant)
+    }
+
+    /// Nothing serves the request without a CPU wait: waits, with the lock released, for the
+    /// frees still in flight and the fence, then tries once more — the CPU waits only here,
+    /// just before refusing. Out of line: the steady state never comes here.
+    ///
+    /// # Errors
+    /// `refused` when it is not out of memory or nothing is in flight to wait for; else as
+    /// [`VmmAllocator::serve`].
+    #[cold]
+    #[inline(never)]
+    fn wait_and_serve(
+        &self,
+        guard: MutexGuard<'_, Inner>,
+        r: &Request,
+        refused: Error,
+    ) -> Result<Allocation> {
+        if !refused.is_out_of_memory() {
+            return Err(refused);
+        }
+        let waits = guard.order.cpu_waits_pending();
+        if waits.is_empty() {
+            return Err(refused);
+        }
+        drop(guard);
+        wait_outside(&*self.device, &waits);
+        let mut guard = self.inner();
+        let inner = &mut *guard;
+        self.poll_pending(inner);
+        let grant = self.serve(inner, r)?;
+        Ok(self.granted(inner, &grant, r.size, r.stream))
+    }
+
+    /// The part of [`VmmAllocator::serve`] once a second stream has been seen: `stream`'s own
+    /// pending frees, then the GPU-side wait for the fence before the free space.
+    ///
+    /// # Errors
+    /// The device's error when the wait for the fence cannot be enqueued.
+    #[inline(never)]
+    fn serve_pending_first(&self, inner: &mut Inner, r: &Request) -> Result<Option<Grant>> {
+        let Request {
+            stream,
+            size,
+            rounded,
+            alignment,
+            small,
+        } = *r;
+        if inner.order.count() > 0 || inner.order.fence_active() {
+            self.poll_pending(inner);
+            let own = self.take_pending(inner, stream, rounded, alignment, small, size, false);
+            if own.is_some() {
+                return Ok(own);
+            }
+        }
+        if inner.order.fence_active() {
+            // Memory freed at once before the switch may still be read by the first stream's
+            // work: another stream takes it only behind the fence.
+            inner.order.order_after_fence(&*self.device, stream)?;
+            Self::sync_fence(inner);
+        }
+        Ok(None)
     }
 
     fn largest_free_mapped(&self, inner: &Inner) -> u64 {
@@ -1062,7 +1146,7 @@ impl<D: Device + ?Sized> Allocator for VmmAllocator<D> {
             return Ok(Allocation::empty(stream, self.id));
         };
         let mut guard = self.inner();
-        let mut inner = &mut *guard;
+        let inner = &mut *guard;
         if rounded > self.options.limit {
             let cause = format!(
                 "the request exceeds the physical budget of {} ({} B)",
@@ -1083,26 +1167,16 @@ impl<D: Device + ?Sized> Allocator for VmmAllocator<D> {
             alignment,
             small,
         };
-        let grant = match self.serve(inner, &request) {
-            Ok(g) => g,
-            Err(refused) if refused.is_out_of_memory() => {
-                // Nothing serves it without a CPU wait: wait, with the lock released, for
-                // the frees still in flight and the fence, then try once more — the CPU
-                // waits only here, just before refusing.
-                let waits = inner.order.cpu_waits_pending();
-                if waits.is_empty() {
-                    return Err(refused);
-                }
-                drop(guard);
-                wait_outside(&*self.device, &waits);
-                guard = self.inner();
-                inner = &mut *guard;
-                self.poll_pending(inner);
-                self.serve(inner, &request)?
-            }
-            Err(e) => return Err(e),
+        // One stream (the steady state of most programs): its own copy of the path, inlined.
+        let served = if inner.order.is_multi() {
+            self.serve(inner, &request)
+        } else {
+            self.serve_free_space(inner, &request)
         };
-        Ok(self.granted(inner, &grant, size, stream))
+        match served {
+            Ok(grant) => Ok(self.granted(inner, &grant, size, stream)),
+            Err(refused) => self.wait_and_serve(guard, &request, refused),
+        }
     }
 
     /// Frees the chunk and coalesces it with its free neighbours; unmaps nothing.
@@ -1143,9 +1217,8 @@ impl<D: Device + ?Sized> Allocator for VmmAllocator<D> {
         match inner.space.free(allocation.ptr(), allocation.token()) {
             Some((size, _)) => {
                 let (start, end) = self.span(allocation.ptr(), size);
-                inner.phys.untouch(start, end);
                 // No event: work queued before the free may still read these granules.
-                inner.phys.mark_unsettled(start, end);
+                inner.phys.untouch_unsettled(start, end);
                 inner.order.freed_at_once();
                 Ok(())
             }

@@ -439,6 +439,23 @@ impl Physical {
     /// # Time complexity
     /// `O(granules)`, as [`Physical::touch`].
     pub(super) fn untouch(&mut self, start: u64, end: u64) {
+        self.untouch_marking(start, end, false);
+    }
+
+    /// [`Physical::untouch`] of a chunk freed at once, with no event, marking its mapped
+    /// granules unsettled in the same walk: work queued before the free may still read them,
+    /// so they are not unmapped until the fence after them completes. The single-stream
+    /// free, kept to one locate and one pass.
+    ///
+    /// # Time complexity
+    /// `O(granules)`, as [`Physical::touch`].
+    pub(super) fn untouch_unsettled(&mut self, start: u64, end: u64) {
+        self.untouch_marking(start, end, true);
+        self.unsettled_any = true;
+    }
+
+    #[inline(always)]
+    fn untouch_marking(&mut self, start: u64, end: u64, unsettle: bool) {
         let Some((r, i0, i1)) = self.locate(start, end) else {
             debug_assert!(false, "a chunk outside every region");
             return;
@@ -452,6 +469,9 @@ impl Physical {
                 let Some(page) = pages[p].as_deref_mut() else {
                     continue;
                 };
+                if unsettle {
+                    page.unsettled[w] |= bit & page.mapped[w];
+                }
                 let t = &mut page.touch[k];
                 *t = t.saturating_sub(1);
                 // All ones when no chunk touches it any more: no branch on the count.
@@ -467,6 +487,9 @@ impl Physical {
                 let Some(page) = pages[p].as_deref_mut() else {
                     return;
                 };
+                if unsettle {
+                    page.unsettled[w] |= mask & page.mapped[w];
+                }
                 // The granules of this word that no chunk touches any more.
                 let mut last = 0u64;
                 for b in mask.trailing_zeros()..64 - mask.leading_zeros() {
@@ -705,24 +728,6 @@ impl Physical {
 
     // ---- settling (stream order) ----------------------------------------------------------
 
-    /// Marks the granules under `[start, end)` (inside one region) unsettled: memory on them
-    /// was freed at once, with no event, and work queued before the free may read it.
-    ///
-    /// # Time complexity
-    /// `O(granules / 64)`.
-    pub(super) fn mark_unsettled(&mut self, start: u64, end: u64) {
-        let Some((r, i0, i1)) = self.locate(start, end) else {
-            return;
-        };
-        let pages = &mut self.regions[r].pages;
-        words(i0, i1, |p, w, mask| {
-            if let Some(page) = pages[p].as_deref_mut() {
-                page.unsettled[w] |= mask;
-            }
-        });
-        self.unsettled_any = true;
-    }
-
     /// The fence was recorded (again): what was unsettled waits for it now.
     ///
     /// # Time complexity
@@ -743,6 +748,27 @@ impl Physical {
         }
         self.unsettled_any = false;
         self.fenced_any = true;
+    }
+
+    /// A fence recorded and completed at once: every granule unsettled or fenced is settled
+    /// ([`Physical::fence_recorded`] then [`Physical::fence_completed`], in one pass).
+    ///
+    /// # Time complexity
+    /// `O(pages)` when anything is unsettled or fenced, else `O(1)`.
+    pub(super) fn settle_all(&mut self) {
+        if !self.any_unsettled() {
+            return;
+        }
+        for page in self
+            .regions
+            .iter_mut()
+            .flat_map(|r| r.pages.iter_mut().flatten())
+        {
+            page.unsettled = [0; WORDS];
+            page.fenced = [0; WORDS];
+        }
+        self.unsettled_any = false;
+        self.fenced_any = false;
     }
 
     /// The fence completed: what waited for it is settled.
@@ -1127,7 +1153,10 @@ mod tests {
         TouchIfReady(usize, usize),
         /// `MapAll`, `Grant`, then `TouchIfReady` on one span: a span made ready.
         ReadySpan(usize, usize),
-        Untouch(usize),
+        /// `true`: freed at once, with no event (the granules turn unsettled).
+        Untouch(usize, bool),
+        /// `Some(false)`: the fence recorded; `Some(true)`: it completed; `None`: both at once.
+        Fence(Option<bool>),
         Victims(usize, usize, u64),
         Grant(usize, usize),
         MapAll(usize, usize),
@@ -1140,7 +1169,8 @@ mod tests {
             (0..n, 1..40usize).prop_map(|(a, l)| Step::Touch(a, l)),
             (0..n, 1..40usize).prop_map(|(a, l)| Step::TouchIfReady(a, l)),
             (0..n, 1..40usize).prop_map(|(a, l)| Step::ReadySpan(a, l)),
-            (0..n).prop_map(Step::Untouch),
+            (0..n, any::<bool>()).prop_map(|(i, at_once)| Step::Untouch(i, at_once)),
+            proptest::option::of(any::<bool>()).prop_map(Step::Fence),
             (0..n, 0..40usize, 0..3000u64).prop_map(|(a, l, w)| Step::Victims(a, l, w)),
             (0..n, 0..40usize).prop_map(|(a, l)| Step::Grant(a, l)),
             (0..n, 0..40usize).prop_map(|(a, l)| Step::MapAll(a, l)),
@@ -1186,6 +1216,9 @@ mod tests {
             let mut live: Vec<(u64, u64)> = Vec::new();
             // Mapped granules granted access (a granule lacks it from its mapping on).
             let mut granted: BTreeSet<u64> = BTreeSet::new();
+            // Mapped granules freed at once (no event), and those waiting for the fence.
+            let mut unsettled: BTreeSet<u64> = BTreeSet::new();
+            let mut fenced: BTreeSet<u64> = BTreeSet::new();
             let steps = steps.into_iter().flat_map(|s| match s {
                 Step::ReadySpan(i, l) => {
                     vec![Step::MapAll(i, l), Step::Grant(i, l), Step::TouchIfReady(i, l)]
@@ -1215,6 +1248,21 @@ mod tests {
                             }
                             None => prop_assert_eq!(got, None),
                         }
+                        unsettled.remove(&v);
+                        fenced.remove(&v);
+                    }
+                    Step::Fence(Some(false)) => {
+                        phys.fence_recorded();
+                        fenced.append(&mut unsettled);
+                    }
+                    Step::Fence(Some(true)) => {
+                        phys.fence_completed();
+                        fenced.clear();
+                    }
+                    Step::Fence(None) => {
+                        phys.settle_all();
+                        unsettled.clear();
+                        fenced.clear();
                     }
                     Step::Touch(i, l) => {
                         let (v, end) = addr(i);
@@ -1241,10 +1289,15 @@ mod tests {
                         }
                     }
                     Step::ReadySpan(..) => unreachable!("expanded above"),
-                    Step::Untouch(i) => {
+                    Step::Untouch(i, at_once) => {
                         if !live.is_empty() {
                             let (v, e) = live.swap_remove(i % live.len());
-                            phys.untouch(v, e);
+                            if at_once {
+                                phys.untouch_unsettled(v, e);
+                                unsettled.extend(mapped.range(v..e).map(|(&g, _)| g));
+                            } else {
+                                phys.untouch(v, e);
+                            }
                             for g in (v..e).step_by(G as usize) {
                                 let t = touch.get_mut(&g).unwrap();
                                 *t -= 1;
@@ -1262,13 +1315,27 @@ mod tests {
                             .copied()
                             .filter(|g| !touch.contains_key(g))
                             .collect();
-                        prop_assert_eq!(phys.victims(v, e, want), model_victims(&free, v, e, want));
+                        // Stitching unmaps only granules whose work is complete.
+                        let settled: BTreeSet<u64> = free
+                            .iter()
+                            .filter(|g| !unsettled.contains(g) && !fenced.contains(g))
+                            .copied()
+                            .collect();
+                        prop_assert_eq!(
+                            phys.victims(v, e, want),
+                            model_victims(&settled, v, e, want)
+                        );
                         let inside = free.range(v..e).count() as u64;
                         let mapped_in = mapped.range(v..e).count() as u64;
                         prop_assert_eq!(phys.mapped_in(v, e), mapped_in);
                         prop_assert_eq!(phys.mapped_and_free_in(v, e), (mapped_in, inside));
                         let untouched = (v..e).step_by(G as usize).filter(|g| !touch.contains_key(g));
                         prop_assert_eq!(phys.untouched_in(v, e), untouched.count() as u64);
+                        let waiting = free
+                            .range(v..e)
+                            .filter(|g| unsettled.contains(g) || fenced.contains(g))
+                            .count() as u64;
+                        prop_assert_eq!(phys.unsettled_free_in(v, e), waiting);
                         let mut runs = Vec::new();
                         phys.mapped_runs(v, e, |a, b| runs.push((a, b)));
                         let mut want_runs: Vec<(u64, u64)> = Vec::new();
@@ -1327,6 +1394,15 @@ mod tests {
                 let free = mapped.keys().filter(|g| !touch.contains_key(g)).count() as u64;
                 prop_assert_eq!(phys.free_mapped_count(), free);
                 prop_assert_eq!(phys.idle_count(), pieces.len() as u64);
+                // Free granules not to be unmapped yet, and the ones trimming may unmap.
+                let is_free = |g: &&u64| mapped.contains_key(g) && !touch.contains_key(g);
+                let waiting: BTreeSet<u64> = unsettled.union(&fenced).copied().collect();
+                prop_assert_eq!(phys.unsettled_free(), waiting.iter().filter(is_free).count() as u64);
+                // The flag may stay up after the last such granule is unmapped, never down.
+                prop_assert!(phys.any_unsettled() || waiting.is_empty());
+                let settled: Vec<u64> =
+                    mapped.keys().filter(is_free).filter(|g| !waiting.contains(g)).copied().collect();
+                prop_assert_eq!(phys.settled_free_granules(), settled);
                 prop_assert_eq!(phys.check(&touch, &regions), Ok(()));
             }
             prop_assert_eq!(phys.mapped_granules(), mapped.keys().copied().collect::<Vec<_>>());
