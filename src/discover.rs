@@ -508,6 +508,11 @@ impl Portalloc {
     pub fn from_config(config: Config) -> Result<Portalloc> {
         let discovery = discover(&config)?;
         let peers = configure_peer_access(&config, &discovery.devices);
+        Portalloc::build(config, discovery, peers)
+    }
+
+    /// Builds the allocator of every device discovered, as `config` says.
+    fn build(config: Config, discovery: Discovery, peers: Vec<PeerLink>) -> Result<Portalloc> {
         let allocators = discovery
             .devices
             .iter()
@@ -552,17 +557,7 @@ impl Portalloc {
         }
         let discovery = discover_device(&config, ordinal)?;
         let peers = peer_access_off(&discovery.devices);
-        let allocators = discovery
-            .devices
-            .iter()
-            .map(|d| crate::strategy::build(&config, Arc::clone(d)).map(Arc::from))
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Portalloc {
-            config,
-            discovery,
-            allocators,
-            peers,
-        })
+        Portalloc::build(config, discovery, peers)
     }
 
     /// The allocator of device `ordinal`, shared: it lives as long as the last `Arc` (a

@@ -451,30 +451,16 @@ const DESTROY_CHILD: &str = "PORTALLOC_TEST_CAPI_DESTROY_CHILD";
 #[test_case("vmm", "false", "cuMemCreate" ; "vmm")]
 #[test_case("cuda_async", "false", "cuMemAllocFromPoolAsync" ; "async")]
 fn an_allocate_racing_destroy_fails_cleanly(strategy: &str, preallocate: &str, held: &str) {
-    let Some(built) = support::driver("fakecuda") else {
-        support::skip("the conformance driver fakecuda was not built (no C compiler)");
+    let Some(driver) = DriverCopy::new("fakecuda", &format!("destroy-{strategy}-{preallocate}"))
+    else {
         return;
     };
-    let lib = std::env::temp_dir().join(format!(
-        "portalloc-capi-destroy-{}-{strategy}-{preallocate}.so",
-        std::process::id()
-    ));
-    std::fs::copy(built, &lib).unwrap();
     let mut child = this_test_alone("destroy_race_child");
-    child
+    driver
+        .configure(&mut child, strategy, preallocate)
         .env(DESTROY_CHILD, held)
-        .env("PORTALLOC_BACKEND", "cuda")
-        .env("PORTALLOC_CUDA_LIBRARY", &lib)
-        .env("FAKECUDA_CAPACITY", (256 * MIB).to_string())
-        .env("PORTALLOC_MEM_FRACTION", "0.5")
-        .env("XLA_PYTHON_CLIENT_ALLOCATOR", strategy)
-        .env("XLA_PYTHON_CLIENT_PREALLOCATE", preallocate)
-        .env_remove("PORTALLOC_ALLOCATOR")
-        .env_remove("XLA_CLIENT_MEM_FRACTION")
-        .env_remove("XLA_PYTHON_CLIENT_MEM_FRACTION")
-        .env_remove("TF_GPU_ALLOCATOR");
+        .env("PORTALLOC_BACKEND", "cuda");
     let ran = run_to_end(&mut child);
-    let _ = std::fs::remove_file(&lib);
     assert_ran_to(ran, "destroy race: ok", &format!("{strategy}: "));
 }
 
@@ -754,6 +740,61 @@ fn assert_ran_to((succeeded, text): (bool, String), marker: &str, context: &str)
     assert!(text.contains(marker), "{context}{text}");
 }
 
+/// A private copy of the conformance driver `name` (`fakecuda`, `fakehip`) for one child
+/// process (its books are per process, and a copy keeps a parallel test's out of them);
+/// removed on drop.
+#[cfg(any(feature = "cuda", feature = "hip"))]
+struct DriverCopy(PathBuf);
+
+#[cfg(any(feature = "cuda", feature = "hip"))]
+impl DriverCopy {
+    /// `None`, with the skip message, when the driver was not built (no C compiler).
+    fn new(name: &str, tag: &str) -> Option<DriverCopy> {
+        let Some(built) = support::driver(name) else {
+            support::skip(&format!(
+                "the conformance driver {name} was not built (no C compiler)"
+            ));
+            return None;
+        };
+        let lib = std::env::temp_dir().join(format!(
+            "portalloc-capi-{tag}-{}-lib{name}.so",
+            std::process::id()
+        ));
+        std::fs::copy(built, &lib).unwrap();
+        Some(DriverCopy(lib))
+    }
+
+    /// Points `cmd` at this driver (for either vendor: the fakes take 256 MiB a device) with
+    /// `strategy` and `preallocate` chosen through XLA's variables, half the memory, and no
+    /// other variable choosing the allocator; the caller sets the backend.
+    fn configure<'c>(
+        &self,
+        cmd: &'c mut Command,
+        strategy: &str,
+        preallocate: &str,
+    ) -> &'c mut Command {
+        cmd.env("PORTALLOC_CUDA_LIBRARY", &self.0)
+            .env("PORTALLOC_HIP_LIBRARY", &self.0)
+            .env("FAKECUDA_CAPACITY", (256 * MIB).to_string())
+            .env("FAKEHIP_CAPACITY", (256 * MIB).to_string())
+            .env("PORTALLOC_MEM_FRACTION", "0.5")
+            .env("XLA_PYTHON_CLIENT_ALLOCATOR", strategy)
+            .env("XLA_PYTHON_CLIENT_PREALLOCATE", preallocate)
+            .env_remove("PORTALLOC_ALLOCATOR")
+            .env_remove("PORTALLOC_PEER_ACCESS")
+            .env_remove("XLA_CLIENT_MEM_FRACTION")
+            .env_remove("XLA_PYTHON_CLIENT_MEM_FRACTION")
+            .env_remove("TF_GPU_ALLOCATOR")
+    }
+}
+
+#[cfg(any(feature = "cuda", feature = "hip"))]
+impl Drop for DriverCopy {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 #[test]
 fn torch_hooks() {
     let ran = run_to_end(child_env(&mut this_test_alone("torch_hooks_in_child")).env(CHILD, "1"));
@@ -828,30 +869,16 @@ const FOREIGN_CHILD: &str = "PORTALLOC_TEST_CAPI_FOREIGN_CHILD";
 #[test_case("cuda_async", "false" ; "async")]
 #[test_case("platform", "false" ; "platform")]
 fn foreign_streams_through_the_hooks(strategy: &str, preallocate: &str) {
-    let Some(built) = support::driver("fakecuda") else {
-        support::skip("the conformance driver fakecuda was not built (no C compiler)");
+    let Some(driver) = DriverCopy::new("fakecuda", &format!("foreign-{strategy}-{preallocate}"))
+    else {
         return;
     };
-    let lib = std::env::temp_dir().join(format!(
-        "portalloc-capi-foreign-{}-{strategy}-{preallocate}.so",
-        std::process::id()
-    ));
-    std::fs::copy(built, &lib).unwrap();
     let mut child = this_test_alone("foreign_streams_child");
-    child
+    driver
+        .configure(&mut child, strategy, preallocate)
         .env(FOREIGN_CHILD, "1")
-        .env("PORTALLOC_BACKEND", "cuda")
-        .env("PORTALLOC_CUDA_LIBRARY", &lib)
-        .env("FAKECUDA_CAPACITY", (256 * MIB).to_string())
-        .env("PORTALLOC_MEM_FRACTION", "0.5")
-        .env("XLA_PYTHON_CLIENT_ALLOCATOR", strategy)
-        .env("XLA_PYTHON_CLIENT_PREALLOCATE", preallocate)
-        .env_remove("PORTALLOC_ALLOCATOR")
-        .env_remove("XLA_CLIENT_MEM_FRACTION")
-        .env_remove("XLA_PYTHON_CLIENT_MEM_FRACTION")
-        .env_remove("TF_GPU_ALLOCATOR");
+        .env("PORTALLOC_BACKEND", "cuda");
     let ran = run_to_end(&mut child);
-    let _ = std::fs::remove_file(&lib);
     assert_ran_to(ran, "foreign streams: ok", &format!("{strategy}: "));
 }
 
@@ -1002,36 +1029,18 @@ fn callers_device_in_child(vendor: &str, strategy: &str) {
     } else {
         "fakecuda"
     };
-    let Some(built) = support::driver(name) else {
-        support::skip("the conformance driver was not built (no C compiler)");
+    let Some(driver) = DriverCopy::new(name, &format!("device-{vendor}-{strategy}")) else {
         return;
     };
-    let lib = std::env::temp_dir().join(format!(
-        "portalloc-capi-device-{}-{vendor}-{strategy}-{name}.so",
-        std::process::id()
-    ));
-    std::fs::copy(built, &lib).unwrap();
     let mut child = this_test_alone("callers_device_child");
-    child
+    driver
+        .configure(&mut child, strategy, "false")
         .env(DEVICE_CHILD, vendor)
         .env("PORTALLOC_BACKEND", vendor)
-        .env("PORTALLOC_CUDA_LIBRARY", &lib)
-        .env("PORTALLOC_HIP_LIBRARY", &lib)
         .env("FAKECUDA_DEVICES", "2")
-        .env("FAKECUDA_CAPACITY", (256 * MIB).to_string())
         .env("FAKEHIP_DEVICES", "2")
-        .env("FAKEHIP_VERSION", "7.0")
-        .env("FAKEHIP_CAPACITY", (256 * MIB).to_string())
-        .env("PORTALLOC_MEM_FRACTION", "0.5")
-        .env("XLA_PYTHON_CLIENT_ALLOCATOR", strategy)
-        .env("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-        .env_remove("PORTALLOC_ALLOCATOR")
-        .env_remove("PORTALLOC_PEER_ACCESS")
-        .env_remove("XLA_CLIENT_MEM_FRACTION")
-        .env_remove("XLA_PYTHON_CLIENT_MEM_FRACTION")
-        .env_remove("TF_GPU_ALLOCATOR");
+        .env("FAKEHIP_VERSION", "7.0");
     let ran = run_to_end(&mut child);
-    let _ = std::fs::remove_file(&lib);
     assert_ran_to(
         ran,
         "caller's device: ok",
@@ -1633,32 +1642,17 @@ fn python_streams_over_fakecuda() {
     if !tool("python3") {
         return support::skip("python3 is not installed");
     }
-    let Some(built) = support::driver("fakecuda") else {
-        return support::skip("the conformance driver fakecuda was not built (no C compiler)");
+    let Some(driver) = DriverCopy::new("fakecuda", "python-streams") else {
+        return;
     };
-    let lib = std::env::temp_dir().join(format!(
-        "portalloc-python-streams-{}-libfakecuda.so",
-        std::process::id()
-    ));
-    std::fs::copy(built, &lib).unwrap();
     let ran = run_to_end(
-        Command::new("python3")
+        driver
+            .configure(&mut Command::new("python3"), "bfc", "false")
             .arg(root().join("tests/python_streams.py"))
             .env("PORTALLOC_LIBRARY", cdylib())
             .env("PYTHONPATH", root().join("python"))
             .env("PORTALLOC_BACKEND", "cuda")
-            .env("PORTALLOC_CUDA_LIBRARY", &lib)
-            .env("FAKECUDA_DEVICES", "2")
-            .env("FAKECUDA_CAPACITY", (256 * MIB).to_string())
-            .env("PORTALLOC_MEM_FRACTION", "0.5")
-            .env("XLA_PYTHON_CLIENT_ALLOCATOR", "bfc")
-            .env("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-            .env_remove("PORTALLOC_ALLOCATOR")
-            .env_remove("PORTALLOC_PEER_ACCESS")
-            .env_remove("XLA_CLIENT_MEM_FRACTION")
-            .env_remove("XLA_PYTHON_CLIENT_MEM_FRACTION")
-            .env_remove("TF_GPU_ALLOCATOR"),
+            .env("FAKECUDA_DEVICES", "2"),
     );
-    let _ = std::fs::remove_file(&lib);
     assert_ran_to(ran, "python_streams: ok", "");
 }

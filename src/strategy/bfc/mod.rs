@@ -164,6 +164,18 @@ impl Inner {
     }
 }
 
+/// A request as admitted: what [`BfcAllocator::serve`] and its steps are asked to serve.
+#[derive(Debug, Clone, Copy)]
+struct Request {
+    stream: Stream,
+    /// Bytes asked for.
+    size: u64,
+    /// Rounded up to the 256-byte unit.
+    rounded: u64,
+    /// A power of two, at least 256.
+    alignment: u64,
+}
+
 /// Notes the stream of a request that is not on the first stream; at the switch to
 /// multi-stream mode, starts the books of chunks handed out, which the single-stream path
 /// does not keep.
@@ -438,55 +450,37 @@ impl<D: Device + ?Sized> BfcAllocator<D> {
         self.add_region(inner, base, bytes)
     }
 
-    /// Returns completed pending frees to the bins (and forgets a completed fence), then looks
-    /// for a pending chunk of `stream` that the split rule would hand out whole for `rounded`
-    /// bytes at `alignment` (the smallest, then the lowest address), handed out again under a
-    /// new generation.
+    /// Looks for a pending chunk that the split rule would hand out whole for `rounded` bytes
+    /// at `alignment` (the smallest, then the lowest address), handed out again under a new
+    /// generation: one of `stream`'s own, after returning completed pending frees to the bins
+    /// (and forgetting a completed fence); with `elsewhere`, one of another stream's, behind a
+    /// GPU-side wait on `stream` for its free's event (no CPU wait).
     #[cold]
     #[inline(never)]
-    fn take_pending(
-        &self,
-        inner: &mut Inner,
-        stream: Stream,
-        size: u64,
-        rounded: u64,
-        alignment: u64,
-    ) -> Option<Grant> {
+    fn take_pending(&self, inner: &mut Inner, r: &Request, elsewhere: bool) -> Option<Grant> {
+        let Request {
+            stream,
+            size,
+            rounded,
+            alignment,
+        } = *r;
         let device = &*self.device;
-        let arena = &mut inner.arena;
-        inner.order.poll(device, |p| release_pending(arena, p));
+        if !elsewhere {
+            let arena = &mut inner.arena;
+            inner.order.poll(device, |p| release_pending(arena, p));
+        }
         if inner.order.count() == 0 {
             return None;
         }
         let arena = &mut inner.arena;
-        inner.order.take(
-            device,
-            stream,
-            |p| whole(p, rounded, alignment),
-            |p, ()| Some((arena.hand_out_again(p.token, p.addr, size)?, Vec::new())),
-        )
-    }
-
-    /// A pending chunk of another stream, handed out whole to `stream` behind a GPU-side wait
-    /// for its free's event (no CPU wait), by the same rule as [`Self::take_pending`].
-    fn take_elsewhere(
-        &self,
-        inner: &mut Inner,
-        stream: Stream,
-        size: u64,
-        rounded: u64,
-        alignment: u64,
-    ) -> Option<Grant> {
-        if inner.order.count() == 0 {
-            return None;
+        let fit = |p: &Handed| whole(p, rounded, alignment);
+        let hand_out =
+            |p: Handed, ()| Some((arena.hand_out_again(p.token, p.addr, size)?, Vec::new()));
+        if elsewhere {
+            inner.order.take_elsewhere(device, stream, fit, hand_out)
+        } else {
+            inner.order.take(device, stream, fit, hand_out)
         }
-        let arena = &mut inner.arena;
-        inner.order.take_elsewhere(
-            &*self.device,
-            stream,
-            |p| whole(p, rounded, alignment),
-            |p, ()| Some((arena.hand_out_again(p.token, p.addr, size)?, Vec::new())),
-        )
     }
 
     /// Serves a request without waiting on the CPU, in RMM's order: `stream`'s own pending
@@ -496,66 +490,54 @@ impl<D: Device + ?Sized> BfcAllocator<D> {
     /// # Errors
     /// [`Error::OutOfMemory`] with the cause when none of them serves it.
     #[inline]
-    fn serve(
-        &self,
-        inner: &mut Inner,
-        stream: Stream,
-        size: u64,
-        rounded: u64,
-        alignment: u64,
-    ) -> Result<Grant> {
+    fn serve(&self, inner: &mut Inner, r: &Request) -> Result<Grant> {
         if inner.order.is_multi() {
-            return self.serve_multi(inner, stream, size, rounded, alignment);
+            return self.serve_multi(inner, r);
         }
         // One stream: nothing is pending, the bins serve it or the pool grows.
-        match inner.arena.allocate(rounded, alignment, size) {
+        match inner.arena.allocate(r.rounded, r.alignment, r.size) {
             Some(g) => Ok(g),
-            None => self.allocate_slow(inner, stream, size, rounded, alignment),
+            None => self.allocate_slow(inner, r),
         }
     }
 
     /// [`BfcAllocator::serve`] once a second stream has been seen: pending frees first, the
     /// bins behind the fence.
     #[inline(never)]
-    fn serve_multi(
-        &self,
-        inner: &mut Inner,
-        stream: Stream,
-        size: u64,
-        rounded: u64,
-        alignment: u64,
-    ) -> Result<Grant> {
+    fn serve_multi(&self, inner: &mut Inner, r: &Request) -> Result<Grant> {
         if inner.order.count() > 0 || inner.order.fence_active() {
-            if let Some(g) = self.take_pending(inner, stream, size, rounded, alignment) {
+            if let Some(g) = self.take_pending(inner, r, false) {
                 return Ok(g);
             }
         }
         // Memory freed at once before the switch may still be read by the first stream's
         // work: another stream takes it from the bins only behind the fence.
         let bins = !inner.order.fence_active()
-            || inner.order.order_after_fence(&*self.device, stream).is_ok();
+            || inner
+                .order
+                .order_after_fence(&*self.device, r.stream)
+                .is_ok();
         if bins {
-            if let Some(g) = inner.arena.allocate(rounded, alignment, size) {
+            if let Some(g) = inner.arena.allocate(r.rounded, r.alignment, r.size) {
                 return Ok(g);
             }
         }
-        self.allocate_slow(inner, stream, size, rounded, alignment)
+        self.allocate_slow(inner, r)
     }
 
     /// Nothing in the bins fits: another stream's pending free behind a GPU-side wait, then
     /// growth.
     #[inline(never)]
-    fn allocate_slow(
-        &self,
-        inner: &mut Inner,
-        stream: Stream,
-        size: u64,
-        rounded: u64,
-        alignment: u64,
-    ) -> Result<Grant> {
-        if let Some(g) = self.take_elsewhere(inner, stream, size, rounded, alignment) {
+    fn allocate_slow(&self, inner: &mut Inner, r: &Request) -> Result<Grant> {
+        if let Some(g) = self.take_pending(inner, r, true) {
             return Ok(g);
         }
+        let Request {
+            size,
+            rounded,
+            alignment,
+            ..
+        } = *r;
         // A device base is only 256-aligned: leave room to align within the region.
         let need = rounded.saturating_add(alignment - MIN_ALLOCATION);
         if let Err(cause) = self.extend(inner, need) {
@@ -677,7 +659,13 @@ impl<D: Device + ?Sized> Allocator for BfcAllocator<D> {
         if !inner.order.is_first(stream) {
             see_stream(&*self.device, inner, stream)?;
         }
-        let grant = match self.serve(inner, stream, size, rounded, alignment) {
+        let request = Request {
+            stream,
+            size,
+            rounded,
+            alignment,
+        };
+        let grant = match self.serve(inner, &request) {
             Ok(g) => g,
             Err(refused) => {
                 // Nothing serves it without a CPU wait: wait, with the lock released, for
@@ -691,7 +679,7 @@ impl<D: Device + ?Sized> Allocator for BfcAllocator<D> {
                 wait_outside(&*self.device, &waits);
                 guard = self.inner();
                 inner = &mut *guard;
-                self.serve(inner, stream, size, rounded, alignment)?
+                self.serve(inner, &request)?
             }
         };
         if inner.order.is_multi() {

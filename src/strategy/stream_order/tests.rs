@@ -23,6 +23,23 @@ use crate::backends::host::HostDevice;
 /// The test's chunks carry no token.
 type TestChunk = TokenChunk;
 
+/// The model's fit rule: any pending chunk of at least `size` bytes, the smallest first.
+fn fits(size: u64) -> impl FnMut(&TestChunk) -> Option<((u64, u64), ())> {
+    move |c| (c.size >= size).then_some(((c.size, c.addr), ()))
+}
+
+/// Cuts `size` bytes from the front of the chunk taken; the rest stays pending.
+fn carve_front(size: u64) -> impl FnOnce(TestChunk, ()) -> Option<(TestChunk, Vec<TestChunk>)> {
+    move |c, ()| {
+        let rest = (c.size > size).then_some(TestChunk {
+            addr: c.addr + size,
+            size: c.size - size,
+            token: 0,
+        });
+        Some((c, rest.into_iter().collect()))
+    }
+}
+
 /// A host device that refuses what the flags say.
 #[derive(Debug)]
 struct Flaky {
@@ -181,16 +198,7 @@ impl Harness {
             }
             Op::Take { stream, size } => {
                 let s = self.streams[stream];
-                let fit = |c: &TestChunk| (c.size >= size).then_some(((c.size, c.addr), ()));
-                let carve = |c: TestChunk, ()| {
-                    let rest = (c.size > size).then_some(TestChunk {
-                        addr: c.addr + size,
-                        size: c.size - size,
-                        token: 0,
-                    });
-                    Some((c, rest.into_iter().collect()))
-                };
-                if let Some(c) = self.order.take(dev, s, fit, carve) {
+                if let Some(c) = self.order.take(dev, s, fits(size), carve_front(size)) {
                     let f = self.model.remove(&c.addr).expect("taken chunk was pending");
                     assert_eq!(f.stream, s, "{c:?} freed on {:?} handed to {s:?}", f.stream);
                     assert!(
@@ -208,16 +216,10 @@ impl Harness {
             }
             Op::TakeElsewhere { stream, size } => {
                 let s = self.streams[stream];
-                let fit = |c: &TestChunk| (c.size >= size).then_some(((c.size, c.addr), ()));
-                let carve = |c: TestChunk, ()| {
-                    let rest = (c.size > size).then_some(TestChunk {
-                        addr: c.addr + size,
-                        size: c.size - size,
-                        token: 0,
-                    });
-                    Some((c, rest.into_iter().collect()))
-                };
-                if let Some(c) = self.order.take_elsewhere(dev, s, fit, carve) {
+                if let Some(c) = self
+                    .order
+                    .take_elsewhere(dev, s, fits(size), carve_front(size))
+                {
                     let f = self.model.remove(&c.addr).expect("taken chunk was pending");
                     assert!(
                         s.is_per_thread() || f.stream != s,

@@ -991,16 +991,11 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
     /// The device's error when the wait for the fence cannot be enqueued.
     #[inline(never)]
     fn serve_pending_first(&self, inner: &mut Inner, r: &Request) -> Result<Option<Grant>> {
-        let Request {
-            stream,
-            size,
-            rounded,
-            alignment,
-            small,
-        } = *r;
+        let stream = r.stream;
         if inner.order.count() > 0 || inner.order.fence_active() {
             self.poll_pending(inner);
-            let own = self.take_pending(inner, stream, rounded, alignment, small, size, false);
+            let (rounded, alignment, small) = (r.rounded, r.alignment, r.small);
+            let own = self.take_pending(inner, stream, rounded, alignment, small, r.size, false);
             if own.is_some() {
                 return Ok(own);
             }

@@ -728,6 +728,13 @@ impl Physical {
 
     // ---- settling (stream order) ----------------------------------------------------------
 
+    /// Every page made, in every region.
+    fn pages_mut(&mut self) -> impl Iterator<Item = &mut Page> {
+        self.regions
+            .iter_mut()
+            .flat_map(|r| r.pages.iter_mut().flatten().map(|p| &mut **p))
+    }
+
     /// The fence was recorded (again): what was unsettled waits for it now.
     ///
     /// # Time complexity
@@ -736,11 +743,7 @@ impl Physical {
         if !self.unsettled_any {
             return;
         }
-        for page in self
-            .regions
-            .iter_mut()
-            .flat_map(|r| r.pages.iter_mut().flatten())
-        {
+        for page in self.pages_mut() {
             for w in 0..WORDS {
                 page.fenced[w] |= page.unsettled[w];
                 page.unsettled[w] = 0;
@@ -759,11 +762,7 @@ impl Physical {
         if !self.any_unsettled() {
             return;
         }
-        for page in self
-            .regions
-            .iter_mut()
-            .flat_map(|r| r.pages.iter_mut().flatten())
-        {
+        for page in self.pages_mut() {
             page.unsettled = [0; WORDS];
             page.fenced = [0; WORDS];
         }
@@ -779,11 +778,7 @@ impl Physical {
         if !self.fenced_any {
             return;
         }
-        for page in self
-            .regions
-            .iter_mut()
-            .flat_map(|r| r.pages.iter_mut().flatten())
-        {
+        for page in self.pages_mut() {
             page.fenced = [0; WORDS];
         }
         self.fenced_any = false;
