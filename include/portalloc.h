@@ -249,7 +249,10 @@ PortallocStatus portalloc_free_ptr(struct PortallocAllocator *allocator, void *p
 // queued on `stream` before the free — events recorded there at the free must complete
 // before the memory goes back to the allocator — as PyTorch's `Tensor.record_stream` does
 // with its own allocator (which its pluggable-allocator interface does not pass on).
-// Recording the buffer's own stream, or one stream twice, does nothing more.
+// Recording the buffer's own stream, or one stream twice, does nothing more. The per-thread
+// default stream (2) is the calling thread's: freed on another thread, the buffer waits for
+// the whole device instead (no event there can follow that thread's work). A null `ptr`
+// (a zero-byte buffer, an empty tensor) holds no memory: nothing to record, `OK`.
 //
 // # Safety
 // `stream` is a live stream of the allocator's device (0 for the default stream), as for
@@ -322,8 +325,8 @@ PortallocStatus portalloc_global(int32_t device, struct PortallocAllocator **out
 // `void* alloc(ssize_t size, int device, cudaStream_t stream)`. Returns the device pointer,
 // or null on failure and for `size == 0`. PyTorch keeps a null as the tensor's pointer (it
 // raises nothing), so a failure's message — the OOM report and diagnosis, for out of
-// memory — is logged at warn level before the null is returned, and kept in
-// `portalloc_last_error`.
+// memory — is logged at warn level before the null is returned (on standard error when the
+// program installed no `tracing` subscriber), and kept in `portalloc_last_error`.
 void *portalloc_torch_alloc(ssize_t size, int device, void *stream);
 
 // PyTorch's pluggable free hook:

@@ -798,6 +798,21 @@ impl Drop for DriverCopy {
 #[test]
 fn torch_hooks() {
     let ran = run_to_end(child_env(&mut this_test_alone("torch_hooks_in_child")).env(CHILD, "1"));
+    // The child installs no `tracing` subscriber, as a C or Python program does not: the
+    // out-of-memory null it got is explained on standard error, report included.
+    let oom = "portalloc: warning: portalloc_torch_alloc(size 1099511627776, device 0) failed \
+               (PORTALLOC_STATUS_OUT_OF_MEMORY); returning null, which PyTorch keeps as the \
+               tensor's pointer";
+    assert!(
+        ran.1.contains(oom),
+        "no OOM warning on standard error:\n{}",
+        ran.1
+    );
+    assert!(
+        ran.1.contains("largest free chunk:"),
+        "the warning lacks the report:\n{}",
+        ran.1
+    );
     assert_ran_to(ran, "1 passed", "");
 }
 
@@ -835,6 +850,9 @@ fn torch_hooks_in_child() {
     assert!(portalloc_torch_alloc(1024, -3, ptr::null_mut()).is_null());
     assert!(portalloc_torch_alloc(1024, 5, ptr::null_mut()).is_null());
     assert!(last_error().contains("device 5"), "{}", last_error());
+    // Out of memory (1 TiB of a 64 MiB device): null, and a warning the parent reads.
+    assert!(portalloc_torch_alloc(1 << 40, 0, ptr::null_mut()).is_null());
+    assert!(last_error().contains("out of memory"), "{}", last_error());
     portalloc_torch_free(p, 1 << 20, 0, ptr::null_mut());
     // Double free and foreign pointers are refused, not freed.
     portalloc_torch_free(p, 1 << 20, 0, ptr::null_mut());
@@ -972,6 +990,45 @@ fn foreign_streams_child() {
         portalloc_torch_free(next, LEN as isize, 0, raw(st));
     }
     fake.finish(on_side);
+
+    // The same buffer case with the side stream another thread's per-thread default stream
+    // (handle 2 names a different stream on each thread): that thread records it and runs a
+    // kernel there; the free here cannot be ordered by an event on this thread's per-thread
+    // stream, so the memory must not come back before that kernel.
+    let shared = portalloc_torch_alloc(LEN as isize, 0, raw(t));
+    assert!(!shared.is_null(), "{}", last_error());
+    let (shared_at, global_at) = (shared as usize, g as usize);
+    let on_other_thread = std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                fake.set_current(ctx);
+                let (shared, g) = (
+                    shared_at as *mut c_void,
+                    global_at as *mut PortallocAllocator,
+                );
+                let per_thread = portalloc::Stream::PER_THREAD;
+                // SAFETY: the global allocator; the per-thread default stream is always live.
+                let recorded = unsafe { portalloc_record_stream(g, shared, per_thread.as_raw()) };
+                assert_eq!(recorded, PortallocStatus::Ok, "{}", last_error());
+                fake.launch(per_thread, shared_at as u64, LEN as u64)
+            })
+            .join()
+            .unwrap()
+    });
+    portalloc_torch_free(shared, LEN as isize, 0, raw(t));
+    for st in [t, s] {
+        let next = portalloc_torch_alloc(LEN as isize, 0, raw(st));
+        assert!(!next.is_null(), "{}", last_error());
+        assert!(
+            !overlaps(next, shared, LEN)
+                || fake.kernel_done(on_other_thread)
+                || fake.ordered(on_other_thread, st),
+            "memory a kernel on another thread's recorded per-thread stream still uses was \
+             handed out again"
+        );
+        portalloc_torch_free(next, LEN as isize, 0, raw(st));
+    }
+    fake.finish(on_other_thread);
 
     for k in [work, work2] {
         fake.finish(k);

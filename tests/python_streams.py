@@ -169,6 +169,10 @@ def record_stream_replaces_torchs():
         assert e.name == "UNKNOWN_POINTER", e
     else:
         raise AssertionError("record_stream took a pointer portalloc never handed out")
+    # An empty tensor holds no memory (its storage's pointer is 0): accepted and nothing to
+    # record, as PyTorch's own record_stream accepts it.
+    storage.data_ptr = lambda: 0
+    kept(pt.record_stream, tensor, U)
 
 
 def close_racing_allocate():

@@ -33,6 +33,10 @@ def record_stream(tensor: Any, stream: Any) -> None:
     as an int — so that when the tensor goes, the memory is handed out again only after the
     work queued on ``stream`` before that has completed.
 
+    An empty tensor (no memory) is accepted and nothing is recorded, as with PyTorch's own.
+    The per-thread default stream is the calling thread's: the tensor freed on another
+    thread waits for the whole device instead.
+
     Raises :class:`portalloc.PortallocError` (``UNKNOWN_POINTER``) for a tensor whose
     memory portalloc's global allocator of its device did not hand out."""
     storage = tensor.untyped_storage()

@@ -4,7 +4,7 @@ use std::ffi::{c_char, c_void};
 use std::sync::{Arc, Mutex};
 
 use super::handles::HandleTable;
-use super::handles::Live;
+use super::handles::{Live, StreamUse};
 use super::Deferred;
 use super::{
     guard, guard_out, last_error_ptr, read_str, register, require_non_null, unregister,
@@ -446,7 +446,20 @@ pub(crate) fn give_back(instance: &Instance, live: Live) -> Result<(), Failure> 
     }
     let device = &*instance.device;
     let mut events: Vec<Event> = Vec::new();
-    for stream in uses {
+    for used in uses {
+        let stream = used.stream;
+        if !used.reachable_here() {
+            // Another thread's per-thread stream: no event this thread records can follow
+            // its work, so the device is synchronised (no lock held), as for a per-thread
+            // buffer freed off its thread.
+            if let Err(e) = device.synchronize_device() {
+                super::warn(&format!(
+                    "a buffer used on another thread's per-thread stream: could not \
+                     synchronize the device before its free: {e}"
+                ));
+            }
+            continue;
+        }
         let recorded = device
             .create_event()
             .and_then(|e| match device.record_event(e, stream) {
@@ -504,7 +517,7 @@ pub(crate) fn settle_deferred(instance: &Instance, wait: bool) {
             let _ = device.destroy_event(e);
         }
         if let Err(e) = instance.ledger.deallocate(d.allocation) {
-            tracing::warn!(error = %e, "a deferred free was refused");
+            super::warn(&format!("a deferred free was refused: {e}"));
         }
     }
     instance.deferred().extend(kept);
@@ -622,7 +635,10 @@ pub unsafe extern "C" fn portalloc_free_ptr(
 /// queued on `stream` before the free — events recorded there at the free must complete
 /// before the memory goes back to the allocator — as PyTorch's `Tensor.record_stream` does
 /// with its own allocator (which its pluggable-allocator interface does not pass on).
-/// Recording the buffer's own stream, or one stream twice, does nothing more.
+/// Recording the buffer's own stream, or one stream twice, does nothing more. The per-thread
+/// default stream (2) is the calling thread's: freed on another thread, the buffer waits for
+/// the whole device instead (no event there can follow that thread's work). A null `ptr`
+/// (a zero-byte buffer, an empty tensor) holds no memory: nothing to record, `OK`.
 ///
 /// # Safety
 /// `stream` is a live stream of the allocator's device (0 for the default stream), as for
@@ -636,11 +652,11 @@ pub unsafe extern "C" fn portalloc_record_stream(
     const CALL: &str = "portalloc_record_stream";
     with_instance(CALL, allocator, |instance| {
         if ptr.is_null() {
-            return Err(Failure::null(CALL, "ptr"));
+            return Ok(());
         }
         instance
             .table()
-            .record_use(ptr as usize as u64, Stream(stream))
+            .record_use(ptr as usize as u64, StreamUse::here(Stream(stream)))
             .map_err(|r| prefixed(CALL, r.into()))
     })
 }
@@ -725,8 +741,8 @@ pub unsafe extern "C" fn portalloc_donate(
                 Failure::from(refusal)
             })?;
             // The consumer's buffer is the same memory: the streams it was used on too.
-            for stream in uses {
-                let _ = table.record_use(ptr, stream);
+            for used in uses {
+                let _ = table.record_use(ptr, used);
             }
             new_handle
         };

@@ -86,7 +86,35 @@ impl std::fmt::Display for Refusal {
 #[derive(Debug)]
 pub(crate) struct Live {
     pub(crate) allocation: Allocation,
-    pub(crate) uses: Vec<Stream>,
+    pub(crate) uses: Vec<StreamUse>,
+}
+
+/// A stream a buffer was used on. [`Stream::PER_THREAD`] names another stream on each
+/// thread, so it goes with the thread that recorded it
+/// ([`crate::device::thread_number`]; 0 for any other stream): an event recorded on another
+/// thread's per-thread stream orders nothing after this one's work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct StreamUse {
+    pub(crate) stream: Stream,
+    pub(crate) thread: u64,
+}
+
+impl StreamUse {
+    /// `stream` as used by the calling thread.
+    pub(crate) fn here(stream: Stream) -> StreamUse {
+        let thread = if stream.is_per_thread() {
+            crate::device::thread_number()
+        } else {
+            0
+        };
+        StreamUse { stream, thread }
+    }
+
+    /// True when the calling thread can order work after this use with an event on its
+    /// stream: any stream but another thread's per-thread one.
+    pub(crate) fn reachable_here(&self) -> bool {
+        !self.stream.is_per_thread() || self.thread == crate::device::thread_number()
+    }
 }
 
 #[derive(Debug)]
@@ -280,12 +308,17 @@ impl HandleTable {
 
     /// Notes that the live buffer starting at `ptr` is used by work on `stream` (one other
     /// than its own): its free waits for the work queued there before it.
-    pub(crate) fn record_use(&mut self, ptr: u64, stream: Stream) -> Result<(), Refusal> {
+    pub(crate) fn record_use(&mut self, ptr: u64, used: StreamUse) -> Result<(), Refusal> {
         let handle = self.handle_of(ptr)?;
         let (index, _) = self.slot(handle)?;
         if let State::Live(live) = &mut self.slots[index as usize].state {
-            if live.allocation.stream() != stream && !live.uses.contains(&stream) {
-                live.uses.push(stream);
+            let a = &live.allocation;
+            let own = StreamUse {
+                stream: a.stream(),
+                thread: a.origin_thread(),
+            };
+            if used != own && !live.uses.contains(&used) {
+                live.uses.push(used);
             }
         }
         Ok(())

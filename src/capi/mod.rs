@@ -220,6 +220,19 @@ pub(crate) fn last_error_text() -> String {
         .unwrap_or_default()
 }
 
+/// Logs a warning of the C ABI: as a `tracing` event and, when the program installed no
+/// `tracing` subscriber (a C program, Python, PyTorch), on standard error too — where a
+/// PyTorch user sees why a tensor got a null pointer. Nothing else of the library writes to
+/// standard error.
+pub(crate) fn warn(message: &str) {
+    tracing::warn!("{message}");
+    if !tracing::dispatcher::has_been_set() {
+        use std::io::Write;
+        // A closed or full standard error is no reason to fail the call.
+        let _ = writeln!(std::io::stderr().lock(), "portalloc: warning: {message}");
+    }
+}
+
 /// A pointer to the thread's last error text (valid until the next call on this thread).
 pub(crate) fn last_error_ptr() -> *const c_char {
     LAST_ERROR

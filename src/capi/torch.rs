@@ -9,10 +9,11 @@
 //! the tensor's data pointer, without a check — it raises **no** out-of-memory error, and
 //! the tensor's first kernel reads address 0 (an illegal-address error at best). So a failed
 //! allocation returns null *and* logs its whole message — for an out-of-memory failure the
-//! report and its diagnosis — at warn level (`tracing`, the C ABI's log) before returning,
-//! and leaves it in [`super::portalloc_last_error`]; check `portalloc.stats()` or the log
-//! when a tensor's pointer is 0. A refused free is ignored, with its message kept and
-//! logged the same way.
+//! report and its diagnosis — at warn level before returning (a `tracing` event, and on
+//! standard error when the program installed no `tracing` subscriber, as a C or Python
+//! program has not), and leaves it in [`super::portalloc_last_error`]; check
+//! `portalloc.stats()` or standard error when a tensor's pointer is 0. A refused free is
+//! ignored, with its message kept and logged the same way.
 //!
 //! PyTorch's `Tensor.record_stream(side)` does nothing under the pluggable allocator (its
 //! Python interface passes no record-stream hook): [`super::portalloc_record_stream`] (and
@@ -89,8 +90,8 @@ pub unsafe extern "C" fn portalloc_global(
 /// `void* alloc(ssize_t size, int device, cudaStream_t stream)`. Returns the device pointer,
 /// or null on failure and for `size == 0`. PyTorch keeps a null as the tensor's pointer (it
 /// raises nothing), so a failure's message — the OOM report and diagnosis, for out of
-/// memory — is logged at warn level before the null is returned, and kept in
-/// `portalloc_last_error`.
+/// memory — is logged at warn level before the null is returned (on standard error when the
+/// program installed no `tracing` subscriber), and kept in `portalloc_last_error`.
 #[no_mangle]
 pub extern "C" fn portalloc_torch_alloc(
     size: libc::ssize_t,
@@ -116,13 +117,11 @@ pub extern "C" fn portalloc_torch_alloc(
     });
     if status != PortallocStatus::Ok {
         let message = super::last_error_text();
-        tracing::warn!(
-            size,
-            device,
-            status = status.name(),
-            "{CALL} failed; returning null, which PyTorch keeps as the tensor's pointer: \
-             {message}"
-        );
+        super::warn(&format!(
+            "{CALL}(size {size}, device {device}) failed ({}); returning null, which PyTorch \
+             keeps as the tensor's pointer: {message}",
+            status.name()
+        ));
     }
     out as usize as *mut c_void
 }
@@ -149,12 +148,10 @@ pub extern "C" fn portalloc_torch_free(
     });
     if status != PortallocStatus::Ok {
         let message = super::last_error_text();
-        tracing::warn!(
-            ptr = ptr as usize,
-            size,
-            device,
-            status = status.name(),
-            "{CALL} refused the free: {message}"
-        );
+        super::warn(&format!(
+            "{CALL}(ptr {:#x}, size {size}, device {device}) refused the free ({}): {message}",
+            ptr as usize,
+            status.name()
+        ));
     }
 }
