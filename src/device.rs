@@ -248,11 +248,31 @@ pub trait Device: Send + Sync + fmt::Debug {
         None
     }
 
-    /// Creates a stream.
+    /// Creates a stream. It stays live until [`Device::destroy_stream`] — also past the
+    /// device's drop: a stream never destroyed is left to the process, since its handle may
+    /// still be in use (a CUDA device keeps its primary context retained for it).
     fn create_stream(&self) -> Result<Stream>;
 
     /// Destroys a stream made by [`Device::create_stream`].
-    fn destroy_stream(&self, stream: Stream) -> Result<()>;
+    ///
+    /// # Safety
+    /// `stream` is not used afterwards: no call of any device or allocator is passed it
+    /// again — the driver may give its handle value to the next stream it makes, and a
+    /// destroyed handle is a dangling pointer in the driver — and, as the stream-ordering
+    /// contract says, the work queued on it before a free of memory from portalloc has
+    /// completed. (On the host device, which only compares handles, any use is sound.)
+    ///
+    /// Safe code cannot end a stream that a copy of its handle still names:
+    ///
+    /// ```compile_fail
+    /// use portalloc::{backends::host::HostDevice, Device};
+    /// let device = HostDevice::builder().build().unwrap();
+    /// let s = device.create_stream().unwrap();
+    /// device.destroy_stream(s).unwrap(); // needs `unsafe`
+    /// ```
+    // The declaration states the contract; implementations check the handle is theirs.
+    #[allow(unsafe_code)]
+    unsafe fn destroy_stream(&self, stream: Stream) -> Result<()>;
 
     /// Blocks until all work on `stream` is complete. Any stream the caller passes (see
     /// *Streams belong to the caller*).

@@ -892,8 +892,12 @@ fn host_device_refuses_hostile_calls(call: HostCall, want: &str) {
                 vm.unmap(va + 2 * G, 2 * G).unwrap();
                 r
             }
-            HostCall::DestroyDefaultStream => d.destroy_stream(Stream::DEFAULT),
-            HostCall::DestroyUnknownStream => d.destroy_stream(support::stream(u64::MAX)),
+            // SAFETY: the host device only compares stream handles; the test uses none after.
+            HostCall::DestroyDefaultStream => unsafe { d.destroy_stream(Stream::DEFAULT) },
+            // SAFETY: the host device only compares stream handles; the test uses none after.
+            HostCall::DestroyUnknownStream => unsafe {
+                d.destroy_stream(support::stream(u64::MAX))
+            },
             HostCall::RecordUnknownEvent => d.record_event(Event(u64::MAX), Stream::DEFAULT),
             HostCall::QueryUnknownEvent => d.event_complete(Event(0)).map(drop),
             HostCall::PoolAllocZero => pool.alloc_async(0, Stream::DEFAULT).map(drop),

@@ -549,21 +549,34 @@ mod virtual_memory {
         });
     }
 
+    /// Everything but the caller's streams: a stream made with `create_stream` and never
+    /// destroyed stays live past the drop, with the primary context it needs (its handle
+    /// may still be in use — a `Stream` is a copy — and destroying it would leave that
+    /// dangling), so safe code never passes the driver a destroyed stream.
     #[test]
     fn dropping_the_device_returns_what_it_held() {
-        Fake::with_device(64 * MIB, |fake, device| {
-            let vm = device.virtual_memory().unwrap();
-            let g = vm.granularity();
-            let va = vm.reserve(4 * g, 0).unwrap();
-            let h = vm.create_physical(g).unwrap();
-            vm.map(va, g, h, 0).unwrap();
-            let _leaked = device.alloc(1234).unwrap();
-            let _stream = device.create_stream().unwrap();
-            let _event = device.create_event().unwrap();
-            let pool = device.stream_ordered_pool().unwrap();
-            let _p = pool.alloc_async(4096, Stream::DEFAULT).unwrap();
-            assert!(fake.live("bytes") > 0);
-        });
+        let Some(fake) = Fake::new() else { return };
+        let device = fake.device(64 * MIB);
+        let vm = device.virtual_memory().unwrap();
+        let g = vm.granularity();
+        let va = vm.reserve(4 * g, 0).unwrap();
+        let h = vm.create_physical(g).unwrap();
+        vm.map(va, g, h, 0).unwrap();
+        let _leaked = device.alloc(1234).unwrap();
+        let stream = device.create_stream().unwrap();
+        let _event = device.create_event().unwrap();
+        let pool = device.stream_ordered_pool().unwrap();
+        let _p = pool.alloc_async(4096, Stream::DEFAULT).unwrap();
+        assert!(fake.live("bytes") > 0);
+        drop(device);
+        let mut names = support::fakes::LIVE.to_vec();
+        names.push("contexts");
+        assert_eq!(fake.nonzero(&names), [("streams", 1), ("contexts", 1)]);
+        // The stream still works for the next device, in the context kept for it.
+        let again = CudaDevice::open(fake.driver(), 0).expect("open the fake device again");
+        again.synchronize_stream(stream).unwrap();
+        // SAFETY: the stream left live, idle, not used after.
+        unsafe { again.destroy_stream(stream) }.unwrap_err();
     }
 }
 
@@ -613,7 +626,8 @@ mod pools_streams_events {
             ));
             pool.free_async(b, Stream::DEFAULT).unwrap();
             device.synchronize_stream(Stream::DEFAULT).unwrap();
-            device.destroy_stream(s).unwrap();
+            // SAFETY: a stream of this test, idle and not used again, or one the device refuses before any driver call.
+            unsafe { device.destroy_stream(s) }.unwrap();
         });
     }
 

@@ -18,7 +18,8 @@
 #[path = "support/mod.rs"]
 mod support;
 
-use std::ffi::c_int;
+use std::ffi::{c_int, c_void};
+use std::ptr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use portalloc::backends::hip::{tuning, HipDevice, HipVersion, MemoryKind, Runtime};
@@ -614,6 +615,45 @@ fn bfc_backs_off_when_hip_refuses() {
     fake.assert_empty();
 }
 
+/// With the process's shared default pool, the device sets its own threshold while it lives
+/// and gives the pool back as it found it: the next user of the pool (PyTorch, another
+/// library) does not inherit portalloc's release threshold.
+#[test]
+fn the_shared_default_pool_gets_its_threshold_back() {
+    let Some(fake) = Fake::new() else { return };
+    let get_default: unsafe extern "C" fn(*mut *mut c_void, c_int) -> c_int =
+        fake.sym("hipDeviceGetDefaultMemPool");
+    let get_attribute: unsafe extern "C" fn(*mut c_void, c_int, *mut c_void) -> c_int =
+        fake.sym("hipMemPoolGetAttribute");
+    let threshold_of_default = || {
+        let (mut pool, mut bytes) = (ptr::null_mut(), 0u64);
+        // SAFETY: valid outputs; attribute 4 (the release threshold) is a uint64_t.
+        unsafe {
+            assert_eq!(get_default(&mut pool, 0), 0);
+            assert_eq!(get_attribute(pool, 4, (&mut bytes as *mut u64).cast()), 0);
+        }
+        bytes
+    };
+    let before = threshold_of_default();
+    let device = HipDevice::builder()
+        .default_pool(true)
+        .open(fake.runtime())
+        .unwrap();
+    let pool = device.stream_ordered_pool().expect("pools on");
+    pool.set_release_threshold(48 * MIB).unwrap();
+    assert_eq!(
+        threshold_of_default(),
+        48 * MIB,
+        "the device uses the shared pool"
+    );
+    drop(device);
+    assert_eq!(
+        threshold_of_default(),
+        before,
+        "the shared pool's threshold is given back"
+    );
+}
+
 #[test]
 fn pool_threshold_is_set_explicitly_and_memory_comes_back() {
     Fake::with_device(|fake, device| {
@@ -653,27 +693,33 @@ fn pool_threshold_is_set_explicitly_and_memory_comes_back() {
         fake.fail("hipMallocFromPoolAsync", 1, 1, sys::hipErrorOutOfMemory);
         assert!(pool.alloc_async(MIB, s).unwrap_err().is_out_of_memory());
         pool.free_async(b, Stream::DEFAULT).unwrap();
-        device.destroy_stream(s).unwrap();
+        // SAFETY: a stream of this test, idle and not used again, or one the device refuses before any driver call.
+        unsafe { device.destroy_stream(s) }.unwrap();
         // The async strategy over this pool: the conformance suite, `fakehip_rocm*::async_pool`.
     });
 }
 
 #[test]
 fn streams_and_events_follow_the_runtime() {
-    Fake::with_device(|fake, device| {
-        // hipErrorNotReady is "not yet": an event held in flight is not complete.
-        fake.check_streams_and_events(device, |_, e| {
-            // A stream handle is the caller's: portalloc passes it on, and HIP judges it.
-            assert!(matches!(
-                device.record_event(e, support::stream(0x77)),
-                Err(Error::Driver { ref name, .. }) if name == "hipErrorInvalidHandle"
-            ));
-        });
-        // Leaks are given back when the device goes.
-        let _leaked_stream = device.create_stream().unwrap();
-        let _leaked_event = device.create_event().unwrap();
-        let _leaked = device.alloc(MIB).unwrap();
+    let Some(fake) = Fake::new() else { return };
+    let device = fake.open(0);
+    // hipErrorNotReady is "not yet": an event held in flight is not complete.
+    fake.check_streams_and_events(&device, |_, e| {
+        // A stream handle is the caller's: portalloc passes it on, and HIP judges it.
+        assert!(matches!(
+            device.record_event(e, support::stream(0x77)),
+            Err(Error::Driver { ref name, .. }) if name == "hipErrorInvalidHandle"
+        ));
     });
+    // Leaks are given back when the device goes — but for a stream made with create_stream
+    // and never destroyed: its handle may still be in use (a `Stream` is a copy), so it stays
+    // live for the process, and works for the next device.
+    let stream = device.create_stream().unwrap();
+    let _leaked_event = device.create_event().unwrap();
+    let _leaked = device.alloc(MIB).unwrap();
+    drop(device);
+    assert_eq!(fake.nonzero(support::fakes::LIVE), [("streams", 1)]);
+    fake.open(0).synchronize_stream(stream).unwrap();
 }
 
 #[test]

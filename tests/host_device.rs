@@ -718,15 +718,23 @@ fn streams_have_fresh_ids(simulated: bool) {
     assert_eq!(d.census().streams, 2);
     d.synchronize_stream(Stream::DEFAULT).unwrap();
     d.synchronize_stream(a).unwrap();
-    d.destroy_stream(a).unwrap();
-    assert_unknown(d.destroy_stream(a), "stream", a.as_raw());
+    // SAFETY: the host device only compares stream handles; the test uses none after.
+    unsafe { d.destroy_stream(a) }.unwrap();
+    // SAFETY: the host device only compares stream handles; the test uses none after.
+    assert_unknown(unsafe { d.destroy_stream(a) }, "stream", a.as_raw());
     // Synchronising is a caller's right on any stream, a destroyed one's handle included.
     d.synchronize_stream(a).unwrap();
-    invalid_argument(d.destroy_stream(Stream::DEFAULT), "destroy_stream");
+    // SAFETY: the host device only compares stream handles; the test uses none after.
+    invalid_argument(
+        unsafe { d.destroy_stream(Stream::DEFAULT) },
+        "destroy_stream",
+    );
     let c = d.create_stream().unwrap();
     assert!(c != a && c != b, "stream ids are not reused");
-    d.destroy_stream(b).unwrap();
-    d.destroy_stream(c).unwrap();
+    // SAFETY: the host device only compares stream handles; the test uses none after.
+    unsafe { d.destroy_stream(b) }.unwrap();
+    // SAFETY: the host device only compares stream handles; the test uses none after.
+    unsafe { d.destroy_stream(c) }.unwrap();
     assert!(d.census().is_empty());
 }
 
@@ -780,7 +788,12 @@ fn events_complete_at_once_unless_held(simulated: bool) {
     // own: its events complete in order, a wait for one completes the earlier ones.
     // SAFETY: the host device only compares stream handles.
     let theirs = unsafe { Stream::from_raw(s.as_raw() + 1000) };
-    assert_unknown(d.destroy_stream(theirs), "stream", theirs.as_raw());
+    // SAFETY: the host device only compares stream handles; the test uses none after.
+    assert_unknown(
+        unsafe { d.destroy_stream(theirs) },
+        "stream",
+        theirs.as_raw(),
+    );
     d.set_events_held(true);
     d.record_event(e1, theirs).unwrap();
     d.record_event(e2, theirs).unwrap();
@@ -800,7 +813,8 @@ fn events_complete_at_once_unless_held(simulated: bool) {
     d.destroy_event(e1).unwrap();
     assert_unknown(d.destroy_event(e1), "event", e1.0);
     d.destroy_event(e2).unwrap();
-    d.destroy_stream(s).unwrap();
+    // SAFETY: the host device only compares stream handles; the test uses none after.
+    unsafe { d.destroy_stream(s) }.unwrap();
     assert!(d.census().is_empty());
 }
 

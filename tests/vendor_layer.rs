@@ -184,14 +184,16 @@ on_both_vendors! {
         let foreign_event = Event(event.0 ^ 0x10);
         let is_unknown = |r: Result<(), Error>, expected: &str| matches!(r, Err(Error::UnknownPointer { what, .. }) if what == expected);
         // Foreign ones: never handed out by this device.
-        assert!(is_unknown(device.destroy_stream(foreign_stream), "stream"));
+        // SAFETY: a stream of this test, idle and not used again, or one the device refuses before any driver call.
+        assert!(is_unknown(unsafe { device.destroy_stream(foreign_stream) }, "stream"));
         assert!(is_unknown(
             device.record_event(foreign_event, stream),
             "event"
         ));
         assert!(is_unknown(device.destroy_event(foreign_event), "event"));
         assert!(matches!(
-            device.destroy_stream(Stream::DEFAULT),
+            // SAFETY: a stream of this test, idle and not used again, or one the device refuses before any driver call.
+            unsafe { device.destroy_stream(Stream::DEFAULT) },
             Err(Error::InvalidArgument { .. })
         ));
         // Its own, in use and then destroyed.
@@ -199,7 +201,8 @@ on_both_vendors! {
         device.synchronize_event(event).unwrap();
         assert!(device.event_complete(event).unwrap());
         device.destroy_event(event).unwrap();
-        device.destroy_stream(stream).unwrap();
+        // SAFETY: a stream of this test, idle and not used again, or one the device refuses before any driver call.
+        unsafe { device.destroy_stream(stream) }.unwrap();
         assert!(is_unknown(
             device.record_event(event, Stream::DEFAULT),
             "event"
@@ -209,7 +212,8 @@ on_both_vendors! {
             Err(Error::UnknownPointer { what: "event", .. })
         ));
         assert!(is_unknown(device.destroy_event(event), "event"));
-        assert!(is_unknown(device.destroy_stream(stream), "stream"));
+        // SAFETY: a stream of this test, idle and not used again, or one the device refuses before any driver call.
+        assert!(is_unknown(unsafe { device.destroy_stream(stream) }, "stream"));
         assert_eq!((fake.live("streams"), fake.live("events")), (0, 0));
         assert!(opened.census().is_empty());
     }
@@ -326,7 +330,8 @@ on_both_vendors! {
             device.record_event(e, s).unwrap();
             device.event_complete(e).unwrap();
             device.destroy_event(e).unwrap();
-            device.destroy_stream(s).unwrap();
+            // SAFETY: a stream of this test, idle and not used again, or one the device refuses before any driver call.
+            unsafe { device.destroy_stream(s) }.unwrap();
             (p, opened.census().allocations)
         };
         let plain = device.alloc(MIB).unwrap();
@@ -366,7 +371,8 @@ on_both_vendors! {
         vm.free_reservation(va, g).unwrap();
         device.free(keep, MIB).unwrap();
         device.destroy_event(event).unwrap();
-        device.destroy_stream(stream).unwrap();
+        // SAFETY: a stream of this test, idle and not used again, or one the device refuses before any driver call.
+        unsafe { device.destroy_stream(stream) }.unwrap();
     }
 
     /// What the driver refuses to give back stays in the books, so it can be given back later.

@@ -163,6 +163,13 @@ impl VendorApi for Cuda {
             .map(|()| s as usize as u64)
     }
 
+    fn outlive_streams(&self) {
+        if let Err(e) = self.driver.primary_ctx_retain(self.device) {
+            tracing::warn!(error = %e,
+                "could not keep the primary context for the streams left live");
+        }
+    }
+
     unsafe fn stream_destroy(&self, s: u64) -> Result<()> {
         // SAFETY: the caller guarantees a live stream of this device.
         self.check("cuStreamDestroy_v2", unsafe {

@@ -3,6 +3,7 @@
 //! the options, the capability gates and opening (with the AMD tuning of [`super::tuning`]).
 
 use std::ffi::c_int;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use portalloc_sys::hip as sys;
@@ -123,6 +124,10 @@ pub struct Hip {
     vmm: Gate,
     pools: Gate,
     default_pool: bool,
+    /// The shared default pool's release threshold when the device took it (with
+    /// `default_pool`): set back when the device gives the pool back, so that other users
+    /// of the pool do not inherit portalloc's.
+    shared_threshold: AtomicU64,
 }
 
 impl Hip {
@@ -202,6 +207,10 @@ impl VendorApi for Hip {
         self.made("hipStreamCreateWithFlags", |s| unsafe {
             f(s, sys::hipStreamDefault)
         })
+    }
+
+    fn outlive_streams(&self) {
+        // A HIP stream belongs to its device for the process's life: nothing to keep.
     }
 
     unsafe fn stream_destroy(&self, s: u64) -> Result<()> {
@@ -354,6 +363,11 @@ impl VendorApi for Hip {
             // one handle through a valid pointer.
             self.made("hipMemPoolCreate", |p| unsafe { (api.create)(p, &props) })?
         };
+        if self.default_pool {
+            // SAFETY: the device's default pool is live for the process.
+            let found = unsafe { self.pool_attribute(p, PoolAttribute::ReleaseThreshold) }?;
+            self.shared_threshold.store(found, Ordering::Relaxed);
+        }
         // SAFETY: the pool was just made (or fetched) and is live.
         if let Err(e) = unsafe { self.pool_set_release_threshold(p, 0) } {
             // SAFETY: the pool is given back once, here, used by no one else.
@@ -363,12 +377,17 @@ impl VendorApi for Hip {
         Ok(p)
     }
 
-    /// Destroys the pool of its own; the shared default pool is trimmed instead, giving back
-    /// what portalloc left in it.
+    /// Destroys the pool of its own; the shared default pool gets its release threshold back
+    /// (what it was when the device took it) and is trimmed instead, giving back what
+    /// portalloc left in it.
     unsafe fn pool_close(&self, p: u64) -> Result<()> {
         if self.default_pool {
+            let threshold = self.shared_threshold.load(Ordering::Relaxed);
             // SAFETY: the device's default pool is live for the process.
-            return unsafe { self.pool_trim(p, 0) };
+            let restored = unsafe { self.pool_set_release_threshold(p, threshold) };
+            // SAFETY: as above.
+            let trimmed = unsafe { self.pool_trim(p, 0) };
+            return restored.and(trimmed);
         }
         let api = self.runtime.pools("hipMemPoolDestroy")?;
         // SAFETY: the caller guarantees a live pool of this device, not used afterwards.
@@ -613,6 +632,7 @@ impl GpuDevice<Hip> {
                 vmm,
                 pools,
                 default_pool: options.default_pool,
+                shared_threshold: AtomicU64::new(0),
             },
             info,
             granularity: chunk,

@@ -163,6 +163,10 @@ pub trait VendorApi: fmt::Debug + Send + Sync + Sized + 'static {
     unsafe fn free(&self, ptr: u64) -> Result<()>;
     /// A new blocking stream.
     fn stream_create(&self) -> Result<u64>;
+    /// Keeps what the streams made by [`VendorApi::stream_create`] need alive past this
+    /// value's drop (CUDA: one more retain of the primary context, never released; HIP:
+    /// nothing, a stream lives with the process). For the streams a device leaves live.
+    fn outlive_streams(&self);
     /// # Safety
     /// `stream` must be a live stream from [`VendorApi::stream_create`], not used afterwards.
     unsafe fn stream_destroy(&self, stream: u64) -> Result<()>;
@@ -533,7 +537,7 @@ impl<V: VendorApi> Device for GpuDevice<V> {
         Ok(Stream(s))
     }
 
-    fn destroy_stream(&self, stream: Stream) -> Result<()> {
+    unsafe fn destroy_stream(&self, stream: Stream) -> Result<()> {
         if stream == Stream::DEFAULT {
             return Err(Error::InvalidArgument {
                 call: "destroy_stream",
@@ -937,10 +941,19 @@ impl<V: VendorApi> Drop for GpuDevice<V> {
                     warn("could not destroy an event", err);
                 }
             }
-            for &s in &handles.streams {
-                if let Err(err) = vendor.stream_destroy(s) {
-                    warn("could not destroy a stream", err);
-                }
+            // Streams the caller made and never destroyed are theirs: their handles may
+            // still be in use (a `Stream` is a copy of one), so they stay live, with what they
+            // need (CUDA's primary context) kept for them.
+            if !handles.streams.is_empty() {
+                vendor.outlive_streams();
+                tracing::warn!(
+                    backend = V::BACKEND,
+                    device = ordinal,
+                    streams = handles.streams.len(),
+                    "dropping a {} device: streams made with create_stream were never \
+                     destroyed; they stay live for the process",
+                    V::BACKEND
+                );
             }
             if let Some(pool) = pool {
                 if let Err(e) = vendor.pool_close(pool) {

@@ -355,7 +355,6 @@ impl<W: DeviceWrapper> Device for W {
         fn alloc(size: u64) -> u64 = Call::Alloc { size };
         fn free(ptr: u64, size: u64) -> () = Call::Free { ptr, size };
         fn create_stream() -> Stream = Call::CreateStream;
-        fn destroy_stream(stream: Stream) -> () = Call::DestroyStream(stream);
         fn synchronize_stream(stream: Stream) -> () = Call::SynchronizeStream(stream);
         fn synchronize_device() -> () = Call::SynchronizeDevice;
         fn create_event() -> Event = Call::CreateEvent;
@@ -364,6 +363,14 @@ impl<W: DeviceWrapper> Device for W {
         fn synchronize_event(event: Event) -> () = Call::SynchronizeEvent(event);
         fn destroy_event(event: Event) -> () = Call::DestroyEvent(event);
         fn wait_event(stream: Stream, event: Event) -> () = Call::WaitEvent { stream, event };
+    }
+
+    #[allow(unsafe_code)]
+    unsafe fn destroy_stream(&self, stream: Stream) -> Result<()> {
+        through(self, Call::DestroyStream(stream), || {
+            // SAFETY: the caller's promise, passed on unchanged.
+            unsafe { device_beneath(self)?.destroy_stream(stream) }
+        })
     }
 
     fn info(&self) -> &DeviceInfo {
