@@ -293,7 +293,9 @@ on_both_vendors! {
         vm.free_reservation(va, 4 * g).unwrap();
     }
 
-    /// A dropped device gives back everything it held, in an order the driver accepts.
+    /// A dropped device gives back everything it made for itself, in an order the driver
+    /// accepts. Streams are the caller's: one never destroyed outlives the device (tests/cuda.rs
+    /// and tests/hip.rs check that), so this caller destroys its own before the drop.
     fn a_dropped_device_gives_everything_back(fake, opened, device) {
         let (stream, event) = (device.create_stream().unwrap(), device.create_event().unwrap());
         device.record_event(event, stream).unwrap();
@@ -317,6 +319,10 @@ on_both_vendors! {
             }
         );
         assert!(fake.live("bytes") > 0);
+        device.synchronize_stream(stream).unwrap();
+        // SAFETY: this test's stream, idle now and not used again.
+        unsafe { device.destroy_stream(stream) }.unwrap();
+        assert_eq!(opened.census().streams, 0);
     }
 
     /// A driver call that blocks — a free, an unmap, a synchronisation: each can wait for the
