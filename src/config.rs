@@ -429,6 +429,13 @@ pub struct Config {
     pub hsa_xnack: Setting<Option<bool>>,
     /// Warnings found while reading (deprecated variables, values JAX reads surprisingly).
     pub warnings: Vec<String>,
+    /// Whether the environment was consulted ([`Config::from_env`], [`Config::from_vars`], a
+    /// builder without [`ConfigBuilder::ignore_env`]); false for [`Config::default`] and
+    /// `ignore_env`. A default value then means "no variable set" rather than "no variable
+    /// read", and only then may a message (the out-of-memory diagnosis) tell the user to set
+    /// one.
+    #[serde(skip)]
+    pub env_read: bool,
 }
 
 impl Default for Config {
@@ -451,6 +458,7 @@ impl Default for Config {
             hip_memory: Setting::default_value(HipMemoryKind::Coarse),
             hsa_xnack: Setting::default_value(None),
             warnings: Vec::new(),
+            env_read: false,
         }
     }
 }
@@ -616,7 +624,10 @@ impl Config {
     pub fn from_vars(lookup: impl Fn(&str) -> Option<String>) -> Result<Config> {
         // Empty values are unset.
         let get = |name: &str| lookup(name).filter(|v| !v.is_empty());
-        let mut config = Config::default();
+        let mut config = Config {
+            env_read: true,
+            ..Config::default()
+        };
         let warnings = &mut config.warnings;
 
         // --- Strategy: PORTALLOC_ALLOCATOR > XLA_PYTHON_CLIENT_ALLOCATOR > TF_GPU_ALLOCATOR.
@@ -1111,7 +1122,15 @@ mod tests {
     #[test]
     fn defaults_with_no_variables() {
         let c = Config::from_vars(|_| None).unwrap();
-        assert_eq!(c, Config::default());
+        // The defaults, read from an environment that sets nothing.
+        assert!(c.env_read);
+        assert_eq!(
+            c,
+            Config {
+                env_read: true,
+                ..Config::default()
+            }
+        );
         assert_eq!(c.limit(1000), 750);
     }
 

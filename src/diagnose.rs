@@ -5,12 +5,14 @@
 //! |---|---|---|
 //! | [`Verdict::Fragmentation`] | the pool's free bytes would hold the request, but no free block is large enough | `XLA_PYTHON_CLIENT_ALLOCATOR=vmm` (free space contiguous across chunks) |
 //! | [`Verdict::OtherProcesses`] | the device's used memory (total − free) is well above what this allocator holds, and the device could not give what the allocator may take | make the fractions of every process on the device sum to ≤ 1, or stop preallocating |
-//! | [`Verdict::GrowthExhausted`] | the allocator's limit (`fraction × total`) leaves no room for the request | raise `XLA_CLIENT_MEM_FRACTION` / `PORTALLOC_MEM_FRACTION` (the variable that set it is named) |
+//! | [`Verdict::GrowthExhausted`] | the allocator's limit (`fraction × total`) leaves no room for the request | raise `XLA_CLIENT_MEM_FRACTION` / `PORTALLOC_MEM_FRACTION` (the variable that set it is named), to the fraction computed to serve the request, if any |
 //! | [`Verdict::SuspectedLeak`] | one tag holds many live allocations from the first half of the program's allocations, and a large share of the bytes in use | free or donate them; `PORTALLOC_BACKTRACE=1` shows where they were made |
 //! | [`Verdict::InUse`] | none of the above: live allocations simply fill what may be used | smaller working set, or a larger fraction |
 //!
 //! Several verdicts can hold at once; [`Diagnosis::findings`] lists every one that does, the
-//! most specific first (in the order of the table). The thresholds are
+//! most specific first (in the order of the table). A remedy names an environment variable
+//! only where the allocator reads them ([`LimitHint::env_read`]): one built with
+//! [`crate::ConfigBuilder::ignore_env`] is told the setting in code instead. The thresholds are
 //! [`DiagnoseOptions`]. [`diagnose`] is a pure function of an [`OomContext`]; the
 //! [`crate::adaptor::LedgerAllocator`] builds one at every out-of-memory error of its
 //! upstream and attaches the result ([`crate::Error::OutOfMemoryDiagnosed`]).
@@ -165,6 +167,37 @@ pub struct LimitHint {
     pub fraction: Option<f64>,
     /// What set it: a variable's name, `the builder`, or `the default`.
     pub source: Option<String>,
+    /// Whether the allocator's configuration read the environment
+    /// ([`crate::Config::env_read`]): `Some(false)` for one built with
+    /// [`crate::ConfigBuilder::ignore_env`], whose user no remedy may tell to set a variable;
+    /// `None` when unknown (a hint made by hand), where the variables are named.
+    #[serde(default)]
+    pub env_read: Option<bool>,
+}
+
+impl LimitHint {
+    /// Whether a remedy may name an environment variable: unless the configuration is known
+    /// not to read them.
+    fn variables_apply(&self) -> bool {
+        self.env_read != Some(false)
+    }
+
+    /// Whether the fraction was given in code, which the variables do not override.
+    fn set_in_code(&self) -> bool {
+        self.source
+            .as_deref()
+            .is_some_and(|s| s.starts_with("the builder"))
+    }
+}
+
+/// How a remedy names a setting: `variables` where the allocator reads them, else `in_code`
+/// (an allocator built with `ignore_env` reads no variable, so naming one misleads).
+fn setting_named(cx: &OomContext<'_>, variables: &str, in_code: &str) -> String {
+    if cx.limit_hint.variables_apply() {
+        variables.to_string()
+    } else {
+        format!("{in_code} (this allocator's configuration reads no environment variable)")
+    }
 }
 
 /// Thresholds of [`diagnose`].
@@ -225,9 +258,9 @@ pub struct OomContext<'a> {
     pub options: &'a DiagnoseOptions,
 }
 
-const VMM_REMEDY: &str = "XLA_PYTHON_CLIENT_ALLOCATOR=vmm (or PORTALLOC_ALLOCATOR=vmm): its free \
-     space is contiguous across physical chunks, so free bytes anywhere in the pool can serve \
-     one request";
+/// Why the vmm strategy helps against fragmentation (after the way to choose it).
+const VMM_REASON: &str = "its free space is contiguous across physical chunks, so free bytes \
+     anywhere in the pool can serve one request";
 
 /// Gives the verdicts on an out-of-memory error. See the [module documentation](self).
 pub fn diagnose(cx: &OomContext<'_>) -> Diagnosis {
@@ -257,7 +290,14 @@ pub fn diagnose(cx: &OomContext<'_>) -> Diagnosis {
              Allocator::trim between phases"
                 .to_string()
         } else {
-            format!("{VMM_REMEDY}; or allocate large, long-lived buffers first")
+            format!(
+                "{}: {VMM_REASON}; or allocate large, long-lived buffers first",
+                setting_named(
+                    cx,
+                    "XLA_PYTHON_CLIENT_ALLOCATOR=vmm (or PORTALLOC_ALLOCATOR=vmm)",
+                    "the vmm strategy (Config::builder().strategy(StrategyKind::Vmm))"
+                )
+            )
         };
         findings.push(Finding {
             verdict: Verdict::Fragmentation,
@@ -299,11 +339,21 @@ pub fn diagnose(cx: &OomContext<'_>) -> Diagnosis {
                     others as f64 * 100.0 / m.total.max(1) as f64,
                     Bytes(may_take)
                 ),
-                remedy: "find the other users of the device (nvidia-smi, rocm-smi); make the \
-                         memory fractions of everything on the device sum to at most 1 \
-                         (XLA_CLIENT_MEM_FRACTION or PORTALLOC_MEM_FRACTION in each), or set \
-                         XLA_PYTHON_CLIENT_PREALLOCATE=false so each takes only what it uses"
-                    .to_string(),
+                remedy: format!(
+                    "find the other users of the device (nvidia-smi, rocm-smi); make the \
+                     memory fractions of everything on the device sum to at most 1 ({}), or \
+                     {} so each takes only what it uses",
+                    setting_named(
+                        cx,
+                        "XLA_CLIENT_MEM_FRACTION or PORTALLOC_MEM_FRACTION in each",
+                        "Config::builder().mem_fraction here"
+                    ),
+                    setting_named(
+                        cx,
+                        "set XLA_PYTHON_CLIENT_PREALLOCATE=false",
+                        "grow instead of preallocating (Config::builder().preallocate(false))"
+                    )
+                ),
             });
         }
     }
@@ -357,10 +407,15 @@ pub fn diagnose(cx: &OomContext<'_>) -> Diagnosis {
                     format!("; largest tags: {tags}")
                 }
             ),
-            remedy: "free buffers that are no longer needed (or donate them to the computation \
-                     that consumes them), reduce the working set (batch size), or raise \
-                     XLA_CLIENT_MEM_FRACTION / PORTALLOC_MEM_FRACTION"
-                .to_string(),
+            remedy: format!(
+                "free buffers that are no longer needed (or donate them to the computation \
+                 that consumes them), reduce the working set (batch size), or raise {}",
+                setting_named(
+                    cx,
+                    "XLA_CLIENT_MEM_FRACTION / PORTALLOC_MEM_FRACTION",
+                    "the memory fraction (Config::builder().mem_fraction)"
+                )
+            ),
         });
     }
 
@@ -381,24 +436,9 @@ fn growth_exhausted(cx: &OomContext<'_>, limit: u64, pool: u64, need: u64, room:
         (Some(f), None) => format!(" (now {f})"),
         _ => String::new(),
     };
-    let total = cx.device.map(|m| m.total);
-    let wanted = match total {
-        Some(t) if t > 0 => {
-            let frac = (pool.saturating_add(need)) as f64 / t as f64;
-            if frac <= 1.0 {
-                format!(
-                    "; a fraction of at least {:.3} of the device's {} would serve it",
-                    (frac * 1000.0).ceil() / 1000.0,
-                    Bytes(t)
-                )
-            } else {
-                format!(
-                    "; no fraction serves it on this device of {}: free memory (or use a \
-                     larger device)",
-                    Bytes(t)
-                )
-            }
-        }
+    let in_use = cx.report.map_or(cx.stats.bytes_in_use, |r| r.bytes_in_use);
+    let wanted = match cx.device.map(|m| m.total) {
+        Some(t) if t > 0 => fraction_advice(t, in_use, pool, need),
         _ => String::new(),
     };
     let variable = match hint.source.as_deref() {
@@ -409,6 +449,15 @@ fn growth_exhausted(cx: &OomContext<'_>, limit: u64, pool: u64, need: u64, room:
         ) => {
             format!("raise {v}{now}")
         }
+        // A fraction given in code beats the variables: setting one would change nothing.
+        _ if hint.set_in_code() => {
+            format!("raise the fraction given to Config::builder().mem_fraction{now}")
+        }
+        _ if !hint.variables_apply() => format!(
+            "raise the memory fraction{now} where the allocator is configured \
+             (Config::builder().mem_fraction, or the C ABI's mem_fraction option); its \
+             configuration reads no environment variable"
+        ),
         _ => format!(
             "raise the memory fraction{now}: XLA_CLIENT_MEM_FRACTION, or PORTALLOC_MEM_FRACTION \
              which overrides it"
@@ -436,6 +485,62 @@ fn growth_exhausted(cx: &OomContext<'_>, limit: u64, pool: u64, need: u64, room:
         verdict: Verdict::GrowthExhausted,
         evidence,
         remedy: format!("{variable}{wanted}"),
+    }
+}
+
+/// The fractions of a device of `total` bytes that would serve a request of `need` bytes,
+/// as a remedy's tail (`"; …"`), from two bounds:
+///
+/// - **necessary**: `in_use + need` — the bytes already in use stay, and the request comes on
+///   top; no fraction below this serves it (whatever the strategy).
+/// - **sufficient**: `pool + need` — what the pool holds now plus a new region of the
+///   request's size (how a growing strategy grows; a preallocated pool's extra bytes join
+///   the free chunk at its end, which makes at most as much needed).
+///
+/// When the necessary bound exceeds the device no fraction serves it; when the sufficient one
+/// fits, that fraction does; in between, the necessary fraction is named with when it serves
+/// (the pool's free bytes at its end, as in a preallocated pool used front to back). Fractions
+/// are rounded up to 3 decimals, so that the one named is never below the bound.
+fn fraction_advice(total: u64, in_use: u64, pool: u64, need: u64) -> String {
+    let necessary = in_use.saturating_add(need);
+    let sufficient = pool.max(in_use).saturating_add(need);
+    let of = |bytes: u64| (bytes as f64 / total as f64 * 1000.0).ceil() / 1000.0;
+    if necessary > total {
+        return format!(
+            "; no fraction serves it on this device of {}: the {} in use and the {} requested \
+             add up to {}, more than the device has: free memory (or use a larger device)",
+            Bytes(total),
+            Bytes(in_use),
+            Bytes(need),
+            Bytes(necessary)
+        );
+    }
+    let (low, high) = (of(necessary), of(sufficient));
+    if sufficient <= total && high <= low {
+        format!(
+            "; a fraction of at least {low:.3} of the device's {} would serve it",
+            Bytes(total)
+        )
+    } else if sufficient <= total {
+        format!(
+            "; a fraction of {high:.3} of the device's {} serves it (the pool's {} and a new \
+             region of the {} requested); none below {low:.3} can (the {} in use and the \
+             request)",
+            Bytes(total),
+            Bytes(pool),
+            Bytes(need),
+            Bytes(in_use)
+        )
+    } else {
+        format!(
+            "; a fraction of at least {low:.3} of the device's {} is needed (the {} in use and \
+             the {} requested); it serves the request when the pool's free bytes lie at its \
+             end (a preallocated pool used front to back), a larger one when they are \
+             scattered",
+            Bytes(total),
+            Bytes(in_use),
+            Bytes(need)
+        )
     }
 }
 
@@ -505,8 +610,13 @@ fn suspected_leak(
         evidence: parts.join("; "),
         remedy: format!(
             "check that the {names} buffers are freed (or donated to their consumer) once used; \
-             run with PORTALLOC_BACKTRACE=1 and print the ledger (`portalloc ledger FILE`) to \
-             see where each was allocated"
+             run with {} and print the ledger (`portalloc ledger FILE`) to see where each was \
+             allocated",
+            setting_named(
+                cx,
+                "PORTALLOC_BACKTRACE=1",
+                "backtraces on (Config::builder().backtrace(true))"
+            )
         ),
     })
 }

@@ -414,7 +414,15 @@ fn host_simulated(text: &str, expected: bool) {
 #[test]
 fn defaults_record_default_source() {
     let c = ok(&[]);
-    assert_eq!(c, Config::default());
+    // The defaults, with the record that the (empty) environment was read.
+    assert!(c.env_read);
+    assert_eq!(
+        c,
+        Config {
+            env_read: true,
+            ..Config::default()
+        }
+    );
     assert_every_source(&c, "default");
 }
 

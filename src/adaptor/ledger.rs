@@ -95,6 +95,7 @@ impl LimitHint {
                 Source::Builder => "the builder (Config::builder().mem_fraction)".to_string(),
                 Source::Default => "the default".to_string(),
             }),
+            env_read: Some(config.env_read),
         }
     }
 }

@@ -143,19 +143,35 @@ impl TraceInput {
     }
 }
 
-/// Memory live before the trace's window, as allocations replay makes before the first event:
-/// one per free of an id the window never allocated (so that free releases exactly it), and
-/// one for the rest of [`TraceHeader::baseline_bytes`], held to the end.
+/// Memory live before the trace's window, as replay models it before the first event.
+///
+/// What the trace tells one by one becomes allocations through the strategy at their own
+/// sizes: one per free of an id the window never allocated (so that free releases exactly
+/// it), and one per block the header knows ([`TraceHeader::pre_window_blocks`], a snapshot's
+/// blocks live at dump time). The rest of [`TraceHeader::baseline_bytes`] is of unknown shape:
+/// it is not put in the pool, where one block of its size is a pathology the program could not
+/// have had (BFC's no-split rule hands a pool under twice its size whole to it), but held
+/// outside it and counted against the device's capacity — the allocator is built on the
+/// capacity less those bytes, rounded up to the granularity, and its memory fraction applies
+/// to what is left, as for a process that finds that much of the device already taken when
+/// its allocator starts. Peak live and peak reserved include it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Baseline {
     /// `(id, bytes)` of each allocation freed in the window but made before it.
     pub freed_in_window: Vec<(u64, u64)>,
-    /// Bytes live before the window and never freed in it.
+    /// Bytes live before the window and never freed in it: `held_blocks` and
+    /// `unknown_shape` together.
     pub held: u64,
+    /// Of `held`, the sizes known one by one (from [`TraceHeader::pre_window_blocks`], in
+    /// order, while they fit in `held`): each replayed as its own allocation, held to the end.
+    pub held_blocks: Vec<u64>,
+    /// Of `held`, the bytes of unknown shape: held outside the pool, counted against the
+    /// device's capacity.
+    pub unknown_shape: u64,
     /// Events in the trace (counted by the same pass).
     pub events: u64,
     /// The most ids of the window live at once (counted by the same pass): with
-    /// `freed_in_window` and the held allocation, what replay's table of live allocations is
+    /// `freed_in_window` and `held_blocks`, what replay's table of live allocations is
     /// sized for before its clock starts, so that it never grows while timed.
     pub peak_live_ids: u64,
 }
@@ -191,7 +207,42 @@ impl Baseline {
             }
         }
         baseline.held = budget - freed;
+        // The blocks the header knows, while they fit in what no free in the window took: a
+        // header whose blocks sum to more than that (a file that contradicts itself) keeps
+        // the rest of unknown shape rather than invent memory.
+        let mut left = baseline.held;
+        for &size in &input.header().pre_window_blocks {
+            if size > 0 && size <= left {
+                left -= size;
+                baseline.held_blocks.push(size);
+            }
+        }
+        baseline.unknown_shape = left;
         Ok(baseline)
+    }
+
+    /// The bytes of unknown shape as the device counts them: rounded up to `granularity`.
+    pub fn outside_pool(&self, granularity: u64) -> u64 {
+        if self.unknown_shape == 0 {
+            0
+        } else {
+            self.unknown_shape
+                .div_ceil(granularity.max(1))
+                .saturating_mul(granularity.max(1))
+        }
+    }
+
+    /// The assumption replay makes about the memory of unknown shape, for the output;
+    /// `None` when there is none.
+    pub fn assumption(&self) -> Option<String> {
+        (self.unknown_shape > 0).then(|| {
+            format!(
+                "{} bytes live before the window of unknown shape: held outside the pool, \
+                 counted against the device's capacity (the allocator is built on the capacity \
+                 less them, rounded up to the granularity; its fraction applies to what is left)",
+                self.unknown_shape
+            )
+        })
     }
 }
 
@@ -236,12 +287,25 @@ pub struct ReplayResult {
     /// requests the allocator could not serve until their free: a floor for any allocator,
     /// the same for every strategy.
     pub peak_live: u64,
-    /// Highest bytes the allocator held from the device (`peak_pool_bytes`).
+    /// Highest sum of live bytes the allocator actually served, baseline included: equal to
+    /// [`ReplayResult::peak_live`] when nothing was refused, less when the replay ran out.
+    pub peak_served: u64,
+    /// Highest bytes the allocator held from the device (`peak_pool_bytes`), plus
+    /// `outside_pool`.
     pub peak_reserved: u64,
-    /// `peak_live / peak_reserved` (1.0 is perfect; 0 when nothing was reserved).
+    /// Bytes held from the device outside the pool: the memory from before the window of
+    /// unknown shape ([`Baseline::unknown_shape`]), rounded up to the granularity; 0 when
+    /// there is none.
+    pub outside_pool: u64,
+    /// `peak_served / peak_reserved`: how much of what the allocator held served requests
+    /// (1.0 is perfect; 0 when nothing was reserved). Served bytes lie in the pool, so it
+    /// never exceeds 1 — the demand ([`ReplayResult::peak_live`]) would, when the replay ran
+    /// out, because the pool is capped at the limit while the refused requests still count.
     pub utilisation: f64,
     /// Allocations refused for lack of memory.
     pub oom_count: u64,
+    /// Bytes of those refused allocations, summed: the demand the allocator did not serve.
+    pub refused_bytes: u64,
     /// The first of them.
     pub first_failure: Option<Failure>,
     /// Device calls that take or return memory.
@@ -292,21 +356,46 @@ pub fn replay(
             "a number in (0, 1], e.g. 0.75",
         ));
     }
-    let host = Arc::new(options.device.host_device()?);
+    // The memory of unknown shape from before the window takes its granules of the device
+    // before the allocator is built: the allocator sees the rest as the device's capacity.
+    let outside = baseline.outside_pool(options.device.granularity);
+    let pool_device = DeviceSpec {
+        capacity: options.device.capacity.saturating_sub(outside),
+        ..options.device
+    };
+    let host = Arc::new(pool_device.host_device()?);
     let device = Arc::new(CountingDevice::new(Arc::clone(&host)));
     let allocator = crate::strategy::build(&strategy.config(options.fraction), device.clone())?;
-    let live_ids = baseline.peak_live_ids + baseline.freed_in_window.len() as u64 + 1;
+    let live_ids = baseline.peak_live_ids
+        + baseline.freed_in_window.len() as u64
+        + baseline.held_blocks.len() as u64;
     let mut run = Run::new(
         allocator.as_ref(),
         baseline.events,
         options.samples,
         live_ids,
     );
+    run.hold_outside(
+        baseline.unknown_shape,
+        outside,
+        outside <= options.device.capacity,
+    );
+    // The blocks held to the end first, at the bottom of the pool, as a program allocates
+    // its weights before the step that frees the rest; their ids count down from the top of
+    // the id space, which importers (numbering 1, 2, …) never reach.
+    if std::env::var_os("PW_FREED_FIRST").is_some() {
     for &(id, size) in &baseline.freed_in_window {
         run.allocate(None, id, size, Stream::DEFAULT, "baseline")?;
     }
-    if baseline.held > 0 {
-        run.allocate(None, u64::MAX, baseline.held, Stream::DEFAULT, "baseline")?;
+    }
+    for (k, &size) in baseline.held_blocks.iter().enumerate() {
+        let id = u64::MAX - k as u64;
+        run.allocate(None, id, size, Stream::DEFAULT, "baseline")?;
+    }
+    if std::env::var_os("PW_FREED_FIRST").is_none() {
+    for &(id, size) in &baseline.freed_in_window {
+        run.allocate(None, id, size, Stream::DEFAULT, "baseline")?;
+    }
     }
     let header = input.header();
     let started = Instant::now();
@@ -350,19 +439,24 @@ pub fn replay(
     }
     let elapsed = started.elapsed();
     let stats = allocator.stats();
+    // What the process held from the device: the pool and the memory outside it.
+    let peak_reserved = stats.peak_pool_bytes + run.outside;
     let result = ReplayResult {
         strategy: strategy.name(),
         capacity: options.device.capacity,
         fraction: options.fraction,
         events: index,
         peak_live: run.peak_live,
-        peak_reserved: stats.peak_pool_bytes,
-        utilisation: if stats.peak_pool_bytes == 0 {
+        peak_served: run.peak_served,
+        peak_reserved,
+        outside_pool: run.outside,
+        utilisation: if peak_reserved == 0 {
             0.0
         } else {
-            run.peak_live as f64 / stats.peak_pool_bytes as f64
+            run.peak_served as f64 / peak_reserved as f64
         },
         oom_count: run.oom_count,
+        refused_bytes: run.refused_bytes,
         first_failure: run.first_failure.take(),
         device_calls: device.counts().memory_calls(),
         ns_per_event: if index == 0 {
@@ -390,10 +484,17 @@ struct Run<'a> {
     live_bytes: u64,
     /// Bytes of `failed`.
     failed_bytes: u64,
+    /// Bytes held from the device outside the pool (the memory of unknown shape from before
+    /// the window, in granules): counted in every figure of what is reserved.
+    outside: u64,
     /// The most the trace asked to have live at once (`live_bytes + failed_bytes`): the
     /// workload's demand, whatever the allocator managed to serve.
     peak_live: u64,
+    /// The most bytes served and live at once (`live_bytes`'s peak).
+    peak_served: u64,
     oom_count: u64,
+    /// Bytes of the refused requests, summed.
+    refused_bytes: u64,
     first_failure: Option<Failure>,
     skipped_frees: u64,
     unknown_frees: u64,
@@ -422,8 +523,11 @@ impl<'a> Run<'a> {
             failed: FxHashMap::default(),
             live_bytes: 0,
             failed_bytes: 0,
+            outside: 0,
             peak_live: 0,
+            peak_served: 0,
             oom_count: 0,
+            refused_bytes: 0,
             first_failure: None,
             skipped_frees: 0,
             unknown_frees: 0,
@@ -463,6 +567,7 @@ impl<'a> Run<'a> {
             }
             Err(e) if e.is_out_of_memory() || matches!(e, Error::ExceedsLimit { .. }) => {
                 self.oom_count += 1;
+                self.refused_bytes = self.refused_bytes.saturating_add(size);
                 self.failed.insert(id, size);
                 self.failed_bytes += size;
                 if self.first_failure.is_none() {
@@ -471,7 +576,7 @@ impl<'a> Run<'a> {
                         seq,
                         size,
                         live: self.live_bytes,
-                        reserved: self.allocator.pool_bytes(),
+                        reserved: self.allocator.pool_bytes() + self.outside,
                         message,
                     });
                 }
@@ -487,8 +592,40 @@ impl<'a> Run<'a> {
         };
         let demand = self.live_bytes + self.failed_bytes;
         self.peak_live = self.peak_live.max(demand);
+        self.peak_served = self.peak_served.max(self.live_bytes);
         self.bucket_peak = self.bucket_peak.max(demand);
         outcome
+    }
+
+    /// Holds `bytes` of memory from before the window outside the pool, `reserved` bytes of
+    /// the device (`bytes` rounded up to its granularity), or — when they do not `fit` on the
+    /// device — counts them as the first refused request, made before the window.
+    fn hold_outside(&mut self, bytes: u64, reserved: u64, fit: bool) {
+        if bytes == 0 {
+            return;
+        }
+        if fit {
+            self.live_bytes += bytes;
+            self.outside = reserved;
+        } else {
+            self.oom_count += 1;
+            self.refused_bytes = self.refused_bytes.saturating_add(bytes);
+            self.failed_bytes += bytes;
+            self.first_failure.get_or_insert(Failure {
+                seq: None,
+                size: bytes,
+                live: self.live_bytes,
+                reserved: 0,
+                message: format!(
+                    "{bytes} bytes live before the window ({reserved} bytes of the device) \
+                     exceed the device's capacity"
+                ),
+            });
+        }
+        let demand = self.live_bytes + self.failed_bytes;
+        self.peak_live = self.peak_live.max(demand);
+        self.peak_served = self.peak_served.max(self.live_bytes);
+        self.bucket_peak = self.bucket_peak.max(demand);
     }
 
     fn free(&mut self, id: u64) -> Result<()> {
@@ -515,7 +652,7 @@ impl<'a> Run<'a> {
                 live: self.bucket_peak,
                 // Not `stats()`: vmm's walks its free chunks, and samples come every few
                 // events (a plotted replay of the built-in workload ran 7x slower for it).
-                reserved: self.allocator.pool_bytes(),
+                reserved: self.allocator.pool_bytes() + self.outside,
             });
             self.bucket_peak = self.live_bytes + self.failed_bytes;
         }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use portalloc::config::parse_size;
+use portalloc::error::shown_path;
 use portalloc::replay::workload::Workload;
 use portalloc::replay::{
     min_capacity, preset, replay, Baseline, DeviceSpec, MinCapacity, ReplayOptions, ReplayResult,
@@ -18,6 +19,7 @@ use portalloc::units::Bytes;
 use portalloc::{Error, Result};
 use serde::Serialize;
 use serde_json::json;
+use std::io::Read as _;
 
 use crate::plot;
 
@@ -56,9 +58,12 @@ pub struct ReplayArgs {
     /// A device capacity instead of a preset (80GiB, 141GB, …).
     #[arg(long)]
     pub capacity: Option<String>,
-    /// Memory fraction the allocators may use, as XLA_CLIENT_MEM_FRACTION (JAX's default 0.75).
-    #[arg(long, default_value_t = 0.75)]
-    pub fraction: f64,
+    /// Memory fraction the allocators may use, in (0, 1]. Without it, the fraction
+    /// variables are read as the allocator reads them (PORTALLOC_MEM_FRACTION, then
+    /// XLA_CLIENT_MEM_FRACTION, then XLA_PYTHON_CLIENT_MEM_FRACTION; a bad value is an
+    /// error), else JAX's default 0.75. The flag wins over the variables.
+    #[arg(long)]
+    pub fraction: Option<f64>,
     /// Also bisect, per strategy, for the smallest device (at fraction 1.0) that runs the
     /// trace without running out.
     #[arg(long)]
@@ -72,8 +77,10 @@ pub struct ReplayArgs {
     /// Read traces as this format instead of detecting it.
     #[arg(long)]
     pub format: Option<String>,
-    /// Which device of a multi-device trace to replay: an ordinal, or `cpu` for a profiler
-    /// trace's CPU events (default: the GPU with most events; the CPU when there is none).
+    /// Which device of a multi-device trace to replay: a device type and ordinal as PyTorch
+    /// names them (`cuda:1`, `hip:0`, `xpu`), an ordinal of the one GPU type present, or
+    /// `cpu` for a profiler trace's CPU events (default: the GPU with most events; the CPU's
+    /// are replayed only when asked for).
     #[arg(long)]
     pub trace_device: Option<String>,
     /// Bytes live before the trace's window, for a trace that cannot know them (a CPU
@@ -99,8 +106,14 @@ struct TraceReport {
     /// Said when the trace is too short to compare strategies on.
     #[serde(skip_serializing_if = "Option::is_none")]
     warning: Option<String>,
+    /// The assumption replay made about memory live before the window of unknown shape
+    /// (`Baseline::assumption`), when there is such memory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pre_window: Option<String>,
     device: DeviceSpec,
     fraction: f64,
+    /// What set the fraction: `--fraction`, a variable's name, or `the default`.
+    fraction_source: String,
     results: Vec<StrategyReport>,
 }
 
@@ -114,12 +127,9 @@ struct StrategyReport {
 }
 
 pub fn run(args: ReplayArgs) -> Result<()> {
-    if !(args.fraction > 0.0 && args.fraction <= 1.0) {
-        return Err(Error::config(
-            "--fraction",
-            args.fraction.to_string(),
-            "a number in (0, 1]",
-        ));
+    let fraction = Fraction::resolve(args.fraction)?;
+    for w in &fraction.warnings {
+        eprintln!("portalloc: warning: {w}");
     }
     let strategies = args
         .strategies
@@ -144,15 +154,8 @@ pub fn run(args: ReplayArgs) -> Result<()> {
     if let Some(f) = &args.format {
         options = options.with_format(f.parse::<Format>()?);
     }
-    match args.trace_device.as_deref() {
-        None => {}
-        Some(d) if d.eq_ignore_ascii_case("cpu") => options = options.with_cpu(true),
-        Some(d) => {
-            let n = d.parse::<u32>().map_err(|_| {
-                Error::config("--trace-device", d, "a device ordinal (0, 1, …) or cpu")
-            })?;
-            options = options.with_device(n);
-        }
+    if let Some(d) = args.trace_device.as_deref() {
+        options = options.with_device_spec(d)?;
     }
     let baseline = match &args.baseline {
         Some(b) => Some(parse_size("--baseline", b)?),
@@ -177,18 +180,26 @@ pub fn run(args: ReplayArgs) -> Result<()> {
             String::new(),
         ));
     }
-    // Pipes, FIFOs and terminals can be read once only, and a replay reads a streaming trace
-    // once per strategy and bisection step: such inputs are spooled to a file first (in
-    // bounded memory), removed when the replay ends.
+    // A replay reads a streaming trace once per strategy and bisection step: one that is
+    // gzip'd is inflated once, into a spool, and one that can be read only once (a pipe, a
+    // FIFO, a terminal) is spooled too (in bounded memory, and at most the input limit on
+    // disk); the spools are removed when the replay ends. Formats read whole are read once.
     let mut spools = Vec::new();
     for given in &args.traces {
-        if given.is_dir() {
+        let is_dump = given.is_dir() || xla_dump::is_buffer_assignment_file(given);
+        for option in inapplicable_options(&args, is_dump) {
+            eprintln!(
+                "portalloc: warning: {}: {option}",
+                portalloc::error::shown_path(given)
+            );
+        }
+        if is_dump {
             let xla = XlaOptions {
                 module: args.module.clone(),
                 steps: args.shape.steps.unwrap_or(1),
                 per_buffer: args.per_buffer,
             };
-            let m = xla_dump::read_dir(given, &xla)?;
+            let m = xla_dump::read_path(given, &xla)?;
             inputs.push((
                 format!("{} ({})", path_label(given), m.name),
                 TraceInput::Events {
@@ -199,17 +210,24 @@ pub fn run(args: ReplayArgs) -> Result<()> {
             ));
             continue;
         }
-        let spool = Spool::if_needed(given)?;
-        let path = spool
-            .as_ref()
-            .map_or_else(|| given.clone(), |s| s.path.clone());
-        let (_, mut input, anomalies) = load(&path, &options).map_err(|e| match (&spool, e) {
-            // Messages name the file the user gave, not its spool.
-            (Some(_), Error::Trace(text)) => {
-                Error::Trace(text.replace(&path_label(&path), &path_label(given)))
+        let (spool, loaded) = match Spool::prepare(given, &options)? {
+            Prepared::Again => (None, load(given, &options)),
+            Prepared::Spooled(spool) => {
+                let loaded = load(&spool.path, &options).map_err(|e| match e {
+                    // Messages name the file the user gave, not its spool.
+                    Error::Trace(text) => {
+                        Error::Trace(text.replace(&path_label(&spool.path), &path_label(given)))
+                    }
+                    e => e,
+                });
+                (Some(spool), loaded)
             }
-            (_, e) => e,
-        })?;
+            Prepared::Once(bytes) => (
+                None,
+                trace::open_reader(bytes, &path_label(given), &options).and_then(load_whole),
+            ),
+        };
+        let (_, mut input, anomalies) = loaded?;
         if let Some(b) = baseline {
             input.set_baseline(b);
         }
@@ -236,7 +254,7 @@ pub fn run(args: ReplayArgs) -> Result<()> {
             let tick = |done: u64| bar.set_position(offset + done);
             let opts = ReplayOptions {
                 device,
-                fraction: args.fraction,
+                fraction: fraction.value,
                 samples,
             };
             match replay(input, &baseline, strategy, &opts, Some(&tick)) {
@@ -250,7 +268,7 @@ pub fn run(args: ReplayArgs) -> Result<()> {
                                 strategy,
                                 device,
                                 result.peak_live,
-                                2 << 20,
+                                MIN_CAPACITY_STEP,
                             )
                             .map_err(|e| named(label, e))?,
                         )
@@ -277,13 +295,28 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         reports.push(TraceReport {
             source: label.clone(),
             header: input.header().clone(),
+            pre_window: baseline.assumption(),
             events: baseline.events,
             anomalies: anomalies.clone(),
             warning: sparse_warning(input.header(), baseline.events),
             device,
-            fraction: args.fraction,
+            fraction: fraction.value,
+            fraction_source: fraction.source.clone(),
             results,
         });
+    }
+    // The figures first, the plot after: a plot that cannot be written (a bad path, a full
+    // disk) is reported once the table or JSON is out, not instead of it.
+    if args.json {
+        let value = json!({ "traces": reports });
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&value).unwrap_or_default()
+        );
+    } else {
+        for r in &reports {
+            print_report(r);
+        }
     }
     if let Some(path) = &args.plot {
         let panels: Vec<plot::Panel<'_>> = reports
@@ -300,62 +333,213 @@ pub fn run(args: ReplayArgs) -> Result<()> {
             .collect();
         plot::draw(path, &panels).map_err(|e| Error::InvalidArgument {
             call: "--plot",
-            reason: e,
+            reason: format!("the figures above were computed, but the plot was not written: {e}"),
         })?;
-    }
-    if args.json {
-        let value = json!({ "traces": reports });
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&value).unwrap_or_default()
-        );
-    } else {
-        for r in &reports {
-            print_report(r);
-        }
-        if let Some(path) = &args.plot {
+        if !args.json {
             println!("plot written to {}", path.display());
         }
     }
     Ok(())
 }
 
-/// A copy on disk of a trace that can be read only once (a pipe, a FIFO, `/dev/stdin`),
-/// removed when dropped.
+/// The variables that set the allocators' memory fraction, as [`portalloc::Config`] reads
+/// them (precedence, parsing and the deprecated spelling's warning included).
+const FRACTION_VARIABLES: &[&str] = &[
+    portalloc::config::PORTALLOC_MEM_FRACTION,
+    portalloc::config::XLA_CLIENT_MEM_FRACTION,
+    portalloc::config::XLA_PYTHON_CLIENT_MEM_FRACTION,
+];
+
+/// The preallocation variables, which replay reads only to say they do not apply: its
+/// strategies fix preallocation (`bfc` preallocates, `bfc-grow` grows).
+const PREALLOCATE_VARIABLES: &[&str] = &[
+    portalloc::config::PORTALLOC_PREALLOCATE,
+    portalloc::config::XLA_PYTHON_CLIENT_PREALLOCATE,
+];
+
+/// The memory fraction a replay uses, and what set it.
+#[derive(Debug, Clone, PartialEq)]
+struct Fraction {
+    /// In (0, 1].
+    value: f64,
+    /// `--fraction`, the variable's name, or `the default`.
+    source: String,
+    /// Said on standard error: a deprecated variable, a preallocation variable replay does
+    /// not read.
+    warnings: Vec<String>,
+}
+
+impl Fraction {
+    /// `flag` when given, else the fraction variables through
+    /// [`portalloc::Config::from_env_vars`] (the parsing `portalloc info` shows); the
+    /// variables are validated either way, as [`portalloc::Config::builder`] validates them
+    /// under a value given in code.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for a flag outside (0, 1], or a variable `Config` refuses (naming
+    /// it, its value and what is accepted); [`Error::ConfigConflict`] for both XLA
+    /// spellings set.
+    fn resolve(flag: Option<f64>) -> Result<Fraction> {
+        let names: Vec<&str> = FRACTION_VARIABLES
+            .iter()
+            .chain(PREALLOCATE_VARIABLES)
+            .copied()
+            .collect();
+        let config = portalloc::Config::from_env_vars(&names)?;
+        let mut warnings = config.warnings.clone();
+        if let portalloc::config::Source::Env(name) = config.preallocate.source {
+            warnings.push(format!(
+                "{name} does not apply to replay: --strategies chooses preallocation (bfc \
+                 preallocates fraction × capacity, bfc-grow grows)"
+            ));
+        }
+        let (value, source) = match flag {
+            Some(f) => {
+                if !(f > 0.0 && f <= 1.0) {
+                    return Err(Error::config(
+                        "--fraction",
+                        f.to_string(),
+                        "a number in (0, 1]",
+                    ));
+                }
+                (f, "--fraction".to_string())
+            }
+            None => (
+                config.mem_fraction.value,
+                match config.mem_fraction.source {
+                    portalloc::config::Source::Env(name) => name.to_string(),
+                    _ => "the default".to_string(),
+                },
+            ),
+        };
+        Ok(Fraction {
+            value,
+            source,
+            warnings,
+        })
+    }
+}
+
+/// The options given that do not apply to an input (an XLA dump, or a trace file), each with
+/// why, ignored: said on standard error rather than silently.
+fn inapplicable_options(args: &ReplayArgs, xla_dump: bool) -> Vec<&'static str> {
+    let mut ignored = Vec::new();
+    if xla_dump {
+        if args.format.is_some() {
+            ignored.push("--format does not apply to an XLA dump (read as one): ignored");
+        }
+        if args.strict {
+            ignored.push(
+                "--strict does not apply to an XLA dump (a buffer assignment has no anomalies \
+                 to make errors of; malformed lines are errors already): ignored",
+            );
+        }
+        if args.trace_device.is_some() {
+            ignored.push(
+                "--trace-device does not apply to an XLA dump (one module's buffers, no devices \
+                 to choose among): ignored",
+            );
+        }
+        if args.baseline.is_some() {
+            ignored.push(
+                "--baseline does not apply to an XLA dump (its arguments are the memory live \
+                 before an execution): ignored",
+            );
+        }
+    } else {
+        if args.module.is_some() {
+            ignored.push("--module applies to XLA dumps only: ignored");
+        }
+        if args.per_buffer {
+            ignored.push("--per-buffer applies to XLA dumps only: ignored");
+        }
+    }
+    ignored
+}
+
+/// A copy on disk of a streaming trace (own format, RMM CSV) that is gzip'd (inflated once,
+/// not once per strategy and bisection step) or that can be read only once (a pipe, a FIFO,
+/// `/dev/stdin`): its inflated bytes, bounded by the input limit
+/// (`trace::Options::input_limit`), removed when dropped.
 struct Spool {
     /// The copy.
     path: PathBuf,
 }
 
+/// How a trace file is read for a replay.
+enum Prepared {
+    /// From the file itself, opened again for each pass when it streams.
+    Again,
+    /// From its spool.
+    Spooled(Spool),
+    /// Once, from these bytes (a format read whole, from a file that can be read only once).
+    Once(Box<dyn std::io::Read + Send>),
+}
+
 impl Spool {
-    /// A spool of `path` when it is not a regular file; `None` for a regular file.
-    fn if_needed(path: &PathBuf) -> Result<Option<Spool>> {
-        let meta = std::fs::metadata(path)
-            .map_err(|e| Error::Trace(format!("cannot open {}: {e}", path.display())))?;
-        if meta.is_file() {
-            return Ok(None);
+    /// How `path` is read: a regular file that is not gzip'd, or whose format is read whole
+    /// anyway, is read from itself; a streaming trace that is gzip'd or not a regular file
+    /// is spooled.
+    fn prepare(path: &std::path::Path, options: &trace::Options) -> Result<Prepared> {
+        let (bytes, regular) = trace::open_bytes(path, options)?;
+        let name = path_label(path);
+        let mut bytes = bytes;
+        if regular {
+            let mut magic = [0u8; 2];
+            let mut got = 0;
+            while got < 2 {
+                match bytes.read(&mut magic[got..]) {
+                    Ok(0) => break,
+                    Ok(n) => got += n,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    // trace::open reports it.
+                    Err(_) => return Ok(Prepared::Again),
+                }
+            }
+            if magic[..got] != [0x1f, 0x8b] {
+                return Ok(Prepared::Again);
+            }
+            let (again, _) = trace::open_bytes(path, options)?;
+            bytes = again;
+        }
+        let (prefix, mut inflated) = trace::inflated_bytes(bytes, &name, options)?;
+        let format = options.format.or_else(|| trace::detect(&prefix));
+        if !matches!(format, Some(Format::Portalloc | Format::RmmCsv)) {
+            return Ok(if regular {
+                Prepared::Again
+            } else {
+                Prepared::Once(inflated)
+            });
         }
         static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "stdin".into());
-        let copy =
-            std::env::temp_dir().join(format!("portalloc-spool-{}-{n}-{name}", std::process::id()));
+        // The file name, kept short and plain: it only helps a person who finds the copy.
+        let plain: String = name
+            .trim_end_matches(".gz")
+            .chars()
+            .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
+            .take(64)
+            .collect();
+        let copy = std::env::temp_dir().join(format!(
+            "portalloc-spool-{}-{n}-{plain}",
+            std::process::id()
+        ));
         let spool = Spool { path: copy };
-        let mut source = std::fs::File::open(path)
-            .map_err(|e| Error::Trace(format!("cannot open {}: {e}", path.display())))?;
         let mut sink = std::fs::File::create(&spool.path).map_err(|e| {
             Error::Trace(format!(
                 "cannot spool {} to {}: {e}",
-                path.display(),
-                spool.path.display()
+                shown_path(path),
+                shown_path(&spool.path)
             ))
         })?;
-        std::io::copy(&mut source, &mut sink)
-            .map_err(|e| Error::Trace(format!("cannot read {}: {e}", path.display())))?;
-        Ok(Some(spool))
+        std::io::copy(&mut inflated, &mut sink).map_err(|e| {
+            Error::Trace(format!(
+                "cannot spool {} to {}: {e}",
+                shown_path(path),
+                shown_path(&spool.path)
+            ))
+        })?;
+        Ok(Prepared::Spooled(spool))
     }
 }
 
@@ -377,6 +561,21 @@ fn named(label: &str, e: Error) -> Error {
         Error::Trace(text) => Error::Trace(format!("{label}: {text}")),
         other => other,
     }
+}
+
+/// Reads a trace that can be read only once: its events, kept in memory.
+fn load_whole(mut t: trace::Trace) -> Result<(String, TraceInput, String)> {
+    let header = t.header().clone();
+    let events: Vec<Event> = t.by_ref().collect::<Result<_>>()?;
+    let anomalies = anomaly_text(&t);
+    Ok((
+        String::new(),
+        TraceInput::Events {
+            header,
+            events: Arc::new(events),
+        },
+        anomalies,
+    ))
 }
 
 fn load(path: &PathBuf, options: &trace::Options) -> Result<(String, TraceInput, String)> {
@@ -493,17 +692,21 @@ fn print_report(r: &TraceReport) {
         facts.push(format!("recorded on {d}"));
     }
     println!("   {}", facts.join(", "));
+    if let Some(assumption) = &r.pre_window {
+        println!("   {assumption}");
+    }
     if h.source.starts_with("xla-dump:") {
         for note in &h.notes {
             println!("   {note}");
         }
     }
     println!(
-        "   replayed on {} ({}, granularity {}), memory fraction {} → limit {}",
+        "   replayed on {} ({}, granularity {}), memory fraction {} ({}) → limit {}",
         r.device.name,
         human(r.device.capacity),
         Bytes(r.device.granularity),
         r.fraction,
+        r.fraction_source,
         human((r.fraction * r.device.capacity as f64) as u64)
     );
     if !r.anomalies.is_empty() {
@@ -514,12 +717,13 @@ fn print_report(r: &TraceReport) {
     }
     let with_min = r.results.iter().any(|s| s.min_capacity.is_some());
     print!(
-        "   {:<9} {:>11} {:>13} {:>7} {:>6} {:>12} {:>9} {:>9}",
+        "   {:<9} {:>11} {:>13} {:>7} {:>6} {:>11} {:>12} {:>9} {:>9}",
         "strategy",
         "peak live",
         "peak reserved",
         "util.",
         "OOMs",
+        "refused",
         "first OOM at",
         "dev calls",
         "ns/event"
@@ -539,24 +743,28 @@ fn print_report(r: &TraceReport) {
                             .map_or("baseline".to_string(), |q| format!("event {q}"))
                     })
                     .unwrap_or_else(|| "-".into());
+                let refused = if x.oom_count == 0 {
+                    "-".to_string()
+                } else {
+                    human(x.refused_bytes)
+                };
                 print!(
-                    "   {:<9} {:>11} {:>13} {:>6.1}% {:>6} {:>12} {:>9} {:>9.0}",
+                    "   {:<9} {:>11} {:>13} {:>6.1}% {:>6} {:>11} {:>12} {:>9} {:>9.0}",
                     s.strategy,
                     human(x.peak_live),
                     human(x.peak_reserved),
                     x.utilisation * 100.0,
                     x.oom_count,
+                    refused,
                     first,
                     x.device_calls,
                     x.ns_per_event
                 );
                 if let Some(m) = &s.min_capacity {
                     match m.bytes {
-                        Some(b) => print!(
-                            "  {:>12}  {:>8.3}×",
-                            human(b),
-                            b as f64 / x.peak_live.max(1) as f64
-                        ),
+                        Some(b) => {
+                            print!("  {:>12}  {:>9}", human(b), ratio_to_live(b, x.peak_live))
+                        }
                         None => print!(
                             "  {:>12}  {:>9}",
                             format!("> {}", human(m.searched_up_to)),
@@ -570,5 +778,43 @@ fn print_report(r: &TraceReport) {
             (None, None) => {}
         }
     }
+    if r.results
+        .iter()
+        .any(|s| s.result.as_ref().is_some_and(|x| x.oom_count > 0))
+    {
+        println!(
+            "   util. is peak served ÷ peak reserved; peak live is the demand, the refused \
+             requests included"
+        );
+    }
+    let ratio_dashed = r.results.iter().any(|s| {
+        s.min_capacity.is_some()
+            && s.result
+                .as_ref()
+                .is_some_and(|x| x.peak_live < MIN_CAPACITY_STEP)
+    });
+    if ratio_dashed {
+        println!(
+            "   ÷ live is — where peak live is under the {} the capacity is searched in: the \
+             ratio would measure that step, not the strategy",
+            human(MIN_CAPACITY_STEP)
+        );
+    }
     println!();
+}
+
+/// The step `--min-capacity` bisects to: one 2 MiB granule, the smallest device it tries.
+const MIN_CAPACITY_STEP: u64 = 2 << 20;
+
+/// The "÷ live" cell: min capacity over peak live, to 3 decimals, or "—" where peak live is
+/// under [`MIN_CAPACITY_STEP`] (0 included). The capacity found is a multiple of the step and
+/// at least one step, so below it the ratio is the step over a small number (2 MiB ÷ 8 B
+/// printed 262,144×; ÷ 0 B, 2,097,152×): arithmetic on the search grid, not a property of
+/// the strategy.
+fn ratio_to_live(min_capacity: u64, peak_live: u64) -> String {
+    if peak_live < MIN_CAPACITY_STEP {
+        "—".to_string()
+    } else {
+        format!("{:.3}×", min_capacity as f64 / peak_live as f64)
+    }
 }
