@@ -371,6 +371,36 @@ fn a_plot_failure_comes_after_the_figures(json: bool) {
     std::fs::remove_dir_all(dir).ok();
 }
 
+/// A plot path that cannot be written, holding an escape sequence and 5,000 more characters,
+/// is shown in the error cut and escaped: a short message, no raw ESC reaching the terminal.
+#[test]
+fn a_hostile_plot_path_is_shown_cut_and_escaped() {
+    let dir = temp_dir("plot-hostile");
+    let path = write_trace(&dir, "t.jsonl", TWO_OF_FOUR);
+    let name = format!("\x1b[31m{}", "x".repeat(5000));
+    let bad = dir.join(name).join("plot.svg");
+    let bad = bad.to_string_lossy().into_owned();
+    let (ok, out, err) = portalloc(
+        &[
+            "replay",
+            &path,
+            "--capacity",
+            "8MiB",
+            "--strategies",
+            "platform",
+            "--plot",
+            &bad,
+        ],
+        &[],
+    );
+    assert!(!ok, "{out}");
+    assert!(row(&out, "platform").contains("8.00 MiB"), "{out}");
+    assert!(err.contains("plot was not written"), "{err:.300}");
+    assert!(!err.contains('\x1b'), "raw escape: {err:.300}");
+    assert!(err.len() < 1000, "{} bytes: {err:.300}", err.len());
+    std::fs::remove_dir_all(dir).ok();
+}
+
 // ------------------------------------------------------------------------- OOM advice
 
 /// bfc at `fraction` of a simulated 64 MiB host, preallocating (as JAX's default), behind

@@ -29,8 +29,9 @@ pub fn draw(path: &Path, panels: &[Panel<'_>]) -> Result<(), String> {
     for (panel, area) in panels.iter().zip(areas.iter()) {
         draw_panel(area, panel).map_err(|e| e.to_string())?;
     }
+    // The path as messages show paths: cut, control characters escaped.
     root.present()
-        .map_err(|e| format!("writing {}: {e}", path.display()))?;
+        .map_err(|e| format!("writing {}: {e}", portalloc::error::shown_path(path)))?;
     Ok(())
 }
 

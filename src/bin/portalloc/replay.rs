@@ -336,7 +336,7 @@ pub fn run(args: ReplayArgs) -> Result<()> {
             reason: format!("the figures above were computed, but the plot was not written: {e}"),
         })?;
         if !args.json {
-            println!("plot written to {}", path.display());
+            println!("plot written to {}", shown_path(path));
         }
     }
     Ok(())
