@@ -434,8 +434,9 @@ fn kineto_without_addresses_replays_the_running_sum() {
 }
 
 /// An eager step profiled on a machine without a GPU has only CPU `[memory]` events
-/// (`Device Type` 0): they are replayed, with a note, instead of refused with the wrong hint
-/// (#13).
+/// (`Device Type` 0): asked for (`Options::cpu`), they are replayed, with a note, instead of
+/// refused with the wrong hint (#13); unasked, they are refused (#27,
+/// `tests/kineto_devices.rs`).
 #[test]
 fn kineto_cpu_profile_is_replayed() {
     let events = vec![
@@ -445,11 +446,12 @@ fn kineto_cpu_profile_is_replayed() {
     ];
     let json = serde_json::to_vec(&serde_json::json!({ "traceEvents": events })).unwrap();
     let file = TempFile::with("cpu.json", &json);
-    let (t, events) = open_all(file.path(), &Options::default());
+    let cpu = Options::default().with_cpu(true);
+    let (t, events) = open_all(file.path(), &cpu);
     assert_eq!(t.header().device.as_deref(), Some("cpu"));
     assert!(t.header().notes.iter().any(|n| n.contains("CPU")));
     assert_eq!(events.len(), 3);
-    let s = summarize(open(file.path(), &Options::default()).unwrap()).unwrap();
+    let s = summarize(open(file.path(), &cpu).unwrap()).unwrap();
     assert_eq!(s.peak_live_bytes, 12288);
 }
 
@@ -905,9 +907,10 @@ fn figures_of(s: &trace::Summary, header: &TraceHeader) -> [u64; 5] {
     ]
 }
 
-/// Own-format fingerprints of the real Kineto traces.
-const OWN_DDP: u64 = 0x76b4_7c05_8b14_82cf;
-const OWN_RESNET: u64 = 0xff97_53a5_a697_4f46;
+/// Own-format fingerprints of the real Kineto traces (#27 renamed the devices in the notes:
+/// "[memory] events of cuda:1 (Device Type 1)", "skipped: cpu (1240 events)").
+const OWN_DDP: u64 = 0x4050_bbcb_b991_0105;
+const OWN_RESNET: u64 = 0xe2cd_770f_d47a_fa88;
 
 fn summarize_events_of(header: &TraceHeader, events: &[Event]) -> trace::Summary {
     trace::summarize_events(header.baseline_bytes, events.iter().copied().map(Ok)).unwrap()

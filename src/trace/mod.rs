@@ -318,9 +318,13 @@ pub struct Options {
     /// device with the most events.
     pub device: Option<u32>,
     /// Read the CPU's events of a profile that records several device types (Kineto's
-    /// `Device Type` 0) instead of a GPU's. Default false (a profile with no GPU events
-    /// falls back to the CPU's by itself).
+    /// `Device Type` 0) instead of a GPU's. Default false: a profile's CPU events are never
+    /// replayed in place of a GPU's, and a profile with none but the CPU's is refused.
     pub cpu: bool,
+    /// The device type to keep, for formats that record several (Kineto): PyTorch's
+    /// `c10::DeviceType` number (1 CUDA, 6 HIP, 12 XPU, …), with [`Options::device`] its
+    /// ordinal. Default: any accelerator's (every type but the CPU's and its layouts).
+    pub device_type: Option<i64>,
     /// The file is trusted: read snapshot pickles with 16 times the limits on untrusted files
     /// (docs/trace-format.md), for long histories recorded with stack frames. Default false.
     pub trusted: bool,
@@ -360,6 +364,38 @@ impl Options {
     pub fn with_device(mut self, device: u32) -> Self {
         self.device = Some(device);
         self
+    }
+
+    /// Sets [`Options::device_type`].
+    pub fn with_device_type(mut self, device_type: i64) -> Self {
+        self.device_type = Some(device_type);
+        self
+    }
+
+    /// Sets the device to keep as `portalloc replay --trace-device` names it: `cpu` (sets
+    /// [`Options::cpu`]), an ordinal (`1`: [`Options::device`]), a device type as
+    /// `torch.device` spells it (`hip`: [`Options::device_type`]), or both (`cuda:1`,
+    /// `hip:0`).
+    ///
+    /// # Errors
+    /// [`Error::Config`](crate::error::Error::Config) for anything else, naming what is
+    /// accepted.
+    pub fn with_device_spec(self, spec: &str) -> Result<Self> {
+        import::kineto::device_spec(spec)
+            .map(|(cpu, device_type, device)| Options {
+                cpu: self.cpu || cpu,
+                device_type: device_type.or(self.device_type),
+                device: device.or(self.device),
+                ..self
+            })
+            .ok_or_else(|| {
+                Error::config(
+                    "--trace-device",
+                    spec,
+                    "cpu, a device ordinal (0, 1, …), or a PyTorch device type with or without \
+                     one (cuda:1, hip:0, xpu, …)",
+                )
+            })
     }
 }
 

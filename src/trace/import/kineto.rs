@@ -1,10 +1,16 @@
 //! PyTorch profiler (Kineto) Chrome-trace JSON, gzip-compressed or not.
 //!
-//! Kept: instant events named `[memory]` whose `args` say `Device Type` 1 (CUDA), of one
-//! `Device Id` (the one with the most events, or [`Options::device`]); in a profile with no
-//! CUDA events (recorded on a machine without a GPU), the CPU's (`Device Type` 0), with a note.
+//! Kept: instant events named `[memory]` of one device, its `Device Type` (PyTorch's
+//! `c10::DeviceType`: 1 CUDA, 6 HIP, 12 XPU, …) and `Device Id`: the accelerator with the
+//! most events (every type but the CPU's 0, its layouts MKLDNN 2 and IDEEP 5, and the
+//! storage-less Meta 14 and Lazy 17), or the one [`Options::device_type`] and
+//! [`Options::device`] name; the CPU's only when asked for ([`Options::cpu`]), never in
+//! place of a GPU's: a profile of the CPU alone is refused, saying so. The header names the
+//! device replayed (`hip:0 AMD Instinct MI300X VF`) and the devices skipped, by name.
 //! An event without `Addr` (profilers before 2022) gets a synthetic address: a free takes the
-//! most recent live allocation of its size, so live bytes stay exact. Mapping:
+//! most recent live allocation of its size, so live bytes stay exact. A number read that is
+//! not an integer, or out of its field's range, is an invalid record naming the field
+//! (`Bytes 1.5 is not an integer`). Mapping:
 //!
 //! | Kineto | event |
 //! |---|---|
@@ -29,6 +35,8 @@
 //! built); only the `[memory]` events are kept. The rest of the file is never held in memory.
 //!
 //! [`Options::device`]: crate::trace::Options::device
+//! [`Options::device_type`]: crate::trace::Options::device_type
+//! [`Options::cpu`]: crate::trace::Options::cpu
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -45,14 +53,228 @@ use super::{us_to_ns, Attrs, Emitter};
 use crate::error::Result;
 use crate::trace::inflate::HookSlot;
 use crate::trace::{
-    trace_error, Anomalies, AnomalyKind, Format, Input, Keying, Loc, Op, Options, Reference,
-    ThreadMap, TraceHeader, VecSource,
+    trace_error, AnomalyKind, Format, Input, Keying, Loc, Op, Options, Reference, ThreadMap,
+    TraceHeader, Tracker, VecSource,
 };
 
 /// `Device Type` of the CPU.
 const CPU: i64 = 0;
-/// The device chosen when the CPU's events are replayed (no CUDA device has this id).
-const CPU_DEVICE: i64 = -1;
+
+/// PyTorch's device types (`c10::DeviceType`), by the number a `[memory]` event's
+/// `Device Type` holds, named as `torch.device` spells them (`c10::DeviceTypeName` in lower
+/// case; PrivateUse1 by its default name).
+const DEVICE_TYPES: [&str; 21] = [
+    "cpu",
+    "cuda",
+    "mkldnn",
+    "opengl",
+    "opencl",
+    "ideep",
+    "hip",
+    "fpga",
+    "maia",
+    "xla",
+    "vulkan",
+    "metal",
+    "xpu",
+    "mps",
+    "meta",
+    "hpu",
+    "ve",
+    "lazy",
+    "ipu",
+    "mtia",
+    "privateuseone",
+];
+
+/// The name of `Device Type` `t`: PyTorch's ([`DEVICE_TYPES`]), or `type{t}` for a number
+/// PyTorch does not define (yet).
+fn type_name(t: i64) -> String {
+    usize::try_from(t)
+        .ok()
+        .and_then(|i| DEVICE_TYPES.get(i))
+        .map_or_else(|| format!("type{t}"), |n| (*n).to_string())
+}
+
+/// The `Device Type` named `name` (as [`type_name`] spells it, any case): `cuda` 1, `hip`
+/// 6, `type21` 21, …
+pub(crate) fn device_type_named(name: &str) -> Option<i64> {
+    let name = name.to_ascii_lowercase();
+    if let Some(i) = DEVICE_TYPES.iter().position(|n| *n == name) {
+        return i64::try_from(i).ok();
+    }
+    let digits = name.strip_prefix("type")?;
+    // Digits only: `i64::from_str` would take a sign too.
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// A device as `--trace-device` names it ([`Options::with_device_spec`]): whether it is the
+/// CPU, its device type, its ordinal; `None` where the text names no device. `cpu`; `1`;
+/// `hip`; `cuda:1`, `hip:0`, `type21:0` (a device type PyTorch does not name).
+///
+/// [`Options::with_device_spec`]: crate::trace::Options::with_device_spec
+pub(crate) fn device_spec(spec: &str) -> Option<(bool, Option<i64>, Option<u32>)> {
+    // Digits only: `u32::from_str` would take a `+` too.
+    let ordinal = |s: &str| {
+        Some(s)
+            .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|s| s.parse::<u32>().ok())
+    };
+    if spec.eq_ignore_ascii_case("cpu") {
+        return Some((true, None, None));
+    }
+    if let Some(d) = ordinal(spec) {
+        return Some((false, None, Some(d)));
+    }
+    let (name, d) = match spec.split_once(':') {
+        Some((name, d)) => (name, Some(ordinal(d)?)),
+        None => (spec, None),
+    };
+    match device_type_named(name)? {
+        // The CPU has no ordinals (its events carry Device Id -1).
+        CPU => d.is_none().then_some((true, None, None)),
+        t => Some((false, Some(t), d)),
+    }
+}
+
+/// Whether the memory of `Device Type` `t` is an accelerator's, replayed when no device is
+/// asked for: every type PyTorch defines but the CPU's (0), the CPU's own layouts (MKLDNN 2,
+/// IDEEP 5, whose memory is the host's) and the types whose tensors hold no storage (Meta
+/// 14, Lazy 17); and any number above PyTorch's (a backend added since).
+fn is_accelerator(t: i64) -> bool {
+    t > 0 && !matches!(t, 2 | 5 | 14 | 17)
+}
+
+/// A device of a profile: its `Device Type` and `Device Id` (the CPU's is always -1, the
+/// id its events carry: one CPU).
+type DeviceKey = (i64, i64);
+
+/// The key of an event of `Device Type` `t` and `Device Id` `id`.
+fn device_key(t: i64, id: i64) -> DeviceKey {
+    if t == CPU {
+        (CPU, -1)
+    } else {
+        (t, id)
+    }
+}
+
+/// A device as messages and the header name it: `cpu`, `cuda:1`, `hip:0`; a type without
+/// ordinals (a negative id) by its name alone.
+fn device_label((t, id): DeviceKey) -> String {
+    if t == CPU || id < 0 {
+        type_name(t)
+    } else {
+        format!("{}:{id}", type_name(t))
+    }
+}
+
+/// The most devices a message or note lists by name (a file can give every event a device
+/// of its own); the rest are counted.
+const LISTED_DEVICES: usize = 8;
+
+/// `devices` with their event counts, as messages list them: `hip:0 (2588 events), cpu
+/// (104 events)`, at most [`LISTED_DEVICES`] of them and a count of the rest.
+fn device_list<'a>(devices: impl Iterator<Item = (&'a DeviceKey, &'a u64)>) -> String {
+    let mut listed = Vec::new();
+    let (mut more, mut more_events) = (0u64, 0u64);
+    for (key, n) in devices {
+        if listed.len() < LISTED_DEVICES {
+            listed.push(format!("{} ({n} events)", device_label(*key)));
+        } else {
+            more += 1;
+            more_events += n;
+        }
+    }
+    if more > 0 {
+        listed.push(format!("{more} more devices ({more_events} events)"));
+    }
+    if listed.is_empty() {
+        "none".to_string()
+    } else {
+        listed.join(", ")
+    }
+}
+
+/// The most characters of a device's name (from `deviceProperties`) the header shows.
+const NAME_CHARS: usize = 64;
+
+/// A name the file gives, as the header shows it: at most [`NAME_CHARS`] characters, `…`
+/// where cut, control characters escaped as Rust does (`\u{1b}`), so that a name cannot
+/// drive the terminal it is printed on.
+fn printable(name: &str) -> String {
+    let mut out = String::new();
+    for (i, c) in name.chars().enumerate() {
+        if i == NAME_CHARS {
+            out.push('…');
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// A number as a message shows it: an integer as written; a float with its fraction, or in
+/// exponent form where it is integral (`serde_json` reads an integer beyond 64 bits as the
+/// nearest float: 2^64 reads as `1.8446744073709552e19`).
+fn shown_number(n: Num) -> String {
+    match n {
+        Num::U(u) => u.to_string(),
+        Num::I(i) => i.to_string(),
+        Num::F(f) if f.is_finite() && f.fract() == 0.0 => format!("{f:e}"),
+        Num::F(f) => f.to_string(),
+        Num::None => "null".to_string(),
+    }
+}
+
+/// `field`'s value as an integer in `range` (`what` says which integers those are):
+/// `Ok(None)` where it is absent or not a number (`null`, a string: what `serde_json`'s
+/// accessors read as none); an integral float counts as its integer. The reason, naming the
+/// field and the value, for a number that is not an integer or lies outside the range.
+fn integer(
+    field: &str,
+    n: Num,
+    range: std::ops::RangeInclusive<i128>,
+    what: &str,
+) -> std::result::Result<Option<i128>, String> {
+    let value = match n {
+        Num::None => return Ok(None),
+        Num::U(u) => i128::from(u),
+        Num::I(i) => i128::from(i),
+        Num::F(f) if f.is_finite() && f.fract() == 0.0 => {
+            // Saturating: a float beyond i128 is out of every range asked for.
+            f as i128
+        }
+        Num::F(_) => {
+            return Err(format!(
+                "{field} {} is not an integer ({what})",
+                shown_number(n)
+            ))
+        }
+    };
+    if range.contains(&value) {
+        Ok(Some(value))
+    } else {
+        Err(format!(
+            "{field} {} is out of range ({what})",
+            shown_number(n)
+        ))
+    }
+}
+
+/// A signed 64-bit integer's range, as [`integer`] takes it.
+const I64: std::ops::RangeInclusive<i128> = (i64::MIN as i128)..=(i64::MAX as i128);
+/// A count of bytes (`Total Allocated`, `Total Reserved`): 0 to 2^63 − 1.
+const COUNT: std::ops::RangeInclusive<i128> = 0..=(i64::MAX as i128);
+/// An address: PyTorch writes a pointer as a signed (`intptr_t`) or unsigned integer; a
+/// negative one (a tagged pointer's top bit set) is the same 64 bits.
+const ADDRESS: std::ops::RangeInclusive<i128> = (i64::MIN as i128)..=(u64::MAX as i128);
 
 /// Addresses for events recorded without one: a fresh one per allocation; a free takes the
 /// most recent live allocation of its size (or a fresh one: memory from before the window).
@@ -87,19 +309,21 @@ impl Synthetic {
     }
 }
 
-/// One `[memory]` event, as much of it as is kept.
+/// One `[memory]` event, as much of it as is kept: the integer fields as read, checked
+/// (range, integrality) where they are used ([`integer`]), so that a number that is not an
+/// integer, or out of range, is reported as such.
 #[derive(Debug, Clone)]
 struct Mem {
     index: u64,
     ts_ns: u64,
     ev_idx: i64,
     tid: u64,
-    device_type: Option<i64>,
-    device_id: Option<i64>,
-    addr: Option<u64>,
-    bytes: Option<i64>,
-    total_allocated: Option<i64>,
-    total_reserved: Option<i64>,
+    device_type: Num,
+    device_id: Num,
+    addr: Num,
+    bytes: Num,
+    total_allocated: Num,
+    total_reserved: Num,
 }
 
 /// The fields of a `[memory]` event that are read, as `serde_json` gives them (absent,
@@ -161,12 +385,12 @@ impl Mem {
             ts_ns: raw.ts.as_f64().map(us_to_ns).unwrap_or(0),
             ev_idx: args.ev_idx.as_i64().unwrap_or(0),
             tid: raw.tid.as_u64().unwrap_or(0),
-            device_type: args.device_type.as_i64(),
-            device_id: args.device_id.as_i64(),
-            addr: args.addr.as_u64(),
-            bytes: args.bytes.as_i64(),
-            total_allocated: args.total_allocated.as_i64(),
-            total_reserved: args.total_reserved.as_i64(),
+            device_type: args.device_type,
+            device_id: args.device_id,
+            addr: args.addr,
+            bytes: args.bytes,
+            total_allocated: args.total_allocated,
+            total_reserved: args.total_reserved,
         }
     }
 }
@@ -441,6 +665,9 @@ impl Visitor<'_> for Expecting {
     }
 }
 
+/// The UTF-8 byte-order mark.
+const BOM: [u8; 3] = [0xEF, 0xBB, 0xBF];
+
 /// What the top of the document must be.
 const TOP: &str = "a Chrome-trace object with traceEvents, or an array of events";
 
@@ -473,6 +700,19 @@ fn refuse<const TOP_LEVEL: bool>(f: &mut Frames<Input>, what: &str) -> FrameErro
 /// of events; each event (and each other member of the object) is cut out by `f` and parsed
 /// from its bytes.
 fn walk(f: &mut Frames<Input>, c: &mut Collected) -> std::result::Result<(), FrameError> {
+    // A UTF-8 byte-order mark (what editors on Windows write first) is not JSON: skipped.
+    if f.peek()? == Some(BOM[0]) {
+        f.take();
+        for &b in &BOM[1..] {
+            if f.peek()? != Some(b) {
+                return Err(f.error(
+                    false,
+                    "a byte 0xEF that does not begin a UTF-8 byte-order mark (EF BB BF)",
+                ));
+            }
+            f.take();
+        }
+    }
     match f.peek()? {
         Some(b'[') => events(f, c)?,
         Some(b'{') => {
@@ -595,8 +835,9 @@ fn one_event(f: &mut Frames<Input>, c: &mut Collected) -> std::result::Result<()
 /// ahead (`json_ahead`).
 ///
 /// # Errors
-/// Not JSON, no `traceEvents`, no CUDA `[memory]` events (or none on the device asked
-/// for), or an anomaly in strict mode.
+/// Not JSON, no `traceEvents`, no accelerator's `[memory]` events (or none on the device
+/// asked for; a bare ordinal where two device types have events), or an anomaly in strict
+/// mode.
 pub(crate) fn read(
     input: Input,
     origin: &str,
@@ -633,114 +874,37 @@ pub(crate) fn read(
             Format::accepted()
         )));
     }
-    let mut anomalies_early = Anomalies::new();
-    let mut per_device: BTreeMap<i64, u64> = BTreeMap::new();
-    let mut other_types: BTreeMap<i64, u64> = BTreeMap::new();
+    // Anomalies met before the replay's own (a device or a number that cannot be read).
+    let mut early = Tracker::new(Keying::Addresses, options.strict, origin, 0);
+    let mut per_device: BTreeMap<DeviceKey, u64> = BTreeMap::new();
     for m in &c.mem {
-        match m.device_type {
-            Some(1) => *per_device.entry(m.device_id.unwrap_or(0)).or_insert(0) += 1,
-            Some(t) => *other_types.entry(t).or_insert(0) += 1,
-            None => {
-                if options.strict {
-                    return Err(trace_error(format!(
-                        "{origin}: {}: [memory] event without Device Type (strict mode)",
-                        Loc::Event(m.index)
-                    )));
-                }
-                anomalies_early.record(
-                    AnomalyKind::InvalidRecord,
-                    Loc::Event(m.index),
-                    "[memory] event without Device Type",
-                );
-            }
+        match device_of(m) {
+            Ok(key) => *per_device.entry(key).or_insert(0) += 1,
+            Err(why) => early.anomaly(AnomalyKind::InvalidRecord, Loc::Event(m.index), why)?,
         }
     }
-    let device = match options.device {
-        _ if options.cpu => {
-            if !other_types.contains_key(&CPU) {
-                return Err(trace_error(format!(
-                    "{origin}: no CPU [memory] events (Device Type 0) to replay; device types \
-                     with events: {:?} (1 is CUDA)",
-                    other_types
-                        .keys()
-                        .copied()
-                        .chain((!per_device.is_empty()).then_some(1))
-                        .collect::<Vec<_>>()
-                )));
-            }
-            CPU_DEVICE
-        }
-        Some(d) => {
-            let d = i64::from(d);
-            if !per_device.contains_key(&d) {
-                return Err(trace_error(format!(
-                    "{origin}: no CUDA [memory] events on device {d}; devices with events: {:?}",
-                    per_device.keys().collect::<Vec<_>>()
-                )));
-            }
-            d
-        }
-        None => {
-            // Most events; the lowest id on ties.
-            let best = per_device
-                .iter()
-                .max_by_key(|(id, n)| (**n, std::cmp::Reverse(**id)))
-                .map(|(id, _)| *id);
-            match best {
-                Some(d) => d,
-                // A profile recorded on a machine without a GPU: the tensors an eager step
-                // allocates come from device-independent code, so the CPU's [memory] events
-                // plan the GPU's memory too.
-                None if other_types.contains_key(&CPU) => CPU_DEVICE,
-                None => {
-                    let found = if c.mem.is_empty() {
-                        "no [memory] events at all: was the profiler run with \
-                         profile_memory=True?"
-                            .to_string()
-                    } else {
-                        format!(
-                            "[memory] events only of device types {:?} (1 is CUDA, 0 the CPU)",
-                            other_types.keys().collect::<Vec<_>>()
-                        )
-                    };
-                    return Err(trace_error(format!(
-                        "{origin}: nothing to replay among {} trace events: {found}",
-                        c.events_seen
-                    )));
-                }
-            }
-        }
-    };
-    let on_cpu = device == CPU_DEVICE;
+    let chosen = choose(&per_device, options, c.events_seen, c.mem.len())
+        .map_err(|why| trace_error(format!("{origin}: {why}")))?;
+    let on_cpu = chosen.0 == CPU;
     let mut mem: Vec<Mem> = c
         .mem
         .into_iter()
-        .filter(|m| {
-            if on_cpu {
-                m.device_type == Some(CPU)
-            } else {
-                m.device_type == Some(1) && m.device_id.unwrap_or(0) == device
-            }
-        })
+        .filter(|m| device_of(m).ok() == Some(chosen))
         .collect();
     mem.sort_by_key(|m| (m.ts_ns, m.ev_idx, m.index));
 
-    let mut baseline: u64 = 0;
+    // Memory live before the window: from the first event whose Bytes reads (its numbers
+    // that do not read are reported in the loop below).
+    let baseline = mem
+        .iter()
+        .find_map(|m| Some((m, integer("Bytes", m.bytes, I64, "").ok()??)))
+        .and_then(|(m, bytes)| {
+            let total = integer("Total Allocated", m.total_allocated, COUNT, "").ok()??;
+            u64::try_from(total - bytes).ok()
+        })
+        .unwrap_or(0);
     let mut reserved: Option<u64> = None;
     let mut peak_reported: Option<u64> = None;
-    if let Some(first) = mem.first() {
-        if let (Some(total), Some(bytes)) = (first.total_allocated, first.bytes) {
-            baseline = u64::try_from(i128::from(total) - i128::from(bytes)).unwrap_or(0);
-        }
-    }
-    for m in &mem {
-        if let Some(r) = m.total_reserved.and_then(|r| u64::try_from(r).ok()) {
-            reserved = Some(reserved.map_or(r, |x| x.max(r)));
-        }
-        if let Some(a) = m.total_allocated.and_then(|a| u64::try_from(a).ok()) {
-            peak_reported = Some(peak_reported.map_or(a, |x| x.max(a)));
-        }
-    }
 
     let mut emitter = Emitter::new(Keying::Addresses, options.strict, origin, baseline);
     let mut threads = ThreadMap::default();
@@ -748,13 +912,44 @@ pub(crate) fn read(
     let mut synthetic = Synthetic::default();
     for m in &mem {
         let loc = Loc::Event(m.index);
-        let Some(bytes) = m.bytes else {
-            emitter.tracker.anomaly(
-                AnomalyKind::InvalidRecord,
-                loc,
-                "[memory] event without Bytes".to_string(),
-            )?;
-            continue;
+        let tracker = &mut emitter.tracker;
+        for (field, value, most) in [
+            ("Total Reserved", m.total_reserved, &mut reserved),
+            ("Total Allocated", m.total_allocated, &mut peak_reported),
+        ] {
+            match integer(field, value, COUNT, "a count of bytes, 0 to 2^63 - 1") {
+                Ok(Some(v)) => {
+                    let v = v as u64; // In COUNT.
+                    *most = Some(most.map_or(v, |x| x.max(v)));
+                }
+                Ok(None) => {}
+                Err(why) => tracker.anomaly(AnomalyKind::InvalidRecord, loc, why)?,
+            }
+        }
+        let bytes = match integer(
+            "Bytes",
+            m.bytes,
+            I64,
+            "a signed 64-bit integer: bytes allocated, or freed when negative",
+        ) {
+            Ok(Some(b)) => b as i64, // In I64.
+            Ok(None) => {
+                let why = "[memory] event without Bytes".to_string();
+                tracker.anomaly(AnomalyKind::InvalidRecord, loc, why)?;
+                continue;
+            }
+            Err(why) => {
+                tracker.anomaly(AnomalyKind::InvalidRecord, loc, why)?;
+                continue;
+            }
+        };
+        // A negative address is a pointer written as a signed integer: the same 64 bits.
+        let addr = match integer("Addr", m.addr, ADDRESS, "a 64-bit address") {
+            Ok(a) => a.map(|a| a as u64),
+            Err(why) => {
+                tracker.anomaly(AnomalyKind::InvalidRecord, loc, why)?;
+                continue;
+            }
         };
         let (op, size) = if bytes >= 0 {
             (Op::Alloc, bytes.unsigned_abs())
@@ -763,7 +958,7 @@ pub(crate) fn read(
         };
         // Older profilers (2021) recorded no Addr: live bytes are still exact (the running
         // sum of Bytes); a free is matched to a live allocation of the same size.
-        let addr = match m.addr {
+        let addr = match addr {
             Some(a) => a,
             None => synthetic.address(op, size),
         };
@@ -776,21 +971,20 @@ pub(crate) fn read(
     }
 
     let mut header = TraceHeader::new(format!("{}:{origin}", Format::Kineto.name()));
-    header.device = Some(if on_cpu {
-        "cpu".to_string()
-    } else {
-        match c.device_names.get(&device) {
-            Some(name) => format!("cuda:{device} {name}"),
-            None => format!("cuda:{device}"),
-        }
+    let label = device_label(chosen);
+    header.device = Some(match c.device_names.get(&chosen.1) {
+        // deviceProperties lists the GPUs, by ordinal.
+        Some(name) if !on_cpu => format!("{label} {}", printable(name)),
+        _ => label.clone(),
     });
     if on_cpu {
         header.notes.push(
-            "the CPU's [memory] events (Device Type 0) are replayed: an eager step allocates \
-             the same tensors on a GPU, so they plan its memory — but CPU-only temporaries \
-             (MKL workspaces, scalar tensors) are included, the CUDA caching allocator's \
-             rounding and workspaces are not, and memory live before the window is unknown on \
-             the CPU (its counter starts with the profiler): pass it with --baseline SIZE"
+            "the CPU's [memory] events (Device Type 0) are replayed, as asked: an eager step \
+             allocates the same tensors on a GPU, so they plan its memory — but CPU-only \
+             temporaries (MKL workspaces, scalar tensors) are included, a GPU caching \
+             allocator's rounding and workspaces are not, and memory live before the window is \
+             unknown on the CPU (its counter starts with the profiler): pass it with \
+             --baseline SIZE"
                 .to_string(),
         );
     }
@@ -809,29 +1003,142 @@ pub(crate) fn read(
         allocator: Some("pytorch-caching".to_string()),
     });
     header.notes.push(format!(
-        "[memory] events of {}, ordered by (ts, Ev Idx); baseline = Total Allocated - Bytes of the first",
-        if on_cpu { "the CPU".to_string() } else { format!("CUDA device {device}") }
+        "[memory] events of {label} (Device Type {}), ordered by (ts, Ev Idx); baseline = \
+         Total Allocated - Bytes of the first",
+        chosen.0
     ));
-    let others: Vec<String> = per_device
+    let mut skipped = per_device
         .iter()
-        .filter(|(d, _)| **d != device)
-        .map(|(d, n)| format!("cuda:{d} ({n} events)"))
-        .chain(
-            other_types
-                .iter()
-                .map(|(t, n)| format!("device type {t} ({n} events)")),
-        )
-        .collect();
-    if !others.is_empty() {
-        header.notes.push(format!("skipped: {}", others.join(", ")));
+        .filter(|(key, _)| **key != chosen)
+        .peekable();
+    if skipped.peek().is_some() {
+        header
+            .notes
+            .push(format!("skipped: {}", device_list(skipped)));
     }
-    let mut anomalies = anomalies_early;
+    let mut anomalies = early.anomalies;
     anomalies.merge(&emitter.tracker.anomalies);
     Ok(VecSource {
         header,
         anomalies,
         events: events.into_iter(),
     })
+}
+
+/// The device of a `[memory]` event: its `Device Type` and `Device Id` (0 where absent);
+/// why not, where either does not read.
+fn device_of(m: &Mem) -> std::result::Result<DeviceKey, String> {
+    let t = integer(
+        "Device Type",
+        m.device_type,
+        I64,
+        "a c10::DeviceType number: 0 CPU, 1 CUDA, 6 HIP, …",
+    )?
+    .ok_or_else(|| "[memory] event without Device Type".to_string())?;
+    let id = integer("Device Id", m.device_id, I64, "a device ordinal")?.unwrap_or(0);
+    // Both in I64.
+    Ok(device_key(t as i64, id as i64))
+}
+
+/// The device with the most events among `devices`; on ties, the lowest type, then the
+/// lowest ordinal.
+fn busiest<'a>(devices: impl Iterator<Item = (&'a DeviceKey, &'a u64)>) -> Option<DeviceKey> {
+    devices
+        .max_by_key(|(key, n)| (**n, std::cmp::Reverse(**key)))
+        .map(|(key, _)| *key)
+}
+
+/// The device whose events are replayed, of those with events (`per_device`): the one
+/// `options` ask for ([`Options::cpu`], [`Options::device_type`], [`Options::device`]), or
+/// the accelerator with the most events. The CPU's only when asked for: a GPU's memory is
+/// what a replay plans, and a profile of the CPU alone is no GPU's. Why none, where none is.
+///
+/// [`Options::cpu`]: crate::trace::Options::cpu
+/// [`Options::device_type`]: crate::trace::Options::device_type
+/// [`Options::device`]: crate::trace::Options::device
+fn choose(
+    per_device: &BTreeMap<DeviceKey, u64>,
+    options: &Options,
+    events_seen: u64,
+    memory_events: usize,
+) -> std::result::Result<DeviceKey, String> {
+    let present = || device_list(per_device.iter());
+    let accelerators = || per_device.iter().filter(|(key, _)| is_accelerator(key.0));
+    let exactly = |key: DeviceKey| {
+        if per_device.contains_key(&key) {
+            Ok(key)
+        } else {
+            Err(format!(
+                "no [memory] events on device {} ({}); devices with events: {}",
+                key.1,
+                device_label(key),
+                present()
+            ))
+        }
+    };
+    let wanted = if options.cpu {
+        Some(CPU)
+    } else {
+        options.device_type
+    };
+    match (wanted, options.device) {
+        (Some(CPU), _) => {
+            if per_device.contains_key(&(CPU, -1)) {
+                Ok((CPU, -1))
+            } else {
+                Err(format!(
+                    "no CPU [memory] events (Device Type 0) to replay; devices with events: {}",
+                    present()
+                ))
+            }
+        }
+        (Some(t), Some(d)) => exactly((t, i64::from(d))),
+        (Some(t), None) => {
+            busiest(per_device.iter().filter(|(key, _)| key.0 == t)).ok_or_else(|| {
+                format!(
+                    "no [memory] events of {} (Device Type {t}); devices with events: {}",
+                    type_name(t),
+                    present()
+                )
+            })
+        }
+        (None, Some(d)) => {
+            let types: std::collections::BTreeSet<i64> =
+                accelerators().map(|(key, _)| key.0).collect();
+            match types.iter().next() {
+                Some(&t) if types.len() == 1 => exactly((t, i64::from(d))),
+                Some(&t) => Err(format!(
+                    "device {d} is ambiguous: [memory] events of {} device types ({}); name \
+                     the type with the ordinal, like {}:{d}",
+                    types.len(),
+                    device_list(accelerators()),
+                    type_name(t)
+                )),
+                None => Err(format!(
+                    "no GPU [memory] events (device {d} asked for); devices with events: {}",
+                    present()
+                )),
+            }
+        }
+        (None, None) => busiest(accelerators()).ok_or_else(|| {
+            let found = match per_device.get(&(CPU, -1)) {
+                Some(n) => format!(
+                    "[memory] events of the CPU only ({n} events, Device Type 0), no GPU's: \
+                     the CPU's are replayed only when asked for, with --trace-device cpu \
+                     (Options::cpu): an eager step allocates the same tensors on a GPU, but \
+                     the memory live before the window is unknown (--baseline SIZE)"
+                ),
+                None if memory_events == 0 => "no [memory] events at all: was the profiler \
+                                                run with profile_memory=True?"
+                    .to_string(),
+                None if per_device.is_empty() => {
+                    "no [memory] event names its device (Device Type)".to_string()
+                }
+                None => format!("[memory] events of no GPU: {}", present()),
+            };
+            format!("nothing to replay among {events_seen} trace events: {found}")
+        }),
+    }
 }
 
 #[cfg(test)]
