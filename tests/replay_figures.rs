@@ -80,6 +80,14 @@ fn row<'a>(out: &'a str, strategy: &str) -> &'a str {
         .unwrap_or_else(|| panic!("no row for {strategy}: {out}"))
 }
 
+/// The "refused" cell of a table row: the 8th and 9th words (strategy, peak live and peak
+/// reserved as number and unit, util., OOMs, then refused as number and unit).
+fn refused_cell(line: &str) -> String {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    assert!(words.len() > 8, "{line}");
+    format!("{} {}", words[7], words[8])
+}
+
 /// The results of the first trace of a `--json` replay, by strategy name.
 fn results(v: &serde_json::Value) -> Vec<serde_json::Value> {
     v["traces"][0]["results"].as_array().unwrap().clone()
@@ -197,6 +205,7 @@ fn a_replay_that_ran_out_reports_served_over_reserved(
     );
     assert_eq!(r["peak_served"], 4 * MIB, "{r}");
     assert_eq!(r["refused_bytes"], 4 * MIB, "{r}");
+    assert_eq!(r["peak_refused"], 4 * MIB, "{r}");
     assert_eq!(r["peak_reserved"], reserved, "{r}");
     let utilisation = r["utilisation"].as_f64().unwrap();
     let expected = (4 * MIB) as f64 / reserved as f64;
@@ -208,11 +217,56 @@ fn a_replay_that_ran_out_reports_served_over_reserved(
     let line = row(&out, strategy);
     let percent = format!("{:.1}%", expected * 100.0);
     assert!(line.contains(&percent), "{percent} in {line}");
-    assert!(line.contains("4.00 MiB"), "the refused bytes: {line}");
+    assert_eq!(refused_cell(line), "4.00 MiB", "{line}");
     assert!(
         out.contains("util. is peak served ÷ peak reserved"),
         "{out}"
     );
+    std::fs::remove_dir_all(dir).ok();
+}
+
+/// The refused bytes beside utilisation are the most refused at once, not the sum over the
+/// run: with 4 MiB served throughout (limit 4 MiB), a 4 MiB request refused and freed, then
+/// another refused and freed, sums to 8 MiB refused but never more than 4 MiB at once; the
+/// demand peaks at 4 + 4 = 8 MiB.
+#[test]
+fn the_refused_demand_is_its_peak_and_its_sum() {
+    let dir = temp_dir("refused");
+    let path = write_trace(
+        &dir,
+        "t.jsonl",
+        &[
+            ("a", 1, 4 * MIB),
+            ("a", 2, 4 * MIB),
+            ("f", 2, 4 * MIB),
+            ("a", 3, 4 * MIB),
+            ("f", 3, 4 * MIB),
+            ("f", 1, 4 * MIB),
+        ],
+    );
+    let args = [
+        "replay",
+        path.as_str(),
+        "--capacity",
+        "8MiB",
+        "--fraction",
+        "0.5",
+        "--strategies",
+        "platform",
+    ];
+    let mut json_args = args.to_vec();
+    json_args.push("--json");
+    let v = portalloc_json(&json_args, &[]);
+    let r = &results(&v)[0];
+    assert_eq!(r["oom_count"], 2, "{r}");
+    assert_eq!(r["refused_bytes"], 8 * MIB, "{r}");
+    assert_eq!(r["peak_refused"], 4 * MIB, "{r}");
+    assert_eq!(r["peak_live"], 8 * MIB, "{r}");
+    assert_eq!(r["peak_served"], 4 * MIB, "{r}");
+    let (ok, out, err) = portalloc(&args, &[]);
+    assert!(ok, "{err}");
+    let line = row(&out, "platform");
+    assert_eq!(refused_cell(line), "4.00 MiB", "{line}");
     std::fs::remove_dir_all(dir).ok();
 }
 

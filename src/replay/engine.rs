@@ -306,6 +306,9 @@ pub struct ReplayResult {
     pub oom_count: u64,
     /// Bytes of those refused allocations, summed: the demand the allocator did not serve.
     pub refused_bytes: u64,
+    /// The most bytes refused and still wanted at once (a refused request counts until its
+    /// free): what the demand exceeded what was served by, at worst; 0 without a refusal.
+    pub peak_refused: u64,
     /// The first of them.
     pub first_failure: Option<Failure>,
     /// Device calls that take or return memory.
@@ -383,19 +386,12 @@ pub fn replay(
     // The blocks held to the end first, at the bottom of the pool, as a program allocates
     // its weights before the step that frees the rest; their ids count down from the top of
     // the id space, which importers (numbering 1, 2, …) never reach.
-    if std::env::var_os("PW_FREED_FIRST").is_some() {
-    for &(id, size) in &baseline.freed_in_window {
-        run.allocate(None, id, size, Stream::DEFAULT, "baseline")?;
-    }
-    }
     for (k, &size) in baseline.held_blocks.iter().enumerate() {
         let id = u64::MAX - k as u64;
         run.allocate(None, id, size, Stream::DEFAULT, "baseline")?;
     }
-    if std::env::var_os("PW_FREED_FIRST").is_none() {
     for &(id, size) in &baseline.freed_in_window {
         run.allocate(None, id, size, Stream::DEFAULT, "baseline")?;
-    }
     }
     let header = input.header();
     let started = Instant::now();
@@ -457,6 +453,7 @@ pub fn replay(
         },
         oom_count: run.oom_count,
         refused_bytes: run.refused_bytes,
+        peak_refused: run.peak_refused,
         first_failure: run.first_failure.take(),
         device_calls: device.counts().memory_calls(),
         ns_per_event: if index == 0 {
@@ -495,6 +492,8 @@ struct Run<'a> {
     oom_count: u64,
     /// Bytes of the refused requests, summed.
     refused_bytes: u64,
+    /// The most of `failed_bytes` at once.
+    peak_refused: u64,
     first_failure: Option<Failure>,
     skipped_frees: u64,
     unknown_frees: u64,
@@ -528,6 +527,7 @@ impl<'a> Run<'a> {
             peak_served: 0,
             oom_count: 0,
             refused_bytes: 0,
+            peak_refused: 0,
             first_failure: None,
             skipped_frees: 0,
             unknown_frees: 0,
@@ -593,6 +593,7 @@ impl<'a> Run<'a> {
         let demand = self.live_bytes + self.failed_bytes;
         self.peak_live = self.peak_live.max(demand);
         self.peak_served = self.peak_served.max(self.live_bytes);
+        self.peak_refused = self.peak_refused.max(self.failed_bytes);
         self.bucket_peak = self.bucket_peak.max(demand);
         outcome
     }
@@ -625,6 +626,7 @@ impl<'a> Run<'a> {
         let demand = self.live_bytes + self.failed_bytes;
         self.peak_live = self.peak_live.max(demand);
         self.peak_served = self.peak_served.max(self.live_bytes);
+        self.peak_refused = self.peak_refused.max(self.failed_bytes);
         self.bucket_peak = self.bucket_peak.max(demand);
     }
 

@@ -746,7 +746,7 @@ fn print_report(r: &TraceReport) {
                 let refused = if x.oom_count == 0 {
                     "-".to_string()
                 } else {
-                    human(x.refused_bytes)
+                    human(x.peak_refused)
                 };
                 print!(
                     "   {:<9} {:>11} {:>13} {:>6.1}% {:>6} {:>11} {:>12} {:>9} {:>9.0}",
@@ -784,7 +784,7 @@ fn print_report(r: &TraceReport) {
     {
         println!(
             "   util. is peak served ÷ peak reserved; peak live is the demand, the refused \
-             requests included"
+             requests included; refused: the most bytes refused and still wanted at once"
         );
     }
     let ratio_dashed = r.results.iter().any(|s| {
