@@ -109,6 +109,20 @@ impl Reader {
             line_no: 1,
             buf,
             last_seq: None,
+        // The blocks known from before the window are part of the baseline: more than it
+        // is a header that contradicts itself.
+        let known = header
+            .pre_window_blocks
+            .iter()
+            .try_fold(0u64, |sum, &b| sum.checked_add(b));
+        if known.map_or(true, |k| k > header.baseline_bytes) {
+            return Err(trace_error(format!(
+                "{origin}: line 1: pre_window_blocks ({} sizes) sum to more than baseline_bytes \
+                 ({} bytes): they are part of it",
+                header.pre_window_blocks.len(),
+                header.baseline_bytes
+            )));
+        }
             event_lines: 0,
             ended: false,
             done: false,

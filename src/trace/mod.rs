@@ -186,6 +186,13 @@ pub struct TraceHeader {
     /// A free of an id never allocated in the trace releases part of it.
     #[serde(default)]
     pub baseline_bytes: u64,
+    /// The sizes of the allocations from before the window known one by one and live to its
+    /// end (never freed in it): a snapshot's blocks live at dump time that the window did not
+    /// allocate. Part of `baseline_bytes`; replay makes each its own block, and models the
+    /// rest of the baseline that no free in the window accounts for as memory of unknown
+    /// shape (see `replay::Baseline`). Empty when the source tells no more than a total.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pre_window_blocks: Vec<u64>,
     /// Figures the recording allocator reported, when the source carries them.
     #[serde(default)]
     pub reference: Option<Reference>,
@@ -206,6 +213,7 @@ impl TraceHeader {
             source: source.into(),
             device: None,
             baseline_bytes: 0,
+            pre_window_blocks: Vec::new(),
             reference: None,
             tags: Vec::new(),
             notes: Vec::new(),

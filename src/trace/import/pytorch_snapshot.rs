@@ -26,6 +26,8 @@
 //! [`Options::device`]: crate::trace::Options::device
 //! [`AnomalyKind::AllocFailure`]: crate::trace::AnomalyKind::AllocFailure
 
+use rustc_hash::FxHashSet;
+
 use super::pickle::{self, KeyMemo, Limits, PickleError, Seq, Val};
 use super::{us_to_ns, Attrs, Emitter};
 use crate::error::{Error, Result};
@@ -187,6 +189,29 @@ fn import(pickle: &pickle::Pickle, origin: &str, options: &Options) -> Result<Ve
         )));
     }
     let traces = get_list(origin, root, "device_traces")?.ok_or_else(|| {
+/// The requested sizes of the blocks live at dump time (`live_blocks`: `(address, bytes)`)
+/// that the window did not leave live (`window_live`): memory from before the window, known
+/// one by one. Blocks of 0 bytes are dropped; a block without an address is left to the part
+/// of unknown shape (nothing tells whether the window allocated it). At most `baseline` bytes in all, taken in order: more
+/// would contradict the trace's net, and what they do not cover stays of unknown shape.
+fn pre_window_blocks(
+    live_blocks: &[(Option<u64>, u64)],
+    window_live: &FxHashSet<u64>,
+    baseline: u64,
+) -> Vec<u64> {
+    let mut left = baseline;
+    let mut blocks = Vec::new();
+    for &(address, bytes) in live_blocks {
+        let Some(address) = address else { continue };
+        if bytes == 0 || window_live.contains(&address) || bytes > left {
+            continue;
+        }
+        left -= bytes;
+        blocks.push(bytes);
+    }
+    blocks
+}
+
         trace_error(format!(
             "{origin}: the snapshot has no device_traces list (was torch.cuda.memory._record_memory_history enabled?)"
         ))
@@ -288,6 +313,7 @@ fn import(pickle: &pickle::Pickle, origin: &str, options: &Options) -> Result<Ve
     };
     let mut net: i128 = 0;
     let mut walked = 0u64;
+    let mut live_blocks: Vec<(Option<u64>, u64)> = Vec::new();
     let mut kept = 0u64;
     let mut memo = KeyMemo::default();
     for (i, e) in trace
@@ -312,6 +338,8 @@ fn import(pickle: &pickle::Pickle, origin: &str, options: &Options) -> Result<Ve
         let size = size.and_then(Val::as_u64);
         match action {
             Action::Alloc => net += i128::from(size.unwrap_or(0)),
+                        let address = get_u64(origin, b, "address")?;
+                        live_blocks.push((address, requested.unwrap_or(0)));
             Action::FreeCompleted => net -= i128::from(size.unwrap_or(0)),
             Action::Oom => {}
         }
@@ -340,6 +368,10 @@ fn import(pickle: &pickle::Pickle, origin: &str, options: &Options) -> Result<Ve
     }
     let skipped = walked - kept;
 
+    // The addresses the window allocated and left live at its end (an `alloc` not followed
+    // by a `free_completed` of its address): the blocks live at dump time at the others are
+    // from before the window.
+    let mut window_live: FxHashSet<u64> = FxHashSet::default();
     let mut header = TraceHeader::new(format!("{}:{origin}", Format::PytorchSnapshot.name()));
     header.device = Some(format!("cuda:{device}"));
     header.baseline_bytes = baseline;
@@ -363,11 +395,21 @@ fn import(pickle: &pickle::Pickle, origin: &str, options: &Options) -> Result<Ve
 mod tests {
     use std::io::BufReader;
     use std::path::Path;
+        let addr = addr.and_then(Val::as_u64);
 
     use super::*;
 
     /// The real snapshots (`../shared/traces*/`, absent from a fresh clone), sorted; says
     /// which directory is missing.
+        match (action, addr) {
+            (Action::Alloc, Some(a)) => {
+                window_live.insert(a);
+            }
+            (Action::FreeCompleted, Some(a)) => {
+                window_live.remove(&a);
+            }
+            _ => {}
+        }
     fn real_snapshots() -> Vec<std::path::PathBuf> {
         let root = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("..")
@@ -386,6 +428,7 @@ mod tests {
             found.extend(paths);
         }
         found
+    let pre_window_blocks = pre_window_blocks(&live_blocks, &window_live, baseline);
     }
 
     /// The real snapshots read in strict mode (every entry kept, then fed once the baseline
@@ -405,6 +448,13 @@ mod tests {
             };
             let Ok(kept) = import(&p, "real", &strict) else {
                 continue;
+    let known: u64 = pre_window_blocks.iter().sum();
+    header.notes.push(format!(
+        "of that baseline, {} blocks live at dump time that the trace did not allocate ({known} bytes) are replayed at their own sizes; the rest ({} bytes) is freed in the trace or of unknown shape",
+        pre_window_blocks.len(),
+        baseline - known
+    ));
+    header.pre_window_blocks = pre_window_blocks;
             };
             let name = path.display();
             assert_eq!(lax.events.as_slice(), kept.events.as_slice(), "{name}");
