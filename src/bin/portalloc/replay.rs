@@ -110,6 +110,10 @@ struct TraceReport {
     /// (`Baseline::assumption`), when there is such memory.
     #[serde(skip_serializing_if = "Option::is_none")]
     pre_window: Option<String>,
+    /// Bytes of the device that memory takes outside the pool (`Baseline::outside_pool`):
+    /// the allocator's limit is the fraction of the rest.
+    #[serde(skip)]
+    outside_pool: u64,
     device: DeviceSpec,
     fraction: f64,
     /// What set the fraction: `--fraction`, a variable's name, or `the default`.
@@ -296,6 +300,7 @@ pub fn run(args: ReplayArgs) -> Result<()> {
             source: label.clone(),
             header: input.header().clone(),
             pre_window: baseline.assumption(),
+            outside_pool: baseline.outside_pool(device.granularity),
             events: baseline.events,
             anomalies: anomalies.clone(),
             warning: sparse_warning(input.header(), baseline.events),
@@ -707,7 +712,16 @@ fn print_report(r: &TraceReport) {
         Bytes(r.device.granularity),
         r.fraction,
         r.fraction_source,
-        human((r.fraction * r.device.capacity as f64) as u64)
+        {
+            // The fraction applies to what the memory held outside the pool leaves.
+            let left = r.device.capacity.saturating_sub(r.outside_pool);
+            let limit = human((r.fraction * left as f64) as u64);
+            if r.outside_pool > 0 {
+                format!("{limit} (of the {} left beside it)", human(left))
+            } else {
+                limit
+            }
+        }
     );
     if !r.anomalies.is_empty() {
         println!("   anomalies: {}", r.anomalies.trim());
