@@ -1257,7 +1257,7 @@ fn trace_error_of(bytes: Vec<u8>) -> String {
 #[test_case(pickle(&[&[0x8c, 2][..], &[0xff, 0xfe]].concat()), &["not UTF-8"] ; "string not utf8")]
 #[test_case([&pickle(&alloc_entry())[..], b"N"].concat(), &["bytes follow the end of the pickle"] ; "trailing bytes")]
 #[test_case(pickle(b"]K\x01K\x02\x86a"), &["a valid pickle, but of a list", "torch.cuda.memory._dump_snapshot"] ; "valid pickle of a list")]
-#[test_case(pickle(&alloc_entry()), &["no device_traces"] ; "valid pickle of another dict")]
+#[test_case(pickle(&alloc_entry()), &["a dict with the keys \"action\", \"addr\", \"size\"", "its keys are segments, device_traces"] ; "valid pickle of another dict")]
 fn hostile_pickle_is_a_trace_error_that_says_why(bytes: Vec<u8>, expected: &[&str]) {
     let e = trace_error_of(bytes);
     assert!(e.contains("bad.pickle: "), "{e}");

@@ -76,11 +76,20 @@ impl Reader {
                 "{origin}: line 1: empty file, expected a portalloc-trace header"
             )));
         }
-        let header: TraceHeader = serde_json::from_str(buf.trim()).map_err(|e| {
-            trace_error(format!(
-                "{origin}: line 1: not a portalloc-trace header: {e}"
-            ))
-        })?;
+        // A byte-order mark is no part of the header (`open` skips it already).
+        let text = buf.trim().trim_start_matches('\u{feff}');
+        let header: TraceHeader =
+            serde_json::from_str(text).map_err(|e| match integer_out_of_range(text) {
+                Some((key, number)) => trace_error(format!(
+                    "{origin}: line 1: header field {} is {}, out of range: at most {}",
+                    excerpt(&key),
+                    excerpt(&number),
+                    u64::MAX
+                )),
+                None => trace_error(format!(
+                    "{origin}: line 1: not a portalloc-trace header: {e}"
+                )),
+            })?;
         if header.format != FORMAT_NAME {
             return Err(trace_error(format!(
                 "{origin}: line 1: format is {:?}, expected {FORMAT_NAME:?}",
@@ -100,15 +109,6 @@ impl Reader {
                 u16::MAX
             )));
         }
-        let tracker = Tracker::new(Keying::Ids, strict, origin, header.baseline_bytes);
-        Ok(Reader {
-            input,
-            origin: origin.to_string(),
-            header,
-            tracker,
-            line_no: 1,
-            buf,
-            last_seq: None,
         // The blocks known from before the window are part of the baseline: more than it
         // is a header that contradicts itself.
         let known = header
@@ -123,6 +123,15 @@ impl Reader {
                 header.baseline_bytes
             )));
         }
+        let tracker = Tracker::new(Keying::Ids, strict, origin, header.baseline_bytes);
+        Ok(Reader {
+            input,
+            origin: origin.to_string(),
+            header,
+            tracker,
+            line_no: 1,
+            buf,
+            last_seq: None,
             event_lines: 0,
             ended: false,
             done: false,
@@ -157,6 +166,14 @@ impl Reader {
             }
             if self.ended {
                 return Err(self.err("text after the end line"));
+            }
+            if text.starts_with('{') && complete && !names_end(text) && is_json_object(text) {
+                return Err(self.err(format_args!(
+                    "the line holds a JSON object that is not the end line: an event is an array \
+                     [seq,time_ns,thread,stream,\"a\"|\"f\",id,size(,tag)] (no object holds an op), \
+                     the end line {{\"end\":{{\"events\":N}}}}; got {}",
+                    excerpt(text)
+                )));
             }
             if text.starts_with('{') {
                 let end: End = serde_json::from_str(text).map_err(|e| {
@@ -223,6 +240,62 @@ impl Reader {
 }
 
 streaming_trace_source!(Reader, anomalies: tracker.anomalies);
+
+/// Whether `text` is one well-formed JSON object (read without building it).
+fn is_json_object(text: &str) -> bool {
+    serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok()
+}
+
+/// Whether the object on `text` starts with the key `"end"`, as the end line does.
+fn names_end(text: &str) -> bool {
+    text.strip_prefix('{')
+        .is_some_and(|t| t.trim_start().starts_with("\"end\""))
+}
+
+/// The first integer of the JSON object `text` that no `u64` holds (serde_json reads it as a
+/// float and says so, which hides what is wrong), with the key it is the value of (`""` in
+/// an array). Digits inside strings are not numbers; one with a fraction or an exponent is a
+/// float, which the header's types refuse by themselves.
+///
+/// # Time complexity
+/// O(n) for a line of n bytes.
+fn integer_out_of_range(text: &str) -> Option<(String, String)> {
+    let bytes = text.as_bytes();
+    let mut key = String::new();
+    let mut last_string = (0, 0);
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'"' => {
+                let start = i + 1;
+                i += 1;
+                while i < bytes.len() && bytes[i] != b'"' {
+                    i += if bytes[i] == b'\\' { 2 } else { 1 };
+                }
+                last_string = (start, i.min(bytes.len()));
+                i += 1;
+            }
+            b':' => {
+                key = text.get(last_string.0..last_string.1)?.to_string();
+                i += 1;
+            }
+            b'-' | b'0'..=b'9' => {
+                let start = i;
+                i += 1;
+                while i < bytes.len() && bytes[i].is_ascii_digit() {
+                    i += 1;
+                }
+                let float = matches!(bytes.get(i), Some(b'.' | b'e' | b'E'));
+                let number = &text[start..i];
+                if !float && number.parse::<u64>().is_err() && !number.starts_with('-') {
+                    return Some((key, number.to_string()));
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    None
+}
 
 fn parse_event(text: &str) -> std::result::Result<Event, String> {
     let inner = text

@@ -291,6 +291,10 @@ impl Format {
             }
             s.push_str(f.describe());
         }
+        s.push_str(
+            "; and, for `portalloc replay`, an XLA dump: its directory (XLA_FLAGS=--xla_dump_to=DIR) \
+             or one of its *-buffer-assignment.txt files",
+        );
         s
     }
 }
@@ -658,14 +662,21 @@ fn open_sized<R: Read + Send + 'static>(
     };
     let format = match options.format {
         Some(f) => f,
-        None => detect(&prefix).ok_or_else(|| {
-            trace_error(format!(
+        None => detect(&prefix).ok_or_else(|| match not_a_trace(&prefix) {
+            Some(what) => trace_error(format!("{name}: not a trace: {what}")),
+            None => trace_error(format!(
                 "{name}: unknown trace format (starts with {}); {}; or name the format explicitly",
                 show_prefix(&prefix),
                 Format::accepted()
-            ))
+            )),
         })?,
     };
+    let mut input = input;
+    if prefix.starts_with(BOM) && format != Format::PytorchSnapshot {
+        // The readers see the text itself; line numbers do not change.
+        let mut bom = [0u8; BOM.len()];
+        input.read_exact(&mut bom).map_err(|e| io_error(name, e))?;
+    }
     let input: Input = match format {
         Format::Portalloc | Format::RmmCsv | Format::LifetimesCsv => Box::new(BoundedLines {
             inner: input,
@@ -724,7 +735,7 @@ pub fn detect(prefix: &[u8]) -> Option<Format> {
     if prefix.first() == Some(&0x80) {
         return Some(Format::PytorchSnapshot);
     }
-    let text = prefix.strip_prefix(b"\xef\xbb\xbf").unwrap_or(prefix);
+    let text = prefix.strip_prefix(BOM).unwrap_or(prefix);
     let start = text.iter().position(|b| !b.is_ascii_whitespace())?;
     let text = &text[start..];
     let first_line = match text.iter().position(|&b| b == b'\n') {
@@ -739,7 +750,12 @@ pub fn detect(prefix: &[u8]) -> Option<Format> {
                 Some(Format::Kineto)
             }
         }
-        Some(b'[') => Some(Format::Kineto),
+        // A bare array of trace events: `[` then an event object (or `]`, an empty one).
+        // Other text in brackets (RMM's debug log, `[ 1234][12:00:00:…]`) is not JSON.
+        Some(b'[') => match text[1..].iter().find(|b| !b.is_ascii_whitespace()) {
+            None | Some(b'{' | b']') => Some(Format::Kineto),
+            Some(_) => None,
+        },
         _ => {
             let line = String::from_utf8_lossy(first_line);
             let cols: Vec<String> = line
@@ -760,6 +776,70 @@ pub fn detect(prefix: &[u8]) -> Option<Format> {
 
 fn contains(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)
+}
+
+/// The UTF-8 byte-order mark some editors and Windows tools put before a text file: skipped
+/// by [`detect`] and, before the reader starts, by [`open`] for every text format.
+const BOM: &[u8] = b"\xef\xbb\xbf";
+
+/// What a file that is no trace [`detect`] knows is, from its first bytes, when it is a file
+/// people give by mistake: a sentence naming it and saying what to record instead. `None`
+/// when it is nothing known.
+fn not_a_trace(prefix: &[u8]) -> Option<String> {
+    let text = prefix.strip_prefix(BOM).unwrap_or(prefix);
+    let start = text.iter().position(|b| !b.is_ascii_whitespace())?;
+    let text = &text[start..];
+    let first_line = match text.iter().position(|&b| b == b'\n') {
+        Some(n) => &text[..n],
+        None => text,
+    };
+    if import::rmm_csv::is_debug_log(first_line) {
+        return Some(import::rmm_csv::DEBUG_LOG_REFUSAL.to_string());
+    }
+    let line = String::from_utf8_lossy(first_line);
+    let line = line.trim();
+    if line.starts_with("BufferAssignment:") {
+        return Some(format!(
+            "an XLA buffer-assignment file, part of an XLA dump: `portalloc replay` reads it \
+             (and its module's other files beside it) as it reads the dump directory; \
+             trace::open reads trace files only (the library reads dumps with \
+             trace::import::xla_dump::read_path)"
+        ));
+    }
+    if line.starts_with("BufferLiveRange:") {
+        return Some(
+            "an XLA live-range file, part of an XLA dump: give `portalloc replay` the dump \
+             directory, or the module's *-buffer-assignment.txt beside it (--per-buffer reads \
+             the live ranges from there)"
+                .to_string(),
+        );
+    }
+    // `nvidia-smi --query-gpu=timestamp,name,memory.used --format=csv` (or
+    // `--query-compute-apps=pid,used_gpu_memory`): headers such as `memory.used [MiB]`.
+    let sampled = line.split(',').any(|c| {
+        let c = c.trim().trim_matches('"').to_ascii_lowercase();
+        [
+            "memory.used",
+            "memory.total",
+            "memory.free",
+            "memory.reserved",
+            "utilization.gpu",
+            "utilization.memory",
+            "used_gpu_memory",
+        ]
+        .iter()
+        .any(|q| c.starts_with(q))
+    });
+    if sampled {
+        return Some(format!(
+            "nvidia-smi's CSV output (header {}): it samples the device's memory totals over \
+             time and holds no allocations to replay; record the program's allocations instead \
+             (PyTorch: torch.cuda.memory._record_memory_history() then _dump_snapshot(path), or \
+             the profiler with profile_memory=True; RMM: rmm.mr.LoggingResourceAdaptor)",
+            excerpt(line)
+        ));
+    }
+    None
 }
 
 /// Maps source thread ids (which may exceed `u32`) to [`Event::thread`]: values that fit

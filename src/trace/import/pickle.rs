@@ -171,6 +171,18 @@ pub(crate) enum PickleError {
     },
     /// The input could not be read (a corrupt gzip stream, an I/O error).
     Io(String),
+    /// A pickle of an object of another kind than a snapshot's dict, built from a global
+    /// (a class or function: `collections.deque`, `numpy.core.multiarray._reconstruct`), that
+    /// this reader could not read to its end: what the snapshot reader has no use for
+    /// (appending to a deque, setting an item of an `OrderedDict`) is refused.
+    Foreign {
+        /// The global, `module.name`, cut and escaped as [`global_name`] gives it.
+        global: String,
+        /// Why the read stopped.
+        detail: String,
+        /// Offset of the opcode being read when it stopped.
+        offset: u64,
+    },
 }
 
 impl fmt::Display for PickleError {
@@ -194,6 +206,14 @@ impl fmt::Display for PickleError {
             }
             PickleError::Malformed { detail, offset } => write!(f, "{detail} at byte {offset}"),
             PickleError::Io(e) => write!(f, "read failed: {e}"),
+            PickleError::Foreign {
+                global,
+                detail,
+                offset,
+            } => write!(
+                f,
+                "a pickle of {global} (read up to byte {offset}, where {detail})"
+            ),
         }
     }
 }
@@ -274,6 +294,8 @@ pub(crate) struct Pickle {
     /// Bytes objects that are not UTF-8.
     raw: Vec<u8>,
     root: u32,
+    /// The global the root is built from (a call, an instance, or the global itself).
+    root_global: Option<String>,
     // Read by the tests that hold real files against the limits.
     #[cfg_attr(not(test), allow(dead_code))]
     figures: Figures,
@@ -288,6 +310,14 @@ impl Pickle {
             pickle: self,
             id: self.root,
         }
+    }
+
+    /// The global (`module.name`, cut and escaped as [`global_name`] gives it) the root was
+    /// built from: a class instantiated, a function called (`REDUCE`, `NEWOBJ`, `INST`,
+    /// `OBJ`, with the state `BUILD` set), or the global itself; `None` for plain data (every
+    /// snapshot `_dump_snapshot` writes).
+    pub(crate) fn root_global(&self) -> Option<&str> {
+        self.root_global.as_deref()
     }
 
     /// What the read used.
@@ -533,6 +563,27 @@ impl<'p> Val<'p> {
         }))
     }
 
+    /// The keys of a dict, in the pickle's order (none for another type). Counts one walk
+    /// step per pair, as [`Val::get`] does.
+    ///
+    /// # Errors
+    /// [`Limit::WalkSteps`] exceeded.
+    pub(crate) fn keys(self) -> Result<impl Iterator<Item = Val<'p>> + 'p, PickleError> {
+        let items = match self.pickle.node(self.id) {
+            Node::Seq {
+                kind: SeqKind::Dict,
+                index,
+            } => self.pickle.seq(index),
+            _ => &[],
+        };
+        self.pickle.charge(items.len() as u64 / 2)?;
+        let pickle = self.pickle;
+        Ok(items.chunks_exact(2).map(move |pair| Val {
+            pickle,
+            id: pair[0],
+        }))
+    }
+
     /// Text, or bytes that are UTF-8. O(1).
     pub(crate) fn as_str(self) -> Option<&'p str> {
         self.pickle.text_of(self.pickle.node(self.id))
@@ -674,8 +725,25 @@ pub(crate) fn read(
         stack: Vec::new(),
         marks: Vec::new(),
         figures: Figures::default(),
+        bottom: None,
     };
-    let root = r.run()?;
+    let root = match r.run() {
+        Ok(root) => root,
+        Err(PickleError::Malformed { detail, offset }) => {
+            // A pickle of another kind of object, which went wrong where a snapshot never
+            // goes: say what it is a pickle of.
+            return Err(match r.bottom_global() {
+                Some(global) => PickleError::Foreign {
+                    global: global.to_string(),
+                    detail,
+                    offset,
+                },
+                None => PickleError::Malformed { detail, offset },
+            });
+        }
+        Err(e) => return Err(e),
+    };
+    let root_global = r.bottom.take().filter(|b| b.node == root).map(|b| b.name);
     // Bytes after STOP: the file is not one pickle (the reader before refused them too).
     if r.input.fill(1).map_err(io_error)? > 0 {
         return Err(PickleError::Malformed {
@@ -693,6 +761,7 @@ pub(crate) fn read(
         text: r.text,
         raw: r.raw,
         root,
+        root_global,
         figures: r.figures,
         walk_limit: limits.walk_steps,
         walk_steps: Cell::new(0),
@@ -1039,9 +1108,79 @@ struct Reader<'a> {
     /// Stack lengths at each open MARK.
     marks: Vec<usize>,
     figures: Figures,
+    /// The object at the bottom of the stack (the one that becomes the root) when it is
+    /// built from a global, and that global's name: kept for one object only, so that naming
+    /// what a pickle is costs no memory that grows with it.
+    bottom: Option<Bottom>,
+}
+
+/// An object at the bottom of the stack and the global it is built from.
+#[derive(Debug)]
+struct Bottom {
+    /// Its node id.
+    node: u32,
+    /// `module.name`, as [`global_name`] gives it.
+    name: String,
+}
+
+/// The most characters of a global's name kept for a message.
+const GLOBAL_NAME_CHARS: usize = 80;
+
+/// `module.name` of a global, for a message: at most [`GLOBAL_NAME_CHARS`] characters (then
+/// `…` and the full length in bytes), control characters escaped, bytes that are not UTF-8
+/// replaced.
+fn global_name(module: &[u8], name: &[u8]) -> String {
+    let full = format!(
+        "{}.{}",
+        String::from_utf8_lossy(module),
+        String::from_utf8_lossy(name)
+    );
+    let mut out = String::new();
+    for c in full.chars().take(GLOBAL_NAME_CHARS) {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    if full.chars().count() > GLOBAL_NAME_CHARS {
+        out.push_str(&format!("… ({} bytes)", full.len()));
+    }
+    out
 }
 
 impl Reader<'_> {
+    /// The global the object at the bottom of the stack is built from, if it is.
+    fn bottom_global(&self) -> Option<&str> {
+        let bottom = self.bottom.as_ref()?;
+        (self.stack.first() == Some(&bottom.node)).then_some(bottom.name.as_str())
+    }
+
+    /// After a global `module.name` was pushed: remembered when it is at the bottom of the
+    /// stack.
+    fn pushed_global(&mut self, module: &[u8], name: &[u8]) {
+        if let [node] = self.stack[..] {
+            self.bottom = Some(Bottom {
+                node,
+                name: global_name(module, name),
+            });
+        }
+    }
+
+    /// Whether `popped` (a callable or an instance just popped) was the bottom object built
+    /// from a global: then what replaces it is, too ([`Reader::replaced_bottom`]).
+    fn was_bottom(&self, popped: u32) -> bool {
+        self.stack.is_empty() && self.bottom.as_ref().is_some_and(|b| b.node == popped)
+    }
+
+    /// The object now at the bottom of the stack replaces the one built from a global, when
+    /// `was` ([`Reader::was_bottom`]).
+    fn replaced_bottom(&mut self, was: bool) {
+        if let (true, Some(&node), Some(bottom)) = (was, self.stack.first(), self.bottom.as_mut()) {
+            bottom.node = node;
+        }
+    }
+
     #[cold]
     fn malformed<T>(&self, detail: impl Into<String>) -> Result<T, PickleError> {
         Err(PickleError::Malformed {
@@ -1873,8 +2012,10 @@ impl Reader<'_> {
                 let module = std::mem::take(&mut self.scratch);
                 self.read_line()?;
                 let global = global(&module, &self.scratch);
-                self.scratch = module;
                 self.push_new(Node::Global(global))?;
+                let name = std::mem::take(&mut self.scratch);
+                self.pushed_global(&module, &name);
+                self.scratch = module;
             }
             op::STACK_GLOBAL => {
                 let name = self.pop()?;
@@ -1883,40 +2024,62 @@ impl Reader<'_> {
                     return self.malformed("STACK_GLOBAL on names that are not strings");
                 };
                 let global = global(module.as_bytes(), name.as_bytes());
+                // Named only at the bottom of the stack: a copy per global otherwise.
+                let named = self
+                    .stack
+                    .is_empty()
+                    .then(|| (module.as_bytes().to_vec(), name.as_bytes().to_vec()));
                 self.push_new(Node::Global(global))?;
+                if let Some((module, name)) = named {
+                    self.pushed_global(&module, &name);
+                }
             }
             op::REDUCE => {
                 let args = self.pop()?;
                 let callable = self.pop()?;
+                let was = self.was_bottom(callable);
                 self.reduce(callable, args)?;
+                self.replaced_bottom(was);
             }
             op::NEWOBJ => {
                 self.pop()?;
-                self.pop()?;
+                let class = self.pop()?;
+                let was = self.was_bottom(class);
                 self.push_seq(SeqKind::Dict, Fill::Empty)?;
+                self.replaced_bottom(was);
             }
             op::NEWOBJ_EX => {
                 self.pop()?;
                 self.pop()?;
-                self.pop()?;
+                let class = self.pop()?;
+                let was = self.was_bottom(class);
                 self.push_seq(SeqKind::Dict, Fill::Empty)?;
+                self.replaced_bottom(was);
             }
             op::OBJ => {
                 self.pop_mark()?;
-                self.pop()?;
+                let class = self.pop()?;
+                let was = self.was_bottom(class);
                 self.push_seq(SeqKind::Dict, Fill::Empty)?;
+                self.replaced_bottom(was);
             }
             op::INST => {
                 self.read_line()?;
+                let module = std::mem::take(&mut self.scratch);
                 self.read_line()?;
                 self.pop_mark()?;
                 self.push_seq(SeqKind::Dict, Fill::Empty)?;
+                let name = std::mem::take(&mut self.scratch);
+                self.pushed_global(&module, &name);
+                self.scratch = module;
             }
             op::BUILD => {
                 // The instance becomes its state.
                 let state = self.pop()?;
-                self.pop()?;
+                let instance = self.pop()?;
+                let was = self.was_bottom(instance);
                 self.push(state)?;
+                self.replaced_bottom(was);
             }
 
             op::PERSID

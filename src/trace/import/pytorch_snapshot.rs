@@ -47,7 +47,41 @@ fn pickle_error(origin: &str, e: PickleError) -> Error {
         PickleError::Malformed { .. } | PickleError::Io(_) => trace_error(format!(
             "{origin}: not a readable snapshot pickle (truncated or corrupt?): {e}"
         )),
+        PickleError::Foreign { .. } => trace_error(format!("{origin}: {e}, {NOT_A_SNAPSHOT}")),
     }
+}
+
+/// What a pickle of something else is not.
+const NOT_A_SNAPSHOT: &str =
+    "not a PyTorch memory snapshot (a dict with segments and device_traces, as \
+     torch.cuda.memory._dump_snapshot writes it)";
+
+/// The keys of a snapshot's dict, for the message refusing a dict without them.
+const SNAPSHOT_KEYS: &str = "segments, device_traces (and allocator_settings, \
+     external_annotations in newer PyTorch)";
+
+/// The most keys of a dict a message names.
+const KEYS_SHOWN: usize = 5;
+
+/// The keys of `dict`, the first [`KEYS_SHOWN`] each cut to an excerpt, and how many more,
+/// for a message: `"a", "b", … (12 keys)`. Counts one walk step per key shown.
+fn keys_shown(origin: &str, dict: Val<'_>) -> Result<String> {
+    let mut shown = Vec::new();
+    let mut total = 0;
+    for key in dict.keys().map_err(|e| pickle_error(origin, e))? {
+        total += 1;
+        if shown.len() < KEYS_SHOWN {
+            shown.push(match key.as_str() {
+                Some(text) => crate::trace::excerpt(text),
+                None => key.kind_name().to_string(),
+            });
+        }
+    }
+    Ok(match total {
+        0 => "no keys (an empty dict)".to_string(),
+        n if n <= KEYS_SHOWN => format!("the keys {}", shown.join(", ")),
+        n => format!("{n} keys: {}, …", shown.join(", ")),
+    })
 }
 
 /// Reads a dict's value at `key` (counting the walk's steps).
@@ -155,6 +189,29 @@ fn feed(emitter: &mut Emitter, e: &Entry, events: &mut Vec<Event>) -> Result<boo
     emitter.feed(loc, op, addr, size, attrs, events)
 }
 
+/// The requested sizes of the blocks live at dump time (`live_blocks`: `(address, bytes)`)
+/// that the window did not leave live (`window_live`): memory from before the window, known
+/// one by one. Blocks of 0 bytes are dropped; a block without an address is left to the part
+/// of unknown shape (nothing tells whether the window allocated it). At most `baseline` bytes in all, taken in order: more
+/// would contradict the trace's net, and what they do not cover stays of unknown shape.
+fn pre_window_blocks(
+    live_blocks: &[(Option<u64>, u64)],
+    window_live: &FxHashSet<u64>,
+    baseline: u64,
+) -> Vec<u64> {
+    let mut left = baseline;
+    let mut blocks = Vec::new();
+    for &(address, bytes) in live_blocks {
+        let Some(address) = address else { continue };
+        if bytes == 0 || window_live.contains(&address) || bytes > left {
+            continue;
+        }
+        left -= bytes;
+        blocks.push(bytes);
+    }
+    blocks
+}
+
 /// Reads a snapshot pickle and returns the chosen device's events in replay order.
 ///
 /// # Errors
@@ -181,6 +238,22 @@ pub(crate) fn read(
 /// The events of a snapshot already read.
 fn import(pickle: &pickle::Pickle, origin: &str, options: &Options) -> Result<VecSource> {
     let root = pickle.root();
+    let [segments, device_traces] = root
+        .get_all(["segments", "device_traces"])
+        .map_err(|e| pickle_error(origin, e))?;
+    // `_dump_snapshot` pickles a plain dict: an object built from a global (its state a
+    // dict with a `segments` attribute, say) is something else unless it carries traces.
+    if let (Some(global), None) = (pickle.root_global(), device_traces) {
+        return Err(trace_error(format!(
+            "{origin}: a pickle of {global}, {NOT_A_SNAPSHOT}"
+        )));
+    }
+    if root.is_dict() && segments.is_none() && device_traces.is_none() {
+        return Err(trace_error(format!(
+            "{origin}: a pickle of a dict with {}, {NOT_A_SNAPSHOT}: its keys are {SNAPSHOT_KEYS}",
+            keys_shown(origin, root)?
+        )));
+    }
     if !root.is_dict() {
         return Err(trace_error(format!(
             "{origin}: a valid pickle, but of {}, not the dict torch.cuda.memory._dump_snapshot \
@@ -188,30 +261,7 @@ fn import(pickle: &pickle::Pickle, origin: &str, options: &Options) -> Result<Ve
             root.kind_name()
         )));
     }
-    let traces = get_list(origin, root, "device_traces")?.ok_or_else(|| {
-/// The requested sizes of the blocks live at dump time (`live_blocks`: `(address, bytes)`)
-/// that the window did not leave live (`window_live`): memory from before the window, known
-/// one by one. Blocks of 0 bytes are dropped; a block without an address is left to the part
-/// of unknown shape (nothing tells whether the window allocated it). At most `baseline` bytes in all, taken in order: more
-/// would contradict the trace's net, and what they do not cover stays of unknown shape.
-fn pre_window_blocks(
-    live_blocks: &[(Option<u64>, u64)],
-    window_live: &FxHashSet<u64>,
-    baseline: u64,
-) -> Vec<u64> {
-    let mut left = baseline;
-    let mut blocks = Vec::new();
-    for &(address, bytes) in live_blocks {
-        let Some(address) = address else { continue };
-        if bytes == 0 || window_live.contains(&address) || bytes > left {
-            continue;
-        }
-        left -= bytes;
-        blocks.push(bytes);
-    }
-    blocks
-}
-
+    let traces = device_traces.and_then(Val::as_list).ok_or_else(|| {
         trace_error(format!(
             "{origin}: the snapshot has no device_traces list (was torch.cuda.memory._record_memory_history enabled?)"
         ))
@@ -258,8 +308,12 @@ fn pre_window_blocks(
         None => None,
     };
 
-    // Live at dump time and reserved, from the segments of this device.
+    // Live at dump time and reserved, from the segments of this device; and each block live
+    // at dump time, `(address, requested bytes)`, in the segments' order: those the window
+    // did not allocate are memory from before it, known one by one. As many as the pickle's
+    // limits let the file hold values.
     let mut live_at_dump: u128 = 0;
+    let mut live_blocks: Vec<(Option<u64>, u64)> = Vec::new();
     let mut reserved: u128 = 0;
     let mut segments = 0u64;
     if let Some(list) = get_list(origin, root, "segments")? {
@@ -284,6 +338,8 @@ fn pre_window_blocks(
                             None => get_u64(origin, b, "size")?,
                         };
                         live_at_dump += u128::from(requested.unwrap_or(0));
+                        let address = get_u64(origin, b, "address")?;
+                        live_blocks.push((address, requested.unwrap_or(0)));
                     }
                 }
             }
@@ -312,8 +368,11 @@ fn pre_window_blocks(
         Vec::with_capacity(room)
     };
     let mut net: i128 = 0;
+    // The addresses the window allocated and left live at its end (an `alloc` not followed
+    // by a `free_completed` of its address): the blocks live at dump time at the others are
+    // from before the window.
+    let mut window_live: FxHashSet<u64> = FxHashSet::default();
     let mut walked = 0u64;
-    let mut live_blocks: Vec<(Option<u64>, u64)> = Vec::new();
     let mut kept = 0u64;
     let mut memo = KeyMemo::default();
     for (i, e) in trace
@@ -336,17 +395,25 @@ fn pre_window_blocks(
         };
         kept += 1;
         let size = size.and_then(Val::as_u64);
+        let addr = addr.and_then(Val::as_u64);
         match action {
             Action::Alloc => net += i128::from(size.unwrap_or(0)),
-                        let address = get_u64(origin, b, "address")?;
-                        live_blocks.push((address, requested.unwrap_or(0)));
             Action::FreeCompleted => net -= i128::from(size.unwrap_or(0)),
             Action::Oom => {}
+        }
+        match (action, addr) {
+            (Action::Alloc, Some(a)) => {
+                window_live.insert(a);
+            }
+            (Action::FreeCompleted, Some(a)) => {
+                window_live.remove(&a);
+            }
+            _ => {}
         }
         let entry = Entry {
             position: i as u64,
             action,
-            addr: addr.and_then(Val::as_u64),
+            addr,
             size,
             time_ns: time_us.and_then(Val::as_f64).map(us_to_ns).unwrap_or(0),
             stream: stream.and_then(Val::as_u64).unwrap_or(0),
@@ -361,6 +428,7 @@ fn pre_window_blocks(
         entries.push(entry);
     }
     let baseline = u64::try_from((live_at_dump as i128 - net).max(0)).unwrap_or(u64::MAX);
+    let pre_window_blocks = pre_window_blocks(&live_blocks, &window_live, baseline);
     emitter.tracker.set_baseline(baseline);
     for e in &entries {
         // The baseline is set: every entry is fed.
@@ -368,10 +436,6 @@ fn pre_window_blocks(
     }
     let skipped = walked - kept;
 
-    // The addresses the window allocated and left live at its end (an `alloc` not followed
-    // by a `free_completed` of its address): the blocks live at dump time at the others are
-    // from before the window.
-    let mut window_live: FxHashSet<u64> = FxHashSet::default();
     let mut header = TraceHeader::new(format!("{}:{origin}", Format::PytorchSnapshot.name()));
     header.device = Some(format!("cuda:{device}"));
     header.baseline_bytes = baseline;
@@ -384,6 +448,13 @@ fn pre_window_blocks(
         "alloc and free_completed of device_traces[{device}] ({} devices traced); {skipped} other entries skipped; baseline = requested bytes of the active_allocated and active_pending_free blocks at dump ({live_at_dump} bytes) - net of the trace ({net} bytes)",
         traces.len()
     ));
+    let known: u64 = pre_window_blocks.iter().sum();
+    header.notes.push(format!(
+        "of that baseline, {} blocks live at dump time that the trace did not allocate ({known} bytes) are replayed at their own sizes; the rest ({} bytes) is freed in the trace or of unknown shape",
+        pre_window_blocks.len(),
+        baseline - known
+    ));
+    header.pre_window_blocks = pre_window_blocks;
     Ok(VecSource {
         header,
         anomalies: emitter.tracker.anomalies,
@@ -395,21 +466,11 @@ fn pre_window_blocks(
 mod tests {
     use std::io::BufReader;
     use std::path::Path;
-        let addr = addr.and_then(Val::as_u64);
 
     use super::*;
 
     /// The real snapshots (`../shared/traces*/`, absent from a fresh clone), sorted; says
     /// which directory is missing.
-        match (action, addr) {
-            (Action::Alloc, Some(a)) => {
-                window_live.insert(a);
-            }
-            (Action::FreeCompleted, Some(a)) => {
-                window_live.remove(&a);
-            }
-            _ => {}
-        }
     fn real_snapshots() -> Vec<std::path::PathBuf> {
         let root = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("..")
@@ -428,7 +489,6 @@ mod tests {
             found.extend(paths);
         }
         found
-    let pre_window_blocks = pre_window_blocks(&live_blocks, &window_live, baseline);
     }
 
     /// The real snapshots read in strict mode (every entry kept, then fed once the baseline
@@ -448,13 +508,6 @@ mod tests {
             };
             let Ok(kept) = import(&p, "real", &strict) else {
                 continue;
-    let known: u64 = pre_window_blocks.iter().sum();
-    header.notes.push(format!(
-        "of that baseline, {} blocks live at dump time that the trace did not allocate ({known} bytes) are replayed at their own sizes; the rest ({} bytes) is freed in the trace or of unknown shape",
-        pre_window_blocks.len(),
-        baseline - known
-    ));
-    header.pre_window_blocks = pre_window_blocks;
             };
             let name = path.display();
             assert_eq!(lax.events.as_slice(), kept.events.as_slice(), "{name}");

@@ -39,6 +39,37 @@ struct Cols {
 
 const NS_PER_DAY: u64 = 86_400 * 1_000_000_000;
 
+/// What a file is that holds RMM's debug log rather than its CSV event log, and what to
+/// record instead.
+pub(crate) const DEBUG_LOG_REFUSAL: &str =
+    "RMM's debug log (lines like `[ 1234][12:00:00:123456][info  ] …`, \
+     as RMM_DEBUG_LOG_FILE receives them), not its CSV event log: use \
+     rmm.mr.LoggingResourceAdaptor(upstream, log_file_name=\"rmm_log.csv\") (C++: \
+     rmm::mr::logging_resource_adaptor), whose CSV starts Thread,Time,Action,Pointer,Size,Stream";
+
+/// Whether `first_line` (a file's first line, leading blanks removed) is a line of a log in
+/// spdlog's bracketed pattern, as RMM's debug logger writes it: `[%6t][%H:%M:%S:%f][%-6l] %v`
+/// (`[ 1234][12:00:00:123456][info  ] …`), or spdlog's default `[%Y-%m-%d %H:%M:%S.%e] [%l] %v`
+/// (`[2024-01-01 12:00:00.000] [info] …`): `[`, optional spaces, a digit, and a second
+/// bracketed field right after the first.
+pub(crate) fn is_debug_log(first_line: &[u8]) -> bool {
+    let Some(rest) = first_line.strip_prefix(b"[") else {
+        return false;
+    };
+    if !rest
+        .iter()
+        .find(|&&b| b != b' ')
+        .is_some_and(u8::is_ascii_digit)
+    {
+        return false;
+    }
+    let Some(close) = rest.iter().position(|&b| b == b']') else {
+        return false;
+    };
+    let after = &rest[close + 1..];
+    after.starts_with(b"[") || after.starts_with(b" [")
+}
+
 /// Streaming reader of an RMM log.
 pub struct RmmCsvReader {
     records: csv::StringRecordsIntoIter<Input>,
@@ -68,6 +99,12 @@ impl RmmCsvReader {
     pub fn new(input: Input, origin: &str, options: &Options) -> Result<Self> {
         let mut rdr = csv_reader(input);
         let names = rdr.headers().map_err(|e| csv_error(origin, &e))?.clone();
+        let joined = names.iter().collect::<Vec<_>>().join(",");
+        if is_debug_log(joined.trim_start_matches('\u{feff}').as_bytes()) {
+            return Err(trace_error(format!(
+                "{origin}: line 1: not an RMM CSV: {DEBUG_LOG_REFUSAL}"
+            )));
+        }
         let find = |want: &str| -> Result<usize> {
             csv_column(&names, want).ok_or_else(|| {
                     trace_error(format!(

@@ -620,7 +620,47 @@ fn module_name(file: &str) -> String {
 /// `--module`, or the chosen files are malformed (see [`BufferAssignment::parse`]); `steps`
 /// is 0 or above [`MAX_XLA_STEPS`].
 pub fn read_dir(dir: &Path, options: &XlaOptions) -> Result<XlaModule> {
-    let shown = dir.display().to_string();
+    read_dump(dir, None, options)
+}
+
+/// Whether `path` names a buffer-assignment file of an XLA dump (its name ends with
+/// [`BUFFER_ASSIGNMENT_SUFFIX`]; whatever it holds).
+pub fn is_buffer_assignment_file(path: &Path) -> bool {
+    path.file_name().is_some_and(|n| {
+        n.as_encoded_bytes()
+            .ends_with(BUFFER_ASSIGNMENT_SUFFIX.as_bytes())
+    })
+}
+
+/// Reads an XLA dump given as its directory ([`read_dir`]) or as one of its
+/// buffer-assignment files: that file's module, with the module's other files beside it
+/// (`*-live-range.txt` for [`XlaOptions::per_buffer`]), as [`read_dir`] reads a module it
+/// picked.
+///
+/// # Errors
+/// As [`read_dir`]; `path` is neither a directory nor a regular file named
+/// `*-buffer-assignment.txt`.
+pub fn read_path(path: &Path, options: &XlaOptions) -> Result<XlaModule> {
+    let shown = || excerpt(&path.display().to_string());
+    let meta = std::fs::metadata(path)
+        .map_err(|e| trace_error(format!("cannot open {}: {e}", shown())))?;
+    if meta.is_dir() {
+        return read_dir(path, options);
+    }
+    if !meta.is_file() || !is_buffer_assignment_file(path) {
+        return Err(trace_error(format!(
+            "{}: not an XLA dump: give its directory (XLA_FLAGS=--xla_dump_to=DIR) or one of its \
+             regular files named *{BUFFER_ASSIGNMENT_SUFFIX}",
+            shown()
+        )));
+    }
+    let dir = path.parent().unwrap_or(Path::new("."));
+    read_dump(dir, Some(path), options)
+}
+
+/// [`read_dir`] of `dir`, or of the one buffer-assignment file `lone` in it.
+fn read_dump(dir: &Path, lone: Option<&Path>, options: &XlaOptions) -> Result<XlaModule> {
+    let shown = lone.unwrap_or(dir).display().to_string();
     if options.per_buffer && options.steps != 1 {
         return Err(trace_error(format!(
             "--steps {} with --per-buffer: a per-buffer replay is one execution",
@@ -633,10 +673,21 @@ pub fn read_dir(dir: &Path, options: &XlaOptions) -> Result<XlaModule> {
             options.steps
         )));
     }
-    let entries =
-        std::fs::read_dir(dir).map_err(|e| trace_error(format!("cannot read {shown}: {e}")))?;
-    let mut files = Vec::new();
-    for entry in entries {
+    // A lone file is its module: the directory is not listed.
+    let entries = match lone {
+        Some(_) => None,
+        None => Some(
+            std::fs::read_dir(dir).map_err(|e| trace_error(format!("cannot read {shown}: {e}")))?,
+        ),
+    };
+    let mut files: Vec<(String, PathBuf)> = lone
+        .map(|file| {
+            let name = file.file_name().unwrap_or_default();
+            (name.to_string_lossy().into_owned(), file.to_path_buf())
+        })
+        .into_iter()
+        .collect();
+    for entry in entries.into_iter().flatten() {
         let entry = entry.map_err(|e| trace_error(format!("cannot read {shown}: {e}")))?;
         let name = entry.file_name().to_string_lossy().into_owned();
         if name.ends_with(BUFFER_ASSIGNMENT_SUFFIX) {
@@ -690,6 +741,7 @@ pub fn read_dir(dir: &Path, options: &XlaOptions) -> Result<XlaModule> {
             "module {name}: the largest of {} matching --module {want}",
             files.len()
         ),
+        None if lone.is_some() => format!("module {name}: its buffer-assignment file given"),
         None => format!("module {name}: the largest of {total} in the dump"),
     };
     header.notes.push(chosen);
