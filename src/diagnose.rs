@@ -450,9 +450,10 @@ fn growth_exhausted(cx: &OomContext<'_>, limit: u64, pool: u64, need: u64, room:
             format!("raise {v}{now}")
         }
         // A fraction given in code beats the variables: setting one would change nothing.
-        _ if hint.set_in_code() => {
-            format!("raise the fraction given to Config::builder().mem_fraction{now}")
-        }
+        _ if hint.set_in_code() => format!(
+            "raise the fraction given in code{now} (Config::builder().mem_fraction, or the C \
+             ABI's mem_fraction option), which the variables do not override"
+        ),
         _ if !hint.variables_apply() => format!(
             "raise the memory fraction{now} where the allocator is configured \
              (Config::builder().mem_fraction, or the C ABI's mem_fraction option); its \

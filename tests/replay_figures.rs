@@ -614,3 +614,48 @@ fn ignore_env_remedies_name_no_variable() {
         l.deallocate(a).unwrap();
     }
 }
+
+/// Through the C ABI: an allocator made with `ignore_env = 1` and `mem_fraction = 0.5` (64 MiB
+/// simulated host, bfc growing, limit 32 MiB) refuses 48 MiB, and `portalloc_last_error`
+/// carries the diagnosis, which names no environment variable but the option that sets the
+/// fraction.
+#[cfg(feature = "c-api")]
+#[test]
+fn the_c_abi_under_ignore_env_names_no_variable() {
+    use portalloc::capi::*;
+    use std::ffi::CStr;
+    let mut o = std::mem::MaybeUninit::<PortallocOptions>::uninit();
+    let size = std::mem::size_of::<PortallocOptions>();
+    // SAFETY: `o` is valid for writing `size` bytes.
+    let status = unsafe { portalloc_options_init(o.as_mut_ptr(), size) };
+    assert_eq!(status, PortallocStatus::Ok);
+    // SAFETY: every byte written by portalloc_options_init.
+    let mut o = unsafe { o.assume_init() };
+    o.ignore_env = 1;
+    o.strategy = c"bfc".as_ptr();
+    o.backend = c"host".as_ptr();
+    o.host_capacity = 64 * MIB;
+    o.host_simulated = 1;
+    o.mem_fraction = 0.5;
+    o.preallocate = 0;
+    let mut a = std::ptr::null_mut();
+    // SAFETY: valid options with static strings; `a` is valid for one pointer.
+    let status = unsafe { portalloc_create_sized(&o, size, &mut a) };
+    assert_eq!(status, PortallocStatus::Ok);
+    let (mut handle, mut ptr) = (0, std::ptr::null_mut());
+    // SAFETY: a live allocator and valid outputs.
+    let status =
+        unsafe { portalloc_allocate(a, 48 * MIB, 0, 0, std::ptr::null(), &mut handle, &mut ptr) };
+    assert_eq!(status, PortallocStatus::OutOfMemory);
+    // SAFETY: portalloc_last_error returns a valid NUL-terminated string.
+    let message = unsafe { CStr::from_ptr(portalloc_last_error()) }
+        .to_string_lossy()
+        .into_owned();
+    // SAFETY: the allocator made above, destroyed once.
+    unsafe { portalloc_destroy(a) };
+    assert!(message.contains("growth exhausted"), "{message}");
+    assert!(message.contains("mem_fraction option"), "{message}");
+    for variable in portalloc::config::VARIABLES {
+        assert!(!message.contains(variable), "{variable} in {message}");
+    }
+}
