@@ -370,20 +370,23 @@ fn a_bad_fraction_is_refused_naming_it(env: &[(&str, &str)], flags: &[&str], nee
 }
 
 /// The preallocation variables do not apply to replay (its strategies fix preallocation):
-/// set, they are said to be ignored rather than silently.
-#[test]
-fn a_preallocation_variable_is_said_not_to_apply() {
+/// set, they are said to be ignored rather than silently, and a value the allocator would
+/// refuse is no reason to refuse the replay. bfc still preallocates its 6 MiB limit.
+#[test_case("XLA_PYTHON_CLIENT_PREALLOCATE", "false" ; "jax variable")]
+#[test_case("PORTALLOC_PREALLOCATE", "maybe" ; "portalloc variable not a boolean")]
+fn a_preallocation_variable_is_said_not_to_apply(variable: &str, value: &str) {
     let dir = temp_dir("prealloc");
     let path = write_trace(&dir, "t.jsonl", &[("a", 1, MIB), ("f", 1, MIB)]);
-    let (ok, _, err) = portalloc(
+    let (ok, out, err) = portalloc(
         &["replay", &path, "--capacity", "8MiB", "--strategies", "bfc"],
-        &[("XLA_PYTHON_CLIENT_PREALLOCATE", "false")],
+        &[(variable, value)],
     );
     assert!(ok, "{err}");
     assert!(
-        err.contains("XLA_PYTHON_CLIENT_PREALLOCATE does not apply to replay"),
+        err.contains(&format!("{variable} does not apply to replay")),
         "{err}"
     );
+    assert!(row(&out, "bfc").contains("6.00 MiB"), "{out}");
     std::fs::remove_dir_all(dir).ok();
 }
 

@@ -385,18 +385,16 @@ impl Fraction {
     /// it, its value and what is accepted); [`Error::ConfigConflict`] for both XLA
     /// spellings set.
     fn resolve(flag: Option<f64>) -> Result<Fraction> {
-        let names: Vec<&str> = FRACTION_VARIABLES
-            .iter()
-            .chain(PREALLOCATE_VARIABLES)
-            .copied()
-            .collect();
-        let config = portalloc::Config::from_env_vars(&names)?;
+        let config = portalloc::Config::from_env_vars(FRACTION_VARIABLES)?;
         let mut warnings = config.warnings.clone();
-        if let portalloc::config::Source::Env(name) = config.preallocate.source {
-            warnings.push(format!(
-                "{name} does not apply to replay: --strategies chooses preallocation (bfc \
-                 preallocates fraction × capacity, bfc-grow grows)"
-            ));
+        // Only looked at, not parsed: a value replay does not use is no reason to refuse.
+        for name in PREALLOCATE_VARIABLES {
+            if std::env::var_os(name).is_some_and(|v| !v.is_empty()) {
+                warnings.push(format!(
+                    "{name} does not apply to replay: --strategies chooses preallocation (bfc \
+                     preallocates fraction × capacity, bfc-grow grows)"
+                ));
+            }
         }
         let (value, source) = match flag {
             Some(f) => {
