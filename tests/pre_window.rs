@@ -389,3 +389,160 @@ fn shared_traces_need_at_most_1_3_times_peak_live() {
         }
     }
 }
+
+// ------------------------------------------------------------------ the importers
+
+fn open_bytes(bytes: Vec<u8>, name: &str) -> portalloc::Result<portalloc::trace::Trace> {
+    portalloc::trace::open_reader(std::io::Cursor::new(bytes), name, &Default::default())
+}
+
+/// A snapshot small enough to derive by hand. At dump time device 0 holds, at their
+/// requested sizes: A (0x1000, 1000 B, never in the trace), B (0x2000, 2000 B, allocated by
+/// the trace and live at its end), C (0x3000, 3000 B pending free, never in the trace), an
+/// inactive block, and A' (0x5000, 0 B). The trace allocates B, allocates and frees D, and
+/// frees E (0x4000, 4000 B, allocated before it). So: baseline = live at dump (1000 + 2000 +
+/// 3000) − net (2000 + 500 − 500 − 4000) = 8000 B; blocks before the window known one by one:
+/// A and C (E is freed in the window and replayed as a free of memory from before it); none
+/// of unknown shape.
+fn small_snapshot() -> Vec<u8> {
+    use serde_pickle::{HashableValue, SerOptions, Value};
+    let s = |t: &str| Value::String(t.to_string());
+    let dict = |pairs: Vec<(&str, Value)>| {
+        Value::Dict(
+            pairs
+                .into_iter()
+                .map(|(k, v)| (HashableValue::String(k.to_string()), v))
+                .collect(),
+        )
+    };
+    let block = |address: i64, requested: i64, state: &str| {
+        dict(vec![
+            ("address", Value::I64(address)),
+            ("size", Value::I64((requested + 511) / 512 * 512)),
+            ("requested_size", Value::I64(requested)),
+            ("state", s(state)),
+        ])
+    };
+    let entry = |action: &str, addr: i64, size: i64| {
+        dict(vec![
+            ("action", s(action)),
+            ("addr", Value::I64(addr)),
+            ("size", Value::I64(size)),
+            ("stream", Value::I64(0)),
+        ])
+    };
+    let root = dict(vec![
+        (
+            "segments",
+            Value::List(vec![dict(vec![
+                ("device", Value::I64(0)),
+                ("address", Value::I64(0x1000)),
+                ("total_size", Value::I64(2 << 20)),
+                (
+                    "blocks",
+                    Value::List(vec![
+                        block(0x1000, 1000, "active_allocated"),
+                        block(0x2000, 2000, "active_allocated"),
+                        block(0x3000, 3000, "active_pending_free"),
+                        block(0x3c00, 512, "inactive"),
+                        block(0x5000, 0, "active_allocated"),
+                    ]),
+                ),
+            ])]),
+        ),
+        (
+            "device_traces",
+            Value::List(vec![Value::List(vec![
+                entry("alloc", 0x2000, 2000),
+                entry("alloc", 0x6000, 500),
+                entry("free_completed", 0x6000, 500),
+                entry("free_completed", 0x4000, 4000),
+            ])]),
+        ),
+    ]);
+    serde_pickle::value_to_vec(&root, SerOptions::new()).unwrap()
+}
+
+/// The snapshot importer carries the blocks live at dump time that the window did not
+/// allocate, at their requested sizes, in the header; replay holds them one by one and
+/// leaves nothing of unknown shape (derivation at [`small_snapshot`]).
+#[test]
+fn a_snapshots_blocks_from_before_the_window_are_carried_one_by_one() {
+    let mut t = open_bytes(small_snapshot(), "small.pickle").unwrap();
+    let header = t.header().clone();
+    assert_eq!(header.baseline_bytes, 8000);
+    assert_eq!(header.pre_window_blocks, vec![1000, 3000]);
+    assert!(
+        header.notes.iter().any(|n| n.contains("2 blocks")),
+        "{:?}",
+        header.notes
+    );
+    let events: Vec<Event> = t.by_ref().collect::<Result<_, _>>().unwrap();
+    let input = TraceInput::Events {
+        header,
+        events: Arc::new(events),
+    };
+    let b = Baseline::scan(&input).unwrap();
+    assert_eq!(
+        b.freed_in_window.iter().map(|f| f.1).collect::<Vec<_>>(),
+        vec![4000]
+    );
+    assert_eq!((b.held, b.unknown_shape), (4000, 0));
+    assert_eq!(b.held_blocks, vec![1000, 3000]);
+    assert_eq!(b.assumption(), None);
+    // Peak live: 8000 before, + 2000 (B) + 500 (D) = 10,500 B.
+    assert_eq!(
+        run(&input, ReplayStrategy::Platform, 1 << 30, 1.0).peak_live,
+        10_500
+    );
+}
+
+/// The own format carries the blocks (a field added within version 1: written only when
+/// there are some, so other traces are written byte for byte as before), reads them back,
+/// and refuses a header whose blocks sum to more than its baseline.
+#[test]
+fn the_own_format_carries_the_blocks_and_refuses_more_than_the_baseline() {
+    let mut header = TraceHeader::new("test");
+    header.baseline_bytes = 5000;
+    header.pre_window_blocks = vec![1000, 3000];
+    let events = [Event {
+        seq: 0,
+        time_ns: 0,
+        thread: 0,
+        stream: 0,
+        op: Op::Alloc,
+        id: 1,
+        size: 64,
+        tag: 0,
+    }];
+    let mut out = Vec::new();
+    portalloc::trace::export::write_portalloc(&mut out, &header, events.iter().copied().map(Ok))
+        .unwrap();
+    let text = String::from_utf8(out.clone()).unwrap();
+    assert!(
+        text.contains(r#""pre_window_blocks":[1000,3000]"#),
+        "{text}"
+    );
+    let back = open_bytes(out, "blocks.jsonl").unwrap();
+    assert_eq!(back.header().pre_window_blocks, vec![1000, 3000]);
+
+    let mut plain = Vec::new();
+    portalloc::trace::export::write_portalloc(&mut plain, &TraceHeader::new("test"), []).unwrap();
+    assert!(!String::from_utf8(plain)
+        .unwrap()
+        .contains("pre_window_blocks"));
+
+    let over = text.replace("[1000,3000]", "[1000,4001]");
+    let e = open_bytes(over.into_bytes(), "over.jsonl")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("pre_window_blocks") && e.contains("baseline_bytes") && e.contains("line 1"),
+        "{e}"
+    );
+    let wraps = text.replace("[1000,3000]", &format!("[{},{}]", u64::MAX, u64::MAX));
+    let e = open_bytes(wraps.into_bytes(), "wraps.jsonl")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("pre_window_blocks"), "{e}");
+}
