@@ -338,3 +338,43 @@ fn replay_warns_of_xla_options_given_with_a_trace_file() {
         "{err}"
     );
 }
+
+/// The seeds of the `trace_reader` fuzz target (`fuzz/corpus/trace_reader/`, the files above
+/// among them), decoded as the target decodes them (first byte: bit 7 strict, bits 0-2 the
+/// format: 0-2 sniffed, else `Format::ALL[i - 3]`, bit 6 a device), read on stable Rust
+/// with the target's invariants: an `Error::Trace` or events whose `seq` increases.
+#[test]
+fn the_trace_reader_seeds_keep_the_fuzz_targets_invariants() {
+    let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/trace_reader");
+    let mut seeds: Vec<PathBuf> = std::fs::read_dir(&corpus)
+        .expect("the corpus")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    seeds.sort();
+    assert!(seeds.iter().any(|p| p.ends_with("pickle_of_deque")));
+    for seed in seeds {
+        let data = std::fs::read(&seed).expect("a seed");
+        let Some((&mode, bytes)) = data.split_first() else {
+            continue;
+        };
+        let mut options = Options::new().with_strict(mode & 0x80 != 0);
+        options.format = match mode & 7 {
+            0..=2 => None,
+            i => Some(Format::ALL[usize::from(i - 3) % Format::ALL.len()]),
+        };
+        if mode & 0x40 != 0 {
+            options.device = Some(u32::from(mode & 0x3));
+        }
+        let read = trace::open_reader(Cursor::new(bytes.to_vec()), "fuzz", &options)
+            .and_then(|t| t.collect::<portalloc::Result<Vec<Event>>>());
+        match read {
+            Ok(events) => assert!(
+                events.windows(2).all(|w| w[0].seq < w[1].seq),
+                "{}: seq does not increase",
+                seed.display()
+            ),
+            Err(Error::Trace(m)) => assert!(m.len() <= 1100, "{}: {m:.200}", seed.display()),
+            Err(e) => panic!("{}: not a trace error: {e:?}", seed.display()),
+        }
+    }
+}

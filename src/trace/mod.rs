@@ -799,12 +799,13 @@ fn not_a_trace(prefix: &[u8]) -> Option<String> {
     let line = String::from_utf8_lossy(first_line);
     let line = line.trim();
     if line.starts_with("BufferAssignment:") {
-        return Some(format!(
+        return Some(
             "an XLA buffer-assignment file, part of an XLA dump: `portalloc replay` reads it \
              (and its module's other files beside it) as it reads the dump directory; \
              trace::open reads trace files only (the library reads dumps with \
              trace::import::xla_dump::read_path)"
-        ));
+                .to_string(),
+        );
     }
     if line.starts_with("BufferLiveRange:") {
         return Some(

@@ -28,7 +28,8 @@ pub struct ReplayArgs {
     /// Trace files: portalloc JSON lines, PyTorch snapshot pickles, Kineto JSON (gzip or
     /// not), RMM CSV, buffer-lifetime CSV. The format is detected. A directory is read as
     /// an XLA dump (XLA_FLAGS=--xla_dump_to=DIR): a module's buffer assignment, replayed as
-    /// XLA's runtime allocates for it.
+    /// XLA's runtime allocates for it; one of its *-buffer-assignment.txt files, as that
+    /// module.
     pub traces: Vec<PathBuf>,
     /// Of an XLA dump directory, the module whose file name contains NAME (default: the
     /// one needing the most bytes).

@@ -1129,22 +1129,27 @@ const GLOBAL_NAME_CHARS: usize = 80;
 /// `module.name` of a global, for a message: at most [`GLOBAL_NAME_CHARS`] characters (then
 /// `…` and the full length in bytes), control characters escaped, bytes that are not UTF-8
 /// replaced.
+///
+/// # Time complexity
+/// O([`GLOBAL_NAME_CHARS`]) whatever the lengths: a memo get pushes a long string again
+/// without paying for it, so a name is never read further than it is shown.
 fn global_name(module: &[u8], name: &[u8]) -> String {
-    let full = format!(
-        "{}.{}",
-        String::from_utf8_lossy(module),
-        String::from_utf8_lossy(name)
-    );
+    // A UTF-8 character is at most 4 bytes: enough of each part for the characters shown.
+    let head = |part: &[u8]| -> String {
+        String::from_utf8_lossy(&part[..part.len().min(4 * GLOBAL_NAME_CHARS)]).into_owned()
+    };
+    let shown = format!("{}.{}", head(module), head(name));
     let mut out = String::new();
-    for c in full.chars().take(GLOBAL_NAME_CHARS) {
+    for c in shown.chars().take(GLOBAL_NAME_CHARS) {
         if c.is_control() {
             out.extend(c.escape_default());
         } else {
             out.push(c);
         }
     }
-    if full.chars().count() > GLOBAL_NAME_CHARS {
-        out.push_str(&format!("… ({} bytes)", full.len()));
+    let bytes = module.len() + 1 + name.len();
+    if shown.chars().nth(GLOBAL_NAME_CHARS).is_some() || shown.len() < bytes {
+        out.push_str(&format!("… ({bytes} bytes)"));
     }
     out
 }
@@ -1156,14 +1161,11 @@ impl Reader<'_> {
         (self.stack.first() == Some(&bottom.node)).then_some(bottom.name.as_str())
     }
 
-    /// After a global `module.name` was pushed: remembered when it is at the bottom of the
-    /// stack.
-    fn pushed_global(&mut self, module: &[u8], name: &[u8]) {
+    /// After a global named `name` ([`global_name`]) was pushed: remembered when it is at
+    /// the bottom of the stack.
+    fn pushed_global(&mut self, name: String) {
         if let [node] = self.stack[..] {
-            self.bottom = Some(Bottom {
-                node,
-                name: global_name(module, name),
-            });
+            self.bottom = Some(Bottom { node, name });
         }
     }
 
@@ -2012,10 +2014,15 @@ impl Reader<'_> {
                 let module = std::mem::take(&mut self.scratch);
                 self.read_line()?;
                 let global = global(&module, &self.scratch);
-                self.push_new(Node::Global(global))?;
-                let name = std::mem::take(&mut self.scratch);
-                self.pushed_global(&module, &name);
+                let named = self
+                    .stack
+                    .is_empty()
+                    .then(|| global_name(&module, &self.scratch));
                 self.scratch = module;
+                self.push_new(Node::Global(global))?;
+                if let Some(name) = named {
+                    self.pushed_global(name);
+                }
             }
             op::STACK_GLOBAL => {
                 let name = self.pop()?;
@@ -2024,14 +2031,14 @@ impl Reader<'_> {
                     return self.malformed("STACK_GLOBAL on names that are not strings");
                 };
                 let global = global(module.as_bytes(), name.as_bytes());
-                // Named only at the bottom of the stack: a copy per global otherwise.
+                // Named only at the bottom of the stack: no work per global otherwise.
                 let named = self
                     .stack
                     .is_empty()
-                    .then(|| (module.as_bytes().to_vec(), name.as_bytes().to_vec()));
+                    .then(|| global_name(module.as_bytes(), name.as_bytes()));
                 self.push_new(Node::Global(global))?;
-                if let Some((module, name)) = named {
-                    self.pushed_global(&module, &name);
+                if let Some(name) = named {
+                    self.pushed_global(name);
                 }
             }
             op::REDUCE => {
@@ -2067,11 +2074,11 @@ impl Reader<'_> {
                 self.read_line()?;
                 let module = std::mem::take(&mut self.scratch);
                 self.read_line()?;
+                let name = global_name(&module, &self.scratch);
+                self.scratch = module;
                 self.pop_mark()?;
                 self.push_seq(SeqKind::Dict, Fill::Empty)?;
-                let name = std::mem::take(&mut self.scratch);
-                self.pushed_global(&module, &name);
-                self.scratch = module;
+                self.pushed_global(name);
             }
             op::BUILD => {
                 // The instance becomes its state.
@@ -3090,6 +3097,55 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// A global's name in a message is cut to [`GLOBAL_NAME_CHARS`] characters with its full
+    /// length, its control characters escaped, whatever the length of what it is cut from
+    /// (a memo get pushes a 16 MiB string again for free: the name is read no further than
+    /// it is shown).
+    #[test]
+    fn global_names_are_cut_and_escaped() {
+        assert_eq!(global_name(b"collections", b"deque"), "collections.deque");
+        assert_eq!(global_name(b"a\x1bb", b"c\x07"), "a\\u{1b}b.c\\u{7}");
+        let long = vec![b'm'; 16 << 20];
+        let shown = global_name(&long, b"deque");
+        assert_eq!(
+            shown,
+            format!(
+                "{}… ({} bytes)",
+                "m".repeat(GLOBAL_NAME_CHARS),
+                (16 << 20) + 6
+            )
+        );
+        // Cut inside a character of 4 bytes: replaced, never split.
+        let emoji = "\u{1f600}".repeat(400);
+        let shown = global_name(emoji.as_bytes(), b"x");
+        assert!(
+            shown.starts_with(&"\u{1f600}".repeat(GLOBAL_NAME_CHARS)),
+            "{shown}"
+        );
+        assert!(
+            shown.ends_with(&format!("… ({} bytes)", emoji.len() + 2)),
+            "{shown}"
+        );
+    }
+
+    /// The global the root is built from is known after the read, through a call, an
+    /// instance and its state; plain data has none. (`pickle.dumps(collections.deque(),
+    /// protocol=4)` and `pickle.dumps({}, protocol=4)`, written by CPython 3.)
+    #[test]
+    fn the_roots_global_is_named() {
+        let deque = b"\x80\x04\x95\x1c\x00\x00\x00\x00\x00\x00\x00\x8c\x0bcollections\x94\x8c\x05deque\x94\x93\x94)R\x94.";
+        let p = read(&mut &deque[..], &Limits::UNTRUSTED, None).expect("read");
+        assert_eq!(p.root_global(), Some("collections.deque"));
+        let dict = b"\x80\x04}\x94.";
+        let p = read(&mut &dict[..], &Limits::UNTRUSTED, None).expect("read");
+        assert_eq!(p.root_global(), None);
+        // A global inside the root (set() of a list) names nothing.
+        for sample in SAMPLES {
+            let p = read(&mut &sample[..], &Limits::UNTRUSTED, None).expect("read");
+            assert_eq!(p.root_global(), None);
         }
     }
 }
