@@ -690,6 +690,10 @@ pub struct MinCapacity {
 /// every strategy here up to region-size effects in growing BFC (where the figure is the
 /// smallest passing capacity the bisection met).
 ///
+/// The capacities searched are the whole device's: memory from before the window of unknown
+/// shape ([`Baseline::unknown_shape`]) takes its granules of each before the allocator is
+/// built on the rest, so the figure covers it as it covers the blocks in the pool.
+///
 /// # Errors
 /// As [`replay`].
 pub fn min_capacity(
