@@ -300,8 +300,8 @@ fn load(path: &Path) -> TraceInput {
 /// verl-pending-free:   543 blocks, 25,483,614,352 B (no history: the whole baseline)
 /// ```
 ///
-/// In each, blocks + frees = the baseline (`scripts/snapshot-oracle`): nothing is left of
-/// unknown shape.
+/// (`scripts/snapshot-oracle FILE` prints these, "before the window: …"). In each, blocks +
+/// frees = the baseline the same script prints: nothing is left of unknown shape.
 #[test_case(false, "pytorch-snapshot-gpt2-shape-eager.pickle", 227, 1_046_239_232 ; "gpt2 eager")]
 #[test_case(false, "pytorch-snapshot-gpt2-small-compiled.pickle", 225, 1_540_737_024 ; "gpt2 compiled")]
 #[test_case(true, "pytorch-snapshot-decomfl-newest.pickle", 0, 0 ; "decomfl")]
