@@ -20,6 +20,9 @@
 //! blocks in state `active_allocated` or `active_pending_free` (both hold memory at dump time)
 //! in `segments` of device `d`, minus the net of the trace (allocs − frees), floored at 0. A
 //! `free_completed` of an address not allocated in the trace frees memory from that baseline.
+//! Those blocks at an `address` the trace did not leave allocated are memory from before the
+//! window known one by one: [`TraceHeader::pre_window_blocks`], their requested sizes, which
+//! replay holds each as its own allocation.
 //! Reference: `reserved_bytes` = sum of the segments' `total_size`. Event numbers in messages
 //! are positions in `device_traces[d]`, from 1.
 //!
