@@ -9,18 +9,49 @@ use crate::error::Error;
 pub(crate) fn open_first(candidates: &[String]) -> Result<(Library, String), Error> {
     let mut failures = Vec::new();
     for candidate in candidates {
+        if let Some(refusal) = not_a_library_file(candidate) {
+            failures.push(format!("{}: {refusal}", crate::error::shown(candidate)));
+            continue;
+        }
         // SAFETY: loading a vendor driver library runs its initialisers; these are the
         // vendors' own libraries (or ones the user named), loaded the way every CUDA/HIP
         // program loads them.
         match unsafe { Library::new(candidate) } {
             Ok(library) => return Ok((library, candidate.clone())),
-            Err(e) => failures.push(format!("{candidate}: {e}")),
+            Err(e) => failures.push(format!("{}: {e}", crate::error::shown(candidate))),
         }
     }
     Err(Error::LibraryLoad {
-        library: candidates.join(", "),
+        library: candidates
+            .iter()
+            .map(|c| crate::error::shown(c))
+            .collect::<Vec<_>>()
+            .join(", "),
         reason: failures.join("; "),
     })
+}
+
+/// Why `candidate` is not even tried: a path (it names a directory) to something that exists
+/// and is not a regular file (a FIFO, whose `open` inside `dlopen` would wait for a writer
+/// for ever; a device; a directory). `None` for a regular file, a path that does not exist
+/// (the loader says so) and a bare name the loader looks up in its own directories.
+fn not_a_library_file(candidate: &str) -> Option<String> {
+    let path = std::path::Path::new(candidate);
+    if path.components().count() < 2 {
+        return None;
+    }
+    let meta = std::fs::metadata(path).ok()?;
+    if meta.is_file() {
+        return None;
+    }
+    let what = if meta.is_dir() {
+        "a directory"
+    } else {
+        "not a regular file (a FIFO, socket or device)"
+    };
+    Some(format!(
+        "refused without loading: {what}; a vendor library is a regular file (a shared object)"
+    ))
 }
 
 /// Resolves one symbol as a `T`: missing is `Err` with the loader's message.

@@ -64,7 +64,9 @@ pub enum Error {
     },
 
     /// An environment variable or builder option with a value that cannot be used.
-    #[error("{variable}={value:?} is not accepted: {accepted}")]
+    /// The variable and the value are shown cut to [`VALUE_CHARS`] characters, control
+    /// characters escaped ([`shown`]): a value can be anything the environment holds.
+    #[error("{}={} is not accepted: {accepted}", shown_name(.variable), shown(.value))]
     Config {
         /// The variable (or builder option) name.
         variable: String,
@@ -215,6 +217,44 @@ impl Error {
             value: value.into(),
             accepted: accepted.into(),
         }
+    }
+}
+
+/// The most characters of a value, path or name an error message shows: a real path or
+/// variable value fits (a long library path is about 100), and a value of any length (an
+/// environment variable, a flag, a file name) keeps the message bounded.
+pub const VALUE_CHARS: usize = 256;
+
+/// `text` cut to at most `max` characters, quoted, with control characters escaped (the
+/// quoting of `{:?}`), and `…` and the full length in bytes when cut: how a message shows
+/// text it does not control, so that it is bounded and cannot drive a terminal.
+pub fn quoted_excerpt(text: &str, max: usize) -> String {
+    let mut out: String = text.chars().take(max).collect();
+    if out.len() < text.len() {
+        out.push('…');
+        return format!("{out:?} ({} bytes)", text.len());
+    }
+    format!("{out:?}")
+}
+
+/// A value (or path) as a message shows it: [`quoted_excerpt`] to [`VALUE_CHARS`].
+pub fn shown(text: &str) -> String {
+    quoted_excerpt(text, VALUE_CHARS)
+}
+
+/// A path as a message shows it: lossy UTF-8, then [`shown`].
+pub fn shown_path(path: &std::path::Path) -> String {
+    shown(&path.to_string_lossy())
+}
+
+/// A name (a variable, a flag) as a message shows it: unquoted when it is short and plain
+/// (`PORTALLOC_FRACTION`, `--capacity`), else as [`shown`].
+fn shown_name(name: &str) -> String {
+    let plain = name.chars().count() <= VALUE_CHARS && !name.chars().any(char::is_control);
+    if plain {
+        name.to_string()
+    } else {
+        shown(name)
     }
 }
 

@@ -207,8 +207,36 @@ thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
 }
 
+/// The most characters `portalloc_last_error` gives: a message (an out-of-memory report
+/// with its diagnosis included) is a few thousand; one that quotes a value of any length is
+/// cut, with `…` and how many characters were left out.
+pub(crate) const MAX_LAST_ERROR_CHARS: usize = 16 * 1024;
+
+/// `message` as `portalloc_last_error` gives it: control characters other than a newline
+/// and a tab escaped (a message quotes the caller's text, which must not drive a terminal
+/// the program prints it to; NUL cannot be in a C string), at most
+/// [`MAX_LAST_ERROR_CHARS`] characters.
+fn bounded_message(message: &str) -> String {
+    let mut out = String::with_capacity(message.len().min(MAX_LAST_ERROR_CHARS));
+    let mut chars = 0usize;
+    for (i, c) in message.chars().enumerate() {
+        if chars >= MAX_LAST_ERROR_CHARS {
+            let left = message.chars().count() - i;
+            out.push_str(&format!("… ({left} more characters)"));
+            break;
+        }
+        if c.is_control() && c != '\n' && c != '\t' {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+        chars += 1;
+    }
+    out
+}
+
 pub(crate) fn set_last_error(message: &str) {
-    let text = CString::new(message.replace('\0', "\\0")).unwrap_or_default();
+    let text = CString::new(bounded_message(message)).unwrap_or_default();
     // `try_with`: during thread teardown the slot may be gone; then the text is dropped.
     let _ = LAST_ERROR.try_with(|e| *e.borrow_mut() = text);
 }
@@ -442,5 +470,43 @@ pub(crate) unsafe fn write_opt<T>(out: *mut T, value: T) {
     if !out.is_null() {
         // SAFETY: non-null, and the caller promises it is valid and aligned for one `T`.
         unsafe { out.write(value) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `portalloc_last_error` is bounded and escaped, whatever a message quotes: a value of
+    /// 100,000 characters holding an escape sequence and a NUL comes back cut to
+    /// `MAX_LAST_ERROR_CHARS` characters with the count left out, with no raw control
+    /// character but the newline of the message's own lines.
+    #[test]
+    fn the_last_error_is_bounded_and_escaped() {
+        let value = format!("\u{1b}[31m\0{}", "x".repeat(100_000));
+        set_last_error(&format!("bad value {value}\nsecond line"));
+        let text = last_error_text();
+        assert!(
+            text.chars().count() < MAX_LAST_ERROR_CHARS + 40,
+            "{} chars",
+            text.chars().count()
+        );
+        assert!(
+            text.starts_with("bad value \\u{1b}[31m\\u{0}x"),
+            "{:.40}",
+            text
+        );
+        assert!(
+            text.ends_with("more characters)"),
+            "{}",
+            &text[text.len() - 40..]
+        );
+        assert!(
+            !text.chars().any(|c| c.is_control() && c != '\n'),
+            "raw control"
+        );
+
+        set_last_error("out of memory\n\tdetail");
+        assert_eq!(last_error_text(), "out of memory\n\tdetail");
     }
 }

@@ -34,7 +34,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
+use crate::error::{shown_path, Error, Result};
 
 /// Implements [`Iterator`] and [`TraceSource`] for a streaming reader with a `done: bool`
 /// field, a `header: TraceHeader` field, a method `next_inner` that gives the next event
@@ -338,8 +338,14 @@ pub struct Options {
     /// ordinal. Default: any accelerator's (every type but the CPU's and its layouts).
     pub device_type: Option<i64>,
     /// The file is trusted: read snapshot pickles with 16 times the limits on untrusted files
-    /// (docs/trace-format.md), for long histories recorded with stack frames. Default false.
+    /// (docs/trace-format.md), for long histories recorded with stack frames, and up to 16
+    /// times [`MAX_INPUT_BYTES`] from a gzip stream or a file that is not a regular file.
+    /// Default false.
     pub trusted: bool,
+    /// The most bytes read from a gzip stream (inflated) or from a file that is not a
+    /// regular file, instead of [`MAX_INPUT_BYTES`] (× [`TRUSTED_INPUT_FACTOR`] when
+    /// trusted). Default `None`.
+    pub max_input_bytes: Option<u64>,
 }
 
 impl Options {
@@ -364,6 +370,23 @@ impl Options {
     pub fn with_trusted(mut self, trusted: bool) -> Self {
         self.trusted = trusted;
         self
+    }
+
+    /// Sets [`Options::max_input_bytes`].
+    pub fn with_max_input_bytes(mut self, bytes: u64) -> Self {
+        self.max_input_bytes = Some(bytes);
+        self
+    }
+
+    /// The most bytes read from a gzip stream (inflated) or a file that is not a regular
+    /// file: [`Options::max_input_bytes`], else [`MAX_INPUT_BYTES`], times
+    /// [`TRUSTED_INPUT_FACTOR`] for a trusted file.
+    pub fn input_limit(&self) -> u64 {
+        self.max_input_bytes.unwrap_or(if self.trusted {
+            MAX_INPUT_BYTES * TRUSTED_INPUT_FACTOR
+        } else {
+            MAX_INPUT_BYTES
+        })
     }
 
     /// Sets [`Options::strict`].
@@ -519,12 +542,7 @@ pub const EXCERPT_CHARS: usize = 40;
 /// `text` quoted for an error message: at most [`EXCERPT_CHARS`] characters, with `…` and
 /// the full length when cut.
 pub(crate) fn excerpt(text: &str) -> String {
-    let mut out: String = text.chars().take(EXCERPT_CHARS).collect();
-    if out.len() < text.len() {
-        out.push('…');
-        return format!("{out:?} ({} bytes)", text.len());
-    }
-    format!("{out:?}")
+    crate::error::quoted_excerpt(text, EXCERPT_CHARS)
 }
 
 /// A reader that fails as soon as a line grows past `max` bytes, so that line-oriented
@@ -594,12 +612,20 @@ const SNIFF_BYTES: u64 = 8192;
 /// formats); the header or the first records are corrupt.
 pub fn open(path: impl AsRef<Path>, options: &Options) -> Result<Trace> {
     let path = path.as_ref();
-    let file = File::open(path)
-        .map_err(|e| trace_error(format!("cannot open {}: {e}", path.display())))?;
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| path.display().to_string());
+    let cannot_open =
+        |e: std::io::Error| trace_error(format!("cannot open {}: {e}", shown_path(path)));
+    // The type first (`metadata` never blocks): a FIFO must not be opened so that `open`
+    // waits for a writer.
+    let regular = std::fs::metadata(path).map_err(cannot_open)?.is_file();
+    if !regular {
+        let (input, _) = open_bytes(path, options)?;
+        return open_sized(input, &name, options, None);
+    }
+    let file = File::open(path).map_err(cannot_open)?;
     // The size lets a reader that holds the whole file make its room up front; a size that
     // is wrong (a file still being written) costs a copy, nothing else.
     let size = file
@@ -608,6 +634,163 @@ pub fn open(path: impl AsRef<Path>, options: &Options) -> Result<Trace> {
         .filter(|m| m.is_file())
         .map(|m| m.len());
     open_sized(file, &name, options, size)
+}
+
+/// The bytes of the file at `path` as [`open`] reads them, before gzip is undone: opened
+/// without blocking on a FIFO, and bounded by [`Options::input_limit`] when the file is not
+/// a regular file. The second value: the file is a regular file (it can be read again).
+///
+/// # Errors
+/// The file cannot be opened (the message shows the path bounded and escaped).
+pub fn open_bytes(path: &Path, options: &Options) -> Result<(Box<dyn Read + Send>, bool)> {
+    let cannot_open =
+        |e: std::io::Error| trace_error(format!("cannot open {}: {e}", shown_path(path)));
+    let regular = std::fs::metadata(path).map_err(cannot_open)?.is_file();
+    if regular {
+        return Ok((Box::new(File::open(path).map_err(cannot_open)?), true));
+    }
+    let file = open_without_blocking(path).map_err(cannot_open)?;
+    let input = Capped::new(
+        Patient(file),
+        options.input_limit(),
+        options.trusted,
+        "input",
+    );
+    Ok((Box::new(input), false))
+}
+
+/// `bytes` inflated when they start as a gzip stream (bounded by
+/// [`Options::input_limit`]), else as they are; with the first bytes of the result (up to
+/// 8 KiB), from which [`detect`] tells the format.
+///
+/// # Errors
+/// The input cannot be read, or its first 8 KiB cannot be inflated.
+pub fn inflated_bytes(
+    bytes: Box<dyn Read + Send>,
+    name: &str,
+    options: &Options,
+) -> Result<(Vec<u8>, Box<dyn Read + Send>)> {
+    let (prefix, rest) = peek(bytes, name)?;
+    let stream: BoxRead = if prefix.starts_with(&[0x1f, 0x8b]) {
+        Box::new(Capped::new(
+            flate2::read::MultiGzDecoder::new(Cursor::new(prefix).chain(rest)),
+            options.input_limit(),
+            options.trusted,
+            "inflated stream",
+        ))
+    } else {
+        Box::new(Cursor::new(prefix).chain(rest))
+    };
+    let (prefix, rest) = peek(stream, name)?;
+    Ok((prefix.clone(), Box::new(Cursor::new(prefix).chain(rest))))
+}
+
+/// The most bytes read from an input the file system does not bound, untrusted: a file that
+/// is not a regular file (a pipe, a FIFO, a character device such as `/dev/zero`), and what a
+/// gzip stream inflates to (a 10 MB gzip file can hold 10 GiB of blank lines). 1 GiB: the
+/// snapshot pickle's input limit, for every format; [`Options::trusted`] raises it
+/// [`TRUSTED_INPUT_FACTOR`] times.
+pub const MAX_INPUT_BYTES: u64 = 1 << 30;
+
+/// How many times [`Options::trusted`] raises the limits on untrusted files.
+pub const TRUSTED_INPUT_FACTOR: u64 = 16;
+
+/// Opens `path` for reading without waiting for a FIFO's writer (`O_NONBLOCK`): a FIFO
+/// nobody writes to reads as empty instead of blocking `open` for ever.
+fn open_without_blocking(path: &Path) -> std::io::Result<File> {
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.custom_flags(libc::O_NONBLOCK);
+    }
+    options.open(path)
+}
+
+/// A reader over a file opened with `O_NONBLOCK` (a pipe or FIFO whose writer is slower
+/// than the reader): waits a moment and reads again where a read would block. The flag
+/// cannot be cleared without an unsafe `fcntl`, and the crate has no unsafe code here.
+struct Patient<R>(R);
+
+impl<R: Read> Read for Patient<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let mut pause = std::time::Duration::from_micros(100);
+        loop {
+            match self.0.read(buf) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(std::time::Duration::from_millis(20));
+                }
+                other => return other,
+            }
+        }
+    }
+}
+
+/// A reader that fails once its source gives more than `limit` bytes: the bound on input
+/// the file system does not bound ([`MAX_INPUT_BYTES`]).
+pub(crate) struct Capped<R> {
+    inner: R,
+    /// Bytes that may still be read.
+    left: u64,
+    limit: u64,
+    trusted: bool,
+    /// What is bounded, for the message (`input`, `inflated stream`).
+    what: &'static str,
+}
+
+impl<R: Read> Capped<R> {
+    pub(crate) fn new(inner: R, limit: u64, trusted: bool, what: &'static str) -> Self {
+        Capped {
+            inner,
+            left: limit,
+            limit,
+            trusted,
+            what,
+        }
+    }
+
+    fn over(&self) -> std::io::Error {
+        let how = if self.trusted {
+            "on trusted input".to_string()
+        } else {
+            format!(
+                "on untrusted input; --trusted-input (trace::Options::trusted) raises it to {}",
+                crate::units::Bytes(self.limit.saturating_mul(TRUSTED_INPUT_FACTOR))
+            )
+        };
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "refused: the {} exceeds the limit of {} {how} (the limits on untrusted files are in docs/trace-format.md)",
+                self.what,
+                crate::units::Bytes(self.limit)
+            ),
+        )
+    }
+}
+
+impl<R: Read> Read for Capped<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        if self.left == 0 {
+            // At the limit: the end of the input, or one byte too many.
+            let mut one = [0u8; 1];
+            return match self.inner.read(&mut one)? {
+                0 => Ok(0),
+                _ => Err(self.over()),
+            };
+        }
+        let room = usize::try_from(self.left)
+            .unwrap_or(usize::MAX)
+            .min(buf.len());
+        let n = self.inner.read(&mut buf[..room])?;
+        self.left -= n as u64;
+        Ok(n)
+    }
 }
 
 /// Like [`open`], over any reader; `name` stands for the file name in the header and in
@@ -638,7 +821,12 @@ fn open_sized<R: Read + Send + 'static>(
         // The size of what it inflates to is not known.
         size = None;
         // Inflated on a thread of its own while the importer parses (see `inflate`).
-        let gz = flate2::read::MultiGzDecoder::new(Cursor::new(prefix).chain(rest));
+        let gz = Capped::new(
+            flate2::read::MultiGzDecoder::new(Cursor::new(prefix).chain(rest)),
+            options.input_limit(),
+            options.trusted,
+            "inflated stream",
+        );
         let mut inflated = inflate::Inflated::spawn(Box::new(gz)).map_err(|e| {
             trace_error(format!(
                 "{name}: cannot start a thread to inflate the gzip stream: {e}"

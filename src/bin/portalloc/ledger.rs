@@ -8,9 +8,11 @@ use std::path::PathBuf;
 
 use clap::Args;
 use portalloc::adaptor::LedgerSnapshot;
+use portalloc::error::shown_path;
 use portalloc::units::Bytes;
 use portalloc::{Error, Result};
 use serde_json::json;
+use std::io::Read as _;
 
 #[derive(Args, Debug)]
 pub struct LedgerArgs {
@@ -28,19 +30,14 @@ pub struct LedgerArgs {
     pub json: bool,
 }
 
+/// The most bytes of a ledger snapshot `portalloc ledger` reads: 1 GiB
+/// (`trace::MAX_INPUT_BYTES`, the limit on untrusted input). A snapshot is a few hundred
+/// bytes per live allocation (more with backtraces), so this is millions of them; a larger
+/// file is refused by its size before it is read, and a pipe or device once past it.
+pub const MAX_LEDGER_BYTES: u64 = portalloc::trace::MAX_INPUT_BYTES;
+
 pub fn run(args: LedgerArgs) -> Result<()> {
-    let file = args.file.display();
-    let text = std::fs::read_to_string(&args.file).map_err(|e| Error::InvalidArgument {
-        call: "portalloc ledger",
-        reason: format!("cannot read {file}: {e}"),
-    })?;
-    let snapshot = LedgerSnapshot::from_json(&text).map_err(|e| Error::InvalidArgument {
-        call: "portalloc ledger",
-        reason: match e {
-            Error::InvalidArgument { reason, .. } => format!("{file}: {reason}"),
-            other => format!("{file}: {other}"),
-        },
-    })?;
+    let snapshot = read_snapshot(&args.file)?;
     if args.json {
         let oldest: Vec<_> = snapshot.live.iter().take(args.oldest).collect();
         let out = json!({
@@ -57,6 +54,50 @@ pub fn run(args: LedgerArgs) -> Result<()> {
         print!("{}", render(&snapshot, args.oldest, args.backtraces));
     }
     Ok(())
+}
+
+/// Reads the snapshot at `path` as it streams (memory: the snapshot, not the file), from a
+/// regular file of at most [`MAX_LEDGER_BYTES`] or from the first [`MAX_LEDGER_BYTES`] of
+/// anything else, opened without blocking on a FIFO nobody writes to.
+fn read_snapshot(path: &std::path::Path) -> Result<LedgerSnapshot> {
+    let file = shown_path(path);
+    let refused = |reason: String| Error::InvalidArgument {
+        call: "portalloc ledger",
+        reason,
+    };
+    let meta = std::fs::metadata(path).map_err(|e| refused(format!("cannot read {file}: {e}")))?;
+    if meta.is_file() && meta.len() > MAX_LEDGER_BYTES {
+        return Err(refused(format!(
+            "{file}: refused: {} bytes, more than the {} a ledger snapshot may have",
+            meta.len(),
+            Bytes(MAX_LEDGER_BYTES)
+        )));
+    }
+    let options = portalloc::trace::Options::default().with_max_input_bytes(MAX_LEDGER_BYTES);
+    let (bytes, _) = portalloc::trace::open_bytes(path, &options).map_err(|e| {
+        refused(match e {
+            Error::Trace(text) => text,
+            other => other.to_string(),
+        })
+    })?;
+    let mut input = std::io::BufReader::new(bytes);
+    // A regular file larger than it was a moment ago is cut at the limit too.
+    let mut limited = (&mut input).take(MAX_LEDGER_BYTES);
+    let parsed: std::result::Result<LedgerSnapshot, _> = serde_json::from_reader(&mut limited);
+    let read_all = limited.limit() == 0;
+    match parsed {
+        Ok(snapshot) => Ok(snapshot),
+        Err(e) if e.is_io() => Err(refused(format!("cannot read {file}: {e}"))),
+        Err(_) if read_all => Err(refused(format!(
+            "{file}: refused: more than the {} a ledger snapshot may have",
+            Bytes(MAX_LEDGER_BYTES)
+        ))),
+        // serde_json quotes whole strings of the file: the message shows a bounded part.
+        Err(e) => Err(refused(format!(
+            "{file}: not a portalloc ledger snapshot: {}",
+            portalloc::error::shown(&e.to_string())
+        ))),
+    }
 }
 
 /// The most characters of a tag the tables show: a tag is the program's text, of any length

@@ -45,7 +45,36 @@ enum Command {
     Ledger(ledger::LedgerArgs),
 }
 
+/// Ends the program quietly, with status 0, when standard output is a pipe its reader has
+/// closed (`portalloc info | head -1`): the reader has what it wanted, as `rg` and `grep`
+/// treat it (not 141, the status of death by SIGPIPE that `cargo` gives, which `set -o
+/// pipefail` scripts would take for a failure of portalloc). `println!` panics with
+/// "failed printing to stdout" on the broken pipe; every other panic keeps the default
+/// report.
+fn end_quietly_on_broken_pipe() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let text = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if is_broken_pipe_panic(text) {
+            std::process::exit(0);
+        }
+        default(info);
+    }));
+}
+
+/// The panic of `print!`/`println!` when standard output is a closed pipe.
+fn is_broken_pipe_panic(text: &str) -> bool {
+    text.starts_with("failed printing to stdout")
+        && text.to_ascii_lowercase().contains("broken pipe")
+}
+
 fn main() -> ExitCode {
+    end_quietly_on_broken_pipe();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("PORTALLOC_LOG")

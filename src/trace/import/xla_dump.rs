@@ -56,6 +56,10 @@ pub const MAX_XLA_ALLOCATIONS: usize = 1_000_000;
 pub const MAX_XLA_STEPS: u32 = 100_000;
 /// The most buffer-assignment files a dump directory may hold: 100 000.
 pub const MAX_XLA_FILES: usize = 100_000;
+/// The most events the executions of a module may make: 20 million, as a built-in workload
+/// (`replay::workload::MAX_EVENTS`): events are held in memory (48 bytes each, so at most
+/// 960 MB), and `--steps` × outputs is checked before any is made.
+pub const MAX_XLA_EVENTS: u64 = 20_000_000;
 
 /// The end of the name of a buffer-assignment file.
 pub const BUFFER_ASSIGNMENT_SUFFIX: &str = "-buffer-assignment.txt";
@@ -218,9 +222,8 @@ impl BufferAssignment {
     /// # Errors
     /// As [`BufferAssignment::parse`], and a file that cannot be opened or is too large.
     pub fn read(path: &Path) -> Result<Self> {
-        let origin = path.display().to_string();
-        let file =
-            File::open(path).map_err(|e| trace_error(format!("cannot open {origin}: {e}")))?;
+        let origin = shown_file(path);
+        let file = open_regular(path, &origin, "a buffer assignment")?;
         let len = file
             .metadata()
             .map_err(|e| trace_error(format!("cannot open {origin}: {e}")))?
@@ -255,6 +258,30 @@ impl BufferAssignment {
             }
         }
         s
+    }
+
+    /// How many events [`BufferAssignment::events`] makes for `steps` executions, counted
+    /// without making them (saturating).
+    pub fn event_count(&self, steps: u32) -> u64 {
+        let mut arguments = 0u64;
+        let mut donated = 0u64;
+        let mut outputs = 0u64;
+        for a in &self.allocations {
+            if a.parameter.is_some() {
+                arguments += 1;
+                donated += u64::from(a.live_out);
+            } else if a.live_out {
+                outputs += 1;
+            }
+        }
+        let temps = if self.stats().temp_bytes > 0 { 2 } else { 0 };
+        let steps = u64::from(steps);
+        // The arguments' allocations, the frees of those not donated (after the first
+        // execution), per execution the temporaries and the outputs, and the frees of the
+        // outputs of every execution but the last (taken as the next one's arguments).
+        (arguments + (arguments - donated))
+            .saturating_add(steps.saturating_mul(temps + outputs))
+            .saturating_add(steps.saturating_sub(1).saturating_mul(outputs))
     }
 
     /// The events of `steps` executions, as the module's header says (see the module
@@ -601,6 +628,62 @@ pub struct XlaModule {
     pub events: Vec<Event>,
 }
 
+/// A path as messages and headers show it: lossy UTF-8, control characters escaped (a file
+/// name is anyone's text), not cut (a path the file system accepts is bounded).
+fn shown_file(path: &Path) -> String {
+    escaped(&path.to_string_lossy())
+}
+
+/// `text` with control characters escaped (`\u{1b}`).
+fn escaped(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Opens `path` if it is a regular file: a FIFO is refused before `open`, which would wait
+/// for a writer for ever, and so is a device or a directory.
+fn open_regular(path: &Path, origin: &str, what: &str) -> Result<File> {
+    let meta =
+        std::fs::metadata(path).map_err(|e| trace_error(format!("cannot open {origin}: {e}")))?;
+    if !meta.is_file() {
+        return Err(trace_error(format!(
+            "{origin}: not a regular file (a FIFO, device or directory); {what} is a file XLA wrote"
+        )));
+    }
+    File::open(path).map_err(|e| trace_error(format!("cannot open {origin}: {e}")))
+}
+
+/// The live-range file beside the buffer-assignment file `file`, from the file's name as
+/// the file system spells it (a name that is not UTF-8 included).
+fn live_range_path(file: &Path) -> PathBuf {
+    let Some(name) = file.file_name() else {
+        return file.to_path_buf();
+    };
+    #[cfg(unix)]
+    {
+        use std::os::unix::ffi::{OsStrExt, OsStringExt};
+        let bytes = name.as_bytes();
+        let stem = bytes
+            .strip_suffix(BUFFER_ASSIGNMENT_SUFFIX.as_bytes())
+            .unwrap_or(bytes);
+        let mut live = stem.to_vec();
+        live.extend_from_slice(LIVE_RANGE_SUFFIX.as_bytes());
+        file.with_file_name(std::ffi::OsString::from_vec(live))
+    }
+    #[cfg(not(unix))]
+    {
+        let name = name.to_string_lossy();
+        file.with_file_name(name.replace(BUFFER_ASSIGNMENT_SUFFIX, LIVE_RANGE_SUFFIX))
+    }
+}
+
 /// The module name a buffer-assignment file name carries: `module_0030.jit_f.cpu_…` gives
 /// `jit_f`.
 fn module_name(file: &str) -> String {
@@ -732,6 +815,19 @@ fn read_dump(dir: &Path, lone: Option<&Path>, options: &XlaOptions) -> Result<Xl
     let Some((file_name, file, ba, stats)) = best else {
         return Err(trace_error(format!("{shown}: no module read")));
     };
+    if !options.per_buffer {
+        let count = ba.event_count(options.steps);
+        if count > MAX_XLA_EVENTS {
+            return Err(trace_error(format!(
+                "{}: refused: --steps {} makes {count} events, more than the {MAX_XLA_EVENTS} a replay holds; give fewer steps",
+                escaped(&file_name),
+                options.steps
+            )));
+        }
+    }
+    // Shown in the header and the report: escaped (the lossy name of a file name that is not
+    // UTF-8 is kept for them; the files are found by their own names).
+    let file_name = escaped(&file_name);
     let name = module_name(&file_name);
     let mut header = TraceHeader::new(format!("xla-dump:{file_name}"));
     header.tags = TAGS.iter().map(|t| t.to_string()).collect();
@@ -762,12 +858,12 @@ fn read_dump(dir: &Path, lone: Option<&Path>, options: &XlaOptions) -> Result<Xl
         if options.steps == 1 { "" } else { "s" }
     ));
     let events = if options.per_buffer {
-        let live =
-            file.with_file_name(file_name.replace(BUFFER_ASSIGNMENT_SUFFIX, LIVE_RANGE_SUFFIX));
-        let origin = live.display().to_string();
-        let f = File::open(&live).map_err(|e| {
+        let live = live_range_path(&file);
+        let origin = shown_file(&live);
+        let f = open_regular(&live, &origin, "a live-range file").map_err(|e| {
             trace_error(format!(
-                "--per-buffer needs the module's live ranges: cannot open {origin}: {e}"
+                "--per-buffer needs the module's live ranges: {}",
+                e.to_string().trim_start_matches("trace: ")
             ))
         })?;
         let ranges = parse_live_ranges(BufReader::new(f.take(MAX_XLA_FILE_BYTES)), &origin)?;
