@@ -474,3 +474,50 @@ fn a_closed_pipe_ends_the_command_line_quietly() {
     assert!(out.status.success(), "{:?}: {err}", out.status);
     assert!(!err.contains("panicked"), "{err}");
 }
+
+/// A gzip'd trace of a streaming format replays from a spool of its inflated bytes (inflated
+/// once, not once per strategy and bisection step): the figures are those of the same trace
+/// uncompressed, for every strategy and the bisection, and the spool is gone at the end.
+#[test]
+fn a_gzipd_streaming_trace_replays_as_its_plain_self_and_leaves_no_spool() {
+    let s = Scratch::new("gz-spool");
+    let tmp = Scratch::new("gz-spool-tmp");
+    let mut text =
+        String::from("{\"format\":\"portalloc-trace\",\"version\":1,\"source\":\"x\"}\n");
+    // Four blocks of 3 MiB live at once, freed in turn: peak live 12 MiB.
+    for i in 0..4u64 {
+        text.push_str(&format!("[{i},{i},0,0,\"a\",{i},3145728]\n"));
+    }
+    for i in 0..4u64 {
+        text.push_str(&format!("[{},{},0,0,\"f\",{i},3145728]\n", i + 4, i + 4));
+    }
+    text.push_str("{\"end\":{\"events\":8}}\n");
+    let plain = s.file("t.jsonl", text.as_bytes());
+    let packed = s.file("t.jsonl.gz", &gzip(text.as_bytes()));
+    let figures = |path: &Path| {
+        let (ok, out, err) = portalloc(
+            &["replay", "--json", "--min-capacity", path.to_str().unwrap()],
+            &[("TMPDIR", tmp.0.to_str().unwrap())],
+        );
+        assert!(ok, "{err}");
+        let json: serde_json::Value = serde_json::from_str(&out).unwrap();
+        json["traces"][0]["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                (
+                    r["strategy"].clone(),
+                    r["peak_live"].clone(),
+                    r["peak_reserved"].clone(),
+                    r["min_capacity"]["bytes"].clone(),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let want = figures(&plain);
+    assert!(want.iter().all(|f| f.1 == 12 << 20), "{want:?}");
+    assert_eq!(figures(&packed), want);
+    let left: Vec<_> = std::fs::read_dir(&tmp.0).unwrap().collect();
+    assert!(left.is_empty(), "left in TMPDIR: {left:?}");
+}

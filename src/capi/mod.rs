@@ -218,9 +218,8 @@ pub(crate) const MAX_LAST_ERROR_CHARS: usize = 16 * 1024;
 /// [`MAX_LAST_ERROR_CHARS`] characters.
 fn bounded_message(message: &str) -> String {
     let mut out = String::with_capacity(message.len().min(MAX_LAST_ERROR_CHARS));
-    let mut chars = 0usize;
     for (i, c) in message.chars().enumerate() {
-        if chars >= MAX_LAST_ERROR_CHARS {
+        if i >= MAX_LAST_ERROR_CHARS {
             let left = message.chars().count() - i;
             out.push_str(&format!("… ({left} more characters)"));
             break;
@@ -230,7 +229,6 @@ fn bounded_message(message: &str) -> String {
         } else {
             out.push(c);
         }
-        chars += 1;
     }
     out
 }
