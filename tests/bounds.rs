@@ -141,6 +141,54 @@ fn a_fifo_nobody_writes_to_is_an_empty_trace_not_a_hang() {
     assert!(text.contains("the input is empty"), "{text}");
 }
 
+/// How many of this process's open files are `path` (`/proc/self/fd`).
+fn open_files_of(path: &Path) -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .map(|fds| {
+            fds.filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+                .filter(|target| target == path)
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// A FIFO with a writer is read to its end: the reader, opened without blocking, waits for
+/// the writer's bytes instead of taking "no bytes yet" for the end. The writer opens it for
+/// reading and writing (which never blocks) and writes; once the reader has it open too
+/// (seen in `/proc/self/fd`), the writer closes its end, which the reader sees as the end.
+#[test]
+fn a_fifo_with_a_writer_is_read_to_its_end() {
+    if !Path::new("/proc/self/fd").exists() {
+        return support::skip("no /proc/self/fd");
+    }
+    let s = Scratch::new("fifo-writer");
+    let fifo = s.fifo("trace.jsonl").canonicalize().unwrap();
+    let events = within("trace::open of a FIFO with a writer", move || {
+        let mut writer = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&fifo)
+            .unwrap();
+        writer
+            .write_all(
+                b"{\"format\":\"portalloc-trace\",\"version\":1,\"source\":\"x\"}\n\
+                  [0,0,0,0,\"a\",1,64]\n[1,1,0,0,\"f\",1,64]\n{\"end\":{\"events\":2}}\n",
+            )
+            .unwrap();
+        let path = fifo.clone();
+        let reader = std::thread::spawn(move || {
+            trace::open(&path, &Options::default())
+                .and_then(|t| t.collect::<portalloc::Result<Vec<_>>>())
+        });
+        while open_files_of(&fifo) < 2 {
+            std::thread::yield_now();
+        }
+        drop(writer);
+        reader.join().unwrap()
+    });
+    assert_eq!(events.unwrap().len(), 2);
+}
+
 /// The command line too: `replay` of a FIFO nobody writes to ends with that error.
 #[test]
 fn replay_of_a_fifo_nobody_writes_to_ends() {

@@ -607,6 +607,10 @@ const SNIFF_BYTES: u64 = 8192;
 /// Opens the trace at `path`: gzip is undone, the format sniffed (or taken from
 /// `options.format`), and the matching reader returned.
 ///
+/// A file that is not a regular file (a pipe, a FIFO, a device) is opened without waiting
+/// for a FIFO's writer (one nobody writes to reads as empty) and read to at most
+/// [`Options::input_limit`] bytes; so is what a gzip stream inflates to.
+///
 /// # Errors
 /// The file cannot be read; the format is not recognised (the message lists the accepted
 /// formats); the header or the first records are corrupt.
