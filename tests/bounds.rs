@@ -504,6 +504,28 @@ fn a_huge_value_is_cut_and_escaped_in_messages() {
     assert!(!ok && err.len() < 1000, "{} bytes: {err:.200}", err.len());
 }
 
+/// A flag's value clap itself refuses (`--fraction` is not a number) is cut in the middle of
+/// its line, which keeps what clap says of it (it was echoed whole: 100 KB); help and
+/// usage errors are as clap prints them.
+#[test]
+fn a_huge_value_clap_refuses_is_cut() {
+    let value = format!("\u{1b}[31m{}", "9".repeat(100_000));
+    let (ok, _, err) = portalloc(&["replay", "--fraction", &value], &[]);
+    assert!(!ok && err.len() < 2000, "{} bytes", err.len());
+    assert!(
+        err.contains("characters left out") && err.contains("--fraction"),
+        "{err}"
+    );
+    assert!(!err.contains('\u{1b}'), "{err}");
+    let (ok, out, _) = portalloc(&["--help"], &[]);
+    assert!(ok && out.contains("Usage: portalloc"), "{out}");
+    let (ok, _, err) = portalloc(&["replay", "--bogus"], &[]);
+    assert!(
+        !ok && err.contains("unexpected argument '--bogus'"),
+        "{err}"
+    );
+}
+
 /// `portalloc info | head -1`: the reader closes the pipe, and portalloc ends quietly with
 /// status 0, as `rg` does (it panicked in `println!`, status 101).
 #[test]

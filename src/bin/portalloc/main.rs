@@ -83,7 +83,16 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .without_time()
         .init();
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => e.exit(),
+        Err(e) => {
+            // clap quotes a flag's value whole: a value of 100,000 characters made an error
+            // of 100 KB.
+            eprint!("{}", bounded_lines(&e.render().to_string()));
+            return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
+        }
+    };
     // A replay follows the reading of its trace: keep what the reader frees for it.
     portalloc::replay::keep_freed_memory();
     let result = match cli.command {
@@ -98,6 +107,50 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The most characters of one line of a command-line error: a line longer keeps its first
+/// and last [`KEPT_CHARS`] (the start of the value, and what clap says of it), with how many
+/// were left out between.
+const MAX_ERROR_LINE_CHARS: usize = 1024;
+
+/// Characters kept at each end of a line cut by [`bounded_lines`].
+const KEPT_CHARS: usize = 256;
+
+/// `text` with each line of more than [`MAX_ERROR_LINE_CHARS`] characters cut in its middle,
+/// and control characters other than tabs escaped (a value must not drive the terminal).
+fn bounded_lines(text: &str) -> String {
+    let mut out = String::with_capacity(text.len().min(8 * MAX_ERROR_LINE_CHARS));
+    for line in text.split_inclusive('\n') {
+        let (body, end) = match line.strip_suffix('\n') {
+            Some(body) => (body, "\n"),
+            None => (line, ""),
+        };
+        let chars: Vec<char> = body.chars().collect();
+        let mut push = |part: &[char]| {
+            for &c in part {
+                if c.is_control() && c != '\t' {
+                    out.extend(c.escape_default());
+                } else {
+                    out.push(c);
+                }
+            }
+        };
+        if chars.len() > MAX_ERROR_LINE_CHARS {
+            push(&chars[..KEPT_CHARS]);
+            let left = chars.len() - 2 * KEPT_CHARS;
+            push(
+                &format!("… ({left} characters left out) …")
+                    .chars()
+                    .collect::<Vec<_>>(),
+            );
+            push(&chars[chars.len() - KEPT_CHARS..]);
+        } else {
+            push(&chars);
+        }
+        out.push_str(end);
+    }
+    out
 }
 
 fn backends_compiled() -> Vec<&'static str> {
