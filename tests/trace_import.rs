@@ -854,7 +854,7 @@ fn real_snapshots_match_an_independent_reader(
 
 /// Every real Kineto trace gives the figures an independent reader computes:
 /// `scripts/kineto-oracle FILE` (Python's own `gzip` and `json` modules, following the format
-/// as documented) prints, for the busiest CUDA device, the allocations and frees, the peak of
+/// as documented) prints, for the busiest GPU (CUDA's `Device Type` 1, HIP's 6 on the MI300X), the allocations and frees, the peak of
 /// baseline + the running sum of `Bytes`, the baseline (`Total Allocated` − `Bytes` of the
 /// first kept event), the most `Total Reserved`, and the FNV-1a of one line per event in replay
 /// order (`{a|f} {id} {size} {time_ns} {thread}`): what is pinned here. The fingerprint of the
@@ -862,6 +862,7 @@ fn real_snapshots_match_an_independent_reader(
 /// before issue #16 made the reader faster; a deliberate change to the mapping updates it.
 #[test_case(false, "pytorch-kineto-ddp-v100.json.gz", [13_385, 13_385, 6_629_508_096, 4_096_614_400, 12_782_141_440], 0x8514_edc5_3bd5_2302, OWN_DDP ; "ddp v100")]
 #[test_case(true, "pytorch-kineto-resnet50-v100-noaddr.json.gz", [4110, 4110, 2_791_636_480, 0, 0], 0x404b_6084_4108_a099, OWN_RESNET ; "resnet50 without addresses")]
+#[test_case(true, "pytorch-kineto-mi300x-qwen-hip.json.gz", [1294, 1294, 2_219_047_936, 1_085_405_696, 2_533_359_616], 0xc6a0_75fa_3a75_1371, OWN_MI300X ; "mi300x under rocm")]
 fn real_kineto_traces_match_an_independent_reader(
     edge: bool,
     file: &str,
@@ -909,10 +910,12 @@ fn figures_of(s: &trace::Summary, header: &TraceHeader) -> [u64; 5] {
     ]
 }
 
-/// Own-format fingerprints of the real Kineto traces (#27 renamed the devices in the notes:
+/// Own-format fingerprints of the real Kineto traces (regression pins of the header and notes;
+/// the events are pinned by the oracle fingerprint above. #27 renamed the devices in the notes:
 /// "[memory] events of cuda:1 (Device Type 1)", "skipped: cpu (1240 events)").
 const OWN_DDP: u64 = 0x4050_bbcb_b991_0105;
 const OWN_RESNET: u64 = 0xe2cd_770f_d47a_fa88;
+const OWN_MI300X: u64 = 0x1a4f_59b1_d1b0_3482;
 
 fn summarize_events_of(header: &TraceHeader, events: &[Event]) -> trace::Summary {
     trace::summarize_events(header.baseline_bytes, events.iter().copied().map(Ok)).unwrap()
