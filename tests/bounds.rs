@@ -15,15 +15,12 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
-use std::time::Duration;
 
 use portalloc::trace::import::xla_dump::{self, BufferAssignment, XlaOptions};
 use portalloc::trace::{self, Format, Options};
 use portalloc::Error;
+use support::cli::{portalloc, DEADLINE};
 use test_case::test_case;
-
-/// Far more than any of these needs: the bound only turns a hang into a failure.
-const DEADLINE: Duration = Duration::from_secs(120);
 
 /// A fresh directory under the system's temp dir, removed when dropped.
 struct Scratch(PathBuf);
@@ -67,43 +64,6 @@ fn within<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static)
     });
     rx.recv_timeout(DEADLINE)
         .unwrap_or_else(|_| panic!("{what} blocked for {DEADLINE:?}"))
-}
-
-/// Runs `portalloc` with `args` and `env` (every variable portalloc reads removed first,
-/// stdin empty) under [`DEADLINE`]: (success, stdout, stderr). A run past it is killed and
-/// fails the test.
-fn portalloc(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_portalloc"));
-    cmd.args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    for var in portalloc::config::VARIABLES {
-        cmd.env_remove(var);
-    }
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let child = cmd.spawn().expect("run portalloc");
-    let id = child.id();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    match rx.recv_timeout(DEADLINE) {
-        Ok(out) => {
-            let out = out.expect("portalloc output");
-            (
-                out.status.success(),
-                String::from_utf8_lossy(&out.stdout).into_owned(),
-                String::from_utf8_lossy(&out.stderr).into_owned(),
-            )
-        }
-        Err(_) => {
-            let _ = Command::new("kill").arg("-9").arg(id.to_string()).status();
-            panic!("portalloc {args:?} ran past {DEADLINE:?}");
-        }
-    }
 }
 
 fn error_text<T: std::fmt::Debug>(r: portalloc::Result<T>) -> String {
@@ -223,32 +183,18 @@ fn replay_of_dev_zero_stops_and_leaves_no_spool(extra: &[&str], want: &str) {
 fn a_trace_on_a_pipe_is_replayed_by_every_strategy() {
     let trace = "{\"format\":\"portalloc-trace\",\"version\":1,\"source\":\"x\"}\n\
                  [0,0,0,0,\"a\",1,1048576]\n[1,1,0,0,\"f\",1,1048576]\n{\"end\":{\"events\":2}}\n";
-    let mut child = Command::new(env!("CARGO_BIN_EXE_portalloc"))
-        .args([
+    let (ok, text, err) = support::cli::run(
+        &[
             "replay",
             "--json",
             "--strategies",
             "bfc,platform",
             "/dev/stdin",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(trace.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        ],
+        &[],
+        Some(trace.as_bytes()),
     );
+    assert!(ok, "{err}");
     let json: serde_json::Value = serde_json::from_str(&text).unwrap();
     let results = json["traces"][0]["results"].as_array().unwrap();
     assert_eq!(results.len(), 2);

@@ -7,23 +7,7 @@ mod support;
 use std::process::Command;
 use support::common::{assert_mentions_all, bfc, simulated_host};
 
-fn portalloc(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_portalloc"));
-    cmd.args(args);
-    // Every variable portalloc reads, so that the caller's environment does not leak in.
-    for var in portalloc::config::VARIABLES {
-        cmd.env_remove(var);
-    }
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().expect("run portalloc");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
+use support::cli::portalloc;
 
 /// Runs `portalloc` with `args` and `env`, which must fail: its standard error.
 fn portalloc_fails(args: &[&str], env: &[(&str, &str)]) -> String {
@@ -412,35 +396,22 @@ fn replay_reports_the_demand_and_refuses_what_it_cannot_simulate() {
 /// pass, so a pipe said "the input is empty" and a FIFO hung for ever.
 #[test]
 fn replay_reads_pipes_and_fifos() {
-    use std::io::Write;
-    use std::process::Stdio;
-
     let trace = format!(
         "{TRACE_HEADER}[0,0,0,0,\"a\",1,1048576]\n[1,0,0,0,\"f\",1,1048576]\n{{\"end\":{{\"events\":2}}}}\n"
     );
-    let mut child = Command::new(env!("CARGO_BIN_EXE_portalloc"))
-        .args([
+    let (ok, out, err) = support::cli::run(
+        &[
             "replay",
             "/dev/stdin",
             "--strategies",
             "bfc,platform",
             "--min-capacity",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(trace.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{text}");
+        ],
+        &[],
+        Some(trace.as_bytes()),
+    );
+    let text = out + &err;
+    assert!(ok, "{text}");
     assert!(
         text.contains("peak live") && text.contains("platform"),
         "{text}"

@@ -9,7 +9,6 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 
 use portalloc::adaptor::{LedgerAllocator, LedgerOptions};
@@ -21,24 +20,7 @@ use test_case::test_case;
 
 const MIB: u64 = 1 << 20;
 
-/// Runs `portalloc` with `args`, every variable portalloc reads removed and then `env` set:
-/// `(success, stdout, stderr)`.
-fn portalloc(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_portalloc"));
-    cmd.args(args);
-    for var in portalloc::config::VARIABLES {
-        cmd.env_remove(var);
-    }
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().expect("run portalloc");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
+use support::cli::portalloc;
 
 /// As [`portalloc`], which must succeed and print JSON: the JSON.
 fn portalloc_json(args: &[&str], env: &[(&str, &str)]) -> serde_json::Value {

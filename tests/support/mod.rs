@@ -6,6 +6,8 @@
 //! `PORTALLOC_TEST_REQUIRE_ALL=1` set by a user who wants the same, a missing prerequisite
 //! fails the test with the same message instead of passing it silently.
 
+#[cfg(feature = "cli")]
+pub mod cli;
 pub mod common;
 pub mod targets;
 
