@@ -237,6 +237,30 @@ pub fn quoted_excerpt(text: &str, max: usize) -> String {
     format!("{out:?}")
 }
 
+/// `text` as a table or header shows it, unquoted: at most `max_chars` characters, the last
+/// of them `…` when cut, and control characters escaped as Rust escapes them (`\u{1b}`), so
+/// that a name a file gives is bounded and cannot drive the terminal it is printed on.
+///
+/// # Time complexity
+/// O(`max_chars`), whatever the length of `text`.
+pub fn cut_escaped(text: &str, max_chars: usize) -> String {
+    let mut out = String::new();
+    let mut chars = text.chars();
+    for n in 0..max_chars {
+        let Some(c) = chars.next() else { break };
+        if n + 1 == max_chars && chars.clone().next().is_some() {
+            out.push('…');
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// A value (or path) as a message shows it: [`quoted_excerpt`] to [`VALUE_CHARS`].
 pub fn shown(text: &str) -> String {
     quoted_excerpt(text, VALUE_CHARS)
@@ -260,3 +284,18 @@ fn shown_name(name: &str) -> String {
 
 /// portalloc's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::cut_escaped;
+    use test_case::test_case;
+
+    #[test_case("gpu", 4, "gpu" ; "shorter than the limit is whole")]
+    #[test_case("abcd", 4, "abcd" ; "exactly the limit is whole")]
+    #[test_case("abcde", 4, "abc…" ; "longer is cut with the ellipsis as the last character")]
+    #[test_case("a\u{1b}[31mb", 16, "a\\u{1b}[31mb" ; "an escape sequence is escaped")]
+    #[test_case("", 4, "" ; "empty")]
+    fn cut_escaped_bounds_and_escapes(text: &str, max: usize, want: &str) {
+        assert_eq!(cut_escaped(text, max), want);
+    }
+}

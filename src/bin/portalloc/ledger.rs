@@ -107,19 +107,7 @@ pub const TAG_COLUMN: usize = 48;
 /// A tag as the tables show it: control characters escaped (a snapshot is a file, and its
 /// text must not drive the terminal), at most [`TAG_COLUMN`] characters, with `…` when cut.
 fn shown(tag: &str) -> String {
-    let mut out = String::new();
-    for (n, c) in tag.chars().enumerate() {
-        if n + 1 >= TAG_COLUMN && tag.chars().nth(n + 1).is_some() {
-            out.push('…');
-            break;
-        }
-        if c.is_control() {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
-    }
-    out
+    portalloc::error::cut_escaped(tag, TAG_COLUMN)
 }
 
 /// The text report of a snapshot.

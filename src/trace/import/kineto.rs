@@ -205,19 +205,7 @@ const NAME_CHARS: usize = 64;
 /// where cut, control characters escaped as Rust does (`\u{1b}`), so that a name cannot
 /// drive the terminal it is printed on.
 fn printable(name: &str) -> String {
-    let mut out = String::new();
-    for (i, c) in name.chars().enumerate() {
-        if i == NAME_CHARS {
-            out.push('…');
-            break;
-        }
-        if c.is_control() {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
-    }
-    out
+    crate::error::cut_escaped(name, NAME_CHARS + 1)
 }
 
 /// A number as a message shows it: an integer as written; a float with its fraction, or in
