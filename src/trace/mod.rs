@@ -927,13 +927,7 @@ pub fn detect(prefix: &[u8]) -> Option<Format> {
     if prefix.first() == Some(&0x80) {
         return Some(Format::PytorchSnapshot);
     }
-    let text = prefix.strip_prefix(BOM).unwrap_or(prefix);
-    let start = text.iter().position(|b| !b.is_ascii_whitespace())?;
-    let text = &text[start..];
-    let first_line = match text.iter().position(|&b| b == b'\n') {
-        Some(n) => &text[..n],
-        None => text,
-    };
+    let (text, first_line) = text_start(prefix)?;
     match text.first() {
         Some(b'{') => {
             if contains(first_line, b"\"portalloc-trace\"") {
@@ -974,10 +968,9 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
 /// by [`detect`] and, before the reader starts, by [`open`] for every text format.
 const BOM: &[u8] = b"\xef\xbb\xbf";
 
-/// What a file that is no trace [`detect`] knows is, from its first bytes, when it is a file
-/// people give by mistake: a sentence naming it and saying what to record instead. `None`
-/// when it is nothing known.
-fn not_a_trace(prefix: &[u8]) -> Option<String> {
+/// A text prefix from its first byte that is not a BOM or white space, and its first line:
+/// what [`detect`] and [`not_a_trace`] sniff. `None` when there is no such byte.
+fn text_start(prefix: &[u8]) -> Option<(&[u8], &[u8])> {
     let text = prefix.strip_prefix(BOM).unwrap_or(prefix);
     let start = text.iter().position(|b| !b.is_ascii_whitespace())?;
     let text = &text[start..];
@@ -985,6 +978,14 @@ fn not_a_trace(prefix: &[u8]) -> Option<String> {
         Some(n) => &text[..n],
         None => text,
     };
+    Some((text, first_line))
+}
+
+/// What a file that is no trace [`detect`] knows is, from its first bytes, when it is a file
+/// people give by mistake: a sentence naming it and saying what to record instead. `None`
+/// when it is nothing known.
+fn not_a_trace(prefix: &[u8]) -> Option<String> {
+    let (_, first_line) = text_start(prefix)?;
     if import::rmm_csv::is_debug_log(first_line) {
         return Some(import::rmm_csv::DEBUG_LOG_REFUSAL.to_string());
     }
