@@ -413,7 +413,7 @@ impl Options {
     /// `hip:0`).
     ///
     /// # Errors
-    /// [`Error::Config`](crate::error::Error::Config) for anything else, naming what is
+    /// [`Error::Config`] for anything else, naming what is
     /// accepted.
     pub fn with_device_spec(self, spec: &str) -> Result<Self> {
         import::kineto::device_spec(spec)
