@@ -10,7 +10,7 @@ pub(crate) fn open_first(candidates: &[String]) -> Result<(Library, String), Err
     let mut failures = Vec::new();
     for candidate in candidates {
         if let Some(refusal) = not_a_library_file(candidate) {
-            failures.push(format!("{}: {refusal}", crate::error::shown(candidate)));
+            failures.push(format!("{}: {refusal}", crate::error::shown_name(candidate)));
             continue;
         }
         // SAFETY: loading a vendor driver library runs its initialisers; these are the
@@ -18,13 +18,13 @@ pub(crate) fn open_first(candidates: &[String]) -> Result<(Library, String), Err
         // program loads them.
         match unsafe { Library::new(candidate) } {
             Ok(library) => return Ok((library, candidate.clone())),
-            Err(e) => failures.push(format!("{}: {e}", crate::error::shown(candidate))),
+            Err(e) => failures.push(format!("{}: {e}", crate::error::shown_name(candidate))),
         }
     }
     Err(Error::LibraryLoad {
         library: candidates
             .iter()
-            .map(|c| crate::error::shown(c))
+            .map(|c| crate::error::shown_name(c))
             .collect::<Vec<_>>()
             .join(", "),
         reason: failures.join("; "),

@@ -271,9 +271,10 @@ pub fn shown_path(path: &std::path::Path) -> String {
     shown(&path.to_string_lossy())
 }
 
-/// A name (a variable, a flag) as a message shows it: unquoted when it is short and plain
-/// (`PORTALLOC_FRACTION`, `--capacity`), else as [`shown`].
-fn shown_name(name: &str) -> String {
+/// A name (a variable, a flag, a library path) as a message shows it: unquoted when it is
+/// short and plain (`PORTALLOC_FRACTION`, `--capacity`, `/usr/lib/libcuda.so.1`), else as
+/// [`shown`].
+pub fn shown_name(name: &str) -> String {
     let plain = name.chars().count() <= VALUE_CHARS && !name.chars().any(char::is_control);
     if plain {
         name.to_string()
