@@ -5,7 +5,7 @@
 //! |---|---|---|
 //! | [`Verdict::Fragmentation`] | the pool's free bytes would hold the request, but no free block is large enough | `XLA_PYTHON_CLIENT_ALLOCATOR=vmm` (free space contiguous across chunks) |
 //! | [`Verdict::OtherProcesses`] | the device's used memory (total − free) is well above what this allocator holds, and the device could not give what the allocator may take | make the fractions of every process on the device sum to ≤ 1, or stop preallocating |
-//! | [`Verdict::GrowthExhausted`] | the allocator's limit (`fraction × total`) leaves no room for the request | raise `XLA_CLIENT_MEM_FRACTION` / `PORTALLOC_MEM_FRACTION` (the variable that set it is named), to the fraction computed to serve the request, if any |
+//! | [`Verdict::GrowthExhausted`] | the allocator's limit (`fraction × total`) leaves no room for the request | raise `XLA_CLIENT_MEM_FRACTION` / `PORTALLOC_MEM_FRACTION` (the variable that set it is named) to the fraction computed to serve the request; where no fraction can (the device cannot hold it), a smaller request, freed memory or a larger device instead |
 //! | [`Verdict::SuspectedLeak`] | one tag holds many live allocations from the first half of the program's allocations, and a large share of the bytes in use | free or donate them; `PORTALLOC_BACKTRACE=1` shows where they were made |
 //! | [`Verdict::InUse`] | none of the above: live allocations simply fill what may be used | smaller working set, or a larger fraction |
 //!
@@ -431,38 +431,10 @@ pub fn diagnose(cx: &OomContext<'_>) -> Diagnosis {
 
 fn growth_exhausted(cx: &OomContext<'_>, limit: u64, pool: u64, need: u64, room: u64) -> Finding {
     let hint = cx.limit_hint;
-    let now = match (hint.fraction, &hint.source) {
-        (Some(f), Some(src)) => format!(" (now {f} from {src})"),
-        (Some(f), None) => format!(" (now {f})"),
-        _ => String::new(),
-    };
     let in_use = cx.report.map_or(cx.stats.bytes_in_use, |r| r.bytes_in_use);
-    let wanted = match cx.device.map(|m| m.total) {
+    let advice = match cx.device.map(|m| m.total) {
         Some(t) if t > 0 => fraction_advice(t, in_use, pool, need),
-        _ => String::new(),
-    };
-    let variable = match hint.source.as_deref() {
-        Some(
-            v @ ("XLA_CLIENT_MEM_FRACTION"
-            | "XLA_PYTHON_CLIENT_MEM_FRACTION"
-            | "PORTALLOC_MEM_FRACTION"),
-        ) => {
-            format!("raise {v}{now}")
-        }
-        // A fraction given in code beats the variables: setting one would change nothing.
-        _ if hint.set_in_code() => format!(
-            "raise the fraction given in code{now} (Config::builder().mem_fraction, or the C \
-             ABI's mem_fraction option), which the variables do not override"
-        ),
-        _ if !hint.variables_apply() => format!(
-            "raise the memory fraction{now} where the allocator is configured \
-             (Config::builder().mem_fraction, or the C ABI's mem_fraction option); its \
-             configuration reads no environment variable"
-        ),
-        _ => format!(
-            "raise the memory fraction{now}: XLA_CLIENT_MEM_FRACTION, or PORTALLOC_MEM_FRACTION \
-             which overrides it"
-        ),
+        _ => FractionAdvice::Unknown,
     };
     let evidence = if need > limit {
         format!(
@@ -482,6 +454,49 @@ fn growth_exhausted(cx: &OomContext<'_>, limit: u64, pool: u64, need: u64, room:
             Bytes(need)
         )
     };
+    let wanted = match advice {
+        // No fraction serves it: raising one would change nothing, so say only what does.
+        FractionAdvice::NoneServes(remedy) => {
+            return Finding {
+                verdict: Verdict::GrowthExhausted,
+                evidence,
+                remedy,
+            }
+        }
+        FractionAdvice::Serves(tail) => tail,
+        FractionAdvice::Unknown => String::new(),
+    };
+    let now = match (hint.fraction, &hint.source) {
+        (Some(f), Some(src)) => format!(" (now {f} from {src})"),
+        (Some(f), None) => format!(" (now {f})"),
+        _ => String::new(),
+    };
+    let variable = match hint.source.as_deref() {
+        Some(
+            v @ ("XLA_CLIENT_MEM_FRACTION"
+            | "XLA_PYTHON_CLIENT_MEM_FRACTION"
+            | "PORTALLOC_MEM_FRACTION"),
+        ) => {
+            format!("raise {v}{now}")
+        }
+        // A fraction given in code beats the variables: setting one would change nothing.
+        // The source names the builder's setting already; the setting is said once.
+        _ if hint.set_in_code() => format!(
+            "raise the fraction given in code ({}Config::builder().mem_fraction, or the C \
+             ABI's mem_fraction option), which the variables do not override",
+            hint.fraction
+                .map_or(String::new(), |f| format!("now {f}: "))
+        ),
+        _ if !hint.variables_apply() => format!(
+            "raise the memory fraction{now} where the allocator is configured \
+             (Config::builder().mem_fraction, or the C ABI's mem_fraction option); its \
+             configuration reads no environment variable"
+        ),
+        _ => format!(
+            "raise the memory fraction{now}: XLA_CLIENT_MEM_FRACTION, or PORTALLOC_MEM_FRACTION \
+             which overrides it"
+        ),
+    };
     Finding {
         verdict: Verdict::GrowthExhausted,
         evidence,
@@ -489,8 +504,18 @@ fn growth_exhausted(cx: &OomContext<'_>, limit: u64, pool: u64, need: u64, room:
     }
 }
 
+/// What [`fraction_advice`] found.
+enum FractionAdvice {
+    /// A fraction serves the request: the remedy's tail (`"; …"`) naming it.
+    Serves(String),
+    /// No fraction does (the device cannot hold it): the whole remedy, which names no fraction.
+    NoneServes(String),
+    /// The device's size is unknown.
+    Unknown,
+}
+
 /// The fractions of a device of `total` bytes that would serve a request of `need` bytes,
-/// as a remedy's tail (`"; …"`), from two bounds:
+/// from two bounds:
 ///
 /// - **necessary**: `in_use + need` — the bytes already in use stay, and the request comes on
 ///   top; no fraction below this serves it (whatever the strategy).
@@ -498,26 +523,41 @@ fn growth_exhausted(cx: &OomContext<'_>, limit: u64, pool: u64, need: u64, room:
 ///   request's size (how a growing strategy grows; a preallocated pool's extra bytes join
 ///   the free chunk at its end, which makes at most as much needed).
 ///
-/// When the necessary bound exceeds the device no fraction serves it; when the sufficient one
-/// fits, that fraction does; in between, the necessary fraction is named with when it serves
-/// (the pool's free bytes at its end, as in a preallocated pool used front to back). Fractions
-/// are rounded up to 3 decimals, so that the one named is never below the bound.
-fn fraction_advice(total: u64, in_use: u64, pool: u64, need: u64) -> String {
+/// When the necessary bound exceeds the device no fraction serves it, and the remedy is what
+/// does (a smaller request or a larger device; freeing what is in use, where that is enough);
+/// when the sufficient one fits, that fraction does; in between, the necessary fraction is
+/// named with when it serves (the pool's free bytes at its end, as in a preallocated pool
+/// used front to back). Fractions are rounded up to 3 decimals, so that the one named is
+/// never below the bound.
+fn fraction_advice(total: u64, in_use: u64, pool: u64, need: u64) -> FractionAdvice {
     let necessary = in_use.saturating_add(need);
     let sufficient = pool.max(in_use).saturating_add(need);
     let of = |bytes: u64| (bytes as f64 / total as f64 * 1000.0).ceil() / 1000.0;
     if necessary > total {
-        return format!(
-            "; no fraction serves it on this device of {}: the {} in use and the {} requested \
-             add up to {}, more than the device has: free memory (or use a larger device)",
+        let what_helps = if need > total {
+            format!(
+                "a smaller request (split the buffer, or a smaller batch) or a device of at \
+                 least {}",
+                Bytes(necessary)
+            )
+        } else {
+            format!(
+                "free at least {} of what is in use (or donate it to the computation that \
+                 consumes it), reduce the working set (batch size), or use a larger device",
+                Bytes(necessary - total)
+            )
+        };
+        return FractionAdvice::NoneServes(format!(
+            "no fraction serves it on this device of {}: the {} in use and the {} requested \
+             add up to {}, more than the device has; what helps: {what_helps}",
             Bytes(total),
             Bytes(in_use),
             Bytes(need),
             Bytes(necessary)
-        );
+        ));
     }
     let (low, high) = (of(necessary), of(sufficient));
-    if sufficient <= total && high <= low {
+    FractionAdvice::Serves(if sufficient <= total && high <= low {
         format!(
             "; a fraction of at least {low:.3} of the device's {} would serve it",
             Bytes(total)
@@ -542,7 +582,7 @@ fn fraction_advice(total: u64, in_use: u64, pool: u64, need: u64) -> String {
             Bytes(in_use),
             Bytes(need)
         )
-    }
+    })
 }
 
 fn suspected_leak(

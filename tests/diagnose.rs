@@ -13,6 +13,7 @@ use portalloc::strategy::bfc::BfcAllocator;
 use portalloc::strategy::platform::PlatformAllocator;
 use portalloc::{Allocation, Allocator, Config, Device, Error, MemInfo, Stats, Stream};
 use support::common::{bfc, simulated_host};
+use test_case::test_case;
 
 const MIB: u64 = 1 << 20;
 
@@ -253,4 +254,109 @@ fn in_use_when_nothing_more_specific_applies() {
     let json = serde_json::to_string(&d).unwrap();
     let back: Diagnosis = serde_json::from_str(&json).unwrap();
     assert_eq!(back, d);
+}
+
+const GIB: u64 = 1 << 30;
+
+/// The growth-exhausted finding for `requested` bytes, `in_use` live in a pool of the same
+/// size, on a device of `total` bytes at `fraction` (limit `fraction × total`), with `hint`.
+fn growth_finding(
+    total: u64,
+    fraction: f64,
+    in_use: u64,
+    requested: u64,
+    hint: &LimitHint,
+) -> portalloc::diagnose::Finding {
+    let limit = (fraction * total as f64) as u64;
+    let stats = Stats {
+        bytes_in_use: in_use,
+        pool_bytes: in_use,
+        bytes_limit: Some(limit),
+        ..Stats::default()
+    };
+    let d = diagnose(&OomContext {
+        strategy: "bfc",
+        requested,
+        rounded: requested,
+        alignment: 0,
+        tag: "buffer",
+        stats,
+        report: None,
+        device_error: None,
+        device: Some(MemInfo {
+            free: total - in_use,
+            total,
+        }),
+        live: &[],
+        allocations_made: 1,
+        limit_hint: hint,
+        options: &DiagnoseOptions::default(),
+    });
+    d.finding(Verdict::GrowthExhausted)
+        .unwrap_or_else(|| panic!("{d}"))
+        .clone()
+}
+
+fn hint(source: &str, env_read: bool) -> LimitHint {
+    LimitHint {
+        fraction: Some(0.75),
+        source: Some(source.to_string()),
+        env_read: Some(env_read),
+    }
+}
+
+/// A request no fraction can serve (11 GiB on a 10 GiB device, nothing in use; or 6 GiB
+/// beside 6 GiB in use) is not told to raise the fraction, whichever set it: the remedy says
+/// no fraction serves it and only what does.
+#[test_case(0, 11 * GIB, hint("the default", true), "a device of at least 11.00 GiB" ; "request larger than the device, default fraction")]
+#[test_case(0, 11 * GIB, hint("XLA_CLIENT_MEM_FRACTION", true), "a smaller request" ; "request larger than the device, variable")]
+#[test_case(0, 11 * GIB, hint("the builder (Config::builder().mem_fraction)", true), "a device of at least" ; "request larger than the device, builder")]
+#[test_case(6 * GIB, 6 * GIB, hint("the default", false), "free at least 2.00 GiB of what is in use" ; "in use and request exceed the device, ignore_env")]
+fn no_fraction_serves_it_so_none_is_advised(
+    in_use: u64,
+    requested: u64,
+    hint: LimitHint,
+    helps: &str,
+) {
+    let f = growth_finding(10 * GIB, 0.75, in_use, requested, &hint);
+    assert!(f.remedy.contains("no fraction serves it"), "{}", f.remedy);
+    assert!(f.remedy.contains(helps), "{helps} in {}", f.remedy);
+    for contradiction in [
+        "raise",
+        "MEM_FRACTION",
+        "mem_fraction",
+        "fraction of at least",
+    ] {
+        assert!(
+            !f.remedy.contains(contradiction),
+            "{contradiction} in {}",
+            f.remedy
+        );
+    }
+}
+
+/// A fraction set in code is named once: the source (`the builder
+/// (Config::builder().mem_fraction)`) is not repeated beside the setting to raise.
+#[test]
+fn a_fraction_set_in_code_is_named_once() {
+    let f = growth_finding(
+        10 * GIB,
+        0.5,
+        4 * GIB,
+        2 * GIB,
+        &LimitHint {
+            fraction: Some(0.5),
+            source: Some("the builder (Config::builder().mem_fraction)".into()),
+            env_read: Some(true),
+        },
+    );
+    assert_eq!(
+        f.remedy.matches("Config::builder().mem_fraction").count(),
+        1,
+        "{}",
+        f.remedy
+    );
+    assert!(f.remedy.contains("now 0.5"), "{}", f.remedy);
+    assert!(f.remedy.contains("at least 0.6"), "{}", f.remedy);
+    assert!(!f.remedy.contains("MEM_FRACTION"), "{}", f.remedy);
 }
