@@ -142,8 +142,42 @@ impl Reader {
         trace_error(format!("{}: line {}: {message}", self.origin, self.line_no))
     }
 
+    /// Skips whole blank lines in bulk, straight from the input's buffer, counting them into
+    /// `line_no`: a gzip stream can inflate to gigabytes of them, and one `read_line` each
+    /// costs far more than a scan. A blank run ends at its last newline; what follows it (a
+    /// line's leading spaces, its text) is left to `read_line`.
+    fn skip_blank_lines(&mut self) -> Result<()> {
+        loop {
+            let bytes = match self.input.fill_buf() {
+                Ok(bytes) => bytes,
+                Err(e) => {
+                    return Err(trace_error(format!(
+                        "{}: line {}: cannot read: {e}",
+                        self.origin,
+                        self.line_no + 1
+                    )))
+                }
+            };
+            let blank = bytes
+                .iter()
+                .position(|b| !matches!(b, b' ' | b'\t' | b'\r' | b'\n' | 0x0b | 0x0c))
+                .unwrap_or(bytes.len());
+            let Some(last) = memchr::memrchr(b'\n', &bytes[..blank]) else {
+                return Ok(());
+            };
+            let lines = memchr::memchr_iter(b'\n', &bytes[..=last]).count() as u64;
+            let whole = blank == bytes.len() && last + 1 == bytes.len();
+            self.input.consume(last + 1);
+            self.line_no += lines;
+            if !whole {
+                return Ok(());
+            }
+        }
+    }
+
     fn next_inner(&mut self) -> Result<Option<Event>> {
         loop {
+            self.skip_blank_lines()?;
             self.buf.clear();
             let n = self
                 .input
@@ -495,5 +529,78 @@ mod tests {
         ] {
             assert!(parse_event(bad).is_err(), "{bad}");
         }
+    }
+}
+
+#[cfg(test)]
+mod blank_line_tests {
+    use super::*;
+    use std::io::{BufRead, Cursor, Read};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    const HEADER: &str = "{\"format\":\"portalloc-trace\",\"version\":1,\"source\":\"x\",\"device\":null,\"baseline_bytes\":0,\"reference\":null,\"tags\":[],\"notes\":[]}\n";
+
+    /// A buffered reader that counts the `consume` calls made on it.
+    struct Counting {
+        inner: Cursor<Vec<u8>>,
+        consumes: Arc<AtomicUsize>,
+    }
+
+    impl Read for Counting {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            self.inner.read(buf)
+        }
+    }
+
+    impl BufRead for Counting {
+        fn fill_buf(&mut self) -> std::io::Result<&[u8]> {
+            self.inner.fill_buf()
+        }
+        fn consume(&mut self, amt: usize) {
+            self.consumes.fetch_add(1, Ordering::Relaxed);
+            self.inner.consume(amt);
+        }
+    }
+
+    fn read_all(text: String) -> (Result<Vec<Event>>, usize) {
+        let consumes = Arc::new(AtomicUsize::new(0));
+        let input = Counting {
+            inner: Cursor::new(text.into_bytes()),
+            consumes: Arc::clone(&consumes),
+        };
+        let events = Reader::new(Box::new(input), "t.jsonl", false)
+            .and_then(|r| r.collect::<Result<Vec<_>>>());
+        (events, consumes.load(Ordering::Relaxed))
+    }
+
+    #[test]
+    fn a_run_of_blank_lines_is_skipped_in_bulk_not_line_by_line() {
+        let blanks = "\n \r\n\t\n".repeat(100_000);
+        let text = format!(
+            "{HEADER}{blanks}[0,1,0,0,\"a\",1,8]\n{blanks}[1,2,0,0,\"f\",1,8]\n{blanks}{{\"end\":{{\"events\":2}}}}\n{blanks}"
+        );
+        let (events, consumes) = read_all(text);
+        assert_eq!(events.unwrap().len(), 2);
+        // 1.2 million blank lines; a handful of reads (each line read once costs one each).
+        assert!(consumes < 100, "{consumes} consume calls");
+    }
+
+    #[test]
+    fn lines_after_blank_runs_keep_their_numbers_in_messages() {
+        // Line 1 the header, 2..=4 blank, 5 an event whose leading spaces stay its own.
+        let text = format!("{HEADER}\n  \n\t\n   [0,1,0,0,\"x\",1,8]\n");
+        let message = read_all(text).0.unwrap_err().to_string();
+        assert!(
+            message.contains("t.jsonl: line 5: corrupt event"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn trailing_spaces_without_a_newline_still_count_as_a_line_in_the_truncation_message() {
+        let text = format!("{HEADER}\n\n   ");
+        let message = read_all(text).0.unwrap_err().to_string();
+        assert!(message.contains("ends after line 4"), "{message}");
     }
 }
