@@ -10,7 +10,10 @@ pub(crate) fn open_first(candidates: &[String]) -> Result<(Library, String), Err
     let mut failures = Vec::new();
     for candidate in candidates {
         if let Some(refusal) = not_a_library_file(candidate) {
-            failures.push(format!("{}: {refusal}", crate::error::shown_name(candidate)));
+            failures.push(format!(
+                "{}: {refusal}",
+                crate::error::shown_name(candidate)
+            ));
             continue;
         }
         // SAFETY: loading a vendor driver library runs its initialisers; these are the
@@ -35,23 +38,59 @@ pub(crate) fn open_first(candidates: &[String]) -> Result<(Library, String), Err
 /// and is not a regular file (a FIFO, whose `open` inside `dlopen` would wait for a writer
 /// for ever; a device; a directory). `None` for a regular file, a path that does not exist
 /// (the loader says so) and a bare name the loader looks up in its own directories.
+///
+/// A bare name is looked up first in the directories of `LD_LIBRARY_PATH`, as the loader
+/// would: the first one that holds something of that name decides, and a FIFO there (which
+/// `dlopen` would open and wait on) refuses the name, shown with the path found.
 fn not_a_library_file(candidate: &str) -> Option<String> {
     let path = std::path::Path::new(candidate);
     if path.components().count() < 2 {
-        return None;
+        return on_library_path(candidate);
     }
     let meta = std::fs::metadata(path).ok()?;
+    refusal(&meta).map(|what| format!("refused without loading: {what}{HINT}"))
+}
+
+/// The end of a refusal: one clause, no `;` (the failures are joined with `; `).
+const HINT: &str = ", where a vendor library is a regular file (a shared object)";
+
+/// What `meta` is when it is not a regular file.
+fn refusal(meta: &std::fs::Metadata) -> Option<&'static str> {
     if meta.is_file() {
-        return None;
-    }
-    let what = if meta.is_dir() {
-        "a directory"
+        None
+    } else if meta.is_dir() {
+        Some("a directory")
     } else {
-        "not a regular file (a FIFO, socket or device)"
-    };
-    Some(format!(
-        "refused without loading: {what}; a vendor library is a regular file (a shared object)"
-    ))
+        Some("not a regular file (a FIFO, socket or device)")
+    }
+}
+
+/// [`not_a_library_file`] for a bare `name`: the first entry of `LD_LIBRARY_PATH` (split on
+/// `:`, an empty entry the current directory, as `ld.so` reads it) that holds `name`.
+#[cfg(all(unix, not(target_os = "macos")))]
+fn on_library_path(name: &str) -> Option<String> {
+    let dirs = std::env::var_os("LD_LIBRARY_PATH")?;
+    let dirs = dirs.to_string_lossy().into_owned();
+    for dir in dirs.split(':') {
+        let dir = if dir.is_empty() { "." } else { dir };
+        let found = std::path::Path::new(dir).join(name);
+        // `metadata` follows links and never blocks on a FIFO.
+        let Ok(meta) = std::fs::metadata(&found) else {
+            continue;
+        };
+        return refusal(&meta).map(|what| {
+            format!(
+                "refused without loading: {} (found on LD_LIBRARY_PATH) is {what}{HINT}",
+                crate::error::shown_name(&found.to_string_lossy())
+            )
+        });
+    }
+    None
+}
+
+#[cfg(not(all(unix, not(target_os = "macos"))))]
+fn on_library_path(_name: &str) -> Option<String> {
+    None
 }
 
 /// Resolves one symbol as a `T`: missing is `Err` with the loader's message.
