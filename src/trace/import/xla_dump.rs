@@ -724,7 +724,7 @@ pub fn is_buffer_assignment_file(path: &Path) -> bool {
 /// As [`read_dir`]; `path` is neither a directory nor a regular file named
 /// `*-buffer-assignment.txt`.
 pub fn read_path(path: &Path, options: &XlaOptions) -> Result<XlaModule> {
-    let shown = || excerpt(&path.display().to_string());
+    let shown = || crate::error::shown_path(path);
     let meta = std::fs::metadata(path)
         .map_err(|e| trace_error(format!("cannot open {}: {e}", shown())))?;
     if meta.is_dir() {
