@@ -91,8 +91,9 @@ pub struct ReplayArgs {
     /// Treat trace anomalies (a free of an address never allocated, a double free, …) as errors.
     #[arg(long)]
     pub strict: bool,
-    /// The trace files are trusted: read PyTorch snapshots with 16 times the limits on
-    /// untrusted files (docs/trace-format.md), for long histories with stack frames.
+    /// The trace files are trusted: 16 times the limits on untrusted files
+    /// (docs/trace-format.md): a pipe, FIFO or device is read, and a gzip stream inflated,
+    /// to 16 GiB instead of 1 GiB; PyTorch snapshots with long histories and stack frames.
     #[arg(long)]
     pub trusted_input: bool,
 }
@@ -218,7 +219,7 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         let (spool, loaded) = match Spool::prepare(given, &options)? {
             Prepared::Again => (None, load(given, &options)),
             Prepared::Spooled(spool, tee) => {
-                let loaded = load_spooled(tee, &path_label(given), &spool.path, &options);
+                let loaded = load_spooled(tee, &path_label(given), &spool.file, &options);
                 (Some(spool), loaded)
             }
             Prepared::Once(bytes) => (
@@ -458,11 +459,12 @@ fn inapplicable_options(args: &ReplayArgs, xla_dump: bool) -> Vec<&'static str> 
 /// A copy on disk of a trace read again for each pass (own format, RMM CSV, lifetime CSV)
 /// that is gzip'd (inflated once, not once per strategy and bisection step) or that can be
 /// read only once (a pipe, a FIFO, `/dev/stdin`): its inflated bytes, bounded by the input
-/// limit (`trace::Options::input_limit`), written as the first pass reads them, removed
-/// when dropped.
+/// limit (`trace::Options::input_limit`), written as the first pass reads them. The file is
+/// removed as soon as it is created and read through its handle, so that nothing is left in
+/// TMPDIR however the process ends (SIGTERM, Ctrl-C, a crash).
 struct Spool {
-    /// The copy.
-    path: PathBuf,
+    /// The copy, no longer named in any directory.
+    file: Arc<std::fs::File>,
 }
 
 /// How a trace file is read for a replay.
@@ -526,14 +528,25 @@ impl Spool {
             "portalloc-spool-{}-{n}-{plain}",
             std::process::id()
         ));
-        let spool = Spool { path: copy };
-        let sink = std::fs::File::create(&spool.path).map_err(|e| {
+        let cannot = |e: std::io::Error| {
             Error::Trace(format!(
                 "cannot spool {} to {}: {e}",
                 shown_path(path),
-                shown_path(&spool.path)
+                shown_path(&copy)
             ))
-        })?;
+        };
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&copy)
+            .map_err(cannot)?;
+        // Unnamed at once: the handle keeps the bytes until the last one is closed.
+        std::fs::remove_file(&copy).map_err(cannot)?;
+        let sink = file.try_clone().map_err(cannot)?;
+        let spool = Spool {
+            file: Arc::new(file),
+        };
         let tee = Tee {
             inner: inflated,
             sink,
@@ -566,7 +579,7 @@ impl std::io::Read for Tee {
 fn load_spooled(
     tee: Box<dyn std::io::Read + Send>,
     name: &str,
-    spool: &std::path::Path,
+    spool: &Arc<std::fs::File>,
     options: &trace::Options,
 ) -> Result<(String, TraceInput, String)> {
     let mut t = trace::open_reader(tee, name, options)?;
@@ -576,18 +589,37 @@ fn load_spooled(
     let anomalies = anomaly_text(&t);
     let header = t.header().clone();
     drop(t);
-    let spool = spool.to_path_buf();
+    let spool = Arc::clone(spool);
     let options = options.clone();
+    let label = name.to_string();
     let input = TraceInput::File {
         header,
-        open: Box::new(move || trace::open(&spool, &options)),
+        open: Box::new(move || {
+            let pass = SpoolPass {
+                file: Arc::clone(&spool),
+                at: 0,
+            };
+            trace::open_reader(pass, &label, &options)
+        }),
     };
     Ok((name.to_string(), input, anomalies))
 }
 
-impl Drop for Spool {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+/// One pass over a spool from its start: positioned reads through the shared handle, each
+/// pass at its own offset (passes may run at once; a `try_clone` would share one offset).
+struct SpoolPass {
+    file: Arc<std::fs::File>,
+    at: u64,
+}
+
+impl std::io::Read for SpoolPass {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        #[cfg(unix)]
+        let n = std::os::unix::fs::FileExt::read_at(&*self.file, buf, self.at)?;
+        #[cfg(windows)]
+        let n = std::os::windows::fs::FileExt::seek_read(&*self.file, buf, self.at)?;
+        self.at += n as u64;
+        Ok(n)
     }
 }
 
