@@ -56,9 +56,9 @@ pub fn run(args: LedgerArgs) -> Result<()> {
     Ok(())
 }
 
-/// Reads the snapshot at `path` as it streams (memory: the snapshot, not the file), from a
-/// regular file of at most [`MAX_LEDGER_BYTES`] or from the first [`MAX_LEDGER_BYTES`] of
-/// anything else, opened without blocking on a FIFO nobody writes to.
+/// Reads the snapshot at `path`: a regular file of at most [`MAX_LEDGER_BYTES`] whole, then
+/// parsed; anything else as it streams (memory: the snapshot), its first
+/// [`MAX_LEDGER_BYTES`] at most, opened without blocking on a FIFO nobody writes to.
 fn read_snapshot(path: &std::path::Path) -> Result<LedgerSnapshot> {
     let file = shown_path(path);
     let refused = |reason: String| Error::InvalidArgument {
@@ -66,6 +66,12 @@ fn read_snapshot(path: &std::path::Path) -> Result<LedgerSnapshot> {
         reason,
     };
     let meta = std::fs::metadata(path).map_err(|e| refused(format!("cannot read {file}: {e}")))?;
+    let too_big = || {
+        refused(format!(
+            "{file}: refused: more than the {} a ledger snapshot may have",
+            Bytes(MAX_LEDGER_BYTES)
+        ))
+    };
     if meta.is_file() && meta.len() > MAX_LEDGER_BYTES {
         return Err(refused(format!(
             "{file}: refused: {} bytes, more than the {} a ledger snapshot may have",
@@ -80,18 +86,31 @@ fn read_snapshot(path: &std::path::Path) -> Result<LedgerSnapshot> {
             other => other.to_string(),
         })
     })?;
-    let mut input = std::io::BufReader::new(bytes);
-    // A regular file larger than it was a moment ago is cut at the limit too.
-    let mut limited = (&mut input).take(MAX_LEDGER_BYTES);
-    let parsed: std::result::Result<LedgerSnapshot, _> = serde_json::from_reader(&mut limited);
-    let read_all = limited.limit() == 0;
+    let (parsed, read_all): (std::result::Result<LedgerSnapshot, _>, bool) = if meta.is_file() {
+        // A regular file, its size checked above, is read whole and parsed from memory:
+        // serde_json's reader takes one byte per call (60 MB/s in a release build, 6 MB/s
+        // in a debug one), parsing a slice is many times faster. A file larger than it was
+        // a moment ago is cut at the limit too.
+        let mut text = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+        bytes
+            .take(MAX_LEDGER_BYTES + 1)
+            .read_to_end(&mut text)
+            .map_err(|e| refused(format!("cannot read {file}: {e}")))?;
+        if text.len() as u64 > MAX_LEDGER_BYTES {
+            return Err(too_big());
+        }
+        (serde_json::from_slice(&text), false)
+    } else {
+        // Anything else streams (memory: the snapshot), refused at its first wrong byte.
+        let mut input = std::io::BufReader::new(bytes);
+        let mut limited = (&mut input).take(MAX_LEDGER_BYTES);
+        let parsed = serde_json::from_reader(&mut limited);
+        (parsed, limited.limit() == 0)
+    };
     match parsed {
         Ok(snapshot) => Ok(snapshot),
         Err(e) if e.is_io() => Err(refused(format!("cannot read {file}: {e}"))),
-        Err(_) if read_all => Err(refused(format!(
-            "{file}: refused: more than the {} a ledger snapshot may have",
-            Bytes(MAX_LEDGER_BYTES)
-        ))),
+        Err(_) if read_all => Err(too_big()),
         // serde_json quotes whole strings of the file: the message shows a bounded part.
         Err(e) => Err(refused(format!(
             "{file}: not a portalloc ledger snapshot: {}",
