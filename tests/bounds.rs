@@ -168,7 +168,9 @@ fn replay_of_dev_zero_stops_and_leaves_no_spool(extra: &[&str], want: &str) {
     if !Path::new("/dev/zero").exists() {
         return support::skip("no /dev/zero");
     }
-    let tmp = Scratch::new(&format!("zero-{}", extra.len()));
+    // One directory per case: two cases with as many arguments shared one, and removed it
+    // under each other.
+    let tmp = Scratch::new(&format!("zero-{}", extra.join("-")));
     let mut args = vec!["replay"];
     args.extend_from_slice(extra);
     args.push("/dev/zero");
@@ -536,4 +538,141 @@ fn a_gzipd_streaming_trace_replays_as_its_plain_self_and_leaves_no_spool() {
     assert_eq!(figures(&packed), want);
     let left: Vec<_> = std::fs::read_dir(&tmp.0).unwrap().collect();
     assert!(left.is_empty(), "left in TMPDIR: {left:?}");
+}
+
+/// The spool has no name in TMPDIR even while the replay runs (it was removed only at the
+/// end, so a replay killed by SIGTERM or Ctrl-C left up to 1 GiB there): the replay reads a
+/// FIFO whose writer stays open, and once it holds the spool open, TMPDIR is empty.
+#[cfg(target_os = "linux")]
+#[test]
+fn the_spool_has_no_name_in_tmpdir_while_the_replay_runs() {
+    let s = Scratch::new("spool-unnamed");
+    let tmp = Scratch::new("spool-unnamed-tmp");
+    let fifo = s.fifo("trace.jsonl").canonicalize().unwrap();
+    // Read and write, so that opening it does not wait and the replay never sees its end.
+    let mut writer = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&fifo)
+        .unwrap();
+    // More than the 8 KiB the format is told from, so that the spool is made and written.
+    let mut text =
+        String::from("{\"format\":\"portalloc-trace\",\"version\":1,\"source\":\"x\"}\n");
+    for i in 0..1000u64 {
+        text.push_str(&format!("[{i},{i},0,0,\"a\",{i},64]\n"));
+    }
+    writer.write_all(text.as_bytes()).unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_portalloc"));
+    for var in portalloc::config::VARIABLES {
+        cmd.env_remove(var);
+    }
+    let mut child = cmd
+        .args(["replay", fifo.to_str().unwrap()])
+        .env("TMPDIR", &tmp.0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let fds = PathBuf::from(format!("/proc/{}/fd", child.id()));
+    let holds_spool = || {
+        std::fs::read_dir(&fds)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|fd| {
+                std::fs::read_link(fd.path())
+                    .is_ok_and(|t| t.to_string_lossy().contains("portalloc-spool"))
+            })
+    };
+    let start = std::time::Instant::now();
+    while !holds_spool() && start.elapsed() < DEADLINE {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let held = holds_spool();
+    let left: Vec<_> = std::fs::read_dir(&tmp.0)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    let _ = child.kill();
+    let _ = child.wait();
+    drop(writer);
+    assert!(held, "the replay never opened its spool");
+    assert!(
+        left.is_empty(),
+        "named in TMPDIR while the replay runs: {left:?}"
+    );
+}
+
+/// A FIFO named like the driver in a directory of `LD_LIBRARY_PATH` is refused by name
+/// before `dlopen`, which looks the bare name up there and waits on the FIFO for a writer for
+/// ever: `portalloc info` says why and goes on.
+#[test]
+fn a_fifo_named_like_the_driver_on_ld_library_path_is_refused_not_waited_on() {
+    if !cfg!(feature = "cuda") {
+        return support::skip("built without the cuda feature");
+    }
+    let s = Scratch::new("ld-library-path");
+    let fifo = s.fifo("libcuda.so.1");
+    let dirs = format!("/nonexistent:{}", s.0.display());
+    let (ok, out, err) = portalloc(&["info"], &[("LD_LIBRARY_PATH", &dirs)]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains(&format!(
+            "{} (found on LD_LIBRARY_PATH) is not a regular file",
+            fifo.display()
+        )),
+        "{out}"
+    );
+}
+
+/// A refused library's reason is one clause: the failures are joined with `; ` and shown
+/// one a line, and a `;` in the reason made its hint a line of its own ("tried a vendor
+/// library is a regular file").
+#[test]
+fn a_refused_library_reads_as_one_sentence() {
+    if !cfg!(feature = "cuda") {
+        return support::skip("built without the cuda feature");
+    }
+    let s = Scratch::new("lib-sentence");
+    let fifo = s.fifo("libvendor.so");
+    let (ok, out, err) = portalloc(
+        &["info"],
+        &[("PORTALLOC_CUDA_LIBRARY", fifo.to_str().unwrap())],
+    );
+    assert!(ok, "{err}");
+    assert!(
+        out.contains(
+            "refused without loading: not a regular file (a FIFO, socket or device), where a \
+             vendor library is a regular file (a shared object)"
+        ),
+        "{out}"
+    );
+    assert!(!out.contains("tried a vendor library"), "{out}");
+}
+
+/// An XLA buffer-assignment file given directly that is a FIFO is shown by its whole path
+/// (up to the 256 characters of every path in a message), not cut to 40.
+#[test]
+fn an_xla_dump_fifo_given_directly_is_shown_by_its_whole_path() {
+    let s = Scratch::new("xla-fifo-path");
+    let fifo = s.fifo(
+        "module_0001.jit_a_rather_long_module_name.cpu_after_optimizations-buffer-assignment.txt",
+    );
+    let shown = fifo.display().to_string();
+    assert!(shown.len() > 40 && shown.len() <= 256, "{shown}");
+    let text = within("xla_dump::read_path of a FIFO", move || {
+        error_text(xla_dump::read_path(&fifo, &XlaOptions::default()))
+    });
+    assert!(text.contains(&shown), "{text}");
+}
+
+/// `--trusted-input` says what it raises: the input and inflate cap, 1 GiB to 16 GiB, not
+/// only the snapshot limits.
+#[test]
+fn trusted_input_help_names_the_input_cap_it_raises() {
+    let (ok, out, err) = portalloc(&["replay", "--help"], &[]);
+    assert!(ok, "{err}");
+    let help = out.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(help.contains("to 16 GiB instead of 1 GiB"), "{help}");
 }
