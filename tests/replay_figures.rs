@@ -644,3 +644,193 @@ fn the_c_abi_under_ignore_env_names_no_variable() {
         assert!(!message.contains(variable), "{variable} in {message}");
     }
 }
+
+// ------------------------------------------------------------------------- text output
+
+/// The words of `strategy`'s table row, and its "util." cell: the 6th word (strategy, peak
+/// live and peak reserved as number and unit, then util.).
+fn util_cell(out: &str, strategy: &str) -> String {
+    row(out, strategy)
+        .split_whitespace()
+        .nth(5)
+        .unwrap()
+        .to_string()
+}
+
+/// A first request larger than the limit (16 MiB; 6 MiB of an 8 MiB device at 0.75) is
+/// refused before the pool holds a byte: served ÷ reserved is 0 ÷ 0, printed "—" with a
+/// footnote (it printed 0.0%, as though the pool were wasted); the JSON keeps utilisation 0
+/// beside peak_reserved 0, which tells the case.
+#[test]
+fn util_is_a_dash_where_nothing_was_reserved() {
+    let dir = temp_dir("util-dash");
+    let path = write_trace(&dir, "t.jsonl", &[("a", 1, 16 * MIB), ("f", 1, 16 * MIB)]);
+    let args = [
+        "replay",
+        path.as_str(),
+        "--capacity",
+        "8MiB",
+        "--strategies",
+        "bfc-grow,platform",
+    ];
+    let (ok, out, err) = portalloc(&args, &[]);
+    assert!(ok, "{err}");
+    for strategy in ["bfc-grow", "platform"] {
+        assert_eq!(util_cell(&out, strategy), "—", "{out}");
+    }
+    assert!(
+        out.contains("util. is — where nothing was reserved"),
+        "{out}"
+    );
+    assert!(!out.contains("0.0%"), "{out}");
+    let mut json_args = args.to_vec();
+    json_args.push("--json");
+    for r in results(&portalloc_json(&json_args, &[])) {
+        assert_eq!(r["peak_reserved"].as_u64(), Some(0), "{r}");
+        assert_eq!(r["utilisation"].as_f64(), Some(0.0), "{r}");
+    }
+    // Where bytes were reserved, the percentage is printed as before: 1 MiB in a 2 MiB region.
+    let path = write_trace(&dir, "small.jsonl", &[("a", 1, MIB), ("f", 1, MIB)]);
+    let (ok, out, err) = portalloc(
+        &[
+            "replay",
+            &path,
+            "--capacity",
+            "8MiB",
+            "--strategies",
+            "bfc-grow",
+        ],
+        &[],
+    );
+    assert!(ok, "{err}");
+    assert_eq!(util_cell(&out, "bfc-grow"), "50.0%", "{out}");
+    assert!(!out.contains("nothing was reserved"), "{out}");
+    std::fs::remove_dir_all(dir).ok();
+}
+
+/// The importer's header notes are printed under the header, not only in `--json`: each cut
+/// and escaped, the first 8, then how many more. Ten notes here: one with an escape code, one
+/// of 5,000 characters.
+#[test]
+fn header_notes_are_printed_bounded_and_escaped() {
+    let dir = temp_dir("notes");
+    let mut notes: Vec<String> = (0..10).map(|i| format!("note number {i}")).collect();
+    notes[0] = "skipped \u{1b}[31mcuda:1\u{1b}[0m".to_string();
+    notes[1] = "x".repeat(5000);
+    let header = serde_json::json!({
+        "format": "portalloc-trace", "version": 1, "source": "x", "notes": notes,
+    });
+    let text = format!(
+        "{header}\n[0,0,0,0,\"a\",1,1024]\n[1,1,0,0,\"f\",1,1024]\n{{\"end\":{{\"events\":2}}}}\n"
+    );
+    let path = dir.join("t.jsonl");
+    std::fs::write(&path, text).unwrap();
+    let path = path.to_string_lossy().into_owned();
+    let (ok, out, err) = portalloc(
+        &["replay", &path, "--capacity", "8MiB", "--strategies", "bfc"],
+        &[],
+    );
+    assert!(ok, "{err}");
+    assert!(!out.contains('\u{1b}'), "{out:?}");
+    assert!(out.contains("   skipped \\u{1b}[31mcuda:1"), "{out}");
+    let long = out
+        .lines()
+        .find(|l| l.contains("xxxx"))
+        .expect("the long note");
+    assert!(long.chars().count() < 1000 && long.ends_with('…'), "{long}");
+    for i in 2..8 {
+        assert!(out.contains(&format!("   note number {i}\n")), "{i}: {out}");
+    }
+    assert!(!out.contains("note number 8"), "{out}");
+    assert!(
+        out.contains("… 2 more notes (--json lists them all)"),
+        "{out}"
+    );
+    std::fs::remove_dir_all(dir).ok();
+}
+
+/// A Kineto trace with only the CPU's `[memory]` events (Device Type 0): replayed with
+/// `--trace-device cpu`, the text says the CPU caveat (it was only in `--json`); without the
+/// flag, the refusal names the flag a user types, and the library's option only as such.
+#[test]
+fn a_cpu_profile_says_its_caveat_and_names_the_flag() {
+    let dir = temp_dir("kineto-cpu");
+    let event = |ts: u64, addr: u64, bytes: i64, total: i64| {
+        serde_json::json!({
+            "ph": "i", "name": "[memory]", "pid": 1, "tid": 1, "ts": ts,
+            "args": {"Device Type": 0, "Device Id": -1, "Addr": addr, "Bytes": bytes,
+                     "Total Allocated": total, "Total Reserved": 0}
+        })
+    };
+    let trace = serde_json::json!({ "traceEvents": [
+        event(1, 0x10, 4096, 4096), event(2, 0x20, 8192, 12288), event(3, 0x10, -4096, 8192),
+    ]});
+    let path = dir.join("cpu.json");
+    std::fs::write(&path, trace.to_string()).unwrap();
+    let path = path.to_string_lossy().into_owned();
+    let (ok, out, err) = portalloc(
+        &[
+            "replay",
+            &path,
+            "--trace-device",
+            "cpu",
+            "--strategies",
+            "bfc",
+        ],
+        &[],
+    );
+    assert!(ok, "{err}");
+    assert!(out.contains("   the CPU's [memory] events"), "{out}");
+    let (ok, out, err) = portalloc(&["replay", &path, "--strategies", "bfc"], &[]);
+    assert!(!ok, "{out}");
+    assert!(
+        err.contains("--trace-device cpu (trace::Options::cpu in the library)"),
+        "{err}"
+    );
+    assert!(!err.contains("(Options::cpu)"), "{err}");
+    std::fs::remove_dir_all(dir).ok();
+}
+
+/// The refusal of a gzip stream inflating past a limit on untrusted files (here 1 MiB) names the flag a user types, and
+/// the library's option only as such (it said "--trusted-input (trace::Options::trusted)").
+#[test]
+fn the_input_limit_names_the_flag_then_the_library_option() {
+    let mut text = b"{\"format\":\"portalloc-trace\",\"version\":1,\"source\":\"x\"}\n".to_vec();
+    text.resize(text.len() + (2 << 20), b'\n');
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    std::io::Write::write_all(&mut gz, &text).unwrap();
+    let text = gz.finish().unwrap();
+    let options = portalloc::trace::Options::default().with_max_input_bytes(1 << 20);
+    let message =
+        match portalloc::trace::open_reader(std::io::Cursor::new(text), "t.jsonl.gz", &options)
+            .and_then(|mut t| t.try_for_each(|e| e.map(|_| ())))
+        {
+            Ok(()) => panic!("read past the limit"),
+            Err(e) => e.to_string(),
+        };
+    assert!(
+        message.contains("--trusted-input (trace::Options::trusted in the library)"),
+        "{message}"
+    );
+}
+
+/// The deprecated fraction variable is warned of once, on standard error, without terminal
+/// escape codes: it was said twice (a tracing WARN in colour codes, then `portalloc: warning:`).
+#[test]
+fn a_deprecated_variable_is_warned_of_once_without_colour() {
+    let dir = temp_dir("deprecated");
+    let path = write_trace(&dir, "t.jsonl", &[("a", 1, MIB), ("f", 1, MIB)]);
+    let (ok, out, err) = portalloc(
+        &["replay", &path, "--capacity", "8MiB", "--strategies", "bfc"],
+        &[("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.3")],
+    );
+    assert!(ok, "{err}");
+    assert_eq!(err.matches("is deprecated").count(), 1, "{err}");
+    assert!(
+        err.contains("portalloc: warning: XLA_PYTHON_CLIENT_MEM_FRACTION is deprecated"),
+        "{err}"
+    );
+    assert!(!err.contains('\u{1b}'), "{err:?}");
+    assert!(out.contains("memory fraction 0.3"), "{out}");
+    std::fs::remove_dir_all(dir).ok();
+}

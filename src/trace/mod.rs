@@ -760,7 +760,8 @@ impl<R: Read> Capped<R> {
             "on trusted input".to_string()
         } else {
             format!(
-                "on untrusted input; --trusted-input (trace::Options::trusted) raises it to {}",
+                "on untrusted input; --trusted-input (trace::Options::trusted in the library) \
+                 raises it to {}",
                 crate::units::Bytes(self.limit.saturating_mul(TRUSTED_INPUT_FACTOR))
             )
         };

@@ -75,11 +75,16 @@ fn is_broken_pipe_panic(text: &str) -> bool {
 
 fn main() -> ExitCode {
     end_quietly_on_broken_pipe();
+    // The command line says the configuration's warnings itself (`portalloc: warning: …`,
+    // `portalloc info`'s list), so the library's tracing copy of them (target
+    // portalloc::config) is left out unless PORTALLOC_LOG asks for it; colours only on a
+    // terminal, not as escape codes in a pipe or a log file.
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("PORTALLOC_LOG")
-                .unwrap_or_else(|_| "warn".into()),
+                .unwrap_or_else(|_| "warn,portalloc::config=off".into()),
         )
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .without_time()
         .init();

@@ -804,10 +804,8 @@ fn print_report(r: &TraceReport) {
     if let Some(assumption) = &r.pre_window {
         println!("   {assumption}");
     }
-    if h.source.starts_with("xla-dump:") {
-        for note in &h.notes {
-            println!("   {note}");
-        }
+    for line in note_lines(&h.notes) {
+        println!("   {line}");
     }
     println!(
         "   replayed on {} ({}, granularity {}), memory fraction {} ({}) → limit {}",
@@ -867,11 +865,11 @@ fn print_report(r: &TraceReport) {
                     human(x.peak_refused)
                 };
                 print!(
-                    "   {:<9} {:>11} {:>13} {:>6.1}% {:>6} {:>11} {:>12} {:>9} {:>9.0}",
+                    "   {:<9} {:>11} {:>13} {:>7} {:>6} {:>11} {:>12} {:>9} {:>9.0}",
                     s.strategy,
                     human(x.peak_live),
                     human(x.peak_reserved),
-                    x.utilisation * 100.0,
+                    utilisation_cell(x),
                     x.oom_count,
                     refused,
                     first,
@@ -905,6 +903,15 @@ fn print_report(r: &TraceReport) {
              requests included; refused: the most bytes refused and still wanted at once"
         );
     }
+    if r.results
+        .iter()
+        .any(|s| s.result.as_ref().is_some_and(|x| x.peak_reserved == 0))
+    {
+        println!(
+            "   util. is — where nothing was reserved (every request refused before the pool \
+             held a byte): served ÷ reserved is 0 ÷ 0"
+        );
+    }
     let ratio_dashed = r.results.iter().any(|s| {
         s.min_capacity.is_some()
             && s.result
@@ -919,6 +926,43 @@ fn print_report(r: &TraceReport) {
         );
     }
     println!();
+}
+
+/// The "util." cell: served ÷ reserved as a percentage, or "—" where nothing was reserved
+/// (0 ÷ 0: a first request refused, printed 0.0% as though the pool were wasted). The JSON
+/// keeps the engine's number, `utilisation` 0 beside `peak_reserved` 0, which tells the case.
+fn utilisation_cell(x: &ReplayResult) -> String {
+    if x.peak_reserved == 0 {
+        "—".to_string()
+    } else {
+        format!("{:.1}%", x.utilisation * 100.0)
+    }
+}
+
+/// Header notes shown in the text report: at most this many, the rest counted.
+const NOTES_SHOWN: usize = 8;
+
+/// Characters of one header note shown in the text report (the longest an importer writes,
+/// the CPU caveat, is about 400).
+const NOTE_CHARS: usize = 600;
+
+/// The importer's header notes (devices skipped, the CPU caveat, a snapshot's blocks replayed
+/// at their own sizes, an XLA dump's module) as the text report prints them: each cut and
+/// escaped ([`portalloc::error::cut_escaped`]), at most [`NOTES_SHOWN`], then how many more
+/// (`--json` lists them all).
+fn note_lines(notes: &[String]) -> Vec<String> {
+    let mut lines: Vec<String> = notes
+        .iter()
+        .take(NOTES_SHOWN)
+        .map(|n| portalloc::error::cut_escaped(n, NOTE_CHARS))
+        .collect();
+    if notes.len() > NOTES_SHOWN {
+        lines.push(format!(
+            "… {} more notes (--json lists them all)",
+            notes.len() - NOTES_SHOWN
+        ));
+    }
+    lines
 }
 
 /// The step `--min-capacity` bisects to: one 2 MiB granule, the smallest device it tries.

@@ -1113,7 +1113,7 @@ fn choose(
                 Some(n) => format!(
                     "[memory] events of the CPU only ({n} events, Device Type 0), no GPU's: \
                      the CPU's are replayed only when asked for, with --trace-device cpu \
-                     (Options::cpu): an eager step allocates the same tensors on a GPU, but \
+                     (trace::Options::cpu in the library): an eager step allocates the same tensors on a GPU, but \
                      the memory live before the window is unknown (--baseline SIZE)"
                 ),
                 None if memory_events == 0 => "no [memory] events at all: was the profiler \
