@@ -174,22 +174,105 @@ fn a_byte_order_mark_is_skipped(text: &[u8]) {
     assert_eq!(events(&with_bom), plain);
 }
 
-/// An integer no `u64` holds in the header is "out of range", naming the field; before,
-/// serde_json's "invalid type: floating point `1.8446744073709552e+19`".
-#[test_case("baseline_bytes", "18446744073709551616" ; "2^64")]
-#[test_case("baseline_bytes", "99999999999999999999999999" ; "26 digits")]
-fn a_header_integer_past_u64_is_out_of_range(field: &str, number: &str) {
+/// A header number no `u64` field takes is named with its field and said to be out of range
+/// or not an integer, in the wording of every reader; before, an integer past 2^64 − 1 was
+/// "is \"…\", out of range: at most …" and a fraction or a negative serde_json's "invalid
+/// type: floating point `1.5`" / "invalid value: integer `-1`", the field not named.
+#[test_case("baseline_bytes", "18446744073709551616", "is out of range (0..=2^64−1)" ; "2^64")]
+#[test_case("baseline_bytes", "99999999999999999999999999", "is out of range (0..=2^64−1)" ; "26 digits")]
+#[test_case("baseline_bytes", "-1", "is out of range (0..=2^64−1)" ; "a negative")]
+#[test_case("baseline_bytes", "1.5", "is not an integer" ; "a fraction")]
+#[test_case("baseline_bytes", "1e3", "is not an integer" ; "an exponent")]
+#[test_case("version", "1.5", "is not an integer" ; "the version a fraction")]
+fn a_header_number_no_u64_holds_is_named_with_its_field(field: &str, number: &str, said: &str) {
     let text = format!(
         "{{\"format\":\"portalloc-trace\",\"version\":1,\"source\":\"x\",\"{field}\":{number}}}\n{{\"end\":{{\"events\":0}}}}\n"
     );
+    let text = text.replacen("\"version\":1,", "", usize::from(field == "version"));
     let message = refusal(text.as_bytes(), None);
     assert!(
         message.contains(&format!(
-            "header field \"{field}\" is \"{number}\", out of range"
+            "line 1: header field \"{field}\" \"{number}\" {said}"
         )),
         "{message}"
     );
-    assert!(!message.contains("floating point"), "{message}");
+    assert!(
+        !message.contains("floating point") && !message.contains("invalid value"),
+        "{message}"
+    );
+}
+
+/// A CSV size no `u64` holds, or that is no integer, is named with its column and line in the
+/// same wording; before, RMM's "Size \"…\" is not a byte count" and the lifetime CSV's "size
+/// \"…\" is not a non-negative integer", for a number too large as for one that is no number.
+#[test_case("Thread,Time,Action,Pointer,Size,Stream\n1,1.0,allocate,0x1000,{},0x0\n", "Size" ; "RMM CSV")]
+#[test_case("id,lower,upper,size\n1,0,2,{}\n", "size" ; "lifetimes CSV")]
+fn a_csv_size_no_u64_holds_is_out_of_range(template: &str, column: &str) {
+    for (number, said) in [
+        ("18446744073709551616", "is out of range (0..=2^64−1)"),
+        ("-1", "is out of range (0..=2^64−1)"),
+        ("1.5", "is not an integer"),
+        ("lots", "is not an integer"),
+    ] {
+        let message = refusal(template.replace("{}", number).as_bytes(), None);
+        assert!(
+            message.contains(&format!("line 2: {column} \"{number}\" {said}")),
+            "{message}"
+        );
+    }
+}
+
+/// A snapshot pickled at protocol 0 or 1 (text opcodes, no PROTO: `(dp0\n…`, `}q\0(…`) is
+/// sniffed as a snapshot and reads as the same snapshot at protocol 4 does; before, "unknown
+/// trace format" though `--format pytorch-snapshot` read it.
+#[test_case("snapshot-protocol0.pickle" ; "protocol 0")]
+#[test_case("snapshot-protocol1.pickle" ; "protocol 1")]
+fn a_snapshot_at_protocol_0_or_1_is_sniffed(file: &str) {
+    let bytes = fixture(file);
+    assert_eq!(trace::detect(&bytes), Some(Format::PytorchSnapshot));
+    let read = events(&bytes);
+    assert_eq!(read.len(), 3);
+    assert_eq!(read, events(&fixture("snapshot-protocol4.pickle")));
+}
+
+/// Other pickles at protocols 0 and 1 are sniffed as pickles too and refused as what they
+/// are, not "unknown trace format".
+#[test_case("deque-protocol0.pickle", "a pickle of collections.deque" ; "a deque, GLOBAL")]
+#[test_case("list-protocol0.pickle", "a valid pickle, but of a list" ; "a list, protocol 0")]
+#[test_case("list-protocol1.pickle", "a valid pickle, but of a list" ; "a list, protocol 1")]
+fn other_pickles_at_protocol_0_or_1_are_named(file: &str, named: &str) {
+    let message = refusal(&fixture(file), None);
+    assert!(message.contains(named), "{message}");
+    assert!(!message.contains("unknown trace format"), "{message}");
+}
+
+/// A dict with an empty `device_traces` and no `segments` (`{'device_traces': []}`) is not a
+/// snapshot: refused with its keys and a snapshot's; one with both keys whose device_traces is
+/// an empty list traced no device and is refused. Before, both replayed as "0 events …
+/// recorded on cuda:0", a device invented for an empty list.
+#[test_case("device-traces-only-protocol0.pickle", "a dict with the keys \"device_traces\"" ; "traces only, protocol 0")]
+#[test_case("device-traces-only-protocol4.pickle", "a dict with the keys \"device_traces\"" ; "traces only, protocol 4")]
+#[test_case("no-device-traced.pickle", "device_traces is an empty list: it traced no device" ; "both keys, no device")]
+fn a_dict_without_segments_or_devices_is_refused(file: &str, said: &str) {
+    let message = refusal(&fixture(file), None);
+    assert!(message.contains(said), "{message}");
+    assert!(!message.contains("cuda:0"), "{message}");
+}
+
+/// An XLA live-range file given alone (`HloLiveRange (max …` its first line) is named as part
+/// of a dump, with what to give instead; before, "unknown trace format".
+#[test]
+fn a_lone_live_range_file_is_named_as_part_of_a_dump() {
+    let path =
+        xla_module_dir().join("module_0030.jit_train_step.cpu_after_optimizations-live-range.txt");
+    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert!(bytes.starts_with(b"HloLiveRange (max "));
+    let message = refusal(&bytes, None);
+    assert!(
+        message.contains("an XLA live-range file, part of an XLA dump: give its directory or its `*-buffer-assignment.txt`"),
+        "{message}"
+    );
+    assert!(!message.contains("unknown trace format"), "{message}");
 }
 
 /// A JSON object on an event line is said to be one (events are arrays, the only object is

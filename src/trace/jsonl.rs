@@ -79,12 +79,12 @@ impl Reader {
         // A byte-order mark is no part of the header (`open` skips it already).
         let text = buf.trim().trim_start_matches('\u{feff}');
         let header: TraceHeader =
-            serde_json::from_str(text).map_err(|e| match integer_out_of_range(text) {
+            serde_json::from_str(text).map_err(|e| match number_at(text, e.column()) {
                 Some((key, number)) => trace_error(format!(
-                    "{origin}: line 1: header field {} is {}, out of range: at most {}",
-                    excerpt(&key),
-                    excerpt(&number),
-                    u64::MAX
+                    "{origin}: line 1: {}",
+                    crate::trace::u64_field(&format!("header field {}", excerpt(&key)), &number)
+                        .err()
+                        .unwrap_or_else(|| format!("not a portalloc-trace header: {e}"))
                 )),
                 None => trace_error(format!(
                     "{origin}: line 1: not a portalloc-trace header: {e}"
@@ -286,14 +286,10 @@ fn names_end(text: &str) -> bool {
         .is_some_and(|t| t.trim_start().starts_with("\"end\""))
 }
 
-/// The first integer of the JSON object `text` that no `u64` holds (serde_json reads it as a
-/// float and says so, which hides what is wrong), with the key it is the value of (`""` in
-/// an array). Digits inside strings are not numbers; one with a fraction or an exponent is a
-/// float, which the header's types refuse by themselves.
-///
-/// # Time complexity
-/// O(n) for a line of n bytes.
-fn integer_out_of_range(text: &str) -> Option<(String, String)> {
+/// The key and the number of the header `text` where serde_json stopped at (1-based)
+/// `column`, when it stopped at a number: a value no `u64` field takes (a fraction, a
+/// negative, one past 2^64 − 1), which the message names with its field.
+fn number_at(text: &str, column: usize) -> Option<(String, String)> {
     let bytes = text.as_bytes();
     let mut key = String::new();
     let mut last_string = (0, 0);
@@ -316,13 +312,14 @@ fn integer_out_of_range(text: &str) -> Option<(String, String)> {
             b'-' | b'0'..=b'9' => {
                 let start = i;
                 i += 1;
-                while i < bytes.len() && bytes[i].is_ascii_digit() {
+                while i < bytes.len()
+                    && matches!(bytes[i], b'0'..=b'9' | b'.' | b'e' | b'E' | b'+' | b'-')
+                {
                     i += 1;
                 }
-                let float = matches!(bytes.get(i), Some(b'.' | b'e' | b'E'));
-                let number = &text[start..i];
-                if !float && number.parse::<u64>().is_err() && !number.starts_with('-') {
-                    return Some((key, number.to_string()));
+                // serde_json reports the column of the number's last byte or the one after.
+                if (start + 1..=i + 1).contains(&column) {
+                    return Some((key, text.get(start..i)?.to_string()));
                 }
             }
             _ => i += 1,

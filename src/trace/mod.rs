@@ -925,7 +925,7 @@ fn show_prefix(prefix: &[u8]) -> String {
 
 /// Recognises a (decompressed) trace from its first bytes; `None` when no format matches.
 pub fn detect(prefix: &[u8]) -> Option<Format> {
-    if prefix.first() == Some(&0x80) {
+    if prefix.first() == Some(&0x80) || is_text_pickle(prefix) {
         return Some(Format::PytorchSnapshot);
     }
     let (text, first_line) = text_start(prefix)?;
@@ -961,6 +961,38 @@ pub fn detect(prefix: &[u8]) -> Option<Format> {
     }
 }
 
+/// The start of a pickle of protocol 0 or 1 (no PROTO opcode): `_dump_snapshot` pickles
+/// re-pickled at those protocols start `(dp0\n` (MARK, DICT, PUT) or `}q\0` (EMPTY_DICT,
+/// BINPUT). Only sequences no JSON or CSV text starts with: a MARK then DICT or LIST then an
+/// opcode that can follow them; EMPTY_DICT or EMPTY_LIST (`}`, `]`) then a memo opcode, a MARK
+/// or STOP; or a GLOBAL (`c`, a dotted module name, a line, a name, a line) then an opcode.
+fn is_text_pickle(prefix: &[u8]) -> bool {
+    let ident = |s: &[u8], dotted: bool| {
+        s.first()
+            .is_some_and(|b| b.is_ascii_alphabetic() || *b == b'_')
+            && s.iter()
+                .all(|b| b.is_ascii_alphanumeric() || *b == b'_' || (dotted && *b == b'.'))
+    };
+    match prefix {
+        // PUT takes a decimal index; the others a value, a nested container, or the end.
+        [b'(', b'd' | b'l', b'p', b'0'..=b'9', ..] => true,
+        [b'(', b'd' | b'l', next, ..] => b"q.(VSXI}]".contains(next),
+        [b'}' | b']', next, ..] => b"q(.".contains(next),
+        [b'c', rest @ ..] => {
+            let mut lines = rest.splitn(3, |&b| b == b'\n');
+            match (lines.next(), lines.next(), lines.next()) {
+                (Some(module), Some(name), Some(after)) => {
+                    ident(module, true)
+                        && ident(name, true)
+                        && after.first().is_some_and(|b| b"()pqR}]N.".contains(b))
+                }
+                _ => false,
+            }
+        }
+        _ => false,
+    }
+}
+
 fn contains(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)
 }
@@ -982,6 +1014,25 @@ fn text_start(prefix: &[u8]) -> Option<(&[u8], &[u8])> {
     Some((text, first_line))
 }
 
+/// `text` as an unsigned 64-bit integer, or the one wording of every reader for a field that
+/// is not one: `<field> <value> is not an integer` or `<field> <value> is out of range
+/// (0..=2^64−1)`, the value an excerpt.
+pub(crate) fn u64_field(field: &str, text: &str) -> std::result::Result<u64, String> {
+    let digits = text.strip_prefix(['-', '+']).unwrap_or(text);
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("{field} {} is not an integer", excerpt(text)));
+    }
+    match text.parse::<u64>() {
+        Ok(v) => Ok(v),
+        // `-0` is zero.
+        Err(_) if text.starts_with('-') && digits.bytes().all(|b| b == b'0') => Ok(0),
+        Err(_) => Err(format!(
+            "{field} {} is out of range (0..=2^64−1)",
+            excerpt(text)
+        )),
+    }
+}
+
 /// What a file that is no trace [`detect`] knows is, from its first bytes, when it is a file
 /// people give by mistake: a sentence naming it and saying what to record instead. `None`
 /// when it is nothing known.
@@ -1001,11 +1052,14 @@ fn not_a_trace(prefix: &[u8]) -> Option<String> {
                 .to_string(),
         );
     }
-    if line.starts_with("BufferLiveRange:") {
+    // `HloLiveRange (max 32):`, the first line of `*-live-range.txt` (older XLA:
+    // `BufferLiveRange:`).
+    if line.starts_with("HloLiveRange (") || line.starts_with("BufferLiveRange:") {
         return Some(
-            "an XLA live-range file, part of an XLA dump: give `portalloc replay` the dump \
-             directory, or the module's *-buffer-assignment.txt beside it (--per-buffer reads \
-             the live ranges from there)"
+            "an XLA live-range file, part of an XLA dump: give its directory or its \
+             `*-buffer-assignment.txt` (`portalloc replay` reads the dump directory, or the \
+             module's *-buffer-assignment.txt beside this file; --per-buffer reads the live \
+             ranges from there)"
                 .to_string(),
         );
     }
@@ -1110,6 +1164,25 @@ mod tests {
         );
         assert_eq!(detect(b"hello world"), None);
         assert_eq!(detect(b""), None);
+    }
+
+    /// Protocol 0 and 1 pickles (no PROTO opcode) are sniffed from their opcodes; text that
+    /// starts with the same characters but not with opcodes that can follow them is not.
+    #[test_case::test_case(b"(dp0\nVsegments\np1\n", Some(Format::PytorchSnapshot) ; "protocol 0 dict")]
+    #[test_case::test_case(b"(lp0\nI1\na.", Some(Format::PytorchSnapshot) ; "protocol 0 list")]
+    #[test_case::test_case(b"(dVsegments\n", Some(Format::PytorchSnapshot) ; "protocol 0 dict, memo optimised away")]
+    #[test_case::test_case(b"}q\x00(X\x08\x00\x00\x00segments", Some(Format::PytorchSnapshot) ; "protocol 1 dict")]
+    #[test_case::test_case(b"]q\x00(K\x01", Some(Format::PytorchSnapshot) ; "protocol 1 list")]
+    #[test_case::test_case(b"}.", Some(Format::PytorchSnapshot) ; "protocol 1 empty dict")]
+    #[test_case::test_case(b"ccollections\ndeque\np0\n(tR", Some(Format::PytorchSnapshot) ; "GLOBAL")]
+    #[test_case::test_case(b"(draft) notes\n", None ; "text in parentheses")]
+    #[test_case::test_case(b"(data", None ; "MARK DICT then APPEND is no pickle")]
+    #[test_case::test_case(b"cat\ndog\nbird\n", None ; "lines of words")]
+    #[test_case::test_case(b"count\n5\n", None ; "a one-column CSV")]
+    #[test_case::test_case(b"} end", None ; "a brace then text")]
+    #[test_case::test_case(b"{\"traceEvents\":[]}", Some(Format::Kineto) ; "JSON still Kineto")]
+    fn sniffs_protocol_0_and_1_pickles(prefix: &[u8], format: Option<Format>) {
+        assert_eq!(detect(prefix), format);
     }
 
     #[test]

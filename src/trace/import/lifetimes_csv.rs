@@ -20,7 +20,7 @@ use std::collections::VecDeque;
 use super::{csv_column, csv_error, csv_reader, Attrs, Emitter};
 use crate::error::Result;
 use crate::trace::{
-    excerpt, trace_error, Anomalies, AnomalyKind, Event, Format, Input, Keying, Loc, Op, Options,
+    trace_error, Anomalies, AnomalyKind, Event, Format, Input, Keying, Loc, Op, Options,
     TraceHeader, TraceSource,
 };
 
@@ -94,7 +94,7 @@ streaming_trace_source!(LifetimesSource, anomalies: emitter.tracker.anomalies);
 /// Reads a lifetime CSV's rows and returns a source of its events in replay order.
 ///
 /// # Errors
-/// A missing column, a field that is not a non-negative integer (with its line), more than
+/// A missing column, a field that is not an integer or out of range (with its line), more than
 /// 2³¹ − 1 rows, or an anomaly in strict mode (an empty lifetime or a repeated id here, a
 /// zero size as the events are taken).
 pub(crate) fn read(input: Input, origin: &str, options: &Options) -> Result<LifetimesSource> {
@@ -119,12 +119,8 @@ pub(crate) fn read(input: Input, origin: &str, options: &Options) -> Result<Life
         let line = rec.position().map(|p| p.line()).unwrap_or(0);
         let num = |i: usize, name: &str| -> Result<u64> {
             let t = rec.get(i).unwrap_or("");
-            t.parse().map_err(|_| {
-                trace_error(format!(
-                    "{origin}: line {line}: {name} {} is not a non-negative integer",
-                    excerpt(t)
-                ))
-            })
+            crate::trace::u64_field(name, t)
+                .map_err(|m| trace_error(format!("{origin}: line {line}: {m}")))
         };
         let buffer = Buffer {
             id: num(c_id, "id")?,

@@ -251,7 +251,12 @@ fn import(pickle: &pickle::Pickle, origin: &str, options: &Options) -> Result<Ve
             "{origin}: a pickle of {global}, {NOT_A_SNAPSHOT}"
         )));
     }
-    if root.is_dict() && segments.is_none() && device_traces.is_none() {
+    // `_dump_snapshot` writes `segments` always: a dict without them is some other dict unless
+    // it holds traces to replay (a snapshot stripped of its segments).
+    let no_traces = device_traces
+        .and_then(Val::as_list)
+        .map_or(true, |t| t.len() == 0);
+    if root.is_dict() && segments.is_none() && no_traces {
         return Err(trace_error(format!(
             "{origin}: a pickle of a dict with {}, {NOT_A_SNAPSHOT}: its keys are {SNAPSHOT_KEYS}",
             keys_shown(origin, root)?
@@ -269,6 +274,13 @@ fn import(pickle: &pickle::Pickle, origin: &str, options: &Options) -> Result<Ve
             "{origin}: the snapshot has no device_traces list (was torch.cuda.memory._record_memory_history enabled?)"
         ))
     })?;
+    // No device to name or replay: refused rather than read as device 0 with no events.
+    if traces.len() == 0 {
+        return Err(trace_error(format!(
+            "{origin}: the snapshot's device_traces is an empty list: it traced no device, \
+             so there is nothing to replay"
+        )));
+    }
     // The entries to replay per device, to choose the device with the most: only when there
     // is a choice (a walk of every entry).
     let counts = if options.device.is_none() && traces.len() > 1 {

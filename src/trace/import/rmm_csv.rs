@@ -154,12 +154,7 @@ impl RmmCsvReader {
             let bad = |m: String| trace_error(format!("{origin}: line {line}: {m}"));
             let field = |i: usize| rec.get(i).unwrap_or("");
             let action = field(self.cols.action).to_ascii_lowercase();
-            let size: u64 = field(self.cols.size).parse().map_err(|_| {
-                bad(format!(
-                    "Size {} is not a byte count",
-                    excerpt(field(self.cols.size))
-                ))
-            })?;
+            let size = crate::trace::u64_field("Size", field(self.cols.size)).map_err(&bad)?;
             let op = match action.as_str() {
                 "allocate" => Op::Alloc,
                 "free" | "deallocate" => Op::Free,

@@ -72,6 +72,32 @@ files = {
     'dict-empty.pickle': pickle.dumps({}, protocol=4),
     'dict-bytes-key.pickle': pickle.dumps({b'\x1b]0;title\x07': 1}, protocol=4),
 }
+# A snapshot as torch.cuda.memory._dump_snapshot writes it, small: re-pickled at protocols 0
+# and 1 (text opcodes, no PROTO), which the sniffer must know, and at 4 to compare with.
+snapshot = {
+    'segments': [{'device': 0, 'address': 0x10000000, 'total_size': 2 << 20, 'stream': 0,
+                  'blocks': [{'address': 0x10000000, 'size': 1024, 'requested_size': 1000,
+                              'state': 'active_allocated'}]}],
+    'device_traces': [[
+        {'action': 'alloc', 'addr': 0x10000000, 'size': 1024, 'stream': 0, 'time_us': 10},
+        {'action': 'alloc', 'addr': 0x10000400, 'size': 512, 'stream': 0, 'time_us': 11},
+        {'action': 'free_completed', 'addr': 0x10000400, 'size': 512, 'stream': 0,
+         'time_us': 12},
+    ]],
+    'allocator_settings': {},
+}
+for protocol in (0, 1, 4):
+    files[f'snapshot-protocol{protocol}.pickle'] = pickle.dumps(snapshot, protocol=protocol)
+files['deque-protocol0.pickle'] = pickle.dumps(collections.deque([1, 2, 3]), protocol=0)
+files['list-protocol0.pickle'] = pickle.dumps([1, 2, 3], protocol=0)
+files['list-protocol1.pickle'] = pickle.dumps([1, 2, 3], protocol=1)
+# The traces without the segments: some other dict, not a snapshot of device 0.
+for protocol in (0, 4):
+    files[f'device-traces-only-protocol{protocol}.pickle'] = pickle.dumps(
+        {'device_traces': []}, protocol=protocol)
+# Both keys, no device traced.
+files['no-device-traced.pickle'] = pickle.dumps(
+    {'segments': [], 'device_traces': []}, protocol=4)
 for name, data in files.items():
     with open(name, 'wb') as f:
         f.write(data)
