@@ -17,8 +17,9 @@
 //!   silently and run with less than configured). The next allocation tries again.
 //! * **No garbage collection on OOM**: XLA can free wholly free regions and retry when
 //!   growth fails; here that is [`Allocator::trim`], called by the user.
-//! * The back-off factor is computed in integers (`bytes × 9 / 10`, rounded up to 256 B)
-//!   where XLA multiplies by the `float` 0.9f; and like XLA, it backs off during one growth
+//! * The back-off factor is computed in integers (`bytes × 9 / 10`, rounded up to 256 B,
+//!   and at least 256 B less than the size refused, as in XLA's strict-progress rule) where
+//!   XLA multiplies by the `float` 0.9f; and like XLA, it backs off during one growth
 //!   attempt only, ever (XLA's `started_backpedal_`): later refusals fail at once.
 //! * `bytes_reserved` is always 0: XLA uses it for memory reserved beyond the pool, and BFC
 //!   reserves none.
@@ -420,7 +421,15 @@ impl<D: Device + ?Sized> BfcAllocator<D> {
                 inner.backed_off = true;
                 loop {
                     let smaller = (u128::from(bytes) * 9 / 10) as u64;
-                    bytes = round_up(smaller, MIN_ALLOCATION).unwrap_or(smaller);
+                    let smaller = round_up(smaller, MIN_ALLOCATION).unwrap_or(smaller);
+                    // Up to 10 × 256 B, rounding ×0.9 up gives `bytes` back: step down by
+                    // 256 B instead (as XLA now does), or a device that keeps refusing
+                    // would be asked for the same size for ever.
+                    bytes = if smaller < bytes {
+                        smaller
+                    } else {
+                        bytes.saturating_sub(MIN_ALLOCATION)
+                    };
                     if bytes < need {
                         break;
                     }
