@@ -399,10 +399,16 @@ impl<D: Device + ?Sized> BfcAllocator<D> {
             return Err(if need > limit {
                 self.exceeds(need, limit)
             } else {
+                // Say where the pool's free bytes are: a request larger than what the limit
+                // leaves is refused even when the free and the unused bytes together would
+                // hold it, since a region never grows or merges with another (as in XLA).
                 format!(
-                    "the limit of {} is reached: the pool holds {} and {} is left, {} needed",
+                    "the limit of {} is reached: the pool holds {} ({} of it free, the largest \
+                     free chunk {}; regions never merge) and {} is left, {} needed",
                     Bytes(limit),
                     Bytes(pool),
+                    Bytes(pool.saturating_sub(inner.arena.bytes_in_use())),
+                    Bytes(inner.arena.largest_free()),
                     Bytes(available),
                     Bytes(need)
                 )
