@@ -547,13 +547,20 @@ fn fraction_advice(total: u64, in_use: u64, pool: u64, need: u64) -> FractionAdv
                 Bytes(necessary - total)
             )
         };
+        let sum = if in_use == 0 {
+            format!("the {} requested", Bytes(need))
+        } else {
+            format!(
+                "the {} in use and the {} requested add up to {}",
+                Bytes(in_use),
+                Bytes(need),
+                Bytes(necessary)
+            )
+        };
         return FractionAdvice::NoneServes(format!(
-            "no fraction serves it on this device of {}: the {} in use and the {} requested \
-             add up to {}, more than the device has; what helps: {what_helps}",
-            Bytes(total),
-            Bytes(in_use),
-            Bytes(need),
-            Bytes(necessary)
+            "no fraction serves it on this device of {}: {sum}, more than the device has; \
+             what helps: {what_helps}",
+            Bytes(total)
         ));
     }
     let (low, high) = (of(necessary), of(sufficient));

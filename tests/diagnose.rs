@@ -320,6 +320,12 @@ fn no_fraction_serves_it_so_none_is_advised(
 ) {
     let f = growth_finding(10 * GIB, 0.75, in_use, requested, &hint);
     assert!(f.remedy.contains("no fraction serves it"), "{}", f.remedy);
+    assert!(
+        f.remedy.contains("more than the device has"),
+        "{}",
+        f.remedy
+    );
+    assert!(!f.remedy.contains("the 0 B in use"), "{}", f.remedy);
     assert!(f.remedy.contains(helps), "{helps} in {}", f.remedy);
     for contradiction in [
         "raise",
