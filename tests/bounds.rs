@@ -676,3 +676,31 @@ fn trusted_input_help_names_the_input_cap_it_raises() {
     let help = out.split_whitespace().collect::<Vec<_>>().join(" ");
     assert!(help.contains("to 16 GiB instead of 1 GiB"), "{help}");
 }
+
+/// `portalloc ledger` reads a regular file whole and anything else as it streams: both read
+/// the same snapshot, and print the same report.
+#[test]
+fn a_ledger_file_and_the_same_bytes_on_a_pipe_print_the_same_report() {
+    use portalloc::adaptor::LedgerAllocator;
+    use portalloc::{Allocator, Stream};
+
+    let s = Scratch::new("ledger-pipe");
+    let ledger = LedgerAllocator::new(support::common::bfc(
+        &support::common::simulated_host(64 << 20),
+        32 << 20,
+        false,
+    ));
+    let a = ledger
+        .allocate(4096, 0, Stream::DEFAULT, "weights")
+        .unwrap();
+    let path = s.0.join("ledger.json");
+    ledger.write_json(&path).unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    let (ok, from_file, err) = portalloc(&["ledger", path.to_str().unwrap()], &[]);
+    assert!(ok, "{err}");
+    let (ok, from_pipe, err) = support::cli::run(&["ledger", "/dev/stdin"], &[], Some(&bytes));
+    assert!(ok, "{err}");
+    assert!(from_file.contains("weights"), "{from_file}");
+    assert_eq!(from_file, from_pipe);
+    ledger.deallocate(a).unwrap();
+}
