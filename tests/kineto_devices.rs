@@ -9,7 +9,6 @@
 #[path = "support/mod.rs"]
 mod support;
 
-use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use portalloc::trace::{open, open_reader, summarize, AnomalyKind, Format, Options, Trace};
@@ -355,28 +354,6 @@ fn the_cli_takes_device_types() {
 
 // ---------------------------------------------------------------- shared traces
 
-/// `../shared/<dir>/<file>` (or under the directory `variable` names), or `None` after
-/// skipping (failing under CI) when it is absent.
-fn shared(variable: &str, dir: &str, file: &str) -> Option<PathBuf> {
-    let dir = std::env::var_os(variable)
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../shared")
-                .join(dir)
-        });
-    let path = dir.join(file);
-    if path.exists() {
-        Some(path)
-    } else {
-        support::skip(&format!(
-            "{} is absent (set {variable} to a copy of the shared directory)",
-            path.display()
-        ));
-        None
-    }
-}
-
 /// The MI300X trace (`../shared/traces-edge/pytorch-kineto-mi300x-qwen-hip.json.gz`, AMD's
 /// TraceLens test data) replays its GPU: the figures of an independent reader (Python's
 /// `gzip` and `json`: the `[memory]` events with `Device Type` 6, ordered by (`ts`, `Ev
@@ -387,11 +364,7 @@ fn shared(variable: &str, dir: &str, file: &str) -> Option<PathBuf> {
 /// replayed: an 8 B peak.
 #[test]
 fn the_mi300x_trace_replays_its_gpu() {
-    let Some(path) = shared(
-        "PORTALLOC_TRACES_EDGE",
-        "traces-edge",
-        "pytorch-kineto-mi300x-qwen-hip.json.gz",
-    ) else {
+    let Some(path) = support::shared_trace(true, "pytorch-kineto-mi300x-qwen-hip.json.gz") else {
         return;
     };
     let t = open(&path, &Options::default()).unwrap();
@@ -429,17 +402,16 @@ fn the_mi300x_trace_replays_its_gpu() {
 
 /// The CUDA traces still read as CUDA (type 1), the CPU's events listed as skipped, by name
 /// (the independent reader's counts: 1,240 and 4,618 CPU events).
-#[test_case("PORTALLOC_TRACES", "traces", "pytorch-kineto-ddp-v100.json.gz", "cuda:1 Tesla V100-SXM2-32GB", 26_770, "skipped: cpu (1240 events)" ; "ddp v100")]
-#[test_case("PORTALLOC_TRACES_EDGE", "traces-edge", "pytorch-kineto-resnet50-v100-noaddr.json.gz", "cuda:0 Tesla V100-DGXS-32GB", 8_220, "skipped: cpu (4618 events)" ; "resnet50 without addresses")]
+#[test_case(false, "pytorch-kineto-ddp-v100.json.gz", "cuda:1 Tesla V100-SXM2-32GB", 26_770, "skipped: cpu (1240 events)" ; "ddp v100")]
+#[test_case(true, "pytorch-kineto-resnet50-v100-noaddr.json.gz", "cuda:0 Tesla V100-DGXS-32GB", 8_220, "skipped: cpu (4618 events)" ; "resnet50 without addresses")]
 fn the_cuda_traces_still_read_as_cuda(
-    variable: &str,
-    dir: &str,
+    edge: bool,
     file: &str,
     device: &str,
     events: u64,
     skipped: &str,
 ) {
-    let Some(path) = shared(variable, dir, file) else {
+    let Some(path) = support::shared_trace(edge, file) else {
         return;
     };
     let t = open(&path, &Options::default()).unwrap();

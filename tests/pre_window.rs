@@ -240,41 +240,6 @@ fn known_blocks_before_the_window_are_allocated_at_their_own_sizes(strategy: Rep
 
 // ------------------------------------------------------------------ the shared traces
 
-/// `../shared/<dir>` (or the directory `variable` names); skips when absent.
-fn shared_dir(variable: &str, dir: &str) -> Option<PathBuf> {
-    let path = std::env::var_os(variable)
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../shared")
-                .join(dir)
-        });
-    if path.is_dir() {
-        Some(path)
-    } else {
-        support::skip(&format!(
-            "no {dir} at {} (set {variable} to a copy of shared/{dir})",
-            path.display()
-        ));
-        None
-    }
-}
-
-fn shared_file(edge: bool, file: &str) -> Option<PathBuf> {
-    let dir = if edge {
-        shared_dir("PORTALLOC_TRACES_EDGE", "traces-edge")
-    } else {
-        shared_dir("PORTALLOC_TRACES", "traces")
-    }?;
-    let path = dir.join(file);
-    if path.exists() {
-        Some(path)
-    } else {
-        support::skip(&format!("{} is absent", path.display()));
-        None
-    }
-}
-
 fn load(path: &Path) -> TraceInput {
     let mut t = portalloc::trace::open(path, &Default::default()).unwrap();
     let header = t.header().clone();
@@ -312,7 +277,7 @@ fn snapshot_blocks_before_the_window_match_an_independent_reader(
     blocks: usize,
     bytes: u64,
 ) {
-    let Some(path) = shared_file(edge, file) else {
+    let Some(path) = support::shared_trace(edge, file) else {
         return;
     };
     let input = load(&path);
@@ -340,7 +305,7 @@ fn shared_traces_need_at_most_1_3_times_peak_live() {
         ("PORTALLOC_TRACES", "traces"),
         ("PORTALLOC_TRACES_EDGE", "traces-edge"),
     ] {
-        let Some(dir) = shared_dir(variable, dir) else {
+        let Some(dir) = support::shared_dir(variable, dir) else {
             continue;
         };
         let mut found: Vec<PathBuf> = std::fs::read_dir(dir)

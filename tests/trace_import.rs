@@ -654,28 +654,7 @@ fn snapshot_baseline_counts_pending_frees_in_requested_bytes() {
 // ---------------------------------------------------------------- real traces
 
 fn traces_dir() -> Option<PathBuf> {
-    shared_dir("PORTALLOC_TRACES", "traces")
-}
-
-/// `../shared/<name>` (or the directory `variable` names); skips (or fails under CI) when
-/// it is absent.
-fn shared_dir(variable: &str, name: &str) -> Option<PathBuf> {
-    let dir = std::env::var_os(variable)
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../shared")
-                .join(name)
-        });
-    if dir.is_dir() {
-        Some(dir)
-    } else {
-        support::skip(&format!(
-            "no {name} at {} (set {variable} to a copy of shared/{name})",
-            dir.display()
-        ));
-        None
-    }
+    support::shared_dir("PORTALLOC_TRACES", "traces")
 }
 
 fn close(measured: f64, expected: f64, what: &str) {
@@ -788,24 +767,7 @@ fn every_real_trace_imports_and_converts() {
 }
 
 fn edge_traces_dir() -> Option<PathBuf> {
-    shared_dir("PORTALLOC_TRACES_EDGE", "traces-edge")
-}
-
-/// `file` of `../shared/traces-edge/` (`edge`) or `../shared/traces/`; `None` (after
-/// skipping, or failing under CI) when it is absent.
-fn shared_trace(edge: bool, file: &str) -> Option<PathBuf> {
-    let dir = if edge {
-        edge_traces_dir()
-    } else {
-        traces_dir()
-    }?;
-    let path = dir.join(file);
-    if path.exists() {
-        Some(path)
-    } else {
-        support::skip(&format!("{} is absent", path.display()));
-        None
-    }
+    support::shared_dir("PORTALLOC_TRACES_EDGE", "traces-edge")
 }
 
 /// FNV-1a, 64 bits: a fingerprint of a converted trace.
@@ -839,7 +801,7 @@ fn real_snapshots_match_an_independent_reader(
     figures: [u64; 5],
     fingerprint: u64,
 ) {
-    let Some(path) = shared_trace(edge, file) else {
+    let Some(path) = support::shared_trace(edge, file) else {
         return;
     };
     let t = open(&path, &Options::default()).unwrap();
@@ -871,7 +833,7 @@ fn real_kineto_traces_match_an_independent_reader(
     oracle: u64,
     own: u64,
 ) {
-    let Some(path) = shared_trace(edge, file) else {
+    let Some(path) = support::shared_trace(edge, file) else {
         return;
     };
     let (t, events) = open_all(&path, &Options::default());

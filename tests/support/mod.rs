@@ -190,3 +190,44 @@ pub fn stream(raw: u64) -> portalloc::Stream {
     // SAFETY: see above: every caller in the tests passes such a handle.
     unsafe { portalloc::Stream::from_raw(raw) }
 }
+
+/// `../shared/<dir>` beside the repository (or the directory `variable` names), or `None`
+/// after [`skip`] when it is absent.
+#[allow(dead_code)]
+pub fn shared_dir(variable: &str, dir: &str) -> Option<std::path::PathBuf> {
+    let path = std::env::var_os(variable)
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../shared")
+                .join(dir)
+        });
+    if path.is_dir() {
+        Some(path)
+    } else {
+        skip(&format!(
+            "no {dir} at {} (set {variable} to a copy of shared/{dir})",
+            path.display()
+        ));
+        None
+    }
+}
+
+/// `file` of the shared real traces: `../shared/traces-edge/` (`edge`, or
+/// `PORTALLOC_TRACES_EDGE`) or `../shared/traces/` (`PORTALLOC_TRACES`); `None` after
+/// [`skip`] when it is absent.
+#[allow(dead_code)]
+pub fn shared_trace(edge: bool, file: &str) -> Option<std::path::PathBuf> {
+    let dir = if edge {
+        shared_dir("PORTALLOC_TRACES_EDGE", "traces-edge")
+    } else {
+        shared_dir("PORTALLOC_TRACES", "traces")
+    }?;
+    let path = dir.join(file);
+    if path.exists() {
+        Some(path)
+    } else {
+        skip(&format!("{} is absent", path.display()));
+        None
+    }
+}
