@@ -100,13 +100,15 @@ fn a_stale_record_is_refused_after_same_stream_reuse(strategy: Strategy) {
     let x = DeviceBuffer::new(&allocator, MIB, s).unwrap();
     let work = device.launch(s, x.ptr(), MIB);
     let raw = x.into_raw();
-    // SAFETY (both): `raw` came from `into_raw`, on a host-device stream.
+    // SAFETY: `raw` came from `into_raw`, on a host-device stream.
     unsafe { DeviceBuffer::from_raw(Arc::clone(&allocator), raw) }
         .unwrap()
         .free()
         .unwrap();
     // S's next request reuses the pending free at once (the pooling strategies).
     let owner = DeviceBuffer::new(&allocator, MIB, s).unwrap();
+    // SAFETY: the same record again: from `into_raw`, on a host-device stream (stale now,
+    // which is what this checks the allocator refuses).
     let stale = unsafe { DeviceBuffer::from_raw(Arc::clone(&allocator), raw) }.unwrap();
     assert!(
         matches!(stale.free(), Err(Error::UnknownPointer { .. })),
@@ -131,14 +133,16 @@ fn free_returns_the_allocators_answer_and_raw_round_trips() {
     let raw: RawBuffer = x.into_raw();
     assert_eq!((raw.ptr, raw.size, raw.stream), (ptr, MIB, 0x1234));
     assert_eq!(a.stats().bytes_in_use, MIB, "into_raw frees nothing");
-    // SAFETY (every `from_raw` below): `raw` came from `into_raw`, on a host-device stream.
     // Another allocator's record is refused, never freed.
+    // SAFETY: `raw` came from `into_raw`, on a host-device stream (so for every `from_raw`
+    // below).
     match unsafe { DeviceBuffer::from_raw(Arc::clone(&b), raw) } {
         Err(Error::ForeignAllocation { owner, this, .. }) => {
             assert_eq!((owner, this), (a.id(), b.id()))
         }
         other => panic!("{other:?}"),
     }
+    // SAFETY: as above.
     let x = unsafe { DeviceBuffer::from_raw(Arc::clone(&a), raw) }.unwrap();
     assert_eq!((x.ptr(), x.stream()), (ptr, stream));
     x.free().unwrap();
@@ -146,9 +150,12 @@ fn free_returns_the_allocators_answer_and_raw_round_trips() {
     // A stale record (freed already) is refused by the allocator when freed: an error from
     // `free`, a warning from drop, and no other buffer of the allocator is touched.
     let other = DeviceBuffer::new(&a, MIB, Stream::DEFAULT).unwrap();
+    // SAFETY: as above (the record is stale: what the allocator must refuse).
     let stale = unsafe { DeviceBuffer::from_raw(Arc::clone(&a), raw) }.unwrap();
     assert!(matches!(stale.free(), Err(Error::UnknownPointer { .. })));
-    drop(unsafe { DeviceBuffer::from_raw(Arc::clone(&a), raw) }.unwrap());
+    // SAFETY: as above.
+    let dropped = unsafe { DeviceBuffer::from_raw(Arc::clone(&a), raw) }.unwrap();
+    drop(dropped);
     assert_eq!(a.stats().bytes_in_use, MIB, "the live buffer is untouched");
     drop(other);
     assert_eq!(a.stats().bytes_in_use, 0);

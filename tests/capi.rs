@@ -174,8 +174,8 @@ fn allocate_use_and_free() {
     let st = stats(&a);
     assert_eq!((st.live_allocations, st.bytes_in_use), (0, 0));
     let mut released = 0;
-    // SAFETY: valid output.
     assert_eq!(
+        // SAFETY: valid output.
         unsafe { portalloc_trim(a.0, &mut released) },
         PortallocStatus::Ok
     );
@@ -238,7 +238,7 @@ fn fixture() -> Fixture {
 /// Runs the hostile call; returns its status.
 fn run(f: &Fixture, case: Hostile) -> PortallocStatus {
     let (mut h, mut p) = (0u64, ptr::null_mut::<c_void>());
-    // SAFETY (whole block): every pointer passed is null, a valid output, a valid string, or
+    // SAFETY: (whole block) every pointer passed is null, a valid output, a valid string, or
     // a value portalloc only looks up; the point is that portalloc refuses the bad ones.
     unsafe {
         match case {
@@ -366,19 +366,19 @@ fn hostile_values_are_refused(case: Hostile, status: PortallocStatus, text: &str
     assert_eq!(after.live_allocations, before.live_allocations, "{case:?}");
     assert_eq!(after.bytes_in_use, before.bytes_in_use, "{case:?}");
     let mut p = ptr::null_mut();
-    // SAFETY: valid output.
     assert_eq!(
+        // SAFETY: valid output.
         unsafe { portalloc_handle_info(f.a.0, f.live, &mut p, ptr::null_mut()) },
         PortallocStatus::Ok
     );
     assert_eq!(p, f.live_ptr);
-    // SAFETY: plain values.
     assert_eq!(
+        // SAFETY: plain values.
         unsafe { portalloc_free(f.a.0, f.live) },
         PortallocStatus::Ok
     );
-    // SAFETY: plain values.
     assert_eq!(
+        // SAFETY: plain values.
         unsafe { portalloc_free(f.a.0, f.live) },
         PortallocStatus::InvalidHandle
     );
@@ -567,8 +567,8 @@ fn donated_handle_is_refused_with_the_exact_text() {
     // Freeing by pointer frees the consumer's buffer, once.
     // SAFETY: plain values.
     assert_eq!(unsafe { portalloc_free_ptr(a.0, p) }, PortallocStatus::Ok);
-    // SAFETY: plain values.
     assert_eq!(
+        // SAFETY: plain values.
         unsafe { portalloc_free(a.0, h2) },
         PortallocStatus::InvalidHandle
     );
@@ -681,8 +681,8 @@ fn destroy_frees_live_buffers() {
     let _ = allocate(&a, MIB, c"t");
     let raw = a.0;
     drop(a);
-    // SAFETY: plain values; the pointer is only looked up.
     assert_eq!(
+        // SAFETY: plain values; the pointer is only looked up.
         unsafe { portalloc_destroy(raw) },
         PortallocStatus::InvalidAllocator
     );
@@ -835,8 +835,8 @@ fn torch_hooks_in_child() {
     assert_eq!(j["live"][0]["stream"], 0x1234);
     assert_eq!(j["live"][0]["size"], 1 << 20);
     // The global allocator cannot be destroyed.
-    // SAFETY: plain value.
     assert_eq!(
+        // SAFETY: plain value.
         unsafe { portalloc_destroy(g) },
         PortallocStatus::InvalidArgument
     );
@@ -1282,8 +1282,8 @@ fn create_sized_refuses_sizes_of_no_layout() {
 #[test]
 fn callers_compiled_against_the_first_layout_keep_working() {
     let mut g = GuardedV1::new(0x7f);
-    // SAFETY: `g.options` is valid for writing 0.1.0's struct.
     assert_eq!(
+        // SAFETY: `g.options` is valid for writing 0.1.0's struct.
         unsafe { portalloc_options_default(g.as_options()) },
         PortallocStatus::Ok
     );

@@ -903,7 +903,7 @@ impl<V: VendorApi> Drop for GpuDevice<V> {
             .unwrap_or_else(PoisonError::into_inner)
             .take();
         let peers = std::mem::take(self.peers.get_mut().unwrap_or_else(PoisonError::into_inner));
-        // SAFETY (every call below): each handle is one this device made and still held, per
+        // SAFETY: every call below gives back a handle this device made and still holds, per
         // its books, used by no one else now that the device goes, and given back once.
         unsafe {
             if !books.pool_allocations.is_empty() {

@@ -238,11 +238,8 @@ impl Fake {
                 let f: unsafe extern "C" fn(c_int, u64, u64, c_int) -> c_int =
                     self.sym("fakecuda_configure");
                 // SAFETY: by value; 0 keeps the granularity and version.
-                assert_eq!(
-                    unsafe { f(devices, capacity, 0, 0) },
-                    0,
-                    "configured before cuInit"
-                );
+                let rc = unsafe { f(devices, capacity, 0, 0) };
+                assert_eq!(rc, 0, "configured before cuInit");
             }
         }
     }
@@ -282,7 +279,7 @@ impl Fake {
             let resume = Resume(self);
             let a = scope.spawn(blocked);
             let deadline = Instant::now() + Duration::from_secs(10);
-            // SAFETY (both calls): no arguments.
+            // SAFETY: no arguments.
             while unsafe { waiting() } == 0 {
                 assert!(Instant::now() < deadline, "{function} was never called");
                 std::thread::sleep(Duration::from_millis(1));
@@ -297,7 +294,9 @@ impl Fake {
                 finished.recv_timeout(Duration::from_secs(10)).is_ok(),
                 "other calls waited for {function}: a lock is held across it"
             );
-            assert_eq!(unsafe { waiting() }, 1, "{function} is still waiting");
+            // SAFETY: no arguments.
+            let still = unsafe { waiting() };
+            assert_eq!(still, 1, "{function} is still waiting");
             drop(resume);
             (a.join().unwrap(), b.join().unwrap())
         })
@@ -475,11 +474,8 @@ impl Fake {
             self.sym("cuDevicePrimaryCtxRetain");
         let mut ctx = std::ptr::null_mut();
         // SAFETY: one handle written; the device by value.
-        assert_eq!(
-            unsafe { f(&mut ctx, device) },
-            0,
-            "cuDevicePrimaryCtxRetain"
-        );
+        let rc = unsafe { f(&mut ctx, device) };
+        assert_eq!(rc, 0, "cuDevicePrimaryCtxRetain");
         ctx as u64
     }
 

@@ -730,28 +730,36 @@ mod caller {
             )
         };
         let current = move || -> u64 {
-            // SAFETY (each call): one value written through a valid pointer.
             match (get_ctx, get_dev) {
                 (Some(get), _) => {
                     let mut ctx = std::ptr::null_mut();
-                    assert_eq!(unsafe { get(&mut ctx) }, 0, "cuCtxGetCurrent");
+                    // SAFETY: one value written through a valid pointer.
+                    let rc = unsafe { get(&mut ctx) };
+                    assert_eq!(rc, 0, "cuCtxGetCurrent");
                     ctx as u64
                 }
                 (_, Some(get)) => {
                     let mut d: c_int = -1;
-                    assert_eq!(unsafe { get(&mut d) }, 0, "hipGetDevice");
+                    // SAFETY: one value written through a valid pointer.
+                    let rc = unsafe { get(&mut d) };
+                    assert_eq!(rc, 0, "hipGetDevice");
                     d as u64
                 }
                 _ => unreachable!(),
             }
         };
         let set = move |v: u64| {
-            // SAFETY (each call): null, a context the rig retained, or a device ordinal.
             match (set_ctx, set_dev) {
                 (Some(set), _) => {
-                    assert_eq!(unsafe { set(v as *mut c_void) }, 0, "cuCtxSetCurrent")
+                    // SAFETY: null or a context the rig retained.
+                    let rc = unsafe { set(v as *mut c_void) };
+                    assert_eq!(rc, 0, "cuCtxSetCurrent")
                 }
-                (_, Some(set)) => assert_eq!(unsafe { set(v as c_int) }, 0, "hipSetDevice"),
+                (_, Some(set)) => {
+                    // SAFETY: a device ordinal, by value.
+                    let rc = unsafe { set(v as c_int) };
+                    assert_eq!(rc, 0, "hipSetDevice")
+                }
                 _ => unreachable!(),
             }
         };
