@@ -11,8 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use portalloc::replay::{
-    min_capacity, preset, replay, Baseline, DeviceSpec, ReplayOptions, ReplayResult,
-    ReplayStrategy, TraceInput,
+    min_capacity, preset, replay, Baseline, ReplayOptions, ReplayStrategy, TraceInput,
 };
 use portalloc::trace::{Event, Op, TraceHeader};
 use test_case::test_case;
@@ -46,19 +45,7 @@ fn trace(rows: &[(Op, u64, u64)], baseline: u64, blocks: &[u64]) -> TraceInput {
     }
 }
 
-fn device(capacity: u64) -> DeviceSpec {
-    preset::custom(capacity)
-}
-
-fn run(input: &TraceInput, strategy: ReplayStrategy, capacity: u64, fraction: f64) -> ReplayResult {
-    let baseline = Baseline::scan(input).unwrap();
-    let options = ReplayOptions {
-        device: device(capacity),
-        fraction,
-        samples: 0,
-    };
-    replay(input, &baseline, strategy, &options, None).unwrap()
-}
+use support::replay::{device, run, STRATEGIES};
 
 /// The shape of the BERT-small Kineto step of issue 27: 87 MiB of weights live before the
 /// window and never freed in it (a Kineto trace tells only their total), then three steps
@@ -164,13 +151,7 @@ fn memory_of_unknown_shape_past_the_device_is_refused_not_an_error(
     refused_in_window_at_least: u64,
 ) {
     let input = bert_small_like();
-    for strategy in [
-        ReplayStrategy::Bfc,
-        ReplayStrategy::BfcGrow,
-        ReplayStrategy::Vmm,
-        ReplayStrategy::Async,
-        ReplayStrategy::Platform,
-    ] {
+    for strategy in STRATEGIES {
         let r = run(&input, strategy, capacity, 1.0);
         assert_eq!(
             r.peak_live,
@@ -325,13 +306,7 @@ fn shared_traces_need_at_most_1_3_times_peak_live() {
             continue;
         }
         let baseline = Baseline::scan(&input).unwrap();
-        for strategy in [
-            ReplayStrategy::Bfc,
-            ReplayStrategy::BfcGrow,
-            ReplayStrategy::Vmm,
-            ReplayStrategy::Async,
-            ReplayStrategy::Platform,
-        ] {
+        for strategy in STRATEGIES {
             let options = ReplayOptions {
                 device: h100,
                 fraction: 0.75,

@@ -7,8 +7,7 @@ mod support;
 use std::sync::Arc;
 
 use portalloc::replay::{
-    min_capacity, preset, replay, Baseline, DeviceSpec, ReplayOptions, ReplayResult,
-    ReplayStrategy, TraceInput,
+    min_capacity, preset, replay, Baseline, ReplayOptions, ReplayResult, ReplayStrategy, TraceInput,
 };
 use portalloc::trace::{Event, Op, TraceHeader};
 use test_case::test_case;
@@ -43,19 +42,7 @@ fn trace(rows: &[(Op, u64, u64)], baseline: u64) -> TraceInput {
     }
 }
 
-fn device(capacity: u64) -> DeviceSpec {
-    portalloc::replay::preset::custom(capacity)
-}
-
-fn run(input: &TraceInput, strategy: ReplayStrategy, capacity: u64, fraction: f64) -> ReplayResult {
-    let baseline = Baseline::scan(input).unwrap();
-    let options = ReplayOptions {
-        device: device(capacity),
-        fraction,
-        samples: 0,
-    };
-    replay(input, &baseline, strategy, &options, None).unwrap()
-}
+use support::replay::{device, run};
 
 use Op::{Alloc as A, Free as F};
 

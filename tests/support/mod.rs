@@ -9,6 +9,8 @@
 #[cfg(feature = "cli")]
 pub mod cli;
 pub mod common;
+#[cfg(feature = "replay")]
+pub mod replay;
 pub mod targets;
 
 /// True when a missing prerequisite must fail the run (`CI=true` or
