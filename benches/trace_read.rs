@@ -1,5 +1,4 @@
-//! Reading a PyTorch trace against the replay it feeds (issue #16: reading must be no slower
-//! than the replay).
+//! Reading a PyTorch trace against the replay it feeds.
 //!
 //! For every PyTorch trace shared with the project (`pytorch-*` in `../shared/traces/` and
 //! `../shared/traces-edge/`, or the directories `PORTALLOC_TRACES` / `PORTALLOC_TRACES_EDGE`
@@ -15,12 +14,11 @@
 //! Before criterion runs (not under `--test` or `--list`), a **table** is printed: per trace,
 //! [`PASSES`] passes each timing the three phases once (in rotated order); milliseconds
 //! min / median / max, and the ratio read ÷ replay taken within a pass (min / median / max).
-//! Reading is no slower than the replay it feeds when the median ratio is ≤ 1. For a gzip'd
+//! For a gzip'd
 //! trace the table also times **inflating alone** (the file's bytes, in memory, through the
 //! same zlib-rs decoder into a buffer) and **parsing alone** (the inflated JSON, held in
 //! memory, read on one thread): the reader inflates on a second thread while it parses, so
-//! with two cores its floor is the longer of the two, and about half their sum where each
-//! thread takes a share of the parsing. `scripts/json-floor` times simdjson on the same
+//! with two cores its floor is the longer of the two. `scripts/json-floor` times simdjson on the same
 //! inflated bytes: what validating them costs on this machine without portalloc's code.
 //!
 //! Run: `cargo bench --bench trace_read` (one trace: `cargo bench --bench trace_read -- ddp`;

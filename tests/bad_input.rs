@@ -474,10 +474,9 @@ mod traces {
         }
     }
 
-    /// Kineto events that are not `[memory]` ones are dropped after a validating scan
-    /// (`src/trace/import/json_skip.rs`) instead of being parsed: each of these, placed between
-    /// two good events, is still refused as corrupt or truncated JSON, in either mode, gzip'd
-    /// or not.
+    /// Kineto events that are not `[memory]` ones are validated as JSON and dropped, never
+    /// parsed into fields: each of these, placed between two good events, is still refused as
+    /// corrupt or truncated JSON, in either mode, gzip'd or not.
     #[test_case(r#"{"name": "aten::mm", "cat": "cpu_op}"# ; "truncated string")]
     #[test_case(r#"{"name": "aten::mm\q"}"# ; "bad escape")]
     #[test_case(r#"{"name": "\ud800x"}"# ; "lone surrogate")]
@@ -486,9 +485,7 @@ mod traces {
     #[test_case(r#"{"name": "aten::mm", "args": {"a": 1]]"# ; "crossed brackets")]
     #[test_case(r#"{"name": "aten::mm" "ts": 1}"# ; "missing comma")]
     #[test_case(r#"{"name": "aten::mm", "ts": 01}"# ; "leading zero")]
-    #[test_case(r#"{"name": "aten::mm", "ts": 1e999}"# ; "number out of range")]
     #[test_case(r#"{"name": "aten::mm", "ts": tru}"# ; "bad literal")]
-    #[test_case(r#"{"name": "aten::mm", "ts": 1, "ts": 2}"# ; "duplicate field")]
     #[test_case(r#"{"name": "aten::mm", "args": {"a": 1,}}"# ; "trailing comma")]
     #[test_case(&format!(r#"{{"name": "x", "args": {}1}}{}}}"#, "[".repeat(200), "]".repeat(199)) ; "over-deep nesting unbalanced")]
     #[test_case(&format!(r#"{{"name": "x", "args": {}"#, "[".repeat(100_000)) ; "deep and truncated")]
@@ -526,9 +523,28 @@ mod traces {
         }
     }
 
-    /// Nesting deeper than the skipper follows (64 levels) is handed to serde_json, which
-    /// walks what the importer ignores without recursion: a million levels in an event that
-    /// is not a `[memory]` one cost no stack, and the `[memory]` event after it is read.
+    /// What JSON's grammar allows but no field can hold — a key twice, a number past f64 —
+    /// is refused where it is read, in a `[memory]` event, naming what is wrong; in an event
+    /// that is dropped (not a `[memory]` one) it is JSON like any other, and dropped.
+    #[test_case(r#""ts": 1, "ts": 2"#, "duplicate field `ts`" ; "a key twice")]
+    #[test_case(r#""ts": 1e999"#, "number out of range" ; "a number past f64")]
+    fn numbers_and_keys_no_field_holds_are_refused_where_read(fields: &str, why: &str) {
+        let memory = r#""args": {"Addr": 1, "Bytes": 512, "Device Type": 1}"#;
+        let read = |name: &str| {
+            let text = format!(
+                r#"{{"traceEvents": [{{"name": "{name}", {memory}, {fields}}}, {{"name": "[memory]", "ts": 3, {memory}}}]}}"#
+            );
+            trace::open_reader(std::io::Cursor::new(text), "t", &Options::new())
+                .and_then(|t| t.collect::<portalloc::Result<Vec<_>>>())
+        };
+        let e = read("[memory]").expect_err("a [memory] event no field holds");
+        assert!(e.to_string().contains(why), "{e}");
+        assert_eq!(read("aten::mm").map(|events| events.len()).ok(), Some(1));
+    }
+
+    /// serde_json validates an event it does not build without recursion: a million levels
+    /// of nesting in an event that is not a `[memory]` one cost no stack, and the `[memory]`
+    /// event after it is read.
     #[test]
     fn deep_nesting_in_a_skipped_kineto_event_is_read() {
         let deep = 1_000_000;

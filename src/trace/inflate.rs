@@ -1,35 +1,18 @@
 //! Inflating a gzip'd trace on a second thread, so that the reader parses one buffer while
 //! the next is inflated.
 //!
-//! Inflating alone takes about as long as replaying a Kineto trace, or longer (DDP's 53 MB:
-//! 17 ms against an 18 ms replay; resnet50's 35 MB: 7.8 against 5.2; zlib-rs, `cargo bench
-//! --bench trace_read`), so a reader that inflates and parses in turn can never be as fast
-//! as the replay it feeds; in parallel, reading takes the longer of the two
-//! instead of their sum. A thread of its own inflates the stream into buffers of
+//! Inflating a Kineto trace takes about as long as replaying it (`cargo bench --bench
+//! trace_read` times both), so a reader that inflates and parses in turn pays their sum; in
+//! parallel, reading takes the longer of the two. A thread of its own inflates the stream into buffers of
 //! [`CHUNK_BYTES`] and hands them over a bounded channel ([`DEPTH`] buffers in flight, so
 //! memory stays at most about `(2 × DEPTH + 2) × CHUNK_BYTES` however large the file); the
 //! reader hands each buffer back once used, to be filled again. The reader sees the bytes
 //! through [`BufRead`], in order, and a read error where the inflating thread met it. When
 //! the reader is dropped before the end, the thread's next hand-over fails and it stops.
-//!
-//! The thread inflates faster than a trace is parsed: a [`Hook`], installed by the importer
-//! once it knows the format, does part of the parsing's work on each buffer before it is
-//! handed over (the Kineto reader scans events ahead there: `import::json_ahead`).
 #![deny(unsafe_code)]
 
 use std::io::{self, BufRead, ErrorKind, Read};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
-use std::sync::{Arc, OnceLock};
-
-/// Work on each buffer on the inflating thread, before it is handed over: its bytes, the
-/// stream's bytes before them, and the buffers handed over that the reader has not taken yet
-/// (0: the reader has caught up, and waits or soon will; `DEPTH`: the thread waits on it).
-pub(crate) type Hook = Box<dyn Fn(&[u8], u64, usize) + Send + Sync>;
-
-/// Where a [`Hook`] is installed, once, while the thread runs: buffers inflated before it is
-/// are handed over without it.
-pub(crate) type HookSlot = Arc<OnceLock<Hook>>;
 
 /// Bytes per buffer.
 pub(crate) const CHUNK_BYTES: usize = 256 << 10;
@@ -49,11 +32,6 @@ pub(crate) struct Inflated {
     /// The stream has ended (`Ok`), or failed with this error (kind and message), which
     /// every later read gives again.
     ended: Option<std::result::Result<(), (ErrorKind, String)>>,
-    /// The thread's hook, once installed.
-    hook: HookSlot,
-    /// Messages sent by the thread and not yet received here: counted up before each send,
-    /// down after each receive, so never below 0 (at most `DEPTH` + 1 for a moment).
-    queued: Arc<AtomicUsize>,
 }
 
 impl Inflated {
@@ -64,17 +42,7 @@ impl Inflated {
     pub(crate) fn spawn(mut source: Box<dyn Read + Send>) -> io::Result<Inflated> {
         let (full_tx, full) = sync_channel::<io::Result<Vec<u8>>>(DEPTH);
         let (empty, empty_rx) = sync_channel::<Vec<u8>>(DEPTH + 2);
-        let hook = HookSlot::default();
-        let thread_hook = Arc::clone(&hook);
-        let queued = Arc::new(AtomicUsize::new(0));
-        let thread_queued = Arc::clone(&queued);
-        let send = move |message: io::Result<Vec<u8>>| {
-            thread_queued.fetch_add(1, Ordering::Relaxed);
-            full_tx.send(message).is_ok()
-        };
-        let waiting = Arc::clone(&queued);
-        // Bytes of the stream handed over before the buffer being filled.
-        let mut offset = 0u64;
+        let send = move |message: io::Result<Vec<u8>>| full_tx.send(message).is_ok();
         std::thread::Builder::new()
             .name("portalloc-inflate".to_string())
             .spawn(move || loop {
@@ -98,10 +66,6 @@ impl Inflated {
                     }
                 }
                 buf.truncate(n);
-                if let Some(hook) = thread_hook.get() {
-                    hook(&buf, offset, waiting.load(Ordering::Relaxed));
-                }
-                offset += n as u64;
                 // The reader is gone (dropped early): stop.
                 if !send(Ok(buf)) || n == 0 {
                     return;
@@ -113,14 +77,7 @@ impl Inflated {
             current: Vec::new(),
             pos: 0,
             ended: None,
-            hook,
-            queued,
         })
-    }
-
-    /// Where a [`Hook`] for the buffers still to be inflated may be installed.
-    pub(crate) fn hook_slot(&self) -> HookSlot {
-        Arc::clone(&self.hook)
     }
 
     /// The error the stream ended with, again.
@@ -143,11 +100,7 @@ impl BufRead for Inflated {
                 // Back to the thread; dropped instead when it has enough.
                 let _ = self.empty.try_send(used);
             }
-            let message = self.full.recv();
-            if message.is_ok() {
-                self.queued.fetch_sub(1, Ordering::Relaxed);
-            }
-            match message {
+            match self.full.recv() {
                 Ok(Ok(buf)) if buf.is_empty() => self.ended = Some(Ok(())),
                 Ok(Ok(buf)) => self.current = buf,
                 Ok(Err(e)) => self.ended = Some(Err((e.kind(), e.to_string()))),
@@ -244,55 +197,6 @@ mod tests {
                 want.len()
             );
         }
-    }
-
-    /// A hook installed before the first buffer sees every buffer, in order, with the bytes
-    /// before it, before the reader does; and how many buffers wait for the reader.
-    #[test]
-    fn the_hook_sees_each_buffer_at_its_offset() {
-        let want = data(3 * CHUNK_BYTES + 17);
-        let source = Source {
-            data: want.clone(),
-            at: 0,
-            step: 1 << 16,
-            fail_after: None,
-        };
-        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let record = Arc::clone(&seen);
-        // Held back until the hook is in: the thread blocks on its first read.
-        let (go, wait) = std::sync::mpsc::channel::<()>();
-        struct Gate<R>(R, Option<std::sync::mpsc::Receiver<()>>);
-        impl<R: Read> Read for Gate<R> {
-            fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
-                if let Some(wait) = self.1.take() {
-                    let _ = wait.recv();
-                }
-                self.0.read(out)
-            }
-        }
-        let mut r = Inflated::spawn(Box::new(Gate(source, Some(wait)))).unwrap();
-        let hook: Hook = Box::new(move |buf: &[u8], offset: u64, queued: usize| {
-            if let Ok(mut seen) = record.lock() {
-                seen.push((offset, buf.to_vec(), queued));
-            }
-        });
-        assert!(r.hook_slot().set(hook).is_ok());
-        go.send(()).unwrap();
-        let mut got = Vec::new();
-        r.read_to_end(&mut got).unwrap();
-        assert!(got == want);
-        let seen = seen.lock().unwrap();
-        // The buffers, then the empty one that ends the stream.
-        assert_eq!(seen.len(), 5);
-        let mut at = 0;
-        for (offset, buf, queued) in seen.iter() {
-            assert_eq!(*offset, at as u64);
-            assert!(buf[..] == want[at..at + buf.len()], "buffer at {at}");
-            // The channel holds DEPTH buffers; one more may be counted while sent.
-            assert!(*queued <= DEPTH + 1, "{queued} queued at {at}");
-            at += buf.len();
-        }
-        assert_eq!(at, want.len());
     }
 
     #[test]

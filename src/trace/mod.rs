@@ -820,8 +820,6 @@ fn open_sized<R: Read + Send + 'static>(
 ) -> Result<Trace> {
     let (prefix, rest) = peek(Box::new(reader), name)?;
     let mut size = size;
-    // The inflating thread's hook, for an importer that works on that thread too.
-    let mut inflating = None;
     let (prefix, input): (Vec<u8>, Input) = if prefix.starts_with(&[0x1f, 0x8b]) {
         // The size of what it inflates to is not known.
         size = None;
@@ -837,7 +835,6 @@ fn open_sized<R: Read + Send + 'static>(
                 "{name}: cannot start a thread to inflate the gzip stream: {e}"
             ))
         })?;
-        inflating = Some(inflated.hook_slot());
         let mut p = Vec::new();
         (&mut inflated)
             .take(SNIFF_BYTES)
@@ -882,12 +879,7 @@ fn open_sized<R: Read + Send + 'static>(
         Format::Portalloc => Box::new(jsonl::Reader::new(input, name, options.strict)?),
         Format::RmmCsv => Box::new(import::rmm_csv::RmmCsvReader::new(input, name, options)?),
         Format::LifetimesCsv => Box::new(import::lifetimes_csv::read(input, name, options)?),
-        Format::Kineto => Box::new(import::kineto::read(
-            input,
-            name,
-            options,
-            inflating.as_ref(),
-        )?),
+        Format::Kineto => Box::new(import::kineto::read(input, name, options)?),
         Format::PytorchSnapshot => {
             Box::new(import::pytorch_snapshot::read(input, name, options, size)?)
         }

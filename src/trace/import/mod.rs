@@ -5,9 +5,6 @@
 use super::{trace_error, Event, Input, Keying, Loc, Op, Tracker};
 use crate::error::{Error, Result};
 
-mod json_ahead;
-mod json_frames;
-mod json_skip;
 pub mod kineto;
 pub mod lifetimes_csv;
 mod pickle;
