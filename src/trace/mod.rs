@@ -9,7 +9,7 @@
 //! |---|---|---|
 //! | portalloc JSON lines (own, versioned; see `docs/trace-format.md`) | [`jsonl`] | yes |
 //! | RMM logging CSV (`Thread,Time,Action,Pointer,Size,Stream`) | [`import::rmm_csv`] | yes |
-//! | PyTorch memory snapshot (`_dump_snapshot` pickle) | [`import::pytorch_snapshot`] | no (a pickle is read whole) |
+//! | PyTorch memory snapshot (`_dump_snapshot` pickle) | [`import::snapshot`] | no (a pickle is read whole) |
 //! | PyTorch profiler / Kineto Chrome-trace JSON | [`import::kineto`] | no (events are sorted) |
 //! | buffer-lifetime CSV (`id,lower,upper,size`, SOMAS) | [`import::lifetimes_csv`] | no (events are sorted) |
 //!
@@ -880,9 +880,7 @@ fn open_sized<R: Read + Send + 'static>(
         Format::RmmCsv => Box::new(import::rmm_csv::RmmCsvReader::new(input, name, options)?),
         Format::LifetimesCsv => Box::new(import::lifetimes_csv::read(input, name, options)?),
         Format::Kineto => Box::new(import::kineto::read(input, name, options)?),
-        Format::PytorchSnapshot => {
-            Box::new(import::pytorch_snapshot::read(input, name, options, size)?)
-        }
+        Format::PytorchSnapshot => Box::new(import::snapshot::read(input, name, options, size)?),
     };
     Ok(Trace::new(format, source))
 }

@@ -7,9 +7,8 @@ use crate::error::{Error, Result};
 
 pub mod kineto;
 pub mod lifetimes_csv;
-mod pickle;
-pub mod pytorch_snapshot;
 pub mod rmm_csv;
+pub mod snapshot;
 pub mod xla_dump;
 
 /// Attributes of a source record other than op, key and size.

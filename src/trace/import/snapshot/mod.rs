@@ -1,5 +1,5 @@
 //! PyTorch memory snapshots: the pickle `torch.cuda.memory._dump_snapshot` writes (plain
-//! dicts and lists; no torch needed), read with the bounded reader of `pickle.rs`: a
+//! dicts and lists; no torch needed), read with the bounded pickle reader of [`machine`]: a
 //! file past one of its limits is refused with a message naming the limit.
 //!
 //! Replayed: the `alloc` and `free_completed` entries of `device_traces[d]` (`d` the device
@@ -31,13 +31,18 @@
 
 use rustc_hash::FxHashSet;
 
-use super::pickle::{self, KeyMemo, Limits, PickleError, Seq, Val};
+mod limits;
+mod machine;
+mod view;
+
 use super::{us_to_ns, Attrs, Emitter};
 use crate::error::{Error, Result};
 use crate::trace::{
     trace_error, AnomalyKind, Event, Format, Input, Keying, Loc, Op, Options, Reference,
     TraceHeader, VecSource,
 };
+use limits::{Limits, PickleError};
+use view::{KeyMemo, Pickle, Seq, Val};
 
 /// The error for a pickle the reader refused or a walk that ran out of steps.
 fn pickle_error(origin: &str, e: PickleError) -> Error {
@@ -234,12 +239,12 @@ pub(crate) fn read(
     } else {
         Limits::UNTRUSTED
     };
-    let pickle = pickle::read(&mut input, &limits, size).map_err(|e| pickle_error(origin, e))?;
+    let pickle = machine::read(&mut input, &limits, size).map_err(|e| pickle_error(origin, e))?;
     import(&pickle, origin, options)
 }
 
 /// The events of a snapshot already read.
-fn import(pickle: &pickle::Pickle, origin: &str, options: &Options) -> Result<VecSource> {
+fn import(pickle: &Pickle, origin: &str, options: &Options) -> Result<VecSource> {
     let root = pickle.root();
     let [segments, device_traces] = root
         .get_all(["segments", "device_traces"])
@@ -515,7 +520,7 @@ mod tests {
         let mut compared = 0;
         for path in real_snapshots() {
             let bytes = std::fs::read(&path).unwrap();
-            let p = pickle::read(&mut &bytes[..], &Limits::UNTRUSTED, None).unwrap();
+            let p = machine::read(&mut &bytes[..], &Limits::UNTRUSTED, None).unwrap();
             let lax = import(&p, "real", &Options::default()).unwrap();
             let strict = Options {
                 strict: true,
@@ -545,7 +550,7 @@ mod tests {
             let size = file.metadata().unwrap().len();
             let mut input = BufReader::new(file);
             let limits = Limits::UNTRUSTED;
-            let p = pickle::read(&mut input, &limits, Some(size)).unwrap();
+            let p = machine::read(&mut input, &limits, Some(size)).unwrap();
             import(&p, "real", &Options::default()).unwrap();
             let f = p.figures();
             eprintln!(
