@@ -138,10 +138,11 @@ use crate::error::{Error, Result};
 use crate::report::OomReport;
 use crate::units::Bytes;
 
+use super::bins::MIN_ALLOCATION;
 use super::common::{admit, holds_memory, synchronized, Admitted, FailedRequest};
 use super::stream_order::wait_outside;
 use physical::{Physical, Piece};
-use space::{Grant, Placement, Space, MIN_ALLOCATION};
+use space::{Grant, Placement, Space};
 use streams::StreamOrder;
 pub use streams::EVENT_POOL;
 

@@ -1,10 +1,11 @@
-//! The free-chunk index of the BFC arena: every free chunk, ordered by `(size, address)`,
-//! with an `O(1)` jump to the first non-empty size class at or above a request.
+//! The free-chunk index of bfc's arena and vmm's space: every free chunk, ordered by
+//! `(size, address)`, with an `O(1)` jump to the first non-empty size class at or above a
+//! request.
 //!
-//! XLA's 21 bins (bin `b` = sizes in `[256 << b, 256 << (b + 1))`, bin 20 open-ended) are
-//! kept, each refined TLSF-style into 64 **classes** by the six bits below the size's
-//! leading bit (bins 0–5 have fewer distinct sizes, so some classes stay empty; bin 20 is
-//! refined by the size's exact power of two as well). Every class covers a contiguous range
+//! XLA's 21 bins ([`bins`](super::bins): bin `b` = sizes in `[256 << b, 256 << (b + 1))`, bin
+//! 20 open-ended) are kept, each refined TLSF-style into 64 **classes** by the six bits below
+//! the size's leading bit (bins 0–5 have fewer distinct sizes, so some classes stay empty;
+//! bin 20 is refined by the size's exact power of two as well). Every class covers a contiguous range
 //! of sizes and holds its chunks sorted by `(size, address)`, so walking the classes in order
 //! walks all free chunks in `(size, address)` order — the same order as XLA's bins, and
 //! hence the same best fit: smallest size that fits, lowest address on ties. Two bitmaps
@@ -954,7 +955,7 @@ mod tests {
             assert!(c >= last, "class of {size} went down");
             assert_eq!(
                 (c / SL_COUNT).min(20),
-                super::super::arena::bin_for_size(size),
+                crate::strategy::bins::bin_for_size(size),
                 "class of {size} outside its XLA bin"
             );
             last = c;
