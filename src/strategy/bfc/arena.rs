@@ -65,8 +65,8 @@ const SLACK_SPILLED: u32 = u32::MAX >> STATE_BITS;
 /// The record is what `free` reads of the chunk and of both its neighbours, at random slab
 /// positions — with hundreds of thousands of chunks, a cache miss each. It is kept at 32
 /// bytes, aligned to 32, so each read touches exactly one cache line (at 48 bytes, as with
-/// a `u64` request and a separate state byte, half the records straddled two): the request
-/// is kept as the slack `size − requested` in 30 bits beside the state.
+/// a `u64` request and a separate state byte, half the records would straddle two): the
+/// request is kept as the slack `size − requested` in 30 bits beside the state.
 #[derive(Debug, Clone, Copy)]
 #[repr(C, align(32))]
 struct Chunk {

@@ -23,8 +23,8 @@
 //! as one ordered set.
 //! Nothing maps addresses to slots: a chunk is found from what names it — a [`Grant`]'s token
 //! carries the slot, a [`Placement`] the free chunk's slot, each region its first slot — in
-//! one load, then checked against the address (a hash probe per operation was the largest
-//! cost of [`Space::free`] at scale: a cache miss or two before the chunk's own).
+//! one load, then checked against the address (a hash probe per operation would cost
+//! [`Space::free`] a cache miss or two at scale before the chunk's own).
 //!
 //! **Tokens** are `(serial << 32) | slot`: `serial` counts the hand-outs (1, 2, …, skipping
 //! the multiples of 2³², so that no token is 0), `slot` is the chunk's slot. A token is
