@@ -1,7 +1,7 @@
 //! Backends: one folder per vendor, each implementing [`crate::Device`]. The host backend is
-//! always compiled; `cuda` and `hip` come with their cargo features and share one vendor
-//! layer (`vendor/`: `GpuDevice`, the books, the checks, the lock order, the rule for what
-//! is `unsafe`, and the table of what differs between them on purpose). Unsafe code lives
+//! always compiled; `cuda` and `hip` come with their cargo features and share one GPU layer
+//! (`gpu/`: `GpuDevice`, the books, the checks, the lock order, the rule for what is
+//! `unsafe`, and the table of what differs between them on purpose). Unsafe code lives
 //! here (and in `sys/`) only; every block says why it is sound in a `// SAFETY:` line.
 
 use serde::Serialize;
@@ -11,15 +11,15 @@ use crate::error::{Error, Result};
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
+#[cfg(any(feature = "cuda", feature = "hip"))]
+mod gpu;
 #[cfg(feature = "hip")]
 pub mod hip;
 pub mod host;
 #[cfg(any(feature = "cuda", feature = "hip"))]
 pub(crate) mod loader;
 #[cfg(any(feature = "cuda", feature = "hip"))]
-mod vendor;
-#[cfg(any(feature = "cuda", feature = "hip"))]
-pub use vendor::{GpuDevice, VendorCensus};
+pub use gpu::{GpuDevice, VendorCensus};
 
 /// Builder setters that store their argument as it is: `name: Type;` entries, each with its
 /// doc comment, become `pub fn name(mut self, name: Type) -> Self`.

@@ -25,8 +25,11 @@ pub struct BinSummary {
     pub requested_bytes_in_use: u64,
 }
 
-/// One region's occupancy map: 100 characters, `*` requested bytes, `x` slack (rounding and
-/// unsplit remainder), `_` free.
+/// Characters per region in an occupancy map ([`RegionMap::map`]).
+pub const MAP_CELLS: usize = 100;
+
+/// One region's occupancy map: [`MAP_CELLS`] characters, `*` requested bytes, `x` slack
+/// (rounding and unsplit remainder), `_` free.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct RegionMap {
     /// Base address of the region.

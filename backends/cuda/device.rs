@@ -1,4 +1,4 @@
-//! [`CudaDevice`]: the vendor layer's [`GpuDevice`] over NVIDIA's driver API, one per device
+//! [`CudaDevice`]: the GPU layer's [`GpuDevice`] over NVIDIA's driver API, one per device
 //! ordinal, on the device's primary context. This file holds what is CUDA's own: the checked
 //! calls of [`VendorApi`] for CUDA, the capability gates and opening.
 
@@ -9,8 +9,8 @@ use std::sync::Arc;
 use portalloc_sys::cuda as sys;
 
 use super::{allocation_prop, device_location, to_usize, Driver, Facts};
+use crate::backends::gpu::{handle, GpuDevice, Opened, PoolAttribute, VendorApi, VendorCensus};
 use crate::backends::loader::Checked;
-use crate::backends::vendor::{handle, GpuDevice, Opened, PoolAttribute, VendorApi, VendorCensus};
 use crate::device::{Capabilities, DeviceInfo, Vendor};
 use crate::error::{Error, Result};
 use crate::units::Bytes;
@@ -26,7 +26,7 @@ const POOLS_MIN_VERSION: i32 = 11_020;
 /// What a device holds now, from its own books: [`VendorCensus`].
 pub type CudaCensus = VendorCensus;
 
-/// One NVIDIA GPU behind the [`crate::Device`] trait: the vendor layer's [`GpuDevice`] (books,
+/// One NVIDIA GPU behind the [`crate::Device`] trait: the GPU layer's [`GpuDevice`] (books,
 /// checks, locks, drop) over CUDA's calls.
 ///
 /// * **Context**: the device's primary context, retained at [`CudaDevice::open`] and released

@@ -7,11 +7,11 @@
 //!   `libcuda.so.1` (never the bare `libcuda.so`), its symbols resolved (required ones →
 //!   [`Error::MissingSymbol`], the CUDA 10.2 virtual-memory and 11.2 pool groups → `Option`),
 //!   and every call checked: a `CUresult` becomes [`Error::Driver`] with the driver's own
-//!   name and text. The calls that pass device handles are the vendor layer's
-//!   (`backends/vendor`), implemented for CUDA in `device.rs`.
+//!   name and text. The calls that pass device handles are the GPU layer's
+//!   (`backends/gpu`), implemented for CUDA in `device.rs`.
 //! * [`CudaDevice`]: the [`crate::Device`] of one device ordinal, on its primary context, with
 //!   the [`crate::device::VirtualMemory`] and [`crate::device::StreamOrderedPool`]
-//!   capabilities where the driver and the device have them: the vendor layer's
+//!   capabilities where the driver and the device have them: the GPU layer's
 //!   [`GpuDevice`](crate::backends::GpuDevice) over CUDA.
 //!
 //! [`probe`] is what discovery runs: load, `cuInit`, versions, devices, or the driver's error
@@ -95,9 +95,9 @@ symbol_table! {
 /// missing group are [`Error::Unsupported`] naming the symbol.
 ///
 /// The public calls here take no handle the driver dereferences; those that do (streams,
-/// events, pools, device pointers, physical handles) are the vendor layer's `unsafe` calls,
+/// events, pools, device pointers, physical handles) are the GPU layer's `unsafe` calls,
 /// made by [`CudaDevice`] after it checked the handle and made its device's primary context
-/// current (see `backends/vendor` for the rule).
+/// current (see `backends/gpu` for the rule).
 pub struct Driver {
     path: String,
     pub(crate) api: Required,

@@ -1,4 +1,4 @@
-//! [`HipDevice`]: the vendor layer's [`GpuDevice`] over AMD's HIP runtime, one per device
+//! [`HipDevice`]: the GPU layer's [`GpuDevice`] over AMD's HIP runtime, one per device
 //! ordinal. This file holds what is HIP's own: the checked calls of [`VendorApi`] for HIP,
 //! the options, the capability gates and opening (with the AMD tuning of [`super::tuning`]).
 
@@ -11,8 +11,8 @@ use portalloc_sys::hip as sys;
 pub use super::tuning::MemoryKind;
 use super::tuning::{self, attribute, Gate};
 use super::{device_prop, location, HipVersion, Runtime, BACKEND};
+use crate::backends::gpu::{handle, GpuDevice, Opened, PoolAttribute, VendorApi, VendorCensus};
 use crate::backends::loader::Checked;
-use crate::backends::vendor::{handle, GpuDevice, Opened, PoolAttribute, VendorApi, VendorCensus};
 use crate::config::Config;
 use crate::device::{Capabilities, Device, DeviceInfo, Vendor, VirtualMemory};
 use crate::error::{Error, Result};
@@ -94,7 +94,7 @@ impl HipDeviceBuilder {
     }
 }
 
-/// One AMD GPU behind the [`Device`] trait: the vendor layer's [`GpuDevice`] (books, checks,
+/// One AMD GPU behind the [`Device`] trait: the GPU layer's [`GpuDevice`] (books, checks,
 /// locks, drop) over HIP's calls.
 ///
 /// * **Device**: HIP's current device is per thread, so every call makes this device's

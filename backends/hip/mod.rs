@@ -154,9 +154,9 @@ pub fn decode_version(v: i32) -> String {
 /// becomes a [`Result`].
 ///
 /// The public calls here take no handle the runtime dereferences; those that do (streams,
-/// events, pools, device pointers, physical handles) are the vendor layer's `unsafe` calls,
+/// events, pools, device pointers, physical handles) are the GPU layer's `unsafe` calls,
 /// made by [`HipDevice`] after it checked the handle against its books and made its device
-/// current with `hipSetDevice` (see `backends/vendor` for the rule).
+/// current with `hipSetDevice` (see `backends/gpu` for the rule).
 pub struct Runtime {
     path: String,
     pub(crate) api: Required,

@@ -46,9 +46,8 @@ pub(crate) fn physical_memory() -> Option<u64> {
 /// (not a mapping of their own, unmapped when freed) and up to 64 MiB free at the heap's top
 /// stay there. Returns whether `malloc` took both settings; `false` elsewhere than glibc.
 ///
-/// Each page the kernel hands out again is faulted in on first touch (about 3 µs apiece in a
-/// virtual machine): a replay that follows the reading of its trace otherwise pays to fault
-/// back in what the reader had just freed.
+/// Each page the kernel hands out again is faulted in on first touch: a replay that follows
+/// the reading of its trace otherwise pays to fault back in what the reader had just freed.
 #[cfg(all(feature = "replay", target_os = "linux", target_env = "gnu"))]
 pub(crate) fn keep_freed_heap() -> bool {
     // SAFETY: mallopt only changes malloc's tuning parameters (it takes the arena locks

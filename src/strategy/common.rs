@@ -24,7 +24,7 @@ pub(crate) struct Admitted {
 /// The checks are written out here, inlined into every strategy's `allocate`, and the errors
 /// are built only on failure (by [`effective_alignment`] and [`round_up`], in a cold path):
 /// the shared helpers are out-of-line calls, and `round_up` builds its error value on every
-/// call — a measurable share of a ~100 ns allocation.
+/// call, which an allocation's fast path should not pay.
 ///
 /// # Errors
 /// [`crate::Error::InvalidAlignment`]; [`crate::Error::InvalidSize`] for a size that

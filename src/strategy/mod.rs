@@ -10,7 +10,9 @@ use crate::error::Result;
 
 pub mod async_pool;
 pub mod bfc;
+pub mod bins;
 mod common;
+pub mod free_index;
 mod occupancy;
 pub mod platform;
 pub(crate) mod stream_order;

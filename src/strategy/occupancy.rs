@@ -3,10 +3,8 @@
 //! report shows of them (XLA's per-bin summary, a [`MAP_CELLS`]-character occupancy map per
 //! region), and the invariants every such region keeps ([`RegionCheck`]).
 
-use crate::report::{BinSummary, RegionMap};
-use crate::strategy::bfc::arena::{
-    bin_for_size, bin_min_size, MAP_CELLS, MIN_ALLOCATION, NUM_BINS,
-};
+use crate::report::{BinSummary, RegionMap, MAP_CELLS};
+use crate::strategy::bins::{bin_for_size, bin_min_size, MIN_ALLOCATION, NUM_BINS};
 
 /// A chunk as the report sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -929,8 +929,9 @@ fn print_report(r: &TraceReport) {
 }
 
 /// The "util." cell: served ÷ reserved as a percentage, or "—" where nothing was reserved
-/// (0 ÷ 0: a first request refused, printed 0.0% as though the pool were wasted). The JSON
-/// keeps the engine's number, `utilisation` 0 beside `peak_reserved` 0, which tells the case.
+/// (0 ÷ 0: a first request refused, which would print 0.0% as though the pool were wasted).
+/// The JSON keeps the engine's number, `utilisation` 0 beside `peak_reserved` 0, which tells
+/// the case.
 fn utilisation_cell(x: &ReplayResult) -> String {
     if x.peak_reserved == 0 {
         "—".to_string()
@@ -971,8 +972,7 @@ const MIN_CAPACITY_STEP: u64 = 2 << 20;
 /// The "÷ live" cell: min capacity over peak live, to 3 decimals, or "—" where peak live is
 /// under [`MIN_CAPACITY_STEP`] (0 included). The capacity found is a multiple of the step and
 /// at least one step, so below it the ratio is the step over a small number (2 MiB ÷ 8 B
-/// printed 262,144×; ÷ 0 B, 2,097,152×): arithmetic on the search grid, not a property of
-/// the strategy.
+/// would print 262,144×): arithmetic on the search grid, not a property of the strategy.
 fn ratio_to_live(min_capacity: u64, peak_live: u64) -> String {
     if peak_live < MIN_CAPACITY_STEP {
         "—".to_string()

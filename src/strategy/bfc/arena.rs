@@ -28,35 +28,15 @@
 use std::collections::BTreeMap;
 
 use crate::report::{BinSummary, RegionMap};
-
-use super::free_index::{Entry, FreeIndex};
+use crate::strategy::bins::{bin_for_size, MIN_ALLOCATION};
+use crate::strategy::free_index::{Entry, FreeIndex};
 use crate::strategy::occupancy::{self, check_new_region, ChunkUse, RegionCheck, Tally};
 
-/// Every request is rounded up to a multiple of this, and every chunk starts on it.
-pub const MIN_ALLOCATION: u64 = 256;
-/// Number of bins (XLA's `kNumBins`).
-pub const NUM_BINS: usize = 21;
 /// A leftover at least this large is always split off (XLA's `kMaxInternalFragmentation`).
 pub const MAX_INTERNAL_FRAGMENTATION: u64 = 128 << 20;
-/// Characters per region in an occupancy map.
-pub const MAP_CELLS: usize = 100;
 
 /// "No chunk" in a link or list head.
 const NONE: u32 = u32::MAX;
-
-/// The bin that holds free chunks of `size` bytes: `floor(log2(size / 256))`, at most 20.
-///
-/// # Time complexity
-/// `O(1)`.
-pub fn bin_for_size(size: u64) -> usize {
-    let units = size.max(MIN_ALLOCATION) / MIN_ALLOCATION;
-    ((63 - units.leading_zeros()) as usize).min(NUM_BINS - 1)
-}
-
-/// The smallest chunk size bin `bin` holds (`256 << bin`).
-pub fn bin_min_size(bin: usize) -> u64 {
-    MIN_ALLOCATION << bin
-}
 
 /// What a slab slot holds (the low two bits of [`Chunk::tag`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,8 +65,8 @@ const SLACK_SPILLED: u32 = u32::MAX >> STATE_BITS;
 /// The record is what `free` reads of the chunk and of both its neighbours, at random slab
 /// positions — with hundreds of thousands of chunks, a cache miss each. It is kept at 32
 /// bytes, aligned to 32, so each read touches exactly one cache line (at 48 bytes, as with
-/// a `u64` request and a separate state byte, half the records straddled two): the request
-/// is kept as the slack `size − requested` in 30 bits beside the state.
+/// a `u64` request and a separate state byte, half the records would straddle two): the
+/// request is kept as the slack `size − requested` in 30 bits beside the state.
 #[derive(Debug, Clone, Copy)]
 #[repr(C, align(32))]
 struct Chunk {
@@ -563,10 +543,11 @@ impl Arena {
         )
     }
 
-    /// A [`MAP_CELLS`]-character occupancy map of every region: cell `i` covers
-    /// `[base + size·i/100, base + size·(i+1)/100)` and shows the class with the most bytes
-    /// in it — `*` requested bytes, `x` slack (bytes of a chunk in use beyond the request:
-    /// rounding and unsplit remainders), `_` free — ties going to `*`, then `x`, then `_`.
+    /// A [`MAP_CELLS`](crate::report::MAP_CELLS)-character occupancy map of every region:
+    /// cell `i` covers `[base + size·i/100, base + size·(i+1)/100)` and shows the class with
+    /// the most bytes in it — `*` requested bytes, `x` slack (bytes of a chunk in use beyond
+    /// the request: rounding and unsplit remainders), `_` free — ties going to `*`, then
+    /// `x`, then `_`.
     ///
     /// # Time complexity
     /// `O(chunks + 100 · regions)`.
@@ -871,6 +852,7 @@ fn align_up(addr: u64, alignment: u64) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::report::MAP_CELLS;
 
     const MIB: u64 = 1 << 20;
 
@@ -892,19 +874,6 @@ mod tests {
     fn free(a: &mut Arena, g: Grant) {
         a.free(g.token, g.addr).unwrap();
         a.check_invariants().unwrap();
-    }
-
-    #[test]
-    fn bins_follow_powers_of_two() {
-        assert_eq!(bin_for_size(1), 0);
-        assert_eq!(bin_for_size(256), 0);
-        assert_eq!(bin_for_size(511), 0);
-        assert_eq!(bin_for_size(512), 1);
-        assert_eq!(bin_for_size(MIB), 12);
-        assert_eq!(bin_for_size(256 * MIB - 1), 19);
-        assert_eq!(bin_for_size(256 * MIB), 20);
-        assert_eq!(bin_for_size(u64::MAX), 20);
-        assert_eq!(bin_min_size(20), 256 * MIB);
     }
 
     #[test]

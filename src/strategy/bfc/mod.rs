@@ -49,7 +49,6 @@
 #![deny(unsafe_code)]
 
 pub mod arena;
-pub mod free_index;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -59,7 +58,7 @@ use crate::error::{Error, Result};
 use crate::report::{BinSummary, OomReport};
 use crate::units::Bytes;
 
-use arena::{Arena, Grant, MAX_INTERNAL_FRAGMENTATION, MIN_ALLOCATION};
+use arena::{Arena, Grant, MAX_INTERNAL_FRAGMENTATION};
 
 /// The largest alignment accepted: 1 GiB. Larger ones would rarely fit any region.
 pub const MAX_ALIGNMENT: u64 = 1 << 30;
@@ -67,6 +66,7 @@ pub const MAX_ALIGNMENT: u64 = 1 << 30;
 pub const PREALLOCATION_GRANULE: u64 = 2 << 20;
 /// Under growth, the first region is `min(limit, 2 MiB)`.
 pub const INITIAL_REGION: u64 = 2 << 20;
+use super::bins::MIN_ALLOCATION;
 use super::common::{admit, holds_memory, synchronized, Admitted, FailedRequest};
 pub use super::stream_order::EVENT_POOL;
 use super::stream_order::{wait_outside, StreamOrder, TokenChunk};

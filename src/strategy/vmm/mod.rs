@@ -102,26 +102,13 @@
 //! [`VmmAllocator::pending_frees`] counts them. The per-bin summaries and region maps of an
 //! OOM report show them as in use.
 //!
-//! # Measured
+//! # Placement rules kept out
 //!
-//! Real traces replayed on a simulated H100 (fraction 0.75), with
-//! `cargo test --release --test vmm real_traces_figures -- --ignored --nocapture`:
-//! utilisation = peak live / peak physical held; smallest capacity ÷ peak live.
-//!
-//! | trace | utilisation (bfc-grow) | smallest capacity ÷ peak live | stitches |
-//! |---|---|---|---|
-//! | kineto DDP V100 | 0.9966 (0.7718) | 1.0034 | 336 |
-//! | GPT-2 shape, eager | 0.9993 (0.7859) | 1.0007 | 92 |
-//! | GPT-2 small, compiled | 0.9965 (0.8982) | 1.0030 | 2 |
-//! | SOMAS bert_base | 0.9996 (0.9122) | 1.0003 | 105 |
-//! | SOMAS bert_large | 0.9987 (0.5017) | 1.0013 | 172 |
-//! | SOMAS pangu_2.6B | 0.9902 (0.6433) | 1.0099 | 991 |
-//! | SOMAS resnet50 | 0.9981 (0.7057) | 1.0019 | 3 |
-//! | SOMAS tiny_bert | 0.9781 (0.7082) | 1.0224 | 33 |
-//!
-//! Tried and measured worse (kept out): separate reservations for small and large requests
-//! ([`VmmOptions::segregate`]), always choosing the place that adds the fewest untouched
-//! granules, address-ordered first fit, granule-aligning large requests.
+//! Tried and worse on the real traces (utilisation, peak live ÷ peak physical held, and the
+//! smallest device that serves them, as the test `real_traces_figures` prints them):
+//! separate reservations for small and large requests ([`VmmOptions::segregate`]), always
+//! choosing the place that adds the fewest untouched granules, address-ordered first fit,
+//! granule-aligning large requests.
 #![deny(unsafe_code)]
 
 mod physical;
@@ -138,10 +125,11 @@ use crate::error::{Error, Result};
 use crate::report::OomReport;
 use crate::units::Bytes;
 
+use super::bins::MIN_ALLOCATION;
 use super::common::{admit, holds_memory, synchronized, Admitted, FailedRequest};
 use super::stream_order::wait_outside;
 use physical::{Physical, Piece};
-use space::{Grant, Placement, Space, MIN_ALLOCATION};
+use space::{Grant, Placement, Space};
 use streams::StreamOrder;
 pub use streams::EVENT_POOL;
 

@@ -17,13 +17,14 @@
 //! **Structures**, sized for a steady state of hundreds of thousands of live chunks (where
 //! B-trees keyed by address miss the cache on every level, several times per operation): the
 //! chunks live in a slab (`Vec`) linked to their neighbours by slot (`prev`/`next`, within a
-//! region only, as bfc's arena keeps them); the free chunks of each class sit in bfc's
-//! [`FreeIndex`] (size classes with bitmaps, each class sorted by `(size, address)`), which
-//! keeps the exact `(size, address)` order and hence the same placements as one ordered set.
+//! region only, as bfc's arena keeps them); the free chunks of each class sit in a
+//! [`FreeIndex`], as bfc's do (size classes with bitmaps, each class sorted by `(size,
+//! address)`), which keeps the exact `(size, address)` order and hence the same placements
+//! as one ordered set.
 //! Nothing maps addresses to slots: a chunk is found from what names it — a [`Grant`]'s token
 //! carries the slot, a [`Placement`] the free chunk's slot, each region its first slot — in
-//! one load, then checked against the address (a hash probe per operation was the largest
-//! cost of [`Space::free`] at scale: a cache miss or two before the chunk's own).
+//! one load, then checked against the address (a hash probe per operation would cost
+//! [`Space::free`] a cache miss or two at scale before the chunk's own).
 //!
 //! **Tokens** are `(serial << 32) | slot`: `serial` counts the hand-outs (1, 2, …, skipping
 //! the multiples of 2³², so that no token is 0), `slot` is the chunk's slot. A token is
@@ -41,11 +42,9 @@
 #![deny(unsafe_code)]
 
 use crate::report::{BinSummary, RegionMap};
-use crate::strategy::bfc::free_index::{Entry, FreeIndex, Hint};
+use crate::strategy::bins::MIN_ALLOCATION;
+use crate::strategy::free_index::{Entry, FreeIndex, Hint};
 use crate::strategy::occupancy::{self, check_new_region, ChunkUse, RegionCheck, Tally};
-
-/// Every request is rounded up to a multiple of this, and every chunk starts on it.
-pub const MIN_ALLOCATION: u64 = 256;
 /// Classes of regions: each region serves one class of requests (small or large), and
 /// each class has its own free index.
 pub const CLASSES: usize = 2;
@@ -677,7 +676,7 @@ impl Space {
         occupancy::bin_summaries(self.all_chunks().map(Chunk::usage))
     }
 
-    /// A [`MAP_CELLS`](crate::strategy::bfc::arena::MAP_CELLS)-character occupancy map of
+    /// A [`MAP_CELLS`](crate::report::MAP_CELLS)-character occupancy map of
     /// each region (`*` requested, `x` slack, `_` free), as bfc draws them.
     ///
     /// # Time complexity

@@ -1,4 +1,4 @@
-//! What a vendor device keeps about the memory and handles portalloc took from its driver:
+//! What a GPU device keeps about the memory and handles portalloc took from its driver:
 //! the driver keeps the truth, these books say what portalloc asked for and has not given
 //! back, so a pointer or handle it never handed out (or a wrong size) is refused before the
 //! driver sees it, and leak checks can count what is live. The rules are the host backend's
@@ -16,7 +16,7 @@ use crate::device::{Event, Stream};
 use crate::error::{Error, Result};
 use crate::units::Bytes;
 
-/// What a vendor device holds now, from its own books.
+/// What a GPU device holds now, from its own books.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct VendorCensus {
     /// Live plain allocations (`cuMemAlloc`, `hipMalloc` / `hipExtMallocWithFlags`).

@@ -1,4 +1,4 @@
-//! The vendor layer: what the CUDA and HIP shims share, written once. A vendor implements
+//! The GPU layer: what the CUDA and HIP shims share, written once. A vendor implements
 //! [`VendorApi`] — its checked calls, with vendor-neutral signatures — and
 //! [`GpuDevice<V>`](GpuDevice) is the [`Device`], [`VirtualMemory`] and [`StreamOrderedPool`]
 //! over it: the books, the checks, the lock discipline, the census and what a dropped device
@@ -253,7 +253,7 @@ pub trait VendorApi: fmt::Debug + Send + Sync + Sized + 'static {
 }
 
 /// A handle the vendor API takes as a pointer (a stream, event or pool; on HIP also a device
-/// pointer or physical handle) from the `u64` the vendor layer keeps it as.
+/// pointer or physical handle) from the `u64` the GPU layer keeps it as.
 pub(crate) fn handle<T>(value: u64) -> *mut T {
     value as usize as *mut T
 }

@@ -1,10 +1,11 @@
-//! The free-chunk index of the BFC arena: every free chunk, ordered by `(size, address)`,
-//! with an `O(1)` jump to the first non-empty size class at or above a request.
+//! The free-chunk index of bfc's arena and vmm's space: every free chunk, ordered by
+//! `(size, address)`, with an `O(1)` jump to the first non-empty size class at or above a
+//! request.
 //!
-//! XLA's 21 bins (bin `b` = sizes in `[256 << b, 256 << (b + 1))`, bin 20 open-ended) are
-//! kept, each refined TLSF-style into 64 **classes** by the six bits below the size's
-//! leading bit (bins 0–5 have fewer distinct sizes, so some classes stay empty; bin 20 is
-//! refined by the size's exact power of two as well). Every class covers a contiguous range
+//! XLA's 21 bins ([`bins`](super::bins): bin `b` = sizes in `[256 << b, 256 << (b + 1))`, bin
+//! 20 open-ended) are kept, each refined TLSF-style into 64 **classes** by the six bits below
+//! the size's leading bit (bins 0–5 have fewer distinct sizes, so some classes stay empty;
+//! bin 20 is refined by the size's exact power of two as well). Every class covers a contiguous range
 //! of sizes and holds its chunks sorted by `(size, address)`, so walking the classes in order
 //! walks all free chunks in `(size, address)` order — the same order as XLA's bins, and
 //! hence the same best fit: smallest size that fits, lowest address on ties. Two bitmaps
@@ -17,17 +18,17 @@
 //! within a class compare `(size, address)` as one 128-bit key and take no data-dependent
 //! branch; entries move up or down through a register, not by a `memmove` call, and a sorted
 //! class finds the place of an entry it gains or loses in the same backward pass that moves
-//! the entries above it (one loop exit to mispredict rather than a search's and a shift's). (A class of
-//! 104 bytes with four inline entries straddled two lines, and on vmm's steady 4 MiB churn the
-//! class record's first load and the search's mispredictions were the index's largest costs.)
+//! the entries above it (one loop exit to mispredict rather than a search's and a shift's).
+//! The first load of a class record and the search's mispredictions are what an index
+//! operation costs most, hence one line (four inline entries would straddle two) and no
+//! data-dependent branch.
 #![deny(unsafe_code)]
 
 use std::collections::BTreeMap;
 
-/// Bits of second-level refinement: 64 classes per power of two. (128 halve the chunks per
-/// class — about five on vmm's steady 4 MiB churn — for ~2% there, but double a row to
-/// 8 KiB, and short replays, which make rows afresh, lost more: resnet50's vmm replay
-/// 113 -> 145 ns/event.)
+/// Bits of second-level refinement: 64 classes per power of two. (128 would halve the chunks
+/// per class, but double a row to 8 KiB, which every index pays afresh as it makes its rows:
+/// short-lived indexes, as a replay makes many, lose more than a long churn gains.)
 const SL_BITS: u32 = 6;
 const SL_COUNT: usize = 1 << SL_BITS;
 /// Powers of two of 256-byte units a `u64` size can have.
@@ -38,8 +39,8 @@ const NUM_CLASSES: usize = FL_COUNT * SL_COUNT;
 type SlMap = u64;
 /// A class holding more chunks than this becomes a B-tree. Below it, a sorted vector's
 /// one backward pass to insert or remove (a few kilobytes moved at most) costs less than the
-/// tree's node walk: in vmm's steady churn to 4 MiB, 128 was 2–3% faster per operation than
-/// 64, and 256 or 512 no faster (at 64 KiB, within 1% either way).
+/// tree's node walk; a lower threshold makes trees of classes where the vector still wins,
+/// and a higher one gains nothing.
 pub const TREE_AT: usize = 128;
 
 /// One free chunk as the index knows it.
@@ -954,7 +955,7 @@ mod tests {
             assert!(c >= last, "class of {size} went down");
             assert_eq!(
                 (c / SL_COUNT).min(20),
-                super::super::arena::bin_for_size(size),
+                crate::strategy::bins::bin_for_size(size),
                 "class of {size} outside its XLA bin"
             );
             last = c;
