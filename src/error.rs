@@ -168,11 +168,13 @@ pub enum Error {
         source: std::io::Error,
     },
 
-    /// A trace that cannot be read: truncated, corrupt, of an unknown format, or (strict
-    /// mode) holding an anomaly. The message names the line or event number.
+    /// A trace that cannot be read: not a trace, truncated or corrupt, past a limit on
+    /// untrusted input, (strict mode) holding an anomaly, or without what the options ask
+    /// for ([`TraceError::kind`](crate::trace::TraceError::kind) says which). The message
+    /// names the file and the line or event.
     #[error("trace: {0}")]
     #[cfg(feature = "trace")]
-    Trace(String),
+    Trace(crate::trace::TraceError),
 
     /// No backend could serve the request (see the discovery report).
     #[error("no usable device: {0}")]

@@ -411,7 +411,7 @@ fn parse_size_accepts_the_edges(text: &str, want: u64) {
 #[cfg(feature = "trace")]
 mod traces {
     use super::*;
-    use portalloc::trace::{self, Format, Options};
+    use portalloc::trace::{self, Format, Options, TraceErrorKind};
     use std::io::Write;
     use test_case::test_case;
 
@@ -521,6 +521,46 @@ mod traces {
                 );
             }
         }
+    }
+
+    /// Every trace failure says what kind it is, so a caller can act on it (raise a limit,
+    /// name another file, fix the options) without reading the message.
+    #[test_case(b"hello, world\n".to_vec(), Options::new(), TraceErrorKind::NotATrace ; "not a trace")]
+    #[test_case(br#"{"traceEvents": [{"name": "x","#.to_vec(), Options::new(), TraceErrorKind::Malformed ; "truncated json")]
+    #[test_case(gzip(&[b' '; 4096]), Options::new().with_max_input_bytes(1024), TraceErrorKind::Limit ; "inflated past the cap")]
+    #[test_case(b"Thread,Time,Action,Pointer,Size,Stream\n1,0,allocate,0x10,256,0\n1,1,free,0x10,256,0\n1,2,free,0x10,256,0\n".to_vec(), Options::new().with_strict(true), TraceErrorKind::Anomaly ; "double free in strict mode")]
+    #[test_case(kineto_on_cuda0(), Options::new().with_device_spec("cuda:3").unwrap(), TraceErrorKind::Selection ; "a device the file has no events of")]
+    fn a_trace_error_names_its_kind(bytes: Vec<u8>, options: Options, kind: TraceErrorKind) {
+        let e = trace::open_reader(std::io::Cursor::new(bytes), "t", &options)
+            .and_then(|t| t.collect::<portalloc::Result<Vec<_>>>())
+            .expect_err("refused");
+        match &e {
+            Error::Trace(t) => assert_eq!(t.kind(), kind, "{e}"),
+            other => panic!("not a trace error: {other:?}"),
+        }
+    }
+
+    /// A file that cannot be opened is the operating system's failure, not the file's.
+    #[test]
+    fn a_file_that_cannot_be_opened_is_an_io_error() {
+        let path = std::path::Path::new("/nonexistent/trace.json");
+        let Err(e) = trace::open(path, &Options::new()) else {
+            panic!("opened a file that does not exist");
+        };
+        assert!(
+            matches!(&e, Error::Trace(t) if t.kind() == TraceErrorKind::Io),
+            "{e}"
+        );
+    }
+
+    fn gzip(bytes: &[u8]) -> Vec<u8> {
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        gz.write_all(bytes).unwrap();
+        gz.finish().unwrap()
+    }
+
+    fn kineto_on_cuda0() -> Vec<u8> {
+        br#"{"traceEvents": [{"name": "[memory]", "ts": 1, "args": {"Addr": 1, "Bytes": 512, "Device Type": 1, "Device Id": 0}}]}"#.to_vec()
     }
 
     /// What JSON's grammar allows but no field can hold — a key twice, a number past f64 —

@@ -237,7 +237,7 @@ impl Drop for Scratch {
 
 fn error_of(dir: &Path, options: &XlaOptions) -> String {
     match read_dir(dir, options) {
-        Err(Error::Trace(text)) => text,
+        Err(Error::Trace(e)) => e.message().to_string(),
         Err(other) => panic!("not a trace error: {other}"),
         Ok(_) => panic!("read a hostile dump"),
     }

@@ -44,7 +44,7 @@ pub fn read_trace(bytes: Vec<u8>, options: &Options, max_message_bytes: usize) {
     };
     let t = match trace::open_reader(Cursor::new(bytes), "fuzz", options) {
         Ok(t) => t,
-        Err(Error::Trace(m)) => return check_message(&m),
+        Err(Error::Trace(m)) => return check_message(m.message()),
         Err(e) => panic!("open_reader: not a trace error: {e:?}"),
     };
     let mut last: Option<u64> = None;
@@ -60,7 +60,7 @@ pub fn read_trace(bytes: Vec<u8>, options: &Options, max_message_bytes: usize) {
                 }
                 last = Some(e.seq);
             }
-            Err(Error::Trace(m)) => return check_message(&m),
+            Err(Error::Trace(m)) => return check_message(m.message()),
             Err(e) => panic!("an event: not a trace error: {e:?}"),
         }
     }

@@ -13,7 +13,7 @@ use crate::backends::host::HostDevice;
 use crate::config::{Config, Setting, StrategyKind};
 use crate::device::Stream;
 use crate::error::{Error, Result};
-use crate::trace::{Event, Op, Trace, TraceHeader};
+use crate::trace::{Event, Op, Trace, TraceError, TraceErrorKind, TraceHeader};
 
 use super::preset::DeviceSpec;
 
@@ -582,12 +582,15 @@ impl<'a> Run<'a> {
                 }
                 Ok(())
             }
-            Err(e) => Err(Error::Trace(format!(
-                "{}: a request of {size} B cannot be replayed: {e}",
-                match seq {
-                    Some(n) => format!("event {n}"),
-                    None => "memory live before the window".to_string(),
-                }
+            Err(e) => Err(Error::Trace(TraceError::new(
+                TraceErrorKind::Malformed,
+                format!(
+                    "{}: a request of {size} B cannot be replayed: {e}",
+                    match seq {
+                        Some(n) => format!("event {n}"),
+                        None => "memory live before the window".to_string(),
+                    }
+                ),
             ))),
         };
         let demand = self.live_bytes + self.failed_bytes;

@@ -29,9 +29,10 @@ pub(crate) struct Inflated {
     /// The buffer being read. Invariant: `pos <= current.len()`.
     current: Vec<u8>,
     pos: usize,
-    /// The stream has ended (`Ok`), or failed with this error (kind and message), which
+    /// The stream has ended (`Ok`), or failed with this error (kind, message, and whether it
+    /// is a bound reached: `trace::limit_reached`), which
     /// every later read gives again.
-    ended: Option<std::result::Result<(), (ErrorKind, String)>>,
+    ended: Option<std::result::Result<(), (ErrorKind, String, bool)>>,
 }
 
 impl Inflated {
@@ -81,8 +82,12 @@ impl Inflated {
     }
 
     /// The error the stream ended with, again.
-    fn failure(kind: ErrorKind, message: &str) -> io::Error {
-        io::Error::new(kind, message.to_string())
+    fn failure(kind: ErrorKind, message: &str, limit: bool) -> io::Error {
+        if limit {
+            crate::trace::limit_reached(message.to_string())
+        } else {
+            io::Error::new(kind, message.to_string())
+        }
     }
 }
 
@@ -91,7 +96,9 @@ impl BufRead for Inflated {
         while self.pos == self.current.len() {
             match &self.ended {
                 Some(Ok(())) => return Ok(&[]),
-                Some(Err((kind, message))) => return Err(Self::failure(*kind, message)),
+                Some(Err((kind, message, limit))) => {
+                    return Err(Self::failure(*kind, message, *limit))
+                }
                 None => {}
             }
             let used = std::mem::take(&mut self.current);
@@ -103,12 +110,16 @@ impl BufRead for Inflated {
             match self.full.recv() {
                 Ok(Ok(buf)) if buf.is_empty() => self.ended = Some(Ok(())),
                 Ok(Ok(buf)) => self.current = buf,
-                Ok(Err(e)) => self.ended = Some(Err((e.kind(), e.to_string()))),
+                Ok(Err(e)) => {
+                    let limit = crate::trace::io_kind(&e) == crate::trace::TraceErrorKind::Limit;
+                    self.ended = Some(Err((e.kind(), e.to_string(), limit)));
+                }
                 // The thread ended without a word: it panicked.
                 Err(_) => {
                     self.ended = Some(Err((
                         ErrorKind::Other,
                         "the inflating thread stopped".to_string(),
+                        false,
                     )))
                 }
             }

@@ -76,6 +76,7 @@ pub(crate) fn write_error(e: std::io::Error) -> Error {
 }
 
 mod anomaly;
+mod error;
 pub mod export;
 pub mod import;
 mod inflate;
@@ -83,6 +84,8 @@ pub mod jsonl;
 mod summary;
 
 pub use anomaly::{Anomalies, Anomaly, AnomalyKind, Loc};
+pub(crate) use error::{io_error, io_kind, limit_reached, trace_error};
+pub use error::{TraceError, TraceErrorKind, MAX_MESSAGE_CHARS};
 pub use summary::{summarize, summarize_events, Summary};
 
 pub(crate) use anomaly::{Keying, Tracker};
@@ -505,29 +508,6 @@ impl Iterator for Trace {
     }
 }
 
-/// The most characters of a trace error message: whatever a parser quotes of a file (a JSON
-/// library's "invalid type: string …" quotes the whole string) stays bounded.
-pub const MAX_MESSAGE_CHARS: usize = 1024;
-
-/// The error of every trace reader: a message with the source, the line or event, and what
-/// was wrong: an [`Error::Trace`], cut to [`MAX_MESSAGE_CHARS`].
-pub(crate) fn trace_error(message: String) -> Error {
-    let chars = message.chars().count();
-    if chars <= MAX_MESSAGE_CHARS {
-        return Error::Trace(message);
-    }
-    let mut cut: String = message.chars().take(MAX_MESSAGE_CHARS).collect();
-    cut.push_str(&format!(
-        "… ({} more characters)",
-        chars - MAX_MESSAGE_CHARS
-    ));
-    Error::Trace(cut)
-}
-
-pub(crate) fn io_error(origin: &str, e: std::io::Error) -> Error {
-    trace_error(format!("{origin}: read failed: {e}"))
-}
-
 /// A boxed buffered reader, as the importers take it.
 pub(crate) type Input = Box<dyn BufRead + Send>;
 
@@ -567,13 +547,10 @@ fn count_line(run: &mut u64, max: u64, bytes: &[u8]) -> std::io::Result<()> {
 }
 
 fn too_long(max: u64) -> std::io::Error {
-    std::io::Error::new(
-        std::io::ErrorKind::InvalidData,
-        format!(
-            "a line longer than {} MiB, the most a line of a text trace may have",
-            max >> 20
-        ),
-    )
+    limit_reached(format!(
+        "a line longer than {} MiB, the most a line of a text trace may have",
+        max >> 20
+    ))
 }
 
 impl<R: BufRead> Read for BoundedLines<R> {
@@ -620,8 +597,12 @@ pub fn open(path: impl AsRef<Path>, options: &Options) -> Result<Trace> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| path.display().to_string());
-    let cannot_open =
-        |e: std::io::Error| trace_error(format!("cannot open {}: {e}", shown_path(path)));
+    let cannot_open = |e: std::io::Error| {
+        trace_error(
+            TraceErrorKind::Io,
+            format!("cannot open {}: {e}", shown_path(path)),
+        )
+    };
     // The type first (`metadata` never blocks): a FIFO must not be opened so that `open`
     // waits for a writer.
     let regular = std::fs::metadata(path).map_err(cannot_open)?.is_file();
@@ -647,8 +628,12 @@ pub fn open(path: impl AsRef<Path>, options: &Options) -> Result<Trace> {
 /// # Errors
 /// The file cannot be opened (the message shows the path bounded and escaped).
 pub fn open_bytes(path: &Path, options: &Options) -> Result<(Box<dyn Read + Send>, bool)> {
-    let cannot_open =
-        |e: std::io::Error| trace_error(format!("cannot open {}: {e}", shown_path(path)));
+    let cannot_open = |e: std::io::Error| {
+        trace_error(
+            TraceErrorKind::Io,
+            format!("cannot open {}: {e}", shown_path(path)),
+        )
+    };
     let regular = std::fs::metadata(path).map_err(cannot_open)?.is_file();
     if regular {
         return Ok((Box::new(File::open(path).map_err(cannot_open)?), true));
@@ -765,14 +750,11 @@ impl<R: Read> Capped<R> {
                 crate::units::Bytes(self.limit.saturating_mul(TRUSTED_INPUT_FACTOR))
             )
         };
-        std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!(
-                "refused: the {} exceeds the limit of {} {how} (the limits on untrusted files are in docs/trace-format.md)",
-                self.what,
-                crate::units::Bytes(self.limit)
-            ),
-        )
+        limit_reached(format!(
+            "refused: the {} exceeds the limit of {} {how} (the limits on untrusted files are in docs/trace-format.md)",
+            self.what,
+            crate::units::Bytes(self.limit)
+        ))
     }
 }
 
@@ -831,9 +813,10 @@ fn open_sized<R: Read + Send + 'static>(
             "inflated stream",
         );
         let mut inflated = inflate::Inflated::spawn(Box::new(gz)).map_err(|e| {
-            trace_error(format!(
-                "{name}: cannot start a thread to inflate the gzip stream: {e}"
-            ))
+            trace_error(
+                TraceErrorKind::Io,
+                format!("{name}: cannot start a thread to inflate the gzip stream: {e}"),
+            )
         })?;
         let mut p = Vec::new();
         (&mut inflated)
@@ -853,12 +836,18 @@ fn open_sized<R: Read + Send + 'static>(
     let format = match options.format {
         Some(f) => f,
         None => detect(&prefix).ok_or_else(|| match not_a_trace(&prefix) {
-            Some(what) => trace_error(format!("{name}: not a trace: {what}")),
-            None => trace_error(format!(
+            Some(what) => trace_error(
+                TraceErrorKind::NotATrace,
+                format!("{name}: not a trace: {what}"),
+            ),
+            None => trace_error(
+                TraceErrorKind::NotATrace,
+                format!(
                 "{name}: unknown trace format (starts with {}); {}; or name the format explicitly",
                 show_prefix(&prefix),
                 Format::accepted()
-            )),
+            ),
+            ),
         })?,
     };
     let mut input = input;

@@ -82,7 +82,7 @@ fn read_snapshot(path: &std::path::Path) -> Result<LedgerSnapshot> {
     let options = portalloc::trace::Options::default().with_max_input_bytes(MAX_LEDGER_BYTES);
     let (bytes, _) = portalloc::trace::open_bytes(path, &options).map_err(|e| {
         refused(match e {
-            Error::Trace(text) => text,
+            Error::Trace(e) => e.message().to_string(),
             other => other.to_string(),
         })
     })?;

@@ -14,7 +14,7 @@ use portalloc::replay::{
     ReplayStrategy, TraceInput,
 };
 use portalloc::trace::import::xla_dump::{self, XlaOptions};
-use portalloc::trace::{self, Event, Format, TraceHeader};
+use portalloc::trace::{self, Event, Format, TraceError, TraceErrorKind, TraceHeader};
 use portalloc::units::Bytes;
 use portalloc::{Error, Result};
 use serde::Serialize;
@@ -529,10 +529,13 @@ impl Spool {
             std::process::id()
         ));
         let cannot = |e: std::io::Error| {
-            Error::Trace(format!(
-                "cannot spool {} to {}: {e}",
-                shown_path(path),
-                shown_path(&copy)
+            Error::Trace(TraceError::new(
+                TraceErrorKind::Io,
+                format!(
+                    "cannot spool {} to {}: {e}",
+                    shown_path(path),
+                    shown_path(&copy)
+                ),
             ))
         };
         let file = std::fs::OpenOptions::new()
@@ -632,7 +635,7 @@ fn path_label(path: &std::path::Path) -> String {
 /// A replay error with the trace it came from: the file (or workload) first.
 fn named(label: &str, e: Error) -> Error {
     match e {
-        Error::Trace(text) => Error::Trace(format!("{label}: {text}")),
+        Error::Trace(e) => Error::Trace(e.within(label)),
         other => other,
     }
 }

@@ -15,6 +15,7 @@
 //! [`AnomalyKind::InvalidRecord`]: crate::trace::AnomalyKind::InvalidRecord
 //! [`AnomalyKind::ZeroSize`]: crate::trace::AnomalyKind::ZeroSize
 
+use crate::trace::TraceErrorKind;
 use std::collections::VecDeque;
 
 use super::{csv_column, csv_error, csv_reader, Attrs, Emitter};
@@ -103,7 +104,7 @@ pub(crate) fn read(input: Input, origin: &str, options: &Options) -> Result<Life
     let names = rdr.headers().map_err(csv_err)?.clone();
     let find = |want: &str| -> Result<usize> {
         csv_column(&names, want).ok_or_else(|| {
-                trace_error(format!(
+                trace_error(TraceErrorKind::Malformed, format!(
                     "{origin}: line 1: lifetime CSV lacks the {want} column; expected header id,lower,upper,size"
                 ))
             })
@@ -119,8 +120,12 @@ pub(crate) fn read(input: Input, origin: &str, options: &Options) -> Result<Life
         let line = rec.position().map(|p| p.line()).unwrap_or(0);
         let num = |i: usize, name: &str| -> Result<u64> {
             let t = rec.get(i).unwrap_or("");
-            crate::trace::u64_field(name, t)
-                .map_err(|m| trace_error(format!("{origin}: line {line}: {m}")))
+            crate::trace::u64_field(name, t).map_err(|m| {
+                trace_error(
+                    TraceErrorKind::Malformed,
+                    format!("{origin}: line {line}: {m}"),
+                )
+            })
         };
         let buffer = Buffer {
             id: num(c_id, "id")?,
@@ -130,7 +135,7 @@ pub(crate) fn read(input: Input, origin: &str, options: &Options) -> Result<Life
             line,
         };
         if rows.len() == MAX_ROWS {
-            return Err(trace_error(format!(
+            return Err(trace_error(TraceErrorKind::Limit, format!(
                 "{origin}: line {line}: refused: more than {MAX_ROWS} rows, the most a lifetime CSV may have"
             )));
         }

@@ -4,6 +4,7 @@
 
 use super::{trace_error, Event, Input, Keying, Loc, Op, Tracker};
 use crate::error::{Error, Result};
+use crate::trace::TraceErrorKind;
 
 pub mod kineto;
 pub mod lifetimes_csv;
@@ -86,9 +87,13 @@ pub(crate) fn csv_reader(input: Input) -> csv::Reader<Input> {
 
 /// The error for a CSV that cannot be read, with its line where the reader knows it.
 pub(crate) fn csv_error(origin: &str, e: &csv::Error) -> Error {
+    let kind = match e.kind() {
+        csv::ErrorKind::Io(io) => crate::trace::io_kind(io),
+        _ => TraceErrorKind::Malformed,
+    };
     match e.position() {
-        Some(p) => trace_error(format!("{origin}: line {}: {e}", p.line())),
-        None => trace_error(format!("{origin}: {e}")),
+        Some(p) => trace_error(kind, format!("{origin}: line {}: {e}", p.line())),
+        None => trace_error(kind, format!("{origin}: {e}")),
     }
 }
 

@@ -36,6 +36,7 @@
 //! [`Options::device_type`]: crate::trace::Options::device_type
 //! [`Options::cpu`]: crate::trace::Options::cpu
 
+use crate::trace::TraceErrorKind;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -653,16 +654,27 @@ pub(crate) fn read(input: Input, origin: &str, options: &Options) -> Result<VecS
         } else {
             "corrupt JSON"
         };
-        trace_error(format!(
-            "{origin}: {what} at line {} column {}: {}",
-            e.line, e.column, e.message
-        ))
+        let kind = match &e.io {
+            Some(io) => crate::trace::io_kind(io),
+            None if e.message.starts_with("refused") => TraceErrorKind::Limit,
+            None => TraceErrorKind::Malformed,
+        };
+        trace_error(
+            kind,
+            format!(
+                "{origin}: {what} at line {} column {}: {}",
+                e.line, e.column, e.message
+            ),
+        )
     })?;
     if !c.saw_trace_events {
-        return Err(trace_error(format!(
-            "{origin}: a JSON object without traceEvents: not a Chrome trace; {}",
-            Format::accepted()
-        )));
+        return Err(trace_error(
+            TraceErrorKind::NotATrace,
+            format!(
+                "{origin}: a JSON object without traceEvents: not a Chrome trace; {}",
+                Format::accepted()
+            ),
+        ));
     }
     // Anomalies met before the replay's own (a device or a number that cannot be read).
     let mut early = Tracker::new(Keying::Addresses, options.strict, origin, 0);
@@ -674,7 +686,7 @@ pub(crate) fn read(input: Input, origin: &str, options: &Options) -> Result<VecS
         }
     }
     let chosen = choose(&per_device, options, c.events_seen, c.mem.len())
-        .map_err(|why| trace_error(format!("{origin}: {why}")))?;
+        .map_err(|why| trace_error(TraceErrorKind::Selection, format!("{origin}: {why}")))?;
     let on_cpu = chosen.0 == CPU;
     let mut mem: Vec<Mem> = c
         .mem
@@ -1202,6 +1214,29 @@ mod tests {
         Some(found)
     }
 
+    /// Whether an event of `doc` gives a key [`RawEvent`] reads (`name`, `ts`, …) twice.
+    fn repeats_a_read_key(doc: &[u8]) -> bool {
+        let list: Vec<&serde_json::value::RawValue> = match serde_json::from_slice(doc) {
+            Ok(list) => list,
+            Err(_) => match serde_json::from_slice::<
+                std::collections::BTreeMap<String, &serde_json::value::RawValue>,
+            >(doc)
+            .ok()
+            .and_then(|m| {
+                m.get("traceEvents")
+                    .and_then(|e| serde_json::from_str(e.get()).ok())
+            }) {
+                Some(list) => list,
+                None => return false,
+            },
+        };
+        list.iter().any(|e| {
+            serde_json::from_str::<RawEvent>(e.get())
+                .err()
+                .is_some_and(|err| err.to_string().contains("duplicate field"))
+        })
+    }
+
     /// The walk over `doc`, read in pieces of `step` bytes: the `[memory]` events found, or
     /// the error.
     fn walked(doc: &[u8], step: usize) -> std::result::Result<Vec<String>, String> {
@@ -1244,6 +1279,14 @@ mod tests {
         /// however the input is cut.
         #[test]
         fn the_walk_reads_what_serde_json_reads(doc in document(), step in 1usize..64) {
+            // JSON that serde_json's grammar accepts but no `Value` holds (a number past f64,
+            // made by the damage) is read by the walk only where a field is read: the test
+            // `numbers_and_keys_no_field_holds_are_refused_where_read` covers it.
+            let grammar = serde_json::from_slice::<serde::de::IgnoredAny>(&doc).is_ok();
+            prop_assume!(!grammar || serde_json::from_slice::<Value>(&doc).is_ok());
+            // A key the typed reader reads given twice (made by the damage) is refused where it
+            // is read and dropped elsewhere; a `Value` keeps the last: the same test covers it.
+            prop_assume!(!repeats_a_read_key(&doc));
             let oracle = serde_memory_events(&doc).map(|found| {
                 found
                     .into_iter()

@@ -131,8 +131,9 @@ pub(crate) enum PickleError {
         /// Offset of the opcode being read.
         offset: u64,
     },
-    /// The input could not be read (a corrupt gzip stream, an I/O error).
-    Io(String),
+    /// The input could not be read (a corrupt gzip stream, a limit on what it inflates to,
+    /// an I/O error): what kind of failure, and the reader's message.
+    Io(crate::trace::TraceErrorKind, String),
     /// A pickle of an object of another kind than a snapshot's dict, built from a global
     /// (a class or function: `collections.deque`, `numpy.core.multiarray._reconstruct`), that
     /// this reader could not read to its end: what the snapshot reader has no use for
@@ -167,7 +168,7 @@ impl fmt::Display for PickleError {
                 f.write_str(")")
             }
             PickleError::Malformed { detail, offset } => write!(f, "{detail} at byte {offset}"),
-            PickleError::Io(e) => write!(f, "read failed: {e}"),
+            PickleError::Io(_, e) => write!(f, "read failed: {e}"),
             PickleError::Foreign {
                 global,
                 detail,

@@ -156,7 +156,7 @@ pub(crate) fn read(
 }
 
 fn io_error(e: std::io::Error) -> PickleError {
-    PickleError::Io(e.to_string())
+    PickleError::Io(crate::trace::io_kind(&e), e.to_string())
 }
 
 /// The input through a buffer of the reader's own, read in place: an opcode and its fixed
