@@ -38,7 +38,8 @@
 //!   driver), and those calls are counted and printed separately per pair, so the CPU path
 //!   can be told from the device traffic a real GPU would add;
 //! * `range_alloc`: utilisation only (its free list is a sorted `Vec`, O(holes) per call —
-//!   minutes per pass at 64 KiB, so it is not timed);
+//!   minutes per pass at 64 KiB, so it is not timed, and at 64 KiB it runs only with
+//!   `CHURN_RANGE_ALLOC=1`);
 //! * `harness_*` — three do-nothing contenders, one per slot type (the public API's
 //!   [`Allocation`], the arena's `(token, addr)` pair, offset-allocator's 8-byte handle): each
 //!   walks the same sequence through the same `run` loop into a slot vector of the same
@@ -92,7 +93,7 @@
 //! the passes already ran, and one iteration takes a good part of a second.
 //!
 //! `cargo bench --bench churn -- steady` runs only this regime (`steady/64KiB` or `steady/4MiB`
-//! one size); the two sizes take a few minutes in all, most of it range-alloc's one pass and
+//! one size); the two sizes take about four minutes on two loaded cores, most of it
 //! criterion's samples.
 //!
 //! # Two streams with kernels in flight (`churn/two_streams/…`)
@@ -449,6 +450,10 @@ const STEADY_CAP: u64 = 8 * GIB;
 const STEADY_RANGE: u64 = 16 * GIB;
 /// Smallest request.
 const STEADY_MIN: u64 = 256;
+/// Blocks live at once past which range-alloc's one utilisation pass is skipped unless
+/// `CHURN_RANGE_ALLOC=1`: its free list is a sorted `Vec`, O(holes) per call, so at the
+/// 64 KiB sequence's ~300k blocks its pass alone takes longer than the rest of the regime.
+const RANGE_ALLOC_BLOCKS: usize = 100_000;
 /// Passes of the pass table: one per contender, so that the rotated order puts every
 /// contender in every position once (first, when the caches hold the previous pass's last
 /// contender; last, after every other one ran).
@@ -859,7 +864,7 @@ fn pass_table(s: &mut Steady, w: &Workload, label: &str) {
 
 /// Prints the steady regime's utilisation (one pass of each allocator, range-alloc's only
 /// one), vmm's device calls, then the pass table.
-fn report_steady(s: &mut Steady, w: &Workload, peak: u64, label: &str) {
+fn report_steady(s: &mut Steady, w: &Workload, (peak, peak_blocks): (u64, usize), label: &str) {
     let pairs = w.allocs as u64;
     let gib = |b: u64| b as f64 / GIB as f64;
     // Utilisation, from the first pass of each (range-alloc's only pass).
@@ -868,17 +873,26 @@ fn report_steady(s: &mut Steady, w: &Workload, peak: u64, label: &str) {
         footprint.push((*name, s.run(name, &w.ops)));
     }
     let vmm_calls = s.device.counts();
-    let t = std::time::Instant::now();
-    let mut ranges = range_alloc::RangeAllocator::new(0..STEADY_RANGE);
-    let range_high = run(&mut ranges, w, &mut slots(w));
-    let range_secs = t.elapsed().as_secs_f64();
-    footprint.push(("range_alloc", range_high));
+    let range_note = if peak_blocks <= RANGE_ALLOC_BLOCKS
+        || std::env::var_os("CHURN_RANGE_ALLOC").is_some_and(|v| v == "1")
+    {
+        let t = std::time::Instant::now();
+        let mut ranges = range_alloc::RangeAllocator::new(0..STEADY_RANGE);
+        let range_high = run(&mut ranges, w, &mut slots(w));
+        footprint.push(("range_alloc", range_high));
+        format!("range_alloc's pass: {:.1} s", t.elapsed().as_secs_f64())
+    } else {
+        format!(
+            "range_alloc skipped: {peak_blocks} blocks live at once make its pass minutes long; \
+             CHURN_RANGE_ALLOC=1 runs it"
+        )
+    };
     let util: Vec<String> = footprint
         .iter()
         .map(|&(name, f)| format!("{name} {:.3}", peak as f64 / f as f64))
         .collect();
     eprintln!(
-        "  utilisation (peak live ÷ footprint): {}  [range_alloc's pass: {range_secs:.1} s]",
+        "  utilisation (peak live ÷ footprint): {}  [{range_note}]",
         util.join(", ")
     );
     eprintln!(
@@ -918,7 +932,7 @@ fn steady(c: &mut Criterion, label: &str, max_size: u64) {
     // measurement, `--profile-time` only criterion's loop under a profiler: skip the
     // utilisation and the passes (a minute or more).
     if !std::env::args().any(|a| a == "--test" || a == "--list" || a == "--profile-time") {
-        report_steady(&mut s, &w, peak, label);
+        report_steady(&mut s, &w, (peak, peak_blocks), label);
         eprintln!(
             "churn/steady/{label}: criterion below times each allocator alone, for regression checks \
              (--save-baseline / --baseline) and profiling (--profile-time); the comparison is the \
