@@ -77,7 +77,13 @@
 //! spread is how far the median can be trusted. The machine's load (`/proc/loadavg`) is
 //! printed at the start and the end of the passes. CPU time does not make a loaded machine
 //! quiet — the other processes still share the caches, and a sibling hyperthread the core — so
-//! absolute ns/pair still move with the load more than the ratios do.
+//! absolute ns/pair still move with the load more than the ratios do. The harnesses' own
+//! ns/pair are the gauge of that: they do nothing but touch memory (the slot vectors, read at
+//! random), so when they rise the caches were contended. A memory-bound ratio (the 64 KiB
+//! sequence's heaps and slots are far larger than the caches) moves with that contention too,
+//! so two runs under different neighbours can differ by more than one run's spread: the spread
+//! is the noise within one run's conditions, and a figure worth quoting is a median with its
+//! spread, its load and its harness ns/pair, from more than one run.
 //!
 //! Criterion's figures are **not** the comparison, and its medians must not be divided by one
 //! another. Criterion times one contender's samples as a block, then the next contender's: the
