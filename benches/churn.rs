@@ -38,7 +38,15 @@
 //!   driver), and those calls are counted and printed separately per pair, so the CPU path
 //!   can be told from the device traffic a real GPU would add;
 //! * `range_alloc`: utilisation only (its free list is a sorted `Vec`, O(holes) per call —
-//!   minutes per pass at 64 KiB, so it is not timed).
+//!   minutes per pass at 64 KiB, so it is not timed, and at 64 KiB it runs only with
+//!   `CHURN_RANGE_ALLOC=1`);
+//! * `harness_*` — three do-nothing contenders, one per slot type (the public API's
+//!   [`Allocation`], the arena's `(token, addr)` pair, offset-allocator's 8-byte handle): each
+//!   walks the same sequence through the same `run` loop into a slot vector of the same
+//!   type, but allocates nothing (it hands out a counter). Their time is the harness's own cost — the
+//!   walk, the slot writes and reads, the footprint maximum — so every ratio can be stated with
+//!   and without it. Each allocator is charged its own slot type's harness: a 56-byte
+//!   `Option<Allocation>` per live block costs more cache traffic than an 8-byte one.
 //!
 //! **Utilisation** = peak live bytes (the highest sum of live requests, each rounded up to
 //! 256 B, over the sequence — the same figure for every contender) ÷ the memory the
@@ -47,12 +55,52 @@
 //! the most physical bytes it held (`peak_pool_bytes`, whole 2 MiB granules). Both are "what
 //! a device would have to hold to serve this sequence from this allocator".
 //!
-//! Before criterion runs (not under `--test` or `--list`), the **ratio table** is printed: 3 passes, each running every timed
-//! contender once over the full 2 M-operation sequence (in rotated order), ns per
-//! allocate+free pair from one `Instant` per pass; ratios are taken within a pass and
-//! reported min/median/max. The criterion loop then times the same full sequence (flat
-//! sampling, 10 samples). `cargo bench --bench churn -- steady` runs only this regime
-//! (`steady/64KiB` or `steady/4MiB` one size).
+//! ## The pass table is the figure
+//!
+//! Before criterion runs (not under `--test`, `--list` or `--profile-time`) the **pass table**
+//! is printed, as markdown: [`PASSES`] passes, each running every contender (the five timed
+//! allocators and the three harnesses) over the full 2 M-operation sequence. A pass walks the
+//! sequence in [`CHUNKS`] stretches and every contender runs a stretch before any runs the
+//! next — each keeping its own heap and live blocks from one stretch to the next, so each
+//! still serves the whole sequence in order — with the order rotated by stretch and by pass,
+//! so none always runs first (after the previous pass's last) or last. Interleaving this finely
+//! is what holds the ratios still: a contender's time is summed over stretches spread across
+//! the whole pass, so when a shared machine's load changes, every contender feels it alike; a
+//! whole sequence per contender put seconds between contender and baseline, and their ratio
+//! swung with the load in between.
+//!
+//! Each stretch is timed by the thread's CPU clock (`CLOCK_THREAD_CPUTIME_ID`; wall time
+//! where there is none): the wall clock also counts the time the thread sat preempted on the
+//! run queue, which is the load's doing, not the allocator's. Wall time is kept beside it, with
+//! the largest share of a pass a contender spent off the CPU, so a loaded run shows itself.
+//! Ratios are taken **within a pass** and reported as min / median / max over the passes: the
+//! spread is how far the median can be trusted. The machine's load (`/proc/loadavg`) is
+//! printed at the start and the end of the passes. CPU time does not make a loaded machine
+//! quiet — the other processes still share the caches, and a sibling hyperthread the core — so
+//! absolute ns/pair still move with the load more than the ratios do. The harnesses' own
+//! ns/pair are the gauge of that: they do nothing but touch memory (the slot vectors, read at
+//! random), so when they rise the caches were contended. A memory-bound ratio (the 64 KiB
+//! sequence's heaps and slots are far larger than the caches) moves with that contention too,
+//! so two runs under different neighbours can differ by more than one run's spread: the spread
+//! is the noise within one run's conditions, and a figure worth quoting is a median with its
+//! spread, its load and its harness ns/pair, from more than one run.
+//!
+//! Criterion's figures are **not** the comparison, and its medians must not be divided by one
+//! another. Criterion times one contender's samples as a block, then the next contender's: the
+//! blocks are a minute apart, and on a shared machine the load changes in between, enough to
+//! turn what the passes call a tie into a 1.5× gap between two medians. It also runs one
+//! contender back to back, warm-up included, so that contender's heap has the caches to
+//! itself, a state the interleaved passes do not share. Making criterion interleave would
+//! mean one benchmark timing a whole pass: a pass time, not a ratio. So there is one instrument for
+//! the comparison, the pass table, and criterion's `churn/steady/…` benchmarks stay for what it
+//! does well on one contender at a time: `--save-baseline` / `--baseline` regression checks on
+//! a quiet machine, and `--profile-time` under a profiler (which skips the table). A line above
+//! criterion's output says so. Its warm-up is cut to a second: the sequence is the same one
+//! the passes already ran, and one iteration takes a good part of a second.
+//!
+//! `cargo bench --bench churn -- steady` runs only this regime (`steady/64KiB` or `steady/4MiB`
+//! one size); the two sizes take about four minutes on two loaded cores, most of it
+//! criterion's samples.
 //!
 //! # Two streams with kernels in flight (`churn/two_streams/…`)
 //!
@@ -143,8 +191,14 @@ trait Contender {
 
 /// Runs `w` through `a`; returns the highest end offset used.
 fn run<C: Contender>(a: &mut C, w: &Workload, slots: &mut [Option<C::Slot>]) -> u64 {
+    run_ops(a, &w.ops, slots)
+}
+
+/// Runs `ops` (all of a workload's or a stretch of them) through `a`, which holds what the
+/// operations before them left live; returns the highest end offset used.
+fn run_ops<C: Contender>(a: &mut C, ops: &[Op], slots: &mut [Option<C::Slot>]) -> u64 {
     let mut high = 0;
-    for op in &w.ops {
+    for op in ops {
         match *op {
             Op::Alloc { id, size } => {
                 let (slot, end) = a.allocate(size);
@@ -227,6 +281,61 @@ impl Contender for range_alloc::RangeAllocator<u64> {
     }
     fn free(&mut self, slot: std::ops::Range<u64>) {
         self.free_range(slot);
+    }
+}
+
+/// A slot a [`Harness`] can make from a counter, shaped like the handle of the allocator it
+/// stands beside.
+trait Token {
+    fn token(n: u64, size: u64) -> Self;
+}
+
+impl Token for Allocation {
+    fn token(n: u64, size: u64) -> Allocation {
+        Allocation::new(n, size, Stream::DEFAULT, 0, n)
+    }
+}
+
+impl Token for (u64, u64) {
+    fn token(n: u64, size: u64) -> (u64, u64) {
+        (n, size)
+    }
+}
+
+/// offset-allocator's handle is two `u32`s with a niche; `NonZeroU64` has its size and its
+/// `Option`'s size.
+impl Token for std::num::NonZeroU64 {
+    fn token(n: u64, _size: u64) -> std::num::NonZeroU64 {
+        std::num::NonZeroU64::new(n | 1 << 63).expect("non-zero")
+    }
+}
+
+/// Allocates nothing: hands out a counter as a slot of type `T`, so that running it measures
+/// the harness — the walk over the operations, the slot vector, the footprint maximum — and
+/// nothing else. `black_box` keeps the counter and the freed slot opaque, as an allocator's
+/// would be.
+struct Harness<T> {
+    next: u64,
+    slot: std::marker::PhantomData<T>,
+}
+
+impl<T> Harness<T> {
+    fn new() -> Harness<T> {
+        Harness {
+            next: 0,
+            slot: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<T: Token> Contender for Harness<T> {
+    type Slot = T;
+    fn allocate(&mut self, size: u64) -> (T, u64) {
+        self.next += 1;
+        (T::token(black_box(self.next), size), size)
+    }
+    fn free(&mut self, slot: T) {
+        black_box(slot);
     }
 }
 
@@ -347,8 +456,19 @@ const STEADY_CAP: u64 = 8 * GIB;
 const STEADY_RANGE: u64 = 16 * GIB;
 /// Smallest request.
 const STEADY_MIN: u64 = 256;
-/// Passes of the ratio table.
-const PASSES: usize = 3;
+/// Blocks live at once past which range-alloc's one utilisation pass is skipped unless
+/// `CHURN_RANGE_ALLOC=1`: its free list is a sorted `Vec`, O(holes) per call, so at the
+/// 64 KiB sequence's ~300k blocks its pass alone takes longer than the rest of the regime.
+const RANGE_ALLOC_BLOCKS: usize = 100_000;
+/// Passes of the pass table: one per contender, so that the rotated order puts every
+/// contender in every position once (first, when the caches hold the previous pass's last
+/// contender; last, after every other one ran).
+const PASSES: usize = CONTENDERS.len();
+/// Stretches a pass walks the sequence in, every contender running one before any runs the
+/// next: about 125k operations, tens of milliseconds each — long beside the cost of a
+/// contender re-warming its share of the caches after the others ran, short beside the
+/// seconds over which a shared machine's load changes.
+const CHUNKS: usize = 16;
 
 /// RMM's random allocations with a cap: allocate (p = 0.73, size uniform in
 /// `[STEADY_MIN, max_size]`) unless that would take the live requested bytes past
@@ -416,21 +536,36 @@ struct Steady {
     locked: std::sync::Mutex<offset_allocator::Allocator>,
     vmm: VmmAllocator<SimDevice>,
     device: Arc<SimDevice>,
-    /// Slots for every allocation of the sequence, all empty between passes: made once, so
-    /// no pass times their allocation.
-    handles: Vec<Option<Allocation>>,
+    /// Slots for every allocation of the sequence, one vector per contender (the passes run
+    /// the contenders interleaved, each holding its own live blocks), all empty between
+    /// passes: made once, so no pass times their allocation.
+    bfc_slots: Vec<Option<Allocation>>,
+    vmm_slots: Vec<Option<Allocation>>,
     arena_slots: Vec<Option<(u64, u64)>>,
     offset_slots: Vec<Option<offset_allocator::Allocation>>,
+    locked_slots: Vec<Option<offset_allocator::Allocation>>,
+    /// The harnesses' own, of the same types as the allocators they stand beside;
+    /// offset-allocator's handle cannot be made outside it, so its harness uses a type of the
+    /// same layout.
+    harness_handle_slots: Vec<Option<Allocation>>,
+    harness_pair_slots: Vec<Option<(u64, u64)>>,
+    harness_offset_slots: Vec<Option<std::num::NonZeroU64>>,
 }
 
-/// The timed contenders, in the ratio table's order.
-const TIMED: [&str; 5] = [
+/// The pass table's contenders: the five allocators criterion also times, then the three
+/// harnesses (one per slot type).
+const CONTENDERS: [&str; 8] = [
     "bfc",
     "offset_allocator_mutex",
     "bfc_arena",
     "offset_allocator",
     "vmm",
+    "harness_handle",
+    "harness_pair",
+    "harness_offset",
 ];
+/// `CONTENDERS[..ALLOCATORS]` allocate.
+const ALLOCATORS: usize = 5;
 
 impl Steady {
     fn new(w: &Workload) -> Steady {
@@ -470,37 +605,50 @@ impl Steady {
             locked: std::sync::Mutex::new(offset()),
             vmm,
             device,
-            handles: slots(w),
+            bfc_slots: slots(w),
+            vmm_slots: slots(w),
             arena_slots: slots(w),
             offset_slots: slots(w),
+            locked_slots: slots(w),
+            harness_handle_slots: slots(w),
+            harness_pair_slots: slots(w),
+            harness_offset_slots: slots(w),
         }
     }
 
-    /// Runs `w` through the contender `name`; returns its footprint (see the module docs).
-    fn run(&mut self, name: &str, w: &Workload) -> u64 {
+    /// Runs `ops` through the contender `name`; over a whole workload, returns its footprint
+    /// (see the module docs).
+    fn run(&mut self, name: &str, ops: &[Op]) -> u64 {
         match name {
-            "bfc" => run(
+            "bfc" => run_ops(
                 &mut Public {
                     alloc: &self.bfc,
                     base: self.bfc_base,
                 },
-                w,
-                &mut self.handles,
+                ops,
+                &mut self.bfc_slots,
             ),
-            "bfc_arena" => run(&mut self.arena, w, &mut self.arena_slots),
-            "offset_allocator" => run(&mut self.offset, w, &mut self.offset_slots),
-            "offset_allocator_mutex" => run(&mut &self.locked, w, &mut self.offset_slots),
+            "bfc_arena" => run_ops(&mut self.arena, ops, &mut self.arena_slots),
+            "offset_allocator" => run_ops(&mut self.offset, ops, &mut self.offset_slots),
+            "offset_allocator_mutex" => run_ops(&mut &self.locked, ops, &mut self.locked_slots),
             "vmm" => {
-                run(
+                run_ops(
                     &mut Public {
                         alloc: &self.vmm,
                         base: 0,
                     },
-                    w,
-                    &mut self.handles,
+                    ops,
+                    &mut self.vmm_slots,
                 );
                 self.vmm.stats().peak_pool_bytes
             }
+            "harness_handle" => run_ops(
+                &mut Harness::<Allocation>::new(),
+                ops,
+                &mut self.harness_handle_slots,
+            ),
+            "harness_pair" => run_ops(&mut Harness::new(), ops, &mut self.harness_pair_slots),
+            "harness_offset" => run_ops(&mut Harness::new(), ops, &mut self.harness_offset_slots),
             _ => unreachable!("no contender {name}"),
         }
     }
@@ -549,28 +697,208 @@ fn wanted(prefix: &str) -> bool {
     }
 }
 
-/// Prints the steady regime's utilisation (one pass of each contender, range-alloc's only
-/// one), vmm's device calls and the ratio table ([`PASSES`] passes of the timed contenders).
-fn report_steady(s: &mut Steady, w: &Workload, peak: u64) {
+/// The thread's CPU time in nanoseconds: time the thread ran, not time it sat preempted.
+#[cfg(all(target_os = "linux", target_pointer_width = "64"))]
+fn thread_cpu_ns() -> Option<u64> {
+    #[repr(C)]
+    struct Timespec {
+        tv_sec: i64,
+        tv_nsec: i64,
+    }
+    extern "C" {
+        fn clock_gettime(clock: i32, tp: *mut Timespec) -> i32;
+    }
+    const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
+    let mut ts = Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `clock_gettime` (the C library std links) writes one `struct timespec` — two
+    // 64-bit fields on 64-bit Linux, the layout of `Timespec` — through a pointer to a live,
+    // writable local, and keeps no reference to it.
+    let rc = unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    (rc == 0).then(|| ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
+}
+
+/// No thread CPU clock here: the pass table falls back to wall time.
+#[cfg(not(all(target_os = "linux", target_pointer_width = "64")))]
+fn thread_cpu_ns() -> Option<u64> {
+    None
+}
+
+/// The 1-, 5- and 15-minute load averages, as `/proc/loadavg` gives them.
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|| "unknown (no /proc/loadavg)".into())
+}
+
+/// One run of a contender in a pass: CPU and wall nanoseconds per allocate+free pair.
+#[derive(Clone, Copy, Default)]
+struct Timing {
+    cpu: f64,
+    wall: f64,
+}
+
+/// `min / median / max` of `v`, each with `prec` decimals.
+fn spread(mut v: Vec<f64>, prec: usize) -> String {
+    v.sort_by(f64::total_cmp);
+    format!(
+        "{:.prec$} / {:.prec$} / {:.prec$}",
+        v[0],
+        v[v.len() / 2],
+        v[v.len() - 1]
+    )
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// The pass table's rows: a contender and the baseline it is divided by (`None`: the row
+/// only gives its times).
+const ROWS: [(&str, Option<&str>); 5] = [
+    ("bfc", Some("offset_allocator_mutex")),
+    ("vmm", Some("offset_allocator_mutex")),
+    ("offset_allocator_mutex", Some("offset_allocator")),
+    ("bfc_arena", Some("offset_allocator")),
+    ("offset_allocator", None),
+];
+
+/// The harness of an allocator's slot type: the cost of its bookkeeping, not of allocating.
+fn harness_of(name: &str) -> &'static str {
+    match name {
+        "bfc" | "vmm" => "harness_handle",
+        "bfc_arena" => "harness_pair",
+        "offset_allocator" | "offset_allocator_mutex" => "harness_offset",
+        _ => unreachable!("no allocator {name}"),
+    }
+}
+
+/// Runs the [`PASSES`] passes (see the module docs) and prints the pass table as markdown.
+fn pass_table(s: &mut Steady, w: &Workload, label: &str) {
+    let pairs = w.allocs as f64;
+    let clock = if thread_cpu_ns().is_some() {
+        "thread CPU time"
+    } else {
+        "wall time (no thread CPU clock here)"
+    };
+    let load_start = loadavg();
+    // Each pass walks the sequence in CHUNKS stretches; every contender runs a stretch (the
+    // order rotated by stretch and by pass) before any runs the next, so all of them are
+    // timed across the same seconds of the machine's load.
+    let bounds: Vec<usize> = (0..=CHUNKS).map(|c| c * w.ops.len() / CHUNKS).collect();
+    let mut t = [[Timing::default(); CONTENDERS.len()]; PASSES];
+    for (pass, row) in t.iter_mut().enumerate() {
+        for (chunk, stretch) in bounds.windows(2).enumerate() {
+            let ops = &w.ops[stretch[0]..stretch[1]];
+            for k in 0..CONTENDERS.len() {
+                let i = (k + chunk + pass) % CONTENDERS.len();
+                let (wall, cpu) = (std::time::Instant::now(), thread_cpu_ns());
+                black_box(s.run(CONTENDERS[i], ops));
+                let wall = wall.elapsed().as_nanos() as f64;
+                let cpu = match (cpu, thread_cpu_ns()) {
+                    (Some(a), Some(b)) => (b - a) as f64,
+                    _ => wall,
+                };
+                row[i].cpu += cpu / pairs;
+                row[i].wall += wall / pairs;
+            }
+        }
+    }
+    let load_end = loadavg();
+    let at = |name: &str| {
+        CONTENDERS
+            .iter()
+            .position(|&c| c == name)
+            .expect("a contender")
+    };
+    let per_pass =
+        |f: &dyn Fn(&[Timing; CONTENDERS.len()]) -> f64| -> Vec<f64> { t.iter().map(f).collect() };
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    eprintln!();
+    eprintln!(
+        "**churn/steady/{label}** — {} allocate+free pairs per run, {PASSES} passes of {CHUNKS} interleaved stretches, {clock}; \
+         load average (1/5/15 min) {load_start} at the start, {load_end} at the end, {cpus} CPUs",
+        w.allocs
+    );
+    eprintln!();
+    eprintln!(
+        "| contender | ÷ baseline | ns/pair min / median / max | harness ns/pair | ratio min / median / max | ratio less harness min / median / max | wall ns/pair (median) | most off CPU |"
+    );
+    eprintln!("|---|---|---|---|---|---|---|---|");
+    for (name, base) in ROWS {
+        let (c, h) = (at(name), at(harness_of(name)));
+        let ns = spread(per_pass(&|r| r[c].cpu), 1);
+        let h_ns = median(per_pass(&|r| r[h].cpu));
+        let wall = median(per_pass(&|r| r[c].wall));
+        let off = per_pass(&|r| 1.0 - r[c].cpu / r[c].wall)
+            .into_iter()
+            .fold(0f64, f64::max);
+        let (base_name, ratio, net) = match base {
+            None => ("—".to_string(), "—".to_string(), "—".to_string()),
+            Some(b) => {
+                let (b, bh) = (at(b), at(harness_of(b)));
+                (
+                    CONTENDERS[b].to_string(),
+                    spread(per_pass(&|r| r[c].cpu / r[b].cpu), 2),
+                    spread(
+                        per_pass(&|r| (r[c].cpu - r[h].cpu) / (r[b].cpu - r[bh].cpu)),
+                        2,
+                    ),
+                )
+            }
+        };
+        eprintln!(
+            "| {name} | {base_name} | {ns} | {h_ns:.1} | {ratio} | {net} | {wall:.1} | {:.0}% |",
+            off * 100.0
+        );
+    }
+    eprintln!();
+    eprintln!(
+        "harness (do-nothing contenders) ns/pair min / median / max: {}",
+        CONTENDERS[ALLOCATORS..]
+            .iter()
+            .map(|&h| format!("{h} {}", spread(per_pass(&|r| r[at(h)].cpu), 1)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    eprintln!();
+}
+
+/// Prints the steady regime's utilisation (one pass of each allocator, range-alloc's only
+/// one), vmm's device calls, then the pass table.
+fn report_steady(s: &mut Steady, w: &Workload, (peak, peak_blocks): (u64, usize), label: &str) {
     let pairs = w.allocs as u64;
     let gib = |b: u64| b as f64 / GIB as f64;
     // Utilisation, from the first pass of each (range-alloc's only pass).
     let mut footprint = Vec::new();
-    for name in TIMED {
-        footprint.push((name, s.run(name, w)));
+    for name in &CONTENDERS[..ALLOCATORS] {
+        footprint.push((*name, s.run(name, &w.ops)));
     }
     let vmm_calls = s.device.counts();
-    let t = std::time::Instant::now();
-    let mut ranges = range_alloc::RangeAllocator::new(0..STEADY_RANGE);
-    let range_high = run(&mut ranges, w, &mut slots(w));
-    let range_secs = t.elapsed().as_secs_f64();
-    footprint.push(("range_alloc", range_high));
+    let range_note = if peak_blocks <= RANGE_ALLOC_BLOCKS
+        || std::env::var_os("CHURN_RANGE_ALLOC").is_some_and(|v| v == "1")
+    {
+        let t = std::time::Instant::now();
+        let mut ranges = range_alloc::RangeAllocator::new(0..STEADY_RANGE);
+        let range_high = run(&mut ranges, w, &mut slots(w));
+        footprint.push(("range_alloc", range_high));
+        format!("range_alloc's pass: {:.1} s", t.elapsed().as_secs_f64())
+    } else {
+        format!(
+            "range_alloc skipped: {peak_blocks} blocks live at once make its pass minutes long; \
+             CHURN_RANGE_ALLOC=1 runs it"
+        )
+    };
     let util: Vec<String> = footprint
         .iter()
         .map(|&(name, f)| format!("{name} {:.3}", peak as f64 / f as f64))
         .collect();
     eprintln!(
-        "  utilisation (peak live ÷ footprint): {}  [range_alloc's pass: {range_secs:.1} s]",
+        "  utilisation (peak live ÷ footprint): {}  [{range_note}]",
         util.join(", ")
     );
     eprintln!(
@@ -591,46 +919,7 @@ fn report_steady(s: &mut Steady, w: &Workload, peak: u64) {
         vmm_calls.vm_reserve,
         s.vmm.counters(),
     );
-
-    // The ratio table: PASSES passes, every timed contender once per pass on the same
-    // sequence, the order rotated so none always runs first (warm) or last.
-    let mut ns = [[0f64; TIMED.len()]; PASSES];
-    for (pass, row) in ns.iter_mut().enumerate() {
-        for k in 0..TIMED.len() {
-            let i = (k + pass) % TIMED.len();
-            let t = std::time::Instant::now();
-            black_box(s.run(TIMED[i], w));
-            row[i] = t.elapsed().as_nanos() as f64 / pairs as f64;
-        }
-    }
-    let stat = |f: &dyn Fn(&[f64; TIMED.len()]) -> f64| {
-        let mut v: Vec<f64> = ns.iter().map(f).collect();
-        v.sort_by(f64::total_cmp);
-        format!(
-            "{:.2} / {:.2} / {:.2}",
-            v[0],
-            v[v.len() / 2],
-            v[v.len() - 1]
-        )
-    };
-    let [bfc, mutex, arena, offset, vmm] = [0, 1, 2, 3, 4];
-    eprintln!("  ratio table (min / median / max over {PASSES} passes):");
-    eprintln!(
-        "    bfc ÷ offset_allocator_mutex {}  (bfc ns/pair {})",
-        stat(&|r| r[bfc] / r[mutex]),
-        stat(&|r| r[bfc])
-    );
-    eprintln!(
-        "    bfc_arena ÷ offset_allocator {}  (offset_allocator ns/pair {})",
-        stat(&|r| r[arena] / r[offset]),
-        stat(&|r| r[offset])
-    );
-    eprintln!(
-        "    vmm ÷ offset_allocator_mutex {}  (vmm ns/pair {}; offset_allocator_mutex ns/pair {})",
-        stat(&|r| r[vmm] / r[mutex]),
-        stat(&|r| r[vmm]),
-        stat(&|r| r[mutex])
-    );
+    pass_table(s, w, label);
 }
 
 fn steady(c: &mut Criterion, label: &str, max_size: u64) {
@@ -646,18 +935,25 @@ fn steady(c: &mut Criterion, label: &str, max_size: u64) {
     );
 
     // `--test` (one iteration each, as `cargo test --benches` runs) and `--list` want no
-    // measurement: skip the utilisation and ratio passes (a minute or more).
-    if !std::env::args().any(|a| a == "--test" || a == "--list") {
-        report_steady(&mut s, &w, peak);
+    // measurement, `--profile-time` only criterion's loop under a profiler: skip the
+    // utilisation and the passes (a minute or more).
+    if !std::env::args().any(|a| a == "--test" || a == "--list" || a == "--profile-time") {
+        report_steady(&mut s, &w, (peak, peak_blocks), label);
+        eprintln!(
+            "churn/steady/{label}: criterion below times each allocator alone, for regression checks \
+             (--save-baseline / --baseline) and profiling (--profile-time); the comparison is the \
+             pass table above — criterion's medians are taken minutes apart, not to be divided"
+        );
     }
 
     // Criterion: the full sequence per iteration, one iteration per sample.
     let mut g = c.benchmark_group(format!("churn/steady/{label}"));
     g.throughput(Throughput::Elements(pairs))
         .sampling_mode(SamplingMode::Flat)
-        .sample_size(10);
-    for name in TIMED {
-        g.bench_function(name, |b| b.iter(|| s.run(name, &w)));
+        .sample_size(10)
+        .warm_up_time(std::time::Duration::from_secs(1));
+    for name in &CONTENDERS[..ALLOCATORS] {
+        g.bench_function(*name, |b| b.iter(|| s.run(name, &w.ops)));
     }
     g.finish();
     assert_eq!(s.bfc.live_count(), 0);

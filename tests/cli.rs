@@ -273,6 +273,172 @@ fn replay_json_and_plot() {
     std::fs::remove_dir_all(dir).ok();
 }
 
+/// The attribute `name` of the SVG tag `tag` (`<rect x="1" …/>`).
+fn svg_attr<'a>(tag: &'a str, name: &str) -> Option<&'a str> {
+    let start = tag.find(&format!(" {name}=\""))? + name.len() + 3;
+    Some(&tag[start..start + tag[start..].find('"')?])
+}
+
+/// The opening tags of every `<element` in `svg`, and the text up to the next `<` after each
+/// (trimmed: plotters puts a text's content on lines of its own).
+fn svg_elements<'a>(svg: &'a str, element: &str) -> Vec<(&'a str, &'a str)> {
+    svg.match_indices(&format!("<{element} "))
+        .map(|(at, _)| {
+            let tag = &svg[at..at + svg[at..].find('>').unwrap()];
+            let body = &svg[at + tag.len() + 1..];
+            (tag, body[..body.find('<').unwrap_or(body.len())].trim())
+        })
+        .collect()
+}
+
+/// A rectangle `(x0, y0, x1, y1)` in pixels from a `<rect>`.
+fn svg_rect(tag: &str) -> (i64, i64, i64, i64) {
+    let n = |a| svg_attr(tag, a).unwrap().parse::<i64>().unwrap();
+    (n("x"), n("y"), n("x") + n("width"), n("y") + n("height"))
+}
+
+fn inside((x, y): (i64, i64), (x0, y0, x1, y1): (i64, i64, i64, i64)) -> bool {
+    (x0..=x1).contains(&x) && (y0..=y1).contains(&y)
+}
+
+/// The plot of a trace with a long file name, replayed by bfc and platform: the legend has a
+/// box of its own outside the chart's frame, with every line's sample and label in it and
+/// every data line inside the frame; platform (which holds exactly what is live) is named as
+/// lying under the live line; the title, too long for the panel, is wrapped into lines that
+/// carry the whole name between them.
+#[test]
+fn plot_keeps_the_legend_off_the_data_and_wraps_a_long_title() {
+    let dir = temp_dir("plot-layout");
+    let name = "a-snapshot-of-the-caching-allocator-from-a-long-training-run-of-a-large-model-on-eight-gpus-rank-0";
+    let path = dir.join(format!("{name}.jsonl"));
+    let mut trace = String::from(
+        r#"{"format":"portalloc-trace","version":1,"source":"test","baseline_bytes":0,"tags":[],"notes":[]}"#,
+    );
+    trace.push('\n');
+    let mut seq = 0;
+    let mut event = |kind: &str, id: u64, size: u64| {
+        trace.push_str(&format!("[{seq},{seq},0,0,\"{kind}\",{id},{size}]\n"));
+        seq += 1;
+    };
+    let size = |id: u64| (id % 7 + 1) << 20;
+    for id in 1..=60u64 {
+        event("a", id, size(id));
+        if id % 3 == 0 {
+            event("f", id - 1, size(id - 1));
+        }
+    }
+    for id in (1..=60u64).filter(|id| id % 3 != 2) {
+        event("f", id, size(id));
+    }
+    trace.push_str(&format!("{{\"end\":{{\"events\":{seq}}}}}\n"));
+    std::fs::write(&path, trace).unwrap();
+    let svg = dir.join("layout.svg");
+    let (trace_arg, svg_arg) = (
+        path.to_string_lossy().into_owned(),
+        svg.to_string_lossy().into_owned(),
+    );
+    let (ok, _, err) = portalloc(
+        &[
+            "replay",
+            &trace_arg,
+            "--strategies",
+            "bfc,platform",
+            "--capacity",
+            "4GiB",
+            "--plot",
+            &svg_arg,
+        ],
+        &[],
+    );
+    assert!(ok, "{err}");
+    let drawn = std::fs::read_to_string(&svg).expect("plot written");
+
+    let rects = svg_elements(&drawn, "rect");
+    let with_stroke = |colour: &str| -> Vec<(i64, i64, i64, i64)> {
+        rects
+            .iter()
+            .filter(|(t, _)| svg_attr(t, "stroke") == Some(colour))
+            .map(|(t, _)| svg_rect(t))
+            .collect()
+    };
+    let frames = with_stroke("#A0A0A0");
+    let legends = with_stroke("#C8C8C8");
+    assert_eq!(
+        (frames.len(), legends.len()),
+        (1, 1),
+        "one panel: {rects:?}"
+    );
+    let (frame, legend) = (frames[0], legends[0]);
+    assert!(
+        legend.0 > frame.2 || legend.2 < frame.0 || legend.1 > frame.3 || legend.3 < frame.1,
+        "the legend box {legend:?} overlaps the chart's frame {frame:?}"
+    );
+
+    // Every line with a point in the legend box lies wholly in it (the legend's samples);
+    // every line with a point in the frame lies wholly in the frame (the data; the axes and
+    // ticks lie outside both).
+    let (mut in_legend, mut in_frame) = (0, 0);
+    for (tag, _) in svg_elements(&drawn, "polyline") {
+        let points: Vec<(i64, i64)> = svg_attr(tag, "points")
+            .unwrap()
+            .split_whitespace()
+            .map(|p| {
+                let (x, y) = p.split_once(',').unwrap();
+                (x.parse().unwrap(), y.parse().unwrap())
+            })
+            .collect();
+        for (region, count, what) in [
+            (legend, &mut in_legend, "legend box"),
+            (frame, &mut in_frame, "frame"),
+        ] {
+            if points.iter().any(|&p| inside(p, region)) {
+                assert!(
+                    points.iter().all(|&p| inside(p, region)),
+                    "a line crosses the edge of the {what} {region:?}: {points:?}"
+                );
+                *count += 1;
+            }
+        }
+    }
+    let texts = svg_elements(&drawn, "text");
+    let labels: Vec<&(&str, &str)> = texts
+        .iter()
+        .filter(|(_, body)| body.contains("reserved (peak") || body.starts_with("live ("))
+        .collect();
+    assert_eq!(labels.len(), 3, "{texts:?}");
+    for (tag, body) in &labels {
+        let at = |a| svg_attr(tag, a).unwrap().parse::<i64>().unwrap();
+        assert!(
+            inside((at("x"), at("y")), legend),
+            "label {body:?} outside the legend box {legend:?}"
+        );
+    }
+    assert!(
+        labels
+            .iter()
+            .any(|(_, body)| body.starts_with("platform reserved")
+                && body.contains("under the live line")),
+        "platform's line lies under the live line and the legend says so: {labels:?}"
+    );
+
+    // The title: the text above the chart's frame.
+    let title: Vec<&str> = texts
+        .iter()
+        .filter(|(tag, _)| svg_attr(tag, "y").unwrap().parse::<i64>().unwrap() < frame.1)
+        .map(|(_, body)| *body)
+        .collect();
+    assert!(title.len() >= 2, "the long title is one line: {title:?}");
+    assert!(
+        title.iter().all(|line| line.chars().count() <= 80),
+        "a title line longer than 80 characters: {title:?}"
+    );
+    assert!(
+        title.concat().contains(name) && !title.iter().any(|line| line.contains(name)),
+        "the name is split across the title's lines: {title:?}"
+    );
+    std::fs::remove_dir_all(dir).ok();
+}
+
 #[test]
 fn replay_reads_the_own_format_and_strict_mode_names_the_line() {
     let dir = temp_dir("own");
