@@ -1,12 +1,12 @@
 //! What importers tolerate, and the bookkeeping that finds it.
 
-use crate::trace::TraceErrorKind;
+use crate::trace::anomaly_error;
 use std::collections::{hash_map, BTreeMap, HashMap, HashSet};
 use std::fmt;
 
 use serde::Serialize;
 
-use super::{trace_error, Op};
+use super::Op;
 use crate::error::Result;
 
 /// Where in a source something happened: for messages.
@@ -303,14 +303,11 @@ impl Tracker {
     /// Counts an anomaly; an error in strict mode when it is a defect.
     pub(crate) fn anomaly(&mut self, kind: AnomalyKind, loc: Loc, message: String) -> Result<()> {
         if self.strict && kind.is_defect() {
-            return Err(trace_error(
-                TraceErrorKind::Anomaly,
-                format!(
-                    "{}: {loc}: {message} (strict mode: {} is an error)",
-                    self.origin,
-                    kind.name()
-                ),
-            ));
+            return Err(anomaly_error(format!(
+                "{}: {loc}: {message} (strict mode: {} is an error)",
+                self.origin,
+                kind.name()
+            )));
         }
         self.anomalies.record(kind, loc, message);
         Ok(())

@@ -93,6 +93,36 @@ pub(crate) fn trace_error(kind: TraceErrorKind, message: String) -> Error {
     Error::Trace(TraceError::new(kind, message))
 }
 
+/// An [`Error::Trace`] of [`TraceErrorKind::Malformed`].
+pub(crate) fn malformed_error(message: String) -> Error {
+    trace_error(TraceErrorKind::Malformed, message)
+}
+
+/// An [`Error::Trace`] of [`TraceErrorKind::NotATrace`].
+pub(crate) fn not_a_trace_error(message: String) -> Error {
+    trace_error(TraceErrorKind::NotATrace, message)
+}
+
+/// An [`Error::Trace`] of [`TraceErrorKind::Limit`].
+pub(crate) fn limit_error(message: String) -> Error {
+    trace_error(TraceErrorKind::Limit, message)
+}
+
+/// An [`Error::Trace`] of [`TraceErrorKind::Anomaly`].
+pub(crate) fn anomaly_error(message: String) -> Error {
+    trace_error(TraceErrorKind::Anomaly, message)
+}
+
+/// An [`Error::Trace`] of [`TraceErrorKind::Selection`].
+pub(crate) fn selection_error(message: String) -> Error {
+    trace_error(TraceErrorKind::Selection, message)
+}
+
+/// An [`Error::Trace`] of [`TraceErrorKind::Io`].
+pub(crate) fn os_error(message: String) -> Error {
+    trace_error(TraceErrorKind::Io, message)
+}
+
 /// A bound reached while reading, carried inside an [`io::Error`] through the readers in
 /// between (gzip, CSV), so that the error it becomes is a [`TraceErrorKind::Limit`].
 #[derive(Debug)]

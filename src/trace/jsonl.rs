@@ -16,7 +16,7 @@
 //! [`Reader`] streams (one line in memory at a time, plus the live set) and numbers every
 //! error with its line; [`Writer`] writes what [`Reader`] reads back unchanged.
 
-use crate::trace::TraceErrorKind;
+use crate::trace::{limit_error, malformed_error, not_a_trace_error};
 use std::io::{BufWriter, Write};
 
 use serde::{Deserialize, Serialize};
@@ -76,56 +76,42 @@ impl Reader {
             )
         })?;
         if n == 0 {
-            return Err(trace_error(
-                TraceErrorKind::NotATrace,
-                format!("{origin}: line 1: empty file, expected a portalloc-trace header"),
-            ));
+            return Err(not_a_trace_error(format!(
+                "{origin}: line 1: empty file, expected a portalloc-trace header"
+            )));
         }
         // A byte-order mark is no part of the header (`open` skips it already).
         let text = buf.trim().trim_start_matches('\u{feff}');
         let header: TraceHeader =
             serde_json::from_str(text).map_err(|e| match number_at(text, e.column()) {
-                Some((key, number)) => trace_error(
-                    TraceErrorKind::NotATrace,
-                    format!(
-                        "{origin}: line 1: {}",
-                        crate::trace::u64_field(
-                            &format!("header field {}", excerpt(&key)),
-                            &number
-                        )
+                Some((key, number)) => not_a_trace_error(format!(
+                    "{origin}: line 1: {}",
+                    crate::trace::u64_field(&format!("header field {}", excerpt(&key)), &number)
                         .err()
                         .unwrap_or_else(|| format!("not a portalloc-trace header: {e}"))
-                    ),
-                ),
-                None => trace_error(
-                    TraceErrorKind::NotATrace,
-                    format!("{origin}: line 1: not a portalloc-trace header: {e}"),
-                ),
+                )),
+                None => not_a_trace_error(format!(
+                    "{origin}: line 1: not a portalloc-trace header: {e}"
+                )),
             })?;
         if header.format != FORMAT_NAME {
-            return Err(trace_error(
-                TraceErrorKind::NotATrace,
-                format!(
-                    "{origin}: line 1: format is {:?}, expected {FORMAT_NAME:?}",
-                    header.format
-                ),
-            ));
+            return Err(not_a_trace_error(format!(
+                "{origin}: line 1: format is {:?}, expected {FORMAT_NAME:?}",
+                header.format
+            )));
         }
         if header.version != FORMAT_VERSION {
-            return Err(trace_error(TraceErrorKind::NotATrace, format!(
+            return Err(not_a_trace_error(format!(
                 "{origin}: line 1: portalloc-trace version {} is not supported; this build reads version {FORMAT_VERSION}",
                 header.version
             )));
         }
         if header.tags.len() > usize::from(u16::MAX) {
-            return Err(trace_error(
-                TraceErrorKind::Limit,
-                format!(
-                    "{origin}: line 1: {} tags, at most {} are allowed",
-                    header.tags.len(),
-                    u16::MAX
-                ),
-            ));
+            return Err(limit_error(format!(
+                "{origin}: line 1: {} tags, at most {} are allowed",
+                header.tags.len(),
+                u16::MAX
+            )));
         }
         // The blocks known from before the window are part of the baseline: more than it
         // is a header that contradicts itself.
@@ -134,15 +120,12 @@ impl Reader {
             .iter()
             .try_fold(0u64, |sum, &b| sum.checked_add(b));
         if known.map_or(true, |k| k > header.baseline_bytes) {
-            return Err(trace_error(
-                TraceErrorKind::Malformed,
-                format!(
+            return Err(malformed_error(format!(
                 "{origin}: line 1: pre_window_blocks ({} sizes) sum to more than baseline_bytes \
                  ({} bytes): they are part of it",
                 header.pre_window_blocks.len(),
                 header.baseline_bytes
-            ),
-            ));
+            )));
         }
         let tracker = Tracker::new(Keying::Ids, strict, origin, header.baseline_bytes);
         Ok(Reader {
@@ -160,10 +143,7 @@ impl Reader {
     }
 
     fn err(&self, message: impl std::fmt::Display) -> Error {
-        trace_error(
-            TraceErrorKind::Malformed,
-            format!("{}: line {}: {message}", self.origin, self.line_no),
-        )
+        malformed_error(format!("{}: line {}: {message}", self.origin, self.line_no))
     }
 
     /// Skips whole blank lines in bulk, straight from the input's buffer, counting them into
@@ -214,7 +194,7 @@ impl Reader {
                 if self.ended {
                     return Ok(None);
                 }
-                return Err(trace_error(TraceErrorKind::Malformed, format!(
+                return Err(malformed_error(format!(
                     "{}: truncated: the file ends after line {} without the end line {{\"end\":{{\"events\":N}}}}",
                     self.origin, self.line_no
                 )));

@@ -84,7 +84,10 @@ pub mod jsonl;
 mod summary;
 
 pub use anomaly::{Anomalies, Anomaly, AnomalyKind, Loc};
-pub(crate) use error::{io_error, io_kind, limit_reached, trace_error};
+pub(crate) use error::{
+    anomaly_error, io_error, io_kind, limit_error, limit_reached, malformed_error,
+    not_a_trace_error, os_error, selection_error, trace_error,
+};
 pub use error::{TraceError, TraceErrorKind, MAX_MESSAGE_CHARS};
 pub use summary::{summarize, summarize_events, Summary};
 
@@ -597,12 +600,8 @@ pub fn open(path: impl AsRef<Path>, options: &Options) -> Result<Trace> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| path.display().to_string());
-    let cannot_open = |e: std::io::Error| {
-        trace_error(
-            TraceErrorKind::Io,
-            format!("cannot open {}: {e}", shown_path(path)),
-        )
-    };
+    let cannot_open =
+        |e: std::io::Error| os_error(format!("cannot open {}: {e}", shown_path(path)));
     // The type first (`metadata` never blocks): a FIFO must not be opened so that `open`
     // waits for a writer.
     let regular = std::fs::metadata(path).map_err(cannot_open)?.is_file();
@@ -628,12 +627,8 @@ pub fn open(path: impl AsRef<Path>, options: &Options) -> Result<Trace> {
 /// # Errors
 /// The file cannot be opened (the message shows the path bounded and escaped).
 pub fn open_bytes(path: &Path, options: &Options) -> Result<(Box<dyn Read + Send>, bool)> {
-    let cannot_open = |e: std::io::Error| {
-        trace_error(
-            TraceErrorKind::Io,
-            format!("cannot open {}: {e}", shown_path(path)),
-        )
-    };
+    let cannot_open =
+        |e: std::io::Error| os_error(format!("cannot open {}: {e}", shown_path(path)));
     let regular = std::fs::metadata(path).map_err(cannot_open)?.is_file();
     if regular {
         return Ok((Box::new(File::open(path).map_err(cannot_open)?), true));
@@ -813,10 +808,9 @@ fn open_sized<R: Read + Send + 'static>(
             "inflated stream",
         );
         let mut inflated = inflate::Inflated::spawn(Box::new(gz)).map_err(|e| {
-            trace_error(
-                TraceErrorKind::Io,
-                format!("{name}: cannot start a thread to inflate the gzip stream: {e}"),
-            )
+            os_error(format!(
+                "{name}: cannot start a thread to inflate the gzip stream: {e}"
+            ))
         })?;
         let mut p = Vec::new();
         (&mut inflated)
@@ -836,18 +830,12 @@ fn open_sized<R: Read + Send + 'static>(
     let format = match options.format {
         Some(f) => f,
         None => detect(&prefix).ok_or_else(|| match not_a_trace(&prefix) {
-            Some(what) => trace_error(
-                TraceErrorKind::NotATrace,
-                format!("{name}: not a trace: {what}"),
-            ),
-            None => trace_error(
-                TraceErrorKind::NotATrace,
-                format!(
+            Some(what) => not_a_trace_error(format!("{name}: not a trace: {what}")),
+            None => not_a_trace_error(format!(
                 "{name}: unknown trace format (starts with {}); {}; or name the format explicitly",
                 show_prefix(&prefix),
                 Format::accepted()
-            ),
-            ),
+            )),
         })?,
     };
     let mut input = input;

@@ -15,14 +15,14 @@
 //! [`AnomalyKind::InvalidRecord`]: crate::trace::AnomalyKind::InvalidRecord
 //! [`AnomalyKind::ZeroSize`]: crate::trace::AnomalyKind::ZeroSize
 
-use crate::trace::TraceErrorKind;
+use crate::trace::{limit_error, malformed_error};
 use std::collections::VecDeque;
 
 use super::{csv_column, csv_error, csv_reader, Attrs, Emitter};
 use crate::error::Result;
 use crate::trace::{
-    trace_error, Anomalies, AnomalyKind, Event, Format, Input, Keying, Loc, Op, Options,
-    TraceHeader, TraceSource,
+    Anomalies, AnomalyKind, Event, Format, Input, Keying, Loc, Op, Options, TraceHeader,
+    TraceSource,
 };
 
 /// One row as read: 40 bytes, all a row costs while the events are streamed.
@@ -104,7 +104,7 @@ pub(crate) fn read(input: Input, origin: &str, options: &Options) -> Result<Life
     let names = rdr.headers().map_err(csv_err)?.clone();
     let find = |want: &str| -> Result<usize> {
         csv_column(&names, want).ok_or_else(|| {
-                trace_error(TraceErrorKind::Malformed, format!(
+                malformed_error(format!(
                     "{origin}: line 1: lifetime CSV lacks the {want} column; expected header id,lower,upper,size"
                 ))
             })
@@ -120,12 +120,8 @@ pub(crate) fn read(input: Input, origin: &str, options: &Options) -> Result<Life
         let line = rec.position().map(|p| p.line()).unwrap_or(0);
         let num = |i: usize, name: &str| -> Result<u64> {
             let t = rec.get(i).unwrap_or("");
-            crate::trace::u64_field(name, t).map_err(|m| {
-                trace_error(
-                    TraceErrorKind::Malformed,
-                    format!("{origin}: line {line}: {m}"),
-                )
-            })
+            crate::trace::u64_field(name, t)
+                .map_err(|m| malformed_error(format!("{origin}: line {line}: {m}")))
         };
         let buffer = Buffer {
             id: num(c_id, "id")?,
@@ -135,7 +131,7 @@ pub(crate) fn read(input: Input, origin: &str, options: &Options) -> Result<Life
             line,
         };
         if rows.len() == MAX_ROWS {
-            return Err(trace_error(TraceErrorKind::Limit, format!(
+            return Err(limit_error(format!(
                 "{origin}: line {line}: refused: more than {MAX_ROWS} rows, the most a lifetime CSV may have"
             )));
         }

@@ -18,14 +18,14 @@
 //!
 //! [`AnomalyKind::AllocFailure`]: crate::trace::AnomalyKind::AllocFailure
 
-use crate::trace::TraceErrorKind;
+use crate::trace::{malformed_error, not_a_trace_error};
 use std::collections::VecDeque;
 
 use super::{csv_column, csv_error, csv_reader, Attrs, Emitter};
 use crate::error::Result;
 use crate::trace::{
-    excerpt, trace_error, Anomalies, AnomalyKind, Event, Format, Input, Keying, Loc, Op, Options,
-    ThreadMap, TraceHeader, TraceSource,
+    excerpt, Anomalies, AnomalyKind, Event, Format, Input, Keying, Loc, Op, Options, ThreadMap,
+    TraceHeader, TraceSource,
 };
 
 #[derive(Debug, Clone, Copy)]
@@ -102,14 +102,13 @@ impl RmmCsvReader {
         let names = rdr.headers().map_err(|e| csv_error(origin, &e))?.clone();
         let joined = names.iter().collect::<Vec<_>>().join(",");
         if is_debug_log(joined.trim_start_matches('\u{feff}').as_bytes()) {
-            return Err(trace_error(
-                TraceErrorKind::NotATrace,
-                format!("{origin}: line 1: not an RMM CSV: {DEBUG_LOG_REFUSAL}"),
-            ));
+            return Err(not_a_trace_error(format!(
+                "{origin}: line 1: not an RMM CSV: {DEBUG_LOG_REFUSAL}"
+            )));
         }
         let find = |want: &str| -> Result<usize> {
             csv_column(&names, want).ok_or_else(|| {
-                    trace_error(TraceErrorKind::Malformed, format!(
+                    malformed_error(format!(
                         "{origin}: line 1: RMM log lacks the {want} column; expected header Thread,Time,Action,Pointer,Size,Stream, got {}",
                         excerpt(&names.iter().collect::<Vec<_>>().join(","))
                     ))
@@ -153,12 +152,7 @@ impl RmmCsvReader {
             let line = rec.position().map(|p| p.line()).unwrap_or(0);
             let loc = Loc::Line(line);
             let origin = &self.origin;
-            let bad = |m: String| {
-                trace_error(
-                    TraceErrorKind::Malformed,
-                    format!("{origin}: line {line}: {m}"),
-                )
-            };
+            let bad = |m: String| malformed_error(format!("{origin}: line {line}: {m}"));
             let field = |i: usize| rec.get(i).unwrap_or("");
             let action = field(self.cols.action).to_ascii_lowercase();
             let size = crate::trace::u64_field("Size", field(self.cols.size)).map_err(&bad)?;

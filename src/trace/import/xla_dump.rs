@@ -37,7 +37,7 @@
 //! file and line.
 #![deny(unsafe_code)]
 
-use crate::trace::TraceErrorKind;
+use crate::trace::{limit_error, malformed_error, not_a_trace_error, os_error, selection_error};
 use std::collections::HashSet;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
@@ -159,36 +159,27 @@ impl BufferAssignment {
                     continue;
                 }
                 if text.trim() != "BufferAssignment:" {
-                    return Err(trace_error(
-                        TraceErrorKind::NotATrace,
-                        format!(
-                            "{origin}: line {line_no}: not an XLA buffer assignment: expected \
+                    return Err(not_a_trace_error(format!(
+                        "{origin}: line {line_no}: not an XLA buffer assignment: expected \
                          `BufferAssignment:`, found {}",
-                            excerpt(text)
-                        ),
-                    ));
+                        excerpt(text)
+                    )));
                 }
                 started = true;
                 continue;
             }
             if let Some(rest) = text.trim_start().strip_prefix("value: ") {
                 let Some(allocation) = allocations.len().checked_sub(1) else {
-                    return Err(trace_error(
-                        TraceErrorKind::Malformed,
-                        format!("{origin}: line {line_no}: a value before any allocation"),
-                    ));
+                    return Err(malformed_error(format!(
+                        "{origin}: line {line_no}: a value before any allocation"
+                    )));
                 };
-                let (name, size) = parse_value(rest).map_err(|why| {
-                    trace_error(
-                        TraceErrorKind::Malformed,
-                        format!("{origin}: line {line_no}: {why}"),
-                    )
-                })?;
+                let (name, size) = parse_value(rest)
+                    .map_err(|why| malformed_error(format!("{origin}: line {line_no}: {why}")))?;
                 if values.len() >= MAX_XLA_ALLOCATIONS {
-                    return Err(trace_error(
-                        TraceErrorKind::Limit,
-                        format!("{origin}: line {line_no}: more than {MAX_XLA_ALLOCATIONS} values"),
-                    ));
+                    return Err(limit_error(format!(
+                        "{origin}: line {line_no}: more than {MAX_XLA_ALLOCATIONS} values"
+                    )));
                 }
                 values.push(Value {
                     name,
@@ -201,36 +192,25 @@ impl BufferAssignment {
                 // Sections other XLA versions add: not needed.
                 continue;
             };
-            let a = parse_allocation(rest, line_no).map_err(|why| {
-                trace_error(
-                    TraceErrorKind::Malformed,
-                    format!("{origin}: line {line_no}: {why}"),
-                )
-            })?;
+            let a = parse_allocation(rest, line_no)
+                .map_err(|why| malformed_error(format!("{origin}: line {line_no}: {why}")))?;
             if !seen.insert(a.index) {
-                return Err(trace_error(
-                    TraceErrorKind::Malformed,
-                    format!(
-                        "{origin}: line {line_no}: allocation {} appears twice",
-                        a.index
-                    ),
-                ));
+                return Err(malformed_error(format!(
+                    "{origin}: line {line_no}: allocation {} appears twice",
+                    a.index
+                )));
             }
             if allocations.len() >= MAX_XLA_ALLOCATIONS {
-                return Err(trace_error(
-                    TraceErrorKind::Limit,
-                    format!(
-                        "{origin}: line {line_no}: more than {MAX_XLA_ALLOCATIONS} allocations"
-                    ),
-                ));
+                return Err(limit_error(format!(
+                    "{origin}: line {line_no}: more than {MAX_XLA_ALLOCATIONS} allocations"
+                )));
             }
             allocations.push(a);
         }
         if !started {
-            return Err(trace_error(
-                TraceErrorKind::NotATrace,
-                format!("{origin}: empty: not an XLA buffer assignment"),
-            ));
+            return Err(not_a_trace_error(format!(
+                "{origin}: empty: not an XLA buffer assignment"
+            )));
         }
         Ok(BufferAssignment {
             allocations,
@@ -247,16 +227,13 @@ impl BufferAssignment {
         let file = open_regular(path, &origin, "a buffer assignment")?;
         let len = file
             .metadata()
-            .map_err(|e| trace_error(TraceErrorKind::Io, format!("cannot open {origin}: {e}")))?
+            .map_err(|e| os_error(format!("cannot open {origin}: {e}")))?
             .len();
         if len > MAX_XLA_FILE_BYTES {
-            return Err(trace_error(
-                TraceErrorKind::Limit,
-                format!(
-                    "{origin}: {len} bytes, more than the {} MiB a buffer assignment may have",
-                    MAX_XLA_FILE_BYTES >> 20
-                ),
-            ));
+            return Err(limit_error(format!(
+                "{origin}: {len} bytes, more than the {} MiB a buffer assignment may have",
+                MAX_XLA_FILE_BYTES >> 20
+            )));
         }
         Self::parse(
             BufReader::new(file.take(MAX_XLA_FILE_BYTES)),
@@ -487,20 +464,13 @@ impl<'o, R: BufRead> Lines<'o, R> {
         self.line_no += 1;
         let line_no = self.line_no;
         if self.buf.len() > MAX_XLA_LINE_BYTES {
-            return Err(trace_error(
-                TraceErrorKind::Limit,
-                format!(
-                    "{origin}: line {line_no}: longer than {MAX_XLA_LINE_BYTES} bytes, the most a \
+            return Err(limit_error(format!(
+                "{origin}: line {line_no}: longer than {MAX_XLA_LINE_BYTES} bytes, the most a \
                  line of an XLA dump file may have"
-                ),
-            ));
+            )));
         }
-        let text = std::str::from_utf8(&self.buf).map_err(|_| {
-            trace_error(
-                TraceErrorKind::Malformed,
-                format!("{origin}: line {line_no}: not UTF-8 text"),
-            )
-        })?;
+        let text = std::str::from_utf8(&self.buf)
+            .map_err(|_| malformed_error(format!("{origin}: line {line_no}: not UTF-8 text")))?;
         Ok(Some((line_no, text.trim_end_matches(['\n', '\r']))))
     }
 }
@@ -535,27 +505,22 @@ pub fn parse_live_ranges(input: impl BufRead, origin: &str) -> Result<Vec<(Strin
             .split_once('-')
             .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)));
         let Some((start, end)) = parsed.filter(|(a, b)| a <= b && *b < u64::MAX) else {
-            return Err(trace_error(
-                TraceErrorKind::Malformed,
-                format!(
-                    "{origin}: line {line_no}: live range {} is not START-END with START <= END",
-                    excerpt(range)
-                ),
-            ));
+            return Err(malformed_error(format!(
+                "{origin}: line {line_no}: live range {} is not START-END with START <= END",
+                excerpt(range)
+            )));
         };
         if ranges.len() >= MAX_XLA_ALLOCATIONS {
-            return Err(trace_error(
-                TraceErrorKind::Limit,
-                format!("{origin}: line {line_no}: more than {MAX_XLA_ALLOCATIONS} live ranges"),
-            ));
+            return Err(limit_error(format!(
+                "{origin}: line {line_no}: more than {MAX_XLA_ALLOCATIONS} live ranges"
+            )));
         }
         ranges.push((name.to_string(), start, end));
     }
     if !found {
-        return Err(trace_error(
-            TraceErrorKind::NotATrace,
-            format!("{origin}: no `BufferLiveRange:` section: not an XLA live-range file"),
-        ));
+        return Err(not_a_trace_error(format!(
+            "{origin}: no `BufferLiveRange:` section: not an XLA live-range file"
+        )));
     }
     Ok(ranges)
 }
@@ -691,18 +656,14 @@ fn escaped(text: &str) -> String {
 /// Opens `path` if it is a regular file: a FIFO is refused before `open`, which would wait
 /// for a writer for ever, and so is a device or a directory.
 fn open_regular(path: &Path, origin: &str, what: &str) -> Result<File> {
-    let meta = std::fs::metadata(path)
-        .map_err(|e| trace_error(TraceErrorKind::Io, format!("cannot open {origin}: {e}")))?;
+    let meta =
+        std::fs::metadata(path).map_err(|e| os_error(format!("cannot open {origin}: {e}")))?;
     if !meta.is_file() {
-        return Err(trace_error(
-            TraceErrorKind::NotATrace,
-            format!(
+        return Err(not_a_trace_error(format!(
             "{origin}: not a regular file (a FIFO, device or directory); {what} is a file XLA wrote"
-        ),
-        ));
+        )));
     }
-    File::open(path)
-        .map_err(|e| trace_error(TraceErrorKind::Io, format!("cannot open {origin}: {e}")))
+    File::open(path).map_err(|e| os_error(format!("cannot open {origin}: {e}")))
 }
 
 /// The live-range file beside the buffer-assignment file `file`, from the file's name as
@@ -770,20 +731,17 @@ pub fn is_buffer_assignment_file(path: &Path) -> bool {
 /// `*-buffer-assignment.txt`.
 pub fn read_path(path: &Path, options: &XlaOptions) -> Result<XlaModule> {
     let shown = || crate::error::shown_path(path);
-    let meta = std::fs::metadata(path)
-        .map_err(|e| trace_error(TraceErrorKind::Io, format!("cannot open {}: {e}", shown())))?;
+    let meta =
+        std::fs::metadata(path).map_err(|e| os_error(format!("cannot open {}: {e}", shown())))?;
     if meta.is_dir() {
         return read_dir(path, options);
     }
     if !meta.is_file() || !is_buffer_assignment_file(path) {
-        return Err(trace_error(
-            TraceErrorKind::NotATrace,
-            format!(
+        return Err(not_a_trace_error(format!(
             "{}: not an XLA dump: give its directory (XLA_FLAGS=--xla_dump_to=DIR) or one of its \
              regular files named *{BUFFER_ASSIGNMENT_SUFFIX}",
             shown()
-        ),
-        ));
+        )));
     }
     let dir = path.parent().unwrap_or(Path::new("."));
     read_dump(dir, Some(path), options)
@@ -793,31 +751,24 @@ pub fn read_path(path: &Path, options: &XlaOptions) -> Result<XlaModule> {
 fn read_dump(dir: &Path, lone: Option<&Path>, options: &XlaOptions) -> Result<XlaModule> {
     let shown = lone.unwrap_or(dir).display().to_string();
     if options.per_buffer && options.steps != 1 {
-        return Err(trace_error(
-            TraceErrorKind::Selection,
-            format!(
-                "--steps {} with --per-buffer: a per-buffer replay is one execution",
-                options.steps
-            ),
-        ));
+        return Err(selection_error(format!(
+            "--steps {} with --per-buffer: a per-buffer replay is one execution",
+            options.steps
+        )));
     }
     if options.steps == 0 || options.steps > MAX_XLA_STEPS {
-        return Err(trace_error(
-            TraceErrorKind::Selection,
-            format!(
-                "--steps {}: give 1 to {MAX_XLA_STEPS} executions",
-                options.steps
-            ),
-        ));
+        return Err(selection_error(format!(
+            "--steps {}: give 1 to {MAX_XLA_STEPS} executions",
+            options.steps
+        )));
     }
     // A lone file is its module: the directory is not listed.
-    let entries =
-        match lone {
-            Some(_) => None,
-            None => Some(std::fs::read_dir(dir).map_err(|e| {
-                trace_error(TraceErrorKind::Io, format!("cannot read {shown}: {e}"))
-            })?),
-        };
+    let entries = match lone {
+        Some(_) => None,
+        None => Some(
+            std::fs::read_dir(dir).map_err(|e| os_error(format!("cannot read {shown}: {e}")))?,
+        ),
+    };
     let mut files: Vec<(String, PathBuf)> = lone
         .map(|file| {
             let name = file.file_name().unwrap_or_default();
@@ -826,41 +777,33 @@ fn read_dump(dir: &Path, lone: Option<&Path>, options: &XlaOptions) -> Result<Xl
         .into_iter()
         .collect();
     for entry in entries.into_iter().flatten() {
-        let entry = entry
-            .map_err(|e| trace_error(TraceErrorKind::Io, format!("cannot read {shown}: {e}")))?;
+        let entry = entry.map_err(|e| os_error(format!("cannot read {shown}: {e}")))?;
         let name = entry.file_name().to_string_lossy().into_owned();
         if name.ends_with(BUFFER_ASSIGNMENT_SUFFIX) {
             if files.len() >= MAX_XLA_FILES {
-                return Err(trace_error(
-                    TraceErrorKind::Limit,
-                    format!("{shown}: more than {MAX_XLA_FILES} buffer-assignment files"),
-                ));
+                return Err(limit_error(format!(
+                    "{shown}: more than {MAX_XLA_FILES} buffer-assignment files"
+                )));
             }
             files.push((name, entry.path()));
         }
     }
     files.sort();
     if files.is_empty() {
-        return Err(trace_error(
-            TraceErrorKind::NotATrace,
-            format!(
+        return Err(not_a_trace_error(format!(
             "{shown}: no *{BUFFER_ASSIGNMENT_SUFFIX} file: not an XLA dump (run the program with \
              XLA_FLAGS=--xla_dump_to={shown})"
-        ),
-        ));
+        )));
     }
     let total = files.len();
     if let Some(want) = &options.module {
         files.retain(|(name, _)| name.contains(want.as_str()));
         if files.is_empty() {
-            return Err(trace_error(
-                TraceErrorKind::Selection,
-                format!(
+            return Err(selection_error(format!(
                 "{shown}: no module matches --module {}: {total} buffer-assignment files, none \
                  with that in its name",
                 excerpt(want)
-            ),
-            ));
+            )));
         }
     }
     // The module needing the most bytes (the first such, in name order).
@@ -876,15 +819,12 @@ fn read_dump(dir: &Path, lone: Option<&Path>, options: &XlaOptions) -> Result<Xl
         }
     }
     let Some((file_name, file, ba, stats)) = best else {
-        return Err(trace_error(
-            TraceErrorKind::NotATrace,
-            format!("{shown}: no module read"),
-        ));
+        return Err(not_a_trace_error(format!("{shown}: no module read")));
     };
     if !options.per_buffer {
         let count = ba.event_count(options.steps);
         if count > MAX_XLA_EVENTS {
-            return Err(trace_error(TraceErrorKind::Limit, format!(
+            return Err(limit_error(format!(
                 "{}: refused: --steps {} makes {count} events, more than the {MAX_XLA_EVENTS} a replay holds; give fewer steps",
                 escaped(&file_name),
                 options.steps
@@ -927,13 +867,10 @@ fn read_dump(dir: &Path, lone: Option<&Path>, options: &XlaOptions) -> Result<Xl
         let live = live_range_path(&file);
         let origin = shown_file(&live);
         let f = open_regular(&live, &origin, "a live-range file").map_err(|e| {
-            trace_error(
-                TraceErrorKind::Selection,
-                format!(
-                    "--per-buffer needs the module's live ranges: {}",
-                    e.to_string().trim_start_matches("trace: ")
-                ),
-            )
+            selection_error(format!(
+                "--per-buffer needs the module's live ranges: {}",
+                e.to_string().trim_start_matches("trace: ")
+            ))
         })?;
         let ranges = parse_live_ranges(BufReader::new(f.take(MAX_XLA_FILE_BYTES)), &origin)?;
         let (events, missing) = ba.per_buffer_events(&ranges);

@@ -36,7 +36,7 @@
 //! [`Options::device_type`]: crate::trace::Options::device_type
 //! [`Options::cpu`]: crate::trace::Options::cpu
 
-use crate::trace::TraceErrorKind;
+use crate::trace::{not_a_trace_error, selection_error, TraceErrorKind};
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -668,13 +668,10 @@ pub(crate) fn read(input: Input, origin: &str, options: &Options) -> Result<VecS
         )
     })?;
     if !c.saw_trace_events {
-        return Err(trace_error(
-            TraceErrorKind::NotATrace,
-            format!(
-                "{origin}: a JSON object without traceEvents: not a Chrome trace; {}",
-                Format::accepted()
-            ),
-        ));
+        return Err(not_a_trace_error(format!(
+            "{origin}: a JSON object without traceEvents: not a Chrome trace; {}",
+            Format::accepted()
+        )));
     }
     // Anomalies met before the replay's own (a device or a number that cannot be read).
     let mut early = Tracker::new(Keying::Addresses, options.strict, origin, 0);
@@ -686,7 +683,7 @@ pub(crate) fn read(input: Input, origin: &str, options: &Options) -> Result<VecS
         }
     }
     let chosen = choose(&per_device, options, c.events_seen, c.mem.len())
-        .map_err(|why| trace_error(TraceErrorKind::Selection, format!("{origin}: {why}")))?;
+        .map_err(|why| selection_error(format!("{origin}: {why}")))?;
     let on_cpu = chosen.0 == CPU;
     let mut mem: Vec<Mem> = c
         .mem

@@ -29,7 +29,7 @@
 //! [`Options::device`]: crate::trace::Options::device
 //! [`AnomalyKind::AllocFailure`]: crate::trace::AnomalyKind::AllocFailure
 
-use crate::trace::TraceErrorKind;
+use crate::trace::{limit_error, malformed_error, not_a_trace_error, selection_error};
 use rustc_hash::FxHashSet;
 
 mod limits;
@@ -48,26 +48,21 @@ use view::{KeyMemo, Pickle, Seq, Val};
 /// The error for a pickle the reader refused or a walk that ran out of steps.
 fn pickle_error(origin: &str, e: PickleError) -> Error {
     match e {
-        PickleError::Limit { .. } => trace_error(
-            TraceErrorKind::Limit,
-            format!(
-                "{origin}: refused: the snapshot pickle {e}; the limits on untrusted files are in \
+        PickleError::Limit { .. } => limit_error(format!(
+            "{origin}: refused: the snapshot pickle {e}; the limits on untrusted files are in \
              docs/trace-format.md (a file you trust is read with 16 times larger ones: \
              --trusted-input)"
-            ),
-        ),
-        PickleError::Malformed { .. } => trace_error(
-            TraceErrorKind::Malformed,
-            format!("{origin}: not a readable snapshot pickle (truncated or corrupt?): {e}"),
-        ),
+        )),
+        PickleError::Malformed { .. } => malformed_error(format!(
+            "{origin}: not a readable snapshot pickle (truncated or corrupt?): {e}"
+        )),
         PickleError::Io(kind, _) => trace_error(
             kind,
             format!("{origin}: not a readable snapshot pickle (truncated or corrupt?): {e}"),
         ),
-        PickleError::Foreign { .. } => trace_error(
-            TraceErrorKind::NotATrace,
-            format!("{origin}: {e}, {NOT_A_SNAPSHOT}"),
-        ),
+        PickleError::Foreign { .. } => {
+            not_a_trace_error(format!("{origin}: {e}, {NOT_A_SNAPSHOT}"))
+        }
     }
 }
 
@@ -264,10 +259,9 @@ fn import(pickle: &Pickle, origin: &str, options: &Options) -> Result<VecSource>
     // `_dump_snapshot` pickles a plain dict: an object built from a global (its state a
     // dict with a `segments` attribute, say) is something else unless it carries traces.
     if let (Some(global), None) = (pickle.root_global(), device_traces) {
-        return Err(trace_error(
-            TraceErrorKind::NotATrace,
-            format!("{origin}: a pickle of {global}, {NOT_A_SNAPSHOT}"),
-        ));
+        return Err(not_a_trace_error(format!(
+            "{origin}: a pickle of {global}, {NOT_A_SNAPSHOT}"
+        )));
     }
     // `_dump_snapshot` writes `segments` always: a dict without them is some other dict unless
     // it holds traces to replay (a snapshot stripped of its segments).
@@ -275,38 +269,29 @@ fn import(pickle: &Pickle, origin: &str, options: &Options) -> Result<VecSource>
         .and_then(Val::as_list)
         .map_or(true, |t| t.len() == 0);
     if root.is_dict() && segments.is_none() && no_traces {
-        return Err(trace_error(
-            TraceErrorKind::NotATrace,
-            format!(
+        return Err(not_a_trace_error(format!(
             "{origin}: a pickle of a dict with {}, {NOT_A_SNAPSHOT}: its keys are {SNAPSHOT_KEYS}",
             keys_shown(origin, root)?
-        ),
-        ));
+        )));
     }
     if !root.is_dict() {
-        return Err(trace_error(
-            TraceErrorKind::NotATrace,
-            format!(
+        return Err(not_a_trace_error(format!(
             "{origin}: a valid pickle, but of {}, not the dict torch.cuda.memory._dump_snapshot \
              writes (with segments and device_traces)",
             root.kind_name()
-        ),
-        ));
+        )));
     }
     let traces = device_traces.and_then(Val::as_list).ok_or_else(|| {
-        trace_error(TraceErrorKind::NotATrace, format!(
+        not_a_trace_error(format!(
             "{origin}: the snapshot has no device_traces list (was torch.cuda.memory._record_memory_history enabled?)"
         ))
     })?;
     // No device to name or replay: refused rather than read as device 0 with no events.
     if traces.len() == 0 {
-        return Err(trace_error(
-            TraceErrorKind::NotATrace,
-            format!(
-                "{origin}: the snapshot's device_traces is an empty list: it traced no device, \
+        return Err(not_a_trace_error(format!(
+            "{origin}: the snapshot's device_traces is an empty list: it traced no device, \
              so there is nothing to replay"
-            ),
-        ));
+        )));
     }
     // The entries to replay per device, to choose the device with the most: only when there
     // is a choice (a walk of every entry).
@@ -331,13 +316,10 @@ fn import(pickle: &Pickle, origin: &str, options: &Options) -> Result<VecSource>
         Some(d) => {
             let d = d as usize;
             if d >= traces.len() {
-                return Err(trace_error(
-                    TraceErrorKind::Selection,
-                    format!(
-                        "{origin}: no device {d}: the snapshot has device_traces for {} devices",
-                        traces.len()
-                    ),
-                ));
+                return Err(selection_error(format!(
+                    "{origin}: no device {d}: the snapshot has device_traces for {} devices",
+                    traces.len()
+                )));
             }
             d
         }
