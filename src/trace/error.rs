@@ -20,7 +20,7 @@ pub enum TraceErrorKind {
     /// (a pickle of another object, RMM's debug log, nvidia-smi's CSV, an empty file).
     NotATrace,
     /// Of a known format, but truncated, corrupt, or holding a value its field cannot (a
-    /// number out of range, a key twice where it is read).
+    /// number out of range where it is read).
     Malformed,
     /// A bound on untrusted input was reached: the bytes read or inflated, one value's or
     /// line's length, a pickle's values, the events a replay holds. `--trusted-input`
@@ -36,7 +36,8 @@ pub enum TraceErrorKind {
 }
 
 /// Why a trace could not be read: its [`TraceErrorKind`], and a message with the source, the
-/// line or event, and what was wrong, at most [`MAX_MESSAGE_CHARS`] characters.
+/// line or event, and what was wrong: at most [`MAX_MESSAGE_CHARS`] characters and, where it
+/// was cut there, a count of the rest (`… (N more characters)`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct TraceError {
@@ -73,10 +74,14 @@ impl TraceError {
         &self.message
     }
 
-    /// The same error, its message after `label: ` (the file a command line read, say).
+    /// The same error, its message after `label: ` (the file a command line read, say): the
+    /// message is not cut again.
     #[must_use]
     pub fn within(self, label: &str) -> TraceError {
-        TraceError::new(self.kind, format!("{label}: {}", self.message))
+        TraceError {
+            kind: self.kind,
+            message: format!("{label}: {}", self.message),
+        }
     }
 }
 
@@ -87,6 +92,13 @@ impl fmt::Display for TraceError {
 }
 
 impl std::error::Error for TraceError {}
+
+impl From<TraceError> for Error {
+    /// [`Error::Trace`]: a reader of the caller's own returns its errors with `?`.
+    fn from(e: TraceError) -> Error {
+        Error::Trace(e)
+    }
+}
 
 /// An [`Error::Trace`] of `kind`.
 pub(crate) fn trace_error(kind: TraceErrorKind, message: String) -> Error {

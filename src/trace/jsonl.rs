@@ -90,6 +90,10 @@ impl Reader {
                         .err()
                         .unwrap_or_else(|| format!("not a portalloc-trace header: {e}"))
                 )),
+                // A header cut short is one (it began as one: the format was detected).
+                None if e.is_eof() => malformed_error(format!(
+                    "{origin}: line 1: a portalloc-trace header cut short: {e}"
+                )),
                 None => not_a_trace_error(format!(
                     "{origin}: line 1: not a portalloc-trace header: {e}"
                 )),

@@ -795,6 +795,9 @@ fn open_sized<R: Read + Send + 'static>(
     options: &Options,
     size: Option<u64>,
 ) -> Result<Trace> {
+    // Every message and the header carry the name: its control characters escaped, its
+    // length cut, so that a file named to drive a terminal cannot.
+    let name = &crate::error::shown_name(name);
     let (prefix, rest) = peek(Box::new(reader), name)?;
     let mut size = size;
     let (prefix, input): (Vec<u8>, Input) = if prefix.starts_with(&[0x1f, 0x8b]) {

@@ -626,14 +626,15 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         );
         let mut mapped_now = 0;
         let result = result.and_then(|()| {
-            let mapping = missing
-                .iter()
-                .zip(&backing)
-                .try_for_each(|(&v, &(h, off, _))| {
-                    vm.map(v, g, PhysicalHandle(h), off)?;
-                    mapped_now += 1;
-                    Ok(())
-                });
+            let mapping: Result<()> =
+                missing
+                    .iter()
+                    .zip(&backing)
+                    .try_for_each(|(&v, &(h, off, _))| {
+                        vm.map(v, g, PhysicalHandle(h), off)?;
+                        mapped_now += 1;
+                        Ok(())
+                    });
             // The books record what the device mapped (nothing reads them in between), with
             // one search for the region.
             inner.counters.maps += mapped_now as u64;

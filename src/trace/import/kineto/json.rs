@@ -234,7 +234,12 @@ impl Cursor {
                         self.pos += used.min(held);
                         Ok(value)
                     }
-                    Some(Err(e)) => Err(self.place(&e)),
+                    Some(Err(e)) => {
+                        let mut at = self.place(&e);
+                        // An error at the end of the input (`-`, `1.`) is the input cut short.
+                        at.eof |= cut;
+                        Err(at)
+                    }
                     None => Err(self.error(true, "EOF while parsing a value")),
                 };
             }
@@ -370,7 +375,12 @@ fn members(f: &mut Cursor, c: &mut Collected) -> Result<(), FrameError> {
             None => return Err(eof(f)),
         }
         match key.as_str() {
-            "traceEvents" if f.peek()? == Some(b'[') => events(f, c)?,
+            "traceEvents" if f.peek()? == Some(b'[') => {
+                // A key given twice counts with its last value, as in a JSON object.
+                c.mem.clear();
+                c.events_seen = 0;
+                events(f, c)?;
+            }
             "traceEvents" => return Err(refuse::<false>(f, "an array of trace events")),
             "deviceProperties" => {
                 let v: Value = f.parse()?;
