@@ -8,6 +8,12 @@
 //!   stream-ordered pool) and vmm. Where a target lacks what a strategy needs, every case of
 //!   that cell asserts that building the strategy fails with `Error::Unsupported` naming the
 //!   backend — a cell never passes by skipping;
+//! * **adaptors** (`src/adaptor`): every cell runs on the strategy as built, and again with
+//!   the strategy inside each adaptor — `LedgerAllocator`, `RecorderAllocator` (feature
+//!   `trace`), and the strategy over a `CountingDevice` — which must pass every case as the
+//!   bare strategy does; when the case drops the allocator, the adaptor's own books are
+//!   checked against what it served (the ledger's live allocations and its snapshot's JSON,
+//!   the recorder's trace, the counting device's calls);
 //! * **cases** (the module [`cases`], one body each): zero size, aligned / disjoint / usable
 //!   allocations, alignment rules, impossible sizes, exhaustion and recovery, foreign
 //!   allocations refused, the census after trim and drop, threads sharing an allocator,
@@ -24,14 +30,20 @@
 //!   another stream of memory a kernel still uses must be ordered after it (a completed
 //!   kernel, or a GPU-side wait), which the device's own timeline answers.
 //!
-//! Each (target, strategy, case) is one named test, e.g.
-//! `fakehip_rocm6::bfc_growing::trim_and_drop`, and ends with the census: the allocator
+//! Each (target, strategy, adaptor, case) is one named test, e.g.
+//! `fakehip_rocm6::bfc_growing::trim_and_drop` (the bare strategy) and
+//! `fakehip_rocm6::bfc_growing::ledger::trim_and_drop`, and ends with the census: the allocator
 //! dropped, every device's books are empty and the conformance driver's own live counts are
 //! all zero.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::support::targets::{CallerProbe, Rig, Rocm, Strategy, SuiteStrategy, Target};
+#[cfg(feature = "trace")]
+use portalloc::adaptor::RecorderAllocator;
+use portalloc::adaptor::{CountingDevice, LedgerAllocator, LedgerOptions, LedgerSnapshot};
+use portalloc::device::Device;
 use portalloc::{Allocation, Allocator, DeviceBuffer, Error, Stats, Stream};
 
 const MIB: u64 = 1 << 20;
@@ -44,6 +56,279 @@ struct Subject {
     allocator: Arc<dyn Allocator>,
     rig: Rig,
     strategy: Strategy,
+}
+
+/// What wraps a cell's strategy: nothing, or one of portalloc's adaptors (`src/adaptor`).
+/// Every case passes through each adaptor as it passes on the bare strategy, and the
+/// adaptor's own books are checked when the case drops the allocator ([`Adapted`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Adaptor {
+    /// The strategy as `strategy::build` made it.
+    Bare,
+    /// `LedgerAllocator` over the strategy (default options: rounding measured), with the
+    /// device for its out-of-memory diagnoses.
+    Ledger,
+    /// `RecorderAllocator` over the strategy.
+    #[cfg(feature = "trace")]
+    Recorder,
+    /// The strategy over a `CountingDevice` around the rig's device.
+    CountingDevice,
+}
+
+/// A `Box<dyn Allocator>` as an `Allocator`: `RecorderAllocator` wraps a sized upstream
+/// only, and `strategy::build` returns a boxed one.
+#[cfg(feature = "trace")]
+struct Boxed(Box<dyn Allocator>);
+
+#[cfg(feature = "trace")]
+impl Allocator for Boxed {
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+    fn id(&self) -> u64 {
+        self.0.id()
+    }
+    fn allocate(
+        &self,
+        size: u64,
+        alignment: u64,
+        stream: Stream,
+        tag: &str,
+    ) -> portalloc::Result<Allocation> {
+        self.0.allocate(size, alignment, stream, tag)
+    }
+    fn deallocate(&self, allocation: Allocation) -> portalloc::Result<()> {
+        self.0.deallocate(allocation)
+    }
+    fn stats(&self) -> Stats {
+        self.0.stats()
+    }
+    fn charged(&self, allocation: &Allocation) -> Option<u64> {
+        self.0.charged(allocation)
+    }
+    fn pool_bytes(&self) -> u64 {
+        self.0.pool_bytes()
+    }
+    fn trim(&self) -> portalloc::Result<u64> {
+        self.0.trim()
+    }
+    fn check_invariants(&self) -> std::result::Result<(), String> {
+        self.0.check_invariants()
+    }
+}
+
+/// The adaptor, typed, around the strategy.
+enum Wrapped {
+    Ledger(Box<LedgerAllocator<dyn Allocator>>),
+    #[cfg(feature = "trace")]
+    Recorder(Box<RecorderAllocator<Boxed>>),
+    /// The strategy over the counting device, and the device, to read its counts.
+    Counting(Box<dyn Allocator>, Arc<CountingDevice<dyn Device>>),
+}
+
+/// A strategy inside an adaptor, as the case uses it. It counts what it served, and when
+/// dropped (the case's own drop of the allocator) checks the adaptor against that: the
+/// ledger's live allocations and its snapshot's JSON round trip; the recorder's trace, one
+/// event per non-empty allocation and free it served, each free of a live allocation of the
+/// same size and stream; the counting device saw the strategy's device calls.
+struct Adapted {
+    wrapped: Option<Wrapped>,
+    /// Successful allocations (and of them, non-empty ones), successful frees (non-empty).
+    allocated: AtomicU64,
+    allocated_non_empty: AtomicU64,
+    freed: AtomicU64,
+    freed_non_empty: AtomicU64,
+}
+
+impl Adapted {
+    fn new(wrapped: Wrapped) -> Adapted {
+        Adapted {
+            wrapped: Some(wrapped),
+            allocated: AtomicU64::new(0),
+            allocated_non_empty: AtomicU64::new(0),
+            freed: AtomicU64::new(0),
+            freed_non_empty: AtomicU64::new(0),
+        }
+    }
+
+    fn inner(&self) -> &dyn Allocator {
+        match self.wrapped.as_ref().expect("live until dropped") {
+            Wrapped::Ledger(l) => l.as_ref(),
+            #[cfg(feature = "trace")]
+            Wrapped::Recorder(r) => r.as_ref(),
+            Wrapped::Counting(a, _) => a.as_ref(),
+        }
+    }
+}
+
+impl Allocator for Adapted {
+    fn name(&self) -> &str {
+        self.inner().name()
+    }
+    fn id(&self) -> u64 {
+        self.inner().id()
+    }
+    fn allocate(
+        &self,
+        size: u64,
+        alignment: u64,
+        stream: Stream,
+        tag: &str,
+    ) -> portalloc::Result<Allocation> {
+        let a = self.inner().allocate(size, alignment, stream, tag)?;
+        self.allocated.fetch_add(1, Ordering::Relaxed);
+        if !a.is_empty() {
+            self.allocated_non_empty.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(a)
+    }
+    fn deallocate(&self, allocation: Allocation) -> portalloc::Result<()> {
+        let empty = allocation.is_empty();
+        self.inner().deallocate(allocation)?;
+        self.freed.fetch_add(1, Ordering::Relaxed);
+        if !empty {
+            self.freed_non_empty.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+    fn stats(&self) -> Stats {
+        self.inner().stats()
+    }
+    fn charged(&self, allocation: &Allocation) -> Option<u64> {
+        self.inner().charged(allocation)
+    }
+    fn pool_bytes(&self) -> u64 {
+        self.inner().pool_bytes()
+    }
+    fn trim(&self) -> portalloc::Result<u64> {
+        self.inner().trim()
+    }
+    fn check_invariants(&self) -> std::result::Result<(), String> {
+        self.inner().check_invariants()
+    }
+}
+
+impl Drop for Adapted {
+    fn drop(&mut self) {
+        let wrapped = self.wrapped.take().expect("dropped once");
+        if std::thread::panicking() {
+            // A case failed already: its message is the one to read.
+            return;
+        }
+        let get = |n: &AtomicU64| n.load(Ordering::Relaxed);
+        let (allocated, freed) = (get(&self.allocated), get(&self.freed));
+        let non_empty = get(&self.allocated_non_empty);
+        match wrapped {
+            Wrapped::Ledger(ledger) => {
+                ledger
+                    .check_invariants()
+                    .unwrap_or_else(|e| panic!("ledger at drop: {e}"));
+                assert_eq!(
+                    ledger.live_count() as u64,
+                    allocated - freed,
+                    "the ledger's live allocations: {allocated} served, {freed} freed"
+                );
+                let snapshot = ledger.snapshot();
+                assert_eq!(snapshot.allocations_made, allocated);
+                let json = snapshot.to_json();
+                let mut back = LedgerSnapshot::from_json(&json)
+                    .unwrap_or_else(|e| panic!("the ledger's snapshot does not read back: {e}"));
+                // serde_json reads floats back exactly only with its `float_roundtrip`
+                // feature, which portalloc does not enable: the fragmentation may come back
+                // a bit off (0.9170979817708333 read as 0.9170979817708332). Everything else
+                // must survive JSON exactly.
+                let (was, read) = (snapshot.upstream.fragmentation, back.upstream.fragmentation);
+                assert!(
+                    (was - read).abs() <= 2.0 * f64::EPSILON * was.abs(),
+                    "the fragmentation after JSON: {read}, was {was}"
+                );
+                back.upstream.fragmentation = was;
+                assert_eq!(back, snapshot, "the ledger's snapshot after JSON");
+            }
+            #[cfg(feature = "trace")]
+            Wrapped::Recorder(recorder) => {
+                use portalloc::trace::Op;
+                let (_, events) = recorder.trace();
+                let mut live = std::collections::HashMap::new();
+                let (mut allocs, mut frees) = (0, 0);
+                for (i, e) in events.iter().enumerate() {
+                    assert_eq!(e.seq, i as u64, "the recorder's events are in order");
+                    match e.op {
+                        Op::Alloc => {
+                            allocs += 1;
+                            let before = live.insert(e.id, (e.size, e.stream));
+                            assert!(before.is_none(), "id {} recorded twice: {e:?}", e.id);
+                        }
+                        Op::Free => {
+                            frees += 1;
+                            let made = live.remove(&e.id);
+                            assert_eq!(
+                                made,
+                                Some((e.size, e.stream)),
+                                "a free of no live allocation of its size and stream: {e:?}"
+                            );
+                        }
+                        #[allow(unreachable_patterns)]
+                        _ => panic!("the recorder records allocations and frees only: {e:?}"),
+                    }
+                }
+                assert_eq!(
+                    (allocs, frees),
+                    (non_empty, get(&self.freed_non_empty)),
+                    "recorded (allocations, frees) against those served (non-empty ones)"
+                );
+                let mut written = Vec::new();
+                assert_eq!(
+                    recorder.write_portalloc(&mut written).unwrap(),
+                    events.len() as u64
+                );
+            }
+            Wrapped::Counting(allocator, device) => {
+                drop(allocator);
+                let counts = device.counts();
+                if non_empty > 0 {
+                    assert!(
+                        counts.memory_calls() > 0,
+                        "memory was served, but no device call reached the counting device: \
+                         {counts:?}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+impl Adaptor {
+    /// `strategy` over `device` (as [`SuiteStrategy::build_as_configured`] builds it), in
+    /// the adaptor.
+    fn build(
+        self,
+        strategy: Strategy,
+        device: Arc<dyn Device>,
+    ) -> portalloc::Result<Box<dyn Allocator>> {
+        let wrapped = match self {
+            Adaptor::Bare => return strategy.build_as_configured(device),
+            Adaptor::Ledger => {
+                let upstream = strategy.build_as_configured(Arc::clone(&device))?;
+                Wrapped::Ledger(Box::new(
+                    LedgerAllocator::from_boxed(upstream, LedgerOptions::default())
+                        .with_device(device),
+                ))
+            }
+            #[cfg(feature = "trace")]
+            Adaptor::Recorder => Wrapped::Recorder(Box::new(RecorderAllocator::new(
+                Boxed(strategy.build_as_configured(device)?),
+                "conformance",
+            ))),
+            Adaptor::CountingDevice => {
+                let counting = Arc::new(CountingDevice::new(device));
+                let allocator =
+                    strategy.build_as_configured(Arc::clone(&counting) as Arc<dyn Device>)?;
+                Wrapped::Counting(allocator, counting)
+            }
+        };
+        Ok(Box::new(Adapted::new(wrapped)))
+    }
 }
 
 /// An allocator whose every call — drop included — is made with the caller's other device
@@ -111,16 +396,14 @@ impl Drop for CallerChecked {
     }
 }
 
-/// Builds `strategy` over device 0 of `rig`. Where the target cannot serve it, asserts the
+/// Builds `strategy` over device 0 of `rig`, in `adaptor`. Where the target cannot serve it, asserts the
 /// typed refusal and the empty census instead, and returns `None`.
-fn subject(rig: Rig, strategy: Strategy) -> Option<Subject> {
+fn subject(rig: Rig, strategy: Strategy, adaptor: Adaptor) -> Option<Subject> {
     let target = rig.target;
     let probe = rig.caller_probe();
     let built = match &probe {
-        Some(p) => p.around("strategy::build", || {
-            strategy.build_as_configured(rig.device(0))
-        }),
-        None => strategy.build_as_configured(rig.device(0)),
+        Some(p) => p.around("strategy::build", || adaptor.build(strategy, rig.device(0))),
+        None => adaptor.build(strategy, rig.device(0)),
     };
     if strategy.served_by(target) {
         let allocator = built.unwrap_or_else(|e| panic!("{target:?} {strategy:?}: {e}"));
@@ -146,10 +429,16 @@ fn subject(rig: Rig, strategy: Strategy) -> Option<Subject> {
     None
 }
 
-/// Runs one cell: `case` on `devices` devices of `target`.
-fn run(target: Target, strategy: Strategy, devices: u32, case: fn(Rig, Strategy)) {
+/// Runs one cell: `case` on `devices` devices of `target`, for `strategy` in `adaptor`.
+fn run(
+    target: Target,
+    strategy: Strategy,
+    adaptor: Adaptor,
+    devices: u32,
+    case: fn(Rig, Strategy, Adaptor),
+) {
     if let Some(rig) = target.open(devices, CAPACITY) {
-        case(rig, strategy);
+        case(rig, strategy, adaptor);
     }
 }
 
@@ -219,8 +508,8 @@ mod cases {
     use super::*;
 
     /// Zero bytes: an empty allocation, and no device call.
-    pub fn zero_size(rig: Rig, strategy: Strategy) {
-        let Some(s) = subject(rig, strategy) else {
+    pub fn zero_size(rig: Rig, strategy: Strategy, adaptor: Adaptor) {
+        let Some(s) = subject(rig, strategy, adaptor) else {
             return;
         };
         let before = s.rig.snapshot();
@@ -238,8 +527,8 @@ mod cases {
     }
 
     /// Allocations are aligned, disjoint, usable (where memory is host memory), and counted.
-    pub fn aligned_disjoint_usable(rig: Rig, strategy: Strategy) {
-        let Some(s) = subject(rig, strategy) else {
+    pub fn aligned_disjoint_usable(rig: Rig, strategy: Strategy, adaptor: Adaptor) {
+        let Some(s) = subject(rig, strategy, adaptor) else {
             return;
         };
         let sizes = [1u64, 255, 256, 257, 4096, 100_000, MIB, 3 * MIB + 5];
@@ -281,8 +570,8 @@ mod cases {
     }
 
     /// Alignments: powers of two honoured, anything else refused with a typed error.
-    pub fn alignment_rules(rig: Rig, strategy: Strategy) {
-        let Some(s) = subject(rig, strategy) else {
+    pub fn alignment_rules(rig: Rig, strategy: Strategy, adaptor: Adaptor) {
+        let Some(s) = subject(rig, strategy, adaptor) else {
             return;
         };
         for alignment in [1u64, 2, 256, 512, 4096, 65536] {
@@ -306,8 +595,8 @@ mod cases {
     }
 
     /// Sizes beyond what can be served: a typed error, no panic, books intact.
-    pub fn impossible_sizes(rig: Rig, strategy: Strategy) {
-        let Some(s) = subject(rig, strategy) else {
+    pub fn impossible_sizes(rig: Rig, strategy: Strategy, adaptor: Adaptor) {
+        let Some(s) = subject(rig, strategy, adaptor) else {
             return;
         };
         for size in [u64::MAX, u64::MAX - 255, CAPACITY * 2, LIMIT + 1] {
@@ -315,11 +604,23 @@ mod cases {
                 .allocator
                 .allocate(size, 0, Stream::DEFAULT, "t")
                 .expect_err("impossible size served");
+            // The ledger hands out the upstream's error unchanged inside its diagnosis
+            // (`Error::OutOfMemoryDiagnosed`), for out of memory and `ExceedsLimit` alike.
+            let upstream = match &e {
+                Error::OutOfMemoryDiagnosed { error, .. } => {
+                    assert_eq!(adaptor, Adaptor::Ledger, "only the ledger diagnoses: {e}");
+                    error.as_ref()
+                }
+                e => e,
+            };
+            let refused = matches!(upstream, Error::ExceedsLimit { .. }) || e.is_out_of_memory();
             assert!(
-                matches!(e, Error::InvalidSize { .. } | Error::ExceedsLimit { .. })
-                    || e.is_out_of_memory(),
+                refused || matches!(upstream, Error::InvalidSize { .. }),
                 "size {size}: unexpected error {e}"
             );
+            if adaptor == Adaptor::Ledger && refused {
+                assert!(e.diagnosis().is_some(), "size {size}: undiagnosed {e}");
+            }
             assert!(!e.to_string().is_empty());
             s.invariants();
         }
@@ -330,8 +631,8 @@ mod cases {
     }
 
     /// Running out: allocate until refused, then free everything and allocate again.
-    pub fn exhaustion_and_recovery(rig: Rig, strategy: Strategy) {
-        let Some(s) = subject(rig, strategy) else {
+    pub fn exhaustion_and_recovery(rig: Rig, strategy: Strategy, adaptor: Adaptor) {
+        let Some(s) = subject(rig, strategy, adaptor) else {
             return;
         };
         let mut live = Vec::new();
@@ -352,8 +653,8 @@ mod cases {
     }
 
     /// An allocation handed to the wrong allocator is refused, not freed.
-    pub fn foreign_allocations_refused(rig: Rig, strategy: Strategy) {
-        let Some(s) = subject(rig, strategy) else {
+    pub fn foreign_allocations_refused(rig: Rig, strategy: Strategy, adaptor: Adaptor) {
+        let Some(s) = subject(rig, strategy, adaptor) else {
             return;
         };
         let other = Target::HostSimulated
@@ -381,8 +682,8 @@ mod cases {
 
     /// After everything is freed, trim() gives every device byte back; an allocation live at
     /// drop is returned too: the device's books and the driver's counts end empty.
-    pub fn trim_and_drop(rig: Rig, strategy: Strategy) {
-        let Some(s) = subject(rig, strategy) else {
+    pub fn trim_and_drop(rig: Rig, strategy: Strategy, adaptor: Adaptor) {
+        let Some(s) = subject(rig, strategy, adaptor) else {
             return;
         };
         let live: Vec<_> = (1..=5)
@@ -409,8 +710,8 @@ mod cases {
 
     /// Send + Sync: threads allocating and freeing on streams of their own, books intact at
     /// the end.
-    pub fn threads_share_one_allocator(rig: Rig, strategy: Strategy) {
-        let Some(s) = subject(rig, strategy) else {
+    pub fn threads_share_one_allocator(rig: Rig, strategy: Strategy, adaptor: Adaptor) {
+        let Some(s) = subject(rig, strategy, adaptor) else {
             return;
         };
         let device = s.rig.device(0);
@@ -456,8 +757,8 @@ mod cases {
     /// the default stream unless work queued there is ordered after that kernel — the
     /// driver's own timeline is the oracle (a completed kernel, or a GPU-side wait). `S`
     /// reuses its own free at once (the pooling strategies), and everything is given back.
-    pub fn foreign_streams(rig: Rig, strategy: Strategy) {
-        let Some(s) = subject(rig, strategy) else {
+    pub fn foreign_streams(rig: Rig, strategy: Strategy, adaptor: Adaptor) {
+        let Some(s) = subject(rig, strategy, adaptor) else {
             return;
         };
         const SIZE: u64 = MIB;
@@ -516,8 +817,8 @@ mod cases {
     /// must be ordered after it on the device; and until the limit is near, the caching
     /// strategies and the driver's pool make no CPU wait at all (RMM's order: `T`'s own free
     /// memory, another stream's behind a GPU-side wait, growth).
-    pub fn kernels_in_flight_across_streams(rig: Rig, strategy: Strategy) {
-        let Some(s) = subject(rig, strategy) else {
+    pub fn kernels_in_flight_across_streams(rig: Rig, strategy: Strategy, adaptor: Adaptor) {
+        let Some(s) = subject(rig, strategy, adaptor) else {
             return;
         };
         let rig = &s.rig;
@@ -578,8 +879,12 @@ mod cases {
     /// single-stream path), then a request that needs memory elsewhere: vmm stitches free
     /// granules only once the work on them is known complete, so nothing a kernel reads is
     /// unmapped (the rig fails on any such hazard); the request is still served.
-    pub fn freed_at_once_is_not_unmapped_under_kernels(rig: Rig, strategy: Strategy) {
-        let Some(s) = subject(rig, strategy) else {
+    pub fn freed_at_once_is_not_unmapped_under_kernels(
+        rig: Rig,
+        strategy: Strategy,
+        adaptor: Adaptor,
+    ) {
+        let Some(s) = subject(rig, strategy, adaptor) else {
             return;
         };
         let rig = &s.rig;
@@ -627,8 +932,8 @@ mod cases {
 
     /// An allocator dropped while kernels still read memory it freed, and memory still live
     /// in it: it waits for that work before its memory goes back to the device.
-    pub fn drop_waits_for_work_in_flight(rig: Rig, strategy: Strategy) {
-        let Some(s) = subject(rig, strategy) else {
+    pub fn drop_waits_for_work_in_flight(rig: Rig, strategy: Strategy, adaptor: Adaptor) {
+        let Some(s) = subject(rig, strategy, adaptor) else {
             return;
         };
         let rig = &s.rig;
@@ -668,8 +973,12 @@ mod cases {
     /// still reads it, dropped on another thread: the free is ordered after the allocating
     /// thread's work (the dropping thread's per-thread stream is another stream), so
     /// another stream handed that memory runs after the kernel.
-    pub fn per_thread_buffer_dropped_on_another_thread(rig: Rig, strategy: Strategy) {
-        let Some(s) = subject(rig, strategy) else {
+    pub fn per_thread_buffer_dropped_on_another_thread(
+        rig: Rig,
+        strategy: Strategy,
+        adaptor: Adaptor,
+    ) {
+        let Some(s) = subject(rig, strategy, adaptor) else {
             return;
         };
         let rig = &s.rig;
@@ -709,8 +1018,8 @@ mod cases {
     /// made — which the conformance drivers give the destroyed one's handle value, as the
     /// drivers reuse handles: the books stay consistent, and memory goes to a third stream
     /// only in order.
-    pub fn destroyed_stream_handles_are_reused(rig: Rig, strategy: Strategy) {
-        let Some(s) = subject(rig, strategy) else {
+    pub fn destroyed_stream_handles_are_reused(rig: Rig, strategy: Strategy, adaptor: Adaptor) {
+        let Some(s) = subject(rig, strategy, adaptor) else {
             return;
         };
         let rig = &s.rig;
@@ -759,7 +1068,7 @@ mod cases {
     /// access ([`crate::support::targets::PEER_TARGETS`]) — and says so with a typed error where it
     /// does not; the strategy on device 0 then serves memory as before, and vmm grants the
     /// enabled peer access to what it maps.
-    pub fn peer_access(rig: Rig, strategy: Strategy) {
+    pub fn peer_access(rig: Rig, strategy: Strategy, adaptor: Adaptor) {
         let target = rig.target;
         let (d0, d1) = (rig.device(0), rig.device(1));
         assert!(
@@ -790,7 +1099,7 @@ mod cases {
             assert_eq!(vmm.peers(), expected_peers, "vmm takes the device's peers");
         }
         drop((d0, d1));
-        let Some(s) = subject(rig, strategy) else {
+        let Some(s) = subject(rig, strategy, adaptor) else {
             return;
         };
         let live: Vec<_> = [1000u64, 3 * MIB]
@@ -816,10 +1125,27 @@ mod cases {
     }
 }
 
-/// One test per case, for the strategy `$strategy` on the module's `TARGET`.
+/// One test per case, for the strategy `$strategy` on the module's `TARGET`: bare, and in
+/// each adaptor (a module each: `ledger`, `recorder`, `counting_device`).
 macro_rules! cases {
     ($strategy:expr) => {
-        cases!(@each $strategy;
+        cases!(@each $strategy, Adaptor::Bare);
+        mod ledger {
+            use super::{cases, run, Adaptor, Strategy, TARGET};
+            cases!(@each $strategy, Adaptor::Ledger);
+        }
+        #[cfg(feature = "trace")]
+        mod recorder {
+            use super::{cases, run, Adaptor, Strategy, TARGET};
+            cases!(@each $strategy, Adaptor::Recorder);
+        }
+        mod counting_device {
+            use super::{cases, run, Adaptor, Strategy, TARGET};
+            cases!(@each $strategy, Adaptor::CountingDevice);
+        }
+    };
+    (@each $strategy:expr, $adaptor:expr) => {
+        cases!(@tests $strategy, $adaptor;
             zero_size: 1,
             aligned_disjoint_usable: 1,
             alignment_rules: 1,
@@ -837,10 +1163,10 @@ macro_rules! cases {
             peer_access: 2,
         );
     };
-    (@each $strategy:expr; $($case:ident: $devices:literal),* $(,)?) => {$(
+    (@tests $strategy:expr, $adaptor:expr; $($case:ident: $devices:literal),* $(,)?) => {$(
         #[test]
         fn $case() {
-            run(TARGET, $strategy, $devices, cases::$case)
+            run(TARGET, $strategy, $adaptor, $devices, cases::$case)
         }
     )*};
 }
@@ -849,7 +1175,7 @@ macro_rules! cases {
 macro_rules! strategies {
     ($($name:ident => $strategy:expr),* $(,)?) => {$(
         mod $name {
-            use super::{cases, run, Strategy, TARGET};
+            use super::{cases, run, Adaptor, Strategy, TARGET};
             cases!($strategy);
         }
     )*};
@@ -862,7 +1188,7 @@ macro_rules! targets {
         mod $name {
             #[allow(unused_imports)]
             use super::Rocm;
-            use super::{cases, run, Strategy, Target};
+            use super::{cases, run, Adaptor, Strategy, Target};
             const TARGET: Target = $target;
             strategies! {
                 bfc_preallocated => Strategy::Bfc,
