@@ -6,6 +6,8 @@
 //! present: a missing one is a skip that CI turns into a failure).
 #![cfg(feature = "c-api")]
 
+// A binary of its own (see tests/suite/main.rs): it uses a part of the support only.
+#[allow(dead_code)]
 #[path = "support/mod.rs"]
 mod support;
 

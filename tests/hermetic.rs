@@ -7,6 +7,8 @@
 //! These tests set process environment variables: every test of this binary holds `ENV`
 //! while it does, and puts back what was there before.
 
+// A binary of its own (see tests/suite/main.rs): it uses a part of the support only.
+#[allow(dead_code)]
 #[path = "support/mod.rs"]
 mod support;
 

@@ -166,12 +166,30 @@ impl<A: Allocator> Allocator for RecorderAllocator<A> {
             allocation.stream(),
             allocation.is_empty(),
         );
-        self.inner.deallocate(allocation)?;
-        if !empty {
-            let mut log = self.log();
-            if let Some((id, tag)) = log.live.remove(&ptr) {
-                Self::push(&mut log, self.started, Op::Free, id, size, stream, tag);
+        // Out of the books before the inner free: once it returns, another thread may be
+        // handed the same address, and its allocation must not be taken for this one.
+        let entry = if empty {
+            None
+        } else {
+            self.log().live.remove(&ptr)
+        };
+        if let Err(e) = self.inner.deallocate(allocation) {
+            if let Some(entry) = entry {
+                // Refused: still live, so no other allocation holds the address.
+                self.log().live.insert(ptr, entry);
             }
+            return Err(e);
+        }
+        if let Some((id, tag)) = entry {
+            Self::push(
+                &mut self.log(),
+                self.started,
+                Op::Free,
+                id,
+                size,
+                stream,
+                tag,
+            );
         }
         Ok(())
     }

@@ -2,8 +2,6 @@
 //! sets (every one portalloc reads removed first), standard input given or empty, and a
 //! deadline, so a command that blocks fails its test instead of hanging the suite.
 
-#![allow(dead_code)]
-
 use std::io::Write;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;

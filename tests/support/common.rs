@@ -1,8 +1,5 @@
 //! What several test files build the same way: host devices, the strategies over them, and
 //! allocate/free steps that check the allocator's invariants after each.
-//!
-//! Each test binary uses some of these, so the ones it does not use are not dead code.
-#![allow(dead_code)]
 
 use std::sync::Arc;
 

@@ -5,7 +5,6 @@
 //! built library — its own instance: tests in one process do not see each other's objects or
 //! faults — and the backend under test is pointed at [`Fake::path`]. [`Fake::at`] wraps a
 //! library that is already loaded elsewhere (the same path gives the same instance).
-#![allow(dead_code)]
 
 use std::ffi::{c_char, c_int, c_long, CString};
 use std::path::PathBuf;
@@ -433,6 +432,7 @@ impl Fake {
 
     /// The calling thread's current context (CUDA: `cuCtxGetCurrent`, null as 0) or device
     /// (HIP: `hipGetDevice`), as the caller's own driver call answers it.
+    #[allow(dead_code)] // tests/capi.rs's
     pub fn current(&self) -> u64 {
         if self.vendor == Vendor::Hip {
             let f: unsafe extern "C" fn(*mut c_int) -> c_int = self.sym("hipGetDevice");

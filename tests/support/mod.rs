@@ -15,7 +15,6 @@ pub mod targets;
 
 /// True when a missing prerequisite must fail the run (`CI=true` or
 /// `PORTALLOC_TEST_REQUIRE_ALL=1`).
-#[allow(dead_code)]
 pub fn required() -> bool {
     std::env::var("CI").as_deref() == Ok("true")
         || std::env::var("PORTALLOC_TEST_REQUIRE_ALL").as_deref() == Ok("1")
@@ -25,7 +24,6 @@ pub fn required() -> bool {
 ///
 /// # Panics
 /// When [`required`] is true.
-#[allow(dead_code)]
 pub fn skip(why: &str) {
     if required() {
         panic!("{why} — and CI=true (or PORTALLOC_TEST_REQUIRE_ALL=1) requires it");
@@ -37,7 +35,6 @@ pub fn skip(why: &str) {
 /// `PORTALLOC_TEST_HIP_LIBRARY`: Debian's libraries, which `scripts/fetch-vendor-runtimes`
 /// unpacks into `.vendor/` and `scripts/test` exports); `None`, after a message, where it is
 /// not set: the test then passes without checking the runtime.
-#[allow(dead_code)]
 pub fn vendor_runtime(var: &str) -> Option<String> {
     match std::env::var(var) {
         Ok(p) if !p.is_empty() => Some(p),
@@ -86,7 +83,6 @@ macro_rules! assert_values {
 /// the caller then skips — or fails under `CI=true`, through [`skip`].
 ///
 /// The compiler is `$CC` or `cc`, with `-Wall -Werror`: these are the project's own tests.
-#[allow(dead_code)]
 pub fn driver(name: &str) -> Option<&'static str> {
     use std::collections::HashMap;
     use std::path::{Path, PathBuf};
@@ -137,7 +133,6 @@ pub fn driver(name: &str) -> Option<&'static str> {
     leaked
 }
 
-#[allow(dead_code)]
 fn compile(
     source: &std::path::Path,
     dir: &std::path::Path,
@@ -187,7 +182,6 @@ pub mod fakes;
 /// A stream from a raw handle, for the tests: a value the host device only compares, or a
 /// stream the test made with the conformance driver's own call and destroys only after its
 /// last use — what [`portalloc::Stream::from_raw`] asks of its caller.
-#[allow(dead_code)]
 pub fn stream(raw: u64) -> portalloc::Stream {
     // SAFETY: see above: every caller in the tests passes such a handle.
     unsafe { portalloc::Stream::from_raw(raw) }
@@ -195,7 +189,6 @@ pub fn stream(raw: u64) -> portalloc::Stream {
 
 /// `../shared/<dir>` beside the repository (or the directory `variable` names), or `None`
 /// after [`skip`] when it is absent.
-#[allow(dead_code)]
 pub fn shared_dir(variable: &str, dir: &str) -> Option<std::path::PathBuf> {
     let path = std::env::var_os(variable)
         .map(std::path::PathBuf::from)
@@ -218,7 +211,6 @@ pub fn shared_dir(variable: &str, dir: &str) -> Option<std::path::PathBuf> {
 /// `file` of the shared real traces: `../shared/traces-edge/` (`edge`, or
 /// `PORTALLOC_TRACES_EDGE`) or `../shared/traces/` (`PORTALLOC_TRACES`); `None` after
 /// [`skip`] when it is absent.
-#[allow(dead_code)]
 pub fn shared_trace(edge: bool, file: &str) -> Option<std::path::PathBuf> {
     let dir = if edge {
         shared_dir("PORTALLOC_TRACES_EDGE", "traces-edge")

@@ -1,8 +1,6 @@
 //! Replaying a trace the way the replay tests do: a fresh simulated device of a given
 //! capacity, no timeline.
 
-#![allow(dead_code)]
-
 use portalloc::replay::{
     preset, replay, Baseline, DeviceSpec, ReplayOptions, ReplayResult, ReplayStrategy, TraceInput,
 };

@@ -1,5 +1,5 @@
-//! The devices the conformance suite (`tests/conformance.rs`) runs every strategy on, and
-//! what a caller of each can do with the driver's own calls (`tests/foreign_streams.rs`).
+//! The devices the conformance suite (`tests/suite/conformance.rs`) runs every strategy on, and
+//! what a caller of each can do with the driver's own calls (`tests/suite/foreign_streams.rs`).
 //!
 //! A [`Target`] opens a [`Rig`]: one or more devices of one kind — the host device (real or
 //! simulated memory), the CUDA shim over the conformance driver `fakecuda` (or
@@ -21,7 +21,6 @@
 //! memory they use until it finishes them, and the device counts the hazards (memory freed
 //! or unmapped while a kernel used it) and the CPU waits: [`Rig::finish`] requires no
 //! hazard.
-#![allow(dead_code)]
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -72,7 +71,7 @@ pub enum Target {
 /// backend, and both conformance drivers, which export `cuDeviceCanAccessPeer` /
 /// `cuCtxEnablePeerAccess` and `hipDeviceCanAccessPeer` / `hipDeviceEnablePeerAccess`. A
 /// target left out of this list must refuse peer access with a typed error (the suite
-/// asserts it); a pair declared not capable is `tests/vendor_fakes.rs`' and `tests/peer.rs`'.
+/// asserts it); a pair declared not capable is `tests/suite/vendor_fakes.rs`' and `tests/suite/peer.rs`'.
 pub const PEER_TARGETS: &[Target] = &[
     Target::HostReal,
     Target::HostSimulated,
@@ -204,7 +203,6 @@ impl Target {
             let other = fake.primary(devices as i32);
             fake.set_current(home);
             Caller {
-                home,
                 other,
                 other_ordinal: devices as i32,
             }
@@ -268,8 +266,6 @@ impl Opened {
 /// The caller's current contexts (CUDA: primary contexts it retained) or devices (HIP).
 #[derive(Debug, Clone, Copy)]
 struct Caller {
-    /// Device 0's: current on the thread that opened the rig.
-    home: u64,
     /// The caller's other device's (one portalloc never opens), for the checks.
     other: u64,
     other_ordinal: i32,
@@ -462,20 +458,6 @@ impl Rig {
         None
     }
 
-    /// The caller's current context or device on this thread (0 on the host).
-    pub fn current(&self) -> u64 {
-        #[cfg(any(feature = "cuda", feature = "hip"))]
-        if let Some(fake) = &self.fake {
-            return fake.current();
-        }
-        0
-    }
-
-    /// What the caller made current for device 0 at open (0 on the host).
-    pub fn caller_home(&self) -> u64 {
-        self.caller.map_or(0, |c| c.home)
-    }
-
     // ---- the caller's kernels, and what the device saw -----------------------------------
 
     /// A kernel of the caller's on `stream` over `[va, va + size)`, in flight until
@@ -650,12 +632,14 @@ pub enum Fake {}
 /// A stream the caller makes with the driver's own call (`cuStreamCreate`,
 /// `hipStreamCreateWithFlags`), in its current context.
 #[cfg(any(feature = "cuda", feature = "hip"))]
+#[allow(dead_code)] // tests/capi.rs's
 pub fn caller_stream(fake: &Fake) -> Stream {
     caller::create_stream(fake)
 }
 
 /// Destroys streams of [`caller_stream`].
 #[cfg(any(feature = "cuda", feature = "hip"))]
+#[allow(dead_code)] // tests/capi.rs's
 pub fn destroy_caller_streams(fake: &Fake, streams: &[Stream]) {
     caller::destroy(fake, streams)
 }
@@ -674,12 +658,6 @@ mod caller {
     type Create = unsafe extern "C" fn(*mut *mut c_void, c_uint) -> c_int;
     /// A call on one handle.
     type OnHandle = unsafe extern "C" fn(*mut c_void) -> c_int;
-    /// `cuEventRecord(event, stream)` / `hipEventRecord(event, stream)`.
-    type Record = unsafe extern "C" fn(*mut c_void, *mut c_void) -> c_int;
-    /// Both vendors' "not ready" (`CUDA_ERROR_NOT_READY`, `hipErrorNotReady`).
-    const NOT_READY: c_int = 600;
-    /// The events' flags: timing disabled (2 in both APIs).
-    const DISABLE_TIMING: c_uint = 2;
 
     /// The vendor's name of a call: CUDA's, or HIP's.
     fn call<T: Copy>(fake: &Fake, cuda: &str, hip: &str) -> T {

@@ -1,0 +1,495 @@
+//! The conformance fakes' control API and peer access, on both fakes (`fakecuda`, `fakehip`).
+//!
+//! * **Faults and counts** (`fake_fail`, `fake_clear_faults`, `fake_calls`, `fake_live`; the
+//!   spec is the comment of `tests/drivers/fake_common.h`): the nth..nth+count-1 window
+//!   counted from the `fake_fail` call, forever, clearing, faults armed side by side, failed
+//!   calls counted, one live-count vocabulary.
+//! * **Peer access through the backends**: `can_access_peer` / `enable_peer_access` of
+//!   `CudaDevice` and `HipDevice` between two fake devices (the fake records the enable),
+//!   `VirtualMemory::set_access_with_peers` granting the peer (the fake records, per mapping,
+//!   which devices may access it), the `vmm` strategy doing the same, and the refusals: a pair
+//!   declared not capable is a typed error, an enable the driver already has is success.
+//! * **The vendor calls' own rules**, called directly: the codes `cuCtxEnablePeerAccess` /
+//!   `hipDeviceEnablePeerAccess` and the set-access calls answer.
+//!
+//! One test body per behaviour, instantiated for each vendor (`cuda::…`, `hip::…`).
+#![cfg(any(feature = "cuda", feature = "hip"))]
+
+use std::ffi::c_int;
+use std::sync::Arc;
+
+use crate::support::fakes::{Fake, FakeDevice, LIVE};
+use portalloc::strategy::vmm::{VmmAllocator, VmmOptions};
+use portalloc::{Allocator, Device, Error, Stream, Vendor};
+
+const MIB: u64 = 1 << 20;
+
+/// The vendor's names for what the bodies call directly.
+struct Api {
+    /// `(int *version) -> status`, answered before initialisation.
+    driver_version: &'static str,
+    /// The plain allocation behind `Device::alloc`.
+    alloc: &'static str,
+    can_access_peer: &'static str,
+    enable_peer_access: &'static str,
+    set_access: &'static str,
+}
+
+fn api(vendor: Vendor) -> Api {
+    match vendor {
+        Vendor::Cuda => Api {
+            driver_version: "cuDriverGetVersion",
+            alloc: "cuMemAlloc_v2",
+            can_access_peer: "cuDeviceCanAccessPeer",
+            enable_peer_access: "cuCtxEnablePeerAccess",
+            set_access: "cuMemSetAccess",
+        },
+        _ => Api {
+            driver_version: "hipDriverGetVersion",
+            alloc: "hipMalloc",
+            can_access_peer: "hipDeviceCanAccessPeer",
+            enable_peer_access: "hipDeviceEnablePeerAccess",
+            set_access: "hipMemSetAccess",
+        },
+    }
+}
+
+/// Both vendors' codes (CUDA_ERROR_* and hipError* agree on these).
+const INVALID_DEVICE: c_int = 101;
+const PEER_ACCESS_UNSUPPORTED: c_int = 217;
+const PEER_ACCESS_ALREADY_ENABLED: c_int = 704;
+const PEER_ACCESS_NOT_ENABLED: c_int = 705;
+/// The code the fault bodies inject (a driver error both vendors name).
+const UNKNOWN: c_int = 999;
+
+/// `CUmemAccessDesc` / `hipMemAccessDesc`: `{location {type 1 = device, id}, flags 3 = rw}`.
+#[repr(C)]
+struct AccessDesc {
+    location_type: c_int,
+    device: c_int,
+    flags: u32,
+}
+
+fn read_write(device: c_int) -> AccessDesc {
+    AccessDesc {
+        location_type: 1,
+        device,
+        flags: 3,
+    }
+}
+
+/// A fake with two devices of 256 MiB, every capability on.
+fn two_devices<D: FakeDevice>() -> Option<Fake> {
+    Fake::with_devices(D::VENDOR, 2, 256 * MIB)
+}
+
+/// Calls the vendor's driver-version query once; its status.
+fn version_call(fake: &Fake) -> c_int {
+    let f: unsafe extern "C" fn(*mut c_int) -> c_int = fake.sym(api(fake.vendor()).driver_version);
+    let mut v: c_int = 0;
+    // SAFETY: writes one int through a valid pointer.
+    unsafe { f(&mut v) }
+}
+
+// ----- faults and counts ---------------------------------------------------------------------
+
+/// `fake_fail(f, nth, count, code)`: calls nth .. nth+count-1 from now fail, the rest succeed;
+/// earlier calls do not count; failed calls are counted.
+fn fault_window<D: FakeDevice>() {
+    let Some(fake) = two_devices::<D>() else {
+        return;
+    };
+    let function = api(D::VENDOR).driver_version;
+    let before: Vec<c_int> = (0..3).map(|_| version_call(&fake)).collect();
+    assert_eq!(before, [0, 0, 0]);
+    assert_eq!(fake.calls(function), 3, "counted from the load");
+    fake.fail(function, 2, 3, UNKNOWN);
+    let during: Vec<c_int> = (0..6).map(|_| version_call(&fake)).collect();
+    assert_eq!(during, [0, UNKNOWN, UNKNOWN, UNKNOWN, 0, 0]);
+    assert_eq!(fake.calls(function), 9, "failed calls count too");
+    assert_eq!(fake.calls("noSuchFunction"), 0);
+}
+
+/// `count < 0`: every call from the nth on fails, until `fake_clear_faults`.
+fn fault_forever_until_cleared<D: FakeDevice>() {
+    let Some(fake) = two_devices::<D>() else {
+        return;
+    };
+    let function = api(D::VENDOR).driver_version;
+    fake.fail(function, 1, -1, UNKNOWN);
+    for _ in 0..5 {
+        assert_eq!(version_call(&fake), UNKNOWN);
+    }
+    fake.clear_faults();
+    assert_eq!(version_call(&fake), 0);
+    assert_eq!(fake.calls(function), 6);
+}
+
+/// Faults armed side by side count on their own; the first due answers; `nth < 1` is 1.
+fn faults_side_by_side<D: FakeDevice>() {
+    let Some(fake) = two_devices::<D>() else {
+        return;
+    };
+    let function = api(D::VENDOR).driver_version;
+    fake.fail(function, 0, 1, 2);
+    fake.fail(function, 3, 1, UNKNOWN);
+    let got: Vec<c_int> = (0..4).map(|_| version_call(&fake)).collect();
+    assert_eq!(got, [2, 0, UNKNOWN, 0]);
+}
+
+/// A fault reaches the backend as the vendor's typed error, and is counted like any call;
+/// each backend call is one vendor call.
+fn fault_through_the_backend<D: FakeDevice>(fake: &Fake, device: &D, _: &D, api: &Api) {
+    let before = fake.calls(api.alloc);
+    let ptr = device.alloc(MIB).unwrap();
+    assert_eq!(fake.calls(api.alloc), before + 1);
+    assert_eq!(fake.live("allocations"), 1);
+    fake.fail(api.alloc, 1, 1, UNKNOWN);
+    match device.alloc(MIB) {
+        Err(Error::Driver { name, code, .. }) => {
+            assert_eq!(
+                (name.as_str(), code),
+                (D::error_name(UNKNOWN), i64::from(UNKNOWN))
+            )
+        }
+        other => panic!("expected the injected driver error, got {other:?}"),
+    }
+    assert_eq!(fake.calls(api.alloc), before + 2);
+    assert_eq!(
+        fake.live("allocations"),
+        1,
+        "the failed call allocated nothing"
+    );
+    device.free(ptr, MIB).unwrap();
+}
+
+/// One vocabulary: every name of `LIVE` is answered (zero on a fresh fake), an unknown name
+/// is -1, and `contexts` only where there are contexts (CUDA).
+fn live_vocabulary<D: FakeDevice>() {
+    let Some(fake) = two_devices::<D>() else {
+        return;
+    };
+    for what in LIVE {
+        assert_eq!(fake.live(what), 0, "{what}");
+    }
+    let raw: unsafe extern "C" fn(*const std::ffi::c_char) -> i64 = fake.sym("fake_live");
+    // SAFETY: NUL-terminated names, read only.
+    let (unknown, contexts) = unsafe { (raw(c"pool_blocks".as_ptr()), raw(c"contexts".as_ptr())) };
+    assert_eq!(unknown, -1);
+    assert_eq!(contexts, if D::VENDOR == Vendor::Cuda { 0 } else { -1 });
+    // The counts follow the backend's objects.
+    let device = D::open(&fake, 0);
+    let s = device.create_stream().unwrap();
+    let e = device.create_event().unwrap();
+    assert_eq!((fake.live("streams"), fake.live("events")), (1, 1));
+    device.destroy_event(e).unwrap();
+    // SAFETY: a stream of this test, idle and not used again, or one the device refuses before any driver call.
+    unsafe { device.destroy_stream(s) }.unwrap();
+    drop(device);
+    fake.assert_empty();
+}
+
+// ----- peer access through the backends -------------------------------------------------------
+
+/// Two devices: each can access the other, not itself; enabling is recorded by the fake,
+/// once; enabling again is success without a driver call; an enable the driver already has
+/// (a second device object for the same ordinal) is success too.
+fn peers_enable<D: FakeDevice>(fake: &Fake, a: &D, b: &D, api: &Api) {
+    assert!(a.can_access_peer(b).unwrap() && b.can_access_peer(a).unwrap());
+    assert!(
+        !a.can_access_peer(a).unwrap(),
+        "a device is no peer of itself"
+    );
+    assert!(!fake.peer_enabled(0, 1));
+    a.enable_peer_access(b).unwrap();
+    assert!(fake.peer_enabled(0, 1) && !fake.peer_enabled(1, 0));
+    assert_eq!(a.peer_access(), [1]);
+    assert_eq!(fake.calls(api.enable_peer_access), 1);
+    a.enable_peer_access(b).unwrap();
+    assert_eq!(fake.calls(api.enable_peer_access), 1, "the backend knew");
+    // A second object for device 0: the driver answers "already enabled", which is success.
+    let again = D::open(fake, 0);
+    again.enable_peer_access(b).unwrap();
+    assert_eq!(fake.calls(api.enable_peer_access), 2);
+    assert_eq!(again.peer_access(), [1]);
+}
+
+/// A pair declared not capable: can-access says no, enabling is a typed error naming the
+/// vendor's query, and nothing is enabled.
+fn peers_not_capable<D: FakeDevice>(fake: &Fake, a: &D, b: &D, api: &Api) {
+    fake.set_peer(0, 1, false);
+    assert!(!a.can_access_peer(b).unwrap());
+    assert!(
+        b.can_access_peer(a).unwrap(),
+        "the other direction is still capable"
+    );
+    match a.enable_peer_access(b) {
+        Err(Error::Unsupported { reason, .. }) => {
+            assert!(reason.contains(api.can_access_peer), "{reason}")
+        }
+        other => panic!("expected Unsupported, got {other:?}"),
+    }
+    assert!(a.peer_access().is_empty() && !fake.peer_enabled(0, 1));
+    assert_eq!(fake.calls(api.enable_peer_access), 0);
+}
+
+/// `set_access_with_peers` grants the peer access to the mapping (the fake's record); plain
+/// `set_access` grants only the owner; a peer not enabled is refused before the driver.
+fn set_access_with_peers_grants<D: FakeDevice>(fake: &Fake, a: &D, b: &D, api: &Api) {
+    let vm = a.virtual_memory().expect("the fake has virtual memory");
+    let size = 2 * vm.granularity().max(2 * MIB);
+    let va = vm.reserve(size, 0).unwrap();
+    let handle = vm.create_physical(size).unwrap();
+    vm.map(va, size, handle, 0).unwrap();
+    assert_eq!(fake.access(va, 0), Some(false), "mapped without access");
+    vm.set_access(va, size).unwrap();
+    assert_eq!(
+        (fake.access(va, 0), fake.access(va, 1)),
+        (Some(true), Some(false))
+    );
+
+    let calls = fake.calls(api.set_access);
+    match vm.set_access_with_peers(va, size, &[1]) {
+        Err(Error::InvalidArgument { call, .. }) => assert_eq!(call, "set_access_with_peers"),
+        other => panic!("a peer not enabled must be refused, got {other:?}"),
+    }
+    assert_eq!(
+        fake.calls(api.set_access),
+        calls,
+        "refused before the driver"
+    );
+    assert_eq!(fake.access(va, 1), Some(false));
+
+    a.enable_peer_access(b).unwrap();
+    vm.set_access_with_peers(va, size, &[1]).unwrap();
+    assert_eq!(
+        fake.calls(api.set_access),
+        calls + 1,
+        "one call, two descriptors"
+    );
+    for at in [va, va + size / 2, va + size - 1] {
+        assert_eq!(
+            (fake.access(at, 0), fake.access(at, 1)),
+            (Some(true), Some(true))
+        );
+    }
+    assert_eq!(fake.access(va + size, 1), None, "outside every mapping");
+    vm.unmap(va, size).unwrap();
+    vm.release_physical(handle).unwrap();
+    vm.free_reservation(va, size).unwrap();
+}
+
+/// The `vmm` strategy over a device with an enabled peer grants the peer all it maps.
+fn vmm_grants_enabled_peers<D: FakeDevice>() {
+    let Some(fake) = two_devices::<D>() else {
+        return;
+    };
+    let devices: Vec<Arc<dyn Device>> = D::open_all(&fake)
+        .into_iter()
+        .map(|d| Arc::new(d) as Arc<dyn Device>)
+        .collect();
+    devices[0].enable_peer_access(devices[1].as_ref()).unwrap();
+    let vmm = VmmAllocator::new(Arc::clone(&devices[0]), VmmOptions::new(64 * MIB)).unwrap();
+    assert_eq!(vmm.peers(), [1]);
+    let held: Vec<_> = [3 * MIB, 5 * MIB, 512]
+        .into_iter()
+        .map(|size| vmm.allocate(size, 0, Stream::DEFAULT, "x").unwrap())
+        .collect();
+    for x in &held {
+        let last = x.ptr() + x.size() - 1;
+        assert_eq!(fake.access(x.ptr(), 1), Some(true), "{x:?}");
+        assert_eq!(fake.access(last, 1), Some(true), "{x:?}");
+    }
+    held.into_iter().for_each(|x| vmm.deallocate(x).unwrap());
+    vmm.trim().unwrap();
+    drop((vmm, devices));
+    fake.assert_empty();
+}
+
+// ----- the vendor calls' own rules -------------------------------------------------------------
+
+/// The set-access call checks each descriptor: an unknown device is the vendor's invalid
+/// device, a device not linked to the owner by peer access is "peer access not enabled", and
+/// a refused call grants nothing.
+fn set_access_refusals<D: FakeDevice>(fake: &Fake, a: &D, b: &D, api: &Api) {
+    let vm = a.virtual_memory().expect("virtual memory");
+    let size = vm.granularity().max(2 * MIB);
+    let va = vm.reserve(size, 0).unwrap();
+    let handle = vm.create_physical(size).unwrap();
+    vm.map(va, size, handle, 0).unwrap();
+    // The test's own driver calls below run in device 0's context (CUDA), as the caller's
+    // would: portalloc's calls leave none of theirs current.
+    a.make_current_for_caller();
+    let set_access: unsafe extern "C" fn(u64, usize, *const AccessDesc, usize) -> c_int =
+        fake.sym(api.set_access);
+    let call = |descs: &[AccessDesc]| {
+        // SAFETY: `descs.len()` descriptors of the vendor's layout; a mapped range.
+        unsafe { set_access(va, size as usize, descs.as_ptr(), descs.len()) }
+    };
+    assert_eq!(call(&[read_write(0), read_write(5)]), INVALID_DEVICE);
+    assert_eq!(
+        call(&[read_write(0), read_write(1)]),
+        PEER_ACCESS_NOT_ENABLED
+    );
+    assert_eq!(
+        fake.access(va, 0),
+        Some(false),
+        "a refused call grants nothing"
+    );
+    assert_eq!(call(&[read_write(0)]), 0);
+    // Linked in either direction: device 1 enabled access to device 0.
+    b.enable_peer_access(a).unwrap();
+    assert_eq!(call(&[read_write(1)]), 0);
+    assert_eq!(
+        (fake.access(va, 0), fake.access(va, 1)),
+        (Some(true), Some(true))
+    );
+    vm.unmap(va, size).unwrap();
+    vm.release_physical(handle).unwrap();
+    vm.free_reservation(va, size).unwrap();
+}
+
+/// The can-access query: 1 for distinct devices unless declared otherwise, 0 for a device
+/// and itself, the invalid-device error for an unknown one.
+fn can_access_peer_call<D: FakeDevice>(fake: &Fake, _: &D, _: &D, api: &Api) {
+    let can: unsafe extern "C" fn(*mut c_int, c_int, c_int) -> c_int =
+        fake.sym(api.can_access_peer);
+    let ask = |d: c_int, p: c_int| {
+        let mut answer: c_int = -1;
+        // SAFETY: writes one int through a valid pointer.
+        let status = unsafe { can(&mut answer, d, p) };
+        (status, answer)
+    };
+    assert_eq!(ask(0, 1), (0, 1));
+    assert_eq!(ask(0, 0), (0, 0));
+    assert_eq!(ask(0, 2).0, INVALID_DEVICE);
+    fake.set_peer(1, 0, false);
+    assert_eq!((ask(1, 0), ask(0, 1)), ((0, 0), (0, 1)));
+}
+
+/// Runs `body` over both devices of a fresh two-device fake; then, with the devices dropped,
+/// the fake must hold nothing.
+fn on_two_devices<D: FakeDevice>(body: fn(&Fake, &D, &D, &Api)) {
+    let Some(fake) = two_devices::<D>() else {
+        return;
+    };
+    let devices = D::open_all(&fake);
+    body(&fake, &devices[0], &devices[1], &api(D::VENDOR));
+    drop(devices);
+    fake.assert_empty();
+}
+
+/// One `#[test]` per vendor for each body: `cuda::name`, `hip::name`. Bodies that take the
+/// fake and two devices run through [`on_two_devices`].
+macro_rules! on_both_vendors {
+    ($vendor:ident, $device:ty, $feature:literal) => {
+        #[cfg(feature = $feature)]
+        mod $vendor {
+            type D = $device;
+
+            on_both_vendors!(@plain fault_window, fault_forever_until_cleared,
+                faults_side_by_side, live_vocabulary, vmm_grants_enabled_peers);
+            on_both_vendors!(@pair fault_through_the_backend, peers_enable, peers_not_capable,
+                set_access_with_peers_grants, set_access_refusals, can_access_peer_call);
+        }
+    };
+    (@plain $($body:ident),*) => {
+        $(#[test]
+        fn $body() {
+            super::$body::<D>()
+        })*
+    };
+    (@pair $($body:ident),*) => {
+        $(#[test]
+        fn $body() {
+            super::on_two_devices::<D>(super::$body::<D>)
+        })*
+    };
+}
+
+on_both_vendors!(cuda, portalloc::backends::cuda::CudaDevice, "cuda");
+on_both_vendors!(hip, portalloc::backends::hip::HipDevice, "hip");
+
+// ----- what only one vendor has ----------------------------------------------------------------
+
+/// `cuCtxEnablePeerAccess`: no current context, an unknown peer context, the current
+/// context's own device, a pair not capable, and a second enable each answer the driver's code.
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_enable_peer_access_codes() {
+    let Some(fake) = Fake::with_devices(Vendor::Cuda, 3, 256 * MIB) else {
+        return;
+    };
+    type Ctx = *mut std::ffi::c_void;
+    let init: unsafe extern "C" fn(u32) -> c_int = fake.sym("cuInit");
+    let retain: unsafe extern "C" fn(*mut Ctx, c_int) -> c_int =
+        fake.sym("cuDevicePrimaryCtxRetain");
+    let release: unsafe extern "C" fn(c_int) -> c_int = fake.sym("cuDevicePrimaryCtxRelease_v2");
+    let set_current: unsafe extern "C" fn(Ctx) -> c_int = fake.sym("cuCtxSetCurrent");
+    let enable: unsafe extern "C" fn(Ctx, u32) -> c_int = fake.sym("cuCtxEnablePeerAccess");
+    let mut ctx: [Ctx; 3] = [std::ptr::null_mut(); 3];
+    // SAFETY: the driver's signatures; handles it gave out; each pointer writes one handle.
+    unsafe {
+        assert_eq!(init(0), 0);
+        for (d, c) in ctx.iter_mut().enumerate() {
+            assert_eq!(retain(c, d as c_int), 0);
+        }
+        // A fresh thread has no current context.
+        let peer = ctx[1] as usize;
+        let no_current = std::thread::spawn(move || enable(peer as Ctx, 0))
+            .join()
+            .unwrap();
+        assert_eq!(
+            no_current, 201,
+            "CUDA_ERROR_INVALID_CONTEXT without a current context"
+        );
+        assert_eq!(set_current(ctx[0]), 0);
+        let mut unknown = 0u64;
+        assert_eq!(
+            enable((&mut unknown as *mut u64).cast(), 0),
+            201,
+            "unknown peer context"
+        );
+        assert_eq!(enable(ctx[0], 0), INVALID_DEVICE, "its own device");
+        assert_eq!(
+            enable(ctx[1], 1),
+            1,
+            "CUDA_ERROR_INVALID_VALUE: flags must be 0"
+        );
+        fake.set_peer(0, 2, false);
+        assert_eq!(enable(ctx[2], 0), PEER_ACCESS_UNSUPPORTED);
+        assert_eq!(enable(ctx[1], 0), 0);
+        assert_eq!(enable(ctx[1], 0), PEER_ACCESS_ALREADY_ENABLED);
+        assert!(fake.peer_enabled(0, 1) && !fake.peer_enabled(0, 2));
+        assert_eq!(set_current(std::ptr::null_mut()), 0);
+        for d in 0..3 {
+            assert_eq!(release(d), 0);
+        }
+    }
+    fake.assert_empty();
+}
+
+/// `hipDeviceEnablePeerAccess` acts from the thread's current device: the current device
+/// itself and an ordinal out of range are hipErrorInvalidDevice, a pair not capable
+/// hipErrorPeerAccessUnsupported, a second enable hipErrorPeerAccessAlreadyEnabled.
+#[cfg(feature = "hip")]
+#[test]
+fn hip_enable_peer_access_codes() {
+    let Some(fake) = Fake::with_devices(Vendor::Hip, 3, 256 * MIB) else {
+        return;
+    };
+    let set_device: unsafe extern "C" fn(c_int) -> c_int = fake.sym("hipSetDevice");
+    let enable: unsafe extern "C" fn(c_int, u32) -> c_int = fake.sym("hipDeviceEnablePeerAccess");
+    // SAFETY: by value.
+    unsafe {
+        assert_eq!(set_device(1), 0);
+        assert_eq!(enable(1, 0), INVALID_DEVICE, "the current device itself");
+        assert_eq!(enable(3, 0), INVALID_DEVICE, "out of range");
+        assert_eq!(enable(0, 1), 1, "hipErrorInvalidValue: flags must be 0");
+        fake.set_peer(1, 2, false);
+        assert_eq!(enable(2, 0), PEER_ACCESS_UNSUPPORTED);
+        assert_eq!(enable(0, 0), 0);
+        assert_eq!(enable(0, 0), PEER_ACCESS_ALREADY_ENABLED);
+    }
+    assert!(fake.peer_enabled(1, 0) && !fake.peer_enabled(0, 1) && !fake.peer_enabled(1, 2));
+}
