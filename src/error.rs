@@ -181,6 +181,14 @@ pub enum Error {
     NoDevice(String),
 }
 
+#[cfg(feature = "trace")]
+impl From<crate::trace::TraceError> for Error {
+    /// [`Error::Trace`]: a reader of the caller's own returns its errors with `?`.
+    fn from(e: crate::trace::TraceError) -> Error {
+        Error::Trace(e)
+    }
+}
+
 impl Error {
     /// True for every out-of-memory flavour: allocator-level (with a report) and device-level.
     pub fn is_out_of_memory(&self) -> bool {

@@ -5,8 +5,6 @@
 use std::fmt;
 use std::io;
 
-use crate::error::Error;
-
 /// The most characters of a trace error message: whatever a parser quotes of a file (a JSON
 /// library's "invalid type: string …" quotes the whole string) stays bounded.
 pub const MAX_MESSAGE_CHARS: usize = 1024;
@@ -93,48 +91,6 @@ impl fmt::Display for TraceError {
 
 impl std::error::Error for TraceError {}
 
-impl From<TraceError> for Error {
-    /// [`Error::Trace`]: a reader of the caller's own returns its errors with `?`.
-    fn from(e: TraceError) -> Error {
-        Error::Trace(e)
-    }
-}
-
-/// An [`Error::Trace`] of `kind`.
-pub(crate) fn trace_error(kind: TraceErrorKind, message: String) -> Error {
-    Error::Trace(TraceError::new(kind, message))
-}
-
-/// An [`Error::Trace`] of [`TraceErrorKind::Malformed`].
-pub(crate) fn malformed_error(message: String) -> Error {
-    trace_error(TraceErrorKind::Malformed, message)
-}
-
-/// An [`Error::Trace`] of [`TraceErrorKind::NotATrace`].
-pub(crate) fn not_a_trace_error(message: String) -> Error {
-    trace_error(TraceErrorKind::NotATrace, message)
-}
-
-/// An [`Error::Trace`] of [`TraceErrorKind::Limit`].
-pub(crate) fn limit_error(message: String) -> Error {
-    trace_error(TraceErrorKind::Limit, message)
-}
-
-/// An [`Error::Trace`] of [`TraceErrorKind::Anomaly`].
-pub(crate) fn anomaly_error(message: String) -> Error {
-    trace_error(TraceErrorKind::Anomaly, message)
-}
-
-/// An [`Error::Trace`] of [`TraceErrorKind::Selection`].
-pub(crate) fn selection_error(message: String) -> Error {
-    trace_error(TraceErrorKind::Selection, message)
-}
-
-/// An [`Error::Trace`] of [`TraceErrorKind::Io`].
-pub(crate) fn os_error(message: String) -> Error {
-    trace_error(TraceErrorKind::Io, message)
-}
-
 /// A bound reached while reading, carried inside an [`io::Error`] through the readers in
 /// between (gzip, CSV), so that the error it becomes is a [`TraceErrorKind::Limit`].
 #[derive(Debug)]
@@ -168,9 +124,4 @@ pub(crate) fn io_kind(e: &io::Error) -> TraceErrorKind {
     } else {
         TraceErrorKind::Io
     }
-}
-
-/// The error of reading `origin` failing with `e`.
-pub(crate) fn io_error(origin: &str, e: io::Error) -> Error {
-    trace_error(io_kind(&e), format!("{origin}: read failed: {e}"))
 }

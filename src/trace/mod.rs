@@ -84,12 +84,49 @@ pub mod jsonl;
 mod summary;
 
 pub use anomaly::{Anomalies, Anomaly, AnomalyKind, Loc};
-pub(crate) use error::{
-    anomaly_error, io_error, io_kind, limit_error, limit_reached, malformed_error,
-    not_a_trace_error, os_error, selection_error, trace_error,
-};
+pub(crate) use error::{io_kind, limit_reached};
 pub use error::{TraceError, TraceErrorKind, MAX_MESSAGE_CHARS};
 pub use summary::{summarize, summarize_events, Summary};
+
+/// An [`Error::Trace`] of `kind`.
+pub(crate) fn trace_error(kind: TraceErrorKind, message: String) -> Error {
+    Error::Trace(TraceError::new(kind, message))
+}
+
+/// An [`Error::Trace`] of [`TraceErrorKind::Malformed`].
+pub(crate) fn malformed_error(message: String) -> Error {
+    trace_error(TraceErrorKind::Malformed, message)
+}
+
+/// An [`Error::Trace`] of [`TraceErrorKind::NotATrace`].
+pub(crate) fn not_a_trace_error(message: String) -> Error {
+    trace_error(TraceErrorKind::NotATrace, message)
+}
+
+/// An [`Error::Trace`] of [`TraceErrorKind::Limit`].
+pub(crate) fn limit_error(message: String) -> Error {
+    trace_error(TraceErrorKind::Limit, message)
+}
+
+/// An [`Error::Trace`] of [`TraceErrorKind::Anomaly`].
+pub(crate) fn anomaly_error(message: String) -> Error {
+    trace_error(TraceErrorKind::Anomaly, message)
+}
+
+/// An [`Error::Trace`] of [`TraceErrorKind::Selection`].
+pub(crate) fn selection_error(message: String) -> Error {
+    trace_error(TraceErrorKind::Selection, message)
+}
+
+/// An [`Error::Trace`] of [`TraceErrorKind::Io`].
+pub(crate) fn os_error(message: String) -> Error {
+    trace_error(TraceErrorKind::Io, message)
+}
+
+/// The error of reading `origin` failing with `e`.
+pub(crate) fn io_error(origin: &str, e: std::io::Error) -> Error {
+    trace_error(io_kind(&e), format!("{origin}: read failed: {e}"))
+}
 
 pub(crate) use anomaly::{Keying, Tracker};
 
