@@ -67,7 +67,7 @@ impl TraceError {
         self.kind
     }
 
-    /// The message (without the `trace: ` that [`Error`]'s display puts before it).
+    /// The message (without the `trace: ` that [`Error`](crate::Error)'s display puts before it).
     pub fn message(&self) -> &str {
         &self.message
     }
