@@ -1,5 +1,5 @@
 //! PyTorch memory snapshots: the pickle `torch.cuda.memory._dump_snapshot` writes (plain
-//! dicts and lists; no torch needed), read with the bounded pickle reader of [`machine`]: a
+//! dicts and lists; no torch needed), read with the bounded pickle reader of `machine.rs`: a
 //! file past one of its limits is refused with a message naming the limit.
 //!
 //! Replayed: the `alloc` and `free_completed` entries of `device_traces[d]` (`d` the device
