@@ -99,7 +99,7 @@
 //! window starts with the previous step's gradients and logits still live. Per layer, the
 //! sizes (24 MiB per `N`×hidden tensor, 96 MiB per ffn- or score-sized one) and the
 //! lifetimes (saved until the layer's backward, temporaries freed within the op) are the same
-//! in both. `tests/workload.rs` checks the figure.
+//! in both. `tests/suite/workload.rs` checks the figure.
 
 use std::fmt;
 use std::str::FromStr;

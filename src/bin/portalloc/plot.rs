@@ -46,7 +46,7 @@ const DASHES: [Option<(i32, i32)>; 5] = [
 const STRATEGY_WIDTH: u32 = 5;
 const LIVE_WIDTH: u32 = 1;
 /// The chart's frame (its plotting area's edge) and the legend box's border, each in a grey
-/// of its own: tests/cli.rs finds the two boxes in the SVG by these colours.
+/// of its own: tests/suite/cli.rs finds the two boxes in the SVG by these colours.
 const FRAME: RGBColor = RGBColor(160, 160, 160);
 const LEGEND_BORDER: RGBColor = RGBColor(200, 200, 200);
 const GIB: f64 = (1u64 << 30) as f64;
