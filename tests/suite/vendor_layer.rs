@@ -1,4 +1,4 @@
-//! The rules the vendor layer (`backends/vendor`) now writes once for CUDA and HIP, checked on
+//! The rules the shared GPU layer (`backends/gpu`) now writes once for CUDA and HIP, checked on
 //! both conformance fakes with one test body each: a wrong size or a foreign pointer is refused
 //! before the driver sees it, a foreign or destroyed stream or event is refused, a double free
 //! is refused, a refused call leaves the books and the driver as they were, a driver call that
