@@ -602,6 +602,39 @@ fn host_run(strategy: Strategy, steps: &[Step], k: u64, kind: Kind) -> HostRun {
     }
 }
 
+/// One run of [`host_sweep`]: the `k`-th call fails with `kind`; checks what the sweep
+/// requires of it, and returns where the fault fired, whether it surfaced, and how many
+/// objects a fault in drop left behind.
+fn host_fault_run(strategy: Strategy, steps: &[Step], k: u64, kind: Kind) -> (Phase, bool, u64) {
+    let HostRun {
+        out, fired, census, ..
+    } = host_run(strategy, steps, k, kind);
+    let what = format!("{} fault {kind:?} at call {k}", strategy.name());
+    let (_, call, phase) = fired.unwrap_or_else(|| panic!("{what}: the fault was never injected"));
+    let what = format!("{what} ({call}, {phase})");
+    let marker = format!("injected fault at call {k}");
+    let surfaced = judge(&out, kind, &marker, &what);
+    let left = if phase == Phase::Drop {
+        let left = census.allocations
+            + census.physical_handles
+            + census.mappings
+            + census.reservations
+            + census.events;
+        assert!(
+            left <= 1,
+            "{what}: a refused release in drop left more than that one object: {census:?}"
+        );
+        left
+    } else {
+        assert!(
+            census.is_empty(),
+            "{what}: the device still holds {census:?}"
+        );
+        0
+    };
+    (phase, surfaced, left)
+}
+
 fn host_sweep(strategy: Strategy) {
     let steps = workload();
     let HostRun {
@@ -629,37 +662,34 @@ fn host_sweep(strategy: Strategy) {
         calls_in_clean_run: calls,
         ..Tally::default()
     };
-    for k in 1..=calls {
-        for kind in KINDS {
-            let HostRun {
-                out, fired, census, ..
-            } = host_run(strategy, &steps, k, kind);
-            let what = format!("{} fault {kind:?} at call {k}", strategy.name());
-            let (_, call, phase) =
-                fired.unwrap_or_else(|| panic!("{what}: the fault was never injected"));
-            let what = format!("{what} ({call}, {phase})");
-            let marker = format!("injected fault at call {k}");
-            let surfaced = judge(&out, kind, &marker, &what);
-            let left = if phase == Phase::Drop {
-                let left = census.allocations
-                    + census.physical_handles
-                    + census.mappings
-                    + census.reservations
-                    + census.events;
-                assert!(
-                    left <= 1,
-                    "{what}: a refused release in drop left more than that one object: {census:?}"
-                );
-                left
-            } else {
-                assert!(
-                    census.is_empty(),
-                    "{what}: the device still holds {census:?}"
-                );
-                0
-            };
-            tally.count(phase, surfaced, left);
-        }
+    // Every (call, kind) run is independent (a host of its own): they are shared out among
+    // the machine's cores, as this sweep is the suite's longest test (vmm's, in a debug
+    // build) and would otherwise run on one core while the others sit idle.
+    let workers = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(4) as u64;
+    let runs: Vec<(Phase, bool, u64)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..workers)
+            .map(|worker| {
+                let steps = &steps;
+                scope.spawn(move || {
+                    let mut runs = Vec::new();
+                    for k in (1..=calls).filter(|k| k % workers == worker) {
+                        for kind in KINDS {
+                            runs.push(host_fault_run(strategy, steps, k, kind));
+                        }
+                    }
+                    runs
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    });
+    for (phase, surfaced, left) in runs {
+        tally.count(phase, surfaced, left);
     }
     assert_eq!(tally.injected, calls * KINDS.len() as u64);
     tally.print(&format!(
