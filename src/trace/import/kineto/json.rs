@@ -424,6 +424,16 @@ fn events(f: &mut Cursor, c: &mut Collected) -> Result<(), FrameError> {
     loop {
         c.events_seen += 1;
         if let Some(raw) = f.event(&marker)? {
+            if c.mem.len() >= c.max_mem {
+                return Err(f.error(
+                    false,
+                    format!(
+                        "refused: more than {} [memory] events, the most a trace of an untrusted \
+                         file may have (docs/trace-format.md; --trusted-input raises it 16 times)",
+                        c.max_mem
+                    ),
+                ));
+            }
             c.mem.push(Mem::new(c.events_seen, raw));
         }
         match f.peek()? {
@@ -522,6 +532,27 @@ mod tests {
         assert!(fields(r#"{"name": "x", "args": {"note": "[memory]"}}"#).is_none());
         assert!(fields(r#"{"name": "x\"y", "args": {"Bytes": 5}}"#).is_none());
         assert!(fields(r#"{"name": "aten::add", "ts": 1}"#).is_none());
+    }
+
+    /// The `[memory]` events kept are bounded: one past the bound refuses the file, naming
+    /// the bound and how to raise it.
+    #[test]
+    fn memory_events_past_the_bound_are_refused() {
+        let event = r#"{"name": "[memory]", "args": {"Bytes": 1}}"#;
+        let text: &'static str = Box::leak(format!("[{event}, {event}, {event}]").into_boxed_str());
+        let mut c = Collected::new(&crate::trace::Options::default());
+        c.max_mem = 2;
+        let e = walk(&mut cursor(text, 64), &mut c).unwrap_err();
+        assert!(
+            e.message
+                .starts_with("refused: more than 2 [memory] events"),
+            "{e:?}"
+        );
+        assert_eq!(c.mem.len(), 2);
+        c.max_mem = 3;
+        c.mem.clear();
+        c.events_seen = 0;
+        assert!(walk(&mut cursor(text, 64), &mut c).is_ok());
     }
 
     /// A value longer than the bound is refused by name, without reading the rest.

@@ -347,12 +347,32 @@ impl Mem {
     }
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Collected {
     saw_trace_events: bool,
     events_seen: u64,
+    /// Invariant: at most `max_mem` (the walk refuses the file at the next one).
     mem: Vec<Mem>,
+    /// The most `[memory]` events kept: what grows with the file (about 200 bytes each).
+    max_mem: usize,
     device_names: BTreeMap<i64, String>,
+}
+
+/// The most `[memory]` events a Kineto trace of an untrusted file may have (about 2 GB of
+/// memory, kept while the file is read); 16 times as many when it is trusted.
+pub const MAX_KINETO_MEMORY_EVENTS: usize = 10_000_000;
+
+impl Collected {
+    fn new(options: &Options) -> Collected {
+        let factor = if options.trusted { 16 } else { 1 };
+        Collected {
+            saw_trace_events: false,
+            events_seen: 0,
+            mem: Vec::new(),
+            max_mem: MAX_KINETO_MEMORY_EVENTS * factor,
+            device_names: BTreeMap::new(),
+        }
+    }
 }
 
 /// The `Visitor` methods of a lenient reader for every JSON value it does not read: each
@@ -705,7 +725,7 @@ impl<'de, const TOP_LEVEL: bool> Deserialize<'de> for Refused<TOP_LEVEL> {
 /// asked for; a bare ordinal where two device types have events), or an anomaly in strict
 /// mode.
 pub(crate) fn read(input: Input, origin: &str, options: &Options) -> Result<VecSource> {
-    let mut c = Collected::default();
+    let mut c = Collected::new(options);
     let mut cursor = json::Cursor::new(input);
     json::walk(&mut cursor, &mut c).map_err(|e| {
         let (kind, what) = match &e.io {
@@ -1271,7 +1291,7 @@ mod tests {
     fn walked(doc: &[u8], step: usize) -> std::result::Result<Vec<String>, String> {
         let input = std::io::BufReader::with_capacity(step, std::io::Cursor::new(doc.to_vec()));
         let mut cursor = json::Cursor::new(Box::new(input));
-        let mut c = Collected::default();
+        let mut c = Collected::new(&Options::default());
         json::walk(&mut cursor, &mut c).map_err(|e| e.message)?;
         Ok(c.mem.iter().map(|m| format!("{m:?}")).collect())
     }
