@@ -487,11 +487,6 @@ mod traces {
     #[test_case(&format!(r#"{{"name": "x", "args": {}1}}{}}}"#, "[".repeat(200), "]".repeat(199)) ; "over-deep nesting unbalanced")]
     #[test_case(&format!(r#"{{"name": "x", "args": {}"#, "[".repeat(100_000)) ; "deep and truncated")]
     fn hostile_kineto_events_that_would_be_skipped_are_refused(event: &str) {
-        let gzip = |bytes: &[u8]| {
-            let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-            gz.write_all(bytes).unwrap();
-            gz.finish().unwrap()
-        };
         let good = r#"{"name": "aten::add", "ph": "X", "ts": 1, "tid": 1, "args": {}}"#;
         let text = format!(r#"{{"traceEvents": [{good}, {event}, {good}]}}"#);
         for (gzipped, bytes) in [
