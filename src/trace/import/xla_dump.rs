@@ -898,29 +898,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn parses_shapes_with_commas() {
-        let text = "BufferAssignment:\n\
-            allocation 0: size 8, parameter 1, shape |f32[2]| at ShapeIndex {0,1}, maybe-live-out:\n \
-            value: <1 p @0> (size=8,offset=0): f32[2]{0}\n\
-            allocation 1: size 56, output shape is |(f32[1,2], f32[])|, maybe-live-out:\n\
-            allocation 2: size 100, preallocated-temp:\n";
-        let ba = BufferAssignment::parse(text.as_bytes(), "t").unwrap();
-        assert_eq!(ba.allocations.len(), 3);
-        assert_eq!(ba.allocations[0].parameter, Some(1));
-        let s = ba.stats();
-        assert_eq!(
-            s,
-            MemoryStats {
-                argument_bytes: 8,
-                output_bytes: 64,
-                alias_bytes: 8,
-                temp_bytes: 100
-            }
-        );
-        assert_eq!(s.peak_bytes(), 164);
-    }
-
-    #[test]
     fn module_names() {
         assert_eq!(
             module_name("module_0030.jit_f.cpu_after_optimizations-buffer-assignment.txt"),
