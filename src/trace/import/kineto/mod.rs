@@ -375,10 +375,27 @@ impl Collected {
     }
 }
 
-/// The `Visitor` methods of a lenient reader for every JSON value it does not read: each
+/// `Visitor` methods of a lenient reader for JSON values it does not read, by kind: each
 /// gives `$none` (after walking an array or object, so the input stays in step).
-macro_rules! other_values {
-    ($none:expr) => {
+macro_rules! ignored {
+    (numbers => $none:expr) => {
+        fn visit_u64<E: serde::de::Error>(self, _: u64) -> std::result::Result<Self::Value, E> {
+            Ok($none)
+        }
+        fn visit_i64<E: serde::de::Error>(self, _: i64) -> std::result::Result<Self::Value, E> {
+            Ok($none)
+        }
+        fn visit_f64<E: serde::de::Error>(self, _: f64) -> std::result::Result<Self::Value, E> {
+            Ok($none)
+        }
+    };
+    (strings => $none:expr) => {
+        fn visit_str<E: serde::de::Error>(self, _: &str) -> std::result::Result<Self::Value, E> {
+            Ok($none)
+        }
+    };
+    // Booleans, `null` and arrays.
+    (others => $none:expr) => {
         fn visit_bool<E: serde::de::Error>(self, _: bool) -> std::result::Result<Self::Value, E> {
             Ok($none)
         }
@@ -392,26 +409,13 @@ macro_rules! other_values {
             while seq.next_element::<IgnoredAny>()?.is_some() {}
             Ok($none)
         }
+    };
+    (maps => $none:expr) => {
         fn visit_map<A: MapAccess<'de>>(
             self,
             mut map: A,
         ) -> std::result::Result<Self::Value, A::Error> {
             while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-            Ok($none)
-        }
-    };
-}
-
-/// The `Visitor` methods of a lenient reader that reads no number: each gives `$none`.
-macro_rules! numbers_are {
-    ($none:expr) => {
-        fn visit_u64<E: serde::de::Error>(self, _: u64) -> std::result::Result<Self::Value, E> {
-            Ok($none)
-        }
-        fn visit_i64<E: serde::de::Error>(self, _: i64) -> std::result::Result<Self::Value, E> {
-            Ok($none)
-        }
-        fn visit_f64<E: serde::de::Error>(self, _: f64) -> std::result::Result<Self::Value, E> {
             Ok($none)
         }
     };
@@ -450,36 +454,41 @@ struct RawEvent {
     args: Option<Args>,
 }
 
-/// The keys of an event that are read.
-enum EventKey {
-    Name,
-    Ts,
-    Tid,
-    Args,
-    Other,
-}
+/// An enum of the keys of an object that are read, each a variant named by its text, and
+/// `Other` for any other key; read as a JSON object's key.
+macro_rules! keys {
+    ($(#[$doc:meta])* $ty:ident { $($variant:ident = $text:literal,)* }) => {
+        $(#[$doc])*
+        enum $ty {
+            $($variant,)*
+            Other,
+        }
 
-impl<'de> Deserialize<'de> for EventKey {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        struct V;
-        impl Visitor<'_> for V {
-            type Value = EventKey;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a key")
-            }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<EventKey, E> {
-                Ok(match v {
-                    "name" => EventKey::Name,
-                    "ts" => EventKey::Ts,
-                    "tid" => EventKey::Tid,
-                    "args" => EventKey::Args,
-                    _ => EventKey::Other,
-                })
+        impl<'de> Deserialize<'de> for $ty {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+                struct V;
+                impl Visitor<'_> for V {
+                    type Value = $ty;
+                    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                        f.write_str("a key")
+                    }
+                    fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<$ty, E> {
+                        Ok(match v {
+                            $($text => $ty::$variant,)*
+                            _ => $ty::Other,
+                        })
+                    }
+                }
+                d.deserialize_identifier(V)
             }
         }
-        d.deserialize_identifier(V)
-    }
+    };
 }
+
+keys!(
+    /// The keys of an event that are read.
+    EventKey { Name = "name", Ts = "ts", Tid = "tid", Args = "args", }
+);
 
 lenient!(RawEvent, {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<RawEvent, A::Error> {
@@ -497,20 +506,9 @@ lenient!(RawEvent, {
         }
         Ok(e)
     }
-    fn visit_str<E: serde::de::Error>(self, _: &str) -> std::result::Result<RawEvent, E> {
-        Ok(RawEvent::default())
-    }
-    numbers_are!(RawEvent::default());
-    fn visit_bool<E: serde::de::Error>(self, _: bool) -> std::result::Result<RawEvent, E> {
-        Ok(RawEvent::default())
-    }
-    fn visit_unit<E: serde::de::Error>(self) -> std::result::Result<RawEvent, E> {
-        Ok(RawEvent::default())
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<RawEvent, A::Error> {
-        while seq.next_element::<IgnoredAny>()?.is_some() {}
-        Ok(RawEvent::default())
-    }
+    ignored!(strings => RawEvent::default());
+    ignored!(numbers => RawEvent::default());
+    ignored!(others => RawEvent::default());
 });
 
 /// Whether a JSON value is the string `"[memory]"` (any other string, or any other value,
@@ -521,8 +519,9 @@ lenient!(Name, {
     fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<Name, E> {
         Ok(Name(v == "[memory]"))
     }
-    numbers_are!(Name(false));
-    other_values!(Name(false));
+    ignored!(numbers => Name(false));
+    ignored!(others => Name(false));
+    ignored!(maps => Name(false));
 });
 
 /// A JSON number as `serde_json` reads it (an unsigned or negative integer, or a float);
@@ -580,48 +579,23 @@ lenient!(Num, {
     fn visit_f64<E: serde::de::Error>(self, v: f64) -> std::result::Result<Num, E> {
         Ok(Num::F(v))
     }
-    fn visit_str<E: serde::de::Error>(self, _: &str) -> std::result::Result<Num, E> {
-        Ok(Num::None)
-    }
-    other_values!(Num::None);
+    ignored!(strings => Num::None);
+    ignored!(others => Num::None);
+    ignored!(maps => Num::None);
 });
 
-/// The keys of a `[memory]` event's `args` that are read.
-enum Key {
-    Addr,
-    Bytes,
-    TotalAllocated,
-    TotalReserved,
-    DeviceType,
-    DeviceId,
-    EvIdx,
-    Other,
-}
-
-impl<'de> Deserialize<'de> for Key {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        struct V;
-        impl Visitor<'_> for V {
-            type Value = Key;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a key")
-            }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<Key, E> {
-                Ok(match v {
-                    "Addr" => Key::Addr,
-                    "Bytes" => Key::Bytes,
-                    "Total Allocated" => Key::TotalAllocated,
-                    "Total Reserved" => Key::TotalReserved,
-                    "Device Type" => Key::DeviceType,
-                    "Device Id" => Key::DeviceId,
-                    "Ev Idx" => Key::EvIdx,
-                    _ => Key::Other,
-                })
-            }
-        }
-        d.deserialize_identifier(V)
+keys!(
+    /// The keys of a `[memory]` event's `args` that are read.
+    Key {
+        Addr = "Addr",
+        Bytes = "Bytes",
+        TotalAllocated = "Total Allocated",
+        TotalReserved = "Total Reserved",
+        DeviceType = "Device Type",
+        DeviceId = "Device Id",
+        EvIdx = "Ev Idx",
     }
-}
+);
 
 /// An event's `args`: the values of the keys read (the last one where a key repeats, as a
 /// JSON object keeps it); all `Num::None` when `args` is not an object.
@@ -669,20 +643,9 @@ lenient!(Args, {
         }
         Ok(a)
     }
-    fn visit_str<E: serde::de::Error>(self, _: &str) -> std::result::Result<Args, E> {
-        Ok(Args::NONE)
-    }
-    numbers_are!(Args::NONE);
-    fn visit_bool<E: serde::de::Error>(self, _: bool) -> std::result::Result<Args, E> {
-        Ok(Args::NONE)
-    }
-    fn visit_unit<E: serde::de::Error>(self) -> std::result::Result<Args, E> {
-        Ok(Args::NONE)
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<Args, A::Error> {
-        while seq.next_element::<IgnoredAny>()?.is_some() {}
-        Ok(Args::NONE)
-    }
+    ignored!(strings => Args::NONE);
+    ignored!(numbers => Args::NONE);
+    ignored!(others => Args::NONE);
 });
 
 /// A visitor that takes no value: deserializing with it gives `serde_json`'s "invalid type:
