@@ -637,24 +637,8 @@ pub fn open(path: impl AsRef<Path>, options: &Options) -> Result<Trace> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| path.display().to_string());
-    let cannot_open =
-        |e: std::io::Error| os_error(format!("cannot open {}: {e}", shown_path(path)));
-    // The type first (`metadata` never blocks): a FIFO must not be opened so that `open`
-    // waits for a writer.
-    let regular = std::fs::metadata(path).map_err(cannot_open)?.is_file();
-    if !regular {
-        let (input, _) = open_bytes(path, options)?;
-        return open_sized(input, &name, options, None);
-    }
-    let file = File::open(path).map_err(cannot_open)?;
-    // The size lets a reader that holds the whole file make its room up front; a size that
-    // is wrong (a file still being written) costs a copy, nothing else.
-    let size = file
-        .metadata()
-        .ok()
-        .filter(|m| m.is_file())
-        .map(|m| m.len());
-    open_sized(file, &name, options, size)
+    let (input, _, size) = opened(path, options)?;
+    open_sized(input, &name, options, size)
 }
 
 /// The bytes of the file at `path` as [`open`] reads them, before gzip is undone: opened
@@ -664,11 +648,25 @@ pub fn open(path: impl AsRef<Path>, options: &Options) -> Result<Trace> {
 /// # Errors
 /// The file cannot be opened (the message shows the path bounded and escaped).
 pub fn open_bytes(path: &Path, options: &Options) -> Result<(Box<dyn Read + Send>, bool)> {
+    opened(path, options).map(|(input, regular, _)| (input, regular))
+}
+
+/// [`open_bytes`], and the size of a regular file where it is known.
+fn opened(path: &Path, options: &Options) -> Result<(BoxRead, bool, Option<u64>)> {
     let cannot_open =
         |e: std::io::Error| os_error(format!("cannot open {}: {e}", shown_path(path)));
-    let regular = std::fs::metadata(path).map_err(cannot_open)?.is_file();
-    if regular {
-        return Ok((Box::new(File::open(path).map_err(cannot_open)?), true));
+    // The type first (`metadata` never blocks): a FIFO must not be opened so that `open`
+    // waits for a writer.
+    if std::fs::metadata(path).map_err(cannot_open)?.is_file() {
+        let file = File::open(path).map_err(cannot_open)?;
+        // The size lets a reader that holds the whole file make its room up front; a size
+        // that is wrong (a file still being written) costs a copy, nothing else.
+        let size = file
+            .metadata()
+            .ok()
+            .filter(|m| m.is_file())
+            .map(|m| m.len());
+        return Ok((Box::new(file), true, size));
     }
     let file = open_without_blocking(path).map_err(cannot_open)?;
     let input = Capped::new(
@@ -677,7 +675,7 @@ pub fn open_bytes(path: &Path, options: &Options) -> Result<(Box<dyn Read + Send
         options.trusted,
         "input",
     );
-    Ok((Box::new(input), false))
+    Ok((Box::new(input), false, None))
 }
 
 /// `bytes` inflated when they start as a gzip stream (bounded by
@@ -693,17 +691,23 @@ pub fn inflated_bytes(
 ) -> Result<(Vec<u8>, Box<dyn Read + Send>)> {
     let (prefix, rest) = peek(bytes, name)?;
     let stream: BoxRead = if prefix.starts_with(&[0x1f, 0x8b]) {
-        Box::new(Capped::new(
-            flate2::read::MultiGzDecoder::new(Cursor::new(prefix).chain(rest)),
-            options.input_limit(),
-            options.trusted,
-            "inflated stream",
-        ))
+        Box::new(gunzip(prefix, rest, options))
     } else {
         Box::new(Cursor::new(prefix).chain(rest))
     };
     let (prefix, rest) = peek(stream, name)?;
     Ok((prefix.clone(), Box::new(Cursor::new(prefix).chain(rest))))
+}
+
+/// The gzip stream that starts with `prefix` (what [`peek`] read of it) and goes on with
+/// `rest`, inflated up to [`Options::input_limit`].
+fn gunzip(prefix: Vec<u8>, rest: BoxRead, options: &Options) -> impl Read + Send {
+    Capped::new(
+        flate2::read::MultiGzDecoder::new(Cursor::new(prefix).chain(rest)),
+        options.input_limit(),
+        options.trusted,
+        "inflated stream",
+    )
 }
 
 /// The most bytes read from an input the file system does not bound, untrusted: a file that
@@ -841,12 +845,7 @@ fn open_sized<R: Read + Send + 'static>(
         // The size of what it inflates to is not known.
         size = None;
         // Inflated on a thread of its own while the importer parses (see `inflate`).
-        let gz = Capped::new(
-            flate2::read::MultiGzDecoder::new(Cursor::new(prefix).chain(rest)),
-            options.input_limit(),
-            options.trusted,
-            "inflated stream",
-        );
+        let gz = gunzip(prefix, rest, options);
         let mut inflated = inflate::Inflated::spawn(Box::new(gz)).map_err(|e| {
             os_error(format!(
                 "{name}: cannot start a thread to inflate the gzip stream: {e}"

@@ -44,7 +44,7 @@ use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 
 use crate::error::Result;
-use crate::trace::{excerpt, push_generated, trace_error, Event, Op, TagId, TraceHeader};
+use crate::trace::{excerpt, io_error, push_generated, Event, Op, TagId, TraceHeader};
 
 /// The longest line of a buffer-assignment file: 1 MiB (a real one is at most a tuple
 /// shape of a few thousand elements).
@@ -374,20 +374,11 @@ impl BufferAssignment {
             rows.push((end + 1, 0u8, id as u64, v.size, tag));
         }
         rows.sort_unstable();
-        let events = rows
-            .into_iter()
-            .enumerate()
-            .map(|(seq, (time, free, id, size, tag))| Event {
-                seq: seq as u64,
-                time_ns: time,
-                thread: 0,
-                stream: 0,
-                op: if free == 0 { Op::Free } else { Op::Alloc },
-                id,
-                size,
-                tag,
-            })
-            .collect();
+        let mut events = Vec::with_capacity(rows.len());
+        for (time, free, id, size, tag) in rows {
+            let op = if free == 0 { Op::Free } else { Op::Alloc };
+            push_generated(&mut events, time, op, id, size, tag);
+        }
         (events, missing)
     }
 }
@@ -419,10 +410,6 @@ fn parse_value(rest: &str) -> std::result::Result<(String, u64), String> {
     Ok((name, size))
 }
 
-/// The `BufferLiveRange:` section of a `*-live-range.txt` file: `NAME{INDEX}:START-END`,
-/// closed intervals of the module's instruction sequence.
-///
-/// # Errors
 /// The lines of a dump file, each read with a bound ([`MAX_XLA_LINE_BYTES`]) and checked as
 /// UTF-8, without its line ending: the one reader both dump files go through.
 struct Lines<'o, R> {
@@ -452,12 +439,7 @@ impl<'o, R: BufRead> Lines<'o, R> {
         let n = (&mut self.input)
             .take(MAX_XLA_LINE_BYTES as u64 + 1)
             .read_until(b'\n', &mut self.buf)
-            .map_err(|e| {
-                trace_error(
-                    crate::trace::io_kind(&e),
-                    format!("{origin}: read failed: {e}"),
-                )
-            })?;
+            .map_err(|e| io_error(origin, e))?;
         if n == 0 {
             return Ok(None);
         }
@@ -475,6 +457,10 @@ impl<'o, R: BufRead> Lines<'o, R> {
     }
 }
 
+/// The `BufferLiveRange:` section of a `*-live-range.txt` file: `NAME{INDEX}:START-END`,
+/// closed intervals of the module's instruction sequence.
+///
+/// # Errors
 /// As [`BufferAssignment::parse`] for lines; a range line that does not parse; no
 /// `BufferLiveRange:` section.
 pub fn parse_live_ranges(input: impl BufRead, origin: &str) -> Result<Vec<(String, u64, u64)>> {
@@ -640,30 +626,21 @@ fn shown_file(path: &Path) -> String {
     escaped(&path.to_string_lossy())
 }
 
-/// `text` with control characters escaped (`\u{1b}`).
+/// `text` with control characters escaped (`\u{1b}`), not cut.
 fn escaped(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        if c.is_control() {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
-    }
-    out
+    crate::error::cut_escaped(text, usize::MAX)
 }
 
 /// Opens `path` if it is a regular file: a FIFO is refused before `open`, which would wait
 /// for a writer for ever, and so is a device or a directory.
 fn open_regular(path: &Path, origin: &str, what: &str) -> Result<File> {
-    let meta =
-        std::fs::metadata(path).map_err(|e| os_error(format!("cannot open {origin}: {e}")))?;
-    if !meta.is_file() {
+    let cannot_open = |e| os_error(format!("cannot open {origin}: {e}"));
+    if !std::fs::metadata(path).map_err(cannot_open)?.is_file() {
         return Err(not_a_trace_error(format!(
             "{origin}: not a regular file (a FIFO, device or directory); {what} is a file XLA wrote"
         )));
     }
-    File::open(path).map_err(|e| os_error(format!("cannot open {origin}: {e}")))
+    File::open(path).map_err(cannot_open)
 }
 
 /// The live-range file beside the buffer-assignment file `file`, from the file's name as
