@@ -98,12 +98,13 @@ pub(crate) fn device_type_named(name: &str) -> Option<i64> {
     if let Some(i) = DEVICE_TYPES.iter().position(|n| *n == name) {
         return i64::try_from(i).ok();
     }
-    let digits = name.strip_prefix("type")?;
-    // Digits only: `i64::from_str` would take a sign too.
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    digits.parse().ok()
+    decimal(name.strip_prefix("type")?)
+}
+
+/// `text` as a number when it is decimal digits only (`from_str` would take a sign too).
+fn decimal<T: std::str::FromStr>(text: &str) -> Option<T> {
+    let digits = !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit());
+    digits.then(|| text.parse().ok()).flatten()
 }
 
 /// A device as `--trace-device` names it ([`Options::with_device_spec`]): whether it is the
@@ -112,12 +113,7 @@ pub(crate) fn device_type_named(name: &str) -> Option<i64> {
 ///
 /// [`Options::with_device_spec`]: crate::trace::Options::with_device_spec
 pub(crate) fn device_spec(spec: &str) -> Option<(bool, Option<i64>, Option<u32>)> {
-    // Digits only: `u32::from_str` would take a `+` too.
-    let ordinal = |s: &str| {
-        Some(s)
-            .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
-            .and_then(|s| s.parse::<u32>().ok())
-    };
+    let ordinal = decimal::<u32>;
     if spec.eq_ignore_ascii_case("cpu") {
         return Some((true, None, None));
     }
@@ -321,9 +317,9 @@ struct Raw {
 impl From<RawEvent> for Raw {
     fn from(raw: RawEvent) -> Raw {
         Raw {
-            ts: raw.ts.unwrap_or(Num::None),
-            tid: raw.tid.unwrap_or(Num::None),
-            args: raw.args.unwrap_or(Args::NONE),
+            ts: raw.ts.unwrap_or_default(),
+            tid: raw.tid.unwrap_or_default(),
+            args: raw.args.unwrap_or_default(),
         }
     }
 }
@@ -526,11 +522,12 @@ lenient!(Name, {
 
 /// A JSON number as `serde_json` reads it (an unsigned or negative integer, or a float);
 /// `Num::None` for any other value.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 enum Num {
     U(u64),
     I(i64),
     F(f64),
+    #[default]
     None,
 }
 
@@ -599,7 +596,7 @@ keys!(
 
 /// An event's `args`: the values of the keys read (the last one where a key repeats, as a
 /// JSON object keeps it); all `Num::None` when `args` is not an object.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 struct Args {
     addr: Num,
     bytes: Num,
@@ -610,21 +607,9 @@ struct Args {
     ev_idx: Num,
 }
 
-impl Args {
-    const NONE: Args = Args {
-        addr: Num::None,
-        bytes: Num::None,
-        total_allocated: Num::None,
-        total_reserved: Num::None,
-        device_type: Num::None,
-        device_id: Num::None,
-        ev_idx: Num::None,
-    };
-}
-
 lenient!(Args, {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Args, A::Error> {
-        let mut a = Args::NONE;
+        let mut a = Args::default();
         while let Some(key) = map.next_key::<Key>()? {
             let slot = match key {
                 Key::Addr => &mut a.addr,
@@ -643,9 +628,9 @@ lenient!(Args, {
         }
         Ok(a)
     }
-    ignored!(strings => Args::NONE);
-    ignored!(numbers => Args::NONE);
-    ignored!(others => Args::NONE);
+    ignored!(strings => Args::default());
+    ignored!(numbers => Args::default());
+    ignored!(others => Args::default());
 });
 
 /// A visitor that takes no value: deserializing with it gives `serde_json`'s "invalid type:
@@ -770,12 +755,9 @@ pub(crate) fn read(input: Input, origin: &str, options: &Options) -> Result<VecS
             "a signed 64-bit integer: bytes allocated, or freed when negative",
         ) {
             Ok(Some(b)) => b as i64, // In I64.
-            Ok(None) => {
-                let why = "[memory] event without Bytes".to_string();
-                tracker.anomaly(AnomalyKind::InvalidRecord, loc, why)?;
-                continue;
-            }
-            Err(why) => {
+            other => {
+                let why = other.err();
+                let why = why.unwrap_or_else(|| "[memory] event without Bytes".to_string());
                 tracker.anomaly(AnomalyKind::InvalidRecord, loc, why)?;
                 continue;
             }
@@ -788,17 +770,11 @@ pub(crate) fn read(input: Input, origin: &str, options: &Options) -> Result<VecS
                 continue;
             }
         };
-        let (op, size) = if bytes >= 0 {
-            (Op::Alloc, bytes.unsigned_abs())
-        } else {
-            (Op::Free, bytes.unsigned_abs())
-        };
+        let op = if bytes >= 0 { Op::Alloc } else { Op::Free };
+        let size = bytes.unsigned_abs();
         // Older profilers (2021) recorded no Addr: live bytes are still exact (the running
         // sum of Bytes); a free is matched to a live allocation of the same size.
-        let addr = match addr {
-            Some(a) => a,
-            None => synthetic.address(op, size),
-        };
+        let addr = addr.unwrap_or_else(|| synthetic.address(op, size));
         let attrs = Attrs {
             time_ns: m.ts_ns,
             thread: threads.map(m.tid),
