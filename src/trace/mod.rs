@@ -669,12 +669,7 @@ fn opened(path: &Path, options: &Options) -> Result<(BoxRead, bool, Option<u64>)
         return Ok((Box::new(file), true, size));
     }
     let file = open_without_blocking(path).map_err(cannot_open)?;
-    let input = Capped::new(
-        Patient(file),
-        options.input_limit(),
-        options.trusted,
-        "input",
-    );
+    let input = Capped::new(Patient(file), options, "input");
     Ok((Box::new(input), false, None))
 }
 
@@ -702,12 +697,8 @@ pub fn inflated_bytes(
 /// The gzip stream that starts with `prefix` (what [`peek`] read of it) and goes on with
 /// `rest`, inflated up to [`Options::input_limit`].
 fn gunzip(prefix: Vec<u8>, rest: BoxRead, options: &Options) -> impl Read + Send {
-    Capped::new(
-        flate2::read::MultiGzDecoder::new(Cursor::new(prefix).chain(rest)),
-        options.input_limit(),
-        options.trusted,
-        "inflated stream",
-    )
+    let gz = flate2::read::MultiGzDecoder::new(Cursor::new(prefix).chain(rest));
+    Capped::new(gz, options, "inflated stream")
 }
 
 /// The most bytes read from an input the file system does not bound, untrusted: a file that
@@ -753,9 +744,9 @@ impl<R: Read> Read for Patient<R> {
     }
 }
 
-/// A reader that fails once its source gives more than `limit` bytes: the bound on input
-/// the file system does not bound ([`MAX_INPUT_BYTES`]).
-pub(crate) struct Capped<R> {
+/// A reader that fails once its source gives more than [`Options::input_limit`] bytes: the
+/// bound on input the file system does not bound ([`MAX_INPUT_BYTES`]).
+struct Capped<R> {
     inner: R,
     /// Bytes that may still be read.
     left: u64,
@@ -766,7 +757,9 @@ pub(crate) struct Capped<R> {
 }
 
 impl<R: Read> Capped<R> {
-    pub(crate) fn new(inner: R, limit: u64, trusted: bool, what: &'static str) -> Self {
+    fn new(inner: R, options: &Options, what: &'static str) -> Self {
+        let limit = options.input_limit();
+        let trusted = options.trusted;
         Capped {
             inner,
             left: limit,
