@@ -553,21 +553,18 @@ fn parse_allocation(rest: &str, line: u64) -> std::result::Result<Allocation, St
         line,
     };
     let mut size = None;
+    // `what` of the allocation, `text`, as a number.
+    let number = |what: &str, text: &str| {
+        text.trim().parse::<u64>().map_err(|_| {
+            let shown = excerpt(text);
+            format!("{what} {shown} of allocation {index} is not a non-negative integer")
+        })
+    };
     for field in flat.split(',').map(str::trim) {
         if let Some(s) = field.strip_prefix("size ") {
-            size = Some(s.trim().parse::<u64>().map_err(|_| {
-                format!(
-                    "size {} of allocation {index} is not a non-negative integer",
-                    excerpt(s)
-                )
-            })?);
+            size = Some(number("size", s)?);
         } else if let Some(p) = field.strip_prefix("parameter ") {
-            a.parameter = Some(p.trim().parse::<u64>().map_err(|_| {
-                format!(
-                    "parameter number {} of allocation {index} is not a non-negative integer",
-                    excerpt(p)
-                )
-            })?);
+            a.parameter = Some(number("parameter number", p)?);
         } else {
             match field {
                 "maybe-live-out" => a.live_out = true,

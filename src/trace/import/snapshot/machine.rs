@@ -539,7 +539,7 @@ impl Reader<'_> {
     fn offset_u32(&self, n: usize) -> Result<u32, PickleError> {
         match u32::try_from(n) {
             Ok(n) => Ok(n),
-            // Unreachable while the limits stay below u32::MAX (asserted above).
+            // Unreachable while the limits stay below u32::MAX (asserted in `limits`).
             Err(_) => self.exceeded(Limit::PayloadBytes, n as u64),
         }
     }
@@ -578,11 +578,8 @@ impl Reader<'_> {
             }
             Fill::Copy(source) => self.seqs.push_copy(source),
         };
-        match made {
-            Ok(index) => self.push_new(Node::Seq { kind, index }),
-            // Unreachable while the limits stay below u32::MAX / 4 (asserted above).
-            Err(n) => self.exceeded(Limit::Values, n),
-        }
+        let index = self.arena_result(made)?;
+        self.push_new(Node::Seq { kind, index })
     }
 
     /// Appends `new` (`Stack` or nothing) to container `index`.
@@ -604,11 +601,11 @@ impl Reader<'_> {
         self.arena_result(extended)
     }
 
-    /// What [`Seqs::extend`] did, as the reader's result.
-    fn arena_result(&self, r: Result<(), u64>) -> Result<(), PickleError> {
+    /// What a [`Seqs`] method did, as the reader's result.
+    fn arena_result<T>(&self, r: Result<T, u64>) -> Result<T, PickleError> {
         match r {
-            Ok(()) => Ok(()),
-            // Unreachable while the limits stay below u32::MAX / 4 (asserted above).
+            Ok(made) => Ok(made),
+            // Unreachable while the limits stay below u32::MAX / 4 (asserted in `limits`).
             Err(n) => self.exceeded(Limit::Values, n),
         }
     }
@@ -624,12 +621,11 @@ impl Reader<'_> {
         match stored {
             Ok(node) => Ok(node),
             Err(StoreFailure::NotUtf8) => self.malformed("a string that is not UTF-8"),
-            // Unreachable while the limits stay below u32::MAX (asserted above).
+            // Unreachable while the limits stay below u32::MAX (asserted in `limits`).
             Err(StoreFailure::Offset(n)) => self.exceeded(Limit::PayloadBytes, n),
         }
     }
 
-    /// Reads a counted string of `len` bytes and pushes it (`text`) or a bytes object.
     /// The length argument of a counted string or bytes opcode, by its width: one byte, four
     /// (signed for BINSTRING, as Python reads it) or eight.
     fn length(&mut self, op: u8) -> Result<u64, PickleError> {
@@ -643,6 +639,7 @@ impl Reader<'_> {
         }
     }
 
+    /// Reads a counted string of `len` bytes and pushes it (`text`) or a bytes object.
     fn push_counted(&mut self, len: u64, text: bool) -> Result<(), PickleError> {
         let n = usize::try_from(len).unwrap_or(usize::MAX);
         if n > Src::CAPACITY {

@@ -423,19 +423,19 @@ fn import(pickle: &Pickle, origin: &str, options: &Options) -> Result<VecSource>
         kept += 1;
         let size = size.and_then(Val::as_u64);
         let addr = addr.and_then(Val::as_u64);
+        let bytes = i128::from(size.unwrap_or(0));
         match action {
-            Action::Alloc => net += i128::from(size.unwrap_or(0)),
-            Action::FreeCompleted => net -= i128::from(size.unwrap_or(0)),
+            Action::Alloc => {
+                net += bytes;
+                window_live.extend(addr);
+            }
+            Action::FreeCompleted => {
+                net -= bytes;
+                if let Some(a) = addr {
+                    window_live.remove(&a);
+                }
+            }
             Action::Oom => {}
-        }
-        match (action, addr) {
-            (Action::Alloc, Some(a)) => {
-                window_live.insert(a);
-            }
-            (Action::FreeCompleted, Some(a)) => {
-                window_live.remove(&a);
-            }
-            _ => {}
         }
         let entry = Entry {
             position: i as u64,
