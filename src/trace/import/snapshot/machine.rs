@@ -44,12 +44,11 @@ use super::limits::{Figures, Limit, Limits, PickleError};
 use super::view::{Fill, Global, Node, Pickle, SeqKind, Seqs};
 
 /// How much room the reader makes up front for a pickle of a given size, by what the real
-/// snapshots hold per input byte (the test `real_snapshots_stay_far_below_the_limits` prints
-/// it: 1 container item per 3.4–4.1 bytes, a node per 12–26, a container per 50–190, a memo
-/// entry per 33–150, a text byte per 7–24), rounded up so that they fit without a copy.
-/// Growing by doubling instead copies each vector once or twice, and every copy faults in
-/// fresh pages as well: with the vectors made at their size, their pages are written once.
-/// Room is only address space until it is written, and each is capped by its limit.
+/// snapshots hold per input byte (`real_snapshots_stay_far_below_the_limits` prints it: a
+/// container item per 3.4–4.1 bytes, a node per 12–26, a container per 50–190, a memo entry
+/// per 33–150, a text byte per 7–24), rounded up so that they fit without a copy: grown by
+/// doubling, each vector is copied once or twice, faulting in fresh pages each time. Room is
+/// only address space until it is written, and each is capped by its limit.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Room {
     items: usize,
@@ -1387,9 +1386,8 @@ fn twos_complement(bytes: &[u8]) -> Result<i128, f64> {
 }
 
 /// At most 16 little-endian bytes, extended with the sign `negative`. From the most
-/// significant byte down, over the sign's fill, in registers: copying into a 16-byte array
-/// and reading it back went through `memcpy` and then waited on the store (2% of a snapshot's
-/// read, one per address and timestamp).
+/// significant byte down, over the sign's fill, in registers: not through a 16-byte array in
+/// memory (`memcpy`, then a wait on the store), once per address and timestamp.
 #[inline]
 fn sign_extended(bytes: &[u8], negative: bool) -> i128 {
     let sign: i128 = if negative { -1 } else { 0 };
