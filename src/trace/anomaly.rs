@@ -611,18 +611,4 @@ mod tests {
             assert!(!s.contains(v));
         }
     }
-
-    #[test]
-    fn merge_keeps_examples_bounded() {
-        let mut a = Anomalies::new();
-        let mut b = Anomalies::new();
-        for i in 0..5 {
-            a.record(AnomalyKind::ZeroSize, Loc::Line(i), "a");
-            b.record(AnomalyKind::ZeroSize, Loc::Line(i), "b");
-        }
-        a.merge(&b);
-        assert_eq!(a.count(AnomalyKind::ZeroSize), 10);
-        assert_eq!(a.examples(AnomalyKind::ZeroSize).count(), 3);
-        assert!(a.to_string().contains("10 × zero size"));
-    }
 }

@@ -2,13 +2,13 @@
 //! the next is inflated.
 //!
 //! Inflating a Kineto trace takes about as long as replaying it (`cargo bench --bench
-//! trace_read` times both), so a reader that inflates and parses in turn pays their sum; in
-//! parallel, reading takes the longer of the two. A thread of its own inflates the stream into buffers of
-//! [`CHUNK_BYTES`] and hands them over a bounded channel ([`DEPTH`] buffers in flight, so
-//! memory stays at most about `(2 × DEPTH + 2) × CHUNK_BYTES` however large the file); the
-//! reader hands each buffer back once used, to be filled again. The reader sees the bytes
-//! through [`BufRead`], in order, and a read error where the inflating thread met it. When
-//! the reader is dropped before the end, the thread's next hand-over fails and it stops.
+//! trace_read` times both): a reader that inflates and parses in turn pays their sum, in
+//! parallel the longer of the two. A thread of its own inflates the stream into buffers of
+//! [`CHUNK_BYTES`] and hands them over a bounded channel ([`DEPTH`] buffers in flight: memory
+//! stays at most about `(2 × DEPTH + 2) × CHUNK_BYTES` however large the file); the reader
+//! hands each buffer back once used, to be filled again. The reader sees the bytes through
+//! [`BufRead`], in order, and a read error where the inflating thread met it. When the reader
+//! is dropped before the end, the thread's next hand-over fails and it stops.
 #![deny(unsafe_code)]
 
 use std::io::{self, BufRead, ErrorKind, Read};
@@ -30,8 +30,7 @@ pub(crate) struct Inflated {
     current: Vec<u8>,
     pos: usize,
     /// The stream has ended (`Ok`), or failed with this error (kind, message, and whether it
-    /// is a bound reached: `trace::limit_reached`), which
-    /// every later read gives again.
+    /// is a bound reached: `trace::limit_reached`), which every later read gives again.
     ended: Option<std::result::Result<(), (ErrorKind, String, bool)>>,
 }
 

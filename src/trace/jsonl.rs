@@ -69,12 +69,9 @@ impl Reader {
     /// The first line is not a portalloc header, or of a version this build does not read.
     pub fn new(mut input: Input, origin: &str, strict: bool) -> Result<Self> {
         let mut buf = String::new();
-        let n = input.read_line(&mut buf).map_err(|e| {
-            trace_error(
-                crate::trace::io_kind(&e),
-                format!("{origin}: line 1: cannot read: {e}"),
-            )
-        })?;
+        let n = input
+            .read_line(&mut buf)
+            .map_err(|e| cannot_read(origin, 1, e))?;
         if n == 0 {
             return Err(not_a_trace_error(format!(
                 "{origin}: line 1: empty file, expected a portalloc-trace header"
@@ -158,16 +155,7 @@ impl Reader {
         loop {
             let bytes = match self.input.fill_buf() {
                 Ok(bytes) => bytes,
-                Err(e) => {
-                    return Err(trace_error(
-                        crate::trace::io_kind(&e),
-                        format!(
-                            "{}: line {}: cannot read: {e}",
-                            self.origin,
-                            self.line_no + 1
-                        ),
-                    ))
-                }
+                Err(e) => return Err(cannot_read(&self.origin, self.line_no + 1, e)),
             };
             let blank = bytes
                 .iter()
@@ -245,13 +233,11 @@ impl Reader {
             let raw =
                 parse_event(text).map_err(|m| self.err(format_args!("corrupt event: {m}")))?;
             self.event_lines += 1;
-            if let Some(last) = self.last_seq {
-                if raw.seq <= last {
-                    return Err(self.err(format_args!(
-                        "seq {} is not greater than the previous seq {last}",
-                        raw.seq
-                    )));
-                }
+            if let Some(last) = self.last_seq.filter(|&last| raw.seq <= last) {
+                return Err(self.err(format_args!(
+                    "seq {} is not greater than the previous seq {last}",
+                    raw.seq
+                )));
             }
             self.last_seq = Some(raw.seq);
             if usize::from(raw.tag) > self.header.tags.len() {
@@ -285,6 +271,17 @@ impl Reader {
 }
 
 streaming_trace_source!(Reader, anomalies: tracker.anomalies);
+
+/// The error of line `line` of `origin` failing to be read with `e`.
+fn cannot_read(origin: &str, line: u64, e: std::io::Error) -> Error {
+    let kind = crate::trace::io_kind(&e);
+    trace_error(kind, format!("{origin}: line {line}: cannot read: {e}"))
+}
+
+/// The error of a call of the writer that it refuses.
+fn refused(call: &'static str, reason: String) -> Error {
+    Error::InvalidArgument { call, reason }
+}
 
 /// Whether `text` is one well-formed JSON object (read without building it).
 fn is_json_object(text: &str) -> bool {
@@ -410,22 +407,22 @@ impl<W: Write> Writer<W> {
     /// More than 65,535 tags; the writer fails.
     pub fn new(out: W, header: &TraceHeader) -> Result<Self> {
         if header.tags.len() > usize::from(u16::MAX) {
-            return Err(Error::InvalidArgument {
-                call: "trace::jsonl::Writer::new",
-                reason: format!(
-                    "{} tags, at most {} are allowed",
-                    header.tags.len(),
-                    u16::MAX
-                ),
-            });
+            let reason = format!(
+                "{} tags, at most {} are allowed",
+                header.tags.len(),
+                u16::MAX
+            );
+            return Err(refused("trace::jsonl::Writer::new", reason));
         }
         let mut h = header.clone();
         h.format = FORMAT_NAME.to_string();
         h.version = FORMAT_VERSION;
         let mut out = BufWriter::new(out);
-        let line = serde_json::to_string(&h).map_err(|e| Error::InvalidArgument {
-            call: "trace::jsonl::Writer::new",
-            reason: format!("header cannot be written: {e}"),
+        let line = serde_json::to_string(&h).map_err(|e| {
+            refused(
+                "trace::jsonl::Writer::new",
+                format!("header cannot be written: {e}"),
+            )
         })?;
         out.write_all(line.as_bytes()).map_err(write_error)?;
         out.write_all(b"\n").map_err(write_error)?;
@@ -443,19 +440,14 @@ impl<W: Write> Writer<W> {
     /// A `seq` not greater than the previous one, a tag outside the header's table, or the
     /// writer fails.
     pub fn write(&mut self, e: &Event) -> Result<()> {
-        if let Some(last) = self.last_seq {
-            if e.seq <= last {
-                return Err(Error::InvalidArgument {
-                    call: "trace::jsonl::Writer::write",
-                    reason: format!("seq {} is not greater than the previous seq {last}", e.seq),
-                });
-            }
+        let call = "trace::jsonl::Writer::write";
+        if let Some(last) = self.last_seq.filter(|&last| e.seq <= last) {
+            let reason = format!("seq {} is not greater than the previous seq {last}", e.seq);
+            return Err(refused(call, reason));
         }
         if usize::from(e.tag) > self.tags {
-            return Err(Error::InvalidArgument {
-                call: "trace::jsonl::Writer::write",
-                reason: format!("tag {} but the header has {} tags", e.tag, self.tags),
-            });
+            let reason = format!("tag {} but the header has {} tags", e.tag, self.tags);
+            return Err(refused(call, reason));
         }
         self.last_seq = Some(e.seq);
         write!(
@@ -494,10 +486,8 @@ impl<W: Write> Writer<W> {
                 events: self.events,
             },
         };
-        let line = serde_json::to_string(&end).map_err(|e| Error::InvalidArgument {
-            call: "trace::jsonl::Writer::finish",
-            reason: e.to_string(),
-        })?;
+        let line = serde_json::to_string(&end)
+            .map_err(|e| refused("trace::jsonl::Writer::finish", e.to_string()))?;
         self.out.write_all(line.as_bytes()).map_err(write_error)?;
         self.out.write_all(b"\n").map_err(write_error)?;
         self.out
@@ -537,78 +527,5 @@ mod tests {
         ] {
             assert!(parse_event(bad).is_err(), "{bad}");
         }
-    }
-}
-
-#[cfg(test)]
-mod blank_line_tests {
-    use super::*;
-    use std::io::{BufRead, Cursor, Read};
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
-
-    const HEADER: &str = "{\"format\":\"portalloc-trace\",\"version\":1,\"source\":\"x\",\"device\":null,\"baseline_bytes\":0,\"reference\":null,\"tags\":[],\"notes\":[]}\n";
-
-    /// A buffered reader that counts the `consume` calls made on it.
-    struct Counting {
-        inner: Cursor<Vec<u8>>,
-        consumes: Arc<AtomicUsize>,
-    }
-
-    impl Read for Counting {
-        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-            self.inner.read(buf)
-        }
-    }
-
-    impl BufRead for Counting {
-        fn fill_buf(&mut self) -> std::io::Result<&[u8]> {
-            self.inner.fill_buf()
-        }
-        fn consume(&mut self, amt: usize) {
-            self.consumes.fetch_add(1, Ordering::Relaxed);
-            self.inner.consume(amt);
-        }
-    }
-
-    fn read_all(text: String) -> (Result<Vec<Event>>, usize) {
-        let consumes = Arc::new(AtomicUsize::new(0));
-        let input = Counting {
-            inner: Cursor::new(text.into_bytes()),
-            consumes: Arc::clone(&consumes),
-        };
-        let events = Reader::new(Box::new(input), "t.jsonl", false)
-            .and_then(|r| r.collect::<Result<Vec<_>>>());
-        (events, consumes.load(Ordering::Relaxed))
-    }
-
-    #[test]
-    fn a_run_of_blank_lines_is_skipped_in_bulk_not_line_by_line() {
-        let blanks = "\n \r\n\t\n".repeat(100_000);
-        let text = format!(
-            "{HEADER}{blanks}[0,1,0,0,\"a\",1,8]\n{blanks}[1,2,0,0,\"f\",1,8]\n{blanks}{{\"end\":{{\"events\":2}}}}\n{blanks}"
-        );
-        let (events, consumes) = read_all(text);
-        assert_eq!(events.unwrap().len(), 2);
-        // 1.2 million blank lines; a handful of reads (each line read once costs one each).
-        assert!(consumes < 100, "{consumes} consume calls");
-    }
-
-    #[test]
-    fn lines_after_blank_runs_keep_their_numbers_in_messages() {
-        // Line 1 the header, 2..=4 blank, 5 an event whose leading spaces stay its own.
-        let text = format!("{HEADER}\n  \n\t\n   [0,1,0,0,\"x\",1,8]\n");
-        let message = read_all(text).0.unwrap_err().to_string();
-        assert!(
-            message.contains("t.jsonl: line 5: corrupt event"),
-            "{message}"
-        );
-    }
-
-    #[test]
-    fn trailing_spaces_without_a_newline_still_count_as_a_line_in_the_truncation_message() {
-        let text = format!("{HEADER}\n\n   ");
-        let message = read_all(text).0.unwrap_err().to_string();
-        assert!(message.contains("ends after line 4"), "{message}");
     }
 }

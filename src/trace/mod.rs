@@ -637,24 +637,8 @@ pub fn open(path: impl AsRef<Path>, options: &Options) -> Result<Trace> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| path.display().to_string());
-    let cannot_open =
-        |e: std::io::Error| os_error(format!("cannot open {}: {e}", shown_path(path)));
-    // The type first (`metadata` never blocks): a FIFO must not be opened so that `open`
-    // waits for a writer.
-    let regular = std::fs::metadata(path).map_err(cannot_open)?.is_file();
-    if !regular {
-        let (input, _) = open_bytes(path, options)?;
-        return open_sized(input, &name, options, None);
-    }
-    let file = File::open(path).map_err(cannot_open)?;
-    // The size lets a reader that holds the whole file make its room up front; a size that
-    // is wrong (a file still being written) costs a copy, nothing else.
-    let size = file
-        .metadata()
-        .ok()
-        .filter(|m| m.is_file())
-        .map(|m| m.len());
-    open_sized(file, &name, options, size)
+    let (input, _, size) = opened(path, options)?;
+    open_sized(input, &name, options, size)
 }
 
 /// The bytes of the file at `path` as [`open`] reads them, before gzip is undone: opened
@@ -664,20 +648,29 @@ pub fn open(path: impl AsRef<Path>, options: &Options) -> Result<Trace> {
 /// # Errors
 /// The file cannot be opened (the message shows the path bounded and escaped).
 pub fn open_bytes(path: &Path, options: &Options) -> Result<(Box<dyn Read + Send>, bool)> {
+    opened(path, options).map(|(input, regular, _)| (input, regular))
+}
+
+/// [`open_bytes`], and the size of a regular file where it is known.
+fn opened(path: &Path, options: &Options) -> Result<(BoxRead, bool, Option<u64>)> {
     let cannot_open =
         |e: std::io::Error| os_error(format!("cannot open {}: {e}", shown_path(path)));
-    let regular = std::fs::metadata(path).map_err(cannot_open)?.is_file();
-    if regular {
-        return Ok((Box::new(File::open(path).map_err(cannot_open)?), true));
+    // The type first (`metadata` never blocks): a FIFO must not be opened so that `open`
+    // waits for a writer.
+    if std::fs::metadata(path).map_err(cannot_open)?.is_file() {
+        let file = File::open(path).map_err(cannot_open)?;
+        // The size lets a reader that holds the whole file make its room up front; a size
+        // that is wrong (a file still being written) costs a copy, nothing else.
+        let size = file
+            .metadata()
+            .ok()
+            .filter(|m| m.is_file())
+            .map(|m| m.len());
+        return Ok((Box::new(file), true, size));
     }
     let file = open_without_blocking(path).map_err(cannot_open)?;
-    let input = Capped::new(
-        Patient(file),
-        options.input_limit(),
-        options.trusted,
-        "input",
-    );
-    Ok((Box::new(input), false))
+    let input = Capped::new(Patient(file), options, "input");
+    Ok((Box::new(input), false, None))
 }
 
 /// `bytes` inflated when they start as a gzip stream (bounded by
@@ -693,17 +686,19 @@ pub fn inflated_bytes(
 ) -> Result<(Vec<u8>, Box<dyn Read + Send>)> {
     let (prefix, rest) = peek(bytes, name)?;
     let stream: BoxRead = if prefix.starts_with(&[0x1f, 0x8b]) {
-        Box::new(Capped::new(
-            flate2::read::MultiGzDecoder::new(Cursor::new(prefix).chain(rest)),
-            options.input_limit(),
-            options.trusted,
-            "inflated stream",
-        ))
+        Box::new(gunzip(prefix, rest, options))
     } else {
         Box::new(Cursor::new(prefix).chain(rest))
     };
     let (prefix, rest) = peek(stream, name)?;
     Ok((prefix.clone(), Box::new(Cursor::new(prefix).chain(rest))))
+}
+
+/// The gzip stream that starts with `prefix` (what [`peek`] read of it) and goes on with
+/// `rest`, inflated up to [`Options::input_limit`].
+fn gunzip(prefix: Vec<u8>, rest: BoxRead, options: &Options) -> impl Read + Send {
+    let gz = flate2::read::MultiGzDecoder::new(Cursor::new(prefix).chain(rest));
+    Capped::new(gz, options, "inflated stream")
 }
 
 /// The most bytes read from an input the file system does not bound, untrusted: a file that
@@ -749,9 +744,9 @@ impl<R: Read> Read for Patient<R> {
     }
 }
 
-/// A reader that fails once its source gives more than `limit` bytes: the bound on input
-/// the file system does not bound ([`MAX_INPUT_BYTES`]).
-pub(crate) struct Capped<R> {
+/// A reader that fails once its source gives more than [`Options::input_limit`] bytes: the
+/// bound on input the file system does not bound ([`MAX_INPUT_BYTES`]).
+struct Capped<R> {
     inner: R,
     /// Bytes that may still be read.
     left: u64,
@@ -762,7 +757,9 @@ pub(crate) struct Capped<R> {
 }
 
 impl<R: Read> Capped<R> {
-    pub(crate) fn new(inner: R, limit: u64, trusted: bool, what: &'static str) -> Self {
+    fn new(inner: R, options: &Options, what: &'static str) -> Self {
+        let limit = options.input_limit();
+        let trusted = options.trusted;
         Capped {
             inner,
             left: limit,
@@ -841,12 +838,7 @@ fn open_sized<R: Read + Send + 'static>(
         // The size of what it inflates to is not known.
         size = None;
         // Inflated on a thread of its own while the importer parses (see `inflate`).
-        let gz = Capped::new(
-            flate2::read::MultiGzDecoder::new(Cursor::new(prefix).chain(rest)),
-            options.input_limit(),
-            options.trusted,
-            "inflated stream",
-        );
+        let gz = gunzip(prefix, rest, options);
         let mut inflated = inflate::Inflated::spawn(Box::new(gz)).map_err(|e| {
             os_error(format!(
                 "{name}: cannot start a thread to inflate the gzip stream: {e}"
@@ -1153,64 +1145,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn detects_each_format() {
-        assert_eq!(detect(b"\x80\x04\x95"), Some(Format::PytorchSnapshot));
-        assert_eq!(
-            detect(b"{\"format\":\"portalloc-trace\",\"version\":1}\n[0,0,0,0,\"a\",1,8]\n"),
-            Some(Format::Portalloc)
-        );
-        assert_eq!(detect(b"{\n \"schemaVersion\": 1"), Some(Format::Kineto));
-        assert_eq!(detect(b"[{\"name\":\"x\"}]"), Some(Format::Kineto));
-        assert_eq!(
-            detect(b"Thread,Time,Action,Pointer,Size,Stream\n"),
-            Some(Format::RmmCsv)
-        );
-        assert_eq!(
-            detect(b"id,lower,upper,size\n0,0,1,8\n"),
-            Some(Format::LifetimesCsv)
-        );
-        assert_eq!(detect(b"hello world"), None);
-        assert_eq!(detect(b""), None);
-    }
-
-    /// Protocol 0 and 1 pickles (no PROTO opcode) are sniffed from their opcodes; text that
-    /// starts with the same characters but not with opcodes that can follow them is not.
-    #[test_case::test_case(b"(dp0\nVsegments\np1\n", Some(Format::PytorchSnapshot) ; "protocol 0 dict")]
-    #[test_case::test_case(b"(lp0\nI1\na.", Some(Format::PytorchSnapshot) ; "protocol 0 list")]
-    #[test_case::test_case(b"(dVsegments\n", Some(Format::PytorchSnapshot) ; "protocol 0 dict, memo optimised away")]
-    #[test_case::test_case(b"}q\x00(X\x08\x00\x00\x00segments", Some(Format::PytorchSnapshot) ; "protocol 1 dict")]
-    #[test_case::test_case(b"]q\x00(K\x01", Some(Format::PytorchSnapshot) ; "protocol 1 list")]
-    #[test_case::test_case(b"}.", Some(Format::PytorchSnapshot) ; "protocol 1 empty dict")]
-    #[test_case::test_case(b"ccollections\ndeque\np0\n(tR", Some(Format::PytorchSnapshot) ; "GLOBAL")]
-    #[test_case::test_case(b"(draft) notes\n", None ; "text in parentheses")]
-    #[test_case::test_case(b"(data", None ; "MARK DICT then APPEND is no pickle")]
-    #[test_case::test_case(b"cat\ndog\nbird\n", None ; "lines of words")]
-    #[test_case::test_case(b"count\n5\n", None ; "a one-column CSV")]
-    #[test_case::test_case(b"} end", None ; "a brace then text")]
-    #[test_case::test_case(b"{\"traceEvents\":[]}", Some(Format::Kineto) ; "JSON still Kineto")]
-    fn sniffs_protocol_0_and_1_pickles(prefix: &[u8], format: Option<Format>) {
-        assert_eq!(detect(prefix), format);
-    }
-
-    #[test]
-    fn format_names_round_trip() {
-        for f in Format::ALL {
-            assert_eq!(f.name().parse::<Format>().unwrap(), f);
-        }
-        assert!("xml".parse::<Format>().is_err());
-    }
-
-    #[test]
     fn thread_map_keeps_small_and_densifies_big() {
         let mut m = ThreadMap::default();
         assert_eq!(m.map(7), 7);
         assert_eq!(m.map(140_573_312_345_856), u32::MAX);
         assert_eq!(m.map(140_573_312_345_857), u32::MAX - 1);
         assert_eq!(m.map(140_573_312_345_856), u32::MAX);
-    }
-
-    #[test]
-    fn event_is_small() {
-        assert!(std::mem::size_of::<Event>() <= 48);
     }
 }

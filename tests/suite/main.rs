@@ -62,6 +62,7 @@ mod selection;
 mod stream_order;
 mod stress;
 mod trace_import;
+mod trace_units;
 mod vendor_fakes;
 mod vendor_layer;
 mod vendor_runtimes;

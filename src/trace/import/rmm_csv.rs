@@ -174,30 +174,20 @@ impl RmmCsvReader {
                 )))
                 }
             };
-            let pointer = parse_hex(field(self.cols.pointer)).ok_or_else(|| {
-                bad(format!(
-                    "Pointer {} is not a hex address",
-                    excerpt(field(self.cols.pointer))
-                ))
-            })?;
-            let stream_text = field(self.cols.stream);
-            let stream = if stream_text.is_empty() {
-                0
-            } else {
-                parse_hex(stream_text).ok_or_else(|| {
-                    bad(format!(
-                        "Stream {} is not a hex handle",
-                        excerpt(stream_text)
-                    ))
-                })?
+            // `column` `text` is not `what`.
+            let not = |column: &str, text: &str, what: &str| {
+                bad(format!("{column} {} is not {what}", excerpt(text)))
             };
-            let thread_text = field(self.cols.thread);
-            let thread_raw = parse_thread(thread_text).ok_or_else(|| {
-                bad(format!(
-                    "Thread {} is not a thread id",
-                    excerpt(thread_text)
-                ))
-            })?;
+            let text = field(self.cols.pointer);
+            let pointer = parse_hex(text).ok_or_else(|| not("Pointer", text, "a hex address"))?;
+            let text = field(self.cols.stream);
+            let stream = match text {
+                "" => 0,
+                _ => parse_hex(text).ok_or_else(|| not("Stream", text, "a hex handle"))?,
+            };
+            let text = field(self.cols.thread);
+            let thread_raw =
+                parse_thread(text).ok_or_else(|| not("Thread", text, "a thread id"))?;
             let time_ns = self.clock.parse(field(self.cols.time)).map_err(&bad)?;
             let attrs = Attrs {
                 time_ns,
@@ -221,20 +211,15 @@ impl Clock {
     fn parse(&mut self, text: &str) -> std::result::Result<u64, String> {
         if text.contains(':') {
             let mut parts = text.splitn(3, ':');
-            let h = parts.next().unwrap_or("");
-            let m = parts.next().unwrap_or("");
-            let s = parts.next().unwrap_or("");
-            let h: u64 = h
-                .parse()
-                .map_err(|_| format!("bad hours in time {}", excerpt(text)))?;
-            let m: u64 = m
-                .parse()
-                .map_err(|_| format!("bad minutes in time {}", excerpt(text)))?;
+            let mut part = || parts.next().unwrap_or("");
+            let (h, m, s) = (part(), part(), part());
+            let bad = |what: &str| format!("bad {what} in time {}", excerpt(text));
+            let h: u64 = h.parse().map_err(|_| bad("hours"))?;
+            let m: u64 = m.parse().map_err(|_| bad("minutes"))?;
             if h >= 24 || m >= 60 {
                 return Err(format!("time {} is not HH:MM:SS.ffffff", excerpt(text)));
             }
-            let secs =
-                parse_seconds(s).ok_or_else(|| format!("bad seconds in time {}", excerpt(text)))?;
+            let secs = parse_seconds(s).ok_or_else(|| bad("seconds"))?;
             let tod = (h * 3600 + m * 60) * 1_000_000_000 + secs;
             if let Some(last) = self.last_time_of_day {
                 if tod + NS_PER_DAY / 2 < last {

@@ -44,7 +44,7 @@ use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 
 use crate::error::Result;
-use crate::trace::{excerpt, push_generated, trace_error, Event, Op, TagId, TraceHeader};
+use crate::trace::{excerpt, io_error, push_generated, Event, Op, TagId, TraceHeader};
 
 /// The longest line of a buffer-assignment file: 1 MiB (a real one is at most a tuple
 /// shape of a few thousand elements).
@@ -374,20 +374,11 @@ impl BufferAssignment {
             rows.push((end + 1, 0u8, id as u64, v.size, tag));
         }
         rows.sort_unstable();
-        let events = rows
-            .into_iter()
-            .enumerate()
-            .map(|(seq, (time, free, id, size, tag))| Event {
-                seq: seq as u64,
-                time_ns: time,
-                thread: 0,
-                stream: 0,
-                op: if free == 0 { Op::Free } else { Op::Alloc },
-                id,
-                size,
-                tag,
-            })
-            .collect();
+        let mut events = Vec::with_capacity(rows.len());
+        for (time, free, id, size, tag) in rows {
+            let op = if free == 0 { Op::Free } else { Op::Alloc };
+            push_generated(&mut events, time, op, id, size, tag);
+        }
         (events, missing)
     }
 }
@@ -419,10 +410,6 @@ fn parse_value(rest: &str) -> std::result::Result<(String, u64), String> {
     Ok((name, size))
 }
 
-/// The `BufferLiveRange:` section of a `*-live-range.txt` file: `NAME{INDEX}:START-END`,
-/// closed intervals of the module's instruction sequence.
-///
-/// # Errors
 /// The lines of a dump file, each read with a bound ([`MAX_XLA_LINE_BYTES`]) and checked as
 /// UTF-8, without its line ending: the one reader both dump files go through.
 struct Lines<'o, R> {
@@ -452,12 +439,7 @@ impl<'o, R: BufRead> Lines<'o, R> {
         let n = (&mut self.input)
             .take(MAX_XLA_LINE_BYTES as u64 + 1)
             .read_until(b'\n', &mut self.buf)
-            .map_err(|e| {
-                trace_error(
-                    crate::trace::io_kind(&e),
-                    format!("{origin}: read failed: {e}"),
-                )
-            })?;
+            .map_err(|e| io_error(origin, e))?;
         if n == 0 {
             return Ok(None);
         }
@@ -475,6 +457,10 @@ impl<'o, R: BufRead> Lines<'o, R> {
     }
 }
 
+/// The `BufferLiveRange:` section of a `*-live-range.txt` file: `NAME{INDEX}:START-END`,
+/// closed intervals of the module's instruction sequence.
+///
+/// # Errors
 /// As [`BufferAssignment::parse`] for lines; a range line that does not parse; no
 /// `BufferLiveRange:` section.
 pub fn parse_live_ranges(input: impl BufRead, origin: &str) -> Result<Vec<(String, u64, u64)>> {
@@ -567,21 +553,18 @@ fn parse_allocation(rest: &str, line: u64) -> std::result::Result<Allocation, St
         line,
     };
     let mut size = None;
+    // `what` of the allocation, `text`, as a number.
+    let number = |what: &str, text: &str| {
+        text.trim().parse::<u64>().map_err(|_| {
+            let shown = excerpt(text);
+            format!("{what} {shown} of allocation {index} is not a non-negative integer")
+        })
+    };
     for field in flat.split(',').map(str::trim) {
         if let Some(s) = field.strip_prefix("size ") {
-            size = Some(s.trim().parse::<u64>().map_err(|_| {
-                format!(
-                    "size {} of allocation {index} is not a non-negative integer",
-                    excerpt(s)
-                )
-            })?);
+            size = Some(number("size", s)?);
         } else if let Some(p) = field.strip_prefix("parameter ") {
-            a.parameter = Some(p.trim().parse::<u64>().map_err(|_| {
-                format!(
-                    "parameter number {} of allocation {index} is not a non-negative integer",
-                    excerpt(p)
-                )
-            })?);
+            a.parameter = Some(number("parameter number", p)?);
         } else {
             match field {
                 "maybe-live-out" => a.live_out = true,
@@ -640,30 +623,21 @@ fn shown_file(path: &Path) -> String {
     escaped(&path.to_string_lossy())
 }
 
-/// `text` with control characters escaped (`\u{1b}`).
+/// `text` with control characters escaped (`\u{1b}`), not cut.
 fn escaped(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        if c.is_control() {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
-    }
-    out
+    crate::error::cut_escaped(text, usize::MAX)
 }
 
 /// Opens `path` if it is a regular file: a FIFO is refused before `open`, which would wait
 /// for a writer for ever, and so is a device or a directory.
 fn open_regular(path: &Path, origin: &str, what: &str) -> Result<File> {
-    let meta =
-        std::fs::metadata(path).map_err(|e| os_error(format!("cannot open {origin}: {e}")))?;
-    if !meta.is_file() {
+    let cannot_open = |e| os_error(format!("cannot open {origin}: {e}"));
+    if !std::fs::metadata(path).map_err(cannot_open)?.is_file() {
         return Err(not_a_trace_error(format!(
             "{origin}: not a regular file (a FIFO, device or directory); {what} is a file XLA wrote"
         )));
     }
-    File::open(path).map_err(|e| os_error(format!("cannot open {origin}: {e}")))
+    File::open(path).map_err(cannot_open)
 }
 
 /// The live-range file beside the buffer-assignment file `file`, from the file's name as
@@ -896,29 +870,6 @@ fn read_dump(dir: &Path, lone: Option<&Path>, options: &XlaOptions) -> Result<Xl
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn parses_shapes_with_commas() {
-        let text = "BufferAssignment:\n\
-            allocation 0: size 8, parameter 1, shape |f32[2]| at ShapeIndex {0,1}, maybe-live-out:\n \
-            value: <1 p @0> (size=8,offset=0): f32[2]{0}\n\
-            allocation 1: size 56, output shape is |(f32[1,2], f32[])|, maybe-live-out:\n\
-            allocation 2: size 100, preallocated-temp:\n";
-        let ba = BufferAssignment::parse(text.as_bytes(), "t").unwrap();
-        assert_eq!(ba.allocations.len(), 3);
-        assert_eq!(ba.allocations[0].parameter, Some(1));
-        let s = ba.stats();
-        assert_eq!(
-            s,
-            MemoryStats {
-                argument_bytes: 8,
-                output_bytes: 64,
-                alias_bytes: 8,
-                temp_bytes: 100
-            }
-        );
-        assert_eq!(s.peak_bytes(), 164);
-    }
 
     #[test]
     fn module_names() {

@@ -98,12 +98,13 @@ pub(crate) fn device_type_named(name: &str) -> Option<i64> {
     if let Some(i) = DEVICE_TYPES.iter().position(|n| *n == name) {
         return i64::try_from(i).ok();
     }
-    let digits = name.strip_prefix("type")?;
-    // Digits only: `i64::from_str` would take a sign too.
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    digits.parse().ok()
+    decimal(name.strip_prefix("type")?)
+}
+
+/// `text` as a number when it is decimal digits only (`from_str` would take a sign too).
+fn decimal<T: std::str::FromStr>(text: &str) -> Option<T> {
+    let digits = !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit());
+    digits.then(|| text.parse().ok()).flatten()
 }
 
 /// A device as `--trace-device` names it ([`Options::with_device_spec`]): whether it is the
@@ -112,12 +113,7 @@ pub(crate) fn device_type_named(name: &str) -> Option<i64> {
 ///
 /// [`Options::with_device_spec`]: crate::trace::Options::with_device_spec
 pub(crate) fn device_spec(spec: &str) -> Option<(bool, Option<i64>, Option<u32>)> {
-    // Digits only: `u32::from_str` would take a `+` too.
-    let ordinal = |s: &str| {
-        Some(s)
-            .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
-            .and_then(|s| s.parse::<u32>().ok())
-    };
+    let ordinal = decimal::<u32>;
     if spec.eq_ignore_ascii_case("cpu") {
         return Some((true, None, None));
     }
@@ -321,9 +317,9 @@ struct Raw {
 impl From<RawEvent> for Raw {
     fn from(raw: RawEvent) -> Raw {
         Raw {
-            ts: raw.ts.unwrap_or(Num::None),
-            tid: raw.tid.unwrap_or(Num::None),
-            args: raw.args.unwrap_or(Args::NONE),
+            ts: raw.ts.unwrap_or_default(),
+            tid: raw.tid.unwrap_or_default(),
+            args: raw.args.unwrap_or_default(),
         }
     }
 }
@@ -375,10 +371,27 @@ impl Collected {
     }
 }
 
-/// The `Visitor` methods of a lenient reader for every JSON value it does not read: each
+/// `Visitor` methods of a lenient reader for JSON values it does not read, by kind: each
 /// gives `$none` (after walking an array or object, so the input stays in step).
-macro_rules! other_values {
-    ($none:expr) => {
+macro_rules! ignored {
+    (numbers => $none:expr) => {
+        fn visit_u64<E: serde::de::Error>(self, _: u64) -> std::result::Result<Self::Value, E> {
+            Ok($none)
+        }
+        fn visit_i64<E: serde::de::Error>(self, _: i64) -> std::result::Result<Self::Value, E> {
+            Ok($none)
+        }
+        fn visit_f64<E: serde::de::Error>(self, _: f64) -> std::result::Result<Self::Value, E> {
+            Ok($none)
+        }
+    };
+    (strings => $none:expr) => {
+        fn visit_str<E: serde::de::Error>(self, _: &str) -> std::result::Result<Self::Value, E> {
+            Ok($none)
+        }
+    };
+    // Booleans, `null` and arrays.
+    (others => $none:expr) => {
         fn visit_bool<E: serde::de::Error>(self, _: bool) -> std::result::Result<Self::Value, E> {
             Ok($none)
         }
@@ -392,26 +405,13 @@ macro_rules! other_values {
             while seq.next_element::<IgnoredAny>()?.is_some() {}
             Ok($none)
         }
+    };
+    (maps => $none:expr) => {
         fn visit_map<A: MapAccess<'de>>(
             self,
             mut map: A,
         ) -> std::result::Result<Self::Value, A::Error> {
             while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-            Ok($none)
-        }
-    };
-}
-
-/// The `Visitor` methods of a lenient reader that reads no number: each gives `$none`.
-macro_rules! numbers_are {
-    ($none:expr) => {
-        fn visit_u64<E: serde::de::Error>(self, _: u64) -> std::result::Result<Self::Value, E> {
-            Ok($none)
-        }
-        fn visit_i64<E: serde::de::Error>(self, _: i64) -> std::result::Result<Self::Value, E> {
-            Ok($none)
-        }
-        fn visit_f64<E: serde::de::Error>(self, _: f64) -> std::result::Result<Self::Value, E> {
             Ok($none)
         }
     };
@@ -450,36 +450,41 @@ struct RawEvent {
     args: Option<Args>,
 }
 
-/// The keys of an event that are read.
-enum EventKey {
-    Name,
-    Ts,
-    Tid,
-    Args,
-    Other,
-}
+/// An enum of the keys of an object that are read, each a variant named by its text, and
+/// `Other` for any other key; read as a JSON object's key.
+macro_rules! keys {
+    ($(#[$doc:meta])* $ty:ident { $($variant:ident = $text:literal,)* }) => {
+        $(#[$doc])*
+        enum $ty {
+            $($variant,)*
+            Other,
+        }
 
-impl<'de> Deserialize<'de> for EventKey {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        struct V;
-        impl Visitor<'_> for V {
-            type Value = EventKey;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a key")
-            }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<EventKey, E> {
-                Ok(match v {
-                    "name" => EventKey::Name,
-                    "ts" => EventKey::Ts,
-                    "tid" => EventKey::Tid,
-                    "args" => EventKey::Args,
-                    _ => EventKey::Other,
-                })
+        impl<'de> Deserialize<'de> for $ty {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+                struct V;
+                impl Visitor<'_> for V {
+                    type Value = $ty;
+                    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                        f.write_str("a key")
+                    }
+                    fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<$ty, E> {
+                        Ok(match v {
+                            $($text => $ty::$variant,)*
+                            _ => $ty::Other,
+                        })
+                    }
+                }
+                d.deserialize_identifier(V)
             }
         }
-        d.deserialize_identifier(V)
-    }
+    };
 }
+
+keys!(
+    /// The keys of an event that are read.
+    EventKey { Name = "name", Ts = "ts", Tid = "tid", Args = "args", }
+);
 
 lenient!(RawEvent, {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<RawEvent, A::Error> {
@@ -497,20 +502,9 @@ lenient!(RawEvent, {
         }
         Ok(e)
     }
-    fn visit_str<E: serde::de::Error>(self, _: &str) -> std::result::Result<RawEvent, E> {
-        Ok(RawEvent::default())
-    }
-    numbers_are!(RawEvent::default());
-    fn visit_bool<E: serde::de::Error>(self, _: bool) -> std::result::Result<RawEvent, E> {
-        Ok(RawEvent::default())
-    }
-    fn visit_unit<E: serde::de::Error>(self) -> std::result::Result<RawEvent, E> {
-        Ok(RawEvent::default())
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<RawEvent, A::Error> {
-        while seq.next_element::<IgnoredAny>()?.is_some() {}
-        Ok(RawEvent::default())
-    }
+    ignored!(strings => RawEvent::default());
+    ignored!(numbers => RawEvent::default());
+    ignored!(others => RawEvent::default());
 });
 
 /// Whether a JSON value is the string `"[memory]"` (any other string, or any other value,
@@ -521,17 +515,19 @@ lenient!(Name, {
     fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<Name, E> {
         Ok(Name(v == "[memory]"))
     }
-    numbers_are!(Name(false));
-    other_values!(Name(false));
+    ignored!(numbers => Name(false));
+    ignored!(others => Name(false));
+    ignored!(maps => Name(false));
 });
 
 /// A JSON number as `serde_json` reads it (an unsigned or negative integer, or a float);
 /// `Num::None` for any other value.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 enum Num {
     U(u64),
     I(i64),
     F(f64),
+    #[default]
     None,
 }
 
@@ -580,52 +576,27 @@ lenient!(Num, {
     fn visit_f64<E: serde::de::Error>(self, v: f64) -> std::result::Result<Num, E> {
         Ok(Num::F(v))
     }
-    fn visit_str<E: serde::de::Error>(self, _: &str) -> std::result::Result<Num, E> {
-        Ok(Num::None)
-    }
-    other_values!(Num::None);
+    ignored!(strings => Num::None);
+    ignored!(others => Num::None);
+    ignored!(maps => Num::None);
 });
 
-/// The keys of a `[memory]` event's `args` that are read.
-enum Key {
-    Addr,
-    Bytes,
-    TotalAllocated,
-    TotalReserved,
-    DeviceType,
-    DeviceId,
-    EvIdx,
-    Other,
-}
-
-impl<'de> Deserialize<'de> for Key {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        struct V;
-        impl Visitor<'_> for V {
-            type Value = Key;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a key")
-            }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<Key, E> {
-                Ok(match v {
-                    "Addr" => Key::Addr,
-                    "Bytes" => Key::Bytes,
-                    "Total Allocated" => Key::TotalAllocated,
-                    "Total Reserved" => Key::TotalReserved,
-                    "Device Type" => Key::DeviceType,
-                    "Device Id" => Key::DeviceId,
-                    "Ev Idx" => Key::EvIdx,
-                    _ => Key::Other,
-                })
-            }
-        }
-        d.deserialize_identifier(V)
+keys!(
+    /// The keys of a `[memory]` event's `args` that are read.
+    Key {
+        Addr = "Addr",
+        Bytes = "Bytes",
+        TotalAllocated = "Total Allocated",
+        TotalReserved = "Total Reserved",
+        DeviceType = "Device Type",
+        DeviceId = "Device Id",
+        EvIdx = "Ev Idx",
     }
-}
+);
 
 /// An event's `args`: the values of the keys read (the last one where a key repeats, as a
 /// JSON object keeps it); all `Num::None` when `args` is not an object.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 struct Args {
     addr: Num,
     bytes: Num,
@@ -636,21 +607,9 @@ struct Args {
     ev_idx: Num,
 }
 
-impl Args {
-    const NONE: Args = Args {
-        addr: Num::None,
-        bytes: Num::None,
-        total_allocated: Num::None,
-        total_reserved: Num::None,
-        device_type: Num::None,
-        device_id: Num::None,
-        ev_idx: Num::None,
-    };
-}
-
 lenient!(Args, {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Args, A::Error> {
-        let mut a = Args::NONE;
+        let mut a = Args::default();
         while let Some(key) = map.next_key::<Key>()? {
             let slot = match key {
                 Key::Addr => &mut a.addr,
@@ -669,20 +628,9 @@ lenient!(Args, {
         }
         Ok(a)
     }
-    fn visit_str<E: serde::de::Error>(self, _: &str) -> std::result::Result<Args, E> {
-        Ok(Args::NONE)
-    }
-    numbers_are!(Args::NONE);
-    fn visit_bool<E: serde::de::Error>(self, _: bool) -> std::result::Result<Args, E> {
-        Ok(Args::NONE)
-    }
-    fn visit_unit<E: serde::de::Error>(self) -> std::result::Result<Args, E> {
-        Ok(Args::NONE)
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<Args, A::Error> {
-        while seq.next_element::<IgnoredAny>()?.is_some() {}
-        Ok(Args::NONE)
-    }
+    ignored!(strings => Args::default());
+    ignored!(numbers => Args::default());
+    ignored!(others => Args::default());
 });
 
 /// A visitor that takes no value: deserializing with it gives `serde_json`'s "invalid type:
@@ -807,12 +755,9 @@ pub(crate) fn read(input: Input, origin: &str, options: &Options) -> Result<VecS
             "a signed 64-bit integer: bytes allocated, or freed when negative",
         ) {
             Ok(Some(b)) => b as i64, // In I64.
-            Ok(None) => {
-                let why = "[memory] event without Bytes".to_string();
-                tracker.anomaly(AnomalyKind::InvalidRecord, loc, why)?;
-                continue;
-            }
-            Err(why) => {
+            other => {
+                let why = other.err();
+                let why = why.unwrap_or_else(|| "[memory] event without Bytes".to_string());
                 tracker.anomaly(AnomalyKind::InvalidRecord, loc, why)?;
                 continue;
             }
@@ -825,17 +770,11 @@ pub(crate) fn read(input: Input, origin: &str, options: &Options) -> Result<VecS
                 continue;
             }
         };
-        let (op, size) = if bytes >= 0 {
-            (Op::Alloc, bytes.unsigned_abs())
-        } else {
-            (Op::Free, bytes.unsigned_abs())
-        };
+        let op = if bytes >= 0 { Op::Alloc } else { Op::Free };
+        let size = bytes.unsigned_abs();
         // Older profilers (2021) recorded no Addr: live bytes are still exact (the running
         // sum of Bytes); a free is matched to a live allocation of the same size.
-        let addr = match addr {
-            Some(a) => a,
-            None => synthetic.address(op, size),
-        };
+        let addr = addr.unwrap_or_else(|| synthetic.address(op, size));
         let attrs = Attrs {
             time_ns: m.ts_ns,
             thread: threads.map(m.tid),

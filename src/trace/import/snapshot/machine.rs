@@ -44,13 +44,12 @@ use super::limits::{Figures, Limit, Limits, PickleError};
 use super::view::{Fill, Global, Node, Pickle, SeqKind, Seqs};
 
 /// How much room the reader makes up front for a pickle of a given size, by what the real
-/// snapshots hold per input byte (the test `real_snapshots_stay_far_below_the_limits` prints
-/// it: 1 container item per 3.4–4.1 bytes, a node per 12–26, a container per 50–190, a memo
-/// entry per 33–150, a text byte per 7–24), rounded up so that they fit without a copy.
-/// Growing by doubling instead copies each vector once or twice, and every copy faults in
-/// fresh pages as well: with the vectors made at their size, their pages are written once.
-/// Room is only address space until it is written, and each is capped by its limit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// snapshots hold per input byte (`real_snapshots_stay_far_below_the_limits` prints it: a
+/// container item per 3.4–4.1 bytes, a node per 12–26, a container per 50–190, a memo entry
+/// per 33–150, a text byte per 7–24), rounded up so that they fit without a copy: grown by
+/// doubling, each vector is copied once or twice, faulting in fresh pages each time. Room is
+/// only address space until it is written, and each is capped by its limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Room {
     items: usize,
     nodes: usize,
@@ -63,13 +62,7 @@ impl Room {
     /// The room for `bytes` bytes of input (none when the size is unknown).
     fn for_input(bytes: Option<u64>, limits: &Limits) -> Room {
         let Some(bytes) = bytes else {
-            return Room {
-                items: 0,
-                nodes: 0,
-                containers: 0,
-                memo: 0,
-                text: 0,
-            };
+            return Room::default();
         };
         let bytes = bytes.min(limits.input_bytes);
         let room = |per: u64, limit: u64| usize::try_from((bytes / per).min(limit)).unwrap_or(0);
@@ -414,6 +407,14 @@ impl Reader<'_> {
     }
 
     #[cold]
+    fn underflow<T>(&self) -> Result<T, PickleError> {
+        self.malformed(format!(
+            "stack underflow in opcode {}",
+            describe_opcode(self.op)
+        ))
+    }
+
+    #[cold]
     fn truncated<T>(&self) -> Result<T, PickleError> {
         self.malformed(format!(
             "the input ends inside opcode {}",
@@ -537,7 +538,7 @@ impl Reader<'_> {
     fn offset_u32(&self, n: usize) -> Result<u32, PickleError> {
         match u32::try_from(n) {
             Ok(n) => Ok(n),
-            // Unreachable while the limits stay below u32::MAX (asserted above).
+            // Unreachable while the limits stay below u32::MAX (asserted in `limits`).
             Err(_) => self.exceeded(Limit::PayloadBytes, n as u64),
         }
     }
@@ -576,11 +577,8 @@ impl Reader<'_> {
             }
             Fill::Copy(source) => self.seqs.push_copy(source),
         };
-        match made {
-            Ok(index) => self.push_new(Node::Seq { kind, index }),
-            // Unreachable while the limits stay below u32::MAX / 4 (asserted above).
-            Err(n) => self.exceeded(Limit::Values, n),
-        }
+        let index = self.arena_result(made)?;
+        self.push_new(Node::Seq { kind, index })
     }
 
     /// Appends `new` (`Stack` or nothing) to container `index`.
@@ -602,11 +600,11 @@ impl Reader<'_> {
         self.arena_result(extended)
     }
 
-    /// What [`Seqs::extend`] did, as the reader's result.
-    fn arena_result(&self, r: Result<(), u64>) -> Result<(), PickleError> {
+    /// What a [`Seqs`] method did, as the reader's result.
+    fn arena_result<T>(&self, r: Result<T, u64>) -> Result<T, PickleError> {
         match r {
-            Ok(()) => Ok(()),
-            // Unreachable while the limits stay below u32::MAX / 4 (asserted above).
+            Ok(made) => Ok(made),
+            // Unreachable while the limits stay below u32::MAX / 4 (asserted in `limits`).
             Err(n) => self.exceeded(Limit::Values, n),
         }
     }
@@ -622,12 +620,11 @@ impl Reader<'_> {
         match stored {
             Ok(node) => Ok(node),
             Err(StoreFailure::NotUtf8) => self.malformed("a string that is not UTF-8"),
-            // Unreachable while the limits stay below u32::MAX (asserted above).
+            // Unreachable while the limits stay below u32::MAX (asserted in `limits`).
             Err(StoreFailure::Offset(n)) => self.exceeded(Limit::PayloadBytes, n),
         }
     }
 
-    /// Reads a counted string of `len` bytes and pushes it (`text`) or a bytes object.
     /// The length argument of a counted string or bytes opcode, by its width: one byte, four
     /// (signed for BINSTRING, as Python reads it) or eight.
     fn length(&mut self, op: u8) -> Result<u64, PickleError> {
@@ -641,6 +638,7 @@ impl Reader<'_> {
         }
     }
 
+    /// Reads a counted string of `len` bytes and pushes it (`text`) or a bytes object.
     fn push_counted(&mut self, len: u64, text: bool) -> Result<(), PickleError> {
         let n = usize::try_from(len).unwrap_or(usize::MAX);
         if n > Src::CAPACITY {
@@ -668,18 +666,19 @@ impl Reader<'_> {
         self.push_new(node)
     }
 
-    /// Pushes `bytes` (made, not read) as a bytes object.
-    fn push_made_bytes(&mut self, bytes: &[u8]) -> Result<(), PickleError> {
+    /// Pushes `bytes` (made, not read) as a string (`text`, valid UTF-8) or a bytes object.
+    fn push_made(&mut self, bytes: &[u8], text: bool) -> Result<(), PickleError> {
         self.charge_payload(bytes.len() as u64)?;
-        let node = self.store(bytes, false)?;
+        let node = self.store(bytes, text)?;
         self.push_new(node)
     }
 
-    /// Pushes `text` (made, not read) as a string.
-    fn push_made_str(&mut self, text: &str) -> Result<(), PickleError> {
-        self.charge_payload(text.len() as u64)?;
-        let node = self.store(text.as_bytes(), true)?;
-        self.push_new(node)
+    /// Pushes string `id` of `len` bytes as bytes (latin-1), counted before it is made: a long
+    /// string converted many times.
+    fn push_latin1(&mut self, id: u32, len: u32) -> Result<(), PickleError> {
+        self.check_room(len.into())?;
+        let bytes = latin1(self.text_of(id).unwrap_or_default());
+        self.push_made(&bytes, false)
     }
 
     fn push_int(&mut self, value: i128) -> Result<(), PickleError> {
@@ -704,10 +703,7 @@ impl Reader<'_> {
                 return Ok(id);
             }
         }
-        self.malformed(format!(
-            "stack underflow in opcode {}",
-            describe_opcode(self.op)
-        ))
+        self.underflow()
     }
 
     #[inline]
@@ -717,10 +713,7 @@ impl Reader<'_> {
                 return Ok(id);
             }
         }
-        self.malformed(format!(
-            "stack underflow in opcode {}",
-            describe_opcode(self.op)
-        ))
+        self.underflow()
     }
 
     /// Where the items above the last mark, which is closed, start on the stack.
@@ -881,34 +874,24 @@ impl Reader<'_> {
         }
     }
 
-    /// The items above the last mark (popped with it), for a container of `kind`: of a
-    /// dict's, a key without a value is dropped, as the reader before did.
-    fn marked_items(&mut self, kind: SeqKind) -> Result<Fill, PickleError> {
+    /// Where the items above the last mark (popped with it) start and end on the stack, for
+    /// a container of `kind`: of a dict's, a key without a value is dropped, as the reader
+    /// before did.
+    fn marked_items(&mut self, kind: SeqKind) -> Result<(usize, usize), PickleError> {
         let at = self.close_mark()?;
         let mut end = self.stack.len();
         if kind == SeqKind::Dict {
             end -= (end - at) & 1;
         }
-        Ok(Fill::Stack { at, end })
+        Ok((at, end))
     }
 
     /// Moves the items above the last mark, which is closed, to the end of the container of
-    /// `kind` below it (of a dict's, a key without a value is dropped): as
-    /// [`Reader::marked_items`] then [`Reader::top_seq`], without the `Vec` in between (an
-    /// allocation per container: a snapshot fills each of its tens of thousands of dicts and
-    /// lists with one `SETITEMS` or `APPENDS`).
+    /// `kind` below it: [`Reader::marked_items`] then [`Reader::top_seq`], with no `Vec` in
+    /// between (a snapshot fills each of its many dicts and lists with one `SETITEMS` or
+    /// `APPENDS`).
     fn extend_below_mark(&mut self, kind: SeqKind) -> Result<(), PickleError> {
-        let Some(at) = self.marks.pop() else {
-            return self.malformed(format!(
-                "opcode {} without a MARK",
-                describe_opcode(self.op)
-            ));
-        };
-        let at = at.min(self.stack.len());
-        let mut end = self.stack.len();
-        if kind == SeqKind::Dict {
-            end -= (end - at) & 1;
-        }
+        let (at, end) = self.marked_items(kind)?;
         // The container: the stack top once the items are gone.
         let container = if at > self.floor() {
             at.checked_sub(1).and_then(|i| self.stack.get(i)).copied()
@@ -924,10 +907,7 @@ impl Reader<'_> {
             None => {
                 self.stack.truncate(at);
                 if container.is_none() {
-                    return self.malformed(format!(
-                        "stack underflow in opcode {}",
-                        describe_opcode(self.op)
-                    ));
+                    return self.underflow();
                 }
                 self.top_seq(kind).map(|_| ())
             }
@@ -947,13 +927,15 @@ impl Reader<'_> {
 
     fn text_memo_id(&mut self) -> Result<u32, PickleError> {
         self.read_line()?;
-        match std::str::from_utf8(&self.scratch)
-            .ok()
-            .and_then(|s| s.parse().ok())
-        {
+        match self.scratch_as() {
             Some(id) => Ok(id),
             None => self.malformed("a memo id that is not a number"),
         }
+    }
+
+    /// The scratch buffer as a `T`, where it is UTF-8 text that parses as one.
+    fn scratch_as<T: std::str::FromStr>(&self) -> Option<T> {
+        std::str::from_utf8(&self.scratch).ok()?.parse().ok()
     }
 
     fn node(&self, id: u32) -> Node {
@@ -966,17 +948,6 @@ impl Reader<'_> {
             Node::Str { start, len } => self
                 .text
                 .get(start as usize..(start as usize).saturating_add(len as usize)),
-            _ => None,
-        }
-    }
-
-    /// The length of list `id`.
-    fn list_len(&self, id: u32) -> Option<usize> {
-        match self.node(id) {
-            Node::Seq {
-                kind: SeqKind::List,
-                index,
-            } => Some(self.seqs.get(index).len()),
             _ => None,
         }
     }
@@ -1073,7 +1044,7 @@ impl Reader<'_> {
                 let node = match self.scratch.as_slice() {
                     b"00" => Node::Bool(false),
                     b"01" => Node::Bool(true),
-                    text => match std::str::from_utf8(text).ok().and_then(|s| s.parse().ok()) {
+                    _ => match self.scratch_as() {
                         Some(i) => Node::Int(i),
                         None => return self.malformed("an INT argument that is not a number"),
                     },
@@ -1089,10 +1060,7 @@ impl Reader<'_> {
             }
             op::FLOAT => {
                 self.read_line()?;
-                match std::str::from_utf8(&self.scratch)
-                    .ok()
-                    .and_then(|s| s.parse().ok())
-                {
+                match self.scratch_as() {
                     Some(f) => self.push_new(Node::Float(f))?,
                     None => return self.malformed("a FLOAT argument that is not a number"),
                 }
@@ -1151,11 +1119,11 @@ impl Reader<'_> {
             }
             op::STRING => {
                 let bytes = self.escaped_line("STRING", unescape_string)?;
-                self.push_made_bytes(&bytes)?;
+                self.push_made(&bytes, false)?;
             }
             op::UNICODE => {
                 let text = self.escaped_line("UNICODE", unescape_raw_unicode)?;
-                self.push_made_str(&text)?;
+                self.push_made(text.as_bytes(), true)?;
             }
 
             // Containers.
@@ -1174,8 +1142,7 @@ impl Reader<'_> {
                 let n = usize::from(op - op::TUPLE1) + 1;
                 let end = self.stack.len();
                 if end < self.floor() + n {
-                    return self
-                        .malformed(format!("stack underflow in opcode {}", describe_opcode(op)));
+                    return self.underflow();
                 }
                 self.push_seq(SeqKind::Tuple, Fill::Stack { at: end - n, end })?;
             }
@@ -1187,8 +1154,8 @@ impl Reader<'_> {
                     op::DICT => SeqKind::Dict,
                     _ => SeqKind::FrozenSet,
                 };
-                let fill = self.marked_items(kind)?;
-                self.push_seq(kind, fill)?;
+                let (at, end) = self.marked_items(kind)?;
+                self.push_seq(kind, Fill::Stack { at, end })?;
             }
             // Added to the container below the mark.
             op::APPENDS | op::SETITEMS | op::ADDITEMS => {
@@ -1251,23 +1218,16 @@ impl Reader<'_> {
                 self.reduce(callable, args)?;
                 self.replaced_bottom(was);
             }
-            op::NEWOBJ => {
-                self.pop()?;
-                let class = self.pop()?;
-                let was = self.was_bottom(class);
-                self.push_seq(SeqKind::Dict, Fill::Empty)?;
-                self.replaced_bottom(was);
-            }
-            op::NEWOBJ_EX => {
-                self.pop()?;
-                self.pop()?;
-                let class = self.pop()?;
-                let was = self.was_bottom(class);
-                self.push_seq(SeqKind::Dict, Fill::Empty)?;
-                self.replaced_bottom(was);
-            }
-            op::OBJ => {
-                self.pop_mark()?;
+            op::NEWOBJ | op::NEWOBJ_EX | op::OBJ => {
+                // The arguments go: the items above the mark, or a tuple (and, NEWOBJ_EX, a
+                // dict of keyword arguments).
+                if op == op::OBJ {
+                    self.pop_mark()?;
+                } else {
+                    for _ in 0..1 + u8::from(op == op::NEWOBJ_EX) {
+                        self.pop()?;
+                    }
+                }
                 let class = self.pop()?;
                 let was = self.was_bottom(class);
                 self.push_seq(SeqKind::Dict, Fill::Empty)?;
@@ -1332,15 +1292,14 @@ impl Reader<'_> {
         };
         match global {
             Global::Set | Global::FrozenSet | Global::List => {
-                let Some(len) = last.and_then(|id| self.list_len(id)) else {
+                let list = last.and_then(|id| self.list_index(id));
+                let Some(len) = list.map(|index| self.seqs.get(index).len()) else {
                     return self.malformed("set(), frozenset() or list() without a list");
                 };
                 // The copy is as large as the list: its items count as values pushed, before
                 // it is made.
                 self.count_values(len as u64)?;
-                let fill = last
-                    .and_then(|id| self.list_index(id))
-                    .map_or(Fill::Empty, Fill::Copy);
+                let fill = list.map_or(Fill::Empty, Fill::Copy);
                 let kind = match global {
                     Global::Set => SeqKind::Set,
                     Global::FrozenSet => SeqKind::FrozenSet,
@@ -1354,12 +1313,7 @@ impl Reader<'_> {
             },
             Global::Bytearray => match first.map(|id| (id, self.node(id))) {
                 Some((id, Node::Bytes { .. })) => self.push(id),
-                Some((id, Node::Str { len, .. })) => {
-                    // Counted before it is made: a long string converted many times.
-                    self.check_room(len.into())?;
-                    let bytes = latin1(self.text_of(id).unwrap_or_default());
-                    self.push_made_bytes(&bytes)
-                }
+                Some((id, Node::Str { len, .. })) => self.push_latin1(id, len),
                 _ => self.malformed("bytearray() without bytes or a string"),
             },
             Global::Encode => {
@@ -1368,12 +1322,7 @@ impl Reader<'_> {
                     return self.malformed("_codecs.encode() without two strings");
                 };
                 match (self.node(text), self.text_of(encoding)) {
-                    (Node::Str { len, .. }, Some(_)) => {
-                        // Counted before it is made: a long string converted many times.
-                        self.check_room(len.into())?;
-                        let bytes = latin1(self.text_of(text).unwrap_or_default());
-                        self.push_made_bytes(&bytes)
-                    }
+                    (Node::Str { len, .. }, Some(_)) => self.push_latin1(text, len),
                     _ => self.malformed("_codecs.encode() without two strings"),
                 }
             }
@@ -1437,9 +1386,8 @@ fn twos_complement(bytes: &[u8]) -> Result<i128, f64> {
 }
 
 /// At most 16 little-endian bytes, extended with the sign `negative`. From the most
-/// significant byte down, over the sign's fill, in registers: copying into a 16-byte array
-/// and reading it back went through `memcpy` and then waited on the store (2% of a snapshot's
-/// read, one per address and timestamp).
+/// significant byte down, over the sign's fill, in registers: not through a 16-byte array in
+/// memory (`memcpy`, then a wait on the store), once per address and timestamp.
 #[inline]
 fn sign_extended(bytes: &[u8], negative: bool) -> i128 {
     let sign: i128 = if negative { -1 } else { 0 };
@@ -1581,151 +1529,93 @@ fn describe_opcode(b: u8) -> String {
     }
 }
 
-fn opcode_name(b: u8) -> Option<&'static str> {
-    use op::*;
-    Some(match b {
-        MARK => "MARK",
-        STOP => "STOP",
-        POP => "POP",
-        POP_MARK => "POP_MARK",
-        DUP => "DUP",
-        FLOAT => "FLOAT",
-        INT => "INT",
-        BININT => "BININT",
-        BININT1 => "BININT1",
-        LONG => "LONG",
-        BININT2 => "BININT2",
-        NONE => "NONE",
-        PERSID => "PERSID",
-        BINPERSID => "BINPERSID",
-        REDUCE => "REDUCE",
-        STRING => "STRING",
-        BINSTRING => "BINSTRING",
-        SHORT_BINSTRING => "SHORT_BINSTRING",
-        UNICODE => "UNICODE",
-        BINUNICODE => "BINUNICODE",
-        APPEND => "APPEND",
-        BUILD => "BUILD",
-        GLOBAL => "GLOBAL",
-        DICT => "DICT",
-        EMPTY_DICT => "EMPTY_DICT",
-        APPENDS => "APPENDS",
-        GET => "GET",
-        BINGET => "BINGET",
-        INST => "INST",
-        LONG_BINGET => "LONG_BINGET",
-        LIST => "LIST",
-        EMPTY_LIST => "EMPTY_LIST",
-        OBJ => "OBJ",
-        PUT => "PUT",
-        BINPUT => "BINPUT",
-        LONG_BINPUT => "LONG_BINPUT",
-        SETITEM => "SETITEM",
-        TUPLE => "TUPLE",
-        EMPTY_TUPLE => "EMPTY_TUPLE",
-        SETITEMS => "SETITEMS",
-        BINFLOAT => "BINFLOAT",
-        PROTO => "PROTO",
-        NEWOBJ => "NEWOBJ",
-        EXT1 => "EXT1",
-        EXT2 => "EXT2",
-        EXT4 => "EXT4",
-        TUPLE1 => "TUPLE1",
-        TUPLE2 => "TUPLE2",
-        TUPLE3 => "TUPLE3",
-        NEWTRUE => "NEWTRUE",
-        NEWFALSE => "NEWFALSE",
-        LONG1 => "LONG1",
-        LONG4 => "LONG4",
-        BINBYTES => "BINBYTES",
-        SHORT_BINBYTES => "SHORT_BINBYTES",
-        SHORT_BINUNICODE => "SHORT_BINUNICODE",
-        BINUNICODE8 => "BINUNICODE8",
-        BINBYTES8 => "BINBYTES8",
-        EMPTY_SET => "EMPTY_SET",
-        ADDITEMS => "ADDITEMS",
-        FROZENSET => "FROZENSET",
-        NEWOBJ_EX => "NEWOBJ_EX",
-        STACK_GLOBAL => "STACK_GLOBAL",
-        MEMOIZE => "MEMOIZE",
-        FRAME => "FRAME",
-        BYTEARRAY8 => "BYTEARRAY8",
-        NEXT_BUFFER => "NEXT_BUFFER",
-        READONLY_BUFFER => "READONLY_BUFFER",
-        _ => return None,
-    })
+/// The opcodes of protocols 0 to 5 (module `op`), named as Python's `pickletools` names
+/// them, and [`opcode_name`]: one list, so that a name cannot drift from its byte.
+macro_rules! opcodes {
+    ($($name:ident = $byte:expr,)*) => {
+        mod op {
+            $(pub(super) const $name: u8 = $byte;)*
+        }
+
+        fn opcode_name(b: u8) -> Option<&'static str> {
+            use op::*;
+            Some(match b {
+                $($name => stringify!($name),)*
+                _ => return None,
+            })
+        }
+    };
 }
 
-/// The opcodes of protocols 0 to 5, named as Python's `pickletools` names them.
-mod op {
-    pub(super) const MARK: u8 = b'(';
-    pub(super) const STOP: u8 = b'.';
-    pub(super) const POP: u8 = b'0';
-    pub(super) const POP_MARK: u8 = b'1';
-    pub(super) const DUP: u8 = b'2';
-    pub(super) const FLOAT: u8 = b'F';
-    pub(super) const INT: u8 = b'I';
-    pub(super) const BININT: u8 = b'J';
-    pub(super) const BININT1: u8 = b'K';
-    pub(super) const LONG: u8 = b'L';
-    pub(super) const BININT2: u8 = b'M';
-    pub(super) const NONE: u8 = b'N';
-    pub(super) const PERSID: u8 = b'P';
-    pub(super) const BINPERSID: u8 = b'Q';
-    pub(super) const REDUCE: u8 = b'R';
-    pub(super) const STRING: u8 = b'S';
-    pub(super) const BINSTRING: u8 = b'T';
-    pub(super) const SHORT_BINSTRING: u8 = b'U';
-    pub(super) const UNICODE: u8 = b'V';
-    pub(super) const BINUNICODE: u8 = b'X';
-    pub(super) const APPEND: u8 = b'a';
-    pub(super) const BUILD: u8 = b'b';
-    pub(super) const GLOBAL: u8 = b'c';
-    pub(super) const DICT: u8 = b'd';
-    pub(super) const EMPTY_DICT: u8 = b'}';
-    pub(super) const APPENDS: u8 = b'e';
-    pub(super) const GET: u8 = b'g';
-    pub(super) const BINGET: u8 = b'h';
-    pub(super) const INST: u8 = b'i';
-    pub(super) const LONG_BINGET: u8 = b'j';
-    pub(super) const LIST: u8 = b'l';
-    pub(super) const EMPTY_LIST: u8 = b']';
-    pub(super) const OBJ: u8 = b'o';
-    pub(super) const PUT: u8 = b'p';
-    pub(super) const BINPUT: u8 = b'q';
-    pub(super) const LONG_BINPUT: u8 = b'r';
-    pub(super) const SETITEM: u8 = b's';
-    pub(super) const TUPLE: u8 = b't';
-    pub(super) const EMPTY_TUPLE: u8 = b')';
-    pub(super) const SETITEMS: u8 = b'u';
-    pub(super) const BINFLOAT: u8 = b'G';
-    pub(super) const PROTO: u8 = 0x80;
-    pub(super) const NEWOBJ: u8 = 0x81;
-    pub(super) const EXT1: u8 = 0x82;
-    pub(super) const EXT2: u8 = 0x83;
-    pub(super) const EXT4: u8 = 0x84;
-    pub(super) const TUPLE1: u8 = 0x85;
-    pub(super) const TUPLE2: u8 = 0x86;
-    pub(super) const TUPLE3: u8 = 0x87;
-    pub(super) const NEWTRUE: u8 = 0x88;
-    pub(super) const NEWFALSE: u8 = 0x89;
-    pub(super) const LONG1: u8 = 0x8a;
-    pub(super) const LONG4: u8 = 0x8b;
-    pub(super) const BINBYTES: u8 = b'B';
-    pub(super) const SHORT_BINBYTES: u8 = b'C';
-    pub(super) const SHORT_BINUNICODE: u8 = 0x8c;
-    pub(super) const BINUNICODE8: u8 = 0x8d;
-    pub(super) const BINBYTES8: u8 = 0x8e;
-    pub(super) const EMPTY_SET: u8 = 0x8f;
-    pub(super) const ADDITEMS: u8 = 0x90;
-    pub(super) const FROZENSET: u8 = 0x91;
-    pub(super) const NEWOBJ_EX: u8 = 0x92;
-    pub(super) const STACK_GLOBAL: u8 = 0x93;
-    pub(super) const MEMOIZE: u8 = 0x94;
-    pub(super) const FRAME: u8 = 0x95;
-    pub(super) const BYTEARRAY8: u8 = 0x96;
-    pub(super) const NEXT_BUFFER: u8 = 0x97;
-    pub(super) const READONLY_BUFFER: u8 = 0x98;
+opcodes! {
+    MARK = b'(',
+    STOP = b'.',
+    POP = b'0',
+    POP_MARK = b'1',
+    DUP = b'2',
+    FLOAT = b'F',
+    INT = b'I',
+    BININT = b'J',
+    BININT1 = b'K',
+    LONG = b'L',
+    BININT2 = b'M',
+    NONE = b'N',
+    PERSID = b'P',
+    BINPERSID = b'Q',
+    REDUCE = b'R',
+    STRING = b'S',
+    BINSTRING = b'T',
+    SHORT_BINSTRING = b'U',
+    UNICODE = b'V',
+    BINUNICODE = b'X',
+    APPEND = b'a',
+    BUILD = b'b',
+    GLOBAL = b'c',
+    DICT = b'd',
+    EMPTY_DICT = b'}',
+    APPENDS = b'e',
+    GET = b'g',
+    BINGET = b'h',
+    INST = b'i',
+    LONG_BINGET = b'j',
+    LIST = b'l',
+    EMPTY_LIST = b']',
+    OBJ = b'o',
+    PUT = b'p',
+    BINPUT = b'q',
+    LONG_BINPUT = b'r',
+    SETITEM = b's',
+    TUPLE = b't',
+    EMPTY_TUPLE = b')',
+    SETITEMS = b'u',
+    BINFLOAT = b'G',
+    PROTO = 0x80,
+    NEWOBJ = 0x81,
+    EXT1 = 0x82,
+    EXT2 = 0x83,
+    EXT4 = 0x84,
+    TUPLE1 = 0x85,
+    TUPLE2 = 0x86,
+    TUPLE3 = 0x87,
+    NEWTRUE = 0x88,
+    NEWFALSE = 0x89,
+    LONG1 = 0x8a,
+    LONG4 = 0x8b,
+    BINBYTES = b'B',
+    SHORT_BINBYTES = b'C',
+    SHORT_BINUNICODE = 0x8c,
+    BINUNICODE8 = 0x8d,
+    BINBYTES8 = 0x8e,
+    EMPTY_SET = 0x8f,
+    ADDITEMS = 0x90,
+    FROZENSET = 0x91,
+    NEWOBJ_EX = 0x92,
+    STACK_GLOBAL = 0x93,
+    MEMOIZE = 0x94,
+    FRAME = 0x95,
+    BYTEARRAY8 = 0x96,
+    NEXT_BUFFER = 0x97,
+    READONLY_BUFFER = 0x98,
 }
 
 #[cfg(test)]

@@ -241,13 +241,18 @@ impl<'p> Val<'p> {
 
     /// Whether it is a dict.
     pub(crate) fn is_dict(self) -> bool {
-        matches!(
-            self.pickle.node(self.id),
+        self.dict_items().is_some()
+    }
+
+    /// The items of a dict: key, value, key, value, …
+    fn dict_items(self) -> Option<&'p [u32]> {
+        match self.pickle.node(self.id) {
             Node::Seq {
                 kind: SeqKind::Dict,
-                ..
-            }
-        )
+                index,
+            } => Some(self.pickle.seq(index)),
+            _ => None,
+        }
     }
 
     /// The value of key `key` of a dict: the last pair with that text key, else the last with
@@ -297,14 +302,9 @@ impl<'p> Val<'p> {
         memo: &mut KeyMemo,
     ) -> Result<[Option<Val<'p>>; N], PickleError> {
         const { assert!(N <= 32, "a KeyMemo mask holds 32 keys") };
-        let Node::Seq {
-            kind: SeqKind::Dict,
-            index,
-        } = self.pickle.node(self.id)
-        else {
+        let Some(items) = self.dict_items() else {
             return Ok([None; N]);
         };
-        let items = self.pickle.seq(index);
         self.pickle.charge(items.len() as u64 / 2)?;
         let mut text = [None; N];
         let mut bytes = [None; N];
@@ -347,13 +347,7 @@ impl<'p> Val<'p> {
     /// # Errors
     /// [`Limit::WalkSteps`] exceeded.
     pub(crate) fn keys(self) -> Result<impl Iterator<Item = Val<'p>> + 'p, PickleError> {
-        let items = match self.pickle.node(self.id) {
-            Node::Seq {
-                kind: SeqKind::Dict,
-                index,
-            } => self.pickle.seq(index),
-            _ => &[],
-        };
+        let items = self.dict_items().unwrap_or(&[]);
         self.pickle.charge(items.len() as u64 / 2)?;
         let pickle = self.pickle;
         Ok(items.chunks_exact(2).map(move |pair| Val {
@@ -434,15 +428,14 @@ impl<'p> Seq<'p> {
     }
 }
 
-/// The items of every container, in one arena (one allocation for all of them, where a
-/// `Vec` per container cost a `malloc` and a `free` each — a snapshot has tens of thousands —
-/// and the page faults of as many small blocks). A container is filled after it is made
-/// (`APPENDS`, `SETITEMS`), often with others made and filled in between (the items of a
-/// dict, a list longer than the pickler's batch of 1000), so each has room of its own: it
-/// grows in place while its items fit its room, or while its room ends the arena; otherwise
-/// its items move to the end of the arena with room for twice as many (none when it has no
-/// items yet). Each move at least doubles a container's room, so the arena holds at most four
-/// slots per item, and an item is moved O(1) times on average.
+/// The items of every container, in one arena: one allocation for all, not a `Vec` (a
+/// `malloc`, a `free`, page faults) for each of a snapshot's tens of thousands. A container is
+/// filled after it is made (`APPENDS`, `SETITEMS`), often with others made and filled in
+/// between (a dict's items, a list longer than the pickler's batch of 1000), so each has room
+/// of its own: it grows in place while its items fit its room or its room ends the arena;
+/// otherwise its items move to the end with room for twice as many (none when it has none
+/// yet). Each move at least doubles a container's room, so the arena holds at most four slots
+/// per item, and an item is moved O(1) times on average.
 #[derive(Debug, Default)]
 pub(super) struct Seqs {
     /// Container `i` holds `items[spans[i].start..][..spans[i].len]` and owns the room
@@ -619,7 +612,7 @@ pub(super) fn span(start: usize, len: usize, cap: usize) -> Result<Span, u64> {
 }
 
 /// `a == b`, compared in line: keys are a few bytes and most differ in the first, where `==`
-/// on slices calls `memcmp` (a tenth of a snapshot's import went there).
+/// on slices calls `memcmp`, a large part of a snapshot's import.
 #[inline]
 pub(super) fn same_bytes(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x == y)
