@@ -49,6 +49,7 @@ pub(crate) fn request_size(size: u64, unit: u64, what: Request) -> Result<u64> {
             reason: match what {
                 Request::Allocation => "a device allocation must be at least 1 byte",
                 Request::PoolAllocation => "a pool allocation must be at least 1 byte",
+                Request::PinnedHost => "pinned host memory must be at least 1 byte",
             },
         });
     }
@@ -59,6 +60,30 @@ pub(crate) fn request_size(size: u64, unit: u64, what: Request) -> Result<u64> {
         })
 }
 
+/// The host side of a copy (`call` names it, `what` the pointer: `dst`, `src`): a non-null
+/// pointer, and `[ptr, ptr + size)` inside the address space. `size` > 0. Returns the size as
+/// the `usize` the copy takes.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] naming the pointer and the size.
+pub(crate) fn host_range(call: &'static str, what: &str, ptr: usize, size: u64) -> Result<usize> {
+    let bytes = usize::try_from(size).ok();
+    let refuse = |why: &str| Error::InvalidArgument {
+        call,
+        reason: format!(
+            "host memory {what} = {ptr:#x} of {size} bytes {why}; accepted is a non-null pointer \
+             to {size} bytes of host memory"
+        ),
+    };
+    if ptr == 0 {
+        return Err(refuse("is null"));
+    }
+    match bytes {
+        Some(n) if ptr.checked_add(n).is_some() => Ok(n),
+        _ => Err(refuse("runs past the end of the address space")),
+    }
+}
+
 /// The kind of memory a [`request_size`] is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Request {
@@ -66,6 +91,8 @@ pub(crate) enum Request {
     Allocation,
     /// [`crate::device::StreamOrderedPool::alloc_async`].
     PoolAllocation,
+    /// [`crate::Device::alloc_pinned_host`].
+    PinnedHost,
 }
 
 /// What probing one vendor backend found: the library it loaded, versions, devices, or the

@@ -363,6 +363,118 @@ pub trait Device: Send + Sync + fmt::Debug {
     fn peer_access(&self) -> Vec<u32> {
         Vec::new()
     }
+
+    /// Queues a copy of `size` bytes from device address `src` to host memory at `dst` on
+    /// `stream`, after the work already queued there (`cuMemcpyDtoHAsync_v2` /
+    /// `hipMemcpyDtoHAsync`). Returns once queued; the bytes are at `dst` once the stream's
+    /// work up to the copy has completed ([`Device::synchronize_stream`], or an event recorded
+    /// on `stream` after it). Any stream the caller passes (see *Streams belong to the
+    /// caller*). A zero `size` is success and queues nothing. `dst` may be ordinary host
+    /// memory or memory from [`Device::alloc_pinned_host`] (which copies reach at full
+    /// bandwidth). Default: unsupported.
+    ///
+    /// # Safety
+    /// * `dst` is valid for writes of `size` bytes, and nothing else reads or writes them,
+    ///   until the copy completes;
+    /// * `[src, src + size)` lies in memory of this device that stays usable until the copy
+    ///   completes: a range mapped with access granted ([`VirtualMemory::set_access`]), a
+    ///   plain allocation ([`Device::alloc`]) or a pool allocation (devices check what they
+    ///   can, see *Errors*);
+    /// * `stream` is one of the special handles or a live stream of this device's context, as
+    ///   [`Stream::from_raw`] says.
+    ///
+    /// # Errors
+    /// [`crate::Error::Unsupported`] by default; [`crate::Error::UnknownPointer`] for a device
+    /// range in no memory this device handed out, [`crate::Error::InvalidArgument`] for one
+    /// that runs past it, is not mapped or has no access, or for a null `dst` — where the
+    /// backend can tell; the backend's error when the driver refuses.
+    // The declaration states the contract; implementations check what they can.
+    #[allow(unsafe_code)]
+    unsafe fn copy_to_host(&self, dst: *mut u8, src: u64, size: u64, stream: Stream) -> Result<()> {
+        let _ = (dst, src, size, stream);
+        Err(unsupported_by(
+            self,
+            "copies from device to host memory",
+            format_args!("does not implement copy_to_host"),
+        ))
+    }
+
+    /// The reverse of [`Device::copy_to_host`]: queues a copy of `size` bytes from host memory
+    /// at `src` to device address `dst` on `stream`, after the work already queued there
+    /// (`cuMemcpyHtoDAsync_v2` / `hipMemcpyHtoDAsync`). Returns once queued; the bytes are at
+    /// `dst` for the work queued on `stream` after it, and for everyone once the stream's work
+    /// up to the copy has completed. A zero `size` is success and queues nothing. Default:
+    /// unsupported.
+    ///
+    /// # Safety
+    /// * `src` is valid for reads of `size` bytes, and nothing writes them, until the copy
+    ///   completes;
+    /// * `[dst, dst + size)` lies in memory of this device, as for `src` of
+    ///   [`Device::copy_to_host`];
+    /// * `stream` as for [`Device::copy_to_host`].
+    ///
+    /// # Errors
+    /// As [`Device::copy_to_host`] (a null `src`).
+    // The declaration states the contract; implementations check what they can.
+    #[allow(unsafe_code)]
+    unsafe fn copy_from_host(
+        &self,
+        dst: u64,
+        src: *const u8,
+        size: u64,
+        stream: Stream,
+    ) -> Result<()> {
+        let _ = (dst, src, size, stream);
+        Err(unsupported_by(
+            self,
+            "copies from host to device memory",
+            format_args!("does not implement copy_from_host"),
+        ))
+    }
+
+    /// `size` bytes of page-locked host memory (`cuMemHostAlloc` / `hipHostMalloc`), which the
+    /// copies of [`Device::copy_to_host`] and [`Device::copy_from_host`] reach at full
+    /// bandwidth; readable and writable by the caller, page-aligned, not zeroed. `Ok(None)`
+    /// where the device offers none: the caller then uses ordinary host memory, which copies
+    /// work with too. Counted in the device's census until [`Device::free_pinned_host`].
+    /// Default: unsupported.
+    ///
+    /// # Errors
+    /// [`crate::Error::Unsupported`] by default; [`crate::Error::InvalidSize`] for zero; the
+    /// backend's error when the memory cannot be had ([`crate::Error::Driver`] with the
+    /// vendor's out-of-memory code, [`crate::Error::Os`]).
+    fn alloc_pinned_host(&self, size: u64) -> Result<Option<std::ptr::NonNull<u8>>> {
+        let _ = size;
+        Err(unsupported_by(
+            self,
+            "pinned host memory",
+            format_args!("does not implement alloc_pinned_host"),
+        ))
+    }
+
+    /// Frees memory from [`Device::alloc_pinned_host`] (`cuMemFreeHost` / `hipHostFree`);
+    /// `size` is the size it was allocated with. Default: unsupported.
+    ///
+    /// # Safety
+    /// `ptr` came from this device's [`Device::alloc_pinned_host`] with `size`, no copy using
+    /// it is still in flight (its stream was synchronised, or an event recorded after it
+    /// completed), and it is not used again.
+    ///
+    /// # Errors
+    /// [`crate::Error::Unsupported`] by default; [`crate::Error::UnknownPointer`] for memory
+    /// this device did not hand out (or freed already); [`crate::Error::InvalidArgument`] for
+    /// a `size` that is not the allocation's; the backend's error when it refuses (the memory
+    /// is then still held).
+    // The declaration states the contract; implementations check the pointer is theirs.
+    #[allow(unsafe_code)]
+    unsafe fn free_pinned_host(&self, ptr: std::ptr::NonNull<u8>, size: u64) -> Result<()> {
+        let _ = (ptr, size);
+        Err(unsupported_by(
+            self,
+            "pinned host memory",
+            format_args!("does not implement free_pinned_host"),
+        ))
+    }
 }
 
 /// [`crate::Error::Unsupported`] for `what` on `device`; the reason names the device and

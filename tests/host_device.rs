@@ -691,6 +691,9 @@ fn dropping_a_device_returns_what_it_still_holds(simulated: bool) {
     v.release_physical(h2).unwrap();
     d.create_stream().unwrap();
     d.create_event().unwrap();
+    // Pinned host memory in real mode (simulated mode maps none): not charged, counted.
+    let pinned = d.alloc_pinned_host(3000).unwrap();
+    assert_eq!(pinned.is_some(), !simulated);
     assert_eq!(
         d.census(),
         HostCensus {
@@ -701,6 +704,8 @@ fn dropping_a_device_returns_what_it_still_holds(simulated: bool) {
             reservations: 1,
             streams: 1,
             events: 1,
+            pinned_host: u64::from(!simulated),
+            pinned_host_bytes: if simulated { 0 } else { 3000 },
         }
     );
     drop(d);
@@ -883,4 +888,313 @@ fn real_mode_reserves_maps_and_protects_as_the_model_says() {
     // (That the range is gone afterwards cannot be checked here: tests running in parallel
     // may map it again at once.)
     v.free_reservation(va, 4 * G).unwrap();
+}
+
+// ---- copies between device and host memory, pinned host memory ----------------------
+
+/// Device memory for copies: a reservation of 4 granules with two adjacent mappings of one
+/// granule each at its start, read-write; returns the reservation and the handles.
+fn mapped_with_access(d: &HostDevice) -> (u64, [PhysicalHandle; 2]) {
+    let v = vm(d);
+    let va = v.reserve(4 * G, 0).unwrap();
+    let handles = [v.create_physical(G).unwrap(), v.create_physical(G).unwrap()];
+    v.map(va, G, handles[0], 0).unwrap();
+    v.map(va + G, G, handles[1], 0).unwrap();
+    v.set_access(va, 2 * G).unwrap();
+    (va, handles)
+}
+
+/// Gives back what [`mapped_with_access`] made.
+fn unmap_all(d: &HostDevice, va: u64, handles: [PhysicalHandle; 2]) {
+    let v = vm(d);
+    v.unmap(va, 2 * G).unwrap();
+    for h in handles {
+        v.release_physical(h).unwrap();
+    }
+    v.free_reservation(va, 4 * G).unwrap();
+}
+
+/// Bytes written into a mapped range come back through `copy_to_host` into pinned memory —
+/// across the boundary of two mappings, at an odd offset — and return through
+/// `copy_from_host` into another mapped range and into a plain allocation, byte for byte.
+#[test]
+fn copies_round_trip_through_pinned_memory() {
+    let d = device(REAL, 256 * MIB);
+    let (a, ha) = mapped_with_access(&d);
+    let (b, hb) = mapped_with_access(&d);
+    let plain = d.alloc(3 * MIB).unwrap();
+    let (from, len) = (a + G - 12_345, MIB + 777);
+    fill(a, 2 * G, 7);
+    let s = d.create_stream().unwrap();
+    let pinned = d
+        .alloc_pinned_host(len)
+        .unwrap()
+        .expect("real mode has pinned memory");
+    assert_eq!(pinned.as_ptr() as u64 % 4096, 0, "page-aligned");
+    assert_eq!(
+        (d.census().pinned_host, d.census().pinned_host_bytes),
+        (1, len)
+    );
+    let e = d.create_event().unwrap();
+    // SAFETY: `pinned` holds `len` bytes until freed below, after the stream is synchronised;
+    // the device ranges are checked by the device.
+    unsafe {
+        d.copy_to_host(pinned.as_ptr(), from, len, s).unwrap();
+        d.record_event(e, s).unwrap();
+        d.synchronize_event(e).unwrap();
+        let host = std::slice::from_raw_parts(pinned.as_ptr(), len as usize);
+        let offset = (from - a) as usize;
+        assert!(host
+            .iter()
+            .enumerate()
+            .all(|(i, &x)| x == pattern(offset + i, 7)));
+        d.copy_from_host(b + 5, pinned.as_ptr(), len, s).unwrap();
+        d.copy_from_host(plain + 1, pinned.as_ptr(), len, Stream::PER_THREAD)
+            .unwrap();
+    }
+    d.synchronize_stream(s).unwrap();
+    d.synchronize_stream(Stream::PER_THREAD).unwrap();
+    // SAFETY: mapped read-write and allocated by this device, `len` bytes from each start.
+    let (into_b, into_plain) = unsafe {
+        (
+            std::slice::from_raw_parts((b + 5) as *const u8, len as usize),
+            std::slice::from_raw_parts((plain + 1) as *const u8, len as usize),
+        )
+    };
+    // SAFETY: as above, from the source range.
+    let source = unsafe { std::slice::from_raw_parts(from as *const u8, len as usize) };
+    assert!(into_b == source && into_plain == source, "byte-identical");
+    // SAFETY: from this device, no copy in flight (both streams synchronised).
+    unsafe { d.free_pinned_host(pinned, len) }.unwrap();
+    assert_eq!(d.hazards().0, 0);
+    d.destroy_event(e).unwrap();
+    // SAFETY: this test's stream, idle, not used again.
+    unsafe { d.destroy_stream(s) }.unwrap();
+    d.free(plain, 3 * MIB).unwrap();
+    unmap_all(&d, a, ha);
+    unmap_all(&d, b, hb);
+    assert!(d.census().is_empty(), "{:?}", d.census());
+}
+
+/// A copy queued behind a kernel in flight on its stream — or behind a GPU-side wait for an
+/// event after one on another stream — completes only after the kernel (an event recorded
+/// after the copy says so); unmapping the copy's range before then is a hazard naming the
+/// copy, though no kernel uses the range.
+#[test_case(REAL ; "real")]
+#[test_case(SIMULATED ; "simulated")]
+fn a_copy_behind_a_kernel_completes_after_it(simulated: bool) {
+    let d = device(simulated, 256 * MIB);
+    let v = vm(&d);
+    let (va, handles) = mapped_with_access(&d);
+    let (s, t) = (d.create_stream().unwrap(), d.create_stream().unwrap());
+    let (after_copy, on_s) = (d.create_event().unwrap(), d.create_event().unwrap());
+    let mut host = vec![0u8; 4096];
+
+    // On the kernel's own stream: a kernel over the first mapping, the copy reads the second.
+    let kernel = d.launch(s, va, G);
+    // SAFETY: `host` outlives the copy (its completion is waited for below); the device range
+    // is checked by the device.
+    unsafe { d.copy_to_host(host.as_mut_ptr(), va + G, 4096, s) }.unwrap();
+    d.record_event(after_copy, s).unwrap();
+    assert!(!d.event_complete(after_copy).unwrap(), "behind the kernel");
+    v.unmap(va + G, G).unwrap();
+    let (count, texts) = d.hazards();
+    assert_eq!(count, 1, "{texts:?}");
+    assert!(
+        texts[0].starts_with(&format!("unmap of [{:#x}", va + G))
+            && texts[0].contains("a copy queued on a stream"),
+        "{texts:?}"
+    );
+    d.finish(kernel);
+    assert!(
+        d.event_complete(after_copy).unwrap(),
+        "done with the kernel"
+    );
+
+    // On another stream, behind a GPU-side wait for an event after a kernel on `s`.
+    let kernel = d.launch(s, va + 3 * G, G);
+    d.record_event(on_s, s).unwrap();
+    d.wait_event(t, on_s).unwrap();
+    // SAFETY: as above.
+    unsafe { d.copy_from_host(va + 100, host.as_ptr(), 4096, t) }.unwrap();
+    d.record_event(after_copy, t).unwrap();
+    assert!(
+        !d.event_complete(after_copy).unwrap(),
+        "t waits for the kernel on s"
+    );
+    assert_eq!(d.kernel_done(kernel), Some(false));
+    d.finish(kernel);
+    assert!(d.event_complete(after_copy).unwrap());
+    assert_eq!(d.hazards().0, 1, "no other hazard");
+
+    v.unmap(va, G).unwrap();
+    for h in handles {
+        v.release_physical(h).unwrap();
+    }
+    v.free_reservation(va, 4 * G).unwrap();
+    for e in [after_copy, on_s] {
+        d.destroy_event(e).unwrap();
+    }
+    // SAFETY: this test's streams, idle, not used again.
+    unsafe {
+        d.destroy_stream(s).unwrap();
+        d.destroy_stream(t).unwrap();
+    }
+    assert!(d.census().is_empty(), "{:?}", d.census());
+}
+
+/// A copy still in flight holds its memory like a kernel: freeing the device allocation or the
+/// pinned host memory before the copy completed is a hazard, and names the copy.
+#[test]
+fn freeing_memory_of_a_copy_in_flight_is_a_hazard() {
+    let d = device(REAL, 256 * MIB);
+    let s = d.create_stream().unwrap();
+    let plain = d.alloc(MIB).unwrap();
+    let other = d.alloc(MIB).unwrap();
+    let pinned = d.alloc_pinned_host(MIB).unwrap().unwrap();
+    let kernel = d.launch(s, other, MIB);
+    // SAFETY: `pinned` and `plain` are this device's, `MIB` bytes each.
+    unsafe { d.copy_to_host(pinned.as_ptr(), plain, MIB, s) }.unwrap();
+    // SAFETY: a hazard on purpose: the copy on `s` is still behind the kernel.
+    unsafe { d.free_pinned_host(pinned, MIB) }.unwrap();
+    d.free(plain, MIB).unwrap();
+    let (count, texts) = d.hazards();
+    assert_eq!(count, 2, "{texts:?}");
+    assert!(
+        texts
+            .iter()
+            .all(|t| t.contains("a copy queued on a stream")),
+        "{texts:?}"
+    );
+    assert!(
+        texts[0].starts_with("a free of pinned host memory"),
+        "{texts:?}"
+    );
+    d.finish(kernel);
+    d.free(other, MIB).unwrap();
+    // SAFETY: this test's stream, idle now, not used again.
+    unsafe { d.destroy_stream(s) }.unwrap();
+    assert!(d.census().is_empty(), "{:?}", d.census());
+}
+
+/// Copies of ranges that are not device memory with access are refused — typed, naming the
+/// range — before a byte is touched (in real mode, reading them would fault the process): a
+/// reserved range with nothing mapped, a mapping without access, an address of no
+/// reservation or allocation, a range past an allocation, a null or overlapping host pointer.
+#[test_case(REAL ; "real")]
+#[test_case(SIMULATED ; "simulated")]
+fn copies_of_memory_not_mapped_with_access_are_refused(simulated: bool) {
+    let d = device(simulated, 256 * MIB);
+    let v = vm(&d);
+    let va = v.reserve(4 * G, 0).unwrap();
+    let h = v.create_physical(G).unwrap();
+    let mut host = vec![0u8; 64];
+    let buf = host.as_mut_ptr();
+    // SAFETY: every call below is refused before anything is read or written.
+    let to_host = |src: u64, size: u64| unsafe { d.copy_to_host(buf, src, size, Stream::DEFAULT) };
+    let reason = invalid_argument(to_host(va + 8, 16), "copy_to_host");
+    assert!(
+        reason.contains("is not mapped") && reason.contains(&format!("{:#x}", va + 8)),
+        "{reason}"
+    );
+    v.map(va, G, h, 0).unwrap();
+    let reason = invalid_argument(to_host(va + 8, 16), "copy_to_host");
+    assert!(reason.contains("mapped without access"), "{reason}");
+    v.set_access(va, G).unwrap();
+    to_host(va + 8, 16).unwrap();
+    let reason = invalid_argument(to_host(va + G - 8, 16), "copy_to_host");
+    assert!(
+        reason.contains(&format!("is not mapped at {:#x}", va + G)),
+        "{reason}"
+    );
+    assert_unknown(to_host(0x10, 16), "device memory", 0x10);
+    let plain = d.alloc(100).unwrap();
+    to_host(plain, 64).unwrap();
+    let reason = invalid_argument(to_host(plain + 50, 64), "copy_to_host");
+    assert!(
+        reason.contains("runs past the end of the allocation"),
+        "{reason}"
+    );
+    // The host side: null, and (real mode, where device memory is host memory) overlapping.
+    // SAFETY: refused before anything is read.
+    let null = unsafe { d.copy_from_host(va, std::ptr::null(), 16, Stream::DEFAULT) };
+    let reason = invalid_argument(null, "copy_from_host");
+    assert!(
+        reason.contains("src") && reason.contains("null"),
+        "{reason}"
+    );
+    if !simulated {
+        // SAFETY: refused before anything is read or written.
+        let overlap = unsafe { d.copy_to_host((va + 4) as *mut u8, va, 16, Stream::DEFAULT) };
+        assert!(invalid_argument(overlap, "copy_to_host").contains("overlaps"));
+    } else {
+        // Simulated: checked and queued, but no bytes move.
+        host.fill(0xAB);
+        // SAFETY: `host` holds 64 bytes; nothing is written in simulated mode.
+        unsafe { d.copy_to_host(host.as_mut_ptr(), va, 64, Stream::DEFAULT) }.unwrap();
+        assert!(host.iter().all(|&x| x == 0xAB));
+    }
+    d.free(plain, 100).unwrap();
+    v.unmap(va, G).unwrap();
+    v.release_physical(h).unwrap();
+    v.free_reservation(va, 4 * G).unwrap();
+    assert!(d.census().is_empty(), "{:?}", d.census());
+}
+
+/// A copy of zero bytes is success and queues nothing: no check, no operation a kernel holds
+/// back, nothing in flight when its memory goes.
+#[test_case(REAL ; "real")]
+#[test_case(SIMULATED ; "simulated")]
+fn zero_size_copies_are_ok_and_queue_nothing(simulated: bool) {
+    let d = device(simulated, 256 * MIB);
+    let s = d.create_stream().unwrap();
+    let plain = d.alloc(MIB).unwrap();
+    let kernel = d.launch(s, 0, 1);
+    // SAFETY: zero bytes: nothing is read or written, whatever the pointers.
+    unsafe {
+        d.copy_to_host(std::ptr::null_mut(), 0xdead_0000, 0, s)
+            .unwrap();
+        d.copy_from_host(plain, std::ptr::null(), 0, s).unwrap();
+    }
+    d.free(plain, MIB).unwrap();
+    assert_eq!(
+        d.hazards().0,
+        0,
+        "nothing was in flight over the allocation"
+    );
+    d.finish(kernel);
+    // SAFETY: this test's stream, idle, not used again.
+    unsafe { d.destroy_stream(s) }.unwrap();
+    assert!(d.census().is_empty());
+}
+
+/// Pinned host memory: real mode maps it, readable and writable, counted until freed (the
+/// wrong size, a second free and a foreign pointer refused); zero bytes is an invalid size;
+/// simulated mode has none.
+#[test_case(REAL ; "real")]
+#[test_case(SIMULATED ; "simulated")]
+fn pinned_memory_is_counted_until_freed(simulated: bool) {
+    let d = device(simulated, 64 * MIB);
+    assert!(matches!(
+        d.alloc_pinned_host(0),
+        Err(Error::InvalidSize { size: 0, .. })
+    ));
+    let Some(p) = d.alloc_pinned_host(10_000).unwrap() else {
+        assert!(simulated, "real mode has pinned memory");
+        assert!(d.census().is_empty());
+        return;
+    };
+    fill(p.as_ptr() as u64, 10_000, 3);
+    assert!(holds(p.as_ptr() as u64, 10_000, 3));
+    assert_eq!(d.census().pinned_host, 1);
+    assert_eq!(d.census().bytes_in_use, 0, "host memory: not charged");
+    // SAFETY: refused before anything is freed: the wrong size.
+    let wrong = unsafe { d.free_pinned_host(p, 4096) };
+    assert!(invalid_argument(wrong, "free_pinned_host").contains("10000"));
+    // SAFETY: this device's, no copy used it.
+    unsafe { d.free_pinned_host(p, 10_000) }.unwrap();
+    assert!(d.census().is_empty(), "{:?}", d.census());
+    // SAFETY: refused before anything is freed: freed already.
+    let again = unsafe { d.free_pinned_host(p, 10_000) };
+    assert_unknown(again, "pinned host memory", p.as_ptr() as u64);
 }

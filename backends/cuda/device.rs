@@ -399,6 +399,38 @@ impl VendorApi for Cuda {
         // SAFETY: the caller guarantees one release per retain made by `enable_peer`.
         unsafe { self.driver.primary_ctx_release(peer) }
     }
+    unsafe fn copy_to_host(&self, dst: *mut u8, src: u64, size: usize, s: u64) -> Result<()> {
+        // SAFETY: the caller guarantees the host and device ranges and the stream.
+        let code = unsafe { (self.driver.api.memcpy_dtoh_async)(dst.cast(), src, size, handle(s)) };
+        self.check("cuMemcpyDtoHAsync_v2", code)
+    }
+
+    unsafe fn copy_from_host(&self, dst: u64, src: *const u8, size: usize, s: u64) -> Result<()> {
+        // SAFETY: the caller guarantees the host and device ranges and the stream.
+        let code = unsafe { (self.driver.api.memcpy_htod_async)(dst, src.cast(), size, handle(s)) };
+        self.check("cuMemcpyHtoDAsync_v2", code)
+    }
+
+    /// `cuMemHostAlloc(flags 0)`: pinned for the current (primary) context.
+    fn host_alloc(&self, size: usize) -> Result<Option<u64>> {
+        let Some(api) = self.driver.pinned_host else {
+            return Ok(None);
+        };
+        let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
+        // SAFETY: writes one pointer through a valid pointer; flags 0.
+        let code = unsafe { (api.alloc)(&mut p, size, 0) };
+        self.check("cuMemHostAlloc", code)?;
+        Ok(Some(p as usize as u64))
+    }
+
+    unsafe fn host_free(&self, ptr: u64) -> Result<()> {
+        let api = self
+            .driver
+            .pinned_host
+            .ok_or_else(|| self.driver.lacks("cuMemFreeHost", "2.2 pinned host memory"))?;
+        // SAFETY: the caller guarantees live memory from `host_alloc`, unused now.
+        self.check("cuMemFreeHost", unsafe { (api.free)(handle(ptr)) })
+    }
 }
 
 /// Opens every device of the driver [`super::library_candidates`] names for `config`.

@@ -5,7 +5,8 @@
 //! * [`portalloc_sys::cuda`]: the raw types and signatures, written from `cuda.h`.
 //! * [`Driver`]: the library, loaded with libloading from `PORTALLOC_CUDA_LIBRARY` or
 //!   `libcuda.so.1` (never the bare `libcuda.so`), its symbols resolved (required ones →
-//!   [`Error::MissingSymbol`], the CUDA 10.2 virtual-memory and 11.2 pool groups → `Option`),
+//!   [`Error::MissingSymbol`], the CUDA 10.2 virtual-memory and 11.2 pool groups, the
+//!   peer-access and the pinned-host calls → `Option`),
 //!   and every call checked: a `CUresult` becomes [`Error::Driver`] with the driver's own
 //!   name and text. The calls that pass device handles are the GPU layer's
 //!   (`backends/gpu`), implemented for CUDA in `device.rs`.
@@ -67,7 +68,8 @@ symbol_table! {
         stream_synchronize: cuStreamSynchronize, event_create: cuEventCreate,
         event_record: cuEventRecord, event_query: cuEventQuery,
         event_synchronize: cuEventSynchronize, event_destroy: cuEventDestroy_v2,
-        stream_wait_event: cuStreamWaitEvent,
+        stream_wait_event: cuStreamWaitEvent, memcpy_dtoh_async: cuMemcpyDtoHAsync_v2,
+        memcpy_htod_async: cuMemcpyHtoDAsync_v2,
     }
     /// Virtual-memory entry points (CUDA 10.2): all resolved, or none used.
     Vmm, VMM_SYMBOLS {
@@ -84,6 +86,9 @@ symbol_table! {
     /// Peer-access entry points (CUDA 4.0, but optional: a driver without them reports no
     /// peers; not in [`Driver::symbols`]).
     Peer, PEER_SYMBOLS { can_access: cuDeviceCanAccessPeer, enable: cuCtxEnablePeerAccess }
+    /// Pinned host memory entry points (CUDA 2.2, but optional: a driver without them offers
+    /// no pinned memory, and copies use the caller's ordinary host memory).
+    PinnedHost, PINNED_HOST_SYMBOLS { alloc: cuMemHostAlloc, free: cuMemFreeHost }
 }
 
 /// The loaded driver library and its entry points: the result layer, where every `CUresult`
@@ -104,6 +109,7 @@ pub struct Driver {
     pub(crate) vmm: Option<Vmm>,
     pub(crate) pools: Option<Pools>,
     pub(crate) peer: Option<Peer>,
+    pub(crate) pinned_host: Option<PinnedHost>,
     // Keeps the code behind the function pointers above loaded; dropped last.
     library: Library,
 }
@@ -114,6 +120,7 @@ impl std::fmt::Debug for Driver {
             .field("path", &self.path)
             .field("vmm_symbols", &self.vmm.is_some())
             .field("pool_symbols", &self.pools.is_some())
+            .field("pinned_host_symbols", &self.pinned_host.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -132,6 +139,7 @@ impl Driver {
             vmm: Vmm::resolve(&library).ok(),
             pools: Pools::resolve(&library).ok(),
             peer: Peer::resolve(&library).ok(),
+            pinned_host: PinnedHost::resolve(&library).ok(),
             library,
             path,
         })
@@ -177,14 +185,21 @@ impl Driver {
         self.pools.is_some()
     }
 
+    /// True when the pinned host memory symbols (`cuMemHostAlloc`, `cuMemFreeHost`) were
+    /// resolved.
+    pub fn has_pinned_host_symbols(&self) -> bool {
+        self.pinned_host.is_some()
+    }
+
     /// Every symbol portalloc uses, with whether this library exports it — each looked up in
     /// the library now, not assumed from a successful load: [`REQUIRED_SYMBOLS`] (for
-    /// `cuDevicePrimaryCtxRelease_v2`, its CUDA 7 name counts too), then [`VMM_SYMBOLS`] and
-    /// [`POOL_SYMBOLS`] (a group is used whole or not at all).
+    /// `cuDevicePrimaryCtxRelease_v2`, its CUDA 7 name counts too), then [`VMM_SYMBOLS`],
+    /// [`POOL_SYMBOLS`] and [`PINNED_HOST_SYMBOLS`] (a group is used whole or not at all).
     pub fn symbols(&self) -> Vec<(&'static str, bool)> {
         let mut out = Required::exported(&self.library);
         out.extend(Vmm::exported(&self.library));
         out.extend(Pools::exported(&self.library));
+        out.extend(PinnedHost::exported(&self.library));
         out
     }
 

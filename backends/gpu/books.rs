@@ -33,6 +33,8 @@ pub struct VendorCensus {
     pub streams: u64,
     /// Live events.
     pub events: u64,
+    /// Live pinned host memory allocations (`cuMemHostAlloc`, `hipHostMalloc`).
+    pub pinned_host: u64,
 }
 
 impl VendorCensus {
@@ -55,6 +57,84 @@ pub(crate) struct Books {
     pub(crate) reservations: BTreeMap<u64, u64>,
     /// Mapping start → size.
     pub(crate) mappings: BTreeMap<u64, u64>,
+    /// The mapped ranges this device was granted read-write access to (`set_access`), merged;
+    /// cut back when they are unmapped.
+    pub(crate) access: Ranges,
+    /// Pinned host memory address → size asked for.
+    pub(crate) pinned_host: HashMap<u64, u64>,
+}
+
+/// Disjoint, non-adjacent ranges of addresses: start → end (exclusive), merged on insert.
+#[derive(Debug, Default)]
+pub(crate) struct Ranges(BTreeMap<u64, u64>);
+
+impl Ranges {
+    /// Adds `[start, end)`, merged with the ranges it overlaps or touches.
+    pub(crate) fn insert(&mut self, mut start: u64, mut end: u64) {
+        if start >= end {
+            return;
+        }
+        if let Some((&s, &e)) = self.0.range(..=start).next_back() {
+            if e >= start {
+                start = s;
+                end = end.max(e);
+            }
+        }
+        let touched: Vec<u64> = self.0.range(start..=end).map(|(&s, _)| s).collect();
+        for s in touched {
+            if let Some(e) = self.0.remove(&s) {
+                end = end.max(e);
+            }
+        }
+        self.0.insert(start, end);
+    }
+
+    /// Takes `[start, end)` out; returns the pieces that were in, for [`Ranges::insert`] to put
+    /// back.
+    pub(crate) fn remove(&mut self, start: u64, end: u64) -> Vec<(u64, u64)> {
+        let mut taken = Vec::new();
+        if start >= end {
+            return taken;
+        }
+        let first = self
+            .0
+            .range(..start)
+            .next_back()
+            .filter(|&(_, &e)| e > start)
+            .map(|(&s, _)| s);
+        let overlapping: Vec<u64> = first
+            .into_iter()
+            .chain(self.0.range(start..end).map(|(&s, _)| s))
+            .collect();
+        for s in overlapping {
+            let Some(e) = self.0.remove(&s) else { continue };
+            if s < start {
+                self.0.insert(s, start);
+            }
+            if e > end {
+                self.0.insert(end, e);
+            }
+            taken.push((s.max(start), e.min(end)));
+        }
+        taken
+    }
+
+    /// The first address of `[start, end)` not in a range; `None` when all of it is.
+    pub(crate) fn first_gap(&self, start: u64, end: u64) -> Option<u64> {
+        match self.0.range(..=start).next_back() {
+            Some((_, &e)) if e >= end => None,
+            Some((_, &e)) if e > start => Some(e),
+            _ => Some(start),
+        }
+    }
+}
+
+/// What [`Books::claim_unmap`] took out of the books: the mappings and the access granted
+/// over them.
+#[derive(Debug)]
+pub(crate) struct Unmapped {
+    pub(crate) mappings: Vec<(u64, u64)>,
+    pub(crate) access: Vec<(u64, u64)>,
 }
 
 /// Streams and events handed out: the driver dereferences these handles, so only ones in
@@ -165,6 +245,31 @@ impl Books {
         Ok(())
     }
 
+    /// Takes pinned host memory out of the books, refusing an unknown pointer or a size that
+    /// is not the allocation's.
+    pub(crate) fn claim_pinned_host(
+        &mut self,
+        backend: &'static str,
+        ptr: u64,
+        size: u64,
+    ) -> Result<()> {
+        let held = *self
+            .pinned_host
+            .get(&ptr)
+            .ok_or_else(|| unknown(backend, "pinned host memory", ptr))?;
+        if held != size {
+            return Err(invalid(
+                "free_pinned_host",
+                format!(
+                    "pinned host memory {ptr:#x} was allocated with {held} bytes, not {size}; \
+                     accepted is the size it was allocated with"
+                ),
+            ));
+        }
+        self.pinned_host.remove(&ptr);
+        Ok(())
+    }
+
     /// Takes a physical handle out of the books.
     pub(crate) fn claim_handle(&mut self, backend: &'static str, handle: u64) -> Result<()> {
         if self.handles.remove(&handle) {
@@ -255,9 +360,10 @@ impl Books {
         Ok(())
     }
 
-    /// Takes the mappings that make up exactly `[va, va + size)` out of the books, refusing a
-    /// range that is not a run of whole mappings. Returns them, for [`Books::restore_mappings`].
-    pub(crate) fn claim_unmap(&mut self, va: u64, size: u64) -> Result<Vec<(u64, u64)>> {
+    /// Takes the mappings that make up exactly `[va, va + size)` out of the books (and the
+    /// access granted over them), refusing a range that is not a run of whole mappings.
+    /// Returns them, for [`Books::restore_mappings`].
+    pub(crate) fn claim_unmap(&mut self, va: u64, size: u64) -> Result<Unmapped> {
         let end = va.saturating_add(size);
         let (starts, reached) = self.covering_run(va, size);
         if starts.first() != Some(&va) || reached != end {
@@ -268,15 +374,82 @@ impl Books {
                 ),
             ));
         }
-        Ok(starts
+        let mappings = starts
             .into_iter()
             .filter_map(|start| self.mappings.remove_entry(&start))
-            .collect())
+            .collect();
+        let access = self.access.remove(va, end);
+        Ok(Unmapped { mappings, access })
     }
 
-    /// Puts back mappings [`Books::claim_unmap`] took, after the driver refused the unmap.
-    pub(crate) fn restore_mappings(&mut self, mappings: Vec<(u64, u64)>) {
-        self.mappings.extend(mappings);
+    /// Puts back what [`Books::claim_unmap`] took, after the driver refused the unmap.
+    pub(crate) fn restore_mappings(&mut self, unmapped: Unmapped) {
+        self.mappings.extend(unmapped.mappings);
+        for (start, end) in unmapped.access {
+            self.access.insert(start, end);
+        }
+    }
+
+    /// Where the device memory of a copy (`call`, `size` > 0) lies: inside one live plain or
+    /// pool allocation, or in mapped memory this device was granted access to. Checked before
+    /// the driver sees the range.
+    ///
+    /// # Errors
+    /// [`Error::UnknownPointer`] (`what = "device memory"`) for a range that starts in no
+    /// memory of this device; [`Error::InvalidArgument`] for one that runs past its
+    /// allocation, past its mappings, or into a part without access.
+    ///
+    /// # Time complexity
+    /// `O(1)` for a range from an allocation's start, `O(allocations)` for one inside, else
+    /// `O(log mappings)` plus the mappings it covers.
+    pub(crate) fn check_copy(
+        &self,
+        backend: &'static str,
+        call: &'static str,
+        va: u64,
+        size: u64,
+    ) -> Result<()> {
+        let end = va.saturating_add(size);
+        let refuse = |why: String| {
+            invalid(
+                call,
+                format!(
+                    "device memory [{va:#x}, {end:#x}) {why}; accepted is a range inside one \
+                     allocation of this device, or mapped by it with access granted"
+                ),
+            )
+        };
+        if end - va != size {
+            return Err(refuse("runs past the end of the address space".into()));
+        }
+        let holding = |map: &HashMap<u64, u64>| {
+            map.get_key_value(&va)
+                .or_else(|| map.iter().find(|(&p, &n)| p <= va && va - p < n))
+                .map(|(&p, &n)| (p, p + n))
+        };
+        if let Some((start, stop)) =
+            holding(&self.allocations).or_else(|| holding(&self.pool_allocations))
+        {
+            if end > stop {
+                return Err(refuse(format!(
+                    "runs past the end of the allocation [{start:#x}, {stop:#x})"
+                )));
+            }
+            return Ok(());
+        }
+        let (starts, reached) = self.covering_run(va, size);
+        if starts.is_empty() {
+            return Err(unknown(backend, "device memory", va));
+        }
+        if reached < end {
+            return Err(refuse(format!("is not mapped at {reached:#x}")));
+        }
+        if let Some(gap) = self.access.first_gap(va, end) {
+            return Err(refuse(format!(
+                "is mapped without access at {gap:#x} (set_access grants it)"
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -350,6 +523,7 @@ impl Books {
             mappings: self.mappings.len() as u64,
             streams,
             events,
+            pinned_host: self.pinned_host.len() as u64,
         }
     }
 }
@@ -392,6 +566,92 @@ mod tests {
     }
 
     #[test]
+    fn ranges_merge_split_and_find_gaps() {
+        let mut r = Ranges::default();
+        r.insert(10, 20);
+        r.insert(30, 40);
+        r.insert(20, 25); // touches the first: merged
+        assert_eq!(
+            r.0.iter().map(|(&s, &e)| (s, e)).collect::<Vec<_>>(),
+            [(10, 25), (30, 40)]
+        );
+        assert_eq!(r.first_gap(12, 25), None);
+        assert_eq!(r.first_gap(12, 26), Some(25));
+        assert_eq!(r.first_gap(5, 12), Some(5));
+        assert_eq!(r.first_gap(26, 28), Some(26));
+        r.insert(5, 35); // swallows both
+        assert_eq!(
+            r.0.iter().map(|(&s, &e)| (s, e)).collect::<Vec<_>>(),
+            [(5, 40)]
+        );
+        let taken = r.remove(10, 20);
+        assert_eq!(taken, [(10, 20)]);
+        assert_eq!(
+            r.0.iter().map(|(&s, &e)| (s, e)).collect::<Vec<_>>(),
+            [(5, 10), (20, 40)]
+        );
+        assert_eq!(r.remove(0, 100), [(5, 10), (20, 40)]);
+        assert!(r.0.is_empty());
+        for (s, e) in taken {
+            r.insert(s, e);
+        }
+        assert_eq!(r.first_gap(10, 20), None);
+    }
+
+    #[test]
+    fn copies_need_memory_of_the_device_with_access() {
+        const G: u64 = 2 << 20;
+        let mut b = Books::default();
+        b.allocations.insert(0x1000, 5000);
+        b.pool_allocations.insert(0x10_0000, 512);
+        b.reservations.insert(1 << 40, 8 * G);
+        b.handles.insert(1);
+        b.claim_mapping("t", 1 << 40, G, 1).unwrap();
+        b.claim_mapping("t", (1 << 40) + G, G, 1).unwrap();
+        b.check_copy("t", "c", 0x1000 + 10, 4990).unwrap();
+        b.check_copy("t", "c", 0x10_0000, 512).unwrap();
+        let past = b.check_copy("t", "c", 0x1000 + 10, 4991).unwrap_err();
+        assert!(
+            past.to_string()
+                .contains("runs past the end of the allocation"),
+            "{past}"
+        );
+        assert!(matches!(
+            b.check_copy("t", "c", 0x9000, 1),
+            Err(Error::UnknownPointer {
+                what: "device memory",
+                ptr: 0x9000,
+                ..
+            })
+        ));
+        // Mapped, no access yet: refused; then granted over both mappings.
+        let va = (1 << 40) + 3;
+        let no_access = b.check_copy("t", "c", va, G).unwrap_err();
+        assert!(
+            no_access.to_string().contains("without access"),
+            "{no_access}"
+        );
+        b.access.insert(1 << 40, (1 << 40) + 2 * G);
+        b.check_copy("t", "c", va, G).unwrap();
+        let unmapped = b.check_copy("t", "c", va, 2 * G).unwrap_err();
+        assert!(
+            unmapped.to_string().contains("is not mapped at"),
+            "{unmapped}"
+        );
+        // Unmapping takes the access with it; a refused unmap puts it back.
+        let claimed = b.claim_unmap((1 << 40) + G, G).unwrap();
+        assert_eq!(claimed.access, [((1 << 40) + G, (1 << 40) + 2 * G)]);
+        b.restore_mappings(claimed);
+        b.check_copy("t", "c", va, G).unwrap();
+        b.claim_unmap((1 << 40) + G, G).unwrap();
+        b.claim_mapping("t", (1 << 40) + G, G, 1).unwrap();
+        assert!(
+            b.check_copy("t", "c", va, G).is_err(),
+            "mapped again: no access"
+        );
+    }
+
+    #[test]
     fn unmap_claims_exactly_whole_runs_and_restores_them() {
         let mut b = Books::default();
         b.reservations.insert(0, 8 << 20);
@@ -414,7 +674,7 @@ mod tests {
         assert!(b.check_mapped(0, 4 << 20).is_ok());
         assert!(b.check_mapped(0, 5 << 20).is_err());
         let claimed = b.claim_unmap(0, 4 << 20).unwrap();
-        assert_eq!(claimed.len(), 2);
+        assert_eq!(claimed.mappings.len(), 2);
         assert!(b.mappings.is_empty());
         b.restore_mappings(claimed);
         assert_eq!(b.mappings.len(), 2);

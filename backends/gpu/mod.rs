@@ -48,10 +48,12 @@
 //! | out of memory | `CUDA_ERROR_OUT_OF_MEMORY` | `hipErrorOutOfMemory`, or a null pointer from `hipMalloc` |
 //! | symbols | `cuDevicePrimaryCtxRelease_v2` falls back to the CUDA 7 name | the device-properties call by ROCm release (`R0600` on ROCm ≥ 6) |
 //! | opening | `CudaDevice::open(driver, ordinal)` | `HipDevice::builder()` with options (memory kind, required capabilities, default pool) |
+//! | copies, pinned host memory | `cuMemcpyDtoHAsync_v2` / `cuMemcpyHtoDAsync_v2` (required, CUDA 3.2); `cuMemHostAlloc` / `cuMemFreeHost` (optional group: without it, no pinned memory) | `hipMemcpyDtoHAsync` / `hipMemcpyHtoDAsync` (required, HIP ≤ 4.2); `hipHostMalloc` / `hipHostFree` (optional group) |
 
 mod books;
 
 use std::fmt;
+use std::ptr::NonNull;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 pub use books::VendorCensus;
@@ -250,6 +252,36 @@ pub trait VendorApi: fmt::Debug + Send + Sync + Sized + 'static {
     /// # Safety
     /// `peer` came from [`VendorApi::enable_peer`] and is released once.
     unsafe fn release_peer(&self, peer: Self::Peer) -> Result<()>;
+    /// Queues a copy of `size` bytes (> 0) from device memory at `src` to host memory at `dst`
+    /// on `stream` (`cuMemcpyDtoHAsync_v2`, `hipMemcpyDtoHAsync`).
+    ///
+    /// # Safety
+    /// `dst` is valid for `size` bytes of writes until the copy completes; `[src, src +
+    /// size)` is memory of this device the current device may access; `stream` as for
+    /// [`VendorApi::stream_synchronize`].
+    unsafe fn copy_to_host(&self, dst: *mut u8, src: u64, size: usize, stream: u64) -> Result<()>;
+    /// Queues a copy of `size` bytes (> 0) from host memory at `src` to device memory at `dst`
+    /// on `stream` (`cuMemcpyHtoDAsync_v2`, `hipMemcpyHtoDAsync`).
+    ///
+    /// # Safety
+    /// `src` is valid for `size` bytes of reads until the copy completes; the rest as for
+    /// [`VendorApi::copy_to_host`].
+    unsafe fn copy_from_host(
+        &self,
+        dst: u64,
+        src: *const u8,
+        size: usize,
+        stream: u64,
+    ) -> Result<()>;
+    /// `size` bytes (> 0) of page-locked host memory for the current device (`cuMemHostAlloc`,
+    /// `hipHostMalloc`, flags 0); `None` when the driver does not export the pinned-host calls.
+    fn host_alloc(&self, size: usize) -> Result<Option<u64>>;
+    /// Frees memory from [`VendorApi::host_alloc`] (`cuMemFreeHost`, `hipHostFree`).
+    ///
+    /// # Safety
+    /// `ptr` is live memory from [`VendorApi::host_alloc`], no copy uses it any more, and it
+    /// is not used afterwards.
+    unsafe fn host_free(&self, ptr: u64) -> Result<()>;
 }
 
 /// A handle the vendor API takes as a pointer (a stream, event or pool; on HIP also a device
@@ -283,8 +315,8 @@ pub(crate) struct Opened<V> {
 /// * Any stream the caller passes (its own, one from [`Device::create_stream`], or a special
 ///   handle) is used as it is.
 /// * Dropping the device gives back whatever it still holds — pool allocations (then a
-///   synchronisation), allocations, mappings, physical handles, reservations, events,
-///   streams, the pool, peers — and warns about it.
+///   synchronisation), allocations, mappings, physical handles, reservations, pinned host
+///   memory, events, streams, the pool, peers — and warns about it.
 pub struct GpuDevice<V: VendorApi> {
     vendor: V,
     info: DeviceInfo,
@@ -670,6 +702,110 @@ impl<V: VendorApi> Device for GpuDevice<V> {
     fn peer_access(&self) -> Vec<u32> {
         lock(&self.peers).iter().map(|&(o, _)| o).collect()
     }
+    /// Checks the device range against the books (inside one allocation of this device, or
+    /// mapped by it with access granted) and the host pointer, then queues
+    /// `cuMemcpyDtoHAsync_v2` / `hipMemcpyDtoHAsync` with the device current.
+    ///
+    /// # Errors
+    /// [`Error::UnknownPointer`] for a range in no memory of this device;
+    /// [`Error::InvalidArgument`] for one past its allocation or mappings, without access, or
+    /// a null `dst`; [`Error::Driver`] when the driver refuses.
+    ///
+    /// # Safety
+    /// As [`Device::copy_to_host`].
+    unsafe fn copy_to_host(&self, dst: *mut u8, src: u64, size: u64, stream: Stream) -> Result<()> {
+        if size == 0 {
+            return Ok(());
+        }
+        let n = super::host_range("copy_to_host", "dst", dst as usize, size)?;
+        self.books()
+            .check_copy(V::BACKEND, "copy_to_host", src, size)?;
+        let _current = self.current()?;
+        // SAFETY: the device range is memory of this device with access (checked against the
+        // books); the caller guarantees `dst` for `n` bytes until the copy completes and,
+        // by the contract of `Stream`, a live stream or a special handle.
+        unsafe { self.vendor.copy_to_host(dst, src, n, stream.0) }
+    }
+
+    /// As [`GpuDevice::copy_to_host`](Device::copy_to_host), with `cuMemcpyHtoDAsync_v2` /
+    /// `hipMemcpyHtoDAsync`.
+    ///
+    /// # Errors
+    /// As `copy_to_host`, for a null `src`.
+    ///
+    /// # Safety
+    /// As [`Device::copy_from_host`].
+    unsafe fn copy_from_host(
+        &self,
+        dst: u64,
+        src: *const u8,
+        size: u64,
+        stream: Stream,
+    ) -> Result<()> {
+        if size == 0 {
+            return Ok(());
+        }
+        let n = super::host_range("copy_from_host", "src", src as usize, size)?;
+        self.books()
+            .check_copy(V::BACKEND, "copy_from_host", dst, size)?;
+        let _current = self.current()?;
+        // SAFETY: as in `copy_to_host`, with `src` valid for reads.
+        unsafe { self.vendor.copy_from_host(dst, src, n, stream.0) }
+    }
+
+    /// `cuMemHostAlloc` / `hipHostMalloc` (flags 0) with the device current, counted in the
+    /// census; `Ok(None)` when the driver does not export the pinned-host calls.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSize`] for zero or a size past `size_t`; [`Error::Driver`] when the
+    /// driver refuses (its out-of-memory code included).
+    fn alloc_pinned_host(&self, size: u64) -> Result<Option<NonNull<u8>>> {
+        request_size(size, 1, Request::PinnedHost)?;
+        let bytes = usize::try_from(size).map_err(|_| Error::InvalidSize {
+            size,
+            reason: "larger than this platform's size_t",
+        })?;
+        let _current = self.current()?;
+        let Some(ptr) = self.vendor.host_alloc(bytes)? else {
+            return Ok(None);
+        };
+        let Some(made) = NonNull::new(ptr as usize as *mut u8) else {
+            return Err(Error::Driver {
+                backend: V::BACKEND,
+                call: "alloc_pinned_host",
+                code: V::OUT_OF_MEMORY,
+                name: "null pointer".into(),
+                message: format!(
+                    "the driver answered success with a null pointer for {size} bytes"
+                ),
+            });
+        };
+        self.books().pinned_host.insert(ptr, size);
+        Ok(Some(made))
+    }
+
+    /// `cuMemFreeHost` / `hipHostFree` of memory from [`Device::alloc_pinned_host`].
+    ///
+    /// # Errors
+    /// [`Error::UnknownPointer`] for memory this device did not hand out (or freed already);
+    /// [`Error::InvalidArgument`] for the wrong size; [`Error::Driver`] when the driver
+    /// refuses (the memory is then still held).
+    ///
+    /// # Safety
+    /// As [`Device::free_pinned_host`].
+    unsafe fn free_pinned_host(&self, ptr: NonNull<u8>, size: u64) -> Result<()> {
+        let addr = ptr.as_ptr() as usize as u64;
+        self.books().claim_pinned_host(V::BACKEND, addr, size)?;
+        self.give_back(
+            (addr, size),
+            // SAFETY: live pinned memory of this device (checked, out of the books); the
+            // caller guarantees no copy uses it any more.
+            || unsafe { self.vendor.host_free(addr) },
+            |b, (addr, size)| {
+                b.pinned_host.insert(addr, size);
+            },
+        )
+    }
 }
 
 impl<V: VendorApi> VirtualMemory for GpuDevice<V> {
@@ -778,7 +914,9 @@ impl<V: VendorApi> VirtualMemory for GpuDevice<V> {
         };
         let _current = self.current()?;
         // SAFETY: the range is mapped by this device (checked).
-        unsafe { self.vendor.set_access(va, size, &kept) }
+        unsafe { self.vendor.set_access(va, size, &kept) }?;
+        self.books().access.insert(va, va + size);
+        Ok(())
     }
 
     fn unmap(&self, va: u64, size: u64) -> Result<()> {
@@ -872,8 +1010,8 @@ impl<V: VendorApi> Drop for GpuDevice<V> {
     /// Gives back what the device still holds, in an order the drivers accept: pool
     /// allocations (then a synchronisation, so the pool really has them back), allocations,
     /// mappings, physical handles (after their mappings), reservations (after what was mapped
-    /// in them), events, streams, the pool, the peers. The vendor's own state (CUDA's primary
-    /// context) goes last, when the vendor value drops.
+    /// in them), pinned host memory, events, streams, the pool, the peers. The vendor's own
+    /// state (CUDA's primary context) goes last, when the vendor value drops.
     fn drop(&mut self) {
         let census = self.census();
         let ordinal = self.info.ordinal;
@@ -934,6 +1072,11 @@ impl<V: VendorApi> Drop for GpuDevice<V> {
             for (&va, &size) in &books.reservations {
                 if let Err(e) = vendor.free_reservation(va, size) {
                     warn("could not free a reservation", e);
+                }
+            }
+            for &ptr in books.pinned_host.keys() {
+                if let Err(e) = vendor.host_free(ptr) {
+                    warn("could not free pinned host memory", e);
                 }
             }
             for &e in handles.events.keys() {

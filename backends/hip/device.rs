@@ -468,6 +468,44 @@ impl VendorApi for Hip {
     unsafe fn release_peer(&self, _peer: u32) -> Result<()> {
         Ok(())
     }
+    unsafe fn copy_to_host(&self, dst: *mut u8, src: u64, size: usize, s: u64) -> Result<()> {
+        let f = self.runtime.api.memcpy_dtoh_async;
+        // SAFETY: the caller guarantees the host and device ranges and the stream.
+        let code = unsafe { f(dst.cast(), handle(src), size, handle(s)) };
+        self.check("hipMemcpyDtoHAsync", code)
+    }
+
+    unsafe fn copy_from_host(&self, dst: u64, src: *const u8, size: usize, s: u64) -> Result<()> {
+        let f = self.runtime.api.memcpy_htod_async;
+        // SAFETY: the caller guarantees the host and device ranges and the stream; HIP
+        // declares the source `void *` but only reads it.
+        let code = unsafe { f(handle(dst), src.cast_mut().cast(), size, handle(s)) };
+        self.check("hipMemcpyHtoDAsync", code)
+    }
+
+    /// `hipHostMalloc(hipHostMallocDefault)` on the current device.
+    fn host_alloc(&self, size: usize) -> Result<Option<u64>> {
+        let Some(api) = self.runtime.pinned_host else {
+            return Ok(None);
+        };
+        // SAFETY: writes one pointer through a valid pointer; the header's default flags.
+        self.made("hipHostMalloc", |p| unsafe {
+            (api.alloc)(p, size, sys::hipHostMallocDefault)
+        })
+        .map(Some)
+    }
+
+    unsafe fn host_free(&self, ptr: u64) -> Result<()> {
+        let Some(api) = self.runtime.pinned_host else {
+            return Err(Error::Unsupported {
+                what: "`hipHostFree`".into(),
+                backend: BACKEND,
+                reason: format!("the runtime {} does not export it", self.runtime.path()),
+            });
+        };
+        // SAFETY: the caller guarantees live memory from `host_alloc`, unused now.
+        self.check("hipHostFree", unsafe { (api.free)(handle(ptr)) })
+    }
 }
 
 impl GpuDevice<Hip> {

@@ -14,6 +14,7 @@
 //! | [`REQUIRED_SYMBOLS`] | ≤ 4.2 | at load; missing → [`Error::MissingSymbol`] |
 //! | [`VMM_SYMBOLS`] | 5.1 | whole group or nothing; VMM is also gated on ROCm ≥ 7 |
 //! | [`POOL_SYMBOLS`] | 5.1 | whole group or nothing |
+//! | [`PINNED_HOST_SYMBOLS`] | ≤ 4.2 | whole group or nothing: without it, no pinned host memory |
 //! | `hipGetDevicePropertiesR0600` | 6.0 | optional: the architecture name on ROCm ≥ 6 |
 //! | `hipGetDeviceProperties` | 4.2 | optional: the architecture name on ROCm 5 (5.x layout) |
 //!
@@ -92,7 +93,8 @@ symbol_table! {
         device_synchronize: hipDeviceSynchronize,
         event_create_with_flags: hipEventCreateWithFlags, event_record: hipEventRecord,
         event_query: hipEventQuery, event_synchronize: hipEventSynchronize,
-        event_destroy: hipEventDestroy,
+        event_destroy: hipEventDestroy, memcpy_dtoh_async: hipMemcpyDtoHAsync,
+        memcpy_htod_async: hipMemcpyHtoDAsync,
     }
     /// The virtual-memory entry points (HIP 5.1): all resolved, or none used.
     Vmm, VMM_SYMBOLS {
@@ -111,6 +113,9 @@ symbol_table! {
     /// The peer-access entry points: both resolved, or no peers (not in
     /// [`Runtime::symbols`]).
     Peer, PEER_SYMBOLS { can_access: hipDeviceCanAccessPeer, enable: hipDeviceEnablePeerAccess }
+    /// The pinned host memory entry points (HIP ≤ 4.2, but optional: a runtime without them
+    /// offers no pinned memory, and copies use the caller's ordinary host memory).
+    PinnedHost, PINNED_HOST_SYMBOLS { alloc: hipHostMalloc, free: hipHostFree }
     /// The single optional entry points: the device properties, each layout on its own.
     Optional, OPTIONAL_SYMBOLS each {
         properties_r0600: hipGetDevicePropertiesR0600, properties_r0000: hipGetDeviceProperties,
@@ -164,6 +169,7 @@ pub struct Runtime {
     pub(crate) vmm: Option<Vmm>,
     pub(crate) pools: Option<Pools>,
     pub(crate) peer: Option<Peer>,
+    pub(crate) pinned_host: Option<PinnedHost>,
     // Keeps the code behind the function pointers above loaded; dropped last.
     library: Library,
 }
@@ -206,6 +212,7 @@ impl Runtime {
             peer: Peer::resolve(&library).ok(),
             vmm: Vmm::resolve(&library).ok(),
             pools: Pools::resolve(&library).ok(),
+            pinned_host: PinnedHost::resolve(&library).ok(),
             api,
             library,
             path,
@@ -252,6 +259,12 @@ impl Runtime {
         self.pools.is_some()
     }
 
+    /// True when the pinned host memory symbols (`hipHostMalloc`, `hipHostFree`) were
+    /// resolved.
+    pub fn has_pinned_host_symbols(&self) -> bool {
+        self.pinned_host.is_some()
+    }
+
     /// True when `hipGetDevicePropertiesR0600` (ROCm 6) was resolved.
     pub fn has_properties_r0600(&self) -> bool {
         self.optional.properties_r0600.is_some()
@@ -259,12 +272,13 @@ impl Runtime {
 
     /// Every symbol portalloc uses, with whether this library exports it — the required ones
     /// looked up in the library now, not assumed from a successful load — then
-    /// [`VMM_SYMBOLS`], [`POOL_SYMBOLS`] (each group used whole or not at all) and
-    /// [`OPTIONAL_SYMBOLS`], each looked up in the library.
+    /// [`VMM_SYMBOLS`], [`POOL_SYMBOLS`], [`PINNED_HOST_SYMBOLS`] (each group used whole or
+    /// not at all) and [`OPTIONAL_SYMBOLS`], each looked up in the library.
     pub fn symbols(&self) -> Vec<(&'static str, bool)> {
         let mut out = Required::exported(&self.library);
         out.extend(Vmm::exported(&self.library));
         out.extend(Pools::exported(&self.library));
+        out.extend(PinnedHost::exported(&self.library));
         out.extend(self.optional.exported());
         out
     }

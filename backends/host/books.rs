@@ -48,7 +48,7 @@ const DENSE_PAGES: u64 = 1 << 16;
 /// `Books::check_invariants`): a granule is mapped exactly when `handle != 0`; then `link`
 /// is non-zero, and the granules of one mapping are `n` consecutive slots of one reservation
 /// with the same `handle`, the first holding `link = n` and the `k`-th after it
-/// `link = -k`. An unmapped granule is `Slot::default()`.
+/// `link = -k`. An unmapped granule is `Slot::default()` (so it has no access either).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Slot {
     /// The handle mapped here; 0 when nothing is (handle ids start at 1).
@@ -56,6 +56,9 @@ struct Slot {
     /// At a mapping's first granule: its length in granules (> 0). At its other granules:
     /// minus their distance in granules from the first (< 0). 0 when unmapped.
     link: i64,
+    /// Read-write access was granted to this granule (`set_access`) since it was mapped: what
+    /// a copy needs (the real mode's `mprotect` made its pages readable and writable).
+    access: bool,
 }
 
 /// A reservation's granule slots, indexed by granule number from its base, in pages made
@@ -333,7 +336,7 @@ impl Books {
         self.capacity
     }
 
-    /// What the device holds now, except streams and events.
+    /// What the device holds now, except streams, events and pinned host memory.
     pub(crate) fn census(&self) -> HostCensus {
         HostCensus {
             allocations: self.allocations.len() as u64,
@@ -341,8 +344,7 @@ impl Books {
             physical_handles: self.handles.len() as u64,
             mappings: self.mappings as u64,
             reservations: self.reservations.len() as u64,
-            streams: 0,
-            events: 0,
+            ..HostCensus::default()
         }
     }
 
@@ -436,6 +438,43 @@ impl Books {
             });
         }
         Ok(record)
+    }
+
+    /// Where the device memory of a copy (`call`) lies among the plain allocations (the
+    /// stream-ordered pool's segments among them): `None` when none holds `va`; else whether
+    /// `[va, va + size)` stays inside it.
+    ///
+    /// # Errors
+    /// `InvalidArgument` naming the range and the allocation it runs past.
+    ///
+    /// # Time complexity
+    /// `O(1)` for a range from an allocation's start, `O(allocations)` for one inside.
+    pub(crate) fn check_copy_allocated(
+        &self,
+        call: &'static str,
+        va: u64,
+        size: u64,
+    ) -> Option<Result<()>> {
+        let (start, record) = match self.allocations.get(&va) {
+            Some(record) => (va, record),
+            None => self
+                .allocations
+                .iter()
+                .find(|(&start, a)| start <= va && va - start < a.size)
+                .map(|(&start, a)| (start, a))?,
+        };
+        let end = start + record.size;
+        if va.checked_add(size).is_some_and(|e| e <= end) {
+            return Some(Ok(()));
+        }
+        Some(Err(Error::InvalidArgument {
+            call,
+            reason: format!(
+                "device memory [{va:#x}, +{}) runs past the end of the allocation [{start:#x}, \
+                 {end:#x}); accepted is a range inside one allocation",
+                show(size)
+            ),
+        }))
     }
 
     /// Forgets an allocation checked by [`Books::check_free`] and credits its bytes.
@@ -795,6 +834,7 @@ impl Books {
             Slot {
                 handle: handle.0,
                 link: n as i64,
+                access: false,
             },
         );
         for k in 1..n {
@@ -803,6 +843,7 @@ impl Books {
                 Slot {
                     handle: handle.0,
                     link: -(k as i64),
+                    access: false,
                 },
             );
         }
@@ -885,6 +926,92 @@ impl Books {
         Ok(())
     }
 
+    /// Records that `set_access(va, size)`, checked by [`Books::check_set_access`], granted
+    /// access: every granule of the range is accessible until it is unmapped.
+    ///
+    /// # Time complexity
+    /// `O(log reservations + granules)` of the range.
+    pub(crate) fn grant_access(&mut self, va: u64, size: u64) {
+        let (g, shift) = (self.granularity, self.shift);
+        let end = va.saturating_add(size);
+        let mut at = va;
+        while at < end {
+            let Some(r) = self.reservation_at(at) else {
+                debug_assert!(false, "set_access of a range not checked");
+                return;
+            };
+            let res = &mut self.reservations[r];
+            let stop = end.min(res.end());
+            while at < stop {
+                let i = (at - res.base) >> shift;
+                let slot = res.slots.get(i);
+                debug_assert!(slot.handle != 0, "set_access of a granule not mapped");
+                if !slot.access {
+                    res.slots.set(
+                        i,
+                        Slot {
+                            access: true,
+                            ..slot
+                        },
+                    );
+                }
+                at += g;
+            }
+        }
+    }
+
+    /// Where the device memory of a copy (`call`) lies: `None` when no reservation holds
+    /// `va`; else whether every byte of `[va, va + size)` (`size` > 0, any alignment) is
+    /// mapped with access granted — through adjacent reservations too, as a run of mappings
+    /// may be.
+    ///
+    /// # Errors
+    /// `InvalidArgument` naming the range and the first address not mapped, or mapped without
+    /// access, or past the reservations.
+    ///
+    /// # Time complexity
+    /// `O(log reservations + granules)` of the range.
+    pub(crate) fn check_copy_mapped(
+        &self,
+        call: &'static str,
+        va: u64,
+        size: u64,
+    ) -> Option<Result<()>> {
+        let g = self.granularity;
+        let mut r = self.reservation_at(va)?;
+        let end = va.saturating_add(size);
+        let refuse = |at: u64, why: &str| {
+            Err(Error::InvalidArgument {
+                call,
+                reason: format!(
+                    "device memory [{va:#x}, {end:#x}) {why} at {at:#x}; accepted is memory of \
+                     this device mapped with access granted (set_access) or a live allocation"
+                ),
+            })
+        };
+        if size == 0 || end - va != size {
+            return Some(refuse(va, "runs past the end of the address space"));
+        }
+        let mut at = va & !(g - 1);
+        while at < end {
+            if at >= self.reservations[r].end() {
+                match self.reservations.get(r + 1) {
+                    Some(next) if next.base == at => r += 1,
+                    _ => return Some(refuse(at.max(va), "runs past its reservation")),
+                }
+            }
+            let slot = self.slot(r, at);
+            if slot.handle == 0 {
+                return Some(refuse(at.max(va), "is not mapped"));
+            }
+            if !slot.access {
+                return Some(refuse(at.max(va), "is mapped without access"));
+            }
+            at += g;
+        }
+        Some(Ok(()))
+    }
+
     /// Checks `unmap(va, size)`: the range must be exactly a run of whole mappings.
     ///
     /// # Errors
@@ -948,7 +1075,7 @@ impl Books {
             }
             let res = &mut self.reservations[r];
             let first = (at - res.base) >> shift;
-            let Slot { handle, link } = res.slots.get(first);
+            let Slot { handle, link, .. } = res.slots.get(first);
             if link <= 0 {
                 debug_assert!(false, "unmap of a run not checked");
                 return;
@@ -1028,11 +1155,8 @@ impl Books {
                             return bad("mapping runs past the reservation");
                         }
                         let tail = (1..n).all(|k| {
-                            res.slots.get(at + k)
-                                == Slot {
-                                    handle: slot.handle,
-                                    link: -(k as i64),
-                                }
+                            let inner = res.slots.get(at + k);
+                            (inner.handle, inner.link) == (slot.handle, -(k as i64))
                         });
                         if !tail {
                             return bad("a mapping's inner granules do not name it");
@@ -1259,6 +1383,92 @@ mod tests {
     }
 
     #[test]
+    fn copies_need_every_byte_mapped_with_access() {
+        let mut b = books();
+        let (first, second) = (1 << 40, (1 << 40) + 4 * G);
+        b.insert_reservation(first, 4 * G);
+        b.insert_reservation(second, 2 * G);
+        let h = b.insert_handle(6 * G, None);
+        for (va, offset) in [(first, 0), (first + G, G), (second, 2 * G)] {
+            b.map(va, G, h, offset, |_| Ok(())).unwrap();
+        }
+        // Outside every reservation: not the reservations' to answer.
+        assert!(b.check_copy_mapped("c", 1 << 39, 10).is_none());
+        // Mapped, but no access yet.
+        let err = b
+            .check_copy_mapped("c", first + 5, 10)
+            .unwrap()
+            .unwrap_err();
+        assert!(err.to_string().contains("mapped without access"), "{err}");
+        b.check_set_access(first, 2 * G).unwrap();
+        b.grant_access(first, 2 * G);
+        b.check_invariants().unwrap();
+        // Any alignment, across two mappings of one reservation.
+        b.check_copy_mapped("c", first + 7, G + 100)
+            .unwrap()
+            .unwrap();
+        // Into the unmapped rest of the reservation.
+        let err = b
+            .check_copy_mapped("c", first + G, 2 * G)
+            .unwrap()
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains(&format!("is not mapped at {:#x}", first + 2 * G)),
+            "{err}"
+        );
+        // Across into an adjacent reservation: the run goes on there, with access granted.
+        b.map(first + 2 * G, 2 * G, h, 3 * G, |_| Ok(())).unwrap();
+        b.map(second + G, G, h, 0, |_| Ok(())).unwrap();
+        for (va, size) in [(first + 2 * G, 2 * G), (second, 2 * G)] {
+            b.check_set_access(va, size).unwrap();
+            b.grant_access(va, size);
+        }
+        b.check_invariants().unwrap();
+        b.check_copy_mapped("c", first + 3 * G, 2 * G)
+            .unwrap()
+            .unwrap();
+        b.check_copy_mapped("c", first, 6 * G).unwrap().unwrap();
+        // Past the last reservation's end, where nothing is reserved.
+        let err = b
+            .check_copy_mapped("c", second + 2 * G - 1, 2)
+            .unwrap()
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("runs past its reservation"),
+            "{err}"
+        );
+        // Unmapping takes the access away; mapping again starts without it.
+        b.check_unmap(first + G, G).unwrap();
+        b.remove_mappings(first + G, G);
+        b.map(first + G, G, h, G, |_| Ok(())).unwrap();
+        b.check_invariants().unwrap();
+        b.check_copy_mapped("c", first, G).unwrap().unwrap();
+        let err = b.check_copy_mapped("c", first, G + 1).unwrap().unwrap_err();
+        assert!(err.to_string().contains("mapped without access"), "{err}");
+    }
+
+    #[test]
+    fn copies_stay_inside_one_allocation() {
+        let mut b = books();
+        b.insert_alloc(0x1000_0000, 5000, 5120);
+        b.insert_alloc(0x2000_0000, 100, 256);
+        b.check_copy_allocated("c", 0x1000_0000, 5000)
+            .unwrap()
+            .unwrap();
+        b.check_copy_allocated("c", 0x1000_0000 + 4999, 1)
+            .unwrap()
+            .unwrap();
+        let err = b
+            .check_copy_allocated("c", 0x1000_0000 + 4999, 2)
+            .unwrap()
+            .unwrap_err();
+        assert!(err.to_string().contains("runs past the end"), "{err}");
+        assert!(b.check_copy_allocated("c", 0x1000_0000 + 5000, 1).is_none());
+        assert!(b.check_copy_allocated("c", 0x3000_0000, 1).is_none());
+    }
+
+    #[test]
     fn huge_reservations_keep_far_granules_in_the_hash_pages() {
         // 4 KiB granules: a 1 TiB reservation has 2^28 granules, past the dense pages.
         let g = 4096;
@@ -1293,6 +1503,8 @@ mod tests {
         mappings: Vec<(u64, u64, u64)>,
         /// `(handle, size, released)`.
         handles: Vec<(u64, u64, bool)>,
+        /// Granules granted access since they were mapped.
+        access: std::collections::BTreeSet<u64>,
     }
 
     impl Model {
@@ -1341,6 +1553,8 @@ mod tests {
         Map(u64, u64, usize, u64),
         SetAccess(u64, u64),
         Unmap(u64, u64),
+        /// A copy from granule `.0`, `.1` bytes in, of `.2` quarter granules and a byte.
+        Copy(u64, u64, u64),
     }
 
     fn op() -> impl proptest::strategy::Strategy<Value = Op> {
@@ -1354,6 +1568,7 @@ mod tests {
                 .prop_map(|(a, s, h, o)| Op::Map(a, s, h, o)),
             2 => (0..24u64, 1..6u64).prop_map(|(a, s)| Op::SetAccess(a, s)),
             3 => (0..24u64, 1..6u64).prop_map(|(a, s)| Op::Unmap(a, s)),
+            3 => (0..26u64, 0..G, 0..12u64).prop_map(|(a, o, n)| Op::Copy(a, o, n)),
         ]
     }
 
@@ -1432,9 +1647,25 @@ mod tests {
                     }
                     Op::SetAccess(a, n) => {
                         let (va, size) = (base + a * G, n * G);
+                        let ok = m.covered(va, size);
+                        proptest::prop_assert_eq!(b.check_set_access(va, size).is_ok(), ok);
+                        if ok {
+                            b.grant_access(va, size);
+                            m.access.extend((va..va + size).step_by(G as usize));
+                        }
+                    }
+                    Op::Copy(a, o, n) => {
+                        let (va, size) = (base + a * G + o, n * G / 4 + 1);
+                        let reserved = m.reservations.iter().any(|&(r, rs)| r <= va && va < r + rs);
+                        let first = va - va % G;
+                        let accessible = (first..va + size)
+                            .step_by(G as usize)
+                            .all(|g| m.access.contains(&g));
+                        let got = b.check_copy_mapped("copy", va, size).map(|r| r.is_ok());
                         proptest::prop_assert_eq!(
-                            b.check_set_access(va, size).is_ok(),
-                            m.covered(va, size)
+                            got,
+                            reserved.then_some(accessible),
+                            "copy {:#x}+{}", va, size
                         );
                     }
                     Op::Unmap(a, n) => {
@@ -1443,6 +1674,7 @@ mod tests {
                         proptest::prop_assert_eq!(b.check_unmap(va, size).is_ok(), ok);
                         if ok {
                             b.remove_mappings(va, size);
+                            m.access.retain(|&g| g < va || g >= va + size);
                             m.mappings.retain(|&(v, _, _)| v < va || v >= va + size);
                             m.handles.retain(|&(h, _, r)| {
                                 !r || m.mappings.iter().any(|&(_, _, mh)| mh == h)

@@ -53,6 +53,26 @@
 //! * **Stream-ordered pool** ([`StreamOrderedPool`], like `cuMemAllocFromPoolAsync`): segments
 //!   of plain allocations (so the census counts them), sub-allocated best fit, with CUDA's
 //!   release threshold and stream ordering — see the `pool` module.
+//! * **Copies** between device and host memory ([`Device::copy_to_host`],
+//!   [`Device::copy_from_host`], like `cuMemcpyDtoHAsync` / `cuMemcpyHtoDAsync`): the device
+//!   range must lie in memory mapped with access granted (`set_access`; through adjacent
+//!   mappings and reservations too) or inside one live plain allocation (the pool's segments
+//!   among them) — anything else is refused before a byte is touched, so a bad range is an
+//!   error, never a fault of the process. Each copy is an operation on its stream's clock
+//!   (ordered after what is queued there: a kernel in flight, a GPU-side wait) that completes
+//!   in stream order; an event recorded after it says when. **The bytes move when the copy
+//!   is queued**, under the device's lock (so no unmap can pull the memory away meanwhile),
+//!   not when the clock reaches it: the test's kernels are simulated and write nothing, and
+//!   every order between streams goes through an event recorded after queued work, so a
+//!   copy queued later in stream order is also queued later in time, and what a caller can
+//!   observe through the contract (bytes read only once the copy completed) is the same.
+//!   Freeing or unmapping the device range, or freeing the pinned host memory, of a copy not
+//!   yet complete is a hazard ([`HostDevice::hazards`]). In simulated mode a copy is checked
+//!   and queued the same way but moves no bytes (there are none).
+//! * **Pinned host memory** ([`Device::alloc_pinned_host`]): an anonymous private mapping
+//!   (page-aligned, not locked: the host needs no DMA), counted in the census
+//!   ([`HostCensus::pinned_host`]) until [`Device::free_pinned_host`]. `Ok(None)` in
+//!   simulated mode, which maps nothing.
 //!
 //! Errors: bad arguments are [`Error::InvalidArgument`] (what was wrong and what is
 //! accepted), pointers and handles the device does not know are [`Error::UnknownPointer`],
@@ -110,6 +130,10 @@ pub struct HostCensus {
     pub streams: u64,
     /// Live events.
     pub events: u64,
+    /// Live pinned host memory allocations ([`Device::alloc_pinned_host`]).
+    pub pinned_host: u64,
+    /// Their bytes (as asked for), not counted against the capacity: host memory.
+    pub pinned_host_bytes: u64,
 }
 
 impl HostCensus {
@@ -228,6 +252,7 @@ impl HostDeviceBuilder {
                 pool: PoolState::default(),
                 peers: BTreeSet::new(),
                 peer_grants: BTreeMap::new(),
+                pinned: BTreeMap::new(),
             }),
         })
     }
@@ -255,6 +280,8 @@ struct State {
     /// Granule → the peers granted access to it by `set_access_with_peers` (recorded only:
     /// host devices share one address space). Forgotten when the granule is unmapped.
     peer_grants: BTreeMap<u64, BTreeSet<u32>>,
+    /// Pinned host memory handed out: address → size asked for (mapped: whole pages).
+    pinned: BTreeMap<u64, u64>,
 }
 
 /// Host memory as a device. See the [module docs](self).
@@ -316,6 +343,8 @@ impl HostDevice {
         HostCensus {
             streams: st.streams.live.len() as u64,
             events: st.timeline.event_count() as u64,
+            pinned_host: st.pinned.len() as u64,
+            pinned_host_bytes: st.pinned.values().sum(),
             ..st.books.census()
         }
     }
@@ -453,6 +482,42 @@ impl HostDevice {
                 size,
                 reason: "too large: rounding it up to whole pages overflows",
             })
+    }
+
+    /// The checks of a copy (`call`, `size` > 0) between device memory `[va, va + size)` and
+    /// host memory at `host` (`what` names it: `dst`, `src`): the host side non-null, the
+    /// device side mapped with access or inside one allocation, the two apart. Returns the
+    /// size as a `usize` and the device address as a pointer value.
+    fn check_copy(
+        books: &Books,
+        call: &'static str,
+        (va, host, what): (u64, usize, &str),
+        size: u64,
+    ) -> Result<(usize, usize)> {
+        let n = super::host_range(call, what, host, size)?;
+        books
+            .check_copy_mapped(call, va, size)
+            .or_else(|| books.check_copy_allocated(call, va, size))
+            .unwrap_or(Err(Error::UnknownPointer {
+                what: "device memory",
+                ptr: va,
+                backend: BACKEND,
+            }))?;
+        // Inside a mapping or an allocation of this process's address space: it fits a usize.
+        let device = usize::try_from(va).map_err(|_| Error::InvalidArgument {
+            call,
+            reason: format!("device address {va:#x} does not fit this machine's address width"),
+        })?;
+        if host < device + n && device < host + n {
+            return Err(Error::InvalidArgument {
+                call,
+                reason: format!(
+                    "host memory {what} = {host:#x} overlaps the device memory [{va:#x}, \
+                     +{size}) it is copied with; accepted are two apart"
+                ),
+            });
+        }
+        Ok((n, device))
     }
 }
 
@@ -686,6 +751,130 @@ impl Device for HostDevice {
     fn peer_access(&self) -> Vec<u32> {
         self.lock().peers.iter().copied().collect()
     }
+    /// Checks the ranges (see the module docs), copies the bytes at once under the device's
+    /// lock (simulated mode: none) and queues the copy on `stream`'s clock, where it completes
+    /// in stream order.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a null or wrapping `dst`, a device range that is not
+    /// mapped with access, runs past its allocation or reservation, or overlaps `dst`;
+    /// [`Error::UnknownPointer`] (`what = "device memory"`) for a range in no reservation or
+    /// allocation of this device.
+    ///
+    /// # Safety
+    /// As [`Device::copy_to_host`]; the device side is checked here (a bad range is refused,
+    /// never touched).
+    #[allow(unsafe_code)]
+    unsafe fn copy_to_host(&self, dst: *mut u8, src: u64, size: u64, stream: Stream) -> Result<()> {
+        if size == 0 {
+            return Ok(());
+        }
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        let host = dst as usize;
+        let (n, device) = Self::check_copy(&st.books, "copy_to_host", (src, host, "dst"), size)?;
+        if st.sim.is_none() {
+            // SAFETY: `[device, device + n)` is this device's memory, mapped readable (access
+            // granted) or a live allocation, checked just above, and stays so while the lock is
+            // held (unmap and free take it); the caller guarantees `dst` is valid for `n`
+            // bytes of writes, and the two ranges are apart (checked).
+            unsafe { std::ptr::copy_nonoverlapping(device as *const u8, dst, n) };
+        }
+        st.timeline.copy_on(stream, src, host as u64, size);
+        Ok(())
+    }
+
+    /// As [`HostDevice::copy_to_host`](Device::copy_to_host), from `src` to device memory.
+    ///
+    /// # Errors
+    /// As `copy_to_host`, for a null `src`.
+    ///
+    /// # Safety
+    /// As [`Device::copy_from_host`]; the device side is checked here.
+    #[allow(unsafe_code)]
+    unsafe fn copy_from_host(
+        &self,
+        dst: u64,
+        src: *const u8,
+        size: u64,
+        stream: Stream,
+    ) -> Result<()> {
+        if size == 0 {
+            return Ok(());
+        }
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        let host = src as usize;
+        let (n, device) = Self::check_copy(&st.books, "copy_from_host", (dst, host, "src"), size)?;
+        if st.sim.is_none() {
+            // SAFETY: `[device, device + n)` is this device's memory, mapped writable (access
+            // granted) or a live allocation, checked just above, and stays so while the lock is
+            // held; the caller guarantees `src` is valid for `n` bytes of reads, and the two
+            // ranges are apart (checked).
+            unsafe { std::ptr::copy_nonoverlapping(src, device as *mut u8, n) };
+        }
+        st.timeline.copy_on(stream, dst, host as u64, size);
+        Ok(())
+    }
+
+    /// An anonymous private mapping of whole pages (not locked: the host needs no DMA),
+    /// counted in [`HostCensus::pinned_host`]; `Ok(None)` in simulated mode.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSize`] for zero (or a size too large to round to pages);
+    /// [`Error::Os`] when `mmap` fails.
+    fn alloc_pinned_host(&self, size: u64) -> Result<Option<std::ptr::NonNull<u8>>> {
+        super::request_size(size, 1, super::Request::PinnedHost)?;
+        if self.simulated {
+            return Ok(None);
+        }
+        let len = self.mapped_len(size)?;
+        let mut st = self.lock();
+        let ptr = os::map_anonymous(len)?;
+        st.pinned.insert(ptr, size);
+        Ok(std::ptr::NonNull::new(ptr as usize as *mut u8))
+    }
+
+    /// Unmaps memory from [`Device::alloc_pinned_host`]. Freeing it while a copy using it is
+    /// still in flight is recorded as a hazard ([`HostDevice::hazards`]).
+    ///
+    /// # Errors
+    /// [`Error::UnknownPointer`] (`what = "pinned host memory"`) for memory not from this
+    /// device (or freed already); [`Error::InvalidArgument`] for the wrong size;
+    /// [`Error::Os`] when `munmap` fails.
+    ///
+    /// # Safety
+    /// As [`Device::free_pinned_host`].
+    #[allow(unsafe_code)]
+    unsafe fn free_pinned_host(&self, ptr: std::ptr::NonNull<u8>, size: u64) -> Result<()> {
+        let addr = ptr.as_ptr() as usize as u64;
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        match st.pinned.get(&addr) {
+            None => {
+                return Err(Error::UnknownPointer {
+                    what: "pinned host memory",
+                    ptr: addr,
+                    backend: BACKEND,
+                })
+            }
+            Some(&held) if held != size => {
+                return Err(Error::InvalidArgument {
+                    call: "free_pinned_host",
+                    reason: format!(
+                        "pinned host memory {addr:#x} was allocated with {held} bytes, not \
+                         {size}; accepted is the size it was allocated with"
+                    ),
+                })
+            }
+            Some(_) => {}
+        }
+        st.timeline
+            .check_unused(addr, size, "a free of pinned host memory");
+        os::unmap(addr, self.mapped_len(size)?)?;
+        st.pinned.remove(&addr);
+        Ok(())
+    }
 }
 
 impl VirtualMemory for HostDevice {
@@ -790,11 +979,12 @@ impl VirtualMemory for HostDevice {
     /// [`Error::InvalidArgument`] for a misaligned or zero argument or a range not entirely
     /// mapped; [`Error::Os`] when `mprotect` fails.
     fn set_access(&self, va: u64, size: u64) -> Result<()> {
-        let st = self.lock();
+        let mut st = self.lock();
         st.books.check_set_access(va, size)?;
         if st.sim.is_none() {
             os::protect_rw(va, size)?;
         }
+        st.books.grant_access(va, size);
         Ok(())
     }
 
@@ -820,6 +1010,7 @@ impl VirtualMemory for HostDevice {
         if st.sim.is_none() {
             os::protect_rw(va, size)?;
         }
+        st.books.grant_access(va, size);
         if !peers.is_empty() {
             for g in (va..va + size).step_by(self.granularity as usize) {
                 st.peer_grants.entry(g).or_default().extend(peers);
@@ -865,7 +1056,16 @@ impl Drop for HostDevice {
         let streams = st.streams.live.len();
         let events = st.timeline.event_count();
         let left = st.books.take_all();
+        let pinned = std::mem::take(&mut st.pinned);
         if real {
+            for (&ptr, &size) in &pinned {
+                let Some(len) = size.checked_next_multiple_of(page) else {
+                    continue;
+                };
+                if let Err(e) = os::unmap(ptr, len) {
+                    tracing::warn!(ptr, size, error = %e, "could not unmap leaked pinned host memory");
+                }
+            }
             for &(ptr, size) in &left.allocations {
                 let Some(len) = size.checked_next_multiple_of(page) else {
                     continue;
@@ -883,6 +1083,7 @@ impl Drop for HostDevice {
         }
         let leaked = !left.allocations.is_empty()
             || !left.reservations.is_empty()
+            || !pinned.is_empty()
             || left.mappings + left.handles + left.released_mapped + streams + events > 0;
         if leaked {
             tracing::warn!(
@@ -895,6 +1096,7 @@ impl Drop for HostDevice {
                 bytes = left.bytes,
                 streams,
                 events,
+                pinned_host = pinned.len(),
                 "host device dropped while still holding these; returned them"
             );
         }

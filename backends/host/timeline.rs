@@ -19,6 +19,11 @@
 //! * Freeing ([`Device::free`], a pool giving back a segment) or unmapping memory that a
 //!   kernel in flight uses is a **hazard** — undefined behaviour on a GPU — and is recorded
 //!   ([`HostDevice::hazards`]) rather than refused, as a driver would not notice either.
+//! * A **copy** between device and host memory ([`Device::copy_to_host`],
+//!   [`Device::copy_from_host`]) is an operation on its stream's clock like the others, in
+//!   flight over its device range until its clock completes it: freeing or unmapping that
+//!   range before is a hazard too. (The bytes move when the copy is queued, see the host
+//!   device's docs.)
 //!
 //! Invariants: `completed <= recorded` on every clock; a kernel is in `active` exactly while
 //! it is not finished; every wait's `seq` is an operation of its waiter's clock.
@@ -85,6 +90,17 @@ struct Kernel {
     finished: bool,
 }
 
+/// A copy in flight: operation `seq` of `clock`, between device memory `[va, va + size)`
+/// and host memory `[host, host + size)`.
+#[derive(Debug, Clone, Copy)]
+struct CopyOp {
+    clock: ClockKey,
+    seq: u64,
+    va: u64,
+    host: u64,
+    size: u64,
+}
+
 /// A GPU-side wait: operation `seq` of `waiter` completes only after `dep` reached `dep_seq`.
 #[derive(Debug, Clone, Copy)]
 struct Wait {
@@ -108,6 +124,9 @@ pub(super) struct Timeline {
     active: Vec<usize>,
     /// GPU-side waits that may still hold something back.
     waits: Vec<Wait>,
+    /// Copies that had not completed when last looked at (completed ones are forgotten
+    /// lazily, when a copy is queued or memory goes away).
+    copies: Vec<CopyOp>,
     hazard_count: u64,
     hazard_texts: Vec<String>,
     cpu_waits: u64,
@@ -307,6 +326,37 @@ impl Timeline {
         (key, self.enqueue(key))
     }
 
+    /// A copy between device memory `[va, va + size)` and host memory `[host, host + size)`
+    /// queued on `stream`: its place on the stream's clock, in flight over both ranges until
+    /// the clock completes it.
+    pub(super) fn copy_on(
+        &mut self,
+        stream: Stream,
+        va: u64,
+        host: u64,
+        size: u64,
+    ) -> (ClockKey, u64) {
+        let key = ClockKey::of(stream);
+        let seq = self.enqueue(key);
+        self.forget_completed_copies();
+        if !self.done(key, seq) {
+            self.copies.push(CopyOp {
+                clock: key,
+                seq,
+                va,
+                host,
+                size,
+            });
+        }
+        (key, seq)
+    }
+
+    fn forget_completed_copies(&mut self) {
+        let clocks = &self.clocks;
+        self.copies
+            .retain(|c| clocks.get(&c.clock).map_or(0, |k| k.completed) < c.seq);
+    }
+
     pub(super) fn done_at(&self, at: (ClockKey, u64)) -> bool {
         self.done(at.0, at.1)
     }
@@ -331,6 +381,7 @@ impl Timeline {
         }
         self.active.clear();
         self.waits.clear();
+        self.copies.clear();
         for c in self.clocks.values_mut() {
             c.completed = c.recorded;
         }
@@ -396,24 +447,43 @@ impl Timeline {
             })
     }
 
-    /// Before `[va, va + size)` goes away (`what`): a kernel in flight over it is a hazard.
+    /// Before `[va, va + size)` goes away (`what`: device memory, or pinned host memory): a
+    /// kernel or a copy in flight over it (a copy's device or host side) is a hazard.
     pub(super) fn check_unused(&mut self, va: u64, size: u64, what: &str) {
         let end = va.saturating_add(size);
-        let Some(&i) = self.active.iter().find(|&&i| {
+        let overlaps = |at: u64, len: u64| at < end && va < at.saturating_add(len);
+        let user = match self.active.iter().find(|&&i| {
             let k = &self.kernels[i];
-            k.va < end && va < k.va.saturating_add(k.size)
-        }) else {
-            return;
+            overlaps(k.va, k.size)
+        }) {
+            Some(&i) => {
+                let k = self.kernels[i];
+                format!("kernel {} uses [{:#x}, {:#x})", i + 1, k.va, k.va + k.size)
+            }
+            None => {
+                self.forget_completed_copies();
+                let Some(c) = self
+                    .copies
+                    .iter()
+                    .find(|c| overlaps(c.va, c.size) || overlaps(c.host, c.size))
+                else {
+                    return;
+                };
+                format!(
+                    "a copy queued on a stream (its operation {}) between device memory \
+                     [{:#x}, {:#x}) and host memory [{:#x}, {:#x}) is in flight",
+                    c.seq,
+                    c.va,
+                    c.va + c.size,
+                    c.host,
+                    c.host + c.size
+                )
+            }
         };
         self.hazard_count += 1;
         if self.hazard_texts.len() < HAZARD_TEXTS {
-            let k = self.kernels[i];
-            self.hazard_texts.push(format!(
-                "{what} of [{va:#x}, {end:#x}) while kernel {} uses [{:#x}, {:#x})",
-                i + 1,
-                k.va,
-                k.va + k.size
-            ));
+            self.hazard_texts
+                .push(format!("{what} of [{va:#x}, {end:#x}) while {user}"));
         }
     }
 

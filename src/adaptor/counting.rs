@@ -27,15 +27,26 @@ pub struct CallCounts {
     pub vm_map: u64,
     /// Stream-ordered pool calls: alloc_async, free_async, trim_to, threshold changes.
     pub pool: u64,
+    /// Copies between device and host memory: copy_to_host and copy_from_host.
+    pub copies: u64,
+    /// Pinned host memory calls: alloc_pinned_host and free_pinned_host.
+    pub pinned_host: u64,
     /// Stream and event calls, and pool queries.
     pub other: u64,
 }
 
 impl CallCounts {
-    /// Every call that takes or returns memory (`alloc`, `free`, the virtual-memory ones and
-    /// the pool's): the calls that cost time on a real driver.
+    /// Every call that takes or returns memory (`alloc`, `free`, the virtual-memory ones, the
+    /// pool's and pinned host memory's): the calls that cost time on a real driver. Copies
+    /// move bytes and take no memory: not counted here.
     pub fn memory_calls(&self) -> u64 {
-        self.alloc + self.free + self.vm_reserve + self.vm_physical + self.vm_map + self.pool
+        self.alloc
+            + self.free
+            + self.vm_reserve
+            + self.vm_physical
+            + self.vm_map
+            + self.pool
+            + self.pinned_host
     }
 }
 
@@ -48,6 +59,8 @@ struct Counters {
     vm_physical: AtomicU64,
     vm_map: AtomicU64,
     pool: AtomicU64,
+    copies: AtomicU64,
+    pinned_host: AtomicU64,
     other: AtomicU64,
 }
 
@@ -84,6 +97,8 @@ impl<D: Device + ?Sized> CountingDevice<D> {
             vm_physical: get(&c.vm_physical),
             vm_map: get(&c.vm_map),
             pool: get(&c.pool),
+            copies: get(&c.copies),
+            pinned_host: get(&c.pinned_host),
             other: get(&c.other),
         }
     }
@@ -110,6 +125,8 @@ impl<D: Device + ?Sized> DeviceWrapper for CountingDevice<D> {
             | Call::FreeAsync { .. }
             | Call::SetReleaseThreshold(_)
             | Call::TrimTo(_) => &c.pool,
+            Call::CopyToHost { .. } | Call::CopyFromHost { .. } => &c.copies,
+            Call::AllocPinnedHost { .. } | Call::FreePinnedHost { .. } => &c.pinned_host,
             _ => &c.other,
         };
         counter.fetch_add(1, Ordering::Relaxed);
@@ -123,6 +140,7 @@ mod tests {
     use crate::backends::host::HostDevice;
 
     #[test]
+    #[allow(unsafe_code)]
     fn counts_each_kind_of_call() {
         let host = Arc::new(
             HostDevice::builder()
@@ -149,5 +167,12 @@ mod tests {
             (2, 1, 2, 2, 3)
         );
         assert_eq!(c.memory_calls(), 10);
+        assert_eq!(dev.alloc_pinned_host(64).unwrap(), None, "simulated: none");
+        let p = dev.alloc(256).unwrap();
+        let mut buf = [0u8; 8];
+        // SAFETY: `buf` outlives the copy; `p` is a live allocation of 256 bytes.
+        unsafe { dev.copy_to_host(buf.as_mut_ptr(), p, 8, crate::Stream::DEFAULT) }.unwrap();
+        let c = dev.counts();
+        assert_eq!((c.copies, c.pinned_host, c.memory_calls()), (1, 1, 12));
     }
 }

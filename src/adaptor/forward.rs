@@ -3,6 +3,7 @@
 #![deny(unsafe_code)]
 
 use std::fmt;
+use std::ptr::NonNull;
 
 use crate::device::{
     peer_access_unsupported, Device, DeviceInfo, Event, MemInfo, PhysicalHandle, PoolUsage, Stream,
@@ -136,6 +137,40 @@ pub enum Call<'a> {
     TrimTo(u64),
     /// [`StreamOrderedPool::usage`].
     Usage,
+    /// [`Device::copy_to_host`].
+    CopyToHost {
+        /// The host memory written, as an address.
+        dst: usize,
+        /// The device memory read.
+        src: u64,
+        /// How many bytes.
+        size: u64,
+        /// Queued on which stream.
+        stream: Stream,
+    },
+    /// [`Device::copy_from_host`].
+    CopyFromHost {
+        /// The device memory written.
+        dst: u64,
+        /// The host memory read, as an address.
+        src: usize,
+        /// How many bytes.
+        size: u64,
+        /// Queued on which stream.
+        stream: Stream,
+    },
+    /// [`Device::alloc_pinned_host`].
+    AllocPinnedHost {
+        /// Bytes asked for.
+        size: u64,
+    },
+    /// [`Device::free_pinned_host`].
+    FreePinnedHost {
+        /// The memory, as an address.
+        ptr: usize,
+        /// Its size.
+        size: u64,
+    },
 }
 
 impl Call<'_> {
@@ -172,6 +207,10 @@ impl Call<'_> {
             Call::ReleaseThreshold => "release_threshold",
             Call::TrimTo(_) => "trim_to",
             Call::Usage => "usage",
+            Call::CopyToHost { .. } => "copy_to_host",
+            Call::CopyFromHost { .. } => "copy_from_host",
+            Call::AllocPinnedHost { .. } => "alloc_pinned_host",
+            Call::FreePinnedHost { .. } => "free_pinned_host",
         }
     }
 }
@@ -372,6 +411,54 @@ impl<W: DeviceWrapper> Device for W {
             unsafe { device_beneath(self)?.destroy_stream(stream) }
         })
     }
+    #[allow(unsafe_code)]
+    unsafe fn copy_to_host(&self, dst: *mut u8, src: u64, size: u64, stream: Stream) -> Result<()> {
+        let call = Call::CopyToHost {
+            dst: dst as usize,
+            src,
+            size,
+            stream,
+        };
+        through(self, call, || {
+            // SAFETY: the caller's promise, passed on unchanged.
+            unsafe { device_beneath(self)?.copy_to_host(dst, src, size, stream) }
+        })
+    }
+    #[allow(unsafe_code)]
+    unsafe fn copy_from_host(
+        &self,
+        dst: u64,
+        src: *const u8,
+        size: u64,
+        stream: Stream,
+    ) -> Result<()> {
+        let call = Call::CopyFromHost {
+            dst,
+            src: src as usize,
+            size,
+            stream,
+        };
+        through(self, call, || {
+            // SAFETY: the caller's promise, passed on unchanged.
+            unsafe { device_beneath(self)?.copy_from_host(dst, src, size, stream) }
+        })
+    }
+    fn alloc_pinned_host(&self, size: u64) -> Result<Option<NonNull<u8>>> {
+        through(self, Call::AllocPinnedHost { size }, || {
+            self.wrapped().alloc_pinned_host(size)
+        })
+    }
+    #[allow(unsafe_code)]
+    unsafe fn free_pinned_host(&self, ptr: NonNull<u8>, size: u64) -> Result<()> {
+        let call = Call::FreePinnedHost {
+            ptr: ptr.as_ptr() as usize,
+            size,
+        };
+        through(self, call, || {
+            // SAFETY: the caller's promise, passed on unchanged.
+            unsafe { self.wrapped().free_pinned_host(ptr, size) }
+        })
+    }
 
     fn info(&self) -> &DeviceInfo {
         self.device_info()
@@ -561,6 +648,53 @@ mod tests {
                 "before free_reservation",
                 "after free_reservation: ok"
             ]
+        );
+    }
+
+    #[test]
+    #[allow(unsafe_code)]
+    fn copies_and_pinned_memory_go_through_the_hooks() {
+        let w = logging(&["copy_from_host"], &[]);
+        assert_eq!(
+            w.alloc_pinned_host(4096).unwrap(),
+            None,
+            "the simulated host has none"
+        );
+        let p = w.alloc(4096).unwrap();
+        let mut buf = [0u8; 16];
+        // SAFETY: `buf` outlives the copy; `p` is a live allocation of 4096 bytes.
+        unsafe { w.copy_to_host(buf.as_mut_ptr(), p, 16, Stream::DEFAULT) }.unwrap();
+        // SAFETY: as above.
+        let refused = unsafe { w.copy_from_host(p, buf.as_ptr(), 16, Stream::DEFAULT) };
+        assert!(matches!(
+            refused,
+            Err(Error::InvalidArgument {
+                call: "copy_from_host",
+                ..
+            })
+        ));
+        w.free(p, 4096).unwrap();
+        assert_eq!(
+            seen(&w),
+            [
+                "before alloc_pinned_host",
+                "after alloc_pinned_host: ok",
+                "before alloc",
+                "after alloc: ok",
+                "before copy_to_host",
+                "after copy_to_host: ok",
+                "before copy_from_host",
+                "before free",
+                "after free: ok"
+            ]
+        );
+        let bogus = std::ptr::NonNull::from(&mut buf[0]);
+        // SAFETY: refused before anything is freed: the device never handed it out.
+        let unknown = unsafe { w.free_pinned_host(bogus, 16) };
+        assert!(matches!(unknown, Err(Error::UnknownPointer { .. })));
+        assert_eq!(
+            seen(&w),
+            ["before free_pinned_host", "after free_pinned_host: failed"]
         );
     }
 

@@ -12,6 +12,7 @@
 //! | init, devices, errors | CUDA 3.2 – 6.0 | `cuInit`, `cuDriverGetVersion`, `cuDeviceGet*`, `cuDeviceTotalMem_v2`, `cuGetErrorName/String` |
 //! | contexts | CUDA 7.0 (`_v2` release: 11.0) | `cuDevicePrimaryCtxRetain/Release_v2`, `cuCtxGet/SetCurrent` |
 //! | memory, streams, events | CUDA 3.2 – 4.0 | `cuMemGetInfo_v2`, `cuMemAlloc_v2`, `cuMemFree_v2`, `cuStream*`, `cuEvent*` |
+//! | copies, pinned host memory | CUDA 2.2 – 3.2 | `cuMemcpyDtoHAsync_v2`, `cuMemcpyHtoDAsync_v2`, `cuMemHostAlloc`, `cuMemFreeHost` |
 //! | virtual memory | CUDA 10.2 | `cuMemGetAllocationGranularity`, `cuMemCreate`, `cuMemRelease`, `cuMemAddressReserve/Free`, `cuMemMap/Unmap`, `cuMemSetAccess` |
 //! | memory pools | CUDA 11.2 | `cuDeviceGetDefaultMemPool`, `cuMemPool*`, `cuMemAllocFromPoolAsync`, `cuMemFreeAsync` |
 
@@ -292,6 +293,17 @@ signatures! {
     fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult;
     /// `CUresult cuMemFree_v2(CUdeviceptr dptr)`.
     fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult;
+    /// `CUresult cuMemcpyDtoHAsync_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount,
+    /// CUstream hStream)`.
+    fn cuMemcpyDtoHAsync_v2(dst_host: *mut c_void, src_device: CUdeviceptr, byte_count: usize, stream: CUstream) -> CUresult;
+    /// `CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void *srcHost, size_t
+    /// ByteCount, CUstream hStream)`.
+    fn cuMemcpyHtoDAsync_v2(dst_device: CUdeviceptr, src_host: *const c_void, byte_count: usize, stream: CUstream) -> CUresult;
+    /// `CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)` (CUDA 2.2;
+    /// resolved as optional).
+    fn cuMemHostAlloc(pp: *mut *mut c_void, bytesize: usize, flags: c_uint) -> CUresult;
+    /// `CUresult cuMemFreeHost(void *p)` (resolved as optional, with `cuMemHostAlloc`).
+    fn cuMemFreeHost(p: *mut c_void) -> CUresult;
 
     /// `CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp
     /// *prop, CUmemAllocationGranularity_flags option)`.

@@ -40,6 +40,7 @@
  *   bytes             device memory charged, all devices together
  *   contexts          primary-context references (CUDA); fakehip answers -1: HIP has no
  *                     context a caller retains
+ *   host_allocations  pinned host memory (cuMemHostAlloc / hipHostMalloc) not freed
  *
  * Peer access (both fakes export the vendor's can-access / enable calls)
  *   void fake_set_peer(int device, int peer, int can)
@@ -85,6 +86,19 @@
  *       not it had to wait). A CPU wait completes what it waits for, kernels included.
  *   long long fake_gpu_waits(void)
  *       Stream-wait-event calls so far.
+ *   Copies between device and host memory (cuMemcpyDtoHAsync_v2 / cuMemcpyHtoDAsync_v2,
+ *   hipMemcpyDtoHAsync / hipMemcpyHtoDAsync) are operations on their stream's clock like the
+ *   others: ordered after a kernel in flight or a wait queued before them, complete when their
+ *   clock reaches them (an event recorded after one says when). The device range must lie
+ *   inside one live plain or pool allocation, or be covered by mappings (adjacent ones too)
+ *   that grant the current device access; the host pointer must be non-null; else the
+ *   vendor's invalid-value error (an unknown stream: its invalid-handle error). Zero bytes
+ *   succeed and queue nothing. While a copy is in flight, freeing or unmapping its device
+ *   range, or freeing its pinned host memory, is a hazard as for a kernel. fakecuda's device
+ *   memory is real, so its copies move the bytes (when queued); fakehip's has none behind it,
+ *   so its copies only check and queue.
+ *   Pinned host memory (cuMemHostAlloc / cuMemFreeHost, hipHostMalloc / hipHostFree) is
+ *   malloc'd memory, counted in fake_live("host_allocations") until freed.
  *
  * The caller's current device: fakecuda keeps each thread's current context
  * (cuCtxGetCurrent / cuCtxSetCurrent), fakehip each thread's current device (hipGetDevice /
@@ -120,11 +134,13 @@ enum fake_live_what {
   LIVE_EVENTS,
   LIVE_BYTES,
   LIVE_CONTEXTS,
+  LIVE_HOST_ALLOCATIONS,
   LIVE_KINDS
 };
 static const char *const fake_live_names[LIVE_KINDS] = {
     "allocations", "pool_allocations", "pool_reserved", "pools",  "handles",  "mappings",
     "reservations", "streams",         "events",        "bytes",  "contexts",
+    "host_allocations",
 };
 
 struct fake_fault {
@@ -634,8 +650,43 @@ static int fake_ordered_before(const struct fake_kernel *k, int clock, unsigned 
   return 0;
 }
 
-/* Called before memory goes away (freed, unmapped, trimmed): a kernel in flight over
- * [va, va + size) is a hazard, recorded. */
+/* Copies queued and not complete when last looked at (see the spec above). */
+#define FAKE_MAX_COPIES 4096
+struct fake_copy {
+  int clock;
+  unsigned long long seq, va, host, size;
+};
+static struct fake_copy fake_copies[FAKE_MAX_COPIES];
+static int fake_n_copies;
+
+/* Forgets the copies that completed. */
+static void fake_forget_copies(void) {
+  int n = 0;
+  for (int i = 0; i < fake_n_copies; i++)
+    if (!fake_clock_done(fake_copies[i].clock, fake_copies[i].seq)) fake_copies[n++] = fake_copies[i];
+  fake_n_copies = n;
+}
+
+/* Queues a copy of `size` bytes between device memory `va` and host memory `host` on `clock`:
+ * in flight over both until the clock reaches it. Returns its number. */
+static unsigned long long fake_copy_queue(int clock, unsigned long long va,
+                                          unsigned long long host, unsigned long long size) {
+  unsigned long long seq = fake_enqueue(clock);
+  if (fake_clock_done(clock, seq)) return seq;
+  fake_forget_copies();
+  if (fake_n_copies < FAKE_MAX_COPIES) {
+    struct fake_copy *c = &fake_copies[fake_n_copies++];
+    c->clock = clock;
+    c->seq = seq;
+    c->va = va;
+    c->host = host;
+    c->size = size;
+  }
+  return seq;
+}
+
+/* Called before memory goes away (freed, unmapped, trimmed; pinned host memory freed): a
+ * kernel or a copy in flight over [va, va + size) is a hazard, recorded. */
 static void fake_check_unused(unsigned long long va, unsigned long long size, const char *what) {
   for (int i = 0; i < fake_n_active; i++) {
     struct fake_kernel *k = &fake_kernels[fake_active[i]];
@@ -644,6 +695,21 @@ static void fake_check_unused(unsigned long long va, unsigned long long size, co
         snprintf(fake_hazard_text, sizeof fake_hazard_text,
                  "%s of [%#llx, %#llx) while kernel %d (on clock %d) uses [%#llx, %#llx)", what,
                  va, va + size, fake_active[i], k->clock, k->va, k->va + k->size);
+      return;
+    }
+  }
+  fake_forget_copies();
+  for (int i = 0; i < fake_n_copies; i++) {
+    struct fake_copy *c = &fake_copies[i];
+    int device_side = c->va < va + size && va < c->va + c->size;
+    int host_side = c->host < va + size && va < c->host + c->size;
+    if (device_side || host_side) {
+      if (!fake_hazard_count++)
+        snprintf(fake_hazard_text, sizeof fake_hazard_text,
+                 "%s of [%#llx, %#llx) while a copy (operation %llu of clock %d) between device "
+                 "[%#llx, %#llx) and host [%#llx, %#llx) is in flight",
+                 what, va, va + size, c->seq, c->clock, c->va, c->va + c->size, c->host,
+                 c->host + c->size);
       return;
     }
   }
@@ -721,7 +787,7 @@ FAKE_EXPORT long long fake_gpu_waits(void) {
 static inline void fake_timeline_reset(void) {
   fake_n_clocks = 2;
   memset(&fake_clocks[FAKE_NULL_CLOCK], 0, sizeof fake_clocks[0]);
-  fake_n_kernels = fake_n_active = fake_n_waits = 0;
+  fake_n_kernels = fake_n_active = fake_n_waits = fake_n_copies = 0;
   fake_hold = 0;
   fake_hazard_count = fake_cpu_wait_count = fake_gpu_wait_count = 0;
   fake_hazard_text[0] = 0;

@@ -150,6 +150,13 @@ typedef struct reservation {
   unsigned long long va, size;
 } reservation_t;
 
+/* Pinned host memory (cuMemHostAlloc): malloc'd, until cuMemFreeHost. */
+typedef struct host_alloc {
+  struct host_alloc *next;
+  void *ptr;
+  unsigned long long size;
+} host_alloc_t;
+
 typedef struct stream stream_t;
 
 typedef struct block {
@@ -197,6 +204,7 @@ static alloc_t *allocs;
 static handle_t *handles;
 static mapping_t *mappings;
 static reservation_t *reservations;
+static host_alloc_t *host_allocs;
 static pool_t *pools;
 static stream_t *streams;
 static event_t *events;
@@ -319,6 +327,7 @@ static long long fake_live_of(enum fake_live_what what) {
     case LIVE_CONTEXTS:
       for (int d = 0; d < MAX_DEVICES; d++) n += contexts[d].refcount;
       break;
+    case LIVE_HOST_ALLOCATIONS: SUM(host_alloc_t, h, host_allocs, 1); break;
     case LIVE_BYTES:
       for (int d = 0; d < MAX_DEVICES; d++) n += (long long)used[d];
       break;
@@ -738,45 +747,107 @@ CUresult cuStreamQuery(stream_t *s) {
   RETURN(c->completed == c->recorded ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY);
 }
 
-/* True when [ptr, ptr + bytes) lies inside one live allocation (plain, pool or mapped). */
-static int device_range_ok(unsigned long long ptr, unsigned long long bytes) {
+/* True when [ptr, ptr + bytes) lies inside one live plain or pool allocation, or is covered by
+ * mappings (adjacent ones too) that grant `device` access (cuMemSetAccess): what the driver
+ * can copy from and to. */
+static int device_range_ok(unsigned long long ptr, unsigned long long bytes, int device) {
+  unsigned long long end = ptr + bytes;
+  if (end < ptr) return 0;
   for (alloc_t *a = allocs; a; a = a->next)
-    if (ptr >= a->ptr && ptr + bytes <= a->ptr + a->size) return 1;
+    if (ptr >= a->ptr && end <= a->ptr + a->size) return 1;
   for (pool_t *p = pools; p; p = p->next)
     for (block_t *b = p->blocks; b; b = b->next)
-      if (b->in_use && ptr >= b->ptr && ptr + bytes <= b->ptr + b->size) return 1;
-  for (mapping_t *m = mappings; m; m = m->next)
-    if (ptr >= m->va && ptr + bytes <= m->va + m->size) return 1;
-  return 0;
+      if (b->in_use && ptr >= b->ptr && end <= b->ptr + b->size) return 1;
+  unsigned long long at = ptr;
+  while (at < end) {
+    mapping_t *hit = NULL;
+    for (mapping_t *m = mappings; m; m = m->next)
+      if (m->va <= at && at < m->va + m->size) hit = m;
+    if (!hit || !((hit->access >> device) & 1)) return 0;
+    at = hit->va + hit->size;
+  }
+  return 1;
 }
 
-static CUresult copy(unsigned long long device_ptr, void *host, const void *src, size_t bytes, stream_t *s) {
-  NEED_CURRENT();
+/* A copy of `bytes` between device memory `device_ptr` and host memory `host`, `to_host` or
+ * the other way, on `s`: checked, the bytes moved at once (the fake's device memory is real),
+ * and queued on the stream's clock, where it completes in order (fake_common.h). */
+static CUresult copy(unsigned long long device_ptr, void *host, int to_host, size_t bytes,
+                     stream_t *s) {
+  NEED_CTX(dev);
   if (!stream_ok(s)) RETURN(CUDA_ERROR_INVALID_HANDLE);
-  if (!host || !device_range_ok(device_ptr, bytes)) RETURN(CUDA_ERROR_INVALID_VALUE);
-  memcpy(host == src ? (void *)(uintptr_t)device_ptr : host,
-         host == src ? src : (const void *)(uintptr_t)device_ptr, bytes);
+  if (bytes == 0) RETURN(CUDA_SUCCESS);
+  if (!host || !device_range_ok(device_ptr, bytes, dev)) RETURN(CUDA_ERROR_INVALID_VALUE);
+  if (to_host)
+    memcpy(host, (const void *)(uintptr_t)device_ptr, bytes);
+  else
+    memcpy((void *)(uintptr_t)device_ptr, host, bytes);
+  fake_copy_queue(clock_of(s), device_ptr, (unsigned long long)(uintptr_t)host, bytes);
   RETURN(CUDA_SUCCESS);
 }
 
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t bytes, stream_t *s) {
   ENTER("cuMemcpyHtoDAsync_v2");
-  return copy(dst, (void *)src, src, bytes, s);
+  return copy(dst, (void *)src, 0, bytes, s);
 }
 
 CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t bytes, stream_t *s) {
   ENTER("cuMemcpyDtoHAsync_v2");
-  return copy(src, dst, NULL, bytes, s);
+  return copy(src, dst, 1, bytes, s);
+}
+
+/* The synchronous copies (cudarc's): on the legacy default stream, and waited for. */
+static CUresult copy_sync(unsigned long long device_ptr, void *host, int to_host, size_t bytes) {
+  CUresult r = copy(device_ptr, host, to_host, bytes, NULL);
+  if (r == CUDA_SUCCESS) LOCKED(fake_force_all());
+  return r;
 }
 
 CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t bytes) {
   ENTER("cuMemcpyHtoD_v2");
-  return copy(dst, (void *)src, src, bytes, NULL);
+  return copy_sync(dst, (void *)src, 0, bytes);
 }
 
 CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t bytes) {
   ENTER("cuMemcpyDtoH_v2");
-  return copy(src, dst, NULL, bytes, NULL);
+  return copy_sync(src, dst, 1, bytes);
+}
+
+/* ---- Pinned host memory (CUDA 2.2; in fakecuda_old too) ---- */
+
+/* CU_MEMHOSTALLOC_PORTABLE | DEVICEMAP | WRITECOMBINED. */
+#define HOST_ALLOC_FLAGS 0x7u
+
+CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int flags) {
+  ENTER("cuMemHostAlloc");
+  NEED_CURRENT();
+  if (!pp || bytesize == 0 || (flags & ~HOST_ALLOC_FLAGS)) RETURN(CUDA_ERROR_INVALID_VALUE);
+  host_alloc_t *h = calloc(1, sizeof *h);
+  void *p = h ? malloc(bytesize) : NULL;
+  if (!p) {
+    free(h);
+    RETURN(CUDA_ERROR_OUT_OF_MEMORY);
+  }
+  h->ptr = p;
+  h->size = bytesize;
+  PUSH(host_allocs, h);
+  *pp = p;
+  RETURN(CUDA_SUCCESS);
+}
+
+CUresult cuMemFreeHost(void *p) {
+  ENTER("cuMemFreeHost");
+  NEED_CURRENT();
+  for (host_alloc_t **ph = &host_allocs; *ph; ph = &(*ph)->next) {
+    host_alloc_t *h = *ph;
+    if (h->ptr != p) continue;
+    *ph = h->next;
+    fake_check_unused((unsigned long long)(uintptr_t)h->ptr, h->size, "cuMemFreeHost");
+    free(h->ptr);
+    free(h);
+    RETURN(CUDA_SUCCESS);
+  }
+  RETURN(CUDA_ERROR_INVALID_VALUE);
 }
 
 #ifdef FAKECUDA_OLD

@@ -74,11 +74,11 @@ enum {
 
 /* ----- state ----------------------------------------------------------------------------- */
 
-enum kind { FREE_SLOT = 0, ALLOC, POOL_ALLOC, RESERVATION, HANDLE, MAPPING, STREAM, EVENT };
+enum kind { FREE_SLOT = 0, ALLOC, POOL_ALLOC, RESERVATION, HANDLE, MAPPING, STREAM, EVENT, HOST_ALLOC };
 
 struct object {
   int kind;
-  uint64_t addr; /* address, handle, stream or event value */
+  uint64_t addr; /* address, handle, stream or event value; HOST_ALLOC: the malloc'd memory */
   uint64_t size;
   int device;
   int released;      /* HANDLE: hipMemRelease called */
@@ -147,6 +147,8 @@ static void reset_locked(void) {
   last_flags = 0;
   last_device = -1;
   memset(used, 0, sizeof used);
+  for (int i = 0; i < high; i++)
+    if (objects[i].kind == HOST_ALLOC) free((void *)(uintptr_t)objects[i].addr);
   memset(objects, 0, sizeof objects);
   memset(pools, 0, sizeof pools);
   fake_common_reset();
@@ -259,7 +261,7 @@ static long long fake_live_of(enum fake_live_what what) {
       [LIVE_ALLOCATIONS] = ALLOC,   [LIVE_POOL_ALLOCATIONS] = POOL_ALLOC,
       [LIVE_RESERVATIONS] = RESERVATION, [LIVE_HANDLES] = HANDLE,
       [LIVE_MAPPINGS] = MAPPING,    [LIVE_STREAMS] = STREAM,
-      [LIVE_EVENTS] = EVENT,
+      [LIVE_EVENTS] = EVENT,        [LIVE_HOST_ALLOCATIONS] = HOST_ALLOC,
   };
   long long n = 0;
   switch (what) {
@@ -643,6 +645,78 @@ EXPORT hipError_t hipMemUnmap(void *ptr, size_t size) {
       drop(h);
     }
   }
+  RETURN(hipSuccess);
+}
+
+/* ----- copies and pinned host memory ------------------------------------------------------- */
+
+/* True when [va, va + size) lies inside one live plain or pool allocation, or is covered by
+ * mappings (adjacent ones too) that grant `device` access (hipMemSetAccess). */
+static int device_range_ok(uint64_t va, uint64_t size, int device) {
+  uint64_t end = va + size;
+  if (end < va) return 0;
+  for (int i = 0; i < high; i++) {
+    struct object *o = &objects[i];
+    if ((o->kind == ALLOC || o->kind == POOL_ALLOC) && o->addr <= va && end <= o->addr + o->size)
+      return 1;
+  }
+  uint64_t at = va;
+  while (at < end) {
+    struct object *hit = NULL;
+    for (int i = 0; i < high; i++) {
+      struct object *m = &objects[i];
+      if (m->kind == MAPPING && m->addr <= at && at < m->addr + m->size) hit = m;
+    }
+    if (!hit || !fake_device_index_ok(device) || !((hit->access >> device) & 1)) return 0;
+    at = hit->addr + hit->size;
+  }
+  return 1;
+}
+/* A copy between device memory `device_ptr` and host memory `host` on `stream`: checked and
+ * queued on the stream's clock (fake_common.h); no bytes move, there are none behind the
+ * fake's device memory. */
+static hipError_t copy(uint64_t device_ptr, void *host, size_t bytes, void *stream) {
+  if (!valid_stream(stream)) return hipErrorInvalidHandle;
+  if (bytes == 0) return hipSuccess;
+  if (!host || !device_range_ok(device_ptr, bytes, current_device)) return hipErrorInvalidValue;
+  fake_copy_queue(clock_of((uint64_t)(uintptr_t)stream), device_ptr, (uint64_t)(uintptr_t)host,
+                  bytes);
+  return hipSuccess;
+}
+EXPORT hipError_t hipMemcpyDtoHAsync(void *dst, void *src, size_t bytes, void *stream) {
+  ENTER("hipMemcpyDtoHAsync");
+  RETURN(copy((uint64_t)(uintptr_t)src, dst, bytes, stream));
+}
+EXPORT hipError_t hipMemcpyHtoDAsync(void *dst, void *src, size_t bytes, void *stream) {
+  ENTER("hipMemcpyHtoDAsync");
+  RETURN(copy((uint64_t)(uintptr_t)dst, src, bytes, stream));
+}
+/* hipHostMallocPortable | Mapped | WriteCombined | NumaUser | Coherent | NonCoherent. */
+#define HOST_MALLOC_FLAGS 0xE0000007u
+EXPORT hipError_t hipHostMalloc(void **ptr, size_t size, unsigned flags) {
+  ENTER("hipHostMalloc");
+  if (!ptr || (flags & ~HOST_MALLOC_FLAGS)) RETURN(hipErrorInvalidValue);
+  if (size == 0) {
+    *ptr = NULL;
+    RETURN(hipSuccess);
+  }
+  void *p = malloc(size);
+  if (!p) RETURN(hipErrorOutOfMemory);
+  if (!add(HOST_ALLOC, (uint64_t)(uintptr_t)p, size, current_device)) {
+    free(p);
+    RETURN(hipErrorOutOfMemory);
+  }
+  *ptr = p;
+  RETURN(hipSuccess);
+}
+EXPORT hipError_t hipHostFree(void *ptr) {
+  ENTER("hipHostFree");
+  if (!ptr) RETURN(hipSuccess);
+  struct object *o = find(HOST_ALLOC, (uint64_t)(uintptr_t)ptr);
+  if (!o) RETURN(hipErrorInvalidValue);
+  fake_check_unused(o->addr, o->size, "hipHostFree");
+  free(ptr);
+  drop(o);
   RETURN(hipSuccess);
 }
 

@@ -22,7 +22,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::support::common::{assert_chosen, discover_with, driver_failure};
-use portalloc::backends::cuda::{CudaDevice, Driver, POOL_SYMBOLS, REQUIRED_SYMBOLS, VMM_SYMBOLS};
+use portalloc::backends::cuda::{
+    CudaDevice, Driver, PINNED_HOST_SYMBOLS, POOL_SYMBOLS, REQUIRED_SYMBOLS, VMM_SYMBOLS,
+};
 use portalloc::device::{Device, PhysicalHandle, Stream};
 use portalloc::sys::cuda as sys;
 use portalloc::{Config, Error, StrategyKind, Vendor};
@@ -93,11 +95,15 @@ mod real_libcuda {
         let symbols = driver.symbols();
         assert_eq!(
             symbols.len(),
-            REQUIRED_SYMBOLS.len() + VMM_SYMBOLS.len() + POOL_SYMBOLS.len()
+            REQUIRED_SYMBOLS.len()
+                + VMM_SYMBOLS.len()
+                + POOL_SYMBOLS.len()
+                + PINNED_HOST_SYMBOLS.len()
         );
         let missing: Vec<_> = symbols.iter().filter(|(_, ok)| !ok).collect();
         assert!(missing.is_empty(), "driver 535 lacks {missing:?}");
         assert!(driver.has_vmm_symbols() && driver.has_pool_symbols());
+        assert!(driver.has_pinned_host_symbols());
         let version = driver
             .version_code()
             .expect("cuDriverGetVersion needs no device");

@@ -148,6 +148,10 @@ fn real_runtime_resolves_every_hip_523_symbol() {
         runtime.has_pool_symbols(),
         "HIP 5.1+ exports the pool calls"
     );
+    assert!(
+        runtime.has_pinned_host_symbols(),
+        "HIP 4.2+ exports hipHostMalloc / hipHostFree"
+    );
     assert_eq!(
         absent,
         ["hipGetDevicePropertiesR0600"],

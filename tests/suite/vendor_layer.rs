@@ -313,6 +313,7 @@ on_both_vendors! {
                 mappings: 1,
                 streams: 1,
                 events: 1,
+                pinned_host: 0,
             }
         );
         assert!(fake.live("bytes") > 0);

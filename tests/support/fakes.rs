@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use portalloc::device::Event;
 use portalloc::{Error, Stream, Vendor};
 
-/// The live counts that are device memory or address space held for a caller: all zero once
-/// everything was given back.
+/// The live counts that are device memory, pinned host memory or address space held for a
+/// caller: all zero once everything was given back.
 pub const MEMORY: &[&str] = &[
     "allocations",
     "pool_allocations",
@@ -23,6 +23,7 @@ pub const MEMORY: &[&str] = &[
     "mappings",
     "reservations",
     "bytes",
+    "host_allocations",
 ];
 
 /// Every name of `fake_live`'s vocabulary both fakes answer.
@@ -37,6 +38,7 @@ pub const LIVE: &[&str] = &[
     "streams",
     "events",
     "bytes",
+    "host_allocations",
 ];
 
 /// ROCm 7.0 (HIP 7.0.51831): the personality with every capability (virtual memory, pools).

@@ -17,6 +17,7 @@ pub const hipStreamNonBlocking: u32 = 1;
 pub const hipEventDefault: u32 = 0;
 pub const hipEventBlockingSync: u32 = 1;
 pub const hipEventDisableTiming: u32 = 2;
+pub const hipHostMallocDefault: u32 = 0;
 pub const hipDeviceMallocDefault: u32 = 0;
 pub const hipDeviceMallocFinegrained: u32 = 1;
 #[doc = "< Successful completion."]
@@ -570,6 +571,12 @@ pub type hipExtMallocWithFlags = unsafe extern "C" fn(
     sizeBytes: usize,
     flags: ::core::ffi::c_uint,
 ) -> hipError_t;
+/// `hipHostMalloc`, as declared in `hip/hip_runtime_api.h`.
+pub type hipHostMalloc = unsafe extern "C" fn(
+    ptr: *mut *mut ::core::ffi::c_void,
+    size: usize,
+    flags: ::core::ffi::c_uint,
+) -> hipError_t;
 /// `hipFreeAsync`, as declared in `hip/hip_runtime_api.h`.
 pub type hipFreeAsync =
     unsafe extern "C" fn(dev_ptr: *mut ::core::ffi::c_void, stream: hipStream_t) -> hipError_t;
@@ -604,6 +611,22 @@ pub type hipMallocFromPoolAsync = unsafe extern "C" fn(
 ) -> hipError_t;
 /// `hipFree`, as declared in `hip/hip_runtime_api.h`.
 pub type hipFree = unsafe extern "C" fn(ptr: *mut ::core::ffi::c_void) -> hipError_t;
+/// `hipHostFree`, as declared in `hip/hip_runtime_api.h`.
+pub type hipHostFree = unsafe extern "C" fn(ptr: *mut ::core::ffi::c_void) -> hipError_t;
+/// `hipMemcpyHtoDAsync`, as declared in `hip/hip_runtime_api.h`.
+pub type hipMemcpyHtoDAsync = unsafe extern "C" fn(
+    dst: hipDeviceptr_t,
+    src: *mut ::core::ffi::c_void,
+    sizeBytes: usize,
+    stream: hipStream_t,
+) -> hipError_t;
+/// `hipMemcpyDtoHAsync`, as declared in `hip/hip_runtime_api.h`.
+pub type hipMemcpyDtoHAsync = unsafe extern "C" fn(
+    dst: *mut ::core::ffi::c_void,
+    src: hipDeviceptr_t,
+    sizeBytes: usize,
+    stream: hipStream_t,
+) -> hipError_t;
 /// `hipMemGetInfo`, as declared in `hip/hip_runtime_api.h`.
 pub type hipMemGetInfo = unsafe extern "C" fn(free: *mut usize, total: *mut usize) -> hipError_t;
 /// `hipMemAddressFree`, as declared in `hip/hip_runtime_api.h`.
