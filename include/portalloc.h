@@ -307,6 +307,45 @@ PortallocStatus portalloc_ledger_json(struct PortallocAllocator *allocator,
 // `path` null or NUL-terminated.
 PortallocStatus portalloc_ledger_write(struct PortallocAllocator *allocator, const char *path);
 
+// Sets the tag of the buffers the calling thread allocates without one (a null `tag` to
+// `portalloc_allocate`, and every buffer of the PyTorch hooks, `torch` otherwise); null
+// clears it. What `portalloc.tag(name)` sets in Python, so that tensors allocated inside
+// it can be put to sleep by tag.
+//
+// # Safety
+// `tag` null or NUL-terminated.
+PortallocStatus portalloc_set_thread_tag(const char *tag);
+
+// Hands back the device memory of the live buffers tagged `tag`, keeping their addresses;
+// with `keep_contents` their bytes are copied to host memory first (pinned where the driver
+// offers it), otherwise discarded. `portalloc_wake` maps memory at the same addresses again.
+// A tag with no awake buffer: nothing to do. Strategies other than `vmm` refuse it with
+// `PORTALLOC_STATUS_UNSUPPORTED`.
+//
+// # Safety
+// `tag` null or NUL-terminated (null is refused).
+PortallocStatus portalloc_sleep(struct PortallocAllocator *allocator,
+                                const char *tag,
+                                bool keep_contents);
+
+// Maps device memory again under the sleeping buffers tagged `tag`, at their addresses,
+// and copies their contents back. When the memory cannot be had the status is
+// `PORTALLOC_STATUS_OUT_OF_MEMORY` and nothing is lost: the tag stays asleep, and a later
+// wake can succeed. A tag with none asleep: nothing to do.
+//
+// # Safety
+// `tag` null or NUL-terminated (null is refused).
+PortallocStatus portalloc_wake(struct PortallocAllocator *allocator, const char *tag);
+
+// Writes the bytes of the sleeping buffers to `*out_bytes_asleep` and the bytes of their
+// contents held on the host to `*out_host_bytes` (each if not null).
+//
+// # Safety
+// Each output null or valid for one `uint64_t`.
+PortallocStatus portalloc_sleep_stats(struct PortallocAllocator *allocator,
+                                      uint64_t *out_bytes_asleep,
+                                      uint64_t *out_host_bytes);
+
 // Returns memory the allocator holds but does not use to the device; writes the bytes
 // released to `*out_released` if it is not null.
 //

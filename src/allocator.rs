@@ -132,6 +132,58 @@ impl Allocation {
 
 pub use crate::stats::Stats;
 
+/// What [`Allocator::sleep`] keeps of the allocations it puts to sleep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Keep {
+    /// Their bytes are copied to host memory (pinned where the driver offers it) before the
+    /// device memory goes, and copied back at the wake: model weights.
+    Contents,
+    /// Their bytes are discarded: after the wake they hold whatever the new memory holds
+    /// (a KV cache, rebuilt anyway).
+    Nothing,
+}
+
+/// What one [`Allocator::sleep`] or [`Allocator::wake`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SleepReport {
+    /// Allocations put to sleep (or woken).
+    pub allocations: u64,
+    /// Their bytes (as the strategy rounded them).
+    pub bytes: u64,
+    /// Bytes copied to the host (sleep) or back from it (wake).
+    pub copied_bytes: u64,
+    /// Physical memory handed back to the device (sleep) or taken from it (wake).
+    pub device_bytes: u64,
+}
+
+/// The sleeping allocations of one tag, as [`Allocator::sleeping`] lists them.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SleepingTag {
+    /// The tag.
+    pub tag: String,
+    /// Its allocations asleep.
+    pub allocations: u64,
+    /// Their bytes, not on the device while they sleep (and not in
+    /// [`Stats::bytes_in_use`]).
+    pub bytes_asleep: u64,
+    /// Bytes of their contents held in host memory.
+    pub host_bytes: u64,
+}
+
+/// The refusal of sleep and wake by a strategy without virtual memory.
+pub(crate) fn sleep_unsupported(strategy: &str, backend: &'static str) -> crate::Error {
+    crate::Error::Unsupported {
+        what: format!("sleep and wake with the {strategy} strategy"),
+        backend,
+        reason: format!(
+            "{strategy} does not map its memory into reserved address ranges, so it cannot \
+             hand memory back and take it again at the same addresses; the vmm strategy \
+             (PORTALLOC_ALLOCATOR=vmm) offers sleep and wake"
+        ),
+    }
+}
+
 /// What a user calls: every strategy and adaptor implements it.
 ///
 /// Allocators are `Send + Sync`: one may be shared by many threads. Requests follow the
@@ -182,6 +234,39 @@ pub trait Allocator: Send + Sync {
     /// Returns memory the allocator holds but does not use to the device, where the strategy
     /// can. Returns the number of bytes released.
     fn trim(&self) -> Result<u64>;
+
+    /// Hands back the device memory of the live allocations tagged `tag` (see
+    /// [`crate::strategy::vmm::VmmAllocator::sleep`]), keeping their addresses. Offered by
+    /// strategies that map memory into reserved ranges (vmm).
+    ///
+    /// # Errors
+    /// [`crate::Error::Unsupported`] by default, naming the strategy and the one that offers
+    /// it.
+    fn sleep(&self, tag: &str, keep: Keep) -> Result<SleepReport> {
+        let _ = (tag, keep);
+        Err(sleep_unsupported(self.name(), "portalloc"))
+    }
+
+    /// Takes device memory again for the allocations of `tag` that sleep, at their
+    /// addresses, and copies their contents back.
+    ///
+    /// # Errors
+    /// As [`Allocator::sleep`].
+    fn wake(&self, tag: &str) -> Result<SleepReport> {
+        let _ = tag;
+        Err(sleep_unsupported(self.name(), "portalloc"))
+    }
+
+    /// The tags with allocations asleep, by name. Default: none.
+    fn sleeping(&self) -> Vec<SleepingTag> {
+        Vec::new()
+    }
+
+    /// True when `allocation`, a live one of this allocator, sleeps. Default: false.
+    fn is_asleep(&self, allocation: &Allocation) -> bool {
+        let _ = allocation;
+        false
+    }
 
     /// Checks the allocator's internal invariants, describing the first one broken. For
     /// tests; may be slow (linear in the number of blocks).

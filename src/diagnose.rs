@@ -49,6 +49,10 @@ pub struct LiveAllocation {
     pub donated_from: Option<String>,
     /// Where it was allocated, when backtraces are on.
     pub backtrace: Option<String>,
+    /// It sleeps ([`crate::Allocator::sleep`]): its address is kept, its device memory
+    /// handed back, so it is not counted as in use.
+    #[serde(default)]
+    pub asleep: bool,
 }
 
 /// Why an allocation failed.

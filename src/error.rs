@@ -176,6 +176,27 @@ pub enum Error {
     #[cfg(feature = "trace")]
     Trace(crate::trace::TraceError),
 
+    /// A wake ([`crate::Allocator::wake`]) that could not take the device memory its tag
+    /// needs. Nothing is lost: the tag stays asleep with its contents, and a wake once memory
+    /// is free can succeed.
+    #[error(
+        "cannot wake tag {}: it needs {} of device memory and {} can be had ({cause}); the \
+         tag stays asleep with its contents, and a wake once that much is free can succeed",
+        shown(.tag),
+        crate::units::Bytes(*.needed),
+        crate::units::Bytes(*.available)
+    )]
+    CannotWake {
+        /// The tag (shown cut and escaped: it is the caller's text).
+        tag: String,
+        /// Bytes of device memory its sleeping allocations need mapped.
+        needed: u64,
+        /// Bytes the allocator could have had: idle, free elsewhere, or within its budget.
+        available: u64,
+        /// What refused (the budget, or the device's own error).
+        cause: String,
+    },
+
     /// No backend could serve the request (see the discovery report).
     #[error("no usable device: {0}")]
     NoDevice(String),
@@ -193,7 +214,9 @@ impl Error {
     /// True for every out-of-memory flavour: allocator-level (with a report) and device-level.
     pub fn is_out_of_memory(&self) -> bool {
         match self {
-            Error::OutOfMemory(_) | Error::DeviceOutOfMemory { .. } => true,
+            Error::OutOfMemory(_) | Error::DeviceOutOfMemory { .. } | Error::CannotWake { .. } => {
+                true
+            }
             Error::OutOfMemoryDiagnosed { error, .. } => error.is_out_of_memory(),
             _ => false,
         }

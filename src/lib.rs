@@ -150,7 +150,7 @@ pub mod strategy;
 pub mod trace;
 pub mod units;
 
-pub use allocator::{Allocation, Allocator, Stats};
+pub use allocator::{Allocation, Allocator, Keep, SleepReport, SleepingTag, Stats};
 pub use buffer::{DeviceBuffer, RawBuffer};
 pub use config::{Config, ConfigBuilder, Source, StrategyKind};
 pub use device::{Device, DeviceInfo, MemInfo, Stream, Vendor};

@@ -42,6 +42,11 @@ pub struct Stats {
     /// `(free − largest free block) / free`, with `free = pool_bytes − bytes_in_use`; 0 when
     /// nothing is free.
     pub fragmentation: f64,
+    /// Bytes of live allocations asleep (their device memory handed back, their addresses
+    /// kept: `vmm`'s sleep): not in `bytes_in_use`. 0 for strategies without sleep.
+    pub bytes_asleep: u64,
+    /// Bytes of sleeping allocations' contents held in host memory.
+    pub host_bytes_asleep: u64,
 }
 
 impl Stats {

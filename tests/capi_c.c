@@ -101,6 +101,66 @@ int main(void) {
     s = portalloc_destroy(b);
     CHECK(s == PORTALLOC_STATUS_OK, "destroy");
 
+    /* Sleep and wake on vmm (the host backend's real memory): the same pointer, the same
+     * bytes; bfc refuses them. */
+    s = portalloc_sleep(b = NULL, "weights", true);
+    CHECK(s == PORTALLOC_STATUS_NULL_ARGUMENT || s == PORTALLOC_STATUS_INVALID_ALLOCATOR,
+          "sleep of no allocator: %s", portalloc_status_name(s));
+    o.peer_access = -1;
+    s = portalloc_create(&o, &b);
+    CHECK(s == PORTALLOC_STATUS_OK, "create bfc: %s", portalloc_status_name(s));
+    s = portalloc_sleep(b, "weights", true);
+    CHECK(s == PORTALLOC_STATUS_UNSUPPORTED && strstr(portalloc_last_error(), "vmm") != NULL,
+          "sleep on bfc: %s", portalloc_status_name(s));
+    s = portalloc_destroy(b);
+    CHECK(s == PORTALLOC_STATUS_OK, "destroy bfc");
+    o.strategy = "vmm";
+    o.host_simulated = 0;
+    s = portalloc_create(&o, &b);
+    CHECK(s == PORTALLOC_STATUS_OK, "create vmm: %s", portalloc_status_name(s));
+    uint64_t weights = 0;
+    void *wp = NULL;
+    s = portalloc_allocate(b, 8u << 20, 0, 0, "weights", &weights, &wp);
+    CHECK(s == PORTALLOC_STATUS_OK && wp != NULL, "allocate weights");
+    memset(wp, 0xA5, 8u << 20);
+    s = portalloc_sleep(b, NULL, true);
+    CHECK(s == PORTALLOC_STATUS_NULL_ARGUMENT, "sleep of a null tag: %s", portalloc_status_name(s));
+    s = portalloc_sleep(b, "weights", true);
+    CHECK(s == PORTALLOC_STATUS_OK, "sleep: %s", portalloc_status_name(s));
+    uint64_t asleep = 0, host = 0;
+    s = portalloc_sleep_stats(b, &asleep, &host);
+    CHECK(s == PORTALLOC_STATUS_OK && asleep == (8u << 20) && host == (8u << 20),
+          "sleep stats: %llu asleep, %llu on the host", (unsigned long long)asleep,
+          (unsigned long long)host);
+    s = portalloc_wake(b, "weights");
+    CHECK(s == PORTALLOC_STATUS_OK, "wake: %s", portalloc_status_name(s));
+    void *again = NULL;
+    uint64_t size = 0;
+    s = portalloc_handle_info(b, weights, &again, &size);
+    CHECK(s == PORTALLOC_STATUS_OK && again == wp, "the same pointer after the wake");
+    for (size_t i = 0; i < (8u << 20); i++) {
+        CHECK(((const unsigned char *)wp)[i] == 0xA5, "byte %zu lost across sleep and wake", i);
+    }
+    s = portalloc_set_thread_tag("kv");
+    CHECK(s == PORTALLOC_STATUS_OK, "set thread tag");
+    uint64_t kv = 0;
+    s = portalloc_allocate(b, 4u << 20, 0, 0, NULL, &kv, NULL);
+    CHECK(s == PORTALLOC_STATUS_OK, "allocate under the thread tag");
+    s = portalloc_set_thread_tag(NULL);
+    CHECK(s == PORTALLOC_STATUS_OK, "clear thread tag");
+    s = portalloc_sleep(b, "kv", false);
+    CHECK(s == PORTALLOC_STATUS_OK, "sleep kv");
+    s = portalloc_sleep_stats(b, &asleep, &host);
+    CHECK(s == PORTALLOC_STATUS_OK && asleep == (4u << 20) && host == 0, "kv asleep, nothing kept");
+    s = portalloc_wake(b, "kv");
+    CHECK(s == PORTALLOC_STATUS_OK, "wake kv");
+    s = portalloc_free(b, weights);
+    CHECK(s == PORTALLOC_STATUS_OK, "free weights");
+    s = portalloc_free(b, kv);
+    CHECK(s == PORTALLOC_STATUS_OK, "free kv");
+    s = portalloc_destroy(b);
+    CHECK(s == PORTALLOC_STATUS_OK, "destroy vmm");
+
     printf("capi_c: ok (portalloc %s)\n", portalloc_version());
     return 0;
 }

@@ -110,12 +110,81 @@ def the_readme_command_works_from_the_root_directory():
     assert 0 < stats["bytes_limit"] <= 1 << 30, stats
 
 
+def sleep_and_wake_keep_the_pointer_and_the_bytes():
+    """The feature's "done when", through the installed package on the host backend (real
+    memory) with vmm: two tagged buffers written; the weights put to sleep lower the pool by
+    their size and leave the KV cache as it was; with the device filled, their wake raises
+    and loses nothing; after freeing, the wake restores the same pointer with the same
+    bytes; the KV cache discarded and woken; a tensor-like buffer tagged by
+    ``portalloc.tag`` sleeps with its tag."""
+    import ctypes
+
+    mib = 1 << 20
+    a = portalloc.Allocator.create(
+        strategy="vmm",
+        backend="host",
+        host_simulated=False,
+        host_capacity=256 * mib,
+        mem_fraction=0.75,
+        ignore_env=True,
+    )
+    weights = a.allocate(64 * mib, tag="weights")
+    kv = a.allocate(32 * mib, tag="kv")
+    w_bytes = bytes(range(256)) * (64 * mib // 256)
+    kv_bytes = bytes(reversed(range(256))) * (32 * mib // 256)
+    ctypes.memmove(weights.ptr, w_bytes, len(w_bytes))
+    ctypes.memmove(kv.ptr, kv_bytes, len(kv_bytes))
+    before = a.stats()["pool_bytes"]
+    a.sleep("weights")
+    after = a.stats()
+    assert before - after["pool_bytes"] >= 64 * mib, (before, after)
+    assert after["bytes_asleep"] == 64 * mib and after["host_bytes_asleep"] == 64 * mib, after
+    assert ctypes.string_at(kv.ptr, len(kv_bytes)) == kv_bytes, "kv changed"
+    fillers = []
+    try:
+        while True:
+            fillers.append(a.allocate(8 * mib, tag="filler"))
+    except portalloc.PortallocError as e:
+        assert e.status == 3, e  # OUT_OF_MEMORY
+    try:
+        a.wake("weights")
+        raise AssertionError("the wake of a full device succeeded")
+    except portalloc.PortallocError as e:
+        assert e.status == 3 and "weights" in str(e), e
+    assert [t["tag"] for t in a.sleeping()] == ["weights"], a.sleeping()
+    for f in fillers:
+        a.free(f)
+    a.wake("weights")
+    assert a.info(weights)[0] == weights.ptr
+    assert ctypes.string_at(weights.ptr, len(w_bytes)) == w_bytes, "weights lost bytes"
+    a.sleep("kv", keep=False)
+    a.wake("kv")
+    assert a.stats()["bytes_asleep"] == 0
+    with portalloc.tag("activations"):
+        with portalloc.tag("weights"):
+            inner = a.allocate(mib, tag=None)
+        outer = a.allocate(mib, tag=None)
+    plain = a.allocate(mib, tag=None)
+    a.sleep("weights")
+    live = {b["ptr"]: (b["tag"], b["asleep"]) for b in a.ledger()["live"]}
+    assert live[inner.ptr] == ("weights", True), live
+    assert live[outer.ptr] == ("activations", False), live
+    assert live[plain.ptr] == ("buffer", False), live
+    assert live[weights.ptr] == ("weights", True), live
+    a.wake("weights")
+    assert ctypes.string_at(weights.ptr, len(w_bytes)) == w_bytes
+    for b in (weights, kv, inner, outer, plain):
+        a.free(b)
+    a.close()
+
+
 CHECKS = [
     imported_from_the_virtual_environment,
     the_library_is_inside_the_package,
     the_version_comes_from_cargo,
     every_public_function_is_typed,
     the_readme_command_works_from_the_root_directory,
+    sleep_and_wake_keep_the_pointer_and_the_bytes,
 ]
 
 

@@ -42,11 +42,14 @@ import numbers
 import operator
 import os
 import pathlib
+import threading
 import weakref
+from contextlib import contextmanager
 from typing import (
     Any,
     Callable,
     Dict,
+    Iterator,
     List,
     Optional,
     SupportsIndex,
@@ -70,6 +73,9 @@ __all__ = [
     "global_allocator",
     "stats",
     "ledger",
+    "sleep",
+    "wake",
+    "tag",
     "STATUS_NAMES",
 ]
 
@@ -146,12 +152,23 @@ class Stats(TypedDict):
     peak_pool_bytes: int
     fragmentation: float
     live_allocations: int
+    #: Bytes of buffers asleep (:meth:`Allocator.sleep`): their addresses kept, their device
+    #: memory handed back; not in ``bytes_in_use``.
+    bytes_asleep: int
+    #: Bytes of sleeping buffers' contents held in host memory.
+    host_bytes_asleep: int
+
+
+#: The fields of ``Stats`` that ``PortallocStats`` holds (the rest come from
+#: ``portalloc_sleep_stats``).
+_SLEEP_FIELDS = ("bytes_asleep", "host_bytes_asleep")
 
 
 class _Stats(ctypes.Structure):
     _fields_ = [
         (name, ctypes.c_double if kind is float else ctypes.c_uint64)
         for name, kind in Stats.__annotations__.items()
+        if name not in _SLEEP_FIELDS
     ]
 
 
@@ -263,6 +280,10 @@ def load(path: Optional[PathArg] = None) -> ctypes.CDLL:
     )
     _sig(lib, "portalloc_ledger_write", S, P, ctypes.c_char_p)
     _sig(lib, "portalloc_trim", S, P, ctypes.POINTER(u64))
+    _sig(lib, "portalloc_sleep", S, P, ctypes.c_char_p, ctypes.c_bool)
+    _sig(lib, "portalloc_wake", S, P, ctypes.c_char_p)
+    _sig(lib, "portalloc_sleep_stats", S, P, ctypes.POINTER(u64), ctypes.POINTER(u64))
+    _sig(lib, "portalloc_set_thread_tag", S, ctypes.c_char_p)
     _sig(lib, "portalloc_global", S, ctypes.c_int32, ctypes.POINTER(P))
     _sig(lib, "portalloc_torch_alloc", P, ctypes.c_ssize_t, ctypes.c_int, P)
     _sig(lib, "portalloc_torch_free", None, P, ctypes.c_ssize_t, ctypes.c_int, P)
@@ -633,8 +654,39 @@ class Allocator:
     def stats(self) -> Stats:
         """The counters, as a dict (XLA's ``AllocatorStats`` names)."""
         s = _Stats()
-        _check(load().portalloc_stats(self._token("stats"), ctypes.byref(s)))
-        return cast(Stats, {name: getattr(s, name) for name in Stats.__annotations__})
+        raw = self._token("stats")
+        _check(load().portalloc_stats(raw, ctypes.byref(s)))
+        values: Dict[str, Any] = {f[0]: getattr(s, f[0]) for f in _Stats._fields_}
+        asleep, host = ctypes.c_uint64(), ctypes.c_uint64()
+        _check(load().portalloc_sleep_stats(raw, ctypes.byref(asleep), ctypes.byref(host)))
+        values["bytes_asleep"], values["host_bytes_asleep"] = asleep.value, host.value
+        return cast(Stats, values)
+
+    def sleep(self, tag: str, keep: bool = True) -> None:
+        """Hands back the device memory of the live buffers tagged ``tag`` (a ``str``),
+        keeping their addresses: with ``keep`` their bytes are copied to host memory first
+        (pinned where the driver offers it), without it they are discarded (a KV cache).
+        :meth:`wake` maps memory at the same addresses again, so pointers — and CUDA graphs
+        captured over them — stay valid. A tag with no awake buffer: nothing to do. Only the
+        ``vmm`` strategy offers it (others raise ``UNSUPPORTED``)."""
+        if not isinstance(keep, bool):
+            raise _type_error("sleep", "keep", "True or False", keep)
+        encoded = _text("sleep", "tag", tag, optional=False)
+        _check(load().portalloc_sleep(self._token("sleep"), encoded, keep))
+
+    def wake(self, tag: str) -> None:
+        """Maps device memory again under the sleeping buffers tagged ``tag``, at their
+        addresses, and copies their contents back. When the memory cannot be had it raises
+        ``OUT_OF_MEMORY`` and nothing is lost: the tag stays asleep, and a later wake can
+        succeed. A tag with none asleep: nothing to do."""
+        encoded = _text("wake", "tag", tag, optional=False)
+        _check(load().portalloc_wake(self._token("wake"), encoded))
+
+    def sleeping(self) -> List[Dict[str, Any]]:
+        """The tags with buffers asleep: ``tag``, ``allocations``, ``bytes_asleep``,
+        ``host_bytes`` each."""
+        found: List[Dict[str, Any]] = self.ledger().get("sleeping", [])
+        return found
 
     def ledger(self) -> Dict[str, Any]:
         """The ledger snapshot (live buffers, totals by tag, last OOM diagnosis) as a dict."""
@@ -695,6 +747,38 @@ def ledger(device: SupportsIndex = 0) -> Dict[str, Any]:
     return global_allocator(device).ledger()
 
 
+def sleep(tag: str, keep: bool = True, device: SupportsIndex = 0) -> None:
+    """:meth:`Allocator.sleep` on the global allocator of ``device`` (the one PyTorch's and
+    CuPy's buffers come from)."""
+    global_allocator(device).sleep(tag, keep)
+
+
+def wake(tag: str, device: SupportsIndex = 0) -> None:
+    """:meth:`Allocator.wake` on the global allocator of ``device``."""
+    global_allocator(device).wake(tag)
+
+
+_tags = threading.local()
+
+
+@contextmanager
+def tag(name: str) -> Iterator[None]:
+    """Inside ``with portalloc.tag(name):``, the buffers this thread allocates without a tag
+    of their own — every tensor PyTorch or CuPy allocates through portalloc's hooks — carry
+    ``name``, so that :func:`sleep` and :func:`wake` can act on them. Nested blocks: the
+    innermost name; on leaving, the one outside again."""
+    encoded = _text("tag", "name", name, optional=False)
+    stack: List[bytes] = getattr(_tags, "stack", [])
+    _tags.stack = stack
+    _check(load().portalloc_set_thread_tag(encoded))
+    stack.append(cast(bytes, encoded))
+    try:
+        yield
+    finally:
+        stack.pop()
+        _check(load().portalloc_set_thread_tag(stack[-1] if stack else None))
+
+
 def install_torch(path: Optional[PathArg] = None) -> Any:
     """Makes portalloc PyTorch's CUDA allocator (before any CUDA memory is allocated).
     Returns the ``CUDAPluggableAllocator``. Raises ImportError without PyTorch."""
@@ -727,7 +811,8 @@ class _CupyOwner:
 def install_cupy(path: Optional[PathArg] = None) -> Callable[[int], Any]:
     """Makes portalloc CuPy's allocator (``cupy.cuda.set_allocator``): each request is a
     buffer of the current device's global allocator for CuPy's current stream
-    (``cupy.cuda.get_current_stream()``), tagged ``cupy``, freed in stream order on that
+    (``cupy.cuda.get_current_stream()``), tagged ``cupy`` (or the name of the
+    :func:`tag` block it is made in), freed in stream order on that
     stream when CuPy drops it — as CuPy's own pool does. Raises ImportError without
     CuPy."""
     cupy = importlib.import_module("cupy")  # optional: ImportError without it
@@ -738,7 +823,10 @@ def install_cupy(path: Optional[PathArg] = None) -> Callable[[int], Any]:
         device = cupy.cuda.Device().id
         stream = cupy.cuda.get_current_stream().ptr
         allocator = global_allocator(device)
-        buf = allocator.allocate(size, stream=stream, tag="cupy")
+        # Inside `portalloc.tag(name)`, that name (the thread's tag); else `cupy`.
+        stack = getattr(_tags, "stack", None)
+        name = stack[-1].decode("utf-8") if stack else "cupy"
+        buf = allocator.allocate(size, stream=stream, tag=name)
         owner = _CupyOwner(allocator, buf.handle)
         memory = cupy.cuda.memory.UnownedMemory(buf.ptr, size, owner, device_id=device)
         return cupy.cuda.memory.MemoryPointer(memory, 0)

@@ -146,6 +146,12 @@ pub struct PoolStats {
     pub peak_pool_bytes: u64,
     /// See [`Stats::fragmentation`].
     pub fragmentation: f64,
+    /// See [`Stats::bytes_asleep`].
+    #[serde(default)]
+    pub bytes_asleep: u64,
+    /// See [`Stats::host_bytes_asleep`].
+    #[serde(default)]
+    pub host_bytes_asleep: u64,
 }
 
 impl From<Stats> for PoolStats {
@@ -160,6 +166,8 @@ impl From<Stats> for PoolStats {
             pool_bytes: s.pool_bytes,
             peak_pool_bytes: s.peak_pool_bytes,
             fragmentation: s.fragmentation,
+            bytes_asleep: s.bytes_asleep,
+            host_bytes_asleep: s.host_bytes_asleep,
         }
     }
 }
@@ -184,6 +192,9 @@ pub struct LedgerSnapshot {
     pub live: Vec<LiveAllocation>,
     /// The diagnosis of the last out-of-memory error, if there was one.
     pub last_oom: Option<Diagnosis>,
+    /// The tags with allocations asleep ([`Allocator::sleep`]), by name.
+    #[serde(default)]
+    pub sleeping: Vec<crate::allocator::SleepingTag>,
 }
 
 impl LedgerSnapshot {
@@ -274,8 +285,9 @@ impl Books {
         self.slots.iter().flatten()
     }
 
-    fn entry_view(&self, e: &Entry) -> LiveAllocation {
+    fn entry_view(&self, e: &Entry, asleep: bool) -> LiveAllocation {
         LiveAllocation {
+            asleep,
             seq: e.seq,
             ptr: e.upstream.ptr(),
             size: e.upstream.size(),
@@ -324,8 +336,13 @@ impl Books {
         t.rounded_bytes -= rounded;
     }
 
-    fn live(&self) -> Vec<LiveAllocation> {
-        let mut v: Vec<LiveAllocation> = self.entries().map(|e| self.entry_view(e)).collect();
+    /// The live allocations, oldest first; `asleep` tells which of their upstream
+    /// allocations sleep.
+    fn live(&self, asleep: impl Fn(&Allocation) -> bool) -> Vec<LiveAllocation> {
+        let mut v: Vec<LiveAllocation> = self
+            .entries()
+            .map(|e| self.entry_view(e, asleep(&e.upstream)))
+            .collect();
         v.sort_unstable_by_key(|a| a.seq);
         v
     }
@@ -496,7 +513,7 @@ impl<A: Allocator + ?Sized> LedgerAllocator<A> {
     /// # Time complexity
     /// `O(n log n)` in the number of live allocations, plus resolving backtraces.
     pub fn live(&self) -> Vec<LiveAllocation> {
-        self.books().live()
+        self.books().live(|a| self.upstream.is_asleep(a))
     }
 
     /// Number of live allocations (zero-byte ones included).
@@ -527,7 +544,9 @@ impl<A: Allocator + ?Sized> LedgerAllocator<A> {
             return None;
         }
         let books = self.books();
-        books.get(allocation).map(|e| books.entry_view(e))
+        books
+            .get(allocation)
+            .map(|e| books.entry_view(e, self.upstream.is_asleep(&e.upstream)))
     }
 
     /// The diagnosis of the last out-of-memory error, if any.
@@ -545,8 +564,9 @@ impl<A: Allocator + ?Sized> LedgerAllocator<A> {
             donations: books.donations,
             upstream: self.upstream.stats().into(),
             tags: books.tag_totals(),
-            live: books.live(),
+            live: books.live(|a| self.upstream.is_asleep(a)),
             last_oom: books.last_oom.clone(),
+            sleeping: self.upstream.sleeping(),
         }
     }
 
@@ -632,7 +652,9 @@ impl<A: Allocator + ?Sized> LedgerAllocator<A> {
     ) -> Error {
         let stats = self.upstream.stats();
         let device = self.device.as_ref().and_then(|d| d.mem_info().ok());
-        let live = books.live();
+        // Sleeping allocations hold addresses, not memory: not evidence of what fills it.
+        let mut live = books.live(|a| self.upstream.is_asleep(a));
+        live.retain(|a| !a.asleep);
         let rounded = match &error {
             Error::OutOfMemory(r) => r.rounded,
             _ => size,
@@ -750,6 +772,31 @@ impl<A: Allocator + ?Sized> Allocator for LedgerAllocator<A> {
         self.upstream.pool_bytes()
     }
 
+    /// The upstream's sleep, without the ledger's lock (it waits for its copies).
+    fn sleep(
+        &self,
+        tag: &str,
+        keep: crate::allocator::Keep,
+    ) -> Result<crate::allocator::SleepReport> {
+        self.upstream.sleep(tag, keep)
+    }
+
+    /// The upstream's wake, without the ledger's lock.
+    fn wake(&self, tag: &str) -> Result<crate::allocator::SleepReport> {
+        self.upstream.wake(tag)
+    }
+
+    fn sleeping(&self) -> Vec<crate::allocator::SleepingTag> {
+        self.upstream.sleeping()
+    }
+
+    fn is_asleep(&self, allocation: &Allocation) -> bool {
+        let books = self.books();
+        books
+            .get(allocation)
+            .is_some_and(|e| self.upstream.is_asleep(&e.upstream))
+    }
+
     /// The upstream's trim, without the ledger's lock (a trim waits for the work on freed
     /// memory).
     fn trim(&self) -> Result<u64> {
@@ -797,7 +844,9 @@ impl<A: Allocator + ?Sized> Allocator for LedgerAllocator<A> {
         }
         if self.options.measure_rounding {
             let rounded: u64 = sums.iter().map(|s| s.2).sum();
-            let upstream = self.upstream.stats().bytes_in_use;
+            // Sleeping allocations are live here and not in the upstream's bytes in use.
+            let stats = self.upstream.stats();
+            let upstream = stats.bytes_in_use + stats.bytes_asleep;
             if rounded != upstream {
                 return Err(format!(
                     "ledger holds {rounded} B rounded live, the upstream {upstream} B in use"

@@ -210,6 +210,26 @@ impl<A: Allocator> Allocator for RecorderAllocator<A> {
         self.inner.trim()
     }
 
+    fn sleep(
+        &self,
+        tag: &str,
+        keep: crate::allocator::Keep,
+    ) -> Result<crate::allocator::SleepReport> {
+        self.inner.sleep(tag, keep)
+    }
+
+    fn wake(&self, tag: &str) -> Result<crate::allocator::SleepReport> {
+        self.inner.wake(tag)
+    }
+
+    fn sleeping(&self) -> Vec<crate::allocator::SleepingTag> {
+        self.inner.sleeping()
+    }
+
+    fn is_asleep(&self, allocation: &Allocation) -> bool {
+        self.inner.is_asleep(allocation)
+    }
+
     fn check_invariants(&self) -> std::result::Result<(), String> {
         self.inner.check_invariants()
     }

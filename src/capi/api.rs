@@ -567,7 +567,8 @@ pub(crate) fn allocate(
     tag: Option<&str>,
 ) -> Result<(u64, u64), Failure> {
     let stream = Stream(stream);
-    let tag = tag.unwrap_or("buffer");
+    let thread = thread_tag();
+    let tag = tag.or(thread.as_deref()).unwrap_or("buffer");
     settle_deferred(instance, false);
     let a = match instance.ledger.allocate(size, alignment, stream, tag) {
         Err(e) if e.is_out_of_memory() && !instance.deferred().is_empty() => {
@@ -841,6 +842,136 @@ pub unsafe extern "C" fn portalloc_ledger_write(
             .ledger
             .write_json(&path)
             .map_err(|e| Failure::new(PortallocStatus::Internal, format!("{CALL}: {path}: {e}")))
+    })
+}
+
+thread_local! {
+    /// The calling thread's tag ([`portalloc_set_thread_tag`]).
+    static THREAD_TAG: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
+/// The calling thread's tag, if one is set.
+pub(crate) fn thread_tag() -> Option<String> {
+    THREAD_TAG.try_with(|t| t.borrow().clone()).ok().flatten()
+}
+
+/// The most bytes a tag may have (a name, as `weights` or `kv_cache`).
+const MAX_TAG_BYTES: usize = 1024;
+
+/// Reads a required tag argument, at most [`MAX_TAG_BYTES`].
+///
+/// # Safety
+/// `tag` null or NUL-terminated.
+unsafe fn read_tag(call: &str, tag: *const c_char) -> Result<String, Failure> {
+    // SAFETY: the caller's promise on `tag`.
+    let tag = unsafe { read_str(call, "tag", tag) }?.ok_or_else(|| Failure::null(call, "tag"))?;
+    if tag.len() > MAX_TAG_BYTES {
+        return Err(Failure::new(
+            PortallocStatus::InvalidArgument,
+            format!(
+                "{call}: `tag` has {} bytes; accepted are tags of at most {MAX_TAG_BYTES}",
+                tag.len()
+            ),
+        ));
+    }
+    Ok(tag)
+}
+
+/// Sets the tag of the buffers the calling thread allocates without one (a null `tag` to
+/// `portalloc_allocate`, and every buffer of the PyTorch hooks, `torch` otherwise); null
+/// clears it. What `portalloc.tag(name)` sets in Python, so that tensors allocated inside
+/// it can be put to sleep by tag.
+///
+/// # Safety
+/// `tag` null or NUL-terminated.
+#[no_mangle]
+pub unsafe extern "C" fn portalloc_set_thread_tag(tag: *const c_char) -> PortallocStatus {
+    const CALL: &str = "portalloc_set_thread_tag";
+    super::guard(CALL, || {
+        let tag = if tag.is_null() {
+            None
+        } else {
+            // SAFETY: the caller's promise on `tag`, non-null here.
+            Some(unsafe { read_tag(CALL, tag) }?)
+        };
+        THREAD_TAG.try_with(|t| *t.borrow_mut() = tag).map_err(|_| {
+            Failure::new(
+                PortallocStatus::Internal,
+                format!("{CALL}: the thread is ending"),
+            )
+        })
+    })
+}
+
+/// Hands back the device memory of the live buffers tagged `tag`, keeping their addresses;
+/// with `keep_contents` their bytes are copied to host memory first (pinned where the driver
+/// offers it), otherwise discarded. `portalloc_wake` maps memory at the same addresses again.
+/// A tag with no awake buffer: nothing to do. Strategies other than `vmm` refuse it with
+/// `PORTALLOC_STATUS_UNSUPPORTED`.
+///
+/// # Safety
+/// `tag` null or NUL-terminated (null is refused).
+#[no_mangle]
+pub unsafe extern "C" fn portalloc_sleep(
+    allocator: *mut PortallocAllocator,
+    tag: *const c_char,
+    keep_contents: bool,
+) -> PortallocStatus {
+    const CALL: &str = "portalloc_sleep";
+    with_instance(CALL, allocator, |instance| {
+        // SAFETY: the caller's promise on `tag`.
+        let tag = unsafe { read_tag(CALL, tag) }?;
+        let keep = if keep_contents {
+            crate::allocator::Keep::Contents
+        } else {
+            crate::allocator::Keep::Nothing
+        };
+        instance.ledger.sleep(&tag, keep)?;
+        Ok(())
+    })
+}
+
+/// Maps device memory again under the sleeping buffers tagged `tag`, at their addresses,
+/// and copies their contents back. When the memory cannot be had the status is
+/// `PORTALLOC_STATUS_OUT_OF_MEMORY` and nothing is lost: the tag stays asleep, and a later
+/// wake can succeed. A tag with none asleep: nothing to do.
+///
+/// # Safety
+/// `tag` null or NUL-terminated (null is refused).
+#[no_mangle]
+pub unsafe extern "C" fn portalloc_wake(
+    allocator: *mut PortallocAllocator,
+    tag: *const c_char,
+) -> PortallocStatus {
+    const CALL: &str = "portalloc_wake";
+    with_instance(CALL, allocator, |instance| {
+        // SAFETY: the caller's promise on `tag`.
+        let tag = unsafe { read_tag(CALL, tag) }?;
+        instance.ledger.wake(&tag)?;
+        Ok(())
+    })
+}
+
+/// Writes the bytes of the sleeping buffers to `*out_bytes_asleep` and the bytes of their
+/// contents held on the host to `*out_host_bytes` (each if not null).
+///
+/// # Safety
+/// Each output null or valid for one `uint64_t`.
+#[no_mangle]
+pub unsafe extern "C" fn portalloc_sleep_stats(
+    allocator: *mut PortallocAllocator,
+    out_bytes_asleep: *mut u64,
+    out_host_bytes: *mut u64,
+) -> PortallocStatus {
+    const CALL: &str = "portalloc_sleep_stats";
+    with_instance(CALL, allocator, |instance| {
+        let s = instance.ledger.stats();
+        // SAFETY: the caller's promises on the outputs.
+        unsafe {
+            write_opt(out_bytes_asleep, s.bytes_asleep);
+            write_opt(out_host_bytes, s.host_bytes_asleep);
+        }
+        Ok(())
     })
 }
 

@@ -175,7 +175,8 @@ impl From<Error> for Failure {
             Error::ExceedsLimit { .. }
             | Error::OutOfMemory(_)
             | Error::DeviceOutOfMemory { .. }
-            | Error::OutOfMemoryDiagnosed { .. } => PortallocStatus::OutOfMemory,
+            | Error::OutOfMemoryDiagnosed { .. }
+            | Error::CannotWake { .. } => PortallocStatus::OutOfMemory,
             Error::ForeignAllocation { .. } | Error::UnknownPointer { .. } => {
                 PortallocStatus::UnknownPointer
             }

@@ -111,7 +111,10 @@ pub extern "C" fn portalloc_torch_alloc(
             return Ok(());
         }
         let (_, instance) = global(CALL, i64::from(device))?;
-        let (_, ptr) = allocate(&instance, size, 0, stream as usize as u64, Some(TORCH_TAG))?;
+        // The thread's tag (`portalloc.tag(name)`), else `torch`.
+        let tag = super::api::thread_tag();
+        let tag = tag.as_deref().unwrap_or(TORCH_TAG);
+        let (_, ptr) = allocate(&instance, size, 0, stream as usize as u64, Some(tag))?;
         out = ptr;
         Ok(())
     });

@@ -102,6 +102,26 @@ impl<D: Device + ?Sized> PlatformAllocator<D> {
 }
 
 impl<D: Device + ?Sized> Allocator for PlatformAllocator<D> {
+    /// Unsupported: see [`crate::strategy::vmm::VmmAllocator::sleep`].
+    fn sleep(
+        &self,
+        _tag: &str,
+        _keep: crate::allocator::Keep,
+    ) -> Result<crate::allocator::SleepReport> {
+        Err(crate::allocator::sleep_unsupported(
+            self.name(),
+            self.device.info().vendor.name(),
+        ))
+    }
+
+    /// Unsupported: see [`crate::strategy::vmm::VmmAllocator::wake`].
+    fn wake(&self, _tag: &str) -> Result<crate::allocator::SleepReport> {
+        Err(crate::allocator::sleep_unsupported(
+            self.name(),
+            self.device.info().vendor.name(),
+        ))
+    }
+
     fn name(&self) -> &str {
         "platform"
     }

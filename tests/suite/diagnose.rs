@@ -220,6 +220,7 @@ fn in_use_when_nothing_more_specific_applies() {
             stream: 0,
             tag: "buffer".into(),
             donated_from: None,
+            asleep: false,
             backtrace: None,
         })
         .collect();

@@ -59,6 +59,7 @@ mod pre_window;
 mod replay;
 mod replay_figures;
 mod selection;
+mod sleep;
 mod stream_order;
 mod stress;
 mod trace_import;

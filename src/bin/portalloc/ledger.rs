@@ -156,6 +156,16 @@ pub fn render(s: &LedgerSnapshot, oldest: usize, backtraces: bool) -> String {
         Bytes(u.largest_free_block_bytes),
         u.fragmentation * 100.0
     );
+    let asleep: Vec<_> = s.live.iter().filter(|a| a.asleep).collect();
+    if !asleep.is_empty() {
+        let _ = writeln!(
+            out,
+            "asleep: {} allocations, {} (device memory handed back, addresses kept), {} of it held on the host",
+            asleep.len(),
+            Bytes(asleep.iter().map(|a| a.rounded).sum()),
+            Bytes(u.host_bytes_asleep)
+        );
+    }
     let _ = writeln!(out);
     let width = s
         .tags
@@ -193,9 +203,12 @@ pub fn render(s: &LedgerSnapshot, oldest: usize, backtraces: bool) -> String {
             "seq", "tag", "size", "charged", "stream", "ptr"
         );
         for a in s.live.iter().take(n) {
-            let donated = a.donated_from.as_ref().map_or(String::new(), |d| {
+            let mut donated = a.donated_from.as_ref().map_or(String::new(), |d| {
                 format!("  (donated from `{}`)", shown(d))
             });
+            if a.asleep {
+                donated.push_str("  (asleep)");
+            }
             let _ = writeln!(
                 out,
                 "  {:>8}  {:<width$}  {:>12}  {:>12}  {:>8}  {:>#18x}{donated}",
@@ -247,6 +260,7 @@ mod tests {
                 tag: if i == 0 { "buffer" } else { "workspace" }.into(),
                 donated_from: (i == 2).then(|| "input".to_string()),
                 backtrace: None,
+                asleep: i == 1,
             })
             .collect();
         LedgerSnapshot {
@@ -281,6 +295,7 @@ mod tests {
             ],
             live,
             last_oom: None,
+            sleeping: Vec::new(),
         }
     }
 

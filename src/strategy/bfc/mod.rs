@@ -637,6 +637,26 @@ impl<D: Device + ?Sized> BfcAllocator<D> {
 }
 
 impl<D: Device + ?Sized> Allocator for BfcAllocator<D> {
+    /// Unsupported: see [`crate::strategy::vmm::VmmAllocator::sleep`].
+    fn sleep(
+        &self,
+        _tag: &str,
+        _keep: crate::allocator::Keep,
+    ) -> Result<crate::allocator::SleepReport> {
+        Err(crate::allocator::sleep_unsupported(
+            self.name(),
+            self.device.info().vendor.name(),
+        ))
+    }
+
+    /// Unsupported: see [`crate::strategy::vmm::VmmAllocator::wake`].
+    fn wake(&self, _tag: &str) -> Result<crate::allocator::SleepReport> {
+        Err(crate::allocator::sleep_unsupported(
+            self.name(),
+            self.device.info().vendor.name(),
+        ))
+    }
+
     fn name(&self) -> &str {
         "bfc"
     }
@@ -791,6 +811,7 @@ impl<D: Device + ?Sized> Allocator for BfcAllocator<D> {
             pool_bytes: a.pool_bytes(),
             peak_pool_bytes: inner.peak_pool_bytes,
             fragmentation: Stats::compute_fragmentation(a.pool_bytes(), a.bytes_in_use(), largest),
+            ..Stats::default()
         }
     }
 

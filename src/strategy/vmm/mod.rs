@@ -112,6 +112,7 @@
 #![deny(unsafe_code)]
 
 mod physical;
+mod sleep;
 pub mod space;
 mod streams;
 
@@ -119,7 +120,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use rustc_hash::FxHashMap;
 
-use crate::allocator::{next_allocator_id, round_up, Allocation, Allocator, Stats};
+use crate::allocator::{
+    next_allocator_id, round_up, Allocation, Allocator, Keep, SleepReport, SleepingTag, Stats,
+};
 use crate::device::{Device, PhysicalHandle, Stream, VirtualMemory};
 use crate::error::{Error, Result};
 use crate::report::OomReport;
@@ -213,6 +216,8 @@ struct Inner {
     /// The fence records of `order` the physical books have moved their unsettled granules
     /// to fenced for ([`VmmAllocator::sync_fence`]).
     fence_seen: u64,
+    /// The live allocations that carry a tag, and which of them sleep ([`sleep`]).
+    tags: sleep::Tags,
 }
 
 /// The lists of [`VmmAllocator::back`]. Invariant: all empty between calls.
@@ -227,9 +232,10 @@ struct Scratch {
 }
 
 impl Inner {
-    /// Bytes handed out: the chunks in use less the pending stream-ordered frees.
+    /// Bytes handed out: the chunks in use less the pending stream-ordered frees and the
+    /// sleeping allocations.
     fn bytes_in_use(&self) -> u64 {
-        self.space.bytes_in_use() - self.order.bytes()
+        self.space.bytes_in_use() - self.order.bytes() - self.tags.asleep_bytes()
     }
 }
 
@@ -350,6 +356,7 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
                 peers,
                 scratch: Scratch::default(),
                 fence_seen: 0,
+                tags: sleep::Tags::default(),
             }),
         })
     }
@@ -593,10 +600,17 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
     /// Maps every granule under `[addr, addr + size)` that is not mapped yet, and grants
     /// access. On failure the books stay consistent (whatever was obtained is kept, idle or
     /// mapped-and-free).
-    fn back(&self, inner: &mut Inner, site: Site, size: u64, small: bool) -> Result<(), Shortfall> {
+    fn back(
+        &self,
+        inner: &mut Inner,
+        addr: u64,
+        need: u64,
+        supply: u64,
+        size: u64,
+        small: bool,
+    ) -> Result<(), Shortfall> {
         let g = self.granularity;
-        let Site { at, need, supply } = site;
-        let (start, end) = self.span(at.addr, size);
+        let (start, end) = self.span(addr, size);
         if need > supply {
             return Err(Shortfall::Budget(need, supply));
         }
@@ -738,10 +752,42 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         Ok(())
     }
 
+    /// Releases every handle none of whose granules is mapped, by handle id. Returns the
+    /// bytes released.
+    ///
+    /// # Errors
+    /// The device's error; what was released before it stays so.
+    fn release_idle_handles(&self, vm: &dyn VirtualMemory, inner: &mut Inner) -> Result<u64> {
+        let idle_handles: Vec<(u32, u64)> = inner
+            .phys
+            .handles_by_id()
+            .into_iter()
+            .filter(|(_, r)| r.mapped == 0)
+            .map(|(slot, r)| (slot, r.id))
+            .collect();
+        let mut released = 0;
+        for (slot, h) in idle_handles {
+            vm.release_physical(PhysicalHandle(h))?;
+            inner.counters.releases += 1;
+            released += inner.phys.remove_handle(slot).unwrap_or(0);
+        }
+        Ok(released)
+    }
+
     /// Counts an allocation handed out (its granules already touched) and makes it.
     #[inline]
-    fn granted(&self, inner: &mut Inner, grant: &Grant, size: u64, stream: Stream) -> Allocation {
+    fn granted(
+        &self,
+        inner: &mut Inner,
+        grant: &Grant,
+        size: u64,
+        stream: Stream,
+        tag: &str,
+    ) -> Allocation {
         inner.num_allocs += 1;
+        inner
+            .tags
+            .insert(grant.addr, grant.size, grant.token, stream, tag);
         inner.peak_bytes_in_use = inner.peak_bytes_in_use.max(inner.bytes_in_use());
         inner.largest_alloc_size = inner.largest_alloc_size.max(grant.size);
         Allocation::new(grant.addr, size, stream, self.id, grant.token)
@@ -847,7 +893,8 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
                 }
             }
         };
-        match self.back(inner, placement, rounded, small) {
+        let Site { at, need, supply } = placement;
+        match self.back(inner, at.addr, need, supply, rounded, small) {
             Ok(()) => {}
             Err(Shortfall::Budget(need, supply)) => {
                 let cause = format!(
@@ -956,6 +1003,7 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         guard: MutexGuard<'_, Inner>,
         r: &Request,
         refused: Error,
+        tag: &str,
     ) -> Result<Allocation> {
         if !refused.is_out_of_memory() {
             return Err(refused);
@@ -970,7 +1018,7 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         let inner = &mut *guard;
         self.poll_pending(inner);
         let grant = self.serve(inner, r)?;
-        Ok(self.granted(inner, &grant, r.size, r.stream))
+        Ok(self.granted(inner, &grant, r.size, r.stream, tag))
     }
 
     /// The part of [`VmmAllocator::serve`] once a second stream has been seen: `stream`'s own
@@ -1062,6 +1110,10 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         // Touch counts from the chunks in use; every in-use byte mapped with access.
         let mut touch: FxHashMap<u64, u32> = FxHashMap::default();
         for (addr, size) in inner.space.in_use() {
+            if inner.tags.is_asleep(addr) {
+                // Asleep: it touches nothing, and nothing need be mapped under it.
+                continue;
+            }
             let (s, e) = self.span(addr, size);
             for v in (s..e).step_by(g as usize) {
                 *touch.entry(v).or_insert(0) += 1;
@@ -1091,6 +1143,9 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
             return Err("a peak is below its current value".into());
         }
         streams::check(&inner.order, &inner.space)?;
+        inner
+            .tags
+            .check(|addr, token| inner.space.in_use_size(addr, token))?;
         Ok(())
     }
 }
@@ -1116,13 +1171,7 @@ impl<D: Device + ?Sized> Allocator for VmmAllocator<D> {
     /// # Time complexity
     /// `O(log n)` plus `O(granules)` of the request; under memory pressure linear in the
     /// free chunks.
-    fn allocate(
-        &self,
-        size: u64,
-        alignment: u64,
-        stream: Stream,
-        _tag: &str,
-    ) -> Result<Allocation> {
+    fn allocate(&self, size: u64, alignment: u64, stream: Stream, tag: &str) -> Result<Allocation> {
         let Some(Admitted { alignment, rounded }) =
             admit(size, alignment, MIN_ALLOCATION, MAX_ALIGNMENT)?
         else {
@@ -1158,8 +1207,8 @@ impl<D: Device + ?Sized> Allocator for VmmAllocator<D> {
             self.serve_free_space(inner, &request)
         };
         match served {
-            Ok(grant) => Ok(self.granted(inner, &grant, size, stream)),
-            Err(refused) => self.wait_and_serve(guard, &request, refused),
+            Ok(grant) => Ok(self.granted(inner, &grant, size, stream, tag)),
+            Err(refused) => self.wait_and_serve(guard, &request, refused, tag),
         }
     }
 
@@ -1185,6 +1234,21 @@ impl<D: Device + ?Sized> Allocator for VmmAllocator<D> {
             ptr: allocation.ptr(),
             backend: self.device.info().vendor.name(),
         };
+        if let Some(tagged) = inner.tags.remove(allocation.ptr(), allocation.token()) {
+            if let Some(copy) = tagged.asleep {
+                // Asleep: it touches no granule and no work can use it (waited for at the
+                // sleep); its range goes back to the free space, its contents with it.
+                if let Some(copy) = copy {
+                    if let Err(e) = copy.free(&*self.device) {
+                        tracing::warn!(error = %e, "vmm: a host copy could not be freed (leaked)");
+                    }
+                }
+                return match inner.space.free(allocation.ptr(), allocation.token()) {
+                    Some(_) => Ok(()),
+                    None => Err(unknown()),
+                };
+            }
+        }
         if inner.order.is_multi() {
             return if self.free_on_stream(
                 inner,
@@ -1248,6 +1312,8 @@ impl<D: Device + ?Sized> Allocator for VmmAllocator<D> {
             pool_bytes: pool,
             peak_pool_bytes: inner.peak_pool_bytes,
             fragmentation: Stats::compute_fragmentation(pool, in_use, largest),
+            bytes_asleep: inner.tags.asleep_bytes(),
+            host_bytes_asleep: inner.tags.host_bytes(),
         }
     }
 
@@ -1283,21 +1349,25 @@ impl<D: Device + ?Sized> Allocator for VmmAllocator<D> {
                 inner.phys.make_idle(piece);
             }
         }
-        // By handle id.
-        let idle_handles: Vec<(u32, u64)> = inner
-            .phys
-            .handles_by_id()
-            .into_iter()
-            .filter(|(_, r)| r.mapped == 0)
-            .map(|(slot, r)| (slot, r.id))
-            .collect();
-        let mut released = 0;
-        for (slot, h) in idle_handles {
-            vm.release_physical(PhysicalHandle(h))?;
-            inner.counters.releases += 1;
-            released += inner.phys.remove_handle(slot).unwrap_or(0);
-        }
-        Ok(released)
+        self.release_idle_handles(vm, inner)
+    }
+
+    /// See [`VmmAllocator::sleep`].
+    fn sleep(&self, tag: &str, keep: Keep) -> Result<SleepReport> {
+        VmmAllocator::sleep(self, tag, keep)
+    }
+
+    /// See [`VmmAllocator::wake`].
+    fn wake(&self, tag: &str) -> Result<SleepReport> {
+        VmmAllocator::wake(self, tag)
+    }
+
+    fn sleeping(&self) -> Vec<SleepingTag> {
+        VmmAllocator::sleeping(self)
+    }
+
+    fn is_asleep(&self, allocation: &Allocation) -> bool {
+        self.inner().tags.is_asleep(allocation.ptr())
     }
 
     /// Chunks tile the reservations, the free index holds exactly the free chunks, no two
@@ -1332,6 +1402,13 @@ impl<D: Device + ?Sized> Drop for VmmAllocator<D> {
         if let Err(e) = waited {
             tracing::warn!(allocator = "vmm", error = %e,
                 "could not wait for the work on its memory; unmapping it anyway");
+        }
+        for tagged in inner.tags.drain() {
+            if let Some(Some(copy)) = tagged.asleep {
+                if let Err(e) = copy.free(&*self.device) {
+                    tracing::warn!(error = %e, "vmm: a host copy could not be freed (leaked)");
+                }
+            }
         }
         let order = std::mem::take(&mut inner.order);
         for event in order.events() {

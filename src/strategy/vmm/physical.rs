@@ -726,6 +726,29 @@ impl Physical {
         out
     }
 
+    /// The free mapped granules of the granule-aligned span `[start, end)` (inside one
+    /// region) whose work is known complete, in address order, appended to `out`: what a
+    /// sleep unmaps under the allocations it puts to sleep.
+    ///
+    /// # Time complexity
+    /// `O(granules / 64)` plus the granules found.
+    pub(super) fn settled_free_in(&self, start: u64, end: u64, out: &mut Vec<u64>) {
+        let from = out.len();
+        self.each(start, end, |p| &p.free, |v| out.push(v));
+        if self.unsettled_any || self.fenced_any {
+            let mut i = from;
+            while i < out.len() {
+                let v = out[i];
+                if self.bit(v, |p| &p.unsettled) || self.bit(v, |p| &p.fenced) {
+                    out.swap_remove(i);
+                } else {
+                    i += 1;
+                }
+            }
+            out[from..].sort_unstable();
+        }
+    }
+
     // ---- settling (stream order) ----------------------------------------------------------
 
     /// Every page made, in every region.

@@ -1,0 +1,113 @@
+//! Sleep + wake of a large allocation with its contents (vmm on the host backend, real
+//! memory) against a plain `memcpy` of the same bytes there and back, in the same run.
+//!
+//! `cargo bench --bench sleep` (8 GiB; `PORTALLOC_SLEEP_BENCH_GIB=2` for less: the run needs
+//! about twice that much free memory). Rounds alternate the contenders, each timed by wall
+//! clock (the copies are the work):
+//!
+//! * **sleep + wake**: `sleep(tag, Keep::Contents)` — a fresh host buffer, the copy from the
+//!   device's memory, its unmapping and release — then `wake(tag)`: new memory mapped at the
+//!   same address, the copy back, the host buffer freed;
+//! * **memcpy, fresh**: what a hand-written sleep does with the same bytes — a copy into a
+//!   fresh host buffer, and back into fresh memory (as memory handed back and taken again
+//!   is: its pages fault in as they are written);
+//! * **memcpy, warm**: the two copies alone, both buffers already faulted in: the machine's
+//!   copy bandwidth, an upper bound.
+//!
+//! It prints each contender's median and the ratio of bandwidths (memcpy time ÷ sleep + wake
+//! time: 1.0 is as fast as the copies alone).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use portalloc::backends::host::HostDevice;
+use portalloc::strategy::vmm::{VmmAllocator, VmmOptions};
+use portalloc::{Allocator, Keep, Stream};
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Fills `len` bytes at `ptr` (host memory of the host backend) with a pattern.
+fn fill(ptr: u64, len: usize) {
+    // SAFETY: `ptr` is a live allocation of a host device with real memory, `len` bytes,
+    // mapped with access, used by no one else.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) };
+    for (i, chunk) in bytes.chunks_mut(4096).enumerate() {
+        chunk.fill(i as u8);
+    }
+}
+
+fn main() {
+    let gib: u64 = std::env::var("PORTALLOC_SLEEP_BENCH_GIB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(8);
+    let bytes = gib << 30;
+    let len = bytes as usize;
+    let rounds = 5;
+    let device = Arc::new(
+        HostDevice::builder()
+            .capacity(bytes + (1 << 30))
+            .simulated(false)
+            .build()
+            .expect("a host device with real memory"),
+    );
+    let vmm = VmmAllocator::new(Arc::clone(&device), VmmOptions::new(bytes + (512 << 20)))
+        .expect("vmm over the host device");
+    let weights = vmm
+        .allocate(bytes, 0, Stream::DEFAULT, "weights")
+        .expect("the allocation");
+    fill(weights.ptr(), len);
+
+    let (mut slept, mut fresh, mut warm) = (Vec::new(), Vec::new(), Vec::new());
+    let mut warm_host = vec![0u8; len];
+    warm_host.fill(1);
+    for round in 0..rounds {
+        // sleep + wake
+        let t = Instant::now();
+        vmm.sleep("weights", Keep::Contents).expect("sleep");
+        vmm.wake("weights").expect("wake");
+        slept.push(t.elapsed().as_secs_f64());
+
+        // memcpy into fresh memory and back into fresh memory (the same work, by hand)
+        let t = Instant::now();
+        let mut host = vec![0u8; len];
+        // SAFETY: the allocation is live, `len` bytes, mapped with access.
+        let device_bytes = unsafe { std::slice::from_raw_parts_mut(weights.ptr() as *mut u8, len) };
+        host.copy_from_slice(device_bytes);
+        let mut back = vec![0u8; len];
+        back.copy_from_slice(&host);
+        drop(host);
+        fresh.push(t.elapsed().as_secs_f64());
+        drop(back);
+
+        // the copies alone, both sides faulted in
+        let t = Instant::now();
+        warm_host.copy_from_slice(device_bytes);
+        device_bytes.copy_from_slice(&warm_host);
+        warm.push(t.elapsed().as_secs_f64());
+        eprintln!(
+            "round {round}: sleep+wake {:.2} s, memcpy fresh {:.2} s, memcpy warm {:.2} s",
+            slept[round], fresh[round], warm[round]
+        );
+    }
+    let (s, f, w) = (median(slept), median(fresh), median(warm));
+    let gbs = |secs: f64| 2.0 * bytes as f64 / secs / 1e9;
+    println!(
+        "sleep + wake of {gib} GiB with contents, {rounds} rounds (medians): {s:.2} s ({:.1} GB/s moved)",
+        gbs(s)
+    );
+    println!(
+        "memcpy there and back, fresh memory: {f:.2} s ({:.1} GB/s) -> ratio {:.2}",
+        gbs(f),
+        f / s
+    );
+    println!(
+        "memcpy there and back, warm memory:  {w:.2} s ({:.1} GB/s) -> ratio {:.2}",
+        gbs(w),
+        w / s
+    );
+    vmm.deallocate(weights).expect("free");
+}

@@ -1,0 +1,495 @@
+//! Sleep and wake: the device memory of a tag's live allocations handed back and taken again
+//! at the same addresses (see [`VmmAllocator::sleep`]).
+//!
+//! A sleeping allocation stays in use in the address space — no other allocation is placed
+//! over its range — but no longer touches its granules: those no awake chunk touches are
+//! unmapped, and handles none of whose granules is mapped go back to the device. Its bytes,
+//! where kept, are in a [`HostCopy`]. A wake backs its span again (idle memory, stitching,
+//! new handles within the budget, as an allocation is backed), touches it, and copies the
+//! bytes back.
+//!
+//! Invariants (checked by [`Tags::check`] and the allocator's `check`):
+//! * every address in `live` is a chunk in use in the space, of the recorded size, that is
+//!   not a pending free;
+//! * `asleep_bytes` and `host_bytes` are the sums over the sleeping records;
+//! * a sleeping chunk touches no granule (the awake ones' touches are the physical counts).
+#![deny(unsafe_code)]
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use rustc_hash::{FxHashMap, FxHashSet};
+
+use super::VmmAllocator;
+use crate::allocator::{Keep, SleepReport, SleepingTag};
+use crate::backends::staging::HostCopy;
+use crate::device::{Device, Stream};
+use crate::error::{Error, Result};
+use crate::units::Bytes;
+
+/// A live allocation that carries a tag.
+#[derive(Debug)]
+pub(super) struct Tagged {
+    pub(super) tag: Arc<str>,
+    /// The chunk's size (rounded).
+    pub(super) size: u64,
+    /// The chunk's token in the space.
+    pub(super) token: u64,
+    /// The stream it was made for: its sleep's and wake's copies are queued there.
+    pub(super) stream: Stream,
+    /// `Some` while it sleeps: its contents, where kept.
+    pub(super) asleep: Option<Option<HostCopy>>,
+}
+
+/// The tagged live allocations. See the module.
+#[derive(Debug, Default)]
+pub(super) struct Tags {
+    /// Tag names, shared by the records that carry them (one allocation per name, not per
+    /// record).
+    names: FxHashSet<Arc<str>>,
+    /// By address.
+    live: FxHashMap<u64, Tagged>,
+    /// Invariant: the sum of the sizes of the sleeping records.
+    asleep_bytes: u64,
+    /// Invariant: the sum of the lengths of the sleeping records' host copies.
+    host_bytes: u64,
+}
+
+impl Tags {
+    /// Records the chunk at `addr` as carrying `tag` (nothing for an empty tag).
+    pub(super) fn insert(&mut self, addr: u64, size: u64, token: u64, stream: Stream, tag: &str) {
+        if tag.is_empty() {
+            return;
+        }
+        let tag = match self.names.get(tag) {
+            Some(t) => Arc::clone(t),
+            None => {
+                let t: Arc<str> = Arc::from(tag);
+                self.names.insert(Arc::clone(&t));
+                t
+            }
+        };
+        self.live.insert(
+            addr,
+            Tagged {
+                tag,
+                size,
+                token,
+                stream,
+                asleep: None,
+            },
+        );
+    }
+
+    /// Takes the record of the chunk `(addr, token)` out, as it is freed.
+    pub(super) fn remove(&mut self, addr: u64, token: u64) -> Option<Tagged> {
+        if self.live.is_empty() || self.live.get(&addr)?.token != token {
+            return None;
+        }
+        let t = self.live.remove(&addr)?;
+        if let Some(copy) = &t.asleep {
+            self.asleep_bytes -= t.size;
+            self.host_bytes -= copy.as_ref().map_or(0, HostCopy::len);
+        }
+        if Arc::strong_count(&t.tag) == 2 {
+            // The last record of the name (the other count is `names`').
+            self.names.remove(&*t.tag);
+        }
+        Some(t)
+    }
+
+    /// True when the chunk at `addr` sleeps.
+    pub(super) fn is_asleep(&self, addr: u64) -> bool {
+        !self.live.is_empty() && self.live.get(&addr).is_some_and(|t| t.asleep.is_some())
+    }
+
+    /// Bytes of the sleeping chunks.
+    pub(super) fn asleep_bytes(&self) -> u64 {
+        self.asleep_bytes
+    }
+
+    /// Bytes of their host copies.
+    pub(super) fn host_bytes(&self) -> u64 {
+        self.host_bytes
+    }
+
+    /// The addresses of the chunks of `tag` that sleep (`asleep`) or not, ascending.
+    fn with(&self, tag: &str, asleep: bool) -> Vec<u64> {
+        let mut out: Vec<u64> = self
+            .live
+            .iter()
+            .filter(|(_, t)| &*t.tag == tag && t.asleep.is_some() == asleep)
+            .map(|(&a, _)| a)
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
+    /// Per tag with chunks asleep: their count, bytes and host bytes.
+    pub(super) fn sleeping(&self) -> Vec<SleepingTag> {
+        let mut by: BTreeMap<&str, SleepingTag> = BTreeMap::new();
+        for t in self.live.values() {
+            let Some(copy) = &t.asleep else { continue };
+            let e = by.entry(&t.tag).or_insert_with(|| SleepingTag {
+                tag: t.tag.to_string(),
+                allocations: 0,
+                bytes_asleep: 0,
+                host_bytes: 0,
+            });
+            e.allocations += 1;
+            e.bytes_asleep += t.size;
+            e.host_bytes += copy.as_ref().map_or(0, HostCopy::len);
+        }
+        by.into_values().collect()
+    }
+
+    /// Every record, emptied: for the allocator's drop.
+    pub(super) fn drain(&mut self) -> impl Iterator<Item = Tagged> + '_ {
+        self.asleep_bytes = 0;
+        self.host_bytes = 0;
+        self.names.clear();
+        self.live.drain().map(|(_, t)| t)
+    }
+
+    /// Checks the sums against the records; `in_use(addr, token)` gives the size of the chunk
+    /// in use there (not pending).
+    pub(super) fn check(
+        &self,
+        in_use: impl Fn(u64, u64) -> Option<u64>,
+    ) -> std::result::Result<(), String> {
+        let (mut asleep, mut host) = (0, 0);
+        for (&addr, t) in &self.live {
+            if in_use(addr, t.token) != Some(t.size) {
+                return Err(format!(
+                    "tagged chunk {addr:#x}+{} ({:?}) is not a chunk in use of that size",
+                    t.size, t.tag
+                ));
+            }
+            if let Some(copy) = &t.asleep {
+                asleep += t.size;
+                host += copy.as_ref().map_or(0, HostCopy::len);
+            }
+        }
+        if (asleep, host) != (self.asleep_bytes, self.host_bytes) {
+            return Err(format!(
+                "sleeping bytes counted {} (host {}), the records hold {asleep} (host {host})",
+                self.asleep_bytes, self.host_bytes
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Frees host copies made by a sleep that is given up.
+fn free_copies<D: Device + ?Sized>(device: &D, copies: Vec<(u64, Option<HostCopy>)>) {
+    for (_, copy) in copies {
+        if let Some(copy) = copy {
+            if let Err(e) = copy.free(device) {
+                tracing::warn!(error = %e, "vmm: a host copy could not be freed (leaked)");
+            }
+        }
+    }
+}
+
+impl<D: Device + ?Sized> VmmAllocator<D> {
+    /// Hands back the device memory of the live allocations tagged `tag` that are awake,
+    /// keeping their addresses: with [`Keep::Contents`] their bytes are copied to host memory
+    /// first (pinned where the device offers it), with [`Keep::Nothing`] they are discarded.
+    /// [`VmmAllocator::wake`] maps memory at the same addresses again. Pointers never change:
+    /// CUDA graphs captured over them, and every pointer the caller holds, stay valid.
+    ///
+    /// The copies are queued on each allocation's own stream, after the work queued there;
+    /// then those streams are waited for (the copy itself, and the work on the memory, which
+    /// must be complete before it is unmapped — PyTorch synchronises before an unmap too).
+    /// The granules no awake allocation touches are unmapped, and every handle none of whose
+    /// granules is mapped is released — idle memory too: a sleep hands back what it can.
+    /// Granules shared with awake allocations stay mapped (their memory stays counted in
+    /// [`crate::Stats::pool_bytes`]).
+    ///
+    /// Sleeping allocations are not in [`crate::Stats::bytes_in_use`]; they are in
+    /// [`crate::Stats::bytes_asleep`] and [`VmmAllocator::sleeping`]. Freeing one is allowed:
+    /// it releases its range and its host copy. An allocation made with a sleeping tag is
+    /// awake. A tag with no awake allocation: nothing to do (an empty report). The
+    /// allocator's lock is held throughout: other calls on it wait for the sleep.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use portalloc::backends::host::HostDevice;
+    /// use portalloc::strategy::vmm::{VmmAllocator, VmmOptions};
+    /// use portalloc::{Allocator, Keep, Stream};
+    ///
+    /// let device = Arc::new(HostDevice::builder().capacity(256 << 20).build()?);
+    /// let vmm = VmmAllocator::new(device, VmmOptions::new(128 << 20))?;
+    /// let weights = vmm.allocate(64 << 20, 0, Stream::DEFAULT, "weights")?;
+    /// let held = vmm.stats().pool_bytes;
+    /// vmm.sleep("weights", Keep::Contents)?;
+    /// assert!(vmm.stats().pool_bytes <= held - (64 << 20));
+    /// vmm.wake("weights")?; // the same address, the same bytes
+    /// vmm.deallocate(weights)?;
+    /// # Ok::<(), portalloc::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// The device's error for a copy or a wait: then nothing sleeps and nothing is lost. An
+    /// unmap or release the device refuses: the allocations are woken again (and the error
+    /// returned); should even that fail, they stay asleep with their contents, for a later
+    /// [`VmmAllocator::wake`].
+    pub fn sleep(&self, tag: &str, keep: Keep) -> Result<SleepReport> {
+        let device = &*self.device;
+        let mut guard = self.inner();
+        let inner = &mut *guard;
+        let targets = inner.tags.with(tag, false);
+        if targets.is_empty() {
+            return Ok(SleepReport::default());
+        }
+        let vm = self.vm()?;
+        // The copies, each on its allocation's stream.
+        let mut copies: Vec<(u64, Option<HostCopy>)> = Vec::with_capacity(targets.len());
+        let mut streams: Vec<Stream> = Vec::new();
+        for &addr in &targets {
+            let t = &inner.tags.live[&addr];
+            if !streams.contains(&t.stream) {
+                streams.push(t.stream);
+            }
+            if keep == Keep::Nothing {
+                copies.push((addr, None));
+                continue;
+            }
+            let copied = HostCopy::new(device, t.size).and_then(|mut copy| {
+                match copy.download(device, addr, t.stream) {
+                    Ok(()) => Ok(copy),
+                    Err(e) => {
+                        if let Err(f) = copy.free(device) {
+                            tracing::warn!(error = %f, "vmm: a host copy could not be freed");
+                        }
+                        Err(e)
+                    }
+                }
+            });
+            match copied {
+                Ok(copy) => copies.push((addr, Some(copy))),
+                Err(e) => {
+                    free_copies(device, copies);
+                    return Err(e);
+                }
+            }
+        }
+        // The copies and the work before them complete before anything is unmapped.
+        for &stream in &streams {
+            if let Err(e) = device.synchronize_stream(stream) {
+                if device.synchronize_device().is_err() {
+                    free_copies(device, copies);
+                    return Err(e);
+                }
+            }
+        }
+        let pool_before = inner.phys.pool_bytes();
+        let mut report = SleepReport {
+            allocations: targets.len() as u64,
+            ..SleepReport::default()
+        };
+        for (addr, copy) in copies {
+            if let Some(c) = &copy {
+                report.copied_bytes += c.len();
+                inner.tags.host_bytes += c.len();
+            }
+            let t = inner.tags.live.get_mut(&addr).expect("a target is live");
+            report.bytes += t.size;
+            t.asleep = Some(copy);
+            inner.tags.asleep_bytes += t.size;
+            let (start, end) = self.span(addr, t.size);
+            inner.phys.untouch(start, end);
+        }
+        // Unmap what no awake chunk touches under them, then release the handles left with
+        // nothing mapped.
+        let g = self.granularity;
+        let mut granules = Vec::new();
+        for &addr in &targets {
+            let (start, end) = self.span(addr, inner.tags.live[&addr].size);
+            inner.phys.settled_free_in(start, end, &mut granules);
+        }
+        granules.sort_unstable();
+        granules.dedup();
+        let mut handed_back = Ok(());
+        for v in granules {
+            if let Err(e) = vm.unmap(v, g) {
+                handed_back = Err(e);
+                break;
+            }
+            inner.counters.unmaps += 1;
+            if let Some(piece) = inner.phys.unmap(v) {
+                inner.phys.make_idle(piece);
+            }
+        }
+        let handed_back = handed_back.and_then(|()| self.release_idle_handles(vm, inner));
+        report.device_bytes = pool_before.saturating_sub(inner.phys.pool_bytes());
+        if let Err(e) = handed_back {
+            // Woken again, so that a failed sleep leaves them as they were.
+            return match self.wake_chunks(inner, tag, &targets) {
+                Ok(_) => Err(e),
+                Err(w) => {
+                    tracing::warn!(error = %w, tag,
+                        "vmm: a sleep that failed could not be undone; the tag stays asleep");
+                    Err(e)
+                }
+            };
+        }
+        Ok(report)
+    }
+
+    /// Maps device memory again under the allocations tagged `tag` that sleep — at their
+    /// addresses — and copies their contents back (on each one's stream, waited for before
+    /// the host copies are freed). Allocations put to sleep with [`Keep::Nothing`] hold
+    /// whatever the new memory holds. A tag with none asleep: nothing to do (an empty
+    /// report).
+    ///
+    /// # Errors
+    /// [`Error::CannotWake`] when the memory they need cannot be had (within the budget or
+    /// from the device): the tag stays asleep, its contents kept, and a later wake can
+    /// succeed. The device's error for a copy or a map: the same.
+    pub fn wake(&self, tag: &str) -> Result<SleepReport> {
+        let mut guard = self.inner();
+        let inner = &mut *guard;
+        let targets = inner.tags.with(tag, true);
+        if targets.is_empty() {
+            return Ok(SleepReport::default());
+        }
+        self.wake_chunks(inner, tag, &targets)
+    }
+
+    /// Wakes the sleeping chunks `targets` (of `tag`): all of them, or none.
+    fn wake_chunks(
+        &self,
+        inner: &mut super::Inner,
+        tag: &str,
+        targets: &[u64],
+    ) -> Result<SleepReport> {
+        let device = &*self.device;
+        let g = self.granularity;
+        let shift = g.trailing_zeros();
+        // What they need, all together, against what can be had: refused before anything
+        // is touched when it cannot.
+        let mut needed: FxHashSet<u64> = FxHashSet::default();
+        let mut spans = Vec::with_capacity(targets.len());
+        for &addr in targets {
+            let size = inner.tags.live[&addr].size;
+            let (start, end) = self.span(addr, size);
+            let mut missing = Vec::new();
+            inner.phys.unmapped_in(start, end, &mut missing);
+            needed.extend(missing);
+            spans.push((addr, size, start, end));
+        }
+        let need = needed.len() as u64;
+        // Memory freed at once can be had once a fence covers it: fenced on the device; and
+        // when only that memory is missing, waited for on the CPU, as an allocation waits just
+        // before it would refuse.
+        self.settle_granules(inner);
+        let supply_now = |inner: &super::Inner| {
+            let stitchable = inner.phys.free_mapped_count() - inner.phys.unsettled_free();
+            inner.phys.idle_count() + stitchable + self.creatable(&inner.phys)
+        };
+        if need > supply_now(inner) && inner.phys.any_unsettled() {
+            match device.synchronize_device() {
+                Ok(()) => self.poll_pending(inner),
+                Err(e) => tracing::debug!(error = %e, "vmm: could not wait for the fence"),
+            }
+        }
+        let unsettled = inner.phys.unsettled_free();
+        let supply = supply_now(inner);
+        let refusal = |cause: String| Error::CannotWake {
+            tag: tag.to_string(),
+            needed: need << shift,
+            available: supply << shift,
+            cause,
+        };
+        if need > supply {
+            return Err(refusal(format!(
+                "the physical budget of {} is reached: {} held, {} of it by awake allocations",
+                Bytes(self.options.limit),
+                Bytes(inner.phys.pool_bytes()),
+                Bytes(inner.bytes_in_use())
+            )));
+        }
+        let pool_before = inner.phys.pool_bytes();
+        // Back and touch each in turn (a woken one's granules are then no one's to stitch).
+        let mut woken = 0;
+        let mut failed = None;
+        for &(addr, size, start, end) in &spans {
+            let (n, s) = self.need_and_supply(&inner.phys, addr, size, unsettled);
+            let small = size < self.options.small_threshold;
+            match self.back(inner, addr, n, s, size, small) {
+                Ok(()) => {
+                    inner.phys.touch(start, end);
+                    woken += 1;
+                }
+                Err(shortfall) => {
+                    failed = Some(shortfall);
+                    break;
+                }
+            }
+        }
+        let mut result = match failed {
+            None => Ok(()),
+            Some(super::Shortfall::Budget(n, s)) => Err(refusal(format!(
+                "{n} granules were needed for one allocation and {s} could be found"
+            ))),
+            Some(super::Shortfall::Device(e)) if e.is_out_of_memory() => {
+                Err(refusal(format!("the device refused memory: {e}")))
+            }
+            Some(super::Shortfall::Device(e)) => Err(e),
+        };
+        // The contents back, each on its allocation's stream.
+        if result.is_ok() {
+            for &(addr, ..) in &spans {
+                let t = inner.tags.live.get_mut(&addr).expect("a target is live");
+                if let Some(Some(copy)) = &mut t.asleep {
+                    if let Err(e) = copy.upload(device, addr, t.stream) {
+                        result = Err(e);
+                        break;
+                    }
+                }
+            }
+        }
+        // Waited for, so that the host copies can go (and, on failure, before the memory is
+        // untouched again).
+        for &(addr, ..) in &spans {
+            if let Some(Some(copy)) = &mut inner.tags.live.get_mut(&addr).expect("live").asleep {
+                if let Err(e) = copy.settle(device) {
+                    result = result.and(Err(e));
+                }
+            }
+        }
+        if let Err(e) = result {
+            // Asleep again, as they were: what was mapped for them stays, free.
+            for &(_, _, start, end) in &spans[..woken] {
+                inner.phys.untouch(start, end);
+            }
+            return Err(e);
+        }
+        let mut report = SleepReport {
+            allocations: targets.len() as u64,
+            ..SleepReport::default()
+        };
+        for &(addr, size, ..) in &spans {
+            let t = inner.tags.live.get_mut(&addr).expect("a target is live");
+            let copy = t.asleep.take().flatten();
+            inner.tags.asleep_bytes -= size;
+            report.bytes += size;
+            if let Some(copy) = copy {
+                inner.tags.host_bytes -= copy.len();
+                report.copied_bytes += copy.len();
+                if let Err(e) = copy.free(device) {
+                    tracing::warn!(error = %e, "vmm: a host copy could not be freed (leaked)");
+                }
+            }
+        }
+        report.device_bytes = inner.phys.pool_bytes().saturating_sub(pool_before);
+        inner.peak_bytes_in_use = inner.peak_bytes_in_use.max(inner.bytes_in_use());
+        Ok(report)
+    }
+
+    /// The tags with allocations asleep, by name: their count, bytes, and host bytes.
+    pub fn sleeping(&self) -> Vec<SleepingTag> {
+        self.inner().tags.sleeping()
+    }
+}
