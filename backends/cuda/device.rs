@@ -38,6 +38,11 @@ pub type CudaCensus = VendorCensus;
 ///   PyTorch).
 /// * **Memory**: [`crate::Device::alloc`] / [`crate::Device::free`] are `cuMemAlloc_v2` /
 ///   `cuMemFree_v2`.
+/// * **Copies and pinned host memory**: [`crate::Device::copy_to_host`] /
+///   [`crate::Device::copy_from_host`] are `cuMemcpyDtoHAsync_v2` / `cuMemcpyHtoDAsync_v2` on
+///   the caller's stream, after the books checked the device range;
+///   [`crate::Device::alloc_pinned_host`] is `cuMemHostAlloc` (flags 0: pinned for the primary
+///   context), `Ok(None)` on a driver without it.
 /// * **Virtual memory** ([`crate::device::VirtualMemory`]) when the driver is CUDA ≥ 10.2,
 ///   exports the calls, and the device sets
 ///   `CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED`.

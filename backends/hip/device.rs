@@ -103,6 +103,10 @@ impl HipDeviceBuilder {
 ///   may be used from any thread and never changes the caller's current device.
 /// * **Memory**: [`Device::alloc`] / [`Device::free`] are `hipMalloc` (coarse-grained, the
 ///   default) or `hipExtMallocWithFlags` (fine-grained, uncached) and `hipFree`.
+/// * **Copies and pinned host memory**: [`Device::copy_to_host`] / [`Device::copy_from_host`]
+///   are `hipMemcpyDtoHAsync` / `hipMemcpyHtoDAsync` on the caller's stream, after the books
+///   checked the device range; [`Device::alloc_pinned_host`] is
+///   `hipHostMalloc(hipHostMallocDefault)`, `Ok(None)` on a runtime without it.
 /// * **Virtual memory** ([`VirtualMemory`]) only on ROCm ≥ 7 with attribute 89 set (see
 ///   [`super::tuning`]), with chunks of the recommended granularity raised to 2 MiB.
 /// * **Stream-ordered pool** ([`crate::device::StreamOrderedPool`]) when attribute 88 is set:

@@ -36,10 +36,12 @@
  * Faults, call counts, live counts and peer controls: the fake_* API of fake_common.h; what
  * only this fake has: fakecuda_* below.
  *
- * Built three times by the tests (tests/support/mod.rs): this file (libfakecuda.so),
+ * Built four times by the tests (tests/support/mod.rs): this file (libfakecuda.so),
  * fakecuda_old.c, which defines FAKECUDA_OLD and includes it (libfakecuda_old.so): a CUDA 10.1
- * driver without the virtual memory and pool symbols, and fakecuda_nopeer.c, which defines
- * FAKECUDA_NO_PEER (libfakecuda_nopeer.so): a driver without the peer-access calls.
+ * driver without the virtual memory and pool symbols, fakecuda_nopeer.c, which defines
+ * FAKECUDA_NO_PEER (libfakecuda_nopeer.so): a driver without the peer-access calls, and
+ * fakecuda_nopinned.c, which defines FAKECUDA_NO_PINNED_HOST (libfakecuda_nopinned.so): a
+ * driver without cuMemHostAlloc / cuMemFreeHost.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -813,7 +815,9 @@ CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t bytes) {
   return copy_sync(src, dst, 1, bytes);
 }
 
-/* ---- Pinned host memory (CUDA 2.2; in fakecuda_old too) ---- */
+/* ---- Pinned host memory (CUDA 2.2; in fakecuda_old too, not in fakecuda_nopinned) ---- */
+
+#ifndef FAKECUDA_NO_PINNED_HOST
 
 /* CU_MEMHOSTALLOC_PORTABLE | DEVICEMAP | WRITECOMBINED. */
 #define HOST_ALLOC_FLAGS 0x7u
@@ -849,6 +853,7 @@ CUresult cuMemFreeHost(void *p) {
   }
   RETURN(CUDA_ERROR_INVALID_VALUE);
 }
+#endif /* FAKECUDA_NO_PINNED_HOST */
 
 #ifdef FAKECUDA_OLD
 static void release_above_threshold(void) {}

@@ -300,6 +300,41 @@ mod loading {
         fake.assert_empty();
     }
 
+    /// A driver without the pinned host memory calls (`fakecuda_nopinned`) loads and opens
+    /// as any: `alloc_pinned_host` answers that there is none, and copies work with the
+    /// caller's ordinary host memory instead.
+    #[test]
+    fn a_driver_without_pinned_host_calls_offers_none_and_copies_still_work() {
+        let Some(fake) = crate::support::fakes::Fake::copy("fakecuda_nopinned").map(Fake) else {
+            return;
+        };
+        let driver = fake.driver();
+        assert!(!driver.has_pinned_host_symbols());
+        for (symbol, ok) in driver.symbols() {
+            assert_eq!(ok, !PINNED_HOST_SYMBOLS.contains(&symbol), "{symbol}");
+        }
+        let device = CudaDevice::open(driver, 0).unwrap();
+        assert_eq!(device.alloc_pinned_host(4096).unwrap(), None);
+        let p = device.alloc(4096).unwrap();
+        let host: Vec<u8> = (0..4096u32).map(|i| i as u8).collect();
+        let mut back = vec![0u8; 4096];
+        // SAFETY: both vectors hold 4096 bytes until the stream is synchronised; `p` is a
+        // live allocation of 4096 bytes.
+        unsafe {
+            device
+                .copy_from_host(p, host.as_ptr(), 4096, Stream::DEFAULT)
+                .unwrap();
+            device
+                .copy_to_host(back.as_mut_ptr(), p, 4096, Stream::DEFAULT)
+                .unwrap();
+        }
+        device.synchronize_stream(Stream::DEFAULT).unwrap();
+        assert_eq!(back, host);
+        device.free(p, 4096).unwrap();
+        drop(device);
+        fake.assert_empty();
+    }
+
     #[test]
     fn capability_gates_follow_version_and_attributes() {
         let Some(fake) = Fake::new() else { return };

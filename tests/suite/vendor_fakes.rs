@@ -11,6 +11,11 @@
 //!   declared not capable is a typed error, an enable the driver already has is success.
 //! * **The vendor calls' own rules**, called directly: the codes `cuCtxEnablePeerAccess` /
 //!   `hipDeviceEnablePeerAccess` and the set-access calls answer.
+//! * **Copies and pinned host memory through the backends** (`Device::copy_to_host`,
+//!   `copy_from_host`, `alloc_pinned_host`, `free_pinned_host`): each goes through as one
+//!   vendor call, in stream order behind a kernel in flight, with the caller's current context
+//!   (CUDA) or device (HIP) unchanged after it; ranges the books refuse never reach the
+//!   driver; the driver's refusal is its typed error; pinned memory is counted until freed.
 //!
 //! One test body per behaviour, instantiated for each vendor (`cuda::…`, `hip::…`).
 #![cfg(any(feature = "cuda", feature = "hip"))]
@@ -33,6 +38,9 @@ struct Api {
     can_access_peer: &'static str,
     enable_peer_access: &'static str,
     set_access: &'static str,
+    /// The stream-ordered copies behind `Device::copy_to_host` / `copy_from_host`.
+    copy_to_host: &'static str,
+    copy_from_host: &'static str,
 }
 
 fn api(vendor: Vendor) -> Api {
@@ -43,6 +51,8 @@ fn api(vendor: Vendor) -> Api {
             can_access_peer: "cuDeviceCanAccessPeer",
             enable_peer_access: "cuCtxEnablePeerAccess",
             set_access: "cuMemSetAccess",
+            copy_to_host: "cuMemcpyDtoHAsync_v2",
+            copy_from_host: "cuMemcpyHtoDAsync_v2",
         },
         _ => Api {
             driver_version: "hipDriverGetVersion",
@@ -50,6 +60,8 @@ fn api(vendor: Vendor) -> Api {
             can_access_peer: "hipDeviceCanAccessPeer",
             enable_peer_access: "hipDeviceEnablePeerAccess",
             set_access: "hipMemSetAccess",
+            copy_to_host: "hipMemcpyDtoHAsync",
+            copy_from_host: "hipMemcpyHtoDAsync",
         },
     }
 }
@@ -367,6 +379,156 @@ fn can_access_peer_call<D: FakeDevice>(fake: &Fake, _: &D, _: &D, api: &Api) {
     assert_eq!((ask(1, 0), ask(0, 1)), ((0, 0), (0, 1)));
 }
 
+// ----- copies and pinned host memory through the backends --------------------------------------
+
+/// Copies between device memory and pinned host memory on device `a` while the caller works
+/// on the other device, which must be current after every call: each copy is one vendor call,
+/// moves the bytes (fakecuda, whose device memory is real; fakehip has none to move), completes
+/// behind a kernel in flight on its stream, and is refused — without a driver call — for a
+/// range mapped without access or in no memory of the device; zero bytes make no call; the
+/// driver's refusal is its typed error; pinned memory is counted until freed, once.
+fn copies_and_pinned_memory<D: FakeDevice>(fake: &Fake, a: &D, _: &D, api: &Api) {
+    let before = fake.current();
+    let caller = fake.primary(1);
+    fake.set_current(caller);
+    let unchanged = |after: &str| {
+        assert_eq!(
+            fake.current(),
+            caller,
+            "{after} changed the caller's current {}",
+            if D::VENDOR == Vendor::Cuda {
+                "context"
+            } else {
+                "device"
+            }
+        )
+    };
+    let calls = || (fake.calls(api.copy_to_host), fake.calls(api.copy_from_host));
+    const LEN: usize = 64 << 10;
+
+    let s = a.create_stream().unwrap();
+    let pinned = a
+        .alloc_pinned_host(LEN as u64)
+        .unwrap()
+        .expect("the fake exports the pinned-host calls");
+    unchanged("alloc_pinned_host");
+    assert_eq!(fake.live("host_allocations"), 1);
+    assert_eq!(a.vendor_census().pinned_host, 1);
+    // SAFETY: `pinned` holds LEN bytes, read and written here only while no copy uses them.
+    let host = unsafe { std::slice::from_raw_parts_mut(pinned.as_ptr(), LEN) };
+    for (i, b) in host.iter_mut().enumerate() {
+        *b = (i as u8) ^ 0x5a;
+    }
+    let plain = a.alloc(MIB).unwrap();
+    let mut back = vec![0u8; LEN];
+    let (to_host, from_host) = calls();
+    // SAFETY: both host buffers hold LEN bytes until the stream is synchronised below; the
+    // device range is checked against the device's books.
+    unsafe { a.copy_from_host(plain + 8, pinned.as_ptr(), LEN as u64, s) }.unwrap();
+    unchanged("copy_from_host");
+    // SAFETY: as above.
+    unsafe { a.copy_to_host(back.as_mut_ptr(), plain + 8, LEN as u64, s) }.unwrap();
+    unchanged("copy_to_host");
+    a.synchronize_stream(s).unwrap();
+    assert_eq!(
+        calls(),
+        (to_host + 1, from_host + 1),
+        "one vendor call each"
+    );
+    if D::VENDOR == Vendor::Cuda {
+        assert!(back == *host, "the bytes came back");
+    }
+
+    // In stream order: behind a kernel in flight on the stream.
+    let kernel = fake.launch(s, plain, MIB);
+    let e = a.create_event().unwrap();
+    // SAFETY: as above.
+    unsafe { a.copy_to_host(back.as_mut_ptr(), plain, LEN as u64, s) }.unwrap();
+    a.record_event(e, s).unwrap();
+    assert!(!a.event_complete(e).unwrap(), "behind the kernel");
+    fake.finish(kernel);
+    assert!(a.event_complete(e).unwrap(), "after it");
+
+    // Mapped memory: only with access granted; the books refuse before the driver sees it.
+    let vm = a.virtual_memory().expect("every capability on");
+    let g = vm.granularity();
+    let n = g.min(LEN as u64);
+    let va = vm.reserve(2 * g, 0).unwrap();
+    let h = vm.create_physical(g).unwrap();
+    vm.map(va, g, h, 0).unwrap();
+    let counted = calls();
+    // SAFETY: refused before anything is read or written.
+    let no_access = unsafe { a.copy_to_host(back.as_mut_ptr(), va, n, s) };
+    match no_access {
+        Err(Error::InvalidArgument { call, reason }) => {
+            assert_eq!(call, "copy_to_host");
+            assert!(reason.contains("without access"), "{reason}");
+        }
+        other => panic!("expected the books' refusal, got {other:?}"),
+    }
+    // SAFETY: refused before anything is read or written.
+    let unknown = unsafe { a.copy_from_host(0x10, pinned.as_ptr(), 16, s) };
+    assert!(
+        matches!(
+            unknown,
+            Err(Error::UnknownPointer {
+                what: "device memory",
+                ptr: 0x10,
+                ..
+            })
+        ),
+        "{unknown:?}"
+    );
+    // SAFETY: zero bytes: nothing is read or written, whatever the pointers.
+    unsafe { a.copy_to_host(std::ptr::null_mut(), 0x10, 0, s) }.unwrap();
+    assert_eq!(calls(), counted, "no driver call for any of them");
+    vm.set_access(va, g).unwrap();
+    // SAFETY: as for the first copies.
+    unsafe { a.copy_to_host(back.as_mut_ptr(), va, n, s) }.unwrap();
+    unchanged("copy_to_host of mapped memory");
+    // The driver's refusal comes back typed, with its name.
+    fake.fail(api.copy_from_host, 1, 1, UNKNOWN);
+    // SAFETY: as for the first copies.
+    match unsafe { a.copy_from_host(va, pinned.as_ptr(), n, s) } {
+        Err(Error::Driver { call, name, .. }) => {
+            assert_eq!(
+                (call, name.as_str()),
+                (api.copy_from_host, D::error_name(UNKNOWN))
+            )
+        }
+        other => panic!("expected the injected driver error, got {other:?}"),
+    }
+    unchanged("a refused copy_from_host");
+    a.synchronize_stream(s).unwrap();
+    vm.unmap(va, g).unwrap();
+    vm.release_physical(h).unwrap();
+    vm.free_reservation(va, 2 * g).unwrap();
+
+    // SAFETY: this device's, no copy in flight (the stream was synchronised), not used again.
+    unsafe { a.free_pinned_host(pinned, LEN as u64) }.unwrap();
+    unchanged("free_pinned_host");
+    assert_eq!(fake.live("host_allocations"), 0);
+    // SAFETY: refused before anything is freed: freed already.
+    let again = unsafe { a.free_pinned_host(pinned, LEN as u64) };
+    assert!(
+        matches!(
+            again,
+            Err(Error::UnknownPointer {
+                what: "pinned host memory",
+                ..
+            })
+        ),
+        "{again:?}"
+    );
+    a.free(plain, MIB).unwrap();
+    a.destroy_event(e).unwrap();
+    // SAFETY: this test's stream, idle, not used again.
+    unsafe { a.destroy_stream(s) }.unwrap();
+    assert_eq!(fake.hazards().0, 0, "{}", fake.hazards().1);
+    fake.set_current(before);
+    fake.release_primary(1);
+}
+
 /// Runs `body` over both devices of a fresh two-device fake; then, with the devices dropped,
 /// the fake must hold nothing.
 fn on_two_devices<D: FakeDevice>(body: fn(&Fake, &D, &D, &Api)) {
@@ -390,7 +552,8 @@ macro_rules! on_both_vendors {
             on_both_vendors!(@plain fault_window, fault_forever_until_cleared,
                 faults_side_by_side, live_vocabulary, vmm_grants_enabled_peers);
             on_both_vendors!(@pair fault_through_the_backend, peers_enable, peers_not_capable,
-                set_access_with_peers_grants, set_access_refusals, can_access_peer_call);
+                set_access_with_peers_grants, set_access_refusals, can_access_peer_call,
+                copies_and_pinned_memory);
         }
     };
     (@plain $($body:ident),*) => {
