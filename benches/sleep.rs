@@ -121,5 +121,6 @@ fn main() {
         gbs(w),
         w / s
     );
-    vmm.deallocate(weights.expect("the allocation")).expect("free");
+    vmm.deallocate(weights.expect("the allocation"))
+        .expect("free");
 }

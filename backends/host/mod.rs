@@ -831,9 +831,9 @@ impl Device for HostDevice {
             return Ok(None);
         }
         let len = self.mapped_len(size)?;
-        let mut st = self.lock();
-        let ptr = os::map_anonymous(len)?;
-        st.pinned.insert(ptr, size);
+        // Made present outside the lock: populating gigabytes takes a while.
+        let ptr = os::map_anonymous_populated(len)?;
+        self.lock().pinned.insert(ptr, size);
         Ok(std::ptr::NonNull::new(ptr as usize as *mut u8))
     }
 

@@ -67,6 +67,17 @@ pub(crate) fn keep_freed_heap() -> bool {
 /// Maps `len` bytes (a multiple of the page size) of fresh, readable and writable private
 /// memory anywhere, and returns its page-aligned address.
 pub(crate) fn map_anonymous(len: u64) -> Result<u64> {
+    map_anonymous_with(len, 0)
+}
+
+/// As [`map_anonymous`], with every page made present at once (`MAP_POPULATE`): what a
+/// driver's page-locked host memory is, and what copies into it then need not fault in page
+/// by page.
+pub(crate) fn map_anonymous_populated(len: u64) -> Result<u64> {
+    map_anonymous_with(len, libc::MAP_POPULATE)
+}
+
+fn map_anonymous_with(len: u64, flags: libc::c_int) -> Result<u64> {
     let len = usize_of("mmap", len)?;
     // SAFETY: a NULL hint without MAP_FIXED lets the kernel pick an unused range, so no
     // existing mapping (and hence no Rust object) is affected; the result is checked.
@@ -75,7 +86,7 @@ pub(crate) fn map_anonymous(len: u64) -> Result<u64> {
             std::ptr::null_mut(),
             len,
             libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | flags,
             -1,
             0,
         )
@@ -170,8 +181,8 @@ pub(crate) fn rereserve(addr: u64, len: u64) -> Result<()> {
     Ok(())
 }
 
-/// Creates `len` bytes of physical memory as an anonymous memory file (pages are
-/// allocated on first touch).
+/// Creates `len` bytes of physical memory as an anonymous memory file, its pages allocated
+/// at once where the kernel can.
 pub(crate) fn create_memory_file(len: u64) -> Result<OwnedFd> {
     const NAME: &CStr = c"portalloc-host-physical";
     let flen = libc::off_t::try_from(len).map_err(|_| Error::InvalidArgument {
@@ -192,6 +203,20 @@ pub(crate) fn create_memory_file(len: u64) -> Result<OwnedFd> {
     let rc = unsafe { libc::ftruncate(fd.as_raw_fd(), flen) };
     if rc != 0 {
         return Err(last_error("ftruncate"));
+    }
+    // The pages allocated now, as a driver's physical memory is at creation: the memory is
+    // there or the call fails (no SIGBUS at a first touch later), and copies into it need
+    // not allocate page by page. Where the file system cannot (an old kernel), first touch.
+    // SAFETY: `fd` is an open descriptor owned by this function; fallocate only allocates
+    // the file's blocks within its size.
+    if unsafe { libc::fallocate(fd.as_raw_fd(), 0, 0, flen) } != 0 {
+        let e = std::io::Error::last_os_error();
+        if matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::ENOMEM)) {
+            return Err(Error::Os {
+                call: "fallocate",
+                source: e,
+            });
+        }
     }
     Ok(fd)
 }
@@ -231,8 +256,14 @@ pub(crate) fn protect_rw(addr: u64, len: u64) -> Result<()> {
     );
     // SAFETY: the books guarantee the range is entirely mapped by this backend; changing its
     // protection to allow more access cannot invalidate any Rust object.
-    match unsafe { libc::mprotect(addr as *mut libc::c_void, len, read_write) } {
-        0 => Ok(()),
-        _ => Err(last_error("mprotect")),
+    if unsafe { libc::mprotect(addr as *mut libc::c_void, len, read_write) } != 0 {
+        return Err(last_error("mprotect"));
     }
+    // Page tables made at once, as a GPU's mapping is complete once set_access returns: the
+    // first writes (a wake's copy, a kernel of the test) then take no fault per page. A
+    // kernel before 5.14 lacks MADV_POPULATE_WRITE: first touch, as before.
+    // SAFETY: the range is mapped by this backend, readable and writable (just set); the
+    // advice only makes its pages present.
+    let _ = unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_POPULATE_WRITE) };
+    Ok(())
 }

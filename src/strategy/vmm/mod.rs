@@ -1317,7 +1317,8 @@ impl<D: Device + ?Sized> Allocator for VmmAllocator<D> {
         }
     }
 
-    /// Unmaps every free granule and releases every handle none of whose granules is mapped.
+    /// Unmaps every free granule and releases every handle none of whose granules is mapped;
+    /// frees the host memory kept from earlier wakes for the next sleep.
     /// Returns the bytes released.
     ///
     /// # Errors
@@ -1339,6 +1340,9 @@ impl<D: Device + ?Sized> Allocator for VmmAllocator<D> {
         }
         let inner = &mut *guard;
         self.poll_pending(inner);
+        // Host memory kept for the next sleep goes too (it is not the device's, and not
+        // counted in what is returned).
+        self.free_spare(inner);
         let vm = self.vm()?;
         let g = self.granularity;
         // In address order; only what no work in flight may read.
@@ -1402,6 +1406,11 @@ impl<D: Device + ?Sized> Drop for VmmAllocator<D> {
         if let Err(e) = waited {
             tracing::warn!(allocator = "vmm", error = %e,
                 "could not wait for the work on its memory; unmapping it anyway");
+        }
+        for copy in inner.tags.drain_spare() {
+            if let Err(e) = copy.free(&*self.device) {
+                tracing::warn!(error = %e, "vmm: a host copy could not be freed (leaked)");
+            }
         }
         for tagged in inner.tags.drain() {
             if let Some(Some(copy)) = tagged.asleep {

@@ -53,6 +53,11 @@ pub(super) struct Tags {
     asleep_bytes: u64,
     /// Invariant: the sum of the lengths of the sleeping records' host copies.
     host_bytes: u64,
+    /// Host copies of allocations woken, kept for the next sleep of allocations of the same
+    /// sizes (pinned memory is slow to make: PyTorch's caching host allocator keeps its
+    /// blocks too); freed by `trim` and the allocator's drop. None of them has a copy in
+    /// flight (each was settled before it was kept).
+    spare: Vec<HostCopy>,
 }
 
 impl Tags {
@@ -141,6 +146,22 @@ impl Tags {
             e.host_bytes += copy.as_ref().map_or(0, HostCopy::len);
         }
         by.into_values().collect()
+    }
+
+    /// A spare host copy of exactly `len` bytes, if one is kept.
+    pub(super) fn take_spare(&mut self, len: u64) -> Option<HostCopy> {
+        let i = self.spare.iter().position(|c| c.len() == len)?;
+        Some(self.spare.swap_remove(i))
+    }
+
+    /// Bytes of the spare host copies.
+    pub(super) fn spare_bytes(&self) -> u64 {
+        self.spare.iter().map(HostCopy::len).sum()
+    }
+
+    /// The spare host copies, emptied: for `trim` and the drop.
+    pub(super) fn drain_spare(&mut self) -> Vec<HostCopy> {
+        std::mem::take(&mut self.spare)
     }
 
     /// Every record, emptied: for the allocator's drop.
@@ -247,23 +268,28 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         let mut copies: Vec<(u64, Option<HostCopy>)> = Vec::with_capacity(targets.len());
         let mut streams: Vec<Stream> = Vec::new();
         for &addr in &targets {
-            let t = &inner.tags.live[&addr];
-            if !streams.contains(&t.stream) {
-                streams.push(t.stream);
+            let (size, stream) = {
+                let t = &inner.tags.live[&addr];
+                (t.size, t.stream)
+            };
+            if !streams.contains(&stream) {
+                streams.push(stream);
             }
             if keep == Keep::Nothing {
                 copies.push((addr, None));
                 continue;
             }
-            let copied = HostCopy::new(device, t.size).and_then(|mut copy| {
-                match copy.download(device, addr, t.stream) {
-                    Ok(()) => Ok(copy),
-                    Err(e) => {
-                        if let Err(f) = copy.free(device) {
-                            tracing::warn!(error = %f, "vmm: a host copy could not be freed");
-                        }
-                        Err(e)
+            let copy = match inner.tags.take_spare(size) {
+                Some(copy) => Ok(copy),
+                None => HostCopy::new(device, size),
+            };
+            let copied = copy.and_then(|mut copy| match copy.download(device, addr, stream) {
+                Ok(()) => Ok(copy),
+                Err(e) => {
+                    if let Err(f) = copy.free(device) {
+                        tracing::warn!(error = %f, "vmm: a host copy could not be freed");
                     }
+                    Err(e)
                 }
             });
             match copied {
@@ -478,7 +504,11 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
             if let Some(copy) = copy {
                 inner.tags.host_bytes -= copy.len();
                 report.copied_bytes += copy.len();
-                if let Err(e) = copy.free(device) {
+                // Settled above: kept for the next sleep (a copy still in flight is freed,
+                // which waits for it).
+                if copy.bytes().is_some() {
+                    inner.tags.spare.push(copy);
+                } else if let Err(e) = copy.free(device) {
                     tracing::warn!(error = %e, "vmm: a host copy could not be freed (leaked)");
                 }
             }
@@ -491,5 +521,24 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
     /// The tags with allocations asleep, by name: their count, bytes, and host bytes.
     pub fn sleeping(&self) -> Vec<SleepingTag> {
         self.inner().tags.sleeping()
+    }
+
+    /// Bytes of host memory kept from earlier wakes for the next sleep (freed by
+    /// [`Allocator::trim`](crate::Allocator::trim)).
+    pub fn spare_host_bytes(&self) -> u64 {
+        self.inner().tags.spare_bytes()
+    }
+
+    /// Frees the spare host copies. Returns their bytes.
+    pub(super) fn free_spare(&self, inner: &mut super::Inner) -> u64 {
+        let mut freed = 0;
+        for copy in inner.tags.drain_spare() {
+            let len = copy.len();
+            match copy.free(&*self.device) {
+                Ok(()) => freed += len,
+                Err(e) => tracing::warn!(error = %e, "vmm: a host copy could not be freed"),
+            }
+        }
+        freed
     }
 }
