@@ -64,7 +64,8 @@ fn main() {
         .expect("the allocation");
     fill(weights.ptr(), len);
 
-    let (mut first, mut slept, mut fresh, mut warm) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut first, mut slept, mut fresh, mut warm) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut weights = Some(weights);
     for round in 0..rounds {
         let w = weights.take().expect("the allocation");

@@ -171,6 +171,33 @@ pub struct SleepingTag {
     pub host_bytes: u64,
 }
 
+/// `sleep` and `wake` for a strategy over `self.device` without virtual memory: refused,
+/// naming the strategy, its backend and the strategy that offers them.
+macro_rules! no_sleep {
+    () => {
+        /// Unsupported: see [`crate::strategy::vmm::VmmAllocator::sleep`].
+        fn sleep(
+            &self,
+            _tag: &str,
+            _keep: crate::allocator::Keep,
+        ) -> crate::error::Result<crate::allocator::SleepReport> {
+            Err(crate::allocator::sleep_unsupported(
+                self.name(),
+                self.device.info().vendor.name(),
+            ))
+        }
+
+        /// Unsupported: see [`crate::strategy::vmm::VmmAllocator::wake`].
+        fn wake(&self, _tag: &str) -> crate::error::Result<crate::allocator::SleepReport> {
+            Err(crate::allocator::sleep_unsupported(
+                self.name(),
+                self.device.info().vendor.name(),
+            ))
+        }
+    };
+}
+pub(crate) use no_sleep;
+
 /// The refusal of sleep and wake by a strategy without virtual memory.
 pub(crate) fn sleep_unsupported(strategy: &str, backend: &'static str) -> crate::Error {
     crate::Error::Unsupported {

@@ -290,25 +290,7 @@ impl<D: Device + ?Sized> AsyncPoolAllocator<D> {
 }
 
 impl<D: Device + ?Sized> Allocator for AsyncPoolAllocator<D> {
-    /// Unsupported: see [`crate::strategy::vmm::VmmAllocator::sleep`].
-    fn sleep(
-        &self,
-        _tag: &str,
-        _keep: crate::allocator::Keep,
-    ) -> Result<crate::allocator::SleepReport> {
-        Err(crate::allocator::sleep_unsupported(
-            self.name(),
-            self.device.info().vendor.name(),
-        ))
-    }
-
-    /// Unsupported: see [`crate::strategy::vmm::VmmAllocator::wake`].
-    fn wake(&self, _tag: &str) -> Result<crate::allocator::SleepReport> {
-        Err(crate::allocator::sleep_unsupported(
-            self.name(),
-            self.device.info().vendor.name(),
-        ))
-    }
+    crate::allocator::no_sleep!();
 
     fn name(&self) -> &str {
         "async"
