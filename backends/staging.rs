@@ -151,7 +151,11 @@ impl HostCopy {
     /// Neither could be waited for: the copy may still be in flight (and `in_flight` stays).
     pub fn settle<D: Device + ?Sized>(&mut self, device: &D) -> Result<()> {
         if let Some(stream) = self.in_flight {
-            if let Err(e) = device.synchronize_stream(stream) {
+            // The per-thread stream names another stream on each thread: the copy's may be
+            // another thread's, which only the whole device covers.
+            if stream.is_per_thread() {
+                device.synchronize_device()?;
+            } else if let Err(e) = device.synchronize_stream(stream) {
                 device.synchronize_device().map_err(|_| e)?;
             }
             self.in_flight = None;

@@ -264,6 +264,14 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
             return Ok(SleepReport::default());
         }
         let vm = self.vm()?;
+        // An allocation on the per-thread stream may be another thread's, whose work no copy
+        // queued from here follows: the device is waited for first.
+        if targets
+            .iter()
+            .any(|a| inner.tags.live[a].stream.is_per_thread())
+        {
+            device.synchronize_device()?;
+        }
         // The copies, each on its allocation's stream.
         let mut copies: Vec<(u64, Option<HostCopy>)> = Vec::with_capacity(targets.len());
         let mut streams: Vec<Stream> = Vec::new();
@@ -302,7 +310,14 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         }
         // The copies and the work before them complete before anything is unmapped.
         for &stream in &streams {
-            if let Err(e) = device.synchronize_stream(stream) {
+            // The per-thread stream of the allocating thread may be another than this
+            // thread's: only the whole device covers it.
+            let waited = if stream.is_per_thread() {
+                device.synchronize_device()
+            } else {
+                device.synchronize_stream(stream)
+            };
+            if let Err(e) = waited {
                 if device.synchronize_device().is_err() {
                     free_copies(device, copies);
                     return Err(e);
