@@ -439,3 +439,34 @@ fn a_fault_on_every_call_of_sleep_and_wake_loses_nothing() {
         }
     }
 }
+
+/// An allocation made on another thread's per-thread stream, with a kernel of that thread's
+/// still in flight over it: a sleep from this thread waits for it (the device), so nothing
+/// is unmapped under the kernel.
+#[test]
+fn a_sleep_waits_for_another_threads_per_thread_stream() {
+    let device = host_device(64 * MIB, true);
+    let vmm = Arc::new(VmmAllocator::new(Arc::clone(&device), VmmOptions::new(32 * MIB)).unwrap());
+    let (a, work) = {
+        let (vmm, device) = (Arc::clone(&vmm), Arc::clone(&device));
+        std::thread::spawn(move || {
+            let a = vmm
+                .allocate(4 * MIB, 0, Stream::PER_THREAD, "weights")
+                .unwrap();
+            let work = device.launch(Stream::PER_THREAD, a.ptr(), a.size());
+            (a, work)
+        })
+        .join()
+        .unwrap()
+    };
+    assert_eq!(device.kernel_done(work), Some(false));
+    vmm.sleep("weights", Keep::Contents).unwrap();
+    assert_eq!(
+        device.kernel_done(work),
+        Some(true),
+        "the sleep did not wait for the kernel"
+    );
+    assert_eq!(device.hazards().0, 0, "{:?}", device.hazards().1);
+    vmm.wake("weights").unwrap();
+    vmm.deallocate(a).unwrap();
+}
