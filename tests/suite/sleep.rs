@@ -14,7 +14,9 @@ use portalloc::{Allocation, Allocator, Error, Keep, Stream};
 use test_case::test_case;
 
 use crate::support::common::host_device;
-use crate::support::targets::{Rocm, Target};
+#[cfg(feature = "hip")]
+use crate::support::targets::Rocm;
+use crate::support::targets::Target;
 
 const MIB: u64 = 1 << 20;
 
