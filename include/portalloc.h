@@ -209,7 +209,8 @@ PortallocStatus portalloc_create(const struct PortallocOptions *options,
 PortallocStatus portalloc_destroy(struct PortallocAllocator *allocator);
 
 // Allocates `size` bytes aligned to `alignment` (a power of two; 0: the strategy's default)
-// for `stream`, labelled `tag` (null: `"buffer"`). Writes the handle to `*out_handle` and,
+// for `stream`, labelled `tag` (null: the thread's tag from `portalloc_set_thread_tag`, else
+// `"buffer"`). Writes the handle to `*out_handle` and,
 // if `out_ptr` is not null, the device pointer to `*out_ptr` (null for a zero-byte buffer).
 // `stream` is the caller's own handle as an integer (a `cudaStream_t`, `CUstream` or
 // `hipStream_t` of the device's context, 0 for the default stream): nothing to register.

@@ -567,7 +567,7 @@ class Allocator:
         size: SupportsIndex,
         alignment: SupportsIndex = 0,
         stream: SupportsIndex = 0,
-        tag: Optional[str] = "buffer",
+        tag: Optional[str] = None,
     ) -> Buffer:
         """Allocates ``size`` bytes for use on ``stream``; returns a :class:`Buffer`.
 
@@ -576,7 +576,8 @@ class Allocator:
         register. The buffer is freed in stream order on it.
 
         ``size``, ``alignment`` (a power of two, 0: the default) and ``stream`` are integers
-        from 0 to 2**64-1; ``tag`` a ``str`` without NUL (``None``: ``"buffer"``).
+        from 0 to 2**64-1; ``tag`` a ``str`` without NUL (``None``: the name of the
+        :func:`tag` block it is made in, else ``"buffer"``).
         """
         call = "allocate"
         nbytes = _u64(call, "size", size)
@@ -597,7 +598,7 @@ class Allocator:
                 ctypes.byref(ptr),
             )
         )
-        return Buffer(handle.value, ptr.value or 0, nbytes, "buffer" if tag is None else tag, self)
+        return Buffer(handle.value, ptr.value or 0, nbytes, _tag_or_thread(tag, "buffer"), self)
 
     def free(self, buffer: Union[Buffer, SupportsIndex]) -> None:
         """Frees a :class:`Buffer` or handle. A freed or donated one raises
@@ -761,6 +762,15 @@ def wake(tag: str, device: SupportsIndex = 0) -> None:
 _tags = threading.local()
 
 
+def _tag_or_thread(tag: Optional[str], default: str) -> str:
+    """``tag``, else the name of the innermost :func:`tag` block of this thread, else
+    ``default``."""
+    if tag is not None:
+        return tag
+    stack: List[bytes] = getattr(_tags, "stack", [])
+    return stack[-1].decode("utf-8") if stack else default
+
+
 @contextmanager
 def tag(name: str) -> Iterator[None]:
     """Inside ``with portalloc.tag(name):``, the buffers this thread allocates without a tag
@@ -768,10 +778,15 @@ def tag(name: str) -> Iterator[None]:
     ``name``, so that :func:`sleep` and :func:`wake` can act on them. Nested blocks: the
     innermost name; on leaving, the one outside again."""
     encoded = _text("tag", "name", name, optional=False)
+    if not encoded:
+        raise ValueError(
+            "portalloc: tag: name = '' is not accepted: a non-empty name (untagged buffers "
+            "never sleep)"
+        )
     stack: List[bytes] = getattr(_tags, "stack", [])
     _tags.stack = stack
     _check(load().portalloc_set_thread_tag(encoded))
-    stack.append(cast(bytes, encoded))
+    stack.append(encoded)
     try:
         yield
     finally:
@@ -824,9 +839,7 @@ def install_cupy(path: Optional[PathArg] = None) -> Callable[[int], Any]:
         stream = cupy.cuda.get_current_stream().ptr
         allocator = global_allocator(device)
         # Inside `portalloc.tag(name)`, that name (the thread's tag); else `cupy`.
-        stack = getattr(_tags, "stack", None)
-        name = stack[-1].decode("utf-8") if stack else "cupy"
-        buf = allocator.allocate(size, stream=stream, tag=name)
+        buf = allocator.allocate(size, stream=stream, tag=_tag_or_thread(None, "cupy"))
         owner = _CupyOwner(allocator, buf.handle)
         memory = cupy.cuda.memory.UnownedMemory(buf.ptr, size, owner, device_id=device)
         return cupy.cuda.memory.MemoryPointer(memory, 0)

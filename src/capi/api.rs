@@ -524,7 +524,8 @@ pub(crate) fn settle_deferred(instance: &Instance, wait: bool) {
 }
 
 /// Allocates `size` bytes aligned to `alignment` (a power of two; 0: the strategy's default)
-/// for `stream`, labelled `tag` (null: `"buffer"`). Writes the handle to `*out_handle` and,
+/// for `stream`, labelled `tag` (null: the thread's tag from `portalloc_set_thread_tag`, else
+/// `"buffer"`). Writes the handle to `*out_handle` and,
 /// if `out_ptr` is not null, the device pointer to `*out_ptr` (null for a zero-byte buffer).
 /// `stream` is the caller's own handle as an integer (a `cudaStream_t`, `CUstream` or
 /// `hipStream_t` of the device's context, 0 for the default stream): nothing to register.
@@ -892,7 +893,17 @@ pub unsafe extern "C" fn portalloc_set_thread_tag(tag: *const c_char) -> Portall
             None
         } else {
             // SAFETY: the caller's promise on `tag`, non-null here.
-            Some(unsafe { read_tag(CALL, tag) }?)
+            let tag = unsafe { read_tag(CALL, tag) }?;
+            if tag.is_empty() {
+                return Err(Failure::new(
+                    PortallocStatus::InvalidArgument,
+                    format!(
+                        "{CALL}: `tag` is empty; accepted are a non-empty tag, or null to clear \
+                         it (untagged buffers never sleep)"
+                    ),
+                ));
+            }
+            Some(tag)
         };
         THREAD_TAG.try_with(|t| *t.borrow_mut() = tag).map_err(|_| {
             Failure::new(

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use portalloc::adaptor::{Call, DeviceWrapper, LedgerAllocator};
 use portalloc::backends::host::HostDevice;
 use portalloc::strategy::vmm::{VmmAllocator, VmmOptions};
-use portalloc::{Allocation, Allocator, Error, Keep, Stream};
+use portalloc::{Allocation, Allocator, Device, Error, Keep, Stream};
 use test_case::test_case;
 
 use crate::support::common::host_device;
@@ -471,4 +471,83 @@ fn a_sleep_waits_for_another_threads_per_thread_stream() {
     assert_eq!(device.hazards().0, 0, "{:?}", device.hazards().1);
     vmm.wake("weights").unwrap();
     vmm.deallocate(a).unwrap();
+}
+
+/// Found by the outside review: on one stream, a tag placed over granules freed earlier
+/// (freed at once, without an event) hands them back all the same — the sleep waited for
+/// that stream; and kept host copies never outnumber the tagged allocations that could sleep
+/// again.
+#[test]
+fn a_sleep_hands_back_granules_freed_before_and_keeps_no_orphan_host_copies() {
+    let (device, vmm) = real_vmm(256 * MIB, 192 * MIB);
+    let profile = vmm
+        .allocate(64 * MIB, 0, Stream::DEFAULT, "profile")
+        .unwrap();
+    vmm.deallocate(profile).unwrap();
+    let w = vmm
+        .allocate(64 * MIB, 0, Stream::DEFAULT, "weights")
+        .unwrap();
+    write(&w, 4);
+    let held = vmm.stats().pool_bytes;
+    let report = vmm.sleep("weights", Keep::Contents).unwrap();
+    assert!(
+        report.device_bytes >= 64 * MIB && vmm.stats().pool_bytes + 64 * MIB <= held,
+        "{report:?}, pool {} of {held}",
+        vmm.stats().pool_bytes
+    );
+    vmm.wake("weights").unwrap();
+    assert_eq!(first_wrong(&w, 4), None);
+    vmm.deallocate(w).unwrap();
+    // Varying sizes, each slept, woken and freed: no copy is kept for what is gone.
+    for i in 0..6u64 {
+        let a = vmm
+            .allocate((4 + i) * MIB, 0, Stream::DEFAULT, "weights")
+            .unwrap();
+        vmm.sleep("weights", Keep::Contents).unwrap();
+        vmm.wake("weights").unwrap();
+        assert_eq!(vmm.spare_host_bytes(), (4 + i) * MIB, "cycle {i}");
+        vmm.deallocate(a).unwrap();
+        assert_eq!(vmm.spare_host_bytes(), 0, "cycle {i}");
+    }
+    assert_eq!(device.census().pinned_host, 0, "{:?}", device.census());
+    drop(vmm);
+    assert!(device.census().is_empty(), "{:?}", device.census());
+}
+
+/// Found by the outside review: with two streams, memory a wake needs that waits only in
+/// stream-ordered frees is waited for, not refused; and a refusal's figures agree (what is
+/// needed is what is missing under the sleepers, what can be had excludes granules in place
+/// under them).
+#[test]
+fn a_wake_waits_for_pending_frees_and_its_refusal_adds_up() {
+    let device = host_device(64 * MIB, true);
+    let vmm = VmmAllocator::new(Arc::clone(&device), VmmOptions::new(16 * MIB)).unwrap();
+    let side = device.create_stream().unwrap();
+    let w = vmm.allocate(8 * MIB, 0, Stream::DEFAULT, "w").unwrap();
+    let other = vmm.allocate(MIB, 0, side, "").unwrap();
+    vmm.sleep("w", Keep::Contents).unwrap();
+    let f = vmm.allocate(12 * MIB, 0, Stream::DEFAULT, "").unwrap();
+    vmm.deallocate(f).unwrap();
+    vmm.wake("w").unwrap();
+    vmm.check_invariants().unwrap();
+    // Refused: a filler holds what the sleeper needs; the figures are the missing granules
+    // and what else could be had.
+    vmm.sleep("w", Keep::Contents).unwrap();
+    let filler = vmm.allocate(12 * MIB, 0, Stream::DEFAULT, "").unwrap();
+    match vmm.wake("w").unwrap_err() {
+        Error::CannotWake {
+            needed, available, ..
+        } => assert!(
+            needed > available && needed <= 8 * MIB,
+            "needed {needed}, available {available}"
+        ),
+        e => panic!("{e:?}"),
+    }
+    vmm.deallocate(filler).unwrap();
+    vmm.wake("w").unwrap();
+    vmm.deallocate(w).unwrap();
+    vmm.deallocate(other).unwrap();
+    drop(vmm);
+    // SAFETY: the stream of this test, idle, not used again.
+    unsafe { device.destroy_stream(side) }.unwrap();
 }

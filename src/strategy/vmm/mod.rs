@@ -1077,6 +1077,18 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         let largest = self.largest_free_mapped(inner);
         let pool = inner.phys.pool_bytes();
         let in_use = inner.bytes_in_use();
+        let asleep = inner.tags.asleep_bytes();
+        // The bins and the region map show sleeping chunks as in use (they hold their
+        // addresses); the cause says how much of that is asleep, holding no memory.
+        let cause = if asleep > 0 {
+            format!(
+                "{cause}; {} of the chunks shown in use are asleep (addresses kept, no memory \
+                 held), which their wake will need again",
+                Bytes(asleep)
+            )
+        } else {
+            cause
+        };
         let request = FailedRequest {
             allocator: self.name(),
             requested,
@@ -1235,6 +1247,8 @@ impl<D: Device + ?Sized> Allocator for VmmAllocator<D> {
             backend: self.device.info().vendor.name(),
         };
         if let Some(tagged) = inner.tags.remove(allocation.ptr(), allocation.token()) {
+            // A host copy kept for its next sleep goes with it.
+            sleep::free_all(&*self.device, inner.tags.prune_spare());
             if let Some(copy) = tagged.asleep {
                 // Asleep: it touches no granule and no work can use it (waited for at the
                 // sleep); its range goes back to the free space, its contents with it.

@@ -154,6 +154,30 @@ impl Tags {
         Some(self.spare.swap_remove(i))
     }
 
+    /// The spare host copies no tagged allocation could take at a next sleep (at most one
+    /// per live tagged allocation of its size), taken out to be freed: kept copies never
+    /// outnumber what could sleep again.
+    pub(super) fn prune_spare(&mut self) -> Vec<HostCopy> {
+        if self.spare.is_empty() {
+            return Vec::new();
+        }
+        let mut room: FxHashMap<u64, usize> = FxHashMap::default();
+        for t in self.live.values() {
+            *room.entry(t.size).or_insert(0) += 1;
+        }
+        let (keep, drop): (Vec<HostCopy>, Vec<HostCopy>) = std::mem::take(&mut self.spare)
+            .into_iter()
+            .partition(|c| match room.get_mut(&c.len()) {
+                Some(n) if *n > 0 => {
+                    *n -= 1;
+                    true
+                }
+                _ => false,
+            });
+        self.spare = keep;
+        drop
+    }
+
     /// Bytes of the spare host copies.
     pub(super) fn spare_bytes(&self) -> u64 {
         self.spare.iter().map(HostCopy::len).sum()
@@ -198,6 +222,15 @@ impl Tags {
             ));
         }
         Ok(())
+    }
+}
+
+/// Frees host copies.
+pub(super) fn free_all<D: Device + ?Sized>(device: &D, copies: Vec<HostCopy>) {
+    for copy in copies {
+        if let Err(e) = copy.free(device) {
+            tracing::warn!(error = %e, "vmm: a host copy could not be freed (leaked)");
+        }
     }
 }
 
@@ -266,11 +299,13 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         let vm = self.vm()?;
         // An allocation on the per-thread stream may be another thread's, whose work no copy
         // queued from here follows: the device is waited for first.
+        let mut device_waited = false;
         if targets
             .iter()
             .any(|a| inner.tags.live[a].stream.is_per_thread())
         {
             device.synchronize_device()?;
+            device_waited = true;
         }
         // The copies, each on its allocation's stream.
         let mut copies: Vec<(u64, Option<HostCopy>)> = Vec::with_capacity(targets.len());
@@ -313,6 +348,7 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
             // The per-thread stream of the allocating thread may be another than this
             // thread's: only the whole device covers it.
             let waited = if stream.is_per_thread() {
+                device_waited = true;
                 device.synchronize_device()
             } else {
                 device.synchronize_stream(stream)
@@ -322,7 +358,13 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
                     free_copies(device, copies);
                     return Err(e);
                 }
+                device_waited = true;
             }
+        }
+        // Memory freed at once (no event) is freed on the first stream: waited for with it,
+        // it is settled — so a granule a sleeper took over from such a free can go too.
+        if device_waited || streams.iter().any(|&s| inner.order.is_first(s)) {
+            inner.phys.settle_all();
         }
         let pool_before = inner.phys.pool_bytes();
         let mut report = SleepReport {
@@ -379,8 +421,11 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
     }
 
     /// Maps device memory again under the allocations tagged `tag` that sleep — at their
-    /// addresses — and copies their contents back (on each one's stream, waited for before
-    /// the host copies are freed). Allocations put to sleep with [`Keep::Nothing`] hold
+    /// addresses — and copies their contents back (on each one's stream, waited for). The
+    /// host copies are kept for the next sleep of the same allocations (at most one per live
+    /// tagged allocation of its size; [`VmmAllocator::spare_host_bytes`] counts them,
+    /// [`Allocator::trim`](crate::Allocator::trim) frees them), as PyTorch's caching host
+    /// allocator keeps pinned blocks. Allocations put to sleep with [`Keep::Nothing`] hold
     /// whatever the new memory holds. A tag with none asleep: nothing to do (an empty
     /// report).
     ///
@@ -425,14 +470,30 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         // when only that memory is missing, waited for on the CPU, as an allocation waits just
         // before it would refuse.
         self.settle_granules(inner);
+        self.poll_pending(inner);
+        // What can be had: idle memory, free mapped granules elsewhere (those under the
+        // sleepers are in place already, not a supply), and what the budget still allows.
         let supply_now = |inner: &super::Inner| {
-            let stitchable = inner.phys.free_mapped_count() - inner.phys.unsettled_free();
+            let mut inside = Vec::new();
+            for &(_, _, start, end) in &spans {
+                inner.phys.settled_free_in(start, end, &mut inside);
+            }
+            inside.sort_unstable();
+            inside.dedup();
+            let stitchable =
+                inner.phys.free_mapped_count() - inner.phys.unsettled_free() - inside.len() as u64;
             inner.phys.idle_count() + stitchable + self.creatable(&inner.phys)
         };
-        if need > supply_now(inner) && inner.phys.any_unsettled() {
+        if need > supply_now(inner) && (inner.phys.any_unsettled() || inner.order.count() > 0) {
+            // Memory that only waits for work in flight (frees pending on their streams,
+            // memory freed at once before its fence): waited for on the CPU, as an
+            // allocation waits just before it would refuse.
             match device.synchronize_device() {
-                Ok(()) => self.poll_pending(inner),
-                Err(e) => tracing::debug!(error = %e, "vmm: could not wait for the fence"),
+                Ok(()) => {
+                    inner.phys.settle_all();
+                    self.poll_pending(inner);
+                }
+                Err(e) => tracing::debug!(error = %e, "vmm: could not wait for the work in flight"),
             }
         }
         let unsettled = inner.phys.unsettled_free();
@@ -530,6 +591,7 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         }
         report.device_bytes = inner.phys.pool_bytes().saturating_sub(pool_before);
         inner.peak_bytes_in_use = inner.peak_bytes_in_use.max(inner.bytes_in_use());
+        free_all(device, inner.tags.prune_spare());
         Ok(report)
     }
 
