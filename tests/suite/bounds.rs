@@ -587,14 +587,29 @@ fn the_spool_has_no_name_in_tmpdir_while_the_replay_runs() {
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
     let held = holds_spool();
-    let left: Vec<_> = std::fs::read_dir(&tmp.0)
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
+    // The spool is made with a name and unlinked at once: between the two the name may still
+    // be seen, so TMPDIR is watched (while the replay still holds the spool) until it is empty.
+    let names = || -> Vec<_> {
+        std::fs::read_dir(&tmp.0)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect()
+    };
+    let mut left = names();
+    let unlinking = std::time::Instant::now();
+    while !left.is_empty() && unlinking.elapsed() < std::time::Duration::from_secs(2) {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        left = names();
+    }
+    let still_held = holds_spool();
     let _ = child.kill();
     let _ = child.wait();
     drop(writer);
     assert!(held, "the replay never opened its spool");
+    assert!(
+        still_held,
+        "the replay let go of its spool before its name went"
+    );
     assert!(
         left.is_empty(),
         "named in TMPDIR while the replay runs: {left:?}"
