@@ -185,6 +185,30 @@ pub(crate) fn check_granular(
     Ok(())
 }
 
+/// Takes `ptr` out of `books` (pointer → size), refusing an unknown pointer or a size that is
+/// not the one booked. `(call, what, verb)` name the call, the thing and how it was made, for
+/// the messages.
+fn claim_sized(
+    books: &mut HashMap<u64, u64>,
+    backend: &'static str,
+    (call, what, verb): (&'static str, &'static str, &str),
+    ptr: u64,
+    size: u64,
+) -> Result<()> {
+    let held = *books.get(&ptr).ok_or_else(|| unknown(backend, what, ptr))?;
+    if held != size {
+        return Err(invalid(
+            call,
+            format!(
+                "{what} {ptr:#x} was {verb} with {held} bytes, not {size}; accepted is the size \
+                 it was allocated with"
+            ),
+        ));
+    }
+    books.remove(&ptr);
+    Ok(())
+}
+
 impl Books {
     /// Takes a plain allocation out of the books, refusing an unknown pointer or a size that
     /// is not the allocation's.
@@ -194,21 +218,13 @@ impl Books {
         ptr: u64,
         size: u64,
     ) -> Result<()> {
-        let held = *self
-            .allocations
-            .get(&ptr)
-            .ok_or_else(|| unknown(backend, "allocation", ptr))?;
-        if held != size {
-            return Err(invalid(
-                "free",
-                format!(
-                    "allocation {ptr:#x} was made with {held} bytes, not {size}; accepted is the \
-                     size it was allocated with"
-                ),
-            ));
-        }
-        self.allocations.remove(&ptr);
-        Ok(())
+        claim_sized(
+            &mut self.allocations,
+            backend,
+            ("free", "allocation", "made"),
+            ptr,
+            size,
+        )
     }
 
     /// Takes a whole reservation with nothing mapped in it out of the books.
@@ -253,21 +269,8 @@ impl Books {
         ptr: u64,
         size: u64,
     ) -> Result<()> {
-        let held = *self
-            .pinned_host
-            .get(&ptr)
-            .ok_or_else(|| unknown(backend, "pinned host memory", ptr))?;
-        if held != size {
-            return Err(invalid(
-                "free_pinned_host",
-                format!(
-                    "pinned host memory {ptr:#x} was allocated with {held} bytes, not {size}; \
-                     accepted is the size it was allocated with"
-                ),
-            ));
-        }
-        self.pinned_host.remove(&ptr);
-        Ok(())
+        let what = ("free_pinned_host", "pinned host memory", "allocated");
+        claim_sized(&mut self.pinned_host, backend, what, ptr, size)
     }
 
     /// Takes a physical handle out of the books.

@@ -1247,8 +1247,11 @@ impl<D: Device + ?Sized> Allocator for VmmAllocator<D> {
             backend: self.device.info().vendor.name(),
         };
         if let Some(tagged) = inner.tags.remove(allocation.ptr(), allocation.token()) {
-            // A host copy kept for its next sleep goes with it.
-            sleep::free_all(&*self.device, inner.tags.prune_spare());
+            // A host copy kept for its next sleep goes with it: one fewer allocation of its
+            // size can sleep again.
+            if let Some(copy) = inner.tags.take_spare(tagged.size) {
+                sleep::free_all(&*self.device, vec![copy]);
+            }
             if let Some(copy) = tagged.asleep {
                 // Asleep: it touches no granule and no work can use it (waited for at the
                 // sleep); its range goes back to the free space, its contents with it.
