@@ -295,6 +295,21 @@ pub trait Allocator: Send + Sync {
         false
     }
 
+    /// Moves `allocation`, a live one of this allocator, to `tag` in the books that decide
+    /// what sleeps: a sleep of `tag` takes it from now on, a sleep of its old tag no longer
+    /// does (a donation, [`crate::adaptor::LedgerAllocator::donate`]). Where it lies does not
+    /// change. Default: nothing (a strategy without sleep keeps no such books).
+    fn retag(&self, allocation: &Allocation, tag: &str) {
+        let _ = (allocation, tag);
+    }
+
+    /// Says that the caller has freed `allocation` and that its free waits for work on other
+    /// streams (`record_stream`): from now on it is no sleeper — a sleep of its tag neither
+    /// copies nor unmaps it — until [`Allocator::deallocate`] takes it. Default: nothing.
+    fn freeing(&self, allocation: &Allocation) {
+        let _ = allocation;
+    }
+
     /// Checks the allocator's internal invariants, describing the first one broken. For
     /// tests; may be slow (linear in the number of blocks).
     fn check_invariants(&self) -> std::result::Result<(), String> {

@@ -524,8 +524,27 @@ pub trait VirtualMemory: Send + Sync {
     /// Reserves `size` bytes of address space aligned to `alignment` (0 = granularity).
     fn reserve(&self, size: u64, alignment: u64) -> Result<u64>;
 
+    /// Reserves `size` bytes of address space at `addr` when the driver gives that address
+    /// (the `addr` hint of `cuMemAddressReserve` / `hipMemAddressReserve`); returns the address
+    /// given, which may be another one: the caller checks, and frees a reservation it cannot
+    /// use. The default ignores the hint.
+    fn reserve_at(&self, size: u64, alignment: u64, addr: u64) -> Result<u64> {
+        let _ = addr;
+        self.reserve(size, alignment)
+    }
+
     /// Frees a reservation made by [`VirtualMemory::reserve`]; nothing may be mapped in it.
     fn free_reservation(&self, va: u64, size: u64) -> Result<()>;
+
+    /// True when the driver keeps a released handle's physical memory for as long as a
+    /// reservation it was mapped into stays reserved: only freeing that reservation gives the
+    /// memory back (ROCm 7.x on Linux, ROCm/legacy-rocm-build#6021). Found by probing the
+    /// driver when the device is opened, never from a version number. Default false: the
+    /// documented behaviour, where the memory goes back once the handle is released and
+    /// unmapped.
+    fn holds_released_memory(&self) -> bool {
+        false
+    }
 
     /// Creates `size` bytes of physical memory. Counts against the device's memory.
     fn create_physical(&self, size: u64) -> Result<PhysicalHandle>;

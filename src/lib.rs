@@ -144,6 +144,7 @@ pub mod error;
 #[cfg(feature = "replay")]
 pub mod replay;
 pub mod report;
+pub mod sleep_tags;
 pub mod stats;
 pub mod strategy;
 #[cfg(feature = "trace")]

@@ -611,6 +611,9 @@ impl<A: Allocator + ?Sized> LedgerAllocator<A> {
         books.donations += 1;
         let seq = books.next_seq;
         books.next_seq += 1;
+        // The upstream's books that decide what sleeps move too: the consumer's tag sleeps
+        // it from now on, the giver's no longer does.
+        self.upstream.retag(&entry.upstream, to_tag);
         let ptr = entry.upstream.ptr();
         let stream = entry.upstream.stream();
         let token = books.insert(Entry {
@@ -795,6 +798,22 @@ impl<A: Allocator + ?Sized> Allocator for LedgerAllocator<A> {
         books
             .get(allocation)
             .is_some_and(|e| self.upstream.is_asleep(&e.upstream))
+    }
+
+    /// Moves the upstream's books only: the ledger's own tag moves with
+    /// [`LedgerAllocator::donate`].
+    fn retag(&self, allocation: &Allocation, tag: &str) {
+        let books = self.books();
+        if let Some(e) = books.get(allocation) {
+            self.upstream.retag(&e.upstream, tag);
+        }
+    }
+
+    fn freeing(&self, allocation: &Allocation) {
+        let books = self.books();
+        if let Some(e) = books.get(allocation) {
+            self.upstream.freeing(&e.upstream);
+        }
     }
 
     /// The upstream's trim, without the ledger's lock (a trim waits for the work on freed

@@ -230,6 +230,14 @@ impl<A: Allocator> Allocator for RecorderAllocator<A> {
         self.inner.is_asleep(allocation)
     }
 
+    fn retag(&self, allocation: &Allocation, tag: &str) {
+        self.inner.retag(allocation, tag);
+    }
+
+    fn freeing(&self, allocation: &Allocation) {
+        self.inner.freeing(allocation);
+    }
+
     fn check_invariants(&self) -> std::result::Result<(), String> {
         self.inner.check_invariants()
     }
