@@ -17,6 +17,12 @@
  *     PROT_NONE address space, cuMemCreate makes a memory file, cuMemMap maps it MAP_FIXED
  *     without access, cuMemSetAccess grants read-write, cuMemUnmap must cover whole
  *     mappings, cuMemRelease of a mapped handle defers the free to the last unmap;
+ *     cuMemAddressReserve's `addr` is a hint, as the driver documents it: the reservation is
+ *     at exactly `addr` when it is non-zero, aligned to the granularity and to `alignment`,
+ *     and [addr, addr + size) overlaps no live reservation (and, this being the host's
+ *     address space, nothing else the process mapped); else wherever the system puts it. A
+ *     freed reservation's range stays the fake's (PROT_NONE) so it can be reserved again at
+ *     the same address, and a reserve without a hint does not get it;
  *   - pools hand out memory stream-ordered (work is synchronous here), keep freed memory
  *     cached, give back what is above the release threshold at the next synchronisation, and
  *     answer the RESERVED/USED_MEM_CURRENT/HIGH attributes;
@@ -929,21 +935,153 @@ CUresult cuMemRelease(CUmemGenericAllocationHandle id) {
   RETURN(CUDA_ERROR_INVALID_VALUE);
 }
 
+#ifndef MAP_FIXED_NOREPLACE
+#define MAP_FIXED_NOREPLACE 0x100000
+#endif
+
+/* Freed reservations' address ranges, kept mapped PROT_NONE by the fake (most recent first)
+ * so that nothing else in the process takes them between a free and a reserve at the same
+ * address (vLLM and torch_memory_saver cycle reservations so), while a reserve without a
+ * hint cannot get them (mmap(NULL) hands out no mapped page). Bounded, oldest given back to
+ * the system first, and all of them when the library is unloaded: a test process loads many
+ * private copies. */
+#define MAX_FREED_RANGES 64
+#define MAX_FREED_BYTES (4ULL << 40)
+typedef struct freed_range {
+  struct freed_range *next;
+  unsigned long long va, size;
+} freed_range_t;
+static freed_range_t *freed_ranges;
+
+/* Keeps [va, va + size) (PROT_NONE, nothing behind it) as a freed range, and gives back the
+ * oldest past the bounds. */
+static void keep_freed(unsigned long long va, unsigned long long size) {
+  freed_range_t *f = calloc(1, sizeof *f);
+  if (!f || mmap((void *)(uintptr_t)va, size, PROT_NONE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) == MAP_FAILED) {
+    free(f);
+    munmap((void *)(uintptr_t)va, size);
+    return;
+  }
+  f->va = va;
+  f->size = size;
+  PUSH(freed_ranges, f);
+  int n = 0;
+  unsigned long long bytes = 0;
+  for (freed_range_t **p = &freed_ranges; *p;) {
+    freed_range_t *x = *p;
+    n++;
+    bytes += x->size;
+    if (n > MAX_FREED_RANGES || bytes > MAX_FREED_BYTES) {
+      *p = x->next;
+      munmap((void *)(uintptr_t)x->va, x->size);
+      free(x);
+    } else {
+      p = &x->next;
+    }
+  }
+}
+
+/* True when freed ranges cover [va, va + size) wholly. */
+static int freed_covers(unsigned long long va, unsigned long long size) {
+  unsigned long long at = va;
+  while (at < va + size) {
+    freed_range_t *hit = NULL;
+    for (freed_range_t *f = freed_ranges; f; f = f->next)
+      if (f->va <= at && at < f->va + f->size) hit = f;
+    if (!hit) return 0;
+    at = hit->va + hit->size;
+  }
+  return 1;
+}
+
+/* Takes [va, va + size) out of the freed ranges (the pieces either side stay kept); 0 when
+ * there is no memory for the split. */
+static int take_freed(unsigned long long va, unsigned long long size) {
+  freed_range_t *spare = calloc(1, sizeof *spare); /* at most one range splits in two */
+  if (!spare) return 0;
+  unsigned long long end = va + size;
+  for (freed_range_t **p = &freed_ranges; *p;) {
+    freed_range_t *f = *p;
+    unsigned long long f_end = f->va + f->size;
+    if (f->va >= end || va >= f_end) {
+      p = &f->next;
+    } else if (f->va < va && f_end > end) {
+      spare->va = end;
+      spare->size = f_end - end;
+      spare->next = f->next;
+      f->size = va - f->va;
+      f->next = spare;
+      spare = NULL;
+      break;
+    } else if (f->va < va) {
+      f->size = va - f->va;
+      p = &f->next;
+    } else if (f_end > end) {
+      f->size = f_end - end;
+      f->va = end;
+      p = &f->next;
+    } else {
+      *p = f->next;
+      free(f);
+    }
+  }
+  free(spare);
+  return 1;
+}
+
+__attribute__((destructor)) static void give_back_freed_ranges(void) {
+  while (freed_ranges) {
+    freed_range_t *f = freed_ranges;
+    freed_ranges = f->next;
+    munmap((void *)(uintptr_t)f->va, f->size);
+    free(f);
+  }
+}
+
+static int overlaps_reservation(unsigned long long va, unsigned long long size) {
+  for (reservation_t *r = reservations; r; r = r->next)
+    if (r->va < va + size && va < r->va + r->size) return 1;
+  return 0;
+}
+
+/* The hint `want` as the reservation's address, when it can be: non-zero, aligned to `align`,
+ * overlapping no live reservation, and either a freed range's or free in the process. 0
+ * when it cannot. */
+static unsigned long long reserve_at(unsigned long long want, unsigned long long size,
+                                     unsigned long long align) {
+  if (!want || want % align || want + size < want || overlaps_reservation(want, size)) return 0;
+  if (freed_covers(want, size)) return take_freed(want, size) ? want : 0;
+  void *p = mmap((void *)(uintptr_t)want, size, PROT_NONE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
+  if (p == MAP_FAILED) return 0;
+  if ((unsigned long long)(uintptr_t)p != want) { /* a kernel before 4.17 took it as a hint */
+    munmap(p, size);
+    return 0;
+  }
+  return want;
+}
+
+/* `addr` is a hint, as the driver documents it: honoured when it can be (reserve_at), else
+ * the reservation goes where the system puts it. */
 CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
                              unsigned long long flags) {
   ENTER("cuMemAddressReserve");
   NEED_CURRENT();
-  if (!ptr || size == 0 || size % granularity || flags || addr ||
-      (alignment & (alignment - 1)))
+  if (!ptr || size == 0 || size % granularity || flags || (alignment & (alignment - 1)))
     RETURN(CUDA_ERROR_INVALID_VALUE);
   unsigned long long align = alignment > granularity ? alignment : granularity;
-  unsigned long long span = size + align;
-  void *p = mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (p == MAP_FAILED) RETURN(CUDA_ERROR_OUT_OF_MEMORY);
-  unsigned long long base = (unsigned long long)(uintptr_t)p;
-  unsigned long long start = round_up(base, align);
-  if (start > base) munmap(p, start - base);
-  if (base + span > start + size) munmap((void *)(uintptr_t)(start + size), base + span - start - size);
+  unsigned long long start = reserve_at(addr, size, align);
+  if (!start) {
+    unsigned long long span = size + align;
+    void *p = mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) RETURN(CUDA_ERROR_OUT_OF_MEMORY);
+    unsigned long long base = (unsigned long long)(uintptr_t)p;
+    start = round_up(base, align);
+    if (start > base) munmap(p, start - base);
+    if (base + span > start + size)
+      munmap((void *)(uintptr_t)(start + size), base + span - start - size);
+  }
   reservation_t *r = calloc(1, sizeof *r);
   if (!r) {
     munmap((void *)(uintptr_t)start, size);
@@ -970,7 +1108,7 @@ CUresult cuMemAddressFree(CUdeviceptr va, size_t size) {
     if (r->va != va) continue;
     if (r->size != size || overlaps_mapping(va, size)) RETURN(CUDA_ERROR_INVALID_VALUE);
     *p = r->next;
-    munmap((void *)(uintptr_t)va, size);
+    keep_freed(va, size);
     free(r);
     RETURN(CUDA_SUCCESS);
   }

@@ -23,12 +23,34 @@
  * A quirk of ROCm is modelled on purpose: a new pool's release threshold is "never release"
  * (UINT64_MAX) until set, so a shim that forgets to set it keeps every freed byte.
  *
+ * hipMemAddressReserve's `addr` is a hint, as HIP documents it, in every profile: the
+ * reservation is at exactly `addr` when it is non-zero, a multiple of the minimum granularity
+ * and of `alignment`, and [addr, addr + size) overlaps no live reservation or allocation;
+ * else at a fresh address. A freed reservation's range can so be reserved again at the same
+ * address (as vLLM and torch_memory_saver do); a call without a hint never gets it again.
+ *
+ * Profiles: ROCm as it behaves, beside what it documents. Selected with FAKEHIP_PROFILE at
+ * fakehip_reset (an unknown name: documented, said on stderr) or fakehip_set_profile(names)
+ * (0; hipErrorInvalidValue for an unknown name, which changes nothing); a comma-separated
+ * list, so profiles combine; `documented` adds nothing.
+ *   documented
+ *     HIP's documentation: the rules above.
+ *   rocm7-reservation-hold
+ *     ROCm 7.x on Linux (reported on 7.2 and 7.11-preview, Radeon and MI300X): hipMemRelease
+ *     returns no physical memory while an address reservation the handle was mapped into is
+ *     still reserved; only hipMemAddressFree of that reservation gives it back
+ *     (ROCm/legacy-rocm-build#6021; vllm-project/vllm#37533, #43022, #45827, #46203;
+ *     fzyzcjy/torch_memory_saver#84). Modelled: a released handle whose last mapping is gone
+ *     keeps its bytes charged (hipMemGetInfo's free does not rise; fake_live counts it in
+ *     "bytes" and "handles"; fakehip_held_bytes says how much) until every reservation it was
+ *     ever mapped into was freed; then the bytes are returned. fakehip_reset clears it.
+ *
  * Peer access is HIP's: hipDeviceCanAccessPeer answers 1 for distinct devices unless
  * fake_set_peer says otherwise, hipDeviceEnablePeerAccess enables it from the current device
  * (hipSetDevice), and hipMemSetAccess takes a descriptor per device (see fake_common.h).
  *
  * Defaults come from the environment at fakehip_reset (FAKEHIP_VERSION, FAKEHIP_DEVICES,
- * FAKEHIP_CAPACITY) and the control functions below override them. Faults, call counts, live
+ * FAKEHIP_CAPACITY, FAKEHIP_PROFILE) and the control functions below override them. Faults, call counts, live
  * counts and peer controls: the fake_* API of fake_common.h (fakehip_reset clears them too).
  */
 #define _GNU_SOURCE
@@ -120,6 +142,57 @@ static struct pool pools[MAX_POOLS];
 static uint64_t next_va, next_id;
 static int initialised;
 
+/* ----- profiles: ROCm as it behaves (see the header) ------------------------------------- */
+
+enum {
+  PROFILE_RESERVATION_HOLD = 1u << 0,
+};
+static const struct {
+  const char *name;
+  unsigned bits;
+} profile_names[] = {
+    {"documented", 0},
+    {"rocm7-reservation-hold", PROFILE_RESERVATION_HOLD},
+};
+static unsigned profile; /* PROFILE_* bits in force */
+
+/* The bits of a comma-separated list of profile names into `*bits`; 0, or the length of the
+ * first unknown name with `*unknown` pointing at it. Spaces around a name are ignored and an
+ * empty list is `documented`. */
+static size_t parse_profiles(const char *names, unsigned *bits, const char **unknown) {
+  *bits = 0;
+  for (const char *at = names ? names : ""; *at;) {
+    while (*at == ' ' || *at == ',') at++;
+    const char *end = at;
+    while (*end && *end != ',') end++;
+    size_t len = (size_t)(end - at);
+    while (len && at[len - 1] == ' ') len--;
+    if (len) {
+      size_t i, n = sizeof profile_names / sizeof profile_names[0];
+      for (i = 0; i < n; i++)
+        if (strlen(profile_names[i].name) == len && !strncmp(profile_names[i].name, at, len)) break;
+      if (i == n) {
+        *unknown = at;
+        return len;
+      }
+      *bits |= profile_names[i].bits;
+    }
+    at = end;
+  }
+  return 0;
+}
+
+/* Which reservation each handle was ever mapped into, while both live: under
+ * rocm7-reservation-hold a released handle's bytes stay charged while any pair of its is
+ * left. Recorded in every profile (a pair goes when its handle is dropped or its reservation
+ * freed), so a profile only changes what a release gives back. */
+#define MAX_HOLDS 65536
+struct hold {
+  uint64_t handle, reservation;
+};
+static struct hold holds[MAX_HOLDS];
+static int n_holds;
+
 static int major(void) { return version / 10000000; }
 
 static int parse_version(const char *s) {
@@ -152,6 +225,17 @@ static void reset_locked(void) {
   memset(objects, 0, sizeof objects);
   memset(pools, 0, sizeof pools);
   fake_common_reset();
+  n_holds = 0;
+  const char *p = getenv("FAKEHIP_PROFILE");
+  const char *unknown = NULL;
+  size_t bad = parse_profiles(p, &profile, &unknown);
+  if (bad) {
+    fprintf(stderr,
+            "fakehip: unknown profile \"%.*s\" in FAKEHIP_PROFILE=\"%s\"; using the documented "
+            "behaviour\n",
+            (int)bad, unknown, p);
+    profile = 0;
+  }
   high = 0;
   next_va = 0x100000000000ULL; /* 16 TiB: far from anything the host maps */
   next_id = 0x5000;
@@ -216,6 +300,31 @@ static uint64_t take_va(uint64_t size, uint64_t align) {
 
 static uint64_t new_id(void) { return (next_id += 16); }
 
+/* True when [va, va + size) overlaps a live reservation or allocation: what holds an
+ * address. */
+static int va_taken(uint64_t va, uint64_t size) {
+  for (int i = 0; i < high; i++) {
+    struct object *o = &objects[i];
+    if ((o->kind == RESERVATION || o->kind == ALLOC || o->kind == POOL_ALLOC) &&
+        o->addr < va + size && va < o->addr + o->size)
+      return 1;
+  }
+  return 0;
+}
+
+/* hipMemAddressReserve's address: exactly the hint `want` when it is non-zero, aligned to the
+ * minimum granularity and to `alignment`, and free, else a fresh one from take_va. Hintless
+ * calls only move forward, so a freed range is never handed out again without a hint; an
+ * honoured hint past next_va moves it on, so no fresh address lands on it later. */
+static uint64_t reserve_va(uint64_t want, uint64_t size, uint64_t alignment) {
+  int usable = want && want % min_gran == 0 && (!alignment || want % alignment == 0) &&
+               want + size > want && !va_taken(want, size);
+  if (!usable) return take_va(size, alignment);
+  uint64_t end = ((want + size + 2 * MIB - 1) & ~(2 * MIB - 1)) + 2 * MIB; /* guard gap */
+  if (end > next_va) next_va = end;
+  return want;
+}
+
 static int charge(int device, uint64_t bytes) {
   if (used[device] + bytes > capacity || used[device] + bytes < used[device]) return 0;
   used[device] += bytes;
@@ -228,8 +337,39 @@ static uint64_t round256(uint64_t n) { return (n + 255) & ~255ULL; }
 
 /* ----- control functions (called by the tests through libloading) ------------------------- */
 
-EXPORT void fakehip_reset(void) { LOCKED(reset_locked()); }
+/* Not LOCKED: its fake_prepare would reset first, and say an unknown profile twice. */
+EXPORT void fakehip_reset(void) {
+  pthread_mutex_lock(&lock);
+  reset_locked();
+  pthread_mutex_unlock(&lock);
+}
 EXPORT void fakehip_set_version(int v) { LOCKED(version = v); }
+/* The profiles in force from now on (a comma-separated list, see the header); 0, or
+ * hipErrorInvalidValue for an unknown name, which changes nothing. What a profile holds back
+ * already (a held handle) stays as it is until its reservation goes or the reset. */
+EXPORT int fakehip_set_profile(const char *names) {
+  int rc = hipSuccess;
+  LOCKED({
+    unsigned bits;
+    const char *unknown = NULL;
+    if (parse_profiles(names, &bits, &unknown))
+      rc = hipErrorInvalidValue;
+    else
+      profile = bits;
+  });
+  return rc;
+}
+/* Bytes of released handles with no mapping left that are still charged (what
+ * rocm7-reservation-hold holds back), all devices together. */
+EXPORT unsigned long long fakehip_held_bytes(void) {
+  unsigned long long n = 0;
+  LOCKED({
+    for (int i = 0; i < high; i++)
+      if (objects[i].kind == HANDLE && objects[i].released && !objects[i].mapcount)
+        n += objects[i].size;
+  });
+  return n;
+}
 EXPORT void fakehip_set_devices(int n, unsigned long long bytes) {
   LOCKED({
     n_devices = n < 0 ? 0 : n > MAX_DEVICES ? MAX_DEVICES : n;
@@ -532,25 +672,54 @@ EXPORT hipError_t hipMemCreate(void **handle, size_t size, const struct prop6 *p
   *handle = (void *)(uintptr_t)h;
   RETURN(hipSuccess);
 }
+/* How many live reservations handle `h` was mapped into. */
+static int holds_of(uint64_t h) {
+  int n = 0;
+  for (int i = 0; i < n_holds; i++) n += holds[i].handle == h;
+  return n;
+}
+/* Records that handle `h` was mapped into the reservation at `r`; 0 when there is no room. */
+static int hold_add(uint64_t h, uint64_t r) {
+  for (int i = 0; i < n_holds; i++)
+    if (holds[i].handle == h && holds[i].reservation == r) return 1;
+  if (n_holds == MAX_HOLDS) return 0;
+  holds[n_holds].handle = h;
+  holds[n_holds].reservation = r;
+  n_holds++;
+  return 1;
+}
+/* Forgets the pairs of handle `h` (h != 0) or of reservation `r` (r != 0). */
+static void holds_forget(uint64_t h, uint64_t r) {
+  int n = 0;
+  for (int i = 0; i < n_holds; i++)
+    if (!((h && holds[i].handle == h) || (r && holds[i].reservation == r))) holds[n++] = holds[i];
+  n_holds = n;
+}
+/* A released handle with no mapping left gives its bytes back — unless rocm7-reservation-hold
+ * keeps them charged while a reservation it was mapped into is still reserved. */
+static void handle_settle(struct object *h) {
+  if (!h->released || h->mapcount) return;
+  if ((profile & PROFILE_RESERVATION_HOLD) && holds_of(h->addr)) return;
+  holds_forget(h->addr, 0);
+  used[h->device] -= h->size;
+  drop(h);
+}
 EXPORT hipError_t hipMemRelease(void *handle) {
   ENTER("hipMemRelease");
   struct object *o = find(HANDLE, (uint64_t)(uintptr_t)handle);
   if (!o || o->released) RETURN(hipErrorInvalidValue);
   o->released = 1;
-  if (o->mapcount == 0) {
-    used[o->device] -= o->size;
-    drop(o);
-  }
+  handle_settle(o);
   RETURN(hipSuccess);
 }
+/* `addr` is a hint, honoured when it can be (reserve_va). */
 EXPORT hipError_t hipMemAddressReserve(void **ptr, size_t size, size_t alignment, void *addr,
                                        unsigned long long flags) {
   ENTER("hipMemAddressReserve");
-  (void)addr;
   if (!ptr || size == 0 || size % min_gran || flags != 0 ||
       (alignment && (alignment & (alignment - 1))))
     RETURN(hipErrorInvalidValue);
-  uint64_t va = take_va(size, alignment);
+  uint64_t va = reserve_va((uint64_t)(uintptr_t)addr, size, alignment);
   if (!add(RESERVATION, va, size, current_device)) RETURN(hipErrorOutOfMemory);
   *ptr = (void *)(uintptr_t)va;
   RETURN(hipSuccess);
@@ -566,7 +735,21 @@ EXPORT hipError_t hipMemAddressFree(void *ptr, size_t size) {
   ENTER("hipMemAddressFree");
   struct object *o = find(RESERVATION, (uint64_t)(uintptr_t)ptr);
   if (!o || o->size != size || mapped_inside(o->addr, o->size)) RETURN(hipErrorInvalidValue);
+  uint64_t r = o->addr;
   drop(o);
+  /* The handles this reservation held (rocm7-reservation-hold) settle once it is gone: one
+   * pair at a time, since a settling handle forgets its other pairs. */
+  for (int i = 0; i < n_holds;) {
+    if (holds[i].reservation != r) {
+      i++;
+      continue;
+    }
+    uint64_t h = holds[i].handle;
+    holds[i] = holds[--n_holds];
+    struct object *x = find(HANDLE, h);
+    if (x) handle_settle(x);
+    i = 0;
+  }
   RETURN(hipSuccess);
 }
 static struct object *reservation_of(uint64_t va, uint64_t size) {
@@ -581,12 +764,16 @@ EXPORT hipError_t hipMemMap(void *ptr, size_t size, size_t offset, void *handle,
   ENTER("hipMemMap");
   uint64_t va = (uint64_t)(uintptr_t)ptr;
   struct object *h = find(HANDLE, (uint64_t)(uintptr_t)handle);
+  struct object *r = reservation_of(va, size);
   if (!h || h->released || flags != 0 || size == 0 || va % min_gran || size % min_gran ||
-      offset % min_gran || offset + size > h->size || !reservation_of(va, size) ||
-      mapped_inside(va, size))
+      offset % min_gran || offset + size > h->size || !r || mapped_inside(va, size))
     RETURN(hipErrorInvalidValue);
   struct object *m = add(MAPPING, va, size, h->device);
   if (!m) RETURN(hipErrorOutOfMemory);
+  if (!hold_add(h->addr, r->addr)) {
+    drop(m);
+    RETURN(hipErrorOutOfMemory);
+  }
   m->handle = h->addr;
   h->mapcount++;
   RETURN(hipSuccess);
@@ -640,9 +827,9 @@ EXPORT hipError_t hipMemUnmap(void *ptr, size_t size) {
     if (m->kind != MAPPING || m->addr < va || m->addr >= va + size) continue;
     struct object *h = find(HANDLE, m->handle);
     drop(m);
-    if (h && --h->mapcount == 0 && h->released) {
-      used[h->device] -= h->size;
-      drop(h);
+    if (h) {
+      h->mapcount--;
+      handle_settle(h);
     }
   }
   RETURN(hipSuccess);
