@@ -18,6 +18,7 @@ pub mod hip;
 pub mod host;
 #[cfg(any(feature = "cuda", feature = "hip"))]
 pub(crate) mod loader;
+pub mod own_stream;
 pub mod staging;
 #[cfg(any(feature = "cuda", feature = "hip"))]
 pub use gpu::{GpuDevice, VendorCensus};

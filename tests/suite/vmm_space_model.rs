@@ -23,8 +23,9 @@ use proptest::prelude::*;
 struct Model {
     /// address → (size, requested, token, region); token 0 = free.
     chunks: BTreeMap<u64, (u64, u64, u64, usize)>,
-    /// Free chunks `(size, addr)` per class.
-    free: [BTreeSet<(u64, u64)>; CLASSES],
+    /// Free chunks `(size, addr)` per class (classes are numbered by the caller: any
+    /// number is one, a class's set made at its first region).
+    free: Vec<BTreeSet<(u64, u64)>>,
     regions: Vec<(u64, u64)>,
     class_of: Vec<usize>,
     last_token: u64,
@@ -35,8 +36,7 @@ impl Model {
         let Some(end) = base.checked_add(size) else {
             return false;
         };
-        if class >= CLASSES
-            || size == 0
+        if size == 0
             || base % 256 != 0
             || size % 256 != 0
             || self.regions.iter().any(|&(b, s)| base < b + s && b < end)
@@ -46,6 +46,9 @@ impl Model {
         self.chunks.insert(base, (size, 0, 0, self.regions.len()));
         self.regions.push((base, size));
         self.class_of.push(class);
+        if self.free.len() <= class {
+            self.free.resize_with(class + 1, BTreeSet::new);
+        }
         self.free[class].insert((size, base));
         true
     }
@@ -74,7 +77,10 @@ impl Model {
 
     fn candidates(&self, class: usize, rounded: u64, alignment: u64) -> Vec<Spot> {
         let mut out = Vec::new();
-        for &(size, chunk) in self.free[class.min(CLASSES - 1)].range((rounded, 0)..) {
+        let Some(free) = self.free.get(class) else {
+            return out;
+        };
+        for &(size, chunk) in free.range((rounded, 0)..) {
             let low = Space::fit(size, chunk, rounded, alignment, false);
             let high =
                 Space::fit(size, chunk, rounded, alignment, true).filter(|&h| Some(h) != low);

@@ -144,6 +144,14 @@ pub const DEFAULT_SMALL_THRESHOLD: u64 = 2 << 20;
 pub const LARGE_HANDLE_GRANULES: u64 = 10;
 /// Address space reserved beyond twice the limit.
 const RESERVATION_HEADROOM: u64 = 1 << 30;
+/// A reservation of a tag that can sleep: a quarter of the limit, within these bounds (a
+/// process may declare many such tags, each with regions of its own; address space is
+/// cheap, not free).
+const TAG_RESERVATION: (u64, u64) = (1 << 30, 64 << 30);
+/// A reservation where the driver holds released memory until its reservation goes (see
+/// *Memory the driver holds*): the unit memory goes back in, so a few live allocations pin
+/// no more than this each.
+const HOLD_SEGMENT: u64 = 256 << 20;
 
 /// Options of [`VmmAllocator`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -218,6 +226,18 @@ struct Inner {
     fence_seen: u64,
     /// The live allocations that carry a tag, and which of them sleep ([`sleep`]).
     tags: sleep::Tags,
+    /// The driver keeps a released handle's memory while a reservation it was mapped into
+    /// stays reserved ([`VirtualMemory::holds_released_memory`], probed when the device was
+    /// opened): handles are then mapped only in the region they were made for, and memory
+    /// goes back by freeing whole reservations (see *Memory the driver holds*).
+    hold: bool,
+    /// Per region of `space` (same index): false while its reservation is freed — nothing
+    /// mapped in it, its addresses kept in the books (sleepers, free chunks) and reserved
+    /// again at the same address before anything is mapped there. Only in `hold` mode.
+    unreserved: Vec<bool>,
+    /// The stream sleep and wake copy on: portalloc's own, made at the first sleep, so a
+    /// copy never waits on (or uses) a caller's stream that may be gone.
+    copy_stream: Option<crate::backends::own_stream::OwnedStream>,
 }
 
 /// The lists of [`VmmAllocator::back`]. Invariant: all empty between calls.
@@ -262,12 +282,50 @@ struct Request {
     alignment: u64,
     /// Below the small threshold.
     small: bool,
+    /// The address-space class it is placed in: small or large, or its tag's own.
+    class: usize,
+}
+
+/// Why a region's reservation could not be made again (see
+/// [`VmmAllocator::ensure_reserved`]).
+enum Relocated {
+    /// The device failed a call.
+    Device(Error),
+    /// The driver gave another address; nothing was in use in the region, which is retired.
+    Retired,
+    /// The driver gave `got` instead of `base` for a region in use.
+    Moved { base: u64, size: u64, got: u64 },
+}
+
+impl Relocated {
+    fn into_error(self) -> Error {
+        match self {
+            Relocated::Device(e) => e,
+            Relocated::Retired => Error::InvalidArgument {
+                call: "VirtualMemory::reserve_at",
+                reason: "the driver did not give a freed range back at its address; it is \
+                         not used again"
+                    .into(),
+            },
+            Relocated::Moved { base, size, got } => Error::InvalidArgument {
+                call: "VirtualMemory::reserve_at",
+                reason: format!(
+                    "the address range {base:#x}+{size} could not be reserved again at the same \
+                     address (the driver gave {got:#x}); what lives there keeps its addresses \
+                     in the books and stays unmapped until a later try succeeds"
+                ),
+            },
+        }
+    }
 }
 
 /// Why physical memory could not be found for a placement.
 enum Shortfall {
     /// Not enough memory within the budget: `(needed, obtainable)` granules.
     Budget(u64, u64),
+    /// The placement's region was retired (its addresses could not be had again): place
+    /// the request again.
+    Retired,
     /// The device failed a call.
     Device(Error),
 }
@@ -339,6 +397,7 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         let mut peers = device.peer_access();
         peers.sort_unstable();
         peers.dedup();
+        let hold = vm.holds_released_memory();
         Ok(VmmAllocator {
             device,
             options,
@@ -357,6 +416,9 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
                 scratch: Scratch::default(),
                 fence_seen: 0,
                 tags: sleep::Tags::default(),
+                hold,
+                unreserved: Vec::new(),
+                copy_stream: None,
             }),
         })
     }
@@ -519,8 +581,14 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
     /// unless it cannot be backed) lacks more granules than are idle, or no address range
     /// fits yet. When it lacks no more, [`VmmAllocator::place`] picks it and backing takes idle
     /// memory only.
-    fn may_stitch(&self, inner: &Inner, rounded: u64, alignment: u64, small: bool) -> bool {
-        let class = self.class(small);
+    fn may_stitch(
+        &self,
+        inner: &Inner,
+        rounded: u64,
+        alignment: u64,
+        small: bool,
+        class: usize,
+    ) -> bool {
         let Some(p) = inner.space.find(class, rounded, alignment, !small) else {
             return true;
         };
@@ -570,13 +638,21 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
     /// Makes another reservation able to hold `rounded` bytes at `alignment`.
     fn reserve(&self, inner: &mut Inner, class: usize, rounded: u64, alignment: u64) -> Result<()> {
         let g = self.granularity;
+        let shared = self
+            .options
+            .limit
+            .saturating_mul(2)
+            .saturating_add(RESERVATION_HEADROOM);
         let default = if self.options.reservation > 0 {
             self.options.reservation
+        } else if inner.hold {
+            HOLD_SEGMENT
+        } else if class >= sleep::FIRST_TAG_CLASS {
+            (self.options.limit / 4)
+                .clamp(TAG_RESERVATION.0, TAG_RESERVATION.1)
+                .min(shared)
         } else {
-            self.options
-                .limit
-                .saturating_mul(2)
-                .saturating_add(RESERVATION_HEADROOM)
+            shared
         };
         let want = rounded.saturating_add(alignment.saturating_sub(g));
         let size = round_up(default.max(want), g)?;
@@ -594,7 +670,94 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         // The address space accepted it: granule-aligned (the device's alignment) and
         // overlapping no other region.
         inner.phys.add_region(base, size);
+        inner.unreserved.push(false);
         Ok(())
+    }
+
+    /// Before anything is mapped in `[start, end)`: in `hold` mode, reserves its region
+    /// again at the same address if its reservation was freed. A region the driver will not
+    /// give back at its address is retired when nothing in it is in use (its class's
+    /// requests go elsewhere: [`Relocated::Retired`]); else the caller fails, naming it.
+    fn ensure_reserved(&self, inner: &mut Inner, start: u64) -> Result<(), Relocated> {
+        if !inner.hold || !inner.unreserved.iter().any(|&u| u) {
+            return Ok(());
+        }
+        let Some(r) = inner.space.region_at(start) else {
+            return Ok(());
+        };
+        if !inner.unreserved[r] {
+            return Ok(());
+        }
+        let (base, size) = inner.space.regions()[r];
+        let vm = self.vm().map_err(Relocated::Device)?;
+        let got = vm.reserve_at(size, 0, base).map_err(Relocated::Device)?;
+        inner.counters.reservations += 1;
+        if got == base {
+            inner.unreserved[r] = false;
+            return Ok(());
+        }
+        if let Err(e) = vm.free_reservation(got, size) {
+            tracing::warn!(va = got, size, error = %e, "vmm: could not free a reservation it cannot use");
+        }
+        if !inner.space.region_in_use(r)
+            && inner
+                .space
+                .reclass_free_region(r, sleep::RETIRED_CLASS)
+                .is_ok()
+        {
+            return Err(Relocated::Retired);
+        }
+        Err(Relocated::Moved { base, size, got })
+    }
+
+    /// In `hold` mode: frees the reservation of every region that nothing awake uses, after
+    /// unmapping its free granules and releasing its handles — the only way such a driver
+    /// gives their memory back. Regions whose free granules still wait for work are left.
+    /// Returns the bytes released.
+    ///
+    /// # Errors
+    /// The device's error; what was released before it stays so.
+    fn free_idle_regions(
+        &self,
+        vm: &dyn VirtualMemory,
+        inner: &mut Inner,
+        except: Option<u64>,
+    ) -> Result<u64> {
+        let g = self.granularity;
+        let mut released = 0;
+        for r in 0..inner.space.regions().len() {
+            if inner.unreserved[r] || inner.space.class_of_region(r) == sleep::RETIRED_CLASS {
+                continue;
+            }
+            let (base, size) = inner.space.regions()[r];
+            if except == Some(base) {
+                continue;
+            }
+            let (mapped, free, waiting) = inner.phys.region_counts(base);
+            if mapped != free || waiting > 0 {
+                continue;
+            }
+            let mut granules = Vec::new();
+            inner.phys.settled_free_in(base, base + size, &mut granules);
+            for v in granules {
+                vm.unmap(v, g)?;
+                inner.counters.unmaps += 1;
+                if let Some(piece) = inner.phys.unmap(v) {
+                    inner.phys.make_idle(piece);
+                }
+            }
+            for (slot, h) in inner.phys.handles_homed(base) {
+                if h.mapped > 0 {
+                    continue;
+                }
+                vm.release_physical(PhysicalHandle(h.id))?;
+                inner.counters.releases += 1;
+                released += inner.phys.remove_handle(slot).unwrap_or(0);
+            }
+            vm.free_reservation(base, size)?;
+            inner.unreserved[r] = true;
+        }
+        Ok(released)
     }
 
     /// Maps every granule under `[addr, addr + size)` that is not mapped yet, and grants
@@ -611,12 +774,19 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
     ) -> Result<(), Shortfall> {
         let g = self.granularity;
         let (start, end) = self.span(addr, size);
-        if need > supply {
+        // (Where the driver holds released memory, the supply counts what other regions
+        // hold, which only freeing them gives back: `gather` tries that, and refuses.)
+        if need > supply && !inner.hold {
             return Err(Shortfall::Budget(need, supply));
         }
         if need == 0 && inner.phys.all_granted(start, end) {
             // Everything under it is mapped with access already: the steady state's case.
             return Ok(());
+        }
+        match self.ensure_reserved(inner, start) {
+            Ok(()) => {}
+            Err(Relocated::Retired) => return Err(Shortfall::Retired),
+            Err(other) => return Err(Shortfall::Device(other.into_error())),
         }
         let vm = self.vm().map_err(Shortfall::Device)?;
         // The scratch lists, kept between calls so that backing a request allocates nothing
@@ -703,9 +873,23 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         small: bool,
     ) -> Result<()> {
         let g = self.granularity;
+        // Where the driver holds released memory until the reservation goes, a handle serves
+        // the region it was made for only (see *Memory the driver holds*).
+        let home = if inner.hold {
+            inner
+                .space
+                .region_at(start)
+                .map(|r| inner.space.regions()[r].0)
+        } else {
+            None
+        };
         let phys = &mut inner.phys;
         while (backing.len() as u64) < n {
-            let Some(piece) = phys.take_idle() else {
+            let piece = match home {
+                Some(base) => phys.take_idle_homed(base),
+                None => phys.take_idle(),
+            };
+            let Some(piece) = piece else {
                 break;
             };
             backing.push(piece);
@@ -714,7 +898,7 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         if (backing.len() as u64) < n {
             let want = n - backing.len() as u64;
             // The free mapped granules outside the span, in address order.
-            for v in phys.victims(start, end, want) {
+            for v in phys.victims_within(home, start, end, want) {
                 vm.unmap(v, g)?;
                 inner.counters.unmaps += 1;
                 stitched += 1;
@@ -735,6 +919,11 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
                 left.min(LARGE_HANDLE_GRANULES)
             };
             let bytes = granules * g;
+            if inner.phys.pool_bytes() + bytes > self.options.limit && inner.hold {
+                // Memory held for other regions that nothing uses goes back first.
+                self.free_idle_regions(vm, inner, home)?;
+            }
+            let phys = &mut inner.phys;
             if phys.pool_bytes() + bytes > self.options.limit {
                 return Err(Error::ExceedsLimit {
                     requested: bytes,
@@ -743,7 +932,7 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
             }
             let h = vm.create_physical(bytes)?;
             inner.counters.creates += 1;
-            let slot = phys.add_handle(h.0, bytes);
+            let slot = phys.add_handle_for(h.0, bytes, home.unwrap_or(0));
             inner.peak_pool_bytes = inner.peak_pool_bytes.max(phys.pool_bytes());
             for k in 0..granules {
                 backing.push((h.0, k * g, slot));
@@ -758,6 +947,11 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
     /// # Errors
     /// The device's error; what was released before it stays so.
     fn release_idle_handles(&self, vm: &dyn VirtualMemory, inner: &mut Inner) -> Result<u64> {
+        if inner.hold {
+            // Releasing a handle gives nothing back while its region stays reserved: whole
+            // regions nothing awake uses go instead, handles and reservation.
+            return self.free_idle_regions(vm, inner, None);
+        }
         let idle_handles: Vec<(u32, u64)> = inner
             .phys
             .handles_by_id()
@@ -785,9 +979,7 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         tag: &str,
     ) -> Allocation {
         inner.num_allocs += 1;
-        inner
-            .tags
-            .insert(grant.addr, grant.size, grant.token, stream, tag);
+        inner.tags.insert(grant.addr, grant.size, grant.token, tag);
         inner.peak_bytes_in_use = inner.peak_bytes_in_use.max(inner.bytes_in_use());
         inner.largest_alloc_size = inner.largest_alloc_size.max(grant.size);
         Allocation::new(grant.addr, size, stream, self.id, grant.token)
@@ -822,8 +1014,14 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
     /// found; then every free chunk (its start and its end) is tried and the place that adds
     /// the fewest untouched granules among those that can be backed wins. `None` when
     /// nothing fits in the address space.
-    fn place(&self, inner: &mut Inner, rounded: u64, alignment: u64, small: bool) -> Option<Site> {
-        let class = self.class(small);
+    fn place(
+        &self,
+        inner: &mut Inner,
+        rounded: u64,
+        alignment: u64,
+        small: bool,
+        class: usize,
+    ) -> Option<Site> {
         let p = inner.space.find(class, rounded, alignment, !small)?;
         let phys = &inner.phys;
         let unsettled = phys.unsettled_free();
@@ -871,31 +1069,49 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         rounded: u64,
         alignment: u64,
         small: bool,
+        class: usize,
     ) -> Result<Placement> {
-        if inner.phys.any_unsettled() && self.may_stitch(inner, rounded, alignment, small) {
+        if inner.phys.any_unsettled() && self.may_stitch(inner, rounded, alignment, small, class) {
             // Free granules freed at once may be stitched only once a fence covers them.
             self.settle_granules(inner);
         }
-        let placement = match self.place(inner, rounded, alignment, small) {
-            Some(p) => p,
-            None => {
-                if let Err(e) = self.reserve(inner, self.class(small), rounded, alignment) {
-                    let cause =
-                        format!("no free address range fits and reserving more failed: {e}");
-                    return Err(self.oom(inner, size, rounded, alignment, cause));
-                }
-                match self.place(inner, rounded, alignment, small) {
-                    Some(p) => p,
-                    None => {
-                        let cause = "no free address range fits even in a fresh reservation".into();
+        // A region whose addresses the driver would not give back is retired by `back`: the
+        // request is placed again (each retirement removes a region from the search).
+        let mut tries = 0;
+        let placement = loop {
+            let placement = match self.place(inner, rounded, alignment, small, class) {
+                Some(p) => p,
+                None => {
+                    if let Err(e) = self.reserve(inner, class, rounded, alignment) {
+                        let cause =
+                            format!("no free address range fits and reserving more failed: {e}");
                         return Err(self.oom(inner, size, rounded, alignment, cause));
                     }
+                    match self.place(inner, rounded, alignment, small, class) {
+                        Some(p) => p,
+                        None => {
+                            let cause =
+                                "no free address range fits even in a fresh reservation".into();
+                            return Err(self.oom(inner, size, rounded, alignment, cause));
+                        }
+                    }
                 }
+            };
+            let Site { at, need, supply } = placement;
+            match self.back(inner, at.addr, need, supply, rounded, small) {
+                Err(Shortfall::Retired) if tries < 8 => tries += 1,
+                backed => break (placement, backed),
             }
         };
-        let Site { at, need, supply } = placement;
-        match self.back(inner, at.addr, need, supply, rounded, small) {
+        let (placement, backed) = placement;
+        match backed {
             Ok(()) => {}
+            Err(Shortfall::Retired) => {
+                let cause = "the driver did not give freed address ranges back at their \
+                             addresses"
+                    .into();
+                return Err(self.oom(inner, size, rounded, alignment, cause));
+            }
             Err(Shortfall::Budget(need, supply)) => {
                 let cause = format!(
                     "the physical budget of {} is reached: {} held ({} mapped, {} in use), the \
@@ -951,13 +1167,14 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
             rounded,
             alignment,
             small,
+            class,
         } = *r;
         // The steady state: the best fit lies on granules mapped with access already, and
         // one walk over them checks that and touches them (what `place`, `back` and `touch`
         // would each walk them for). Anything else takes the general path.
         let ready = inner
             .space
-            .find(self.class(small), rounded, alignment, !small)
+            .find(class, rounded, alignment, !small)
             .filter(|p| {
                 let (start, end) = self.span(p.addr, rounded);
                 inner.phys.touch_if_ready(start, end)
@@ -966,12 +1183,12 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
             Some(p) => (p, true),
             None => {
                 let elsewhere =
-                    self.take_pending(inner, stream, rounded, alignment, small, size, true);
+                    self.take_pending(inner, stream, rounded, alignment, small, class, size, true);
                 if let Some(grant) = elsewhere {
                     return Ok(grant);
                 }
                 (
-                    self.place_and_back(inner, size, rounded, alignment, small)?,
+                    self.place_and_back(inner, size, rounded, alignment, small, class)?,
                     false,
                 )
             }
@@ -1032,7 +1249,9 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         if inner.order.count() > 0 || inner.order.fence_active() {
             self.poll_pending(inner);
             let (rounded, alignment, small) = (r.rounded, r.alignment, r.small);
-            let own = self.take_pending(inner, stream, rounded, alignment, small, r.size, false);
+            let own = self.take_pending(
+                inner, stream, rounded, alignment, small, r.class, r.size, false,
+            );
             if own.is_some() {
                 return Ok(own);
             }
@@ -1154,6 +1373,16 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         if inner.peak_pool_bytes < pool || inner.peak_bytes_in_use < inner.bytes_in_use() {
             return Err("a peak is below its current value".into());
         }
+        for (r, &(base, size)) in inner.space.regions().iter().enumerate() {
+            if inner.unreserved.get(r).copied().unwrap_or(false) && phys.region_counts(base).0 > 0 {
+                return Err(format!(
+                    "region {base:#x}+{size} has granules mapped while its reservation is freed"
+                ));
+            }
+        }
+        if inner.unreserved.len() != inner.space.regions().len() {
+            return Err("a region has no reserved/unreserved mark".into());
+        }
         streams::check(&inner.order, &inner.space)?;
         inner
             .tags
@@ -1201,6 +1430,10 @@ impl<D: Device + ?Sized> Allocator for VmmAllocator<D> {
             return Err(self.oom(inner, size, rounded, alignment, cause));
         }
         let small = rounded < self.options.small_threshold;
+        let class = match inner.tags.class_of(tag) {
+            Some(class) => class,
+            None => self.class(small),
+        };
         if !inner.order.is_first(stream) {
             inner.order.see_stream(&*self.device, stream)?;
             Self::sync_fence(inner);
@@ -1211,6 +1444,7 @@ impl<D: Device + ?Sized> Allocator for VmmAllocator<D> {
             rounded,
             alignment,
             small,
+            class,
         };
         // One stream (the steady state of most programs): its own copy of the path, inlined.
         let served = if inner.order.is_multi() {
@@ -1391,6 +1625,28 @@ impl<D: Device + ?Sized> Allocator for VmmAllocator<D> {
         self.inner().tags.is_asleep(allocation.ptr())
     }
 
+    /// Moves the allocation's sleep record to `tag`. Its memory stays where it was placed: a
+    /// donated buffer may share granules with its old tag's, so a sleep of either hands
+    /// back only the granules nothing awake touches.
+    fn retag(&self, allocation: &Allocation, tag: &str) {
+        if allocation.is_empty() || allocation.allocator_id() != self.id {
+            return;
+        }
+        self.inner()
+            .tags
+            .retag(allocation.ptr(), allocation.token(), tag);
+    }
+
+    /// Its sleep record goes (an awake one): the caller has freed it.
+    fn freeing(&self, allocation: &Allocation) {
+        if allocation.is_empty() || allocation.allocator_id() != self.id {
+            return;
+        }
+        self.inner()
+            .tags
+            .retag(allocation.ptr(), allocation.token(), "");
+    }
+
     /// Chunks tile the reservations, the free index holds exactly the free chunks, no two
     /// free neighbours, every byte in use is mapped (with access), mapped and idle granules
     /// tile the handles, mapped bytes = the handles' mapped bytes, physical held ≤ budget.
@@ -1466,7 +1722,15 @@ impl<D: Device + ?Sized> Drop for VmmAllocator<D> {
             }
         }
         inner.phys.clear();
-        for &(base, size) in inner.space.regions() {
+        if let Some(stream) = inner.copy_stream.take() {
+            if let Err(e) = stream.destroy(&*self.device) {
+                tracing::debug!(error = %e, "vmm: could not destroy its copy stream");
+            }
+        }
+        for (r, &(base, size)) in inner.space.regions().iter().enumerate() {
+            if inner.unreserved.get(r).copied().unwrap_or(false) {
+                continue;
+            }
             if let Err(e) = super::release_with_retry(|| vm.free_reservation(base, size)) {
                 tracing::warn!(base, size, error = %e, "vmm: could not free a reservation");
             }

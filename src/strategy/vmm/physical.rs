@@ -101,6 +101,11 @@ pub(super) struct HandleRec {
     pub(super) size: u64,
     /// Invariant: granules of it mapped now.
     pub(super) mapped: u64,
+    /// Base of the region it was made for. Where the driver holds released memory until the
+    /// reservation goes ([`crate::device::VirtualMemory::holds_released_memory`]), a handle
+    /// is mapped in that region only, so that freeing the region's reservation gives all of
+    /// it back.
+    pub(super) home: u64,
 }
 
 /// A piece of physical memory: `(handle id, offset in bytes, slot)`. Ordered by the device's
@@ -671,12 +676,28 @@ impl Physical {
     /// # Time complexity
     /// `O(pages)` plus `O(PAGE / 64)` per page holding a free granule looked at, plus the
     /// granules returned.
+    #[cfg(test)]
     pub(super) fn victims(&self, start: u64, end: u64, want: u64) -> Vec<u64> {
+        self.victims_within(None, start, end, want)
+    }
+
+    /// [`Physical::victims`] among the granules of the region based at `region` only, or of
+    /// every region (`None`).
+    pub(super) fn victims_within(
+        &self,
+        region: Option<u64>,
+        start: u64,
+        end: u64,
+        want: u64,
+    ) -> Vec<u64> {
         let mut out = Vec::new();
         if want == 0 {
             return out;
         }
         for reg in &self.regions {
+            if region.is_some_and(|base| base != reg.base) {
+                continue;
+            }
             for (p, page) in reg.pages.iter().enumerate() {
                 let Some(page) = page.as_deref() else {
                     continue;
@@ -897,11 +918,18 @@ impl Physical {
 
     /// Records a new handle of `size` bytes with the device's `id`; returns its slot. Its
     /// pieces are neither mapped nor idle yet: the caller maps them or makes them idle.
+    #[cfg(test)]
     pub(super) fn add_handle(&mut self, id: u64, size: u64) -> u32 {
+        self.add_handle_for(id, size, 0)
+    }
+
+    /// [`Physical::add_handle`] for a handle made for the region based at `home`.
+    pub(super) fn add_handle_for(&mut self, id: u64, size: u64, home: u64) -> u32 {
         let rec = HandleRec {
             id,
             size,
             mapped: 0,
+            home,
         };
         self.handle_count += 1;
         self.pool_bytes += size;
@@ -951,6 +979,52 @@ impl Physical {
     /// Takes the first idle piece (lowest handle id, then offset).
     pub(super) fn take_idle(&mut self) -> Option<Piece> {
         self.idle.pop_first()
+    }
+
+    /// Takes the first idle piece of a handle made for the region based at `home`.
+    ///
+    /// # Time complexity
+    /// Linear in the idle pieces looked at.
+    pub(super) fn take_idle_homed(&mut self, home: u64) -> Option<Piece> {
+        let handles = &self.handles;
+        let piece = *self.idle.iter().find(|&&(_, _, slot)| {
+            handles
+                .get(slot as usize)
+                .and_then(|h| h.as_ref())
+                .is_some_and(|h| h.home == home)
+        })?;
+        self.idle.remove(&piece);
+        Some(piece)
+    }
+
+    /// `(mapped, free and mapped, unsettled or fenced)` granules of the region based at
+    /// `base`: a region none of whose mapped granules is touched, with none of them waiting
+    /// for work, can be unmapped whole.
+    ///
+    /// # Time complexity
+    /// `O(pages of the region × PAGE / 64)`.
+    pub(super) fn region_counts(&self, base: u64) -> (u64, u64, u64) {
+        let Some(reg) = self.regions.iter().find(|r| r.base == base) else {
+            return (0, 0, 0);
+        };
+        let (mut mapped, mut free, mut waiting) = (0u64, 0u64, 0u64);
+        for page in reg.pages.iter().flatten() {
+            for w in 0..WORDS {
+                mapped += u64::from(page.mapped[w].count_ones());
+                free += u64::from(page.free[w].count_ones());
+                waiting +=
+                    u64::from(((page.unsettled[w] | page.fenced[w]) & page.mapped[w]).count_ones());
+            }
+        }
+        (mapped, free, waiting)
+    }
+
+    /// `(slot, record)` of every handle made for the region based at `home`.
+    pub(super) fn handles_homed(&self, home: u64) -> Vec<(u32, HandleRec)> {
+        self.handles_by_id()
+            .into_iter()
+            .filter(|(_, h)| h.home == home)
+            .collect()
     }
 
     /// Forgets every mapping (the device's were all unmapped) and every handle.

@@ -22,6 +22,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::VmmAllocator;
 use crate::allocator::{Keep, SleepReport, SleepingTag};
+use crate::backends::own_stream::OwnedStream;
 use crate::backends::staging::HostCopy;
 use crate::device::{Device, Stream};
 use crate::error::{Error, Result};
@@ -35,8 +36,6 @@ pub(super) struct Tagged {
     pub(super) size: u64,
     /// The chunk's token in the space.
     pub(super) token: u64,
-    /// The stream it was made for: its sleep's and wake's copies are queued there.
-    pub(super) stream: Stream,
     /// `Some` while it sleeps: its contents, where kept.
     pub(super) asleep: Option<Option<HostCopy>>,
 }
@@ -58,29 +57,118 @@ pub(super) struct Tags {
     /// blocks too); freed by `trim` and the allocator's drop. None of them has a copy in
     /// flight (each was settled before it was kept).
     spare: Vec<HostCopy>,
+    /// The address-space class of each tag that can sleep
+    /// ([`crate::sleep_tags::declare_sleepable`]): its allocations get regions of their own,
+    /// so they share no granule with another tag's. Kept for the allocator's life (the
+    /// regions stay the tag's). Invariant: classes from [`FIRST_TAG_CLASS`], distinct.
+    classes: FxHashMap<Arc<str>, usize>,
+    /// Tags found not declared, while [`crate::sleep_tags::generation`] is `plain_generation`;
+    /// at most [`PLAIN_CACHE`] of them.
+    plain: FxHashSet<Arc<str>>,
+    /// The declarations' generation `plain` was filled under.
+    plain_generation: u64,
 }
 
+/// The first address-space class of a tag that can sleep: below it, the shared classes
+/// (small and large requests, [`super::space::CLASSES`]) and [`RETIRED_CLASS`].
+pub(super) const FIRST_TAG_CLASS: usize = super::space::CLASSES + 1;
+
+/// The class of regions whose addresses could not be had again: never asked for.
+pub(super) const RETIRED_CLASS: usize = super::space::CLASSES;
+
+/// Most undeclared tag names remembered as such (a name per tensor must not grow the
+/// books without bound; past it, the declarations are asked again).
+const PLAIN_CACHE: usize = 4096;
+
 impl Tags {
-    /// Records the chunk at `addr` as carrying `tag` (nothing for an empty tag).
-    pub(super) fn insert(&mut self, addr: u64, size: u64, token: u64, stream: Stream, tag: &str) {
+    /// The address-space class of `tag`'s allocations when it can sleep (its own, made at
+    /// its first allocation), `None` for a tag kept only for the books (and the empty tag).
+    ///
+    /// # Time complexity
+    /// One hash lookup for a tag seen before; nothing while no tag is declared.
+    #[inline]
+    pub(super) fn class_of(&mut self, tag: &str) -> Option<usize> {
+        let generation = crate::sleep_tags::generation();
+        if generation == 0 || tag.is_empty() {
+            return None;
+        }
+        if let Some(&class) = self.classes.get(tag) {
+            return Some(class);
+        }
+        if self.plain_generation == generation && self.plain.contains(tag) {
+            return None;
+        }
+        self.class_of_new(tag, generation)
+    }
+
+    #[cold]
+    fn class_of_new(&mut self, tag: &str, generation: u64) -> Option<usize> {
+        if self.plain_generation != generation {
+            self.plain.clear();
+            self.plain_generation = generation;
+        }
+        if crate::sleep_tags::is_sleepable(tag) {
+            let class = FIRST_TAG_CLASS + self.classes.len();
+            self.classes.insert(Arc::from(tag), class);
+            return Some(class);
+        }
+        if self.plain.len() >= PLAIN_CACHE {
+            self.plain.clear();
+        }
+        self.plain.insert(Arc::from(tag));
+        None
+    }
+
+    /// Moves the record of the live chunk `(addr, token)` to `tag` (a donation): an empty
+    /// tag forgets it, as an untagged allocation is not recorded. A sleeping chunk keeps
+    /// sleeping, under its new tag.
+    pub(super) fn retag(&mut self, addr: u64, token: u64, tag: &str) {
         if tag.is_empty() {
+            if self.live.get(&addr).is_some_and(|t| t.asleep.is_none()) {
+                self.remove(addr, token);
+            }
             return;
         }
-        let tag = match self.names.get(tag) {
+        let Some(t) = self.live.get(&addr).filter(|t| t.token == token) else {
+            return;
+        };
+        if &*t.tag == tag {
+            return;
+        }
+        let old = Arc::clone(&t.tag);
+        let new = self.intern(tag);
+        if let Some(t) = self.live.get_mut(&addr) {
+            t.tag = new;
+        }
+        if Arc::strong_count(&old) == 2 {
+            self.names.remove(&*old);
+        }
+    }
+
+    /// The shared name `tag`.
+    fn intern(&mut self, tag: &str) -> Arc<str> {
+        match self.names.get(tag) {
             Some(t) => Arc::clone(t),
             None => {
                 let t: Arc<str> = Arc::from(tag);
                 self.names.insert(Arc::clone(&t));
                 t
             }
-        };
+        }
+    }
+
+    /// Records the chunk at `addr` as carrying `tag` (nothing for an empty tag).
+    pub(super) fn insert(&mut self, addr: u64, size: u64, token: u64, tag: &str) {
+        if tag.is_empty() {
+            return;
+        }
+        let tag = self.intern(tag);
         self.live.insert(
             addr,
             Tagged {
                 tag,
                 size,
                 token,
-                stream,
                 asleep: None,
             },
         );
@@ -234,6 +322,13 @@ pub(super) fn free_all<D: Device + ?Sized>(device: &D, copies: Vec<HostCopy>) {
     }
 }
 
+/// The refusal of host memory for the copy of an allocation of `tag` (`size` bytes) put
+/// to sleep.
+fn host_refused(e: Error, tag: &str, size: u64) -> Error {
+    let _ = (tag, size);
+    e
+}
+
 /// Frees host copies made by a sleep that is given up.
 fn free_copies<D: Device + ?Sized>(device: &D, copies: Vec<(u64, Option<HostCopy>)>) {
     for (_, copy) in copies {
@@ -297,34 +392,30 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
             return Ok(SleepReport::default());
         }
         let vm = self.vm()?;
-        // An allocation on the per-thread stream may be another thread's, whose work no copy
-        // queued from here follows: the device is waited for first.
-        let mut device_waited = false;
-        if targets
-            .iter()
-            .any(|a| inner.tags.live[a].stream.is_per_thread())
-        {
-            device.synchronize_device()?;
-            device_waited = true;
-        }
-        // The copies, each on its allocation's stream.
+        // After all work on the memory, whatever stream it was queued on: the allocations'
+        // own, streams recorded with `record_stream`, another thread's per-thread stream.
+        // Only the whole device covers them all (vLLM and torch_memory_saver leave this wait
+        // to their callers; doing it here cannot be forgotten, and a sleep is rare).
+        device.synchronize_device()?;
+        // Everything freed before is complete now: pending frees go back to the free space
+        // and memory freed at once is settled, so granules the tag took over from them can go.
+        inner.phys.settle_all();
+        self.poll_pending(inner);
+        let copy_stream = match keep {
+            Keep::Contents => Some(self.copy_stream(inner)?),
+            Keep::Nothing => None,
+        };
+        // The copies, on portalloc's own stream.
         let mut copies: Vec<(u64, Option<HostCopy>)> = Vec::with_capacity(targets.len());
-        let mut streams: Vec<Stream> = Vec::new();
         for &addr in &targets {
-            let (size, stream) = {
-                let t = &inner.tags.live[&addr];
-                (t.size, t.stream)
-            };
-            if !streams.contains(&stream) {
-                streams.push(stream);
-            }
-            if keep == Keep::Nothing {
+            let Some(stream) = copy_stream else {
                 copies.push((addr, None));
                 continue;
-            }
+            };
+            let size = inner.tags.live[&addr].size;
             let copy = match inner.tags.take_spare(size) {
                 Some(copy) => Ok(copy),
-                None => HostCopy::new(device, size),
+                None => HostCopy::new(device, size).map_err(|e| host_refused(e, tag, size)),
             };
             let copied = copy.and_then(|mut copy| match copy.download(device, addr, stream) {
                 Ok(()) => Ok(copy),
@@ -343,28 +434,14 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
                 }
             }
         }
-        // The copies and the work before them complete before anything is unmapped.
-        for &stream in &streams {
-            // The per-thread stream of the allocating thread may be another than this
-            // thread's: only the whole device covers it.
-            let waited = if stream.is_per_thread() {
-                device_waited = true;
-                device.synchronize_device()
-            } else {
-                device.synchronize_stream(stream)
-            };
-            if let Err(e) = waited {
-                if device.synchronize_device().is_err() {
+        // The copies complete before anything is unmapped.
+        for (_, copy) in &mut copies {
+            if let Some(copy) = copy {
+                if let Err(e) = copy.settle(device) {
                     free_copies(device, copies);
                     return Err(e);
                 }
-                device_waited = true;
             }
-        }
-        // Memory freed at once (no event) is freed on the first stream: waited for with it,
-        // it is settled — so a granule a sleeper took over from such a free can go too.
-        if device_waited || streams.iter().any(|&s| inner.order.is_first(s)) {
-            inner.phys.settle_all();
         }
         let pool_before = inner.phys.pool_bytes();
         let mut report = SleepReport {
@@ -383,8 +460,9 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
             let (start, end) = self.span(addr, t.size);
             inner.phys.untouch(start, end);
         }
-        // Unmap what no awake chunk touches under them, then release the handles left with
-        // nothing mapped.
+        // Unmap what no awake chunk touches under them, then give back what nothing holds:
+        // handles with nothing mapped — or, where the driver holds released memory until
+        // the reservation goes, whole regions nothing awake uses.
         let g = self.granularity;
         let mut granules = Vec::new();
         for &addr in &targets {
@@ -418,6 +496,20 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
             };
         }
         Ok(report)
+    }
+
+    /// The stream sleep and wake copy on, made at the first use.
+    ///
+    /// # Errors
+    /// The device's error when no stream can be made.
+    fn copy_stream(&self, inner: &mut super::Inner) -> Result<Stream> {
+        if let Some(s) = &inner.copy_stream {
+            return Ok(s.stream());
+        }
+        let s = OwnedStream::new(&*self.device)?;
+        let stream = s.stream();
+        inner.copy_stream = Some(s);
+        Ok(stream)
     }
 
     /// Maps device memory again under the allocations tagged `tag` that sleep — at their
@@ -539,15 +631,28 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
                 Err(refusal(format!("the device refused memory: {e}")))
             }
             Some(super::Shortfall::Device(e)) => Err(e),
+            Some(super::Shortfall::Retired) => Err(refusal(
+                "the driver did not give a freed address range back at its address".into(),
+            )),
         };
-        // The contents back, each on its allocation's stream.
-        if result.is_ok() {
-            for &(addr, ..) in &spans {
-                let t = inner.tags.live.get_mut(&addr).expect("a target is live");
-                if let Some(Some(copy)) = &mut t.asleep {
-                    if let Err(e) = copy.upload(device, addr, t.stream) {
-                        result = Err(e);
-                        break;
+        // The contents back, on portalloc's own stream (the allocations' streams may be gone
+        // by now), waited for below: the bytes are in place when the wake returns, before any
+        // work the caller queues next on any stream.
+        let kept = spans
+            .iter()
+            .any(|&(addr, ..)| matches!(inner.tags.live[&addr].asleep, Some(Some(_))));
+        if result.is_ok() && kept {
+            match self.copy_stream(inner) {
+                Err(e) => result = Err(e),
+                Ok(stream) => {
+                    for &(addr, ..) in &spans {
+                        let t = inner.tags.live.get_mut(&addr).expect("a target is live");
+                        if let Some(Some(copy)) = &mut t.asleep {
+                            if let Err(e) = copy.upload(device, addr, stream) {
+                                result = Err(e);
+                                break;
+                            }
+                        }
                     }
                 }
             }

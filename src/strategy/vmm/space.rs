@@ -45,8 +45,9 @@ use crate::report::{BinSummary, RegionMap};
 use crate::strategy::bins::MIN_ALLOCATION;
 use crate::strategy::free_index::{Entry, FreeIndex, Hint};
 use crate::strategy::occupancy::{self, check_new_region, ChunkUse, RegionCheck, Tally};
-/// Classes of regions: each region serves one class of requests (small or large), and
-/// each class has its own free index.
+/// Classes every space has from the start: each region serves one class of requests, and
+/// each class has its own free index. The allocator numbers its classes (small or large,
+/// one per tag that can sleep); a class beyond these gets its index at its first region.
 pub const CLASSES: usize = 2;
 
 /// "No chunk" in a link or list head.
@@ -162,8 +163,8 @@ pub struct Space {
     /// chunk's slot. Invariant: one per region, the slot of the chunk at its base.
     heads: Vec<u32>,
     /// Invariant: `free[k]` holds exactly the free chunks of the regions of class `k`, each
-    /// under its size, address and slot.
-    free: [FreeIndex; CLASSES],
+    /// under its size, address and slot; at least [`CLASSES`] of them.
+    free: Vec<FreeIndex>,
     /// Reservations `(base, size)`, in the order they were added; index = `Chunk::region`.
     /// Invariant: they do not overlap.
     regions: Vec<(u64, u64)>,
@@ -197,7 +198,7 @@ impl Space {
             vacant: NONE,
             in_use: Vec::new(),
             heads: Vec::new(),
-            free: std::array::from_fn(|_| FreeIndex::new()),
+            free: (0..CLASSES).map(|_| FreeIndex::new()).collect(),
             regions: Vec::new(),
             class_of: Vec::new(),
             bytes_in_use: 0,
@@ -215,8 +216,8 @@ impl Space {
     /// # Time complexity
     /// `O(regions)`.
     pub fn add_region(&mut self, base: u64, size: u64, class: usize) -> Result<(), String> {
-        if class >= CLASSES {
-            return Err(format!("class {class} is not below {CLASSES}"));
+        if class >= u32::MAX as usize {
+            return Err(format!("class {class} is out of range"));
         }
         check_new_region(base, size, self.regions.iter().copied())?;
         let region = u32::try_from(self.regions.len())
@@ -236,7 +237,64 @@ impl Space {
             region,
         };
         self.heads.push(idx);
+        if self.free.len() <= class {
+            self.free.resize_with(class + 1, FreeIndex::new);
+        }
         self.free[class].insert(size, base, idx);
+        Ok(())
+    }
+
+    /// The class of region `region` (an index into [`Space::regions`]).
+    pub fn class_of_region(&self, region: usize) -> usize {
+        self.class_of[region]
+    }
+
+    /// The region (index into [`Space::regions`]) holding `addr`, if any.
+    ///
+    /// # Time complexity
+    /// `O(regions)`.
+    pub fn region_at(&self, addr: u64) -> Option<usize> {
+        self.regions
+            .iter()
+            .position(|&(base, size)| base <= addr && addr - base < size)
+    }
+
+    /// The class of the region of the chunk in use (or pending) named by `token`.
+    ///
+    /// # Time complexity
+    /// `O(1)`: the token names the chunk's slot.
+    pub fn class_of_token(&self, token: u64) -> Option<usize> {
+        let c = self.chunks.get(slot_of(token) as usize)?;
+        (c.size != 0).then(|| self.class_of[c.region as usize])
+    }
+
+    /// True when some chunk of region `region` is in use (pending frees and sleepers too).
+    ///
+    /// # Time complexity
+    /// Linear in the region's chunks.
+    pub fn region_in_use(&self, region: usize) -> bool {
+        self.walk(self.head(region)).any(|c| !c.is_free())
+    }
+
+    /// Moves region `region`, one free chunk, to class `class`: requests of its old class are
+    /// no longer placed there (a region whose addresses could not be had again).
+    ///
+    /// # Errors
+    /// A message when the region holds a chunk in use.
+    pub fn reclass_free_region(&mut self, region: usize, class: usize) -> Result<(), String> {
+        let idx = self.head(region);
+        let c = self.chunks[idx as usize];
+        let (base, size) = self.regions[region];
+        if !c.is_free() || c.size != size || c.addr != base {
+            return Err(format!("region {base:#x}+{size} is not one free chunk"));
+        }
+        let old = self.class_of[region];
+        self.free[old].remove(c.size, c.addr);
+        if self.free.len() <= class {
+            self.free.resize_with(class + 1, FreeIndex::new);
+        }
+        self.free[class].insert(c.size, c.addr, idx);
+        self.class_of[region] = class;
         Ok(())
     }
 
@@ -402,8 +460,10 @@ impl Space {
         rounded: u64,
         alignment: u64,
     ) -> impl Iterator<Item = Placement> + '_ {
-        self.free[class.min(CLASSES - 1)]
-            .iter_from(rounded)
+        self.free
+            .get(class)
+            .into_iter()
+            .flat_map(move |f| f.iter_from(rounded))
             .flat_map(move |Entry { size, addr, idx }| {
                 let low = Self::fit(size, addr, rounded, alignment, false);
                 let high =

@@ -95,8 +95,9 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         Self::sync_fence(inner);
     }
 
-    /// Serves the request from a pending free: one of `stream`'s own at once, or with
-    /// `elsewhere` one of another stream's behind a GPU-side wait for its event. The
+    /// Serves the request from a pending free behind a GPU-side wait on `stream` for its
+    /// event (no CPU wait): one made on `stream`'s handle (which may name a stream made
+    /// since the free), or with `elsewhere` one of another stream's. The
     /// smallest that holds it (then the lowest address), placed at its start (small
     /// requests) or its end (large ones) as free chunks are. What is left of that free stays
     /// pending under its event. `None` when none holds it.
@@ -110,6 +111,7 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         rounded: u64,
         alignment: u64,
         small: bool,
+        class: usize,
         requested: u64,
         elsewhere: bool,
     ) -> Option<Grant> {
@@ -119,11 +121,20 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         let Inner {
             order, space, phys, ..
         } = inner;
+        // A pending chunk serves requests of its own region's class only: a tag that can
+        // sleep shares no granule with another. `fit` reads the space and `carve` changes
+        // it, one after the other, never at once.
+        let space = std::cell::RefCell::new(space);
         let fit = |p: &VmmChunk| {
+            if space.borrow().class_of_token(p.token) != Some(class) {
+                return None;
+            }
             Space::fit(p.size, p.addr, rounded, alignment, !small).map(|at| ((p.size, p.addr), at))
         };
         let carve = |p: VmmChunk, at| {
-            let (grant, rest) = space.carve(p.addr, p.token, at, rounded, requested)?;
+            let (grant, rest) = space
+                .borrow_mut()
+                .carve(p.addr, p.token, at, rounded, requested)?;
             self.untouch(phys, p.addr, p.size);
             self.touch(phys, grant.addr, grant.size);
             let pieces = rest
