@@ -32,7 +32,8 @@
  * Profiles: ROCm as it behaves, beside what it documents. Selected with FAKEHIP_PROFILE at
  * fakehip_reset (an unknown name: documented, said on stderr) or fakehip_set_profile(names)
  * (0; hipErrorInvalidValue for an unknown name, which changes nothing); a comma-separated
- * list, so profiles combine; `documented` adds nothing.
+ * list, so profiles combine; `documented` adds nothing. fakehip_profile_name(i) lists them
+ * (tests/support/fakes.rs' FAKEHIP_PROFILES is checked against it).
  *   documented
  *     HIP's documentation: the rules above.
  *   rocm7-reservation-hold
@@ -44,6 +45,51 @@
  *     keeps its bytes charged (hipMemGetInfo's free does not rise; fake_live counts it in
  *     "bytes" and "handles"; fakehip_held_bytes says how much) until every reservation it was
  *     ever mapped into was freed; then the bytes are returned. fakehip_reset clears it.
+ *   rocm-systems-2516-setaccess-prefix
+ *     ROCm/rocm-systems#2516 (ROCm 7.x; the fixes, rocm-systems#2451, #2568 and #6977, name
+ *     the cause): hipMemSetAccess refuses correct calls with hipErrorInvalidValue for some
+ *     sizes, because it sums the sizes of the mappings of the reservation from its first one
+ *     instead of from `ptr`'s and wants the sum to be exactly `size`; several handles of
+ *     different sizes mapped one after another, access set on each, fail from the second.
+ *     Modelled: the mappings of the reservation holding `ptr` in address order from the
+ *     lowest; refused unless a sum of the first k of them is exactly `size`. With mappings
+ *     of one granule each, a set-access over n granules passes whenever the reservation
+ *     holds n mappings, which it does: a vmm like portalloc's does not meet it.
+ *   rocm-systems-7128-reserve-counted
+ *     ROCm/rocm-systems#7128 (merged 2026-06): the runtime's own free-memory counter, which
+ *     its allocations are checked against, subtracted address reservations (VA ranges) in
+ *     full and never counted physical handles, so after a reservation larger than what it
+ *     thought free it clamped to 0 and refused a 32 MiB allocation with hipErrorOutOfMemory
+ *     while hipMemGetInfo said GiBs were free. The report is about the pool's own
+ *     reservations; that hipMemAddressReserve's ranges (the same kind of VA range object)
+ *     were counted too is read from the fix, not reported. Modelled: hipMalloc and
+ *     hipExtMallocWithFlags are refused when their bytes, plus every other plain byte, plus
+ *     every live reservation of the device, would pass its capacity; hipMemCreate and
+ *     hipMemGetInfo are as documented. portalloc's vmm reserves 2 × its limit + 1 GiB, so
+ *     while it lives every plain allocation on the device (a caller's, another strategy's)
+ *     meets it; vmm itself uses hipMemCreate only.
+ *   rocr-285-unmap-many
+ *     ROCm/ROCR-Runtime#285 (before ROCm 7.0; the fix was targeted at 7.0): one hipMemUnmap
+ *     over several mappings lowers ROCr's use count of the reservation by one only, so its
+ *     hipMemAddressFree fails for ever after, though nothing is mapped. Modelled: each
+ *     reservation counts a use per hipMemMap and drops one per hipMemUnmap call that unmaps
+ *     anything in it; hipMemAddressFree of a reservation still in use is
+ *     hipErrorInvalidValue (the report gives ROCr's HSA_STATUS_ERROR_RESOURCE_FREE, not the
+ *     HIP code). portalloc's vmm unmaps one granule per call and does not meet it.
+ * Reported, not modelled:
+ *   ROCm/rocm-systems#11693 (gfx1201, ROCm 7.2.1): after hipMemMap + hipMemSetAccess return,
+ *     GPU work for ~1-2 ms still sees the old translation: kernels read zeros and their
+ *     stores are lost, without an error; only a wall-clock wait helps (a queue round-trip
+ *     does not). Not modelled: what goes wrong is GPU work on the bytes, which fakehip has
+ *     none behind, and a fake could only tell "early" by a timer that makes tests flaky.
+ *     portalloc's vmm meets it on such a card: it maps on demand and hands the memory out at
+ *     once, and a wake maps and then copies the bytes back at once (whether copies see the
+ *     stale translation as kernels do is not reported).
+ *   ROCm/hip#3781 (ROCm 6.4.0, fixed in 6.4.2): hipMemRelease returns no physical memory at
+ *     all, not after hipMemUnmap, hipMemRelease or hipMemAddressFree. Not modelled: one
+ *     release's leak below portalloc's VMM gate (ROCm 7), so portalloc's vmm never runs on
+ *     it, and nothing an allocator does gets the memory back, so under such a profile the
+ *     conformance checks of vmm (run under every profile) could only fail.
  *
  * Peer access is HIP's: hipDeviceCanAccessPeer answers 1 for distinct devices unless
  * fake_set_peer says otherwise, hipDeviceEnablePeerAccess enables it from the current device
@@ -110,6 +156,7 @@ struct object {
   int clock;         /* STREAM: its clock; EVENT: the clock of the last record's stream */
   uint64_t seq;      /* EVENT: its number on that clock (0: complete) */
   unsigned access;   /* MAPPING: bit d, device d may access it (hipMemSetAccess) */
+  long uses;         /* RESERVATION: ROCr's use count (rocr-285-unmap-many) */
 };
 
 struct pool {
@@ -146,6 +193,9 @@ static int initialised;
 
 enum {
   PROFILE_RESERVATION_HOLD = 1u << 0,
+  PROFILE_SETACCESS_PREFIX = 1u << 1,
+  PROFILE_RESERVE_COUNTED = 1u << 2,
+  PROFILE_UNMAP_MANY = 1u << 3,
 };
 static const struct {
   const char *name;
@@ -153,6 +203,9 @@ static const struct {
 } profile_names[] = {
     {"documented", 0},
     {"rocm7-reservation-hold", PROFILE_RESERVATION_HOLD},
+    {"rocm-systems-2516-setaccess-prefix", PROFILE_SETACCESS_PREFIX},
+    {"rocm-systems-7128-reserve-counted", PROFILE_RESERVE_COUNTED},
+    {"rocr-285-unmap-many", PROFILE_UNMAP_MANY},
 };
 static unsigned profile; /* PROFILE_* bits in force */
 
@@ -358,6 +411,12 @@ EXPORT int fakehip_set_profile(const char *names) {
       profile = bits;
   });
   return rc;
+}
+/* The name of profile `i` (from 0), or NULL past the last: the list the tests check theirs
+ * against. */
+EXPORT const char *fakehip_profile_name(int i) {
+  int n = (int)(sizeof profile_names / sizeof profile_names[0]);
+  return i >= 0 && i < n ? profile_names[i].name : NULL;
 }
 /* Bytes of released handles with no mapping left that are still charged (what
  * rocm7-reservation-hold holds back), all devices together. */
@@ -592,6 +651,21 @@ EXPORT hipError_t hipMemGetInfo(size_t *free_bytes, size_t *total) {
 
 /* ----- plain allocations ------------------------------------------------------------------ */
 
+/* rocm-systems-7128-reserve-counted: the runtime's own free-memory counter, which its plain
+ * allocations are checked against, counts address reservations as used and physical handles
+ * not at all; true when it refuses `bytes` more on device `d`. */
+static int counted_refuses(int d, uint64_t bytes) {
+  if (!(profile & PROFILE_RESERVE_COUNTED)) return 0;
+  uint64_t counted = used[d];
+  for (int i = 0; i < high; i++) {
+    struct object *o = &objects[i];
+    if (o->device != d) continue;
+    if (o->kind == HANDLE) counted -= o->size;
+    if (o->kind == RESERVATION) counted += o->size;
+  }
+  return counted >= capacity || bytes > capacity - counted;
+}
+
 static hipError_t do_malloc(void **ptr, size_t size, unsigned flags) {
   if (!ptr) return hipErrorInvalidValue;
   last_flags = flags;
@@ -600,6 +674,7 @@ static hipError_t do_malloc(void **ptr, size_t size, unsigned flags) {
     return hipSuccess;
   }
   int d = current_device;
+  if (counted_refuses(d, round256(size))) return hipErrorOutOfMemory;
   if (!charge(d, round256(size))) return hipErrorOutOfMemory;
   uint64_t va = take_va(size, 256);
   if (!add(ALLOC, va, round256(size), d)) {
@@ -735,6 +810,9 @@ EXPORT hipError_t hipMemAddressFree(void *ptr, size_t size) {
   ENTER("hipMemAddressFree");
   struct object *o = find(RESERVATION, (uint64_t)(uintptr_t)ptr);
   if (!o || o->size != size || mapped_inside(o->addr, o->size)) RETURN(hipErrorInvalidValue);
+  /* rocr-285-unmap-many: ROCr still counts a user of the range (HSA_STATUS_ERROR_RESOURCE_FREE
+   * below HIP; the report does not say which HIP code comes back: invalid value here). */
+  if ((profile & PROFILE_UNMAP_MANY) && o->uses > 0) RETURN(hipErrorInvalidValue);
   uint64_t r = o->addr;
   drop(o);
   /* The handles this reservation held (rocm7-reservation-hold) settle once it is gone: one
@@ -776,6 +854,7 @@ EXPORT hipError_t hipMemMap(void *ptr, size_t size, size_t offset, void *handle,
   }
   m->handle = h->addr;
   h->mapcount++;
+  r->uses++;
   RETURN(hipSuccess);
 }
 static uint64_t mapped_bytes(uint64_t va, uint64_t size, int *partial) {
@@ -791,6 +870,28 @@ static uint64_t mapped_bytes(uint64_t va, uint64_t size, int *partial) {
   }
   return n;
 }
+static int by_address(const void *a, const void *b) {
+  uint64_t x = (*(struct object *const *)a)->addr, y = (*(struct object *const *)b)->addr;
+  return x < y ? -1 : x > y;
+}
+/* rocm-systems-2516-setaccess-prefix: HIP checks `size` against the sizes of the mappings of
+ * the reservation holding `va` summed from its first (lowest) mapping, not from `va`'s, and
+ * refuses unless some such sum is exactly `size`. True when it refuses. */
+static int prefix_refuses(uint64_t va, uint64_t size) {
+  if (!(profile & PROFILE_SETACCESS_PREFIX)) return 0;
+  struct object *r = reservation_of(va, 1);
+  if (!r) return 0; /* the documented checks answer */
+  static struct object *inside[MAX_OBJECTS];
+  int n = 0;
+  for (int i = 0; i < high; i++) {
+    struct object *m = &objects[i];
+    if (m->kind == MAPPING && r->addr <= m->addr && m->addr < r->addr + r->size) inside[n++] = m;
+  }
+  qsort(inside, (size_t)n, sizeof inside[0], by_address);
+  uint64_t sum = 0;
+  for (int i = 0; i < n && sum < size; i++) sum += inside[i]->size;
+  return sum != size;
+}
 /* One descriptor per device; a device other than the memory's owner must be linked to it by
  * peer access (fake_common.h). */
 EXPORT hipError_t hipMemSetAccess(void *ptr, size_t size, const struct fake_access_desc *desc,
@@ -799,7 +900,7 @@ EXPORT hipError_t hipMemSetAccess(void *ptr, size_t size, const struct fake_acce
   uint64_t va = (uint64_t)(uintptr_t)ptr;
   int partial;
   if (!desc || count == 0 || size == 0 || va % min_gran || size % min_gran ||
-      mapped_bytes(va, size, &partial) != size)
+      mapped_bytes(va, size, &partial) != size || prefix_refuses(va, size))
     RETURN(hipErrorInvalidValue);
   for (int i = 0; i < high; i++) {
     struct object *m = &objects[i];
@@ -822,6 +923,19 @@ EXPORT hipError_t hipMemUnmap(void *ptr, size_t size) {
       partial)
     RETURN(hipErrorInvalidValue);
   fake_check_unused(va, size, "hipMemUnmap");
+  /* ROCr's use count of a reservation drops by one per mapping — or, before ROCm 7.0
+   * (rocr-285-unmap-many), by one per hipMemUnmap call, however many mappings it covers. */
+  for (int i = 0; i < high; i++) {
+    struct object *r = &objects[i];
+    if (r->kind != RESERVATION || r->addr >= va + size || va >= r->addr + r->size) continue;
+    long n = 0;
+    for (int j = 0; j < high; j++) {
+      struct object *m = &objects[j];
+      n += m->kind == MAPPING && m->addr >= va && m->addr < va + size && r->addr <= m->addr &&
+           m->addr < r->addr + r->size;
+    }
+    r->uses -= (profile & PROFILE_UNMAP_MANY) && n ? 1 : n;
+  }
   for (int i = 0; i < high; i++) {
     struct object *m = &objects[i];
     if (m->kind != MAPPING || m->addr < va || m->addr >= va + size) continue;

@@ -44,6 +44,17 @@ pub const LIVE: &[&str] = &[
 /// ROCm 7.0 (HIP 7.0.51831): the personality with every capability (virtual memory, pools).
 pub const ROCM7: i32 = 70_051_831;
 
+/// Every profile of fakehip (`tests/drivers/fakehip.c`'s header says what each models), the
+/// default `documented` first: a test that must hold under ROCm as it behaves iterates over
+/// them with [`Fake::set_profile`].
+pub const FAKEHIP_PROFILES: &[&str] = &[
+    "documented",
+    "rocm7-reservation-hold",
+    "rocm-systems-2516-setaccess-prefix",
+    "rocm-systems-7128-reserve-counted",
+    "rocr-285-unmap-many",
+];
+
 /// One loaded conformance fake and its control functions.
 pub struct Fake {
     library: libloading::Library,
@@ -222,6 +233,35 @@ impl Fake {
             n if n < 0 => None,
             n => Some(n != 0),
         }
+    }
+
+    /// Makes fakehip behave as the profiles `names` (comma-separated, [`FAKEHIP_PROFILES`])
+    /// from now on, until changed or reset.
+    ///
+    /// # Errors
+    /// When a name is unknown (nothing changes then).
+    ///
+    /// # Panics
+    /// On fakecuda, which has no profiles.
+    pub fn set_profile(&self, names: &str) -> Result<(), String> {
+        assert_eq!(self.vendor, Vendor::Hip, "only fakehip has profiles");
+        let f: unsafe extern "C" fn(*const c_char) -> c_int = self.sym("fakehip_set_profile");
+        let c = CString::new(names).map_err(|e| e.to_string())?;
+        // SAFETY: a NUL-terminated list the fake reads during the call.
+        match unsafe { f(c.as_ptr()) } {
+            0 => Ok(()),
+            rc => Err(format!(
+                "fakehip refused the profiles {names:?} (hipError {rc}); it knows {FAKEHIP_PROFILES:?}"
+            )),
+        }
+    }
+
+    /// Bytes fakehip still charges for released handles no mapping holds: what
+    /// `rocm7-reservation-hold` keeps until their reservations are freed.
+    pub fn held_bytes(&self) -> u64 {
+        let f: unsafe extern "C" fn() -> u64 = self.sym("fakehip_held_bytes");
+        // SAFETY: no arguments.
+        unsafe { f() }
     }
 
     /// `devices` devices of `capacity` bytes (CUDA: before `cuInit`).
