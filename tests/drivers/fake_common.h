@@ -32,12 +32,13 @@
  *   pool_allocations  live allocations from stream-ordered pools
  *   pool_reserved     bytes the pools hold (in use or cached), default pools included
  *   pools             created pools (default pools are not counted)
- *   handles           physical memory handles, released-but-still-mapped ones included
+ *   handles           physical memory handles, released-but-still-mapped ones included, and
+ *                     (fakehip, rocm7-reservation-hold) released ones a reservation holds
  *   mappings          mappings of handles into reserved address ranges
  *   reservations      reserved virtual address ranges
  *   streams           created streams
  *   events            created events
- *   bytes             device memory charged, all devices together
+ *   bytes             device memory charged, all devices together (held handles included)
  *   contexts          primary-context references (CUDA); fakehip answers -1: HIP has no
  *                     context a caller retains
  *   host_allocations  pinned host memory (cuMemHostAlloc / hipHostMalloc) not freed
