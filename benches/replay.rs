@@ -76,6 +76,7 @@ fn bench(c: &mut Criterion) {
         device: preset("h100-80g").expect("preset"),
         fraction: 1.0,
         samples: 0,
+        sleep_tags: 0,
     };
     let mut group = c.benchmark_group("replay");
     group.throughput(Throughput::Elements(EVENTS as u64));

@@ -132,6 +132,7 @@ fn replay_all(input: &TraceInput, with_min_capacity: bool) -> u64 {
         device,
         fraction: 0.75,
         samples: 0,
+        sleep_tags: 0,
     };
     let mut replays = 0;
     for strategy in STRATEGIES {

@@ -333,6 +333,11 @@ pub struct ReplayOptions {
     pub fraction: f64,
     /// Timeline points wanted (0: none).
     pub samples: usize,
+    /// 0: the trace's own tags. Otherwise the allocations are spread over this many tags
+    /// that can sleep ([`crate::sleep_tags`]), one after another in turn — every neighbour
+    /// another tag's, the worst case for vmm's tag-affine placement — to measure what that
+    /// placement costs.
+    pub sleep_tags: u32,
 }
 
 /// Called every so many events with the number done (for progress bars).
@@ -394,12 +399,25 @@ pub fn replay(
         run.allocate(None, id, size, Stream::DEFAULT, "baseline")?;
     }
     let header = input.header();
+    let sleep_tags: Vec<String> = (0..options.sleep_tags)
+        .map(|k| {
+            let tag = format!("replay-sleep-{k}");
+            crate::sleep_tags::declare_sleepable(&tag);
+            tag
+        })
+        .collect();
     let started = Instant::now();
     let mut index = 0u64;
+    let mut allocations = 0usize;
     let mut step = |event: Event| -> Result<()> {
         match event.op {
             Op::Alloc => {
-                let tag = header.tag_name(event.tag).unwrap_or("");
+                let tag = if sleep_tags.is_empty() {
+                    header.tag_name(event.tag).unwrap_or("")
+                } else {
+                    allocations += 1;
+                    sleep_tags[allocations % sleep_tags.len()].as_str()
+                };
                 run.allocate(
                     Some(event.seq),
                     event.id,
@@ -707,6 +725,23 @@ pub fn min_capacity(
     peak_live: u64,
     step: u64,
 ) -> Result<MinCapacity> {
+    min_capacity_with(input, baseline, strategy, device, peak_live, step, 0)
+}
+
+/// [`min_capacity`] with the allocations spread over `sleep_tags` tags that can sleep (see
+/// [`ReplayOptions::sleep_tags`]).
+///
+/// # Errors
+/// As [`replay`].
+pub fn min_capacity_with(
+    input: &TraceInput,
+    baseline: &Baseline,
+    strategy: ReplayStrategy,
+    device: DeviceSpec,
+    peak_live: u64,
+    step: u64,
+    sleep_tags: u32,
+) -> Result<MinCapacity> {
     let round_down = |x: u64| x / step * step;
     let round_up = |x: u64| x.div_ceil(step).saturating_mul(step);
     let mut replays = 0u32;
@@ -716,6 +751,7 @@ pub fn min_capacity(
             device: DeviceSpec { capacity, ..device },
             fraction: 1.0,
             samples: 0,
+            sleep_tags,
         };
         Ok(replay(input, baseline, strategy, &options, None)?.oom_count == 0)
     };

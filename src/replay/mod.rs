@@ -48,6 +48,7 @@
 //!     device: replay::preset("h100-80g")?,
 //!     fraction: 0.75,
 //!     samples: 0,
+//!     sleep_tags: 0,
 //! };
 //! for name in ["bfc", "bfc-grow", "vmm", "platform"] {
 //!     let strategy = ReplayStrategy::parse(name)?;
@@ -91,7 +92,7 @@ pub fn keep_freed_memory() -> bool {
 }
 
 pub use engine::{
-    min_capacity, replay, Baseline, Failure, MinCapacity, ReplayOptions, ReplayResult,
+    min_capacity, min_capacity_with, replay, Baseline, Failure, MinCapacity, ReplayOptions, ReplayResult,
     ReplayStrategy, Sample, TraceInput, STRATEGY_NAMES,
 };
 pub use preset::{preset, DeviceSpec, PRESETS};

@@ -768,6 +768,7 @@ mod replay_inputs {
             device: spec,
             fraction: 0.75,
             samples: 0,
+            sleep_tags: 0,
         };
         let input = tiny_input();
         let baseline = Baseline::scan(&input).unwrap();
@@ -800,6 +801,7 @@ mod replay_inputs {
             device: replay::preset("h100-80g").unwrap(),
             fraction,
             samples: 4,
+            sleep_tags: 0,
         };
         for s in every_replay_strategy() {
             let e = replay::replay(&input, &baseline, s, &options, None).unwrap_err();

@@ -308,6 +308,7 @@ fn shared_traces_need_at_most_1_3_times_peak_live() {
                 device: h100,
                 fraction: 0.75,
                 samples: 0,
+                sleep_tags: 0,
             };
             let r = replay(&input, &baseline, strategy, &options, None).unwrap();
             if r.peak_live < 64 * STEP {

@@ -160,6 +160,7 @@ fn peak_live_is_the_demand_even_when_it_runs_out(strategy: ReplayStrategy) {
         device: h100,
         fraction: 0.75,
         samples: 0,
+        sleep_tags: 0,
     };
     let r = replay(&input, &baseline, strategy, &options, None).unwrap();
     assert_eq!(r.oom_count, 1);
@@ -182,6 +183,7 @@ fn an_impossible_request_names_its_event() {
         device: device(64 * MIB),
         fraction: 1.0,
         samples: 0,
+        sleep_tags: 0,
     };
     let e = replay(&input, &baseline, ReplayStrategy::Bfc, &options, None).unwrap_err();
     let text = e.to_string();
@@ -278,6 +280,7 @@ fn async_replays_on_the_hosts_stream_ordered_pool() {
         device: device(1 << 30),
         fraction: 1.0,
         samples: 0,
+        sleep_tags: 0,
     };
     let r = replay(&input, &baseline, ReplayStrategy::Async, &options, None).unwrap();
     assert_eq!((r.peak_live, r.oom_count), (MIB, 0));
@@ -296,6 +299,7 @@ fn timeline_samples_cover_the_trace() {
         device: device(1 << 30),
         fraction: 1.0,
         samples: 100,
+        sleep_tags: 0,
     };
     let r = replay(&input, &baseline, ReplayStrategy::BfcGrow, &options, None).unwrap();
     assert_eq!(r.samples.len(), 100);
@@ -457,6 +461,7 @@ fn a_streamed_trace_replays_as_the_same_trace_in_memory(strategy: ReplayStrategy
         device: device(1 << 30),
         fraction: 1.0,
         samples,
+        sleep_tags: 0,
     };
     let mut results = [&memory, &streamed].map(|input| {
         let baseline = Baseline::scan(input).unwrap();

@@ -607,6 +607,7 @@ mod real_traces {
             device: preset("h100-80g").unwrap(),
             fraction: 0.75,
             samples: 0,
+            sleep_tags: 0,
         }
     }
 

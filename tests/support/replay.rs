@@ -34,6 +34,7 @@ pub fn run(
         device: device(capacity),
         fraction,
         samples: 0,
+        sleep_tags: 0,
     };
     replay(input, &baseline, strategy, &options, None).unwrap()
 }

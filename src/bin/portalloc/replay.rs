@@ -10,7 +10,7 @@ use portalloc::config::parse_size;
 use portalloc::error::shown_path;
 use portalloc::replay::workload::Workload;
 use portalloc::replay::{
-    min_capacity, preset, replay, Baseline, DeviceSpec, MinCapacity, ReplayOptions, ReplayResult,
+    min_capacity_with, preset, replay, Baseline, DeviceSpec, MinCapacity, ReplayOptions, ReplayResult,
     ReplayStrategy, TraceInput,
 };
 use portalloc::trace::import::xla_dump::{self, XlaOptions};
@@ -69,6 +69,12 @@ pub struct ReplayArgs {
     /// trace without running out.
     #[arg(long)]
     pub min_capacity: bool,
+    /// Spread the allocations over N tags that can sleep, in turn (every neighbour another
+    /// tag's: the worst case for vmm, which gives each such tag granules of its own so that
+    /// a sleep hands them all back), instead of the trace's own tags: what that placement
+    /// costs, beside a run without it (0, the default).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub sleep_tags: u32,
     /// Print JSON instead of tables.
     #[arg(long)]
     pub json: bool,
@@ -256,19 +262,21 @@ pub fn run(args: ReplayArgs) -> Result<()> {
                 device,
                 fraction: fraction.value,
                 samples,
+                sleep_tags: args.sleep_tags,
             };
             match replay(input, &baseline, strategy, &opts, Some(&tick)) {
                 Ok(result) => {
                     let min = if args.min_capacity {
                         bar.set_message(format!("{label}: bisecting {}", strategy.name()));
                         Some(
-                            min_capacity(
+                            min_capacity_with(
                                 input,
                                 &baseline,
                                 strategy,
                                 device,
                                 result.peak_live,
                                 MIN_CAPACITY_STEP,
+                                args.sleep_tags,
                             )
                             .map_err(|e| named(label, e))?,
                         )
