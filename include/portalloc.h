@@ -210,7 +210,10 @@ PortallocStatus portalloc_destroy(struct PortallocAllocator *allocator);
 
 // Allocates `size` bytes aligned to `alignment` (a power of two; 0: the strategy's default)
 // for `stream`, labelled `tag` (null: the thread's tag from `portalloc_set_thread_tag`, else
-// `"buffer"`). Writes the handle to `*out_handle` and,
+// the process's from `portalloc_set_process_tag`, else `"buffer"`). A tag passed here is a
+// name in the ledger; the buffers of a tag sleep apart from all others only when the tag
+// was declared ([`portalloc_declare_sleep_tag`], or set as a thread or process tag).
+// Writes the handle to `*out_handle` and,
 // if `out_ptr` is not null, the device pointer to `*out_ptr` (null for a zero-byte buffer).
 // `stream` is the caller's own handle as an integer (a `cudaStream_t`, `CUstream` or
 // `hipStream_t` of the device's context, 0 for the default stream): nothing to register.
@@ -308,14 +311,45 @@ PortallocStatus portalloc_ledger_json(struct PortallocAllocator *allocator,
 // `path` null or NUL-terminated.
 PortallocStatus portalloc_ledger_write(struct PortallocAllocator *allocator, const char *path);
 
+// Declares `tag` as one whose buffers can sleep on their own: from now on, a `vmm`
+// allocator keeps the buffers allocated under `tag` on memory no other tag shares, so that
+// `portalloc_sleep(allocator, tag, …)` hands all of it back. A tag passed to
+// `portalloc_allocate` is otherwise only a name in the ledger (a tag per call site costs
+// nothing); `portalloc_set_thread_tag` and `portalloc_set_process_tag` declare their tag
+// themselves. Declaring is process-wide, for every allocator, and lasts for the process;
+// declaring a tag again does nothing. A null `tag` is refused
+// (`PORTALLOC_STATUS_NULL_ARGUMENT`), an empty one or one longer than 1024 bytes too
+// (`PORTALLOC_STATUS_INVALID_ARGUMENT`).
+//
+// # Safety
+// `tag` null or NUL-terminated.
+PortallocStatus portalloc_declare_sleep_tag(const char *tag);
+
 // Sets the tag of the buffers the calling thread allocates without one (a null `tag` to
 // `portalloc_allocate`, and every buffer of the PyTorch hooks, `torch` otherwise); null
-// clears it. What `portalloc.tag(name)` sets in Python, so that tensors allocated inside
-// it can be put to sleep by tag.
+// clears it. The tag is declared as one that can sleep (see
+// [`portalloc_declare_sleep_tag`]). What `portalloc.tag(name)` sets in Python, so that
+// tensors allocated inside it can be put to sleep by tag. It wins over the process tag
+// ([`portalloc_set_process_tag`]). An empty tag or one longer than 1024 bytes is refused
+// (`PORTALLOC_STATUS_INVALID_ARGUMENT`) and the thread's tag is left as it was.
 //
 // # Safety
 // `tag` null or NUL-terminated.
 PortallocStatus portalloc_set_thread_tag(const char *tag);
+
+// Sets the tag of the buffers that every thread of the process allocates without a tag of
+// its own and without a thread tag; null clears it. An allocation is labelled with, in this
+// order: the tag passed to `portalloc_allocate`, the calling thread's tag
+// ([`portalloc_set_thread_tag`]), this process tag, `buffer` (`torch` for the PyTorch
+// hooks). For the threads a framework starts itself — PyTorch's autograd threads make
+// tensors during `backward()` — on which no thread tag is set: what Python's
+// `portalloc.region(name)` sets. The tag is declared as one that can sleep (see
+// [`portalloc_declare_sleep_tag`]). An empty tag or one longer than 1024 bytes is refused
+// (`PORTALLOC_STATUS_INVALID_ARGUMENT`) and the process tag is left as it was.
+//
+// # Safety
+// `tag` null or NUL-terminated.
+PortallocStatus portalloc_set_process_tag(const char *tag);
 
 // Hands back the device memory of the live buffers tagged `tag`, keeping their addresses;
 // with `keep_contents` their bytes are copied to host memory first (pinned where the driver

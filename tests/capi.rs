@@ -1440,6 +1440,344 @@ fn peer_access_child() {
 }
 
 // ---------------------------------------------------------------------------------------
+// Tags that can sleep: declared by portalloc_declare_sleep_tag and by setting a thread or a
+// process tag; the process tag across threads; a donated buffer and a deferred free under a
+// sleep. A process tag, once set, labels every untagged buffer of the process: those tests
+// run in a child process of their own.
+
+/// The tag and the sleep state the ledger gives the live buffer at `p`.
+fn live_tag(a: *mut PortallocAllocator, p: *mut c_void) -> (String, bool) {
+    let a = std::mem::ManuallyDrop::new(Alloc(a));
+    let j = ledger_json(&a);
+    let entry = j["live"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["ptr"].as_u64() == Some(p as u64))
+        .unwrap_or_else(|| panic!("no live buffer at {p:?} in {}", j["live"]))
+        .clone();
+    (
+        entry["tag"].as_str().unwrap().to_string(),
+        entry["asleep"].as_bool().unwrap_or(false),
+    )
+}
+
+/// Allocates with a null tag (the thread's, else the process's, else `buffer`).
+fn allocate_untagged(a: *mut PortallocAllocator, size: u64) -> (u64, *mut c_void) {
+    let (mut h, mut p) = (0u64, ptr::null_mut());
+    // SAFETY: a null tag and valid outputs.
+    let s = unsafe { portalloc_allocate(a, size, 0, 0, ptr::null(), &mut h, &mut p) };
+    assert_eq!(s, PortallocStatus::Ok, "{}", last_error());
+    (h, p)
+}
+
+fn set_thread_tag(tag: Option<&CStr>) -> PortallocStatus {
+    // SAFETY: null or a valid string.
+    unsafe { portalloc_set_thread_tag(tag.map_or(ptr::null(), CStr::as_ptr)) }
+}
+
+fn set_process_tag(tag: Option<&CStr>) -> PortallocStatus {
+    // SAFETY: null or a valid string.
+    unsafe { portalloc_set_process_tag(tag.map_or(ptr::null(), CStr::as_ptr)) }
+}
+
+fn sleep(a: &Alloc, tag: &CStr, keep: bool) {
+    // SAFETY: a valid tag.
+    let s = unsafe { portalloc_sleep(a.0, tag.as_ptr(), keep) };
+    assert_eq!(s, PortallocStatus::Ok, "sleep {tag:?}: {}", last_error());
+}
+
+fn wake(a: &Alloc, tag: &CStr) {
+    // SAFETY: a valid tag.
+    let s = unsafe { portalloc_wake(a.0, tag.as_ptr()) };
+    assert_eq!(s, PortallocStatus::Ok, "wake {tag:?}: {}", last_error());
+}
+
+fn bytes_asleep(a: &Alloc) -> u64 {
+    let mut asleep = 0;
+    // SAFETY: a valid output; the other is null.
+    let s = unsafe { portalloc_sleep_stats(a.0, &mut asleep, ptr::null_mut()) };
+    assert_eq!(s, PortallocStatus::Ok, "{}", last_error());
+    asleep
+}
+
+/// The three calls that take a tag that can sleep refuse an empty tag, one over 1024 bytes
+/// and text that is not UTF-8, each with INVALID_ARGUMENT and a message naming the call and
+/// what is wrong; `portalloc_declare_sleep_tag` refuses null as every call refuses a null
+/// required pointer. A refused thread tag leaves the thread's tag as it was.
+#[test]
+fn sleep_tags_refuse_empty_oversize_and_non_utf8_tags() {
+    type SetTag = unsafe extern "C" fn(*const c_char) -> PortallocStatus;
+    let calls: [(&str, SetTag); 3] = [
+        ("portalloc_declare_sleep_tag", portalloc_declare_sleep_tag),
+        ("portalloc_set_thread_tag", portalloc_set_thread_tag),
+        ("portalloc_set_process_tag", portalloc_set_process_tag),
+    ];
+    let oversize = CString::new("x".repeat(1025)).unwrap();
+    let not_utf8 = [0xffu8, 0xfe, 0];
+    for (name, call) in calls {
+        let cases: [(*const c_char, &[&str]); 3] = [
+            (c"".as_ptr(), &["`tag` is empty", "non-empty"]),
+            (oversize.as_ptr(), &["1025 bytes", "at most 1024"]),
+            (not_utf8.as_ptr().cast(), &["not UTF-8"]),
+        ];
+        for (tag, words) in cases {
+            // SAFETY: NUL-terminated text.
+            let s = unsafe { call(tag) };
+            assert_eq!(
+                s,
+                PortallocStatus::InvalidArgument,
+                "{name}: {}",
+                last_error()
+            );
+            let message = last_error();
+            assert!(message.starts_with(name), "{message}");
+            assert_mentions_all(&message, words);
+        }
+    }
+    // SAFETY: null is refused, never read.
+    let s = unsafe { portalloc_declare_sleep_tag(ptr::null()) };
+    assert_eq!(s, PortallocStatus::NullArgument);
+    assert_mentions_all(
+        &last_error(),
+        &["portalloc_declare_sleep_tag", "`tag` is null"],
+    );
+    // 1024 bytes is the most, and accepted.
+    let longest = CString::new("y".repeat(1024)).unwrap();
+    // SAFETY: a valid string.
+    let s = unsafe { portalloc_declare_sleep_tag(longest.as_ptr()) };
+    assert_eq!(s, PortallocStatus::Ok, "{}", last_error());
+    assert!(portalloc::sleep_tags::is_sleepable(
+        longest.to_str().unwrap()
+    ));
+
+    // A refused thread tag changes nothing: the buffers are still labelled with the one set.
+    let a = make(c"bfc");
+    assert_eq!(set_thread_tag(Some(c"capi-kept")), PortallocStatus::Ok);
+    assert_eq!(set_thread_tag(Some(c"")), PortallocStatus::InvalidArgument);
+    assert_eq!(
+        set_thread_tag(Some(oversize.as_c_str())),
+        PortallocStatus::InvalidArgument
+    );
+    let (_, p) = allocate_untagged(a.0, 4096);
+    assert_eq!(live_tag(a.0, p).0, "capi-kept");
+    assert_eq!(set_thread_tag(None), PortallocStatus::Ok);
+}
+
+/// Opening a region declares its tag; `portalloc_declare_sleep_tag` declares one for the
+/// callers that pass it themselves; a tag only passed to `portalloc_allocate` stays a name.
+#[test]
+fn regions_and_declare_make_tags_that_can_sleep() {
+    use portalloc::sleep_tags::is_sleepable;
+    let a = make(c"bfc");
+    allocate(&a, 4096, c"capi-only-a-name");
+    assert!(!is_sleepable("capi-only-a-name"));
+
+    assert!(!is_sleepable("capi-declared"));
+    // SAFETY: a valid string.
+    let s = unsafe { portalloc_declare_sleep_tag(c"capi-declared".as_ptr()) };
+    assert_eq!(s, PortallocStatus::Ok, "{}", last_error());
+    assert!(is_sleepable("capi-declared"));
+    // Again: nothing more.
+    // SAFETY: a valid string.
+    let s = unsafe { portalloc_declare_sleep_tag(c"capi-declared".as_ptr()) };
+    assert_eq!(s, PortallocStatus::Ok, "{}", last_error());
+
+    assert!(!is_sleepable("capi-thread-region"));
+    assert_eq!(
+        set_thread_tag(Some(c"capi-thread-region")),
+        PortallocStatus::Ok
+    );
+    assert!(is_sleepable("capi-thread-region"));
+    assert_eq!(set_thread_tag(None), PortallocStatus::Ok);
+    assert!(
+        is_sleepable("capi-thread-region"),
+        "a declaration lasts for the process"
+    );
+}
+
+const PROCESS_TAG_CHILD: &str = "PORTALLOC_TEST_CAPI_PROCESS_TAG_CHILD";
+
+#[test]
+fn the_process_tag_labels_every_thread_without_its_own() {
+    let ran = run_to_end(
+        child_env(&mut this_test_alone("process_tag_child")).env(PROCESS_TAG_CHILD, "1"),
+    );
+    assert_ran_to(ran, "process tag: ok", "");
+}
+
+#[test]
+fn process_tag_child() {
+    if std::env::var(PROCESS_TAG_CHILD).is_err() {
+        return; // Run by `the_process_tag_labels_every_thread_without_its_own`.
+    }
+    let a = make(c"vmm");
+    let raw = a.0 as usize;
+    let on_thread = |f: fn(*mut PortallocAllocator) -> (u64, *mut c_void)| {
+        let p = std::thread::spawn(move || f(raw as *mut PortallocAllocator).1 as usize)
+            .join()
+            .unwrap();
+        p as *mut c_void
+    };
+    let untagged = |a: *mut PortallocAllocator| allocate_untagged(a, 4096);
+    let with_thread_tag = |a: *mut PortallocAllocator| {
+        assert_eq!(set_thread_tag(Some(c"capi-mine")), PortallocStatus::Ok);
+        allocate_untagged(a, 4096)
+    };
+    let explicit = |a: *mut PortallocAllocator| {
+        assert_eq!(set_thread_tag(Some(c"capi-mine")), PortallocStatus::Ok);
+        let (mut h, mut p) = (0, ptr::null_mut());
+        // SAFETY: a valid tag and outputs.
+        let s =
+            unsafe { portalloc_allocate(a, 4096, 0, 0, c"capi-explicit".as_ptr(), &mut h, &mut p) };
+        assert_eq!(s, PortallocStatus::Ok, "{}", last_error());
+        (h, p)
+    };
+    let torch = |_: *mut PortallocAllocator| (0, portalloc_torch_alloc(4096, 0, ptr::null_mut()));
+    let torch_with_thread_tag = |_: *mut PortallocAllocator| {
+        assert_eq!(set_thread_tag(Some(c"capi-mine")), PortallocStatus::Ok);
+        (0, portalloc_torch_alloc(4096, 0, ptr::null_mut()))
+    };
+    let mut g = ptr::null_mut();
+    // SAFETY: a valid output.
+    assert_eq!(unsafe { portalloc_global(0, &mut g) }, PortallocStatus::Ok);
+
+    // No process tag: the defaults.
+    assert_eq!(live_tag(a.0, on_thread(untagged)).0, "buffer");
+    assert_eq!(live_tag(g, on_thread(torch)).0, "torch");
+
+    assert!(!portalloc::sleep_tags::is_sleepable("capi-region"));
+    assert_eq!(
+        set_process_tag(Some(c"capi-region")),
+        PortallocStatus::Ok,
+        "{}",
+        last_error()
+    );
+    assert!(
+        portalloc::sleep_tags::is_sleepable("capi-region"),
+        "set, it is declared"
+    );
+    // Another thread, with no thread tag of its own, and this one: the process tag.
+    let region = on_thread(untagged);
+    assert_eq!(live_tag(a.0, region).0, "capi-region");
+    assert_eq!(live_tag(a.0, untagged(a.0).1).0, "capi-region");
+    assert_eq!(
+        live_tag(g, on_thread(torch)).0,
+        "capi-region",
+        "the PyTorch hook"
+    );
+    // The thread's tag wins over it, and an explicit tag over both.
+    assert_eq!(live_tag(a.0, on_thread(with_thread_tag)).0, "capi-mine");
+    assert_eq!(live_tag(g, on_thread(torch_with_thread_tag)).0, "capi-mine");
+    assert_eq!(live_tag(a.0, on_thread(explicit)).0, "capi-explicit");
+    // Refused tags leave it as it was.
+    assert_eq!(set_process_tag(Some(c"")), PortallocStatus::InvalidArgument);
+    let oversize = CString::new("z".repeat(1025)).unwrap();
+    assert_eq!(
+        set_process_tag(Some(oversize.as_c_str())),
+        PortallocStatus::InvalidArgument
+    );
+    assert_eq!(live_tag(a.0, on_thread(untagged)).0, "capi-region");
+    // A sleep of the process tag takes what the other threads made under it.
+    sleep(&a, c"capi-region", true);
+    assert_eq!(live_tag(a.0, region), ("capi-region".to_string(), true));
+    assert_eq!(
+        bytes_asleep(&a),
+        3 * 4096,
+        "the three buffers made under it"
+    );
+    wake(&a, c"capi-region");
+    // Null clears it: the defaults again.
+    assert_eq!(set_process_tag(None), PortallocStatus::Ok);
+    assert_eq!(live_tag(a.0, on_thread(untagged)).0, "buffer");
+    assert_eq!(live_tag(g, on_thread(torch)).0, "torch");
+    println!("process tag: ok");
+}
+
+/// A buffer freed while another stream's work may still use it (`portalloc_record_stream`)
+/// is held back from the allocator until that work completes; from its free on, it is no
+/// sleeper: a sleep of its tag takes the live buffers of the tag, not it.
+#[test]
+fn a_deferred_free_is_no_sleeper() {
+    let a = make(c"vmm");
+    let (deferred, dp) = allocate(&a, MIB, c"capi-deferred");
+    let (live, lp) = allocate(&a, 2 * MIB, c"capi-deferred");
+    // SAFETY: a live buffer; 0x51de is any stream of the host device.
+    let s = unsafe { portalloc_record_stream(a.0, dp, 0x51de) };
+    assert_eq!(s, PortallocStatus::Ok, "{}", last_error());
+    // SAFETY: a handle of this allocator.
+    let s = unsafe { portalloc_free(a.0, deferred) };
+    assert_eq!(s, PortallocStatus::Ok, "{}", last_error());
+    assert!(
+        stats(&a).bytes_in_use >= 3 * MIB,
+        "the free was not deferred: {:?}",
+        stats(&a)
+    );
+    sleep(&a, c"capi-deferred", false);
+    assert_eq!(
+        bytes_asleep(&a),
+        2 * MIB,
+        "the deferred buffer was put to sleep with the live one"
+    );
+    assert_eq!(live_tag(a.0, lp), ("capi-deferred".to_string(), true));
+    wake(&a, c"capi-deferred");
+    assert_eq!(bytes_asleep(&a), 0);
+    // The next call hands the deferred buffer back (its stream's work is done).
+    // SAFETY: a handle of this allocator.
+    assert_eq!(unsafe { portalloc_free(a.0, live) }, PortallocStatus::Ok);
+    assert_eq!(stats(&a).bytes_in_use, 0);
+}
+
+/// A donated buffer sleeps under its consumer's tag from the donation on, not its giver's.
+#[test]
+fn a_donated_buffer_sleeps_with_its_consumer() {
+    let a = make(c"vmm");
+    let (weights, wp) = allocate(&a, 4 * MIB, c"capi-weights");
+    let mut output = 0;
+    // SAFETY: a live handle, a valid tag and output.
+    let s = unsafe { portalloc_donate(a.0, weights, c"capi-output".as_ptr(), &mut output) };
+    assert_eq!(s, PortallocStatus::Ok, "{}", last_error());
+    sleep(&a, c"capi-weights", false);
+    assert_eq!(
+        bytes_asleep(&a),
+        0,
+        "a sleep of the giver's tag took the donated buffer"
+    );
+    assert_eq!(live_tag(a.0, wp), ("capi-output".to_string(), false));
+    sleep(&a, c"capi-output", false);
+    assert_eq!(bytes_asleep(&a), 4 * MIB);
+    assert_eq!(live_tag(a.0, wp), ("capi-output".to_string(), true));
+    wake(&a, c"capi-output");
+    assert_eq!(bytes_asleep(&a), 0);
+    // SAFETY: the consumer's handle.
+    assert_eq!(unsafe { portalloc_free(a.0, output) }, PortallocStatus::Ok);
+}
+
+/// A declared tag's buffers lie on memory of their own in vmm, however their allocations
+/// interleave with another tag's: its sleep hands back at least their bytes.
+#[test]
+fn a_declared_tags_sleep_hands_back_its_memory() {
+    let a = make(c"vmm");
+    // SAFETY: a valid string.
+    let s = unsafe { portalloc_declare_sleep_tag(c"capi-affine".as_ptr()) };
+    assert_eq!(s, PortallocStatus::Ok, "{}", last_error());
+    for _ in 0..8 {
+        allocate(&a, 512 * 1024, c"capi-neighbour");
+        allocate(&a, 512 * 1024, c"capi-affine");
+    }
+    let before = stats(&a).pool_bytes;
+    sleep(&a, c"capi-affine", false);
+    let after = stats(&a).pool_bytes;
+    assert_eq!(bytes_asleep(&a), 4 * MIB);
+    assert!(
+        before - after >= 4 * MIB,
+        "the sleep of 4 MiB of a declared tag handed back {} bytes ({before} → {after})",
+        before - after
+    );
+    wake(&a, c"capi-affine");
+}
+
+// ---------------------------------------------------------------------------------------
 // The header, a C program and the Python module.
 
 fn root() -> PathBuf {
@@ -1650,7 +1988,14 @@ fn c_program(source: &str, include: &str, marker: &str) {
     let exe = std::env::temp_dir().join(format!("portalloc-{stem}-{}", std::process::id()));
     stdout_of(
         Command::new("cc")
-            .args(["-std=c99", "-Wall", "-Wextra", "-Werror", "-pedantic"])
+            .args([
+                "-std=c99",
+                "-Wall",
+                "-Wextra",
+                "-Werror",
+                "-pedantic",
+                "-pthread",
+            ])
             .arg(format!("-I{}", root().join(include).display()))
             .arg(root().join("tests").join(source))
             .arg("-o")

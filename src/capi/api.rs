@@ -1,7 +1,7 @@
 //! The exported functions of the C ABI (see the [module documentation](super)).
 
 use std::ffi::{c_char, c_void};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use super::handles::HandleTable;
 use super::handles::{Live, StreamUse};
@@ -484,6 +484,9 @@ pub(crate) fn give_back(instance: &Instance, live: Live) -> Result<(), Failure> 
     if events.is_empty() {
         return Ok(instance.ledger.deallocate(allocation)?);
     }
+    // The caller has freed it: from now on no sleep of its tag copies or unmaps it, though
+    // the allocator holds it until the events complete.
+    instance.ledger.freeing(&allocation);
     instance.deferred().push(Deferred { allocation, events });
     Ok(())
 }
@@ -525,7 +528,10 @@ pub(crate) fn settle_deferred(instance: &Instance, wait: bool) {
 
 /// Allocates `size` bytes aligned to `alignment` (a power of two; 0: the strategy's default)
 /// for `stream`, labelled `tag` (null: the thread's tag from `portalloc_set_thread_tag`, else
-/// `"buffer"`). Writes the handle to `*out_handle` and,
+/// the process's from `portalloc_set_process_tag`, else `"buffer"`). A tag passed here is a
+/// name in the ledger; the buffers of a tag sleep apart from all others only when the tag
+/// was declared ([`portalloc_declare_sleep_tag`], or set as a thread or process tag).
+/// Writes the handle to `*out_handle` and,
 /// if `out_ptr` is not null, the device pointer to `*out_ptr` (null for a zero-byte buffer).
 /// `stream` is the caller's own handle as an integer (a `cudaStream_t`, `CUstream` or
 /// `hipStream_t` of the device's context, 0 for the default stream): nothing to register.
@@ -568,8 +574,8 @@ pub(crate) fn allocate(
     tag: Option<&str>,
 ) -> Result<(u64, u64), Failure> {
     let stream = Stream(stream);
-    let thread = thread_tag();
-    let tag = tag.or(thread.as_deref()).unwrap_or("buffer");
+    let region = if tag.is_none() { region_tag() } else { None };
+    let tag = tag.or(region.as_deref()).unwrap_or("buffer");
     settle_deferred(instance, false);
     let a = match instance.ledger.allocate(size, alignment, stream, tag) {
         Err(e) if e.is_out_of_memory() && !instance.deferred().is_empty() => {
@@ -851,9 +857,27 @@ thread_local! {
     static THREAD_TAG: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
 }
 
+/// The process's tag ([`portalloc_set_process_tag`]).
+static PROCESS_TAG: RwLock<Option<Arc<str>>> = RwLock::new(None);
+
 /// The calling thread's tag, if one is set.
 pub(crate) fn thread_tag() -> Option<String> {
     THREAD_TAG.try_with(|t| t.borrow().clone()).ok().flatten()
+}
+
+/// The process's tag, if one is set.
+pub(crate) fn process_tag() -> Option<Arc<str>> {
+    // Replaced whole under the lock: consistent whatever panicked.
+    PROCESS_TAG
+        .read()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone()
+}
+
+/// The tag of the region the calling thread allocates in: its thread tag, else the process
+/// tag. What an allocation without a tag of its own is labelled (before the default).
+pub(crate) fn region_tag() -> Option<String> {
+    thread_tag().or_else(|| process_tag().map(|t| t.to_string()))
 }
 
 /// The most bytes a tag may have (a name, as `weights` or `kv_cache`).
@@ -878,39 +902,112 @@ unsafe fn read_tag(call: &str, tag: *const c_char) -> Result<String, Failure> {
     Ok(tag)
 }
 
+/// Reads a required tag that can sleep: as [`read_tag`], and not empty (`accepted` says what
+/// the call takes instead).
+///
+/// # Safety
+/// `tag` null or NUL-terminated.
+unsafe fn read_sleep_tag(
+    call: &str,
+    tag: *const c_char,
+    accepted: &str,
+) -> Result<String, Failure> {
+    // SAFETY: the caller's promise on `tag`.
+    let tag = unsafe { read_tag(call, tag) }?;
+    if tag.is_empty() {
+        return Err(Failure::new(
+            PortallocStatus::InvalidArgument,
+            format!(
+                "{call}: `tag` is empty; accepted are {accepted} (untagged buffers never sleep)"
+            ),
+        ));
+    }
+    Ok(tag)
+}
+
+/// Reads the tag of a region: null (none) or a non-empty tag of at most [`MAX_TAG_BYTES`],
+/// which is declared as one that can sleep.
+///
+/// # Safety
+/// `tag` null or NUL-terminated.
+unsafe fn read_region_tag(call: &str, tag: *const c_char) -> Result<Option<String>, Failure> {
+    if tag.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: the caller's promise on `tag`, non-null here.
+    let tag = unsafe { read_sleep_tag(call, tag, "a non-empty tag, or null to clear it") }?;
+    crate::sleep_tags::declare_sleepable(&tag);
+    Ok(Some(tag))
+}
+
+/// Declares `tag` as one whose buffers can sleep on their own: from now on, a `vmm`
+/// allocator keeps the buffers allocated under `tag` on memory no other tag shares, so that
+/// `portalloc_sleep(allocator, tag, …)` hands all of it back. A tag passed to
+/// `portalloc_allocate` is otherwise only a name in the ledger (a tag per call site costs
+/// nothing); `portalloc_set_thread_tag` and `portalloc_set_process_tag` declare their tag
+/// themselves. Declaring is process-wide, for every allocator, and lasts for the process;
+/// declaring a tag again does nothing. A null `tag` is refused
+/// (`PORTALLOC_STATUS_NULL_ARGUMENT`), an empty one or one longer than 1024 bytes too
+/// (`PORTALLOC_STATUS_INVALID_ARGUMENT`).
+///
+/// # Safety
+/// `tag` null or NUL-terminated.
+#[no_mangle]
+pub unsafe extern "C" fn portalloc_declare_sleep_tag(tag: *const c_char) -> PortallocStatus {
+    const CALL: &str = "portalloc_declare_sleep_tag";
+    guard(CALL, || {
+        // SAFETY: the caller's promise on `tag`.
+        let tag = unsafe { read_sleep_tag(CALL, tag, "a non-empty tag") }?;
+        crate::sleep_tags::declare_sleepable(&tag);
+        Ok(())
+    })
+}
+
 /// Sets the tag of the buffers the calling thread allocates without one (a null `tag` to
 /// `portalloc_allocate`, and every buffer of the PyTorch hooks, `torch` otherwise); null
-/// clears it. What `portalloc.tag(name)` sets in Python, so that tensors allocated inside
-/// it can be put to sleep by tag.
+/// clears it. The tag is declared as one that can sleep (see
+/// [`portalloc_declare_sleep_tag`]). What `portalloc.tag(name)` sets in Python, so that
+/// tensors allocated inside it can be put to sleep by tag. It wins over the process tag
+/// ([`portalloc_set_process_tag`]). An empty tag or one longer than 1024 bytes is refused
+/// (`PORTALLOC_STATUS_INVALID_ARGUMENT`) and the thread's tag is left as it was.
 ///
 /// # Safety
 /// `tag` null or NUL-terminated.
 #[no_mangle]
 pub unsafe extern "C" fn portalloc_set_thread_tag(tag: *const c_char) -> PortallocStatus {
     const CALL: &str = "portalloc_set_thread_tag";
-    super::guard(CALL, || {
-        let tag = if tag.is_null() {
-            None
-        } else {
-            // SAFETY: the caller's promise on `tag`, non-null here.
-            let tag = unsafe { read_tag(CALL, tag) }?;
-            if tag.is_empty() {
-                return Err(Failure::new(
-                    PortallocStatus::InvalidArgument,
-                    format!(
-                        "{CALL}: `tag` is empty; accepted are a non-empty tag, or null to clear \
-                         it (untagged buffers never sleep)"
-                    ),
-                ));
-            }
-            Some(tag)
-        };
+    guard(CALL, || {
+        // SAFETY: the caller's promise on `tag`.
+        let tag = unsafe { read_region_tag(CALL, tag) }?;
         THREAD_TAG.try_with(|t| *t.borrow_mut() = tag).map_err(|_| {
             Failure::new(
                 PortallocStatus::Internal,
                 format!("{CALL}: the thread is ending"),
             )
         })
+    })
+}
+
+/// Sets the tag of the buffers that every thread of the process allocates without a tag of
+/// its own and without a thread tag; null clears it. An allocation is labelled with, in this
+/// order: the tag passed to `portalloc_allocate`, the calling thread's tag
+/// ([`portalloc_set_thread_tag`]), this process tag, `buffer` (`torch` for the PyTorch
+/// hooks). For the threads a framework starts itself — PyTorch's autograd threads make
+/// tensors during `backward()` — on which no thread tag is set: what Python's
+/// `portalloc.region(name)` sets. The tag is declared as one that can sleep (see
+/// [`portalloc_declare_sleep_tag`]). An empty tag or one longer than 1024 bytes is refused
+/// (`PORTALLOC_STATUS_INVALID_ARGUMENT`) and the process tag is left as it was.
+///
+/// # Safety
+/// `tag` null or NUL-terminated.
+#[no_mangle]
+pub unsafe extern "C" fn portalloc_set_process_tag(tag: *const c_char) -> PortallocStatus {
+    const CALL: &str = "portalloc_set_process_tag";
+    guard(CALL, || {
+        // SAFETY: the caller's promise on `tag`.
+        let tag = unsafe { read_region_tag(CALL, tag) }?;
+        *PROCESS_TAG.write().unwrap_or_else(PoisonError::into_inner) = tag.map(Arc::from);
+        Ok(())
     })
 }
 

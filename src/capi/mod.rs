@@ -29,6 +29,18 @@
 //! handle is dead. A buffer used on another stream than its own is declared so with
 //! [`portalloc_record_stream`]: its free then waits for the work queued there.
 //!
+//! # Tags, and the tags that can sleep
+//!
+//! A buffer is labelled with the tag passed to [`portalloc_allocate`], else the calling
+//! thread's ([`portalloc_set_thread_tag`]), else the process's ([`portalloc_set_process_tag`],
+//! for the threads a framework starts on which no thread tag is set), else `buffer` (`torch`
+//! for the PyTorch hooks). [`portalloc_sleep`] puts a tag's buffers to sleep; `vmm` keeps the
+//! buffers of a *declared* tag on memory of their own, so that their sleep hands all of it
+//! back. Setting a thread or process tag declares it; a tag only ever passed to
+//! [`portalloc_allocate`] is a name in the ledger until [`portalloc_declare_sleep_tag`]
+//! declares it. A buffer donated ([`portalloc_donate`]) sleeps with its consumer's tag from
+//! then on, and a freed buffer whose free waits for other streams sleeps no more.
+//!
 //! # The caller's thread
 //!
 //! No call changes the calling thread's current context (CUDA) or device (HIP): each driver
@@ -176,7 +188,8 @@ impl From<Error> for Failure {
             | Error::OutOfMemory(_)
             | Error::DeviceOutOfMemory { .. }
             | Error::OutOfMemoryDiagnosed { .. }
-            | Error::CannotWake { .. } => PortallocStatus::OutOfMemory,
+            | Error::CannotWake { .. }
+            | Error::HostOutOfMemory { .. } => PortallocStatus::OutOfMemory,
             Error::ForeignAllocation { .. } | Error::UnknownPointer { .. } => {
                 PortallocStatus::UnknownPointer
             }

@@ -1,7 +1,8 @@
 //! The framework hooks: the two functions PyTorch's
 //! `torch.cuda.memory.CUDAPluggableAllocator(path, "portalloc_torch_alloc",
 //! "portalloc_torch_free")` loads, over a process-global allocator per device, made from the
-//! environment at first use (with a ledger; buffers tagged `torch`). CuPy and other callers
+//! environment at first use (with a ledger; buffers tagged with the thread's tag, else the
+//! process's, else `torch`). CuPy and other callers
 //! reach the same allocators through [`portalloc_global`].
 //!
 //! PyTorch fixes these signatures, so they cannot return a status. What PyTorch does with a
@@ -111,8 +112,9 @@ pub extern "C" fn portalloc_torch_alloc(
             return Ok(());
         }
         let (_, instance) = global(CALL, i64::from(device))?;
-        // The thread's tag (`portalloc.tag(name)`), else `torch`.
-        let tag = super::api::thread_tag();
+        // The thread's tag (`portalloc.tag(name)`), else the process's (`portalloc.region`:
+        // autograd's threads have no thread tag), else `torch`.
+        let tag = super::api::region_tag();
         let tag = tag.as_deref().unwrap_or(TORCH_TAG);
         let (_, ptr) = allocate(&instance, size, 0, stream as usize as u64, Some(tag))?;
         out = ptr;
