@@ -8,8 +8,14 @@
 //! remembers the stream its last copy was queued on. Nothing frees the bytes while a copy may
 //! still be writing or reading them: [`HostCopy::free`] waits for that stream first, and a
 //! `HostCopy` dropped without `free` (it cannot reach its device from `Drop`) leaks its bytes
-//! rather than freeing memory a copy may still use.
+//! rather than freeing memory a copy may still use — unless they are ordinary memory that no
+//! copy can be using, which its drop frees.
+//!
+//! Host memory is asked for fallibly: a copy of a large allocation can exceed what the host
+//! has, and the system's refusal is an [`Error::HostOutOfMemory`] for the caller to report,
+//! not an abort of the process (as `vec![0; n]` would make it).
 
+use std::alloc::Layout;
 use std::ptr::NonNull;
 
 use crate::device::{Device, Stream};
@@ -21,7 +27,63 @@ enum Bytes {
     /// From [`Device::alloc_pinned_host`]; freed with [`Device::free_pinned_host`].
     Pinned(NonNull<u8>),
     /// Ordinary memory, where the device offers no pinned memory (or refused it).
-    Plain(Box<[u8]>),
+    Plain(Plain),
+}
+
+/// The alignment asked for ordinary host memory: that of bytes, as `vec![0u8; n]` had.
+/// Copies need none, and an alignment above the allocator's minimum would make the system
+/// allocator's `alloc_zeroed` write every byte itself (an aligned allocation then a fill)
+/// instead of `calloc`, which takes fresh, already zero pages for a large block: a copy of
+/// gigabytes would be written twice, and one larger than memory touched until it aborts.
+const PLAIN_ALIGN: usize = 1;
+
+/// Zero-filled ordinary host memory from the global allocator, asked for fallibly, owned
+/// alone, freed with the layout it was allocated with. No bytes at all for a size of zero
+/// (the global allocator must not be asked for zero bytes).
+#[derive(Debug)]
+struct Plain {
+    ptr: NonNull<u8>,
+    /// `layout.size()` is the length; zero: nothing was allocated and `ptr` is dangling.
+    layout: Layout,
+}
+
+impl Plain {
+    /// `len` zeroed bytes; `None` when the system refuses them. The pages are not touched
+    /// here: the allocator's zeroed memory (calloc, fresh mappings) is zero without a write,
+    /// so a large copy costs nothing until its download writes it.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSize`] for a size no allocation of this process can have.
+    fn zeroed(len: usize) -> Result<Option<Plain>> {
+        let layout = Layout::from_size_align(len, PLAIN_ALIGN).map_err(|_| Error::InvalidSize {
+            size: len as u64,
+            reason: "more bytes than this process can address",
+        })?;
+        if len == 0 {
+            return Ok(Some(Plain {
+                ptr: NonNull::dangling(),
+                layout,
+            }));
+        }
+        // SAFETY: `layout` has a non-zero size (checked above) and a power-of-two alignment
+        // (`from_size_align` checked it, and that the rounded size does not overflow).
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        Ok(NonNull::new(ptr).map(|ptr| Plain { ptr, layout }))
+    }
+
+    fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+}
+
+impl Drop for Plain {
+    fn drop(&mut self) {
+        if self.layout.size() != 0 {
+            // SAFETY: `ptr` came from `alloc_zeroed` with this very `layout` (a non-zero
+            // size) and is freed only here, once: `Plain` owns it alone.
+            unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+        }
+    }
 }
 
 /// `len` bytes of host memory for copies to and from one device. See the module.
@@ -42,24 +104,34 @@ unsafe impl Send for HostCopy {}
 unsafe impl Sync for HostCopy {}
 
 impl HostCopy {
-    /// `len` bytes (not zero-filled where pinned) of host memory for copies with `device`:
-    /// pinned where it offers that, ordinary memory otherwise.
+    /// `len` bytes (zero-filled where ordinary, not where pinned) of host memory for copies
+    /// with `device`: pinned where it offers that, ordinary memory otherwise — and where the
+    /// device refuses pinned memory (too much of it, say), ordinary memory if the system has
+    /// it.
     ///
     /// # Errors
-    /// [`Error::InvalidSize`] for a size this process cannot address; the system's refusal
-    /// of ordinary memory is an abort, as for any allocation.
+    /// [`Error::InvalidSize`] for a size this process cannot address;
+    /// [`Error::HostOutOfMemory`] when the system refuses the memory (nothing is held then).
     pub fn new<D: Device + ?Sized>(device: &D, len: u64) -> Result<HostCopy> {
         let size = usize::try_from(len).map_err(|_| Error::InvalidSize {
             size: len,
             reason: "more bytes than this process can address",
         })?;
+        let plain = || {
+            Plain::zeroed(size)?
+                .map(Bytes::Plain)
+                .ok_or_else(|| Error::HostOutOfMemory {
+                    bytes: len,
+                    what: "a host copy of device memory".into(),
+                })
+        };
         let bytes = match device.alloc_pinned_host(len) {
             Ok(Some(ptr)) => Bytes::Pinned(ptr),
-            Ok(None) => Bytes::Plain(vec![0; size].into_boxed_slice()),
+            Ok(None) => plain()?,
             Err(e) => {
                 tracing::debug!(bytes = len, error = %e,
                     "no pinned host memory for a copy; ordinary memory instead");
-                Bytes::Plain(vec![0; size].into_boxed_slice())
+                plain()?
             }
         };
         Ok(HostCopy {
@@ -87,7 +159,7 @@ impl HostCopy {
     fn ptr(&mut self) -> *mut u8 {
         match &mut self.bytes {
             Some(Bytes::Pinned(p)) => p.as_ptr(),
-            Some(Bytes::Plain(b)) => b.as_mut_ptr(),
+            Some(Bytes::Plain(b)) => b.as_ptr(),
             None => NonNull::dangling().as_ptr(),
         }
     }
@@ -136,7 +208,12 @@ impl HostCopy {
         Ok(())
     }
 
-    /// Waits (on the CPU) for a copy in flight on a stream other than `stream`.
+    /// Waits (on the CPU) for a copy in flight on a stream other than `stream`. A copy on
+    /// the same handle is ordered after the last one by the stream itself, which holds only
+    /// while the handle names one stream: a caller's stream destroyed and its handle value
+    /// handed out again would break it (and `settle`'s synchronisation of that handle). The
+    /// copies are queued on a stream portalloc owns and keeps for as long as they may be in
+    /// flight (sleep's copy stream), whose handle is never handed out again meanwhile.
     fn order_after<D: Device + ?Sized>(&mut self, device: &D, stream: Stream) -> Result<()> {
         match self.in_flight {
             Some(s) if s != stream || s.is_per_thread() => self.settle(device),
@@ -175,7 +252,9 @@ impl HostCopy {
             // driver's fresh memory (initialised by `new`'s caller's first download before it
             // reads them: a sleeping allocation's copy is read only after its download).
             Bytes::Pinned(p) => unsafe { std::slice::from_raw_parts(p.as_ptr(), len) },
-            Bytes::Plain(b) => &b[..],
+            // SAFETY: `len` bytes owned by `self` (dangling and empty for zero), zeroed at
+            // allocation so initialised, and no copy is writing them (none in flight).
+            Bytes::Plain(b) => unsafe { std::slice::from_raw_parts(b.as_ptr(), len) },
         })
     }
 
@@ -199,17 +278,118 @@ impl HostCopy {
 }
 
 impl Drop for HostCopy {
-    /// Leaks the bytes: they may be pinned memory only the device can free, or the target
-    /// of a copy still in flight. [`HostCopy::free`] is the way to give them back.
+    /// Leaks the bytes when they may be pinned memory only the device can free, or the
+    /// target of a copy still in flight; ordinary memory with no copy in flight (`in_flight`
+    /// is `None` only then) is freed. [`HostCopy::free`] is the way to give them back.
     fn drop(&mut self) {
-        if let Some(bytes) = self.bytes.take() {
-            tracing::warn!(
-                bytes = self.len,
-                "a host copy dropped without free is leaked"
-            );
-            if let Bytes::Plain(b) = bytes {
-                std::mem::forget(b);
+        match self.bytes.take() {
+            None => {}
+            Some(Bytes::Plain(b)) if self.in_flight.is_none() => drop(b),
+            Some(bytes) => {
+                tracing::warn!(
+                    bytes = self.len,
+                    "a host copy dropped without free is leaked"
+                );
+                if let Bytes::Plain(b) = bytes {
+                    std::mem::forget(b);
+                }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::adaptor::{Call, DeviceWrapper};
+    use crate::backends::host::HostDevice;
+
+    /// More bytes than any address space of today maps (4 PiB): the system refuses them
+    /// whatever its overcommit policy.
+    const NEVER: u64 = 1 << 52;
+
+    fn simulated() -> HostDevice {
+        HostDevice::builder()
+            .capacity(1 << 30)
+            .simulated(true)
+            .build()
+            .unwrap()
+    }
+
+    /// A real host device whose pinned memory is refused as a driver refuses too much of it.
+    #[derive(Debug)]
+    struct NoPinned(HostDevice);
+
+    impl DeviceWrapper for NoPinned {
+        type Inner = HostDevice;
+        fn wrapped(&self) -> &HostDevice {
+            &self.0
+        }
+        fn before(&self, call: &Call<'_>) -> Result<()> {
+            match *call {
+                Call::AllocPinnedHost { size } => Err(Error::Driver {
+                    backend: "test",
+                    call: "alloc_pinned_host",
+                    code: 2,
+                    name: "CUDA_ERROR_OUT_OF_MEMORY".into(),
+                    message: format!("{size} bytes of pinned memory refused"),
+                }),
+                _ => Ok(()),
+            }
+        }
+    }
+
+    fn assert_host_oom(result: Result<HostCopy>, bytes: u64) {
+        let e = result.expect_err("the system cannot have given that much");
+        assert!(e.is_out_of_memory(), "{e}");
+        assert!(
+            matches!(&e, Error::HostOutOfMemory { bytes: b, .. } if *b == bytes),
+            "{e:?}"
+        );
+        let message = e.to_string();
+        assert!(
+            message.contains(&bytes.to_string()) && message.contains("host copy"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn ordinary_memory_the_system_refuses_is_a_typed_error_not_an_abort() {
+        let d = simulated();
+        assert_host_oom(HostCopy::new(&d, NEVER), NEVER);
+        // What it can have it gets, zeroed.
+        let copy = HostCopy::new(&d, 1 << 20).unwrap();
+        assert!(!copy.is_pinned());
+        assert!(copy.bytes().unwrap().iter().all(|&b| b == 0));
+        copy.free(&d).unwrap();
+    }
+
+    #[test]
+    fn refused_pinned_memory_falls_back_to_ordinary_memory_only_when_it_is_had() {
+        let d = NoPinned(
+            HostDevice::builder()
+                .capacity(1 << 30)
+                .simulated(false)
+                .build()
+                .unwrap(),
+        );
+        let copy = HostCopy::new(&d, 3000).unwrap();
+        assert!(!copy.is_pinned());
+        assert_eq!(copy.bytes().unwrap(), &[0u8; 3000][..]);
+        copy.free(&d).unwrap();
+        assert_host_oom(HostCopy::new(&d, NEVER), NEVER);
+        assert_eq!(d.0.census().pinned_host, 0, "nothing held after a refusal");
+    }
+
+    #[test]
+    fn no_bytes_allocate_nothing() {
+        let d = simulated();
+        let copy = HostCopy::new(&d, 0).unwrap();
+        assert!(copy.is_empty());
+        assert_eq!(copy.bytes().unwrap(), &[] as &[u8]);
+        copy.free(&d).unwrap();
+        // Dropped without `free` and with no copy in flight: ordinary memory is freed, not
+        // leaked (Miri, or a leak checker, sees the difference).
+        drop(HostCopy::new(&d, 4096).unwrap());
     }
 }

@@ -63,6 +63,20 @@ pub enum Error {
         free: u64,
     },
 
+    /// The system refused host memory (ordinary or page-locked) that portalloc needed: a
+    /// host copy of device memory for a sleep, say. Nothing was changed by the call that
+    /// needed it.
+    #[error(
+        "out of host memory: {} ({bytes} bytes) for {what} could not be allocated",
+        crate::units::Bytes(*.bytes)
+    )]
+    HostOutOfMemory {
+        /// Bytes asked of the system.
+        bytes: u64,
+        /// What they were for.
+        what: String,
+    },
+
     /// An environment variable or builder option with a value that cannot be used.
     /// The variable and the value are shown cut to [`VALUE_CHARS`] characters, control
     /// characters escaped ([`shown`]): a value can be anything the environment holds.
@@ -211,12 +225,14 @@ impl From<crate::trace::TraceError> for Error {
 }
 
 impl Error {
-    /// True for every out-of-memory flavour: allocator-level (with a report) and device-level.
+    /// True for every out-of-memory flavour: allocator-level (with a report), device-level
+    /// and host memory.
     pub fn is_out_of_memory(&self) -> bool {
         match self {
-            Error::OutOfMemory(_) | Error::DeviceOutOfMemory { .. } | Error::CannotWake { .. } => {
-                true
-            }
+            Error::OutOfMemory(_)
+            | Error::DeviceOutOfMemory { .. }
+            | Error::CannotWake { .. }
+            | Error::HostOutOfMemory { .. } => true,
             Error::OutOfMemoryDiagnosed { error, .. } => error.is_out_of_memory(),
             _ => false,
         }

@@ -551,3 +551,30 @@ fn a_wake_waits_for_pending_frees_and_its_refusal_adds_up() {
     // SAFETY: the stream of this test, idle, not used again.
     unsafe { device.destroy_stream(side) }.unwrap();
 }
+
+/// A sleep whose host copy the system cannot give — 1 TiB kept from a simulated device of
+/// 2 TiB — is an out-of-memory error that names the bytes, not an abort of the process
+/// (`vec![0; n]` aborted it); the allocation stays awake and the books are unchanged.
+#[test]
+fn a_sleep_without_host_memory_for_its_copy_is_an_error_not_an_abort() {
+    const TIB: u64 = 1 << 40;
+    let device = Arc::new(
+        HostDevice::builder()
+            .capacity(2 * TIB)
+            .simulated(true)
+            .build()
+            .unwrap(),
+    );
+    let vmm = VmmAllocator::new(Arc::clone(&device), VmmOptions::new(2 * TIB)).unwrap();
+    let a = vmm.allocate(TIB, 0, Stream::DEFAULT, "weights").unwrap();
+    let before = vmm.stats();
+    let e = vmm.sleep("weights", Keep::Contents).unwrap_err();
+    assert!(e.is_out_of_memory(), "{e}");
+    assert!(e.to_string().contains(&TIB.to_string()), "{e}");
+    assert!(!vmm.is_asleep(&a));
+    assert_eq!(vmm.stats(), before);
+    vmm.check_invariants().unwrap();
+    vmm.deallocate(a).unwrap();
+    drop(vmm);
+    assert!(device.census().is_empty(), "{:?}", device.census());
+}
