@@ -13,27 +13,59 @@
 //!   completes once everything queued there before it has. That is a GPU-side record, not a
 //!   CPU wait. At the first request on a second stream (or the first on
 //!   [`Stream::PER_THREAD`], which names another stream on each thread) the fence is
-//!   recorded if anything was freed at once, and a request on another stream is served from
-//!   the free lists only after enqueuing a wait for it ([`StreamOrder::order_after_fence`]),
-//!   once per stream, until it completes.
+//!   recorded if anything was freed at once, and while it is not known complete every
+//!   request served from the free lists first enqueues a GPU-side wait for it
+//!   ([`StreamOrder::order_after_fence`]) — on every request, the first stream's included
+//!   (see *Stream handles* for why not once per stream).
 //! * **Several streams**: a chunk freed on stream `S` is kept **pending** — still in use for
 //!   the strategy, so it coalesces with nothing and nobody else is handed it without an order
 //!   — with an event recorded on `S` at the free. Events come from a small pool
-//!   ([`EVENT_POOL`]). A request on `T` is served, in RMM's order: from `T`'s own pending frees
-//!   at once ([`StreamOrder::take`]; never on [`Stream::PER_THREAD`]); from the free lists;
-//!   from another stream's pending frees after enqueuing on `T` a GPU-side wait for their
-//!   event ([`StreamOrder::take_elsewhere`], [`Device::wait_event`]); by growth; and only
-//!   then by a CPU wait, which the strategy makes **with its lock released**
-//!   ([`StreamOrder::cpu_waits_pending`], [`wait_outside`]) just before it would refuse.
+//!   ([`EVENT_POOL`]). A request on `T` is served, in RMM's order: from the pending frees made
+//!   on `T`'s handle ([`StreamOrder::take`]; never on [`Stream::PER_THREAD`]); from the free
+//!   lists; from another stream's pending frees ([`StreamOrder::take_elsewhere`]); by growth;
+//!   and only then by a CPU wait, which the strategy makes **with its lock released**
+//!   ([`StreamOrder::cpu_waits_pending`], [`wait_outside`]) just before it would refuse. A
+//!   pending free is handed out only behind a GPU-side wait enqueued on `T` for its event
+//!   ([`Device::wait_event`]), its own stream's included: no CPU wait.
 //!   [`StreamOrder::poll`] returns the pending chunks whose event completed;
 //!   [`StreamOrder::sync_all`] and [`StreamOrder::settle`] wait on the CPU (an allocator's
 //!   drop, or a last resort).
 //! * **A refusal is never "idle"**: when no event can be recorded on `S` (a stream the driver
 //!   rejects, a failing driver), `S` is synchronised and the chunk is free at once; when `S`
 //!   cannot be synchronised either, the device is; and when that fails too the chunk stays
-//!   pending *without* an event: it is returned only once a later event on `S` completes
-//!   (events on one stream complete in order) or a later synchronisation succeeds. These are
-//!   the only CPU waits made with the strategy's lock held: a driver that fails.
+//!   pending *without* an event: it is returned only after a synchronisation of the whole
+//!   device succeeds ([`StreamOrder::sync_all`]). These are the only CPU waits made with the
+//!   strategy's lock held: a driver that fails.
+//!
+//! # Stream handles
+//!
+//! A stream handle is a value, not an identity: the caller may destroy a stream while work
+//! queued on it still runs (the drivers allow it), and the next stream it makes may get the
+//! same handle value (the drivers' allocators hand it out again, and so do the conformance
+//! fakes). Nothing portalloc sees tells the two apart, so nothing it remembers about a handle
+//! may stand in for an order on the device:
+//!
+//! * the fence keeps no list of the streams that already waited for it: a handle seen again
+//!   may name a stream that never did, so every request waits again while the fence is active
+//!   (a `cuStreamWaitEvent` is cheap, and on the stream that did wait it orders nothing new);
+//! * a request takes a pending free made on its own handle only behind a GPU-side wait for
+//!   that free's event, as it would another stream's: on the same stream the wait is
+//!   already satisfied by stream order, on a stream that reuses the handle it is the order;
+//! * a free pending without an event is never returned because a later event on its handle
+//!   completed, nor because its handle was synchronised: only a synchronisation of the whole
+//!   device covers the stream it was freed on;
+//! * a CPU wait for pending frees waits for each free's own event, not only for the newest
+//!   one recorded on the handle, and an event that cannot be waited for is covered by the
+//!   device, not by the handle's stream.
+//!
+//! What stays trusted is what the module exists to make cheap: while only one stream has
+//! been seen, a request on the first stream's handle is served from the free lists with no
+//! check at all. A caller that frees memory on its only stream while work on it is in
+//! flight, destroys that stream, and makes another that gets the same handle value is handed
+//! that memory unordered; telling them apart would cost a driver call on every request
+//! (`cuStreamGetId`) or an event at every free. Once a second stream has been seen, memory
+//! freed at once on the first stream is reused only behind the fence (above), so that
+//! window closes at the switch.
 //!
 //! # Invariants (checked by [`StreamOrder::check`])
 //!
@@ -44,8 +76,7 @@
 //!   event is neither idle nor pending.
 //! * At most [`EVENT_POOL`] idle events.
 //! * `multi` is true once two streams were seen, or [`Stream::PER_THREAD`] was.
-//! * The fence's `waited` streams never include [`Stream::PER_THREAD`] (a wait on it orders
-//!   one thread's stream only).
+//! * The fence is recorded only once a first stream was seen.
 #![deny(unsafe_code)]
 
 use std::collections::VecDeque;
@@ -98,14 +129,6 @@ pub(crate) struct Pending<C> {
     free: u64,
 }
 
-/// An event recorded on the first stream after memory freed at once (see the module docs).
-#[derive(Debug)]
-struct Fence {
-    event: Event,
-    /// Streams that enqueued a wait for its record (never [`Stream::PER_THREAD`]).
-    waited: Vec<Stream>,
-}
-
 /// One CPU wait a strategy makes with its lock released ([`wait_outside`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum CpuWait {
@@ -126,8 +149,10 @@ pub(crate) struct StreamOrder<C> {
     /// Something was freed straight back, without an event, since the fence was last
     /// recorded.
     unfenced: bool,
-    /// The fence, until it is known complete.
-    fence: Option<Fence>,
+    /// The fence: an event recorded on the first stream after memory freed at once, until it
+    /// is known complete. No list of the streams that waited for it is kept: a handle seen
+    /// again may name another stream (see the module docs).
+    fence: Option<Event>,
     /// How many times the fence was recorded: a strategy that tracks what each record covers
     /// (vmm's granules) compares it with what it saw last.
     fence_records: u64,
@@ -293,7 +318,7 @@ impl<C: Chunk> StreamOrder<C> {
             return Ok(());
         };
         let event = match self.fence.take() {
-            Some(f) => Ok(f.event),
+            Some(e) => Ok(e),
             None => self.take_event(device),
         };
         let recorded = event.and_then(|e| match device.record_event(e, first) {
@@ -305,10 +330,7 @@ impl<C: Chunk> StreamOrder<C> {
         });
         match recorded {
             Ok(event) => {
-                self.fence = Some(Fence {
-                    event,
-                    waited: Vec::new(),
-                });
+                self.fence = Some(event);
                 self.fence_records += 1;
                 self.unfenced = false;
                 Ok(())
@@ -324,22 +346,24 @@ impl<C: Chunk> StreamOrder<C> {
 
     /// Forgets the fence once its event completed. True when it is gone (or never was).
     fn poll_fence<D: Device + ?Sized>(&mut self, device: &D) -> bool {
-        let Some(f) = &self.fence else {
+        let Some(fence) = self.fence else {
             return true;
         };
-        if !matches!(device.event_complete(f.event), Ok(true)) {
+        if !matches!(device.event_complete(fence), Ok(true)) {
             return false;
         }
-        if let Some(f) = self.fence.take() {
-            self.give_event(device, f.event);
-        }
+        self.fence = None;
+        self.give_event(device, fence);
         true
     }
 
     /// Before a request on `stream` is served from the free lists: while the fence is
-    /// active, `stream` (unless it is the first stream) gets a GPU-side wait for it, once.
-    /// When the wait cannot be enqueued, the fence is waited for on the CPU (a driver that
-    /// fails).
+    /// active, `stream` gets a GPU-side wait for it — on every request, whatever stream
+    /// waited before under this handle, and on the first stream's handle too: the handle
+    /// may name a stream made since, which nothing orders after the fence (see the module
+    /// docs). On the stream the fence was recorded on, or one that waited already, the wait
+    /// orders nothing new and costs one driver call. When the wait cannot be enqueued, the
+    /// fence is waited for on the CPU (a driver that fails).
     ///
     /// # Errors
     /// The device's error when neither works: the free lists must not serve `stream` then.
@@ -351,28 +375,16 @@ impl<C: Chunk> StreamOrder<C> {
         if self.poll_fence(device) {
             return Ok(());
         }
-        let own = !stream.is_per_thread() && self.first == Some(stream);
-        let Some(f) = self.fence.as_mut() else {
+        let Some(fence) = self.fence else {
             return Ok(());
         };
-        if own || f.waited.contains(&stream) {
-            return Ok(());
+        if let Err(e) = device.wait_event(stream, fence) {
+            tracing::debug!(stream = stream.0, error = %e,
+                "could not wait for the fence on the device; waiting on the CPU");
+            device.synchronize_event(fence)?;
+            self.poll_fence(device);
         }
-        match device.wait_event(stream, f.event) {
-            Ok(()) => {
-                if !stream.is_per_thread() {
-                    f.waited.push(stream);
-                }
-                Ok(())
-            }
-            Err(e) => {
-                tracing::debug!(stream = stream.0, error = %e,
-                    "could not wait for the fence on the device; waiting on the CPU");
-                device.synchronize_event(f.event)?;
-                self.poll_fence(device);
-                Ok(())
-            }
-        }
+        Ok(())
     }
 
     fn take_event<D: Device + ?Sized>(&mut self, device: &D) -> Result<Event> {
@@ -433,7 +445,7 @@ impl<C: Chunk> StreamOrder<C> {
                     Err(sync) => {
                         tracing::warn!(stream = stream.0, record = %e, synchronize = %sync,
                             "neither an event nor a synchronisation: the freed memory stays \
-                             reserved for its stream until one succeeds");
+                             reserved until the device can be synchronised");
                         self.push(stream, chunk, None);
                         None
                     }
@@ -464,44 +476,45 @@ impl<C: Chunk> StreamOrder<C> {
     }
 
     /// Returns the pending chunks that are safe now through `release`, and forgets the fence
-    /// if it completed. On an ordinary stream, everything up to the newest completed event
-    /// (events on one stream complete in order; frees without an event before it are safe
-    /// too); on [`Stream::PER_THREAD`] (another stream on each thread) each free whose own
-    /// event completed. A query that fails counts as not complete.
+    /// if it completed: each free whose own event completed — on an ordinary stream from the
+    /// oldest up to the first whose event is still in flight (events recorded on one stream
+    /// complete in order, so later ones are not asked; a handle that named two streams
+    /// over time only makes this stop early), on [`Stream::PER_THREAD`] (another stream on
+    /// each thread) all of them. A free without an event is kept: a later event on its
+    /// handle may have been recorded on a stream made since, which says nothing of the work
+    /// before the free ([`StreamOrder::sync_all`] returns it). A query that fails counts as
+    /// not complete.
     ///
     /// # Time complexity
-    /// One event query per stream with pending frees, plus one per free returned.
+    /// One event query per stream with pending frees, plus one per free returned, plus the
+    /// frees without an event passed over.
     pub fn poll<D: Device + ?Sized>(&mut self, device: &D, mut release: impl FnMut(C)) {
         self.poll_fence(device);
         let mut qi = 0;
         while qi < self.queues.len() {
             let (stream, ref queue) = self.queues[qi];
             let complete = |e: Event| matches!(device.event_complete(e), Ok(true));
-            if stream.is_per_thread() {
-                let mut i = 0;
-                while i < self.queues[qi].1.len() {
-                    let n = pieces_of(&self.queues[qi].1, i);
-                    if self.queues[qi].1[i].event.is_some_and(complete) {
-                        self.remove(device, qi, i..i + n, &mut release);
-                    } else {
-                        i += n;
-                    }
+            // The first entry of each free that is safe now, oldest first.
+            let mut done: Vec<(usize, usize)> = Vec::new();
+            let mut i = 0;
+            while i < queue.len() {
+                let n = pieces_of(queue, i);
+                match queue[i].event {
+                    None => {}
+                    Some(e) if complete(e) => done.push((i, n)),
+                    Some(_) if stream.is_per_thread() => {}
+                    Some(_) => break,
                 }
+                i += n;
+            }
+            if done.iter().map(|d| d.1).sum::<usize>() == i {
+                // The whole prefix scanned (the common case): one drain.
+                self.remove(device, qi, 0..i, &mut release);
             } else {
-                let mut done = 0;
-                let mut i = 0;
-                while i < queue.len() {
-                    let n = pieces_of(queue, i);
-                    match queue[i].event {
-                        None => i += n,
-                        Some(e) if complete(e) => {
-                            i += n;
-                            done = i;
-                        }
-                        Some(_) => break,
-                    }
+                // Newest first, so that each range still names the entries it did.
+                for &(at, n) in done.iter().rev() {
+                    self.remove(device, qi, at..at + n, &mut release);
                 }
-                self.remove(device, qi, 0..done, &mut release);
             }
             if self.queues[qi].1.is_empty() {
                 self.queues.swap_remove(qi);
@@ -511,32 +524,40 @@ impl<C: Chunk> StreamOrder<C> {
         }
     }
 
-    /// What waiting on the CPU for every pending free and the fence takes: for each stream
-    /// with pending frees its newest event (or the stream itself, when frees without an event
-    /// come after it, or on [`Stream::PER_THREAD`]), and the fence's event. Empty when
-    /// nothing is pending. A strategy makes these waits with [`wait_outside`], its lock
-    /// released, then polls.
+    /// What waiting on the CPU for every pending free and the fence takes: for each ordinary
+    /// stream with pending frees each free's event, newest first (on one stream the first
+    /// wait covers the rest, which then return at once; a handle may have named several
+    /// streams over time, and [`StreamOrder::poll`] returns a free only once its own event
+    /// completed); for [`Stream::PER_THREAD`] the device; and the fence's event. Frees
+    /// without an event need a wait for the device that [`StreamOrder::poll`] cannot see, so
+    /// they add nothing here ([`StreamOrder::sync_all`] returns them). Empty when nothing
+    /// is pending. A strategy makes these waits with [`wait_outside`], its lock released,
+    /// then polls.
     pub fn cpu_waits_pending(&self) -> Vec<CpuWait> {
-        let mut out: Vec<CpuWait> = self
-            .queues
-            .iter()
-            .map(|(stream, queue)| {
-                let newest = queue.iter().rposition(|p| p.event.is_some());
-                let after = newest.map_or(0, |i| i + 1);
-                let unevented_after = queue.iter().skip(after).any(|p| p.event.is_none());
-                match newest.and_then(|i| queue[i].event) {
-                    Some(e) if !unevented_after && !stream.is_per_thread() => CpuWait::Event(e),
-                    _ => CpuWait::Stream(*stream),
+        let mut out: Vec<CpuWait> = Vec::new();
+        for (stream, queue) in &self.queues {
+            if stream.is_per_thread() {
+                out.push(CpuWait::Stream(*stream));
+                continue;
+            }
+            let mut last = None;
+            for e in queue.iter().rev().filter_map(|p| p.event) {
+                // Pieces of one free share its event, and sit next to each other.
+                if last != Some(e) {
+                    out.push(CpuWait::Event(e));
+                    last = Some(e);
                 }
-            })
-            .collect();
-        out.extend(self.fence.as_ref().map(|f| CpuWait::Event(f.event)));
+            }
+        }
+        out.extend(self.fence.map(CpuWait::Event));
         out
     }
 
     /// Waits for every pending free and returns the chunks through `release`: on an ordinary
-    /// stream one wait for its newest event (or the stream, or the device, when that fails or
-    /// frees without an event come after it); on [`Stream::PER_THREAD`] the device. With the
+    /// stream each free's event, newest first (the first wait covers the rest when the handle
+    /// named one stream throughout); on [`Stream::PER_THREAD`], on a stream with frees
+    /// without an event, or when an event cannot be waited for, the whole device — never the
+    /// handle's stream, which may be another than the one the frees were made on. With the
     /// lock held: for an allocator's drop, and the strategies' last resort.
     ///
     /// # Errors
@@ -551,14 +572,27 @@ impl<C: Chunk> StreamOrder<C> {
         let mut qi = 0;
         while qi < self.queues.len() {
             let (stream, ref queue) = self.queues[qi];
-            let newest = queue.iter().rposition(|p| p.event.is_some());
-            let after = newest.map_or(0, |i| i + 1);
-            let unevented_after = queue.iter().skip(after).any(|p| p.event.is_none());
-            let waited = match newest.and_then(|i| queue[i].event) {
-                Some(e) if !unevented_after && !stream.is_per_thread() => device
-                    .synchronize_event(e)
-                    .or_else(|_| wait_for(device, stream)),
-                _ => wait_for(device, stream),
+            let whole_device = stream.is_per_thread() || queue.iter().any(|p| p.event.is_none());
+            let waited = if whole_device {
+                device.synchronize_device()
+            } else {
+                let mut last = None;
+                queue
+                    .iter()
+                    .rev()
+                    .filter_map(|p| p.event)
+                    .try_for_each(|e| {
+                        if last == Some(e) {
+                            return Ok(());
+                        }
+                        last = Some(e);
+                        device.synchronize_event(e)
+                    })
+                    .or_else(|e| {
+                        tracing::debug!(stream = stream.0, error = %e,
+                            "could not wait for a pending free's event; synchronizing the device");
+                        device.synchronize_device()
+                    })
             };
             match waited {
                 Ok(()) => {
@@ -593,11 +627,10 @@ impl<C: Chunk> StreamOrder<C> {
             }
             self.unfenced = false;
         }
-        if let Some(f) = &self.fence {
-            device.synchronize_event(f.event)?;
-            if let Some(f) = self.fence.take() {
-                self.give_event(device, f.event);
-            }
+        if let Some(fence) = self.fence {
+            device.synchronize_event(fence)?;
+            self.fence = None;
+            self.give_event(device, fence);
         }
         self.sync_all(device, release)
     }
@@ -608,11 +641,17 @@ impl<C: Chunk> StreamOrder<C> {
         self.count == 0 && self.fence.is_none() && !self.unfenced
     }
 
-    /// Serves a request on `stream` from one of its own pending frees, at once: `pick` rates
-    /// each candidate (`None`: it does not fit; the smallest key wins) and `carve` cuts the
-    /// request out of the winner, giving the grant and the pieces left, which stay pending
-    /// under the same event. Never on [`Stream::PER_THREAD`]. `None` when nothing fits (or
-    /// `carve` declines).
+    /// Serves a request on `stream` from one of the pending frees made on its handle, behind
+    /// a GPU-side wait enqueued on `stream` for that free's event ([`Device::wait_event`]):
+    /// no CPU wait. On the stream the free was made on the wait is already satisfied by
+    /// stream order; but the handle may name a stream made since (the caller destroyed the
+    /// old one with its work still queued), which only the wait orders after that work.
+    /// `pick` rates each candidate (`None`: it does not fit; the smallest key wins) and
+    /// `carve` cuts the request out of the winner, giving the grant and the pieces left,
+    /// which stay pending under the same event. A free without an event is never taken, and
+    /// when the wait cannot be enqueued nothing is taken. Never on [`Stream::PER_THREAD`]
+    /// ([`StreamOrder::take_elsewhere`] serves it). `None` when nothing fits (or `carve`
+    /// declines).
     ///
     /// # Time complexity
     /// Linear in `stream`'s pending frees.
@@ -635,8 +674,15 @@ impl<C: Chunk> StreamOrder<C> {
             .1
             .iter()
             .enumerate()
+            .filter(|(_, p)| p.event.is_some())
             .filter_map(|(i, p)| pick(&p.chunk).map(|(k, x)| (i, k, x)))
             .min_by(|a, b| a.1.cmp(&b.1))?;
+        let event = self.queues[qi].1[i].event?;
+        if let Err(e) = device.wait_event(stream, event) {
+            tracing::debug!(stream = stream.0, error = %e,
+                "could not wait on the device for a free made on the request's handle");
+            return None;
+        }
         self.carve_out(device, qi, i, x, carve)
     }
 
@@ -741,7 +787,7 @@ impl<C: Chunk> StreamOrder<C> {
             .iter()
             .flat_map(|(_, q)| q.iter().filter_map(|p| p.event))
             .chain(self.idle.iter().copied())
-            .chain(self.fence.as_ref().map(|f| f.event))
+            .chain(self.fence)
             .collect();
         out.sort_unstable();
         out.dedup();
@@ -812,15 +858,12 @@ impl<C: Chunk> StreamOrder<C> {
         {
             return Err(format!("idle event {e:?} is pending too"));
         }
-        if let Some(f) = &self.fence {
-            if self.idle.contains(&f.event) || events.iter().any(|&(e, _)| e == f.event) {
-                return Err(format!(
-                    "the fence's event {:?} is idle or pending",
-                    f.event
-                ));
+        if let Some(fence) = self.fence {
+            if self.idle.contains(&fence) || events.iter().any(|&(e, _)| e == fence) {
+                return Err(format!("the fence's event {fence:?} is idle or pending"));
             }
-            if f.waited.iter().any(|s| s.is_per_thread()) {
-                return Err("the per-thread handle is listed as ordered after the fence".into());
+            if self.first.is_none() {
+                return Err("a fence recorded before any stream was seen".into());
             }
         }
         if count > 0 && !self.multi {

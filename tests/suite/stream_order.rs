@@ -756,3 +756,104 @@ fn vmm_random_multi_stream_traffic_keeps_the_contract(seed: u64) {
         mostly_small_size,
     );
 }
+
+// ---- a stream handle seen again ----
+
+#[cfg(feature = "hip")]
+use crate::support::targets::Rocm;
+use crate::support::targets::{Strategy, SuiteStrategy, Target};
+
+/// What serves the request on T′ in [`a_reused_stream_handle_is_ordered_again`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Served {
+    /// The free lists, behind the fence on S (1 MiB: more than T's pending free).
+    FreeLists,
+    /// The free T made before it was destroyed, pending on the handle T′ now has (256 B).
+    PendingOnTheHandle,
+}
+
+/// Drivers hand a destroyed stream's handle value to the next stream made (the fakes too):
+/// nothing portalloc remembers about a handle orders the stream it names now. X is freed on
+/// S alone (at once, no event) while the caller's kernel still reads it; T's first request
+/// waits for the fence on S and T frees 256 B on T; T is destroyed with the driver's own call
+/// and T′, made with it, gets T's handle value. T′ is then handed memory under X — from the
+/// free lists, or T's pending free — only ordered after the kernel by a GPU-side wait of its
+/// own (the fake's timeline says), and nothing is freed or unmapped under the kernel.
+#[cfg(any(feature = "cuda", feature = "hip"))]
+#[test_case(Target::FakeCuda, Strategy::Bfc, Served::FreeLists ; "cuda bfc free lists")]
+#[test_case(Target::FakeCuda, Strategy::BfcGrow, Served::FreeLists ; "cuda growing bfc free lists")]
+#[test_case(Target::FakeCuda, Strategy::Vmm, Served::FreeLists ; "cuda vmm free lists")]
+#[test_case(Target::FakeCuda, Strategy::Bfc, Served::PendingOnTheHandle ; "cuda bfc pending")]
+#[test_case(Target::FakeCuda, Strategy::BfcGrow, Served::PendingOnTheHandle ; "cuda growing bfc pending")]
+#[test_case(Target::FakeCuda, Strategy::Vmm, Served::PendingOnTheHandle ; "cuda vmm pending")]
+#[cfg_attr(feature = "hip", test_case(Target::FakeHip(Rocm::V7), Strategy::Bfc, Served::FreeLists ; "hip bfc free lists"))]
+#[cfg_attr(feature = "hip", test_case(Target::FakeHip(Rocm::V7), Strategy::BfcGrow, Served::FreeLists ; "hip growing bfc free lists"))]
+#[cfg_attr(feature = "hip", test_case(Target::FakeHip(Rocm::V7), Strategy::Vmm, Served::FreeLists ; "hip vmm free lists"))]
+#[cfg_attr(feature = "hip", test_case(Target::FakeHip(Rocm::V7), Strategy::Bfc, Served::PendingOnTheHandle ; "hip bfc pending"))]
+#[cfg_attr(feature = "hip", test_case(Target::FakeHip(Rocm::V7), Strategy::BfcGrow, Served::PendingOnTheHandle ; "hip growing bfc pending"))]
+#[cfg_attr(feature = "hip", test_case(Target::FakeHip(Rocm::V7), Strategy::Vmm, Served::PendingOnTheHandle ; "hip vmm pending"))]
+fn a_reused_stream_handle_is_ordered_again(target: Target, strategy: Strategy, served: Served) {
+    let Some(rig) = target.open(1, 64 * MIB) else {
+        return;
+    };
+    let a = strategy.build_as_configured(rig.device(0)).unwrap();
+    let overlaps =
+        |y: &portalloc::Allocation, (lo, hi): (u64, u64)| y.ptr() < hi && lo < y.ptr() + y.size();
+
+    let s = rig.foreign_stream();
+    let x = a.allocate(MIB, 0, s, "x").unwrap();
+    let under_x = (x.ptr(), x.ptr() + MIB);
+    let kernel = rig.launch(s, x.ptr(), MIB);
+    a.deallocate(x).unwrap();
+
+    let t = rig.foreign_stream();
+    let on_t = a.allocate(256, 0, t, "t").unwrap();
+    assert!(
+        overlaps(&on_t, under_x) && rig.ordered(kernel, t),
+        "{strategy:?}: T is handed memory under X behind the fence"
+    );
+    a.deallocate(on_t).unwrap();
+    rig.destroy_foreign(&[t]);
+    let t2 = rig.foreign_stream();
+    assert_eq!(t2, t, "the driver hands T's handle value to T′");
+    assert!(
+        !rig.ordered(kernel, t2),
+        "T′ is a new stream: nothing orders it yet"
+    );
+
+    let (_, gpu_before) = rig.waits();
+    let size = match served {
+        Served::FreeLists => MIB,
+        Served::PendingOnTheHandle => 256,
+    };
+    let y = a.allocate(size, 0, t2, "t2").unwrap();
+    let (_, gpu_after) = rig.waits();
+    assert!(
+        overlaps(&y, under_x),
+        "{strategy:?}: the case needs T′ handed memory under X ({:#x}+{})",
+        y.ptr(),
+        y.size()
+    );
+    assert!(
+        rig.ordered(kernel, t2),
+        "{strategy:?}: {:#x}+{} handed to T′ (T's old handle) while S's kernel still reads \
+         it, and nothing orders T′ after it ({} GPU-side waits)",
+        y.ptr(),
+        y.size(),
+        gpu_after - gpu_before
+    );
+    assert!(
+        gpu_after > gpu_before,
+        "{strategy:?}: ordered by a GPU-side wait"
+    );
+    assert!(!rig.work_done(kernel), "{strategy:?}: not by a CPU wait");
+    a.check_invariants().unwrap();
+
+    a.deallocate(y).unwrap();
+    rig.finish_work(kernel);
+    a.trim().unwrap();
+    drop(a);
+    rig.destroy_foreign(&[s, t2]);
+    // No hazard: nothing freed or unmapped under the kernel.
+    rig.finish();
+}

@@ -33,15 +33,17 @@
 //! single-stream path costs one comparison and keeps no per-chunk books beside the arena's).
 //! From the first request on a second stream on, a chunk freed on stream `S` is kept **pending**:
 //! still in use in the arena (so it coalesces with nothing and no other stream is handed it),
-//! with an event recorded on `S`. A request on `S` may reuse one of `S`'s pending chunks at
-//! once — the best fit among them (smallest, then lowest address) that the split rule would
-//! hand out whole; one the rule would split waits for its event, since its remainder would
-//! be free for everyone. Every allocation first polls the pending frees and returns completed
-//! ones to the bins, coalescing them; before growing the pool or reporting out-of-memory
-//! every pending free is waited for, and [`Allocator::trim`] waits for all work on the freed
-//! memory before it gives regions back. Streams are the caller's: any handle is accepted, and
-//! a stream on which no event can be recorded is synchronised (or the device is), never
-//! taken for idle — see the stream-ordering contract on [`Device`].
+//! with an event recorded on `S`. A request on `S` may reuse one of the chunks pending on
+//! `S`'s handle without a CPU wait — the best fit among them (smallest, then lowest address)
+//! that the split rule would hand out whole — behind a GPU-side wait for its event, since the
+//! handle may name a stream made after the old one was destroyed; one the rule would split
+//! waits for its event, since its remainder would be free for everyone. Every allocation
+//! first polls the pending frees and returns completed ones to the bins, coalescing them;
+//! before growing the pool or reporting out-of-memory every pending free is waited for, and
+//! [`Allocator::trim`] waits for all work on the freed memory before it gives regions back.
+//! Streams are the caller's: any handle is accepted, and a stream on which no event can be
+//! recorded is synchronised (or the device is), never taken for idle — see the
+//! stream-ordering contract on [`Device`].
 //!
 //! Pending chunks are not counted in `bytes_in_use` or [`BfcAllocator::live_count`]; the
 //! per-bin summaries and region maps show them as in use (with the request they were last
@@ -467,9 +469,9 @@ impl<D: Device + ?Sized> BfcAllocator<D> {
 
     /// Looks for a pending chunk that the split rule would hand out whole for `rounded` bytes
     /// at `alignment` (the smallest, then the lowest address), handed out again under a new
-    /// generation: one of `stream`'s own, after returning completed pending frees to the bins
-    /// (and forgetting a completed fence); with `elsewhere`, one of another stream's, behind a
-    /// GPU-side wait on `stream` for its free's event (no CPU wait).
+    /// generation, behind a GPU-side wait on `stream` for its free's event (no CPU wait): one
+    /// made on `stream`'s handle, after returning completed pending frees to the bins (and
+    /// forgetting a completed fence); with `elsewhere`, one of another stream's.
     #[cold]
     #[inline(never)]
     fn take_pending(&self, inner: &mut Inner, r: &Request, elsewhere: bool) -> Option<Grant> {
@@ -526,7 +528,9 @@ impl<D: Device + ?Sized> BfcAllocator<D> {
             }
         }
         // Memory freed at once before the switch may still be read by the first stream's
-        // work: another stream takes it from the bins only behind the fence.
+        // work: a request takes it from the bins only behind the fence — every request, on
+        // any handle, the first stream's included (`order_after_fence`: a handle may name a
+        // stream made since).
         let bins = !inner.order.fence_active()
             || inner
                 .order

@@ -360,10 +360,11 @@ fn the_switch_fences_the_first_stream_on_the_device_or_refuses() {
         (0, 1),
         "one GPU-side wait, no CPU wait"
     );
-    // Once: T is not told to wait again, and S (the first stream) never is.
+    // Again at every request while the fence is active, on T's handle and on the first
+    // stream's too: a handle seen again may name a stream made since, which never waited.
     order.order_after_fence(dev, t).unwrap();
     order.order_after_fence(dev, s).unwrap();
-    assert_eq!(dev.host.cpu_waits().1 - gpu_before, 1);
+    assert_eq!(dev.host.cpu_waits().1 - gpu_before, 3);
     // The kernel completes: so does the fence, which is forgotten.
     dev.host.finish(kernel);
     order.poll(dev, |_| {});
@@ -391,4 +392,88 @@ fn the_per_thread_handle_is_never_reused_at_once() {
     let got = order.take(dev, Stream::PER_THREAD, fit, |c, ()| Some((c, Vec::new())));
     assert_eq!(got, None);
     assert_eq!(order.count(), 1);
+}
+
+/// A request takes a free made on its own handle only behind a GPU-side wait for the free's
+/// event (the handle may name a stream made since), and never one without an event.
+#[test]
+fn a_free_on_the_requests_handle_is_taken_behind_a_wait() {
+    let h = Harness::new();
+    let dev = &h.device;
+    let s = h.streams[0];
+    let mut order: StreamOrder<TestChunk> = StreamOrder::default();
+    order.see_stream(dev, s).unwrap();
+    order.see_stream(dev, h.streams[1]).unwrap();
+    let chunk = |addr| TestChunk {
+        addr,
+        size: 256,
+        token: 0,
+    };
+    let fit = |c: &TestChunk| Some(((c.size, c.addr), ()));
+    let whole = |c, ()| Some((c, Vec::new()));
+    // Neither an event nor any synchronisation: pending without an event.
+    dev.refuse_record.store(true, Ordering::Relaxed);
+    dev.refuse_stream_sync.store(true, Ordering::Relaxed);
+    dev.refuse_device_sync.store(true, Ordering::Relaxed);
+    assert!(order.free(dev, s, chunk(0x1000)).is_none());
+    dev.refuse_record.store(false, Ordering::Relaxed);
+    let gpu_before = dev.host.cpu_waits().1;
+    assert_eq!(
+        order.take(dev, s, fit, whole),
+        None,
+        "no event: nothing orders it"
+    );
+    assert_eq!(dev.host.cpu_waits().1, gpu_before);
+    // With an event: taken at once on the CPU, behind one GPU-side wait.
+    assert!(order.free(dev, s, chunk(0x2000)).is_none());
+    assert_eq!(order.take(dev, s, fit, whole), Some(chunk(0x2000)));
+    assert_eq!(dev.host.cpu_waits().1 - gpu_before, 1);
+    order.check(|_| true).unwrap();
+}
+
+/// A free pending without an event is not returned when a later event on its handle
+/// completes, nor when only its handle can be synchronised: the handle may name a stream
+/// made since. A synchronisation of the device returns it.
+#[test]
+fn a_free_without_an_event_waits_for_the_device_not_its_handle() {
+    let h = Harness::new();
+    let dev = &h.device;
+    let s = h.streams[0];
+    let mut order: StreamOrder<TestChunk> = StreamOrder::default();
+    order.see_stream(dev, s).unwrap();
+    order.see_stream(dev, h.streams[1]).unwrap();
+    let chunk = |addr| TestChunk {
+        addr,
+        size: 256,
+        token: 0,
+    };
+    dev.refuse_record.store(true, Ordering::Relaxed);
+    dev.refuse_stream_sync.store(true, Ordering::Relaxed);
+    dev.refuse_device_sync.store(true, Ordering::Relaxed);
+    assert!(order.free(dev, s, chunk(0x1000)).is_none());
+    dev.refuse_record.store(false, Ordering::Relaxed);
+    dev.refuse_stream_sync.store(false, Ordering::Relaxed);
+    // A later free on the same handle, with an event that completes.
+    assert!(order.free(dev, s, chunk(0x2000)).is_none());
+    dev.host.complete_held_events();
+    let mut out = Vec::new();
+    order.poll(dev, |c| out.push(c));
+    assert_eq!(
+        out,
+        [chunk(0x2000)],
+        "only the free whose own event completed"
+    );
+    assert!(
+        order.cpu_waits_pending().is_empty(),
+        "nothing a CPU wait and a poll return"
+    );
+    // The handle can be synchronised, the device cannot: it stays.
+    assert!(order.sync_all(dev, |c| out.push(c)).is_err());
+    assert_eq!((out.len(), order.count()), (1, 1));
+    order.check(|_| true).unwrap();
+    dev.refuse_device_sync.store(false, Ordering::Relaxed);
+    order.sync_all(dev, |c| out.push(c)).unwrap();
+    assert_eq!(out, [chunk(0x2000), chunk(0x1000)]);
+    assert_eq!(order.count(), 0);
+    order.check(|_| true).unwrap();
 }
