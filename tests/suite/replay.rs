@@ -479,3 +479,35 @@ fn a_streamed_trace_replays_as_the_same_trace_in_memory(strategy: ReplayStrategy
     assert_eq!(baseline.freed_in_window, vec![(1000, 2 * MIB)]);
     assert_eq!(r.samples.len(), samples);
 }
+
+/// `sleep_tags` spreads the allocations over that many tags that can sleep, each with
+/// granules of its own in vmm: four half-MiB allocations fill one 2 MiB granule untagged, and
+/// four granules over four tags (by hand: one allocation per tag, a granule each).
+#[test_case(0, 2 * MIB ; "untagged share a granule")]
+#[test_case(4, 8 * MIB ; "four tags take a granule each")]
+#[test_case(2, 4 * MIB ; "two tags take two")]
+fn sleep_tags_give_each_tag_its_granules(sleep_tags: u32, reserved: u64) {
+    let half = MIB / 2;
+    let input = trace(
+        &[
+            (A, 1, half),
+            (A, 2, half),
+            (A, 3, half),
+            (A, 4, half),
+            (F, 1, half),
+            (F, 2, half),
+            (F, 3, half),
+            (F, 4, half),
+        ],
+        0,
+    );
+    let baseline = Baseline::scan(&input).unwrap();
+    let options = ReplayOptions {
+        device: device(64 * MIB),
+        fraction: 1.0,
+        samples: 0,
+        sleep_tags,
+    };
+    let r = replay(&input, &baseline, ReplayStrategy::Vmm, &options, None).unwrap();
+    assert_eq!((r.peak_live, r.peak_reserved), (2 * MIB, reserved));
+}

@@ -83,20 +83,26 @@
 //!   granules — so a granule under a pending chunk is never stitched away, unmapped or
 //!   trimmed — with an event recorded on `S` at the free (events come from a small pool of
 //!   [`EVENT_POOL`] and are reused);
-//! * a request on `S` may reuse one of `S`'s pending chunks at once: the smallest that holds
-//!   it (then the lowest address), the request placed at its start (small) or end (large) as
-//!   in a free chunk; what is left of it stays pending under the same event;
+//! * a request on `S` may reuse a chunk pending on `S`'s handle behind a GPU-side wait for
+//!   its event (on the same stream the wait is already met; on a stream that was given a
+//!   destroyed stream's handle value it is the order): the smallest that holds it (then the
+//!   lowest address), the request placed at its start (small) or end (large) as in a free
+//!   chunk, and only a chunk of the request's own class (a tag that can sleep shares no
+//!   granule); what is left of it stays pending under the same event;
 //! * every allocation first polls the pending frees (events on one stream complete in order)
 //!   and returns completed ones to the free space, coalescing them;
 //! * before mapping more granules (idle, stitched or new), reserving more address space or
 //!   reporting out-of-memory, all pending frees are waited for and the chunks returned,
 //!   rather than taking memory while memory is only waiting; [`Allocator::trim`] waits for
 //!   the work on all freed memory before it unmaps anything;
-//! * at the switch, the first stream is synchronised once if anything was freed on it, since
-//!   those frees went back without an event;
+//! * at the switch, if anything was freed on the first stream (without an event), a *fence*
+//!   event is recorded there, and every request served from the free space waits for it on
+//!   the GPU until it completes; granules under such frees are stitched or unmapped only once
+//!   a fence covering them completed;
 //! * streams are the caller's: when no event can be recorded on `S`, `S` is synchronised
 //!   (then the device) and the chunk freed at once; if nothing can be waited for, the chunk
-//!   stays pending until something can — a refusal is never taken for "idle".
+//!   stays pending until the device can be — a refusal is never taken for "idle". (See
+//!   `strategy::stream_order`'s *Stream handles* for what is never trusted about a handle.)
 //!
 //! Pending chunks are not counted in `bytes_in_use` or [`VmmAllocator::live_count`];
 //! [`VmmAllocator::pending_frees`] counts them. The per-bin summaries and region maps of an

@@ -325,8 +325,18 @@ pub(super) fn free_all<D: Device + ?Sized>(device: &D, copies: Vec<HostCopy>) {
 /// The refusal of host memory for the copy of an allocation of `tag` (`size` bytes) put
 /// to sleep.
 fn host_refused(e: Error, tag: &str, size: u64) -> Error {
-    let _ = (tag, size);
-    e
+    match e {
+        Error::HostOutOfMemory { bytes, .. } => Error::HostOutOfMemory {
+            bytes,
+            what: format!(
+                "the contents of an allocation of {} tagged {} put to sleep (the sleep is \
+                 given up: everything stays awake with its bytes)",
+                Bytes(size),
+                crate::error::shown(tag)
+            ),
+        },
+        other => other,
+    }
 }
 
 /// Frees host copies made by a sleep that is given up.
