@@ -13,6 +13,7 @@ import pathlib
 import subprocess
 import sys
 import tempfile
+import threading
 
 # The device the global allocator (the hooks', portalloc.stats()) is made for when first
 # used, whatever the caller's environment: 64 MiB of real host memory, half of it usable,
@@ -129,6 +130,34 @@ def torch_hooks():
     lib.portalloc_torch_free(p, MIB, 0, None)
     assert b"not the start of a live buffer" in lib.portalloc_last_error()
     assert not lib.portalloc_torch_alloc(-1, 0, None)
+    # Inside portalloc.region(name), a thread without a tag of its own — PyTorch's autograd
+    # threads in backward() — gets the region's name through the hook; one in a
+    # portalloc.tag block gets that block's name.
+    made = {}
+
+    def on_a_thread(key, thread_tag=None):
+        def run():
+            if thread_tag is None:
+                made[key] = lib.portalloc_torch_alloc(MIB, 0, None)
+            else:
+                with portalloc.tag(thread_tag):
+                    made[key] = lib.portalloc_torch_alloc(MIB, 0, None)
+
+        t = threading.Thread(target=run)
+        t.start()
+        t.join()
+
+    with portalloc.region("hook-region"):
+        on_a_thread("autograd")
+        on_a_thread("tagged", "hook-thread")
+    on_a_thread("after")
+    tags = {x["ptr"]: x["tag"] for x in portalloc.ledger(0)["live"]}
+    assert all(made.values()), made
+    assert tags[made["autograd"]] == "hook-region", tags
+    assert tags[made["tagged"]] == "hook-thread", tags
+    assert tags[made["after"]] == "torch", tags
+    for ptr in made.values():
+        lib.portalloc_torch_free(ptr, MIB, 0, None)
     # The global allocator cannot be closed by accident.
     portalloc.global_allocator(0).close()
     assert portalloc.stats(0)["live_allocations"] == 0
@@ -300,12 +329,73 @@ def text_is_str_without_nul():
         assert "données ✓" in [x["tag"] for x in a.ledger()["live"]]
         assert c.tag == "données ✓"
         refused(ValueError, ["tag", "Unicode"], a.allocate, 4096, tag="\udcff")
+    # The tags that can sleep: a non-empty str without NUL, of at most 1024 bytes.
+    for enter in (portalloc.tag, portalloc.region):
+        refused(ValueError, ["name = ''", "non-empty"], _enter, enter, "")
+        refused(ValueError, ["name", "NUL"], _enter, enter, "wei\0ghts")
+        refused(TypeError, ["name", "bytes"], _enter, enter, b"weights")
+        refused(PortallocError, ["1025 bytes", "at most 1024"], _enter, enter, "x" * 1025)
+    refused(ValueError, ["declare", "non-empty"], portalloc.declare, "")
+    refused(TypeError, ["declare", "None"], portalloc.declare, None)
+    refused(PortallocError, ["1025 bytes"], portalloc.declare, "x" * 1025)
+    portalloc.declare("x" * 1024)
     for name, value in (("strategy", "bfc\0platform"), ("backend", "host\0cuda")):
         opts = dict(SMALL)
         opts[name] = value
         refused(ValueError, [name, "NUL"], Allocator.create, **opts)
         opts[name] = value.encode()
         refused(TypeError, [name], Allocator.create, **opts)
+
+
+@check
+def regions_on_several_threads_interleave():
+    # The process has one region tag: that of the block entered last among those still open.
+    # Thread A opens "a", thread B opens "b", A leaves first: the tag is still "b", and none
+    # once B has left too.
+    with Allocator.create(**SMALL) as a:
+
+        def probe():
+            got = []
+            t = threading.Thread(target=lambda: got.append(a.allocate(4096)))
+            t.start()
+            t.join()
+            tag = [x["tag"] for x in a.ledger()["live"] if x["ptr"] == got[0].ptr]
+            assert tag == [got[0].tag], (tag, got)
+            a.free(got[0])
+            return got[0].tag
+
+        steps = {k: threading.Event() for k in ("a in", "b in", "a out", "b out")}
+        leave = {k: threading.Event() for k in ("a", "b")}
+
+        def region(name, after=None):
+            if after is not None:
+                steps[after].wait(60)
+            with portalloc.region(name):
+                steps[name + " in"].set()
+                leave[name].wait(60)
+            steps[name + " out"].set()
+
+        threads = [
+            threading.Thread(target=region, args=("a",)),
+            threading.Thread(target=region, args=("b", "a in")),
+        ]
+        for t in threads:
+            t.start()
+        assert steps["b in"].wait(60)
+        assert probe() == "b"
+        leave["a"].set()
+        assert steps["a out"].wait(60)
+        assert probe() == "b", "leaving A's region ended B's"
+        leave["b"].set()
+        for t in threads:
+            t.join()
+        assert probe() == "buffer"
+
+
+def _enter(context, name):
+    """Enters and leaves ``context(name)``."""
+    with context(name):
+        pass
 
 
 def _ledger_at(path):

@@ -178,6 +178,88 @@ def sleep_and_wake_keep_the_pointer_and_the_bytes():
     a.close()
 
 
+def regions_tag_the_buffers_of_other_threads():
+    """``portalloc.region(name)`` tags the buffers allocated without a tag on threads
+    started inside it — PyTorch's autograd threads during ``backward()`` — and they sleep
+    with the region's name; a ``portalloc.tag`` block on such a thread wins; regions nest,
+    and leaving one (by an exception too) restores the one outside."""
+    import threading
+
+    mib = 1 << 20
+    a = portalloc.Allocator.create(
+        strategy="vmm",
+        backend="host",
+        host_simulated=False,
+        host_capacity=128 * mib,
+        mem_fraction=0.5,
+        ignore_env=True,
+    )
+    made = {}
+
+    def on_a_thread(key, thread_tag=None):
+        def run():
+            if thread_tag is None:
+                made[key] = a.allocate(mib)
+            else:
+                with portalloc.tag(thread_tag):
+                    made[key] = a.allocate(mib)
+
+        t = threading.Thread(target=run)
+        t.start()
+        t.join()
+        assert key in made, "the thread failed to allocate %s" % key
+
+    with portalloc.region("weights"):
+        on_a_thread("autograd")
+        on_a_thread("own", "mine")
+        made["here"] = a.allocate(mib)
+        with portalloc.tag("block"):
+            made["block"] = a.allocate(mib)
+        made["explicit"] = a.allocate(mib, tag="named")
+        with portalloc.region("inner"):
+            on_a_thread("inner")
+        on_a_thread("outer again")
+        try:
+            with portalloc.region("raised"):
+                on_a_thread("raised")
+                raise KeyError("leaving by an exception")
+        except KeyError:
+            pass
+        on_a_thread("after the exception")
+    on_a_thread("outside")
+    expected = {
+        "autograd": "weights",
+        "own": "mine",
+        "here": "weights",
+        "block": "block",
+        "explicit": "named",
+        "inner": "inner",
+        "outer again": "weights",
+        "raised": "raised",
+        "after the exception": "weights",
+        "outside": "buffer",
+    }
+    live = {b["ptr"]: b["tag"] for b in a.ledger()["live"]}
+    got = {key: live[made[key].ptr] for key in expected}
+    assert got == expected, got
+    assert {key: made[key].tag for key in expected} == expected, made
+    weights = [key for key, t in expected.items() if t == "weights"]
+    before = a.stats()["pool_bytes"]
+    a.sleep("weights", keep=False)
+    after = a.stats()
+    assert after["bytes_asleep"] == len(weights) * mib, after
+    asleep = {b["ptr"] for b in a.ledger()["live"] if b["asleep"]}
+    assert asleep == {made[key].ptr for key in weights}, (asleep, made)
+    # Declared by the region, the tag's buffers lie on memory of their own: all of it
+    # goes back.
+    assert before - after["pool_bytes"] >= len(weights) * mib, (before, after)
+    a.wake("weights")
+    assert a.stats()["bytes_asleep"] == 0
+    for b in made.values():
+        a.free(b)
+    a.close()
+
+
 CHECKS = [
     imported_from_the_virtual_environment,
     the_library_is_inside_the_package,
@@ -185,6 +267,7 @@ CHECKS = [
     every_public_function_is_typed,
     the_readme_command_works_from_the_root_directory,
     sleep_and_wake_keep_the_pointer_and_the_bytes,
+    regions_tag_the_buffers_of_other_threads,
 ]
 
 

@@ -76,6 +76,8 @@ __all__ = [
     "sleep",
     "wake",
     "tag",
+    "region",
+    "declare",
     "STATUS_NAMES",
 ]
 
@@ -284,6 +286,8 @@ def load(path: Optional[PathArg] = None) -> ctypes.CDLL:
     _sig(lib, "portalloc_wake", S, P, ctypes.c_char_p)
     _sig(lib, "portalloc_sleep_stats", S, P, ctypes.POINTER(u64), ctypes.POINTER(u64))
     _sig(lib, "portalloc_set_thread_tag", S, ctypes.c_char_p)
+    _sig(lib, "portalloc_set_process_tag", S, ctypes.c_char_p)
+    _sig(lib, "portalloc_declare_sleep_tag", S, ctypes.c_char_p)
     _sig(lib, "portalloc_global", S, ctypes.c_int32, ctypes.POINTER(P))
     _sig(lib, "portalloc_torch_alloc", P, ctypes.c_ssize_t, ctypes.c_int, P)
     _sig(lib, "portalloc_torch_free", None, P, ctypes.c_ssize_t, ctypes.c_int, P)
@@ -576,8 +580,14 @@ class Allocator:
         register. The buffer is freed in stream order on it.
 
         ``size``, ``alignment`` (a power of two, 0: the default) and ``stream`` are integers
-        from 0 to 2**64-1; ``tag`` a ``str`` without NUL (``None``: the name of the
-        :func:`tag` block it is made in, else ``"buffer"``).
+        from 0 to 2**64-1; ``tag`` a ``str`` without NUL (``None``: the name of this thread's
+        :func:`tag` block it is made in, else that of the process's :func:`region`, else
+        ``"buffer"``).
+
+        A tag given here is a name in the ledger; for its buffers to sleep apart from every
+        other tag's (a sleep then hands back all of their memory), it must be declared:
+        :func:`declare`, or made in a :func:`tag` or :func:`region` block of that name, which
+        declare it.
         """
         call = "allocate"
         nbytes = _u64(call, "size", size)
@@ -669,7 +679,15 @@ class Allocator:
         (pinned where the driver offers it), without it they are discarded (a KV cache).
         :meth:`wake` maps memory at the same addresses again, so pointers — and CUDA graphs
         captured over them — stay valid. A tag with no awake buffer: nothing to do. Only the
-        ``vmm`` strategy offers it (others raise ``UNSUPPORTED``)."""
+        ``vmm`` strategy offers it (others raise ``UNSUPPORTED``).
+
+        All of the tag's memory goes back when the tag was declared before its buffers were
+        made — by a :func:`tag` or :func:`region` block of that name, or by :func:`declare`:
+        ``vmm`` then keeps them on memory no other tag shares. The buffers of an undeclared
+        tag (one only ever given to :meth:`allocate`) sleep too, but hand back only the memory
+        they share with no buffer of another tag. A buffer donated (:meth:`donate`) sleeps
+        with its new tag, not its old one; a freed buffer whose free waits for another
+        stream's work (:meth:`record_stream`) sleeps no more."""
         if not isinstance(keep, bool):
             raise _type_error("sleep", "keep", "True or False", keep)
         encoded = _text("sleep", "tag", tag, optional=False)
@@ -761,28 +779,60 @@ def wake(tag: str, device: SupportsIndex = 0) -> None:
 
 _tags = threading.local()
 
+#: The open :func:`region` blocks of the process, oldest first: ``(token, name)``. The
+#: process tag is the name of the last; guarded by ``_regions_lock``, under which the C
+#: ABI's process tag is set too, so that the two agree.
+_regions: List[Tuple[object, bytes]] = []
+_regions_lock = threading.Lock()
+
 
 def _tag_or_thread(tag: Optional[str], default: str) -> str:
-    """``tag``, else the name of the innermost :func:`tag` block of this thread, else
-    ``default``."""
+    """``tag``, else the name of the innermost :func:`tag` block of this thread, else that of
+    the process's :func:`region`, else ``default``: the order in which the C ABI labels an
+    allocation."""
     if tag is not None:
         return tag
     stack: List[bytes] = getattr(_tags, "stack", [])
-    return stack[-1].decode("utf-8") if stack else default
+    if stack:
+        return stack[-1].decode("utf-8")
+    with _regions_lock:
+        return _regions[-1][1].decode("utf-8") if _regions else default
+
+
+def _sleep_tag(call: str, name: object) -> bytes:
+    """``name`` as the UTF-8 bytes of a tag that can sleep: a non-empty ``str`` without NUL."""
+    encoded = _text(call, "name", name, optional=False)
+    if not encoded:
+        raise ValueError(
+            "portalloc: %s: name = '' is not accepted: a non-empty name (untagged buffers "
+            "never sleep)" % call
+        )
+    return encoded
+
+
+def declare(name: str) -> None:
+    """Declares ``name`` as a tag whose buffers can sleep on their own: from now on the
+    ``vmm`` strategy keeps the buffers tagged ``name`` on memory no other tag shares, so that
+    :func:`sleep` hands all of it back. For buffers given the tag explicitly
+    (``Allocator.allocate(size, tag=name)``): a tag given so is otherwise only a name in the
+    ledger. :func:`tag` and :func:`region` declare their name themselves. Declaring is
+    process-wide (every allocator, every device) and lasts for the process; declaring again
+    does nothing. ``name`` is a non-empty ``str`` without NUL, of at most 1024 bytes."""
+    _check(load().portalloc_declare_sleep_tag(_sleep_tag("declare", name)))
 
 
 @contextmanager
 def tag(name: str) -> Iterator[None]:
     """Inside ``with portalloc.tag(name):``, the buffers this thread allocates without a tag
     of their own — every tensor PyTorch or CuPy allocates through portalloc's hooks — carry
-    ``name``, so that :func:`sleep` and :func:`wake` can act on them. Nested blocks: the
-    innermost name; on leaving, the one outside again."""
-    encoded = _text("tag", "name", name, optional=False)
-    if not encoded:
-        raise ValueError(
-            "portalloc: tag: name = '' is not accepted: a non-empty name (untagged buffers "
-            "never sleep)"
-        )
+    ``name``, so that :func:`sleep` and :func:`wake` can act on them; ``name`` is declared
+    (:func:`declare`), so that a sleep hands back all of their memory. Nested blocks: the
+    innermost name; on leaving (by an exception too), the one outside again.
+
+    Only this thread: tensors PyTorch makes on its own threads — autograd's, during
+    ``backward()`` — are not tagged by it; :func:`region` tags them. Within this thread the
+    block wins over a region."""
+    encoded = _sleep_tag("tag", name)
     stack: List[bytes] = getattr(_tags, "stack", [])
     _tags.stack = stack
     _check(load().portalloc_set_thread_tag(encoded))
@@ -792,6 +842,41 @@ def tag(name: str) -> Iterator[None]:
     finally:
         stack.pop()
         _check(load().portalloc_set_thread_tag(stack[-1] if stack else None))
+
+
+@contextmanager
+def region(name: str) -> Iterator[None]:
+    """Inside ``with portalloc.region(name):``, the buffers that **any thread of the
+    process** allocates without a tag of their own carry ``name``, unless that thread is in a
+    :func:`tag` block (which wins: explicit tag, then the thread's :func:`tag`, then the
+    region, then the default). For the threads a framework starts itself — PyTorch's
+    autograd threads make gradients and other tensors during ``backward()`` — which a
+    :func:`tag` block on the calling thread does not reach. ``name`` is declared
+    (:func:`declare`), so that :func:`sleep` hands back all of its buffers' memory.
+
+    Process-wide, unlike :func:`tag`: while the block is open, every thread's untagged
+    buffers get ``name`` — those of threads that have nothing to do with it too. Nested
+    blocks: the innermost name; on leaving (by an exception too), the one outside again.
+    Blocks opened on several threads at once interleave: the process has one region tag,
+    that of the block entered last among those still open, whichever thread entered it;
+    leaving a block removes that block only, so the tag is then that of the latest block
+    still open (another thread's, possibly), and none once every block is left. So while
+    two threads' regions overlap, the buffers of both threads go to the one entered last:
+    use :func:`tag` for work that runs on threads of its own at the same time."""
+    encoded = _sleep_tag("region", name)
+    token = object()
+    with _regions_lock:
+        _check(load().portalloc_set_process_tag(encoded))
+        _regions.append((token, encoded))
+    try:
+        yield
+    finally:
+        with _regions_lock:
+            for i in range(len(_regions) - 1, -1, -1):
+                if _regions[i][0] is token:
+                    del _regions[i]
+                    break
+            _check(load().portalloc_set_process_tag(_regions[-1][1] if _regions else None))
 
 
 def install_torch(path: Optional[PathArg] = None) -> Any:
@@ -826,8 +911,8 @@ class _CupyOwner:
 def install_cupy(path: Optional[PathArg] = None) -> Callable[[int], Any]:
     """Makes portalloc CuPy's allocator (``cupy.cuda.set_allocator``): each request is a
     buffer of the current device's global allocator for CuPy's current stream
-    (``cupy.cuda.get_current_stream()``), tagged ``cupy`` (or the name of the
-    :func:`tag` block it is made in), freed in stream order on that
+    (``cupy.cuda.get_current_stream()``), tagged ``cupy`` (or the name of the :func:`tag`
+    block it is made in, else that of the :func:`region`), freed in stream order on that
     stream when CuPy drops it — as CuPy's own pool does. Raises ImportError without
     CuPy."""
     cupy = importlib.import_module("cupy")  # optional: ImportError without it
@@ -838,7 +923,8 @@ def install_cupy(path: Optional[PathArg] = None) -> Callable[[int], Any]:
         device = cupy.cuda.Device().id
         stream = cupy.cuda.get_current_stream().ptr
         allocator = global_allocator(device)
-        # Inside `portalloc.tag(name)`, that name (the thread's tag); else `cupy`.
+        # Inside `portalloc.tag(name)`, that name (the thread's tag); else inside
+        # `portalloc.region(name)`, that one (the process's); else `cupy`.
         buf = allocator.allocate(size, stream=stream, tag=_tag_or_thread(None, "cupy"))
         owner = _CupyOwner(allocator, buf.handle)
         memory = cupy.cuda.memory.UnownedMemory(buf.ptr, size, owner, device_id=device)
