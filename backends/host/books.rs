@@ -506,6 +506,33 @@ impl Books {
         Ok(alignment.max(self.granularity))
     }
 
+    /// Checks the address hint of `reserve_at(size, _, addr)` (`align` from
+    /// [`Books::check_reserve`]); returns it when a reservation may be tried there: non-zero,
+    /// a multiple of `align`, and clear of every live reservation. `None`: reserve anywhere.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for an address that is not a multiple of the granularity.
+    ///
+    /// # Time complexity
+    /// `O(log reservations)`.
+    pub(crate) fn check_reserve_hint(
+        &self,
+        size: u64,
+        align: u64,
+        addr: u64,
+    ) -> Result<Option<u64>> {
+        self.granular("reserve_at", "address", addr, false)?;
+        if addr == 0 || addr % align != 0 {
+            return Ok(None);
+        }
+        let Some(end) = addr.checked_add(size) else {
+            return Ok(None);
+        };
+        let i = self.reservations.partition_point(|r| r.base < end);
+        let clear = i == 0 || self.reservations[i - 1].end() <= addr;
+        Ok(clear.then_some(addr))
+    }
+
     /// Records a reservation checked by [`Books::check_reserve`] (the address space gives
     /// none that overlaps a live one).
     ///

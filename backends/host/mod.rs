@@ -891,14 +891,31 @@ impl VirtualMemory for HostDevice {
     /// granularity or an alignment that is not 0 or a power of two; [`Error::Os`] when the
     /// address space is exhausted (`ENOMEM`) or `mmap` fails.
     fn reserve(&self, size: u64, alignment: u64) -> Result<u64> {
+        self.reserve_at(size, alignment, 0)
+    }
+
+    /// As [`VirtualMemory::reserve`], at `addr` when that range is free (0: anywhere): in
+    /// real mode `mmap` with `MAP_FIXED_NOREPLACE` (a plain hint on a kernel without it),
+    /// which never replaces a mapping; simulated, the books give the range when it is free.
+    /// Otherwise — the range overlaps a reservation or other memory, or `addr` is not a
+    /// multiple of the alignment — the reservation is made elsewhere, as `reserve` makes it:
+    /// the caller compares the address returned with its hint.
+    ///
+    /// # Errors
+    /// As `reserve`; [`Error::InvalidArgument`] for an address that is not a multiple of the
+    /// granularity.
+    fn reserve_at(&self, size: u64, alignment: u64, addr: u64) -> Result<u64> {
         let mut guard = self.lock();
         let st = &mut *guard;
         let align = st.books.check_reserve(size, alignment)?;
-        let va = match &mut st.sim {
-            Some(space) => space
-                .take(size, align)
+        let hint = st.books.check_reserve_hint(size, align, addr)?;
+        let va = match (&mut st.sim, hint) {
+            (Some(space), hint) => hint
+                .filter(|&at| space.take_at(at, size))
+                .or_else(|| space.take(size, align))
                 .ok_or_else(|| no_address_space("mmap"))?,
-            None => os::reserve(size, align, self.page)?,
+            (None, Some(at)) => os::reserve_at(size, align, self.page, at)?,
+            (None, None) => os::reserve(size, align, self.page)?,
         };
         st.books.insert_reservation(va, size);
         Ok(va)

@@ -158,6 +158,46 @@ pub(crate) fn reserve(len: u64, align: u64, page: u64) -> Result<u64> {
     Ok(aligned)
 }
 
+/// `MAP_FIXED_NOREPLACE` (Linux 4.17): place a mapping at the hint exactly or fail with
+/// `EEXIST`, never replacing what is mapped there. Elsewhere none: a plain hint.
+#[cfg(target_os = "linux")]
+const FIXED_NOREPLACE: libc::c_int = libc::MAP_FIXED_NOREPLACE;
+#[cfg(not(target_os = "linux"))]
+const FIXED_NOREPLACE: libc::c_int = 0;
+
+/// As [`reserve`], at `addr` (a multiple of `align`) when the kernel gives that range:
+/// `MAP_FIXED_NOREPLACE`, which fails rather than replace a mapping (a kernel before 4.17
+/// ignores the flag and takes `addr` as a plain hint, which never replaces one either). When
+/// the range is taken, or the kernel placed it elsewhere, the reservation is made anywhere,
+/// as [`reserve`] makes it.
+pub(crate) fn reserve_at(len: u64, align: u64, page: u64, addr: u64) -> Result<u64> {
+    let len_usize = usize_of("mmap", len)?;
+    // SAFETY: no MAP_FIXED: with MAP_FIXED_NOREPLACE the kernel fails (EEXIST) rather than
+    // replace an existing mapping, and without it `addr` is only a hint; either way no
+    // mapping (and hence no Rust object) is affected. PROT_NONE + MAP_NORESERVE commits no
+    // memory; the result is checked.
+    let ptr = unsafe {
+        libc::mmap(
+            addr as *mut libc::c_void,
+            len_usize,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | FIXED_NOREPLACE,
+            -1,
+            0,
+        )
+    };
+    if ptr != libc::MAP_FAILED {
+        let got = ptr as u64;
+        if got == addr {
+            return Ok(addr);
+        }
+        // A plain hint the kernel placed elsewhere, maybe misaligned: given back, and made
+        // anywhere aligned below.
+        unmap(got, len)?;
+    }
+    reserve(len, align, page)
+}
+
 /// Puts inaccessible, uncommitted address space back over `[addr, addr + len)` (inside a
 /// reservation of this backend), replacing whatever was mapped there.
 pub(crate) fn rereserve(addr: u64, len: u64) -> Result<()> {

@@ -80,6 +80,26 @@ impl SimSpace {
         }
     }
 
+    /// Takes `[addr, addr + len)` (`len` > 0) exactly, when it lies in the space and
+    /// overlaps no live range; false (taking nothing) otherwise. The cursor moves past it, so
+    /// fresh addresses are not handed out under it later.
+    pub(crate) fn take_at(&mut self, addr: u64, len: u64) -> bool {
+        let Some(stop) = addr.checked_add(len) else {
+            return false;
+        };
+        if len == 0 || addr < self.start || stop > self.end {
+            return false;
+        }
+        if let Some((&s, &l)) = self.live.range(..stop).next_back() {
+            if s + l > addr {
+                return false;
+            }
+        }
+        self.live.insert(addr, len);
+        self.cursor = self.cursor.max(stop);
+        true
+    }
+
     /// Returns the range starting at `addr`; false when none does.
     pub(crate) fn give(&mut self, addr: u64) -> bool {
         self.live.remove(&addr).is_some()
@@ -117,6 +137,25 @@ mod tests {
         assert_eq!(s.take(0x300, 0x100), Some(0x1100));
         assert_eq!(s.live(), 4);
         assert!(!s.give(0x1234));
+    }
+
+    #[test]
+    fn a_range_is_taken_at_its_address_when_free() {
+        let mut s = SimSpace::with_bounds(0x1000, 0x1000 + 10 * 0x100);
+        let a = s.take(0x200, 0x100).unwrap();
+        assert!(!s.take_at(a + 0x100, 0x100), "overlaps a live range");
+        assert!(!s.take_at(0x800, 0x100), "below the space");
+        assert!(!s.take_at(0x1000 + 9 * 0x100, 0x200), "past its end");
+        assert!(!s.take_at(u64::MAX - 0x10, 0x100), "wraps");
+        assert!(s.give(a));
+        assert!(
+            s.take_at(a, 0x200),
+            "freed, taken again at the same address"
+        );
+        assert!(s.take_at(0x1600, 0x100));
+        // The cursor moved past it: fresh addresses come from above.
+        assert_eq!(s.take(0x100, 0x100), Some(0x1700));
+        assert_eq!(s.live(), 3);
     }
 
     #[test]
