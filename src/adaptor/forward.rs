@@ -14,7 +14,8 @@ use crate::error::{Error, Result};
 /// A fallible call of a [`Device`], [`VirtualMemory`] or [`StreamOrderedPool`], with its
 /// arguments, as [`DeviceWrapper::before`] and [`DeviceWrapper::after`] see it.
 ///
-/// The infallible queries (`info`, `peer_access`, `granularity`) pass down unseen.
+/// The infallible queries (`info`, `peer_access`, `granularity`, `holds_released_memory`)
+/// pass down unseen.
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Call<'a> {
@@ -66,12 +67,16 @@ pub enum Call<'a> {
     CanAccessPeer(&'a DeviceInfo),
     /// [`Device::enable_peer_access`], with the peer's facts.
     EnablePeerAccess(&'a DeviceInfo),
-    /// [`VirtualMemory::reserve`].
+    /// [`VirtualMemory::reserve`], or [`VirtualMemory::reserve_at`] (which is `reserve` when
+    /// `addr` is 0): both named `reserve`, so that a fault injected into reservations reaches
+    /// both.
     Reserve {
         /// Bytes of address space.
         size: u64,
         /// Their alignment (0: the granularity).
         alignment: u64,
+        /// The address asked for (`reserve_at`'s hint); 0: anywhere (`reserve`).
+        addr: u64,
     },
     /// [`VirtualMemory::free_reservation`].
     FreeReservation {
@@ -503,7 +508,9 @@ impl<W: DeviceWrapper> Device for W {
 
 impl<W: DeviceWrapper> VirtualMemory for W {
     forward! { vm_beneath:
-        fn reserve(size: u64, alignment: u64) -> u64 = Call::Reserve { size, alignment };
+        fn reserve(size: u64, alignment: u64) -> u64 = Call::Reserve { size, alignment, addr: 0 };
+        fn reserve_at(size: u64, alignment: u64, addr: u64) -> u64 =
+            Call::Reserve { size, alignment, addr };
         fn free_reservation(va: u64, size: u64) -> () = Call::FreeReservation { va, size };
         fn create_physical(size: u64) -> PhysicalHandle = Call::CreatePhysical { size };
         fn release_physical(handle: PhysicalHandle) -> () = Call::ReleasePhysical(handle);
@@ -517,6 +524,11 @@ impl<W: DeviceWrapper> VirtualMemory for W {
         inner
             .virtual_memory()
             .map_or(inner.info().min_granularity, |vm| vm.granularity())
+    }
+    fn holds_released_memory(&self) -> bool {
+        self.wrapped()
+            .virtual_memory()
+            .is_some_and(|vm| vm.holds_released_memory())
     }
     fn set_access(&self, va: u64, size: u64) -> Result<()> {
         self.set_access_with_peers(va, size, &[])
@@ -696,6 +708,37 @@ mod tests {
             seen(&w),
             ["before free_pinned_host", "after free_pinned_host: failed"]
         );
+    }
+
+    #[test]
+    fn reserve_at_is_a_reserve_call_with_its_hint() {
+        let w = logging(&[], &[]);
+        let vm = w.virtual_memory().unwrap();
+        let g = vm.granularity();
+        assert!(!vm.holds_released_memory(), "the host's, passed down");
+        let va = vm.reserve(2 * g, 0).unwrap();
+        vm.free_reservation(va, 2 * g).unwrap();
+        assert_eq!(
+            vm.reserve_at(2 * g, 0, va).unwrap(),
+            va,
+            "the hint went down"
+        );
+        vm.free_reservation(va, 2 * g).unwrap();
+        assert_eq!(
+            seen(&w)[4..6],
+            ["before reserve", "after reserve: ok"],
+            "named reserve, so a fault for reserve reaches it"
+        );
+        let refused = logging(&["reserve"], &[]);
+        let vm = refused.virtual_memory().unwrap();
+        assert!(vm.reserve_at(2 * g, 0, va).is_err());
+        assert_eq!(refused.host.census().reservations, 0, "never went down");
+        let reserve_at = Call::Reserve {
+            size: 2 * g,
+            alignment: 0,
+            addr: va,
+        };
+        assert_eq!(reserve_at.name(), "reserve");
     }
 
     #[test]
