@@ -36,7 +36,10 @@ pub fn declare_sleepable(tag: &str) {
         return;
     }
     let mut declared = DECLARED.write().unwrap_or_else(PoisonError::into_inner);
-    if declared.get_or_insert_with(HashSet::new).insert(tag.to_owned()) {
+    if declared
+        .get_or_insert_with(HashSet::new)
+        .insert(tag.to_owned())
+    {
         GENERATION.fetch_add(1, Ordering::Release);
     }
 }

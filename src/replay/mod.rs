@@ -92,7 +92,7 @@ pub fn keep_freed_memory() -> bool {
 }
 
 pub use engine::{
-    min_capacity, min_capacity_with, replay, Baseline, Failure, MinCapacity, ReplayOptions, ReplayResult,
-    ReplayStrategy, Sample, TraceInput, STRATEGY_NAMES,
+    min_capacity, min_capacity_with, replay, Baseline, Failure, MinCapacity, ReplayOptions,
+    ReplayResult, ReplayStrategy, Sample, TraceInput, STRATEGY_NAMES,
 };
 pub use preset::{preset, DeviceSpec, PRESETS};

@@ -10,8 +10,8 @@ use portalloc::config::parse_size;
 use portalloc::error::shown_path;
 use portalloc::replay::workload::Workload;
 use portalloc::replay::{
-    min_capacity_with, preset, replay, Baseline, DeviceSpec, MinCapacity, ReplayOptions, ReplayResult,
-    ReplayStrategy, TraceInput,
+    min_capacity_with, preset, replay, Baseline, DeviceSpec, MinCapacity, ReplayOptions,
+    ReplayResult, ReplayStrategy, TraceInput,
 };
 use portalloc::trace::import::xla_dump::{self, XlaOptions};
 use portalloc::trace::{self, Event, Format, TraceError, TraceErrorKind, TraceHeader};
