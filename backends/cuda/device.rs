@@ -251,13 +251,16 @@ impl VendorApi for Cuda {
         self.check("cuMemRelease", unsafe { (api.release)(handle) })
     }
 
-    fn reserve(&self, size: u64, alignment: u64) -> Result<u64> {
+    /// `cuMemAddressReserve` with `addr` as its hint (0: none): the driver may answer
+    /// another address.
+    fn reserve(&self, size: u64, alignment: u64, addr: u64) -> Result<u64> {
         let api = self.driver.vmm("cuMemAddressReserve")?;
         let bytes = to_usize("cuMemAddressReserve", size)?;
         let align = to_usize("cuMemAddressReserve", alignment)?;
-        // SAFETY: writes one device pointer through a valid pointer; no fixed address.
+        // SAFETY: writes one device pointer through a valid pointer; the hint is a number
+        // the driver only compares with its free ranges (it dereferences nothing there).
         self.driver.out("cuMemAddressReserve", |va| unsafe {
-            (api.reserve)(va, bytes, align, 0, 0)
+            (api.reserve)(va, bytes, align, addr, 0)
         })
     }
 

@@ -227,6 +227,23 @@ impl Books {
         )
     }
 
+    /// Books a reservation the driver just made at `va` (wherever it is: an address hint
+    /// honoured, or one freed before and made again); `Some((start, size))` of the live
+    /// reservation it overlaps instead, booking nothing.
+    pub(crate) fn book_reservation(&mut self, va: u64, size: u64) -> Option<(u64, u64)> {
+        let end = va.saturating_add(size);
+        if let Some((&start, &len)) = self
+            .reservations
+            .range(..end)
+            .next_back()
+            .filter(|(&start, &len)| start.saturating_add(len) > va)
+        {
+            return Some((start, len));
+        }
+        self.reservations.insert(va, size);
+        None
+    }
+
     /// Takes a whole reservation with nothing mapped in it out of the books.
     pub(crate) fn claim_reservation(
         &mut self,
@@ -652,6 +669,33 @@ mod tests {
             b.check_copy("t", "c", va, G).is_err(),
             "mapped again: no access"
         );
+    }
+
+    #[test]
+    fn a_reservation_freed_is_booked_again_at_its_address_and_overlaps_are_refused() {
+        const G: u64 = 2 << 20;
+        let mut b = Books::default();
+        assert_eq!(b.book_reservation(1 << 40, 4 * G), None);
+        assert_eq!(b.book_reservation((1 << 40) + 4 * G, G), None, "adjacent");
+        assert_eq!(
+            b.book_reservation((1 << 40) + 2 * G, G),
+            Some((1 << 40, 4 * G)),
+            "inside the first"
+        );
+        assert_eq!(
+            b.book_reservation((1 << 40) + 3 * G, 2 * G),
+            Some(((1 << 40) + 4 * G, G)),
+            "over both: the last one it overlaps"
+        );
+        assert_eq!(
+            b.book_reservation((1 << 40) - G, 2 * G),
+            Some((1 << 40, 4 * G)),
+            "overlaps its start"
+        );
+        assert_eq!(b.reservations.len(), 2, "nothing booked for a refusal");
+        b.claim_reservation("t", 1 << 40, 4 * G).unwrap();
+        assert_eq!(b.book_reservation(1 << 40, 4 * G), None, "made again");
+        assert_eq!(b.reservations.get(&(1 << 40)), Some(&(4 * G)));
     }
 
     #[test]

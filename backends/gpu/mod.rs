@@ -51,6 +51,7 @@
 //! | copies, pinned host memory | `cuMemcpyDtoHAsync_v2` / `cuMemcpyHtoDAsync_v2` (required, CUDA 3.2); `cuMemHostAlloc` / `cuMemFreeHost` (optional group: without it, no pinned memory) | `hipMemcpyDtoHAsync` / `hipMemcpyHtoDAsync` (required, HIP ≤ 4.2); `hipHostMalloc` / `hipHostFree` (optional group) |
 
 mod books;
+mod probe;
 
 use std::fmt;
 use std::ptr::NonNull;
@@ -203,8 +204,9 @@ pub trait VendorApi: fmt::Debug + Send + Sync + Sized + 'static {
     /// # Safety
     /// `handle` must be a live handle from [`VendorApi::create_physical`], not used afterwards.
     unsafe fn release_physical(&self, handle: u64) -> Result<()>;
-    /// An address range of `size` bytes aligned to `alignment`.
-    fn reserve(&self, size: u64, alignment: u64) -> Result<u64>;
+    /// An address range of `size` bytes aligned to `alignment`, at `addr` when the driver
+    /// gives that address (0: anywhere); the driver's answer may be another address.
+    fn reserve(&self, size: u64, alignment: u64, addr: u64) -> Result<u64>;
     /// # Safety
     /// `[va, va + size)` must be a whole live reservation with nothing mapped in it.
     unsafe fn free_reservation(&self, va: u64, size: u64) -> Result<()>;
@@ -314,6 +316,11 @@ pub(crate) struct Opened<V> {
 ///   [`Error::DeviceOutOfMemory`].
 /// * Any stream the caller passes (its own, one from [`Device::create_stream`], or a special
 ///   handle) is used as it is.
+/// * With virtual memory, opening the device probes once what releasing physical memory gives
+///   back (one granule reserved, made, mapped, unmapped and released, the driver's free memory
+///   read around the release — see the `probe` module): [`VirtualMemory::holds_released_memory`]
+///   answers it, and the note `released memory` says what was found, how, and what vmm does
+///   about it. [`VirtualMemory::reserve_at`] passes its address hint to the driver.
 /// * Dropping the device gives back whatever it still holds — pool allocations (then a
 ///   synchronisation), allocations, mappings, physical handles, reservations, pinned host
 ///   memory, events, streams, the pool, peers — and warns about it.
@@ -321,6 +328,9 @@ pub struct GpuDevice<V: VendorApi> {
     vendor: V,
     info: DeviceInfo,
     granularity: u64,
+    /// What [`probe::probe_release`] found at open: a released handle's memory stays in use
+    /// until its reservation is freed. False without virtual memory.
+    holds_released_memory: bool,
     pool: Mutex<Option<u64>>,
     peers: Mutex<Vec<(u32, V::Peer)>>,
     handles: Mutex<Handles>,
@@ -362,15 +372,42 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl<V: VendorApi> GpuDevice<V> {
+    /// The device over what was opened; with virtual memory, first probes what releasing
+    /// physical memory gives back ([`probe::probe_release`]) and says so in the notes, after
+    /// the note on virtual memory.
     pub(crate) fn new(opened: Opened<V>) -> Self {
+        let mut info = opened.info;
+        let mut holds_released_memory = false;
+        let mut books = Books::default();
+        if info.capabilities.virtual_memory {
+            let found = probe::probe_release(&opened.vendor, opened.granularity);
+            holds_released_memory = found.holds;
+            let at = info
+                .notes
+                .iter()
+                .position(|(k, _)| k == "virtual memory")
+                .map_or(info.notes.len(), |i| i + 1);
+            info.notes.insert(at, (probe::NOTE.into(), found.note));
+            let kept = found.kept;
+            if let Some((va, size)) = kept.reservation {
+                books.reservations.insert(va, size);
+            }
+            if let Some(h) = kept.handle {
+                books.handles.insert(h);
+            }
+            if let (true, Some((va, size))) = (kept.mapped, kept.reservation) {
+                books.mappings.insert(va, size);
+            }
+        }
         GpuDevice {
             vendor: opened.vendor,
-            info: opened.info,
+            info,
             granularity: opened.granularity,
+            holds_released_memory,
             pool: Mutex::new(opened.pool),
             peers: Mutex::new(Vec::new()),
             handles: Mutex::new(Handles::default()),
-            books: Mutex::new(Books::default()),
+            books: Mutex::new(books),
         }
     }
 
@@ -814,7 +851,21 @@ impl<V: VendorApi> VirtualMemory for GpuDevice<V> {
     }
 
     fn reserve(&self, size: u64, alignment: u64) -> Result<u64> {
+        self.reserve_at(size, alignment, 0)
+    }
+
+    /// `cuMemAddressReserve` / `hipMemAddressReserve` with `addr` as the hint (0: none). The
+    /// driver's answer is booked whatever address it is, unless it overlaps a reservation
+    /// booked already (then it is freed again and refused).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a size that is not a non-zero multiple of the
+    /// granularity, an address that is not a multiple of it, or an alignment that is not 0 or
+    /// a power of two; [`Error::Driver`] when the driver refuses, or answers a range that
+    /// overlaps a live reservation of this device.
+    fn reserve_at(&self, size: u64, alignment: u64, addr: u64) -> Result<u64> {
         self.granular("reserve", "size", size, false)?;
+        self.granular("reserve_at", "address", addr, true)?;
         if alignment != 0 && !alignment.is_power_of_two() {
             return Err(Error::InvalidArgument {
                 call: "reserve",
@@ -824,9 +875,34 @@ impl<V: VendorApi> VirtualMemory for GpuDevice<V> {
             });
         }
         let _current = self.current()?;
-        let va = self.vendor.reserve(size, alignment.max(self.granularity))?;
-        self.books().reservations.insert(va, size);
-        Ok(va)
+        let va = self
+            .vendor
+            .reserve(size, alignment.max(self.granularity), addr)?;
+        let Some((start, len)) = self.books().book_reservation(va, size) else {
+            return Ok(va);
+        };
+        // SAFETY: the range the driver just answered, booked nowhere, so nothing of this
+        // device maps into it or frees it meanwhile.
+        if let Err(e) = unsafe { self.vendor.free_reservation(va, size) } {
+            tracing::warn!(backend = V::BACKEND, va, size, error = %e,
+                "could not free a reservation that overlaps a live one");
+        }
+        Err(Error::Driver {
+            backend: V::BACKEND,
+            call: "reserve",
+            code: 0,
+            name: "overlapping reservation".into(),
+            message: format!(
+                "the driver answered [{va:#x}, {:#x}) for a reservation of {size} bytes, which \
+                 overlaps the live reservation [{start:#x}, {:#x}) of this device",
+                va.saturating_add(size),
+                start.saturating_add(len)
+            ),
+        })
+    }
+
+    fn holds_released_memory(&self) -> bool {
+        self.holds_released_memory
     }
 
     fn free_reservation(&self, va: u64, size: u64) -> Result<()> {

@@ -295,12 +295,15 @@ impl VendorApi for Hip {
         self.check("hipMemRelease", unsafe { (vmm.release)(handle(h)) })
     }
 
-    fn reserve(&self, size: u64, alignment: u64) -> Result<u64> {
+    /// `hipMemAddressReserve` with `addr` as its hint (0: null, none): the runtime may
+    /// answer another address.
+    fn reserve(&self, size: u64, alignment: u64, addr: u64) -> Result<u64> {
         let vmm = self.runtime.vmm("hipMemAddressReserve")?;
         let (size, alignment) = (size as usize, alignment as usize);
-        // SAFETY: writes one pointer through a valid pointer; no fixed address is asked for.
+        // SAFETY: writes one pointer through a valid pointer; the hint is an address the
+        // runtime only compares with its free ranges (it dereferences nothing there).
         self.made("hipMemAddressReserve", |va| unsafe {
-            (vmm.reserve)(va, size, alignment, std::ptr::null_mut(), 0)
+            (vmm.reserve)(va, size, alignment, handle(addr), 0)
         })
     }
 

@@ -7,8 +7,9 @@
 //!   `LD_LIBRARY_PATH`): it loads, every required symbol resolves, and "no device" is a typed
 //!   error with HIP's own name;
 //! * **the conformance driver** `tests/drivers/fakehip.c` (compiled by the tests themselves): the capability
-//!   gates per ROCm personality, the tuning notes, error mapping, fault injection, and the
-//!   strategies through `portalloc::strategy::build` over a `HipDevice`, with every handle
+//!   gates per ROCm personality, the tuning notes, the release probe at open under ROCm 7's
+//!   reservation hold (`FAKEHIP_PROFILE` / `fakehip_set_profile`), error mapping, fault
+//!   injection, and the strategies through `portalloc::strategy::build` over a `HipDevice`, with every handle
 //!   given back at the end.
 //!
 //! Tests that load a library (or set environment variables) hold one lock: the fake keeps
@@ -248,6 +249,23 @@ impl Fake {
         self
     }
 
+    /// `fakehip_set_profile`: behave as the comma-separated profiles `names` from now on.
+    fn profile(&self, names: &str) -> &Self {
+        let f: unsafe extern "C" fn(*const std::ffi::c_char) -> c_int =
+            self.sym("fakehip_set_profile");
+        let c = std::ffi::CString::new(names).unwrap();
+        // SAFETY: a NUL-terminated list the fake reads during the call.
+        assert_eq!(unsafe { f(c.as_ptr()) }, 0, "fakehip knows {names:?}");
+        self
+    }
+
+    /// `fakehip_held_bytes`: bytes still charged for released handles no mapping holds.
+    fn held(&self) -> u64 {
+        let f: unsafe extern "C" fn() -> u64 = self.sym("fakehip_held_bytes");
+        // SAFETY: no arguments.
+        unsafe { f() }
+    }
+
     fn devices(&self, n: i32, capacity: u64) -> &Self {
         self.set_devices(n, capacity);
         self
@@ -454,6 +472,109 @@ fn rocm7_vmm_on_with_the_attribute_and_2mib_chunks() {
     let device = fake.open(0);
     assert!(!device.info().capabilities.virtual_memory);
     assert!(note(&device, "virtual memory").contains("(89) = 0"));
+}
+
+/// ROCm 7's hold (fakehip's `rocm7-reservation-hold`, ROCm/legacy-rocm-build#6021): the probe
+/// at open finds that a released handle's memory comes back only with its reservation — two
+/// releases that give back nothing, then the reservation's free that gives back both — so the
+/// device answers true and its note says what vmm does about it; under the documented profile
+/// one release gives the granule back and the answer is false. Either way the probe leaves
+/// nothing held (fakehip_held_bytes is 0) and the caller's current device as it was.
+#[test]
+fn release_probe_finds_the_reservation_hold() {
+    let Some(fake) = Fake::new() else { return };
+    fake.version(ROCM7).devices(2, 4 * GIB);
+    let counted = |fake: &Fake| {
+        [
+            "hipMemCreate",
+            "hipMemRelease",
+            "hipMemAddressFree",
+            "hipMemGetInfo",
+        ]
+        .map(|f| fake.calls(f))
+    };
+    for (profile, holds) in [("rocm7-reservation-hold", true), ("documented", false)] {
+        fake.profile(profile).set_current(1);
+        let before = counted(&fake);
+        let device = fake.open(0);
+        assert_eq!(fake.current(), 1, "{profile}: the caller's current device");
+        let made: Vec<i64> = counted(&fake)
+            .iter()
+            .zip(before)
+            .map(|(after, before)| after - before)
+            .collect();
+        let vm = device.virtual_memory().expect("ROCm 7: vmm on");
+        assert_eq!(vm.holds_released_memory(), holds, "{profile}");
+        let found = note(&device, "released memory");
+        if holds {
+            assert_eq!(
+                found,
+                "held until its reservation is freed (probed: releasing an unmapped 2.00 MiB \
+                 handle gave back 0 B, then 0 B; freeing its reservation gave back 4.00 MiB) — \
+                 vmm frees and re-reserves each range at the same address so sleep, trim and \
+                 shrink return memory"
+            );
+            assert_eq!(made, [2, 2, 1, 6], "two tries, then the reservation");
+        } else {
+            assert_eq!(
+                found,
+                "returned at release (probed: releasing an unmapped 2.00 MiB handle gave back \
+                 2.00 MiB)"
+            );
+            assert_eq!(made, [1, 1, 1, 2], "one try");
+        }
+        assert_eq!(fake.held(), 0, "{profile}: the probe holds nothing");
+        assert_eq!(fake.nonzero(crate::support::fakes::MEMORY), [], "{profile}");
+        // The answer passes through a wrapper (a `DeviceWrapper` such as the counting device).
+        let device = Arc::new(device);
+        let counting = portalloc::adaptor::CountingDevice::new(Arc::clone(&device));
+        assert_eq!(
+            counting.virtual_memory().unwrap().holds_released_memory(),
+            holds
+        );
+        drop((counting, device));
+        fake.assert_empty();
+    }
+    // Without virtual memory (ROCm 6) there is no probe, and no note.
+    fake.version(ROCM6);
+    let creates = fake.calls("hipMemCreate");
+    let device = fake.open(0);
+    assert!(device.virtual_memory().is_none());
+    assert!(device
+        .info()
+        .notes
+        .iter()
+        .all(|(k, _)| k != "released memory"));
+    assert_eq!(fake.calls("hipMemCreate"), creates);
+}
+
+/// `reserve_at` under ROCm 7's hold: a range whose reservation was freed is reserved again at
+/// its address, so vmm can hand back held memory and keep its addresses.
+#[test]
+fn reserve_at_gets_a_freed_range_back_under_the_hold() {
+    let Some(fake) = Fake::new() else { return };
+    fake.version(ROCM7).profile("rocm7-reservation-hold");
+    let device = fake.open(0);
+    let vm = device.virtual_memory().unwrap();
+    assert!(vm.holds_released_memory());
+    let g = vm.granularity();
+    let va = vm.reserve(2 * g, 0).unwrap();
+    let h = vm.create_physical(2 * g).unwrap();
+    vm.map(va, 2 * g, h, 0).unwrap();
+    vm.set_access(va, 2 * g).unwrap();
+    vm.unmap(va, 2 * g).unwrap();
+    vm.release_physical(h).unwrap();
+    assert_eq!(fake.held(), 2 * g, "held while reserved");
+    vm.free_reservation(va, 2 * g).unwrap();
+    assert_eq!(fake.held(), 0, "given back with the reservation");
+    assert_eq!(
+        vm.reserve_at(2 * g, 0, va).unwrap(),
+        va,
+        "the same addresses"
+    );
+    vm.free_reservation(va, 2 * g).unwrap();
+    drop(device);
+    fake.assert_empty();
 }
 
 #[test]

@@ -17,6 +17,15 @@
 //!   (CUDA) or device (HIP) unchanged after it; ranges the books refuse never reach the
 //!   driver; the driver's refusal is its typed error; pinned memory is counted until freed.
 //!
+//! * **Reserving at an address** (`VirtualMemory::reserve_at`): a range freed is had again
+//!   at its address (and maps), a hint over a live reservation or not aligned as asked is
+//!   relocated, one off the granularity is refused before the driver sees it.
+//! * **The release probe at open** (`VirtualMemory::holds_released_memory`): its calls, one
+//!   of each but the free-memory reads; nothing left; the caller's current context or device
+//!   unchanged; the documented answer (false), also through a wrapper; a probe call refused
+//!   leaves the answer false, the note naming the call, and nothing held once the device goes.
+//!   What ROCm 7's hold makes of it: `hip::release_probe_finds_the_reservation_hold`.
+//!
 //! One test body per behaviour, instantiated for each vendor (`cuda::…`, `hip::…`).
 #![cfg(any(feature = "cuda", feature = "hip"))]
 
@@ -41,6 +50,9 @@ struct Api {
     /// The stream-ordered copies behind `Device::copy_to_host` / `copy_from_host`.
     copy_to_host: &'static str,
     copy_from_host: &'static str,
+    /// The calls of the release probe at open, in its order: reserve, create, map, set
+    /// access, unmap, free memory, release, free the reservation.
+    probe: [&'static str; 8],
 }
 
 fn api(vendor: Vendor) -> Api {
@@ -53,6 +65,16 @@ fn api(vendor: Vendor) -> Api {
             set_access: "cuMemSetAccess",
             copy_to_host: "cuMemcpyDtoHAsync_v2",
             copy_from_host: "cuMemcpyHtoDAsync_v2",
+            probe: [
+                "cuMemAddressReserve",
+                "cuMemCreate",
+                "cuMemMap",
+                "cuMemSetAccess",
+                "cuMemUnmap",
+                "cuMemGetInfo_v2",
+                "cuMemRelease",
+                "cuMemAddressFree",
+            ],
         },
         _ => Api {
             driver_version: "hipDriverGetVersion",
@@ -62,6 +84,16 @@ fn api(vendor: Vendor) -> Api {
             set_access: "hipMemSetAccess",
             copy_to_host: "hipMemcpyDtoHAsync",
             copy_from_host: "hipMemcpyHtoDAsync",
+            probe: [
+                "hipMemAddressReserve",
+                "hipMemCreate",
+                "hipMemMap",
+                "hipMemSetAccess",
+                "hipMemUnmap",
+                "hipMemGetInfo",
+                "hipMemRelease",
+                "hipMemAddressFree",
+            ],
         },
     }
 }
@@ -529,6 +561,188 @@ fn copies_and_pinned_memory<D: FakeDevice>(fake: &Fake, a: &D, _: &D, api: &Api)
     fake.release_primary(1);
 }
 
+// ----- reserving at an address, and what a release gives back --------------------------------
+
+/// `reserve_at`: a range freed is reserved again at its address, and the books take it (it
+/// maps); a hint over a live reservation (this device's or the other device's: one address
+/// space) or not a multiple of the alignment asked is relocated to a range of its own; a hint
+/// off the granularity is refused before the driver sees it. The caller's current context or
+/// device is unchanged after each.
+fn reserve_at_an_address<D: FakeDevice>(fake: &Fake, a: &D, b: &D, api: &Api) {
+    let before = fake.current();
+    let caller = fake.primary(1);
+    fake.set_current(caller);
+    let unchanged = |after: &str| {
+        assert_eq!(
+            fake.current(),
+            caller,
+            "{after} changed the caller's current context or device"
+        )
+    };
+    let apart = |x: u64, xs: u64, y: u64, ys: u64| x + xs <= y || y + ys <= x;
+    let vm = a.virtual_memory().expect("every capability on");
+    let g = vm.granularity();
+
+    let va = vm.reserve(4 * g, 0).unwrap();
+    vm.free_reservation(va, 4 * g).unwrap();
+    let again = vm.reserve_at(4 * g, 0, va).unwrap();
+    unchanged("reserve_at");
+    assert_eq!(again, va, "a range freed is had again at its address");
+    assert_eq!(
+        (a.vendor_census().reservations, fake.live("reservations")),
+        (1, 1)
+    );
+    // The books took it: it maps, and access is granted.
+    let h = vm.create_physical(g).unwrap();
+    vm.map(va + g, g, h, 0).unwrap();
+    vm.set_access(va + g, g).unwrap();
+
+    // Over a live reservation of this device: a range of its own.
+    let inside = vm.reserve_at(2 * g, 0, va + 2 * g).unwrap();
+    unchanged("a relocated reserve_at");
+    assert!(
+        apart(inside, 2 * g, va, 4 * g),
+        "{inside:#x} overlaps [{va:#x}, +{})",
+        4 * g
+    );
+    // Over the other device's reservation: elsewhere too.
+    let vb = b.virtual_memory().unwrap().reserve(g, 0).unwrap();
+    let beside = vm.reserve_at(g, 0, vb).unwrap();
+    assert!(apart(beside, g, vb, g), "{beside:#x} is the other device's");
+    // Not a multiple of the alignment asked: elsewhere, aligned as asked.
+    let wide = vm.reserve(16 * g, 0).unwrap();
+    vm.free_reservation(wide, 16 * g).unwrap();
+    let hint = wide.next_multiple_of(8 * g) + g;
+    let aligned = vm.reserve_at(g, 8 * g, hint).unwrap();
+    assert!(aligned != hint && aligned % (8 * g) == 0, "{aligned:#x}");
+    // Off the granularity: refused by the books, no driver call.
+    let calls = fake.calls(api.probe[0]);
+    match vm.reserve_at(g, 0, va + g / 2) {
+        Err(Error::InvalidArgument { call, reason }) => {
+            assert_eq!(call, "reserve_at");
+            assert!(reason.contains("granularity"), "{reason}");
+        }
+        other => panic!("expected the books' refusal, got {other:?}"),
+    }
+    assert_eq!(fake.calls(api.probe[0]), calls, "never reached the driver");
+    unchanged("a refused reserve_at");
+
+    vm.unmap(va + g, g).unwrap();
+    vm.release_physical(h).unwrap();
+    for (at, size) in [(va, 4 * g), (inside, 2 * g), (beside, g), (aligned, g)] {
+        vm.free_reservation(at, size).unwrap();
+    }
+    b.virtual_memory().unwrap().free_reservation(vb, g).unwrap();
+    assert!(a.vendor_census().is_empty(), "{:?}", a.vendor_census());
+    fake.set_current(before);
+    fake.release_primary(1);
+}
+
+/// The note a device's probe left.
+fn release_note<D: FakeDevice>(device: &D) -> String {
+    device
+        .info()
+        .notes
+        .iter()
+        .find(|(k, _)| k == "released memory")
+        .map(|(_, v)| v.clone())
+        .unwrap_or_else(|| panic!("no release note in {:?}", device.info().notes))
+}
+
+/// The probe at open, on the documented behaviour: one granule reserved, made, mapped,
+/// granted access, unmapped and released — the free memory rose by it — and the reservation
+/// freed: one call of each, two free-memory reads. Nothing is left, the caller's current
+/// context or device is unchanged, and the answer is false, through a wrapper too.
+fn release_probe_documented<D: FakeDevice>() {
+    let Some(fake) = two_devices::<D>() else {
+        return;
+    };
+    let api = api(D::VENDOR);
+    let other = D::open(&fake, 1);
+    let before = fake.current();
+    let caller = fake.primary(1);
+    fake.set_current(caller);
+    let counted = |fake: &Fake| api.probe.map(|f| fake.calls(f));
+    let calls = counted(&fake);
+    let device = Arc::new(D::open(&fake, 0));
+    assert_eq!(
+        fake.current(),
+        caller,
+        "the probe changed the caller's current"
+    );
+    let made: Vec<i64> = counted(&fake)
+        .iter()
+        .zip(calls)
+        .map(|(after, before)| after - before)
+        .collect();
+    assert_eq!(made, [1, 1, 1, 1, 1, 2, 1, 1], "{:?}", api.probe);
+    assert_eq!(fake.nonzero(crate::support::fakes::MEMORY), []);
+    assert!(device.vendor_census().is_empty());
+    let vm = device.virtual_memory().unwrap();
+    let g = vm.granularity();
+    assert!(!vm.holds_released_memory());
+    let note = release_note(&*device);
+    let expected = format!(
+        "returned at release (probed: releasing an unmapped {} handle gave back {})",
+        portalloc::units::Bytes(g),
+        portalloc::units::Bytes(g)
+    );
+    assert_eq!(note, expected);
+    let counting = portalloc::adaptor::CountingDevice::new(Arc::clone(&device));
+    assert!(!counting.virtual_memory().unwrap().holds_released_memory());
+    drop((counting, device, other));
+    fake.set_current(before);
+    fake.release_primary(1);
+    fake.assert_empty();
+}
+
+/// A call of the probe refused: the answer is false and the note names the call, the caller's
+/// current is unchanged, and nothing is left once the device goes. A refused free of the
+/// scratch reservation after the answer was found keeps the answer; the device books the
+/// reservation and gives it back when it goes.
+fn release_probe_refused<D: FakeDevice>() {
+    let Some(fake) = two_devices::<D>() else {
+        return;
+    };
+    let api = api(D::VENDOR);
+    let other = D::open(&fake, 1);
+    let caller = fake.primary(1);
+    let before = fake.current();
+    fake.set_current(caller);
+    for call in api.probe {
+        fake.fail(call, 1, 1, UNKNOWN);
+        let device = D::open(&fake, 0);
+        fake.clear_faults();
+        assert_eq!(
+            fake.current(),
+            caller,
+            "{call} refused: the caller's current"
+        );
+        assert!(!device.virtual_memory().unwrap().holds_released_memory());
+        let note = release_note(&device);
+        if call == api.probe[7] {
+            assert!(note.starts_with("returned at release"), "{call}: {note}");
+            assert_eq!(device.vendor_census().reservations, 1, "kept by the device");
+        } else {
+            assert!(
+                note.starts_with("not known: the probe failed (")
+                    && note.contains(call)
+                    && note.contains(D::error_name(UNKNOWN))
+                    && note.ends_with("taken as returned at release"),
+                "{call}: {note}"
+            );
+            assert!(device.vendor_census().is_empty(), "{call}");
+            assert_eq!(fake.nonzero(crate::support::fakes::MEMORY), [], "{call}");
+        }
+        drop(device);
+        assert_eq!(fake.nonzero(crate::support::fakes::MEMORY), [], "{call}");
+    }
+    drop(other);
+    fake.set_current(before);
+    fake.release_primary(1);
+    fake.assert_empty();
+}
+
 /// Runs `body` over both devices of a fresh two-device fake; then, with the devices dropped,
 /// the fake must hold nothing.
 fn on_two_devices<D: FakeDevice>(body: fn(&Fake, &D, &D, &Api)) {
@@ -550,10 +764,11 @@ macro_rules! on_both_vendors {
             type D = $device;
 
             on_both_vendors!(@plain fault_window, fault_forever_until_cleared,
-                faults_side_by_side, live_vocabulary, vmm_grants_enabled_peers);
+                faults_side_by_side, live_vocabulary, vmm_grants_enabled_peers,
+                release_probe_documented, release_probe_refused);
             on_both_vendors!(@pair fault_through_the_backend, peers_enable, peers_not_capable,
                 set_access_with_peers_grants, set_access_refusals, can_access_peer_call,
-                copies_and_pinned_memory);
+                copies_and_pinned_memory, reserve_at_an_address);
         }
     };
     (@plain $($body:ident),*) => {
