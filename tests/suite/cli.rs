@@ -142,6 +142,56 @@ fn info_json_reports_each_probe() {
     }
 }
 
+/// `portalloc info` on a HIP device says what releasing physical memory gives back, as the
+/// probe at open found it: fakehip as ROCm 7 with the `rocm7-reservation-hold` profile holds
+/// it until the reservation is freed, and the line says what vmm does about it; under the
+/// documented profile it is returned at release. `--json` answers it per device.
+#[cfg(feature = "hip")]
+#[test]
+fn info_says_what_a_release_gives_back_on_hip() {
+    let Some(fakehip) = crate::support::driver("fakehip") else {
+        crate::support::skip("the fakehip conformance driver was not built (no C compiler)");
+        return;
+    };
+    let fakehip = fakehip.to_string();
+    let env = |profile| {
+        [
+            ("PORTALLOC_HIP_LIBRARY", fakehip.clone()),
+            ("PORTALLOC_CUDA_LIBRARY", "/nonexistent/libcuda.so.1".into()),
+            ("FAKEHIP_VERSION", "7.0".into()),
+            ("FAKEHIP_PROFILE", String::from(profile)),
+        ]
+    };
+    let held = env("rocm7-reservation-hold");
+    let held: Vec<(&str, &str)> = held.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    info_mentions(
+        &held,
+        &[
+            "Devices (hip)",
+            "released memory: held until its reservation is freed (probed: releasing an \
+             unmapped 2.00 MiB handle gave back 0 B, then 0 B; freeing its reservation gave \
+             back 4.00 MiB) — vmm frees and re-reserves each range at the same address so \
+             sleep, trim and shrink return memory",
+        ],
+    );
+    let v = portalloc_json(&["info", "--json"], &held);
+    assert_eq!(v["devices"][0]["holds_released_memory"], true);
+    let documented = env("documented");
+    let documented: Vec<(&str, &str)> = documented.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    info_mentions(
+        &documented,
+        &[
+            "released memory: returned at release (probed: releasing an unmapped 2.00 MiB handle \
+           gave back 2.00 MiB)",
+        ],
+    );
+    let v = portalloc_json(&["info", "--json"], &documented);
+    assert_eq!(v["devices"][0]["holds_released_memory"], false);
+    // A host device has no probe: nothing to hold, the value is its default.
+    let v = portalloc_json(&["info", "--json"], &[("PORTALLOC_BACKEND", "host")]);
+    assert_eq!(v["devices"][0]["holds_released_memory"], false);
+}
+
 #[test]
 fn forcing_an_unusable_backend_is_an_error_with_the_reason() {
     let Some(lib) = cuda_library() else {

@@ -294,6 +294,9 @@ fn info_json(
                 "info": d.info(),
                 "mem_info": mem,
                 "limit": config.limit(d.info().total_bytes),
+                // What the probe at open found (the note "released memory" says how); null
+                // without virtual memory.
+                "holds_released_memory": d.virtual_memory().map(|vm| vm.holds_released_memory()),
             }))
         })
         .collect::<portalloc::Result<Vec<_>>>()?;
