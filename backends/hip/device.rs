@@ -108,7 +108,10 @@ impl HipDeviceBuilder {
 ///   checked the device range; [`Device::alloc_pinned_host`] is
 ///   `hipHostMalloc(hipHostMallocDefault)`, `Ok(None)` on a runtime without it.
 /// * **Virtual memory** ([`VirtualMemory`]) only on ROCm ≥ 7 with attribute 89 set (see
-///   [`super::tuning`]), with chunks of the recommended granularity raised to 2 MiB.
+///   [`super::tuning`]), with chunks of the recommended granularity raised to 2 MiB. Opening
+///   it probes whether a released handle's memory is held until its reservation is freed
+///   (ROCm 7.x on Linux): [`VirtualMemory::holds_released_memory`], and the note `released
+///   memory`.
 /// * **Stream-ordered pool** ([`crate::device::StreamOrderedPool`]) when attribute 88 is set:
 ///   a pool of its own (`hipMemPoolCreate`), made at first use with its release threshold
 ///   set explicitly.

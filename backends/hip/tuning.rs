@@ -6,6 +6,7 @@
 //! |---|---|---|
 //! | capability gates | from `hipDeviceGetAttribute`, never the properties struct | `hipDeviceProp_t` changed layout in ROCm 6 (R0600); attributes are stable numbers |
 //! | virtual memory | only on ROCm ≥ 7 **and** attribute 89 (`hipDeviceAttributeVirtualMemoryManagementSupported`) = 1 | `hipMemMap` / `hipMemSetAccess` had known bugs before ROCm 7; 5.2.3 has no such attribute |
+//! | released memory | probed when a device with virtual memory is opened (`backends/gpu/probe.rs`): a released handle's memory given back at release, or held until its reservation is freed; the note `released memory` | ROCm 7.x on Linux holds it (ROCm/legacy-rocm-build#6021), so vmm must free and re-reserve a range to return memory; which runtimes do is found by trying, not read from a version |
 //! | pools | only with attribute 88 (`hipDeviceAttributeMemoryPoolsSupported`) = 1 | the runtime says whether its stream-ordered allocator works on the device |
 //! | pool release threshold | set explicitly when the pool is made and whenever asked | ROCm pools are known to keep freed memory otherwise |
 //! | chunk size and alignment | the recommended granularity, raised to 2 MiB | AMD GPUs map memory in 2 MiB fragments; ROCm may report 4 KiB as the minimum, and smaller chunks cost page-table entries and TLB reach |
