@@ -382,7 +382,8 @@ PortallocStatus portalloc_sleep_stats(struct PortallocAllocator *allocator,
                                       uint64_t *out_host_bytes);
 
 // Returns memory the allocator holds but does not use to the device; writes the bytes
-// released to `*out_released` if it is not null.
+// released to `*out_released` if it is not null. Frees deferred by
+// `portalloc_record_stream` are completed first (waiting for the streams recorded).
 //
 // # Safety
 // `out_released` null or valid for one `uint64_t`.

@@ -546,6 +546,17 @@ pub trait VirtualMemory: Send + Sync {
         false
     }
 
+    /// How long after a `map` returns the new mapping may still be invisible to GPU work
+    /// queued afterwards (reads see zeros, writes are lost): on gfx12 (RDNA 4) the map
+    /// returns before the page tables are updated, and no submission orders later work after
+    /// it — only wall-clock time does, about 2 ms (ROCm/rocm-systems#11693, ROCm/clr#288).
+    /// A strategy waits this long after mapping before it hands the memory out or copies
+    /// into it. Default zero: the documented behaviour, where a mapping is visible once the
+    /// call returns.
+    fn map_visible_after(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
+
     /// Creates `size` bytes of physical memory. Counts against the device's memory.
     fn create_physical(&self, size: u64) -> Result<PhysicalHandle>;
 

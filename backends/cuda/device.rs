@@ -508,6 +508,8 @@ impl GpuDevice<Cuda> {
             granularity: info.min_granularity,
             info,
             pool,
+            // CUDA documents a mapping as visible once cuMemMap returns.
+            map_visible_after: std::time::Duration::ZERO,
         }))
     }
 }

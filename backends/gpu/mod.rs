@@ -301,6 +301,8 @@ pub(crate) struct Opened<V> {
     pub(crate) granularity: u64,
     /// A pool made at open already (CUDA), or none (made at first use).
     pub(crate) pool: Option<u64>,
+    /// [`VirtualMemory::map_visible_after`]: the vendor's tuning for the architecture.
+    pub(crate) map_visible_after: std::time::Duration,
 }
 
 /// One GPU behind the [`Device`] trait, over a vendor's checked calls (`VendorApi`): `CudaDevice` and
@@ -331,6 +333,8 @@ pub struct GpuDevice<V: VendorApi> {
     /// What [`probe::probe_release`] found at open: a released handle's memory stays in use
     /// until its reservation is freed. False without virtual memory.
     holds_released_memory: bool,
+    /// How long a new mapping may stay invisible to GPU work ([`Opened::map_visible_after`]).
+    map_visible_after: std::time::Duration,
     pool: Mutex<Option<u64>>,
     peers: Mutex<Vec<(u32, V::Peer)>>,
     handles: Mutex<Handles>,
@@ -404,6 +408,7 @@ impl<V: VendorApi> GpuDevice<V> {
             info,
             granularity: opened.granularity,
             holds_released_memory,
+            map_visible_after: opened.map_visible_after,
             pool: Mutex::new(opened.pool),
             peers: Mutex::new(Vec::new()),
             handles: Mutex::new(Handles::default()),
@@ -903,6 +908,10 @@ impl<V: VendorApi> VirtualMemory for GpuDevice<V> {
 
     fn holds_released_memory(&self) -> bool {
         self.holds_released_memory
+    }
+
+    fn map_visible_after(&self) -> std::time::Duration {
+        self.map_visible_after
     }
 
     fn free_reservation(&self, va: u64, size: u64) -> Result<()> {

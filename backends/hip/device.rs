@@ -628,6 +628,7 @@ impl GpuDevice<Hip> {
             arch_found.as_ref().map(|(full, _)| full.as_str()),
         );
         let (_apu, apu_note) = tuning::apu_note(integrated);
+        let (map_visible_after, mapping_note) = tuning::map_visible_after(&arch);
 
         let notes = vec![
             (
@@ -656,6 +657,7 @@ impl GpuDevice<Hip> {
             ),
             ("apu".to_string(), apu_note),
             ("xnack".to_string(), xnack),
+            ("new mappings".to_string(), mapping_note),
         ];
         let info = DeviceInfo {
             vendor: Vendor::Hip,
@@ -685,6 +687,7 @@ impl GpuDevice<Hip> {
             info,
             granularity: chunk,
             pool: None,
+            map_visible_after,
         }))
     }
 

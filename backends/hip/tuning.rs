@@ -13,6 +13,7 @@
 //! | memory kind | coarse-grained (`hipMalloc`) by default; fine-grained or uncached (`hipExtMallocWithFlags`) on request | coarse-grained memory is device-coherent at kernel boundaries and runs at full bandwidth; fine-grained (host-coherent during kernels) is slower and only for those who need it |
 //! | APU | attribute 16 (`hipDeviceAttributeIntegrated`) reported | on an APU (MI300A) device memory is the same HBM the CPU uses: a preallocated fraction is taken from the host too |
 //! | XNACK | `HSA_XNACK` and the architecture's `xnack±` feature reported | with XNACK on, page faults are retried (unified memory can migrate); with it off, a fault is fatal |
+//! | new mappings | on gfx12 (RDNA 4), memory just mapped is used only [`MAP_VISIBLE_GFX12`] after the map returned | there `hsa_amd_vmem_map` returns before the page tables have the mapping: work in the next ~2 ms reads zeros and its writes are lost, and no queue submission orders it — only wall-clock time does (ROCm/rocm-systems#11693, ROCm/clr#288) |
 
 use serde::Serialize;
 
@@ -21,6 +22,36 @@ use crate::units::Bytes;
 
 /// The fragment size of AMD GPUs' page tables: chunks and alignments are at least this.
 pub const FRAGMENT: u64 = 2 << 20;
+
+/// How long a new mapping stays invisible to GPU work on gfx12 (RDNA 4): the delay that took
+/// corruption to 0 of 300 runs in ROCm/clr#288's measurements on an RX 9070 XT.
+pub const MAP_VISIBLE_GFX12: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// How long memory just mapped must wait before GPU work may use it on architecture `arch`
+/// (as [`arch_short`] gives it), and the note saying so.
+///
+/// ```
+/// use portalloc::backends::hip::tuning::{map_visible_after, MAP_VISIBLE_GFX12};
+/// assert_eq!(map_visible_after("gfx1201").0, MAP_VISIBLE_GFX12);
+/// assert!(map_visible_after("gfx942").0.is_zero());
+/// ```
+pub fn map_visible_after(arch: &str) -> (std::time::Duration, String) {
+    if arch.starts_with("gfx12") {
+        (
+            MAP_VISIBLE_GFX12,
+            format!(
+                "visible {} ms after the map on {arch}: vmm waits that long before it hands new \
+                 mappings out or copies into them (ROCm/rocm-systems#11693)",
+                MAP_VISIBLE_GFX12.as_millis()
+            ),
+        )
+    } else {
+        (
+            std::time::Duration::ZERO,
+            "visible when the map returns".to_string(),
+        )
+    }
+}
 
 /// The first ROCm release on which portalloc enables virtual memory.
 pub const VMM_MIN_MAJOR: i32 = 7;

@@ -530,6 +530,11 @@ impl<W: DeviceWrapper> VirtualMemory for W {
             .virtual_memory()
             .is_some_and(|vm| vm.holds_released_memory())
     }
+    fn map_visible_after(&self) -> std::time::Duration {
+        self.wrapped()
+            .virtual_memory()
+            .map_or(std::time::Duration::ZERO, |vm| vm.map_visible_after())
+    }
     fn set_access(&self, va: u64, size: u64) -> Result<()> {
         self.set_access_with_peers(va, size, &[])
     }

@@ -1034,6 +1034,10 @@ pub unsafe extern "C" fn portalloc_sleep(
         } else {
             crate::allocator::Keep::Nothing
         };
+        // Frees deferred by recorded streams whose work is done go back first: a sleep waits
+        // for the whole device anyway, and a buffer being freed must not hold its granules
+        // (and, where the driver holds released memory, its segment) through the sleep.
+        settle_deferred(&instance, true);
         instance.ledger.sleep(&tag, keep)?;
         Ok(())
     })
@@ -1084,7 +1088,8 @@ pub unsafe extern "C" fn portalloc_sleep_stats(
 }
 
 /// Returns memory the allocator holds but does not use to the device; writes the bytes
-/// released to `*out_released` if it is not null.
+/// released to `*out_released` if it is not null. Frees deferred by
+/// `portalloc_record_stream` are completed first (waiting for the streams recorded).
 ///
 /// # Safety
 /// `out_released` null or valid for one `uint64_t`.
@@ -1095,6 +1100,9 @@ pub unsafe extern "C" fn portalloc_trim(
 ) -> PortallocStatus {
     const CALL: &str = "portalloc_trim";
     with_instance(CALL, allocator, |instance| {
+        // Deferred frees first, waited for (a trim waits for the work on freed memory too),
+        // so that free + trim gives back everything not in use.
+        settle_deferred(&instance, true);
         let released = instance.ledger.trim()?;
         // SAFETY: the caller's promise on `out_released`.
         unsafe { write_opt(out_released, released) };

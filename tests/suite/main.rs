@@ -58,9 +58,11 @@ mod peer;
 mod pre_window;
 mod replay;
 mod replay_figures;
+
 mod rocm_profiles;
 mod selection;
 mod sleep;
+mod sleep_hold;
 mod sleep_world;
 mod stream_order;
 mod stress;

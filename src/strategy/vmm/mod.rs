@@ -209,6 +209,9 @@ pub struct VmmCounters {
     pub reservations: u64,
     /// Allocations placed by the exhaustive search under memory pressure.
     pub pressure_placements: u64,
+    /// Waits for new mappings to become visible to GPU work
+    /// ([`VirtualMemory::map_visible_after`]), one per request that mapped granules.
+    pub map_waits: u64,
 }
 
 /// Everything behind the lock.
@@ -244,6 +247,14 @@ struct Inner {
     /// The stream sleep and wake copy on: portalloc's own, made at the first sleep, so a
     /// copy never waits on (or uses) a caller's stream that may be gone.
     copy_stream: Option<crate::backends::own_stream::OwnedStream>,
+    /// In `hold` mode: the reserved regions (by base) each handle (by slot) has been mapped
+    /// into since they were reserved. The driver gives a released handle's memory back only
+    /// once all of them are freed, so a handle is released only then. Invariant: no freed
+    /// region is listed.
+    mapped_in: FxHashMap<u32, Vec<u64>>,
+    /// Regions in use whose reservation was freed and could not be had again at their
+    /// address: no request is placed there until a later try succeeds (a wake's).
+    blocked: Vec<usize>,
 }
 
 /// The lists of [`VmmAllocator::back`]. Invariant: all empty between calls.
@@ -329,9 +340,9 @@ impl Relocated {
 enum Shortfall {
     /// Not enough memory within the budget: `(needed, obtainable)` granules.
     Budget(u64, u64),
-    /// The placement's region was retired (its addresses could not be had again): place
-    /// the request again.
-    Retired,
+    /// The placement's region could not be reserved again at its address (it is retired or
+    /// blocked, and says why): place the request again.
+    Relocated(String),
     /// The device failed a call.
     Device(Error),
 }
@@ -425,6 +436,8 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
                 hold,
                 unreserved: Vec::new(),
                 copy_stream: None,
+                mapped_in: FxHashMap::default(),
+                blocked: Vec::new(),
             }),
         })
     }
@@ -700,6 +713,7 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         inner.counters.reservations += 1;
         if got == base {
             inner.unreserved[r] = false;
+            inner.blocked.retain(|&b| b != r);
             return Ok(());
         }
         if let Err(e) = vm.free_reservation(got, size) {
@@ -713,24 +727,31 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         {
             return Err(Relocated::Retired);
         }
+        if !inner.blocked.contains(&r) {
+            inner.blocked.push(r);
+        }
         Err(Relocated::Moved { base, size, got })
     }
 
     /// In `hold` mode: frees the reservation of every region that nothing awake uses, after
-    /// unmapping its free granules and releasing its handles — the only way such a driver
-    /// gives their memory back. Regions whose free granules still wait for work are left.
-    /// Returns the bytes released.
+    /// unmapping its free granules, and releases every handle with nothing mapped all of whose
+    /// regions are then freed — the only way such a driver gives memory back. A handle also
+    /// mapped in a region that stays reserved is kept, idle (releasing it would give nothing
+    /// back). Regions whose free granules still wait for work are left, and so are `except`
+    /// and the handles in `keep` (pieces a request holds, not mapped yet). Returns the bytes
+    /// released.
     ///
     /// # Errors
-    /// The device's error; what was released before it stays so.
+    /// The device's error; what was released or freed before it stays so.
     fn free_idle_regions(
         &self,
         vm: &dyn VirtualMemory,
         inner: &mut Inner,
         except: Option<u64>,
+        keep: &[Piece],
     ) -> Result<u64> {
         let g = self.granularity;
-        let mut released = 0;
+        let mut freeing: Vec<(usize, u64, u64)> = Vec::new();
         for r in 0..inner.space.regions().len() {
             if inner.unreserved[r] || inner.space.class_of_region(r) == sleep::RETIRED_CLASS {
                 continue;
@@ -752,16 +773,32 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
                     inner.phys.make_idle(piece);
                 }
             }
-            for (slot, h) in inner.phys.handles_homed(base) {
-                if h.mapped > 0 {
-                    continue;
-                }
-                vm.release_physical(PhysicalHandle(h.id))?;
-                inner.counters.releases += 1;
-                released += inner.phys.remove_handle(slot).unwrap_or(0);
+            freeing.push((r, base, size));
+        }
+        let mut released = 0;
+        for (slot, h) in inner.phys.handles_by_id() {
+            if h.mapped > 0 || keep.iter().any(|&(_, _, s)| s == slot) {
+                continue;
             }
+            let gone = inner.mapped_in.get(&slot).map_or(true, |regions| {
+                regions
+                    .iter()
+                    .all(|b| freeing.iter().any(|&(_, base, _)| base == *b))
+            });
+            if !gone {
+                continue;
+            }
+            vm.release_physical(PhysicalHandle(h.id))?;
+            inner.counters.releases += 1;
+            released += inner.phys.remove_handle(slot).unwrap_or(0);
+            inner.mapped_in.remove(&slot);
+        }
+        for (r, base, size) in freeing {
             vm.free_reservation(base, size)?;
             inner.unreserved[r] = true;
+            for regions in inner.mapped_in.values_mut() {
+                regions.retain(|&b| b != base);
+            }
         }
         Ok(released)
     }
@@ -791,8 +828,8 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         }
         match self.ensure_reserved(inner, start) {
             Ok(()) => {}
-            Err(Relocated::Retired) => return Err(Shortfall::Retired),
-            Err(other) => return Err(Shortfall::Device(other.into_error())),
+            Err(Relocated::Device(e)) => return Err(Shortfall::Device(e)),
+            Err(moved) => return Err(Shortfall::Relocated(moved.into_error().to_string())),
         }
         let vm = self.vm().map_err(Shortfall::Device)?;
         // The scratch lists, kept between calls so that backing a request allocates nothing
@@ -828,8 +865,27 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
             // The books record what the device mapped (nothing reads them in between), with
             // one search for the region.
             inner.counters.maps += mapped_now as u64;
+            let visible_after = vm.map_visible_after();
+            if mapped_now > 0 && !visible_after.is_zero() {
+                // Nothing may touch the new mappings before the driver's page tables have
+                // them (gfx12): the request waits, holding the lock, rather than hand out
+                // memory whose first writes may be lost. Only where memory is mapped.
+                std::thread::sleep(visible_after);
+                inner.counters.map_waits += 1;
+            }
             let phys = &mut inner.phys;
             phys.map_all(&missing[..mapped_now], &backing[..mapped_now]);
+            if inner.hold && mapped_now > 0 {
+                if let Some(r) = inner.space.region_at(start) {
+                    let base = inner.space.regions()[r].0;
+                    for &(_, _, slot) in &backing[..mapped_now] {
+                        let regions = inner.mapped_in.entry(slot).or_default();
+                        if !regions.contains(&base) {
+                            regions.push(base);
+                        }
+                    }
+                }
+            }
             mapping?;
             // Grant access to every run of granules under the request that lacks it.
             phys.lacking_access(start, end, &mut lacking);
@@ -917,6 +973,7 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
             inner.counters.stitches += 1;
             inner.counters.stitched_granules += stitched;
         }
+        let mut borrowed = false;
         while (backing.len() as u64) < n {
             let left = n - backing.len() as u64;
             let granules = if small {
@@ -927,7 +984,30 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
             let bytes = granules * g;
             if inner.phys.pool_bytes() + bytes > self.options.limit && inner.hold {
                 // Memory held for other regions that nothing uses goes back first.
-                self.free_idle_regions(vm, inner, home)?;
+                self.free_idle_regions(vm, inner, home, backing)?;
+                if inner.phys.pool_bytes() + bytes > self.options.limit && !borrowed {
+                    // Then, rather than refuse, memory of other regions: idle pieces and free
+                    // granules anywhere. The handles are then mapped in two regions, and go
+                    // back to the driver only once both are freed.
+                    borrowed = true;
+                    let phys = &mut inner.phys;
+                    while (backing.len() as u64) < n {
+                        let Some(piece) = phys.take_idle() else {
+                            break;
+                        };
+                        backing.push(piece);
+                    }
+                    let want = n.saturating_sub(backing.len() as u64);
+                    for v in phys.victims_within(None, start, end, want) {
+                        vm.unmap(v, g)?;
+                        inner.counters.unmaps += 1;
+                        inner.counters.stitched_granules += 1;
+                        if let Some(piece) = phys.unmap(v) {
+                            backing.push(piece);
+                        }
+                    }
+                    continue;
+                }
             }
             let phys = &mut inner.phys;
             if phys.pool_bytes() + bytes > self.options.limit {
@@ -956,7 +1036,7 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         if inner.hold {
             // Releasing a handle gives nothing back while its region stays reserved: whole
             // regions nothing awake uses go instead, handles and reservation.
-            return self.free_idle_regions(vm, inner, None);
+            return self.free_idle_regions(vm, inner, None, &[]);
         }
         let idle_handles: Vec<(u32, u64)> = inner
             .phys
@@ -1016,6 +1096,16 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         phys.untouched_in(start, end)
     }
 
+    /// True when `addr` lies in a region whose reservation could not be had again at its
+    /// address ([`Inner::blocked`]).
+    fn is_blocked(&self, inner: &Inner, addr: u64) -> bool {
+        !inner.blocked.is_empty()
+            && inner
+                .space
+                .region_at(addr)
+                .is_some_and(|r| inner.blocked.contains(&r))
+    }
+
     /// Chooses where the request goes: the best fit, unless the memory it needs cannot be
     /// found; then every free chunk (its start and its end) is tried and the place that adds
     /// the fewest untouched granules among those that can be backed wins. `None` when
@@ -1028,7 +1118,19 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         small: bool,
         class: usize,
     ) -> Option<Site> {
-        let p = inner.space.find(class, rounded, alignment, !small)?;
+        let p = match inner.space.find(class, rounded, alignment, !small) {
+            Some(p) if !self.is_blocked(inner, p.addr) => p,
+            Some(_) => {
+                // The best fit lies in a region whose addresses the driver would not give
+                // back: the best elsewhere, in best-fit order.
+                let inner = &*inner;
+                inner
+                    .space
+                    .candidates(class, rounded, alignment)
+                    .find(|c| !self.is_blocked(inner, c.addr))?
+            }
+            None => return None,
+        };
         let phys = &inner.phys;
         let unsettled = phys.unsettled_free();
         let site = |at: Placement| {
@@ -1041,6 +1143,9 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         }
         let mut best: Option<(u64, Site)> = None;
         for c in inner.space.candidates(class, rounded, alignment) {
+            if self.is_blocked(inner, c.addr) {
+                continue;
+            }
             let cost = self.cost(phys, c.addr, rounded);
             if best.map_or(true, |(b, _)| cost < b) {
                 let s = site(c);
@@ -1105,17 +1210,17 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
             };
             let Site { at, need, supply } = placement;
             match self.back(inner, at.addr, need, supply, rounded, small) {
-                Err(Shortfall::Retired) if tries < 8 => tries += 1,
+                Err(Shortfall::Relocated(_)) if tries < 8 => tries += 1,
                 backed => break (placement, backed),
             }
         };
         let (placement, backed) = placement;
         match backed {
             Ok(()) => {}
-            Err(Shortfall::Retired) => {
-                let cause = "the driver did not give freed address ranges back at their \
-                             addresses"
-                    .into();
+            Err(Shortfall::Relocated(why)) => {
+                let cause = format!(
+                    "the driver did not give freed address ranges back at their addresses: {why}"
+                );
                 return Err(self.oom(inner, size, rounded, alignment, cause));
             }
             Err(Shortfall::Budget(need, supply)) => {

@@ -1019,14 +1019,6 @@ impl Physical {
         (mapped, free, waiting)
     }
 
-    /// `(slot, record)` of every handle made for the region based at `home`.
-    pub(super) fn handles_homed(&self, home: u64) -> Vec<(u32, HandleRec)> {
-        self.handles_by_id()
-            .into_iter()
-            .filter(|(_, h)| h.home == home)
-            .collect()
-    }
-
     /// Forgets every mapping (the device's were all unmapped) and every handle.
     pub(super) fn clear(&mut self) {
         for reg in &mut self.regions {

@@ -640,10 +640,15 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
             Some(super::Shortfall::Device(e)) if e.is_out_of_memory() => {
                 Err(refusal(format!("the device refused memory: {e}")))
             }
+            Some(super::Shortfall::Device(Error::ExceedsLimit { requested, limit })) => {
+                Err(refusal(format!(
+                    "the physical budget of {} is reached: {} more could not be had",
+                    Bytes(limit),
+                    Bytes(requested)
+                )))
+            }
             Some(super::Shortfall::Device(e)) => Err(e),
-            Some(super::Shortfall::Retired) => Err(refusal(
-                "the driver did not give a freed address range back at its address".into(),
-            )),
+            Some(super::Shortfall::Relocated(why)) => Err(refusal(why)),
         };
         // The contents back, on portalloc's own stream (the allocations' streams may be gone
         // by now), waited for below: the bytes are in place when the wake returns, before any
@@ -677,9 +682,19 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
             }
         }
         if let Err(e) = result {
-            // Asleep again, as they were: what was mapped for them stays, free.
+            // Asleep again, as they were: what was mapped for them stays, free — except where
+            // the driver holds released memory until the reservation goes: there the regions
+            // this wake reserved and mapped for nothing go back at once.
             for &(_, _, start, end) in &spans[..woken] {
                 inner.phys.untouch(start, end);
+            }
+            if inner.hold {
+                if let Err(f) = self
+                    .vm()
+                    .and_then(|vm| self.release_idle_handles(vm, inner))
+                {
+                    tracing::debug!(error = %f, "vmm: memory a failed wake mapped stays held");
+                }
             }
             return Err(e);
         }
