@@ -249,8 +249,8 @@ struct Inner {
     copy_stream: Option<crate::backends::own_stream::OwnedStream>,
     /// In `hold` mode: the reserved regions (by base) each handle (by slot) has been mapped
     /// into since they were reserved. The driver gives a released handle's memory back only
-    /// once all of them are freed, so a handle is released only then. Invariant: no freed
-    /// region is listed.
+    /// once all of them are freed, so a handle is released only then. Invariant: every slot a
+    /// live handle's, every region listed reserved.
     mapped_in: FxHashMap<u32, Vec<u64>>,
     /// Regions in use whose reservation was freed and could not be had again at their
     /// address: no request is placed there until a later try succeeds (a wake's).
@@ -1493,6 +1493,31 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         }
         if inner.unreserved.len() != inner.space.regions().len() {
             return Err("a region has no reserved/unreserved mark".into());
+        }
+        if let Some(&r) = inner.blocked.iter().find(|&&r| !inner.unreserved[r]) {
+            return Err(format!("region {r} is blocked while reserved"));
+        }
+        let handles = phys.handles_by_id();
+        for (slot, regions) in &inner.mapped_in {
+            if !handles.iter().any(|(s, _)| s == slot) {
+                return Err(format!(
+                    "handle slot {slot} has mapping records but no handle"
+                ));
+            }
+            for &base in regions {
+                let reserved = inner
+                    .space
+                    .regions()
+                    .iter()
+                    .position(|&(b, _)| b == base)
+                    .is_some_and(|r| !inner.unreserved[r]);
+                if !reserved {
+                    return Err(format!(
+                        "handle slot {slot} is recorded as mapped in {base:#x}, which is not \
+                         reserved"
+                    ));
+                }
+            }
         }
         streams::check(&inner.order, &inner.space)?;
         inner

@@ -357,13 +357,16 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
     /// [`VmmAllocator::wake`] maps memory at the same addresses again. Pointers never change:
     /// CUDA graphs captured over them, and every pointer the caller holds, stay valid.
     ///
-    /// The copies are queued on each allocation's own stream, after the work queued there;
-    /// then those streams are waited for (the copy itself, and the work on the memory, which
-    /// must be complete before it is unmapped — PyTorch synchronises before an unmap too).
-    /// The granules no awake allocation touches are unmapped, and every handle none of whose
+    /// The device is waited for first — work on any stream may use the memory: the
+    /// allocation's own, a stream the caller recorded a use on, another thread's per-thread
+    /// stream — then the copies are queued on a stream portalloc owns and waited for. The
+    /// granules no awake allocation touches are unmapped, and every handle none of whose
     /// granules is mapped is released — idle memory too: a sleep hands back what it can.
     /// Granules shared with awake allocations stay mapped (their memory stays counted in
-    /// [`crate::Stats::pool_bytes`]).
+    /// [`crate::Stats::pool_bytes`]); a tag declared sleepable
+    /// ([`crate::sleep_tags::declare_sleepable`]) shares none. Where the driver holds released
+    /// memory until its reservation is freed, whole segments nothing awake uses are freed
+    /// instead (see the module docs of [`crate::strategy::vmm`] and `docs/architecture.md`).
     ///
     /// Sleeping allocations are not in [`crate::Stats::bytes_in_use`]; they are in
     /// [`crate::Stats::bytes_asleep`] and [`VmmAllocator::sleeping`]. Freeing one is allowed:
@@ -389,7 +392,9 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
     /// ```
     ///
     /// # Errors
-    /// The device's error for a copy or a wait: then nothing sleeps and nothing is lost. An
+    /// The device's error for a copy or a wait, or [`Error::HostOutOfMemory`] (naming the tag
+    /// and the bytes) when host memory for a copy cannot be had: then nothing sleeps and
+    /// nothing is lost. An
     /// unmap or release the device refuses: the allocations are woken again (and the error
     /// returned); should even that fail, they stay asleep with their contents, for a later
     /// [`VmmAllocator::wake`].
