@@ -15,6 +15,7 @@ use portalloc::{Allocation, Allocator, Device, Keep, Stream, Vendor};
 use test_case::test_case;
 
 use crate::support::fakes::{Fake, FakeDevice, FAKEHIP_PROFILES};
+use crate::support::sleep::Workload;
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
@@ -729,34 +730,6 @@ fn vmm_dropped_leaves_the_driver_empty_under_every_profile() {
     assert!(failed.is_empty(), "after drop:\n{}", failed.join("\n"));
 }
 
-/// The sleep workloads: (tag, size) in allocation order, weights and kv interleaved.
-#[derive(Debug, Clone, Copy)]
-enum Workload {
-    /// 8 × 64 MiB weights, 8 × 64 MiB kv.
-    Large,
-    /// 32 × 1.5 MiB of each: granules shared between neighbours unless tags keep apart.
-    Granular,
-    /// 200 of each, 96–672 KiB (deterministic).
-    Small,
-}
-
-impl Workload {
-    fn requests(self) -> Vec<(&'static str, u64)> {
-        let (n, size): (u64, fn(u64, bool) -> u64) = match self {
-            Workload::Large => (8, |_, _| 64 * MIB),
-            Workload::Granular => (32, |_, _| 3 * MIB / 2),
-            // 96 KiB + k × 24 KiB, k in 0..=24, spread by two coprime strides.
-            Workload::Small => (200, |i, kv| {
-                let k = if kv { (i * 11 + 5) % 25 } else { (i * 7) % 25 };
-                96 * KIB + k * 24 * KIB
-            }),
-        };
-        (0..n)
-            .flat_map(|i| [("weights", size(i, false)), ("kv", size(i, true))])
-            .collect()
-    }
-}
-
 /// Sleep of the weights with their contents: the driver's free memory rises by at least 99%
 /// of their bytes; the wake maps every allocation again at its address (the driver's own
 /// mapping there grants access) and nothing stays asleep; freeing all and trimming gives
@@ -765,11 +738,12 @@ impl Workload {
 #[test_case(Workload::Granular ; "32 x 1.5 MiB each")]
 #[test_case(Workload::Small ; "200 x 96 to 672 KiB each")]
 fn vmm_sleep_and_wake_give_back_and_take_again_under_every_profile(workload: Workload) {
-    portalloc::sleep_tags::declare_sleepable("weights");
-    let requests = workload.requests();
+    portalloc::sleep_tags::declare_sleepable("rocm-weights");
+    portalloc::sleep_tags::declare_sleepable("rocm-kv");
+    let requests = workload.requests("rocm-weights", "rocm-kv");
     let weights: u64 = requests
         .iter()
-        .filter(|(tag, _)| *tag == "weights")
+        .filter(|(tag, _)| *tag == "rocm-weights")
         .map(|(_, size)| size)
         .sum();
     under_every_profile(&format!("sleep {workload:?}"), |s| {
@@ -814,7 +788,7 @@ fn sleep_and_wake(
 ) -> Result<String, String> {
     let report = s
         .vmm
-        .sleep("weights", Keep::Contents)
+        .sleep("rocm-weights", Keep::Contents)
         .map_err(|e| format!("sleep refused: {e}"))?;
     let asleep = s.free();
     let rose = asleep.saturating_sub(awake);
@@ -829,7 +803,7 @@ fn sleep_and_wake(
         report.allocations,
         report.device_bytes / KIB
     );
-    let woke = s.vmm.wake("weights");
+    let woke = s.vmm.wake("rocm-weights");
     let short = (rose as u128) * 100 < (weights as u128) * 99;
     if let Err(e) = woke {
         return Err(format!("{line}; wake refused: {e}"));

@@ -625,10 +625,8 @@ mod capi {
         let mut o = std::mem::MaybeUninit::<PortallocOptions>::uninit();
         let size = std::mem::size_of::<PortallocOptions>();
         // SAFETY: valid for `size` bytes.
-        assert_eq!(
-            unsafe { portalloc_options_init(o.as_mut_ptr(), size) },
-            PortallocStatus::Ok
-        );
+        let st = unsafe { portalloc_options_init(o.as_mut_ptr(), size) };
+        assert_eq!(st, PortallocStatus::Ok);
         // SAFETY: initialised above.
         let mut o = unsafe { o.assume_init() };
         o.ignore_env = 1;
@@ -670,19 +668,15 @@ mod capi {
         unsafe { portalloc_declare_sleep_tag(c"probe-g".as_ptr()) };
         let (h, p) = alloc(a, 64 * MIB, c"probe-g");
         // SAFETY: a live buffer; stream 77 a caller's handle (the host accepts any).
-        assert_eq!(
-            unsafe { portalloc_record_stream(a, p as *mut c_void, 77) },
-            PortallocStatus::Ok
-        );
+        let st = unsafe { portalloc_record_stream(a, p as *mut c_void, 77) };
+        assert_eq!(st, PortallocStatus::Ok);
         let held = pool(a);
         // SAFETY: a live handle.
         assert_eq!(unsafe { portalloc_free(a, h) }, PortallocStatus::Ok);
         let mut released = 0u64;
         // SAFETY: valid output.
-        assert_eq!(
-            unsafe { portalloc_trim(a, &mut released) },
-            PortallocStatus::Ok
-        );
+        let st = unsafe { portalloc_trim(a, &mut released) };
+        assert_eq!(st, PortallocStatus::Ok);
         let after_trim = pool(a);
         eprintln!(
             "deferred free of 64 MiB (side stream done), then trim: pool {} MiB -> {} MiB (trim said {} MiB)",

@@ -14,6 +14,7 @@ use portalloc::strategy::vmm::{VmmAllocator, VmmOptions};
 use portalloc::{Allocation, Allocator, Device, Keep, Stream};
 use test_case::test_case;
 
+use crate::support::sleep::Workload;
 #[cfg(feature = "hip")]
 use crate::support::targets::Rocm;
 use crate::support::targets::{Rig, Target};
@@ -21,34 +22,6 @@ use crate::support::targets::{Rig, Target};
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
-
-/// The workloads of the measurement: "weights" allocations interleaved with "kv" ones.
-#[derive(Debug, Clone, Copy)]
-enum Workload {
-    /// 8 × 64 MiB weights between 8 × 64 MiB kv.
-    Large,
-    /// 32 × 1.5 MiB weights between 32 × 1.5 MiB kv: below a granule's multiple, so each
-    /// pair would share a granule if placed side by side.
-    Granular,
-    /// 200 weights of 96–672 KiB between 200 kv of the same sizes (norms, biases).
-    Small,
-}
-
-impl Workload {
-    /// `(weights size, kv size)` of each pair, in allocation order.
-    fn pairs(self) -> Vec<(u64, u64)> {
-        match self {
-            Workload::Large => vec![(64 * MIB, 64 * MIB); 8],
-            Workload::Granular => vec![(3 * MIB / 2, 3 * MIB / 2); 32],
-            Workload::Small => (0..200u64)
-                .map(|i| {
-                    let size = |k: u64| 96 * KIB + ((i * k) % 19) * 32 * KIB;
-                    (size(37), size(11))
-                })
-                .collect(),
-        }
-    }
-}
 
 /// The driver's own count of free memory on device 0.
 fn free_bytes(rig: &Rig) -> u64 {
@@ -134,6 +107,11 @@ fn a_sleep_gives_the_device_the_tags_bytes(target: Target, workload: Workload) {
     assert_eq!(report.allocations, weights.len() as u64);
     let after = free_bytes(&rig);
     let back = after.saturating_sub(before);
+    eprintln!(
+        "{target:?} {workload:?}: the driver's free memory rose {back} B for {weight_bytes} B \
+         of {weights_tag} ({:.2}%)",
+        100.0 * back as f64 / weight_bytes as f64
+    );
     assert!(
         back as f64 >= 0.99 * weight_bytes as f64,
         "{workload:?} on {target:?}: the device got {back} of the {weight_bytes} bytes of \

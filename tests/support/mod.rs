@@ -11,6 +11,7 @@ pub mod cli;
 pub mod common;
 #[cfg(feature = "replay")]
 pub mod replay;
+pub mod sleep;
 pub mod targets;
 
 /// True when a missing prerequisite must fail the run (`CI=true` or
