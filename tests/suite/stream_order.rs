@@ -761,9 +761,11 @@ fn vmm_random_multi_stream_traffic_keeps_the_contract(seed: u64) {
 
 #[cfg(feature = "hip")]
 use crate::support::targets::Rocm;
+#[cfg(any(feature = "cuda", feature = "hip"))]
 use crate::support::targets::{Strategy, SuiteStrategy, Target};
 
 /// What serves the request on T′ in [`a_reused_stream_handle_is_ordered_again`].
+#[cfg(any(feature = "cuda", feature = "hip"))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Served {
     /// The free lists, behind the fence on S (1 MiB: more than T's pending free).
