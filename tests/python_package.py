@@ -260,6 +260,48 @@ def regions_tag_the_buffers_of_other_threads():
     a.close()
 
 
+def a_buffer_says_the_tag_its_allocation_got() -> None:
+    """``Buffer.tag`` is the tag the allocation was made with, as the ledger books it, even
+    while another thread opens and leaves a region (the tag is resolved once, before the
+    allocation, not looked up again after it)."""
+    import threading
+
+    a = portalloc.Allocator.create(
+        strategy="vmm",
+        backend="host",
+        host_simulated=True,
+        host_capacity=1 << 30,
+        mem_fraction=0.9,
+        ignore_env=True,
+    )
+    stop = threading.Event()
+
+    def flip() -> None:
+        while not stop.is_set():
+            with portalloc.region("py-race-region"):
+                pass
+
+    flipper = threading.Thread(target=flip)
+    flipper.start()
+    try:
+        buffers = [a.allocate(4096) for _ in range(2000)]
+    finally:
+        stop.set()
+        flipper.join()
+    booked = {b["ptr"]: b["tag"] for b in a.ledger()["live"]}
+    wrong = [(b.tag, booked[b.ptr]) for b in buffers if b.tag != booked[b.ptr]]
+    assert not wrong, "%d of %d buffers name another tag than the ledger's, e.g. %r" % (
+        len(wrong),
+        len(buffers),
+        wrong[:3],
+    )
+    tags = {b.tag for b in buffers}
+    assert tags <= {"buffer", "py-race-region"}, tags
+    for b in buffers:
+        a.free(b)
+    a.close()
+
+
 CHECKS = [
     imported_from_the_virtual_environment,
     the_library_is_inside_the_package,
@@ -268,6 +310,7 @@ CHECKS = [
     the_readme_command_works_from_the_root_directory,
     sleep_and_wake_keep_the_pointer_and_the_bytes,
     regions_tag_the_buffers_of_other_threads,
+    a_buffer_says_the_tag_its_allocation_got,
 ]
 
 

@@ -94,10 +94,12 @@ pub(crate) fn probe_release<V: VendorApi>(vendor: &V, granularity: u64) -> Relea
             holds: true,
             note: format!(
                 "held until its reservation is freed (probed: releasing an unmapped {g} handle \
-                 gave back {}; freeing its reservation gave back {}) — vmm frees and \
-                 re-reserves each range at the same address so sleep, trim and shrink return \
-                 memory",
+                 gave back {}; freeing the reservation, with the {} released handles it held, \
+                 gave back {}) — the vmm strategy frees whole segments of 256 MiB that nothing \
+                 awake uses and reserves them again at the same address, so its sleep and trim \
+                 return memory",
                 list(&rises),
+                rises.len(),
                 Bytes(freed)
             ),
         },

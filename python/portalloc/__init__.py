@@ -593,7 +593,10 @@ class Allocator:
         nbytes = _u64(call, "size", size)
         align = _u64(call, "alignment", alignment)
         stream_handle = _u64(call, "stream", stream)
-        encoded = _text(call, "tag", tag)
+        # The tag is resolved here and passed as it is, so that the buffer says the tag the
+        # allocation got even while another thread opens or leaves a region.
+        resolved = _tag_or_thread(tag, "buffer")
+        encoded = _text(call, "tag", resolved)
         raw = self._token(call)
         handle = ctypes.c_uint64()
         ptr = ctypes.c_void_p()
@@ -608,7 +611,7 @@ class Allocator:
                 ctypes.byref(ptr),
             )
         )
-        return Buffer(handle.value, ptr.value or 0, nbytes, _tag_or_thread(tag, "buffer"), self)
+        return Buffer(handle.value, ptr.value or 0, nbytes, resolved, self)
 
     def free(self, buffer: Union[Buffer, SupportsIndex]) -> None:
         """Frees a :class:`Buffer` or handle. A freed or donated one raises

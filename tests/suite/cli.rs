@@ -169,9 +169,10 @@ fn info_says_what_a_release_gives_back_on_hip() {
         &[
             "Devices (hip)",
             "released memory: held until its reservation is freed (probed: releasing an \
-             unmapped 2.00 MiB handle gave back 0 B, then 0 B; freeing its reservation gave \
-             back 4.00 MiB) — vmm frees and re-reserves each range at the same address so \
-             sleep, trim and shrink return memory",
+             unmapped 2.00 MiB handle gave back 0 B, then 0 B; freeing the reservation, with \
+             the 2 released handles it held, gave back 4.00 MiB) — the vmm strategy frees \
+             whole segments of 256 MiB that nothing awake uses and reserves them again at the \
+             same address, so its sleep and trim return memory",
         ],
     );
     let v = portalloc_json(&["info", "--json"], &held);

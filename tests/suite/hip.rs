@@ -510,9 +510,11 @@ fn release_probe_finds_the_reservation_hold() {
             assert_eq!(
                 found,
                 "held until its reservation is freed (probed: releasing an unmapped 2.00 MiB \
-                 handle gave back 0 B, then 0 B; freeing its reservation gave back 4.00 MiB) — \
-                 vmm frees and re-reserves each range at the same address so sleep, trim and \
-                 shrink return memory"
+                 handle gave back 0 B, then 0 B; freeing the reservation, \
+                 with the 2 released handles it held, gave back 4.00 MiB) — \
+                 the vmm strategy frees whole segments of 256 MiB that \
+                 nothing awake uses and reserves them again at the same \
+                 address, so its sleep and trim return memory"
             );
             assert_eq!(made, [2, 2, 1, 6], "two tries, then the reservation");
         } else {

@@ -62,6 +62,7 @@ mod replay_figures;
 mod rocm_profiles;
 mod selection;
 mod sleep;
+mod sleep_concurrency;
 mod sleep_hold;
 mod sleep_world;
 mod stream_order;

@@ -1419,6 +1419,20 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         } else {
             cause
         };
+        // Declared tags keep granules of their own: with many of them, their partial granules
+        // are memory no other tag can use, which the bins alone do not show.
+        let cause = match inner.tags.class_count() {
+            0 => cause,
+            n => format!(
+                "{cause}; {n} tag{} that can sleep keep{} granules of {} own (a declared tag's \
+                 allocations share none with another tag's: at least a granule of {} each \
+                 while it holds memory)",
+                if n == 1 { "" } else { "s" },
+                if n == 1 { "s" } else { "" },
+                if n == 1 { "its" } else { "their" },
+                Bytes(self.granularity)
+            ),
+        };
         let request = FailedRequest {
             allocator: self.name(),
             requested,
@@ -1768,9 +1782,17 @@ impl<D: Device + ?Sized> Allocator for VmmAllocator<D> {
         if allocation.is_empty() || allocation.allocator_id() != self.id {
             return;
         }
-        self.inner()
-            .tags
-            .retag(allocation.ptr(), allocation.token(), tag);
+        let mut guard = self.inner();
+        let inner = &mut *guard;
+        // Only a chunk in use (not a pending free) carries a record.
+        if let Some(size) = inner
+            .space
+            .in_use_size(allocation.ptr(), allocation.token())
+        {
+            inner
+                .tags
+                .retag(allocation.ptr(), allocation.token(), size, tag);
+        }
     }
 
     /// Its sleep record goes (an awake one): the caller has freed it.
@@ -1780,7 +1802,7 @@ impl<D: Device + ?Sized> Allocator for VmmAllocator<D> {
         }
         self.inner()
             .tags
-            .retag(allocation.ptr(), allocation.token(), "");
+            .retag(allocation.ptr(), allocation.token(), 0, "");
     }
 
     /// Chunks tile the reservations, the free index holds exactly the free chunks, no two

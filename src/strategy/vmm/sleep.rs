@@ -119,10 +119,16 @@ impl Tags {
         None
     }
 
-    /// Moves the record of the live chunk `(addr, token)` to `tag` (a donation): an empty
-    /// tag forgets it, as an untagged allocation is not recorded. A sleeping chunk keeps
-    /// sleeping, under its new tag.
-    pub(super) fn retag(&mut self, addr: u64, token: u64, tag: &str) {
+    /// How many tags that can sleep have classes of their own here.
+    pub(super) fn class_count(&self) -> usize {
+        self.classes.len()
+    }
+
+    /// Moves the record of the live chunk `(addr, token)` of `size` bytes to `tag` (a
+    /// donation): an empty tag forgets an awake one, as an untagged allocation is not
+    /// recorded (a sleeping one keeps sleeping under its old tag, for its wake); an untagged
+    /// one is recorded under `tag`. A sleeping chunk keeps sleeping, under its new tag.
+    pub(super) fn retag(&mut self, addr: u64, token: u64, size: u64, tag: &str) {
         if tag.is_empty() {
             if self.live.get(&addr).is_some_and(|t| t.asleep.is_none()) {
                 self.remove(addr, token);
@@ -130,6 +136,9 @@ impl Tags {
             return;
         }
         let Some(t) = self.live.get(&addr).filter(|t| t.token == token) else {
+            if !self.live.contains_key(&addr) {
+                self.insert(addr, size, token, tag);
+            }
             return;
         };
         if &*t.tag == tag {
