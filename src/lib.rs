@@ -147,6 +147,7 @@ pub mod report;
 pub mod sleep_tags;
 pub mod stats;
 pub mod strategy;
+pub mod text;
 #[cfg(feature = "trace")]
 pub mod trace;
 pub mod units;

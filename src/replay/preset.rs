@@ -22,14 +22,7 @@ const MIB: u64 = 1 << 20;
 /// shows 206141652992 B of VRAM on an MI300X. Granularity is 2 MiB on all three (CUDA's
 /// VMM granularity; ROCm's recommended granule, its minimum being 4 KiB).
 pub const PRESETS: &[(&str, DeviceSpec)] = &[
-    (
-        "h100-80g",
-        DeviceSpec {
-            name: "h100-80g",
-            capacity: 81_559 * MIB,
-            granularity: 2 * MIB,
-        },
-    ),
+    ("h100-80g", H100_80G),
     (
         "h200",
         DeviceSpec {
@@ -47,6 +40,16 @@ pub const PRESETS: &[(&str, DeviceSpec)] = &[
         },
     ),
 ];
+
+const H100_80G: DeviceSpec = DeviceSpec {
+    name: "h100-80g",
+    capacity: 81_559 * MIB,
+    granularity: 2 * MIB,
+};
+
+/// The preset `portalloc replay` uses when neither the options nor the trace choose one:
+/// h100-80g.
+pub const DEFAULT_DEVICE: DeviceSpec = H100_80G;
 
 /// The preset of that name.
 ///
@@ -79,6 +82,45 @@ pub fn preset(name: &str) -> Result<DeviceSpec> {
                     .join(", "),
             )
         })
+}
+
+/// The preset whose GPU a trace's recorded device names (`TraceHeader::device`, as the
+/// importers write it: `hip:0 AMD Instinct MI300X VF`, `cuda:0 NVIDIA H100 80GB HBM3`), or
+/// `None` when no preset is that GPU.
+///
+/// A name matches only where the capacity is certain: `MI300X` is the mi300x (an MI300A or
+/// MI325X is not), `H200` the h200, and `H100` the h100-80g only beside `80GB` or `PCIe` (the
+/// H100 NVL has 94 GB, and other H100s other sizes). Words are compared whole and without
+/// regard to case, so a `Tesla V100-SXM2-32GB` matches nothing.
+///
+/// ```
+/// use portalloc::replay::preset::preset_for_recorded;
+///
+/// let named = |d: &str| preset_for_recorded(d).map(|p| p.name);
+/// assert_eq!(named("hip:0 AMD Instinct MI300X VF"), Some("mi300x"));
+/// assert_eq!(named("cuda:0 NVIDIA H100 80GB HBM3"), Some("h100-80g"));
+/// assert_eq!(named("cuda:1 NVIDIA H100 NVL"), None); // 94 GB: no preset
+/// assert_eq!(named("cuda:1 Tesla V100-SXM2-32GB"), None);
+/// ```
+///
+/// # Time complexity
+/// Linear in the length of `device`.
+pub fn preset_for_recorded(device: &str) -> Option<DeviceSpec> {
+    let words: Vec<String> = device
+        .split(|c: char| c.is_whitespace() || c == '-' || c == '_' || c == ',')
+        .map(str::to_ascii_uppercase)
+        .collect();
+    let has = |w: &str| words.iter().any(|x| x == w);
+    let name = if has("MI300X") {
+        "mi300x"
+    } else if has("H200") {
+        "h200"
+    } else if has("H100") && (has("80GB") || has("PCIE")) {
+        "h100-80g"
+    } else {
+        return None;
+    };
+    PRESETS.iter().find(|(n, _)| *n == name).map(|(_, d)| *d)
 }
 
 /// The smallest simulated device: one 2 MiB granule.

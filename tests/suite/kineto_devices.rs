@@ -422,3 +422,116 @@ fn the_cuda_traces_still_read_as_cuda(
     );
     assert_eq!(summarize(t).unwrap().events, events);
 }
+
+// ---------------------------------------------------------------- the planner's device
+
+/// `portalloc replay` without `--device` replays on the preset of the GPU the trace names
+/// (`deviceProperties`' name, read into the header's device), and its header says where the
+/// device came from; `--device` and `--capacity` override; a GPU no preset is (a V100, an
+/// H100 NVL with 94 GB) or a trace naming none keeps the default h100-80g, saying why.
+/// Oracle: the presets' capacities as `nvidia-smi`/`rocm-smi` report them (81,559 MiB,
+/// 143,771 MiB, 206,141,652,992 B), written here, not read from portalloc.
+#[test_case(Some("AMD Instinct MI300X VF"), &[], "mi300x", 206_141_652_992, "the trace's device, hip:0 AMD Instinct MI300X VF" ; "an MI300X trace replays on mi300x")]
+#[test_case(Some("NVIDIA H200"), &[], "h200", 143_771 << 20, "the trace's device, hip:0 NVIDIA H200" ; "an H200 trace on h200")]
+#[test_case(Some("NVIDIA H100 80GB HBM3"), &[], "h100-80g", 81_559 << 20, "the trace's device, hip:0 NVIDIA H100 80GB HBM3" ; "an H100 80GB trace on h100-80g, from the trace")]
+#[test_case(Some("AMD Instinct MI300X VF"), &["--device", "h200"], "h200", 143_771 << 20, "--device" ; "the device option overrides")]
+#[test_case(Some("AMD Instinct MI300X VF"), &["--capacity", "64GiB"], "custom", 64 << 30, "--capacity" ; "the capacity option overrides")]
+#[test_case(Some("NVIDIA H100 NVL"), &[], "h100-80g", 81_559 << 20, "the default: the trace's device, hip:0 NVIDIA H100 NVL, names no preset's GPU" ; "an H100 NVL is no preset")]
+#[test_case(Some("AMD Instinct MI300A"), &[], "h100-80g", 81_559 << 20, "names no preset's GPU" ; "an MI300A is not an MI300X")]
+#[test_case(None, &[], "h100-80g", 81_559 << 20, "the default: the trace's device, hip:0, names no preset's GPU" ; "a trace naming no GPU")]
+fn replay_runs_on_the_device_the_trace_names(
+    name: Option<&str>,
+    extra: &[&str],
+    preset: &str,
+    capacity: u64,
+    source: &str,
+) {
+    // One directory per case (cases run in parallel): the device's name and the options.
+    let case: String = format!("{}-{}", name.unwrap_or("none"), extra.join("-"))
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    let dir = std::env::temp_dir().join(format!(
+        "portalloc-planner-device-{}-{case}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join(format!("{}.json", name.unwrap_or("none").replace(' ', "_")));
+    let mut trace = json!({ "traceEvents": two_allocs(6, 0, 0) });
+    if let Some(name) = name {
+        trace["deviceProperties"] = json!([{"id": 0, "name": name}]);
+    }
+    std::fs::write(&file, serde_json::to_vec(&trace).unwrap()).unwrap();
+    let run = |json: bool| {
+        let out = Command::new(env!("CARGO_BIN_EXE_portalloc"))
+            .args(["replay", "--strategies", "bfc"])
+            .args(json.then_some("--json"))
+            .arg(&file)
+            .args(extra)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{stderr}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let v: serde_json::Value = serde_json::from_str(&run(true)).unwrap();
+    let t = &v["traces"][0];
+    assert_eq!(t["device"]["name"], preset, "{t}");
+    assert_eq!(t["device"]["capacity"], capacity, "{t}");
+    let said = t["device_source"].as_str().unwrap_or_default();
+    assert!(said.contains(source), "{said}");
+    // The table's header says it too, on the line that names the device.
+    let table = run(false);
+    let line = table
+        .lines()
+        .find(|l| l.contains("replayed on"))
+        .unwrap_or_default();
+    assert!(
+        line.contains(&format!("replayed on {preset} (")) && line.contains(source),
+        "{table}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The shared MI300X trace replays on mi300x without `--device`.
+#[test]
+fn the_shared_mi300x_trace_replays_on_mi300x() {
+    let Some(path) = crate::support::shared_trace(true, "pytorch-kineto-mi300x-qwen-hip.json.gz")
+    else {
+        return;
+    };
+    let out = Command::new(env!("CARGO_BIN_EXE_portalloc"))
+        .args(["replay", "--strategies", "bfc", "--json"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["traces"][0]["device"]["name"], "mi300x");
+    assert_eq!(
+        v["traces"][0]["device_source"],
+        "the trace's device, hip:0 AMD Instinct MI300X VF"
+    );
+}
+
+/// A built-in workload names no device: it replays on the default, and says so.
+#[test]
+fn a_workload_replays_on_the_default_device() {
+    let out = Command::new(env!("CARGO_BIN_EXE_portalloc"))
+        .args(["replay", "--workload", "transformer-train", "--layers", "1"])
+        .args(["--strategies", "platform", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["traces"][0]["device"]["name"], "h100-80g");
+    assert_eq!(v["traces"][0]["device_source"], "the default");
+}

@@ -10,8 +10,8 @@ use portalloc::config::parse_size;
 use portalloc::error::shown_path;
 use portalloc::replay::workload::Workload;
 use portalloc::replay::{
-    min_capacity_with, preset, replay, Baseline, DeviceSpec, MinCapacity, ReplayOptions,
-    ReplayResult, ReplayStrategy, TraceInput,
+    min_capacity_with, preset, preset::preset_for_recorded, preset::DEFAULT_DEVICE, replay,
+    Baseline, DeviceSpec, MinCapacity, ReplayOptions, ReplayResult, ReplayStrategy, TraceInput,
 };
 use portalloc::trace::import::xla_dump::{self, XlaOptions};
 use portalloc::trace::{self, Event, Format, TraceError, TraceErrorKind, TraceHeader};
@@ -53,9 +53,11 @@ pub struct ReplayArgs {
         default_value = "bfc,bfc-grow,vmm,async,platform"
     )]
     pub strategies: Vec<String>,
-    /// A device preset: h100-80g, h200, mi300x.
-    #[arg(long, conflicts_with = "capacity", default_value = "h100-80g")]
-    pub device: String,
+    /// A device preset: h100-80g, h200, mi300x. Default: the preset of the GPU the trace
+    /// names as its device (an MI300X trace replays on mi300x), else h100-80g; the report's
+    /// header says which, and why.
+    #[arg(long, conflicts_with = "capacity")]
+    pub device: Option<String>,
     /// A device capacity instead of a preset (80GiB, 141GB, …).
     #[arg(long)]
     pub capacity: Option<String>,
@@ -123,6 +125,9 @@ struct TraceReport {
     #[serde(skip)]
     outside_pool: u64,
     device: DeviceSpec,
+    /// What chose the device: `--device`, `--capacity`, the trace's recorded device (named),
+    /// or the default (and why the trace's device, if it names one, matched no preset).
+    device_source: String,
     fraction: f64,
     /// What set the fraction: `--fraction`, a variable's name, or `the default`.
     fraction_source: String,
@@ -148,17 +153,24 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         .iter()
         .map(|s| ReplayStrategy::parse(s))
         .collect::<Result<Vec<_>>>()?;
-    let device = match &args.capacity {
-        Some(c) => portalloc::replay::preset::custom_checked(parse_size("--capacity", c)?)
-            .map_err(|_| {
-                Error::config(
-                    "--capacity",
-                    c.as_str(),
-                    "a size from 2MiB (one granule) to 1TiB (the largest simulated device), \
-                     like 80GiB",
-                )
-            })?,
-        None => preset(&args.device)?,
+    // Checked before any trace is read; a trace without a given device replays on the preset
+    // of the GPU it names (`device_of`).
+    let given_device = match (&args.capacity, &args.device) {
+        (Some(c), _) => Some((
+            portalloc::replay::preset::custom_checked(parse_size("--capacity", c)?).map_err(
+                |_| {
+                    Error::config(
+                        "--capacity",
+                        c.as_str(),
+                        "a size from 2MiB (one granule) to 1TiB (the largest simulated device), \
+                         like 80GiB",
+                    )
+                },
+            )?,
+            "--capacity".to_string(),
+        )),
+        (None, Some(d)) => Some((preset(d)?, "--device".to_string())),
+        (None, None) => None,
     };
     let mut options = trace::Options::default()
         .with_strict(args.strict)
@@ -252,6 +264,10 @@ pub fn run(args: ReplayArgs) -> Result<()> {
     let samples = if args.plot.is_some() { 1500 } else { 0 };
     let mut reports = Vec::new();
     for (label, input, anomalies) in &inputs {
+        let (device, device_source) = match &given_device {
+            Some(given) => given.clone(),
+            None => device_of(input.header()),
+        };
         let baseline = Baseline::scan(input)?;
         let bar = progress_bar(baseline.events * strategies.len() as u64, label);
         let mut results = Vec::new();
@@ -309,6 +325,7 @@ pub fn run(args: ReplayArgs) -> Result<()> {
             anomalies: anomalies.clone(),
             warning: sparse_warning(input.header(), baseline.events),
             device,
+            device_source,
             fraction: fraction.value,
             fraction_source: fraction.source.clone(),
             results,
@@ -349,6 +366,25 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The preset a trace replays on when neither `--device` nor `--capacity` is given: the one
+/// whose GPU the trace names as its device ([`preset_for_recorded`]), else
+/// [`DEFAULT_DEVICE`]; and what chose it, for the report's header.
+fn device_of(header: &TraceHeader) -> (DeviceSpec, String) {
+    match header.device.as_deref() {
+        Some(recorded) => match preset_for_recorded(recorded) {
+            Some(spec) => (spec, format!("the trace's device, {recorded}")),
+            None => (
+                DEFAULT_DEVICE,
+                format!(
+                    "the default: the trace's device, {recorded}, names no preset's GPU \
+                     (--device or --capacity sets one)"
+                ),
+            ),
+        },
+        None => (DEFAULT_DEVICE, "the default".to_string()),
+    }
 }
 
 /// The variables that set the allocators' memory fraction, as [`portalloc::Config`] reads
@@ -819,10 +855,11 @@ fn print_report(r: &TraceReport) {
         println!("   {line}");
     }
     println!(
-        "   replayed on {} ({}, granularity {}), memory fraction {} ({}) → limit {}",
+        "   replayed on {} ({}, granularity {}; {}), memory fraction {} ({}) → limit {}",
         r.device.name,
         human(r.device.capacity),
         Bytes(r.device.granularity),
+        r.device_source,
         r.fraction,
         r.fraction_source,
         {
