@@ -1,8 +1,11 @@
 //! What importers tolerate, and the bookkeeping that finds it.
 
-use crate::trace::anomaly_error;
+use crate::trace::{anomaly_error, malformed_error, Input};
 use std::collections::{hash_map, BTreeMap, HashMap, HashSet};
 use std::fmt;
+use std::io::{BufRead, Read};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 
 use serde::Serialize;
 
@@ -51,11 +54,19 @@ pub enum AnomalyKind {
     ///
     /// [`Options::strict`]: super::Options::strict
     AllocFailure,
+    /// The last row of a CSV ends without a line end: the file may have been cut short
+    /// inside it (a size of 12582912 cut to `125` reads as 125 bytes). A file whose last row
+    /// is whole but lacks its final newline reads the same, which is why this is counted, not
+    /// refused; under [`Options::strict`] it is a [`TraceErrorKind::Malformed`] error.
+    ///
+    /// [`Options::strict`]: super::Options::strict
+    /// [`TraceErrorKind::Malformed`]: super::TraceErrorKind::Malformed
+    NoLineEnd,
 }
 
 impl AnomalyKind {
     /// Every kind.
-    pub const ALL: [AnomalyKind; 7] = [
+    pub const ALL: [AnomalyKind; 8] = [
         AnomalyKind::UnknownFree,
         AnomalyKind::DoubleFree,
         AnomalyKind::ZeroSize,
@@ -63,6 +74,7 @@ impl AnomalyKind {
         AnomalyKind::SizeMismatch,
         AnomalyKind::InvalidRecord,
         AnomalyKind::AllocFailure,
+        AnomalyKind::NoLineEnd,
     ];
 
     /// A short name.
@@ -75,6 +87,7 @@ impl AnomalyKind {
             AnomalyKind::SizeMismatch => "free size mismatch",
             AnomalyKind::InvalidRecord => "invalid record",
             AnomalyKind::AllocFailure => "allocation failure",
+            AnomalyKind::NoLineEnd => "last row has no line end (cut short?)",
         }
     }
 
@@ -313,6 +326,30 @@ impl Tracker {
         Ok(())
     }
 
+    /// Counts the last row, at `line`, ending without a line end
+    /// ([`AnomalyKind::NoLineEnd`]); in strict mode a [`TraceErrorKind::Malformed`] error
+    /// instead: the row may hold a number cut short, which strict mode does not replay.
+    ///
+    /// [`TraceErrorKind::Malformed`]: super::TraceErrorKind::Malformed
+    pub(crate) fn no_line_end(&mut self, line: u64) -> Result<()> {
+        let origin = &self.origin;
+        if self.strict {
+            return Err(malformed_error(format!(
+                "{origin}: line {line} has no line end: the file may be cut short inside this \
+                 row (a number cut short reads as a smaller one); a last row that is whole but \
+                 lacks its final newline reads the same: end the file with a newline, or read \
+                 it without --strict (trace::Options::strict) to count this as an anomaly"
+            )));
+        }
+        let message = format!(
+            "no line end: {origin} may be cut short inside this row (a number cut short reads \
+             as a smaller one); a last row that is whole but lacks its final newline reads the same"
+        );
+        self.anomalies
+            .record(AnomalyKind::NoLineEnd, Loc::Line(line), message);
+        Ok(())
+    }
+
     fn what(&self) -> &'static str {
         match self.keying {
             Keying::Ids => "id",
@@ -502,9 +539,101 @@ impl Tracker {
     }
 }
 
+/// Whether an input ended with a line end, as a CSV importer asks once its rows are read:
+/// the `csv` crate reads a last row without one as it reads any other, so the bytes are
+/// watched on their way to it ([`LineEnds::watch`]).
+#[derive(Debug, Clone)]
+pub(crate) struct LineEnds(Arc<AtomicU32>);
+
+impl LineEnds {
+    /// Nothing read yet (a byte is 0 to 255).
+    const NOTHING: u32 = u32::MAX;
+
+    pub(crate) fn new() -> Self {
+        LineEnds(Arc::new(AtomicU32::new(Self::NOTHING)))
+    }
+
+    /// `input`, remembering the last byte read from it here.
+    pub(crate) fn watch(&self, input: Input) -> Input {
+        Box::new(Watched {
+            inner: input,
+            last: self.clone(),
+        })
+    }
+
+    /// The last byte read ends a line (`\n`, or a `\r`, which the `csv` crate takes for one
+    /// too), or nothing was read.
+    pub(crate) fn ended_line(&self) -> bool {
+        match self.0.load(Ordering::Relaxed) {
+            Self::NOTHING => true,
+            b => b == u32::from(b'\n') || b == u32::from(b'\r'),
+        }
+    }
+
+    fn saw(&self, bytes: &[u8]) {
+        if let Some(&b) = bytes.last() {
+            self.0.store(u32::from(b), Ordering::Relaxed);
+        }
+    }
+}
+
+/// An input whose last byte read is kept in its [`LineEnds`].
+struct Watched {
+    inner: Input,
+    last: LineEnds,
+}
+
+impl Read for Watched {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.last.saw(&buf[..n]);
+        Ok(n)
+    }
+}
+
+impl BufRead for Watched {
+    fn fill_buf(&mut self) -> std::io::Result<&[u8]> {
+        self.inner.fill_buf()
+    }
+
+    fn consume(&mut self, amt: usize) {
+        // Only the bytes consumed were read; `fill_buf` showed them first.
+        if amt > 0 {
+            if let Ok(bytes) = self.inner.fill_buf() {
+                self.last.saw(&bytes[..amt.min(bytes.len())]);
+            }
+        }
+        self.inner.consume(amt);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The last byte read decides, however it was read (`read` or `fill_buf`/`consume`);
+    /// nothing read counts as a line ended (an empty input has no row to be cut).
+    #[test_case::test_case(b"a,b\n1,2\n", true ; "ends with a newline")]
+    #[test_case::test_case(b"a,b\r\n1,2\r\n", true ; "ends with CRLF")]
+    #[test_case::test_case(b"a,b\r1,2\r", true ; "ends with a carriage return")]
+    #[test_case::test_case(b"a,b\n1,2", false ; "ends inside its last row")]
+    #[test_case::test_case(b"", true ; "empty")]
+    fn line_ends_are_watched(bytes: &'static [u8], ended: bool) {
+        let ends = LineEnds::new();
+        let mut r = ends.watch(Box::new(std::io::Cursor::new(bytes)));
+        std::io::copy(&mut r, &mut std::io::sink()).unwrap();
+        assert_eq!(ends.ended_line(), ended);
+        let ends = LineEnds::new();
+        let mut r = ends.watch(Box::new(std::io::Cursor::new(bytes)));
+        loop {
+            let n = r.fill_buf().unwrap().len().min(3);
+            if n == 0 {
+                break;
+            }
+            r.consume(n);
+        }
+        assert_eq!(ends.ended_line(), ended);
+    }
 
     fn ops(s: Steps) -> Vec<Step> {
         s.iter().collect()

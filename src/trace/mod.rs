@@ -13,8 +13,9 @@
 //! | PyTorch profiler / Kineto Chrome-trace JSON | [`import::kineto`] | no (events are sorted) |
 //! | buffer-lifetime CSV (`id,lower,upper,size`, SOMAS) | [`import::lifetimes_csv`] | no (events are sorted) |
 //!
-//! Any of them may be gzip-compressed. An XLA dump directory (`--xla_dump_to`) is read by
-//! [`import::xla_dump::read_dir`] instead: a module's buffer assignment, as executions.
+//! Any of them may be gzip-compressed, even twice (a `.gz` gzip'd again). An XLA dump
+//! directory (`--xla_dump_to`) is read by [`import::xla_dump::read_dir`] instead: a module's
+//! buffer assignment, as executions.
 //! Exporters: [`jsonl::Writer`] and
 //! [`export::RmmCsvWriter`].
 //!
@@ -128,7 +129,7 @@ pub(crate) fn io_error(origin: &str, e: std::io::Error) -> Error {
     trace_error(io_kind(&e), format!("{origin}: read failed: {e}"))
 }
 
-pub(crate) use anomaly::{Keying, Tracker};
+pub(crate) use anomaly::{Keying, LineEnds, Tracker};
 
 /// The value of [`TraceHeader::format`].
 pub const FORMAT_NAME: &str = "portalloc-trace";
@@ -674,8 +675,8 @@ fn opened(path: &Path, options: &Options) -> Result<(BoxRead, bool, Option<u64>)
 }
 
 /// `bytes` inflated when they start as a gzip stream (bounded by
-/// [`Options::input_limit`]), else as they are; with the first bytes of the result (up to
-/// 8 KiB), from which [`detect`] tells the format.
+/// [`Options::input_limit`]; twice when it holds one too), else as they are; with the first
+/// bytes of the result (up to 8 KiB), from which [`detect`] tells the format.
 ///
 /// # Errors
 /// The input cannot be read, or its first 8 KiB cannot be inflated.
@@ -685,20 +686,51 @@ pub fn inflated_bytes(
     options: &Options,
 ) -> Result<(Vec<u8>, Box<dyn Read + Send>)> {
     let (prefix, rest) = peek(bytes, name)?;
-    let stream: BoxRead = if prefix.starts_with(&[0x1f, 0x8b]) {
-        Box::new(gunzip(prefix, rest, options))
-    } else {
-        Box::new(Cursor::new(prefix).chain(rest))
-    };
-    let (prefix, rest) = peek(stream, name)?;
+    if prefix.starts_with(GZIP_MAGIC) {
+        return gunzip_layers(prefix, rest, name, options);
+    }
     Ok((prefix.clone(), Box::new(Cursor::new(prefix).chain(rest))))
 }
+
+/// The first bytes of a gzip stream.
+const GZIP_MAGIC: &[u8] = &[0x1f, 0x8b];
 
 /// The gzip stream that starts with `prefix` (what [`peek`] read of it) and goes on with
 /// `rest`, inflated up to [`Options::input_limit`].
 fn gunzip(prefix: Vec<u8>, rest: BoxRead, options: &Options) -> impl Read + Send {
     let gz = flate2::read::MultiGzDecoder::new(Cursor::new(prefix).chain(rest));
     Capped::new(gz, options, "inflated stream")
+}
+
+/// The gzip stream `prefix` then `rest` inflated, and inflated once more when what it holds
+/// is a gzip stream too (a `.gz` gzip'd again, as a tool that compresses whatever it ships
+/// does): the first bytes of the result (up to [`SNIFF_BYTES`]) and the whole result.
+///
+/// Twice, no more: each layer is bounded by [`Options::input_limit`] as one is, so reading
+/// the second costs at most another such bound of inflation; a third layer is no file a
+/// tool writes by accident, and is refused, saying so.
+///
+/// # Errors
+/// The first bytes cannot be inflated; a gzip stream inside the second layer.
+fn gunzip_layers(
+    prefix: Vec<u8>,
+    rest: BoxRead,
+    name: &str,
+    options: &Options,
+) -> Result<(Vec<u8>, BoxRead)> {
+    let (inner, rest) = peek(Box::new(gunzip(prefix, rest, options)), name)?;
+    if !inner.starts_with(GZIP_MAGIC) {
+        return Ok((inner.clone(), Box::new(Cursor::new(inner).chain(rest))));
+    }
+    let (prefix, rest) = peek(Box::new(gunzip(inner, rest, options)), name)?;
+    if prefix.starts_with(GZIP_MAGIC) {
+        return Err(not_a_trace_error(format!(
+            "{name}: gzip-compressed three times or more: portalloc inflates a trace at most \
+             twice (a .gz gzip'd again); inflate it yourself (gzip -dc, once per layer) and \
+             give what comes out"
+        )));
+    }
+    Ok((prefix.clone(), Box::new(Cursor::new(prefix).chain(rest))))
 }
 
 /// The most bytes read from an input the file system does not bound, untrusted: a file that
@@ -834,22 +866,17 @@ fn open_sized<R: Read + Send + 'static>(
     let name = &crate::error::shown_name(name);
     let (prefix, rest) = peek(Box::new(reader), name)?;
     let mut size = size;
-    let (prefix, input): (Vec<u8>, Input) = if prefix.starts_with(&[0x1f, 0x8b]) {
+    let (prefix, input): (Vec<u8>, Input) = if prefix.starts_with(GZIP_MAGIC) {
         // The size of what it inflates to is not known.
         size = None;
+        let (p, gz) = gunzip_layers(prefix, rest, name, options)?;
         // Inflated on a thread of its own while the importer parses (see `inflate`).
-        let gz = gunzip(prefix, rest, options);
-        let mut inflated = inflate::Inflated::spawn(Box::new(gz)).map_err(|e| {
+        let inflated = inflate::Inflated::spawn(gz).map_err(|e| {
             os_error(format!(
                 "{name}: cannot start a thread to inflate the gzip stream: {e}"
             ))
         })?;
-        let mut p = Vec::new();
-        (&mut inflated)
-            .take(SNIFF_BYTES)
-            .read_to_end(&mut p)
-            .map_err(|e| io_error(name, e))?;
-        (p.clone(), Box::new(Cursor::new(p).chain(inflated)))
+        (p, Box::new(inflated))
     } else {
         (
             prefix.clone(),
@@ -1045,8 +1072,9 @@ fn not_a_trace(prefix: &[u8]) -> Option<String> {
     if line.starts_with("BufferAssignment:") {
         return Some(
             "an XLA buffer-assignment file, part of an XLA dump: `portalloc replay` reads it \
-             (and its module's other files beside it) as it reads the dump directory; \
-             trace::open reads trace files only (the library reads dumps with \
+             (and its module's other files beside it) as it reads the dump directory when it \
+             is named as XLA names it, *-buffer-assignment.txt (or .txt.gz); trace::open \
+             reads trace files only (the library reads dumps with \
              trace::import::xla_dump::read_path)"
                 .to_string(),
         );

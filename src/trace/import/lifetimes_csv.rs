@@ -10,10 +10,12 @@
 //!
 //! Rows with `upper <= lower` (an empty or reversed lifetime) or an `id` seen before are
 //! counted as [`AnomalyKind::InvalidRecord`] and dropped; a zero size as
-//! [`AnomalyKind::ZeroSize`].
+//! [`AnomalyKind::ZeroSize`]; a last row without a line end (the file may be cut short in
+//! it) as [`AnomalyKind::NoLineEnd`], and kept.
 //!
 //! [`AnomalyKind::InvalidRecord`]: crate::trace::AnomalyKind::InvalidRecord
 //! [`AnomalyKind::ZeroSize`]: crate::trace::AnomalyKind::ZeroSize
+//! [`AnomalyKind::NoLineEnd`]: crate::trace::AnomalyKind::NoLineEnd
 
 use crate::trace::{limit_error, malformed_error};
 use std::collections::VecDeque;
@@ -21,7 +23,7 @@ use std::collections::VecDeque;
 use super::{csv_column, csv_error, csv_reader, Attrs, Emitter};
 use crate::error::Result;
 use crate::trace::{
-    Anomalies, AnomalyKind, Event, Format, Input, Keying, Loc, Op, Options, TraceHeader,
+    Anomalies, AnomalyKind, Event, Format, Input, Keying, LineEnds, Loc, Op, Options, TraceHeader,
     TraceSource,
 };
 
@@ -96,10 +98,12 @@ streaming_trace_source!(LifetimesSource, anomalies: emitter.tracker.anomalies);
 ///
 /// # Errors
 /// A missing column, a field that is not an integer or out of range (with its line), more than
-/// 2³¹ − 1 rows, or an anomaly in strict mode (an empty lifetime or a repeated id here, a
-/// zero size as the events are taken).
+/// 2³¹ − 1 rows, or an anomaly in strict mode (an empty lifetime, a repeated id or a last row
+/// without a line end here, a zero size as the events are taken).
 pub(crate) fn read(input: Input, origin: &str, options: &Options) -> Result<LifetimesSource> {
-    let mut rdr = csv_reader(input);
+    // The `csv` crate reads a last row cut short as a whole one: its bytes are watched.
+    let line_ends = LineEnds::new();
+    let mut rdr = csv_reader(line_ends.watch(input));
     let csv_err = |e: csv::Error| csv_error(origin, &e);
     let names = rdr.headers().map_err(csv_err)?.clone();
     let find = |want: &str| -> Result<usize> {
@@ -136,6 +140,9 @@ pub(crate) fn read(input: Input, origin: &str, options: &Options) -> Result<Life
             )));
         }
         rows.push(buffer);
+    }
+    if let Some(last) = rows.last().filter(|_| !line_ends.ended_line()) {
+        emitter.tracker.no_line_end(last.line)?;
     }
     // A repeated id: every row after the first with that id (among rows with a lifetime).
     let mut repeated = vec![false; rows.len()];

@@ -14,18 +14,22 @@
 //! | `Size` | `size` |
 //!
 //! `allocate failure` rows are counted as [`AnomalyKind::AllocFailure`] and are not events.
-//! The CSV has no baseline, reference figures or tags.
+//! A last row without a line end (the file may be cut short in it) is counted as
+//! [`AnomalyKind::NoLineEnd`] and kept. The CSV has no baseline, reference figures or tags,
+//! and no device: the log is one memory resource's, of the device it was made on, which it
+//! does not name; [`Options::device`] (`--trace-device`) is refused rather than ignored.
 //!
 //! [`AnomalyKind::AllocFailure`]: crate::trace::AnomalyKind::AllocFailure
+//! [`AnomalyKind::NoLineEnd`]: crate::trace::AnomalyKind::NoLineEnd
 
-use crate::trace::{malformed_error, not_a_trace_error};
+use crate::trace::{malformed_error, not_a_trace_error, selection_error};
 use std::collections::VecDeque;
 
 use super::{csv_column, csv_error, csv_reader, Attrs, Emitter};
 use crate::error::Result;
 use crate::trace::{
-    excerpt, Anomalies, AnomalyKind, Event, Format, Input, Keying, Loc, Op, Options, ThreadMap,
-    TraceHeader, TraceSource,
+    excerpt, Anomalies, AnomalyKind, Event, Format, Input, Keying, LineEnds, Loc, Op, Options,
+    ThreadMap, TraceHeader, TraceSource,
 };
 
 #[derive(Debug, Clone, Copy)]
@@ -81,6 +85,10 @@ pub struct RmmCsvReader {
     threads: ThreadMap,
     clock: Clock,
     pending: VecDeque<Event>,
+    /// The last byte of the input, once read: a last row without a line end may be cut.
+    line_ends: LineEnds,
+    /// Line of the last row read.
+    last_line: Option<u64>,
     done: bool,
 }
 
@@ -96,9 +104,12 @@ impl RmmCsvReader {
     /// Reads the header row of `input`.
     ///
     /// # Errors
-    /// A required column is missing, or the header cannot be read.
+    /// A required column is missing, or the header cannot be read; a device is asked for
+    /// ([`Options::device`], [`Options::device_type`] or [`Options::cpu`]: the log names
+    /// none).
     pub fn new(input: Input, origin: &str, options: &Options) -> Result<Self> {
-        let mut rdr = csv_reader(input);
+        let line_ends = LineEnds::new();
+        let mut rdr = csv_reader(line_ends.watch(input));
         let names = rdr.headers().map_err(|e| csv_error(origin, &e))?.clone();
         let joined = names.iter().collect::<Vec<_>>().join(",");
         if is_debug_log(joined.trim_start_matches('\u{feff}').as_bytes()) {
@@ -122,6 +133,15 @@ impl RmmCsvReader {
             size: find("Size")?,
             stream: find("Stream")?,
         };
+        if options.device.is_some() || options.device_type.is_some() || options.cpu {
+            // As a snapshot or profile asked for a device it has no events of: refused, not
+            // replayed as though it were that device's.
+            return Err(selection_error(format!(
+                "{origin}: --trace-device does not apply to an RMM log: it holds one memory \
+                 resource's events and names no device to choose among; replay it without \
+                 --trace-device (trace::Options device, device_type and cpu unset)"
+            )));
+        }
         let mut header = TraceHeader::new(format!("{}:{origin}", Format::RmmCsv.name()));
         header.notes.push(
             "RMM log: allocations keyed by Pointer; `allocate failure` rows counted, not replayed"
@@ -136,6 +156,8 @@ impl RmmCsvReader {
             threads: ThreadMap::default(),
             clock: Clock::default(),
             pending: VecDeque::new(),
+            line_ends,
+            last_line: None,
             done: false,
         })
     }
@@ -146,10 +168,16 @@ impl RmmCsvReader {
                 return Ok(Some(e));
             }
             let rec = match self.records.next() {
-                None => return Ok(None),
+                None => {
+                    if let Some(line) = self.last_line.filter(|_| !self.line_ends.ended_line()) {
+                        self.emitter.tracker.no_line_end(line)?;
+                    }
+                    return Ok(None);
+                }
                 Some(r) => r.map_err(|e| csv_error(&self.origin, &e))?,
             };
             let line = rec.position().map(|p| p.line()).unwrap_or(0);
+            self.last_line = Some(line);
             let loc = Loc::Line(line);
             let origin = &self.origin;
             let bad = |m: String| malformed_error(format!("{origin}: line {line}: {m}"));

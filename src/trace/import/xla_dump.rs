@@ -31,8 +31,13 @@
 //! over its live range, read from the module's `*-live-range.txt` (`BufferLiveRange:`,
 //! `NAME{INDEX}:START-END`, closed), tagged by its allocation's kind.
 //!
-//! Files are untrusted: lines are bounded ([`MAX_XLA_LINE_BYTES`]), so are files
-//! ([`MAX_XLA_FILE_BYTES`]), allocations ([`MAX_XLA_ALLOCATIONS`]) and steps
+//! A dump's files may be gzip'd (people gzip dump directories, `gzip -r DIR`):
+//! `*-buffer-assignment.txt.gz` and `*-live-range.txt.gz` are read as the files they hold
+//! (what a file holds decides, not its name), and a module's plain file is read before its
+//! gzip'd copy when both are there.
+//!
+//! Files are untrusted: lines are bounded ([`MAX_XLA_LINE_BYTES`]), so are files, gzip'd
+//! ones as they inflate ([`MAX_XLA_FILE_BYTES`]), allocations ([`MAX_XLA_ALLOCATIONS`]) and steps
 //! ([`MAX_XLA_STEPS`]); anything malformed is an [`Error::Trace`](crate::Error::Trace) with the
 //! file and line.
 #![deny(unsafe_code)]
@@ -64,6 +69,9 @@ pub const MAX_XLA_EVENTS: u64 = 20_000_000;
 
 /// The end of the name of a buffer-assignment file.
 pub const BUFFER_ASSIGNMENT_SUFFIX: &str = "-buffer-assignment.txt";
+
+/// What a dump file's name ends with once gzip'd: `*-buffer-assignment.txt.gz`.
+pub const GZIP_SUFFIX: &str = ".gz";
 
 /// The end of the name of a live-range file (read by `--per-buffer`).
 pub const LIVE_RANGE_SUFFIX: &str = "-live-range.txt";
@@ -218,27 +226,15 @@ impl BufferAssignment {
         })
     }
 
-    /// Reads and parses `path` (at most [`MAX_XLA_FILE_BYTES`]).
+    /// Reads and parses `path` (at most [`MAX_XLA_FILE_BYTES`]; a gzip'd file is inflated,
+    /// to at most as many).
     ///
     /// # Errors
     /// As [`BufferAssignment::parse`], and a file that cannot be opened or is too large.
     pub fn read(path: &Path) -> Result<Self> {
         let origin = shown_file(path);
-        let file = open_regular(path, &origin, "a buffer assignment")?;
-        let len = file
-            .metadata()
-            .map_err(|e| os_error(format!("cannot open {origin}: {e}")))?
-            .len();
-        if len > MAX_XLA_FILE_BYTES {
-            return Err(limit_error(format!(
-                "{origin}: {len} bytes, more than the {} MiB a buffer assignment may have",
-                MAX_XLA_FILE_BYTES >> 20
-            )));
-        }
-        Self::parse(
-            BufReader::new(file.take(MAX_XLA_FILE_BYTES)),
-            origin.as_str(),
-        )
+        let input = open_text(path, &origin, "a buffer assignment")?;
+        Self::parse(input, origin.as_str())
     }
 
     /// The figures `compiled.memory_analysis()` reports (saturating sums).
@@ -628,6 +624,79 @@ fn escaped(text: &str) -> String {
     crate::error::cut_escaped(text, usize::MAX)
 }
 
+/// The text of the dump file `path` (`what` it should be, for messages), at most
+/// [`MAX_XLA_FILE_BYTES`]: inflated when it is gzip'd (known by its first bytes, whatever
+/// its name), to at most as many.
+///
+/// # Errors
+/// As [`open_regular`]; a plain file larger than the bound (a gzip'd one fails as it is read,
+/// where it inflates past it).
+fn open_text(path: &Path, origin: &str, what: &str) -> Result<Box<dyn BufRead>> {
+    let file = open_regular(path, origin, what)?;
+    let len = file
+        .metadata()
+        .map_err(|e| os_error(format!("cannot open {origin}: {e}")))?
+        .len();
+    let mut input = BufReader::new(file);
+    let gzip = input
+        .fill_buf()
+        .map_err(|e| io_error(origin, e))?
+        .starts_with(&[0x1f, 0x8b]);
+    let too_large = |how: String| {
+        format!(
+            "{how} more than the {} MiB {what} may have",
+            MAX_XLA_FILE_BYTES >> 20
+        )
+    };
+    if !gzip {
+        if len > MAX_XLA_FILE_BYTES {
+            return Err(limit_error(format!(
+                "{origin}: {}",
+                too_large(format!("{len} bytes,"))
+            )));
+        }
+        return Ok(Box::new(input.take(MAX_XLA_FILE_BYTES)));
+    }
+    // One layer, as XLA's files are gzip'd by a person; what it inflates to is bounded as a
+    // plain file is, and the bound is told where it is reached.
+    Ok(Box::new(BufReader::new(Inflating {
+        inner: flate2::read::MultiGzDecoder::new(input),
+        left: MAX_XLA_FILE_BYTES,
+        over: too_large("gzip'd: it inflates to".to_string()),
+    })))
+}
+
+/// A gzip'd dump file, inflated: an error, not an end, once past [`MAX_XLA_FILE_BYTES`].
+struct Inflating<R> {
+    inner: R,
+    /// Bytes that may still be inflated.
+    left: u64,
+    /// The message past the bound.
+    over: String,
+}
+
+impl<R: Read> Read for Inflating<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        if self.left == 0 {
+            // At the bound: the end of the stream, or one byte too many.
+            let mut one = [0u8; 1];
+            return match self.inner.read(&mut one)? {
+                0 => Ok(0),
+                _ => Err(crate::trace::limit_reached(self.over.clone())),
+            };
+        }
+        let room = usize::try_from(self.left)
+            .unwrap_or(usize::MAX)
+            .min(buf.len());
+        let n = self.inner.read(&mut buf[..room])?;
+        self.left -= n as u64;
+        Ok(n)
+    }
+}
+
 /// Opens `path` if it is a regular file: a FIFO is refused before `open`, which would wait
 /// for a writer for ever, and so is a device or a directory.
 fn open_regular(path: &Path, origin: &str, what: &str) -> Result<File> {
@@ -641,8 +710,24 @@ fn open_regular(path: &Path, origin: &str, what: &str) -> Result<File> {
 }
 
 /// The live-range file beside the buffer-assignment file `file`, from the file's name as
-/// the file system spells it (a name that is not UTF-8 included).
+/// the file system spells it (a name that is not UTF-8 included): `*-live-range.txt`, or,
+/// where only it is there, `*-live-range.txt.gz` (a gzip'd dump's).
 fn live_range_path(file: &Path) -> PathBuf {
+    let plain = live_range_named(file, "");
+    if plain.exists() {
+        return plain;
+    }
+    let gzipped = live_range_named(file, GZIP_SUFFIX);
+    if gzipped.exists() {
+        gzipped
+    } else {
+        // The name the message gives for the file that is missing.
+        plain
+    }
+}
+
+/// `file`'s live-range file's name, `*-live-range.txt` then `extra`.
+fn live_range_named(file: &Path, extra: &str) -> PathBuf {
     let Some(name) = file.file_name() else {
         return file.to_path_buf();
     };
@@ -650,23 +735,28 @@ fn live_range_path(file: &Path) -> PathBuf {
     {
         use std::os::unix::ffi::{OsStrExt, OsStringExt};
         let bytes = name.as_bytes();
+        let bytes = bytes.strip_suffix(GZIP_SUFFIX.as_bytes()).unwrap_or(bytes);
         let stem = bytes
             .strip_suffix(BUFFER_ASSIGNMENT_SUFFIX.as_bytes())
             .unwrap_or(bytes);
         let mut live = stem.to_vec();
         live.extend_from_slice(LIVE_RANGE_SUFFIX.as_bytes());
+        live.extend_from_slice(extra.as_bytes());
         file.with_file_name(std::ffi::OsString::from_vec(live))
     }
     #[cfg(not(unix))]
     {
         let name = name.to_string_lossy();
-        file.with_file_name(name.replace(BUFFER_ASSIGNMENT_SUFFIX, LIVE_RANGE_SUFFIX))
+        let name = name.strip_suffix(GZIP_SUFFIX).unwrap_or(&name);
+        let stem = name.strip_suffix(BUFFER_ASSIGNMENT_SUFFIX).unwrap_or(name);
+        file.with_file_name(format!("{stem}{LIVE_RANGE_SUFFIX}{extra}"))
     }
 }
 
 /// The module name a buffer-assignment file name carries: `module_0030.jit_f.cpu_…` gives
 /// `jit_f`.
 fn module_name(file: &str) -> String {
+    let file = file.strip_suffix(GZIP_SUFFIX).unwrap_or(file);
     let stem = file.strip_suffix(BUFFER_ASSIGNMENT_SUFFIX).unwrap_or(file);
     let mut parts = stem.splitn(3, '.');
     match (parts.next(), parts.next()) {
@@ -687,12 +777,16 @@ pub fn read_dir(dir: &Path, options: &XlaOptions) -> Result<XlaModule> {
 }
 
 /// Whether `path` names a buffer-assignment file of an XLA dump (its name ends with
-/// [`BUFFER_ASSIGNMENT_SUFFIX`]; whatever it holds).
+/// [`BUFFER_ASSIGNMENT_SUFFIX`], or that and [`GZIP_SUFFIX`]; whatever it holds).
 pub fn is_buffer_assignment_file(path: &Path) -> bool {
-    path.file_name().is_some_and(|n| {
-        n.as_encoded_bytes()
-            .ends_with(BUFFER_ASSIGNMENT_SUFFIX.as_bytes())
-    })
+    path.file_name()
+        .is_some_and(|n| is_buffer_assignment_name(n.as_encoded_bytes()))
+}
+
+/// Whether a file `name` is a buffer-assignment file's, gzip'd or not.
+fn is_buffer_assignment_name(name: &[u8]) -> bool {
+    let name = name.strip_suffix(GZIP_SUFFIX.as_bytes()).unwrap_or(name);
+    name.ends_with(BUFFER_ASSIGNMENT_SUFFIX.as_bytes())
 }
 
 /// Reads an XLA dump given as its directory ([`read_dir`]) or as one of its
@@ -713,7 +807,7 @@ pub fn read_path(path: &Path, options: &XlaOptions) -> Result<XlaModule> {
     if !meta.is_file() || !is_buffer_assignment_file(path) {
         return Err(not_a_trace_error(format!(
             "{}: not an XLA dump: give its directory (XLA_FLAGS=--xla_dump_to=DIR) or one of its \
-             regular files named *{BUFFER_ASSIGNMENT_SUFFIX}",
+             regular files named *{BUFFER_ASSIGNMENT_SUFFIX} (or *{BUFFER_ASSIGNMENT_SUFFIX}{GZIP_SUFFIX})",
             shown()
         )));
     }
@@ -753,7 +847,7 @@ fn read_dump(dir: &Path, lone: Option<&Path>, options: &XlaOptions) -> Result<Xl
     for entry in entries.into_iter().flatten() {
         let entry = entry.map_err(|e| os_error(format!("cannot read {shown}: {e}")))?;
         let name = entry.file_name().to_string_lossy().into_owned();
-        if name.ends_with(BUFFER_ASSIGNMENT_SUFFIX) {
+        if is_buffer_assignment_name(name.as_bytes()) {
             if files.len() >= MAX_XLA_FILES {
                 return Err(limit_error(format!(
                     "{shown}: more than {MAX_XLA_FILES} buffer-assignment files"
@@ -763,10 +857,20 @@ fn read_dump(dir: &Path, lone: Option<&Path>, options: &XlaOptions) -> Result<Xl
         }
     }
     files.sort();
+    // A module's file and its gzip'd copy are one module: the plain one is read.
+    let plain: HashSet<String> = files
+        .iter()
+        .filter(|(name, _)| !name.ends_with(GZIP_SUFFIX))
+        .map(|(name, _)| name.clone())
+        .collect();
+    files.retain(|(name, _)| {
+        name.strip_suffix(GZIP_SUFFIX)
+            .map_or(true, |stem| !plain.contains(stem))
+    });
     if files.is_empty() {
         return Err(not_a_trace_error(format!(
-            "{shown}: no *{BUFFER_ASSIGNMENT_SUFFIX} file: not an XLA dump (run the program with \
-             XLA_FLAGS=--xla_dump_to={shown})"
+            "{shown}: no *{BUFFER_ASSIGNMENT_SUFFIX} file (nor a gzip'd *{BUFFER_ASSIGNMENT_SUFFIX}{GZIP_SUFFIX}): \
+             not an XLA dump (run the program with XLA_FLAGS=--xla_dump_to={shown})"
         )));
     }
     let total = files.len();
@@ -840,13 +944,13 @@ fn read_dump(dir: &Path, lone: Option<&Path>, options: &XlaOptions) -> Result<Xl
     let events = if options.per_buffer {
         let live = live_range_path(&file);
         let origin = shown_file(&live);
-        let f = open_regular(&live, &origin, "a live-range file").map_err(|e| {
+        let f = open_text(&live, &origin, "a live-range file").map_err(|e| {
             selection_error(format!(
                 "--per-buffer needs the module's live ranges: {}",
                 e.to_string().trim_start_matches("trace: ")
             ))
         })?;
-        let ranges = parse_live_ranges(BufReader::new(f.take(MAX_XLA_FILE_BYTES)), &origin)?;
+        let ranges = parse_live_ranges(f, &origin)?;
         let (events, missing) = ba.per_buffer_events(&ranges);
         header.notes.pop();
         header.notes.push(format!(
@@ -878,5 +982,32 @@ mod tests {
             "jit_f"
         );
         assert_eq!(module_name("x-buffer-assignment.txt"), "x");
+        assert_eq!(
+            module_name("module_0030.jit_f.cpu_after_optimizations-buffer-assignment.txt.gz"),
+            "jit_f"
+        );
+    }
+
+    #[test_case::test_case("a-buffer-assignment.txt", true ; "plain")]
+    #[test_case::test_case("a-buffer-assignment.txt.gz", true ; "gzip'd")]
+    #[test_case::test_case("a-buffer-assignment.txt.gz.gz", false ; "gzip'd twice by name")]
+    #[test_case::test_case("a-live-range.txt.gz", false ; "a live-range file")]
+    #[test_case::test_case("a-buffer-assignment.txt.bz2", false ; "another compression")]
+    fn buffer_assignment_names(name: &str, is: bool) {
+        assert_eq!(is_buffer_assignment_file(Path::new(name)), is);
+    }
+
+    #[test_case::test_case("m-buffer-assignment.txt" ; "plain")]
+    #[test_case::test_case("m-buffer-assignment.txt.gz" ; "gzip'd")]
+    fn live_range_names(file: &str) {
+        // Neither exists here: the plain name, for the message.
+        assert_eq!(
+            live_range_path(Path::new(file)),
+            Path::new("m-live-range.txt")
+        );
+        assert_eq!(
+            live_range_named(Path::new(file), GZIP_SUFFIX),
+            Path::new("m-live-range.txt.gz")
+        );
     }
 }

@@ -51,6 +51,12 @@ pub(crate) struct FrameError {
     pub(crate) column: u64,
     /// The input's error, where reading it failed.
     pub(crate) io: Option<io::Error>,
+    /// `serde_json` refused what was parsed for a reason of ours, not its grammar's (a
+    /// `[memory]` event's number no field holds: [`past_f64`]).
+    pub(crate) field: bool,
+    /// The trace event (its position in `traceEvents`, from 1) the error is in, where it is
+    /// one of its fields.
+    pub(crate) event: Option<u64>,
 }
 
 /// Line and column of byte `at` of `window`, whose first byte is at (`line`, `column`).
@@ -116,6 +122,8 @@ impl Cursor {
             line,
             column,
             io: None,
+            field: false,
+            event: None,
         }
     }
 
@@ -124,6 +132,7 @@ impl Cursor {
         let text = e.to_string();
         let suffix = format!(" at line {} column {}", e.line(), e.column());
         let mut at = self.error(e.is_eof(), text.strip_suffix(&suffix).unwrap_or(&text));
+        at.field = e.classify() == serde_json::error::Category::Data;
         let column = e.column() as u64;
         if e.line() <= 1 {
             at.column += column;
@@ -302,12 +311,73 @@ fn memory_fields(text: &str, marker: &memmem::Finder<'_>) -> serde_json::Result<
     if marker.find(bytes).is_none() && memchr::memchr(b'\\', bytes).is_none() {
         return Ok(None);
     }
-    let event: RawEvent = serde_json::from_str(text)?;
+    let event: RawEvent = match serde_json::from_str(text) {
+        Ok(event) => event,
+        Err(e) => return past_f64(text).unwrap_or(Err(e)),
+    };
     Ok(event
         .name
         .as_ref()
         .is_some_and(|n| n.0)
         .then(|| Raw::from(event)))
+}
+
+/// The fields of a trace event read as numbers, by their object (`None`: the event's own,
+/// else its `args`), in the order they are looked at.
+const NUMBER_FIELDS: [(Option<&str>, &str); 9] = [
+    (None, "ts"),
+    (None, "tid"),
+    (Some("args"), "Bytes"),
+    (Some("args"), "Total Allocated"),
+    (Some("args"), "Total Reserved"),
+    (Some("args"), "Addr"),
+    (Some("args"), "Device Type"),
+    (Some("args"), "Device Id"),
+    (Some("args"), "Ev Idx"),
+];
+
+/// Why `serde_json` refused to read the event `text` (JSON: the walk validated it) into a
+/// [`RawEvent`], where that is a number no 64-bit float holds in a field read (`1e999`:
+/// JSON's grammar allows it, `serde_json` reads it as "number out of range" with no field
+/// named): `Some(Ok(None))` where the event is no `[memory]` one (dropped as any other is),
+/// `Some(Err(..))` naming the field of a `[memory]` one ([`FrameError::field`] once placed).
+/// `None` where that is not why. Only called once the fast read has failed.
+fn past_f64(text: &str) -> Option<serde_json::Result<Option<Raw>>> {
+    use serde::de::Error as _;
+    type Object<'a> = std::collections::BTreeMap<String, &'a RawValue>;
+    let event: Object<'_> = serde_json::from_str(text).ok()?;
+    let args: Option<Object<'_>> = event
+        .get("args")
+        .and_then(|a| serde_json::from_str(a.get()).ok());
+    let past = NUMBER_FIELDS.iter().find_map(|&(within, key)| {
+        let raw = match within {
+            None => event.get(key),
+            Some(_) => args.as_ref()?.get(key),
+        }?;
+        let number = raw
+            .get()
+            .starts_with(|c: char| c == '-' || c.is_ascii_digit());
+        (number && serde_json::from_str::<f64>(raw.get()).is_err()).then(|| (key, raw.get()))
+    })?;
+    let memory = event
+        .get("name")
+        .and_then(|n| serde_json::from_str::<String>(n.get()).ok())
+        .is_some_and(|n| n == "[memory]");
+    if !memory {
+        return Some(Ok(None));
+    }
+    let (key, number) = past;
+    // Shown as written, as the other numbers of messages are (digits, sign, `.`, `e`: no
+    // character to escape); cut and quoted where long.
+    let shown = if number.len() <= crate::trace::EXCERPT_CHARS {
+        number.to_string()
+    } else {
+        crate::trace::excerpt(number)
+    };
+    Some(Err(serde_json::Error::custom(format!(
+        "{key} {shown} is a number out of range: past what a 64-bit float holds (about \
+         ±1.8e308); a [memory] event's {key} is an integer"
+    ))))
 }
 
 /// The error for a value that is not `what` (parsed as [`Refused`]).
@@ -423,7 +493,14 @@ fn events(f: &mut Cursor, c: &mut Collected) -> Result<(), FrameError> {
     let marker = memmem::Finder::new(b"\"[memory]\"");
     loop {
         c.events_seen += 1;
-        if let Some(raw) = f.event(&marker)? {
+        let read = f.event(&marker).map_err(|mut e| {
+            // A field of this event (`past_f64`): the event is named with it.
+            if e.field {
+                e.event = Some(c.events_seen);
+            }
+            e
+        })?;
+        if let Some(raw) = read {
             if c.mem.len() >= c.max_mem {
                 return Err(f.error(
                     false,

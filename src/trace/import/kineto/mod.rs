@@ -10,7 +10,9 @@
 //! An event without `Addr` (profilers before 2022) gets a synthetic address: a free takes the
 //! most recent live allocation of its size, so live bytes stay exact. A number read that is
 //! not an integer, or out of its field's range, is an invalid record naming the field
-//! (`Bytes 1.5 is not an integer`). Mapping:
+//! (`Bytes 1.5 is not an integer`); a number past what a 64-bit float holds (`1e999`, which
+//! JSON's grammar allows) in a `[memory]` event's field is an error naming the field and the
+//! event. Mapping:
 //!
 //! | Kineto | event |
 //! |---|---|
@@ -676,6 +678,17 @@ pub(crate) fn read(input: Input, origin: &str, options: &Options) -> Result<VecS
     let mut c = Collected::new(options);
     let mut cursor = json::Cursor::new(input);
     json::walk(&mut cursor, &mut c).map_err(|e| {
+        if let Some(event) = e.event {
+            // JSON as the grammar has it, but a field no number holds: named as the
+            // anomalies of a field are, by its event.
+            return trace_error(
+                TraceErrorKind::Malformed,
+                format!(
+                    "{origin}: event {event} ([memory], line {} column {}): {}",
+                    e.line, e.column, e.message
+                ),
+            );
+        }
         let (kind, what) = match &e.io {
             Some(io) => (crate::trace::io_kind(io), "read failed"),
             None if e.message.starts_with("refused") => (TraceErrorKind::Limit, "JSON"),
