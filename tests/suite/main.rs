@@ -56,6 +56,7 @@ mod ledger;
 mod not_a_trace;
 mod peer;
 mod pre_window;
+mod read_kinds;
 mod replay;
 mod replay_figures;
 
