@@ -66,6 +66,7 @@ mod sleep;
 mod sleep_concurrency;
 mod sleep_hold;
 mod sleep_world;
+mod snapshot_state;
 mod stream_order;
 mod stress;
 mod trace_import;

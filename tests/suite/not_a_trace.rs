@@ -88,6 +88,53 @@ fn a_pickle_of_another_object_names_its_global(file: &str, named: &str) {
     assert!(!message.contains("truncated or corrupt"), "{message}");
 }
 
+/// Objects that take items (`APPEND`, `APPENDS`, `SETITEM`, `SETITEMS` on what calling a
+/// global made, or `APPENDS` on an instance of a subclass of `list`) read to the end of the
+/// pickle, opaque, and a list of them is named by the globals of its items; before, "not a
+/// readable snapshot pickle (truncated or corrupt?): opcode APPENDS (0x65) on a stack top that
+/// is not a list" (an RL replay memory: a list of deques of numpy arrays, protocol 3).
+#[test_case("list-of-deques-protocol3.pickle", "a valid pickle, but of a list of collections.deque," ; "a list of deques of numpy arrays, protocol 3")]
+#[test_case("list-of-ordered-dicts.pickle", "a valid pickle, but of a list of collections.OrderedDict," ; "a list of OrderedDicts: SETITEM on each")]
+#[test_case("list-mixed.pickle", "a valid pickle, but of a list holding collections.deque among other items," ; "a deque and an int")]
+#[test_case("list-subclass.pickle", "a pickle of mylib.models.Memory, not a PyTorch memory snapshot" ; "an instance of a subclass of list: NEWOBJ then APPENDS")]
+fn objects_that_take_items_are_read_and_named(file: &str, named: &str) {
+    let message = refusal(&fixture(file), None);
+    assert!(message.contains(named), "{message}");
+    assert!(message.contains("segments and device_traces"), "{message}");
+    assert!(!message.contains("truncated or corrupt"), "{message}");
+}
+
+/// Two whole pickles one after the other (`pickle.dump` twice to one file) are said to be
+/// that, with where the first ends, whether the second starts with PROTO (protocol 2 and
+/// later) or is read to a STOP of its own (protocols 0 and 1), and a first that is a snapshot
+/// is named as one; before, "not a readable snapshot pickle (truncated or corrupt?): bytes
+/// follow the end of the pickle (STOP)". `pickle.dumps([1, 2, 3], protocol=4)` is 22 bytes
+/// (its STOP at byte 21), at protocol 0 18 bytes; the snapshot of make.py at protocol 4, 340.
+#[test_case("two-pickles-protocol4.pickle", "two or more pickles one after the other: the first ends at byte 21 (its STOP) and another starts at byte 22" ; "protocol 4")]
+#[test_case("two-pickles-protocol0.pickle", "two or more pickles one after the other: the first ends at byte 17 (its STOP) and another starts at byte 18" ; "protocol 0: no PROTO")]
+#[test_case("two-snapshots.pickle", "two or more pickles one after the other: the first, a PyTorch memory snapshot, ends at byte 339 (its STOP) and another starts at byte 340" ; "two snapshots")]
+fn pickles_one_after_the_other_are_named(file: &str, said: &str) {
+    let message = refusal(&fixture(file), None);
+    assert!(message.contains(said), "{message}");
+    assert!(
+        message.contains("a snapshot file is one pickle"),
+        "{message}"
+    );
+    assert!(!message.contains("truncated or corrupt"), "{message}");
+}
+
+/// Bytes after a pickle that start no other pickle (zeros padding a file) are still bytes
+/// after its end, not a second pickle.
+#[test_case("pickle-then-zeros.pickle" ; "eight zero bytes")]
+fn bytes_after_a_pickle_that_start_none_are_not_another(file: &str) {
+    let message = refusal(&fixture(file), None);
+    assert!(
+        message.contains("bytes follow the end of the pickle (STOP) at byte 22"),
+        "{message}"
+    );
+    assert!(!message.contains("two or more pickles"), "{message}");
+}
+
 /// A global's name is cut by the excerpt rule and its control characters escaped: a module
 /// name of an escape sequence and 200 more characters is not echoed whole, nor raw.
 #[test]

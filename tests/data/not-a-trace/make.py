@@ -53,6 +53,14 @@ global_function('mylib.models', 'unused')
 Model.__module__, Model.__qualname__ = 'mylib.models', 'Model'
 sys.modules['mylib.models'].Model = Model
 
+
+class Memory(list):
+    """A replay memory that is a list: pickled as NEWOBJ, then APPENDS of its items."""
+
+
+Memory.__module__, Memory.__qualname__ = 'mylib.models', 'Memory'
+sys.modules['mylib.models'].Memory = Memory
+
 # A global whose module name holds an escape sequence and is long: pickle refuses to write
 # one, so its bytes are put together by hand (STACK_GLOBAL of two strings, called with ()).
 hostile = ('\x1b[31m' + 'x' * 200).encode()
@@ -98,6 +106,71 @@ for protocol in (0, 4):
 # Both keys, no device traced.
 files['no-device-traced.pickle'] = pickle.dumps(
     {'segments': [], 'device_traces': []}, protocol=4)
+
+# An RL replay memory: a list of deques (protocol 3, as Python 3.0-3.7 wrote by default) of
+# numpy arrays. A deque pickles as REDUCE of collections.deque then APPENDS of its items.
+files['list-of-deques-protocol3.pickle'] = pickle.dumps(
+    [collections.deque([NumpyArray(), NumpyArray()], maxlen=1000),
+     collections.deque([NumpyArray()], maxlen=1000)], protocol=3)
+# The same with other objects that take items: OrderedDicts (REDUCE then SETITEMS), an
+# instance of a subclass of list (NEWOBJ then APPENDS), and a list of a deque and an int.
+files['list-of-ordered-dicts.pickle'] = pickle.dumps(
+    [collections.OrderedDict(a=1), collections.OrderedDict(b=2)], protocol=4)
+files['list-subclass.pickle'] = pickle.dumps(Memory([1, 2, 3]), protocol=4)
+files['list-mixed.pickle'] = pickle.dumps([collections.deque([1]), 5], protocol=4)
+# A list of dicts that are not segments: still a list.
+files['list-of-dicts.pickle'] = pickle.dumps([{'device': 0, 'address': 4096}], protocol=4)
+# pickle.dump called twice on one file: two whole pickles, one after the other; protocols 4
+# (PROTO first) and 0 (no PROTO: known by reading it); two snapshots; and a pickle followed
+# by zero bytes that start no pickle (a file padded past its end).
+files['two-pickles-protocol4.pickle'] = (pickle.dumps([1, 2, 3], protocol=4)
+                                         + pickle.dumps({'a': 1}, protocol=4))
+files['two-pickles-protocol0.pickle'] = (pickle.dumps([1, 2, 3], protocol=0)
+                                         + pickle.dumps({'a': 1}, protocol=0))
+files['two-snapshots.pickle'] = pickle.dumps(snapshot, protocol=4) * 2
+files['pickle-then-zeros.pickle'] = pickle.dumps([1, 2, 3], protocol=4) + bytes(8)
+
+
+# What torch.cuda.memory_snapshot() returns (the segments of torch._C._cuda_memorySnapshot(),
+# with the keys and value types its segment and block dicts have), pickled as users do:
+# pickle.dump(torch.cuda.memory_snapshot(), f). Device 0 holds two segments, device 1 one.
+# The blocks live (active_allocated or active_pending_free), at their requested sizes:
+# device 0: 8,000,000 + 4,194,304 (pending free) + 400 + 1,000; device 1: 100.
+def block(address, size, requested, state, frames=()):
+    return {'address': address, 'size': size, 'requested_size': requested, 'state': state,
+            'frames': list(frames)}
+
+
+def segment(device, address, segment_type, blocks):
+    live = [b for b in blocks if b['state'] != 'inactive']
+    return {'device': device, 'address': address,
+            'total_size': sum(b['size'] for b in blocks),
+            'allocated_size': sum(b['size'] for b in blocks if b['state'] == 'active_allocated'),
+            'active_size': sum(b['size'] for b in live),
+            'requested_size': sum(b['requested_size'] for b in live),
+            'stream': 0, 'segment_type': segment_type, 'segment_pool_id': (0, 0),
+            'is_expandable': False, 'frames': [], 'blocks': blocks}
+
+
+frame = {'filename': 'train.py', 'line': 42, 'name': 'forward'}
+segments = [
+    segment(0, 0x7f0000000000, 'large', [
+        block(0x7f0000000000, 8 << 20, 8_000_000, 'active_allocated', [frame]),
+        block(0x7f0000800000, 4 << 20, 4 << 20, 'active_pending_free'),
+        block(0x7f0000c00000, 8 << 20, 0, 'inactive'),
+    ]),
+    segment(0, 0x7f0002000000, 'small', [
+        block(0x7f0002000000, 512, 400, 'active_allocated', [frame]),
+        block(0x7f0002000200, 1024, 1000, 'active_allocated'),
+        block(0x7f0002000600, (2 << 20) - 1536, 0, 'inactive'),
+    ]),
+    segment(1, 0x7f1000000000, 'small', [
+        block(0x7f1000000000, 512, 100, 'active_allocated'),
+        block(0x7f1000000200, (2 << 20) - 512, 0, 'inactive'),
+    ]),
+]
+for protocol in (2, 4):
+    files[f'segment-list-protocol{protocol}.pickle'] = pickle.dumps(segments, protocol=protocol)
 for name, data in files.items():
     with open(name, 'wb') as f:
         f.write(data)

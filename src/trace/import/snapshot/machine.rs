@@ -40,8 +40,10 @@ use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::io::{BufRead, ErrorKind};
 
+use rustc_hash::{FxHashMap, FxHashSet};
+
 use super::limits::{Figures, Limit, Limits, PickleError};
-use super::view::{Fill, Global, Node, Pickle, SeqKind, Seqs};
+use super::view::{Fill, Global, Node, Pickle, SeqKind, Seqs, NO_NAME};
 
 /// How much room the reader makes up front for a pickle of a given size, by what the real
 /// snapshots hold per input byte (`real_snapshots_stay_far_below_the_limits` prints it: a
@@ -106,6 +108,9 @@ pub(crate) fn read(
         marks: Vec::new(),
         figures: Figures::default(),
         bottom: None,
+        names: Vec::new(),
+        name_ids: FxHashMap::default(),
+        instances: FxHashSet::default(),
     };
     let root = match r.run() {
         Ok(root) => root,
@@ -125,10 +130,18 @@ pub(crate) fn read(
     };
     let root_global = r.bottom.take().filter(|b| b.node == root).map(|b| b.name);
     // Bytes after STOP: the file is not one pickle (the reader before refused them too).
+    // Another pickle there (`pickle.dump` twice to one file) is said to be one; other bytes
+    // are what they were, bytes after the end.
     if r.input.fill(1).map_err(io_error)? > 0 {
-        return Err(PickleError::Malformed {
-            detail: "bytes follow the end of the pickle (STOP)".to_string(),
-            offset: r.offset,
+        let end = r.offset;
+        let snapshot = r.is_snapshot_dict(root);
+        return Err(if r.another_pickle_follows()? {
+            PickleError::Concatenated { end, snapshot }
+        } else {
+            PickleError::Malformed {
+                detail: "bytes follow the end of the pickle (STOP)".to_string(),
+                offset: end,
+            }
         });
     }
     r.figures.used.input_bytes = r.offset;
@@ -142,6 +155,7 @@ pub(crate) fn read(
         raw: r.raw,
         root,
         root_global,
+        names: r.names,
         figures: r.figures,
         walk_limit: limits.walk_steps,
         walk_steps: Cell::new(0),
@@ -308,7 +322,19 @@ struct Reader<'a> {
     /// built from a global, and that global's name: kept for one object only, so that naming
     /// what a pickle is costs no memory that grows with it.
     bottom: Option<Bottom>,
+    /// The names of [`Global::Other`] globals, the first [`NAMES_KEPT`] distinct ones
+    /// (`Pickle::names`), and their indices by name.
+    names: Vec<String>,
+    name_ids: FxHashMap<String, u32>,
+    /// The instances made by `NEWOBJ`, `NEWOBJ_EX`, `OBJ`, `INST` and
+    /// `copyreg._reconstructor` (empty dicts until `BUILD`): `APPENDS` to one (a subclass of
+    /// `list`) drops its items. At most one per container.
+    instances: FxHashSet<u32>,
 }
+
+/// The most distinct global names kept for messages ([`Reader::names`]): a list of objects
+/// is named by the globals of its items, a few of them.
+const NAMES_KEPT: usize = 64;
 
 /// An object at the bottom of the stack and the global it is built from.
 #[derive(Debug)]
@@ -369,6 +395,108 @@ impl Reader<'_> {
     /// from a global: then what replaces it is, too ([`Reader::replaced_bottom`]).
     fn was_bottom(&self, popped: u32) -> bool {
         self.stack.is_empty() && self.bottom.as_ref().is_some_and(|b| b.node == popped)
+    }
+
+    /// The index in [`Reader::names`] of a global named `name` ([`global_name`]):
+    /// [`NO_NAME`] once [`NAMES_KEPT`] other names are kept.
+    ///
+    /// # Time complexity
+    /// O(`name.len()`), at most O([`GLOBAL_NAME_CHARS`]).
+    fn name_id(&mut self, name: &str) -> u32 {
+        if let Some(&id) = self.name_ids.get(name) {
+            return id;
+        }
+        if self.names.len() >= NAMES_KEPT {
+            return NO_NAME;
+        }
+        let id = self.names.len() as u32;
+        self.names.push(name.to_string());
+        self.name_ids.insert(name.to_string(), id);
+        id
+    }
+
+    /// The global `module.name`, and its name ([`global_name`]) where it is kept: for a
+    /// global the reader does not evaluate, so that what calling it makes can be named inside
+    /// a container, and for any global at the bottom of the stack (the root's candidate).
+    /// Other globals (`set`, `list`, … inside a snapshot) cost no naming.
+    fn global_named(&self, module: &[u8], name: &[u8]) -> (Global, Option<String>) {
+        let global = global(module, name);
+        let named = matches!(global, Global::Other(_)) || self.stack.is_empty();
+        (global, named.then(|| global_name(module, name)))
+    }
+
+    /// Pushes `global` named `name` ([`Reader::global_named`]): a global the reader does not
+    /// evaluate refers to its name's index ([`Reader::name_id`]); at the bottom of the stack,
+    /// the name is remembered as the root's ([`Reader::pushed_global`]).
+    fn push_global(&mut self, global: Global, name: Option<String>) -> Result<(), PickleError> {
+        let global = match (global, &name) {
+            (Global::Other(_), Some(name)) => Global::Other(self.name_id(name)),
+            (Global::Other(_), None) => Global::Other(NO_NAME),
+            (other, _) => other,
+        };
+        let bottom = self.stack.is_empty();
+        self.push_new(Node::Global(global))?;
+        if let (true, Some(name)) = (bottom, name) {
+            self.pushed_global(name);
+        }
+        Ok(())
+    }
+
+    /// Whether object `id` takes items it is not a container of kind `kind` for: `APPEND`,
+    /// `APPENDS` (`kind` list) or `SETITEM`, `SETITEMS` (dict) on what calling a global
+    /// made ([`Node::Object`]: Python calls its `extend`, `append` or `__setitem__`, as of a
+    /// `collections.deque` or an `OrderedDict`), or `APPENDS` on an instance (a subclass of
+    /// `list`). Their items are dropped: the object is opaque, and holds nothing more.
+    fn takes_items(&self, id: u32, kind: SeqKind) -> bool {
+        match (self.node(id), kind) {
+            (Node::Object(_), SeqKind::List | SeqKind::Dict) => true,
+            (Node::Seq { .. }, SeqKind::List) => self.instances.contains(&id),
+            _ => false,
+        }
+    }
+
+    /// Whether object `id` is a dict with the keys `segments` and `device_traces` (a
+    /// snapshot's dict), as text. O(pairs).
+    fn is_snapshot_dict(&self, id: u32) -> bool {
+        let Node::Seq {
+            kind: SeqKind::Dict,
+            index,
+        } = self.node(id)
+        else {
+            return false;
+        };
+        let (mut segments, mut traces) = (false, false);
+        for pair in self.seqs.get(index).chunks_exact(2) {
+            match self.text_of(pair[0]) {
+                Some("segments") => segments = true,
+                Some("device_traces") => traces = true,
+                _ => {}
+            }
+        }
+        segments && traces
+    }
+
+    /// Whether the bytes after a STOP (at least one) start another pickle: a PROTO opcode of
+    /// a protocol Python writes (0 to 5), or bytes that read as a pickle to a STOP of their
+    /// own (protocols 0 and 1 start with no PROTO), with a memo and a stack of their own and
+    /// within what is left of the limits. Consumes what it reads.
+    ///
+    /// # Errors
+    /// A read error of the input.
+    fn another_pickle_follows(&mut self) -> Result<bool, PickleError> {
+        self.input.fill(2).map_err(io_error)?;
+        if let [op::PROTO, protocol, ..] = *self.input.available() {
+            return Ok(protocol <= 5);
+        }
+        self.stack.clear();
+        self.marks.clear();
+        self.memo = Memo::new(self.limits.memo_entries, 0);
+        self.bottom = None;
+        match self.run() {
+            Ok(_) => Ok(true),
+            Err(PickleError::Io(kind, e)) => Err(PickleError::Io(kind, e)),
+            Err(_) => Ok(false),
+        }
     }
 
     /// The object now at the bottom of the stack replaces the one built from a global, when
@@ -579,6 +707,16 @@ impl Reader<'_> {
         };
         let index = self.arena_result(made)?;
         self.push_new(Node::Seq { kind, index })
+    }
+
+    /// Pushes a new instance: an empty dict until `BUILD` gives its state, remembered as an
+    /// instance ([`Reader::takes_items`]).
+    fn push_instance(&mut self) -> Result<(), PickleError> {
+        self.push_seq(SeqKind::Dict, Fill::Empty)?;
+        if let Some(&id) = self.stack.last() {
+            self.instances.insert(id);
+        }
+        Ok(())
     }
 
     /// Appends `new` (`Stack` or nothing) to container `index`.
@@ -906,10 +1044,11 @@ impl Reader<'_> {
             Some(i) => self.extend_seq(i, Fill::Stack { at, end }),
             None => {
                 self.stack.truncate(at);
-                if container.is_none() {
-                    return self.underflow();
+                match container {
+                    None => self.underflow(),
+                    Some(id) if self.takes_items(id, kind) => Ok(()),
+                    Some(_) => self.top_seq(kind).map(|_| ()),
                 }
-                self.top_seq(kind).map(|_| ())
             }
         }
     }
@@ -1168,12 +1307,24 @@ impl Reader<'_> {
             }
             op::APPEND => {
                 let item = self.pop()?;
+                if self
+                    .top()
+                    .is_ok_and(|top| self.takes_items(top, SeqKind::List))
+                {
+                    return Ok(None);
+                }
                 let index = self.top_seq(SeqKind::List)?;
                 self.push_extend(index, &[item])?;
             }
             op::SETITEM => {
                 let value = self.pop()?;
                 let key = self.pop()?;
+                if self
+                    .top()
+                    .is_ok_and(|top| self.takes_items(top, SeqKind::Dict))
+                {
+                    return Ok(None);
+                }
                 let index = self.top_seq(SeqKind::Dict)?;
                 self.push_extend(index, &[key, value])?;
             }
@@ -1183,16 +1334,9 @@ impl Reader<'_> {
                 self.read_line()?;
                 let module = std::mem::take(&mut self.scratch);
                 self.read_line()?;
-                let global = global(&module, &self.scratch);
-                let named = self
-                    .stack
-                    .is_empty()
-                    .then(|| global_name(&module, &self.scratch));
+                let (global, name) = self.global_named(&module, &self.scratch);
                 self.scratch = module;
-                self.push_new(Node::Global(global))?;
-                if let Some(name) = named {
-                    self.pushed_global(name);
-                }
+                self.push_global(global, name)?;
             }
             op::STACK_GLOBAL => {
                 let name = self.pop()?;
@@ -1200,16 +1344,8 @@ impl Reader<'_> {
                 let (Some(name), Some(module)) = (self.text_of(name), self.text_of(module)) else {
                     return self.malformed("STACK_GLOBAL on names that are not strings");
                 };
-                let global = global(module.as_bytes(), name.as_bytes());
-                // Named only at the bottom of the stack: no work per global otherwise.
-                let named = self
-                    .stack
-                    .is_empty()
-                    .then(|| global_name(module.as_bytes(), name.as_bytes()));
-                self.push_new(Node::Global(global))?;
-                if let Some(name) = named {
-                    self.pushed_global(name);
-                }
+                let (global, name) = self.global_named(module.as_bytes(), name.as_bytes());
+                self.push_global(global, name)?;
             }
             op::REDUCE => {
                 let args = self.pop()?;
@@ -1230,7 +1366,7 @@ impl Reader<'_> {
                 }
                 let class = self.pop()?;
                 let was = self.was_bottom(class);
-                self.push_seq(SeqKind::Dict, Fill::Empty)?;
+                self.push_instance()?;
                 self.replaced_bottom(was);
             }
             op::INST => {
@@ -1240,15 +1376,19 @@ impl Reader<'_> {
                 let name = global_name(&module, &self.scratch);
                 self.scratch = module;
                 self.pop_mark()?;
-                self.push_seq(SeqKind::Dict, Fill::Empty)?;
+                self.push_instance()?;
                 self.pushed_global(name);
             }
             op::BUILD => {
-                // The instance becomes its state.
+                // The instance becomes its state; what calling a global made stays itself
+                // (its state dropped), so that it can still be named.
                 let state = self.pop()?;
                 let instance = self.pop()?;
                 let was = self.was_bottom(instance);
-                self.push(state)?;
+                match self.node(instance) {
+                    Node::Object(_) => self.push(instance)?,
+                    _ => self.push(state)?,
+                }
                 self.replaced_bottom(was);
             }
 
@@ -1326,8 +1466,8 @@ impl Reader<'_> {
                     _ => self.malformed("_codecs.encode() without two strings"),
                 }
             }
-            Global::Reconstructor => self.push_seq(SeqKind::Dict, Fill::Empty),
-            Global::Other => self.push_new(Node::Global(Global::Other)),
+            Global::Reconstructor => self.push_instance(),
+            Global::Other(name) => self.push_new(Node::Object(name)),
         }
     }
 
@@ -1452,7 +1592,7 @@ fn global(module: &[u8], name: &[u8]) -> Global {
         (b"__builtin__" | b"builtins", b"int") => Global::Int,
         (b"_codecs", b"encode") => Global::Encode,
         (b"copy_reg" | b"copyreg", b"_reconstructor") => Global::Reconstructor,
-        _ => Global::Other,
+        _ => Global::Other(NO_NAME),
     }
 }
 
@@ -1661,6 +1801,10 @@ mod tests {
         };
         match p.node(v.id) {
             Node::None | Node::Global(_) => "None".to_string(),
+            Node::Object(name) => match p.names.get(name as usize) {
+                Some(global) => format!("object({global})"),
+                None => "object(?)".to_string(),
+            },
             Node::Bool(b) => if b { "True" } else { "False" }.to_string(),
             Node::Int(i) => i.to_string(),
             Node::Wide(w) => p.wide[w as usize].to_string(),
@@ -2013,7 +2157,8 @@ mod tests {
     #[test]
     fn python_quirks_are_kept() {
         // POP with nothing above the mark pops the mark; INT 01 is True; a dangling dict
-        // key is dropped; BUILD replaces an instance by its state.
+        // key is dropped; BUILD replaces an instance by its state; a call of a global the
+        // reader does not evaluate is an opaque object (no value a reader takes: None's).
         let p = read_bytes(&p4(b"(0I01\n")).unwrap();
         assert_eq!(repr(p.root()), "True");
         let p = read_bytes(&p4(b"(K\x01K\x02K\x03d")).unwrap();
@@ -2021,7 +2166,10 @@ mod tests {
         let p = read_bytes(&p4(b"cfoo\nBar\n)\x81}(K\x01K\x02ub")).unwrap();
         assert_eq!(repr(p.root()), "{1: 2}");
         let p = read_bytes(&p4(b"cfoo\nBar\n)R")).unwrap();
-        assert_eq!(repr(p.root()), "None");
+        assert_eq!(repr(p.root()), "object(foo.Bar)");
+        let root = p.root();
+        assert!(root.as_str().is_none() && root.as_u64().is_none() && root.as_list().is_none());
+        assert!(!root.is_dict());
         let p = read_bytes(&p4(b"Sa\\x41\\n'\n")).unwrap();
         assert_eq!(repr(p.root()), "b'aA\n''");
         let p = read_bytes(&p4(b"V\\u00e9\\U0001F600\n")).unwrap();
@@ -2216,6 +2364,94 @@ mod tests {
             shown.ends_with(&format!("… ({} bytes)", emoji.len() + 2)),
             "{shown}"
         );
+    }
+
+    /// What calling a global made takes the items appended or set to it (a deque's
+    /// `APPENDS`, an `OrderedDict`'s `SETITEM`) and drops them, and keeps its global's name,
+    /// through a `BUILD` too; an instance takes `APPENDS` (a subclass of list). What is not
+    /// such an object is refused as before. (`pickle.dumps([deque([1, 2], maxlen=5),
+    /// deque([3])], protocol=3)`, written by CPython 3.11.)
+    #[test]
+    fn objects_made_by_globals_take_items() {
+        let deques = b"\x80\x03]q\x00(ccollections\ndeque\nq\x01)K\x05\x86q\x02Rq\x03(K\x01K\x02eh\x01)Rq\x04K\x03ae.";
+        let p = read_bytes(deques).unwrap();
+        assert_eq!(
+            repr(p.root()),
+            "[object(collections.deque), object(collections.deque)]"
+        );
+        assert_eq!(p.root_global(), None);
+        let cases: [(&[u8], &str); 4] = [
+            (
+                b"ccollections\nOrderedDict\n)R(X\x01\x00\x00\x00aK\x01u",
+                "object(collections.OrderedDict)",
+            ),
+            (b"cfoo\nBar\n)R}(K\x01K\x02ub", "object(foo.Bar)"),
+            (b"](cfoo\nBar\n)RK\x01ae", "[object(foo.Bar)]"),
+            (b"cfoo\nBar\n)\x81(K\x01K\x02e", "{}"),
+        ];
+        for (body, want) in cases {
+            let p = read_bytes(&p4(body)).unwrap_or_else(|e| panic!("{body:?}: {e}"));
+            assert_eq!(repr(p.root()), want, "{body:?}");
+        }
+        for body in [&b"cfoo\nBar\nNa"[..], b"cfoo\nBar\n(Ne", b"}(Ne"] {
+            let e = read_bytes(&p4(body)).unwrap_err();
+            assert!(
+                e.to_string().contains("on a stack top that is not a list"),
+                "{body:?}: {e}"
+            );
+        }
+    }
+
+    /// Naming globals costs bounded memory: of 100 distinct globals, the first
+    /// [`NAMES_KEPT`] are named, the others read as objects with no name.
+    #[test]
+    fn global_names_kept_are_bounded() {
+        let mut body = b"](".to_vec();
+        for i in 0..100 {
+            body.extend(format!("cm{i}\nf\n)R").as_bytes());
+        }
+        body.push(b'e');
+        let p = read_bytes(&p4(&body)).unwrap();
+        assert_eq!(p.names.len(), NAMES_KEPT);
+        let items = p.root().as_list().unwrap();
+        let named: Vec<Option<&str>> = items.iter().map(|v| v.unwrap().made_by()).collect();
+        assert_eq!(named[0], Some("m0.f"));
+        assert_eq!(named[NAMES_KEPT - 1], Some("m63.f"));
+        assert_eq!(named[NAMES_KEPT], None);
+    }
+
+    /// Bytes after a STOP that are another pickle (a PROTO, or a protocol 0 pickle read to
+    /// its STOP) are said to be one, with where the first ends (the offset after its STOP) and
+    /// whether it is a snapshot's dict; other bytes (a byte that is no opcode, a PROTO of no
+    /// protocol Python writes) stay bytes after the end.
+    #[test]
+    fn a_pickle_after_a_pickle_is_named() {
+        // `\x80\x04}(`, `\x8c\x08segments`, `]`, `\x8c\x0ddevice_traces`, `]`, `u`, `.`:
+        // 4 + 10 + 1 + 15 + 1 + 1 + 1 = 33 bytes.
+        let snapshot = b"\x80\x04}(\x8c\x08segments]\x8c\x0ddevice_traces]u.";
+        let cases = [
+            (b"\x80\x04N.\x80\x04N.".to_vec(), Some((4, false))),
+            (b"N.(lp0\nI1\na.".to_vec(), Some((2, false))),
+            ([&snapshot[..], b"\x80\x05N."].concat(), Some((33, true))),
+            (b"\x80\x04N.\x00".to_vec(), None),
+            (b"\x80\x04N.\x80\x07".to_vec(), None),
+        ];
+        for (bytes, want) in cases {
+            let e = read_bytes(&bytes).unwrap_err();
+            match want {
+                Some((end, snapshot)) => {
+                    assert_eq!(e, PickleError::Concatenated { end, snapshot }, "{bytes:?}")
+                }
+                None => assert_eq!(
+                    e,
+                    PickleError::Malformed {
+                        detail: "bytes follow the end of the pickle (STOP)".to_string(),
+                        offset: 4
+                    },
+                    "{bytes:?}"
+                ),
+            }
+        }
     }
 
     /// The global the root is built from is known after the read, through a call, an

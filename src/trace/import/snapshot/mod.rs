@@ -26,6 +26,14 @@
 //! Reference: `reserved_bytes` = sum of the segments' `total_size`. Event numbers in messages
 //! are positions in `device_traces[d]`, from 1.
 //!
+//! The list of segments `torch.cuda.memory_snapshot()` returns, pickled as it is (the
+//! `segments` of the dict without the dict), is the state of a device at one moment: read as a
+//! snapshot whose `device_traces` hold nothing, no events and every live block from before
+//! the window (device: [`Options::device`], else the one with the most live blocks).
+//!
+//! Other pickles are refused naming what they are: the global an object is built from, the
+//! keys of a dict, the globals of a list's items, two pickles one after the other.
+//!
 //! [`Options::device`]: crate::trace::Options::device
 //! [`AnomalyKind::AllocFailure`]: crate::trace::AnomalyKind::AllocFailure
 
@@ -63,6 +71,18 @@ fn pickle_error(origin: &str, e: PickleError) -> Error {
         PickleError::Foreign { .. } => {
             not_a_trace_error(format!("{origin}: {e}, {NOT_A_SNAPSHOT}"))
         }
+        // Each pickle may be whole: the file is not one, which is what a snapshot is.
+        PickleError::Concatenated { snapshot: true, .. } => not_a_trace_error(format!(
+            "{origin}: {e}; a snapshot file is one pickle: keep each snapshot in a file of its \
+             own (torch.cuda.memory._dump_snapshot(path), or pickle.dump once to a file opened \
+             with 'wb', not 'ab')"
+        )),
+        PickleError::Concatenated {
+            snapshot: false, ..
+        } => not_a_trace_error(format!(
+            "{origin}: {e} (pickle.dump called more than once on one file?); a snapshot file is \
+             one pickle, {NOT_A_SNAPSHOT}"
+        )),
     }
 }
 
@@ -77,6 +97,120 @@ const SNAPSHOT_KEYS: &str = "segments, device_traces (and allocator_settings, \
 
 /// The most keys of a dict a message names.
 const KEYS_SHOWN: usize = 5;
+
+/// The most items of a list looked at to say what it holds, and the most globals named.
+const ITEMS_LOOKED_AT: usize = 64;
+const GLOBALS_SHOWN: usize = 3;
+
+/// What a list that is not a snapshot holds, for a message: "a list of collections.deque"
+/// when each of its first [`ITEMS_LOOKED_AT`] items was made by calling a global (the first
+/// [`GLOBALS_SHOWN`] distinct ones named), "a list holding collections.deque among other
+/// items" when some were, else "a list". Counts one walk step per item looked at.
+fn list_kind(origin: &str, list: Seq<'_>) -> Result<String> {
+    let mut names: Vec<&str> = Vec::new();
+    let mut more = false;
+    let (mut looked, mut objects) = (0, 0);
+    for item in items(origin, list).take(ITEMS_LOOKED_AT) {
+        looked += 1;
+        let Some(name) = item?.made_by() else {
+            continue;
+        };
+        objects += 1;
+        if names.contains(&name) {
+            continue;
+        }
+        if names.len() < GLOBALS_SHOWN {
+            names.push(name);
+        } else {
+            more = true;
+        }
+    }
+    if names.is_empty() {
+        return Ok("a list".to_string());
+    }
+    let shown = format!("{}{}", names.join(", "), if more { ", …" } else { "" });
+    Ok(if objects == looked {
+        format!("a list of {shown}")
+    } else {
+        format!("a list holding {shown} among other items")
+    })
+}
+
+/// The list of segments `torch.cuda.memory_snapshot()` returns, when `root` is one: a
+/// non-empty list whose every item is a dict with a `blocks` list and an integer
+/// `total_size`, as each of its segments has (it is the `segments` of a snapshot's dict,
+/// without the dict). Counts one walk of each item's dict.
+fn segment_list<'p>(origin: &str, root: Val<'p>) -> Result<Option<Seq<'p>>> {
+    let Some(list) = root.as_list().filter(|l| root.is_list() && l.len() > 0) else {
+        return Ok(None);
+    };
+    let mut memo = KeyMemo::default();
+    for item in items(origin, list) {
+        let item = item?;
+        if !item.is_dict() {
+            return Ok(None);
+        }
+        let [blocks, total] = get_all(origin, item, ["blocks", "total_size"], &mut memo)?;
+        if blocks.and_then(Val::as_list).is_none() || total.and_then(Val::as_u64).is_none() {
+            return Ok(None);
+        }
+    }
+    Ok(Some(list))
+}
+
+/// What the segments of one device hold at dump time.
+#[derive(Debug, Default)]
+struct DeviceState {
+    /// Segments of the device.
+    segments: u64,
+    /// Their `total_size`, summed: what the caching allocator reserved.
+    reserved: u128,
+    /// The requested bytes of the blocks live at dump time (`active_allocated`,
+    /// `active_pending_free`).
+    live: u128,
+    /// Each of those blocks, `(address, requested bytes)`, in the segments' order.
+    live_blocks: Vec<(Option<u64>, u64)>,
+}
+
+/// The state of each device in `segments` (a snapshot's `segments`, or the list
+/// `torch.cuda.memory_snapshot()` returns), by the segments' `device` (0 when absent); only
+/// of device `only` when given. As many blocks as the pickle's limits let the file hold.
+fn device_states(
+    origin: &str,
+    segments: Seq<'_>,
+    only: Option<u64>,
+) -> Result<std::collections::BTreeMap<u64, DeviceState>> {
+    let mut states = std::collections::BTreeMap::new();
+    for seg in items(origin, segments) {
+        let seg = seg?;
+        let seg_device = get_u64(origin, seg, "device")?.unwrap_or(0);
+        if only.is_some_and(|d| d != seg_device) {
+            continue;
+        }
+        let state: &mut DeviceState = states.entry(seg_device).or_default();
+        state.segments += 1;
+        state.reserved += u128::from(get_u64(origin, seg, "total_size")?.unwrap_or(0));
+        if let Some(blocks) = get_list(origin, seg, "blocks")? {
+            for b in items(origin, blocks) {
+                let b = b?;
+                // Both hold memory at dump time: a block pending free waits for its
+                // streams. In the trace's units: the size the program requested (older
+                // snapshots without `requested_size` give the rounded `size`).
+                let state_name = get_str(origin, b, "state")?;
+                if matches!(state_name, Some("active_allocated" | "active_pending_free")) {
+                    let requested = match get_u64(origin, b, "requested_size")? {
+                        Some(r) => Some(r),
+                        None => get_u64(origin, b, "size")?,
+                    };
+                    state.live += u128::from(requested.unwrap_or(0));
+                    let address = get_u64(origin, b, "address")?;
+                    state.live_blocks.push((address, requested.unwrap_or(0)));
+                }
+            }
+        }
+    }
+    Ok(states)
+}
 
 /// The keys of `dict`, the first [`KEYS_SHOWN`] each cut to an excerpt, and how many more,
 /// for a message: `"a", "b", … (12 keys)`. Counts one walk step per key shown.
@@ -274,11 +408,17 @@ fn import(pickle: &Pickle, origin: &str, options: &Options) -> Result<VecSource>
             keys_shown(origin, root)?
         )));
     }
+    if let Some(list) = segment_list(origin, root)? {
+        return import_segment_list(origin, options, list);
+    }
     if !root.is_dict() {
+        let kind = match root.as_list().filter(|_| root.is_list()) {
+            Some(list) => list_kind(origin, list)?,
+            None => root.kind_name().to_string(),
+        };
         return Err(not_a_trace_error(format!(
-            "{origin}: a valid pickle, but of {}, not the dict torch.cuda.memory._dump_snapshot \
-             writes (with segments and device_traces)",
-            root.kind_name()
+            "{origin}: a valid pickle, but of {kind}, not the dict \
+             torch.cuda.memory._dump_snapshot writes (with segments and device_traces)"
         )));
     }
     let traces = device_traces.and_then(Val::as_list).ok_or_else(|| {
@@ -337,41 +477,19 @@ fn import(pickle: &Pickle, origin: &str, options: &Options) -> Result<VecSource>
 
     // Live at dump time and reserved, from the segments of this device; and each block live
     // at dump time, `(address, requested bytes)`, in the segments' order: those the window
-    // did not allocate are memory from before it, known one by one. As many as the pickle's
-    // limits let the file hold values.
-    let mut live_at_dump: u128 = 0;
-    let mut live_blocks: Vec<(Option<u64>, u64)> = Vec::new();
-    let mut reserved: u128 = 0;
-    let mut segments = 0u64;
-    if let Some(list) = get_list(origin, root, "segments")? {
-        for seg in items(origin, list) {
-            let seg = seg?;
-            let seg_device = get_u64(origin, seg, "device")?.unwrap_or(0);
-            if seg_device != device as u64 {
-                continue;
-            }
-            segments += 1;
-            reserved += u128::from(get_u64(origin, seg, "total_size")?.unwrap_or(0));
-            if let Some(blocks) = get_list(origin, seg, "blocks")? {
-                for b in items(origin, blocks) {
-                    let b = b?;
-                    // Both hold memory at dump time: a block pending free waits for its
-                    // streams. In the trace's units: the size the program requested (older
-                    // snapshots without `requested_size` give the rounded `size`).
-                    let state = get_str(origin, b, "state")?;
-                    if matches!(state, Some("active_allocated" | "active_pending_free")) {
-                        let requested = match get_u64(origin, b, "requested_size")? {
-                            Some(r) => Some(r),
-                            None => get_u64(origin, b, "size")?,
-                        };
-                        live_at_dump += u128::from(requested.unwrap_or(0));
-                        let address = get_u64(origin, b, "address")?;
-                        live_blocks.push((address, requested.unwrap_or(0)));
-                    }
-                }
-            }
-        }
-    }
+    // did not allocate are memory from before it, known one by one.
+    let state = match get_list(origin, root, "segments")? {
+        Some(list) => device_states(origin, list, Some(device as u64))?
+            .remove(&(device as u64))
+            .unwrap_or_default(),
+        None => DeviceState::default(),
+    };
+    let DeviceState {
+        segments,
+        reserved,
+        live: live_at_dump,
+        live_blocks,
+    } = state;
 
     // The entries, read in one walk (five keys each), and the net of the trace as recorded,
     // which the baseline needs: known only at the end of the walk. Entries are fed as they
@@ -486,6 +604,68 @@ fn import(pickle: &Pickle, origin: &str, options: &Options) -> Result<VecSource>
         header,
         anomalies: emitter.tracker.anomalies,
         events: events.into_iter(),
+    })
+}
+
+/// The state of a device read from the list of segments `torch.cuda.memory_snapshot()`
+/// returns (pickled as it is): no events, and every block live at that moment memory from
+/// before the window, as a snapshot's blocks are when its `device_traces` hold nothing of
+/// them. Replay then holds that state, which is what a strategy needs room for. Device: the
+/// one asked for, else the one with the most live blocks (the lowest number on a tie), as a
+/// snapshot's is the one with the most entries to replay.
+///
+/// # Errors
+/// A device asked for that has no segment in the list; a limit of the walk.
+fn import_segment_list(origin: &str, options: &Options, list: Seq<'_>) -> Result<VecSource> {
+    let mut states = device_states(origin, list, None)?;
+    let devices: Vec<String> = states.keys().map(u64::to_string).collect();
+    let device = match options.device {
+        Some(d) if states.contains_key(&u64::from(d)) => u64::from(d),
+        Some(d) => {
+            return Err(selection_error(format!(
+                "{origin}: no device {d}: the segment list (torch.cuda.memory_snapshot()) has \
+                 segments of device{} {}",
+                if devices.len() == 1 { "" } else { "s" },
+                devices.join(", ")
+            )))
+        }
+        None => states
+            .iter()
+            .max_by_key(|(d, s)| (s.live_blocks.len(), std::cmp::Reverse(**d)))
+            .map_or(0, |(d, _)| *d),
+    };
+    let state = states.remove(&device).unwrap_or_default();
+    let baseline = u64::try_from(state.live).unwrap_or(u64::MAX);
+    // Nothing in a window: every live block with an address is known one by one.
+    let pre_window_blocks = pre_window_blocks(&state.live_blocks, &FxHashSet::default(), baseline);
+    let known: u64 = pre_window_blocks.iter().sum();
+
+    let mut header = TraceHeader::new(format!("{}:{origin}", Format::PytorchSnapshot.name()));
+    header.device = Some(format!("cuda:{device}"));
+    header.baseline_bytes = baseline;
+    header.reference = Some(Reference {
+        reserved_bytes: Some(u64::try_from(state.reserved).unwrap_or(u64::MAX)),
+        peak_live_bytes: None,
+        allocator: Some("pytorch-caching".to_string()),
+    });
+    header.notes.push(format!(
+        "a segment list (torch.cuda.memory_snapshot(), pickled): the state of cuda:{device} at \
+         one moment, no events; {} segments of device {device} (devices in the list: {})",
+        state.segments,
+        devices.join(", ")
+    ));
+    header.notes.push(format!(
+        "baseline = requested bytes of the active_allocated and active_pending_free blocks \
+         ({baseline} bytes): {} blocks replayed at their own sizes ({known} bytes), the rest \
+         ({} bytes) of unknown shape",
+        pre_window_blocks.len(),
+        baseline - known
+    ));
+    header.pre_window_blocks = pre_window_blocks;
+    Ok(VecSource {
+        header,
+        anomalies: crate::trace::Anomalies::new(),
+        events: Vec::new().into_iter(),
     })
 }
 

@@ -17,7 +17,8 @@ pub(super) enum SeqKind {
     FrozenSet,
 }
 
-/// A global the reader evaluates when it is called (`REDUCE`); every other one is `Other`.
+/// A global the reader evaluates when it is called (`REDUCE`); every other one is `Other`,
+/// with its name's index in [`Pickle::names`] ([`NO_NAME`] past the names kept).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Global {
     Set,
@@ -27,8 +28,11 @@ pub(super) enum Global {
     Int,
     Encode,
     Reconstructor,
-    Other,
+    Other(u32),
 }
+
+/// The name index of a global whose name was not kept ([`Pickle::names`] is full).
+pub(super) const NO_NAME: u32 = u32::MAX;
 
 /// One object. 16 bytes: payloads and containers live in side tables.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -59,6 +63,11 @@ pub(super) enum Node {
     },
     /// A global not (yet) called: reads as `None`.
     Global(Global),
+    /// What calling a global the reader does not evaluate made (`REDUCE` of
+    /// [`Global::Other`]): opaque, reads as `None`; items appended or set to it
+    /// (`APPENDS`, `SETITEMS`: a `collections.deque`, an `OrderedDict`) are dropped. Its
+    /// global's name index, as in [`Global::Other`].
+    Object(u32),
 }
 
 /// What a read produced: the arena and its root.
@@ -74,6 +83,10 @@ pub(crate) struct Pickle {
     pub(super) root: u32,
     /// The global the root is built from (a call, an instance, or the global itself).
     pub(super) root_global: Option<String>,
+    /// The names of the globals [`Global::Other`] and [`Node::Object`] refer to, as
+    /// `global_name` gives them: the first few distinct ones only, so that naming them costs
+    /// bounded memory whatever the file.
+    pub(super) names: Vec<String>,
     // Read by the tests that hold real files against the limits.
     #[cfg_attr(not(test), allow(dead_code))]
     pub(super) figures: Figures,
@@ -224,6 +237,7 @@ impl<'p> Val<'p> {
     pub(crate) fn kind_name(self) -> &'static str {
         match self.pickle.node(self.id) {
             Node::None | Node::Global(_) => "None",
+            Node::Object(_) => "an object built from a global",
             Node::Bool(_) => "a bool",
             Node::Int(_) | Node::Wide(_) | Node::Huge(_) => "an int",
             Node::Float(_) => "a float",
@@ -237,6 +251,26 @@ impl<'p> Val<'p> {
                 SeqKind::FrozenSet => "a frozenset",
             },
         }
+    }
+
+    /// The global (`module.name`, cut and escaped) an object was made by calling, when it
+    /// is one the reader does not evaluate ([`Node::Object`]) and its name was kept.
+    pub(crate) fn made_by(self) -> Option<&'p str> {
+        match self.pickle.node(self.id) {
+            Node::Object(name) => self.pickle.names.get(name as usize).map(String::as_str),
+            _ => None,
+        }
+    }
+
+    /// Whether it is a list (not a tuple).
+    pub(crate) fn is_list(self) -> bool {
+        matches!(
+            self.pickle.node(self.id),
+            Node::Seq {
+                kind: SeqKind::List,
+                ..
+            }
+        )
     }
 
     /// Whether it is a dict.
