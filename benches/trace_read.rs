@@ -97,11 +97,11 @@ fn read_json(json: &Arc<[u8]>, label: &str) -> TraceInput {
 }
 
 /// Every event of an opened trace, with its header; panics naming `label` on an error.
-fn collect(opened: portalloc::Result<trace::Trace>, label: &str) -> TraceInput {
+fn collect(opened: trace::Result<trace::Trace>, label: &str) -> TraceInput {
     let mut t = opened.unwrap_or_else(|e| panic!("{label}: {e}"));
     let events: Vec<Event> = t
         .by_ref()
-        .collect::<portalloc::Result<_>>()
+        .collect::<portalloc::trace::Result<_>>()
         .unwrap_or_else(|e| panic!("{label}: {e}"));
     TraceInput::Events {
         header: t.header().clone(),

@@ -84,7 +84,11 @@ impl<A: Allocator> RecorderAllocator<A> {
     /// I/O errors as [`crate::Error::Trace`].
     pub fn write_portalloc<W: Write>(&self, out: W) -> Result<u64> {
         let (header, events) = self.trace();
-        export::write_portalloc(out, &header, events.into_iter().map(Ok))
+        Ok(export::write_portalloc(
+            out,
+            &header,
+            events.into_iter().map(Ok),
+        )?)
     }
 
     /// Writes the trace so far as RMM's logging CSV. Returns the rows written.
@@ -93,7 +97,7 @@ impl<A: Allocator> RecorderAllocator<A> {
     /// I/O errors as [`crate::Error::Trace`].
     pub fn write_rmm_csv<W: Write>(&self, out: W) -> Result<u64> {
         let (_, events) = self.trace();
-        export::write_rmm_csv(out, events.into_iter().map(Ok))
+        Ok(export::write_rmm_csv(out, events.into_iter().map(Ok))?)
     }
 
     fn push(

@@ -138,7 +138,7 @@ impl TraceInput {
     pub fn events(&self) -> Result<Box<dyn Iterator<Item = Result<Event>> + '_>> {
         match self {
             TraceInput::Events { events, .. } => Ok(Box::new(events.iter().copied().map(Ok))),
-            TraceInput::File { open, .. } => Ok(Box::new(open()?)),
+            TraceInput::File { open, .. } => Ok(Box::new(open()?.map(|e| e.map_err(Error::from)))),
         }
     }
 }

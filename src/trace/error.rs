@@ -29,8 +29,15 @@ pub enum TraceErrorKind {
     /// What the options ask of the file is not in it, or does not apply to it: a device it
     /// has no events of, a module it does not hold, steps it cannot be given.
     Selection,
-    /// The file could not be opened or read (not its content: the operating system's error).
+    /// The file could not be opened, read or written (not its content: the operating
+    /// system's error, whose [`io::ErrorKind`] [`TraceError::io_error_kind`] keeps).
     Io,
+    /// What a trace writer was given, the format cannot hold (a `seq` not above the one
+    /// before, a tag outside the header's table, more tags than it numbers): the caller's.
+    Unwritable,
+    /// An option's value is none the readers accept (`--format`, `--trace-device`): the
+    /// message names the option, the value and what is accepted.
+    InvalidOption,
 }
 
 /// Why a trace could not be read: its [`TraceErrorKind`], and a message with the source, the
@@ -41,7 +48,14 @@ pub enum TraceErrorKind {
 pub struct TraceError {
     kind: TraceErrorKind,
     message: String,
+    /// The operating system's kind of error, for an [`TraceErrorKind::Io`] (and a read error
+    /// of another kind that came from an [`io::Error`]): a caller tells a missing file from
+    /// one it may not read without parsing the message.
+    io: Option<io::ErrorKind>,
 }
+
+/// The result of the trace readers and writers.
+pub type Result<T, E = TraceError> = std::result::Result<T, E>;
 
 impl TraceError {
     /// An error of `kind`, its message cut to [`MAX_MESSAGE_CHARS`] (for a reader of a
@@ -59,7 +73,35 @@ impl TraceError {
             ));
             cut
         };
-        TraceError { kind, message }
+        TraceError {
+            kind,
+            message,
+            io: None,
+        }
+    }
+
+    /// The error of `e`, an [`io::Error`], with `message` (which names what failed and
+    /// quotes `e`): a [`TraceErrorKind::Limit`] for a bound reached, a
+    /// [`TraceErrorKind::Malformed`] for bytes that are not what they claim (invalid data, a
+    /// stream cut short), else a [`TraceErrorKind::Io`]; keeping its [`io::ErrorKind`].
+    pub fn from_io(e: &io::Error, message: impl Into<String>) -> TraceError {
+        TraceError {
+            io: Some(e.kind()),
+            ..TraceError::new(io_kind(e), message)
+        }
+    }
+
+    /// An [`TraceErrorKind::InvalidOption`]: `option`'s `value` is not accepted, `accepted`
+    /// saying what is (both cut and escaped as messages show text they do not control).
+    pub fn invalid_option(option: &str, value: &str, accepted: &str) -> TraceError {
+        TraceError::new(
+            TraceErrorKind::InvalidOption,
+            format!(
+                "{}={} is not accepted: {accepted}",
+                crate::text::shown_name(option),
+                crate::text::shown(value)
+            ),
+        )
     }
 
     /// What kind of failure this is.
@@ -67,9 +109,30 @@ impl TraceError {
         self.kind
     }
 
+    /// The operating system's [`io::ErrorKind`] where the failure was an [`io::Error`]
+    /// (`NotFound`, `PermissionDenied`, …); `None` for a failure of the content.
+    ///
+    /// ```
+    /// use portalloc::trace::{open, Options, TraceErrorKind};
+    ///
+    /// let e = open("/nonexistent/trace.json", &Options::default()).unwrap_err();
+    /// assert_eq!(e.kind(), TraceErrorKind::Io);
+    /// assert_eq!(e.io_error_kind(), Some(std::io::ErrorKind::NotFound));
+    /// ```
+    pub fn io_error_kind(&self) -> Option<io::ErrorKind> {
+        self.io
+    }
+
     /// The message (without the `trace: ` that [`Error`](crate::Error)'s display puts before it).
     pub fn message(&self) -> &str {
         &self.message
+    }
+
+    /// The same error as another kind (an I/O error that is the operating system's, whatever
+    /// [`TraceError::from_io`] would call it).
+    #[must_use]
+    pub(crate) fn with_kind(self, kind: TraceErrorKind) -> TraceError {
+        TraceError { kind, ..self }
     }
 
     /// The same error, its message after `label: ` (the file a command line read, say): the
@@ -77,8 +140,8 @@ impl TraceError {
     #[must_use]
     pub fn within(self, label: &str) -> TraceError {
         TraceError {
-            kind: self.kind,
             message: format!("{label}: {}", self.message),
+            ..self
         }
     }
 }

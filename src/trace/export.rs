@@ -13,7 +13,7 @@
 use std::io::{BufWriter, Write};
 
 use super::{jsonl, write_error, Event, Op, TraceHeader};
-use crate::error::Result;
+use crate::trace::Result;
 
 /// Writes `header` and every event of `events` in the own format; returns the number of
 /// events written.

@@ -22,10 +22,10 @@ use std::io::{BufWriter, Write};
 use serde::{Deserialize, Serialize};
 
 use super::{
-    excerpt, trace_error, write_error, Anomalies, Event, Input, Keying, Loc, Op, TraceHeader,
-    TraceSource, Tracker, FORMAT_NAME, FORMAT_VERSION,
+    excerpt, write_error, Anomalies, Event, Input, Keying, Loc, Op, TraceError, TraceErrorKind,
+    TraceHeader, TraceSource, Tracker, FORMAT_NAME, FORMAT_VERSION,
 };
-use crate::error::{Error, Result};
+use crate::trace::Result;
 
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -143,7 +143,7 @@ impl Reader {
         })
     }
 
-    fn err(&self, message: impl std::fmt::Display) -> Error {
+    fn err(&self, message: impl std::fmt::Display) -> TraceError {
         malformed_error(format!("{}: line {}: {message}", self.origin, self.line_no))
     }
 
@@ -273,14 +273,13 @@ impl Reader {
 streaming_trace_source!(Reader, anomalies: tracker.anomalies);
 
 /// The error of line `line` of `origin` failing to be read with `e`.
-fn cannot_read(origin: &str, line: u64, e: std::io::Error) -> Error {
-    let kind = crate::trace::io_kind(&e);
-    trace_error(kind, format!("{origin}: line {line}: cannot read: {e}"))
+fn cannot_read(origin: &str, line: u64, e: std::io::Error) -> TraceError {
+    TraceError::from_io(&e, format!("{origin}: line {line}: cannot read: {e}"))
 }
 
 /// The error of a call of the writer that it refuses.
-fn refused(call: &'static str, reason: String) -> Error {
-    Error::InvalidArgument { call, reason }
+fn refused(call: &'static str, reason: String) -> TraceError {
+    TraceError::new(TraceErrorKind::Unwritable, format!("{call}: {reason}"))
 }
 
 /// Whether `text` is one well-formed JSON object (read without building it).

@@ -35,7 +35,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{shown_path, Error, Result};
+use crate::text::shown_path;
 
 /// Implements [`Iterator`] and [`TraceSource`] for a streaming reader with a `done: bool`
 /// field, a `header: TraceHeader` field, a method `next_inner` that gives the next event
@@ -68,12 +68,10 @@ macro_rules! streaming_trace_source {
     };
 }
 
-/// The error of a trace writer whose output fails.
-pub(crate) fn write_error(e: std::io::Error) -> Error {
-    Error::Os {
-        call: "write trace",
-        source: e,
-    }
+/// The error of a trace writer whose output fails: an [`TraceErrorKind::Io`] keeping the
+/// operating system's kind.
+pub(crate) fn write_error(e: std::io::Error) -> TraceError {
+    TraceError::from_io(&e, format!("write trace: {e}"))
 }
 
 mod anomaly;
@@ -86,47 +84,48 @@ mod summary;
 
 pub use anomaly::{Anomalies, Anomaly, AnomalyKind, Loc};
 pub(crate) use error::{io_kind, limit_reached};
-pub use error::{TraceError, TraceErrorKind, MAX_MESSAGE_CHARS};
+pub use error::{Result, TraceError, TraceErrorKind, MAX_MESSAGE_CHARS};
 pub use summary::{summarize, summarize_events, Summary};
 
-/// An [`Error::Trace`] of `kind`.
-pub(crate) fn trace_error(kind: TraceErrorKind, message: String) -> Error {
-    Error::Trace(TraceError::new(kind, message))
+/// A [`TraceError`] of `kind`.
+pub(crate) fn trace_error(kind: TraceErrorKind, message: String) -> TraceError {
+    TraceError::new(kind, message)
 }
 
-/// An [`Error::Trace`] of [`TraceErrorKind::Malformed`].
-pub(crate) fn malformed_error(message: String) -> Error {
+/// A [`TraceError`] of [`TraceErrorKind::Malformed`].
+pub(crate) fn malformed_error(message: String) -> TraceError {
     trace_error(TraceErrorKind::Malformed, message)
 }
 
-/// An [`Error::Trace`] of [`TraceErrorKind::NotATrace`].
-pub(crate) fn not_a_trace_error(message: String) -> Error {
+/// A [`TraceError`] of [`TraceErrorKind::NotATrace`].
+pub(crate) fn not_a_trace_error(message: String) -> TraceError {
     trace_error(TraceErrorKind::NotATrace, message)
 }
 
-/// An [`Error::Trace`] of [`TraceErrorKind::Limit`].
-pub(crate) fn limit_error(message: String) -> Error {
+/// A [`TraceError`] of [`TraceErrorKind::Limit`].
+pub(crate) fn limit_error(message: String) -> TraceError {
     trace_error(TraceErrorKind::Limit, message)
 }
 
-/// An [`Error::Trace`] of [`TraceErrorKind::Anomaly`].
-pub(crate) fn anomaly_error(message: String) -> Error {
+/// A [`TraceError`] of [`TraceErrorKind::Anomaly`].
+pub(crate) fn anomaly_error(message: String) -> TraceError {
     trace_error(TraceErrorKind::Anomaly, message)
 }
 
-/// An [`Error::Trace`] of [`TraceErrorKind::Selection`].
-pub(crate) fn selection_error(message: String) -> Error {
+/// A [`TraceError`] of [`TraceErrorKind::Selection`].
+pub(crate) fn selection_error(message: String) -> TraceError {
     trace_error(TraceErrorKind::Selection, message)
 }
 
-/// An [`Error::Trace`] of [`TraceErrorKind::Io`].
-pub(crate) fn os_error(message: String) -> Error {
-    trace_error(TraceErrorKind::Io, message)
+/// The error of the operating system's `e` (opening a file, listing a directory, starting a
+/// thread), with `message`: an [`TraceErrorKind::Io`] keeping `e`'s kind.
+pub(crate) fn os_error(e: &std::io::Error, message: String) -> TraceError {
+    TraceError::from_io(e, message).with_kind(TraceErrorKind::Io)
 }
 
 /// The error of reading `origin` failing with `e`.
-pub(crate) fn io_error(origin: &str, e: std::io::Error) -> Error {
-    trace_error(io_kind(&e), format!("{origin}: read failed: {e}"))
+pub(crate) fn io_error(origin: &str, e: std::io::Error) -> TraceError {
+    TraceError::from_io(&e, format!("{origin}: read failed: {e}"))
 }
 
 pub(crate) use anomaly::{Keying, LineEnds, Tracker};
@@ -346,8 +345,10 @@ impl Format {
 display_as_name!(Format);
 
 impl FromStr for Format {
-    type Err = Error;
+    type Err = TraceError;
 
+    /// # Errors
+    /// [`TraceErrorKind::InvalidOption`] naming the formats.
     fn from_str(s: &str) -> Result<Self> {
         let t = s.trim().to_ascii_lowercase();
         let found = match t.as_str() {
@@ -358,7 +359,7 @@ impl FromStr for Format {
             "lifetimes-csv" | "lifetimes" | "somas" => Some(Format::LifetimesCsv),
             _ => None,
         };
-        found.ok_or_else(|| Error::config("trace format", s, Format::accepted()))
+        found.ok_or_else(|| TraceError::invalid_option("trace format", s, &Format::accepted()))
     }
 }
 
@@ -457,8 +458,7 @@ impl Options {
     /// `hip:0`).
     ///
     /// # Errors
-    /// [`Error::Config`] for anything else, naming what is
-    /// accepted.
+    /// [`TraceErrorKind::InvalidOption`] for anything else, naming what is accepted.
     pub fn with_device_spec(self, spec: &str) -> Result<Self> {
         import::kineto::device_spec(spec)
             .map(|(cpu, device_type, device)| Options {
@@ -468,7 +468,7 @@ impl Options {
                 ..self
             })
             .ok_or_else(|| {
-                Error::config(
+                TraceError::invalid_option(
                     "--trace-device",
                     spec,
                     "cpu, a device ordinal (0, 1, …), or a PyTorch device type with or without \
@@ -563,7 +563,7 @@ pub const EXCERPT_CHARS: usize = 40;
 /// `text` quoted for an error message: at most [`EXCERPT_CHARS`] characters, with `…` and
 /// the full length when cut.
 pub(crate) fn excerpt(text: &str) -> String {
-    crate::error::quoted_excerpt(text, EXCERPT_CHARS)
+    crate::text::quoted_excerpt(text, EXCERPT_CHARS)
 }
 
 /// A reader that fails as soon as a line grows past `max` bytes, so that line-oriented
@@ -655,7 +655,7 @@ pub fn open_bytes(path: &Path, options: &Options) -> Result<(Box<dyn Read + Send
 /// [`open_bytes`], and the size of a regular file where it is known.
 fn opened(path: &Path, options: &Options) -> Result<(BoxRead, bool, Option<u64>)> {
     let cannot_open =
-        |e: std::io::Error| os_error(format!("cannot open {}: {e}", shown_path(path)));
+        |e: std::io::Error| os_error(&e, format!("cannot open {}: {e}", shown_path(path)));
     // The type first (`metadata` never blocks): a FIFO must not be opened so that `open`
     // waits for a writer.
     if std::fs::metadata(path).map_err(cannot_open)?.is_file() {
@@ -863,7 +863,7 @@ fn open_sized<R: Read + Send + 'static>(
 ) -> Result<Trace> {
     // Every message and the header carry the name: its control characters escaped, its
     // length cut, so that a file named to drive a terminal cannot.
-    let name = &crate::error::shown_name(name);
+    let name = &crate::text::shown_name(name);
     let (prefix, rest) = peek(Box::new(reader), name)?;
     let mut size = size;
     let (prefix, input): (Vec<u8>, Input) = if prefix.starts_with(GZIP_MAGIC) {
@@ -872,9 +872,10 @@ fn open_sized<R: Read + Send + 'static>(
         let (p, gz) = gunzip_layers(prefix, rest, name, options)?;
         // Inflated on a thread of its own while the importer parses (see `inflate`).
         let inflated = inflate::Inflated::spawn(gz).map_err(|e| {
-            os_error(format!(
-                "{name}: cannot start a thread to inflate the gzip stream: {e}"
-            ))
+            os_error(
+                &e,
+                format!("{name}: cannot start a thread to inflate the gzip stream: {e}"),
+            )
         })?;
         (p, Box::new(inflated))
     } else {

@@ -6,7 +6,7 @@ use std::fmt;
 use serde::Serialize;
 
 use super::{Anomalies, Event, Keying, Loc, Op, Trace, Tracker};
-use crate::error::Result;
+use crate::trace::Result;
 use crate::units::Bytes;
 
 /// Figures of a whole trace.

@@ -63,12 +63,12 @@ fn within<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static)
         .unwrap_or_else(|_| panic!("{what} blocked for {DEADLINE:?}"))
 }
 
-fn error_text<T: std::fmt::Debug>(r: portalloc::Result<T>) -> String {
+fn error_text<T: std::fmt::Debug>(r: portalloc::trace::Result<T>) -> String {
     r.expect_err("must be refused").to_string()
 }
 
 /// Every event of the trace at `path`, or its first error.
-fn read_all(path: &Path, options: &Options) -> portalloc::Result<usize> {
+fn read_all(path: &Path, options: &Options) -> portalloc::trace::Result<usize> {
     let trace = trace::open(path, options)?;
     let mut n = 0;
     for event in trace {
@@ -135,7 +135,7 @@ fn a_fifo_with_a_writer_is_read_to_its_end() {
         let path = fifo.clone();
         let reader = std::thread::spawn(move || {
             trace::open(&path, &Options::default())
-                .and_then(|t| t.collect::<portalloc::Result<Vec<_>>>())
+                .and_then(|t| t.collect::<portalloc::trace::Result<Vec<_>>>())
         });
         while open_files_of(&fifo) < 2 {
             std::thread::yield_now();

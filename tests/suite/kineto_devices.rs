@@ -34,7 +34,7 @@ fn kineto(events: &[serde_json::Value]) -> Vec<u8> {
 }
 
 /// `bytes` read as a Kineto trace (named `t.json`).
-fn read(bytes: Vec<u8>, options: &Options) -> portalloc::Result<Trace> {
+fn read(bytes: Vec<u8>, options: &Options) -> portalloc::trace::Result<Trace> {
     open_reader(std::io::Cursor::new(bytes), "t.json", options)
 }
 

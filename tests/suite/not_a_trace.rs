@@ -15,7 +15,6 @@ use std::path::{Path, PathBuf};
 
 use portalloc::trace::import::xla_dump::{self, XlaOptions};
 use portalloc::trace::{self, Event, Format, Options};
-use portalloc::Error;
 use test_case::test_case;
 
 /// The message of the error `trace::open_reader` gives for `bytes` (sniffed, or read as
@@ -24,9 +23,9 @@ fn refusal(bytes: &[u8], format: Option<Format>) -> String {
     let mut options = Options::new();
     options.format = format;
     let result = trace::open_reader(Cursor::new(bytes.to_vec()), "input", &options)
-        .and_then(|t| t.collect::<portalloc::Result<Vec<Event>>>());
+        .and_then(|t| t.collect::<portalloc::trace::Result<Vec<Event>>>());
     match result {
-        Err(Error::Trace(e)) => {
+        Err(e) => {
             let message = e.message().to_string();
             // Refused for what the file holds: not the options, a limit or the OS.
             assert!(
@@ -48,7 +47,6 @@ fn refusal(bytes: &[u8], format: Option<Format>) -> String {
             );
             message
         }
-        Err(other) => panic!("not an Error::Trace: {other:?}"),
         Ok(events) => panic!("read as a trace of {} events", events.len()),
     }
 }
@@ -56,7 +54,7 @@ fn refusal(bytes: &[u8], format: Option<Format>) -> String {
 /// The events `bytes` read as, sniffed.
 fn events(bytes: &[u8]) -> Vec<Event> {
     trace::open_reader(Cursor::new(bytes.to_vec()), "input", &Options::new())
-        .and_then(|t| t.collect::<portalloc::Result<Vec<Event>>>())
+        .and_then(|t| t.collect::<portalloc::trace::Result<Vec<Event>>>())
         .unwrap_or_else(|e| panic!("{e}"))
 }
 
@@ -385,7 +383,7 @@ fn a_buffer_assignment_file_reads_as_its_module(per_buffer: bool) {
 fn read_path_refuses_other_files() {
     let readme = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/xla/README.md");
     match xla_dump::read_path(&readme, &XlaOptions::default()) {
-        Err(Error::Trace(m)) => assert!(
+        Err(m) => assert!(
             m.message().contains("not an XLA dump")
                 && m.message().contains("*-buffer-assignment.txt"),
             "{m}"
@@ -401,7 +399,7 @@ fn read_path_refuses_other_files() {
 fn trace_open_names_a_buffer_assignment_file() {
     let file = buffer_assignment_file(&xla_module_dir());
     match trace::open(&file, &Options::new()) {
-        Err(Error::Trace(m)) => {
+        Err(m) => {
             assert!(m.message().contains("an XLA buffer-assignment file"), "{m}");
             assert!(m.message().contains("portalloc replay"), "{m}");
         }
@@ -504,20 +502,19 @@ fn the_trace_reader_seeds_keep_the_fuzz_targets_invariants() {
             options.device = Some(u32::from(mode & 0x3));
         }
         let read = trace::open_reader(Cursor::new(bytes.to_vec()), "fuzz", &options)
-            .and_then(|t| t.collect::<portalloc::Result<Vec<Event>>>());
+            .and_then(|t| t.collect::<portalloc::trace::Result<Vec<Event>>>());
         match read {
             Ok(events) => assert!(
                 events.windows(2).all(|w| w[0].seq < w[1].seq),
                 "{}: seq does not increase",
                 seed.display()
             ),
-            Err(Error::Trace(m)) => assert!(
+            Err(m) => assert!(
                 m.message().len() <= 1100,
                 "{}: {:.200}",
                 seed.display(),
                 m.message()
             ),
-            Err(e) => panic!("{}: not a trace error: {e:?}", seed.display()),
         }
     }
 }

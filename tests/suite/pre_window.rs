@@ -330,7 +330,7 @@ fn shared_traces_need_at_most_1_3_times_peak_live() {
 
 // ------------------------------------------------------------------ the importers
 
-fn open_bytes(bytes: Vec<u8>, name: &str) -> portalloc::Result<portalloc::trace::Trace> {
+fn open_bytes(bytes: Vec<u8>, name: &str) -> portalloc::trace::Result<portalloc::trace::Trace> {
     portalloc::trace::open_reader(std::io::Cursor::new(bytes), name, &Default::default())
 }
 

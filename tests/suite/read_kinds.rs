@@ -14,7 +14,6 @@ use std::path::{Path, PathBuf};
 
 use portalloc::trace::import::xla_dump::{self, XlaModule, XlaOptions};
 use portalloc::trace::{self, Anomalies, AnomalyKind, Event, Loc, Options, TraceErrorKind};
-use portalloc::Error;
 
 fn data(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -28,17 +27,19 @@ fn plain_dump() -> PathBuf {
 }
 
 /// The events and anomalies of the file `name`, read to its end.
-fn read(name: &str, options: &Options) -> portalloc::Result<(Vec<Event>, Anomalies)> {
+fn read(name: &str, options: &Options) -> portalloc::trace::Result<(Vec<Event>, Anomalies)> {
     let mut t = trace::open(data(name), options)?;
-    let events = t.by_ref().collect::<portalloc::Result<Vec<Event>>>()?;
+    let events = t
+        .by_ref()
+        .collect::<portalloc::trace::Result<Vec<Event>>>()?;
     Ok((events, t.anomalies().clone()))
 }
 
 /// The kind and message of `result`'s error, which must be an `Error::Trace` whose message
 /// is bounded and free of control characters.
-fn refusal<T: std::fmt::Debug>(result: portalloc::Result<T>) -> (TraceErrorKind, String) {
+fn refusal<T: std::fmt::Debug>(result: portalloc::trace::Result<T>) -> (TraceErrorKind, String) {
     match result {
-        Err(Error::Trace(e)) => {
+        Err(e) => {
             let message = e.message().to_string();
             assert!(message.len() <= 1100, "{message:.300}");
             assert!(!message.chars().any(char::is_control), "{message:?}");
@@ -241,7 +242,7 @@ mod numbers_past_f64 {
         );
         let (kind, message) = refusal(
             trace::open_reader(Cursor::new(text), "k.json", &Options::new())
-                .and_then(|t| t.collect::<portalloc::Result<Vec<_>>>()),
+                .and_then(|t| t.collect::<portalloc::trace::Result<Vec<_>>>()),
         );
         assert_eq!(kind, TraceErrorKind::Malformed, "{message}");
         assert!(
@@ -264,7 +265,7 @@ mod numbers_past_f64 {
             r#"{{"traceEvents": [{{"name": "aten::mm\u0021", "ts": 1e999, "args": {{"Bytes": 1e999}}}}, {memory}]}}"#
         );
         let events = trace::open_reader(Cursor::new(text), "k.json", &Options::new())
-            .and_then(|t| t.collect::<portalloc::Result<Vec<_>>>())
+            .and_then(|t| t.collect::<portalloc::trace::Result<Vec<_>>>())
             .expect("the [memory] event");
         assert_eq!(events.len(), 1);
     }
@@ -276,7 +277,7 @@ mod numbers_past_f64 {
                     [0,0,0,0,\"a\",1,1e999]\n{\"end\":{\"events\":1}}\n";
         let (kind, message) = refusal(
             trace::open_reader(Cursor::new(text), "t.jsonl", &Options::new())
-                .and_then(|t| t.collect::<portalloc::Result<Vec<_>>>()),
+                .and_then(|t| t.collect::<portalloc::trace::Result<Vec<_>>>()),
         );
         assert_eq!(kind, TraceErrorKind::Malformed, "{message}");
         assert!(message.starts_with("t.jsonl: line 2: "), "{message}");

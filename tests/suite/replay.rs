@@ -455,7 +455,7 @@ fn a_streamed_trace_replays_as_the_same_trace_in_memory(strategy: ReplayStrategy
     let opened = path.clone();
     let streamed = TraceInput::File {
         header: header.clone(),
-        open: Box::new(move || portalloc::trace::open(&opened, &Default::default())),
+        open: Box::new(move || Ok(portalloc::trace::open(&opened, &Default::default())?)),
     };
     let options = ReplayOptions {
         device: device(1 << 30),

@@ -10,11 +10,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use portalloc::trace::import::xla_dump::{BufferAssignment, MemoryStats};
+use portalloc::trace::Result;
 use portalloc::trace::{
     detect, jsonl::Reader, open, summarize_events, Anomalies, AnomalyKind, Event, Format, Loc, Op,
     Options, Trace,
 };
-use portalloc::Result;
 
 // ---------------------------------------------------------------- sniffing
 

@@ -80,12 +80,8 @@ fn read_snapshot(path: &std::path::Path) -> Result<LedgerSnapshot> {
         )));
     }
     let options = portalloc::trace::Options::default().with_max_input_bytes(MAX_LEDGER_BYTES);
-    let (bytes, _) = portalloc::trace::open_bytes(path, &options).map_err(|e| {
-        refused(match e {
-            Error::Trace(e) => e.message().to_string(),
-            other => other.to_string(),
-        })
-    })?;
+    let (bytes, _) = portalloc::trace::open_bytes(path, &options)
+        .map_err(|e| refused(e.message().to_string()))?;
     let (parsed, read_all): (std::result::Result<LedgerSnapshot, _>, bool) = if meta.is_file() {
         // A regular file, its size checked above, is read whole and parsed from memory:
         // serde_json's reader takes one byte per call (60 MB/s in a release build, 6 MB/s

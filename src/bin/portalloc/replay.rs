@@ -242,7 +242,9 @@ pub fn run(args: ReplayArgs) -> Result<()> {
             }
             Prepared::Once(bytes) => (
                 None,
-                trace::open_reader(bytes, &path_label(given), &options).and_then(load_whole),
+                trace::open_reader(bytes, &path_label(given), &options)
+                    .map_err(Error::from)
+                    .and_then(load_whole),
             ),
         };
         let (_, mut input, anomalies) = loaded?;
@@ -646,7 +648,7 @@ fn load_spooled(
                 file: Arc::clone(&spool),
                 at: 0,
             };
-            trace::open_reader(pass, &label, &options)
+            Ok(trace::open_reader(pass, &label, &options)?)
         }),
     };
     Ok((name.to_string(), input, anomalies))
@@ -687,7 +689,7 @@ fn named(label: &str, e: Error) -> Error {
 /// Reads a trace that can be read only once: its events, kept in memory.
 fn load_whole(mut t: trace::Trace) -> Result<(String, TraceInput, String)> {
     let header = t.header().clone();
-    let events: Vec<Event> = t.by_ref().collect::<Result<_>>()?;
+    let events: Vec<Event> = t.by_ref().collect::<trace::Result<_>>()?;
     let anomalies = anomaly_text(&t);
     Ok((
         String::new(),
@@ -722,7 +724,7 @@ fn load(path: &PathBuf, options: &trace::Options) -> Result<(String, TraceInput,
             let options = options.clone();
             let input = TraceInput::File {
                 header,
-                open: Box::new(move || trace::open(&path, &options)),
+                open: Box::new(move || Ok(trace::open(&path, &options)?)),
             };
             Ok((label, input, anomalies))
         }
@@ -752,14 +754,14 @@ fn load(path: &PathBuf, options: &trace::Options) -> Result<(String, TraceInput,
                 let options = options.clone();
                 TraceInput::File {
                     header,
-                    open: Box::new(move || trace::open(&path, &options)),
+                    open: Box::new(move || Ok(trace::open(&path, &options)?)),
                 }
             };
             Ok((label, input, anomalies))
         }
         // Formats read whole anyway: keep the events and replay them many times.
         _ => {
-            let events: Vec<Event> = t.by_ref().collect::<Result<_>>()?;
+            let events: Vec<Event> = t.by_ref().collect::<trace::Result<_>>()?;
             let anomalies = anomaly_text(&t);
             Ok((
                 label,
@@ -778,6 +780,21 @@ fn load(path: &PathBuf, options: &trace::Options) -> Result<(String, TraceInput,
 fn sparse_warning(header: &TraceHeader, events: u64) -> Option<String> {
     if events > 1 {
         return None;
+    }
+    let state = header
+        .notes
+        .iter()
+        .any(|n| n.starts_with(portalloc::trace::import::snapshot::SEGMENT_LIST_NOTE));
+    if state {
+        // A state is what the user saved, not a recording gone wrong: the figures say what
+        // each strategy needs to hold it, which is their question.
+        return Some(
+            "a segment list is one moment's state, no events: the figures say what each \
+             strategy needs to hold it, not how the program got there (for that, record a \
+             history: torch.cuda.memory._record_memory_history(max_entries=100000) before the \
+             step, then torch.cuda.memory._dump_snapshot(path))"
+                .to_string(),
+        );
     }
     let how = if header.source.starts_with(Format::PytorchSnapshot.name()) {
         "the snapshot was dumped with memory history recording off (or by PyTorch 2.0, which \

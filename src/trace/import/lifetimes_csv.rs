@@ -21,7 +21,7 @@ use crate::trace::{limit_error, malformed_error};
 use std::collections::VecDeque;
 
 use super::{csv_column, csv_error, csv_reader, Attrs, Emitter};
-use crate::error::Result;
+use crate::trace::Result;
 use crate::trace::{
     Anomalies, AnomalyKind, Event, Format, Input, Keying, LineEnds, Loc, Op, Options, TraceHeader,
     TraceSource,

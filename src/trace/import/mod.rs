@@ -3,8 +3,8 @@
 //! documents how its source maps into the own format.
 
 use super::{trace_error, Event, Input, Keying, Loc, Op, Tracker};
-use crate::error::{Error, Result};
-use crate::trace::TraceErrorKind;
+use crate::trace::Result;
+use crate::trace::{TraceError, TraceErrorKind};
 
 pub mod kineto;
 pub mod lifetimes_csv;
@@ -86,14 +86,14 @@ pub(crate) fn csv_reader(input: Input) -> csv::Reader<Input> {
 }
 
 /// The error for a CSV that cannot be read, with its line where the reader knows it.
-pub(crate) fn csv_error(origin: &str, e: &csv::Error) -> Error {
-    let kind = match e.kind() {
-        csv::ErrorKind::Io(io) => crate::trace::io_kind(io),
-        _ => TraceErrorKind::Malformed,
+pub(crate) fn csv_error(origin: &str, e: &csv::Error) -> TraceError {
+    let message = match e.position() {
+        Some(p) => format!("{origin}: line {}: {e}", p.line()),
+        None => format!("{origin}: {e}"),
     };
-    match e.position() {
-        Some(p) => trace_error(kind, format!("{origin}: line {}: {e}", p.line())),
-        None => trace_error(kind, format!("{origin}: {e}")),
+    match e.kind() {
+        csv::ErrorKind::Io(io) => TraceError::from_io(io, message),
+        _ => trace_error(TraceErrorKind::Malformed, message),
     }
 }
 

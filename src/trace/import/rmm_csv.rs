@@ -26,7 +26,7 @@ use crate::trace::{malformed_error, not_a_trace_error, selection_error};
 use std::collections::VecDeque;
 
 use super::{csv_column, csv_error, csv_reader, Attrs, Emitter};
-use crate::error::Result;
+use crate::trace::Result;
 use crate::trace::{
     excerpt, Anomalies, AnomalyKind, Event, Format, Input, Keying, LineEnds, Loc, Op, Options,
     ThreadMap, TraceHeader, TraceSource,

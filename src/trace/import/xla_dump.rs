@@ -38,7 +38,7 @@
 //!
 //! Files are untrusted: lines are bounded ([`MAX_XLA_LINE_BYTES`]), so are files, gzip'd
 //! ones as they inflate ([`MAX_XLA_FILE_BYTES`]), allocations ([`MAX_XLA_ALLOCATIONS`]) and steps
-//! ([`MAX_XLA_STEPS`]); anything malformed is an [`Error::Trace`](crate::Error::Trace) with the
+//! ([`MAX_XLA_STEPS`]); anything malformed is a [`TraceError`](crate::trace::TraceError) with the
 //! file and line.
 #![deny(unsafe_code)]
 
@@ -48,7 +48,7 @@ use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 
-use crate::error::Result;
+use crate::trace::Result;
 use crate::trace::{excerpt, io_error, push_generated, Event, Op, TagId, TraceHeader};
 
 /// The longest line of a buffer-assignment file: 1 MiB (a real one is at most a tuple
@@ -621,7 +621,7 @@ fn shown_file(path: &Path) -> String {
 
 /// `text` with control characters escaped (`\u{1b}`), not cut.
 fn escaped(text: &str) -> String {
-    crate::error::cut_escaped(text, usize::MAX)
+    crate::text::cut_escaped(text, usize::MAX)
 }
 
 /// The text of the dump file `path` (`what` it should be, for messages), at most
@@ -635,7 +635,7 @@ fn open_text(path: &Path, origin: &str, what: &str) -> Result<Box<dyn BufRead>> 
     let file = open_regular(path, origin, what)?;
     let len = file
         .metadata()
-        .map_err(|e| os_error(format!("cannot open {origin}: {e}")))?
+        .map_err(|e| os_error(&e, format!("cannot open {origin}: {e}")))?
         .len();
     let mut input = BufReader::new(file);
     let gzip = input
@@ -700,7 +700,7 @@ impl<R: Read> Read for Inflating<R> {
 /// Opens `path` if it is a regular file: a FIFO is refused before `open`, which would wait
 /// for a writer for ever, and so is a device or a directory.
 fn open_regular(path: &Path, origin: &str, what: &str) -> Result<File> {
-    let cannot_open = |e| os_error(format!("cannot open {origin}: {e}"));
+    let cannot_open = |e| os_error(&e, format!("cannot open {origin}: {e}"));
     if !std::fs::metadata(path).map_err(cannot_open)?.is_file() {
         return Err(not_a_trace_error(format!(
             "{origin}: not a regular file (a FIFO, device or directory); {what} is a file XLA wrote"
@@ -798,9 +798,9 @@ fn is_buffer_assignment_name(name: &[u8]) -> bool {
 /// As [`read_dir`]; `path` is neither a directory nor a regular file named
 /// `*-buffer-assignment.txt`.
 pub fn read_path(path: &Path, options: &XlaOptions) -> Result<XlaModule> {
-    let shown = || crate::error::shown_path(path);
-    let meta =
-        std::fs::metadata(path).map_err(|e| os_error(format!("cannot open {}: {e}", shown())))?;
+    let shown = || crate::text::shown_path(path);
+    let meta = std::fs::metadata(path)
+        .map_err(|e| os_error(&e, format!("cannot open {}: {e}", shown())))?;
     if meta.is_dir() {
         return read_dir(path, options);
     }
@@ -834,7 +834,8 @@ fn read_dump(dir: &Path, lone: Option<&Path>, options: &XlaOptions) -> Result<Xl
     let entries = match lone {
         Some(_) => None,
         None => Some(
-            std::fs::read_dir(dir).map_err(|e| os_error(format!("cannot read {shown}: {e}")))?,
+            std::fs::read_dir(dir)
+                .map_err(|e| os_error(&e, format!("cannot read {shown}: {e}")))?,
         ),
     };
     let mut files: Vec<(String, PathBuf)> = lone
@@ -845,7 +846,7 @@ fn read_dump(dir: &Path, lone: Option<&Path>, options: &XlaOptions) -> Result<Xl
         .into_iter()
         .collect();
     for entry in entries.into_iter().flatten() {
-        let entry = entry.map_err(|e| os_error(format!("cannot read {shown}: {e}")))?;
+        let entry = entry.map_err(|e| os_error(&e, format!("cannot read {shown}: {e}")))?;
         let name = entry.file_name().to_string_lossy().into_owned();
         if is_buffer_assignment_name(name.as_bytes()) {
             if files.len() >= MAX_XLA_FILES {

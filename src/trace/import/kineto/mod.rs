@@ -48,7 +48,7 @@ use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
 use super::{us_to_ns, Attrs, Emitter};
-use crate::error::Result;
+use crate::trace::Result;
 use crate::trace::{
     trace_error, AnomalyKind, Format, Input, Keying, Loc, Op, Options, Reference, ThreadMap,
     TraceHeader, Tracker, VecSource,
@@ -198,7 +198,7 @@ const NAME_CHARS: usize = 64;
 /// where cut, control characters escaped as Rust does (`\u{1b}`), so that a name cannot
 /// drive the terminal it is printed on.
 fn printable(name: &str) -> String {
-    crate::error::cut_escaped(name, NAME_CHARS + 1)
+    crate::text::cut_escaped(name, NAME_CHARS + 1)
 }
 
 /// A number as a message shows it: an integer as written; a float with its fraction, or in

@@ -45,16 +45,16 @@ mod machine;
 mod view;
 
 use super::{us_to_ns, Attrs, Emitter};
-use crate::error::{Error, Result};
 use crate::trace::{
     trace_error, AnomalyKind, Event, Format, Input, Keying, Loc, Op, Options, Reference,
     TraceHeader, VecSource,
 };
+use crate::trace::{Result, TraceError};
 use limits::{Limits, PickleError};
 use view::{KeyMemo, Pickle, Seq, Val};
 
 /// The error for a pickle the reader refused or a walk that ran out of steps.
-fn pickle_error(origin: &str, e: PickleError) -> Error {
+fn pickle_error(origin: &str, e: PickleError) -> TraceError {
     match e {
         PickleError::Limit { .. } => limit_error(format!(
             "{origin}: refused: the snapshot pickle {e}; the limits on untrusted files are in \
@@ -87,6 +87,11 @@ fn pickle_error(origin: &str, e: PickleError) -> Error {
 }
 
 /// What a pickle of something else is not.
+/// How the first note of a trace read from a segment list
+/// (`pickle.dump(torch.cuda.memory_snapshot(), f)`) begins: a state with no events, which a
+/// tool reading the header tells from a snapshot that recorded none.
+pub const SEGMENT_LIST_NOTE: &str = "a segment list (torch.cuda.memory_snapshot(), pickled)";
+
 const NOT_A_SNAPSHOT: &str =
     "not a PyTorch memory snapshot (a dict with segments and device_traces, as \
      torch.cuda.memory._dump_snapshot writes it)";
@@ -649,8 +654,8 @@ fn import_segment_list(origin: &str, options: &Options, list: Seq<'_>) -> Result
         allocator: Some("pytorch-caching".to_string()),
     });
     header.notes.push(format!(
-        "a segment list (torch.cuda.memory_snapshot(), pickled): the state of cuda:{device} at \
-         one moment, no events; {} segments of device {device} (devices in the list: {})",
+        "{SEGMENT_LIST_NOTE}: the state of cuda:{device} at one moment, no events; {} segments \
+         of device {device} (devices in the list: {})",
         state.segments,
         devices.join(", ")
     ));
