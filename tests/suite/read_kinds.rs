@@ -304,6 +304,24 @@ mod rmm_device {
                 .starts_with("rmm-whole.csv: --trace-device does not apply to an RMM log: it holds one memory resource's events"),
             "{message}"
         );
+        // A buffer-lifetime CSV names no device either: refused alike.
+        let (kind, message) = refusal(read("lifetimes-whole.csv", &options));
+        assert_eq!(kind, TraceErrorKind::Selection, "{message}");
+        assert!(
+            message.starts_with(
+                "lifetimes-whole.csv: --trace-device does not apply to a buffer-lifetime CSV"
+            ),
+            "{message}"
+        );
+    }
+
+    /// Without a device asked, both read.
+    #[test]
+    fn without_a_device_both_read() {
+        for file in ["rmm-whole.csv", "lifetimes-whole.csv"] {
+            let (events, _) = read(file, &Options::new()).unwrap();
+            assert!(!events.is_empty(), "{file}");
+        }
     }
 }
 

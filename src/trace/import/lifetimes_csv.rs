@@ -11,7 +11,8 @@
 //! Rows with `upper <= lower` (an empty or reversed lifetime) or an `id` seen before are
 //! counted as [`AnomalyKind::InvalidRecord`] and dropped; a zero size as
 //! [`AnomalyKind::ZeroSize`]; a last row without a line end (the file may be cut short in
-//! it) as [`AnomalyKind::NoLineEnd`], and kept.
+//! it) as [`AnomalyKind::NoLineEnd`], and kept. The CSV names no device:
+//! [`Options::device`] (`--trace-device`) is refused rather than ignored.
 //!
 //! [`AnomalyKind::InvalidRecord`]: crate::trace::AnomalyKind::InvalidRecord
 //! [`AnomalyKind::ZeroSize`]: crate::trace::AnomalyKind::ZeroSize
@@ -115,6 +116,11 @@ pub(crate) fn read(input: Input, origin: &str, options: &Options) -> Result<Life
     };
     let (c_id, c_lower, c_upper, c_size) =
         (find("id")?, find("lower")?, find("upper")?, find("size")?);
+    super::no_device_choice(
+        origin,
+        options,
+        "a buffer-lifetime CSV: it holds one program's buffers",
+    )?;
 
     let mut emitter = Emitter::new(Keying::Ids, options.strict, origin, 0);
     let mut rows: Vec<Buffer> = Vec::new();

@@ -85,6 +85,25 @@ pub(crate) fn csv_reader(input: Input) -> csv::Reader<Input> {
         .from_reader(input)
 }
 
+/// Refuses a device choice (`--trace-device`: [`Options::device`](super::Options::device),
+/// `device_type`, `cpu`) for a format that names no device to choose among (`what` says
+/// which, and why), rather than ignoring it: as a snapshot or profile refuses a device it
+/// has no events of, instead of replaying another as though it were that one.
+pub(crate) fn no_device_choice(
+    origin: &str,
+    options: &super::Options,
+    what: &str,
+) -> Result<()> {
+    if options.device.is_some() || options.device_type.is_some() || options.cpu {
+        return Err(super::selection_error(format!(
+            "{origin}: --trace-device does not apply to {what} and names no device to choose \
+             among; replay it without --trace-device (trace::Options device, device_type and \
+             cpu unset)"
+        )));
+    }
+    Ok(())
+}
+
 /// The error for a CSV that cannot be read, with its line where the reader knows it.
 pub(crate) fn csv_error(origin: &str, e: &csv::Error) -> TraceError {
     let message = match e.position() {

@@ -22,7 +22,7 @@
 //! [`AnomalyKind::AllocFailure`]: crate::trace::AnomalyKind::AllocFailure
 //! [`AnomalyKind::NoLineEnd`]: crate::trace::AnomalyKind::NoLineEnd
 
-use crate::trace::{malformed_error, not_a_trace_error, selection_error};
+use crate::trace::{malformed_error, not_a_trace_error};
 use std::collections::VecDeque;
 
 use super::{csv_column, csv_error, csv_reader, Attrs, Emitter};
@@ -133,15 +133,11 @@ impl RmmCsvReader {
             size: find("Size")?,
             stream: find("Stream")?,
         };
-        if options.device.is_some() || options.device_type.is_some() || options.cpu {
-            // As a snapshot or profile asked for a device it has no events of: refused, not
-            // replayed as though it were that device's.
-            return Err(selection_error(format!(
-                "{origin}: --trace-device does not apply to an RMM log: it holds one memory \
-                 resource's events and names no device to choose among; replay it without \
-                 --trace-device (trace::Options device, device_type and cpu unset)"
-            )));
-        }
+        super::no_device_choice(
+            origin,
+            options,
+            "an RMM log: it holds one memory resource's events",
+        )?;
         let mut header = TraceHeader::new(format!("{}:{origin}", Format::RmmCsv.name()));
         header.notes.push(
             "RMM log: allocations keyed by Pointer; `allocate failure` rows counted, not replayed"
