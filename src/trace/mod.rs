@@ -786,6 +786,8 @@ struct Capped<R> {
     trusted: bool,
     /// What is bounded, for the message (`input`, `inflated stream`).
     what: &'static str,
+    /// The whole message past the bound, where the caller words it (a bound of its own).
+    message: Option<String>,
 }
 
 impl<R: Read> Capped<R> {
@@ -798,10 +800,14 @@ impl<R: Read> Capped<R> {
             limit,
             trusted,
             what,
+            message: None,
         }
     }
 
     fn over(&self) -> std::io::Error {
+        if let Some(message) = &self.message {
+            return limit_reached(message.clone());
+        }
         let how = if self.trusted {
             "on trusted input".to_string()
         } else {
@@ -816,6 +822,20 @@ impl<R: Read> Capped<R> {
             self.what,
             crate::units::Bytes(self.limit)
         ))
+    }
+}
+
+/// `inner` read to at most `limit` bytes: past them, a read fails with a
+/// [`TraceErrorKind::Limit`] error saying `message` (an end, not an error, when the source
+/// ends there).
+pub(crate) fn capped(inner: impl Read, limit: u64, message: String) -> impl Read {
+    Capped {
+        inner,
+        left: limit,
+        limit,
+        trusted: false,
+        what: "input",
+        message: Some(message),
     }
 }
 

@@ -462,17 +462,12 @@ fn replay_runs_on_the_device_the_trace_names(
         trace["deviceProperties"] = json!([{"id": 0, "name": name}]);
     }
     std::fs::write(&file, serde_json::to_vec(&trace).unwrap()).unwrap();
+    let file = file.to_str().unwrap();
     let run = |json: bool| {
-        let out = Command::new(env!("CARGO_BIN_EXE_portalloc"))
-            .args(["replay", "--strategies", "bfc"])
-            .args(json.then_some("--json"))
-            .arg(&file)
-            .args(extra)
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert!(out.status.success(), "{stderr}");
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        let mut args = vec!["replay", "--strategies", "bfc", file];
+        args.extend(json.then_some("--json"));
+        args.extend_from_slice(extra);
+        replayed(&args)
     };
     let v: serde_json::Value = serde_json::from_str(&run(true)).unwrap();
     let t = &v["traces"][0];
@@ -500,17 +495,14 @@ fn the_shared_mi300x_trace_replays_on_mi300x() {
     else {
         return;
     };
-    let out = Command::new(env!("CARGO_BIN_EXE_portalloc"))
-        .args(["replay", "--strategies", "bfc", "--json"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let out = replayed(&[
+        "replay",
+        "--strategies",
+        "bfc",
+        "--json",
+        path.to_str().unwrap(),
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["traces"][0]["device"]["name"], "mi300x");
     assert_eq!(
         v["traces"][0]["device_source"],
@@ -521,17 +513,25 @@ fn the_shared_mi300x_trace_replays_on_mi300x() {
 /// A built-in workload names no device: it replays on the default, and says so.
 #[test]
 fn a_workload_replays_on_the_default_device() {
-    let out = Command::new(env!("CARGO_BIN_EXE_portalloc"))
-        .args(["replay", "--workload", "transformer-train", "--layers", "1"])
-        .args(["--strategies", "platform", "--json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let out = replayed(&[
+        "replay",
+        "--workload",
+        "transformer-train",
+        "--layers",
+        "1",
+        "--strategies",
+        "platform",
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["traces"][0]["device"]["name"], "h100-80g");
     assert_eq!(v["traces"][0]["device_source"], "the default");
+}
+
+/// `portalloc` run with `args` as a user's shell would (`support::cli`), which must succeed:
+/// its standard output.
+fn replayed(args: &[&str]) -> String {
+    let (ok, out, err) = crate::support::cli::portalloc(args, &[]);
+    assert!(ok, "{args:?}: {err}");
+    out
 }

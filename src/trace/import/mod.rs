@@ -89,11 +89,7 @@ pub(crate) fn csv_reader(input: Input) -> csv::Reader<Input> {
 /// `device_type`, `cpu`) for a format that names no device to choose among (`what` says
 /// which, and why), rather than ignoring it: as a snapshot or profile refuses a device it
 /// has no events of, instead of replaying another as though it were that one.
-pub(crate) fn no_device_choice(
-    origin: &str,
-    options: &super::Options,
-    what: &str,
-) -> Result<()> {
+pub(crate) fn no_device_choice(origin: &str, options: &super::Options, what: &str) -> Result<()> {
     if options.device.is_some() || options.device_type.is_some() || options.cpu {
         return Err(super::selection_error(format!(
             "{origin}: --trace-device does not apply to {what} and names no device to choose \

@@ -659,42 +659,11 @@ fn open_text(path: &Path, origin: &str, what: &str) -> Result<Box<dyn BufRead>> 
     }
     // One layer, as XLA's files are gzip'd by a person; what it inflates to is bounded as a
     // plain file is, and the bound is told where it is reached.
-    Ok(Box::new(BufReader::new(Inflating {
-        inner: flate2::read::MultiGzDecoder::new(input),
-        left: MAX_XLA_FILE_BYTES,
-        over: too_large("gzip'd: it inflates to".to_string()),
-    })))
-}
-
-/// A gzip'd dump file, inflated: an error, not an end, once past [`MAX_XLA_FILE_BYTES`].
-struct Inflating<R> {
-    inner: R,
-    /// Bytes that may still be inflated.
-    left: u64,
-    /// The message past the bound.
-    over: String,
-}
-
-impl<R: Read> Read for Inflating<R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        if buf.is_empty() {
-            return Ok(0);
-        }
-        if self.left == 0 {
-            // At the bound: the end of the stream, or one byte too many.
-            let mut one = [0u8; 1];
-            return match self.inner.read(&mut one)? {
-                0 => Ok(0),
-                _ => Err(crate::trace::limit_reached(self.over.clone())),
-            };
-        }
-        let room = usize::try_from(self.left)
-            .unwrap_or(usize::MAX)
-            .min(buf.len());
-        let n = self.inner.read(&mut buf[..room])?;
-        self.left -= n as u64;
-        Ok(n)
-    }
+    Ok(Box::new(BufReader::new(crate::trace::capped(
+        flate2::read::MultiGzDecoder::new(input),
+        MAX_XLA_FILE_BYTES,
+        too_large("gzip'd: it inflates to".to_string()),
+    ))))
 }
 
 /// Opens `path` if it is a regular file: a FIFO is refused before `open`, which would wait
