@@ -59,6 +59,8 @@ mod cut_short {
     #[test_case("lifetimes-cut.csv", 4, Some(125) ; "a lifetime CSV's size cut")]
     #[test_case("rmm-cut.csv", 5, None ; "an RMM log's stream handle cut")]
     #[test_case("rmm-cut.csv.gz", 5, None ; "an RMM log cut, then gzip'd")]
+    #[test_case("lifetimes-crlf-cut.csv", 4, Some(125) ; "a CRLF lifetime CSV's size cut")]
+    #[test_case("rmm-crlf-cut.csv", 5, None ; "a CRLF RMM log cut")]
     fn a_last_row_without_a_line_end_is_counted_with_its_line(
         file: &str,
         line: u64,
@@ -90,6 +92,7 @@ mod cut_short {
     #[test_case("lifetimes-cut.csv", 4 ; "a lifetime CSV")]
     #[test_case("rmm-cut.csv", 5 ; "an RMM log")]
     #[test_case("rmm-cut.csv.gz", 5 ; "an RMM log gzip'd")]
+    #[test_case("lifetimes-crlf-cut.csv", 4 ; "a CRLF lifetime CSV")]
     fn in_strict_mode_it_is_malformed(file: &str, line: u64) {
         let (kind, message) = refusal(read(file, &Options::new().with_strict(true)));
         assert_eq!(kind, TraceErrorKind::Malformed, "{message}");
@@ -103,6 +106,21 @@ mod cut_short {
             message.contains("a last row that is whole but lacks its final newline reads the same"),
             "{message}"
         );
+    }
+
+    /// In a CRLF file every line is numbered as an editor shows it: the free of an address
+    /// never allocated on line 3 is counted at line 3 (the `csv` crate alone says 2,
+    /// BurntSushi/rust-csv#395), and the cut last row at line 5.
+    #[test]
+    fn a_crlf_files_lines_are_an_editors() {
+        let (_, anomalies) = read("rmm-crlf-cut.csv", &Options::new()).expect("read");
+        let never = anomalies
+            .examples(AnomalyKind::UnknownFree)
+            .next()
+            .expect("the free of 0x50000");
+        assert_eq!(never.loc, Loc::Line(3), "{anomalies}");
+        let cut = anomalies.examples(AnomalyKind::NoLineEnd).next().unwrap();
+        assert_eq!(cut.loc, Loc::Line(5), "{anomalies}");
     }
 
     /// The same rows with their line ends: nothing counted, strict or not.

@@ -77,8 +77,20 @@ impl Emitter {
 
 /// A CSV reader as the CSV importers read: a header row, fields trimmed, every row as wide
 /// as the header.
-pub(crate) fn csv_reader(input: Input) -> csv::Reader<Input> {
-    csv::ReaderBuilder::new()
+///
+/// Rows end at `\n` where the input has one in its first buffer (a `\r` before it is
+/// whitespace, which trimming drops): the `csv` crate's own terminator ends a row at the
+/// `\r` of a `\r\n` and counts the `\n` into the next row, so every line number it gives
+/// of a CRLF file (Windows, Python's `csv.writer` by default) was one short
+/// (BurntSushi/rust-csv#395). A file of lone `\r`s (no `\n` in its first buffer) keeps
+/// the crate's terminator, which ends a row at either.
+pub(crate) fn csv_reader(mut input: Input) -> csv::Reader<Input> {
+    let has_newline = input.fill_buf().is_ok_and(|b| b.contains(&b'\n'));
+    let mut builder = csv::ReaderBuilder::new();
+    if has_newline {
+        builder.terminator(csv::Terminator::Any(b'\n'));
+    }
+    builder
         .has_headers(true)
         .trim(csv::Trim::All)
         .flexible(false)

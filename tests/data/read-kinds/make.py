@@ -25,20 +25,21 @@ BIG = 12582912
 CUT_TO = len('125')
 
 
-def csv_text(header, rows):
-    """The rows as csv.writer writes them, one '\\n' after each (RMM and SOMAS write '\\n')."""
+def csv_text(header, rows, lineterminator='\n'):
+    """The rows as csv.writer writes them, one '\\n' after each (RMM and SOMAS write '\\n'),
+    or '\\r\\n' (csv.writer's own default, and Windows')."""
     out = io.StringIO()
-    w = csv.writer(out, lineterminator='\n')
+    w = csv.writer(out, lineterminator=lineterminator)
     w.writerow(header)
     w.writerows(rows)
     return out.getvalue().encode()
 
 
 def cut_in_last_number(text, number=BIG, keep=CUT_TO):
-    """`text` (ending with `number` and a newline) cut inside it, `keep` characters kept: no
+    """`text` (ending with `number` and a line end) cut inside it, `keep` characters kept: no
     line end, the number short."""
     at = text.rindex(str(number).encode())
-    assert text[at:] == str(number).encode() + b'\n'
+    assert text[at:] in (str(number).encode() + b'\n', str(number).encode() + b'\r\n')
     return text[:at + keep]
 
 
@@ -65,6 +66,15 @@ rmm = csv_text(['Thread', 'Time', 'Action', 'Pointer', 'Size', 'Stream'],
                 [1, '00:00:04.000000', 'allocate', '0x30000', BIG, STREAM]])
 rmm_cut = cut_in_last_number(rmm, STREAM, len('0x7f3a'))
 assert lifetimes.endswith(b'\n') and rmm.endswith(b'\n')
+# The same, as csv.writer writes by default: CRLF. Lines are counted as an editor shows them.
+LIFETIMES_ROWS = [[1, 0, 2, 4096], [2, 1, 3, 8192], [3, 2, 4, BIG]]
+lifetimes_crlf = csv_text(['id', 'lower', 'upper', 'size'], LIFETIMES_ROWS, '\r\n')
+rmm_crlf = csv_text(['Thread', 'Time', 'Action', 'Pointer', 'Size', 'Stream'],
+                    [[1, '00:00:01.000000', 'allocate', '0x10000', 4096, STREAM],
+                     [1, '00:00:02.000000', 'free', '0x50000', 4096, STREAM],
+                     [1, '00:00:03.000000', 'free', '0x10000', 4096, STREAM],
+                     [1, '00:00:04.000000', 'allocate', '0x30000', BIG, STREAM]], '\r\n')
+assert lifetimes_crlf.endswith(b'\r\n') and b'\r\n' in rmm_crlf
 
 files = {
     'lifetimes-whole.csv': lifetimes,
@@ -77,6 +87,10 @@ files = {
     'rmm-whole.csv.gz.gz': gz(gz(rmm)),
     'rmm-whole.csv.gz.gz.gz': gz(gz(gz(rmm))),
     'lifetimes-whole.csv.gz.gz': gz(gz(lifetimes)),
+    # CRLF: a lifetime CSV cut in its last row (line 4), and an RMM log whose line 3 frees
+    # an address never allocated, cut in its last row (line 5).
+    'lifetimes-crlf-cut.csv': cut_in_last_number(lifetimes_crlf),
+    'rmm-crlf-cut.csv': cut_in_last_number(rmm_crlf, STREAM, len('0x7f3a')),
 }
 for name, data in files.items():
     write(name, data)
