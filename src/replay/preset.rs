@@ -111,6 +111,10 @@ pub fn preset_for_recorded(device: &str) -> Option<DeviceSpec> {
         .map(str::to_ascii_uppercase)
         .collect();
     let has = |w: &str| words.iter().any(|x| x == w);
+    if has("MIG") {
+        // A MIG slice ("NVIDIA H100 80GB HBM3 MIG 1g.10gb") has a share of the card's memory.
+        return None;
+    }
     let name = if has("MI300X") {
         "mi300x"
     } else if has("H200") {
@@ -121,6 +125,64 @@ pub fn preset_for_recorded(device: &str) -> Option<DeviceSpec> {
         return None;
     };
     PRESETS.iter().find(|(n, _)| *n == name).map(|(_, d)| *d)
+}
+
+/// How far a recorded device's total memory may be from its preset's capacity and still be
+/// that preset: drivers and frameworks report the total a little differently (an H100 80GB:
+/// 81,559 MiB in `nvidia-smi`, 81,089 MiB as `totalGlobalMem`; an MI300X VF 0.3% below
+/// `rocm-smi`'s figure), a partitioned GPU by far more.
+const SAME_DEVICE_TOLERANCE: f64 = 0.03;
+
+/// The device a trace replays on when the caller gives none, and why: the preset of the GPU
+/// the trace names ([`preset_for_recorded`]) where its recorded total memory, if the trace
+/// has one, agrees with the preset's (within 3%); else a device of that recorded memory (a MIG
+/// slice, a partitioned MI300X, a V100: no preset is that GPU, but the trace says how much
+/// memory it had); else [`DEFAULT_DEVICE`]. The reason is what `portalloc replay` prints on
+/// its `replayed on` line and in `--json`'s `device_source`.
+///
+/// ```
+/// use portalloc::replay::preset::device_for_recorded;
+///
+/// let (mi300x, why) = device_for_recorded(Some("hip:0 AMD Instinct MI300X VF"), Some(205_571_227_648));
+/// assert_eq!(mi300x.name, "mi300x");
+/// assert_eq!(why, "the trace's device, hip:0 AMD Instinct MI300X VF");
+/// let (slice, why) =
+///     device_for_recorded(Some("cuda:0 NVIDIA H100 80GB HBM3 MIG 1g.10gb"), Some(10 << 30));
+/// assert_eq!((slice.name, slice.capacity), ("custom", 10 << 30));
+/// assert!(why.starts_with("the memory the trace's device reports"), "{why}");
+/// assert_eq!(device_for_recorded(None, None).1, "the default");
+/// ```
+pub fn device_for_recorded(device: Option<&str>, memory: Option<u64>) -> (DeviceSpec, String) {
+    let Some(recorded) = device else {
+        return (DEFAULT_DEVICE, "the default".to_string());
+    };
+    let preset = preset_for_recorded(recorded);
+    let agrees = |p: &DeviceSpec, m: u64| {
+        (m as f64 - p.capacity as f64).abs() <= SAME_DEVICE_TOLERANCE * p.capacity as f64
+    };
+    match (preset, memory) {
+        (Some(p), None) => (p, format!("the trace's device, {recorded}")),
+        (Some(p), Some(m)) if agrees(&p, m) => (p, format!("the trace's device, {recorded}")),
+        (_, Some(m)) if (MIN_CAPACITY..=MAX_CAPACITY).contains(&m) => (
+            custom(m),
+            format!(
+                "the memory the trace's device reports, {} ({recorded}){}",
+                crate::units::Bytes(m),
+                match preset {
+                    Some(p) =>
+                        format!(", not the {}'s {}", p.name, crate::units::Bytes(p.capacity)),
+                    None => String::new(),
+                }
+            ),
+        ),
+        _ => (
+            DEFAULT_DEVICE,
+            format!(
+                "the default: the trace's device, {recorded}, names no preset's GPU (--device \
+                 or --capacity sets one)"
+            ),
+        ),
+    }
 }
 
 /// The smallest simulated device: one 2 MiB granule.

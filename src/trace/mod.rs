@@ -225,6 +225,11 @@ pub struct TraceHeader {
     /// The device recorded (e.g. `cuda:1 Tesla V100-SXM2-32GB`), when known.
     #[serde(default)]
     pub device: Option<String>,
+    /// The total memory of that device in bytes, as the recorder reported it (a Kineto
+    /// trace's `deviceProperties` `totalGlobalMem`), when known: what `portalloc replay`
+    /// plans for when no device is given, a partitioned GPU (a MIG slice) included.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_memory: Option<u64>,
     /// Bytes already live before the first event (allocated before the recording window).
     /// A free of an id never allocated in the trace releases part of it.
     #[serde(default)]
@@ -255,6 +260,7 @@ impl TraceHeader {
             version: FORMAT_VERSION,
             source: source.into(),
             device: None,
+            device_memory: None,
             baseline_bytes: 0,
             pre_window_blocks: Vec::new(),
             reference: None,

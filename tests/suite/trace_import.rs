@@ -856,6 +856,20 @@ fn real_kineto_traces_match_an_independent_reader(
     assert_eq!(fnv1a(&bytes), own, "{file}");
 }
 
+/// The replayed GPU's total memory, as the trace's `deviceProperties` give it
+/// (`totalGlobalMem` of the device whose events are replayed), read into the header: the
+/// figures Python's own `gzip` and `json` read from each file, written here.
+#[test_case(false, "pytorch-kineto-ddp-v100.json.gz", 34_089_730_048 ; "ddp v100, device 1")]
+#[test_case(true, "pytorch-kineto-resnet50-v100-noaddr.json.gz", 34_084_028_416 ; "resnet50, device 0")]
+#[test_case(true, "pytorch-kineto-mi300x-qwen-hip.json.gz", 205_571_227_648 ; "mi300x under rocm")]
+fn real_kineto_traces_say_their_devices_memory(edge: bool, file: &str, bytes: u64) {
+    let Some(path) = crate::support::shared_trace(edge, file) else {
+        return;
+    };
+    let t = trace::open(&path, &Options::default()).unwrap();
+    assert_eq!(t.header().device_memory, Some(bytes), "{file}");
+}
+
 /// Allocations, frees, peak live bytes, baseline bytes and the recording allocator's reserved
 /// bytes (0 when not recorded): the figures the independent readers print.
 fn figures_of(s: &trace::Summary, header: &TraceHeader) -> [u64; 5] {
@@ -871,10 +885,11 @@ fn figures_of(s: &trace::Summary, header: &TraceHeader) -> [u64; 5] {
 
 /// Own-format fingerprints of the real Kineto traces (regression pins of the header and notes;
 /// the events are pinned by the oracle fingerprint above. #27 renamed the devices in the notes:
-/// "[memory] events of cuda:1 (Device Type 1)", "skipped: cpu (1240 events)").
-const OWN_DDP: u64 = 0x4050_bbcb_b991_0105;
-const OWN_RESNET: u64 = 0xe2cd_770f_d47a_fa88;
-const OWN_MI300X: u64 = 0x1a4f_59b1_d1b0_3482;
+/// "[memory] events of cuda:1 (Device Type 1)", "skipped: cpu (1240 events)"; the header
+/// then gained `device_memory`, pinned by `real_kineto_traces_say_their_devices_memory`).
+const OWN_DDP: u64 = 0x61c9_04a5_8054_2207;
+const OWN_RESNET: u64 = 0x32af_8717_bff5_617a;
+const OWN_MI300X: u64 = 0x742b_39ef_1ea7_1a89;
 
 fn summarize_events_of(header: &TraceHeader, events: &[Event]) -> trace::Summary {
     trace::summarize_events(header.baseline_bytes, events.iter().copied().map(Ok)).unwrap()

@@ -10,8 +10,8 @@ use portalloc::config::parse_size;
 use portalloc::error::shown_path;
 use portalloc::replay::workload::Workload;
 use portalloc::replay::{
-    min_capacity_with, preset, preset::preset_for_recorded, preset::DEFAULT_DEVICE, replay,
-    Baseline, DeviceSpec, MinCapacity, ReplayOptions, ReplayResult, ReplayStrategy, TraceInput,
+    min_capacity_with, preset, replay, Baseline, DeviceSpec, MinCapacity, ReplayOptions,
+    ReplayResult, ReplayStrategy, TraceInput,
 };
 use portalloc::trace::import::xla_dump::{self, XlaOptions};
 use portalloc::trace::{self, Event, Format, TraceError, TraceErrorKind, TraceHeader};
@@ -54,8 +54,9 @@ pub struct ReplayArgs {
     )]
     pub strategies: Vec<String>,
     /// A device preset: h100-80g, h200, mi300x. Default: the preset of the GPU the trace
-    /// names as its device (an MI300X trace replays on mi300x), else h100-80g; the report's
-    /// header says which, and why.
+    /// names as its device (an MI300X trace replays on mi300x), or a device of the memory the
+    /// trace says its GPU had where no preset is that GPU (a V100, a MIG slice), else
+    /// h100-80g; the report's header says which, and why.
     #[arg(long, conflicts_with = "capacity")]
     pub device: Option<String>,
     /// A device capacity instead of a preset (80GiB, 141GB, …).
@@ -153,8 +154,8 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         .iter()
         .map(|s| ReplayStrategy::parse(s))
         .collect::<Result<Vec<_>>>()?;
-    // Checked before any trace is read; a trace without a given device replays on the preset
-    // of the GPU it names (`device_of`).
+    // Checked before any trace is read; a trace without a given device replays on the device
+    // it names (`preset::device_for_recorded`).
     let given_device = match (&args.capacity, &args.device) {
         (Some(c), _) => Some((
             portalloc::replay::preset::custom_checked(parse_size("--capacity", c)?).map_err(
@@ -268,7 +269,10 @@ pub fn run(args: ReplayArgs) -> Result<()> {
     for (label, input, anomalies) in &inputs {
         let (device, device_source) = match &given_device {
             Some(given) => given.clone(),
-            None => device_of(input.header()),
+            None => portalloc::replay::preset::device_for_recorded(
+                input.header().device.as_deref(),
+                input.header().device_memory,
+            ),
         };
         let baseline = Baseline::scan(input)?;
         let bar = progress_bar(baseline.events * strategies.len() as u64, label);
@@ -368,25 +372,6 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// The preset a trace replays on when neither `--device` nor `--capacity` is given: the one
-/// whose GPU the trace names as its device ([`preset_for_recorded`]), else
-/// [`DEFAULT_DEVICE`]; and what chose it, for the report's header.
-fn device_of(header: &TraceHeader) -> (DeviceSpec, String) {
-    match header.device.as_deref() {
-        Some(recorded) => match preset_for_recorded(recorded) {
-            Some(spec) => (spec, format!("the trace's device, {recorded}")),
-            None => (
-                DEFAULT_DEVICE,
-                format!(
-                    "the default: the trace's device, {recorded}, names no preset's GPU \
-                     (--device or --capacity sets one)"
-                ),
-            ),
-        },
-        None => (DEFAULT_DEVICE, "the default".to_string()),
-    }
 }
 
 /// The variables that set the allocators' memory fraction, as [`portalloc::Config`] reads

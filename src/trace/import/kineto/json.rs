@@ -461,6 +461,14 @@ fn members(f: &mut Cursor, c: &mut Collected) -> Result<(), FrameError> {
                     ) {
                         c.device_names.insert(id, name.to_string());
                     }
+                    if let (Some(id), Some(bytes)) = (
+                        d.get("id").and_then(Value::as_i64),
+                        d.get("totalGlobalMem")
+                            .and_then(Value::as_u64)
+                            .filter(|&b| b > 0),
+                    ) {
+                        c.device_memory.insert(id, bytes);
+                    }
                 }
             }
             _ => {

@@ -354,6 +354,8 @@ struct Collected {
     /// The most `[memory]` events kept: what grows with the file (about 200 bytes each).
     max_mem: usize,
     device_names: BTreeMap<i64, String>,
+    /// `deviceProperties`' `totalGlobalMem` by ordinal, where it is a positive integer.
+    device_memory: BTreeMap<i64, u64>,
 }
 
 /// The most `[memory]` events a Kineto trace of an untrusted file may have (about 2 GB of
@@ -369,6 +371,7 @@ impl Collected {
             mem: Vec::new(),
             max_mem: MAX_KINETO_MEMORY_EVENTS * factor,
             device_names: BTreeMap::new(),
+            device_memory: BTreeMap::new(),
         }
     }
 }
@@ -803,6 +806,9 @@ pub(crate) fn read(input: Input, origin: &str, options: &Options) -> Result<VecS
         Some(name) if !on_cpu => format!("{label} {}", printable(name)),
         _ => label.clone(),
     });
+    if !on_cpu {
+        header.device_memory = c.device_memory.get(&chosen.1).copied();
+    }
     if on_cpu {
         header.notes.push(
             "the CPU's [memory] events (Device Type 0) are replayed, as asked: an eager step \
