@@ -365,7 +365,7 @@ impl FromStr for Format {
             "lifetimes-csv" | "lifetimes" | "somas" => Some(Format::LifetimesCsv),
             _ => None,
         };
-        found.ok_or_else(|| TraceError::invalid_option("trace format", s, &Format::accepted()))
+        found.ok_or_else(|| TraceError::invalid_option("--format", s, &Format::accepted()))
     }
 }
 
@@ -939,13 +939,55 @@ fn open_sized<R: Read + Send + 'static>(
         Format::Kineto | Format::PytorchSnapshot => input,
     };
     let source: Box<dyn TraceSource> = match format {
-        Format::Portalloc => Box::new(jsonl::Reader::new(input, name, options.strict)?),
+        Format::Portalloc => {
+            let reader = jsonl::Reader::new(input, name, options.strict)?;
+            recorded_device_is_asked(reader.header(), name, options)?;
+            Box::new(reader)
+        }
         Format::RmmCsv => Box::new(import::rmm_csv::RmmCsvReader::new(input, name, options)?),
         Format::LifetimesCsv => Box::new(import::lifetimes_csv::read(input, name, options)?),
         Format::Kineto => Box::new(import::kineto::read(input, name, options)?),
         Format::PytorchSnapshot => Box::new(import::snapshot::read(input, name, options, size)?),
     };
     Ok(Trace::new(format, source))
+}
+
+/// Refuses a device choice (`--trace-device`) that a trace of one device's events — the own
+/// format, whose header names the device recorded — cannot give: a device it was not
+/// recorded on, or any when its header names none. A choice it matches is no choice at all.
+fn recorded_device_is_asked(header: &TraceHeader, origin: &str, options: &Options) -> Result<()> {
+    let (cpu, device_type, device) = (options.cpu, options.device_type, options.device);
+    let asked = match (cpu, device_type, device) {
+        (false, None, None) => return Ok(()),
+        (true, _, _) => "cpu".to_string(),
+        (_, Some(t), Some(d)) => format!("{}:{d}", import::kineto::type_name(t)),
+        (_, Some(t), None) => import::kineto::type_name(t),
+        (_, None, Some(d)) => format!("device {d}"),
+    };
+    let Some(recorded) = header.device.as_deref() else {
+        return Err(selection_error(format!(
+            "{origin}: --trace-device {asked} does not apply: the trace holds one device's \
+             events and its header names no device; replay it without --trace-device"
+        )));
+    };
+    let matches = recorded
+        .split_whitespace()
+        .next()
+        .and_then(import::kineto::device_spec)
+        .is_some_and(|(r_cpu, r_type, r_device)| {
+            (!cpu || r_cpu)
+                && device_type.is_none_or(|t| r_type == Some(t))
+                && device.is_none_or(|d| r_device == Some(d))
+        });
+    if matches {
+        Ok(())
+    } else {
+        Err(selection_error(format!(
+            "{origin}: no {asked} in this trace: it holds the events of {} only (its header's \
+             device); replay it without --trace-device",
+            crate::text::cut_escaped(recorded, 120)
+        )))
+    }
 }
 
 type BoxRead = Box<dyn Read + Send>;

@@ -706,7 +706,7 @@ mod traces {
         let e = name.parse::<Format>().unwrap_err();
         assert_eq!(e.kind(), TraceErrorKind::InvalidOption, "{e}");
         assert!(
-            e.message().starts_with("trace format=") && e.message().contains("kineto"),
+            e.message().starts_with("--format=") && e.message().contains("kineto"),
             "{e}"
         );
     }

@@ -343,6 +343,72 @@ mod rmm_device {
     }
 }
 
+/// A trace in portalloc's own format holds one device's events, named in its header: a
+/// `--trace-device` it matches reads it, another is refused naming the device it holds, and
+/// any is refused when the header names none; before, ignored whatever it asked.
+mod own_format_device {
+    use super::*;
+    use portalloc::trace::{jsonl, Op, TraceHeader};
+    use test_case::test_case;
+
+    /// A trace of one allocation and its free, its header naming `device`.
+    fn own(device: Option<&str>) -> Vec<u8> {
+        let mut header = TraceHeader::new("test:own");
+        header.device = device.map(str::to_string);
+        let mut w = jsonl::Writer::new(Vec::new(), &header).unwrap();
+        for (seq, op) in [(0, Op::Alloc), (1, Op::Free)] {
+            w.write(&Event {
+                seq,
+                time_ns: seq,
+                thread: 0,
+                stream: 0,
+                op,
+                id: 1,
+                size: 4096,
+                tag: 0,
+            })
+            .unwrap();
+        }
+        w.finish().unwrap()
+    }
+
+    fn open(device: Option<&str>, options: &Options) -> portalloc::trace::Result<trace::Trace> {
+        trace::open_reader(Cursor::new(own(device)), "own.jsonl", options)
+    }
+
+    #[test_case("cuda:1" ; "its device")]
+    #[test_case("cuda" ; "its device type")]
+    #[test_case("1" ; "its ordinal")]
+    fn a_device_it_was_recorded_on_reads_it(spec: &str) {
+        let options = Options::new().with_device_spec(spec).unwrap();
+        let t = open(Some("cuda:1 NVIDIA H200"), &options).expect("its own device");
+        assert_eq!(t.count(), 2);
+    }
+
+    #[test_case("cuda:0", "no cuda:0 in this trace: it holds the events of cuda:1 NVIDIA H200 only" ; "another ordinal")]
+    #[test_case("hip", "no hip in this trace" ; "another type")]
+    #[test_case("cpu", "no cpu in this trace" ; "the cpu")]
+    fn another_device_is_refused_naming_its_own(spec: &str, said: &str) {
+        let options = Options::new().with_device_spec(spec).unwrap();
+        let (kind, message) = refusal(open(Some("cuda:1 NVIDIA H200"), &options));
+        assert_eq!(kind, TraceErrorKind::Selection, "{message}");
+        assert!(
+            message.starts_with(&format!("own.jsonl: {said}")),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn any_device_is_refused_when_the_header_names_none() {
+        let options = Options::new().with_device(0);
+        let (kind, message) = refusal(open(None, &options));
+        assert_eq!(kind, TraceErrorKind::Selection, "{message}");
+        assert!(message.contains("its header names no device"), "{message}");
+        // Asked for nothing, it reads.
+        assert_eq!(open(None, &Options::new()).unwrap().count(), 2);
+    }
+}
+
 /// The same, through `portalloc replay` as a user runs it.
 #[cfg(feature = "cli")]
 mod command_line {
@@ -399,6 +465,30 @@ mod command_line {
     }
 
     /// A trace gzip'd twice replays as the trace.
+    /// `--baseline` on a trace that records its own (a segment list's live blocks) is said
+    /// to replace it, naming both figures; on one that records none (a lifetime CSV), not.
+    #[test]
+    fn a_baseline_given_over_a_known_one_is_said() {
+        let list = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/data/not-a-trace/segment-list-protocol4.pickle");
+        let list = list.to_str().unwrap();
+        let (ok, _, err) = portalloc(
+            &["replay", "--strategies", "bfc", "--baseline", "1GiB", list],
+            &[],
+        );
+        assert!(ok, "{err}");
+        assert!(
+            err.contains("--baseline 1.00 GiB replaces the 11.63 MiB the trace records"),
+            "{err}"
+        );
+        let csv = path("lifetimes-whole.csv");
+        let (ok, _, err) = portalloc(
+            &["replay", "--strategies", "bfc", "--baseline", "1GiB", &csv],
+            &[],
+        );
+        assert!(ok && !err.contains("replaces"), "{err}");
+    }
+
     #[test]
     fn a_trace_gzipped_twice_replays() {
         let twice = replayed(&[&path("rmm-whole.csv.gz.gz")]);

@@ -250,6 +250,18 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         };
         let (_, mut input, anomalies) = loaded?;
         if let Some(b) = baseline {
+            let known = input.header().baseline_bytes;
+            if known > 0 {
+                // The flag is for traces that cannot know it; one that does is overridden,
+                // said rather than silently (its notes still give its own figure).
+                eprintln!(
+                    "portalloc: warning: {}: --baseline {} replaces the {} the trace records \
+                     live before its window",
+                    shown_path(given),
+                    Bytes(b),
+                    Bytes(known)
+                );
+            }
             input.set_baseline(b);
         }
         inputs.push((path_label(given), input, anomalies));

@@ -374,9 +374,16 @@ fn past_f64(text: &str) -> Option<serde_json::Result<Option<Raw>>> {
     } else {
         crate::trace::excerpt(number)
     };
+    // `ts` is a time in microseconds, fractional where the profiler records nanoseconds;
+    // the other fields read are integers.
+    let accepted = if key == "ts" {
+        "a time in microseconds"
+    } else {
+        "an integer"
+    };
     Some(Err(serde_json::Error::custom(format!(
         "{key} {shown} is a number out of range: past what a 64-bit float holds (about \
-         ±1.8e308); a [memory] event's {key} is an integer"
+         ±1.8e308); a [memory] event's {key} is {accepted}"
     ))))
 }
 

@@ -86,7 +86,7 @@ const DEVICE_TYPES: [&str; 21] = [
 
 /// The name of `Device Type` `t`: PyTorch's ([`DEVICE_TYPES`]), or `type{t}` for a number
 /// PyTorch does not define (yet).
-fn type_name(t: i64) -> String {
+pub(crate) fn type_name(t: i64) -> String {
     usize::try_from(t)
         .ok()
         .and_then(|i| DEVICE_TYPES.get(i))
