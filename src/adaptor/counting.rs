@@ -64,11 +64,38 @@ struct Counters {
     other: AtomicU64,
 }
 
+/// Calls made of a device by name ([`Call::NAMES`]), each with how many and the bytes they
+/// acted on ([`Call::bytes`]): what a cost table prices (`replay::costs`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct CallTally {
+    /// `(count, bytes)` by call name, for every name called at least once.
+    pub by_name: std::collections::BTreeMap<&'static str, (u64, u64)>,
+}
+
+impl CallTally {
+    /// The calls of `self` not in `before` (an earlier tally of the same device): what was
+    /// called between the two.
+    pub fn since(&self, before: &CallTally) -> CallTally {
+        let by_name = self
+            .by_name
+            .iter()
+            .filter_map(|(&name, &(count, bytes))| {
+                let (c0, b0) = before.by_name.get(name).copied().unwrap_or((0, 0));
+                let count = count.saturating_sub(c0);
+                (count > 0).then_some((name, (count, bytes.saturating_sub(b0))))
+            })
+            .collect();
+        CallTally { by_name }
+    }
+}
+
 /// Delegates every call to `inner` and counts it (a [`DeviceWrapper`]).
 #[derive(Debug)]
 pub struct CountingDevice<D: Device + ?Sized> {
     inner: Arc<D>,
     counters: Counters,
+    /// Calls and bytes by [`Call::ordinal`].
+    by_name: [(AtomicU64, AtomicU64); Call::NAMES.len()],
 }
 
 impl<D: Device + ?Sized> CountingDevice<D> {
@@ -77,12 +104,26 @@ impl<D: Device + ?Sized> CountingDevice<D> {
         CountingDevice {
             inner,
             counters: Counters::default(),
+            by_name: std::array::from_fn(|_| (AtomicU64::new(0), AtomicU64::new(0))),
         }
     }
 
     /// The device beneath.
     pub fn inner(&self) -> &Arc<D> {
         &self.inner
+    }
+
+    /// The calls so far by name, with the bytes they acted on.
+    pub fn tally(&self) -> CallTally {
+        let by_name = Call::NAMES
+            .iter()
+            .zip(&self.by_name)
+            .filter_map(|(&name, (count, bytes))| {
+                let count = count.load(Ordering::Relaxed);
+                (count > 0).then(|| (name, (count, bytes.load(Ordering::Relaxed))))
+            })
+            .collect();
+        CallTally { by_name }
     }
 
     /// The counts so far.
@@ -130,6 +171,9 @@ impl<D: Device + ?Sized> DeviceWrapper for CountingDevice<D> {
             _ => &c.other,
         };
         counter.fetch_add(1, Ordering::Relaxed);
+        let (count, bytes) = &self.by_name[call.ordinal()];
+        count.fetch_add(1, Ordering::Relaxed);
+        bytes.fetch_add(call.bytes(), Ordering::Relaxed);
         Ok(())
     }
 }
@@ -167,6 +211,20 @@ mod tests {
             (2, 1, 2, 2, 3)
         );
         assert_eq!(c.memory_calls(), 10);
+        // By name, with the bytes each acted on: 1 MiB allocated twice (one refused 1 TiB
+        // too), the 4 MiB reservation, one 2 MiB handle mapped, opened and unmapped.
+        let t = dev.tally();
+        let mib = 1u64 << 20;
+        assert_eq!(t.by_name["alloc"], (2, mib + (1 << 40)));
+        assert_eq!(t.by_name["free"], (1, mib));
+        assert_eq!(t.by_name["reserve"], (1, 4 * mib));
+        assert_eq!(t.by_name["free_reservation"], (1, 4 * mib));
+        for name in ["create_physical", "map", "set_access", "unmap"] {
+            assert_eq!(t.by_name[name], (1, 2 * mib), "{name}");
+        }
+        assert_eq!(t.by_name["release_physical"], (1, 0));
+        assert_eq!(t.by_name.len(), 9, "{t:?}");
+        assert_eq!(t.since(&t), CallTally::default());
         assert_eq!(dev.alloc_pinned_host(64).unwrap(), None, "simulated: none");
         let p = dev.alloc(256).unwrap();
         let mut buf = [0u8; 8];

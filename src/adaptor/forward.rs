@@ -179,43 +179,107 @@ pub enum Call<'a> {
 }
 
 impl Call<'_> {
+    /// Every name [`Call::name`] gives, in the order of [`Call::ordinal`]: the names replay's
+    /// `--json` counts calls by (`device_calls_by_name`) and a cost table prices.
+    pub const NAMES: [&'static str; 33] = [
+        "mem_info",
+        "alloc",
+        "free",
+        "create_stream",
+        "destroy_stream",
+        "synchronize_stream",
+        "synchronize_device",
+        "create_event",
+        "record_event",
+        "wait_event",
+        "event_complete",
+        "synchronize_event",
+        "destroy_event",
+        "can_access_peer",
+        "enable_peer_access",
+        "reserve",
+        "free_reservation",
+        "create_physical",
+        "release_physical",
+        "map",
+        "set_access",
+        "set_access_with_peers",
+        "unmap",
+        "alloc_async",
+        "free_async",
+        "set_release_threshold",
+        "release_threshold",
+        "trim_to",
+        "usage",
+        "copy_to_host",
+        "copy_from_host",
+        "alloc_pinned_host",
+        "free_pinned_host",
+    ];
+
     /// The method's name (`alloc`, `record_event`, `set_access_with_peers`, …), as errors
     /// name calls.
     pub fn name(&self) -> &'static str {
+        Self::NAMES[self.ordinal()]
+    }
+
+    /// The index of this call's name in [`Call::NAMES`].
+    pub fn ordinal(&self) -> usize {
         match self {
-            Call::MemInfo => "mem_info",
-            Call::Alloc { .. } => "alloc",
-            Call::Free { .. } => "free",
-            Call::CreateStream => "create_stream",
-            Call::DestroyStream(_) => "destroy_stream",
-            Call::SynchronizeStream(_) => "synchronize_stream",
-            Call::SynchronizeDevice => "synchronize_device",
-            Call::CreateEvent => "create_event",
-            Call::RecordEvent { .. } => "record_event",
-            Call::WaitEvent { .. } => "wait_event",
-            Call::EventComplete(_) => "event_complete",
-            Call::SynchronizeEvent(_) => "synchronize_event",
-            Call::DestroyEvent(_) => "destroy_event",
-            Call::CanAccessPeer(_) => "can_access_peer",
-            Call::EnablePeerAccess(_) => "enable_peer_access",
-            Call::Reserve { .. } => "reserve",
-            Call::FreeReservation { .. } => "free_reservation",
-            Call::CreatePhysical { .. } => "create_physical",
-            Call::ReleasePhysical(_) => "release_physical",
-            Call::Map { .. } => "map",
-            Call::SetAccess { peers: [], .. } => "set_access",
-            Call::SetAccess { .. } => "set_access_with_peers",
-            Call::Unmap { .. } => "unmap",
-            Call::AllocAsync { .. } => "alloc_async",
-            Call::FreeAsync { .. } => "free_async",
-            Call::SetReleaseThreshold(_) => "set_release_threshold",
-            Call::ReleaseThreshold => "release_threshold",
-            Call::TrimTo(_) => "trim_to",
-            Call::Usage => "usage",
-            Call::CopyToHost { .. } => "copy_to_host",
-            Call::CopyFromHost { .. } => "copy_from_host",
-            Call::AllocPinnedHost { .. } => "alloc_pinned_host",
-            Call::FreePinnedHost { .. } => "free_pinned_host",
+            Call::MemInfo => 0,
+            Call::Alloc { .. } => 1,
+            Call::Free { .. } => 2,
+            Call::CreateStream => 3,
+            Call::DestroyStream(_) => 4,
+            Call::SynchronizeStream(_) => 5,
+            Call::SynchronizeDevice => 6,
+            Call::CreateEvent => 7,
+            Call::RecordEvent { .. } => 8,
+            Call::WaitEvent { .. } => 9,
+            Call::EventComplete(_) => 10,
+            Call::SynchronizeEvent(_) => 11,
+            Call::DestroyEvent(_) => 12,
+            Call::CanAccessPeer(_) => 13,
+            Call::EnablePeerAccess(_) => 14,
+            Call::Reserve { .. } => 15,
+            Call::FreeReservation { .. } => 16,
+            Call::CreatePhysical { .. } => 17,
+            Call::ReleasePhysical(_) => 18,
+            Call::Map { .. } => 19,
+            Call::SetAccess { peers: [], .. } => 20,
+            Call::SetAccess { .. } => 21,
+            Call::Unmap { .. } => 22,
+            Call::AllocAsync { .. } => 23,
+            Call::FreeAsync { .. } => 24,
+            Call::SetReleaseThreshold(_) => 25,
+            Call::ReleaseThreshold => 26,
+            Call::TrimTo(_) => 27,
+            Call::Usage => 28,
+            Call::CopyToHost { .. } => 29,
+            Call::CopyFromHost { .. } => 30,
+            Call::AllocPinnedHost { .. } => 31,
+            Call::FreePinnedHost { .. } => 32,
+        }
+    }
+
+    /// The bytes the call acts on where its cost may grow with them (what it allocates,
+    /// frees, reserves, maps, opens to access, unmaps or copies); 0 for a call without a size.
+    pub fn bytes(&self) -> u64 {
+        match *self {
+            Call::Alloc { size }
+            | Call::Free { size, .. }
+            | Call::Reserve { size, .. }
+            | Call::FreeReservation { size, .. }
+            | Call::CreatePhysical { size }
+            | Call::Map { size, .. }
+            | Call::SetAccess { size, .. }
+            | Call::Unmap { size, .. }
+            | Call::AllocAsync { size, .. }
+            | Call::CopyToHost { size, .. }
+            | Call::CopyFromHost { size, .. }
+            | Call::AllocPinnedHost { size }
+            | Call::FreePinnedHost { size, .. } => size,
+            _ => 0,
         }
     }
 }

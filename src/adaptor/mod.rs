@@ -14,7 +14,7 @@ mod ledger;
 #[cfg(feature = "trace")]
 mod recorder;
 
-pub use counting::{CallCounts, CountingDevice};
+pub use counting::{CallCounts, CallTally, CountingDevice};
 pub use forward::{Call, Capability, DeviceWrapper};
 pub use ledger::{
     LedgerAllocator, LedgerOptions, LedgerSnapshot, LiveAllocation, PoolStats, TagTotals,

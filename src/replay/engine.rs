@@ -7,7 +7,7 @@ use std::time::Instant;
 use rustc_hash::{FxHashMap, FxHashSet};
 use serde::Serialize;
 
-use crate::adaptor::CountingDevice;
+use crate::adaptor::{CallTally, CountingDevice};
 use crate::allocator::{Allocation, Allocator};
 use crate::backends::host::HostDevice;
 use crate::config::{Config, Setting, StrategyKind};
@@ -313,6 +313,16 @@ pub struct ReplayResult {
     pub first_failure: Option<Failure>,
     /// Device calls that take or return memory.
     pub device_calls: u64,
+    /// Every device call by name ([`crate::adaptor::Call::NAMES`]), how many times: what a
+    /// cost table prices ([`crate::replay::costs`]).
+    pub device_calls_by_name: std::collections::BTreeMap<&'static str, u64>,
+    /// The calls by name with the bytes each acted on, over the whole replay.
+    #[serde(skip)]
+    pub tally: CallTally,
+    /// The same over the second half of the events: the steady state, after the first pass
+    /// of a program that repeats its steps (or warms its pools).
+    #[serde(skip)]
+    pub steady_tally: CallTally,
     /// Wall time of the replay loop, nanoseconds per event.
     pub ns_per_event: f64,
     /// Frees skipped because their allocation had failed.
@@ -409,6 +419,9 @@ pub fn replay(
     let started = Instant::now();
     let mut index = 0u64;
     let mut allocations = 0usize;
+    // The calls up to the middle of the events; what follows is the steady state.
+    let half = baseline.events / 2;
+    let mut first_half = (half == 0).then(|| device.tally());
     let mut step = |event: Event| -> Result<()> {
         match event.op {
             Op::Alloc => {
@@ -429,6 +442,9 @@ pub fn replay(
             Op::Free => run.free(event.id)?,
         }
         index += 1;
+        if index == half {
+            first_half = Some(device.tally());
+        }
         run.sample(index);
         if index % (1 << 16) == 0 {
             if let Some(p) = progress {
@@ -452,6 +468,7 @@ pub fn replay(
         }
     }
     let elapsed = started.elapsed();
+    let tally = device.tally();
     let stats = allocator.stats();
     // What the process held from the device: the pool and the memory outside it.
     let peak_reserved = stats.peak_pool_bytes + run.outside;
@@ -474,6 +491,9 @@ pub fn replay(
         peak_refused: run.peak_refused,
         first_failure: run.first_failure.take(),
         device_calls: device.counts().memory_calls(),
+        device_calls_by_name: tally.by_name.iter().map(|(&n, &(c, _))| (n, c)).collect(),
+        steady_tally: tally.since(&first_half.unwrap_or_default()),
+        tally,
         ns_per_event: if index == 0 {
             0.0
         } else {

@@ -66,6 +66,7 @@
 //! # Ok::<(), portalloc::Error>(())
 //! ```
 
+pub mod costs;
 pub mod engine;
 pub mod preset;
 pub mod workload;

@@ -976,8 +976,8 @@ fn recorded_device_is_asked(header: &TraceHeader, origin: &str, options: &Option
         .and_then(import::kineto::device_spec)
         .is_some_and(|(r_cpu, r_type, r_device)| {
             (!cpu || r_cpu)
-                && device_type.is_none_or(|t| r_type == Some(t))
-                && device.is_none_or(|d| r_device == Some(d))
+                && device_type.map_or(true, |t| r_type == Some(t))
+                && device.map_or(true, |d| r_device == Some(d))
         });
     if matches {
         Ok(())

@@ -10,8 +10,8 @@ use portalloc::config::parse_size;
 use portalloc::error::shown_path;
 use portalloc::replay::workload::Workload;
 use portalloc::replay::{
-    min_capacity_with, preset, replay, Baseline, DeviceSpec, MinCapacity, ReplayOptions,
-    ReplayResult, ReplayStrategy, TraceInput,
+    costs::DeviceCosts, min_capacity_with, preset, replay, Baseline, DeviceSpec, MinCapacity,
+    ReplayOptions, ReplayResult, ReplayStrategy, TraceInput,
 };
 use portalloc::trace::import::xla_dump::{self, XlaOptions};
 use portalloc::trace::{self, Event, Format, TraceError, TraceErrorKind, TraceHeader};
@@ -100,6 +100,16 @@ pub struct ReplayArgs {
     /// Treat trace anomalies (a free of an address never allocated, a double free, …) as errors.
     #[arg(long)]
     pub strict: bool,
+    /// Price the device calls with this table (JSON: {"calls": {"<call>": {"us": …,
+    /// "us_per_mib": …}, …}, "copy_gib_s": {"to_host": …, "to_device": …}}; call names as
+    /// --json's device_calls_by_name gives them) instead of the built-in one: a model of the
+    /// time the device spends, reported per strategy. The built-in CUDA table has the VMM
+    /// calls as measured on an A100 (ovg-project/kvcached, benchmarks/bench_vmm) and the rest
+    /// unknown; the HIP table none yet (docs/benchmarks.md, "Device cost model").
+    /// scripts/gpu-check writes such a file for the GPU it runs on. A call the replay makes
+    /// that the file does not price is an error.
+    #[arg(long, value_name = "FILE")]
+    pub device_costs: Option<PathBuf>,
     /// The trace files are trusted: 16 times the limits on untrusted files
     /// (docs/trace-format.md): a pipe, FIFO or device is read, and a gzip stream inflated,
     /// to 16 GiB instead of 1 GiB; PyTorch snapshots with long histories and stack frames.
@@ -129,6 +139,8 @@ struct TraceReport {
     /// What chose the device: `--device`, `--capacity`, the trace's recorded device (named),
     /// or the default (and why the trace's device, if it names one, matched no preset).
     device_source: String,
+    /// Which table priced the device calls (`device_time_model_s`).
+    device_costs: String,
     fraction: f64,
     /// What set the fraction: `--fraction`, a variable's name, or `the default`.
     fraction_source: String,
@@ -142,6 +154,38 @@ struct StrategyReport {
     result: Option<ReplayResult>,
     unsupported: Option<String>,
     min_capacity: Option<MinCapacity>,
+    /// The modelled time of the device calls of the whole replay, seconds (`None` where a call
+    /// made is unpriced: `device_time_unpriced` names them).
+    device_time_model_s: Option<f64>,
+    /// The same over the second half of the events (the steady state).
+    device_time_model_steady_s: Option<f64>,
+    /// The modelled time of the calls the table prices: a lower bound where some are not.
+    device_time_priced_s: f64,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    device_time_unpriced: Vec<&'static str>,
+}
+
+impl StrategyReport {
+    /// The report of a strategy that ran, its device time modelled by `costs`.
+    fn ran(
+        strategy: ReplayStrategy,
+        result: ReplayResult,
+        min_capacity: Option<MinCapacity>,
+        costs: &DeviceCosts,
+    ) -> StrategyReport {
+        let whole = costs.time_of(&result.tally);
+        let steady = costs.time_of(&result.steady_tally);
+        StrategyReport {
+            strategy: strategy.name().into(),
+            result: Some(result),
+            unsupported: None,
+            min_capacity,
+            device_time_model_s: whole.seconds,
+            device_time_model_steady_s: steady.seconds,
+            device_time_priced_s: whole.priced_seconds,
+            device_time_unpriced: whole.unpriced,
+        }
+    }
 }
 
 pub fn run(args: ReplayArgs) -> Result<()> {
@@ -172,6 +216,23 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         )),
         (None, Some(d)) => Some((preset(d)?, "--device".to_string())),
         (None, None) => None,
+    };
+    let given_costs = match &args.device_costs {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|e| Error::InvalidArgument {
+                call: "--device-costs",
+                reason: format!("cannot read {}: {e}", shown_path(path)),
+            })?;
+            let table = DeviceCosts::from_json(&text).map_err(|e| match e {
+                Error::InvalidArgument { call, reason } => Error::InvalidArgument {
+                    call,
+                    reason: format!("{}: {reason}", shown_path(path)),
+                },
+                other => other,
+            })?;
+            Some((table, shown_path(path)))
+        }
+        None => None,
     };
     let mut options = trace::Options::default()
         .with_strict(args.strict)
@@ -286,6 +347,25 @@ pub fn run(args: ReplayArgs) -> Result<()> {
                 input.header().device_memory,
             ),
         };
+        // The built-in table of the trace's vendor (a replay models a GPU: CUDA's unless the
+        // device is an MI300X or the trace was recorded under HIP), or the one given.
+        let hip = device.name == "mi300x"
+            || input
+                .header()
+                .device
+                .as_deref()
+                .is_some_and(|d| d.starts_with("hip"));
+        let (costs, costs_source) = match &given_costs {
+            Some((table, path)) => (table.clone(), format!("--device-costs {path}")),
+            None if hip => (
+                DeviceCosts::for_vendor(portalloc::Vendor::Hip),
+                "the built-in HIP table".to_string(),
+            ),
+            None => (
+                DeviceCosts::for_vendor(portalloc::Vendor::Cuda),
+                "the built-in CUDA table (VMM calls as measured on an A100)".to_string(),
+            ),
+        };
         let baseline = Baseline::scan(input)?;
         let bar = progress_bar(baseline.events * strategies.len() as u64, label);
         let mut results = Vec::new();
@@ -317,18 +397,35 @@ pub fn run(args: ReplayArgs) -> Result<()> {
                     } else {
                         None
                     };
-                    results.push(StrategyReport {
-                        strategy: strategy.name().into(),
-                        result: Some(result),
-                        unsupported: None,
-                        min_capacity: min,
-                    });
+                    let report = StrategyReport::ran(strategy, result, min, &costs);
+                    if given_costs.is_some() {
+                        if let Some(name) = report.device_time_unpriced.first() {
+                            return Err(Error::InvalidArgument {
+                                call: "--device-costs",
+                                reason: format!(
+                                    "{label}: {} makes the call {name}, which the table does \
+                                     not price; add it under \"calls\"{}",
+                                    strategy.name(),
+                                    if name.starts_with("copy_") {
+                                        " or give \"copy_gib_s\""
+                                    } else {
+                                        ""
+                                    }
+                                ),
+                            });
+                        }
+                    }
+                    results.push(report);
                 }
                 Err(Error::Unsupported { what, reason, .. }) => results.push(StrategyReport {
                     strategy: strategy.name().into(),
                     result: None,
                     unsupported: Some(format!("{what}: {reason}")),
                     min_capacity: None,
+                    device_time_model_s: None,
+                    device_time_model_steady_s: None,
+                    device_time_priced_s: 0.0,
+                    device_time_unpriced: Vec::new(),
                 }),
                 Err(e) => return Err(named(label, e)),
             }
@@ -344,6 +441,7 @@ pub fn run(args: ReplayArgs) -> Result<()> {
             warning: sparse_warning(input.header(), baseline.events),
             device,
             device_source,
+            device_costs: costs_source,
             fraction: fraction.value,
             fraction_source: fraction.source.clone(),
             results,
@@ -774,6 +872,17 @@ fn load(path: &PathBuf, options: &trace::Options) -> Result<(String, TraceInput,
 
 /// A trace of 0 or 1 events compares the strategies on nothing: say so, and how to record
 /// one (a snapshot with recording off, or from PyTorch 2.0, which kept one entry).
+/// A modelled time as the table shows it: 3 significant digits, in s, ms or µs.
+fn seconds(s: f64) -> String {
+    if s >= 1.0 {
+        format!("{s:.3} s")
+    } else if s >= 1e-3 {
+        format!("{:.1} ms", s * 1e3)
+    } else {
+        format!("{:.0} µs", s * 1e6)
+    }
+}
+
 fn sparse_warning(header: &TraceHeader, events: u64) -> Option<String> {
     if events > 1 {
         return None;
@@ -895,7 +1004,7 @@ fn print_report(r: &TraceReport) {
     }
     let with_min = r.results.iter().any(|s| s.min_capacity.is_some());
     print!(
-        "   {:<9} {:>11} {:>13} {:>7} {:>6} {:>11} {:>12} {:>9} {:>9}",
+        "   {:<9} {:>11} {:>13} {:>7} {:>6} {:>11} {:>12} {:>9} {:>9} {:>9}",
         "strategy",
         "peak live",
         "peak reserved",
@@ -904,6 +1013,7 @@ fn print_report(r: &TraceReport) {
         "refused",
         "first OOM at",
         "dev calls",
+        "dev time",
         "ns/event"
     );
     if with_min {
@@ -927,7 +1037,7 @@ fn print_report(r: &TraceReport) {
                     human(x.peak_refused)
                 };
                 print!(
-                    "   {:<9} {:>11} {:>13} {:>7} {:>6} {:>11} {:>12} {:>9} {:>9.0}",
+                    "   {:<9} {:>11} {:>13} {:>7} {:>6} {:>11} {:>12} {:>9} {:>9} {:>9.0}",
                     s.strategy,
                     human(x.peak_live),
                     human(x.peak_reserved),
@@ -936,6 +1046,13 @@ fn print_report(r: &TraceReport) {
                     refused,
                     first,
                     x.device_calls,
+                    match s.device_time_model_s {
+                        Some(t) => seconds(t),
+                        None if s.device_time_priced_s > 0.0 => {
+                            format!("≥{}", seconds(s.device_time_priced_s))
+                        }
+                        None => "?".to_string(),
+                    },
                     x.ns_per_event
                 );
                 if let Some(m) = &s.min_capacity {
@@ -987,6 +1104,24 @@ fn print_report(r: &TraceReport) {
             human(MIN_CAPACITY_STEP)
         );
     }
+    let unpriced: std::collections::BTreeSet<&str> = r
+        .results
+        .iter()
+        .flat_map(|s| s.device_time_unpriced.iter().copied())
+        .collect();
+    println!(
+        "   dev time: a model of the device's time in those calls, priced by {}{}",
+        r.device_costs,
+        if unpriced.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; ≥ and ? where a call has no published cost ({}: ≥ counts the rest): \
+                 --device-costs FILE prices them",
+                unpriced.into_iter().collect::<Vec<_>>().join(", ")
+            )
+        }
+    );
     println!();
 }
 

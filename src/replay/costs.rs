@@ -1,0 +1,315 @@
+//! What device calls cost on a GPU: a **model**, not a measurement of this machine. Replay
+//! counts every call a strategy makes of the simulated device, by name and with the bytes it
+//! acted on ([`CallTally`]); a [`DeviceCosts`] table prices each call as a fixed time plus a
+//! time per MiB, and the copies by their bandwidth, so that a replay can say what the device
+//! would have spent — where portalloc's own CPU time is not what a GPU user waits on: a
+//! `cuMemCreate` of a 2 MiB handle takes about 193 µs, the whole CPU path of a vmm request a
+//! fraction of one.
+//!
+//! Every figure of the built-in tables ([`DeviceCosts::for_device`]) says where it came from
+//! ([`PricedCall::source`]); a call nobody has published a figure for is left **unknown**, never
+//! guessed, and a replay that makes it gets no modelled time (the calls it lacks are named).
+//! A table of one's own — measured by `scripts/gpu-check` on the GPU it runs on, or written by
+//! hand — is read from JSON ([`DeviceCosts::from_json`]):
+//!
+//! ```json
+//! {"calls": {"create_physical": {"us": 0, "us_per_mib": 96.7}, "map": {"us": 1.45}},
+//!  "copy_gib_s": {"to_host": 24.4, "to_device": 23.5}}
+//! ```
+//!
+//! Names are [`Call::NAMES`] (what `portalloc replay --json` counts in
+//! `device_calls_by_name`); `copy_to_host` and `copy_from_host` are priced by `copy_gib_s`
+//! (plus a fixed `us` where the table gives one).
+#![deny(unsafe_code)]
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::adaptor::Call;
+use crate::adaptor::CallTally;
+use crate::device::Vendor;
+use crate::error::{Error, Result};
+
+const MIB: f64 = (1u64 << 20) as f64;
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// What one call costs: `us` per call plus `us_per_mib` per MiB it acts on
+/// ([`Call::bytes`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CallCost {
+    /// Microseconds per call.
+    #[serde(default)]
+    pub us: f64,
+    /// Microseconds per MiB the call acts on.
+    #[serde(default)]
+    pub us_per_mib: f64,
+}
+
+/// Copy bandwidths between device and pinned host memory, GiB/s.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CopyBandwidth {
+    /// Device to host (`copy_to_host`), GiB/s.
+    pub to_host: f64,
+    /// Host to device (`copy_from_host`), GiB/s.
+    pub to_device: f64,
+}
+
+/// A call's price in a built-in table, and where the figure came from.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PricedCall {
+    /// A name of [`Call::NAMES`].
+    pub name: &'static str,
+    /// The cost, `None` where no published figure was found (unknown).
+    pub cost: Option<CallCost>,
+    /// Where the figure came from, or why it is unknown.
+    pub source: &'static str,
+}
+
+/// A table of call costs and copy bandwidths (see the module's documentation).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceCosts {
+    /// Cost by call name ([`Call::NAMES`]); a call absent is unpriced.
+    #[serde(default)]
+    pub calls: BTreeMap<String, CallCost>,
+    /// The copies' bandwidths; absent, copies are unpriced.
+    #[serde(default)]
+    pub copy_gib_s: Option<CopyBandwidth>,
+}
+
+/// The modelled time of some calls: seconds, or the calls a table does not price.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModelledTime {
+    /// Seconds the priced calls take, summed; `None` when any call made is unpriced (a sum
+    /// without them would understate the time by an unknown amount).
+    pub seconds: Option<f64>,
+    /// Seconds the priced calls take, whether or not others are unpriced: a lower bound of
+    /// the time where some are (equal to `seconds` where none is).
+    pub priced_seconds: f64,
+    /// The names of the calls made that the table does not price.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unpriced: Vec<&'static str>,
+}
+
+/// Calls that stay on the CPU of a real driver as much as portalloc's own books do (queries
+/// of state the driver keeps): priced 0 in the built-in tables, so that they never make a
+/// modelled time unknown.
+const QUERIES: &[&str] = &[
+    "mem_info",
+    "event_complete",
+    "release_threshold",
+    "usage",
+    "can_access_peer",
+];
+
+/// The CUDA driver's VMM calls as kvcached measured them: an A100, one thread, 4096 handles
+/// of 2 MiB (ovg-project/kvcached, benchmarks/bench_vmm/README.md, averages).
+const KVCACHED_A100: &str = "A100, one thread, 2 MiB handles: ovg-project/kvcached \
+                             benchmarks/bench_vmm/README.md (average)";
+
+/// The built-in table of the CUDA presets (h100-80g, h200): the VMM calls as measured on an
+/// A100 (the only published per-call figures found; scripts/gpu-check measures the GPU it runs
+/// on), the rest unknown.
+const CUDA: &[PricedCall] = &[
+    PricedCall {
+        name: "reserve",
+        cost: Some(CallCost {
+            us: 19.0,
+            us_per_mib: 0.0,
+        }),
+        source: "cuMemAddressReserve of 8 GB: 19 µs (A100: ovg-project/kvcached \
+                 benchmarks/bench_vmm/README.md); modelled as per call",
+    },
+    PricedCall {
+        name: "create_physical",
+        cost: Some(CallCost {
+            us: 0.0,
+            us_per_mib: 193.32 / 2.0,
+        }),
+        source: "cuMemCreate: 193.32 µs per 2 MiB handle (A100, one thread, 2 MiB handles: \
+                 ovg-project/kvcached benchmarks/bench_vmm/README.md, average); measured at \
+                 2 MiB only, modelled as proportional to the size (an assumption)",
+    },
+    PricedCall {
+        name: "map",
+        cost: Some(CallCost {
+            us: 1.45,
+            us_per_mib: 0.0,
+        }),
+        source: KVCACHED_A100,
+    },
+    PricedCall {
+        name: "set_access",
+        cost: Some(CallCost {
+            us: 35.99,
+            us_per_mib: 0.0,
+        }),
+        source: "cuMemSetAccess of one 2 MiB mapping: 35.99 µs (A100, one thread: \
+                 ovg-project/kvcached benchmarks/bench_vmm/README.md, average); modelled as \
+                 per call, a span's growth with its size not measured",
+    },
+    PricedCall {
+        name: "unmap",
+        cost: Some(CallCost {
+            us: 25.63,
+            us_per_mib: 0.0,
+        }),
+        source: "cuMemUnmap of one 2 MiB mapping: 25.63 µs (A100, one thread: \
+                 ovg-project/kvcached benchmarks/bench_vmm/README.md, average); modelled as \
+                 per call",
+    },
+];
+
+/// Why a call of the CUDA or HIP tables is unknown.
+const UNKNOWN: &str = "unknown: no published per-call figure found (scripts/gpu-check \
+                       measures it on the GPU it runs on)";
+
+impl DeviceCosts {
+    /// The built-in table of a vendor's driver (CUDA for h100-80g and h200, HIP for mi300x):
+    /// each priced call with its source ([`DeviceCosts::sources_for`]), the others unknown.
+    /// The HIP table prices nothing but queries yet: no per-call figures of ROCm's VMM or
+    /// allocation calls were found published. (The host backend's is CUDA's: a replay models
+    /// a GPU.)
+    pub fn for_vendor(vendor: Vendor) -> DeviceCosts {
+        let calls = Self::sources_for(vendor)
+            .into_iter()
+            .filter_map(|p| p.cost.map(|c| (p.name.to_string(), c)))
+            .collect();
+        DeviceCosts {
+            calls,
+            copy_gib_s: None,
+        }
+    }
+
+    /// Every call of [`Call::NAMES`] with its price in the built-in table of `vendor` and
+    /// where the figure came from (`unknown: …` where none was found).
+    pub fn sources_for(vendor: Vendor) -> Vec<PricedCall> {
+        let known: &[PricedCall] = match vendor {
+            Vendor::Hip => &[],
+            _ => CUDA,
+        };
+        Call::NAMES
+            .iter()
+            .map(|&name| {
+                if let Some(p) = known.iter().find(|p| p.name == name) {
+                    *p
+                } else if QUERIES.contains(&name) {
+                    PricedCall {
+                        name,
+                        cost: Some(CallCost::default()),
+                        source: "a query of state the driver keeps: priced 0 (no device work)",
+                    }
+                } else {
+                    PricedCall {
+                        name,
+                        cost: None,
+                        source: UNKNOWN,
+                    }
+                }
+            })
+            .collect()
+    }
+
+    /// A table from its JSON (see the module's documentation).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming `--device-costs` for JSON that is not such a table: a
+    /// field of another name, a call name not in [`Call::NAMES`], a cost that is negative or
+    /// not finite, a bandwidth that is not positive.
+    pub fn from_json(text: &str) -> Result<DeviceCosts> {
+        let refused = |reason: String| Error::InvalidArgument {
+            call: "--device-costs",
+            reason,
+        };
+        let costs: DeviceCosts = serde_json::from_str(text).map_err(|e| {
+            refused(format!(
+                "not a cost table ({}): expected {{\"calls\": {{\"<call>\": {{\"us\": …, \
+                 \"us_per_mib\": …}}, …}}, \"copy_gib_s\": {{\"to_host\": …, \"to_device\": \
+                 …}}}}",
+                crate::text::cut_escaped(&e.to_string(), 200)
+            ))
+        })?;
+        for (name, cost) in &costs.calls {
+            if !Call::NAMES.contains(&name.as_str()) {
+                return Err(refused(format!(
+                    "no call is named {}; the calls are {}",
+                    crate::text::shown(name),
+                    Call::NAMES.join(", ")
+                )));
+            }
+            for (field, v) in [("us", cost.us), ("us_per_mib", cost.us_per_mib)] {
+                if !(v.is_finite() && v >= 0.0) {
+                    return Err(refused(format!(
+                        "{name}.{field} is {v}: a cost is a finite number of microseconds, 0 \
+                         or more"
+                    )));
+                }
+            }
+        }
+        if let Some(b) = costs.copy_gib_s {
+            for (field, v) in [("to_host", b.to_host), ("to_device", b.to_device)] {
+                if !(v.is_finite() && v > 0.0) {
+                    return Err(refused(format!(
+                        "copy_gib_s.{field} is {v}: a bandwidth is a finite number of GiB/s \
+                         above 0"
+                    )));
+                }
+            }
+        }
+        Ok(costs)
+    }
+
+    /// The modelled time of `tally`: Σ count × `us` + MiB × `us_per_mib` over its calls, and
+    /// each copy's bytes over its bandwidth.
+    ///
+    /// ```
+    /// use portalloc::replay::costs::{CallCost, DeviceCosts};
+    /// use portalloc::adaptor::CallTally;
+    ///
+    /// let costs = DeviceCosts::from_json(
+    ///     r#"{"calls": {"map": {"us": 2}, "create_physical": {"us": 10, "us_per_mib": 50}}}"#,
+    /// )?;
+    /// let mut tally = CallTally::default();
+    /// tally.by_name.insert("map", (3, 6 << 20));
+    /// tally.by_name.insert("create_physical", (3, 6 << 20));
+    /// // 3 × 2 µs + 3 × 10 µs + 6 MiB × 50 µs = 336 µs
+    /// let t = costs.time_of(&tally);
+    /// assert!((t.seconds.unwrap() - 336e-6).abs() < 1e-12);
+    /// tally.by_name.insert("unmap", (1, 2 << 20));
+    /// assert_eq!(costs.time_of(&tally).unpriced, vec!["unmap"]);
+    /// # Ok::<(), portalloc::Error>(())
+    /// ```
+    pub fn time_of(&self, tally: &CallTally) -> ModelledTime {
+        let mut us = 0.0;
+        let mut unpriced = Vec::new();
+        for (&name, &(count, bytes)) in &tally.by_name {
+            let copy = match name {
+                "copy_to_host" => Some(self.copy_gib_s.map(|b| b.to_host)),
+                "copy_from_host" => Some(self.copy_gib_s.map(|b| b.to_device)),
+                _ => None,
+            };
+            let call = self.calls.get(name);
+            match copy {
+                Some(Some(gib_s)) => {
+                    us += bytes as f64 / (gib_s * GIB) * 1e6;
+                    if let Some(c) = call {
+                        us += count as f64 * c.us + bytes as f64 / MIB * c.us_per_mib;
+                    }
+                }
+                Some(None) => unpriced.push(name),
+                None => match call {
+                    Some(c) => us += count as f64 * c.us + bytes as f64 / MIB * c.us_per_mib,
+                    None => unpriced.push(name),
+                },
+            }
+        }
+        ModelledTime {
+            seconds: unpriced.is_empty().then_some(us / 1e6),
+            priced_seconds: us / 1e6,
+            unpriced,
+        }
+    }
+}
