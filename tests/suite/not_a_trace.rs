@@ -121,6 +121,77 @@ fn pickles_one_after_the_other_are_named(file: &str, said: &str) {
     assert!(!message.contains("truncated or corrupt"), "{message}");
 }
 
+/// The first of two pickles that is not a snapshot is named, in a sentence that reads (before,
+/// "…; a snapshot file is one pickle, not a PyTorch memory snapshot (…)"); the first of two
+/// segment lists (`pickle.dump(torch.cuda.memory_snapshot(), f)` to a file opened 'ab') is
+/// named a segment list, a form portalloc reads, not "not a PyTorch memory snapshot".
+#[test_case("two-pickles-protocol4.pickle", "another starts at byte 22 (pickle.dump called more than once on one file?); the first is a list, not a PyTorch memory snapshot (a dict with segments and device_traces, as torch.cuda.memory._dump_snapshot writes it), and a snapshot file is one pickle" ; "a list first")]
+#[test_case("two-segment-lists.pickle", "two or more pickles one after the other: the first, a segment list (torch.cuda.memory_snapshot(), pickled), ends at byte 742 (its STOP) and another starts at byte 743; portalloc reads one segment list per file" ; "two segment lists")]
+fn the_first_of_two_pickles_is_named(file: &str, said: &str) {
+    let message = refusal(&fixture(file), None);
+    assert!(message.contains(said), "{message}");
+    if file.contains("segment") {
+        assert!(
+            !message.contains("not a PyTorch memory snapshot"),
+            "{message}"
+        );
+    }
+}
+
+/// Bytes after a snapshot that read as no whole pickle (a PROTO then no pickle, a second
+/// snapshot cut short) are not called another pickle (before, "two or more pickles … another
+/// starts at byte 340", for a PROTO alone): they are bytes after the end, and the pickle
+/// before them is said to be a snapshot.
+#[test_case("snapshot-then-proto-junk.pickle" ; "PROTO 4 then junk")]
+#[test_case("snapshot-then-cut-pickle.pickle" ; "a second snapshot cut short")]
+fn bytes_after_a_snapshot_that_are_no_pickle_are_named(file: &str) {
+    let message = refusal(&fixture(file), None);
+    assert!(
+        message.contains(
+            "bytes follow the end of the pickle (STOP) at byte 340 that read as no whole pickle"
+        ),
+        "{message}"
+    );
+    assert!(
+        message.contains(
+            "the pickle before them, to its STOP at byte 339, is a PyTorch memory snapshot"
+        ),
+        "{message}"
+    );
+    assert!(!message.contains("two or more pickles"), "{message}");
+}
+
+/// A snapshot followed by a newline reads as the snapshot (pickle.load ignores what follows
+/// its STOP), with a note; before, "truncated or corrupt?".
+#[test]
+fn a_newline_after_a_snapshot_is_ignored() {
+    let mut t = trace::open_reader(
+        Cursor::new(fixture("snapshot-then-newline.pickle")),
+        "input",
+        &Options::new(),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        t.header().notes.iter().any(|n| n.contains(
+            "1 bytes of whitespace after the pickle's end (its STOP at byte 339) ignored"
+        )),
+        "{:?}",
+        t.header().notes
+    );
+    let read: Vec<Event> = t.by_ref().collect::<Result<_, _>>().unwrap();
+    assert_eq!(read, events(&fixture("snapshot-protocol4.pickle")));
+}
+
+/// An empty list says it may be a segment list with no segments.
+#[test]
+fn an_empty_list_is_named() {
+    let message = refusal(&fixture("list-empty.pickle"), None);
+    assert!(
+        message.contains("a valid pickle, but of an empty list (a segment list with no segments?)"),
+        "{message}"
+    );
+}
+
 /// Bytes after a pickle that start no other pickle (zeros padding a file) are still bytes
 /// after its end, not a second pickle.
 #[test_case("pickle-then-zeros.pickle" ; "eight zero bytes")]

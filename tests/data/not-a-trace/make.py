@@ -171,6 +171,79 @@ segments = [
 ]
 for protocol in (2, 4):
     files[f'segment-list-protocol{protocol}.pickle'] = pickle.dumps(segments, protocol=protocol)
+
+
+
+# Segment lists with one value torch never writes, each at a known place (segment 1 or its
+# block 1, from 0; segment 2 is device 1's): refused naming the segment, the block and the
+# field, not read as 0 B or device 0, nor called "a list".
+def altered(change):
+    """A deep copy of `segments` with `change` applied to it."""
+    copy = pickle.loads(pickle.dumps(segments))
+    change(copy)
+    return pickle.dumps(copy, protocol=4)
+
+
+def setter(segment, field, value, block=None):
+    def change(copy):
+        target = copy[segment] if block is None else copy[segment]['blocks'][block]
+        target[field] = value
+    return change
+
+
+def two_huge_blocks(copy):
+    # Two live blocks of 2**63 bytes each: their sum is past 64 bits.
+    for b in copy[1]['blocks'][:2]:
+        b['size'] = b['requested_size'] = 2**63
+
+
+bad_segment_lists = {
+    'total-size-2-70': setter(1, 'total_size', 2**70),
+    'blocks-sum-past-64-bits': two_huge_blocks,
+    'total-size-negative': setter(1, 'total_size', -1),
+    'size-negative': setter(1, 'size', -512, block=1),
+    'total-size-float': setter(1, 'total_size', 2097152.0),
+    'size-float': setter(1, 'size', 1024.0, block=1),
+    'blocks-none': setter(1, 'blocks', None),
+    'extra-item': lambda copy: copy.insert(1, 5),
+    'device-negative': setter(1, 'device', -1),
+    'device-2-70': setter(1, 'device', 2**70),
+    'device-str': setter(1, 'device', '0'),
+    'requested-size-2-70': setter(1, 'requested_size', 2**70, block=1),
+    'requested-size-negative': setter(1, 'requested_size', -5, block=1),
+    'requested-size-str': setter(1, 'requested_size', '1000', block=1),
+    'size-str': lambda copy: (setter(1, 'size', '1024', block=1)(copy),
+                              copy[1]['blocks'][1].pop('requested_size')),
+}
+for name, change in bad_segment_lists.items():
+    files[f'segment-list-{name}.pickle'] = altered(change)
+# The dict form with the same values in its segments: refused the same way.
+for name in ('requested-size-str', 'device-str', 'total-size-2-70'):
+    copy = dict(snapshot, segments=pickle.loads(pickle.dumps(segments)))
+    bad_segment_lists[name](copy['segments'])
+    files[f'snapshot-segment-{name}.pickle'] = pickle.dumps(copy, protocol=4)
+
+# Device 0 with 16 live blocks of 4 MiB (64 MiB), device 1 with 4 of 25 MiB (100 MiB): the
+# device chosen by default is the one with the most live bytes, device 1.
+files['segment-list-bytes-over-blocks.pickle'] = pickle.dumps([
+    segment(0, 0x7f0000000000, 'large',
+            [block(0x7f0000000000 + i * (4 << 20), 4 << 20, 4 << 20, 'active_allocated')
+             for i in range(16)]),
+    segment(1, 0x7f1000000000, 'large',
+            [block(0x7f1000000000 + i * (25 << 20), 25 << 20, 25 << 20, 'active_allocated')
+             for i in range(4)]),
+], protocol=4)
+
+# Two segment lists in one file (pickle.dump to a file opened 'ab'); a snapshot followed by
+# a PROTO and no pickle, by a second snapshot cut short, by a newline and by whitespace; a
+# segment list followed by whitespace; an empty list.
+files['two-segment-lists.pickle'] = pickle.dumps(segments, protocol=4) * 2
+files['snapshot-then-proto-junk.pickle'] = pickle.dumps(snapshot, protocol=4) + b'\x80\x04junk'
+files['snapshot-then-cut-pickle.pickle'] = (pickle.dumps(snapshot, protocol=4)
+                                            + pickle.dumps(snapshot, protocol=4)[:100])
+files['snapshot-then-newline.pickle'] = pickle.dumps(snapshot, protocol=4) + b'\n'
+files['segment-list-then-whitespace.pickle'] = pickle.dumps(segments, protocol=4) + b' \r\n\t\n'
+files['list-empty.pickle'] = pickle.dumps([], protocol=4)
 for name, data in files.items():
     with open(name, 'wb') as f:
         f.write(data)

@@ -146,14 +146,6 @@ pub(crate) enum PickleError {
         /// Offset of the opcode being read when it stopped.
         offset: u64,
     },
-    /// A whole pickle, then another (`pickle.dump` called twice on one file, a file opened
-    /// to append): neither truncated nor corrupt, but not the one pickle a snapshot is.
-    Concatenated {
-        /// Where the first ends: the offset of the byte after its STOP.
-        end: u64,
-        /// Whether the first is a dict with `segments` and `device_traces` (a snapshot's).
-        snapshot: bool,
-    },
 }
 
 impl fmt::Display for PickleError {
@@ -184,17 +176,6 @@ impl fmt::Display for PickleError {
             } => write!(
                 f,
                 "a pickle of {global} (read up to byte {offset}, where {detail})"
-            ),
-            PickleError::Concatenated { end, snapshot } => write!(
-                f,
-                "two or more pickles one after the other: the first{} ends at byte {} (its \
-                 STOP) and another starts at byte {end}",
-                if *snapshot {
-                    ", a PyTorch memory snapshot,"
-                } else {
-                    ""
-                },
-                end.saturating_sub(1)
             ),
         }
     }

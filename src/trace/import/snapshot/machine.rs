@@ -43,7 +43,7 @@ use std::io::{BufRead, ErrorKind};
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::limits::{Figures, Limit, Limits, PickleError};
-use super::view::{Fill, Global, Node, Pickle, SeqKind, Seqs, NO_NAME};
+use super::view::{After, Fill, Global, Node, Pickle, SeqKind, Seqs, NO_NAME};
 
 /// How much room the reader makes up front for a pickle of a given size, by what the real
 /// snapshots hold per input byte (`real_snapshots_stay_far_below_the_limits` prints it: a
@@ -78,9 +78,10 @@ impl Room {
     }
 }
 
-/// Reads one pickle from `input`, to its `STOP`; nothing may follow it. `size`: the input's
-/// length when known (a file not compressed), to make room up front ([`Room`]); it changes
-/// nothing but the time and the copies made.
+/// Reads one pickle from `input`, to its `STOP`, and tells what follows it
+/// ([`Pickle::after`]: nothing, whitespace, another pickle, other bytes), which the caller
+/// judges. `size`: the input's length when known (a file not compressed), to make room up
+/// front ([`Room`]); it changes nothing but the time and the copies made.
 ///
 /// # Errors
 /// A limit exceeded ([`PickleError::Limit`]); a truncated or corrupt pickle, an unsupported or
@@ -129,21 +130,10 @@ pub(crate) fn read(
         Err(e) => return Err(e),
     };
     let root_global = r.bottom.take().filter(|b| b.node == root).map(|b| b.name);
-    // Bytes after STOP: the file is not one pickle (the reader before refused them too).
-    // Another pickle there (`pickle.dump` twice to one file) is said to be one; other bytes
-    // are what they were, bytes after the end.
-    if r.input.fill(1).map_err(io_error)? > 0 {
-        let end = r.offset;
-        let snapshot = r.is_snapshot_dict(root);
-        return Err(if r.another_pickle_follows()? {
-            PickleError::Concatenated { end, snapshot }
-        } else {
-            PickleError::Malformed {
-                detail: "bytes follow the end of the pickle (STOP)".to_string(),
-                offset: end,
-            }
-        });
-    }
+    let stop_end = r.offset;
+    // What follows the STOP: told apart here, judged by the caller, who knows what the
+    // pickle holds (`pickle.load` reads to the STOP and ignores the rest).
+    let after = r.after_stop()?;
     r.figures.used.input_bytes = r.offset;
     r.figures.used.memo_entries = r.memo.len;
     r.figures.nodes = r.nodes.len() as u64;
@@ -158,6 +148,8 @@ pub(crate) fn read(
         names: r.names,
         figures: r.figures,
         walk_limit: limits.walk_steps,
+        stop_end,
+        after,
         walk_steps: Cell::new(0),
     })
 }
@@ -455,48 +447,52 @@ impl Reader<'_> {
         }
     }
 
-    /// Whether object `id` is a dict with the keys `segments` and `device_traces` (a
-    /// snapshot's dict), as text. O(pairs).
-    fn is_snapshot_dict(&self, id: u32) -> bool {
-        let Node::Seq {
-            kind: SeqKind::Dict,
-            index,
-        } = self.node(id)
-        else {
-            return false;
-        };
-        let (mut segments, mut traces) = (false, false);
-        for pair in self.seqs.get(index).chunks_exact(2) {
-            match self.text_of(pair[0]) {
-                Some("segments") => segments = true,
-                Some("device_traces") => traces = true,
-                _ => {}
-            }
-        }
-        segments && traces
-    }
-
-    /// Whether the bytes after a STOP (at least one) start another pickle: a PROTO opcode of
-    /// a protocol Python writes (0 to 5), or bytes that read as a pickle to a STOP of their
-    /// own (protocols 0 and 1 start with no PROTO), with a memo and a stack of their own and
-    /// within what is left of the limits. Consumes what it reads.
+    /// What follows the STOP just read: nothing; ASCII whitespace only (`pickle.load` ignores
+    /// what follows, and an editor or `echo >>` adds a newline); another pickle; or other
+    /// bytes. Bytes after the whitespace are another pickle when they read as one to a STOP
+    /// of their own (a PROTO, as protocols 2 and later begin, is not enough: `\x80\x04junk`
+    /// is none), with a memo and a stack of their own and within what is left of the limits.
+    /// Consumes what it reads; the whitespace counts towards the limit on input bytes.
     ///
     /// # Errors
-    /// A read error of the input.
-    fn another_pickle_follows(&mut self) -> Result<bool, PickleError> {
-        self.input.fill(2).map_err(io_error)?;
-        if let [op::PROTO, protocol, ..] = *self.input.available() {
-            return Ok(protocol <= 5);
+    /// A read error of the input; whitespace past the limit on input bytes.
+    fn after_stop(&mut self) -> Result<After, PickleError> {
+        let mut whitespace = 0u64;
+        loop {
+            if self.input.fill(1).map_err(io_error)? == 0 {
+                return Ok(if whitespace == 0 {
+                    After::Nothing
+                } else {
+                    After::Whitespace { bytes: whitespace }
+                });
+            }
+            let n = self
+                .input
+                .available()
+                .iter()
+                .take_while(|b| b.is_ascii_whitespace() || **b == 0x0b)
+                .count();
+            if n == 0 {
+                break;
+            }
+            self.input.consume(n);
+            self.offset += n as u64;
+            whitespace += n as u64;
+            if self.offset > self.limits.input_bytes {
+                self.op_offset = self.offset;
+                return self.exceeded(Limit::InputBytes, self.offset);
+            }
         }
+        let start = self.offset;
         self.stack.clear();
         self.marks.clear();
         self.memo = Memo::new(self.limits.memo_entries, 0);
         self.bottom = None;
-        match self.run() {
-            Ok(_) => Ok(true),
-            Err(PickleError::Io(kind, e)) => Err(PickleError::Io(kind, e)),
-            Err(_) => Ok(false),
-        }
+        Ok(match self.run() {
+            Ok(_) => After::Pickle { start },
+            Err(PickleError::Io(kind, e)) => return Err(PickleError::Io(kind, e)),
+            Err(_) => After::Bytes { start },
+        })
     }
 
     /// The object now at the bottom of the stack replaces the one built from a global, when
@@ -2101,7 +2097,7 @@ mod tests {
 
     #[test]
     fn malformed_input_says_what_and_where() {
-        let cases: [(&[u8], &str); 14] = [
+        let cases: [(&[u8], &str); 13] = [
             (b"", "ends before the end of the pickle"),
             (
                 b"\x80\x04\x95\x10\x00",
@@ -2134,10 +2130,6 @@ mod tests {
             (
                 b"\x80\x04T\xff\xff\xff\xff.",
                 "negative length -1 at byte 2",
-            ),
-            (
-                b"\x80\x04N.N",
-                "bytes follow the end of the pickle (STOP) at byte 4",
             ),
             (b"\x80\x04Sabc\\q\n.", "a STRING argument with a bad escape"),
         ];
@@ -2420,38 +2412,82 @@ mod tests {
         assert_eq!(named[NAMES_KEPT], None);
     }
 
-    /// Bytes after a STOP that are another pickle (a PROTO, or a protocol 0 pickle read to
-    /// its STOP) are said to be one, with where the first ends (the offset after its STOP) and
-    /// whether it is a snapshot's dict; other bytes (a byte that is no opcode, a PROTO of no
-    /// protocol Python writes) stay bytes after the end.
+    /// What follows a STOP is told: nothing; whitespace only (counted); another pickle when
+    /// the bytes read as one to a STOP of their own (protocol 4, protocol 0 with no PROTO,
+    /// after a newline); other bytes otherwise, a PROTO followed by no whole pickle among
+    /// them (`\x80\x04junk`, a second pickle cut short, a PROTO of no protocol). Where it
+    /// starts is the offset after the whitespace.
     #[test]
-    fn a_pickle_after_a_pickle_is_named() {
+    fn what_follows_a_stop_is_told() {
         // `\x80\x04}(`, `\x8c\x08segments`, `]`, `\x8c\x0ddevice_traces`, `]`, `u`, `.`:
         // 4 + 10 + 1 + 15 + 1 + 1 + 1 = 33 bytes.
         let snapshot = b"\x80\x04}(\x8c\x08segments]\x8c\x0ddevice_traces]u.";
         let cases = [
-            (b"\x80\x04N.\x80\x04N.".to_vec(), Some((4, false))),
-            (b"N.(lp0\nI1\na.".to_vec(), Some((2, false))),
-            ([&snapshot[..], b"\x80\x05N."].concat(), Some((33, true))),
-            (b"\x80\x04N.\x00".to_vec(), None),
-            (b"\x80\x04N.\x80\x07".to_vec(), None),
+            (b"\x80\x04N.".to_vec(), 4, After::Nothing),
+            (b"\x80\x04N.\n".to_vec(), 4, After::Whitespace { bytes: 1 }),
+            (
+                b"\x80\x04N. \t\r\n\x0b\x0c".to_vec(),
+                4,
+                After::Whitespace { bytes: 6 },
+            ),
+            (
+                b"\x80\x04N.\x80\x04N.".to_vec(),
+                4,
+                After::Pickle { start: 4 },
+            ),
+            (b"N.(lp0\nI1\na.".to_vec(), 2, After::Pickle { start: 2 }),
+            (
+                b"\x80\x04N.\n\x80\x04N.".to_vec(),
+                4,
+                After::Pickle { start: 5 },
+            ),
+            (
+                [&snapshot[..], b"\x80\x05N."].concat(),
+                33,
+                After::Pickle { start: 33 },
+            ),
+            (b"\x80\x04N.\x00".to_vec(), 4, After::Bytes { start: 4 }),
+            (b"\x80\x04N.N".to_vec(), 4, After::Bytes { start: 4 }),
+            (b"\x80\x04N.\x80\x07".to_vec(), 4, After::Bytes { start: 4 }),
+            (
+                b"\x80\x04N.\x80\x04junk".to_vec(),
+                4,
+                After::Bytes { start: 4 },
+            ),
+            (
+                b"\x80\x04N.\n\x80\x04]".to_vec(),
+                4,
+                After::Bytes { start: 5 },
+            ),
+            (
+                [&snapshot[..], &snapshot[..20]].concat(),
+                33,
+                After::Bytes { start: 33 },
+            ),
         ];
-        for (bytes, want) in cases {
-            let e = read_bytes(&bytes).unwrap_err();
-            match want {
-                Some((end, snapshot)) => {
-                    assert_eq!(e, PickleError::Concatenated { end, snapshot }, "{bytes:?}")
-                }
-                None => assert_eq!(
-                    e,
-                    PickleError::Malformed {
-                        detail: "bytes follow the end of the pickle (STOP)".to_string(),
-                        offset: 4
-                    },
-                    "{bytes:?}"
-                ),
-            }
+        for (bytes, end, after) in cases {
+            let p = read_bytes(&bytes).unwrap_or_else(|e| panic!("{bytes:?}: {e}"));
+            assert_eq!((p.stop_end(), p.after()), (end, after), "{bytes:?}");
         }
+    }
+
+    /// Whitespace after the STOP counts towards the limit on input bytes.
+    #[test]
+    fn whitespace_after_a_stop_is_bounded() {
+        let limits = Limits {
+            input_bytes: 10,
+            ..Limits::UNTRUSTED
+        };
+        let bytes = [&b"\x80\x04N."[..], &[b' '; 7]].concat();
+        assert!(matches!(
+            read_with(&bytes, limits),
+            Err(PickleError::Limit {
+                limit: Limit::InputBytes,
+                ..
+            })
+        ));
+        let p = read_with(&bytes[..10], limits).unwrap();
+        assert_eq!(p.after(), After::Whitespace { bytes: 6 });
     }
 
     /// The global the root is built from is known after the read, through a call, an

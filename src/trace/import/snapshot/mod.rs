@@ -24,17 +24,30 @@
 //! window known one by one: [`TraceHeader::pre_window_blocks`], their requested sizes, which
 //! replay holds each as its own allocation.
 //! Reference: `reserved_bytes` = sum of the segments' `total_size`. Event numbers in messages
-//! are positions in `device_traces[d]`, from 1.
+//! are positions in `device_traces[d]`, from 1. A value of the segments that cannot be read
+//! (a size that is negative, a float, text or past 64 bits, a device that is no ordinal,
+//! `blocks` that are no list, live bytes summing past 64 bits) is a `Malformed` error naming
+//! its segment, block and field, never read as 0 B or device 0.
 //!
 //! The list of segments `torch.cuda.memory_snapshot()` returns, pickled as it is (the
 //! `segments` of the dict without the dict), is the state of a device at one moment: read as a
 //! snapshot whose `device_traces` hold nothing, no events and every live block from before
-//! the window (device: [`Options::device`], else the one with the most live blocks).
+//! the window (device: [`Options::device`], else the one with the most live bytes). It is
+//! known by its shape (most items dicts with `blocks` and `total_size`), so that a bad value
+//! in it is an error of that value, not "a list".
 //!
-//! Other pickles are refused naming what they are: the global an object is built from, the
-//! keys of a dict, the globals of a list's items, two pickles one after the other.
+//! A snapshot holds the memory of the CUDA caching allocator (HIP's under ROCm):
+//! `--trace-device` types other than `cuda` and `hip` ([`Options::cpu`],
+//! [`Options::device_type`]) are refused as `Selection` errors.
+//!
+//! Whitespace after the pickle's STOP is ignored (with a header note), as `pickle.load`
+//! ignores what follows; other pickles are refused naming what they are: the global an object
+//! is built from, the keys of a dict, the globals of a list's items, two pickles one after the
+//! other (the first named), bytes after a pickle that read as no whole pickle.
 //!
 //! [`Options::device`]: crate::trace::Options::device
+//! [`Options::cpu`]: crate::trace::Options::cpu
+//! [`Options::device_type`]: crate::trace::Options::device_type
 //! [`AnomalyKind::AllocFailure`]: crate::trace::AnomalyKind::AllocFailure
 
 use crate::trace::{limit_error, malformed_error, not_a_trace_error, selection_error};
@@ -51,7 +64,7 @@ use crate::trace::{
 };
 use crate::trace::{Result, TraceError};
 use limits::{Limits, PickleError};
-use view::{KeyMemo, Pickle, Seq, Val};
+use view::{After, KeyMemo, Pickle, Seq, Val};
 
 /// The error for a pickle the reader refused or a walk that ran out of steps.
 fn pickle_error(origin: &str, e: PickleError) -> TraceError {
@@ -71,18 +84,6 @@ fn pickle_error(origin: &str, e: PickleError) -> TraceError {
         PickleError::Foreign { .. } => {
             not_a_trace_error(format!("{origin}: {e}, {NOT_A_SNAPSHOT}"))
         }
-        // Each pickle may be whole: the file is not one, which is what a snapshot is.
-        PickleError::Concatenated { snapshot: true, .. } => not_a_trace_error(format!(
-            "{origin}: {e}; a snapshot file is one pickle: keep each snapshot in a file of its \
-             own (torch.cuda.memory._dump_snapshot(path), or pickle.dump once to a file opened \
-             with 'wb', not 'ab')"
-        )),
-        PickleError::Concatenated {
-            snapshot: false, ..
-        } => not_a_trace_error(format!(
-            "{origin}: {e} (pickle.dump called more than once on one file?); a snapshot file is \
-             one pickle, {NOT_A_SNAPSHOT}"
-        )),
     }
 }
 
@@ -110,8 +111,12 @@ const GLOBALS_SHOWN: usize = 3;
 /// What a list that is not a snapshot holds, for a message: "a list of collections.deque"
 /// when each of its first [`ITEMS_LOOKED_AT`] items was made by calling a global (the first
 /// [`GLOBALS_SHOWN`] distinct ones named), "a list holding collections.deque among other
-/// items" when some were, else "a list". Counts one walk step per item looked at.
+/// items" when some were, "an empty list (…)" when it has none, else "a list". Counts one
+/// walk step per item looked at.
 fn list_kind(origin: &str, list: Seq<'_>) -> Result<String> {
+    if list.len() == 0 {
+        return Ok("an empty list (a segment list with no segments?)".to_string());
+    }
     let mut names: Vec<&str> = Vec::new();
     let mut more = false;
     let (mut looked, mut objects) = (0, 0);
@@ -141,26 +146,172 @@ fn list_kind(origin: &str, list: Seq<'_>) -> Result<String> {
     })
 }
 
-/// The list of segments `torch.cuda.memory_snapshot()` returns, when `root` is one: a
-/// non-empty list whose every item is a dict with a `blocks` list and an integer
-/// `total_size`, as each of its segments has (it is the `segments` of a snapshot's dict,
-/// without the dict). Counts one walk of each item's dict.
+/// The list of segments `torch.cuda.memory_snapshot()` returns, when `root` has its shape:
+/// a non-empty list of which at least half the first [`ITEMS_LOOKED_AT`] items (and at least
+/// one) are dicts with the keys `blocks` and `total_size`, as each of its segments has (it
+/// is the `segments` of a snapshot's dict, without the dict). Their values are not looked
+/// at here: one that cannot be read is an error of its segment ([`device_states`]), not "a
+/// list". Counts one walk of each item looked at.
 fn segment_list<'p>(origin: &str, root: Val<'p>) -> Result<Option<Seq<'p>>> {
     let Some(list) = root.as_list().filter(|l| root.is_list() && l.len() > 0) else {
         return Ok(None);
     };
     let mut memo = KeyMemo::default();
-    for item in items(origin, list) {
-        let item = item?;
-        if !item.is_dict() {
-            return Ok(None);
-        }
-        let [blocks, total] = get_all(origin, item, ["blocks", "total_size"], &mut memo)?;
-        if blocks.and_then(Val::as_list).is_none() || total.and_then(Val::as_u64).is_none() {
-            return Ok(None);
+    let (mut looked, mut shaped) = (0usize, 0usize);
+    for item in items(origin, list).take(ITEMS_LOOKED_AT) {
+        looked += 1;
+        let [blocks, total] = get_all(origin, item?, ["blocks", "total_size"], &mut memo)?;
+        if blocks.is_some() && total.is_some() {
+            shaped += 1;
         }
     }
-    Ok(Some(list))
+    Ok((shaped > 0 && 2 * shaped >= looked).then_some(list))
+}
+
+/// Which form of snapshot segments are read from, for messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Form {
+    /// The dict `torch.cuda.memory._dump_snapshot` writes: its `segments`.
+    Snapshot,
+    /// The list `torch.cuda.memory_snapshot()` returns, pickled as it is.
+    SegmentList,
+}
+
+impl Form {
+    /// What the file is, for a message.
+    fn what(self) -> &'static str {
+        match self {
+            Form::Snapshot => "a PyTorch memory snapshot",
+            Form::SegmentList => SEGMENT_LIST_NOTE,
+        }
+    }
+
+    /// The segments as Python reaches them from what was pickled.
+    fn segments(self) -> &'static str {
+        match self {
+            Form::Snapshot => "snapshot['segments']",
+            Form::SegmentList => "segments",
+        }
+    }
+}
+
+/// Where a value of the segments is: segment `segment` (its index, from 0), and block
+/// `block` of it when given.
+#[derive(Debug, Clone, Copy)]
+struct At {
+    form: Form,
+    segment: usize,
+    block: Option<usize>,
+}
+
+impl At {
+    /// "segment 2" or "segment 2, block 1".
+    fn name(self) -> String {
+        match self.block {
+            Some(b) => format!("segment {}, block {b}", self.segment),
+            None => format!("segment {}", self.segment),
+        }
+    }
+
+    /// The path Python reads it at: `segments[2]['blocks'][1]`, then `['field']`.
+    fn path(self, field: Option<&str>) -> String {
+        let mut path = format!("{}[{}]", self.form.segments(), self.segment);
+        if let Some(b) = self.block {
+            path.push_str(&format!("['blocks'][{b}]"));
+        }
+        if let Some(field) = field {
+            path.push_str(&format!("['{field}']"));
+        }
+        path
+    }
+}
+
+/// What a size in bytes may be.
+const SIZE_ACCEPTED: &str = "an int from 0 to 2^64 - 1 (bytes)";
+
+/// The error for field `field` of the segment or block at `at`: absent (`value` `None`) or
+/// holding what cannot be read as `accepted` says; the value shown bounded.
+fn unreadable(
+    origin: &str,
+    at: At,
+    field: &str,
+    value: Option<Val<'_>>,
+    accepted: &str,
+) -> TraceError {
+    let what = at.form.what();
+    let name = at.name();
+    malformed_error(match value {
+        Some(v) => format!(
+            "{origin}: {what}, but {name} has {field} = {}, at {}; accepted: {accepted}",
+            v.shown(),
+            at.path(Some(field))
+        ),
+        None => format!(
+            "{origin}: {what}, but {name} has no {field} ({}); accepted: {accepted}",
+            at.path(None)
+        ),
+    })
+}
+
+/// The error for an item of the segments, or of a segment's blocks, that is not a dict.
+fn not_a_dict(origin: &str, at: At, item: Val<'_>) -> TraceError {
+    let (what, accepted) = match at.block {
+        Some(_) => (
+            "a block",
+            "a dict with size and state, as each of a segment's blocks",
+        ),
+        None => (
+            "a segment",
+            "a dict with blocks and total_size, as each segment torch.cuda.memory_snapshot() \
+             gives",
+        ),
+    };
+    malformed_error(format!(
+        "{origin}: {}, but {} is {}, not {what} ({}); accepted: {accepted}",
+        at.form.what(),
+        at.name(),
+        item.shown(),
+        at.path(None)
+    ))
+}
+
+/// The value at `field` as bytes: an int from 0 to 2^64 - 1; `None` where absent and
+/// `optional`.
+///
+/// # Errors
+/// Absent where not optional; present and not such an int (negative, wider, a float, text).
+fn size_of(
+    origin: &str,
+    at: At,
+    field: &str,
+    value: Option<Val<'_>>,
+    optional: Option<&str>,
+) -> Result<Option<u64>> {
+    match value {
+        None if optional.is_some() => Ok(None),
+        Some(v) if v.as_u64().is_some() => Ok(v.as_u64()),
+        _ => Err(unreadable(
+            origin,
+            at,
+            field,
+            value,
+            &match optional {
+                Some(absent) => format!("absent ({absent}), or {SIZE_ACCEPTED}"),
+                None => SIZE_ACCEPTED.to_string(),
+            },
+        )),
+    }
+}
+
+/// The error for a sum of sizes past 64 bits, at the value that took it there.
+fn sum_too_large(origin: &str, at: At, field: &str, of: &str, value: u64) -> TraceError {
+    malformed_error(format!(
+        "{origin}: {}, but {of} sum to more than 2^64 - 1 bytes at {}, whose {field} is \
+         {value} ({}); accepted: sizes whose sums fit in 64 bits",
+        at.form.what(),
+        at.name(),
+        at.path(Some(field))
+    ))
 }
 
 /// What the segments of one device hold at dump time.
@@ -178,43 +329,236 @@ struct DeviceState {
 }
 
 /// The state of each device in `segments` (a snapshot's `segments`, or the list
-/// `torch.cuda.memory_snapshot()` returns), by the segments' `device` (0 when absent); only
-/// of device `only` when given. As many blocks as the pickle's limits let the file hold.
+/// `torch.cuda.memory_snapshot()` returns: `form`), by the segments' `device` (0 when
+/// absent); only of device `only` when given, the other devices' segments read no further
+/// than their `device`. As many blocks as the pickle's limits let the file hold.
+///
+/// Every value read must be what PyTorch writes, or the file is refused naming the segment,
+/// the block, the field and what is accepted, in both forms: a value read as 0 B or as
+/// device 0 in its place would change the numbers a replay plans with. A segment: a dict
+/// with `total_size` (bytes), `blocks` (a list) and optionally `device` (an ordinal). A block:
+/// a dict with `state` (text), `size` (bytes), and optionally `requested_size` (bytes; older
+/// PyTorch has none, and the `size` is used) and `address`. The live bytes and the reserved
+/// bytes of a device must each sum within 64 bits.
+///
+/// # Errors
+/// [`TraceErrorKind::Malformed`](crate::trace::TraceErrorKind::Malformed) for a value that
+/// cannot be read; a limit of the walk.
 fn device_states(
     origin: &str,
+    form: Form,
     segments: Seq<'_>,
     only: Option<u64>,
 ) -> Result<std::collections::BTreeMap<u64, DeviceState>> {
     let mut states = std::collections::BTreeMap::new();
-    for seg in items(origin, segments) {
+    let mut segment_keys = KeyMemo::default();
+    let mut block_keys = KeyMemo::default();
+    for (i, seg) in items(origin, segments).enumerate() {
         let seg = seg?;
-        let seg_device = get_u64(origin, seg, "device")?.unwrap_or(0);
+        let at = At {
+            form,
+            segment: i,
+            block: None,
+        };
+        if !seg.is_dict() {
+            return Err(not_a_dict(origin, at, seg));
+        }
+        let [device, total, blocks] = get_all(
+            origin,
+            seg,
+            ["device", "total_size", "blocks"],
+            &mut segment_keys,
+        )?;
+        let seg_device = match device {
+            None => 0,
+            Some(v) => match v.as_u64().filter(|d| *d <= u64::from(u32::MAX)) {
+                Some(d) => d,
+                None => {
+                    return Err(unreadable(
+                        origin,
+                        at,
+                        "device",
+                        device,
+                        "absent (device 0), or a device ordinal, an int from 0 to 4294967295",
+                    ))
+                }
+            },
+        };
         if only.is_some_and(|d| d != seg_device) {
             continue;
         }
+        let total = size_of(origin, at, "total_size", total, None)?.unwrap_or(0);
+        let Some(blocks) = blocks.filter(|b| b.is_list()).and_then(Val::as_list) else {
+            return Err(unreadable(
+                origin,
+                at,
+                "blocks",
+                blocks,
+                "a list of block dicts (empty for a segment with none)",
+            ));
+        };
         let state: &mut DeviceState = states.entry(seg_device).or_default();
         state.segments += 1;
-        state.reserved += u128::from(get_u64(origin, seg, "total_size")?.unwrap_or(0));
-        if let Some(blocks) = get_list(origin, seg, "blocks")? {
-            for b in items(origin, blocks) {
-                let b = b?;
-                // Both hold memory at dump time: a block pending free waits for its
-                // streams. In the trace's units: the size the program requested (older
-                // snapshots without `requested_size` give the rounded `size`).
-                let state_name = get_str(origin, b, "state")?;
-                if matches!(state_name, Some("active_allocated" | "active_pending_free")) {
-                    let requested = match get_u64(origin, b, "requested_size")? {
-                        Some(r) => Some(r),
-                        None => get_u64(origin, b, "size")?,
-                    };
-                    state.live += u128::from(requested.unwrap_or(0));
-                    let address = get_u64(origin, b, "address")?;
-                    state.live_blocks.push((address, requested.unwrap_or(0)));
+        state.reserved += u128::from(total);
+        if state.reserved > u128::from(u64::MAX) {
+            let of = format!("the total_size of device {seg_device}'s segments");
+            return Err(sum_too_large(origin, at, "total_size", &of, total));
+        }
+        for (j, b) in items(origin, blocks).enumerate() {
+            let b = b?;
+            let at = At {
+                block: Some(j),
+                ..at
+            };
+            if !b.is_dict() {
+                return Err(not_a_dict(origin, at, b));
+            }
+            let [state_name, size, requested, address] = get_all(
+                origin,
+                b,
+                ["state", "size", "requested_size", "address"],
+                &mut block_keys,
+            )?;
+            let Some(state_name) = state_name.and_then(Val::as_str) else {
+                return Err(unreadable(
+                    origin,
+                    at,
+                    "state",
+                    state_name,
+                    "a str: active_allocated, active_pending_free, inactive, …",
+                ));
+            };
+            let size = size_of(origin, at, "size", size, None)?.unwrap_or(0);
+            let requested = size_of(
+                origin,
+                at,
+                "requested_size",
+                requested,
+                Some("the block's size is used, as PyTorch before 2.0 writes none"),
+            )?;
+            let address = match address {
+                None => None,
+                Some(v) => match v.as_u64() {
+                    Some(a) => Some(a),
+                    None => {
+                        return Err(unreadable(
+                            origin,
+                            at,
+                            "address",
+                            address,
+                            "absent, or an int from 0 to 2^64 - 1",
+                        ))
+                    }
+                },
+            };
+            // Both hold memory at dump time: a block pending free waits for its streams. In
+            // the trace's units: the size the program requested (older snapshots without
+            // `requested_size` give the rounded `size`).
+            if matches!(state_name, "active_allocated" | "active_pending_free") {
+                let (field, bytes) = match requested {
+                    Some(r) => ("requested_size", r),
+                    None => ("size", size),
+                };
+                state.live += u128::from(bytes);
+                if state.live > u128::from(u64::MAX) {
+                    let of = format!("the live blocks of device {seg_device}");
+                    return Err(sum_too_large(origin, at, field, &of, bytes));
                 }
+                state.live_blocks.push((address, bytes));
             }
         }
     }
     Ok(states)
+}
+
+/// The devices of `devices` for a message, the first eight named: "device 0", "devices 0,
+/// 1", "devices 0, 1, …, 7, … (12 devices)".
+fn device_list(devices: impl ExactSizeIterator<Item = u64>) -> String {
+    const SHOWN: usize = 8;
+    let n = devices.len();
+    let shown: Vec<String> = devices.take(SHOWN).map(|d| d.to_string()).collect();
+    match n {
+        1 => format!("device {}", shown.join("")),
+        n if n <= SHOWN => format!("devices {}", shown.join(", ")),
+        n => format!("devices {}, … ({n} devices)", shown.join(", ")),
+    }
+}
+
+/// PyTorch's device types by `c10::DeviceType` number, as `torch.device` spells them (the
+/// names `--trace-device` takes; the test `device_type_names_agree_with_the_kineto_reader`
+/// holds them to the Kineto reader's).
+const DEVICE_TYPE_NAMES: [&str; 21] = [
+    "cpu",
+    "cuda",
+    "mkldnn",
+    "opengl",
+    "opencl",
+    "ideep",
+    "hip",
+    "fpga",
+    "maia",
+    "xla",
+    "vulkan",
+    "metal",
+    "xpu",
+    "mps",
+    "meta",
+    "hpu",
+    "ve",
+    "lazy",
+    "ipu",
+    "mtia",
+    "privateuseone",
+];
+
+/// `c10::DeviceType` of CUDA and of HIP (PyTorch on ROCm, where `torch.cuda` is HIP).
+const CUDA: i64 = 1;
+const HIP: i64 = 6;
+
+/// Refuses a device type (`--trace-device cpu`, `xpu`, `xpu:0`: [`Options::cpu`],
+/// [`Options::device_type`]) other than the CUDA caching allocator's, which is all a snapshot
+/// holds: CUDA's, or HIP's under ROCm (both accepted, and no type). `what` is the file
+/// ([`Form::what`]), `devices` its devices ([`device_list`]).
+///
+/// # Errors
+/// [`TraceErrorKind::Selection`](crate::trace::TraceErrorKind::Selection), naming what the
+/// snapshot holds and what was asked for.
+fn refuse_other_device_types(
+    origin: &str,
+    options: &Options,
+    what: &str,
+    devices: &str,
+) -> Result<()> {
+    let (asked, wants) = if options.cpu {
+        (
+            "cpu".to_string(),
+            "the CPU's memory (trace::Options::cpu)".to_string(),
+        )
+    } else {
+        match options.device_type {
+            None | Some(CUDA | HIP) => return Ok(()),
+            Some(t) => {
+                let name = usize::try_from(t)
+                    .ok()
+                    .and_then(|i| DEVICE_TYPE_NAMES.get(i))
+                    .map_or_else(|| format!("type{t}"), |n| (*n).to_string());
+                let asked = match options.device {
+                    Some(d) => format!("{name}:{d}"),
+                    None => name.clone(),
+                };
+                let wants = format!(
+                    "the memory of {name} devices (c10::DeviceType {t}, \
+                     trace::Options::device_type)"
+                );
+                (asked, wants)
+            }
+        }
+    };
+    Err(selection_error(format!(
+        "{origin}: {what} holds the GPU memory of {devices} (cuda, or hip under ROCm); \
+         --trace-device {asked} asks for {wants}, which it does not hold: name one of its \
+         devices (as 0, cuda:0 or hip:0), or give no --trace-device"
+    )))
 }
 
 /// The keys of `dict`, the first [`KEYS_SHOWN`] each cut to an excerpt, and how many more,
@@ -257,14 +601,6 @@ fn get_all<'p, const N: usize>(
 
 fn get_str<'p>(origin: &str, v: Val<'p>, key: &str) -> Result<Option<&'p str>> {
     Ok(get(origin, v, key)?.and_then(Val::as_str))
-}
-
-fn get_u64(origin: &str, v: Val<'_>, key: &str) -> Result<Option<u64>> {
-    Ok(get(origin, v, key)?.and_then(Val::as_u64))
-}
-
-fn get_list<'p>(origin: &str, v: Val<'p>, key: &str) -> Result<Option<Seq<'p>>> {
-    Ok(get(origin, v, key)?.and_then(Val::as_list))
 }
 
 /// The items of `list` (counting the walk's steps).
@@ -386,7 +722,112 @@ pub(crate) fn read(
         Limits::UNTRUSTED
     };
     let pickle = machine::read(&mut input, &limits, size).map_err(|e| pickle_error(origin, e))?;
-    import(&pickle, origin, options)
+    let whitespace = match pickle.after() {
+        After::Nothing => 0,
+        After::Whitespace { bytes } => bytes,
+        After::Pickle { start } => return Err(another_pickle(origin, &pickle, start)),
+        After::Bytes { start } => return Err(bytes_after(origin, &pickle, start)),
+    };
+    let mut source = import(&pickle, origin, options)?;
+    if whitespace > 0 {
+        source.header.notes.push(format!(
+            "{whitespace} bytes of whitespace after the pickle's end (its STOP at byte {}) \
+             ignored, as pickle.load ignores them",
+            pickle.stop_end().saturating_sub(1)
+        ));
+    }
+    Ok(source)
+}
+
+/// What the pickle before more bytes is: a snapshot's dict, a segment list, or something
+/// else, named for a message.
+enum First {
+    Snapshot,
+    SegmentList,
+    Other(String),
+}
+
+/// What the pickle `pickle` is, for a message about what follows it.
+fn first_pickle(origin: &str, pickle: &Pickle) -> Result<First> {
+    let root = pickle.root();
+    let [segments, device_traces] = root
+        .get_all(["segments", "device_traces"])
+        .map_err(|e| pickle_error(origin, e))?;
+    if root.is_dict() && segments.is_some() && device_traces.is_some() {
+        return Ok(First::Snapshot);
+    }
+    if segment_list(origin, root)?.is_some() {
+        return Ok(First::SegmentList);
+    }
+    Ok(First::Other(match (pickle.root_global(), root.as_list()) {
+        (Some(global), _) => format!("a pickle of {global}"),
+        (None, Some(list)) if root.is_list() => list_kind(origin, list)?,
+        (None, _) if root.is_dict() => format!("a dict with {}", keys_shown(origin, root)?),
+        (None, _) => root.kind_name().to_string(),
+    }))
+}
+
+/// The error for a pickle followed by another whole pickle, from byte `start`: `pickle.dump`
+/// called twice on one file, or a file opened to append ('ab').
+fn another_pickle(origin: &str, pickle: &Pickle, start: u64) -> TraceError {
+    let stop = pickle.stop_end().saturating_sub(1);
+    let first = match first_pickle(origin, pickle) {
+        Ok(first) => first,
+        Err(e) => return e,
+    };
+    let two = |named: &str| {
+        format!(
+            "{origin}: two or more pickles one after the other: the first{named} ends at byte \
+             {stop} (its STOP) and another starts at byte {start}"
+        )
+    };
+    not_a_trace_error(match first {
+        First::Snapshot => format!(
+            "{}; a snapshot file is one pickle: keep each snapshot in a file of its own \
+             (torch.cuda.memory._dump_snapshot(path), or pickle.dump once to a file opened \
+             with 'wb', not 'ab')",
+            two(", a PyTorch memory snapshot,")
+        ),
+        First::SegmentList => format!(
+            "{}; portalloc reads one segment list per file, the state of one moment: keep each \
+             in a file of its own (pickle.dump(torch.cuda.memory_snapshot(), f) once to a file \
+             opened with 'wb', not 'ab')",
+            two(&format!(", {SEGMENT_LIST_NOTE},"))
+        ),
+        First::Other(kind) => format!(
+            "{} (pickle.dump called more than once on one file?); the first is {kind}, \
+             {NOT_A_SNAPSHOT}, and a snapshot file is one pickle",
+            two("")
+        ),
+    })
+}
+
+/// The error for a pickle followed by bytes, from byte `start`, that read as no whole
+/// pickle: a second pickle cut short, padding, other data.
+fn bytes_after(origin: &str, pickle: &Pickle, start: u64) -> TraceError {
+    let follow = format!(
+        "bytes follow the end of the pickle (STOP) at byte {start} that read as no whole pickle"
+    );
+    let first = match first_pickle(origin, pickle) {
+        Ok(first) => first,
+        Err(e) => return e,
+    };
+    let stop = pickle.stop_end().saturating_sub(1);
+    match first {
+        First::Snapshot | First::SegmentList => malformed_error(format!(
+            "{origin}: {follow} (a second pickle cut short, or bytes appended to the file?); \
+             the pickle before them, to its STOP at byte {stop}, is {}: a file of it holds \
+             that one pickle and nothing after it but whitespace",
+            if matches!(first, First::Snapshot) {
+                "a PyTorch memory snapshot"
+            } else {
+                SEGMENT_LIST_NOTE
+            }
+        )),
+        First::Other(kind) => not_a_trace_error(format!(
+            "{origin}: {follow}; the pickle before them is {kind}, {NOT_A_SNAPSHOT}"
+        )),
+    }
 }
 
 /// The events of a snapshot already read.
@@ -438,6 +879,8 @@ fn import(pickle: &Pickle, origin: &str, options: &Options) -> Result<VecSource>
              so there is nothing to replay"
         )));
     }
+    let devices = device_list((0..traces.len()).map(|d| d as u64));
+    refuse_other_device_types(origin, options, "a PyTorch memory snapshot", &devices)?;
     // The entries to replay per device, to choose the device with the most: only when there
     // is a choice (a walk of every entry).
     let counts = if options.device.is_none() && traces.len() > 1 {
@@ -483,10 +926,18 @@ fn import(pickle: &Pickle, origin: &str, options: &Options) -> Result<VecSource>
     // Live at dump time and reserved, from the segments of this device; and each block live
     // at dump time, `(address, requested bytes)`, in the segments' order: those the window
     // did not allocate are memory from before it, known one by one.
-    let state = match get_list(origin, root, "segments")? {
-        Some(list) => device_states(origin, list, Some(device as u64))?
-            .remove(&(device as u64))
-            .unwrap_or_default(),
+    let state = match segments {
+        Some(v) => match v.as_list().filter(|_| v.is_list()) {
+            Some(list) => device_states(origin, Form::Snapshot, list, Some(device as u64))?
+                .remove(&(device as u64))
+                .unwrap_or_default(),
+            None => {
+                return Err(malformed_error(format!(
+                    "{origin}: a PyTorch memory snapshot, but its segments is {} (snapshot['segments']); accepted: a list of segment dicts",
+                    v.shown()
+                )))
+            }
+        },
         None => DeviceState::default(),
     };
     let DeviceState {
@@ -616,30 +1067,40 @@ fn import(pickle: &Pickle, origin: &str, options: &Options) -> Result<VecSource>
 /// returns (pickled as it is): no events, and every block live at that moment memory from
 /// before the window, as a snapshot's blocks are when its `device_traces` hold nothing of
 /// them. Replay then holds that state, which is what a strategy needs room for. Device: the
-/// one asked for, else the one with the most live blocks (the lowest number on a tie), as a
-/// snapshot's is the one with the most entries to replay.
+/// one asked for, else the one with the most live bytes (the lowest number on a tie): the
+/// memory a plan must hold, where a snapshot's device is the one with the most entries to
+/// replay.
 ///
 /// # Errors
-/// A device asked for that has no segment in the list; a limit of the walk.
+/// A value of the segments that cannot be read ([`device_states`]); a device type other
+/// than cuda or hip asked for; a device asked for that has no segment in the list; a limit
+/// of the walk.
 fn import_segment_list(origin: &str, options: &Options, list: Seq<'_>) -> Result<VecSource> {
-    let mut states = device_states(origin, list, None)?;
-    let devices: Vec<String> = states.keys().map(u64::to_string).collect();
+    let mut states = device_states(origin, Form::SegmentList, list, None)?;
+    let devices = device_list(states.keys().copied());
+    refuse_other_device_types(origin, options, SEGMENT_LIST_NOTE, &devices)?;
     let device = match options.device {
         Some(d) if states.contains_key(&u64::from(d)) => u64::from(d),
         Some(d) => {
             return Err(selection_error(format!(
                 "{origin}: no device {d}: the segment list (torch.cuda.memory_snapshot()) has \
-                 segments of device{} {}",
-                if devices.len() == 1 { "" } else { "s" },
-                devices.join(", ")
+                 segments of {devices}"
             )))
         }
         None => states
             .iter()
-            .max_by_key(|(d, s)| (s.live_blocks.len(), std::cmp::Reverse(**d)))
+            .max_by_key(|(d, s)| (s.live, std::cmp::Reverse(**d)))
             .map_or(0, |(d, _)| *d),
     };
+    let chosen = if options.device.is_some() {
+        "the device asked for"
+    } else if states.len() == 1 {
+        "its only device"
+    } else {
+        "the device with the most live bytes"
+    };
     let state = states.remove(&device).unwrap_or_default();
+    // Within 64 bits: device_states refuses a larger sum.
     let baseline = u64::try_from(state.live).unwrap_or(u64::MAX);
     // Nothing in a window: every live block with an address is known one by one.
     let pre_window_blocks = pre_window_blocks(&state.live_blocks, &FxHashSet::default(), baseline);
@@ -654,10 +1115,10 @@ fn import_segment_list(origin: &str, options: &Options, list: Seq<'_>) -> Result
         allocator: Some("pytorch-caching".to_string()),
     });
     header.notes.push(format!(
-        "{SEGMENT_LIST_NOTE}: the state of cuda:{device} at one moment, no events; {} segments \
-         of device {device} (devices in the list: {})",
+        "{SEGMENT_LIST_NOTE}: the state of cuda:{device} at one moment, no events; {} \
+         segment{} of device {device}, {chosen} (segments of {devices})",
         state.segments,
-        devices.join(", ")
+        if state.segments == 1 { "" } else { "s" },
     ));
     header.notes.push(format!(
         "baseline = requested bytes of the active_allocated and active_pending_free blocks \
@@ -680,6 +1141,20 @@ mod tests {
     use std::path::Path;
 
     use super::*;
+
+    /// The device type names messages use are the Kineto reader's, by number.
+    #[test]
+    fn device_type_names_agree_with_the_kineto_reader() {
+        for (t, name) in DEVICE_TYPE_NAMES.iter().enumerate() {
+            assert_eq!(
+                crate::trace::import::kineto::device_type_named(name),
+                Some(t as i64),
+                "{name}"
+            );
+        }
+        assert_eq!(DEVICE_TYPE_NAMES[CUDA as usize], "cuda");
+        assert_eq!(DEVICE_TYPE_NAMES[HIP as usize], "hip");
+    }
 
     /// The real snapshots (`../shared/traces*/`, absent from a fresh clone), sorted; says
     /// which directory is missing.

@@ -92,6 +92,26 @@ pub(crate) struct Pickle {
     pub(super) figures: Figures,
     pub(super) walk_limit: u64,
     pub(super) walk_steps: Cell<u64>,
+    /// The offset of the byte after the root's STOP.
+    pub(super) stop_end: u64,
+    /// What follows that STOP.
+    pub(super) after: After,
+}
+
+/// What follows the STOP of a pickle read ([`Pickle::after`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum After {
+    /// Nothing: the input ends there.
+    Nothing,
+    /// ASCII whitespace only (space, tab, newline, carriage return, form feed, vertical
+    /// tab), `bytes` of it: what `pickle.load`, reading to the STOP, never sees.
+    Whitespace { bytes: u64 },
+    /// Another whole pickle, from offset `start` (after any whitespace): `pickle.dump`
+    /// called twice on one file, or a file opened to append.
+    Pickle { start: u64 },
+    /// Bytes from offset `start` (after any whitespace) that read as no whole pickle within
+    /// the limits: a second pickle cut short, padding, other data.
+    Bytes { start: u64 },
 }
 
 impl Pickle {
@@ -109,6 +129,16 @@ impl Pickle {
     /// snapshot `_dump_snapshot` writes).
     pub(crate) fn root_global(&self) -> Option<&str> {
         self.root_global.as_deref()
+    }
+
+    /// The offset of the byte after the root's STOP: where what follows it starts.
+    pub(crate) fn stop_end(&self) -> u64 {
+        self.stop_end
+    }
+
+    /// What follows the root's STOP.
+    pub(crate) fn after(&self) -> After {
+        self.after
     }
 
     /// What the read used.
@@ -249,6 +279,35 @@ impl<'p> Val<'p> {
                 SeqKind::Dict => "a dict",
                 SeqKind::Set => "a set",
                 SeqKind::FrozenSet => "a frozenset",
+            },
+        }
+    }
+
+    /// The value as a message about a field shows it, bounded: a number as Python prints it
+    /// (`-5`, `1180591620717411303424`, `1.5`), text quoted and cut to an excerpt, `None`,
+    /// else its kind ("a list"); with what makes it unusable where a size or an ordinal is
+    /// wanted ("a negative int", "more than 64 bits", "a float", "a str").
+    pub(crate) fn shown(self) -> String {
+        match self.pickle.node(self.id) {
+            Node::Int(i) if i < 0 => format!("{i} (a negative int)"),
+            Node::Int(i) => i.to_string(),
+            Node::Wide(w) => match self.pickle.wide.get(w as usize) {
+                Some(w) if *w < 0 => format!("{w} (a negative int)"),
+                Some(w) => format!("{w} (more than 64 bits)"),
+                None => "an int".to_string(),
+            },
+            Node::Huge(f) if f < 0.0 => "a negative int of more than 128 bits".to_string(),
+            Node::Huge(_) => "an int of more than 128 bits".to_string(),
+            Node::Float(f) => format!("{f:?} (a float)"),
+            Node::Bool(b) => if b { "True" } else { "False" }.to_string(),
+            Node::Str { .. } | Node::Bytes { .. } => match self.as_str() {
+                Some(text) => format!("{} ({})", crate::trace::excerpt(text), self.kind_name()),
+                None => self.kind_name().to_string(),
+            },
+            Node::None | Node::Global(_) => "None".to_string(),
+            _ => match self.made_by() {
+                Some(global) => format!("an object of {global}"),
+                None => self.kind_name().to_string(),
             },
         }
     }
