@@ -484,33 +484,6 @@ fn device_list(devices: impl ExactSizeIterator<Item = u64>) -> String {
     }
 }
 
-/// PyTorch's device types by `c10::DeviceType` number, as `torch.device` spells them (the
-/// names `--trace-device` takes; the test `device_type_names_agree_with_the_kineto_reader`
-/// holds them to the Kineto reader's).
-const DEVICE_TYPE_NAMES: [&str; 21] = [
-    "cpu",
-    "cuda",
-    "mkldnn",
-    "opengl",
-    "opencl",
-    "ideep",
-    "hip",
-    "fpga",
-    "maia",
-    "xla",
-    "vulkan",
-    "metal",
-    "xpu",
-    "mps",
-    "meta",
-    "hpu",
-    "ve",
-    "lazy",
-    "ipu",
-    "mtia",
-    "privateuseone",
-];
-
 /// `c10::DeviceType` of CUDA and of HIP (PyTorch on ROCm, where `torch.cuda` is HIP).
 const CUDA: i64 = 1;
 const HIP: i64 = 6;
@@ -538,10 +511,8 @@ fn refuse_other_device_types(
         match options.device_type {
             None | Some(CUDA | HIP) => return Ok(()),
             Some(t) => {
-                let name = usize::try_from(t)
-                    .ok()
-                    .and_then(|i| DEVICE_TYPE_NAMES.get(i))
-                    .map_or_else(|| format!("type{t}"), |n| (*n).to_string());
+                // The Kineto reader's names of PyTorch's device types, by number.
+                let name = crate::trace::import::kineto::type_name(t);
                 let asked = match options.device {
                     Some(d) => format!("{name}:{d}"),
                     None => name.clone(),
@@ -1142,18 +1113,11 @@ mod tests {
 
     use super::*;
 
-    /// The device type names messages use are the Kineto reader's, by number.
+    /// CUDA's and HIP's numbers are PyTorch's, as the Kineto reader names them.
     #[test]
-    fn device_type_names_agree_with_the_kineto_reader() {
-        for (t, name) in DEVICE_TYPE_NAMES.iter().enumerate() {
-            assert_eq!(
-                crate::trace::import::kineto::device_type_named(name),
-                Some(t as i64),
-                "{name}"
-            );
-        }
-        assert_eq!(DEVICE_TYPE_NAMES[CUDA as usize], "cuda");
-        assert_eq!(DEVICE_TYPE_NAMES[HIP as usize], "hip");
+    fn cuda_and_hip_are_pytorchs_numbers() {
+        assert_eq!(crate::trace::import::kineto::type_name(CUDA), "cuda");
+        assert_eq!(crate::trace::import::kineto::type_name(HIP), "hip");
     }
 
     /// The real snapshots (`../shared/traces*/`, absent from a fresh clone), sorted; says
