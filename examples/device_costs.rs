@@ -172,6 +172,10 @@ fn measure(d: &Arc<dyn Device>) -> portalloc::Result<DeviceCosts> {
             calls.insert(name.to_string(), line(s, *t_small, l, tl[name]));
         }
     }
+    let per_call = |us: f64| CallCost {
+        us,
+        us_per_mib: 0.0,
+    };
     let stream = d.create_stream()?;
     if d.stream_ordered_pool().is_some() {
         let ((a2, f2), (a64, f64_)) = (pool(d, small, stream)?, pool(d, large, stream)?);
@@ -180,18 +184,35 @@ fn measure(d: &Arc<dyn Device>) -> portalloc::Result<DeviceCosts> {
         let pool = d.stream_ordered_pool().expect("checked above");
         let threshold = pool.release_threshold()?;
         let us = each(|| pool.set_release_threshold(threshold))?;
-        calls.insert("set_release_threshold".to_string(), CallCost { us, us_per_mib: 0.0 });
+        calls.insert("set_release_threshold".to_string(), per_call(us));
         let us = each(|| pool.trim_to(u64::MAX))?;
-        calls.insert("trim_to".to_string(), CallCost { us, us_per_mib: 0.0 });
+        calls.insert("trim_to".to_string(), per_call(us));
     }
-    let per_call = |us: f64| CallCost { us, us_per_mib: 0.0 };
-    calls.insert("synchronize_stream".into(), per_call(each(|| d.synchronize_stream(stream))?));
-    calls.insert("synchronize_device".into(), per_call(each(|| d.synchronize_device())?));
+    calls.insert(
+        "synchronize_stream".into(),
+        per_call(each(|| d.synchronize_stream(stream))?),
+    );
+    calls.insert(
+        "synchronize_device".into(),
+        per_call(each(|| d.synchronize_device())?),
+    );
     let event = d.create_event()?;
-    calls.insert("record_event".into(), per_call(each(|| d.record_event(event, stream))?));
-    calls.insert("wait_event".into(), per_call(each(|| d.wait_event(stream, event))?));
-    calls.insert("synchronize_event".into(), per_call(each(|| d.synchronize_event(event))?));
-    calls.insert("event_complete".into(), per_call(each(|| d.event_complete(event).map(drop))?));
+    calls.insert(
+        "record_event".into(),
+        per_call(each(|| d.record_event(event, stream))?),
+    );
+    calls.insert(
+        "wait_event".into(),
+        per_call(each(|| d.wait_event(stream, event))?),
+    );
+    calls.insert(
+        "synchronize_event".into(),
+        per_call(each(|| d.synchronize_event(event))?),
+    );
+    calls.insert(
+        "event_complete".into(),
+        per_call(each(|| d.event_complete(event).map(drop))?),
+    );
     d.destroy_event(event)?;
     let mut events = Vec::new();
     calls.insert(
@@ -200,9 +221,14 @@ fn measure(d: &Arc<dyn Device>) -> portalloc::Result<DeviceCosts> {
     );
     calls.insert(
         "destroy_event".into(),
-        per_call(each(|| d.destroy_event(events.pop().expect("one per create")))?),
+        per_call(each(|| {
+            d.destroy_event(events.pop().expect("one per create"))
+        })?),
     );
-    calls.insert("mem_info".into(), per_call(each(|| d.mem_info().map(drop))?));
+    calls.insert(
+        "mem_info".into(),
+        per_call(each(|| d.mem_info().map(drop))?),
+    );
     let copy_gib_s = copies(d, 256 * MIB, stream)?;
     // SAFETY: `stream` was made above and nothing runs on it any more.
     unsafe { d.destroy_stream(stream) }?;
@@ -211,7 +237,9 @@ fn measure(d: &Arc<dyn Device>) -> portalloc::Result<DeviceCosts> {
 
 fn main() -> ExitCode {
     let Some(out) = std::env::args().nth(1) else {
-        eprintln!("usage: device_costs FILE.json (the table portalloc replay --device-costs reads)");
+        eprintln!(
+            "usage: device_costs FILE.json (the table portalloc replay --device-costs reads)"
+        );
         return ExitCode::from(2);
     };
     let result = Config::from_env()
