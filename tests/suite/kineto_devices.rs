@@ -425,127 +425,136 @@ fn the_cuda_traces_still_read_as_cuda(
 
 // ---------------------------------------------------------------- the planner's device
 
-/// `portalloc replay` without `--device` replays on the preset of the GPU the trace names
-/// (`deviceProperties`' name, read into the header's device), and its header says where the
-/// device came from; `--device` and `--capacity` override; where the trace gives the GPU's
-/// memory (`totalGlobalMem`) and no preset is that GPU, or the preset's memory is not what
-/// the trace says (a MIG slice, a partitioned MI300X), a device of the recorded memory; a
-/// GPU no preset is, of unknown memory (an H100 NVL with 94 GB), or a trace naming none keeps
-/// the default h100-80g, saying why. Oracle: the presets' capacities as
-/// `nvidia-smi`/`rocm-smi` report them (81,559 MiB, 143,771 MiB, 206,141,652,992 B), and
-/// `totalGlobalMem` as real traces carry it (an MI300X VF: 205,571,227,648 B; a V100-SXM2:
-/// 34,089,730,048 B), written here, not read from portalloc.
-#[test_case(Some("AMD Instinct MI300X VF"), None, &[], "mi300x", 206_141_652_992, "the trace's device, hip:0 AMD Instinct MI300X VF" ; "an MI300X trace replays on mi300x")]
-#[test_case(Some("NVIDIA H200"), None, &[], "h200", 143_771 << 20, "the trace's device, hip:0 NVIDIA H200" ; "an H200 trace on h200")]
-#[test_case(Some("NVIDIA H100 80GB HBM3"), None, &[], "h100-80g", 81_559 << 20, "the trace's device, hip:0 NVIDIA H100 80GB HBM3" ; "an H100 80GB trace on h100-80g, from the trace")]
-#[test_case(Some("AMD Instinct MI300X VF"), None, &["--device", "h200"], "h200", 143_771 << 20, "--device" ; "the device option overrides")]
-#[test_case(Some("AMD Instinct MI300X VF"), None, &["--capacity", "64GiB"], "custom", 64 << 30, "--capacity" ; "the capacity option overrides")]
-#[test_case(Some("NVIDIA H100 NVL"), None, &[], "h100-80g", 81_559 << 20, "the default: the trace's device, hip:0 NVIDIA H100 NVL, names no preset's GPU" ; "an H100 NVL is no preset")]
-#[test_case(Some("AMD Instinct MI300A"), None, &[], "h100-80g", 81_559 << 20, "names no preset's GPU" ; "an MI300A is not an MI300X")]
-#[test_case(None, None, &[], "h100-80g", 81_559 << 20, "the default: the trace's device, hip:0, names no preset's GPU" ; "a trace naming no GPU")]
-#[test_case(Some("AMD Instinct MI300X VF"), Some(205_571_227_648), &[], "mi300x", 206_141_652_992, "the trace's device, hip:0 AMD Instinct MI300X VF" ; "an MI300X whose memory agrees is the preset")]
-#[test_case(Some("NVIDIA H100 80GB HBM3"), Some(85_029_158_912), &[], "h100-80g", 81_559 << 20, "the trace's device" ; "an H100 whose totalGlobalMem is 0.6 percent below nvidia-smi is the preset")]
-#[test_case(Some("NVIDIA H100 80GB HBM3 MIG 1g.10gb"), Some(10 << 30), &[], "custom", 10 << 30, "the memory the trace's device reports, 10.00 GiB (hip:0 NVIDIA H100 80GB HBM3 MIG 1g.10gb)" ; "a MIG slice replays on its memory")]
-#[test_case(Some("AMD Instinct MI300X"), Some(48 << 30), &[], "custom", 48 << 30, "not the mi300x's" ; "a partitioned MI300X replays on its memory")]
-#[test_case(Some("Tesla V100-SXM2-32GB"), Some(34_089_730_048), &[], "custom", 34_089_730_048, "the memory the trace's device reports" ; "a V100 replays on its memory")]
-#[test_case(Some("Tesla V100-SXM2-32GB"), Some(34_089_730_048), &["--device", "h200"], "h200", 143_771 << 20, "--device" ; "the device option overrides the recorded memory")]
-fn replay_runs_on_the_device_the_trace_names(
-    name: Option<&str>,
-    memory: Option<u64>,
-    extra: &[&str],
-    preset: &str,
-    capacity: u64,
-    source: &str,
-) {
-    // One directory per case (cases run in parallel): the device's name and the options.
-    let case: String = format!("{}-{memory:?}-{}", name.unwrap_or("none"), extra.join("-"))
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-        .collect();
-    let dir = std::env::temp_dir().join(format!(
-        "portalloc-planner-device-{}-{case}",
-        std::process::id()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join(format!("{}.json", name.unwrap_or("none").replace(' ', "_")));
-    let mut trace = json!({ "traceEvents": two_allocs(6, 0, 0) });
-    if let Some(name) = name {
-        trace["deviceProperties"] = json!([{"id": 0, "name": name}]);
-        if let Some(bytes) = memory {
-            trace["deviceProperties"][0]["totalGlobalMem"] = json!(bytes);
+/// `portalloc replay` choosing its device from the trace: run as a user runs it (the `cli`
+/// feature's binary).
+#[cfg(feature = "cli")]
+mod planner_device {
+    use super::{json, two_allocs};
+    use test_case::test_case;
+
+    /// `portalloc replay` without `--device` replays on the preset of the GPU the trace names
+    /// (`deviceProperties`' name, read into the header's device), and its header says where the
+    /// device came from; `--device` and `--capacity` override; where the trace gives the GPU's
+    /// memory (`totalGlobalMem`) and no preset is that GPU, or the preset's memory is not what
+    /// the trace says (a MIG slice, a partitioned MI300X), a device of the recorded memory; a
+    /// GPU no preset is, of unknown memory (an H100 NVL with 94 GB), or a trace naming none keeps
+    /// the default h100-80g, saying why. Oracle: the presets' capacities as
+    /// `nvidia-smi`/`rocm-smi` report them (81,559 MiB, 143,771 MiB, 206,141,652,992 B), and
+    /// `totalGlobalMem` as real traces carry it (an MI300X VF: 205,571,227,648 B; a V100-SXM2:
+    /// 34,089,730,048 B), written here, not read from portalloc.
+    #[test_case(Some("AMD Instinct MI300X VF"), None, &[], "mi300x", 206_141_652_992, "the trace's device, hip:0 AMD Instinct MI300X VF" ; "an MI300X trace replays on mi300x")]
+    #[test_case(Some("NVIDIA H200"), None, &[], "h200", 143_771 << 20, "the trace's device, hip:0 NVIDIA H200" ; "an H200 trace on h200")]
+    #[test_case(Some("NVIDIA H100 80GB HBM3"), None, &[], "h100-80g", 81_559 << 20, "the trace's device, hip:0 NVIDIA H100 80GB HBM3" ; "an H100 80GB trace on h100-80g, from the trace")]
+    #[test_case(Some("AMD Instinct MI300X VF"), None, &["--device", "h200"], "h200", 143_771 << 20, "--device" ; "the device option overrides")]
+    #[test_case(Some("AMD Instinct MI300X VF"), None, &["--capacity", "64GiB"], "custom", 64 << 30, "--capacity" ; "the capacity option overrides")]
+    #[test_case(Some("NVIDIA H100 NVL"), None, &[], "h100-80g", 81_559 << 20, "the default: the trace's device, hip:0 NVIDIA H100 NVL, names no preset's GPU" ; "an H100 NVL is no preset")]
+    #[test_case(Some("AMD Instinct MI300A"), None, &[], "h100-80g", 81_559 << 20, "names no preset's GPU" ; "an MI300A is not an MI300X")]
+    #[test_case(None, None, &[], "h100-80g", 81_559 << 20, "the default: the trace's device, hip:0, names no preset's GPU" ; "a trace naming no GPU")]
+    #[test_case(Some("AMD Instinct MI300X VF"), Some(205_571_227_648), &[], "mi300x", 206_141_652_992, "the trace's device, hip:0 AMD Instinct MI300X VF" ; "an MI300X whose memory agrees is the preset")]
+    #[test_case(Some("NVIDIA H100 80GB HBM3"), Some(85_029_158_912), &[], "h100-80g", 81_559 << 20, "the trace's device" ; "an H100 whose totalGlobalMem is 0.6 percent below nvidia-smi is the preset")]
+    #[test_case(Some("NVIDIA H100 80GB HBM3 MIG 1g.10gb"), Some(10 << 30), &[], "custom", 10 << 30, "the memory the trace's device reports, 10.00 GiB (hip:0 NVIDIA H100 80GB HBM3 MIG 1g.10gb)" ; "a MIG slice replays on its memory")]
+    #[test_case(Some("AMD Instinct MI300X"), Some(48 << 30), &[], "custom", 48 << 30, "not the mi300x's" ; "a partitioned MI300X replays on its memory")]
+    #[test_case(Some("Tesla V100-SXM2-32GB"), Some(34_089_730_048), &[], "custom", 34_089_730_048, "the memory the trace's device reports" ; "a V100 replays on its memory")]
+    #[test_case(Some("Tesla V100-SXM2-32GB"), Some(34_089_730_048), &["--device", "h200"], "h200", 143_771 << 20, "--device" ; "the device option overrides the recorded memory")]
+    fn replay_runs_on_the_device_the_trace_names(
+        name: Option<&str>,
+        memory: Option<u64>,
+        extra: &[&str],
+        preset: &str,
+        capacity: u64,
+        source: &str,
+    ) {
+        // One directory per case (cases run in parallel): the device's name and the options.
+        let case: String = format!("{}-{memory:?}-{}", name.unwrap_or("none"), extra.join("-"))
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .collect();
+        let dir = std::env::temp_dir().join(format!(
+            "portalloc-planner-device-{}-{case}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join(format!("{}.json", name.unwrap_or("none").replace(' ', "_")));
+        let mut trace = json!({ "traceEvents": two_allocs(6, 0, 0) });
+        if let Some(name) = name {
+            trace["deviceProperties"] = json!([{"id": 0, "name": name}]);
+            if let Some(bytes) = memory {
+                trace["deviceProperties"][0]["totalGlobalMem"] = json!(bytes);
+            }
         }
+        std::fs::write(&file, serde_json::to_vec(&trace).unwrap()).unwrap();
+        let file = file.to_str().unwrap();
+        let run = |json: bool| {
+            let mut args = vec!["replay", "--strategies", "bfc", file];
+            args.extend(json.then_some("--json"));
+            args.extend_from_slice(extra);
+            replayed(&args)
+        };
+        let v: serde_json::Value = serde_json::from_str(&run(true)).unwrap();
+        let t = &v["traces"][0];
+        assert_eq!(t["device"]["name"], preset, "{t}");
+        assert_eq!(t["device"]["capacity"], capacity, "{t}");
+        let said = t["device_source"].as_str().unwrap_or_default();
+        assert!(said.contains(source), "{said}");
+        // The table's header says it too, on the line that names the device.
+        let table = run(false);
+        let line = table
+            .lines()
+            .find(|l| l.contains("replayed on"))
+            .unwrap_or_default();
+        assert!(
+            line.contains(&format!("replayed on {preset} (")) && line.contains(source),
+            "{table}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
-    std::fs::write(&file, serde_json::to_vec(&trace).unwrap()).unwrap();
-    let file = file.to_str().unwrap();
-    let run = |json: bool| {
-        let mut args = vec!["replay", "--strategies", "bfc", file];
-        args.extend(json.then_some("--json"));
-        args.extend_from_slice(extra);
-        replayed(&args)
-    };
-    let v: serde_json::Value = serde_json::from_str(&run(true)).unwrap();
-    let t = &v["traces"][0];
-    assert_eq!(t["device"]["name"], preset, "{t}");
-    assert_eq!(t["device"]["capacity"], capacity, "{t}");
-    let said = t["device_source"].as_str().unwrap_or_default();
-    assert!(said.contains(source), "{said}");
-    // The table's header says it too, on the line that names the device.
-    let table = run(false);
-    let line = table
-        .lines()
-        .find(|l| l.contains("replayed on"))
-        .unwrap_or_default();
-    assert!(
-        line.contains(&format!("replayed on {preset} (")) && line.contains(source),
-        "{table}"
-    );
-    let _ = std::fs::remove_dir_all(&dir);
-}
 
-/// The shared MI300X trace replays on mi300x without `--device`.
-#[test]
-fn the_shared_mi300x_trace_replays_on_mi300x() {
-    let Some(path) = crate::support::shared_trace(true, "pytorch-kineto-mi300x-qwen-hip.json.gz")
-    else {
-        return;
-    };
-    let out = replayed(&[
-        "replay",
-        "--strategies",
-        "bfc",
-        "--json",
-        path.to_str().unwrap(),
-    ]);
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(v["traces"][0]["device"]["name"], "mi300x");
-    assert_eq!(
-        v["traces"][0]["device_source"],
-        "the trace's device, hip:0 AMD Instinct MI300X VF"
-    );
-}
+    /// The shared MI300X trace replays on mi300x without `--device`.
+    #[test]
+    fn the_shared_mi300x_trace_replays_on_mi300x() {
+        let Some(path) =
+            crate::support::shared_trace(true, "pytorch-kineto-mi300x-qwen-hip.json.gz")
+        else {
+            return;
+        };
+        let out = replayed(&[
+            "replay",
+            "--strategies",
+            "bfc",
+            "--json",
+            path.to_str().unwrap(),
+        ]);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["traces"][0]["device"]["name"], "mi300x");
+        assert_eq!(
+            v["traces"][0]["device_source"],
+            "the trace's device, hip:0 AMD Instinct MI300X VF"
+        );
+    }
 
-/// A built-in workload names no device: it replays on the default, and says so.
-#[test]
-fn a_workload_replays_on_the_default_device() {
-    let out = replayed(&[
-        "replay",
-        "--workload",
-        "transformer-train",
-        "--layers",
-        "1",
-        "--strategies",
-        "platform",
-        "--json",
-    ]);
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(v["traces"][0]["device"]["name"], "h100-80g");
-    assert_eq!(v["traces"][0]["device_source"], "the default");
-}
+    /// A built-in workload names no device: it replays on the default, and says so.
+    #[test]
+    fn a_workload_replays_on_the_default_device() {
+        let out = replayed(&[
+            "replay",
+            "--workload",
+            "transformer-train",
+            "--layers",
+            "1",
+            "--strategies",
+            "platform",
+            "--json",
+        ]);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["traces"][0]["device"]["name"], "h100-80g");
+        assert_eq!(v["traces"][0]["device_source"], "the default");
+    }
 
-/// `portalloc` run with `args` as a user's shell would (`support::cli`), which must succeed:
-/// its standard output.
-fn replayed(args: &[&str]) -> String {
-    let (ok, out, err) = crate::support::cli::portalloc(args, &[]);
-    assert!(ok, "{args:?}: {err}");
-    out
+    /// `portalloc` run with `args` as a user's shell would (`support::cli`), which must succeed:
+    /// its standard output.
+    fn replayed(args: &[&str]) -> String {
+        let (ok, out, err) = crate::support::cli::portalloc(args, &[]);
+        assert!(ok, "{args:?}: {err}");
+        out
+    }
 }
