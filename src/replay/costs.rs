@@ -6,7 +6,7 @@
 //! `cuMemCreate` of a 2 MiB handle takes about 193 µs, the whole CPU path of a vmm request a
 //! fraction of one.
 //!
-//! Every figure of the built-in tables ([`DeviceCosts::for_device`]) says where it came from
+//! Every figure of the built-in tables ([`DeviceCosts::for_vendor`]) says where it came from
 //! ([`PricedCall::source`]); a call nobody has published a figure for is left **unknown**, never
 //! guessed, and a replay that makes it gets no modelled time (the calls it lacks are named).
 //! A table of one's own — measured by `scripts/gpu-check` on the GPU it runs on, or written by
