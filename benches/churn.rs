@@ -37,6 +37,10 @@
 //!   [`CountingDevice`]: its time includes the simulated device's calls (book-keeping only, no
 //!   driver), and those calls are counted and printed separately per pair, so the CPU path
 //!   can be told from the device traffic a real GPU would add;
+//! * bfc and vmm (the public API) get a tag on every allocation, `"activations"` or
+//!   `"weights"` by the size's parity (so mixed at random), as the ledger's and the framework
+//!   hooks' callers tag theirs — vmm keeps books of tagged allocations for sleep and wake,
+//!   which an untagged run would not time; offset-allocator and the bare `Arena` take none;
 //! * `range_alloc`: utilisation only (its free list is a sorted `Vec`, O(holes) per call —
 //!   minutes per pass at 64 KiB, so it is not timed, and at 64 KiB it runs only with
 //!   `CHURN_RANGE_ALLOC=1`);
@@ -211,8 +215,20 @@ fn run_ops<C: Contender>(a: &mut C, ops: &[Op], slots: &mut [Option<C::Slot>]) -
     high
 }
 
+/// The tags the public API's allocations carry, as the ledger's and the framework hooks'
+/// callers tag theirs: each allocation takes one by its size's parity, so the two are mixed
+/// at random (about every other allocation changes tag). offset-allocator and bfc's `Arena`
+/// take no tag.
+const TAGS: [&str; 2] = ["activations", "weights"];
+
+/// The tag of an allocation of `size` bytes (see [`TAGS`]).
+fn tag_of(size: u64) -> &'static str {
+    TAGS[(size & 1) as usize]
+}
+
 /// An allocator through the public [`Allocator`] API (bfc, vmm), its offsets counted from
-/// `base` (vmm's footprint is read from its stats instead: its range is virtual).
+/// `base` (vmm's footprint is read from its stats instead: its range is virtual). Every
+/// allocation is tagged ([`tag_of`]).
 struct Public<'a, A> {
     alloc: &'a A,
     base: u64,
@@ -223,7 +239,7 @@ impl<A: Allocator> Contender for Public<'_, A> {
     fn allocate(&mut self, size: u64) -> (Allocation, u64) {
         let x = self
             .alloc
-            .allocate(size, 0, Stream::DEFAULT, "churn")
+            .allocate(size, 0, Stream::DEFAULT, tag_of(size))
             .expect("allocation");
         let end = (x.ptr() + size.div_ceil(UNIT) * UNIT).saturating_sub(self.base);
         (x, end)
