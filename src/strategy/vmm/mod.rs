@@ -1065,7 +1065,11 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         tag: &str,
     ) -> Allocation {
         inner.num_allocs += 1;
-        inner.tags.insert(grant.addr, grant.size, grant.token, tag);
+        // The tag goes in the chunk's record, just written (see `sleep`'s *Books*).
+        let label = inner.tags.acquire(tag);
+        if label != 0 {
+            inner.space.set_label(grant.addr, grant.token, label);
+        }
         inner.peak_bytes_in_use = inner.peak_bytes_in_use.max(inner.bytes_in_use());
         inner.largest_alloc_size = inner.largest_alloc_size.max(grant.size);
         Allocation::new(grant.addr, size, stream, self.id, grant.token)
@@ -1534,9 +1538,7 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
             }
         }
         streams::check(&inner.order, &inner.space)?;
-        inner
-            .tags
-            .check(|addr, token| inner.space.in_use_size(addr, token))?;
+        inner.tags.check(&inner.space)?;
         Ok(())
     }
 }
@@ -1630,16 +1632,28 @@ impl<D: Device + ?Sized> Allocator for VmmAllocator<D> {
             ptr: allocation.ptr(),
             backend: self.device.info().vendor.name(),
         };
-        if let Some(tagged) = inner.tags.remove(allocation.ptr(), allocation.token()) {
+        // A tagged chunk's tag is its label (`sleep`'s *Books*), read and cleared in the
+        // record the free loads anyway; while nothing is tagged, not even that.
+        let label = if inner.tags.any() {
+            inner.space.take_label(allocation.ptr(), allocation.token())
+        } else {
+            None
+        };
+        if let Some((label, size)) = label.filter(|&(label, _)| label != 0) {
             // A host copy kept for its next sleep goes with it: one fewer allocation of its
             // size can sleep again.
-            if let Some(copy) = inner.tags.take_spare(tagged.size) {
+            if let Some(copy) = inner.tags.take_spare(size) {
                 sleep::free_all(&*self.device, vec![copy]);
             }
-            if let Some(copy) = tagged.asleep {
+            if label != sleep::ASLEEP {
+                inner.tags.release(label);
+            } else if let Some(tagged) = inner
+                .tags
+                .remove_asleep(allocation.ptr(), allocation.token())
+            {
                 // Asleep: it touches no granule and no work can use it (waited for at the
                 // sleep); its range goes back to the free space, its contents with it.
-                if let Some(copy) = copy {
+                if let Some(copy) = tagged.copy {
                     if let Err(e) = copy.free(&*self.device) {
                         tracing::warn!(error = %e, "vmm: a host copy could not be freed (leaked)");
                     }
@@ -1648,6 +1662,8 @@ impl<D: Device + ?Sized> Allocator for VmmAllocator<D> {
                     Some(_) => Ok(()),
                     None => Err(unknown()),
                 };
+            } else {
+                debug_assert!(false, "a chunk labelled asleep has no sleeping record");
             }
         }
         if inner.order.is_multi() {
@@ -1784,15 +1800,10 @@ impl<D: Device + ?Sized> Allocator for VmmAllocator<D> {
         }
         let mut guard = self.inner();
         let inner = &mut *guard;
-        // Only a chunk in use (not a pending free) carries a record.
-        if let Some(size) = inner
-            .space
-            .in_use_size(allocation.ptr(), allocation.token())
-        {
-            inner
-                .tags
-                .retag(allocation.ptr(), allocation.token(), size, tag);
-        }
+        // Only a chunk in use (not a pending free: its token is a fresh one) carries a tag.
+        inner
+            .tags
+            .retag(&mut inner.space, allocation.ptr(), allocation.token(), tag);
     }
 
     /// Its sleep record goes (an awake one): the caller has freed it.
@@ -1800,9 +1811,11 @@ impl<D: Device + ?Sized> Allocator for VmmAllocator<D> {
         if allocation.is_empty() || allocation.allocator_id() != self.id {
             return;
         }
-        self.inner()
+        let mut guard = self.inner();
+        let inner = &mut *guard;
+        inner
             .tags
-            .retag(allocation.ptr(), allocation.token(), 0, "");
+            .retag(&mut inner.space, allocation.ptr(), allocation.token(), "");
     }
 
     /// Chunks tile the reservations, the free index holds exactly the free chunks, no two
@@ -1844,7 +1857,7 @@ impl<D: Device + ?Sized> Drop for VmmAllocator<D> {
             }
         }
         for tagged in inner.tags.drain() {
-            if let Some(Some(copy)) = tagged.asleep {
+            if let Some(copy) = tagged.copy {
                 if let Err(e) = copy.free(&*self.device) {
                     tracing::warn!(error = %e, "vmm: a host copy could not be freed (leaked)");
                 }

@@ -8,9 +8,21 @@
 //! new handles within the budget, as an allocation is backed), touches it, and copies the
 //! bytes back.
 //!
+//! **Books.** A tagged allocation that is awake has no record of its own: its tag's
+//! interned id is the label of its chunk in the address space ([`Space::set_label`]), the
+//! record allocate and free touch anyway, so tagging costs a comparison or two of the tag
+//! name on allocate (a hash only for a name not among the last few used) and a count on
+//! free — no per-allocation map, which at hundreds of thousands of live allocations missed
+//! the cache on every call. A sleep finds its tag's allocations by a pass over the chunks
+//! (sleep is rare); only the chunks that sleep get a [`Tagged`] record (their tag, token and
+//! host copy), and their label is [`ASLEEP`].
+//!
 //! Invariants (checked by [`Tags::check`] and the allocator's `check`):
-//! * every address in `live` is a chunk in use in the space, of the recorded size, that is
-//!   not a pending free;
+//! * a chunk's label is 0 (untagged, free or a pending free), [`ASLEEP`], or the id of an
+//!   interned name; each name's count is the number of chunks labelled with its id, never
+//!   0, and the names and ids agree;
+//! * the chunks labelled [`ASLEEP`] are exactly those of the `asleep` records, each in use
+//!   under the record's token and of its size (so never a pending free);
 //! * `asleep_bytes` and `host_bytes` are the sums over the sleeping records;
 //! * a sleeping chunk touches no granule (the awake ones' touches are the physical counts).
 #![deny(unsafe_code)]
@@ -20,6 +32,7 @@ use std::sync::Arc;
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
+use super::space::Space;
 use super::VmmAllocator;
 use crate::allocator::{Keep, SleepReport, SleepingTag};
 use crate::backends::own_stream::OwnedStream;
@@ -28,7 +41,7 @@ use crate::device::{Device, Stream};
 use crate::error::{Error, Result};
 use crate::units::Bytes;
 
-/// A live allocation that carries a tag.
+/// A live allocation that sleeps.
 #[derive(Debug)]
 pub(super) struct Tagged {
     pub(super) tag: Arc<str>,
@@ -36,18 +49,44 @@ pub(super) struct Tagged {
     pub(super) size: u64,
     /// The chunk's token in the space.
     pub(super) token: u64,
-    /// `Some` while it sleeps: its contents, where kept.
-    pub(super) asleep: Option<Option<HostCopy>>,
+    /// Its contents, where kept.
+    pub(super) copy: Option<HostCopy>,
 }
 
-/// The tagged live allocations. See the module.
+/// The label of a sleeping chunk (no name has this id).
+pub(super) const ASLEEP: u32 = u32::MAX;
+
+/// Interned names tried before the hash map: a program tags most allocations with a few
+/// names.
+const RECENT: usize = 4;
+
+/// An interned tag name and the chunks labelled with its id.
+#[derive(Debug)]
+struct Name {
+    name: Arc<str>,
+    /// Invariant: the chunks labelled with this name's id; never 0 (the name goes then).
+    count: u64,
+}
+
+/// The tag books. See the module.
 #[derive(Debug, Default)]
 pub(super) struct Tags {
-    /// Tag names, shared by the records that carry them (one allocation per name, not per
-    /// record).
-    names: FxHashSet<Arc<str>>,
-    /// By address.
-    live: FxHashMap<u64, Tagged>,
+    /// The interned names, name `id` at index `id - 1` (id 0 is "no tag"); `None` where an
+    /// id is vacant.
+    names: Vec<Option<Name>>,
+    /// Invariant: the id of every name in `names`, and nothing else.
+    ids: FxHashMap<Arc<str>, u32>,
+    /// The vacant ids.
+    vacant: Vec<u32>,
+    /// Ids of the names used last (0: none), tried before `ids`: each is checked against
+    /// its name's bytes, so a stale one is only a miss.
+    recent: [u32; RECENT],
+    /// The entry of `recent` the next name found by hashing replaces.
+    recent_next: usize,
+    /// Invariant: the chunks labelled with a name (the awake tagged allocations).
+    awake: u64,
+    /// The sleeping allocations, by address.
+    pub(super) asleep: FxHashMap<u64, Tagged>,
     /// Invariant: the sum of the sizes of the sleeping records.
     asleep_bytes: u64,
     /// Invariant: the sum of the lengths of the sleeping records' host copies.
@@ -124,85 +163,213 @@ impl Tags {
         self.classes.len()
     }
 
-    /// Moves the record of the live chunk `(addr, token)` of `size` bytes to `tag` (a
-    /// donation): an empty tag forgets an awake one, as an untagged allocation is not
-    /// recorded (a sleeping one keeps sleeping under its old tag, for its wake); an untagged
-    /// one is recorded under `tag`. A sleeping chunk keeps sleeping, under its new tag.
-    pub(super) fn retag(&mut self, addr: u64, token: u64, size: u64, tag: &str) {
+    /// True when some chunk is tagged (awake or asleep): while none is, a free has no
+    /// books to keep.
+    #[inline]
+    pub(super) fn any(&self) -> bool {
+        self.awake != 0 || !self.asleep.is_empty()
+    }
+
+    /// The label of a chunk of `tag` (0 for the empty tag), counted: the caller labels a
+    /// chunk with it.
+    ///
+    /// # Time complexity
+    /// A comparison of `tag` with each of the last few names used (no hash); one hash
+    /// lookup otherwise (and an allocation for a name not interned).
+    #[inline]
+    pub(super) fn acquire(&mut self, tag: &str) -> u32 {
         if tag.is_empty() {
-            if self.live.get(&addr).is_some_and(|t| t.asleep.is_none()) {
-                self.remove(addr, token);
-            }
-            return;
+            return 0;
         }
-        let Some(t) = self.live.get(&addr).filter(|t| t.token == token) else {
-            if !self.live.contains_key(&addr) {
-                self.insert(addr, size, token, tag);
+        for i in 0..RECENT {
+            let id = self.recent[i];
+            if id == 0 {
+                continue;
             }
+            if let Some(Some(n)) = self.names.get_mut(id as usize - 1) {
+                if *n.name == *tag {
+                    n.count += 1;
+                    self.awake += 1;
+                    return id;
+                }
+            }
+        }
+        self.acquire_hashed(tag)
+    }
+
+    /// [`Tags::acquire`] for a name not among the recent ones.
+    #[inline(never)]
+    fn acquire_hashed(&mut self, tag: &str) -> u32 {
+        let id = match self.ids.get(tag) {
+            Some(&id) => id,
+            None => {
+                let name: Arc<str> = Arc::from(tag);
+                let id = match self.vacant.pop() {
+                    Some(id) => id,
+                    None => {
+                        self.names.push(None);
+                        // Fewer names than chunks, and fewer chunks than `u32::MAX`.
+                        u32::try_from(self.names.len())
+                            .ok()
+                            .filter(|&id| id != ASLEEP)
+                            .expect("fewer tag names than chunks")
+                    }
+                };
+                self.names[id as usize - 1] = Some(Name {
+                    name: Arc::clone(&name),
+                    count: 0,
+                });
+                self.ids.insert(name, id);
+                id
+            }
+        };
+        if let Some(Some(n)) = self.names.get_mut(id as usize - 1) {
+            n.count += 1;
+        }
+        self.awake += 1;
+        self.recent[self.recent_next] = id;
+        self.recent_next = (self.recent_next + 1) % RECENT;
+        id
+    }
+
+    /// Uncounts a chunk labelled `id` (a name's id, not 0 or [`ASLEEP`]); the name goes with
+    /// its last chunk (a name per tensor does not grow the books).
+    ///
+    /// # Time complexity
+    /// `O(1)`; a hash removal for the name's last chunk.
+    #[inline]
+    pub(super) fn release(&mut self, id: u32) {
+        let Some(Some(n)) = self.names.get_mut(id as usize - 1) else {
+            debug_assert!(false, "label {id} names no tag");
             return;
         };
-        if &*t.tag == tag {
-            return;
-        }
-        let old = Arc::clone(&t.tag);
-        let new = self.intern(tag);
-        if let Some(t) = self.live.get_mut(&addr) {
-            t.tag = new;
-        }
-        if Arc::strong_count(&old) == 2 {
-            self.names.remove(&*old);
+        n.count -= 1;
+        self.awake -= 1;
+        if n.count == 0 {
+            self.forget(id);
         }
     }
 
-    /// The shared name `tag`.
-    fn intern(&mut self, tag: &str) -> Arc<str> {
-        match self.names.get(tag) {
-            Some(t) => Arc::clone(t),
-            None => {
-                let t: Arc<str> = Arc::from(tag);
-                self.names.insert(Arc::clone(&t));
-                t
-            }
+    #[cold]
+    fn forget(&mut self, id: u32) {
+        if let Some(n) = self.names[id as usize - 1].take() {
+            self.ids.remove(&*n.name);
+            self.vacant.push(id);
         }
     }
 
-    /// Records the chunk at `addr` as carrying `tag` (nothing for an empty tag).
-    pub(super) fn insert(&mut self, addr: u64, size: u64, token: u64, tag: &str) {
-        if tag.is_empty() {
-            return;
-        }
-        let tag = self.intern(tag);
-        self.live.insert(
-            addr,
-            Tagged {
-                tag,
-                size,
-                token,
-                asleep: None,
+    /// The shared name `tag`: the interned one, or a new one.
+    fn shared(&self, tag: &str) -> Arc<str> {
+        match self.ids.get(tag) {
+            Some(&id) => match &self.names[id as usize - 1] {
+                Some(n) => Arc::clone(&n.name),
+                None => Arc::from(tag),
             },
-        );
+            None => Arc::from(tag),
+        }
     }
 
-    /// Takes the record of the chunk `(addr, token)` out, as it is freed.
-    pub(super) fn remove(&mut self, addr: u64, token: u64) -> Option<Tagged> {
-        if self.live.is_empty() || self.live.get(&addr)?.token != token {
+    /// The name of label `id` (a name's id).
+    fn name(&self, id: u32) -> Option<&Arc<str>> {
+        match self.names.get((id as usize).wrapping_sub(1)) {
+            Some(Some(n)) => Some(&n.name),
+            _ => None,
+        }
+    }
+
+    /// Moves the live chunk `(addr, token)` to `tag` (a donation): an empty tag forgets an
+    /// awake one's tag, as an untagged allocation carries none (a sleeping one keeps sleeping
+    /// under its old tag, for its wake); an untagged one is labelled with `tag`. A sleeping
+    /// chunk keeps sleeping, under its new tag. Nothing for a chunk not in use under `token`
+    /// (or a pending free, which carries no tag).
+    ///
+    /// # Time complexity
+    /// `O(1)` (a hash lookup for a sleeping chunk or a name not used lately).
+    pub(super) fn retag(&mut self, space: &mut Space, addr: u64, token: u64, tag: &str) {
+        let Some(label) = space.label(addr, token) else {
+            return;
+        };
+        if label == ASLEEP {
+            if tag.is_empty() {
+                return;
+            }
+            let shared = self.shared(tag);
+            if let Some(t) = self.asleep.get_mut(&addr).filter(|t| t.token == token) {
+                if *t.tag != *tag {
+                    t.tag = shared;
+                }
+            }
+            return;
+        }
+        let new = self.acquire(tag);
+        if label != 0 {
+            self.release(label);
+        }
+        space.set_label(addr, token, new);
+    }
+
+    /// Takes the record of the sleeping chunk `(addr, token)` out, as it is freed.
+    pub(super) fn remove_asleep(&mut self, addr: u64, token: u64) -> Option<Tagged> {
+        if self.asleep.get(&addr)?.token != token {
             return None;
         }
-        let t = self.live.remove(&addr)?;
-        if let Some(copy) = &t.asleep {
-            self.asleep_bytes -= t.size;
-            self.host_bytes -= copy.as_ref().map_or(0, HostCopy::len);
-        }
-        if Arc::strong_count(&t.tag) == 2 {
-            // The last record of the name (the other count is `names`').
-            self.names.remove(&*t.tag);
+        let t = self.asleep.remove(&addr)?;
+        self.asleep_bytes -= t.size;
+        self.host_bytes -= t.copy.as_ref().map_or(0, HostCopy::len);
+        Some(t)
+    }
+
+    /// Puts the awake tagged chunk `(addr, token)` of `size` bytes to sleep in the books,
+    /// with its host copy: labelled [`ASLEEP`], a record made. The copy back (nothing
+    /// changed) when it is not an awake tagged chunk in use.
+    fn put_to_sleep(
+        &mut self,
+        space: &mut Space,
+        addr: u64,
+        size: u64,
+        token: u64,
+        copy: Option<HostCopy>,
+    ) -> std::result::Result<(), Option<HostCopy>> {
+        let tag = match space.label(addr, token) {
+            Some(label) if label != 0 && label != ASLEEP => match self.name(label) {
+                Some(name) => (Arc::clone(name), label),
+                None => return Err(copy),
+            },
+            _ => return Err(copy),
+        };
+        space.set_label(addr, token, ASLEEP);
+        self.release(tag.1);
+        self.asleep_bytes += size;
+        self.host_bytes += copy.as_ref().map_or(0, HostCopy::len);
+        self.asleep.insert(
+            addr,
+            Tagged {
+                tag: tag.0,
+                size,
+                token,
+                copy,
+            },
+        );
+        Ok(())
+    }
+
+    /// Wakes the sleeping chunk at `addr` in the books: its record taken out, its chunk
+    /// labelled with its tag again. Returns the record (its host copy).
+    fn wake_one(&mut self, space: &mut Space, addr: u64) -> Option<Tagged> {
+        let t = self.asleep.remove(&addr)?;
+        self.asleep_bytes -= t.size;
+        self.host_bytes -= t.copy.as_ref().map_or(0, HostCopy::len);
+        let id = self.acquire(&t.tag);
+        if space.set_label(addr, t.token, id).is_none() {
+            debug_assert!(false, "a sleeping chunk is not in use");
+            self.release(id);
         }
         Some(t)
     }
 
     /// True when the chunk at `addr` sleeps.
     pub(super) fn is_asleep(&self, addr: u64) -> bool {
-        !self.live.is_empty() && self.live.get(&addr).is_some_and(|t| t.asleep.is_some())
+        !self.asleep.is_empty() && self.asleep.contains_key(&addr)
     }
 
     /// Bytes of the sleeping chunks.
@@ -215,12 +382,34 @@ impl Tags {
         self.host_bytes
     }
 
-    /// The addresses of the chunks of `tag` that sleep (`asleep`) or not, ascending.
-    fn with(&self, tag: &str, asleep: bool) -> Vec<u64> {
+    /// The awake chunks of `tag` as `(addr, size, token)`, ascending.
+    ///
+    /// # Time complexity
+    /// `O(slots)` of the space (one pass over its chunk records) plus `O(k log k)` for the
+    /// `k` found: a sleep is rare, and no allocate or free keeps a per-allocation record
+    /// for it.
+    fn awake_of(&self, space: &Space, tag: &str) -> Vec<(u64, u64, u64)> {
+        let Some(&id) = self.ids.get(tag) else {
+            return Vec::new();
+        };
+        let mut out: Vec<(u64, u64, u64)> = space
+            .labelled()
+            .filter(|&(.., label)| label == id)
+            .map(|(addr, size, token, _)| (addr, size, token))
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
+    /// The addresses of the sleeping chunks of `tag`, ascending.
+    ///
+    /// # Time complexity
+    /// `O(sleeping chunks)`.
+    fn asleep_of(&self, tag: &str) -> Vec<u64> {
         let mut out: Vec<u64> = self
-            .live
+            .asleep
             .iter()
-            .filter(|(_, t)| &*t.tag == tag && t.asleep.is_some() == asleep)
+            .filter(|(_, t)| &*t.tag == tag)
             .map(|(&a, _)| a)
             .collect();
         out.sort_unstable();
@@ -230,8 +419,7 @@ impl Tags {
     /// Per tag with chunks asleep: their count, bytes and host bytes.
     pub(super) fn sleeping(&self) -> Vec<SleepingTag> {
         let mut by: BTreeMap<&str, SleepingTag> = BTreeMap::new();
-        for t in self.live.values() {
-            let Some(copy) = &t.asleep else { continue };
+        for t in self.asleep.values() {
             let e = by.entry(&t.tag).or_insert_with(|| SleepingTag {
                 tag: t.tag.to_string(),
                 allocations: 0,
@@ -240,27 +428,35 @@ impl Tags {
             });
             e.allocations += 1;
             e.bytes_asleep += t.size;
-            e.host_bytes += copy.as_ref().map_or(0, HostCopy::len);
+            e.host_bytes += t.copy.as_ref().map_or(0, HostCopy::len);
         }
         by.into_values().collect()
     }
 
     /// A spare host copy of exactly `len` bytes, if one is kept.
+    #[inline]
     pub(super) fn take_spare(&mut self, len: u64) -> Option<HostCopy> {
+        if self.spare.is_empty() {
+            return None;
+        }
         let i = self.spare.iter().position(|c| c.len() == len)?;
         Some(self.spare.swap_remove(i))
     }
 
     /// The spare host copies no tagged allocation could take at a next sleep (at most one
-    /// per live tagged allocation of its size), taken out to be freed: kept copies never
-    /// outnumber what could sleep again.
-    pub(super) fn prune_spare(&mut self) -> Vec<HostCopy> {
+    /// per live tagged allocation of its size, awake or asleep), taken out to be freed: kept
+    /// copies never outnumber what could sleep again.
+    ///
+    /// # Time complexity
+    /// `O(slots)` of the space (a pass over its chunk records) when a copy is kept: after a
+    /// wake only.
+    pub(super) fn prune_spare(&mut self, space: &Space) -> Vec<HostCopy> {
         if self.spare.is_empty() {
             return Vec::new();
         }
         let mut room: FxHashMap<u64, usize> = FxHashMap::default();
-        for t in self.live.values() {
-            *room.entry(t.size).or_insert(0) += 1;
+        for (_, size, _, _) in space.labelled() {
+            *room.entry(size).or_insert(0) += 1;
         }
         let (keep, drop): (Vec<HostCopy>, Vec<HostCopy>) = std::mem::take(&mut self.spare)
             .into_iter()
@@ -285,32 +481,91 @@ impl Tags {
         std::mem::take(&mut self.spare)
     }
 
-    /// Every record, emptied: for the allocator's drop.
+    /// Every sleeping record, emptied: for the allocator's drop (the space's labels are
+    /// left as they are: the space goes with it).
     pub(super) fn drain(&mut self) -> impl Iterator<Item = Tagged> + '_ {
         self.asleep_bytes = 0;
         self.host_bytes = 0;
+        self.awake = 0;
         self.names.clear();
-        self.live.drain().map(|(_, t)| t)
+        self.ids.clear();
+        self.vacant.clear();
+        self.recent = [0; RECENT];
+        self.asleep.drain().map(|(_, t)| t)
     }
 
-    /// Checks the sums against the records; `in_use(addr, token)` gives the size of the chunk
-    /// in use there (not pending).
-    pub(super) fn check(
-        &self,
-        in_use: impl Fn(u64, u64) -> Option<u64>,
-    ) -> std::result::Result<(), String> {
+    /// Checks the invariants (see the module) against the chunks of `space`.
+    ///
+    /// # Time complexity
+    /// `O(slots + names + sleeping chunks)`.
+    pub(super) fn check(&self, space: &Space) -> std::result::Result<(), String> {
+        let mut counts = vec![0u64; self.names.len()];
+        let mut sleeping = 0;
+        for (addr, size, token, label) in space.labelled() {
+            if label == ASLEEP {
+                sleeping += 1;
+                match self.asleep.get(&addr) {
+                    Some(t) if t.token == token && t.size == size => {}
+                    _ => {
+                        return Err(format!(
+                            "chunk {addr:#x}+{size} is labelled asleep but has no sleeping \
+                             record of its token and size"
+                        ))
+                    }
+                }
+            } else {
+                match self.names.get(label as usize - 1) {
+                    Some(Some(_)) => counts[label as usize - 1] += 1,
+                    _ => {
+                        return Err(format!(
+                            "chunk {addr:#x}+{size} is labelled {label}, which names no tag"
+                        ))
+                    }
+                }
+            }
+        }
+        if sleeping != self.asleep.len() {
+            return Err(format!(
+                "{} sleeping records, {sleeping} chunks in use labelled asleep",
+                self.asleep.len()
+            ));
+        }
+        let mut awake = 0;
+        let mut interned = 0;
+        for (i, n) in self.names.iter().enumerate() {
+            let id = i as u32 + 1;
+            match n {
+                Some(n) => {
+                    interned += 1;
+                    if n.count != counts[i] || n.count == 0 {
+                        return Err(format!(
+                            "tag {:?} counts {} chunks, {} are labelled with it",
+                            n.name, n.count, counts[i]
+                        ));
+                    }
+                    if self.ids.get(&*n.name) != Some(&id) {
+                        return Err(format!("tag {:?} is not found by its name", n.name));
+                    }
+                    awake += n.count;
+                }
+                None if !self.vacant.contains(&id) => {
+                    return Err(format!("tag id {id} is neither a name's nor vacant"));
+                }
+                None => {}
+            }
+        }
+        if interned != self.ids.len() || awake != self.awake {
+            return Err(format!(
+                "{} names by id, {interned} interned; {} awake tagged chunks counted, {awake} \
+                 labelled",
+                self.ids.len(),
+                self.awake
+            ));
+        }
         let (mut asleep, mut host) = (0, 0);
-        for (&addr, t) in &self.live {
-            if in_use(addr, t.token) != Some(t.size) {
-                return Err(format!(
-                    "tagged chunk {addr:#x}+{} ({:?}) is not a chunk in use of that size",
-                    t.size, t.tag
-                ));
-            }
-            if let Some(copy) = &t.asleep {
-                asleep += t.size;
-                host += copy.as_ref().map_or(0, HostCopy::len);
-            }
+        for t in self.asleep.values() {
+            asleep += t.size;
+            host += t.copy.as_ref().map_or(0, HostCopy::len);
         }
         if (asleep, host) != (self.asleep_bytes, self.host_bytes) {
             return Err(format!(
@@ -411,7 +666,8 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         let device = &*self.device;
         let mut guard = self.inner();
         let inner = &mut *guard;
-        let targets = inner.tags.with(tag, false);
+        // A pass over the chunks: the awake ones carry their tag in their record.
+        let targets = inner.tags.awake_of(&inner.space, tag);
         if targets.is_empty() {
             return Ok(SleepReport::default());
         }
@@ -431,12 +687,11 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         };
         // The copies, on portalloc's own stream.
         let mut copies: Vec<(u64, Option<HostCopy>)> = Vec::with_capacity(targets.len());
-        for &addr in &targets {
+        for &(addr, size, _) in &targets {
             let Some(stream) = copy_stream else {
                 copies.push((addr, None));
                 continue;
             };
-            let size = inner.tags.live[&addr].size;
             let copy = match inner.tags.take_spare(size) {
                 Some(copy) => Ok(copy),
                 None => HostCopy::new(device, size).map_err(|e| host_refused(e, tag, size)),
@@ -472,25 +727,32 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
             allocations: targets.len() as u64,
             ..SleepReport::default()
         };
-        for (addr, copy) in copies {
-            if let Some(c) = &copy {
-                report.copied_bytes += c.len();
-                inner.tags.host_bytes += c.len();
+        // Asleep in the books: each labelled so and given a record (the targets are awake
+        // tagged chunks in use, nothing having run since they were found).
+        let mut slept = Vec::with_capacity(targets.len());
+        for (&(addr, size, token), (_, copy)) in targets.iter().zip(copies) {
+            let len = copy.as_ref().map_or(0, HostCopy::len);
+            if let Err(copy) = inner
+                .tags
+                .put_to_sleep(&mut inner.space, addr, size, token, copy)
+            {
+                debug_assert!(false, "a sleep's target is not an awake tagged chunk");
+                free_all(device, copy.into_iter().collect());
+                continue;
             }
-            let t = inner.tags.live.get_mut(&addr).expect("a target is live");
-            report.bytes += t.size;
-            t.asleep = Some(copy);
-            inner.tags.asleep_bytes += t.size;
-            let (start, end) = self.span(addr, t.size);
+            report.copied_bytes += len;
+            report.bytes += size;
+            let (start, end) = self.span(addr, size);
             inner.phys.untouch(start, end);
+            slept.push((addr, size));
         }
         // Unmap what no awake chunk touches under them, then give back what nothing holds:
         // handles with nothing mapped — or, where the driver holds released memory until
         // the reservation goes, whole regions nothing awake uses.
         let g = self.granularity;
         let mut granules = Vec::new();
-        for &addr in &targets {
-            let (start, end) = self.span(addr, inner.tags.live[&addr].size);
+        for &(addr, size) in &slept {
+            let (start, end) = self.span(addr, size);
             inner.phys.settled_free_in(start, end, &mut granules);
         }
         granules.sort_unstable();
@@ -510,7 +772,8 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         report.device_bytes = pool_before.saturating_sub(inner.phys.pool_bytes());
         if let Err(e) = handed_back {
             // Woken again, so that a failed sleep leaves them as they were.
-            return match self.wake_chunks(inner, tag, &targets) {
+            let slept: Vec<u64> = slept.into_iter().map(|(addr, _)| addr).collect();
+            return match self.wake_chunks(inner, tag, &slept) {
                 Ok(_) => Err(e),
                 Err(w) => {
                     tracing::warn!(error = %w, tag,
@@ -552,7 +815,7 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
     pub fn wake(&self, tag: &str) -> Result<SleepReport> {
         let mut guard = self.inner();
         let inner = &mut *guard;
-        let targets = inner.tags.with(tag, true);
+        let targets = inner.tags.asleep_of(tag);
         if targets.is_empty() {
             return Ok(SleepReport::default());
         }
@@ -574,7 +837,7 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         let mut needed: FxHashSet<u64> = FxHashSet::default();
         let mut spans = Vec::with_capacity(targets.len());
         for &addr in targets {
-            let size = inner.tags.live[&addr].size;
+            let size = inner.tags.asleep[&addr].size;
             let (start, end) = self.span(addr, size);
             let mut missing = Vec::new();
             inner.phys.unmapped_in(start, end, &mut missing);
@@ -669,14 +932,14 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         // work the caller queues next on any stream.
         let kept = spans
             .iter()
-            .any(|&(addr, ..)| matches!(inner.tags.live[&addr].asleep, Some(Some(_))));
+            .any(|&(addr, ..)| inner.tags.asleep[&addr].copy.is_some());
         if result.is_ok() && kept {
             match self.copy_stream(inner) {
                 Err(e) => result = Err(e),
                 Ok(stream) => {
                     for &(addr, ..) in &spans {
-                        let t = inner.tags.live.get_mut(&addr).expect("a target is live");
-                        if let Some(Some(copy)) = &mut t.asleep {
+                        let t = inner.tags.asleep.get_mut(&addr).expect("a target sleeps");
+                        if let Some(copy) = &mut t.copy {
                             if let Err(e) = copy.upload(device, addr, stream) {
                                 result = Err(e);
                                 break;
@@ -689,7 +952,7 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         // Waited for, so that the host copies can go (and, on failure, before the memory is
         // untouched again).
         for &(addr, ..) in &spans {
-            if let Some(Some(copy)) = &mut inner.tags.live.get_mut(&addr).expect("live").asleep {
+            if let Some(copy) = &mut inner.tags.asleep.get_mut(&addr).expect("asleep").copy {
                 if let Err(e) = copy.settle(device) {
                     result = result.and(Err(e));
                 }
@@ -717,12 +980,11 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
             ..SleepReport::default()
         };
         for &(addr, size, ..) in &spans {
-            let t = inner.tags.live.get_mut(&addr).expect("a target is live");
-            let copy = t.asleep.take().flatten();
-            inner.tags.asleep_bytes -= size;
+            // Awake in the books: the record goes, the chunk is labelled with its tag again.
+            let t = inner.tags.wake_one(&mut inner.space, addr);
+            debug_assert!(t.is_some(), "a target sleeps");
             report.bytes += size;
-            if let Some(copy) = copy {
-                inner.tags.host_bytes -= copy.len();
+            if let Some(copy) = t.and_then(|t| t.copy) {
                 report.copied_bytes += copy.len();
                 // Settled above: kept for the next sleep (a copy still in flight is freed,
                 // which waits for it).
@@ -735,7 +997,7 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         }
         report.device_bytes = inner.phys.pool_bytes().saturating_sub(pool_before);
         inner.peak_bytes_in_use = inner.peak_bytes_in_use.max(inner.bytes_in_use());
-        free_all(device, inner.tags.prune_spare());
+        free_all(device, inner.tags.prune_spare(&inner.space));
         Ok(report)
     }
 

@@ -87,7 +87,16 @@ struct Chunk {
     next: u32,
     /// Index of the region (reservation) it lies in.
     region: u32,
+    /// The allocator's label of a chunk in use ([`Space::set_label`]): the record of its
+    /// tag, where the allocator keeps one (see `sleep`). Held in what was the record's
+    /// padding, so it costs no memory and no load: the allocator reads and writes it where
+    /// allocate and free touch the chunk anyway. 0 when free, and for a chunk handed out
+    /// (by [`Space::commit`] or [`Space::carve`]) until it is set.
+    label: u32,
 }
+
+// The label fills the padding: a chunk's record stays 48 bytes.
+const _: () = assert!(std::mem::size_of::<Chunk>() == 48);
 
 impl Chunk {
     const VACANT: Chunk = Chunk {
@@ -98,6 +107,7 @@ impl Chunk {
         prev: NONE,
         next: NONE,
         region: NONE,
+        label: 0,
     };
 
     fn is_free(&self) -> bool {
@@ -235,6 +245,7 @@ impl Space {
             prev: NONE,
             next: NONE,
             region,
+            label: 0,
         };
         self.heads.push(idx);
         if self.free.len() <= class {
@@ -532,6 +543,7 @@ impl Space {
         u.size = rounded;
         u.requested = requested;
         u.token = token;
+        u.label = 0;
         self.mark(used, true);
         if let Some(b) = back_slot {
             self.link_after(used, b, taken_end, back, c.region);
@@ -594,6 +606,7 @@ impl Space {
         if !prev_free {
             s.token = 0;
             s.requested = 0;
+            s.label = 0;
         }
         Some((c.size, c.requested))
     }
@@ -608,8 +621,59 @@ impl Space {
             .map(|idx| self.chunks[idx as usize].size)
     }
 
+    /// The label of the chunk in use at `addr` handed out with `token` (see
+    /// [`Space::set_label`]); `None` when there is none (free, stale or forged).
+    ///
+    /// # Time complexity
+    /// `O(1)`.
+    #[inline]
+    pub fn label(&self, addr: u64, token: u64) -> Option<u32> {
+        self.in_use_slot(addr, token)
+            .map(|idx| self.chunks[idx as usize].label)
+    }
+
+    /// Labels the chunk in use at `addr` handed out with `token` (the allocator's own mark,
+    /// kept in the chunk's record and cleared when the chunk is freed). Returns the label it
+    /// had; `None` (nothing changed) when there is no such chunk.
+    ///
+    /// # Time complexity
+    /// `O(1)`: one load of the chunk's record, which the token names.
+    #[inline]
+    pub fn set_label(&mut self, addr: u64, token: u64, label: u32) -> Option<u32> {
+        let idx = self.in_use_slot(addr, token)?;
+        Some(std::mem::replace(
+            &mut self.chunks[idx as usize].label,
+            label,
+        ))
+    }
+
+    /// The label and size of the chunk in use at `addr` handed out with `token`, its label
+    /// cleared to 0 (as the chunk is freed); `None` when there is none.
+    ///
+    /// # Time complexity
+    /// `O(1)`.
+    #[inline]
+    pub fn take_label(&mut self, addr: u64, token: u64) -> Option<(u32, u64)> {
+        let idx = self.in_use_slot(addr, token)?;
+        let c = &mut self.chunks[idx as usize];
+        Some((std::mem::replace(&mut c.label, 0), c.size))
+    }
+
+    /// Every chunk in use whose label is not 0, as `(addr, size, token, label)`, in slot
+    /// order (no order of address).
+    ///
+    /// # Time complexity
+    /// `O(slots)`: one sequential pass over the slab, allocating nothing.
+    pub fn labelled(&self) -> impl Iterator<Item = (u64, u64, u64, u32)> + '_ {
+        self.chunks
+            .iter()
+            .filter(|c| c.label != 0 && c.size != 0 && !c.is_free())
+            .map(|c| (c.addr, c.size, c.token, c.label))
+    }
+
     /// Gives the chunk in use at `addr` (handed out with `token`) a fresh token, so that the
-    /// old one is refused from now on. `None` (nothing changed) when there is no such chunk.
+    /// old one is refused from now on. `None` (nothing changed) when there is no such chunk. Its
+    /// label stays.
     ///
     /// # Time complexity
     /// `O(1)`.
@@ -663,6 +727,7 @@ impl Space {
             let piece = &mut space.chunks[slot as usize];
             piece.token = t;
             piece.requested = size;
+            piece.label = 0;
             space.mark(slot, true);
             rest.push(Grant {
                 addr: start,
@@ -686,6 +751,7 @@ impl Space {
         let m = &mut self.chunks[mid_slot as usize];
         m.token = token;
         m.requested = requested;
+        m.label = 0;
         self.mark(mid_slot, true);
         Some((
             Grant {
@@ -810,6 +876,9 @@ impl Space {
                 if c.is_free() {
                     if c.requested != 0 {
                         return Err(format!("{at}: free, but records {} requested", c.requested));
+                    }
+                    if c.label != 0 {
+                        return Err(format!("{at}: free, but labelled {}", c.label));
                     }
                     if self.free[self.class_of[ri]].get(c.size, c.addr) != Some(idx) {
                         return Err(format!("{at}: free chunk missing from the free index"));
@@ -984,6 +1053,7 @@ impl Space {
             prev: after,
             next,
             region,
+            label: 0,
         };
         self.mark(new, false);
         self.chunks[after as usize].next = new;

@@ -26,7 +26,11 @@ pub(super) type StreamOrder = stream_order::StreamOrder<VmmChunk>;
 
 /// Checks the pending frees against the address space.
 pub(super) fn check(order: &StreamOrder, space: &Space) -> Result<(), String> {
-    order.check(|p| space.in_use_size(p.addr, p.token) == Some(p.size))?;
+    // A pending free carries no tag (its label was cleared at the free): no sleep takes it.
+    order.check(|p| {
+        space.in_use_size(p.addr, p.token) == Some(p.size)
+            && space.label(p.addr, p.token) == Some(0)
+    })?;
     if order.bytes() > space.bytes_in_use() || order.count() > space.live_count() {
         return Err("pending frees exceed the chunks in use".into());
     }
