@@ -28,10 +28,12 @@
 //!   allocations), current and high-water marks.
 //!
 //! Streams are ordering keys here: the pool accepts any stream id, as the conformance suite
-//! uses ids it never created. Best fit scans the free ranges (`O(free ranges)` per request),
-//! which is fine for a test backend.
+//! uses ids it never created. The free ranges are indexed by size and the pending ones kept
+//! apart, so a request costs `O(log free ranges)` plus the ranges pending on other streams it
+//! steps over (a replay's capacity search replays tens of thousands of requests through it,
+//! many times: a scan of every free range per request made async's search the slowest).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::backends::{request_size, Request};
 use crate::device::{PoolUsage, Stream, StreamOrderedPool};
@@ -61,8 +63,14 @@ pub(super) struct PoolState {
     /// Segments: base → size. Invariant: each is a live device allocation of that size.
     segments: BTreeMap<u64, u64>,
     /// Free ranges: address → range. Invariant: inside one segment each, not overlapping
-    /// each other or `used`; two adjacent ranges of one segment differ in `pending`.
+    /// each other or `used`; two adjacent ranges of one segment differ in `pending`. Changed
+    /// only through [`PoolState::put`] and [`PoolState::pop`], which keep the two indexes
+    /// below.
     free: BTreeMap<u64, FreeRange>,
+    /// Invariant: `(size, address)` of every range of `free`: best fit in its order.
+    by_size: BTreeSet<(u64, u64)>,
+    /// Invariant: the addresses of the ranges of `free` whose `pending` is `Some`.
+    pending_at: BTreeSet<u64>,
     /// Allocations handed out: address → rounded size.
     used: HashMap<u64, u64>,
     reserved: u64,
@@ -72,6 +80,32 @@ pub(super) struct PoolState {
 }
 
 impl PoolState {
+    /// Records the free range `range` at `addr` (none there before), in `free` and its
+    /// indexes.
+    ///
+    /// # Time complexity
+    /// `O(log free ranges)`.
+    fn put(&mut self, addr: u64, range: FreeRange) {
+        self.free.insert(addr, range);
+        self.by_size.insert((range.size, addr));
+        if range.pending.is_some() {
+            self.pending_at.insert(addr);
+        }
+    }
+
+    /// Takes the free range at `addr` out of `free` and its indexes.
+    ///
+    /// # Time complexity
+    /// `O(log free ranges)`.
+    fn pop(&mut self, addr: u64) -> Option<FreeRange> {
+        let range = self.free.remove(&addr)?;
+        self.by_size.remove(&(range.size, addr));
+        if range.pending.is_some() {
+            self.pending_at.remove(&addr);
+        }
+        Some(range)
+    }
+
     /// The base of the segment that holds `addr`.
     fn segment_of(&self, addr: u64) -> Option<u64> {
         let (&base, &size) = self.segments.range(..=addr).next_back()?;
@@ -80,7 +114,7 @@ impl PoolState {
 
     /// Inserts a free range and merges it with neighbours of the same segment and tag.
     fn insert_free(&mut self, addr: u64, range: FreeRange) {
-        self.free.insert(addr, range);
+        self.put(addr, range);
         self.coalesce(addr);
     }
 
@@ -98,18 +132,20 @@ impl PoolState {
             {
                 break;
             }
-            self.free.remove(&addr);
+            self.pop(addr);
+            self.pop(prev);
             range.size += p.size;
             addr = prev;
-            self.free.insert(addr, range);
+            self.put(addr, range);
         }
         loop {
             let end = addr + range.size;
             match self.free.get(&end) {
                 Some(&n) if n.pending == range.pending && self.segment_of(end) == segment => {
-                    self.free.remove(&end);
+                    self.pop(end);
+                    self.pop(addr);
                     range.size += n.size;
-                    self.free.insert(addr, range);
+                    self.put(addr, range);
                 }
                 _ => break,
             }
@@ -119,15 +155,18 @@ impl PoolState {
     /// Completes the pending frees that `which` selects (they become reusable by any stream).
     /// Forgets the pending place of every free that completed, coalescing it.
     fn settle(&mut self, timeline: &Timeline) {
+        if self.pending_at.is_empty() {
+            return;
+        }
         let done: Vec<u64> = self
-            .free
+            .pending_at
             .iter()
-            .filter(|(_, r)| r.pending.is_some_and(|at| timeline.done_at(at)))
-            .map(|(&a, _)| a)
+            .copied()
+            .filter(|a| self.free[a].pending.is_some_and(|at| timeline.done_at(at)))
             .collect();
         for &addr in &done {
-            if let Some(r) = self.free.get_mut(&addr) {
-                r.pending = None;
+            if let Some(r) = self.pop(addr) {
+                self.put(addr, FreeRange { pending: None, ..r });
             }
         }
         for addr in done {
@@ -144,26 +183,25 @@ impl PoolState {
         self.threshold
     }
 
-    /// The best-fit free range for `rounded` bytes usable on `stream`.
+    /// The best-fit free range for `rounded` bytes usable on `stream`: the smallest, the
+    /// lowest address among equals, of those not pending on another stream.
+    ///
+    /// # Time complexity
+    /// `O(log free ranges)`, plus one step per range of the fitting sizes pending on another
+    /// stream that it passes over.
     fn best_fit(&self, rounded: u64, stream: Stream) -> Option<(u64, FreeRange)> {
-        let mut best: Option<(u64, FreeRange)> = None;
         let own = (!stream.is_per_thread()).then(|| ClockKey::of(stream));
-        for (&a, &r) in &self.free {
-            if r.size >= rounded
-                && r.pending.map_or(true, |(key, _)| Some(key) == own)
-                && best.map_or(true, |(b, br)| (r.size, a) < (br.size, b))
-            {
-                best = Some((a, r));
-            }
-        }
-        best
+        self.by_size
+            .range((rounded, 0)..)
+            .map(|&(_, a)| (a, self.free[&a]))
+            .find(|(_, r)| r.pending.map_or(true, |(key, _)| Some(key) == own))
     }
 
     /// Hands out `[addr, addr + rounded)` of the free range at `addr`.
     fn take(&mut self, addr: u64, range: FreeRange, rounded: u64) {
-        self.free.remove(&addr);
+        self.pop(addr);
         if range.size > rounded {
-            self.free.insert(
+            self.put(
                 addr + rounded,
                 FreeRange {
                     size: range.size - rounded,
@@ -215,7 +253,7 @@ impl HostDevice {
                 (base, size),
                 "a pool giving back a segment",
             )?;
-            st.pool.free.remove(&base);
+            st.pool.pop(base);
             st.pool.segments.remove(&base);
             st.pool.reserved -= size;
         }
@@ -255,7 +293,7 @@ impl StreamOrderedPool for HostDevice {
             size: segment,
             pending: None,
         };
-        pool.free.insert(base, range);
+        pool.put(base, range);
         pool.take(base, range, rounded);
         Ok(base)
     }
@@ -308,5 +346,78 @@ impl StreamOrderedPool for HostDevice {
     /// None.
     fn usage(&self) -> Result<PoolUsage> {
         Ok(self.lock().pool.usage())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The indexes agree with `free` (their invariants), and best fit is what a scan of every
+    /// free range finds (the rule before the indexes: smallest, lowest address on ties, not
+    /// pending on another stream).
+    fn check(pool: &PoolState, rounded: u64, stream: Stream) {
+        let by_size: BTreeSet<(u64, u64)> = pool.free.iter().map(|(&a, r)| (r.size, a)).collect();
+        assert_eq!(pool.by_size, by_size);
+        let pending: BTreeSet<u64> = pool
+            .free
+            .iter()
+            .filter(|(_, r)| r.pending.is_some())
+            .map(|(&a, _)| a)
+            .collect();
+        assert_eq!(pool.pending_at, pending);
+        let own = (!stream.is_per_thread()).then(|| ClockKey::of(stream));
+        let scanned = pool
+            .free
+            .iter()
+            .filter(|(_, r)| r.size >= rounded && r.pending.map_or(true, |(k, _)| Some(k) == own))
+            .min_by_key(|(&a, r)| (r.size, a))
+            .map(|(&a, &r)| (a, r));
+        assert_eq!(pool.best_fit(rounded, stream), scanned);
+    }
+
+    /// Random requests and frees on three streams, two of them held back by kernels in
+    /// flight at times (so frees stay pending), checked after every step.
+    #[test]
+    fn the_size_index_finds_what_a_scan_finds() {
+        let d = HostDevice::builder()
+            .capacity(1 << 30)
+            .simulated(true)
+            .build()
+            .unwrap();
+        let streams = [Stream(11), Stream(12), Stream(13)];
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let mut live: Vec<(u64, Stream)> = Vec::new();
+        let mut kernels = Vec::new();
+        let mut pending_seen = 0;
+        for _ in 0..4000 {
+            let stream = streams[(next() % 3) as usize];
+            match next() % 10 {
+                0 if kernels.len() < 4 => kernels.push(d.launch(stream, 0, 0)),
+                1 if !kernels.is_empty() => d.finish(kernels.swap_remove(0)),
+                2..=6 => {
+                    let size = 1 + next() % (3 << 20);
+                    live.push((d.alloc_async(size, stream).unwrap(), stream));
+                }
+                _ if !live.is_empty() => {
+                    let (p, s) = live.swap_remove((next() % live.len() as u64) as usize);
+                    d.free_async(p, s).unwrap();
+                }
+                _ => {}
+            }
+            let st = d.lock();
+            check(&st.pool, 256 * (1 + next() % 8192), stream);
+            pending_seen += usize::from(!st.pool.pending_at.is_empty());
+        }
+        assert!(
+            pending_seen > 100,
+            "frees held pending in {pending_seen} steps only"
+        );
     }
 }

@@ -367,6 +367,20 @@ pub fn replay(
     options: &ReplayOptions,
     progress: Option<Progress<'_>>,
 ) -> Result<ReplayResult> {
+    replay_until(input, baseline, strategy, options, progress, false)
+}
+
+/// [`replay`], stopping at the first refusal when `stop_at_oom` (a capacity search asks only
+/// whether the replay runs out; the figures of a replay stopped so are of the events up to
+/// the refusal).
+fn replay_until(
+    input: &TraceInput,
+    baseline: &Baseline,
+    strategy: ReplayStrategy,
+    options: &ReplayOptions,
+    progress: Option<Progress<'_>>,
+    stop_at_oom: bool,
+) -> Result<ReplayResult> {
     if !(options.fraction > 0.0 && options.fraction <= 1.0) {
         return Err(Error::config(
             "fraction",
@@ -422,7 +436,8 @@ pub fn replay(
     // The calls up to the middle of the events; what follows is the steady state.
     let half = baseline.events / 2;
     let mut first_half = (half == 0).then(|| device.tally());
-    let mut step = |event: Event| -> Result<()> {
+    // Whether to go on: false once a refusal ends a replay that stops at one.
+    let mut step = |event: Event| -> Result<bool> {
         match event.op {
             Op::Alloc => {
                 let tag = if sleep_tags.is_empty() {
@@ -451,19 +466,23 @@ pub fn replay(
                 p(index);
             }
         }
-        Ok(())
+        Ok(!(stop_at_oom && run.oom_count > 0))
     };
     match input {
         // Events in memory are read straight from the slice: no boxed iterator to call and
         // no `Result` to unwrap per event.
         TraceInput::Events { events, .. } => {
             for &event in events.iter() {
-                step(event)?;
+                if !step(event)? {
+                    break;
+                }
             }
         }
         TraceInput::File { .. } => {
             for event in input.events()? {
-                step(event?)?;
+                if !step(event?)? {
+                    break;
+                }
             }
         }
     }
@@ -745,20 +764,27 @@ pub fn min_capacity(
     peak_live: u64,
     step: u64,
 ) -> Result<MinCapacity> {
-    min_capacity_with(input, baseline, strategy, device, peak_live, step, 0)
+    min_capacity_with(input, baseline, strategy, device, peak_live, None, step, 0)
 }
 
 /// [`min_capacity`] with the allocations spread over `sleep_tags` tags that can sleep (see
-/// [`ReplayOptions::sleep_tags`]).
+/// [`ReplayOptions::sleep_tags`]), and a capacity `likely_fit` thought to run the trace (the
+/// peak reserved of a replay on a larger device, for a strategy that reserves as it needs:
+/// vmm, async, platform) probed first, so that the bisection starts from the few granules
+/// between peak live and it instead of from `[peak live, 2 × peak live]` (from some 12
+/// replays to some 5 on the shared traces); a hint that fails is a lower bound like any
+/// other probe. Each probe stops at its first refusal.
 ///
 /// # Errors
 /// As [`replay`].
+#[allow(clippy::too_many_arguments)]
 pub fn min_capacity_with(
     input: &TraceInput,
     baseline: &Baseline,
     strategy: ReplayStrategy,
     device: DeviceSpec,
     peak_live: u64,
+    likely_fit: Option<u64>,
     step: u64,
     sleep_tags: u32,
 ) -> Result<MinCapacity> {
@@ -773,7 +799,7 @@ pub fn min_capacity_with(
             samples: 0,
             sleep_tags,
         };
-        Ok(replay(input, baseline, strategy, &options, None)?.oom_count == 0)
+        Ok(replay_until(input, baseline, strategy, &options, None, true)?.oom_count == 0)
     };
     // Below peak live nothing can pass.
     let ceiling = round_up(peak_live.max(step).saturating_mul(64))
@@ -788,6 +814,13 @@ pub fn min_capacity_with(
             searched_up_to: ceiling,
             replays,
         });
+    }
+    if let Some(fit) = likely_fit.map(round_up).filter(|&f| f > lo && f < hi) {
+        if passes(fit)? {
+            hi = fit;
+        } else {
+            lo = fit;
+        }
     }
     while !passes(hi)? {
         lo = hi;

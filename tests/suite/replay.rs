@@ -511,3 +511,51 @@ fn sleep_tags_give_each_tag_its_granules(sleep_tags: u32, reserved: u64) {
     let r = replay(&input, &baseline, ReplayStrategy::Vmm, &options, None).unwrap();
     assert_eq!((r.peak_live, r.peak_reserved), (2 * MIB, reserved));
 }
+
+/// The capacity search with a likely fit (what `portalloc replay --min-capacity` gives vmm,
+/// async and platform: their peak reserved on the larger device) finds the same capacity as
+/// the plain bisection — success is monotone in the capacity for them — in fewer replays.
+#[test_case(ReplayStrategy::Vmm ; "vmm")]
+#[test_case(ReplayStrategy::Async ; "async")]
+#[test_case(ReplayStrategy::Platform ; "platform")]
+fn a_likely_fit_finds_the_same_capacity_sooner(strategy: ReplayStrategy) {
+    use portalloc::replay::workload::{TransformerTrain, Workload};
+    let w = Workload::TransformerTrain(TransformerTrain {
+        layers: 2,
+        ..TransformerTrain::default()
+    });
+    let (header, events) = w.events().unwrap();
+    let input = TraceInput::Events {
+        header,
+        events: Arc::new(events),
+    };
+    let h100 = preset("h100-80g").unwrap();
+    let baseline = Baseline::scan(&input).unwrap();
+    let options = ReplayOptions {
+        device: h100,
+        fraction: 0.75,
+        samples: 0,
+        sleep_tags: 0,
+    };
+    let r = replay(&input, &baseline, strategy, &options, None).unwrap();
+    let plain = min_capacity(&input, &baseline, strategy, h100, r.peak_live, 2 * MIB).unwrap();
+    let hinted = portalloc::replay::min_capacity_with(
+        &input,
+        &baseline,
+        strategy,
+        h100,
+        r.peak_live,
+        Some(r.peak_reserved),
+        2 * MIB,
+        0,
+    )
+    .unwrap();
+    assert_eq!(hinted.bytes, plain.bytes, "{strategy:?}");
+    assert!(plain.bytes.is_some());
+    assert!(
+        hinted.replays < plain.replays,
+        "{strategy:?}: {} replays with the hint, {} without",
+        hinted.replays,
+        plain.replays
+    );
+}

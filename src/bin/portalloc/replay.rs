@@ -389,6 +389,16 @@ pub fn run(args: ReplayArgs) -> Result<()> {
                                 strategy,
                                 device,
                                 result.peak_live,
+                                // What it reserved as it needed: a likely fit. (bfc's is its
+                                // preallocation; growing BFC's success is not monotone in the
+                                // capacity, so its search keeps the plain bracket.)
+                                matches!(
+                                    strategy,
+                                    ReplayStrategy::Vmm
+                                        | ReplayStrategy::Async
+                                        | ReplayStrategy::Platform
+                                )
+                                .then_some(result.peak_reserved),
                                 MIN_CAPACITY_STEP,
                                 args.sleep_tags,
                             )
