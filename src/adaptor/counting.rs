@@ -50,20 +50,6 @@ impl CallCounts {
     }
 }
 
-#[derive(Debug, Default)]
-struct Counters {
-    alloc: AtomicU64,
-    free: AtomicU64,
-    mem_info: AtomicU64,
-    vm_reserve: AtomicU64,
-    vm_physical: AtomicU64,
-    vm_map: AtomicU64,
-    pool: AtomicU64,
-    copies: AtomicU64,
-    pinned_host: AtomicU64,
-    other: AtomicU64,
-}
-
 /// Calls made of a device by name ([`Call::NAMES`]), each with how many and the bytes they
 /// acted on ([`Call::bytes`]): what a cost table prices (`replay::costs`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -93,8 +79,8 @@ impl CallTally {
 #[derive(Debug)]
 pub struct CountingDevice<D: Device + ?Sized> {
     inner: Arc<D>,
-    counters: Counters,
-    /// Calls and bytes by [`Call::ordinal`].
+    /// Calls and bytes by [`Call::ordinal`]; the counts by kind ([`CallCounts`]) are read
+    /// from them.
     by_name: [(AtomicU64, AtomicU64); Call::NAMES.len()],
 }
 
@@ -103,7 +89,6 @@ impl<D: Device + ?Sized> CountingDevice<D> {
     pub fn new(inner: Arc<D>) -> Self {
         CountingDevice {
             inner,
-            counters: Counters::default(),
             by_name: std::array::from_fn(|_| (AtomicU64::new(0), AtomicU64::new(0))),
         }
     }
@@ -126,22 +111,26 @@ impl<D: Device + ?Sized> CountingDevice<D> {
         CallTally { by_name }
     }
 
-    /// The counts so far.
+    /// The counts so far, by kind.
     pub fn counts(&self) -> CallCounts {
-        let c = &self.counters;
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        CallCounts {
-            alloc: get(&c.alloc),
-            free: get(&c.free),
-            mem_info: get(&c.mem_info),
-            vm_reserve: get(&c.vm_reserve),
-            vm_physical: get(&c.vm_physical),
-            vm_map: get(&c.vm_map),
-            pool: get(&c.pool),
-            copies: get(&c.copies),
-            pinned_host: get(&c.pinned_host),
-            other: get(&c.other),
+        let mut c = CallCounts::default();
+        for (&name, (count, _)) in Call::NAMES.iter().zip(&self.by_name) {
+            let n = count.load(Ordering::Relaxed);
+            let kind = match name {
+                "mem_info" => &mut c.mem_info,
+                "alloc" => &mut c.alloc,
+                "free" => &mut c.free,
+                "reserve" | "free_reservation" => &mut c.vm_reserve,
+                "create_physical" | "release_physical" => &mut c.vm_physical,
+                "map" | "set_access" | "set_access_with_peers" | "unmap" => &mut c.vm_map,
+                "alloc_async" | "free_async" | "set_release_threshold" | "trim_to" => &mut c.pool,
+                "copy_to_host" | "copy_from_host" => &mut c.copies,
+                "alloc_pinned_host" | "free_pinned_host" => &mut c.pinned_host,
+                _ => &mut c.other,
+            };
+            *kind += n;
         }
+        c
     }
 }
 
@@ -152,25 +141,8 @@ impl<D: Device + ?Sized> DeviceWrapper for CountingDevice<D> {
         &self.inner
     }
 
-    /// Counts the call, failed or not, by kind.
+    /// Counts the call, failed or not, by name, with the bytes it acts on.
     fn before(&self, call: &Call<'_>) -> Result<()> {
-        let c = &self.counters;
-        let counter = match call {
-            Call::MemInfo => &c.mem_info,
-            Call::Alloc { .. } => &c.alloc,
-            Call::Free { .. } => &c.free,
-            Call::Reserve { .. } | Call::FreeReservation { .. } => &c.vm_reserve,
-            Call::CreatePhysical { .. } | Call::ReleasePhysical(_) => &c.vm_physical,
-            Call::Map { .. } | Call::SetAccess { .. } | Call::Unmap { .. } => &c.vm_map,
-            Call::AllocAsync { .. }
-            | Call::FreeAsync { .. }
-            | Call::SetReleaseThreshold(_)
-            | Call::TrimTo(_) => &c.pool,
-            Call::CopyToHost { .. } | Call::CopyFromHost { .. } => &c.copies,
-            Call::AllocPinnedHost { .. } | Call::FreePinnedHost { .. } => &c.pinned_host,
-            _ => &c.other,
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
         let (count, bytes) = &self.by_name[call.ordinal()];
         count.fetch_add(1, Ordering::Relaxed);
         bytes.fetch_add(call.bytes(), Ordering::Relaxed);

@@ -47,6 +47,13 @@ pub struct CallCost {
     pub us_per_mib: f64,
 }
 
+impl CallCost {
+    /// Microseconds of `count` calls acting on `bytes` in all.
+    pub fn us_of(&self, count: u64, bytes: u64) -> f64 {
+        count as f64 * self.us + bytes as f64 / MIB * self.us_per_mib
+    }
+}
+
 /// Copy bandwidths between device and pinned host memory, GiB/s.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -295,13 +302,11 @@ impl DeviceCosts {
             match copy {
                 Some(Some(gib_s)) => {
                     us += bytes as f64 / (gib_s * GIB) * 1e6;
-                    if let Some(c) = call {
-                        us += count as f64 * c.us + bytes as f64 / MIB * c.us_per_mib;
-                    }
+                    us += call.map_or(0.0, |c| c.us_of(count, bytes));
                 }
                 Some(None) => unpriced.push(name),
                 None => match call {
-                    Some(c) => us += count as f64 * c.us + bytes as f64 / MIB * c.us_per_mib,
+                    Some(c) => us += c.us_of(count, bytes),
                     None => unpriced.push(name),
                 },
             }

@@ -313,11 +313,10 @@ pub struct ReplayResult {
     pub first_failure: Option<Failure>,
     /// Device calls that take or return memory.
     pub device_calls: u64,
-    /// Every device call by name ([`crate::adaptor::Call::NAMES`]), how many times: what a
-    /// cost table prices ([`crate::replay::costs`]).
-    pub device_calls_by_name: std::collections::BTreeMap<&'static str, u64>,
-    /// The calls by name with the bytes each acted on, over the whole replay.
-    #[serde(skip)]
+    /// Every device call by name ([`crate::adaptor::Call::NAMES`]) with the bytes each acted
+    /// on, over the whole replay: what a cost table prices ([`crate::replay::costs`]).
+    /// Serialized as `device_calls_by_name`, name → count.
+    #[serde(rename = "device_calls_by_name", serialize_with = "counts_by_name")]
     pub tally: CallTally,
     /// The same over the second half of the events: the steady state, after the first pass
     /// of a program that repeats its steps (or warms its pools).
@@ -332,6 +331,19 @@ pub struct ReplayResult {
     /// Timeline, when asked for.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub samples: Vec<Sample>,
+}
+
+/// A tally as `--json` gives it: call name → count.
+fn counts_by_name<S: serde::Serializer>(
+    tally: &CallTally,
+    out: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    out.collect_map(
+        tally
+            .by_name
+            .iter()
+            .map(|(&name, &(count, _))| (name, count)),
+    )
 }
 
 /// Settings of one replay.
@@ -510,7 +522,6 @@ fn replay_until(
         peak_refused: run.peak_refused,
         first_failure: run.first_failure.take(),
         device_calls: device.counts().memory_calls(),
-        device_calls_by_name: tally.by_name.iter().map(|(&n, &(c, _))| (n, c)).collect(),
         steady_tally: tally.since(&first_half.unwrap_or_default()),
         tally,
         ns_per_event: if index == 0 {

@@ -5,7 +5,7 @@
 //! table, is an error naming what is wrong.
 #![cfg(all(feature = "cli", feature = "replay"))]
 
-use portalloc::trace::{jsonl, Event, Op, TraceHeader};
+use portalloc::trace::{jsonl, Op, TraceHeader};
 use test_case::test_case;
 
 use crate::support::cli::portalloc;
@@ -22,18 +22,8 @@ fn three_mib(dir: &std::path::Path) -> String {
         (Op::Free, 3),
     ];
     for (seq, (op, id)) in ops.into_iter().enumerate() {
-        let seq = seq as u64;
-        w.write(&Event {
-            seq,
-            time_ns: seq,
-            thread: 0,
-            stream: 0,
-            op,
-            id,
-            size: 1 << 20,
-            tag: 0,
-        })
-        .unwrap();
+        w.write(&crate::support::event(seq as u64, op, id, 1 << 20))
+            .unwrap();
     }
     let path = dir.join("three.jsonl");
     std::fs::write(&path, w.finish().unwrap()).unwrap();

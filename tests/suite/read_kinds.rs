@@ -357,17 +357,7 @@ mod own_format_device {
         header.device = device.map(str::to_string);
         let mut w = jsonl::Writer::new(Vec::new(), &header).unwrap();
         for (seq, op) in [(0, Op::Alloc), (1, Op::Free)] {
-            w.write(&Event {
-                seq,
-                time_ns: seq,
-                thread: 0,
-                stream: 0,
-                op,
-                id: 1,
-                size: 4096,
-                tag: 0,
-            })
-            .unwrap();
+            w.write(&crate::support::event(seq, op, 1, 4096)).unwrap();
         }
         w.finish().unwrap()
     }

@@ -11,18 +11,7 @@ use test_case::test_case;
 
 const MIB: u64 = 1 << 20;
 
-fn ev(seq: u64, op: Op, id: u64, size: u64) -> Event {
-    Event {
-        seq,
-        time_ns: seq,
-        thread: 0,
-        stream: 0,
-        op,
-        id,
-        size,
-        tag: 0,
-    }
-}
+use crate::support::event as ev;
 
 /// `(op, id, size)` rows → a trace in memory with `baseline` bytes live before it.
 fn trace(rows: &[(Op, u64, u64)], baseline: u64) -> TraceInput {

@@ -6,7 +6,7 @@
 //! first by an outside review as probes.
 #![cfg(feature = "c-api")]
 
-use std::ffi::{c_void, CStr};
+use std::ffi::CStr;
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -15,6 +15,7 @@ use portalloc::capi::*;
 use portalloc::strategy::vmm::{VmmAllocator, VmmOptions};
 use portalloc::{Allocation, Allocator, Keep, Stream};
 
+use crate::support::capi::{allocate, last_error, vmm_on_host};
 use crate::support::common::host_device;
 
 const MIB: u64 = 1 << 20;
@@ -281,45 +282,12 @@ fn concurrent_sleep_wake_churn_trim_hold() {
     }
 }
 
-fn last_error() -> String {
-    // SAFETY: NUL-terminated.
-    unsafe { CStr::from_ptr(portalloc_last_error()) }
-        .to_string_lossy()
-        .into_owned()
-}
-
 fn make(cap: u64) -> *mut PortallocAllocator {
-    let mut o = std::mem::MaybeUninit::<PortallocOptions>::uninit();
-    let size = std::mem::size_of::<PortallocOptions>();
-    // SAFETY: valid for size.
-    let st = unsafe { portalloc_options_init(o.as_mut_ptr(), size) };
-    assert_eq!(st, PortallocStatus::Ok);
-    // SAFETY: initialised.
-    let mut o = unsafe { o.assume_init() };
-    o.ignore_env = 1;
-    o.strategy = c"vmm".as_ptr();
-    o.backend = c"host".as_ptr();
-    o.host_capacity = cap;
-    o.host_simulated = 0;
-    o.mem_fraction = 0.9;
-    o.preallocate = 0;
-    let mut a = ptr::null_mut();
-    // SAFETY: valid.
-    let st = unsafe { portalloc_create_sized(&o, size, &mut a) };
-    assert_eq!(st, PortallocStatus::Ok, "{}", last_error());
-    a
+    vmm_on_host(cap, 0.9)
 }
 
 fn alloc(a: *mut PortallocAllocator, size: u64, tag: Option<&CStr>) -> Result<(u64, u64), String> {
-    let (mut h, mut p) = (0u64, ptr::null_mut::<c_void>());
-    let t = tag.map_or(ptr::null(), |t| t.as_ptr());
-    // SAFETY: valid.
-    let st = unsafe { portalloc_allocate(a, size, 0, 0, t, &mut h, &mut p) };
-    if st == PortallocStatus::Ok {
-        Ok((h, p as u64))
-    } else {
-        Err(format!("{st:?}: {}", last_error()))
-    }
+    allocate(a, size, tag)
 }
 
 fn sleep_stats(a: *mut PortallocAllocator) -> (u64, u64, u64) {

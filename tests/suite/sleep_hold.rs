@@ -611,44 +611,16 @@ fn a_fault_on_every_call_of_sleep_and_wake_loses_nothing() {
 
 mod capi {
     use super::*;
+    use crate::support::capi::{allocate, last_error, vmm_on_host};
     use portalloc::capi::*;
     use std::ptr;
 
-    fn last_error() -> String {
-        // SAFETY: a valid NUL-terminated string.
-        unsafe { CStr::from_ptr(portalloc_last_error()) }
-            .to_string_lossy()
-            .into_owned()
-    }
-
     fn make() -> *mut PortallocAllocator {
-        let mut o = std::mem::MaybeUninit::<PortallocOptions>::uninit();
-        let size = std::mem::size_of::<PortallocOptions>();
-        // SAFETY: valid for `size` bytes.
-        let st = unsafe { portalloc_options_init(o.as_mut_ptr(), size) };
-        assert_eq!(st, PortallocStatus::Ok);
-        // SAFETY: initialised above.
-        let mut o = unsafe { o.assume_init() };
-        o.ignore_env = 1;
-        o.strategy = c"vmm".as_ptr();
-        o.backend = c"host".as_ptr();
-        o.host_capacity = 512 * MIB;
-        o.host_simulated = 0;
-        o.mem_fraction = 0.5;
-        o.preallocate = 0;
-        let mut a = ptr::null_mut();
-        // SAFETY: valid options and output.
-        let st = unsafe { portalloc_create_sized(&o, size, &mut a) };
-        assert_eq!(st, PortallocStatus::Ok, "{}", last_error());
-        a
+        vmm_on_host(512 * MIB, 0.5)
     }
 
     fn alloc(a: *mut PortallocAllocator, size: u64, tag: &CStr) -> (u64, u64) {
-        let (mut h, mut p) = (0u64, ptr::null_mut());
-        // SAFETY: valid outputs and tag.
-        let st = unsafe { portalloc_allocate(a, size, 0, 0, tag.as_ptr(), &mut h, &mut p) };
-        assert_eq!(st, PortallocStatus::Ok, "{}", last_error());
-        (h, p as u64)
+        allocate(a, size, Some(tag)).unwrap()
     }
 
     fn pool(a: *mut PortallocAllocator) -> u64 {

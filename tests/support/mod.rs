@@ -6,6 +6,8 @@
 //! `PORTALLOC_TEST_REQUIRE_ALL=1` set by a user who wants the same, a missing prerequisite
 //! fails the test with the same message instead of passing it silently.
 
+#[cfg(feature = "c-api")]
+pub mod capi;
 #[cfg(feature = "cli")]
 pub mod cli;
 pub mod common;
@@ -224,5 +226,20 @@ pub fn shared_trace(edge: bool, file: &str) -> Option<std::path::PathBuf> {
     } else {
         skip(&format!("{} is absent", path.display()));
         None
+    }
+}
+
+/// An event of thread 0 on the default stream, untagged, at time `seq`.
+#[cfg(feature = "trace")]
+pub fn event(seq: u64, op: portalloc::trace::Op, id: u64, size: u64) -> portalloc::trace::Event {
+    portalloc::trace::Event {
+        seq,
+        time_ns: seq,
+        thread: 0,
+        stream: 0,
+        op,
+        id,
+        size,
+        tag: 0,
     }
 }
