@@ -19,13 +19,148 @@
 //!
 //! It prints each contender's median and the ratio of bandwidths (memcpy time ÷ sleep + wake
 //! time: 1.0 is as fast as the copies alone).
+//!
+//! # The GPU's time, modelled
+//!
+//! This machine has no GPU, so what a sleep and a wake of 8 GiB would cost one is a **model**:
+//! the same sleep and wake run on a simulated host device behind a [`CountingDevice`], which
+//! counts each call by name with its bytes, and the built-in table of each preset
+//! ([`DeviceCosts::for_preset`], every figure with its source, unknown where none was
+//! published) prices them. Printed per preset, for the sleep and for the wake (the steady
+//! state: the second of each): the calls, the modelled seconds (`≥` where a call is unpriced:
+//! the rest's sum, a lower bound), the copy's seconds alone at the preset's bandwidth, and
+//! their ratio — the fraction of the copy bandwidth the operation reaches (1.0: as fast as
+//! the copy alone; the model sums the calls, as one thread issuing them in turn does). The
+//! waits for the copies (`synchronize_stream`, `synchronize_device`) count 0 of their own:
+//! their time is the copy's, priced as such.
+//! `PORTALLOC_SLEEP_BENCH_ROUNDS=0` prints the model alone.
 
 use std::sync::Arc;
 use std::time::Instant;
 
+use portalloc::adaptor::{CallTally, CountingDevice};
 use portalloc::backends::host::HostDevice;
+use portalloc::replay::costs::{copy_for_preset, DeviceCosts, ModelledTime};
 use portalloc::strategy::vmm::{VmmAllocator, VmmOptions};
 use portalloc::{Allocator, Keep, Stream};
+
+/// Bytes of the modelled sleep and wake: 8 GiB, whatever the host rounds use.
+const MODEL_BYTES: u64 = 8 << 30;
+
+/// The calls of the steady sleep and wake of [`MODEL_BYTES`] (the second of each) on a
+/// simulated device, counted.
+fn modelled_calls() -> (CallTally, CallTally) {
+    let host = HostDevice::builder()
+        .capacity(MODEL_BYTES + (1 << 30))
+        .simulated(true)
+        .build()
+        .expect("a simulated host device");
+    let device = Arc::new(CountingDevice::new(Arc::new(host)));
+    let vmm = VmmAllocator::new(
+        Arc::clone(&device),
+        VmmOptions::new(MODEL_BYTES + (512 << 20)),
+    )
+    .expect("vmm over the simulated device");
+    let weights = vmm
+        .allocate(MODEL_BYTES, 0, Stream::DEFAULT, "weights")
+        .expect("the allocation");
+    vmm.sleep("weights", Keep::Contents).expect("sleep");
+    vmm.wake("weights").expect("wake");
+    let before = device.tally();
+    vmm.sleep("weights", Keep::Contents).expect("sleep");
+    let slept = device.tally();
+    vmm.wake("weights").expect("wake");
+    let woken = device.tally();
+    vmm.deallocate(weights).expect("free");
+    (slept.since(&before), woken.since(&slept))
+}
+
+/// `12.3 ms`, or `≥12.3 ms (unpriced: …)` where calls are unpriced.
+fn shown(t: &ModelledTime) -> String {
+    match t.seconds {
+        Some(s) => format!("{:.1} ms", s * 1e3),
+        None => format!(
+            "≥{:.1} ms (unpriced: {})",
+            t.priced_seconds * 1e3,
+            t.unpriced.join(", ")
+        ),
+    }
+}
+
+/// Prints the modelled time of the sleep and the wake on each preset.
+fn print_model() {
+    let (sleep, wake) = modelled_calls();
+    let calls = |t: &CallTally| {
+        t.by_name
+            .iter()
+            .map(|(name, (n, _))| format!("{n} {name}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    println!(
+        "modelled GPU time of a sleep and a wake of {} GiB (vmm, one tagged allocation, contents kept; steady state):",
+        MODEL_BYTES >> 30
+    );
+    println!("  sleep calls: {}", calls(&sleep));
+    println!("  wake calls:  {}", calls(&wake));
+    for preset in ["h100-80g", "mi300x"] {
+        let mut costs = DeviceCosts::for_preset(preset);
+        // The waits of a sleep and a wake wait for their copies, which the model prices as
+        // copies: a wait's own overhead (microseconds) is not counted, its waiting is.
+        for wait in ["synchronize_stream", "synchronize_device"] {
+            costs.calls.entry(wait.to_string()).or_default();
+        }
+        let copies_only = DeviceCosts {
+            calls: Default::default(),
+            copy_gib_s: costs.copy_gib_s,
+        };
+        let source =
+            copy_for_preset(preset).map_or("unknown: no published figure found", |(_, s)| s);
+        println!("  {preset} (copies: {source}):");
+        for (what, tally, copy) in [
+            ("sleep", &sleep, "copy_to_host"),
+            ("wake", &wake, "copy_from_host"),
+        ] {
+            let whole = costs.time_of(tally);
+            let mut only = CallTally::default();
+            if let Some(&c) = tally.by_name.get(copy) {
+                only.by_name.insert(copy, c);
+            }
+            let copy_time = copies_only.time_of(&only);
+            let fraction = match (copy_time.seconds, whole.seconds) {
+                (Some(c), Some(w)) if w > 0.0 => format!("{:.2}", c / w),
+                (Some(c), None) if whole.priced_seconds > 0.0 => {
+                    format!("≤{:.2}", c / whole.priced_seconds)
+                }
+                _ => "unknown".to_string(),
+            };
+            println!(
+                "    {what}: modelled {}, the copy alone {} -> fraction of the copy bandwidth {fraction}",
+                shown(&whole),
+                shown(&copy_time)
+            );
+            // The one published cuMemCreate figure is of 2 MiB handles only: the table reads
+            // it per MiB. Were it all per call, fewer and larger handles would be cheaper:
+            // the wake under that reading too.
+            if let (Some(create), Some(c)) = (costs.calls.get("create_physical"), copy_time.seconds)
+            {
+                if let Some(&(n, bytes)) = tally.by_name.get("create_physical") {
+                    let per_mib = create.us_of(n, bytes);
+                    let per_call = n as f64 * create.us_per_mib * 2.0;
+                    if let Some(w) = whole.seconds {
+                        let w = w + (per_call - per_mib) / 1e6;
+                        println!(
+                            "      were cuMemCreate {:.2} µs per call whatever its size: {:.1} ms -> {:.2}",
+                            create.us_per_mib * 2.0,
+                            w * 1e3,
+                            c / w
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -49,7 +184,14 @@ fn main() {
         .unwrap_or(8);
     let bytes = gib << 30;
     let len = bytes as usize;
-    let rounds = 5;
+    let rounds: usize = std::env::var("PORTALLOC_SLEEP_BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5);
+    print_model();
+    if rounds == 0 {
+        return;
+    }
     let device = Arc::new(
         HostDevice::builder()
             .capacity(bytes + (1 << 30))
@@ -121,9 +263,10 @@ fn main() {
         gbs(s)
     );
     println!(
-        "memcpy there and back, device memory handed back and taken again: {f:.2} s ({:.1} GB/s) -> ratio {:.2}",
+        "by hand (copy out, memory handed back and taken again, copy in): {f:.2} s ({:.1} GB/s) -> sleep + wake at {:.2} of its speed (the first of a round: {:.2})",
         gbs(f),
-        f / s
+        f / s,
+        f / s0
     );
     println!(
         "memcpy there and back, warm memory:  {w:.2} s ({:.1} GB/s) -> ratio {:.2}",

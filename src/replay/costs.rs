@@ -170,6 +170,36 @@ const CUDA: &[PricedCall] = &[
     },
 ];
 
+/// Copy bandwidths between a preset's device and pinned host memory, with their source:
+/// `None` where no published figure was found.
+///
+/// * h100-80g: NVIDIA/nvbandwidth issue #24, an H100 cluster, eight GPUs:
+///   `host_to_device_memcpy_sm` 35.03–35.39 GB/s, `device_to_host_memcpy_sm` 52.76–52.78 GB/s
+///   (the medians 35.2 and 52.77 GB/s, i.e. 32.8 and 49.1 GiB/s). Copies by SM kernels; no
+///   copy-engine (`cudaMemcpyAsync`) figure of an H100 was found published.
+/// * h200: the same host link (PCIe 5 ×16) as the H100 SXM; the H100's figures stand in.
+/// * mi300x: unknown — no published host↔device figure of an MI300X was found.
+pub fn copy_for_preset(preset: &str) -> Option<(CopyBandwidth, &'static str)> {
+    const H100: CopyBandwidth = CopyBandwidth {
+        to_host: 52.77e9 / GIB,
+        to_device: 35.2e9 / GIB,
+    };
+    match preset {
+        "h100-80g" => Some((
+            H100,
+            "H100, nvbandwidth device_to_host_memcpy_sm 52.77 GB/s, \
+             host_to_device_memcpy_sm 35.2 GB/s (NVIDIA/nvbandwidth#24, medians of 8 GPUs; \
+             SM copies, no copy-engine figure published)",
+        )),
+        "h200" => Some((
+            H100,
+            "the H100's figures (NVIDIA/nvbandwidth#24) stand in: the same PCIe 5 ×16 host \
+             link; not measured on an H200",
+        )),
+        _ => None,
+    }
+}
+
 /// Why a call of the CUDA or HIP tables is unknown.
 const UNKNOWN: &str = "unknown: no published per-call figure found (scripts/gpu-check \
                        measures it on the GPU it runs on)";
@@ -188,6 +218,31 @@ impl DeviceCosts {
         DeviceCosts {
             calls,
             copy_gib_s: None,
+        }
+    }
+
+    /// The built-in table of a preset of [`crate::replay::preset::PRESETS`]: its vendor's
+    /// calls ([`DeviceCosts::for_vendor`]; HIP for mi300x, CUDA for the others) and its copy
+    /// bandwidths where published ([`copy_for_preset`]; unknown otherwise).
+    ///
+    /// ```
+    /// use portalloc::replay::costs::DeviceCosts;
+    ///
+    /// let h100 = DeviceCosts::for_preset("h100-80g");
+    /// assert!(h100.copy_gib_s.is_some() && h100.calls.contains_key("create_physical"));
+    /// // No published figure of an MI300X's copies or ROCm's VMM calls: unknown, not guessed.
+    /// let mi300x = DeviceCosts::for_preset("mi300x");
+    /// assert!(mi300x.copy_gib_s.is_none() && !mi300x.calls.contains_key("create_physical"));
+    /// ```
+    pub fn for_preset(preset: &str) -> DeviceCosts {
+        let vendor = if preset == "mi300x" {
+            Vendor::Hip
+        } else {
+            Vendor::Cuda
+        };
+        DeviceCosts {
+            copy_gib_s: copy_for_preset(preset).map(|(b, _)| b),
+            ..Self::for_vendor(vendor)
         }
     }
 

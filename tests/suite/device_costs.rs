@@ -204,3 +204,60 @@ fn the_built_in_table_names_what_it_cannot_price() {
     );
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// A preset's replay is priced by its own built-in table: h100-80g's prices the VMM calls
+/// (A100 figures) and names its copies' source; mi300x's is HIP's, which prices no VMM call
+/// (none published), so vmm's modelled time there is unknown and says which calls lack one.
+#[test]
+fn a_presets_replay_is_priced_by_its_own_table() {
+    let d = dir("presets");
+    let trace = three_mib(&d);
+    let run = |device: &str| {
+        let (ok, out, err) = portalloc(
+            &[
+                "replay",
+                &trace,
+                "--device",
+                device,
+                "--strategies",
+                "vmm",
+                "--json",
+            ],
+            &[],
+        );
+        assert!(ok, "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v["traces"][0].clone()
+    };
+    let h100 = run("h100-80g");
+    let table = h100["device_costs"].as_str().unwrap();
+    assert!(
+        table.contains("CUDA table of h100-80g") && table.contains("copies on an H100"),
+        "{h100}"
+    );
+    assert!(
+        h100["results"][0]["device_time_model_s"].as_f64().unwrap() > 0.0,
+        "{h100}"
+    );
+    let mi300x = run("mi300x");
+    assert!(
+        mi300x["device_costs"]
+            .as_str()
+            .unwrap()
+            .contains("HIP table of mi300x"),
+        "{mi300x}"
+    );
+    let r = &mi300x["results"][0];
+    assert!(r["device_time_model_s"].is_null(), "{r}");
+    let unpriced: Vec<&str> = r["device_time_unpriced"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert!(
+        unpriced.contains(&"create_physical") && unpriced.contains(&"map"),
+        "{r}"
+    );
+    let _ = std::fs::remove_dir_all(&d);
+}

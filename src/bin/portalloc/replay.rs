@@ -104,7 +104,8 @@ pub struct ReplayArgs {
     /// "us_per_mib": …}, …}, "copy_gib_s": {"to_host": …, "to_device": …}}; call names as
     /// --json's device_calls_by_name gives them) instead of the built-in one: a model of the
     /// time the device spends, reported per strategy. The built-in CUDA table has the VMM
-    /// calls as measured on an A100 (ovg-project/kvcached, benchmarks/bench_vmm) and the rest
+    /// calls as measured on an A100 (ovg-project/kvcached, benchmarks/bench_vmm), the copies
+    /// of h100-80g and h200 as measured on an H100 (NVIDIA/nvbandwidth#24) and the rest
     /// unknown; the HIP table none yet (docs/benchmarks.md, "Device cost model").
     /// scripts/gpu-check writes such a file for the GPU it runs on. A call the replay makes
     /// that the file does not price is an error.
@@ -355,8 +356,24 @@ pub fn run(args: ReplayArgs) -> Result<()> {
                 .device
                 .as_deref()
                 .is_some_and(|d| d.starts_with("hip"));
+        let preset = portalloc::replay::preset::PRESETS
+            .iter()
+            .any(|(name, _)| *name == device.name);
         let (costs, costs_source) = match &given_costs {
             Some((table, path)) => (table.clone(), format!("--device-costs {path}")),
+            None if preset && (device.name == "mi300x") == hip => (
+                DeviceCosts::for_preset(device.name),
+                format!(
+                    "the built-in {} table of {}{}",
+                    if hip { "HIP" } else { "CUDA" },
+                    device.name,
+                    if hip {
+                        ""
+                    } else {
+                        " (VMM calls as measured on an A100, copies on an H100)"
+                    }
+                ),
+            ),
             None if hip => (
                 DeviceCosts::for_vendor(portalloc::Vendor::Hip),
                 "the built-in HIP table".to_string(),
