@@ -199,11 +199,40 @@ impl HostCopy {
         dst: u64,
         stream: Stream,
     ) -> Result<()> {
+        self.upload_part(device, dst, 0, self.len, stream)
+    }
+
+    /// Queues a copy of `len` of these bytes, from `offset` on, to the device's
+    /// `[dst, dst + len)` on `stream`, as [`HostCopy::upload`] does with all of them: a
+    /// large copy goes in parts so that the next part's memory can be made ready while one
+    /// is in flight.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a part that is not within the bytes; otherwise as
+    /// [`HostCopy::download`].
+    pub fn upload_part<D: Device + ?Sized>(
+        &mut self,
+        device: &D,
+        dst: u64,
+        offset: u64,
+        len: u64,
+        stream: Stream,
+    ) -> Result<()> {
+        if !offset.checked_add(len).is_some_and(|end| end <= self.len) {
+            return Err(Error::InvalidArgument {
+                call: "HostCopy::upload_part",
+                reason: format!(
+                    "bytes {offset}..+{len} are not within the copy's {} bytes",
+                    self.len
+                ),
+            });
+        }
         self.order_after(device, stream)?;
-        let src = self.ptr();
-        // SAFETY: as in `download`: `src` is valid for reads of `self.len` bytes until the
-        // copy completes, which `free` waits for.
-        unsafe { device.copy_from_host(dst, src, self.len, stream) }?;
+        // `offset` is within the bytes (checked above), which this process addresses.
+        let src = self.ptr().wrapping_add(offset as usize);
+        // SAFETY: as in `download`: `src` is valid for reads of `len` bytes (within the
+        // copy's, checked above) until the copy completes, which `free` waits for.
+        unsafe { device.copy_from_host(dst, src, len, stream) }?;
         self.in_flight = Some(stream);
         Ok(())
     }

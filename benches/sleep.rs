@@ -23,24 +23,26 @@
 //! # The GPU's time, modelled
 //!
 //! This machine has no GPU, so what a sleep and a wake of 8 GiB would cost one is a **model**:
-//! the same sleep and wake run on a simulated host device behind a [`CountingDevice`], which
-//! counts each call by name with its bytes, and the built-in table of each preset
+//! the same sleep and wake run on a simulated host device behind a [`CallLog`], which keeps
+//! each call in order with its bytes and stream, and the built-in table of each preset
 //! ([`DeviceCosts::for_preset`], every figure with its source, unknown where none was
-//! published) prices them. Printed per preset, for the sleep and for the wake (the steady
-//! state: the second of each): the calls, the modelled seconds (`≥` where a call is unpriced:
-//! the rest's sum, a lower bound), the copy's seconds alone at the preset's bandwidth, and
-//! their ratio — the fraction of the copy bandwidth the operation reaches (1.0: as fast as
-//! the copy alone; the model sums the calls, as one thread issuing them in turn does). The
-//! waits for the copies (`synchronize_stream`, `synchronize_device`) count 0 of their own:
-//! their time is the copy's, priced as such.
+//! published) prices them on a timeline ([`DeviceCosts::timeline_of`]): one thread makes the
+//! calls in turn while each copy runs on its copy engine from when it is queued, so a driver
+//! call made while a copy is in flight overlaps it. Printed per preset, for the sleep and for
+//! the wake (the steady state: the second of each): the calls, the modelled time (`≥` where a
+//! call is unpriced: the rest, a lower bound), the same calls summed with no overlap, the
+//! copy's time alone at the preset's bandwidth, and the fraction of the copy bandwidth the
+//! operation reaches (the copy's time ÷ the operation's: 1.0 is as fast as the copy alone).
+//! The waits for the copies (`synchronize_stream`, `synchronize_device`) count 0 of their
+//! own: their time is the copy's, which the timeline has them wait for.
 //! `PORTALLOC_SLEEP_BENCH_ROUNDS=0` prints the model alone.
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use portalloc::adaptor::{CallTally, CountingDevice};
+use portalloc::adaptor::{CallLog, CallTally, LoggedCall};
 use portalloc::backends::host::HostDevice;
-use portalloc::replay::costs::{copy_for_preset, DeviceCosts, ModelledTime};
+use portalloc::replay::costs::{copy_for_preset, CallCost, DeviceCosts, ModelledTime};
 use portalloc::strategy::vmm::{VmmAllocator, VmmOptions};
 use portalloc::{Allocator, Keep, Stream};
 
@@ -48,14 +50,14 @@ use portalloc::{Allocator, Keep, Stream};
 const MODEL_BYTES: u64 = 8 << 30;
 
 /// The calls of the steady sleep and wake of [`MODEL_BYTES`] (the second of each) on a
-/// simulated device, counted.
-fn modelled_calls() -> (CallTally, CallTally) {
+/// simulated device, in order.
+fn modelled_calls() -> (Vec<LoggedCall>, Vec<LoggedCall>) {
     let host = HostDevice::builder()
         .capacity(MODEL_BYTES + (1 << 30))
         .simulated(true)
         .build()
         .expect("a simulated host device");
-    let device = Arc::new(CountingDevice::new(Arc::new(host)));
+    let device = Arc::new(CallLog::new(Arc::new(host)));
     let vmm = VmmAllocator::new(
         Arc::clone(&device),
         VmmOptions::new(MODEL_BYTES + (512 << 20)),
@@ -66,13 +68,24 @@ fn modelled_calls() -> (CallTally, CallTally) {
         .expect("the allocation");
     vmm.sleep("weights", Keep::Contents).expect("sleep");
     vmm.wake("weights").expect("wake");
-    let before = device.tally();
+    device.take();
     vmm.sleep("weights", Keep::Contents).expect("sleep");
-    let slept = device.tally();
+    let slept = device.take();
     vmm.wake("weights").expect("wake");
-    let woken = device.tally();
+    let woken = device.take();
     vmm.deallocate(weights).expect("free");
-    (slept.since(&before), woken.since(&slept))
+    (slept, woken)
+}
+
+/// The calls by name, with their bytes.
+fn tally(log: &[LoggedCall]) -> CallTally {
+    let mut t = CallTally::default();
+    for c in log {
+        let e = t.by_name.entry(c.name).or_insert((0, 0));
+        e.0 += 1;
+        e.1 += c.bytes;
+    }
+    t
 }
 
 /// `12.3 ms`, or `≥12.3 ms (unpriced: …)` where calls are unpriced.
@@ -87,11 +100,23 @@ fn shown(t: &ModelledTime) -> String {
     }
 }
 
+/// The copy's time ÷ the operation's, `≤` where the operation's is a lower bound.
+fn fraction(copy: &ModelledTime, whole: &ModelledTime) -> String {
+    match (copy.seconds, whole.seconds) {
+        (Some(c), Some(w)) if w > 0.0 => format!("{:.2}", c / w),
+        (Some(c), None) if whole.priced_seconds > 0.0 => {
+            format!("≤{:.2}", c / whole.priced_seconds)
+        }
+        _ => "unknown".to_string(),
+    }
+}
+
 /// Prints the modelled time of the sleep and the wake on each preset.
 fn print_model() {
     let (sleep, wake) = modelled_calls();
-    let calls = |t: &CallTally| {
-        t.by_name
+    let calls = |log: &[LoggedCall]| {
+        tally(log)
+            .by_name
             .iter()
             .map(|(name, (n, _))| format!("{n} {name}"))
             .collect::<Vec<_>>()
@@ -105,8 +130,8 @@ fn print_model() {
     println!("  wake calls:  {}", calls(&wake));
     for preset in ["h100-80g", "mi300x"] {
         let mut costs = DeviceCosts::for_preset(preset);
-        // The waits of a sleep and a wake wait for their copies, which the model prices as
-        // copies: a wait's own overhead (microseconds) is not counted, its waiting is.
+        // The waits of a sleep and a wake wait for their copies, which the timeline has them
+        // wait for: a wait's own overhead (microseconds) is not counted.
         for wait in ["synchronize_stream", "synchronize_device"] {
             costs.calls.entry(wait.to_string()).or_default();
         }
@@ -117,45 +142,41 @@ fn print_model() {
         let source =
             copy_for_preset(preset).map_or("unknown: no published figure found", |(_, s)| s);
         println!("  {preset} (copies: {source}):");
-        for (what, tally, copy) in [
+        for (what, log, copy) in [
             ("sleep", &sleep, "copy_to_host"),
             ("wake", &wake, "copy_from_host"),
         ] {
-            let whole = costs.time_of(tally);
-            let mut only = CallTally::default();
-            if let Some(&c) = tally.by_name.get(copy) {
-                only.by_name.insert(copy, c);
-            }
-            let copy_time = copies_only.time_of(&only);
-            let fraction = match (copy_time.seconds, whole.seconds) {
-                (Some(c), Some(w)) if w > 0.0 => format!("{:.2}", c / w),
-                (Some(c), None) if whole.priced_seconds > 0.0 => {
-                    format!("≤{:.2}", c / whole.priced_seconds)
-                }
-                _ => "unknown".to_string(),
-            };
+            let whole = costs.timeline_of(log);
+            let summed = costs.time_of(&tally(log));
+            let only: Vec<LoggedCall> = log.iter().copied().filter(|c| c.name == copy).collect();
+            let copy_time = copies_only.time_of(&tally(&only));
             println!(
-                "    {what}: modelled {}, the copy alone {} -> fraction of the copy bandwidth {fraction}",
+                "    {what}: modelled {} (summed with no overlap {}), the copy alone {} -> fraction of the copy bandwidth {}",
                 shown(&whole),
-                shown(&copy_time)
+                shown(&summed),
+                shown(&copy_time),
+                fraction(&copy_time, &whole)
             );
             // The one published cuMemCreate figure is of 2 MiB handles only: the table reads
             // it per MiB. Were it all per call, fewer and larger handles would be cheaper:
-            // the wake under that reading too.
-            if let (Some(create), Some(c)) = (costs.calls.get("create_physical"), copy_time.seconds)
-            {
-                if let Some(&(n, bytes)) = tally.by_name.get("create_physical") {
-                    let per_mib = create.us_of(n, bytes);
-                    let per_call = n as f64 * create.us_per_mib * 2.0;
-                    if let Some(w) = whole.seconds {
-                        let w = w + (per_call - per_mib) / 1e6;
-                        println!(
-                            "      were cuMemCreate {:.2} µs per call whatever its size: {:.1} ms -> {:.2}",
-                            create.us_per_mib * 2.0,
-                            w * 1e3,
-                            c / w
-                        );
-                    }
+            // the operation under that reading too.
+            if let Some(create) = costs.calls.get("create_physical").copied() {
+                if log.iter().any(|c| c.name == "create_physical") {
+                    let per_call = create.us_per_mib * 2.0;
+                    let mut other = costs.clone();
+                    other.calls.insert(
+                        "create_physical".into(),
+                        CallCost {
+                            us: per_call,
+                            us_per_mib: 0.0,
+                        },
+                    );
+                    let t = other.timeline_of(log);
+                    println!(
+                        "      were cuMemCreate {per_call:.2} µs per call whatever its size: {} -> {}",
+                        shown(&t),
+                        fraction(&copy_time, &t)
+                    );
                 }
             }
         }
@@ -166,7 +187,6 @@ fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
-
 /// Fills `len` bytes at `ptr` (host memory of the host backend) with a pattern.
 fn fill(ptr: u64, len: usize) {
     // SAFETY: `ptr` is a live allocation of a host device with real memory, `len` bytes,

@@ -8,12 +8,14 @@
 //! | [`LedgerAllocator`] | a [`crate::Allocator`] | every live allocation (size, rounded size, stream, tag, age, optional backtrace), totals and peaks per tag, JSON snapshots, donation, and a [diagnosis](crate::diagnose) on every out-of-memory error |
 //! | `RecorderAllocator` (feature `trace`) | an [`crate::Allocator`] | records its allocation trace for `portalloc replay` |
 
+mod call_log;
 mod counting;
 mod forward;
 mod ledger;
 #[cfg(feature = "trace")]
 mod recorder;
 
+pub use call_log::{CallLog, LoggedCall};
 pub use counting::{CallCounts, CallTally, CountingDevice};
 pub use forward::{Call, Capability, DeviceWrapper};
 pub use ledger::{

@@ -27,7 +27,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::adaptor::Call;
-use crate::adaptor::CallTally;
+use crate::adaptor::{CallTally, LoggedCall};
 use crate::device::Vendor;
 use crate::error::{Error, Result};
 
@@ -322,6 +322,113 @@ impl DeviceCosts {
             }
         }
         Ok(costs)
+    }
+
+    /// The modelled time of `calls` made in this order by one thread, where copies overlap:
+    /// each call costs its price on the CPU, in turn, except what the device does on its own
+    /// after being asked — a copy runs on its direction's copy engine (one to the host, one
+    /// to the device), starting when it is queued, its stream's earlier work is done and the
+    /// engine is free, for its bytes over its bandwidth. A wait (`synchronize_stream`, `_event`,
+    /// `_device`) holds the CPU until what it waits for is done, plus its own price; an event
+    /// records when its stream's work queued so far is done, and `wait_event` holds a stream
+    /// until then. The time is when the CPU is done and nothing is in flight.
+    ///
+    /// [`DeviceCosts::time_of`] is the same calls with no overlap: their sum, at least this.
+    ///
+    /// ```
+    /// use portalloc::adaptor::LoggedCall;
+    /// use portalloc::replay::costs::DeviceCosts;
+    ///
+    /// let costs = DeviceCosts::from_json(
+    ///     r#"{"calls": {"unmap": {"us": 25}, "synchronize_stream": {"us": 0}},
+    ///         "copy_gib_s": {"to_host": 1, "to_device": 1}}"#,
+    /// )?;
+    /// let call = |name, bytes, stream| LoggedCall { name, bytes, stream, event: None };
+    /// // A copy of 1 MiB (976.5625 µs at 1 GiB/s) queued, then 10 unmaps (250 µs) while it
+    /// // runs, then a wait for it: the copy's time; the unmaps are hidden.
+    /// let mut calls = vec![call("copy_to_host", 1 << 20, Some(1))];
+    /// calls.extend((0..10).map(|_| call("unmap", 2 << 20, None)));
+    /// calls.push(call("synchronize_stream", 0, Some(1)));
+    /// let t = costs.timeline_of(&calls);
+    /// assert!((t.seconds.unwrap() - 976.5625e-6).abs() < 1e-12);
+    /// // Waiting first, then unmapping: the sum.
+    /// calls.rotate_right(1);
+    /// calls.swap(0, 1);
+    /// let t = costs.timeline_of(&calls);
+    /// assert!((t.seconds.unwrap() - 1226.5625e-6).abs() < 1e-12);
+    /// # Ok::<(), portalloc::Error>(())
+    /// ```
+    pub fn timeline_of(&self, calls: &[LoggedCall]) -> ModelledTime {
+        use std::collections::HashMap;
+        let mut cpu = 0.0f64;
+        let mut engine = [0.0f64; 2];
+        let mut stream_done: HashMap<u64, f64> = HashMap::new();
+        let mut event_done: HashMap<u64, f64> = HashMap::new();
+        let mut unpriced: Vec<&'static str> = Vec::new();
+        let mut priced = true;
+        let mut all_done = 0.0f64;
+        for c in calls {
+            let own = match self.calls.get(c.name) {
+                Some(cost) => cost.us_of(1, c.bytes),
+                None => 0.0,
+            };
+            let copy = match c.name {
+                "copy_to_host" => Some((0, self.copy_gib_s.map(|b| b.to_host))),
+                "copy_from_host" => Some((1, self.copy_gib_s.map(|b| b.to_device))),
+                _ => None,
+            };
+            let known = match copy {
+                Some((_, bandwidth)) => bandwidth.is_some(),
+                None => self.calls.contains_key(c.name),
+            };
+            if !known {
+                priced = false;
+                if !unpriced.contains(&c.name) {
+                    unpriced.push(c.name);
+                }
+            }
+            let stream = c.stream.unwrap_or(0);
+            match (copy, c.name) {
+                (Some((direction, bandwidth)), _) => {
+                    cpu += own;
+                    let ready = stream_done.get(&stream).copied().unwrap_or(0.0);
+                    let start = cpu.max(ready).max(engine[direction]);
+                    let end =
+                        start + bandwidth.map_or(0.0, |gib_s| c.bytes as f64 / (gib_s * GIB) * 1e6);
+                    engine[direction] = end;
+                    stream_done.insert(stream, end);
+                    all_done = all_done.max(end);
+                }
+                (None, "synchronize_stream") => {
+                    cpu = cpu.max(stream_done.get(&stream).copied().unwrap_or(0.0)) + own;
+                }
+                (None, "synchronize_device") => cpu = cpu.max(all_done) + own,
+                (None, "synchronize_event") => {
+                    let at = c.event.and_then(|e| event_done.get(&e).copied());
+                    cpu = cpu.max(at.unwrap_or(0.0)) + own;
+                }
+                (None, "record_event") => {
+                    cpu += own;
+                    let at = stream_done.get(&stream).copied().unwrap_or(0.0).max(cpu);
+                    if let Some(e) = c.event {
+                        event_done.insert(e, at);
+                    }
+                }
+                (None, "wait_event") => {
+                    cpu += own;
+                    let at = c.event.and_then(|e| event_done.get(&e).copied());
+                    let ready = stream_done.entry(stream).or_insert(0.0);
+                    *ready = ready.max(at.unwrap_or(0.0));
+                }
+                _ => cpu += own,
+            }
+        }
+        let us = cpu.max(all_done);
+        ModelledTime {
+            seconds: priced.then_some(us / 1e6),
+            priced_seconds: us / 1e6,
+            unpriced,
+        }
     }
 
     /// The modelled time of `tally`: Σ count × `us` + MiB × `us_per_mib` over its calls, and

@@ -173,7 +173,16 @@ pub struct VmmOptions {
     /// one, from its two ends). Measured worse on every real trace tried; kept for
     /// experiments.
     pub segregate: bool,
+    /// The most bytes of one allocation a wake backs before it queues the copy of what it
+    /// backed (rounded up to a granule; default [`DEFAULT_WAKE_PIECE`]): the pieces are
+    /// backed and filled in turn, so that on a GPU one piece's copy runs while the driver
+    /// makes and maps the next piece's memory.
+    pub wake_piece: u64,
 }
+
+/// Default [`VmmOptions::wake_piece`]: 256 MiB (32 pieces for 8 GiB; the last piece's copy
+/// is what no driver call overlaps).
+pub const DEFAULT_WAKE_PIECE: u64 = 256 << 20;
 
 impl VmmOptions {
     /// The defaults with this budget.
@@ -183,6 +192,7 @@ impl VmmOptions {
             small_threshold: DEFAULT_SMALL_THRESHOLD,
             reservation: 0,
             segregate: false,
+            wake_piece: DEFAULT_WAKE_PIECE,
         }
     }
 }

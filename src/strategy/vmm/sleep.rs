@@ -892,22 +892,54 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
             )));
         }
         let pool_before = inner.phys.pool_bytes();
-        // Back and touch each in turn (a woken one's granules are then no one's to stitch).
+        // The contents go back on portalloc's own stream (the allocations' streams may be
+        // gone by now), waited for below: the bytes are in place when the wake returns,
+        // before any work the caller queues next on any stream.
+        let kept = spans
+            .iter()
+            .any(|&(addr, ..)| inner.tags.asleep[&addr].copy.is_some());
+        let stream = if kept {
+            Some(self.copy_stream(inner)?)
+        } else {
+            None
+        };
+        // Back, touch and fill each in turn, piece by piece: a piece's copy runs while the
+        // next piece's memory is made and mapped (on a GPU the driver's calls and the copy
+        // overlap instead of following each other), and a touched piece's granules are no
+        // one's to stitch. The pieces split the allocation's granules exactly, so each is
+        // touched once.
         let mut woken = 0;
+        let mut touched_end = 0;
         let mut failed = None;
-        for &(addr, size, start, end) in &spans {
-            let (n, s) = self.need_and_supply(&inner.phys, addr, size, unsettled);
+        let mut copy_failed = None;
+        // Boundaries at multiples of the piece (`VmmOptions::wake_piece`, at least a granule).
+        let piece = self.options.wake_piece.max(1).div_ceil(g).saturating_mul(g);
+        'spans: for &(addr, size, start, end) in &spans {
             let small = size < self.options.small_threshold;
-            match self.back(inner, addr, n, s, size, small) {
-                Ok(()) => {
-                    inner.phys.touch(start, end);
-                    woken += 1;
-                }
-                Err(shortfall) => {
+            let mut p0 = start;
+            touched_end = start;
+            while p0 < end {
+                let p1 = (p0 / piece + 1).saturating_mul(piece).min(end);
+                let (lo, hi) = (addr.max(p0), (addr + size).min(p1));
+                let (n, s) = self.need_and_supply(&inner.phys, lo, hi - lo, unsettled);
+                if let Err(shortfall) = self.back(inner, lo, n, s, hi - lo, small) {
                     failed = Some(shortfall);
-                    break;
+                    break 'spans;
                 }
+                inner.phys.touch(p0, p1);
+                touched_end = p1;
+                if let Some(stream) = stream {
+                    let t = inner.tags.asleep.get_mut(&addr).expect("a target sleeps");
+                    if let Some(copy) = &mut t.copy {
+                        if let Err(e) = copy.upload_part(device, lo, lo - addr, hi - lo, stream) {
+                            copy_failed = Some(e);
+                            break 'spans;
+                        }
+                    }
+                }
+                p0 = p1;
             }
+            woken += 1;
         }
         let mut result = match failed {
             None => Ok(()),
@@ -927,27 +959,8 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
             Some(super::Shortfall::Device(e)) => Err(e),
             Some(super::Shortfall::Relocated(why)) => Err(refusal(why)),
         };
-        // The contents back, on portalloc's own stream (the allocations' streams may be gone
-        // by now), waited for below: the bytes are in place when the wake returns, before any
-        // work the caller queues next on any stream.
-        let kept = spans
-            .iter()
-            .any(|&(addr, ..)| inner.tags.asleep[&addr].copy.is_some());
-        if result.is_ok() && kept {
-            match self.copy_stream(inner) {
-                Err(e) => result = Err(e),
-                Ok(stream) => {
-                    for &(addr, ..) in &spans {
-                        let t = inner.tags.asleep.get_mut(&addr).expect("a target sleeps");
-                        if let Some(copy) = &mut t.copy {
-                            if let Err(e) = copy.upload(device, addr, stream) {
-                                result = Err(e);
-                                break;
-                            }
-                        }
-                    }
-                }
-            }
+        if let Some(e) = copy_failed {
+            result = Err(e);
         }
         // Waited for, so that the host copies can go (and, on failure, before the memory is
         // untouched again).
@@ -964,6 +977,10 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
             // this wake reserved and mapped for nothing go back at once.
             for &(_, _, start, end) in &spans[..woken] {
                 inner.phys.untouch(start, end);
+            }
+            if let Some(&(_, _, start, _)) = spans.get(woken) {
+                // The pieces of the one that failed part way.
+                inner.phys.untouch(start, touched_end);
             }
             if inner.hold {
                 if let Err(f) = self
