@@ -176,16 +176,50 @@ impl HostCopy {
         src: u64,
         stream: Stream,
     ) -> Result<()> {
+        self.download_part(device, src, 0, self.len, stream)
+    }
+
+    /// Queues a copy of the device's `[src, src + len)` into `len` of these bytes, from
+    /// `offset` on, as [`HostCopy::download`] does into all of them: a large copy goes in
+    /// parts so that what one part copied can be let go while the next is in flight.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a part that is not within the bytes; otherwise as
+    /// [`HostCopy::download`].
+    pub fn download_part<D: Device + ?Sized>(
+        &mut self,
+        device: &D,
+        src: u64,
+        offset: u64,
+        len: u64,
+        stream: Stream,
+    ) -> Result<()> {
+        self.check_part("HostCopy::download_part", offset, len)?;
         self.order_after(device, stream)?;
-        let dst = self.ptr();
-        // SAFETY: `dst` is valid for writes of `self.len` bytes, owned by `self`, and stays so
-        // until the copy completes: `in_flight` is set below, and `free` (the only way the
-        // bytes go) waits for that stream; no other copy of these bytes is in flight on
-        // another stream (`order_after`). The device range is the device's to check: the
-        // backends refuse one not mapped with access.
-        unsafe { device.copy_to_host(dst, src, self.len, stream) }?;
+        // `offset` is within the bytes (checked above), which this process addresses.
+        let dst = self.ptr().wrapping_add(offset as usize);
+        // SAFETY: `dst` is valid for writes of `len` bytes (within the copy's, checked
+        // above), owned by `self`, and stays so until the copy completes: `in_flight` is set
+        // below, and `free` (the only way the bytes go) waits for that stream; no other copy
+        // of these bytes is in flight on another stream (`order_after`). The device range is
+        // the device's to check: the backends refuse one not mapped with access.
+        unsafe { device.copy_to_host(dst, src, len, stream) }?;
         self.in_flight = Some(stream);
         Ok(())
+    }
+
+    /// Refuses a part `[offset, offset + len)` not within the bytes, naming `call`.
+    fn check_part(&self, call: &'static str, offset: u64, len: u64) -> Result<()> {
+        if offset.checked_add(len).is_some_and(|end| end <= self.len) {
+            return Ok(());
+        }
+        Err(Error::InvalidArgument {
+            call,
+            reason: format!(
+                "bytes {offset}..+{len} are not within the copy's {} bytes",
+                self.len
+            ),
+        })
     }
 
     /// Queues a copy of these bytes to the device's `[dst, dst + len)` on `stream`, after
@@ -218,15 +252,7 @@ impl HostCopy {
         len: u64,
         stream: Stream,
     ) -> Result<()> {
-        if !offset.checked_add(len).is_some_and(|end| end <= self.len) {
-            return Err(Error::InvalidArgument {
-                call: "HostCopy::upload_part",
-                reason: format!(
-                    "bytes {offset}..+{len} are not within the copy's {} bytes",
-                    self.len
-                ),
-            });
-        }
+        self.check_part("HostCopy::upload_part", offset, len)?;
         self.order_after(device, stream)?;
         // `offset` is within the bytes (checked above), which this process addresses.
         let src = self.ptr().wrapping_add(offset as usize);

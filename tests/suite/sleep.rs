@@ -361,11 +361,12 @@ impl DeviceWrapper for FaultAt {
 /// A fault on every device call of a sleep, then of a wake: after each, the books hold, and
 /// nothing is lost — a failed sleep leaves the allocations awake with their bytes, a failed
 /// wake leaves them asleep, and the next wake (with no fault) restores every byte at the
-/// same addresses. Once with whole allocations woken at once, once in pieces of a granule
-/// (the 6 MiB one backed and filled in three turns, a fault between any two).
-#[test_case(portalloc::strategy::vmm::DEFAULT_WAKE_PIECE ; "woken whole")]
-#[test_case(2 * MIB ; "woken a granule at a time")]
-fn a_fault_on_every_call_of_sleep_and_wake_loses_nothing(wake_piece: u64) {
+/// same addresses. Once with whole allocations copied at once, once in pieces of a granule
+/// (the 6 MiB one copied, unmapped, backed and filled in three turns, a fault between any
+/// two).
+#[test_case(portalloc::strategy::vmm::DEFAULT_COPY_PIECE ; "copied whole")]
+#[test_case(2 * MIB ; "copied a granule at a time")]
+fn a_fault_on_every_call_of_sleep_and_wake_loses_nothing(copy_piece: u64) {
     let run = |phase: u8, fail_at: u64| -> u64 {
         let host = host_device(128 * MIB, false);
         let device = Arc::new(FaultAt {
@@ -373,7 +374,7 @@ fn a_fault_on_every_call_of_sleep_and_wake_loses_nothing(wake_piece: u64) {
             state: Mutex::new((false, 0, 0)),
         });
         let options = VmmOptions {
-            wake_piece,
+            copy_piece,
             ..VmmOptions::new(64 * MIB)
         };
         let vmm = VmmAllocator::new(Arc::clone(&device), options).unwrap();
@@ -585,16 +586,17 @@ fn a_sleep_without_host_memory_for_its_copy_is_an_error_not_an_abort() {
     assert!(device.census().is_empty(), "{:?}", device.census());
 }
 
-/// A wake backs and fills a large allocation piece by piece: the copy of each piece is
-/// queued as soon as its memory is mapped, before the next piece's is made (on a GPU the
-/// copy then runs while the driver works), and the bytes come back whole.
+/// Sleep and wake copy a large allocation piece by piece: a sleep unmaps what a piece copied
+/// while the next piece's copy is in flight, a wake queues the copy of each piece as soon as
+/// its memory is mapped, before the next piece's is made (on a GPU the copies then run while
+/// the driver works), and the bytes come back whole.
 #[test]
-fn a_wake_fills_each_piece_as_soon_as_it_is_backed() {
+fn sleep_and_wake_copy_piece_by_piece() {
     use portalloc::adaptor::CallLog;
     let host = host_device(128 * MIB, false);
     let device = Arc::new(CallLog::new(Arc::clone(&host)));
     let options = VmmOptions {
-        wake_piece: 4 * MIB,
+        copy_piece: 4 * MIB,
         ..VmmOptions::new(64 * MIB)
     };
     let vmm = VmmAllocator::new(Arc::clone(&device), options).unwrap();
@@ -602,8 +604,21 @@ fn a_wake_fills_each_piece_as_soon_as_it_is_backed() {
         .allocate(10 * MIB, 0, Stream::DEFAULT, "pieces")
         .unwrap();
     write(&a, 7);
-    vmm.sleep("pieces", Keep::Contents).unwrap();
     device.take();
+    vmm.sleep("pieces", Keep::Contents).unwrap();
+    let log = device.take();
+    // The sleep copies the same pieces, and unmaps what one copied while the next is in
+    // flight: the first unmap comes before the last piece's copy is queued.
+    let downloads: Vec<usize> = (0..log.len())
+        .filter(|&i| log[i].name == "copy_to_host")
+        .collect();
+    assert!(downloads.len() >= 3, "{log:?}");
+    let first_unmap = log.iter().position(|c| c.name == "unmap").unwrap();
+    assert!(
+        first_unmap < *downloads.last().unwrap(),
+        "the first piece's memory waits for no later copy: {log:?}"
+    );
+    vmm.check_invariants().unwrap();
     vmm.wake("pieces").unwrap();
     let log: Vec<_> = device.take();
     // The 10 MiB allocation's granules split at multiples of 4 MiB: 3 pieces (4 + 4 + 2 MiB

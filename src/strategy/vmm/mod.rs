@@ -173,16 +173,17 @@ pub struct VmmOptions {
     /// one, from its two ends). Measured worse on every real trace tried; kept for
     /// experiments.
     pub segregate: bool,
-    /// The most bytes of one allocation a wake backs before it queues the copy of what it
-    /// backed (rounded up to a granule; default [`DEFAULT_WAKE_PIECE`]): the pieces are
-    /// backed and filled in turn, so that on a GPU one piece's copy runs while the driver
-    /// makes and maps the next piece's memory.
-    pub wake_piece: u64,
+    /// The piece sleep and wake copy an allocation's contents in (rounded up to a granule;
+    /// default [`DEFAULT_COPY_PIECE`]; boundaries at its multiples): a sleep unmaps what one
+    /// piece copied while the next piece's copy runs, a wake queues a piece's copy as soon
+    /// as its memory is mapped and makes the next piece's meanwhile — on a GPU the driver's
+    /// calls then overlap the copies instead of following them.
+    pub copy_piece: u64,
 }
 
-/// Default [`VmmOptions::wake_piece`]: 256 MiB (32 pieces for 8 GiB; the last piece's copy
-/// is what no driver call overlaps).
-pub const DEFAULT_WAKE_PIECE: u64 = 256 << 20;
+/// Default [`VmmOptions::copy_piece`]: 256 MiB (32 pieces for 8 GiB; the last piece's
+/// driver calls are what no copy overlaps).
+pub const DEFAULT_COPY_PIECE: u64 = 256 << 20;
 
 impl VmmOptions {
     /// The defaults with this budget.
@@ -192,7 +193,7 @@ impl VmmOptions {
             small_threshold: DEFAULT_SMALL_THRESHOLD,
             reservation: 0,
             segregate: false,
-            wake_piece: DEFAULT_WAKE_PIECE,
+            copy_piece: DEFAULT_COPY_PIECE,
         }
     }
 }

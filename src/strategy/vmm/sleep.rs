@@ -51,6 +51,11 @@ pub(super) struct Tagged {
     pub(super) token: u64,
     /// Its contents, where kept.
     pub(super) copy: Option<HostCopy>,
+    /// Bytes of `copy`, from its start, that hold the contents: all of it once the sleep's
+    /// copies are done; while they are under way (and when a sleep that failed part way is
+    /// undone), what was copied so far — a wake fills no more than that, the rest of the
+    /// allocation's bytes having stayed in its memory.
+    pub(super) valid: u64,
 }
 
 /// The label of a sleeping chunk (no name has this id).
@@ -340,7 +345,8 @@ impl Tags {
         space.set_label(addr, token, ASLEEP);
         self.release(tag.1);
         self.asleep_bytes += size;
-        self.host_bytes += copy.as_ref().map_or(0, HostCopy::len);
+        let valid = copy.as_ref().map_or(0, HostCopy::len);
+        self.host_bytes += valid;
         self.asleep.insert(
             addr,
             Tagged {
@@ -348,6 +354,7 @@ impl Tags {
                 size,
                 token,
                 copy,
+                valid,
             },
         );
         Ok(())
@@ -603,17 +610,6 @@ fn host_refused(e: Error, tag: &str, size: u64) -> Error {
     }
 }
 
-/// Frees host copies made by a sleep that is given up.
-fn free_copies<D: Device + ?Sized>(device: &D, copies: Vec<(u64, Option<HostCopy>)>) {
-    for (_, copy) in copies {
-        if let Some(copy) = copy {
-            if let Err(e) = copy.free(device) {
-                tracing::warn!(error = %e, "vmm: a host copy could not be freed (leaked)");
-            }
-        }
-    }
-}
-
 impl<D: Device + ?Sized> VmmAllocator<D> {
     /// Hands back the device memory of the live allocations tagged `tag` that are awake,
     /// keeping their addresses: with [`Keep::Contents`] their bytes are copied to host memory
@@ -685,39 +681,21 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
             Keep::Contents => Some(self.copy_stream(inner)?),
             Keep::Nothing => None,
         };
-        // The copies, on portalloc's own stream.
-        let mut copies: Vec<(u64, Option<HostCopy>)> = Vec::with_capacity(targets.len());
-        for &(addr, size, _) in &targets {
-            let Some(stream) = copy_stream else {
-                copies.push((addr, None));
+        // Host memory for every copy first: refused, nothing has changed.
+        let mut copies: Vec<Option<HostCopy>> = Vec::with_capacity(targets.len());
+        for &(_, size, _) in &targets {
+            if copy_stream.is_none() {
+                copies.push(None);
                 continue;
-            };
+            }
             let copy = match inner.tags.take_spare(size) {
                 Some(copy) => Ok(copy),
                 None => HostCopy::new(device, size).map_err(|e| host_refused(e, tag, size)),
             };
-            let copied = copy.and_then(|mut copy| match copy.download(device, addr, stream) {
-                Ok(()) => Ok(copy),
+            match copy {
+                Ok(copy) => copies.push(Some(copy)),
                 Err(e) => {
-                    if let Err(f) = copy.free(device) {
-                        tracing::warn!(error = %f, "vmm: a host copy could not be freed");
-                    }
-                    Err(e)
-                }
-            });
-            match copied {
-                Ok(copy) => copies.push((addr, Some(copy))),
-                Err(e) => {
-                    free_copies(device, copies);
-                    return Err(e);
-                }
-            }
-        }
-        // The copies complete before anything is unmapped.
-        for (_, copy) in &mut copies {
-            if let Some(copy) = copy {
-                if let Err(e) = copy.settle(device) {
-                    free_copies(device, copies);
+                    free_all(device, copies.into_iter().flatten().collect());
                     return Err(e);
                 }
             }
@@ -727,10 +705,11 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
             allocations: targets.len() as u64,
             ..SleepReport::default()
         };
-        // Asleep in the books: each labelled so and given a record (the targets are awake
-        // tagged chunks in use, nothing having run since they were found).
+        // Asleep in the books: each labelled so and given a record with its host copy, none
+        // of whose bytes is valid yet (the targets are awake tagged chunks in use, nothing
+        // having run since they were found).
         let mut slept = Vec::with_capacity(targets.len());
-        for (&(addr, size, token), (_, copy)) in targets.iter().zip(copies) {
+        for (&(addr, size, token), copy) in targets.iter().zip(copies) {
             let len = copy.as_ref().map_or(0, HostCopy::len);
             if let Err(copy) = inner
                 .tags
@@ -740,15 +719,18 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
                 free_all(device, copy.into_iter().collect());
                 continue;
             }
+            if let Some(t) = inner.tags.asleep.get_mut(&addr) {
+                t.valid = 0;
+            }
             report.copied_bytes += len;
             report.bytes += size;
             let (start, end) = self.span(addr, size);
             inner.phys.untouch(start, end);
             slept.push((addr, size));
         }
-        // Unmap what no awake chunk touches under them, then give back what nothing holds:
-        // handles with nothing mapped — or, where the driver holds released memory until
-        // the reservation goes, whole regions nothing awake uses.
+        // What no awake chunk touches under them is unmapped, then what nothing holds is
+        // given back: handles with nothing mapped — or, where the driver holds released
+        // memory until the reservation goes, whole regions nothing awake uses.
         let g = self.granularity;
         let mut granules = Vec::new();
         for &(addr, size) in &slept {
@@ -757,17 +739,72 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         }
         granules.sort_unstable();
         granules.dedup();
-        let mut handed_back = Ok(());
-        for v in granules {
-            if let Err(e) = vm.unmap(v, g) {
-                handed_back = Err(e);
-                break;
-            }
-            inner.counters.unmaps += 1;
-            if let Some(piece) = inner.phys.unmap(v) {
-                inner.phys.make_idle(piece);
+        // The copies go in pieces, in address order, on portalloc's own stream; a granule
+        // is unmapped once every piece over it is copied, while the next piece's copy runs
+        // (on a GPU the driver's unmaps then overlap the copy instead of following it).
+        let piece = self.options.copy_piece.max(1).div_ceil(g).saturating_mul(g);
+        let mut pieces = Vec::new();
+        if copy_stream.is_some() {
+            for &(addr, size) in &slept {
+                let mut lo = addr;
+                while lo < addr + size {
+                    let hi = ((lo / piece + 1).saturating_mul(piece)).min(addr + size);
+                    pieces.push((addr, lo, hi));
+                    lo = hi;
+                }
             }
         }
+        let mut next = 0;
+        let mut unmap_below = |inner: &mut super::Inner, bound: u64| -> Result<()> {
+            while next < granules.len() && granules[next].saturating_add(g) <= bound {
+                let v = granules[next];
+                vm.unmap(v, g)?;
+                inner.counters.unmaps += 1;
+                if let Some(piece) = inner.phys.unmap(v) {
+                    inner.phys.make_idle(piece);
+                }
+                next += 1;
+            }
+            Ok(())
+        };
+        let issue = |inner: &mut super::Inner, (addr, lo, hi): (u64, u64, u64)| -> Result<()> {
+            let (Some(stream), Some(t)) = (copy_stream, inner.tags.asleep.get_mut(&addr)) else {
+                return Ok(());
+            };
+            match &mut t.copy {
+                Some(copy) => copy.download_part(device, lo, lo - addr, hi - lo, stream),
+                None => Ok(()),
+            }
+        };
+        let mut handed_back = match pieces.first() {
+            Some(&first) => issue(inner, first),
+            None => Ok(()),
+        };
+        for k in 0..pieces.len() {
+            if handed_back.is_err() {
+                break;
+            }
+            let (addr, _, hi) = pieces[k];
+            // Piece `k` copied (the stream's work so far: only it is in flight).
+            handed_back = match inner.tags.asleep.get_mut(&addr) {
+                Some(t) => match &mut t.copy {
+                    Some(copy) => copy.settle(device).map(|()| t.valid = hi - addr),
+                    None => Ok(()),
+                },
+                None => Ok(()),
+            };
+            if handed_back.is_err() {
+                break;
+            }
+            if let Some(&after) = pieces.get(k + 1) {
+                handed_back = issue(inner, after);
+                if handed_back.is_err() {
+                    break;
+                }
+            }
+            handed_back = unmap_below(inner, hi);
+        }
+        let handed_back = handed_back.and_then(|()| unmap_below(inner, u64::MAX));
         let handed_back = handed_back.and_then(|()| self.release_idle_handles(vm, inner));
         report.device_bytes = pool_before.saturating_sub(inner.phys.pool_bytes());
         if let Err(e) = handed_back {
@@ -912,8 +949,8 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         let mut touched_end = 0;
         let mut failed = None;
         let mut copy_failed = None;
-        // Boundaries at multiples of the piece (`VmmOptions::wake_piece`, at least a granule).
-        let piece = self.options.wake_piece.max(1).div_ceil(g).saturating_mul(g);
+        // Boundaries at multiples of the piece (`VmmOptions::copy_piece`, at least a granule).
+        let piece = self.options.copy_piece.max(1).div_ceil(g).saturating_mul(g);
         'spans: for &(addr, size, start, end) in &spans {
             let small = size < self.options.small_threshold;
             let mut p0 = start;
@@ -930,8 +967,12 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
                 touched_end = p1;
                 if let Some(stream) = stream {
                     let t = inner.tags.asleep.get_mut(&addr).expect("a target sleeps");
-                    if let Some(copy) = &mut t.copy {
-                        if let Err(e) = copy.upload_part(device, lo, lo - addr, hi - lo, stream) {
+                    // Only what the sleep copied (all of it, but for a sleep undone part way:
+                    // the rest stayed in the memory, never unmapped).
+                    let until = hi.min(addr + t.valid);
+                    if let (Some(copy), true) = (&mut t.copy, until > lo) {
+                        let part = copy.upload_part(device, lo, lo - addr, until - lo, stream);
+                        if let Err(e) = part {
                             copy_failed = Some(e);
                             break 'spans;
                         }
