@@ -145,12 +145,20 @@ fn remove_at_vec(v: &mut Vec<Entry>, pos: usize) -> Entry {
 fn insert_sorted(v: &mut Vec<Entry>, e: Entry) {
     let k = ekey(&e);
     v.push(e);
-    let mut i = v.len() - 1;
-    while i > 0 && ekey(&v[i - 1]) > k {
-        v[i] = v[i - 1];
+    // On a slice, not through the `Vec`: its pointer and length stay in registers (a store
+    // through the `Vec`'s buffer could, for all the compiler knows, change them), and the
+    // index checks fold away.
+    let s = v.as_mut_slice();
+    let mut i = s.len() - 1;
+    while i > 0 {
+        let below = s[i - 1];
+        if ekey(&below) <= k {
+            break;
+        }
+        s[i] = below;
         i -= 1;
     }
-    v[i] = e;
+    s[i] = e;
 }
 
 /// Removes the entry with key `k` from the sorted `v`; false (and `v` unchanged) if there

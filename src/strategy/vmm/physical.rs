@@ -81,6 +81,58 @@ impl Page {
     }
 }
 
+impl Page {
+    /// Counts a chunk on the granules `[i0, i1)`, which lie in word `w` of this page (`mask`
+    /// selects them there): each loses its place on the free bitmap. Returns how many were
+    /// free.
+    #[inline(always)]
+    fn take_free(&mut self, i0: u64, i1: u64, w: usize, mask: u64) -> u64 {
+        let k0 = (i0 as usize) & (PAGE - 1);
+        let k1 = k0 + (i1 - i0) as usize;
+        for t in &mut self.touch[k0..k1] {
+            *t += 1;
+        }
+        let gone = self.free[w] & mask;
+        self.free[w] &= !mask;
+        let n = few_ones(gone);
+        self.free_count -= n;
+        u64::from(n)
+    }
+
+    /// Undoes [`Page::take_free`]: a mapped granule no chunk touches any more goes on the free
+    /// bitmap. Returns how many did.
+    #[inline(always)]
+    fn give_free(&mut self, i0: u64, i1: u64, w: usize) -> u64 {
+        let k0 = (i0 as usize) & (PAGE - 1);
+        let k1 = k0 + (i1 - i0) as usize;
+        // The granules that no chunk touches any more, as bits of word `w`.
+        let mut last = 0u64;
+        let shift = k0 & 63;
+        for (b, t) in self.touch[k0..k1].iter_mut().enumerate() {
+            last |= u64::from(*t <= 1) << (shift + b);
+            *t = t.saturating_sub(1);
+        }
+        let now = self.mapped[w] & last & !self.free[w];
+        self.free[w] |= now;
+        let n = few_ones(now);
+        self.free_count += n;
+        u64::from(n)
+    }
+}
+
+/// The bits set in `x`, which has at most [`SHORT_SPAN`] of them, next to one another or
+/// not: a loop over the set bits (no `popcnt` in the baseline x86-64 target, and the
+/// portable count is a dozen instructions even for a word that is 0).
+#[inline(always)]
+fn few_ones(mut x: u64) -> u32 {
+    let mut n = 0;
+    while x != 0 {
+        x &= x - 1;
+        n += 1;
+    }
+    n
+}
+
 /// One reservation's granules.
 #[derive(Debug)]
 struct Region {
@@ -159,6 +211,20 @@ fn words(i0: u64, i1: u64, mut f: impl FnMut(usize, usize, u64)) {
         f((w >> 4) as usize, (w & 15) as usize, mask);
         i = hi;
     }
+}
+
+/// `(page, word, mask)` of the granules `[i0, i1)` of a region when they are at most
+/// [`SHORT_SPAN`], not none, and all in one bitmap word (so in one page); `None` otherwise.
+#[inline(always)]
+fn one_word(i0: u64, i1: u64) -> Option<(usize, usize, u64)> {
+    let n = i1.wrapping_sub(i0);
+    // `n - 1 < SHORT_SPAN` also refuses an empty span (`n - 1` wraps).
+    if n.wrapping_sub(1) >= SHORT_SPAN || i0 >> 6 != (i1 - 1) >> 6 {
+        return None;
+    }
+    let k = (i0 as usize) & (PAGE - 1);
+    let mask = ((1u64 << n) - 1) << (k & 63);
+    Some(((i0 >> PAGE_SHIFT) as usize, k >> 6, mask))
 }
 
 /// `(page, index in page, word, bit)` of granule `i` of a region.
@@ -394,6 +460,18 @@ impl Physical {
             return false;
         };
         let any_lacking = self.no_access > 0;
+        if let Some((p, w, mask)) = one_word(i0, i1) {
+            // The steady state's span: a few granules in one bitmap word of one page, so one
+            // page lookup and one word of each bitmap answer and update all of them.
+            let Some(page) = self.regions[r].pages[p].as_deref_mut() else {
+                return false;
+            };
+            if page.mapped[w] & mask != mask || (any_lacking && page.no_access[w] & mask != 0) {
+                return false;
+            }
+            self.free_mapped -= page.take_free(i0, i1, w, mask);
+            return true;
+        }
         let mut ready = true;
         words(i0, i1, |p, w, mask| {
             ready &= self.page(r, p).is_some_and(|page| {
@@ -467,6 +545,16 @@ impl Physical {
         };
         let mut freed = 0u64;
         let pages = &mut self.regions[r].pages;
+        if let Some((p, w, mask)) = one_word(i0, i1) {
+            // As in `touch_if_ready`: one page, one word of each bitmap.
+            if let Some(page) = pages[p].as_deref_mut() {
+                if unsettle {
+                    page.unsettled[w] |= mask & page.mapped[w];
+                }
+                self.free_mapped += page.give_free(i0, i1, w);
+            }
+            return;
+        }
         if i1 - i0 <= SHORT_SPAN {
             for i in i0..i1 {
                 let (p, k, w, bit) = pos(i);
