@@ -318,6 +318,7 @@ impl Arena {
     ///
     /// # Panics
     /// When `requested > rounded`.
+    #[inline(always)]
     pub fn allocate(&mut self, rounded: u64, alignment: u64, requested: u64) -> Option<Grant> {
         assert!(requested <= rounded, "{requested} B requested of {rounded}");
         debug_assert!(rounded > 0 && rounded % MIN_ALLOCATION == 0);
@@ -483,6 +484,7 @@ impl Arena {
     ///
     /// # Time complexity
     /// `O(log n)`.
+    #[inline]
     pub fn free(&mut self, token: u64, addr: u64) -> Option<Freed> {
         let idx = token as u32;
         let generation = (token >> 32) as u32;
@@ -510,8 +512,8 @@ impl Arena {
             (false, true) => {
                 let n = &self.chunks[next as usize];
                 let merged = freed.chunk_size + n.size;
-                self.free.replace(n.size, n.addr, merged, addr, idx);
-                self.merge_next(idx);
+                self.free.replace(n.size, n.addr, merged, addr, next);
+                self.merge_into_next(idx, prev, next);
             }
             (true, next_free) => {
                 let mut merged = freed.chunk_size;
@@ -764,6 +766,7 @@ impl Arena {
 
     /// Splits chunk `idx` after `at` bytes; the upper part goes into the vacant slot `new`
     /// (same state as `idx`, not binned).
+    #[inline]
     fn split_into(&mut self, idx: u32, at: u64, new: u32) {
         let generation = self.chunks[new as usize].generation;
         let c = &mut self.chunks[idx as usize];
@@ -784,6 +787,7 @@ impl Arena {
     }
 
     /// Merges `idx`'s next neighbour (unbinned) into `idx` and frees its slot.
+    #[inline]
     fn merge_next(&mut self, idx: u32) {
         let next = self.chunks[idx as usize].next;
         let (size, after) = {
@@ -799,7 +803,42 @@ impl Arena {
         self.release_slot(next);
     }
 
+    /// Merges chunk `idx` (with neighbours `prev` and `next`) into its next neighbour
+    /// `next` (unbinned), which keeps its slot, and frees `idx`'s slot. Where
+    /// [`Arena::merge_next`] on `idx` would relink the chunk after `next` (one more record
+    /// to load, at random with many chunks), this relinks `prev`, whose record the caller
+    /// has just read; when `idx` starts its region, the region's first chunk becomes `next`.
+    #[inline]
+    fn merge_into_next(&mut self, idx: u32, prev: u32, next: u32) {
+        let (addr, size) = {
+            let c = &self.chunks[idx as usize];
+            (c.addr, c.size)
+        };
+        let n = &mut self.chunks[next as usize];
+        n.addr = addr;
+        n.size += size;
+        n.prev = prev;
+        if prev != NONE {
+            self.chunks[prev as usize].next = next;
+        } else {
+            self.first_moved(idx, next);
+        }
+        self.release_slot(idx);
+    }
+
+    /// The region whose first chunk was `from` starts with chunk `to` now.
+    #[cold]
+    #[inline(never)]
+    fn first_moved(&mut self, from: u32, to: u32) {
+        let r = self.regions.iter_mut().find(|r| r.first == from);
+        debug_assert!(r.is_some(), "chunk {from} starts no region");
+        if let Some(r) = r {
+            r.first = to;
+        }
+    }
+
     /// Takes a vacant slot (reusing one, or growing the slab), or `None` when the slab is full.
+    #[inline]
     fn new_slot_vacant(&mut self) -> Option<u32> {
         if self.vacant != NONE {
             let idx = self.vacant;
@@ -826,6 +865,7 @@ impl Arena {
         Some(idx)
     }
 
+    #[inline]
     fn release_slot(&mut self, idx: u32) {
         let c = &mut self.chunks[idx as usize];
         c.set_state(State::Vacant);

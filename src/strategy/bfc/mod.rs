@@ -125,8 +125,17 @@ struct Inner {
 
 impl Inner {
     /// Bytes handed out: the arena's in-use bytes less the pending frees.
+    #[inline]
     fn bytes_in_use(&self) -> u64 {
         self.arena.bytes_in_use() - self.order.bytes()
+    }
+
+    /// Counts an allocation of a chunk of `chunk_size` bytes, now in the arena's books.
+    #[inline(always)]
+    fn note_allocated(&mut self, chunk_size: u64) {
+        self.num_allocs += 1;
+        self.peak_bytes_in_use = self.peak_bytes_in_use.max(self.bytes_in_use());
+        self.largest_alloc_size = self.largest_alloc_size.max(chunk_size);
     }
 
     /// Starts `handed` at the switch to multi-stream mode: every chunk in use then is live
@@ -467,6 +476,114 @@ impl<D: Device + ?Sized> BfcAllocator<D> {
         self.add_region(inner, base, bytes)
     }
 
+    /// A zero-byte request: counted, served with an [`Allocation::empty`].
+    #[cold]
+    #[inline(never)]
+    fn allocate_empty(&self, stream: Stream) -> Allocation {
+        self.inner().num_allocs += 1;
+        Allocation::empty(stream, self.id)
+    }
+
+    /// [`Allocator::allocate`] off its hot path: the first request, a request on a stream
+    /// other than the first, any request once frees are stream-ordered, and one the bins
+    /// cannot serve (`bins_tried`: the hot path found no chunk, nothing changed since) —
+    /// pending frees, growth, and the CPU wait before refusing.
+    ///
+    /// # Errors
+    /// As [`Allocator::allocate`].
+    #[inline(never)]
+    fn allocate_other<'a>(
+        &'a self,
+        mut guard: MutexGuard<'a, Inner>,
+        request: &Request,
+        bins_tried: bool,
+    ) -> Result<Allocation> {
+        let mut inner = &mut *guard;
+        if !inner.order.is_first(request.stream) {
+            see_stream(&*self.device, inner, request.stream)?;
+        }
+        let served = if bins_tried {
+            self.allocate_slow(inner, request)
+        } else {
+            self.serve(inner, request)
+        };
+        let grant = match served {
+            Ok(g) => g,
+            Err(refused) => {
+                // Nothing serves it without a CPU wait: wait, with the lock released, for
+                // the frees still in flight, then try once more — the CPU waits only here,
+                // just before refusing.
+                let waits = inner.order.cpu_waits_pending();
+                if waits.is_empty() {
+                    return Err(refused);
+                }
+                drop(guard);
+                wait_outside(&*self.device, &waits);
+                guard = self.inner();
+                inner = &mut *guard;
+                self.serve(inner, request)?
+            }
+        };
+        if inner.order.is_multi() {
+            inner.record_handed(&grant);
+        }
+        inner.note_allocated(grant.chunk_size);
+        drop(guard);
+        Ok(Allocation::new(
+            grant.addr,
+            request.size,
+            request.stream,
+            self.id,
+            grant.token,
+        ))
+    }
+
+    /// The error for a free of `ptr` that names no live chunk.
+    #[cold]
+    #[inline(never)]
+    fn unknown(&self, ptr: u64) -> Error {
+        Error::UnknownPointer {
+            what: "allocation",
+            ptr,
+            backend: self.device.info().vendor.name(),
+        }
+    }
+
+    /// [`Allocator::deallocate`] once frees are stream-ordered: the chunk is kept pending
+    /// (or, `settled`, returned to the bins at once).
+    ///
+    /// # Errors
+    /// [`Error::UnknownPointer`] when it names no live chunk.
+    #[inline(never)]
+    fn deallocate_ordered(
+        &self,
+        mut guard: MutexGuard<'_, Inner>,
+        allocation: Allocation,
+        settled: bool,
+    ) -> Result<()> {
+        let inner = &mut *guard;
+        let (token, ptr) = (allocation.token(), allocation.ptr());
+        let idx = token as u32 as usize;
+        // The chunk stays in use in the arena while pending: `handed` tells a live chunk from
+        // a pending (or stale, or forged) one.
+        let Some(h) = inner
+            .handed
+            .get(idx)
+            .copied()
+            .filter(|h| h.size != 0 && h.token == token && h.addr == ptr)
+        else {
+            drop(guard);
+            return Err(self.unknown(ptr));
+        };
+        inner.handed[idx].size = 0;
+        if settled {
+            release_pending(&mut inner.arena, h);
+        } else if let Some(now) = inner.order.free(&*self.device, allocation.stream(), h) {
+            release_pending(&mut inner.arena, now);
+        }
+        Ok(())
+    }
+
     /// Looks for a pending chunk that the split rule would hand out whole for `rounded` bytes
     /// at `alignment` (the smallest, then the lowest address), handed out again under a new
     /// generation, behind a GPU-side wait on `stream` for its free's event (no CPU wait): one
@@ -672,50 +789,34 @@ impl<D: Device + ?Sized> Allocator for BfcAllocator<D> {
         let Some(Admitted { alignment, rounded }) =
             admit(size, alignment, MIN_ALLOCATION, MAX_ALIGNMENT)?
         else {
-            self.inner().num_allocs += 1;
-            return Ok(Allocation::empty(stream, self.id));
+            return Ok(self.allocate_empty(stream));
         };
         let mut guard = self.inner();
-        let mut inner = &mut *guard;
-        if !inner.order.is_first(stream) {
-            see_stream(&*self.device, inner, stream)?;
-        }
+        let inner = &mut *guard;
         let request = Request {
             stream,
             size,
             rounded,
             alignment,
         };
-        let grant = match self.serve(inner, &request) {
-            Ok(g) => g,
-            Err(refused) => {
-                // Nothing serves it without a CPU wait: wait, with the lock released, for
-                // the frees still in flight, then try once more — the CPU waits only here,
-                // just before refusing.
-                let waits = inner.order.cpu_waits_pending();
-                if waits.is_empty() {
-                    return Err(refused);
-                }
+        // The hot path: every request so far on one stream (nothing pending, no books of
+        // chunks handed out), and the bins serve it. Everything else — the first request, a
+        // second stream, growth, waits — is `allocate_other`, out of line.
+        let single = inner.order.is_first(stream) && !inner.order.is_multi();
+        if single {
+            if let Some(grant) = inner.arena.allocate(rounded, alignment, size) {
+                inner.note_allocated(grant.chunk_size);
                 drop(guard);
-                wait_outside(&*self.device, &waits);
-                guard = self.inner();
-                inner = &mut *guard;
-                self.serve(inner, &request)?
+                return Ok(Allocation::new(
+                    grant.addr,
+                    size,
+                    stream,
+                    self.id,
+                    grant.token,
+                ));
             }
-        };
-        if inner.order.is_multi() {
-            inner.record_handed(&grant);
         }
-        inner.num_allocs += 1;
-        inner.peak_bytes_in_use = inner.peak_bytes_in_use.max(inner.bytes_in_use());
-        inner.largest_alloc_size = inner.largest_alloc_size.max(grant.chunk_size);
-        Ok(Allocation::new(
-            grant.addr,
-            size,
-            stream,
-            self.id,
-            grant.token,
-        ))
+        self.allocate_other(guard, &request, single)
     }
 
     /// Frees the chunk and coalesces it with its free neighbours at once.
@@ -730,37 +831,24 @@ impl<D: Device + ?Sized> Allocator for BfcAllocator<D> {
         if !holds_memory(&allocation, self.id)? {
             return Ok(());
         }
-        let unknown = || Error::UnknownPointer {
-            what: "allocation",
-            ptr: allocation.ptr(),
-            backend: self.device.info().vendor.name(),
-        };
-        let (token, ptr) = (allocation.token(), allocation.ptr());
-        let idx = token as u32 as usize;
         // Made on another thread's per-thread stream: no event on this thread's can order the
         // free after that work, so the device is synchronised (without the lock) instead.
         let settled = allocation.freed_off_its_thread() && synchronized(&*self.device);
         let mut guard = self.inner();
         let inner = &mut *guard;
-        if !inner.order.is_multi() {
-            inner.arena.free(token, ptr).ok_or_else(unknown)?;
-            inner.order.freed_at_once();
-            return Ok(());
+        if inner.order.is_multi() {
+            return self.deallocate_ordered(guard, allocation, settled);
         }
-        // The chunk stays in use in the arena while pending: `handed` tells a live chunk from
-        // a pending (or stale, or forged) one.
-        let h = inner
-            .handed
-            .get(idx)
-            .copied()
-            .filter(|h| h.size != 0 && h.token == token && h.addr == ptr)
-            .ok_or_else(unknown)?;
-        inner.handed[idx].size = 0;
-        if settled {
-            release_pending(&mut inner.arena, h);
-        } else if let Some(now) = inner.order.free(&*self.device, allocation.stream(), h) {
-            release_pending(&mut inner.arena, now);
+        // One stream: straight back to the bins; the arena checks the token.
+        if inner
+            .arena
+            .free(allocation.token(), allocation.ptr())
+            .is_none()
+        {
+            drop(guard);
+            return Err(self.unknown(allocation.ptr()));
         }
+        inner.order.freed_at_once();
         Ok(())
     }
 
