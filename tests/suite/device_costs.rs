@@ -30,6 +30,16 @@ fn three_mib(dir: &std::path::Path) -> String {
     path.to_str().unwrap().to_string()
 }
 
+/// The calls a result's modelled time lacks a price for (`device_time_unpriced`).
+fn unpriced(result: &serde_json::Value) -> Vec<&str> {
+    result["device_time_unpriced"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect()
+}
+
 /// A fresh directory for one test.
 fn dir(name: &str) -> std::path::PathBuf {
     let d = std::env::temp_dir().join(format!("portalloc-costs-{}-{name}", std::process::id()));
@@ -191,12 +201,7 @@ fn the_built_in_table_names_what_it_cannot_price() {
     }
     let platform = &results[1];
     assert!(platform["device_time_model_s"].is_null(), "{platform}");
-    let unpriced: Vec<&str> = platform["device_time_unpriced"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_str().unwrap())
-        .collect();
+    let unpriced = unpriced(platform);
     assert_eq!(
         unpriced,
         ["alloc", "free", "synchronize_stream"],
@@ -249,12 +254,7 @@ fn a_presets_replay_is_priced_by_its_own_table() {
     );
     let r = &mi300x["results"][0];
     assert!(r["device_time_model_s"].is_null(), "{r}");
-    let unpriced: Vec<&str> = r["device_time_unpriced"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_str().unwrap())
-        .collect();
+    let unpriced = unpriced(r);
     assert!(
         unpriced.contains(&"create_physical") && unpriced.contains(&"map"),
         "{r}"
