@@ -73,6 +73,10 @@ use super::common::{admit, holds_memory, synchronized, Admitted, FailedRequest};
 pub use super::stream_order::EVENT_POOL;
 use super::stream_order::{wait_outside, StreamOrder, TokenChunk};
 
+/// Sizes `1..=ROUNDS_UP` round up to 256 B without overflow: `size − 1 < ROUNDS_UP` is the
+/// hot path's one check that a request is neither empty nor too large to round.
+const ROUNDS_UP: u64 = u64::MAX - (MIN_ALLOCATION - 1);
+
 /// How many times [`Allocator::trim`] waits, with the lock released, for the work on freed
 /// memory before it waits with the lock held (frees that keep arriving meanwhile).
 const TRIM_WAITS: usize = 3;
@@ -786,26 +790,32 @@ impl<D: Device + ?Sized> Allocator for BfcAllocator<D> {
         stream: Stream,
         _tag: &str,
     ) -> Result<Allocation> {
-        let Some(Admitted { alignment, rounded }) =
-            admit(size, alignment, MIN_ALLOCATION, MAX_ALIGNMENT)?
-        else {
-            return Ok(self.allocate_empty(stream));
+        // The common request (default alignment, a size that rounds up without overflow)
+        // skips `admit`'s general checks.
+        let (alignment, rounded) = if alignment == 0 && size.wrapping_sub(1) < ROUNDS_UP {
+            (
+                MIN_ALLOCATION,
+                (size + (MIN_ALLOCATION - 1)) & !(MIN_ALLOCATION - 1),
+            )
+        } else {
+            match admit(size, alignment, MIN_ALLOCATION, MAX_ALIGNMENT)? {
+                Some(Admitted { alignment, rounded }) => (alignment, rounded),
+                None => return Ok(self.allocate_empty(stream)),
+            }
         };
         let mut guard = self.inner();
         let inner = &mut *guard;
-        let request = Request {
-            stream,
-            size,
-            rounded,
-            alignment,
-        };
         // The hot path: every request so far on one stream (nothing pending, no books of
         // chunks handed out), and the bins serve it. Everything else — the first request, a
         // second stream, growth, waits — is `allocate_other`, out of line.
         let single = inner.order.is_first(stream) && !inner.order.is_multi();
         if single {
             if let Some(grant) = inner.arena.allocate(rounded, alignment, size) {
-                inner.note_allocated(grant.chunk_size);
+                // Nothing is pending on one stream: the arena's bytes in use are all handed out.
+                debug_assert_eq!(inner.order.bytes(), 0);
+                inner.num_allocs += 1;
+                inner.peak_bytes_in_use = inner.peak_bytes_in_use.max(inner.arena.bytes_in_use());
+                inner.largest_alloc_size = inner.largest_alloc_size.max(grant.chunk_size);
                 drop(guard);
                 return Ok(Allocation::new(
                     grant.addr,
@@ -816,6 +826,12 @@ impl<D: Device + ?Sized> Allocator for BfcAllocator<D> {
                 ));
             }
         }
+        let request = Request {
+            stream,
+            size,
+            rounded,
+            alignment,
+        };
         self.allocate_other(guard, &request, single)
     }
 
