@@ -638,3 +638,95 @@ fn sleep_and_wake_copy_piece_by_piece() {
     vmm.check_invariants().unwrap();
     vmm.deallocate(a).unwrap();
 }
+
+/// Fails the `nth` call named `once` (counted from 1) and every call named `always`, while
+/// armed.
+#[derive(Debug)]
+struct FaultNamed {
+    inner: Arc<HostDevice>,
+    /// (armed, `once` and its `nth`, `always`, calls named `once` so far)
+    state: Mutex<(bool, &'static str, u64, &'static str, u64)>,
+}
+
+impl DeviceWrapper for FaultNamed {
+    type Inner = HostDevice;
+    fn wrapped(&self) -> &HostDevice {
+        &self.inner
+    }
+    fn before(&self, call: &Call<'_>) -> portalloc::Result<()> {
+        let mut s = self.state.lock().unwrap();
+        let name = call.name();
+        let fail = s.0
+            && ((name == s.1 && {
+                s.4 += 1;
+                s.4 == s.2
+            }) || name == s.3);
+        if fail {
+            return Err(Error::Driver {
+                backend: "host",
+                call: name,
+                code: 999,
+                name: "INJECTED_FAULT".into(),
+                message: "injected by the test".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A sleep whose copy fails part way (the 3rd piece's), and whose undo fails too (every map
+/// or every upload refused): the tag stays asleep — with all its bytes, the copies not made
+/// when the first failed being made before the undo, so that neither a trim nor other
+/// allocations taking the memory (what the books left untouched) lose any: the next wake
+/// brings every byte back.
+#[test_case("map", "" ; "undo refused its maps")]
+#[test_case("copy_from_host", "" ; "undo refused its uploads")]
+#[test_case("map", "trim" ; "then a trim")]
+#[test_case("map", "others allocate" ; "then others take the memory")]
+fn a_sleep_that_fails_and_cannot_be_undone_keeps_every_byte(undo_fails: &'static str, then: &str) {
+    let host = host_device(64 * MIB, false);
+    let device = Arc::new(FaultNamed {
+        inner: Arc::clone(&host),
+        state: Mutex::new((false, "", 0, "", 0)),
+    });
+    let options = VmmOptions {
+        copy_piece: 2 * MIB,
+        ..VmmOptions::new(32 * MIB)
+    };
+    let vmm = VmmAllocator::new(Arc::clone(&device), options).unwrap();
+    let w = vmm
+        .allocate(8 * MIB, 0, Stream::DEFAULT, "undo-fails")
+        .unwrap();
+    let other = vmm.allocate(4 * MIB, 0, Stream::DEFAULT, "").unwrap();
+    write(&w, 9);
+    *device.state.lock().unwrap() = (true, "copy_to_host", 3, undo_fails, 0);
+    let slept = vmm.sleep("undo-fails", Keep::Contents);
+    device.state.lock().unwrap().0 = false;
+    assert!(slept.is_err(), "{slept:?}");
+    assert!(vmm.is_asleep(&w), "the undo failed: asleep");
+    vmm.check_invariants().unwrap();
+    match then {
+        "trim" => {
+            vmm.trim().unwrap();
+        }
+        "others allocate" => {
+            let mut taken = Vec::new();
+            while let Ok(a) = vmm.allocate(2 * MIB, 0, Stream::DEFAULT, "") {
+                write(&a, 3);
+                taken.push(a);
+            }
+            assert!(!taken.is_empty());
+            for a in taken {
+                vmm.deallocate(a).unwrap();
+            }
+        }
+        _ => {}
+    }
+    vmm.wake("undo-fails").unwrap();
+    assert_eq!(first_wrong(&w, 9), None);
+    vmm.check_invariants().unwrap();
+    vmm.deallocate(w).unwrap();
+    vmm.deallocate(other).unwrap();
+    drop(vmm);
+    assert!(host.census().is_empty(), "{:?}", host.census());
+}

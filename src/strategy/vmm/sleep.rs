@@ -652,12 +652,15 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
     /// ```
     ///
     /// # Errors
-    /// The device's error for a copy or a wait, or [`Error::HostOutOfMemory`] (naming the tag
-    /// and the bytes) when host memory for a copy cannot be had: then nothing sleeps and
-    /// nothing is lost. An
-    /// unmap or release the device refuses: the allocations are woken again (and the error
-    /// returned); should even that fail, they stay asleep with their contents, for a later
-    /// [`VmmAllocator::wake`].
+    /// [`Error::HostOutOfMemory`] (naming the tag and the bytes) when host memory for the
+    /// copies cannot be had: then nothing sleeps and nothing is lost. The device's error for
+    /// a copy, a wait, an unmap or a release: the copies not made yet are made (the memory
+    /// is still mapped), the allocations are woken again with their bytes, and the error is
+    /// returned; should the undo fail too, they stay asleep with their contents, for a later
+    /// [`VmmAllocator::wake`] — unless the copies themselves kept failing, when what they
+    /// could not copy stays only in memory that the failed undo may have left unguarded.
+    /// With [`Keep::Nothing`] an undone sleep wakes the allocations without their bytes, as
+    /// a wake does: they were to be discarded.
     pub fn sleep(&self, tag: &str, keep: Keep) -> Result<SleepReport> {
         let device = &*self.device;
         let mut guard = self.inner();
@@ -776,26 +779,33 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
                 None => Ok(()),
             }
         };
-        let mut handed_back = match pieces.first() {
-            Some(&first) => issue(inner, first),
-            None => Ok(()),
-        };
-        for k in 0..pieces.len() {
-            if handed_back.is_err() {
-                break;
-            }
-            let (addr, _, hi) = pieces[k];
-            // Piece `k` copied (the stream's work so far: only it is in flight).
-            handed_back = match inner.tags.asleep.get_mut(&addr) {
+        // Waits for the copy of `piece` (the stream's work so far), then counts its bytes
+        // valid.
+        let settle = |inner: &mut super::Inner, (addr, _, hi): (u64, u64, u64)| -> Result<()> {
+            match inner.tags.asleep.get_mut(&addr) {
                 Some(t) => match &mut t.copy {
                     Some(copy) => copy.settle(device).map(|()| t.valid = hi - addr),
                     None => Ok(()),
                 },
                 None => Ok(()),
-            };
+            }
+        };
+        let mut handed_back = match pieces.first() {
+            Some(&first) => issue(inner, first),
+            None => Ok(()),
+        };
+        // Pieces copied: their bytes are valid in the host copies.
+        let mut copied = 0;
+        for k in 0..pieces.len() {
             if handed_back.is_err() {
                 break;
             }
+            let (_, _, hi) = pieces[k];
+            handed_back = settle(inner, pieces[k]);
+            if handed_back.is_err() {
+                break;
+            }
+            copied = k + 1;
             if let Some(&after) = pieces.get(k + 1) {
                 handed_back = issue(inner, after);
                 if handed_back.is_err() {
@@ -808,6 +818,18 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         let handed_back = handed_back.and_then(|()| self.release_idle_handles(vm, inner));
         report.device_bytes = pool_before.saturating_sub(inner.phys.pool_bytes());
         if let Err(e) = handed_back {
+            // What is not copied yet sits in memory no chunk touches (the books put them to
+            // sleep first): copied now, while it is still mapped, so that should the undo
+            // below fail the tag sleeps with all its contents, not with memory anyone could
+            // take or a trim hand back.
+            for &piece in &pieces[copied..] {
+                if let Err(f) = issue(inner, piece).and_then(|()| settle(inner, piece)) {
+                    tracing::warn!(error = %f, tag,
+                        "vmm: a failed sleep's copies could not be finished; the undo fills back \
+                         what was copied, the rest never having left the memory");
+                    break;
+                }
+            }
             // Woken again, so that a failed sleep leaves them as they were.
             let slept: Vec<u64> = slept.into_iter().map(|(addr, _)| addr).collect();
             return match self.wake_chunks(inner, tag, &slept) {
