@@ -175,20 +175,20 @@ const CUDA: &[PricedCall] = &[
 ///
 /// * h100-80g: NVIDIA/nvbandwidth issue #24, an H100 cluster, eight GPUs:
 ///   `host_to_device_memcpy_sm` 35.03–35.39 GB/s, `device_to_host_memcpy_sm` 52.76–52.78 GB/s
-///   (the medians 35.2 and 52.77 GB/s, i.e. 32.8 and 49.1 GiB/s). Copies by SM kernels; no
+///   (the medians 35.25 and 52.77 GB/s, i.e. 32.8 and 49.1 GiB/s). Copies by SM kernels; no
 ///   copy-engine (`cudaMemcpyAsync`) figure of an H100 was found published.
 /// * h200: the same host link (PCIe 5 ×16) as the H100 SXM; the H100's figures stand in.
 /// * mi300x: unknown — no published host↔device figure of an MI300X was found.
 pub fn copy_for_preset(preset: &str) -> Option<(CopyBandwidth, &'static str)> {
     const H100: CopyBandwidth = CopyBandwidth {
         to_host: 52.77e9 / GIB,
-        to_device: 35.2e9 / GIB,
+        to_device: 35.25e9 / GIB,
     };
     match preset {
         "h100-80g" => Some((
             H100,
             "H100, nvbandwidth device_to_host_memcpy_sm 52.77 GB/s, \
-             host_to_device_memcpy_sm 35.2 GB/s (NVIDIA/nvbandwidth#24, medians of 8 GPUs; \
+             host_to_device_memcpy_sm 35.25 GB/s (NVIDIA/nvbandwidth#24, medians of 8 GPUs; \
              SM copies, no copy-engine figure published)",
         )),
         "h200" => Some((
