@@ -905,6 +905,27 @@ mod tests {
         a
     }
 
+    #[test]
+    fn a_free_merging_into_its_next_neighbour_relinks_and_keeps_the_region_start() {
+        let mut a = arena(&[(0, MIB), (4 * MIB, MIB)]);
+        let x = a.allocate(256 << 10, 256, 256 << 10).unwrap();
+        let y = a.allocate(256 << 10, 256, 1).unwrap();
+        assert_eq!((x.addr, y.addr), (0, 256 << 10));
+        // `y`'s next neighbour is free, its previous one (`x`) in use.
+        a.free(y.token, y.addr).unwrap();
+        a.check_invariants().unwrap();
+        // `x` starts region 0 and its next neighbour is free: the region starts with that
+        // neighbour's slot now.
+        a.free(x.token, x.addr).unwrap();
+        a.check_invariants().unwrap();
+        assert_eq!(a.free_regions(), [(0, MIB), (4 * MIB, MIB)]);
+        assert_eq!(a.largest_free(), MIB);
+        assert!(a.remove_free_region(0));
+        a.check_invariants().unwrap();
+        let z = a.allocate(MIB, 256, MIB).unwrap();
+        assert_eq!(z.addr, 4 * MIB);
+    }
+
     fn alloc(a: &mut Arena, bytes: u64) -> Grant {
         let g = a.allocate(bytes, 256, bytes).unwrap();
         a.check_invariants().unwrap();
