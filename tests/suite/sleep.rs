@@ -316,6 +316,17 @@ fn sleep_waits_for_kernels_in_flight_and_keeps_the_callers_device(target: Target
     rig.finish();
 }
 
+/// The driver error the fault-injecting wrappers return for `call`.
+fn injected(call: &'static str) -> Error {
+    Error::Driver {
+        backend: "host",
+        call,
+        code: 999,
+        name: "INJECTED_FAULT".into(),
+        message: "injected by the test".into(),
+    }
+}
+
 /// Fails the `fail_at`-th device call (counted while armed), once.
 #[derive(Debug)]
 struct FaultAt {
@@ -346,13 +357,7 @@ impl DeviceWrapper for FaultAt {
         }
         s.1 += 1;
         if s.1 == s.2 {
-            return Err(Error::Driver {
-                backend: "host",
-                call: call.name(),
-                code: 999,
-                name: "INJECTED_FAULT".into(),
-                message: "injected by the test".into(),
-            });
+            return Err(injected(call.name()));
         }
         Ok(())
     }
@@ -662,13 +667,7 @@ impl DeviceWrapper for FaultNamed {
                 s.4 == s.2
             }) || name == s.3);
         if fail {
-            return Err(Error::Driver {
-                backend: "host",
-                call: name,
-                code: 999,
-                name: "INJECTED_FAULT".into(),
-                message: "injected by the test".into(),
-            });
+            return Err(injected(name));
         }
         Ok(())
     }
