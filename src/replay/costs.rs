@@ -123,10 +123,7 @@ const KVCACHED_A100: &str = "A100, one thread, 2 MiB handles: ovg-project/kvcach
 const CUDA: &[PricedCall] = &[
     PricedCall {
         name: "reserve",
-        cost: Some(CallCost {
-            us: 19.0,
-            us_per_mib: 0.0,
-        }),
+        cost: per_call(19.0),
         source: "cuMemAddressReserve of 8 GB: 19 µs (A100: ovg-project/kvcached \
                  benchmarks/bench_vmm/README.md); modelled as per call",
     },
@@ -142,28 +139,19 @@ const CUDA: &[PricedCall] = &[
     },
     PricedCall {
         name: "map",
-        cost: Some(CallCost {
-            us: 1.45,
-            us_per_mib: 0.0,
-        }),
+        cost: per_call(1.45),
         source: KVCACHED_A100,
     },
     PricedCall {
         name: "set_access",
-        cost: Some(CallCost {
-            us: 35.99,
-            us_per_mib: 0.0,
-        }),
+        cost: per_call(35.99),
         source: "cuMemSetAccess of one 2 MiB mapping: 35.99 µs (A100, one thread: \
                  ovg-project/kvcached benchmarks/bench_vmm/README.md, average); modelled as \
                  per call, a span's growth with its size not measured",
     },
     PricedCall {
         name: "unmap",
-        cost: Some(CallCost {
-            us: 25.63,
-            us_per_mib: 0.0,
-        }),
+        cost: per_call(25.63),
         source: "cuMemUnmap of one 2 MiB mapping: 25.63 µs (A100, one thread: \
                  ovg-project/kvcached benchmarks/bench_vmm/README.md, average); modelled as \
                  per call",
@@ -198,6 +186,14 @@ pub fn copy_for_preset(preset: &str) -> Option<(CopyBandwidth, &'static str)> {
         )),
         _ => None,
     }
+}
+
+/// A cost of `us` per call, whatever the bytes.
+const fn per_call(us: f64) -> Option<CallCost> {
+    Some(CallCost {
+        us,
+        us_per_mib: 0.0,
+    })
 }
 
 /// Why a call of the CUDA or HIP tables is unknown.

@@ -7,9 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use portalloc::replay::{
-    min_capacity, preset, replay, Baseline, ReplayOptions, ReplayStrategy, TraceInput,
-};
+use portalloc::replay::{min_capacity, preset, Baseline, ReplayStrategy, TraceInput};
 use portalloc::trace::{Event, Op, TraceHeader};
 use test_case::test_case;
 
@@ -25,16 +23,7 @@ fn trace(rows: &[(Op, u64, u64)], baseline: u64, blocks: &[u64]) -> TraceInput {
     let events = rows
         .iter()
         .enumerate()
-        .map(|(i, &(op, id, size))| Event {
-            seq: i as u64,
-            time_ns: i as u64,
-            thread: 0,
-            stream: 0,
-            op,
-            id,
-            size,
-            tag: 0,
-        })
+        .map(|(i, &(op, id, size))| crate::support::event(i as u64, op, id, size))
         .collect();
     TraceInput::Events {
         header,
@@ -304,13 +293,7 @@ fn shared_traces_need_at_most_1_3_times_peak_live() {
         }
         let baseline = Baseline::scan(&input).unwrap();
         for strategy in STRATEGIES {
-            let options = ReplayOptions {
-                device: h100,
-                fraction: 0.75,
-                samples: 0,
-                sleep_tags: 0,
-            };
-            let r = replay(&input, &baseline, strategy, &options, None).unwrap();
+            let r = crate::support::replay::on(&input, strategy, h100, 0.75);
             if r.peak_live < 64 * STEP {
                 eprintln!("{name}: peak live {} B: not compared", r.peak_live);
                 break;

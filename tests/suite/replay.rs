@@ -145,13 +145,7 @@ fn peak_live_is_the_demand_even_when_it_runs_out(strategy: ReplayStrategy) {
     let input = trace(&[(A, 1, 100 * GIB), (F, 1, 100 * GIB)], 0);
     let h100 = preset("h100-80g").unwrap();
     let baseline = Baseline::scan(&input).unwrap();
-    let options = ReplayOptions {
-        device: h100,
-        fraction: 0.75,
-        samples: 0,
-        sleep_tags: 0,
-    };
-    let r = replay(&input, &baseline, strategy, &options, None).unwrap();
+    let r = crate::support::replay::on(&input, strategy, h100, 0.75);
     assert_eq!(r.oom_count, 1);
     assert_eq!(r.peak_live, 100 * GIB);
     let m = min_capacity(&input, &baseline, strategy, h100, r.peak_live, 2 * MIB).unwrap();
@@ -264,14 +258,7 @@ fn min_capacity_grows_the_upper_bound_when_fragmentation_needs_more() {
 #[test]
 fn async_replays_on_the_hosts_stream_ordered_pool() {
     let input = trace(&[(A, 1, MIB), (F, 1, MIB)], 0);
-    let baseline = Baseline::scan(&input).unwrap();
-    let options = ReplayOptions {
-        device: device(1 << 30),
-        fraction: 1.0,
-        samples: 0,
-        sleep_tags: 0,
-    };
-    let r = replay(&input, &baseline, ReplayStrategy::Async, &options, None).unwrap();
+    let r = crate::support::replay::run(&input, ReplayStrategy::Async, 1 << 30, 1.0);
     assert_eq!((r.peak_live, r.oom_count), (MIB, 0));
     assert_eq!(
         r.device_calls, 3,
@@ -520,13 +507,7 @@ fn a_likely_fit_finds_the_same_capacity_sooner(strategy: ReplayStrategy) {
     };
     let h100 = preset("h100-80g").unwrap();
     let baseline = Baseline::scan(&input).unwrap();
-    let options = ReplayOptions {
-        device: h100,
-        fraction: 0.75,
-        samples: 0,
-        sleep_tags: 0,
-    };
-    let r = replay(&input, &baseline, strategy, &options, None).unwrap();
+    let r = crate::support::replay::on(&input, strategy, h100, 0.75);
     let plain = min_capacity(&input, &baseline, strategy, h100, r.peak_live, 2 * MIB).unwrap();
     let hinted = portalloc::replay::min_capacity_with(
         &input,

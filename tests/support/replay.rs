@@ -29,9 +29,22 @@ pub fn run(
     capacity: u64,
     fraction: f64,
 ) -> ReplayResult {
+    on(input, strategy, device(capacity), fraction)
+}
+
+/// `input` replayed through `strategy` on `device` at `fraction`, no timeline.
+///
+/// # Panics
+/// When the trace or the replay fails (an out-of-memory is a result, not a failure).
+pub fn on(
+    input: &TraceInput,
+    strategy: ReplayStrategy,
+    device: DeviceSpec,
+    fraction: f64,
+) -> ReplayResult {
     let baseline = Baseline::scan(input).unwrap();
     let options = ReplayOptions {
-        device: device(capacity),
+        device,
         fraction,
         samples: 0,
         sleep_tags: 0,
