@@ -174,6 +174,15 @@ pub struct Arena {
     /// Head of the list of `Vacant` slots (linked through `next`), or `NONE`.
     /// Invariant: the list holds exactly the `Vacant` slots.
     vacant: u32,
+    /// One bit per slot, set iff the slot's chunk is `InUse`: what [`Arena::free`] asks of
+    /// the freed chunk's neighbours. A neighbour is never `Vacant`, so a clear bit means
+    /// `Free`. With hundreds of thousands of chunks the neighbours' records are cache
+    /// misses, taken after the freed chunk's own (their slots are in it); this map is an
+    /// eighth of a byte per slot and stays in cache, so a free whose neighbours are both in
+    /// use — nearly every free while the heap is full — reads no record but its own.
+    /// Invariant: `in_use.len() == chunks.len().div_ceil(64)`, bit `i % 64` of word
+    /// `i / 64` set iff slot `i` is `InUse`.
+    in_use: Vec<u64>,
     /// Regions, in the order they were added. Invariant: they do not overlap.
     regions: Vec<Region>,
     /// Free chunks: XLA's bins refined into size classes (see [`FreeIndex`]). Invariant:
@@ -205,6 +214,7 @@ impl Arena {
         Arena {
             chunks: Vec::new(),
             vacant: NONE,
+            in_use: Vec::new(),
             regions: Vec::new(),
             free: FreeIndex::new(),
             bytes_in_use: 0,
@@ -407,6 +417,7 @@ impl Arena {
             chunk_size: c.size,
             token: (u64::from(c.generation) << 32) | u64::from(idx),
         };
+        self.in_use[idx as usize / 64] |= 1 << (idx % 64);
         if slack >= u64::from(SLACK_SPILLED) {
             self.spill(idx, requested);
         }
@@ -499,13 +510,15 @@ impl Arena {
         };
         c.set_state(State::Free);
         let (prev, next) = (c.prev, c.next);
+        self.in_use[idx as usize / 64] &= !(1 << (idx % 64));
         if slack == SLACK_SPILLED {
             freed.requested = self.unspill(idx);
         }
         self.bytes_in_use -= freed.chunk_size;
         self.live -= 1;
-        let next_free = next != NONE && self.chunks[next as usize].is(State::Free);
-        let prev_free = prev != NONE && self.chunks[prev as usize].is(State::Free);
+        // From the map, not the records (see `in_use`): a neighbour is `Free` or `InUse`.
+        let next_free = next != NONE && !self.is_in_use_slot(next);
+        let prev_free = prev != NONE && !self.is_in_use_slot(prev);
         // A free neighbour's index entry is updated in place to the merged chunk.
         match (prev_free, next_free) {
             (false, false) => self.free.insert(freed.chunk_size, addr, idx),
@@ -685,6 +698,19 @@ impl Arena {
                 self.spilled.len()
             ));
         }
+        if self.in_use.len() != self.chunks.len().div_ceil(64) {
+            return Err(format!(
+                "the in-use map has {} words for {} slots",
+                self.in_use.len(),
+                self.chunks.len()
+            ));
+        }
+        if let Some(idx) = (0..self.in_use.len() * 64).find(|&i| {
+            let bit = self.in_use[i / 64] & (1 << (i % 64)) != 0;
+            bit != self.chunks.get(i).is_some_and(|c| c.is(State::InUse))
+        }) {
+            return Err(format!("the in-use map disagrees with slot {idx}"));
+        }
         if reached + vacant != self.chunks.len() {
             return Err(format!(
                 "{} slots, but {reached} reachable from regions and {vacant} vacant",
@@ -852,7 +878,16 @@ impl Arena {
             .ok()
             .filter(|&i| i != NONE)?;
         self.chunks.push(Chunk::blank(State::Free));
+        if self.in_use.len() * 64 < self.chunks.len() {
+            self.in_use.push(0);
+        }
         Some(idx)
+    }
+
+    /// Bit `idx` of [`Arena::in_use`].
+    #[inline(always)]
+    fn is_in_use_slot(&self, idx: u32) -> bool {
+        self.in_use[idx as usize / 64] & (1 << (idx % 64)) != 0
     }
 
     fn new_slot(&mut self, chunk: Chunk) -> Option<u32> {
@@ -935,6 +970,36 @@ mod tests {
     fn free(a: &mut Arena, g: Grant) {
         a.free(g.token, g.addr).unwrap();
         a.check_invariants().unwrap();
+    }
+
+    /// The in-use map is what `free` reads of a neighbour: frees beside free and in-use
+    /// neighbours keep it in step with the records, and a bit flipped either way, or a
+    /// word missing, is named by the invariant check.
+    #[test]
+    fn the_in_use_map_follows_the_records_and_is_checked() {
+        let mut a = arena(&[(0, 100 * 256)]);
+        let g: Vec<Grant> = (0..70).map(|_| alloc(&mut a, 256)).collect();
+        // 70 slots and the tail's: a second word of the map.
+        assert_eq!(a.in_use.len(), 2);
+        for i in [1, 3, 2, 68, 66, 67, 0] {
+            free(&mut a, g[i]);
+        }
+        let intact = a.in_use.clone();
+        for (word, bit) in [(0, 0), (0, 5), (1, 3), (1, 63)] {
+            a.in_use[word] ^= 1 << bit;
+            let err = a.check_invariants().unwrap_err();
+            assert!(err.contains("in-use map disagrees"), "{err}");
+            a.in_use[word] ^= 1 << bit;
+        }
+        a.in_use.pop();
+        let err = a.check_invariants().unwrap_err();
+        assert!(err.contains("in-use map has 1 words"), "{err}");
+        a.in_use = intact;
+        a.check_invariants().unwrap();
+        for i in (4..66).chain([69]) {
+            free(&mut a, g[i]);
+        }
+        assert_eq!(a.in_use, [0, 0]);
     }
 
     #[test]
