@@ -1,9 +1,10 @@
 //! Model-based test of vmm's address-space chunk manager (`strategy::vmm::space::Space`):
 //! random sequences of add_region / find + commit (low and high ends, aligned or not) /
 //! candidates / stale commits / free (live, stale and forged tokens) / retoken / carve /
-//! in_use_overlapping against a reference model — the ordered-map implementation `Space` had
-//! before its slab and binned free index (a `BTreeMap` of chunks by address and a `BTreeSet`
-//! of `(size, address)` per class), kept here as the specification of its placements. After
+//! in_use_overlapping, with and without remainders folded (at several granules), against a
+//! reference model — the ordered-map implementation `Space` had before its slab and binned
+//! free index (a `BTreeMap` of chunks by address and a `BTreeSet` of `(size, address)` per
+//! class), kept here as the specification of its placements. After
 //! every step both must agree on every answer, the placements and grants, the chunks in use,
 //! the largest free chunk and the free chunks, and `check_invariants()` must hold.
 //!
@@ -29,6 +30,8 @@ struct Model {
     regions: Vec<(u64, u64)>,
     class_of: Vec<usize>,
     last_token: u64,
+    /// `Space::fold_within`'s granule (0: never fold).
+    fold: u64,
 }
 
 impl Model {
@@ -118,17 +121,40 @@ impl Model {
             return None;
         }
         self.take(p.chunk);
-        if p.addr > p.chunk {
-            self.put(p.chunk, p.addr - p.chunk, 0, 0, region);
+        // What is handed out: the request, and a remainder on one side only of at most an
+        // eighth of it, in the granule of the request's byte next to it (below: only onto a
+        // start at least as aligned).
+        let (mut lo, mut hi) = (p.addr, p.addr + rounded);
+        let (below, above) = (p.addr - p.chunk, end - hi);
+        let g = self.fold;
+        if g != 0
+            && below == 0
+            && above > 0
+            && above <= rounded / 8
+            && (end - 1) / g == (hi - 1) / g
+        {
+            hi = end;
         }
-        if p.addr + rounded < end {
-            self.put(p.addr + rounded, end - p.addr - rounded, 0, 0, region);
+        if g != 0
+            && above == 0
+            && below > 0
+            && below <= rounded / 8
+            && p.chunk / g == p.addr / g
+            && p.chunk.trailing_zeros() >= p.addr.trailing_zeros()
+        {
+            lo = p.chunk;
+        }
+        if lo > p.chunk {
+            self.put(p.chunk, lo - p.chunk, 0, 0, region);
+        }
+        if hi < end {
+            self.put(hi, end - hi, 0, 0, region);
         }
         self.last_token += 1;
-        self.put(p.addr, rounded, requested, self.last_token, region);
+        self.put(lo, hi - lo, requested, self.last_token, region);
         Some(Grant {
-            addr: p.addr,
-            size: rounded,
+            addr: lo,
+            size: hi - lo,
             token: self.last_token,
         })
     }
@@ -675,8 +701,13 @@ proptest! {
     fn space_matches_the_ordered_map_model(
         first in (1u64..4096, 0..CLASSES),
         ops in proptest::collection::vec(op(), 1..120),
+        fold in prop_oneof![Just(0u64), Just(4096), Just(1 << 16), Just(2 << 20)],
     ) {
         let mut pair = Pair::default();
+        if fold != 0 {
+            pair.space.fold_within(fold);
+        }
+        pair.model.fold = fold;
         pair.step(&Op::AddRegion { base: 1 << 20, units: first.0, class: first.1, misaligned: false });
         pair.agree();
         for op in &ops {
