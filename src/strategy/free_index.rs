@@ -13,7 +13,7 @@
 //! class in a few instructions.
 //!
 //! A class is one cache line (64 bytes, aligned): it keeps up to two chunks inline (then there
-//! is no pointer to chase), spills into a sorted `Vec`, and is cut into [`Blocks`] of at most
+//! is no pointer to chase), spills into a sorted `Vec`, and is cut into `Blocks` of at most
 //! 32 chunks (a B-tree of two levels) when it holds more than [`BLOCKS_AT`]. Searches
 //! within a class compare `(size, address)` as one 128-bit key and take no data-dependent
 //! branch; entries move up or down through a register, not by a `memmove` call, and a sorted
@@ -35,7 +35,7 @@ const FL_COUNT: usize = 56;
 const NUM_CLASSES: usize = FL_COUNT * SL_COUNT;
 /// One bit per class of a power of two.
 type SlMap = u64;
-/// A class holding more chunks than this is cut into [`Blocks`] (and one holding half as
+/// A class holding more chunks than this is cut into `Blocks` (and one holding half as
 /// many again is a vector). Below it, a sorted vector's one backward pass to insert or
 /// remove (a few kilobytes moved at most) costs less than finding a block; at 1,024 the
 /// 64 KiB churn's draining heap, with classes of hundreds of chunks, took twice the misses
