@@ -1084,7 +1084,7 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
     }
 
     /// Counts an allocation handed out (its granules already touched) and makes it.
-    #[inline]
+    #[inline(always)]
     fn granted(
         &self,
         inner: &mut Inner,
@@ -1097,11 +1097,45 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         // The tag goes in the chunk's record, just written (see `sleep`'s *Books*).
         let label = inner.tags.acquire(tag);
         if label != 0 {
-            inner.space.set_label(grant.addr, grant.token, label);
+            inner.space.label_granted(grant, label);
         }
         inner.peak_bytes_in_use = inner.peak_bytes_in_use.max(inner.bytes_in_use());
         inner.largest_alloc_size = inner.largest_alloc_size.max(grant.size);
         Allocation::new(grant.addr, size, stream, self.id, grant.token)
+    }
+
+    /// Forgets the books of `allocation`, a tagged chunk of `size` bytes labelled `label`
+    /// (not 0) being freed: its tag's count, or — asleep — its sleeping record and host copy;
+    /// and one spare host copy of its size (one fewer allocation of that size can sleep
+    /// again). True when it was asleep: it touches no granule, and its contents went with it.
+    #[inline]
+    fn forget_label(
+        &self,
+        inner: &mut Inner,
+        label: u32,
+        allocation: &Allocation,
+        size: u64,
+    ) -> bool {
+        if let Some(copy) = inner.tags.take_spare(size) {
+            sleep::free_all(&*self.device, vec![copy]);
+        }
+        if label != sleep::ASLEEP {
+            inner.tags.release(label);
+            return false;
+        }
+        let Some(tagged) = inner
+            .tags
+            .remove_asleep(allocation.ptr(), allocation.token())
+        else {
+            debug_assert!(false, "a chunk labelled asleep has no sleeping record");
+            return false;
+        };
+        if let Some(copy) = tagged.copy {
+            if let Err(e) = copy.free(&*self.device) {
+                tracing::warn!(error = %e, "vmm: a host copy could not be freed (leaked)");
+            }
+        }
+        true
     }
 
     /// Counts a chunk in use on its granules.
@@ -1661,6 +1695,23 @@ impl<D: Device + ?Sized> Allocator for VmmAllocator<D> {
             ptr: allocation.ptr(),
             backend: self.device.info().vendor.name(),
         };
+        if !inner.order.is_multi() {
+            // One stream: the chunk goes back to the free space at once, its label (its
+            // tag, `sleep`'s *Books*) read from the record the free loads.
+            let Some((size, _, label)) = inner
+                .space
+                .free_labelled(allocation.ptr(), allocation.token())
+            else {
+                return Err(unknown());
+            };
+            if label == 0 || !self.forget_label(inner, label, &allocation, size) {
+                let (start, end) = self.span(allocation.ptr(), size);
+                // No event: work queued before the free may still read these granules.
+                inner.phys.untouch_unsettled(start, end);
+                inner.order.freed_at_once();
+            }
+            return Ok(());
+        }
         // A tagged chunk's tag is its label (`sleep`'s *Books*), read and cleared in the
         // record the free loads anyway; while nothing is tagged, not even that.
         let label = if inner.tags.any() {
@@ -1669,54 +1720,25 @@ impl<D: Device + ?Sized> Allocator for VmmAllocator<D> {
             None
         };
         if let Some((label, size)) = label.filter(|&(label, _)| label != 0) {
-            // A host copy kept for its next sleep goes with it: one fewer allocation of its
-            // size can sleep again.
-            if let Some(copy) = inner.tags.take_spare(size) {
-                sleep::free_all(&*self.device, vec![copy]);
-            }
-            if label != sleep::ASLEEP {
-                inner.tags.release(label);
-            } else if let Some(tagged) = inner
-                .tags
-                .remove_asleep(allocation.ptr(), allocation.token())
-            {
-                // Asleep: it touches no granule and no work can use it (waited for at the
-                // sleep); its range goes back to the free space, its contents with it.
-                if let Some(copy) = tagged.copy {
-                    if let Err(e) = copy.free(&*self.device) {
-                        tracing::warn!(error = %e, "vmm: a host copy could not be freed (leaked)");
-                    }
-                }
+            if self.forget_label(inner, label, &allocation, size) {
+                // Asleep: no work can use it (waited for at the sleep), so no event orders
+                // its reuse.
                 return match inner.space.free(allocation.ptr(), allocation.token()) {
                     Some(_) => Ok(()),
                     None => Err(unknown()),
                 };
-            } else {
-                debug_assert!(false, "a chunk labelled asleep has no sleeping record");
             }
         }
-        if inner.order.is_multi() {
-            return if self.free_on_stream(
-                inner,
-                allocation.stream(),
-                allocation.ptr(),
-                allocation.token(),
-                settled,
-            ) {
-                Ok(())
-            } else {
-                Err(unknown())
-            };
-        }
-        match inner.space.free(allocation.ptr(), allocation.token()) {
-            Some((size, _)) => {
-                let (start, end) = self.span(allocation.ptr(), size);
-                // No event: work queued before the free may still read these granules.
-                inner.phys.untouch_unsettled(start, end);
-                inner.order.freed_at_once();
-                Ok(())
-            }
-            None => Err(unknown()),
+        if self.free_on_stream(
+            inner,
+            allocation.stream(),
+            allocation.ptr(),
+            allocation.token(),
+            settled,
+        ) {
+            Ok(())
+        } else {
+            Err(unknown())
         }
     }
 

@@ -618,6 +618,18 @@ impl Space {
     /// `O(1)` plus `O(log k)` in the free index.
     #[inline(always)]
     pub fn free(&mut self, addr: u64, token: u64) -> Option<(u64, u64)> {
+        self.free_labelled(addr, token)
+            .map(|(size, requested, _)| (size, requested))
+    }
+
+    /// [`Space::free`], returning the chunk's label as well (see [`Space::set_label`]):
+    /// `(chunk size, requested, label)`. The label comes from the record the free loads
+    /// anyway, so a caller that keeps books by label needs no lookup of its own.
+    ///
+    /// # Time complexity
+    /// As [`Space::free`].
+    #[inline(always)]
+    pub fn free_labelled(&mut self, addr: u64, token: u64) -> Option<(u64, u64, u32)> {
         let idx = self.in_use_slot(addr, token)?;
         let c = self.chunks[idx as usize];
         self.bytes_in_use -= c.size;
@@ -662,7 +674,7 @@ impl Space {
             s.requested = 0;
             s.label = 0;
         }
-        Some((c.size, c.requested))
+        Some((c.size, c.requested, c.label))
     }
 
     /// Size of the chunk in use at `addr` handed out with `token`; `None` when there is none
@@ -699,6 +711,21 @@ impl Space {
             &mut self.chunks[idx as usize].label,
             label,
         ))
+    }
+
+    /// Labels the chunk [`Space::commit`] just granted (`grant`, unchanged since): as
+    /// [`Space::set_label`] without its lookup — the grant's token names the slot.
+    ///
+    /// # Time complexity
+    /// `O(1)`: one store.
+    #[inline(always)]
+    pub fn label_granted(&mut self, grant: &Grant, label: u32) {
+        let c = &mut self.chunks[slot_of(grant.token) as usize];
+        debug_assert!(
+            c.token == grant.token && c.addr == grant.addr,
+            "a stale grant"
+        );
+        c.label = label;
     }
 
     /// The label and size of the chunk in use at `addr` handed out with `token`, its label
