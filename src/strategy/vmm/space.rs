@@ -10,9 +10,11 @@
 //!   the chunk's start; a *high* request takes the highest address among them and sits at the
 //!   chunk's end. Small and large allocations thus grow towards each other from the two ends
 //!   of a reservation, and the small ones cannot pin granules between the large ones.
-//! * Every chunk handed out is split to the request exactly (256-byte units): the remainder
-//!   stays free. This departs from bfc's split rule on purpose — an unsplit remainder would
-//!   hold physical memory nobody can use.
+//! * Every chunk handed out is split to the request (256-byte units): the remainder stays
+//!   free. This departs from bfc's split rule on purpose — an unsplit remainder could hold
+//!   physical memory nobody can use. Once [`Space::fold_within`] names the granule, the one
+//!   exception is a remainder that cannot: at most an eighth of the request, inside the
+//!   granule of the request's nearest byte, goes with the request.
 //!
 //! **Structures**, sized for a steady state of hundreds of thousands of live chunks (where
 //! B-trees keyed by address miss the cache on every level, several times per operation): the
