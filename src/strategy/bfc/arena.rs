@@ -417,7 +417,7 @@ impl Arena {
             chunk_size: c.size,
             token: (u64::from(c.generation) << 32) | u64::from(idx),
         };
-        self.in_use[idx as usize / 64] |= 1 << (idx % 64);
+        self.set_in_use(idx, true);
         if slack >= u64::from(SLACK_SPILLED) {
             self.spill(idx, requested);
         }
@@ -510,7 +510,7 @@ impl Arena {
         };
         c.set_state(State::Free);
         let (prev, next) = (c.prev, c.next);
-        self.in_use[idx as usize / 64] &= !(1 << (idx % 64));
+        self.set_in_use(idx, false);
         if slack == SLACK_SPILLED {
             freed.requested = self.unspill(idx);
         }
@@ -884,10 +884,24 @@ impl Arena {
         Some(idx)
     }
 
-    /// Bit `idx` of [`Arena::in_use`].
+    /// Bit `idx` of [`Arena::in_use`] (true past its end, which the invariant rules out:
+    /// a chunk taken for in use merges with nothing). Read through `get`, as
+    /// [`Arena::set_in_use`] writes: an index and its panic path cost the 4 MiB churn, whose
+    /// records are in cache anyway, a few percent.
     #[inline(always)]
     fn is_in_use_slot(&self, idx: u32) -> bool {
-        self.in_use[idx as usize / 64] & (1 << (idx % 64)) != 0
+        self.in_use
+            .get(idx as usize / 64)
+            .map_or(true, |w| w & (1 << (idx % 64)) != 0)
+    }
+
+    /// Sets bit `idx` of [`Arena::in_use`] to `on`.
+    #[inline(always)]
+    fn set_in_use(&mut self, idx: u32, on: bool) {
+        if let Some(w) = self.in_use.get_mut(idx as usize / 64) {
+            let bit = 1 << (idx % 64);
+            *w = (*w & !bit) | (u64::from(on) << (idx % 64));
+        }
     }
 
     fn new_slot(&mut self, chunk: Chunk) -> Option<u32> {
