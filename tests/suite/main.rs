@@ -60,6 +60,7 @@ mod pre_window;
 mod read_kinds;
 mod replay;
 mod replay_figures;
+mod review_fold;
 
 mod rocm_profiles;
 mod selection;
