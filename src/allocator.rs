@@ -241,8 +241,8 @@ pub trait Allocator: Send + Sync {
     fn stats(&self) -> Stats;
 
     /// The bytes this allocator counts in [`Stats::bytes_in_use`] for `allocation`, a live
-    /// one of its own: the request as the strategy rounded it (bfc's chunk, vmm's 256-byte
-    /// multiple, the pool's request). For an adaptor that records sizes (the ledger) without
+    /// one of its own: the request as the strategy rounded it (bfc's chunk; vmm's 256-byte
+    /// multiple, or its chunk where a sliver was folded into it; the pool's request). For an adaptor that records sizes (the ledger) without
     /// serialising its upstream. `None` when it cannot tell (a foreign or freed allocation;
     /// the default).
     fn charged(&self, allocation: &Allocation) -> Option<u64> {

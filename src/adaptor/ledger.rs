@@ -29,7 +29,7 @@ pub struct LedgerOptions {
     /// Capture a backtrace at every allocation (`PORTALLOC_BACKTRACE=1`). Default off.
     pub backtrace: bool,
     /// Record the rounded size as the upstream charged it ([`Allocator::charged`]: bfc's
-    /// chunk, vmm's rounded request; the size asked for where the upstream cannot tell).
+    /// chunk, vmm's chunk; the size asked for where the upstream cannot tell).
     /// When off, the rounded size is the size asked for. Default on.
     pub measure_rounding: bool,
     /// Thresholds of the out-of-memory diagnosis.

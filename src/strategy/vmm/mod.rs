@@ -446,9 +446,7 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
             inner: Mutex::new(Inner {
                 space: {
                     let mut space = Space::new();
-                    if std::env::var_os("TMP_NO_FOLD").is_none() {
-                        space.fold_within(granularity);
-                    }
+                    space.fold_within(granularity);
                     space
                 },
                 phys: Physical::new(granularity),

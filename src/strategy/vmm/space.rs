@@ -147,7 +147,8 @@ pub struct Placement {
 pub struct Grant {
     /// First byte.
     pub addr: u64,
-    /// Bytes of the chunk (the rounded request).
+    /// Bytes of the chunk: the rounded request, with a remainder folded into it where
+    /// [`Space::fold_within`] folds one.
     pub size: u64,
     /// What [`Space::free`] needs.
     pub token: u64,
@@ -195,8 +196,8 @@ pub struct Space {
 }
 
 /// A remainder of at most `1 / FOLD_PART` of the request is folded into it (see
-/// [`Space::fold_within`]): at most 12.5% of an allocation is slack, as a bound on what a
-/// fold withholds from other requests.
+/// [`Space::fold_within`]): the slack is at most an eighth of the request (a ninth of the
+/// chunk), as a bound on what a fold withholds from other requests.
 pub const FOLD_PART: u64 = 8;
 
 impl Default for Space {
@@ -527,7 +528,9 @@ impl Space {
     }
 
     /// Hands out `rounded` bytes at `p.addr` from the free chunk `p.chunk` (a placement found
-    /// by [`Space::find`] or [`Space::candidates`], normally with no change since); `None`
+    /// by [`Space::find`] or [`Space::candidates`], normally with no change since) — with the
+    /// remainder on one side, from `p.chunk` or to the chunk's end, where it is folded (see
+    /// [`Space::fold_within`]): the grant says where and how much; `None`
     /// when the placement is stale — no free chunk of `p.chunk_size` bytes at `p.chunk` any
     /// more, or the range not inside it — or the slab is full.
     ///
