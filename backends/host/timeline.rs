@@ -2,7 +2,7 @@
 //! kernels that stay in flight over the memory they use, GPU-side waits, the hazards of
 //! freeing or unmapping memory still in use, and the CPU waits counted.
 //!
-//! # The model (the same as the conformance drivers', `tests/drivers/fake_common.h`)
+//! # The model (the same as the conformance drivers', `fakes/drivers/fake_common.h`)
 //!
 //! * Every stream is a **clock** of operations — event records, pool frees, waits, kernels —
 //!   that complete in order. The handles 0 and [`Stream::LEGACY`] share one clock (the legacy

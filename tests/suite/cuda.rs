@@ -5,7 +5,7 @@
 //!   `.vendor/` and named by `PORTALLOC_TEST_CUDA_LIBRARY`; skipped with a message when
 //!   unset): every symbol portalloc needs resolves, `cuInit` answers `CUDA_ERROR_NO_DEVICE` as
 //!   a typed error with the driver's own name, and opening a device fails cleanly with it.
-//! * **The conformance driver** (`tests/drivers/fakecuda.c`, compiled by the tests themselves; skipped when
+//! * **The conformance driver** (`fakes/drivers/fakecuda.c`, compiled by the tests themselves; skipped when
 //!   no C compiler was found): the real shim's code paths over host memory — loading, symbol
 //!   resolution, capability gates (with `fakecuda_old.c`, a CUDA 10.1 driver), context
 //!   handling, error mapping and fault injection, virtual memory, pools, streams and events,

@@ -9,7 +9,7 @@
 //! * **Rust** ([`FaultDevice`] over the simulated [`HostDevice`]): every `Device`,
 //!   `VirtualMemory` and `StreamOrderedPool` call the allocator makes is counted, and the
 //!   k-th fails. k runs over every call of a clean run, construction and drop included.
-//! * **The CUDA and HIP conformance drivers** (`tests/drivers/fakecuda.c`, `fakehip.c`,
+//! * **The CUDA and HIP conformance drivers** (`fakes/drivers/fakecuda.c`, `fakehip.c`,
 //!   through the real shims; one sweep generic over the vendor, faults injected with
 //!   `fake_fail`): for every memory, pool, stream and event call the allocator reaches, its
 //!   n-th call fails, for every n a clean run makes (the driver's own call counts).

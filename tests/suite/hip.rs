@@ -6,7 +6,7 @@
 //!   `scripts/fetch-vendor-runtimes`; `PORTALLOC_TEST_HIP_LIBRARY`, with its dependencies on
 //!   `LD_LIBRARY_PATH`): it loads, every required symbol resolves, and "no device" is a typed
 //!   error with HIP's own name;
-//! * **the conformance driver** `tests/drivers/fakehip.c` (compiled by the tests themselves): the capability
+//! * **the conformance driver** `fakes/drivers/fakehip.c` (compiled by the tests themselves): the capability
 //!   gates per ROCm personality, the tuning notes, the release probe at open under ROCm 7's
 //!   reservation hold (`FAKEHIP_PROFILE` / `fakehip_set_profile`), error mapping, fault
 //!   injection, and the strategies through `portalloc::strategy::build` over a `HipDevice`, with every handle

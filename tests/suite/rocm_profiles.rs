@@ -1,4 +1,4 @@
-//! ROCm as it behaves: fakehip's profiles (`tests/drivers/fakehip.c`'s header says what each
+//! ROCm as it behaves: fakehip's profiles (`fakes/drivers/fakehip.c`'s header says what each
 //! models, from which report) and the address hint of both fakes' reserve calls, checked at the
 //! drivers' own door (their exported vendor calls, raw); then vmm, trim and sleep under every
 //! profile, measured by what the driver itself counts free (`hipMemGetInfo`, through

@@ -1,4 +1,4 @@
-//! The conformance fakes' control API (`tests/drivers/fake_common.h`, whose comment is the
+//! The conformance fakes' control API (`fakes/drivers/fake_common.h`, whose comment is the
 //! spec) from Rust: one type, [`Fake`], for `fakecuda`, `fakecuda_old` and `fakehip`.
 //!
 //! A fake keeps its state per loaded library, so [`Fake::copy`] loads a private copy of the
@@ -44,7 +44,7 @@ pub const LIVE: &[&str] = &[
 /// ROCm 7.0 (HIP 7.0.51831): the personality with every capability (virtual memory, pools).
 pub const ROCM7: i32 = 70_051_831;
 
-/// Every profile of fakehip (`tests/drivers/fakehip.c`'s header says what each models), the
+/// Every profile of fakehip (`fakes/drivers/fakehip.c`'s header says what each models), the
 /// default `documented` first: a test that must hold under ROCm as it behaves iterates over
 /// them with [`Fake::set_profile`].
 pub const FAKEHIP_PROFILES: &[&str] = &[

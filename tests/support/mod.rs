@@ -78,7 +78,7 @@ macro_rules! assert_values {
     }};
 }
 
-/// The conformance driver `name` (`fakecuda`, `fakecuda_old`, `fakehip`: `tests/drivers/`),
+/// The conformance driver `name` (`fakecuda`, `fakecuda_old`, `fakehip`: `fakes/drivers/`),
 /// compiled for the tests on first use — never by a user's build, which compiles no test
 /// fixture and needs no C compiler. The shared object is kept under the target directory (a
 /// folder per source tree) and
@@ -99,7 +99,7 @@ pub fn driver(name: &str) -> Option<&'static str> {
     if let Some(path) = built.get(name) {
         return *path;
     }
-    let sources = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/drivers");
+    let sources = Path::new(env!("CARGO_MANIFEST_DIR")).join("fakes/drivers");
     let source = sources.join(format!("{name}.c"));
     // One folder per source tree: checkouts (git worktrees) that share a target directory
     // may hold different driver sources.

@@ -1,0 +1,165 @@
+//! The kit as a library's tests use it: every driver loads holding nothing, every profile of
+//! the matrix runs in a fresh process with its personality (the version its driver reports,
+//! its call counts starting from nothing), the controls catch a free under a held kernel and
+//! inject faults, and a failure under one profile is reported by that profile's name.
+
+use std::ffi::c_int;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use portalloc_fakes::{each_profile, profile, Controls, Driver, Profile, Vendor, MATRIX};
+
+/// The version the profile's driver reports, read through the vendor's own call.
+fn reported_version(p: &Profile) -> c_int {
+    let path = p.driver.path();
+    // SAFETY: one of the kit's drivers; the functions have the vendors' signatures.
+    unsafe {
+        let library = libloading::Library::new(&path).expect("the driver loads");
+        let call: libloading::Symbol<unsafe extern "C" fn(*mut c_int) -> c_int> =
+            match p.driver.vendor {
+                Vendor::Cuda => library.get(b"cuDriverGetVersion\0"),
+                Vendor::Hip => library.get(b"hipRuntimeGetVersion\0"),
+            }
+            .expect("the vendor's version call");
+        let mut version = 0;
+        assert_eq!(call(&mut version), 0, "{}: the version call fails", p.name);
+        version
+    }
+}
+
+#[test]
+fn every_driver_loads_holding_nothing() {
+    for driver in Driver::ALL {
+        let c = Controls::open(driver.path()).expect("the driver and its controls load");
+        assert!(c.census().holds_no_memory(), "{}", driver.name);
+        assert_eq!(c.live("allocations"), Some(0), "{}", driver.name);
+        assert_eq!(c.live("no such count"), None, "{}", driver.name);
+        assert_eq!(c.hazards(), 0, "{}", driver.name);
+    }
+}
+
+#[test]
+fn profile_names_are_unique_and_each_environment_names_its_driver() {
+    for (i, p) in MATRIX.iter().enumerate() {
+        assert!(
+            MATRIX[..i].iter().all(|q| q.name != p.name),
+            "{} twice",
+            p.name
+        );
+        assert_eq!(profile(p.name), Some(p));
+        let env = p.env();
+        let library = env
+            .iter()
+            .find(|(k, _)| k == p.driver.vendor.library_variable())
+            .map(|(_, v)| v.clone());
+        assert_eq!(
+            library,
+            Some(p.driver.path().into_os_string()),
+            "{}",
+            p.name
+        );
+    }
+}
+
+/// The version each profile's driver must report: 12.2 and 10.1 for CUDA, the ROCm version
+/// `FAKEHIP_VERSION` names for HIP.
+fn expected_version(p: &Profile) -> c_int {
+    match p.name {
+        "cuda10-no-vmm" => 10010,
+        n if n.starts_with("cuda12") => 12020,
+        "rocm5" => 50_221_153,
+        "rocm6" => 60_241_133,
+        n if n.starts_with("rocm7") => 70_051_831,
+        other => panic!("no expected version for {other}"),
+    }
+}
+
+#[test]
+fn each_profile_runs_in_a_fresh_process_with_its_personality() {
+    each_profile(
+        "each_profile_runs_in_a_fresh_process_with_its_personality",
+        MATRIX,
+        |p| {
+            assert_eq!(Profile::current(), Some(p));
+            assert_eq!(
+                std::env::var_os(p.driver.vendor.library_variable()),
+                Some(p.driver.path().into_os_string())
+            );
+            let c = Controls::open(p.driver.path()).unwrap();
+            let call = match p.driver.vendor {
+                Vendor::Cuda => "cuDriverGetVersion",
+                Vendor::Hip => "hipRuntimeGetVersion",
+            };
+            // A fresh process: the driver has counted nothing before this test's call.
+            assert_eq!(c.calls(call), 0);
+            assert_eq!(reported_version(p), expected_version(p), "{}", p.name);
+            assert_eq!(c.calls(call), 1);
+        },
+    );
+}
+
+#[test]
+fn a_free_under_a_held_kernel_is_a_hazard_and_faults_are_injected() {
+    let path = Driver::FAKEHIP.path();
+    let c = Controls::open(&path).unwrap();
+    // SAFETY: fakehip's hipMalloc / hipFree, with HIP's signatures.
+    unsafe {
+        let library = libloading::Library::new(&path).unwrap();
+        let malloc: libloading::Symbol<unsafe extern "C" fn(*mut u64, usize) -> c_int> =
+            library.get(b"hipMalloc\0").unwrap();
+        let free: libloading::Symbol<unsafe extern "C" fn(u64) -> c_int> =
+            library.get(b"hipFree\0").unwrap();
+        let mut ptr = 0u64;
+        assert_eq!(malloc(&mut ptr, 1 << 20), 0);
+        assert_eq!(c.live("allocations"), Some(1));
+        let kernel = c.launch(0, ptr, 1 << 20).expect("the null stream is known");
+        assert!(!c.done(kernel));
+        let before = c.hazards();
+        assert_eq!(free(ptr), 0);
+        assert_eq!(c.hazards(), before + 1, "freed under a kernel in flight");
+        assert!(!c.first_hazard().is_empty());
+        c.finish(kernel);
+        assert!(c.done(kernel));
+        // The next hipMalloc fails with hipErrorOutOfMemory (2), the one after succeeds.
+        c.fail("hipMalloc", 1, 1, 2);
+        assert_eq!(malloc(&mut ptr, 4096), 2);
+        assert_eq!(malloc(&mut ptr, 4096), 0);
+        assert_eq!(free(ptr), 0);
+        c.clear_faults();
+    }
+    assert_eq!(c.live("allocations"), Some(0));
+}
+
+/// A fixture for the test below: under the kit's runner it fails under `rocm5` only; run
+/// directly, it does nothing.
+#[test]
+fn fixture_fails_under_rocm5() {
+    if Profile::current().is_some() {
+        each_profile("fixture_fails_under_rocm5", MATRIX, |p| {
+            assert_ne!(p.name, "rocm5", "planted failure");
+        });
+    }
+}
+
+#[test]
+fn a_failure_is_reported_by_its_profiles_name() {
+    let two = [*profile("rocm5").unwrap(), *profile("rocm6").unwrap()];
+    let failed = catch_unwind(AssertUnwindSafe(|| {
+        each_profile("fixture_fails_under_rocm5", &two, |_| {})
+    }))
+    .expect_err("the fixture fails under rocm5");
+    let message = failed.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(
+        message.contains("failed under 1 of 2 profiles"),
+        "{message}"
+    );
+    assert!(message.contains("rocm5:"), "{message}");
+    assert!(message.contains("planted failure"), "{message}");
+    assert!(!message.contains("rocm6:"), "{message}");
+    // A name that matches no test is a mistake, not a pass.
+    let none = catch_unwind(AssertUnwindSafe(|| {
+        each_profile("no_such_test", &two, |_| {})
+    }))
+    .expect_err("a filter that runs nothing fails");
+    let message = none.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(message.contains("ran no test"), "{message}");
+}
