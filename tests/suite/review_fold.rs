@@ -146,6 +146,24 @@ fn request(rng: &mut SmallRng) -> u64 {
     }
 }
 
+/// The end of a two-stream test, everything freed: waits for the device, trims, checks the
+/// books are empty, drops the allocator, destroys the test's two streams (made with the
+/// driver's own call) and checks the driver holds nothing.
+fn close_two_streams(d: &HostDevice, a: VmmAllocator<HostDevice>, s: Stream, t: Stream) {
+    d.synchronize_device().unwrap();
+    a.trim().unwrap();
+    a.check_invariants().unwrap();
+    assert_eq!(a.stats().bytes_in_use, 0);
+    assert_eq!(a.pending_frees(), (0, 0));
+    drop(a);
+    // SAFETY: nothing is queued on either stream and no allocation is made on them.
+    unsafe {
+        d.destroy_stream(s).unwrap();
+        d.destroy_stream(t).unwrap();
+    }
+    assert!(d.census().is_empty(), "{:?}", d.census());
+}
+
 /// Random sequences of mixed sizes and alignments (up to 1 GiB) with interleaved frees, on
 /// a simulated device: every pointer aligned, charged sizes within the fold's rule, no two
 /// live chunks overlapping, `bytes_in_use` the sum of the charged sizes, the physical books
@@ -541,18 +559,7 @@ fn review_fold_pending_frees_of_folded_chunks_on_two_streams() {
         assert_eq!(first_wrong(x.ptr(), c, seed), None);
         a.deallocate(x).unwrap();
     }
-    d.synchronize_device().unwrap();
-    a.trim().unwrap();
-    a.check_invariants().unwrap();
-    assert_eq!(a.stats().bytes_in_use, 0);
-    assert_eq!(a.pending_frees(), (0, 0));
-    drop(a);
-    // SAFETY: nothing is queued on either stream and no allocation is made on them.
-    unsafe {
-        d.destroy_stream(s).unwrap();
-        d.destroy_stream(t).unwrap();
-    }
-    assert!(d.census().is_empty(), "{:?}", d.census());
+    close_two_streams(&d, a, s, t);
 }
 
 /// Refused frees, typed, not panics, leaving the books whole: a double free of a folded
@@ -724,18 +731,7 @@ fn review_fold_folded_sleepers_freed_with_several_streams() {
         a.deallocate(x).unwrap();
     }
     a.deallocate(other).unwrap();
-    d.synchronize_device().unwrap();
-    a.trim().unwrap();
-    a.check_invariants().unwrap();
-    assert_eq!(a.stats().bytes_in_use, 0);
-    assert_eq!(a.pending_frees(), (0, 0));
-    drop(a);
-    // SAFETY: nothing is queued on either stream and no allocation is made on them.
-    unsafe {
-        d.destroy_stream(s).unwrap();
-        d.destroy_stream(t).unwrap();
-    }
-    assert!(d.census().is_empty(), "{:?}", d.census());
+    close_two_streams(&d, a, s, t);
 }
 
 /// Two threads churning one allocator (real memory), each freeing half of what it makes
