@@ -672,7 +672,8 @@ impl Steady {
 
 /// Whether criterion's filter (the first free argument after `--`) admits benchmark ids
 /// under `churn/{prefix}`. A rough reading of criterion's regex: a filter is taken to admit
-/// the ids it is a substring of, and a filter naming `steady` admits the whole regime.
+/// the ids it is a substring of or that it names (it contains the prefix), and a filter
+/// naming `steady` admits the whole regime.
 fn wanted(prefix: &str) -> bool {
     const VALUED: [&str; 13] = [
         "--warm-up-time",
@@ -706,8 +707,10 @@ fn wanted(prefix: &str) -> bool {
         None => true,
         Some(f) => {
             let id = format!("churn/{prefix}");
+            // A filter naming a benchmark under the prefix (`steady/4MiB/vmm`, with or
+            // without `churn/`) contains the prefix.
             id.contains(&f)
-                || f.contains(&id)
+                || f.contains(prefix)
                 || (prefix.starts_with("steady") && (f == "steady" || f == "churn/steady"))
         }
     }
