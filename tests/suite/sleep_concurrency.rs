@@ -18,6 +18,22 @@ use portalloc::{Allocation, Allocator, Keep, Stream};
 use crate::support::capi::{allocate, last_error, vmm_on_host};
 use crate::support::common::host_device;
 
+/// Tells the churning threads to stop when dropped: at the end of the main thread's part of a
+/// scope, and also when that part panics (a panic in sleep or wake would otherwise leave the
+/// threads churning and the scope waiting for them for ever: a hang instead of a failure).
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+/// Most operations a churning thread makes before it stops of its own accord: the test ends
+/// in bounded time even where the main thread's sleeps and wakes are starved of the lock (an
+/// unfair mutex, a loaded machine) and the churners would otherwise run until they finish.
+const CHURN_CAP: u32 = 20_000;
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
 const MIB: u64 = 1 << 20;
 
 fn pattern(seed: u8, i: usize) -> u8 {
@@ -74,12 +90,16 @@ fn concurrent_sleep_wake_churn_trim_host_real() {
     let errors = std::sync::Mutex::new(Vec::<String>::new());
     let cycles = AtomicU64::new(0);
     std::thread::scope(|s| {
+        let _stop = StopOnDrop(&stop);
         for (n, tag) in ["r2-w", "r2-other", "", "r2-plain"].into_iter().enumerate() {
             let (vmm, stop, errors) = (&vmm, &stop, &errors);
             s.spawn(move || {
                 let mut rng = Rng(0x9e37_79b9 + n as u64);
                 let mut live: Vec<(Allocation, u8)> = Vec::new();
-                while !stop.load(Ordering::Relaxed) {
+                for _ in 0..CHURN_CAP {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
                     let r = rng.next();
                     if !live.is_empty() && r % 2 == 0 {
                         let (a, seed) = live.swap_remove((r as usize / 2) % live.len());
@@ -139,7 +159,6 @@ fn concurrent_sleep_wake_churn_trim_host_real() {
             }
             cycles.fetch_add(1, Ordering::Relaxed);
         }
-        stop.store(true, Ordering::Relaxed);
     });
     vmm.check_invariants().unwrap();
     let errors = errors.into_inner().unwrap();
@@ -199,12 +218,16 @@ fn concurrent_sleep_wake_churn_trim_hold() {
             let stop = AtomicBool::new(false);
             let errors = std::sync::Mutex::new(Vec::<String>::new());
             std::thread::scope(|s| {
+                let _stop = StopOnDrop(&stop);
                 for (n, tag) in ["r2h-w", "r2h-o", ""].into_iter().enumerate() {
                     let (vmm, stop, errors) = (&vmm, &stop, &errors);
                     s.spawn(move || {
                         let mut rng = Rng(0x1234_5678 + n as u64);
                         let mut live: Vec<Allocation> = Vec::new();
-                        while !stop.load(Ordering::Relaxed) {
+                        for _ in 0..CHURN_CAP {
+                            if stop.load(Ordering::Relaxed) {
+                                break;
+                            }
                             let r = rng.next();
                             if !live.is_empty() && r % 2 == 0 {
                                 let a = live.swap_remove((r as usize / 2) % live.len());
@@ -251,7 +274,6 @@ fn concurrent_sleep_wake_churn_trim_hold() {
                         errors.lock().unwrap().push(format!("wake {i}: {e}"));
                     }
                 }
-                stop.store(true, Ordering::Relaxed);
             });
             vmm.check_invariants().unwrap();
             let errors = errors.into_inner().unwrap();
@@ -458,6 +480,7 @@ fn capi_sleep_races_allocations_under_the_tag() {
     let stop = AtomicBool::new(false);
     let errors = std::sync::Mutex::new(Vec::<String>::new());
     std::thread::scope(|s| {
+        let _stop = StopOnDrop(&stop);
         for n in 0..2 {
             let (stop, errors) = (&stop, &errors);
             s.spawn(move || {
@@ -466,7 +489,10 @@ fn capi_sleep_races_allocations_under_the_tag() {
                 unsafe { portalloc_set_thread_tag(c"r2r-w".as_ptr()) };
                 let mut live = Vec::new();
                 let mut i = 0u64;
-                while !stop.load(Ordering::Relaxed) {
+                for _ in 0..CHURN_CAP {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
                     i += 1;
                     match alloc(a, [4096, 3 * MIB / 2, 6 * MIB][(i + n) as usize % 3], None) {
                         Ok((h, _)) => live.push(h),
@@ -514,7 +540,6 @@ fn capi_sleep_races_allocations_under_the_tag() {
                 }
             }
         }
-        stop.store(true, Ordering::Relaxed);
     });
     let a = a as *mut PortallocAllocator;
     let s = sleep_stats(a);
