@@ -934,7 +934,6 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
                 Err(e) => tracing::debug!(error = %e, "vmm: could not wait for the work in flight"),
             }
         }
-        let unsettled = inner.phys.unsettled_free();
         let supply = supply_now(inner);
         let refusal = |cause: String| Error::CannotWake {
             tag: tag.to_string(),
@@ -980,6 +979,9 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
             while p0 < end {
                 let p1 = (p0 / piece + 1).saturating_mul(piece).min(end);
                 let (lo, hi) = (addr.max(p0), (addr + size).min(p1));
+                // Counted afresh for each piece: backing and touching the pieces before it
+                // changed the free and unsettled granules.
+                let unsettled = inner.phys.unsettled_free();
                 let (n, s) = self.need_and_supply(&inner.phys, lo, hi - lo, unsettled);
                 if let Err(shortfall) = self.back(inner, lo, n, s, hi - lo, small) {
                     failed = Some(shortfall);
