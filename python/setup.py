@@ -4,8 +4,9 @@ tag, and the Rust sources an sdist carries.
 The library is the workspace member ``capi/``, outside this directory, so a source
 distribution made of this directory alone could not build it (pip would unpack it away from
 the repository, where ``../capi`` is nothing). The ``sdist`` command below therefore copies the
-Rust workspace the library needs into the sdist, under ``rust/``: for each of the three
-packages (``portalloc``, ``portalloc-sys``, ``portalloc-capi``) the files ``cargo package
+Rust workspace the library needs into the sdist, under ``rust/``: for each of the four
+packages (``portalloc``, ``portalloc-sys``, ``portalloc-capi``, and ``portalloc-fakes``, whose
+C drivers ``portalloc.testing`` builds) the files ``cargo package
 --list`` names (the sources, ``build.rs``, the licenses; the root's ``Cargo.lock``), with the
 packages' own manifests, plus the entry file of every target but the tests (cargo refuses a
 manifest whose declared bench or example file is missing, though building the library never
@@ -27,6 +28,7 @@ import shutil
 import subprocess
 
 from setuptools import setup
+from setuptools.command.build_py import build_py
 from setuptools.command.sdist import sdist
 from setuptools_rust import Binding, RustExtension
 
@@ -41,8 +43,12 @@ else:
     WORKSPACE = os.path.normpath(os.path.join(HERE, os.pardir))
     CAPI_MANIFEST_REL = os.path.join(os.pardir, "capi", "Cargo.toml")
 CAPI_MANIFEST = os.path.join(HERE, CAPI_MANIFEST_REL)
-# The packages the library is built from, by name (their directories come from cargo).
-RUST_PACKAGES = ("portalloc", "portalloc-sys", "portalloc-capi")
+# The packages the library is built from, by name (their directories come from cargo), and the
+# test kit, whose fake drivers' C sources `portalloc.testing` builds (and whose manifest the
+# workspace names as a member).
+RUST_PACKAGES = ("portalloc", "portalloc-sys", "portalloc-capi", "portalloc-fakes")
+# The fake drivers' C sources, in the workspace; installed as `portalloc/_fakes/`.
+FAKES_SOURCES = os.path.join(WORKSPACE, "fakes", "drivers")
 # What `cargo package --list` names that is cargo's own bookkeeping, not a source file.
 CARGO_GENERATED = ("Cargo.toml.orig", ".cargo_vcs_info.json")
 
@@ -119,6 +125,20 @@ class SdistWithRust(sdist):
             shutil.copymode(source, target)
 
 
+class BuildPyWithFakes(build_py):
+    """``build_py`` that also installs the fake drivers' C sources (``fakes/drivers``, in the
+    workspace) as ``portalloc/_fakes/``, which `portalloc.testing` compiles on first use: a
+    package without a C compiler at install time, and no test fixture in the library."""
+
+    def run(self):
+        super().run()
+        target = os.path.join(self.build_lib, "portalloc", "_fakes")
+        self.mkpath(target)
+        for name in sorted(os.listdir(FAKES_SOURCES)):
+            if name.endswith((".c", ".h")):
+                self.copy_file(os.path.join(FAKES_SOURCES, name), os.path.join(target, name))
+
+
 setup(
     version=cargo_version(),
     # Declared here, not in pyproject.toml: the manifest is the sdist's copy or the
@@ -130,6 +150,6 @@ setup(
             "portalloc.libportalloc", path=CAPI_MANIFEST_REL, binding=Binding.NoBinding
         )
     ],
-    cmdclass={"sdist": SdistWithRust},
+    cmdclass={"sdist": SdistWithRust, "build_py": BuildPyWithFakes},
     options={"bdist_wheel": {"py_limited_api": "cp39"}},
 )

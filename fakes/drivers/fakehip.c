@@ -1177,6 +1177,11 @@ EXPORT hipError_t hipStreamCreateWithFlags(void **stream, unsigned flags) {
   ENTER("hipStreamCreateWithFlags");
   RETURN(create_object(STREAM, stream, flags, 1));
 }
+/* The plain forms most callers use: flags 0. */
+EXPORT hipError_t hipStreamCreate(void **stream) {
+  ENTER("hipStreamCreate");
+  RETURN(create_object(STREAM, stream, 0, 1));
+}
 EXPORT hipError_t hipStreamDestroy(void *stream) {
   ENTER("hipStreamDestroy");
   FIND_OR_INVALID(o, STREAM, stream);
@@ -1210,6 +1215,10 @@ EXPORT hipError_t hipDeviceSynchronize(void) {
 EXPORT hipError_t hipEventCreateWithFlags(void **event, unsigned flags) {
   ENTER("hipEventCreateWithFlags");
   RETURN(create_object(EVENT, event, flags, 7));
+}
+EXPORT hipError_t hipEventCreate(void **event) {
+  ENTER("hipEventCreate");
+  RETURN(create_object(EVENT, event, 0, 7));
 }
 EXPORT hipError_t hipEventRecord(void *event, void *stream) {
   ENTER("hipEventRecord");

@@ -42,6 +42,14 @@ pub enum Vendor {
 }
 
 impl Vendor {
+    /// Its name as `PORTALLOC_BACKEND` takes it: `cuda`, `hip`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Vendor::Cuda => "cuda",
+            Vendor::Hip => "hip",
+        }
+    }
+
     /// The variable portalloc reads for this vendor's library path
     /// (`PORTALLOC_CUDA_LIBRARY`, `PORTALLOC_HIP_LIBRARY`).
     pub fn library_variable(self) -> &'static str {
@@ -225,19 +233,29 @@ pub const PROFILE_VARIABLE: &str = "PORTALLOC_FAKES_PROFILE";
 
 impl Profile {
     /// The environment that runs code under this profile: the vendor's library variable
-    /// ([`Vendor::library_variable`]) set to the driver's path, and the profile's own.
+    /// ([`Vendor::library_variable`]) set to the driver's path, `PORTALLOC_BACKEND` set to the
+    /// vendor (so that discovery does not pick a real driver the machine may also have), and
+    /// the profile's own variables.
     ///
     /// ```
     /// let p = portalloc_fakes::profile("rocm5").unwrap();
     /// let env = p.env();
     /// assert!(env.iter().any(|(k, _)| k == "PORTALLOC_HIP_LIBRARY"));
+    /// assert!(env.iter().any(|(k, v)| k == "PORTALLOC_BACKEND" && v == "hip"));
     /// assert!(env.iter().any(|(k, v)| k == "FAKEHIP_VERSION" && v == "50221153"));
     /// ```
     pub fn env(&self) -> Vec<(OsString, OsString)> {
-        let mut env = vec![(
-            OsString::from(self.driver.vendor.library_variable()),
-            self.driver.path().into_os_string(),
-        )];
+        let vendor = self.driver.vendor;
+        let mut env = vec![
+            (
+                OsString::from(vendor.library_variable()),
+                self.driver.path().into_os_string(),
+            ),
+            (
+                OsString::from("PORTALLOC_BACKEND"),
+                OsString::from(vendor.name()),
+            ),
+        ];
         env.extend(
             self.vars
                 .iter()

@@ -163,3 +163,63 @@ fn a_failure_is_reported_by_its_profiles_name() {
     let message = none.downcast_ref::<String>().cloned().unwrap_or_default();
     assert!(message.contains("ran no test"), "{message}");
 }
+
+/// A profile as both sides list it: name, driver, variables, what it models.
+type Row = (String, String, Vec<(String, String)>, String);
+
+/// The Python side (`portalloc.testing`, for pytest suites) lists the same profiles, with the
+/// same drivers, variables and descriptions: read from its own command line, run from the
+/// source tree. Without a `python3` this says so and passes, except under `CI=true`.
+#[test]
+fn the_python_matrix_is_this_matrix() {
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../python/portalloc/testing.py");
+    let out = match std::process::Command::new("python3")
+        .arg(&script)
+        .args(["list", "--json"])
+        .output()
+    {
+        Ok(out) => out,
+        Err(e) if std::env::var("CI").as_deref() != Ok("true") => {
+            eprintln!("skipping: no python3 to run {} ({e})", script.display());
+            return;
+        }
+        Err(e) => panic!(
+            "python3 {}: {e} — and CI=true requires it",
+            script.display()
+        ),
+    };
+    assert!(
+        out.status.success(),
+        "{}: {}",
+        script.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).expect("its JSON");
+    let python: Vec<Row> = rows
+        .iter()
+        .map(|r| {
+            let vars = r["vars"].as_array().expect("vars");
+            let vars = vars
+                .iter()
+                .map(|kv| {
+                    (
+                        kv[0].as_str().unwrap().into(),
+                        kv[1].as_str().unwrap().into(),
+                    )
+                })
+                .collect();
+            let text = |k: &str| r[k].as_str().expect(k).to_string();
+            (text("name"), text("driver"), vars, text("models"))
+        })
+        .collect();
+    let rust: Vec<Row> = MATRIX
+        .iter()
+        .map(|p| {
+            let vars = p.vars.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+            let models = p.models.split_whitespace().collect::<Vec<_>>().join(" ");
+            (p.name.into(), p.driver.name.into(), vars.collect(), models)
+        })
+        .collect();
+    assert_eq!(python, rust);
+}

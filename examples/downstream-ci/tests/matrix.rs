@@ -1,0 +1,50 @@
+//! The library's GPU paths under every profile of the fake drivers' matrix: CUDA 12 and 10,
+//! CUDA without peer access or pinned memory, ROCm 5, 6 and 7, and ROCm 7 with each behaviour
+//! it was reported to have. Each profile runs in a fresh process that loads its driver anew
+//! (`portalloc_fakes::each_profile`).
+//!
+//! `cargo test` passes; `cargo test --features planted-bug` fails under every profile, naming
+//! the hazard the driver logged.
+
+use downstream_ci::Pipeline;
+use portalloc_fakes::{each_profile, Controls, MATRIX};
+
+/// A step's buffer, read by a kernel on the other stream that is still running, is not given
+/// back to the device under it — whatever the strategy does with it (keep it, unmap it, trim
+/// it) — and nothing is left on the device at the end.
+#[test]
+fn a_buffer_read_on_another_stream_is_not_freed_under_the_kernel() {
+    each_profile(
+        "a_buffer_read_on_another_stream_is_not_freed_under_the_kernel",
+        MATRIX,
+        |profile| {
+            let driver = Controls::open(profile.driver.path()).expect("the profile's driver");
+            let pipeline = Pipeline::new().expect("portalloc finds the fake device");
+            let mut kernel = None;
+            pipeline
+                .step(4 << 20, |ptr, size, stream| {
+                    // The kernel reads the buffer, and runs until the test says it is done.
+                    kernel = driver.launch(stream.as_raw(), ptr, size);
+                })
+                .expect("the step");
+            let kernel = kernel.expect("the kernel was launched");
+            pipeline.release().expect("the cache is given back");
+            assert_eq!(
+                driver.hazards(),
+                0,
+                "{} under {}: memory given back under a running kernel: {}",
+                pipeline.strategy(),
+                profile.name,
+                driver.first_hazard()
+            );
+            driver.finish(kernel);
+            drop(pipeline);
+            assert!(
+                driver.census().holds_no_memory(),
+                "left on the device under {}: {:?}",
+                profile.name,
+                driver.census()
+            );
+        },
+    );
+}
