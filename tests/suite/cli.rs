@@ -149,11 +149,7 @@ fn info_json_reports_each_probe() {
 #[cfg(feature = "hip")]
 #[test]
 fn info_says_what_a_release_gives_back_on_hip() {
-    let Some(fakehip) = crate::support::driver("fakehip") else {
-        crate::support::skip("the fakehip conformance driver was not built (no C compiler)");
-        return;
-    };
-    let fakehip = fakehip.to_string();
+    let fakehip = crate::support::driver("fakehip").to_string();
     let env = |profile| {
         [
             ("PORTALLOC_HIP_LIBRARY", fakehip.clone()),

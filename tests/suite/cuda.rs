@@ -5,8 +5,8 @@
 //!   `.vendor/` and named by `PORTALLOC_TEST_CUDA_LIBRARY`; skipped with a message when
 //!   unset): every symbol portalloc needs resolves, `cuInit` answers `CUDA_ERROR_NO_DEVICE` as
 //!   a typed error with the driver's own name, and opening a device fails cleanly with it.
-//! * **The conformance driver** (`fakes/drivers/fakecuda.c`, compiled by the tests themselves; skipped when
-//!   no C compiler was found): the real shim's code paths over host memory — loading, symbol
+//! * **The conformance driver** (`fakes/drivers/fakecuda.c`, built by the test kit
+//!   `portalloc-fakes`): the real shim's code paths over host memory — loading, symbol
 //!   resolution, capability gates (with `fakecuda_old.c`, a CUDA 10.1 driver), context
 //!   handling, error mapping and fault injection, virtual memory, pools, streams and events,
 //!   and the bfc and platform strategies through `strategy::build`, with the driver's own
@@ -157,14 +157,14 @@ impl std::ops::Deref for Fake {
 }
 
 impl Fake {
-    /// A private copy of `libfakecuda.so`, or `None` (with a message) when it was not built.
-    fn new() -> Option<Fake> {
-        crate::support::fakes::Fake::copy("fakecuda").map(Fake)
+    /// A private copy of `libfakecuda.so`.
+    fn new() -> Fake {
+        Fake(crate::support::fakes::Fake::copy("fakecuda"))
     }
 
     /// A private copy of `libfakecuda_old.so` (CUDA 10.1: no VMM, no pools).
-    fn old() -> Option<Fake> {
-        crate::support::fakes::Fake::copy("fakecuda_old").map(Fake)
+    fn old() -> Fake {
+        Fake(crate::support::fakes::Fake::copy("fakecuda_old"))
     }
 
     /// The conformance driver at `path` (not copied, not removed).
@@ -186,10 +186,9 @@ impl Fake {
     }
 
     /// Runs `test` on device 0 (`capacity` bytes) of a private `fakecuda`; once it is done
-    /// and the device dropped, the driver must hold nothing. Skips where the fake was not
-    /// built.
+    /// and the device dropped, the driver must hold nothing.
     fn with_device(capacity: u64, test: impl FnOnce(&Fake, &CudaDevice)) {
-        let Some(fake) = Fake::new() else { return };
+        let fake = Fake::new();
         let device = fake.device(capacity);
         test(&fake, &device);
         drop(device);
@@ -219,7 +218,7 @@ mod loading {
 
     #[test]
     fn resolves_every_symbol_and_opens_a_device() {
-        let Some(fake) = Fake::new() else { return };
+        let fake = Fake::new();
         let driver = fake.driver();
         assert!(driver.symbols().iter().all(|(_, ok)| *ok));
         fake.configure(1, 8 << 30, 0, 0);
@@ -258,7 +257,7 @@ mod loading {
 
     #[test]
     fn an_old_driver_has_no_vmm_or_pools_and_nothing_panics() {
-        let Some(fake) = Fake::old() else { return };
+        let fake = Fake::old();
         let driver = fake.driver();
         assert!(!driver.has_vmm_symbols());
         assert!(!driver.has_pool_symbols());
@@ -305,9 +304,7 @@ mod loading {
     /// caller's ordinary host memory instead.
     #[test]
     fn a_driver_without_pinned_host_calls_offers_none_and_copies_still_work() {
-        let Some(fake) = crate::support::fakes::Fake::copy("fakecuda_nopinned").map(Fake) else {
-            return;
-        };
+        let fake = Fake(crate::support::fakes::Fake::copy("fakecuda_nopinned"));
         let driver = fake.driver();
         assert!(!driver.has_pinned_host_symbols());
         for (symbol, ok) in driver.symbols() {
@@ -337,7 +334,7 @@ mod loading {
 
     #[test]
     fn capability_gates_follow_version_and_attributes() {
-        let Some(fake) = Fake::new() else { return };
+        let fake = Fake::new();
         // CUDA 11.0: VMM yes, pools no (11.2 needed), symbols notwithstanding.
         fake.configure(2, 0, 0, 11_000);
         // Device 1 says it has no virtual memory management.
@@ -362,7 +359,7 @@ mod loading {
 
     #[test]
     fn no_device_and_bad_ordinals_are_typed_errors() {
-        let Some(fake) = Fake::new() else { return };
+        let fake = Fake::new();
         fake.configure(-1, 0, 0, 0);
         let driver = fake.driver();
         let e = driver_failure(CudaDevice::open(Arc::clone(&driver), 0));
@@ -374,7 +371,7 @@ mod loading {
             .unwrap()
             .starts_with("CUDA_ERROR_NO_DEVICE (100)"));
 
-        let Some(fake) = Fake::new() else { return };
+        let fake = Fake::new();
         fake.configure(2, 0, 0, 0);
         let driver = fake.driver();
         match CudaDevice::open(Arc::clone(&driver), 7) {
@@ -457,7 +454,7 @@ mod errors {
 
     #[test]
     fn a_failed_context_switch_is_an_error_not_a_crash() {
-        let Some(fake) = Fake::new() else { return };
+        let fake = Fake::new();
         let device = Arc::new(fake.device(64 * MIB));
         fake.fail("cuCtxSetCurrent", 1, -1, 201);
         // A new thread has no current context: the shim must set it, and that fails.
@@ -478,7 +475,7 @@ mod contexts {
 
     #[test]
     fn every_thread_gets_the_devices_context() {
-        let Some(fake) = Fake::new() else { return };
+        let fake = Fake::new();
         fake.configure(2, 256 * MIB, 0, 0);
         let driver = fake.driver();
         let d0 = Arc::new(CudaDevice::open(Arc::clone(&driver), 0).unwrap());
@@ -593,7 +590,7 @@ mod virtual_memory {
     /// dangling), so safe code never passes the driver a destroyed stream.
     #[test]
     fn dropping_the_device_returns_what_it_held() {
-        let Some(fake) = Fake::new() else { return };
+        let fake = Fake::new();
         let device = fake.device(64 * MIB);
         let vm = device.virtual_memory().unwrap();
         let g = vm.granularity();
@@ -696,8 +693,7 @@ mod strategies {
     use portalloc::{Allocation, Allocator};
 
     /// Runs `test` on `strategy` over a 64 MiB device of a private `fakecuda` (and the fake
-    /// itself); once the allocator is dropped, the fake must hold nothing. Skips where the
-    /// fake was not built.
+    /// itself); once the allocator is dropped, the fake must hold nothing.
     fn with_subject(
         strategy: Strategy,
         test: impl FnOnce(&crate::support::fakes::Fake, &dyn Allocator),
@@ -787,7 +783,7 @@ mod strategies {
 
 #[test]
 fn discovery_chooses_cuda_and_opens_every_device() {
-    let Some(fake) = Fake::new() else { return };
+    let fake = Fake::new();
     fake.configure(2, 512 * MIB, 0, 0);
     let p = discover_with(&[("PORTALLOC_CUDA_LIBRARY", &fake.path())]);
     let probe = assert_chosen(&p, Vendor::Cuda, 2);
@@ -834,10 +830,7 @@ mod cudarc_interop {
 
     #[test]
     fn a_portalloc_allocation_works_as_a_cudarc_slice_without_double_free() {
-        let Some(built) = crate::support::driver("fakecuda") else {
-            crate::support::skip("the conformance driver was not built (no C compiler)");
-            return;
-        };
+        let built = crate::support::driver("fakecuda");
         let dir = std::env::temp_dir().join(format!("portalloc-cudarc-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let lib = dir.join("libcuda.so");

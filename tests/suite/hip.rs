@@ -6,11 +6,11 @@
 //!   `scripts/fetch-vendor-runtimes`; `PORTALLOC_TEST_HIP_LIBRARY`, with its dependencies on
 //!   `LD_LIBRARY_PATH`): it loads, every required symbol resolves, and "no device" is a typed
 //!   error with HIP's own name;
-//! * **the conformance driver** `fakes/drivers/fakehip.c` (compiled by the tests themselves): the capability
-//!   gates per ROCm personality, the tuning notes, the release probe at open under ROCm 7's
-//!   reservation hold (`FAKEHIP_PROFILE` / `fakehip_set_profile`), error mapping, fault
-//!   injection, and the strategies through `portalloc::strategy::build` over a `HipDevice`, with every handle
-//!   given back at the end.
+//! * **the conformance driver** `fakes/drivers/fakehip.c` (built by the test kit
+//!   `portalloc-fakes`): the capability gates per ROCm personality, the tuning notes, the
+//!   release probe at open under ROCm 7's reservation hold (`FAKEHIP_PROFILE` /
+//!   `fakehip_set_profile`), error mapping, fault injection, and the strategies through
+//!   `portalloc::strategy::build` over a `HipDevice`, with every handle given back at the end.
 //!
 //! Tests that load a library (or set environment variables) hold one lock: the fake keeps
 //! its state per process.
@@ -221,19 +221,15 @@ impl std::ops::Deref for Fake {
 }
 
 impl Fake {
-    /// `None` (with a message) when no C compiler works.
-    fn new() -> Option<Fake> {
+    /// The built fakehip, reset, with the test lock held until dropped.
+    fn new() -> Fake {
         let guard = lock();
-        let Some(path) = crate::support::driver("fakehip") else {
-            crate::support::skip("the fakehip conformance driver was not built (no C compiler)");
-            return None;
-        };
         let fake = Fake {
-            fake: crate::support::fakes::Fake::at(path),
+            fake: crate::support::fakes::Fake::at(crate::support::driver("fakehip")),
             _guard: guard,
         };
         fake.call0("fakehip_reset");
-        Some(fake)
+        fake
     }
 
     fn call0(&self, name: &str) {
@@ -308,9 +304,9 @@ impl Fake {
     }
 
     /// Runs `test` on device 0 of the fake; once it is done and the device dropped, the fake
-    /// must hold nothing. Skips where the fake was not built.
+    /// must hold nothing.
     fn with_device(test: impl FnOnce(&Fake, &HipDevice)) {
-        let Some(fake) = Fake::new() else { return };
+        let fake = Fake::new();
         let device = fake.open(0);
         test(&fake, &device);
         drop(device);
@@ -338,7 +334,7 @@ const ROCM7: i32 = crate::support::targets::Rocm::V7.version();
 
 #[test]
 fn rocm6_pools_on_vmm_off_even_with_the_attribute() {
-    let Some(fake) = Fake::new() else { return };
+    let fake = Fake::new();
     fake.version(ROCM6);
     let device = fake.open(0);
     let info = device.info();
@@ -391,7 +387,7 @@ fn rocm6_pools_on_vmm_off_even_with_the_attribute() {
 
 #[test]
 fn rocm7_vmm_on_with_the_attribute_and_2mib_chunks() {
-    let Some(fake) = Fake::new() else { return };
+    let fake = Fake::new();
     fake.version(ROCM7).granularity(4 * KIB, 64 * KIB);
     let device = fake.open(0);
     assert!(device.info().capabilities.virtual_memory);
@@ -482,7 +478,7 @@ fn rocm7_vmm_on_with_the_attribute_and_2mib_chunks() {
 /// nothing held (fakehip_held_bytes is 0) and the caller's current device as it was.
 #[test]
 fn release_probe_finds_the_reservation_hold() {
-    let Some(fake) = Fake::new() else { return };
+    let fake = Fake::new();
     fake.version(ROCM7).devices(2, 4 * GIB);
     let counted = |fake: &Fake| {
         [
@@ -554,7 +550,7 @@ fn release_probe_finds_the_reservation_hold() {
 /// its address, so vmm can hand back held memory and keep its addresses.
 #[test]
 fn reserve_at_gets_a_freed_range_back_under_the_hold() {
-    let Some(fake) = Fake::new() else { return };
+    let fake = Fake::new();
     fake.version(ROCM7).profile("rocm7-reservation-hold");
     let device = fake.open(0);
     let vm = device.virtual_memory().unwrap();
@@ -581,7 +577,7 @@ fn reserve_at_gets_a_freed_range_back_under_the_hold() {
 
 #[test]
 fn rocm5_no_vmm_arch_from_the_5x_properties_and_no_uncached() {
-    let Some(fake) = Fake::new() else { return };
+    let fake = Fake::new();
     fake.version(ROCM5);
     let device = fake.open(0);
     assert!(!device.info().capabilities.virtual_memory);
@@ -703,7 +699,7 @@ fn errors_carry_hips_names() {
 
 #[test]
 fn bfc_backs_off_when_hip_refuses() {
-    let Some(fake) = Fake::new() else { return };
+    let fake = Fake::new();
     fake.devices(1, GIB);
     let device = Arc::new(fake.open(0));
     let config = Config::builder()
@@ -744,7 +740,7 @@ fn bfc_backs_off_when_hip_refuses() {
 /// library) does not inherit portalloc's release threshold.
 #[test]
 fn the_shared_default_pool_gets_its_threshold_back() {
-    let Some(fake) = Fake::new() else { return };
+    let fake = Fake::new();
     let get_default: unsafe extern "C" fn(*mut *mut c_void, c_int) -> c_int =
         fake.sym("hipDeviceGetDefaultMemPool");
     let get_attribute: unsafe extern "C" fn(*mut c_void, c_int, *mut c_void) -> c_int =
@@ -825,7 +821,7 @@ fn pool_threshold_is_set_explicitly_and_memory_comes_back() {
 
 #[test]
 fn streams_and_events_follow_the_runtime() {
-    let Some(fake) = Fake::new() else { return };
+    let fake = Fake::new();
     let device = fake.open(0);
     // hipErrorNotReady is "not yet": an event held in flight is not complete.
     fake.check_streams_and_events(&device, |_, e| {
@@ -848,7 +844,7 @@ fn streams_and_events_follow_the_runtime() {
 
 #[test]
 fn each_device_is_made_current_on_the_calling_thread() {
-    let Some(fake) = Fake::new() else { return };
+    let fake = Fake::new();
     fake.devices(2, 4 * GIB);
     let runtime = fake.runtime();
     let d0 = Arc::new(HipDevice::open(Arc::clone(&runtime), 0).unwrap());
@@ -875,7 +871,7 @@ fn each_device_is_made_current_on_the_calling_thread() {
 
 #[test]
 fn tuning_is_visible_in_the_device_info() {
-    let Some(fake) = Fake::new() else { return };
+    let fake = Fake::new();
     // Fine-grained memory on request.
     let device = HipDevice::builder()
         .memory(MemoryKind::FineGrained)
@@ -919,7 +915,7 @@ fn tuning_is_visible_in_the_device_info() {
 
 #[test]
 fn discovery_chooses_hip_when_it_finds_devices() {
-    let Some(fake) = Fake::new() else { return };
+    let fake = Fake::new();
     fake.devices(2, 8 * GIB);
     let p = discover_with(&[
         ("PORTALLOC_HIP_LIBRARY", &fake.path()),
@@ -939,11 +935,8 @@ fn discovery_chooses_hip_when_it_finds_devices() {
 
 #[test]
 fn discovery_with_cuda_and_hip_runtimes_follows_the_documented_order() {
-    let Some(fake) = Fake::new() else { return };
-    let Some(cuda) = crate::support::driver("fakecuda") else {
-        crate::support::skip("the fakecuda conformance driver was not built");
-        return;
-    };
+    let fake = Fake::new();
+    let cuda = crate::support::driver("fakecuda");
     let both = || {
         Config::builder()
             .ignore_env()

@@ -37,18 +37,18 @@ struct Subject {
 }
 
 impl Subject {
-    fn new(profile: &str, devices: i32, capacity: u64, limit: u64) -> Option<Subject> {
-        let fake = Fake::with_devices(Vendor::Hip, devices, capacity)?;
+    fn new(profile: &str, devices: i32, capacity: u64, limit: u64) -> Subject {
+        let fake = Fake::with_devices(Vendor::Hip, devices, capacity);
         fake.set_profile(profile).unwrap();
         let device = Arc::new(<HipDevice as FakeDevice>::open(&fake, 0));
         let granule = device.virtual_memory().unwrap().granularity();
         let vmm = VmmAllocator::new(Arc::clone(&device), VmmOptions::new(limit)).unwrap();
-        Some(Subject {
+        Subject {
             vmm,
             device,
             fake,
             granule,
-        })
+        }
     }
 
     fn free(&self) -> u64 {
@@ -94,9 +94,7 @@ fn declare(tags: &[&str]) {
 /// freed a wake must succeed.
 #[test]
 fn a_range_taken_meanwhile_fails_the_wake_and_not_the_allocations() {
-    let Some(s) = Subject::new(HOLD, 1, 4 * GIB, 3 * GIB) else {
-        return;
-    };
+    let s = Subject::new(HOLD, 1, 4 * GIB, 3 * GIB);
     declare(&["probe-a-w", "probe-a-kv"]);
     let start = s.free();
     let w: Vec<Allocation> = (0..8)
@@ -183,9 +181,7 @@ fn a_range_taken_meanwhile_fails_the_wake_and_not_the_allocations() {
 fn memory_stranded_in_a_live_segment_still_serves_requests() {
     let mut outcomes = Vec::new();
     for profile in ["documented", HOLD] {
-        let Some(s) = Subject::new(profile, 1, 4 * GIB, GIB) else {
-            return;
-        };
+        let s = Subject::new(profile, 1, 4 * GIB, GIB);
         let start = s.free();
         let big = s.vmm.allocate(200 * MIB, 0, Stream::DEFAULT, "").unwrap();
         let small = s.vmm.allocate(4 * MIB, 0, Stream::DEFAULT, "").unwrap();
@@ -224,9 +220,7 @@ fn many_tags_near_the_budget_and_trim() {
     }
     let mut results = Vec::new();
     for profile in ["documented", HOLD] {
-        let Some(s) = Subject::new(profile, 1, 4 * GIB, GIB) else {
-            return;
-        };
+        let s = Subject::new(profile, 1, 4 * GIB, GIB);
         let start = s.free();
         let mut keep = Vec::new();
         for t in &tags {
@@ -271,9 +265,7 @@ fn many_tags_near_the_budget_and_trim() {
 /// second cycle; trim after sleep; a sleeper freed; a new allocation under the sleeping tag.
 #[test]
 fn kernels_on_three_streams_a_reused_handle_and_a_second_cycle() {
-    let Some(s) = Subject::new(HOLD, 1, 4 * GIB, 3 * GIB) else {
-        return;
-    };
+    let s = Subject::new(HOLD, 1, 4 * GIB, 3 * GIB);
     declare(&["probe-c-w", "probe-c-kv"]);
     let start = s.free();
     let streams: Vec<Stream> = (0..3).map(|_| caller_stream(&s.fake)).collect();
@@ -358,9 +350,7 @@ fn kernels_on_three_streams_a_reused_handle_and_a_second_cycle() {
 /// (two devices, the caller's on device 1).
 #[test]
 fn the_callers_device_is_kept() {
-    let Some(s) = Subject::new(HOLD, 2, 2 * GIB, GIB) else {
-        return;
-    };
+    let s = Subject::new(HOLD, 2, 2 * GIB, GIB);
     declare(&["probe-d"]);
     let a = s
         .vmm
@@ -383,9 +373,7 @@ fn the_callers_device_is_kept() {
 #[test]
 fn a_donated_buffer_sleeps_with_its_new_tag() {
     for profile in ["documented", HOLD] {
-        let Some(s) = Subject::new(profile, 1, 2 * GIB, GIB) else {
-            return;
-        };
+        let s = Subject::new(profile, 1, 2 * GIB, GIB);
         declare(&["probe-e-giver", "probe-e-consumer"]);
         let Subject {
             vmm, device, fake, ..
@@ -449,9 +437,7 @@ const HIP_CALLS: &[&str] = &[
 /// One run: weights and kv over two segments; a fault on the `nth` call of `function` during
 /// the sleep (phase 0) or the wake (phase 1). Returns the calls of each function the phase made.
 fn fault_run(phase: u8, fault: Option<(&str, i64, i32)>) -> Vec<(&'static str, i64)> {
-    let Some(s) = Subject::new(HOLD, 1, 4 * GIB, 3 * GIB) else {
-        return Vec::new();
-    };
+    let s = Subject::new(HOLD, 1, 4 * GIB, 3 * GIB);
     let what = format!("phase {phase} fault {fault:?}");
     let start = s.free();
     let mut w = Vec::new();
@@ -713,9 +699,7 @@ fn is_cannot_wake(e: &Error) -> bool {
 #[test]
 fn a_sleep_beside_a_buffer_being_freed() {
     for profile in ["documented", HOLD] {
-        let Some(s) = Subject::new(profile, 1, 2 * GIB, GIB) else {
-            return;
-        };
+        let s = Subject::new(profile, 1, 2 * GIB, GIB);
         declare(&["probe-i"]);
         let kept = s
             .vmm
@@ -761,9 +745,7 @@ fn a_wake_under_pressure() {
     declare(&["probe-h"]);
     let mut lines = Vec::new();
     for profile in ["documented", HOLD] {
-        let Some(s) = Subject::new(profile, 1, 4 * GIB, GIB) else {
-            return;
-        };
+        let s = Subject::new(profile, 1, 4 * GIB, GIB);
         let start = s.free();
         let h: Vec<Allocation> = (0..2)
             .map(|_| {
@@ -813,9 +795,7 @@ fn a_wake_under_pressure() {
 #[test]
 fn new_mappings_wait_on_gfx12_only() {
     for (arch, waits) in [("gfx1201", true), ("gfx942:sramecc+:xnack-", false)] {
-        let Some(fake) = Fake::with_devices(Vendor::Hip, 1, 2 * GIB) else {
-            return;
-        };
+        let fake = Fake::with_devices(Vendor::Hip, 1, 2 * GIB);
         let set_arch: unsafe extern "C" fn(*const std::ffi::c_char) = fake.sym("fakehip_set_arch");
         let name = std::ffi::CString::new(arch).unwrap();
         // SAFETY: a control function of fakehip, a NUL-terminated name, before the device opens.

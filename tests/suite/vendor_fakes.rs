@@ -123,7 +123,7 @@ fn read_write(device: c_int) -> AccessDesc {
 }
 
 /// A fake with two devices of 256 MiB, every capability on.
-fn two_devices<D: FakeDevice>() -> Option<Fake> {
+fn two_devices<D: FakeDevice>() -> Fake {
     Fake::with_devices(D::VENDOR, 2, 256 * MIB)
 }
 
@@ -140,9 +140,7 @@ fn version_call(fake: &Fake) -> c_int {
 /// `fake_fail(f, nth, count, code)`: calls nth .. nth+count-1 from now fail, the rest succeed;
 /// earlier calls do not count; failed calls are counted.
 fn fault_window<D: FakeDevice>() {
-    let Some(fake) = two_devices::<D>() else {
-        return;
-    };
+    let fake = two_devices::<D>();
     let function = api(D::VENDOR).driver_version;
     let before: Vec<c_int> = (0..3).map(|_| version_call(&fake)).collect();
     assert_eq!(before, [0, 0, 0]);
@@ -156,9 +154,7 @@ fn fault_window<D: FakeDevice>() {
 
 /// `count < 0`: every call from the nth on fails, until `fake_clear_faults`.
 fn fault_forever_until_cleared<D: FakeDevice>() {
-    let Some(fake) = two_devices::<D>() else {
-        return;
-    };
+    let fake = two_devices::<D>();
     let function = api(D::VENDOR).driver_version;
     fake.fail(function, 1, -1, UNKNOWN);
     for _ in 0..5 {
@@ -171,9 +167,7 @@ fn fault_forever_until_cleared<D: FakeDevice>() {
 
 /// Faults armed side by side count on their own; the first due answers; `nth < 1` is 1.
 fn faults_side_by_side<D: FakeDevice>() {
-    let Some(fake) = two_devices::<D>() else {
-        return;
-    };
+    let fake = two_devices::<D>();
     let function = api(D::VENDOR).driver_version;
     fake.fail(function, 0, 1, 2);
     fake.fail(function, 3, 1, UNKNOWN);
@@ -210,9 +204,7 @@ fn fault_through_the_backend<D: FakeDevice>(fake: &Fake, device: &D, _: &D, api:
 /// One vocabulary: every name of `LIVE` is answered (zero on a fresh fake), an unknown name
 /// is -1, and `contexts` only where there are contexts (CUDA).
 fn live_vocabulary<D: FakeDevice>() {
-    let Some(fake) = two_devices::<D>() else {
-        return;
-    };
+    let fake = two_devices::<D>();
     for what in LIVE {
         assert_eq!(fake.live(what), 0, "{what}");
     }
@@ -325,9 +317,7 @@ fn set_access_with_peers_grants<D: FakeDevice>(fake: &Fake, a: &D, b: &D, api: &
 
 /// The `vmm` strategy over a device with an enabled peer grants the peer all it maps.
 fn vmm_grants_enabled_peers<D: FakeDevice>() {
-    let Some(fake) = two_devices::<D>() else {
-        return;
-    };
+    let fake = two_devices::<D>();
     let devices: Vec<Arc<dyn Device>> = D::open_all(&fake)
         .into_iter()
         .map(|d| Arc::new(d) as Arc<dyn Device>)
@@ -654,9 +644,7 @@ fn release_note<D: FakeDevice>(device: &D) -> String {
 /// freed: one call of each, two free-memory reads. Nothing is left, the caller's current
 /// context or device is unchanged, and the answer is false, through a wrapper too.
 fn release_probe_documented<D: FakeDevice>() {
-    let Some(fake) = two_devices::<D>() else {
-        return;
-    };
+    let fake = two_devices::<D>();
     let api = api(D::VENDOR);
     let other = D::open(&fake, 1);
     let before = fake.current();
@@ -701,9 +689,7 @@ fn release_probe_documented<D: FakeDevice>() {
 /// scratch reservation after the answer was found keeps the answer; the device books the
 /// reservation and gives it back when it goes.
 fn release_probe_refused<D: FakeDevice>() {
-    let Some(fake) = two_devices::<D>() else {
-        return;
-    };
+    let fake = two_devices::<D>();
     let api = api(D::VENDOR);
     let other = D::open(&fake, 1);
     let caller = fake.primary(1);
@@ -746,9 +732,7 @@ fn release_probe_refused<D: FakeDevice>() {
 /// Runs `body` over both devices of a fresh two-device fake; then, with the devices dropped,
 /// the fake must hold nothing.
 fn on_two_devices<D: FakeDevice>(body: fn(&Fake, &D, &D, &Api)) {
-    let Some(fake) = two_devices::<D>() else {
-        return;
-    };
+    let fake = two_devices::<D>();
     let devices = D::open_all(&fake);
     body(&fake, &devices[0], &devices[1], &api(D::VENDOR));
     drop(devices);
@@ -795,9 +779,7 @@ on_both_vendors!(hip, portalloc::backends::hip::HipDevice, "hip");
 #[cfg(feature = "cuda")]
 #[test]
 fn cuda_enable_peer_access_codes() {
-    let Some(fake) = Fake::with_devices(Vendor::Cuda, 3, 256 * MIB) else {
-        return;
-    };
+    let fake = Fake::with_devices(Vendor::Cuda, 3, 256 * MIB);
     type Ctx = *mut std::ffi::c_void;
     let init: unsafe extern "C" fn(u32) -> c_int = fake.sym("cuInit");
     let retain: unsafe extern "C" fn(*mut Ctx, c_int) -> c_int =
@@ -853,9 +835,7 @@ fn cuda_enable_peer_access_codes() {
 #[cfg(feature = "hip")]
 #[test]
 fn hip_enable_peer_access_codes() {
-    let Some(fake) = Fake::with_devices(Vendor::Hip, 3, 256 * MIB) else {
-        return;
-    };
+    let fake = Fake::with_devices(Vendor::Hip, 3, 256 * MIB);
     let set_device: unsafe extern "C" fn(c_int) -> c_int = fake.sym("hipSetDevice");
     let enable: unsafe extern "C" fn(c_int, u32) -> c_int = fake.sym("hipDeviceEnablePeerAccess");
     // SAFETY: by value.

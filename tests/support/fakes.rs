@@ -67,18 +67,13 @@ pub struct Fake {
 static COPIES: AtomicU64 = AtomicU64::new(0);
 
 impl Fake {
-    /// A private copy of the fake `name` (`fakecuda`, `fakecuda_old`, `fakehip`), built on
-    /// first use; `None` after [`super::skip`] when no C compiler works.
+    /// A private copy of the fake `name` (`fakecuda`, `fakecuda_old`, `fakehip`, …: the
+    /// drivers of `portalloc-fakes`, [`super::driver`]).
     ///
     /// # Panics
-    /// When the copy cannot be made or loaded.
-    pub fn copy(name: &str) -> Option<Fake> {
-        let Some(built) = super::driver(name) else {
-            super::skip(&format!(
-                "the {name} conformance driver was not built (no C compiler)"
-            ));
-            return None;
-        };
+    /// When `name` is no driver of the kit, or the copy cannot be made or loaded.
+    pub fn copy(name: &str) -> Fake {
+        let built = super::driver(name);
         let n = COPIES.fetch_add(1, Ordering::Relaxed);
         let path = std::env::temp_dir().join(format!(
             "portalloc-{name}-{}-{n}-lib{name}.so",
@@ -87,7 +82,7 @@ impl Fake {
         std::fs::copy(built, &path).expect("copy the conformance driver");
         let mut fake = Fake::at(path);
         fake.owned = true;
-        Some(fake)
+        fake
     }
 
     /// A private copy of the vendor's current fake with `devices` devices of `capacity` bytes
@@ -95,19 +90,19 @@ impl Fake {
     ///
     /// # Panics
     /// As [`Fake::copy`], and for a vendor without a fake (the host).
-    pub fn with_devices(vendor: Vendor, devices: i32, capacity: u64) -> Option<Fake> {
+    pub fn with_devices(vendor: Vendor, devices: i32, capacity: u64) -> Fake {
         let fake = Fake::copy(match vendor {
             Vendor::Cuda => "fakecuda",
             Vendor::Hip => "fakehip",
             other => panic!("{other:?} has no conformance fake"),
-        })?;
+        });
         if vendor == Vendor::Hip {
             let set_version: unsafe extern "C" fn(c_int) = fake.sym("fakehip_set_version");
             // SAFETY: by value.
             unsafe { set_version(ROCM7) }
         }
         fake.set_devices(devices, capacity);
-        Some(fake)
+        fake
     }
 
     /// The fake already built at `path` (not copied, not removed).

@@ -1,8 +1,8 @@
 //! What every test file shares: the rule for skipping.
 //!
-//! A test that needs something the machine may lack — a C compiler for the conformance
-//! drivers, the real traces in `../shared` — skips with a message on a user's machine. Where
-//! skipping would hide a gap, it must not: under `CI=true`, or with
+//! A test that needs something the machine may lack — the real traces in `../shared`, a C
+//! compiler or Python for the C ABI's programs — skips with a message on a user's machine.
+//! Where skipping would hide a gap, it must not: under `CI=true`, or with
 //! `PORTALLOC_TEST_REQUIRE_ALL=1` set by a user who wants the same, a missing prerequisite
 //! fails the test with the same message instead of passing it silently.
 
@@ -78,103 +78,33 @@ macro_rules! assert_values {
     }};
 }
 
-/// The conformance driver `name` (`fakecuda`, `fakecuda_old`, `fakehip`: `fakes/drivers/`),
-/// compiled for the tests on first use — never by a user's build, which compiles no test
-/// fixture and needs no C compiler. The shared object is kept under the target directory (a
-/// folder per source tree) and
-/// rebuilt when a driver source is newer. `None` (after a message) when no C compiler works:
-/// the caller then skips — or fails under `CI=true`, through [`skip`].
+/// The conformance driver `name` (`fakecuda`, `fakecuda_old`, `fakecuda_nopeer`,
+/// `fakecuda_nopinned`, `fakehip`: `fakes/drivers/`), as the test kit `portalloc-fakes`
+/// built it (its build script, once per target directory; a user's build of portalloc
+/// compiles no test fixture). Shared by the tests of a process: a test that needs its own
+/// driver state loads a copy ([`fakes::Fake::copy`]).
 ///
-/// The compiler is `$CC` or `cc`, with `-Wall -Werror`: these are the project's own tests.
-pub fn driver(name: &str) -> Option<&'static str> {
-    use std::collections::HashMap;
-    use std::path::{Path, PathBuf};
-    use std::sync::{Mutex, OnceLock};
+/// # Panics
+/// When `name` is not one of the kit's drivers.
+pub fn driver(name: &str) -> &'static str {
+    use std::sync::OnceLock;
 
-    static BUILT: OnceLock<Mutex<HashMap<String, Option<&'static str>>>> = OnceLock::new();
-    let mut built = BUILT
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
-    if let Some(path) = built.get(name) {
-        return *path;
-    }
-    let sources = Path::new(env!("CARGO_MANIFEST_DIR")).join("fakes/drivers");
-    let source = sources.join(format!("{name}.c"));
-    // One folder per source tree: checkouts (git worktrees) that share a target directory
-    // may hold different driver sources.
-    let tree = {
-        use std::hash::{Hash, Hasher};
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        env!("CARGO_MANIFEST_DIR").hash(&mut hasher);
-        format!("{:016x}", hasher.finish())
-    };
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join("conformance-drivers")
-        .join(tree);
-    let output = dir.join(format!("lib{name}.so"));
-    let newest_source = std::fs::read_dir(&sources)
-        .into_iter()
-        .flatten()
-        .filter_map(|e| e.ok()?.metadata().ok()?.modified().ok())
-        .max();
-    let fresh = match (
-        std::fs::metadata(&output).and_then(|m| m.modified()),
-        newest_source,
-    ) {
-        (Ok(built_at), Some(source_at)) => built_at >= source_at,
-        _ => false,
-    };
-    let result = if fresh {
-        Some(output)
-    } else {
-        compile(&source, &dir, &output)
-    };
-    let leaked: Option<&'static str> =
-        result.map(|p| &*Box::leak(p.to_string_lossy().into_owned().into_boxed_str()));
-    built.insert(name.to_string(), leaked);
-    leaked
-}
-
-fn compile(
-    source: &std::path::Path,
-    dir: &std::path::Path,
-    output: &std::path::Path,
-) -> Option<std::path::PathBuf> {
-    let compiler = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
-    if let Err(e) = std::fs::create_dir_all(dir) {
-        eprintln!("cannot make {}: {e}", dir.display());
-        return None;
-    }
-    // Built under a name of this process, then renamed: tests in other processes may build
-    // the same driver at the same time.
-    let partial = dir.join(format!(
-        "{}.{}.partial",
-        output.file_name()?.to_string_lossy(),
-        std::process::id()
-    ));
-    let status = std::process::Command::new(&compiler)
-        .args([
-            "-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-std=c11", "-pthread", "-o",
-        ])
-        .arg(&partial)
-        .arg(source)
-        .status();
-    match status {
-        Ok(s) if s.success() => match std::fs::rename(&partial, output) {
-            Ok(()) => Some(output.to_path_buf()),
-            Err(e) => {
-                eprintln!("cannot place {}: {e}", output.display());
-                None
-            }
-        },
-        Ok(s) => {
-            eprintln!("{compiler} failed on {} ({s})", source.display());
-            None
-        }
-        Err(e) => {
-            eprintln!("no C compiler ({compiler}: {e}) for {}", source.display());
-            None
+    static BUILT: OnceLock<Vec<(&'static str, &'static str)>> = OnceLock::new();
+    let built = BUILT.get_or_init(|| {
+        portalloc_fakes::Driver::ALL
+            .iter()
+            .map(|d| {
+                let path = d.path().into_os_string().into_string();
+                let path = path.expect("the fake drivers' directory is UTF-8");
+                (d.name, &*Box::leak(path.into_boxed_str()))
+            })
+            .collect()
+    });
+    match built.iter().find(|(n, _)| *n == name) {
+        Some(&(_, path)) => path,
+        None => {
+            let names: Vec<&str> = built.iter().map(|(n, _)| *n).collect();
+            panic!("no conformance driver {name:?}: portalloc-fakes builds {names:?}")
         }
     }
 }
