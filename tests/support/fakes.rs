@@ -1,17 +1,20 @@
 //! The conformance fakes' control API (`fakes/drivers/fake_common.h`, whose comment is the
-//! spec) from Rust: one type, [`Fake`], for `fakecuda`, `fakecuda_old` and `fakehip`.
+//! spec) from Rust: one type, [`Fake`], for the drivers of the test kit `portalloc-fakes`
+//! (`fakecuda`, `fakecuda_old`, `fakehip`, …), over the kit's [`Controls`] with portalloc's
+//! types (streams, events, errors, vendors) and the controls only one driver has.
 //!
 //! A fake keeps its state per loaded library, so [`Fake::copy`] loads a private copy of the
-//! built library — its own instance: tests in one process do not see each other's objects or
+//! library the kit built — its own instance: tests in one process do not see each other's objects or
 //! faults — and the backend under test is pointed at [`Fake::path`]. [`Fake::at`] wraps a
 //! library that is already loaded elsewhere (the same path gives the same instance).
 
-use std::ffi::{c_char, c_int, c_long, CString};
+use std::ffi::{c_char, c_int, CString};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use portalloc::device::Event;
 use portalloc::{Error, Stream, Vendor};
+use portalloc_fakes::Controls;
 
 /// The live counts that are device memory, pinned host memory or address space held for a
 /// caller: all zero once everything was given back.
@@ -55,9 +58,12 @@ pub const FAKEHIP_PROFILES: &[&str] = &[
     "rocr-285-unmap-many",
 ];
 
-/// One loaded conformance fake and its control functions.
+/// One loaded conformance fake and its control functions: the common ones through the test
+/// kit's [`Controls`], opened on the same path (so the same instance); fakecuda's and fakehip's
+/// own, and the vendor calls a test makes as the caller, through [`Fake::sym`].
 pub struct Fake {
     library: libloading::Library,
+    controls: Controls,
     path: PathBuf,
     vendor: Vendor,
     /// A private copy, removed on drop.
@@ -118,8 +124,10 @@ impl Fake {
         };
         // SAFETY: our own test library; its initialisers do nothing.
         let library = unsafe { libloading::Library::new(&path) }.expect("load the fake");
+        let controls = Controls::open(&path).expect("the fake's controls");
         Fake {
             library,
+            controls,
             path,
             vendor,
             owned: false,
@@ -152,23 +160,18 @@ impl Fake {
     /// # Panics
     /// When `code` is no C `int`.
     pub fn fail(&self, function: &str, nth: i64, count: i64, code: impl Into<i64>) {
-        let f: unsafe extern "C" fn(*const c_char, c_long, c_long, c_int) = self.sym("fake_fail");
-        let name = CString::new(function).expect("no NUL in a function name");
         let code = c_int::try_from(code.into()).expect("a status code is a C int");
-        // SAFETY: a NUL-terminated name the fake copies; the rest by value.
-        unsafe { f(name.as_ptr(), nth as c_long, count as c_long, code) }
+        self.controls.fail(function, nth, count, code);
     }
 
     /// Disarms every fault.
     pub fn clear_faults(&self) {
-        let f: unsafe extern "C" fn() = self.sym("fake_clear_faults");
-        // SAFETY: no arguments.
-        unsafe { f() }
+        self.controls.clear_faults();
     }
 
     /// Calls of `function` made so far, failed ones included.
     pub fn calls(&self, function: &str) -> i64 {
-        self.by_name("fake_calls", function)
+        self.controls.calls(function)
     }
 
     /// The fake's live count of `what` (the vocabulary of `fake_common.h`).
@@ -176,9 +179,8 @@ impl Fake {
     /// # Panics
     /// When this fake does not answer `what`.
     pub fn live(&self, what: &str) -> i64 {
-        let n = self.by_name("fake_live", what);
-        assert!(n >= 0, "{} does not count {what}", self.path());
-        n
+        let n = self.controls.live(what);
+        n.unwrap_or_else(|| panic!("{} does not count {what}", self.path()))
     }
 
     /// The non-zero counts among `names`.
@@ -444,25 +446,16 @@ impl Fake {
 
     /// How many times memory a kernel still used was freed or unmapped, and the first one.
     pub fn hazards(&self) -> (u64, String) {
-        let count: unsafe extern "C" fn() -> i64 = self.sym("fake_hazards");
-        let first: unsafe extern "C" fn() -> *const c_char = self.sym("fake_first_hazard");
-        // SAFETY: no arguments; the text is the fake's static buffer, NUL-terminated.
-        unsafe {
-            (
-                count() as u64,
-                std::ffi::CStr::from_ptr(first())
-                    .to_string_lossy()
-                    .into_owned(),
-            )
-        }
+        let count = self.controls.hazards() as u64;
+        (count, self.controls.first_hazard())
     }
 
     /// CPU waits (synchronisations) and GPU-side waits (stream-wait-event calls) so far.
     pub fn waits(&self) -> (u64, u64) {
-        let cpu: unsafe extern "C" fn() -> i64 = self.sym("fake_cpu_waits");
         let gpu: unsafe extern "C" fn() -> i64 = self.sym("fake_gpu_waits");
         // SAFETY: no arguments.
-        unsafe { (cpu() as u64, gpu() as u64) }
+        let gpu = unsafe { gpu() };
+        (self.controls.cpu_waits() as u64, gpu as u64)
     }
 
     // ---- the caller's current context (CUDA) or device (HIP) -------------------------------
@@ -524,13 +517,6 @@ impl Fake {
         let f: unsafe extern "C" fn(c_int) -> c_int = self.sym("cuDevicePrimaryCtxRelease_v2");
         // SAFETY: by value; balances a retain of `primary`.
         assert_eq!(unsafe { f(device) }, 0, "cuDevicePrimaryCtxRelease_v2");
-    }
-
-    fn by_name(&self, function: &str, name: &str) -> i64 {
-        let f: unsafe extern "C" fn(*const c_char) -> i64 = self.sym(function);
-        let name = CString::new(name).expect("no NUL in a name");
-        // SAFETY: a NUL-terminated name, read only.
-        unsafe { f(name.as_ptr()) }
     }
 }
 
