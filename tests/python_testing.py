@@ -17,7 +17,7 @@ import json
 import os
 import subprocess
 import sys
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, Type
 
 from portalloc import testing
 
@@ -82,15 +82,14 @@ def run(profile: testing.Profile, mode: str) -> Dict[str, Any]:
     return result
 
 
-def refused(call: Callable[[], object], *named: str) -> None:
-    """``call`` raises a KeyError whose message names each of ``named`` (what was asked, and
-    what is accepted)."""
+def raises(kind: Type[BaseException], call: Callable[[], object], *named: str) -> None:
+    """``call`` raises ``kind`` whose message names each of ``named``."""
     try:
         call()
-    except KeyError as e:
+    except kind as e:
         assert all(n in str(e) for n in named), (named, e)
     else:
-        raise AssertionError("accepted, where a KeyError naming %s was due" % (named,))
+        raise AssertionError("accepted, where %s naming %s was due" % (kind.__name__, named))
 
 
 def the_matrix_is_well_formed() -> None:
@@ -105,8 +104,8 @@ def the_matrix_is_well_formed() -> None:
         assert env[testing.PROFILE_VARIABLE] == p.name
         assert dict(p.vars).items() <= env.items()
     assert testing.profile("rocm5").vars == (("FAKEHIP_VERSION", "50221153"),)
-    refused(lambda: testing.profile("rocm99"), "rocm99", "rocm7-unmap-many")
-    refused(lambda: testing.driver_path("libcuda"), "libcuda", "fakecuda_nopinned")
+    raises(KeyError, lambda: testing.profile("rocm99"), "rocm99", "rocm7-unmap-many")
+    raises(KeyError, lambda: testing.driver_path("libcuda"), "libcuda", "fakecuda_nopinned")
 
 
 def controls_inject_a_fault_and_count_calls() -> None:
@@ -121,7 +120,32 @@ def controls_inject_a_fault_and_count_calls() -> None:
     assert hip.hipGetDeviceCount(ctypes.byref(count)) == 0 and count.value >= 1
     assert driver.calls("hipGetDeviceCount") == before + 2
     assert driver.holds_no_memory(), driver.census()
-    refused(lambda: driver.live("gigawatts"), "gigawatts", "host_allocations")
+    raises(KeyError, lambda: driver.live("gigawatts"), "gigawatts", "host_allocations")
+
+
+def hostile_inputs_are_refused_clearly() -> None:
+    path = testing.driver_path("fakecuda")
+    driver = testing.Controls(path)
+    raises(testing.FakesError, lambda: testing.Controls("libm.so.6"), "not one of the fake")
+    raises(testing.FakesError, lambda: testing.Controls("/no/such/lib.so"), "/no/such/lib.so")
+    raises(ValueError, lambda: driver.fail("cuMemAlloc_v2\0x", 1, 1, 2), "NUL")
+    raises(ValueError, lambda: driver.fail("x" * 64, 1, 1, 2), "1 to 63")
+    raises(OverflowError, lambda: driver.fail("cuMemAlloc_v2", 2**64, 1, 2), "nth")
+    raises(KeyError, lambda: driver.done(123456789), "123456789")
+    raises(KeyError, lambda: driver.launch(0xDEAD000, 0, 1), "0xdead000")
+    # A cache that cannot be written, and a compiler command that cannot be split.
+    saved = dict(os.environ)
+    try:
+        os.environ.pop("PORTALLOC_FAKES_DIR", None)
+        os.environ["PORTALLOC_FAKES_CACHE"] = "/proc/portalloc-no-such-cache"
+        raises(testing.FakesError, lambda: testing.driver_path("fakehip"), "PORTALLOC_FAKES_CACHE")
+        os.environ["PORTALLOC_FAKES_CACHE"] = saved.get("PORTALLOC_FAKES_CACHE", "/tmp/x")
+        os.environ["CC"] = 'cc -DX="'
+        raises(testing.FakesError, lambda: testing.driver_path("fakehip"), "CC=")
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    assert driver.holds_no_memory()
 
 
 def every_profile_passes_the_right_code_and_catches_the_planted_bug() -> None:
@@ -164,5 +188,6 @@ if __name__ == "__main__":
     the_matrix_is_well_formed()
     controls_inject_a_fault_and_count_calls()
     the_command_line_prints_the_matrix_and_a_profiles_exports()
+    hostile_inputs_are_refused_clearly()
     every_profile_passes_the_right_code_and_catches_the_planted_bug()
     print("python_testing: ok")

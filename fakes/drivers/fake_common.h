@@ -8,7 +8,10 @@
  *       Calls nth .. nth+count-1 of `function` (1-based, counted from this call; nth < 1 counts
  *       as 1) return `code` without doing anything; count < 0: every call from the nth on,
  *       until fake_clear_faults. Several faults may be armed at once, each counting on its own;
- *       the first that is due answers.
+ *       the first that is due answers. At most FAKE_MAX_FAULTS (32) are armed at once (a
+ *       fault's slot is free again after its last failing call); arming one more, or naming a
+ *       function of 64 characters or more, aborts the process with a message on stderr,
+ *       since a fault silently not armed would let a test pass that checks nothing.
  *   void fake_clear_faults(void)
  *       Disarms every fault. (fakehip_reset also forgets faults, call counts and peer state;
  *       fakecuda keeps its state for the life of the loaded library: load a private copy.)
@@ -115,6 +118,7 @@
 
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define FAKE_EXPORT __attribute__((visibility("default")))
@@ -196,6 +200,8 @@ static FAKE_STATUS fake_enter(const char *function) {
     x->seen++;
     int due = x->seen >= x->nth && (x->count < 0 || x->seen < x->nth + x->count);
     if (due && code == FAKE_OK) code = (FAKE_STATUS)x->code;
+    /* Spent: its last failing call was this one (or it never fails); the slot is free. */
+    if (x->count >= 0 && x->seen + 1 >= x->nth + x->count) x->function[0] = 0;
   }
   return code;
 }
@@ -274,8 +280,14 @@ static inline int fake_peer_linked(int owner, int device) {
 }
 
 FAKE_EXPORT void fake_fail(const char *function, long nth, long count, int code) {
+  if (!function || strlen(function) >= sizeof fake_faults[0].function) {
+    fprintf(stderr, "fake_fail: a function name of 1 to %zu characters, not %s\n",
+            sizeof fake_faults[0].function - 1, function ? "a longer one" : "NULL");
+    abort();
+  }
+  int armed = 0;
   LOCKED({
-    for (int f = 0; f < FAKE_MAX_FAULTS; f++) {
+    for (int f = 0; f < FAKE_MAX_FAULTS && !armed; f++) {
       struct fake_fault *x = &fake_faults[f];
       if (x->function[0]) continue;
       snprintf(x->function, sizeof x->function, "%s", function);
@@ -283,9 +295,16 @@ FAKE_EXPORT void fake_fail(const char *function, long nth, long count, int code)
       x->nth = nth < 1 ? 1 : nth;
       x->count = count;
       x->code = code;
-      break;
+      armed = 1;
     }
   });
+  if (!armed) {
+    fprintf(stderr,
+            "fake_fail(%s): %d faults are armed already (FAKE_MAX_FAULTS); disarm them with "
+            "fake_clear_faults\n",
+            function, FAKE_MAX_FAULTS);
+    abort();
+  }
 }
 
 FAKE_EXPORT void fake_clear_faults(void) { LOCKED(memset(fake_faults, 0, sizeof fake_faults)); }

@@ -12,7 +12,12 @@
  * hipStreamLegacy, hipStreamPerThread — the calling thread's own) whose work finishes in
  * order — at once, unless held by a kernel in flight, a stream wait or hold_events — and
  * waiting for an event waits for the work before it, and pools give memory back only down
- * to their release threshold at a synchronisation.
+ * to their release threshold at a synchronisation. A pool's blocks are as fakecuda's: a
+ * block freed with hipFreeAsync is cached once its stream's clock reaches the free; a request
+ * takes the smallest cached block that fits and is safe for its stream (its free completed,
+ * or freed on the same stream, never the per-thread handle), else a new one; a trim gives
+ * back only cached blocks whose free completed, and giving one back while a kernel or a copy
+ * still uses it is a hazard.
  *
  * Personalities (hipRuntimeGetVersion / hipDriverGetVersion):
  *   ROCm 6/7 (default 6.2.41133): hipGetDevicePropertiesR0600, attribute 89 (VMM) = 1,
@@ -142,7 +147,19 @@ enum {
 
 /* ----- state ----------------------------------------------------------------------------- */
 
-enum kind { FREE_SLOT = 0, ALLOC, POOL_ALLOC, RESERVATION, HANDLE, MAPPING, STREAM, EVENT, HOST_ALLOC };
+/* POOL_CACHED: a pool's block freed by hipFreeAsync, its memory still the pool's. */
+enum kind {
+  FREE_SLOT = 0,
+  ALLOC,
+  POOL_ALLOC,
+  RESERVATION,
+  HANDLE,
+  MAPPING,
+  STREAM,
+  EVENT,
+  HOST_ALLOC,
+  POOL_CACHED
+};
 
 struct object {
   int kind;
@@ -152,9 +169,10 @@ struct object {
   int released;      /* HANDLE: hipMemRelease called */
   int mapcount;      /* HANDLE: live mappings */
   uint64_t handle;   /* MAPPING: the handle mapped */
-  int pool;          /* POOL_ALLOC: pool index */
-  int clock;         /* STREAM: its clock; EVENT: the clock of the last record's stream */
-  uint64_t seq;      /* EVENT: its number on that clock (0: complete) */
+  int pool;          /* POOL_ALLOC, POOL_CACHED: pool index */
+  int clock;         /* STREAM: its clock; EVENT: the clock of the last record's stream;
+                        POOL_CACHED: the clock of the stream it was freed on */
+  uint64_t seq;      /* EVENT, POOL_CACHED: its number on that clock (0: complete) */
   unsigned access;   /* MAPPING: bit d, device d may access it (hipMemSetAccess) */
   long uses;         /* RESERVATION: ROCr's use count (rocr-285-unmap-many) */
 };
@@ -358,7 +376,8 @@ static uint64_t new_id(void) { return (next_id += 16); }
 static int va_taken(uint64_t va, uint64_t size) {
   for (int i = 0; i < high; i++) {
     struct object *o = &objects[i];
-    if ((o->kind == RESERVATION || o->kind == ALLOC || o->kind == POOL_ALLOC) &&
+    if ((o->kind == RESERVATION || o->kind == ALLOC || o->kind == POOL_ALLOC ||
+         o->kind == POOL_CACHED) &&
         o->addr < va + size && va < o->addr + o->size)
       return 1;
   }
@@ -1052,13 +1071,21 @@ static int new_pool(int device, int is_default) {
   }
   return -1;
 }
-/* Releases cached bytes until the pool holds at most `keep` (never what is in use). */
+/* Gives back the cached block `o` of pool `p`: a hazard if a kernel or copy still uses it. */
+static void pool_give_back(struct pool *p, struct object *o) {
+  fake_check_unused(o->addr, o->size, "a pool giving back a block");
+  p->stats.reserved -= o->size;
+  used[p->device] -= o->size;
+  drop(o);
+}
+/* Gives back cached blocks whose free completed until the pool holds at most `keep` (never
+ * what is in use, nor a block whose free is still in flight on its stream). */
 static void pool_release(struct pool *p, uint64_t keep) {
-  uint64_t cached = p->stats.reserved - p->stats.used;
-  uint64_t excess = p->stats.reserved > keep ? p->stats.reserved - keep : 0;
-  uint64_t give = excess < cached ? excess : cached;
-  p->stats.reserved -= give;
-  used[p->device] -= give;
+  for (int i = 0; i < high && p->stats.reserved > keep; i++) {
+    struct object *o = &objects[i];
+    if (o->kind == POOL_CACHED && &pools[o->pool] == p && fake_clock_done(o->clock, o->seq))
+      pool_give_back(p, o);
+  }
 }
 static void sync_pools(void) {
   for (int p = 0; p < MAX_POOLS; p++)
@@ -1098,7 +1125,10 @@ EXPORT hipError_t hipMemPoolDestroy(void *handle) {
   ENTER("hipMemPoolDestroy");
   int p = pool_index(handle);
   if (p < 0 || pools[p].is_default || pools[p].stats.used) RETURN(hipErrorInvalidValue);
-  pool_release(&pools[p], 0);
+  /* Every cached block goes with the pool, frees still in flight included. */
+  for (int i = 0; i < high; i++)
+    if (objects[i].kind == POOL_CACHED && objects[i].pool == p)
+      pool_give_back(&pools[p], &objects[i]);
   pools[p].live = 0;
   RETURN(hipSuccess);
 }
@@ -1131,14 +1161,36 @@ EXPORT hipError_t hipMallocFromPoolAsync(void **ptr, size_t size, void *handle, 
   }
   struct pool *x = &pools[p];
   uint64_t bytes = round256(size);
-  uint64_t cached = x->stats.reserved - x->stats.used;
-  uint64_t grown = cached < bytes ? bytes - cached : 0;
-  if (grown && !charge(x->device, grown)) RETURN(hipErrorOutOfMemory);
-  fake_pool_grow(&x->stats, grown, bytes);
+  uint64_t s = (uint64_t)(uintptr_t)stream;
+  /* The smallest cached block that fits and is safe for `stream`: its free completed, or it
+   * was freed on this stream (stream order; never on the per-thread handle, another stream on
+   * each thread) — as the driver's pools reuse memory. */
+  struct object *best = NULL;
+  for (int i = 0; i < high; i++) {
+    struct object *o = &objects[i];
+    if (o->kind != POOL_CACHED || o->pool != p || o->size < bytes) continue;
+    int safe = fake_clock_done(o->clock, o->seq) || (o->clock == clock_of(s) && s != 2);
+    if (safe && (!best || o->size < best->size)) best = o;
+  }
+  if (best) {
+    best->kind = POOL_ALLOC;
+    fake_pool_grow(&x->stats, 0, best->size);
+    *ptr = (void *)(uintptr_t)best->addr;
+    RETURN(hipSuccess);
+  }
+  if (!charge(x->device, bytes)) {
+    /* Like the driver: give back cached memory and try once more. */
+    pool_release(x, 0);
+    if (!charge(x->device, bytes)) RETURN(hipErrorOutOfMemory);
+  }
   uint64_t va = take_va(bytes, 256);
   struct object *o = add(POOL_ALLOC, va, bytes, x->device);
-  if (!o) RETURN(hipErrorOutOfMemory);
+  if (!o) {
+    used[x->device] -= bytes;
+    RETURN(hipErrorOutOfMemory);
+  }
   o->pool = p;
+  fake_pool_grow(&x->stats, bytes, bytes);
   *ptr = (void *)(uintptr_t)va;
   RETURN(hipSuccess);
 }
@@ -1147,8 +1199,11 @@ EXPORT hipError_t hipFreeAsync(void *ptr, void *stream) {
   if (!valid_stream(stream)) RETURN(hipErrorInvalidValue);
   struct object *o = find(POOL_ALLOC, (uint64_t)(uintptr_t)ptr);
   if (!o) RETURN(hipErrorInvalidValue);
+  /* The block stays the pool's, reusable once its stream's clock reaches the free. */
   pools[o->pool].stats.used -= o->size;
-  drop(o);
+  o->kind = POOL_CACHED;
+  o->clock = clock_of((uint64_t)(uintptr_t)stream);
+  o->seq = fake_enqueue(o->clock);
   RETURN(hipSuccess);
 }
 

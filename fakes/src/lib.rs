@@ -234,8 +234,8 @@ pub const PROFILE_VARIABLE: &str = "PORTALLOC_FAKES_PROFILE";
 impl Profile {
     /// The environment that runs code under this profile: the vendor's library variable
     /// ([`Vendor::library_variable`]) set to the driver's path, `PORTALLOC_BACKEND` set to the
-    /// vendor (so that discovery does not pick a real driver the machine may also have), and
-    /// the profile's own variables.
+    /// vendor (so that discovery does not pick a real driver the machine may also have), the
+    /// profile's own variables, and its name in [`PROFILE_VARIABLE`].
     ///
     /// ```
     /// let p = portalloc_fakes::profile("rocm5").unwrap();
@@ -243,6 +243,7 @@ impl Profile {
     /// assert!(env.iter().any(|(k, _)| k == "PORTALLOC_HIP_LIBRARY"));
     /// assert!(env.iter().any(|(k, v)| k == "PORTALLOC_BACKEND" && v == "hip"));
     /// assert!(env.iter().any(|(k, v)| k == "FAKEHIP_VERSION" && v == "50221153"));
+    /// assert!(env.iter().any(|(k, v)| k == "PORTALLOC_FAKES_PROFILE" && v == "rocm5"));
     /// ```
     pub fn env(&self) -> Vec<(OsString, OsString)> {
         let vendor = self.driver.vendor;
@@ -261,62 +262,101 @@ impl Profile {
                 .iter()
                 .map(|(k, v)| (OsString::from(k), OsString::from(v))),
         );
+        env.push((OsString::from(PROFILE_VARIABLE), OsString::from(self.name)));
         env
     }
 
-    /// `command` with this profile's environment ([`Profile::env`]) and its name in
-    /// [`PROFILE_VARIABLE`]: for a process of one's own (a Python interpreter, a CLI).
+    /// `command` with this profile's environment ([`Profile::env`]): for a process of one's
+    /// own (a Python interpreter, a CLI).
     pub fn apply<'c>(&self, command: &'c mut Command) -> &'c mut Command {
-        command.envs(self.env()).env(PROFILE_VARIABLE, self.name)
+        command.envs(self.env())
     }
 
     /// The profile this process runs under ([`PROFILE_VARIABLE`]), if any.
+    ///
+    /// # Panics
+    /// When the variable names no profile of [`MATRIX`] (the names are in the message).
     pub fn current() -> Option<&'static Profile> {
-        profile(&std::env::var(PROFILE_VARIABLE).ok()?)
+        let name = std::env::var(PROFILE_VARIABLE).ok()?;
+        Some(profile(&name).unwrap_or_else(|| {
+            panic!(
+                "{PROFILE_VARIABLE}={:.64}: no such profile; the matrix has {}",
+                name,
+                names()
+            )
+        }))
     }
 }
+
+/// The profiles' names, comma-separated, for messages.
+fn names() -> String {
+    MATRIX.iter().map(|p| p.name).collect::<Vec<_>>().join(", ")
+}
+
+/// Set only in the processes [`each_profile`] starts, to the profile's name: what tells such a
+/// child from a parent that merely inherited [`PROFILE_VARIABLE`] (a shell that exported a
+/// profile's variables, say).
+const CHILD_VARIABLE: &str = "PORTALLOC_FAKES_EACH_PROFILE";
 
 /// Runs `body` under each profile of `profiles`, each in a fresh process in which the driver
 /// is loaded anew, and panics naming every profile under which it failed.
 ///
-/// How: called in a test's parent process (no [`PROFILE_VARIABLE`] set), it runs the test
-/// binary again once per profile — `<binary> --exact <test> --nocapture --test-threads=1`,
-/// with the profile's environment ([`Profile::apply`]) — and waits for each. In such a child
-/// process it runs `body` with the profile named there, once. `test` is the test's full path
-/// as `cargo test` prints it (`module::name`, or `name` at a test file's top).
+/// How: called in a test's parent process, it runs the test binary again once per profile —
+/// `<binary> --exact <test> --include-ignored --nocapture --test-threads=1`, with the
+/// profile's environment ([`Profile::apply`]) and a variable of its own that marks the child
+/// — and waits for each. In such a child process it runs `body` with the profile named there,
+/// once. `test` is the test's full path as `cargo test` prints it (`module::name`, or `name`
+/// at a test file's top). There is no time limit: a body that hangs hangs the test, as any
+/// test would.
 ///
 /// # Panics
-/// In the parent, when the test failed under some profile (each one's last lines of output
-/// are in the message) or the test binary cannot be run; in a child, whatever `body` panics
-/// with, or when the profile named is not in `profiles`.
+/// In the parent: when the test failed under some profile (each one's panic message or last
+/// lines of output are in the message, with how the child ended: its exit status or the
+/// signal that killed it); when the filter ran no test (a misspelt `test`); when `profiles`
+/// is empty; or when the test binary cannot be run. In a child: whatever `body` panics with,
+/// or when the profile named is not in `profiles`.
 pub fn each_profile(test: &str, profiles: &[Profile], body: impl FnOnce(&Profile)) {
-    if let Some(name) = std::env::var_os(PROFILE_VARIABLE) {
+    if let Some(name) = std::env::var_os(CHILD_VARIABLE) {
         let name = name.to_string_lossy();
         let p = profiles
             .iter()
             .find(|p| p.name == name)
-            .unwrap_or_else(|| panic!("{PROFILE_VARIABLE}={name}: no such profile here"));
+            .unwrap_or_else(|| panic!("{CHILD_VARIABLE}={name:.64}: no such profile here"));
         body(p);
         return;
     }
+    assert!(
+        !profiles.is_empty(),
+        "each_profile({test}): no profiles to run under"
+    );
     let exe = std::env::current_exe().expect("the test binary's path");
     let mut failed = Vec::new();
     for p in profiles {
         let mut command = Command::new(&exe);
-        command.args(["--exact", test, "--nocapture", "--test-threads=1"]);
+        command.args([
+            "--exact",
+            test,
+            "--include-ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ]);
         let out = p
             .apply(&mut command)
+            .env(CHILD_VARIABLE, p.name)
             .output()
             .unwrap_or_else(|e| panic!("cannot run {}: {e}", exe.display()));
         let stdout = String::from_utf8_lossy(&out.stdout);
-        // A filter that names no test passes without running anything: that is a mistake.
-        let ran = stdout.contains("1 passed") || stdout.contains("1 failed");
+        // libtest says how many tests it runs before it runs them: a filter that names no
+        // test passes without running anything, which is a mistake, not a pass.
+        let ran = stdout.contains("running 1 test");
         if !out.status.success() || !ran {
             let text = format!("{stdout}{}", String::from_utf8_lossy(&out.stderr));
             let why = if ran {
-                why_it_failed(&text)
-            } else {
+                format!("{} ({})", why_it_failed(&text), out.status)
+            } else if stdout.contains("running 0 tests") {
                 format!("the filter --exact {test} ran no test")
+            } else {
+                format!("{}: {}", out.status, why_it_failed(&text))
             };
             failed.push(format!("{}:\n    {why}", p.name));
         }
@@ -451,11 +491,18 @@ impl Controls {
 
     /// Calls `nth .. nth + count - 1` of the vendor function `function` (1-based, counted
     /// from now) fail with the vendor's error `code`, doing nothing; `count < 0`: every call
-    /// from the nth on, until [`Controls::clear_faults`].
+    /// from the nth on, until [`Controls::clear_faults`]. At most 32 faults are armed at once
+    /// (a fault's slot is free again after its last failing call); the driver aborts the
+    /// process, saying why, when one more is armed.
     ///
     /// # Panics
-    /// When `function` holds a NUL byte.
+    /// When `function` is empty, 64 bytes or longer, or holds a NUL byte.
     pub fn fail(&self, function: &str, nth: i64, count: i64, code: i32) {
+        assert!(
+            (1..64).contains(&function.len()),
+            "fail: a function name of 1 to 63 bytes, not {}",
+            function.len()
+        );
         let name = CString::new(function).expect("a function name without NUL");
         // SAFETY: the spec's signature; the name outlives the call (the driver copies it).
         unsafe {
@@ -537,11 +584,20 @@ impl Controls {
     }
 
     /// Whether the kernel completed ([`Controls::finish`], or a CPU wait that covered it).
+    ///
+    /// # Panics
+    /// When this driver knows no such kernel (one another driver launched).
     pub fn done(&self, kernel: Kernel) -> bool {
         // SAFETY: the spec's signature.
-        unsafe {
-            self.sym::<unsafe extern "C" fn(u64) -> c_int>(b"fake_kernel_done\0")(kernel.0) == 1
-        }
+        let done = unsafe {
+            self.sym::<unsafe extern "C" fn(u64) -> c_int>(b"fake_kernel_done\0")(kernel.0)
+        };
+        assert!(
+            done >= 0,
+            "kernel {} is not one this driver launched",
+            kernel.0
+        );
+        done == 1
     }
 
     /// How many times memory was freed, unmapped or given back while a kernel still used it:

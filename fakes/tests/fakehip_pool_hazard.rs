@@ -1,14 +1,9 @@
-//! Review finding (outside caller): fakehip's stream-ordered pools are not on the timeline.
-//! A block freed with hipFreeAsync on one stream while a kernel on another stream still uses
-//! it, then trimmed with hipMemPoolTrimTo, is not counted as a hazard — fakecuda counts the
-//! same sequence ("a pool giving back a block"). fake_common.h's spec lists "a pool trimming
-//! a block" among the hazards of both fakes, and docs/architecture.md says both model
-//! stream-ordered pools and the hazards under kernels. Seen from a user's crate: with
-//! `PORTALLOC_ALLOCATOR=async`, a planted missing event-wait before a cross-stream free fails
-//! under the 4 CUDA profiles and passes under all 7 ROCm ones.
-//!
-//! Ignored until fakehip models it: `cargo test -p portalloc-fakes --test fakehip_pool_hazard
-//! -- --ignored` shows cuda: 1 hazard, hip: 0.
+//! A block of a stream-ordered pool freed on one stream while a kernel on another stream still
+//! uses it, then trimmed, is a hazard in both fakes ("a pool giving back a block"), as
+//! fake_common.h's spec says. Found by an outside review: fakehip's pools were off the
+//! timeline (a free dropped the block at once, a trim checked nothing), so with
+//! `PORTALLOC_ALLOCATOR=async` a missing cross-stream wait failed under the CUDA profiles and
+//! passed under every ROCm one.
 use std::ffi::c_void;
 
 use portalloc_fakes::{Controls, Driver};
@@ -109,7 +104,6 @@ fn cuda_hazards() -> i64 {
 }
 
 #[test]
-#[ignore = "fakehip's pools are off the timeline: no hazard for a trim under a kernel (review finding)"]
 fn a_pool_trimming_a_block_under_a_kernel_is_a_hazard_in_both_fakes() {
     let (cuda, hip) = (cuda_hazards(), hip_hazards());
     assert_eq!(

@@ -6,7 +6,9 @@
 use std::ffi::c_int;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use portalloc_fakes::{each_profile, profile, Controls, Driver, Profile, Vendor, MATRIX};
+use portalloc_fakes::{
+    each_profile, profile, Controls, Driver, Profile, Vendor, MATRIX, PROFILE_VARIABLE,
+};
 
 /// The version the profile's driver reports, read through the vendor's own call.
 fn reported_version(p: &Profile) -> c_int {
@@ -124,6 +126,12 @@ fn a_free_under_a_held_kernel_is_a_hazard_and_faults_are_injected() {
         assert_eq!(malloc(&mut ptr, 4096), 2);
         assert_eq!(malloc(&mut ptr, 4096), 0);
         assert_eq!(free(ptr), 0);
+        // A spent fault frees its slot: more faults than there are slots, one after another,
+        // each still fails its call.
+        for round in 0..40 {
+            c.fail("hipMalloc", 1, 1, 2);
+            assert_eq!(malloc(&mut ptr, 4096), 2, "round {round}");
+        }
         c.clear_faults();
     }
     assert_eq!(c.live("allocations"), Some(0));
@@ -162,6 +170,93 @@ fn a_failure_is_reported_by_its_profiles_name() {
     .expect_err("a filter that runs nothing fails");
     let message = none.downcast_ref::<String>().cloned().unwrap_or_default();
     assert!(message.contains("ran no test"), "{message}");
+}
+
+/// A fixture: ignored, as a slow test a user runs on request would be; under the kit's
+/// runner it passes (the children run ignored tests too).
+#[test]
+#[ignore = "a fixture of each_profile_runs_ignored_tests"]
+fn fixture_ignored() {
+    each_profile("fixture_ignored", MATRIX, |p| assert!(!p.name.is_empty()));
+}
+
+#[test]
+fn each_profile_runs_ignored_tests() {
+    let two = [*profile("cuda12").unwrap(), *profile("rocm7").unwrap()];
+    each_profile("fixture_ignored", &two, |_| {});
+}
+
+/// A fixture: under the kit's runner, the process dies by a signal under `rocm5`, as it would
+/// by a crash in a driver or in the code under test.
+#[test]
+fn fixture_aborts_under_rocm5() {
+    if Profile::current().is_some() {
+        each_profile("fixture_aborts_under_rocm5", MATRIX, |p| {
+            if p.name == "rocm5" {
+                std::process::abort();
+            }
+        });
+    }
+}
+
+#[test]
+fn a_crashed_child_is_reported_as_a_crash_under_its_profile() {
+    let two = [*profile("rocm5").unwrap(), *profile("rocm6").unwrap()];
+    let failed = catch_unwind(AssertUnwindSafe(|| {
+        each_profile("fixture_aborts_under_rocm5", &two, |_| {})
+    }))
+    .expect_err("the fixture dies under rocm5");
+    let message = failed.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(
+        message.contains("failed under 1 of 2 profiles"),
+        "{message}"
+    );
+    assert!(message.contains("rocm5:"), "{message}");
+    assert!(message.contains("SIGABRT"), "{message}");
+    assert!(!message.contains("ran no test"), "{message}");
+}
+
+/// A parent that inherited `PORTALLOC_FAKES_PROFILE` (from a shell that exported a profile's
+/// variables, say) still runs every profile: only the runner's own children run the body.
+#[test]
+fn an_inherited_profile_variable_does_not_make_a_child() {
+    const MARK: &str = "PORTALLOC_FAKES_TEST_INHERITED";
+    if std::env::var_os(MARK).is_none() {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "an_inherited_profile_variable_does_not_make_a_child",
+                "--nocapture",
+            ])
+            .env(PROFILE_VARIABLE, "rocm6")
+            .env(MARK, "1")
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{said}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(said.contains("running 1 test"), "{said}");
+        return;
+    }
+    let two = [*profile("rocm5").unwrap(), *profile("rocm6").unwrap()];
+    let failed = catch_unwind(AssertUnwindSafe(|| {
+        each_profile("fixture_fails_under_rocm5", &two, |_| {})
+    }))
+    .expect_err("run as a parent: rocm5's child fails");
+    let message = failed.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(
+        message.contains("failed under 1 of 2 profiles"),
+        "{message}"
+    );
+}
+
+#[test]
+#[should_panic(expected = "no profiles to run under")]
+fn each_profile_over_no_profiles_is_a_mistake() {
+    each_profile("each_profile_over_no_profiles_is_a_mistake", &[], |_| {});
 }
 
 /// A profile as both sides list it: name, driver, variables, what it models.

@@ -124,7 +124,11 @@ _FLAGS = ["-shared", "-fPIC", "-O1", "-Wall", "-std=c11", "-pthread"]
 
 
 def _compiler() -> List[str]:
-    return shlex.split(os.environ.get("CC") or "cc")
+    text = os.environ.get("CC") or "cc"
+    try:
+        return shlex.split(text)
+    except ValueError as e:
+        raise FakesError("CC=%r cannot be split into a command (%s)" % (text[:200], e)) from None
 
 
 def _build(name: str) -> pathlib.Path:
@@ -142,10 +146,16 @@ def _build(name: str) -> pathlib.Path:
     library = folder / ("lib%s.so" % name)
     if library.is_file():
         return library
-    folder.mkdir(parents=True, exist_ok=True)
-    # Built under a name of its own, then renamed: other processes may build it too.
-    fd, partial = tempfile.mkstemp(prefix="lib%s." % name, suffix=".partial", dir=folder)
-    os.close(fd)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        # Built under a name of its own, then renamed: other processes may build it too.
+        fd, partial = tempfile.mkstemp(prefix="lib%s." % name, suffix=".partial", dir=folder)
+        os.close(fd)
+    except OSError as e:
+        raise FakesError(
+            "cannot build the fake drivers in %s (%s): set PORTALLOC_FAKES_CACHE to a folder "
+            "that can be written" % (folder, e)
+        ) from None
     command = _compiler() + _FLAGS + ["-o", partial, str(sources / ("%s.c" % name))]
     try:
         done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -162,7 +172,10 @@ def _build(name: str) -> pathlib.Path:
             "%s failed (status %d) building %s:\n%s"
             % (shlex.join(command), done.returncode, name, said)
         )
-    os.replace(partial, library)
+    try:
+        os.replace(partial, library)
+    except OSError as e:
+        raise FakesError("cannot place %s (%s)" % (library, e)) from None
     return library
 
 
@@ -356,6 +369,24 @@ _MEMORY = (
 )
 
 
+def _name(call: str, text: str) -> bytes:
+    """``text`` for a C string: a ``str`` without NUL."""
+    if not isinstance(text, str):
+        raise TypeError("%s: a name as str, not %s" % (call, type(text).__name__))
+    if "\0" in text:
+        raise ValueError("%s: a name without NUL, not %r" % (call, text[:64]))
+    return text.encode()
+
+
+def _within(call: str, name: str, value: int, bits: int, signed: bool = True) -> None:
+    """Refuses an integer the C parameter of ``bits`` bits cannot hold (ctypes would wrap it)."""
+    if not isinstance(value, int):
+        raise TypeError("%s: %s as int, not %s" % (call, name, type(value).__name__))
+    low, high = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
+    if not low <= value <= high:
+        raise OverflowError("%s: %s=%d is outside [%d, %d]" % (call, name, value, low, high))
+
+
 class Controls:
     """The controls every driver exports beside the vendor's API (``fake_common.h``, whose
     comment is their specification).
@@ -369,7 +400,13 @@ class Controls:
             self._lib = ctypes.CDLL(path)
         except OSError as e:
             raise FakesError("cannot load the fake driver %s: %s" % (path, e)) from None
-        lib = self._lib
+        try:
+            self._declare(self._lib)
+        except AttributeError as e:
+            raise FakesError("%s is not one of the fake drivers: %s" % (path, e)) from None
+
+    @staticmethod
+    def _declare(lib: ctypes.CDLL) -> None:
         lib.fake_fail.argtypes = [ctypes.c_char_p, ctypes.c_long, ctypes.c_long, ctypes.c_int]
         lib.fake_fail.restype = None
         lib.fake_clear_faults.argtypes = []
@@ -391,8 +428,18 @@ class Controls:
 
     def fail(self, function: str, nth: int, count: int, code: int) -> None:
         """Calls ``nth`` .. ``nth + count - 1`` of the vendor call ``function`` (1-based,
-        counted from now; ``count < 0``: every one from the ``nth`` on) return ``code``."""
-        self._lib.fake_fail(function.encode(), nth, count, code)
+        counted from now; ``count < 0``: every one from the ``nth`` on) return ``code``. At
+        most 32 faults are armed at once (a fault's slot is free after its last failing call).
+
+        :raises ValueError: for a name that is empty, 64 characters or more, or holds a NUL.
+        :raises OverflowError: for a number the C call cannot take."""
+        name = _name("fail", function)
+        if len(name) >= 64:
+            raise ValueError("fail: a function name of 1 to 63 characters, not %d" % len(name))
+        _within("fail", "nth", nth, 64)
+        _within("fail", "count", count, 64)
+        _within("fail", "code", code, 32)
+        self._lib.fake_fail(name, nth, count, code)
 
     def clear_faults(self) -> None:
         """Disarms every fault."""
@@ -400,13 +447,13 @@ class Controls:
 
     def calls(self, function: str) -> int:
         """How many times the vendor call ``function`` was made, failed ones included."""
-        return int(self._lib.fake_calls(function.encode()))
+        return int(self._lib.fake_calls(_name("calls", function)))
 
     def live(self, what: str) -> int:
         """A live count (a name of :data:`LIVE`).
 
         :raises KeyError: for a name the driver does not know."""
-        n = int(self._lib.fake_live(what.encode()))
+        n = int(self._lib.fake_live(_name("live", what)))
         if n < 0:
             raise KeyError("no live count %r; the names are: %s" % (what[:64], ", ".join(LIVE)))
         return n
@@ -424,18 +471,27 @@ class Controls:
         ``[ptr, ptr + size)``, in flight until :meth:`finish` or a CPU wait that covers it.
 
         :raises KeyError: when the driver does not know the stream."""
+        for name, value in (("stream", stream), ("ptr", ptr), ("size", size)):
+            _within("launch", name, value, 64, signed=False)
         kernel = int(self._lib.fake_launch(ctypes.c_void_p(stream), ptr, size))
         if kernel == 0:
             raise KeyError("the driver knows no stream %#x" % stream)
         return kernel
 
     def finish(self, kernel: int) -> None:
-        """The kernel completes."""
+        """The kernel completes (nothing for an unknown or finished one)."""
+        _within("finish", "kernel", kernel, 64, signed=False)
         self._lib.fake_finish(kernel)
 
     def done(self, kernel: int) -> bool:
-        """Whether the kernel completed (:meth:`finish`, or a CPU wait)."""
-        return bool(self._lib.fake_kernel_done(kernel) == 1)
+        """Whether the kernel completed (:meth:`finish`, or a CPU wait).
+
+        :raises KeyError: for a kernel this driver did not launch."""
+        _within("done", "kernel", kernel, 64, signed=False)
+        state = int(self._lib.fake_kernel_done(kernel))
+        if state < 0:
+            raise KeyError("kernel %d is not one this driver launched" % kernel)
+        return state == 1
 
     def hazards(self) -> int:
         """How many times memory was freed, unmapped or given back while a kernel or a copy
@@ -486,4 +542,9 @@ def _main(argv: Sequence[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))
+    try:
+        sys.exit(_main(sys.argv[1:]))
+    except BrokenPipeError:
+        # `... list | head`: the reader left; say nothing more (and not at exit either).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)

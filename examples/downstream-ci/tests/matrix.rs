@@ -4,7 +4,9 @@
 //! (`portalloc_fakes::each_profile`).
 //!
 //! `cargo test` passes; `cargo test --features planted-bug` fails under every profile, naming
-//! the hazard the driver logged.
+//! the hazard the driver logged. Both run under any strategy (`PORTALLOC_ALLOCATOR=vmm cargo
+//! test`, say): where a profile's driver lacks what the strategy needs, portalloc refuses with
+//! a typed error and that profile has nothing to test.
 
 use downstream_ci::Pipeline;
 use portalloc_fakes::{each_profile, Controls, MATRIX};
@@ -19,7 +21,16 @@ fn a_buffer_read_on_another_stream_is_not_freed_under_the_kernel() {
         MATRIX,
         |profile| {
             let driver = Controls::open(profile.driver.path()).expect("the profile's driver");
-            let pipeline = Pipeline::new().expect("portalloc finds the fake device");
+            let pipeline = match Pipeline::new() {
+                Ok(pipeline) => pipeline,
+                // The strategy the environment names (PORTALLOC_ALLOCATOR=vmm, say) needs what
+                // this driver lacks: a typed refusal, which is right; nothing to test here.
+                Err(refused @ portalloc::Error::Unsupported { .. }) => {
+                    println!("{}: {refused}", profile.name);
+                    return;
+                }
+                Err(e) => panic!("portalloc on the fake device under {}: {e}", profile.name),
+            };
             let mut kernel = None;
             pipeline
                 .step(4 << 20, |ptr, size, stream| {
