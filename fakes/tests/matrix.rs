@@ -137,6 +137,15 @@ fn a_free_under_a_held_kernel_is_a_hazard_and_faults_are_injected() {
     assert_eq!(c.live("allocations"), Some(0));
 }
 
+/// The panic message of `each_profile(fixture)` under rocm5 and rocm6, which must fail
+/// (`expected` says why).
+fn failure_under_rocm5_and_6(fixture: &str, expected: &str) -> String {
+    let two = [*profile("rocm5").unwrap(), *profile("rocm6").unwrap()];
+    let failed =
+        catch_unwind(AssertUnwindSafe(|| each_profile(fixture, &two, |_| {}))).expect_err(expected);
+    failed.downcast_ref::<String>().cloned().unwrap_or_default()
+}
+
 /// A fixture for the test below: under the kit's runner it fails under `rocm5` only; run
 /// directly, it does nothing.
 #[test]
@@ -150,12 +159,8 @@ fn fixture_fails_under_rocm5() {
 
 #[test]
 fn a_failure_is_reported_by_its_profiles_name() {
-    let two = [*profile("rocm5").unwrap(), *profile("rocm6").unwrap()];
-    let failed = catch_unwind(AssertUnwindSafe(|| {
-        each_profile("fixture_fails_under_rocm5", &two, |_| {})
-    }))
-    .expect_err("the fixture fails under rocm5");
-    let message = failed.downcast_ref::<String>().cloned().unwrap_or_default();
+    let message =
+        failure_under_rocm5_and_6("fixture_fails_under_rocm5", "the fixture fails under rocm5");
     assert!(
         message.contains("failed under 1 of 2 profiles"),
         "{message}"
@@ -164,11 +169,7 @@ fn a_failure_is_reported_by_its_profiles_name() {
     assert!(message.contains("planted failure"), "{message}");
     assert!(!message.contains("rocm6:"), "{message}");
     // A name that matches no test is a mistake, not a pass.
-    let none = catch_unwind(AssertUnwindSafe(|| {
-        each_profile("no_such_test", &two, |_| {})
-    }))
-    .expect_err("a filter that runs nothing fails");
-    let message = none.downcast_ref::<String>().cloned().unwrap_or_default();
+    let message = failure_under_rocm5_and_6("no_such_test", "a filter that runs nothing fails");
     assert!(message.contains("ran no test"), "{message}");
 }
 
@@ -201,12 +202,8 @@ fn fixture_aborts_under_rocm5() {
 
 #[test]
 fn a_crashed_child_is_reported_as_a_crash_under_its_profile() {
-    let two = [*profile("rocm5").unwrap(), *profile("rocm6").unwrap()];
-    let failed = catch_unwind(AssertUnwindSafe(|| {
-        each_profile("fixture_aborts_under_rocm5", &two, |_| {})
-    }))
-    .expect_err("the fixture dies under rocm5");
-    let message = failed.downcast_ref::<String>().cloned().unwrap_or_default();
+    let message =
+        failure_under_rocm5_and_6("fixture_aborts_under_rocm5", "the fixture dies under rocm5");
     assert!(
         message.contains("failed under 1 of 2 profiles"),
         "{message}"
@@ -241,12 +238,10 @@ fn an_inherited_profile_variable_does_not_make_a_child() {
         assert!(said.contains("running 1 test"), "{said}");
         return;
     }
-    let two = [*profile("rocm5").unwrap(), *profile("rocm6").unwrap()];
-    let failed = catch_unwind(AssertUnwindSafe(|| {
-        each_profile("fixture_fails_under_rocm5", &two, |_| {})
-    }))
-    .expect_err("run as a parent: rocm5's child fails");
-    let message = failed.downcast_ref::<String>().cloned().unwrap_or_default();
+    let message = failure_under_rocm5_and_6(
+        "fixture_fails_under_rocm5",
+        "run as a parent: rocm5's child fails",
+    );
     assert!(
         message.contains("failed under 1 of 2 profiles"),
         "{message}"
