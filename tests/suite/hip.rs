@@ -792,10 +792,12 @@ fn pool_threshold_is_set_explicitly_and_memory_comes_back() {
         assert_eq!(pool.release_threshold().unwrap(), 2 * MIB);
         device.synchronize_stream(s).unwrap();
         let usage = pool.usage().unwrap();
+        // Blocks go back whole, as the drivers' pools give them: the freed 3 MiB block leaves
+        // the pool holding less than the threshold, not exactly it.
         assert_eq!(
             (usage.used_current, usage.reserved_current),
-            (MIB, 2 * MIB),
-            "released down to the threshold"
+            (MIB, MIB),
+            "released to at most the threshold"
         );
         pool.trim_to(0).unwrap();
         assert_eq!(
