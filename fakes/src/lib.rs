@@ -52,6 +52,14 @@ impl Vendor {
 
     /// The variable portalloc reads for this vendor's library path
     /// (`PORTALLOC_CUDA_LIBRARY`, `PORTALLOC_HIP_LIBRARY`).
+    ///
+    /// ```
+    /// use portalloc_fakes::{Driver, Vendor};
+    ///
+    /// assert_eq!(Driver::FAKEHIP.vendor, Vendor::Hip);
+    /// assert_eq!(Vendor::Hip.library_variable(), "PORTALLOC_HIP_LIBRARY");
+    /// assert_eq!(Vendor::Hip.name(), "hip");
+    /// ```
     pub fn library_variable(self) -> &'static str {
         match self {
             Vendor::Cuda => "PORTALLOC_CUDA_LIBRARY",
@@ -268,11 +276,30 @@ impl Profile {
 
     /// `command` with this profile's environment ([`Profile::env`]): for a process of one's
     /// own (a Python interpreter, a CLI).
+    ///
+    /// ```
+    /// use std::process::Command;
+    ///
+    /// let p = portalloc_fakes::profile("rocm7-unmap-many").unwrap();
+    /// let mut shell = Command::new("sh");
+    /// shell.args(["-c", "echo $PORTALLOC_FAKES_PROFILE $FAKEHIP_PROFILE"]);
+    /// let out = p.apply(&mut shell).output().unwrap();
+    /// assert_eq!(String::from_utf8_lossy(&out.stdout), "rocm7-unmap-many rocr-285-unmap-many\n");
+    /// ```
     pub fn apply<'c>(&self, command: &'c mut Command) -> &'c mut Command {
         command.envs(self.env())
     }
 
     /// The profile this process runs under ([`PROFILE_VARIABLE`]), if any.
+    ///
+    /// ```
+    /// // A process that no profile started (this doctest) runs under none; in one that
+    /// // `Profile::apply` or `each_profile` started, this is that profile.
+    /// match portalloc_fakes::Profile::current() {
+    ///     Some(p) => println!("under {}: {}", p.name, p.models),
+    ///     None => println!("under no profile"),
+    /// }
+    /// ```
     ///
     /// # Panics
     /// When the variable names no profile of [`MATRIX`] (the names are in the message).
@@ -308,6 +335,22 @@ const CHILD_VARIABLE: &str = "PORTALLOC_FAKES_EACH_PROFILE";
 /// once. `test` is the test's full path as `cargo test` prints it (`module::name`, or `name`
 /// at a test file's top). There is no time limit: a body that hangs hangs the test, as any
 /// test would.
+///
+/// ```no_run
+/// use portalloc_fakes::{each_profile, Controls, MATRIX};
+///
+/// #[test]
+/// fn allocates_under_every_driver() {
+///     each_profile("allocates_under_every_driver", MATRIX, |profile| {
+///         let driver = Controls::open(profile.driver.path()).unwrap();
+///         // ... the code under test, which loads the driver from the profile's environment
+///         assert!(driver.census().holds_no_memory(), "under {}", profile.name);
+///     });
+/// }
+/// ```
+///
+/// (Not run here: a doctest is no test binary to run again. `tests/matrix.rs` of this crate
+/// and `examples/downstream-ci` run it.)
 ///
 /// # Panics
 /// In the parent: when the test failed under some profile (each one's panic message or last
@@ -545,6 +588,15 @@ impl Controls {
     }
 
     /// Every live count that is memory or an object held for a caller.
+    ///
+    /// ```
+    /// use portalloc_fakes::{Controls, Driver};
+    ///
+    /// let driver = Controls::open(Driver::FAKEHIP.path()).unwrap();
+    /// let census = driver.census();
+    /// assert_eq!(census.allocations, 0);
+    /// assert!(census.holds_no_memory());
+    /// ```
     pub fn census(&self) -> Census {
         let n = |what: &str| self.live(what).unwrap_or(0);
         Census {
@@ -565,6 +617,19 @@ impl Controls {
     /// that uses `[va, va + size)`: in flight, holding back the work queued after it on its
     /// stream, until [`Controls::finish`] or a CPU wait that covers it. `None` for an unknown
     /// stream.
+    ///
+    /// ```
+    /// use portalloc_fakes::{Controls, Driver};
+    ///
+    /// let driver = Controls::open(Driver::FAKEHIP.path()).unwrap();
+    /// // A kernel on the null stream over a range; nothing is freed under it here.
+    /// let kernel = driver.launch(0, 0x7000_0000, 4096).unwrap();
+    /// assert!(!driver.done(kernel));
+    /// driver.finish(kernel);
+    /// assert!(driver.done(kernel));
+    /// assert_eq!(driver.hazards(), 0);
+    /// assert_eq!(driver.first_hazard(), "");
+    /// ```
     pub fn launch(&self, stream: u64, va: u64, size: u64) -> Option<Kernel> {
         // SAFETY: the spec's signature; the stream is passed as the handle value it is.
         let id = unsafe {
