@@ -130,6 +130,8 @@ def hostile_inputs_are_refused_clearly() -> None:
     raises(testing.FakesError, lambda: testing.Controls("/no/such/lib.so"), "/no/such/lib.so")
     raises(ValueError, lambda: driver.fail("cuMemAlloc_v2\0x", 1, 1, 2), "NUL")
     raises(ValueError, lambda: driver.fail("x" * 64, 1, 1, 2), "1 to 63")
+    raises(ValueError, lambda: driver.fail("", 1, 1, 2), "1 to 63")
+    raises(testing.FakesError, lambda: testing.Controls("/tmp/a\0b.so"), "cannot load")
     raises(OverflowError, lambda: driver.fail("cuMemAlloc_v2", 2**64, 1, 2), "nth")
     raises(KeyError, lambda: driver.done(123456789), "123456789")
     raises(KeyError, lambda: driver.launch(0xDEAD000, 0, 1), "0xdead000")
@@ -142,6 +144,8 @@ def hostile_inputs_are_refused_clearly() -> None:
         os.environ["PORTALLOC_FAKES_CACHE"] = saved.get("PORTALLOC_FAKES_CACHE", "/tmp/x")
         os.environ["CC"] = 'cc -DX="'
         raises(testing.FakesError, lambda: testing.driver_path("fakehip"), "CC=")
+        os.environ["CC"] = "   "
+        raises(testing.FakesError, lambda: testing.driver_path("fakehip"), "names no compiler")
     finally:
         os.environ.clear()
         os.environ.update(saved)

@@ -7,11 +7,12 @@
  *   void fake_fail(const char *function, long nth, long count, int code)
  *       Calls nth .. nth+count-1 of `function` (1-based, counted from this call; nth < 1 counts
  *       as 1) return `code` without doing anything; count < 0: every call from the nth on,
- *       until fake_clear_faults. Several faults may be armed at once, each counting on its own;
- *       the first that is due answers. At most FAKE_MAX_FAULTS (32) are armed at once (a
- *       fault's slot is free again after its last failing call); arming one more, or naming a
- *       function of 64 characters or more, aborts the process with a message on stderr,
- *       since a fault silently not armed would let a test pass that checks nothing.
+ *       until fake_clear_faults; count = 0 arms nothing. Several faults may be armed at once,
+ *       each counting on its own; of those due, the one armed first answers. At most
+ *       FAKE_MAX_FAULTS (32) are armed at once (a fault's slot is free again after its last
+ *       failing call); arming one more, or naming a function that is empty or of 64
+ *       characters or more, aborts the process with a message on stderr, since a fault
+ *       silently not armed would let a test pass that checks nothing.
  *   void fake_clear_faults(void)
  *       Disarms every fault. (fakehip_reset also forgets faults, call counts and peer state;
  *       fakecuda keeps its state for the life of the loaded library: load a private copy.)
@@ -149,8 +150,9 @@ static const char *const fake_live_names[LIVE_KINDS] = {
 };
 
 struct fake_fault {
-  char function[64];
+  char function[64]; /* "" : a free slot */
   long seen, nth, count;
+  long long armed;   /* when it was armed (fake_armed's count): the earliest due one answers */
   int code;
 };
 
@@ -161,6 +163,8 @@ struct fake_counter {
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct fake_fault fake_faults[FAKE_MAX_FAULTS];
+/* How many faults were ever armed: each fault's `armed` stamp. */
+static long long fake_armed;
 static struct fake_counter fake_counters[FAKE_MAX_FUNCTIONS];
 static int fake_peer_denied[FAKE_MAX_DEVICES][FAKE_MAX_DEVICES];
 static int fake_peer_on[FAKE_MAX_DEVICES][FAKE_MAX_DEVICES];
@@ -194,14 +198,22 @@ static FAKE_STATUS fake_enter(const char *function) {
   fake_prepare();
   fake_count_call(function);
   FAKE_STATUS code = FAKE_OK;
+  long long first = -1;
   for (int f = 0; f < FAKE_MAX_FAULTS; f++) {
     struct fake_fault *x = &fake_faults[f];
     if (!x->function[0] || strcmp(x->function, function)) continue;
     x->seen++;
-    int due = x->seen >= x->nth && (x->count < 0 || x->seen < x->nth + x->count);
-    if (due && code == FAKE_OK) code = (FAKE_STATUS)x->code;
-    /* Spent: its last failing call was this one (or it never fails); the slot is free. */
-    if (x->count >= 0 && x->seen + 1 >= x->nth + x->count) x->function[0] = 0;
+    if (x->seen < x->nth) continue;
+    /* The calls due are nth .. nth + count - 1, counted without forming nth + count (which a
+     * count near LONG_MAX would overflow). */
+    long past = x->seen - x->nth; /* due calls before this one */
+    if (x->count >= 0 && past >= x->count) continue;
+    if (first < 0 || x->armed < first) {
+      first = x->armed;
+      code = (FAKE_STATUS)x->code;
+    }
+    /* Spent: this was its last failing call; the slot is free. */
+    if (x->count >= 0 && past + 1 >= x->count) x->function[0] = 0;
   }
   return code;
 }
@@ -280,11 +292,13 @@ static inline int fake_peer_linked(int owner, int device) {
 }
 
 FAKE_EXPORT void fake_fail(const char *function, long nth, long count, int code) {
-  if (!function || strlen(function) >= sizeof fake_faults[0].function) {
+  if (!function || !function[0] || strlen(function) >= sizeof fake_faults[0].function) {
     fprintf(stderr, "fake_fail: a function name of 1 to %zu characters, not %s\n",
-            sizeof fake_faults[0].function - 1, function ? "a longer one" : "NULL");
+            sizeof fake_faults[0].function - 1,
+            !function ? "NULL" : function[0] ? "a longer one" : "an empty one");
     abort();
   }
+  if (count == 0) return; /* no call fails */
   int armed = 0;
   LOCKED({
     for (int f = 0; f < FAKE_MAX_FAULTS && !armed; f++) {
@@ -295,6 +309,7 @@ FAKE_EXPORT void fake_fail(const char *function, long nth, long count, int code)
       x->nth = nth < 1 ? 1 : nth;
       x->count = count;
       x->code = code;
+      x->armed = ++fake_armed;
       armed = 1;
     }
   });

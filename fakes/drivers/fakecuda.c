@@ -1242,9 +1242,18 @@ static void pool_release_free(pool_t *p, unsigned long long keep) {
   }
 }
 
+/* At a synchronisation: pools give back what is above their threshold, and a destroyed pool
+ * everything whose free completed (it goes when it holds nothing). */
 static void release_above_threshold(void) {
-  for (pool_t *p = pools; p; p = p->next)
-    if (p->stats.reserved > p->stats.threshold) pool_release_free(p, p->stats.threshold);
+  for (pool_t *p = pools, *next; p; p = next) {
+    next = p->next;
+    if (p->destroyed) {
+      pool_release_free(p, 0);
+      if (!p->blocks) unlink_pool(p);
+    } else if (p->stats.reserved > p->stats.threshold) {
+      pool_release_free(p, p->stats.threshold);
+    }
+  }
 }
 
 static pool_t *new_pool(int device, int is_default) {

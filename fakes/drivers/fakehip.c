@@ -178,7 +178,8 @@ struct object {
 };
 
 struct pool {
-  int live;
+  int live;      /* the slot is in use: a pool, or a destroyed one still holding blocks */
+  int destroyed; /* hipMemPoolDestroy was called: its handle is gone, its blocks go when free */
   int device;
   int is_default;
   struct fake_pool_stats stats;
@@ -484,7 +485,8 @@ static long long fake_live_of(enum fake_live_what what) {
   long long n = 0;
   switch (what) {
     case LIVE_POOLS:
-      for (int p = 0; p < MAX_POOLS; p++) n += pools[p].live && !pools[p].is_default;
+      for (int p = 0; p < MAX_POOLS; p++)
+        n += pools[p].live && !pools[p].destroyed && !pools[p].is_default;
       return n;
     case LIVE_BYTES:
       for (int d = 0; d < MAX_DEVICES; d++) n += (long long)used[d];
@@ -1056,7 +1058,7 @@ static int pool_index(void *handle) {
   uint64_t v = (uint64_t)(uintptr_t)handle;
   if (v < 0x9000 || (v - 0x9000) % 16) return -1;
   uint64_t p = (v - 0x9000) / 16;
-  return p < MAX_POOLS && pools[p].live ? (int)p : -1;
+  return p < MAX_POOLS && pools[p].live && !pools[p].destroyed ? (int)p : -1;
 }
 static int new_pool(int device, int is_default) {
   for (int p = 0; p < MAX_POOLS; p++) {
@@ -1087,9 +1089,23 @@ static void pool_release(struct pool *p, uint64_t keep) {
       pool_give_back(p, o);
   }
 }
+/* A destroyed pool gives back every block whose free completed; its slot is free once it
+ * holds none. */
+static void pool_settle_destroyed(int p) {
+  pool_release(&pools[p], 0);
+  for (int i = 0; i < high; i++)
+    if ((objects[i].kind == POOL_ALLOC || objects[i].kind == POOL_CACHED) && objects[i].pool == p)
+      return;
+  pools[p].live = 0;
+}
 static void sync_pools(void) {
-  for (int p = 0; p < MAX_POOLS; p++)
-    if (pools[p].live) pool_release(&pools[p], pools[p].stats.threshold);
+  for (int p = 0; p < MAX_POOLS; p++) {
+    if (!pools[p].live) continue;
+    if (pools[p].destroyed)
+      pool_settle_destroyed(p);
+    else
+      pool_release(&pools[p], pools[p].stats.threshold);
+  }
 }
 
 EXPORT hipError_t hipDeviceGetDefaultMemPool(void **pool, int device) {
@@ -1124,12 +1140,11 @@ EXPORT hipError_t hipMemPoolCreate(void **pool, const struct pool_props *props) 
 EXPORT hipError_t hipMemPoolDestroy(void *handle) {
   ENTER("hipMemPoolDestroy");
   int p = pool_index(handle);
-  if (p < 0 || pools[p].is_default || pools[p].stats.used) RETURN(hipErrorInvalidValue);
-  /* Every cached block goes with the pool, frees still in flight included. */
-  for (int i = 0; i < high; i++)
-    if (objects[i].kind == POOL_CACHED && objects[i].pool == p)
-      pool_give_back(&pools[p], &objects[i]);
-  pools[p].live = 0;
+  if (p < 0 || pools[p].is_default) RETURN(hipErrorInvalidValue);
+  /* As HIP documents it: returns at once; with allocations outstanding, or frees still in
+   * flight, the pool's memory goes when the last of them is freed and that free completed. */
+  pools[p].destroyed = 1;
+  pool_settle_destroyed(p);
   RETURN(hipSuccess);
 }
 EXPORT hipError_t hipMemPoolSetAttribute(void *handle, int attr, void *value) {
@@ -1204,6 +1219,7 @@ EXPORT hipError_t hipFreeAsync(void *ptr, void *stream) {
   o->kind = POOL_CACHED;
   o->clock = clock_of((uint64_t)(uintptr_t)stream);
   o->seq = fake_enqueue(o->clock);
+  if (pools[o->pool].destroyed) pool_settle_destroyed(o->pool);
   RETURN(hipSuccess);
 }
 

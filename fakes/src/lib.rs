@@ -325,6 +325,9 @@ fn names() -> String {
 /// profile's variables, say).
 const CHILD_VARIABLE: &str = "PORTALLOC_FAKES_EACH_PROFILE";
 
+/// What a child of [`each_profile`] prints, with the profile's name, once the body returned.
+const RETURNED: &str = "portalloc-fakes: the body returned under ";
+
 /// Runs `body` under each profile of `profiles`, each in a fresh process in which the driver
 /// is loaded anew, and panics naming every profile under which it failed.
 ///
@@ -359,14 +362,22 @@ const CHILD_VARIABLE: &str = "PORTALLOC_FAKES_EACH_PROFILE";
 /// is empty; or when the test binary cannot be run. In a child: whatever `body` panics with,
 /// or when the profile named is not in `profiles`.
 pub fn each_profile(test: &str, profiles: &[Profile], body: impl FnOnce(&Profile)) {
-    if let Some(name) = std::env::var_os(CHILD_VARIABLE) {
-        let name = name.to_string_lossy();
-        let p = profiles
-            .iter()
-            .find(|p| p.name == name)
-            .unwrap_or_else(|| panic!("{CHILD_VARIABLE}={name:.64}: no such profile here"));
-        body(p);
-        return;
+    // A child of this very call: the marker names this test (a nested each_profile for
+    // another test, or a process the body starts, is a parent of its own).
+    if let Some(mark) = std::env::var_os(CHILD_VARIABLE) {
+        let mark = mark.to_string_lossy();
+        if let Some((name, marked_test)) = mark.split_once('\t') {
+            if marked_test == test {
+                let p = profiles.iter().find(|p| p.name == name).unwrap_or_else(|| {
+                    panic!("{CHILD_VARIABLE}: no profile {name:.64} among this test's")
+                });
+                body(p);
+                // Seen by the parent: the body returned, rather than the process exiting
+                // from inside it.
+                println!("\n{RETURNED}{name}");
+                return;
+            }
+        }
     }
     assert!(
         !profiles.is_empty(),
@@ -385,21 +396,42 @@ pub fn each_profile(test: &str, profiles: &[Profile], body: impl FnOnce(&Profile
         ]);
         let out = p
             .apply(&mut command)
-            .env(CHILD_VARIABLE, p.name)
+            .env(CHILD_VARIABLE, format!("{}\t{test}", p.name))
             .output()
             .unwrap_or_else(|e| panic!("cannot run {}: {e}", exe.display()));
         let stdout = String::from_utf8_lossy(&out.stdout);
+        if stdout.contains(&format!("test {test} - should panic")) {
+            // Each child would satisfy or fail its own #[should_panic], and any panic of the
+            // parent then satisfies the parent's: the test's verdict would be inverted. A
+            // panic here would pass such a test, so the process ends instead.
+            eprintln!(
+                "each_profile({test}): a #[should_panic] test cannot run under each_profile \
+                 (each child's verdict would be inverted in the parent); assert the panic in \
+                 the body instead (std::panic::catch_unwind)"
+            );
+            std::process::exit(101);
+        }
         // libtest says how many tests it runs before it runs them: a filter that names no
         // test passes without running anything, which is a mistake, not a pass.
         let ran = stdout.contains("running 1 test");
-        if !out.status.success() || !ran {
+        let returned = stdout
+            .lines()
+            .any(|l| l.strip_prefix(RETURNED) == Some(p.name));
+        if !out.status.success() || !ran || !returned {
             let text = format!("{stdout}{}", String::from_utf8_lossy(&out.stderr));
-            let why = if ran {
-                format!("{} ({})", why_it_failed(&text), out.status)
-            } else if stdout.contains("running 0 tests") {
+            let why = if !ran && stdout.contains("running 0 tests") {
                 format!("the filter --exact {test} ran no test")
-            } else {
+            } else if !ran {
                 format!("{}: {}", out.status, why_it_failed(&text))
+            } else if out.status.success() {
+                format!(
+                    "the process ended ({}) before the body returned: \
+                     {}",
+                    out.status,
+                    why_it_failed(&text)
+                )
+            } else {
+                format!("{} ({})", why_it_failed(&text), out.status)
             };
             failed.push(format!("{}:\n    {why}", p.name));
         }

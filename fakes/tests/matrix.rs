@@ -248,6 +248,26 @@ fn an_inherited_profile_variable_does_not_make_a_child() {
     );
 }
 
+/// A fixture of the test below: under rocm7, in a process its own each_profile started.
+#[test]
+#[ignore = "a fixture of a_nested_each_profile_runs_its_own_profiles"]
+fn fixture_inner() {
+    each_profile("fixture_inner", &[*profile("rocm7").unwrap()], |p| {
+        assert_eq!(Profile::current(), Some(p));
+    });
+}
+
+/// A body may run another test under profiles of its own: the runner's mark names the test it
+/// was made for, so the inner call is a parent, not a child of the outer one.
+#[test]
+fn a_nested_each_profile_runs_its_own_profiles() {
+    each_profile(
+        "a_nested_each_profile_runs_its_own_profiles",
+        &[*profile("rocm5").unwrap()],
+        |_| each_profile("fixture_inner", &[*profile("rocm7").unwrap()], |_| {}),
+    );
+}
+
 #[test]
 #[should_panic(expected = "no profiles to run under")]
 fn each_profile_over_no_profiles_is_a_mistake() {

@@ -1,5 +1,7 @@
-//! Regressions found by a second outside review of the test kit (each #[ignore]d until fixed;
-//! run with `cargo test -p portalloc-fakes --test review2_regressions -- --ignored`).
+//! Regressions found by a second outside review of the test kit: `each_profile` and
+//! `#[should_panic]`, a child that exits before its body returns, a fault count near
+//! `LONG_MAX`, and both drivers' pool destroy as the vendors document it. (The fixtures are
+//! ignored: only their tests run them.)
 use std::ffi::c_void;
 use std::process::Command;
 
@@ -43,7 +45,6 @@ fn fixture_should_panic_body_never_panics() {
 /// about that failure satisfies the parent's #[should_panic]. (The converse: a body that
 /// panics with the expected text under every profile makes the test fail.)
 #[test]
-#[ignore = "review2: each_profile inverts #[should_panic]"]
 fn each_profile_with_should_panic_is_not_inverted() {
     assert!(
         !fixture_passes("fixture_should_panic_body_never_panics"),
@@ -69,7 +70,6 @@ fn fixture_exits_before_its_check() {
 /// A body cut short by exit(0) counts as a pass under that profile today: only the child's
 /// exit status and libtest's "running 1 test" are checked, not that the body returned.
 #[test]
-#[ignore = "review2: each_profile counts a child that exited 0 before its body returned as a pass"]
 fn a_child_that_exits_early_is_not_a_pass() {
     assert!(!fixture_passes("fixture_exits_before_its_check"));
 }
@@ -79,7 +79,6 @@ fn a_child_that_exits_early_is_not_a_pass() {
 /// `count` near i64::MAX (a natural "for ever") overflows `nth + count` in fake_enter, so the
 /// fault never fails a call: a fault silently not armed.
 #[test]
-#[ignore = "review2: fake_fail with a count near LONG_MAX never fails (signed overflow)"]
 fn a_fault_with_a_huge_count_fails_every_call() {
     each_profile(
         "a_fault_with_a_huge_count_fails_every_call",
@@ -119,7 +118,8 @@ fn destroy_sequence(p: &Profile) {
             *lib.get::<*const c_void>(format!("{n}\0").as_bytes())
                 .unwrap()
         };
-        let call0 = |n: &str| std::mem::transmute::<_, unsafe extern "C" fn() -> i32>(sym(n))();
+        let call0 =
+            |n: &str| std::mem::transmute::<*const c_void, unsafe extern "C" fn() -> i32>(sym(n))();
         let mut stream: H = std::ptr::null_mut();
         let mut pool: H = std::ptr::null_mut();
         let mut props = [0u8; 88];
@@ -127,37 +127,41 @@ fn destroy_sequence(p: &Profile) {
         props[8] = 1; // location type: device 0
         if hip {
             assert_eq!(
-                std::mem::transmute::<_, unsafe extern "C" fn(u32) -> i32>(sym("hipInit"))(0),
+                std::mem::transmute::<*const c_void, unsafe extern "C" fn(u32) -> i32>(sym(
+                    "hipInit"
+                ))(0),
                 0
             );
             assert_eq!(
-                std::mem::transmute::<_, unsafe extern "C" fn(*mut H) -> i32>(sym(
+                std::mem::transmute::<*const c_void, unsafe extern "C" fn(*mut H) -> i32>(sym(
                     "hipStreamCreate"
                 ))(&mut stream),
                 0
             );
         } else {
             assert_eq!(
-                std::mem::transmute::<_, unsafe extern "C" fn(u32) -> i32>(sym("cuInit"))(0),
+                std::mem::transmute::<*const c_void, unsafe extern "C" fn(u32) -> i32>(sym(
+                    "cuInit"
+                ))(0),
                 0
             );
             let mut ctx: H = std::ptr::null_mut();
             assert_eq!(
-                std::mem::transmute::<_, unsafe extern "C" fn(*mut H, i32) -> i32>(sym(
-                    "cuDevicePrimaryCtxRetain"
-                ))(&mut ctx, 0),
+                std::mem::transmute::<*const c_void, unsafe extern "C" fn(*mut H, i32) -> i32>(
+                    sym("cuDevicePrimaryCtxRetain")
+                )(&mut ctx, 0),
                 0
             );
             assert_eq!(
-                std::mem::transmute::<_, unsafe extern "C" fn(H) -> i32>(sym("cuCtxSetCurrent"))(
-                    ctx
-                ),
+                std::mem::transmute::<*const c_void, unsafe extern "C" fn(H) -> i32>(sym(
+                    "cuCtxSetCurrent"
+                ))(ctx),
                 0
             );
             assert_eq!(
-                std::mem::transmute::<_, unsafe extern "C" fn(*mut H, u32) -> i32>(sym(
-                    "cuStreamCreate"
-                ))(&mut stream, 0),
+                std::mem::transmute::<*const c_void, unsafe extern "C" fn(*mut H, u32) -> i32>(
+                    sym("cuStreamCreate")
+                )(&mut stream, 0),
                 0
             );
         }
@@ -210,7 +214,6 @@ fn destroy_sequence(p: &Profile) {
 }
 
 #[test]
-#[ignore = "review2: hipMemPoolDestroy gives back blocks whose free is in flight (a false hazard) and refuses a pool with allocations outstanding"]
 fn fakehip_pool_destroy_defers_as_documented() {
     each_profile(
         "fakehip_pool_destroy_defers_as_documented",
@@ -220,7 +223,6 @@ fn fakehip_pool_destroy_defers_as_documented() {
 }
 
 #[test]
-#[ignore = "review2: a fakecuda pool destroyed while a free is in flight never gives that block back"]
 fn fakecuda_pool_destroy_releases_once_frees_complete() {
     each_profile(
         "fakecuda_pool_destroy_releases_once_frees_complete",

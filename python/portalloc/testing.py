@@ -126,9 +126,12 @@ _FLAGS = ["-shared", "-fPIC", "-O1", "-Wall", "-std=c11", "-pthread"]
 def _compiler() -> List[str]:
     text = os.environ.get("CC") or "cc"
     try:
-        return shlex.split(text)
+        command = shlex.split(text)
     except ValueError as e:
         raise FakesError("CC=%r cannot be split into a command (%s)" % (text[:200], e)) from None
+    if not command:
+        raise FakesError("CC=%r names no compiler: unset it, or name one (cc, gcc, clang)" % text)
+    return command
 
 
 def _build(name: str) -> pathlib.Path:
@@ -398,7 +401,7 @@ class Controls:
     def __init__(self, path: str) -> None:
         try:
             self._lib = ctypes.CDLL(path)
-        except OSError as e:
+        except (OSError, ValueError, TypeError) as e:
             raise FakesError("cannot load the fake driver %s: %s" % (path, e)) from None
         try:
             self._declare(self._lib)
@@ -434,7 +437,7 @@ class Controls:
         :raises ValueError: for a name that is empty, 64 characters or more, or holds a NUL.
         :raises OverflowError: for a number the C call cannot take."""
         name = _name("fail", function)
-        if len(name) >= 64:
+        if not 1 <= len(name) < 64:
             raise ValueError("fail: a function name of 1 to 63 characters, not %d" % len(name))
         _within("fail", "nth", nth, 64)
         _within("fail", "count", count, 64)
