@@ -359,8 +359,14 @@ const RETURNED: &str = "portalloc-fakes: the body returned under ";
 /// In the parent: when the test failed under some profile (each one's panic message or last
 /// lines of output are in the message, with how the child ended: its exit status or the
 /// signal that killed it); when the filter ran no test (a misspelt `test`); when `profiles`
-/// is empty; or when the test binary cannot be run. In a child: whatever `body` panics with,
-/// or when the profile named is not in `profiles`.
+/// is empty; when a child exited before its body returned; or when the test binary cannot be
+/// run. In a child: whatever `body` panics with, or when the profile named is not in
+/// `profiles`.
+///
+/// A `#[should_panic]` test cannot use it (each child would judge its own, and the parent's
+/// panic about their verdicts would pass it): the parent then ends the process with status
+/// 101, saying why. Assert an expected panic inside the body (`std::panic::catch_unwind`).
+/// A body may itself call `each_profile` for another test.
 pub fn each_profile(test: &str, profiles: &[Profile], body: impl FnOnce(&Profile)) {
     // A child of this very call: the marker names this test (a nested each_profile for
     // another test, or a process the body starts, is a parent of its own).
