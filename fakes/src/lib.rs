@@ -325,6 +325,68 @@ fn names() -> String {
 /// profile's variables, say).
 const CHILD_VARIABLE: &str = "PORTALLOC_FAKES_EACH_PROFILE";
 
+/// The variable that limits each child of [`each_profile`] to so many seconds: one that runs
+/// longer is killed and reported under its profile. Unset: no limit.
+pub const TIMEOUT_VARIABLE: &str = "PORTALLOC_FAKES_TIMEOUT";
+
+/// Runs `command` to its end, or kills it once `limit` has passed: its output, and the limit
+/// when it was killed for it.
+fn run_child(
+    command: &mut Command,
+    limit: Option<std::time::Duration>,
+) -> std::io::Result<(std::process::Output, Option<std::time::Duration>)> {
+    let Some(limit) = limit else {
+        return Ok((command.output()?, None));
+    };
+    use std::io::Read;
+    use std::process::Stdio;
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    // Read on threads of their own: a child that fills a pipe would otherwise never end.
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut bytes);
+            }
+            bytes
+        })
+    };
+    let stdout = drain(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let stderr = drain(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let started = std::time::Instant::now();
+    let mut killed = None;
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if started.elapsed() >= limit {
+            let _ = child.kill();
+            killed = Some(limit);
+            break child.wait()?;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let output = std::process::Output {
+        status,
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
+    };
+    Ok((output, killed))
+}
+
 /// What a child of [`each_profile`] prints, with the profile's name, once the body returned.
 const RETURNED: &str = "portalloc-fakes: the body returned under ";
 
@@ -336,8 +398,7 @@ const RETURNED: &str = "portalloc-fakes: the body returned under ";
 /// profile's environment ([`Profile::apply`]) and a variable of its own that marks the child
 /// — and waits for each. In such a child process it runs `body` with the profile named there,
 /// once. `test` is the test's full path as `cargo test` prints it (`module::name`, or `name`
-/// at a test file's top). There is no time limit: a body that hangs hangs the test, as any
-/// test would.
+/// at a test file's top).
 ///
 /// ```no_run
 /// use portalloc_fakes::{each_profile, Controls, MATRIX};
@@ -367,6 +428,10 @@ const RETURNED: &str = "portalloc-fakes: the body returned under ";
 /// panic about their verdicts would pass it): the parent then ends the process with status
 /// 101, saying why. Assert an expected panic inside the body (`std::panic::catch_unwind`).
 /// A body may itself call `each_profile` for another test.
+///
+/// Each child runs for as long as it takes, unless [`TIMEOUT_VARIABLE`]
+/// (`PORTALLOC_FAKES_TIMEOUT`, seconds) is set: then a child that runs longer is killed and
+/// reported as failing under its profile, with its last lines of output.
 pub fn each_profile(test: &str, profiles: &[Profile], body: impl FnOnce(&Profile)) {
     // A child of this very call: the marker names this test (a nested each_profile for
     // another test, or a process the body starts, is a parent of its own).
@@ -390,6 +455,12 @@ pub fn each_profile(test: &str, profiles: &[Profile], body: impl FnOnce(&Profile
         "each_profile({test}): no profiles to run under"
     );
     let exe = std::env::current_exe().expect("the test binary's path");
+    let limit = std::env::var(TIMEOUT_VARIABLE).ok().map(|text| {
+        let seconds: u64 = text.trim().parse().unwrap_or_else(|_| {
+            panic!("{TIMEOUT_VARIABLE}={text:.32}: a whole number of seconds, e.g. 300")
+        });
+        std::time::Duration::from_secs(seconds)
+    });
     let mut failed = Vec::new();
     for p in profiles {
         let mut command = Command::new(&exe);
@@ -400,11 +471,24 @@ pub fn each_profile(test: &str, profiles: &[Profile], body: impl FnOnce(&Profile
             "--nocapture",
             "--test-threads=1",
         ]);
-        let out = p
-            .apply(&mut command)
-            .env(CHILD_VARIABLE, format!("{}\t{test}", p.name))
-            .output()
+        p.apply(&mut command)
+            .env(CHILD_VARIABLE, format!("{}\t{test}", p.name));
+        let (out, timed_out) = run_child(&mut command, limit)
             .unwrap_or_else(|e| panic!("cannot run {}: {e}", exe.display()));
+        if let Some(limit) = timed_out {
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            failed.push(format!(
+                "{}:\n    killed after {} s ({TIMEOUT_VARIABLE}): {}",
+                p.name,
+                limit.as_secs(),
+                why_it_failed(&text)
+            ));
+            continue;
+        }
         let stdout = String::from_utf8_lossy(&out.stdout);
         if stdout.contains(&format!("test {test} - should panic")) {
             // Each child would satisfy or fail its own #[should_panic], and any panic of the
@@ -532,7 +616,24 @@ impl Census {
 /// driver.clear_faults();
 /// ```
 pub struct Controls {
-    library: libloading::Library,
+    /// The controls, resolved once at [`Controls::open`]; valid while `_library` is loaded.
+    fns: Fns,
+    _library: libloading::Library,
+}
+
+/// The control functions, with the C signatures `drivers/fake_common.h` gives them.
+#[derive(Clone, Copy)]
+struct Fns {
+    fail: unsafe extern "C" fn(*const c_char, c_long, c_long, c_int),
+    clear_faults: unsafe extern "C" fn(),
+    calls: unsafe extern "C" fn(*const c_char) -> i64,
+    live: unsafe extern "C" fn(*const c_char) -> i64,
+    launch: unsafe extern "C" fn(*mut c_void, u64, u64) -> u64,
+    finish: unsafe extern "C" fn(u64),
+    kernel_done: unsafe extern "C" fn(u64) -> c_int,
+    hazards: unsafe extern "C" fn() -> i64,
+    first_hazard: unsafe extern "C" fn() -> *const c_char,
+    cpu_waits: unsafe extern "C" fn() -> i64,
 }
 
 impl std::fmt::Debug for Controls {
@@ -545,29 +646,32 @@ impl Controls {
     /// The controls of the driver at `path` (loaded, or already loaded in this process).
     ///
     /// # Errors
-    /// When the library does not load, or lacks the controls (not one of these drivers).
+    /// When the library does not load, or lacks one of the controls (not one of these
+    /// drivers): the error names the missing symbol.
     pub fn open(path: impl AsRef<Path>) -> Result<Controls, libloading::Error> {
         // SAFETY: loading one of this crate's drivers runs no initialiser of consequence
         // (their state starts zeroed and is set up on first call).
         let library = unsafe { libloading::Library::new(path.as_ref()) }?;
-        let controls = Controls { library };
-        // SAFETY: a symbol check only: the signature is the spec's.
-        unsafe {
-            controls
-                .library
-                .get::<unsafe extern "C" fn()>(b"fake_live\0")
-        }?;
-        Ok(controls)
-    }
-
-    /// The control `name`, with the signature `F` the spec gives it.
-    ///
-    /// # Safety
-    /// `F` must be the C signature of `name` in `drivers/fake_common.h`.
-    unsafe fn sym<F: Copy>(&self, name: &[u8]) -> F {
-        // SAFETY: the caller names the signature; every control exists (checked at open for
-        // one, and the drivers export all of them).
-        *unsafe { self.library.get::<F>(name) }.expect("a control every driver exports")
+        // SAFETY: each symbol is given the signature fake_common.h declares for it; the
+        // pointers are used only while `library` (kept in the Controls) stays loaded.
+        let fns = unsafe {
+            Fns {
+                fail: *library.get(b"fake_fail\0")?,
+                clear_faults: *library.get(b"fake_clear_faults\0")?,
+                calls: *library.get(b"fake_calls\0")?,
+                live: *library.get(b"fake_live\0")?,
+                launch: *library.get(b"fake_launch\0")?,
+                finish: *library.get(b"fake_finish\0")?,
+                kernel_done: *library.get(b"fake_kernel_done\0")?,
+                hazards: *library.get(b"fake_hazards\0")?,
+                first_hazard: *library.get(b"fake_first_hazard\0")?,
+                cpu_waits: *library.get(b"fake_cpu_waits\0")?,
+            }
+        };
+        Ok(Controls {
+            fns,
+            _library: library,
+        })
     }
 
     /// Calls `nth .. nth + count - 1` of the vendor function `function` (1-based, counted
@@ -586,17 +690,13 @@ impl Controls {
         );
         let name = CString::new(function).expect("a function name without NUL");
         // SAFETY: the spec's signature; the name outlives the call (the driver copies it).
-        unsafe {
-            let f: unsafe extern "C" fn(*const c_char, c_long, c_long, c_int) =
-                self.sym(b"fake_fail\0");
-            f(name.as_ptr(), nth as c_long, count as c_long, code);
-        }
+        unsafe { (self.fns.fail)(name.as_ptr(), nth as c_long, count as c_long, code) }
     }
 
     /// Disarms every fault.
     pub fn clear_faults(&self) {
         // SAFETY: the spec's signature.
-        unsafe { self.sym::<unsafe extern "C" fn()>(b"fake_clear_faults\0")() }
+        unsafe { (self.fns.clear_faults)() }
     }
 
     /// How many times the vendor function `function` was called (failed calls included).
@@ -606,9 +706,7 @@ impl Controls {
     pub fn calls(&self, function: &str) -> i64 {
         let name = CString::new(function).expect("a function name without NUL");
         // SAFETY: the spec's signature; the name outlives the call.
-        unsafe {
-            self.sym::<unsafe extern "C" fn(*const c_char) -> i64>(b"fake_calls\0")(name.as_ptr())
-        }
+        unsafe { (self.fns.calls)(name.as_ptr()) }
     }
 
     /// The live count `what` of the driver's vocabulary (`allocations`, `handles`, …, see
@@ -619,9 +717,7 @@ impl Controls {
     pub fn live(&self, what: &str) -> Option<i64> {
         let name = CString::new(what).expect("a name without NUL");
         // SAFETY: the spec's signature; the name outlives the call.
-        let n = unsafe {
-            self.sym::<unsafe extern "C" fn(*const c_char) -> i64>(b"fake_live\0")(name.as_ptr())
-        };
+        let n = unsafe { (self.fns.live)(name.as_ptr()) };
         (n >= 0).then_some(n)
     }
 
@@ -670,20 +766,14 @@ impl Controls {
     /// ```
     pub fn launch(&self, stream: u64, va: u64, size: u64) -> Option<Kernel> {
         // SAFETY: the spec's signature; the stream is passed as the handle value it is.
-        let id = unsafe {
-            self.sym::<unsafe extern "C" fn(*mut c_void, u64, u64) -> u64>(b"fake_launch\0")(
-                stream as usize as *mut c_void,
-                va,
-                size,
-            )
-        };
+        let id = unsafe { (self.fns.launch)(stream as usize as *mut c_void, va, size) };
         (id != 0).then_some(Kernel(id))
     }
 
     /// The kernel completes.
     pub fn finish(&self, kernel: Kernel) {
         // SAFETY: the spec's signature.
-        unsafe { self.sym::<unsafe extern "C" fn(u64)>(b"fake_finish\0")(kernel.0) }
+        unsafe { (self.fns.finish)(kernel.0) }
     }
 
     /// Whether the kernel completed ([`Controls::finish`], or a CPU wait that covered it).
@@ -692,9 +782,7 @@ impl Controls {
     /// When this driver knows no such kernel (one another driver launched).
     pub fn done(&self, kernel: Kernel) -> bool {
         // SAFETY: the spec's signature.
-        let done = unsafe {
-            self.sym::<unsafe extern "C" fn(u64) -> c_int>(b"fake_kernel_done\0")(kernel.0)
-        };
+        let done = unsafe { (self.fns.kernel_done)(kernel.0) };
         assert!(
             done >= 0,
             "kernel {} is not one this driver launched",
@@ -707,14 +795,14 @@ impl Controls {
     /// undefined behaviour on a GPU.
     pub fn hazards(&self) -> i64 {
         // SAFETY: the spec's signature.
-        unsafe { self.sym::<unsafe extern "C" fn() -> i64>(b"fake_hazards\0")() }
+        unsafe { (self.fns.hazards)() }
     }
 
     /// What the first hazard was (empty when there was none).
     pub fn first_hazard(&self) -> String {
         // SAFETY: the spec's signature; the driver returns a NUL-terminated static buffer.
         unsafe {
-            let p = self.sym::<unsafe extern "C" fn() -> *const c_char>(b"fake_first_hazard\0")();
+            let p = (self.fns.first_hazard)();
             if p.is_null() {
                 String::new()
             } else {
@@ -726,6 +814,6 @@ impl Controls {
     /// CPU waits so far (stream, event and device synchronisations).
     pub fn cpu_waits(&self) -> i64 {
         // SAFETY: the spec's signature.
-        unsafe { self.sym::<unsafe extern "C" fn() -> i64>(b"fake_cpu_waits\0")() }
+        unsafe { (self.fns.cpu_waits)() }
     }
 }

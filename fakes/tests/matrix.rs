@@ -8,6 +8,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use portalloc_fakes::{
     each_profile, profile, Controls, Driver, Profile, Vendor, MATRIX, PROFILE_VARIABLE,
+    TIMEOUT_VARIABLE,
 };
 
 /// The version the profile's driver reports, read through the vendor's own call.
@@ -266,6 +267,51 @@ fn a_nested_each_profile_runs_its_own_profiles() {
         &[*profile("rocm5").unwrap()],
         |_| each_profile("fixture_inner", &[*profile("rocm7").unwrap()], |_| {}),
     );
+}
+
+/// A fixture: under the kit's runner, the body hangs under `rocm5`.
+#[test]
+#[ignore = "a fixture of a_hung_child_is_killed_after_the_limit"]
+fn fixture_hangs_under_rocm5() {
+    each_profile("fixture_hangs_under_rocm5", MATRIX, |p| {
+        if p.name == "rocm5" {
+            std::thread::sleep(std::time::Duration::from_secs(600));
+        }
+    });
+}
+
+/// With `PORTALLOC_FAKES_TIMEOUT` set, a child that runs longer is killed and reported under
+/// its profile; the others are judged as usual.
+#[test]
+fn a_hung_child_is_killed_after_the_limit() {
+    const MARK: &str = "PORTALLOC_FAKES_TEST_TIMEOUT";
+    if std::env::var_os(MARK).is_none() {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "a_hung_child_is_killed_after_the_limit",
+                "--nocapture",
+            ])
+            .env(TIMEOUT_VARIABLE, "3")
+            .env(MARK, "1")
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{said}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(said.contains("running 1 test"), "{said}");
+        return;
+    }
+    let message = failure_under_rocm5_and_6("fixture_hangs_under_rocm5", "rocm5's child hangs");
+    assert!(
+        message.contains("failed under 1 of 2 profiles"),
+        "{message}"
+    );
+    assert!(message.contains("rocm5:"), "{message}");
+    assert!(message.contains("killed after 3 s"), "{message}");
 }
 
 #[test]
