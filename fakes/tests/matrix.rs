@@ -214,29 +214,38 @@ fn a_crashed_child_is_reported_as_a_crash_under_its_profile() {
     assert!(!message.contains("ran no test"), "{message}");
 }
 
+/// For a test whose body must run with `var` set in its whole process: in the test's own
+/// process, runs the test again with `var` and a mark set, asserts it passed there, and is
+/// false; in that second process, true (run the body).
+fn in_a_process_of_its_own(test: &str, var: (&str, &str)) -> bool {
+    const MARK: &str = "PORTALLOC_FAKES_TEST_OWN_PROCESS";
+    if std::env::var_os(MARK).is_some() {
+        return true;
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--nocapture"])
+        .env(var.0, var.1)
+        .env(MARK, "1")
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(said.contains("running 1 test"), "{said}");
+    false
+}
+
 /// A parent that inherited `PORTALLOC_FAKES_PROFILE` (from a shell that exported a profile's
 /// variables, say) still runs every profile: only the runner's own children run the body.
 #[test]
 fn an_inherited_profile_variable_does_not_make_a_child() {
-    const MARK: &str = "PORTALLOC_FAKES_TEST_INHERITED";
-    if std::env::var_os(MARK).is_none() {
-        let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "an_inherited_profile_variable_does_not_make_a_child",
-                "--nocapture",
-            ])
-            .env(PROFILE_VARIABLE, "rocm6")
-            .env(MARK, "1")
-            .output()
-            .unwrap();
-        let said = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{said}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(said.contains("running 1 test"), "{said}");
+    if !in_a_process_of_its_own(
+        "an_inherited_profile_variable_does_not_make_a_child",
+        (PROFILE_VARIABLE, "rocm6"),
+    ) {
         return;
     }
     let message = failure_under_rocm5_and_6(
@@ -284,25 +293,10 @@ fn fixture_hangs_under_rocm5() {
 /// its profile; the others are judged as usual.
 #[test]
 fn a_hung_child_is_killed_after_the_limit() {
-    const MARK: &str = "PORTALLOC_FAKES_TEST_TIMEOUT";
-    if std::env::var_os(MARK).is_none() {
-        let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "a_hung_child_is_killed_after_the_limit",
-                "--nocapture",
-            ])
-            .env(TIMEOUT_VARIABLE, "3")
-            .env(MARK, "1")
-            .output()
-            .unwrap();
-        let said = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{said}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(said.contains("running 1 test"), "{said}");
+    if !in_a_process_of_its_own(
+        "a_hung_child_is_killed_after_the_limit",
+        (TIMEOUT_VARIABLE, "3"),
+    ) {
         return;
     }
     let message = failure_under_rocm5_and_6("fixture_hangs_under_rocm5", "rocm5's child hangs");

@@ -462,6 +462,17 @@ fn review_fold_folded_allocations_sleep_and_wake_with_their_bytes() {
     assert!(d.census().is_empty(), "{:?}", d.census());
 }
 
+/// `(low, x, high)` tagged `tag` on the default stream: 1 MiB, then 240 KiB placed in the
+/// 256 KiB hole freed between `low` and a 256 KiB `high`, whose 16 KiB remainder is folded.
+fn folded_between(a: &impl Allocator, tag: &str) -> (Allocation, Allocation, Allocation) {
+    let low = a.allocate(MIB, 0, Stream::DEFAULT, tag).unwrap();
+    let hole = a.allocate(256 * KIB, 0, Stream::DEFAULT, tag).unwrap();
+    let high = a.allocate(256 * KIB, 0, Stream::DEFAULT, tag).unwrap();
+    a.deallocate(hole).unwrap();
+    let x = a.allocate(240 * KIB, 0, Stream::DEFAULT, tag).unwrap();
+    (low, x, high)
+}
+
 /// A folded untagged allocation donated (retagged) to a sleepable tag sleeps and wakes with
 /// its bytes, and its neighbours in the same granule keep theirs.
 #[test]
@@ -470,11 +481,7 @@ fn review_fold_a_folded_allocation_retagged_sleeps_and_wakes() {
     portalloc::sleep_tags::declare_sleepable(tag);
     let d = host_device(64 * MIB, false);
     let a = vmm_over(&d, 32 * MIB);
-    let low = a.allocate(MIB, 0, Stream::DEFAULT, "p").unwrap();
-    let hole = a.allocate(256 * KIB, 0, Stream::DEFAULT, "p").unwrap();
-    let high = a.allocate(256 * KIB, 0, Stream::DEFAULT, "p").unwrap();
-    a.deallocate(hole).unwrap();
-    let x = a.allocate(240 * KIB, 0, Stream::DEFAULT, "p").unwrap();
+    let (low, x, high) = folded_between(&a, "p");
     assert_eq!(a.charged(&x), Some(256 * KIB), "folded");
     for (i, y) in [&low, &x, &high].into_iter().enumerate() {
         write(y.ptr(), a.charged(y).unwrap(), i as u32);
@@ -624,19 +631,7 @@ fn review_fold_the_ledger_records_folded_chunks_as_charged() {
     portalloc::sleep_tags::declare_sleepable(tag);
     let d = host_device(64 * MIB, false);
     let ledger = LedgerAllocator::new(vmm_over(&d, 32 * MIB));
-    let low = ledger
-        .allocate(MIB, 0, Stream::DEFAULT, "review_fold::l")
-        .unwrap();
-    let hole = ledger
-        .allocate(256 * KIB, 0, Stream::DEFAULT, "review_fold::l")
-        .unwrap();
-    let high = ledger
-        .allocate(256 * KIB, 0, Stream::DEFAULT, "review_fold::l")
-        .unwrap();
-    ledger.deallocate(hole).unwrap();
-    let x = ledger
-        .allocate(240 * KIB, 0, Stream::DEFAULT, "review_fold::l")
-        .unwrap();
+    let (low, x, high) = folded_between(&ledger, "review_fold::l");
     assert_eq!(ledger.charged(&x), Some(256 * KIB), "folded");
     ledger.check_invariants().unwrap();
     let totals = |name: &str| {
