@@ -41,6 +41,7 @@ From a shell (any language's CI)::
 
 import ctypes
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -134,17 +135,24 @@ def _compiler() -> List[str]:
     return command
 
 
-def _build(name: str) -> pathlib.Path:
-    """Builds driver ``name`` into the cache (once per version of the sources and compiler);
-    its path."""
-    sources = _sources()
+@functools.lru_cache(maxsize=None)
+def _sources_digest(sources: pathlib.Path) -> bytes:
+    """The digest of the drivers' sources, read once per process (every profile's
+    :meth:`Profile.env` asks for its driver)."""
     digest = hashlib.sha256()
-    for part in (" ".join(_compiler() + _FLAGS),):
-        digest.update(part.encode())
     for source in sorted(sources.iterdir()):
         if source.suffix in (".c", ".h"):
             digest.update(source.name.encode())
             digest.update(source.read_bytes())
+    return digest.digest()
+
+
+def _build(name: str) -> pathlib.Path:
+    """Builds driver ``name`` into the cache (once per version of the sources and compiler);
+    its path."""
+    sources = _sources()
+    digest = hashlib.sha256(" ".join(_compiler() + _FLAGS).encode())
+    digest.update(_sources_digest(sources))
     folder = _cache_root() / digest.hexdigest()[:16]
     library = folder / ("lib%s.so" % name)
     if library.is_file():
