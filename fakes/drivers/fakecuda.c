@@ -1,95 +1,64 @@
 /*
- * fakecuda: a conformance driver for portalloc's CUDA backend.
+ * fakecuda: a conformance driver with the CUDA driver API's common surface (libcuda.so.1's
+ * names, signatures, codes and documented rules), over host memory. The behaviour lives in
+ * the core (fake_core.h and its concerns); this file is CUDA's face: names, argument rules,
+ * codes, the device it impersonates and the symbol table cuGetProcAddress answers from.
  *
- * A small C library that exports the CUDA driver API symbols portalloc resolves (with the
- * `_v2` names libcuda exports) over host memory, so the real shim — loading, symbol
- * resolution, context handling, error mapping, every strategy — runs without a GPU. It
- * follows the driver's rules where portalloc depends on them:
- *
+ * CUDA's rules it keeps (docs/fakes.md lists every call and what is modelled):
  *   - nothing but cuDriverGetVersion / cuGetErrorName / cuGetErrorString works before cuInit
  *     (CUDA_ERROR_NOT_INITIALIZED); cuInit with no devices is CUDA_ERROR_NO_DEVICE;
- *   - memory, stream, event and pool calls act on the calling thread's *current* context and
- *     fail with CUDA_ERROR_INVALID_CONTEXT when there is none (or it was released), so a shim
- *     that forgets cuCtxSetCurrent on a new thread fails here as it would on a GPU;
- *   - each device has a capacity; allocations, physical handles and pool memory are charged
- *     against it and CUDA_ERROR_OUT_OF_MEMORY comes back past it;
- *   - virtual memory is the driver's model over mmap + memfd: cuMemAddressReserve reserves
- *     PROT_NONE address space, cuMemCreate makes a memory file, cuMemMap maps it MAP_FIXED
- *     without access, cuMemSetAccess grants read-write, cuMemUnmap must cover whole
- *     mappings, cuMemRelease of a mapped handle defers the free to the last unmap;
- *     cuMemAddressReserve's `addr` is a hint, as the driver documents it: the reservation is
- *     at exactly `addr` when it is non-zero, aligned to the granularity and to `alignment`,
- *     and [addr, addr + size) overlaps no live reservation (and, this being the host's
- *     address space, nothing else the process mapped); else wherever the system puts it. A
- *     freed reservation's range stays the fake's (PROT_NONE) so it can be reserved again at
- *     the same address, and a reserve without a hint does not get it;
- *   - pools hand out memory stream-ordered (work is synchronous here), keep freed memory
- *     cached, give back what is above the release threshold at the next synchronisation, and
- *     answer the RESERVED/USED_MEM_CURRENT/HIGH attributes;
- *   - streams are clocks (any handle the driver knows: its own streams, NULL, CU_STREAM_LEGACY,
- *     CU_STREAM_PER_THREAD): work on one finishes in order, at once unless held "in flight"
- *     (fakecuda_hold_events); waiting for an event waits for the work before it; a pool block
- *     freed on a stream is reused by another only once that free has finished.
+ *   - memory, stream, event, module and pool calls act on the calling thread's current
+ *     context (a stack: cuCtxPushCurrent / cuCtxPopCurrent / cuCtxSetCurrent) and fail with
+ *     CUDA_ERROR_INVALID_CONTEXT when there is none, it was destroyed, or it is a primary
+ *     context no longer retained;
+ *   - each device has a capacity (the impersonated device's memory unless configured);
+ *     allocations, physical handles and pool memory are charged against it;
+ *   - streams, events, copies, memsets and launches follow the stream rules of
+ *     fake_timeline.h (the legacy default stream, CU_STREAM_NON_BLOCKING, the per-thread
+ *     default stream and the _ptsz / _ptds calls) and the copy rules of fake_memory.h ("API
+ *     synchronization behavior"); cuMemFree_v2 and cuMemFreeHost synchronise the device
+ *     first (a CPU wait) — "Managing memory allocations using cudaMalloc and cudaFree causes
+ *     the GPU to synchronize across all executing CUDA streams" (Programming Guide,
+ *     stream-ordered allocator) — except cuMemFree of stream-ordered memory, which "will not
+ *     perform any implicit synchronization";
+ *   - virtual memory (fake_vmm.h) and stream-ordered pools (fake_pools.h) as documented.
  *
- *   - peer access is the driver's: cuDeviceCanAccessPeer answers 1 for distinct devices
- *     unless fake_set_peer says otherwise, cuCtxEnablePeerAccess enables it from the current
- *     context to a peer's, and cuMemSetAccess takes a descriptor per device (see
- *     fake_common.h).
+ * Configuration: variables read before the first call (FAKECUDA_DEVICES, default 1;
+ * FAKECUDA_CAPACITY bytes, default the device's; FAKECUDA_GRANULARITY, default 2 MiB;
+ * FAKECUDA_VERSION, default 12020 (10010 for fakecuda_old); FAKECUDA_DEVICE, default h100 (v100
+ * for fakecuda_old)), or fakecuda_configure() before cuInit.
  *
- * Configuration: environment variables read at load (FAKECUDA_DEVICES, default 1;
- * FAKECUDA_CAPACITY bytes, default 1 GiB; FAKECUDA_GRANULARITY, default 2 MiB;
- * FAKECUDA_VERSION, default 12020), or fakecuda_configure() before cuInit.
- * Faults, call counts, live counts and peer controls: the fake_* API of fake_common.h; what
- * only this fake has: fakecuda_* below.
- *
- * Built four times by the tests (tests/support/mod.rs): this file (libfakecuda.so),
- * fakecuda_old.c, which defines FAKECUDA_OLD and includes it (libfakecuda_old.so): a CUDA 10.1
- * driver without the virtual memory and pool symbols, fakecuda_nopeer.c, which defines
- * FAKECUDA_NO_PEER (libfakecuda_nopeer.so): a driver without the peer-access calls, and
- * fakecuda_nopinned.c, which defines FAKECUDA_NO_PINNED_HOST (libfakecuda_nopinned.so): a
- * driver without cuMemHostAlloc / cuMemFreeHost.
+ * Built four ways (fakes/build.rs): this file; fakecuda_old.c (FAKECUDA_OLD: a CUDA 10.1
+ * driver, without the virtual memory, pool and later calls), fakecuda_nopeer.c
+ * (FAKECUDA_NO_PEER: two devices that cannot access each other's memory) and
+ * fakecuda_nopinned.c (FAKECUDA_NO_PINNED_HOST: page-locking refused).
  */
 #define _GNU_SOURCE
-#include <pthread.h>
-#include <stddef.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
+#include "fake_core.h"
+#include "fake_timeline.h"
+#include "fake_memory.h"
+#include "fake_vmm.h"
+#include "fake_pools.h"
+#include "fake_modules.h"
 
 typedef int CUresult;
 typedef int CUdevice;
 typedef unsigned long long CUdeviceptr;
 typedef unsigned long long CUmemGenericAllocationHandle;
+typedef struct fk_ctx *CUcontext;
+typedef void *CUstream;
+typedef void *CUevent;
+typedef void *CUmodule;
+typedef void *CUfunction;
+typedef void *CUmemoryPool;
+typedef void (*CUhostFn)(void *);
+typedef void (*CUstreamCallback)(CUstream, CUresult, void *);
 
 #define CUDA_SUCCESS 0
-#define CUDA_ERROR_INVALID_VALUE 1
-#define CUDA_ERROR_OUT_OF_MEMORY 2
-#define CUDA_ERROR_NOT_INITIALIZED 3
-#define CUDA_ERROR_NO_DEVICE 100
-#define CUDA_ERROR_INVALID_DEVICE 101
-#define CUDA_ERROR_INVALID_CONTEXT 201
-#define CUDA_ERROR_PEER_ACCESS_UNSUPPORTED 217
-#define CUDA_ERROR_INVALID_HANDLE 400
-#define CUDA_ERROR_NOT_READY 600
-#define CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED 704
-#define CUDA_ERROR_PEER_ACCESS_NOT_ENABLED 705
-#define CUDA_ERROR_NOT_SUPPORTED 801
-#define CUDA_ERROR_UNKNOWN 999
+#define CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED 712
+#define CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED 713
 
-#define FAKE_STATUS CUresult
-#define FAKE_OK CUDA_SUCCESS
-#define FAKE_INVALID_VALUE CUDA_ERROR_INVALID_VALUE
-#define FAKE_INVALID_DEVICE CUDA_ERROR_INVALID_DEVICE
-#define FAKE_PEER_UNSUPPORTED CUDA_ERROR_PEER_ACCESS_UNSUPPORTED
-#define FAKE_PEER_ALREADY_ENABLED CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
-#define FAKE_PEER_NOT_ENABLED CUDA_ERROR_PEER_ACCESS_NOT_ENABLED
-#include "fake_common.h"
-#define MAX_DEVICES FAKE_MAX_DEVICES
-
-/* ---- The header's structs, as portalloc's sys crate declares them ---- */
+/* ---- The header's structs, as cuda.h lays them out ---- */
 
 typedef struct {
   unsigned int type;
@@ -110,11 +79,6 @@ typedef struct {
 } CUmemAllocationProp;
 
 typedef struct {
-  CUmemLocation location;
-  unsigned int flags;
-} CUmemAccessDesc;
-
-typedef struct {
   unsigned int allocType;
   unsigned int handleTypes;
   CUmemLocation location;
@@ -124,98 +88,43 @@ typedef struct {
 } CUmemPoolProps;
 
 _Static_assert(sizeof(CUmemAllocationProp) == 32, "CUmemAllocationProp is 32 bytes");
-_Static_assert(sizeof(CUmemAccessDesc) == 12, "CUmemAccessDesc is 12 bytes");
 _Static_assert(sizeof(CUmemPoolProps) == 88, "CUmemPoolProps is 88 bytes");
 
-/* ---- State ---- */
+/* ---- The device it impersonates ------------------------------------------------------
+ * Values from the vendor's deviceQuery / cudaGetDeviceProperties output (docs/fakes.md
+ * gives each source): the H100 SXM5 80GB under a CUDA 12.2 driver (caps-tum/mt4g's
+ * "NVIDIA H100 80GB HBM3" dump, driver 12020; thamada/nvidia-smi's 8x H100 deviceQuery),
+ * and the Tesla V100-SXM2-16GB under a CUDA 10.x driver (ULHPC/ulhpc-docs' deviceQuery). */
 
-typedef struct ctx {
-  int device;
-  int refcount;
-} ctx_t;
-
-typedef struct alloc {
-  struct alloc *next;
-  unsigned long long ptr, size, charge;
-  int device;
-} alloc_t;
-
-typedef struct handle {
-  struct handle *next;
-  unsigned long long id, size;
-  int device, fd, released, mappings;
-} handle_t;
-
-typedef struct mapping {
-  struct mapping *next;
-  unsigned long long va, size;
-  handle_t *handle;
-  unsigned access; /* bit d: device d may access it (cuMemSetAccess) */
-} mapping_t;
-
-typedef struct reservation {
-  struct reservation *next;
-  unsigned long long va, size;
-} reservation_t;
-
-/* Pinned host memory (cuMemHostAlloc): malloc'd, until cuMemFreeHost. */
-typedef struct host_alloc {
-  struct host_alloc *next;
-  void *ptr;
-  unsigned long long size;
-} host_alloc_t;
-
-typedef struct stream stream_t;
-
-typedef struct block {
-  struct block *next;
-  unsigned long long ptr, size;
-  int in_use;
-  int free_clock;               /* the clock of the last cuMemFreeAsync's stream */
-  unsigned long long free_seq;  /* that clock's number for the free */
-} block_t;
-
-typedef struct pool {
-  struct pool *next;
-  int device, is_default, destroyed;
-  struct fake_pool_stats stats;
-  block_t *blocks;
-} pool_t;
-
-/* A stream is a clock of the timeline (fake_common.h): the operations the fake tracks (event
- * records, pool frees, waits, kernels) finish in order, as on a GPU. The special handles NULL
- * and CU_STREAM_LEGACY (0x1) share the legacy default stream's clock, CU_STREAM_PER_THREAD
- * (0x2) names the calling thread's own. */
-struct stream {
-  struct stream *next;
-  int device;
-  int clock;
+#define ATTRS 256
+struct cu_model {
+  const char *key, *name;
+  unsigned long long total;
+  int greatest_priority;
+  int attrs[48][2];
+};
+static const struct cu_model cu_models[] = {
+    {"h100", "NVIDIA H100 80GB HBM3", 85176483840ULL, -5,
+     {{1, 1024}, {2, 1024}, {3, 1024}, {4, 64}, {5, 2147483647}, {6, 65535}, {7, 65535},
+      {8, 49152}, {9, 65536}, {10, 32}, {11, 2147483647}, {12, 65536}, {13, 1980000},
+      {14, 512}, {15, 1}, {16, 132}, {17, 0}, {18, 0}, {19, 1}, {20, 0}, {31, 1}, {32, 1},
+      {33, 24}, {34, 0}, {36, 2619000}, {37, 5120}, {38, 52428800}, {39, 2048}, {40, 3},
+      {41, 1}, {50, 0}, {75, 9}, {76, 0}, {78, 1}, {81, 233472}, {82, 65536}, {83, 1},
+      {89, 1}, {95, 1}, {97, 232448}, {102, 1}, {103, 1}, {106, 32}, {108, 39321600},
+      {111, 1024}, {115, 1}, {119, 1}, {0, 0}}},
+    {"v100", "Tesla V100-SXM2-16GB", 16945512448ULL, -1,
+     {{1, 1024}, {2, 1024}, {3, 1024}, {4, 64}, {5, 2147483647}, {6, 65535}, {7, 65535},
+      {8, 49152}, {9, 65536}, {10, 32}, {11, 2147483647}, {12, 65536}, {13, 1530000},
+      {14, 512}, {15, 1}, {16, 80}, {17, 0}, {18, 0}, {19, 1}, {20, 0}, {31, 1}, {32, 1},
+      {33, 24}, {34, 0}, {36, 877000}, {37, 4096}, {38, 6291456}, {39, 2048}, {40, 5},
+      {41, 1}, {50, 0}, {75, 7}, {76, 0}, {78, 1}, {81, 98304}, {82, 65536}, {83, 1},
+      {89, 1}, {95, 1}, {97, 98304}, {106, 32}, {0, 0}}},
 };
 
-typedef struct event {
-  struct event *next;
-  int device, recorded;
-  int clock;              /* the clock of the last record's stream */
-  unsigned long long seq; /* its number on that clock; 0: complete */
-} event_t;
-
-static __thread ctx_t *current;
-
-static int configured, initialized;
-static int n_devices = 1, version = 12020;
-static unsigned long long capacity = 1ULL << 30, granularity = 2ULL << 20;
-static unsigned long long used[MAX_DEVICES];
-static int attributes[MAX_DEVICES][256];
-static ctx_t contexts[MAX_DEVICES];
-
-static alloc_t *allocs;
-static handle_t *handles;
-static mapping_t *mappings;
-static reservation_t *reservations;
-static host_alloc_t *host_allocs;
-static pool_t *pools;
-static stream_t *streams;
-static event_t *events;
+static int cu_version = 12020;
+static const struct cu_model *cu_model;
+static int cu_configured_capacity;
+static int cu_attributes[FK_MAX_DEVICES][ATTRS];
 
 static unsigned long long env_u64(const char *name, unsigned long long fallback) {
   const char *v = getenv(name);
@@ -225,206 +134,49 @@ static unsigned long long env_u64(const char *name, unsigned long long fallback)
   return (end && *end == 0) ? x : fallback;
 }
 
-static void configure_defaults(void) {
-  if (configured) return;
-  configured = 1;
-  n_devices = (int)env_u64("FAKECUDA_DEVICES", 1);
-  if (n_devices > MAX_DEVICES) n_devices = MAX_DEVICES;
-  capacity = env_u64("FAKECUDA_CAPACITY", 1ULL << 30);
-  granularity = env_u64("FAKECUDA_GRANULARITY", 2ULL << 20);
+static void cu_apply_model(void) {
+  for (int d = 0; d < FK_MAX_DEVICES; d++) {
+    memset(cu_attributes[d], 0, sizeof cu_attributes[d]);
+    for (int i = 0; cu_model->attrs[i][0]; i++) cu_attributes[d][cu_model->attrs[i][0]] = cu_model->attrs[i][1];
+    cu_attributes[d][33] = 24 + 16 * d; /* each device on a bus of its own */
 #ifdef FAKECUDA_OLD
-  version = (int)env_u64("FAKECUDA_VERSION", 10010);
+    cu_attributes[d][102] = 0;
+    cu_attributes[d][115] = 0;
+#endif
+    if (!cu_configured_capacity) fk_devices[d].capacity = cu_model->total;
+  }
+}
+
+static void fk_face_defaults(void) {
+  fk_n_devices = (int)env_u64("FAKECUDA_DEVICES", 1);
+#ifdef FAKECUDA_NO_PEER
+  if (!getenv("FAKECUDA_DEVICES")) fk_n_devices = 2;
+#endif
+  if (fk_n_devices > FK_MAX_DEVICES) fk_n_devices = FK_MAX_DEVICES;
+  const char *capacity = getenv("FAKECUDA_CAPACITY");
+  cu_configured_capacity = capacity && *capacity;
+  for (int d = 0; d < FK_MAX_DEVICES; d++) fk_devices[d].capacity = env_u64("FAKECUDA_CAPACITY", 1ULL << 30);
+  fk_min_gran = fk_rec_gran = env_u64("FAKECUDA_GRANULARITY", 2ULL << 20);
+#ifdef FAKECUDA_OLD
+  cu_version = (int)env_u64("FAKECUDA_VERSION", 10010);
+  const char *model = getenv("FAKECUDA_DEVICE") ? getenv("FAKECUDA_DEVICE") : "v100";
 #else
-  version = (int)env_u64("FAKECUDA_VERSION", 12020);
+  cu_version = (int)env_u64("FAKECUDA_VERSION", 12020);
+  const char *model = getenv("FAKECUDA_DEVICE") ? getenv("FAKECUDA_DEVICE") : "h100";
 #endif
-  for (int d = 0; d < MAX_DEVICES; d++) {
-    memset(attributes[d], 0, sizeof attributes[d]);
-    attributes[d][75] = 9; /* compute capability 9.0 */
-    attributes[d][76] = 0;
-#ifndef FAKECUDA_OLD
-    attributes[d][102] = 1; /* virtual memory management */
-    attributes[d][115] = 1; /* memory pools */
+  cu_model = &cu_models[0];
+  for (size_t i = 0; i < sizeof cu_models / sizeof cu_models[0]; i++)
+    if (!strcmp(cu_models[i].key, model)) cu_model = &cu_models[i];
+  cu_apply_model();
+#ifdef FAKECUDA_NO_PEER
+  for (int a = 0; a < FK_MAX_DEVICES; a++)
+    for (int b = 0; b < FK_MAX_DEVICES; b++) fk_peer_denied[a][b] = 1;
 #endif
-    contexts[d].device = d;
-  }
 }
 
-static void fake_prepare(void) { configure_defaults(); }
+static void fk_face_returned(int code) { (void)code; }
 
-#define NEED_INIT() \
-  if (!initialized) RETURN(CUDA_ERROR_NOT_INITIALIZED)
-/* A live current context, or return CUDA_ERROR_INVALID_CONTEXT. */
-#define NEED_CURRENT() \
-  NEED_INIT();         \
-  if (!current || current->refcount <= 0) RETURN(CUDA_ERROR_INVALID_CONTEXT)
-/* The device of the current context, or return CUDA_ERROR_INVALID_CONTEXT. */
-#define NEED_CTX(dev) \
-  NEED_CURRENT();     \
-  int dev = current->device
-
-/* Pushes `node` at the head of `list`. */
-#define PUSH(list, node) ((node)->next = (list), (list) = (node))
-
-static unsigned long long round_up(unsigned long long x, unsigned long long to) {
-  return (x + to - 1) / to * to;
-}
-
-static int charge(int device, unsigned long long bytes) {
-  if (bytes > capacity || used[device] > capacity - bytes) return 0;
-  used[device] += bytes;
-  return 1;
-}
-
-static void *map_anonymous(unsigned long long size) {
-  void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                 -1, 0);
-  return p == MAP_FAILED ? NULL : p;
-}
-
-/* ---- Inspection and fault injection (for the tests, through libloading) ---- */
-
-/* Sets the devices before cuInit: count, capacity (bytes), granularity (bytes), version. A
- * zero leaves that setting as it is; devices = -1 means none. */
-int fakecuda_configure(int devices, unsigned long long cap, unsigned long long gran, int ver) {
-  int ok = 0;
-  LOCKED({
-    ok = !initialized;
-    if (ok) {
-      if (devices < 0) n_devices = 0;
-      else if (devices > 0) n_devices = devices > MAX_DEVICES ? MAX_DEVICES : devices;
-      if (cap) capacity = cap;
-      if (gran) granularity = gran;
-      if (ver) version = ver;
-    }
-  });
-  return ok ? 0 : -1;
-}
-
-/* Overrides a device attribute (e.g. 102 = 0: no virtual memory). */
-void fakecuda_set_attribute(int device, int attribute, int value) {
-  LOCKED({
-    if (fake_device_index_ok(device) && attribute >= 0 && attribute < 256)
-      attributes[device][attribute] = value;
-  });
-}
-
-/* While held, work recorded on streams (events, pool frees) stays in flight (cuEventQuery:
- * CUDA_ERROR_NOT_READY) until synchronised or released; releasing completes it all. */
-void fakecuda_hold_events(int held) {
-  LOCKED(fake_set_hold(held));
-}
-
-/* fake_live's answers (fake_common.h). */
-static long long fake_live_of(enum fake_live_what what) {
-  long long n = 0;
-/* Adds `term` for each node `x` of `list`. */
-#define SUM(type, x, list, term) \
-  for (type *x = (list); x; x = x->next) n += (long long)(term)
-  switch (what) {
-    case LIVE_ALLOCATIONS: SUM(alloc_t, a, allocs, 1); break;
-    case LIVE_HANDLES: SUM(handle_t, h, handles, 1); break;
-    case LIVE_MAPPINGS: SUM(mapping_t, m, mappings, 1); break;
-    case LIVE_RESERVATIONS: SUM(reservation_t, r, reservations, 1); break;
-    case LIVE_POOLS: SUM(pool_t, p, pools, !p->is_default && !p->destroyed); break;
-    case LIVE_POOL_ALLOCATIONS:
-      for (pool_t *p = pools; p; p = p->next) SUM(block_t, b, p->blocks, b->in_use);
-      break;
-    case LIVE_POOL_RESERVED: SUM(pool_t, p, pools, p->stats.reserved); break;
-    case LIVE_STREAMS: SUM(stream_t, s, streams, 1); break;
-    case LIVE_EVENTS: SUM(event_t, e, events, 1); break;
-    case LIVE_CONTEXTS:
-      for (int d = 0; d < MAX_DEVICES; d++) n += contexts[d].refcount;
-      break;
-    case LIVE_HOST_ALLOCATIONS: SUM(host_alloc_t, h, host_allocs, 1); break;
-    case LIVE_BYTES:
-      for (int d = 0; d < MAX_DEVICES; d++) n += (long long)used[d];
-      break;
-    default: n = -1;
-  }
-#undef SUM
-  return n;
-}
-
-/* fake_access's answer (fake_common.h). */
-static int fake_access_of(unsigned long long va, int device) {
-  for (mapping_t *m = mappings; m; m = m->next)
-    if (m->va <= va && va < m->va + m->size)
-      return fake_device_index_ok(device) && (m->access >> device) & 1;
-  return -1;
-}
-
-/* Bytes charged on one device. */
-unsigned long long fakecuda_device_used(int device) {
-  unsigned long long n = 0;
-  LOCKED(n = fake_device_index_ok(device) ? used[device] : 0);
-  return n;
-}
-
-/* ---- Init, version, devices, errors ---- */
-
-CUresult cuInit(unsigned int flags) {
-  ENTER("cuInit");
-  if (flags != 0) RETURN(CUDA_ERROR_INVALID_VALUE);
-  if (n_devices <= 0) RETURN(CUDA_ERROR_NO_DEVICE);
-  initialized = 1;
-  RETURN(CUDA_SUCCESS);
-}
-
-CUresult cuDriverGetVersion(int *v) {
-  ENTER("cuDriverGetVersion");
-  if (!v) RETURN(CUDA_ERROR_INVALID_VALUE);
-  *v = version;
-  RETURN(CUDA_SUCCESS);
-}
-
-CUresult cuDeviceGetCount(int *count) {
-  ENTER("cuDeviceGetCount");
-  NEED_INIT();
-  if (!count) RETURN(CUDA_ERROR_INVALID_VALUE);
-  *count = n_devices;
-  RETURN(CUDA_SUCCESS);
-}
-
-CUresult cuDeviceGet(CUdevice *device, int ordinal) {
-  ENTER("cuDeviceGet");
-  NEED_INIT();
-  if (!device) RETURN(CUDA_ERROR_INVALID_VALUE);
-  if (ordinal < 0 || ordinal >= n_devices) RETURN(CUDA_ERROR_INVALID_DEVICE);
-  *device = ordinal;
-  RETURN(CUDA_SUCCESS);
-}
-
-#define NEED_DEVICE(d) \
-  if ((d) < 0 || (d) >= n_devices) RETURN(CUDA_ERROR_INVALID_DEVICE)
-
-CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
-  ENTER("cuDeviceGetName");
-  NEED_INIT();
-  NEED_DEVICE(dev);
-  if (!name || len <= 0) RETURN(CUDA_ERROR_INVALID_VALUE);
-  snprintf(name, (size_t)len, "FakeCUDA Device %d", dev);
-  RETURN(CUDA_SUCCESS);
-}
-
-CUresult cuDeviceGetAttribute(int *value, int attribute, CUdevice dev) {
-  ENTER("cuDeviceGetAttribute");
-  NEED_INIT();
-  NEED_DEVICE(dev);
-  if (!value || attribute <= 0 || attribute >= 256) RETURN(CUDA_ERROR_INVALID_VALUE);
-  *value = attributes[dev][attribute];
-  RETURN(CUDA_SUCCESS);
-}
-
-CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
-  ENTER("cuDeviceTotalMem_v2");
-  NEED_INIT();
-  NEED_DEVICE(dev);
-  if (!bytes) RETURN(CUDA_ERROR_INVALID_VALUE);
-  *bytes = capacity;
-  RETURN(CUDA_SUCCESS);
-}
-
-static const struct fake_error errors[] = {
+static const struct fake_error cu_errors[] = {
     {0, "CUDA_SUCCESS", "no error"},
     {1, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
     {2, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
@@ -432,28 +184,175 @@ static const struct fake_error errors[] = {
     {4, "CUDA_ERROR_DEINITIALIZED", "driver shutting down"},
     {100, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
     {101, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
+    {200, "CUDA_ERROR_INVALID_IMAGE", "device kernel image is invalid"},
     {201, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
     {217, "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED", "peer access is not supported between these two devices"},
     {400, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
     {500, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
     {600, "CUDA_ERROR_NOT_READY", "device not ready"},
     {700, "CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered"},
+    {701, "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", "too many resources requested for launch"},
     {704, "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED", "peer access is already enabled"},
     {705, "CUDA_ERROR_PEER_ACCESS_NOT_ENABLED", "peer access has not been enabled"},
+    {709, "CUDA_ERROR_CONTEXT_IS_DESTROYED", "context is destroyed"},
+    {712, "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED", "part or all of the requested memory range is already mapped"},
+    {713, "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED", "pointer does not correspond to a registered memory region"},
+    {719, "CUDA_ERROR_LAUNCH_FAILED", "unspecified launch failure"},
     {800, "CUDA_ERROR_NOT_PERMITTED", "operation not permitted"},
     {801, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
     {999, "CUDA_ERROR_UNKNOWN", "unknown error"},
 };
 
-/* The name (`text` 0) or text of `error`; CUDA_ERROR_INVALID_VALUE for a code it has not. */
-static CUresult describe_error(const char *function, CUresult error, const char **out, int text) {
-  const struct fake_error *e = fake_error_of(errors, sizeof errors / sizeof errors[0], error,
-                                             function);
-  if (!out) return CUDA_ERROR_INVALID_VALUE;
-  *out = e ? (text ? e->text : e->name) : NULL;
-  return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+static int fk_face_code(const char *name) {
+  static const struct {
+    const char *name;
+    int code;
+  } codes[] = {
+      {"success", 0},          {"invalid_value", 1},      {"out_of_memory", 2},
+      {"not_initialized", 3},  {"deinitialized", 4},      {"no_device", 100},
+      {"invalid_device", 101}, {"invalid_image", 200},    {"invalid_context", 201},
+      {"peer_unsupported", 217}, {"invalid_handle", 400}, {"not_found", 500},
+      {"not_ready", 600},      {"illegal_address", 700},  {"launch_out_of_resources", 701},
+      {"peer_already_enabled", 704}, {"peer_not_enabled", 705}, {"launch_failed", 719},
+      {"not_permitted", 800},  {"not_supported", 801},    {"unknown", 999},
+  };
+  for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++)
+    if (!strcmp(codes[i].name, name)) return codes[i].code;
+  return -1;
 }
 
+/* ---- Contexts -------------------------------------------------------------------------- */
+
+static int cu_ctx_index(const void *p) {
+  const struct fk_ctx *c = (const struct fk_ctx *)p;
+  if (c < &fk_ctxs[0] || c >= &fk_ctxs[FK_MAX_CTX]) return -1;
+  if (((const char *)c - (const char *)fk_ctxs) % sizeof fk_ctxs[0]) return -1;
+  return (int)(c - fk_ctxs);
+}
+
+static int cu_ctx_usable(int c) {
+  return c >= 0 && c < FK_MAX_CTX && fk_ctxs[c].live &&
+         (!fk_ctxs[c].primary || fk_ctxs[c].refcount > 0);
+}
+
+/* The calling thread's usable current context, or -1. */
+static int cu_current(void) {
+  int c = fk_current_ctx();
+  return cu_ctx_usable(c) ? c : -1;
+}
+
+static int fk_face_clock(void *stream) {
+  unsigned long long handle = (unsigned long long)(uintptr_t)stream;
+  int ctx = cu_current();
+  int slot = fk_stream_slot(handle);
+  if (slot >= 0) ctx = fk_streams[slot].ctx;
+  if (ctx < 0) ctx = 0;
+  return fk_clock_of(ctx, handle, 0);
+}
+
+static long long fk_face_contexts(void) {
+  long long n = 0;
+  for (int c = 0; c < FK_MAX_CTX; c++)
+    n += fk_ctxs[c].primary ? fk_ctxs[c].refcount : fk_ctxs[c].live;
+  return n;
+}
+
+/* Checks for the helpers below (which run under the lock and return a code). */
+#define CHECK_INIT() \
+  if (!fk_initialised) return FK_NOT_INITIALIZED
+#define CHECK_CTX(ctx)       \
+  CHECK_INIT();              \
+  int ctx = cu_current();    \
+  if (ctx < 0) return FK_INVALID_CONTEXT
+#define CHECK_DEVICE(d) \
+  if ((d) < 0 || (d) >= fk_n_devices) return FK_INVALID_DEVICE
+/* The clock of stream `s` for a call of context `ctx` (`pt`: a _ptsz call), or return
+ * CUDA_ERROR_INVALID_HANDLE. */
+#define CHECK_STREAM(clock, ctx, s, pt)                                   \
+  int clock = fk_clock_of(ctx, (unsigned long long)(uintptr_t)(s), pt); \
+  if (!clock) return FK_INVALID_HANDLE
+
+/* A device synchronisation of `device` (every context's streams on it), counted. */
+static void cu_sync_device(int device) {
+  fk_cpu_wait();
+  for (int c = 1; c < fk_n_clocks; c++)
+    if (fk_ctxs[fk_clocks[c].ctx].device == device) fk_force(c, ~0ULL, 0);
+}
+
+/* ---- Controls only fakecuda has ------------------------------------------------------ */
+
+/* Sets the devices before cuInit: count, capacity (bytes), granularity (bytes), version. A
+ * zero leaves that setting as it is; devices = -1 means none. */
+FAKE_EXPORT int fakecuda_configure(int devices, unsigned long long cap, unsigned long long gran,
+                                   int ver) {
+  int ok = 0;
+  LOCKED({
+    ok = !fk_initialised;
+    if (ok) {
+      if (devices < 0) fk_n_devices = 0;
+      else if (devices > 0) fk_n_devices = devices > FK_MAX_DEVICES ? FK_MAX_DEVICES : devices;
+      if (cap) {
+        cu_configured_capacity = 1;
+        for (int d = 0; d < FK_MAX_DEVICES; d++) fk_devices[d].capacity = cap;
+      }
+      if (gran) fk_min_gran = fk_rec_gran = gran;
+      if (ver) cu_version = ver;
+    }
+  });
+  return ok ? 0 : -1;
+}
+
+/* Overrides a device attribute (e.g. 102 = 0: no virtual memory). */
+FAKE_EXPORT void fakecuda_set_attribute(int device, int attribute, int value) {
+  LOCKED({
+    if (device >= 0 && device < FK_MAX_DEVICES && attribute >= 0 && attribute < ATTRS)
+      cu_attributes[device][attribute] = value;
+  });
+}
+
+/* While held, nothing recorded on a stream completes until synchronised or released;
+ * releasing completes it all (kernels finish, host functions run). */
+FAKE_EXPORT void fakecuda_hold_events(int held) {
+  LOCKED({
+    fk_hold = held;
+    if (!held) {
+      while (fk_n_active) fk_task_run(&fk_tasks[fk_active[0]]);
+      fk_progress();
+    }
+  });
+}
+
+/* Bytes charged on one device. */
+FAKE_EXPORT unsigned long long fakecuda_device_used(int device) {
+  unsigned long long n = 0;
+  LOCKED(n = device >= 0 && device < FK_MAX_DEVICES ? fk_devices[device].used : 0);
+  return n;
+}
+
+/* ---- Init, version, devices, errors ---------------------------------------------------- */
+
+CUresult cuInit(unsigned int flags) {
+  ENTER("cuInit");
+  if (flags != 0) RETURN(FK_INVALID_VALUE);
+  if (fk_n_devices <= 0) RETURN(FK_NO_DEVICE);
+  fk_initialised = 1;
+  RETURN(CUDA_SUCCESS);
+}
+
+CUresult cuDriverGetVersion(int *v) {
+  ENTER("cuDriverGetVersion");
+  if (!v) RETURN(FK_INVALID_VALUE);
+  *v = cu_version;
+  RETURN(CUDA_SUCCESS);
+}
+
+static CUresult describe_error(const char *function, CUresult error, const char **out, int text) {
+  const struct fake_error *e =
+      fk_error_of(cu_errors, sizeof cu_errors / sizeof cu_errors[0], error, function);
+  if (!out) return FK_INVALID_VALUE;
+  *out = e ? (text ? e->text : e->name) : NULL;
+  return e ? CUDA_SUCCESS : FK_INVALID_VALUE;
+}
 CUresult cuGetErrorName(CUresult error, const char **name) {
   return describe_error("cuGetErrorName", error, name, 0);
 }
@@ -461,930 +360,1541 @@ CUresult cuGetErrorString(CUresult error, const char **text) {
   return describe_error("cuGetErrorString", error, text, 1);
 }
 
-/* ---- Contexts ---- */
+CUresult cuDeviceGetCount(int *count) {
+  ENTER("cuDeviceGetCount");
+  if (!fk_initialised) RETURN(FK_NOT_INITIALIZED);
+  if (!count) RETURN(FK_INVALID_VALUE);
+  *count = fk_n_devices;
+  RETURN(CUDA_SUCCESS);
+}
 
-CUresult cuDevicePrimaryCtxRetain(ctx_t **pctx, CUdevice dev) {
+CUresult cuDeviceGet(CUdevice *device, int ordinal) {
+  ENTER("cuDeviceGet");
+  if (!fk_initialised) RETURN(FK_NOT_INITIALIZED);
+  if (!device) RETURN(FK_INVALID_VALUE);
+  if (ordinal < 0 || ordinal >= fk_n_devices) RETURN(FK_INVALID_DEVICE);
+  *device = ordinal;
+  RETURN(CUDA_SUCCESS);
+}
+
+static CUresult device_name(char *name, int len, CUdevice dev) {
+  CHECK_INIT();
+  CHECK_DEVICE(dev);
+  if (!name || len <= 0) return FK_INVALID_VALUE;
+  snprintf(name, (size_t)len, "%s", cu_model->name);
+  return CUDA_SUCCESS;
+}
+CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
+  ENTER("cuDeviceGetName");
+  RETURN(device_name(name, len, dev));
+}
+
+static CUresult device_attribute(int *value, int attribute, CUdevice dev) {
+  CHECK_INIT();
+  CHECK_DEVICE(dev);
+  if (!value || attribute <= 0 || attribute >= ATTRS) return FK_INVALID_VALUE;
+  *value = cu_attributes[dev][attribute];
+  return CUDA_SUCCESS;
+}
+CUresult cuDeviceGetAttribute(int *value, int attribute, CUdevice dev) {
+  ENTER("cuDeviceGetAttribute");
+  RETURN(device_attribute(value, attribute, dev));
+}
+
+CUresult cuDeviceComputeCapability(int *major, int *minor, CUdevice dev) {
+  ENTER("cuDeviceComputeCapability");
+  if (!fk_initialised) RETURN(FK_NOT_INITIALIZED);
+  if (dev < 0 || dev >= fk_n_devices) RETURN(FK_INVALID_DEVICE);
+  if (!major || !minor) RETURN(FK_INVALID_VALUE);
+  *major = cu_attributes[dev][75];
+  *minor = cu_attributes[dev][76];
+  RETURN(CUDA_SUCCESS);
+}
+
+static CUresult total_mem(size_t *bytes, CUdevice dev) {
+  CHECK_INIT();
+  CHECK_DEVICE(dev);
+  if (!bytes) return FK_INVALID_VALUE;
+  *bytes = fk_devices[dev].capacity;
+  return CUDA_SUCCESS;
+}
+CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
+  ENTER("cuDeviceTotalMem_v2");
+  RETURN(total_mem(bytes, dev));
+}
+
+/* A UUID of 16 bytes that names the fake and the ordinal. */
+static CUresult device_uuid(char *uuid, CUdevice dev) {
+  CHECK_INIT();
+  CHECK_DEVICE(dev);
+  if (!uuid) return FK_INVALID_VALUE;
+  static const char base[16] = "fakecuda-device";
+  memcpy(uuid, base, 16);
+  uuid[15] = (char)dev;
+  return CUDA_SUCCESS;
+}
+CUresult cuDeviceGetUuid(char *uuid, CUdevice dev) {
+  ENTER("cuDeviceGetUuid");
+  RETURN(device_uuid(uuid, dev));
+}
+CUresult cuDeviceGetUuid_v2(char *uuid, CUdevice dev) {
+  ENTER("cuDeviceGetUuid_v2");
+  RETURN(device_uuid(uuid, dev));
+}
+
+static CUresult pci_bus_id(char *out, int len, CUdevice dev) {
+  CHECK_INIT();
+  CHECK_DEVICE(dev);
+  if (!out || len <= 0) return FK_INVALID_VALUE;
+  snprintf(out, (size_t)len, "%08x:%02x:%02x.0", cu_attributes[dev][50], cu_attributes[dev][33],
+           cu_attributes[dev][34]);
+  return CUDA_SUCCESS;
+}
+CUresult cuDeviceGetPCIBusId(char *out, int len, CUdevice dev) {
+  ENTER("cuDeviceGetPCIBusId");
+  RETURN(pci_bus_id(out, len, dev));
+}
+
+/* ---- Contexts ----------------------------------------------------------------------------- */
+
+CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
   ENTER("cuDevicePrimaryCtxRetain");
-  NEED_INIT();
-  NEED_DEVICE(dev);
-  if (!pctx) RETURN(CUDA_ERROR_INVALID_VALUE);
-  contexts[dev].refcount++;
-  *pctx = &contexts[dev];
+  if (!fk_initialised) RETURN(FK_NOT_INITIALIZED);
+  if (dev < 0 || dev >= fk_n_devices) RETURN(FK_INVALID_DEVICE);
+  if (!pctx) RETURN(FK_INVALID_VALUE);
+  fk_ctxs[dev].refcount++;
+  *pctx = &fk_ctxs[dev];
   RETURN(CUDA_SUCCESS);
 }
 
 static CUresult primary_release(CUdevice dev) {
-  NEED_INIT();
-  NEED_DEVICE(dev);
-  if (contexts[dev].refcount <= 0) RETURN(CUDA_ERROR_INVALID_CONTEXT);
-  contexts[dev].refcount--;
-  RETURN(CUDA_SUCCESS);
+  CHECK_INIT();
+  CHECK_DEVICE(dev);
+  if (fk_ctxs[dev].refcount <= 0) return FK_INVALID_CONTEXT;
+  fk_ctxs[dev].refcount--;
+  return CUDA_SUCCESS;
 }
-
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
   ENTER("cuDevicePrimaryCtxRelease_v2");
-  return primary_release(dev);
+  RETURN(primary_release(dev));
 }
-
 CUresult cuDevicePrimaryCtxRelease(CUdevice dev) {
   ENTER("cuDevicePrimaryCtxRelease");
-  return primary_release(dev);
+  RETURN(primary_release(dev));
 }
 
-CUresult cuCtxGetCurrent(ctx_t **pctx) {
+CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active) {
+  ENTER("cuDevicePrimaryCtxGetState");
+  if (!fk_initialised) RETURN(FK_NOT_INITIALIZED);
+  if (dev < 0 || dev >= fk_n_devices) RETURN(FK_INVALID_DEVICE);
+  if (!flags || !active) RETURN(FK_INVALID_VALUE);
+  *flags = fk_ctxs[dev].flags;
+  *active = fk_ctxs[dev].refcount > 0;
+  RETURN(CUDA_SUCCESS);
+}
+
+static CUresult ctx_create(CUcontext *pctx, unsigned flags, CUdevice dev) {
+  CHECK_INIT();
+  CHECK_DEVICE(dev);
+  if (!pctx || flags > 0x1f) return FK_INVALID_VALUE;
+  for (int c = FK_MAX_DEVICES; c < FK_MAX_CTX; c++) {
+    struct fk_ctx *x = &fk_ctxs[c];
+    if (x->live) continue;
+    memset(x, 0, sizeof *x);
+    x->live = 1;
+    x->device = dev;
+    x->refcount = 1;
+    x->flags = flags;
+    if (fk_t_depth < (int)(sizeof fk_t_stack / sizeof fk_t_stack[0])) fk_t_stack[fk_t_depth++] = c;
+    *pctx = x;
+    return CUDA_SUCCESS;
+  }
+  return FK_OUT_OF_MEMORY;
+}
+/* A new context of its own, made current (pushed) on the calling thread. */
+CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) {
+  ENTER("cuCtxCreate_v2");
+  RETURN(ctx_create(pctx, flags, dev));
+}
+
+/* A created context goes with its streams, events, modules and memory; popped from the
+ * calling thread's stack when current there. */
+static CUresult ctx_destroy(CUcontext ctx) {
+  CHECK_INIT();
+  int c = cu_ctx_index(ctx);
+  if (c < 0 || !fk_ctxs[c].live || fk_ctxs[c].primary) return FK_INVALID_CONTEXT;
+  /* Its work completes first (the driver waits for it). */
+  for (int k = 1; k < fk_n_clocks; k++)
+    if (fk_clocks[k].ctx == c) fk_force(k, ~0ULL, 0);
+  for (int i = 0; i < fk_streams_high; i++)
+    if (fk_streams[i].live && fk_streams[i].ctx == c) fk_stream_destroy(i);
+  for (int i = 0; i < FK_MAX_EVENTS; i++)
+    if (fk_events[i].serial && fk_events[i].ctx == c) fk_events[i].serial = 0;
+  for (int i = 0; i < FK_MAX_MODULES; i++)
+    if (fk_modules[i].serial && fk_modules[i].ctx == c)
+      fk_module_unload(FK_MODULE_BASE + 16 * fk_modules[i].serial);
+  for (int i = 0; i < fk_regions_high; i++) {
+    struct fk_region *r = &fk_regions[i];
+    if ((r->kind == R_PLAIN || r->kind == R_MANAGED) && r->ctx == c) fk_free(r->va, "cuCtxDestroy_v2");
+  }
+  fk_ctxs[c].live = 0;
+  fk_ctxs[c].legacy_clock = 0;
+  if (fk_current_ctx() == c) fk_t_depth--;
+  return CUDA_SUCCESS;
+}
+CUresult cuCtxDestroy_v2(CUcontext ctx) {
+  ENTER("cuCtxDestroy_v2");
+  RETURN(ctx_destroy(ctx));
+}
+
+static CUresult ctx_push(CUcontext ctx) {
+  CHECK_INIT();
+  int c = cu_ctx_index(ctx);
+  if (c < 0 || !fk_ctxs[c].live) return FK_INVALID_CONTEXT;
+  if (fk_t_depth == (int)(sizeof fk_t_stack / sizeof fk_t_stack[0])) return FK_OUT_OF_MEMORY;
+  fk_t_stack[fk_t_depth++] = c;
+  return CUDA_SUCCESS;
+}
+CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
+  ENTER("cuCtxPushCurrent_v2");
+  RETURN(ctx_push(ctx));
+}
+
+static CUresult ctx_pop(CUcontext *pctx) {
+  CHECK_INIT();
+  if (fk_t_depth == 0) return FK_INVALID_CONTEXT;
+  int c = fk_t_stack[--fk_t_depth];
+  if (pctx) *pctx = &fk_ctxs[c];
+  return CUDA_SUCCESS;
+}
+CUresult cuCtxPopCurrent_v2(CUcontext *pctx) {
+  ENTER("cuCtxPopCurrent_v2");
+  RETURN(ctx_pop(pctx));
+}
+
+CUresult cuCtxGetCurrent(CUcontext *pctx) {
   ENTER("cuCtxGetCurrent");
-  NEED_INIT();
-  if (!pctx) RETURN(CUDA_ERROR_INVALID_VALUE);
-  *pctx = current;
+  if (!fk_initialised) RETURN(FK_NOT_INITIALIZED);
+  if (!pctx) RETURN(FK_INVALID_VALUE);
+  int c = fk_current_ctx();
+  *pctx = c < 0 ? NULL : &fk_ctxs[c];
   RETURN(CUDA_SUCCESS);
 }
 
-CUresult cuCtxSetCurrent(ctx_t *ctx) {
+/* Replaces the top of the calling thread's stack (NULL pops it). */
+CUresult cuCtxSetCurrent(CUcontext ctx) {
   ENTER("cuCtxSetCurrent");
-  NEED_INIT();
-  if (ctx && (ctx < &contexts[0] || ctx >= &contexts[MAX_DEVICES])) RETURN(CUDA_ERROR_INVALID_CONTEXT);
-  current = ctx;
+  if (!fk_initialised) RETURN(FK_NOT_INITIALIZED);
+  if (!ctx) {
+    fk_set_current(-1);
+    RETURN(CUDA_SUCCESS);
+  }
+  int c = cu_ctx_index(ctx);
+  if (c < 0 || !fk_ctxs[c].live) RETURN(FK_INVALID_CONTEXT);
+  fk_set_current(c);
   RETURN(CUDA_SUCCESS);
 }
 
-/* ---- Peer access (not in fakecuda_nopeer) ---- */
+static CUresult ctx_device(CUdevice *device) {
+  CHECK_CTX(ctx);
+  if (!device) return FK_INVALID_VALUE;
+  *device = fk_ctxs[ctx].device;
+  return CUDA_SUCCESS;
+}
+CUresult cuCtxGetDevice(CUdevice *device) {
+  ENTER("cuCtxGetDevice");
+  RETURN(ctx_device(device));
+}
 
-#ifndef FAKECUDA_NO_PEER
+static CUresult ctx_flags(unsigned int *flags) {
+  CHECK_CTX(ctx);
+  if (!flags) return FK_INVALID_VALUE;
+  *flags = fk_ctxs[ctx].flags;
+  return CUDA_SUCCESS;
+}
+CUresult cuCtxGetFlags(unsigned int *flags) {
+  ENTER("cuCtxGetFlags");
+  RETURN(ctx_flags(flags));
+}
+
+static CUresult ctx_api_version(CUcontext ctx, unsigned int *version) {
+  CHECK_INIT();
+  int c = ctx ? cu_ctx_index(ctx) : cu_current();
+  if (c < 0 || !fk_ctxs[c].live) return FK_INVALID_CONTEXT;
+  if (!version) return FK_INVALID_VALUE;
+  *version = 3020;
+  return CUDA_SUCCESS;
+}
+CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version) {
+  ENTER("cuCtxGetApiVersion");
+  RETURN(ctx_api_version(ctx, version));
+}
+
+static CUresult ctx_synchronize(void) {
+  CHECK_CTX(ctx);
+  fk_cpu_wait();
+  fk_force_ctx(ctx);
+  fk_pools_sync();
+  return CUDA_SUCCESS;
+}
+CUresult cuCtxSynchronize(void) {
+  ENTER("cuCtxSynchronize");
+  RETURN(ctx_synchronize());
+}
+
+static CUresult priority_range(int *least, int *greatest) {
+  CHECK_CTX(ctx);
+  (void)ctx;
+  if (least) *least = 0;
+  if (greatest) *greatest = cu_model->greatest_priority;
+  return CUDA_SUCCESS;
+}
+CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest) {
+  ENTER("cuCtxGetStreamPriorityRange");
+  RETURN(priority_range(least, greatest));
+}
+
+/* ---- Peer access (fakecuda_nopeer: every pair refused, as a system without peer links) ---- */
+
 CUresult cuDeviceCanAccessPeer(int *can, CUdevice dev, CUdevice peer) {
   ENTER("cuDeviceCanAccessPeer");
-  NEED_INIT();
-  RETURN(fake_can_access_peer(can, dev, peer, n_devices));
+  if (!fk_initialised) RETURN(FK_NOT_INITIALIZED);
+  RETURN(fk_can_access_peer(can, dev, peer));
 }
 
 /* From the current context's device to `peer_ctx`'s. */
-CUresult cuCtxEnablePeerAccess(ctx_t *peer_ctx, unsigned int flags) {
-  ENTER("cuCtxEnablePeerAccess");
-  NEED_CTX(dev);
-  if (!peer_ctx || peer_ctx < &contexts[0] || peer_ctx >= &contexts[MAX_DEVICES] ||
-      peer_ctx->refcount <= 0)
-    RETURN(CUDA_ERROR_INVALID_CONTEXT);
-  RETURN(fake_enable_peer(dev, peer_ctx->device, flags, n_devices));
+static CUresult enable_peer(CUcontext peer_ctx, unsigned int flags) {
+  CHECK_CTX(ctx);
+  int p = cu_ctx_index(peer_ctx);
+  if (p < 0 || !cu_ctx_usable(p)) return FK_INVALID_CONTEXT;
+  return fk_enable_peer(fk_ctxs[ctx].device, fk_ctxs[p].device, flags);
 }
-#endif /* FAKECUDA_NO_PEER */
+CUresult cuCtxEnablePeerAccess(CUcontext peer_ctx, unsigned int flags) {
+  ENTER("cuCtxEnablePeerAccess");
+  RETURN(enable_peer(peer_ctx, flags));
+}
 
-/* ---- Plain memory ---- */
+static CUresult disable_peer(CUcontext peer_ctx) {
+  CHECK_CTX(ctx);
+  int p = cu_ctx_index(peer_ctx);
+  if (p < 0 || !fk_ctxs[p].live) return FK_INVALID_CONTEXT;
+  return fk_disable_peer(fk_ctxs[ctx].device, fk_ctxs[p].device);
+}
+CUresult cuCtxDisablePeerAccess(CUcontext peer_ctx) {
+  ENTER("cuCtxDisablePeerAccess");
+  RETURN(disable_peer(peer_ctx));
+}
 
+/* ---- Plain and managed memory ------------------------------------------------------------- */
+
+static CUresult mem_get_info(size_t *free_bytes, size_t *total) {
+  CHECK_CTX(ctx);
+  if (!free_bytes || !total) return FK_INVALID_VALUE;
+  const struct fk_device *d = &fk_devices[fk_ctxs[ctx].device];
+  *free_bytes = d->capacity - d->used;
+  *total = d->capacity;
+  return CUDA_SUCCESS;
+}
 CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
   ENTER("cuMemGetInfo_v2");
-  NEED_CTX(dev);
-  if (!free_bytes || !total) RETURN(CUDA_ERROR_INVALID_VALUE);
-  *free_bytes = capacity - used[dev];
-  *total = capacity;
-  RETURN(CUDA_SUCCESS);
+  RETURN(mem_get_info(free_bytes, total));
 }
 
+static CUresult mem_alloc(CUdeviceptr *dptr, size_t size, int kind, unsigned flags) {
+  CHECK_CTX(ctx);
+  if (!dptr || size == 0) return FK_INVALID_VALUE;
+  return fk_alloc(ctx, kind, size, flags, dptr);
+}
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
   ENTER("cuMemAlloc_v2");
-  NEED_CTX(dev);
-  if (!dptr || size == 0) RETURN(CUDA_ERROR_INVALID_VALUE);
-  unsigned long long bytes = round_up(size, 256);
-  if (bytes < size || !charge(dev, bytes)) RETURN(CUDA_ERROR_OUT_OF_MEMORY);
-  void *p = map_anonymous(size);
-  alloc_t *a = p ? calloc(1, sizeof *a) : NULL;
-  if (!a) {
-    if (p) munmap(p, size);
-    used[dev] -= bytes;
-    RETURN(CUDA_ERROR_OUT_OF_MEMORY);
-  }
-  a->ptr = (unsigned long long)(uintptr_t)p;
-  a->size = size;
-  a->charge = bytes;
-  a->device = dev;
-  PUSH(allocs, a);
-  *dptr = a->ptr;
-  RETURN(CUDA_SUCCESS);
+  RETURN(mem_alloc(dptr, size, R_PLAIN, 0));
 }
 
+/* CU_MEM_ATTACH_GLOBAL (1) or CU_MEM_ATTACH_HOST (2); the device must have managed memory. */
+static CUresult mem_alloc_managed(CUdeviceptr *dptr, size_t size, unsigned flags) {
+  CHECK_CTX(ctx);
+  if (!dptr || size == 0 || (flags != 1 && flags != 2)) return FK_INVALID_VALUE;
+  if (!cu_attributes[fk_ctxs[ctx].device][83]) return FK_NOT_SUPPORTED;
+  return fk_alloc(ctx, R_MANAGED, size, flags, dptr);
+}
+CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned int flags) {
+  ENTER("cuMemAllocManaged");
+  RETURN(mem_alloc_managed(dptr, size, flags));
+}
+
+/* A stream-ordered allocation freed by cuMemFree: at once, with no synchronisation ("callers
+ * must ensure that all accesses to these pointer have completed"). */
+static int free_pool_block_now(CUdeviceptr ptr) {
+  for (int i = 0; i < fk_regions_high; i++) {
+    struct fk_region *b = &fk_regions[i];
+    if (b->kind != R_POOL || !b->in_use || b->va != ptr) continue;
+    fk_check_unused(b->va, b->size, "cuMemFree_v2 of stream-ordered memory");
+    b->in_use = 0;
+    b->free_clock = 0;
+    b->free_seq = 0;
+    fk_pools[b->pool].stats.used -= b->size;
+    if (fk_pools[b->pool].destroyed) fk_pool_settle(b->pool);
+    return 1;
+  }
+  return 0;
+}
+
+static CUresult mem_free(CUdeviceptr ptr) {
+  CHECK_CTX(ctx);
+  (void)ctx;
+  if (ptr == 0) return CUDA_SUCCESS;
+  if (free_pool_block_now(ptr)) return CUDA_SUCCESS;
+  struct fk_region *r = fk_region_find(R_PLAIN, ptr);
+  if (!r) r = fk_region_find(R_MANAGED, ptr);
+  if (!r) return FK_INVALID_VALUE;
+  cu_sync_device(r->device);
+  return fk_free(ptr, "cuMemFree_v2");
+}
 CUresult cuMemFree_v2(CUdeviceptr ptr) {
   ENTER("cuMemFree_v2");
-  NEED_CURRENT();
-  for (alloc_t **pa = &allocs; *pa; pa = &(*pa)->next) {
-    alloc_t *a = *pa;
-    if (a->ptr != ptr) continue;
-    *pa = a->next;
-    fake_check_unused(a->ptr, a->size, "cuMemFree_v2");
-    munmap((void *)(uintptr_t)a->ptr, a->size);
-    used[a->device] -= a->charge;
-    free(a);
-    RETURN(CUDA_SUCCESS);
-  }
-  RETURN(CUDA_ERROR_INVALID_VALUE);
+  RETURN(mem_free(ptr));
 }
 
-/* ---- Streams and events ---- */
-
-#define STREAM_LEGACY ((stream_t *)(uintptr_t)1)
-#define STREAM_PER_THREAD ((stream_t *)(uintptr_t)2)
-/* Destroyed streams, whose handle values the next cuStreamCreate hands out again. */
-static stream_t *destroyed_streams;
-
-static int stream_ok(stream_t *s) {
-  if (!s || s == STREAM_LEGACY || s == STREAM_PER_THREAD) return 1;
-  for (stream_t *t = streams; t; t = t->next)
-    if (t == s) return 1;
-  return 0;
+static CUresult address_range(CUdeviceptr *base, size_t *size, CUdeviceptr ptr) {
+  CHECK_CTX(ctx);
+  (void)ctx;
+  struct fk_pointer p = fk_pointer_of(ptr);
+  if (!p.region || !fk_is_device_kind(p.region->kind)) return FK_NOT_FOUND;
+  if (base) *base = p.start;
+  if (size) *size = p.size;
+  return CUDA_SUCCESS;
+}
+CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr ptr) {
+  ENTER("cuMemGetAddressRange_v2");
+  RETURN(address_range(base, size, ptr));
 }
 
-/* The clock of a valid stream handle. */
-static int clock_of(stream_t *s) {
-  if (!s || s == STREAM_LEGACY) return FAKE_NULL_CLOCK;
-  if (s == STREAM_PER_THREAD) return fake_per_thread_clock();
-  return s->clock;
-}
-
-static int fake_clock_of_handle(void *stream) {
-  return stream_ok((stream_t *)stream) ? clock_of((stream_t *)stream) : 0;
-}
-
-/* Enqueues one tracked operation on `s`; returns its number. */
-static unsigned long long enqueue(stream_t *s) { return fake_enqueue(clock_of(s)); }
-
-static int event_ok(event_t *e) {
-  for (event_t *t = events; t; t = t->next)
-    if (t == e) return 1;
-  return 0;
-}
-
-static void release_above_threshold(void);
-
-/* cuStreamCreate / cuEventCreate: a new object of the current context's device, pushed on
- * `list` and written to `*out`; `flags` at most `max_flags`. */
-#define CREATE_IN_CONTEXT(list, out, flags, max_flags)                  \
-  NEED_CTX(dev);                                                        \
-  if (!(out) || (flags) > (max_flags)) RETURN(CUDA_ERROR_INVALID_VALUE); \
-  __typeof__(*(out)) made_ = calloc(1, sizeof *made_);                  \
-  if (!made_) RETURN(CUDA_ERROR_OUT_OF_MEMORY);                         \
-  made_->device = dev;                                                  \
-  PUSH(list, made_);                                                    \
-  *(out) = made_;                                                       \
-  RETURN(CUDA_SUCCESS)
-
-CUresult cuStreamCreate(stream_t **ps, unsigned int flags) {
-  ENTER("cuStreamCreate");
-  NEED_CTX(dev);
-  if (!ps || flags > 1) RETURN(CUDA_ERROR_INVALID_VALUE);
-  int clock = fake_clock_new();
-  if (!clock) RETURN(CUDA_ERROR_OUT_OF_MEMORY);
-  /* The handle of the stream destroyed last, if any: drivers reuse freed handles. */
-  stream_t *made = destroyed_streams;
-  if (made)
-    destroyed_streams = made->next;
-  else
-    made = calloc(1, sizeof *made);
-  if (!made) RETURN(CUDA_ERROR_OUT_OF_MEMORY);
-  made->device = dev;
-  made->clock = clock;
-  PUSH(streams, made);
-  *ps = made;
-  RETURN(CUDA_SUCCESS);
-}
-
-CUresult cuStreamDestroy_v2(stream_t *s) {
-  ENTER("cuStreamDestroy_v2");
-  NEED_CURRENT();
-  for (stream_t **p = &streams; *p; p = &(*p)->next) {
-    if (*p != s) continue;
-    *p = s->next;
-    /* Like the driver, the work already enqueued still completes (kernels in flight run on);
-     * events and pool frees keep naming the stream's clock. */
-    fake_clock_retire(s->clock);
-    PUSH(destroyed_streams, s);
-    RETURN(CUDA_SUCCESS);
-  }
-  RETURN(CUDA_ERROR_INVALID_HANDLE);
-}
-
-CUresult cuStreamSynchronize(stream_t *s) {
-  ENTER("cuStreamSynchronize");
-  NEED_CURRENT();
-  if (!stream_ok(s)) RETURN(CUDA_ERROR_INVALID_HANDLE);
-  fake_cpu_wait();
-  /* The legacy default stream waits for every blocking stream. */
-  if (clock_of(s) == FAKE_NULL_CLOCK)
-    fake_force_all();
-  else
-    fake_force(clock_of(s), ~0ULL, 0);
-  release_above_threshold();
-  RETURN(CUDA_SUCCESS);
-}
-
-CUresult cuEventCreate(event_t **pe, unsigned int flags) {
-  ENTER("cuEventCreate");
-  CREATE_IN_CONTEXT(events, pe, flags, 15);
-}
-
-CUresult cuEventRecord(event_t *e, stream_t *s) {
-  ENTER("cuEventRecord");
-  NEED_CURRENT();
-  if (!event_ok(e) || !stream_ok(s)) RETURN(CUDA_ERROR_INVALID_HANDLE);
-  e->recorded = 1;
-  e->clock = clock_of(s);
-  e->seq = enqueue(s);
-  RETURN(CUDA_SUCCESS);
-}
-
-CUresult cuEventQuery(event_t *e) {
-  ENTER("cuEventQuery");
-  NEED_CURRENT();
-  if (!event_ok(e)) RETURN(CUDA_ERROR_INVALID_HANDLE);
-  RETURN(fake_clock_done(e->clock, e->seq) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY);
-}
-
-CUresult cuEventSynchronize(event_t *e) {
-  ENTER("cuEventSynchronize");
-  NEED_CURRENT();
-  if (!event_ok(e)) RETURN(CUDA_ERROR_INVALID_HANDLE);
-  /* Waiting for an event waits for the work before it on its stream. */
-  fake_cpu_wait();
-  fake_force(e->clock, e->seq, 0);
-  release_above_threshold();
-  RETURN(CUDA_SUCCESS);
-}
-
-CUresult cuEventDestroy_v2(event_t *e) {
-  ENTER("cuEventDestroy_v2");
-  NEED_CURRENT();
-  for (event_t **p = &events; *p; p = &(*p)->next) {
-    if (*p != e) continue;
-    *p = e->next;
-    free(e);
-    RETURN(CUDA_SUCCESS);
-  }
-  RETURN(CUDA_ERROR_INVALID_HANDLE);
-}
-
-/* ---- What cudarc calls besides (so its interop with portalloc runs here too) ---- */
-
-CUresult cuCtxGetDevice(CUdevice *device) {
-  ENTER("cuCtxGetDevice");
-  NEED_CTX(dev);
-  if (!device) RETURN(CUDA_ERROR_INVALID_VALUE);
-  *device = dev;
-  RETURN(CUDA_SUCCESS);
-}
-
-CUresult cuCtxSynchronize(void) {
-  ENTER("cuCtxSynchronize");
-  NEED_CURRENT();
-  fake_cpu_wait();
-  fake_force_all();
-  release_above_threshold();
-  RETURN(CUDA_SUCCESS);
-}
-
-CUresult cuStreamWaitEvent(stream_t *s, event_t *e, unsigned int flags) {
-  ENTER("cuStreamWaitEvent");
-  NEED_CURRENT();
-  if (!stream_ok(s) || !event_ok(e)) RETURN(CUDA_ERROR_INVALID_HANDLE);
-  if (flags > 1) RETURN(CUDA_ERROR_INVALID_VALUE);
-  /* Work queued on `s` from now on waits for the event's last record. */
-  if (e->recorded) fake_wait_for(clock_of(s), e->clock, e->seq);
-  RETURN(CUDA_SUCCESS);
-}
-
-CUresult cuStreamQuery(stream_t *s) {
-  ENTER("cuStreamQuery");
-  NEED_CURRENT();
-  if (!stream_ok(s)) RETURN(CUDA_ERROR_INVALID_HANDLE);
-  struct fake_clock *c = &fake_clocks[clock_of(s)];
-  RETURN(c->completed == c->recorded ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY);
-}
-
-/* True when [ptr, ptr + bytes) lies inside one live plain or pool allocation, or is covered by
- * mappings (adjacent ones too) that grant `device` access (cuMemSetAccess): what the driver
- * can copy from and to. */
-static int device_range_ok(unsigned long long ptr, unsigned long long bytes, int device) {
-  unsigned long long end = ptr + bytes;
-  if (end < ptr) return 0;
-  for (alloc_t *a = allocs; a; a = a->next)
-    if (ptr >= a->ptr && end <= a->ptr + a->size) return 1;
-  for (pool_t *p = pools; p; p = p->next)
-    for (block_t *b = p->blocks; b; b = b->next)
-      if (b->in_use && ptr >= b->ptr && end <= b->ptr + b->size) return 1;
-  unsigned long long at = ptr;
-  while (at < end) {
-    mapping_t *hit = NULL;
-    for (mapping_t *m = mappings; m; m = m->next)
-      if (m->va <= at && at < m->va + m->size) hit = m;
-    if (!hit || !((hit->access >> device) & 1)) return 0;
-    at = hit->va + hit->size;
-  }
-  return 1;
-}
-
-/* A copy of `bytes` between device memory `device_ptr` and host memory `host`, `to_host` or
- * the other way, on `s`: checked, the bytes moved at once (the fake's device memory is real),
- * and queued on the stream's clock, where it completes in order (fake_common.h). */
-static CUresult copy(unsigned long long device_ptr, void *host, int to_host, size_t bytes,
-                     stream_t *s) {
-  NEED_CTX(dev);
-  if (!stream_ok(s)) RETURN(CUDA_ERROR_INVALID_HANDLE);
-  if (bytes == 0) RETURN(CUDA_SUCCESS);
-  if (!host || !device_range_ok(device_ptr, bytes, dev)) RETURN(CUDA_ERROR_INVALID_VALUE);
-  if (to_host)
-    memcpy(host, (const void *)(uintptr_t)device_ptr, bytes);
-  else
-    memcpy((void *)(uintptr_t)device_ptr, host, bytes);
-  fake_copy_queue(clock_of(s), device_ptr, (unsigned long long)(uintptr_t)host, bytes);
-  RETURN(CUDA_SUCCESS);
-}
-
-CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t bytes, stream_t *s) {
-  ENTER("cuMemcpyHtoDAsync_v2");
-  return copy(dst, (void *)src, 0, bytes, s);
-}
-
-CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t bytes, stream_t *s) {
-  ENTER("cuMemcpyDtoHAsync_v2");
-  return copy(src, dst, 1, bytes, s);
-}
-
-/* The synchronous copies (cudarc's): on the legacy default stream, and waited for. */
-static CUresult copy_sync(unsigned long long device_ptr, void *host, int to_host, size_t bytes) {
-  CUresult r = copy(device_ptr, host, to_host, bytes, NULL);
-  if (r == CUDA_SUCCESS) LOCKED(fake_force_all());
-  return r;
-}
-
-CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t bytes) {
-  ENTER("cuMemcpyHtoD_v2");
-  return copy_sync(dst, (void *)src, 0, bytes);
-}
-
-CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t bytes) {
-  ENTER("cuMemcpyDtoH_v2");
-  return copy_sync(src, dst, 1, bytes);
-}
-
-/* ---- Pinned host memory (CUDA 2.2; in fakecuda_old too, not in fakecuda_nopinned) ---- */
-
-#ifndef FAKECUDA_NO_PINNED_HOST
+/* ---- Pinned host memory (fakecuda_nopinned: page-locking refused, as where it cannot be had) ---- */
 
 /* CU_MEMHOSTALLOC_PORTABLE | DEVICEMAP | WRITECOMBINED. */
 #define HOST_ALLOC_FLAGS 0x7u
 
-CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int flags) {
+static CUresult host_alloc(void **pp, size_t size, unsigned flags) {
+  CHECK_CTX(ctx);
+  if (!pp || size == 0 || (flags & ~HOST_ALLOC_FLAGS)) return FK_INVALID_VALUE;
+#ifdef FAKECUDA_NO_PINNED_HOST
+  (void)ctx;
+  return FK_OUT_OF_MEMORY;
+#else
+  return fk_host_alloc(fk_ctxs[ctx].device, size, flags, pp);
+#endif
+}
+CUresult cuMemHostAlloc(void **pp, size_t size, unsigned int flags) {
   ENTER("cuMemHostAlloc");
-  NEED_CURRENT();
-  if (!pp || bytesize == 0 || (flags & ~HOST_ALLOC_FLAGS)) RETURN(CUDA_ERROR_INVALID_VALUE);
-  host_alloc_t *h = calloc(1, sizeof *h);
-  void *p = h ? malloc(bytesize) : NULL;
-  if (!p) {
-    free(h);
-    RETURN(CUDA_ERROR_OUT_OF_MEMORY);
-  }
-  h->ptr = p;
-  h->size = bytesize;
-  PUSH(host_allocs, h);
-  *pp = p;
-  RETURN(CUDA_SUCCESS);
+  RETURN(host_alloc(pp, size, flags));
+}
+CUresult cuMemAllocHost_v2(void **pp, size_t size) {
+  ENTER("cuMemAllocHost_v2");
+  RETURN(host_alloc(pp, size, 0));
 }
 
+static CUresult host_free(void *p) {
+  CHECK_CTX(ctx);
+  if (!p) return CUDA_SUCCESS;
+  if (!fk_region_find(R_HOST, (unsigned long long)(uintptr_t)p)) return FK_INVALID_VALUE;
+  /* Not documented either way for CUDA (HIP documents it): treated as cuMemFree is. */
+  cu_sync_device(fk_ctxs[ctx].device);
+  return fk_host_free(p, "cuMemFreeHost");
+}
 CUresult cuMemFreeHost(void *p) {
   ENTER("cuMemFreeHost");
-  NEED_CURRENT();
-  for (host_alloc_t **ph = &host_allocs; *ph; ph = &(*ph)->next) {
-    host_alloc_t *h = *ph;
-    if (h->ptr != p) continue;
-    *ph = h->next;
-    fake_check_unused((unsigned long long)(uintptr_t)h->ptr, h->size, "cuMemFreeHost");
-    free(h->ptr);
-    free(h);
-    RETURN(CUDA_SUCCESS);
-  }
-  RETURN(CUDA_ERROR_INVALID_VALUE);
+  RETURN(host_free(p));
 }
-#endif /* FAKECUDA_NO_PINNED_HOST */
 
-#ifdef FAKECUDA_OLD
-static void release_above_threshold(void) {}
+/* CU_MEMHOSTREGISTER_PORTABLE | DEVICEMAP | IOMEMORY | READ_ONLY. */
+static CUresult host_register(void *p, size_t size, unsigned flags) {
+  CHECK_CTX(ctx);
+  if (!p || size == 0 || (flags & ~0xfu)) return FK_INVALID_VALUE;
+#ifdef FAKECUDA_NO_PINNED_HOST
+  (void)ctx;
+  return FK_OUT_OF_MEMORY;
 #else
-static pool_t *default_pools[MAX_DEVICES];
-static unsigned long long next_handle = 1;
+  int rc = fk_host_register(p, size, flags, fk_ctxs[ctx].device);
+  return rc == -1 ? CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED : rc;
+#endif
+}
+CUresult cuMemHostRegister_v2(void *p, size_t size, unsigned int flags) {
+  ENTER("cuMemHostRegister_v2");
+  RETURN(host_register(p, size, flags));
+}
 
-/* ---- Virtual memory (CUDA 10.2) ---- */
+static CUresult host_unregister(void *p) {
+  CHECK_CTX(ctx);
+  (void)ctx;
+  if (!p) return FK_INVALID_VALUE;
+  int rc = fk_host_unregister(p, "cuMemHostUnregister");
+  return rc == FK_INVALID_VALUE ? CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED : rc;
+}
+CUresult cuMemHostUnregister(void *p) {
+  ENTER("cuMemHostUnregister");
+  RETURN(host_unregister(p));
+}
+
+static CUresult host_device_pointer(CUdeviceptr *out, void *p, unsigned flags) {
+  CHECK_CTX(ctx);
+  (void)ctx;
+  if (!out || flags) return FK_INVALID_VALUE;
+  unsigned long long va = (unsigned long long)(uintptr_t)p;
+  if (!fk_pinned_range(va, 1)) return FK_INVALID_VALUE;
+  *out = va; /* unified addressing: the same address */
+  return CUDA_SUCCESS;
+}
+CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *out, void *p, unsigned int flags) {
+  ENTER("cuMemHostGetDevicePointer_v2");
+  RETURN(host_device_pointer(out, p, flags));
+}
+
+/* ---- Pointer attributes ------------------------------------------------------------------- */
+
+/* Attribute `attr` of `ptr` into `data`; `known` 0 for a pointer the driver does not know. */
+static CUresult pointer_attribute(void *data, int attr, CUdeviceptr ptr, int *known) {
+  struct fk_pointer p = fk_pointer_of(ptr);
+  const struct fk_region *r = p.region;
+  *known = r != NULL;
+  if (!data) return FK_INVALID_VALUE;
+  if (!r) return FK_INVALID_VALUE;
+  int host = r->kind == R_HOST || r->kind == R_REGISTERED;
+  int ctx = r->kind == R_PLAIN || r->kind == R_MANAGED ? r->ctx : r->device;
+  switch (attr) {
+    case 1: *(CUcontext *)data = &fk_ctxs[ctx]; break;                   /* CONTEXT */
+    case 2: *(unsigned *)data = host ? 1 : 2; break;                     /* MEMORY_TYPE */
+    case 3: *(CUdeviceptr *)data = ptr; break;                           /* DEVICE_POINTER */
+    case 4:                                                              /* HOST_POINTER */
+      if (!host && r->kind != R_MANAGED) return FK_INVALID_VALUE;
+      *(void **)data = (void *)(uintptr_t)ptr;
+      break;
+    case 6: *(int *)data = 0; break;                                     /* SYNC_MEMOPS */
+    case 7: *(unsigned long long *)data = r->id; break;                  /* BUFFER_ID */
+    case 8: *(int *)data = r->kind == R_MANAGED; break;                  /* IS_MANAGED */
+    case 9: *(int *)data = r->device; break;                             /* DEVICE_ORDINAL */
+    case 10: *(int *)data = r->kind == R_PLAIN; break;                   /* IS_LEGACY_CUDA_IPC_CAPABLE */
+    case 11: *(CUdeviceptr *)data = p.start; break;                      /* RANGE_START_ADDR */
+    case 12: *(size_t *)data = p.size; break;                            /* RANGE_SIZE */
+    case 13: *(int *)data = 1; break;                                    /* MAPPED */
+    case 14: *(unsigned long long *)data = 0; break;                     /* ALLOWED_HANDLE_TYPES */
+    case 16:                                                             /* ACCESS_FLAGS */
+      *(unsigned *)data = r->kind == R_MAPPING ? (unsigned)(r->prot & PROT_WRITE ? 3 : r->prot ? 1 : 0) : 3;
+      break;
+    case 17:                                                             /* MEMPOOL_HANDLE */
+      *(CUmemoryPool *)data = r->kind == R_POOL ? (void *)(uintptr_t)fk_pool_handle(r->pool) : NULL;
+      break;
+    default: return FK_INVALID_VALUE;
+  }
+  return CUDA_SUCCESS;
+}
+
+static CUresult get_attribute(void *data, int attr, CUdeviceptr ptr) {
+  CHECK_INIT();
+  int known;
+  return pointer_attribute(data, attr, ptr, &known);
+}
+CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr ptr) {
+  ENTER("cuPointerGetAttribute");
+  RETURN(get_attribute(data, attr, ptr));
+}
+
+/* "Unlike cuPointerGetAttribute, this function will not return an error when the ptr
+ * encountered is not a valid CUDA pointer. Instead, the attributes are assigned default NULL
+ * values and CUDA_SUCCESS is returned." */
+static CUresult get_attributes(unsigned n, int *attrs, void **data, CUdeviceptr ptr) {
+  CHECK_INIT();
+  if (!attrs || !data || n == 0) return FK_INVALID_VALUE;
+  for (unsigned i = 0; i < n; i++) {
+    int known;
+    if (!data[i]) return FK_INVALID_VALUE;
+    CUresult rc = pointer_attribute(data[i], attrs[i], ptr, &known);
+    if (!known) {
+      size_t width = attrs[i] == 2 || attrs[i] == 8 || attrs[i] == 9 || attrs[i] == 13 ||
+                             attrs[i] == 10 || attrs[i] == 6 || attrs[i] == 16
+                         ? 4
+                         : 8;
+      memset(data[i], 0, width);
+      if (attrs[i] == 9) *(int *)data[i] = -2;
+    } else if (rc != CUDA_SUCCESS) {
+      return rc;
+    }
+  }
+  return CUDA_SUCCESS;
+}
+CUresult cuPointerGetAttributes(unsigned int n, int *attrs, void **data, CUdeviceptr ptr) {
+  ENTER("cuPointerGetAttributes");
+  RETURN(get_attributes(n, attrs, data, ptr));
+}
+
+/* ---- Streams ----------------------------------------------------------------------------- */
+
+static CUresult stream_create(CUstream *ps, unsigned flags, int priority) {
+  CHECK_CTX(ctx);
+  if (!ps || flags > 1) return FK_INVALID_VALUE;
+  /* Out-of-range priorities are clamped to [greatest, least]. */
+  int greatest = cu_model->greatest_priority;
+  if (priority > 0) priority = 0;
+  if (priority < greatest) priority = greatest;
+  unsigned long long handle = fk_stream_new(ctx, flags, priority);
+  if (!handle) return FK_OUT_OF_MEMORY;
+  *ps = (CUstream)(uintptr_t)handle;
+  return CUDA_SUCCESS;
+}
+CUresult cuStreamCreate(CUstream *ps, unsigned int flags) {
+  ENTER("cuStreamCreate");
+  RETURN(stream_create(ps, flags, 0));
+}
+CUresult cuStreamCreateWithPriority(CUstream *ps, unsigned int flags, int priority) {
+  ENTER("cuStreamCreateWithPriority");
+  RETURN(stream_create(ps, flags, priority));
+}
+
+static CUresult stream_destroy(CUstream s) {
+  CHECK_CTX(ctx);
+  (void)ctx;
+  int slot = fk_stream_slot((unsigned long long)(uintptr_t)s);
+  if (slot < 0) return FK_INVALID_HANDLE;
+  fk_stream_destroy(slot);
+  return CUDA_SUCCESS;
+}
+CUresult cuStreamDestroy_v2(CUstream s) {
+  ENTER("cuStreamDestroy_v2");
+  RETURN(stream_destroy(s));
+}
+
+/* A CPU wait for a stream: for the legacy default stream, a marker queued on it (which first
+ * waits, on the GPU, for the context's blocking streams) and waited for. */
+static void wait_for_clock(int clock) {
+  fk_cpu_wait();
+  if (fk_clocks[clock].kind == CK_LEGACY)
+    fk_force(clock, fk_enqueue(clock), 0);
+  else
+    fk_force(clock, ~0ULL, 0);
+}
+
+static CUresult stream_synchronize(CUstream s, int pt) {
+  CHECK_CTX(ctx);
+  CHECK_STREAM(clock, ctx, s, pt);
+  wait_for_clock(clock);
+  fk_pools_sync();
+  return CUDA_SUCCESS;
+}
+CUresult cuStreamSynchronize(CUstream s) {
+  ENTER("cuStreamSynchronize");
+  RETURN(stream_synchronize(s, 0));
+}
+CUresult cuStreamSynchronize_ptsz(CUstream s) {
+  ENTER("cuStreamSynchronize_ptsz");
+  RETURN(stream_synchronize(s, 1));
+}
+
+/* Whether everything queued on the stream completed (the legacy stream: and everything on
+ * the context's blocking streams, which its next operation would wait for). */
+static int clock_idle(int clock) {
+  if (!fk_clock_idle(clock)) return 0;
+  if (fk_clocks[clock].kind != CK_LEGACY) return 1;
+  for (int c = 1; c < fk_n_clocks; c++)
+    if (fk_clocks[c].ctx == fk_clocks[clock].ctx && fk_clocks[c].blocking && !fk_clock_idle(c))
+      return 0;
+  return 1;
+}
+
+static CUresult stream_query(CUstream s, int pt) {
+  CHECK_CTX(ctx);
+  CHECK_STREAM(clock, ctx, s, pt);
+  return clock_idle(clock) ? CUDA_SUCCESS : FK_NOT_READY;
+}
+CUresult cuStreamQuery(CUstream s) {
+  ENTER("cuStreamQuery");
+  RETURN(stream_query(s, 0));
+}
+CUresult cuStreamQuery_ptsz(CUstream s) {
+  ENTER("cuStreamQuery_ptsz");
+  RETURN(stream_query(s, 1));
+}
+
+static CUresult stream_wait_event(CUstream s, CUevent e, unsigned flags, int pt) {
+  CHECK_CTX(ctx);
+  CHECK_STREAM(clock, ctx, s, pt);
+  struct fk_event *ev = fk_event_of((unsigned long long)(uintptr_t)e);
+  if (!ev) return FK_INVALID_HANDLE;
+  if (flags > 1) return FK_INVALID_VALUE;
+  /* Work queued on the stream from now on waits for the event's last record. */
+  fk_implicit(clock);
+  if (ev->recorded) fk_wait_add(clock, ev->clock, ev->seq, 1);
+  else fk_gpu_wait_count++;
+  fk_progress();
+  return CUDA_SUCCESS;
+}
+CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags) {
+  ENTER("cuStreamWaitEvent");
+  RETURN(stream_wait_event(s, e, flags, 0));
+}
+CUresult cuStreamWaitEvent_ptsz(CUstream s, CUevent e, unsigned int flags) {
+  ENTER("cuStreamWaitEvent_ptsz");
+  RETURN(stream_wait_event(s, e, flags, 1));
+}
+
+/* The flags and priority of a stream (the special handles: 0 / the default priority). */
+static CUresult stream_get(CUstream s, unsigned *flags, int *priority, CUcontext *pctx, int pt) {
+  CHECK_CTX(ctx);
+  CHECK_STREAM(clock, ctx, s, pt);
+  if (!flags && !priority && !pctx) return FK_INVALID_VALUE;
+  int slot = fk_stream_slot((unsigned long long)(uintptr_t)s);
+  if (flags) *flags = slot >= 0 ? fk_streams[slot].flags : 0;
+  if (priority) *priority = slot >= 0 ? fk_streams[slot].priority : 0;
+  if (pctx) *pctx = &fk_ctxs[fk_clocks[clock].ctx];
+  return CUDA_SUCCESS;
+}
+CUresult cuStreamGetFlags(CUstream s, unsigned int *flags) {
+  ENTER("cuStreamGetFlags");
+  RETURN(flags ? stream_get(s, flags, NULL, NULL, 0) : FK_INVALID_VALUE);
+}
+CUresult cuStreamGetFlags_ptsz(CUstream s, unsigned int *flags) {
+  ENTER("cuStreamGetFlags_ptsz");
+  RETURN(flags ? stream_get(s, flags, NULL, NULL, 1) : FK_INVALID_VALUE);
+}
+CUresult cuStreamGetPriority(CUstream s, int *priority) {
+  ENTER("cuStreamGetPriority");
+  RETURN(priority ? stream_get(s, NULL, priority, NULL, 0) : FK_INVALID_VALUE);
+}
+CUresult cuStreamGetPriority_ptsz(CUstream s, int *priority) {
+  ENTER("cuStreamGetPriority_ptsz");
+  RETURN(priority ? stream_get(s, NULL, priority, NULL, 1) : FK_INVALID_VALUE);
+}
+CUresult cuStreamGetCtx(CUstream s, CUcontext *pctx) {
+  ENTER("cuStreamGetCtx");
+  RETURN(pctx ? stream_get(s, NULL, NULL, pctx, 0) : FK_INVALID_VALUE);
+}
+CUresult cuStreamGetCtx_ptsz(CUstream s, CUcontext *pctx) {
+  ENTER("cuStreamGetCtx_ptsz");
+  RETURN(pctx ? stream_get(s, NULL, NULL, pctx, 1) : FK_INVALID_VALUE);
+}
+
+static CUresult launch_host(CUstream s, CUhostFn fn, void *data, int pt) {
+  CHECK_CTX(ctx);
+  CHECK_STREAM(clock, ctx, s, pt);
+  if (!fn) return FK_INVALID_VALUE;
+  return fk_launch_host(clock, fn, data) ? CUDA_SUCCESS : FK_OUT_OF_MEMORY;
+}
+CUresult cuLaunchHostFunc(CUstream s, CUhostFn fn, void *data) {
+  ENTER("cuLaunchHostFunc");
+  RETURN(launch_host(s, fn, data, 0));
+}
+CUresult cuLaunchHostFunc_ptsz(CUstream s, CUhostFn fn, void *data) {
+  ENTER("cuLaunchHostFunc_ptsz");
+  RETURN(launch_host(s, fn, data, 1));
+}
+
+/* cuStreamAddCallback's callback takes the stream and a status: called through a host
+ * function. */
+struct callback {
+  CUstreamCallback fn;
+  CUstream stream;
+  void *data;
+};
+static void run_callback(void *p) {
+  struct callback *c = (struct callback *)p;
+  c->fn(c->stream, CUDA_SUCCESS, c->data);
+  free(c);
+}
+static CUresult add_callback(CUstream s, CUstreamCallback fn, void *data, unsigned flags, int pt) {
+  CHECK_CTX(ctx);
+  CHECK_STREAM(clock, ctx, s, pt);
+  if (!fn || flags) return FK_INVALID_VALUE;
+  struct callback *c = malloc(sizeof *c);
+  if (!c) return FK_OUT_OF_MEMORY;
+  c->fn = fn;
+  c->stream = s;
+  c->data = data;
+  if (!fk_launch_host(clock, run_callback, c)) {
+    free(c);
+    return FK_OUT_OF_MEMORY;
+  }
+  return CUDA_SUCCESS;
+}
+CUresult cuStreamAddCallback(CUstream s, CUstreamCallback fn, void *data, unsigned int flags) {
+  ENTER("cuStreamAddCallback");
+  RETURN(add_callback(s, fn, data, flags, 0));
+}
+CUresult cuStreamAddCallback_ptsz(CUstream s, CUstreamCallback fn, void *data, unsigned int flags) {
+  ENTER("cuStreamAddCallback_ptsz");
+  RETURN(add_callback(s, fn, data, flags, 1));
+}
+
+/* ---- Events ------------------------------------------------------------------------------- */
+
+/* CU_EVENT_BLOCKING_SYNC | DISABLE_TIMING | INTERPROCESS (which needs DISABLE_TIMING). */
+static CUresult event_create(CUevent *pe, unsigned flags) {
+  CHECK_CTX(ctx);
+  if (!pe || (flags & ~0x7u) || ((flags & 4) && !(flags & 2))) return FK_INVALID_VALUE;
+  unsigned long long handle = fk_event_new(ctx, flags);
+  if (!handle) return FK_OUT_OF_MEMORY;
+  *pe = (CUevent)(uintptr_t)handle;
+  return CUDA_SUCCESS;
+}
+CUresult cuEventCreate(CUevent *pe, unsigned int flags) {
+  ENTER("cuEventCreate");
+  RETURN(event_create(pe, flags));
+}
+
+static CUresult event_record(CUevent e, CUstream s, int pt) {
+  CHECK_CTX(ctx);
+  struct fk_event *ev = fk_event_of((unsigned long long)(uintptr_t)e);
+  if (!ev) return FK_INVALID_HANDLE;
+  CHECK_STREAM(clock, ctx, s, pt);
+  fk_event_record(ev, clock);
+  return CUDA_SUCCESS;
+}
+CUresult cuEventRecord(CUevent e, CUstream s) {
+  ENTER("cuEventRecord");
+  RETURN(event_record(e, s, 0));
+}
+CUresult cuEventRecord_ptsz(CUevent e, CUstream s) {
+  ENTER("cuEventRecord_ptsz");
+  RETURN(event_record(e, s, 1));
+}
+
+static CUresult event_query(CUevent e) {
+  CHECK_CTX(ctx);
+  (void)ctx;
+  struct fk_event *ev = fk_event_of((unsigned long long)(uintptr_t)e);
+  if (!ev) return FK_INVALID_HANDLE;
+  return fk_event_done(ev) ? CUDA_SUCCESS : FK_NOT_READY;
+}
+CUresult cuEventQuery(CUevent e) {
+  ENTER("cuEventQuery");
+  RETURN(event_query(e));
+}
+
+static CUresult event_synchronize(CUevent e) {
+  CHECK_CTX(ctx);
+  (void)ctx;
+  struct fk_event *ev = fk_event_of((unsigned long long)(uintptr_t)e);
+  if (!ev) return FK_INVALID_HANDLE;
+  /* Waiting for an event waits for the work before it on its stream. */
+  fk_cpu_wait();
+  if (ev->recorded) fk_force(ev->clock, ev->seq, 0);
+  fk_event_done(ev);
+  fk_pools_sync();
+  return CUDA_SUCCESS;
+}
+CUresult cuEventSynchronize(CUevent e) {
+  ENTER("cuEventSynchronize");
+  RETURN(event_synchronize(e));
+}
+
+static CUresult event_destroy(CUevent e) {
+  CHECK_CTX(ctx);
+  (void)ctx;
+  struct fk_event *ev = fk_event_of((unsigned long long)(uintptr_t)e);
+  if (!ev) return FK_INVALID_HANDLE;
+  ev->serial = 0;
+  return CUDA_SUCCESS;
+}
+CUresult cuEventDestroy_v2(CUevent e) {
+  ENTER("cuEventDestroy_v2");
+  RETURN(event_destroy(e));
+}
+
+/* cuda.h: never recorded, or created with CU_EVENT_DISABLE_TIMING: CUDA_ERROR_INVALID_HANDLE;
+ * recorded and not complete: CUDA_ERROR_NOT_READY. */
+static CUresult event_elapsed(float *ms, CUevent start, CUevent end) {
+  CHECK_CTX(ctx);
+  (void)ctx;
+  if (!ms) return FK_INVALID_VALUE;
+  struct fk_event *a = fk_event_of((unsigned long long)(uintptr_t)start);
+  struct fk_event *b = fk_event_of((unsigned long long)(uintptr_t)end);
+  if (!a || !b || !a->recorded || !b->recorded || (a->flags & 2) || (b->flags & 2))
+    return FK_INVALID_HANDLE;
+  if (!fk_event_done(a) || !fk_event_done(b)) return FK_NOT_READY;
+  *ms = fk_event_ms(a, b);
+  return CUDA_SUCCESS;
+}
+CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end) {
+  ENTER("cuEventElapsedTime");
+  RETURN(event_elapsed(ms, start, end));
+}
+
+/* ---- Copies ----------------------------------------------------------------------------- */
+
+static CUresult copy(CUdeviceptr dst, int dst_side, CUdeviceptr src, int src_side, size_t n,
+                     CUstream s, int pt, int wait, const char *what) {
+  CHECK_CTX(ctx);
+  CHECK_STREAM(clock, ctx, s, pt);
+  return fk_copy(ctx, clock, dst, dst_side, src, src_side, n, wait, what);
+}
+#define H(p) ((CUdeviceptr)(uintptr_t)(p))
+
+CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+  ENTER("cuMemcpy");
+  RETURN(copy(dst, SIDE_ANY, src, SIDE_ANY, n, NULL, 0, FK_SYNC_CUDA, "cuMemcpy"));
+}
+CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+  ENTER("cuMemcpy_ptds");
+  RETURN(copy(dst, SIDE_ANY, src, SIDE_ANY, n, NULL, 1, FK_SYNC_CUDA, "cuMemcpy_ptds"));
+}
+CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
+  ENTER("cuMemcpyAsync");
+  RETURN(copy(dst, SIDE_ANY, src, SIDE_ANY, n, s, 0, FK_ASYNC, "cuMemcpyAsync"));
+}
+CUresult cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
+  ENTER("cuMemcpyAsync_ptsz");
+  RETURN(copy(dst, SIDE_ANY, src, SIDE_ANY, n, s, 1, FK_ASYNC, "cuMemcpyAsync_ptsz"));
+}
+CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
+  ENTER("cuMemcpyHtoD_v2");
+  RETURN(copy(dst, SIDE_DEVICE, H(src), SIDE_HOST, n, NULL, 0, FK_SYNC_CUDA, "cuMemcpyHtoD_v2"));
+}
+CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dst, const void *src, size_t n) {
+  ENTER("cuMemcpyHtoD_v2_ptds");
+  RETURN(copy(dst, SIDE_DEVICE, H(src), SIDE_HOST, n, NULL, 1, FK_SYNC_CUDA, "cuMemcpyHtoD_v2_ptds"));
+}
+CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
+  ENTER("cuMemcpyDtoH_v2");
+  RETURN(copy(H(dst), SIDE_HOST, src, SIDE_DEVICE, n, NULL, 0, FK_SYNC_CUDA, "cuMemcpyDtoH_v2"));
+}
+CUresult cuMemcpyDtoH_v2_ptds(void *dst, CUdeviceptr src, size_t n) {
+  ENTER("cuMemcpyDtoH_v2_ptds");
+  RETURN(copy(H(dst), SIDE_HOST, src, SIDE_DEVICE, n, NULL, 1, FK_SYNC_CUDA, "cuMemcpyDtoH_v2_ptds"));
+}
+CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+  ENTER("cuMemcpyDtoD_v2");
+  RETURN(copy(dst, SIDE_DEVICE, src, SIDE_DEVICE, n, NULL, 0, FK_SYNC_CUDA, "cuMemcpyDtoD_v2"));
+}
+CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+  ENTER("cuMemcpyDtoD_v2_ptds");
+  RETURN(copy(dst, SIDE_DEVICE, src, SIDE_DEVICE, n, NULL, 1, FK_SYNC_CUDA, "cuMemcpyDtoD_v2_ptds"));
+}
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s) {
+  ENTER("cuMemcpyHtoDAsync_v2");
+  RETURN(copy(dst, SIDE_DEVICE, H(src), SIDE_HOST, n, s, 0, FK_ASYNC, "cuMemcpyHtoDAsync_v2"));
+}
+CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dst, const void *src, size_t n, CUstream s) {
+  ENTER("cuMemcpyHtoDAsync_v2_ptsz");
+  RETURN(copy(dst, SIDE_DEVICE, H(src), SIDE_HOST, n, s, 1, FK_ASYNC, "cuMemcpyHtoDAsync_v2_ptsz"));
+}
+CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s) {
+  ENTER("cuMemcpyDtoHAsync_v2");
+  RETURN(copy(H(dst), SIDE_HOST, src, SIDE_DEVICE, n, s, 0, FK_ASYNC, "cuMemcpyDtoHAsync_v2"));
+}
+CUresult cuMemcpyDtoHAsync_v2_ptsz(void *dst, CUdeviceptr src, size_t n, CUstream s) {
+  ENTER("cuMemcpyDtoHAsync_v2_ptsz");
+  RETURN(copy(H(dst), SIDE_HOST, src, SIDE_DEVICE, n, s, 1, FK_ASYNC, "cuMemcpyDtoHAsync_v2_ptsz"));
+}
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
+  ENTER("cuMemcpyDtoDAsync_v2");
+  RETURN(copy(dst, SIDE_DEVICE, src, SIDE_DEVICE, n, s, 0, FK_ASYNC, "cuMemcpyDtoDAsync_v2"));
+}
+CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
+  ENTER("cuMemcpyDtoDAsync_v2_ptsz");
+  RETURN(copy(dst, SIDE_DEVICE, src, SIDE_DEVICE, n, s, 1, FK_ASYNC, "cuMemcpyDtoDAsync_v2_ptsz"));
+}
+
+/* ---- Memsets ("asynchronous with respect to the host" on device memory) -------------------- */
+
+static CUresult memset_on(CUdeviceptr dst, unsigned value, int width, size_t n, CUstream s, int pt,
+                          const char *what) {
+  CHECK_CTX(ctx);
+  CHECK_STREAM(clock, ctx, s, pt);
+  return fk_memset(ctx, clock, dst, value, width, n, FK_ASYNC, what);
+}
+#define MEMSET(name, type, width, pt)                                        \
+  CUresult name(CUdeviceptr dst, type value, size_t n) {                     \
+    ENTER(#name);                                                            \
+    RETURN(memset_on(dst, (unsigned)value, width, n, NULL, pt, #name));      \
+  }
+#define MEMSET_ASYNC(name, type, width, pt)                                  \
+  CUresult name(CUdeviceptr dst, type value, size_t n, CUstream s) {         \
+    ENTER(#name);                                                            \
+    RETURN(memset_on(dst, (unsigned)value, width, n, s, pt, #name));         \
+  }
+MEMSET(cuMemsetD8_v2, unsigned char, 1, 0)
+MEMSET(cuMemsetD8_v2_ptds, unsigned char, 1, 1)
+MEMSET(cuMemsetD16_v2, unsigned short, 2, 0)
+MEMSET(cuMemsetD16_v2_ptds, unsigned short, 2, 1)
+MEMSET(cuMemsetD32_v2, unsigned int, 4, 0)
+MEMSET(cuMemsetD32_v2_ptds, unsigned int, 4, 1)
+MEMSET_ASYNC(cuMemsetD8Async, unsigned char, 1, 0)
+MEMSET_ASYNC(cuMemsetD8Async_ptsz, unsigned char, 1, 1)
+MEMSET_ASYNC(cuMemsetD16Async, unsigned short, 2, 0)
+MEMSET_ASYNC(cuMemsetD16Async_ptsz, unsigned short, 2, 1)
+MEMSET_ASYNC(cuMemsetD32Async, unsigned int, 4, 0)
+MEMSET_ASYNC(cuMemsetD32Async_ptsz, unsigned int, 4, 1)
+
+/* ---- Modules and launches -------------------------------------------------------------- */
+
+static CUresult module_load(CUmodule *m, const void *image) {
+  CHECK_CTX(ctx);
+  if (!m || !image) return FK_INVALID_VALUE;
+  int code;
+  unsigned long long handle = fk_module_load(ctx, image, &code);
+  if (handle) *m = (CUmodule)(uintptr_t)handle;
+  return code;
+}
+CUresult cuModuleLoadData(CUmodule *m, const void *image) {
+  ENTER("cuModuleLoadData");
+  RETURN(module_load(m, image));
+}
+CUresult cuModuleLoadDataEx(CUmodule *m, const void *image, unsigned int n, int *options,
+                            void **values) {
+  ENTER("cuModuleLoadDataEx");
+  (void)options;
+  (void)values;
+  (void)n;
+  RETURN(module_load(m, image));
+}
+
+/* A module from a file: its bytes, as cuModuleLoadData takes them. */
+static CUresult module_load_file(CUmodule *m, const char *path) {
+  CHECK_CTX(ctx);
+  (void)ctx;
+  if (!m || !path) return FK_INVALID_VALUE;
+  FILE *f = fopen(path, "rb");
+  if (!f) return 301; /* CUDA_ERROR_FILE_NOT_FOUND */
+  char *bytes = NULL;
+  size_t n = 0, cap = 0;
+  for (;;) {
+    if (n + 4097 > cap) {
+      cap = cap ? cap * 2 : 65536;
+      char *grown = realloc(bytes, cap);
+      if (!grown || cap > (256u << 20)) {
+        free(grown ? grown : bytes);
+        fclose(f);
+        return FK_OUT_OF_MEMORY;
+      }
+      bytes = grown;
+    }
+    size_t got = fread(bytes + n, 1, 4096, f);
+    n += got;
+    if (got < 4096) break;
+  }
+  fclose(f);
+  bytes[n] = 0;
+  CUresult rc = module_load(m, bytes);
+  free(bytes);
+  return rc;
+}
+CUresult cuModuleLoad(CUmodule *m, const char *path) {
+  ENTER("cuModuleLoad");
+  RETURN(module_load_file(m, path));
+}
+
+static CUresult module_function(CUfunction *f, CUmodule m, const char *name) {
+  CHECK_CTX(ctx);
+  (void)ctx;
+  if (!f || !name) return FK_INVALID_VALUE;
+  int code;
+  unsigned long long handle = fk_function_get((unsigned long long)(uintptr_t)m, name, &code);
+  if (handle) *f = (CUfunction)(uintptr_t)handle;
+  return code;
+}
+CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
+  ENTER("cuModuleGetFunction");
+  RETURN(module_function(f, m, name));
+}
+
+static CUresult module_unload(CUmodule m) {
+  CHECK_CTX(ctx);
+  (void)ctx;
+  return fk_module_unload((unsigned long long)(uintptr_t)m);
+}
+CUresult cuModuleUnload(CUmodule m) {
+  ENTER("cuModuleUnload");
+  RETURN(module_unload(m));
+}
+
+static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                       unsigned bz, unsigned shared, CUstream s, void **params, void **extra,
+                       int pt) {
+  CHECK_CTX(ctx);
+  struct fk_function *fn = fk_function_of((unsigned long long)(uintptr_t)f);
+  if (!fn) return FK_INVALID_HANDLE;
+  CHECK_STREAM(clock, ctx, s, pt);
+  const int *a = cu_attributes[fk_ctxs[ctx].device];
+  if (!gx || !gy || !gz || !bx || !by || !bz || gx > (unsigned)a[5] || gy > (unsigned)a[6] ||
+      gz > (unsigned)a[7] || bx > (unsigned)a[2] || by > (unsigned)a[3] || bz > (unsigned)a[4] ||
+      (unsigned long long)bx * by * bz > (unsigned long long)a[1] || (params && extra))
+    return FK_INVALID_VALUE;
+  if (shared > (unsigned)a[8]) return FK_INVALID_VALUE;
+  return fk_launch(ctx, clock, fn->name, params) ? CUDA_SUCCESS : FK_OUT_OF_MEMORY;
+}
+CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+                        unsigned int bx, unsigned int by, unsigned int bz, unsigned int shared,
+                        CUstream s, void **params, void **extra) {
+  ENTER("cuLaunchKernel");
+  RETURN(launch(f, gx, gy, gz, bx, by, bz, shared, s, params, extra, 0));
+}
+CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+                             unsigned int bx, unsigned int by, unsigned int bz, unsigned int shared,
+                             CUstream s, void **params, void **extra) {
+  ENTER("cuLaunchKernel_ptsz");
+  RETURN(launch(f, gx, gy, gz, bx, by, bz, shared, s, params, extra, 1));
+}
+
+#ifndef FAKECUDA_OLD
+/* ---- Virtual memory (CUDA 10.2) ------------------------------------------------------------ */
 
 static int location_ok(const CUmemLocation *l) {
-  return l->type == 1 /* CU_MEM_LOCATION_TYPE_DEVICE */ && l->id >= 0 && l->id < n_devices;
+  return l->type == 1 /* CU_MEM_LOCATION_TYPE_DEVICE */ && l->id >= 0 && l->id < fk_n_devices;
 }
 
-CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop, unsigned int option) {
-  ENTER("cuMemGetAllocationGranularity");
-  NEED_INIT();
+static CUresult granularity(size_t *g, const CUmemAllocationProp *prop, unsigned option) {
+  CHECK_INIT();
   if (!g || !prop || option > 1 || prop->type != 1 || !location_ok(&prop->location))
-    RETURN(CUDA_ERROR_INVALID_VALUE);
-  *g = granularity;
-  RETURN(CUDA_SUCCESS);
+    return FK_INVALID_VALUE;
+  *g = fk_min_gran;
+  return CUDA_SUCCESS;
+}
+CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop,
+                                       unsigned int option) {
+  ENTER("cuMemGetAllocationGranularity");
+  RETURN(granularity(g, prop, option));
 }
 
+static CUresult mem_create(CUmemGenericAllocationHandle *out, size_t size,
+                           const CUmemAllocationProp *prop, unsigned long long flags) {
+  CHECK_CTX(ctx);
+  (void)ctx;
+  if (!out || !prop || flags || size == 0 || size % fk_min_gran || prop->type != 1 ||
+      !location_ok(&prop->location) || prop->requestedHandleTypes > 1)
+    return FK_INVALID_VALUE;
+  int code;
+  unsigned long long h = fk_phys_create(prop->location.id, size, &code);
+  if (h) *out = h;
+  return code;
+}
 CUresult cuMemCreate(CUmemGenericAllocationHandle *out, size_t size, const CUmemAllocationProp *prop,
                      unsigned long long flags) {
   ENTER("cuMemCreate");
-  NEED_CURRENT();
-  if (!out || !prop || flags || size == 0 || size % granularity || prop->type != 1 ||
-      !location_ok(&prop->location))
-    RETURN(CUDA_ERROR_INVALID_VALUE);
-  int d = prop->location.id;
-  if (!charge(d, size)) RETURN(CUDA_ERROR_OUT_OF_MEMORY);
-  int fd = memfd_create("fakecuda", MFD_CLOEXEC);
-  if (fd < 0 || ftruncate(fd, (off_t)size) != 0) {
-    if (fd >= 0) close(fd);
-    used[d] -= size;
-    RETURN(CUDA_ERROR_OUT_OF_MEMORY);
-  }
-  handle_t *h = calloc(1, sizeof *h);
-  if (!h) {
-    close(fd);
-    used[d] -= size;
-    RETURN(CUDA_ERROR_OUT_OF_MEMORY);
-  }
-  h->id = next_handle++;
-  h->size = size;
-  h->device = d;
-  h->fd = fd;
-  PUSH(handles, h);
-  *out = h->id;
-  RETURN(CUDA_SUCCESS);
+  RETURN(mem_create(out, size, prop, flags));
 }
 
-static void drop_handle(handle_t *h) {
-  for (handle_t **p = &handles; *p; p = &(*p)->next) {
-    if (*p != h) continue;
-    *p = h->next;
-    close(h->fd);
-    used[h->device] -= h->size;
-    free(h);
-    return;
-  }
+static CUresult mem_release(CUmemGenericAllocationHandle h) {
+  CHECK_CTX(ctx);
+  (void)ctx;
+  return fk_phys_release(h);
 }
-
-CUresult cuMemRelease(CUmemGenericAllocationHandle id) {
+CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
   ENTER("cuMemRelease");
-  NEED_CURRENT();
-  for (handle_t *h = handles; h; h = h->next) {
-    if (h->id != id || h->released) continue;
-    h->released = 1;
-    if (h->mappings == 0) drop_handle(h);
-    RETURN(CUDA_SUCCESS);
-  }
-  RETURN(CUDA_ERROR_INVALID_VALUE);
+  RETURN(mem_release(h));
 }
 
-#ifndef MAP_FIXED_NOREPLACE
-#define MAP_FIXED_NOREPLACE 0x100000
-#endif
-
-/* Freed reservations' address ranges, kept mapped PROT_NONE by the fake (most recent first)
- * so that nothing else in the process takes them between a free and a reserve at the same
- * address (vLLM and torch_memory_saver cycle reservations so), while a reserve without a
- * hint cannot get them (mmap(NULL) hands out no mapped page). Bounded, oldest given back to
- * the system first, and all of them when the library is unloaded: a test process loads many
- * private copies. */
-#define MAX_FREED_RANGES 64
-#define MAX_FREED_BYTES (4ULL << 40)
-typedef struct freed_range {
-  struct freed_range *next;
-  unsigned long long va, size;
-} freed_range_t;
-static freed_range_t *freed_ranges;
-
-/* Keeps [va, va + size) (PROT_NONE, nothing behind it) as a freed range, and gives back the
- * oldest past the bounds. */
-static void keep_freed(unsigned long long va, unsigned long long size) {
-  freed_range_t *f = calloc(1, sizeof *f);
-  if (!f || mmap((void *)(uintptr_t)va, size, PROT_NONE,
-                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) == MAP_FAILED) {
-    free(f);
-    munmap((void *)(uintptr_t)va, size);
-    return;
-  }
-  f->va = va;
-  f->size = size;
-  PUSH(freed_ranges, f);
-  int n = 0;
-  unsigned long long bytes = 0;
-  for (freed_range_t **p = &freed_ranges; *p;) {
-    freed_range_t *x = *p;
-    n++;
-    bytes += x->size;
-    if (n > MAX_FREED_RANGES || bytes > MAX_FREED_BYTES) {
-      *p = x->next;
-      munmap((void *)(uintptr_t)x->va, x->size);
-      free(x);
-    } else {
-      p = &x->next;
-    }
-  }
+/* `addr` is a hint, as the driver documents it (fake_vmm.h). */
+static CUresult address_reserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                                unsigned long long flags) {
+  CHECK_CTX(ctx);
+  if (!ptr || size == 0 || size % fk_min_gran || flags || (alignment & (alignment - 1)))
+    return FK_INVALID_VALUE;
+  unsigned long long align = alignment > fk_min_gran ? alignment : fk_min_gran;
+  return fk_reserve(fk_ctxs[ctx].device, size, align, align, addr, ptr);
 }
-
-/* True when freed ranges cover [va, va + size) wholly. */
-static int freed_covers(unsigned long long va, unsigned long long size) {
-  unsigned long long at = va;
-  while (at < va + size) {
-    freed_range_t *hit = NULL;
-    for (freed_range_t *f = freed_ranges; f; f = f->next)
-      if (f->va <= at && at < f->va + f->size) hit = f;
-    if (!hit) return 0;
-    at = hit->va + hit->size;
-  }
-  return 1;
-}
-
-/* Takes [va, va + size) out of the freed ranges (the pieces either side stay kept); 0 when
- * there is no memory for the split. */
-static int take_freed(unsigned long long va, unsigned long long size) {
-  freed_range_t *spare = calloc(1, sizeof *spare); /* at most one range splits in two */
-  if (!spare) return 0;
-  unsigned long long end = va + size;
-  for (freed_range_t **p = &freed_ranges; *p;) {
-    freed_range_t *f = *p;
-    unsigned long long f_end = f->va + f->size;
-    if (f->va >= end || va >= f_end) {
-      p = &f->next;
-    } else if (f->va < va && f_end > end) {
-      spare->va = end;
-      spare->size = f_end - end;
-      spare->next = f->next;
-      f->size = va - f->va;
-      f->next = spare;
-      spare = NULL;
-      break;
-    } else if (f->va < va) {
-      f->size = va - f->va;
-      p = &f->next;
-    } else if (f_end > end) {
-      f->size = f_end - end;
-      f->va = end;
-      p = &f->next;
-    } else {
-      *p = f->next;
-      free(f);
-    }
-  }
-  free(spare);
-  return 1;
-}
-
-__attribute__((destructor)) static void give_back_freed_ranges(void) {
-  while (freed_ranges) {
-    freed_range_t *f = freed_ranges;
-    freed_ranges = f->next;
-    munmap((void *)(uintptr_t)f->va, f->size);
-    free(f);
-  }
-}
-
-static int overlaps_reservation(unsigned long long va, unsigned long long size) {
-  for (reservation_t *r = reservations; r; r = r->next)
-    if (r->va < va + size && va < r->va + r->size) return 1;
-  return 0;
-}
-
-/* The hint `want` as the reservation's address, when it can be: non-zero, aligned to `align`,
- * overlapping no live reservation, and either a freed range's or free in the process. 0
- * when it cannot. */
-static unsigned long long reserve_at(unsigned long long want, unsigned long long size,
-                                     unsigned long long align) {
-  if (!want || want % align || want + size < want || overlaps_reservation(want, size)) return 0;
-  if (freed_covers(want, size)) return take_freed(want, size) ? want : 0;
-  void *p = mmap((void *)(uintptr_t)want, size, PROT_NONE,
-                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
-  if (p == MAP_FAILED) return 0;
-  if ((unsigned long long)(uintptr_t)p != want) { /* a kernel before 4.17 took it as a hint */
-    munmap(p, size);
-    return 0;
-  }
-  return want;
-}
-
-/* `addr` is a hint, as the driver documents it: honoured when it can be (reserve_at), else
- * the reservation goes where the system puts it. */
 CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
                              unsigned long long flags) {
   ENTER("cuMemAddressReserve");
-  NEED_CURRENT();
-  if (!ptr || size == 0 || size % granularity || flags || (alignment & (alignment - 1)))
-    RETURN(CUDA_ERROR_INVALID_VALUE);
-  unsigned long long align = alignment > granularity ? alignment : granularity;
-  unsigned long long start = reserve_at(addr, size, align);
-  if (!start) {
-    unsigned long long span = size + align;
-    void *p = mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (p == MAP_FAILED) RETURN(CUDA_ERROR_OUT_OF_MEMORY);
-    unsigned long long base = (unsigned long long)(uintptr_t)p;
-    start = round_up(base, align);
-    if (start > base) munmap(p, start - base);
-    if (base + span > start + size)
-      munmap((void *)(uintptr_t)(start + size), base + span - start - size);
-  }
-  reservation_t *r = calloc(1, sizeof *r);
-  if (!r) {
-    munmap((void *)(uintptr_t)start, size);
-    RETURN(CUDA_ERROR_OUT_OF_MEMORY);
-  }
-  r->va = start;
-  r->size = size;
-  PUSH(reservations, r);
-  *ptr = start;
-  RETURN(CUDA_SUCCESS);
+  RETURN(address_reserve(ptr, size, alignment, addr, flags));
 }
 
-static int overlaps_mapping(unsigned long long va, unsigned long long size) {
-  for (mapping_t *m = mappings; m; m = m->next)
-    if (m->va < va + size && va < m->va + m->size) return 1;
-  return 0;
+static CUresult address_free(CUdeviceptr va, size_t size) {
+  CHECK_CTX(ctx);
+  (void)ctx;
+  return fk_address_free(va, size);
 }
-
 CUresult cuMemAddressFree(CUdeviceptr va, size_t size) {
   ENTER("cuMemAddressFree");
-  NEED_CURRENT();
-  for (reservation_t **p = &reservations; *p; p = &(*p)->next) {
-    reservation_t *r = *p;
-    if (r->va != va) continue;
-    if (r->size != size || overlaps_mapping(va, size)) RETURN(CUDA_ERROR_INVALID_VALUE);
-    *p = r->next;
-    keep_freed(va, size);
-    free(r);
-    RETURN(CUDA_SUCCESS);
-  }
-  RETURN(CUDA_ERROR_INVALID_VALUE);
+  RETURN(address_free(va, size));
 }
 
-CUresult cuMemMap(CUdeviceptr va, size_t size, size_t offset, CUmemGenericAllocationHandle id,
+static CUresult mem_map(CUdeviceptr va, size_t size, size_t offset, CUmemGenericAllocationHandle h,
+                        unsigned long long flags) {
+  CHECK_CTX(ctx);
+  (void)ctx;
+  if (flags) return FK_INVALID_VALUE;
+  return fk_map(va, size, offset, h, fk_min_gran);
+}
+CUresult cuMemMap(CUdeviceptr va, size_t size, size_t offset, CUmemGenericAllocationHandle h,
                   unsigned long long flags) {
   ENTER("cuMemMap");
-  NEED_CURRENT();
-  if (flags || size == 0 || va % granularity || size % granularity || offset % granularity)
-    RETURN(CUDA_ERROR_INVALID_VALUE);
-  handle_t *h = NULL;
-  for (handle_t *t = handles; t; t = t->next)
-    if (t->id == id && !t->released) h = t;
-  if (!h || offset + size > h->size) RETURN(CUDA_ERROR_INVALID_VALUE);
-  int inside = 0;
-  for (reservation_t *r = reservations; r; r = r->next)
-    if (va >= r->va && va + size <= r->va + r->size) inside = 1;
-  if (!inside || overlaps_mapping(va, size)) RETURN(CUDA_ERROR_INVALID_VALUE);
-  mapping_t *m = calloc(1, sizeof *m);
-  if (!m) RETURN(CUDA_ERROR_OUT_OF_MEMORY);
-  void *p = mmap((void *)(uintptr_t)va, size, PROT_NONE, MAP_SHARED | MAP_FIXED, h->fd, (off_t)offset);
-  if (p == MAP_FAILED) {
-    free(m);
-    RETURN(CUDA_ERROR_OUT_OF_MEMORY);
-  }
-  m->va = va;
-  m->size = size;
-  m->handle = h;
-  h->mappings++;
-  PUSH(mappings, m);
-  RETURN(CUDA_SUCCESS);
+  RETURN(mem_map(va, size, offset, h, flags));
 }
 
-/* True when [va, va + size) is entirely covered by mappings. */
-static int fully_mapped(unsigned long long va, unsigned long long size) {
-  unsigned long long at = va;
-  while (at < va + size) {
-    mapping_t *hit = NULL;
-    for (mapping_t *m = mappings; m; m = m->next)
-      if (m->va <= at && at < m->va + m->size) hit = m;
-    if (!hit) return 0;
-    at = hit->va + hit->size;
-  }
-  return 1;
+static CUresult set_access(CUdeviceptr va, size_t size, const struct fake_access_desc *desc,
+                           size_t count) {
+  CHECK_CTX(ctx);
+  (void)ctx;
+  return fk_set_access(va, size, desc, count, fk_min_gran);
 }
-
-/* One descriptor per device; a device other than the memory's owner must be linked to it by
- * peer access (fake_common.h). The host protection is the widest any descriptor grants. */
-CUresult cuMemSetAccess(CUdeviceptr va, size_t size, const CUmemAccessDesc *desc, size_t count) {
+CUresult cuMemSetAccess(CUdeviceptr va, size_t size, const struct fake_access_desc *desc,
+                        size_t count) {
   ENTER("cuMemSetAccess");
-  NEED_CURRENT();
-  const struct fake_access_desc *d = (const struct fake_access_desc *)desc;
-  if (!desc || count == 0 || size == 0 || va % granularity || size % granularity)
-    RETURN(CUDA_ERROR_INVALID_VALUE);
-  if (!fully_mapped(va, size)) RETURN(CUDA_ERROR_INVALID_VALUE);
-  for (mapping_t *m = mappings; m; m = m->next) {
-    if (m->va >= va + size || va >= m->va + m->size) continue;
-    CUresult refused = fake_check_access(d, count, m->handle->device, n_devices);
-    if (refused != CUDA_SUCCESS) RETURN(refused);
-  }
-  unsigned widest = 0;
-  for (size_t i = 0; i < count; i++) widest |= d[i].flags;
-  int prot = widest == 3 ? PROT_READ | PROT_WRITE : widest == 1 ? PROT_READ : PROT_NONE;
-  if (mprotect((void *)(uintptr_t)va, size, prot) != 0) RETURN(CUDA_ERROR_UNKNOWN);
-  for (mapping_t *m = mappings; m; m = m->next)
-    if (m->va < va + size && va < m->va + m->size) m->access = fake_apply_access(m->access, d, count);
-  RETURN(CUDA_SUCCESS);
+  RETURN(set_access(va, size, desc, count));
 }
 
+static CUresult get_access(unsigned long long *flags, const CUmemLocation *location, CUdeviceptr ptr) {
+  CHECK_CTX(ctx);
+  (void)ctx;
+  if (!flags || !location || !location_ok(location)) return FK_INVALID_VALUE;
+  int granted = fk_access_of(ptr, location->id);
+  if (granted < 0) return FK_INVALID_VALUE;
+  struct fk_pointer p = fk_pointer_of(ptr);
+  *flags = !granted ? 0 : (p.region->prot & PROT_WRITE) ? 3 : 1;
+  return CUDA_SUCCESS;
+}
+CUresult cuMemGetAccess(unsigned long long *flags, const CUmemLocation *location, CUdeviceptr ptr) {
+  ENTER("cuMemGetAccess");
+  RETURN(get_access(flags, location, ptr));
+}
+
+static CUresult mem_unmap(CUdeviceptr va, size_t size) {
+  CHECK_CTX(ctx);
+  (void)ctx;
+  return fk_unmap(va, size, fk_min_gran, "cuMemUnmap");
+}
 CUresult cuMemUnmap(CUdeviceptr va, size_t size) {
   ENTER("cuMemUnmap");
-  NEED_CURRENT();
-  if (size == 0 || va % granularity || size % granularity) RETURN(CUDA_ERROR_INVALID_VALUE);
-  /* Every mapping touched must lie wholly inside the range, and the range be fully mapped. */
-  for (mapping_t *m = mappings; m; m = m->next)
-    if (m->va < va + size && va < m->va + m->size && (m->va < va || m->va + m->size > va + size))
-      RETURN(CUDA_ERROR_INVALID_VALUE);
-  if (!fully_mapped(va, size)) RETURN(CUDA_ERROR_INVALID_VALUE);
-  fake_check_unused(va, size, "cuMemUnmap");
-  if (mmap((void *)(uintptr_t)va, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,
-           -1, 0) == MAP_FAILED)
-    RETURN(CUDA_ERROR_UNKNOWN);
-  for (mapping_t **p = &mappings; *p;) {
-    mapping_t *m = *p;
-    if (m->va >= va && m->va + m->size <= va + size) {
-      *p = m->next;
-      handle_t *h = m->handle;
-      h->mappings--;
-      if (h->released && h->mappings == 0) drop_handle(h);
-      free(m);
-    } else {
-      p = &m->next;
-    }
-  }
-  RETURN(CUDA_SUCCESS);
+  RETURN(mem_unmap(va, size));
 }
 
-/* ---- Memory pools (CUDA 11.2) ---- */
+/* ---- Stream-ordered pools (CUDA 11.2) --------------------------------------------------- */
 
-static int pool_ok(pool_t *p) {
-  for (pool_t *t = pools; t; t = t->next)
-    if (t == p) return !p->destroyed;
-  return 0;
+#define POOL(p) ((unsigned long long)(uintptr_t)(p))
+
+static CUresult default_pool(CUmemoryPool *out, CUdevice dev, int current) {
+  CHECK_INIT();
+  CHECK_DEVICE(dev);
+  if (!out) return FK_INVALID_VALUE;
+  if (!cu_attributes[dev][115]) return FK_NOT_SUPPORTED;
+  int p = current ? fk_device_pool(dev, 0) : fk_default_pool(dev, 0);
+  if (p < 0) return FK_OUT_OF_MEMORY;
+  *out = (CUmemoryPool)(uintptr_t)fk_pool_handle(p);
+  return CUDA_SUCCESS;
 }
-
-static void unlink_pool(pool_t *p) {
-  for (pool_t **pp = &pools; *pp; pp = &(*pp)->next) {
-    if (*pp != p) continue;
-    *pp = p->next;
-    free(p);
-    return;
-  }
-}
-
-static void pool_release_free(pool_t *p, unsigned long long keep) {
-  for (block_t **pb = &p->blocks; *pb && p->stats.reserved > keep;) {
-    block_t *b = *pb;
-    /* A block whose free is still in flight on its stream is not free for the driver yet. */
-    if (b->in_use || !fake_clock_done(b->free_clock, b->free_seq)) {
-      pb = &b->next;
-      continue;
-    }
-    *pb = b->next;
-    fake_check_unused(b->ptr, b->size, "a pool giving back a block");
-    munmap((void *)(uintptr_t)b->ptr, b->size);
-    p->stats.reserved -= b->size;
-    used[p->device] -= b->size;
-    free(b);
-  }
-}
-
-/* At a synchronisation: pools give back what is above their threshold, and a destroyed pool
- * everything whose free completed (it goes when it holds nothing). */
-static void release_above_threshold(void) {
-  for (pool_t *p = pools, *next; p; p = next) {
-    next = p->next;
-    if (p->destroyed) {
-      pool_release_free(p, 0);
-      if (!p->blocks) unlink_pool(p);
-    } else if (p->stats.reserved > p->stats.threshold) {
-      pool_release_free(p, p->stats.threshold);
-    }
-  }
-}
-
-static pool_t *new_pool(int device, int is_default) {
-  pool_t *p = calloc(1, sizeof *p);
-  if (!p) return NULL;
-  p->device = device;
-  p->is_default = is_default;
-  fake_pool_init(&p->stats, 0);
-  PUSH(pools, p);
-  return p;
-}
-
-CUresult cuDeviceGetDefaultMemPool(pool_t **out, CUdevice dev) {
+CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *out, CUdevice dev) {
   ENTER("cuDeviceGetDefaultMemPool");
-  NEED_INIT();
-  NEED_DEVICE(dev);
-  if (!out) RETURN(CUDA_ERROR_INVALID_VALUE);
-  if (!attributes[dev][115]) RETURN(CUDA_ERROR_NOT_SUPPORTED);
-  if (!default_pools[dev]) default_pools[dev] = new_pool(dev, 1);
-  if (!default_pools[dev]) RETURN(CUDA_ERROR_OUT_OF_MEMORY);
-  *out = default_pools[dev];
-  RETURN(CUDA_SUCCESS);
+  RETURN(default_pool(out, dev, 0));
+}
+CUresult cuDeviceGetMemPool(CUmemoryPool *out, CUdevice dev) {
+  ENTER("cuDeviceGetMemPool");
+  RETURN(default_pool(out, dev, 1));
 }
 
-CUresult cuMemPoolCreate(pool_t **out, const CUmemPoolProps *props) {
-  ENTER("cuMemPoolCreate");
-  NEED_INIT();
-  if (!out || !props || props->allocType != 1 || props->handleTypes != 0 ||
+static CUresult set_mem_pool(CUdevice dev, CUmemoryPool pool) {
+  CHECK_INIT();
+  CHECK_DEVICE(dev);
+  int p = fk_pool_of(POOL(pool));
+  if (p < 0 || fk_pools[p].device != dev) return FK_INVALID_VALUE;
+  fk_current_pool[dev] = POOL(pool);
+  return CUDA_SUCCESS;
+}
+CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool) {
+  ENTER("cuDeviceSetMemPool");
+  RETURN(set_mem_pool(dev, pool));
+}
+
+static CUresult pool_create(CUmemoryPool *out, const CUmemPoolProps *props) {
+  CHECK_INIT();
+  if (!out || !props || props->allocType != 1 || props->handleTypes > 1 ||
       !location_ok(&props->location) || props->win32SecurityAttributes)
-    RETURN(CUDA_ERROR_INVALID_VALUE);
+    return FK_INVALID_VALUE;
   for (size_t i = 0; i < sizeof props->reserved; i++)
-    if (props->reserved[i]) RETURN(CUDA_ERROR_INVALID_VALUE);
-  if (!attributes[props->location.id][115]) RETURN(CUDA_ERROR_NOT_SUPPORTED);
-  pool_t *p = new_pool(props->location.id, 0);
-  if (!p) RETURN(CUDA_ERROR_OUT_OF_MEMORY);
-  *out = p;
-  RETURN(CUDA_SUCCESS);
+    if (props->reserved[i]) return FK_INVALID_VALUE;
+  if (!cu_attributes[props->location.id][115]) return FK_NOT_SUPPORTED;
+  int p = fk_pool_new(props->location.id, 0, 0);
+  if (p < 0) return FK_OUT_OF_MEMORY;
+  *out = (CUmemoryPool)(uintptr_t)fk_pool_handle(p);
+  return CUDA_SUCCESS;
+}
+CUresult cuMemPoolCreate(CUmemoryPool *out, const CUmemPoolProps *props) {
+  ENTER("cuMemPoolCreate");
+  RETURN(pool_create(out, props));
 }
 
-CUresult cuMemPoolDestroy(pool_t *p) {
+/* As the driver: returns at once; with allocations still outstanding, the pool's memory goes
+ * when the last of them is freed. */
+static CUresult pool_destroy(CUmemoryPool pool) {
+  CHECK_INIT();
+  int p = fk_pool_of(POOL(pool));
+  if (p < 0) return FK_INVALID_VALUE;
+  for (int d = 0; d < FK_MAX_DEVICES; d++)
+    if (fk_current_pool[d] == POOL(pool)) fk_current_pool[d] = 0;
+  return fk_pool_destroy(p);
+}
+CUresult cuMemPoolDestroy(CUmemoryPool pool) {
   ENTER("cuMemPoolDestroy");
-  NEED_INIT();
-  if (!pool_ok(p) || p->is_default) RETURN(CUDA_ERROR_INVALID_VALUE);
-  /* As the driver: returns at once; with allocations still outstanding the pool's memory
-   * goes when the last of them is freed. */
-  pool_release_free(p, 0);
-  p->destroyed = 1;
-  if (!p->blocks) unlink_pool(p);
-  RETURN(CUDA_SUCCESS);
+  RETURN(pool_destroy(pool));
 }
 
-CUresult cuMemPoolSetAttribute(pool_t *p, unsigned int attr, void *value) {
+static CUresult pool_attribute(CUmemoryPool pool, int attr, void *value, int set) {
+  CHECK_INIT();
+  int p = fk_pool_of(POOL(pool));
+  if (p < 0) return FK_INVALID_VALUE;
+  return set ? fk_pool_set(&fk_pools[p], attr, value) : fk_pool_get(&fk_pools[p], attr, value);
+}
+CUresult cuMemPoolSetAttribute(CUmemoryPool pool, unsigned int attr, void *value) {
   ENTER("cuMemPoolSetAttribute");
-  NEED_INIT();
-  if (!pool_ok(p) || !value) RETURN(CUDA_ERROR_INVALID_VALUE);
-  RETURN(fake_pool_set(&p->stats, (int)attr, value) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS);
+  RETURN(pool_attribute(pool, (int)attr, value, 1));
 }
-
-CUresult cuMemPoolGetAttribute(pool_t *p, unsigned int attr, void *value) {
+CUresult cuMemPoolGetAttribute(CUmemoryPool pool, unsigned int attr, void *value) {
   ENTER("cuMemPoolGetAttribute");
-  NEED_INIT();
-  if (!pool_ok(p) || !value) RETURN(CUDA_ERROR_INVALID_VALUE);
-  RETURN(fake_pool_get(&p->stats, (int)attr, value) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS);
+  RETURN(pool_attribute(pool, (int)attr, value, 0));
 }
 
-CUresult cuMemPoolTrimTo(pool_t *p, size_t keep) {
+static CUresult pool_trim(CUmemoryPool pool, size_t keep) {
+  CHECK_INIT();
+  int p = fk_pool_of(POOL(pool));
+  if (p < 0) return FK_INVALID_VALUE;
+  fk_pool_release(p, keep);
+  return CUDA_SUCCESS;
+}
+CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
   ENTER("cuMemPoolTrimTo");
-  NEED_INIT();
-  if (!pool_ok(p)) RETURN(CUDA_ERROR_INVALID_VALUE);
-  pool_release_free(p, keep);
-  RETURN(CUDA_SUCCESS);
+  RETURN(pool_trim(pool, keep));
 }
 
-CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, pool_t *p, stream_t *s) {
+static CUresult alloc_from_pool(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream s,
+                                int pt, const char *what) {
+  CHECK_CTX(ctx);
+  if (!dptr || size == 0) return FK_INVALID_VALUE;
+  int p = fk_pool_of(POOL(pool));
+  if (p < 0) return FK_INVALID_VALUE;
+  CHECK_STREAM(clock, ctx, s, pt);
+  return fk_pool_alloc(p, clock, size, 512, what, dptr);
+}
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream s) {
   ENTER("cuMemAllocFromPoolAsync");
-  NEED_CURRENT();
-  if (!dptr || size == 0 || !pool_ok(p)) RETURN(CUDA_ERROR_INVALID_VALUE);
-  if (!stream_ok(s)) RETURN(CUDA_ERROR_INVALID_HANDLE);
-  unsigned long long bytes = round_up(size, 512);
-  /* Reuse the smallest cached block that fits and is safe for `s`: freed on `s` itself (stream
-   * order; never on the per-thread handle, another stream on each thread), or freed on a
-   * stream whose work up to the free has completed — as the driver's pools do. */
-  block_t *best = NULL;
-  unsigned long long grown = 0;
-  for (block_t *b = p->blocks; b; b = b->next) {
-    int safe = fake_clock_done(b->free_clock, b->free_seq) ||
-               (b->free_clock == clock_of(s) && s != STREAM_PER_THREAD);
-    if (!b->in_use && safe && b->size >= bytes && (!best || b->size < best->size)) best = b;
-  }
-  if (!best) {
-    if (!charge(p->device, bytes)) {
-      /* Like the driver: give back cached memory and try once more. */
-      pool_release_free(p, 0);
-      if (!charge(p->device, bytes)) RETURN(CUDA_ERROR_OUT_OF_MEMORY);
-    }
-    void *mem = map_anonymous(bytes);
-    best = mem ? calloc(1, sizeof *best) : NULL;
-    if (!best) {
-      if (mem) munmap(mem, bytes);
-      used[p->device] -= bytes;
-      RETURN(CUDA_ERROR_OUT_OF_MEMORY);
-    }
-    best->ptr = (unsigned long long)(uintptr_t)mem;
-    best->size = bytes;
-    PUSH(p->blocks, best);
-    grown = bytes;
-  }
-  best->in_use = 1;
-  fake_pool_grow(&p->stats, grown, best->size);
-  *dptr = best->ptr;
-  RETURN(CUDA_SUCCESS);
+  RETURN(alloc_from_pool(dptr, size, pool, s, 0, "cuMemAllocFromPoolAsync"));
+}
+CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t size, CUmemoryPool pool,
+                                      CUstream s) {
+  ENTER("cuMemAllocFromPoolAsync_ptsz");
+  RETURN(alloc_from_pool(dptr, size, pool, s, 1, "cuMemAllocFromPoolAsync_ptsz"));
 }
 
-CUresult cuMemFreeAsync(CUdeviceptr ptr, stream_t *s) {
+/* From the pool current to the stream's device. Size 0 gives a null pointer (not documented;
+ * as HIP's hipMallocAsync does, and cudarc's empty slices ask for it). */
+static CUresult alloc_async(CUdeviceptr *dptr, size_t size, CUstream s, int pt, const char *what) {
+  CHECK_CTX(ctx);
+  if (!dptr) return FK_INVALID_VALUE;
+  CHECK_STREAM(clock, ctx, s, pt);
+  int device = fk_ctxs[fk_clocks[clock].ctx].device;
+  if (!cu_attributes[device][115]) return FK_NOT_SUPPORTED;
+  if (size == 0) {
+    *dptr = 0;
+    return CUDA_SUCCESS;
+  }
+  int p = fk_device_pool(device, 0);
+  if (p < 0) return FK_OUT_OF_MEMORY;
+  return fk_pool_alloc(p, clock, size, 512, what, dptr);
+}
+CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream s) {
+  ENTER("cuMemAllocAsync");
+  RETURN(alloc_async(dptr, size, s, 0, "cuMemAllocAsync"));
+}
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t size, CUstream s) {
+  ENTER("cuMemAllocAsync_ptsz");
+  RETURN(alloc_async(dptr, size, s, 1, "cuMemAllocAsync_ptsz"));
+}
+
+static CUresult free_async(CUdeviceptr ptr, CUstream s, int pt) {
+  CHECK_CTX(ctx);
+  CHECK_STREAM(clock, ctx, s, pt);
+  if (ptr == 0) return CUDA_SUCCESS;
+  return fk_pool_free(ptr, clock);
+}
+CUresult cuMemFreeAsync(CUdeviceptr ptr, CUstream s) {
   ENTER("cuMemFreeAsync");
-  NEED_CURRENT();
-  if (!stream_ok(s)) RETURN(CUDA_ERROR_INVALID_HANDLE);
-  for (pool_t *p = pools; p; p = p->next) {
-    for (block_t *b = p->blocks; b; b = b->next) {
-      if (b->ptr != ptr || !b->in_use) continue;
-      b->in_use = 0;
-      b->free_clock = clock_of(s);
-      b->free_seq = enqueue(s);
-      p->stats.used -= b->size;
-      if (p->destroyed) {
-        pool_release_free(p, 0);
-        if (!p->blocks) unlink_pool(p);
-      }
-      RETURN(CUDA_SUCCESS);
+  RETURN(free_async(ptr, s, 0));
+}
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr ptr, CUstream s) {
+  ENTER("cuMemFreeAsync_ptsz");
+  RETURN(free_async(ptr, s, 1));
+}
+
+/* ---- cuGetProcAddress (CUDA 11.3; _v2: CUDA 12.0) ------------------------------------- */
+
+/* The entry `symbol` resolves to for `version` and `flags`: the per-thread form when asked
+ * for (CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) and there is one, the newest whose
+ * version is at most `version`. `*status`: 0 found, 1 no such symbol, 2 version not
+ * sufficient. */
+static void *proc_address(const char *symbol, int version, unsigned long long flags, int *status) {
+  int n;
+  const struct fk_entry *t = fk_table(&n);
+  const struct fk_entry *best = NULL;
+  int named = 0;
+  for (int pass = (flags & 2) ? 1 : 0; pass >= 0 && !best; pass--) {
+    for (int i = 0; i < n; i++) {
+      if (strcmp(t[i].base, symbol) || t[i].per_thread != pass) continue;
+      named = 1;
+      if (t[i].since <= version && (!best || t[i].since > best->since)) best = &t[i];
     }
   }
-  RETURN(CUDA_ERROR_INVALID_VALUE);
+  *status = best ? 0 : named ? 2 : 1;
+  return best ? best->fn : NULL;
+}
+
+static CUresult get_proc_address(const char *symbol, void **pfn, int version,
+                                 unsigned long long flags, int *status) {
+  if (!symbol || !pfn || flags > 3) return FK_INVALID_VALUE;
+  int found;
+  *pfn = proc_address(symbol, version, flags, &found);
+  if (status) *status = found;
+  /* "The API will return CUDA_SUCCESS and set the returned pfn to NULL if the requested
+   * driver function is not supported ... or if the driver symbol is invalid." */
+  return CUDA_SUCCESS;
+}
+CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, unsigned long long flags) {
+  ENTER("cuGetProcAddress");
+  RETURN(get_proc_address(symbol, pfn, version, flags, NULL));
+}
+CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, unsigned long long flags,
+                             int *status) {
+  ENTER("cuGetProcAddress_v2");
+  RETURN(get_proc_address(symbol, pfn, version, flags, status));
 }
 #endif /* FAKECUDA_OLD */
+
+/* ---- The symbol table: every exported call, its cuGetProcAddress name and version ---------- */
+
+#define E(name, base, since, groups) {#name, base, since, 0, groups, (void *)name}
+#define P(name, base, since, groups) {#name, base, since, 1, groups, (void *)name}
+static const struct fk_entry cu_table[] = {
+    E(cuInit, "cuInit", 2000, 0),
+    E(cuDriverGetVersion, "cuDriverGetVersion", 2020, 0),
+    E(cuGetErrorName, "cuGetErrorName", 6000, 0),
+    E(cuGetErrorString, "cuGetErrorString", 6000, 0),
+    E(cuDeviceGetCount, "cuDeviceGetCount", 2000, 0),
+    E(cuDeviceGet, "cuDeviceGet", 2000, 0),
+    E(cuDeviceGetName, "cuDeviceGetName", 2000, 0),
+    E(cuDeviceGetAttribute, "cuDeviceGetAttribute", 2000, 0),
+    E(cuDeviceComputeCapability, "cuDeviceComputeCapability", 2000, 0),
+    E(cuDeviceTotalMem_v2, "cuDeviceTotalMem", 3020, 0),
+    E(cuDeviceGetUuid, "cuDeviceGetUuid", 9020, 0),
+    E(cuDeviceGetUuid_v2, "cuDeviceGetUuid", 11040, 0),
+    E(cuDeviceGetPCIBusId, "cuDeviceGetPCIBusId", 4010, 0),
+    E(cuDeviceCanAccessPeer, "cuDeviceCanAccessPeer", 4000, 0),
+    E(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", 7000, 0),
+    E(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease", 7000, 0),
+#ifndef FAKECUDA_OLD
+    E(cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease", 11000, 0),
+#endif
+    E(cuDevicePrimaryCtxGetState, "cuDevicePrimaryCtxGetState", 7000, 0),
+    E(cuCtxCreate_v2, "cuCtxCreate", 3020, 0),
+    E(cuCtxDestroy_v2, "cuCtxDestroy", 4000, 0),
+    E(cuCtxPushCurrent_v2, "cuCtxPushCurrent", 4000, 0),
+    E(cuCtxPopCurrent_v2, "cuCtxPopCurrent", 4000, 0),
+    E(cuCtxGetCurrent, "cuCtxGetCurrent", 4000, 0),
+    E(cuCtxSetCurrent, "cuCtxSetCurrent", 4000, 0),
+    E(cuCtxGetDevice, "cuCtxGetDevice", 2000, 0),
+    E(cuCtxGetFlags, "cuCtxGetFlags", 7000, 0),
+    E(cuCtxGetApiVersion, "cuCtxGetApiVersion", 3020, 0),
+    E(cuCtxSynchronize, "cuCtxSynchronize", 2000, FK_G_SYNC),
+    E(cuCtxGetStreamPriorityRange, "cuCtxGetStreamPriorityRange", 5050, 0),
+    E(cuCtxEnablePeerAccess, "cuCtxEnablePeerAccess", 4000, 0),
+    E(cuCtxDisablePeerAccess, "cuCtxDisablePeerAccess", 4000, 0),
+    E(cuMemGetInfo_v2, "cuMemGetInfo", 3020, 0),
+    E(cuMemAlloc_v2, "cuMemAlloc", 3020, FK_G_ALLOC),
+    E(cuMemAllocManaged, "cuMemAllocManaged", 6000, FK_G_ALLOC),
+    E(cuMemFree_v2, "cuMemFree", 3020, FK_G_FREE),
+    E(cuMemGetAddressRange_v2, "cuMemGetAddressRange", 3020, 0),
+    E(cuMemHostAlloc, "cuMemHostAlloc", 2020, FK_G_HOST_ALLOC),
+    E(cuMemAllocHost_v2, "cuMemAllocHost", 3020, FK_G_HOST_ALLOC),
+    E(cuMemFreeHost, "cuMemFreeHost", 2000, FK_G_HOST_FREE),
+    E(cuMemHostRegister_v2, "cuMemHostRegister", 6050, FK_G_HOST_ALLOC),
+    E(cuMemHostUnregister, "cuMemHostUnregister", 4000, FK_G_HOST_FREE),
+    E(cuMemHostGetDevicePointer_v2, "cuMemHostGetDevicePointer", 3020, 0),
+    E(cuPointerGetAttribute, "cuPointerGetAttribute", 4000, 0),
+    E(cuPointerGetAttributes, "cuPointerGetAttributes", 7000, 0),
+    E(cuStreamCreate, "cuStreamCreate", 2000, FK_G_STREAM),
+    E(cuStreamCreateWithPriority, "cuStreamCreateWithPriority", 5050, FK_G_STREAM),
+    E(cuStreamDestroy_v2, "cuStreamDestroy", 4000, 0),
+    E(cuStreamSynchronize, "cuStreamSynchronize", 2000, FK_G_SYNC),
+    P(cuStreamSynchronize_ptsz, "cuStreamSynchronize", 7000, FK_G_SYNC),
+    E(cuStreamQuery, "cuStreamQuery", 2000, FK_G_QUERY),
+    P(cuStreamQuery_ptsz, "cuStreamQuery", 7000, FK_G_QUERY),
+    E(cuStreamWaitEvent, "cuStreamWaitEvent", 3020, FK_G_WAIT),
+    P(cuStreamWaitEvent_ptsz, "cuStreamWaitEvent", 7000, FK_G_WAIT),
+    E(cuStreamGetFlags, "cuStreamGetFlags", 5050, 0),
+    P(cuStreamGetFlags_ptsz, "cuStreamGetFlags", 7000, 0),
+    E(cuStreamGetPriority, "cuStreamGetPriority", 5050, 0),
+    P(cuStreamGetPriority_ptsz, "cuStreamGetPriority", 7000, 0),
+    E(cuStreamGetCtx, "cuStreamGetCtx", 9020, 0),
+    P(cuStreamGetCtx_ptsz, "cuStreamGetCtx", 9020, 0),
+    E(cuStreamAddCallback, "cuStreamAddCallback", 5000, FK_G_LAUNCH),
+    P(cuStreamAddCallback_ptsz, "cuStreamAddCallback", 7000, FK_G_LAUNCH),
+    E(cuLaunchHostFunc, "cuLaunchHostFunc", 10000, FK_G_LAUNCH),
+    P(cuLaunchHostFunc_ptsz, "cuLaunchHostFunc", 10000, FK_G_LAUNCH),
+    E(cuEventCreate, "cuEventCreate", 2000, FK_G_EVENT),
+    E(cuEventRecord, "cuEventRecord", 2000, FK_G_EVENT),
+    P(cuEventRecord_ptsz, "cuEventRecord", 7000, FK_G_EVENT),
+    E(cuEventQuery, "cuEventQuery", 2000, FK_G_QUERY),
+    E(cuEventSynchronize, "cuEventSynchronize", 2000, FK_G_SYNC),
+    E(cuEventDestroy_v2, "cuEventDestroy", 4000, 0),
+    E(cuEventElapsedTime, "cuEventElapsedTime", 2000, 0),
+    E(cuMemcpy, "cuMemcpy", 4000, FK_G_COPY),
+    P(cuMemcpy_ptds, "cuMemcpy", 7000, FK_G_COPY),
+    E(cuMemcpyAsync, "cuMemcpyAsync", 4000, FK_G_COPY),
+    P(cuMemcpyAsync_ptsz, "cuMemcpyAsync", 7000, FK_G_COPY),
+    E(cuMemcpyHtoD_v2, "cuMemcpyHtoD", 3020, FK_G_COPY),
+    P(cuMemcpyHtoD_v2_ptds, "cuMemcpyHtoD", 7000, FK_G_COPY),
+    E(cuMemcpyDtoH_v2, "cuMemcpyDtoH", 3020, FK_G_COPY),
+    P(cuMemcpyDtoH_v2_ptds, "cuMemcpyDtoH", 7000, FK_G_COPY),
+    E(cuMemcpyDtoD_v2, "cuMemcpyDtoD", 3020, FK_G_COPY),
+    P(cuMemcpyDtoD_v2_ptds, "cuMemcpyDtoD", 7000, FK_G_COPY),
+    E(cuMemcpyHtoDAsync_v2, "cuMemcpyHtoDAsync", 3020, FK_G_COPY),
+    P(cuMemcpyHtoDAsync_v2_ptsz, "cuMemcpyHtoDAsync", 7000, FK_G_COPY),
+    E(cuMemcpyDtoHAsync_v2, "cuMemcpyDtoHAsync", 3020, FK_G_COPY),
+    P(cuMemcpyDtoHAsync_v2_ptsz, "cuMemcpyDtoHAsync", 7000, FK_G_COPY),
+    E(cuMemcpyDtoDAsync_v2, "cuMemcpyDtoDAsync", 3020, FK_G_COPY),
+    P(cuMemcpyDtoDAsync_v2_ptsz, "cuMemcpyDtoDAsync", 7000, FK_G_COPY),
+    E(cuMemsetD8_v2, "cuMemsetD8", 3020, FK_G_MEMSET),
+    P(cuMemsetD8_v2_ptds, "cuMemsetD8", 7000, FK_G_MEMSET),
+    E(cuMemsetD16_v2, "cuMemsetD16", 3020, FK_G_MEMSET),
+    P(cuMemsetD16_v2_ptds, "cuMemsetD16", 7000, FK_G_MEMSET),
+    E(cuMemsetD32_v2, "cuMemsetD32", 3020, FK_G_MEMSET),
+    P(cuMemsetD32_v2_ptds, "cuMemsetD32", 7000, FK_G_MEMSET),
+    E(cuMemsetD8Async, "cuMemsetD8Async", 3020, FK_G_MEMSET),
+    P(cuMemsetD8Async_ptsz, "cuMemsetD8Async", 7000, FK_G_MEMSET),
+    E(cuMemsetD16Async, "cuMemsetD16Async", 3020, FK_G_MEMSET),
+    P(cuMemsetD16Async_ptsz, "cuMemsetD16Async", 7000, FK_G_MEMSET),
+    E(cuMemsetD32Async, "cuMemsetD32Async", 3020, FK_G_MEMSET),
+    P(cuMemsetD32Async_ptsz, "cuMemsetD32Async", 7000, FK_G_MEMSET),
+    E(cuModuleLoad, "cuModuleLoad", 2000, FK_G_MODULE),
+    E(cuModuleLoadData, "cuModuleLoadData", 2000, FK_G_MODULE),
+    E(cuModuleLoadDataEx, "cuModuleLoadDataEx", 2010, FK_G_MODULE),
+    E(cuModuleGetFunction, "cuModuleGetFunction", 2000, FK_G_MODULE),
+    E(cuModuleUnload, "cuModuleUnload", 2000, 0),
+    E(cuLaunchKernel, "cuLaunchKernel", 4000, FK_G_LAUNCH),
+    P(cuLaunchKernel_ptsz, "cuLaunchKernel", 7000, FK_G_LAUNCH),
+#ifndef FAKECUDA_OLD
+    E(cuGetProcAddress, "cuGetProcAddress", 11030, 0),
+    E(cuGetProcAddress_v2, "cuGetProcAddress", 12000, 0),
+    E(cuMemGetAllocationGranularity, "cuMemGetAllocationGranularity", 10020, 0),
+    E(cuMemCreate, "cuMemCreate", 10020, FK_G_ALLOC),
+    E(cuMemRelease, "cuMemRelease", 10020, FK_G_FREE),
+    E(cuMemAddressReserve, "cuMemAddressReserve", 10020, FK_G_RESERVE),
+    E(cuMemAddressFree, "cuMemAddressFree", 10020, 0),
+    E(cuMemMap, "cuMemMap", 10020, FK_G_MAP),
+    E(cuMemSetAccess, "cuMemSetAccess", 10020, FK_G_MAP),
+    E(cuMemGetAccess, "cuMemGetAccess", 10020, 0),
+    E(cuMemUnmap, "cuMemUnmap", 10020, FK_G_UNMAP),
+    E(cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", 11020, 0),
+    E(cuDeviceGetMemPool, "cuDeviceGetMemPool", 11020, 0),
+    E(cuDeviceSetMemPool, "cuDeviceSetMemPool", 11020, FK_G_POOL),
+    E(cuMemPoolCreate, "cuMemPoolCreate", 11020, FK_G_POOL),
+    E(cuMemPoolDestroy, "cuMemPoolDestroy", 11020, FK_G_POOL),
+    E(cuMemPoolSetAttribute, "cuMemPoolSetAttribute", 11020, FK_G_POOL),
+    E(cuMemPoolGetAttribute, "cuMemPoolGetAttribute", 11020, 0),
+    E(cuMemPoolTrimTo, "cuMemPoolTrimTo", 11020, FK_G_POOL),
+    E(cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync", 11020, FK_G_ALLOC),
+    P(cuMemAllocFromPoolAsync_ptsz, "cuMemAllocFromPoolAsync", 11020, FK_G_ALLOC),
+    E(cuMemAllocAsync, "cuMemAllocAsync", 11020, FK_G_ALLOC),
+    P(cuMemAllocAsync_ptsz, "cuMemAllocAsync", 11020, FK_G_ALLOC),
+    E(cuMemFreeAsync, "cuMemFreeAsync", 11020, FK_G_FREE),
+    P(cuMemFreeAsync_ptsz, "cuMemFreeAsync", 11020, FK_G_FREE),
+#endif
+};
+
+static const struct fk_entry *fk_table(int *n) {
+  *n = (int)(sizeof cu_table / sizeof cu_table[0]);
+  return cu_table;
+}

@@ -1,44 +1,37 @@
 /*
- * fakehip: a conformance driver for portalloc's hip backend.
+ * fakehip: a conformance driver with the HIP runtime API's common surface (libamdhip64's
+ * names, signatures, codes and rules), over host memory. The behaviour lives in the core
+ * (fake_core.h and its concerns); this file is HIP's face: names, argument rules, codes, the
+ * device it impersonates, ROCm's versions and reported behaviours.
  *
- * Exports the HIP runtime symbols portalloc resolves from libamdhip64 (same names, same C
- * signatures, same error codes) over bookkeeping on the host: addresses come from a fake
- * address space and no device memory is touched, so a 192 GiB MI300X is simulated without
- * using memory. The rules follow HIP's: sizes and offsets of the virtual-memory calls are
- * multiples of the minimum granularity, a mapping lies inside one reservation, set-access
- * needs the range mapped, unmap covers whole mappings, a released handle lives until its last
- * mapping goes, the current device is per thread (hipSetDevice / hipGetDevice), streams are
- * clocks of the timeline of fake_common.h (any handle HIP knows: its own streams, NULL,
- * hipStreamLegacy, hipStreamPerThread — the calling thread's own) whose work finishes in
- * order — at once, unless held by a kernel in flight, a stream wait or hold_events — and
- * waiting for an event waits for the work before it, and pools give memory back only down
- * to their release threshold at a synchronisation. A pool's blocks are as fakecuda's: a
- * block freed with hipFreeAsync is cached once its stream's clock reaches the free; a request
- * takes the smallest cached block that fits and is safe for its stream (its free completed,
- * or freed on the same stream, never the per-thread handle), else a new one; a trim gives
- * back only cached blocks whose free completed, and giving one back while a kernel or a copy
- * still uses it is a hazard.
+ * HIP's rules it keeps (docs/fakes.md lists every call and what is modelled), from HIP's
+ * headers and implementation (hipamd 5.2.3, clr):
+ *   - the current device is per thread (hipSetDevice / hipGetDevice, 0 until set); HIP
+ *     initialises on the first call;
+ *   - every call stores its result as the thread's last error, success included
+ *     (hipGetLastError reads it and resets it, hipPeekAtLastError reads it);
+ *   - streams follow fake_timeline.h (the null stream's implicit ordering with blocking
+ *     streams, hipStreamNonBlocking, hipStreamPerThread and the _spt calls); hipFree and
+ *     hipHostFree synchronise first ("This API performs an implicit hipDeviceSynchronize()
+ *     call"): the device, and every device for pinned memory, as hipamd's ihipFree does;
+ *   - hipMemcpy returns once the copy completed, device-to-device included before ROCm 5.6
+ *     (from 5.6 a same-device device-to-device copy does not wait); hipMemcpyAsync with
+ *     pageable host memory on either side is synchronous ("If host or dest are not pinned,
+ *     the memory copy will be performed synchronously"); hipMemset waits (ROCm 5; from 6 it
+ *     does not for the start of a plain allocation, as clr's ihipMemset);
+ *   - ROCm 5 and 6 differ where HIP did: hipMemoryType's values, hipPointerGetAttributes on
+ *     memory HIP does not know (5: hipErrorInvalidValue; 6: success, unregistered), the
+ *     device-properties layout (hipGetDeviceProperties fills the 5.x layout,
+ *     hipGetDevicePropertiesR0600 the 6.x one), attribute 89 (virtual memory: ROCm 6+),
+ *     hipGetProcAddress (ROCm 6.2+).
  *
- * Personalities (hipRuntimeGetVersion / hipDriverGetVersion):
- *   ROCm 6/7 (default 6.2.41133): hipGetDevicePropertiesR0600, attribute 89 (VMM) = 1,
- *     minimum granularity 4 KiB, recommended 2 MiB;
- *   ROCm 5 (e.g. FAKEHIP_VERSION=50221153 or 5.2): attribute 89 does not exist
- *     (hipErrorInvalidValue) and hipGetDevicePropertiesR0600 answers hipErrorNotSupported;
- *     hipGetDeviceProperties fills the 5.x (R0000) layout.
  * A quirk of ROCm is modelled on purpose: a new pool's release threshold is "never release"
  * (UINT64_MAX) until set, so a shim that forgets to set it keeps every freed byte.
- *
- * hipMemAddressReserve's `addr` is a hint, as HIP documents it, in every profile: the
- * reservation is at exactly `addr` when it is non-zero, a multiple of the minimum granularity
- * and of `alignment`, and [addr, addr + size) overlaps no live reservation or allocation;
- * else at a fresh address. A freed reservation's range can so be reserved again at the same
- * address (as vLLM and torch_memory_saver do); a call without a hint never gets it again.
  *
  * Profiles: ROCm as it behaves, beside what it documents. Selected with FAKEHIP_PROFILE at
  * fakehip_reset (an unknown name: documented, said on stderr) or fakehip_set_profile(names)
  * (0; hipErrorInvalidValue for an unknown name, which changes nothing); a comma-separated
- * list, so profiles combine; `documented` adds nothing. fakehip_profile_name(i) lists them
- * (tests/support/fakes.rs' FAKEHIP_PROFILES is checked against it).
+ * list, so profiles combine; `documented` adds nothing. fakehip_profile_name(i) lists them.
  *   documented
  *     HIP's documentation: the rules above.
  *   rocm7-reservation-hold
@@ -54,183 +47,112 @@
  *     ROCm/rocm-systems#2516 (ROCm 7.x; the fixes, rocm-systems#2451, #2568 and #6977, name
  *     the cause): hipMemSetAccess refuses correct calls with hipErrorInvalidValue for some
  *     sizes, because it sums the sizes of the mappings of the reservation from its first one
- *     instead of from `ptr`'s and wants the sum to be exactly `size`; several handles of
- *     different sizes mapped one after another, access set on each, fail from the second.
- *     Modelled: the mappings of the reservation holding `ptr` in address order from the
- *     lowest; refused unless a sum of the first k of them is exactly `size`. With mappings
- *     of one granule each, a set-access over n granules passes whenever the reservation
- *     holds n mappings, which it does: a vmm like portalloc's does not meet it.
+ *     instead of from `ptr`'s and wants the sum to be exactly `size`. Modelled: the mappings
+ *     of the reservation holding `ptr` in address order from the lowest; refused unless a sum
+ *     of the first k of them is exactly `size`.
  *   rocm-systems-7128-reserve-counted
  *     ROCm/rocm-systems#7128 (merged 2026-06): the runtime's own free-memory counter, which
- *     its allocations are checked against, subtracted address reservations (VA ranges) in
- *     full and never counted physical handles, so after a reservation larger than what it
- *     thought free it clamped to 0 and refused a 32 MiB allocation with hipErrorOutOfMemory
- *     while hipMemGetInfo said GiBs were free. The report is about the pool's own
- *     reservations; that hipMemAddressReserve's ranges (the same kind of VA range object)
- *     were counted too is read from the fix, not reported. Modelled: hipMalloc and
- *     hipExtMallocWithFlags are refused when their bytes, plus every other plain byte, plus
- *     every live reservation of the device, would pass its capacity; hipMemCreate and
- *     hipMemGetInfo are as documented. portalloc's vmm reserves 2 × its limit + 1 GiB, so
- *     while it lives every plain allocation on the device (a caller's, another strategy's)
- *     meets it; vmm itself uses hipMemCreate only.
+ *     its allocations are checked against, subtracted address reservations in full and never
+ *     counted physical handles. Modelled: hipMalloc and hipExtMallocWithFlags are refused when
+ *     their bytes, plus every other plain byte, plus every live reservation of the device,
+ *     would pass its capacity; hipMemCreate and hipMemGetInfo are as documented.
  *   rocr-285-unmap-many
- *     ROCm/ROCR-Runtime#285 (before ROCm 7.0; the fix was targeted at 7.0): one hipMemUnmap
- *     over several mappings lowers ROCr's use count of the reservation by one only, so its
- *     hipMemAddressFree fails for ever after, though nothing is mapped. Modelled: each
- *     reservation counts a use per hipMemMap and drops one per hipMemUnmap call that unmaps
- *     anything in it; hipMemAddressFree of a reservation still in use is
- *     hipErrorInvalidValue (the report gives ROCr's HSA_STATUS_ERROR_RESOURCE_FREE, not the
- *     HIP code). portalloc's vmm unmaps one granule per call and does not meet it.
+ *     ROCm/ROCR-Runtime#285 (before ROCm 7.0): one hipMemUnmap over several mappings lowers
+ *     ROCr's use count of the reservation by one only, so its hipMemAddressFree fails for
+ *     ever after. Modelled: hipMemAddressFree of a reservation still in use is
+ *     hipErrorInvalidValue.
  * Reported, not modelled:
  *   ROCm/rocm-systems#11693 (gfx1201, ROCm 7.2.1): after hipMemMap + hipMemSetAccess return,
- *     GPU work for ~1-2 ms still sees the old translation: kernels read zeros and their
- *     stores are lost, without an error; only a wall-clock wait helps (a queue round-trip
- *     does not). Not modelled: what goes wrong is GPU work on the bytes, which fakehip has
- *     none behind, and a fake could only tell "early" by a timer that makes tests flaky.
- *     portalloc's vmm meets it on such a card: it maps on demand and hands the memory out at
- *     once, and a wake maps and then copies the bytes back at once (whether copies see the
- *     stale translation as kernels do is not reported).
+ *     GPU work for ~1-2 ms still sees the old translation. Not modelled: a fake could only
+ *     tell "early" by a timer that makes tests flaky.
  *   ROCm/hip#3781 (ROCm 6.4.0, fixed in 6.4.2): hipMemRelease returns no physical memory at
- *     all, not after hipMemUnmap, hipMemRelease or hipMemAddressFree. Not modelled: one
- *     release's leak below portalloc's VMM gate (ROCm 7), so portalloc's vmm never runs on
- *     it, and nothing an allocator does gets the memory back, so under such a profile the
- *     conformance checks of vmm (run under every profile) could only fail.
- *
- * Peer access is HIP's: hipDeviceCanAccessPeer answers 1 for distinct devices unless
- * fake_set_peer says otherwise, hipDeviceEnablePeerAccess enables it from the current device
- * (hipSetDevice), and hipMemSetAccess takes a descriptor per device (see fake_common.h).
+ *     all. Not modelled: below portalloc's VMM gate (ROCm 7), and nothing an allocator does
+ *     gets the memory back.
  *
  * Defaults come from the environment at fakehip_reset (FAKEHIP_VERSION, FAKEHIP_DEVICES,
- * FAKEHIP_CAPACITY, FAKEHIP_PROFILE) and the control functions below override them. Faults, call counts, live
- * counts and peer controls: the fake_* API of fake_common.h (fakehip_reset clears them too).
+ * FAKEHIP_CAPACITY, FAKEHIP_PROFILE, FAKEHIP_DEVICE) and the control functions below override
+ * them.
  */
 #define _GNU_SOURCE
-#include <pthread.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+#include "fake_core.h"
+#include "fake_timeline.h"
+#include "fake_memory.h"
+#include "fake_vmm.h"
+#include "fake_pools.h"
+#include "fake_modules.h"
 
 typedef int hipError_t;
 enum {
   hipSuccess = 0,
   hipErrorInvalidValue = 1,
   hipErrorOutOfMemory = 2,
-  hipErrorNotInitialized = 3,
   hipErrorInvalidDevicePointer = 17,
+  hipErrorInvalidMemcpyDirection = 21,
+  hipErrorInvalidDeviceFunction = 98,
   hipErrorNoDevice = 100,
   hipErrorInvalidDevice = 101,
-  hipErrorPeerAccessUnsupported = 217,
+  hipErrorInvalidImage = 200,
+  hipErrorFileNotFound = 301,
   hipErrorInvalidHandle = 400,
+  hipErrorNotFound = 500,
   hipErrorNotReady = 600,
-  hipErrorPeerAccessAlreadyEnabled = 704,
-  hipErrorPeerAccessNotEnabled = 705,
+  hipErrorHostMemoryAlreadyRegistered = 712,
+  hipErrorHostMemoryNotRegistered = 713,
   hipErrorNotSupported = 801,
 };
-
-#define FAKE_STATUS hipError_t
-#define FAKE_OK hipSuccess
-#define FAKE_INVALID_VALUE hipErrorInvalidValue
-#define FAKE_INVALID_DEVICE hipErrorInvalidDevice
-#define FAKE_PEER_UNSUPPORTED hipErrorPeerAccessUnsupported
-#define FAKE_PEER_ALREADY_ENABLED hipErrorPeerAccessAlreadyEnabled
-#define FAKE_PEER_NOT_ENABLED hipErrorPeerAccessNotEnabled
-#include "fake_common.h"
 
 #define EXPORT FAKE_EXPORT
 #define KIB 1024ULL
 #define MIB (1024ULL * 1024ULL)
 #define GIB (1024ULL * MIB)
-#define MAX_DEVICES FAKE_MAX_DEVICES
-#define MAX_OBJECTS 65536
-#define MAX_POOLS 64
 
-/* ----- state ----------------------------------------------------------------------------- */
+typedef struct {
+  unsigned int x, y, z;
+} dim3;
 
-/* POOL_CACHED: a pool's block freed by hipFreeAsync, its memory still the pool's. */
-enum kind {
-  FREE_SLOT = 0,
-  ALLOC,
-  POOL_ALLOC,
-  RESERVATION,
-  HANDLE,
-  MAPPING,
-  STREAM,
-  EVENT,
-  HOST_ALLOC,
-  POOL_CACHED
+/* ----- the device it impersonates ---------------------------------------------------------
+ * hipDeviceProp_t values from the vendors' dumps (docs/fakes.md gives each source): the
+ * MI300X (thamada/nvidia-smi's 4x MI300X hipGetDeviceProperties dump and rocminfo; AMD's GPU
+ * specs table) and one GCD of an MI250X (ROCm issue rocminfo dumps; caps-tum/mt4g's MI210). */
+struct hip_model {
+  const char *key, *name, *arch;
+  unsigned long long total;
+  int major, minor, cus, clock_khz, memory_clock_khz, bus_width, l2, async_engines, pci_bus;
 };
-
-struct object {
-  int kind;
-  uint64_t addr; /* address, handle, stream or event value; HOST_ALLOC: the malloc'd memory */
-  uint64_t size;
-  int device;
-  int released;      /* HANDLE: hipMemRelease called */
-  int mapcount;      /* HANDLE: live mappings */
-  uint64_t handle;   /* MAPPING: the handle mapped */
-  int pool;          /* POOL_ALLOC, POOL_CACHED: pool index */
-  int clock;         /* STREAM: its clock; EVENT: the clock of the last record's stream;
-                        POOL_CACHED: the clock of the stream it was freed on */
-  uint64_t seq;      /* EVENT, POOL_CACHED: its number on that clock (0: complete) */
-  unsigned access;   /* MAPPING: bit d, device d may access it (hipMemSetAccess) */
-  long uses;         /* RESERVATION: ROCr's use count (rocr-285-unmap-many) */
+static const struct hip_model hip_models[] = {
+    {"mi300x", "AMD Instinct MI300X", "gfx942:sramecc+:xnack-", 206141652992ULL, 9, 4, 304,
+     2100000, 1300000, 8192, 33554432, 8, 38},
+    {"mi250x", "AMD Instinct MI250X", "gfx90a:sramecc+:xnack-", 68702699520ULL, 9, 0, 110,
+     1700000, 1600000, 4096, 8388608, 2, 38},
 };
-
-struct pool {
-  int live;      /* the slot is in use: a pool, or a destroyed one still holding blocks */
-  int destroyed; /* hipMemPoolDestroy was called: its handle is gone, its blocks go when free */
-  int device;
-  int is_default;
-  struct fake_pool_stats stats;
-};
-
-static __thread int current_device = 0;
 
 static int version;
-static int n_devices;
-static uint64_t capacity;
-static uint64_t min_gran, rec_gran;
+static const struct hip_model *model;
 static int attr_integrated, attr_pools, attr_vmm; /* attr_vmm < 0: by version */
-/* Destroyed streams' handle values, which the next hipStreamCreateWithFlags hands out again,
- * as drivers reuse freed handles. */
-#define MAX_REUSED 64
-static uint64_t reusable_streams[MAX_REUSED];
-static int n_reusable;
 static char arch[64];
 static unsigned last_flags;
 static int last_device;
+static __thread int hip_last_error;
 
-static uint64_t used[MAX_DEVICES];
-static struct object objects[MAX_OBJECTS];
-static int high; /* objects[0 .. high) may be in use */
-static struct pool pools[MAX_POOLS];
-static uint64_t next_va, next_id;
-static int initialised;
+static int major(void) { return version / 10000000; }
+static int minor(void) { return version / 100000 % 100; }
+static int at_least(int a, int b) { return major() > a || (major() == a && minor() >= b); }
 
 /* ----- profiles: ROCm as it behaves (see the header) ------------------------------------- */
 
-enum {
-  PROFILE_RESERVATION_HOLD = 1u << 0,
-  PROFILE_SETACCESS_PREFIX = 1u << 1,
-  PROFILE_RESERVE_COUNTED = 1u << 2,
-  PROFILE_UNMAP_MANY = 1u << 3,
-};
 static const struct {
   const char *name;
   unsigned bits;
 } profile_names[] = {
     {"documented", 0},
-    {"rocm7-reservation-hold", PROFILE_RESERVATION_HOLD},
-    {"rocm-systems-2516-setaccess-prefix", PROFILE_SETACCESS_PREFIX},
-    {"rocm-systems-7128-reserve-counted", PROFILE_RESERVE_COUNTED},
-    {"rocr-285-unmap-many", PROFILE_UNMAP_MANY},
+    {"rocm7-reservation-hold", Q_RESERVATION_HOLD},
+    {"rocm-systems-2516-setaccess-prefix", Q_SETACCESS_PREFIX},
+    {"rocm-systems-7128-reserve-counted", Q_RESERVE_COUNTED},
+    {"rocr-285-unmap-many", Q_UNMAP_MANY},
 };
-static unsigned profile; /* PROFILE_* bits in force */
 
 /* The bits of a comma-separated list of profile names into `*bits`; 0, or the length of the
- * first unknown name with `*unknown` pointing at it. Spaces around a name are ignored and an
- * empty list is `documented`. */
+ * first unknown name with `*unknown` pointing at it. */
 static size_t parse_profiles(const char *names, unsigned *bits, const char **unknown) {
   *bits = 0;
   for (const char *at = names ? names : ""; *at;) {
@@ -254,172 +176,125 @@ static size_t parse_profiles(const char *names, unsigned *bits, const char **unk
   return 0;
 }
 
-/* Which reservation each handle was ever mapped into, while both live: under
- * rocm7-reservation-hold a released handle's bytes stay charged while any pair of its is
- * left. Recorded in every profile (a pair goes when its handle is dropped or its reservation
- * freed), so a profile only changes what a release gives back. */
-#define MAX_HOLDS 65536
-struct hold {
-  uint64_t handle, reservation;
-};
-static struct hold holds[MAX_HOLDS];
-static int n_holds;
-
-static int major(void) { return version / 10000000; }
-
 static int parse_version(const char *s) {
   int a = 0, b = 0;
   if (strchr(s, '.') && sscanf(s, "%d.%d", &a, &b) >= 1) return a * 10000000 + b * 100000;
   return atoi(s);
 }
 
-static void reset_locked(void) {
+static void fk_face_defaults(void) {
   const char *v = getenv("FAKEHIP_VERSION");
   const char *d = getenv("FAKEHIP_DEVICES");
   const char *c = getenv("FAKEHIP_CAPACITY");
+  const char *m = getenv("FAKEHIP_DEVICE");
   version = v && *v ? parse_version(v) : 60241133;
-  n_devices = d && *d ? atoi(d) : 1;
-  if (n_devices > MAX_DEVICES) n_devices = MAX_DEVICES;
-  capacity = c && *c ? strtoull(c, NULL, 10) : 64 * GIB;
-  min_gran = 4 * KIB;
-  rec_gran = 2 * MIB;
+  fk_n_devices = d && *d ? atoi(d) : 1;
+  if (fk_n_devices > FK_MAX_DEVICES) fk_n_devices = FK_MAX_DEVICES;
+  if (fk_n_devices < 0) fk_n_devices = 0;
+  model = &hip_models[major() >= 6 ? 0 : 1];
+  for (size_t i = 0; m && i < sizeof hip_models / sizeof hip_models[0]; i++)
+    if (!strcmp(hip_models[i].key, m)) model = &hip_models[i];
+  unsigned long long capacity = c && *c ? strtoull(c, NULL, 10) : model->total;
+  for (int i = 0; i < FK_MAX_DEVICES; i++) fk_devices[i].capacity = capacity;
+  fk_min_gran = 4 * KIB;
+  fk_rec_gran = 2 * MIB;
   attr_integrated = 0;
   attr_pools = 1;
   attr_vmm = -1;
-  n_reusable = 0;
-  fake_timeline_reset();
-  snprintf(arch, sizeof arch, "gfx942:sramecc+:xnack-");
+  snprintf(arch, sizeof arch, "%s", model->arch);
   last_flags = 0;
   last_device = -1;
-  memset(used, 0, sizeof used);
-  for (int i = 0; i < high; i++)
-    if (objects[i].kind == HOST_ALLOC) free((void *)(uintptr_t)objects[i].addr);
-  memset(objects, 0, sizeof objects);
-  memset(pools, 0, sizeof pools);
-  fake_common_reset();
-  n_holds = 0;
   const char *p = getenv("FAKEHIP_PROFILE");
   const char *unknown = NULL;
-  size_t bad = parse_profiles(p, &profile, &unknown);
+  size_t bad = parse_profiles(p, &fk_quirks, &unknown);
   if (bad) {
     fprintf(stderr,
             "fakehip: unknown profile \"%.*s\" in FAKEHIP_PROFILE=\"%s\"; using the documented "
             "behaviour\n",
             (int)bad, unknown, p);
-    profile = 0;
+    fk_quirks = 0;
   }
-  high = 0;
-  next_va = 0x100000000000ULL; /* 16 TiB: far from anything the host maps */
-  next_id = 0x5000;
-  initialised = 1;
 }
 
-static void fake_prepare(void) {
-  if (!initialised) reset_locked();
+/* HIP stores every call's result as the calling thread's last error, success included; HIP
+ * initialises on its first call. */
+static void fk_face_returned(int code) {
+  hip_last_error = code;
+  if (fk_n_devices > 0) fk_initialised = 1;
 }
 
-static struct object *find(int kind, uint64_t addr) {
-  for (int i = 0; i < high; i++)
-    if (objects[i].kind == kind && objects[i].addr == addr) return &objects[i];
-  return NULL;
+static int fk_face_code(const char *name) {
+  static const struct {
+    const char *name;
+    int code;
+  } codes[] = {
+      {"success", 0},          {"invalid_value", 1},      {"out_of_memory", 2},
+      {"not_initialized", 3},  {"deinitialized", 4},      {"invalid_device_pointer", 17},
+      {"invalid_memcpy_direction", 21}, {"invalid_device_function", 98},
+      {"no_device", 100},      {"invalid_device", 101},   {"invalid_image", 200},
+      {"invalid_context", 201}, {"peer_unsupported", 217}, {"invalid_handle", 400},
+      {"not_found", 500},      {"not_ready", 600},        {"illegal_address", 700},
+      {"launch_out_of_resources", 701}, {"peer_already_enabled", 704},
+      {"peer_not_enabled", 705}, {"launch_failed", 719},  {"not_supported", 801},
+      {"unknown", 999},
+  };
+  for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++)
+    if (!strcmp(codes[i].name, name)) return codes[i].code;
+  return -1;
 }
 
-static struct object *add(int kind, uint64_t addr, uint64_t size, int device) {
-  for (int i = 0; i < MAX_OBJECTS; i++) {
-    if (objects[i].kind == FREE_SLOT) {
-      memset(&objects[i], 0, sizeof objects[i]);
-      objects[i].kind = kind;
-      objects[i].addr = addr;
-      objects[i].size = size;
-      objects[i].device = device;
-      if (i >= high) high = i + 1;
-      return &objects[i];
-    }
-  }
-  return NULL;
+/* The calling thread's current device (0 until hipSetDevice). */
+static int current_device(void) { return fk_t_depth ? fk_t_stack[fk_t_depth - 1] : 0; }
+
+static int fk_face_clock(void *stream) {
+  unsigned long long handle = (unsigned long long)(uintptr_t)stream;
+  int slot = fk_stream_slot(handle);
+  int ctx = slot >= 0 ? fk_streams[slot].ctx : current_device();
+  return fk_clock_of(ctx, handle, 0);
 }
 
-static void drop(struct object *o) { o->kind = FREE_SLOT; }
+static long long fk_face_contexts(void) { return -1; /* HIP has no context a caller retains */ }
 
-/* Streams are clocks of the timeline (fake_common.h): the special handles NULL and
- * hipStreamLegacy (0x1) share the null stream's clock, hipStreamPerThread (0x2) names the
- * calling thread's own. */
-static int valid_stream(void *stream) {
-  uint64_t s = (uint64_t)(uintptr_t)stream;
-  return s <= 2 || find(STREAM, s) != NULL;
+static int valid_device(int d) { return d >= 0 && d < fk_n_devices; }
+#define CHECK_DEVICE(d) \
+  if (!valid_device(d)) return hipErrorInvalidDevice
+/* The clock of `stream` for the calling thread (`pt`: an _spt call), or return
+ * hipErrorInvalidHandle. */
+#define CHECK_STREAM(clock, stream, pt)                                                   \
+  int clock = fk_clock_of(current_device(), (unsigned long long)(uintptr_t)(stream), pt); \
+  if (!clock) return hipErrorInvalidHandle
+
+/* hipDeviceSynchronize of `device` (-1: every device), counted. */
+static void sync_device(int device) {
+  fk_cpu_wait();
+  for (int c = 1; c < fk_n_clocks; c++)
+    if (device < 0 || fk_ctxs[fk_clocks[c].ctx].device == device) fk_force(c, ~0ULL, 0);
 }
 
-/* The clock of a valid stream handle. */
-static int clock_of(uint64_t s) {
-  if (s <= 1) return FAKE_NULL_CLOCK;
-  if (s == 2) return fake_per_thread_clock();
-  struct object *o = find(STREAM, s);
-  return o ? o->clock : FAKE_NULL_CLOCK;
-}
+/* ----- control functions ---------------------------------------------------------------- */
 
-static int fake_clock_of_handle(void *stream) {
-  return valid_stream(stream) ? clock_of((uint64_t)(uintptr_t)stream) : 0;
-}
-
-static int event_done(struct object *e) { return fake_clock_done(e->clock, e->seq); }
-
-static uint64_t take_va(uint64_t size, uint64_t align) {
-  if (align < 2 * MIB) align = 2 * MIB;
-  uint64_t va = (next_va + align - 1) & ~(align - 1);
-  next_va = va + ((size + 2 * MIB - 1) & ~(2 * MIB - 1)) + 2 * MIB; /* guard gap */
-  return va;
-}
-
-static uint64_t new_id(void) { return (next_id += 16); }
-
-/* True when [va, va + size) overlaps a live reservation or allocation: what holds an
- * address. */
-static int va_taken(uint64_t va, uint64_t size) {
-  for (int i = 0; i < high; i++) {
-    struct object *o = &objects[i];
-    if ((o->kind == RESERVATION || o->kind == ALLOC || o->kind == POOL_ALLOC ||
-         o->kind == POOL_CACHED) &&
-        o->addr < va + size && va < o->addr + o->size)
-      return 1;
-  }
-  return 0;
-}
-
-/* hipMemAddressReserve's address: exactly the hint `want` when it is non-zero, aligned to the
- * minimum granularity and to `alignment`, and free, else a fresh one from take_va. Hintless
- * calls only move forward, so a freed range is never handed out again without a hint; an
- * honoured hint past next_va moves it on, so no fresh address lands on it later. */
-static uint64_t reserve_va(uint64_t want, uint64_t size, uint64_t alignment) {
-  int usable = want && want % min_gran == 0 && (!alignment || want % alignment == 0) &&
-               want + size > want && !va_taken(want, size);
-  if (!usable) return take_va(size, alignment);
-  uint64_t end = ((want + size + 2 * MIB - 1) & ~(2 * MIB - 1)) + 2 * MIB; /* guard gap */
-  if (end > next_va) next_va = end;
-  return want;
-}
-
-static int charge(int device, uint64_t bytes) {
-  if (used[device] + bytes > capacity || used[device] + bytes < used[device]) return 0;
-  used[device] += bytes;
-  return 1;
-}
-
-static int valid_device(int d) { return d >= 0 && d < n_devices; }
-
-static uint64_t round256(uint64_t n) { return (n + 255) & ~255ULL; }
-
-/* ----- control functions (called by the tests through libloading) ------------------------- */
-
-/* Not LOCKED: its fake_prepare would reset first, and say an unknown profile twice. */
+/* Forgets everything: memory, handles, streams, events, faults, counts, hazards; the
+ * defaults are read from the environment again. */
 EXPORT void fakehip_reset(void) {
-  pthread_mutex_lock(&lock);
-  reset_locked();
-  pthread_mutex_unlock(&lock);
+  pthread_mutex_lock(&fk_lock);
+  if (!fk_prepared) {
+    fk_prepare();
+  } else {
+    fk_memory_reset(); /* regions: before the VMM forgets the reservations' address space */
+    fk_vmm_reset();
+    fk_pools_reset();
+    fk_modules_reset();
+    fk_timeline_reset();
+    fk_core_reset();
+    fk_quirks = 0;
+    fk_initialised = 0;
+    fk_face_defaults();
+  }
+  pthread_mutex_unlock(&fk_lock);
 }
 EXPORT void fakehip_set_version(int v) { LOCKED(version = v); }
 /* The profiles in force from now on (a comma-separated list, see the header); 0, or
- * hipErrorInvalidValue for an unknown name, which changes nothing. What a profile holds back
- * already (a held handle) stays as it is until its reservation goes or the reset. */
+ * hipErrorInvalidValue for an unknown name, which changes nothing. */
 EXPORT int fakehip_set_profile(const char *names) {
   int rc = hipSuccess;
   LOCKED({
@@ -428,31 +303,25 @@ EXPORT int fakehip_set_profile(const char *names) {
     if (parse_profiles(names, &bits, &unknown))
       rc = hipErrorInvalidValue;
     else
-      profile = bits;
+      fk_quirks = bits;
   });
   return rc;
 }
-/* The name of profile `i` (from 0), or NULL past the last: the list the tests check theirs
- * against. */
+/* The name of profile `i` (from 0), or NULL past the last. */
 EXPORT const char *fakehip_profile_name(int i) {
   int n = (int)(sizeof profile_names / sizeof profile_names[0]);
   return i >= 0 && i < n ? profile_names[i].name : NULL;
 }
-/* Bytes of released handles with no mapping left that are still charged (what
- * rocm7-reservation-hold holds back), all devices together. */
+/* Bytes of released handles with no mapping left that are still charged. */
 EXPORT unsigned long long fakehip_held_bytes(void) {
   unsigned long long n = 0;
-  LOCKED({
-    for (int i = 0; i < high; i++)
-      if (objects[i].kind == HANDLE && objects[i].released && !objects[i].mapcount)
-        n += objects[i].size;
-  });
+  LOCKED(n = fk_held_bytes());
   return n;
 }
 EXPORT void fakehip_set_devices(int n, unsigned long long bytes) {
   LOCKED({
-    n_devices = n < 0 ? 0 : n > MAX_DEVICES ? MAX_DEVICES : n;
-    capacity = bytes;
+    fk_n_devices = n < 0 ? 0 : n > FK_MAX_DEVICES ? FK_MAX_DEVICES : n;
+    for (int d = 0; d < FK_MAX_DEVICES; d++) fk_devices[d].capacity = bytes;
   });
 }
 /* attr: 16 (integrated), 88 (pools), 89 (VMM; -1 = by version). */
@@ -465,55 +334,24 @@ EXPORT void fakehip_set_attribute(int attr, int value) {
 }
 EXPORT void fakehip_set_granularity(unsigned long long minimum, unsigned long long recommended) {
   LOCKED({
-    min_gran = minimum;
-    rec_gran = recommended;
+    fk_min_gran = minimum;
+    fk_rec_gran = recommended;
   });
 }
 EXPORT void fakehip_set_arch(const char *name) { LOCKED(snprintf(arch, sizeof arch, "%s", name)); }
-/* While held, recorded events stay pending until synchronised or released. */
+/* While held, nothing recorded on a stream completes until synchronised or released. */
 EXPORT void fakehip_hold_events(int held) {
-  LOCKED(fake_set_hold(held));
-}
-/* fake_live's answers (fake_common.h). */
-static long long fake_live_of(enum fake_live_what what) {
-  static const int kinds[LIVE_KINDS] = {
-      [LIVE_ALLOCATIONS] = ALLOC,   [LIVE_POOL_ALLOCATIONS] = POOL_ALLOC,
-      [LIVE_RESERVATIONS] = RESERVATION, [LIVE_HANDLES] = HANDLE,
-      [LIVE_MAPPINGS] = MAPPING,    [LIVE_STREAMS] = STREAM,
-      [LIVE_EVENTS] = EVENT,        [LIVE_HOST_ALLOCATIONS] = HOST_ALLOC,
-  };
-  long long n = 0;
-  switch (what) {
-    case LIVE_POOLS:
-      for (int p = 0; p < MAX_POOLS; p++)
-        n += pools[p].live && !pools[p].destroyed && !pools[p].is_default;
-      return n;
-    case LIVE_BYTES:
-      for (int d = 0; d < MAX_DEVICES; d++) n += (long long)used[d];
-      return n;
-    case LIVE_POOL_RESERVED:
-      for (int p = 0; p < MAX_POOLS; p++)
-        if (pools[p].live) n += (long long)pools[p].stats.reserved;
-      return n;
-    case LIVE_CONTEXTS:
-      return -1; /* HIP has no context a caller retains */
-    default:
-      for (int i = 0; i < high; i++) n += objects[i].kind == kinds[what];
-      return n;
-  }
-}
-/* fake_access's answer (fake_common.h). */
-static int fake_access_of(unsigned long long va, int device) {
-  for (int i = 0; i < high; i++) {
-    struct object *m = &objects[i];
-    if (m->kind == MAPPING && m->addr <= va && va < m->addr + m->size)
-      return fake_device_index_ok(device) && (m->access >> device) & 1;
-  }
-  return -1;
+  LOCKED({
+    fk_hold = held;
+    if (!held) {
+      while (fk_n_active) fk_task_run(&fk_tasks[fk_active[0]]);
+      fk_progress();
+    }
+  });
 }
 EXPORT unsigned long long fakehip_device_used(int device) {
   unsigned long long n = 0;
-  LOCKED(n = valid_device(device) ? used[device] : 0);
+  LOCKED(n = valid_device(device) ? fk_devices[device].used : 0);
   return n;
 }
 /* Flags of the last hipExtMallocWithFlags (hipMalloc: 0) and the device it charged. */
@@ -531,29 +369,38 @@ EXPORT int fakehip_last_device(void) {
 /* ----- errors ----------------------------------------------------------------------------- */
 
 static const struct fake_error errors[] = {
-    {hipSuccess, "hipSuccess", "no error"},
-    {hipErrorInvalidValue, "hipErrorInvalidValue", "invalid argument"},
-    {hipErrorOutOfMemory, "hipErrorOutOfMemory", "out of memory"},
-    {hipErrorNotInitialized, "hipErrorNotInitialized", "initialization error"},
-    {hipErrorInvalidDevicePointer, "hipErrorInvalidDevicePointer", "invalid device pointer"},
-    {hipErrorNoDevice, "hipErrorNoDevice", "no ROCm-capable device is detected"},
-    {hipErrorInvalidDevice, "hipErrorInvalidDevice", "invalid device ordinal"},
-    {hipErrorPeerAccessUnsupported, "hipErrorPeerAccessUnsupported",
-     "peer access is not supported between these two devices"},
-    {hipErrorInvalidHandle, "hipErrorInvalidHandle", "invalid resource handle"},
-    {hipErrorNotReady, "hipErrorNotReady", "device not ready"},
-    {hipErrorPeerAccessAlreadyEnabled, "hipErrorPeerAccessAlreadyEnabled",
-     "peer access is already enabled"},
-    {hipErrorPeerAccessNotEnabled, "hipErrorPeerAccessNotEnabled",
-     "peer access has not been enabled"},
-    {hipErrorNotSupported, "hipErrorNotSupported", "operation not supported"},
+    {0, "hipSuccess", "no error"},
+    {1, "hipErrorInvalidValue", "invalid argument"},
+    {2, "hipErrorOutOfMemory", "out of memory"},
+    {3, "hipErrorNotInitialized", "initialization error"},
+    {4, "hipErrorDeinitialized", "driver shutting down"},
+    {17, "hipErrorInvalidDevicePointer", "invalid device pointer"},
+    {21, "hipErrorInvalidMemcpyDirection", "invalid copy direction for memcpy"},
+    {98, "hipErrorInvalidDeviceFunction", "invalid device function"},
+    {100, "hipErrorNoDevice", "no ROCm-capable device is detected"},
+    {101, "hipErrorInvalidDevice", "invalid device ordinal"},
+    {200, "hipErrorInvalidImage", "device kernel image is invalid"},
+    {201, "hipErrorInvalidContext", "invalid device context"},
+    {217, "hipErrorPeerAccessUnsupported", "peer access is not supported between these two devices"},
+    {301, "hipErrorFileNotFound", "file not found"},
+    {400, "hipErrorInvalidHandle", "invalid resource handle"},
+    {500, "hipErrorNotFound", "named symbol not found"},
+    {600, "hipErrorNotReady", "device not ready"},
+    {700, "hipErrorIllegalAddress", "an illegal memory access was encountered"},
+    {704, "hipErrorPeerAccessAlreadyEnabled", "peer access is already enabled"},
+    {705, "hipErrorPeerAccessNotEnabled", "peer access has not been enabled"},
+    {712, "hipErrorHostMemoryAlreadyRegistered", "part or all of the requested memory range is already mapped"},
+    {713, "hipErrorHostMemoryNotRegistered", "pointer does not correspond to a registered memory region"},
+    {719, "hipErrorLaunchFailure", "unspecified launch failure"},
+    {800, "hipErrorNotPermitted", "operation not permitted"},
+    {801, "hipErrorNotSupported", "operation not supported"},
 };
 /* HIP answers every code; one it does not know is its unknown error. */
 static const struct fake_error unknown_error = {999, "hipErrorUnknown", "unknown error"};
 
 static const struct fake_error *error_of(hipError_t e, const char *function) {
   const struct fake_error *known =
-      fake_error_of(errors, sizeof errors / sizeof errors[0], e, function);
+      fk_error_of(errors, sizeof errors / sizeof errors[0], e, function);
   return known ? known : &unknown_error;
 }
 EXPORT const char *hipGetErrorName(hipError_t e) { return error_of(e, "hipGetErrorName")->name; }
@@ -561,12 +408,27 @@ EXPORT const char *hipGetErrorString(hipError_t e) {
   return error_of(e, "hipGetErrorString")->text;
 }
 
+/* Reads the thread's last error and resets it to hipSuccess. */
+EXPORT hipError_t hipGetLastError(void) {
+  ENTER("hipGetLastError");
+  int e = hip_last_error;
+  hip_last_error = hipSuccess;
+  pthread_mutex_unlock(&fk_lock);
+  return e;
+}
+/* Reads the thread's last error (and, as HIP's does, stores it again). */
+EXPORT hipError_t hipPeekAtLastError(void) {
+  int e = hip_last_error;
+  ENTER("hipPeekAtLastError");
+  RETURN(e);
+}
+
 /* ----- devices ---------------------------------------------------------------------------- */
 
 EXPORT hipError_t hipInit(unsigned flags) {
   ENTER("hipInit");
   if (flags != 0) RETURN(hipErrorInvalidValue);
-  RETURN(n_devices == 0 ? hipErrorNoDevice : hipSuccess);
+  RETURN(fk_n_devices == 0 ? hipErrorNoDevice : hipSuccess);
 }
 EXPORT hipError_t hipDriverGetVersion(int *v) {
   ENTER("hipDriverGetVersion");
@@ -583,151 +445,902 @@ EXPORT hipError_t hipRuntimeGetVersion(int *v) {
 EXPORT hipError_t hipGetDeviceCount(int *count) {
   ENTER("hipGetDeviceCount");
   if (!count) RETURN(hipErrorInvalidValue);
-  *count = n_devices;
-  RETURN(n_devices == 0 ? hipErrorNoDevice : hipSuccess);
+  *count = fk_n_devices;
+  RETURN(fk_n_devices == 0 ? hipErrorNoDevice : hipSuccess);
 }
 EXPORT hipError_t hipSetDevice(int device) {
   ENTER("hipSetDevice");
   if (!valid_device(device)) RETURN(hipErrorInvalidDevice);
-  current_device = device;
+  fk_set_current(device);
   RETURN(hipSuccess);
 }
-/* The calling thread's current device (0 until hipSetDevice). */
 EXPORT hipError_t hipGetDevice(int *device) {
   ENTER("hipGetDevice");
   if (!device) RETURN(hipErrorInvalidValue);
-  *device = current_device;
+  *device = current_device();
+  RETURN(hipSuccess);
+}
+/* The driver-style device handle of an ordinal (the ordinal itself). */
+EXPORT hipError_t hipDeviceGet(int *device, int ordinal) {
+  ENTER("hipDeviceGet");
+  if (!device) RETURN(hipErrorInvalidValue);
+  if (!valid_device(ordinal)) RETURN(hipErrorInvalidDevice);
+  *device = ordinal;
+  RETURN(hipSuccess);
+}
+EXPORT hipError_t hipDeviceComputeCapability(int *major_out, int *minor_out, int device) {
+  ENTER("hipDeviceComputeCapability");
+  if (!major_out || !minor_out) RETURN(hipErrorInvalidValue);
+  if (!valid_device(device)) RETURN(hipErrorInvalidDevice);
+  *major_out = model->major;
+  *minor_out = model->minor;
   RETURN(hipSuccess);
 }
 EXPORT hipError_t hipDeviceCanAccessPeer(int *can, int device, int peer) {
   ENTER("hipDeviceCanAccessPeer");
-  RETURN(fake_can_access_peer(can, device, peer, n_devices));
+  RETURN(fk_can_access_peer(can, device, peer));
 }
 /* From the calling thread's current device to `peer`. */
 EXPORT hipError_t hipDeviceEnablePeerAccess(int peer, unsigned flags) {
   ENTER("hipDeviceEnablePeerAccess");
-  RETURN(fake_enable_peer(current_device, peer, flags, n_devices));
+  RETURN(fk_enable_peer(current_device(), peer, flags));
+}
+EXPORT hipError_t hipDeviceDisablePeerAccess(int peer) {
+  ENTER("hipDeviceDisablePeerAccess");
+  RETURN(fk_disable_peer(current_device(), peer));
+}
+
+static const char *device_name(void) {
+  return attr_integrated ? "AMD Instinct MI300A" : model->name;
+}
+
+/* hipDeviceGetAttribute: HIP's own numbering (hipDeviceAttribute_t). */
+static int attribute_of(int attr, int device, int *value) {
+  const struct hip_model *m = model;
+  switch (attr) {
+    case 0: *value = 0; break;                      /* EccEnabled */
+    case 2: *value = m->async_engines; break;       /* AsyncEngineCount */
+    case 3: *value = 1; break;                      /* CanMapHostMemory */
+    case 5: *value = m->clock_khz; break;           /* ClockRate */
+    case 6: *value = 0; break;                      /* ComputeMode */
+    case 8: *value = 1; break;                      /* ConcurrentKernels */
+    case 9: *value = 0; break;                      /* ConcurrentManagedAccess */
+    case 10: *value = 1; break;                     /* CooperativeLaunch */
+    case 11: *value = 1; break;                     /* CooperativeMultiDeviceLaunch */
+    case 16: *value = attr_integrated; break;       /* Integrated */
+    case 17: *value = 0; break;                     /* IsMultiGpuBoard */
+    case 18: *value = 0; break;                     /* KernelExecTimeout */
+    case 19: *value = m->l2; break;                 /* L2CacheSize */
+    case 23: *value = m->major; break;              /* ComputeCapabilityMajor */
+    case 24: *value = 1; break;                     /* ManagedMemory */
+    case 25: *value = 32; break;                    /* MaxBlocksPerMultiProcessor */
+    case 26: case 27: case 28: *value = 1024; break; /* MaxBlockDimX/Y/Z */
+    case 29: *value = 2147483647; break;            /* MaxGridDimX */
+    case 30: case 31: *value = major() >= 6 ? 65536 : 2147483647; break;
+    case 56: *value = 1024; break;                  /* MaxThreadsPerBlock */
+    case 57: *value = 2048; break;                  /* MaxThreadsPerMultiProcessor */
+    case 58: *value = 2147483647; break;            /* MaxPitch */
+    case 59: *value = m->bus_width; break;          /* MemoryBusWidth */
+    case 60: *value = m->memory_clock_khz; break;   /* MemoryClockRate */
+    case 61: *value = m->minor; break;              /* ComputeCapabilityMinor */
+    case 63: *value = m->cus; break;                /* MultiprocessorCount */
+    case 65: *value = 0; break;                     /* PageableMemoryAccess */
+    case 67: *value = m->pci_bus + 32 * device; break; /* PciBusId */
+    case 68: *value = 0; break;                     /* PciDeviceId: the slot number */
+    case 69: *value = 0; break;                     /* PciDomainID */
+    case 71: case 72: *value = 65536; break;        /* MaxRegistersPerBlock / PerMultiprocessor */
+    case 74: case 75: case 76: *value = 65536; break; /* shared memory per block / optin / per MP */
+    case 78: *value = 1; break;                     /* StreamPrioritiesSupported */
+    case 81: *value = 256; break;                   /* TextureAlignment */
+    case 83: *value = 2147483647; break;            /* TotalConstantMemory */
+    case 85: *value = 0; break;                     /* UnifiedAddressing */
+    case 87: *value = 64; break;                    /* WarpSize: a wavefront */
+    case 88: *value = attr_pools; break;            /* MemoryPoolsSupported */
+    case 89:                                        /* VirtualMemoryManagementSupported */
+      if (attr_vmm >= 0) *value = attr_vmm;
+      else if (major() >= 6) *value = 1;
+      else return hipErrorInvalidValue; /* 5.x: no such attribute */
+      break;
+    case 10000: *value = m->clock_khz; break;       /* ClockInstructionRate */
+    case 10011: *value = 1; break;                  /* IsLargeBar */
+    case 10012: *value = 1; break;                  /* AsicRevision */
+    case 10015: *value = m->cus; break;             /* PhysicalMultiProcessorCount */
+    case 10016: *value = 1; break;                  /* FineGrainSupport */
+    default: return hipErrorInvalidValue;
+  }
+  return hipSuccess;
 }
 EXPORT hipError_t hipDeviceGetAttribute(int *value, int attr, int device) {
   ENTER("hipDeviceGetAttribute");
   if (!value) RETURN(hipErrorInvalidValue);
   if (!valid_device(device)) RETURN(hipErrorInvalidDevice);
-  switch (attr) {
-    case 16: *value = attr_integrated; break;
-    case 87: *value = 64; break; /* warp size: a wavefront */
-    case 88: *value = attr_pools; break;
-    case 89:
-      if (attr_vmm >= 0) *value = attr_vmm;
-      else if (major() >= 6) *value = 1;
-      else RETURN(hipErrorInvalidValue); /* 5.x: no such attribute */
-      break;
-    default: RETURN(hipErrorInvalidValue);
-  }
-  RETURN(hipSuccess);
-}
-static void device_name(int device, char *out, size_t len) {
-  snprintf(out, len, "AMD Instinct %s (fakehip %d)", attr_integrated ? "MI300A" : "MI300X", device);
+  RETURN(attribute_of(attr, device, value));
 }
 EXPORT hipError_t hipDeviceGetName(char *name, int len, int device) {
   ENTER("hipDeviceGetName");
   if (!name || len <= 0) RETURN(hipErrorInvalidValue);
   if (!valid_device(device)) RETURN(hipErrorInvalidDevice);
-  device_name(device, name, (size_t)len);
+  snprintf(name, (size_t)len, "%s", device_name());
   RETURN(hipSuccess);
 }
 EXPORT hipError_t hipDeviceTotalMem(size_t *bytes, int device) {
   ENTER("hipDeviceTotalMem");
   if (!bytes) RETURN(hipErrorInvalidValue);
   if (!valid_device(device)) RETURN(hipErrorInvalidDevice);
-  *bytes = capacity;
+  *bytes = fk_devices[device].capacity;
   RETURN(hipSuccess);
 }
-/* Fills a hipDeviceProp_t of `size` bytes: the name at 0, gcnArchName at `arch_at`. */
-static hipError_t properties(void *prop, int device, size_t size, size_t arch_at) {
+EXPORT hipError_t hipDeviceGetPCIBusId(char *out, int len, int device) {
+  ENTER("hipDeviceGetPCIBusId");
+  if (!out || len <= 0) RETURN(hipErrorInvalidValue);
+  if (!valid_device(device)) RETURN(hipErrorInvalidDevice);
+  snprintf(out, (size_t)len, "0000:%02x:00.0", model->pci_bus + 32 * device);
+  RETURN(hipSuccess);
+}
+
+/* hipDeviceProp_t, filled at the offsets of each layout (docs/fakes.md: computed with
+ * offsetof against HIP 5.2.3's header and ROCm 6.2's R0600 struct). */
+struct prop_layout {
+  size_t size, total_global_mem, shared_per_block, regs_per_block, warp_size, max_threads_per_block,
+      max_threads_dim, max_grid_size, clock_rate, memory_clock_rate, memory_bus_width,
+      total_const_mem, major, minor, multi_processor_count, l2_cache_size,
+      max_threads_per_mp, compute_mode, concurrent_kernels, pci_domain, pci_bus, pci_device,
+      max_shared_per_mp, can_map_host, gcn_arch_name, integrated, cooperative_launch,
+      managed_memory, clock_instruction_rate, is_large_bar, asic_revision, unified_addressing,
+      async_engine_count, memory_pools;
+};
+static const struct prop_layout layout_r0000 = {
+    792, 256, 264, 272, 276, 280, 284, 296, 308, 312, 316, 320, 328, 332, 336, 340, 344, 348,
+    360, 364, 368, 372, 376, 388, 396, 652, 656, 772, 352, 764, 768, 0, 0, 0};
+static const struct prop_layout layout_r0600 = {
+    1472, 288, 296, 304, 308, 320, 324, 336, 348, 608, 612, 352, 360, 364, 388, 616, 624, 404,
+    576, 592, 584, 588, 1416, 400, 1160, 396, 688, 652, 1424, 1464, 1468, 604, 600, 744};
+
+static void put_int(void *prop, size_t at, int v) {
+  if (at) memcpy((char *)prop + at, &v, sizeof v);
+}
+static void put_size(void *prop, size_t at, unsigned long long v) {
+  size_t s = (size_t)v;
+  if (at) memcpy((char *)prop + at, &s, sizeof s);
+}
+
+static hipError_t properties(void *prop, int device, const struct prop_layout *l) {
   if (!prop) return hipErrorInvalidValue;
   if (!valid_device(device)) return hipErrorInvalidDevice;
-  memset(prop, 0, size);
-  device_name(device, (char *)prop, 256);
-  snprintf((char *)prop + arch_at, 256, "%s", arch);
+  const struct hip_model *m = model;
+  memset(prop, 0, l->size);
+  snprintf((char *)prop, 256, "%s", device_name());
+  snprintf((char *)prop + l->gcn_arch_name, 256, "%s", arch);
+  put_size(prop, l->total_global_mem, fk_devices[device].capacity);
+  put_size(prop, l->shared_per_block, 65536);
+  put_int(prop, l->regs_per_block, 65536);
+  put_int(prop, l->warp_size, 64);
+  put_int(prop, l->max_threads_per_block, 1024);
+  for (int i = 0; i < 3; i++) {
+    put_int(prop, l->max_threads_dim + 4 * (size_t)i, 1024);
+    put_int(prop, l->max_grid_size + 4 * (size_t)i,
+            i == 0 || major() < 6 ? 2147483647 : 65536);
+  }
+  put_int(prop, l->clock_rate, m->clock_khz);
+  put_int(prop, l->memory_clock_rate, m->memory_clock_khz);
+  put_int(prop, l->memory_bus_width, m->bus_width);
+  put_size(prop, l->total_const_mem, 2147483647);
+  put_int(prop, l->major, m->major);
+  put_int(prop, l->minor, m->minor);
+  put_int(prop, l->multi_processor_count, m->cus);
+  put_int(prop, l->l2_cache_size, m->l2);
+  put_int(prop, l->max_threads_per_mp, 2048);
+  put_int(prop, l->compute_mode, 0);
+  put_int(prop, l->concurrent_kernels, 1);
+  put_int(prop, l->pci_domain, 0);
+  put_int(prop, l->pci_bus, m->pci_bus + 32 * device);
+  put_int(prop, l->pci_device, 0);
+  put_size(prop, l->max_shared_per_mp, 65536);
+  put_int(prop, l->can_map_host, 1);
+  put_int(prop, l->integrated, attr_integrated);
+  put_int(prop, l->cooperative_launch, 1);
+  put_int(prop, l->managed_memory, 1);
+  put_int(prop, l->clock_instruction_rate, m->clock_khz);
+  put_int(prop, l->is_large_bar, 1);
+  put_int(prop, l->asic_revision, 1);
+  put_int(prop, l->unified_addressing, 0);
+  put_int(prop, l->async_engine_count, m->async_engines);
+  put_int(prop, l->memory_pools, attr_pools);
   return hipSuccess;
 }
-/* HIP 5.x hipDeviceProp_t (R0000): 792 bytes, gcnArchName at 396. */
+/* The 5.x layout (R0000): what the unsuffixed export fills in every ROCm. */
 EXPORT hipError_t hipGetDeviceProperties(void *prop, int device) {
   ENTER("hipGetDeviceProperties");
-  RETURN(properties(prop, device, 792, 396));
+  RETURN(properties(prop, device, &layout_r0000));
 }
-/* ROCm 6+ hipDeviceProp_tR0600: 1472 bytes, gcnArchName at 1160. */
+/* ROCm 6+ hipDeviceProp_tR0600. */
 EXPORT hipError_t hipGetDevicePropertiesR0600(void *prop, int device) {
   ENTER("hipGetDevicePropertiesR0600");
   if (major() < 6) RETURN(hipErrorNotSupported); /* stands in for the missing symbol */
-  RETURN(properties(prop, device, 1472, 1160));
+  RETURN(properties(prop, device, &layout_r0600));
 }
 EXPORT hipError_t hipMemGetInfo(size_t *free_bytes, size_t *total) {
   ENTER("hipMemGetInfo");
   if (!free_bytes || !total) RETURN(hipErrorInvalidValue);
-  *total = capacity;
-  *free_bytes = capacity - used[current_device];
+  const struct fk_device *d = &fk_devices[current_device()];
+  *total = d->capacity;
+  *free_bytes = d->capacity - d->used;
+  RETURN(hipSuccess);
+}
+EXPORT hipError_t hipDeviceSynchronize(void) {
+  ENTER("hipDeviceSynchronize");
+  fk_cpu_wait();
+  fk_force_ctx(current_device());
+  fk_pools_sync();
+  RETURN(hipSuccess);
+}
+EXPORT hipError_t hipDeviceGetStreamPriorityRange(int *least, int *greatest) {
+  ENTER("hipDeviceGetStreamPriorityRange");
+  /* clr: Priority::Low (1) and Priority::High (-1). */
+  if (least) *least = 1;
+  if (greatest) *greatest = -1;
   RETURN(hipSuccess);
 }
 
-/* ----- plain allocations ------------------------------------------------------------------ */
+/* ----- plain and managed allocations ------------------------------------------------------ */
 
-/* rocm-systems-7128-reserve-counted: the runtime's own free-memory counter, which its plain
- * allocations are checked against, counts address reservations as used and physical handles
- * not at all; true when it refuses `bytes` more on device `d`. */
-static int counted_refuses(int d, uint64_t bytes) {
-  if (!(profile & PROFILE_RESERVE_COUNTED)) return 0;
-  uint64_t counted = used[d];
-  for (int i = 0; i < high; i++) {
-    struct object *o = &objects[i];
-    if (o->device != d) continue;
-    if (o->kind == HANDLE) counted -= o->size;
-    if (o->kind == RESERVATION) counted += o->size;
-  }
-  return counted >= capacity || bytes > capacity - counted;
-}
-
-static hipError_t do_malloc(void **ptr, size_t size, unsigned flags) {
+static hipError_t do_malloc(void **ptr, size_t size, unsigned flags, int kind) {
   if (!ptr) return hipErrorInvalidValue;
   last_flags = flags;
   if (size == 0) {
     *ptr = NULL;
     return hipSuccess;
   }
-  int d = current_device;
-  if (counted_refuses(d, round256(size))) return hipErrorOutOfMemory;
-  if (!charge(d, round256(size))) return hipErrorOutOfMemory;
-  uint64_t va = take_va(size, 256);
-  if (!add(ALLOC, va, round256(size), d)) {
-    used[d] -= round256(size);
-    return hipErrorOutOfMemory;
-  }
+  int d = current_device();
+  if (kind == R_PLAIN && fk_counted_refuses(d, fk_round_up(size, 256))) return hipErrorOutOfMemory;
+  unsigned long long va;
+  int rc = fk_alloc(d, kind, size, flags, &va);
+  if (rc != FK_OK) return rc;
   last_device = d;
   *ptr = (void *)(uintptr_t)va;
   return hipSuccess;
 }
 EXPORT hipError_t hipMalloc(void **ptr, size_t size) {
   ENTER("hipMalloc");
-  RETURN(do_malloc(ptr, size, 0));
+  RETURN(do_malloc(ptr, size, 0, R_PLAIN));
 }
 EXPORT hipError_t hipExtMallocWithFlags(void **ptr, size_t size, unsigned flags) {
   ENTER("hipExtMallocWithFlags");
   /* 0 default, 1 fine-grained, 2 signal memory, 3 uncached (ROCm 6+). */
   if (flags > 3 || (flags == 3 && major() < 6)) RETURN(hipErrorInvalidValue);
-  RETURN(do_malloc(ptr, size, flags));
+  RETURN(do_malloc(ptr, size, flags, R_PLAIN));
+}
+/* hipMemAttachGlobal (1) or hipMemAttachHost (2). */
+EXPORT hipError_t hipMallocManaged(void **ptr, size_t size, unsigned flags) {
+  ENTER("hipMallocManaged");
+  if (flags != 1 && flags != 2) RETURN(hipErrorInvalidValue);
+  RETURN(do_malloc(ptr, size, flags, R_MANAGED));
+}
+
+/* A pool's block given to hipFree: freed at once (the device was synchronised). */
+static int free_pool_block_now(unsigned long long ptr) {
+  for (int i = 0; i < fk_regions_high; i++) {
+    struct fk_region *b = &fk_regions[i];
+    if (b->kind != R_POOL || !b->in_use || b->va != ptr) continue;
+    fk_check_unused(b->va, b->size, "hipFree of stream-ordered memory");
+    b->in_use = 0;
+    b->free_clock = 0;
+    b->free_seq = 0;
+    fk_pools[b->pool].stats.used -= b->size;
+    if (fk_pools[b->pool].destroyed) fk_pool_settle(b->pool);
+    return 1;
+  }
+  return 0;
+}
+
+/* "This API performs an implicit hipDeviceSynchronize() call"; an unknown pointer is
+ * hipErrorInvalidValue, as hipamd's ihipFree answers. */
+static hipError_t do_free(void *ptr, const char *what) {
+  if (!ptr) return hipSuccess;
+  unsigned long long va = (unsigned long long)(uintptr_t)ptr;
+  struct fk_region *r = fk_region_find(R_PLAIN, va);
+  if (!r) r = fk_region_find(R_MANAGED, va);
+  if (r) {
+    sync_device(r->device);
+    return fk_free(va, what);
+  }
+  struct fk_pointer p = fk_pointer_of(va);
+  if (p.region && p.region->kind == R_POOL && p.region->va == va) {
+    sync_device(p.region->device);
+    free_pool_block_now(va);
+    return hipSuccess;
+  }
+  return hipErrorInvalidValue;
 }
 EXPORT hipError_t hipFree(void *ptr) {
   ENTER("hipFree");
-  if (!ptr) RETURN(hipSuccess);
-  struct object *o = find(ALLOC, (uint64_t)(uintptr_t)ptr);
-  if (!o) RETURN(hipErrorInvalidValue);
-  fake_check_unused(o->addr, o->size, "hipFree");
-  used[o->device] -= o->size;
-  drop(o);
+  RETURN(do_free(ptr, "hipFree"));
+}
+
+EXPORT hipError_t hipMemGetAddressRange(void **base, size_t *size, void *ptr) {
+  ENTER("hipMemGetAddressRange");
+  struct fk_pointer p = fk_pointer_of((unsigned long long)(uintptr_t)ptr);
+  if (!p.region || !fk_is_device_kind(p.region->kind)) RETURN(hipErrorNotFound);
+  if (base) *base = (void *)(uintptr_t)p.start;
+  if (size) *size = p.size;
   RETURN(hipSuccess);
 }
 
-/* ----- virtual memory --------------------------------------------------------------------- */
+/* ----- pinned host memory ------------------------------------------------------------------ */
+
+/* hipHostMallocPortable | Mapped | WriteCombined | NumaUser | Coherent | NonCoherent. */
+#define HOST_MALLOC_FLAGS 0xE0000007u
+static hipError_t host_malloc(void **ptr, size_t size, unsigned flags) {
+  if (!ptr || (flags & ~HOST_MALLOC_FLAGS)) return hipErrorInvalidValue;
+  if (size == 0) {
+    *ptr = NULL;
+    return hipSuccess;
+  }
+  return fk_host_alloc(current_device(), size, flags, ptr);
+}
+EXPORT hipError_t hipHostMalloc(void **ptr, size_t size, unsigned flags) {
+  ENTER("hipHostMalloc");
+  RETURN(host_malloc(ptr, size, flags));
+}
+EXPORT hipError_t hipMallocHost(void **ptr, size_t size) {
+  ENTER("hipMallocHost");
+  RETURN(host_malloc(ptr, size, 0));
+}
+/* Synchronises every device first (pinned memory is any device's), as hipamd does. */
+static hipError_t host_free(void *ptr, const char *what) {
+  if (!ptr) return hipSuccess;
+  if (!fk_region_find(R_HOST, (unsigned long long)(uintptr_t)ptr)) return hipErrorInvalidValue;
+  sync_device(-1);
+  return fk_host_free(ptr, what);
+}
+EXPORT hipError_t hipHostFree(void *ptr) {
+  ENTER("hipHostFree");
+  RETURN(host_free(ptr, "hipHostFree"));
+}
+EXPORT hipError_t hipFreeHost(void *ptr) {
+  ENTER("hipFreeHost");
+  RETURN(host_free(ptr, "hipFreeHost"));
+}
+/* hipHostRegisterDefault | Portable | Mapped | IoMemory | ReadOnly. */
+EXPORT hipError_t hipHostRegister(void *ptr, size_t size, unsigned flags) {
+  ENTER("hipHostRegister");
+  if (!ptr || size == 0 || (flags & ~0xfu)) RETURN(hipErrorInvalidValue);
+  int rc = fk_host_register(ptr, size, flags, current_device());
+  if (rc == -1) RETURN(at_least(6, 0) ? hipErrorHostMemoryAlreadyRegistered : hipErrorInvalidValue);
+  RETURN(rc);
+}
+EXPORT hipError_t hipHostUnregister(void *ptr) {
+  ENTER("hipHostUnregister");
+  if (!ptr) RETURN(hipErrorInvalidValue);
+  int rc = fk_host_unregister(ptr, "hipHostUnregister");
+  if (rc == FK_INVALID_VALUE && at_least(6, 0)) RETURN(hipErrorHostMemoryNotRegistered);
+  RETURN(rc);
+}
+EXPORT hipError_t hipHostGetDevicePointer(void **out, void *ptr, unsigned flags) {
+  ENTER("hipHostGetDevicePointer");
+  if (!out || flags || !fk_pinned_range((unsigned long long)(uintptr_t)ptr, 1))
+    RETURN(hipErrorInvalidValue);
+  *out = ptr;
+  RETURN(hipSuccess);
+}
+
+/* ----- pointer attributes ------------------------------------------------------------------ */
+
+/* hipPointerAttribute_t: 32 bytes in every ROCm; the memory type's values changed in 6.0. */
+struct hip_pointer_attribute {
+  int type;
+  int device;
+  void *device_pointer;
+  void *host_pointer;
+  int is_managed;
+  unsigned allocation_flags;
+};
+_Static_assert(sizeof(struct hip_pointer_attribute) == 32, "hipPointerAttribute_t is 32 bytes");
+
+/* hipMemoryType of a region: ROCm 5 (Host 0, Device 1, Managed 4) or 6 (Host 1, Device 2,
+ * Managed 3; Unregistered 0). */
+static int memory_type(const struct fk_region *r) {
+  int host = r->kind == R_HOST || r->kind == R_REGISTERED;
+  if (major() >= 6) return host ? 1 : r->kind == R_MANAGED ? 3 : 2;
+  return host ? 0 : r->kind == R_MANAGED && at_least(5, 3) ? 4 : 1;
+}
+
+EXPORT hipError_t hipPointerGetAttributes(struct hip_pointer_attribute *out, const void *ptr) {
+  ENTER("hipPointerGetAttributes");
+  if (!out || !ptr) RETURN(hipErrorInvalidValue);
+  memset(out, 0, sizeof *out);
+  struct fk_pointer p = fk_pointer_of((unsigned long long)(uintptr_t)ptr);
+  if (!p.region) {
+    if (major() < 6) RETURN(hipErrorInvalidValue);
+    out->type = 0;     /* hipMemoryTypeUnregistered */
+    out->device = -2;  /* hipInvalidDeviceId */
+    RETURN(hipSuccess);
+  }
+  const struct fk_region *r = p.region;
+  out->type = memory_type(r);
+  out->device = r->device;
+  out->device_pointer = (void *)ptr;
+  if (r->kind == R_HOST || r->kind == R_REGISTERED || r->kind == R_MANAGED) out->host_pointer = (void *)ptr;
+  out->is_managed = r->kind == R_MANAGED;
+  out->allocation_flags = r->flags;
+  RETURN(hipSuccess);
+}
+
+/* hipPointerGetAttribute: CUDA's numbering (HIP_POINTER_ATTRIBUTE_*). */
+static hipError_t pointer_attribute(void *data, int attr, unsigned long long ptr) {
+  if (!data) return hipErrorInvalidValue;
+  struct fk_pointer p = fk_pointer_of(ptr);
+  const struct fk_region *r = p.region;
+  if (!r) return hipErrorInvalidValue;
+  switch (attr) {
+    case 2: *(unsigned *)data = (unsigned)memory_type(r); break;
+    case 3: *(void **)data = (void *)(uintptr_t)ptr; break;
+    case 4: *(void **)data = (void *)(uintptr_t)ptr; break;
+    case 6: *(int *)data = 0; break;
+    case 7: *(unsigned long long *)data = r->id; break;
+    case 8: *(int *)data = r->kind == R_MANAGED; break;
+    case 9: *(int *)data = r->device; break;
+    case 11: *(void **)data = (void *)(uintptr_t)p.start; break;
+    case 12: *(size_t *)data = p.size; break;
+    case 13: *(int *)data = 1; break;
+    case 17:
+      *(void **)data = r->kind == R_POOL ? (void *)(uintptr_t)fk_pool_handle(r->pool) : NULL;
+      break;
+    default: return hipErrorInvalidValue;
+  }
+  return hipSuccess;
+}
+EXPORT hipError_t hipPointerGetAttribute(void *data, int attr, void *ptr) {
+  ENTER("hipPointerGetAttribute");
+  RETURN(pointer_attribute(data, attr, (unsigned long long)(uintptr_t)ptr));
+}
+EXPORT hipError_t hipDrvPointerGetAttributes(unsigned n, int *attrs, void **data, void *ptr) {
+  ENTER("hipDrvPointerGetAttributes");
+  if (!attrs || !data || !n) RETURN(hipErrorInvalidValue);
+  for (unsigned i = 0; i < n; i++) {
+    hipError_t rc = pointer_attribute(data[i], attrs[i], (unsigned long long)(uintptr_t)ptr);
+    if (rc != hipSuccess) RETURN(rc);
+  }
+  RETURN(hipSuccess);
+}
+
+/* ----- copies ------------------------------------------------------------------------------ */
+
+static int pageable(unsigned long long p, unsigned long long size) {
+  return !fk_device_range(p, size, current_device()) && !fk_pinned_range(p, size);
+}
+
+/* The sides of a hipMemcpyKind (hipMemcpyHostToHost 0 ... Default 4). */
+static int sides_of(int kind, int *dst, int *src) {
+  static const int d[] = {SIDE_HOST, SIDE_DEVICE, SIDE_HOST, SIDE_DEVICE, SIDE_ANY};
+  static const int s[] = {SIDE_HOST, SIDE_HOST, SIDE_DEVICE, SIDE_DEVICE, SIDE_ANY};
+  if (kind < 0 || kind > 4) return 0;
+  *dst = d[kind];
+  *src = s[kind];
+  return 1;
+}
+
+/* A copy on `stream`: `sync` 1 for the synchronous calls. */
+static hipError_t copy(void *dst, const void *src, size_t n, int kind, void *stream, int pt, int sync,
+                       const char *what) {
+  int dst_side, src_side;
+  if (!sides_of(kind, &dst_side, &src_side)) return hipErrorInvalidMemcpyDirection;
+  if (n && (!dst || !src)) return hipErrorInvalidValue;
+  CHECK_STREAM(clock, stream, pt);
+  unsigned long long d = (unsigned long long)(uintptr_t)dst, s = (unsigned long long)(uintptr_t)src;
+  int wait;
+  if (sync) {
+    /* From ROCm 5.6 a same-device device-to-device copy does not wait. */
+    int d2d = n && fk_device_range(d, n, current_device()) && fk_device_range(s, n, current_device());
+    wait = d2d && at_least(5, 6) ? FK_ASYNC : FK_SYNC_FULL;
+  } else {
+    wait = n && (pageable(d, n) || pageable(s, n)) ? FK_SYNC_FULL : FK_ASYNC;
+  }
+  return fk_copy(current_device(), clock, d, dst_side, s, src_side, n, wait, what);
+}
+EXPORT hipError_t hipMemcpy(void *dst, const void *src, size_t n, int kind) {
+  ENTER("hipMemcpy");
+  RETURN(copy(dst, src, n, kind, NULL, 0, 1, "hipMemcpy"));
+}
+EXPORT hipError_t hipMemcpy_spt(void *dst, const void *src, size_t n, int kind) {
+  ENTER("hipMemcpy_spt");
+  RETURN(copy(dst, src, n, kind, NULL, 1, 1, "hipMemcpy_spt"));
+}
+EXPORT hipError_t hipMemcpyWithStream(void *dst, const void *src, size_t n, int kind, void *stream) {
+  ENTER("hipMemcpyWithStream");
+  RETURN(copy(dst, src, n, kind, stream, 0, 1, "hipMemcpyWithStream"));
+}
+EXPORT hipError_t hipMemcpyAsync(void *dst, const void *src, size_t n, int kind, void *stream) {
+  ENTER("hipMemcpyAsync");
+  RETURN(copy(dst, src, n, kind, stream, 0, 0, "hipMemcpyAsync"));
+}
+EXPORT hipError_t hipMemcpyAsync_spt(void *dst, const void *src, size_t n, int kind, void *stream) {
+  ENTER("hipMemcpyAsync_spt");
+  RETURN(copy(dst, src, n, kind, stream, 1, 0, "hipMemcpyAsync_spt"));
+}
+EXPORT hipError_t hipMemcpyHtoD(void *dst, void *src, size_t n) {
+  ENTER("hipMemcpyHtoD");
+  RETURN(copy(dst, src, n, 1, NULL, 0, 1, "hipMemcpyHtoD"));
+}
+EXPORT hipError_t hipMemcpyDtoH(void *dst, void *src, size_t n) {
+  ENTER("hipMemcpyDtoH");
+  RETURN(copy(dst, src, n, 2, NULL, 0, 1, "hipMemcpyDtoH"));
+}
+EXPORT hipError_t hipMemcpyDtoD(void *dst, void *src, size_t n) {
+  ENTER("hipMemcpyDtoD");
+  RETURN(copy(dst, src, n, 3, NULL, 0, 1, "hipMemcpyDtoD"));
+}
+EXPORT hipError_t hipMemcpyHtoDAsync(void *dst, void *src, size_t n, void *stream) {
+  ENTER("hipMemcpyHtoDAsync");
+  RETURN(copy(dst, src, n, 1, stream, 0, 0, "hipMemcpyHtoDAsync"));
+}
+EXPORT hipError_t hipMemcpyDtoHAsync(void *dst, void *src, size_t n, void *stream) {
+  ENTER("hipMemcpyDtoHAsync");
+  RETURN(copy(dst, src, n, 2, stream, 0, 0, "hipMemcpyDtoHAsync"));
+}
+EXPORT hipError_t hipMemcpyDtoDAsync(void *dst, void *src, size_t n, void *stream) {
+  ENTER("hipMemcpyDtoDAsync");
+  RETURN(copy(dst, src, n, 3, stream, 0, 0, "hipMemcpyDtoDAsync"));
+}
+
+/* ----- memsets ----------------------------------------------------------------------------- */
+
+/* `sync` 1 for hipMemset / hipMemsetD*: they wait (ROCm 5); from ROCm 6 not for the start of a
+ * plain allocation. */
+static hipError_t memset_on(void *dst, unsigned value, int width, size_t count, void *stream, int pt,
+                            int sync, const char *what) {
+  CHECK_STREAM(clock, stream, pt);
+  unsigned long long d = (unsigned long long)(uintptr_t)dst;
+  int wait = FK_ASYNC;
+  if (sync && (major() < 6 || !fk_region_find(R_PLAIN, d))) wait = FK_SYNC_FULL;
+  return fk_memset(current_device(), clock, d, value, width, count, wait, what);
+}
+EXPORT hipError_t hipMemset(void *dst, int value, size_t n) {
+  ENTER("hipMemset");
+  RETURN(memset_on(dst, (unsigned)value & 0xff, 1, n, NULL, 0, 1, "hipMemset"));
+}
+EXPORT hipError_t hipMemset_spt(void *dst, int value, size_t n) {
+  ENTER("hipMemset_spt");
+  RETURN(memset_on(dst, (unsigned)value & 0xff, 1, n, NULL, 1, 1, "hipMemset_spt"));
+}
+EXPORT hipError_t hipMemsetAsync(void *dst, int value, size_t n, void *stream) {
+  ENTER("hipMemsetAsync");
+  RETURN(memset_on(dst, (unsigned)value & 0xff, 1, n, stream, 0, 0, "hipMemsetAsync"));
+}
+EXPORT hipError_t hipMemsetD8(void *dst, unsigned char value, size_t n) {
+  ENTER("hipMemsetD8");
+  RETURN(memset_on(dst, value, 1, n, NULL, 0, 1, "hipMemsetD8"));
+}
+EXPORT hipError_t hipMemsetD8Async(void *dst, unsigned char value, size_t n, void *stream) {
+  ENTER("hipMemsetD8Async");
+  RETURN(memset_on(dst, value, 1, n, stream, 0, 0, "hipMemsetD8Async"));
+}
+EXPORT hipError_t hipMemsetD16(void *dst, unsigned short value, size_t n) {
+  ENTER("hipMemsetD16");
+  RETURN(memset_on(dst, value, 2, n, NULL, 0, 1, "hipMemsetD16"));
+}
+EXPORT hipError_t hipMemsetD16Async(void *dst, unsigned short value, size_t n, void *stream) {
+  ENTER("hipMemsetD16Async");
+  RETURN(memset_on(dst, value, 2, n, stream, 0, 0, "hipMemsetD16Async"));
+}
+EXPORT hipError_t hipMemsetD32(void *dst, int value, size_t n) {
+  ENTER("hipMemsetD32");
+  RETURN(memset_on(dst, (unsigned)value, 4, n, NULL, 0, 1, "hipMemsetD32"));
+}
+EXPORT hipError_t hipMemsetD32Async(void *dst, int value, size_t n, void *stream) {
+  ENTER("hipMemsetD32Async");
+  RETURN(memset_on(dst, (unsigned)value, 4, n, stream, 0, 0, "hipMemsetD32Async"));
+}
+
+/* ----- streams ------------------------------------------------------------------------------ */
+
+static hipError_t stream_create(void **stream, unsigned flags, int priority) {
+  if (!stream || flags > 1) return hipErrorInvalidValue;
+  /* clamped to [High (-1), Low (1)] */
+  if (priority < -1) priority = -1;
+  if (priority > 1) priority = 1;
+  unsigned long long handle = fk_stream_new(current_device(), flags, priority);
+  if (!handle) return hipErrorOutOfMemory;
+  *stream = (void *)(uintptr_t)handle;
+  return hipSuccess;
+}
+EXPORT hipError_t hipStreamCreate(void **stream) {
+  ENTER("hipStreamCreate");
+  RETURN(stream_create(stream, 0, 0));
+}
+EXPORT hipError_t hipStreamCreateWithFlags(void **stream, unsigned flags) {
+  ENTER("hipStreamCreateWithFlags");
+  RETURN(stream_create(stream, flags, 0));
+}
+EXPORT hipError_t hipStreamCreateWithPriority(void **stream, unsigned flags, int priority) {
+  ENTER("hipStreamCreateWithPriority");
+  RETURN(stream_create(stream, flags, priority));
+}
+EXPORT hipError_t hipStreamDestroy(void *stream) {
+  ENTER("hipStreamDestroy");
+  int slot = fk_stream_slot((unsigned long long)(uintptr_t)stream);
+  if (slot < 0) RETURN(hipErrorInvalidHandle);
+  fk_stream_destroy(slot);
+  RETURN(hipSuccess);
+}
+
+/* A CPU wait for a stream: the null stream "will cause the command to wait for other streams
+ * on the same device to complete all pending operations" (its blocking ones). */
+static void wait_for_clock(int clock) {
+  fk_cpu_wait();
+  if (fk_clocks[clock].kind == CK_LEGACY)
+    fk_force(clock, fk_enqueue(clock), 0);
+  else
+    fk_force(clock, ~0ULL, 0);
+}
+static hipError_t stream_synchronize(void *stream, int pt) {
+  CHECK_STREAM(clock, stream, pt);
+  wait_for_clock(clock);
+  fk_pools_sync();
+  return hipSuccess;
+}
+EXPORT hipError_t hipStreamSynchronize(void *stream) {
+  ENTER("hipStreamSynchronize");
+  RETURN(stream_synchronize(stream, 0));
+}
+EXPORT hipError_t hipStreamSynchronize_spt(void *stream) {
+  ENTER("hipStreamSynchronize_spt");
+  RETURN(stream_synchronize(stream, 1));
+}
+static hipError_t stream_query(void *stream, int pt) {
+  CHECK_STREAM(clock, stream, pt);
+  if (!fk_clock_idle(clock)) return hipErrorNotReady;
+  if (fk_clocks[clock].kind == CK_LEGACY)
+    for (int c = 1; c < fk_n_clocks; c++)
+      if (fk_clocks[c].ctx == fk_clocks[clock].ctx && fk_clocks[c].blocking && !fk_clock_idle(c))
+        return hipErrorNotReady;
+  return hipSuccess;
+}
+EXPORT hipError_t hipStreamQuery(void *stream) {
+  ENTER("hipStreamQuery");
+  RETURN(stream_query(stream, 0));
+}
+EXPORT hipError_t hipStreamQuery_spt(void *stream) {
+  ENTER("hipStreamQuery_spt");
+  RETURN(stream_query(stream, 1));
+}
+static hipError_t stream_wait_event(void *stream, void *event, unsigned flags, int pt) {
+  struct fk_event *e = fk_event_of((unsigned long long)(uintptr_t)event);
+  if (!e) return hipErrorInvalidHandle;
+  CHECK_STREAM(clock, stream, pt);
+  if (flags != 0) return hipErrorInvalidValue;
+  fk_implicit(clock);
+  if (e->recorded) fk_wait_add(clock, e->clock, e->seq, 1);
+  else fk_gpu_wait_count++;
+  fk_progress();
+  return hipSuccess;
+}
+EXPORT hipError_t hipStreamWaitEvent(void *stream, void *event, unsigned flags) {
+  ENTER("hipStreamWaitEvent");
+  RETURN(stream_wait_event(stream, event, flags, 0));
+}
+EXPORT hipError_t hipStreamWaitEvent_spt(void *stream, void *event, unsigned flags) {
+  ENTER("hipStreamWaitEvent_spt");
+  RETURN(stream_wait_event(stream, event, flags, 1));
+}
+static hipError_t stream_get(void *stream, unsigned *flags, int *priority, int *device, int pt) {
+  if (!flags && !priority && !device) return hipErrorInvalidValue;
+  CHECK_STREAM(clock, stream, pt);
+  int slot = fk_stream_slot((unsigned long long)(uintptr_t)stream);
+  if (flags) *flags = slot >= 0 ? fk_streams[slot].flags : 0;
+  if (priority) *priority = slot >= 0 ? fk_streams[slot].priority : 0;
+  if (device) *device = fk_ctxs[fk_clocks[clock].ctx].device;
+  return hipSuccess;
+}
+EXPORT hipError_t hipStreamGetFlags(void *stream, unsigned *flags) {
+  ENTER("hipStreamGetFlags");
+  RETURN(flags ? stream_get(stream, flags, NULL, NULL, 0) : hipErrorInvalidValue);
+}
+EXPORT hipError_t hipStreamGetFlags_spt(void *stream, unsigned *flags) {
+  ENTER("hipStreamGetFlags_spt");
+  RETURN(flags ? stream_get(stream, flags, NULL, NULL, 1) : hipErrorInvalidValue);
+}
+EXPORT hipError_t hipStreamGetPriority(void *stream, int *priority) {
+  ENTER("hipStreamGetPriority");
+  RETURN(priority ? stream_get(stream, NULL, priority, NULL, 0) : hipErrorInvalidValue);
+}
+EXPORT hipError_t hipStreamGetPriority_spt(void *stream, int *priority) {
+  ENTER("hipStreamGetPriority_spt");
+  RETURN(priority ? stream_get(stream, NULL, priority, NULL, 1) : hipErrorInvalidValue);
+}
+EXPORT hipError_t hipStreamGetDevice(void *stream, int *device) {
+  ENTER("hipStreamGetDevice");
+  RETURN(device ? stream_get(stream, NULL, NULL, device, 0) : hipErrorInvalidValue);
+}
+EXPORT hipError_t hipLaunchHostFunc(void *stream, void (*fn)(void *), void *data) {
+  ENTER("hipLaunchHostFunc");
+  int clock = fk_clock_of(current_device(), (unsigned long long)(uintptr_t)stream, 0);
+  if (!clock) RETURN(hipErrorInvalidHandle);
+  if (!fn) RETURN(hipErrorInvalidValue);
+  RETURN(fk_launch_host(clock, fn, data) ? hipSuccess : hipErrorOutOfMemory);
+}
+struct callback {
+  void (*fn)(void *, int, void *);
+  void *stream, *data;
+};
+static void run_callback(void *p) {
+  struct callback *c = (struct callback *)p;
+  c->fn(c->stream, hipSuccess, c->data);
+  free(c);
+}
+EXPORT hipError_t hipStreamAddCallback(void *stream, void (*fn)(void *, int, void *), void *data,
+                                       unsigned flags) {
+  ENTER("hipStreamAddCallback");
+  int clock = fk_clock_of(current_device(), (unsigned long long)(uintptr_t)stream, 0);
+  if (!clock) RETURN(hipErrorInvalidHandle);
+  if (!fn || flags) RETURN(hipErrorInvalidValue);
+  struct callback *c = malloc(sizeof *c);
+  if (!c) RETURN(hipErrorOutOfMemory);
+  c->fn = fn;
+  c->stream = stream;
+  c->data = data;
+  if (!fk_launch_host(clock, run_callback, c)) {
+    free(c);
+    RETURN(hipErrorOutOfMemory);
+  }
+  RETURN(hipSuccess);
+}
+
+/* ----- events ------------------------------------------------------------------------------ */
+
+/* hipEventDefault | BlockingSync | DisableTiming | Interprocess | ReleaseToDevice | ...System. */
+#define EVENT_FLAGS 0xC0000007u
+static hipError_t event_create(void **event, unsigned flags) {
+  if (!event || (flags & ~EVENT_FLAGS)) return hipErrorInvalidValue;
+  unsigned long long handle = fk_event_new(current_device(), flags);
+  if (!handle) return hipErrorOutOfMemory;
+  *event = (void *)(uintptr_t)handle;
+  return hipSuccess;
+}
+EXPORT hipError_t hipEventCreateWithFlags(void **event, unsigned flags) {
+  ENTER("hipEventCreateWithFlags");
+  RETURN(event_create(event, flags));
+}
+EXPORT hipError_t hipEventCreate(void **event) {
+  ENTER("hipEventCreate");
+  RETURN(event_create(event, 0));
+}
+EXPORT hipError_t hipEventRecord(void *event, void *stream) {
+  ENTER("hipEventRecord");
+  struct fk_event *e = fk_event_of((unsigned long long)(uintptr_t)event);
+  int clock = fk_clock_of(current_device(), (unsigned long long)(uintptr_t)stream, 0);
+  if (!e || !clock) RETURN(hipErrorInvalidHandle);
+  fk_event_record(e, clock);
+  RETURN(hipSuccess);
+}
+/* A never-recorded event is complete (hipamd). */
+EXPORT hipError_t hipEventQuery(void *event) {
+  ENTER("hipEventQuery");
+  struct fk_event *e = fk_event_of((unsigned long long)(uintptr_t)event);
+  if (!e) RETURN(hipErrorInvalidHandle);
+  RETURN(fk_event_done(e) ? hipSuccess : hipErrorNotReady);
+}
+EXPORT hipError_t hipEventSynchronize(void *event) {
+  ENTER("hipEventSynchronize");
+  struct fk_event *e = fk_event_of((unsigned long long)(uintptr_t)event);
+  if (!e) RETURN(hipErrorInvalidHandle);
+  /* Waiting for an event waits for the work before it on its stream. */
+  fk_cpu_wait();
+  if (e->recorded) fk_force(e->clock, e->seq, 0);
+  fk_event_done(e);
+  fk_pools_sync();
+  RETURN(hipSuccess);
+}
+EXPORT hipError_t hipEventDestroy(void *event) {
+  ENTER("hipEventDestroy");
+  struct fk_event *e = fk_event_of((unsigned long long)(uintptr_t)event);
+  if (!e) RETURN(hipErrorInvalidHandle);
+  e->serial = 0;
+  RETURN(hipSuccess);
+}
+/* As hipamd: ms NULL invalid value; an unknown, unrecorded or untimed event invalid handle;
+ * one not complete not ready; the same event 0 ms. */
+EXPORT hipError_t hipEventElapsedTime(float *ms, void *start, void *stop) {
+  ENTER("hipEventElapsedTime");
+  if (!ms) RETURN(hipErrorInvalidValue);
+  struct fk_event *a = fk_event_of((unsigned long long)(uintptr_t)start);
+  struct fk_event *b = fk_event_of((unsigned long long)(uintptr_t)stop);
+  if (!a || !b || a->ctx != b->ctx || !a->recorded || !b->recorded || (a->flags & 2) ||
+      (b->flags & 2))
+    RETURN(hipErrorInvalidHandle);
+  if (!fk_event_done(a) || !fk_event_done(b)) RETURN(hipErrorNotReady);
+  *ms = a == b ? 0.0f : fk_event_ms(a, b);
+  RETURN(hipSuccess);
+}
+
+/* ----- modules and launches ---------------------------------------------------------------- */
+
+EXPORT hipError_t hipModuleLoadData(void **module, const void *image) {
+  ENTER("hipModuleLoadData");
+  if (!module || !image) RETURN(hipErrorInvalidValue);
+  int code;
+  unsigned long long handle = fk_module_load(current_device(), image, &code);
+  if (handle) *module = (void *)(uintptr_t)handle;
+  RETURN(code);
+}
+EXPORT hipError_t hipModuleLoadDataEx(void **module, const void *image, unsigned n, void *options,
+                                      void **values) {
+  ENTER("hipModuleLoadDataEx");
+  (void)n;
+  (void)options;
+  (void)values;
+  if (!module || !image) RETURN(hipErrorInvalidValue);
+  int code;
+  unsigned long long handle = fk_module_load(current_device(), image, &code);
+  if (handle) *module = (void *)(uintptr_t)handle;
+  RETURN(code);
+}
+/* A code object from a file: its bytes, as hipModuleLoadData takes them. */
+EXPORT hipError_t hipModuleLoad(void **module, const char *path) {
+  ENTER("hipModuleLoad");
+  if (!module || !path) RETURN(hipErrorInvalidValue);
+  FILE *f = fopen(path, "rb");
+  if (!f) RETURN(hipErrorFileNotFound);
+  static char bytes[1 << 20];
+  size_t n = fread(bytes, 1, sizeof bytes - 1, f);
+  fclose(f);
+  bytes[n] = 0;
+  int code;
+  unsigned long long handle = fk_module_load(current_device(), bytes, &code);
+  if (handle) *module = (void *)(uintptr_t)handle;
+  RETURN(code);
+}
+EXPORT hipError_t hipModuleGetFunction(void **function, void *module, const char *name) {
+  ENTER("hipModuleGetFunction");
+  if (!function || !name) RETURN(hipErrorInvalidValue);
+  int code;
+  unsigned long long handle = fk_function_get((unsigned long long)(uintptr_t)module, name, &code);
+  if (handle) *function = (void *)(uintptr_t)handle;
+  RETURN(code);
+}
+EXPORT hipError_t hipModuleUnload(void *module) {
+  ENTER("hipModuleUnload");
+  RETURN(fk_module_unload((unsigned long long)(uintptr_t)module));
+}
+
+static hipError_t launch(struct fk_function *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                         unsigned by, unsigned bz, void *stream, void **params, void **extra,
+                         size_t shared, int pt) {
+  if (!fn) return hipErrorInvalidHandle;
+  CHECK_STREAM(clock, stream, pt);
+  if (!gx || !gy || !gz || !bx || !by || !bz || (unsigned long long)bx * by * bz > 1024 ||
+      (params && extra) || shared > 65536)
+    return hipErrorInvalidValue;
+  return fk_launch(current_device(), clock, fn->name, params) ? hipSuccess : hipErrorOutOfMemory;
+}
+EXPORT hipError_t hipModuleLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                        unsigned by, unsigned bz, unsigned shared, void *stream,
+                                        void **params, void **extra) {
+  ENTER("hipModuleLaunchKernel");
+  RETURN(launch(fk_function_of((unsigned long long)(uintptr_t)f), gx, gy, gz, bx, by, bz, stream,
+                params, extra, shared, 0));
+}
+/* `function` is a host stub a compiled HIP program registers; the fake has no such programs,
+ * so it takes a function from hipModuleGetFunction, and answers
+ * hipErrorInvalidDeviceFunction for anything else. */
+static hipError_t launch_kernel(const void *function, dim3 grid, dim3 block, void **args,
+                                size_t shared, void *stream, int pt) {
+  struct fk_function *fn = fk_function_of((unsigned long long)(uintptr_t)function);
+  if (!fn) return hipErrorInvalidDeviceFunction;
+  return launch(fn, grid.x, grid.y, grid.z, block.x, block.y, block.z, stream, args, NULL, shared, pt);
+}
+EXPORT hipError_t hipLaunchKernel(const void *function, dim3 grid, dim3 block, void **args,
+                                  size_t shared, void *stream) {
+  ENTER("hipLaunchKernel");
+  RETURN(launch_kernel(function, grid, block, args, shared, stream, 0));
+}
+EXPORT hipError_t hipLaunchKernel_spt(const void *function, dim3 grid, dim3 block, void **args,
+                                      size_t shared, void *stream) {
+  ENTER("hipLaunchKernel_spt");
+  RETURN(launch_kernel(function, grid, block, args, shared, stream, 1));
+}
+
+/* ----- virtual memory ---------------------------------------------------------------------- */
 
 /* The ROCm 6+ hipMemAllocationProp: type at 0, handle type at 4, location {type, id} at 8,
  * win32 metadata at 16, allocFlags at 24; 32 bytes. */
@@ -743,306 +1356,83 @@ struct prop6 {
 
 static int prop_ok(const struct prop6 *p) {
   return p && p->type == 1 /* pinned */ && p->loc_type == 1 /* device */ &&
-         valid_device(p->loc_id) && p->handle_type == 0 && p->win32 == NULL &&
-         p->compression == 0;
+         valid_device(p->loc_id) && (p->handle_type == 0 || p->handle_type == 1) &&
+         p->win32 == NULL && p->compression == 0;
 }
 
 EXPORT hipError_t hipMemGetAllocationGranularity(size_t *granularity, const struct prop6 *prop,
                                                  int option) {
   ENTER("hipMemGetAllocationGranularity");
   if (!granularity || !prop_ok(prop) || (option != 0 && option != 1)) RETURN(hipErrorInvalidValue);
-  *granularity = option == 0 ? min_gran : rec_gran;
+  *granularity = option == 0 ? fk_min_gran : fk_rec_gran;
   RETURN(hipSuccess);
 }
 EXPORT hipError_t hipMemCreate(void **handle, size_t size, const struct prop6 *prop,
                                unsigned long long flags) {
   ENTER("hipMemCreate");
-  if (!handle || !prop_ok(prop) || flags != 0 || size == 0 || size % min_gran)
+  if (!handle || !prop_ok(prop) || flags != 0 || size == 0 || size % fk_min_gran)
     RETURN(hipErrorInvalidValue);
-  if (!charge(prop->loc_id, size)) RETURN(hipErrorOutOfMemory);
-  uint64_t h = new_id();
-  if (!add(HANDLE, h, size, prop->loc_id)) {
-    used[prop->loc_id] -= size;
-    RETURN(hipErrorOutOfMemory);
-  }
-  *handle = (void *)(uintptr_t)h;
-  RETURN(hipSuccess);
-}
-/* How many live reservations handle `h` was mapped into. */
-static int holds_of(uint64_t h) {
-  int n = 0;
-  for (int i = 0; i < n_holds; i++) n += holds[i].handle == h;
-  return n;
-}
-/* Records that handle `h` was mapped into the reservation at `r`; 0 when there is no room. */
-static int hold_add(uint64_t h, uint64_t r) {
-  for (int i = 0; i < n_holds; i++)
-    if (holds[i].handle == h && holds[i].reservation == r) return 1;
-  if (n_holds == MAX_HOLDS) return 0;
-  holds[n_holds].handle = h;
-  holds[n_holds].reservation = r;
-  n_holds++;
-  return 1;
-}
-/* Forgets the pairs of handle `h` (h != 0) or of reservation `r` (r != 0). */
-static void holds_forget(uint64_t h, uint64_t r) {
-  int n = 0;
-  for (int i = 0; i < n_holds; i++)
-    if (!((h && holds[i].handle == h) || (r && holds[i].reservation == r))) holds[n++] = holds[i];
-  n_holds = n;
-}
-/* A released handle with no mapping left gives its bytes back — unless rocm7-reservation-hold
- * keeps them charged while a reservation it was mapped into is still reserved. */
-static void handle_settle(struct object *h) {
-  if (!h->released || h->mapcount) return;
-  if ((profile & PROFILE_RESERVATION_HOLD) && holds_of(h->addr)) return;
-  holds_forget(h->addr, 0);
-  used[h->device] -= h->size;
-  drop(h);
+  int code;
+  unsigned long long h = fk_phys_create(prop->loc_id, size, &code);
+  if (h) *handle = (void *)(uintptr_t)h;
+  RETURN(code);
 }
 EXPORT hipError_t hipMemRelease(void *handle) {
   ENTER("hipMemRelease");
-  struct object *o = find(HANDLE, (uint64_t)(uintptr_t)handle);
-  if (!o || o->released) RETURN(hipErrorInvalidValue);
-  o->released = 1;
-  handle_settle(o);
-  RETURN(hipSuccess);
+  RETURN(fk_phys_release((unsigned long long)(uintptr_t)handle));
 }
-/* `addr` is a hint, honoured when it can be (reserve_va). */
+/* `addr` is a hint, honoured when it can be (fake_vmm.h); a fresh address is aligned to the
+ * recommended granularity. */
 EXPORT hipError_t hipMemAddressReserve(void **ptr, size_t size, size_t alignment, void *addr,
                                        unsigned long long flags) {
   ENTER("hipMemAddressReserve");
-  if (!ptr || size == 0 || size % min_gran || flags != 0 ||
+  if (!ptr || size == 0 || size % fk_min_gran || flags != 0 ||
       (alignment && (alignment & (alignment - 1))))
     RETURN(hipErrorInvalidValue);
-  uint64_t va = reserve_va((uint64_t)(uintptr_t)addr, size, alignment);
-  if (!add(RESERVATION, va, size, current_device)) RETURN(hipErrorOutOfMemory);
-  *ptr = (void *)(uintptr_t)va;
-  RETURN(hipSuccess);
-}
-static int mapped_inside(uint64_t va, uint64_t size) {
-  for (int i = 0; i < high; i++)
-    if (objects[i].kind == MAPPING && objects[i].addr < va + size &&
-        va < objects[i].addr + objects[i].size)
-      return 1;
-  return 0;
+  unsigned long long hint_align = alignment > fk_min_gran ? alignment : fk_min_gran;
+  unsigned long long fresh_align = alignment > fk_rec_gran ? alignment : fk_rec_gran;
+  unsigned long long va;
+  int rc = fk_reserve(current_device(), size, hint_align, fresh_align,
+                      (unsigned long long)(uintptr_t)addr, &va);
+  if (rc == FK_OK) *ptr = (void *)(uintptr_t)va;
+  RETURN(rc);
 }
 EXPORT hipError_t hipMemAddressFree(void *ptr, size_t size) {
   ENTER("hipMemAddressFree");
-  struct object *o = find(RESERVATION, (uint64_t)(uintptr_t)ptr);
-  if (!o || o->size != size || mapped_inside(o->addr, o->size)) RETURN(hipErrorInvalidValue);
-  /* rocr-285-unmap-many: ROCr still counts a user of the range (HSA_STATUS_ERROR_RESOURCE_FREE
-   * below HIP; the report does not say which HIP code comes back: invalid value here). */
-  if ((profile & PROFILE_UNMAP_MANY) && o->uses > 0) RETURN(hipErrorInvalidValue);
-  uint64_t r = o->addr;
-  drop(o);
-  /* The handles this reservation held (rocm7-reservation-hold) settle once it is gone: one
-   * pair at a time, since a settling handle forgets its other pairs. */
-  for (int i = 0; i < n_holds;) {
-    if (holds[i].reservation != r) {
-      i++;
-      continue;
-    }
-    uint64_t h = holds[i].handle;
-    holds[i] = holds[--n_holds];
-    struct object *x = find(HANDLE, h);
-    if (x) handle_settle(x);
-    i = 0;
-  }
-  RETURN(hipSuccess);
-}
-static struct object *reservation_of(uint64_t va, uint64_t size) {
-  for (int i = 0; i < high; i++)
-    if (objects[i].kind == RESERVATION && objects[i].addr <= va &&
-        va + size <= objects[i].addr + objects[i].size)
-      return &objects[i];
-  return NULL;
+  RETURN(fk_address_free((unsigned long long)(uintptr_t)ptr, size));
 }
 EXPORT hipError_t hipMemMap(void *ptr, size_t size, size_t offset, void *handle,
                             unsigned long long flags) {
   ENTER("hipMemMap");
-  uint64_t va = (uint64_t)(uintptr_t)ptr;
-  struct object *h = find(HANDLE, (uint64_t)(uintptr_t)handle);
-  struct object *r = reservation_of(va, size);
-  if (!h || h->released || flags != 0 || size == 0 || va % min_gran || size % min_gran ||
-      offset % min_gran || offset + size > h->size || !r || mapped_inside(va, size))
-    RETURN(hipErrorInvalidValue);
-  struct object *m = add(MAPPING, va, size, h->device);
-  if (!m) RETURN(hipErrorOutOfMemory);
-  if (!hold_add(h->addr, r->addr)) {
-    drop(m);
-    RETURN(hipErrorOutOfMemory);
-  }
-  m->handle = h->addr;
-  h->mapcount++;
-  r->uses++;
-  RETURN(hipSuccess);
+  if (flags != 0) RETURN(hipErrorInvalidValue);
+  RETURN(fk_map((unsigned long long)(uintptr_t)ptr, size, offset,
+                (unsigned long long)(uintptr_t)handle, fk_min_gran));
 }
-static uint64_t mapped_bytes(uint64_t va, uint64_t size, int *partial) {
-  uint64_t n = 0;
-  *partial = 0;
-  for (int i = 0; i < high; i++) {
-    struct object *m = &objects[i];
-    if (m->kind != MAPPING || m->addr >= va + size || va >= m->addr + m->size) continue;
-    uint64_t lo = m->addr > va ? m->addr : va;
-    uint64_t hi = m->addr + m->size < va + size ? m->addr + m->size : va + size;
-    n += hi - lo;
-    if (m->addr < va || m->addr + m->size > va + size) *partial = 1;
-  }
-  return n;
-}
-static int by_address(const void *a, const void *b) {
-  uint64_t x = (*(struct object *const *)a)->addr, y = (*(struct object *const *)b)->addr;
-  return x < y ? -1 : x > y;
-}
-/* rocm-systems-2516-setaccess-prefix: HIP checks `size` against the sizes of the mappings of
- * the reservation holding `va` summed from its first (lowest) mapping, not from `va`'s, and
- * refuses unless some such sum is exactly `size`. True when it refuses. */
-static int prefix_refuses(uint64_t va, uint64_t size) {
-  if (!(profile & PROFILE_SETACCESS_PREFIX)) return 0;
-  struct object *r = reservation_of(va, 1);
-  if (!r) return 0; /* the documented checks answer */
-  static struct object *inside[MAX_OBJECTS];
-  int n = 0;
-  for (int i = 0; i < high; i++) {
-    struct object *m = &objects[i];
-    if (m->kind == MAPPING && r->addr <= m->addr && m->addr < r->addr + r->size) inside[n++] = m;
-  }
-  qsort(inside, (size_t)n, sizeof inside[0], by_address);
-  uint64_t sum = 0;
-  for (int i = 0; i < n && sum < size; i++) sum += inside[i]->size;
-  return sum != size;
-}
-/* One descriptor per device; a device other than the memory's owner must be linked to it by
- * peer access (fake_common.h). */
 EXPORT hipError_t hipMemSetAccess(void *ptr, size_t size, const struct fake_access_desc *desc,
                                   size_t count) {
   ENTER("hipMemSetAccess");
-  uint64_t va = (uint64_t)(uintptr_t)ptr;
-  int partial;
-  if (!desc || count == 0 || size == 0 || va % min_gran || size % min_gran ||
-      mapped_bytes(va, size, &partial) != size || prefix_refuses(va, size))
+  RETURN(fk_set_access((unsigned long long)(uintptr_t)ptr, size, desc, count, fk_min_gran));
+}
+struct hip_location {
+  int type, id;
+};
+EXPORT hipError_t hipMemGetAccess(unsigned long long *flags, const struct hip_location *location,
+                                  void *ptr) {
+  ENTER("hipMemGetAccess");
+  if (!flags || !location || location->type != 1 || !valid_device(location->id))
     RETURN(hipErrorInvalidValue);
-  for (int i = 0; i < high; i++) {
-    struct object *m = &objects[i];
-    if (m->kind != MAPPING || m->addr >= va + size || va >= m->addr + m->size) continue;
-    hipError_t refused = fake_check_access(desc, count, m->device, n_devices);
-    if (refused != hipSuccess) RETURN(refused);
-  }
-  for (int i = 0; i < high; i++) {
-    struct object *m = &objects[i];
-    if (m->kind == MAPPING && m->addr < va + size && va < m->addr + m->size)
-      m->access = fake_apply_access(m->access, desc, count);
-  }
+  int granted = fk_access_of((unsigned long long)(uintptr_t)ptr, location->id);
+  if (granted < 0) RETURN(hipErrorInvalidValue);
+  struct fk_pointer p = fk_pointer_of((unsigned long long)(uintptr_t)ptr);
+  *flags = !granted ? 0 : (p.region->prot & PROT_WRITE) ? 3 : 1;
   RETURN(hipSuccess);
 }
 EXPORT hipError_t hipMemUnmap(void *ptr, size_t size) {
   ENTER("hipMemUnmap");
-  uint64_t va = (uint64_t)(uintptr_t)ptr;
-  int partial;
-  if (size == 0 || va % min_gran || size % min_gran || mapped_bytes(va, size, &partial) != size ||
-      partial)
-    RETURN(hipErrorInvalidValue);
-  fake_check_unused(va, size, "hipMemUnmap");
-  /* ROCr's use count of a reservation drops by one per mapping — or, before ROCm 7.0
-   * (rocr-285-unmap-many), by one per hipMemUnmap call, however many mappings it covers. */
-  for (int i = 0; i < high; i++) {
-    struct object *r = &objects[i];
-    if (r->kind != RESERVATION || r->addr >= va + size || va >= r->addr + r->size) continue;
-    long n = 0;
-    for (int j = 0; j < high; j++) {
-      struct object *m = &objects[j];
-      n += m->kind == MAPPING && m->addr >= va && m->addr < va + size && r->addr <= m->addr &&
-           m->addr < r->addr + r->size;
-    }
-    r->uses -= (profile & PROFILE_UNMAP_MANY) && n ? 1 : n;
-  }
-  for (int i = 0; i < high; i++) {
-    struct object *m = &objects[i];
-    if (m->kind != MAPPING || m->addr < va || m->addr >= va + size) continue;
-    struct object *h = find(HANDLE, m->handle);
-    drop(m);
-    if (h) {
-      h->mapcount--;
-      handle_settle(h);
-    }
-  }
-  RETURN(hipSuccess);
+  RETURN(fk_unmap((unsigned long long)(uintptr_t)ptr, size, fk_min_gran, "hipMemUnmap"));
 }
 
-/* ----- copies and pinned host memory ------------------------------------------------------- */
-
-/* True when [va, va + size) lies inside one live plain or pool allocation, or is covered by
- * mappings (adjacent ones too) that grant `device` access (hipMemSetAccess). */
-static int device_range_ok(uint64_t va, uint64_t size, int device) {
-  uint64_t end = va + size;
-  if (end < va) return 0;
-  for (int i = 0; i < high; i++) {
-    struct object *o = &objects[i];
-    if ((o->kind == ALLOC || o->kind == POOL_ALLOC) && o->addr <= va && end <= o->addr + o->size)
-      return 1;
-  }
-  uint64_t at = va;
-  while (at < end) {
-    struct object *hit = NULL;
-    for (int i = 0; i < high; i++) {
-      struct object *m = &objects[i];
-      if (m->kind == MAPPING && m->addr <= at && at < m->addr + m->size) hit = m;
-    }
-    if (!hit || !fake_device_index_ok(device) || !((hit->access >> device) & 1)) return 0;
-    at = hit->addr + hit->size;
-  }
-  return 1;
-}
-/* A copy between device memory `device_ptr` and host memory `host` on `stream`: checked and
- * queued on the stream's clock (fake_common.h); no bytes move, there are none behind the
- * fake's device memory. */
-static hipError_t copy(uint64_t device_ptr, void *host, size_t bytes, void *stream) {
-  if (!valid_stream(stream)) return hipErrorInvalidHandle;
-  if (bytes == 0) return hipSuccess;
-  if (!host || !device_range_ok(device_ptr, bytes, current_device)) return hipErrorInvalidValue;
-  fake_copy_queue(clock_of((uint64_t)(uintptr_t)stream), device_ptr, (uint64_t)(uintptr_t)host,
-                  bytes);
-  return hipSuccess;
-}
-EXPORT hipError_t hipMemcpyDtoHAsync(void *dst, void *src, size_t bytes, void *stream) {
-  ENTER("hipMemcpyDtoHAsync");
-  RETURN(copy((uint64_t)(uintptr_t)src, dst, bytes, stream));
-}
-EXPORT hipError_t hipMemcpyHtoDAsync(void *dst, void *src, size_t bytes, void *stream) {
-  ENTER("hipMemcpyHtoDAsync");
-  RETURN(copy((uint64_t)(uintptr_t)dst, src, bytes, stream));
-}
-/* hipHostMallocPortable | Mapped | WriteCombined | NumaUser | Coherent | NonCoherent. */
-#define HOST_MALLOC_FLAGS 0xE0000007u
-EXPORT hipError_t hipHostMalloc(void **ptr, size_t size, unsigned flags) {
-  ENTER("hipHostMalloc");
-  if (!ptr || (flags & ~HOST_MALLOC_FLAGS)) RETURN(hipErrorInvalidValue);
-  if (size == 0) {
-    *ptr = NULL;
-    RETURN(hipSuccess);
-  }
-  void *p = malloc(size);
-  if (!p) RETURN(hipErrorOutOfMemory);
-  if (!add(HOST_ALLOC, (uint64_t)(uintptr_t)p, size, current_device)) {
-    free(p);
-    RETURN(hipErrorOutOfMemory);
-  }
-  *ptr = p;
-  RETURN(hipSuccess);
-}
-EXPORT hipError_t hipHostFree(void *ptr) {
-  ENTER("hipHostFree");
-  if (!ptr) RETURN(hipSuccess);
-  struct object *o = find(HOST_ALLOC, (uint64_t)(uintptr_t)ptr);
-  if (!o) RETURN(hipErrorInvalidValue);
-  fake_check_unused(o->addr, o->size, "hipHostFree");
-  free(ptr);
-  drop(o);
-  RETURN(hipSuccess);
-}
-
-/* ----- pools ------------------------------------------------------------------------------ */
+/* ----- pools ------------------------------------------------------------------------------- */
 
 struct pool_props {
   int alloc_type;
@@ -1052,279 +1442,270 @@ struct pool_props {
   void *win32;
   unsigned char reserved[64];
 };
-
-static void *pool_value(int p) { return (void *)(uintptr_t)(0x9000 + 16 * (uint64_t)p); }
-static int pool_index(void *handle) {
-  uint64_t v = (uint64_t)(uintptr_t)handle;
-  if (v < 0x9000 || (v - 0x9000) % 16) return -1;
-  uint64_t p = (v - 0x9000) / 16;
-  return p < MAX_POOLS && pools[p].live && !pools[p].destroyed ? (int)p : -1;
-}
-static int new_pool(int device, int is_default) {
-  for (int p = 0; p < MAX_POOLS; p++) {
-    if (!pools[p].live) {
-      memset(&pools[p], 0, sizeof pools[p]);
-      pools[p].live = 1;
-      pools[p].device = device;
-      pools[p].is_default = is_default;
-      fake_pool_init(&pools[p].stats, UINT64_MAX); /* the ROCm quirk: never release unless told */
-      return p;
-    }
-  }
-  return -1;
-}
-/* Gives back the cached block `o` of pool `p`: a hazard if a kernel or copy still uses it. */
-static void pool_give_back(struct pool *p, struct object *o) {
-  fake_check_unused(o->addr, o->size, "a pool giving back a block");
-  p->stats.reserved -= o->size;
-  used[p->device] -= o->size;
-  drop(o);
-}
-/* Gives back cached blocks whose free completed until the pool holds at most `keep` (never
- * what is in use, nor a block whose free is still in flight on its stream). */
-static void pool_release(struct pool *p, uint64_t keep) {
-  for (int i = 0; i < high && p->stats.reserved > keep; i++) {
-    struct object *o = &objects[i];
-    if (o->kind == POOL_CACHED && &pools[o->pool] == p && fake_clock_done(o->clock, o->seq))
-      pool_give_back(p, o);
-  }
-}
-/* A destroyed pool gives back every block whose free completed; its slot is free once it
- * holds none. */
-static void pool_settle_destroyed(int p) {
-  pool_release(&pools[p], 0);
-  for (int i = 0; i < high; i++)
-    if ((objects[i].kind == POOL_ALLOC || objects[i].kind == POOL_CACHED) && objects[i].pool == p)
-      return;
-  pools[p].live = 0;
-}
-static void sync_pools(void) {
-  for (int p = 0; p < MAX_POOLS; p++) {
-    if (!pools[p].live) continue;
-    if (pools[p].destroyed)
-      pool_settle_destroyed(p);
-    else
-      pool_release(&pools[p], pools[p].stats.threshold);
-  }
-}
+#define POOL(p) ((unsigned long long)(uintptr_t)(p))
+#define NEVER UINT64_MAX /* the ROCm quirk: never release unless told */
 
 EXPORT hipError_t hipDeviceGetDefaultMemPool(void **pool, int device) {
   ENTER("hipDeviceGetDefaultMemPool");
   if (!pool) RETURN(hipErrorInvalidValue);
   if (!valid_device(device)) RETURN(hipErrorInvalidDevice);
   if (!attr_pools) RETURN(hipErrorNotSupported);
-  for (int p = 0; p < MAX_POOLS; p++) {
-    if (pools[p].live && pools[p].is_default && pools[p].device == device) {
-      *pool = pool_value(p);
-      RETURN(hipSuccess);
-    }
-  }
-  int p = new_pool(device, 1);
+  int p = fk_default_pool(device, NEVER);
   if (p < 0) RETURN(hipErrorOutOfMemory);
-  *pool = pool_value(p);
+  *pool = (void *)(uintptr_t)fk_pool_handle(p);
+  RETURN(hipSuccess);
+}
+EXPORT hipError_t hipDeviceGetMemPool(void **pool, int device) {
+  ENTER("hipDeviceGetMemPool");
+  if (!pool) RETURN(hipErrorInvalidValue);
+  if (!valid_device(device)) RETURN(hipErrorInvalidDevice);
+  if (!attr_pools) RETURN(hipErrorNotSupported);
+  int p = fk_device_pool(device, NEVER);
+  if (p < 0) RETURN(hipErrorOutOfMemory);
+  *pool = (void *)(uintptr_t)fk_pool_handle(p);
+  RETURN(hipSuccess);
+}
+EXPORT hipError_t hipDeviceSetMemPool(int device, void *pool) {
+  ENTER("hipDeviceSetMemPool");
+  if (!valid_device(device)) RETURN(hipErrorInvalidDevice);
+  int p = fk_pool_of(POOL(pool));
+  if (p < 0 || fk_pools[p].device != device) RETURN(hipErrorInvalidValue);
+  fk_current_pool[device] = POOL(pool);
   RETURN(hipSuccess);
 }
 EXPORT hipError_t hipMemPoolCreate(void **pool, const struct pool_props *props) {
   ENTER("hipMemPoolCreate");
   if (!pool || !props || props->alloc_type != 1 || props->loc_type != 1 ||
-      !valid_device(props->loc_id) || props->handle_types != 0)
+      !valid_device(props->loc_id) || props->handle_types > 1)
     RETURN(hipErrorInvalidValue);
   for (int i = 0; i < 64; i++)
     if (props->reserved[i]) RETURN(hipErrorInvalidValue);
   if (!attr_pools) RETURN(hipErrorNotSupported);
-  int p = new_pool(props->loc_id, 0);
+  int p = fk_pool_new(props->loc_id, 0, NEVER);
   if (p < 0) RETURN(hipErrorOutOfMemory);
-  *pool = pool_value(p);
+  *pool = (void *)(uintptr_t)fk_pool_handle(p);
   RETURN(hipSuccess);
 }
-EXPORT hipError_t hipMemPoolDestroy(void *handle) {
+/* As HIP documents it: returns at once; with allocations outstanding, or frees still in
+ * flight, the pool's memory goes when the last of them is freed and that free completed. */
+EXPORT hipError_t hipMemPoolDestroy(void *pool) {
   ENTER("hipMemPoolDestroy");
-  int p = pool_index(handle);
-  if (p < 0 || pools[p].is_default) RETURN(hipErrorInvalidValue);
-  /* As HIP documents it: returns at once; with allocations outstanding, or frees still in
-   * flight, the pool's memory goes when the last of them is freed and that free completed. */
-  pools[p].destroyed = 1;
-  pool_settle_destroyed(p);
-  RETURN(hipSuccess);
-}
-EXPORT hipError_t hipMemPoolSetAttribute(void *handle, int attr, void *value) {
-  ENTER("hipMemPoolSetAttribute");
-  int p = pool_index(handle);
-  if (p < 0 || !value) RETURN(hipErrorInvalidValue);
-  RETURN(fake_pool_set(&pools[p].stats, attr, value) ? hipErrorInvalidValue : hipSuccess);
-}
-EXPORT hipError_t hipMemPoolGetAttribute(void *handle, int attr, void *value) {
-  ENTER("hipMemPoolGetAttribute");
-  int p = pool_index(handle);
-  if (p < 0 || !value) RETURN(hipErrorInvalidValue);
-  RETURN(fake_pool_get(&pools[p].stats, attr, value) ? hipErrorInvalidValue : hipSuccess);
-}
-EXPORT hipError_t hipMemPoolTrimTo(void *handle, size_t keep) {
-  ENTER("hipMemPoolTrimTo");
-  int p = pool_index(handle);
+  int p = fk_pool_of(POOL(pool));
   if (p < 0) RETURN(hipErrorInvalidValue);
-  pool_release(&pools[p], keep);
+  for (int d = 0; d < FK_MAX_DEVICES; d++)
+    if (fk_current_pool[d] == POOL(pool)) fk_current_pool[d] = 0;
+  RETURN(fk_pool_destroy(p));
+}
+EXPORT hipError_t hipMemPoolSetAttribute(void *pool, int attr, void *value) {
+  ENTER("hipMemPoolSetAttribute");
+  int p = fk_pool_of(POOL(pool));
+  if (p < 0) RETURN(hipErrorInvalidValue);
+  RETURN(fk_pool_set(&fk_pools[p], attr, value));
+}
+EXPORT hipError_t hipMemPoolGetAttribute(void *pool, int attr, void *value) {
+  ENTER("hipMemPoolGetAttribute");
+  int p = fk_pool_of(POOL(pool));
+  if (p < 0) RETURN(hipErrorInvalidValue);
+  RETURN(fk_pool_get(&fk_pools[p], attr, value));
+}
+EXPORT hipError_t hipMemPoolTrimTo(void *pool, size_t keep) {
+  ENTER("hipMemPoolTrimTo");
+  int p = fk_pool_of(POOL(pool));
+  if (p < 0) RETURN(hipErrorInvalidValue);
+  fk_pool_release(p, keep);
   RETURN(hipSuccess);
 }
-EXPORT hipError_t hipMallocFromPoolAsync(void **ptr, size_t size, void *handle, void *stream) {
+EXPORT hipError_t hipMallocFromPoolAsync(void **ptr, size_t size, void *pool, void *stream) {
   ENTER("hipMallocFromPoolAsync");
-  int p = pool_index(handle);
-  if (!ptr || p < 0 || !valid_stream(stream)) RETURN(hipErrorInvalidValue);
+  int p = fk_pool_of(POOL(pool));
+  int clock = fk_clock_of(current_device(), (unsigned long long)(uintptr_t)stream, 0);
+  if (!ptr || p < 0 || !clock) RETURN(hipErrorInvalidValue);
   if (size == 0) {
     *ptr = NULL;
     RETURN(hipSuccess);
   }
-  struct pool *x = &pools[p];
-  uint64_t bytes = round256(size);
-  uint64_t s = (uint64_t)(uintptr_t)stream;
-  /* The smallest cached block that fits and is safe for `stream`: its free completed, or it
-   * was freed on this stream (stream order; never on the per-thread handle, another stream on
-   * each thread) — as the driver's pools reuse memory. */
-  struct object *best = NULL;
-  for (int i = 0; i < high; i++) {
-    struct object *o = &objects[i];
-    if (o->kind != POOL_CACHED || o->pool != p || o->size < bytes) continue;
-    int safe = fake_clock_done(o->clock, o->seq) || (o->clock == clock_of(s) && s != 2);
-    if (safe && (!best || o->size < best->size)) best = o;
-  }
-  if (best) {
-    best->kind = POOL_ALLOC;
-    fake_pool_grow(&x->stats, 0, best->size);
-    *ptr = (void *)(uintptr_t)best->addr;
+  unsigned long long va;
+  int rc = fk_pool_alloc(p, clock, size, 256, "hipMallocFromPoolAsync", &va);
+  if (rc == FK_OK) *ptr = (void *)(uintptr_t)va;
+  RETURN(rc);
+}
+/* From the pool current to the stream's device. ROCm 6 (clr): size 0 is a null pointer, an
+ * unknown stream invalid handle; ROCm 5: both invalid value. */
+EXPORT hipError_t hipMallocAsync(void **ptr, size_t size, void *stream) {
+  ENTER("hipMallocAsync");
+  if (!ptr) RETURN(hipErrorInvalidValue);
+  int clock = fk_clock_of(current_device(), (unsigned long long)(uintptr_t)stream, 0);
+  if (!clock) RETURN(major() >= 6 ? hipErrorInvalidHandle : hipErrorInvalidValue);
+  if (size == 0) {
+    if (major() < 6) RETURN(hipErrorInvalidValue);
+    *ptr = NULL;
     RETURN(hipSuccess);
   }
-  if (!charge(x->device, bytes)) {
-    /* Like the driver: give back cached memory and try once more. */
-    pool_release(x, 0);
-    if (!charge(x->device, bytes)) RETURN(hipErrorOutOfMemory);
-  }
-  uint64_t va = take_va(bytes, 256);
-  struct object *o = add(POOL_ALLOC, va, bytes, x->device);
-  if (!o) {
-    used[x->device] -= bytes;
-    RETURN(hipErrorOutOfMemory);
-  }
-  o->pool = p;
-  fake_pool_grow(&x->stats, bytes, bytes);
-  *ptr = (void *)(uintptr_t)va;
-  RETURN(hipSuccess);
+  int device = fk_ctxs[fk_clocks[clock].ctx].device;
+  if (!attr_pools) RETURN(hipErrorNotSupported);
+  int p = fk_device_pool(device, NEVER);
+  if (p < 0) RETURN(hipErrorOutOfMemory);
+  unsigned long long va;
+  int rc = fk_pool_alloc(p, clock, size, 256, "hipMallocAsync", &va);
+  if (rc == FK_OK) *ptr = (void *)(uintptr_t)va;
+  RETURN(rc);
 }
+/* A pointer no pool handed out is freed as hipFree frees it (hipamd falls back to ihipFree). */
 EXPORT hipError_t hipFreeAsync(void *ptr, void *stream) {
   ENTER("hipFreeAsync");
-  if (!valid_stream(stream)) RETURN(hipErrorInvalidValue);
-  struct object *o = find(POOL_ALLOC, (uint64_t)(uintptr_t)ptr);
-  if (!o) RETURN(hipErrorInvalidValue);
-  /* The block stays the pool's, reusable once its stream's clock reaches the free. */
-  pools[o->pool].stats.used -= o->size;
-  o->kind = POOL_CACHED;
-  o->clock = clock_of((uint64_t)(uintptr_t)stream);
-  o->seq = fake_enqueue(o->clock);
-  if (pools[o->pool].destroyed) pool_settle_destroyed(o->pool);
-  RETURN(hipSuccess);
+  int clock = fk_clock_of(current_device(), (unsigned long long)(uintptr_t)stream, 0);
+  if (!clock) RETURN(major() >= 6 ? hipErrorInvalidHandle : hipErrorInvalidValue);
+  if (!ptr) RETURN(hipErrorInvalidValue);
+  if (fk_pool_free((unsigned long long)(uintptr_t)ptr, clock) == FK_OK) RETURN(hipSuccess);
+  RETURN(do_free(ptr, "hipFreeAsync"));
 }
 
-/* ----- streams and events ----------------------------------------------------------------- */
+/* ----- hipGetProcAddress (ROCm 6.2) -------------------------------------------------------- */
 
-/* hipStreamCreateWithFlags / hipEventCreateWithFlags: a new object of `kind` on the current
- * device, its handle written to `*out`; `flags` at most `max_flags`. */
-static hipError_t create_object(int kind, void **out, unsigned flags, unsigned max_flags) {
-  if (!out || flags > max_flags) return hipErrorInvalidValue;
-  int clock = kind == STREAM ? fake_clock_new() : 0;
-  if (kind == STREAM && !clock) return hipErrorOutOfMemory;
-  /* A stream takes the handle of one destroyed before, when there is one. */
-  uint64_t id = kind == STREAM && n_reusable ? reusable_streams[--n_reusable] : new_id();
-  struct object *o = add(kind, id, 0, current_device);
-  if (!o) return hipErrorOutOfMemory;
-  o->clock = clock;
-  *out = (void *)(uintptr_t)id;
-  return hipSuccess;
+/* Any exported call by name; as clr, hipGetDeviceProperties is the R0600 form from HIP 6.0
+ * (hipVersion 600); an unknown name is hipErrorInvalidValue with SYMBOL_NOT_FOUND. */
+EXPORT hipError_t hipGetProcAddress(const char *symbol, void **pfn, int hip_version,
+                                    unsigned long long flags, int *status) {
+  ENTER("hipGetProcAddress");
+  if (!at_least(6, 2)) RETURN(hipErrorNotSupported); /* stands in for the missing symbol */
+  if (!symbol || !symbol[0] || !pfn) RETURN(hipErrorInvalidValue);
+  (void)flags;
+  const char *name = symbol;
+  if (hip_version >= 600 && !strcmp(symbol, "hipGetDeviceProperties"))
+    name = "hipGetDevicePropertiesR0600";
+  int n;
+  const struct fk_entry *t = fk_table(&n);
+  for (int i = 0; i < n; i++) {
+    if (strcmp(t[i].name, name)) continue;
+    *pfn = t[i].fn;
+    if (status) *status = 0;
+    RETURN(hipSuccess);
+  }
+  *pfn = NULL;
+  if (status) *status = 1;
+  RETURN(hipErrorInvalidValue);
 }
-/* The live object of `kind` behind `handle` as `o`, or return hipErrorInvalidHandle. */
-#define FIND_OR_INVALID(o, kind, handle)                        \
-  struct object *o = find(kind, (uint64_t)(uintptr_t)(handle)); \
-  if (!o) RETURN(hipErrorInvalidHandle)
 
-EXPORT hipError_t hipStreamCreateWithFlags(void **stream, unsigned flags) {
-  ENTER("hipStreamCreateWithFlags");
-  RETURN(create_object(STREAM, stream, flags, 1));
-}
-/* The plain forms most callers use: flags 0. */
-EXPORT hipError_t hipStreamCreate(void **stream) {
-  ENTER("hipStreamCreate");
-  RETURN(create_object(STREAM, stream, 0, 1));
-}
-EXPORT hipError_t hipStreamDestroy(void *stream) {
-  ENTER("hipStreamDestroy");
-  FIND_OR_INVALID(o, STREAM, stream);
-  /* The work already enqueued still completes (kernels in flight run on); events keep naming
-   * the stream's clock. */
-  fake_clock_retire(o->clock);
-  if (n_reusable < MAX_REUSED) reusable_streams[n_reusable++] = o->addr;
-  drop(o);
-  RETURN(hipSuccess);
-}
-EXPORT hipError_t hipStreamSynchronize(void *stream) {
-  ENTER("hipStreamSynchronize");
-  if (!valid_stream(stream)) RETURN(hipErrorInvalidHandle);
-  fake_cpu_wait();
-  int c = clock_of((uint64_t)(uintptr_t)stream);
-  /* The null stream waits for every blocking stream. */
-  if (c == FAKE_NULL_CLOCK)
-    fake_force_all();
-  else
-    fake_force(c, ~0ULL, 0);
-  sync_pools();
-  RETURN(hipSuccess);
-}
-EXPORT hipError_t hipDeviceSynchronize(void) {
-  ENTER("hipDeviceSynchronize");
-  fake_cpu_wait();
-  fake_force_all();
-  sync_pools();
-  RETURN(hipSuccess);
-}
-EXPORT hipError_t hipEventCreateWithFlags(void **event, unsigned flags) {
-  ENTER("hipEventCreateWithFlags");
-  RETURN(create_object(EVENT, event, flags, 7));
-}
-EXPORT hipError_t hipEventCreate(void **event) {
-  ENTER("hipEventCreate");
-  RETURN(create_object(EVENT, event, 0, 7));
-}
-EXPORT hipError_t hipEventRecord(void *event, void *stream) {
-  ENTER("hipEventRecord");
-  struct object *o = find(EVENT, (uint64_t)(uintptr_t)event);
-  if (!o || !valid_stream(stream)) RETURN(hipErrorInvalidHandle);
-  o->clock = clock_of((uint64_t)(uintptr_t)stream);
-  o->seq = fake_enqueue(o->clock);
-  RETURN(hipSuccess);
-}
-EXPORT hipError_t hipEventQuery(void *event) {
-  ENTER("hipEventQuery");
-  FIND_OR_INVALID(o, EVENT, event);
-  RETURN(event_done(o) ? hipSuccess : hipErrorNotReady);
-}
-EXPORT hipError_t hipEventSynchronize(void *event) {
-  ENTER("hipEventSynchronize");
-  FIND_OR_INVALID(o, EVENT, event);
-  /* Waiting for an event waits for the work before it on its stream. */
-  fake_cpu_wait();
-  fake_force(o->clock, o->seq, 0);
-  sync_pools();
-  RETURN(hipSuccess);
-}
-/* Work queued on `stream` from now on waits for the event's last record. */
-EXPORT hipError_t hipStreamWaitEvent(void *stream, void *event, unsigned flags) {
-  ENTER("hipStreamWaitEvent");
-  struct object *o = find(EVENT, (uint64_t)(uintptr_t)event);
-  if (!o || !valid_stream(stream)) RETURN(hipErrorInvalidHandle);
-  if (flags != 0) RETURN(hipErrorInvalidValue);
-  if (o->seq) fake_wait_for(clock_of((uint64_t)(uintptr_t)stream), o->clock, o->seq);
-  RETURN(hipSuccess);
-}
-EXPORT hipError_t hipEventDestroy(void *event) {
-  ENTER("hipEventDestroy");
-  FIND_OR_INVALID(o, EVENT, event);
-  drop(o);
-  RETURN(hipSuccess);
+/* ----- the symbol table -------------------------------------------------------------------- */
+
+#define E(name, groups) {#name, #name, 0, 0, groups, (void *)name}
+#define P(name, base, groups) {#name, base, 0, 1, groups, (void *)name}
+static const struct fk_entry hip_table[] = {
+    E(hipGetErrorName, 0),
+    E(hipGetErrorString, 0),
+    E(hipGetLastError, 0),
+    E(hipPeekAtLastError, 0),
+    E(hipInit, 0),
+    E(hipDriverGetVersion, 0),
+    E(hipRuntimeGetVersion, 0),
+    E(hipGetDeviceCount, 0),
+    E(hipSetDevice, 0),
+    E(hipGetDevice, 0),
+    E(hipDeviceGet, 0),
+    E(hipDeviceComputeCapability, 0),
+    E(hipDeviceCanAccessPeer, 0),
+    E(hipDeviceEnablePeerAccess, 0),
+    E(hipDeviceDisablePeerAccess, 0),
+    E(hipDeviceGetAttribute, 0),
+    E(hipDeviceGetName, 0),
+    E(hipDeviceTotalMem, 0),
+    E(hipDeviceGetPCIBusId, 0),
+    E(hipGetDeviceProperties, 0),
+    E(hipGetDevicePropertiesR0600, 0),
+    E(hipMemGetInfo, 0),
+    E(hipDeviceSynchronize, FK_G_SYNC),
+    E(hipDeviceGetStreamPriorityRange, 0),
+    E(hipMalloc, FK_G_ALLOC),
+    E(hipExtMallocWithFlags, FK_G_ALLOC),
+    E(hipMallocManaged, FK_G_ALLOC),
+    E(hipFree, FK_G_FREE),
+    E(hipMemGetAddressRange, 0),
+    E(hipHostMalloc, FK_G_HOST_ALLOC),
+    E(hipMallocHost, FK_G_HOST_ALLOC),
+    E(hipHostFree, FK_G_HOST_FREE),
+    E(hipFreeHost, FK_G_HOST_FREE),
+    E(hipHostRegister, FK_G_HOST_ALLOC),
+    E(hipHostUnregister, FK_G_HOST_FREE),
+    E(hipHostGetDevicePointer, 0),
+    E(hipPointerGetAttributes, 0),
+    E(hipPointerGetAttribute, 0),
+    E(hipDrvPointerGetAttributes, 0),
+    E(hipMemcpy, FK_G_COPY),
+    P(hipMemcpy_spt, "hipMemcpy", FK_G_COPY),
+    E(hipMemcpyWithStream, FK_G_COPY),
+    E(hipMemcpyAsync, FK_G_COPY),
+    P(hipMemcpyAsync_spt, "hipMemcpyAsync", FK_G_COPY),
+    E(hipMemcpyHtoD, FK_G_COPY),
+    E(hipMemcpyDtoH, FK_G_COPY),
+    E(hipMemcpyDtoD, FK_G_COPY),
+    E(hipMemcpyHtoDAsync, FK_G_COPY),
+    E(hipMemcpyDtoHAsync, FK_G_COPY),
+    E(hipMemcpyDtoDAsync, FK_G_COPY),
+    E(hipMemset, FK_G_MEMSET),
+    P(hipMemset_spt, "hipMemset", FK_G_MEMSET),
+    E(hipMemsetAsync, FK_G_MEMSET),
+    E(hipMemsetD8, FK_G_MEMSET),
+    E(hipMemsetD8Async, FK_G_MEMSET),
+    E(hipMemsetD16, FK_G_MEMSET),
+    E(hipMemsetD16Async, FK_G_MEMSET),
+    E(hipMemsetD32, FK_G_MEMSET),
+    E(hipMemsetD32Async, FK_G_MEMSET),
+    E(hipStreamCreate, FK_G_STREAM),
+    E(hipStreamCreateWithFlags, FK_G_STREAM),
+    E(hipStreamCreateWithPriority, FK_G_STREAM),
+    E(hipStreamDestroy, 0),
+    E(hipStreamSynchronize, FK_G_SYNC),
+    P(hipStreamSynchronize_spt, "hipStreamSynchronize", FK_G_SYNC),
+    E(hipStreamQuery, FK_G_QUERY),
+    P(hipStreamQuery_spt, "hipStreamQuery", FK_G_QUERY),
+    E(hipStreamWaitEvent, FK_G_WAIT),
+    P(hipStreamWaitEvent_spt, "hipStreamWaitEvent", FK_G_WAIT),
+    E(hipStreamGetFlags, 0),
+    P(hipStreamGetFlags_spt, "hipStreamGetFlags", 0),
+    E(hipStreamGetPriority, 0),
+    P(hipStreamGetPriority_spt, "hipStreamGetPriority", 0),
+    E(hipStreamGetDevice, 0),
+    E(hipLaunchHostFunc, FK_G_LAUNCH),
+    E(hipStreamAddCallback, FK_G_LAUNCH),
+    E(hipEventCreate, FK_G_EVENT),
+    E(hipEventCreateWithFlags, FK_G_EVENT),
+    E(hipEventRecord, FK_G_EVENT),
+    E(hipEventQuery, FK_G_QUERY),
+    E(hipEventSynchronize, FK_G_SYNC),
+    E(hipEventDestroy, 0),
+    E(hipEventElapsedTime, 0),
+    E(hipModuleLoad, FK_G_MODULE),
+    E(hipModuleLoadData, FK_G_MODULE),
+    E(hipModuleLoadDataEx, FK_G_MODULE),
+    E(hipModuleGetFunction, FK_G_MODULE),
+    E(hipModuleUnload, 0),
+    E(hipModuleLaunchKernel, FK_G_LAUNCH),
+    E(hipLaunchKernel, FK_G_LAUNCH),
+    P(hipLaunchKernel_spt, "hipLaunchKernel", FK_G_LAUNCH),
+    E(hipMemGetAllocationGranularity, 0),
+    E(hipMemCreate, FK_G_ALLOC),
+    E(hipMemRelease, FK_G_FREE),
+    E(hipMemAddressReserve, FK_G_RESERVE),
+    E(hipMemAddressFree, 0),
+    E(hipMemMap, FK_G_MAP),
+    E(hipMemSetAccess, FK_G_MAP),
+    E(hipMemGetAccess, 0),
+    E(hipMemUnmap, FK_G_UNMAP),
+    E(hipDeviceGetDefaultMemPool, 0),
+    E(hipDeviceGetMemPool, 0),
+    E(hipDeviceSetMemPool, FK_G_POOL),
+    E(hipMemPoolCreate, FK_G_POOL),
+    E(hipMemPoolDestroy, FK_G_POOL),
+    E(hipMemPoolSetAttribute, FK_G_POOL),
+    E(hipMemPoolGetAttribute, 0),
+    E(hipMemPoolTrimTo, FK_G_POOL),
+    E(hipMallocFromPoolAsync, FK_G_ALLOC),
+    E(hipMallocAsync, FK_G_ALLOC),
+    E(hipFreeAsync, FK_G_FREE),
+    E(hipGetProcAddress, 0),
+};
+
+static const struct fk_entry *fk_table(int *n) {
+  *n = (int)(sizeof hip_table / sizeof hip_table[0]);
+  return hip_table;
 }

@@ -1,6 +1,6 @@
 //! The kit as a library's tests use it: every driver loads holding nothing, every profile of
 //! the matrix runs in a fresh process with its personality (the version its driver reports,
-//! its call counts starting from nothing), the controls catch a free under a held kernel and
+//! its call counts starting from nothing), the controls catch a write under a held kernel and
 //! inject faults, and a failure under one profile is reported by that profile's name.
 
 use std::ffi::c_int;
@@ -101,27 +101,47 @@ fn each_profile_runs_in_a_fresh_process_with_its_personality() {
 }
 
 #[test]
-fn a_free_under_a_held_kernel_is_a_hazard_and_faults_are_injected() {
+fn a_write_under_a_held_kernel_is_a_race_hip_free_waits_and_faults_are_injected() {
     let path = Driver::FAKEHIP.path();
     let c = Controls::open(&path).unwrap();
-    // SAFETY: fakehip's hipMalloc / hipFree, with HIP's signatures.
+    // SAFETY: fakehip's calls, with HIP's signatures.
     unsafe {
         let library = libloading::Library::new(&path).unwrap();
         let malloc: libloading::Symbol<unsafe extern "C" fn(*mut u64, usize) -> c_int> =
             library.get(b"hipMalloc\0").unwrap();
         let free: libloading::Symbol<unsafe extern "C" fn(u64) -> c_int> =
             library.get(b"hipFree\0").unwrap();
+        let stream_create: libloading::Symbol<unsafe extern "C" fn(*mut u64, u32) -> c_int> =
+            library.get(b"hipStreamCreateWithFlags\0").unwrap();
+        let stream_destroy: libloading::Symbol<unsafe extern "C" fn(u64) -> c_int> =
+            library.get(b"hipStreamDestroy\0").unwrap();
+        let memset_async: libloading::Symbol<
+            unsafe extern "C" fn(u64, c_int, usize, u64) -> c_int,
+        > = library.get(b"hipMemsetAsync\0").unwrap();
         let mut ptr = 0u64;
         assert_eq!(malloc(&mut ptr, 1 << 20), 0);
         assert_eq!(c.live("allocations"), Some(1));
         let kernel = c.launch(0, ptr, 1 << 20).expect("the null stream is known");
         assert!(!c.done(kernel));
-        let before = c.hazards();
+        // A memset on a non-blocking stream (hipStreamNonBlocking: no implicit order with the
+        // null stream's kernel) writes what the kernel reads: a race, naming both.
+        let mut s = 0u64;
+        assert_eq!(stream_create(&mut s, 1), 0);
+        assert_eq!(memset_async(ptr, 0, 4096, s), 0);
+        assert_eq!(c.hazards(), 1, "a write under a kernel in flight");
+        let race = c.first_hazard();
+        assert!(
+            race.starts_with("race: hipMemsetAsync") && race.contains("kernel"),
+            "{race}"
+        );
+        // hipFree synchronises the device first ("an implicit hipDeviceSynchronize()"): the
+        // kernel completes, nothing is freed under it, and the CPU waited once.
+        let waits = c.cpu_waits();
         assert_eq!(free(ptr), 0);
-        assert_eq!(c.hazards(), before + 1, "freed under a kernel in flight");
-        assert!(!c.first_hazard().is_empty());
-        c.finish(kernel);
         assert!(c.done(kernel));
+        assert_eq!(c.hazards(), 1);
+        assert_eq!(c.cpu_waits(), waits + 1);
+        assert_eq!(stream_destroy(s), 0);
         // The next hipMalloc fails with hipErrorOutOfMemory (2), the one after succeeds.
         c.fail("hipMalloc", 1, 1, 2);
         assert_eq!(malloc(&mut ptr, 4096), 2);

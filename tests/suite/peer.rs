@@ -454,37 +454,37 @@ fn hip_without_peer_capability_reports_no_peers() {
     fake.assert_empty();
 }
 
-/// A driver without the peer-access calls (`fakecuda_nopeer`): the shim loads it, reports no
-/// peer symbols and no peers, and enabling peer access on a device is a typed error that says
-/// the driver lacks the calls; `enable_peer_access` records that per pair, never fatal, and
-/// discovery with `PORTALLOC_PEER_ACCESS=1` makes its allocators all the same (the C ABI's
+/// A machine whose devices have no peer link (`fakecuda_nopeer`: two devices, and the
+/// driver's peer calls, which every libcuda exports, say no): the shim reports no peers, and
+/// enabling peer access on a device is a typed error that says the device says no;
+/// `enable_peer_access` records that per pair, never fatal, and discovery with
+/// `PORTALLOC_PEER_ACCESS=1` makes its allocators all the same (the C ABI's
 /// `peer_access = 1` too: tests/capi.rs).
 #[cfg(feature = "cuda")]
 #[test]
-fn cuda_driver_without_the_peer_calls_offers_no_peers() {
+fn cuda_devices_without_a_peer_link_offer_no_peers() {
     let (fake, driver, devices) = two_cuda_devices("fakecuda_nopeer", |_| ());
-    assert!(!driver.has_peer_symbols());
+    assert!(driver.has_peer_symbols());
     assert!(!driver.can_access_peer(0, 1).unwrap());
     assert!(!devices[0].can_access_peer(devices[1].as_ref()).unwrap());
     match devices[0].enable_peer_access(devices[1].as_ref()) {
-        Err(Error::Unsupported { reason, .. }) => assert!(
-            reason.contains("does not export cuDeviceCanAccessPeer / cuCtxEnablePeerAccess"),
-            "{reason}"
-        ),
+        Err(Error::Unsupported { reason, .. }) => {
+            assert!(reason.contains("cuDeviceCanAccessPeer"), "{reason}")
+        }
         other => panic!("expected Unsupported, got {other:?}"),
     }
     assert!(devices[0].peer_access().is_empty());
-    // Per pair, with the reason — that the driver lacks the calls, not that the device
-    // says no: never fatal.
+    // Per pair, with the reason — that the device says no: never fatal.
     let links = enable_peer_access(&devices);
     assert!(
         links.len() == 2
             && links.iter().all(|l| !l.enabled
-                && l.reason.as_deref().is_some_and(|r| r.contains(
-                    "the driver does not export cuDeviceCanAccessPeer / cuCtxEnablePeerAccess"
-                ))),
+                && l.reason
+                    .as_deref()
+                    .is_some_and(|r| r.contains("(cuDeviceCanAccessPeer says no)"))),
         "{links:?}"
     );
+    assert_eq!(fake.calls("cuCtxEnablePeerAccess"), 0);
     drop(devices);
 
     let p = crate::support::common::discover_with(&[

@@ -405,8 +405,9 @@ fn can_access_peer_call<D: FakeDevice>(fake: &Fake, _: &D, _: &D, api: &Api) {
 
 /// Copies between device memory and pinned host memory on device `a` while the caller works
 /// on the other device, which must be current after every call: each copy is one vendor call,
-/// moves the bytes (fakecuda, whose device memory is real; fakehip has none to move), completes
-/// behind a kernel in flight on its stream, and is refused — without a driver call — for a
+/// moves the bytes (both fakes' device memory is host memory), completes behind a kernel in
+/// flight on its stream (a copy to pinned memory; one to pageable memory completes before the
+/// call returns, as the vendors document), and is refused — without a driver call — for a
 /// range mapped without access or in no memory of the device; zero bytes make no call; the
 /// driver's refusal is its typed error; pinned memory is counted until freed, once.
 fn copies_and_pinned_memory<D: FakeDevice>(fake: &Fake, a: &D, _: &D, api: &Api) {
@@ -457,15 +458,14 @@ fn copies_and_pinned_memory<D: FakeDevice>(fake: &Fake, a: &D, _: &D, api: &Api)
         (to_host + 1, from_host + 1),
         "one vendor call each"
     );
-    if D::VENDOR == Vendor::Cuda {
-        assert!(back == *host, "the bytes came back");
-    }
+    assert!(back == *host, "the bytes came back");
 
-    // In stream order: behind a kernel in flight on the stream.
+    // In stream order: behind a kernel in flight on the stream (into pinned memory, which
+    // the copy writes when the stream reaches it; the test reads it only after).
     let kernel = fake.launch(s, plain, MIB);
     let e = a.create_event().unwrap();
-    // SAFETY: as above.
-    unsafe { a.copy_to_host(back.as_mut_ptr(), plain, LEN as u64, s) }.unwrap();
+    // SAFETY: `pinned` holds LEN bytes and is not touched until the copy completed.
+    unsafe { a.copy_to_host(pinned.as_ptr(), plain, LEN as u64, s) }.unwrap();
     a.record_event(e, s).unwrap();
     assert!(!a.event_complete(e).unwrap(), "behind the kernel");
     fake.finish(kernel);
