@@ -29,10 +29,32 @@ fn reported_version(p: &Profile) -> c_int {
     }
 }
 
+/// Initialises the driver at `path` as the code under test would first (`cuInit`, HIP's first
+/// call).
+fn initialise(driver: Driver) {
+    // SAFETY: the vendors' signatures.
+    unsafe {
+        let library = libloading::Library::new(driver.path()).expect("the driver loads");
+        let rc = match driver.vendor {
+            Vendor::Cuda => library
+                .get::<unsafe extern "C" fn(u32) -> c_int>(b"cuInit\0")
+                .unwrap()(0),
+            Vendor::Hip => {
+                let mut n = 0;
+                library
+                    .get::<unsafe extern "C" fn(*mut c_int) -> c_int>(b"hipGetDeviceCount\0")
+                    .unwrap()(&mut n)
+            }
+        };
+        assert_eq!(rc, 0, "{}", driver.name);
+    }
+}
+
 #[test]
 fn every_driver_loads_holding_nothing() {
     for driver in Driver::ALL {
         let c = Controls::open(driver.path()).expect("the driver and its controls load");
+        initialise(driver);
         assert!(c.census().holds_no_memory(), "{}", driver.name);
         assert_eq!(c.live("allocations"), Some(0), "{}", driver.name);
         assert_eq!(c.live("no such count"), None, "{}", driver.name);
@@ -392,4 +414,101 @@ fn the_python_matrix_is_this_matrix() {
         })
         .collect();
     assert_eq!(python, rust);
+}
+
+/// Code that loads the vendor's library by its usual name (`libcuda.so.1`, `libamdhip64.so`:
+/// found through the loader's path the profile sets) gets the very driver the profile's
+/// library variable names: one driver state, as one libcuda in a process is.
+#[test]
+fn a_driver_loaded_by_the_vendors_name_is_the_profiles_driver() {
+    portalloc_fakes::each_profile!(MATRIX, |p| {
+        let controls = Controls::open(p.library()).expect("the profile's driver");
+        for name in p.driver.vendor.sonames() {
+            // SAFETY: by name, through the loader's path: the profile's driver.
+            let by_name = unsafe { libloading::Library::new(name) }
+                .unwrap_or_else(|e| panic!("{}: {name} does not load by name: {e}", p.name));
+            let call: &[u8] = match p.driver.vendor {
+                Vendor::Cuda => b"cuDriverGetVersion\0",
+                Vendor::Hip => b"hipRuntimeGetVersion\0",
+            };
+            let before = controls.calls(std::str::from_utf8(&call[..call.len() - 1]).unwrap());
+            // SAFETY: the vendor's signature.
+            unsafe {
+                let f = by_name
+                    .get::<unsafe extern "C" fn(*mut c_int) -> c_int>(call)
+                    .unwrap();
+                let mut v = 0;
+                assert_eq!(f(&mut v), 0);
+            }
+            assert_eq!(
+                controls.calls(std::str::from_utf8(&call[..call.len() - 1]).unwrap()),
+                before + 1,
+                "{}: {name} is another copy of the driver",
+                p.name
+            );
+        }
+    });
+}
+
+/// A fixture: prints from its body under cuda12 (and checks a per-profile variable).
+#[test]
+#[ignore = "a fixture of a_runner_shows_its_childrens_output_and_sets_their_variables"]
+fn fixture_prints() {
+    portalloc_fakes::Runner::new(&[*profile("cuda12").unwrap(), *profile("rocm6").unwrap()])
+        .env("FIXTURE_ALL", "all")
+        .env_for("rocm6", "FIXTURE_ONE", "rocm6 only")
+        .run(portalloc_fakes::test_name!(), |p| {
+            assert_eq!(std::env::var("FIXTURE_ALL").unwrap(), "all");
+            assert_eq!(
+                std::env::var("FIXTURE_ONE").ok(),
+                (p.name == "rocm6").then(|| "rocm6 only".to_string())
+            );
+            println!("hello from the child under {}", p.name);
+        });
+}
+
+/// A passing child's output is shown under `--nocapture`; variables go to every child or to
+/// one profile's.
+#[test]
+fn a_runner_shows_its_childrens_output_and_sets_their_variables() {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "fixture_prints",
+            "--include-ignored",
+            "--nocapture",
+        ])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for name in ["cuda12", "rocm6"] {
+        assert!(
+            said.contains(&format!("---- fixture_prints under {name} ----")),
+            "{said}"
+        );
+        assert!(
+            said.contains(&format!("hello from the child under {name}")),
+            "{said}"
+        );
+    }
+}
+
+/// Another profile's variables, exported by a shell that ran the README's recipe, do not
+/// leak into a profile that sets none of them.
+#[test]
+fn a_profile_clears_what_other_profiles_set() {
+    if !in_a_process_of_its_own(
+        "a_profile_clears_what_other_profiles_set",
+        ("FAKEHIP_PROFILE", "rocr-285-unmap-many"),
+    ) {
+        return;
+    }
+    portalloc_fakes::each_profile!(&[*profile("rocm7").unwrap()], |_| {
+        assert_eq!(std::env::var_os("FAKEHIP_PROFILE"), None);
+    });
 }

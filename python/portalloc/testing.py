@@ -28,10 +28,22 @@ The drivers are built on first use from their C sources (shipped inside this pac
 version of the sources; ``$PORTALLOC_FAKES_DIR``, when set, is a folder of drivers already
 built (the Rust crate's, say), used as it is.
 
-What they model and what they do not: no kernel runs (a test holds one "in flight" over a
-range with :meth:`Controls.launch` and finishes it; the driver counts a free under it as a
-hazard); fakecuda's device memory is host memory (its copies move bytes), fakehip's is none;
-no timing.
+What they model: every address is real host memory, so copies and memsets move bytes, when
+their stream reaches them; streams as the vendors define them (the legacy default stream's
+implicit order with blocking streams, non-blocking streams, per-thread default streams, the
+calls documented as synchronising, counted as CPU waits); and a race detector: a kernel, copy
+or memset that conflicts with work in flight on another stream, with nothing ordering it
+after, is a hazard naming both, their streams and ranges, as is memory given back or handed
+out under such work and a CPU read of pinned memory a copy has yet to write. No kernel runs
+and there is no timing: a kernel stays in flight until the test finishes it or a CPU wait
+covers it; what a launched kernel reads and writes is the test's to say
+(:meth:`Controls.kernel_model`). ``docs/fakes.md`` lists every call.
+
+Code that loads the vendor's library by name (``libcuda.so.1``, ``libamdhip64.so``) finds the
+driver too: a profile's environment puts a folder first on ``LD_LIBRARY_PATH`` where the
+driver carries those names (:func:`soname_dir`). One copy of the drivers serves every
+process and language: a profile's environment names it in ``PORTALLOC_FAKES_DIR``, which the
+Rust crate reads too.
 
 From a shell (any language's CI)::
 
@@ -50,22 +62,28 @@ import shlex
 import subprocess
 import sys
 import tempfile
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 __all__ = [
     "CUDA",
     "HIP",
+    "CALLS",
+    "CODES",
     "DRIVERS",
+    "KIT_VERSION",
     "MATRIX",
     "PROFILE_VARIABLE",
+    "SONAMES",
     "Controls",
     "Census",
     "FakesError",
     "Profile",
     "current",
+    "driver_dir",
     "driver_path",
     "names",
     "profile",
+    "soname_dir",
 ]
 
 CUDA = "cuda"
@@ -91,6 +109,61 @@ LIBRARY_VARIABLE: Dict[str, str] = {
 PROFILE_VARIABLE = "PORTALLOC_FAKES_PROFILE"
 """Set by :meth:`Profile.env` to the profile's name: :func:`current` reads it."""
 
+DIR_VARIABLE = "PORTALLOC_FAKES_DIR"
+"""A folder of drivers built already (the Rust crate's, say): used as it is. Set by
+:meth:`Profile.env`, so that every process of a test, in any language, loads one copy."""
+
+KIT_VERSION = 2
+"""The version of the drivers' controls this module speaks (``fake_kit_version``)."""
+
+SONAMES: Dict[str, Tuple[str, ...]] = {
+    CUDA: ("libcuda.so.1", "libcuda.so"),
+    HIP: ("libamdhip64.so", "libamdhip64.so.5", "libamdhip64.so.6", "libamdhip64.so.7"),
+}
+"""The names a program loads each vendor's library by: each is in every driver's
+:func:`soname_dir`."""
+
+_DT_SONAME = {CUDA: "libcuda.so.1", HIP: "libamdhip64.so.6"}
+
+CALLS: Dict[str, str] = {
+    "allocation": "@alloc",
+    "free": "@free",
+    "host_allocation": "@host_alloc",
+    "host_free": "@host_free",
+    "reservation": "@reserve",
+    "map": "@map",
+    "unmap": "@unmap",
+    "copy": "@copy",
+    "memset": "@memset",
+    "launch": "@launch",
+    "synchronize": "@sync",
+    "stream_creation": "@stream",
+    "event": "@event",
+    "wait": "@wait",
+    "query": "@query",
+    "pool": "@pool",
+    "module": "@module",
+}
+"""Kinds of call, whichever vendor call makes them, and the drivers' group of each: what
+:meth:`Controls.fail_next` takes (the Rust crate's ``Call``)."""
+
+CODES = (
+    "invalid_value",
+    "out_of_memory",
+    "not_initialized",
+    "no_device",
+    "invalid_device",
+    "invalid_handle",
+    "not_found",
+    "not_ready",
+    "illegal_address",
+    "launch_failed",
+    "not_supported",
+    "unknown",
+)
+"""Statuses by what they mean, each answered with the vendor's number (the Rust crate's
+``Code``): what :meth:`Controls.fail` takes beside a raw number."""
+
 # The most of a compiler's complaint an error message carries.
 _MESSAGE_LIMIT = 2000
 
@@ -104,7 +177,7 @@ def _sources() -> pathlib.Path:
     repository's (``fakes/drivers``, for a source tree)."""
     here = pathlib.Path(__file__).resolve().parent
     for folder in (here / "_fakes", here.parent.parent / "fakes" / "drivers"):
-        if (folder / "fake_common.h").is_file():
+        if (folder / "fake_core.h").is_file():
             return folder
     raise FakesError(
         "the fake drivers' C sources are in neither %s nor %s: reinstall portalloc"
@@ -147,15 +220,31 @@ def _sources_digest(sources: pathlib.Path) -> bytes:
     return digest.digest()
 
 
+def _link_sonames(folder: pathlib.Path, name: str) -> None:
+    """``folder/sonames/<name>/`` with the vendor's library names, linked to ``lib<name>.so``
+    (relative links, as the Rust crate's build makes them)."""
+    links = folder / "sonames" / name
+    links.mkdir(parents=True, exist_ok=True)
+    for soname in SONAMES[DRIVERS[name]]:
+        at = links / soname
+        if at.is_symlink() or at.exists():
+            continue
+        try:
+            os.symlink(os.path.join("..", "..", "lib%s.so" % name), str(at))
+        except FileExistsError:
+            pass  # another process linked it first
+
+
 def _build(name: str) -> pathlib.Path:
-    """Builds driver ``name`` into the cache (once per version of the sources and compiler);
-    its path."""
+    """Builds driver ``name`` into the cache (once per version of the sources and compiler),
+    with its vendor's soname and its folder of the vendor's names; its path."""
     sources = _sources()
     digest = hashlib.sha256(" ".join(_compiler() + _FLAGS).encode())
     digest.update(_sources_digest(sources))
     folder = _cache_root() / digest.hexdigest()[:16]
     library = folder / ("lib%s.so" % name)
     if library.is_file():
+        _link_sonames(folder, name)
         return library
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -167,7 +256,8 @@ def _build(name: str) -> pathlib.Path:
             "cannot build the fake drivers in %s (%s): set PORTALLOC_FAKES_CACHE to a folder "
             "that can be written" % (folder, e)
         ) from None
-    command = _compiler() + _FLAGS + ["-o", partial, str(sources / ("%s.c" % name))]
+    soname = "-Wl,-soname,%s" % _DT_SONAME[DRIVERS[name]]
+    command = _compiler() + _FLAGS + [soname, "-o", partial, str(sources / ("%s.c" % name))]
     try:
         done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     except OSError as e:
@@ -185,6 +275,7 @@ def _build(name: str) -> pathlib.Path:
         )
     try:
         os.replace(partial, library)
+        _link_sonames(folder, name)
     except OSError as e:
         raise FakesError("cannot place %s (%s)" % (library, e)) from None
     return library
@@ -198,13 +289,29 @@ def driver_path(name: str) -> str:
     """
     if name not in DRIVERS:
         raise KeyError("no driver %r; the drivers are: %s" % (name[:64], ", ".join(DRIVERS)))
-    built = os.environ.get("PORTALLOC_FAKES_DIR")
+    built = os.environ.get(DIR_VARIABLE)
     if built:
         path = pathlib.Path(built) / ("lib%s.so" % name)
         if not path.is_file():
-            raise FakesError("PORTALLOC_FAKES_DIR=%s holds no %s" % (built, path.name))
+            raise FakesError("%s=%s holds no %s" % (DIR_VARIABLE, built, path.name))
         return str(path)
     return str(_build(name))
+
+
+def driver_dir() -> str:
+    """The folder of drivers in use: ``$PORTALLOC_FAKES_DIR`` when set, else this package's
+    cache (built on first use)."""
+    return os.path.dirname(driver_path("fakecuda"))
+
+
+def soname_dir(name: str) -> str:
+    """The folder in which driver ``name`` carries its vendor's library names
+    (:data:`SONAMES`): first on the loader's path, code that loads ``libcuda.so.1`` or
+    ``libamdhip64.so`` by name gets this driver — the same library as :func:`driver_path`.
+
+    :raises KeyError: for a name that is not a driver."""
+    path = driver_path(name)
+    return os.path.join(os.path.dirname(path), "sonames", name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,24 +336,45 @@ class Profile:
         """The driver's built library (built on first use)."""
         return driver_path(self.driver)
 
-    def env(self) -> Dict[str, str]:
+    def library(self) -> str:
+        """The path the vendor's library variable is set to, and the library
+        :class:`Controls` opens: :meth:`driver_path` (the Rust crate's
+        ``Profile::library``)."""
+        return self.driver_path()
+
+    def env(self, base: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
         """The variables that run code under this profile: the vendor's library variable
         (``PORTALLOC_CUDA_LIBRARY`` / ``PORTALLOC_HIP_LIBRARY``) set to the driver's path,
         ``PORTALLOC_BACKEND`` to the vendor (so that a real driver the machine also has is
-        not picked), the profile's own, and :data:`PROFILE_VARIABLE` to its name."""
+        not picked), ``LD_LIBRARY_PATH`` with the driver's :func:`soname_dir` first (and no
+        other driver's: ``base``'s, default this process's, is kept after it),
+        ``PORTALLOC_FAKES_DIR`` naming this copy of the drivers, the profile's own, and
+        :data:`PROFILE_VARIABLE` to its name."""
+        inherited = (os.environ if base is None else base).get("LD_LIBRARY_PATH", "")
+        others = [
+            p
+            for p in inherited.split(os.pathsep)
+            if p and not any(p.rstrip("/").endswith("/sonames/" + d) for d in DRIVERS)
+        ]
+        path = self.driver_path()
         env = {
-            LIBRARY_VARIABLE[self.vendor]: self.driver_path(),
+            LIBRARY_VARIABLE[self.vendor]: path,
             "PORTALLOC_BACKEND": self.vendor,
+            "LD_LIBRARY_PATH": os.pathsep.join([soname_dir(self.driver)] + others),
+            DIR_VARIABLE: os.path.dirname(path),
         }
         env.update(self.vars)
         env[PROFILE_VARIABLE] = self.name
         return env
 
     def environ(self, base: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
-        """``base`` (default: this process's environment) with :meth:`env` over it: for
-        ``subprocess``'s ``env=``."""
+        """``base`` (default: this process's environment) less every variable another profile
+        may have set (:func:`variables`), with :meth:`env` over it: for ``subprocess``'s
+        ``env=``."""
         merged = dict(os.environ if base is None else base)
-        merged.update(self.env())
+        for name in variables():
+            merged.pop(name, None)
+        merged.update(self.env(base))
         return merged
 
     def run(self, args: Sequence[str], **kwargs: Any) -> "subprocess.CompletedProcess[Any]":
@@ -265,32 +393,43 @@ MATRIX: Tuple[Profile, ...] = (
     _profile(
         "cuda12",
         "fakecuda",
-        "CUDA 12.2: virtual memory, stream-ordered pools, peer access, pinned memory",
+        "CUDA 12.2 on an H100 SXM5 80GB: virtual memory, stream-ordered pools, peer access, "
+        "pinned memory",
     ),
     _profile(
         "cuda10-no-vmm",
         "fakecuda_old",
-        "CUDA 10.1: no virtual memory management, no stream-ordered pools",
+        "CUDA 10.1 on a V100-SXM2-16GB: no virtual memory management, no stream-ordered pools",
     ),
     _profile(
         "cuda12-no-peer",
         "fakecuda_nopeer",
-        "two devices and no peer-access calls",
+        "two devices without a peer link (cuDeviceCanAccessPeer says no)",
         ("FAKECUDA_DEVICES", "2"),
     ),
     _profile(
         "cuda12-no-pinned",
         "fakecuda_nopinned",
-        "no pinned host memory (cuMemHostAlloc refuses)",
+        "host memory cannot be page-locked (cuMemHostAlloc refuses)",
     ),
     _profile(
         "rocm5",
         "fakehip",
-        "ROCm 5.2: no virtual-memory attribute, the 5.x device-properties layout",
+        "ROCm 5.2 on an MI250X GCD: no virtual-memory attribute, the 5.x device-properties "
+        "layout and memory types",
         ("FAKEHIP_VERSION", "50221153"),
     ),
-    _profile("rocm6", "fakehip", "ROCm 6.2 as documented", ("FAKEHIP_VERSION", "60241133")),
-    _profile("rocm7", "fakehip", "ROCm 7.0 as documented", _ROCM7),
+    _profile(
+        "rocm6", "fakehip", "ROCm 6.2 on an MI300X as documented", ("FAKEHIP_VERSION", "60241133")
+    ),
+    _profile("rocm7", "fakehip", "ROCm 7.0 on an MI300X as documented", _ROCM7),
+    _profile(
+        "rocm7-two-devices",
+        "fakehip",
+        "ROCm 7.0 with two MI300X: a current device per thread, peer access",
+        _ROCM7,
+        ("FAKEHIP_DEVICES", "2"),
+    ),
     _profile(
         "rocm7-reservation-hold",
         "fakehip",
@@ -333,6 +472,23 @@ def names() -> List[str]:
     return [p.name for p in MATRIX]
 
 
+def variables() -> List[str]:
+    """The variables any profile sets: :meth:`Profile.environ` removes them all before it sets
+    its own, so that nothing another profile set (exported by a shell, say) leaks into it."""
+    found = [
+        "PORTALLOC_CUDA_LIBRARY",
+        "PORTALLOC_HIP_LIBRARY",
+        "PORTALLOC_BACKEND",
+        PROFILE_VARIABLE,
+        DIR_VARIABLE,
+    ]
+    for p in MATRIX:
+        for key, _ in p.vars:
+            if key not in found:
+                found.append(key)
+    return found
+
+
 def profile(name: str) -> Profile:
     """The profile named ``name``.
 
@@ -362,6 +518,8 @@ LIVE = (
     "events",
     "bytes",
     "host_allocations",
+    "modules",
+    "in_flight",
 )
 """The live counts both drivers answer (:meth:`Controls.live`)."""
 
@@ -391,7 +549,7 @@ def _name(call: str, text: str) -> bytes:
 
 def _within(call: str, name: str, value: int, bits: int, signed: bool = True) -> None:
     """Refuses an integer the C parameter of ``bits`` bits cannot hold (ctypes would wrap it)."""
-    if not isinstance(value, int):
+    if not isinstance(value, int) or isinstance(value, bool):
         raise TypeError("%s: %s as int, not %s" % (call, name, type(value).__name__))
     low, high = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
     if not low <= value <= high:
@@ -399,14 +557,19 @@ def _within(call: str, name: str, value: int, bits: int, signed: bool = True) ->
 
 
 class Controls:
-    """The controls every driver exports beside the vendor's API (``fake_common.h``, whose
-    comment is their specification).
+    """The controls every driver exports beside the vendor's API (``fake_core.h`` and its
+    concerns; ``docs/fakes.md`` says what each answers): faults, call counts, live objects,
+    kernels in flight and the hazards the race detector logs.
 
     Open them on the path the code under test loaded, in the same process (the same path is
-    the same loaded library, hence the same driver state): ``Controls(current().driver_path())``.
+    the same loaded library, hence the same driver state): ``Controls.current()``, or
+    ``Controls(profile.library())``. The checks that could pass vacuously — :meth:`census`,
+    :meth:`holds_no_memory`, :meth:`hazards` — refuse a driver the code under test never
+    initialised in this process: it watches another copy.
     """
 
     def __init__(self, path: str) -> None:
+        self.path = path
         try:
             self._lib = ctypes.CDLL(path)
         except (OSError, ValueError, TypeError) as e:
@@ -415,53 +578,145 @@ class Controls:
             self._declare(self._lib)
         except AttributeError as e:
             raise FakesError("%s is not one of the fake drivers: %s" % (path, e)) from None
+        found = int(self._lib.fake_kit_version())
+        if found != KIT_VERSION:
+            raise FakesError(
+                "%s speaks version %d of the kit's controls, this module version %d: it was "
+                "built from other sources (PORTALLOC_FAKES_DIR names another build?)"
+                % (path, found, KIT_VERSION)
+            )
+
+    @classmethod
+    def current(cls) -> "Controls":
+        """The controls of the driver of the profile this process runs under: the library the
+        profile's environment names, so the one the code under test loads.
+
+        :raises FakesError: outside a profile."""
+        p = current()
+        if p is None:
+            raise FakesError(
+                "this process runs under no profile (%s is unset): open the driver by path, "
+                "or run under Profile.run" % PROFILE_VARIABLE
+            )
+        return cls(p.library())
 
     @staticmethod
     def _declare(lib: ctypes.CDLL) -> None:
-        lib.fake_fail.argtypes = [ctypes.c_char_p, ctypes.c_long, ctypes.c_long, ctypes.c_int]
-        lib.fake_fail.restype = None
-        lib.fake_clear_faults.argtypes = []
-        lib.fake_clear_faults.restype = None
-        for counter in ("fake_calls", "fake_live"):
-            getattr(lib, counter).argtypes = [ctypes.c_char_p]
-            getattr(lib, counter).restype = ctypes.c_longlong
-        lib.fake_launch.argtypes = [ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_ulonglong]
-        lib.fake_launch.restype = ctypes.c_ulonglong
-        lib.fake_finish.argtypes = [ctypes.c_ulonglong]
-        lib.fake_finish.restype = None
-        lib.fake_kernel_done.argtypes = [ctypes.c_ulonglong]
-        lib.fake_kernel_done.restype = ctypes.c_int
-        for counter in ("fake_hazards", "fake_cpu_waits"):
-            getattr(lib, counter).argtypes = []
-            getattr(lib, counter).restype = ctypes.c_longlong
-        lib.fake_first_hazard.argtypes = []
-        lib.fake_first_hazard.restype = ctypes.c_char_p
+        c = ctypes
+        signatures = {
+            "fake_kit_version": ([], c.c_int),
+            "fake_initialised": ([], c.c_int),
+            "fake_fail": ([c.c_char_p, c.c_long, c.c_long, c.c_int], None),
+            "fake_fail_target": ([c.c_char_p], c.c_int),
+            "fake_code": ([c.c_char_p], c.c_int),
+            "fake_export": ([c.c_int], c.c_char_p),
+            "fake_clear_faults": ([], None),
+            "fake_calls": ([c.c_char_p], c.c_longlong),
+            "fake_live": ([c.c_char_p], c.c_longlong),
+            "fake_launch_mode": ([c.c_void_p, c.c_ulonglong, c.c_ulonglong, c.c_int], c.c_ulonglong),
+            "fake_finish": ([c.c_ulonglong], None),
+            "fake_finish_all": ([], None),
+            "fake_last_kernel": ([], c.c_ulonglong),
+            "fake_kernel_done": ([c.c_ulonglong], c.c_int),
+            "fake_ordered": ([c.c_ulonglong, c.c_void_p], c.c_int),
+            "fake_streams_ordered": ([c.c_void_p, c.c_void_p], c.c_int),
+            "fake_in_flight": ([], c.c_longlong),
+            "fake_kernel_model": ([c.c_char_p, c.c_char_p], c.c_int),
+            "fake_hazards": ([], c.c_longlong),
+            "fake_hazard": ([c.c_longlong], c.c_char_p),
+            "fake_cpu_waits": ([], c.c_longlong),
+            "fake_gpu_waits": ([], c.c_longlong),
+        }
+        for name, (args, result) in signatures.items():
+            function = getattr(lib, name)
+            function.argtypes = args
+            function.restype = result
 
-    def fail(self, function: str, nth: int, count: int, code: int) -> None:
-        """Calls ``nth`` .. ``nth + count - 1`` of the vendor call ``function`` (1-based,
-        counted from now; ``count < 0``: every one from the ``nth`` on) return ``code``. At
-        most 32 faults are armed at once (a fault's slot is free after its last failing call).
+    def exports(self) -> List[str]:
+        """Every call the driver exports (what :meth:`fail` takes, with the groups of
+        :data:`CALLS`)."""
+        found = []
+        i = 0
+        while True:
+            name = self._lib.fake_export(i)
+            if not name:
+                return found
+            found.append(name.decode())
+            i += 1
+
+    def code(self, code: Union[int, str]) -> int:
+        """The driver's number for ``code``: a name of :data:`CODES`, or a number as it is.
+
+        :raises KeyError: for a name the driver has no number for."""
+        if isinstance(code, int) and not isinstance(code, bool):
+            _within("code", "code", code, 32)
+            return code
+        n = int(self._lib.fake_code(_name("code", code)))
+        if n < 0:
+            raise KeyError("the driver has no code %r; the names are: %s" % (code[:64], ", ".join(CODES)))
+        return n
+
+    def fail(self, function: str, nth: int, count: int, code: Union[int, str]) -> None:
+        """Calls ``nth`` .. ``nth + count - 1`` of ``function`` (1-based, counted from now;
+        ``count < 0``: every one from the ``nth`` on) return ``code`` (a name of :data:`CODES`
+        or the vendor's number). ``function`` is a call the driver exports (:meth:`exports`)
+        or a group of them (the values of :data:`CALLS`), counted across its calls. At most 32
+        faults are armed at once (a fault's slot is free after its last failing call).
 
         :raises ValueError: for a name that is empty, 64 characters or more, or holds a NUL.
+        :raises KeyError: for a name that is neither an exported call nor a group (a fault on
+            it would never fire), or a code name the driver has no number for.
         :raises OverflowError: for a number the C call cannot take."""
         name = _name("fail", function)
         if not 1 <= len(name) < 64:
             raise ValueError("fail: a function name of 1 to 63 characters, not %d" % len(name))
         _within("fail", "nth", nth, 64)
         _within("fail", "count", count, 64)
-        _within("fail", "code", code, 32)
-        self._lib.fake_fail(name, nth, count, code)
+        number = self.code(code)
+        if not self._lib.fake_fail_target(name):
+            like = [e for e in self.exports() if e.startswith(function[:5])][:12]
+            raise KeyError(
+                "fail: %s exports no call %r and it is no group (%s), so the fault would never "
+                "fire; calls of its family: %s"
+                % (self.path, function[:64], ", ".join(sorted(CALLS.values())), ", ".join(like) or "none")
+            )
+        self._lib.fake_fail(name, nth, count, number)
+
+    def fail_next(self, call: str, code: Union[int, str]) -> None:
+        """The next call of kind ``call`` (a key of :data:`CALLS`, or its group), whichever
+        vendor call makes it, fails with ``code``.
+
+        :raises KeyError: for an unknown kind."""
+        group = CALLS.get(call, call)
+        if group not in CALLS.values():
+            raise KeyError("no kind of call %r; the kinds are: %s" % (call[:64], ", ".join(CALLS)))
+        self.fail(group, 1, 1, code)
 
     def clear_faults(self) -> None:
         """Disarms every fault."""
         self._lib.fake_clear_faults()
 
     def calls(self, function: str) -> int:
-        """How many times the vendor call ``function`` was made, failed ones included."""
+        """How many times the vendor call ``function`` was made, failed ones included (0 for
+        one the driver does not export)."""
         return int(self._lib.fake_calls(_name("calls", function)))
 
+    def initialised(self) -> bool:
+        """Whether the code under test initialised this driver in this process (``cuInit``,
+        or any HIP call): false means it loaded another copy."""
+        return bool(self._lib.fake_initialised())
+
+    def _require_initialised(self, what: str) -> None:
+        if not self.initialised():
+            raise FakesError(
+                "%s: the driver at %s was never initialised in this process, so it is not the "
+                "one the code under test loaded (another copy?); open the profile's library "
+                "(Controls.current(), profile.library())" % (what, self.path)
+            )
+
     def live(self, what: str) -> int:
-        """A live count (a name of :data:`LIVE`).
+        """A live count (a name of :data:`LIVE`), raw: it does not ask whether the driver was
+        initialised.
 
         :raises KeyError: for a name the driver does not know."""
         n = int(self._lib.fake_live(_name("live", what)))
@@ -470,29 +725,65 @@ class Controls:
         return n
 
     def census(self) -> Census:
-        """Every live count."""
+        """Every live count.
+
+        :raises FakesError: when the driver was never initialised in this process."""
+        self._require_initialised("census")
         return {what: self.live(what) for what in LIVE}
 
     def holds_no_memory(self) -> bool:
-        """True when no device memory, pinned host memory or address range is held."""
+        """True when no device memory, pinned host memory or address range is held.
+
+        :raises FakesError: when the driver was never initialised in this process."""
+        self._require_initialised("holds_no_memory")
         return all(self.live(what) == 0 for what in _MEMORY)
 
-    def launch(self, stream: int, ptr: int, size: int) -> int:
-        """A kernel on ``stream`` (a handle as an int; 0 for the default stream) that uses
-        ``[ptr, ptr + size)``, in flight until :meth:`finish` or a CPU wait that covers it.
+    def launch(self, stream: int, ptr: int, size: int, writes: bool = False) -> int:
+        """A kernel on ``stream`` (a handle as an int; 0 for the default stream) that reads
+        ``[ptr, ptr + size)`` (and writes it, with ``writes``), in flight until :meth:`finish`
+        or a CPU wait that covers it.
 
         :raises KeyError: when the driver does not know the stream."""
         for name, value in (("stream", stream), ("ptr", ptr), ("size", size)):
             _within("launch", name, value, 64, signed=False)
-        kernel = int(self._lib.fake_launch(ctypes.c_void_p(stream), ptr, size))
+        mode = 3 if writes else 1
+        kernel = int(self._lib.fake_launch_mode(ctypes.c_void_p(stream), ptr, size, mode))
         if kernel == 0:
             raise KeyError("the driver knows no stream %#x" % stream)
         return kernel
+
+    def kernel_model(self, name: str, model: str) -> None:
+        """Says what kernel ``name`` reads and writes, for every launch of a function of that
+        name: accesses separated by spaces, each ``MODE:aN[+OFFSET]:SIZE`` (``MODE`` r, w or
+        rw; ``aN`` parameter N, a device pointer; ``SIZE`` a product of numbers, ``iN`` and
+        ``zN``: parameter N as an int or a 64-bit size), e.g. ``"r:a0:4*i2 w:a1:4*i2"``.
+
+        :raises ValueError: for a model the driver cannot read (the position says where), a
+            name of no or 64+ characters, or more than 256 models."""
+        rc = int(self._lib.fake_kernel_model(_name("kernel_model", name), _name("kernel_model", model)))
+        if rc > 0:
+            raise ValueError(
+                "kernel model %r: cannot read from character %d on (accesses are "
+                "MODE:aN[+OFFSET]:SIZE)" % (model[:200], rc)
+            )
+        if rc < 0:
+            raise ValueError("kernel model refused: a name of 1 to 63 characters, at most 256 models")
 
     def finish(self, kernel: int) -> None:
         """The kernel completes (nothing for an unknown or finished one)."""
         _within("finish", "kernel", kernel, 64, signed=False)
         self._lib.fake_finish(kernel)
+
+    def finish_all(self) -> None:
+        """Every kernel in flight completes and every host function runs (no CPU wait is
+        counted)."""
+        self._lib.fake_finish_all()
+
+    def last_kernel(self) -> Optional[int]:
+        """The last kernel the calling thread launched (the vendor's launch calls, or
+        :meth:`launch`)."""
+        kernel = int(self._lib.fake_last_kernel())
+        return kernel or None
 
     def done(self, kernel: int) -> bool:
         """Whether the kernel completed (:meth:`finish`, or a CPU wait).
@@ -504,27 +795,77 @@ class Controls:
             raise KeyError("kernel %d is not one this driver launched" % kernel)
         return state == 1
 
+    def ordered(self, kernel: int, stream: int) -> bool:
+        """Whether work queued on ``stream`` from now on runs after ``kernel`` (it completed,
+        it is on that stream, or the stream waits for it on the GPU).
+
+        :raises KeyError: for a kernel or stream the driver does not know."""
+        _within("ordered", "kernel", kernel, 64, signed=False)
+        _within("ordered", "stream", stream, 64, signed=False)
+        said = int(self._lib.fake_ordered(kernel, ctypes.c_void_p(stream)))
+        if said < 0:
+            raise KeyError("the driver knows no kernel %d or stream %#x" % (kernel, stream))
+        return said == 1
+
+    def streams_ordered(self, first: int, then: int) -> bool:
+        """Whether everything queued so far on ``first`` runs before what is queued next on
+        ``then``.
+
+        :raises KeyError: for a stream the driver does not know."""
+        _within("streams_ordered", "first", first, 64, signed=False)
+        _within("streams_ordered", "then", then, 64, signed=False)
+        said = int(self._lib.fake_streams_ordered(ctypes.c_void_p(first), ctypes.c_void_p(then)))
+        if said < 0:
+            raise KeyError("the driver knows no stream %#x or %#x" % (first, then))
+        return said == 1
+
+    def in_flight(self) -> int:
+        """Kernels, host functions, copies and memsets not complete."""
+        return int(self._lib.fake_in_flight())
+
     def hazards(self) -> int:
-        """How many times memory was freed, unmapped or given back while a kernel or a copy
-        still used it: undefined behaviour on a GPU."""
+        """How many hazards the driver logged (undefined behaviour on a GPU, each: a race
+        between streams, memory given back or handed out under work in flight, a CPU read of
+        pinned memory a copy had yet to write).
+
+        :raises FakesError: when the driver was never initialised in this process."""
+        self._require_initialised("hazards")
         return int(self._lib.fake_hazards())
+
+    def hazard_log(self) -> List[str]:
+        """The hazards' texts, each naming the operations, their streams and ranges (the
+        first 64 are kept)."""
+        texts = []
+        i = 0
+        while True:
+            said = self._lib.fake_hazard(i)
+            if not said:
+                return texts
+            texts.append(said.decode(errors="replace"))
+            i += 1
 
     def first_hazard(self) -> str:
         """What the first hazard was ("" for none)."""
-        said = self._lib.fake_first_hazard()
-        return said.decode(errors="replace") if said else ""
+        log = self.hazard_log()
+        return log[0] if log else ""
 
     def cpu_waits(self) -> int:
-        """CPU waits so far: stream, event and device synchronisations."""
+        """CPU waits so far: synchronisations, and the calls documented as synchronising."""
         return int(self._lib.fake_cpu_waits())
+
+    def gpu_waits(self) -> int:
+        """GPU-side waits the caller asked for (the stream-wait-event calls)."""
+        return int(self._lib.fake_gpu_waits())
 
 
 def _main(argv: Sequence[str]) -> int:
     usage = (
-        "usage: python -m portalloc.testing list [--json] | env PROFILE | path DRIVER\n"
+        "usage: python -m portalloc.testing list [--json] | env PROFILE | path DRIVER | "
+        "sonames DRIVER\n"
         "  list     the matrix: each profile, its driver and what it models\n"
         "  env      one profile's variables as shell exports (eval \"$(...)\")\n"
-        "  path     a driver's built library"
+        "  path     a driver's built library\n"
+        "  sonames  the folder where a driver carries its vendor's library names"
     )
     if not argv or argv[0] in ("-h", "--help"):
         print(usage)
@@ -544,6 +885,9 @@ def _main(argv: Sequence[str]) -> int:
             return 0
         if argv[0] == "path" and len(argv) == 2:
             print(driver_path(argv[1]))
+            return 0
+        if argv[0] == "sonames" and len(argv) == 2:
+            print(soname_dir(argv[1]))
             return 0
     except (KeyError, FakesError) as e:
         print("portalloc.testing: %s" % (e.args[0] if e.args else e), file=sys.stderr)
