@@ -198,6 +198,38 @@ fn only_tags_that_can_sleep_get_granules_of_their_own() {
     vmm.check_invariants().unwrap();
 }
 
+/// A kernel that writes the tag's memory on the caller's own stream (non-blocking, made with
+/// the driver's call), still in flight: the sleep's copy out, which reads that memory, is
+/// ordered after it — the driver's race detector logs nothing — and waits for it; the wake's
+/// copy in writes the memory only once the copy out is done with it.
+#[cfg_attr(feature = "cuda", test_case(Target::FakeCuda ; "fakecuda"))]
+#[cfg_attr(feature = "hip", test_case(Target::FakeHip(Rocm::V7) ; "fakehip"))]
+fn a_sleeps_copy_is_ordered_after_a_kernel_writing_the_memory(target: Target) {
+    let Some(rig) = target.open(1, 2 * GIB) else {
+        return;
+    };
+    declare(&["world-writer"]);
+    let vmm = vmm(&rig, GIB);
+    let s = rig.foreign_stream();
+    let b = vmm.allocate(3 * MIB, 0, s, "world-writer").unwrap();
+    let writer = rig.launch_writing(s, b.ptr(), b.size());
+    vmm.sleep("world-writer", Keep::Contents).unwrap();
+    assert_eq!(rig.hazards(), (0, String::new()), "a sleep under a writer");
+    assert!(rig.work_done(writer), "the sleep waited for the writer");
+    vmm.wake("world-writer").unwrap();
+    let reader = rig.launch_writing(s, b.ptr(), b.size());
+    assert_eq!(
+        rig.hazards(),
+        (0, String::new()),
+        "the wake's copy completed first"
+    );
+    rig.finish_work(reader);
+    vmm.deallocate(b).unwrap();
+    drop(vmm);
+    rig.destroy_foreign(&[s]);
+    rig.finish();
+}
+
 /// The sleep orders itself after work on every stream — the allocation's, a stream the
 /// caller recorded a use on, three of them at once — and copies on a stream of its own: the
 /// driver's hazard log stays empty through sleep and wake with kernels in flight.

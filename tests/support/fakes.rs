@@ -419,6 +419,19 @@ impl Fake {
         id
     }
 
+    /// A kernel on `stream` that writes (and reads) `[va, va + size)`: work on another
+    /// stream that reads or writes it, not ordered after the kernel, is a race the driver
+    /// logs.
+    ///
+    /// # Panics
+    /// When the fake does not know the stream.
+    pub fn launch_writing(&self, stream: Stream, va: u64, size: u64) -> u64 {
+        self.controls
+            .launch_writing(stream.as_raw(), va, size)
+            .unwrap_or_else(|| panic!("fake_launch_mode: unknown stream {stream:?}"))
+            .id()
+    }
+
     /// The kernel completes.
     pub fn finish(&self, kernel: u64) {
         let f: unsafe extern "C" fn(u64) = self.sym("fake_finish");

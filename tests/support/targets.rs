@@ -470,6 +470,17 @@ impl Rig {
         self.host(0).launch(stream, va, size)
     }
 
+    /// A kernel on `stream` that writes `[va, va + size)` (a conformance driver's; on the
+    /// host, a kernel that uses it).
+    #[allow(dead_code)] // not every test file's
+    pub fn launch_writing(&self, stream: Stream, va: u64, size: u64) -> u64 {
+        #[cfg(any(feature = "cuda", feature = "hip"))]
+        if let Some(fake) = &self.fake {
+            return fake.launch_writing(stream, va, size);
+        }
+        self.host(0).launch(stream, va, size)
+    }
+
     /// The kernel completes.
     pub fn finish_work(&self, work: u64) {
         #[cfg(any(feature = "cuda", feature = "hip"))]
@@ -668,12 +679,14 @@ mod caller {
         })
     }
 
-    /// A stream made with `cuStreamCreate` / `hipStreamCreateWithFlags`.
+    /// A stream made with `cuStreamCreate` / `hipStreamCreateWithFlags`, non-blocking as
+    /// PyTorch's pool makes its side streams (`cudaStreamNonBlocking`) and cudarc its own:
+    /// the legacy default stream's implicit order does not hold for it.
     pub fn create_stream(fake: &Fake) -> Stream {
         let create: Create = call(fake, "cuStreamCreate", "hipStreamCreateWithFlags");
         let mut s = std::ptr::null_mut();
-        // SAFETY: one handle written; flags 0 = a blocking stream.
-        assert_eq!(unsafe { create(&mut s, 0) }, 0, "stream create");
+        // SAFETY: one handle written; flags 1 = CU_STREAM_NON_BLOCKING, hipStreamNonBlocking.
+        assert_eq!(unsafe { create(&mut s, 1) }, 0, "stream create");
         crate::support::stream(s as u64)
     }
 
