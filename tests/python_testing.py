@@ -6,10 +6,12 @@ Run by scripts/test with the installed package, from /: ``python tests/python_te
 (Plain asserts and a main, as the other Python tests: pytest is not a dependency.)
 
 The child's "library" allocates a buffer on the default stream, has a kernel on a side stream
-(made with the driver's own call) read it, frees it and gives the cache back. Done right, it
-declares the side stream's use first (``Allocator.record_stream``, PyTorch's
-``Tensor.record_stream``); the planted bug leaves that out. Every profile must pass the first
-and catch the second: a check that could not fail would pass both.
+(made with the driver's own call, non-blocking as PyTorch's pool makes them) read it, frees
+it, allocates again and fills the new buffer on the default stream. Done right, it declares
+the side stream's use first (``Allocator.record_stream``, PyTorch's
+``Tensor.record_stream``); the planted bug leaves that out, and the fill writes memory the
+kernel still reads. Every profile must pass the first and catch the second: a check that
+could not fail would pass both.
 """
 
 import ctypes
@@ -28,20 +30,23 @@ from portalloc import testing
 
 profile = testing.current()
 assert profile is not None, "run without a profile"
-driver = testing.Controls(profile.driver_path())
-vendor = ctypes.CDLL(profile.driver_path())
+vendor = ctypes.CDLL(profile.library())
 allocator = portalloc.Allocator.from_env()
+driver = testing.Controls.current()
 
-# A side stream, made as the caller's own library would: the vendor's call.
+# A side stream, made as the caller's own library would: the vendor's call, non-blocking.
 side = ctypes.c_void_p()
 if profile.vendor == testing.CUDA:
     context = ctypes.c_void_p()
     assert vendor.cuInit(0) == 0
     assert vendor.cuDevicePrimaryCtxRetain(ctypes.byref(context), 0) == 0
     assert vendor.cuCtxSetCurrent(context) == 0
-    assert vendor.cuStreamCreate(ctypes.byref(side), 0) == 0
+    assert vendor.cuStreamCreate(ctypes.byref(side), 1) == 0
+    fill = vendor.cuMemsetD8Async
 else:
-    assert vendor.hipStreamCreate(ctypes.byref(side)) == 0
+    assert vendor.hipStreamCreateWithFlags(ctypes.byref(side), 1) == 0
+    fill = vendor.hipMemsetD8Async
+fill.argtypes = [ctypes.c_uint64, ctypes.c_ubyte, ctypes.c_size_t, ctypes.c_void_p]
 side_handle = side.value or 0
 
 buffer = allocator.allocate(1 << 20, stream=0)
@@ -49,9 +54,12 @@ kernel = driver.launch(side_handle, buffer.ptr, buffer.size)
 if sys.argv[1] == "right":
     allocator.record_stream(buffer.ptr, side_handle)
 allocator.free(buffer)
-allocator.trim()
-said = {"hazards": driver.hazards(), "first": driver.first_hazard()}
+again = allocator.allocate(1 << 20, stream=0)
+assert fill(again.ptr, 0, again.size, None) == 0
+said = {"hazards": driver.hazards(), "log": driver.hazard_log()}
 driver.finish(kernel)
+allocator.free(again)
+allocator.trim()
 allocator.close()
 if profile.vendor == testing.CUDA:
     assert vendor.cuStreamDestroy_v2(side) == 0
@@ -123,6 +131,48 @@ def controls_inject_a_fault_and_count_calls() -> None:
     raises(KeyError, lambda: driver.live("gigawatts"), "gigawatts", "host_allocations")
 
 
+def faults_groups_codes_models_and_order() -> None:
+    path = testing.driver_path("fakehip")
+    driver = testing.Controls(path)
+    hip = ctypes.CDLL(path)
+    count = ctypes.c_int()
+    assert hip.hipGetDeviceCount(ctypes.byref(count)) == 0
+    # A call the driver does not export would never fail: refused, naming its family.
+    raises(KeyError, lambda: driver.fail("hipMallocc", 1, 1, 2), "hipMallocc", "hipMalloc")
+    raises(KeyError, lambda: driver.fail("hipMalloc", 1, 1, "out_of_memry"), "out_of_memry")
+    raises(KeyError, lambda: driver.fail_next("alocation", 2), "alocation", "allocation")
+    # The next allocation, whichever call makes it, with the vendor's out-of-memory number.
+    driver.fail_next("allocation", "out_of_memory")
+    ptr = ctypes.c_void_p()
+    assert hip.hipMalloc(ctypes.byref(ptr), ctypes.c_size_t(4096)) == 2
+    assert hip.hipMalloc(ctypes.byref(ptr), ctypes.c_size_t(4096)) == 0
+    assert driver.code("out_of_memory") == 2 and "hipMalloc" in driver.exports()
+    # Order, as the driver sees it: a kernel on the null stream, a non-blocking stream.
+    side = ctypes.c_void_p()
+    assert hip.hipStreamCreateWithFlags(ctypes.byref(side), 1) == 0
+    kernel = driver.launch(0, ptr.value or 0, 4096)
+    assert not driver.ordered(kernel, side.value or 0)
+    assert driver.ordered(kernel, 0)
+    assert not driver.streams_ordered(0, side.value or 0)
+    assert driver.in_flight() >= 1 and driver.last_kernel() == kernel
+    driver.finish_all()
+    assert driver.done(kernel) and driver.in_flight() == 0
+    driver.kernel_model("scale", "r:a0:4*i2 w:a1:4*i2")
+    raises(ValueError, lambda: driver.kernel_model("scale", "r:x0:4"), "character 3")
+    assert hip.hipStreamDestroy(side) == 0
+    assert hip.hipFree(ptr) == 0
+    assert driver.holds_no_memory() and driver.hazards() == 0, driver.hazard_log()
+    # A driver nobody initialised in this process: its census would say nothing.
+    other = testing.Controls(testing.driver_path("fakecuda_old"))
+    raises(testing.FakesError, other.census, "never initialised")
+    # Profiles: the loader's path and the drivers' folder, and nothing another profile set.
+    env = testing.profile("rocm7").environ({"FAKEHIP_PROFILE": "rocr-285-unmap-many"})
+    assert "FAKEHIP_PROFILE" not in env, env
+    assert env["LD_LIBRARY_PATH"].split(os.pathsep)[0].endswith("sonames/fakehip"), env
+    assert os.path.isfile(os.path.join(env["PORTALLOC_FAKES_DIR"], "libfakehip.so")), env
+    assert os.path.islink(os.path.join(env["LD_LIBRARY_PATH"].split(os.pathsep)[0], "libamdhip64.so"))
+
+
 def hostile_inputs_are_refused_clearly() -> None:
     path = testing.driver_path("fakecuda")
     driver = testing.Controls(path)
@@ -149,7 +199,8 @@ def hostile_inputs_are_refused_clearly() -> None:
     finally:
         os.environ.clear()
         os.environ.update(saved)
-    assert driver.holds_no_memory()
+    # Nothing here initialised the driver: its raw counts, not a census.
+    assert not driver.initialised() and driver.live("allocations") == 0
 
 
 def every_profile_passes_the_right_code_and_catches_the_planted_bug() -> None:
@@ -159,8 +210,9 @@ def every_profile_passes_the_right_code_and_catches_the_planted_bug() -> None:
         assert right["clean"], (p.name, right)
         planted = run(p, "planted")
         assert planted["hazards"] >= 1, (p.name, planted)
-        assert "kernel" in planted["first"], (p.name, planted)
-        print("%-24s right: no hazard; planted bug: %s" % (p.name, planted["first"][:60]))
+        race = planted["log"][0]
+        assert race.startswith("race: ") and "writes" in race and "kernel" in race, (p.name, race)
+        print("%-24s right: no hazard; planted bug: %s" % (p.name, race[:90]))
 
 
 def the_command_line_prints_the_matrix_and_a_profiles_exports() -> None:
@@ -191,6 +243,7 @@ def the_command_line_prints_the_matrix_and_a_profiles_exports() -> None:
 if __name__ == "__main__":
     the_matrix_is_well_formed()
     controls_inject_a_fault_and_count_calls()
+    faults_groups_codes_models_and_order()
     the_command_line_prints_the_matrix_and_a_profiles_exports()
     hostile_inputs_are_refused_clearly()
     every_profile_passes_the_right_code_and_catches_the_planted_bug()

@@ -635,7 +635,7 @@ class Controls:
     def exports(self) -> List[str]:
         """Every call the driver exports (what :meth:`fail` takes, with the groups of
         :data:`CALLS`)."""
-        found = []
+        found: List[str] = []
         i = 0
         while True:
             name = self._lib.fake_export(i)
@@ -648,7 +648,9 @@ class Controls:
         """The driver's number for ``code``: a name of :data:`CODES`, or a number as it is.
 
         :raises KeyError: for a name the driver has no number for."""
-        if isinstance(code, int) and not isinstance(code, bool):
+        if isinstance(code, bool):
+            raise TypeError("code: a name of CODES or a number, not a bool")
+        if isinstance(code, int):
             _within("code", "code", code, 32)
             return code
         n = int(self._lib.fake_code(_name("code", code)))
@@ -835,7 +837,7 @@ class Controls:
     def hazard_log(self) -> List[str]:
         """The hazards' texts, each naming the operations, their streams and ranges (the
         first 64 are kept)."""
-        texts = []
+        texts: List[str] = []
         i = 0
         while True:
             said = self._lib.fake_hazard(i)

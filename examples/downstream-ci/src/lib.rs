@@ -2,12 +2,13 @@
 //! paths on a machine without a GPU (`tests/matrix.rs`).
 //!
 //! [`Pipeline`] stages data on one stream and computes on another: each step allocates a
-//! buffer on the upload stream, has a kernel on the compute stream read it, and frees it on
-//! the upload stream. portalloc's stream-ordering contract (on `portalloc::device::Device`)
-//! makes the last part the caller's job: work on other streams that used the memory must be
-//! ordered before the free. [`Pipeline::step`] does that with an event and a GPU-side wait;
-//! the `planted-bug` feature leaves it out, and the fake drivers' hazard log catches the free
-//! under the kernel under every profile.
+//! buffer on the upload stream, copies its data into it there, has a kernel on the compute
+//! stream read it, and frees it on the upload stream. portalloc's stream-ordering contract
+//! (on `portalloc::device::Device`) makes the last part the caller's job: work on other
+//! streams that used the memory must be ordered before the free. [`Pipeline::step`] does that
+//! with an event and a GPU-side wait; the `planted-bug` feature leaves it out, and the fake
+//! drivers' race detector catches the next step's copy into the same memory under the
+//! kernel, under every profile.
 
 use std::sync::Arc;
 
@@ -55,14 +56,30 @@ impl Pipeline {
         self.allocator.name()
     }
 
-    /// One step: `size` bytes allocated on the upload stream, `launch` queues the kernel that
-    /// reads them on the compute stream (`launch(ptr, size, stream)`), and the buffer is freed
-    /// on the upload stream once it is ordered after that kernel.
+    /// One step: a buffer for `data` allocated on the upload stream and `data` copied into
+    /// it there, `launch` queues the kernel that reads it on the compute stream
+    /// (`launch(ptr, size, stream)`), and the buffer is freed on the upload stream once it is
+    /// ordered after that kernel.
     ///
     /// # Errors
     /// What the allocator or the driver says.
-    pub fn step(&self, size: u64, launch: impl FnOnce(u64, u64, Stream)) -> Result<()> {
-        let buffer = DeviceBuffer::new(&self.allocator, size, self.upload)?;
+    pub fn step(&self, data: &[u8], launch: impl FnOnce(u64, u64, Stream)) -> Result<()> {
+        let buffer = DeviceBuffer::new(&self.allocator, data.len() as u64, self.upload)?;
+        // SAFETY: the buffer holds `data.len()` bytes until its free, ordered after every use
+        // below; a pageable source is staged by the driver when the call is made.
+        unsafe {
+            self.device.copy_from_host(
+                buffer.ptr(),
+                data.as_ptr(),
+                data.len() as u64,
+                self.upload,
+            )?
+        };
+        // The compute stream reads what the upload stream wrote.
+        let staged = self.device.create_event()?;
+        self.device.record_event(staged, self.upload)?;
+        self.device.wait_event(self.compute, staged)?;
+        self.device.destroy_event(staged)?;
         launch(buffer.ptr(), buffer.size(), self.compute);
         if !cfg!(feature = "planted-bug") {
             // The free is on the upload stream: make it wait, on the GPU, for the compute

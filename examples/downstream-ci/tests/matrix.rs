@@ -4,58 +4,60 @@
 //! (`portalloc_fakes::each_profile`).
 //!
 //! `cargo test` passes; `cargo test --features planted-bug` fails under every profile, naming
-//! the hazard the driver logged. Both run under any strategy (`PORTALLOC_ALLOCATOR=vmm cargo
+//! the race the driver logged: the second step's copy into memory the first step's kernel
+//! still reads. Both run under any strategy (`PORTALLOC_ALLOCATOR=vmm cargo
 //! test`, say): where a profile's driver lacks what the strategy needs, portalloc refuses with
 //! a typed error and that profile has nothing to test.
 
 use downstream_ci::Pipeline;
-use portalloc_fakes::{each_profile, Controls, MATRIX};
+use portalloc_fakes::{Controls, MATRIX};
 
-/// A step's buffer, read by a kernel on the other stream that is still running, is not given
-/// back to the device under it — whatever the strategy does with it (keep it, unmap it, trim
-/// it) — and nothing is left on the device at the end.
+/// A step's buffer, read by a kernel on the other stream that is still running, is not
+/// written by the next step's copy under it, nor given back to the device under it —
+/// whatever the strategy does with it (keep it, hand it out again, unmap it, trim it) — and
+/// nothing is left on the device at the end.
 #[test]
-fn a_buffer_read_on_another_stream_is_not_freed_under_the_kernel() {
-    each_profile(
-        "a_buffer_read_on_another_stream_is_not_freed_under_the_kernel",
-        MATRIX,
-        |profile| {
-            let driver = Controls::open(profile.driver.path()).expect("the profile's driver");
-            let pipeline = match Pipeline::new() {
-                Ok(pipeline) => pipeline,
-                // The strategy the environment names (PORTALLOC_ALLOCATOR=vmm, say) needs what
-                // this driver lacks: a typed refusal, which is right; nothing to test here.
-                Err(refused @ portalloc::Error::Unsupported { .. }) => {
-                    println!("{}: {refused}", profile.name);
-                    return;
-                }
-                Err(e) => panic!("portalloc on the fake device under {}: {e}", profile.name),
-            };
-            let mut kernel = None;
+fn a_buffer_read_on_another_stream_is_not_reused_under_the_kernel() {
+    portalloc_fakes::each_profile!(MATRIX, |profile| {
+        let driver = Controls::open(profile.library()).expect("the profile's driver");
+        let pipeline = match Pipeline::new() {
+            Ok(pipeline) => pipeline,
+            // The strategy the environment names (PORTALLOC_ALLOCATOR=vmm, say) needs what
+            // this driver lacks: a typed refusal, which is right; nothing to test here.
+            Err(refused @ portalloc::Error::Unsupported { .. }) => {
+                println!("{}: {refused}", profile.name);
+                return;
+            }
+            Err(e) => panic!("portalloc on the fake device under {}: {e}", profile.name),
+        };
+        let mut kernels = Vec::new();
+        let data = vec![7u8; 4 << 20];
+        for _ in 0..2 {
             pipeline
-                .step(4 << 20, |ptr, size, stream| {
-                    // The kernel reads the buffer, and runs until the test says it is done.
-                    kernel = driver.launch(stream.as_raw(), ptr, size);
+                .step(&data, |ptr, size, stream| {
+                    // The kernel reads the buffer, and runs until the test says it is
+                    // done.
+                    kernels.extend(driver.launch(stream.as_raw(), ptr, size));
                 })
                 .expect("the step");
-            let kernel = kernel.expect("the kernel was launched");
-            pipeline.release().expect("the cache is given back");
-            assert_eq!(
-                driver.hazards(),
-                0,
-                "{} under {}: memory given back under a running kernel: {}",
-                pipeline.strategy(),
-                profile.name,
-                driver.first_hazard()
-            );
-            driver.finish(kernel);
-            drop(pipeline);
-            assert!(
-                driver.census().holds_no_memory(),
-                "left on the device under {}: {:?}",
-                profile.name,
-                driver.census()
-            );
-        },
-    );
+        }
+        assert_eq!(kernels.len(), 2, "the kernels were launched");
+        pipeline.release().expect("the cache is given back");
+        assert_eq!(
+            driver.hazards(),
+            0,
+            "{} under {}: memory reused or given back under a running kernel:\n{}",
+            pipeline.strategy(),
+            profile.name,
+            driver.hazard_log().join("\n")
+        );
+        driver.finish_all();
+        drop(pipeline);
+        assert!(
+            driver.census().holds_no_memory(),
+            "left on the device under {}: {:?}",
+            profile.name,
+            driver.census()
+        );
+    });
 }
