@@ -175,6 +175,7 @@ static unsigned long long fk_min_gran = 2ULL << 20, fk_rec_gran = 2ULL << 20;
 static int fk_initialised; /* cuInit / the first HIP call succeeded */
 
 /* Contexts: [0, FK_MAX_DEVICES) are the devices' primary contexts (HIP's devices). */
+#define FK_MAX_LIMITS 10
 struct fk_ctx {
   int live;     /* created contexts: until destroyed; primary: always */
   int device;
@@ -182,8 +183,12 @@ struct fk_ctx {
   int refcount; /* primary: retains (CUDA); created: 1 */
   int legacy_clock;
   unsigned flags;
+  unsigned long long id;                     /* cuCtxGetId: new for each context made */
+  unsigned long long limits[FK_MAX_LIMITS];  /* CUlimit / hipLimit_t values (the face's) */
+  int cache_config, shared_config;           /* CUfunc_cache, CUsharedconfig (and HIP's) */
 };
 static struct fk_ctx fk_ctxs[FK_MAX_CTX];
+static unsigned long long fk_next_ctx_id __attribute__((unused)) = 1; /* CUDA's context ids */
 
 /* Peer access. */
 static int fk_peer_denied[FK_MAX_DEVICES][FK_MAX_DEVICES];

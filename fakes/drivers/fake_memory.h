@@ -22,7 +22,10 @@
 
 #define FK_MAX_REGIONS 65536
 
-enum { R_NONE, R_PLAIN, R_HOST, R_REGISTERED, R_MANAGED, R_POOL, R_RESERVATION, R_MAPPING };
+/* R_MODULE: a module's global variable (cuModuleGetGlobal, hipModuleGetGlobal), device memory
+ * charged while the module is loaded. */
+enum { R_NONE, R_PLAIN, R_HOST, R_REGISTERED, R_MANAGED, R_POOL, R_RESERVATION, R_MAPPING,
+       R_MODULE };
 
 struct fk_region {
   int kind, device, ctx;
@@ -31,7 +34,7 @@ struct fk_region {
   unsigned long long span;     /* bytes mapped at va by the fake (R_PLAIN, R_HOST, R_MANAGED, R_POOL) */
   unsigned long long id;       /* a serial: the buffer id pointer queries answer */
   unsigned flags;
-  /* R_POOL: a pool's block, in use or cached */
+  /* R_POOL: a pool's block, in use or cached; R_MODULE: `pool` is the module's slot */
   int pool, in_use, free_clock;
   unsigned long long free_seq;
   /* R_MAPPING */
@@ -41,7 +44,15 @@ struct fk_region {
   int prot;
   /* R_RESERVATION: ROCr's use count (rocr-285-unmap-many) */
   long uses;
+  /* CU_POINTER_ATTRIBUTE_SYNC_MEMOPS (cuPointerSetAttribute) */
+  int sync_memops;
+  /* R_MANAGED: the advice given (cuMemAdvise, hipMemAdvise) and the last prefetch, for the
+   * whole allocation. A location is a device, FK_LOC_CPU or FK_LOC_NONE. */
+  int read_mostly, preferred, last_prefetch;
+  unsigned accessed_by; /* bit d: device d; bit 31: the CPU */
 };
+#define FK_LOC_CPU (-1)  /* CU_DEVICE_CPU, hipCpuDeviceId */
+#define FK_LOC_NONE (-2) /* CU_DEVICE_INVALID, hipInvalidDeviceId */
 static struct fk_region fk_regions[FK_MAX_REGIONS];
 static int fk_regions_high;
 static unsigned long long fk_next_region_id = 1;
@@ -57,6 +68,7 @@ FK_FN struct fk_region *fk_region_add(int kind, unsigned long long va, unsigned 
     r->size = size;
     r->device = device;
     r->id = fk_next_region_id++;
+    r->preferred = r->last_prefetch = FK_LOC_NONE;
     if (i >= fk_regions_high) fk_regions_high = i + 1;
     return r;
   }
@@ -88,7 +100,8 @@ FK_FN struct fk_region *fk_region_holding(unsigned long long va) {
 }
 
 FK_FN int fk_is_device_kind(int kind) {
-  return kind == R_PLAIN || kind == R_MANAGED || kind == R_POOL || kind == R_MAPPING;
+  return kind == R_PLAIN || kind == R_MANAGED || kind == R_POOL || kind == R_MAPPING ||
+         kind == R_MODULE;
 }
 
 /* True when [va, va + size) lies inside one live plain, managed or pool allocation, or is
@@ -99,7 +112,8 @@ FK_FN int fk_device_range(unsigned long long va, unsigned long long size, int de
   if (end < va || !size) return 0;
   for (int i = 0; i < fk_regions_high; i++) {
     const struct fk_region *r = &fk_regions[i];
-    if ((r->kind == R_PLAIN || r->kind == R_MANAGED || (r->kind == R_POOL && r->in_use)) &&
+    if ((r->kind == R_PLAIN || r->kind == R_MANAGED || r->kind == R_MODULE ||
+         (r->kind == R_POOL && r->in_use)) &&
         r->va <= va && end <= r->va + r->size)
       return 1;
   }
@@ -315,7 +329,9 @@ static void fk_pages_empty(unsigned long long va, int n, unsigned char *empty) {
     }
     return;
   }
-  if (r->kind != R_PLAIN && r->kind != R_MANAGED && r->kind != R_POOL && r->kind != R_HOST) return;
+  if (r->kind != R_PLAIN && r->kind != R_MANAGED && r->kind != R_POOL && r->kind != R_HOST &&
+      r->kind != R_MODULE)
+    return;
   if (va + (unsigned long long)n * page > r->va + r->span) return;
   if (fk_pagemap_fd == -2) fk_pagemap_fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
   if (fk_pagemap_fd < 0) return;
@@ -334,7 +350,8 @@ static void fk_zero_pages(unsigned long long va, unsigned long long size) {
       fallocate(fk_phys_fd_of(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
                 (off_t)fk_mapping_file_offset(r, va), (off_t)size) == 0)
     return;
-  if (r && (r->kind == R_PLAIN || r->kind == R_MANAGED || r->kind == R_POOL || r->kind == R_HOST) &&
+  if (r && (r->kind == R_PLAIN || r->kind == R_MANAGED || r->kind == R_POOL || r->kind == R_HOST ||
+            r->kind == R_MODULE) &&
       va + size <= r->va + r->span && madvise((void *)(uintptr_t)va, size, MADV_DONTNEED) == 0)
     return;
   memset((void *)(uintptr_t)va, 0, size);
@@ -398,31 +415,50 @@ FK_FN int fk_side_of(unsigned long long p, unsigned long long size, int device) 
   return fk_device_range(p, size, device) ? SIDE_DEVICE : SIDE_HOST;
 }
 
-/* A copy of `size` bytes from `src` to `dst` on `clock`, for a call of context `ctx` named
- * `what`: each side must be of the kind the call names (SIDE_ANY: whichever it is, as with
- * unified addressing): device memory the context's device may use, or a non-null host
- * pointer. Zero bytes queue nothing. How it waits:
+/* Whether a synchronous copy or memset over [va, va + size) must complete before returning
+ * whatever its kind: the memory has CU_POINTER_ATTRIBUTE_SYNC_MEMOPS set. */
+FK_FN int fk_sync_memops(unsigned long long va, unsigned long long size) {
+  const struct fk_region *r = fk_region_holding(va);
+  return r && r->sync_memops && va + size <= r->va + r->size;
+}
+
+/* A 2D copy on `clock` for a call named `what`: `height` rows of `width` bytes, row r from
+ * src + r * spitch to dst + r * dpitch (a 1D copy: one row, see fk_copy). Each side must be of
+ * the kind the call names (SIDE_ANY: whichever it is, as with unified addressing): device
+ * memory its device (`dst_device`, `src_device`: the call's device, or a peer's) may use, or a
+ * non-null host pointer. Nothing to copy queues nothing. How it waits:
  *   FK_ASYNC      as the vendors document the async calls: a pageable source is staged at
  *                 the call, a pageable destination is written before the call returns (a CPU
  *                 wait), everything else when the stream reaches the copy;
  *   FK_SYNC_CUDA  CUDA's synchronous cuMemcpy*: host to device from pageable memory waits for
  *                 the stream first and stages the source; from pinned memory, and device to
- *                 host, return once the copy completed; device to device does not wait;
- *   FK_SYNC_FULL  returns once the copy completed. */
-FK_FN int fk_copy(int ctx, int clock, unsigned long long dst, int dst_side, unsigned long long src,
-                  int src_side, unsigned long long size, int wait, const char *what) {
-  if (!size) return FK_OK;
-  if (!dst || !src || dst + size < dst || src + size < src) return FK_INVALID_VALUE;
-  int device = fk_ctxs[ctx].device;
-  int dst_is = fk_side_of(dst, size, device), src_is = fk_side_of(src, size, device);
+ *                 host, return once the copy completed; device to device does not wait (unless
+ *                 either side has SYNC_MEMOPS set, or `sync_memops`: the context's flag);
+ *   FK_SYNC_FULL  returns once the copy completed.
+ * FK_INVALID_VALUE for a pitch smaller than the width, ranges that wrap, or a side of the
+ * wrong kind. */
+FK_FN int fk_copy_2d(int clock, int dst_device, unsigned long long dst, unsigned long long dpitch,
+                     int dst_side, int src_device, unsigned long long src,
+                     unsigned long long spitch, int src_side, unsigned long long width,
+                     unsigned long long height, int wait, int sync_memops, const char *what) {
+  if (!width || !height) return FK_OK;
+  if (!dst || !src || dpitch < width || spitch < width) return FK_INVALID_VALUE;
+  if ((height - 1) > (~0ULL - width) / (dpitch > spitch ? dpitch : spitch)) return FK_INVALID_VALUE;
+  unsigned long long dst_span = fk_rows_span(width, height, dpitch);
+  unsigned long long src_span = fk_rows_span(width, height, spitch);
+  if (dst + dst_span < dst || src + src_span < src) return FK_INVALID_VALUE;
+  int dst_is = fk_side_of(dst, dst_span, dst_device), src_is = fk_side_of(src, src_span, src_device);
   if ((dst_side == SIDE_DEVICE && dst_is != SIDE_DEVICE) ||
       (src_side == SIDE_DEVICE && src_is != SIDE_DEVICE))
     return FK_INVALID_VALUE;
-  int dst_pinned = dst_is == SIDE_HOST && fk_pinned_range(dst, size);
-  int src_pinned = src_is == SIDE_HOST && fk_pinned_range(src, size);
+  int dst_pinned = dst_is == SIDE_HOST && fk_pinned_range(dst, dst_span);
+  int src_pinned = src_is == SIDE_HOST && fk_pinned_range(src, src_span);
   int src_pageable = src_is == SIDE_HOST && !src_pinned;
   int dst_pageable = dst_is == SIDE_HOST && !dst_pinned;
   int to_host = dst_is == SIDE_HOST, from_host = src_is == SIDE_HOST;
+  if (wait == FK_SYNC_CUDA &&
+      (sync_memops || fk_sync_memops(dst, dst_span) || fk_sync_memops(src, src_span)))
+    wait = FK_SYNC_FULL;
 
   /* The CPU waits before the copy starts: CUDA's synchronous copy from pageable memory. */
   if (wait == FK_SYNC_CUDA && src_pageable && !to_host) {
@@ -430,19 +466,27 @@ FK_FN int fk_copy(int ctx, int clock, unsigned long long dst, int dst_side, unsi
     fk_force(clock, ~0ULL, 0);
   }
   unsigned long long seq = fk_queue(clock);
-  /* Pageable memory is never touched by the device: only the device side is in flight. */
-  if (!src_pageable) fk_use(clock, seq, src, size, FK_READ, what);
-  if (!dst_pageable) fk_use(clock, seq, dst, size, FK_WRITE, what);
+  /* Pageable memory is never touched by the device: only the device side is in flight (each
+   * side as the span from its first row to its last). */
+  if (!src_pageable) fk_use(clock, seq, src, src_span, FK_READ, what);
+  if (!dst_pageable) fk_use(clock, seq, dst, dst_span, FK_WRITE, what);
   if (src_pageable) {
-    void *staging = malloc(size);
+    if (width > ~0ULL / height || width * height > (1ULL << 40)) {
+      fk_progress();
+      return FK_OUT_OF_MEMORY;
+    }
+    char *staging = malloc(width * height);
     if (!staging) {
       fk_progress();
       return FK_OUT_OF_MEMORY;
     }
-    memcpy(staging, (const void *)(uintptr_t)src, size);
-    fk_effect_add(clock, seq, EF_STAGED, dst, 0, size, 0, 0, staging);
+    for (unsigned long long r = 0; r < height; r++)
+      memcpy(staging + r * width, (const char *)(uintptr_t)(src + r * spitch), width);
+    fk_effect_add(clock, seq, EF_STAGED, dst, 0, width, 0, 0, staging);
+    fk_effect_rows(height, dpitch, width);
   } else {
-    fk_effect_add(clock, seq, EF_COPY, dst, src, size, 0, 0, NULL);
+    fk_effect_add(clock, seq, EF_COPY, dst, src, width, 0, 0, NULL);
+    fk_effect_rows(height, dpitch, spitch);
   }
   fk_progress();
   int blocks = wait == FK_SYNC_FULL || (to_host && dst_pageable) ||
@@ -451,29 +495,51 @@ FK_FN int fk_copy(int ctx, int clock, unsigned long long dst, int dst_side, unsi
     fk_cpu_wait();
     fk_force(clock, seq, 0);
   } else if (dst_pinned && !fk_done(clock, seq)) {
-    fk_guard_add(clock, seq, dst, size, what);
+    fk_guard_add(clock, seq, dst, dst_span, what);
   }
   return FK_OK;
 }
 
-/* A memset of `count` elements of `width` bytes (1, 2, 4) to `value` at device memory
- * `dst` on `clock`; `wait` as for fk_copy (FK_SYNC_FULL returns once it completed). */
-FK_FN int fk_memset(int ctx, int clock, unsigned long long dst, unsigned value, int width,
-                    unsigned long long count, int wait, const char *what) {
-  unsigned long long size = count * (unsigned long long)width;
-  if (!count) return FK_OK;
-  if (size / (unsigned long long)width != count) return FK_INVALID_VALUE;
+/* A copy of `size` bytes from `src` to `dst` on `clock`, for a call of context `ctx` named
+ * `what`: both sides as the context's device sees them; see fk_copy_2d. */
+FK_FN int fk_copy(int ctx, int clock, unsigned long long dst, int dst_side, unsigned long long src,
+                  int src_side, unsigned long long size, int wait, const char *what) {
+  int device = fk_ctxs[ctx].device;
+  return fk_copy_2d(clock, device, dst, size, dst_side, device, src, size, src_side, size,
+                    size ? 1 : 0, wait, (fk_ctxs[ctx].flags & 0x80) != 0, what);
+}
+
+/* A 2D memset on `clock`: `height` rows of `count` elements of `width` bytes (1, 2, 4) set to
+ * `value`, row r at dst + r * pitch, in device memory context `ctx`'s device may use; `wait`
+ * as for fk_copy_2d (FK_SYNC_FULL returns once it completed). */
+FK_FN int fk_memset_2d(int ctx, int clock, unsigned long long dst, unsigned long long pitch,
+                       unsigned value, int width, unsigned long long count,
+                       unsigned long long height, int wait, const char *what) {
+  if (!count || !height) return FK_OK;
+  unsigned long long row = count * (unsigned long long)width;
+  if (row / (unsigned long long)width != count) return FK_INVALID_VALUE;
+  if (height > 1 && (pitch < row || pitch % (unsigned long long)width)) return FK_INVALID_VALUE;
+  if (height > 1 && (height - 1) > (~0ULL - row) / pitch) return FK_INVALID_VALUE;
   if (dst % (unsigned long long)width) return FK_INVALID_VALUE;
-  if (!fk_device_range(dst, size, fk_ctxs[ctx].device)) return FK_INVALID_VALUE;
+  unsigned long long span = fk_rows_span(row, height, height > 1 ? pitch : row);
+  if (!fk_device_range(dst, span, fk_ctxs[ctx].device)) return FK_INVALID_VALUE;
   unsigned long long seq = fk_queue(clock);
-  fk_use(clock, seq, dst, size, FK_WRITE, what);
-  fk_effect_add(clock, seq, EF_SET, dst, 0, size, value, width, NULL);
+  fk_use(clock, seq, dst, span, FK_WRITE, what);
+  fk_effect_add(clock, seq, EF_SET, dst, 0, row, value, width, NULL);
+  fk_effect_rows(height, height > 1 ? pitch : row, 0);
   fk_progress();
   if (wait == FK_SYNC_FULL) {
     fk_cpu_wait();
     fk_force(clock, seq, 0);
   }
   return FK_OK;
+}
+
+/* A memset of `count` elements of `width` bytes (1, 2, 4) to `value` at device memory
+ * `dst` on `clock`; see fk_memset_2d. */
+FK_FN int fk_memset(int ctx, int clock, unsigned long long dst, unsigned value, int width,
+                    unsigned long long count, int wait, const char *what) {
+  return fk_memset_2d(ctx, clock, dst, 0, value, width, count, 1, wait, what);
 }
 
 /* ---- The guard over pinned memory a copy has yet to write -------------------------------- */
@@ -663,7 +729,7 @@ FK_FN void fk_memory_reset(void) {
   for (int i = 0; i < fk_regions_high; i++) {
     struct fk_region *r = &fk_regions[i];
     if (r->span && (r->kind == R_PLAIN || r->kind == R_HOST || r->kind == R_MANAGED ||
-                    r->kind == R_POOL))
+                    r->kind == R_POOL || r->kind == R_MODULE))
       munmap((void *)(uintptr_t)r->va, r->span);
   }
   memset(fk_regions, 0, sizeof fk_regions);

@@ -31,16 +31,30 @@
 
 #define FK_MAX_MODULES 256
 #define FK_MAX_NAMES 64
+#define FK_MAX_GLOBALS 64
 #define FK_MAX_FUNCTIONS 4096
 #define FK_MAX_MODELS 256
 #define FK_MAX_MODEL_ACCESSES 8
+#define FK_MAX_IMAGE (256ULL << 20) /* the most bytes of an image or file the fake reads */
+#define FK_MAX_GLOBAL (1ULL << 30)  /* the largest global variable the fake allocates */
 #define FK_MODULE_BASE 0xae0000000000ULL
 #define FK_FUNCTION_BASE 0xbe0000000000ULL
 
+/* What a function reports of itself (cuFuncGetAttribute, hipFuncGetAttributes): the fake
+ * compiles nothing, so every function is a small kernel — no static shared, constant or local
+ * memory, FK_FN_REGS registers a thread. */
+#define FK_FN_REGS 32
+
+struct fk_global {
+  char name[64];
+  unsigned long long va, size;
+};
+
 struct fk_module {
   unsigned long long serial; /* 0: a free slot */
-  int ctx, any_name, n_names;
+  int ctx, any_name, n_names, n_globals;
   char names[FK_MAX_NAMES][64];
+  struct fk_global globals[FK_MAX_GLOBALS];
 };
 static struct fk_module fk_modules[FK_MAX_MODULES];
 static unsigned long long fk_next_module = 1;
@@ -49,6 +63,9 @@ struct fk_function {
   unsigned long long serial; /* 0: a free slot */
   int module;
   char name[64];
+  /* Set by cuFuncSetAttribute / hipFuncSetAttribute (-1: the device's default) and
+   * cuFuncSetCacheConfig / hipFuncSetCacheConfig. */
+  int max_dynamic_shared, carveout, cache_config;
 };
 static struct fk_function fk_functions[FK_MAX_FUNCTIONS];
 static unsigned long long fk_next_function = 1;
@@ -71,29 +88,251 @@ struct fk_model {
 static struct fk_model fk_models[FK_MAX_MODELS];
 static int fk_n_models;
 
-/* ---- Modules ------------------------------------------------------------------------ */
+/* ---- Reading images -------------------------------------------------------------------- */
 
-/* The `.entry` names of PTX text into `m`; 0 when `text` is no PTX. */
-FK_FN int fk_ptx_names(const char *text, struct fk_module *m) {
-  if (!strstr(text, ".version") && !strstr(text, ".entry")) return 0;
-  for (const char *at = strstr(text, ".entry"); at; at = strstr(at + 6, ".entry")) {
-    const char *p = at + 6;
-    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
-    size_t len = 0;
-    while (p[len] && (p[len] == '_' || p[len] == '$' || (p[len] >= '0' && p[len] <= '9') ||
-                      (p[len] >= 'a' && p[len] <= 'z') || (p[len] >= 'A' && p[len] <= 'Z')))
-      len++;
-    if (len && len < 64 && m->n_names < FK_MAX_NAMES) {
-      memcpy(m->names[m->n_names], p, len);
-      m->names[m->n_names][len] = 0;
-      m->n_names++;
+FK_FN int fk_ident_char(char c) {
+  return c == '_' || c == '$' || c == '.' || (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') ||
+         (c >= 'A' && c <= 'Z');
+}
+
+FK_FN void fk_module_add_name(struct fk_module *m, const char *name, size_t len) {
+  if (!len || len >= 64 || m->n_names == FK_MAX_NAMES) return;
+  for (int i = 0; i < m->n_names; i++)
+    if (strlen(m->names[i]) == len && !memcmp(m->names[i], name, len)) return;
+  memcpy(m->names[m->n_names], name, len);
+  m->names[m->n_names][len] = 0;
+  m->n_names++;
+}
+
+FK_FN void fk_module_add_global(struct fk_module *m, const char *name, size_t len,
+                                unsigned long long size) {
+  if (!len || len >= 64 || !size || m->n_globals == FK_MAX_GLOBALS) return;
+  for (int i = 0; i < m->n_globals; i++)
+    if (strlen(m->globals[i].name) == len && !memcmp(m->globals[i].name, name, len)) return;
+  struct fk_global *g = &m->globals[m->n_globals++];
+  memcpy(g->name, name, len);
+  g->name[len] = 0;
+  g->size = size;
+  g->va = 0;
+}
+
+/* The size of a PTX fundamental type (.b8 ... .f64, .pred), 0 for one the fake does not know. */
+FK_FN unsigned long long fk_ptx_type_size(const char *t, size_t len) {
+  static const struct {
+    const char *name;
+    unsigned long long size;
+  } types[] = {{".b8", 1},  {".u8", 1},  {".s8", 1},  {".b16", 2}, {".u16", 2}, {".s16", 2},
+               {".f16", 2}, {".bf16", 2}, {".b32", 4}, {".u32", 4}, {".s32", 4}, {".f32", 4},
+               {".b64", 8}, {".u64", 8}, {".s64", 8}, {".f64", 8}, {".pred", 1},
+               {".f16x2", 4}, {".b128", 16}};
+  for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+    if (strlen(types[i].name) == len && !memcmp(types[i].name, t, len)) return types[i].size;
+  return 0;
+}
+
+/* The `.entry` names and the module-scope `.global` / `.const` variables of PTX text into `m`
+ * (a variable's size: its type's times its array extents; initialisers are not read, a
+ * variable starts zeroed); 0 when `text` is no PTX. Reads at most FK_MAX_IMAGE bytes. */
+FK_FN int fk_ptx_read(const char *text, struct fk_module *m) {
+  size_t n = strnlen(text, (size_t)FK_MAX_IMAGE);
+  if (!memmem(text, n, ".version", 8) && !memmem(text, n, ".entry", 6)) return 0;
+  int depth = 0; /* braces: a variable is module-scope at depth 0 */
+  for (size_t i = 0; i < n; i++) {
+    char c = text[i];
+    if (c == '/' && i + 1 < n && text[i + 1] == '/') { /* a line comment */
+      while (i < n && text[i] != '\n') i++;
+      continue;
     }
+    if (c == '{') depth++;
+    if (c == '}' && depth > 0) depth--;
+    if (c != '.' || (i > 0 && fk_ident_char(text[i - 1]))) continue;
+    const char *at = text + i;
+    if (!strncmp(at, ".entry", 6) && !fk_ident_char(at[6])) {
+      const char *p = at + 6;
+      while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
+      size_t len = 0;
+      while (p[len] && p[len] != '.' && fk_ident_char(p[len])) len++;
+      fk_module_add_name(m, p, len);
+      continue;
+    }
+    int is_global = !strncmp(at, ".global", 7) && !fk_ident_char(at[7]);
+    int is_const = !strncmp(at, ".const", 6) && !fk_ident_char(at[6]);
+    if (depth || (!is_global && !is_const)) continue;
+    /* .global [.align N] .type name[a][b]... [= {...}] ; */
+    const char *p = at + (is_global ? 7 : 6);
+    unsigned long long size = 0;
+    for (;;) {
+      while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
+      if (*p != '.') break;
+      size_t len = 1;
+      while (fk_ident_char(p[len]) && p[len] != '.') len++;
+      if (len == 6 && !strncmp(p, ".align", 6)) {
+        p += len;
+        while (*p == ' ' || *p == '\t') p++;
+        while (*p >= '0' && *p <= '9') p++;
+        continue;
+      }
+      if (len == 2 && !strncmp(p, ".v", 2)) break;
+      unsigned long long t = fk_ptx_type_size(p, len);
+      if (len == 3 && (!strncmp(p, ".v2", 3) || !strncmp(p, ".v4", 3) || !strncmp(p, ".v8", 3))) {
+        unsigned long long lanes = (unsigned long long)(p[2] - '0');
+        p += len;
+        while (*p == ' ' || *p == '\t') p++;
+        size_t tl = 1;
+        while (fk_ident_char(p[tl]) && p[tl] != '.') tl++;
+        t = lanes * fk_ptx_type_size(p, tl);
+        len = tl;
+      }
+      if (!t) break; /* .texref, .surfref, .samplerref, an unknown type: not a variable */
+      size = t;
+      p += len;
+    }
+    if (!size) continue;
+    size_t len = 0;
+    while (fk_ident_char(p[len]) && p[len] != '.') len++;
+    const char *name = p;
+    p += len;
+    while (*p == '[') {
+      char *end;
+      unsigned long long extent = strtoull(p + 1, &end, 10);
+      if (*end != ']' || !extent || size > FK_MAX_GLOBAL / extent) {
+        size = 0;
+        break;
+      }
+      size *= extent;
+      p = end + 1;
+    }
+    if (size) fk_module_add_global(m, name, len, size);
   }
   return 1;
 }
 
+static unsigned long long fk_le(const unsigned char *p, int bytes) {
+  unsigned long long v = 0;
+  for (int i = bytes - 1; i >= 0; i--) v = v << 8 | p[i];
+  return v;
+}
+
+/* The symbols of a 64-bit little-endian ELF object at `b`, of at most `limit` bytes, into
+ * `m`: functions (STT_FUNC, and AMD's STT_AMDGPU_HSA_KERNEL) as names, objects (STT_OBJECT,
+ * sized) as globals; local symbols are skipped. 0 when there is no symbol table the fake can
+ * read within `limit`. */
+FK_FN int fk_elf_read(const unsigned char *b, unsigned long long limit, struct fk_module *m) {
+  if (limit < 64 || memcmp(b, "\x7f" "ELF", 4) || b[4] != 2 /* 64-bit */ || b[5] != 1 /* LE */)
+    return 0;
+  unsigned long long shoff = fk_le(b + 0x28, 8), shentsize = fk_le(b + 0x3a, 2),
+                     shnum = fk_le(b + 0x3c, 2);
+  if (shentsize < 64 || !shnum || shoff > limit || shnum * shentsize > limit - shoff) return 0;
+  int found = 0;
+  for (unsigned long long i = 0; i < shnum; i++) {
+    const unsigned char *sh = b + shoff + i * shentsize;
+    if (fk_le(sh + 4, 4) != 2 /* SHT_SYMTAB */) continue;
+    unsigned long long off = fk_le(sh + 0x18, 8), size = fk_le(sh + 0x20, 8),
+                       link = fk_le(sh + 0x28, 4), entsize = fk_le(sh + 0x38, 8);
+    if (entsize < 24 || off > limit || size > limit - off || link >= shnum) continue;
+    const unsigned char *strsh = b + shoff + link * shentsize;
+    unsigned long long str_off = fk_le(strsh + 0x18, 8), str_size = fk_le(strsh + 0x20, 8);
+    if (str_off > limit || str_size > limit - str_off) continue;
+    const char *strings = (const char *)b + str_off;
+    found = 1;
+    for (unsigned long long at = 0; at + entsize <= size; at += entsize) {
+      const unsigned char *sym = b + off + at;
+      unsigned long long name = fk_le(sym, 4);
+      int type = sym[4] & 0xf, bind = sym[4] >> 4;
+      unsigned long long sym_size = fk_le(sym + 16, 8);
+      if (bind == 0 /* STB_LOCAL */ || name >= str_size) continue;
+      size_t len = strnlen(strings + name, (size_t)(str_size - name));
+      if (len == str_size - name) continue; /* not terminated inside the table */
+      if (type == 2 /* STT_FUNC */ || type == 10 /* STT_AMDGPU_HSA_KERNEL */)
+        fk_module_add_name(m, strings + name, len);
+      else if (type == 1 /* STT_OBJECT */ && sym_size && sym_size <= FK_MAX_GLOBAL)
+        fk_module_add_global(m, strings + name, len, sym_size);
+    }
+  }
+  return found;
+}
+
+/* The ELF objects inside a CUDA fatbin (header: magic, version, header size, size of what
+ * follows) or a clang offload bundle (entries of offset, size, target), each read as
+ * fk_elf_read reads one; how many were read. A fatbin's entries are found by the ELF magic
+ * at 8-byte boundaries (compressed entries are not read). */
+FK_FN int fk_container_read(const unsigned char *b, struct fk_module *m) {
+  static const unsigned char fatbin[4] = {0x50, 0xed, 0x55, 0xba};
+  int read = 0;
+  if (!memcmp(b, fatbin, 4)) {
+    unsigned long long header = fk_le(b + 6, 2), size = fk_le(b + 8, 8);
+    if (header < 16 || size > FK_MAX_IMAGE) return 0;
+    unsigned long long end = header + size;
+    for (unsigned long long at = header; at + 64 <= end; at += 8)
+      if (!memcmp(b + at, "\x7f" "ELF", 4)) read += fk_elf_read(b + at, end - at, m);
+    return read;
+  }
+  if (!memcmp(b, "__CLANG_OFFLOAD_BUNDLE__", 24)) {
+    unsigned long long n = fk_le(b + 24, 8), at = 32;
+    for (unsigned long long i = 0; i < n && i < 64; i++) {
+      unsigned long long off = fk_le(b + at, 8), size = fk_le(b + at + 8, 8),
+                         id = fk_le(b + at + 16, 8);
+      if (id > 4096 || off > FK_MAX_IMAGE || size > FK_MAX_IMAGE) return read;
+      at += 24 + id;
+      if (size >= 64) read += fk_elf_read(b + off, size, m);
+    }
+  }
+  return read;
+}
+
+/* ---- Modules ------------------------------------------------------------------------ */
+
+/* Gives back the memory of module `slot`'s globals. */
+FK_FN void fk_module_globals_free(int slot) {
+  struct fk_module *m = &fk_modules[slot];
+  for (int i = 0; i < m->n_globals; i++) {
+    struct fk_global *g = &m->globals[i];
+    struct fk_region *r = g->va ? fk_region_find(R_MODULE, g->va) : NULL;
+    if (r) {
+      fk_check_unused(r->va, r->size, "a module's unload");
+      munmap((void *)(uintptr_t)r->va, r->span);
+      fk_uncharge(r->device, r->charge);
+      fk_region_drop(r);
+    }
+    g->va = 0;
+  }
+}
+
+/* Device memory for module `slot`'s globals, charged to its context's device and zeroed. */
+FK_FN int fk_module_globals_alloc(int slot) {
+  struct fk_module *m = &fk_modules[slot];
+  int device = fk_ctxs[m->ctx].device;
+  for (int i = 0; i < m->n_globals; i++) {
+    struct fk_global *g = &m->globals[i];
+    unsigned long long charge = fk_round_up(g->size, 256), span = fk_round_up(g->size, fk_page());
+    if (!fk_charge(device, charge)) {
+      fk_module_globals_free(slot);
+      return FK_OUT_OF_MEMORY;
+    }
+    void *p = fk_map_anonymous(span);
+    struct fk_region *r =
+        p ? fk_region_add(R_MODULE, (unsigned long long)(uintptr_t)p, g->size, device) : NULL;
+    if (!r) {
+      if (p) munmap(p, span);
+      fk_uncharge(device, charge);
+      fk_module_globals_free(slot);
+      return FK_OUT_OF_MEMORY;
+    }
+    r->ctx = m->ctx;
+    r->pool = slot;
+    r->charge = charge;
+    r->span = span;
+    g->va = r->va;
+  }
+  return FK_OK;
+}
+
 /* Loads a module for context `ctx` from `image`: its handle, or 0 with `*code` set
- * (FK_INVALID_VALUE for NULL, FK_INVALID_IMAGE for bytes that are no image). */
+ * (FK_INVALID_VALUE for NULL, FK_INVALID_IMAGE for bytes that are no image, FK_OUT_OF_MEMORY
+ * when its globals do not fit). PTX text names its kernels (`.entry`) and globals; an ELF
+ * object, a fatbin or an offload bundle names them in its symbol tables; a binary image
+ * without one the fake can read (a stand-in: the magic bytes and nothing else) takes any
+ * function name and has no globals. */
 FK_FN unsigned long long fk_module_load(int ctx, const void *image, int *code) {
   *code = FK_INVALID_VALUE;
   if (!image) return 0;
@@ -106,17 +345,53 @@ FK_FN unsigned long long fk_module_load(int ctx, const void *image, int *code) {
   struct fk_module *m = &fk_modules[slot];
   memset(m, 0, sizeof *m);
   static const unsigned char fatbin[4] = {0x50, 0xed, 0x55, 0xba};
-  if (!memcmp(b, "\x7f" "ELF", 4) || !memcmp(b, fatbin, 4) ||
-      !memcmp(b, "__CLANG_OFFLOAD_BUNDLE__", 24)) {
-    m->any_name = 1;
-  } else if (!fk_ptx_names((const char *)image, m)) {
+  if (!memcmp(b, "\x7f" "ELF", 4)) {
+    /* The object's size is not passed: its section headers say where it ends. */
+    m->any_name = !fk_elf_read(b, FK_MAX_IMAGE, m) || !m->n_names;
+  } else if (!memcmp(b, fatbin, 4) || !memcmp(b, "__CLANG_OFFLOAD_BUNDLE__", 24)) {
+    m->any_name = !fk_container_read(b, m) || !m->n_names;
+  } else if (!fk_ptx_read((const char *)image, m)) {
     *code = FK_INVALID_IMAGE;
     return 0;
   }
   m->serial = fk_next_module++;
   m->ctx = ctx;
-  *code = FK_OK;
+  *code = fk_module_globals_alloc(slot);
+  if (*code != FK_OK) {
+    m->serial = 0;
+    return 0;
+  }
   return FK_MODULE_BASE + 16 * m->serial;
+}
+
+/* The bytes of file `path` (NUL-terminated, at most FK_MAX_IMAGE): a malloc'd buffer the
+ * caller frees, or NULL with `*code` FK_NOT_FOUND (no such file) or FK_OUT_OF_MEMORY. */
+FK_FN char *fk_read_file(const char *path, int *code) {
+  FILE *f = fopen(path, "rb");
+  *code = FK_NOT_FOUND;
+  if (!f) return NULL;
+  *code = FK_OUT_OF_MEMORY;
+  char *bytes = NULL;
+  size_t n = 0, cap = 0;
+  for (;;) {
+    if (n + 4097 > cap) {
+      cap = cap ? cap * 2 : 65536;
+      char *grown = cap > FK_MAX_IMAGE + 65536 ? NULL : realloc(bytes, cap);
+      if (!grown) {
+        free(bytes);
+        fclose(f);
+        return NULL;
+      }
+      bytes = grown;
+    }
+    size_t got = fread(bytes + n, 1, 4096, f);
+    n += got;
+    if (got < 4096) break;
+  }
+  fclose(f);
+  bytes[n] = 0;
+  *code = FK_OK;
+  return bytes;
 }
 
 FK_FN int fk_module_of(unsigned long long handle) {
@@ -125,14 +400,32 @@ FK_FN int fk_module_of(unsigned long long handle) {
   return -1;
 }
 
-/* Unloads a module: its functions are gone (launches already queued run on). */
+/* Unloads a module: its functions and globals are gone (launches already queued run on; one
+ * still using a global is a hazard). */
 FK_FN int fk_module_unload(unsigned long long handle) {
   int slot = fk_module_of(handle);
   if (slot < 0) return FK_INVALID_HANDLE;
   for (int i = 0; i < FK_MAX_FUNCTIONS; i++)
     if (fk_functions[i].serial && fk_functions[i].module == slot) fk_functions[i].serial = 0;
+  fk_module_globals_free(slot);
   fk_modules[slot].serial = 0;
   return FK_OK;
+}
+
+/* Global `name` of module `handle`: FK_OK with its address and size, FK_INVALID_HANDLE for
+ * no such module, FK_NOT_FOUND for no such global. */
+FK_FN int fk_module_global(unsigned long long handle, const char *name, unsigned long long *va,
+                           unsigned long long *size) {
+  int slot = fk_module_of(handle);
+  if (slot < 0) return FK_INVALID_HANDLE;
+  const struct fk_module *m = &fk_modules[slot];
+  for (int i = 0; i < m->n_globals; i++)
+    if (!strcmp(m->globals[i].name, name)) {
+      *va = m->globals[i].va;
+      *size = m->globals[i].size;
+      return FK_OK;
+    }
+  return FK_NOT_FOUND;
 }
 
 /* Function `name` of module `handle`: its handle, or 0 with `*code` set. */
@@ -156,8 +449,11 @@ FK_FN unsigned long long fk_function_get(unsigned long long handle, const char *
   for (int i = 0; i < FK_MAX_FUNCTIONS; i++) {
     struct fk_function *f = &fk_functions[i];
     if (f->serial) continue;
+    memset(f, 0, sizeof *f);
     f->serial = fk_next_function++;
     f->module = slot;
+    f->max_dynamic_shared = -1;
+    f->carveout = -1;
     snprintf(f->name, sizeof f->name, "%s", name);
     *code = FK_OK;
     return FK_FUNCTION_BASE + 16 * f->serial;
@@ -172,6 +468,56 @@ FK_FN struct fk_function *fk_function_of(unsigned long long handle) {
   for (int i = 0; i < FK_MAX_FUNCTIONS; i++)
     if (fk_functions[i].serial == serial) return &fk_functions[i];
   return NULL;
+}
+
+/* ---- Occupancy ------------------------------------------------------------------------ */
+
+/* What a multiprocessor (a compute unit) holds, from the device's attributes. */
+struct fk_sm_limits {
+  int warp, max_threads_per_block, max_threads, max_blocks, regs, shared, sms;
+  unsigned long long max_dynamic; /* the function's dynamic shared memory limit */
+};
+
+/* Blocks of `block` threads, each with `dynamic` bytes of dynamic shared memory, that one
+ * multiprocessor runs at once: the fewest its threads, blocks, registers (FK_FN_REGS a
+ * thread, whole warps) and shared memory allow. 0 for a block the function cannot run (too
+ * many threads, more dynamic shared memory than its limit). As the
+ * vendors' occupancy calculators, without their allocation granularities. */
+FK_FN int fk_blocks_per_sm(const struct fk_sm_limits *l, int block, unsigned long long dynamic) {
+  if (block <= 0 || block > l->max_threads_per_block || l->warp <= 0 || dynamic > l->max_dynamic)
+    return 0;
+  long long threads = (long long)((block + l->warp - 1) / l->warp) * l->warp;
+  long long n = l->max_threads / threads;
+  if (n > l->max_blocks) n = l->max_blocks;
+  long long by_regs = l->regs / (threads * FK_FN_REGS);
+  if (by_regs < n) n = by_regs;
+  if (dynamic) {
+    long long by_shared = (long long)((unsigned long long)l->shared / dynamic);
+    if (by_shared < n) n = by_shared;
+  }
+  return n < 0 ? 0 : (int)n;
+}
+
+/* The block size that keeps the most threads of a multiprocessor busy (the largest among
+ * equals), at most `limit` threads (0: the device's most), with `dynamic(block)` bytes of
+ * dynamic shared memory a block (NULL: `fixed`); and the grid that fills every
+ * multiprocessor with it. */
+FK_FN void fk_best_block(const struct fk_sm_limits *l, int limit,
+                         unsigned long long (*dynamic)(int), unsigned long long fixed,
+                         int *grid, int *block) {
+  int best = 0, best_blocks = 0;
+  long long best_threads = 0;
+  if (limit <= 0 || limit > l->max_threads_per_block) limit = l->max_threads_per_block;
+  for (int b = limit; b > 0; b -= (b % l->warp) ? b % l->warp : l->warp) {
+    int n = fk_blocks_per_sm(l, b, dynamic ? dynamic(b) : fixed);
+    if ((long long)n * b > best_threads) {
+      best_threads = (long long)n * b;
+      best = b;
+      best_blocks = n;
+    }
+  }
+  *block = best;
+  *grid = best_blocks * l->sms;
 }
 
 /* ---- Kernel models -------------------------------------------------------------------- */
@@ -442,6 +788,44 @@ FAKE_EXPORT int fake_access(unsigned long long va, int device) {
 FK_FN void fk_modules_reset(void) {
   memset(fk_modules, 0, sizeof fk_modules);
   memset(fk_functions, 0, sizeof fk_functions);
+}
+
+/* ---- A context torn down (cuCtxDestroy, cuDevicePrimaryCtxReset, hipDeviceReset) -------- */
+
+/* Completes the work of context `c` (the driver waits for it), then destroys its streams,
+ * events and modules and frees its device memory (plain, managed, and the pools' blocks on
+ * its device when `pools`: every pool emptied, the created ones destroyed). */
+FK_FN void fk_ctx_clear(int c, int pools, const char *what) {
+  for (int k = 1; k < fk_n_clocks; k++)
+    if (fk_clocks[k].ctx == c) fk_force(k, ~0ULL, 0);
+  for (int i = 0; i < fk_streams_high; i++)
+    if (fk_streams[i].live && fk_streams[i].ctx == c) fk_stream_destroy(i);
+  for (int i = 0; i < FK_MAX_EVENTS; i++)
+    if (fk_events[i].serial && fk_events[i].ctx == c) fk_events[i].serial = 0;
+  for (int i = 0; i < FK_MAX_MODULES; i++)
+    if (fk_modules[i].serial && fk_modules[i].ctx == c)
+      fk_module_unload(FK_MODULE_BASE + 16 * fk_modules[i].serial);
+  for (int i = 0; i < fk_regions_high; i++) {
+    struct fk_region *r = &fk_regions[i];
+    if ((r->kind == R_PLAIN || r->kind == R_MANAGED) && r->ctx == c) fk_free(r->va, what);
+  }
+  if (!pools) return;
+  int device = fk_ctxs[c].device;
+  for (int p = 0; p < FK_MAX_POOLS; p++) {
+    struct fk_pool *x = &fk_pools[p];
+    if (!x->serial || x->device != device) continue;
+    for (int i = 0; i < fk_regions_high; i++) {
+      struct fk_region *b = &fk_regions[i];
+      if (b->kind != R_POOL || b->pool != p) continue;
+      if (b->in_use) x->stats.used -= b->size;
+      b->in_use = 0;
+      b->free_clock = 0;
+      b->free_seq = 0;
+      fk_pool_give_back(x, b);
+    }
+    if (!x->is_default) x->serial = 0;
+  }
+  fk_current_pool[device] = 0;
 }
 
 #endif /* FAKE_MODULES_H */

@@ -94,14 +94,22 @@ struct fk_access {
 static struct fk_access fk_accesses[FK_MAX_ACCESSES];
 static int fk_n_accesses;
 
-/* What a copy or memset does to the bytes, when its stream reaches it. */
+/* What a copy or memset does to the bytes, when its stream reaches it: `rows` rows of `size`
+ * bytes, row r at dst + r * dpitch (and src + r * spitch; a staged copy's rows lie packed in
+ * `staging`). A 1D copy is one row. */
 enum { EF_NONE, EF_COPY, EF_STAGED, EF_SET };
 struct fk_effect {
   int kind, clock, width;
-  unsigned long long seq, dst, src, size;
+  unsigned long long seq, dst, src, size, rows, dpitch, spitch;
   unsigned value;
   void *staging;
 };
+
+/* The bytes from the first row's start to the last row's end, on each side. */
+FK_FN unsigned long long fk_rows_span(unsigned long long width, unsigned long long rows,
+                                      unsigned long long pitch) {
+  return rows ? (rows - 1) * pitch + width : 0;
+}
 static struct fk_effect fk_effects[FK_MAX_EFFECTS];
 static int fk_n_effects;
 
@@ -461,8 +469,10 @@ FK_FN void fk_check_unused(unsigned long long va, unsigned long long size, const
   for (int i = 0; i < fk_n_effects; i++) {
     struct fk_effect *e = &fk_effects[i];
     if (e->kind == EF_NONE) continue;
-    int hits_dst = e->dst < va + size && va < e->dst + e->size;
-    int hits_src = e->kind == EF_COPY && e->src < va + size && va < e->src + e->size;
+    unsigned long long dst_span = fk_rows_span(e->size, e->rows, e->dpitch);
+    unsigned long long src_span = fk_rows_span(e->size, e->rows, e->spitch);
+    int hits_dst = e->dst < va + size && va < e->dst + dst_span;
+    int hits_src = e->kind == EF_COPY && e->src < va + size && va < e->src + src_span;
     if (hits_dst || hits_src) {
       free(e->staging);
       e->staging = NULL;
@@ -487,31 +497,45 @@ FK_FN void fk_check_handout(unsigned long long va, unsigned long long size, int 
   }
 }
 
+/* Whether an operation in flight uses any of [va, va + size). */
+FK_FN int fk_range_busy(unsigned long long va, unsigned long long size) {
+  for (int i = 0; i < fk_n_accesses; i++) {
+    const struct fk_access *a = &fk_accesses[i];
+    if (!fk_done(a->clock, a->seq) && a->va < va + size && va < a->va + a->size) return 1;
+  }
+  return 0;
+}
+
 /* ---- Effects -------------------------------------------------------------------------- */
 
 FK_FN void fk_effect_apply(struct fk_effect *e) {
   if (e->kind == EF_NONE) return;
-  int src_ok = e->kind != EF_COPY || fk_range_live(e->src, e->size, 0);
-  if (!fk_range_live(e->dst, e->size, 1) || !src_ok) {
+  unsigned long long dst_span = fk_rows_span(e->size, e->rows, e->dpitch);
+  unsigned long long src_span = fk_rows_span(e->size, e->rows, e->spitch);
+  int src_ok = e->kind != EF_COPY || fk_range_live(e->src, src_span, 0);
+  if (!fk_range_live(e->dst, dst_span, 1) || !src_ok) {
     char name[96];
     fk_hazard("a %s of [%#llx, %#llx) on %s reached memory no longer there",
-              e->kind == EF_SET ? "memset" : "copy", e->dst, e->dst + e->size,
+              e->kind == EF_SET ? "memset" : "copy", e->dst, e->dst + dst_span,
               fk_clock_name(e->clock, name, sizeof name));
   } else {
-    fk_guard_lift(e->dst, e->size);
-    if (e->kind == EF_COPY) {
-      fk_guard_lift(e->src, e->size);
-      fk_move(e->dst, e->src, e->size);
-    } else if (e->kind == EF_STAGED) {
-      memcpy((void *)(uintptr_t)e->dst, e->staging, e->size);
-    } else if (e->value == 0) {
-      fk_move(e->dst, 0, e->size);
-    } else if (e->width == 1) {
-      memset((void *)(uintptr_t)e->dst, (int)(e->value & 0xff), e->size);
-    } else {
-      unsigned char *p = (unsigned char *)(uintptr_t)e->dst;
-      for (unsigned long long at = 0; at + (unsigned long long)e->width <= e->size; at += e->width)
-        memcpy(p + at, &e->value, (size_t)e->width); /* little-endian: the low bytes */
+    fk_guard_lift(e->dst, dst_span);
+    if (e->kind == EF_COPY) fk_guard_lift(e->src, src_span);
+    for (unsigned long long r = 0; r < e->rows; r++) {
+      unsigned long long dst = e->dst + r * e->dpitch;
+      if (e->kind == EF_COPY) {
+        fk_move(dst, e->src + r * e->spitch, e->size);
+      } else if (e->kind == EF_STAGED) {
+        memcpy((void *)(uintptr_t)dst, (const char *)e->staging + r * e->size, e->size);
+      } else if (e->value == 0) {
+        fk_move(dst, 0, e->size);
+      } else if (e->width == 1) {
+        memset((void *)(uintptr_t)dst, (int)(e->value & 0xff), e->size);
+      } else {
+        unsigned char *p = (unsigned char *)(uintptr_t)dst;
+        for (unsigned long long at = 0; at + (unsigned long long)e->width <= e->size; at += e->width)
+          memcpy(p + at, &e->value, (size_t)e->width); /* little-endian: the low bytes */
+      }
     }
   }
   free(e->staging);
@@ -531,7 +555,8 @@ static void fk_apply_effects(void) {
   fk_guards_settle();
 }
 
-/* Queues the effect of operation `seq` of `clock` (applied when the clock reaches it). */
+/* Queues the effect of operation `seq` of `clock` (applied when the clock reaches it): one
+ * row; fk_effect_rows makes it `rows` rows. */
 FK_FN void fk_effect_add(int clock, unsigned long long seq, int kind, unsigned long long dst,
                          unsigned long long src, unsigned long long size, unsigned value,
                          int width, void *staging) {
@@ -547,6 +572,17 @@ FK_FN void fk_effect_add(int clock, unsigned long long seq, int kind, unsigned l
   e->value = value;
   e->width = width;
   e->staging = staging;
+  e->rows = 1;
+  e->dpitch = e->spitch = size;
+}
+
+/* The last effect queued becomes `rows` rows at the pitches given. */
+FK_FN void fk_effect_rows(unsigned long long rows, unsigned long long dpitch,
+                          unsigned long long spitch) {
+  struct fk_effect *e = &fk_effects[fk_n_effects - 1];
+  e->rows = rows;
+  e->dpitch = dpitch;
+  e->spitch = spitch;
 }
 
 /* ---- Streams -------------------------------------------------------------------------- */

@@ -147,6 +147,18 @@ static void cu_apply_model(void) {
   }
 }
 
+/* A context's state as made: CUlimit defaults (CU_LIMIT_STACK_SIZE 1024 bytes, PRINTF_FIFO_SIZE
+ * 1 MiB, MALLOC_HEAP_SIZE 8 MiB, DEV_RUNTIME_SYNC_DEPTH 2 and DEV_RUNTIME_PENDING_LAUNCH_COUNT
+ * 2048 as the Programming Guide and cuda.h give them; the two L2 hints 0: none given), no cache
+ * or shared-memory preference, a new id. */
+static void cu_ctx_defaults(int c) {
+  static const unsigned long long limits[FK_MAX_LIMITS] = {1024, 1 << 20, 8 << 20, 2, 2048, 0, 0};
+  memcpy(fk_ctxs[c].limits, limits, sizeof limits);
+  fk_ctxs[c].cache_config = 0;
+  fk_ctxs[c].shared_config = 0;
+  fk_ctxs[c].id = fk_next_ctx_id++;
+}
+
 static void fk_face_defaults(void) {
   fk_n_devices = (int)env_u64("FAKECUDA_DEVICES", 1);
 #ifdef FAKECUDA_NO_PEER
@@ -168,6 +180,7 @@ static void fk_face_defaults(void) {
   for (size_t i = 0; i < sizeof cu_models / sizeof cu_models[0]; i++)
     if (!strcmp(cu_models[i].key, model)) cu_model = &cu_models[i];
   cu_apply_model();
+  for (int d = 0; d < FK_MAX_DEVICES; d++) cu_ctx_defaults(d);
 #ifdef FAKECUDA_NO_PEER
   for (int a = 0; a < FK_MAX_DEVICES; a++)
     for (int b = 0; b < FK_MAX_DEVICES; b++) fk_peer_denied[a][b] = 1;
@@ -186,7 +199,9 @@ static const struct fake_error cu_errors[] = {
     {101, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
     {200, "CUDA_ERROR_INVALID_IMAGE", "device kernel image is invalid"},
     {201, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
+    {215, "CUDA_ERROR_UNSUPPORTED_LIMIT", "limit is not supported on this architecture"},
     {217, "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED", "peer access is not supported between these two devices"},
+    {301, "CUDA_ERROR_FILE_NOT_FOUND", "file not found"},
     {400, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
     {500, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
     {600, "CUDA_ERROR_NOT_READY", "device not ready"},
@@ -194,10 +209,12 @@ static const struct fake_error cu_errors[] = {
     {701, "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", "too many resources requested for launch"},
     {704, "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED", "peer access is already enabled"},
     {705, "CUDA_ERROR_PEER_ACCESS_NOT_ENABLED", "peer access has not been enabled"},
+    {708, "CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE", "primary context active"},
     {709, "CUDA_ERROR_CONTEXT_IS_DESTROYED", "context is destroyed"},
     {712, "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED", "part or all of the requested memory range is already mapped"},
     {713, "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED", "pointer does not correspond to a registered memory region"},
     {719, "CUDA_ERROR_LAUNCH_FAILED", "unspecified launch failure"},
+    {720, "CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE", "too many blocks in cooperative launch"},
     {800, "CUDA_ERROR_NOT_PERMITTED", "operation not permitted"},
     {801, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
     {999, "CUDA_ERROR_UNKNOWN", "unknown error"},
@@ -474,10 +491,12 @@ static CUresult primary_release(CUdevice dev) {
   fk_ctxs[dev].refcount--;
   return CUDA_SUCCESS;
 }
+#ifndef FAKECUDA_OLD /* CUDA 11 and later */
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
   ENTER("cuDevicePrimaryCtxRelease_v2");
   RETURN(primary_release(dev));
 }
+#endif
 CUresult cuDevicePrimaryCtxRelease(CUdevice dev) {
   ENTER("cuDevicePrimaryCtxRelease");
   RETURN(primary_release(dev));
@@ -493,10 +512,16 @@ CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *acti
   RETURN(CUDA_SUCCESS);
 }
 
+/* Context flags (CU_CTX_FLAGS_MASK) with at most one scheduling flag. */
+static int cu_flags_ok(unsigned flags) {
+  unsigned sched = flags & 7u;
+  return !(flags & ~0xffu) && (sched == 0 || sched == 1 || sched == 2 || sched == 4);
+}
+
 static CUresult ctx_create(CUcontext *pctx, unsigned flags, CUdevice dev) {
   CHECK_INIT();
   CHECK_DEVICE(dev);
-  if (!pctx || flags > 0x1f) return FK_INVALID_VALUE;
+  if (!pctx || !cu_flags_ok(flags)) return FK_INVALID_VALUE;
   for (int c = FK_MAX_DEVICES; c < FK_MAX_CTX; c++) {
     struct fk_ctx *x = &fk_ctxs[c];
     if (x->live) continue;
@@ -505,6 +530,7 @@ static CUresult ctx_create(CUcontext *pctx, unsigned flags, CUdevice dev) {
     x->device = dev;
     x->refcount = 1;
     x->flags = flags;
+    cu_ctx_defaults(c);
     if (fk_t_depth < (int)(sizeof fk_t_stack / sizeof fk_t_stack[0])) fk_t_stack[fk_t_depth++] = c;
     *pctx = x;
     return CUDA_SUCCESS;
@@ -524,19 +550,7 @@ static CUresult ctx_destroy(CUcontext ctx) {
   int c = cu_ctx_index(ctx);
   if (c < 0 || !fk_ctxs[c].live || fk_ctxs[c].primary) return FK_INVALID_CONTEXT;
   /* Its work completes first (the driver waits for it). */
-  for (int k = 1; k < fk_n_clocks; k++)
-    if (fk_clocks[k].ctx == c) fk_force(k, ~0ULL, 0);
-  for (int i = 0; i < fk_streams_high; i++)
-    if (fk_streams[i].live && fk_streams[i].ctx == c) fk_stream_destroy(i);
-  for (int i = 0; i < FK_MAX_EVENTS; i++)
-    if (fk_events[i].serial && fk_events[i].ctx == c) fk_events[i].serial = 0;
-  for (int i = 0; i < FK_MAX_MODULES; i++)
-    if (fk_modules[i].serial && fk_modules[i].ctx == c)
-      fk_module_unload(FK_MODULE_BASE + 16 * fk_modules[i].serial);
-  for (int i = 0; i < fk_regions_high; i++) {
-    struct fk_region *r = &fk_regions[i];
-    if ((r->kind == R_PLAIN || r->kind == R_MANAGED) && r->ctx == c) fk_free(r->va, "cuCtxDestroy_v2");
-  }
+  fk_ctx_clear(c, 0, "cuCtxDestroy_v2");
   fk_ctxs[c].live = 0;
   fk_ctxs[c].legacy_clock = 0;
   if (fk_current_ctx() == c) fk_t_depth--;
@@ -654,6 +668,187 @@ CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest) {
   RETURN(priority_range(least, greatest));
 }
 
+/* Limits (cuCtxSetLimit): the driver "is free to modify the requested value"; the fake keeps
+ * it, except the two L2 hints, clamped (to 128 bytes, to the device's persisting L2 size). A
+ * limit the device or the version has not: CUDA_ERROR_UNSUPPORTED_LIMIT. */
+#define CUDA_ERROR_UNSUPPORTED_LIMIT 215
+static int limit_supported(int ctx, unsigned limit, int setting) {
+  if (limit == 3 && setting && cu_attributes[fk_ctxs[ctx].device][75] >= 9) return 0;
+  if (limit == 5) return cu_version >= 10000;
+  if (limit == 6) return cu_version >= 11000;
+  return limit <= 4;
+}
+static CUresult ctx_limit(size_t *get, unsigned limit, size_t set) {
+  CHECK_CTX(ctx);
+  if (limit >= FK_MAX_LIMITS) return FK_INVALID_VALUE; /* CU_LIMIT_MAX */
+  if (!limit_supported(ctx, limit, !get)) return CUDA_ERROR_UNSUPPORTED_LIMIT;
+  if (get) {
+    *get = fk_ctxs[ctx].limits[limit];
+    return CUDA_SUCCESS;
+  }
+  unsigned long long persisting = (unsigned long long)cu_attributes[fk_ctxs[ctx].device][108];
+  if (limit == 5 && set > 128) set = 128;
+  if (limit == 6 && set > persisting) set = persisting;
+  /* "Setting this value will take effect immediately, and if necessary, the device will
+   * block until all preceding requested tasks are complete." */
+  if (limit == 0) cu_sync_device(fk_ctxs[ctx].device);
+  fk_ctxs[ctx].limits[limit] = set;
+  return CUDA_SUCCESS;
+}
+CUresult cuCtxGetLimit(size_t *value, unsigned int limit) {
+  ENTER("cuCtxGetLimit");
+  RETURN(value ? ctx_limit(value, limit, 0) : FK_INVALID_VALUE);
+}
+CUresult cuCtxSetLimit(unsigned int limit, size_t value) {
+  ENTER("cuCtxSetLimit");
+  RETURN(ctx_limit(NULL, limit, value));
+}
+
+/* CUfunc_cache (0 ... 3) and CUsharedconfig (0 ... 2): kept, with no other effect. */
+static CUresult ctx_config(int *get, int set, int shared) {
+  CHECK_CTX(ctx);
+  int *slot = shared ? &fk_ctxs[ctx].shared_config : &fk_ctxs[ctx].cache_config;
+  if (get) {
+    *get = *slot;
+    return CUDA_SUCCESS;
+  }
+  if (set < 0 || set > (shared ? 2 : 3)) return FK_INVALID_VALUE;
+  *slot = set;
+  return CUDA_SUCCESS;
+}
+CUresult cuCtxGetCacheConfig(int *config) {
+  ENTER("cuCtxGetCacheConfig");
+  RETURN(config ? ctx_config(config, 0, 0) : FK_INVALID_VALUE);
+}
+CUresult cuCtxSetCacheConfig(int config) {
+  ENTER("cuCtxSetCacheConfig");
+  RETURN(ctx_config(NULL, config, 0));
+}
+CUresult cuCtxGetSharedMemConfig(int *config) {
+  ENTER("cuCtxGetSharedMemConfig");
+  RETURN(config ? ctx_config(config, 0, 1) : FK_INVALID_VALUE);
+}
+CUresult cuCtxSetSharedMemConfig(int config) {
+  ENTER("cuCtxSetSharedMemConfig");
+  RETURN(ctx_config(NULL, config, 1));
+}
+
+/* The current context's flags, overwritten (CU_CTX_SYNC_MEMOPS makes its synchronous copies
+ * synchronise, see fk_copy_2d). */
+FK_FN CUresult ctx_set_flags(unsigned flags) {
+  CHECK_CTX(ctx);
+  if (!cu_flags_ok(flags)) return FK_INVALID_VALUE;
+  fk_ctxs[ctx].flags = flags;
+  return CUDA_SUCCESS;
+}
+#ifndef FAKECUDA_OLD /* CUDA 11 and later */
+CUresult cuCtxSetFlags(unsigned int flags) {
+  ENTER("cuCtxSetFlags");
+  RETURN(ctx_set_flags(flags));
+}
+#endif
+
+/* "If context is supplied as NULL and there is one current, the Id of the current context
+ * is returned." */
+FK_FN CUresult ctx_id(CUcontext ctx, unsigned long long *id) {
+  CHECK_INIT();
+  int c = ctx ? cu_ctx_index(ctx) : cu_current();
+  if (c < 0 || !fk_ctxs[c].live) return FK_INVALID_CONTEXT;
+  if (!id) return FK_INVALID_VALUE;
+  *id = fk_ctxs[c].id;
+  return CUDA_SUCCESS;
+}
+#ifndef FAKECUDA_OLD /* CUDA 11 and later */
+CUresult cuCtxGetId(CUcontext ctx, unsigned long long *id) {
+  ENTER("cuCtxGetId");
+  RETURN(ctx_id(ctx, id));
+}
+#endif
+
+/* The primary context's flags; before CUDA 11 (cuDevicePrimaryCtxSetFlags) not while it is
+ * active: CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE; _v2 (CUDA 11) at any time. */
+static CUresult primary_set_flags(CUdevice dev, unsigned flags, int v2) {
+  CHECK_INIT();
+  CHECK_DEVICE(dev);
+  if (!cu_flags_ok(flags)) return FK_INVALID_VALUE;
+  if (!v2 && fk_ctxs[dev].refcount > 0) return 708; /* CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE */
+  fk_ctxs[dev].flags = flags;
+  return CUDA_SUCCESS;
+}
+CUresult cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags) {
+  ENTER("cuDevicePrimaryCtxSetFlags");
+  RETURN(primary_set_flags(dev, flags, 0));
+}
+#ifndef FAKECUDA_OLD /* CUDA 11 and later */
+CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags) {
+  ENTER("cuDevicePrimaryCtxSetFlags_v2");
+  RETURN(primary_set_flags(dev, flags, 1));
+}
+#endif
+
+/* "Destroy all allocations and reset all state on the primary context": its work completes,
+ * its streams, events, modules, memory and the device's pools go, its flags and limits are
+ * the defaults again, and it is a new context (a new id); its retain count stays. */
+static CUresult primary_reset(CUdevice dev, const char *what) {
+  CHECK_INIT();
+  CHECK_DEVICE(dev);
+  fk_cpu_wait();
+  fk_ctx_clear(dev, 1, what);
+  fk_ctxs[dev].flags = 0;
+  cu_ctx_defaults(dev);
+  return CUDA_SUCCESS;
+}
+CUresult cuDevicePrimaryCtxReset(CUdevice dev) {
+  ENTER("cuDevicePrimaryCtxReset");
+  RETURN(primary_reset(dev, "cuDevicePrimaryCtxReset"));
+}
+#ifndef FAKECUDA_OLD /* CUDA 11 and later */
+CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+  ENTER("cuDevicePrimaryCtxReset_v2");
+  RETURN(primary_reset(dev, "cuDevicePrimaryCtxReset_v2"));
+}
+#endif
+
+/* "[domain]:[bus]:[device].[function]", "[domain]:[bus]:[device]" or "[bus]:[device].[function]"
+ * (hexadecimal), as cuDeviceGetPCIBusId writes them. */
+static CUresult device_by_pci_bus_id(CUdevice *dev, const char *id) {
+  CHECK_INIT();
+  if (!dev || !id) return FK_INVALID_VALUE;
+  unsigned domain = 0, bus, device, function = 0;
+  char tail;
+  if (sscanf(id, "%x:%x:%x.%x%c", &domain, &bus, &device, &function, &tail) != 4 &&
+      sscanf(id, "%x:%x:%x%c", &domain, &bus, &device, &tail) != 3 &&
+      (domain = 0, sscanf(id, "%x:%x.%x%c", &bus, &device, &function, &tail) != 3))
+    return FK_INVALID_VALUE;
+  for (int d = 0; d < fk_n_devices; d++)
+    if ((unsigned)cu_attributes[d][50] == domain && (unsigned)cu_attributes[d][33] == bus &&
+        (unsigned)cu_attributes[d][34] == device && function == 0) {
+      *dev = d;
+      return CUDA_SUCCESS;
+    }
+  return FK_INVALID_DEVICE;
+}
+CUresult cuDeviceGetByPCIBusId(CUdevice *dev, const char *id) {
+  ENTER("cuDeviceGetByPCIBusId");
+  RETURN(device_by_pci_bus_id(dev, id));
+}
+
+/* CU_DEVICE_P2P_ATTRIBUTE_*: 1 performance rank (0: one link kind), 2 access supported, 3
+ * native atomics, 4 array access — each what the peer link allows. */
+static CUresult p2p_attribute(int *value, int attribute, CUdevice src, CUdevice dst) {
+  CHECK_INIT();
+  CHECK_DEVICE(src);
+  CHECK_DEVICE(dst);
+  if (src == dst) return FK_INVALID_DEVICE;
+  if (!value || attribute < 1 || attribute > 4) return FK_INVALID_VALUE;
+  *value = attribute == 1 ? 0 : !fk_peer_denied[src][dst];
+  return CUDA_SUCCESS;
+}
+CUresult cuDeviceGetP2PAttribute(int *value, int attribute, CUdevice src, CUdevice dst) {
+  ENTER("cuDeviceGetP2PAttribute");
+  RETURN(p2p_attribute(value, attribute, src, dst));
+}
+
 /* ---- Peer access (fakecuda_nopeer: every pair refused, as a system without peer links) ---- */
 
 CUresult cuDeviceCanAccessPeer(int *can, CUdevice dev, CUdevice peer) {
@@ -769,6 +964,192 @@ CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr pt
   RETURN(address_range(base, size, ptr));
 }
 
+/* Rows of at least `width` bytes, the pitch rounded up to the device's texture alignment
+ * (512 bytes on both models: what cuMemAllocPitch answers on them). */
+static CUresult mem_alloc_pitch(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
+                                unsigned element) {
+  CHECK_CTX(ctx);
+  if (!dptr || !pitch || !width || !height || (element != 4 && element != 8 && element != 16))
+    return FK_INVALID_VALUE;
+  unsigned long long align = (unsigned long long)cu_attributes[fk_ctxs[ctx].device][14];
+  unsigned long long rounded = fk_round_up(width, align ? align : 512);
+  if (rounded < width || rounded > (unsigned long long)cu_attributes[fk_ctxs[ctx].device][11] ||
+      height > ~0ULL / rounded)
+    return FK_INVALID_VALUE;
+  CUresult rc = fk_alloc(ctx, R_PLAIN, rounded * height, 0, dptr);
+  if (rc == CUDA_SUCCESS) *pitch = rounded;
+  return rc;
+}
+CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
+                            unsigned int element) {
+  ENTER("cuMemAllocPitch_v2");
+  RETURN(mem_alloc_pitch(dptr, pitch, width, height, element));
+}
+
+/* ---- Managed memory: advice, prefetch, attachment, range attributes ---------------------- */
+
+/* The managed allocation holding all of [ptr, ptr + count), or NULL. */
+static struct fk_region *managed_range(CUdeviceptr ptr, size_t count) {
+  struct fk_region *r = fk_region_holding(ptr);
+  if (!r || r->kind != R_MANAGED || !count || ptr + count < ptr || ptr + count > r->va + r->size)
+    return NULL;
+  return r;
+}
+
+/* A location the Unified Memory driver may be told of: the CPU, or a device with concurrent
+ * managed access (attribute 89). */
+static CUresult managed_location(int device) {
+  if (device == FK_LOC_CPU) return CUDA_SUCCESS;
+  if (device < 0 || device >= fk_n_devices || !cu_attributes[device][89]) return FK_INVALID_DEVICE;
+  return CUDA_SUCCESS;
+}
+
+/* CU_MEM_ADVISE_*: kept for the whole allocation (what cuMemRangeGetAttribute reports); the
+ * fake moves no pages. */
+static CUresult mem_advise(CUdeviceptr ptr, size_t count, int advice, int device) {
+  CHECK_CTX(ctx);
+  (void)ctx;
+  struct fk_region *r = managed_range(ptr, count);
+  if (!r || advice < 1 || advice > 6) return FK_INVALID_VALUE;
+  if (advice == 3 || advice == 5) {
+    CUresult rc = managed_location(device);
+    if (rc != CUDA_SUCCESS) return rc;
+  }
+  unsigned bit = device == FK_LOC_CPU ? 1u << 31 : device >= 0 && device < 31 ? 1u << device : 0;
+  switch (advice) {
+    case 1: r->read_mostly = 1; break;
+    case 2: r->read_mostly = 0; break;
+    case 3: r->preferred = device; break;
+    case 4: r->preferred = FK_LOC_NONE; break;
+    case 5: r->accessed_by |= bit; break;
+    case 6: r->accessed_by &= ~bit; break;
+  }
+  return CUDA_SUCCESS;
+}
+CUresult cuMemAdvise(CUdeviceptr ptr, size_t count, int advice, CUdevice device) {
+  ENTER("cuMemAdvise");
+  RETURN(mem_advise(ptr, count, advice, device));
+}
+/* The CUmemLocation form (CUDA 12.2): DEVICE (1) with an ordinal, HOST (2). */
+FK_FN int location_device(CUmemLocation l) {
+  return l.type == 1 ? l.id : l.type == 2 ? FK_LOC_CPU : -3;
+}
+#ifndef FAKECUDA_OLD /* CUDA 11 and later */
+CUresult cuMemAdvise_v2(CUdeviceptr ptr, size_t count, int advice, CUmemLocation location) {
+  ENTER("cuMemAdvise_v2");
+  int device = location_device(location);
+  RETURN(device == -3 ? FK_INVALID_VALUE : mem_advise(ptr, count, advice, device));
+}
+#endif
+
+/* A prefetch: a stream-ordered operation that moves no bytes the fake keeps (the last
+ * location asked for is what cuMemRangeGetAttribute reports, at once, as the driver does). */
+static CUresult prefetch(CUdeviceptr ptr, size_t count, int device, CUstream s, int pt) {
+  CHECK_CTX(ctx);
+  CHECK_STREAM(clock, ctx, s, pt);
+  struct fk_region *r = managed_range(ptr, count);
+  if (!r) return FK_INVALID_VALUE;
+  CUresult rc = managed_location(device);
+  if (rc != CUDA_SUCCESS) return rc;
+  if (!cu_attributes[fk_ctxs[fk_clocks[clock].ctx].device][89]) return FK_INVALID_DEVICE;
+  fk_enqueue(clock);
+  r->last_prefetch = device;
+  return CUDA_SUCCESS;
+}
+CUresult cuMemPrefetchAsync(CUdeviceptr ptr, size_t count, CUdevice device, CUstream s) {
+  ENTER("cuMemPrefetchAsync");
+  RETURN(prefetch(ptr, count, device, s, 0));
+}
+CUresult cuMemPrefetchAsync_ptsz(CUdeviceptr ptr, size_t count, CUdevice device, CUstream s) {
+  ENTER("cuMemPrefetchAsync_ptsz");
+  RETURN(prefetch(ptr, count, device, s, 1));
+}
+#ifndef FAKECUDA_OLD /* CUDA 11 and later */
+CUresult cuMemPrefetchAsync_v2(CUdeviceptr ptr, size_t count, CUmemLocation location,
+                               unsigned int flags, CUstream s) {
+  ENTER("cuMemPrefetchAsync_v2");
+  int device = location_device(location);
+  RETURN(device == -3 || flags ? FK_INVALID_VALUE : prefetch(ptr, count, device, s, 0));
+}
+#endif
+#ifndef FAKECUDA_OLD /* CUDA 11 and later */
+CUresult cuMemPrefetchAsync_v2_ptsz(CUdeviceptr ptr, size_t count, CUmemLocation location,
+                                    unsigned int flags, CUstream s) {
+  ENTER("cuMemPrefetchAsync_v2_ptsz");
+  int device = location_device(location);
+  RETURN(device == -3 || flags ? FK_INVALID_VALUE : prefetch(ptr, count, device, s, 1));
+}
+#endif
+
+/* CU_MEM_RANGE_ATTRIBUTE_*: 1 read mostly, 2 preferred location, 3 accessed by (a list, the
+ * rest CU_DEVICE_INVALID), 4 last prefetch location; 5-8 (CUDA 12.2) the same locations as
+ * type (CUmemLocationType: 1 device, 2 host, 0 invalid) and id. */
+static CUresult range_attribute(void *data, size_t size, int attribute, CUdeviceptr ptr,
+                                size_t count) {
+  const struct fk_region *r = managed_range(ptr, count);
+  if (!data || !r || (attribute != 3 && size != 4) || (attribute == 3 && (!size || size % 4)) ||
+      (attribute > 4 && cu_version < 12020))
+    return FK_INVALID_VALUE;
+  int *out = (int *)data;
+  int location = attribute == 2 || attribute == 5 || attribute == 6 ? r->preferred : r->last_prefetch;
+  switch (attribute) {
+    case 1: *out = r->read_mostly; break;
+    case 2: case 4: *out = location; break;
+    case 3: {
+      size_t n = 0;
+      for (int d = 0; d < fk_n_devices && n < size / 4; d++)
+        if ((r->accessed_by >> d) & 1) out[n++] = d;
+      if (n < size / 4 && (r->accessed_by >> 31)) out[n++] = FK_LOC_CPU;
+      while (n < size / 4) out[n++] = FK_LOC_NONE;
+      break;
+    }
+    case 5: case 7: *out = location >= 0 ? 1 : location == FK_LOC_CPU ? 2 : 0; break;
+    case 6: case 8: *out = location >= 0 ? location : 0; break;
+    default: return FK_INVALID_VALUE;
+  }
+  return CUDA_SUCCESS;
+}
+CUresult cuMemRangeGetAttribute(void *data, size_t size, int attribute, CUdeviceptr ptr,
+                                size_t count) {
+  ENTER("cuMemRangeGetAttribute");
+  if (!fk_initialised) RETURN(FK_NOT_INITIALIZED);
+  RETURN(range_attribute(data, size, attribute, ptr, count));
+}
+CUresult cuMemRangeGetAttributes(void **data, size_t *sizes, int *attributes, size_t n,
+                                 CUdeviceptr ptr, size_t count) {
+  ENTER("cuMemRangeGetAttributes");
+  if (!fk_initialised) RETURN(FK_NOT_INITIALIZED);
+  if (!data || !sizes || !attributes || !n) RETURN(FK_INVALID_VALUE);
+  for (size_t i = 0; i < n; i++) {
+    CUresult rc = range_attribute(data[i], sizes[i], attributes[i], ptr, count);
+    if (rc != CUDA_SUCCESS) RETURN(rc);
+  }
+  RETURN(CUDA_SUCCESS);
+}
+
+/* CU_MEM_ATTACH_GLOBAL (1), HOST (2) or SINGLE (4), over a whole managed allocation (length
+ * 0 or its size); SINGLE not to the NULL stream. A stream-ordered operation; the attachment
+ * itself is not modelled (no access from another stream is refused). */
+static CUresult attach_mem(CUstream s, CUdeviceptr ptr, size_t length, unsigned flags, int pt) {
+  CHECK_CTX(ctx);
+  CHECK_STREAM(clock, ctx, s, pt);
+  const struct fk_region *r = fk_region_find(R_MANAGED, ptr);
+  if (!r || (length && length != r->size) || (flags != 1 && flags != 2 && flags != 4))
+    return FK_INVALID_VALUE;
+  if (flags == 4 && fk_clocks[clock].kind != CK_STREAM) return FK_INVALID_VALUE;
+  fk_enqueue(clock);
+  return CUDA_SUCCESS;
+}
+CUresult cuStreamAttachMemAsync(CUstream s, CUdeviceptr ptr, size_t length, unsigned int flags) {
+  ENTER("cuStreamAttachMemAsync");
+  RETURN(attach_mem(s, ptr, length, flags, 0));
+}
+CUresult cuStreamAttachMemAsync_ptsz(CUstream s, CUdeviceptr ptr, size_t length,
+                                     unsigned int flags) {
+  ENTER("cuStreamAttachMemAsync_ptsz");
+  RETURN(attach_mem(s, ptr, length, flags, 1));
+}
+
 /* ---- Pinned host memory (fakecuda_nopinned: page-locking refused, as where it cannot be had) ---- */
 
 /* CU_MEMHOSTALLOC_PORTABLE | DEVICEMAP | WRITECOMBINED. */
@@ -849,6 +1230,22 @@ CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *out, void *p, unsigned int fl
   RETURN(host_device_pointer(out, p, flags));
 }
 
+/* The flags a cuMemHostAlloc / cuMemAllocHost allocation was made with (not registered
+ * memory: "will fail if the pointer does not reside in an allocation performed by
+ * cuMemAllocHost() or cuMemHostAlloc()"). */
+static CUresult host_get_flags(unsigned *flags, void *p) {
+  CHECK_CTX(ctx);
+  (void)ctx;
+  const struct fk_region *r = fk_region_holding((unsigned long long)(uintptr_t)p);
+  if (!flags || !p || !r || r->kind != R_HOST) return FK_INVALID_VALUE;
+  *flags = r->flags;
+  return CUDA_SUCCESS;
+}
+CUresult cuMemHostGetFlags(unsigned int *flags, void *p) {
+  ENTER("cuMemHostGetFlags");
+  RETURN(host_get_flags(flags, p));
+}
+
 /* ---- Pointer attributes ------------------------------------------------------------------- */
 
 /* Attribute `attr` of `ptr` into `data`; `known` 0 for a pointer the driver does not know. */
@@ -859,7 +1256,7 @@ static CUresult pointer_attribute(void *data, int attr, CUdeviceptr ptr, int *kn
   if (!data) return FK_INVALID_VALUE;
   if (!r) return FK_INVALID_VALUE;
   int host = r->kind == R_HOST || r->kind == R_REGISTERED;
-  int ctx = r->kind == R_PLAIN || r->kind == R_MANAGED ? r->ctx : r->device;
+  int ctx = r->kind == R_PLAIN || r->kind == R_MANAGED || r->kind == R_MODULE ? r->ctx : r->device;
   switch (attr) {
     case 1: *(CUcontext *)data = &fk_ctxs[ctx]; break;                   /* CONTEXT */
     case 2: *(unsigned *)data = host ? 1 : 2; break;                     /* MEMORY_TYPE */
@@ -868,7 +1265,7 @@ static CUresult pointer_attribute(void *data, int attr, CUdeviceptr ptr, int *kn
       if (!host && r->kind != R_MANAGED) return FK_INVALID_VALUE;
       *(void **)data = (void *)(uintptr_t)ptr;
       break;
-    case 6: *(int *)data = 0; break;                                     /* SYNC_MEMOPS */
+    case 6: *(int *)data = r->sync_memops; break;                        /* SYNC_MEMOPS */
     case 7: *(unsigned long long *)data = r->id; break;                  /* BUFFER_ID */
     case 8: *(int *)data = r->kind == R_MANAGED; break;                  /* IS_MANAGED */
     case 9: *(int *)data = r->device; break;                             /* DEVICE_ORDINAL */
@@ -924,6 +1321,24 @@ static CUresult get_attributes(unsigned n, int *attrs, void **data, CUdeviceptr 
 CUresult cuPointerGetAttributes(unsigned int n, int *attrs, void **data, CUdeviceptr ptr) {
   ENTER("cuPointerGetAttributes");
   RETURN(get_attributes(n, attrs, data, ptr));
+}
+
+/* CU_POINTER_ATTRIBUTE_SYNC_MEMOPS (6), the one settable attribute: the memory's synchronous
+ * copies always synchronise; set while a synchronous operation on it is pending, the call
+ * waits for it. */
+static CUresult set_attribute(const void *value, int attr, CUdeviceptr ptr) {
+  CHECK_CTX(ctx);
+  (void)ctx;
+  struct fk_region *r = fk_region_holding(ptr);
+  if (!value || attr != 6 || !r || !fk_is_device_kind(r->kind)) return FK_INVALID_VALUE;
+  unsigned on = *(const unsigned *)value;
+  if (on && fk_range_busy(r->va, r->size)) cu_sync_device(r->device);
+  r->sync_memops = on != 0;
+  return CUDA_SUCCESS;
+}
+CUresult cuPointerSetAttribute(const void *value, int attr, CUdeviceptr ptr) {
+  ENTER("cuPointerSetAttribute");
+  RETURN(set_attribute(value, attr, ptr));
 }
 
 /* ---- Streams ----------------------------------------------------------------------------- */
@@ -1071,6 +1486,28 @@ CUresult cuStreamGetCtx_ptsz(CUstream s, CUcontext *pctx) {
   RETURN(pctx ? stream_get(s, NULL, NULL, pctx, 1) : FK_INVALID_VALUE);
 }
 
+/* A stream's id, unique for the process's life (a destroyed stream's handle value may come
+ * back; its id does not): the number of its clock. */
+FK_FN CUresult stream_id(CUstream s, unsigned long long *id, int pt) {
+  CHECK_CTX(ctx);
+  CHECK_STREAM(clock, ctx, s, pt);
+  if (!id) return FK_INVALID_VALUE;
+  *id = (unsigned long long)clock;
+  return CUDA_SUCCESS;
+}
+#ifndef FAKECUDA_OLD /* CUDA 11 and later */
+CUresult cuStreamGetId(CUstream s, unsigned long long *id) {
+  ENTER("cuStreamGetId");
+  RETURN(stream_id(s, id, 0));
+}
+#endif
+#ifndef FAKECUDA_OLD /* CUDA 11 and later */
+CUresult cuStreamGetId_ptsz(CUstream s, unsigned long long *id) {
+  ENTER("cuStreamGetId_ptsz");
+  RETURN(stream_id(s, id, 1));
+}
+#endif
+
 static CUresult launch_host(CUstream s, CUhostFn fn, void *data, int pt) {
   CHECK_CTX(ctx);
   CHECK_STREAM(clock, ctx, s, pt);
@@ -1154,6 +1591,25 @@ CUresult cuEventRecord_ptsz(CUevent e, CUstream s) {
   ENTER("cuEventRecord_ptsz");
   RETURN(event_record(e, s, 1));
 }
+
+/* CU_EVENT_RECORD_DEFAULT (0) or CU_EVENT_RECORD_EXTERNAL (1: meaningful only while a
+ * stream is captured; outside a capture a record like any other). */
+FK_FN CUresult event_record_flags(CUevent e, CUstream s, unsigned flags, int pt) {
+  if (flags > 1) return FK_INVALID_VALUE;
+  return event_record(e, s, pt);
+}
+#ifndef FAKECUDA_OLD /* CUDA 11 and later */
+CUresult cuEventRecordWithFlags(CUevent e, CUstream s, unsigned int flags) {
+  ENTER("cuEventRecordWithFlags");
+  RETURN(event_record_flags(e, s, flags, 0));
+}
+#endif
+#ifndef FAKECUDA_OLD /* CUDA 11 and later */
+CUresult cuEventRecordWithFlags_ptsz(CUevent e, CUstream s, unsigned int flags) {
+  ENTER("cuEventRecordWithFlags_ptsz");
+  RETURN(event_record_flags(e, s, flags, 1));
+}
+#endif
 
 static CUresult event_query(CUevent e) {
   CHECK_CTX(ctx);
@@ -1322,6 +1778,174 @@ MEMSET_ASYNC(cuMemsetD16Async_ptsz, unsigned short, 2, 1)
 MEMSET_ASYNC(cuMemsetD32Async, unsigned int, 4, 0)
 MEMSET_ASYNC(cuMemsetD32Async_ptsz, unsigned int, 4, 1)
 
+/* ---- Peer copies ------------------------------------------------------------------------
+ * cuMemcpyPeerAsync is ordered on its stream only. cuMemcpyPeer "is asynchronous with
+ * respect to the host, but serialized with respect to all pending ... asynchronous work" on
+ * the current, source and destination devices: on the current context's legacy stream,
+ * after a GPU-side wait for everything queued on those devices. (Work queued later on the
+ * peers is not held behind it.) */
+
+static CUresult copy_peer(CUdeviceptr dst, CUcontext dst_ctx, CUdeviceptr src, CUcontext src_ctx,
+                          size_t n, CUstream s, int pt, int async, const char *what) {
+  CHECK_CTX(ctx);
+  CHECK_STREAM(clock, ctx, s, pt);
+  int d = cu_ctx_index(dst_ctx), c = cu_ctx_index(src_ctx);
+  if (d < 0 || c < 0 || !cu_ctx_usable(d) || !cu_ctx_usable(c)) return FK_INVALID_CONTEXT;
+  int dst_device = fk_ctxs[d].device, src_device = fk_ctxs[c].device;
+  if (!n) return CUDA_SUCCESS;
+  if (!fk_device_range(dst, n, dst_device) || !fk_device_range(src, n, src_device))
+    return FK_INVALID_VALUE;
+  const struct fk_region *dr = fk_region_holding(dst), *sr = fk_region_holding(src);
+  if (!dr || !sr || dr->device != dst_device || sr->device != src_device) return FK_INVALID_VALUE;
+  if (!async) {
+    for (int k = 1; k < fk_n_clocks; k++) {
+      int device = fk_ctxs[fk_clocks[k].ctx].device;
+      if (k != clock && (device == dst_device || device == src_device ||
+                         device == fk_ctxs[ctx].device))
+        fk_wait_add(clock, k, fk_clocks[k].recorded, 0);
+    }
+  }
+  return fk_copy_2d(clock, dst_device, dst, n, SIDE_DEVICE, src_device, src, n, SIDE_DEVICE, n,
+                    1, async ? FK_ASYNC : FK_SYNC_CUDA, (fk_ctxs[ctx].flags & 0x80) != 0, what);
+}
+CUresult cuMemcpyPeer(CUdeviceptr dst, CUcontext dst_ctx, CUdeviceptr src, CUcontext src_ctx,
+                      size_t n) {
+  ENTER("cuMemcpyPeer");
+  RETURN(copy_peer(dst, dst_ctx, src, src_ctx, n, NULL, 0, 0, "cuMemcpyPeer"));
+}
+CUresult cuMemcpyPeer_ptds(CUdeviceptr dst, CUcontext dst_ctx, CUdeviceptr src, CUcontext src_ctx,
+                           size_t n) {
+  ENTER("cuMemcpyPeer_ptds");
+  RETURN(copy_peer(dst, dst_ctx, src, src_ctx, n, NULL, 1, 0, "cuMemcpyPeer_ptds"));
+}
+CUresult cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext dst_ctx, CUdeviceptr src,
+                           CUcontext src_ctx, size_t n, CUstream s) {
+  ENTER("cuMemcpyPeerAsync");
+  RETURN(copy_peer(dst, dst_ctx, src, src_ctx, n, s, 0, 1, "cuMemcpyPeerAsync"));
+}
+CUresult cuMemcpyPeerAsync_ptsz(CUdeviceptr dst, CUcontext dst_ctx, CUdeviceptr src,
+                                CUcontext src_ctx, size_t n, CUstream s) {
+  ENTER("cuMemcpyPeerAsync_ptsz");
+  RETURN(copy_peer(dst, dst_ctx, src, src_ctx, n, s, 1, 1, "cuMemcpyPeerAsync_ptsz"));
+}
+
+/* ---- 2D copies and memsets ----------------------------------------------------------------- */
+
+/* CUDA_MEMCPY2D, as cuda.h lays it out (128 bytes). */
+typedef struct {
+  size_t srcXInBytes, srcY;
+  unsigned int srcMemoryType;
+  const void *srcHost;
+  CUdeviceptr srcDevice;
+  void *srcArray;
+  size_t srcPitch;
+  size_t dstXInBytes, dstY;
+  unsigned int dstMemoryType;
+  void *dstHost;
+  CUdeviceptr dstDevice;
+  void *dstArray;
+  size_t dstPitch;
+  size_t WidthInBytes, Height;
+} CUDA_MEMCPY2D;
+_Static_assert(sizeof(CUDA_MEMCPY2D) == 128, "CUDA_MEMCPY2D is 128 bytes");
+
+/* One side of a 2D copy: its start and side from CUmemorytype (HOST 1, DEVICE 2, UNIFIED 4;
+ * ARRAY 3: the fake makes no arrays, so no array handle is valid). 0 when invalid. */
+static int copy_side(unsigned type, const void *host, CUdeviceptr device, size_t x, size_t y,
+                     size_t pitch, unsigned long long *start, int *side) {
+  unsigned long long base = type == 1 ? (unsigned long long)(uintptr_t)host : device;
+  if ((type != 1 && type != 2 && type != 4) || !base) return 0;
+  if (y && pitch && y > (~0ULL - base - x) / pitch) return 0;
+  *start = base + y * pitch + x;
+  *side = type == 1 ? SIDE_HOST : type == 2 ? SIDE_DEVICE : SIDE_ANY;
+  return 1;
+}
+
+/* `aligned`: cuMemcpy2D's pitch limit (CU_DEVICE_ATTRIBUTE_MAX_PITCH; cuMemcpy2DUnaligned has
+ * none). A pitch "must be greater than or equal to WidthInBytes + XInBytes". */
+static CUresult copy_2d(const CUDA_MEMCPY2D *c, CUstream s, int pt, int async, int aligned,
+                        const char *what) {
+  CHECK_CTX(ctx);
+  CHECK_STREAM(clock, ctx, s, pt);
+  if (!c) return FK_INVALID_VALUE;
+  if (!c->WidthInBytes || !c->Height) return CUDA_SUCCESS;
+  size_t spitch = c->srcPitch ? c->srcPitch : c->WidthInBytes + c->srcXInBytes;
+  size_t dpitch = c->dstPitch ? c->dstPitch : c->WidthInBytes + c->dstXInBytes;
+  if ((c->Height > 1 && (!c->srcPitch || !c->dstPitch)) ||
+      spitch < c->WidthInBytes + c->srcXInBytes || dpitch < c->WidthInBytes + c->dstXInBytes)
+    return FK_INVALID_VALUE;
+  unsigned long long max_pitch = (unsigned long long)cu_attributes[fk_ctxs[ctx].device][11];
+  if (aligned && (spitch > max_pitch || dpitch > max_pitch)) return FK_INVALID_VALUE;
+  unsigned long long src, dst;
+  int src_side, dst_side;
+  if (!copy_side(c->srcMemoryType, c->srcHost, c->srcDevice, c->srcXInBytes, c->srcY, spitch,
+                 &src, &src_side) ||
+      !copy_side(c->dstMemoryType, c->dstHost, c->dstDevice, c->dstXInBytes, c->dstY, dpitch,
+                 &dst, &dst_side))
+    return FK_INVALID_VALUE;
+  int device = fk_ctxs[ctx].device;
+  return fk_copy_2d(clock, device, dst, dpitch, dst_side, device, src, spitch, src_side,
+                    c->WidthInBytes, c->Height, async ? FK_ASYNC : FK_SYNC_CUDA,
+                    (fk_ctxs[ctx].flags & 0x80) != 0, what);
+}
+CUresult cuMemcpy2D_v2(const CUDA_MEMCPY2D *c) {
+  ENTER("cuMemcpy2D_v2");
+  RETURN(copy_2d(c, NULL, 0, 0, 1, "cuMemcpy2D_v2"));
+}
+CUresult cuMemcpy2D_v2_ptds(const CUDA_MEMCPY2D *c) {
+  ENTER("cuMemcpy2D_v2_ptds");
+  RETURN(copy_2d(c, NULL, 1, 0, 1, "cuMemcpy2D_v2_ptds"));
+}
+CUresult cuMemcpy2DUnaligned_v2(const CUDA_MEMCPY2D *c) {
+  ENTER("cuMemcpy2DUnaligned_v2");
+  RETURN(copy_2d(c, NULL, 0, 0, 0, "cuMemcpy2DUnaligned_v2"));
+}
+CUresult cuMemcpy2DUnaligned_v2_ptds(const CUDA_MEMCPY2D *c) {
+  ENTER("cuMemcpy2DUnaligned_v2_ptds");
+  RETURN(copy_2d(c, NULL, 1, 0, 0, "cuMemcpy2DUnaligned_v2_ptds"));
+}
+CUresult cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D *c, CUstream s) {
+  ENTER("cuMemcpy2DAsync_v2");
+  RETURN(copy_2d(c, s, 0, 1, 1, "cuMemcpy2DAsync_v2"));
+}
+CUresult cuMemcpy2DAsync_v2_ptsz(const CUDA_MEMCPY2D *c, CUstream s) {
+  ENTER("cuMemcpy2DAsync_v2_ptsz");
+  RETURN(copy_2d(c, s, 1, 1, 1, "cuMemcpy2DAsync_v2_ptsz"));
+}
+
+/* cuMemsetD2D8/16/32: `height` rows of `width` elements, `pitch` bytes apart. */
+static CUresult memset_2d(CUdeviceptr dst, size_t pitch, unsigned value, int width, size_t count,
+                          size_t height, CUstream s, int pt, const char *what) {
+  CHECK_CTX(ctx);
+  CHECK_STREAM(clock, ctx, s, pt);
+  if (height > 1 && pitch > (unsigned long long)cu_attributes[fk_ctxs[ctx].device][11])
+    return FK_INVALID_VALUE;
+  return fk_memset_2d(ctx, clock, dst, pitch, value, width, count, height, FK_ASYNC, what);
+}
+#define MEMSET_2D(name, type, width, pt)                                                      \
+  CUresult name(CUdeviceptr dst, size_t pitch, type value, size_t count, size_t height) {     \
+    ENTER(#name);                                                                             \
+    RETURN(memset_2d(dst, pitch, (unsigned)value, width, count, height, NULL, pt, #name));    \
+  }
+#define MEMSET_2D_ASYNC(name, type, width, pt)                                                \
+  CUresult name(CUdeviceptr dst, size_t pitch, type value, size_t count, size_t height,       \
+                CUstream s) {                                                                 \
+    ENTER(#name);                                                                             \
+    RETURN(memset_2d(dst, pitch, (unsigned)value, width, count, height, s, pt, #name));       \
+  }
+MEMSET_2D(cuMemsetD2D8_v2, unsigned char, 1, 0)
+MEMSET_2D(cuMemsetD2D8_v2_ptds, unsigned char, 1, 1)
+MEMSET_2D(cuMemsetD2D16_v2, unsigned short, 2, 0)
+MEMSET_2D(cuMemsetD2D16_v2_ptds, unsigned short, 2, 1)
+MEMSET_2D(cuMemsetD2D32_v2, unsigned int, 4, 0)
+MEMSET_2D(cuMemsetD2D32_v2_ptds, unsigned int, 4, 1)
+MEMSET_2D_ASYNC(cuMemsetD2D8Async, unsigned char, 1, 0)
+MEMSET_2D_ASYNC(cuMemsetD2D8Async_ptsz, unsigned char, 1, 1)
+MEMSET_2D_ASYNC(cuMemsetD2D16Async, unsigned short, 2, 0)
+MEMSET_2D_ASYNC(cuMemsetD2D16Async_ptsz, unsigned short, 2, 1)
+MEMSET_2D_ASYNC(cuMemsetD2D32Async, unsigned int, 4, 0)
+MEMSET_2D_ASYNC(cuMemsetD2D32Async_ptsz, unsigned int, 4, 1)
+
 /* ---- Modules and launches -------------------------------------------------------------- */
 
 static CUresult module_load(CUmodule *m, const void *image) {
@@ -1350,27 +1974,9 @@ static CUresult module_load_file(CUmodule *m, const char *path) {
   CHECK_CTX(ctx);
   (void)ctx;
   if (!m || !path) return FK_INVALID_VALUE;
-  FILE *f = fopen(path, "rb");
-  if (!f) return 301; /* CUDA_ERROR_FILE_NOT_FOUND */
-  char *bytes = NULL;
-  size_t n = 0, cap = 0;
-  for (;;) {
-    if (n + 4097 > cap) {
-      cap = cap ? cap * 2 : 65536;
-      char *grown = realloc(bytes, cap);
-      if (!grown || cap > (256u << 20)) {
-        free(grown ? grown : bytes);
-        fclose(f);
-        return FK_OUT_OF_MEMORY;
-      }
-      bytes = grown;
-    }
-    size_t got = fread(bytes + n, 1, 4096, f);
-    n += got;
-    if (got < 4096) break;
-  }
-  fclose(f);
-  bytes[n] = 0;
+  int code;
+  char *bytes = fk_read_file(path, &code);
+  if (!bytes) return code == FK_NOT_FOUND ? 301 /* CUDA_ERROR_FILE_NOT_FOUND */ : code;
   CUresult rc = module_load(m, bytes);
   free(bytes);
   return rc;
@@ -1404,32 +2010,229 @@ CUresult cuModuleUnload(CUmodule m) {
   RETURN(module_unload(m));
 }
 
+/* A fat binary (cuModuleLoadFatBinary): loaded as cuModuleLoadData loads any image. */
+CUresult cuModuleLoadFatBinary(CUmodule *m, const void *image) {
+  ENTER("cuModuleLoadFatBinary");
+  RETURN(module_load(m, image));
+}
+
+/* "One of the parameters dptr or bytes (not both) can be NULL." */
+static CUresult module_global(CUdeviceptr *dptr, size_t *bytes, CUmodule m, const char *name) {
+  CHECK_CTX(ctx);
+  (void)ctx;
+  if ((!dptr && !bytes) || !name) return FK_INVALID_VALUE;
+  unsigned long long va, size;
+  int rc = fk_module_global((unsigned long long)(uintptr_t)m, name, &va, &size);
+  if (rc != FK_OK) return rc;
+  if (dptr) *dptr = va;
+  if (bytes) *bytes = size;
+  return CUDA_SUCCESS;
+}
+CUresult cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmodule m, const char *name) {
+  ENTER("cuModuleGetGlobal_v2");
+  RETURN(module_global(dptr, bytes, m, name));
+}
+
+FK_FN CUresult function_module(CUmodule *m, CUfunction f) {
+  CHECK_CTX(ctx);
+  (void)ctx;
+  if (!m) return FK_INVALID_VALUE;
+  const struct fk_function *fn = fk_function_of((unsigned long long)(uintptr_t)f);
+  if (!fn) return FK_INVALID_HANDLE;
+  *m = (CUmodule)(uintptr_t)(FK_MODULE_BASE + 16 * fk_modules[fn->module].serial);
+  return CUDA_SUCCESS;
+}
+#ifndef FAKECUDA_OLD /* CUDA 11 and later */
+CUresult cuFuncGetModule(CUmodule *m, CUfunction f) {
+  ENTER("cuFuncGetModule");
+  RETURN(function_module(m, f));
+}
+#endif
+
+/* The most dynamic shared memory a launch of `fn` may ask for: what cuFuncSetAttribute set,
+ * else the device's shared memory per block (no static shared memory: FK_FN_REGS's note). */
+static int max_dynamic_shared(const struct fk_function *fn, int device) {
+  return fn->max_dynamic_shared >= 0 ? fn->max_dynamic_shared : cu_attributes[device][8];
+}
+
+/* CU_FUNC_ATTRIBUTE_*, 0-9 and (CUDA 12 on compute capability 9.0) the cluster ones, 10-15. */
+static CUresult function_attribute(int *value, int attr, CUfunction f) {
+  CHECK_CTX(ctx);
+  if (!value) return FK_INVALID_VALUE;
+  const struct fk_function *fn = fk_function_of((unsigned long long)(uintptr_t)f);
+  if (!fn) return FK_INVALID_HANDLE;
+  const int *a = cu_attributes[fk_ctxs[ctx].device];
+  int clusters = cu_version >= 12000 && a[75] >= 9;
+  switch (attr) {
+    case 0: *value = a[1]; break;                            /* MAX_THREADS_PER_BLOCK */
+    case 1: case 2: case 3: *value = 0; break;               /* SHARED, CONST, LOCAL_SIZE_BYTES */
+    case 4: *value = FK_FN_REGS; break;                      /* NUM_REGS */
+    case 5: case 6: *value = a[75] * 10 + a[76]; break;      /* PTX_VERSION, BINARY_VERSION */
+    case 7: *value = 0; break;                               /* CACHE_MODE_CA */
+    case 8: *value = max_dynamic_shared(fn, fk_ctxs[ctx].device); break;
+    case 9: *value = fn->carveout; break;                    /* PREFERRED_SHARED_MEMORY_CARVEOUT */
+    case 10: case 11: case 12: case 13: case 14: case 15:    /* the cluster attributes */
+      if (!clusters) return FK_INVALID_VALUE;
+      *value = 0;
+      break;
+    default: return FK_INVALID_VALUE;
+  }
+  return CUDA_SUCCESS;
+}
+CUresult cuFuncGetAttribute(int *value, int attr, CUfunction f) {
+  ENTER("cuFuncGetAttribute");
+  RETURN(function_attribute(value, attr, f));
+}
+
+/* MAX_DYNAMIC_SHARED_SIZE_BYTES (8): at most the device's opt-in shared memory per block
+ * (attribute 97); PREFERRED_SHARED_MEMORY_CARVEOUT (9): -1 (the default) to 100 percent.
+ * Other attributes are read-only (CUDA_ERROR_INVALID_VALUE). */
+static CUresult function_set_attribute(CUfunction f, int attr, int value) {
+  CHECK_CTX(ctx);
+  struct fk_function *fn = fk_function_of((unsigned long long)(uintptr_t)f);
+  if (!fn) return FK_INVALID_HANDLE;
+  int optin = cu_attributes[fk_ctxs[ctx].device][97];
+  if (attr == 8 && value >= 0 && value <= (optin ? optin : cu_attributes[fk_ctxs[ctx].device][8]))
+    fn->max_dynamic_shared = value;
+  else if (attr == 9 && value >= -1 && value <= 100)
+    fn->carveout = value;
+  else
+    return FK_INVALID_VALUE;
+  return CUDA_SUCCESS;
+}
+CUresult cuFuncSetAttribute(CUfunction f, int attr, int value) {
+  ENTER("cuFuncSetAttribute");
+  RETURN(function_set_attribute(f, attr, value));
+}
+
+static CUresult function_cache_config(CUfunction f, int config) {
+  CHECK_CTX(ctx);
+  (void)ctx;
+  struct fk_function *fn = fk_function_of((unsigned long long)(uintptr_t)f);
+  if (!fn) return FK_INVALID_HANDLE;
+  if (config < 0 || config > 3) return FK_INVALID_VALUE;
+  fn->cache_config = config;
+  return CUDA_SUCCESS;
+}
+CUresult cuFuncSetCacheConfig(CUfunction f, int config) {
+  ENTER("cuFuncSetCacheConfig");
+  RETURN(function_cache_config(f, config));
+}
+
+/* ---- Occupancy ----------------------------------------------------------------------------- */
+
+/* A multiprocessor of `device` as function `fn` may use it. */
+static struct fk_sm_limits sm_limits(int device, const struct fk_function *fn) {
+  const int *a = cu_attributes[device];
+  struct fk_sm_limits l = {a[10], a[1], a[39], a[106], a[82], a[81], a[16],
+                           (unsigned long long)max_dynamic_shared(fn, device)};
+  return l;
+}
+
+static CUresult occupancy(int *blocks, CUfunction f, int block, size_t dynamic, unsigned flags) {
+  CHECK_CTX(ctx);
+  if (!blocks || flags > 1) return FK_INVALID_VALUE;
+  const struct fk_function *fn = fk_function_of((unsigned long long)(uintptr_t)f);
+  if (!fn) return FK_INVALID_HANDLE;
+  struct fk_sm_limits l = sm_limits(fk_ctxs[ctx].device, fn);
+  *blocks = fk_blocks_per_sm(&l, block, dynamic);
+  return CUDA_SUCCESS;
+}
+CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *blocks, CUfunction f, int block,
+                                                     size_t dynamic) {
+  ENTER("cuOccupancyMaxActiveBlocksPerMultiprocessor");
+  RETURN(occupancy(blocks, f, block, dynamic, 0));
+}
+CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *blocks, CUfunction f, int block,
+                                                              size_t dynamic, unsigned int flags) {
+  ENTER("cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags");
+  RETURN(occupancy(blocks, f, block, dynamic, flags));
+}
+
+/* CUoccupancyB2DSize: the dynamic shared memory a block of the size given uses. The callback
+ * runs under the driver's lock, as the fake's host functions do. */
+typedef size_t (*CUoccupancyB2DSize)(int);
+static CUoccupancyB2DSize occupancy_callback;
+static unsigned long long call_occupancy_callback(int block) {
+  return (unsigned long long)occupancy_callback(block);
+}
+static CUresult potential_block(int *grid, int *block, CUfunction f, CUoccupancyB2DSize b2d,
+                                size_t dynamic, int limit, unsigned flags) {
+  CHECK_CTX(ctx);
+  if (!grid || !block || flags > 1 || limit < 0) return FK_INVALID_VALUE;
+  const struct fk_function *fn = fk_function_of((unsigned long long)(uintptr_t)f);
+  if (!fn) return FK_INVALID_HANDLE;
+  struct fk_sm_limits l = sm_limits(fk_ctxs[ctx].device, fn);
+  occupancy_callback = b2d;
+  fk_best_block(&l, limit, b2d ? call_occupancy_callback : NULL, dynamic, grid, block);
+  return CUDA_SUCCESS;
+}
+CUresult cuOccupancyMaxPotentialBlockSize(int *grid, int *block, CUfunction f,
+                                          CUoccupancyB2DSize b2d, size_t dynamic, int limit) {
+  ENTER("cuOccupancyMaxPotentialBlockSize");
+  RETURN(potential_block(grid, block, f, b2d, dynamic, limit, 0));
+}
+CUresult cuOccupancyMaxPotentialBlockSizeWithFlags(int *grid, int *block, CUfunction f,
+                                                   CUoccupancyB2DSize b2d, size_t dynamic,
+                                                   int limit, unsigned int flags) {
+  ENTER("cuOccupancyMaxPotentialBlockSizeWithFlags");
+  RETURN(potential_block(grid, block, f, b2d, dynamic, limit, flags));
+}
+
+/* ---- Launches ------------------------------------------------------------------------------
+ * A launch is checked as the driver checks it — grid and block within the device's limits,
+ * dynamic shared memory within the function's limit (above the device's 48 KiB a block only
+ * after cuFuncSetAttribute raised it), kernelParams or extra, not both — and queued as a
+ * kernel in flight (fake_modules.h). A cooperative launch also needs the device's cooperative
+ * launch attribute and a grid that fits on the device at once. */
+
 static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                        unsigned bz, unsigned shared, CUstream s, void **params, void **extra,
-                       int pt) {
+                       int pt, int cooperative) {
   CHECK_CTX(ctx);
   struct fk_function *fn = fk_function_of((unsigned long long)(uintptr_t)f);
   if (!fn) return FK_INVALID_HANDLE;
   CHECK_STREAM(clock, ctx, s, pt);
-  const int *a = cu_attributes[fk_ctxs[ctx].device];
+  int device = fk_ctxs[ctx].device;
+  const int *a = cu_attributes[device];
   if (!gx || !gy || !gz || !bx || !by || !bz || gx > (unsigned)a[5] || gy > (unsigned)a[6] ||
       gz > (unsigned)a[7] || bx > (unsigned)a[2] || by > (unsigned)a[3] || bz > (unsigned)a[4] ||
       (unsigned long long)bx * by * bz > (unsigned long long)a[1] || (params && extra))
     return FK_INVALID_VALUE;
-  if (shared > (unsigned)a[8]) return FK_INVALID_VALUE;
+  if (shared > (unsigned)max_dynamic_shared(fn, device)) return FK_INVALID_VALUE;
+  if (cooperative) {
+    if (!a[95]) return FK_NOT_SUPPORTED;
+    struct fk_sm_limits l = sm_limits(device, fn);
+    unsigned long long fits =
+        (unsigned long long)fk_blocks_per_sm(&l, (int)(bx * by * bz), shared) * (unsigned)a[16];
+    if ((unsigned long long)gx * gy * gz > fits) return 720; /* COOPERATIVE_LAUNCH_TOO_LARGE */
+  }
   return fk_launch(ctx, clock, fn->name, params) ? CUDA_SUCCESS : FK_OUT_OF_MEMORY;
 }
 CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
                         unsigned int bx, unsigned int by, unsigned int bz, unsigned int shared,
                         CUstream s, void **params, void **extra) {
   ENTER("cuLaunchKernel");
-  RETURN(launch(f, gx, gy, gz, bx, by, bz, shared, s, params, extra, 0));
+  RETURN(launch(f, gx, gy, gz, bx, by, bz, shared, s, params, extra, 0, 0));
 }
 CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
                              unsigned int bx, unsigned int by, unsigned int bz, unsigned int shared,
                              CUstream s, void **params, void **extra) {
   ENTER("cuLaunchKernel_ptsz");
-  RETURN(launch(f, gx, gy, gz, bx, by, bz, shared, s, params, extra, 1));
+  RETURN(launch(f, gx, gy, gz, bx, by, bz, shared, s, params, extra, 1, 0));
+}
+CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+                                   unsigned int bx, unsigned int by, unsigned int bz,
+                                   unsigned int shared, CUstream s, void **params) {
+  ENTER("cuLaunchCooperativeKernel");
+  RETURN(launch(f, gx, gy, gz, bx, by, bz, shared, s, params, NULL, 0, 1));
+}
+CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy,
+                                        unsigned int gz, unsigned int bx, unsigned int by,
+                                        unsigned int bz, unsigned int shared, CUstream s,
+                                        void **params) {
+  ENTER("cuLaunchCooperativeKernel_ptsz");
+  RETURN(launch(f, gx, gy, gz, bx, by, bz, shared, s, params, NULL, 1, 1));
 }
 
 #ifndef FAKECUDA_OLD
@@ -1858,6 +2661,48 @@ static const struct fk_entry cu_table[] = {
     P(cuMemsetD16Async_ptsz, "cuMemsetD16Async", 7000, FK_G_MEMSET),
     E(cuMemsetD32Async, "cuMemsetD32Async", 3020, FK_G_MEMSET),
     P(cuMemsetD32Async_ptsz, "cuMemsetD32Async", 7000, FK_G_MEMSET),
+    E(cuCtxGetLimit, "cuCtxGetLimit", 3010, 0),
+    E(cuCtxSetLimit, "cuCtxSetLimit", 3010, 0),
+    E(cuCtxGetCacheConfig, "cuCtxGetCacheConfig", 3020, 0),
+    E(cuCtxSetCacheConfig, "cuCtxSetCacheConfig", 3020, 0),
+    E(cuCtxGetSharedMemConfig, "cuCtxGetSharedMemConfig", 4020, 0),
+    E(cuCtxSetSharedMemConfig, "cuCtxSetSharedMemConfig", 4020, 0),
+    E(cuDevicePrimaryCtxSetFlags, "cuDevicePrimaryCtxSetFlags", 7000, 0),
+    E(cuDevicePrimaryCtxReset, "cuDevicePrimaryCtxReset", 7000, FK_G_SYNC),
+    E(cuDeviceGetByPCIBusId, "cuDeviceGetByPCIBusId", 4010, 0),
+    E(cuDeviceGetP2PAttribute, "cuDeviceGetP2PAttribute", 8000, 0),
+    E(cuMemAllocPitch_v2, "cuMemAllocPitch", 3020, FK_G_ALLOC),
+    E(cuMemHostGetFlags, "cuMemHostGetFlags", 2030, 0),
+    E(cuMemAdvise, "cuMemAdvise", 8000, 0),
+    E(cuMemPrefetchAsync, "cuMemPrefetchAsync", 8000, 0),
+    P(cuMemPrefetchAsync_ptsz, "cuMemPrefetchAsync", 8000, 0),
+    E(cuMemRangeGetAttribute, "cuMemRangeGetAttribute", 8000, 0),
+    E(cuMemRangeGetAttributes, "cuMemRangeGetAttributes", 8000, 0),
+    E(cuStreamAttachMemAsync, "cuStreamAttachMemAsync", 6000, 0),
+    P(cuStreamAttachMemAsync_ptsz, "cuStreamAttachMemAsync", 7000, 0),
+    E(cuPointerSetAttribute, "cuPointerSetAttribute", 6000, 0),
+    E(cuMemcpyPeer, "cuMemcpyPeer", 4000, FK_G_COPY),
+    P(cuMemcpyPeer_ptds, "cuMemcpyPeer", 7000, FK_G_COPY),
+    E(cuMemcpyPeerAsync, "cuMemcpyPeerAsync", 4000, FK_G_COPY),
+    P(cuMemcpyPeerAsync_ptsz, "cuMemcpyPeerAsync", 7000, FK_G_COPY),
+    E(cuMemcpy2D_v2, "cuMemcpy2D", 3020, FK_G_COPY),
+    P(cuMemcpy2D_v2_ptds, "cuMemcpy2D", 7000, FK_G_COPY),
+    E(cuMemcpy2DUnaligned_v2, "cuMemcpy2DUnaligned", 3020, FK_G_COPY),
+    P(cuMemcpy2DUnaligned_v2_ptds, "cuMemcpy2DUnaligned", 7000, FK_G_COPY),
+    E(cuMemcpy2DAsync_v2, "cuMemcpy2DAsync", 3020, FK_G_COPY),
+    P(cuMemcpy2DAsync_v2_ptsz, "cuMemcpy2DAsync", 7000, FK_G_COPY),
+    E(cuMemsetD2D8_v2, "cuMemsetD2D8", 3020, FK_G_MEMSET),
+    P(cuMemsetD2D8_v2_ptds, "cuMemsetD2D8", 7000, FK_G_MEMSET),
+    E(cuMemsetD2D16_v2, "cuMemsetD2D16", 3020, FK_G_MEMSET),
+    P(cuMemsetD2D16_v2_ptds, "cuMemsetD2D16", 7000, FK_G_MEMSET),
+    E(cuMemsetD2D32_v2, "cuMemsetD2D32", 3020, FK_G_MEMSET),
+    P(cuMemsetD2D32_v2_ptds, "cuMemsetD2D32", 7000, FK_G_MEMSET),
+    E(cuMemsetD2D8Async, "cuMemsetD2D8Async", 3020, FK_G_MEMSET),
+    P(cuMemsetD2D8Async_ptsz, "cuMemsetD2D8Async", 7000, FK_G_MEMSET),
+    E(cuMemsetD2D16Async, "cuMemsetD2D16Async", 3020, FK_G_MEMSET),
+    P(cuMemsetD2D16Async_ptsz, "cuMemsetD2D16Async", 7000, FK_G_MEMSET),
+    E(cuMemsetD2D32Async, "cuMemsetD2D32Async", 3020, FK_G_MEMSET),
+    P(cuMemsetD2D32Async_ptsz, "cuMemsetD2D32Async", 7000, FK_G_MEMSET),
     E(cuModuleLoad, "cuModuleLoad", 2000, FK_G_MODULE),
     E(cuModuleLoadData, "cuModuleLoadData", 2000, FK_G_MODULE),
     E(cuModuleLoadDataEx, "cuModuleLoadDataEx", 2010, FK_G_MODULE),
@@ -1865,7 +2710,30 @@ static const struct fk_entry cu_table[] = {
     E(cuModuleUnload, "cuModuleUnload", 2000, 0),
     E(cuLaunchKernel, "cuLaunchKernel", 4000, FK_G_LAUNCH),
     P(cuLaunchKernel_ptsz, "cuLaunchKernel", 7000, FK_G_LAUNCH),
+    E(cuModuleLoadFatBinary, "cuModuleLoadFatBinary", 2000, FK_G_MODULE),
+    E(cuModuleGetGlobal_v2, "cuModuleGetGlobal", 3020, 0),
+    E(cuFuncGetAttribute, "cuFuncGetAttribute", 2020, 0),
+    E(cuFuncSetAttribute, "cuFuncSetAttribute", 9000, 0),
+    E(cuFuncSetCacheConfig, "cuFuncSetCacheConfig", 3000, 0),
+    E(cuLaunchCooperativeKernel, "cuLaunchCooperativeKernel", 9000, FK_G_LAUNCH),
+    P(cuLaunchCooperativeKernel_ptsz, "cuLaunchCooperativeKernel", 9000, FK_G_LAUNCH),
+    E(cuOccupancyMaxActiveBlocksPerMultiprocessor, "cuOccupancyMaxActiveBlocksPerMultiprocessor", 6050, 0),
+    E(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", 7000, 0),
+    E(cuOccupancyMaxPotentialBlockSize, "cuOccupancyMaxPotentialBlockSize", 6050, 0),
+    E(cuOccupancyMaxPotentialBlockSizeWithFlags, "cuOccupancyMaxPotentialBlockSizeWithFlags", 7000, 0),
 #ifndef FAKECUDA_OLD
+    E(cuCtxSetFlags, "cuCtxSetFlags", 12010, 0),
+    E(cuCtxGetId, "cuCtxGetId", 12000, 0),
+    E(cuDevicePrimaryCtxSetFlags_v2, "cuDevicePrimaryCtxSetFlags", 11000, 0),
+    E(cuDevicePrimaryCtxReset_v2, "cuDevicePrimaryCtxReset", 11000, FK_G_SYNC),
+    E(cuMemAdvise_v2, "cuMemAdvise", 12020, 0),
+    E(cuMemPrefetchAsync_v2, "cuMemPrefetchAsync", 12020, 0),
+    P(cuMemPrefetchAsync_v2_ptsz, "cuMemPrefetchAsync", 12020, 0),
+    E(cuEventRecordWithFlags, "cuEventRecordWithFlags", 11010, FK_G_EVENT),
+    P(cuEventRecordWithFlags_ptsz, "cuEventRecordWithFlags", 11010, FK_G_EVENT),
+    E(cuStreamGetId, "cuStreamGetId", 12000, 0),
+    P(cuStreamGetId_ptsz, "cuStreamGetId", 12000, 0),
+    E(cuFuncGetModule, "cuFuncGetModule", 11000, 0),
     E(cuGetProcAddress, "cuGetProcAddress", 11030, 0),
     E(cuGetProcAddress_v2, "cuGetProcAddress", 12000, 0),
     E(cuMemGetAllocationGranularity, "cuMemGetAllocationGranularity", 10020, 0),

@@ -86,6 +86,7 @@ enum {
   hipSuccess = 0,
   hipErrorInvalidValue = 1,
   hipErrorOutOfMemory = 2,
+  hipErrorInvalidPitchValue = 12,
   hipErrorInvalidDevicePointer = 17,
   hipErrorInvalidMemcpyDirection = 21,
   hipErrorInvalidDeviceFunction = 98,
@@ -95,7 +96,10 @@ enum {
   hipErrorFileNotFound = 301,
   hipErrorInvalidHandle = 400,
   hipErrorNotFound = 500,
+  hipErrorUnsupportedLimit = 215,
   hipErrorNotReady = 600,
+  hipErrorContextIsDestroyed = 709,
+  hipErrorCooperativeLaunchTooLarge = 720,
   hipErrorHostMemoryAlreadyRegistered = 712,
   hipErrorHostMemoryNotRegistered = 713,
   hipErrorNotSupported = 801,
@@ -182,6 +186,15 @@ static int parse_version(const char *s) {
   return atoi(s);
 }
 
+/* A device's state as HIP starts it (clr): hipDeviceScheduleSpin, a stack of 1024 bytes a
+ * thread and a device heap of 8 MiB (HIP_INITIAL_DM_SIZE). */
+static void device_defaults(int dev) {
+  fk_ctxs[dev].flags = 1;
+  memset(fk_ctxs[dev].limits, 0, sizeof fk_ctxs[dev].limits);
+  fk_ctxs[dev].limits[0] = 1024;
+  fk_ctxs[dev].limits[2] = 8ULL << 20;
+}
+
 static void fk_face_defaults(void) {
   const char *v = getenv("FAKEHIP_VERSION");
   const char *d = getenv("FAKEHIP_DEVICES");
@@ -204,6 +217,7 @@ static void fk_face_defaults(void) {
   snprintf(arch, sizeof arch, "%s", model->arch);
   last_flags = 0;
   last_device = -1;
+  for (int dev = 0; dev < FK_MAX_DEVICES; dev++) device_defaults(dev);
   const char *p = getenv("FAKEHIP_PROFILE");
   const char *unknown = NULL;
   size_t bad = parse_profiles(p, &fk_quirks, &unknown);
@@ -374,6 +388,7 @@ static const struct fake_error errors[] = {
     {2, "hipErrorOutOfMemory", "out of memory"},
     {3, "hipErrorNotInitialized", "initialization error"},
     {4, "hipErrorDeinitialized", "driver shutting down"},
+    {12, "hipErrorInvalidPitchValue", "invalid pitch argument"},
     {17, "hipErrorInvalidDevicePointer", "invalid device pointer"},
     {21, "hipErrorInvalidMemcpyDirection", "invalid copy direction for memcpy"},
     {98, "hipErrorInvalidDeviceFunction", "invalid device function"},
@@ -381,6 +396,7 @@ static const struct fake_error errors[] = {
     {101, "hipErrorInvalidDevice", "invalid device ordinal"},
     {200, "hipErrorInvalidImage", "device kernel image is invalid"},
     {201, "hipErrorInvalidContext", "invalid device context"},
+    {215, "hipErrorUnsupportedLimit", "limit is not supported on this architecture"},
     {217, "hipErrorPeerAccessUnsupported", "peer access is not supported between these two devices"},
     {301, "hipErrorFileNotFound", "file not found"},
     {400, "hipErrorInvalidHandle", "invalid resource handle"},
@@ -390,7 +406,9 @@ static const struct fake_error errors[] = {
     {704, "hipErrorPeerAccessAlreadyEnabled", "peer access is already enabled"},
     {705, "hipErrorPeerAccessNotEnabled", "peer access has not been enabled"},
     {712, "hipErrorHostMemoryAlreadyRegistered", "part or all of the requested memory range is already mapped"},
+    {709, "hipErrorContextIsDestroyed", "context is destroyed"},
     {713, "hipErrorHostMemoryNotRegistered", "pointer does not correspond to a registered memory region"},
+    {720, "hipErrorCooperativeLaunchTooLarge", "too many blocks in cooperative launch"},
     {719, "hipErrorLaunchFailure", "unspecified launch failure"},
     {800, "hipErrorNotPermitted", "operation not permitted"},
     {801, "hipErrorNotSupported", "operation not supported"},
@@ -488,6 +506,118 @@ EXPORT hipError_t hipDeviceEnablePeerAccess(int peer, unsigned flags) {
 EXPORT hipError_t hipDeviceDisablePeerAccess(int peer) {
   ENTER("hipDeviceDisablePeerAccess");
   RETURN(fk_disable_peer(current_device(), peer));
+}
+
+/* hipSetDeviceFlags: one scheduling flag, hipDeviceMapHost, hipDeviceLmemResizeToMax; clr keeps
+ * only the scheduling flag (what hipGetDeviceFlags answers). */
+EXPORT hipError_t hipSetDeviceFlags(unsigned flags) {
+  ENTER("hipSetDeviceFlags");
+  if (fk_n_devices == 0) RETURN(hipErrorNoDevice);
+  unsigned sched = flags & 7u;
+  if ((sched != 0 && sched != 1 && sched != 2 && sched != 4) || (flags & ~(7u | 8u | 0x10u)))
+    RETURN(hipErrorInvalidValue);
+  fk_ctxs[current_device()].flags = sched;
+  RETURN(hipSuccess);
+}
+EXPORT hipError_t hipGetDeviceFlags(unsigned *flags) {
+  ENTER("hipGetDeviceFlags");
+  if (!flags) RETURN(hipErrorInvalidValue);
+  *flags = fk_ctxs[current_device()].flags;
+  RETURN(hipSuccess);
+}
+
+/* "Destroy all resources and reset all state on the current device": its work completes, its
+ * streams, events, modules, device memory and pools go (clr's Device::Reset), its flags and
+ * limits are the defaults again. Pinned host memory stays. */
+EXPORT hipError_t hipDeviceReset(void) {
+  ENTER("hipDeviceReset");
+  int dev = current_device();
+  fk_cpu_wait();
+  fk_ctx_clear(dev, 1, "hipDeviceReset");
+  device_defaults(dev);
+  RETURN(hipSuccess);
+}
+
+/* hipLimitStackSize (0: at most 128 KiB - 16, rounded up to 16) and hipLimitMallocHeapSize (2:
+ * below the device's memory), as clr; hipLimitPrintfFifoSize (1): hipErrorUnsupportedLimit. */
+EXPORT hipError_t hipDeviceGetLimit(size_t *value, int limit) {
+  ENTER("hipDeviceGetLimit");
+  if (!value || limit < 0 || limit > 2) RETURN(hipErrorInvalidValue);
+  if (limit == 1) RETURN(hipErrorUnsupportedLimit);
+  *value = fk_ctxs[current_device()].limits[limit];
+  RETURN(hipSuccess);
+}
+EXPORT hipError_t hipDeviceSetLimit(int limit, size_t value) {
+  ENTER("hipDeviceSetLimit");
+  if (limit < 0 || limit > 2) RETURN(hipErrorInvalidValue);
+  if (limit == 1) RETURN(hipErrorUnsupportedLimit);
+  int dev = current_device();
+  if (limit == 0 && value > 128 * KIB - 16) RETURN(hipErrorInvalidValue);
+  if (limit == 2 && value >= fk_devices[dev].capacity) RETURN(hipErrorInvalidValue);
+  fk_ctxs[dev].limits[limit] = limit == 0 ? fk_round_up(value, 16) : value;
+  RETURN(hipSuccess);
+}
+
+/* Cache and shared-memory bank preferences: checked and ignored, as clr ("No way to set cache
+ * config yet"): the getters answer hipFuncCachePreferNone and hipSharedMemBankSizeFourByte. */
+EXPORT hipError_t hipDeviceGetCacheConfig(int *config) {
+  ENTER("hipDeviceGetCacheConfig");
+  if (!config) RETURN(hipErrorInvalidValue);
+  *config = 0;
+  RETURN(hipSuccess);
+}
+EXPORT hipError_t hipDeviceSetCacheConfig(int config) {
+  ENTER("hipDeviceSetCacheConfig");
+  RETURN(config < 0 || config > 3 ? hipErrorInvalidValue : hipSuccess);
+}
+EXPORT hipError_t hipDeviceGetSharedMemConfig(int *config) {
+  ENTER("hipDeviceGetSharedMemConfig");
+  if (!config) RETURN(hipErrorInvalidValue);
+  *config = 1;
+  RETURN(hipSuccess);
+}
+EXPORT hipError_t hipDeviceSetSharedMemConfig(int config) {
+  ENTER("hipDeviceSetSharedMemConfig");
+  RETURN(config < 0 || config > 2 ? hipErrorInvalidValue : hipSuccess);
+}
+
+/* A bus id as hipDeviceGetPCIBusId writes it ("%04x:%02x:%02x.%01x"), or without the domain. */
+EXPORT hipError_t hipDeviceGetByPCIBusId(int *device, const char *id) {
+  ENTER("hipDeviceGetByPCIBusId");
+  if (!device || !id) RETURN(hipErrorInvalidValue);
+  unsigned domain = 0, bus, slot, function = 0;
+  char tail;
+  if (sscanf(id, "%x:%x:%x.%x%c", &domain, &bus, &slot, &function, &tail) != 4 &&
+      (domain = 0, sscanf(id, "%x:%x.%x%c", &bus, &slot, &function, &tail) != 3))
+    RETURN(hipErrorInvalidValue);
+  for (int d = 0; d < fk_n_devices; d++)
+    if (domain == 0 && bus == (unsigned)(model->pci_bus + 32 * d) && slot == 0 && function == 0) {
+      *device = d;
+      RETURN(hipSuccess);
+    }
+  RETURN(hipErrorInvalidDevice);
+}
+
+/* hipDevP2PAttr (from 0): performance rank (0: one link kind), access, native atomics, array
+ * access — each what the peer link allows. */
+EXPORT hipError_t hipDeviceGetP2PAttribute(int *value, int attr, int src, int dst) {
+  ENTER("hipDeviceGetP2PAttribute");
+  if (!value) RETURN(hipErrorInvalidValue);
+  if (src == dst || !valid_device(src) || !valid_device(dst)) RETURN(hipErrorInvalidDevice);
+  if (attr < 0 || attr > 3) RETURN(hipErrorInvalidValue);
+  *value = attr == 0 ? 0 : !fk_peer_denied[src][dst];
+  RETURN(hipSuccess);
+}
+
+/* 16 bytes that name the fake and the ordinal. */
+EXPORT hipError_t hipDeviceGetUuid(char *uuid, int device) {
+  ENTER("hipDeviceGetUuid");
+  if (!uuid) RETURN(hipErrorInvalidValue);
+  if (!valid_device(device)) RETURN(hipErrorInvalidDevice);
+  static const char base[16] = "fakehip--device";
+  memcpy(uuid, base, 16);
+  uuid[15] = (char)device;
+  RETURN(hipSuccess);
 }
 
 static const char *device_name(void) {
@@ -766,6 +896,148 @@ EXPORT hipError_t hipMemGetAddressRange(void **base, size_t *size, void *ptr) {
   RETURN(hipSuccess);
 }
 
+/* Rows of `width` bytes, the pitch rounded up to 256 bytes (clr: imagePitchAlignment_); a zero
+ * width or height is a null pointer. */
+static hipError_t malloc_pitch(void **ptr, size_t *pitch, size_t width, size_t height) {
+  if (!ptr || !pitch) return hipErrorInvalidValue;
+  if (!width || !height) {
+    *ptr = NULL;
+    return hipSuccess;
+  }
+  unsigned long long rounded = fk_round_up(width, 256);
+  if (rounded < width || height > ~0ULL / rounded) return hipErrorInvalidValue;
+  hipError_t rc = do_malloc(ptr, rounded * height, 0, R_PLAIN);
+  if (rc == hipSuccess) *pitch = rounded;
+  return rc;
+}
+EXPORT hipError_t hipMallocPitch(void **ptr, size_t *pitch, size_t width, size_t height) {
+  ENTER("hipMallocPitch");
+  RETURN(malloc_pitch(ptr, pitch, width, height));
+}
+/* The driver-style form: the element size (4, 8 or 16) is checked as CUDA's is. */
+EXPORT hipError_t hipMemAllocPitch(void **ptr, size_t *pitch, size_t width, size_t height,
+                                   unsigned element) {
+  ENTER("hipMemAllocPitch");
+  if (element != 4 && element != 8 && element != 16) RETURN(hipErrorInvalidValue);
+  RETURN(malloc_pitch(ptr, pitch, width, height));
+}
+
+/* The size of the allocation holding `ptr` (device or pinned host memory). */
+EXPORT hipError_t hipMemPtrGetInfo(void *ptr, size_t *size) {
+  ENTER("hipMemPtrGetInfo");
+  const struct fk_region *r = fk_region_holding((unsigned long long)(uintptr_t)ptr);
+  if (!size || !r) RETURN(hipErrorInvalidValue);
+  *size = r->size;
+  RETURN(hipSuccess);
+}
+
+/* ----- managed memory: advice, prefetch, attachment, range attributes ---------------------- */
+
+/* Memory the driver knows holding all of [ptr, ptr + count) (HIP takes any of its memory
+ * here, not managed memory only), or NULL. */
+static struct fk_region *known_range(const void *ptr, size_t count) {
+  unsigned long long va = (unsigned long long)(uintptr_t)ptr;
+  struct fk_region *r = fk_region_holding(va);
+  if (!r || !count || va + count < va || va + count > r->va + r->size) return NULL;
+  return r;
+}
+
+/* hipMemAdvise: as clr, a device is checked unless the advice is read-mostly; the advice is
+ * kept for the whole allocation (what hipMemRangeGetAttribute reports). */
+EXPORT hipError_t hipMemAdvise(const void *ptr, size_t count, int advice, int device) {
+  ENTER("hipMemAdvise");
+  int read_mostly = advice == 1 || advice == 2;
+  if (!read_mostly && device != FK_LOC_CPU && !valid_device(device)) RETURN(hipErrorInvalidDevice);
+  struct fk_region *r = known_range(ptr, count);
+  if (!ptr || !count || !r || advice < 1 || advice > 6) RETURN(hipErrorInvalidValue);
+  unsigned bit = device == FK_LOC_CPU ? 1u << 31 : device >= 0 && device < 31 ? 1u << device : 0;
+  switch (advice) {
+    case 1: r->read_mostly = 1; break;
+    case 2: r->read_mostly = 0; break;
+    case 3: r->preferred = device; break;
+    case 4: r->preferred = FK_LOC_NONE; break;
+    case 5: r->accessed_by |= bit; break;
+    case 6: r->accessed_by &= ~bit; break;
+  }
+  RETURN(hipSuccess);
+}
+
+/* A stream-ordered prefetch (NULL: the destination device's null stream, as clr); memory the
+ * driver does not know is hipErrorNotSupported (no HMM access to system memory). */
+EXPORT hipError_t hipMemPrefetchAsync(const void *ptr, size_t count, int device, void *stream) {
+  ENTER("hipMemPrefetchAsync");
+  if (!ptr || !count) RETURN(hipErrorInvalidValue);
+  unsigned long long handle = (unsigned long long)(uintptr_t)stream;
+  if (handle && handle != 1 && handle != 2 && fk_stream_slot(handle) < 0)
+    RETURN(hipErrorContextIsDestroyed);
+  if (device != FK_LOC_CPU && !valid_device(device)) RETURN(hipErrorInvalidDevice);
+  struct fk_region *r = fk_region_holding((unsigned long long)(uintptr_t)ptr);
+  if (!r) RETURN(hipErrorNotSupported);
+  if (!known_range(ptr, count)) RETURN(hipErrorInvalidValue);
+  int owner = device == FK_LOC_CPU || handle ? current_device() : device;
+  int clock = fk_clock_of(owner, handle, 0);
+  if (!clock) RETURN(hipErrorInvalidValue);
+  fk_enqueue(clock);
+  r->last_prefetch = device;
+  RETURN(hipSuccess);
+}
+
+/* hipMemRangeAttribute 1-4, as CUDA's (the accessed-by list ends in hipInvalidDeviceId). */
+static hipError_t range_attribute(void *data, size_t size, int attribute, const void *ptr,
+                                  size_t count) {
+  const struct fk_region *r = known_range(ptr, count);
+  if (!data || !size || !r || (attribute != 3 && size != 4) || size % 4) return hipErrorInvalidValue;
+  int *out = (int *)data;
+  switch (attribute) {
+    case 1: *out = r->read_mostly; break;
+    case 2: *out = r->preferred; break;
+    case 3: {
+      size_t n = 0;
+      for (int d = 0; d < fk_n_devices && n < size / 4; d++)
+        if ((r->accessed_by >> d) & 1) out[n++] = d;
+      if (n < size / 4 && (r->accessed_by >> 31)) out[n++] = FK_LOC_CPU;
+      while (n < size / 4) out[n++] = FK_LOC_NONE;
+      break;
+    }
+    case 4: *out = r->last_prefetch; break;
+    default: return hipErrorInvalidValue;
+  }
+  return hipSuccess;
+}
+EXPORT hipError_t hipMemRangeGetAttribute(void *data, size_t size, int attribute, const void *ptr,
+                                          size_t count) {
+  ENTER("hipMemRangeGetAttribute");
+  RETURN(range_attribute(data, size, attribute, ptr, count));
+}
+EXPORT hipError_t hipMemRangeGetAttributes(void **data, size_t *sizes, int *attributes, size_t n,
+                                           const void *ptr, size_t count) {
+  ENTER("hipMemRangeGetAttributes");
+  if (!data || !sizes || !attributes || !n || !ptr || !count) RETURN(hipErrorInvalidValue);
+  for (size_t i = 0; i < n; i++) {
+    hipError_t rc = range_attribute(data[i], sizes[i], attributes[i], ptr, count);
+    if (rc != hipSuccess) RETURN(rc);
+  }
+  RETURN(hipSuccess);
+}
+
+/* Checked as clr checks it, and nothing else: clr queues nothing ("Unclear what should be
+ * done for this interface in AMD HMM"). */
+EXPORT hipError_t hipStreamAttachMemAsync(void *stream, void *ptr, size_t length, unsigned flags) {
+  ENTER("hipStreamAttachMemAsync");
+  if (!ptr) RETURN(hipErrorInvalidValue);
+  unsigned long long handle = (unsigned long long)(uintptr_t)stream;
+  if (handle && handle != 1 && handle != 2 && fk_stream_slot(handle) < 0)
+    RETURN(hipErrorContextIsDestroyed);
+  if ((flags != 1 && flags != 2 && flags != 4) || (flags == 4 && !stream))
+    RETURN(hipErrorInvalidValue);
+  const struct fk_region *r = fk_region_holding((unsigned long long)(uintptr_t)ptr);
+  if (!r && !length) RETURN(hipErrorInvalidValue);
+  if (!r) RETURN(hipErrorInvalidValue); /* no HMM access to system memory */
+  if ((r->kind == R_MANAGED || r->kind == R_HOST) && length && length != r->size)
+    RETURN(hipErrorInvalidValue);
+  RETURN(hipSuccess);
+}
+
 /* ----- pinned host memory ------------------------------------------------------------------ */
 
 /* hipHostMallocPortable | Mapped | WriteCombined | NumaUser | Coherent | NonCoherent. */
@@ -821,6 +1093,16 @@ EXPORT hipError_t hipHostGetDevicePointer(void **out, void *ptr, unsigned flags)
   if (!out || flags || !fk_pinned_range((unsigned long long)(uintptr_t)ptr, 1))
     RETURN(hipErrorInvalidValue);
   *out = ptr;
+  RETURN(hipSuccess);
+}
+
+/* The flags of a hipHostMalloc allocation (registered memory: hipErrorInvalidValue, as clr,
+ * "to match with Nvidia behaviour"). */
+EXPORT hipError_t hipHostGetFlags(unsigned *flags, void *ptr) {
+  ENTER("hipHostGetFlags");
+  const struct fk_region *r = fk_region_holding((unsigned long long)(uintptr_t)ptr);
+  if (!flags || !ptr || !r || r->kind != R_HOST) RETURN(hipErrorInvalidValue);
+  *flags = r->flags;
   RETURN(hipSuccess);
 }
 
@@ -1030,6 +1312,96 @@ EXPORT hipError_t hipMemsetD32(void *dst, int value, size_t n) {
 EXPORT hipError_t hipMemsetD32Async(void *dst, int value, size_t n, void *stream) {
   ENTER("hipMemsetD32Async");
   RETURN(memset_on(dst, (unsigned)value, 4, n, stream, 0, 0, "hipMemsetD32Async"));
+}
+
+/* ----- peer and 2D copies, 2D memsets ------------------------------------------------------- */
+
+/* hipMemcpyPeer: a device-to-device copy on the null stream that returns once it completed
+ * (clr: ihipMemcpy, not async); hipMemcpyPeerAsync: ordered on its stream only. Each side must
+ * be memory of the device named. */
+static hipError_t copy_peer(void *dst, int dst_device, const void *src, int src_device, size_t n,
+                            void *stream, int async, const char *what) {
+  if (!valid_device(dst_device) || !valid_device(src_device)) return hipErrorInvalidDevice;
+  CHECK_STREAM(clock, stream, 0);
+  if (!n) return hipSuccess;
+  unsigned long long d = (unsigned long long)(uintptr_t)dst, s = (unsigned long long)(uintptr_t)src;
+  const struct fk_region *dr = fk_region_holding(d), *sr = fk_region_holding(s);
+  if (!dr || !sr || dr->device != dst_device || sr->device != src_device ||
+      !fk_device_range(d, n, dst_device) || !fk_device_range(s, n, src_device))
+    return hipErrorInvalidValue;
+  return fk_copy_2d(clock, dst_device, d, n, SIDE_DEVICE, src_device, s, n, SIDE_DEVICE, n, 1,
+                    async ? FK_ASYNC : FK_SYNC_FULL, 0, what);
+}
+EXPORT hipError_t hipMemcpyPeer(void *dst, int dst_device, const void *src, int src_device,
+                                size_t n) {
+  ENTER("hipMemcpyPeer");
+  RETURN(copy_peer(dst, dst_device, src, src_device, n, NULL, 0, "hipMemcpyPeer"));
+}
+EXPORT hipError_t hipMemcpyPeerAsync(void *dst, int dst_device, const void *src, int src_device,
+                                     size_t n, void *stream) {
+  ENTER("hipMemcpyPeerAsync");
+  RETURN(copy_peer(dst, dst_device, src, src_device, n, stream, 1, "hipMemcpyPeerAsync"));
+}
+
+/* As clr's hipMemcpy2D: nothing for a zero width or height; a pitch below the width is
+ * hipErrorInvalidPitchValue; it waits as hipMemcpy does (the async form as hipMemcpyAsync:
+ * synchronous over pageable memory). */
+static hipError_t copy_2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                          size_t height, int kind, void *stream, int pt, int sync,
+                          const char *what) {
+  int dst_side, src_side;
+  if (!sides_of(kind, &dst_side, &src_side)) return hipErrorInvalidMemcpyDirection;
+  CHECK_STREAM(clock, stream, pt);
+  if (!width || !height) return hipSuccess;
+  if (width > dpitch || width > spitch) return hipErrorInvalidPitchValue;
+  if (!dst || !src) return hipErrorInvalidValue;
+  unsigned long long d = (unsigned long long)(uintptr_t)dst, s = (unsigned long long)(uintptr_t)src;
+  unsigned long long dspan = fk_rows_span(width, height, dpitch), sspan = fk_rows_span(width, height, spitch);
+  int wait = sync || pageable(d, dspan) || pageable(s, sspan) ? FK_SYNC_FULL : FK_ASYNC;
+  int device = current_device();
+  return fk_copy_2d(clock, device, d, dpitch, dst_side, device, s, spitch, src_side, width, height,
+                    wait, 0, what);
+}
+EXPORT hipError_t hipMemcpy2D(void *dst, size_t dpitch, const void *src, size_t spitch,
+                              size_t width, size_t height, int kind) {
+  ENTER("hipMemcpy2D");
+  RETURN(copy_2d(dst, dpitch, src, spitch, width, height, kind, NULL, 0, 1, "hipMemcpy2D"));
+}
+EXPORT hipError_t hipMemcpy2D_spt(void *dst, size_t dpitch, const void *src, size_t spitch,
+                                  size_t width, size_t height, int kind) {
+  ENTER("hipMemcpy2D_spt");
+  RETURN(copy_2d(dst, dpitch, src, spitch, width, height, kind, NULL, 1, 1, "hipMemcpy2D_spt"));
+}
+EXPORT hipError_t hipMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch,
+                                   size_t width, size_t height, int kind, void *stream) {
+  ENTER("hipMemcpy2DAsync");
+  RETURN(copy_2d(dst, dpitch, src, spitch, width, height, kind, stream, 0, 0, "hipMemcpy2DAsync"));
+}
+
+/* hipMemset2D: `height` rows of `width` bytes, `pitch` apart; it waits as hipMemset does. */
+static hipError_t memset_2d(void *dst, size_t pitch, int value, size_t width, size_t height,
+                            void *stream, int pt, int sync, const char *what) {
+  CHECK_STREAM(clock, stream, pt);
+  if (!width || !height) return hipSuccess;
+  if (height > 1 && pitch < width) return hipErrorInvalidPitchValue;
+  unsigned long long d = (unsigned long long)(uintptr_t)dst;
+  int wait = FK_ASYNC;
+  if (sync && (major() < 6 || !fk_region_find(R_PLAIN, d))) wait = FK_SYNC_FULL;
+  return fk_memset_2d(current_device(), clock, d, pitch, (unsigned)value & 0xff, 1, width, height,
+                      wait, what);
+}
+EXPORT hipError_t hipMemset2D(void *dst, size_t pitch, int value, size_t width, size_t height) {
+  ENTER("hipMemset2D");
+  RETURN(memset_2d(dst, pitch, value, width, height, NULL, 0, 1, "hipMemset2D"));
+}
+EXPORT hipError_t hipMemset2D_spt(void *dst, size_t pitch, int value, size_t width, size_t height) {
+  ENTER("hipMemset2D_spt");
+  RETURN(memset_2d(dst, pitch, value, width, height, NULL, 1, 1, "hipMemset2D_spt"));
+}
+EXPORT hipError_t hipMemset2DAsync(void *dst, size_t pitch, int value, size_t width, size_t height,
+                                   void *stream) {
+  ENTER("hipMemset2DAsync");
+  RETURN(memset_2d(dst, pitch, value, width, height, stream, 0, 0, "hipMemset2DAsync"));
 }
 
 /* ----- streams ------------------------------------------------------------------------------ */
@@ -1279,14 +1651,11 @@ EXPORT hipError_t hipModuleLoadDataEx(void **module, const void *image, unsigned
 EXPORT hipError_t hipModuleLoad(void **module, const char *path) {
   ENTER("hipModuleLoad");
   if (!module || !path) RETURN(hipErrorInvalidValue);
-  FILE *f = fopen(path, "rb");
-  if (!f) RETURN(hipErrorFileNotFound);
-  static char bytes[1 << 20];
-  size_t n = fread(bytes, 1, sizeof bytes - 1, f);
-  fclose(f);
-  bytes[n] = 0;
   int code;
+  char *bytes = fk_read_file(path, &code);
+  if (!bytes) RETURN(code == FK_NOT_FOUND ? hipErrorFileNotFound : code);
   unsigned long long handle = fk_module_load(current_device(), bytes, &code);
+  free(bytes);
   if (handle) *module = (void *)(uintptr_t)handle;
   RETURN(code);
 }
@@ -1303,14 +1672,186 @@ EXPORT hipError_t hipModuleUnload(void *module) {
   RETURN(fk_module_unload((unsigned long long)(uintptr_t)module));
 }
 
+/* hipModuleGetGlobal, as clr: no name (or an empty one), or neither output: invalid value; a
+ * null module: invalid handle. */
+EXPORT hipError_t hipModuleGetGlobal(void **dptr, size_t *bytes, void *module, const char *name) {
+  ENTER("hipModuleGetGlobal");
+  if ((!dptr && !bytes) || !name || !name[0]) RETURN(hipErrorInvalidValue);
+  unsigned long long va, size;
+  int rc = fk_module_global((unsigned long long)(uintptr_t)module, name, &va, &size);
+  if (rc != FK_OK) RETURN(rc);
+  if (dptr) *dptr = (void *)(uintptr_t)va;
+  if (bytes) *bytes = size;
+  RETURN(hipSuccess);
+}
+
+/* The LDS a block may use, less the function's static shared memory (none, see FK_FN_REGS);
+ * hipFuncSetAttribute may lower it. */
+static int max_dynamic_shared(const struct fk_function *fn) {
+  return fn->max_dynamic_shared >= 0 ? fn->max_dynamic_shared : 65536;
+}
+
+/* hipFunction_attribute (CUDA's numbering, 0-9), as clr answers it: PTX and binary version the
+ * ISA's (9.4: 94), carveout 0. */
+static hipError_t function_attribute(int *value, int attr, const struct fk_function *fn) {
+  switch (attr) {
+    case 0: *value = 1024; break;
+    case 1: case 2: case 3: *value = 0; break;
+    case 4: *value = FK_FN_REGS; break;
+    case 5: case 6: *value = model->major * 10 + model->minor; break;
+    case 7: *value = 0; break;
+    case 8: *value = max_dynamic_shared(fn); break;
+    case 9: *value = 0; break;
+    default: return hipErrorInvalidValue;
+  }
+  return hipSuccess;
+}
+EXPORT hipError_t hipFuncGetAttribute(int *value, int attr, void *function) {
+  ENTER("hipFuncGetAttribute");
+  if (!value) RETURN(hipErrorInvalidValue);
+  const struct fk_function *fn = fk_function_of((unsigned long long)(uintptr_t)function);
+  if (!fn) RETURN(hipErrorInvalidHandle);
+  RETURN(function_attribute(value, attr, fn));
+}
+
+/* hipFuncAttributes, as hip_runtime_api.h lays it out (56 bytes). */
+struct hip_func_attributes {
+  int binaryVersion, cacheModeCA;
+  size_t constSizeBytes, localSizeBytes;
+  int maxDynamicSharedSizeBytes, maxThreadsPerBlock, numRegs, preferredShmemCarveout, ptxVersion;
+  size_t sharedSizeBytes;
+};
+_Static_assert(sizeof(struct hip_func_attributes) == 56, "hipFuncAttributes is 56 bytes");
+
+/* `function` is a host stub a compiled HIP program registers; the fake has none, so it takes
+ * a function from hipModuleGetFunction (as hipLaunchKernel does), else
+ * hipErrorInvalidDeviceFunction. */
+EXPORT hipError_t hipFuncGetAttributes(struct hip_func_attributes *attr, const void *function) {
+  ENTER("hipFuncGetAttributes");
+  if (!attr) RETURN(hipErrorInvalidValue);
+  const struct fk_function *fn = fk_function_of((unsigned long long)(uintptr_t)function);
+  if (!fn) RETURN(hipErrorInvalidDeviceFunction);
+  memset(attr, 0, sizeof *attr);
+  attr->binaryVersion = attr->ptxVersion = model->major * 10 + model->minor;
+  attr->maxDynamicSharedSizeBytes = max_dynamic_shared(fn);
+  attr->maxThreadsPerBlock = 1024;
+  attr->numRegs = FK_FN_REGS;
+  attr->preferredShmemCarveout = fn->carveout;
+  RETURN(hipSuccess);
+}
+
+/* hipFuncAttributeMaxDynamicSharedMemorySize (8): 0 to the LDS available;
+ * hipFuncAttributePreferredSharedMemoryCarveout (9): -1 to 100. */
+EXPORT hipError_t hipFuncSetAttribute(const void *function, int attr, int value) {
+  ENTER("hipFuncSetAttribute");
+  if (!function) RETURN(hipErrorInvalidDeviceFunction);
+  if (attr < 0 || attr > 10) RETURN(hipErrorInvalidValue);
+  struct fk_function *fn = fk_function_of((unsigned long long)(uintptr_t)function);
+  if (!fn) RETURN(hipErrorInvalidDeviceFunction);
+  if (attr == 8) {
+    if (value < 0 || value > 65536) RETURN(hipErrorInvalidValue);
+    fn->max_dynamic_shared = value;
+  } else if (attr == 9) {
+    if (value < -1 || value > 100) RETURN(hipErrorInvalidValue);
+    fn->carveout = value;
+  }
+  RETURN(hipSuccess);
+}
+EXPORT hipError_t hipFuncSetCacheConfig(const void *function, int config) {
+  ENTER("hipFuncSetCacheConfig");
+  struct fk_function *fn = fk_function_of((unsigned long long)(uintptr_t)function);
+  if (!fn) RETURN(hipErrorInvalidDeviceFunction);
+  if (config < 0 || config > 3) RETURN(hipErrorInvalidValue);
+  fn->cache_config = config;
+  RETURN(hipSuccess);
+}
+
+/* ----- occupancy --------------------------------------------------------------------------- */
+
+/* A compute unit: 64-wide wavefronts, 2048 threads, 32 blocks, 64 KiB of LDS. */
+static struct fk_sm_limits cu_limits(const struct fk_function *fn) {
+  struct fk_sm_limits l = {64, 1024, 2048, 32, 65536, 65536, model->cus,
+                           (unsigned long long)max_dynamic_shared(fn)};
+  return l;
+}
+static hipError_t occupancy(int *blocks, const void *function, int block, size_t dynamic,
+                            unsigned flags) {
+  if (!blocks || flags > 1) return hipErrorInvalidValue;
+  const struct fk_function *fn = fk_function_of((unsigned long long)(uintptr_t)function);
+  if (!fn) return hipErrorInvalidDeviceFunction;
+  if (block <= 0) return hipErrorInvalidValue;
+  struct fk_sm_limits l = cu_limits(fn);
+  *blocks = fk_blocks_per_sm(&l, block, dynamic);
+  return hipSuccess;
+}
+EXPORT hipError_t hipOccupancyMaxActiveBlocksPerMultiprocessor(int *blocks, const void *f,
+                                                               int block, size_t dynamic) {
+  ENTER("hipOccupancyMaxActiveBlocksPerMultiprocessor");
+  RETURN(occupancy(blocks, f, block, dynamic, 0));
+}
+EXPORT hipError_t hipOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *blocks, const void *f,
+                                                                        int block, size_t dynamic,
+                                                                        unsigned flags) {
+  ENTER("hipOccupancyMaxActiveBlocksPerMultiprocessorWithFlags");
+  RETURN(occupancy(blocks, f, block, dynamic, flags));
+}
+EXPORT hipError_t hipModuleOccupancyMaxActiveBlocksPerMultiprocessor(int *blocks, void *f,
+                                                                     int block, size_t dynamic) {
+  ENTER("hipModuleOccupancyMaxActiveBlocksPerMultiprocessor");
+  RETURN(occupancy(blocks, f, block, dynamic, 0));
+}
+EXPORT hipError_t hipModuleOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *blocks, void *f,
+                                                                              int block,
+                                                                              size_t dynamic,
+                                                                              unsigned flags) {
+  ENTER("hipModuleOccupancyMaxActiveBlocksPerMultiprocessorWithFlags");
+  RETURN(occupancy(blocks, f, block, dynamic, flags));
+}
+static hipError_t potential_block(int *grid, int *block, const void *function, size_t dynamic,
+                                  int limit, unsigned flags) {
+  if (!grid || !block || flags > 1 || limit < 0) return hipErrorInvalidValue;
+  const struct fk_function *fn = fk_function_of((unsigned long long)(uintptr_t)function);
+  if (!fn) return hipErrorInvalidDeviceFunction;
+  struct fk_sm_limits l = cu_limits(fn);
+  fk_best_block(&l, limit, NULL, dynamic, grid, block);
+  return hipSuccess;
+}
+EXPORT hipError_t hipOccupancyMaxPotentialBlockSize(int *grid, int *block, const void *f,
+                                                    size_t dynamic, int limit) {
+  ENTER("hipOccupancyMaxPotentialBlockSize");
+  RETURN(potential_block(grid, block, f, dynamic, limit, 0));
+}
+EXPORT hipError_t hipModuleOccupancyMaxPotentialBlockSize(int *grid, int *block, void *f,
+                                                          size_t dynamic, int limit) {
+  ENTER("hipModuleOccupancyMaxPotentialBlockSize");
+  RETURN(potential_block(grid, block, f, dynamic, limit, 0));
+}
+EXPORT hipError_t hipModuleOccupancyMaxPotentialBlockSizeWithFlags(int *grid, int *block, void *f,
+                                                                   size_t dynamic, int limit,
+                                                                   unsigned flags) {
+  ENTER("hipModuleOccupancyMaxPotentialBlockSizeWithFlags");
+  RETURN(potential_block(grid, block, f, dynamic, limit, flags));
+}
+
+/* ----- launches ---------------------------------------------------------------------------- */
+
+/* Checked as hipModuleLaunchKernel checks it (blocks of at most 1024 threads, dynamic shared
+ * memory within the function's limit, kernelParams or extra, not both); a cooperative launch
+ * also needs a grid that fits on the device at once. */
 static hipError_t launch(struct fk_function *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                          unsigned by, unsigned bz, void *stream, void **params, void **extra,
-                         size_t shared, int pt) {
+                         size_t shared, int pt, int cooperative) {
   if (!fn) return hipErrorInvalidHandle;
   CHECK_STREAM(clock, stream, pt);
   if (!gx || !gy || !gz || !bx || !by || !bz || (unsigned long long)bx * by * bz > 1024 ||
-      (params && extra) || shared > 65536)
+      (params && extra) || shared > (size_t)max_dynamic_shared(fn))
     return hipErrorInvalidValue;
+  if (cooperative) {
+    struct fk_sm_limits l = cu_limits(fn);
+    unsigned long long fits =
+        (unsigned long long)fk_blocks_per_sm(&l, (int)(bx * by * bz), shared) * (unsigned)l.sms;
+    if ((unsigned long long)gx * gy * gz > fits) return hipErrorCooperativeLaunchTooLarge;
+  }
   return fk_launch(current_device(), clock, fn->name, params) ? hipSuccess : hipErrorOutOfMemory;
 }
 EXPORT hipError_t hipModuleLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
@@ -1318,26 +1859,37 @@ EXPORT hipError_t hipModuleLaunchKernel(void *f, unsigned gx, unsigned gy, unsig
                                         void **params, void **extra) {
   ENTER("hipModuleLaunchKernel");
   RETURN(launch(fk_function_of((unsigned long long)(uintptr_t)f), gx, gy, gz, bx, by, bz, stream,
-                params, extra, shared, 0));
+                params, extra, shared, 0, 0));
 }
 /* `function` is a host stub a compiled HIP program registers; the fake has no such programs,
  * so it takes a function from hipModuleGetFunction, and answers
  * hipErrorInvalidDeviceFunction for anything else. */
 static hipError_t launch_kernel(const void *function, dim3 grid, dim3 block, void **args,
-                                size_t shared, void *stream, int pt) {
+                                size_t shared, void *stream, int pt, int cooperative) {
   struct fk_function *fn = fk_function_of((unsigned long long)(uintptr_t)function);
   if (!fn) return hipErrorInvalidDeviceFunction;
-  return launch(fn, grid.x, grid.y, grid.z, block.x, block.y, block.z, stream, args, NULL, shared, pt);
+  return launch(fn, grid.x, grid.y, grid.z, block.x, block.y, block.z, stream, args, NULL, shared,
+                pt, cooperative);
 }
 EXPORT hipError_t hipLaunchKernel(const void *function, dim3 grid, dim3 block, void **args,
                                   size_t shared, void *stream) {
   ENTER("hipLaunchKernel");
-  RETURN(launch_kernel(function, grid, block, args, shared, stream, 0));
+  RETURN(launch_kernel(function, grid, block, args, shared, stream, 0, 0));
 }
 EXPORT hipError_t hipLaunchKernel_spt(const void *function, dim3 grid, dim3 block, void **args,
                                       size_t shared, void *stream) {
   ENTER("hipLaunchKernel_spt");
-  RETURN(launch_kernel(function, grid, block, args, shared, stream, 1));
+  RETURN(launch_kernel(function, grid, block, args, shared, stream, 1, 0));
+}
+EXPORT hipError_t hipLaunchCooperativeKernel(const void *function, dim3 grid, dim3 block,
+                                             void **args, unsigned shared, void *stream) {
+  ENTER("hipLaunchCooperativeKernel");
+  RETURN(launch_kernel(function, grid, block, args, shared, stream, 0, 1));
+}
+EXPORT hipError_t hipLaunchCooperativeKernel_spt(const void *function, dim3 grid, dim3 block,
+                                                 void **args, unsigned shared, void *stream) {
+  ENTER("hipLaunchCooperativeKernel_spt");
+  RETURN(launch_kernel(function, grid, block, args, shared, stream, 1, 1));
 }
 
 /* ----- virtual memory ---------------------------------------------------------------------- */
@@ -1703,6 +2255,49 @@ static const struct fk_entry hip_table[] = {
     E(hipMallocAsync, FK_G_ALLOC),
     E(hipFreeAsync, FK_G_FREE),
     E(hipGetProcAddress, 0),
+    E(hipSetDeviceFlags, 0),
+    E(hipGetDeviceFlags, 0),
+    E(hipDeviceReset, FK_G_SYNC),
+    E(hipDeviceGetLimit, 0),
+    E(hipDeviceSetLimit, 0),
+    E(hipDeviceGetCacheConfig, 0),
+    E(hipDeviceSetCacheConfig, 0),
+    E(hipDeviceGetSharedMemConfig, 0),
+    E(hipDeviceSetSharedMemConfig, 0),
+    E(hipDeviceGetByPCIBusId, 0),
+    E(hipDeviceGetP2PAttribute, 0),
+    E(hipDeviceGetUuid, 0),
+    E(hipMallocPitch, FK_G_ALLOC),
+    E(hipMemAllocPitch, FK_G_ALLOC),
+    E(hipMemPtrGetInfo, 0),
+    E(hipHostGetFlags, 0),
+    E(hipMemAdvise, 0),
+    E(hipMemPrefetchAsync, 0),
+    E(hipMemRangeGetAttribute, 0),
+    E(hipMemRangeGetAttributes, 0),
+    E(hipStreamAttachMemAsync, 0),
+    E(hipMemcpyPeer, FK_G_COPY),
+    E(hipMemcpyPeerAsync, FK_G_COPY),
+    E(hipMemcpy2D, FK_G_COPY),
+    P(hipMemcpy2D_spt, "hipMemcpy2D", FK_G_COPY),
+    E(hipMemcpy2DAsync, FK_G_COPY),
+    E(hipMemset2D, FK_G_MEMSET),
+    P(hipMemset2D_spt, "hipMemset2D", FK_G_MEMSET),
+    E(hipMemset2DAsync, FK_G_MEMSET),
+    E(hipModuleGetGlobal, 0),
+    E(hipFuncGetAttribute, 0),
+    E(hipFuncGetAttributes, 0),
+    E(hipFuncSetAttribute, 0),
+    E(hipFuncSetCacheConfig, 0),
+    E(hipOccupancyMaxActiveBlocksPerMultiprocessor, 0),
+    E(hipOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, 0),
+    E(hipModuleOccupancyMaxActiveBlocksPerMultiprocessor, 0),
+    E(hipModuleOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, 0),
+    E(hipOccupancyMaxPotentialBlockSize, 0),
+    E(hipModuleOccupancyMaxPotentialBlockSize, 0),
+    E(hipModuleOccupancyMaxPotentialBlockSizeWithFlags, 0),
+    E(hipLaunchCooperativeKernel, FK_G_LAUNCH),
+    P(hipLaunchCooperativeKernel_spt, "hipLaunchCooperativeKernel", FK_G_LAUNCH),
 };
 
 static const struct fk_entry *fk_table(int *n) {

@@ -299,8 +299,8 @@ impl Profile {
     ///
     /// ```
     /// let cleared = portalloc_fakes::Profile::variables();
-    /// assert!(cleared.iter().any(|v| v == "FAKEHIP_PROFILE"));
-    /// assert!(cleared.iter().any(|v| v == "PORTALLOC_HIP_LIBRARY"));
+    /// assert!(cleared.contains(&"FAKEHIP_PROFILE"));
+    /// assert!(cleared.contains(&"PORTALLOC_HIP_LIBRARY"));
     /// ```
     pub fn variables() -> Vec<&'static str> {
         let mut names: Vec<&'static str> = SET_BY_EVERY_PROFILE.to_vec();

@@ -527,9 +527,10 @@ impl Fake {
         if self.vendor == Vendor::Hip {
             return;
         }
-        let f: unsafe extern "C" fn(c_int) -> c_int = self.sym("cuDevicePrimaryCtxRelease_v2");
+        // The unsuffixed form: every driver has it (the _v2 one came with CUDA 11).
+        let f: unsafe extern "C" fn(c_int) -> c_int = self.sym("cuDevicePrimaryCtxRelease");
         // SAFETY: by value; balances a retain of `primary`.
-        assert_eq!(unsafe { f(device) }, 0, "cuDevicePrimaryCtxRelease_v2");
+        assert_eq!(unsafe { f(device) }, 0, "cuDevicePrimaryCtxRelease");
     }
 }
 
