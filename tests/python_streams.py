@@ -25,7 +25,7 @@ P = ctypes.c_void_p
 for name, restype, argtypes in [
     ("cuInit", ctypes.c_int, [ctypes.c_uint]),
     ("cuDevicePrimaryCtxRetain", ctypes.c_int, [ctypes.POINTER(P), ctypes.c_int]),
-    ("cuDevicePrimaryCtxRelease_v2", ctypes.c_int, [ctypes.c_int]),
+    ("cuDevicePrimaryCtxRelease", ctypes.c_int, [ctypes.c_int]),
     ("cuCtxSetCurrent", ctypes.c_int, [P]),
     ("cuCtxGetCurrent", ctypes.c_int, [ctypes.POINTER(P)]),
     ("cuStreamCreate", ctypes.c_int, [ctypes.POINTER(P), ctypes.c_uint]),

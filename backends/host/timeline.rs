@@ -2,7 +2,10 @@
 //! kernels that stay in flight over the memory they use, GPU-side waits, the hazards of
 //! freeing or unmapping memory still in use, and the CPU waits counted.
 //!
-//! # The model (the same as the conformance drivers', `fakes/drivers/fake_common.h`)
+//! # The model
+//!
+//! The conformance drivers keep it too (`fakes/drivers/fake_timeline.h`), and add the legacy
+//! stream's implicit ordering, non-blocking streams and a race detector.
 //!
 //! * Every stream is a **clock** of operations — event records, pool frees, waits, kernels —
 //!   that complete in order. The handles 0 and [`Stream::LEGACY`] share one clock (the legacy

@@ -19,7 +19,7 @@
  *   fake_pools.h     stream-ordered pools with blocks on the timeline
  *   fake_modules.h   modules, functions, kernel models (the ranges a launch uses) and launch
  *
- * The control API (what a test calls beside the vendor's) is specified in fakes/README.md
+ * The control API (what a test calls beside the vendor's) is specified in docs/fakes.md
  * and docs/fakes.md; `fake_*` functions are common to both drivers, `fakecuda_*` /
  * `fakehip_*` belong to one.
  *
@@ -302,9 +302,20 @@ FK_FN void fk_gate(const char *function) {
     pthread_mutex_unlock(&fk_lock); \
     return r_;                     \
   } while (0)
+/* A control function called from a host function, which runs under the driver's lock, would
+ * wait for that lock for ever: it stops the process saying why instead. */
+static void fk_not_in_callback(const char *function) {
+  if (!fk_t_in_callback) return;
+  fprintf(stderr,
+          "%s: called from a host function; the fake runs host functions under its lock, as the "
+          "vendors forbid driver calls in them, so a control call there cannot run\n",
+          function);
+  abort();
+}
 /* Runs the statements given under the lock, with the defaults in place. */
 #define LOCKED(...)                \
   do {                             \
+    fk_not_in_callback(__func__);  \
     pthread_mutex_lock(&fk_lock);  \
     fk_prepare();                  \
     __VA_ARGS__;                   \
@@ -402,11 +413,14 @@ struct fake_error {
  * name query is how a caller reports another call's failure). */
 FK_FN const struct fake_error *fk_error_of(const struct fake_error *table, size_t n, int code,
                                            const char *function) {
-  pthread_mutex_lock(&fk_lock);
-  fk_prepare();
-  int index = fk_entry_index(function);
-  if (index >= 0) fk_calls[index]++;
-  pthread_mutex_unlock(&fk_lock);
+  /* From a host function (which runs under the lock) only looked up, not counted. */
+  if (!fk_t_in_callback) {
+    pthread_mutex_lock(&fk_lock);
+    fk_prepare();
+    int index = fk_entry_index(function);
+    if (index >= 0) fk_calls[index]++;
+    pthread_mutex_unlock(&fk_lock);
+  }
   for (size_t i = 0; i < n; i++)
     if (table[i].code == code) return &table[i];
   return NULL;

@@ -510,8 +510,10 @@ FK_FN int fk_copy(int ctx, int clock, unsigned long long dst, int dst_side, unsi
 }
 
 /* A 2D memset on `clock`: `height` rows of `count` elements of `width` bytes (1, 2, 4) set to
- * `value`, row r at dst + r * pitch, in device memory context `ctx`'s device may use; `wait`
- * as for fk_copy_2d (FK_SYNC_FULL returns once it completed). */
+ * `value`, row r at dst + r * pitch, in device memory context `ctx`'s device may use or in
+ * pinned host memory (which the device reaches through unified addressing); `wait` as for
+ * fk_copy_2d (FK_SYNC_FULL returns once it completed). Pinned memory a memset has yet to set
+ * is guarded as a copy's destination is. */
 FK_FN int fk_memset_2d(int ctx, int clock, unsigned long long dst, unsigned long long pitch,
                        unsigned value, int width, unsigned long long count,
                        unsigned long long height, int wait, const char *what) {
@@ -522,7 +524,8 @@ FK_FN int fk_memset_2d(int ctx, int clock, unsigned long long dst, unsigned long
   if (height > 1 && (height - 1) > (~0ULL - row) / pitch) return FK_INVALID_VALUE;
   if (dst % (unsigned long long)width) return FK_INVALID_VALUE;
   unsigned long long span = fk_rows_span(row, height, height > 1 ? pitch : row);
-  if (!fk_device_range(dst, span, fk_ctxs[ctx].device)) return FK_INVALID_VALUE;
+  int pinned = fk_pinned_range(dst, span);
+  if (!pinned && !fk_device_range(dst, span, fk_ctxs[ctx].device)) return FK_INVALID_VALUE;
   unsigned long long seq = fk_queue(clock);
   fk_use(clock, seq, dst, span, FK_WRITE, what);
   fk_effect_add(clock, seq, EF_SET, dst, 0, row, value, width, NULL);
@@ -531,12 +534,14 @@ FK_FN int fk_memset_2d(int ctx, int clock, unsigned long long dst, unsigned long
   if (wait == FK_SYNC_FULL) {
     fk_cpu_wait();
     fk_force(clock, seq, 0);
+  } else if (pinned && !fk_done(clock, seq)) {
+    fk_guard_add(clock, seq, dst, span, what);
   }
   return FK_OK;
 }
 
-/* A memset of `count` elements of `width` bytes (1, 2, 4) to `value` at device memory
- * `dst` on `clock`; see fk_memset_2d. */
+/* A memset of `count` elements of `width` bytes (1, 2, 4) to `value` at `dst` on `clock`;
+ * see fk_memset_2d. */
 FK_FN int fk_memset(int ctx, int clock, unsigned long long dst, unsigned value, int width,
                     unsigned long long count, int wait, const char *what) {
   return fk_memset_2d(ctx, clock, dst, 0, value, width, count, 1, wait, what);

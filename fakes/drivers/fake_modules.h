@@ -23,7 +23,8 @@
  *
  * e.g. "r:a0:4*i2 w:a1:4*i2" for `scale(const float *x, float *y, int n)`. Each range is
  * checked as the race detector checks copies; a range that is not device memory the
- * launching device may use is a hazard (an illegal address on a GPU). A function without a
+ * launching device may use — another device's without peer access to it enabled included —
+ * is a hazard (an illegal address on a GPU). A function without a
  * model uses no memory the fake knows of.
  */
 #ifndef FAKE_MODULES_H
@@ -676,6 +677,17 @@ FK_FN unsigned long long fk_launch(int ctx, int clock, const char *name, void **
                 "illegal address on a GPU)",
                 t->name, fk_clock_name(clock, name_of_clock, sizeof name_of_clock),
                 fk_verb(a->mode), ptr, ptr + size, device);
+      continue;
+    }
+    /* Another device's memory (not managed, not a mapping, whose access is checked above) is
+     * reachable from a kernel only once peer access to that device is enabled. */
+    const struct fk_region *owner = fk_region_holding(ptr);
+    if (owner && owner->kind != R_MANAGED && owner->kind != R_MAPPING && owner->device != device &&
+        !fk_peer_on[device][owner->device]) {
+      fk_hazard("%s on %s %s [%#llx, %#llx), device %d's memory, without peer access from device "
+                "%d to it (an illegal address on a GPU)",
+                t->name, fk_clock_name(clock, name_of_clock, sizeof name_of_clock),
+                fk_verb(a->mode), ptr, ptr + size, owner->device, device);
       continue;
     }
     fk_use(clock, seq, ptr, size, a->mode, t->name);

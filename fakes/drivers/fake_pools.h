@@ -92,8 +92,14 @@ FK_FN int fk_pool_set(struct fk_pool *x, int attr, const void *value) {
   unsigned long long v = *(const unsigned long long *)value;
   switch (attr) {
     case 4: s->threshold = v; return FK_OK;
-    case 6: s->reserved_high = s->reserved; return v ? FK_INVALID_VALUE : FK_OK;
-    case 8: s->used_high = s->used; return v ? FK_INVALID_VALUE : FK_OK;
+    case 6:
+      if (v) return FK_INVALID_VALUE; /* a high is only reset, to 0 */
+      s->reserved_high = s->reserved;
+      return FK_OK;
+    case 8:
+      if (v) return FK_INVALID_VALUE;
+      s->used_high = s->used;
+      return FK_OK;
     default: return FK_INVALID_VALUE;
   }
 }

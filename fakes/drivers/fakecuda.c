@@ -491,7 +491,7 @@ static CUresult primary_release(CUdevice dev) {
   fk_ctxs[dev].refcount--;
   return CUDA_SUCCESS;
 }
-#ifndef FAKECUDA_OLD /* CUDA 11 and later */
+#ifndef FAKECUDA_OLD /* newer than CUDA 10.1 */
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
   ENTER("cuDevicePrimaryCtxRelease_v2");
   RETURN(primary_release(dev));
@@ -741,7 +741,7 @@ FK_FN CUresult ctx_set_flags(unsigned flags) {
   fk_ctxs[ctx].flags = flags;
   return CUDA_SUCCESS;
 }
-#ifndef FAKECUDA_OLD /* CUDA 11 and later */
+#ifndef FAKECUDA_OLD /* newer than CUDA 10.1 */
 CUresult cuCtxSetFlags(unsigned int flags) {
   ENTER("cuCtxSetFlags");
   RETURN(ctx_set_flags(flags));
@@ -758,7 +758,7 @@ FK_FN CUresult ctx_id(CUcontext ctx, unsigned long long *id) {
   *id = fk_ctxs[c].id;
   return CUDA_SUCCESS;
 }
-#ifndef FAKECUDA_OLD /* CUDA 11 and later */
+#ifndef FAKECUDA_OLD /* newer than CUDA 10.1 */
 CUresult cuCtxGetId(CUcontext ctx, unsigned long long *id) {
   ENTER("cuCtxGetId");
   RETURN(ctx_id(ctx, id));
@@ -779,7 +779,7 @@ CUresult cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags) {
   ENTER("cuDevicePrimaryCtxSetFlags");
   RETURN(primary_set_flags(dev, flags, 0));
 }
-#ifndef FAKECUDA_OLD /* CUDA 11 and later */
+#ifndef FAKECUDA_OLD /* newer than CUDA 10.1 */
 CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags) {
   ENTER("cuDevicePrimaryCtxSetFlags_v2");
   RETURN(primary_set_flags(dev, flags, 1));
@@ -802,7 +802,7 @@ CUresult cuDevicePrimaryCtxReset(CUdevice dev) {
   ENTER("cuDevicePrimaryCtxReset");
   RETURN(primary_reset(dev, "cuDevicePrimaryCtxReset"));
 }
-#ifndef FAKECUDA_OLD /* CUDA 11 and later */
+#ifndef FAKECUDA_OLD /* newer than CUDA 10.1 */
 CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
   ENTER("cuDevicePrimaryCtxReset_v2");
   RETURN(primary_reset(dev, "cuDevicePrimaryCtxReset_v2"));
@@ -1034,7 +1034,7 @@ CUresult cuMemAdvise(CUdeviceptr ptr, size_t count, int advice, CUdevice device)
 FK_FN int location_device(CUmemLocation l) {
   return l.type == 1 ? l.id : l.type == 2 ? FK_LOC_CPU : -3;
 }
-#ifndef FAKECUDA_OLD /* CUDA 11 and later */
+#ifndef FAKECUDA_OLD /* newer than CUDA 10.1 */
 CUresult cuMemAdvise_v2(CUdeviceptr ptr, size_t count, int advice, CUmemLocation location) {
   ENTER("cuMemAdvise_v2");
   int device = location_device(location);
@@ -1064,7 +1064,7 @@ CUresult cuMemPrefetchAsync_ptsz(CUdeviceptr ptr, size_t count, CUdevice device,
   ENTER("cuMemPrefetchAsync_ptsz");
   RETURN(prefetch(ptr, count, device, s, 1));
 }
-#ifndef FAKECUDA_OLD /* CUDA 11 and later */
+#ifndef FAKECUDA_OLD /* newer than CUDA 10.1 */
 CUresult cuMemPrefetchAsync_v2(CUdeviceptr ptr, size_t count, CUmemLocation location,
                                unsigned int flags, CUstream s) {
   ENTER("cuMemPrefetchAsync_v2");
@@ -1072,7 +1072,7 @@ CUresult cuMemPrefetchAsync_v2(CUdeviceptr ptr, size_t count, CUmemLocation loca
   RETURN(device == -3 || flags ? FK_INVALID_VALUE : prefetch(ptr, count, device, s, 0));
 }
 #endif
-#ifndef FAKECUDA_OLD /* CUDA 11 and later */
+#ifndef FAKECUDA_OLD /* newer than CUDA 10.1 */
 CUresult cuMemPrefetchAsync_v2_ptsz(CUdeviceptr ptr, size_t count, CUmemLocation location,
                                     unsigned int flags, CUstream s) {
   ENTER("cuMemPrefetchAsync_v2_ptsz");
@@ -1495,13 +1495,13 @@ FK_FN CUresult stream_id(CUstream s, unsigned long long *id, int pt) {
   *id = (unsigned long long)clock;
   return CUDA_SUCCESS;
 }
-#ifndef FAKECUDA_OLD /* CUDA 11 and later */
+#ifndef FAKECUDA_OLD /* newer than CUDA 10.1 */
 CUresult cuStreamGetId(CUstream s, unsigned long long *id) {
   ENTER("cuStreamGetId");
   RETURN(stream_id(s, id, 0));
 }
 #endif
-#ifndef FAKECUDA_OLD /* CUDA 11 and later */
+#ifndef FAKECUDA_OLD /* newer than CUDA 10.1 */
 CUresult cuStreamGetId_ptsz(CUstream s, unsigned long long *id) {
   ENTER("cuStreamGetId_ptsz");
   RETURN(stream_id(s, id, 1));
@@ -1598,13 +1598,13 @@ FK_FN CUresult event_record_flags(CUevent e, CUstream s, unsigned flags, int pt)
   if (flags > 1) return FK_INVALID_VALUE;
   return event_record(e, s, pt);
 }
-#ifndef FAKECUDA_OLD /* CUDA 11 and later */
+#ifndef FAKECUDA_OLD /* newer than CUDA 10.1 */
 CUresult cuEventRecordWithFlags(CUevent e, CUstream s, unsigned int flags) {
   ENTER("cuEventRecordWithFlags");
   RETURN(event_record_flags(e, s, flags, 0));
 }
 #endif
-#ifndef FAKECUDA_OLD /* CUDA 11 and later */
+#ifndef FAKECUDA_OLD /* newer than CUDA 10.1 */
 CUresult cuEventRecordWithFlags_ptsz(CUevent e, CUstream s, unsigned int flags) {
   ENTER("cuEventRecordWithFlags_ptsz");
   RETURN(event_record_flags(e, s, flags, 1));
@@ -1747,23 +1747,34 @@ CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t n, C
   RETURN(copy(dst, SIDE_DEVICE, src, SIDE_DEVICE, n, s, 1, FK_ASYNC, "cuMemcpyDtoDAsync_v2_ptsz"));
 }
 
-/* ---- Memsets ("asynchronous with respect to the host" on device memory) -------------------- */
+/* ---- Memsets ----------------------------------------------------------------------------
+ * "API synchronization behavior": the synchronous memsets are "asynchronous with respect to
+ * the host except when the target is pinned host memory or a Unified Memory region, in which
+ * case they are fully synchronous"; the ...Async ones are asynchronous. */
+
+/* How a synchronous memset over [dst, dst + span) waits. */
+static int memset_wait(CUdeviceptr dst, unsigned long long span, int sync) {
+  if (!sync) return FK_ASYNC;
+  const struct fk_region *r = fk_region_holding(dst);
+  return fk_pinned_range(dst, span) || (r && r->kind == R_MANAGED) ? FK_SYNC_FULL : FK_ASYNC;
+}
 
 static CUresult memset_on(CUdeviceptr dst, unsigned value, int width, size_t n, CUstream s, int pt,
-                          const char *what) {
+                          int sync, const char *what) {
   CHECK_CTX(ctx);
   CHECK_STREAM(clock, ctx, s, pt);
-  return fk_memset(ctx, clock, dst, value, width, n, FK_ASYNC, what);
+  int wait = memset_wait(dst, (unsigned long long)n * (unsigned)width, sync);
+  return fk_memset(ctx, clock, dst, value, width, n, wait, what);
 }
 #define MEMSET(name, type, width, pt)                                        \
   CUresult name(CUdeviceptr dst, type value, size_t n) {                     \
     ENTER(#name);                                                            \
-    RETURN(memset_on(dst, (unsigned)value, width, n, NULL, pt, #name));      \
+    RETURN(memset_on(dst, (unsigned)value, width, n, NULL, pt, 1, #name));   \
   }
 #define MEMSET_ASYNC(name, type, width, pt)                                  \
   CUresult name(CUdeviceptr dst, type value, size_t n, CUstream s) {         \
     ENTER(#name);                                                            \
-    RETURN(memset_on(dst, (unsigned)value, width, n, s, pt, #name));         \
+    RETURN(memset_on(dst, (unsigned)value, width, n, s, pt, 0, #name));      \
   }
 MEMSET(cuMemsetD8_v2, unsigned char, 1, 0)
 MEMSET(cuMemsetD8_v2_ptds, unsigned char, 1, 1)
@@ -1915,23 +1926,24 @@ CUresult cuMemcpy2DAsync_v2_ptsz(const CUDA_MEMCPY2D *c, CUstream s) {
 
 /* cuMemsetD2D8/16/32: `height` rows of `width` elements, `pitch` bytes apart. */
 static CUresult memset_2d(CUdeviceptr dst, size_t pitch, unsigned value, int width, size_t count,
-                          size_t height, CUstream s, int pt, const char *what) {
+                          size_t height, CUstream s, int pt, int sync, const char *what) {
   CHECK_CTX(ctx);
   CHECK_STREAM(clock, ctx, s, pt);
   if (height > 1 && pitch > (unsigned long long)cu_attributes[fk_ctxs[ctx].device][11])
     return FK_INVALID_VALUE;
-  return fk_memset_2d(ctx, clock, dst, pitch, value, width, count, height, FK_ASYNC, what);
+  int wait = memset_wait(dst, fk_rows_span((unsigned long long)count * (unsigned)width, height, pitch), sync);
+  return fk_memset_2d(ctx, clock, dst, pitch, value, width, count, height, wait, what);
 }
 #define MEMSET_2D(name, type, width, pt)                                                      \
   CUresult name(CUdeviceptr dst, size_t pitch, type value, size_t count, size_t height) {     \
     ENTER(#name);                                                                             \
-    RETURN(memset_2d(dst, pitch, (unsigned)value, width, count, height, NULL, pt, #name));    \
+    RETURN(memset_2d(dst, pitch, (unsigned)value, width, count, height, NULL, pt, 1, #name)); \
   }
 #define MEMSET_2D_ASYNC(name, type, width, pt)                                                \
   CUresult name(CUdeviceptr dst, size_t pitch, type value, size_t count, size_t height,       \
                 CUstream s) {                                                                 \
     ENTER(#name);                                                                             \
-    RETURN(memset_2d(dst, pitch, (unsigned)value, width, count, height, s, pt, #name));       \
+    RETURN(memset_2d(dst, pitch, (unsigned)value, width, count, height, s, pt, 0, #name));    \
   }
 MEMSET_2D(cuMemsetD2D8_v2, unsigned char, 1, 0)
 MEMSET_2D(cuMemsetD2D8_v2_ptds, unsigned char, 1, 1)
@@ -2042,7 +2054,7 @@ FK_FN CUresult function_module(CUmodule *m, CUfunction f) {
   *m = (CUmodule)(uintptr_t)(FK_MODULE_BASE + 16 * fk_modules[fn->module].serial);
   return CUDA_SUCCESS;
 }
-#ifndef FAKECUDA_OLD /* CUDA 11 and later */
+#ifndef FAKECUDA_OLD /* newer than CUDA 10.1 */
 CUresult cuFuncGetModule(CUmodule *m, CUfunction f) {
   ENTER("cuFuncGetModule");
   RETURN(function_module(m, f));
@@ -2150,11 +2162,15 @@ CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *blocks, CUfun
 }
 
 /* CUoccupancyB2DSize: the dynamic shared memory a block of the size given uses. The callback
- * runs under the driver's lock, as the fake's host functions do. */
+ * runs under the driver's lock, as the fake's host functions do (a driver call from it is
+ * CUDA_ERROR_NOT_PERMITTED). */
 typedef size_t (*CUoccupancyB2DSize)(int);
 static CUoccupancyB2DSize occupancy_callback;
 static unsigned long long call_occupancy_callback(int block) {
-  return (unsigned long long)occupancy_callback(block);
+  fk_t_in_callback = 1; /* driver calls from it are refused, as from a host function */
+  unsigned long long bytes = (unsigned long long)occupancy_callback(block);
+  fk_t_in_callback = 0;
+  return bytes;
 }
 static CUresult potential_block(int *grid, int *block, CUfunction f, CUoccupancyB2DSize b2d,
                                 size_t dynamic, int limit, unsigned flags) {

@@ -249,7 +249,8 @@ static int fk_face_code(const char *name) {
       {"invalid_context", 201}, {"peer_unsupported", 217}, {"invalid_handle", 400},
       {"not_found", 500},      {"not_ready", 600},        {"illegal_address", 700},
       {"launch_out_of_resources", 701}, {"peer_already_enabled", 704},
-      {"peer_not_enabled", 705}, {"launch_failed", 719},  {"not_supported", 801},
+      {"peer_not_enabled", 705}, {"launch_failed", 719},  {"not_permitted", 800},
+      {"not_supported", 801},
       {"unknown", 999},
   };
   for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++)
@@ -634,7 +635,7 @@ static int attribute_of(int attr, int device, int *value) {
     case 5: *value = m->clock_khz; break;           /* ClockRate */
     case 6: *value = 0; break;                      /* ComputeMode */
     case 8: *value = 1; break;                      /* ConcurrentKernels */
-    case 9: *value = 0; break;                      /* ConcurrentManagedAccess */
+    case 9: *value = 1; break;                      /* ConcurrentManagedAccess: clr, = hmmSupported */
     case 10: *value = 1; break;                     /* CooperativeLaunch */
     case 11: *value = 1; break;                     /* CooperativeMultiDeviceLaunch */
     case 16: *value = attr_integrated; break;       /* Integrated */
@@ -1736,7 +1737,7 @@ EXPORT hipError_t hipFuncGetAttributes(struct hip_func_attributes *attr, const v
   attr->maxDynamicSharedSizeBytes = max_dynamic_shared(fn);
   attr->maxThreadsPerBlock = 1024;
   attr->numRegs = FK_FN_REGS;
-  attr->preferredShmemCarveout = fn->carveout;
+  attr->preferredShmemCarveout = 0; /* as hipFuncGetAttribute answers it (clr) */
   RETURN(hipSuccess);
 }
 

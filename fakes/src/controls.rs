@@ -32,6 +32,8 @@ pub struct Census {
     pub pool_allocations: i64,
     /// Bytes the pools hold.
     pub pool_reserved: i64,
+    /// Created pools (the devices' default pools are not counted).
+    pub pools: i64,
     /// Physical memory handles.
     pub handles: i64,
     /// Mappings of handles into reserved ranges.
@@ -50,6 +52,9 @@ pub struct Census {
     pub modules: i64,
     /// Kernels, host functions, copies and memsets not complete.
     pub in_flight: i64,
+    /// CUDA: primary-context retains and created contexts; HIP, which has no context a caller
+    /// retains: -1.
+    pub contexts: i64,
 }
 
 impl Census {
@@ -612,6 +617,7 @@ impl Controls {
             allocations: n("allocations"),
             pool_allocations: n("pool_allocations"),
             pool_reserved: n("pool_reserved"),
+            pools: n("pools"),
             handles: n("handles"),
             mappings: n("mappings"),
             reservations: n("reservations"),
@@ -621,6 +627,7 @@ impl Controls {
             host_allocations: n("host_allocations"),
             modules: n("modules"),
             in_flight: n("in_flight"),
+            contexts: self.live("contexts").unwrap_or(-1),
         }
     }
 

@@ -25,7 +25,7 @@
 //!   test with a [kernel model](Controls::kernel_model) saying what it touches), a copy or a
 //!   memset that conflicts with work in flight on another stream, with nothing ordering it
 //!   after, is a hazard naming both, their streams and ranges; so is memory given back or
-//!   handed out under such work, and a CPU read of pinned memory a copy has yet to write.
+//!   handed out under such work, and a CPU access to pinned memory a copy has yet to write.
 //!
 //! No kernel runs and there is no timing: a launched kernel stays in flight until the test
 //! finishes it or a CPU wait covers it. `docs/fakes.md` lists every call and what is

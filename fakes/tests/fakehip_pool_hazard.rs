@@ -1,6 +1,6 @@
 //! A block of a stream-ordered pool freed on one stream while a kernel on another stream still
 //! uses it, then trimmed, is a hazard in both fakes ("a pool giving back a block"), as
-//! fake_common.h's spec says. Found by an outside review: fakehip's pools were off the
+//! fake_pools.h's spec says. Found by an outside review: fakehip's pools were off the
 //! timeline (a free dropped the block at once, a trim checked nothing), so with
 //! `PORTALLOC_ALLOCATOR=async` a missing cross-stream wait failed under the CUDA profiles and
 //! passed under every ROCm one.

@@ -1388,3 +1388,169 @@ fn cuda_potential_block_size_asks_the_callback() {
     assert_eq!(best(), (896, 132));
     assert_eq!(gpu.unload(m), 0);
 }
+
+// ---- synchronous memsets, peer access from kernels, host functions, the census ---------------
+
+/// CUDA's synchronous memsets are "asynchronous with respect to the host except when the
+/// target is pinned host memory or a Unified Memory region, in which case they are fully
+/// synchronous"; a memset may target pinned host memory (unified addressing) on both vendors.
+#[test]
+fn cuda_synchronous_memsets_wait_on_pinned_and_managed_memory_only() {
+    let gpu = Gpu::new(CUDA12);
+    let memset: unsafe extern "C" fn(u64, u8, usize) -> R = gpu.fake.sym("cuMemsetD8_v2");
+    let (plain, managed, pinned) = (gpu.malloc(4096), gpu.managed(4096), gpu.host_alloc(4096));
+    for (what, target, waits) in [
+        ("plain", plain, 0),
+        ("managed", managed, 1),
+        ("pinned", pinned as u64, 1),
+    ] {
+        gpu.c().launch(0, plain + 2048, 16).unwrap();
+        let before = gpu.c().cpu_waits();
+        // SAFETY: the driver checks the range.
+        assert_eq!(unsafe { memset(target, 9, 1024) }, 0, "{what}");
+        assert_eq!(gpu.c().cpu_waits(), before + waits, "{what}");
+        gpu.c().finish_all();
+        gpu.sync(0);
+    }
+    // SAFETY: pinned memory the driver gave; the memset completed.
+    assert_eq!(unsafe { *pinned.add(1023) }, 9);
+    assert_eq!(gpu.c().hazards(), 0);
+    assert_eq!(gpu.host_free(pinned), 0);
+}
+
+/// A kernel on one device that reads another device's memory needs peer access to it: without,
+/// an illegal address on a GPU, so a hazard; once enabled, none. Managed memory needs none.
+#[test_case(CUDA12 ; "cuda")]
+#[test_case(HIP ; "hip")]
+fn a_kernel_reaches_another_devices_memory_only_through_peer_access(driver: Driver) {
+    let gpu = with_devices(driver, 2);
+    let select = |device: c_int| match gpu.vendor() {
+        Vendor::Cuda => {
+            let ctx = gpu.cuda_context(device);
+            let set: unsafe extern "C" fn(u64) -> R = gpu.fake.sym("cuCtxSetCurrent");
+            // SAFETY: a retained context.
+            assert_eq!(unsafe { set(ctx) }, 0);
+        }
+        Vendor::Hip => {
+            let set: unsafe extern "C" fn(c_int) -> R = gpu.fake.sym("hipSetDevice");
+            // SAFETY: a device that exists.
+            assert_eq!(unsafe { set(device) }, 0);
+        }
+    };
+    select(1);
+    let theirs = gpu.malloc(4096);
+    select(0);
+    let shared = gpu.managed(4096);
+    gpu.c().kernel_model("scale", "r:a0:4096").unwrap();
+    let m = gpu.load(PTX).unwrap();
+    let f = gpu.function(m, c"scale").unwrap();
+    let launch: Launch = call!(gpu, "cuLaunchKernel", "hipModuleLaunchKernel", Launch);
+    let run = |p: u64| {
+        let mut arg = p;
+        let mut params = [(&mut arg as *mut u64).cast::<c_void>()];
+        // SAFETY: a live function; the parameter outlives the call.
+        let rc = unsafe {
+            launch(
+                f,
+                1,
+                1,
+                1,
+                32,
+                1,
+                1,
+                0,
+                0,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        assert_eq!(rc, 0);
+        gpu.c().finish_all();
+    };
+    run(shared);
+    assert_eq!(gpu.c().hazards(), 0, "managed memory is every device's");
+    run(theirs);
+    assert_eq!(gpu.c().hazards(), 1);
+    assert!(
+        gpu.c().first_hazard().contains("without peer access"),
+        "{}",
+        gpu.c().first_hazard()
+    );
+    let enable = match gpu.vendor() {
+        Vendor::Cuda => {
+            let f: unsafe extern "C" fn(u64, c_uint) -> R = gpu.fake.sym("cuCtxEnablePeerAccess");
+            // SAFETY: a retained context of the other device.
+            unsafe { f(gpu.cuda_context(1), 0) }
+        }
+        Vendor::Hip => {
+            let f: unsafe extern "C" fn(c_int, c_uint) -> R =
+                gpu.fake.sym("hipDeviceEnablePeerAccess");
+            // SAFETY: the other device.
+            unsafe { f(1, 0) }
+        }
+    };
+    assert_eq!(enable, 0);
+    run(theirs);
+    assert_eq!(gpu.c().hazards(), 1, "no new hazard once peer access is on");
+    assert_eq!(gpu.unload(m), 0);
+}
+
+/// A host function runs under the driver's lock; the calls that only name an error still
+/// answer there (before, they waited for the lock for ever).
+#[test]
+fn a_host_function_may_name_an_error() {
+    use std::sync::atomic::{AtomicPtr, AtomicUsize};
+    static GET_NAME: AtomicUsize = AtomicUsize::new(0);
+    static NAME: AtomicPtr<c_char> = AtomicPtr::new(std::ptr::null_mut());
+    extern "C" fn name_an_error(_: *mut c_void) {
+        let get: unsafe extern "C" fn(R, *mut *const c_char) -> R =
+            // SAFETY: the address of cuGetErrorName, stored below.
+            unsafe { std::mem::transmute(GET_NAME.load(std::sync::atomic::Ordering::SeqCst)) };
+        let mut name = std::ptr::null();
+        // SAFETY: one pointer written.
+        assert_eq!(unsafe { get(2, &mut name) }, 0);
+        NAME.store(name.cast_mut(), std::sync::atomic::Ordering::SeqCst);
+    }
+    let gpu = Gpu::new(CUDA12);
+    let get: unsafe extern "C" fn(R, *mut *const c_char) -> R = gpu.fake.sym("cuGetErrorName");
+    GET_NAME.store(get as usize, std::sync::atomic::Ordering::SeqCst);
+    let host: unsafe extern "C" fn(u64, extern "C" fn(*mut c_void), *mut c_void) -> R =
+        gpu.fake.sym("cuLaunchHostFunc");
+    // SAFETY: a plain function, no data.
+    assert_eq!(unsafe { host(0, name_an_error, std::ptr::null_mut()) }, 0);
+    gpu.sync(0);
+    let name = NAME.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(!name.is_null(), "the host function ran");
+    // SAFETY: a static string of the driver.
+    assert_eq!(
+        unsafe { CStr::from_ptr(name) }.to_str(),
+        Ok("CUDA_ERROR_OUT_OF_MEMORY")
+    );
+}
+
+/// The census counts pools and (CUDA) contexts too.
+#[test_case(CUDA12, 1 ; "cuda")]
+#[test_case(HIP, -1 ; "hip")]
+fn the_census_counts_pools_and_contexts(driver: Driver, contexts: i64) {
+    let gpu = Gpu::new(driver);
+    let census = gpu.c().census();
+    assert_eq!((census.pools, census.contexts), (0, contexts));
+}
+
+/// docs/fakes.md names every call each driver exports, so what is modelled of it is written
+/// down.
+#[test]
+fn the_docs_name_every_call() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/fakes.md");
+    let docs = std::fs::read_to_string(path).expect("docs/fakes.md");
+    let mut missing = Vec::new();
+    for driver in Driver::ALL {
+        let controls = portalloc_fakes::Controls::open(driver.path()).expect("its controls");
+        for name in controls.exports() {
+            if !docs.contains(&format!("`{name}`")) {
+                missing.push(format!("{} ({})", name, driver.name));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "not in {path}: {}", missing.join(", "));
+}

@@ -34,7 +34,7 @@ implicit order with blocking streams, non-blocking streams, per-thread default s
 calls documented as synchronising, counted as CPU waits); and a race detector: a kernel, copy
 or memset that conflicts with work in flight on another stream, with nothing ordering it
 after, is a hazard naming both, their streams and ranges, as is memory given back or handed
-out under such work and a CPU read of pinned memory a copy has yet to write. No kernel runs
+out under such work and a CPU access to pinned memory a copy has yet to write. No kernel runs
 and there is no timing: a kernel stays in flight until the test finishes it or a CPU wait
 covers it; what a launched kernel reads and writes is the test's to say
 (:meth:`Controls.kernel_model`). ``docs/fakes.md`` lists every call.
@@ -520,8 +520,10 @@ LIVE = (
     "host_allocations",
     "modules",
     "in_flight",
+    "contexts",
 )
-"""The live counts both drivers answer (:meth:`Controls.live`)."""
+"""The live counts both drivers answer (:meth:`Controls.live`); ``contexts`` is CUDA's primary
+retains and created contexts, and -1 under HIP, which has none a caller retains."""
 
 Census = Dict[str, int]
 """What :meth:`Controls.census` returns: each name of :data:`LIVE` and its count."""
@@ -720,9 +722,10 @@ class Controls:
         """A live count (a name of :data:`LIVE`), raw: it does not ask whether the driver was
         initialised.
 
-        :raises KeyError: for a name the driver does not know."""
+        :raises KeyError: for a name the driver does not know (``contexts`` is -1 under HIP,
+            which has no context a caller retains)."""
         n = int(self._lib.fake_live(_name("live", what)))
-        if n < 0:
+        if n < 0 and what != "contexts":
             raise KeyError("no live count %r; the names are: %s" % (what[:64], ", ".join(LIVE)))
         return n
 
@@ -827,7 +830,7 @@ class Controls:
 
     def hazards(self) -> int:
         """How many hazards the driver logged (undefined behaviour on a GPU, each: a race
-        between streams, memory given back or handed out under work in flight, a CPU read of
+        between streams, memory given back or handed out under work in flight, a CPU access to
         pinned memory a copy had yet to write).
 
         :raises FakesError: when the driver was never initialised in this process."""

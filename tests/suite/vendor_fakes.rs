@@ -1,7 +1,7 @@
 //! The conformance fakes' control API and peer access, on both fakes (`fakecuda`, `fakehip`).
 //!
 //! * **Faults and counts** (`fake_fail`, `fake_clear_faults`, `fake_calls`, `fake_live`; the
-//!   spec is the comment of `fakes/drivers/fake_common.h`): the nth..nth+count-1 window
+//!   spec is the comment of `fakes/drivers/fake_core.h`): the nth..nth+count-1 window
 //!   counted from the `fake_fail` call, forever, clearing, faults armed side by side, failed
 //!   calls counted, one live-count vocabulary.
 //! * **Peer access through the backends**: `can_access_peer` / `enable_peer_access` of

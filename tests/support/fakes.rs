@@ -1,5 +1,5 @@
-//! The conformance fakes' control API (`fakes/drivers/fake_common.h`, whose comment is the
-//! spec) from Rust: one type, [`Fake`], for the drivers of the test kit `portalloc-fakes`
+//! The conformance fakes' control API (`fakes/drivers/fake_core.h` and the concerns it
+//! lists, whose comments are the spec; docs/fakes.md) from Rust: one type, [`Fake`], for the drivers of the test kit `portalloc-fakes`
 //! (`fakecuda`, `fakecuda_old`, `fakehip`, …), over the kit's [`Controls`] with portalloc's
 //! types (streams, events, errors, vendors) and the controls only one driver has.
 //!
@@ -174,7 +174,7 @@ impl Fake {
         self.controls.calls(function)
     }
 
-    /// The fake's live count of `what` (the vocabulary of `fake_common.h`).
+    /// The fake's live count of `what` (the vocabulary of `fake_modules.h`'s census).
     ///
     /// # Panics
     /// When this fake does not answer `what`.
@@ -403,7 +403,7 @@ impl Fake {
         s
     }
 
-    // ---- the timeline: kernels, waits, hazards (fake_common.h) -----------------------------
+    // ---- the timeline: kernels, waits, hazards (fake_timeline.h) ---------------------------
 
     /// A kernel on `stream` that uses `[va, va + size)`, in flight until [`Fake::finish`] or
     /// a CPU wait that covers it.

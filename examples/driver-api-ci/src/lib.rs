@@ -499,7 +499,7 @@ impl Drop for Gpu {
     fn drop(&mut self) {
         if let Api::Cuda(cu) = &self.driver.api {
             // SAFETY: the retain made in `open`.
-            let _ = unsafe { (cu.cuDevicePrimaryCtxRelease_v2)(0) };
+            let _ = unsafe { (cu.cuDevicePrimaryCtxRelease)(0) };
         }
     }
 }

@@ -13,7 +13,8 @@ pub struct Cuda {
     pub cuInit: unsafe extern "C" fn(c_uint) -> Status,
     pub cuDeviceGetCount: unsafe extern "C" fn(*mut c_int) -> Status,
     pub cuDevicePrimaryCtxRetain: unsafe extern "C" fn(*mut *mut c_void, c_int) -> Status,
-    pub cuDevicePrimaryCtxRelease_v2: unsafe extern "C" fn(c_int) -> Status,
+    /// The unsuffixed form, which every driver exports (`_v2` came with CUDA 11).
+    pub cuDevicePrimaryCtxRelease: unsafe extern "C" fn(c_int) -> Status,
     pub cuCtxSetCurrent: unsafe extern "C" fn(*mut c_void) -> Status,
     pub cuStreamCreate: unsafe extern "C" fn(*mut u64, c_uint) -> Status,
     pub cuStreamDestroy_v2: unsafe extern "C" fn(u64) -> Status,
@@ -130,7 +131,7 @@ impl Driver {
                 cuInit,
                 cuDeviceGetCount,
                 cuDevicePrimaryCtxRetain,
-                cuDevicePrimaryCtxRelease_v2,
+                cuDevicePrimaryCtxRelease,
                 cuCtxSetCurrent,
                 cuStreamCreate,
                 cuStreamDestroy_v2,
