@@ -104,6 +104,23 @@ FK_FN int fk_is_device_kind(int kind) {
          kind == R_MODULE;
 }
 
+/* True when mappings (adjacent ones too) cover [va, end), each granting `device` access
+ * (-1: any) and protection `prot` (0: any). */
+static int fk_mapped(unsigned long long va, unsigned long long end, int device, int prot) {
+  unsigned long long at = va;
+  while (at < end) {
+    const struct fk_region *hit = NULL;
+    for (int i = 0; i < fk_regions_high; i++) {
+      const struct fk_region *m = &fk_regions[i];
+      if (m->kind == R_MAPPING && m->va <= at && at < m->va + m->size) hit = m;
+    }
+    if (!hit || (device >= 0 && !((hit->access >> device) & 1)) || (prot && !(hit->prot & prot)))
+      return 0;
+    at = hit->va + hit->size;
+  }
+  return 1;
+}
+
 /* True when [va, va + size) lies inside one live plain, managed or pool allocation, or is
  * covered by mappings (adjacent ones too) that grant `device` access: device memory a call
  * of `device` may copy from and to. */
@@ -117,17 +134,8 @@ FK_FN int fk_device_range(unsigned long long va, unsigned long long size, int de
         r->va <= va && end <= r->va + r->size)
       return 1;
   }
-  unsigned long long at = va;
-  while (at < end) {
-    const struct fk_region *hit = NULL;
-    for (int i = 0; i < fk_regions_high; i++) {
-      const struct fk_region *m = &fk_regions[i];
-      if (m->kind == R_MAPPING && m->va <= at && at < m->va + m->size) hit = m;
-    }
-    if (!hit || device < 0 || device >= FK_MAX_DEVICES || !((hit->access >> device) & 1)) return 0;
-    at = hit->va + hit->size;
-  }
-  return 1;
+  if (device < 0 || device >= FK_MAX_DEVICES) return 0;
+  return fk_mapped(va, end, device, 0);
 }
 
 /* True when [va, va + size) lies inside one pinned (page-locked or registered) host
@@ -156,17 +164,7 @@ static int fk_range_live(unsigned long long va, unsigned long long size, int wri
     overlaps = 1;
   }
   if (!overlaps) return 1;
-  unsigned long long at = va;
-  while (at < end) {
-    const struct fk_region *hit = NULL;
-    for (int i = 0; i < fk_regions_high; i++) {
-      const struct fk_region *m = &fk_regions[i];
-      if (m->kind == R_MAPPING && m->va <= at && at < m->va + m->size) hit = m;
-    }
-    if (!hit || !(hit->prot & (write ? PROT_WRITE : PROT_READ))) return 0;
-    at = hit->va + hit->size;
-  }
-  return 1;
+  return fk_mapped(va, end, -1, write ? PROT_WRITE : PROT_READ);
 }
 
 static unsigned long long fk_page(void) {
@@ -216,6 +214,46 @@ FK_FN int fk_free(unsigned long long va, const char *what) {
   munmap((void *)(uintptr_t)r->va, r->span);
   fk_uncharge(r->device, r->charge);
   fk_region_drop(r);
+  return FK_OK;
+}
+
+/* ---- Advice over a range (cuMemAdvise, hipMemAdvise; the same numbers) ------------------- */
+
+/* Applies advice 1-6 (set / unset read mostly, preferred location, accessed by) for `device`
+ * (FK_LOC_CPU: the CPU) to region `r`, kept for the whole region; FK_INVALID_VALUE for
+ * another number. The face checks the device first, as its vendor does. */
+FK_FN int fk_advise(struct fk_region *r, int advice, int device) {
+  unsigned bit = device == FK_LOC_CPU ? 1u << 31 : device >= 0 && device < 31 ? 1u << device : 0;
+  switch (advice) {
+    case 1: r->read_mostly = 1; break;
+    case 2: r->read_mostly = 0; break;
+    case 3: r->preferred = device; break;
+    case 4: r->preferred = FK_LOC_NONE; break;
+    case 5: r->accessed_by |= bit; break;
+    case 6: r->accessed_by &= ~bit; break;
+    default: return FK_INVALID_VALUE;
+  }
+  return FK_OK;
+}
+
+/* Range attribute 1-4 (read mostly, preferred location, accessed by, last prefetch location)
+ * of region `r` into `out`, `n` ints: the accessed-by list in device order then the CPU, the
+ * rest FK_LOC_NONE; the others one int. FK_INVALID_VALUE for another number. */
+FK_FN int fk_range_attribute(const struct fk_region *r, int attribute, int *out, size_t n) {
+  switch (attribute) {
+    case 1: out[0] = r->read_mostly; break;
+    case 2: out[0] = r->preferred; break;
+    case 3: {
+      size_t k = 0;
+      for (int d = 0; d < fk_n_devices && k < n; d++)
+        if ((r->accessed_by >> d) & 1) out[k++] = d;
+      if (k < n && (r->accessed_by >> 31)) out[k++] = FK_LOC_CPU;
+      while (k < n) out[k++] = FK_LOC_NONE;
+      break;
+    }
+    case 4: out[0] = r->last_prefetch; break;
+    default: return FK_INVALID_VALUE;
+  }
   return FK_OK;
 }
 

@@ -274,6 +274,16 @@ static void fk_force(int clock, unsigned long long seq, int depth) {
   fk_progress();
 }
 
+/* While held, nothing queued completes until synchronised or released; releasing completes
+ * it all (kernels finish, host functions run). fakecuda_hold_events / fakehip_hold_events. */
+FK_FN void fk_set_hold(int held) {
+  fk_hold = held;
+  if (!held) {
+    while (fk_n_active) fk_task_run(&fk_tasks[fk_active[0]]);
+    fk_progress();
+  }
+}
+
 /* Every clock of context `ctx` (-1: of every context): a context or device
  * synchronisation. */
 FK_FN void fk_force_ctx(int ctx) {

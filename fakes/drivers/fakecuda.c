@@ -329,15 +329,7 @@ FAKE_EXPORT void fakecuda_set_attribute(int device, int attribute, int value) {
 
 /* While held, nothing recorded on a stream completes until synchronised or released;
  * releasing completes it all (kernels finish, host functions run). */
-FAKE_EXPORT void fakecuda_hold_events(int held) {
-  LOCKED({
-    fk_hold = held;
-    if (!held) {
-      while (fk_n_active) fk_task_run(&fk_tasks[fk_active[0]]);
-      fk_progress();
-    }
-  });
-}
+FAKE_EXPORT void fakecuda_hold_events(int held) { LOCKED(fk_set_hold(held)); }
 
 /* Bytes charged on one device. */
 FAKE_EXPORT unsigned long long fakecuda_device_used(int device) {
@@ -1015,16 +1007,7 @@ static CUresult mem_advise(CUdeviceptr ptr, size_t count, int advice, int device
     CUresult rc = managed_location(device);
     if (rc != CUDA_SUCCESS) return rc;
   }
-  unsigned bit = device == FK_LOC_CPU ? 1u << 31 : device >= 0 && device < 31 ? 1u << device : 0;
-  switch (advice) {
-    case 1: r->read_mostly = 1; break;
-    case 2: r->read_mostly = 0; break;
-    case 3: r->preferred = device; break;
-    case 4: r->preferred = FK_LOC_NONE; break;
-    case 5: r->accessed_by |= bit; break;
-    case 6: r->accessed_by &= ~bit; break;
-  }
-  return CUDA_SUCCESS;
+  return fk_advise(r, advice, device);
 }
 CUresult cuMemAdvise(CUdeviceptr ptr, size_t count, int advice, CUdevice device) {
   ENTER("cuMemAdvise");
@@ -1091,22 +1074,14 @@ static CUresult range_attribute(void *data, size_t size, int attribute, CUdevice
       (attribute > 4 && cu_version < 12020))
     return FK_INVALID_VALUE;
   int *out = (int *)data;
-  int location = attribute == 2 || attribute == 5 || attribute == 6 ? r->preferred : r->last_prefetch;
-  switch (attribute) {
-    case 1: *out = r->read_mostly; break;
-    case 2: case 4: *out = location; break;
-    case 3: {
-      size_t n = 0;
-      for (int d = 0; d < fk_n_devices && n < size / 4; d++)
-        if ((r->accessed_by >> d) & 1) out[n++] = d;
-      if (n < size / 4 && (r->accessed_by >> 31)) out[n++] = FK_LOC_CPU;
-      while (n < size / 4) out[n++] = FK_LOC_NONE;
-      break;
-    }
-    case 5: case 7: *out = location >= 0 ? 1 : location == FK_LOC_CPU ? 2 : 0; break;
-    case 6: case 8: *out = location >= 0 ? location : 0; break;
-    default: return FK_INVALID_VALUE;
-  }
+  if (attribute <= 4) return fk_range_attribute(r, attribute, out, size / 4);
+  int location = attribute <= 6 ? r->preferred : r->last_prefetch;
+  if (attribute == 5 || attribute == 7)
+    *out = location >= 0 ? 1 : location == FK_LOC_CPU ? 2 : 0;
+  else if (attribute == 6 || attribute == 8)
+    *out = location >= 0 ? location : 0;
+  else
+    return FK_INVALID_VALUE;
   return CUDA_SUCCESS;
 }
 CUresult cuMemRangeGetAttribute(void *data, size_t size, int attribute, CUdeviceptr ptr,

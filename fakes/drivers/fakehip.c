@@ -355,15 +355,7 @@ EXPORT void fakehip_set_granularity(unsigned long long minimum, unsigned long lo
 }
 EXPORT void fakehip_set_arch(const char *name) { LOCKED(snprintf(arch, sizeof arch, "%s", name)); }
 /* While held, nothing recorded on a stream completes until synchronised or released. */
-EXPORT void fakehip_hold_events(int held) {
-  LOCKED({
-    fk_hold = held;
-    if (!held) {
-      while (fk_n_active) fk_task_run(&fk_tasks[fk_active[0]]);
-      fk_progress();
-    }
-  });
-}
+EXPORT void fakehip_hold_events(int held) { LOCKED(fk_set_hold(held)); }
 EXPORT unsigned long long fakehip_device_used(int device) {
   unsigned long long n = 0;
   LOCKED(n = valid_device(device) ? fk_devices[device].used : 0);
@@ -951,16 +943,7 @@ EXPORT hipError_t hipMemAdvise(const void *ptr, size_t count, int advice, int de
   if (!read_mostly && device != FK_LOC_CPU && !valid_device(device)) RETURN(hipErrorInvalidDevice);
   struct fk_region *r = known_range(ptr, count);
   if (!ptr || !count || !r || advice < 1 || advice > 6) RETURN(hipErrorInvalidValue);
-  unsigned bit = device == FK_LOC_CPU ? 1u << 31 : device >= 0 && device < 31 ? 1u << device : 0;
-  switch (advice) {
-    case 1: r->read_mostly = 1; break;
-    case 2: r->read_mostly = 0; break;
-    case 3: r->preferred = device; break;
-    case 4: r->preferred = FK_LOC_NONE; break;
-    case 5: r->accessed_by |= bit; break;
-    case 6: r->accessed_by &= ~bit; break;
-  }
-  RETURN(hipSuccess);
+  RETURN(fk_advise(r, advice, device));
 }
 
 /* A stream-ordered prefetch (NULL: the destination device's null stream, as clr); memory the
@@ -988,22 +971,7 @@ static hipError_t range_attribute(void *data, size_t size, int attribute, const 
                                   size_t count) {
   const struct fk_region *r = known_range(ptr, count);
   if (!data || !size || !r || (attribute != 3 && size != 4) || size % 4) return hipErrorInvalidValue;
-  int *out = (int *)data;
-  switch (attribute) {
-    case 1: *out = r->read_mostly; break;
-    case 2: *out = r->preferred; break;
-    case 3: {
-      size_t n = 0;
-      for (int d = 0; d < fk_n_devices && n < size / 4; d++)
-        if ((r->accessed_by >> d) & 1) out[n++] = d;
-      if (n < size / 4 && (r->accessed_by >> 31)) out[n++] = FK_LOC_CPU;
-      while (n < size / 4) out[n++] = FK_LOC_NONE;
-      break;
-    }
-    case 4: *out = r->last_prefetch; break;
-    default: return hipErrorInvalidValue;
-  }
-  return hipSuccess;
+  return fk_range_attribute(r, attribute, (int *)data, size / 4);
 }
 EXPORT hipError_t hipMemRangeGetAttribute(void *data, size_t size, int attribute, const void *ptr,
                                           size_t count) {

@@ -215,6 +215,23 @@ impl Gpu {
         p
     }
 
+    /// Makes `device` current on the calling thread (CUDA: its primary context).
+    fn select(&self, device: c_int) {
+        match self.vendor() {
+            Vendor::Cuda => {
+                let ctx = self.cuda_context(device);
+                let set: unsafe extern "C" fn(u64) -> R = self.fake.sym("cuCtxSetCurrent");
+                // SAFETY: a retained context.
+                assert_eq!(unsafe { set(ctx) }, 0);
+            }
+            Vendor::Hip => {
+                let set: unsafe extern "C" fn(c_int) -> R = self.fake.sym("hipSetDevice");
+                // SAFETY: a device that exists.
+                assert_eq!(unsafe { set(device) }, 0);
+            }
+        }
+    }
+
     fn cuda_context(&self, device: c_int) -> u64 {
         let retain: unsafe extern "C" fn(*mut u64, c_int) -> R =
             self.fake.sym("cuDevicePrimaryCtxRetain");
@@ -815,19 +832,7 @@ fn an_async_2d_copy_races_like_any_copy(driver: Driver) {
 fn peer_copies_move_between_devices(driver: Driver) {
     let gpu = with_devices(driver, 2);
     let on = |device: c_int, n: usize| -> u64 {
-        match gpu.vendor() {
-            Vendor::Cuda => {
-                let ctx = gpu.cuda_context(device);
-                let set: unsafe extern "C" fn(u64) -> R = gpu.fake.sym("cuCtxSetCurrent");
-                // SAFETY: a retained context.
-                assert_eq!(unsafe { set(ctx) }, 0);
-            }
-            Vendor::Hip => {
-                let set: unsafe extern "C" fn(c_int) -> R = gpu.fake.sym("hipSetDevice");
-                // SAFETY: a device that exists.
-                assert_eq!(unsafe { set(device) }, 0);
-            }
-        }
+        gpu.select(device);
         gpu.malloc(n)
     };
     let src = on(1, 4096);
@@ -1424,22 +1429,9 @@ fn cuda_synchronous_memsets_wait_on_pinned_and_managed_memory_only() {
 #[test_case(HIP ; "hip")]
 fn a_kernel_reaches_another_devices_memory_only_through_peer_access(driver: Driver) {
     let gpu = with_devices(driver, 2);
-    let select = |device: c_int| match gpu.vendor() {
-        Vendor::Cuda => {
-            let ctx = gpu.cuda_context(device);
-            let set: unsafe extern "C" fn(u64) -> R = gpu.fake.sym("cuCtxSetCurrent");
-            // SAFETY: a retained context.
-            assert_eq!(unsafe { set(ctx) }, 0);
-        }
-        Vendor::Hip => {
-            let set: unsafe extern "C" fn(c_int) -> R = gpu.fake.sym("hipSetDevice");
-            // SAFETY: a device that exists.
-            assert_eq!(unsafe { set(device) }, 0);
-        }
-    };
-    select(1);
+    gpu.select(1);
     let theirs = gpu.malloc(4096);
-    select(0);
+    gpu.select(0);
     let shared = gpu.managed(4096);
     gpu.c().kernel_model("scale", "r:a0:4096").unwrap();
     let m = gpu.load(PTX).unwrap();
