@@ -17,6 +17,7 @@ could not fail would pass both.
 import ctypes
 import json
 import os
+import shlex
 import subprocess
 import sys
 from typing import Any, Callable, Dict, Type
@@ -157,6 +158,25 @@ def faults_groups_codes_models_and_order() -> None:
     assert driver.in_flight() >= 1 and driver.last_kernel() == kernel
     driver.finish_all()
     assert driver.done(kernel) and driver.in_flight() == 0
+    # Polling behind a held kernel ends after the driver's patience, counted as a CPU wait.
+    kernel = driver.launch(side.value or 0, ptr.value or 0, 4096)
+    waits = driver.cpu_waits()
+    polls = 1
+    while hip.hipStreamQuery(side) == 600:
+        polls += 1
+    assert polls == 1000 and driver.done(kernel) and driver.cpu_waits() == waits + 1, polls
+    assert driver.query_patience(1000) == 1000
+    raises(ValueError, lambda: driver.query_patience(-1), "queries")
+    # Held, a copy stays in flight until a CPU wait forces it.
+    driver.hold(True)
+    host = ctypes.c_void_p()  # pinned: a copy from pageable memory is synchronous under HIP
+    assert hip.hipHostMalloc(ctypes.byref(host), ctypes.c_size_t(64), 0) == 0
+    assert hip.hipMemcpyHtoDAsync(ptr, host, ctypes.c_size_t(64), side) == 0
+    assert driver.in_flight() == 1
+    assert hip.hipStreamSynchronize(side) == 0 and driver.in_flight() == 0
+    driver.hold(False)
+    assert hip.hipHostFree(host) == 0
+    raises(TypeError, lambda: driver.hold(1), "bool")  # type: ignore[arg-type]
     driver.kernel_model("scale", "r:a0:4*i2 w:a1:4*i2")
     raises(ValueError, lambda: driver.kernel_model("scale", "r:x0:4"), "character 3")
     assert hip.hipStreamDestroy(side) == 0
@@ -232,6 +252,20 @@ def the_command_line_prints_the_matrix_and_a_profiles_exports() -> None:
     ).stdout
     assert "export FAKECUDA_DEVICES=2\n" in exports, exports
     assert "export PORTALLOC_BACKEND=cuda\n" in exports, exports
+    # One profile after another in a shell: nothing of the first is left under the second.
+    python = shlex.quote(sys.executable)
+    shell = subprocess.run(
+        [
+            "sh",
+            "-c",
+            'eval "$(%s -m portalloc.testing env rocm7-reservation-hold)" && '
+            'eval "$(%s -m portalloc.testing env rocm5)" && env' % (python, python),
+        ],
+        stdout=subprocess.PIPE,
+        universal_newlines=True,
+        check=True,
+    ).stdout
+    assert "FAKEHIP_VERSION=5" in shell and "FAKEHIP_PROFILE=" not in shell, shell
     wrong = subprocess.run(
         [sys.executable, "-m", "portalloc.testing", "env", "cuda13"],
         stderr=subprocess.PIPE,

@@ -49,7 +49,7 @@
 #define FK_FN static __attribute__((unused))
 
 /* The version of the control API: Controls (Rust, Python) refuse a driver of another. */
-#define FK_KIT_VERSION 2
+#define FK_KIT_VERSION 3
 
 #define FK_MAX_DEVICES 8
 #define FK_MAX_CTX 64 /* [0, FK_MAX_DEVICES): the devices' primary contexts */
@@ -69,6 +69,8 @@ enum {
   FK_NO_DEVICE = 100,
   FK_INVALID_DEVICE = 101,
   FK_INVALID_IMAGE = 200,
+  FK_NO_BINARY_FOR_GPU = 209, /* CUDA_ERROR_NO_BINARY_FOR_GPU, hipErrorNoBinaryForGpu */
+  FK_INVALID_PTX = 218,       /* CUDA_ERROR_INVALID_PTX, hipErrorInvalidKernelFile */
   FK_INVALID_CONTEXT = 201,
   FK_PEER_UNSUPPORTED = 217,
   FK_INVALID_HANDLE = 400,

@@ -447,10 +447,21 @@ enum {
 static void fk_guard_add(int clock, unsigned long long seq, unsigned long long va,
                          unsigned long long size, const char *what);
 
-/* Which side a pointer is on: SIDE_DEVICE when it lies in device memory `device` can use,
- * else SIDE_HOST. */
+/* Which side [p, p + size) is on for a call of `device`: SIDE_DEVICE when it lies in device
+ * memory `device` may use, SIDE_HOST when it lies in pinned memory or in memory the driver
+ * does not know (the caller's own); 0 when it starts or ends in memory the driver knows but
+ * runs past it, or lies in a reserved range nothing maps there — what the drivers refuse
+ * ("invalid value": clr's ihipMemcpy_validate checks the size against the allocation's). */
 FK_FN int fk_side_of(unsigned long long p, unsigned long long size, int device) {
-  return fk_device_range(p, size, device) ? SIDE_DEVICE : SIDE_HOST;
+  if (fk_device_range(p, size, device)) return SIDE_DEVICE;
+  if (fk_pinned_range(p, size)) return SIDE_HOST;
+  unsigned long long last = p + size - 1;
+  if (fk_region_holding(p) || fk_region_holding(last)) return 0;
+  for (int i = 0; i < fk_regions_high; i++) {
+    const struct fk_region *r = &fk_regions[i];
+    if (r->kind == R_RESERVATION && r->va <= last && p < r->va + r->size) return 0;
+  }
+  return SIDE_HOST;
 }
 
 /* Whether a synchronous copy or memset over [va, va + size) must complete before returning
@@ -486,7 +497,7 @@ FK_FN int fk_copy_2d(int clock, int dst_device, unsigned long long dst, unsigned
   unsigned long long src_span = fk_rows_span(width, height, spitch);
   if (dst + dst_span < dst || src + src_span < src) return FK_INVALID_VALUE;
   int dst_is = fk_side_of(dst, dst_span, dst_device), src_is = fk_side_of(src, src_span, src_device);
-  if ((dst_side == SIDE_DEVICE && dst_is != SIDE_DEVICE) ||
+  if (!dst_is || !src_is || (dst_side == SIDE_DEVICE && dst_is != SIDE_DEVICE) ||
       (src_side == SIDE_DEVICE && src_is != SIDE_DEVICE))
     return FK_INVALID_VALUE;
   int dst_pinned = dst_is == SIDE_HOST && fk_pinned_range(dst, dst_span);
@@ -504,6 +515,13 @@ FK_FN int fk_copy_2d(int clock, int dst_device, unsigned long long dst, unsigned
     fk_force(clock, ~0ULL, 0);
   }
   unsigned long long seq = fk_queue(clock);
+  /* "The memory areas may not overlap" (cudaMemcpy, hipMemcpy); checked for 1D copies (2D
+   * rows may interleave without overlapping). */
+  if (height == 1 && dst < src + width && src < dst + width) {
+    fk_hazard("%s copies [%#llx, %#llx) onto [%#llx, %#llx), which overlap (the vendors' copies "
+              "may not overlap: undefined behaviour)",
+              what, src, src + src_span, dst, dst + dst_span);
+  }
   /* Pageable memory is never touched by the device: only the device side is in flight (each
    * side as the span from its first row to its last). */
   if (!src_pageable) fk_use(clock, seq, src, src_span, FK_READ, what);
@@ -598,6 +616,8 @@ struct fk_guard {
   int clock;
   unsigned long long seq;
   char what[72];
+  char stream[96]; /* its stream's name when the copy was queued (a stream may go before the
+                    * hazard is logged) */
 };
 static struct fk_guard fk_guards[FK_MAX_GUARDS];
 static int fk_n_guards; /* slots [0, fk_n_guards) may be in use */
@@ -606,8 +626,8 @@ static int fk_guard_on = -1; /* -1: not decided yet (FAKE_GUARD_HOST) */
 /* What the signal handler saw, taken under the lock by fk_take_signal_hazards. */
 struct fk_signalled {
   unsigned long long address, va, size;
-  int clock;
   char what[72];
+  char stream[96];
 };
 static struct fk_signalled fk_signalled[FK_MAX_SIGNALLED];
 static _Atomic int fk_n_signalled;
@@ -630,8 +650,8 @@ static void fk_segv(int sig, siginfo_t *info, void *context) {
         s->address = a;
         s->va = g->va;
         s->size = g->size;
-        s->clock = g->clock;
         memcpy(s->what, g->what, sizeof s->what);
+        memcpy(s->stream, g->stream, sizeof s->stream);
       } else {
         atomic_fetch_add(&fk_signalled_lost, 1);
       }
@@ -655,11 +675,9 @@ static void fk_take_signal_hazards(void) {
   if (n > FK_MAX_SIGNALLED) n = FK_MAX_SIGNALLED;
   for (int i = 0; i < n; i++) {
     const struct fk_signalled *s = &fk_signalled[i];
-    char name[96];
     fk_hazard("CPU access of host address %#llx in [%#llx, %#llx) while %s on %s writes it: "
-              "read before the copy completed (synchronise first)",
-              s->address, s->va, s->va + s->size, s->what,
-              fk_clock_name(s->clock, name, sizeof name));
+              "read or written before the copy completed (synchronise first)",
+              s->address, s->va, s->va + s->size, s->what, s->stream);
   }
   fk_hazard_count += atomic_exchange(&fk_signalled_lost, 0);
   atomic_store(&fk_n_signalled, 0);
@@ -706,6 +724,7 @@ static void fk_guard_add(int clock, unsigned long long seq, unsigned long long v
   g->clock = clock;
   g->seq = seq;
   snprintf(g->what, sizeof g->what, "%s", what);
+  fk_clock_name(clock, g->stream, sizeof g->stream);
   atomic_store(&g->tripped, 0);
   g->lo = va / page * page;
   g->hi = fk_round_up(va + size, page);

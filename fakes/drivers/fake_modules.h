@@ -133,10 +133,14 @@ FK_FN unsigned long long fk_ptx_type_size(const char *t, size_t len) {
 
 /* The `.entry` names and the module-scope `.global` / `.const` variables of PTX text into `m`
  * (a variable's size: its type's times its array extents; initialisers are not read, a
- * variable starts zeroed); 0 when `text` is no PTX. Reads at most FK_MAX_IMAGE bytes. */
+ * variable starts zeroed). 1 for PTX, 0 for text that is no PTX (neither `.version` nor
+ * `.entry` in it), -1 for PTX the driver would refuse (CUDA_ERROR_INVALID_PTX): no `.version`
+ * or `.target` directive outside comments, or braces left open (a truncated text). Reads at
+ * most FK_MAX_IMAGE bytes. */
 FK_FN int fk_ptx_read(const char *text, struct fk_module *m) {
   size_t n = strnlen(text, (size_t)FK_MAX_IMAGE);
   if (!memmem(text, n, ".version", 8) && !memmem(text, n, ".entry", 6)) return 0;
+  int version = 0, target = 0;
   int depth = 0; /* braces: a variable is module-scope at depth 0 */
   for (size_t i = 0; i < n; i++) {
     char c = text[i];
@@ -144,10 +148,18 @@ FK_FN int fk_ptx_read(const char *text, struct fk_module *m) {
       while (i < n && text[i] != '\n') i++;
       continue;
     }
+    if (c == '/' && i + 1 < n && text[i + 1] == '*') { /* a block comment */
+      const char *end = memmem(text + i + 2, n - i - 2, "*/", 2);
+      if (!end) return -1;
+      i = (size_t)(end - text) + 1;
+      continue;
+    }
     if (c == '{') depth++;
-    if (c == '}' && depth > 0) depth--;
+    if (c == '}' && --depth < 0) return -1;
     if (c != '.' || (i > 0 && fk_ident_char(text[i - 1]))) continue;
     const char *at = text + i;
+    if (!depth && !strncmp(at, ".version", 8) && !fk_ident_char(at[8])) version = 1;
+    if (!depth && !strncmp(at, ".target", 7) && !fk_ident_char(at[7])) target = 1;
     if (!strncmp(at, ".entry", 6) && !fk_ident_char(at[6])) {
       const char *p = at + 6;
       while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
@@ -205,7 +217,7 @@ FK_FN int fk_ptx_read(const char *text, struct fk_module *m) {
     }
     if (size) fk_module_add_global(m, name, len, size);
   }
-  return 1;
+  return version && target && depth == 0 ? 1 : -1;
 }
 
 static unsigned long long fk_le(const unsigned char *p, int bytes) {
@@ -214,28 +226,55 @@ static unsigned long long fk_le(const unsigned char *p, int bytes) {
   return v;
 }
 
+/* Whether every page of [p, p + n) is mapped in the process: what the fake reads of an image
+ * whose size it was not told (cuModuleLoadData takes none) it checks first, so that an image
+ * whose headers point past its end is refused instead of faulting. */
+static int fk_readable(const void *p, unsigned long long n) {
+  unsigned long long page = fk_page(), at = (unsigned long long)(uintptr_t)p / page * page;
+  unsigned long long end = (unsigned long long)(uintptr_t)p + n;
+  if (end < (unsigned long long)(uintptr_t)p) return 0;
+  unsigned char resident;
+  for (; at < end; at += page)
+    if (mincore((void *)(uintptr_t)at, page, &resident) != 0) return 0;
+  return 1;
+}
+
+/* An ELF machine: EM_CUDA for CUDA's face, EM_AMDGPU for HIP's. */
+#define FK_EM_CUDA 190
+#define FK_EM_AMDGPU 224
+
 /* The symbols of a 64-bit little-endian ELF object at `b`, of at most `limit` bytes, into
  * `m`: functions (STT_FUNC, and AMD's STT_AMDGPU_HSA_KERNEL) as names, objects (STT_OBJECT,
- * sized) as globals; local symbols are skipped. 0 when there is no symbol table the fake can
- * read within `limit`. */
-FK_FN int fk_elf_read(const unsigned char *b, unsigned long long limit, struct fk_module *m) {
-  if (limit < 64 || memcmp(b, "\x7f" "ELF", 4) || b[4] != 2 /* 64-bit */ || b[5] != 1 /* LE */)
-    return 0;
+ * sized) as globals; local symbols are skipped.
+ *   1   read (a symbol table, or none: an object with no section headers);
+ *   0   no 64-bit little-endian ELF object (a stand-in: the magic bytes and little else);
+ *   FK_NO_BINARY_FOR_GPU   an object for another machine than `machine`;
+ *   -1  headers that point past `limit` or at memory that is not there (a corrupt image). */
+FK_FN int fk_elf_read(const unsigned char *b, unsigned long long limit, int machine,
+                      struct fk_module *m) {
+  if (limit < 64) return 0;
+  if (!fk_readable(b, 64)) return -1;
+  if (memcmp(b, "\x7f" "ELF", 4) || b[4] != 2 /* 64-bit */ || b[5] != 1 /* LE */) return 0;
+  if ((int)fk_le(b + 0x12, 2) != machine) return FK_NO_BINARY_FOR_GPU;
   unsigned long long shoff = fk_le(b + 0x28, 8), shentsize = fk_le(b + 0x3a, 2),
                      shnum = fk_le(b + 0x3c, 2);
-  if (shentsize < 64 || !shnum || shoff > limit || shnum * shentsize > limit - shoff) return 0;
-  int found = 0;
+  if (!shnum) return 1;
+  if (shentsize < 64 || shoff > limit || shnum * shentsize > limit - shoff ||
+      !fk_readable(b + shoff, shnum * shentsize))
+    return -1;
   for (unsigned long long i = 0; i < shnum; i++) {
     const unsigned char *sh = b + shoff + i * shentsize;
     if (fk_le(sh + 4, 4) != 2 /* SHT_SYMTAB */) continue;
     unsigned long long off = fk_le(sh + 0x18, 8), size = fk_le(sh + 0x20, 8),
                        link = fk_le(sh + 0x28, 4), entsize = fk_le(sh + 0x38, 8);
-    if (entsize < 24 || off > limit || size > limit - off || link >= shnum) continue;
+    if (entsize < 24 || off > limit || size > limit - off || link >= shnum ||
+        !fk_readable(b + off, size))
+      return -1;
     const unsigned char *strsh = b + shoff + link * shentsize;
     unsigned long long str_off = fk_le(strsh + 0x18, 8), str_size = fk_le(strsh + 0x20, 8);
-    if (str_off > limit || str_size > limit - str_off) continue;
+    if (str_off > limit || str_size > limit - str_off || !fk_readable(b + str_off, str_size))
+      return -1;
     const char *strings = (const char *)b + str_off;
-    found = 1;
     for (unsigned long long at = 0; at + entsize <= size; at += entsize) {
       const unsigned char *sym = b + off + at;
       unsigned long long name = fk_le(sym, 4);
@@ -250,35 +289,49 @@ FK_FN int fk_elf_read(const unsigned char *b, unsigned long long limit, struct f
         fk_module_add_global(m, strings + name, len, sym_size);
     }
   }
-  return found;
+  return 1;
 }
 
-/* The ELF objects inside a CUDA fatbin (header: magic, version, header size, size of what
- * follows) or a clang offload bundle (entries of offset, size, target), each read as
- * fk_elf_read reads one; how many were read. A fatbin's entries are found by the ELF magic
- * at 8-byte boundaries (compressed entries are not read). */
-FK_FN int fk_container_read(const unsigned char *b, struct fk_module *m) {
+/* The ELF objects for `machine` inside a CUDA fatbin (header: magic, version, header size,
+ * size of what follows; its entries found by the ELF magic at 8-byte boundaries, compressed
+ * ones not read) or a clang offload bundle (entries of offset, size and target; the `amdgcn`
+ * ones read), of at most `limit` bytes: how many were read, FK_NO_BINARY_FOR_GPU when there
+ * was none for the machine, -1 for a container whose headers point past its end. */
+FK_FN int fk_container_read(const unsigned char *b, unsigned long long limit, int machine,
+                            struct fk_module *m) {
   static const unsigned char fatbin[4] = {0x50, 0xed, 0x55, 0xba};
   int read = 0;
   if (!memcmp(b, fatbin, 4)) {
+    if (limit < 16 || !fk_readable(b, 16)) return -1;
     unsigned long long header = fk_le(b + 6, 2), size = fk_le(b + 8, 8);
-    if (header < 16 || size > FK_MAX_IMAGE) return 0;
+    if (header < 16 || header > limit || size > limit - header || !fk_readable(b, header + size))
+      return -1;
     unsigned long long end = header + size;
-    for (unsigned long long at = header; at + 64 <= end; at += 8)
-      if (!memcmp(b + at, "\x7f" "ELF", 4)) read += fk_elf_read(b + at, end - at, m);
-    return read;
-  }
-  if (!memcmp(b, "__CLANG_OFFLOAD_BUNDLE__", 24)) {
-    unsigned long long n = fk_le(b + 24, 8), at = 32;
-    for (unsigned long long i = 0; i < n && i < 64; i++) {
-      unsigned long long off = fk_le(b + at, 8), size = fk_le(b + at + 8, 8),
-                         id = fk_le(b + at + 16, 8);
-      if (id > 4096 || off > FK_MAX_IMAGE || size > FK_MAX_IMAGE) return read;
-      at += 24 + id;
-      if (size >= 64) read += fk_elf_read(b + off, size, m);
+    for (unsigned long long at = header; at + 64 <= end; at += 8) {
+      if (memcmp(b + at, "\x7f" "ELF", 4)) continue;
+      int rc = fk_elf_read(b + at, end - at, machine, m);
+      if (rc < 0) return -1;
+      read += rc == 1;
     }
+    return read ? read : FK_NO_BINARY_FOR_GPU;
   }
-  return read;
+  if (limit < 32 || !fk_readable(b, 32)) return -1;
+  unsigned long long n = fk_le(b + 24, 8), at = 32;
+  if (n > 64) return -1;
+  for (unsigned long long i = 0; i < n; i++) {
+    if (at + 24 > limit || !fk_readable(b + at, 24)) return -1;
+    unsigned long long off = fk_le(b + at, 8), size = fk_le(b + at + 8, 8),
+                       id = fk_le(b + at + 16, 8);
+    if (id > 4096 || at + 24 + id > limit || !fk_readable(b + at + 24, id)) return -1;
+    if (off > limit || size > limit - off || !fk_readable(b + off, size)) return -1;
+    int amdgcn = memmem(b + at + 24, (size_t)id, "amdgcn", 6) != NULL;
+    at += 24 + id;
+    if (!amdgcn || size < 64) continue;
+    int rc = fk_elf_read(b + off, size, machine, m);
+    if (rc < 0) return -1;
+    read += rc == 1;
+  }
+  return read ? read : FK_NO_BINARY_FOR_GPU;
 }
 
 /* ---- Modules ------------------------------------------------------------------------ */
@@ -328,16 +381,21 @@ FK_FN int fk_module_globals_alloc(int slot) {
   return FK_OK;
 }
 
-/* Loads a module for context `ctx` from `image`: its handle, or 0 with `*code` set
- * (FK_INVALID_VALUE for NULL, FK_INVALID_IMAGE for bytes that are no image, FK_OUT_OF_MEMORY
- * when its globals do not fit). PTX text names its kernels (`.entry`) and globals; an ELF
- * object, a fatbin or an offload bundle names them in its symbol tables; a binary image
- * without one the fake can read (a stand-in: the magic bytes and nothing else) takes any
- * function name and has no globals. */
-FK_FN unsigned long long fk_module_load(int ctx, const void *image, int *code) {
+/* Loads a module for context `ctx` from `image` (of `size` bytes; 0: not told, at most
+ * FK_MAX_IMAGE are read): its handle, or 0 with `*code` set. PTX text (`ptx`: the CUDA face)
+ * names its kernels (`.entry`) and globals; an ELF object for `machine`, a fatbin or an
+ * offload bundle name them in their symbol tables; a binary image with nothing the fake can
+ * read there (a stand-in: the magic bytes and little else) takes any function name and has no
+ * globals. Refused: FK_INVALID_VALUE (NULL), FK_INVALID_PTX (PTX the driver would not take;
+ * under HIP anything that is no code object: hipErrorInvalidKernelFile), FK_INVALID_IMAGE
+ * (bytes that are no image, or whose headers point past its end), FK_NO_BINARY_FOR_GPU (code
+ * for another machine), FK_OUT_OF_MEMORY (its globals do not fit). */
+FK_FN unsigned long long fk_module_load(int ctx, const void *image, unsigned long long size,
+                                        int machine, int ptx, int *code) {
   *code = FK_INVALID_VALUE;
   if (!image) return 0;
   const unsigned char *b = (const unsigned char *)image;
+  unsigned long long limit = size && size < FK_MAX_IMAGE ? size : FK_MAX_IMAGE;
   int slot = -1;
   for (int i = 0; i < FK_MAX_MODULES && slot < 0; i++)
     if (!fk_modules[i].serial) slot = i;
@@ -346,13 +404,29 @@ FK_FN unsigned long long fk_module_load(int ctx, const void *image, int *code) {
   struct fk_module *m = &fk_modules[slot];
   memset(m, 0, sizeof *m);
   static const unsigned char fatbin[4] = {0x50, 0xed, 0x55, 0xba};
-  if (!memcmp(b, "\x7f" "ELF", 4)) {
+  int magic = (limit >= 4 && !memcmp(b, "\x7f" "ELF", 4)) ? 1
+              : (limit >= 4 && !memcmp(b, fatbin, 4) && machine == FK_EM_CUDA) ? 2
+              : (limit >= 24 && !memcmp(b, "__CLANG_OFFLOAD_BUNDLE__", 24) && machine == FK_EM_AMDGPU)
+                  ? 2
+                  : 0;
+  int rc;
+  if (magic == 1) {
     /* The object's size is not passed: its section headers say where it ends. */
-    m->any_name = !fk_elf_read(b, FK_MAX_IMAGE, m) || !m->n_names;
-  } else if (!memcmp(b, fatbin, 4) || !memcmp(b, "__CLANG_OFFLOAD_BUNDLE__", 24)) {
-    m->any_name = !fk_container_read(b, m) || !m->n_names;
-  } else if (!fk_ptx_read((const char *)image, m)) {
-    *code = FK_INVALID_IMAGE;
+    rc = fk_elf_read(b, limit, machine, m);
+    m->any_name = rc == 0 || !m->n_names;
+  } else if (magic == 2) {
+    rc = fk_container_read(b, limit, machine, m);
+    m->any_name = !m->n_names;
+  } else {
+    rc = ptx ? fk_ptx_read((const char *)image, m) : 0;
+    if (rc == 0) {
+      *code = ptx ? FK_INVALID_IMAGE : FK_INVALID_PTX;
+      return 0;
+    }
+    if (rc < 0) rc = FK_INVALID_PTX;
+  }
+  if (rc < 0 || rc == FK_NO_BINARY_FOR_GPU || rc == FK_INVALID_PTX) {
+    *code = rc == FK_NO_BINARY_FOR_GPU || rc == FK_INVALID_PTX ? rc : FK_INVALID_IMAGE;
     return 0;
   }
   m->serial = fk_next_module++;
@@ -365,9 +439,10 @@ FK_FN unsigned long long fk_module_load(int ctx, const void *image, int *code) {
   return FK_MODULE_BASE + 16 * m->serial;
 }
 
-/* The bytes of file `path` (NUL-terminated, at most FK_MAX_IMAGE): a malloc'd buffer the
- * caller frees, or NULL with `*code` FK_NOT_FOUND (no such file) or FK_OUT_OF_MEMORY. */
-FK_FN char *fk_read_file(const char *path, int *code) {
+/* The bytes of file `path` (NUL-terminated, at most FK_MAX_IMAGE; `*size` of them): a
+ * malloc'd buffer the caller frees, or NULL with `*code` FK_NOT_FOUND (no such file) or
+ * FK_OUT_OF_MEMORY. */
+FK_FN char *fk_read_file(const char *path, unsigned long long *size, int *code) {
   FILE *f = fopen(path, "rb");
   *code = FK_NOT_FOUND;
   if (!f) return NULL;
@@ -391,6 +466,7 @@ FK_FN char *fk_read_file(const char *path, int *code) {
   }
   fclose(f);
   bytes[n] = 0;
+  *size = n;
   *code = FK_OK;
   return bytes;
 }

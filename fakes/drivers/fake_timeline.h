@@ -196,9 +196,14 @@ FK_FN void fk_task_finish(struct fk_task *t) {
   }
 }
 
-/* Runs a host function (the vendors forbid it to call them: such calls are refused). */
+static void fk_apply_effects(void);
+
+/* Runs a host function (the vendors forbid it to call them: such calls are refused), after
+ * the bytes of the copies and memsets before it on its stream landed ("called after currently
+ * enqueued work"). */
 FK_FN void fk_task_run(struct fk_task *t) {
   if (t->host && t->fn) {
+    fk_apply_effects();
     fk_t_in_callback = 1;
     t->fn(t->data);
     fk_t_in_callback = 0;
@@ -206,12 +211,13 @@ FK_FN void fk_task_run(struct fk_task *t) {
   fk_task_finish(t);
 }
 
-static void fk_apply_effects(void);
-
 /* Completes what nothing holds back (nothing while held), runs the host functions whose
- * turn came, and applies the effects of what completed. */
+ * turn came, and applies the effects of what completed (a CPU wait's too while held). */
 static void fk_progress(void) {
-  if (fk_hold) return;
+  if (fk_hold) {
+    fk_apply_effects();
+    return;
+  }
   if (!fk_n_active && !fk_n_waits) {
     for (int c = 1; c < fk_n_clocks; c++) fk_clocks[c].completed = fk_clocks[c].recorded;
     fk_apply_effects();
@@ -268,6 +274,8 @@ static void fk_force(int clock, unsigned long long seq, int depth) {
       if (t->clock == clock && t->seq <= seq && (!first || t->seq < first->seq)) first = t;
     }
     if (!first) break;
+    /* Everything before it on the clock is done: its turn came. */
+    if (k->completed < first->seq - 1) k->completed = first->seq - 1;
     fk_task_run(first);
   }
   if (k->completed < seq) k->completed = seq;
@@ -279,6 +287,8 @@ static void fk_force(int clock, unsigned long long seq, int depth) {
 FK_FN void fk_set_hold(int held) {
   fk_hold = held;
   if (!held) {
+    /* Each clock in order, after what it waits for on the GPU. */
+    for (int c = 1; c < fk_n_clocks; c++) fk_force(c, ~0ULL, 0);
     while (fk_n_active) fk_task_run(&fk_tasks[fk_active[0]]);
     fk_progress();
   }
@@ -289,6 +299,24 @@ FK_FN void fk_set_hold(int held) {
 FK_FN void fk_force_ctx(int ctx) {
   for (int c = 1; c < fk_n_clocks; c++)
     if (ctx < 0 || fk_clocks[c].ctx == ctx) fk_force(c, ~0ULL, 0);
+}
+
+/* Polling (cuStreamQuery, cuEventQuery, hipStreamQuery, hipEventQuery): no time passes on the
+ * fake, so a loop that queries behind work held in flight would spin for ever. A query that
+ * finds `key` (its stream's clock, or its event) not ready fk_query_patience times in a row
+ * is answered by a CPU wait: fk_polled says when (0: never). */
+#define FK_QUERY_PATIENCE 1000
+static int fk_query_patience = FK_QUERY_PATIENCE;
+static unsigned long long fk_poll_key;
+static int fk_poll_count;
+FK_FN int fk_polled(unsigned long long key) {
+  if (fk_poll_key != key) {
+    fk_poll_key = key;
+    fk_poll_count = 0;
+  }
+  if (fk_query_patience <= 0 || ++fk_poll_count < fk_query_patience) return 0;
+  fk_poll_count = 0;
+  return 1;
 }
 
 /* Counts a CPU wait: every synchronisation, whether or not it had to wait. */
@@ -430,6 +458,7 @@ FK_FN void fk_race_check(int clock, unsigned long long seq, unsigned long long v
     const struct fk_access *a = &fk_accesses[i];
     if (a->va >= va + size || va >= a->va + a->size) continue;
     if (!((a->mode | mode) & FK_WRITE)) continue; /* two reads do not conflict */
+    if (a->clock == clock && a->seq == seq) continue; /* the operation itself */
     if (fk_ordered_after(a->clock, a->seq, clock, seq)) continue;
     char mine[96], theirs[96];
     fk_hazard("race: %s on %s %s [%#llx, %#llx) while %s on %s %s [%#llx, %#llx), not ordered "
@@ -769,6 +798,9 @@ FK_FN void fk_timeline_reset(void) {
   fk_streams_free = -1;
   memset(fk_events, 0, sizeof fk_events);
   fk_hold = 0;
+  fk_query_patience = FK_QUERY_PATIENCE;
+  fk_poll_key = 0;
+  fk_poll_count = 0;
 }
 
 /* ---- The control API: kernels, holds, order ------------------------------------------- */
@@ -822,18 +854,37 @@ FAKE_EXPORT void fake_finish(unsigned long long kernel) {
  * wait counted. */
 FAKE_EXPORT void fake_finish_all(void) {
   LOCKED({
-    while (fk_n_active) {
-      struct fk_task *t = &fk_tasks[fk_active[0]];
-      if (t->host)
-        fk_task_run(t);
-      else
-        fk_task_finish(t);
+    /* The kernels first; then the clocks move on, and each host function runs when its
+     * stream reaches it, after the copies before it landed. (Removing a task moves the last
+     * one into its slot, which the loop from the end has seen already.) */
+    for (int i = fk_n_active - 1; i >= 0; i--) {
+      struct fk_task *t = &fk_tasks[fk_active[i]];
+      if (!t->host) fk_task_finish(t);
     }
     int held = fk_hold;
     fk_hold = 0;
     fk_progress();
+    while (fk_n_active) fk_task_run(&fk_tasks[fk_active[0]]);
+    fk_progress();
     fk_hold = held;
   });
+}
+
+/* While held (1), nothing completes that a CPU wait does not force: each copy, memset and
+ * kernel stays in flight, so a race against work that would often have completed on a GPU
+ * already is seen. Releasing (0) completes everything, in stream order. */
+FAKE_EXPORT void fake_hold(int held) { LOCKED(fk_set_hold(held)); }
+
+/* Queries answered "not ready" this many times in a row for one stream or event complete what
+ * they wait for (as a CPU wait, counted), so that a polling loop behind work held in flight
+ * ends (no time passes on the fake); 0: never. The previous value; `n` < 0 leaves it. */
+FAKE_EXPORT int fake_query_patience(int n) {
+  int old = 0;
+  LOCKED({
+    old = fk_query_patience;
+    if (n >= 0) fk_query_patience = n;
+  });
+  return old;
 }
 
 /* The id of the last kernel the calling thread launched (cuLaunchKernel,

@@ -198,9 +198,11 @@ static const struct fake_error cu_errors[] = {
     {100, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
     {101, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
     {200, "CUDA_ERROR_INVALID_IMAGE", "device kernel image is invalid"},
+    {209, "CUDA_ERROR_NO_BINARY_FOR_GPU", "no kernel image is available for execution on the device"},
     {201, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
     {215, "CUDA_ERROR_UNSUPPORTED_LIMIT", "limit is not supported on this architecture"},
     {217, "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED", "peer access is not supported between these two devices"},
+    {218, "CUDA_ERROR_INVALID_PTX", "a PTX JIT compilation failed"},
     {301, "CUDA_ERROR_FILE_NOT_FOUND", "file not found"},
     {400, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
     {500, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
@@ -232,6 +234,8 @@ static int fk_face_code(const char *name) {
       {"not_ready", 600},      {"illegal_address", 700},  {"launch_out_of_resources", 701},
       {"peer_already_enabled", 704}, {"peer_not_enabled", 705}, {"launch_failed", 719},
       {"not_permitted", 800},  {"not_supported", 801},    {"unknown", 999},
+      {"no_binary_for_gpu", 209}, {"unsupported_limit", 215}, {"invalid_ptx", 218},
+      {"primary_context_active", 708}, {"cooperative_launch_too_large", 720},
   };
   for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++)
     if (!strcmp(codes[i].name, name)) return codes[i].code;
@@ -1392,6 +1396,9 @@ static int clock_idle(int clock) {
 static CUresult stream_query(CUstream s, int pt) {
   CHECK_CTX(ctx);
   CHECK_STREAM(clock, ctx, s, pt);
+  if (clock_idle(clock)) return CUDA_SUCCESS;
+  if (!fk_polled((unsigned long long)clock)) return FK_NOT_READY;
+  wait_for_clock(clock); /* polled long enough: fk_polled */
   return clock_idle(clock) ? CUDA_SUCCESS : FK_NOT_READY;
 }
 CUresult cuStreamQuery(CUstream s) {
@@ -1591,6 +1598,10 @@ static CUresult event_query(CUevent e) {
   (void)ctx;
   struct fk_event *ev = fk_event_of((unsigned long long)(uintptr_t)e);
   if (!ev) return FK_INVALID_HANDLE;
+  if (fk_event_done(ev)) return CUDA_SUCCESS;
+  if (!fk_polled((unsigned long long)(uintptr_t)e)) return FK_NOT_READY;
+  fk_cpu_wait(); /* polled long enough: fk_polled */
+  fk_force(ev->clock, ev->seq, 0);
   return fk_event_done(ev) ? CUDA_SUCCESS : FK_NOT_READY;
 }
 CUresult cuEventQuery(CUevent e) {
@@ -1935,13 +1946,17 @@ MEMSET_2D_ASYNC(cuMemsetD2D32Async_ptsz, unsigned int, 4, 1)
 
 /* ---- Modules and launches -------------------------------------------------------------- */
 
-static CUresult module_load(CUmodule *m, const void *image) {
+/* An image of `size` bytes (0: not told): PTX, a cubin (EM_CUDA) or a fatbin. */
+static CUresult module_load_sized(CUmodule *m, const void *image, unsigned long long size) {
   CHECK_CTX(ctx);
   if (!m || !image) return FK_INVALID_VALUE;
   int code;
-  unsigned long long handle = fk_module_load(ctx, image, &code);
+  unsigned long long handle = fk_module_load(ctx, image, size, FK_EM_CUDA, 1, &code);
   if (handle) *m = (CUmodule)(uintptr_t)handle;
   return code;
+}
+static CUresult module_load(CUmodule *m, const void *image) {
+  return module_load_sized(m, image, 0);
 }
 CUresult cuModuleLoadData(CUmodule *m, const void *image) {
   ENTER("cuModuleLoadData");
@@ -1962,9 +1977,10 @@ static CUresult module_load_file(CUmodule *m, const char *path) {
   (void)ctx;
   if (!m || !path) return FK_INVALID_VALUE;
   int code;
-  char *bytes = fk_read_file(path, &code);
+  unsigned long long size;
+  char *bytes = fk_read_file(path, &size, &code);
   if (!bytes) return code == FK_NOT_FOUND ? 301 /* CUDA_ERROR_FILE_NOT_FOUND */ : code;
-  CUresult rc = module_load(m, bytes);
+  CUresult rc = module_load_sized(m, bytes, size ? size : 1);
   free(bytes);
   return rc;
 }

@@ -246,6 +246,9 @@ static int fk_face_code(const char *name) {
       {"not_initialized", 3},  {"deinitialized", 4},      {"invalid_device_pointer", 17},
       {"invalid_memcpy_direction", 21}, {"invalid_device_function", 98},
       {"no_device", 100},      {"invalid_device", 101},   {"invalid_image", 200},
+      {"no_binary_for_gpu", 209}, {"invalid_kernel_file", 218}, {"context_is_destroyed", 709},
+      {"invalid_pitch_value", 12}, {"unsupported_limit", 215},
+      {"cooperative_launch_too_large", 720},
       {"invalid_context", 201}, {"peer_unsupported", 217}, {"invalid_handle", 400},
       {"not_found", 500},      {"not_ready", 600},        {"illegal_address", 700},
       {"launch_out_of_resources", 701}, {"peer_already_enabled", 704},
@@ -274,10 +277,12 @@ static int valid_device(int d) { return d >= 0 && d < fk_n_devices; }
 #define CHECK_DEVICE(d) \
   if (!valid_device(d)) return hipErrorInvalidDevice
 /* The clock of `stream` for the calling thread (`pt`: an _spt call), or return
- * hipErrorInvalidHandle. */
-#define CHECK_STREAM(clock, stream, pt)                                                   \
+ * hipErrorContextIsDestroyed: what clr answers for a stream it does not know (`hip::isValid`),
+ * a destroyed one included. CHECK_STREAM_OR returns another code, where clr does. */
+#define CHECK_STREAM_OR(clock, stream, pt, code)                                          \
   int clock = fk_clock_of(current_device(), (unsigned long long)(uintptr_t)(stream), pt); \
-  if (!clock) return hipErrorInvalidHandle
+  if (!clock) return code
+#define CHECK_STREAM(clock, stream, pt) CHECK_STREAM_OR(clock, stream, pt, hipErrorContextIsDestroyed)
 
 /* hipDeviceSynchronize of `device` (-1: every device), counted. */
 static void sync_device(int device) {
@@ -388,9 +393,11 @@ static const struct fake_error errors[] = {
     {100, "hipErrorNoDevice", "no ROCm-capable device is detected"},
     {101, "hipErrorInvalidDevice", "invalid device ordinal"},
     {200, "hipErrorInvalidImage", "device kernel image is invalid"},
+    {209, "hipErrorNoBinaryForGpu", "no kernel image is available for execution on the device"},
     {201, "hipErrorInvalidContext", "invalid device context"},
     {215, "hipErrorUnsupportedLimit", "limit is not supported on this architecture"},
     {217, "hipErrorPeerAccessUnsupported", "peer access is not supported between these two devices"},
+    {218, "hipErrorInvalidKernelFile", "invalid kernel file"},
     {301, "hipErrorFileNotFound", "file not found"},
     {400, "hipErrorInvalidHandle", "invalid resource handle"},
     {500, "hipErrorNotFound", "named symbol not found"},
@@ -1320,7 +1327,7 @@ static hipError_t copy_2d(void *dst, size_t dpitch, const void *src, size_t spit
                           const char *what) {
   int dst_side, src_side;
   if (!sides_of(kind, &dst_side, &src_side)) return hipErrorInvalidMemcpyDirection;
-  CHECK_STREAM(clock, stream, pt);
+  CHECK_STREAM_OR(clock, stream, pt, hipErrorInvalidValue); /* clr: hipMemcpy2DValidateParams */
   if (!width || !height) return hipSuccess;
   if (width > dpitch || width > spitch) return hipErrorInvalidPitchValue;
   if (!dst || !src) return hipErrorInvalidValue;
@@ -1397,10 +1404,14 @@ EXPORT hipError_t hipStreamCreateWithPriority(void **stream, unsigned flags, int
   ENTER("hipStreamCreateWithPriority");
   RETURN(stream_create(stream, flags, priority));
 }
+/* clr: the null and per-thread streams are invalid handles, any other it does not know (a
+ * destroyed one) hipErrorContextIsDestroyed. */
 EXPORT hipError_t hipStreamDestroy(void *stream) {
   ENTER("hipStreamDestroy");
-  int slot = fk_stream_slot((unsigned long long)(uintptr_t)stream);
-  if (slot < 0) RETURN(hipErrorInvalidHandle);
+  unsigned long long handle = (unsigned long long)(uintptr_t)stream;
+  int slot = fk_stream_slot(handle);
+  if (!handle || handle == 1 || handle == 2) RETURN(hipErrorInvalidHandle);
+  if (slot < 0) RETURN(hipErrorContextIsDestroyed);
   fk_stream_destroy(slot);
   RETURN(hipSuccess);
 }
@@ -1428,14 +1439,22 @@ EXPORT hipError_t hipStreamSynchronize_spt(void *stream) {
   ENTER("hipStreamSynchronize_spt");
   RETURN(stream_synchronize(stream, 1));
 }
-static hipError_t stream_query(void *stream, int pt) {
-  CHECK_STREAM(clock, stream, pt);
-  if (!fk_clock_idle(clock)) return hipErrorNotReady;
+/* Whether everything queued on the stream completed (the null stream: and what its next
+ * operation would wait for on the device's blocking streams). */
+static int clock_idle(int clock) {
+  if (!fk_clock_idle(clock)) return 0;
   if (fk_clocks[clock].kind == CK_LEGACY)
     for (int c = 1; c < fk_n_clocks; c++)
       if (fk_clocks[c].ctx == fk_clocks[clock].ctx && fk_clocks[c].blocking && !fk_clock_idle(c))
-        return hipErrorNotReady;
-  return hipSuccess;
+        return 0;
+  return 1;
+}
+static hipError_t stream_query(void *stream, int pt) {
+  CHECK_STREAM(clock, stream, pt);
+  if (clock_idle(clock)) return hipSuccess;
+  if (!fk_polled((unsigned long long)clock)) return hipErrorNotReady;
+  wait_for_clock(clock); /* polled long enough: fk_polled */
+  return clock_idle(clock) ? hipSuccess : hipErrorNotReady;
 }
 EXPORT hipError_t hipStreamQuery(void *stream) {
   ENTER("hipStreamQuery");
@@ -1496,7 +1515,7 @@ EXPORT hipError_t hipStreamGetDevice(void *stream, int *device) {
 EXPORT hipError_t hipLaunchHostFunc(void *stream, void (*fn)(void *), void *data) {
   ENTER("hipLaunchHostFunc");
   int clock = fk_clock_of(current_device(), (unsigned long long)(uintptr_t)stream, 0);
-  if (!clock) RETURN(hipErrorInvalidHandle);
+  if (!clock) RETURN(hipErrorContextIsDestroyed);
   if (!fn) RETURN(hipErrorInvalidValue);
   RETURN(fk_launch_host(clock, fn, data) ? hipSuccess : hipErrorOutOfMemory);
 }
@@ -1513,7 +1532,7 @@ EXPORT hipError_t hipStreamAddCallback(void *stream, void (*fn)(void *, int, voi
                                        unsigned flags) {
   ENTER("hipStreamAddCallback");
   int clock = fk_clock_of(current_device(), (unsigned long long)(uintptr_t)stream, 0);
-  if (!clock) RETURN(hipErrorInvalidHandle);
+  if (!clock) RETURN(hipErrorContextIsDestroyed);
   if (!fn || flags) RETURN(hipErrorInvalidValue);
   struct callback *c = malloc(sizeof *c);
   if (!c) RETURN(hipErrorOutOfMemory);
@@ -1550,7 +1569,8 @@ EXPORT hipError_t hipEventRecord(void *event, void *stream) {
   ENTER("hipEventRecord");
   struct fk_event *e = fk_event_of((unsigned long long)(uintptr_t)event);
   int clock = fk_clock_of(current_device(), (unsigned long long)(uintptr_t)stream, 0);
-  if (!e || !clock) RETURN(hipErrorInvalidHandle);
+  if (!e) RETURN(hipErrorInvalidHandle);
+  if (!clock) RETURN(hipErrorContextIsDestroyed);
   fk_event_record(e, clock);
   RETURN(hipSuccess);
 }
@@ -1559,6 +1579,10 @@ EXPORT hipError_t hipEventQuery(void *event) {
   ENTER("hipEventQuery");
   struct fk_event *e = fk_event_of((unsigned long long)(uintptr_t)event);
   if (!e) RETURN(hipErrorInvalidHandle);
+  if (fk_event_done(e)) RETURN(hipSuccess);
+  if (!fk_polled((unsigned long long)(uintptr_t)event)) RETURN(hipErrorNotReady);
+  fk_cpu_wait(); /* polled long enough: fk_polled */
+  fk_force(e->clock, e->seq, 0);
   RETURN(fk_event_done(e) ? hipSuccess : hipErrorNotReady);
 }
 EXPORT hipError_t hipEventSynchronize(void *event) {
@@ -1572,10 +1596,12 @@ EXPORT hipError_t hipEventSynchronize(void *event) {
   fk_pools_sync();
   RETURN(hipSuccess);
 }
+/* An event destroyed already: hipErrorContextIsDestroyed from ROCm 6 (clr's event set),
+ * hipErrorInvalidHandle before (hipamd); the null event: hipErrorInvalidHandle. */
 EXPORT hipError_t hipEventDestroy(void *event) {
   ENTER("hipEventDestroy");
   struct fk_event *e = fk_event_of((unsigned long long)(uintptr_t)event);
-  if (!e) RETURN(hipErrorInvalidHandle);
+  if (!e) RETURN(event && major() >= 6 ? hipErrorContextIsDestroyed : hipErrorInvalidHandle);
   e->serial = 0;
   RETURN(hipSuccess);
 }
@@ -1600,7 +1626,7 @@ EXPORT hipError_t hipModuleLoadData(void **module, const void *image) {
   ENTER("hipModuleLoadData");
   if (!module || !image) RETURN(hipErrorInvalidValue);
   int code;
-  unsigned long long handle = fk_module_load(current_device(), image, &code);
+  unsigned long long handle = fk_module_load(current_device(), image, 0, FK_EM_AMDGPU, 0, &code);
   if (handle) *module = (void *)(uintptr_t)handle;
   RETURN(code);
 }
@@ -1612,7 +1638,7 @@ EXPORT hipError_t hipModuleLoadDataEx(void **module, const void *image, unsigned
   (void)values;
   if (!module || !image) RETURN(hipErrorInvalidValue);
   int code;
-  unsigned long long handle = fk_module_load(current_device(), image, &code);
+  unsigned long long handle = fk_module_load(current_device(), image, 0, FK_EM_AMDGPU, 0, &code);
   if (handle) *module = (void *)(uintptr_t)handle;
   RETURN(code);
 }
@@ -1621,9 +1647,11 @@ EXPORT hipError_t hipModuleLoad(void **module, const char *path) {
   ENTER("hipModuleLoad");
   if (!module || !path) RETURN(hipErrorInvalidValue);
   int code;
-  char *bytes = fk_read_file(path, &code);
+  unsigned long long size;
+  char *bytes = fk_read_file(path, &size, &code);
   if (!bytes) RETURN(code == FK_NOT_FOUND ? hipErrorFileNotFound : code);
-  unsigned long long handle = fk_module_load(current_device(), bytes, &code);
+  unsigned long long handle =
+      fk_module_load(current_device(), bytes, size ? size : 1, FK_EM_AMDGPU, 0, &code);
   free(bytes);
   if (handle) *module = (void *)(uintptr_t)handle;
   RETURN(code);
@@ -1634,21 +1662,27 @@ EXPORT hipError_t hipModuleGetFunction(void **function, void *module, const char
   int code;
   unsigned long long handle = fk_function_get((unsigned long long)(uintptr_t)module, name, &code);
   if (handle) *function = (void *)(uintptr_t)handle;
-  RETURN(code);
+  RETURN(code == FK_INVALID_HANDLE ? hipErrorNotFound : code); /* clr: hip_platform.cpp */
 }
+/* clr: a module its platform state does not hold is hipErrorNotFound (the null one, from ROCm
+ * 6, hipErrorInvalidResourceHandle). */
 EXPORT hipError_t hipModuleUnload(void *module) {
   ENTER("hipModuleUnload");
-  RETURN(fk_module_unload((unsigned long long)(uintptr_t)module));
+  if (!module && major() >= 6) RETURN(hipErrorInvalidHandle);
+  int rc = fk_module_unload((unsigned long long)(uintptr_t)module);
+  RETURN(rc == FK_INVALID_HANDLE ? hipErrorNotFound : rc);
 }
 
 /* hipModuleGetGlobal, as clr: no name (or an empty one), or neither output: invalid value; a
- * null module: invalid handle. */
+ * null module: invalid handle; a global its platform state does not find (an unloaded
+ * module's included): not found. */
 EXPORT hipError_t hipModuleGetGlobal(void **dptr, size_t *bytes, void *module, const char *name) {
   ENTER("hipModuleGetGlobal");
   if ((!dptr && !bytes) || !name || !name[0]) RETURN(hipErrorInvalidValue);
+  if (!module) RETURN(hipErrorInvalidHandle);
   unsigned long long va, size;
   int rc = fk_module_global((unsigned long long)(uintptr_t)module, name, &va, &size);
-  if (rc != FK_OK) RETURN(rc);
+  if (rc != FK_OK) RETURN(rc == FK_INVALID_HANDLE ? hipErrorNotFound : rc);
   if (dptr) *dptr = (void *)(uintptr_t)va;
   if (bytes) *bytes = size;
   RETURN(hipSuccess);
@@ -1811,7 +1845,7 @@ static hipError_t launch(struct fk_function *fn, unsigned gx, unsigned gy, unsig
                          unsigned by, unsigned bz, void *stream, void **params, void **extra,
                          size_t shared, int pt, int cooperative) {
   if (!fn) return hipErrorInvalidHandle;
-  CHECK_STREAM(clock, stream, pt);
+  CHECK_STREAM_OR(clock, stream, pt, hipErrorInvalidValue); /* clr: hip_module.cpp */
   if (!gx || !gy || !gz || !bx || !by || !bz || (unsigned long long)bx * by * bz > 1024 ||
       (params && extra) || shared > (size_t)max_dynamic_shared(fn))
     return hipErrorInvalidValue;

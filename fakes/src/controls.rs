@@ -9,7 +9,7 @@ use crate::profiles::{names, Profile};
 
 /// The version of the control API this crate speaks; a driver of another (one built from
 /// other sources, found through [`DIR_VARIABLE`](crate::DIR_VARIABLE)) is refused.
-pub const KIT_VERSION: i32 = 2;
+pub const KIT_VERSION: i32 = 3;
 
 /// A kernel held in flight ([`Controls::launch`]), or launched by the code under test
 /// (`cuLaunchKernel`, `hipModuleLaunchKernel`: [`Controls::last_kernel`]).
@@ -352,6 +352,8 @@ struct Fns {
     ordered: unsafe extern "C" fn(u64, *mut c_void) -> c_int,
     streams_ordered: unsafe extern "C" fn(*mut c_void, *mut c_void) -> c_int,
     in_flight: unsafe extern "C" fn() -> i64,
+    hold: unsafe extern "C" fn(c_int),
+    query_patience: unsafe extern "C" fn(c_int) -> c_int,
     kernel_model: unsafe extern "C" fn(*const c_char, *const c_char) -> c_int,
     hazards: unsafe extern "C" fn() -> i64,
     hazard: unsafe extern "C" fn(i64) -> *const c_char,
@@ -423,6 +425,8 @@ impl Controls {
             ordered: get!("fake_ordered"),
             streams_ordered: get!("fake_streams_ordered"),
             in_flight: get!("fake_in_flight"),
+            hold: get!("fake_hold"),
+            query_patience: get!("fake_query_patience"),
             kernel_model: get!("fake_kernel_model"),
             hazards: get!("fake_hazards"),
             hazard: get!("fake_hazard"),
@@ -782,6 +786,37 @@ impl Controls {
     pub fn in_flight(&self) -> i64 {
         // SAFETY: the drivers' signature.
         unsafe { (self.fns.in_flight)() }
+    }
+
+    /// While held (`true`), nothing completes that a CPU wait does not force: every copy,
+    /// memset and kernel stays in flight until the code under test synchronises. Without it,
+    /// work completes as soon as nothing queued before it holds it back, so a wait missing
+    /// after a copy is seen only when a kernel held in flight comes first; held, such a race is
+    /// seen whatever came first (an upload not waited for before the kernel that reads it).
+    /// Releasing (`false`) completes everything, in stream order.
+    ///
+    /// ```
+    /// use portalloc_fakes::{Controls, Driver};
+    ///
+    /// let driver = Controls::open(Driver::FAKECUDA.path()).unwrap();
+    /// driver.hold(true);
+    /// // ... the code under test: its copies stay in flight until it synchronises
+    /// driver.hold(false);
+    /// ```
+    pub fn hold(&self, held: bool) {
+        // SAFETY: the drivers' signature.
+        unsafe { (self.fns.hold)(c_int::from(held)) }
+    }
+
+    /// How many times in a row a stream or event may be queried "not ready" before the query
+    /// completes what it waits for, as a CPU wait would (no time passes on the fakes, so a
+    /// polling loop behind a kernel the test holds would spin for ever); `0`: never. Answers
+    /// the previous value (the drivers start at 1000).
+    pub fn query_patience(&self, queries: u32) -> u32 {
+        let n = c_int::try_from(queries).unwrap_or(c_int::MAX);
+        // SAFETY: the drivers' signature.
+        let old = unsafe { (self.fns.query_patience)(n) };
+        u32::try_from(old).unwrap_or(0)
     }
 
     /// How many hazards the driver logged: memory freed, unmapped or given back while an

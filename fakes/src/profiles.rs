@@ -276,14 +276,25 @@ pub fn profile(name: &str) -> Option<&'static Profile> {
 pub const PROFILE_VARIABLE: &str = "PORTALLOC_FAKES_PROFILE";
 
 /// The variables a profile's environment sets besides its own `vars`.
-const SET_BY_EVERY_PROFILE: [&str; 7] = [
+/// What every profile sets or clears: the variables it sets itself, and every variable the
+/// drivers read to pick a personality (docs/fakes.md), so that one exported in a shell does
+/// not change a profile it was not meant for.
+const SET_BY_EVERY_PROFILE: [&str; 15] = [
     "PORTALLOC_CUDA_LIBRARY",
     "PORTALLOC_HIP_LIBRARY",
     "PORTALLOC_BACKEND",
     PROFILE_VARIABLE,
     DIR_VARIABLE,
     "FAKECUDA_DEVICES",
+    "FAKECUDA_CAPACITY",
+    "FAKECUDA_GRANULARITY",
+    "FAKECUDA_VERSION",
+    "FAKECUDA_DEVICE",
     "FAKEHIP_DEVICES",
+    "FAKEHIP_CAPACITY",
+    "FAKEHIP_VERSION",
+    "FAKEHIP_PROFILE",
+    "FAKEHIP_DEVICE",
 ];
 
 impl Profile {
@@ -293,9 +304,10 @@ impl Profile {
         self.driver.path()
     }
 
-    /// The variables any profile of [`MATRIX`] sets: [`Profile::apply`] removes them all
-    /// before it sets its own, so that nothing another profile set (in an earlier process, or
-    /// exported by a shell) leaks into this one.
+    /// The variables any profile of [`MATRIX`] sets, and every one the drivers read to pick a
+    /// personality: [`Profile::apply`] removes them all before it sets its own, so that nothing
+    /// another profile set (in an earlier process, or exported by a shell) leaks into this
+    /// one. (`FAKE_GUARD_HOST`, a switch of the kit rather than a personality, is kept.)
     ///
     /// ```
     /// let cleared = portalloc_fakes::Profile::variables();

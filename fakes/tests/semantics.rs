@@ -13,6 +13,15 @@ use test_case::test_case;
 mod gpu;
 use gpu::{Fake, Gpu, CUDA12, HIP, NON_BLOCKING, NOT_READY, R};
 
+/// What the vendors answer for bytes that are no module: CUDA_ERROR_INVALID_IMAGE, and under
+/// HIP, which takes code objects only, hipErrorInvalidKernelFile.
+fn not_an_image(gpu: &Gpu) -> R {
+    match gpu.fake.vendor {
+        Vendor::Cuda => 200,
+        Vendor::Hip => 218,
+    }
+}
+
 // ---- streams ---------------------------------------------------------------------------------
 
 /// A NULL-stream synchronisation completes the work of blocking streams before it, not of a
@@ -300,7 +309,7 @@ fn reads_do_not_race_each_other(driver: Driver) {
 
 // ---- launches ----------------------------------------------------------------------------------
 
-const PTX: &str = "
+const PTX: &[u8] = b"
 .version 7.0
 .target sm_90
 .address_size 64
@@ -308,8 +317,8 @@ const PTX: &str = "
 .visible .entry fill(.param .u64 y, .param .u32 n) { ret; }
 \0";
 
-/// A module loaded from PTX names its `.entry` functions; a launch is a kernel in flight over
-/// what its model says it reads and writes.
+/// A module (PTX for CUDA, a code object for HIP) names its functions; a launch is a kernel in
+/// flight over what its model says it reads and writes.
 #[test_case(CUDA12 ; "cuda")]
 #[test_case(HIP ; "hip")]
 fn a_launch_uses_what_its_model_says(driver: Driver) {
@@ -354,9 +363,10 @@ fn a_launch_uses_what_its_model_says(driver: Driver) {
         .kernel_model("scale", "r:a0:4*i2 w:a1:4*i2")
         .unwrap();
     let (mut module, mut scale, mut missing) = (0u64, 0u64, 0u64);
+    let image = gpu.image(PTX, &["scale", "fill"], &[]);
     // SAFETY: handles written; a NUL-terminated image and names.
     unsafe {
-        assert_eq!(load(&mut module, PTX.as_ptr().cast()), 0);
+        assert_eq!(load(&mut module, image.as_ptr().cast()), 0);
         assert_eq!(get(&mut scale, module, c"scale".as_ptr()), 0);
         assert_eq!(
             get(&mut missing, module, c"nope".as_ptr()),
@@ -365,7 +375,7 @@ fn a_launch_uses_what_its_model_says(driver: Driver) {
         );
         assert_eq!(
             load(&mut missing, c"not an image".as_ptr()),
-            200,
+            not_an_image(&gpu),
             "an invalid image"
         );
     }
@@ -658,4 +668,149 @@ fn a_census_of_a_driver_nobody_initialised_is_refused() {
         0
     );
     assert!(fake.controls.census().holds_no_memory());
+}
+
+// ---- what an outside review found ------------------------------------------------------------------
+
+/// A host function is "called after currently enqueued work": the bytes of the memset and the
+/// copy queued before it on its stream have landed when it runs, behind a kernel held in
+/// flight too.
+#[test_case(CUDA12 ; "cuda")]
+#[test_case(HIP ; "hip")]
+fn a_host_function_sees_the_copies_before_it(driver: Driver) {
+    use std::sync::atomic::{AtomicU8, Ordering};
+    struct Seen {
+        pinned: *const u8,
+        byte: AtomicU8,
+    }
+    extern "C" fn look(data: *mut c_void) {
+        // SAFETY: a live `Seen`; its pinned byte was written before this runs.
+        let seen = unsafe { &*(data as *const Seen) };
+        // SAFETY: pinned memory the driver gave.
+        seen.byte.store(unsafe { *seen.pinned }, Ordering::SeqCst);
+    }
+    let gpu = Gpu::new(driver);
+    let s = gpu.stream(NON_BLOCKING);
+    let d = gpu.malloc(4096);
+    let pinned = gpu.host_alloc(4096);
+    let seen = Seen {
+        pinned,
+        byte: AtomicU8::new(0),
+    };
+    let kernel = gpu.c().launch(s, d + 2048, 64).unwrap();
+    assert_eq!(gpu.memset_async(d, 42, 64, s), 0);
+    assert_eq!(gpu.dtoh_async(pinned, d, 64, s), 0);
+    let host = call!(
+        gpu,
+        "cuLaunchHostFunc",
+        "hipLaunchHostFunc",
+        unsafe extern "C" fn(u64, extern "C" fn(*mut c_void), *mut c_void) -> R
+    );
+    // SAFETY: `seen` outlives the synchronisation below.
+    assert_eq!(
+        unsafe { host(s, look, &seen as *const Seen as *mut c_void) },
+        0
+    );
+    assert!(!gpu.c().done(kernel));
+    gpu.sync(s);
+    assert_eq!(seen.byte.load(Ordering::SeqCst), 42);
+    assert_eq!(gpu.c().hazards(), 0, "{:?}", gpu.c().hazard_log());
+    assert_eq!(gpu.host_free(pinned), 0);
+}
+
+/// Held, nothing completes until a CPU wait forces it — and a CPU wait does move the bytes of
+/// what it forced; without the hold an upload completes as soon as it is queued, so a kernel
+/// that reads it without waiting is a race only under the hold.
+#[test_case(CUDA12 ; "cuda")]
+#[test_case(HIP ; "hip")]
+fn held_work_lands_when_a_cpu_wait_forces_it(driver: Driver) {
+    let gpu = Gpu::new(driver);
+    let (up, down) = (gpu.stream(NON_BLOCKING), gpu.stream(NON_BLOCKING));
+    let d = gpu.malloc(4096);
+    let (src, dst) = (gpu.host_alloc(4096), gpu.host_alloc(4096));
+    // SAFETY: pinned memory the driver gave, nothing in flight over it.
+    unsafe { src.write_bytes(7, 4096) };
+    gpu.c().hold(true);
+    assert_eq!(gpu.htod_async(d, src, 4096, up), 0);
+    let e = gpu.event();
+    gpu.record(e, up);
+    gpu.wait(down, e);
+    assert_eq!(gpu.dtoh_async(dst, d, 4096, down), 0);
+    assert_eq!(gpu.c().in_flight(), 2, "held: both copies in flight");
+    gpu.sync(down);
+    assert_eq!(gpu.c().in_flight(), 0);
+    // SAFETY: the copy completed.
+    assert_eq!(
+        unsafe { *dst.add(4095) },
+        7,
+        "the forced copies moved their bytes"
+    );
+    assert_eq!(gpu.c().hazards(), 0, "{:?}", gpu.c().hazard_log());
+
+    // A kernel reading an upload with no wait: a race only while held.
+    for held in [false, true] {
+        gpu.c().hold(held);
+        let before = gpu.c().hazards();
+        assert_eq!(gpu.htod_async(d, src, 4096, up), 0);
+        gpu.c().launch(down, d, 4096).unwrap();
+        assert_eq!(gpu.c().hazards() - before, i64::from(held), "held: {held}");
+        gpu.c().hold(false);
+        gpu.c().finish_all();
+    }
+    assert!(
+        gpu.c().first_hazard().contains("race"),
+        "{}",
+        gpu.c().first_hazard()
+    );
+    assert_eq!(gpu.host_free(src), 0);
+    assert_eq!(gpu.host_free(dst), 0);
+}
+
+/// No time passes on the fakes: a loop polling behind a kernel the test holds would spin for
+/// ever, so after 1000 "not ready" answers in a row the query waits for the work, counted as a
+/// CPU wait. Patience 0 polls for ever.
+#[test_case(CUDA12 ; "cuda")]
+#[test_case(HIP ; "hip")]
+fn polling_ends_after_the_drivers_patience(driver: Driver) {
+    let gpu = Gpu::new(driver);
+    let s = gpu.stream(NON_BLOCKING);
+    let d = gpu.malloc(4096);
+    let kernel = gpu.c().launch(s, d, 4096).unwrap();
+    let waits = gpu.c().cpu_waits();
+    let mut polls = 1;
+    while gpu.query(s) == NOT_READY {
+        polls += 1;
+    }
+    assert_eq!(polls, 1000);
+    assert!(gpu.c().done(kernel));
+    assert_eq!(gpu.c().cpu_waits(), waits + 1);
+    assert_eq!(gpu.c().query_patience(0), 1000);
+    let kernel = gpu.c().launch(s, d, 4096).unwrap();
+    assert!((0..5000).all(|_| gpu.query(s) == NOT_READY), "never, at 0");
+    gpu.c().finish(kernel);
+    assert_eq!(gpu.query(s), 0);
+}
+
+/// A CPU access to pinned memory a copy has yet to write names the copy's stream as it was
+/// when the copy was queued, even once the stream is destroyed (its work runs on).
+#[test_case(CUDA12 ; "cuda")]
+#[test_case(HIP ; "hip")]
+fn a_guard_hazard_names_the_stream_the_copy_was_on(driver: Driver) {
+    let gpu = Gpu::new(driver);
+    let s = gpu.stream(NON_BLOCKING);
+    let d = gpu.malloc(4096);
+    let pinned = gpu.host_alloc(4096);
+    gpu.c().launch(s, d, 4096).unwrap();
+    assert_eq!(gpu.dtoh_async(pinned, d, 4096, s), 0);
+    gpu.destroy_stream(s);
+    // SAFETY: pinned memory the driver gave; the guard catches the early read.
+    let _ = unsafe { std::ptr::read_volatile(pinned) };
+    let log = gpu.c().hazard_log();
+    assert_eq!(log.len(), 1, "{log:?}");
+    assert!(
+        log[0].contains(&format!("stream {s:#x}")) && !log[0].contains("destroyed"),
+        "{log:?}"
+    );
+    gpu.c().finish_all();
+    assert_eq!(gpu.host_free(pinned), 0);
 }

@@ -11,7 +11,10 @@ use portalloc_fakes::{Driver, Vendor};
 use test_case::test_case;
 
 mod gpu;
-use gpu::{Fake, Gpu, CUDA12, HIP, NON_BLOCKING, R};
+use gpu::{
+    elf, fatbin, offload_bundle, Fake, Gpu, CUDA12, EM_AMDGPU, EM_CUDA, HIP, NON_BLOCKING, R,
+    STB_GLOBAL, STB_LOCAL, STT_FUNC, STT_OBJECT,
+};
 
 const INVALID_VALUE: R = 1;
 const INVALID_DEVICE: R = 101;
@@ -19,6 +22,10 @@ const INVALID_HANDLE: R = 400;
 const NOT_FOUND: R = 500;
 const UNSUPPORTED_LIMIT: R = 215;
 const COOPERATIVE_LAUNCH_TOO_LARGE: R = 720;
+const CONTEXT_IS_DESTROYED: R = 709;
+const NO_BINARY_FOR_GPU: R = 209;
+const INVALID_PTX: R = 218;
+const INVALID_IMAGE: R = 200;
 
 type Launch = unsafe extern "C" fn(
     u64,
@@ -432,7 +439,12 @@ fn a_reset_gives_everything_back_and_starts_over(driver: Driver) {
     assert!(gpu.c().done(kernel), "the work completed first");
     let after = gpu.c().census();
     assert_eq!((after.allocations, after.streams, after.bytes), (0, 0, 0));
-    assert_eq!(gpu.query(s), INVALID_HANDLE, "the stream is gone");
+    // The stream is gone: CUDA's invalid handle; clr's hipErrorContextIsDestroyed.
+    let gone = match gpu.vendor() {
+        Vendor::Cuda => INVALID_HANDLE,
+        Vendor::Hip => CONTEXT_IS_DESTROYED,
+    };
+    assert_eq!(gpu.query(s), gone);
     assert_eq!(gpu.c().hazards(), 0, "the reset waited for the kernel");
     // The device works on after it.
     let q = gpu.malloc(4096);
@@ -1096,91 +1108,14 @@ const PTX: &[u8] = b"
 }
 \0";
 
-/// A 64-bit little-endian ELF object with a symbol table of `symbols` (name, type, binding,
-/// size): what the fake reads of a cubin or an AMD code object.
-fn elf(symbols: &[(&str, u8, u8, u64)]) -> Vec<u8> {
-    let mut strtab = vec![0u8];
-    let mut symtab = vec![0u8; 24];
-    for (name, kind, bind, size) in symbols {
-        let at = strtab.len() as u32;
-        strtab.extend_from_slice(name.as_bytes());
-        strtab.push(0);
-        let mut sym = [0u8; 24];
-        sym[..4].copy_from_slice(&at.to_le_bytes());
-        sym[4] = bind << 4 | kind;
-        sym[6..8].copy_from_slice(&1u16.to_le_bytes());
-        sym[16..24].copy_from_slice(&size.to_le_bytes());
-        symtab.extend_from_slice(&sym);
-    }
-    let strtab_at = 64u64;
-    let symtab_at = (strtab_at + strtab.len() as u64).next_multiple_of(8);
-    let sections_at = (symtab_at + symtab.len() as u64).next_multiple_of(8);
-    let mut out = vec![0u8; 64];
-    out[..8].copy_from_slice(b"\x7fELF\x02\x01\x01\x00");
-    out[16..18].copy_from_slice(&1u16.to_le_bytes()); // ET_REL
-    out[18..20].copy_from_slice(&190u16.to_le_bytes()); // EM_CUDA
-    out[20..24].copy_from_slice(&1u32.to_le_bytes());
-    out[0x28..0x30].copy_from_slice(&sections_at.to_le_bytes());
-    out[0x34..0x36].copy_from_slice(&64u16.to_le_bytes());
-    out[0x3a..0x3c].copy_from_slice(&64u16.to_le_bytes());
-    out[0x3c..0x3e].copy_from_slice(&3u16.to_le_bytes());
-    out.extend_from_slice(&strtab);
-    out.resize(symtab_at as usize, 0);
-    out.extend_from_slice(&symtab);
-    out.resize(sections_at as usize, 0);
-    let section = |kind: u32, at: u64, size: u64, link: u32, entsize: u64| {
-        let mut sh = [0u8; 64];
-        sh[4..8].copy_from_slice(&kind.to_le_bytes());
-        sh[0x18..0x20].copy_from_slice(&at.to_le_bytes());
-        sh[0x20..0x28].copy_from_slice(&size.to_le_bytes());
-        sh[0x28..0x2c].copy_from_slice(&link.to_le_bytes());
-        sh[0x38..0x40].copy_from_slice(&entsize.to_le_bytes());
-        sh
-    };
-    out.extend_from_slice(&[0u8; 64]);
-    out.extend_from_slice(&section(2, symtab_at, symtab.len() as u64, 2, 24));
-    out.extend_from_slice(&section(3, strtab_at, strtab.len() as u64, 0, 0));
-    out
+/// The test module for the vendor: [`PTX`], or a code object with its kernel and globals.
+fn kernels(gpu: &Gpu) -> Vec<u8> {
+    gpu.image(
+        PTX,
+        &["scale"],
+        &[("table", 64), ("factor", 4), ("quads", 32)],
+    )
 }
-
-/// A CUDA fatbin holding `elf` (its header, one entry header, the object).
-fn fatbin(elf: &[u8]) -> Vec<u8> {
-    let mut entry = vec![0u8; 64];
-    entry[..2].copy_from_slice(&2u16.to_le_bytes()); // an ELF entry
-    entry[4..8].copy_from_slice(&64u32.to_le_bytes());
-    entry[8..16].copy_from_slice(&(elf.len() as u64).to_le_bytes());
-    let mut out = vec![0x50, 0xed, 0x55, 0xba, 1, 0, 16, 0];
-    out.extend_from_slice(&((entry.len() + elf.len()) as u64).to_le_bytes());
-    out.extend_from_slice(&entry);
-    out.extend_from_slice(elf);
-    out
-}
-
-/// A clang offload bundle of a host entry (empty) and `elf` for an AMD GPU.
-fn offload_bundle(elf: &[u8]) -> Vec<u8> {
-    let ids: [&[u8]; 2] = [
-        b"host-x86_64-unknown-linux-gnu-",
-        b"hipv4-amdgcn-amd-amdhsa--gfx942",
-    ];
-    let header = 24 + 8 + ids.iter().map(|id| 24 + id.len()).sum::<usize>();
-    let at = header.next_multiple_of(8) as u64;
-    let mut out = b"__CLANG_OFFLOAD_BUNDLE__".to_vec();
-    out.extend_from_slice(&2u64.to_le_bytes());
-    for (id, (offset, size)) in ids.iter().zip([(at, 0u64), (at, elf.len() as u64)]) {
-        out.extend_from_slice(&offset.to_le_bytes());
-        out.extend_from_slice(&size.to_le_bytes());
-        out.extend_from_slice(&(id.len() as u64).to_le_bytes());
-        out.extend_from_slice(id);
-    }
-    out.resize(at as usize, 0);
-    out.extend_from_slice(elf);
-    out
-}
-
-const STT_OBJECT: u8 = 1;
-const STT_FUNC: u8 = 2;
-const STB_LOCAL: u8 = 0;
-const STB_GLOBAL: u8 = 1;
 
 /// Globals are device memory of their declared size, charged while their module is loaded,
 /// zeroed at load, gone with it: from PTX declarations (`.global`, `.const`, vectors and
@@ -1191,7 +1126,7 @@ const STB_GLOBAL: u8 = 1;
 fn module_globals_are_device_memory_of_their_size(driver: Driver) {
     let gpu = Gpu::new(driver);
     let bytes = gpu.c().census().bytes;
-    let m = gpu.load(PTX).unwrap();
+    let m = gpu.load(&kernels(&gpu)).unwrap();
     assert_eq!(gpu.global(m, c"table").map(|g| g.1), Ok(64));
     assert_eq!(gpu.global(m, c"factor").map(|g| g.1), Ok(4));
     assert_eq!(gpu.global(m, c"quads").map(|g| g.1), Ok(32));
@@ -1209,17 +1144,29 @@ fn module_globals_are_device_memory_of_their_size(driver: Driver) {
     assert_eq!(gpu.read(table, 64), vec![3u8; 64]);
     assert_eq!(gpu.unload(m), 0);
     assert_eq!(gpu.c().census().bytes, bytes);
-    assert_eq!(gpu.global(m, c"table"), Err(INVALID_HANDLE));
+    // An unloaded module: CUDA's invalid handle; clr finds no such global.
+    let gone = match gpu.vendor() {
+        Vendor::Cuda => INVALID_HANDLE,
+        Vendor::Hip => NOT_FOUND,
+    };
+    assert_eq!(gpu.global(m, c"table"), Err(gone));
 
-    let object = elf(&[
-        ("scale", STT_FUNC, STB_GLOBAL, 128),
-        ("counter", STT_OBJECT, STB_GLOBAL, 16),
-        ("hidden", STT_OBJECT, STB_LOCAL, 8),
-    ]);
+    type Wrap = fn(&[u8]) -> Vec<u8>;
+    let (machine, container): (u16, Wrap) = match gpu.vendor() {
+        Vendor::Cuda => (EM_CUDA, fatbin),
+        Vendor::Hip => (EM_AMDGPU, offload_bundle),
+    };
+    let object = elf(
+        machine,
+        &[
+            ("scale", STT_FUNC, STB_GLOBAL, 128),
+            ("counter", STT_OBJECT, STB_GLOBAL, 16),
+            ("hidden", STT_OBJECT, STB_LOCAL, 8),
+        ],
+    );
     for (what, image) in [
         ("an ELF object", object.clone()),
-        ("a fatbin", fatbin(&object)),
-        ("an offload bundle", offload_bundle(&object)),
+        ("a fatbin or offload bundle", container(&object)),
     ] {
         let m = gpu.load(&image).unwrap_or_else(|e| panic!("{what}: {e}"));
         assert!(gpu.function(m, c"scale").is_ok(), "{what}");
@@ -1248,7 +1195,7 @@ fn module_globals_are_device_memory_of_their_size(driver: Driver) {
 #[test_case(HIP ; "hip")]
 fn unloading_a_module_under_a_kernel_is_a_hazard(driver: Driver) {
     let gpu = Gpu::new(driver);
-    let m = gpu.load(PTX).unwrap();
+    let m = gpu.load(&kernels(&gpu)).unwrap();
     let (table, n) = gpu.global(m, c"table").unwrap();
     let s = gpu.stream(NON_BLOCKING);
     gpu.c().launch_writing(s, table, n as u64).unwrap();
@@ -1272,7 +1219,7 @@ fn a_functions_shared_memory_limit_is_what_a_launch_gets(
     version: c_int,
 ) {
     let gpu = Gpu::new(driver);
-    let m = gpu.load(PTX).unwrap();
+    let m = gpu.load(&kernels(&gpu)).unwrap();
     let f = gpu.function(m, c"scale").unwrap();
     assert_eq!(gpu.function_attribute(f, 0), Ok(1024));
     assert_eq!(gpu.function_attribute(f, 4), Ok(32));
@@ -1307,7 +1254,7 @@ fn a_functions_shared_memory_limit_is_what_a_launch_gets(
 #[test_case(HIP, 304, 2 ; "hip mi300x")]
 fn occupancy_bounds_a_cooperative_launch(driver: Driver, units: c_int, by_shared: c_int) {
     let gpu = Gpu::new(driver);
-    let m = gpu.load(PTX).unwrap();
+    let m = gpu.load(&kernels(&gpu)).unwrap();
     let f = gpu.function(m, c"scale").unwrap();
     let per_sm = call!(
         gpu,
@@ -1367,7 +1314,7 @@ fn cuda_potential_block_size_asks_the_callback() {
         block as usize * 256
     }
     let gpu = Gpu::new(CUDA12);
-    let m = gpu.load(PTX).unwrap();
+    let m = gpu.load(&kernels(&gpu)).unwrap();
     let f = gpu.function(m, c"scale").unwrap();
     let potential: unsafe extern "C" fn(
         *mut c_int,
@@ -1434,7 +1381,7 @@ fn a_kernel_reaches_another_devices_memory_only_through_peer_access(driver: Driv
     gpu.select(0);
     let shared = gpu.managed(4096);
     gpu.c().kernel_model("scale", "r:a0:4096").unwrap();
-    let m = gpu.load(PTX).unwrap();
+    let m = gpu.load(&kernels(&gpu)).unwrap();
     let f = gpu.function(m, c"scale").unwrap();
     let launch: Launch = call!(gpu, "cuLaunchKernel", "hipModuleLaunchKernel", Launch);
     let run = |p: u64| {
@@ -1545,4 +1492,206 @@ fn the_docs_name_every_call() {
         }
     }
     assert!(missing.is_empty(), "not in {path}: {}", missing.join(", "));
+}
+
+// ---- what an outside review found ------------------------------------------------------------------
+
+/// A copy that starts in memory the driver knows and runs past it is refused ("invalid value":
+/// clr's ihipMemcpy_validate checks the size against the allocation's), whatever the kind of
+/// copy — before, a unified copy took the overrun for host memory and wrote past it.
+#[test_case(CUDA12 ; "cuda")]
+#[test_case(HIP ; "hip")]
+fn a_copy_past_its_allocation_is_refused(driver: Driver) {
+    let gpu = Gpu::new(driver);
+    let (a, b) = (gpu.malloc(4096), gpu.malloc(4096));
+    let pinned = gpu.host_alloc(4096);
+    let big = gpu.malloc(1 << 20);
+    let copy = |dst: u64, src: u64, n: usize| -> R {
+        match gpu.vendor() {
+            Vendor::Cuda => {
+                let f: unsafe extern "C" fn(u64, u64, usize) -> R = gpu.fake.sym("cuMemcpy");
+                // SAFETY: the driver checks both ranges.
+                unsafe { f(dst, src, n) }
+            }
+            Vendor::Hip => {
+                let f: unsafe extern "C" fn(u64, u64, usize, c_int) -> R =
+                    gpu.fake.sym("hipMemcpy");
+                // SAFETY: as above; hipMemcpyDefault.
+                unsafe { f(dst, src, n, 4) }
+            }
+        }
+    };
+    assert_eq!(copy(a, b, 4096), 0);
+    assert_eq!(copy(a, b, 4097), INVALID_VALUE, "one byte past both");
+    assert_eq!(
+        copy(pinned as u64, big, 1 << 20),
+        INVALID_VALUE,
+        "past the pinned buffer"
+    );
+    assert_eq!(
+        copy(big, pinned as u64, 8192),
+        INVALID_VALUE,
+        "read past the pinned buffer"
+    );
+    assert_eq!(gpu.c().hazards(), 0);
+    assert_eq!(gpu.host_free(pinned), 0);
+}
+
+/// "The memory areas may not overlap" (cudaMemcpy, hipMemcpy): an overlapping copy is a
+/// hazard saying so, not a race with itself.
+#[test_case(CUDA12 ; "cuda")]
+#[test_case(HIP ; "hip")]
+fn an_overlapping_copy_is_a_hazard_of_its_own(driver: Driver) {
+    let gpu = Gpu::new(driver);
+    let d = gpu.malloc(4096);
+    let dtod = call!(
+        gpu,
+        "cuMemcpyDtoD_v2",
+        "hipMemcpyDtoD",
+        unsafe extern "C" fn(u64, u64, usize) -> R
+    );
+    // SAFETY: the driver checks both ranges.
+    assert_eq!(unsafe { dtod(d, d + 100, 1000) }, 0);
+    gpu.sync(0);
+    let log = gpu.c().hazard_log();
+    assert_eq!(log.len(), 1, "{log:?}");
+    assert!(
+        log[0].contains("overlap") && !log[0].contains("race"),
+        "{log:?}"
+    );
+}
+
+/// HIP answers a stream, event or module it does not know as clr does: a destroyed stream is
+/// hipErrorContextIsDestroyed (`hip::isValid`), except to a launch (invalid value); an event
+/// destroyed twice is hipErrorContextIsDestroyed from ROCm 6; an unloaded module is not found.
+#[test]
+fn hip_answers_unknown_handles_as_clr_does() {
+    let gpu = Gpu::new(HIP);
+    let s = gpu.stream(NON_BLOCKING);
+    gpu.destroy_stream(s);
+    let destroy: unsafe extern "C" fn(u64) -> R = gpu.fake.sym("hipStreamDestroy");
+    let sync: unsafe extern "C" fn(u64) -> R = gpu.fake.sym("hipStreamSynchronize");
+    let copy: unsafe extern "C" fn(u64, u64, usize, c_int, u64) -> R =
+        gpu.fake.sym("hipMemcpyAsync");
+    let record: unsafe extern "C" fn(u64, u64) -> R = gpu.fake.sym("hipEventRecord");
+    let event_destroy: unsafe extern "C" fn(u64) -> R = gpu.fake.sym("hipEventDestroy");
+    let (a, b) = (gpu.malloc(64), gpu.malloc(64));
+    let e = gpu.event();
+    let m = gpu.load(&kernels(&gpu)).unwrap();
+    let f = gpu.function(m, c"scale").unwrap();
+    let launch: Launch = gpu.fake.sym("hipModuleLaunchKernel");
+    // SAFETY: the vendor's signatures; the driver checks every handle.
+    unsafe {
+        assert_eq!(destroy(s), CONTEXT_IS_DESTROYED);
+        assert_eq!(destroy(0), INVALID_HANDLE, "the null stream");
+        assert_eq!(sync(s), CONTEXT_IS_DESTROYED);
+        assert_eq!(gpu.query(s), CONTEXT_IS_DESTROYED);
+        assert_eq!(copy(a, b, 64, 3, s), CONTEXT_IS_DESTROYED);
+        assert_eq!(record(e, s), CONTEXT_IS_DESTROYED);
+        let rc = launch(
+            f,
+            1,
+            1,
+            1,
+            1,
+            1,
+            1,
+            0,
+            s,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        );
+        assert_eq!(rc, INVALID_VALUE);
+        assert_eq!(event_destroy(e), 0);
+        assert_eq!(event_destroy(e), CONTEXT_IS_DESTROYED);
+    }
+    assert_eq!(gpu.unload(m), 0);
+    assert_eq!(gpu.unload(m), NOT_FOUND);
+    assert_eq!(gpu.function(m, c"scale"), Err(NOT_FOUND));
+}
+
+/// Code for another vendor, PTX under HIP, PTX the driver would not compile, and images whose
+/// headers point past their end are refused with the vendors' codes — never read past.
+#[test_case(CUDA12 ; "cuda")]
+#[test_case(HIP ; "hip")]
+fn images_the_vendor_would_refuse_are_refused(driver: Driver) {
+    let gpu = Gpu::new(driver);
+    let cuda = gpu.vendor() == Vendor::Cuda;
+    let theirs = elf(
+        if cuda { EM_AMDGPU } else { EM_CUDA },
+        &[("scale", STT_FUNC, STB_GLOBAL, 8)],
+    );
+    assert_eq!(
+        gpu.load(&theirs),
+        Err(NO_BINARY_FOR_GPU),
+        "another vendor's object"
+    );
+    let other_container = if cuda {
+        offload_bundle(&theirs)
+    } else {
+        fatbin(&theirs)
+    };
+    assert_eq!(
+        gpu.load(&other_container),
+        Err(if cuda { INVALID_IMAGE } else { INVALID_PTX }),
+        "the other vendor's container"
+    );
+    let truncated = b".version 7.8\n.target sm_90\n.visible .entry k() {\n  ret;\n\0";
+    let commented = b"// .version 7.8\n.target sm_90\n.visible .entry k() { ret; }\n\0";
+    for ptx in [&truncated[..], &commented[..]] {
+        assert_eq!(gpu.load(ptx), Err(INVALID_PTX), "under {}", driver.name);
+    }
+    match gpu.load(PTX) {
+        Ok(m) => {
+            assert!(cuda, "PTX: CUDA's only");
+            assert_eq!(gpu.unload(m), 0);
+        }
+        Err(e) => assert_eq!((cuda, e), (false, INVALID_PTX), "PTX under HIP"),
+    }
+    // An object whose section headers lie 200 MiB past its end.
+    let mut lying = elf(
+        if cuda { EM_CUDA } else { EM_AMDGPU },
+        &[("scale", STT_FUNC, STB_GLOBAL, 8)],
+    );
+    lying[0x28..0x30].copy_from_slice(&(200u64 << 20).to_le_bytes());
+    assert_eq!(gpu.load(&lying), Err(INVALID_IMAGE), "in memory");
+    let path = std::env::temp_dir().join(format!(
+        "portalloc-fakes-lying-{}-{}.o",
+        std::process::id(),
+        driver.name
+    ));
+    std::fs::write(&path, &lying).unwrap();
+    let from_file = call!(
+        gpu,
+        "cuModuleLoad",
+        "hipModuleLoad",
+        unsafe extern "C" fn(*mut u64, *const c_char) -> R
+    );
+    let name = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    let mut m = 0;
+    // SAFETY: a NUL-terminated path; one handle written.
+    assert_eq!(
+        unsafe { from_file(&mut m, name.as_ptr()) },
+        INVALID_IMAGE,
+        "from a file"
+    );
+    let _ = std::fs::remove_file(&path);
+    // A container claiming 200 MiB it does not have.
+    let mut short = if cuda {
+        fatbin(&[0u8; 64])
+    } else {
+        offload_bundle(&[0u8; 64])
+    };
+    if cuda {
+        short[8..16].copy_from_slice(&(200u64 << 20).to_le_bytes());
+    } else {
+        let entry = 32 + 24 + 30; // the host entry, then the device entry's offset
+        short[entry..entry + 8].copy_from_slice(&(200u64 << 20).to_le_bytes());
+    }
+    assert_eq!(
+        gpu.load(&short),
+        Err(INVALID_IMAGE),
+        "a container past its end"
+    );
+    assert_eq!(gpu.c().census().modules, 0);
 }

@@ -113,7 +113,7 @@ DIR_VARIABLE = "PORTALLOC_FAKES_DIR"
 """A folder of drivers built already (the Rust crate's, say): used as it is. Set by
 :meth:`Profile.env`, so that every process of a test, in any language, loads one copy."""
 
-KIT_VERSION = 2
+KIT_VERSION = 3
 """The version of the drivers' controls this module speaks (``fake_kit_version``)."""
 
 SONAMES: Dict[str, Tuple[str, ...]] = {
@@ -473,14 +473,26 @@ def names() -> List[str]:
 
 
 def variables() -> List[str]:
-    """The variables any profile sets: :meth:`Profile.environ` removes them all before it sets
-    its own, so that nothing another profile set (exported by a shell, say) leaks into it."""
+    """The variables any profile sets, and every one the drivers read to pick a personality:
+    :meth:`Profile.environ` removes them all before it sets its own (and ``env`` on the command
+    line unsets them), so that nothing another profile set (exported by a shell, say) leaks
+    into it. ``FAKE_GUARD_HOST``, a switch of the kit rather than a personality, is kept."""
     found = [
         "PORTALLOC_CUDA_LIBRARY",
         "PORTALLOC_HIP_LIBRARY",
         "PORTALLOC_BACKEND",
         PROFILE_VARIABLE,
         DIR_VARIABLE,
+        "FAKECUDA_DEVICES",
+        "FAKECUDA_CAPACITY",
+        "FAKECUDA_GRANULARITY",
+        "FAKECUDA_VERSION",
+        "FAKECUDA_DEVICE",
+        "FAKEHIP_DEVICES",
+        "FAKEHIP_CAPACITY",
+        "FAKEHIP_VERSION",
+        "FAKEHIP_PROFILE",
+        "FAKEHIP_DEVICE",
     ]
     for p in MATRIX:
         for key, _ in p.vars:
@@ -623,6 +635,8 @@ class Controls:
             "fake_ordered": ([c.c_ulonglong, c.c_void_p], c.c_int),
             "fake_streams_ordered": ([c.c_void_p, c.c_void_p], c.c_int),
             "fake_in_flight": ([], c.c_longlong),
+            "fake_hold": ([c.c_int], None),
+            "fake_query_patience": ([c.c_int], c.c_int),
             "fake_kernel_model": ([c.c_char_p, c.c_char_p], c.c_int),
             "fake_hazards": ([], c.c_longlong),
             "fake_hazard": ([c.c_longlong], c.c_char_p),
@@ -828,6 +842,24 @@ class Controls:
         """Kernels, host functions, copies and memsets not complete."""
         return int(self._lib.fake_in_flight())
 
+    def hold(self, held: bool) -> None:
+        """While held, nothing completes that a CPU wait does not force: every copy, memset and
+        kernel stays in flight until the code under test synchronises, so a wait missing after
+        a copy is seen whatever came before it. Releasing completes everything, in stream
+        order."""
+        if not isinstance(held, bool):
+            raise TypeError("hold: held as bool, not %s" % type(held).__name__)
+        self._lib.fake_hold(1 if held else 0)
+
+    def query_patience(self, queries: int) -> int:
+        """How many times in a row a stream or event may be queried "not ready" before the
+        query completes what it waits for, as a CPU wait would (0: never); answers the previous
+        value (the drivers start at 1000)."""
+        _within("query_patience", "queries", queries, 32)
+        if queries < 0:
+            raise ValueError("query_patience: queries >= 0, not %d" % queries)
+        return int(self._lib.fake_query_patience(queries))
+
     def hazards(self) -> int:
         """How many hazards the driver logged (undefined behaviour on a GPU, each: a race
         between streams, memory given back or handed out under work in flight, a CPU access to
@@ -885,7 +917,12 @@ def _main(argv: Sequence[str]) -> int:
                     print("%-24s %-18s %s" % (p.name, p.driver, p.models))
             return 0
         if argv[0] == "env" and len(argv) == 2:
-            for key, value in profile(argv[1]).env().items():
+            env = profile(argv[1]).env()
+            # What another profile (or an earlier `eval`) set goes first.
+            for key in variables():
+                if key not in env:
+                    print("unset %s" % key)
+            for key, value in env.items():
                 print("export %s=%s" % (key, shlex.quote(value)))
             return 0
         if argv[0] == "path" and len(argv) == 2:

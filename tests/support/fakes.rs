@@ -340,15 +340,10 @@ impl Fake {
         })
     }
 
-    /// While held, work recorded on streams stays in flight until synchronised or released.
+    /// While held, work recorded on streams stays in flight until synchronised or released
+    /// ([`Controls::hold`]).
     pub fn hold_events(&self, held: bool) {
-        let name = match self.vendor {
-            Vendor::Hip => "fakehip_hold_events",
-            _ => "fakecuda_hold_events",
-        };
-        let f: unsafe extern "C" fn(c_int) = self.sym(name);
-        // SAFETY: by value.
-        unsafe { f(c_int::from(held)) }
+        self.controls.hold(held);
     }
 
     /// Streams and events of `device`, a vendor device over this fake, as the `Device`

@@ -285,3 +285,117 @@ pub const CUDA12: Driver = Driver::FAKECUDA;
 pub const HIP: Driver = Driver::FAKEHIP;
 pub const NON_BLOCKING: c_uint = 1;
 pub const NOT_READY: R = 600;
+
+// ---- code objects ------------------------------------------------------------------------------
+
+/// A 64-bit little-endian ELF object for `machine` with a symbol table of `symbols` (name,
+/// type, binding, size): what the fakes read of a cubin or an AMD code object.
+pub fn elf(machine: u16, symbols: &[(&str, u8, u8, u64)]) -> Vec<u8> {
+    let mut strtab = vec![0u8];
+    let mut symtab = vec![0u8; 24];
+    for (name, kind, bind, size) in symbols {
+        let at = strtab.len() as u32;
+        strtab.extend_from_slice(name.as_bytes());
+        strtab.push(0);
+        let mut sym = [0u8; 24];
+        sym[..4].copy_from_slice(&at.to_le_bytes());
+        sym[4] = bind << 4 | kind;
+        sym[6..8].copy_from_slice(&1u16.to_le_bytes());
+        sym[16..24].copy_from_slice(&size.to_le_bytes());
+        symtab.extend_from_slice(&sym);
+    }
+    let strtab_at = 64u64;
+    let symtab_at = (strtab_at + strtab.len() as u64).next_multiple_of(8);
+    let sections_at = (symtab_at + symtab.len() as u64).next_multiple_of(8);
+    let mut out = vec![0u8; 64];
+    out[..8].copy_from_slice(b"\x7fELF\x02\x01\x01\x00");
+    out[16..18].copy_from_slice(&1u16.to_le_bytes()); // ET_REL
+    out[18..20].copy_from_slice(&machine.to_le_bytes());
+    out[20..24].copy_from_slice(&1u32.to_le_bytes());
+    out[0x28..0x30].copy_from_slice(&sections_at.to_le_bytes());
+    out[0x34..0x36].copy_from_slice(&64u16.to_le_bytes());
+    out[0x3a..0x3c].copy_from_slice(&64u16.to_le_bytes());
+    out[0x3c..0x3e].copy_from_slice(&3u16.to_le_bytes());
+    out.extend_from_slice(&strtab);
+    out.resize(symtab_at as usize, 0);
+    out.extend_from_slice(&symtab);
+    out.resize(sections_at as usize, 0);
+    let section = |kind: u32, at: u64, size: u64, link: u32, entsize: u64| {
+        let mut sh = [0u8; 64];
+        sh[4..8].copy_from_slice(&kind.to_le_bytes());
+        sh[0x18..0x20].copy_from_slice(&at.to_le_bytes());
+        sh[0x20..0x28].copy_from_slice(&size.to_le_bytes());
+        sh[0x28..0x2c].copy_from_slice(&link.to_le_bytes());
+        sh[0x38..0x40].copy_from_slice(&entsize.to_le_bytes());
+        sh
+    };
+    out.extend_from_slice(&[0u8; 64]);
+    out.extend_from_slice(&section(2, symtab_at, symtab.len() as u64, 2, 24));
+    out.extend_from_slice(&section(3, strtab_at, strtab.len() as u64, 0, 0));
+    out
+}
+
+/// A CUDA fatbin holding `elf` (its header, one entry header, the object).
+pub fn fatbin(elf: &[u8]) -> Vec<u8> {
+    let mut entry = vec![0u8; 64];
+    entry[..2].copy_from_slice(&2u16.to_le_bytes()); // an ELF entry
+    entry[4..8].copy_from_slice(&64u32.to_le_bytes());
+    entry[8..16].copy_from_slice(&(elf.len() as u64).to_le_bytes());
+    let mut out = vec![0x50, 0xed, 0x55, 0xba, 1, 0, 16, 0];
+    out.extend_from_slice(&((entry.len() + elf.len()) as u64).to_le_bytes());
+    out.extend_from_slice(&entry);
+    out.extend_from_slice(elf);
+    out
+}
+
+/// A clang offload bundle of a host entry (empty) and `elf` for an AMD GPU.
+pub fn offload_bundle(elf: &[u8]) -> Vec<u8> {
+    let ids: [&[u8]; 2] = [
+        b"host-x86_64-unknown-linux-gnu-",
+        b"hipv4-amdgcn-amd-amdhsa--gfx942",
+    ];
+    let header = 24 + 8 + ids.iter().map(|id| 24 + id.len()).sum::<usize>();
+    let at = header.next_multiple_of(8) as u64;
+    let mut out = b"__CLANG_OFFLOAD_BUNDLE__".to_vec();
+    out.extend_from_slice(&2u64.to_le_bytes());
+    for (id, (offset, size)) in ids.iter().zip([(at, 0u64), (at, elf.len() as u64)]) {
+        out.extend_from_slice(&offset.to_le_bytes());
+        out.extend_from_slice(&size.to_le_bytes());
+        out.extend_from_slice(&(id.len() as u64).to_le_bytes());
+        out.extend_from_slice(id);
+    }
+    out.resize(at as usize, 0);
+    out.extend_from_slice(elf);
+    out
+}
+
+pub const STT_OBJECT: u8 = 1;
+pub const STT_FUNC: u8 = 2;
+pub const STB_LOCAL: u8 = 0;
+pub const STB_GLOBAL: u8 = 1;
+/// The machines of the vendors' code objects.
+pub const EM_CUDA: u16 = 190;
+pub const EM_AMDGPU: u16 = 224;
+
+impl Gpu {
+    /// The kernels a test loads, as each vendor takes them: `ptx` (NUL-terminated) for CUDA,
+    /// an AMD GPU code object with the same `functions` and `globals` (name, bytes) for HIP,
+    /// which takes no PTX.
+    pub fn image(&self, ptx: &[u8], functions: &[&str], globals: &[(&str, u64)]) -> Vec<u8> {
+        match self.fake.vendor {
+            Vendor::Cuda => ptx.to_vec(),
+            Vendor::Hip => {
+                let mut symbols: Vec<(&str, u8, u8, u64)> = functions
+                    .iter()
+                    .map(|f| (*f, STT_FUNC, STB_GLOBAL, 64))
+                    .collect();
+                symbols.extend(
+                    globals
+                        .iter()
+                        .map(|(g, n)| (*g, STT_OBJECT, STB_GLOBAL, *n)),
+                );
+                elf(EM_AMDGPU, &symbols)
+            }
+        }
+    }
+}
