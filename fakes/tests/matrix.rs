@@ -416,6 +416,37 @@ fn the_python_matrix_is_this_matrix() {
     assert_eq!(python, rust);
 }
 
+/// Both languages clear the same variables before a profile sets its own.
+#[test]
+fn the_python_side_clears_the_same_variables() {
+    let package = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../python");
+    let out = match std::process::Command::new("python3")
+        .args([
+            "-c",
+            "from portalloc import testing; print(chr(10).join(testing.variables()))",
+        ])
+        .env("PYTHONPATH", &package)
+        .output()
+    {
+        Ok(out) => out,
+        Err(e) if std::env::var("CI").as_deref() != Ok("true") => {
+            eprintln!("skipping: no python3 ({e})");
+            return;
+        }
+        Err(e) => panic!("python3: {e} — and CI=true requires it"),
+    };
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let python: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert_eq!(python, Profile::variables());
+}
+
 /// Code that loads the vendor's library by its usual name (`libcuda.so.1`, `libamdhip64.so`:
 /// found through the loader's path the profile sets) gets the very driver the profile's
 /// library variable names: one driver state, as one libcuda in a process is.
