@@ -20,6 +20,7 @@ import os
 import shlex
 import subprocess
 import sys
+import tempfile
 from typing import Any, Callable, Dict, Type
 
 from portalloc import testing
@@ -252,20 +253,31 @@ def the_command_line_prints_the_matrix_and_a_profiles_exports() -> None:
     ).stdout
     assert "export FAKECUDA_DEVICES=2\n" in exports, exports
     assert "export PORTALLOC_BACKEND=cuda\n" in exports, exports
-    # One profile after another in a shell: nothing of the first is left under the second.
+    # One profile after another in a shell, from a cache nothing was built in yet: nothing of
+    # the first is left under the second, and the second gets its own driver.
     python = shlex.quote(sys.executable)
-    shell = subprocess.run(
-        [
-            "sh",
-            "-c",
-            'eval "$(%s -m portalloc.testing env rocm7-reservation-hold)" && '
-            'eval "$(%s -m portalloc.testing env rocm5)" && env' % (python, python),
-        ],
-        stdout=subprocess.PIPE,
-        universal_newlines=True,
-        check=True,
-    ).stdout
-    assert "FAKEHIP_VERSION=5" in shell and "FAKEHIP_PROFILE=" not in shell, shell
+    with tempfile.TemporaryDirectory() as cache:
+        fresh = {k: v for k, v in os.environ.items() if k != testing.DIR_VARIABLE}
+        fresh["PORTALLOC_FAKES_CACHE"] = cache
+        shell = subprocess.run(
+            [
+                "sh",
+                "-c",
+                'eval "$(%s -m portalloc.testing env rocm7-reservation-hold)" && '
+                'eval "$(%s -m portalloc.testing env rocm5)" && '
+                'eval "$(%s -m portalloc.testing env cuda10-no-vmm)" && env'
+                % (python, python, python),
+            ],
+            stdout=subprocess.PIPE,
+            universal_newlines=True,
+            env=fresh,
+            check=True,
+        ).stdout
+        seen = dict(line.split("=", 1) for line in shell.splitlines() if "=" in line)
+        assert seen["PORTALLOC_FAKES_PROFILE"] == "cuda10-no-vmm", shell
+        assert seen["PORTALLOC_CUDA_LIBRARY"].endswith("libfakecuda_old.so"), shell
+        assert os.path.isfile(seen["PORTALLOC_CUDA_LIBRARY"]), shell
+        assert "FAKEHIP_PROFILE" not in seen and "FAKEHIP_VERSION" not in seen, shell
     wrong = subprocess.run(
         [sys.executable, "-m", "portalloc.testing", "env", "cuda13"],
         stderr=subprocess.PIPE,

@@ -150,21 +150,36 @@ FK_FN int fk_pinned_range(unsigned long long va, unsigned long long size) {
 }
 
 /* True when the bytes of [va, va + size) can be touched now (read, or written when
- * `write`): inside a live region, or covered by mappings with that protection, or memory the
- * fake does not own (the caller's host memory). */
+ * `write`): each part lies in a live region, in mappings with that protection, or in memory the
+ * fake does not own (the caller's host memory, registered or not); a part of a reserved range
+ * nothing maps there is not. */
 static int fk_range_live(unsigned long long va, unsigned long long size, int write) {
   unsigned long long end = va + size;
   if (end < va) return 0;
-  int overlaps = 0;
-  for (int i = 0; i < fk_regions_high; i++) {
-    const struct fk_region *r = &fk_regions[i];
-    if (r->kind == R_NONE || r->kind == R_MAPPING) continue;
-    if (r->va >= end || va >= r->va + r->size) continue;
-    if (r->kind != R_RESERVATION && r->va <= va && end <= r->va + r->size) return 1;
-    overlaps = 1;
+  unsigned long long at = va;
+  while (at < end) {
+    unsigned long long next = end;
+    const struct fk_region *holding = NULL, *reserved = NULL;
+    for (int i = 0; i < fk_regions_high; i++) {
+      const struct fk_region *r = &fk_regions[i];
+      if (r->kind == R_NONE) continue;
+      if (r->va <= at && at < r->va + r->size) {
+        if (r->kind == R_RESERVATION)
+          reserved = r;
+        else if (r->kind != R_MAPPING || (r->prot & (write ? PROT_WRITE : PROT_READ)))
+          holding = r;
+      } else if (r->va > at && r->va < next) {
+        next = r->va; /* the caller's memory runs up to the next region */
+      }
+    }
+    if (holding)
+      at = holding->va + holding->size;
+    else if (reserved)
+      return 0;
+    else
+      at = next;
   }
-  if (!overlaps) return 1;
-  return fk_mapped(va, end, -1, write ? PROT_WRITE : PROT_READ);
+  return 1;
 }
 
 static unsigned long long fk_page(void) {
@@ -447,19 +462,18 @@ enum {
 static void fk_guard_add(int clock, unsigned long long seq, unsigned long long va,
                          unsigned long long size, const char *what);
 
-/* Which side [p, p + size) is on for a call of `device`: SIDE_DEVICE when it lies in device
- * memory `device` may use, SIDE_HOST when it lies in pinned memory or in memory the driver
- * does not know (the caller's own); 0 when it starts or ends in memory the driver knows but
- * runs past it, or lies in a reserved range nothing maps there — what the drivers refuse
- * ("invalid value": clr's ihipMemcpy_validate checks the size against the allocation's). */
+/* Which side [p, p + size) is on for a call of `device`, judged by where it starts, as clr's
+ * ihipMemcpy_validate judges it (the object holding the start, then the size against it):
+ * SIDE_DEVICE when it lies in device memory `device` may use; SIDE_HOST when it lies in pinned
+ * memory, or starts in memory the driver does not know (the caller's own); 0 when it starts in
+ * memory the driver knows but runs past it, or in a reserved range nothing maps there. */
 FK_FN int fk_side_of(unsigned long long p, unsigned long long size, int device) {
   if (fk_device_range(p, size, device)) return SIDE_DEVICE;
   if (fk_pinned_range(p, size)) return SIDE_HOST;
-  unsigned long long last = p + size - 1;
-  if (fk_region_holding(p) || fk_region_holding(last)) return 0;
+  if (fk_region_holding(p)) return 0;
   for (int i = 0; i < fk_regions_high; i++) {
     const struct fk_region *r = &fk_regions[i];
-    if (r->kind == R_RESERVATION && r->va <= last && p < r->va + r->size) return 0;
+    if (r->kind == R_RESERVATION && r->va <= p && p < r->va + r->size) return 0;
   }
   return SIDE_HOST;
 }

@@ -148,6 +148,12 @@ FK_FN int fk_ptx_read(const char *text, struct fk_module *m) {
       while (i < n && text[i] != '\n') i++;
       continue;
     }
+    if (c == '"') { /* a string (a .file name, say): nothing in it is a directive */
+      const char *end = memchr(text + i + 1, '"', n - i - 1);
+      if (!end) return -1;
+      i = (size_t)(end - text);
+      continue;
+    }
     if (c == '/' && i + 1 < n && text[i + 1] == '*') { /* a block comment */
       const char *end = memmem(text + i + 2, n - i - 2, "*/", 2);
       if (!end) return -1;
@@ -226,16 +232,31 @@ static unsigned long long fk_le(const unsigned char *p, int bytes) {
   return v;
 }
 
-/* Whether every page of [p, p + n) is mapped in the process: what the fake reads of an image
- * whose size it was not told (cuModuleLoadData takes none) it checks first, so that an image
- * whose headers point past its end is refused instead of faulting. */
+/* Whether [p, p + n) can be read: what the fake reads of an image whose size it was not told
+ * (cuModuleLoadData takes none) it checks first, so that an image whose headers point past its
+ * end is refused instead of faulting. process_vm_readv of the process's own memory answers
+ * EFAULT for a page that is unmapped or unreadable (PROT_NONE) without a signal; where it is
+ * not allowed (a seccomp filter), mincore says at least whether each page is mapped. */
 static int fk_readable(const void *p, unsigned long long n) {
-  unsigned long long page = fk_page(), at = (unsigned long long)(uintptr_t)p / page * page;
-  unsigned long long end = (unsigned long long)(uintptr_t)p + n;
-  if (end < (unsigned long long)(uintptr_t)p) return 0;
-  unsigned char resident;
-  for (; at < end; at += page)
-    if (mincore((void *)(uintptr_t)at, page, &resident) != 0) return 0;
+  unsigned long long start = (unsigned long long)(uintptr_t)p, end = start + n;
+  if (end < start) return 0;
+  static char scratch[4096];
+  for (unsigned long long at = start; at < end;) {
+    size_t chunk = (size_t)(end - at < sizeof scratch ? end - at : sizeof scratch);
+    struct iovec local = {scratch, chunk}, remote = {(void *)(uintptr_t)at, chunk};
+    ssize_t got = process_vm_readv(getpid(), &local, 1, &remote, 1, 0);
+    if (got > 0) {
+      at += (unsigned long long)got;
+      continue;
+    }
+    if (got < 0 && errno == EFAULT) return 0;
+    /* Not allowed here: whether the pages are mapped, at least. */
+    unsigned long long page = fk_page();
+    unsigned char resident;
+    for (unsigned long long q = at / page * page; q < end; q += page)
+      if (mincore((void *)(uintptr_t)q, page, &resident) != 0) return 0;
+    return 1;
+  }
   return 1;
 }
 
@@ -307,16 +328,21 @@ FK_FN int fk_container_read(const unsigned char *b, unsigned long long limit, in
     if (header < 16 || header > limit || size > limit - header || !fk_readable(b, header + size))
       return -1;
     unsigned long long end = header + size;
+    int foreign = 0;
     for (unsigned long long at = header; at + 64 <= end; at += 8) {
       if (memcmp(b + at, "\x7f" "ELF", 4)) continue;
       int rc = fk_elf_read(b + at, end - at, machine, m);
       if (rc < 0) return -1;
       read += rc == 1;
+      foreign += rc == FK_NO_BINARY_FOR_GPU;
     }
-    return read ? read : FK_NO_BINARY_FOR_GPU;
+    /* "A collection of different cubin and/or PTX files" (cuModuleLoadFatBinary): one of PTX
+     * or compressed entries only is a stand-in for the fake (any function name). */
+    return read ? read : foreign ? FK_NO_BINARY_FOR_GPU : 0;
   }
   if (limit < 32 || !fk_readable(b, 32)) return -1;
   unsigned long long n = fk_le(b + 24, 8), at = 32;
+  int entries = 0;
   if (n > 64) return -1;
   for (unsigned long long i = 0; i < n; i++) {
     if (at + 24 > limit || !fk_readable(b + at, 24)) return -1;
@@ -326,12 +352,16 @@ FK_FN int fk_container_read(const unsigned char *b, unsigned long long limit, in
     if (off > limit || size > limit - off || !fk_readable(b + off, size)) return -1;
     int amdgcn = memmem(b + at + 24, (size_t)id, "amdgcn", 6) != NULL;
     at += 24 + id;
-    if (!amdgcn || size < 64) continue;
+    if (!amdgcn) continue;
+    entries++;
+    if (size < 64) continue;
     int rc = fk_elf_read(b + off, size, machine, m);
     if (rc < 0) return -1;
     read += rc == 1;
   }
-  return read ? read : FK_NO_BINARY_FOR_GPU;
+  /* No amdgcn entry: no code for the device (clr: hipErrorNoBinaryForGpu); entries the fake
+   * cannot read are a stand-in. */
+  return read ? read : entries ? 0 : FK_NO_BINARY_FOR_GPU;
 }
 
 /* ---- Modules ------------------------------------------------------------------------ */
@@ -408,7 +438,9 @@ FK_FN unsigned long long fk_module_load(int ctx, const void *image, unsigned lon
               : (limit >= 4 && !memcmp(b, fatbin, 4) && machine == FK_EM_CUDA) ? 2
               : (limit >= 24 && !memcmp(b, "__CLANG_OFFLOAD_BUNDLE__", 24) && machine == FK_EM_AMDGPU)
                   ? 2
-                  : 0;
+              /* a compressed offload bundle (clr takes it; the fake reads none of it) */
+              : (limit >= 4 && !memcmp(b, "CCOB", 4) && machine == FK_EM_AMDGPU) ? 3
+                                                                                  : 0;
   int rc;
   if (magic == 1) {
     /* The object's size is not passed: its section headers say where it ends. */
@@ -417,6 +449,9 @@ FK_FN unsigned long long fk_module_load(int ctx, const void *image, unsigned lon
   } else if (magic == 2) {
     rc = fk_container_read(b, limit, machine, m);
     m->any_name = !m->n_names;
+  } else if (magic == 3) {
+    rc = 1;
+    m->any_name = 1;
   } else {
     rc = ptx ? fk_ptx_read((const char *)image, m) : 0;
     if (rc == 0) {

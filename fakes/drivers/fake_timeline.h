@@ -306,16 +306,26 @@ FK_FN void fk_force_ctx(int ctx) {
  * finds `key` (its stream's clock, or its event) not ready fk_query_patience times in a row
  * is answered by a CPU wait: fk_polled says when (0: never). */
 #define FK_QUERY_PATIENCE 1000
+#define FK_POLLS 256
 static int fk_query_patience = FK_QUERY_PATIENCE;
-static unsigned long long fk_poll_key;
-static int fk_poll_count;
-FK_FN int fk_polled(unsigned long long key) {
-  if (fk_poll_key != key) {
-    fk_poll_key = key;
-    fk_poll_count = 0;
+/* What each stream or event was last found waiting for, and how many times in a row: one
+ * count per key (so that a loop polling several, or threads polling their own, each end), reset
+ * when the work waited for changes (completed another way, or more queued). */
+static struct fk_poll {
+  unsigned long long key, target;
+  int count;
+} fk_polls[FK_POLLS];
+/* A query found `key` not ready, waiting for `target` (its stream's last operation, or its
+ * event's record): 1 when that is the fk_query_patience-th time in a row. */
+FK_FN int fk_polled(unsigned long long key, unsigned long long target) {
+  struct fk_poll *p = &fk_polls[(key ^ (key >> 17)) % FK_POLLS];
+  if (p->key != key || p->target != target) {
+    p->key = key;
+    p->target = target;
+    p->count = 0;
   }
-  if (fk_query_patience <= 0 || ++fk_poll_count < fk_query_patience) return 0;
-  fk_poll_count = 0;
+  if (fk_query_patience <= 0 || ++p->count < fk_query_patience) return 0;
+  p->count = 0;
   return 1;
 }
 
@@ -799,8 +809,7 @@ FK_FN void fk_timeline_reset(void) {
   memset(fk_events, 0, sizeof fk_events);
   fk_hold = 0;
   fk_query_patience = FK_QUERY_PATIENCE;
-  fk_poll_key = 0;
-  fk_poll_count = 0;
+  memset(fk_polls, 0, sizeof fk_polls);
 }
 
 /* ---- The control API: kernels, holds, order ------------------------------------------- */

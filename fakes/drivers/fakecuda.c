@@ -1397,7 +1397,7 @@ static CUresult stream_query(CUstream s, int pt) {
   CHECK_CTX(ctx);
   CHECK_STREAM(clock, ctx, s, pt);
   if (clock_idle(clock)) return CUDA_SUCCESS;
-  if (!fk_polled((unsigned long long)clock)) return FK_NOT_READY;
+  if (!fk_polled((unsigned long long)clock, fk_clocks[clock].recorded)) return FK_NOT_READY;
   wait_for_clock(clock); /* polled long enough: fk_polled */
   return clock_idle(clock) ? CUDA_SUCCESS : FK_NOT_READY;
 }
@@ -1599,7 +1599,8 @@ static CUresult event_query(CUevent e) {
   struct fk_event *ev = fk_event_of((unsigned long long)(uintptr_t)e);
   if (!ev) return FK_INVALID_HANDLE;
   if (fk_event_done(ev)) return CUDA_SUCCESS;
-  if (!fk_polled((unsigned long long)(uintptr_t)e)) return FK_NOT_READY;
+  if (!fk_polled((unsigned long long)(uintptr_t)e, (unsigned long long)ev->clock << 40 ^ ev->seq))
+    return FK_NOT_READY;
   fk_cpu_wait(); /* polled long enough: fk_polled */
   fk_force(ev->clock, ev->seq, 0);
   return fk_event_done(ev) ? CUDA_SUCCESS : FK_NOT_READY;

@@ -1452,7 +1452,7 @@ static int clock_idle(int clock) {
 static hipError_t stream_query(void *stream, int pt) {
   CHECK_STREAM(clock, stream, pt);
   if (clock_idle(clock)) return hipSuccess;
-  if (!fk_polled((unsigned long long)clock)) return hipErrorNotReady;
+  if (!fk_polled((unsigned long long)clock, fk_clocks[clock].recorded)) return hipErrorNotReady;
   wait_for_clock(clock); /* polled long enough: fk_polled */
   return clock_idle(clock) ? hipSuccess : hipErrorNotReady;
 }
@@ -1467,7 +1467,7 @@ EXPORT hipError_t hipStreamQuery_spt(void *stream) {
 static hipError_t stream_wait_event(void *stream, void *event, unsigned flags, int pt) {
   struct fk_event *e = fk_event_of((unsigned long long)(uintptr_t)event);
   if (!e) return hipErrorInvalidHandle;
-  CHECK_STREAM(clock, stream, pt);
+  CHECK_STREAM_OR(clock, stream, pt, hipErrorInvalidHandle); /* clr: hipStreamWaitEvent_common */
   if (flags != 0) return hipErrorInvalidValue;
   fk_implicit(clock);
   if (e->recorded) fk_wait_add(clock, e->clock, e->seq, 1);
@@ -1492,9 +1492,10 @@ static hipError_t stream_get(void *stream, unsigned *flags, int *priority, int *
   if (device) *device = fk_ctxs[fk_clocks[clock].ctx].device;
   return hipSuccess;
 }
+/* clr: the null stream has no flags to give (hipErrorInvalidValue). */
 EXPORT hipError_t hipStreamGetFlags(void *stream, unsigned *flags) {
   ENTER("hipStreamGetFlags");
-  RETURN(flags ? stream_get(stream, flags, NULL, NULL, 0) : hipErrorInvalidValue);
+  RETURN(flags && stream ? stream_get(stream, flags, NULL, NULL, 0) : hipErrorInvalidValue);
 }
 EXPORT hipError_t hipStreamGetFlags_spt(void *stream, unsigned *flags) {
   ENTER("hipStreamGetFlags_spt");
@@ -1580,7 +1581,8 @@ EXPORT hipError_t hipEventQuery(void *event) {
   struct fk_event *e = fk_event_of((unsigned long long)(uintptr_t)event);
   if (!e) RETURN(hipErrorInvalidHandle);
   if (fk_event_done(e)) RETURN(hipSuccess);
-  if (!fk_polled((unsigned long long)(uintptr_t)event)) RETURN(hipErrorNotReady);
+  if (!fk_polled((unsigned long long)(uintptr_t)event, (unsigned long long)e->clock << 40 ^ e->seq))
+    RETURN(hipErrorNotReady);
   fk_cpu_wait(); /* polled long enough: fk_polled */
   fk_force(e->clock, e->seq, 0);
   RETURN(fk_event_done(e) ? hipSuccess : hipErrorNotReady);

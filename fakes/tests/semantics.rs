@@ -814,3 +814,30 @@ fn a_guard_hazard_names_the_stream_the_copy_was_on(driver: Driver) {
     gpu.c().finish_all();
     assert_eq!(gpu.host_free(pinned), 0);
 }
+
+/// The patience counts each stream and event on its own, for the work it waits for: polling
+/// two in turn ends, and work completed another way starts the count again.
+#[test_case(CUDA12 ; "cuda")]
+#[test_case(HIP ; "hip")]
+fn polling_counts_each_stream_for_its_own_work(driver: Driver) {
+    let gpu = Gpu::new(driver);
+    let (a, b) = (gpu.stream(NON_BLOCKING), gpu.stream(NON_BLOCKING));
+    let d = gpu.malloc(4096);
+    gpu.c().launch(a, d, 16).unwrap();
+    gpu.c().launch(b, d, 16).unwrap();
+    let mut rounds = 0;
+    while gpu.query(a) == NOT_READY || gpu.query(b) == NOT_READY {
+        rounds += 1;
+        assert!(rounds < 2000, "polling two streams in turn never ends");
+    }
+    // 999 "not ready", then a synchronisation: new work starts a count of its own.
+    gpu.c().launch(a, d, 16).unwrap();
+    for _ in 0..999 {
+        assert_eq!(gpu.query(a), NOT_READY);
+    }
+    gpu.c().finish_all();
+    let kernel = gpu.c().launch(a, d, 16).unwrap();
+    assert_eq!(gpu.query(a), NOT_READY);
+    assert!(!gpu.c().done(kernel));
+    gpu.c().finish(kernel);
+}

@@ -1648,13 +1648,15 @@ fn images_the_vendor_would_refuse_are_refused(driver: Driver) {
         }
         Err(e) => assert_eq!((cuda, e), (false, INVALID_PTX), "PTX under HIP"),
     }
-    // An object whose section headers lie 200 MiB past its end.
+    // An object whose section headers lie past its end: in memory 1 GiB on, past what the fake
+    // reads of an image whose size it is not told; in a file 200 MiB on, past its size.
     let mut lying = elf(
         if cuda { EM_CUDA } else { EM_AMDGPU },
         &[("scale", STT_FUNC, STB_GLOBAL, 8)],
     );
-    lying[0x28..0x30].copy_from_slice(&(200u64 << 20).to_le_bytes());
+    lying[0x28..0x30].copy_from_slice(&(1u64 << 30).to_le_bytes());
     assert_eq!(gpu.load(&lying), Err(INVALID_IMAGE), "in memory");
+    lying[0x28..0x30].copy_from_slice(&(200u64 << 20).to_le_bytes());
     let path = std::env::temp_dir().join(format!(
         "portalloc-fakes-lying-{}-{}.o",
         std::process::id(),
@@ -1676,17 +1678,17 @@ fn images_the_vendor_would_refuse_are_refused(driver: Driver) {
         "from a file"
     );
     let _ = std::fs::remove_file(&path);
-    // A container claiming 200 MiB it does not have.
+    // A container claiming 1 GiB it does not have.
     let mut short = if cuda {
         fatbin(&[0u8; 64])
     } else {
         offload_bundle(&[0u8; 64])
     };
     if cuda {
-        short[8..16].copy_from_slice(&(200u64 << 20).to_le_bytes());
+        short[8..16].copy_from_slice(&(1u64 << 30).to_le_bytes());
     } else {
         let entry = 32 + 24 + 30; // the host entry, then the device entry's offset
-        short[entry..entry + 8].copy_from_slice(&(200u64 << 20).to_le_bytes());
+        short[entry..entry + 8].copy_from_slice(&(1u64 << 30).to_le_bytes());
     }
     assert_eq!(
         gpu.load(&short),
@@ -1694,4 +1696,98 @@ fn images_the_vendor_would_refuse_are_refused(driver: Driver) {
         "a container past its end"
     );
     assert_eq!(gpu.c().census().modules, 0);
+}
+
+// ---- what a second outside review found ------------------------------------------------------------
+
+/// A fatbin of PTX only (the JIT-portable form, "a collection of different cubin and/or PTX
+/// files") or a compressed offload bundle is a module the fake cannot read inside: it loads,
+/// taking any function name; a PTX `.file` name holding `/*` is a string, not a comment.
+#[test_case(CUDA12 ; "cuda")]
+#[test_case(HIP ; "hip")]
+fn images_the_fake_cannot_read_inside_still_load(driver: Driver) {
+    let gpu = Gpu::new(driver);
+    let image = match gpu.vendor() {
+        Vendor::Cuda => fatbin(PTX),
+        Vendor::Hip => {
+            let mut compressed = b"CCOB".to_vec();
+            compressed.extend_from_slice(&[0u8; 60]);
+            compressed
+        }
+    };
+    let m = gpu.load(&image).unwrap();
+    assert!(gpu.function(m, c"anything").is_ok());
+    assert_eq!(gpu.unload(m), 0);
+    if gpu.vendor() == Vendor::Cuda {
+        let named = b".version 7.8\n.target sm_90\n.file 1 \"/tmp/a/*b.cu\"\n.visible .entry k() { ret; }\n\0";
+        let m = gpu.load(named).unwrap();
+        assert!(gpu.function(m, c"k").is_ok());
+        assert_eq!(gpu.unload(m), 0);
+    }
+}
+
+/// A host buffer partly registered: a copy is judged by where it starts (as clr's
+/// ihipMemcpy_validate), so one that starts in the caller's own memory and runs into the
+/// registered part is the caller's host memory, and its bytes land.
+#[test_case(CUDA12 ; "cuda")]
+#[test_case(HIP ; "hip")]
+fn a_partly_registered_buffer_is_the_callers_memory(driver: Driver) {
+    let gpu = Gpu::new(driver);
+    let page = 4096;
+    let mut buffer = vec![1u8; 6 * page];
+    let base = buffer.as_mut_ptr().align_offset(page);
+    let start = unsafe { buffer.as_mut_ptr().add(base) }; // SAFETY: inside `buffer`
+    let register = call!(
+        gpu,
+        "cuMemHostRegister_v2",
+        "hipHostRegister",
+        unsafe extern "C" fn(*mut u8, usize, c_uint) -> R
+    );
+    let unregister = call!(
+        gpu,
+        "cuMemHostUnregister",
+        "hipHostUnregister",
+        unsafe extern "C" fn(*mut u8) -> R
+    );
+    let d = gpu.malloc(4 * page);
+    gpu.htod(d, &[9u8; 4 * 4096]);
+    // SAFETY: the middle two of four pages, which outlive their registration.
+    assert_eq!(unsafe { register(start.add(page), 2 * page, 0) }, 0);
+    // Device to host into all four pages, then host to device from them.
+    assert_eq!(gpu.dtoh(start, d, 4 * page), 0);
+    // SAFETY: the copy completed (a pageable destination).
+    let landed = unsafe { std::slice::from_raw_parts(start, 4 * page) };
+    assert!(landed.iter().all(|&b| b == 9));
+    let htod = call!(
+        gpu,
+        "cuMemcpyHtoD_v2",
+        "hipMemcpyHtoD",
+        unsafe extern "C" fn(u64, *const u8, usize) -> R
+    );
+    // SAFETY: as above.
+    assert_eq!(unsafe { htod(d, start, 4 * page) }, 0);
+    assert_eq!(gpu.c().hazards(), 0, "{:?}", gpu.c().hazard_log());
+    // SAFETY: registered above.
+    assert_eq!(unsafe { unregister(start.add(page)) }, 0);
+    assert_eq!(gpu.free(d), 0);
+}
+
+/// clr's hipStreamWaitEvent answers an unknown stream with hipErrorInvalidHandle (not the
+/// hipErrorContextIsDestroyed of the other stream calls), and hipStreamGetFlags of the null
+/// stream with hipErrorInvalidValue.
+#[test]
+fn hip_wait_event_and_get_flags_answer_as_clr() {
+    let gpu = Gpu::new(HIP);
+    let s = gpu.stream(NON_BLOCKING);
+    gpu.destroy_stream(s);
+    let e = gpu.event();
+    gpu.record(e, 0);
+    let wait: unsafe extern "C" fn(u64, u64, c_uint) -> R = gpu.fake.sym("hipStreamWaitEvent");
+    let flags: unsafe extern "C" fn(u64, *mut c_uint) -> R = gpu.fake.sym("hipStreamGetFlags");
+    let mut f = 0;
+    // SAFETY: the driver checks the handles.
+    unsafe {
+        assert_eq!(wait(s, e, 0), INVALID_HANDLE);
+        assert_eq!(flags(0, &mut f), INVALID_VALUE);
+    }
 }

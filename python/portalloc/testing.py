@@ -236,16 +236,26 @@ def _link_sonames(folder: pathlib.Path, name: str) -> None:
 
 
 def _build(name: str) -> pathlib.Path:
-    """Builds driver ``name`` into the cache (once per version of the sources and compiler),
-    with its vendor's soname and its folder of the vendor's names; its path."""
+    """Driver ``name`` in the cache (built once per version of the sources and compiler): the
+    first use builds every driver there, each with its vendor's soname and its folder of the
+    vendor's names, so that a folder a profile names in ``PORTALLOC_FAKES_DIR`` always holds
+    all of them (a shell that evaluates one profile's environment after another reads the
+    next profile's driver from it); its path."""
     sources = _sources()
     digest = hashlib.sha256(" ".join(_compiler() + _FLAGS).encode())
     digest.update(_sources_digest(sources))
     folder = _cache_root() / digest.hexdigest()[:16]
+    for each in DRIVERS:
+        _build_one(sources, folder, each)
+    return folder / ("lib%s.so" % name)
+
+
+def _build_one(sources: pathlib.Path, folder: pathlib.Path, name: str) -> None:
+    """Builds driver ``name`` into ``folder`` unless it is there, with its soname links."""
     library = folder / ("lib%s.so" % name)
     if library.is_file():
         _link_sonames(folder, name)
-        return library
+        return
     try:
         folder.mkdir(parents=True, exist_ok=True)
         # Built under a name of its own, then renamed: other processes may build it too.
@@ -278,7 +288,38 @@ def _build(name: str) -> pathlib.Path:
         _link_sonames(folder, name)
     except OSError as e:
         raise FakesError("cannot place %s (%s)" % (library, e)) from None
-    return library
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        # Built under a name of its own, then renamed: other processes may build it too.
+        fd, partial = tempfile.mkstemp(prefix="lib%s." % name, suffix=".partial", dir=folder)
+        os.close(fd)
+    except OSError as e:
+        raise FakesError(
+            "cannot build the fake drivers in %s (%s): set PORTALLOC_FAKES_CACHE to a folder "
+            "that can be written" % (folder, e)
+        ) from None
+    soname = "-Wl,-soname,%s" % _DT_SONAME[DRIVERS[name]]
+    command = _compiler() + _FLAGS + [soname, "-o", partial, str(sources / ("%s.c" % name))]
+    try:
+        done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    except OSError as e:
+        os.unlink(partial)
+        raise FakesError(
+            "cannot run the C compiler %r (%s): the fake drivers are built with $CC, else cc"
+            % (command[0], e)
+        ) from None
+    if done.returncode != 0:
+        os.unlink(partial)
+        said = done.stdout.decode(errors="replace")[-_MESSAGE_LIMIT:]
+        raise FakesError(
+            "%s failed (status %d) building %s:\n%s"
+            % (shlex.join(command), done.returncode, name, said)
+        )
+    try:
+        os.replace(partial, library)
+        _link_sonames(folder, name)
+    except OSError as e:
+        raise FakesError("cannot place %s (%s)" % (library, e)) from None
 
 
 def driver_path(name: str) -> str:
