@@ -202,6 +202,7 @@ fn only_tags_that_can_sleep_get_granules_of_their_own() {
 /// the driver's call), still in flight: the sleep's copy out, which reads that memory, is
 /// ordered after it — the driver's race detector logs nothing — and waits for it; the wake's
 /// copy in writes the memory only once the copy out is done with it.
+#[cfg(any(feature = "cuda", feature = "hip"))]
 #[cfg_attr(feature = "cuda", test_case(Target::FakeCuda ; "fakecuda"))]
 #[cfg_attr(feature = "hip", test_case(Target::FakeHip(Rocm::V7) ; "fakehip"))]
 fn a_sleeps_copy_is_ordered_after_a_kernel_writing_the_memory(target: Target) {
