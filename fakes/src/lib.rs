@@ -36,7 +36,7 @@
 //! `PORTALLOC_HIP_LIBRARY`), and the loader's path, on which the driver carries the vendor's
 //! library names ([`Driver::soname_dir`]) for code that loads `libcuda.so.1` or
 //! `libamdhip64.so` itself. A driver keeps its state per loaded library, so a test that wants
-//! a fresh driver runs in a fresh process ([`each_profile`], [`each_profile!`]).
+//! a fresh driver runs in a fresh process ([`each_profile()`], [`each_profile!`]).
 //!
 //! ```
 //! use portalloc_fakes::{Driver, MATRIX};

@@ -271,7 +271,7 @@ pub fn profile(name: &str) -> Option<&'static Profile> {
     MATRIX.iter().find(|p| p.name == name)
 }
 
-/// The variable [`each_profile`](crate::each_profile) sets in the processes it starts: the
+/// The variable [`each_profile`](crate::each_profile()) sets in the processes it starts: the
 /// profile's name.
 pub const PROFILE_VARIABLE: &str = "PORTALLOC_FAKES_PROFILE";
 
@@ -298,8 +298,8 @@ const SET_BY_EVERY_PROFILE: [&str; 15] = [
 ];
 
 impl Profile {
-    /// The path the vendor's library variable is set to, and the library [`Controls`]
-    /// (crate::Controls) opens: [`Driver::path`].
+    /// The path the vendor's library variable is set to, and the library
+    /// [`Controls`](crate::Controls) opens: [`Driver::path`].
     pub fn library(&self) -> PathBuf {
         self.driver.path()
     }
