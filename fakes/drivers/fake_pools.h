@@ -234,6 +234,24 @@ FK_FN int fk_pool_free(unsigned long long ptr, int clock) {
   return FK_INVALID_VALUE;
 }
 
+/* A pool's block at `ptr` freed by the plain free call (cuMemFree, hipFree) named `what`: at
+ * once, not stream-ordered (the caller synchronised, or must have: cuMemFree "will not perform
+ * any implicit synchronization" of stream-ordered memory). 0 when no pool handed it out. */
+FK_FN int fk_pool_free_now(unsigned long long ptr, const char *what) {
+  for (int i = 0; i < fk_regions_high; i++) {
+    struct fk_region *b = &fk_regions[i];
+    if (b->kind != R_POOL || !b->in_use || b->va != ptr) continue;
+    fk_check_unused(b->va, b->size, what);
+    b->in_use = 0;
+    b->free_clock = 0;
+    b->free_seq = 0;
+    fk_pools[b->pool].stats.used -= b->size;
+    if (fk_pools[b->pool].destroyed) fk_pool_settle(b->pool);
+    return 1;
+  }
+  return 0;
+}
+
 FK_FN void fk_pools_reset(void) {
   memset(fk_pools, 0, sizeof fk_pools);
   memset(fk_current_pool, 0, sizeof fk_current_pool);

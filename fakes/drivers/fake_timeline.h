@@ -710,6 +710,27 @@ FK_FN int fk_clock_idle(int clock) {
   return fk_clocks[clock].completed >= fk_clocks[clock].recorded;
 }
 
+/* Whether everything queued on the stream completed (the legacy stream: and everything on its
+ * context's blocking streams, which its next operation would wait for). */
+FK_FN int fk_stream_idle(int clock) {
+  if (!fk_clock_idle(clock)) return 0;
+  if (fk_clocks[clock].kind != CK_LEGACY) return 1;
+  for (int c = 1; c < fk_n_clocks; c++)
+    if (fk_clocks[c].ctx == fk_clocks[clock].ctx && fk_clocks[c].blocking && !fk_clock_idle(c))
+      return 0;
+  return 1;
+}
+
+/* A CPU wait for a stream, counted: for the legacy default stream a marker queued on it
+ * (which first waits, on the GPU, for its context's blocking streams) and waited for. */
+FK_FN void fk_wait_for_clock(int clock) {
+  fk_cpu_wait();
+  if (fk_clocks[clock].kind == CK_LEGACY)
+    fk_force(clock, fk_enqueue(clock), 0);
+  else
+    fk_force(clock, ~0ULL, 0);
+}
+
 /* ---- Events --------------------------------------------------------------------------- */
 
 #define FK_EVENT_BASE 0x6e0000000000ULL

@@ -913,28 +913,12 @@ CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned int flags) {
   RETURN(mem_alloc_managed(dptr, size, flags));
 }
 
-/* A stream-ordered allocation freed by cuMemFree: at once, with no synchronisation ("callers
- * must ensure that all accesses to these pointer have completed"). */
-static int free_pool_block_now(CUdeviceptr ptr) {
-  for (int i = 0; i < fk_regions_high; i++) {
-    struct fk_region *b = &fk_regions[i];
-    if (b->kind != R_POOL || !b->in_use || b->va != ptr) continue;
-    fk_check_unused(b->va, b->size, "cuMemFree_v2 of stream-ordered memory");
-    b->in_use = 0;
-    b->free_clock = 0;
-    b->free_seq = 0;
-    fk_pools[b->pool].stats.used -= b->size;
-    if (fk_pools[b->pool].destroyed) fk_pool_settle(b->pool);
-    return 1;
-  }
-  return 0;
-}
 
 static CUresult mem_free(CUdeviceptr ptr) {
   CHECK_CTX(ctx);
   (void)ctx;
   if (ptr == 0) return CUDA_SUCCESS;
-  if (free_pool_block_now(ptr)) return CUDA_SUCCESS;
+  if (fk_pool_free_now(ptr, "cuMemFree_v2 of stream-ordered memory")) return CUDA_SUCCESS;
   struct fk_region *r = fk_region_find(R_PLAIN, ptr);
   if (!r) r = fk_region_find(R_MANAGED, ptr);
   if (!r) return FK_INVALID_VALUE;
@@ -1356,20 +1340,11 @@ CUresult cuStreamDestroy_v2(CUstream s) {
   RETURN(stream_destroy(s));
 }
 
-/* A CPU wait for a stream: for the legacy default stream, a marker queued on it (which first
- * waits, on the GPU, for the context's blocking streams) and waited for. */
-static void wait_for_clock(int clock) {
-  fk_cpu_wait();
-  if (fk_clocks[clock].kind == CK_LEGACY)
-    fk_force(clock, fk_enqueue(clock), 0);
-  else
-    fk_force(clock, ~0ULL, 0);
-}
 
 static CUresult stream_synchronize(CUstream s, int pt) {
   CHECK_CTX(ctx);
   CHECK_STREAM(clock, ctx, s, pt);
-  wait_for_clock(clock);
+  fk_wait_for_clock(clock);
   fk_pools_sync();
   return CUDA_SUCCESS;
 }
@@ -1382,24 +1357,14 @@ CUresult cuStreamSynchronize_ptsz(CUstream s) {
   RETURN(stream_synchronize(s, 1));
 }
 
-/* Whether everything queued on the stream completed (the legacy stream: and everything on
- * the context's blocking streams, which its next operation would wait for). */
-static int clock_idle(int clock) {
-  if (!fk_clock_idle(clock)) return 0;
-  if (fk_clocks[clock].kind != CK_LEGACY) return 1;
-  for (int c = 1; c < fk_n_clocks; c++)
-    if (fk_clocks[c].ctx == fk_clocks[clock].ctx && fk_clocks[c].blocking && !fk_clock_idle(c))
-      return 0;
-  return 1;
-}
 
 static CUresult stream_query(CUstream s, int pt) {
   CHECK_CTX(ctx);
   CHECK_STREAM(clock, ctx, s, pt);
-  if (clock_idle(clock)) return CUDA_SUCCESS;
+  if (fk_stream_idle(clock)) return CUDA_SUCCESS;
   if (!fk_polled((unsigned long long)clock, fk_clocks[clock].recorded)) return FK_NOT_READY;
-  wait_for_clock(clock); /* polled long enough: fk_polled */
-  return clock_idle(clock) ? CUDA_SUCCESS : FK_NOT_READY;
+  fk_wait_for_clock(clock); /* polled long enough: fk_polled */
+  return fk_stream_idle(clock) ? CUDA_SUCCESS : FK_NOT_READY;
 }
 CUresult cuStreamQuery(CUstream s) {
   ENTER("cuStreamQuery");

@@ -847,21 +847,6 @@ EXPORT hipError_t hipMallocManaged(void **ptr, size_t size, unsigned flags) {
   RETURN(do_malloc(ptr, size, flags, R_MANAGED));
 }
 
-/* A pool's block given to hipFree: freed at once (the device was synchronised). */
-static int free_pool_block_now(unsigned long long ptr) {
-  for (int i = 0; i < fk_regions_high; i++) {
-    struct fk_region *b = &fk_regions[i];
-    if (b->kind != R_POOL || !b->in_use || b->va != ptr) continue;
-    fk_check_unused(b->va, b->size, "hipFree of stream-ordered memory");
-    b->in_use = 0;
-    b->free_clock = 0;
-    b->free_seq = 0;
-    fk_pools[b->pool].stats.used -= b->size;
-    if (fk_pools[b->pool].destroyed) fk_pool_settle(b->pool);
-    return 1;
-  }
-  return 0;
-}
 
 /* "This API performs an implicit hipDeviceSynchronize() call"; an unknown pointer is
  * hipErrorInvalidValue, as hipamd's ihipFree answers. */
@@ -877,7 +862,7 @@ static hipError_t do_free(void *ptr, const char *what) {
   struct fk_pointer p = fk_pointer_of(va);
   if (p.region && p.region->kind == R_POOL && p.region->va == va) {
     sync_device(p.region->device);
-    free_pool_block_now(va);
+    fk_pool_free_now(va, "hipFree of stream-ordered memory");
     return hipSuccess;
   }
   return hipErrorInvalidValue;
@@ -1416,18 +1401,9 @@ EXPORT hipError_t hipStreamDestroy(void *stream) {
   RETURN(hipSuccess);
 }
 
-/* A CPU wait for a stream: the null stream "will cause the command to wait for other streams
- * on the same device to complete all pending operations" (its blocking ones). */
-static void wait_for_clock(int clock) {
-  fk_cpu_wait();
-  if (fk_clocks[clock].kind == CK_LEGACY)
-    fk_force(clock, fk_enqueue(clock), 0);
-  else
-    fk_force(clock, ~0ULL, 0);
-}
 static hipError_t stream_synchronize(void *stream, int pt) {
   CHECK_STREAM(clock, stream, pt);
-  wait_for_clock(clock);
+  fk_wait_for_clock(clock);
   fk_pools_sync();
   return hipSuccess;
 }
@@ -1439,22 +1415,12 @@ EXPORT hipError_t hipStreamSynchronize_spt(void *stream) {
   ENTER("hipStreamSynchronize_spt");
   RETURN(stream_synchronize(stream, 1));
 }
-/* Whether everything queued on the stream completed (the null stream: and what its next
- * operation would wait for on the device's blocking streams). */
-static int clock_idle(int clock) {
-  if (!fk_clock_idle(clock)) return 0;
-  if (fk_clocks[clock].kind == CK_LEGACY)
-    for (int c = 1; c < fk_n_clocks; c++)
-      if (fk_clocks[c].ctx == fk_clocks[clock].ctx && fk_clocks[c].blocking && !fk_clock_idle(c))
-        return 0;
-  return 1;
-}
 static hipError_t stream_query(void *stream, int pt) {
   CHECK_STREAM(clock, stream, pt);
-  if (clock_idle(clock)) return hipSuccess;
+  if (fk_stream_idle(clock)) return hipSuccess;
   if (!fk_polled((unsigned long long)clock, fk_clocks[clock].recorded)) return hipErrorNotReady;
-  wait_for_clock(clock); /* polled long enough: fk_polled */
-  return clock_idle(clock) ? hipSuccess : hipErrorNotReady;
+  fk_wait_for_clock(clock); /* polled long enough: fk_polled */
+  return fk_stream_idle(clock) ? hipSuccess : hipErrorNotReady;
 }
 EXPORT hipError_t hipStreamQuery(void *stream) {
   ENTER("hipStreamQuery");

@@ -142,7 +142,7 @@ fn a_rust_child_watches_the_python_parents_driver() {
 /// names and counts it through `Controls::current`, which must be that copy (not this crate's
 /// own build).
 #[test]
-#[ignore = "a fixture of a_rust_child_watches_the_python_parents_driver"]
+#[ignore = "a fixture, run in a child process by a_rust_child_watches_the_python_parents_driver: cargo test -p portalloc-fakes --test cross_language a_rust_child_watches_the_python_parents_driver"]
 fn fixture_a_rust_child() {
     let p = Profile::current().expect("run by a Python parent under a profile");
     let library = std::env::var(p.driver.vendor.library_variable()).unwrap();

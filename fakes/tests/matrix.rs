@@ -219,7 +219,7 @@ fn a_failure_is_reported_by_its_profiles_name() {
 /// A fixture: ignored, as a slow test a user runs on request would be; under the kit's
 /// runner it passes (the children run ignored tests too).
 #[test]
-#[ignore = "a fixture of each_profile_runs_ignored_tests"]
+#[ignore = "a fixture, run in a child process by each_profile_runs_ignored_tests: cargo test -p portalloc-fakes --test matrix each_profile_runs_ignored_tests"]
 fn fixture_ignored() {
     each_profile("fixture_ignored", MATRIX, |p| assert!(!p.name.is_empty()));
 }
@@ -302,7 +302,7 @@ fn an_inherited_profile_variable_does_not_make_a_child() {
 
 /// A fixture of the test below: under rocm7, in a process its own each_profile started.
 #[test]
-#[ignore = "a fixture of a_nested_each_profile_runs_its_own_profiles"]
+#[ignore = "a fixture, run in a child process by a_nested_each_profile_runs_its_own_profiles: cargo test -p portalloc-fakes --test matrix a_nested_each_profile_runs_its_own_profiles"]
 fn fixture_inner() {
     each_profile("fixture_inner", &[*profile("rocm7").unwrap()], |p| {
         assert_eq!(Profile::current(), Some(p));
@@ -322,7 +322,7 @@ fn a_nested_each_profile_runs_its_own_profiles() {
 
 /// A fixture: under the kit's runner, the body hangs under `rocm5`.
 #[test]
-#[ignore = "a fixture of a_hung_child_is_killed_after_the_limit"]
+#[ignore = "a fixture, run in a child process by a_hung_child_is_killed_after_the_limit: cargo test -p portalloc-fakes --test matrix a_hung_child_is_killed_after_the_limit"]
 fn fixture_hangs_under_rocm5() {
     each_profile("fixture_hangs_under_rocm5", MATRIX, |p| {
         if p.name == "rocm5" {
@@ -483,7 +483,7 @@ fn a_driver_loaded_by_the_vendors_name_is_the_profiles_driver() {
 
 /// A fixture: prints from its body under cuda12 (and checks a per-profile variable).
 #[test]
-#[ignore = "a fixture of a_runner_shows_its_childrens_output_and_sets_their_variables"]
+#[ignore = "a fixture, run in a child process by a_runner_shows_its_childrens_output_and_sets_their_variables: cargo test -p portalloc-fakes --test matrix a_runner_shows_its_childrens_output_and_sets_their_variables"]
 fn fixture_prints() {
     portalloc_fakes::Runner::new(&[*profile("cuda12").unwrap(), *profile("rocm6").unwrap()])
         .env("FIXTURE_ALL", "all")

@@ -32,7 +32,7 @@ fn marked() -> bool {
 // ---- each_profile ----
 
 #[test]
-#[ignore = "a fixture of each_profile_with_should_panic_is_not_inverted"]
+#[ignore = "a fixture, run in a child process by each_profile_with_should_panic_is_not_inverted: cargo test -p portalloc-fakes --test review2_regressions each_profile_with_should_panic_is_not_inverted"]
 #[should_panic]
 fn fixture_should_panic_body_never_panics() {
     assert!(marked(), "a fixture: run by its test only");
@@ -53,7 +53,7 @@ fn each_profile_with_should_panic_is_not_inverted() {
 }
 
 #[test]
-#[ignore = "a fixture of a_child_that_exits_early_is_not_a_pass"]
+#[ignore = "a fixture, run in a child process by a_child_that_exits_early_is_not_a_pass: cargo test -p portalloc-fakes --test review2_regressions a_child_that_exits_early_is_not_a_pass"]
 fn fixture_exits_before_its_check() {
     if !marked() {
         return; // a fixture: run by its test only

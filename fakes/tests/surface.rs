@@ -1061,18 +1061,6 @@ fn a_pinned_allocation_tells_its_flags(driver: Driver) {
         "hipHostGetFlags",
         unsafe extern "C" fn(*mut c_uint, *mut u8) -> R
     );
-    let register = call!(
-        gpu,
-        "cuMemHostRegister_v2",
-        "hipHostRegister",
-        unsafe extern "C" fn(*mut u8, usize, c_uint) -> R
-    );
-    let unregister = call!(
-        gpu,
-        "cuMemHostUnregister",
-        "hipHostUnregister",
-        unsafe extern "C" fn(*mut u8) -> R
-    );
     let (mut p, mut flags) = (std::ptr::null_mut(), 0);
     let mut mine = vec![0u8; 8192];
     // SAFETY: the vendor's signatures; `mine` outlives its registration.
@@ -1080,9 +1068,9 @@ fn a_pinned_allocation_tells_its_flags(driver: Driver) {
         assert_eq!(alloc(&mut p, 4096, 2), 0);
         assert_eq!(flags_of(&mut flags, p.add(100)), 0);
         assert_eq!(flags, 2, "DEVICEMAP / hipHostMallocMapped");
-        assert_eq!(register(mine.as_mut_ptr(), mine.len(), 0), 0);
+        assert_eq!(gpu.register(mine.as_mut_ptr(), mine.len()), 0);
         assert_eq!(flags_of(&mut flags, mine.as_mut_ptr()), INVALID_VALUE);
-        assert_eq!(unregister(mine.as_mut_ptr()), 0);
+        assert_eq!(gpu.unregister(mine.as_mut_ptr()), 0);
     }
     assert_eq!(gpu.host_free(p), 0);
 }
@@ -1736,23 +1724,12 @@ fn a_partly_registered_buffer_is_the_callers_memory(driver: Driver) {
     let page = 4096;
     let mut buffer = vec![1u8; 6 * page];
     let base = buffer.as_mut_ptr().align_offset(page);
-    let start = unsafe { buffer.as_mut_ptr().add(base) }; // SAFETY: inside `buffer`
-    let register = call!(
-        gpu,
-        "cuMemHostRegister_v2",
-        "hipHostRegister",
-        unsafe extern "C" fn(*mut u8, usize, c_uint) -> R
-    );
-    let unregister = call!(
-        gpu,
-        "cuMemHostUnregister",
-        "hipHostUnregister",
-        unsafe extern "C" fn(*mut u8) -> R
-    );
+    // SAFETY: `base` is inside `buffer`, which has a page to spare.
+    let start = unsafe { buffer.as_mut_ptr().add(base) };
     let d = gpu.malloc(4 * page);
     gpu.htod(d, &[9u8; 4 * 4096]);
-    // SAFETY: the middle two of four pages, which outlive their registration.
-    assert_eq!(unsafe { register(start.add(page), 2 * page, 0) }, 0);
+    // SAFETY: the middle two of four pages (inside `buffer`), which outlive their registration.
+    assert_eq!(gpu.register(unsafe { start.add(page) }, 2 * page), 0);
     // Device to host into all four pages, then host to device from them.
     assert_eq!(gpu.dtoh(start, d, 4 * page), 0);
     // SAFETY: the copy completed (a pageable destination).
@@ -1767,8 +1744,8 @@ fn a_partly_registered_buffer_is_the_callers_memory(driver: Driver) {
     // SAFETY: as above.
     assert_eq!(unsafe { htod(d, start, 4 * page) }, 0);
     assert_eq!(gpu.c().hazards(), 0, "{:?}", gpu.c().hazard_log());
-    // SAFETY: registered above.
-    assert_eq!(unsafe { unregister(start.add(page)) }, 0);
+    // SAFETY: inside `buffer`; registered above.
+    assert_eq!(gpu.unregister(unsafe { start.add(page) }), 0);
     assert_eq!(gpu.free(d), 0);
 }
 

@@ -288,38 +288,6 @@ def _build_one(sources: pathlib.Path, folder: pathlib.Path, name: str) -> None:
         _link_sonames(folder, name)
     except OSError as e:
         raise FakesError("cannot place %s (%s)" % (library, e)) from None
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        # Built under a name of its own, then renamed: other processes may build it too.
-        fd, partial = tempfile.mkstemp(prefix="lib%s." % name, suffix=".partial", dir=folder)
-        os.close(fd)
-    except OSError as e:
-        raise FakesError(
-            "cannot build the fake drivers in %s (%s): set PORTALLOC_FAKES_CACHE to a folder "
-            "that can be written" % (folder, e)
-        ) from None
-    soname = "-Wl,-soname,%s" % _DT_SONAME[DRIVERS[name]]
-    command = _compiler() + _FLAGS + [soname, "-o", partial, str(sources / ("%s.c" % name))]
-    try:
-        done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    except OSError as e:
-        os.unlink(partial)
-        raise FakesError(
-            "cannot run the C compiler %r (%s): the fake drivers are built with $CC, else cc"
-            % (command[0], e)
-        ) from None
-    if done.returncode != 0:
-        os.unlink(partial)
-        said = done.stdout.decode(errors="replace")[-_MESSAGE_LIMIT:]
-        raise FakesError(
-            "%s failed (status %d) building %s:\n%s"
-            % (shlex.join(command), done.returncode, name, said)
-        )
-    try:
-        os.replace(partial, library)
-        _link_sonames(folder, name)
-    except OSError as e:
-        raise FakesError("cannot place %s (%s)" % (library, e)) from None
 
 
 def driver_path(name: str) -> str:

@@ -399,3 +399,29 @@ impl Gpu {
         }
     }
 }
+
+impl Gpu {
+    /// Page-locks the caller's `[p, p + n)` (`cuMemHostRegister_v2`, `hipHostRegister`).
+    pub fn register(&self, p: *mut u8, n: usize) -> R {
+        let f = call!(
+            self,
+            "cuMemHostRegister_v2",
+            "hipHostRegister",
+            unsafe extern "C" fn(*mut u8, usize, c_uint) -> R
+        );
+        // SAFETY: the driver only records the range; the caller keeps it alive while registered.
+        unsafe { f(p, n, 0) }
+    }
+
+    /// Undoes [`Gpu::register`].
+    pub fn unregister(&self, p: *mut u8) -> R {
+        let f = call!(
+            self,
+            "cuMemHostUnregister",
+            "hipHostUnregister",
+            unsafe extern "C" fn(*mut u8) -> R
+        );
+        // SAFETY: the driver checks the pointer.
+        unsafe { f(p) }
+    }
+}
