@@ -138,6 +138,7 @@ fn print_model() {
         let copies_only = DeviceCosts {
             calls: Default::default(),
             copy_gib_s: costs.copy_gib_s,
+            unmap_waits_for_device: false,
         };
         let source =
             copy_for_preset(preset).map_or("unknown: no published figure found", |(_, s)| s);
@@ -164,13 +165,9 @@ fn print_model() {
                 if log.iter().any(|c| c.name == "create_physical") {
                     let per_call = create.us_per_mib * 2.0;
                     let mut other = costs.clone();
-                    other.calls.insert(
-                        "create_physical".into(),
-                        CallCost {
-                            us: per_call,
-                            us_per_mib: 0.0,
-                        },
-                    );
+                    other
+                        .calls
+                        .insert("create_physical".into(), CallCost::new(per_call, 0.0));
                     let t = other.timeline_of(log);
                     println!(
                         "      were cuMemCreate {per_call:.2} µs per call whatever its size: {} -> {}",

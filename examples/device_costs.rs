@@ -33,10 +33,10 @@ fn median(mut samples: Vec<f64>) -> f64 {
 /// The cost line through `(small, t_small)` and `(large, t_large)`: µs per call and per MiB.
 fn line(small: u64, t_small: f64, large: u64, t_large: f64) -> CallCost {
     let per_mib = ((t_large - t_small) / ((large - small) as f64 / MIB as f64)).max(0.0);
-    CallCost {
-        us: (t_small - per_mib * small as f64 / MIB as f64).max(0.0),
-        us_per_mib: per_mib,
-    }
+    CallCost::new(
+        (t_small - per_mib * small as f64 / MIB as f64).max(0.0),
+        per_mib,
+    )
 }
 
 /// Microseconds `f` takes.
@@ -151,10 +151,10 @@ fn copies(d: &dyn Device, size: u64, stream: Stream) -> portalloc::Result<Option
     d.free(dev, size)?;
     // SAFETY: `host` came from `alloc_pinned_host(size)` and no copy uses it any more.
     unsafe { d.free_pinned_host(host, size) }?;
-    Ok(Some(CopyBandwidth {
-        to_host: gib_s(median(to_host)),
-        to_device: gib_s(median(to_device)),
-    }))
+    Ok(Some(CopyBandwidth::new(
+        gib_s(median(to_host)),
+        gib_s(median(to_device)),
+    )))
 }
 
 fn measure(d: &Arc<dyn Device>) -> portalloc::Result<DeviceCosts> {
@@ -172,10 +172,7 @@ fn measure(d: &Arc<dyn Device>) -> portalloc::Result<DeviceCosts> {
             calls.insert(name.to_string(), line(s, *t_small, l, tl[name]));
         }
     }
-    let per_call = |us: f64| CallCost {
-        us,
-        us_per_mib: 0.0,
-    };
+    let per_call = |us: f64| CallCost::new(us, 0.0);
     let stream = d.create_stream()?;
     if d.stream_ordered_pool().is_some() {
         let ((a2, f2), (a64, f64_)) = (pool(d, small, stream)?, pool(d, large, stream)?);
@@ -232,7 +229,13 @@ fn measure(d: &Arc<dyn Device>) -> portalloc::Result<DeviceCosts> {
     let copy_gib_s = copies(d, 256 * MIB, stream)?;
     // SAFETY: `stream` was made above and nothing runs on it any more.
     unsafe { d.destroy_stream(stream) }?;
-    Ok(DeviceCosts { calls, copy_gib_s })
+    Ok(DeviceCosts {
+        calls,
+        copy_gib_s,
+        // Measured here, an unmap's wait for the device is in its own time already; the
+        // timeline must still hold it until the copies in flight are done, as HIP's does.
+        unmap_waits_for_device: d.info().vendor == portalloc::Vendor::Hip,
+    })
 }
 
 fn main() -> ExitCode {

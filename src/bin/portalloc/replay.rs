@@ -101,14 +101,25 @@ pub struct ReplayArgs {
     #[arg(long)]
     pub strict: bool,
     /// Price the device calls with this table (JSON: {"calls": {"<call>": {"us": …,
-    /// "us_per_mib": …}, …}, "copy_gib_s": {"to_host": …, "to_device": …}}; call names as
-    /// --json's device_calls_by_name gives them) instead of the built-in one: a model of the
-    /// time the device spends, reported per strategy. The built-in CUDA table has the VMM
-    /// calls as measured on an A100 (ovg-project/kvcached, benchmarks/bench_vmm), the copies
-    /// of h100-80g and h200 as measured on an H100 (NVIDIA/nvbandwidth#24) and the rest
-    /// unknown; the HIP table none yet (docs/benchmarks.md, "Device cost model").
-    /// scripts/gpu-check writes such a file for the GPU it runs on. A call the replay makes
-    /// that the file does not price is an error.
+    /// "us_per_mib": …, "us_high": …, "us_per_mib_high": …}, …}, "copy_gib_s": {"to_host": …,
+    /// "to_device": …}, "unmap_waits_for_device": false}; the high ends and the flag optional;
+    /// call names as --json's device_calls_by_name gives them) instead of the built-in one: a
+    /// model of the time the device spends, reported per strategy, low and high where the
+    /// figures only bound it (--json: device_time_model_s and device_time_model_high_s). The
+    /// built-in tables (docs/benchmarks.md, "Device cost model", has every derivation):
+    /// cuMemCreate 167.56 µs + 12.88 µs/MiB (low) to 128.78 µs + 32.27 µs/MiB (high), fitted
+    /// to 193 µs per 2 MiB handle (A100, ovg-project/kvcached bench_vmm), an 85.5 GiB pool
+    /// growth in 1.54 s (H20, openxla/xla#19431) and vLLM's wake of 32 GiB in 1.22 s (A100,
+    /// vllm-project/vllm#48337); map 1.45 µs (A100, kvcached); set_access 22.13 µs + 4.71
+    /// µs/MiB (map + access 33 µs at 2 MiB, 325 µs at 64 MiB on a GB10, kvcached
+    /// bench_layout); unmap + release 3.7–6.5 ms per GiB (vLLM's level-2 sleep, same PR);
+    /// reserve 19 µs (A100); pinned host memory 0.49 s per GiB (cudaHostAlloc,
+    /// rapidsai/cudf#23457); copies host→device / device→host 51 / 52 GB/s on h100-80g, 52 /
+    /// 52 on h200 (nvbandwidth, Azure/AI-benchmarking-guide) and 55 / 56 on mi300x
+    /// (TransferBench, samuel-bohman/AI-benchmarking-guide). The HIP table (mi300x) prices the
+    /// same NVIDIA figures, so marked, and its unmap waits for the device
+    /// (ROCm/rocm-systems#6982). The rest is unknown. scripts/gpu-check writes such a file for
+    /// the GPU it runs on. A call the replay makes that the file does not price is an error.
     #[arg(long, value_name = "FILE")]
     pub device_costs: Option<PathBuf>,
     /// The trace files are trusted: 16 times the limits on untrusted files
@@ -162,6 +173,13 @@ struct StrategyReport {
     device_time_model_steady_s: Option<f64>,
     /// The modelled time of the calls the table prices: a lower bound where some are not.
     device_time_priced_s: f64,
+    /// `device_time_model_s` with every figure at the high end of what its sources allow
+    /// (the same where no figure used has a range; the `_s` fields are the low ends).
+    device_time_model_high_s: Option<f64>,
+    /// `device_time_model_steady_s` at the high ends.
+    device_time_model_steady_high_s: Option<f64>,
+    /// `device_time_priced_s` at the high ends.
+    device_time_priced_high_s: f64,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     device_time_unpriced: Vec<&'static str>,
 }
@@ -184,6 +202,9 @@ impl StrategyReport {
             device_time_model_s: whole.seconds,
             device_time_model_steady_s: steady.seconds,
             device_time_priced_s: whole.priced_seconds,
+            device_time_model_high_s: whole.seconds_high,
+            device_time_model_steady_high_s: steady.seconds_high,
+            device_time_priced_high_s: whole.priced_seconds_high,
             device_time_unpriced: whole.unpriced,
         }
     }
@@ -367,20 +388,26 @@ pub fn run(args: ReplayArgs) -> Result<()> {
                     "the built-in {} table of {}{}",
                     if hip { "HIP" } else { "CUDA" },
                     device.name,
-                    if hip {
-                        ""
-                    } else {
-                        " (VMM calls as measured on an A100, copies on an H100)"
+                    match device.name {
+                        "mi300x" => {
+                            " (the calls as measured on NVIDIA GPUs, copies on an MI300X; \
+                             an unmap waits for the device)"
+                        }
+                        "h200" => " (the calls as measured on an A100, a GB10 and an H20, copies on an H200)",
+                        _ => " (the calls as measured on an A100, a GB10 and an H20, copies on an H100)",
                     }
                 ),
             ),
             None if hip => (
                 DeviceCosts::for_vendor(portalloc::Vendor::Hip),
-                "the built-in HIP table".to_string(),
+                "the built-in HIP table (the calls as measured on NVIDIA GPUs; an unmap waits for \
+                 the device)"
+                    .to_string(),
             ),
             None => (
                 DeviceCosts::for_vendor(portalloc::Vendor::Cuda),
-                "the built-in CUDA table (VMM calls as measured on an A100)".to_string(),
+                "the built-in CUDA table (the calls as measured on an A100, a GB10 and an H20)"
+                    .to_string(),
             ),
         };
         let baseline = Baseline::scan(input)?;
@@ -452,6 +479,9 @@ pub fn run(args: ReplayArgs) -> Result<()> {
                     device_time_model_s: None,
                     device_time_model_steady_s: None,
                     device_time_priced_s: 0.0,
+                    device_time_model_high_s: None,
+                    device_time_model_steady_high_s: None,
+                    device_time_priced_high_s: 0.0,
                     device_time_unpriced: Vec::new(),
                 }),
                 Err(e) => return Err(named(label, e)),
@@ -900,6 +930,16 @@ fn load(path: &PathBuf, options: &trace::Options) -> Result<(String, TraceInput,
 /// A trace of 0 or 1 events compares the strategies on nothing: say so, and how to record
 /// one (a snapshot with recording off, or from PyTorch 2.0, which kept one entry).
 /// A modelled time as the table shows it: 3 significant digits, in s, ms or µs.
+/// `low` seconds, or `low–high` where the two differ as printed.
+fn low_high(low: f64, high: f64) -> String {
+    let (l, h) = (seconds(low), seconds(high));
+    if l == h {
+        l
+    } else {
+        format!("{l}–{h}")
+    }
+}
+
 fn seconds(s: f64) -> String {
     if s >= 1.0 {
         format!("{s:.3} s")
@@ -1031,7 +1071,7 @@ fn print_report(r: &TraceReport) {
     }
     let with_min = r.results.iter().any(|s| s.min_capacity.is_some());
     print!(
-        "   {:<9} {:>11} {:>13} {:>7} {:>6} {:>11} {:>12} {:>9} {:>9} {:>9}",
+        "   {:<9} {:>11} {:>13} {:>7} {:>6} {:>11} {:>12} {:>9} {:>17} {:>9}",
         "strategy",
         "peak live",
         "peak reserved",
@@ -1064,7 +1104,7 @@ fn print_report(r: &TraceReport) {
                     human(x.peak_refused)
                 };
                 print!(
-                    "   {:<9} {:>11} {:>13} {:>7} {:>6} {:>11} {:>12} {:>9} {:>9} {:>9.0}",
+                    "   {:<9} {:>11} {:>13} {:>7} {:>6} {:>11} {:>12} {:>9} {:>17} {:>9.0}",
                     s.strategy,
                     human(x.peak_live),
                     human(x.peak_reserved),
@@ -1074,9 +1114,12 @@ fn print_report(r: &TraceReport) {
                     first,
                     x.device_calls,
                     match s.device_time_model_s {
-                        Some(t) => seconds(t),
+                        Some(t) => low_high(t, s.device_time_model_high_s.unwrap_or(t)),
                         None if s.device_time_priced_s > 0.0 => {
-                            format!("≥{}", seconds(s.device_time_priced_s))
+                            format!(
+                                "≥{}",
+                                low_high(s.device_time_priced_s, s.device_time_priced_high_s)
+                            )
                         }
                         None => "?".to_string(),
                     },
@@ -1137,7 +1180,9 @@ fn print_report(r: &TraceReport) {
         .flat_map(|s| s.device_time_unpriced.iter().copied())
         .collect();
     println!(
-        "   dev time: a model of the device's time in those calls, priced by {}{}",
+        "   dev time: a model of the device's time in those calls (low–high where the published \
+         figures only bound it: cuMemCreate's fixed and per-MiB split, unmap + release per GiB), \
+         priced by {}{}",
         r.device_costs,
         if unpriced.is_empty() {
             String::new()
