@@ -691,9 +691,22 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
                 copies.push(None);
                 continue;
             }
+            // Exactly `size` bytes, kept or made: a copy rounded up (sglang's powers of two
+            // turned 20.4 GiB into 32 GiB per rank, sgl-project/sglang#36562) holds host
+            // memory no sleep uses.
             let copy = match inner.tags.take_spare(size) {
                 Some(copy) => Ok(copy),
-                None => HostCopy::new(device, size).map_err(|e| host_refused(e, tag, size)),
+                None => match HostCopy::new(device, size) {
+                    // Under host memory pressure the copies kept for other allocations go
+                    // back first (they are only a saving of time), then the copy is asked
+                    // for once more.
+                    Err(e) if e.is_out_of_memory() && inner.tags.spare_bytes() > 0 => {
+                        self.free_spare(inner);
+                        HostCopy::new(device, size)
+                    }
+                    made => made,
+                }
+                .map_err(|e| host_refused(e, tag, size)),
             };
             match copy {
                 Ok(copy) => copies.push(Some(copy)),
