@@ -77,7 +77,7 @@ fn modelled_calls() -> Modelled {
         .allocate(MODEL_BYTES, 0, Stream::DEFAULT, "weights")
         .expect("the allocation");
     device.take();
-    let mut cycle = || {
+    let cycle = || {
         vmm.sleep("weights", Keep::Contents).expect("sleep");
         let slept = device.take();
         vmm.wake("weights").expect("wake");

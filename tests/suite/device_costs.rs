@@ -256,7 +256,9 @@ fn a_presets_replay_is_priced_by_its_own_table() {
     for r in [&h100["results"][0], &mi300x["results"][0]] {
         let low = r["device_time_model_s"].as_f64().unwrap();
         let high = r["device_time_model_high_s"].as_f64().unwrap();
-        assert!(low > 0.0 && high > low, "{r}");
+        // Equal for 2 MiB handles (both ends pass through kvcached's 2 MiB point), dearer at
+        // the high end for larger ones.
+        assert!(low > 0.0 && high >= low, "{r}");
         assert!(
             r["device_calls_by_name"]["create_physical"]
                 .as_u64()
