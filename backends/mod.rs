@@ -11,6 +11,7 @@ use crate::error::{Error, Result};
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod descriptors;
 #[cfg(any(feature = "cuda", feature = "hip"))]
 mod gpu;
 #[cfg(feature = "hip")]

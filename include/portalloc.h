@@ -210,9 +210,11 @@ PortallocStatus portalloc_destroy(struct PortallocAllocator *allocator);
 
 // Allocates `size` bytes aligned to `alignment` (a power of two; 0: the strategy's default)
 // for `stream`, labelled `tag` (null: the thread's tag from `portalloc_set_thread_tag`, else
-// the process's from `portalloc_set_process_tag`, else `"buffer"`). A tag passed here is a
-// name in the ledger; the buffers of a tag sleep apart from all others only when the tag
-// was declared ([`portalloc_declare_sleep_tag`], or set as a thread or process tag).
+// the process's from `portalloc_set_process_tag`, else `"buffer"`; at most 1024 bytes, as
+// every call that takes a tag, else `PORTALLOC_STATUS_INVALID_ARGUMENT`). A tag passed
+// here is a name in the ledger; the buffers of a tag sleep apart from all others only when
+// the tag was declared ([`portalloc_declare_sleep_tag`], or set as a thread or process
+// tag).
 // Writes the handle to `*out_handle` and,
 // if `out_ptr` is not null, the device pointer to `*out_ptr` (null for a zero-byte buffer).
 // `stream` is the caller's own handle as an integer (a `cudaStream_t`, `CUstream` or
@@ -276,9 +278,9 @@ PortallocStatus portalloc_handle_info(struct PortallocAllocator *allocator,
                                       uint64_t *out_size);
 
 // Donates the buffer `handle` names to a consumer that reuses its memory, under `to_tag`
-// (null: `"donated"`): writes the consumer's new handle to `*out_handle`. The old handle is
-// dead: using it is refused with "buffer has been deleted or donated". The memory is not
-// touched and stays allocated.
+// (null: `"donated"`; at most 1024 bytes): writes the consumer's new handle to
+// `*out_handle`. The old handle is dead: using it is refused with "buffer has been deleted
+// or donated". The memory is not touched and stays allocated.
 //
 // # Safety
 // `to_tag` null or NUL-terminated; `out_handle` null or valid for one `uint64_t`.
@@ -354,7 +356,9 @@ PortallocStatus portalloc_set_process_tag(const char *tag);
 // Hands back the device memory of the live buffers tagged `tag`, keeping their addresses;
 // with `keep_contents` their bytes are copied to host memory first (pinned where the driver
 // offers it), otherwise discarded. `portalloc_wake` maps memory at the same addresses again.
-// A tag with no awake buffer: nothing to do. Strategies other than `vmm` refuse it with
+// A tag with no awake buffer: nothing to do. An empty tag (untagged buffers never sleep) or
+// one longer than 1024 bytes is refused (`PORTALLOC_STATUS_INVALID_ARGUMENT`), as
+// `portalloc_set_thread_tag` refuses them. Strategies other than `vmm` refuse it with
 // `PORTALLOC_STATUS_UNSUPPORTED`.
 //
 // # Safety
@@ -366,7 +370,8 @@ PortallocStatus portalloc_sleep(struct PortallocAllocator *allocator,
 // Maps device memory again under the sleeping buffers tagged `tag`, at their addresses,
 // and copies their contents back. When the memory cannot be had the status is
 // `PORTALLOC_STATUS_OUT_OF_MEMORY` and nothing is lost: the tag stays asleep, and a later
-// wake can succeed. A tag with none asleep: nothing to do.
+// wake can succeed. A tag with none asleep: nothing to do. The tag is refused as
+// `portalloc_sleep` refuses it.
 //
 // # Safety
 // `tag` null or NUL-terminated (null is refused).

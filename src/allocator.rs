@@ -171,8 +171,9 @@ pub struct SleepingTag {
     pub host_bytes: u64,
 }
 
-/// `sleep` and `wake` for a strategy over `self.device` without virtual memory: refused,
-/// naming the strategy, its backend and the strategy that offers them.
+/// `sleep` and `wake` for a strategy that does not map its memory into reserved ranges:
+/// refused, naming the strategy (not the backend, which may well offer them through vmm) and
+/// the strategy that offers them.
 macro_rules! no_sleep {
     () => {
         /// Unsupported: see [`crate::strategy::vmm::VmmAllocator::sleep`].
@@ -181,28 +182,23 @@ macro_rules! no_sleep {
             _tag: &str,
             _keep: crate::allocator::Keep,
         ) -> crate::error::Result<crate::allocator::SleepReport> {
-            Err(crate::allocator::sleep_unsupported(
-                self.name(),
-                self.device.info().vendor.name(),
-            ))
+            Err(crate::allocator::sleep_unsupported(self.name()))
         }
 
         /// Unsupported: see [`crate::strategy::vmm::VmmAllocator::wake`].
         fn wake(&self, _tag: &str) -> crate::error::Result<crate::allocator::SleepReport> {
-            Err(crate::allocator::sleep_unsupported(
-                self.name(),
-                self.device.info().vendor.name(),
-            ))
+            Err(crate::allocator::sleep_unsupported(self.name()))
         }
     };
 }
 pub(crate) use no_sleep;
 
-/// The refusal of sleep and wake by a strategy without virtual memory.
-pub(crate) fn sleep_unsupported(strategy: &str, backend: &'static str) -> crate::Error {
-    crate::Error::Unsupported {
-        what: format!("sleep and wake with the {strategy} strategy"),
-        backend,
+/// The refusal of sleep and wake by a strategy without virtual memory: the strategy refuses,
+/// whatever the backend.
+pub(crate) fn sleep_unsupported(strategy: &str) -> crate::Error {
+    crate::Error::StrategyUnsupported {
+        what: "sleep and wake".into(),
+        strategy: strategy.into(),
         reason: format!(
             "{strategy} does not map its memory into reserved address ranges, so it cannot \
              hand memory back and take it again at the same addresses; the vmm strategy \
@@ -267,11 +263,11 @@ pub trait Allocator: Send + Sync {
     /// strategies that map memory into reserved ranges (vmm).
     ///
     /// # Errors
-    /// [`crate::Error::Unsupported`] by default, naming the strategy and the one that offers
+    /// [`crate::Error::StrategyUnsupported`] by default, naming the strategy and the one that offers
     /// it.
     fn sleep(&self, tag: &str, keep: Keep) -> Result<SleepReport> {
         let _ = (tag, keep);
-        Err(sleep_unsupported(self.name(), "portalloc"))
+        Err(sleep_unsupported(self.name()))
     }
 
     /// Takes device memory again for the allocations of `tag` that sleep, at their
@@ -281,7 +277,7 @@ pub trait Allocator: Send + Sync {
     /// As [`Allocator::sleep`].
     fn wake(&self, tag: &str) -> Result<SleepReport> {
         let _ = tag;
-        Err(sleep_unsupported(self.name(), "portalloc"))
+        Err(sleep_unsupported(self.name()))
     }
 
     /// The tags with allocations asleep, by name. Default: none.

@@ -557,6 +557,17 @@ pub trait VirtualMemory: Send + Sync {
         std::time::Duration::ZERO
     }
 
+    /// How many more physical handles the process can hold now, where the driver spends a
+    /// file descriptor on each (ROCm 7.14's `hipMemCreate`, ROCm/rocm-systems#10604: about
+    /// 1015 handles at the stock `ulimit -n 1024`): the process's soft `RLIMIT_NOFILE` less
+    /// the descriptors it holds. A strategy sizes its handles so that their count stays well
+    /// under it. Whether the driver does is probed when the device is opened, never read from
+    /// a version number. `None` (the default) where handles cost no descriptor, or the
+    /// limit is unlimited or cannot be read: handles are not limited by count.
+    fn handle_budget(&self) -> Option<u64> {
+        None
+    }
+
     /// Creates `size` bytes of physical memory. Counts against the device's memory.
     fn create_physical(&self, size: u64) -> Result<PhysicalHandle>;
 

@@ -105,6 +105,44 @@ pub enum Error {
         reason: String,
     },
 
+    /// An operation the strategy does not offer on any device (sleep and wake with bfc,
+    /// platform or async): the strategy refuses it, whatever the backend beneath.
+    #[error("{what} is not offered by strategy `{strategy}`: {reason}")]
+    StrategyUnsupported {
+        /// What was asked for.
+        what: String,
+        /// The strategy asked (`bfc`, `platform`, `async`).
+        strategy: String,
+        /// Why not, and which strategy offers it.
+        reason: String,
+    },
+
+    /// The driver could not make another physical handle because the process has no file
+    /// descriptor left: it spends one per handle (ROCm 7.14's `hipMemCreate`,
+    /// ROCm/rocm-systems#10604), and the process holds as many as its soft `RLIMIT_NOFILE`
+    /// allows. The driver itself answers out of memory with the device nearly empty. Nothing
+    /// was changed by the call that needed the handle; closing descriptors, fewer and larger
+    /// handles, or a higher limit (`ulimit -n`) let the next one through.
+    #[error(
+        "{backend} device: no file descriptor left for another physical handle of {} — the \
+         driver opens one per handle and the process holds {open} of its limit of {limit} \
+         (RLIMIT_NOFILE, soft; hard {}); raise `ulimit -n` or close descriptors",
+        crate::units::Bytes(*.requested),
+        .hard.map_or_else(|| "unlimited".to_string(), |h| h.to_string())
+    )]
+    DescriptorLimit {
+        /// Which backend refused (`hip`).
+        backend: &'static str,
+        /// Bytes of the handle asked for.
+        requested: u64,
+        /// Descriptors the process held when it was refused.
+        open: u64,
+        /// The soft `RLIMIT_NOFILE`: the most descriptors the process may hold.
+        limit: u64,
+        /// The hard limit, to which the soft one may be raised (`None`: unlimited).
+        hard: Option<u64>,
+    },
+
     /// An allocation handed back to an allocator that did not make it.
     #[error("allocation at {ptr:#x} belongs to allocator #{owner}, not to allocator #{this}")]
     ForeignAllocation {

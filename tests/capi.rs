@@ -1547,6 +1547,69 @@ fn sleep_tags_refuse_empty_oversize_and_non_utf8_tags() {
     assert_eq!(set_thread_tag(None), PortallocStatus::Ok);
 }
 
+/// What a call is given for its tag, in [`one_rule_for_tags_in_every_call`].
+#[derive(Debug, Clone, Copy)]
+enum TagCall {
+    Allocate,
+    Donate,
+    Sleep,
+    Wake,
+    SetThreadTag,
+}
+
+/// Runs `call` on a fresh vmm allocator with `tag`; its status and the error text.
+fn tag_call(call: TagCall, tag: &CStr) -> (PortallocStatus, String) {
+    let a = make(c"vmm");
+    let (mut h, mut p) = (0u64, ptr::null_mut());
+    // SAFETY: a valid tag and outputs.
+    let s = unsafe { portalloc_allocate(a.0, 4096, 0, 0, c"kept".as_ptr(), &mut h, &mut p) };
+    assert_eq!(s, PortallocStatus::Ok, "{}", last_error());
+    let mut new = 0u64;
+    // SAFETY: each with a NUL-terminated tag and valid outputs.
+    let status = unsafe {
+        match call {
+            TagCall::Allocate => portalloc_allocate(a.0, 4096, 0, 0, tag.as_ptr(), &mut h, &mut p),
+            TagCall::Donate => portalloc_donate(a.0, h, tag.as_ptr(), &mut new),
+            TagCall::Sleep => portalloc_sleep(a.0, tag.as_ptr(), true),
+            TagCall::Wake => portalloc_wake(a.0, tag.as_ptr()),
+            TagCall::SetThreadTag => portalloc_set_thread_tag(tag.as_ptr()),
+        }
+    };
+    let message = last_error();
+    assert_eq!(set_thread_tag(None), PortallocStatus::Ok);
+    (status, message)
+}
+
+/// One rule for a tag, whichever call takes it: at most 1024 bytes everywhere (allocate and
+/// donate accepted longer ones that sleep then refused), and an empty tag refused wherever a
+/// tag names what sleeps (sleep and wake were a silent no-op where `tag("")` was refused).
+#[test_case(TagCall::Allocate, 1025, PortallocStatus::InvalidArgument ; "allocate refuses 1025 bytes")]
+#[test_case(TagCall::Donate, 1025, PortallocStatus::InvalidArgument ; "donate refuses 1025 bytes")]
+#[test_case(TagCall::Sleep, 1025, PortallocStatus::InvalidArgument ; "sleep refuses 1025 bytes")]
+#[test_case(TagCall::Wake, 1025, PortallocStatus::InvalidArgument ; "wake refuses 1025 bytes")]
+#[test_case(TagCall::SetThreadTag, 1025, PortallocStatus::InvalidArgument ; "thread tag refuses 1025 bytes")]
+#[test_case(TagCall::Allocate, 1024, PortallocStatus::Ok ; "allocate takes 1024 bytes")]
+#[test_case(TagCall::Donate, 1024, PortallocStatus::Ok ; "donate takes 1024 bytes")]
+#[test_case(TagCall::Sleep, 1024, PortallocStatus::Ok ; "sleep takes 1024 bytes")]
+#[test_case(TagCall::Wake, 1024, PortallocStatus::Ok ; "wake takes 1024 bytes")]
+#[test_case(TagCall::SetThreadTag, 1024, PortallocStatus::Ok ; "thread tag takes 1024 bytes")]
+#[test_case(TagCall::Sleep, 0, PortallocStatus::InvalidArgument ; "sleep refuses an empty tag")]
+#[test_case(TagCall::Wake, 0, PortallocStatus::InvalidArgument ; "wake refuses an empty tag")]
+#[test_case(TagCall::SetThreadTag, 0, PortallocStatus::InvalidArgument ; "thread tag refuses an empty tag")]
+fn one_rule_for_tags_in_every_call(call: TagCall, bytes: usize, expected: PortallocStatus) {
+    let tag = CString::new("t".repeat(bytes)).unwrap();
+    let (status, message) = tag_call(call, &tag);
+    assert_eq!(status, expected, "{call:?} with {bytes} bytes: {message}");
+    if expected != PortallocStatus::Ok {
+        let words: &[&str] = if bytes == 0 {
+            &["`tag` is empty", "untagged buffers never sleep"]
+        } else {
+            &["1025 bytes", "at most 1024"]
+        };
+        assert_mentions_all(&message, words);
+    }
+}
+
 /// Opening a region declares its tag; `portalloc_declare_sleep_tag` declares one for the
 /// callers that pass it themselves; a tag only passed to `portalloc_allocate` stays a name.
 #[test]

@@ -302,6 +302,40 @@ def a_buffer_says_the_tag_its_allocation_got() -> None:
     a.close()
 
 
+def one_rule_for_tags():
+    """An empty tag is refused alike by ``tag``, ``sleep`` and ``wake`` (``sleep("")`` was a
+    silent no-op); a tag over 1024 bytes alike by ``allocate`` and ``sleep`` (``allocate``
+    took it), while 1024 bytes are taken by both."""
+    a = portalloc.Allocator.create(
+        strategy="vmm", backend="host", host_capacity=64 << 20, mem_fraction=0.5, ignore_env=True
+    )
+    for name, call in (
+        ("tag", lambda: portalloc.tag("").__enter__()),
+        ("sleep", lambda: a.sleep("")),
+        ("wake", lambda: a.wake("")),
+    ):
+        try:
+            call()
+            raise AssertionError("%s('') was accepted" % name)
+        except ValueError as e:
+            assert "untagged buffers never sleep" in str(e), (name, e)
+    too_long = "t" * 1025
+    for name, refused in (
+        ("allocate", lambda: a.allocate(4096, tag=too_long)),
+        ("sleep", lambda: a.sleep(too_long)),
+    ):
+        try:
+            refused()
+            raise AssertionError("%s with a 1025-byte tag was accepted" % name)
+        except portalloc.PortallocError as e:
+            assert "at most 1024" in str(e), (name, e)
+    longest = a.allocate(4096, tag="t" * 1024)
+    a.sleep("t" * 1024)
+    a.wake("t" * 1024)
+    a.free(longest)
+    a.close()
+
+
 CHECKS = [
     imported_from_the_virtual_environment,
     the_library_is_inside_the_package,
@@ -311,6 +345,7 @@ CHECKS = [
     sleep_and_wake_keep_the_pointer_and_the_bytes,
     regions_tag_the_buffers_of_other_threads,
     a_buffer_says_the_tag_its_allocation_got,
+    one_rule_for_tags,
 ]
 
 

@@ -53,6 +53,26 @@
 mod books;
 mod probe;
 
+/// The key of the note ([`DeviceInfo::notes`]) that says whether the driver spends a file
+/// descriptor per physical handle, and the process's limit.
+pub(crate) const DESCRIPTORS_NOTE: &str = "descriptors per handle";
+
+/// The note under [`DESCRIPTORS_NOTE`]: what the probe found and the process's descriptors.
+fn descriptors_note(per_handle: Option<bool>) -> String {
+    let now = descriptors::Descriptors::now().summary();
+    match per_handle {
+        Some(true) => format!(
+            "one file descriptor per physical handle (probed: a descriptor opened at the create \
+             and closed at the release; ROCm 7.14, ROCm/rocm-systems#10604); the process has \
+             {now} — the vmm strategy makes handles large enough to stay well under the limit"
+        ),
+        Some(false) => {
+            format!("none (probed: creating and releasing a handle opened no descriptor); {now}")
+        }
+        None => format!("not known (the process's descriptors could not be listed); {now}"),
+    }
+}
+
 use std::fmt;
 use std::ptr::NonNull;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -60,7 +80,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 pub use books::VendorCensus;
 use books::{check_granular, unknown, Books, EventUse, Handles};
 
-use crate::backends::{request_size, Request};
+use crate::backends::{descriptors, request_size, Request};
 use crate::device::{
     Device, DeviceInfo, Event, MemInfo, PhysicalHandle, PoolUsage, Stream, StreamOrderedPool,
     Vendor, VirtualMemory,
@@ -333,6 +353,9 @@ pub struct GpuDevice<V: VendorApi> {
     /// What [`probe::probe_release`] found at open: a released handle's memory stays in use
     /// until its reservation is freed. False without virtual memory.
     holds_released_memory: bool,
+    /// What [`probe::probe_release`] found at open: the driver opens a file descriptor of
+    /// the process for each physical handle. False without virtual memory.
+    descriptor_per_handle: bool,
     /// How long a new mapping may stay invisible to GPU work ([`Opened::map_visible_after`]).
     map_visible_after: std::time::Duration,
     pool: Mutex<Option<u64>>,
@@ -382,16 +405,25 @@ impl<V: VendorApi> GpuDevice<V> {
     pub(crate) fn new(opened: Opened<V>) -> Self {
         let mut info = opened.info;
         let mut holds_released_memory = false;
+        let mut descriptor_per_handle = false;
         let mut books = Books::default();
         if info.capabilities.virtual_memory {
             let found = probe::probe_release(&opened.vendor, opened.granularity);
             holds_released_memory = found.holds;
+            descriptor_per_handle = found.descriptor_per_handle == Some(true);
             let at = info
                 .notes
                 .iter()
                 .position(|(k, _)| k == "virtual memory")
                 .map_or(info.notes.len(), |i| i + 1);
             info.notes.insert(at, (probe::NOTE.into(), found.note));
+            info.notes.insert(
+                at + 1,
+                (
+                    DESCRIPTORS_NOTE.into(),
+                    descriptors_note(found.descriptor_per_handle),
+                ),
+            );
             let kept = found.kept;
             if let Some((va, size)) = kept.reservation {
                 books.reservations.insert(va, size);
@@ -408,6 +440,7 @@ impl<V: VendorApi> GpuDevice<V> {
             info,
             granularity: opened.granularity,
             holds_released_memory,
+            descriptor_per_handle,
             map_visible_after: opened.map_visible_after,
             pool: Mutex::new(opened.pool),
             peers: Mutex::new(Vec::new()),
@@ -477,6 +510,33 @@ impl<V: VendorApi> GpuDevice<V> {
 
     /// The vendor's out-of-memory code becomes [`Error::DeviceOutOfMemory`] with the free
     /// figure (0 when that cannot be read either); other errors pass through.
+    /// [`Error::DescriptorLimit`] for the driver's out-of-memory answer to a handle of
+    /// `requested` bytes when the process cannot open another descriptor: the driver needs one
+    /// per handle (probed at open), or — not probed, or another driver — it may have needed one
+    /// for anything. `None` when descriptors are left: the device's own refusal.
+    fn descriptor_refusal(&self, e: &Error, requested: u64) -> Option<Error> {
+        match e {
+            Error::Driver { code, .. } if *code == V::OUT_OF_MEMORY => {}
+            _ => return None,
+        }
+        let at_limit = match descriptors::headroom() {
+            Some(left) if self.descriptor_per_handle => left == 0,
+            _ => descriptors::exhausted(),
+        };
+        if !at_limit {
+            return None;
+        }
+        let now = descriptors::Descriptors::now();
+        Some(Error::DescriptorLimit {
+            backend: V::BACKEND,
+            requested,
+            // Exhausted, the listing itself may be refused: then it holds all it may.
+            open: now.open.or(now.soft).unwrap_or(0),
+            limit: now.soft.unwrap_or(0),
+            hard: now.hard,
+        })
+    }
+
     fn oom(&self, e: Error, requested: u64) -> Error {
         match e {
             Error::Driver { code, .. } if code == V::OUT_OF_MEMORY => self.out_of_memory(requested),
@@ -930,12 +990,21 @@ impl<V: VendorApi> VirtualMemory for GpuDevice<V> {
     fn create_physical(&self, size: u64) -> Result<PhysicalHandle> {
         self.granular("create_physical", "size", size, false)?;
         let _current = self.current()?;
-        let handle = self
-            .vendor
-            .create_physical(size)
-            .map_err(|e| self.oom(e, size))?;
+        let handle = self.vendor.create_physical(size).map_err(|e| {
+            self.descriptor_refusal(&e, size)
+                .unwrap_or_else(|| self.oom(e, size))
+        })?;
         self.books().handles.insert(handle);
         Ok(PhysicalHandle(handle))
+    }
+
+    /// The process's descriptors left for handles, where the driver spends one per handle
+    /// (probed at open): the soft `RLIMIT_NOFILE` less the descriptors open now.
+    fn handle_budget(&self) -> Option<u64> {
+        if !self.descriptor_per_handle {
+            return None;
+        }
+        descriptors::headroom()
     }
 
     /// The memory goes once its last mapping does.

@@ -18,6 +18,11 @@
 //!    reservation is freed"; none either is "not known", answered as the documented
 //!    behaviour.
 //!
+//! The first try also watches the process's descriptors (`/proc/self/fd`): a descriptor that
+//! appears at the create and goes at the release means the driver spends one per handle
+//! (ROCm 7.14, ROCm/rocm-systems#10604) — [`ReleaseProbe::descriptor_per_handle`]. No driver
+//! call is added for it.
+//!
 //! Cost: 9 driver calls (reserve, create, map, set access, unmap, 2 × free memory, release,
 //! free reservation) where the memory comes back at release, 18 where it is held, plus the
 //! calls that make the device current and the caller's current again. A call refused ends the
@@ -26,6 +31,7 @@
 //! which call refused.
 
 use super::VendorApi;
+use crate::backends::descriptors;
 use crate::error::Result;
 use crate::units::Bytes;
 
@@ -42,6 +48,10 @@ pub(crate) struct ReleaseProbe {
     /// What the probe made and the driver refused to take back, twice: the device books it,
     /// so that its drop gives it back.
     pub(crate) kept: Scratch,
+    /// Whether the driver opened a file descriptor for the handle and closed it at its
+    /// release (`None`: not known — the descriptors cannot be listed, or the probe failed
+    /// before a release).
+    pub(crate) descriptor_per_handle: Option<bool>,
 }
 
 /// What the free memory did, in bytes: each release tried, then the reservation's free.
@@ -60,10 +70,16 @@ enum Found {
 /// What the driver refused to take back is in [`ReleaseProbe::kept`].
 pub(crate) fn probe_release<V: VendorApi>(vendor: &V, granularity: u64) -> ReleaseProbe {
     let mut kept = Scratch::default();
+    let mut descriptor_per_handle = None;
     let found = match vendor.enter() {
         Ok(saved) => {
             let mut scratch = Scratch::default();
-            let found = run(vendor, granularity, &mut scratch);
+            let found = run(
+                vendor,
+                granularity,
+                &mut scratch,
+                &mut descriptor_per_handle,
+            );
             kept = scratch.give_back(vendor);
             if let Some(saved) = saved {
                 vendor.leave(saved);
@@ -82,6 +98,7 @@ pub(crate) fn probe_release<V: VendorApi>(vendor: &V, granularity: u64) -> Relea
     };
     match found {
         Ok(Found::Returned { rises }) => ReleaseProbe {
+            descriptor_per_handle,
             kept,
             holds: false,
             note: format!(
@@ -90,6 +107,7 @@ pub(crate) fn probe_release<V: VendorApi>(vendor: &V, granularity: u64) -> Relea
             ),
         },
         Ok(Found::Held { rises, freed }) => ReleaseProbe {
+            descriptor_per_handle,
             kept,
             holds: true,
             note: format!(
@@ -104,6 +122,7 @@ pub(crate) fn probe_release<V: VendorApi>(vendor: &V, granularity: u64) -> Relea
             ),
         },
         Ok(Found::Unclear { rises, freed }) => ReleaseProbe {
+            descriptor_per_handle,
             kept,
             holds: false,
             note: format!(
@@ -119,6 +138,7 @@ pub(crate) fn probe_release<V: VendorApi>(vendor: &V, granularity: u64) -> Relea
                 "could not probe what releasing physical memory gives back");
             ReleaseProbe {
                 kept,
+                descriptor_per_handle,
                 holds: false,
                 note: format!("not known: the probe failed ({e}); taken as returned at release"),
             }
@@ -175,13 +195,21 @@ impl Scratch {
 }
 
 /// The probe, with the device current (see the module docs); what it made and did not give
-/// back is in `scratch`.
-fn run<V: VendorApi>(vendor: &V, g: u64, scratch: &mut Scratch) -> Result<Found> {
+/// back is in `scratch`, whether the first handle held a descriptor in `per_handle`.
+fn run<V: VendorApi>(
+    vendor: &V,
+    g: u64,
+    scratch: &mut Scratch,
+    per_handle: &mut Option<bool>,
+) -> Result<Found> {
     let va = vendor.reserve(g, g, 0)?;
     scratch.reservation = Some((va, g));
     let mut rises = Vec::with_capacity(2);
-    for _ in 0..2 {
+    for attempt in 0..2 {
+        let watch = attempt == 0;
+        let before_create = watch.then(descriptors::open_set).flatten();
         let h = vendor.create_physical(g)?;
+        let after_create = before_create.as_ref().and(descriptors::open_set());
         scratch.handle = Some(h);
         // SAFETY: `h` was just made; `[va, va + g)` is the whole reservation just made, with
         // nothing mapped in it (the mapping of an earlier try was unmapped).
@@ -196,6 +224,14 @@ fn run<V: VendorApi>(vendor: &V, g: u64, scratch: &mut Scratch) -> Result<Found>
         // SAFETY: `h` is live and mapped nowhere now; released once (forgotten below).
         unsafe { vendor.release_physical(h) }?;
         scratch.handle = None;
+        if let (Some(before), Some(during)) = (&before_create, &after_create) {
+            // A descriptor that came with the handle and went with it: another thread's
+            // file opened at the create and closed before the release would look the same,
+            // which only makes handles larger than they need be.
+            if let Some(after) = descriptors::open_set() {
+                *per_handle = Some(during.difference(before).any(|fd| !after.contains(fd)));
+            }
+        }
         let (after, _) = vendor.mem_info()?;
         let rise = after.saturating_sub(before);
         rises.push(rise);

@@ -111,7 +111,10 @@ impl HipDeviceBuilder {
 ///   [`super::tuning`]), with chunks of the recommended granularity raised to 2 MiB. Opening
 ///   it probes whether a released handle's memory is held until its reservation is freed
 ///   (ROCm 7.x on Linux): [`VirtualMemory::holds_released_memory`], and the note `released
-///   memory`.
+///   memory`. It also sees whether each handle holds a file descriptor of the process (ROCm
+///   7.14, ROCm/rocm-systems#10604): [`VirtualMemory::handle_budget`] then says how many more
+///   handles the process can hold, and the note `descriptors per handle` says so; opening a
+///   device with virtual memory raises the soft `RLIMIT_NOFILE` to the hard limit first.
 /// * **Stream-ordered pool** ([`crate::device::StreamOrderedPool`]) when attribute 88 is set:
 ///   a pool of its own (`hipMemPoolCreate`), made at first use with its release threshold
 ///   set explicitly.
@@ -673,6 +676,13 @@ impl GpuDevice<Hip> {
             },
             notes,
         };
+        if vmm.on {
+            // ROCm 7.14's hipMemCreate opens a descriptor per handle (ROCm/rocm-systems#10604):
+            // at the stock soft limit of 1024 a process stops at ~1015 handles. The soft
+            // limit goes up to the hard one, as far as the system lets it (said in the note
+            // `descriptors per handle`, which the probe in `GpuDevice::new` writes).
+            crate::backends::descriptors::raise_soft_limit();
+        }
         Ok(GpuDevice::new(Opened {
             vendor: Hip {
                 runtime,

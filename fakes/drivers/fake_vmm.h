@@ -9,7 +9,8 @@
  *     can be reserved again at the same address (vLLM and torch_memory_saver cycle
  *     reservations so), and a reserve without a hint does not get it;
  *   - a physical handle is a part of one memory file per driver, charged to its device;
- *     releasing it while mapped defers the free to the last unmap;
+ *     releasing it while mapped defers the free to the last unmap (under
+ *     Q_DESCRIPTOR_PER_HANDLE it also holds a descriptor of the process until released);
  *   - a map maps the handle's part MAP_FIXED without access; set-access grants it per device
  *     (and sets the host protection to the widest granted); an unmap covers whole mappings.
  *
@@ -35,6 +36,8 @@ enum {
   Q_SETACCESS_PREFIX = 1u << 1, /* set-access sums mappings from the reservation's first */
   Q_RESERVE_COUNTED = 1u << 2,  /* reservations counted against plain allocations */
   Q_UNMAP_MANY = 1u << 3,       /* one unmap over several mappings drops one use */
+  Q_DESCRIPTOR_PER_HANDLE = 1u << 4, /* each live handle holds a file descriptor of the
+                                        process, closed at release */
 };
 static unsigned fk_quirks;
 
@@ -45,6 +48,7 @@ struct fk_phys {
   unsigned long long serial; /* 0: a free slot */
   unsigned long long size, offset; /* its part of the memory file */
   int device, released, mappings;
+  int descriptor1; /* Q_DESCRIPTOR_PER_HANDLE: the descriptor it holds, plus one (0: none) */
 };
 static struct fk_phys fk_phys[FK_MAX_PHYS];
 static int fk_phys_high;
@@ -69,15 +73,37 @@ FK_FN struct fk_phys *fk_phys_of(unsigned long long handle) {
   return NULL;
 }
 
+/* Under Q_DESCRIPTOR_PER_HANDLE: a descriptor of the process for a new handle to hold (ROCm
+ * 7.14's runtime opens a dmabuf one per hipMemCreate), plus one; 0 when the process has none
+ * left (EMFILE: its RLIMIT_NOFILE; ENFILE: the system's), which the face answers as out of
+ * memory, as ROCm does. Without the quirk: -1 (nothing to hold). */
+FK_FN int fk_handle_descriptor(void) {
+  if (!(fk_quirks & Q_DESCRIPTOR_PER_HANDLE)) return -1;
+  int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  return fd < 0 ? 0 : fd + 1;
+}
+
+/* Closes the descriptor `p` holds, if any. */
+FK_FN void fk_phys_close_descriptor(struct fk_phys *p) {
+  if (p->descriptor1 > 0) close(p->descriptor1 - 1);
+  p->descriptor1 = 0;
+}
+
 /* A new physical handle of `size` bytes on `device` (charged); its handle, or 0 with
  * `*code` set. */
 FK_FN unsigned long long fk_phys_create(int device, unsigned long long size, int *code) {
   *code = FK_OUT_OF_MEMORY;
-  if (!fk_charge(device, size)) return 0;
+  int descriptor1 = fk_handle_descriptor();
+  if (!descriptor1) return 0;
+  if (!fk_charge(device, size)) {
+    if (descriptor1 > 0) close(descriptor1 - 1);
+    return 0;
+  }
   if (fk_phys_fd < 0) {
     fk_phys_fd = memfd_create("fake-device-memory", MFD_CLOEXEC);
     if (fk_phys_fd < 0) {
       fk_uncharge(device, size);
+      if (descriptor1 > 0) close(descriptor1 - 1);
       return 0;
     }
   }
@@ -88,6 +114,7 @@ FK_FN unsigned long long fk_phys_create(int device, unsigned long long size, int
     if (!fk_phys[i].serial) p = &fk_phys[i];
   if (!p || end < offset || ftruncate(fk_phys_fd, (off_t)end) != 0) {
     fk_uncharge(device, size);
+    if (descriptor1 > 0) close(descriptor1 - 1);
     return 0;
   }
   fk_phys_end = end;
@@ -96,6 +123,7 @@ FK_FN unsigned long long fk_phys_create(int device, unsigned long long size, int
   p->size = size;
   p->offset = offset;
   p->device = device;
+  p->descriptor1 = descriptor1 > 0 ? descriptor1 : 0;
   if (p - fk_phys >= fk_phys_high) fk_phys_high = (int)(p - fk_phys) + 1;
   *code = FK_OK;
   return fk_phys_handle(p);
@@ -155,6 +183,7 @@ FK_FN int fk_phys_release(unsigned long long handle) {
   struct fk_phys *p = fk_phys_of(handle);
   if (!p || p->released) return FK_INVALID_VALUE;
   p->released = 1;
+  fk_phys_close_descriptor(p);
   fk_phys_settle(p);
   return FK_OK;
 }
@@ -556,6 +585,8 @@ FK_FN void fk_vmm_reset(void) {
     const struct fk_region *r = &fk_regions[i];
     if (r->kind == R_RESERVATION) munmap((void *)(uintptr_t)r->va, r->size);
   }
+  for (int i = 0; i < fk_phys_high; i++)
+    if (fk_phys[i].serial) fk_phys_close_descriptor(&fk_phys[i]);
   memset(fk_phys, 0, sizeof fk_phys);
   fk_phys_high = 0;
   if (fk_phys_fd >= 0) close(fk_phys_fd);

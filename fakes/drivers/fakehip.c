@@ -61,6 +61,14 @@
  *     ROCr's use count of the reservation by one only, so its hipMemAddressFree fails for
  *     ever after. Modelled: hipMemAddressFree of a reservation still in use is
  *     hipErrorInvalidValue.
+ *   rocm-systems-10604-descriptor-per-handle
+ *     ROCm/rocm-systems#10604 (ROCm 7.14 on RDNA, gfx1030/1100/1151/1201; not on 7.1.1,
+ *     ROCm/legacy-rocm-build#6661): hipMemCreate opens one dmabuf file descriptor per handle,
+ *     so at the stock soft RLIMIT_NOFILE of 1024 a process stops at ~1015 handles (1.98 GiB
+ *     of 2 MiB handles) with hipErrorOutOfMemory, VRAM free. Modelled: each live handle holds
+ *     a real descriptor of the process (/dev/null, opened at hipMemCreate, closed at
+ *     hipMemRelease), so the process's own limit bounds the handles; hipMemCreate is
+ *     hipErrorOutOfMemory when no descriptor can be opened.
  * Reported, not modelled:
  *   ROCm/rocm-systems#11693 (gfx1201, ROCm 7.2.1): after hipMemMap + hipMemSetAccess return,
  *     GPU work for ~1-2 ms still sees the old translation. Not modelled: a fake could only
@@ -153,6 +161,7 @@ static const struct {
     {"rocm-systems-2516-setaccess-prefix", Q_SETACCESS_PREFIX},
     {"rocm-systems-7128-reserve-counted", Q_RESERVE_COUNTED},
     {"rocr-285-unmap-many", Q_UNMAP_MANY},
+    {"rocm-systems-10604-descriptor-per-handle", Q_DESCRIPTOR_PER_HANDLE},
 };
 
 /* The bits of a comma-separated list of profile names into `*bits`; 0, or the length of the

@@ -10,7 +10,8 @@
 //! of its personalities: a CUDA or ROCm version on the device of its day, a driver without
 //! virtual memory, two devices without a peer link, host memory that cannot be page-locked, or
 //! a behaviour ROCm was reported to have (each named after its public bug report). [`MATRIX`]
-//! is every profile, to iterate over.
+//! is every profile to iterate over; [`EXTRA`] holds those only a test written for them can
+//! see (a descriptor per ROCm handle), run where named.
 //!
 //! What they model:
 //!
@@ -51,7 +52,9 @@ mod profiles;
 mod runner;
 
 pub use controls::{Call, Census, Code, Controls, ControlsError, Kernel, ModelError, KIT_VERSION};
-pub use profiles::{profile, Driver, Profile, Vendor, DIR_VARIABLE, MATRIX, PROFILE_VARIABLE};
+pub use profiles::{
+    profile, Driver, Profile, Vendor, DIR_VARIABLE, EXTRA, MATRIX, PROFILE_VARIABLE,
+};
 #[doc(hidden)]
 pub use runner::test_name_from as __test_name_from;
 pub use runner::{each_profile, Runner, SHOW_VARIABLE, TIMEOUT_VARIABLE};

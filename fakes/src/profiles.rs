@@ -1,5 +1,5 @@
 //! The drivers, and the profiles that select their personalities: [`Vendor`], [`Driver`],
-//! [`Profile`], [`MATRIX`].
+//! [`Profile`], [`MATRIX`], [`EXTRA`].
 
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
@@ -160,7 +160,7 @@ impl Driver {
 /// A driver and the environment that selects one of its personalities.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Profile {
-    /// Its name, unique in [`MATRIX`].
+    /// Its name, unique in [`MATRIX`] and [`EXTRA`].
     pub name: &'static str,
     /// The driver it loads.
     pub driver: Driver,
@@ -261,14 +261,39 @@ pub const MATRIX: &[Profile] = &[
     },
 ];
 
-/// The profile named `name`, if [`MATRIX`] has one.
+/// Profiles kept out of [`MATRIX`]: each models a behaviour that only a test written for it
+/// can see, so running every matrix test under it would cost a process per test and prove
+/// nothing more. [`profile`] finds them by name, and [`each_profile`](crate::each_profile())
+/// runs a test under one when it is named (`&[*profile("...").unwrap()]`).
+///
+/// ```
+/// let p = portalloc_fakes::profile("rocm7-descriptor-per-handle").unwrap();
+/// assert!(portalloc_fakes::EXTRA.contains(p));
+/// assert!(!portalloc_fakes::MATRIX.contains(p));
+/// ```
+pub const EXTRA: &[Profile] = &[Profile {
+    name: "rocm7-descriptor-per-handle",
+    driver: Driver::FAKEHIP,
+    vars: &[
+        ("FAKEHIP_VERSION", "71460850"),
+        (
+            "FAKEHIP_PROFILE",
+            "rocm-systems-10604-descriptor-per-handle",
+        ),
+    ],
+    models: "ROCm 7.14: hipMemCreate opens a file descriptor per handle, so the process's \
+             RLIMIT_NOFILE bounds its handles (~1015 at ulimit -n 1024) and hipMemCreate \
+             answers out of memory past it (ROCm/rocm-systems#10604)",
+}];
+
+/// The profile named `name`, if [`MATRIX`] or [`EXTRA`] has one.
 ///
 /// ```
 /// let p = portalloc_fakes::profile("cuda10-no-vmm").unwrap();
 /// assert_eq!(p.driver, portalloc_fakes::Driver::FAKECUDA_OLD);
 /// ```
 pub fn profile(name: &str) -> Option<&'static Profile> {
-    MATRIX.iter().find(|p| p.name == name)
+    MATRIX.iter().chain(EXTRA).find(|p| p.name == name)
 }
 
 /// The variable [`each_profile`](crate::each_profile()) sets in the processes it starts: the
@@ -304,7 +329,7 @@ impl Profile {
         self.driver.path()
     }
 
-    /// The variables any profile of [`MATRIX`] sets, and every one the drivers read to pick a
+    /// The variables any profile of [`MATRIX`] or [`EXTRA`] sets, and every one the drivers read to pick a
     /// personality: [`Profile::apply`] removes them all before it sets its own, so that nothing
     /// another profile set (in an earlier process, or exported by a shell) leaks into this
     /// one. (`FAKE_GUARD_HOST`, a switch of the kit rather than a personality, is kept.)
@@ -316,7 +341,7 @@ impl Profile {
     /// ```
     pub fn variables() -> Vec<&'static str> {
         let mut names: Vec<&'static str> = SET_BY_EVERY_PROFILE.to_vec();
-        for p in MATRIX {
+        for p in MATRIX.iter().chain(EXTRA) {
             for (k, _) in p.vars {
                 if !names.contains(k) {
                     names.push(k);
@@ -428,13 +453,14 @@ impl Profile {
     /// ```
     ///
     /// # Panics
-    /// When the variable names no profile of [`MATRIX`] (the names are in the message).
+    /// When the variable names no profile of [`MATRIX`] or [`EXTRA`] (the names are in the
+    /// message).
     #[track_caller]
     pub fn current() -> Option<&'static Profile> {
         let name = std::env::var(PROFILE_VARIABLE).ok()?;
         Some(profile(&name).unwrap_or_else(|| {
             panic!(
-                "{PROFILE_VARIABLE}={:.64}: no such profile; the matrix has {}",
+                "{PROFILE_VARIABLE}={:.64}: no such profile; there are {}",
                 name,
                 names()
             )
@@ -442,7 +468,12 @@ impl Profile {
     }
 }
 
-/// The profiles' names, comma-separated, for messages.
+/// The profiles' names, comma-separated, for messages: [`MATRIX`]'s, then [`EXTRA`]'s.
 pub(crate) fn names() -> String {
-    MATRIX.iter().map(|p| p.name).collect::<Vec<_>>().join(", ")
+    MATRIX
+        .iter()
+        .chain(EXTRA)
+        .map(|p| p.name)
+        .collect::<Vec<_>>()
+        .join(", ")
 }

@@ -7,7 +7,7 @@ use std::ffi::c_int;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use portalloc_fakes::{
-    each_profile, profile, Controls, Driver, Profile, Vendor, MATRIX, PROFILE_VARIABLE,
+    each_profile, profile, Controls, Driver, Profile, Vendor, EXTRA, MATRIX, PROFILE_VARIABLE,
     TIMEOUT_VARIABLE,
 };
 
@@ -64,9 +64,10 @@ fn every_driver_loads_holding_nothing() {
 
 #[test]
 fn profile_names_are_unique_and_each_environment_names_its_driver() {
-    for (i, p) in MATRIX.iter().enumerate() {
+    let all: Vec<&Profile> = MATRIX.iter().chain(EXTRA).collect();
+    for (i, p) in all.iter().copied().enumerate() {
         assert!(
-            MATRIX[..i].iter().all(|q| q.name != p.name),
+            all[..i].iter().all(|q| q.name != p.name),
             "{} twice",
             p.name
         );
@@ -364,11 +365,22 @@ type Row = (String, String, Vec<(String, String)>, String);
 /// source tree. Without a `python3` this says so and passes, except under `CI=true`.
 #[test]
 fn the_python_matrix_is_this_matrix() {
+    python_list_is(&["list", "--json"], MATRIX);
+}
+
+/// The profiles kept out of the matrix too (`list --extra`).
+#[test]
+fn the_python_extra_profiles_are_these() {
+    python_list_is(&["list", "--extra", "--json"], EXTRA);
+}
+
+/// `testing.py` run with `args` lists `profiles`, field by field.
+fn python_list_is(args: &[&str], profiles: &[Profile]) {
     let script =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../python/portalloc/testing.py");
     let out = match std::process::Command::new("python3")
         .arg(&script)
-        .args(["list", "--json"])
+        .args(args)
         .output()
     {
         Ok(out) => out,
@@ -405,7 +417,7 @@ fn the_python_matrix_is_this_matrix() {
             (text("name"), text("driver"), vars, text("models"))
         })
         .collect();
-    let rust: Vec<Row> = MATRIX
+    let rust: Vec<Row> = profiles
         .iter()
         .map(|p| {
             let vars = p.vars.iter().map(|(k, v)| (k.to_string(), v.to_string()));

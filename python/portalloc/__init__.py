@@ -681,8 +681,10 @@ class Allocator:
         keeping their addresses: with ``keep`` their bytes are copied to host memory first
         (pinned where the driver offers it), without it they are discarded (a KV cache).
         :meth:`wake` maps memory at the same addresses again, so pointers — and CUDA graphs
-        captured over them — stay valid. A tag with no awake buffer: nothing to do. Only the
-        ``vmm`` strategy offers it (others raise ``UNSUPPORTED``).
+        captured over them — stay valid. A tag with no awake buffer: nothing to do. An empty
+        ``tag`` raises ``ValueError``, as :func:`tag` does (untagged buffers never sleep); one
+        over 1024 bytes raises ``INVALID_ARGUMENT``, as everywhere. Only the ``vmm`` strategy
+        offers it (others raise ``UNSUPPORTED``).
 
         All of the tag's memory goes back when the tag was declared before its buffers were
         made — by a :func:`tag` or :func:`region` block of that name, or by :func:`declare`:
@@ -693,7 +695,7 @@ class Allocator:
         stream's work (:meth:`record_stream`) sleeps no more."""
         if not isinstance(keep, bool):
             raise _type_error("sleep", "keep", "True or False", keep)
-        encoded = _text("sleep", "tag", tag, optional=False)
+        encoded = _sleep_tag("sleep", tag, "tag")
         _check(load().portalloc_sleep(self._token("sleep"), encoded, keep))
 
     def wake(self, tag: str) -> None:
@@ -701,7 +703,7 @@ class Allocator:
         addresses, and copies their contents back. When the memory cannot be had it raises
         ``OUT_OF_MEMORY`` and nothing is lost: the tag stays asleep, and a later wake can
         succeed. A tag with none asleep: nothing to do."""
-        encoded = _text("wake", "tag", tag, optional=False)
+        encoded = _sleep_tag("wake", tag, "tag")
         _check(load().portalloc_wake(self._token("wake"), encoded))
 
     def sleeping(self) -> List[Dict[str, Any]]:
@@ -802,13 +804,17 @@ def _tag_or_thread(tag: Optional[str], default: str) -> str:
         return _regions[-1][1].decode("utf-8") if _regions else default
 
 
-def _sleep_tag(call: str, name: object) -> bytes:
-    """``name`` as the UTF-8 bytes of a tag that can sleep: a non-empty ``str`` without NUL."""
-    encoded = _text(call, "name", name, optional=False)
+def _sleep_tag(call: str, name: object, argument: str = "name") -> bytes:
+    """``name`` (the ``argument`` of ``call``) as the UTF-8 bytes of a tag that can sleep: a
+    non-empty ``str`` without NUL. One rule for every call that names such a tag —
+    :func:`tag`, :func:`region`, :func:`declare`, :meth:`Allocator.sleep` and
+    :meth:`Allocator.wake` — as the C ABI has; the 1024-byte bound is the C ABI's, for these
+    and for a tag given to :meth:`Allocator.allocate`."""
+    encoded = _text(call, argument, name, optional=False)
     if not encoded:
         raise ValueError(
-            "portalloc: %s: name = '' is not accepted: a non-empty name (untagged buffers "
-            "never sleep)" % call
+            "portalloc: %s: %s = '' is not accepted: a non-empty %s (untagged buffers "
+            "never sleep)" % (call, argument, argument)
         )
     return encoded
 

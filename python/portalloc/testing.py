@@ -72,6 +72,7 @@ __all__ = [
     "DRIVERS",
     "KIT_VERSION",
     "MATRIX",
+    "EXTRA",
     "PROFILE_VARIABLE",
     "SONAMES",
     "Controls",
@@ -475,6 +476,21 @@ MATRIX: Tuple[Profile, ...] = (
 """Every profile: CUDA's personalities, then ROCm's versions and its reported behaviours.
 The same as the Rust crate's ``MATRIX`` (portalloc's CI compares them)."""
 
+EXTRA: Tuple[Profile, ...] = (
+    _profile(
+        "rocm7-descriptor-per-handle",
+        "fakehip",
+        "ROCm 7.14: hipMemCreate opens a file descriptor per handle, so the process's "
+        "RLIMIT_NOFILE bounds its handles (~1015 at ulimit -n 1024) and hipMemCreate answers "
+        "out of memory past it (ROCm/rocm-systems#10604)",
+        ("FAKEHIP_VERSION", "71460850"),
+        ("FAKEHIP_PROFILE", "rocm-systems-10604-descriptor-per-handle"),
+    ),
+)
+"""Profiles kept out of :data:`MATRIX`: each models a behaviour only a test written for it can
+see, so a matrix test run under it would cost a process and prove nothing more.
+:func:`profile` finds them by name. The same as the Rust crate's ``EXTRA``."""
+
 
 def names() -> List[str]:
     """The profiles' names, in :data:`MATRIX`'s order (pytest's ``ids=``)."""
@@ -503,7 +519,7 @@ def variables() -> List[str]:
         "FAKEHIP_PROFILE",
         "FAKEHIP_DEVICE",
     ]
-    for p in MATRIX:
+    for p in MATRIX + EXTRA:
         for key, _ in p.vars:
             if key not in found:
                 found.append(key)
@@ -511,14 +527,17 @@ def variables() -> List[str]:
 
 
 def profile(name: str) -> Profile:
-    """The profile named ``name``.
+    """The profile named ``name``, of :data:`MATRIX` or :data:`EXTRA`.
 
-    :raises KeyError: naming the profiles there are, when :data:`MATRIX` has no such one.
+    :raises KeyError: naming the profiles there are, when neither has such one.
     """
-    for p in MATRIX:
+    for p in MATRIX + EXTRA:
         if p.name == name:
             return p
-    raise KeyError("no profile %r; the matrix has: %s" % (name[:64], ", ".join(names())))
+    raise KeyError(
+        "no profile %r; there are: %s"
+        % (name[:64], ", ".join(names() + [p.name for p in EXTRA]))
+    )
 
 
 def current() -> Optional[Profile]:
@@ -906,9 +925,10 @@ class Controls:
 
 def _main(argv: Sequence[str]) -> int:
     usage = (
-        "usage: python -m portalloc.testing list [--json] | env PROFILE | path DRIVER | "
-        "sonames DRIVER\n"
-        "  list     the matrix: each profile, its driver and what it models\n"
+        "usage: python -m portalloc.testing list [--extra] [--json] | env PROFILE | path DRIVER "
+        "| sonames DRIVER\n"
+        "  list     the matrix: each profile, its driver and what it models (--extra: the\n"
+        "           profiles kept out of the matrix)\n"
         "  env      one profile's variables as shell exports (eval \"$(...)\")\n"
         "  path     a driver's built library\n"
         "  sonames  the folder where a driver carries its vendor's library names"
@@ -917,12 +937,16 @@ def _main(argv: Sequence[str]) -> int:
         print(usage)
         return 0 if argv else 2
     try:
-        if argv[0] == "list" and len(argv) <= 2 and argv[1:] in ([], ["--json"]):
-            if argv[1:]:
-                rows = [dataclasses.asdict(p) for p in MATRIX]
+        options = argv[1:]
+        if argv[0] == "list" and len(options) == len(set(options)) <= 2 and all(
+            o in ("--json", "--extra") for o in options
+        ):
+            listed = EXTRA if "--extra" in options else MATRIX
+            if "--json" in options:
+                rows = [dataclasses.asdict(p) for p in listed]
                 print(json.dumps(rows, indent=1))
             else:
-                for p in MATRIX:
+                for p in listed:
                     print("%-24s %-18s %s" % (p.name, p.driver, p.models))
             return 0
         if argv[0] == "env" and len(argv) == 2:

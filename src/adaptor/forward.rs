@@ -599,6 +599,11 @@ impl<W: DeviceWrapper> VirtualMemory for W {
             .virtual_memory()
             .map_or(std::time::Duration::ZERO, |vm| vm.map_visible_after())
     }
+    fn handle_budget(&self) -> Option<u64> {
+        self.wrapped()
+            .virtual_memory()
+            .and_then(|vm| vm.handle_budget())
+    }
     fn set_access(&self, va: u64, size: u64) -> Result<()> {
         self.set_access_with_peers(va, size, &[])
     }

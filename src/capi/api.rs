@@ -528,9 +528,11 @@ pub(crate) fn settle_deferred(instance: &Instance, wait: bool) {
 
 /// Allocates `size` bytes aligned to `alignment` (a power of two; 0: the strategy's default)
 /// for `stream`, labelled `tag` (null: the thread's tag from `portalloc_set_thread_tag`, else
-/// the process's from `portalloc_set_process_tag`, else `"buffer"`). A tag passed here is a
-/// name in the ledger; the buffers of a tag sleep apart from all others only when the tag
-/// was declared ([`portalloc_declare_sleep_tag`], or set as a thread or process tag).
+/// the process's from `portalloc_set_process_tag`, else `"buffer"`; at most 1024 bytes, as
+/// every call that takes a tag, else `PORTALLOC_STATUS_INVALID_ARGUMENT`). A tag passed
+/// here is a name in the ledger; the buffers of a tag sleep apart from all others only when
+/// the tag was declared ([`portalloc_declare_sleep_tag`], or set as a thread or process
+/// tag).
 /// Writes the handle to `*out_handle` and,
 /// if `out_ptr` is not null, the device pointer to `*out_ptr` (null for a zero-byte buffer).
 /// `stream` is the caller's own handle as an integer (a `cudaStream_t`, `CUstream` or
@@ -555,7 +557,7 @@ pub unsafe extern "C" fn portalloc_allocate(
     with_instance(CALL, allocator, |instance| {
         require_non_null(CALL, "out_handle", out_handle)?;
         // SAFETY: the caller's promise on `tag`.
-        let tag = unsafe { read_str(CALL, "tag", tag) }?;
+        let tag = unsafe { read_optional_tag(CALL, "tag", tag) }?;
         let (handle, ptr) = allocate(&instance, size, alignment, stream, tag.as_deref())?;
         // SAFETY: the caller's promises on the output pointers; `out_handle` checked above.
         unsafe {
@@ -717,9 +719,9 @@ pub unsafe extern "C" fn portalloc_handle_info(
 }
 
 /// Donates the buffer `handle` names to a consumer that reuses its memory, under `to_tag`
-/// (null: `"donated"`): writes the consumer's new handle to `*out_handle`. The old handle is
-/// dead: using it is refused with "buffer has been deleted or donated". The memory is not
-/// touched and stays allocated.
+/// (null: `"donated"`; at most 1024 bytes): writes the consumer's new handle to
+/// `*out_handle`. The old handle is dead: using it is refused with "buffer has been deleted
+/// or donated". The memory is not touched and stays allocated.
 ///
 /// # Safety
 /// `to_tag` null or NUL-terminated; `out_handle` null or valid for one `uint64_t`.
@@ -734,7 +736,7 @@ pub unsafe extern "C" fn portalloc_donate(
     with_instance(CALL, allocator, |instance| {
         require_non_null(CALL, "out_handle", out_handle)?;
         // SAFETY: the caller's promise on `to_tag`.
-        let tag = unsafe { read_str(CALL, "to_tag", to_tag) }?;
+        let tag = unsafe { read_optional_tag(CALL, "to_tag", to_tag) }?;
         let new_handle = {
             let mut table = instance.table();
             let Live { allocation, uses } = table
@@ -883,27 +885,38 @@ pub(crate) fn region_tag() -> Option<String> {
 /// The most bytes a tag may have (a name, as `weights` or `kv_cache`).
 const MAX_TAG_BYTES: usize = 1024;
 
-/// Reads a required tag argument, at most [`MAX_TAG_BYTES`].
+/// Reads a tag argument (`argument` names it) that may be null, at most [`MAX_TAG_BYTES`]:
+/// one rule for every call that takes a tag, the allocate and donate calls included, so that
+/// a tag a buffer was given can always be named to sleep and wake.
 ///
 /// # Safety
 /// `tag` null or NUL-terminated.
-unsafe fn read_tag(call: &str, tag: *const c_char) -> Result<String, Failure> {
+unsafe fn read_optional_tag(
+    call: &str,
+    argument: &str,
+    tag: *const c_char,
+) -> Result<Option<String>, Failure> {
     // SAFETY: the caller's promise on `tag`.
-    let tag = unsafe { read_str(call, "tag", tag) }?.ok_or_else(|| Failure::null(call, "tag"))?;
-    if tag.len() > MAX_TAG_BYTES {
-        return Err(Failure::new(
-            PortallocStatus::InvalidArgument,
-            format!(
-                "{call}: `tag` has {} bytes; accepted are tags of at most {MAX_TAG_BYTES}",
-                tag.len()
-            ),
-        ));
+    let tag = unsafe { read_str(call, argument, tag) }?;
+    if let Some(tag) = &tag {
+        if tag.len() > MAX_TAG_BYTES {
+            return Err(Failure::new(
+                PortallocStatus::InvalidArgument,
+                format!(
+                    "{call}: `{argument}` has {} bytes; accepted are tags of at most \
+                     {MAX_TAG_BYTES}",
+                    tag.len()
+                ),
+            ));
+        }
     }
     Ok(tag)
 }
 
-/// Reads a required tag that can sleep: as [`read_tag`], and not empty (`accepted` says what
-/// the call takes instead).
+/// Reads a required tag that can sleep: not null, at most [`MAX_TAG_BYTES`], and not empty
+/// (`accepted` says what the call takes instead) — the rule of every call that names a tag
+/// to sleep, wake or declare: untagged buffers never sleep, so an empty tag names nothing
+/// that could.
 ///
 /// # Safety
 /// `tag` null or NUL-terminated.
@@ -913,7 +926,8 @@ unsafe fn read_sleep_tag(
     accepted: &str,
 ) -> Result<String, Failure> {
     // SAFETY: the caller's promise on `tag`.
-    let tag = unsafe { read_tag(call, tag) }?;
+    let tag = unsafe { read_optional_tag(call, "tag", tag) }?
+        .ok_or_else(|| Failure::null(call, "tag"))?;
     if tag.is_empty() {
         return Err(Failure::new(
             PortallocStatus::InvalidArgument,
@@ -1014,7 +1028,9 @@ pub unsafe extern "C" fn portalloc_set_process_tag(tag: *const c_char) -> Portal
 /// Hands back the device memory of the live buffers tagged `tag`, keeping their addresses;
 /// with `keep_contents` their bytes are copied to host memory first (pinned where the driver
 /// offers it), otherwise discarded. `portalloc_wake` maps memory at the same addresses again.
-/// A tag with no awake buffer: nothing to do. Strategies other than `vmm` refuse it with
+/// A tag with no awake buffer: nothing to do. An empty tag (untagged buffers never sleep) or
+/// one longer than 1024 bytes is refused (`PORTALLOC_STATUS_INVALID_ARGUMENT`), as
+/// `portalloc_set_thread_tag` refuses them. Strategies other than `vmm` refuse it with
 /// `PORTALLOC_STATUS_UNSUPPORTED`.
 ///
 /// # Safety
@@ -1028,7 +1044,7 @@ pub unsafe extern "C" fn portalloc_sleep(
     const CALL: &str = "portalloc_sleep";
     with_instance(CALL, allocator, |instance| {
         // SAFETY: the caller's promise on `tag`.
-        let tag = unsafe { read_tag(CALL, tag) }?;
+        let tag = unsafe { read_sleep_tag(CALL, tag, "a non-empty tag") }?;
         let keep = if keep_contents {
             crate::allocator::Keep::Contents
         } else {
@@ -1046,7 +1062,8 @@ pub unsafe extern "C" fn portalloc_sleep(
 /// Maps device memory again under the sleeping buffers tagged `tag`, at their addresses,
 /// and copies their contents back. When the memory cannot be had the status is
 /// `PORTALLOC_STATUS_OUT_OF_MEMORY` and nothing is lost: the tag stays asleep, and a later
-/// wake can succeed. A tag with none asleep: nothing to do.
+/// wake can succeed. A tag with none asleep: nothing to do. The tag is refused as
+/// `portalloc_sleep` refuses it.
 ///
 /// # Safety
 /// `tag` null or NUL-terminated (null is refused).
@@ -1058,7 +1075,7 @@ pub unsafe extern "C" fn portalloc_wake(
     const CALL: &str = "portalloc_wake";
     with_instance(CALL, allocator, |instance| {
         // SAFETY: the caller's promise on `tag`.
-        let tag = unsafe { read_tag(CALL, tag) }?;
+        let tag = unsafe { read_sleep_tag(CALL, tag, "a non-empty tag") }?;
         instance.ledger.wake(&tag)?;
         Ok(())
     })

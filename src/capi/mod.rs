@@ -189,12 +189,15 @@ impl From<Error> for Failure {
             | Error::DeviceOutOfMemory { .. }
             | Error::OutOfMemoryDiagnosed { .. }
             | Error::CannotWake { .. }
+            | Error::DescriptorLimit { .. }
             | Error::HostOutOfMemory { .. } => PortallocStatus::OutOfMemory,
             Error::ForeignAllocation { .. } | Error::UnknownPointer { .. } => {
                 PortallocStatus::UnknownPointer
             }
             Error::Config { .. } | Error::ConfigConflict(_) => PortallocStatus::Config,
-            Error::Unsupported { .. } => PortallocStatus::Unsupported,
+            Error::Unsupported { .. } | Error::StrategyUnsupported { .. } => {
+                PortallocStatus::Unsupported
+            }
             Error::NoDevice(_)
             | Error::LibraryLoad { .. }
             | Error::MissingSymbol { .. }

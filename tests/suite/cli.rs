@@ -189,6 +189,69 @@ fn info_says_what_a_release_gives_back_on_hip() {
     assert_eq!(v["devices"][0]["holds_released_memory"], false);
 }
 
+/// `portalloc info` says the process's descriptor limits on every backend, and on HIP under
+/// ROCm 7.14's descriptor per handle (the fakes' `rocm7-descriptor-per-handle`) what the probe
+/// at open found and how many more handles the process can hold; `--json` has both.
+#[cfg(feature = "hip")]
+#[test]
+fn info_says_the_descriptor_limit_and_the_handle_budget() {
+    let p = portalloc_fakes::profile("rocm7-descriptor-per-handle").unwrap();
+    let mut env: Vec<(String, String)> = vec![
+        (
+            "PORTALLOC_HIP_LIBRARY".into(),
+            crate::support::driver("fakehip").into(),
+        ),
+        (
+            "PORTALLOC_CUDA_LIBRARY".into(),
+            "/nonexistent/libcuda.so.1".into(),
+        ),
+    ];
+    env.extend(p.vars.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    info_mentions(
+        &env,
+        &[
+            "Devices (hip)",
+            "descriptors per handle: one file descriptor per physical handle (probed",
+            "handle budget: ",
+            "more physical handles (one file descriptor each)",
+            "Process",
+            "file descriptors: ",
+            "open of a soft limit of ",
+        ],
+    );
+    let v = portalloc_json(&["info", "--json"], &env);
+    let budget = v["devices"][0]["handle_budget"].as_u64().expect("a budget");
+    let soft = v["descriptors"]["soft"]
+        .as_u64()
+        .expect("a soft limit here");
+    assert!(budget > 0 && budget < soft, "{budget} of {soft}");
+    // The documented profile spends no descriptor: no budget, and the note says so.
+    let documented: Vec<(&str, &str)> = env
+        .iter()
+        .map(|&(k, v)| {
+            if k == "FAKEHIP_PROFILE" {
+                (k, "documented")
+            } else {
+                (k, v)
+            }
+        })
+        .collect();
+    info_mentions(&documented, &["descriptors per handle: none (probed"]);
+    let v = portalloc_json(&["info", "--json"], &documented);
+    assert!(
+        v["devices"][0]["handle_budget"].is_null(),
+        "{}",
+        v["devices"][0]
+    );
+    let v = portalloc_json(&["info", "--json"], &[("PORTALLOC_BACKEND", "host")]);
+    assert!(
+        v["descriptors"]["open"].as_u64().is_some_and(|n| n >= 3),
+        "{}",
+        v["descriptors"]
+    );
+}
+
 #[test]
 fn forcing_an_unusable_backend_is_an_error_with_the_reason() {
     let Some(lib) = cuda_library() else {

@@ -46,6 +46,7 @@ mod cli;
 mod config;
 mod conformance;
 mod cuda;
+mod descriptors;
 mod device_costs;
 mod diagnose;
 mod fault_injection;

@@ -56,6 +56,7 @@ pub const FAKEHIP_PROFILES: &[&str] = &[
     "rocm-systems-2516-setaccess-prefix",
     "rocm-systems-7128-reserve-counted",
     "rocr-285-unmap-many",
+    "rocm-systems-10604-descriptor-per-handle",
 ];
 
 /// One loaded conformance fake and its control functions: the common ones through the test

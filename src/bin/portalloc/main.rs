@@ -256,11 +256,22 @@ fn info(as_json: bool) -> portalloc::Result<()> {
         for (k, v) in &i.notes {
             println!("        {k}: {v}");
         }
+        if let Some(budget) = device.virtual_memory().and_then(|vm| vm.handle_budget()) {
+            println!(
+                "        handle budget: {budget} more physical handles (one file descriptor each)"
+            );
+        }
         println!(
             "        allocator limit (fraction × total): {}",
             Bytes(config.limit(i.total_bytes))
         );
     }
+    println!();
+    println!("Process");
+    println!(
+        "  file descriptors: {}",
+        portalloc::backends::descriptors::Descriptors::now().summary()
+    );
     println!();
     println!("Configuration");
     for (setting, value, source) in config.describe() {
@@ -297,6 +308,9 @@ fn info_json(
                 // What the probe at open found (the note "released memory" says how); null
                 // without virtual memory.
                 "holds_released_memory": d.virtual_memory().map(|vm| vm.holds_released_memory()),
+                // How many more handles the process can hold where each costs a file
+                // descriptor (the note "descriptors per handle"); null where not limited.
+                "handle_budget": d.virtual_memory().and_then(|vm| vm.handle_budget()),
             }))
         })
         .collect::<portalloc::Result<Vec<_>>>()?;
@@ -309,6 +323,9 @@ fn info_json(
             "candidates": discovery.candidates,
         },
         "devices": devices,
+        // The process's RLIMIT_NOFILE and open descriptors, and what the HIP backend's raise
+        // of the soft limit did.
+        "descriptors": portalloc::backends::descriptors::Descriptors::now(),
         "peers": peers,
         "config": config,
         "config_sources": config.describe().into_iter().map(|(s, v, src)| json!({"setting": s, "value": v, "source": src})).collect::<Vec<_>>(),

@@ -1003,11 +1003,7 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         let mut borrowed = false;
         while (backing.len() as u64) < n {
             let left = n - backing.len() as u64;
-            let granules = if small {
-                1
-            } else {
-                left.min(LARGE_HANDLE_GRANULES)
-            };
+            let granules = self.handle_granules(vm, &inner.phys, left, small);
             let bytes = granules * g;
             if inner.phys.pool_bytes() + bytes > self.options.limit && inner.hold {
                 // Memory held for other regions that nothing uses goes back first.
@@ -1052,6 +1048,38 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
             }
         }
         Ok(())
+    }
+
+    /// Granules of the next handle [`VmmAllocator::gather`] makes, `left` still
+    /// to find: one for a small request, up to [`LARGE_HANDLE_GRANULES`] for a large one —
+    /// more where the driver spends a file descriptor per handle
+    /// ([`VirtualMemory::handle_budget`], ROCm 7.14): then what the budget can still create
+    /// is planned in at most a quarter of the descriptors this allocator could ever hold (its
+    /// handles and those still free) and at most half of those free, so that the whole budget
+    /// fits well under the process's limit (64 GiB in about 250 handles of 262 MiB at `ulimit
+    /// -n 1024`; vLLM's ROCm sleep makes 256 MiB ones). Granules past `left` stay idle for
+    /// the next request.
+    fn handle_granules(
+        &self,
+        vm: &dyn VirtualMemory,
+        phys: &Physical,
+        left: u64,
+        small: bool,
+    ) -> u64 {
+        let usual = if small {
+            1
+        } else {
+            left.min(LARGE_HANDLE_GRANULES)
+        };
+        let Some(free) = vm.handle_budget() else {
+            return usual;
+        };
+        let held = phys.handle_count() as u64;
+        let handles = ((free + held) / 4)
+            .saturating_sub(held)
+            .min(free / 2)
+            .max(1);
+        usual.max(self.creatable(phys).div_ceil(handles))
     }
 
     /// Releases every handle none of whose granules is mapped, by handle id. Returns the
