@@ -79,5 +79,6 @@ mod vendor_layer;
 mod vendor_runtimes;
 mod vmm;
 mod vmm_space_model;
+mod vmm_tenant;
 mod workload;
 mod xla_dump;

@@ -891,7 +891,24 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         if targets.is_empty() {
             return Ok(SleepReport::default());
         }
-        self.wake_chunks(inner, tag, &targets)
+        match self.wake_chunks(inner, tag, &targets) {
+            Err(e)
+                if e.is_out_of_memory()
+                    && (inner.phys.any_unsettled() || inner.order.count() > 0) =>
+            {
+                // Memory that only waits for work in flight (freed at once under a kernel,
+                // or pending on a stream) is waited for on the CPU and the wake tried once
+                // more, as an allocation waits just before it would refuse.
+                if let Err(w) = self.device.synchronize_device() {
+                    tracing::debug!(error = %w, "vmm: could not wait for the work in flight");
+                    return Err(e);
+                }
+                inner.phys.settle_all();
+                self.poll_pending(inner);
+                self.wake_chunks(inner, tag, &targets)
+            }
+            woken => woken,
+        }
     }
 
     /// Wakes the sleeping chunks `targets` (of `tag`): all of them, or none.
@@ -933,7 +950,9 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
             inside.dedup();
             let stitchable =
                 inner.phys.free_mapped_count() - inner.phys.unsettled_free() - inside.len() as u64;
-            inner.phys.idle_count() + stitchable + self.creatable(&inner.phys)
+            // New memory as the device has it free, not only as the budget allows it: with
+            // another tenant on the device the budget's room is not what can be had.
+            inner.phys.idle_count() + stitchable + self.creatable_on_device(&inner.phys)
         };
         if need > supply_now(inner) && (inner.phys.any_unsettled() || inner.order.count() > 0) {
             // Memory that only waits for work in flight (frees pending on their streams,
@@ -956,10 +975,12 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         };
         if need > supply {
             return Err(refusal(format!(
-                "the physical budget of {} is reached: {} held, {} of it by awake allocations",
+                "the physical budget of {} or the device is short: {} held, {} of it by awake \
+                 allocations; {}",
                 Bytes(self.options.limit),
                 Bytes(inner.phys.pool_bytes()),
-                Bytes(inner.bytes_in_use())
+                Bytes(inner.bytes_in_use()),
+                self.device_free_text()
             )));
         }
         let pool_before = inner.phys.pool_bytes();
@@ -1024,9 +1045,11 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
             Some(super::Shortfall::Budget(n, s)) => Err(refusal(format!(
                 "{n} granules were needed for one allocation and {s} could be found"
             ))),
-            Some(super::Shortfall::Device(e)) if e.is_out_of_memory() => {
-                Err(refusal(format!("the device refused memory: {e}")))
-            }
+            Some(super::Shortfall::Device(e)) if e.is_out_of_memory() => Err(refusal(format!(
+                "the device refused memory after this allocator's own free memory was \
+                     used: {e}; {}",
+                self.device_free_text()
+            ))),
             Some(super::Shortfall::Device(Error::ExceedsLimit { requested, limit })) => {
                 Err(refusal(format!(
                     "the physical budget of {} is reached: {} more could not be had",
