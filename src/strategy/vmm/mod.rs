@@ -184,7 +184,7 @@ pub const LARGE_HANDLE_GRANULES: u64 = 10;
 /// moved (stitched) instead (see *Quiet and frugal*): 1/16.
 pub const GROWTH_SLACK: f64 = 1.0 / 16.0;
 /// Places in best-fit order looked at for the one needing the fewest granules mapped, when
-/// the best fit needs some (see [`VmmAllocator::place`]): enough for the churn's places on
+/// the best fit needs some (see *Physical memory* in the module docs): enough for the churn's places on
 /// mapped memory (16, 256 and all gave the same placements there), few enough to keep the
 /// search off the CPU path's figures.
 pub const MAPPED_SEARCH: usize = 16;
