@@ -311,8 +311,20 @@ pub struct ReplayResult {
     pub peak_refused: u64,
     /// The first of them.
     pub first_failure: Option<Failure>,
-    /// Device calls that take or return memory.
+    /// Device calls that take or return memory (allocations, frees, the virtual-memory and
+    /// pool calls, pinned host memory): not the copies, streams, events and queries —
+    /// [`ReplayResult::driver_calls`] counts every call.
     pub device_calls: u64,
+    /// Every call made of the device, whatever it does (the sum of `device_calls_by_name`).
+    pub driver_calls: u64,
+    /// The calls of each step, where the trace says where its steps begin
+    /// ([`crate::trace::TraceHeader::step_starts`]: the built-in workloads, a repeated
+    /// trace): what a program that repeats its steps pays the driver per step once warm.
+    #[serde(
+        rename = "driver_calls_per_step",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub steps: Vec<StepCalls>,
     /// Every device call by name ([`crate::adaptor::Call::NAMES`]) with the bytes each acted
     /// on, over the whole replay: what a cost table prices ([`crate::replay::costs`]).
     /// Serialized as `device_calls_by_name`, name → count.
@@ -331,6 +343,38 @@ pub struct ReplayResult {
     /// Timeline, when asked for.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub samples: Vec<Sample>,
+}
+
+/// The device calls of one step of a replay.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StepCalls {
+    /// Index of the step's first event.
+    pub first_event: u64,
+    /// Every call made during the step.
+    pub calls: u64,
+    /// The same by call name (names called at least once).
+    #[serde(serialize_with = "counts_by_name")]
+    pub by_name: CallTally,
+}
+
+impl StepCalls {
+    /// The steps of a replay from the tallies taken where each began and the tally at its
+    /// end.
+    fn from_marks(marks: &[(u64, CallTally)], end: &CallTally) -> Vec<StepCalls> {
+        marks
+            .iter()
+            .enumerate()
+            .map(|(k, (first_event, at))| {
+                let until = marks.get(k + 1).map_or(end, |(_, t)| t);
+                let by_name = until.since(at);
+                StepCalls {
+                    first_event: *first_event,
+                    calls: by_name.by_name.values().map(|&(c, _)| c).sum(),
+                    by_name,
+                }
+            })
+            .collect()
+    }
 }
 
 /// A tally as `--json` gives it: call name → count.
@@ -448,8 +492,15 @@ fn replay_until(
     // The calls up to the middle of the events; what follows is the steady state.
     let half = baseline.events / 2;
     let mut first_half = (half == 0).then(|| device.tally());
+    // The tally where each step begins (the header's step starts, ascending; those past the
+    // events are never reached).
+    let step_starts = &header.step_starts;
+    let mut step_marks: Vec<(u64, CallTally)> = Vec::with_capacity(step_starts.len());
     // Whether to go on: false once a refusal ends a replay that stops at one.
     let mut step = |event: Event| -> Result<bool> {
+        while step_marks.len() < step_starts.len() && step_starts[step_marks.len()] <= index {
+            step_marks.push((index, device.tally()));
+        }
         match event.op {
             Op::Alloc => {
                 let tag = if sleep_tags.is_empty() {
@@ -522,6 +573,8 @@ fn replay_until(
         peak_refused: run.peak_refused,
         first_failure: run.first_failure.take(),
         device_calls: device.counts().memory_calls(),
+        driver_calls: tally.by_name.values().map(|&(c, _)| c).sum(),
+        steps: StepCalls::from_marks(&step_marks, &tally),
         steady_tally: tally.since(&first_half.unwrap_or_default()),
         tally,
         ns_per_event: if index == 0 {

@@ -69,6 +69,7 @@
 pub mod costs;
 pub mod engine;
 pub mod preset;
+pub mod repeat;
 pub mod workload;
 
 /// Makes this process's C heap keep the memory it frees for its later allocations rather
@@ -94,6 +95,6 @@ pub fn keep_freed_memory() -> bool {
 
 pub use engine::{
     min_capacity, min_capacity_with, replay, Baseline, Failure, MinCapacity, ReplayOptions,
-    ReplayResult, ReplayStrategy, Sample, TraceInput, STRATEGY_NAMES,
+    ReplayResult, ReplayStrategy, Sample, StepCalls, TraceInput, STRATEGY_NAMES,
 };
 pub use preset::{preset, DeviceSpec, PRESETS};

@@ -552,6 +552,7 @@ impl TransformerTrain {
             .collect();
         let mut state: Vec<Buf> = Vec::new();
         for _ in 0..self.steps {
+            header.step_starts.push(g.events.len() as u64);
             self.step(&mut g, &dims, &mut state);
         }
         // Parameters and optimizer state stay live past the end of the trace, as in the

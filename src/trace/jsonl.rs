@@ -128,6 +128,13 @@ impl Reader {
                 header.baseline_bytes
             )));
         }
+        if header.step_starts.windows(2).any(|w| w[0] >= w[1]) {
+            return Err(malformed_error(format!(
+                "{origin}: line 1: step_starts ({} indices) are not strictly ascending: each is \
+                 the index of a step's first event, in order",
+                header.step_starts.len()
+            )));
+        }
         let tracker = Tracker::new(Keying::Ids, strict, origin, header.baseline_bytes);
         Ok(Reader {
             input,

@@ -250,6 +250,12 @@ pub struct TraceHeader {
     /// Free-form remarks of the importer (what was kept, what was skipped).
     #[serde(default)]
     pub notes: Vec<String>,
+    /// Where each step of a program that repeats its steps begins: the index (from 0) of the
+    /// step's first event, strictly ascending. Replay reports the device calls of each step
+    /// (`driver_calls_per_step`). Written only when non-empty; absent reads as empty (no
+    /// steps known).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub step_starts: Vec<u64>,
 }
 
 impl TraceHeader {
@@ -266,6 +272,7 @@ impl TraceHeader {
             reference: None,
             tags: Vec::new(),
             notes: Vec::new(),
+            step_starts: Vec::new(),
         }
     }
 

@@ -824,3 +824,43 @@ fn replay_picks_the_cpu_and_takes_a_baseline() {
         "{err}"
     );
 }
+
+/// A trace replayed as steps (`--repeat`): the JSON gives the driver calls of each step, the
+/// table says them, and a step count out of range is refused naming what is accepted.
+#[test]
+fn replay_repeat_reports_the_driver_calls_per_step() {
+    let dir = temp_dir("repeat");
+    let path = dir.join("step.jsonl");
+    // One step: 3 MiB and 64 KiB allocated, the 3 MiB freed; the 64 KiB stays live.
+    write_trace(
+        &path,
+        "[0,0,0,0,\"a\",1,3145728]\n[1,1,0,0,\"a\",2,65536]\n[2,2,0,0,\"f\",1,3145728]\n{\"end\":{\"events\":3}}\n",
+    );
+    let p = path.to_str().unwrap();
+    let json = portalloc_json(
+        &[
+            "replay",
+            p,
+            "--repeat",
+            "4",
+            "--strategies",
+            "vmm,bfc-grow",
+            "--json",
+        ],
+        &[],
+    );
+    for r in json["traces"][0]["results"].as_array().unwrap() {
+        let steps = r["driver_calls_per_step"].as_array().unwrap();
+        let calls: Vec<u64> = steps.iter().map(|s| s["calls"].as_u64().unwrap()).collect();
+        assert_eq!(calls.len(), 4, "{r}");
+        assert!(calls[0] > 0, "the first step makes the memory: {calls:?}");
+        assert_eq!(&calls[2..], [0, 0], "{}: quiet once warm", r["strategy"]);
+        assert!(r["driver_calls"].as_u64().unwrap() >= r["device_calls"].as_u64().unwrap());
+    }
+    let (ok, out, err) = portalloc(&["replay", p, "--repeat", "3", "--strategies", "vmm"], &[]);
+    assert!(ok, "{err}");
+    assert_mentions_all(&out, &["driver calls per step", "step 1: ", "3: 0"]);
+    let err = portalloc_fails(&["replay", p, "--repeat", "0"], &[]);
+    assert_short_error(&err, "a number of passes from 1 to 1000");
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -58,6 +58,7 @@ mod ledger;
 mod not_a_trace;
 mod peer;
 mod pre_window;
+mod quiet_steps;
 mod read_kinds;
 mod replay;
 mod replay_figures;

@@ -44,6 +44,12 @@ pub struct ReplayArgs {
     /// A built-in workload instead of (or beside) trace files.
     #[arg(long, value_name = "NAME")]
     pub workload: Option<String>,
+    /// Replay each trace file N times in a row, as the steps of a program that repeats it
+    /// (what a step leaves live is freed at its end, but the last's): the report gives the
+    /// driver calls of each step — what the program pays once warm. The built-in workloads
+    /// have steps of their own (--steps).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub repeat: u32,
     #[command(flatten)]
     pub shape: crate::workload_args::ShapeArgs,
     /// Strategies to compare, comma-separated.
@@ -332,6 +338,15 @@ pub fn run(args: ReplayArgs) -> Result<()> {
             ),
         };
         let (_, mut input, anomalies) = loaded?;
+        if args.repeat != 1 {
+            let events: Vec<_> = input.events()?.collect::<Result<_>>()?;
+            let (header, events) =
+                portalloc::replay::repeat::repeat(input.header(), &events, args.repeat)?;
+            input = TraceInput::Events {
+                header,
+                events: Arc::new(events),
+            };
+        }
         if let Some(b) = baseline {
             let known = input.header().baseline_bytes;
             if known > 0 {
@@ -1145,6 +1160,17 @@ fn print_report(r: &TraceReport) {
     }
     if r.results
         .iter()
+        .any(|s| s.result.as_ref().is_some_and(|x| x.steps.len() > 1))
+    {
+        println!("   driver calls per step (every call made of the device during the step):");
+        for s in &r.results {
+            if let Some(x) = s.result.as_ref().filter(|x| x.steps.len() > 1) {
+                println!("   {:<9} {}", s.strategy, per_step_line(&x.steps));
+            }
+        }
+    }
+    if r.results
+        .iter()
         .any(|s| s.result.as_ref().is_some_and(|x| x.oom_count > 0))
     {
         println!(
@@ -1248,4 +1274,16 @@ fn ratio_to_live(min_capacity: u64, peak_live: u64) -> String {
     } else {
         format!("{:.3}×", min_capacity as f64 / peak_live as f64)
     }
+}
+
+/// The calls of each step, `step 1: N · step 2: N · …`: the first three and the last when
+/// there are more than five.
+fn per_step_line(steps: &[portalloc::replay::StepCalls]) -> String {
+    let cell = |k: usize| format!("{}: {}", k + 1, steps[k].calls);
+    let shown: Vec<String> = if steps.len() > 5 {
+        vec![cell(0), cell(1), cell(2), "…".into(), cell(steps.len() - 1)]
+    } else {
+        (0..steps.len()).map(cell).collect()
+    };
+    format!("step {}", shown.join(" · "))
 }
