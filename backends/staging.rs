@@ -28,7 +28,19 @@ enum Bytes {
     Pinned(NonNull<u8>),
     /// Ordinary memory, where the device offers no pinned memory (or refused it).
     Plain(Plain),
+    /// Ordinary memory page-locked in place ([`Device::register_host`]): `at` is its first
+    /// page boundary, `registered` bytes from there registered (whole pages, within
+    /// `plain`); unregistered ([`Device::unregister_host`]) before `plain` is freed.
+    Registered {
+        plain: Plain,
+        at: NonNull<u8>,
+        registered: u64,
+    },
 }
+
+/// The page the host memory registered is aligned to, and rounded up to: registration locks
+/// whole pages, so two copies never share one (the driver refuses a page registered twice).
+const PAGE: usize = 4096;
 
 /// The alignment asked for ordinary host memory: that of bytes, as `vec![0u8; n]` had.
 /// Copies need none, and an alignment above the allocator's minimum would make the system
@@ -125,6 +137,13 @@ impl HostCopy {
                     what: "a host copy of device memory".into(),
                 })
         };
+        if let Some(bytes) = Self::registered(device, size)? {
+            return Ok(HostCopy {
+                bytes: Some(bytes),
+                len,
+                in_flight: None,
+            });
+        }
         let bytes = match device.alloc_pinned_host(len) {
             Ok(Some(ptr)) => Bytes::Pinned(ptr),
             Ok(None) => plain()?,
@@ -141,6 +160,50 @@ impl HostCopy {
         })
     }
 
+    /// `size` bytes (> 0) of ordinary memory, zeroed, registered with `device` (its pages
+    /// touched from several threads first: the fastest published way to pin, rapidsai/cudf
+    /// PR #23457); `None` where the device registers nothing, refuses, or the system has no
+    /// such memory — the caller then pins another way.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSize`] for a size this process cannot address.
+    fn registered<D: Device + ?Sized>(device: &D, size: usize) -> Result<Option<Bytes>> {
+        if size == 0 {
+            return Ok(None);
+        }
+        let too_large = || Error::InvalidSize {
+            size: size as u64,
+            reason: "more bytes than this process can address",
+        };
+        // Whole pages from the first page boundary: at most a page before it, so a page more.
+        let pages = size.checked_next_multiple_of(PAGE).ok_or_else(too_large)?;
+        let Some(plain) = Plain::zeroed(pages.checked_add(PAGE).ok_or_else(too_large)?)? else {
+            return Ok(None);
+        };
+        let start = plain.as_ptr();
+        let at = start.wrapping_add(start.align_offset(PAGE));
+        let Some(at) = NonNull::new(at) else {
+            return Ok(None);
+        };
+        // SAFETY: `[at, at + pages)` lies within `plain` (at most `PAGE - 1` bytes after its
+        // start, which holds `pages + PAGE` bytes), owned by this function alone, zeroed, and
+        // registered with no device (just allocated); it stays live until it is unregistered
+        // (`free`, or leaked with the registration by `Drop`).
+        match unsafe { device.register_host(at, pages as u64) } {
+            Ok(true) => Ok(Some(Bytes::Registered {
+                plain,
+                at,
+                registered: pages as u64,
+            })),
+            Ok(false) => Ok(None),
+            Err(e) => {
+                tracing::debug!(bytes = size, error = %e,
+                    "host memory could not be registered for a copy; pinned another way");
+                Ok(None)
+            }
+        }
+    }
+
     /// Its size in bytes.
     pub fn len(&self) -> u64 {
         self.len
@@ -151,15 +214,26 @@ impl HostCopy {
         self.len == 0
     }
 
-    /// True when the bytes are page-locked (from the device's pinned memory).
+    /// True when the bytes are page-locked (the device's pinned memory, or memory registered
+    /// with it).
     pub fn is_pinned(&self) -> bool {
-        matches!(self.bytes, Some(Bytes::Pinned(_)))
+        matches!(
+            self.bytes,
+            Some(Bytes::Pinned(_) | Bytes::Registered { .. })
+        )
+    }
+
+    /// True when the bytes are ordinary memory registered with the device
+    /// ([`Device::register_host`]) rather than its pinned memory.
+    pub fn is_registered(&self) -> bool {
+        matches!(self.bytes, Some(Bytes::Registered { .. }))
     }
 
     fn ptr(&mut self) -> *mut u8 {
         match &mut self.bytes {
             Some(Bytes::Pinned(p)) => p.as_ptr(),
             Some(Bytes::Plain(b)) => b.as_ptr(),
+            Some(Bytes::Registered { at, .. }) => at.as_ptr(),
             None => NonNull::dangling().as_ptr(),
         }
     }
@@ -310,6 +384,9 @@ impl HostCopy {
             // SAFETY: `len` bytes owned by `self` (dangling and empty for zero), zeroed at
             // allocation so initialised, and no copy is writing them (none in flight).
             Bytes::Plain(b) => unsafe { std::slice::from_raw_parts(b.as_ptr(), len) },
+            // SAFETY: `len` bytes from `at`, within the zeroed block `self` owns (`registered`
+            // checked that), so initialised; no copy is writing them (none in flight).
+            Bytes::Registered { at, .. } => unsafe { std::slice::from_raw_parts(at.as_ptr(), len) },
         })
     }
 
@@ -328,13 +405,30 @@ impl HostCopy {
                 // SAFETY: the same promise, the first call having freed nothing.
                 .or_else(|_| unsafe { device.free_pinned_host(p, self.len) }),
             Some(Bytes::Plain(_)) | None => Ok(()),
+            Some(Bytes::Registered {
+                plain,
+                at,
+                registered,
+            }) => {
+                // SAFETY: registered with this device by `registered` with these bytes, no
+                // copy in flight (settled above). Once more where the device refuses.
+                let done = unsafe { device.unregister_host(at, registered) }
+                    // SAFETY: the same promise, the first call having done nothing.
+                    .or_else(|_| unsafe { device.unregister_host(at, registered) });
+                match done {
+                    Ok(()) => drop(plain),
+                    // Still registered: the memory must outlive the registration.
+                    Err(_) => std::mem::forget(plain),
+                }
+                done
+            }
         }
     }
 }
 
 impl Drop for HostCopy {
-    /// Leaks the bytes when they may be pinned memory only the device can free, or the
-    /// target of a copy still in flight; ordinary memory with no copy in flight (`in_flight`
+    /// Leaks the bytes when they may be pinned memory only the device can free, registered
+    /// memory the device still locks, or the target of a copy still in flight; ordinary memory with no copy in flight (`in_flight`
     /// is `None` only then) is freed. [`HostCopy::free`] is the way to give them back.
     fn drop(&mut self) {
         match self.bytes.take() {
@@ -345,8 +439,9 @@ impl Drop for HostCopy {
                     bytes = self.len,
                     "a host copy dropped without free is leaked"
                 );
-                if let Bytes::Plain(b) = bytes {
-                    std::mem::forget(b);
+                match bytes {
+                    Bytes::Plain(b) | Bytes::Registered { plain: b, .. } => std::mem::forget(b),
+                    Bytes::Pinned(_) => {}
                 }
             }
         }
@@ -382,13 +477,15 @@ mod tests {
         }
         fn before(&self, call: &Call<'_>) -> Result<()> {
             match *call {
-                Call::AllocPinnedHost { size } => Err(Error::Driver {
-                    backend: "test",
-                    call: "alloc_pinned_host",
-                    code: 2,
-                    name: "CUDA_ERROR_OUT_OF_MEMORY".into(),
-                    message: format!("{size} bytes of pinned memory refused"),
-                }),
+                Call::AllocPinnedHost { size } | Call::RegisterHost { size, .. } => {
+                    Err(Error::Driver {
+                        backend: "test",
+                        call: "alloc_pinned_host",
+                        code: 2,
+                        name: "CUDA_ERROR_OUT_OF_MEMORY".into(),
+                        message: format!("{size} bytes of pinned memory refused"),
+                    })
+                }
                 _ => Ok(()),
             }
         }
@@ -412,11 +509,61 @@ mod tests {
     fn ordinary_memory_the_system_refuses_is_a_typed_error_not_an_abort() {
         let d = simulated();
         assert_host_oom(HostCopy::new(&d, NEVER), NEVER);
-        // What it can have it gets, zeroed.
+        // What it can have it gets, zeroed (registered: the host device registers any
+        // memory, as a driver with cuMemHostRegister does).
         let copy = HostCopy::new(&d, 1 << 20).unwrap();
-        assert!(!copy.is_pinned());
+        assert!(copy.is_registered() && copy.is_pinned());
         assert!(copy.bytes().unwrap().iter().all(|&b| b == 0));
+        assert_eq!(d.census().pinned_host, 1);
         copy.free(&d).unwrap();
+        assert_eq!(d.census().pinned_host, 0, "unregistered by free");
+    }
+
+    /// Registration comes first (0.10 s per GiB published, against 0.49 for pinned
+    /// allocation); refused, the pinned allocation; both refused, ordinary memory. Whole
+    /// pages are registered, so two copies never share one.
+    #[test]
+    fn registration_comes_first_and_a_refusal_falls_back() {
+        let d = HostDevice::builder()
+            .capacity(1 << 30)
+            .simulated(false)
+            .build()
+            .unwrap();
+        let a = HostCopy::new(&d, 5000).unwrap();
+        let b = HostCopy::new(&d, 5000).unwrap();
+        assert!(a.is_registered() && b.is_registered());
+        assert_eq!(
+            a.len(),
+            5000,
+            "sized exactly: the pages are padding, not the copy's"
+        );
+        assert_eq!(d.census().pinned_host, 2);
+        a.free(&d).unwrap();
+        b.free(&d).unwrap();
+
+        /// Registration refused, pinned allocation allowed.
+        #[derive(Debug)]
+        struct NoRegister(HostDevice);
+        impl DeviceWrapper for NoRegister {
+            type Inner = HostDevice;
+            fn wrapped(&self) -> &HostDevice {
+                &self.0
+            }
+            fn before(&self, call: &Call<'_>) -> Result<()> {
+                match *call {
+                    Call::RegisterHost { .. } => Err(Error::InvalidArgument {
+                        call: "register_host",
+                        reason: "refused by the test".into(),
+                    }),
+                    _ => Ok(()),
+                }
+            }
+        }
+        let d = NoRegister(d);
+        let c = HostCopy::new(&d, 5000).unwrap();
+        assert!(c.is_pinned() && !c.is_registered());
+        c.free(&d).unwrap();
+        assert_eq!(d.0.census().pinned_host, 0);
     }
 
     #[test]

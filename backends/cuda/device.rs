@@ -439,6 +439,32 @@ impl VendorApi for Cuda {
         // SAFETY: the caller guarantees live memory from `host_alloc`, unused now.
         self.check("cuMemFreeHost", unsafe { (api.free)(handle(ptr)) })
     }
+
+    /// `cuMemHostRegister_v2(flags 0)`: page-locked for the current (primary) context.
+    unsafe fn host_register(&self, ptr: u64, size: usize) -> Result<bool> {
+        let Some(api) = self.driver.host_register else {
+            return Ok(false);
+        };
+        // SAFETY: the caller guarantees `size` bytes of its own live host memory at `ptr`;
+        // flags 0.
+        let code = unsafe { (api.register)(handle(ptr), size, 0) };
+        self.check("cuMemHostRegister_v2", code).map(|()| true)
+    }
+
+    fn registers_host(&self) -> bool {
+        self.driver.host_register.is_some()
+    }
+
+    unsafe fn host_unregister(&self, ptr: u64) -> Result<()> {
+        let api = self.driver.host_register.ok_or_else(|| {
+            self.driver
+                .lacks("cuMemHostUnregister", "4.0 host memory registration")
+        })?;
+        // SAFETY: the caller guarantees memory registered by `host_register`, unused now.
+        self.check("cuMemHostUnregister", unsafe {
+            (api.unregister)(handle(ptr))
+        })
+    }
 }
 
 /// Opens every device of the driver [`super::library_candidates`] names for `config`.

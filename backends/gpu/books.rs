@@ -33,7 +33,8 @@ pub struct VendorCensus {
     pub streams: u64,
     /// Live events.
     pub events: u64,
-    /// Live pinned host memory allocations (`cuMemHostAlloc`, `hipHostMalloc`).
+    /// Live pinned host memory allocations (`cuMemHostAlloc`, `hipHostMalloc`) and host
+    /// memory registered (`cuMemHostRegister_v2`, `hipHostRegister`).
     pub pinned_host: u64,
 }
 
@@ -62,6 +63,8 @@ pub(crate) struct Books {
     pub(crate) access: Ranges,
     /// Pinned host memory address → size asked for.
     pub(crate) pinned_host: HashMap<u64, u64>,
+    /// Host memory registered (page-locked in place) address → size.
+    pub(crate) registered_host: HashMap<u64, u64>,
 }
 
 /// Disjoint, non-adjacent ranges of addresses: start → end (exclusive), merged on insert.
@@ -288,6 +291,18 @@ impl Books {
     ) -> Result<()> {
         let what = ("free_pinned_host", "pinned host memory", "allocated");
         claim_sized(&mut self.pinned_host, backend, what, ptr, size)
+    }
+
+    /// Takes registered host memory out of the books, refusing an unknown pointer or a size
+    /// that is not the one registered.
+    pub(crate) fn claim_registered_host(
+        &mut self,
+        backend: &'static str,
+        ptr: u64,
+        size: u64,
+    ) -> Result<()> {
+        let what = ("unregister_host", "registered host memory", "registered");
+        claim_sized(&mut self.registered_host, backend, what, ptr, size)
     }
 
     /// Takes a physical handle out of the books.
@@ -543,7 +558,7 @@ impl Books {
             mappings: self.mappings.len() as u64,
             streams,
             events,
-            pinned_host: self.pinned_host.len() as u64,
+            pinned_host: (self.pinned_host.len() + self.registered_host.len()) as u64,
         }
     }
 }

@@ -519,6 +519,35 @@ impl VendorApi for Hip {
         // SAFETY: the caller guarantees live memory from `host_alloc`, unused now.
         self.check("hipHostFree", unsafe { (api.free)(handle(ptr)) })
     }
+
+    /// `hipHostRegister(hipHostRegisterDefault)` on the current device.
+    unsafe fn host_register(&self, ptr: u64, size: usize) -> Result<bool> {
+        let Some(api) = self.runtime.host_register else {
+            return Ok(false);
+        };
+        // SAFETY: the caller guarantees `size` bytes of its own live host memory at `ptr`;
+        // flags 0 (`hipHostRegisterDefault`).
+        let code = unsafe { (api.register)(handle(ptr), size, 0) };
+        self.check("hipHostRegister", code).map(|()| true)
+    }
+
+    fn registers_host(&self) -> bool {
+        self.runtime.host_register.is_some()
+    }
+
+    unsafe fn host_unregister(&self, ptr: u64) -> Result<()> {
+        let Some(api) = self.runtime.host_register else {
+            return Err(Error::Unsupported {
+                what: "`hipHostUnregister`".into(),
+                backend: BACKEND,
+                reason: format!("the runtime {} does not export it", self.runtime.path()),
+            });
+        };
+        // SAFETY: the caller guarantees memory registered by `host_register`, unused now.
+        self.check("hipHostUnregister", unsafe {
+            (api.unregister)(handle(ptr))
+        })
+    }
 }
 
 impl GpuDevice<Hip> {

@@ -72,7 +72,9 @@
 //! * **Pinned host memory** ([`Device::alloc_pinned_host`]): an anonymous private mapping
 //!   (page-aligned, not locked: the host needs no DMA), counted in the census
 //!   ([`HostCensus::pinned_host`]) until [`Device::free_pinned_host`]. `Ok(None)` in
-//!   simulated mode, which maps nothing.
+//!   simulated mode, which maps nothing. Host memory registered ([`Device::register_host`]) is
+//!   recorded, neither locked nor touched, in both modes, and counted there too until
+//!   [`Device::unregister_host`].
 //!
 //! Errors: bad arguments are [`Error::InvalidArgument`] (what was wrong and what is
 //! accepted), pointers and handles the device does not know are [`Error::UnknownPointer`],
@@ -130,7 +132,8 @@ pub struct HostCensus {
     pub streams: u64,
     /// Live events.
     pub events: u64,
-    /// Live pinned host memory allocations ([`Device::alloc_pinned_host`]).
+    /// Live pinned host memory allocations ([`Device::alloc_pinned_host`]) and host memory
+    /// registered ([`Device::register_host`]).
     pub pinned_host: u64,
     /// Their bytes (as asked for), not counted against the capacity: host memory.
     pub pinned_host_bytes: u64,
@@ -253,6 +256,7 @@ impl HostDeviceBuilder {
                 peers: BTreeSet::new(),
                 peer_grants: BTreeMap::new(),
                 pinned: BTreeMap::new(),
+                registered: BTreeMap::new(),
             }),
         })
     }
@@ -282,6 +286,8 @@ struct State {
     peer_grants: BTreeMap<u64, BTreeSet<u32>>,
     /// Pinned host memory handed out: address → size asked for (mapped: whole pages).
     pinned: BTreeMap<u64, u64>,
+    /// Host memory registered ([`Device::register_host`]): address → size.
+    registered: BTreeMap<u64, u64>,
 }
 
 /// Host memory as a device. See the [module docs](self).
@@ -343,8 +349,9 @@ impl HostDevice {
         HostCensus {
             streams: st.streams.live.len() as u64,
             events: st.timeline.event_count() as u64,
-            pinned_host: st.pinned.len() as u64,
-            pinned_host_bytes: st.pinned.values().sum(),
+            pinned_host: (st.pinned.len() + st.registered.len()) as u64,
+            pinned_host_bytes: st.pinned.values().sum::<u64>()
+                + st.registered.values().sum::<u64>(),
             ..st.books.census()
         }
     }
@@ -877,6 +884,79 @@ impl Device for HostDevice {
         st.pinned.remove(&addr);
         Ok(())
     }
+
+    /// Records the range as registered, in real and simulated mode alike, and returns
+    /// `Ok(true)`: the host needs no DMA, so nothing is locked or touched (as its pinned
+    /// memory is not locked). Counted in [`HostCensus::pinned_host`] until
+    /// [`Device::unregister_host`].
+    ///
+    /// # Errors
+    /// [`Error::InvalidSize`] for zero; [`Error::InvalidArgument`] for a range that overlaps
+    /// one registered already (as `CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED`).
+    ///
+    /// # Safety
+    /// As [`Device::register_host`].
+    #[allow(unsafe_code)]
+    unsafe fn register_host(&self, ptr: std::ptr::NonNull<u8>, size: u64) -> Result<bool> {
+        super::request_size(size, 1, super::Request::PinnedHost)?;
+        let addr = ptr.as_ptr() as usize as u64;
+        let mut st = self.lock();
+        let overlaps = st
+            .registered
+            .range(..addr.saturating_add(size))
+            .next_back()
+            .is_some_and(|(&a, &n)| addr < a + n);
+        if overlaps {
+            return Err(Error::InvalidArgument {
+                call: "register_host",
+                reason: format!(
+                    "host memory {addr:#x}+{size} overlaps memory registered already; accepted \
+                     is memory not registered"
+                ),
+            });
+        }
+        st.registered.insert(addr, size);
+        Ok(true)
+    }
+
+    /// Forgets a registration. Unregistering memory a copy not yet complete uses is recorded
+    /// as a hazard ([`HostDevice::hazards`]).
+    ///
+    /// # Errors
+    /// [`Error::UnknownPointer`] (`what = "registered host memory"`) for memory not
+    /// registered here; [`Error::InvalidArgument`] for the wrong size.
+    ///
+    /// # Safety
+    /// As [`Device::unregister_host`].
+    #[allow(unsafe_code)]
+    unsafe fn unregister_host(&self, ptr: std::ptr::NonNull<u8>, size: u64) -> Result<()> {
+        let addr = ptr.as_ptr() as usize as u64;
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        match st.registered.get(&addr) {
+            None => {
+                return Err(Error::UnknownPointer {
+                    what: "registered host memory",
+                    ptr: addr,
+                    backend: BACKEND,
+                })
+            }
+            Some(&held) if held != size => {
+                return Err(Error::InvalidArgument {
+                    call: "unregister_host",
+                    reason: format!(
+                        "host memory {addr:#x} was registered with {held} bytes, not {size}; \
+                         accepted is the size it was registered with"
+                    ),
+                })
+            }
+            Some(_) => {}
+        }
+        st.timeline
+            .check_unused(addr, size, "an unregistration of host memory");
+        st.registered.remove(&addr);
+        Ok(())
+    }
 }
 
 impl VirtualMemory for HostDevice {
@@ -1076,6 +1156,8 @@ impl Drop for HostDevice {
         let events = st.timeline.event_count();
         let left = st.books.take_all();
         let pinned = std::mem::take(&mut st.pinned);
+        // Registered memory is its owner's: only forgotten.
+        let registered = std::mem::take(&mut st.registered).len();
         if real {
             for (&ptr, &size) in &pinned {
                 let Some(len) = size.checked_next_multiple_of(page) else {
@@ -1103,6 +1185,7 @@ impl Drop for HostDevice {
         let leaked = !left.allocations.is_empty()
             || !left.reservations.is_empty()
             || !pinned.is_empty()
+            || registered > 0
             || left.mappings + left.handles + left.released_mapped + streams + events > 0;
         if leaked {
             tracing::warn!(
@@ -1116,6 +1199,7 @@ impl Drop for HostDevice {
                 streams,
                 events,
                 pinned_host = pinned.len(),
+                registered_host = registered,
                 "host device dropped while still holding these; returned them"
             );
         }

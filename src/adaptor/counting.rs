@@ -29,7 +29,8 @@ pub struct CallCounts {
     pub pool: u64,
     /// Copies between device and host memory: copy_to_host and copy_from_host.
     pub copies: u64,
-    /// Pinned host memory calls: alloc_pinned_host and free_pinned_host.
+    /// Pinned host memory calls: alloc_pinned_host, free_pinned_host, register_host and
+    /// unregister_host.
     pub pinned_host: u64,
     /// Stream and event calls, and pool queries.
     pub other: u64,
@@ -125,7 +126,9 @@ impl<D: Device + ?Sized> CountingDevice<D> {
                 "map" | "set_access" | "set_access_with_peers" | "unmap" => &mut c.vm_map,
                 "alloc_async" | "free_async" | "set_release_threshold" | "trim_to" => &mut c.pool,
                 "copy_to_host" | "copy_from_host" => &mut c.copies,
-                "alloc_pinned_host" | "free_pinned_host" => &mut c.pinned_host,
+                "alloc_pinned_host" | "free_pinned_host" | "register_host" | "unregister_host" => {
+                    &mut c.pinned_host
+                }
                 _ => &mut c.other,
             };
             *kind += n;

@@ -176,12 +176,26 @@ pub enum Call<'a> {
         /// Its size.
         size: u64,
     },
+    /// [`Device::register_host`].
+    RegisterHost {
+        /// The memory, as an address.
+        ptr: usize,
+        /// Its size.
+        size: u64,
+    },
+    /// [`Device::unregister_host`].
+    UnregisterHost {
+        /// The memory, as an address.
+        ptr: usize,
+        /// Its size.
+        size: u64,
+    },
 }
 
 impl Call<'_> {
     /// Every name [`Call::name`] gives, in the order of [`Call::ordinal`]: the names replay's
     /// `--json` counts calls by (`device_calls_by_name`) and a cost table prices.
-    pub const NAMES: [&'static str; 33] = [
+    pub const NAMES: [&'static str; 35] = [
         "mem_info",
         "alloc",
         "free",
@@ -215,6 +229,8 @@ impl Call<'_> {
         "copy_from_host",
         "alloc_pinned_host",
         "free_pinned_host",
+        "register_host",
+        "unregister_host",
     ];
 
     /// The method's name (`alloc`, `record_event`, `set_access_with_peers`, …), as errors
@@ -259,6 +275,8 @@ impl Call<'_> {
             Call::CopyFromHost { .. } => 30,
             Call::AllocPinnedHost { .. } => 31,
             Call::FreePinnedHost { .. } => 32,
+            Call::RegisterHost { .. } => 33,
+            Call::UnregisterHost { .. } => 34,
         }
     }
 
@@ -278,7 +296,9 @@ impl Call<'_> {
             | Call::CopyToHost { size, .. }
             | Call::CopyFromHost { size, .. }
             | Call::AllocPinnedHost { size }
-            | Call::FreePinnedHost { size, .. } => size,
+            | Call::FreePinnedHost { size, .. }
+            | Call::RegisterHost { size, .. }
+            | Call::UnregisterHost { size, .. } => size,
             _ => 0,
         }
     }
@@ -526,6 +546,28 @@ impl<W: DeviceWrapper> Device for W {
         through(self, call, || {
             // SAFETY: the caller's promise, passed on unchanged.
             unsafe { self.wrapped().free_pinned_host(ptr, size) }
+        })
+    }
+    #[allow(unsafe_code)]
+    unsafe fn register_host(&self, ptr: NonNull<u8>, size: u64) -> Result<bool> {
+        let call = Call::RegisterHost {
+            ptr: ptr.as_ptr() as usize,
+            size,
+        };
+        through(self, call, || {
+            // SAFETY: the caller's promise, passed on unchanged.
+            unsafe { self.wrapped().register_host(ptr, size) }
+        })
+    }
+    #[allow(unsafe_code)]
+    unsafe fn unregister_host(&self, ptr: NonNull<u8>, size: u64) -> Result<()> {
+        let call = Call::UnregisterHost {
+            ptr: ptr.as_ptr() as usize,
+            size,
+        };
+        through(self, call, || {
+            // SAFETY: the caller's promise, passed on unchanged.
+            unsafe { self.wrapped().unregister_host(ptr, size) }
         })
     }
 

@@ -12,7 +12,7 @@
 //! | init, devices, errors | CUDA 3.2 – 6.0 | `cuInit`, `cuDriverGetVersion`, `cuDeviceGet*`, `cuDeviceTotalMem_v2`, `cuGetErrorName/String` |
 //! | contexts | CUDA 7.0 (`_v2` release: 11.0) | `cuDevicePrimaryCtxRetain/Release_v2`, `cuCtxGet/SetCurrent` |
 //! | memory, streams, events | CUDA 3.2 – 4.0 | `cuMemGetInfo_v2`, `cuMemAlloc_v2`, `cuMemFree_v2`, `cuStream*`, `cuEvent*` |
-//! | copies, pinned host memory | CUDA 2.2 – 3.2 | `cuMemcpyDtoHAsync_v2`, `cuMemcpyHtoDAsync_v2`, `cuMemHostAlloc`, `cuMemFreeHost` |
+//! | copies, pinned host memory | CUDA 2.2 – 6.5 | `cuMemcpyDtoHAsync_v2`, `cuMemcpyHtoDAsync_v2`, `cuMemHostAlloc`, `cuMemFreeHost`, `cuMemHostRegister_v2`, `cuMemHostUnregister` |
 //! | virtual memory | CUDA 10.2 | `cuMemGetAllocationGranularity`, `cuMemCreate`, `cuMemRelease`, `cuMemAddressReserve/Free`, `cuMemMap/Unmap`, `cuMemSetAccess` |
 //! | memory pools | CUDA 11.2 | `cuDeviceGetDefaultMemPool`, `cuMemPool*`, `cuMemAllocFromPoolAsync`, `cuMemFreeAsync` |
 
@@ -304,6 +304,12 @@ signatures! {
     fn cuMemHostAlloc(pp: *mut *mut c_void, bytesize: usize, flags: c_uint) -> CUresult;
     /// `CUresult cuMemFreeHost(void *p)` (resolved as optional, with `cuMemHostAlloc`).
     fn cuMemFreeHost(p: *mut c_void) -> CUresult;
+    /// `CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags)` (CUDA 6.5
+    /// as `_v2`; resolved as optional): page-locks memory the caller allocated.
+    fn cuMemHostRegister_v2(p: *mut c_void, bytesize: usize, flags: c_uint) -> CUresult;
+    /// `CUresult cuMemHostUnregister(void *p)` (CUDA 4.0; resolved as optional, with
+    /// `cuMemHostRegister_v2`).
+    fn cuMemHostUnregister(p: *mut c_void) -> CUresult;
 
     /// `CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp
     /// *prop, CUmemAllocationGranularity_flags option)`.

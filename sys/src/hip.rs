@@ -44,6 +44,11 @@ signatures! {
     /// `hipError_t hipDeviceEnablePeerAccess(int peerDeviceId, unsigned int flags)`
     /// (`hip_runtime_api.h`; from the current device, `flags` 0).
     fn hipDeviceEnablePeerAccess(peerDeviceId: c_int, flags: core::ffi::c_uint) -> hipError_t;
+    /// `hipError_t hipHostRegister(void* hostPtr, size_t sizeBytes, unsigned int flags)`
+    /// (`hip_runtime_api.h`; by hand, as above): page-locks memory the caller allocated.
+    fn hipHostRegister(hostPtr: *mut c_void, sizeBytes: usize, flags: core::ffi::c_uint) -> hipError_t;
+    /// `hipError_t hipHostUnregister(void* hostPtr)` (`hip_runtime_api.h`; by hand, as above).
+    fn hipHostUnregister(hostPtr: *mut c_void) -> hipError_t;
 }
 
 /// `hipDeviceMallocUncached`: a `hipExtMallocWithFlags` flag (ROCm 6+; absent from 5.2.3).
