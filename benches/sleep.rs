@@ -30,7 +30,8 @@
 //! turn while each copy runs on its copy engine from when it is queued, so a driver call made
 //! while a copy is in flight overlaps it (except an unmap on HIP, which waits for the device).
 //! Printed per preset (h100-80g, h200, mi300x), for the **first** sleep and wake of an
-//! allocation (the sleep makes its pinned host copy) and the **steady** ones (the second:
+//! allocation (the sleep makes its pinned host copy: host memory registered, its pages
+//! touched from several threads first) and the **steady** ones (the second:
 //! the copy the first wake kept): the calls, the modelled time low–high (the figures' low
 //! and high ends), the copy's time alone at the preset's bandwidth, and the fraction of the
 //! copy bandwidth the operation reaches (the copy's time ÷ the operation's: 1.0 is as fast as
@@ -181,9 +182,8 @@ fn why_not(costs: &DeviceCosts, log: &[LoggedCall], copy_s: f64) -> String {
     if per_mib_high > room {
         reasons.push(format!(
             "at the high end the per-MiB costs alone take {:.1} ms, more than the {:.1} ms \
-             allowed: no handle size and no overlap reaches {TARGET} from these figures (at \
-             the low end fewer, larger handles would cut the per-call part; vmm's handle size \
-             is not the sleep's to choose)",
+             allowed: no handle size and no overlap reaches {TARGET} from these figures (the \
+             per-call part is small already: a wake makes one handle per 256 MiB piece)",
             per_mib_high * 1e3,
             room * 1e3
         ));
@@ -199,38 +199,28 @@ fn why_not(costs: &DeviceCosts, log: &[LoggedCall], copy_s: f64) -> String {
     }
     if serial {
         why += "; each unmap waits for the copy in flight (hipMemUnmap synchronises the device, \
-                ROCm/rocm-systems#6982), so no unmap hides behind a copy";
-    }
-    why
-}
-
-/// The first sleep's log, its pinned host memory made piece by piece, each piece's just
-/// before its copy (the next piece's made while the current one copies) and priced as
-/// `pin`: what the fastest published pinning would give, overlapped.
-fn pinned_piecewise(
-    log: &[LoggedCall],
-    costs: &DeviceCosts,
-    pin: portalloc::replay::costs::CallCost,
-) -> ModelledTime {
-    let mut out = Vec::with_capacity(log.len() * 2);
-    for c in log {
-        match c.name {
-            "alloc_pinned_host" => {}
-            "copy_to_host" => {
-                out.push(LoggedCall {
-                    name: "alloc_pinned_host",
-                    bytes: c.bytes,
-                    stream: None,
-                    event: None,
-                });
-                out.push(*c);
-            }
-            _ => out.push(*c),
+                ROCm/rocm-systems#6982), so no unmap hides behind a copy, and vmm maps and \
+                unmaps granule by granule (one hipMemUnmap over several mappings leaves the \
+                reservation unfreeable before ROCm 7.0, ROCm/ROCR-Runtime#285)";
+        if let Some(u) = costs.calls.get("unmap") {
+            let bytes: u64 = log
+                .iter()
+                .filter(|c| c.name == "unmap")
+                .map(|c| c.bytes)
+                .sum();
+            let (low, high) = (u.us_of(0, bytes) / 1e6, u.us_of_high(0, bytes) / 1e6);
+            why += &format!(
+                "; even one unmap per 256 MiB piece would leave their per-MiB part, {:.1}–{:.1} \
+                 ms (vLLM's 3.73–6.54 ms per GiB of unmap + release, vllm-project/vllm#48337), \
+                 after the copies: at most {:.2} / {:.2}",
+                low * 1e3,
+                high * 1e3,
+                copy_s / (copy_s + low),
+                copy_s / (copy_s + high)
+            );
         }
     }
-    let mut other = costs.clone();
-    other.calls.insert("alloc_pinned_host".into(), pin);
-    other.timeline_of(&out)
+    why
 }
 
 /// Prints the modelled time of the sleeps and the wakes on each preset.
@@ -297,24 +287,22 @@ fn print_model() {
                         why_not(&costs, log, copy_time.seconds_high.unwrap_or(0.0))
                     );
                 }
-                // The first sleep pins its copy. The device layer has one way to (host-alloc:
-                // cuMemHostAlloc / hipHostMalloc, 0.49 s per GiB); touching the pages then
-                // registering them is 0.10 s per GiB, but no backend offers a register call.
-                // What it would give, with each piece's memory made while the piece before it
-                // copies, so that nothing but the pinning itself is left to hide:
-                if log.iter().any(|c| c.name == "alloc_pinned_host") {
+                // The first sleep pins its copy: registered (pages touched from several
+                // threads, then cuMemHostRegister / hipHostRegister: 0.10 s per GiB, the
+                // fastest published), or allocated pinned where a driver cannot register.
+                // However that overlaps the copy, the pinning alone bounds the fraction.
+                let pinned: u64 = log
+                    .iter()
+                    .filter(|c| matches!(c.name, "register_host" | "alloc_pinned_host"))
+                    .map(|c| c.bytes)
+                    .sum();
+                if pinned > 0 {
                     let (pin, pin_source) = PIN_BY_REGISTER;
-                    let t = pinned_piecewise(log, &costs, pin);
-                    println!(
-                        "      were its host memory pinned by {pin_source}, piece by piece while the piece before copies: {} -> {}",
-                        shown(&t),
-                        verdict(fractions(&copy_time, &t))
-                    );
                     let copy_s = copy_time.seconds.unwrap_or(0.0);
-                    let pin_s = pin.us_of(1, MODEL_BYTES) / 1e6;
+                    let pin_s = pin.us_of(1, pinned) / 1e6;
                     println!(
-                        "      not reachable from the published figures: pinning {} GiB takes {:.0} ms at the fastest published rate, {:.1} × the {:.0} ms copy, so a first sleep reaches at most {:.2} of the copy bandwidth however it overlaps; only a copy kept from before (the steady cycle) runs at the link's speed",
-                        MODEL_BYTES >> 30,
+                        "      bounded by the published pinning figure: {} GiB pinned at the fastest published rate ({pin_source}) take {:.0} ms, {:.1} × the {:.0} ms copy, so a first sleep reaches at most {:.2} of the copy bandwidth however it overlaps; only a host copy kept from before (the steady cycle) runs at the link's speed",
+                        pinned >> 30,
                         pin_s * 1e3,
                         pin_s / copy_s,
                         copy_s * 1e3,

@@ -249,7 +249,8 @@ const QUERIES: &[&str] = &[
 // Pinning (rapidsai/cudf PR #23457): `cudaHostAlloc` ≈ 0.49 s per GiB, linear to 16 GiB =
 // 478.5 µs per MiB (`alloc_pinned_host`, which is `cuMemHostAlloc` / `hipHostMalloc`);
 // touching the pages from 16 threads, then `cudaHostRegister`, ≈ 0.10 s per GiB = 97.7 µs per
-// MiB ([`PIN_BY_REGISTER`]: the device layer has no register call, so no table prices one).
+// MiB ([`PIN_BY_REGISTER`]: `register_host`, `cuMemHostRegister_v2` / `hipHostRegister` after
+// the backend's touch from up to 16 threads).
 
 /// The GPU of kvcached's bench_vmm figures.
 const A100_KVCACHED: &str = "A100 (ovg-project/kvcached benchmarks/bench_vmm)";
@@ -272,8 +273,8 @@ const UNMAP_SOURCE: &str = "cuMemUnmap + cuMemRelease ≤ 3.73–6.54 ms per GiB
 
 /// `cudaHostRegister` after touching the pages from 16 threads, per MiB: 0.10 s per GiB
 /// (rapidsai/cudf PR #23457) — the faster way to pin host memory than `cudaHostAlloc`'s 0.49
-/// s per GiB. The device layer ([`crate::Device`]) offers no register call, so no built-in
-/// table prices one; the sleep bench shows what it would change.
+/// s per GiB: the built-in tables' price of `register_host` ([`crate::Device::register_host`],
+/// which touches the pages from up to 16 threads, then registers them).
 pub const PIN_BY_REGISTER: (CallCost, &str) = (
     CallCost::new(0.0, 0.10e6 / 1024.0),
     "touching pages from 16 threads then cudaHostRegister ≈ 0.10 s per GiB \
@@ -330,6 +331,12 @@ const CUDA: &[PricedCall] = &[
         cost: Some(CallCost::new(0.0, 0.49e6 / 1024.0)),
         source: "cudaHostAlloc ≈ 0.49 s per GiB, linear to 16 GiB (rapidsai/cudf PR #23457); \
                  kept pinned copies cut a resume from 4.8 s to 0.6 s (torch_memory_saver PR #86)",
+        measured_on: "another machine than the preset's (the host's page locking)",
+    },
+    PricedCall {
+        name: "register_host",
+        cost: Some(PIN_BY_REGISTER.0),
+        source: PIN_BY_REGISTER.1,
         measured_on: "another machine than the preset's (the host's page locking)",
     },
 ];
