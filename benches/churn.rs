@@ -796,8 +796,79 @@ fn harness_of(name: &str) -> &'static str {
     }
 }
 
-/// Runs the [`PASSES`] passes (see the module docs) and prints the pass table as markdown.
-fn pass_table(s: &mut Steady, w: &Workload, label: &str) {
+/// How the pass table's passes walk the sequence (`CHURN_METHOD`: `interleaved`, `whole` or
+/// `both`, the default).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Method {
+    /// [`CHUNKS`] stretches, every contender running one before any runs the next: each
+    /// contender's heap is evicted by the others' between stretches.
+    Interleaved,
+    /// Each contender runs the whole sequence in turn (the order rotated by pass): its heap
+    /// has the caches to itself, as one allocator in a program does.
+    Whole,
+}
+
+impl Method {
+    fn chunks(self) -> usize {
+        match self {
+            Method::Interleaved => CHUNKS,
+            Method::Whole => 1,
+        }
+    }
+
+    fn describe(self) -> String {
+        match self {
+            Method::Interleaved => format!("{CHUNKS} interleaved stretches"),
+            Method::Whole => "whole sequences in turn (warm)".to_string(),
+        }
+    }
+}
+
+/// The methods `CHURN_METHOD` asks for (both unless it names one).
+fn methods() -> Vec<Method> {
+    match std::env::var("CHURN_METHOD").as_deref() {
+        Ok("interleaved") => vec![Method::Interleaved],
+        Ok("whole") => vec![Method::Whole],
+        _ => vec![Method::Interleaved, Method::Whole],
+    }
+}
+
+/// The data and unified caches of CPU 0 (`/sys/devices/system/cpu/cpu0/cache`), e.g.
+/// `L1d 48K, L2 1024K, L3 32768K (shared by 0-1)`.
+fn cache_sizes() -> String {
+    let dir = std::path::Path::new("/sys/devices/system/cpu/cpu0/cache");
+    let read = |p: std::path::PathBuf| {
+        std::fs::read_to_string(p)
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default()
+    };
+    let mut out = Vec::new();
+    for i in 0..8 {
+        let d = dir.join(format!("index{i}"));
+        if !d.exists() {
+            break;
+        }
+        let (level, kind) = (read(d.join("level")), read(d.join("type")));
+        if kind == "Instruction" {
+            continue;
+        }
+        let suffix = if kind == "Data" { "d" } else { "" };
+        out.push(format!(
+            "L{level}{suffix} {} (CPUs {})",
+            read(d.join("size")),
+            read(d.join("shared_cpu_list"))
+        ));
+    }
+    if out.is_empty() {
+        "unknown".to_string()
+    } else {
+        out.join(", ")
+    }
+}
+
+/// Runs the [`PASSES`] passes (see the module docs) by `method` and prints the pass table as
+/// markdown.
+fn pass_table(s: &mut Steady, w: &Workload, label: &str, method: Method) {
     let pairs = w.allocs as f64;
     let clock = if thread_cpu_ns().is_some() {
         "thread CPU time"
@@ -808,7 +879,8 @@ fn pass_table(s: &mut Steady, w: &Workload, label: &str) {
     // Each pass walks the sequence in CHUNKS stretches; every contender runs a stretch (the
     // order rotated by stretch and by pass) before any runs the next, so all of them are
     // timed across the same seconds of the machine's load.
-    let bounds: Vec<usize> = (0..=CHUNKS).map(|c| c * w.ops.len() / CHUNKS).collect();
+    let chunks = method.chunks();
+    let bounds: Vec<usize> = (0..=chunks).map(|c| c * w.ops.len() / chunks).collect();
     let mut t = [[Timing::default(); CONTENDERS.len()]; PASSES];
     for (pass, row) in t.iter_mut().enumerate() {
         for (chunk, stretch) in bounds.windows(2).enumerate() {
@@ -839,9 +911,11 @@ fn pass_table(s: &mut Steady, w: &Workload, label: &str) {
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     eprintln!();
     eprintln!(
-        "**churn/steady/{label}** — {} allocate+free pairs per run, {PASSES} passes of {CHUNKS} interleaved stretches, {clock}; \
-         load average (1/5/15 min) {load_start} at the start, {load_end} at the end, {cpus} CPUs",
-        w.allocs
+        "**churn/steady/{label}** — {} allocate+free pairs per run, {PASSES} passes of {}, {clock}; \
+         load average (1/5/15 min) {load_start} at the start, {load_end} at the end, {cpus} CPUs; caches {}",
+        w.allocs,
+        method.describe(),
+        cache_sizes()
     );
     eprintln!();
     eprintln!(
@@ -938,7 +1012,9 @@ fn report_steady(s: &mut Steady, w: &Workload, (peak, peak_blocks): (u64, usize)
         vmm_calls.vm_reserve,
         s.vmm.counters(),
     );
-    pass_table(s, w, label);
+    for method in methods() {
+        pass_table(s, w, label, method);
+    }
 }
 
 fn steady(c: &mut Criterion, label: &str, max_size: u64) {
@@ -953,6 +1029,22 @@ fn steady(c: &mut Criterion, label: &str, max_size: u64) {
         gib(peak)
     );
 
+    // `CHURN_PROFILE=<contender>[,runs]`: only that contender over the whole sequence, `runs`
+    // times (1 unless given), for `valgrind --tool=cachegrind` / callgrind — no table, no
+    // criterion.
+    if let Ok(spec) = std::env::var("CHURN_PROFILE") {
+        let (name, runs) = spec.split_once(',').unwrap_or((&spec, "1"));
+        let runs: usize = runs.parse().expect("CHURN_PROFILE=<contender>[,runs]");
+        let name = CONTENDERS
+            .iter()
+            .find(|&&c| c == name)
+            .expect("CHURN_PROFILE names a contender");
+        for _ in 0..runs {
+            black_box(s.run(name, &w.ops));
+        }
+        eprintln!("churn/steady/{label}: {name} ran {runs} time(s) (CHURN_PROFILE)");
+        return;
+    }
     // `--test` (one iteration each, as `cargo test --benches` runs) and `--list` want no
     // measurement, `--profile-time` only criterion's loop under a profiler: skip the
     // utilisation and the passes (a minute or more).
@@ -965,6 +1057,10 @@ fn steady(c: &mut Criterion, label: &str, max_size: u64) {
         );
     }
 
+    // `CHURN_TABLE_ONLY=1`: the table (and utilisation) without criterion's samples.
+    if std::env::var_os("CHURN_TABLE_ONLY").is_some_and(|v| v == "1") {
+        return;
+    }
     // Criterion: the full sequence per iteration, one iteration per sample.
     let mut g = c.benchmark_group(format!("churn/steady/{label}"));
     g.throughput(Throughput::Elements(pairs))
