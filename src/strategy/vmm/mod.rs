@@ -45,7 +45,7 @@
 //! every step — an unmap and a map per granule, a device synchronisation per unmap on ROCm
 //! (ROCm/rocm-systems#6982) — while memory made there stays: the built-in GPT-2-small
 //! training workload made ~476 unmaps and maps a step when stitching came first, and makes
-//! none from its second step now, for 2.8% more memory than its peak live. Growth is
+//! none from its third step now, for 2.4% more memory than its peak live. Growth is
 //! bounded, though: beyond a sixteenth over the peak live, free memory is moved rather than
 //! more made, so the memory held stays within 1/(1 + 1/16) ≈ 0.94 of what is used where the
 //! budget does not bind, and the smallest device a workload runs on is unchanged (where the
