@@ -348,7 +348,8 @@ pub struct ReplayResult {
 /// The device calls of one step of a replay.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct StepCalls {
-    /// Index of the step's first event.
+    /// Where the step begins: the `seq` of its first event, as the header's `step_starts`
+    /// gives it.
     pub first_event: u64,
     /// Every call made during the step.
     pub calls: u64,
@@ -492,14 +493,16 @@ fn replay_until(
     // The calls up to the middle of the events; what follows is the steady state.
     let half = baseline.events / 2;
     let mut first_half = (half == 0).then(|| device.tally());
-    // The tally where each step begins (the header's step starts, ascending; those past the
-    // events are never reached).
+    // The tally where each step begins (the header's step starts, ascending; a step no event
+    // reaches is not reported).
     let step_starts = &header.step_starts;
     let mut step_marks: Vec<(u64, CallTally)> = Vec::with_capacity(step_starts.len());
     // Whether to go on: false once a refusal ends a replay that stops at one.
     let mut step = |event: Event| -> Result<bool> {
-        while step_marks.len() < step_starts.len() && step_starts[step_marks.len()] <= index {
-            step_marks.push((index, device.tally()));
+        // Steps begin at an event's `seq`, not its position: events a reader dropped (frees
+        // of unknown ids) shift no step.
+        while step_marks.len() < step_starts.len() && step_starts[step_marks.len()] <= event.seq {
+            step_marks.push((step_starts[step_marks.len()], device.tally()));
         }
         match event.op {
             Op::Alloc => {

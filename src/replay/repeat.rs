@@ -40,8 +40,9 @@ pub const MAX_EVENTS: u64 = 1 << 24;
 /// ```
 ///
 /// # Errors
-/// [`Error::Config`] for 0 passes, more than [`MAX_PASSES`], or more than [`MAX_EVENTS`]
-/// events in all.
+/// [`Error::Config`] for 0 passes, more than [`MAX_PASSES`], more than [`MAX_EVENTS`]
+/// events in all, ids or times the passes would take past `u64::MAX`, or more than one pass
+/// of a trace that allocates nothing in its window (its passes would be empty steps).
 ///
 /// # Time complexity
 /// `O(passes × events)`, the size of the result.
@@ -97,19 +98,37 @@ pub fn repeat(
         .map(|e| e.id)
         .max()
         .map_or(1, |m| m.saturating_add(1));
-    let span = events.iter().map(|e| e.time_ns).max().unwrap_or(0) + 1;
+    let no_room = |what: &str| {
+        Error::config(
+            "--repeat",
+            passes.to_string(),
+            format!("fewer passes: the trace's {what} leave no room for more"),
+        )
+    };
+    // A pass past the first replays the window's own events and frees what it left: a
+    // trace with none of those has nothing to repeat (its passes would be empty steps).
+    let own_events = events.iter().filter(|e| allocated.contains(&e.id)).count();
+    if passes > 1 && own_events == 0 {
+        return Err(Error::config(
+            "--repeat",
+            passes.to_string(),
+            "1: the trace allocates nothing in its window, so a repeated pass would be empty",
+        ));
+    }
+    let span = events
+        .iter()
+        .map(|e| e.time_ns)
+        .max()
+        .unwrap_or(0)
+        .checked_add(1)
+        .ok_or_else(|| no_room("times"))?;
     let mut out: Vec<Event> = Vec::with_capacity(usize::try_from(total).unwrap_or(0));
     let mut out_header = header.clone();
     out_header.step_starts.clear();
     for pass in 0..u64::from(passes) {
         out_header.step_starts.push(out.len() as u64);
-        let offset = pass.checked_mul(stride).ok_or_else(|| {
-            Error::config(
-                "--repeat",
-                passes.to_string(),
-                "fewer passes: the trace's ids leave no room for more",
-            )
-        })?;
+        let offset = pass.checked_mul(stride).ok_or_else(|| no_room("ids"))?;
+        let start = pass.checked_mul(span).ok_or_else(|| no_room("times"))?;
         for e in events {
             let own = allocated.contains(&e.id);
             if pass > 0 && !own {
@@ -117,25 +136,22 @@ pub fn repeat(
                 continue;
             }
             let id = if own {
-                e.id.checked_add(offset).ok_or_else(|| {
-                    Error::config(
-                        "--repeat",
-                        passes.to_string(),
-                        "fewer passes: the trace's ids leave no room for more",
-                    )
-                })?
+                e.id.checked_add(offset).ok_or_else(|| no_room("ids"))?
             } else {
                 e.id
             };
             out.push(Event {
                 seq: out.len() as u64,
-                time_ns: pass * span + e.time_ns,
+                time_ns: start
+                    .checked_add(e.time_ns)
+                    .ok_or_else(|| no_room("times"))?,
                 id,
                 ..*e
             });
         }
         if pass + 1 < u64::from(passes) {
-            let time_ns = pass * span + span - 1;
+            // The pass's last instant: below the next pass's start, which was checked.
+            let time_ns = start + (span - 1);
             for &(id, size) in &left {
                 out.push(Event {
                     seq: out.len() as u64,
@@ -202,6 +218,30 @@ mod tests {
         assert_eq!(pre_window_frees, 1);
         // The last pass leaves what the trace left.
         assert_eq!(live.len(), 1);
+    }
+
+    /// An outside review's reproductions: times at the top of the range, and traces whose
+    /// repeated passes would be empty.
+    #[test_case(&[(0, Op::Alloc, 1, 0), (1, Op::Free, 1, u64::MAX)], 3, "times" ; "a time at u64::MAX")]
+    #[test_case(&[(0, Op::Alloc, 1, 0), (1, Op::Free, 1, u64::MAX / 2)], 4, "times" ; "times overflowing between passes")]
+    #[test_case(&[], 5, "allocates nothing" ; "an empty trace")]
+    #[test_case(&[(0, Op::Free, 9, 0)], 2, "allocates nothing" ; "only frees of earlier memory")]
+    fn hostile_traces_are_refused(events: &[(u64, Op, u64, u64)], passes: u32, needle: &str) {
+        let events: Vec<Event> = events
+            .iter()
+            .map(|&(seq, op, id, t)| Event {
+                time_ns: t,
+                ..ev(seq, op, id)
+            })
+            .collect();
+        let e = repeat(&TraceHeader::new("t"), &events, passes).unwrap_err();
+        assert!(e.to_string().contains(needle), "{e}");
+    }
+
+    #[test]
+    fn one_pass_of_anything_is_the_trace() {
+        let (h, out) = repeat(&TraceHeader::new("t"), &[], 1).unwrap();
+        assert_eq!((h.step_starts, out.len()), (vec![0], 0));
     }
 
     #[test]

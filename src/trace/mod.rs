@@ -250,10 +250,11 @@ pub struct TraceHeader {
     /// Free-form remarks of the importer (what was kept, what was skipped).
     #[serde(default)]
     pub notes: Vec<String>,
-    /// Where each step of a program that repeats its steps begins: the index (from 0) of the
-    /// step's first event, strictly ascending. Replay reports the device calls of each step
-    /// (`driver_calls_per_step`). Written only when non-empty; absent reads as empty (no
-    /// steps known).
+    /// Where each step of a program that repeats its steps begins: the `seq` of the step's
+    /// first event (its index, where events are numbered from 0 as the built-in workloads and
+    /// `--repeat` number them), strictly ascending. Replay reports the device calls of each
+    /// step that an event reaches (`driver_calls_per_step`). Written only when non-empty;
+    /// absent reads as empty (no steps known).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub step_starts: Vec<u64>,
 }

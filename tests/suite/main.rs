@@ -62,6 +62,7 @@ mod quiet_steps;
 mod read_kinds;
 mod replay;
 mod replay_figures;
+mod review45_probes;
 mod review_fold;
 
 mod rocm_profiles;

@@ -47,12 +47,13 @@
 //! training workload made ~476 unmaps and maps a step when stitching came first, and makes
 //! none from its third step now, for 2.4% more memory than its peak live. Growth is
 //! bounded, though: beyond a sixteenth over the peak live, free memory is moved rather than
-//! more made, so the memory held stays within 1/(1 + 1/16) ≈ 0.94 of what is used where the
-//! budget does not bind, and the smallest device a workload runs on is unchanged (where the
-//! budget binds, stitching serves as before). When the **device** refuses new memory (another
-//! tenant took it), stitching, borrowing across segments and freeing idle segments come
-//! before a refusal, and the wait for memory freed under work in flight after them; a
-//! refusal says what the device has free.
+//! more made, and more is made beyond it only when nothing free is left to move — granules
+//! that live allocations share or fill in part are memory no moving frees (3 MiB buffers with
+//! every other one freed and 4 MiB ones put in their place hold 1.17 × their peak live). The
+//! smallest device a workload runs on is unchanged (where the budget binds, stitching serves
+//! as before). When the **device** refuses new memory (another tenant took it), stitching,
+//! borrowing across segments and freeing idle segments come before a refusal, and the wait
+//! for memory freed under work in flight after them; a refusal says what the device has free.
 //!
 //! The books of all this (`physical`) are arrays indexed by granule, one set per
 //! reservation, made a page of 1024 granules at a time where granules are used: each
