@@ -157,6 +157,42 @@ fn copies(d: &dyn Device, size: u64, stream: Stream) -> portalloc::Result<Option
     )))
 }
 
+/// Pinning `size` bytes of host memory both ways a sleep's host copy can be pinned: made
+/// pinned by the driver (`alloc_pinned_host`, cuMemHostAlloc) and ordinary memory touched then
+/// registered (`register_host`, cuMemHostRegister): microseconds of each, `None` for a way
+/// the device does not offer. What the published figures say (0.49 and 0.10 s/GiB, rapidsai/cudf
+/// #23457) is checked on this machine.
+fn pinning(d: &dyn Device, size: u64) -> portalloc::Result<(Option<f64>, Option<f64>)> {
+    let made = match timed(|| d.alloc_pinned_host(size)) {
+        (Ok(Some(host)), us) => {
+            // SAFETY: `host` came from `alloc_pinned_host(size)` and nothing uses it.
+            unsafe { d.free_pinned_host(host, size) }?;
+            Some(us)
+        }
+        _ => None,
+    };
+    let layout = std::alloc::Layout::from_size_align(size as usize, 4096)
+        .map_err(|e| portalloc::Error::config("size", size.to_string(), e.to_string()))?;
+    // SAFETY: a non-zero layout; the memory is freed below, after it is unregistered.
+    let raw = unsafe { std::alloc::alloc(layout) };
+    let Some(ptr) = std::ptr::NonNull::new(raw) else {
+        return Ok((made, None));
+    };
+    // SAFETY: `ptr` is `size` bytes this function owns and no device has registered; the
+    // touch may overwrite them.
+    let registered = match timed(|| unsafe { d.register_host(ptr, size) }) {
+        (Ok(true), us) => {
+            // SAFETY: registered just above with `size`; no copy uses it.
+            unsafe { d.unregister_host(ptr, size) }?;
+            Some(us)
+        }
+        _ => None,
+    };
+    // SAFETY: allocated above with `layout`, and unregistered.
+    unsafe { std::alloc::dealloc(raw, layout) };
+    Ok((made, registered))
+}
+
 fn measure(d: &Arc<dyn Device>) -> portalloc::Result<DeviceCosts> {
     let d = d.as_ref();
     let mut calls = BTreeMap::new();
@@ -226,6 +262,26 @@ fn measure(d: &Arc<dyn Device>) -> portalloc::Result<DeviceCosts> {
         "mem_info".into(),
         per_call(each(|| d.mem_info().map(drop))?),
     );
+    // Pinning grows with the size: the line through 64 MiB and 1 GiB (a page-touching thread
+    // pool and the driver's page walk take a while to reach their rate).
+    let (small_pin, large_pin) = (64 * MIB, 1024 * MIB);
+    let (made_s, reg_s) = pinning(d, small_pin)?;
+    let (made_l, reg_l) = pinning(d, large_pin)?;
+    for (name, s, l) in [
+        ("alloc_pinned_host", made_s, made_l),
+        ("register_host", reg_s, reg_l),
+    ] {
+        if let (Some(s), Some(l)) = (s, l) {
+            let cost = line(small_pin, s, large_pin, l);
+            eprintln!(
+                "{name}: {:.0} µs + {:.1} µs/MiB ({:.3} s/GiB)",
+                cost.us,
+                cost.us_per_mib,
+                cost.us_per_mib * 1024.0 / 1e6
+            );
+            calls.insert(name.to_string(), cost);
+        }
+    }
     let copy_gib_s = copies(d, 256 * MIB, stream)?;
     // SAFETY: `stream` was made above and nothing runs on it any more.
     unsafe { d.destroy_stream(stream) }?;
