@@ -391,3 +391,72 @@ fn churn_is_as_frugal_under_the_hold_as_documented() {
         Bytes(documented.used_after_trim)
     );
 }
+
+/// A training loop (a small GPT-2-style workload, 6 Adam steps) through vmm over fakehip,
+/// counted by the driver's own call counts per step: no memory, reservation, access, event or
+/// synchronisation call from the third step on, under both behaviours.
+#[test_case("documented" ; "documented")]
+#[test_case(HOLD ; "reservation_hold")]
+fn a_training_loop_is_quiet_once_warm_on_the_driver(profile: &str) {
+    use portalloc::replay::workload::TransformerTrain;
+    use portalloc::trace::Op;
+    let s = Subject::new(profile, 8 * GIB, 6 * GIB);
+    let w = TransformerTrain {
+        layers: 4,
+        hidden: 256,
+        batch: 4,
+        seq: 256,
+        vocab: 8192,
+        steps: 6,
+        ..TransformerTrain::default()
+    };
+    let (header, events) = w.events().unwrap();
+    let calls = || {
+        [
+            "hipMemCreate",
+            "hipMemMap",
+            "hipMemUnmap",
+            "hipMemRelease",
+            "hipMemSetAccess",
+            "hipMemAddressReserve",
+            "hipMemAddressFree",
+            "hipEventRecord",
+            "hipEventQuery",
+            "hipStreamSynchronize",
+            "hipDeviceSynchronize",
+            "hipMemGetInfo",
+        ]
+        .map(|f| s.fake.calls(f))
+        .iter()
+        .sum::<i64>()
+    };
+    let mut live = std::collections::HashMap::new();
+    let mut per_step = Vec::new();
+    let mut at = calls();
+    for (i, e) in events.iter().enumerate() {
+        if header.step_starts.contains(&(i as u64)) && i > 0 {
+            let now = calls();
+            per_step.push(now - at);
+            at = now;
+        }
+        match e.op {
+            Op::Alloc => {
+                let a = s.vmm.allocate(e.size, 0, Stream::DEFAULT, "").unwrap();
+                live.insert(e.id, a);
+            }
+            Op::Free => s.vmm.deallocate(live.remove(&e.id).unwrap()).unwrap(),
+        }
+    }
+    per_step.push(calls() - at);
+    eprintln!("{profile}: driver calls before the first step and per step {per_step:?}");
+    s.inv("training loop");
+    // per_step[0] is before the first step (the parameters), per_step[k] step k.
+    assert_eq!(per_step.len(), 7);
+    assert!(
+        per_step[3..].iter().all(|&c| c == 0),
+        "{profile}: steps 3 on made driver calls: {per_step:?}"
+    );
+    for (_, a) in live {
+        s.vmm.deallocate(a).unwrap();
+    }
+}
