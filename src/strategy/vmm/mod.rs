@@ -311,6 +311,9 @@ struct Inner {
     /// Regions in use whose reservation was freed and could not be had again at their
     /// address: no request is placed there until a later try succeeds (a wake's).
     blocked: Vec<usize>,
+    /// True while a wake backs its pieces: handles are then made a copy piece at a time
+    /// (see [`VmmAllocator::handle_granules`]).
+    waking: bool,
 }
 
 /// The lists of [`VmmAllocator::back`]. Invariant: all empty between calls.
@@ -498,6 +501,7 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
                 copy_stream: None,
                 mapped_in: FxHashMap::default(),
                 blocked: Vec::new(),
+                waking: false,
             }),
         })
     }
@@ -1147,7 +1151,7 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         while (backing.len() as u64) < n {
             let left = n - backing.len() as u64;
             let granules = self
-                .handle_granules(vm, &inner.phys, left, small)
+                .handle_granules(vm, &inner.phys, left, small, inner.waking)
                 .min(largest)
                 .min(self.creatable(&inner.phys))
                 .min(cap - made);
@@ -1182,9 +1186,9 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
     }
 
     /// Granules of the next handle [`VmmAllocator::create_within_budget`] makes, `left` still
-    /// to find: one for a small request, up to [`LARGE_HANDLE_GRANULES`] for a large one, a
-    /// whole copy piece ([`VmmOptions::copy_piece`], 256 MiB) while at least that much is
-    /// left — more where the driver spends a file descriptor per handle
+    /// to find: one for a small request, up to [`LARGE_HANDLE_GRANULES`] for a large one, for a
+    /// wake ([`Inner::waking`]) a whole copy piece ([`VmmOptions::copy_piece`], 256 MiB) while
+    /// at least that much is left — more where the driver spends a file descriptor per handle
     /// ([`VirtualMemory::handle_budget`], ROCm 7.14): then what the budget can still create
     /// is planned in at most a quarter of the descriptors this allocator could ever hold (its
     /// handles and those still free) and at most half of those free, so that the whole budget
@@ -1197,16 +1201,19 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         phys: &Physical,
         left: u64,
         small: bool,
+        waking: bool,
     ) -> u64 {
-        // A request that still lacks a whole copy piece (a wake's piece, an allocation of
-        // hundreds of MiB) takes it in one handle: at ~130–170 µs a `cuMemCreate` (see
-        // `replay::costs`), 8 GiB in 32 handles rather than 416 (vLLM's ROCm sleep allocator
-        // makes 256 MiB ones too). Granules are mapped one by one, so such a handle is split
-        // between places as any other; smaller requests keep today's sizes.
+        // A wake's piece that still lacks a whole copy piece takes it in one handle: at
+        // ~130–170 µs a `cuMemCreate` (see `replay::costs`), 8 GiB in 32 handles rather than
+        // 416 (vLLM's ROCm sleep allocator makes 256 MiB ones too). Only a wake's: a handle
+        // goes back only once none of its granules is mapped, and once stitching has spread
+        // a freed allocation's granules under others, a trim could keep a 256 MiB handle for
+        // one granule (1 GiB allocated, freed, then 600 MiB of 1 MiB ones: 832 MiB held after
+        // a trim against 604 MiB with 20 MiB handles). Allocations keep today's sizes.
         let piece = (self.options.copy_piece / self.granularity).max(LARGE_HANDLE_GRANULES);
         let usual = if small {
             1
-        } else if left >= piece {
+        } else if waking && left >= piece {
             piece
         } else {
             left.min(LARGE_HANDLE_GRANULES)

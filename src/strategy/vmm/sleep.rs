@@ -1017,7 +1017,10 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
                 // changed the free and unsettled granules.
                 let unsettled = inner.phys.unsettled_free();
                 let (n, s) = self.need_and_supply(&inner.phys, lo, hi - lo, unsettled);
-                if let Err(shortfall) = self.back(inner, lo, n, s, hi - lo, small) {
+                inner.waking = true;
+                let backed = self.back(inner, lo, n, s, hi - lo, small);
+                inner.waking = false;
+                if let Err(shortfall) = backed {
                     failed = Some(shortfall);
                     break 'spans;
                 }
