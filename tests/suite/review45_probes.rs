@@ -21,29 +21,12 @@ use portalloc::units::Bytes;
 use portalloc::{Allocation, Allocator, Device, Error, Keep, Stream, Vendor};
 
 use crate::support::fakes::{Fake, FakeDevice, MEMORY};
+use crate::support::Rng;
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 const HOLD: &str = "rocm7-reservation-hold";
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn size(&mut self, lo: u64, hi: u64) -> u64 {
-        let (a, b) = ((lo as f64).ln(), (hi as f64).ln());
-        let u = (self.next() >> 11) as f64 / (1u64 << 53) as f64;
-        ((a + u * (b - a)).exp() as u64).clamp(lo, hi)
-    }
-}
 
 /// The caller's own driver calls: a stream (flags), a raw allocation and its free.
 struct Raw<'a> {

@@ -25,6 +25,7 @@ use portalloc::{Allocation, Allocator, Device, Error, Keep, Stream, Vendor};
 use test_case::test_case;
 
 use crate::support::fakes::{Fake, FakeDevice};
+use crate::support::Rng;
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
@@ -235,25 +236,6 @@ fn a_wake_waits_for_memory_a_kernel_still_reads(profile: &str) {
     assert_eq!(s.hazards(), 0, "{:?}", s.fake.hazards());
     s.vmm.deallocate(w).unwrap();
     s.vmm.deallocate(small).unwrap();
-}
-
-/// xorshift64*: the churn's sizes and choices, the same on every run.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    /// Log-uniform in `[lo, hi]`.
-    fn size(&mut self, lo: u64, hi: u64) -> u64 {
-        let (a, b) = ((lo as f64).ln(), (hi as f64).ln());
-        let u = (self.next() >> 11) as f64 / (1u64 << 53) as f64;
-        ((a + u * (b - a)).exp() as u64).clamp(lo, hi)
-    }
 }
 
 /// What the churn did, from the driver's side.
