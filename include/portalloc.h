@@ -30,7 +30,8 @@ enum PortallocStatus
   // An argument outside what the call accepts: a size that cannot be served (overflow),
   // an alignment that is not a power of two, text that is not UTF-8.
   PORTALLOC_STATUS_INVALID_ARGUMENT = 2,
-  // Out of memory; the message carries the report and the diagnosis.
+  // Out of memory; the message carries the report and the diagnosis. Also the process
+  // out of file descriptors for another VMM handle (ROCm 7.14), which the message names.
   PORTALLOC_STATUS_OUT_OF_MEMORY = 3,
   // A handle that was freed, donated, or never issued by this allocator.
   PORTALLOC_STATUS_INVALID_HANDLE = 4,

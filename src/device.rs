@@ -482,8 +482,9 @@ pub trait Device: Send + Sync + fmt::Debug {
     /// touched from several threads: about 0.10 s per GiB against
     /// [`Device::alloc_pinned_host`]'s 0.49 (rapidsai/cudf PR #23457). `Ok(true)` once
     /// registered, counted in the device's census until [`Device::unregister_host`];
-    /// `Ok(false)` where the device offers no registration (nothing done: the caller pins
-    /// another way or keeps ordinary memory). Default: `Ok(false)`.
+    /// `Ok(false)` where the device offers no registration (nothing registered — the pages
+    /// may have been touched, zeroed, first: the caller pins another way or keeps ordinary
+    /// memory). Default: `Ok(false)`.
     ///
     /// # Safety
     /// `[ptr, ptr + size)` is host memory the caller owns, writable, whose bytes it does not
@@ -491,9 +492,9 @@ pub trait Device: Send + Sync + fmt::Debug {
     /// with no device already.
     ///
     /// # Errors
-    /// [`crate::Error::InvalidSize`] for zero; [`crate::Error::InvalidArgument`] for memory
-    /// registered already; the backend's error when the driver refuses (nothing is
-    /// registered then).
+    /// [`crate::Error::InvalidSize`] for zero where the device registers (the default answers
+    /// `Ok(false)` to anything); [`crate::Error::InvalidArgument`] for memory registered
+    /// already; the backend's error when the driver refuses (nothing is registered then).
     // The declaration states the contract; implementations check what they can.
     #[allow(unsafe_code)]
     unsafe fn register_host(&self, ptr: std::ptr::NonNull<u8>, size: u64) -> Result<bool> {

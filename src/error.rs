@@ -122,7 +122,9 @@ pub enum Error {
     /// ROCm/rocm-systems#10604), and the process holds as many as its soft `RLIMIT_NOFILE`
     /// allows. The driver itself answers out of memory with the device nearly empty. Nothing
     /// was changed by the call that needed the handle; closing descriptors, fewer and larger
-    /// handles, or a higher limit (`ulimit -n`) let the next one through.
+    /// handles, or a higher limit (`ulimit -n`) let the next one through. Not
+    /// [`Error::is_out_of_memory`] (the device has memory, so no strategy frees or moves its
+    /// own for it); the C ABI reports it as `PORTALLOC_STATUS_OUT_OF_MEMORY`.
     #[error(
         "{backend} device: no file descriptor left for another physical handle of {} — the \
          driver opens one per handle and the process holds {open} of its limit of {limit} \

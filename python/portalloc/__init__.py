@@ -580,9 +580,10 @@ class Allocator:
         register. The buffer is freed in stream order on it.
 
         ``size``, ``alignment`` (a power of two, 0: the default) and ``stream`` are integers
-        from 0 to 2**64-1; ``tag`` a ``str`` without NUL (``None``: the name of this thread's
-        :func:`tag` block it is made in, else that of the process's :func:`region`, else
-        ``"buffer"``).
+        from 0 to 2**64-1; ``tag`` a ``str`` without NUL of at most 1024 bytes (``None``: the
+        name of this thread's :func:`tag` block it is made in, else that of the process's
+        :func:`region`, else ``"buffer"``); a longer one raises :class:`PortallocError`
+        (``INVALID_ARGUMENT``), as every call that takes a tag does.
 
         A tag given here is a name in the ledger; for its buffers to sleep apart from every
         other tag's (a sleep then hands back all of their memory), it must be declared:
@@ -641,9 +642,9 @@ class Allocator:
     def donate(
         self, buffer: Union[Buffer, SupportsIndex], to_tag: Optional[str] = "donated"
     ) -> Buffer:
-        """Hands a buffer to a consumer under ``to_tag`` (a ``str`` without NUL; ``None``:
-        ``"donated"``); returns the consumer's :class:`Buffer`. The old handle is dead
-        afterwards."""
+        """Hands a buffer to a consumer under ``to_tag`` (a ``str`` without NUL of at most
+        1024 bytes — a longer one raises :class:`PortallocError`; ``None``: ``"donated"``);
+        returns the consumer's :class:`Buffer`. The old handle is dead afterwards."""
         handle = self._handle("donate", buffer)
         encoded = _text("donate", "to_tag", to_tag)
         new = ctypes.c_uint64()
@@ -808,8 +809,10 @@ def _sleep_tag(call: str, name: object, argument: str = "name") -> bytes:
     """``name`` (the ``argument`` of ``call``) as the UTF-8 bytes of a tag that can sleep: a
     non-empty ``str`` without NUL. One rule for every call that names such a tag —
     :func:`tag`, :func:`region`, :func:`declare`, :meth:`Allocator.sleep` and
-    :meth:`Allocator.wake` — as the C ABI has; the 1024-byte bound is the C ABI's, for these
-    and for a tag given to :meth:`Allocator.allocate`."""
+    :meth:`Allocator.wake` — as the C ABI has: an empty one raises ``ValueError`` here; the
+    1024-byte bound is the C ABI's, for these and for a tag given to
+    :meth:`Allocator.allocate` or :meth:`Allocator.donate`, and a longer tag raises
+    :class:`PortallocError` (``INVALID_ARGUMENT``) from it."""
     encoded = _text(call, argument, name, optional=False)
     if not encoded:
         raise ValueError(

@@ -89,7 +89,8 @@ pub enum PortallocStatus {
     /// An argument outside what the call accepts: a size that cannot be served (overflow),
     /// an alignment that is not a power of two, text that is not UTF-8.
     InvalidArgument = 2,
-    /// Out of memory; the message carries the report and the diagnosis.
+    /// Out of memory; the message carries the report and the diagnosis. Also the process
+    /// out of file descriptors for another VMM handle (ROCm 7.14), which the message names.
     OutOfMemory = 3,
     /// A handle that was freed, donated, or never issued by this allocator.
     InvalidHandle = 4,

@@ -325,6 +325,10 @@ pub struct ReplayResult {
         skip_serializing_if = "Vec::is_empty"
     )]
     pub steps: Vec<StepCalls>,
+    /// Where steps are known: the calls made before the first step began (the parameters, a
+    /// preallocation), so that they and the steps' add up to `driver_calls`.
+    #[serde(rename = "driver_calls_before_steps")]
+    pub calls_before_steps: u64,
     /// Every device call by name ([`crate::adaptor::Call::NAMES`]) with the bytes each acted
     /// on, over the whole replay: what a cost table prices ([`crate::replay::costs`]).
     /// Serialized as `device_calls_by_name`, name → count.
@@ -577,6 +581,9 @@ fn replay_until(
         first_failure: run.first_failure.take(),
         device_calls: device.counts().memory_calls(),
         driver_calls: tally.by_name.values().map(|&(c, _)| c).sum(),
+        calls_before_steps: step_marks
+            .first()
+            .map_or(0, |(_, t)| t.by_name.values().map(|&(c, _)| c).sum()),
         steps: StepCalls::from_marks(&step_marks, &tally),
         steady_tally: tally.since(&first_half.unwrap_or_default()),
         tally,

@@ -856,11 +856,20 @@ fn replay_repeat_reports_the_driver_calls_per_step() {
         assert!(calls[0] > 0, "the first step makes the memory: {calls:?}");
         assert_eq!(&calls[2..], [0, 0], "{}: quiet once warm", r["strategy"]);
         assert!(r["driver_calls"].as_u64().unwrap() >= r["device_calls"].as_u64().unwrap());
+        let before = r["driver_calls_before_steps"].as_u64().unwrap();
+        assert_eq!(
+            before + calls.iter().sum::<u64>(),
+            r["driver_calls"].as_u64().unwrap()
+        );
     }
     let (ok, out, err) = portalloc(&["replay", p, "--repeat", "3", "--strategies", "vmm"], &[]);
     assert!(ok, "{err}");
     assert_mentions_all(&out, &["driver calls per step", "step 1: ", "3: 0"]);
     let err = portalloc_fails(&["replay", p, "--repeat", "0"], &[]);
     assert_short_error(&err, "a number of passes from 1 to 1000");
+    let mut workload_only = vec!["replay", "--repeat", "2"];
+    workload_only.extend_from_slice(SMALL_MODEL);
+    let err = portalloc_fails(&workload_only, &[]);
+    assert_short_error(&err, "a built-in workload has steps of its own (--steps)");
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -275,6 +275,13 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         Some(b) => Some(parse_size("--baseline", b)?),
         None => None,
     };
+    if args.repeat != 1 && args.traces.is_empty() {
+        return Err(Error::config(
+            "--repeat",
+            args.repeat.to_string(),
+            "trace files to repeat: a built-in workload has steps of its own (--steps)",
+        ));
+    }
     let mut inputs: Vec<(String, TraceInput, String)> = Vec::new();
     if let Some(name) = &args.workload {
         let workload = args.shape.apply(Workload::from_name(name)?)?;
@@ -656,6 +663,11 @@ fn inapplicable_options(args: &ReplayArgs, xla_dump: bool) -> Vec<&'static str> 
             ignored.push(
                 "--baseline does not apply to an XLA dump (its arguments are the memory live \
                  before an execution): ignored",
+            );
+        }
+        if args.repeat != 1 {
+            ignored.push(
+                "--repeat does not apply to an XLA dump (--steps gives its executions): ignored",
             );
         }
     } else {
@@ -1162,10 +1174,18 @@ fn print_report(r: &TraceReport) {
         .iter()
         .any(|s| s.result.as_ref().is_some_and(|x| x.steps.len() > 1))
     {
-        println!("   driver calls per step (every call made of the device during the step):");
+        println!(
+            "   driver calls per step (every call made of the device, events and queries \
+             included, unlike dev calls; before: the calls before the first step):"
+        );
         for s in &r.results {
             if let Some(x) = s.result.as_ref().filter(|x| x.steps.len() > 1) {
-                println!("   {:<9} {}", s.strategy, per_step_line(&x.steps));
+                println!(
+                    "   {:<9} before: {} · {}",
+                    s.strategy,
+                    x.calls_before_steps,
+                    per_step_line(&x.steps)
+                );
             }
         }
     }

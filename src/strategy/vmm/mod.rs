@@ -71,10 +71,11 @@
 //! bookkeeping grows with the number of handles, so a request smaller than the small
 //! threshold gets one-granule handles (2 MiB on GPUs, as PyTorch's small pool), and a larger
 //! request gets handles of up to [`LARGE_HANDLE_GRANULES`] granules (20 MiB at 2 MiB
-//! granularity, as PyTorch's expandable segments) — while it still lacks a whole copy piece
-//! ([`VmmOptions::copy_piece`], 256 MiB: a wake's piece, a tensor of hundreds of MiB), a
-//! handle of the piece, as vLLM's ROCm sleep allocator makes (8 GiB woken in 32 `cuMemCreate`s
-//! rather than 416, at some 130–170 µs each). Granules are still mapped one by one, so
+//! granularity, as PyTorch's expandable segments); a wake's piece that still lacks a whole
+//! copy piece ([`VmmOptions::copy_piece`], 256 MiB) gets a handle of the piece, as vLLM's ROCm
+//! sleep allocator makes (8 GiB woken in 32 `cuMemCreate`s rather than 416, at some 130–170 µs
+//! each) — a wake's only: a trim after stitching would keep such a handle whole for one
+//! granule. Granules are still mapped one by one, so
 //! a big handle can be split between places; a handle is released only when none of its
 //! granules is mapped ([`Allocator::trim`] and drop).
 //!
@@ -1590,8 +1591,8 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
                 }
                 let cause = format!(
                     "the device refused physical memory after this allocator's own free \
-                     memory was used (idle, stitched{}): {e}; {} ({} held here, {} of it in \
-                     use)",
+                     memory was used (idle, stitched{}): {e}; with what the request made given \
+                     back, {} ({} held here, {} of it in use)",
                     if inner.hold {
                         ", borrowed across segments"
                     } else {
