@@ -17,7 +17,7 @@ use portalloc::backends::hip::HipDevice;
 use portalloc::strategy::vmm::{VmmAllocator, VmmOptions};
 use portalloc::{Allocation, Allocator, Device, Error, Keep, Stream};
 
-use crate::support::fakes::{Fake, FakeDevice};
+use crate::support::fakes::{stamp as write, stamped as holds, Fake, FakeDevice};
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
@@ -390,21 +390,4 @@ fn vmm_fills_sleeps_and_wakes_64_gib_at_ulimit_1024() {
 /// The mean handle size: what the allocator holds over the handles the driver has.
 fn fake_mean_handle(vmm: &VmmAllocator<HipDevice>, handles: u64) -> u64 {
     vmm.stats().pool_bytes / handles.max(1)
-}
-
-/// Writes `byte` at the start, the middle and the end of `a` (the fake's memory is host
-/// memory; the rest stays untouched, so the device's pages are not all made).
-fn write(a: &Allocation, byte: u8) {
-    for at in [0, a.size() / 2, a.size() - 1] {
-        // SAFETY: inside the live allocation, mapped read-write on the fake's host memory.
-        unsafe { ((a.ptr() + at) as *mut u8).write_volatile(byte) };
-    }
-}
-
-/// Whether `a` holds `byte` where [`write`] put it.
-fn holds(a: &Allocation, byte: u8) -> bool {
-    [0, a.size() / 2, a.size() - 1].into_iter().all(|at| {
-        // SAFETY: as in `write`.
-        unsafe { ((a.ptr() + at) as *const u8).read_volatile() == byte }
-    })
 }

@@ -20,8 +20,8 @@ use portalloc::strategy::vmm::{VmmAllocator, VmmOptions};
 use portalloc::units::Bytes;
 use portalloc::{Allocation, Allocator, Device, Error, Keep, Stream, Vendor};
 
-use crate::support::fakes::{Fake, FakeDevice, MEMORY};
-use crate::support::Rng;
+use crate::support::common::Rng;
+use crate::support::fakes::{stamp as write, stamped as holds, Fake, FakeDevice, MEMORY};
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
@@ -241,20 +241,6 @@ fn review45_streams_under_pressure_hip_hold() {
 }
 
 // ---- 2. a tenant at random points ---------------------------------------------------------
-
-fn write(a: &Allocation, byte: u8) {
-    for at in [0, a.size() / 2, a.size() - 1] {
-        // SAFETY: inside the live allocation, mapped read-write on the fake's host memory.
-        unsafe { ((a.ptr() + at) as *mut u8).write_volatile(byte) };
-    }
-}
-
-fn holds(a: &Allocation, byte: u8) -> bool {
-    [0, a.size() / 2, a.size() - 1].into_iter().all(|at| {
-        // SAFETY: as in `write`.
-        unsafe { ((a.ptr() + at) as *const u8).read_volatile() == byte }
-    })
-}
 
 fn random_tenant<D: FakeDevice>(vendor: Vendor, profile: &str, seed: u64) {
     let (fake, device) = open::<D>(vendor, profile, 2 * GIB);

@@ -682,7 +682,7 @@ mod real_traces {
     /// The full table: each real trace on a simulated H100 (fraction 0.75) through bfc
     /// (preallocated and growing), vmm and async, and the smallest capacity per strategy.
     #[test]
-    #[ignore = "slow in debug builds: cargo test --release --test suite vmm::real_traces::real_traces_figures -- --ignored --nocapture"]
+    #[ignore = "slow in debug builds: cargo test --release --all-features --test suite vmm::real_traces::real_traces_figures -- --ignored --nocapture"]
     fn real_traces_figures() {
         let Some(traces) = load_traces() else { return };
         let options = h100_options();

@@ -24,8 +24,8 @@ use portalloc::units::Bytes;
 use portalloc::{Allocation, Allocator, Device, Error, Keep, Stream, Vendor};
 use test_case::test_case;
 
+use crate::support::common::Rng;
 use crate::support::fakes::{Fake, FakeDevice};
-use crate::support::Rng;
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;

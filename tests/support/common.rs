@@ -160,6 +160,14 @@ impl Rng {
     pub fn below(&mut self, n: u64) -> u64 {
         self.next() % n
     }
+
+    /// Log-uniform in `[lo, hi]` (`0 < lo ≤ hi`): sizes as a churn of many small and few
+    /// large requests asks for them.
+    pub fn size(&mut self, lo: u64, hi: u64) -> u64 {
+        let (a, b) = ((lo as f64).ln(), (hi as f64).ln());
+        let u = (self.next() >> 11) as f64 / (1u64 << 53) as f64;
+        ((a + u * (b - a)).exp() as u64).clamp(lo, hi)
+    }
 }
 
 /// The first two of `allocations` (empty ones left out) whose ranges overlap, as

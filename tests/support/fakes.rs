@@ -643,3 +643,20 @@ fake_device!(
     portalloc::backends::hip::HipDevice,
     portalloc::backends::hip::Runtime
 );
+
+/// Writes `byte` at the start, the middle and the end of `a` — memory of a fake driver, which
+/// is host memory; the rest stays untouched, so the device's pages are not all made.
+pub fn stamp(a: &portalloc::Allocation, byte: u8) {
+    for at in [0, a.size() / 2, a.size() - 1] {
+        // SAFETY: inside the live allocation, mapped read-write on the fake's host memory.
+        unsafe { ((a.ptr() + at) as *mut u8).write_volatile(byte) };
+    }
+}
+
+/// Whether `a` holds `byte` where [`stamp`] put it.
+pub fn stamped(a: &portalloc::Allocation, byte: u8) -> bool {
+    [0, a.size() / 2, a.size() - 1].into_iter().all(|at| {
+        // SAFETY: as in `stamp`.
+        unsafe { ((a.ptr() + at) as *const u8).read_volatile() == byte }
+    })
+}

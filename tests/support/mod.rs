@@ -173,30 +173,3 @@ pub fn event(seq: u64, op: portalloc::trace::Op, id: u64, size: u64) -> portallo
         tag: 0,
     }
 }
-
-/// xorshift64*: seeded choices and sizes, the same on every run (the tenant tests' churns).
-#[cfg(all(feature = "hip", feature = "c-api"))]
-pub struct Rng(pub u64);
-
-#[cfg(all(feature = "hip", feature = "c-api"))]
-impl Rng {
-    /// The next 64 random bits.
-    pub fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    /// Uniform in `[0, n)` (`[0, 1)` for 0).
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-
-    /// Log-uniform in `[lo, hi]`.
-    pub fn size(&mut self, lo: u64, hi: u64) -> u64 {
-        let (a, b) = ((lo as f64).ln(), (hi as f64).ln());
-        let u = (self.next() >> 11) as f64 / (1u64 << 53) as f64;
-        ((a + u * (b - a)).exp() as u64).clamp(lo, hi)
-    }
-}

@@ -686,8 +686,8 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
 
     /// Whether backing a request may come to stitching: the best fit (the place chosen
     /// unless it cannot be backed) lacks more granules than are idle or may be made before
-    /// memory is moved ([`VmmAllocator::growth_room`]), or no address range fits yet. When it lacks no more, [`VmmAllocator::place`]
-    /// picks it and backing takes idle and new memory only (a device that refuses new memory
+    /// memory is moved ([`VmmAllocator::growth_room`]), or no address range fits yet. When it
+    /// lacks no more, [`VmmAllocator::place`] picks it and backing takes idle and new memory only (a device that refuses new memory
     /// has [`VmmAllocator::gather`] fence what it stitches then).
     fn may_stitch(
         &self,
@@ -1407,20 +1407,49 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
         let p = inner.space.find(class, rounded, alignment, !small)?;
         let phys = &inner.phys;
         let unsettled = phys.unsettled_free();
-        let (need, _) = self.need_and_supply(phys, p.addr, rounded, unsettled);
+        let (need, supply) = self.need_and_supply(phys, p.addr, rounded, unsettled);
         if need == 0 {
             return None;
         }
-        inner
+        let first = Site {
+            at: p,
+            need,
+            supply,
+        };
+        let best = self.fewest_needed(inner, first, rounded, alignment, class, unsettled);
+        (best.need == 0).then_some(best)
+    }
+
+    /// Of `first` and the first [`MAPPED_SEARCH`] places in best-fit order, the one needing
+    /// the fewest granules mapped (the earliest among equals; a place needing none ends the
+    /// search).
+    fn fewest_needed(
+        &self,
+        inner: &Inner,
+        first: Site,
+        rounded: u64,
+        alignment: u64,
+        class: usize,
+        unsettled: u64,
+    ) -> Site {
+        let mut best = first;
+        for at in inner
             .space
             .candidates(class, rounded, alignment)
             .take(MAPPED_SEARCH)
-            .filter(|c| !self.is_blocked(inner, c.addr))
-            .map(|at| {
-                let (need, supply) = self.need_and_supply(phys, at.addr, rounded, unsettled);
-                Site { at, need, supply }
-            })
-            .find(|s| s.need == 0)
+        {
+            if best.need == 0 {
+                break;
+            }
+            if self.is_blocked(inner, at.addr) {
+                continue;
+            }
+            let (need, supply) = self.need_and_supply(&inner.phys, at.addr, rounded, unsettled);
+            if need < best.need {
+                best = Site { at, need, supply };
+            }
+        }
+        best
     }
 
     /// Chooses where the request goes: the best fit, unless the memory it needs cannot be
@@ -1462,24 +1491,7 @@ impl<D: Device + ?Sized> VmmAllocator<D> {
             // mapped (a place on mapped granules needs no driver call at all). Elsewhere best
             // fit's packing is worth more: the search made the smallest device of
             // pangu_2.6B 1.012 × its peak live instead of 1.010.
-            let mut best = first;
-            for c in inner
-                .space
-                .candidates(class, rounded, alignment)
-                .take(MAPPED_SEARCH)
-            {
-                if self.is_blocked(inner, c.addr) {
-                    continue;
-                }
-                let s = site(c);
-                if s.need < best.need {
-                    best = s;
-                    if best.need == 0 {
-                        break;
-                    }
-                }
-            }
-            return Some(best);
+            return Some(self.fewest_needed(inner, first, rounded, alignment, class, unsettled));
         }
         if first.need <= first.supply {
             return Some(first);
