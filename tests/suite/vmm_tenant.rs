@@ -473,3 +473,54 @@ fn a_trim_after_stitching_keeps_little_beyond_the_live_granules() {
         s.vmm.deallocate(a).unwrap();
     }
 }
+
+/// The device's refusal seen from a caller with another device current and another thread:
+/// vmm on device 0 of two, the caller's thread with device 1 current, another tenant leaving
+/// device 0 short; the allocation served from vmm's own memory leaves the caller's current
+/// device as it was, and the buffers are freed on another thread with the books and the
+/// driver's free memory back where they started.
+#[test_case("documented" ; "documented")]
+#[test_case(HOLD ; "reservation_hold")]
+fn the_callers_device_and_thread_are_left_alone_under_a_tenant(profile: &str) {
+    let fake = Fake::with_devices(Vendor::Hip, 2, 4 * GIB);
+    fake.set_profile(profile).unwrap();
+    let device = Arc::new(<HipDevice as FakeDevice>::open(&fake, 0));
+    let vmm = VmmAllocator::new(Arc::clone(&device), VmmOptions::new(3 * GIB)).unwrap();
+    let start = device.mem_info().unwrap().free;
+    fake.set_current(1);
+    let big = vmm.allocate(200 * MIB, 0, Stream::DEFAULT, "").unwrap();
+    let small = vmm.allocate(4 * MIB, 0, Stream::DEFAULT, "").unwrap();
+    vmm.deallocate(big).unwrap();
+    let malloc: Malloc = fake.sym("hipMalloc");
+    let free: Free = fake.sym("hipFree");
+    fake.set_current(0);
+    let take = device.mem_info().unwrap().free - 100 * MIB;
+    let mut p = std::ptr::null_mut();
+    // SAFETY: one pointer written; the size by value.
+    assert_eq!(
+        unsafe { malloc(&mut p, take as usize) },
+        0,
+        "the tenant's hipMalloc"
+    );
+    fake.set_current(1);
+    let a = vmm.allocate(300 * MIB, 0, Stream::DEFAULT, "").unwrap();
+    assert_eq!(fake.current(), 1, "the caller's current device is its own");
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            vmm.deallocate(a).unwrap();
+            vmm.deallocate(small).unwrap();
+        });
+    });
+    vmm.trim().unwrap();
+    vmm.check_invariants().unwrap();
+    assert_eq!(fake.current(), 1);
+    assert_eq!(fake.hazards().0, 0, "{:?}", fake.hazards());
+    // SAFETY: the pointer the tenant's hipMalloc gave.
+    assert_eq!(unsafe { free(p) }, 0);
+    drop(vmm);
+    assert_eq!(
+        device.mem_info().unwrap().free,
+        start,
+        "the driver's free memory back"
+    );
+}
