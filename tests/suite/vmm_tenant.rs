@@ -497,11 +497,8 @@ fn the_callers_device_and_thread_are_left_alone_under_a_tenant(profile: &str) {
     let take = device.mem_info().unwrap().free - 100 * MIB;
     let mut p = std::ptr::null_mut();
     // SAFETY: one pointer written; the size by value.
-    assert_eq!(
-        unsafe { malloc(&mut p, take as usize) },
-        0,
-        "the tenant's hipMalloc"
-    );
+    let rc = unsafe { malloc(&mut p, take as usize) };
+    assert_eq!(rc, 0, "the tenant's hipMalloc");
     fake.set_current(1);
     let a = vmm.allocate(300 * MIB, 0, Stream::DEFAULT, "").unwrap();
     assert_eq!(fake.current(), 1, "the caller's current device is its own");
