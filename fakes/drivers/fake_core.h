@@ -50,7 +50,7 @@
 #define FK_FN static __attribute__((unused))
 
 /* The version of the control API: Controls (Rust, Python) refuse a driver of another. */
-#define FK_KIT_VERSION 3
+#define FK_KIT_VERSION 4
 
 #define FK_MAX_DEVICES 8
 #define FK_MAX_CTX 64 /* [0, FK_MAX_DEVICES): the devices' primary contexts */
@@ -75,6 +75,7 @@ enum {
   FK_INVALID_CONTEXT = 201,
   FK_PEER_UNSUPPORTED = 217,
   FK_INVALID_HANDLE = 400,
+  FK_ILLEGAL_STATE = 401, /* CUDA_ERROR_ILLEGAL_STATE, hipErrorIllegalState */
   FK_NOT_FOUND = 500,
   FK_NOT_READY = 600,
   FK_ILLEGAL_ADDRESS = 700,
@@ -82,6 +83,17 @@ enum {
   FK_PEER_NOT_ENABLED = 705,
   FK_NOT_PERMITTED = 800,
   FK_NOT_SUPPORTED = 801,
+  /* Stream capture (fake_graphs.h): CUDA_ERROR_STREAM_CAPTURE_* and hipErrorStreamCapture*,
+   * the same numbers. */
+  FK_CAPTURE_UNSUPPORTED = 900,
+  FK_CAPTURE_INVALIDATED = 901,
+  FK_CAPTURE_MERGE = 902,
+  FK_CAPTURE_UNMATCHED = 903,
+  FK_CAPTURE_UNJOINED = 904,
+  FK_CAPTURE_ISOLATION = 905,
+  FK_CAPTURE_IMPLICIT = 906,
+  FK_CAPTURED_EVENT = 907,
+  FK_CAPTURE_WRONG_THREAD = 908,
   FK_UNKNOWN = 999,
 };
 
@@ -132,6 +144,9 @@ struct fk_entry {
 
 /* The face's table (defined at the end of each face, after its functions). */
 static const struct fk_entry *fk_table(int *n);
+/* What a capture under way makes of a call to entry `e` (fake_graphs.h): FK_OK, or the code
+ * the vendors return for a call the capture forbids. */
+static int fk_capture_enter(const struct fk_entry *e);
 /* The face's defaults, read from the environment before the first call is served. */
 static void fk_face_defaults(void);
 /* The face's answer to a code a call returns (HIP records it as the thread's last error). */
@@ -259,6 +274,8 @@ FK_FN int fk_enter(int index) {
     }
     if (x->count >= 0 && past + 1 >= x->count) x->used = 0; /* spent */
   }
+  /* An injected fault comes first; then what a capture under way forbids. */
+  if (code == FK_OK) code = fk_capture_enter(&t[index]);
   return code;
 }
 

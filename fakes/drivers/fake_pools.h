@@ -175,9 +175,14 @@ FK_FN int fk_pool_destroy(int slot) {
   return FK_OK;
 }
 
+static int fk_capture_refuse(int clock, const char *why); /* fake_graphs.h */
+
 /* `size` bytes from pool `slot` for work on `clock`, blocks rounded up to `round`. */
 FK_FN int fk_pool_alloc(int slot, int clock, unsigned long long size, unsigned long long round,
                         const char *what, unsigned long long *out) {
+  if (fk_clocks[clock].capture)
+    return fk_capture_refuse(clock, "a stream-ordered allocation on a captured stream (a graph "
+                                    "memory node, which the fake does not model)");
   struct fk_pool *x = &fk_pools[slot];
   unsigned long long bytes = fk_round_up(size, round);
   if (bytes < size) return FK_OUT_OF_MEMORY;
@@ -220,6 +225,9 @@ FK_FN int fk_pool_alloc(int slot, int clock, unsigned long long size, unsigned l
 
 /* Frees the pool block at `ptr` on `clock`: FK_INVALID_VALUE when no pool handed it out. */
 FK_FN int fk_pool_free(unsigned long long ptr, int clock) {
+  if (fk_clocks[clock].capture)
+    return fk_capture_refuse(clock, "a stream-ordered free on a captured stream (a graph memory "
+                                    "node, which the fake does not model)");
   for (int i = 0; i < fk_regions_high; i++) {
     struct fk_region *b = &fk_regions[i];
     if (b->kind != R_POOL || !b->in_use || b->va != ptr) continue;

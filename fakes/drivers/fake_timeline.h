@@ -54,6 +54,11 @@ struct fk_clock {
   int ctx, kind, blocking, retired;
   unsigned long long handle; /* CK_STREAM: the handle callers use */
   int thread;                /* CK_PER_THREAD: the thread's number */
+  /* Stream capture (fake_graphs.h): the capture it records into (its slot + 1; 0: none),
+   * and, for a stream that joined one, the operation it joined after and the last of its
+   * operations the capture's origin stream waited for. */
+  int capture;
+  unsigned long long joined_at, rejoined;
 };
 /* Clock 0 means "none". Clocks are never reused, so an event or an operation always names
  * the clock it was queued on. */
@@ -112,6 +117,19 @@ FK_FN unsigned long long fk_rows_span(unsigned long long width, unsigned long lo
 }
 static struct fk_effect fk_effects[FK_MAX_EFFECTS];
 static int fk_n_effects;
+/* The effect fk_effect_rows shapes: the last one queued, or a captured node's. */
+static struct fk_effect *fk_last_effect;
+
+/* The capture side (fake_graphs.h): an operation queued on a stream being captured becomes a
+ * node of the capture's graph instead of running. */
+struct fk_node;
+static struct fk_node *fk_capture_node(int clock, unsigned long long seq);
+static void fk_capture_task(struct fk_node *n, int host, void (*fn)(void *), void *data,
+                            const char *name);
+static void fk_capture_range(struct fk_node *n, unsigned long long va, unsigned long long size,
+                             int mode, const char *what);
+static struct fk_effect *fk_capture_effect(struct fk_node *n, int kind, void *staging);
+static void fk_graphs_reset(void);
 
 /* The memory side of effects (fake_memory.h). */
 static int fk_range_live(unsigned long long va, unsigned long long size, int write);
@@ -336,6 +354,8 @@ FK_FN void fk_cpu_wait(void) { fk_cpu_wait_count++; }
  * (the vendor's stream-wait-event call), not when the stream rules imply it. */
 FK_FN void fk_wait_add(int waiter, int dep, unsigned long long dep_seq, int asked) {
   if (asked) fk_gpu_wait_count++;
+  /* A captured stream runs nothing: its graph is replayed in capture order (fake_graphs.h). */
+  if (fk_clocks[waiter].capture) return;
   if (fk_done(dep, dep_seq) || waiter == dep) return;
   if (fk_n_waits == FK_MAX_WAITS) {
     /* Forget the waits that completed: they hold nothing back, and what they ordered has
@@ -376,7 +396,7 @@ FK_FN void fk_implicit(int c) {
  * returns its number. The caller makes progress once it has recorded what the operation
  * holds back or does. */
 FK_FN unsigned long long fk_queue(int clock) {
-  fk_implicit(clock);
+  if (!fk_clocks[clock].capture) fk_implicit(clock);
   return ++fk_clocks[clock].recorded;
 }
 
@@ -498,6 +518,12 @@ FK_FN void fk_access_add(int clock, unsigned long long seq, unsigned long long v
 /* Checks and records one range of an operation being queued. */
 FK_FN void fk_use(int clock, unsigned long long seq, unsigned long long va,
                   unsigned long long size, int mode, const char *what) {
+  if (fk_clocks[clock].capture) {
+    /* Captured: the range is the node's, checked and used at each replay. */
+    struct fk_node *n = fk_capture_node(clock, seq);
+    if (n) fk_capture_range(n, va, size, mode, what);
+    return;
+  }
   fk_race_check(clock, seq, va, size, mode, what);
   fk_access_add(clock, seq, va, size, mode, what);
 }
@@ -609,9 +635,23 @@ static void fk_apply_effects(void) {
 FK_FN void fk_effect_add(int clock, unsigned long long seq, int kind, unsigned long long dst,
                          unsigned long long src, unsigned long long size, unsigned value,
                          int width, void *staging) {
-  if (fk_n_effects == FK_MAX_EFFECTS) fk_apply_effects();
-  if (fk_n_effects == FK_MAX_EFFECTS) fk_force(clock, seq - 1, 0); /* no room: wait first */
-  struct fk_effect *e = &fk_effects[fk_n_effects++];
+  static struct fk_effect dropped;
+  struct fk_effect *e;
+  if (fk_clocks[clock].capture) {
+    struct fk_node *n = fk_capture_node(clock, seq);
+    e = n ? fk_capture_effect(n, kind, staging) : NULL;
+    if (!e) {
+      /* Not captured (the capture is invalidated): shaped, then forgotten. */
+      free(staging);
+      staging = NULL;
+      e = &dropped;
+    }
+  } else {
+    if (fk_n_effects == FK_MAX_EFFECTS) fk_apply_effects();
+    if (fk_n_effects == FK_MAX_EFFECTS) fk_force(clock, seq - 1, 0); /* no room: wait first */
+    e = &fk_effects[fk_n_effects++];
+  }
+  fk_last_effect = e;
   e->kind = kind;
   e->clock = clock;
   e->seq = seq;
@@ -628,7 +668,7 @@ FK_FN void fk_effect_add(int clock, unsigned long long seq, int kind, unsigned l
 /* The last effect queued becomes `rows` rows at the pitches given. */
 FK_FN void fk_effect_rows(unsigned long long rows, unsigned long long dpitch,
                           unsigned long long spitch) {
-  struct fk_effect *e = &fk_effects[fk_n_effects - 1];
+  struct fk_effect *e = fk_last_effect;
   e->rows = rows;
   e->dpitch = dpitch;
   e->spitch = spitch;
@@ -737,6 +777,7 @@ FK_FN void fk_wait_for_clock(int clock) {
 
 struct fk_event {
   unsigned long long serial; /* 0: a free slot */
+  unsigned long long capture_id; /* the capture its last record was made in (0: none) */
   int ctx, recorded, clock, seen;
   unsigned flags;
   unsigned long long seq;
@@ -767,7 +808,9 @@ FK_FN unsigned long long fk_event_new(int ctx, unsigned flags) {
   return 0;
 }
 
+static unsigned long long fk_capture_id_of(int clock);
 FK_FN void fk_event_record(struct fk_event *e, int clock) {
+  e->capture_id = fk_capture_id_of(clock);
   e->recorded = 1;
   e->seen = 0;
   e->clock = clock;
@@ -810,6 +853,13 @@ FK_FN unsigned long long fk_task_new(int clock, unsigned long long seq, const ch
     t->fn = fn;
     t->data = data;
     snprintf(t->name, sizeof t->name, "%s", name);
+    if (fk_clocks[clock].capture) {
+      /* Captured: a node of the graph, run at each replay; the task itself never runs. */
+      struct fk_node *n = fk_capture_node(clock, seq);
+      if (n) fk_capture_task(n, host, fn, data, name);
+      t->finished = 1;
+      return id;
+    }
     fk_active[fk_n_active++] = (int)(t - fk_tasks);
     return id;
   }
@@ -819,6 +869,7 @@ FK_FN unsigned long long fk_task_new(int clock, unsigned long long seq, const ch
 /* ---- Reset ---------------------------------------------------------------------------- */
 
 FK_FN void fk_timeline_reset(void) {
+  fk_graphs_reset();
   fk_n_clocks = 1;
   fk_n_active = fk_n_waits = fk_n_accesses = 0;
   for (int i = 0; i < fk_n_effects; i++) free(fk_effects[i].staging);

@@ -40,6 +40,7 @@
 #include "fake_vmm.h"
 #include "fake_pools.h"
 #include "fake_modules.h"
+#include "fake_graphs.h"
 
 typedef int CUresult;
 typedef int CUdevice;
@@ -205,6 +206,7 @@ static const struct fake_error cu_errors[] = {
     {218, "CUDA_ERROR_INVALID_PTX", "a PTX JIT compilation failed"},
     {301, "CUDA_ERROR_FILE_NOT_FOUND", "file not found"},
     {400, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
+    {401, "CUDA_ERROR_ILLEGAL_STATE", "the operation cannot be performed in the present state"},
     {500, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
     {600, "CUDA_ERROR_NOT_READY", "device not ready"},
     {700, "CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered"},
@@ -219,6 +221,15 @@ static const struct fake_error cu_errors[] = {
     {720, "CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE", "too many blocks in cooperative launch"},
     {800, "CUDA_ERROR_NOT_PERMITTED", "operation not permitted"},
     {801, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
+    {900, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", "operation not permitted when stream is capturing"},
+    {901, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED", "operation failed due to a previous error during capture"},
+    {902, "CUDA_ERROR_STREAM_CAPTURE_MERGE", "operation would result in a merge of separate capture sequences"},
+    {903, "CUDA_ERROR_STREAM_CAPTURE_UNMATCHED", "capture was not ended in the same stream as it began"},
+    {904, "CUDA_ERROR_STREAM_CAPTURE_UNJOINED", "capturing stream has unjoined work"},
+    {905, "CUDA_ERROR_STREAM_CAPTURE_ISOLATION", "dependency created on uncaptured work in another stream"},
+    {906, "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT", "operation would make the legacy stream depend on a capturing blocking stream"},
+    {907, "CUDA_ERROR_CAPTURED_EVENT", "operation not permitted on an event last recorded in a capturing stream"},
+    {908, "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD", "attempt to terminate a thread-local capture sequence from another thread"},
     {999, "CUDA_ERROR_UNKNOWN", "unknown error"},
 };
 
@@ -1344,6 +1355,7 @@ CUresult cuStreamDestroy_v2(CUstream s) {
 static CUresult stream_synchronize(CUstream s, int pt) {
   CHECK_CTX(ctx);
   CHECK_STREAM(clock, ctx, s, pt);
+  if (fk_capture_sync_check(clock) != FK_OK) return FK_CAPTURE_UNSUPPORTED;
   fk_wait_for_clock(clock);
   fk_pools_sync();
   return CUDA_SUCCESS;
@@ -1361,6 +1373,7 @@ CUresult cuStreamSynchronize_ptsz(CUstream s) {
 static CUresult stream_query(CUstream s, int pt) {
   CHECK_CTX(ctx);
   CHECK_STREAM(clock, ctx, s, pt);
+  if (fk_capture_sync_check(clock) != FK_OK) return FK_CAPTURE_UNSUPPORTED;
   if (fk_stream_idle(clock)) return CUDA_SUCCESS;
   if (!fk_polled((unsigned long long)clock, fk_clocks[clock].recorded)) return FK_NOT_READY;
   fk_wait_for_clock(clock); /* polled long enough: fk_polled */
@@ -1381,6 +1394,11 @@ static CUresult stream_wait_event(CUstream s, CUevent e, unsigned flags, int pt)
   struct fk_event *ev = fk_event_of((unsigned long long)(uintptr_t)e);
   if (!ev) return FK_INVALID_HANDLE;
   if (flags > 1) return FK_INVALID_VALUE;
+  int handled, rc = fk_capture_wait(clock, ev, &handled);
+  if (rc != FK_OK || handled) {
+    if (rc == FK_OK) fk_gpu_wait_count++;
+    return rc;
+  }
   /* Work queued on the stream from now on waits for the event's last record. */
   fk_implicit(clock);
   if (ev->recorded) fk_wait_add(clock, ev->clock, ev->seq, 1);
@@ -1563,6 +1581,8 @@ static CUresult event_query(CUevent e) {
   (void)ctx;
   struct fk_event *ev = fk_event_of((unsigned long long)(uintptr_t)e);
   if (!ev) return FK_INVALID_HANDLE;
+  int captured = fk_capture_event_check(ev, "cuEventQuery");
+  if (captured != FK_OK) return captured;
   if (fk_event_done(ev)) return CUDA_SUCCESS;
   if (!fk_polled((unsigned long long)(uintptr_t)e, (unsigned long long)ev->clock << 40 ^ ev->seq))
     return FK_NOT_READY;
@@ -1580,6 +1600,8 @@ static CUresult event_synchronize(CUevent e) {
   (void)ctx;
   struct fk_event *ev = fk_event_of((unsigned long long)(uintptr_t)e);
   if (!ev) return FK_INVALID_HANDLE;
+  int captured = fk_capture_event_check(ev, "cuEventSynchronize");
+  if (captured != FK_OK) return captured;
   /* Waiting for an event waits for the work before it on its stream. */
   fk_cpu_wait();
   if (ev->recorded) fk_force(ev->clock, ev->seq, 0);
@@ -2529,6 +2551,157 @@ CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, unsign
 }
 #endif /* FAKECUDA_OLD */
 
+/* ---- Stream capture and graphs (fake_graphs.h) ---------------------------------------- */
+
+static CUresult begin_capture(CUstream s, int mode, int pt) {
+  CHECK_CTX(ctx);
+  CHECK_STREAM(clock, ctx, s, pt);
+  return fk_capture_begin(clock, mode);
+}
+/* CUDA 10.0's form, without a mode: the global mode. */
+CUresult cuStreamBeginCapture(CUstream s) {
+  ENTER("cuStreamBeginCapture");
+  RETURN(begin_capture(s, FK_MODE_GLOBAL, 0));
+}
+CUresult cuStreamBeginCapture_v2(CUstream s, int mode) {
+  ENTER("cuStreamBeginCapture_v2");
+  RETURN(begin_capture(s, mode, 0));
+}
+CUresult cuStreamBeginCapture_ptsz(CUstream s, int mode) {
+  ENTER("cuStreamBeginCapture_ptsz");
+  RETURN(begin_capture(s, mode, 1));
+}
+
+static CUresult end_capture(CUstream s, void **graph, int pt) {
+  CHECK_CTX(ctx);
+  if (!graph) return FK_INVALID_VALUE;
+  CHECK_STREAM(clock, ctx, s, pt);
+  unsigned long long handle = 0;
+  int rc = fk_capture_end(clock, &handle);
+  *graph = (void *)(uintptr_t)handle;
+  return rc;
+}
+CUresult cuStreamEndCapture(CUstream s, void **graph) {
+  ENTER("cuStreamEndCapture");
+  RETURN(end_capture(s, graph, 0));
+}
+CUresult cuStreamEndCapture_ptsz(CUstream s, void **graph) {
+  ENTER("cuStreamEndCapture_ptsz");
+  RETURN(end_capture(s, graph, 1));
+}
+
+static CUresult capture_info(CUstream s, int *status, unsigned long long *id, int pt) {
+  CHECK_CTX(ctx);
+  if (!status) return FK_INVALID_VALUE;
+  CHECK_STREAM(clock, ctx, s, pt);
+  return fk_capture_status(clock, status, id);
+}
+CUresult cuStreamIsCapturing(CUstream s, int *status) {
+  ENTER("cuStreamIsCapturing");
+  RETURN(capture_info(s, status, NULL, 0));
+}
+CUresult cuStreamIsCapturing_ptsz(CUstream s, int *status) {
+  ENTER("cuStreamIsCapturing_ptsz");
+  RETURN(capture_info(s, status, NULL, 1));
+}
+CUresult cuStreamGetCaptureInfo(CUstream s, int *status, unsigned long long *id) {
+  ENTER("cuStreamGetCaptureInfo");
+  RETURN(capture_info(s, status, id, 0));
+}
+#ifndef FAKECUDA_OLD
+/* CUDA 11.3's: the capture's graph and its open dependencies too. The fake's graph is a
+ * sequence, so the dependency set is empty (numDependencies 0, dependencies NULL). */
+static CUresult capture_info_v2(CUstream s, int *status, unsigned long long *id, void **graph,
+                                const void **deps, size_t *n_deps, int pt) {
+  CUresult rc = capture_info(s, status, id, pt);
+  if (rc != CUDA_SUCCESS) return rc;
+  int clock = fk_clock_of(cu_current(), (unsigned long long)(uintptr_t)s, pt);
+  const struct fk_capture *c = fk_capture_of(clock);
+  if (graph) *graph = c ? (void *)(uintptr_t)fk_graph_handle(c->graph) : NULL;
+  if (deps) *deps = NULL;
+  if (n_deps) *n_deps = 0;
+  return CUDA_SUCCESS;
+}
+CUresult cuStreamGetCaptureInfo_v2(CUstream s, int *status, unsigned long long *id, void **graph,
+                                   const void **deps, size_t *n_deps) {
+  ENTER("cuStreamGetCaptureInfo_v2");
+  RETURN(capture_info_v2(s, status, id, graph, deps, n_deps, 0));
+}
+#endif
+
+CUresult cuThreadExchangeStreamCaptureMode(int *mode) {
+  ENTER("cuThreadExchangeStreamCaptureMode");
+  RETURN(fk_capture_exchange_mode(mode));
+}
+
+static CUresult graph_instantiate(void **exec, void *graph, unsigned long long flags) {
+  CHECK_CTX(ctx);
+  (void)ctx;
+  if (!exec || flags > 15) return FK_INVALID_VALUE;
+  unsigned long long handle = 0;
+  int rc = fk_graph_instantiate((unsigned long long)(uintptr_t)graph, &handle);
+  if (rc == FK_OK) *exec = (void *)(uintptr_t)handle;
+  return rc;
+}
+/* CUDA 10.0's and 11.0's (_v2) form: an error node and a log buffer, left untouched. */
+CUresult cuGraphInstantiate(void **exec, void *graph, void **error_node, char *log, size_t size) {
+  ENTER("cuGraphInstantiate");
+  (void)error_node, (void)log, (void)size;
+  RETURN(graph_instantiate(exec, graph, 0));
+}
+#ifndef FAKECUDA_OLD
+CUresult cuGraphInstantiate_v2(void **exec, void *graph, void **error_node, char *log,
+                               size_t size) {
+  ENTER("cuGraphInstantiate_v2");
+  (void)error_node, (void)log, (void)size;
+  RETURN(graph_instantiate(exec, graph, 0));
+}
+CUresult cuGraphInstantiateWithFlags(void **exec, void *graph, unsigned long long flags) {
+  ENTER("cuGraphInstantiateWithFlags");
+  RETURN(graph_instantiate(exec, graph, flags));
+}
+#endif
+
+static CUresult graph_launch(void *exec, CUstream s, int pt) {
+  CHECK_CTX(ctx);
+  CHECK_STREAM(clock, ctx, s, pt);
+  return fk_graph_launch((unsigned long long)(uintptr_t)exec, clock);
+}
+CUresult cuGraphLaunch(void *exec, CUstream s) {
+  ENTER("cuGraphLaunch");
+  RETURN(graph_launch(exec, s, 0));
+}
+CUresult cuGraphLaunch_ptsz(void *exec, CUstream s) {
+  ENTER("cuGraphLaunch_ptsz");
+  RETURN(graph_launch(exec, s, 1));
+}
+CUresult cuGraphExecDestroy(void *exec) {
+  ENTER("cuGraphExecDestroy");
+  RETURN(fk_graph_destroy((unsigned long long)(uintptr_t)exec, 1));
+}
+CUresult cuGraphDestroy(void *graph) {
+  ENTER("cuGraphDestroy");
+  RETURN(fk_graph_destroy((unsigned long long)(uintptr_t)graph, 0));
+}
+/* The number of nodes (`nodes` NULL), or the first *count of them as opaque handles. */
+CUresult cuGraphGetNodes(void *graph, void **nodes, size_t *count) {
+  ENTER("cuGraphGetNodes");
+  unsigned long long n = 0;
+  int rc = fk_graph_node_count((unsigned long long)(uintptr_t)graph, &n);
+  if (rc != FK_OK || !count) RETURN(rc != FK_OK ? rc : FK_INVALID_VALUE);
+  if (nodes) {
+    /* Opaque node handles: the graph's serial above bit 24, the node's index below. */
+    unsigned long long serial = ((unsigned long long)(uintptr_t)graph - FK_GRAPH_BASE) / 16;
+    size_t k = *count < n ? *count : (size_t)n;
+    for (size_t i = 0; i < k; i++)
+      nodes[i] = (void *)(uintptr_t)(FK_NODE_BASE + (serial << 24) + i);
+    *count = k;
+  } else {
+    *count = (size_t)n;
+  }
+  RETURN(CUDA_SUCCESS);
+}
+
 /* ---- The symbol table: every exported call, its cuGetProcAddress name and version ---------- */
 
 #define E(name, base, since, groups) {#name, base, since, 0, groups, (void *)name}
@@ -2732,6 +2905,26 @@ static const struct fk_entry cu_table[] = {
     P(cuMemAllocAsync_ptsz, "cuMemAllocAsync", 11020, FK_G_ALLOC),
     E(cuMemFreeAsync, "cuMemFreeAsync", 11020, FK_G_FREE),
     P(cuMemFreeAsync_ptsz, "cuMemFreeAsync", 11020, FK_G_FREE),
+#endif
+    E(cuStreamBeginCapture, "cuStreamBeginCapture", 10000, 0),
+    E(cuStreamEndCapture, "cuStreamEndCapture", 10000, 0),
+    P(cuStreamEndCapture_ptsz, "cuStreamEndCapture", 10000, 0),
+    E(cuStreamIsCapturing, "cuStreamIsCapturing", 10000, FK_G_QUERY),
+    P(cuStreamIsCapturing_ptsz, "cuStreamIsCapturing", 10000, FK_G_QUERY),
+    E(cuGraphInstantiate, "cuGraphInstantiate", 10000, 0),
+    E(cuGraphLaunch, "cuGraphLaunch", 10000, FK_G_LAUNCH),
+    P(cuGraphLaunch_ptsz, "cuGraphLaunch", 10000, FK_G_LAUNCH),
+    E(cuGraphExecDestroy, "cuGraphExecDestroy", 10000, 0),
+    E(cuGraphDestroy, "cuGraphDestroy", 10000, 0),
+    E(cuGraphGetNodes, "cuGraphGetNodes", 10000, 0),
+    E(cuStreamBeginCapture_v2, "cuStreamBeginCapture", 10010, 0),
+    P(cuStreamBeginCapture_ptsz, "cuStreamBeginCapture", 10010, 0),
+    E(cuStreamGetCaptureInfo, "cuStreamGetCaptureInfo", 10010, FK_G_QUERY),
+    E(cuThreadExchangeStreamCaptureMode, "cuThreadExchangeStreamCaptureMode", 10010, 0),
+#ifndef FAKECUDA_OLD
+    E(cuGraphInstantiate_v2, "cuGraphInstantiate", 11000, 0),
+    E(cuStreamGetCaptureInfo_v2, "cuStreamGetCaptureInfo", 11030, FK_G_QUERY),
+    E(cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags", 11040, 0),
 #endif
 };
 

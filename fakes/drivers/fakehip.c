@@ -88,6 +88,7 @@
 #include "fake_vmm.h"
 #include "fake_pools.h"
 #include "fake_modules.h"
+#include "fake_graphs.h"
 
 typedef int hipError_t;
 enum {
@@ -111,6 +112,7 @@ enum {
   hipErrorHostMemoryAlreadyRegistered = 712,
   hipErrorHostMemoryNotRegistered = 713,
   hipErrorNotSupported = 801,
+  hipErrorStreamCaptureUnsupported = 900,
 };
 
 #define EXPORT FAKE_EXPORT
@@ -409,6 +411,7 @@ static const struct fake_error errors[] = {
     {218, "hipErrorInvalidKernelFile", "invalid kernel file"},
     {301, "hipErrorFileNotFound", "file not found"},
     {400, "hipErrorInvalidHandle", "invalid resource handle"},
+    {401, "hipErrorIllegalState", "the operation cannot be performed in the present state"},
     {500, "hipErrorNotFound", "named symbol not found"},
     {600, "hipErrorNotReady", "device not ready"},
     {700, "hipErrorIllegalAddress", "an illegal memory access was encountered"},
@@ -421,6 +424,15 @@ static const struct fake_error errors[] = {
     {719, "hipErrorLaunchFailure", "unspecified launch failure"},
     {800, "hipErrorNotPermitted", "operation not permitted"},
     {801, "hipErrorNotSupported", "operation not supported"},
+    {900, "hipErrorStreamCaptureUnsupported", "operation not permitted when stream is capturing"},
+    {901, "hipErrorStreamCaptureInvalidated", "operation failed due to a previous error during capture"},
+    {902, "hipErrorStreamCaptureMerge", "operation would result in a merge of separate capture sequences"},
+    {903, "hipErrorStreamCaptureUnmatched", "capture was not ended in the same stream as it began"},
+    {904, "hipErrorStreamCaptureUnjoined", "capturing stream has unjoined work"},
+    {905, "hipErrorStreamCaptureIsolation", "dependency created on uncaptured work in another stream"},
+    {906, "hipErrorStreamCaptureImplicit", "operation would make the legacy stream depend on a capturing blocking stream"},
+    {907, "hipErrorCapturedEvent", "operation not permitted on an event last recorded in a capturing stream"},
+    {908, "hipErrorStreamCaptureWrongThread", "attempt to terminate a thread-local capture sequence from another thread"},
 };
 /* HIP answers every code; one it does not know is its unknown error. */
 static const struct fake_error unknown_error = {999, "hipErrorUnknown", "unknown error"};
@@ -1412,6 +1424,7 @@ EXPORT hipError_t hipStreamDestroy(void *stream) {
 
 static hipError_t stream_synchronize(void *stream, int pt) {
   CHECK_STREAM(clock, stream, pt);
+  if (fk_capture_sync_check(clock) != FK_OK) return FK_CAPTURE_UNSUPPORTED;
   fk_wait_for_clock(clock);
   fk_pools_sync();
   return hipSuccess;
@@ -1426,6 +1439,7 @@ EXPORT hipError_t hipStreamSynchronize_spt(void *stream) {
 }
 static hipError_t stream_query(void *stream, int pt) {
   CHECK_STREAM(clock, stream, pt);
+  if (fk_capture_sync_check(clock) != FK_OK) return FK_CAPTURE_UNSUPPORTED;
   if (fk_stream_idle(clock)) return hipSuccess;
   if (!fk_polled((unsigned long long)clock, fk_clocks[clock].recorded)) return hipErrorNotReady;
   fk_wait_for_clock(clock); /* polled long enough: fk_polled */
@@ -1444,6 +1458,11 @@ static hipError_t stream_wait_event(void *stream, void *event, unsigned flags, i
   if (!e) return hipErrorInvalidHandle;
   CHECK_STREAM_OR(clock, stream, pt, hipErrorInvalidHandle); /* clr: hipStreamWaitEvent_common */
   if (flags != 0) return hipErrorInvalidValue;
+  int handled, rc = fk_capture_wait(clock, e, &handled);
+  if (rc != FK_OK || handled) {
+    if (rc == FK_OK) fk_gpu_wait_count++;
+    return rc;
+  }
   fk_implicit(clock);
   if (e->recorded) fk_wait_add(clock, e->clock, e->seq, 1);
   else fk_gpu_wait_count++;
@@ -1555,6 +1574,8 @@ EXPORT hipError_t hipEventQuery(void *event) {
   ENTER("hipEventQuery");
   struct fk_event *e = fk_event_of((unsigned long long)(uintptr_t)event);
   if (!e) RETURN(hipErrorInvalidHandle);
+  int captured = fk_capture_event_check(e, "hipEventQuery");
+  if (captured != FK_OK) RETURN(captured);
   if (fk_event_done(e)) RETURN(hipSuccess);
   if (!fk_polled((unsigned long long)(uintptr_t)event, (unsigned long long)e->clock << 40 ^ e->seq))
     RETURN(hipErrorNotReady);
@@ -1566,6 +1587,8 @@ EXPORT hipError_t hipEventSynchronize(void *event) {
   ENTER("hipEventSynchronize");
   struct fk_event *e = fk_event_of((unsigned long long)(uintptr_t)event);
   if (!e) RETURN(hipErrorInvalidHandle);
+  int captured = fk_capture_event_check(e, "hipEventSynchronize");
+  if (captured != FK_OK) RETURN(captured);
   /* Waiting for an event waits for the work before it on its stream. */
   fk_cpu_wait();
   if (e->recorded) fk_force(e->clock, e->seq, 0);
@@ -2088,8 +2111,124 @@ EXPORT hipError_t hipFreeAsync(void *ptr, void *stream) {
   int clock = fk_clock_of(current_device(), (unsigned long long)(uintptr_t)stream, 0);
   if (!clock) RETURN(major() >= 6 ? hipErrorInvalidHandle : hipErrorInvalidValue);
   if (!ptr) RETURN(hipErrorInvalidValue);
-  if (fk_pool_free((unsigned long long)(uintptr_t)ptr, clock) == FK_OK) RETURN(hipSuccess);
+  int rc = fk_pool_free((unsigned long long)(uintptr_t)ptr, clock);
+  if (rc == FK_OK) RETURN(hipSuccess);
+  if (rc != FK_INVALID_VALUE) RETURN(rc); /* refused on a captured stream */
   RETURN(do_free(ptr, "hipFreeAsync"));
+}
+
+/* ----- stream capture and graphs (fake_graphs.h) ------------------------------------------- */
+
+/* clr: the null stream (and hipStreamLegacy) cannot be captured. */
+static hipError_t begin_capture(void *stream, int mode, int pt) {
+  if (!pt && (!stream || stream == (void *)1)) return hipErrorStreamCaptureUnsupported;
+  CHECK_STREAM_OR(clock, stream, pt, hipErrorInvalidHandle);
+  return fk_capture_begin(clock, mode);
+}
+EXPORT hipError_t hipStreamBeginCapture(void *stream, int mode) {
+  ENTER("hipStreamBeginCapture");
+  RETURN(begin_capture(stream, mode, 0));
+}
+EXPORT hipError_t hipStreamBeginCapture_spt(void *stream, int mode) {
+  ENTER("hipStreamBeginCapture_spt");
+  RETURN(begin_capture(stream, mode, 1));
+}
+static hipError_t end_capture(void *stream, void **graph, int pt) {
+  if (!graph) return hipErrorInvalidValue;
+  CHECK_STREAM_OR(clock, stream, pt, hipErrorInvalidHandle);
+  unsigned long long handle = 0;
+  int rc = fk_capture_end(clock, &handle);
+  *graph = (void *)(uintptr_t)handle;
+  return rc;
+}
+EXPORT hipError_t hipStreamEndCapture(void *stream, void **graph) {
+  ENTER("hipStreamEndCapture");
+  RETURN(end_capture(stream, graph, 0));
+}
+EXPORT hipError_t hipStreamEndCapture_spt(void *stream, void **graph) {
+  ENTER("hipStreamEndCapture_spt");
+  RETURN(end_capture(stream, graph, 1));
+}
+static hipError_t capture_info(void *stream, int *status, unsigned long long *id, int pt) {
+  if (!status) return hipErrorInvalidValue;
+  CHECK_STREAM_OR(clock, stream, pt, hipErrorInvalidHandle);
+  return fk_capture_status(clock, status, id);
+}
+EXPORT hipError_t hipStreamIsCapturing(void *stream, int *status) {
+  ENTER("hipStreamIsCapturing");
+  RETURN(capture_info(stream, status, NULL, 0));
+}
+EXPORT hipError_t hipStreamIsCapturing_spt(void *stream, int *status) {
+  ENTER("hipStreamIsCapturing_spt");
+  RETURN(capture_info(stream, status, NULL, 1));
+}
+EXPORT hipError_t hipStreamGetCaptureInfo(void *stream, int *status, unsigned long long *id) {
+  ENTER("hipStreamGetCaptureInfo");
+  RETURN(capture_info(stream, status, id, 0));
+}
+EXPORT hipError_t hipStreamGetCaptureInfo_spt(void *stream, int *status, unsigned long long *id) {
+  ENTER("hipStreamGetCaptureInfo_spt");
+  RETURN(capture_info(stream, status, id, 1));
+}
+EXPORT hipError_t hipThreadExchangeStreamCaptureMode(int *mode) {
+  ENTER("hipThreadExchangeStreamCaptureMode");
+  RETURN(fk_capture_exchange_mode(mode));
+}
+static hipError_t graph_instantiate(void **exec, void *graph) {
+  if (!exec) return hipErrorInvalidValue;
+  unsigned long long handle = 0;
+  int rc = fk_graph_instantiate((unsigned long long)(uintptr_t)graph, &handle);
+  if (rc == FK_OK) *exec = (void *)(uintptr_t)handle;
+  return rc;
+}
+EXPORT hipError_t hipGraphInstantiate(void **exec, void *graph, void **error_node, char *log,
+                                      size_t size) {
+  ENTER("hipGraphInstantiate");
+  (void)error_node, (void)log, (void)size;
+  RETURN(graph_instantiate(exec, graph));
+}
+EXPORT hipError_t hipGraphInstantiateWithFlags(void **exec, void *graph, unsigned long long flags) {
+  ENTER("hipGraphInstantiateWithFlags");
+  if (flags > 15) RETURN(hipErrorInvalidValue);
+  RETURN(graph_instantiate(exec, graph));
+}
+static hipError_t graph_launch(void *exec, void *stream, int pt) {
+  CHECK_STREAM_OR(clock, stream, pt, hipErrorInvalidHandle);
+  return fk_graph_launch((unsigned long long)(uintptr_t)exec, clock);
+}
+EXPORT hipError_t hipGraphLaunch(void *exec, void *stream) {
+  ENTER("hipGraphLaunch");
+  RETURN(graph_launch(exec, stream, 0));
+}
+EXPORT hipError_t hipGraphLaunch_spt(void *exec, void *stream) {
+  ENTER("hipGraphLaunch_spt");
+  RETURN(graph_launch(exec, stream, 1));
+}
+EXPORT hipError_t hipGraphExecDestroy(void *exec) {
+  ENTER("hipGraphExecDestroy");
+  RETURN(fk_graph_destroy((unsigned long long)(uintptr_t)exec, 1));
+}
+EXPORT hipError_t hipGraphDestroy(void *graph) {
+  ENTER("hipGraphDestroy");
+  RETURN(fk_graph_destroy((unsigned long long)(uintptr_t)graph, 0));
+}
+/* The number of nodes (`nodes` NULL), or the first *count of them as opaque handles. */
+EXPORT hipError_t hipGraphGetNodes(void *graph, void **nodes, size_t *count) {
+  ENTER("hipGraphGetNodes");
+  unsigned long long n = 0;
+  int rc = fk_graph_node_count((unsigned long long)(uintptr_t)graph, &n);
+  if (rc != FK_OK) RETURN(rc);
+  if (!count) RETURN(hipErrorInvalidValue);
+  if (nodes) {
+    unsigned long long serial = ((unsigned long long)(uintptr_t)graph - FK_GRAPH_BASE) / 16;
+    size_t k = *count < n ? *count : (size_t)n;
+    for (size_t i = 0; i < k; i++)
+      nodes[i] = (void *)(uintptr_t)(FK_NODE_BASE + (serial << 24) + i);
+    *count = k;
+  } else {
+    *count = (size_t)n;
+  }
+  RETURN(hipSuccess);
 }
 
 /* ----- hipGetProcAddress (ROCm 6.2) -------------------------------------------------------- */
@@ -2234,6 +2373,22 @@ static const struct fk_entry hip_table[] = {
     E(hipMallocFromPoolAsync, FK_G_ALLOC),
     E(hipMallocAsync, FK_G_ALLOC),
     E(hipFreeAsync, FK_G_FREE),
+    E(hipStreamBeginCapture, 0),
+    P(hipStreamBeginCapture_spt, "hipStreamBeginCapture", 0),
+    E(hipStreamEndCapture, 0),
+    P(hipStreamEndCapture_spt, "hipStreamEndCapture", 0),
+    E(hipStreamIsCapturing, FK_G_QUERY),
+    P(hipStreamIsCapturing_spt, "hipStreamIsCapturing", FK_G_QUERY),
+    E(hipStreamGetCaptureInfo, FK_G_QUERY),
+    P(hipStreamGetCaptureInfo_spt, "hipStreamGetCaptureInfo", FK_G_QUERY),
+    E(hipThreadExchangeStreamCaptureMode, 0),
+    E(hipGraphInstantiate, 0),
+    E(hipGraphInstantiateWithFlags, 0),
+    E(hipGraphLaunch, FK_G_LAUNCH),
+    P(hipGraphLaunch_spt, "hipGraphLaunch", FK_G_LAUNCH),
+    E(hipGraphExecDestroy, 0),
+    E(hipGraphDestroy, 0),
+    E(hipGraphGetNodes, 0),
     E(hipGetProcAddress, 0),
     E(hipSetDeviceFlags, 0),
     E(hipGetDeviceFlags, 0),

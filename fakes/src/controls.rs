@@ -9,7 +9,7 @@ use crate::profiles::{names, Profile};
 
 /// The version of the control API this crate speaks; a driver of another (one built from
 /// other sources, found through [`DIR_VARIABLE`](crate::DIR_VARIABLE)) is refused.
-pub const KIT_VERSION: i32 = 3;
+pub const KIT_VERSION: i32 = 4;
 
 /// A kernel held in flight ([`Controls::launch`]), or launched by the code under test
 /// (`cuLaunchKernel`, `hipModuleLaunchKernel`: [`Controls::last_kernel`]).
@@ -359,6 +359,8 @@ struct Fns {
     hazard: unsafe extern "C" fn(i64) -> *const c_char,
     cpu_waits: unsafe extern "C" fn() -> i64,
     gpu_waits: unsafe extern "C" fn() -> i64,
+    capture_invalidations: unsafe extern "C" fn(*mut c_char, u64) -> i64,
+    graph_launches: unsafe extern "C" fn(u64) -> i64,
 }
 
 impl fmt::Debug for Controls {
@@ -432,6 +434,8 @@ impl Controls {
             hazard: get!("fake_hazard"),
             cpu_waits: get!("fake_cpu_waits"),
             gpu_waits: get!("fake_gpu_waits"),
+            capture_invalidations: get!("fake_capture_invalidations"),
+            graph_launches: get!("fake_graph_launches"),
         };
         Ok(Controls {
             fns,
@@ -864,5 +868,25 @@ impl Controls {
     pub fn gpu_waits(&self) -> i64 {
         // SAFETY: the drivers' signature.
         unsafe { (self.fns.gpu_waits)() }
+    }
+
+    /// Stream captures invalidated since the driver's last reset — by a call the capture
+    /// forbids, a query of an event recorded in it, an operation the fake does not capture, or
+    /// a fork not joined back — and why the last one was (empty when none was).
+    pub fn capture_invalidations(&self) -> (i64, String) {
+        let mut why = [0 as c_char; 256];
+        // SAFETY: the drivers' signature; at most `why.len()` bytes written, NUL-terminated.
+        let n = unsafe { (self.fns.capture_invalidations)(why.as_mut_ptr(), why.len() as u64) };
+        // SAFETY: NUL-terminated within the buffer (the driver's snprintf).
+        let text = unsafe { CStr::from_ptr(why.as_ptr()) };
+        (n, text.to_string_lossy().into_owned())
+    }
+
+    /// How many times the executable graph `exec` (`cuGraphLaunch` / `hipGraphLaunch`'s
+    /// handle) was launched; `None` for a handle that names none.
+    pub fn graph_launches(&self, exec: u64) -> Option<i64> {
+        // SAFETY: the drivers' signature; any value is a valid argument.
+        let n = unsafe { (self.fns.graph_launches)(exec) };
+        (n >= 0).then_some(n)
     }
 }

@@ -114,7 +114,7 @@ DIR_VARIABLE = "PORTALLOC_FAKES_DIR"
 """A folder of drivers built already (the Rust crate's, say): used as it is. Set by
 :meth:`Profile.env`, so that every process of a test, in any language, loads one copy."""
 
-KIT_VERSION = 3
+KIT_VERSION = 4
 """The version of the drivers' controls this module speaks (``fake_kit_version``)."""
 
 SONAMES: Dict[str, Tuple[str, ...]] = {
@@ -670,6 +670,8 @@ class Controls:
             "fake_hazard": ([c.c_longlong], c.c_char_p),
             "fake_cpu_waits": ([], c.c_longlong),
             "fake_gpu_waits": ([], c.c_longlong),
+            "fake_capture_invalidations": ([c.c_char_p, c.c_ulonglong], c.c_longlong),
+            "fake_graph_launches": ([c.c_ulonglong], c.c_longlong),
         }
         for name, (args, result) in signatures.items():
             function = getattr(lib, name)
@@ -921,6 +923,21 @@ class Controls:
     def gpu_waits(self) -> int:
         """GPU-side waits the caller asked for (the stream-wait-event calls)."""
         return int(self._lib.fake_gpu_waits())
+
+    def capture_invalidations(self) -> Tuple[int, str]:
+        """Stream captures invalidated since the driver's last reset (a call the capture
+        forbids, a query of an event recorded in it, an operation the fake does not capture,
+        a fork not joined back), and why the last one was ("" when none was)."""
+        buf = ctypes.create_string_buffer(256)
+        n = int(self._lib.fake_capture_invalidations(buf, len(buf)))
+        return n, buf.value.decode(errors="replace")
+
+    def graph_launches(self, exec_handle: int) -> Optional[int]:
+        """How many times the executable graph ``exec_handle`` was launched; None for a
+        handle that names none."""
+        _within("graph_launches", "exec_handle", exec_handle, 64, signed=False)
+        n = int(self._lib.fake_graph_launches(exec_handle))
+        return n if n >= 0 else None
 
 
 def _main(argv: Sequence[str]) -> int:
