@@ -2567,8 +2567,12 @@ CUresult cuStreamBeginCapture_v2(CUstream s, int mode) {
   ENTER("cuStreamBeginCapture_v2");
   RETURN(begin_capture(s, mode, 0));
 }
-CUresult cuStreamBeginCapture_ptsz(CUstream s, int mode) {
+CUresult cuStreamBeginCapture_ptsz(CUstream s) {
   ENTER("cuStreamBeginCapture_ptsz");
+  RETURN(begin_capture(s, FK_MODE_GLOBAL, 1));
+}
+CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, int mode) {
+  ENTER("cuStreamBeginCapture_v2_ptsz");
   RETURN(begin_capture(s, mode, 1));
 }
 
@@ -2608,6 +2612,10 @@ CUresult cuStreamGetCaptureInfo(CUstream s, int *status, unsigned long long *id)
   ENTER("cuStreamGetCaptureInfo");
   RETURN(capture_info(s, status, id, 0));
 }
+CUresult cuStreamGetCaptureInfo_ptsz(CUstream s, int *status, unsigned long long *id) {
+  ENTER("cuStreamGetCaptureInfo_ptsz");
+  RETURN(capture_info(s, status, id, 1));
+}
 #ifndef FAKECUDA_OLD
 /* CUDA 11.3's: the capture's graph and its open dependencies too. The fake's graph is a
  * sequence, so the dependency set is empty (numDependencies 0, dependencies NULL). */
@@ -2626,6 +2634,11 @@ CUresult cuStreamGetCaptureInfo_v2(CUstream s, int *status, unsigned long long *
                                    const void **deps, size_t *n_deps) {
   ENTER("cuStreamGetCaptureInfo_v2");
   RETURN(capture_info_v2(s, status, id, graph, deps, n_deps, 0));
+}
+CUresult cuStreamGetCaptureInfo_v2_ptsz(CUstream s, int *status, unsigned long long *id,
+                                        void **graph, const void **deps, size_t *n_deps) {
+  ENTER("cuStreamGetCaptureInfo_v2_ptsz");
+  RETURN(capture_info_v2(s, status, id, graph, deps, n_deps, 1));
 }
 #endif
 
@@ -2917,13 +2930,16 @@ static const struct fk_entry cu_table[] = {
     E(cuGraphExecDestroy, "cuGraphExecDestroy", 10000, 0),
     E(cuGraphDestroy, "cuGraphDestroy", 10000, 0),
     E(cuGraphGetNodes, "cuGraphGetNodes", 10000, 0),
+    P(cuStreamBeginCapture_ptsz, "cuStreamBeginCapture", 10000, 0),
     E(cuStreamBeginCapture_v2, "cuStreamBeginCapture", 10010, 0),
-    P(cuStreamBeginCapture_ptsz, "cuStreamBeginCapture", 10010, 0),
+    P(cuStreamBeginCapture_v2_ptsz, "cuStreamBeginCapture", 10010, 0),
     E(cuStreamGetCaptureInfo, "cuStreamGetCaptureInfo", 10010, FK_G_QUERY),
+    P(cuStreamGetCaptureInfo_ptsz, "cuStreamGetCaptureInfo", 10010, FK_G_QUERY),
     E(cuThreadExchangeStreamCaptureMode, "cuThreadExchangeStreamCaptureMode", 10010, 0),
 #ifndef FAKECUDA_OLD
     E(cuGraphInstantiate_v2, "cuGraphInstantiate", 11000, 0),
     E(cuStreamGetCaptureInfo_v2, "cuStreamGetCaptureInfo", 11030, FK_G_QUERY),
+    P(cuStreamGetCaptureInfo_v2_ptsz, "cuStreamGetCaptureInfo", 11030, FK_G_QUERY),
     E(cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags", 11040, 0),
 #endif
 };
