@@ -156,6 +156,72 @@ pub fn thread_number() -> u64 {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 pub struct Event(pub u64);
 
+/// Whether a stream is being captured into a graph (`cuStreamGetCaptureInfo` /
+/// `hipStreamGetCaptureInfo`). While it is, the work queued on it runs nothing: it becomes
+/// nodes of a graph that is replayed later, at the same addresses (see
+/// [`crate::GraphPools`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[non_exhaustive]
+pub enum CaptureStatus {
+    /// Not capturing (or a device that cannot capture).
+    None,
+    /// Capturing; `id` names the capture, unique in the process.
+    Active {
+        /// The capture's id (`cuStreamGetCaptureInfo`'s).
+        id: u64,
+    },
+    /// Capturing, but an error invalidated the capture: ending it gives no graph.
+    Invalidated {
+        /// The capture's id.
+        id: u64,
+    },
+}
+
+impl CaptureStatus {
+    /// The capture's id while the stream is capturing (active or invalidated).
+    pub const fn capture_id(self) -> Option<u64> {
+        match self {
+            CaptureStatus::None => None,
+            CaptureStatus::Active { id } | CaptureStatus::Invalidated { id } => Some(id),
+        }
+    }
+}
+
+/// A thread's stream-capture interaction mode (`CUstreamCaptureMode` /
+/// `hipStreamCaptureMode`): which calls a capture under way forbids the thread. Every thread
+/// starts in [`CaptureMode::Global`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub enum CaptureMode {
+    /// Forbidden potentially unsafe calls (plain allocation and free, …) while it captures
+    /// in another mode than relaxed, or while another thread captures in the global mode.
+    Global,
+    /// Forbidden them only while it captures in another mode than relaxed.
+    ThreadLocal,
+    /// Never forbidden them (PyTorch wraps `cudaMalloc` during capture in this mode).
+    Relaxed,
+}
+
+impl CaptureMode {
+    /// The vendors' number (both use 0, 1, 2).
+    pub const fn as_raw(self) -> u32 {
+        match self {
+            CaptureMode::Global => 0,
+            CaptureMode::ThreadLocal => 1,
+            CaptureMode::Relaxed => 2,
+        }
+    }
+
+    /// The mode of a vendor's number; `None` for another.
+    pub const fn from_raw(raw: u32) -> Option<CaptureMode> {
+        match raw {
+            0 => Some(CaptureMode::Global),
+            1 => Some(CaptureMode::ThreadLocal),
+            2 => Some(CaptureMode::Relaxed),
+            _ => None,
+        }
+    }
+}
+
 /// A handle to physical memory created for virtual-memory mapping.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 pub struct PhysicalHandle(pub u64);
@@ -290,6 +356,30 @@ pub trait Device: Send + Sync + fmt::Debug {
             "synchronizing the whole device",
             format_args!("does not implement synchronize_device"),
         ))
+    }
+
+    /// Whether `stream` (any stream the caller passes) is being captured into a graph: one
+    /// CPU-side driver call (`cuStreamGetCaptureInfo`, `hipStreamGetCaptureInfo`), no wait.
+    /// Default: [`CaptureStatus::None`], for devices that cannot capture (the host device, a
+    /// driver without the call).
+    ///
+    /// # Errors
+    /// The backend's error: for the legacy stream while a blocking stream of its context is
+    /// captured, the driver's `STREAM_CAPTURE_IMPLICIT`.
+    fn capture_status(&self, stream: Stream) -> Result<CaptureStatus> {
+        let _ = stream;
+        Ok(CaptureStatus::None)
+    }
+
+    /// Sets the calling thread's capture interaction mode and returns the one it replaces
+    /// (`cuThreadExchangeStreamCaptureMode`, `hipThreadExchangeStreamCaptureMode`); see
+    /// [`with_capture_mode`] for a scoped change. Default, for devices that cannot capture:
+    /// nothing changes, and the answer is `mode` itself.
+    ///
+    /// # Errors
+    /// The backend's error.
+    fn exchange_capture_mode(&self, mode: CaptureMode) -> Result<CaptureMode> {
+        Ok(mode)
     }
 
     /// Creates an event.
@@ -528,6 +618,37 @@ pub trait Device: Send + Sync + fmt::Debug {
 
 /// [`crate::Error::Unsupported`] for `what` on `device`; the reason names the device and
 /// says what it `lacks`.
+/// Runs `f` with the calling thread's capture interaction mode set to `mode` on `device`,
+/// then sets back the mode it had (also when `f` panics): how a strategy makes a potentially
+/// unsafe call (a plain allocation, say) while a stream is captured, as PyTorch does around
+/// `cudaMalloc` during capture.
+///
+/// # Errors
+/// The device's error when the mode cannot be set; `f` does not run then.
+pub fn with_capture_mode<T>(
+    device: &(impl Device + ?Sized),
+    mode: CaptureMode,
+    f: impl FnOnce() -> T,
+) -> Result<T> {
+    struct Restore<'a, D: Device + ?Sized> {
+        device: &'a D,
+        mode: CaptureMode,
+    }
+    impl<D: Device + ?Sized> Drop for Restore<'_, D> {
+        fn drop(&mut self) {
+            // Setting back a mode that was set a moment ago: nothing to report if the driver
+            // refuses now, and a panic here would abort an unwinding thread.
+            let _ = self.device.exchange_capture_mode(self.mode);
+        }
+    }
+    let previous = device.exchange_capture_mode(mode)?;
+    let _restore = Restore {
+        device,
+        mode: previous,
+    };
+    Ok(f())
+}
+
 fn unsupported_by<D: Device + ?Sized>(
     device: &D,
     what: &str,

@@ -145,6 +145,30 @@ pub enum Error {
         hard: Option<u64>,
     },
 
+    /// A request on a stream being captured into a graph that cannot be served without what
+    /// the capture forbids or would break: its graph pool had no block for it and the
+    /// strategy beneath could not give one (`reason`, its own error), or the request came
+    /// with no graph pool to serve it. Nothing was changed, and the capture was not
+    /// invalidated by portalloc. Not [`Error::is_out_of_memory`]: the stream's capture, not
+    /// the device, decides. The C ABI reports it as `PORTALLOC_STATUS_OUT_OF_MEMORY`.
+    #[error(
+        "a request of {} on stream {stream:#x}, which is being captured into a graph (capture          {capture}), cannot be served: {reason}. Memory for a captured graph comes from its graph          pool ({pool}); warm up before capturing (run the step once eagerly, so the pool's          strategy holds the memory), or give the pool room (a lower PORTALLOC / XLA memory          fraction for the other users of the device)",
+        crate::units::Bytes(*.requested)
+    )]
+    StreamCapturing {
+        /// The stream's raw handle.
+        stream: u64,
+        /// The capture's id (the driver's).
+        capture: u64,
+        /// Bytes asked for.
+        requested: u64,
+        /// The graph pool that would have served it (`graph pool 3, 48 MiB held, 2 MiB
+        /// free`), or why none did.
+        pool: String,
+        /// What refused it (the strategy's error).
+        reason: String,
+    },
+
     /// An allocation handed back to an allocator that did not make it.
     #[error("allocation at {ptr:#x} belongs to allocator #{owner}, not to allocator #{this}")]
     ForeignAllocation {

@@ -152,10 +152,11 @@ pub mod text;
 pub mod trace;
 pub mod units;
 
+pub use adaptor::GraphPools;
 pub use allocator::{Allocation, Allocator, Keep, SleepReport, SleepingTag, Stats};
 pub use buffer::{DeviceBuffer, RawBuffer};
 pub use config::{Config, ConfigBuilder, Source, StrategyKind};
-pub use device::{Device, DeviceInfo, MemInfo, Stream, Vendor};
+pub use device::{CaptureMode, CaptureStatus, Device, DeviceInfo, MemInfo, Stream, Vendor};
 pub use discover::{discover, Discovery, Portalloc};
 pub use error::{Error, Result};
 pub use report::OomReport;

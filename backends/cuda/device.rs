@@ -368,6 +368,29 @@ impl VendorApi for Cuda {
         self.check("cuMemPoolTrimTo", unsafe { (api.trim_to)(handle(p), keep) })
     }
 
+    unsafe fn stream_capture_info(&self, s: u64) -> Result<Option<(u32, u64)>> {
+        let Some(api) = self.driver.capture else {
+            return Ok(None);
+        };
+        let (mut status, mut id): (sys::CUstreamCaptureStatus, sys::cuuint64_t) = (0, 0);
+        // SAFETY: the caller guarantees a live stream, null or a special handle; two values
+        // written through valid pointers.
+        let code = unsafe { (api.capture_info)(handle(s), &mut status, &mut id) };
+        self.check("cuStreamGetCaptureInfo", code)
+            .map(|()| Some((status, id)))
+    }
+
+    fn exchange_capture_mode(&self, mode: u32) -> Result<Option<u32>> {
+        let Some(api) = self.driver.capture else {
+            return Ok(None);
+        };
+        let mut m: sys::CUstreamCaptureMode = mode;
+        // SAFETY: reads and writes one mode through a valid pointer; no handle.
+        let code = unsafe { (api.exchange_mode)(&mut m) };
+        self.check("cuThreadExchangeStreamCaptureMode", code)
+            .map(|()| Some(m))
+    }
+
     fn has_peer_calls(&self) -> bool {
         self.driver.has_peer_symbols()
     }

@@ -94,6 +94,9 @@ symbol_table! {
     /// and touched, about five times faster than allocating it pinned (rapidsai/cudf PR
     /// #23457).
     HostRegister, HOST_REGISTER_SYMBOLS { register: cuMemHostRegister_v2, unregister: cuMemHostUnregister }
+    /// Stream-capture entry points (CUDA 10.1, but optional: a driver without them captures
+    /// nothing portalloc could be asked about, and every stream reads as not capturing).
+    Capture, CAPTURE_SYMBOLS { capture_info: cuStreamGetCaptureInfo, exchange_mode: cuThreadExchangeStreamCaptureMode }
 }
 
 /// The loaded driver library and its entry points: the result layer, where every `CUresult`
@@ -116,6 +119,7 @@ pub struct Driver {
     pub(crate) peer: Option<Peer>,
     pub(crate) pinned_host: Option<PinnedHost>,
     pub(crate) host_register: Option<HostRegister>,
+    pub(crate) capture: Option<Capture>,
     // Keeps the code behind the function pointers above loaded; dropped last.
     library: Library,
 }
@@ -147,6 +151,7 @@ impl Driver {
             peer: Peer::resolve(&library).ok(),
             pinned_host: PinnedHost::resolve(&library).ok(),
             host_register: HostRegister::resolve(&library).ok(),
+            capture: Capture::resolve(&library).ok(),
             library,
             path,
         })
@@ -208,6 +213,7 @@ impl Driver {
         out.extend(Pools::exported(&self.library));
         out.extend(PinnedHost::exported(&self.library));
         out.extend(HostRegister::exported(&self.library));
+        out.extend(Capture::exported(&self.library));
         out
     }
 

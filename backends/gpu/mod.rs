@@ -82,8 +82,8 @@ use books::{check_granular, unknown, Books, EventUse, Handles};
 
 use crate::backends::{descriptors, request_size, Request};
 use crate::device::{
-    Device, DeviceInfo, Event, MemInfo, PhysicalHandle, PoolUsage, Stream, StreamOrderedPool,
-    Vendor, VirtualMemory,
+    CaptureMode, CaptureStatus, Device, DeviceInfo, Event, MemInfo, PhysicalHandle, PoolUsage,
+    Stream, StreamOrderedPool, Vendor, VirtualMemory,
 };
 use crate::error::{Error, Result};
 
@@ -264,6 +264,16 @@ pub trait VendorApi: fmt::Debug + Send + Sync + Sized + 'static {
     /// `pool` must be live.
     unsafe fn pool_trim(&self, pool: u64, keep: u64) -> Result<()>;
     /// True when the driver exports the peer-access calls.
+    /// `cuStreamGetCaptureInfo` / `hipStreamGetCaptureInfo`: the stream's capture status (the
+    /// vendors' 0 none, 1 active, 2 invalidated) and the capture's id; `None` when the driver
+    /// lacks the call.
+    ///
+    /// # Safety
+    /// `stream` is a live stream, null, or a special handle.
+    unsafe fn stream_capture_info(&self, stream: u64) -> Result<Option<(u32, u64)>>;
+    /// `cuThreadExchangeStreamCaptureMode` / `hipThreadExchangeStreamCaptureMode`: sets the
+    /// calling thread's mode and answers the one it replaces; `None` when the driver lacks it.
+    fn exchange_capture_mode(&self, mode: u32) -> Result<Option<u32>>;
     fn has_peer_calls(&self) -> bool;
     /// Whether this device can access memory of device `peer` (another ordinal).
     fn can_access_peer(&self, peer: u32) -> Result<bool>;
@@ -740,6 +750,32 @@ impl<V: VendorApi> Device for GpuDevice<V> {
     fn synchronize_event(&self, event: Event) -> Result<()> {
         // SAFETY: a live event of this device (checked; the use keeps it live).
         self.with_event(event, |e| unsafe { self.vendor.event_synchronize(e) })
+    }
+
+    fn capture_status(&self, stream: Stream) -> Result<CaptureStatus> {
+        let _current = self.current()?;
+        // SAFETY: by the contract of `Stream`, a live stream or a special handle; the driver
+        // answers an invalid-handle error for the bad ones it detects.
+        let info = unsafe { self.vendor.stream_capture_info(stream.0) }?;
+        Ok(match info {
+            None | Some((0, _)) => CaptureStatus::None,
+            Some((1, id)) => CaptureStatus::Active { id },
+            // 2, and any status a later driver adds: capturing, and nothing may be assumed.
+            Some((_, id)) => CaptureStatus::Invalidated { id },
+        })
+    }
+
+    fn exchange_capture_mode(&self, mode: CaptureMode) -> Result<CaptureMode> {
+        match self.vendor.exchange_capture_mode(mode.as_raw())? {
+            None => Ok(mode),
+            Some(previous) => CaptureMode::from_raw(previous).ok_or_else(|| Error::Driver {
+                backend: V::BACKEND,
+                call: "the thread's capture mode",
+                code: i64::from(previous),
+                name: format!("capture mode {previous}"),
+                message: "the driver answered a capture mode it does not document (0, 1, 2)".into(),
+            }),
+        }
     }
 
     /// `cuStreamWaitEvent` / `hipStreamWaitEvent`: no CPU wait.

@@ -448,6 +448,29 @@ impl VendorApi for Hip {
         })
     }
 
+    unsafe fn stream_capture_info(&self, s: u64) -> Result<Option<(u32, u64)>> {
+        let Some(api) = self.runtime.capture else {
+            return Ok(None);
+        };
+        let (mut status, mut id): (sys::hipStreamCaptureStatus, core::ffi::c_ulonglong) = (0, 0);
+        // SAFETY: the caller guarantees a live stream, null or a special handle; two values
+        // written through valid pointers.
+        let code = unsafe { (api.capture_info)(handle(s), &mut status, &mut id) };
+        self.check("hipStreamGetCaptureInfo", code)
+            .map(|()| Some((status, id)))
+    }
+
+    fn exchange_capture_mode(&self, mode: u32) -> Result<Option<u32>> {
+        let Some(api) = self.runtime.capture else {
+            return Ok(None);
+        };
+        let mut m: sys::hipStreamCaptureMode = mode;
+        // SAFETY: reads and writes one mode through a valid pointer; no handle.
+        let code = unsafe { (api.exchange_mode)(&mut m) };
+        self.check("hipThreadExchangeStreamCaptureMode", code)
+            .map(|()| Some(m))
+    }
+
     fn has_peer_calls(&self) -> bool {
         self.runtime.has_peer_symbols()
     }

@@ -121,6 +121,9 @@ symbol_table! {
     /// and touched, about five times faster than allocating it pinned (rapidsai/cudf PR
     /// #23457).
     HostRegister, HOST_REGISTER_SYMBOLS { register: hipHostRegister, unregister: hipHostUnregister }
+    /// Stream-capture entry points (HIP 5.0, but optional: a runtime without them captures
+    /// nothing portalloc could be asked about, and every stream reads as not capturing).
+    Capture, CAPTURE_SYMBOLS { capture_info: hipStreamGetCaptureInfo, exchange_mode: hipThreadExchangeStreamCaptureMode }
     /// The single optional entry points: the device properties, each layout on its own.
     Optional, OPTIONAL_SYMBOLS each {
         properties_r0600: hipGetDevicePropertiesR0600, properties_r0000: hipGetDeviceProperties,
@@ -176,6 +179,7 @@ pub struct Runtime {
     pub(crate) peer: Option<Peer>,
     pub(crate) pinned_host: Option<PinnedHost>,
     pub(crate) host_register: Option<HostRegister>,
+    pub(crate) capture: Option<Capture>,
     // Keeps the code behind the function pointers above loaded; dropped last.
     library: Library,
 }
@@ -220,6 +224,7 @@ impl Runtime {
             pools: Pools::resolve(&library).ok(),
             pinned_host: PinnedHost::resolve(&library).ok(),
             host_register: HostRegister::resolve(&library).ok(),
+            capture: Capture::resolve(&library).ok(),
             api,
             library,
             path,
@@ -287,6 +292,7 @@ impl Runtime {
         out.extend(Pools::exported(&self.library));
         out.extend(PinnedHost::exported(&self.library));
         out.extend(HostRegister::exported(&self.library));
+        out.extend(Capture::exported(&self.library));
         out.extend(self.optional.exported());
         out
     }

@@ -6,8 +6,8 @@ use std::fmt;
 use std::ptr::NonNull;
 
 use crate::device::{
-    peer_access_unsupported, Device, DeviceInfo, Event, MemInfo, PhysicalHandle, PoolUsage, Stream,
-    StreamOrderedPool, VirtualMemory,
+    peer_access_unsupported, CaptureMode, CaptureStatus, Device, DeviceInfo, Event, MemInfo,
+    PhysicalHandle, PoolUsage, Stream, StreamOrderedPool, VirtualMemory,
 };
 use crate::error::{Error, Result};
 
@@ -190,12 +190,16 @@ pub enum Call<'a> {
         /// Its size.
         size: u64,
     },
+    /// [`Device::capture_status`].
+    CaptureStatus(Stream),
+    /// [`Device::exchange_capture_mode`].
+    ExchangeCaptureMode(CaptureMode),
 }
 
 impl Call<'_> {
     /// Every name [`Call::name`] gives, in the order of [`Call::ordinal`]: the names replay's
     /// `--json` counts calls by (`device_calls_by_name`) and a cost table prices.
-    pub const NAMES: [&'static str; 35] = [
+    pub const NAMES: [&'static str; 37] = [
         "mem_info",
         "alloc",
         "free",
@@ -231,6 +235,8 @@ impl Call<'_> {
         "free_pinned_host",
         "register_host",
         "unregister_host",
+        "capture_status",
+        "exchange_capture_mode",
     ];
 
     /// The method's name (`alloc`, `record_event`, `set_access_with_peers`, …), as errors
@@ -277,6 +283,8 @@ impl Call<'_> {
             Call::FreePinnedHost { .. } => 32,
             Call::RegisterHost { .. } => 33,
             Call::UnregisterHost { .. } => 34,
+            Call::CaptureStatus(_) => 35,
+            Call::ExchangeCaptureMode(_) => 36,
         }
     }
 
@@ -491,6 +499,8 @@ impl<W: DeviceWrapper> Device for W {
         fn synchronize_event(event: Event) -> () = Call::SynchronizeEvent(event);
         fn destroy_event(event: Event) -> () = Call::DestroyEvent(event);
         fn wait_event(stream: Stream, event: Event) -> () = Call::WaitEvent { stream, event };
+        fn capture_status(stream: Stream) -> CaptureStatus = Call::CaptureStatus(stream);
+        fn exchange_capture_mode(mode: CaptureMode) -> CaptureMode = Call::ExchangeCaptureMode(mode);
     }
 
     #[allow(unsafe_code)]

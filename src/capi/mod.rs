@@ -191,6 +191,7 @@ impl From<Error> for Failure {
             | Error::OutOfMemoryDiagnosed { .. }
             | Error::CannotWake { .. }
             | Error::DescriptorLimit { .. }
+            | Error::StreamCapturing { .. }
             | Error::HostOutOfMemory { .. } => PortallocStatus::OutOfMemory,
             Error::ForeignAllocation { .. } | Error::UnknownPointer { .. } => {
                 PortallocStatus::UnknownPointer

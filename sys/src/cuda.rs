@@ -15,6 +15,7 @@
 //! | copies, pinned host memory | CUDA 2.2 – 6.5 | `cuMemcpyDtoHAsync_v2`, `cuMemcpyHtoDAsync_v2`, `cuMemHostAlloc`, `cuMemFreeHost`, `cuMemHostRegister_v2`, `cuMemHostUnregister` |
 //! | virtual memory | CUDA 10.2 | `cuMemGetAllocationGranularity`, `cuMemCreate`, `cuMemRelease`, `cuMemAddressReserve/Free`, `cuMemMap/Unmap`, `cuMemSetAccess` |
 //! | memory pools | CUDA 11.2 | `cuDeviceGetDefaultMemPool`, `cuMemPool*`, `cuMemAllocFromPoolAsync`, `cuMemFreeAsync` |
+//! | stream capture | CUDA 10.1 | `cuStreamGetCaptureInfo`, `cuThreadExchangeStreamCaptureMode` |
 
 #![allow(non_snake_case)] // field names are the header's, so they can be checked against it
 
@@ -84,6 +85,35 @@ pub const CUDA_ERROR_NOT_PERMITTED: CUresult = 800;
 pub const CUDA_ERROR_NOT_SUPPORTED: CUresult = 801;
 /// `CUDA_ERROR_UNKNOWN`.
 pub const CUDA_ERROR_UNKNOWN: CUresult = 999;
+
+/// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`: a call the stream capture under way forbids.
+pub const CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: CUresult = 900;
+/// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`: the capture was invalidated by an earlier error.
+pub const CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: CUresult = 901;
+/// `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`: the call would make the legacy stream depend on a
+/// capturing blocking stream.
+pub const CUDA_ERROR_STREAM_CAPTURE_IMPLICIT: CUresult = 906;
+/// `CUDA_ERROR_CAPTURED_EVENT`: the event was last recorded in a capture under way.
+pub const CUDA_ERROR_CAPTURED_EVENT: CUresult = 907;
+
+// ---- Stream capture (CUDA 10.0 / 10.1) ----
+
+/// `CUstreamCaptureStatus` (an `enum`, 4 bytes).
+pub type CUstreamCaptureStatus = c_uint;
+/// `CU_STREAM_CAPTURE_STATUS_NONE`: the stream is not capturing.
+pub const CU_STREAM_CAPTURE_STATUS_NONE: CUstreamCaptureStatus = 0;
+/// `CU_STREAM_CAPTURE_STATUS_ACTIVE`: the stream is capturing.
+pub const CU_STREAM_CAPTURE_STATUS_ACTIVE: CUstreamCaptureStatus = 1;
+/// `CU_STREAM_CAPTURE_STATUS_INVALIDATED`: capturing, but invalidated by an error.
+pub const CU_STREAM_CAPTURE_STATUS_INVALIDATED: CUstreamCaptureStatus = 2;
+/// `CUstreamCaptureMode` (an `enum`, 4 bytes).
+pub type CUstreamCaptureMode = c_uint;
+/// `CU_STREAM_CAPTURE_MODE_GLOBAL`: every thread's default.
+pub const CU_STREAM_CAPTURE_MODE_GLOBAL: CUstreamCaptureMode = 0;
+/// `CU_STREAM_CAPTURE_MODE_THREAD_LOCAL`.
+pub const CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: CUstreamCaptureMode = 1;
+/// `CU_STREAM_CAPTURE_MODE_RELAXED`: the thread may make potentially unsafe calls.
+pub const CU_STREAM_CAPTURE_MODE_RELAXED: CUstreamCaptureMode = 2;
 
 // ---- CUdevice_attribute ----
 
@@ -372,4 +402,14 @@ signatures! {
     /// `CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)`:
     /// work queued on the stream from now on waits for the event's last record (flags 0).
     fn cuStreamWaitEvent(stream: CUstream, event: CUevent, flags: c_uint) -> CUresult;
+
+    /// `CUresult cuStreamGetCaptureInfo(CUstream hStream, CUstreamCaptureStatus
+    /// *captureStatus_out, cuuint64_t *id_out)` (CUDA 10.1; the symbol CUDA 12's header maps
+    /// to `_v2` is still exported with this signature; resolved as optional): whether the
+    /// stream is being captured, and the capture's id.
+    fn cuStreamGetCaptureInfo(stream: CUstream, status: *mut CUstreamCaptureStatus, id: *mut cuuint64_t) -> CUresult;
+    /// `CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)` (CUDA 10.1;
+    /// resolved as optional, with `cuStreamGetCaptureInfo`): swaps the calling thread's
+    /// capture interaction mode.
+    fn cuThreadExchangeStreamCaptureMode(mode: *mut CUstreamCaptureMode) -> CUresult;
 }

@@ -49,7 +49,32 @@ signatures! {
     fn hipHostRegister(hostPtr: *mut c_void, sizeBytes: usize, flags: core::ffi::c_uint) -> hipError_t;
     /// `hipError_t hipHostUnregister(void* hostPtr)` (`hip_runtime_api.h`; by hand, as above).
     fn hipHostUnregister(hostPtr: *mut c_void) -> hipError_t;
+    /// `hipError_t hipStreamGetCaptureInfo(hipStream_t stream, hipStreamCaptureStatus*
+    /// pCaptureStatus, unsigned long long* pId)` (`hip_runtime_api.h`, HIP 4.5; by hand, as
+    /// above): whether the stream is being captured, and the capture's id.
+    fn hipStreamGetCaptureInfo(stream: *mut c_void, pCaptureStatus: *mut hipStreamCaptureStatus, pId: *mut core::ffi::c_ulonglong) -> hipError_t;
+    /// `hipError_t hipThreadExchangeStreamCaptureMode(hipStreamCaptureMode* mode)`
+    /// (`hip_runtime_api.h`, HIP 5.0; by hand, as above): swaps the calling thread's capture
+    /// interaction mode.
+    fn hipThreadExchangeStreamCaptureMode(mode: *mut hipStreamCaptureMode) -> hipError_t;
 }
+
+/// `hipStreamCaptureStatus` (an `enum`, 4 bytes; `hip_runtime_api.h`, by hand as above).
+pub type hipStreamCaptureStatus = core::ffi::c_uint;
+/// `hipStreamCaptureStatusNone`: the stream is not capturing.
+pub const hipStreamCaptureStatusNone: hipStreamCaptureStatus = 0;
+/// `hipStreamCaptureStatusActive`: the stream is capturing.
+pub const hipStreamCaptureStatusActive: hipStreamCaptureStatus = 1;
+/// `hipStreamCaptureStatusInvalidated`: capturing, but invalidated by an error.
+pub const hipStreamCaptureStatusInvalidated: hipStreamCaptureStatus = 2;
+/// `hipStreamCaptureMode` (an `enum`, 4 bytes; `hip_runtime_api.h`, by hand as above).
+pub type hipStreamCaptureMode = core::ffi::c_uint;
+/// `hipStreamCaptureModeGlobal`: every thread's default.
+pub const hipStreamCaptureModeGlobal: hipStreamCaptureMode = 0;
+/// `hipStreamCaptureModeThreadLocal`.
+pub const hipStreamCaptureModeThreadLocal: hipStreamCaptureMode = 1;
+/// `hipStreamCaptureModeRelaxed`: the thread may make potentially unsafe calls.
+pub const hipStreamCaptureModeRelaxed: hipStreamCaptureMode = 2;
 
 /// `hipDeviceMallocUncached`: a `hipExtMallocWithFlags` flag (ROCm 6+; absent from 5.2.3).
 pub const hipDeviceMallocUncached: u32 = 0x3;

@@ -51,6 +51,7 @@ mod device_costs;
 mod diagnose;
 mod fault_injection;
 mod foreign_streams;
+mod graph_pools;
 mod hip;
 mod kineto_devices;
 mod layout;

@@ -1,0 +1,1043 @@
+//! [`GraphPools`]: what an allocator must do while streams are captured into graphs (CUDA
+//! graphs, HIP graphs: PyTorch's `torch.cuda.graph`, vLLM's and SGLang's decode graphs,
+//! cudarc's `CudaGraph`), once, in front of any strategy.
+//!
+//! While a stream is captured the driver runs nothing: what is queued on it becomes a graph,
+//! replayed later — many times — at the same addresses. Three things follow, and this adaptor
+//! does each, as PyTorch's caching allocator does with its private pools:
+//!
+//! * **Memory handed out during a capture belongs to the capture's graph pool** until the
+//!   caller releases the pool ([`GraphPools::release_pool`]). A free during or after the
+//!   capture returns the block to the pool, where a later request of a capture routed to the
+//!   same pool may take it again (in stream order, as the replays run); never to eager
+//!   requests, another pool, or the strategy's trim, stitching or shrink, which would let
+//!   other work write memory every replay of the graph still reads and writes. Pools may be
+//!   shared between captures, as PyTorch's `pool=` shares them.
+//! * **A request on a captured stream reaches the strategy on another stream**, the adaptor's
+//!   own side stream, which is never captured, with the calling thread's capture mode set to
+//!   relaxed for the call (as PyTorch wraps `cudaMalloc` during capture): the strategy's
+//!   growth (`cuMemAlloc`, `cuMemCreate`, a pool's growth) is then neither forbidden nor
+//!   recorded into the graph, and its events and waits go to a stream that runs. What the
+//!   strategy cannot give fails with [`Error::StreamCapturing`], which says what to do.
+//! * **A free of eager memory on a captured stream is held** until that stream's capture
+//!   ends: handing it to the strategy then would record an event on the captured stream
+//!   (which becomes a node, and queried later is `CUDA_ERROR_CAPTURED_EVENT`, invalidating
+//!   the capture).
+//!
+//! # Routing: which requests go to which pool
+//!
+//! [`GraphPools::begin_allocate_to_pool`] routes the requests of the capture on a stream (on
+//! every stream that joins it) to a pool, until [`GraphPools::end_allocate_to_pool`]; call it
+//! just before or just after the capture begins (PyTorch's `beginAllocateToPool`). With
+//! [`Detect::EveryRequest`] a capture nobody routed gets a pool of its own, found by asking
+//! the driver about every request's stream: what a caller that cannot say when it captures
+//! needs (the PyTorch hook, which PyTorch gives only the stream). The cost of each mode,
+//! counted in driver calls (`capture_status`, a CPU-side call that waits for nothing):
+//!
+//! | mode | outside any capture | while a capture is routed |
+//! |---|---|---|
+//! | [`Detect::WhileRouted`] | none | one per allocation and free |
+//! | [`Detect::EveryRequest`] | one per allocation and free | one per allocation and free |
+//!
+//! # The side stream
+//!
+//! The adaptor makes one stream of its own ([`crate::Device::create_stream`]) and, before
+//! the first request it routes, allocates and frees a byte on it. A strategy that orders its
+//! frees by stream (bfc, vmm) then has the side stream as its first stream, so the event it
+//! records when a second stream appears (its fence) goes to a stream that is never captured.
+//! A new pool block is made on the side stream and the side stream synchronised before it is
+//! handed out (the memory is ready for the captured work: a pool's stream-ordered
+//! allocation completes first).
+//!
+//! # Releasing and sleeping
+//!
+//! [`GraphPools::release_pool`] gives the pool's free blocks back to the strategy after
+//! synchronising the device: graphs are launched on streams the allocator never sees, so only
+//! the whole device says that no replay still runs. Blocks still in use go back when freed.
+//! [`GraphPools::sleep_pool`] and [`GraphPools::wake_pool`] sleep and wake the pool's memory
+//! as a tag (its blocks carry the pool's tag in the strategy: vmm keeps their addresses), so
+//! an RL job releases its decode graphs' memory between rollouts and replays them after the
+//! wake without capturing again. What the caller must redo after a wake is whatever was bound
+//! to the old physical memory rather than to the addresses: NCCL user-buffer registrations
+//! (`ncclCommRegister`, behind torch_memory_saver#88's hang after resume) and IPC handles
+//! exported from it. [`GraphPoolHooks`] runs the caller's code before the sleep (deregister)
+//! and after the wake (register again), with the pool's ranges.
+#![deny(unsafe_code)]
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use crate::allocator::{next_allocator_id, Allocation, Allocator, Keep, SleepReport, Stats};
+use crate::device::{with_capture_mode, CaptureMode, Device, Stream};
+use crate::error::{Error, Result};
+use crate::units::Bytes;
+
+/// When [`GraphPools`] asks the driver whether a request's stream is captured.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Detect {
+    /// Only while a capture is routed ([`GraphPools::begin_allocate_to_pool`]) or a free is
+    /// held for one: no driver call otherwise. A capture nobody routed reaches the strategy
+    /// as any request does. For callers that say when they capture (Rust, C).
+    #[default]
+    WhileRouted,
+    /// For every allocation and free: a capture nobody routed gets a pool of its own. For
+    /// callers that cannot say when they capture (the PyTorch hook).
+    EveryRequest,
+}
+
+/// A graph pool: memory kept for the graphs captured into it (see [`GraphPools`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct GraphPoolId(u64);
+
+impl GraphPoolId {
+    /// The pool's number, as the C ABI and Python give it.
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+
+    /// The pool numbered `n` (a number [`GraphPoolId::get`] gave).
+    pub const fn from_raw(n: u64) -> GraphPoolId {
+        GraphPoolId(n)
+    }
+}
+
+impl fmt::Display for GraphPoolId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "graph pool {}", self.0)
+    }
+}
+
+/// One pool's counters ([`GraphPools::pool_stats`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct GraphPoolStats {
+    /// The pool.
+    pub id: GraphPoolId,
+    /// The tag its memory carries in the strategy (what [`GraphPools::sleep_pool`] sleeps).
+    pub tag: String,
+    /// Blocks it holds.
+    pub blocks: usize,
+    /// Bytes of them (as requested when each was made).
+    pub held_bytes: u64,
+    /// Bytes of the blocks handed out now.
+    pub in_use_bytes: u64,
+    /// Bytes of the blocks free in the pool (for its captures only).
+    pub free_bytes: u64,
+    /// Captures routed to it now.
+    pub routed_captures: usize,
+    /// Released: its blocks go back to the strategy as they are freed.
+    pub released: bool,
+}
+
+/// A caller's code run around a pool's sleep and wake, with the pool and its ranges
+/// (`(address, bytes)`): deregister what is bound to the physical memory before the sleep
+/// (NCCL user buffers, IPC exports), register it again after the wake.
+pub type RangesHook = Box<dyn Fn(GraphPoolId, &[(u64, u64)]) + Send + Sync>;
+
+/// The hooks [`GraphPools::set_hooks`] takes.
+#[derive(Default)]
+#[non_exhaustive]
+pub struct GraphPoolHooks {
+    /// Run before a pool's memory sleeps.
+    pub before_sleep: Option<RangesHook>,
+    /// Run after a pool's memory woke (at the same addresses).
+    pub after_wake: Option<RangesHook>,
+}
+
+impl GraphPoolHooks {
+    /// No hooks.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// With `hook` run before each sleep.
+    pub fn before_sleep(mut self, hook: RangesHook) -> Self {
+        self.before_sleep = Some(hook);
+        self
+    }
+
+    /// With `hook` run after each wake.
+    pub fn after_wake(mut self, hook: RangesHook) -> Self {
+        self.after_wake = Some(hook);
+        self
+    }
+}
+
+impl fmt::Debug for GraphPoolHooks {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GraphPoolHooks")
+            .field("before_sleep", &self.before_sleep.is_some())
+            .field("after_wake", &self.after_wake.is_some())
+            .finish()
+    }
+}
+
+/// A block a pool holds: one allocation of the strategy beneath.
+#[derive(Debug)]
+struct Block {
+    upstream: Allocation,
+    in_use: bool,
+}
+
+#[derive(Debug)]
+struct Pool {
+    tag: String,
+    /// By address. Invariant: exactly the blocks whose address `by_ptr` maps to this pool.
+    blocks: BTreeMap<u64, Block>,
+    /// `(size, address)` of the blocks not in use. Invariant: exactly those.
+    free: BTreeSet<(u64, u64)>,
+    released: bool,
+}
+
+/// Requests of a capture go to `pool`: the capture `capture` once known, else the next one
+/// seen on `stream`.
+#[derive(Debug, Clone, Copy)]
+struct Route {
+    pool: u64,
+    stream: Stream,
+    capture: Option<u64>,
+    /// Made for a capture nobody routed ([`Detect::EveryRequest`]): dropped when it ends.
+    automatic: bool,
+}
+
+/// A free the strategy gets once `stream`'s capture has ended.
+#[derive(Debug)]
+struct Held {
+    upstream: Allocation,
+    stream: Stream,
+}
+
+#[derive(Debug, Default)]
+struct Books {
+    next_pool: u64,
+    pools: BTreeMap<u64, Pool>,
+    routes: Vec<Route>,
+    /// Every pool block's address → its pool.
+    by_ptr: HashMap<u64, u64>,
+    held: Vec<Held>,
+}
+
+struct Shared {
+    id: u64,
+    upstream: Box<dyn Allocator>,
+    device: Arc<dyn Device>,
+    detect: Detect,
+    side: OnceLock<Stream>,
+    /// `routes.len() + held.len()`: nonzero, requests are checked in [`Detect::WhileRouted`].
+    watching: AtomicUsize,
+    books: Mutex<Books>,
+    hooks: Mutex<GraphPoolHooks>,
+    reuse_bug: AtomicBool,
+}
+
+/// The graph-pool adaptor over a strategy (see the module docs). Cheap to clone: clones
+/// share one set of pools, so the C ABI keeps one while a ledger owns another.
+///
+/// ```
+/// use std::sync::Arc;
+/// use portalloc::adaptor::{Detect, GraphPools};
+/// use portalloc::backends::host::HostDevice;
+/// use portalloc::strategy::platform::PlatformAllocator;
+/// use portalloc::{Allocator, Device, Stream};
+///
+/// let device: Arc<dyn Device> = Arc::new(HostDevice::builder().build().unwrap());
+/// let strategy = PlatformAllocator::new(Arc::clone(&device), None);
+/// let pools = GraphPools::new(strategy, device, Detect::WhileRouted);
+/// let pool = pools.create_pool(None);
+/// // Nothing captures on the host device: requests pass through to the strategy.
+/// let a = pools.allocate(4096, 0, Stream::DEFAULT, "x").unwrap();
+/// pools.deallocate(a).unwrap();
+/// assert_eq!(pools.pool_stats(pool).unwrap().blocks, 0);
+/// ```
+#[derive(Clone)]
+pub struct GraphPools {
+    shared: Arc<Shared>,
+}
+
+impl fmt::Debug for GraphPools {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GraphPools")
+            .field("upstream", &self.shared.upstream.name())
+            .field("id", &self.shared.id)
+            .field("detect", &self.shared.detect)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A request's blocks may come from a free block at most this much larger (twice the
+/// request, or the request and 2 MiB): pool blocks are whole allocations, never split.
+fn reusable(request: u64, block: u64) -> bool {
+    block >= request
+        && block
+            <= request
+                .saturating_mul(2)
+                .max(request.saturating_add(2 << 20))
+}
+
+impl GraphPools {
+    /// Graph pools over `upstream`, a strategy on `device`.
+    pub fn new(
+        upstream: impl Allocator + 'static,
+        device: Arc<dyn Device>,
+        detect: Detect,
+    ) -> Self {
+        GraphPools::from_boxed(Box::new(upstream), device, detect)
+    }
+
+    /// [`GraphPools::new`] over a boxed strategy (what [`crate::strategy::build`] gives).
+    pub fn from_boxed(
+        upstream: Box<dyn Allocator>,
+        device: Arc<dyn Device>,
+        detect: Detect,
+    ) -> Self {
+        GraphPools {
+            shared: Arc::new(Shared {
+                id: next_allocator_id(),
+                upstream,
+                device,
+                detect,
+                side: OnceLock::new(),
+                watching: AtomicUsize::new(0),
+                books: Mutex::new(Books {
+                    next_pool: 1,
+                    ..Books::default()
+                }),
+                hooks: Mutex::new(GraphPoolHooks::default()),
+                reuse_bug: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// The strategy beneath.
+    pub fn upstream(&self) -> &dyn Allocator {
+        &*self.shared.upstream
+    }
+
+    /// When requests are checked for capture.
+    pub fn detect(&self) -> Detect {
+        self.shared.detect
+    }
+
+    fn books(&self) -> MutexGuard<'_, Books> {
+        // Every update of the books is complete before anything that can panic.
+        self.shared.books.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn rewatch(&self, books: &Books) {
+        self.shared
+            .watching
+            .store(books.routes.len() + books.held.len(), Ordering::Release);
+    }
+
+    fn watching(&self) -> bool {
+        self.shared.detect == Detect::EveryRequest
+            || self.shared.watching.load(Ordering::Acquire) > 0
+    }
+
+    /// A new, empty pool; its memory carries `tag` in the strategy (default: `graph pool N`).
+    pub fn create_pool(&self, tag: Option<&str>) -> GraphPoolId {
+        let mut books = self.books();
+        let n = books.next_pool;
+        books.next_pool += 1;
+        let tag = tag.map_or_else(|| format!("graph pool {n}"), str::to_owned);
+        // Its memory sleeps on its own: vmm keeps it apart from other tags' (see
+        // `declare_sleepable`), so a pool's sleep hands back all of it.
+        crate::sleep_tags::declare_sleepable(&tag);
+        books.pools.insert(
+            n,
+            Pool {
+                tag,
+                blocks: BTreeMap::new(),
+                free: BTreeSet::new(),
+                released: false,
+            },
+        );
+        GraphPoolId(n)
+    }
+
+    fn unknown_pool(pool: GraphPoolId) -> Error {
+        Error::InvalidArgument {
+            call: "a graph pool call",
+            reason: format!(
+                "{pool} is not a live pool of this allocator (released, or never made)"
+            ),
+        }
+    }
+
+    /// The side stream, made (and handed to the strategy once) at first use.
+    fn side_stream(&self) -> Result<Stream> {
+        if let Some(&s) = self.shared.side.get() {
+            return Ok(s);
+        }
+        let s = self.shared.device.create_stream()?;
+        // One byte allocated and freed on it: the strategy's first stream is one that is never
+        // captured (see the module docs).
+        let warm = self
+            .shared
+            .upstream
+            .allocate(1, 0, s, "graph pools' side stream")?;
+        self.shared.upstream.deallocate(warm)?;
+        if self.shared.side.set(s).is_err() {
+            // Another thread made one meanwhile: use theirs; this stream is left to the process,
+            // as streams never destroyed are (its one free may still be pending on it).
+        }
+        Ok(*self.shared.side.get().unwrap_or(&s))
+    }
+
+    /// Routes the requests of the capture on `stream` to `pool` (its first, or the one under
+    /// way now), on every stream that joins it, until [`GraphPools::end_allocate_to_pool`].
+    /// Call it just before or just after the capture begins, as PyTorch calls
+    /// `beginAllocateToPool`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a pool released or unknown; the device's error when the
+    /// stream's status cannot be read or the side stream cannot be made.
+    pub fn begin_allocate_to_pool(&self, pool: GraphPoolId, stream: Stream) -> Result<()> {
+        self.side_stream()?;
+        let capture = self.shared.device.capture_status(stream)?.capture_id();
+        let mut books = self.books();
+        if !books.pools.get(&pool.0).is_some_and(|p| !p.released) {
+            return Err(Self::unknown_pool(pool));
+        }
+        books.routes.push(Route {
+            pool: pool.0,
+            stream,
+            capture,
+            automatic: false,
+        });
+        self.rewatch(&books);
+        Ok(())
+    }
+
+    /// Ends the routes to `pool` ([`GraphPools::begin_allocate_to_pool`]); frees held for
+    /// captures that have ended go to the strategy. The pool keeps its memory.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when no capture is routed to the pool.
+    pub fn end_allocate_to_pool(&self, pool: GraphPoolId) -> Result<()> {
+        {
+            let mut books = self.books();
+            let before = books.routes.len();
+            books.routes.retain(|r| r.pool != pool.0);
+            if books.routes.len() == before {
+                return Err(Error::InvalidArgument {
+                    call: "end_allocate_to_pool",
+                    reason: format!("no capture is routed to {pool}"),
+                });
+            }
+            self.rewatch(&books);
+        }
+        self.settle_held();
+        Ok(())
+    }
+
+    /// Releases `pool`: its free blocks go back to the strategy now, after a device
+    /// synchronisation (a replay may still run on any stream), and the blocks still in use as
+    /// they are freed. Call it once no graph captured into the pool will be launched again
+    /// (PyTorch: the graph's `reset()`). Returns the bytes given back now.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an unknown pool, or one a capture is still routed to;
+    /// the device's error when it cannot be synchronised (the pool is unchanged then).
+    pub fn release_pool(&self, pool: GraphPoolId) -> Result<u64> {
+        {
+            let books = self.books();
+            if !books.pools.get(&pool.0).is_some_and(|p| !p.released) {
+                return Err(Self::unknown_pool(pool));
+            }
+            if books.routes.iter().any(|r| r.pool == pool.0) {
+                return Err(Error::InvalidArgument {
+                    call: "release_pool",
+                    reason: format!(
+                        "a capture is still routed to {pool}: end_allocate_to_pool first"
+                    ),
+                });
+            }
+        }
+        self.shared.device.synchronize_device()?;
+        let freed: Vec<Allocation> = {
+            let mut guard = self.books();
+            let books = &mut *guard;
+            let Some(p) = books.pools.get_mut(&pool.0) else {
+                return Err(Self::unknown_pool(pool));
+            };
+            p.released = true;
+            let free: Vec<u64> = p.free.iter().map(|&(_, ptr)| ptr).collect();
+            p.free.clear();
+            let taken: Vec<Allocation> = free
+                .iter()
+                .filter_map(|ptr| p.blocks.remove(ptr).map(|b| b.upstream))
+                .collect();
+            let empty = p.blocks.is_empty();
+            for ptr in &free {
+                books.by_ptr.remove(ptr);
+            }
+            if empty {
+                books.pools.remove(&pool.0);
+            }
+            taken
+        };
+        let mut bytes = 0;
+        let mut first_error = None;
+        for a in freed {
+            bytes += a.size();
+            if let Err(e) = self.shared.upstream.deallocate(a) {
+                first_error.get_or_insert(e);
+            }
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(bytes),
+        }
+    }
+
+    /// Sleeps the pool's memory: the strategy's sleep of its tag ([`Allocator::sleep`]),
+    /// after the `before_sleep` hook.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an unknown pool; the strategy's sleep errors
+    /// ([`Error::StrategyUnsupported`] for a strategy without sleep).
+    pub fn sleep_pool(&self, pool: GraphPoolId, keep: Keep) -> Result<SleepReport> {
+        let (tag, ranges) = self.tag_and_ranges(pool)?;
+        if let Some(hook) = &self.hooks().before_sleep {
+            hook(pool, &ranges);
+        }
+        self.shared.upstream.sleep(&tag, keep)
+    }
+
+    /// Wakes the pool's memory at its addresses, then runs the `after_wake` hook.
+    ///
+    /// # Errors
+    /// As [`GraphPools::sleep_pool`], with the strategy's wake errors.
+    pub fn wake_pool(&self, pool: GraphPoolId) -> Result<SleepReport> {
+        let (tag, ranges) = self.tag_and_ranges(pool)?;
+        let report = self.shared.upstream.wake(&tag)?;
+        if let Some(hook) = &self.hooks().after_wake {
+            hook(pool, &ranges);
+        }
+        Ok(report)
+    }
+
+    /// Sets the hooks run around [`GraphPools::sleep_pool`] and [`GraphPools::wake_pool`].
+    pub fn set_hooks(&self, hooks: GraphPoolHooks) {
+        *self.hooks() = hooks;
+    }
+
+    fn hooks(&self) -> MutexGuard<'_, GraphPoolHooks> {
+        self.shared.hooks.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn tag_and_ranges(&self, pool: GraphPoolId) -> Result<(String, Vec<(u64, u64)>)> {
+        let books = self.books();
+        let p = books
+            .pools
+            .get(&pool.0)
+            .ok_or_else(|| Self::unknown_pool(pool))?;
+        let ranges = p
+            .blocks
+            .iter()
+            .map(|(&ptr, b)| (ptr, b.upstream.size()))
+            .collect();
+        Ok((p.tag.clone(), ranges))
+    }
+
+    /// One pool's counters; `None` for a pool unknown (or released and empty).
+    pub fn pool_stats(&self, pool: GraphPoolId) -> Option<GraphPoolStats> {
+        let books = self.books();
+        let p = books.pools.get(&pool.0)?;
+        Some(Self::stats_of(&books, pool.0, p))
+    }
+
+    /// Every pool's counters, by id.
+    pub fn pools(&self) -> Vec<GraphPoolStats> {
+        let books = self.books();
+        books
+            .pools
+            .iter()
+            .map(|(&id, p)| Self::stats_of(&books, id, p))
+            .collect()
+    }
+
+    fn stats_of(books: &Books, id: u64, p: &Pool) -> GraphPoolStats {
+        let held_bytes = p.blocks.values().map(|b| b.upstream.size()).sum();
+        let free_bytes = p.free.iter().map(|&(size, _)| size).sum();
+        GraphPoolStats {
+            id: GraphPoolId(id),
+            tag: p.tag.clone(),
+            blocks: p.blocks.len(),
+            held_bytes,
+            in_use_bytes: held_bytes - free_bytes,
+            free_bytes,
+            routed_captures: books.routes.iter().filter(|r| r.pool == id).count(),
+            released: p.released,
+        }
+    }
+
+    /// Hands the frees held for captures that have ended to the strategy.
+    pub fn settle_held(&self) {
+        let held: Vec<Held> = {
+            let mut books = self.books();
+            let held = std::mem::take(&mut books.held);
+            self.rewatch(&books);
+            held
+        };
+        if held.is_empty() {
+            return;
+        }
+        let mut still = Vec::new();
+        for h in held {
+            match self.shared.device.capture_status(h.stream) {
+                Ok(status) if status.capture_id().is_none() => {
+                    // A held free is one the caller made: nothing to report to anyone if the
+                    // strategy refuses it now but the log.
+                    if let Err(e) = self.shared.upstream.deallocate(h.upstream) {
+                        tracing::warn!(error = %e, "a free held for a capture was refused");
+                    }
+                }
+                _ => still.push(h),
+            }
+        }
+        let mut books = self.books();
+        books.held.extend(still);
+        self.rewatch(&books);
+    }
+
+    /// **Test-only**: frees of pool blocks go straight back to the strategy, as if the pool
+    /// did not exist — the "reuse after capture" bug the hazard log must catch. Never set it
+    /// outside a test of that.
+    #[doc(hidden)]
+    pub fn plant_reuse_after_capture_bug(&self, on: bool) {
+        self.shared.reuse_bug.store(on, Ordering::Relaxed);
+    }
+
+    /// The pool a request of capture `capture` on `stream` goes to: its route's, binding a
+    /// route waiting on the stream; with [`Detect::EveryRequest`], a new pool for a capture
+    /// nobody routed. `None`: no pool.
+    fn route(&self, books: &mut Books, stream: Stream, capture: u64) -> Option<u64> {
+        if let Some(r) = books.routes.iter().find(|r| r.capture == Some(capture)) {
+            return Some(r.pool);
+        }
+        if let Some(r) = books
+            .routes
+            .iter_mut()
+            .find(|r| r.capture.is_none() && r.stream == stream)
+        {
+            r.capture = Some(capture);
+            return Some(r.pool);
+        }
+        if self.shared.detect != Detect::EveryRequest {
+            return None;
+        }
+        let n = books.next_pool;
+        books.next_pool += 1;
+        let tag = format!("graph pool {n}");
+        crate::sleep_tags::declare_sleepable(&tag);
+        books.pools.insert(
+            n,
+            Pool {
+                tag,
+                blocks: BTreeMap::new(),
+                free: BTreeSet::new(),
+                released: false,
+            },
+        );
+        books.routes.push(Route {
+            pool: n,
+            stream,
+            capture: Some(capture),
+            automatic: true,
+        });
+        self.rewatch(books);
+        Some(n)
+    }
+
+    /// Drops the automatic routes whose capture has ended (their pools stay: the graphs
+    /// still replay over them).
+    fn prune_automatic(&self) {
+        let automatic: Vec<Route> = self
+            .books()
+            .routes
+            .iter()
+            .filter(|r| r.automatic)
+            .copied()
+            .collect();
+        for r in automatic {
+            let ended = match self.shared.device.capture_status(r.stream) {
+                Ok(s) => s.capture_id() != r.capture,
+                Err(_) => false,
+            };
+            if ended {
+                let mut books = self.books();
+                books
+                    .routes
+                    .retain(|x| !(x.automatic && x.pool == r.pool && x.capture == r.capture));
+                self.rewatch(&books);
+            }
+        }
+    }
+
+    fn capturing_error(
+        &self,
+        stream: Stream,
+        capture: u64,
+        requested: u64,
+        pool: Option<u64>,
+        reason: String,
+    ) -> Error {
+        let pool = match pool {
+            Some(n) => {
+                let books = self.books();
+                books.pools.get(&n).map_or_else(
+                    || format!("graph pool {n}"),
+                    |p| {
+                        let s = Self::stats_of(&books, n, p);
+                        format!(
+                            "graph pool {n}, {} held in {} blocks, {} free",
+                            Bytes(s.held_bytes),
+                            s.blocks,
+                            Bytes(s.free_bytes)
+                        )
+                    },
+                )
+            }
+            None => "none: no graph pool receives this capture — route it with \
+                     begin_allocate_to_pool, or detect every request"
+                .to_string(),
+        };
+        Error::StreamCapturing {
+            stream: stream.as_raw(),
+            capture,
+            requested,
+            pool,
+            reason,
+        }
+    }
+
+    /// A request of capture `capture` served from `pool`: a free block, else a new one.
+    fn allocate_in_pool(
+        &self,
+        pool: u64,
+        size: u64,
+        alignment: u64,
+        stream: Stream,
+        capture: u64,
+    ) -> Result<Allocation> {
+        let align = alignment.max(1);
+        let tag = {
+            let mut guard = self.books();
+            let books = &mut *guard;
+            let p = books
+                .pools
+                .get_mut(&pool)
+                .ok_or_else(|| Self::unknown_pool(GraphPoolId(pool)))?;
+            let found = p
+                .free
+                .range((size, 0)..)
+                .take_while(|&&(s, _)| reusable(size, s))
+                .find(|&&(_, ptr)| ptr % align == 0)
+                .copied();
+            if let Some((s, ptr)) = found {
+                p.free.remove(&(s, ptr));
+                if let Some(b) = p.blocks.get_mut(&ptr) {
+                    b.in_use = true;
+                }
+                return Ok(Allocation::new(ptr, size, stream, self.shared.id, ptr));
+            }
+            p.tag.clone()
+        };
+        let side = self.side_stream().map_err(|e| {
+            self.capturing_error(
+                stream,
+                capture,
+                size,
+                Some(pool),
+                format!("no side stream: {e}"),
+            )
+        })?;
+        let device = &*self.shared.device;
+        let made = with_capture_mode(device, CaptureMode::Relaxed, || {
+            self.shared.upstream.allocate(size, alignment, side, &tag)
+        })
+        .and_then(|r| r);
+        let upstream = made
+            .map_err(|e| self.capturing_error(stream, capture, size, Some(pool), e.to_string()))?;
+        // Ready before any captured work uses it (a pool's allocation is stream-ordered).
+        if let Err(e) = device.synchronize_stream(side) {
+            let _ = self.shared.upstream.deallocate(upstream);
+            return Err(self.capturing_error(
+                stream,
+                capture,
+                size,
+                Some(pool),
+                format!("the side stream could not be synchronised: {e}"),
+            ));
+        }
+        let ptr = upstream.ptr();
+        let mut books = self.books();
+        books.by_ptr.insert(ptr, pool);
+        if let Some(p) = books.pools.get_mut(&pool) {
+            p.blocks.insert(
+                ptr,
+                Block {
+                    upstream,
+                    in_use: true,
+                },
+            );
+        }
+        Ok(Allocation::new(ptr, size, stream, self.shared.id, ptr))
+    }
+
+    /// A pool block handed back.
+    fn free_block(&self, allocation: &Allocation) -> Result<()> {
+        let ptr = allocation.ptr();
+        let unknown = || Error::UnknownPointer {
+            what: "graph pool block",
+            ptr,
+            backend: self.shared.device.info().vendor.name(),
+        };
+        let to_upstream = {
+            let mut guard = self.books();
+            let books = &mut *guard;
+            let &pool = books.by_ptr.get(&ptr).ok_or_else(unknown)?;
+            let p = books.pools.get_mut(&pool).ok_or_else(unknown)?;
+            let block = p
+                .blocks
+                .get_mut(&ptr)
+                .filter(|b| b.in_use)
+                .ok_or_else(unknown)?;
+            if p.released || self.shared.reuse_bug.load(Ordering::Relaxed) {
+                let b = p.blocks.remove(&ptr).ok_or_else(unknown)?;
+                let empty = p.blocks.is_empty() && p.released;
+                books.by_ptr.remove(&ptr);
+                if empty {
+                    books.pools.remove(&pool);
+                }
+                Some(b.upstream)
+            } else {
+                block.in_use = false;
+                let size = block.upstream.size();
+                p.free.insert((size, ptr));
+                None
+            }
+        };
+        if let Some(upstream) = to_upstream {
+            // The caller freed it on its stream: what it queued there before may still use it.
+            // Wait for that, then the strategy may hand it to any stream (its own stream is
+            // the side stream, where nothing ran). A stream that cannot be waited for (being
+            // captured) holds the free until its capture ends.
+            let stream = allocation.stream();
+            match self.shared.device.synchronize_stream(stream) {
+                Ok(()) => self.shared.upstream.deallocate(upstream)?,
+                Err(_) => {
+                    let mut books = self.books();
+                    books.held.push(Held { upstream, stream });
+                    self.rewatch(&books);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Allocator for GraphPools {
+    /// The strategy's name: the adaptor is transparent in reports.
+    fn name(&self) -> &str {
+        self.shared.upstream.name()
+    }
+
+    fn id(&self) -> u64 {
+        self.shared.id
+    }
+
+    /// A request on a captured stream from its graph pool; any other from the strategy (the
+    /// strategy's own [`Allocation`], with its id).
+    ///
+    /// # Errors
+    /// The strategy's errors; [`Error::StreamCapturing`] for a captured request no pool could
+    /// serve; the device's error when the stream's capture status cannot be read.
+    fn allocate(&self, size: u64, alignment: u64, stream: Stream, tag: &str) -> Result<Allocation> {
+        if size == 0 || !self.watching() {
+            return self.shared.upstream.allocate(size, alignment, stream, tag);
+        }
+        let status = self.shared.device.capture_status(stream)?;
+        let Some(capture) = status.capture_id() else {
+            if self.shared.watching.load(Ordering::Acquire) > 0 {
+                self.settle_held();
+                self.prune_automatic();
+            }
+            if self.shared.detect == Detect::EveryRequest && self.shared.side.get().is_none() {
+                // Before any capture: the side stream becomes the strategy's first.
+                self.side_stream()?;
+            }
+            return self.shared.upstream.allocate(size, alignment, stream, tag);
+        };
+        let pool = {
+            let mut books = self.books();
+            self.route(&mut books, stream, capture)
+        };
+        match pool {
+            Some(pool) => self.allocate_in_pool(pool, size, alignment, stream, capture),
+            None => Err(self.capturing_error(
+                stream,
+                capture,
+                size,
+                None,
+                "it came with no graph pool to serve it".into(),
+            )),
+        }
+    }
+
+    /// A pool block back to its pool (or, released, to the strategy); the strategy's own
+    /// allocation to the strategy — held until its stream's capture ends when that stream is
+    /// captured.
+    ///
+    /// # Errors
+    /// [`Error::UnknownPointer`] for a pool block not handed out; the strategy's errors.
+    fn deallocate(&self, allocation: Allocation) -> Result<()> {
+        if allocation.allocator_id() == self.shared.id && !allocation.is_empty() {
+            return self.free_block(&allocation);
+        }
+        if allocation.is_empty() || !self.watching() {
+            return self.shared.upstream.deallocate(allocation);
+        }
+        let stream = allocation.stream();
+        if self
+            .shared
+            .device
+            .capture_status(stream)?
+            .capture_id()
+            .is_some()
+        {
+            let mut books = self.books();
+            books.held.push(Held {
+                upstream: allocation,
+                stream,
+            });
+            self.rewatch(&books);
+            return Ok(());
+        }
+        self.shared.upstream.deallocate(allocation)
+    }
+
+    fn stats(&self) -> Stats {
+        self.shared.upstream.stats()
+    }
+
+    fn charged(&self, allocation: &Allocation) -> Option<u64> {
+        if allocation.allocator_id() != self.shared.id {
+            return self.shared.upstream.charged(allocation);
+        }
+        let books = self.books();
+        let pool = books.by_ptr.get(&allocation.ptr())?;
+        let block = books.pools.get(pool)?.blocks.get(&allocation.ptr())?;
+        self.shared.upstream.charged(&block.upstream)
+    }
+
+    fn pool_bytes(&self) -> u64 {
+        self.shared.upstream.pool_bytes()
+    }
+
+    /// The strategy's trim: graph-pool blocks are live in it, so none of them is trimmed.
+    fn trim(&self) -> Result<u64> {
+        self.shared.upstream.trim()
+    }
+
+    fn sleep(&self, tag: &str, keep: Keep) -> Result<SleepReport> {
+        self.shared.upstream.sleep(tag, keep)
+    }
+
+    fn wake(&self, tag: &str) -> Result<SleepReport> {
+        self.shared.upstream.wake(tag)
+    }
+
+    fn sleeping(&self) -> Vec<crate::allocator::SleepingTag> {
+        self.shared.upstream.sleeping()
+    }
+
+    fn is_asleep(&self, allocation: &Allocation) -> bool {
+        if allocation.allocator_id() != self.shared.id {
+            return self.shared.upstream.is_asleep(allocation);
+        }
+        let books = self.books();
+        books
+            .by_ptr
+            .get(&allocation.ptr())
+            .and_then(|pool| books.pools.get(pool))
+            .and_then(|p| p.blocks.get(&allocation.ptr()))
+            .is_some_and(|b| self.shared.upstream.is_asleep(&b.upstream))
+    }
+
+    fn retag(&self, allocation: &Allocation, tag: &str) {
+        // A pool block keeps its pool's tag: it sleeps with its pool.
+        if allocation.allocator_id() != self.shared.id {
+            self.shared.upstream.retag(allocation, tag);
+        }
+    }
+
+    fn freeing(&self, allocation: &Allocation) {
+        if allocation.allocator_id() != self.shared.id {
+            self.shared.upstream.freeing(allocation);
+        }
+    }
+
+    fn check_invariants(&self) -> std::result::Result<(), String> {
+        {
+            let books = self.books();
+            let mut blocks = 0;
+            for (&id, p) in &books.pools {
+                for (&ptr, b) in &p.blocks {
+                    blocks += 1;
+                    if books.by_ptr.get(&ptr) != Some(&id) {
+                        return Err(format!("block {ptr:#x} of graph pool {id} is not indexed"));
+                    }
+                    if b.in_use == p.free.contains(&(b.upstream.size(), ptr)) {
+                        return Err(format!(
+                            "block {ptr:#x} of graph pool {id}: in use {} but {} the free set",
+                            b.in_use,
+                            if b.in_use { "in" } else { "not in" }
+                        ));
+                    }
+                }
+                if p.free.len() > p.blocks.len() {
+                    return Err(format!(
+                        "graph pool {id} lists free blocks it does not hold"
+                    ));
+                }
+            }
+            if blocks != books.by_ptr.len() {
+                return Err(format!(
+                    "{} addresses indexed for {blocks} pool blocks",
+                    books.by_ptr.len()
+                ));
+            }
+        }
+        self.shared.upstream.check_invariants()
+    }
+}
+
+impl Drop for Shared {
+    /// The pools' blocks go back to the strategy (after a device synchronisation: a replay
+    /// may still run), and the frees held for captures too; the strategy then goes as it
+    /// goes.
+    fn drop(&mut self) {
+        let books = std::mem::take(self.books.get_mut().unwrap_or_else(|p| p.into_inner()));
+        let any = books.pools.values().any(|p| !p.blocks.is_empty()) || !books.held.is_empty();
+        if !any {
+            return;
+        }
+        if let Err(e) = self.device.synchronize_device() {
+            tracing::warn!(error = %e, "graph pools dropped without a device synchronisation");
+        }
+        for p in books.pools.into_values() {
+            for b in p.blocks.into_values() {
+                let _ = self.upstream.deallocate(b.upstream);
+            }
+        }
+        for h in books.held {
+            let _ = self.upstream.deallocate(h.upstream);
+        }
+    }
+}
