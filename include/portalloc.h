@@ -395,6 +395,68 @@ PortallocStatus portalloc_sleep_stats(struct PortallocAllocator *allocator,
 // `out_released` null or valid for one `uint64_t`.
 PortallocStatus portalloc_trim(struct PortallocAllocator *allocator, uint64_t *out_released);
 
+// Makes a graph pool of the allocator and writes its number to `*out_pool`. Its memory
+// carries `tag` in the strategy (null: `graph pool N`), which `portalloc_graph_pool_sleep`
+// sleeps.
+//
+// # Safety
+// `tag` null or NUL-terminated; `out_pool` null (refused) or valid for one `uint64_t`.
+PortallocStatus portalloc_graph_pool_create(struct PortallocAllocator *allocator,
+                                            const char *tag,
+                                            uint64_t *out_pool);
+
+// Routes the requests of the capture on `stream` (the one under way, or the next one
+// begun there), and of every stream that joins it, to `pool`, until
+// [`portalloc_graph_pool_end`]. Call it just before or just after the capture begins.
+PortallocStatus portalloc_graph_pool_begin(struct PortallocAllocator *allocator,
+                                           uint64_t pool,
+                                           void *stream);
+
+// Ends the routes to `pool`; the pool keeps its memory.
+PortallocStatus portalloc_graph_pool_end(struct PortallocAllocator *allocator, uint64_t pool);
+
+// Releases `pool` once no graph captured into it will be launched again: its free memory
+// goes back to the strategy after a device synchronisation, the rest as it is freed. Writes
+// the bytes given back now to `*out_released` (if not null).
+//
+// # Safety
+// `out_released` null or valid for one `uint64_t`.
+PortallocStatus portalloc_graph_pool_release(struct PortallocAllocator *allocator,
+                                             uint64_t pool,
+                                             uint64_t *out_released);
+
+// Sleeps the pool's memory (`vmm`), keeping its addresses and, with `keep_contents`, its
+// bytes; graphs captured into it are launched again after [`portalloc_graph_pool_wake`]
+// without capturing again. Re-register after the wake what was bound to the old physical
+// memory (NCCL user buffers, IPC handles).
+PortallocStatus portalloc_graph_pool_sleep(struct PortallocAllocator *allocator,
+                                           uint64_t pool,
+                                           bool keep_contents);
+
+// Wakes the pool's memory at its addresses.
+PortallocStatus portalloc_graph_pool_wake(struct PortallocAllocator *allocator, uint64_t pool);
+
+// Writes the pool's bytes held, in use and free (each output if not null).
+//
+// # Safety
+// Each output null or valid for one `uint64_t`.
+PortallocStatus portalloc_graph_pool_stats(struct PortallocAllocator *allocator,
+                                           uint64_t pool,
+                                           uint64_t *out_held,
+                                           uint64_t *out_in_use,
+                                           uint64_t *out_free);
+
+// Writes the numbers of the allocator's graph pools, up to `capacity` of them, to `out_pools`
+// (null when `capacity` is 0), and how many there are to `*out_count`.
+//
+// # Safety
+// `out_pools` null or valid for `capacity` `uint64_t`s; `out_count` null (refused) or valid
+// for one `size_t`.
+PortallocStatus portalloc_graph_pools(struct PortallocAllocator *allocator,
+                                      uint64_t *out_pools,
+                                      size_t capacity,
+                                      size_t *out_count);
+
 // Writes the process-global allocator of `device` to `*out`, making it from the environment
 // at first use. It is the one the PyTorch hooks use; it cannot be destroyed.
 //

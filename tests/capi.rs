@@ -2104,3 +2104,227 @@ fn python_streams_over_fakecuda() {
     );
     assert_ran_to(ran, "python_streams: ok", "");
 }
+
+// ---------------------------------------------------------------------------------------
+// Graph pools through the C ABI and the PyTorch hook, driven as PyTorch drives them: the
+// capturing stream passed to `portalloc_torch_alloc`, frees during and after the capture,
+// eager work after it, 100 replays — in a child process per strategy and vendor (the hook's
+// allocator is process-global), over a private copy of the conformance driver.
+
+const GRAPH_CHILD: &str = "PORTALLOC_TEST_CAPI_GRAPH_CHILD";
+
+#[cfg(all(feature = "cuda", feature = "hip"))]
+#[test_case("cuda", "bfc", "true" ; "cuda bfc")]
+#[test_case("cuda", "bfc", "false" ; "cuda bfc growing")]
+#[test_case("cuda", "platform", "false" ; "cuda platform")]
+#[test_case("cuda", "vmm", "false" ; "cuda vmm")]
+#[test_case("cuda", "cuda_async", "false" ; "cuda async")]
+#[test_case("hip", "bfc", "true" ; "hip bfc")]
+#[test_case("hip", "platform", "false" ; "hip platform")]
+#[test_case("hip", "vmm", "false" ; "hip vmm")]
+#[test_case("hip", "cuda_async", "false" ; "hip async")]
+fn graph_pools_through_the_torch_hook_and_the_c_abi(vendor: &str, strategy: &str, pre: &str) {
+    let name = if vendor == "hip" {
+        "fakehip"
+    } else {
+        "fakecuda"
+    };
+    let driver = DriverCopy::new(name, &format!("graph-{vendor}-{strategy}-{pre}"));
+    let mut child = this_test_alone("graph_pools_child");
+    driver
+        .configure(&mut child, strategy, pre)
+        .env(GRAPH_CHILD, vendor)
+        .env("PORTALLOC_BACKEND", vendor)
+        .env("FAKEHIP_VERSION", "7.0");
+    let ran = run_to_end(&mut child);
+    assert_ran_to(
+        ran,
+        "graph pools: ok",
+        &format!("{vendor} {strategy} {pre}: "),
+    );
+}
+
+#[test]
+fn graph_pools_child() {
+    let Ok(vendor) = std::env::var(GRAPH_CHILD) else {
+        return; // Run by `graph_pools_through_the_torch_hook_and_the_c_abi`.
+    };
+    #[cfg(any(feature = "cuda", feature = "hip"))]
+    {
+        use std::ffi::c_int;
+        use support::fakes::Fake;
+        let cuda = vendor == "cuda";
+        let var = if cuda {
+            "PORTALLOC_CUDA_LIBRARY"
+        } else {
+            "PORTALLOC_HIP_LIBRARY"
+        };
+        let fake = Fake::at(std::env::var(var).unwrap());
+        let pick = |c: &'static str, h: &'static str| if cuda { c } else { h };
+        if cuda {
+            let init: unsafe extern "C" fn(u32) -> c_int = fake.sym("cuInit");
+            // SAFETY: flags 0.
+            assert_eq!(unsafe { init(0) }, 0);
+            fake.set_current(fake.primary(0));
+        }
+        let stream = || {
+            let create: unsafe extern "C" fn(*mut *mut c_void, u32) -> c_int =
+                fake.sym(pick("cuStreamCreate", "hipStreamCreateWithFlags"));
+            let mut s = ptr::null_mut();
+            // SAFETY: one handle written; non-blocking.
+            assert_eq!(unsafe { create(&mut s, 1) }, 0);
+            s
+        };
+        let sync = |s: *mut c_void| {
+            let f: unsafe extern "C" fn(*mut c_void) -> c_int =
+                fake.sym(pick("cuStreamSynchronize", "hipStreamSynchronize"));
+            // SAFETY: a live stream.
+            assert_eq!(unsafe { f(s) }, 0);
+        };
+        let begin: unsafe extern "C" fn(*mut c_void, c_int) -> c_int =
+            fake.sym(pick("cuStreamBeginCapture_v2", "hipStreamBeginCapture"));
+        let end: unsafe extern "C" fn(*mut c_void, *mut u64) -> c_int =
+            fake.sym(pick("cuStreamEndCapture", "hipStreamEndCapture"));
+        let instantiate: unsafe extern "C" fn(*mut u64, u64, u64) -> c_int = fake.sym(pick(
+            "cuGraphInstantiateWithFlags",
+            "hipGraphInstantiateWithFlags",
+        ));
+        let launch: unsafe extern "C" fn(u64, *mut c_void) -> c_int =
+            fake.sym(pick("cuGraphLaunch", "hipGraphLaunch"));
+        let invalidations: unsafe extern "C" fn(*mut c_char, u64) -> i64 =
+            fake.sym("fake_capture_invalidations");
+        let kernel = |s: *mut c_void, p: *mut c_void, n: u64| {
+            // SAFETY: a live stream of this fake.
+            fake.launch_writing(
+                unsafe { portalloc::Stream::from_raw(s as u64) },
+                p as u64,
+                n,
+            )
+        };
+        let (s, eager_stream) = (stream(), stream());
+
+        // 1. The PyTorch hook: it detects the capture from the stream PyTorch passes.
+        let warm = portalloc_torch_alloc(4 << 20, 0, s);
+        assert!(!warm.is_null(), "{}", last_error());
+        kernel(s, warm, 4 << 20);
+        sync(s);
+        portalloc_torch_free(warm, 4 << 20, 0, s);
+        // SAFETY: a live stream; the global mode.
+        assert_eq!(unsafe { begin(s, 0) }, 0);
+        let a = portalloc_torch_alloc(4 << 20, 0, s);
+        assert!(!a.is_null(), "{}", last_error());
+        kernel(s, a, 4 << 20);
+        let b = portalloc_torch_alloc(2 << 20, 0, s);
+        kernel(s, b, 2 << 20);
+        portalloc_torch_free(a, 4 << 20, 0, s); // during the capture
+        let c = portalloc_torch_alloc(4 << 20, 0, s);
+        assert_eq!(c, a, "reused within its capture");
+        kernel(s, c, 4 << 20);
+        let mut graph = 0;
+        // SAFETY: one handle written.
+        let rc = unsafe { end(s, &mut graph) };
+        let mut why = [0 as c_char; 256];
+        // SAFETY: at most 256 bytes written, NUL-terminated.
+        let n = unsafe { invalidations(why.as_mut_ptr(), 256) };
+        // SAFETY: NUL-terminated.
+        let why = unsafe { CStr::from_ptr(why.as_ptr()) }.to_string_lossy();
+        assert_eq!((rc, n), (0, 0), "the capture was invalidated: {why}");
+        portalloc_torch_free(b, 2 << 20, 0, s);
+        portalloc_torch_free(c, 4 << 20, 0, s);
+        let mut eager = Vec::new();
+        for i in 0..6u64 {
+            let n = (2 + i % 3) << 20;
+            let x = portalloc_torch_alloc(n as isize, 0, eager_stream);
+            assert!(!x.is_null(), "{}", last_error());
+            for &(p, len) in &[(a, 4u64 << 20), (b, 2 << 20)] {
+                let (x0, p0) = (x as u64, p as u64);
+                assert!(
+                    x0 + n <= p0 || p0 + len <= x0,
+                    "an eager buffer over the graph's"
+                );
+            }
+            eager.push((x, n, kernel(eager_stream, x, n)));
+        }
+        let mut exec = 0;
+        // SAFETY: one handle written.
+        assert_eq!(unsafe { instantiate(&mut exec, graph, 0) }, 0);
+        for _ in 0..100 {
+            // SAFETY: live handles.
+            assert_eq!(unsafe { launch(exec, s) }, 0);
+        }
+        sync(s);
+        assert_eq!(fake.hazards().0, 0, "{}", fake.hazards().1);
+        for (x, n, k) in eager {
+            fake.finish(k);
+            portalloc_torch_free(x, n as isize, 0, eager_stream);
+        }
+        sync(eager_stream);
+        let mut global = ptr::null_mut();
+        // SAFETY: valid output.
+        let status = unsafe { portalloc_global(0, &mut global) };
+        assert_eq!(status, PortallocStatus::Ok);
+        let (mut ids, mut count) = ([0u64; 4], 0usize);
+        // SAFETY: four slots and one count.
+        let status = unsafe { portalloc_graph_pools(global, ids.as_mut_ptr(), 4, &mut count) };
+        assert_eq!(
+            (status, count),
+            (PortallocStatus::Ok, 1),
+            "one pool, made for the capture"
+        );
+        let (mut held, mut in_use, mut free) = (0, 0, 0);
+        // SAFETY: three outputs.
+        let status = unsafe {
+            portalloc_graph_pool_stats(global, ids[0], &mut held, &mut in_use, &mut free)
+        };
+        assert_eq!(status, PortallocStatus::Ok);
+        assert_eq!((held, in_use, free), (6 << 20, 0, 6 << 20));
+        let mut released = 0;
+        // SAFETY: one output.
+        let status = unsafe { portalloc_graph_pool_release(global, ids[0], &mut released) };
+        assert_eq!(
+            (status, released),
+            (PortallocStatus::Ok, 6 << 20),
+            "{}",
+            last_error()
+        );
+
+        // 2. The C ABI, routed explicitly.
+        let mut a2 = ptr::null_mut();
+        // SAFETY: valid output.
+        let status = unsafe { portalloc_create_from_env(0, &mut a2) };
+        assert_eq!(status, PortallocStatus::Ok);
+        let mut pool = 0;
+        // SAFETY: a null tag, one output.
+        let status = unsafe { portalloc_graph_pool_create(a2, ptr::null(), &mut pool) };
+        assert_eq!(status, PortallocStatus::Ok);
+        assert_eq!(portalloc_graph_pool_begin(a2, pool, s), PortallocStatus::Ok);
+        // SAFETY: a live stream; the global mode.
+        assert_eq!(unsafe { begin(s, 0) }, 0);
+        let (mut h, mut p) = (0u64, ptr::null_mut());
+        // SAFETY: valid outputs and tag.
+        let status = unsafe {
+            portalloc_allocate(
+                a2,
+                1 << 20,
+                0,
+                s as u64,
+                c"captured".as_ptr(),
+                &mut h,
+                &mut p,
+            )
+        };
+        assert_eq!(status, PortallocStatus::Ok, "{}", last_error());
+        kernel(s, p, 1 << 20);
+        // SAFETY: one handle written.
+        assert_eq!(unsafe { end(s, &mut graph) }, 0);
+        assert_eq!(portalloc_graph_pool_end(a2, pool), PortallocStatus::Ok);
+        // SAFETY: a live handle of this allocator.
+        assert_eq!(unsafe { portalloc_free(a2, h) }, PortallocStatus::Ok);
+        // SAFETY: one output.
+        let status = unsafe { portalloc_graph_pool_release(a2, pool, &mut released) };
+        assert_eq!((status, released), (PortallocStatus::Ok, 1 << 20));
+        // SAFETY: made above.
+        assert_eq!(unsafe { portalloc_destroy(a2) }, PortallocStatus::Ok);
+        println!("graph pools: ok");
+    }
+}

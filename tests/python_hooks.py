@@ -231,6 +231,31 @@ def live(a):
 
 
 @check
+def graph_pools_through_python():
+    """Graph pools from Python on the host device, which captures nothing: a pool is made,
+    routed and ended, requests outside a capture pass through, its counters stay at zero, it
+    is released; a strategy without sleep refuses the pool's sleep; pool numbers and streams
+    are unsigned 64-bit integers; an unknown pool is refused with its number."""
+    with Allocator.create(**SMALL) as a:
+        pool = a.graph_pool("decode graphs")
+        a.begin_graph_pool(pool, 0)
+        b = a.allocate(MIB)
+        a.end_graph_pool(pool)
+        assert a.graph_pools() == [{"pool": pool, "held": 0, "in_use": 0, "free": 0}], a.graph_pools()
+        a.free(b)
+        expect_error("UNSUPPORTED", "sleep and wake", a.sleep_graph_pool, pool)
+        assert a.release_graph_pool(pool) == 0
+        expect_error("INVALID_ARGUMENT", "graph pool %d" % pool, a.release_graph_pool, pool)
+        expect_error("INVALID_ARGUMENT", "no capture is routed", a.end_graph_pool, pool + 1)
+        for bad in (-1, 2**64):
+            refused(RANGE_ERRORS, ["pool", str(bad)], a.release_graph_pool, bad)
+            refused(RANGE_ERRORS, ["stream", str(bad)], a.begin_graph_pool, 1, bad)
+        refused(TypeError, ["keep", "True or False"], a.sleep_graph_pool, 1, "yes")
+    # The hooks' allocator detects captures itself: none here, so no pool.
+    assert portalloc.global_allocator().graph_pools() == []
+
+
+@check
 def sizes_alignments_streams_are_uint64():
     with Allocator.create(**SMALL) as a:
         for bad in (2**64 + 4096, 2**64, -1):

@@ -291,6 +291,31 @@ def load(path: Optional[PathArg] = None) -> ctypes.CDLL:
     _sig(lib, "portalloc_global", S, ctypes.c_int32, ctypes.POINTER(P))
     _sig(lib, "portalloc_torch_alloc", P, ctypes.c_ssize_t, ctypes.c_int, P)
     _sig(lib, "portalloc_torch_free", None, P, ctypes.c_ssize_t, ctypes.c_int, P)
+    _sig(lib, "portalloc_graph_pool_create", S, P, ctypes.c_char_p, ctypes.POINTER(u64))
+    _sig(lib, "portalloc_graph_pool_begin", S, P, u64, P)
+    _sig(lib, "portalloc_graph_pool_end", S, P, u64)
+    _sig(lib, "portalloc_graph_pool_release", S, P, u64, ctypes.POINTER(u64))
+    _sig(lib, "portalloc_graph_pool_sleep", S, P, u64, ctypes.c_bool)
+    _sig(lib, "portalloc_graph_pool_wake", S, P, u64)
+    _sig(
+        lib,
+        "portalloc_graph_pool_stats",
+        S,
+        P,
+        u64,
+        ctypes.POINTER(u64),
+        ctypes.POINTER(u64),
+        ctypes.POINTER(u64),
+    )
+    _sig(
+        lib,
+        "portalloc_graph_pools",
+        S,
+        P,
+        ctypes.POINTER(u64),
+        ctypes.c_size_t,
+        ctypes.POINTER(ctypes.c_size_t),
+    )
     _lib, _lib_path = lib, p
     return lib
 
@@ -739,6 +764,72 @@ class Allocator:
         out = ctypes.c_uint64()
         _check(load().portalloc_trim(self._token("trim"), ctypes.byref(out)))
         return out.value
+
+    # ---- graph pools --------------------------------------------------------------------
+
+    def graph_pool(self, tag: Optional[str] = None) -> int:
+        """A new graph pool: memory handed out while a stream is captured into a graph and
+        routed to it (:meth:`begin_graph_pool`) stays the graph's until
+        :meth:`release_graph_pool`. Its memory carries ``tag`` (default ``graph pool N``)."""
+        out = ctypes.c_uint64()
+        encoded = None if tag is None else _sleep_tag("graph_pool", tag, "tag")
+        _check(load().portalloc_graph_pool_create(self._token("graph_pool"), encoded, ctypes.byref(out)))
+        return out.value
+
+    def begin_graph_pool(self, pool: int, stream: Any) -> None:
+        """Routes the requests of the capture on ``stream`` (a handle as an int, or an object
+        with ``cuda_stream``) to ``pool``, until :meth:`end_graph_pool` — PyTorch's
+        ``beginAllocateToPool``. Call it just before or just after the capture begins."""
+        pool = _u64("begin_graph_pool", "pool", pool)
+        handle = _u64("begin_graph_pool", "stream", getattr(stream, "cuda_stream", stream))
+        _check(load().portalloc_graph_pool_begin(self._token("begin_graph_pool"), pool, handle))
+
+    def end_graph_pool(self, pool: int) -> None:
+        """Ends the routes to ``pool``; it keeps its memory."""
+        pool = _u64("end_graph_pool", "pool", pool)
+        _check(load().portalloc_graph_pool_end(self._token("end_graph_pool"), pool))
+
+    def release_graph_pool(self, pool: int) -> int:
+        """Releases ``pool`` once no graph captured into it will run again (the graph's
+        ``reset()``): its free memory goes back now, after a device synchronisation; the
+        bytes given back."""
+        pool = _u64("release_graph_pool", "pool", pool)
+        out = ctypes.c_uint64()
+        _check(load().portalloc_graph_pool_release(self._token("release_graph_pool"), pool, ctypes.byref(out)))
+        return out.value
+
+    def sleep_graph_pool(self, pool: int, keep: bool = True) -> None:
+        """Sleeps ``pool``'s memory at its addresses (``vmm``): the graphs captured into it
+        run again after :meth:`wake_graph_pool` without capturing again. Register again after
+        the wake what was bound to the old memory (NCCL user buffers, IPC handles)."""
+        if not isinstance(keep, bool):
+            raise _type_error("sleep_graph_pool", "keep", "True or False", keep)
+        pool = _u64("sleep_graph_pool", "pool", pool)
+        _check(load().portalloc_graph_pool_sleep(self._token("sleep_graph_pool"), pool, keep))
+
+    def wake_graph_pool(self, pool: int) -> None:
+        """Wakes ``pool``'s memory at its addresses."""
+        pool = _u64("wake_graph_pool", "pool", pool)
+        _check(load().portalloc_graph_pool_wake(self._token("wake_graph_pool"), pool))
+
+    def graph_pools(self) -> List[Dict[str, int]]:
+        """Every graph pool: ``pool``, ``held``, ``in_use`` and ``free`` bytes each (the
+        PyTorch hook makes one per capture it sees)."""
+        raw = self._token("graph_pools")
+        count = ctypes.c_size_t()
+        _check(load().portalloc_graph_pools(raw, None, 0, ctypes.byref(count)))
+        ids = (ctypes.c_uint64 * max(count.value, 1))()
+        _check(load().portalloc_graph_pools(raw, ids, count.value, ctypes.byref(count)))
+        found: List[Dict[str, int]] = []
+        for pool in list(ids)[: count.value]:
+            held, in_use, free = ctypes.c_uint64(), ctypes.c_uint64(), ctypes.c_uint64()
+            _check(
+                load().portalloc_graph_pool_stats(
+                    raw, pool, ctypes.byref(held), ctypes.byref(in_use), ctypes.byref(free)
+                )
+            )
+            found.append({"pool": int(pool), "held": held.value, "in_use": in_use.value, "free": free.value})
+        return found
 
     def close(self) -> None:
         """Destroys the allocator (frees its live buffers); again, nothing. The finalizer

@@ -10,11 +10,11 @@ pointer, device and handle.
 """
 
 import importlib
-from typing import Any, Optional
+from typing import Any, Dict, List, Optional
 
 from . import global_allocator
 
-__all__ = ["record_stream"]
+__all__ = ["record_stream", "graph_pools", "release_graph_pools"]
 
 
 def _device_of(tensor: Any) -> int:
@@ -43,3 +43,20 @@ def record_stream(tensor: Any, stream: Any) -> None:
     ptr = int(storage.data_ptr())
     handle = int(getattr(stream, "cuda_stream", stream))
     global_allocator(_device_of(tensor)).record_stream(ptr, handle)
+
+
+def graph_pools(device: int = 0) -> List[Dict[str, int]]:
+    """The graph pools of the global allocator of ``device``: one per CUDA graph captured
+    through the hook (``torch.cuda.graph``, ``torch.compile(mode="reduce-overhead")``), which
+    the hook detects from the stream PyTorch passes. Their memory stays the graphs' — eager
+    tensors never get it — until :func:`release_graph_pools`."""
+    return global_allocator(device).graph_pools()
+
+
+def release_graph_pools(device: int = 0) -> int:
+    """Releases every graph pool of the global allocator of ``device``: call it once the
+    graphs are gone (``graph.reset()``, or deleted), as PyTorch's allocator releases a graph's
+    private pool then — PyTorch's Python API does not tell a pluggable allocator. Waits for the
+    device; the bytes given back."""
+    allocator = global_allocator(device)
+    return sum(allocator.release_graph_pool(p["pool"]) for p in allocator.graph_pools())

@@ -10,7 +10,7 @@ use super::{
     guard, guard_out, last_error_ptr, read_str, register, require_non_null, unregister,
     with_instance, write_opt, write_out, Failure, Instance, PortallocAllocator, PortallocStatus,
 };
-use crate::adaptor::{LedgerAllocator, LedgerOptions};
+use crate::adaptor::{Detect, GraphPools, LedgerAllocator, LedgerOptions};
 use crate::allocator::Allocator;
 use crate::config::{Config, StrategyKind};
 use crate::device::Event;
@@ -276,12 +276,22 @@ pub(crate) fn make_instance(
     // built, as `Portalloc::from_config` does: `vmm` grants the peers the device reports.
     crate::discover::configure_peer_access(config, &discovery.devices);
     let strategy = crate::strategy::build(config, Arc::clone(&device))?;
+    // Graph pools over the strategy: a global allocator (the PyTorch and CuPy hooks) is never
+    // told when its caller captures, so it asks the driver about every request's stream.
+    let detect = if global {
+        Detect::EveryRequest
+    } else {
+        Detect::WhileRouted
+    };
+    let pools = GraphPools::from_boxed(strategy, Arc::clone(&device), detect);
     // The backtrace switch is the configuration's: PORTALLOC_BACKTRACE (unless ignore_env)
     // or the caller's explicit choice, through the builder.
     let options = LedgerOptions::default().with_config(config);
-    let ledger = LedgerAllocator::from_boxed(strategy, options).with_device(Arc::clone(&device));
+    let upstream: Box<dyn Allocator> = Box::new(pools.clone());
+    let ledger = LedgerAllocator::from_boxed(upstream, options).with_device(Arc::clone(&device));
     Ok(Instance {
         ledger,
+        pools,
         table: Mutex::new(HandleTable::new()?),
         global,
         device,

@@ -56,6 +56,7 @@
 #![allow(unsafe_code)]
 
 mod api;
+mod graphs;
 mod handles;
 mod torch;
 
@@ -73,6 +74,7 @@ use crate::device::Device;
 use crate::error::Error;
 
 pub use api::*;
+pub use graphs::*;
 pub use torch::{portalloc_global, portalloc_torch_alloc, portalloc_torch_free};
 
 use handles::{HandleTable, Refusal};
@@ -315,6 +317,8 @@ pub(crate) fn guard(call: &str, body: impl FnOnce() -> Result<(), Failure>) -> P
 /// One allocator of the C ABI: the ledger over the configured strategy, and its handles.
 pub(crate) struct Instance {
     pub(crate) ledger: LedgerAllocator<dyn Allocator>,
+    /// The graph pools beneath the ledger (the same pools as the ledger's upstream).
+    pub(crate) pools: crate::adaptor::GraphPools,
     pub(crate) table: Mutex<HandleTable>,
     /// The process-global allocator of a device (the framework hooks'): never destroyed.
     pub(crate) global: bool,
