@@ -555,3 +555,111 @@ fn a_profile_clears_what_other_profiles_set() {
         assert_eq!(std::env::var_os("FAKEHIP_PROFILE"), None);
     });
 }
+
+/// Stream capture under every profile of the matrix, each in its own process with its
+/// personality: a memset and a kernel captured on a non-blocking stream run nothing until the
+/// graph is launched, each launch writes the bytes again, a plain allocation during a global
+/// capture is refused and invalidates it, and nothing is left in flight or in the log.
+#[test]
+fn capture_and_replay_under_every_profile() {
+    each_profile("capture_and_replay_under_every_profile", MATRIX, |p| {
+        let cuda = p.driver.vendor == Vendor::Cuda;
+        let pick = |c: &'static [u8], h: &'static [u8]| if cuda { c } else { h };
+        // SAFETY: the profile's driver, with the vendors' signatures; one handle kept open for
+        // the whole body (the controls' is another), so the driver's state stays loaded.
+        unsafe {
+            let library = libloading::Library::new(p.driver.path()).unwrap();
+            let c = Controls::open(p.driver.path()).unwrap();
+            if cuda {
+                let init: libloading::Symbol<unsafe extern "C" fn(u32) -> c_int> =
+                    library.get(b"cuInit\0").unwrap();
+                assert_eq!(init(0), 0);
+                let retain: libloading::Symbol<
+                    unsafe extern "C" fn(*mut *mut std::ffi::c_void, c_int) -> c_int,
+                > = library.get(b"cuDevicePrimaryCtxRetain\0").unwrap();
+                let set: libloading::Symbol<unsafe extern "C" fn(*mut std::ffi::c_void) -> c_int> =
+                    library.get(b"cuCtxSetCurrent\0").unwrap();
+                let mut ctx = std::ptr::null_mut();
+                assert_eq!(retain(&mut ctx, 0), 0);
+                assert_eq!(set(ctx), 0);
+            }
+            let malloc: libloading::Symbol<unsafe extern "C" fn(*mut u64, usize) -> c_int> =
+                library
+                    .get(pick(b"cuMemAlloc_v2\0", b"hipMalloc\0"))
+                    .unwrap();
+            let free: libloading::Symbol<unsafe extern "C" fn(u64) -> c_int> =
+                library.get(pick(b"cuMemFree_v2\0", b"hipFree\0")).unwrap();
+            let stream_create: libloading::Symbol<unsafe extern "C" fn(*mut u64, u32) -> c_int> =
+                library
+                    .get(pick(b"cuStreamCreate\0", b"hipStreamCreateWithFlags\0"))
+                    .unwrap();
+            let sync: libloading::Symbol<unsafe extern "C" fn(u64) -> c_int> = library
+                .get(pick(b"cuStreamSynchronize\0", b"hipStreamSynchronize\0"))
+                .unwrap();
+            let memset_async: libloading::Symbol<
+                unsafe extern "C" fn(u64, u32, usize, u64) -> c_int,
+            > = library
+                .get(pick(b"cuMemsetD8Async\0", b"hipMemsetAsync\0"))
+                .unwrap();
+            let begin: libloading::Symbol<unsafe extern "C" fn(u64, c_int) -> c_int> = library
+                .get(pick(
+                    b"cuStreamBeginCapture_v2\0",
+                    b"hipStreamBeginCapture\0",
+                ))
+                .unwrap();
+            let end: libloading::Symbol<unsafe extern "C" fn(u64, *mut u64) -> c_int> = library
+                .get(pick(b"cuStreamEndCapture\0", b"hipStreamEndCapture\0"))
+                .unwrap();
+            let instantiate: libloading::Symbol<
+                unsafe extern "C" fn(*mut u64, u64, *mut u8, *mut u8, usize) -> c_int,
+            > = library
+                .get(pick(b"cuGraphInstantiate\0", b"hipGraphInstantiate\0"))
+                .unwrap();
+            let launch: libloading::Symbol<unsafe extern "C" fn(u64, u64) -> c_int> = library
+                .get(pick(b"cuGraphLaunch\0", b"hipGraphLaunch\0"))
+                .unwrap();
+
+            let (mut ptr, mut s) = (0u64, 0u64);
+            assert_eq!(malloc(&mut ptr, 1 << 20), 0);
+            assert_eq!(stream_create(&mut s, 1), 0);
+            assert_eq!(memset_async(ptr, 0, 4096, s), 0);
+            assert_eq!(sync(s), 0);
+            assert_eq!(begin(s, 0), 0, "{}", p.name);
+            assert_eq!(memset_async(ptr, 9, 4096, s), 0);
+            c.launch_writing(s, ptr, 4096).expect("a captured kernel");
+            let mut graph = 0;
+            assert_eq!(end(s, &mut graph), 0, "{}", p.name);
+            assert_eq!(
+                *(ptr as *const u8),
+                0,
+                "{}: nothing ran in the capture",
+                p.name
+            );
+            let mut exec = 0;
+            let none = std::ptr::null_mut();
+            assert_eq!(instantiate(&mut exec, graph, none, none, 0), 0);
+            for _ in 0..5 {
+                assert_eq!(launch(exec, s), 0);
+                assert_eq!(sync(s), 0);
+                assert_eq!(
+                    *(ptr as *const u8),
+                    9,
+                    "{}: the launch set the bytes",
+                    p.name
+                );
+                assert_eq!(memset_async(ptr, 0, 4096, s), 0);
+                assert_eq!(sync(s), 0);
+            }
+            assert_eq!(c.graph_launches(exec), Some(5));
+            // A plain allocation during a global capture: refused, the capture invalidated.
+            assert_eq!(begin(s, 0), 0);
+            let mut more = 0u64;
+            assert_eq!(malloc(&mut more, 4096), 900, "{}", p.name);
+            assert_eq!(end(s, &mut graph), 901, "{}", p.name);
+            assert_eq!(c.capture_invalidations().0, 1);
+            assert_eq!(free(ptr), 0);
+            assert_eq!(c.hazards(), 0, "{}: {:?}", p.name, c.hazard_log());
+            assert_eq!(c.in_flight(), 0);
+        }
+    });
+}

@@ -66,10 +66,11 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use crate::allocator::{next_allocator_id, Allocation, Allocator, Keep, SleepReport, Stats};
+use crate::backends::own_stream::OwnedStream;
 use crate::device::{with_capture_mode, CaptureMode, Device, Stream};
 use crate::error::{Error, Result};
 use crate::units::Bytes;
@@ -222,12 +223,20 @@ struct Books {
 
 struct Shared {
     id: u64,
-    upstream: Box<dyn Allocator>,
+    /// The strategy; `None` only while being dropped (before the side stream goes).
+    upstream: Option<Box<dyn Allocator>>,
     device: Arc<dyn Device>,
     detect: Detect,
-    side: OnceLock<Stream>,
+    side: OnceLock<OwnedStream>,
+    /// Held while the side stream is made, so that it is made once.
+    making_side: Mutex<()>,
     /// `routes.len() + held.len()`: nonzero, requests are checked in [`Detect::WhileRouted`].
     watching: AtomicUsize,
+    /// Allocations the adaptor made of the strategy for itself (the side stream's byte, pool
+    /// blocks) and allocations it served from pools: the strategy's count, less the first,
+    /// plus the second, is what the caller was served.
+    own_allocs: AtomicU64,
+    served_from_pools: AtomicU64,
     books: Mutex<Books>,
     hooks: Mutex<GraphPoolHooks>,
     reuse_bug: AtomicBool,
@@ -260,7 +269,7 @@ pub struct GraphPools {
 impl fmt::Debug for GraphPools {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("GraphPools")
-            .field("upstream", &self.shared.upstream.name())
+            .field("upstream", &self.shared.up().name())
             .field("id", &self.shared.id)
             .field("detect", &self.shared.detect)
             .finish_non_exhaustive()
@@ -296,11 +305,14 @@ impl GraphPools {
         GraphPools {
             shared: Arc::new(Shared {
                 id: next_allocator_id(),
-                upstream,
+                upstream: Some(upstream),
                 device,
                 detect,
                 side: OnceLock::new(),
+                making_side: Mutex::new(()),
                 watching: AtomicUsize::new(0),
+                own_allocs: AtomicU64::new(0),
+                served_from_pools: AtomicU64::new(0),
                 books: Mutex::new(Books {
                     next_pool: 1,
                     ..Books::default()
@@ -313,7 +325,7 @@ impl GraphPools {
 
     /// The strategy beneath.
     pub fn upstream(&self) -> &dyn Allocator {
-        &*self.shared.upstream
+        self.shared.up()
     }
 
     /// When requests are checked for capture.
@@ -369,22 +381,30 @@ impl GraphPools {
 
     /// The side stream, made (and handed to the strategy once) at first use.
     fn side_stream(&self) -> Result<Stream> {
-        if let Some(&s) = self.shared.side.get() {
-            return Ok(s);
+        if let Some(s) = self.shared.side.get() {
+            return Ok(s.stream());
         }
-        let s = self.shared.device.create_stream()?;
+        let _making = self
+            .shared
+            .making_side
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = self.shared.side.get() {
+            return Ok(s.stream());
+        }
+        let owned = OwnedStream::new(&*self.shared.device)?;
+        let s = owned.stream();
         // One byte allocated and freed on it: the strategy's first stream is one that is never
         // captured (see the module docs).
         let warm = self
             .shared
-            .upstream
+            .up()
             .allocate(1, 0, s, "graph pools' side stream")?;
-        self.shared.upstream.deallocate(warm)?;
-        if self.shared.side.set(s).is_err() {
-            // Another thread made one meanwhile: use theirs; this stream is left to the process,
-            // as streams never destroyed are (its one free may still be pending on it).
-        }
-        Ok(*self.shared.side.get().unwrap_or(&s))
+        self.shared.own_allocs.fetch_add(1, Ordering::Relaxed);
+        self.shared.up().deallocate(warm)?;
+        // Made under `making_side`, after `get` found none: the cell is empty.
+        let _ = self.shared.side.set(owned);
+        Ok(s)
     }
 
     /// Routes the requests of the capture on `stream` to `pool` (its first, or the one under
@@ -484,7 +504,7 @@ impl GraphPools {
         let mut first_error = None;
         for a in freed {
             bytes += a.size();
-            if let Err(e) = self.shared.upstream.deallocate(a) {
+            if let Err(e) = self.shared.up().deallocate(a) {
                 first_error.get_or_insert(e);
             }
         }
@@ -505,7 +525,7 @@ impl GraphPools {
         if let Some(hook) = &self.hooks().before_sleep {
             hook(pool, &ranges);
         }
-        self.shared.upstream.sleep(&tag, keep)
+        self.shared.up().sleep(&tag, keep)
     }
 
     /// Wakes the pool's memory at its addresses, then runs the `after_wake` hook.
@@ -514,7 +534,7 @@ impl GraphPools {
     /// As [`GraphPools::sleep_pool`], with the strategy's wake errors.
     pub fn wake_pool(&self, pool: GraphPoolId) -> Result<SleepReport> {
         let (tag, ranges) = self.tag_and_ranges(pool)?;
-        let report = self.shared.upstream.wake(&tag)?;
+        let report = self.shared.up().wake(&tag)?;
         if let Some(hook) = &self.hooks().after_wake {
             hook(pool, &ranges);
         }
@@ -593,7 +613,7 @@ impl GraphPools {
                 Ok(status) if status.capture_id().is_none() => {
                     // A held free is one the caller made: nothing to report to anyone if the
                     // strategy refuses it now but the log.
-                    if let Err(e) = self.shared.upstream.deallocate(h.upstream) {
+                    if let Err(e) = self.shared.up().deallocate(h.upstream) {
                         tracing::warn!(error = %e, "a free held for a capture was refused");
                     }
                 }
@@ -603,6 +623,41 @@ impl GraphPools {
         let mut books = self.books();
         books.held.extend(still);
         self.rewatch(&books);
+    }
+
+    /// An eager request's out-of-memory report, with what the graph pools hold named in its
+    /// cause: memory the strategy counts in use that no eager request can get.
+    #[cold]
+    fn name_pools_in(&self, e: Error) -> Error {
+        let Error::OutOfMemory(mut report) = e else {
+            return e;
+        };
+        let pools = self.pools();
+        let held: u64 = pools.iter().map(|p| p.held_bytes).sum();
+        if held > 0 {
+            let each: Vec<String> = pools
+                .iter()
+                .filter(|p| p.blocks > 0)
+                .map(|p| {
+                    format!(
+                        "{} \"{}\": {} in {} blocks, {} of it free",
+                        p.id,
+                        p.tag,
+                        Bytes(p.held_bytes),
+                        p.blocks,
+                        Bytes(p.free_bytes)
+                    )
+                })
+                .collect();
+            report.cause = format!(
+                "{}; graph pools hold {} for captured graphs, which eager requests never get ({}) \
+                 — release a pool once its graphs are gone",
+                report.cause,
+                Bytes(held),
+                each.join("; ")
+            );
+        }
+        Error::OutOfMemory(report)
     }
 
     /// **Test-only**: frees of pool blocks go straight back to the strategy, as if the pool
@@ -744,6 +799,9 @@ impl GraphPools {
                 if let Some(b) = p.blocks.get_mut(&ptr) {
                     b.in_use = true;
                 }
+                self.shared
+                    .served_from_pools
+                    .fetch_add(1, Ordering::Relaxed);
                 return Ok(Allocation::new(ptr, size, stream, self.shared.id, ptr));
             }
             p.tag.clone()
@@ -759,14 +817,18 @@ impl GraphPools {
         })?;
         let device = &*self.shared.device;
         let made = with_capture_mode(device, CaptureMode::Relaxed, || {
-            self.shared.upstream.allocate(size, alignment, side, &tag)
+            self.shared.up().allocate(size, alignment, side, &tag)
         })
         .and_then(|r| r);
         let upstream = made
             .map_err(|e| self.capturing_error(stream, capture, size, Some(pool), e.to_string()))?;
+        self.shared.own_allocs.fetch_add(1, Ordering::Relaxed);
+        self.shared
+            .served_from_pools
+            .fetch_add(1, Ordering::Relaxed);
         // Ready before any captured work uses it (a pool's allocation is stream-ordered).
         if let Err(e) = device.synchronize_stream(side) {
-            let _ = self.shared.upstream.deallocate(upstream);
+            let _ = self.shared.up().deallocate(upstream);
             return Err(self.capturing_error(
                 stream,
                 capture,
@@ -830,7 +892,7 @@ impl GraphPools {
             // captured) holds the free until its capture ends.
             let stream = allocation.stream();
             match self.shared.device.synchronize_stream(stream) {
-                Ok(()) => self.shared.upstream.deallocate(upstream)?,
+                Ok(()) => self.shared.up().deallocate(upstream)?,
                 Err(_) => {
                     let mut books = self.books();
                     books.held.push(Held { upstream, stream });
@@ -845,7 +907,7 @@ impl GraphPools {
 impl Allocator for GraphPools {
     /// The strategy's name: the adaptor is transparent in reports.
     fn name(&self) -> &str {
-        self.shared.upstream.name()
+        self.shared.up().name()
     }
 
     fn id(&self) -> u64 {
@@ -860,7 +922,11 @@ impl Allocator for GraphPools {
     /// serve; the device's error when the stream's capture status cannot be read.
     fn allocate(&self, size: u64, alignment: u64, stream: Stream, tag: &str) -> Result<Allocation> {
         if size == 0 || !self.watching() {
-            return self.shared.upstream.allocate(size, alignment, stream, tag);
+            return self
+                .shared
+                .up()
+                .allocate(size, alignment, stream, tag)
+                .map_err(|e| self.name_pools_in(e));
         }
         let status = self.shared.device.capture_status(stream)?;
         let Some(capture) = status.capture_id() else {
@@ -872,7 +938,11 @@ impl Allocator for GraphPools {
                 // Before any capture: the side stream becomes the strategy's first.
                 self.side_stream()?;
             }
-            return self.shared.upstream.allocate(size, alignment, stream, tag);
+            return self
+                .shared
+                .up()
+                .allocate(size, alignment, stream, tag)
+                .map_err(|e| self.name_pools_in(e));
         };
         let pool = {
             let mut books = self.books();
@@ -901,7 +971,7 @@ impl Allocator for GraphPools {
             return self.free_block(&allocation);
         }
         if allocation.is_empty() || !self.watching() {
-            return self.shared.upstream.deallocate(allocation);
+            return self.shared.up().deallocate(allocation);
         }
         let stream = allocation.stream();
         if self
@@ -919,47 +989,55 @@ impl Allocator for GraphPools {
             self.rewatch(&books);
             return Ok(());
         }
-        self.shared.upstream.deallocate(allocation)
+        self.shared.up().deallocate(allocation)
     }
 
+    /// The strategy's counters, with the allocations counted as the caller was served
+    /// (pool hand-outs in, the adaptor's own requests of the strategy out). Pool blocks are
+    /// in use in the strategy: a pool's free blocks count as bytes in use.
     fn stats(&self) -> Stats {
-        self.shared.upstream.stats()
+        let mut stats = self.shared.up().stats();
+        stats.num_allocs = stats
+            .num_allocs
+            .saturating_sub(self.shared.own_allocs.load(Ordering::Relaxed))
+            + self.shared.served_from_pools.load(Ordering::Relaxed);
+        stats
     }
 
     fn charged(&self, allocation: &Allocation) -> Option<u64> {
         if allocation.allocator_id() != self.shared.id {
-            return self.shared.upstream.charged(allocation);
+            return self.shared.up().charged(allocation);
         }
         let books = self.books();
         let pool = books.by_ptr.get(&allocation.ptr())?;
         let block = books.pools.get(pool)?.blocks.get(&allocation.ptr())?;
-        self.shared.upstream.charged(&block.upstream)
+        self.shared.up().charged(&block.upstream)
     }
 
     fn pool_bytes(&self) -> u64 {
-        self.shared.upstream.pool_bytes()
+        self.shared.up().pool_bytes()
     }
 
     /// The strategy's trim: graph-pool blocks are live in it, so none of them is trimmed.
     fn trim(&self) -> Result<u64> {
-        self.shared.upstream.trim()
+        self.shared.up().trim()
     }
 
     fn sleep(&self, tag: &str, keep: Keep) -> Result<SleepReport> {
-        self.shared.upstream.sleep(tag, keep)
+        self.shared.up().sleep(tag, keep)
     }
 
     fn wake(&self, tag: &str) -> Result<SleepReport> {
-        self.shared.upstream.wake(tag)
+        self.shared.up().wake(tag)
     }
 
     fn sleeping(&self) -> Vec<crate::allocator::SleepingTag> {
-        self.shared.upstream.sleeping()
+        self.shared.up().sleeping()
     }
 
     fn is_asleep(&self, allocation: &Allocation) -> bool {
         if allocation.allocator_id() != self.shared.id {
-            return self.shared.upstream.is_asleep(allocation);
+            return self.shared.up().is_asleep(allocation);
         }
         let books = self.books();
         books
@@ -967,19 +1045,19 @@ impl Allocator for GraphPools {
             .get(&allocation.ptr())
             .and_then(|pool| books.pools.get(pool))
             .and_then(|p| p.blocks.get(&allocation.ptr()))
-            .is_some_and(|b| self.shared.upstream.is_asleep(&b.upstream))
+            .is_some_and(|b| self.shared.up().is_asleep(&b.upstream))
     }
 
     fn retag(&self, allocation: &Allocation, tag: &str) {
         // A pool block keeps its pool's tag: it sleeps with its pool.
         if allocation.allocator_id() != self.shared.id {
-            self.shared.upstream.retag(allocation, tag);
+            self.shared.up().retag(allocation, tag);
         }
     }
 
     fn freeing(&self, allocation: &Allocation) {
         if allocation.allocator_id() != self.shared.id {
-            self.shared.upstream.freeing(allocation);
+            self.shared.up().freeing(allocation);
         }
     }
 
@@ -1014,7 +1092,15 @@ impl Allocator for GraphPools {
                 ));
             }
         }
-        self.shared.upstream.check_invariants()
+        self.shared.up().check_invariants()
+    }
+}
+
+impl Shared {
+    fn up(&self) -> &dyn Allocator {
+        self.upstream
+            .as_deref()
+            .expect("the strategy lives as long as its graph pools")
     }
 }
 
@@ -1025,19 +1111,26 @@ impl Drop for Shared {
     fn drop(&mut self) {
         let books = std::mem::take(self.books.get_mut().unwrap_or_else(|p| p.into_inner()));
         let any = books.pools.values().any(|p| !p.blocks.is_empty()) || !books.held.is_empty();
-        if !any {
-            return;
-        }
-        if let Err(e) = self.device.synchronize_device() {
-            tracing::warn!(error = %e, "graph pools dropped without a device synchronisation");
-        }
-        for p in books.pools.into_values() {
-            for b in p.blocks.into_values() {
-                let _ = self.upstream.deallocate(b.upstream);
+        if any {
+            if let Err(e) = self.device.synchronize_device() {
+                tracing::warn!(error = %e, "graph pools dropped without a device synchronisation");
+            }
+            for p in books.pools.into_values() {
+                for b in p.blocks.into_values() {
+                    let _ = self.up().deallocate(b.upstream);
+                }
+            }
+            for h in books.held {
+                let _ = self.up().deallocate(h.upstream);
             }
         }
-        for h in books.held {
-            let _ = self.upstream.deallocate(h.upstream);
+        // The strategy goes first (its drop may wait for work on the side stream), then the
+        // side stream.
+        drop(self.upstream.take());
+        if let Some(side) = self.side.take() {
+            if let Err(e) = side.destroy(&*self.device) {
+                tracing::warn!(error = %e, "the graph pools' side stream is left to the process");
+            }
         }
     }
 }

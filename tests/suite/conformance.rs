@@ -42,7 +42,9 @@ use std::sync::Arc;
 use crate::support::targets::{CallerProbe, Rig, Rocm, Strategy, SuiteStrategy, Target};
 #[cfg(feature = "trace")]
 use portalloc::adaptor::RecorderAllocator;
-use portalloc::adaptor::{CountingDevice, LedgerAllocator, LedgerOptions, LedgerSnapshot};
+use portalloc::adaptor::{
+    CountingDevice, Detect, GraphPools, LedgerAllocator, LedgerOptions, LedgerSnapshot,
+};
 use portalloc::device::Device;
 use portalloc::{Allocation, Allocator, DeviceBuffer, Error, Stats, Stream};
 
@@ -73,6 +75,10 @@ enum Adaptor {
     Recorder,
     /// The strategy over a `CountingDevice` around the rig's device.
     CountingDevice,
+    /// `GraphPools` over the strategy, asking the device about every request's stream
+    /// (`Detect::EveryRequest`, the PyTorch hook's mode): outside a capture it must be the
+    /// strategy itself.
+    GraphPools,
 }
 
 /// A `Box<dyn Allocator>` as an `Allocator`: `RecorderAllocator` wraps a sized upstream
@@ -124,6 +130,7 @@ enum Wrapped {
     Recorder(Box<RecorderAllocator<Boxed>>),
     /// The strategy over the counting device, and the device, to read its counts.
     Counting(Box<dyn Allocator>, Arc<CountingDevice<dyn Device>>),
+    GraphPools(GraphPools),
 }
 
 /// A strategy inside an adaptor, as the case uses it. It counts what it served, and when
@@ -157,6 +164,7 @@ impl Adapted {
             #[cfg(feature = "trace")]
             Wrapped::Recorder(r) => r.as_ref(),
             Wrapped::Counting(a, _) => a.as_ref(),
+            Wrapped::GraphPools(g) => g,
         }
     }
 }
@@ -274,6 +282,16 @@ impl Drop for Adapted {
                     events.len() as u64
                 );
             }
+            Wrapped::GraphPools(pools) => {
+                pools
+                    .check_invariants()
+                    .unwrap_or_else(|e| panic!("graph pools at drop: {e}"));
+                assert!(
+                    pools.pools().iter().all(|p| p.blocks == 0),
+                    "no capture ran, yet a graph pool holds memory: {:?}",
+                    pools.pools()
+                );
+            }
             Wrapped::Counting(allocator, device) => {
                 drop(allocator);
                 let counts = device.counts();
@@ -311,6 +329,11 @@ impl Adaptor {
                 Boxed(strategy.build_as_configured(device)?),
                 "conformance",
             ))),
+            Adaptor::GraphPools => Wrapped::GraphPools(GraphPools::from_boxed(
+                strategy.build_as_configured(Arc::clone(&device))?,
+                device,
+                Detect::EveryRequest,
+            )),
             Adaptor::CountingDevice => {
                 let counting = Arc::new(CountingDevice::new(device));
                 let allocator =
@@ -492,6 +515,39 @@ impl Subject {
 /// True when the allocation overlaps `[range.0, range.1)`.
 fn overlaps(a: &Allocation, range: (u64, u64)) -> bool {
     a.size() > 0 && a.ptr() < range.1 && range.0 < a.ptr() + a.size()
+}
+
+/// A subject shared with [`GraphPools`] (which owns its upstream boxed): forwards each call.
+struct Shared(Arc<dyn Allocator>);
+
+impl Allocator for Shared {
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+    fn id(&self) -> u64 {
+        self.0.id()
+    }
+    fn allocate(
+        &self,
+        size: u64,
+        alignment: u64,
+        stream: Stream,
+        tag: &str,
+    ) -> portalloc::Result<Allocation> {
+        self.0.allocate(size, alignment, stream, tag)
+    }
+    fn deallocate(&self, allocation: Allocation) -> portalloc::Result<()> {
+        self.0.deallocate(allocation)
+    }
+    fn stats(&self) -> Stats {
+        self.0.stats()
+    }
+    fn trim(&self) -> portalloc::Result<u64> {
+        self.0.trim()
+    }
+    fn check_invariants(&self) -> std::result::Result<(), String> {
+        self.0.check_invariants()
+    }
 }
 
 /// The case bodies, one per behaviour; each takes a fresh rig and builds the strategy on it.
@@ -1009,6 +1065,102 @@ mod cases {
     /// made — which the conformance drivers give the destroyed one's handle value, as the
     /// drivers reuse handles: the books stay consistent, and memory goes to a third stream
     /// only in order.
+    /// A graph captured on a stream the caller made, with the subject (in its adaptor) inside
+    /// graph pools routed for the capture: two allocations and a free during the capture,
+    /// eager allocations after it written by kernels held in flight on another stream, 20
+    /// replays — no hazard, the capture never invalidated, the census empty at the end. On
+    /// the host, which captures nothing, the device says no stream is captured and the pools
+    /// pass every request through to the subject.
+    pub fn captured_graph_replays(rig: Rig, strategy: Strategy, adaptor: Adaptor) {
+        let Some(s) = subject(rig, strategy, adaptor) else {
+            return;
+        };
+        let device = s.rig.device(0);
+        let pools = GraphPools::from_boxed(
+            Box::new(Shared(Arc::clone(&s.allocator))),
+            Arc::clone(&device),
+            Detect::WhileRouted,
+        );
+        let (capture, eager) = (s.rig.foreign_stream(), s.rig.foreign_stream());
+        let pool = pools.create_pool(None);
+        pools.begin_allocate_to_pool(pool, capture).unwrap();
+        #[cfg(any(feature = "cuda", feature = "hip"))]
+        let raw = s
+            .rig
+            .fake()
+            .map(|fake| crate::support::capture::Raw { fake });
+        #[cfg(not(any(feature = "cuda", feature = "hip")))]
+        let raw: Option<()> = None;
+        let Some(raw) = raw else {
+            assert_eq!(
+                device.capture_status(capture).unwrap(),
+                portalloc::CaptureStatus::None
+            );
+            let a = pools.allocate(MIB, 0, capture, "t").unwrap();
+            assert_eq!(
+                pools.pool_stats(pool).unwrap().blocks,
+                0,
+                "passed through to the subject, not into the pool"
+            );
+            pools.deallocate(a).unwrap();
+            pools.end_allocate_to_pool(pool).unwrap();
+            assert_eq!(pools.release_pool(pool).unwrap(), 0);
+            drop((pools, device));
+            s.allocator.trim().unwrap();
+            s.rig.destroy_foreign(&[capture, eager]);
+            return s.finish();
+        };
+        #[cfg(any(feature = "cuda", feature = "hip"))]
+        {
+            let rig = &s.rig;
+            raw.begin(capture);
+            let a = pools.allocate(2 * MIB, 0, capture, "graph").unwrap();
+            rig.launch_writing(capture, a.ptr(), a.size());
+            let b = pools.allocate(MIB, 0, capture, "graph").unwrap();
+            rig.launch(capture, a.ptr(), a.size());
+            rig.launch_writing(capture, b.ptr(), b.size());
+            pools.deallocate(a).unwrap();
+            let graph = raw
+                .end(capture)
+                .unwrap_or_else(|rc| panic!("{strategy:?}: capture invalidated ({rc})"));
+            pools.end_allocate_to_pool(pool).unwrap();
+            let graph_memory = (b.ptr(), b.ptr() + b.size());
+            let mut eager_buffers = Vec::new();
+            let mut work = Vec::new();
+            for size in [2 * MIB, MIB, 512 * 1024] {
+                let x = pools.allocate(size, 0, eager, "eager").unwrap();
+                assert!(
+                    !overlaps(&x, graph_memory),
+                    "{strategy:?}: eager over the graph's"
+                );
+                work.push(rig.launch_writing(eager, x.ptr(), x.size()));
+                eager_buffers.push(x);
+            }
+            let exec = raw.instantiate(graph);
+            for _ in 0..20 {
+                raw.launch(exec, capture);
+            }
+            raw.sync(capture);
+            let (hazards, first) = rig.hazards();
+            assert_eq!(hazards, 0, "{strategy:?}: {first}");
+            for w in work {
+                rig.finish_work(w);
+            }
+            raw.sync(eager);
+            for x in eager_buffers {
+                pools.deallocate(x).unwrap();
+            }
+            pools.deallocate(b).unwrap();
+            raw.destroy(graph, exec);
+            assert_eq!(pools.release_pool(pool).unwrap(), 3 * MIB);
+            pools.check_invariants().unwrap();
+            drop((pools, device));
+            s.allocator.trim().unwrap();
+            rig.destroy_foreign(&[capture, eager]);
+            s.finish();
+        }
+    }
+
     pub fn destroyed_stream_handles_are_reused(rig: Rig, strategy: Strategy, adaptor: Adaptor) {
         let Some(s) = subject(rig, strategy, adaptor) else {
             return;
@@ -1134,6 +1286,10 @@ macro_rules! cases {
             use super::{cases, run, Adaptor, Strategy, TARGET};
             cases!(@each $strategy, Adaptor::CountingDevice);
         }
+        mod graph_pools {
+            use super::{cases, run, Adaptor, Strategy, TARGET};
+            cases!(@each $strategy, Adaptor::GraphPools);
+        }
     };
     (@each $strategy:expr, $adaptor:expr) => {
         cases!(@tests $strategy, $adaptor;
@@ -1151,6 +1307,7 @@ macro_rules! cases {
             drop_waits_for_work_in_flight: 1,
             per_thread_buffer_dropped_on_another_thread: 1,
             destroyed_stream_handles_are_reused: 1,
+            captured_graph_replays: 1,
             peer_access: 2,
         );
     };

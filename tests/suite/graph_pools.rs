@@ -9,134 +9,20 @@
 //! bytes, the hooks), and release.
 #![cfg(all(feature = "hip", feature = "cuda"))]
 
-use std::ffi::{c_int, c_uint, c_void};
 use std::sync::{Arc, Mutex};
 
 use portalloc::adaptor::{Detect, GraphPoolHooks, GraphPools};
 use portalloc::backends::cuda::CudaDevice;
 use portalloc::backends::hip::HipDevice;
-use portalloc::{Allocation, Allocator, CaptureStatus, Device, Error, Keep, Stream, Vendor};
+use portalloc::{Allocation, Allocator, CaptureStatus, Device, Error, Keep, Vendor};
 use test_case::test_case;
 
+use crate::support::capture::Raw;
 use crate::support::common::Strategy;
 use crate::support::fakes::{stamp, stamped, Fake, FakeDevice};
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
-const GLOBAL: c_int = 0;
-
-/// The caller's own driver calls: streams, capture, graphs.
-struct Raw<'a> {
-    fake: &'a Fake,
-}
-
-impl Raw<'_> {
-    fn cuda(&self) -> bool {
-        self.fake.vendor() == Vendor::Cuda
-    }
-
-    fn stream(&self) -> Stream {
-        let mut s: *mut c_void = std::ptr::null_mut();
-        let name = if self.cuda() {
-            "cuStreamCreate"
-        } else {
-            "hipStreamCreateWithFlags"
-        };
-        let f: unsafe extern "C" fn(*mut *mut c_void, c_uint) -> c_int = self.fake.sym(name);
-        // SAFETY: one handle written; non-blocking.
-        assert_eq!(unsafe { f(&mut s, 1) }, 0);
-        // SAFETY: a live stream of this fake, destroyed only after its work completed.
-        unsafe { Stream::from_raw(s as u64) }
-    }
-
-    fn sync(&self, s: Stream) {
-        let name = if self.cuda() {
-            "cuStreamSynchronize"
-        } else {
-            "hipStreamSynchronize"
-        };
-        let f: unsafe extern "C" fn(u64) -> c_int = self.fake.sym(name);
-        // SAFETY: a live stream.
-        assert_eq!(unsafe { f(s.as_raw()) }, 0, "{name}");
-    }
-
-    fn begin(&self, s: Stream) {
-        let name = if self.cuda() {
-            "cuStreamBeginCapture_v2"
-        } else {
-            "hipStreamBeginCapture"
-        };
-        let f: unsafe extern "C" fn(u64, c_int) -> c_int = self.fake.sym(name);
-        // SAFETY: a live stream; the global mode.
-        assert_eq!(unsafe { f(s.as_raw(), GLOBAL) }, 0, "{name}");
-    }
-
-    /// Ends the capture: the graph, or the code (901: invalidated).
-    fn end(&self, s: Stream) -> Result<u64, c_int> {
-        let name = if self.cuda() {
-            "cuStreamEndCapture"
-        } else {
-            "hipStreamEndCapture"
-        };
-        let f: unsafe extern "C" fn(u64, *mut u64) -> c_int = self.fake.sym(name);
-        let mut g = 0;
-        // SAFETY: one handle written.
-        match unsafe { f(s.as_raw(), &mut g) } {
-            0 => Ok(g),
-            rc => Err(rc),
-        }
-    }
-
-    fn instantiate(&self, graph: u64) -> u64 {
-        let name = if self.cuda() {
-            "cuGraphInstantiateWithFlags"
-        } else {
-            "hipGraphInstantiateWithFlags"
-        };
-        let f: unsafe extern "C" fn(*mut u64, u64, u64) -> c_int = self.fake.sym(name);
-        let mut exec = 0;
-        // SAFETY: one handle written.
-        assert_eq!(unsafe { f(&mut exec, graph, 0) }, 0);
-        exec
-    }
-
-    fn launch(&self, exec: u64, s: Stream) {
-        let name = if self.cuda() {
-            "cuGraphLaunch"
-        } else {
-            "hipGraphLaunch"
-        };
-        let f: unsafe extern "C" fn(u64, u64) -> c_int = self.fake.sym(name);
-        // SAFETY: live handles.
-        assert_eq!(unsafe { f(exec, s.as_raw()) }, 0);
-    }
-
-    fn destroy(&self, graph: u64, exec: u64) {
-        let (g, e) = if self.cuda() {
-            ("cuGraphDestroy", "cuGraphExecDestroy")
-        } else {
-            ("hipGraphDestroy", "hipGraphExecDestroy")
-        };
-        let fg: unsafe extern "C" fn(u64) -> c_int = self.fake.sym(g);
-        let fe: unsafe extern "C" fn(u64) -> c_int = self.fake.sym(e);
-        // SAFETY: live handles, not used afterwards.
-        unsafe {
-            assert_eq!(fe(exec), 0);
-            assert_eq!(fg(graph), 0);
-        }
-    }
-
-    fn invalidations(&self) -> (i64, String) {
-        let f: unsafe extern "C" fn(*mut i8, u64) -> i64 =
-            self.fake.sym("fake_capture_invalidations");
-        let mut buf = [0i8; 256];
-        // SAFETY: at most 256 bytes written, NUL-terminated.
-        let n = unsafe { f(buf.as_mut_ptr(), buf.len() as u64) };
-        // SAFETY: NUL-terminated within the buffer.
-        let why = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
-        (n, why.to_string_lossy().into_owned())
-    }
-}
 
 fn open<D: FakeDevice>(capacity: u64) -> (Fake, Arc<D>) {
     let fake = Fake::with_devices(D::VENDOR, 1, capacity);
@@ -570,4 +456,33 @@ fn without_graph_pools_every_strategy_breaks_the_capture_or_its_replays(vendor: 
     for o in &outcomes {
         assert!(!o.contains("no hazard"), "{outcomes:#?}");
     }
+}
+
+/// An eager request refused while graph pools hold memory: the out-of-memory report names
+/// each pool, what it holds and how much of it is free.
+#[test]
+fn an_out_of_memory_report_names_the_graph_pools() {
+    let (fake, device) = open::<CudaDevice>(GIB);
+    let raw = Raw { fake: &fake };
+    let pools = pools_over(Strategy::Bfc, &device, 64 * MIB, Detect::WhileRouted);
+    let s = raw.stream();
+    let pool = pools.create_pool(Some("decode graph"));
+    pools.begin_allocate_to_pool(pool, s).unwrap();
+    raw.begin(s);
+    let a = pools.allocate(24 * MIB, 0, s, "graph").unwrap();
+    let b = pools.allocate(8 * MIB, 0, s, "graph").unwrap();
+    let graph = raw.end(s).expect("not invalidated");
+    pools.end_allocate_to_pool(pool).unwrap();
+    pools.deallocate(b).unwrap(); // free in the pool, still the graph's
+    let e = pools.allocate(48 * MIB, 0, s, "eager").unwrap_err();
+    let text = e.to_string();
+    for needle in [
+        "graph pools hold 32.00 MiB for captured graphs",
+        "graph pool 1 \"decode graph\": 32.00 MiB in 2 blocks, 8.00 MiB of it free",
+    ] {
+        assert!(text.contains(needle), "{needle:?} not in: {text}");
+    }
+    pools.deallocate(a).unwrap();
+    let exec = raw.instantiate(graph);
+    raw.destroy(graph, exec);
 }

@@ -8,6 +8,8 @@
 
 #[cfg(feature = "c-api")]
 pub mod capi;
+#[cfg(any(feature = "cuda", feature = "hip"))]
+pub mod capture;
 #[cfg(feature = "cli")]
 pub mod cli;
 pub mod common;
