@@ -2120,6 +2120,7 @@ const GRAPH_CHILD: &str = "PORTALLOC_TEST_CAPI_GRAPH_CHILD";
 #[test_case("cuda", "vmm", "false" ; "cuda vmm")]
 #[test_case("cuda", "cuda_async", "false" ; "cuda async")]
 #[test_case("hip", "bfc", "true" ; "hip bfc")]
+#[test_case("hip", "bfc", "false" ; "hip bfc growing")]
 #[test_case("hip", "platform", "false" ; "hip platform")]
 #[test_case("hip", "vmm", "false" ; "hip vmm")]
 #[test_case("hip", "cuda_async", "false" ; "hip async")]

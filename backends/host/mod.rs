@@ -96,8 +96,8 @@ use std::fmt;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crate::device::{
-    Capabilities, Device, DeviceInfo, Event, MemInfo, PhysicalHandle, Stream, StreamOrderedPool,
-    VirtualMemory,
+    Capabilities, CaptureStatus, Device, DeviceInfo, Event, MemInfo, PhysicalHandle, Stream,
+    StreamOrderedPool, VirtualMemory,
 };
 use crate::error::{Error, Result};
 use crate::units::Bytes;
@@ -267,6 +267,10 @@ impl HostDeviceBuilder {
 struct Streams {
     last: u64,
     live: BTreeSet<u64>,
+    /// Streams marked as captured ([`HostDevice::begin_capture`]) → their capture's id.
+    captured: BTreeMap<u64, u64>,
+    /// The last capture id given.
+    last_capture: u64,
 }
 
 /// Everything behind the device's lock.
@@ -388,6 +392,25 @@ impl HostDevice {
     /// wait that covers it. Returns its id (never 0).
     pub fn launch(&self, stream: Stream, va: u64, size: u64) -> u64 {
         self.lock().timeline.launch(stream, va, size)
+    }
+
+    /// A test hook: marks `stream` (any handle) as being captured into a graph, under a new
+    /// capture id, until [`HostDevice::end_capture`]; [`Device::capture_status`] answers
+    /// [`CaptureStatus::Active`] for it meanwhile. The host runs nothing on any stream, so
+    /// this models which streams capture — what graph pools route by — not what a capture
+    /// forbids or how a graph replays (the conformance drivers model those). Returns the id.
+    pub fn begin_capture(&self, stream: Stream) -> u64 {
+        let mut st = self.lock();
+        st.streams.last_capture += 1;
+        let id = st.streams.last_capture;
+        st.streams.captured.insert(stream.0, id);
+        id
+    }
+
+    /// A test hook: ends the capture [`HostDevice::begin_capture`] began on `stream`; false
+    /// when it was not captured.
+    pub fn end_capture(&self, stream: Stream) -> bool {
+        self.lock().streams.captured.remove(&stream.0).is_some()
     }
 
     /// A test hook: kernel `work` ([`HostDevice::launch`]) completes.
@@ -715,6 +738,14 @@ impl Device for HostDevice {
     ///
     /// # Errors
     /// [`Error::UnknownPointer`] (`what = "event"`) for an unknown event.
+    /// Active for a stream [`HostDevice::begin_capture`] marked, else none.
+    fn capture_status(&self, stream: Stream) -> Result<CaptureStatus> {
+        Ok(match self.lock().streams.captured.get(&stream.0) {
+            Some(&id) => CaptureStatus::Active { id },
+            None => CaptureStatus::None,
+        })
+    }
+
     fn wait_event(&self, stream: Stream, event: Event) -> Result<()> {
         let mut st = self.lock();
         let record = event_record(&st, event)?;

@@ -486,3 +486,100 @@ fn an_out_of_memory_report_names_the_graph_pools() {
     let exec = raw.instantiate(graph);
     raw.destroy(graph, exec);
 }
+
+/// The host backend marks captured streams (`HostDevice::begin_capture`): a graph pool over vmm
+/// on real host memory sleeps and wakes with its bytes, at its addresses, and the host gets its
+/// memory back meanwhile.
+#[test]
+fn a_graph_pool_sleeps_and_wakes_with_its_bytes_on_the_host() {
+    use portalloc::backends::host::HostDevice;
+    let host = Arc::new(
+        HostDevice::builder()
+            .capacity(GIB)
+            .build()
+            .expect("a real host device"),
+    );
+    let device: Arc<dyn Device> = Arc::clone(&host) as Arc<dyn Device>;
+    let upstream = Strategy::Vmm.try_build(Arc::clone(&host), GIB / 2).unwrap();
+    let pools = GraphPools::from_boxed(upstream, Arc::clone(&device), Detect::WhileRouted);
+    let s = device.create_stream().unwrap();
+    let pool = pools.create_pool(Some("host graphs"));
+    pools.begin_allocate_to_pool(pool, s).unwrap();
+    host.begin_capture(s);
+    assert!(matches!(
+        device.capture_status(s).unwrap(),
+        CaptureStatus::Active { .. }
+    ));
+    let blocks: Vec<Allocation> = [8 * MIB, 6 * MIB, 2 * MIB]
+        .into_iter()
+        .map(|n| pools.allocate(n, 0, s, "kv").unwrap())
+        .collect();
+    assert!(host.end_capture(s));
+    pools.end_allocate_to_pool(pool).unwrap();
+    for (i, b) in blocks.iter().enumerate() {
+        stamp(b, 0x70 + i as u8);
+    }
+    let held = pools.pool_stats(pool).unwrap().held_bytes;
+    assert_eq!(held, 16 * MIB);
+    let before = device.mem_info().unwrap().free;
+    pools.sleep_pool(pool, Keep::Contents).unwrap();
+    let given = device.mem_info().unwrap().free - before;
+    assert!(
+        given as f64 >= 0.99 * held as f64,
+        "the host got back {given} of {held} bytes"
+    );
+    pools.wake_pool(pool).unwrap();
+    for (i, b) in blocks.iter().enumerate() {
+        assert!(stamped(b, 0x70 + i as u8), "block {i}'s bytes came back");
+    }
+    for b in blocks {
+        pools.deallocate(b).unwrap();
+    }
+    assert_eq!(pools.release_pool(pool).unwrap(), held);
+    drop(pools);
+    // SAFETY: made above, nothing queued on it.
+    unsafe { device.destroy_stream(s) }.unwrap();
+    assert!(host.census().is_empty(), "{:?}", host.census());
+}
+
+/// What the capture check costs, counted on the device: `WhileRouted` makes no call outside a
+/// routed capture, `EveryRequest` one `capture_status` per allocation and one per free.
+#[test]
+fn the_capture_check_costs_what_the_docs_say() {
+    use portalloc::adaptor::CountingDevice;
+    use portalloc::backends::host::HostDevice;
+    for (detect, per_pair) in [(Detect::WhileRouted, 0), (Detect::EveryRequest, 2)] {
+        let host = Arc::new(
+            HostDevice::builder()
+                .capacity(GIB)
+                .simulated(true)
+                .build()
+                .unwrap(),
+        );
+        let counting = Arc::new(CountingDevice::new(Arc::clone(&host)));
+        let upstream = Strategy::Bfc
+            .try_build(Arc::clone(&counting), GIB / 2)
+            .unwrap();
+        let pools =
+            GraphPools::from_boxed(upstream, Arc::clone(&counting) as Arc<dyn Device>, detect);
+        let warm = pools
+            .allocate(MIB, 0, portalloc::Stream::DEFAULT, "x")
+            .unwrap();
+        pools.deallocate(warm).unwrap();
+        let calls = |c: &CountingDevice<HostDevice>| {
+            c.tally()
+                .by_name
+                .get("capture_status")
+                .map_or(0, |&(n, _)| n)
+        };
+        let before = calls(&counting);
+        for _ in 0..1000 {
+            let a = pools
+                .allocate(MIB, 0, portalloc::Stream::DEFAULT, "x")
+                .unwrap();
+            pools.deallocate(a).unwrap();
+        }
+        let spent = calls(&counting) - before;
+        assert_eq!(spent, 1000 * per_pair, "{detect:?}");
+    }
+}
