@@ -311,6 +311,14 @@ pub trait Allocator: Send + Sync {
     fn check_invariants(&self) -> std::result::Result<(), String> {
         Ok(())
     }
+
+    /// True when [`Allocator::allocate`] queues an operation on the request's stream (the
+    /// driver's stream-ordered pools: `cuMemAllocFromPoolAsync`): on a stream being captured
+    /// into a graph it would become a graph memory node, so [`crate::GraphPools`] asks such a
+    /// strategy on a stream of its own. Default: false; adaptors answer their upstream's.
+    fn queues_on_stream(&self) -> bool {
+        false
+    }
 }
 
 /// Hands out process-unique allocator ids.

@@ -17,7 +17,9 @@
  *     waited for by the origin after its last captured work (UNJOINED). A captured stream
  *     waiting for an event recorded outside its capture is ISOLATION; joining two captures is
  *     MERGE.
- *   - Querying or synchronising a stream being captured is STREAM_CAPTURE_UNSUPPORTED; querying
+ *   - Querying or synchronising a stream being captured is STREAM_CAPTURE_UNSUPPORTED (and, on
+ *     CUDA, invalidates the capture: "when an invalid operation is attempted during stream
+ *     capture, any associated capture graphs are invalidated"; clr leaves it valid); querying
  *     or synchronising an event recorded in a capture under way is CAPTURED_EVENT and
  *     invalidates the capture.
  *   - "Potentially unsafe" calls, made while a capture forbids them, fail with
@@ -307,9 +309,19 @@ static int fk_capture_enter(const struct fk_entry *e) {
   return FK_OK;
 }
 
-/* A stream query or synchronisation: STREAM_CAPTURE_UNSUPPORTED while it is captured. */
-FK_FN int fk_capture_sync_check(int clock) {
-  return fk_capture_of(clock) ? FK_CAPTURE_UNSUPPORTED : FK_OK;
+/* A stream query or synchronisation: STREAM_CAPTURE_UNSUPPORTED while it is captured, and,
+ * with `invalidate` (CUDA: "when an invalid operation is attempted during stream capture, any
+ * associated capture graphs are invalidated"; clr returns the code and leaves it), the capture
+ * invalidated. */
+FK_FN int fk_capture_sync_check(int clock, int invalidate, const char *call) {
+  struct fk_capture *c = fk_capture_of(clock);
+  if (!c) return FK_OK;
+  if (invalidate) {
+    char why[200];
+    snprintf(why, sizeof why, "%s of a stream being captured", call);
+    fk_capture_invalidate(c, why);
+  }
+  return FK_CAPTURE_UNSUPPORTED;
 }
 
 /* An event query or synchronisation: CAPTURED_EVENT (and the capture invalidated) when its

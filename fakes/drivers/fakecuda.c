@@ -1355,7 +1355,7 @@ CUresult cuStreamDestroy_v2(CUstream s) {
 static CUresult stream_synchronize(CUstream s, int pt) {
   CHECK_CTX(ctx);
   CHECK_STREAM(clock, ctx, s, pt);
-  if (fk_capture_sync_check(clock) != FK_OK) return FK_CAPTURE_UNSUPPORTED;
+  if (fk_capture_sync_check(clock, 1, "cuStreamSynchronize") != FK_OK) return FK_CAPTURE_UNSUPPORTED;
   fk_wait_for_clock(clock);
   fk_pools_sync();
   return CUDA_SUCCESS;
@@ -1373,7 +1373,7 @@ CUresult cuStreamSynchronize_ptsz(CUstream s) {
 static CUresult stream_query(CUstream s, int pt) {
   CHECK_CTX(ctx);
   CHECK_STREAM(clock, ctx, s, pt);
-  if (fk_capture_sync_check(clock) != FK_OK) return FK_CAPTURE_UNSUPPORTED;
+  if (fk_capture_sync_check(clock, 1, "cuStreamQuery") != FK_OK) return FK_CAPTURE_UNSUPPORTED;
   if (fk_stream_idle(clock)) return CUDA_SUCCESS;
   if (!fk_polled((unsigned long long)clock, fk_clocks[clock].recorded)) return FK_NOT_READY;
   fk_wait_for_clock(clock); /* polled long enough: fk_polled */

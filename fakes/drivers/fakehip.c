@@ -1424,7 +1424,7 @@ EXPORT hipError_t hipStreamDestroy(void *stream) {
 
 static hipError_t stream_synchronize(void *stream, int pt) {
   CHECK_STREAM(clock, stream, pt);
-  if (fk_capture_sync_check(clock) != FK_OK) return FK_CAPTURE_UNSUPPORTED;
+  if (fk_capture_sync_check(clock, 0, "hipStreamSynchronize") != FK_OK) return FK_CAPTURE_UNSUPPORTED;
   fk_wait_for_clock(clock);
   fk_pools_sync();
   return hipSuccess;
@@ -1439,7 +1439,7 @@ EXPORT hipError_t hipStreamSynchronize_spt(void *stream) {
 }
 static hipError_t stream_query(void *stream, int pt) {
   CHECK_STREAM(clock, stream, pt);
-  if (fk_capture_sync_check(clock) != FK_OK) return FK_CAPTURE_UNSUPPORTED;
+  if (fk_capture_sync_check(clock, 0, "hipStreamQuery") != FK_OK) return FK_CAPTURE_UNSUPPORTED;
   if (fk_stream_idle(clock)) return hipSuccess;
   if (!fk_polled((unsigned long long)clock, fk_clocks[clock].recorded)) return hipErrorNotReady;
   fk_wait_for_clock(clock); /* polled long enough: fk_polled */

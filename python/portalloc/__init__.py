@@ -779,7 +779,7 @@ class Allocator:
     def begin_graph_pool(self, pool: int, stream: Any) -> None:
         """Routes the requests of the capture on ``stream`` (a handle as an int, or an object
         with ``cuda_stream``) to ``pool``, until :meth:`end_graph_pool` — PyTorch's
-        ``beginAllocateToPool``. Call it just before or just after the capture begins."""
+        ``beginAllocateToPool``. Call it before the capture begins."""
         pool = _u64("begin_graph_pool", "pool", pool)
         handle = _u64("begin_graph_pool", "stream", getattr(stream, "cuda_stream", stream))
         _check(load().portalloc_graph_pool_begin(self._token("begin_graph_pool"), pool, handle))

@@ -13,12 +13,12 @@
 //!   requests, another pool, or the strategy's trim, stitching or shrink, which would let
 //!   other work write memory every replay of the graph still reads and writes. Pools may be
 //!   shared between captures, as PyTorch's `pool=` shares them.
-//! * **A request on a captured stream reaches the strategy on another stream**, the adaptor's
-//!   own side stream, which is never captured, with the calling thread's capture mode set to
-//!   relaxed for the call (as PyTorch wraps `cudaMalloc` during capture): the strategy's
-//!   growth (`cuMemAlloc`, `cuMemCreate`, a pool's growth) is then neither forbidden nor
-//!   recorded into the graph, and its events and waits go to a stream that runs. What the
-//!   strategy cannot give fails with [`Error::StreamCapturing`], which says what to do.
+//! * **A request on a captured stream reaches the strategy on a stream where it does nothing
+//!   the capture forbids** (see *The stream the strategy is asked on*), with the calling
+//!   thread's capture mode set to relaxed for the call (as PyTorch wraps `cudaMalloc` during
+//!   capture): the strategy's growth (`cuMemAlloc`, `cuMemCreate`) is then neither forbidden
+//!   nor recorded into the graph. What the strategy cannot give fails with
+//!   [`Error::StreamCapturing`], which says what to do.
 //! * **A free of eager memory on a captured stream is held** until that stream's capture
 //!   ends: handing it to the strategy then would record an event on the captured stream
 //!   (which becomes a node, and queried later is `CUDA_ERROR_CAPTURED_EVENT`, invalidating
@@ -28,7 +28,8 @@
 //!
 //! [`GraphPools::begin_allocate_to_pool`] routes the requests of the capture on a stream (on
 //! every stream that joins it) to a pool, until [`GraphPools::end_allocate_to_pool`]; call it
-//! just before or just after the capture begins (PyTorch's `beginAllocateToPool`). With
+//! before the capture begins, as PyTorch calls `beginAllocateToPool` (see *The stream the
+//! strategy is asked on* for what routing after costs). With
 //! [`Detect::EveryRequest`] a capture nobody routed gets a pool of its own, found by asking
 //! the driver about every request's stream: what a caller that cannot say when it captures
 //! needs (the PyTorch hook, which PyTorch gives only the stream). The cost of each mode,
@@ -39,21 +40,29 @@
 //! | [`Detect::WhileRouted`] | none | one per allocation and free |
 //! | [`Detect::EveryRequest`] | one per allocation and free | one per allocation and free |
 //!
-//! # The side stream
+//! # The stream the strategy is asked on
 //!
-//! The adaptor makes one stream of its own ([`crate::Device::create_stream`]) and, before
-//! the first request it routes, allocates and frees a byte on it. A strategy that orders its
-//! frees by stream (bfc, vmm) then has the side stream as its first stream, so the event it
-//! records when a second stream appears (its fence) goes to a stream that is never captured.
-//! A new pool block is made on the side stream and the side stream synchronised before it is
-//! handed out (the memory is ready for the captured work: a pool's stream-ordered
-//! allocation completes first).
+//! The adaptor tracks the streams it asks the strategy on. A strategy that queues its
+//! allocations on the stream ([`Allocator::queues_on_stream`]: the async pool) is asked on the
+//! adaptor's own side stream ([`crate::Device::create_stream`], never captured), which is
+//! synchronised before the block is handed out. Any other strategy is asked on the one stream
+//! it has seen so far, while it has seen one — bfc and vmm then keep no per-stream books, and
+//! asking on that stream (even while it is captured) records nothing there — else on the side
+//! stream. [`GraphPools::begin_allocate_to_pool`], called before the capture begins, first has
+//! the strategy see the side stream (a byte allocated and freed there), so that what bfc and
+//! vmm do when a second stream appears — a fence recorded on their first stream — happens
+//! outside the capture. Called after, with vmm and memory freed at once on the captured stream
+//! just before the capture, vmm records that fence on the captured stream, which invalidates
+//! the capture: route before capturing, as PyTorch calls `beginAllocateToPool`.
 //!
 //! # Releasing and sleeping
 //!
 //! [`GraphPools::release_pool`] gives the pool's free blocks back to the strategy after
 //! synchronising the device: graphs are launched on streams the allocator never sees, so only
 //! the whole device says that no replay still runs. Blocks still in use go back when freed.
+//! A device synchronisation is forbidden during a capture (the driver invalidates it): release,
+//! sleep and wake are refused while a capture the adaptor routes is under way, and a capture
+//! it does not know of is the caller's to keep apart from them.
 //! [`GraphPools::sleep_pool`] and [`GraphPools::wake_pool`] sleep and wake the pool's memory
 //! as a tag (its blocks carry the pool's tag in the strategy: vmm keeps their addresses), so
 //! an RL job releases its decode graphs' memory between rollouts and replays them after the
@@ -181,6 +190,11 @@ impl fmt::Debug for GraphPoolHooks {
 struct Block {
     upstream: Allocation,
     in_use: bool,
+    /// The stream its last free was made on: a free block serves requests on that stream
+    /// only. Two branches of a forked capture run concurrently in a replay, and a block one
+    /// branch freed may still be read by the other's work (PyTorch's private pools keep the
+    /// same rule).
+    freed_on: Stream,
 }
 
 #[derive(Debug)]
@@ -191,6 +205,8 @@ struct Pool {
     /// `(size, address)` of the blocks not in use. Invariant: exactly those.
     free: BTreeSet<(u64, u64)>,
     released: bool,
+    /// Its memory sleeps ([`GraphPools::sleep_pool`]): no block is handed out until the wake.
+    asleep: bool,
 }
 
 /// Requests of a capture go to `pool`: the capture `capture` once known, else the next one
@@ -228,6 +244,12 @@ struct Shared {
     device: Arc<dyn Device>,
     detect: Detect,
     side: OnceLock<OwnedStream>,
+    /// The first stream the strategy was asked on (its raw handle + 1; 0: none yet), and
+    /// whether another has been since: while one, the strategy keeps no per-stream books.
+    first_stream: AtomicU64,
+    several_streams: AtomicBool,
+    /// The strategy has seen the side stream ([`GraphPools::prepare`]).
+    prepared: AtomicBool,
     /// Held while the side stream is made, so that it is made once.
     making_side: Mutex<()>,
     /// `routes.len() + held.len()`: nonzero, requests are checked in [`Detect::WhileRouted`].
@@ -255,7 +277,7 @@ struct Shared {
 /// let device: Arc<dyn Device> = Arc::new(HostDevice::builder().build().unwrap());
 /// let strategy = PlatformAllocator::new(Arc::clone(&device), None);
 /// let pools = GraphPools::new(strategy, device, Detect::WhileRouted);
-/// let pool = pools.create_pool(None);
+/// let pool = pools.create_pool(None).unwrap();
 /// // Nothing captures on the host device: requests pass through to the strategy.
 /// let a = pools.allocate(4096, 0, Stream::DEFAULT, "x").unwrap();
 /// pools.deallocate(a).unwrap();
@@ -309,6 +331,9 @@ impl GraphPools {
                 device,
                 detect,
                 side: OnceLock::new(),
+                first_stream: AtomicU64::new(0),
+                several_streams: AtomicBool::new(false),
+                prepared: AtomicBool::new(false),
                 making_side: Mutex::new(()),
                 watching: AtomicUsize::new(0),
                 own_allocs: AtomicU64::new(0),
@@ -349,12 +374,48 @@ impl GraphPools {
             || self.shared.watching.load(Ordering::Acquire) > 0
     }
 
-    /// A new, empty pool; its memory carries `tag` in the strategy (default: `graph pool N`).
-    pub fn create_pool(&self, tag: Option<&str>) -> GraphPoolId {
+    /// A new, empty pool; its memory carries `tag` in the strategy (default: `graph pool N`),
+    /// which no other live pool may carry (a sleep of one pool's tag would take the other's
+    /// memory too).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a tag another live pool carries, or an empty one.
+    pub fn create_pool(&self, tag: Option<&str>) -> Result<GraphPoolId> {
         let mut books = self.books();
+        if let Some(t) = tag {
+            if t.is_empty() || books.pools.values().any(|p| p.tag == t) {
+                return Err(Error::InvalidArgument {
+                    call: "create_pool",
+                    reason: if t.is_empty() {
+                        "an empty tag; accepted are a tag no other live pool carries, or none"
+                            .into()
+                    } else {
+                        format!(
+                            "another live graph pool carries the tag {t:?}; accepted are a tag no \
+                             other live pool carries (a pool sleeps by its tag), or none"
+                        )
+                    },
+                });
+            }
+        }
+        Ok(GraphPoolId(Self::new_pool(&mut books, tag)))
+    }
+
+    /// Makes a pool in `books` with `tag`, or `graph pool N` (unique: a suffix where a caller
+    /// took the name); its number.
+    fn new_pool(books: &mut Books, tag: Option<&str>) -> u64 {
         let n = books.next_pool;
         books.next_pool += 1;
-        let tag = tag.map_or_else(|| format!("graph pool {n}"), str::to_owned);
+        let tag = match tag {
+            Some(t) => t.to_owned(),
+            None => {
+                let mut t = format!("graph pool {n}");
+                while books.pools.values().any(|p| p.tag == t) {
+                    t.push('\'');
+                }
+                t
+            }
+        };
         // Its memory sleeps on its own: vmm keeps it apart from other tags' (see
         // `declare_sleepable`), so a pool's sleep hands back all of it.
         crate::sleep_tags::declare_sleepable(&tag);
@@ -365,9 +426,10 @@ impl GraphPools {
                 blocks: BTreeMap::new(),
                 free: BTreeSet::new(),
                 released: false,
+                asleep: false,
             },
         );
-        GraphPoolId(n)
+        n
     }
 
     fn unknown_pool(pool: GraphPoolId) -> Error {
@@ -394,30 +456,65 @@ impl GraphPools {
         }
         let owned = OwnedStream::new(&*self.shared.device)?;
         let s = owned.stream();
-        // One byte allocated and freed on it: the strategy's first stream is one that is never
-        // captured (see the module docs).
-        let warm = self
-            .shared
-            .up()
-            .allocate(1, 0, s, "graph pools' side stream")?;
-        self.shared.own_allocs.fetch_add(1, Ordering::Relaxed);
-        self.shared.up().deallocate(warm)?;
         // Made under `making_side`, after `get` found none: the cell is empty.
         let _ = self.shared.side.set(owned);
         Ok(s)
     }
 
+    /// Notes that the strategy is asked on `stream`: its first stream, or a second one.
+    #[inline]
+    fn note_stream(&self, stream: Stream) {
+        let raw = stream.as_raw().wrapping_add(1);
+        let first = self.shared.first_stream.load(Ordering::Relaxed);
+        if first == raw || self.shared.several_streams.load(Ordering::Relaxed) {
+            return;
+        }
+        if first == 0 {
+            if let Err(now) = self.shared.first_stream.compare_exchange(
+                0,
+                raw,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                if now != raw {
+                    self.shared.several_streams.store(true, Ordering::Relaxed);
+                }
+            }
+        } else {
+            self.shared.several_streams.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// The stream a captured request asks the strategy on (see the module docs, "The stream
+    /// the strategy is asked on").
+    fn anchor(&self) -> Result<Stream> {
+        if self.shared.up().queues_on_stream() {
+            return self.side_stream();
+        }
+        let first = self.shared.first_stream.load(Ordering::Relaxed);
+        if first != 0 && !self.shared.several_streams.load(Ordering::Relaxed) {
+            // The handle the caller passed first, passed back unchanged.
+            return Ok(Stream(first.wrapping_sub(1)));
+        }
+        self.side_stream()
+    }
+
     /// Routes the requests of the capture on `stream` to `pool` (its first, or the one under
     /// way now), on every stream that joins it, until [`GraphPools::end_allocate_to_pool`].
-    /// Call it just before or just after the capture begins, as PyTorch calls
+    /// Call it before the capture begins, as PyTorch calls
     /// `beginAllocateToPool`.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a pool released or unknown; the device's error when the
     /// stream's status cannot be read or the side stream cannot be made.
     pub fn begin_allocate_to_pool(&self, pool: GraphPoolId, stream: Stream) -> Result<()> {
-        self.side_stream()?;
         let capture = self.shared.device.capture_status(stream)?.capture_id();
+        if capture.is_none() {
+            // Before the capture: the strategy sees the side stream now (a byte allocated and
+            // freed there), so that what it does when a second stream appears — bfc and vmm
+            // record a fence on their first stream — happens outside the capture.
+            self.prepare()?;
+        }
         let mut books = self.books();
         if !books.pools.get(&pool.0).is_some_and(|p| !p.released) {
             return Err(Self::unknown_pool(pool));
@@ -429,6 +526,24 @@ impl GraphPools {
             automatic: false,
         });
         self.rewatch(&books);
+        Ok(())
+    }
+
+    /// Makes the side stream and has the strategy see it (one byte allocated and freed
+    /// there), once: see [`GraphPools::begin_allocate_to_pool`].
+    fn prepare(&self) -> Result<()> {
+        if self.shared.prepared.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let side = self.side_stream()?;
+        self.note_stream(side);
+        let warm = self
+            .shared
+            .up()
+            .allocate(1, 0, side, "graph pools' side stream")?;
+        self.shared.own_allocs.fetch_add(1, Ordering::Relaxed);
+        self.shared.up().deallocate(warm)?;
+        self.shared.prepared.store(true, Ordering::Release);
         Ok(())
     }
 
@@ -463,6 +578,9 @@ impl GraphPools {
     /// [`Error::InvalidArgument`] for an unknown pool, or one a capture is still routed to;
     /// the device's error when it cannot be synchronised (the pool is unchanged then).
     pub fn release_pool(&self, pool: GraphPoolId) -> Result<u64> {
+        // An automatic route whose capture has ended is not a reason to refuse.
+        self.prune_automatic();
+        self.no_capture_under_way("release_pool")?;
         {
             let books = self.books();
             if !books.pools.get(&pool.0).is_some_and(|p| !p.released) {
@@ -521,11 +639,16 @@ impl GraphPools {
     /// [`Error::InvalidArgument`] for an unknown pool; the strategy's sleep errors
     /// ([`Error::StrategyUnsupported`] for a strategy without sleep).
     pub fn sleep_pool(&self, pool: GraphPoolId, keep: Keep) -> Result<SleepReport> {
+        self.no_capture_under_way("sleep_pool")?;
         let (tag, ranges) = self.tag_and_ranges(pool)?;
         if let Some(hook) = &self.hooks().before_sleep {
             hook(pool, &ranges);
         }
-        self.shared.up().sleep(&tag, keep)
+        let report = self.shared.up().sleep(&tag, keep)?;
+        if let Some(p) = self.books().pools.get_mut(&pool.0) {
+            p.asleep = true;
+        }
+        Ok(report)
     }
 
     /// Wakes the pool's memory at its addresses, then runs the `after_wake` hook.
@@ -533,8 +656,12 @@ impl GraphPools {
     /// # Errors
     /// As [`GraphPools::sleep_pool`], with the strategy's wake errors.
     pub fn wake_pool(&self, pool: GraphPoolId) -> Result<SleepReport> {
+        self.no_capture_under_way("wake_pool")?;
         let (tag, ranges) = self.tag_and_ranges(pool)?;
         let report = self.shared.up().wake(&tag)?;
+        if let Some(p) = self.books().pools.get_mut(&pool.0) {
+            p.asleep = false;
+        }
         if let Some(hook) = &self.hooks().after_wake {
             hook(pool, &ranges);
         }
@@ -562,6 +689,29 @@ impl GraphPools {
             .map(|(&ptr, b)| (ptr, b.upstream.size()))
             .collect();
         Ok((p.tag.clone(), ranges))
+    }
+
+    /// Refuses `call` while a capture this adaptor routes is under way: it synchronises the
+    /// device, which a capture forbids (the driver would invalidate it). Captures it does not
+    /// route are the caller's to keep apart.
+    fn no_capture_under_way(&self, call: &'static str) -> Result<()> {
+        let streams: Vec<Stream> = self.books().routes.iter().map(|r| r.stream).collect();
+        for stream in streams {
+            if let Ok(status) = self.shared.device.capture_status(stream) {
+                if let Some(id) = status.capture_id() {
+                    return Err(Error::InvalidArgument {
+                        call,
+                        reason: format!(
+                            "stream {:#x} is being captured into a graph (capture {id}): {call} \
+                             synchronises the device, which the capture forbids (the driver would \
+                             invalidate it); call it once the capture has ended",
+                            stream.as_raw()
+                        ),
+                    });
+                }
+            }
+        }
+        Ok(())
     }
 
     /// One pool's counters; `None` for a pool unknown (or released and empty).
@@ -683,29 +833,56 @@ impl GraphPools {
             r.capture = Some(capture);
             return Some(r.pool);
         }
+        None
+    }
+
+    /// The pool of a route waiting on another stream (made before the capture began) whose
+    /// capture `capture` turns out to be: a request on a stream that joined it (a fork)
+    /// before the origin asked for anything. Asks the driver about each waiting route's
+    /// stream, without the lock.
+    fn bind_waiting(&self, capture: u64) -> Option<u64> {
+        let waiting: Vec<Stream> = self
+            .books()
+            .routes
+            .iter()
+            .filter(|r| r.capture.is_none())
+            .map(|r| r.stream)
+            .collect();
+        for w in waiting {
+            if self.shared.device.capture_status(w).ok()?.capture_id() == Some(capture) {
+                let mut books = self.books();
+                if let Some(r) = books
+                    .routes
+                    .iter_mut()
+                    .find(|r| r.capture.is_none() && r.stream == w)
+                {
+                    r.capture = Some(capture);
+                    return Some(r.pool);
+                }
+            }
+        }
+        None
+    }
+
+    /// With [`Detect::EveryRequest`], a new pool for capture `capture` that nobody routed
+    /// (`stream` is where it was seen: its end is looked for there).
+    fn automatic_pool(&self, stream: Stream, capture: u64) -> Option<u64> {
         if self.shared.detect != Detect::EveryRequest {
             return None;
         }
-        let n = books.next_pool;
-        books.next_pool += 1;
-        let tag = format!("graph pool {n}");
-        crate::sleep_tags::declare_sleepable(&tag);
-        books.pools.insert(
-            n,
-            Pool {
-                tag,
-                blocks: BTreeMap::new(),
-                free: BTreeSet::new(),
-                released: false,
-            },
-        );
+        let mut books = self.books();
+        // Another thread may have made it meanwhile.
+        if let Some(r) = books.routes.iter().find(|r| r.capture == Some(capture)) {
+            return Some(r.pool);
+        }
+        let n = Self::new_pool(&mut books, None);
         books.routes.push(Route {
             pool: n,
             stream,
             capture: Some(capture),
             automatic: true,
         });
-        self.rewatch(books);
+        self.rewatch(&books);
         Some(n)
     }
 
@@ -720,9 +897,10 @@ impl GraphPools {
             .copied()
             .collect();
         for r in automatic {
+            // A stream the driver no longer knows (destroyed) captures nothing.
             let ended = match self.shared.device.capture_status(r.stream) {
                 Ok(s) => s.capture_id() != r.capture,
-                Err(_) => false,
+                Err(_) => true,
             };
             if ended {
                 let mut books = self.books();
@@ -771,7 +949,8 @@ impl GraphPools {
         }
     }
 
-    /// A request of capture `capture` served from `pool`: a free block, else a new one.
+    /// A request of capture `capture` served from `pool`: a free block freed on `stream`,
+    /// else a new one of the strategy.
     fn allocate_in_pool(
         &self,
         pool: u64,
@@ -780,6 +959,12 @@ impl GraphPools {
         stream: Stream,
         capture: u64,
     ) -> Result<Allocation> {
+        if alignment != 0 && !alignment.is_power_of_two() {
+            return Err(Error::InvalidAlignment {
+                alignment,
+                max: u64::MAX / 2 + 1,
+            });
+        }
         let align = alignment.max(1);
         let tag = {
             let mut guard = self.books();
@@ -788,11 +973,22 @@ impl GraphPools {
                 .pools
                 .get_mut(&pool)
                 .ok_or_else(|| Self::unknown_pool(GraphPoolId(pool)))?;
+            if p.asleep {
+                let reason = format!(
+                    "its graph pool sleeps (\"{}\"): wake it (wake_pool) before capturing into it",
+                    p.tag
+                );
+                drop(guard);
+                return Err(self.capturing_error(stream, capture, size, Some(pool), reason));
+            }
+            let blocks = &p.blocks;
             let found = p
                 .free
                 .range((size, 0)..)
                 .take_while(|&&(s, _)| reusable(size, s))
-                .find(|&&(_, ptr)| ptr % align == 0)
+                .find(|&&(_, ptr)| {
+                    ptr % align == 0 && blocks.get(&ptr).is_some_and(|b| b.freed_on == stream)
+                })
                 .copied();
             if let Some((s, ptr)) = found {
                 p.free.remove(&(s, ptr));
@@ -806,7 +1002,7 @@ impl GraphPools {
             }
             p.tag.clone()
         };
-        let side = self.side_stream().map_err(|e| {
+        let anchor = self.anchor().map_err(|e| {
             self.capturing_error(
                 stream,
                 capture,
@@ -815,27 +1011,42 @@ impl GraphPools {
                 format!("no side stream: {e}"),
             )
         })?;
+        self.note_stream(anchor);
         let device = &*self.shared.device;
         let made = with_capture_mode(device, CaptureMode::Relaxed, || {
-            self.shared.up().allocate(size, alignment, side, &tag)
+            self.shared.up().allocate(size, alignment, anchor, &tag)
         })
         .and_then(|r| r);
-        let upstream = made
-            .map_err(|e| self.capturing_error(stream, capture, size, Some(pool), e.to_string()))?;
+        let upstream = match made {
+            Ok(a) => a,
+            // What the strategy refuses whatever the capture (an alignment, a size) is said
+            // as it is.
+            Err(
+                e @ (Error::InvalidAlignment { .. }
+                | Error::InvalidSize { .. }
+                | Error::InvalidArgument { .. }),
+            ) => return Err(e),
+            Err(e) => {
+                return Err(self.capturing_error(stream, capture, size, Some(pool), e.to_string()))
+            }
+        };
         self.shared.own_allocs.fetch_add(1, Ordering::Relaxed);
         self.shared
             .served_from_pools
             .fetch_add(1, Ordering::Relaxed);
-        // Ready before any captured work uses it (a pool's allocation is stream-ordered).
-        if let Err(e) = device.synchronize_stream(side) {
-            let _ = self.shared.up().deallocate(upstream);
-            return Err(self.capturing_error(
-                stream,
-                capture,
-                size,
-                Some(pool),
-                format!("the side stream could not be synchronised: {e}"),
-            ));
+        // A stream-ordered allocation is ready once its stream reaches it: before any captured
+        // work uses it (the side stream: nothing captured there).
+        if self.shared.up().queues_on_stream() {
+            if let Err(e) = device.synchronize_stream(anchor) {
+                let _ = self.shared.up().deallocate(upstream);
+                return Err(self.capturing_error(
+                    stream,
+                    capture,
+                    size,
+                    Some(pool),
+                    format!("the side stream could not be synchronised: {e}"),
+                ));
+            }
         }
         let ptr = upstream.ptr();
         let mut books = self.books();
@@ -846,6 +1057,7 @@ impl GraphPools {
                 Block {
                     upstream,
                     in_use: true,
+                    freed_on: stream,
                 },
             );
         }
@@ -880,6 +1092,7 @@ impl GraphPools {
                 Some(b.upstream)
             } else {
                 block.in_use = false;
+                block.freed_on = allocation.stream();
                 let size = block.upstream.size();
                 p.free.insert((size, ptr));
                 None
@@ -891,13 +1104,20 @@ impl GraphPools {
             // the side stream, where nothing ran). A stream that cannot be waited for (being
             // captured) holds the free until its capture ends.
             let stream = allocation.stream();
-            match self.shared.device.synchronize_stream(stream) {
-                Ok(()) => self.shared.up().deallocate(upstream)?,
-                Err(_) => {
-                    let mut books = self.books();
-                    books.held.push(Held { upstream, stream });
-                    self.rewatch(&books);
-                }
+            // Never a synchronisation of a stream being captured: the driver would refuse it,
+            // and may invalidate the capture.
+            let capturing = self
+                .shared
+                .device
+                .capture_status(stream)
+                .map_or(true, |s| s.capture_id().is_some());
+            let waited = !capturing && self.shared.device.synchronize_stream(stream).is_ok();
+            if waited {
+                self.shared.up().deallocate(upstream)?;
+            } else {
+                let mut books = self.books();
+                books.held.push(Held { upstream, stream });
+                self.rewatch(&books);
             }
         }
         Ok(())
@@ -922,6 +1142,7 @@ impl Allocator for GraphPools {
     /// serve; the device's error when the stream's capture status cannot be read.
     fn allocate(&self, size: u64, alignment: u64, stream: Stream, tag: &str) -> Result<Allocation> {
         if size == 0 || !self.watching() {
+            self.note_stream(stream);
             return self
                 .shared
                 .up()
@@ -934,20 +1155,20 @@ impl Allocator for GraphPools {
                 self.settle_held();
                 self.prune_automatic();
             }
-            if self.shared.detect == Detect::EveryRequest && self.shared.side.get().is_none() {
-                // Before any capture: the side stream becomes the strategy's first.
-                self.side_stream()?;
-            }
+            self.note_stream(stream);
             return self
                 .shared
                 .up()
                 .allocate(size, alignment, stream, tag)
                 .map_err(|e| self.name_pools_in(e));
         };
-        let pool = {
+        let routed = {
             let mut books = self.books();
             self.route(&mut books, stream, capture)
         };
+        let pool = routed
+            .or_else(|| self.bind_waiting(capture))
+            .or_else(|| self.automatic_pool(stream, capture));
         match pool {
             Some(pool) => self.allocate_in_pool(pool, size, alignment, stream, capture),
             None => Err(self.capturing_error(
@@ -1059,6 +1280,10 @@ impl Allocator for GraphPools {
         if allocation.allocator_id() != self.shared.id {
             self.shared.up().freeing(allocation);
         }
+    }
+
+    fn queues_on_stream(&self) -> bool {
+        self.shared.up().queues_on_stream()
     }
 
     fn check_invariants(&self) -> std::result::Result<(), String> {

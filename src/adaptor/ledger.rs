@@ -827,6 +827,10 @@ impl<A: Allocator + ?Sized> Allocator for LedgerAllocator<A> {
         self.books().get(allocation).map(|e| e.rounded)
     }
 
+    fn queues_on_stream(&self) -> bool {
+        self.upstream.queues_on_stream()
+    }
+
     /// The upstream's invariants, and the ledger's: per-tag totals equal the sums over the
     /// live allocations, and (with rounding measured) the rounded bytes live equal the
     /// upstream's `bytes_in_use`.

@@ -242,6 +242,10 @@ impl<A: Allocator> Allocator for RecorderAllocator<A> {
         self.inner.freeing(allocation);
     }
 
+    fn queues_on_stream(&self) -> bool {
+        self.inner.queues_on_stream()
+    }
+
     fn check_invariants(&self) -> std::result::Result<(), String> {
         self.inner.check_invariants()
     }

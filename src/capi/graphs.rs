@@ -39,7 +39,10 @@ pub unsafe extern "C" fn portalloc_graph_pool_create(
         let instance = lookup(CALL, allocator)?;
         // SAFETY: the caller's promise on `tag`.
         let tag = unsafe { read_str(CALL, "tag", tag) }?;
-        let pool = instance.pools.create_pool(tag.as_deref());
+        let pool = instance
+            .pools
+            .create_pool(tag.as_deref())
+            .map_err(|e| pool_failure(CALL, e))?;
         // SAFETY: non-null, and the caller's promise on `out_pool`.
         unsafe { write_opt(out_pool, pool.get()) };
         Ok(())
@@ -48,7 +51,7 @@ pub unsafe extern "C" fn portalloc_graph_pool_create(
 
 /// Routes the requests of the capture on `stream` (the one under way, or the next one
 /// begun there), and of every stream that joins it, to `pool`, until
-/// [`portalloc_graph_pool_end`]. Call it just before or just after the capture begins.
+/// [`portalloc_graph_pool_end`]. Call it before the capture begins.
 #[no_mangle]
 pub extern "C" fn portalloc_graph_pool_begin(
     allocator: *mut PortallocAllocator,

@@ -452,6 +452,12 @@ impl<D: Device + ?Sized> Allocator for AsyncPoolAllocator<D> {
         stats
     }
 
+    /// True: `allocate` queues `cuMemAllocFromPoolAsync` / `hipMallocFromPoolAsync` on the
+    /// request's stream.
+    fn queues_on_stream(&self) -> bool {
+        true
+    }
+
     /// Returns every idle byte of the pool to the device (`trim_to(0)`); memory freed on a
     /// stream whose work is still pending stays.
     ///

@@ -118,6 +118,9 @@ impl Allocator for Boxed {
     fn trim(&self) -> portalloc::Result<u64> {
         self.0.trim()
     }
+    fn queues_on_stream(&self) -> bool {
+        self.0.queues_on_stream()
+    }
     fn check_invariants(&self) -> std::result::Result<(), String> {
         self.0.check_invariants()
     }
@@ -210,6 +213,9 @@ impl Allocator for Adapted {
     }
     fn trim(&self) -> portalloc::Result<u64> {
         self.inner().trim()
+    }
+    fn queues_on_stream(&self) -> bool {
+        self.inner().queues_on_stream()
     }
     fn check_invariants(&self) -> std::result::Result<(), String> {
         self.inner().check_invariants()
@@ -394,6 +400,9 @@ impl Allocator for CallerChecked {
     fn trim(&self) -> portalloc::Result<u64> {
         self.probe.around("trim", || self.inner().trim())
     }
+    fn queues_on_stream(&self) -> bool {
+        self.inner().queues_on_stream()
+    }
     fn check_invariants(&self) -> std::result::Result<(), String> {
         self.inner().check_invariants()
     }
@@ -544,6 +553,9 @@ impl Allocator for Shared {
     }
     fn trim(&self) -> portalloc::Result<u64> {
         self.0.trim()
+    }
+    fn queues_on_stream(&self) -> bool {
+        self.0.queues_on_stream()
     }
     fn check_invariants(&self) -> std::result::Result<(), String> {
         self.0.check_invariants()
@@ -1082,7 +1094,7 @@ mod cases {
             Detect::WhileRouted,
         );
         let (capture, eager) = (s.rig.foreign_stream(), s.rig.foreign_stream());
-        let pool = pools.create_pool(None);
+        let pool = pools.create_pool(None).unwrap();
         pools.begin_allocate_to_pool(pool, capture).unwrap();
         #[cfg(any(feature = "cuda", feature = "hip"))]
         let raw = s
@@ -1091,7 +1103,9 @@ mod cases {
             .map(|fake| crate::support::capture::Raw { fake });
         #[cfg(not(any(feature = "cuda", feature = "hip")))]
         let raw: Option<()> = None;
-        let Some(raw) = raw else {
+        #[cfg_attr(not(any(feature = "cuda", feature = "hip")), allow(unused_variables))]
+        let Some(raw) = raw
+        else {
             assert_eq!(
                 device.capture_status(capture).unwrap(),
                 portalloc::CaptureStatus::None

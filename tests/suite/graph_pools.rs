@@ -63,7 +63,7 @@ fn capture_and_replay<D: FakeDevice>(strategy: Strategy, plant_bug: bool) -> (u6
     assert!(fake.kernel_done(k));
     pools.deallocate(w).unwrap();
 
-    let pool = pools.create_pool(Some("decode graph"));
+    let pool = pools.create_pool(Some("decode graph")).unwrap();
     pools.begin_allocate_to_pool(pool, s).unwrap();
     raw.begin(s);
     assert!(matches!(
@@ -197,7 +197,7 @@ fn a_request_the_capture_makes_impossible_is_a_typed_error(vendor: Vendor) {
             let raw = Raw { fake: &fake };
             let pools = pools_over(strategy, &device, 64 * MIB, Detect::WhileRouted);
             let s = raw.stream();
-            let pool = pools.create_pool(None);
+            let pool = pools.create_pool(None).unwrap();
             pools.begin_allocate_to_pool(pool, s).unwrap();
             raw.begin(s);
             let e = pools.allocate(256 * MIB, 0, s, "too big").unwrap_err();
@@ -242,7 +242,7 @@ fn an_unrouted_capture_is_refused_or_gets_its_own_pool() {
     let raw = Raw { fake: &fake };
     let routed = pools_over(Strategy::Bfc, &device, 256 * MIB, Detect::WhileRouted);
     let (s1, s2) = (raw.stream(), raw.stream());
-    let pool = routed.create_pool(None);
+    let pool = routed.create_pool(None).unwrap();
     routed.begin_allocate_to_pool(pool, s1).unwrap();
     raw.begin(s2);
     let e = routed.allocate(MIB, 0, s2, "x").unwrap_err();
@@ -291,7 +291,7 @@ fn an_eager_free_during_a_capture_is_held_until_it_ends(strategy: Strategy) {
     let x = pools.allocate(8 * MIB, 0, s, "eager").unwrap();
     let y = pools.allocate(MIB, 0, other, "eager").unwrap();
     pools.deallocate(y).unwrap();
-    let pool = pools.create_pool(None);
+    let pool = pools.create_pool(None).unwrap();
     pools.begin_allocate_to_pool(pool, s).unwrap();
     raw.begin(s);
     let in_use = pools.stats().bytes_in_use;
@@ -331,7 +331,7 @@ fn a_graph_pool_sleeps_and_wakes_at_its_addresses(vendor: Vendor) {
                 })),
         );
         let s = raw.stream();
-        let pool = pools.create_pool(Some("decode graphs"));
+        let pool = pools.create_pool(Some("decode graphs")).unwrap();
         pools.begin_allocate_to_pool(pool, s).unwrap();
         raw.begin(s);
         let blocks: Vec<Allocation> = (0..4)
@@ -466,7 +466,7 @@ fn an_out_of_memory_report_names_the_graph_pools() {
     let raw = Raw { fake: &fake };
     let pools = pools_over(Strategy::Bfc, &device, 64 * MIB, Detect::WhileRouted);
     let s = raw.stream();
-    let pool = pools.create_pool(Some("decode graph"));
+    let pool = pools.create_pool(Some("decode graph")).unwrap();
     pools.begin_allocate_to_pool(pool, s).unwrap();
     raw.begin(s);
     let a = pools.allocate(24 * MIB, 0, s, "graph").unwrap();
@@ -503,7 +503,7 @@ fn a_graph_pool_sleeps_and_wakes_with_its_bytes_on_the_host() {
     let upstream = Strategy::Vmm.try_build(Arc::clone(&host), GIB / 2).unwrap();
     let pools = GraphPools::from_boxed(upstream, Arc::clone(&device), Detect::WhileRouted);
     let s = device.create_stream().unwrap();
-    let pool = pools.create_pool(Some("host graphs"));
+    let pool = pools.create_pool(Some("host graphs")).unwrap();
     pools.begin_allocate_to_pool(pool, s).unwrap();
     host.begin_capture(s);
     assert!(matches!(

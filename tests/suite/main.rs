@@ -64,6 +64,7 @@ mod read_kinds;
 mod replay;
 mod replay_figures;
 mod review45_probes;
+mod review46_probes;
 mod review_fold;
 
 mod rocm_profiles;
