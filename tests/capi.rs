@@ -2328,4 +2328,6 @@ fn graph_pools_child() {
         assert_eq!(unsafe { portalloc_destroy(a2) }, PortallocStatus::Ok);
         println!("graph pools: ok");
     }
+    #[cfg(not(any(feature = "cuda", feature = "hip")))]
+    let _ = vendor;
 }

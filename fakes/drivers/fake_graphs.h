@@ -471,10 +471,21 @@ FK_FN int fk_graph_destroy(unsigned long long handle, int exec) {
   return FK_OK;
 }
 
-FK_FN int fk_graph_node_count(unsigned long long handle, unsigned long long *count) {
+/* cuGraphGetNodes / hipGraphGetNodes: with `nodes` NULL the node count in *count; else the
+ * first *count nodes as opaque handles (the graph's serial above bit 24, the node's index
+ * below), *count set to how many were written. */
+FK_FN int fk_graph_nodes(unsigned long long handle, void **nodes, size_t *count) {
   int slot = fk_graph_of(handle, 0);
   if (slot < 0 || !count) return FK_INVALID_VALUE;
-  *count = (unsigned long long)fk_graphs[slot].n;
+  size_t n = (size_t)fk_graphs[slot].n;
+  if (!nodes) {
+    *count = n;
+    return FK_OK;
+  }
+  size_t k = *count < n ? *count : n;
+  for (size_t i = 0; i < k; i++)
+    nodes[i] = (void *)(uintptr_t)(FK_NODE_BASE + (fk_graphs[slot].serial << 24) + i);
+  *count = k;
   return FK_OK;
 }
 

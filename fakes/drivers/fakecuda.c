@@ -2699,20 +2699,7 @@ CUresult cuGraphDestroy(void *graph) {
 /* The number of nodes (`nodes` NULL), or the first *count of them as opaque handles. */
 CUresult cuGraphGetNodes(void *graph, void **nodes, size_t *count) {
   ENTER("cuGraphGetNodes");
-  unsigned long long n = 0;
-  int rc = fk_graph_node_count((unsigned long long)(uintptr_t)graph, &n);
-  if (rc != FK_OK || !count) RETURN(rc != FK_OK ? rc : FK_INVALID_VALUE);
-  if (nodes) {
-    /* Opaque node handles: the graph's serial above bit 24, the node's index below. */
-    unsigned long long serial = ((unsigned long long)(uintptr_t)graph - FK_GRAPH_BASE) / 16;
-    size_t k = *count < n ? *count : (size_t)n;
-    for (size_t i = 0; i < k; i++)
-      nodes[i] = (void *)(uintptr_t)(FK_NODE_BASE + (serial << 24) + i);
-    *count = k;
-  } else {
-    *count = (size_t)n;
-  }
-  RETURN(CUDA_SUCCESS);
+  RETURN(fk_graph_nodes((unsigned long long)(uintptr_t)graph, nodes, count));
 }
 
 /* ---- The symbol table: every exported call, its cuGetProcAddress name and version ---------- */

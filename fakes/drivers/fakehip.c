@@ -2215,20 +2215,7 @@ EXPORT hipError_t hipGraphDestroy(void *graph) {
 /* The number of nodes (`nodes` NULL), or the first *count of them as opaque handles. */
 EXPORT hipError_t hipGraphGetNodes(void *graph, void **nodes, size_t *count) {
   ENTER("hipGraphGetNodes");
-  unsigned long long n = 0;
-  int rc = fk_graph_node_count((unsigned long long)(uintptr_t)graph, &n);
-  if (rc != FK_OK) RETURN(rc);
-  if (!count) RETURN(hipErrorInvalidValue);
-  if (nodes) {
-    unsigned long long serial = ((unsigned long long)(uintptr_t)graph - FK_GRAPH_BASE) / 16;
-    size_t k = *count < n ? *count : (size_t)n;
-    for (size_t i = 0; i < k; i++)
-      nodes[i] = (void *)(uintptr_t)(FK_NODE_BASE + (serial << 24) + i);
-    *count = k;
-  } else {
-    *count = (size_t)n;
-  }
-  RETURN(hipSuccess);
+  RETURN(fk_graph_nodes((unsigned long long)(uintptr_t)graph, nodes, count));
 }
 
 /* ----- hipGetProcAddress (ROCm 6.2) -------------------------------------------------------- */

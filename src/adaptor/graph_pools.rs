@@ -818,22 +818,24 @@ impl GraphPools {
         self.shared.reuse_bug.store(on, Ordering::Relaxed);
     }
 
-    /// The pool a request of capture `capture` on `stream` goes to: its route's, binding a
-    /// route waiting on the stream; with [`Detect::EveryRequest`], a new pool for a capture
-    /// nobody routed. `None`: no pool.
-    fn route(&self, books: &mut Books, stream: Stream, capture: u64) -> Option<u64> {
+    /// The pool a request of capture `capture` on `stream` goes to: the capture's route, or
+    /// a route waiting on `stream`, bound to it now. `None`: no such route.
+    fn route(books: &mut Books, stream: Stream, capture: u64) -> Option<u64> {
         if let Some(r) = books.routes.iter().find(|r| r.capture == Some(capture)) {
             return Some(r.pool);
         }
-        if let Some(r) = books
+        Self::bind(books, stream, capture)
+    }
+
+    /// Binds the route waiting on `stream` (made before its capture began) to `capture`; its
+    /// pool.
+    fn bind(books: &mut Books, stream: Stream, capture: u64) -> Option<u64> {
+        let r = books
             .routes
             .iter_mut()
-            .find(|r| r.capture.is_none() && r.stream == stream)
-        {
-            r.capture = Some(capture);
-            return Some(r.pool);
-        }
-        None
+            .find(|r| r.capture.is_none() && r.stream == stream)?;
+        r.capture = Some(capture);
+        Some(r.pool)
     }
 
     /// The pool of a route waiting on another stream (made before the capture began) whose
@@ -848,20 +850,12 @@ impl GraphPools {
             .filter(|r| r.capture.is_none())
             .map(|r| r.stream)
             .collect();
-        for w in waiting {
-            if self.shared.device.capture_status(w).ok()?.capture_id() == Some(capture) {
-                let mut books = self.books();
-                if let Some(r) = books
-                    .routes
-                    .iter_mut()
-                    .find(|r| r.capture.is_none() && r.stream == w)
-                {
-                    r.capture = Some(capture);
-                    return Some(r.pool);
-                }
-            }
-        }
-        None
+        waiting.into_iter().find_map(|w| {
+            let status = self.shared.device.capture_status(w).ok()?;
+            (status.capture_id() == Some(capture))
+                .then(|| Self::bind(&mut self.books(), w, capture))
+                .flatten()
+        })
     }
 
     /// With [`Detect::EveryRequest`], a new pool for capture `capture` that nobody routed
@@ -1164,7 +1158,7 @@ impl Allocator for GraphPools {
         };
         let routed = {
             let mut books = self.books();
-            self.route(&mut books, stream, capture)
+            Self::route(&mut books, stream, capture)
         };
         let pool = routed
             .or_else(|| self.bind_waiting(capture))

@@ -81,13 +81,12 @@ enum Adaptor {
     GraphPools,
 }
 
-/// A `Box<dyn Allocator>` as an `Allocator`: `RecorderAllocator` wraps a sized upstream
-/// only, and `strategy::build` returns a boxed one.
-#[cfg(feature = "trace")]
-struct Boxed(Box<dyn Allocator>);
+/// A boxed or shared allocator as an `Allocator`, forwarding each call: `RecorderAllocator`
+/// wraps a sized upstream only (and `strategy::build` returns a boxed one), and `GraphPools`
+/// owns its upstream boxed while the case keeps the subject.
+struct Forward<P>(P);
 
-#[cfg(feature = "trace")]
-impl Allocator for Boxed {
+impl<P: std::ops::Deref<Target = dyn Allocator> + Send + Sync> Allocator for Forward<P> {
     fn name(&self) -> &str {
         self.0.name()
     }
@@ -130,7 +129,7 @@ impl Allocator for Boxed {
 enum Wrapped {
     Ledger(Box<LedgerAllocator<dyn Allocator>>),
     #[cfg(feature = "trace")]
-    Recorder(Box<RecorderAllocator<Boxed>>),
+    Recorder(Box<RecorderAllocator<Forward<Box<dyn Allocator>>>>),
     /// The strategy over the counting device, and the device, to read its counts.
     Counting(Box<dyn Allocator>, Arc<CountingDevice<dyn Device>>),
     GraphPools(GraphPools),
@@ -332,7 +331,7 @@ impl Adaptor {
             }
             #[cfg(feature = "trace")]
             Adaptor::Recorder => Wrapped::Recorder(Box::new(RecorderAllocator::new(
-                Boxed(strategy.build_as_configured(device)?),
+                Forward(strategy.build_as_configured(device)?),
                 "conformance",
             ))),
             Adaptor::GraphPools => Wrapped::GraphPools(GraphPools::from_boxed(
@@ -524,42 +523,6 @@ impl Subject {
 /// True when the allocation overlaps `[range.0, range.1)`.
 fn overlaps(a: &Allocation, range: (u64, u64)) -> bool {
     a.size() > 0 && a.ptr() < range.1 && range.0 < a.ptr() + a.size()
-}
-
-/// A subject shared with [`GraphPools`] (which owns its upstream boxed): forwards each call.
-struct Shared(Arc<dyn Allocator>);
-
-impl Allocator for Shared {
-    fn name(&self) -> &str {
-        self.0.name()
-    }
-    fn id(&self) -> u64 {
-        self.0.id()
-    }
-    fn allocate(
-        &self,
-        size: u64,
-        alignment: u64,
-        stream: Stream,
-        tag: &str,
-    ) -> portalloc::Result<Allocation> {
-        self.0.allocate(size, alignment, stream, tag)
-    }
-    fn deallocate(&self, allocation: Allocation) -> portalloc::Result<()> {
-        self.0.deallocate(allocation)
-    }
-    fn stats(&self) -> Stats {
-        self.0.stats()
-    }
-    fn trim(&self) -> portalloc::Result<u64> {
-        self.0.trim()
-    }
-    fn queues_on_stream(&self) -> bool {
-        self.0.queues_on_stream()
-    }
-    fn check_invariants(&self) -> std::result::Result<(), String> {
-        self.0.check_invariants()
-    }
 }
 
 /// The case bodies, one per behaviour; each takes a fresh rig and builds the strategy on it.
@@ -1089,7 +1052,7 @@ mod cases {
         };
         let device = s.rig.device(0);
         let pools = GraphPools::from_boxed(
-            Box::new(Shared(Arc::clone(&s.allocator))),
+            Box::new(Forward(Arc::clone(&s.allocator))),
             Arc::clone(&device),
             Detect::WhileRouted,
         );

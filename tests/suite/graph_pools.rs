@@ -17,32 +17,12 @@ use portalloc::backends::hip::HipDevice;
 use portalloc::{Allocation, Allocator, CaptureStatus, Device, Error, Keep, Vendor};
 use test_case::test_case;
 
-use crate::support::capture::Raw;
+use crate::support::capture::{open, pools_over, Raw};
 use crate::support::common::Strategy;
-use crate::support::fakes::{stamp, stamped, Fake, FakeDevice};
+use crate::support::fakes::{stamp, stamped, FakeDevice};
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
-
-fn open<D: FakeDevice>(capacity: u64) -> (Fake, Arc<D>) {
-    let fake = Fake::with_devices(D::VENDOR, 1, capacity);
-    let device = Arc::new(D::open(&fake, 0));
-    device.make_current_for_caller();
-    (fake, device)
-}
-
-fn pools_over<D: FakeDevice>(
-    strategy: Strategy,
-    device: &Arc<D>,
-    limit: u64,
-    detect: Detect,
-) -> GraphPools {
-    let upstream = strategy
-        .try_build(Arc::clone(device), limit)
-        .unwrap_or_else(|e| panic!("{}: {e}", strategy.name()));
-    let device: Arc<dyn Device> = Arc::clone(device) as Arc<dyn Device>;
-    GraphPools::from_boxed(upstream, device, detect)
-}
 
 fn overlaps(a: &Allocation, b: &Allocation) -> bool {
     a.ptr() < b.ptr() + b.size() && b.ptr() < a.ptr() + a.size()

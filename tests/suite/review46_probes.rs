@@ -6,65 +6,21 @@
 #![cfg(all(feature = "hip", feature = "cuda"))]
 
 use std::ffi::c_int;
-use std::sync::{Arc, Barrier};
+use std::sync::Barrier;
 
-use portalloc::adaptor::{Detect, GraphPools};
+use portalloc::adaptor::Detect;
 use portalloc::backends::cuda::CudaDevice;
 use portalloc::backends::hip::HipDevice;
 use portalloc::{Allocation, Allocator, CaptureStatus, Device, Error, Keep, Stream};
 
-use crate::support::capture::{Raw, GLOBAL};
+use crate::support::capture::{open, pools_over, Raw, GLOBAL};
 use crate::support::common::Strategy;
-use crate::support::fakes::{Fake, FakeDevice, MEMORY};
+use crate::support::fakes::{FakeDevice, MEMORY};
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 const THREAD_LOCAL: c_int = 1;
 const RELAXED: c_int = 2;
-
-fn open<D: FakeDevice>(capacity: u64) -> (Fake, Arc<D>) {
-    let fake = Fake::with_devices(D::VENDOR, 1, capacity);
-    let device = Arc::new(D::open(&fake, 0));
-    device.make_current_for_caller();
-    (fake, device)
-}
-
-fn pools_over<D: FakeDevice>(
-    strategy: Strategy,
-    device: &Arc<D>,
-    limit: u64,
-    detect: Detect,
-) -> GraphPools {
-    let upstream = strategy
-        .try_build(Arc::clone(device), limit)
-        .unwrap_or_else(|e| panic!("{}: {e}", strategy.name()));
-    let device: Arc<dyn Device> = Arc::clone(device) as Arc<dyn Device>;
-    GraphPools::from_boxed(upstream, device, detect)
-}
-
-/// The caller's own `cuStreamBeginCapture_v2` / `hipStreamBeginCapture` in `mode`.
-fn begin_in(raw: &Raw, s: Stream, mode: c_int) {
-    let name = if raw.cuda() {
-        "cuStreamBeginCapture_v2"
-    } else {
-        "hipStreamBeginCapture"
-    };
-    let f: unsafe extern "C" fn(u64, c_int) -> c_int = raw.fake.sym(name);
-    // SAFETY: a live stream of this fake; a mode the vendors define.
-    assert_eq!(unsafe { f(s.as_raw(), mode) }, 0, "{name}");
-}
-
-/// The caller's own `cuStreamDestroy_v2` / `hipStreamDestroy`.
-fn destroy_stream(raw: &Raw, s: Stream) {
-    let name = if raw.cuda() {
-        "cuStreamDestroy_v2"
-    } else {
-        "hipStreamDestroy"
-    };
-    let f: unsafe extern "C" fn(u64) -> c_int = raw.fake.sym(name);
-    // SAFETY: the caller's own stream, idle, not used afterwards.
-    assert_eq!(unsafe { f(s.as_raw()) }, 0, "{name}");
-}
 
 fn active(device: &dyn Device, s: Stream) -> bool {
     matches!(device.capture_status(s), Ok(CaptureStatus::Active { .. }))
@@ -82,9 +38,9 @@ fn overlap(a: (u64, u64), b: (u64, u64)) -> bool {
     a.0 < b.0 + b.1 && b.0 < a.0 + a.1
 }
 
-/// `docs/graphs.md`: `begin_allocate_to_pool` "is called just before or just after the capture
-/// begins". Called just after it began, on a fresh adaptor whose strategy has served the
-/// warm-up on the captured stream, the capture must stay valid for every strategy.
+/// `begin_allocate_to_pool` called just after the capture began, on a fresh adaptor whose
+/// strategy has served the warm-up on the captured stream (the docs first said "just before or
+/// just after"): every strategy but vmm keeps the capture valid; vmm's cost is documented.
 #[test]
 fn begin_allocate_to_pool_just_after_the_capture_began_keeps_it_valid() {
     let mut outcomes = Vec::new();
@@ -376,7 +332,7 @@ fn an_automatic_route_on_a_destroyed_stream_is_pruned() {
     let graph = raw.end(s).expect("not invalidated");
     pools.deallocate(x).unwrap();
     raw.sync(s);
-    destroy_stream(&raw, s);
+    raw.destroy_stream(s);
     let y = pools.allocate(MIB, 0, eager, "eager").unwrap();
     pools.deallocate(y).unwrap();
     let listed = pools.pools();
@@ -415,7 +371,7 @@ fn release_pool_while_another_thread_captures_keeps_that_capture_valid() {
             device.make_current_for_caller();
             let raw = Raw { fake: &fake };
             pools.begin_allocate_to_pool(p2, s2).unwrap();
-            begin_in(&raw, s2, THREAD_LOCAL);
+            raw.begin_in(s2, THREAD_LOCAL);
             let b = pools.allocate(2 * MIB, 0, s2, "g2").unwrap();
             fake.launch_writing(s2, b.ptr(), b.size());
             began.wait();
@@ -461,7 +417,7 @@ fn sleep_pool_while_a_capture_is_under_way_keeps_it_valid() {
     pools.end_allocate_to_pool(p1).unwrap();
     let p2 = pools.create_pool(Some("rollout 2")).unwrap();
     pools.begin_allocate_to_pool(p2, s2).unwrap();
-    begin_in(&raw, s2, THREAD_LOCAL);
+    raw.begin_in(s2, THREAD_LOCAL);
     let b = pools.allocate(4 * MIB, 0, s2, "kv").unwrap();
     let slept = pools.sleep_pool(p1, Keep::Contents);
     let ended = raw.end(s2);
@@ -609,7 +565,7 @@ fn two_threads_capture_into_two_pools_at_once() {
                         device.make_current_for_caller();
                         let raw = Raw { fake };
                         pools.begin_allocate_to_pool(pool, s).unwrap();
-                        begin_in(&raw, s, GLOBAL);
+                        raw.begin_in(s, GLOBAL);
                         barrier.wait(); // both captures under way
                         let mut ranges = Vec::new();
                         let mut live = Vec::new();
@@ -746,7 +702,7 @@ fn a_relaxed_capture_on_another_thread_while_this_thread_allocates_eagerly() {
                 device.make_current_for_caller();
                 let raw = Raw { fake: &fake };
                 pools.begin_allocate_to_pool(pool, s).unwrap();
-                begin_in(&raw, s, RELAXED);
+                raw.begin_in(s, RELAXED);
                 let a = pools.allocate(8 * MIB, 0, s, "captured").unwrap();
                 fake.launch_writing(s, a.ptr(), a.size());
                 began.wait();

@@ -2,10 +2,36 @@
 //! caller that captures (PyTorch, vLLM, cudarc) does around portalloc.
 
 use std::ffi::{c_int, c_uint, c_void};
+use std::sync::Arc;
 
-use portalloc::{Stream, Vendor};
+use portalloc::adaptor::{Detect, GraphPools};
+use portalloc::{Device, Stream, Vendor};
 
-use super::fakes::Fake;
+use super::common::Strategy;
+use super::fakes::{Fake, FakeDevice};
+
+/// A private copy of `D`'s conformance driver with one device of `capacity` bytes, and that
+/// device, current on this thread.
+pub fn open<D: FakeDevice>(capacity: u64) -> (Fake, Arc<D>) {
+    let fake = Fake::with_devices(D::VENDOR, 1, capacity);
+    let device = Arc::new(D::open(&fake, 0));
+    device.make_current_for_caller();
+    (fake, device)
+}
+
+/// `strategy` over `device`, holding at most `limit` bytes, inside graph pools.
+pub fn pools_over<D: FakeDevice>(
+    strategy: Strategy,
+    device: &Arc<D>,
+    limit: u64,
+    detect: Detect,
+) -> GraphPools {
+    let upstream = strategy
+        .try_build(Arc::clone(device), limit)
+        .unwrap_or_else(|e| panic!("{}: {e}", strategy.name()));
+    let device: Arc<dyn Device> = Arc::clone(device) as Arc<dyn Device>;
+    GraphPools::from_boxed(upstream, device, detect)
+}
 
 /// The global capture mode (every thread's at start).
 pub const GLOBAL: c_int = 0;
@@ -45,15 +71,33 @@ impl Raw<'_> {
         assert_eq!(unsafe { f(s.as_raw()) }, 0, "{name}");
     }
 
+    /// `cuStreamBeginCapture_v2` / `hipStreamBeginCapture` in the global mode.
     pub fn begin(&self, s: Stream) {
+        self.begin_in(s, GLOBAL)
+    }
+
+    /// `cuStreamBeginCapture_v2` / `hipStreamBeginCapture` in `mode`.
+    pub fn begin_in(&self, s: Stream, mode: c_int) {
         let name = if self.cuda() {
             "cuStreamBeginCapture_v2"
         } else {
             "hipStreamBeginCapture"
         };
         let f: unsafe extern "C" fn(u64, c_int) -> c_int = self.fake.sym(name);
-        // SAFETY: a live stream; the global mode.
-        assert_eq!(unsafe { f(s.as_raw(), GLOBAL) }, 0, "{name}");
+        // SAFETY: a live stream; a mode the vendors define.
+        assert_eq!(unsafe { f(s.as_raw(), mode) }, 0, "{name}");
+    }
+
+    /// `cuStreamDestroy_v2` / `hipStreamDestroy` of the caller's own stream.
+    pub fn destroy_stream(&self, s: Stream) {
+        let name = if self.cuda() {
+            "cuStreamDestroy_v2"
+        } else {
+            "hipStreamDestroy"
+        };
+        let f: unsafe extern "C" fn(u64) -> c_int = self.fake.sym(name);
+        // SAFETY: the caller's own stream, idle, not used afterwards.
+        assert_eq!(unsafe { f(s.as_raw()) }, 0, "{name}");
     }
 
     /// Ends the capture: the graph, or the code (901: invalidated).
