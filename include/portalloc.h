@@ -407,7 +407,7 @@ PortallocStatus portalloc_graph_pool_create(struct PortallocAllocator *allocator
 
 // Routes the requests of the capture on `stream` (the one under way, or the next one
 // begun there), and of every stream that joins it, to `pool`, until
-// [`portalloc_graph_pool_end`]. Call it just before or just after the capture begins.
+// [`portalloc_graph_pool_end`]. Call it before the capture begins.
 PortallocStatus portalloc_graph_pool_begin(struct PortallocAllocator *allocator,
                                            uint64_t pool,
                                            void *stream);

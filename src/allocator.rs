@@ -319,6 +319,13 @@ pub trait Allocator: Send + Sync {
     fn queues_on_stream(&self) -> bool {
         false
     }
+
+    /// The graph pools in front of the strategy ([`crate::GraphPools`]), with their
+    /// counters: what a ledger snapshot lists. Default: none; adaptors answer their
+    /// upstream's.
+    fn graph_pools(&self) -> Vec<crate::adaptor::GraphPoolStats> {
+        Vec::new()
+    }
 }
 
 /// Hands out process-unique allocator ids.

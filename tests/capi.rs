@@ -2204,12 +2204,15 @@ fn graph_pools_child() {
         };
         let (s, eager_stream) = (stream(), stream());
 
-        // 1. The PyTorch hook: it detects the capture from the stream PyTorch passes.
-        let warm = portalloc_torch_alloc(4 << 20, 0, s);
+        // 1. The PyTorch hook: it detects the capture from the stream PyTorch passes. The
+        // warm-up runs on the eager stream and the capture on a stream of its own, as
+        // `torch.cuda.graph` does (docs/graphs.md says what capturing on the stream a vmm
+        // was used on alone costs).
+        let warm = portalloc_torch_alloc(4 << 20, 0, eager_stream);
         assert!(!warm.is_null(), "{}", last_error());
-        kernel(s, warm, 4 << 20);
-        sync(s);
-        portalloc_torch_free(warm, 4 << 20, 0, s);
+        kernel(eager_stream, warm, 4 << 20);
+        sync(eager_stream);
+        portalloc_torch_free(warm, 4 << 20, 0, eager_stream);
         // SAFETY: a live stream; the global mode.
         assert_eq!(unsafe { begin(s, 0) }, 0);
         let a = portalloc_torch_alloc(4 << 20, 0, s);
@@ -2279,6 +2282,20 @@ fn graph_pools_child() {
         };
         assert_eq!(status, PortallocStatus::Ok);
         assert_eq!((held, in_use, free), (6 << 20, 0, 6 << 20));
+        // The ledger's snapshot lists the pool too.
+        let mut len = 0usize;
+        // SAFETY: no buffer, one length written (BUFFER_TOO_SMALL is the expected answer).
+        unsafe { portalloc_ledger_json(global, ptr::null_mut(), 0, &mut len) };
+        let mut json = vec![0u8; len + 1];
+        // SAFETY: `len + 1` writable bytes, one length.
+        let status = unsafe {
+            portalloc_ledger_json(global, json.as_mut_ptr().cast(), json.len(), &mut len)
+        };
+        assert_eq!(status, PortallocStatus::Ok);
+        let snapshot: serde_json::Value = serde_json::from_slice(&json[..len]).unwrap();
+        let listed = &snapshot["graph_pools"][0];
+        assert_eq!(listed["held_bytes"], 6 << 20, "{snapshot}");
+        assert_eq!(listed["free_bytes"], 6 << 20, "{snapshot}");
         let mut released = 0;
         // SAFETY: one output.
         let status = unsafe { portalloc_graph_pool_release(global, ids[0], &mut released) };

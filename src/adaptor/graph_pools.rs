@@ -99,7 +99,10 @@ pub enum Detect {
 }
 
 /// A graph pool: memory kept for the graphs captured into it (see [`GraphPools`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[serde(transparent)]
 pub struct GraphPoolId(u64);
 
 impl GraphPoolId {
@@ -120,8 +123,9 @@ impl fmt::Display for GraphPoolId {
     }
 }
 
-/// One pool's counters ([`GraphPools::pool_stats`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One pool's counters ([`GraphPools::pool_stats`]; in a ledger snapshot,
+/// [`crate::adaptor::LedgerSnapshot::graph_pools`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub struct GraphPoolStats {
     /// The pool.
@@ -1278,6 +1282,10 @@ impl Allocator for GraphPools {
 
     fn queues_on_stream(&self) -> bool {
         self.shared.up().queues_on_stream()
+    }
+
+    fn graph_pools(&self) -> Vec<GraphPoolStats> {
+        self.pools()
     }
 
     fn check_invariants(&self) -> std::result::Result<(), String> {

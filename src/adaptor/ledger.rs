@@ -195,6 +195,10 @@ pub struct LedgerSnapshot {
     /// The tags with allocations asleep ([`Allocator::sleep`]), by name.
     #[serde(default)]
     pub sleeping: Vec<crate::allocator::SleepingTag>,
+    /// The graph pools in front of the strategy ([`crate::GraphPools`]): memory the strategy
+    /// counts in use that only captured graphs get, with how much of it is free.
+    #[serde(default)]
+    pub graph_pools: Vec<crate::adaptor::GraphPoolStats>,
 }
 
 impl LedgerSnapshot {
@@ -567,6 +571,7 @@ impl<A: Allocator + ?Sized> LedgerAllocator<A> {
             live: books.live(|a| self.upstream.is_asleep(a)),
             last_oom: books.last_oom.clone(),
             sleeping: self.upstream.sleeping(),
+            graph_pools: self.upstream.graph_pools(),
         }
     }
 
@@ -829,6 +834,10 @@ impl<A: Allocator + ?Sized> Allocator for LedgerAllocator<A> {
 
     fn queues_on_stream(&self) -> bool {
         self.upstream.queues_on_stream()
+    }
+
+    fn graph_pools(&self) -> Vec<crate::adaptor::GraphPoolStats> {
+        self.upstream.graph_pools()
     }
 
     /// The upstream's invariants, and the ledger's: per-tag totals equal the sums over the

@@ -246,6 +246,10 @@ impl<A: Allocator> Allocator for RecorderAllocator<A> {
         self.inner.queues_on_stream()
     }
 
+    fn graph_pools(&self) -> Vec<crate::adaptor::GraphPoolStats> {
+        self.inner.graph_pools()
+    }
+
     fn check_invariants(&self) -> std::result::Result<(), String> {
         self.inner.check_invariants()
     }

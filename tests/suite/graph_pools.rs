@@ -563,3 +563,40 @@ fn the_capture_check_costs_what_the_docs_say() {
         assert_eq!(spent, 1000 * per_pair, "{detect:?}");
     }
 }
+
+/// A ledger over graph pools lists them in its snapshot (and its JSON, read back): which pool,
+/// its tag, what it holds, how much of it is free.
+#[test]
+fn a_ledger_snapshot_lists_the_graph_pools() {
+    use portalloc::adaptor::{LedgerAllocator, LedgerSnapshot};
+    let (fake, device) = open::<HipDevice>(GIB);
+    let raw = Raw { fake: &fake };
+    let pools = pools_over(Strategy::BfcGrow, &device, 256 * MIB, Detect::WhileRouted);
+    let ledger = LedgerAllocator::new(pools.clone());
+    let s = raw.stream();
+    let pool = pools.create_pool(Some("decode graph")).unwrap();
+    pools.begin_allocate_to_pool(pool, s).unwrap();
+    raw.begin(s);
+    let a = ledger.allocate(4 * MIB, 0, s, "kv").unwrap();
+    let b = ledger.allocate(2 * MIB, 0, s, "kv").unwrap();
+    let graph = raw.end(s).expect("not invalidated");
+    pools.end_allocate_to_pool(pool).unwrap();
+    ledger.deallocate(b).unwrap();
+    let snapshot = ledger.snapshot();
+    assert_eq!(snapshot.graph_pools, pools.pools());
+    let listed = &snapshot.graph_pools[0];
+    assert_eq!(
+        (
+            listed.tag.as_str(),
+            listed.blocks,
+            listed.held_bytes,
+            listed.free_bytes
+        ),
+        ("decode graph", 2, 6 * MIB, 2 * MIB)
+    );
+    let back = LedgerSnapshot::from_json(&snapshot.to_json()).unwrap();
+    assert_eq!(back.graph_pools, snapshot.graph_pools);
+    ledger.deallocate(a).unwrap();
+    let exec = raw.instantiate(graph);
+    raw.destroy(graph, exec);
+}

@@ -48,6 +48,7 @@ pub fn run(args: LedgerArgs) -> Result<()> {
             "tags": snapshot.tags,
             "oldest": oldest,
             "last_oom": snapshot.last_oom,
+            "graph_pools": snapshot.graph_pools,
         });
         println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
     } else {
@@ -160,6 +161,18 @@ pub fn render(s: &LedgerSnapshot, oldest: usize, backtraces: bool) -> String {
             asleep.len(),
             Bytes(asleep.iter().map(|a| a.rounded).sum()),
             Bytes(u.host_bytes_asleep)
+        );
+    }
+    for p in &s.graph_pools {
+        let _ = writeln!(
+            out,
+            "{} \"{}\": {} for captured graphs in {} blocks, {} of it free{}",
+            p.id,
+            shown(&p.tag),
+            Bytes(p.held_bytes),
+            p.blocks,
+            Bytes(p.free_bytes),
+            if p.released { " (released)" } else { "" }
         );
     }
     let _ = writeln!(out);
@@ -292,6 +305,7 @@ mod tests {
             live,
             last_oom: None,
             sleeping: Vec::new(),
+            graph_pools: Vec::new(),
         }
     }
 
