@@ -207,6 +207,54 @@ pub(crate) fn sleep_unsupported(strategy: &str) -> crate::Error {
     }
 }
 
+/// A graph pool: memory kept for the graphs captured into it (see [`crate::GraphPools`]).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[serde(transparent)]
+pub struct GraphPoolId(pub(crate) u64);
+
+impl GraphPoolId {
+    /// The pool's number, as the C ABI and Python give it.
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+
+    /// The pool numbered `n` (a number [`GraphPoolId::get`] gave).
+    pub const fn from_raw(n: u64) -> GraphPoolId {
+        GraphPoolId(n)
+    }
+}
+
+impl std::fmt::Display for GraphPoolId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "graph pool {}", self.0)
+    }
+}
+
+/// One pool's counters ([`crate::adaptor::GraphPools::pool_stats`]; in a ledger snapshot,
+/// [`crate::adaptor::LedgerSnapshot::graph_pools`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
+pub struct GraphPoolStats {
+    /// The pool.
+    pub id: GraphPoolId,
+    /// The tag its memory carries in the strategy (what [`crate::adaptor::GraphPools::sleep_pool`] sleeps).
+    pub tag: String,
+    /// Blocks it holds.
+    pub blocks: usize,
+    /// Bytes of them (as requested when each was made).
+    pub held_bytes: u64,
+    /// Bytes of the blocks handed out now.
+    pub in_use_bytes: u64,
+    /// Bytes of the blocks free in the pool (for its captures only).
+    pub free_bytes: u64,
+    /// Captures routed to it now.
+    pub routed_captures: usize,
+    /// Released: its blocks go back to the strategy as they are freed.
+    pub released: bool,
+}
+
 /// What a user calls: every strategy and adaptor implements it.
 ///
 /// Allocators are `Send + Sync`: one may be shared by many threads. Requests follow the
@@ -323,7 +371,7 @@ pub trait Allocator: Send + Sync {
     /// The graph pools in front of the strategy ([`crate::GraphPools`]), with their
     /// counters: what a ledger snapshot lists. Default: none; adaptors answer their
     /// upstream's.
-    fn graph_pools(&self) -> Vec<crate::adaptor::GraphPoolStats> {
+    fn graph_pools(&self) -> Vec<GraphPoolStats> {
         Vec::new()
     }
 }

@@ -79,6 +79,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use crate::allocator::{next_allocator_id, Allocation, Allocator, Keep, SleepReport, Stats};
+pub use crate::allocator::{GraphPoolId, GraphPoolStats};
 use crate::backends::own_stream::OwnedStream;
 use crate::device::{with_capture_mode, CaptureMode, Device, Stream};
 use crate::error::{Error, Result};
@@ -96,54 +97,6 @@ pub enum Detect {
     /// For every allocation and free: a capture nobody routed gets a pool of its own. For
     /// callers that cannot say when they capture (the PyTorch hook).
     EveryRequest,
-}
-
-/// A graph pool: memory kept for the graphs captured into it (see [`GraphPools`]).
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
-)]
-#[serde(transparent)]
-pub struct GraphPoolId(u64);
-
-impl GraphPoolId {
-    /// The pool's number, as the C ABI and Python give it.
-    pub const fn get(self) -> u64 {
-        self.0
-    }
-
-    /// The pool numbered `n` (a number [`GraphPoolId::get`] gave).
-    pub const fn from_raw(n: u64) -> GraphPoolId {
-        GraphPoolId(n)
-    }
-}
-
-impl fmt::Display for GraphPoolId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "graph pool {}", self.0)
-    }
-}
-
-/// One pool's counters ([`GraphPools::pool_stats`]; in a ledger snapshot,
-/// [`crate::adaptor::LedgerSnapshot::graph_pools`]).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[non_exhaustive]
-pub struct GraphPoolStats {
-    /// The pool.
-    pub id: GraphPoolId,
-    /// The tag its memory carries in the strategy (what [`GraphPools::sleep_pool`] sleeps).
-    pub tag: String,
-    /// Blocks it holds.
-    pub blocks: usize,
-    /// Bytes of them (as requested when each was made).
-    pub held_bytes: u64,
-    /// Bytes of the blocks handed out now.
-    pub in_use_bytes: u64,
-    /// Bytes of the blocks free in the pool (for its captures only).
-    pub free_bytes: u64,
-    /// Captures routed to it now.
-    pub routed_captures: usize,
-    /// Released: its blocks go back to the strategy as they are freed.
-    pub released: bool,
 }
 
 /// A caller's code run around a pool's sleep and wake, with the pool and its ranges
