@@ -418,6 +418,22 @@ impl GraphPools {
         Ok(s)
     }
 
+    /// A request no capture routes: the strategy serves it, and an OOM names the pools.
+    #[inline]
+    fn allocate_eagerly(
+        &self,
+        size: u64,
+        alignment: u64,
+        stream: Stream,
+        tag: &str,
+    ) -> Result<Allocation> {
+        self.note_stream(stream);
+        self.shared
+            .up()
+            .allocate(size, alignment, stream, tag)
+            .map_err(|e| self.name_pools_in(e))
+    }
+
     /// Notes that the strategy is asked on `stream`: its first stream, or a second one.
     #[inline]
     fn note_stream(&self, stream: Stream) {
@@ -1093,12 +1109,7 @@ impl Allocator for GraphPools {
     /// serve; the device's error when the stream's capture status cannot be read.
     fn allocate(&self, size: u64, alignment: u64, stream: Stream, tag: &str) -> Result<Allocation> {
         if size == 0 || !self.watching() {
-            self.note_stream(stream);
-            return self
-                .shared
-                .up()
-                .allocate(size, alignment, stream, tag)
-                .map_err(|e| self.name_pools_in(e));
+            return self.allocate_eagerly(size, alignment, stream, tag);
         }
         let status = self.shared.device.capture_status(stream)?;
         let Some(capture) = status.capture_id() else {
@@ -1106,12 +1117,7 @@ impl Allocator for GraphPools {
                 self.settle_held();
                 self.prune_automatic();
             }
-            self.note_stream(stream);
-            return self
-                .shared
-                .up()
-                .allocate(size, alignment, stream, tag)
-                .map_err(|e| self.name_pools_in(e));
+            return self.allocate_eagerly(size, alignment, stream, tag);
         };
         let routed = {
             let mut books = self.books();
