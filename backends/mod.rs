@@ -20,6 +20,7 @@ pub mod host;
 #[cfg(any(feature = "cuda", feature = "hip"))]
 pub(crate) mod loader;
 pub mod own_stream;
+pub mod shared_segment;
 pub mod staging;
 #[cfg(any(feature = "cuda", feature = "hip"))]
 pub use gpu::{GpuDevice, VendorCensus};

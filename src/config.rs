@@ -33,7 +33,12 @@
 //! Without `PORTALLOC_HIP_LIBRARY`, the HIP search tries `libamdhip64.so.7`, `.6`, `.5` under
 //! `$ROCM_PATH/lib`, `$HIP_PATH/lib` and `/opt/rocm/lib`, then the loader's search path.
 //!
-//! Every variable portalloc reads is here and in [`VARIABLES`]: the backends take these
+//! The shared budget between processes reads its own variables (`PORTALLOC_SHARED_BUDGET`,
+//! `PORTALLOC_SHARED_BUDGET_DIR`, `PORTALLOC_SHARED_BUDGET_GROUP`, `PORTALLOC_FLOOR`,
+//! `PORTALLOC_CEILING`, `PORTALLOC_RECLAIM_DEADLINE_MS`, `PORTALLOC_MEMBER_NAME`): see
+//! [`crate::budget`] and [`crate::budget::VARIABLES`].
+//!
+//! Every other variable portalloc reads is here and in [`VARIABLES`]: the backends take these
 //! values from the [`Config`] they are given, and read no variable themselves. The
 //! constructors that take no `Config` (`backends::cuda::Driver::load_default`,
 //! `backends::hip::HipDeviceBuilder::from_env`,
@@ -427,6 +432,11 @@ pub struct Config {
     /// The ROCm runtime's XNACK mode (`HSA_XNACK`), for the HIP devices' notes only; `None`
     /// when not set (the runtime's default mode).
     pub hsa_xnack: Setting<Option<bool>>,
+    /// How this process joins its devices' shared budgets ([`crate::budget`]); `None`: it
+    /// runs alone. Read from the environment, it is on unless `PORTALLOC_SHARED_BUDGET=0`
+    /// (the host backend's devices join only when it is set to `1`); [`Config::default`] and
+    /// [`ConfigBuilder::ignore_env`] leave it off (hermetic).
+    pub shared_budget: Option<crate::budget::BudgetOptions>,
     /// Warnings found while reading (deprecated variables, values JAX reads surprisingly).
     pub warnings: Vec<String>,
     /// Whether the environment was consulted ([`Config::from_env`], [`Config::from_vars`], a
@@ -457,6 +467,7 @@ impl Default for Config {
             hip_path: Setting::default_value(None),
             hip_memory: Setting::default_value(HipMemoryKind::Coarse),
             hsa_xnack: Setting::default_value(None),
+            shared_budget: None,
             warnings: Vec::new(),
             env_read: false,
         }
@@ -590,7 +601,10 @@ impl Config {
     /// As [`Config::from_vars`]; [`Error::Config`] naming a variable of
     /// [`VARIABLES`] whose value is not UTF-8.
     pub fn from_env() -> Result<Config> {
-        Config::from_env_vars(VARIABLES)
+        let mut config = Config::from_env_vars(VARIABLES)?;
+        // The shared budget's own variables ([`crate::budget::VARIABLES`]).
+        config.shared_budget = crate::budget::BudgetOptions::from_env(true)?;
+        Ok(config)
     }
 
     /// Reads only the variables `names` from the process environment, every other one being
@@ -783,6 +797,7 @@ impl Config {
             parse_hip_memory,
         )?;
         read_var(get, &mut config.hsa_xnack, HSA_XNACK, parse_xnack)?;
+        config.shared_budget = crate::budget::BudgetOptions::from_vars(&get, true)?;
 
         Ok(config)
     }
@@ -939,6 +954,7 @@ pub struct ConfigBuilder<'a> {
     hip_path: Option<String>,
     hip_memory: Option<HipMemoryKind>,
     hsa_xnack: Option<Option<bool>>,
+    shared_budget: Option<Option<crate::budget::BudgetOptions>>,
 }
 
 impl fmt::Debug for ConfigBuilder<'_> {
@@ -962,6 +978,7 @@ impl fmt::Debug for ConfigBuilder<'_> {
             .field("hip_path", &self.hip_path)
             .field("hip_memory", &self.hip_memory)
             .field("hsa_xnack", &self.hsa_xnack)
+            .field("shared_budget", &self.shared_budget)
             .finish()
     }
 }
@@ -1029,6 +1046,13 @@ impl<'a> ConfigBuilder<'a> {
     /// (discovery, the backends, [`crate::Portalloc::from_config`], the ledger's options).
     pub fn ignore_env(mut self) -> Self {
         self.ignore_env = true;
+        self
+    }
+
+    /// Join each device's shared budget with these options ([`crate::budget`]), or run alone
+    /// (`None`), whatever the environment says.
+    pub fn shared_budget(mut self, options: Option<crate::budget::BudgetOptions>) -> Self {
+        self.shared_budget = Some(options);
         self
     }
 
@@ -1111,6 +1135,9 @@ impl<'a> ConfigBuilder<'a> {
         set_by_builder(&mut config.hip_path, self.hip_path.map(Some));
         set_by_builder(&mut config.hip_memory, self.hip_memory);
         set_by_builder(&mut config.hsa_xnack, self.hsa_xnack);
+        if let Some(budget) = self.shared_budget {
+            config.shared_budget = budget;
+        }
         Ok(config)
     }
 }

@@ -482,6 +482,36 @@ impl std::fmt::Debug for Portalloc {
     }
 }
 
+/// The allocator of `device` as `config` says, a member of the device's shared budget when
+/// the configuration joins one ([`crate::budget`]): its ceiling lowers the memory fraction, and
+/// a segment that cannot be used means running alone, with one warning.
+fn build_member(config: &Config, device: &Arc<dyn Device>) -> Result<Arc<dyn Allocator>> {
+    let info = device.info();
+    let options = config
+        .shared_budget
+        .as_ref()
+        .filter(|o| info.vendor != Vendor::Host || o.include_host);
+    let Some(options) = options else {
+        return crate::strategy::build(config, Arc::clone(device)).map(Arc::from);
+    };
+    let total = info.total_bytes;
+    let mut config = config.clone();
+    if let Some(ceiling) = options.ceiling {
+        let fraction = ceiling.of(total) as f64 / total.max(1) as f64;
+        if fraction < config.mem_fraction.value {
+            config.mem_fraction.value = fraction.max(f64::MIN_POSITIVE);
+        }
+    }
+    let inner: Arc<dyn Allocator> = Arc::from(crate::strategy::build(&config, Arc::clone(device))?);
+    match crate::budget::SharedBudget::join(&crate::budget::device_key(info), total, options) {
+        Ok(budget) => Ok(Arc::new(crate::budget::BudgetAllocator::new(inner, budget))),
+        Err(e) => {
+            crate::budget::warn_once(&e);
+            Ok(inner)
+        }
+    }
+}
+
 impl Portalloc {
     /// Reads the environment, discovers devices and builds the configured strategy on each.
     ///
@@ -516,7 +546,7 @@ impl Portalloc {
         let allocators = discovery
             .devices
             .iter()
-            .map(|d| crate::strategy::build(&config, Arc::clone(d)).map(Arc::from))
+            .map(|d| build_member(&config, d))
             .collect::<Result<Vec<_>>>()?;
         Ok(Portalloc {
             config,
@@ -558,6 +588,18 @@ impl Portalloc {
         let discovery = discover_device(&config, ordinal)?;
         let peers = peer_access_off(&discovery.devices);
         Portalloc::build(config, discovery, peers)
+    }
+
+    /// The shared budget device `ordinal`'s allocator joined ([`crate::budget`]), if it joined
+    /// one: where this process declares reclaimable tags and marks the sections that use them.
+    pub fn budget(&self, ordinal: usize) -> Option<Arc<crate::budget::SharedBudget>> {
+        let device = self.discovery.devices.get(ordinal)?;
+        let options = self.config.shared_budget.as_ref()?;
+        crate::budget::SharedBudget::joined(&crate::budget::segment_path(
+            &options.dir,
+            &crate::budget::device_key(device.info()),
+            crate::budget::current_uid(),
+        ))
     }
 
     /// The allocator of device `ordinal`, shared: it lives as long as the last `Arc` (a

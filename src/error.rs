@@ -192,6 +192,27 @@ pub enum Error {
         backend: &'static str,
     },
 
+    /// Out of memory after asking the other processes of the device's shared budget: the
+    /// upstream's error, and the budget's report (every member, what it holds, what each ask
+    /// got, settings that would let them run together).
+    #[error("{error}\n{budget}")]
+    OutOfMemoryShared {
+        /// The upstream's last error, unchanged.
+        error: Box<Error>,
+        /// The shared budget's report.
+        budget: Box<crate::budget::BudgetReport>,
+    },
+
+    /// A shared-budget segment that cannot be used: another user's, another layout version,
+    /// corrupt, truncated, or full. Whoever met it runs alone.
+    #[error("shared budget segment {path} cannot be used: {reason}")]
+    SharedSegment {
+        /// The segment's file.
+        path: String,
+        /// What was wrong, and what is accepted.
+        reason: String,
+    },
+
     /// A call with an argument outside what the operation accepts.
     #[error("invalid argument to {call}: {reason}")]
     InvalidArgument {
@@ -298,6 +319,7 @@ impl Error {
             | Error::CannotWake { .. }
             | Error::HostOutOfMemory { .. } => true,
             Error::OutOfMemoryDiagnosed { error, .. } => error.is_out_of_memory(),
+            Error::OutOfMemoryShared { .. } => true,
             _ => false,
         }
     }

@@ -133,6 +133,7 @@ pub mod backends;
 
 pub mod adaptor;
 pub mod allocator;
+pub mod budget;
 pub mod buffer;
 #[cfg(feature = "c-api")]
 pub mod capi;

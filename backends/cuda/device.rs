@@ -601,6 +601,9 @@ fn open_in_context(
             ("context".into(), "primary".into()),
         ],
     };
+    if let Some(uuid) = driver.device_uuid(device) {
+        info.notes.push(("uuid".into(), uuid));
+    }
     let gate = |min_version, symbols, attribute, what| {
         gate(
             driver,

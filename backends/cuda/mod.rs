@@ -97,6 +97,9 @@ symbol_table! {
     /// Stream-capture entry points (CUDA 10.1, but optional: a driver without them captures
     /// nothing portalloc could be asked about, and every stream reads as not capturing).
     Capture, CAPTURE_SYMBOLS { capture_info: cuStreamGetCaptureInfo, exchange_mode: cuThreadExchangeStreamCaptureMode }
+    /// The device's identity (CUDA 9.2, optional: without it the shared budget keys a device
+    /// by its ordinal, name and size).
+    Identity, IDENTITY_SYMBOLS { uuid: cuDeviceGetUuid }
 }
 
 /// The loaded driver library and its entry points: the result layer, where every `CUresult`
@@ -120,6 +123,7 @@ pub struct Driver {
     pub(crate) pinned_host: Option<PinnedHost>,
     pub(crate) host_register: Option<HostRegister>,
     pub(crate) capture: Option<Capture>,
+    pub(crate) identity: Option<Identity>,
     // Keeps the code behind the function pointers above loaded; dropped last.
     library: Library,
 }
@@ -152,6 +156,7 @@ impl Driver {
             pinned_host: PinnedHost::resolve(&library).ok(),
             host_register: HostRegister::resolve(&library).ok(),
             capture: Capture::resolve(&library).ok(),
+            identity: Identity::resolve(&library).ok(),
             library,
             path,
         })
@@ -214,7 +219,19 @@ impl Driver {
         out.extend(PinnedHost::exported(&self.library));
         out.extend(HostRegister::exported(&self.library));
         out.extend(Capture::exported(&self.library));
+        out.extend(Identity::exported(&self.library));
         out
+    }
+
+    /// `cuDeviceGetUuid`: the device's UUID as `nvidia-smi` writes it (`GPU-xxxxxxxx-…`), or
+    /// `None` when the driver lacks the call or refuses it.
+    pub fn device_uuid(&self, device: sys::CUdevice) -> Option<String> {
+        let api = self.identity?;
+        let mut raw = [0u8; 16];
+        // SAFETY: the driver writes 16 bytes (a CUuuid) into `raw`; the device by value.
+        let code = unsafe { (api.uuid)(raw.as_mut_ptr().cast(), device) };
+        self.check("cuDeviceGetUuid", code).ok()?;
+        Some(crate::budget::uuid_text("GPU-", &raw))
     }
 
     /// `cuDeviceCanAccessPeer`: whether `device` can access memory of `peer`; false when the

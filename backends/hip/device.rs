@@ -714,6 +714,10 @@ impl GpuDevice<Hip> {
             ("xnack".to_string(), xnack),
             ("new mappings".to_string(), mapping_note),
         ];
+        let mut notes = notes;
+        if let Some(uuid) = runtime.device_uuid(ordinal) {
+            notes.push(("uuid".to_string(), uuid));
+        }
         let info = DeviceInfo {
             vendor: Vendor::Hip,
             ordinal,

@@ -124,6 +124,9 @@ symbol_table! {
     /// Stream-capture entry points (HIP 5.0, but optional: a runtime without them captures
     /// nothing portalloc could be asked about, and every stream reads as not capturing).
     Capture, CAPTURE_SYMBOLS { capture_info: hipStreamGetCaptureInfo, exchange_mode: hipThreadExchangeStreamCaptureMode }
+    /// The device's identity (HIP 5.2, optional: without it the shared budget keys a device
+    /// by its ordinal, name and size).
+    Identity, IDENTITY_SYMBOLS { uuid: hipDeviceGetUuid }
     /// The single optional entry points: the device properties, each layout on its own.
     Optional, OPTIONAL_SYMBOLS each {
         properties_r0600: hipGetDevicePropertiesR0600, properties_r0000: hipGetDeviceProperties,
@@ -180,6 +183,7 @@ pub struct Runtime {
     pub(crate) pinned_host: Option<PinnedHost>,
     pub(crate) host_register: Option<HostRegister>,
     pub(crate) capture: Option<Capture>,
+    pub(crate) identity: Option<Identity>,
     // Keeps the code behind the function pointers above loaded; dropped last.
     library: Library,
 }
@@ -225,6 +229,7 @@ impl Runtime {
             pinned_host: PinnedHost::resolve(&library).ok(),
             host_register: HostRegister::resolve(&library).ok(),
             capture: Capture::resolve(&library).ok(),
+            identity: Identity::resolve(&library).ok(),
             api,
             library,
             path,
@@ -293,6 +298,7 @@ impl Runtime {
         out.extend(PinnedHost::exported(&self.library));
         out.extend(HostRegister::exported(&self.library));
         out.extend(Capture::exported(&self.library));
+        out.extend(Identity::exported(&self.library));
         out.extend(self.optional.exported());
         out
     }
@@ -376,6 +382,17 @@ impl Runtime {
             (self.api.device_get_attribute)(v, attribute, ordinal as c_int)
         };
         self.out("hipDeviceGetAttribute", f)
+    }
+
+    /// `hipDeviceGetUuid`: the device's UUID as `rocm-smi` writes it (`GPU-…`), or `None`
+    /// when the runtime lacks the call or refuses it.
+    pub fn device_uuid(&self, ordinal: u32) -> Option<String> {
+        let api = self.identity?;
+        let mut raw = [0u8; 16];
+        // SAFETY: the runtime writes 16 bytes (a hipUUID) into `raw`; the device by value.
+        let code = unsafe { (api.uuid)(raw.as_mut_ptr().cast(), ordinal as c_int) };
+        self.check("hipDeviceGetUuid", code).ok()?;
+        Some(crate::budget::uuid_text("GPU-", &raw))
     }
 
     /// `hipDeviceGetName`.

@@ -412,4 +412,7 @@ signatures! {
     /// resolved as optional, with `cuStreamGetCaptureInfo`): swaps the calling thread's
     /// capture interaction mode.
     fn cuThreadExchangeStreamCaptureMode(mode: *mut CUstreamCaptureMode) -> CUresult;
+    /// `CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)` (CUDA 9.2; resolved as
+    /// optional): the device's 16-byte UUID, the identity `nvidia-smi` shows as `GPU-…`.
+    fn cuDeviceGetUuid(uuid: *mut c_char, dev: CUdevice) -> CUresult;
 }

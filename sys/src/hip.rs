@@ -57,6 +57,9 @@ signatures! {
     /// (`hip_runtime_api.h`, HIP 5.0; by hand, as above): swaps the calling thread's capture
     /// interaction mode.
     fn hipThreadExchangeStreamCaptureMode(mode: *mut hipStreamCaptureMode) -> hipError_t;
+    /// `hipError_t hipDeviceGetUuid(hipUUID* uuid, hipDevice_t device)` (`hip_runtime_api.h`,
+    /// HIP 5.2; by hand, as above): the device's 16-byte UUID (`hipUUID` is `char bytes[16]`).
+    fn hipDeviceGetUuid(uuid: *mut core::ffi::c_char, device: c_int) -> hipError_t;
 }
 
 /// `hipStreamCaptureStatus` (an `enum`, 4 bytes; `hip_runtime_api.h`, by hand as above).

@@ -38,6 +38,7 @@ mod support;
 mod async_pool;
 mod bad_input;
 mod bfc;
+mod budget;
 mod bfc_grow_limit;
 mod bfc_model;
 mod bounds;

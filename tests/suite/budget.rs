@@ -1,0 +1,459 @@
+//! The shared budget between real processes: members publish, ask, give and die.
+//!
+//! Every member is a child process (this binary again, running `budget::child` with
+//! `PORTALLOC_BUDGET_ROLE` set); each test gives its children a directory of their own for
+//! the segment (`PORTALLOC_SHARED_BUDGET_DIR`), so tests running at once never meet. The
+//! parent reads the segment as `portalloc top` does ([`portalloc::budget::Inspector`]) and
+//! never joins. Every child is killed after a time limit, so a hang fails the test instead of
+//! the run.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use portalloc::budget::{self, layout, Inspector};
+use portalloc::{Allocator, Keep, Portalloc};
+
+#[allow(unused_imports)]
+use Allocator as _;
+
+const ROLE: &str = "PORTALLOC_BUDGET_ROLE";
+const DIR: &str = "PORTALLOC_BUDGET_TEST_DIR";
+const MIB: u64 = 1 << 20;
+/// A child that runs longer is killed and the test fails.
+const CHILD_LIMIT: Duration = Duration::from_secs(30);
+
+fn temp_dir(name: &str) -> PathBuf {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let d = std::env::temp_dir().join(format!(
+        "portalloc-budget-test-{}-{}-{name}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// The environment of a member on the host backend: real memory, vmm, 1 GiB, this test's
+/// directory.
+fn host_env(dir: &Path, role: &str) -> Vec<(String, String)> {
+    vec![
+        (ROLE.into(), role.into()),
+        (DIR.into(), dir.display().to_string()),
+        ("PORTALLOC_BACKEND".into(), "host".into()),
+        ("PORTALLOC_HOST_CAPACITY".into(), "1GiB".into()),
+        ("PORTALLOC_HOST_SIMULATED".into(), "0".into()),
+        ("PORTALLOC_ALLOCATOR".into(), "vmm".into()),
+        ("PORTALLOC_MEM_FRACTION".into(), "1.0".into()),
+        ("PORTALLOC_SHARED_BUDGET".into(), "1".into()),
+        (
+            "PORTALLOC_SHARED_BUDGET_DIR".into(),
+            dir.display().to_string(),
+        ),
+        ("PORTALLOC_MEMBER_NAME".into(), role.into()),
+        ("PORTALLOC_RECLAIM_DEADLINE_MS".into(), "2000".into()),
+    ]
+}
+
+fn spawn(env: &[(String, String)]) -> Child {
+    let module = module_path!().split_once("::").map_or("", |(_, m)| m);
+    let mut c = Command::new(std::env::current_exe().unwrap());
+    c.args([
+        "--ignored",
+        "--exact",
+        &format!("{module}::child"),
+        "--nocapture",
+        "--test-threads=1",
+    ]);
+    for k in portalloc::config::VARIABLES
+        .iter()
+        .chain(budget::VARIABLES)
+    {
+        c.env_remove(k);
+    }
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.stdout(Stdio::piped()).stderr(Stdio::piped());
+    c.spawn().unwrap()
+}
+
+/// Waits for `child` up to [`CHILD_LIMIT`] (killing it after): its exit status and output.
+fn finish(mut child: Child) -> (Option<i32>, String) {
+    let started = Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        if started.elapsed() > CHILD_LIMIT {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let out = child.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code(), text)
+}
+
+fn wait_file(path: &Path, limit: Duration) -> bool {
+    let started = Instant::now();
+    while started.elapsed() < limit {
+        if path.exists() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    false
+}
+
+fn touch(path: &Path) {
+    std::fs::write(path, b"").unwrap();
+}
+
+/// `key=value` lines a child printed, by key (the last wins).
+fn value(out: &str, key: &str) -> Option<String> {
+    out.lines()
+        .filter_map(|l| l.strip_prefix("RESULT "))
+        .filter_map(|l| l.split_once('='))
+        .filter(|(k, _)| *k == key)
+        .map(|(_, v)| v.to_string())
+        .last()
+}
+
+fn segment_in(dir: &Path) -> Option<PathBuf> {
+    Inspector::find(dir).into_iter().next()
+}
+
+/// Fills `len` bytes at `ptr` (host memory the host backend handed out) with a pattern of
+/// `seed`, and checks it.
+fn pattern(ptr: u64, len: u64, seed: u64, check: bool) -> bool {
+    // SAFETY: `ptr..ptr+len` is a live allocation of the host backend (real memory, mapped
+    // read-write), owned by the caller.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len as usize) };
+    for (i, chunk) in bytes.chunks_mut(4096).enumerate() {
+        let v = (seed.wrapping_mul(31).wrapping_add(i as u64) & 0xff) as u8;
+        if check {
+            if chunk[0] != v || chunk[chunk.len() - 1] != v {
+                return false;
+            }
+        } else {
+            chunk[0] = v;
+            let last = chunk.len() - 1;
+            chunk[last] = v;
+        }
+    }
+    true
+}
+
+/// The child processes' body: one role per process.
+#[test]
+#[ignore = "a child process of the budget tests (they run it with --ignored --exact and PORTALLOC_BUDGET_ROLE set)"]
+fn child() {
+    let Ok(role) = std::env::var(ROLE) else {
+        return;
+    };
+    let dir = PathBuf::from(std::env::var(DIR).unwrap());
+    let p = Portalloc::from_env().unwrap();
+    let a = p.allocator(0).unwrap();
+    let joined = p.budget(0);
+    println!("RESULT joined={}", joined.is_some());
+    let member = || joined.clone().expect("joined the budget");
+    let stream = portalloc::Stream::PER_THREAD;
+    match role.as_str() {
+        // Holds weights (reclaimable, kept) and a KV cache (reclaimable, discarded) outside any
+        // `using` section, and some cache; when told, uses the weights again and checks them.
+        "donor" => {
+            let b = member();
+            b.declare_reclaimable("weights", Keep::Contents).unwrap();
+            b.declare_reclaimable("kv", Keep::Nothing).unwrap();
+            let mut weights = Vec::new();
+            for i in 0..8 {
+                let w = a.allocate(16 * MIB, 256, stream, "weights").unwrap();
+                pattern(w.ptr(), w.size(), i, false);
+                weights.push(w);
+            }
+            let kv: Vec<_> = (0..4)
+                .map(|_| a.allocate(32 * MIB, 256, stream, "kv").unwrap())
+                .collect();
+            let scratch = a.allocate(64 * MIB, 256, stream, "").unwrap();
+            a.deallocate(scratch).unwrap();
+            b.publish();
+            touch(&dir.join("donor.ready"));
+            assert!(wait_file(&dir.join("donor.use"), CHILD_LIMIT), "never told to use");
+            let before: Vec<u64> = weights.iter().map(|w| w.ptr()).collect();
+            {
+                let _using = b.using("weights").unwrap();
+                let same = weights.iter().zip(&before).all(|(w, p)| w.ptr() == *p);
+                let intact = weights
+                    .iter()
+                    .enumerate()
+                    .all(|(i, w)| pattern(w.ptr(), w.size(), i as u64, true));
+                println!("RESULT weights_same_addresses={same}");
+                println!("RESULT weights_intact={intact}");
+            }
+            let _kv_use = b.using("kv").unwrap();
+            println!(
+                "RESULT kv_awake={}",
+                kv.iter().all(|k| !a.is_asleep(k))
+            );
+            for w in weights {
+                a.deallocate(w).unwrap();
+            }
+            for k in kv {
+                a.deallocate(k).unwrap();
+            }
+        }
+        // Asks the others for PORTALLOC_BUDGET_WANT bytes and prints what it got.
+        "requester" => {
+            let b = member();
+            let want: u64 = std::env::var("PORTALLOC_BUDGET_WANT").unwrap().parse().unwrap();
+            let started = Instant::now();
+            let got = b.reclaim(want);
+            let given: u64 = got.iter().map(|g| g.given).sum();
+            println!("RESULT asks={}", got.len());
+            println!("RESULT given={given}");
+            println!("RESULT micros={}", started.elapsed().as_micros());
+            for g in &got {
+                println!(
+                    "RESULT ask_{}_{}={}/{:?}",
+                    g.kind, g.tag, g.given, g.refusal
+                );
+            }
+        }
+        // Allocates until refused; prints the error (with the budget's report).
+        "greedy" => {
+            let mut held = Vec::new();
+            let err = loop {
+                match a.allocate(64 * MIB, 256, stream, "") {
+                    Ok(x) => held.push(x),
+                    Err(e) => break e,
+                }
+                if held.len() > 64 {
+                    panic!("never refused");
+                }
+            };
+            println!("RESULT held={}", held.len() as u64 * 64 * MIB);
+            println!("ERROR {err}");
+        }
+        // Joins, holds a little (8 MiB untagged, 8 MiB of a reclaimable `kv`; inside a
+        // `using("kv")` section for the role `pinned`), signals, and waits to be killed.
+        "idle" | "pinned" => {
+            let b = member();
+            let x = a.allocate(8 * MIB, 256, stream, "").unwrap();
+            b.declare_reclaimable("kv", Keep::Nothing).unwrap();
+            let kv = a.allocate(8 * MIB, 256, stream, "kv").unwrap();
+            let _using = (role == "pinned").then(|| b.using("kv").unwrap());
+            touch(&dir.join(format!("idle.{}.ready", std::process::id())));
+            std::thread::sleep(CHILD_LIMIT);
+            drop((x, kv));
+        }
+        other => panic!("unknown role {other}"),
+    }
+    println!("RESULT done=1");
+}
+
+#[test]
+fn a_member_gives_its_cache_and_idle_tags_and_gets_them_back_at_their_addresses() {
+    let dir = temp_dir("give");
+    let donor = spawn(&host_env(&dir, "donor"));
+    assert!(wait_file(&dir.join("donor.ready"), CHILD_LIMIT), "donor never ready");
+    let seg = segment_in(&dir).expect("a segment");
+    let view = Inspector::open(&seg).unwrap().snapshot();
+    assert_eq!(view.members.len(), 1, "{view:?}");
+    let m = &view.members[0];
+    assert_eq!(m.name, "donor");
+    assert_eq!(m.tags.len(), 2);
+    assert_eq!(m.tags[0].bytes, 128 * MIB, "weights published: {m:?}");
+    assert_eq!(m.tags[1].bytes, 128 * MIB, "kv published: {m:?}");
+    assert!(m.cached >= 64 * MIB, "the freed scratch is cached: {m:?}");
+
+    let mut env = host_env(&dir, "requester");
+    env.push(("PORTALLOC_BUDGET_WANT".into(), (300 * MIB).to_string()));
+    let (code, out) = finish(spawn(&env));
+    assert_eq!(code, Some(0), "{out}");
+    // Trim first (the 64 MiB cache), then the largest idle tags until 300 MiB.
+    let given: u64 = value(&out, "given").unwrap().parse().unwrap();
+    assert!(given >= 64 * MIB + 128 * MIB, "{out}");
+    assert_eq!(value(&out, "ask_trim_").as_deref().map(|s| s.ends_with("/None")), Some(true), "{out}");
+    let after = Inspector::open(&seg).unwrap().snapshot();
+    let d = after.members.iter().find(|m| m.name == "donor").unwrap();
+    assert!(d.tags.iter().any(|t| t.asleep), "a tag slept: {d:?}");
+    assert!(d.given >= given, "{d:?}");
+    assert!(!after.hand_offs.is_empty(), "the log names the hand-offs");
+    assert!(after.hand_offs.iter().all(|h| h.donor == d.pid));
+
+    touch(&dir.join("donor.use"));
+    let (code, out) = finish(donor);
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(value(&out, "weights_same_addresses").as_deref(), Some("true"), "{out}");
+    assert_eq!(value(&out, "weights_intact").as_deref(), Some("true"), "{out}");
+    assert_eq!(value(&out, "kv_awake").as_deref(), Some("true"), "{out}");
+    // The last member to leave removed the segment.
+    assert!(Inspector::find(&dir).is_empty());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn wait_idle(dir: &Path) {
+    let ready = || {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().starts_with("idle."))
+    };
+    let started = Instant::now();
+    while !ready() && started.elapsed() < CHILD_LIMIT {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert!(ready(), "the member never got ready");
+}
+
+/// An idle tag is asked for and given; a tag inside `using` is not even asked for (the plan
+/// leaves it out; a tag that enters `using` between the plan and the ask is refused, said in
+/// the report as `InUse`).
+#[test_case::test_case("idle", "ask_sleep_kv", &format!("{}/None", 8 * MIB) ; "an idle tag is slept for another process")]
+#[test_case::test_case("pinned", "asks", "0" ; "a tag inside using is left alone")]
+fn a_requester_gets_what_the_tags_state_allows(role: &str, key: &str, answer: &str) {
+    let dir = temp_dir(role);
+    let mut member = spawn(&host_env(&dir, role));
+    wait_idle(&dir);
+    let mut env = host_env(&dir, "requester");
+    env.push(("PORTALLOC_BUDGET_WANT".into(), (8 * MIB).to_string()));
+    let (code, out) = finish(spawn(&env));
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(value(&out, key).as_deref(), Some(answer), "{out}");
+    let _ = member.kill();
+    let _ = member.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_killed_member_is_reaped_and_no_longer_counted() {
+    let dir = temp_dir("reap");
+    let mut idle = spawn(&host_env(&dir, "idle"));
+    let started = Instant::now();
+    while segment_in(&dir).is_none() && started.elapsed() < CHILD_LIMIT {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let seg = segment_in(&dir).unwrap();
+    let started = Instant::now();
+    while Inspector::open(&seg).map_or(true, |i| i.snapshot().members.is_empty())
+        && started.elapsed() < CHILD_LIMIT
+    {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert_eq!(Inspector::open(&seg).unwrap().snapshot().members.len(), 1);
+    idle.kill().unwrap();
+    idle.wait().unwrap();
+    // The dead member no longer counts, for a reader and for a joiner.
+    assert!(Inspector::open(&seg).unwrap().snapshot().members.is_empty());
+    let mut env = host_env(&dir, "requester");
+    env.push(("PORTALLOC_BUDGET_WANT".into(), MIB.to_string()));
+    let (code, out) = finish(spawn(&env));
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(value(&out, "asks").as_deref(), Some("0"), "nobody to ask: {out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A segment whose words are `words` (written as another process might have).
+fn write_segment(path: &Path, words: &[u64]) {
+    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    std::fs::write(path, bytes).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+}
+
+fn fresh_words(key: &str) -> Vec<u64> {
+    let w: Vec<AtomicU64> = (0..layout::TOTAL_WORDS).map(|_| AtomicU64::new(0)).collect();
+    layout::init_header(&w, key, 1 << 30);
+    w.iter().map(|a| a.load(Ordering::Relaxed)).collect()
+}
+
+const HOST_KEY: &str = "host-0-host-1073741824";
+
+#[test_case::test_case("magic", &|w: &mut Vec<u64>| w[layout::H_MAGIC] = 0xdead_beef, "magic" ; "corrupt magic")]
+#[test_case::test_case("version", &|w: &mut Vec<u64>| w[layout::H_VERSION] = 7, "layout version 7" ; "another layout version")]
+#[test_case::test_case("geometry", &|w: &mut Vec<u64>| w[layout::H_GEOMETRY] = 1, "geometry" ; "another geometry")]
+#[test_case::test_case("truncated", &|w: &mut Vec<u64>| w.truncate(100), "bytes, the layout has" ; "truncated")]
+#[test_case::test_case("longer", &|w: &mut Vec<u64>| w.extend([0; 9]), "bytes, the layout has" ; "longer")]
+fn a_hostile_segment_means_running_alone_with_one_warning(
+    _name: &str,
+    spoil: &dyn Fn(&mut Vec<u64>),
+    says: &str,
+) {
+    let dir = temp_dir("hostile");
+    let mut words = fresh_words(HOST_KEY);
+    spoil(&mut words);
+    let path = budget::segment_path(&dir, HOST_KEY, budget::current_uid());
+    write_segment(&path, &words);
+    let mut env = host_env(&dir, "greedy");
+    env.push(("PORTALLOC_MEMBER_NAME".into(), "greedy".into()));
+    let (code, out) = finish(spawn(&env));
+    // It ran (alone: `budget(0)` is None, so the child's `expect` says so) — and said why once.
+    assert!(
+        out.matches("running alone, without the shared budget").count() == 1,
+        "{out}"
+    );
+    assert!(out.contains(says), "{out}");
+    assert!(out.contains(&path.display().to_string()), "{out}");
+    assert_ne!(code, None, "no hang: {out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn another_users_segment_is_refused() {
+    let dir = temp_dir("owner");
+    let path = budget::segment_path(&dir, HOST_KEY, budget::current_uid());
+    write_segment(&path, &fresh_words(HOST_KEY));
+    if budget::current_uid() == 0 {
+        std::os::unix::fs::chown(&path, Some(65534), Some(65534)).unwrap();
+        let e = Inspector::open(&path).unwrap_err().to_string();
+        assert!(e.contains("owned by user 65534"), "{e}");
+    }
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+    if budget::current_uid() != 0 {
+        let e = Inspector::open(&path).unwrap_err().to_string();
+        assert!(e.contains("mode 666"), "{e}");
+    }
+    let link = dir.join("link");
+    std::os::unix::fs::symlink(&path, &link).unwrap();
+    let e = Inspector::open(&link).unwrap_err().to_string();
+    assert!(e.contains("not a regular file"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+    /// Any words at all: the readers return, bounded, and never panic; a slot they report has
+    /// a pid matching its owner word.
+    #[test]
+    fn the_readers_take_any_words(
+        seed in proptest::prelude::any::<u64>(),
+        density in 0u8..4,
+    ) {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+        let base = fresh_words(HOST_KEY);
+        let words: Vec<AtomicU64> = base
+            .iter()
+            .map(|&w| AtomicU64::new(if rng.gen_range(0..8) < density { rng.gen() } else { w }))
+            .collect();
+        let _ = layout::check_header(&words, HOST_KEY);
+        for i in 0..layout::SLOTS {
+            if let Ok(v) = layout::read_slot(&words, i) {
+                proptest::prop_assert_eq!(u64::from(v.pid), v.owner >> 32);
+                proptest::prop_assert!(v.tags.len() <= layout::TAGS);
+                proptest::prop_assert!(v.asks.len() <= layout::ASKS);
+            }
+        }
+        let log = layout::read_log(&words);
+        proptest::prop_assert!(log.len() <= layout::LOG_ENTRIES);
+    }
+}
