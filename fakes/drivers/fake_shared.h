@@ -161,7 +161,9 @@ static void fk_shared_refuse(const char *format, ...) {
   va_start(args, format);
   vsnprintf(why, sizeof why, format, args);
   va_end(args);
-  fprintf(stderr, "portalloc-fakes: FAKE_SHARED_DEVICE: %s: %s; this process runs with a private device\n",
+  fprintf(stderr,
+          "portalloc-fakes: FAKE_SHARED_DEVICE: %s: %s; this process runs with a private "
+          "device\n",
           fk_shared_file, why);
 }
 
