@@ -19,6 +19,9 @@
  *   fake_pools.h     stream-ordered pools with blocks on the timeline
  *   fake_modules.h   modules, functions, kernel models (the ranges a launch uses) and launch
  *
+ * and fake_shared.h (included here, after the devices): one device shared by several
+ * processes, when FAKE_SHARED_DEVICE names a segment.
+ *
  * The control API (what a test calls beside the vendor's) is specified in docs/fakes.md
  * and docs/fakes.md; `fake_*` functions are common to both drivers, `fakecuda_*` /
  * `fakehip_*` belong to one.
@@ -192,6 +195,8 @@ static struct fk_device fk_devices[FK_MAX_DEVICES];
 static unsigned long long fk_min_gran = 2ULL << 20, fk_rec_gran = 2ULL << 20;
 static int fk_initialised; /* cuInit / the first HIP call succeeded */
 
+#include "fake_shared.h"
+
 /* Contexts: [0, FK_MAX_DEVICES) are the devices' primary contexts (HIP's devices). */
 #define FK_MAX_LIMITS 10
 struct fk_ctx {
@@ -359,6 +364,7 @@ static void fk_prepare(void) {
       fk_ctxs[d].primary = 1;
     }
     fk_face_defaults();
+    fk_shared_attach(); /* FAKE_SHARED_DEVICE: after the face's capacities, which it may set */
   }
   fk_thread();
 }
@@ -367,17 +373,29 @@ static void fk_prepare(void) {
 
 FK_FN int fk_device_ok(int device) { return device >= 0 && device < fk_n_devices; }
 
-/* Charges `bytes` to `device`; 0 when it does not have them. */
+/* Charges `bytes` to `device`; 0 when it does not have them. `used` stays what this process
+ * holds; on a shared device (fake_shared.h) the capacity is checked against every live
+ * process's. */
 FK_FN int fk_charge(int device, unsigned long long bytes) {
   struct fk_device *d = &fk_devices[device];
-  if (bytes > d->capacity || d->used > d->capacity - bytes) return 0;
+  int shared = fk_shared ? fk_shared_charge(device, bytes) : -1;
+  if (shared == 0) return 0;
+  if (shared < 0 && (bytes > d->capacity || d->used > d->capacity - bytes)) return 0;
   d->used += bytes;
   return 1;
 }
 
 FK_FN void fk_uncharge(int device, unsigned long long bytes) {
   struct fk_device *d = &fk_devices[device];
-  d->used = bytes > d->used ? 0 : d->used - bytes;
+  if (bytes > d->used) bytes = d->used;
+  if (fk_shared) fk_shared_uncharge(device, bytes);
+  d->used -= bytes;
+}
+
+/* What `device` has free: its capacity less what every process holds on it. */
+FK_FN unsigned long long fk_device_free(int device) {
+  unsigned long long used = fk_device_used_all(device), capacity = fk_devices[device].capacity;
+  return used > capacity ? 0 : capacity - used;
 }
 
 /* The calling thread's current context, or -1. */

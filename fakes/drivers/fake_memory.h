@@ -811,6 +811,7 @@ FK_FN void fk_memory_reset(void) {
   memset(fk_regions, 0, sizeof fk_regions);
   fk_regions_high = 0;
   for (int d = 0; d < FK_MAX_DEVICES; d++) fk_devices[d].used = 0;
+  fk_shared_forget();
 }
 
 #endif /* FAKE_MEMORY_H */

@@ -566,7 +566,7 @@ FK_FN int fk_access_of(unsigned long long va, int device) {
  * handles not at all; true when it refuses `bytes` more on `device`. */
 FK_FN int fk_counted_refuses(int device, unsigned long long bytes) {
   if (!(fk_quirks & Q_RESERVE_COUNTED)) return 0;
-  unsigned long long counted = fk_devices[device].used;
+  unsigned long long counted = fk_device_used_all(device); /* every process's */
   unsigned long long capacity = fk_devices[device].capacity;
   for (int i = 0; i < fk_phys_high; i++)
     if (fk_phys[i].serial && fk_phys[i].device == device) counted -= fk_phys[i].size;

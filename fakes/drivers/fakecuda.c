@@ -326,6 +326,7 @@ FAKE_EXPORT int fakecuda_configure(int devices, unsigned long long cap, unsigned
       if (cap) {
         cu_configured_capacity = 1;
         for (int d = 0; d < FK_MAX_DEVICES; d++) fk_devices[d].capacity = cap;
+        fk_shared_capacities(); /* a shared device keeps the segment's */
       }
       if (gran) fk_min_gran = fk_rec_gran = gran;
       if (ver) cu_version = ver;
@@ -892,9 +893,9 @@ CUresult cuCtxDisablePeerAccess(CUcontext peer_ctx) {
 static CUresult mem_get_info(size_t *free_bytes, size_t *total) {
   CHECK_CTX(ctx);
   if (!free_bytes || !total) return FK_INVALID_VALUE;
-  const struct fk_device *d = &fk_devices[fk_ctxs[ctx].device];
-  *free_bytes = d->capacity - d->used;
-  *total = d->capacity;
+  int device = fk_ctxs[ctx].device;
+  *free_bytes = fk_device_free(device);
+  *total = fk_devices[device].capacity;
   return CUDA_SUCCESS;
 }
 CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {

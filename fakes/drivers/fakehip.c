@@ -320,6 +320,7 @@ EXPORT void fakehip_reset(void) {
     fk_quirks = 0;
     fk_initialised = 0;
     fk_face_defaults();
+    fk_shared_capacities(); /* a shared device keeps the segment's */
   }
   pthread_mutex_unlock(&fk_lock);
 }
@@ -353,6 +354,7 @@ EXPORT void fakehip_set_devices(int n, unsigned long long bytes) {
   LOCKED({
     fk_n_devices = n < 0 ? 0 : n > FK_MAX_DEVICES ? FK_MAX_DEVICES : n;
     for (int d = 0; d < FK_MAX_DEVICES; d++) fk_devices[d].capacity = bytes;
+    fk_shared_capacities(); /* a shared device keeps the segment's */
   });
 }
 /* attr: 16 (integrated), 88 (pools), 89 (VMM; -1 = by version). */
@@ -813,9 +815,8 @@ EXPORT hipError_t hipGetDevicePropertiesR0600(void *prop, int device) {
 EXPORT hipError_t hipMemGetInfo(size_t *free_bytes, size_t *total) {
   ENTER("hipMemGetInfo");
   if (!free_bytes || !total) RETURN(hipErrorInvalidValue);
-  const struct fk_device *d = &fk_devices[current_device()];
-  *total = d->capacity;
-  *free_bytes = d->capacity - d->used;
+  *total = fk_devices[current_device()].capacity;
+  *free_bytes = fk_device_free(current_device());
   RETURN(hipSuccess);
 }
 EXPORT hipError_t hipDeviceSynchronize(void) {

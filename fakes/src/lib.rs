@@ -39,6 +39,10 @@
 //! `libamdhip64.so` itself. A driver keeps its state per loaded library, so a test that wants
 //! a fresh driver runs in a fresh process ([`each_profile()`], [`each_profile!`]).
 //!
+//! Each process has a device of its own unless [`SHARED_VARIABLE`] (`FAKE_SHARED_DEVICE`)
+//! names a segment: then the processes that name it share one device, as on a real machine
+//! ([`SharedDevice`]).
+//!
 //! ```
 //! use portalloc_fakes::{Driver, MATRIX};
 //!
@@ -50,6 +54,7 @@
 mod controls;
 mod profiles;
 mod runner;
+mod shared;
 
 pub use controls::{Call, Census, Code, Controls, ControlsError, Kernel, ModelError, KIT_VERSION};
 pub use profiles::{
@@ -58,3 +63,4 @@ pub use profiles::{
 #[doc(hidden)]
 pub use runner::test_name_from as __test_name_from;
 pub use runner::{each_profile, Runner, SHOW_VARIABLE, TIMEOUT_VARIABLE};
+pub use shared::{Holder, Segment, SharedDevice, SHARED_LAYOUT_VERSION, SHARED_VARIABLE};

@@ -332,7 +332,13 @@ impl Profile {
     /// The variables any profile of [`MATRIX`] or [`EXTRA`] sets, and every one the drivers read to pick a
     /// personality: [`Profile::apply`] removes them all before it sets its own, so that nothing
     /// another profile set (in an earlier process, or exported by a shell) leaks into this
-    /// one. (`FAKE_GUARD_HOST`, a switch of the kit rather than a personality, is kept.)
+    /// one. (`FAKE_GUARD_HOST` and `FAKE_SHARED_DEVICE`, switches of the kit rather than
+    /// personalities, are kept: a profile applied to a child of a test on a
+    /// [`SharedDevice`](crate::SharedDevice) leaves it on that device.)
+    ///
+    /// ```
+    /// assert!(!portalloc_fakes::Profile::variables().contains(&"FAKE_SHARED_DEVICE"));
+    /// ```
     ///
     /// ```
     /// let cleared = portalloc_fakes::Profile::variables();

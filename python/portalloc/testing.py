@@ -45,6 +45,9 @@ driver carries those names (:func:`soname_dir`). One copy of the drivers serves 
 process and language: a profile's environment names it in ``PORTALLOC_FAKES_DIR``, which the
 Rust crate reads too.
 
+Each process has a device of its own unless ``FAKE_SHARED_DEVICE`` names a segment: the
+processes that name one share its device, as on a real machine (:class:`SharedDevice`).
+
 From a shell (any language's CI)::
 
     python -m portalloc.testing list            # the matrix
@@ -59,9 +62,11 @@ import json
 import os
 import pathlib
 import shlex
+import struct
 import subprocess
 import sys
 import tempfile
+import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 __all__ = [
@@ -74,11 +79,14 @@ __all__ = [
     "MATRIX",
     "EXTRA",
     "PROFILE_VARIABLE",
+    "SHARED_VARIABLE",
     "SONAMES",
     "Controls",
     "Census",
     "FakesError",
+    "Holder",
     "Profile",
+    "SharedDevice",
     "current",
     "driver_dir",
     "driver_path",
@@ -501,7 +509,8 @@ def variables() -> List[str]:
     """The variables any profile sets, and every one the drivers read to pick a personality:
     :meth:`Profile.environ` removes them all before it sets its own (and ``env`` on the command
     line unsets them), so that nothing another profile set (exported by a shell, say) leaks
-    into it. ``FAKE_GUARD_HOST``, a switch of the kit rather than a personality, is kept."""
+    into it. ``FAKE_GUARD_HOST`` and ``FAKE_SHARED_DEVICE`` (:class:`SharedDevice`), switches of
+    the kit rather than personalities, are kept."""
     found = [
         "PORTALLOC_CUDA_LIBRARY",
         "PORTALLOC_HIP_LIBRARY",
@@ -938,6 +947,151 @@ class Controls:
         _within("graph_launches", "exec_handle", exec_handle, 64, signed=False)
         n = int(self._lib.fake_graph_launches(exec_handle))
         return n if n >= 0 else None
+
+
+SHARED_VARIABLE = "FAKE_SHARED_DEVICE"
+"""The variable the drivers read once, when they first prepare themselves: a name (letters,
+digits, ``-``, ``_``, ``.``; at most 64), the file ``/dev/shm/portalloc-fake-<name>.<euid>``,
+or an absolute path, that file. Every process that names one segment shares its device; unset
+or empty, each process has a private device (``fake_shared.h``)."""
+
+# The segment's layout (fake_shared.h; native byte order): a 96-byte header (u64 magic, u32
+# layout version, u32 ready, u32 devices, u32 slots, u64 claims, u64 capacity[8]), then 64
+# slots of 80 bytes (u64 owner: pid << 32 | claim counter, bit 31 while being claimed; u64
+# start time; u64 used[8]).
+_SHARED_MAGIC = 0x5645444B41464150
+_SHARED_LAYOUT_VERSION = 1
+_SHARED_DEVICES = 8
+_SHARED_SLOTS = 64
+_SHARED_HEADER = struct.Struct("=QIIIIQ8Q")
+_SHARED_SLOT = struct.Struct("=QQ8Q")
+_SHARED_SIZE = _SHARED_HEADER.size + _SHARED_SLOT.size * _SHARED_SLOTS
+_SHARED_CLAIMING = 0x80000000
+_SHARED_NAMES = [0]
+
+
+@dataclasses.dataclass(frozen=True)
+class Holder:
+    """A live process holding memory on a shared device: its pid and the bytes its driver
+    charged."""
+
+    pid: int
+    bytes: int
+
+
+def _proc_start(pid: int) -> Optional[Tuple[int, bool]]:
+    """Field 22 of ``/proc/<pid>/stat`` (the start time) and whether the process is a zombie;
+    None when there is no such process."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(b")") + 1 :].split()  # the name (field 2) ends at the last ')'
+    if len(fields) < 20:
+        return None
+    return int(fields[19]), fields[0] in (b"Z", b"X")
+
+
+class SharedDevice:
+    """A device shared by the processes given its environment (:meth:`env`); what it holds,
+    read from the segment file, independently of the drivers: a test's oracle for the
+    drivers' free memory and for what each process holds.
+
+    ``name`` is a name or an absolute path, as :data:`SHARED_VARIABLE` takes it. The drivers
+    create the file when the first process prepares its driver; :meth:`close` (or leaving a
+    ``with`` block) removes it if it was not there when this object was made::
+
+        with testing.SharedDevice.unique() as device:
+            env = testing.profile("cuda12").environ()
+            env.update(device.env())
+            ...  # start processes with env; then device.holders(0), device.free(0)
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.path = self._path(name)
+        self._fresh = not os.path.exists(self.path)
+
+    @staticmethod
+    def _path(name: str) -> str:
+        if name.startswith("/"):
+            return name
+        allowed = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
+        if not name or len(name) > 64 or not set(name) <= allowed:
+            raise ValueError(
+                "%s=%.80r: not a name (letters, digits, '-', '_', '.'; at most 64) nor an "
+                "absolute path" % (SHARED_VARIABLE, name)
+            )
+        return "/dev/shm/portalloc-fake-%s.%d" % (name, os.geteuid())
+
+    @classmethod
+    def unique(cls) -> "SharedDevice":
+        """A segment of a name no other ``SharedDevice`` has used: ``p<pid>-<counter>-<ns>``."""
+        _SHARED_NAMES[0] += 1
+        nanos = time.time_ns() % 10**9
+        return cls("p%d-%d-%d" % (os.getpid(), _SHARED_NAMES[0], nanos))
+
+    def env(self) -> Dict[str, str]:
+        """The variables to add to a child's environment: :data:`SHARED_VARIABLE`."""
+        return {SHARED_VARIABLE: self.name}
+
+    def _read(self) -> Tuple[Tuple[int, ...], List[Tuple[int, int, Tuple[int, ...]]]]:
+        with open(self.path, "rb") as f:
+            data = f.read()
+        if len(data) != _SHARED_SIZE:
+            raise FakesError("%s: %d bytes, a segment is %d" % (self.path, len(data), _SHARED_SIZE))
+        header = _SHARED_HEADER.unpack_from(data, 0)
+        if header[0] != _SHARED_MAGIC or header[1] != _SHARED_LAYOUT_VERSION:
+            raise FakesError(
+                "%s: magic %#x, layout version %d: not a segment this kit reads"
+                % (self.path, header[0], header[1])
+            )
+        slots = []
+        for i in range(_SHARED_SLOTS):
+            fields = _SHARED_SLOT.unpack_from(data, _SHARED_HEADER.size + _SHARED_SLOT.size * i)
+            slots.append((fields[0], fields[1], fields[2:]))
+        return header[6:], slots
+
+    def capacity(self, device: int) -> int:
+        """The bytes ``device`` has: the segment creator's capacity."""
+        return self._read()[0][device]
+
+    def holders(self, device: int) -> List[Holder]:
+        """The live processes holding memory on ``device``, by slot (the drivers' rule: an
+        owner whose process runs, no zombie, and started when the slot says)."""
+        found = []
+        for owner, start_time, used in self._read()[1]:
+            if not owner or owner & _SHARED_CLAIMING or not used[device]:
+                continue
+            proc = _proc_start(owner >> 32)
+            if proc is not None and not proc[1] and proc[0] == start_time:
+                found.append(Holder(owner >> 32, used[device]))
+        return found
+
+    def used(self, device: int) -> int:
+        """The bytes every live process holds on ``device``."""
+        return sum(h.bytes for h in self.holders(device))
+
+    def free(self, device: int) -> int:
+        """What the drivers' memory information reports free: the capacity less
+        :meth:`used`."""
+        return max(0, self.capacity(device) - self.used(device))
+
+    def close(self) -> None:
+        """Removes the segment file if it was not there when this object was made."""
+        if self._fresh:
+            self._fresh = False
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+
+    def __enter__(self) -> "SharedDevice":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
 
 def _main(argv: Sequence[str]) -> int:
