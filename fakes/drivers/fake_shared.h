@@ -362,3 +362,32 @@ __attribute__((destructor)) static void fk_shared_leave(void) {
 }
 
 #endif /* FAKE_SHARED_H */
+
+/* The device's UUID, 16 bytes: `tag` (the vendor's, 6 bytes), then 8 bytes of FNV-1a over what
+ * names the device, then the ordinal. A shared device is one device to every process that
+ * shares it, so its UUID comes from the segment's file; a private device is a device of this
+ * process alone, so its UUID comes from the process (pid and the time it started): code that
+ * keys state by device identity (portalloc's shared budget) sees private devices as distinct,
+ * as it would two GPUs. */
+FK_FN void fk_device_uuid(char *uuid, const char tag[6], int device) {
+  unsigned long long h = 1469598103934665603ULL;
+  char who[4200];
+  int n;
+  if (fk_shared)
+    n = snprintf(who, sizeof who, "shared:%s", fk_shared_file);
+  else
+  {
+    unsigned long long start = 0;
+    int zombie = 0;
+    fk_proc_start(getpid(), &start, &zombie);
+    n = snprintf(who, sizeof who, "private:%d:%llu", (int)getpid(), start);
+  }
+  for (int i = 0; i < n && i < (int)sizeof who; i++) {
+    h ^= (unsigned char)who[i];
+    h *= 1099511628211ULL;
+  }
+  memcpy(uuid, tag, 6);
+  for (int i = 0; i < 8; i++) uuid[6 + i] = (char)(h >> (8 * i));
+  uuid[14] = 0;
+  uuid[15] = (char)device;
+}

@@ -448,14 +448,12 @@ CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
   RETURN(total_mem(bytes, dev));
 }
 
-/* A UUID of 16 bytes that names the fake and the ordinal. */
+/* A UUID of 16 bytes: the fake, the device (shared or this process's) and the ordinal. */
 static CUresult device_uuid(char *uuid, CUdevice dev) {
   CHECK_INIT();
   CHECK_DEVICE(dev);
   if (!uuid) return FK_INVALID_VALUE;
-  static const char base[16] = "fakecuda-device";
-  memcpy(uuid, base, 16);
-  uuid[15] = (char)dev;
+  fk_device_uuid(uuid, "fkcuda", dev);
   return CUDA_SUCCESS;
 }
 CUresult cuDeviceGetUuid(char *uuid, CUdevice dev) {

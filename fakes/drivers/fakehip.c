@@ -632,14 +632,12 @@ EXPORT hipError_t hipDeviceGetP2PAttribute(int *value, int attr, int src, int ds
   RETURN(hipSuccess);
 }
 
-/* 16 bytes that name the fake and the ordinal. */
+/* 16 bytes: the fake, the device (shared or this process's) and the ordinal. */
 EXPORT hipError_t hipDeviceGetUuid(char *uuid, int device) {
   ENTER("hipDeviceGetUuid");
   if (!uuid) RETURN(hipErrorInvalidValue);
   if (!valid_device(device)) RETURN(hipErrorInvalidDevice);
-  static const char base[16] = "fakehip--device";
-  memcpy(uuid, base, 16);
-  uuid[15] = (char)device;
+  LOCKED(fk_device_uuid(uuid, "fkhip-", device));
   RETURN(hipSuccess);
 }
 
