@@ -1100,20 +1100,25 @@ impl Core {
                 if tag.using > 0 {
                     return (0, ACK_IN_USE, tag.name);
                 }
-                let mut given = 0;
+                let held_before: u64 = self.live_allocators().iter().map(|a| a.pool_bytes()).sum();
+                let mut reported = 0;
                 let mut failed = false;
                 for a in self.live_allocators() {
                     match a.sleep(&tag.name, tag.keep) {
-                        Ok(SleepReport { device_bytes, .. }) => given += device_bytes,
+                        Ok(SleepReport { device_bytes, .. }) => reported += device_bytes,
                         Err(_) => failed = true,
                     }
                 }
                 // Trim what the sleep left cached (granules it handed back to the strategy).
-                given += self
+                reported += self
                     .live_allocators()
                     .iter()
                     .filter_map(|a| a.trim().ok())
                     .sum::<u64>();
+                let held_after: u64 = self.live_allocators().iter().map(|a| a.pool_bytes()).sum();
+                // What the device got back: the strategies' own drop in what they hold, or what
+                // the calls reported, whichever says more.
+                let given = reported.max(held_before.saturating_sub(held_after));
                 if let Some(t) = self.locked().tags.iter_mut().find(|t| t.name == tag.name) {
                     t.asleep = given > 0 || t.asleep;
                 }

@@ -57,6 +57,51 @@ fn host_env(dir: &Path, role: &str) -> Vec<(String, String)> {
     ]
 }
 
+/// `bytes` at the scale the tests run (`PORTALLOC_BUDGET_SCALE`, default 1: a 1 GiB device;
+/// 8 gives the 8 GiB device, for a run by hand).
+fn scaled(bytes: u64) -> u64 {
+    bytes
+        * std::env::var("PORTALLOC_BUDGET_SCALE")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(1)
+}
+
+/// The environment of a member over a fake driver sharing one device between processes.
+fn fake_env(
+    dir: &Path,
+    role: &str,
+    profile: &str,
+    shared: &portalloc_fakes::SharedDevice,
+    strategy: &str,
+) -> Vec<(String, String)> {
+    let p = portalloc_fakes::profile(profile).unwrap();
+    let mut env: Vec<(String, String)> = p
+        .env()
+        .into_iter()
+        .chain(shared.env())
+        .map(|(k, v)| (k.to_string_lossy().into_owned(), v.to_string_lossy().into_owned()))
+        .collect();
+    let capacity = scaled(1 << 30).to_string();
+    env.extend([
+        (ROLE.into(), role.into()),
+        (DIR.into(), dir.display().to_string()),
+        ("FAKECUDA_CAPACITY".into(), capacity.clone()),
+        ("FAKEHIP_CAPACITY".into(), capacity),
+        ("PORTALLOC_ALLOCATOR".into(), strategy.into()),
+        (
+            "PORTALLOC_SHARED_BUDGET_DIR".into(),
+            dir.display().to_string(),
+        ),
+        ("PORTALLOC_MEMBER_NAME".into(), role.into()),
+        ("PORTALLOC_RECLAIM_DEADLINE_MS".into(), "5000".into()),
+    ]);
+    if strategy != "bfc" {
+        env.push(("PORTALLOC_MEM_FRACTION".into(), "1.0".into()));
+    }
+    env
+}
+
 fn spawn(env: &[(String, String)]) -> Child {
     let module = module_path!().split_once("::").map_or("", |(_, m)| m);
     let mut c = Command::new(std::env::current_exe().unwrap());
@@ -253,6 +298,86 @@ fn child() {
             touch(&dir.join(format!("idle.{}.ready", std::process::id())));
             std::thread::sleep(CHILD_LIMIT);
             drop((x, kv));
+        }
+        // The rollout of RL colocation: weights (kept) and a KV cache (discarded), both
+        // reclaimable, held outside any `using` section; when told, uses them again.
+        "rollout" => {
+            let b = member();
+            b.declare_reclaimable("weights", Keep::Contents).unwrap();
+            b.declare_reclaimable("kv", Keep::Nothing).unwrap();
+            let unit = scaled(16 * MIB);
+            let weights: Vec<_> = (0..32)
+                .map(|i| {
+                    let w = a.allocate(unit, 256, stream, "weights").unwrap();
+                    pattern(w.ptr(), w.size(), i, false);
+                    w
+                })
+                .collect();
+            let kv: Vec<_> = (0..8)
+                .map(|_| a.allocate(2 * unit, 256, stream, "kv").unwrap())
+                .collect();
+            b.publish();
+            touch(&dir.join("rollout.ready"));
+            assert!(wait_file(&dir.join("rollout.use"), CHILD_LIMIT), "never told to use");
+            let before: Vec<u64> = weights.iter().map(|w| w.ptr()).collect();
+            let kv_before: Vec<u64> = kv.iter().map(|k| k.ptr()).collect();
+            let asleep = weights.iter().filter(|w| a.is_asleep(w)).count();
+            println!("RESULT weights_were_asleep={asleep}");
+            {
+                let _w = b.using("weights").unwrap();
+                let _k = b.using("kv").unwrap();
+                let same = weights.iter().zip(&before).all(|(w, p)| w.ptr() == *p)
+                    && kv.iter().zip(&kv_before).all(|(k, p)| k.ptr() == *p);
+                let intact = weights
+                    .iter()
+                    .enumerate()
+                    .all(|(i, w)| !a.is_asleep(w) && pattern(w.ptr(), w.size(), i as u64, true));
+                println!("RESULT same_addresses={same}");
+                println!("RESULT weights_intact={intact}");
+                println!("RESULT kv_awake={}", kv.iter().all(|k| !a.is_asleep(k)));
+            }
+            for w in weights.into_iter().chain(kv) {
+                a.deallocate(w).unwrap();
+            }
+        }
+        // The trainer: needs 5/8 of the device, in 64 MiB pieces (scaled), and says how long
+        // the pieces that waited for the rollout took.
+        "trainer" => {
+            let piece = scaled(64 * MIB);
+            let mut held = Vec::new();
+            let mut slow = Duration::ZERO;
+            for _ in 0..10 {
+                let started = Instant::now();
+                match a.allocate(piece, 256, stream, "") {
+                    Ok(x) => held.push(x),
+                    Err(e) => {
+                        println!("ERROR {e}");
+                        break;
+                    }
+                }
+                slow = slow.max(started.elapsed());
+            }
+            let given: u64 = member().hand_offs().iter().map(|h| h.bytes).sum();
+            println!("RESULT trainer_held={}", held.len() as u64 * piece);
+            println!("RESULT handed_off={given}");
+            println!("RESULT slowest_micros={}", slow.as_micros());
+            touch(&dir.join("trainer.holds"));
+            assert!(wait_file(&dir.join("trainer.free"), CHILD_LIMIT));
+            for x in held {
+                a.deallocate(x).unwrap();
+            }
+        }
+        // JAX's defaults: bfc preallocating 75% at the first allocation; holds it until told.
+        "jax" => {
+            match a.allocate(MIB, 256, stream, "") {
+                Ok(x) => {
+                    println!("RESULT jax_ok=1");
+                    touch(&dir.join(format!("jax.{}.holds", std::process::id())));
+                    wait_file(&dir.join("jax.stop"), CHILD_LIMIT);
+                    a.deallocate(x).unwrap();
+                }
+                Err(e) => println!("ERROR {e}"),
+            }
         }
         other => panic!("unknown role {other}"),
     }
@@ -456,4 +581,93 @@ proptest::proptest! {
         let log = layout::read_log(&words);
         proptest::prop_assert!(log.len() <= layout::LOG_ENTRIES);
     }
+}
+
+/// RL colocation, scaled to a 1 GiB device: the rollout holds 3/4 of it (weights kept, KV
+/// discarded, both reclaimable, outside `using`); the trainer needs 5/8. The trainer's
+/// requests succeed once the rollout gave memory back — measured by the driver's own count —
+/// and the rollout's next `using` gets every allocation back at its address with its bytes.
+#[test_case::test_case("cuda12" ; "fakecuda")]
+#[test_case::test_case("rocm7" ; "fakehip")]
+fn colocation_hands_memory_to_the_trainer_and_back(profile: &str) {
+    let dir = temp_dir(profile);
+    let shared = portalloc_fakes::SharedDevice::unique();
+    let mut rollout = spawn(&fake_env(&dir, "rollout", profile, &shared, "vmm"));
+    if !wait_file(&dir.join("rollout.ready"), CHILD_LIMIT) {
+        let _ = rollout.kill();
+        panic!("rollout never ready: {}", finish(rollout).1);
+    }
+    let gib = scaled(1 << 30);
+    assert_eq!(shared.used(0), gib / 4 * 3, "the driver counts the rollout's 3/4");
+    let trainer = spawn(&fake_env(&dir, "trainer", profile, &shared, "vmm"));
+    assert!(wait_file(&dir.join("trainer.holds"), CHILD_LIMIT), "trainer never held");
+    let holders = shared.holders(0);
+    let trainer_bytes = holders.iter().find(|h| h.pid == trainer.id()).map_or(0, |h| h.bytes);
+    let rollout_bytes = holders.iter().find(|h| h.pid == rollout.id()).map_or(0, |h| h.bytes);
+    assert_eq!(trainer_bytes, gib / 8 * 5, "the driver counts the trainer's 5/8: {holders:?}");
+    assert!(rollout_bytes + trainer_bytes <= gib, "{holders:?}");
+    touch(&dir.join("trainer.free"));
+    let (code, out) = finish(trainer);
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(value(&out, "trainer_held"), Some((gib / 8 * 5).to_string()), "{out}");
+    let handed: u64 = value(&out, "handed_off").unwrap().parse().unwrap();
+    assert!(handed >= gib / 8 * 3, "the rollout gave what the trainer lacked: {out}");
+    let micros: u64 = value(&out, "slowest_micros").unwrap().parse().unwrap();
+    println!(
+        "{profile}: hand-off of {} MiB in {micros} µs ({:.0} ms per GiB)",
+        handed >> 20,
+        micros as f64 / 1000.0 / (handed as f64 / (1u64 << 30) as f64)
+    );
+    touch(&dir.join("rollout.use"));
+    let (code, out) = finish(rollout);
+    assert_eq!(code, Some(0), "{out}");
+    assert_ne!(value(&out, "weights_were_asleep").as_deref(), Some("0"), "{out}");
+    assert_eq!(value(&out, "same_addresses").as_deref(), Some("true"), "{out}");
+    assert_eq!(value(&out, "weights_intact").as_deref(), Some("true"), "{out}");
+    assert_eq!(value(&out, "kv_awake").as_deref(), Some("true"), "{out}");
+    assert_eq!(shared.used(0), 0, "everything given back: {:?}", shared.holders(0));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Two processes with JAX's defaults (bfc preallocating 75%): the second cannot have its 75%,
+/// and its error names the first, what it holds, and the settings that let both run — which
+/// then do.
+#[test]
+fn two_processes_with_jax_defaults_are_told_what_would_let_both_run() {
+    let dir = temp_dir("jax");
+    let shared = portalloc_fakes::SharedDevice::unique();
+    let env = fake_env(&dir, "jax", "cuda12", &shared, "bfc");
+    let first = spawn(&env);
+    let started = Instant::now();
+    while !std::fs::read_dir(&dir).unwrap().flatten().any(|e| e.file_name().to_string_lossy().starts_with("jax.")) {
+        assert!(started.elapsed() < CHILD_LIMIT, "the first never held");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let (_, out) = finish(spawn(&env));
+    let error = out.lines().skip_while(|l| !l.starts_with("ERROR")).collect::<Vec<_>>().join("\n");
+    assert!(error.contains(&format!("pid {} `jax`", first.id())), "{out}");
+    assert!(error.contains("reserved 768.00 MiB"), "{out}");
+    assert!(error.contains("XLA_CLIENT_MEM_FRACTION=0.47"), "{out}");
+    // The advice works: both run with it.
+    touch(&dir.join("jax.stop"));
+    assert_eq!(finish(first).0, Some(0));
+    let mut advised = env.clone();
+    advised.push(("XLA_CLIENT_MEM_FRACTION".into(), "0.47".into()));
+    let _ = std::fs::remove_file(dir.join("jax.stop"));
+    let a = spawn(&advised);
+    let b = spawn(&advised);
+    let started = Instant::now();
+    while std::fs::read_dir(&dir).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().ends_with(".holds")).count() < 3 {
+        if started.elapsed() > CHILD_LIMIT {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    touch(&dir.join("jax.stop"));
+    for c in [a, b] {
+        let (code, out) = finish(c);
+        assert_eq!(code, Some(0), "{out}");
+        assert_eq!(value(&out, "jax_ok").as_deref(), Some("1"), "{out}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
