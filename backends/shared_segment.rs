@@ -188,7 +188,17 @@ impl MappedSegment {
             }
             fs::ftruncate(&fd, bytes).map_err(|e| io("ftruncate", e))?;
         }
-        let stat = fs::fstat(&fd).map_err(|e| io("fstat", e))?;
+        let mut stat = fs::fstat(&fd).map_err(|e| io("fstat", e))?;
+        // A file of 0 bytes is one its creator has yet to size (between its create and its
+        // `ftruncate`): wait for it, briefly, rather than take it for a truncated one.
+        let started = std::time::Instant::now();
+        while !created
+            && stat.st_size == 0
+            && started.elapsed() < std::time::Duration::from_millis(500)
+        {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            stat = fs::fstat(&fd).map_err(|e| io("fstat", e))?;
+        }
         let kind = stat.st_mode & libc::S_IFMT;
         if kind != libc::S_IFREG {
             return Err(MapProblem::NotRegularFile);

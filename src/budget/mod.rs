@@ -364,6 +364,9 @@ struct Core {
     local: Mutex<Local>,
     /// Serialises this process's writers of its slot's structured part (the seqlock's writer).
     writer: Mutex<()>,
+    /// Held by a `using` entry while it pins and wakes, and by a sleep asked for while it
+    /// checks the pin and sleeps: a tag is never slept under a section that just entered.
+    gate: Mutex<()>,
     stop: AtomicBool,
     /// False once the slot was found taken by someone else (reaped while we were stopped, or
     /// a forked child): the process then runs alone.
@@ -518,6 +521,7 @@ impl SharedBudget {
             deadline: options.deadline,
             local: Mutex::new(Local::default()),
             writer: Mutex::new(()),
+            gate: Mutex::new(()),
             stop: AtomicBool::new(false),
             joined: AtomicBool::new(true),
         });
@@ -627,6 +631,11 @@ impl SharedBudget {
     /// # Errors
     /// The wake's error, after asking the others, with the tag still asleep (nothing lost).
     pub fn using(self: &Arc<Self>, tag: &str) -> Result<UsingGuard> {
+        let _gate = self
+            .core
+            .gate
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         {
             let mut local = self.core.locked();
             if let Some(t) = local.tags.iter_mut().find(|t| t.name == tag) {
@@ -981,10 +990,8 @@ impl Core {
     }
 
     fn wake_tag(&self, tag: &str) -> Result<()> {
-        let asleep = self.locked().tags.iter().any(|t| t.name == tag && t.asleep);
-        if !asleep {
-            return Ok(());
-        }
+        // The allocators say what sleeps, not the flag: a sleep that reported no bytes still
+        // put the tag to sleep.
         for a in self.live_allocators() {
             if !a.sleeping().iter().any(|s: &SleepingTag| s.tag == tag) {
                 continue;
@@ -1090,6 +1097,11 @@ impl Core {
                 (given, ACK_DONE, String::new())
             }
             ASK_SLEEP => {
+                // A `using` entering now holds the gate: refuse rather than wait for it (its
+                // wake may itself be asking the others, this thread among them).
+                let Ok(_gate) = self.gate.try_lock() else {
+                    return (0, ACK_IN_USE, String::new());
+                };
                 let tag = {
                     let local = self.locked();
                     local.tags.get(ask.tag_index).cloned()
@@ -1119,8 +1131,12 @@ impl Core {
                 // What the device got back: the strategies' own drop in what they hold, or what
                 // the calls reported, whichever says more.
                 let given = reported.max(held_before.saturating_sub(held_after));
+                let asleep = self
+                    .live_allocators()
+                    .iter()
+                    .any(|a| a.sleeping().iter().any(|s| s.tag == tag.name));
                 if let Some(t) = self.locked().tags.iter_mut().find(|t| t.name == tag.name) {
-                    t.asleep = given > 0 || t.asleep;
+                    t.asleep = asleep;
                 }
                 self.publish_tags();
                 self.publish_numbers();

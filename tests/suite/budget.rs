@@ -139,8 +139,11 @@ fn finish(mut child: Child) -> (Option<i32>, String) {
         std::thread::sleep(Duration::from_millis(5));
     }
     let out = child.wait_with_output().unwrap();
+    use std::os::unix::process::ExitStatusExt;
     let text = format!(
-        "{}{}",
+        "[status {:?}, signal {:?}]\n{}{}",
+        out.status.code(),
+        out.status.signal(),
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
@@ -378,6 +381,36 @@ fn child() {
                 }
                 Err(e) => println!("ERROR {e}"),
             }
+        }
+        // A member of the kill tests that gives: 64 MiB of a reclaimable, kept `kv` with a
+        // pattern; at `stop`, uses it again and checks every byte it wrote.
+        "k-donor" => {
+            let b = member();
+            b.declare_reclaimable("kv", Keep::Contents).unwrap();
+            let kv: Vec<_> = (0..4)
+                .map(|i| {
+                    let k = a.allocate(16 * MIB, 256, stream, "kv").unwrap();
+                    pattern(k.ptr(), k.size(), i, false);
+                    k
+                })
+                .collect();
+            touch(&dir.join(format!("k-donor.{}.ready", std::process::id())));
+            assert!(wait_file(&dir.join("stop"), CHILD_LIMIT), "never stopped");
+            let _using = b.using("kv").unwrap();
+            let intact = kv
+                .iter()
+                .enumerate()
+                .all(|(i, k)| pattern(k.ptr(), k.size(), i as u64, true));
+            println!("RESULT intact={intact}");
+            assert!(intact, "bytes lost");
+        }
+        // The member of the kill tests that asks: 192 MiB of a 256 MiB device.
+        "k-requester" => {
+            let mut held = Vec::new();
+            for _ in 0..12 {
+                held.push(a.allocate(16 * MIB, 256, stream, "").unwrap());
+            }
+            println!("RESULT held={}", held.len() as u64 * 16 * MIB);
         }
         other => panic!("unknown role {other}"),
     }
@@ -670,4 +703,92 @@ fn two_processes_with_jax_defaults_are_told_what_would_let_both_run() {
         assert_eq!(value(&out, "jax_ok").as_deref(), Some("1"), "{out}");
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// 100 seeded runs (`PORTALLOC_BUDGET_KILL_RUNS` for more or fewer): two donors and a
+/// requester on one fake device of 256 MiB; a random one of them is `SIGKILL`ed at a random
+/// moment — before it joined, while it allocates, mid-ask, mid-sleep, mid-wait. The others
+/// finish (the requester gets its 192 MiB, each surviving donor its bytes back), the dead is
+/// counted by neither the driver nor the budget, and the segment stays readable.
+#[test]
+fn a_member_killed_at_a_random_point_costs_the_others_nothing() {
+    use rand::{Rng, SeedableRng};
+    let runs: u64 = std::env::var("PORTALLOC_BUDGET_KILL_RUNS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(100);
+    let first: u64 = std::env::var("PORTALLOC_BUDGET_KILL_FIRST").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
+    for seed in first..first + runs {
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+        let dir = temp_dir("kill");
+        let shared = portalloc_fakes::SharedDevice::unique();
+        let env = |role: &str| {
+            let mut e = fake_env(&dir, role, "cuda12", &shared, "vmm");
+            e.retain(|(k, _)| k != "FAKECUDA_CAPACITY" && k != "PORTALLOC_RECLAIM_DEADLINE_MS");
+            e.push(("FAKECUDA_CAPACITY".into(), (256 * MIB).to_string()));
+            e.push(("PORTALLOC_RECLAIM_DEADLINE_MS".into(), "1000".into()));
+            e
+        };
+        let mut donors = vec![spawn(&env("k-donor")), spawn(&env("k-donor"))];
+        let victim = rng.gen_range(0..3usize);
+        // The requester starts once the donors hold their memory, or (for a donor victim
+        // killed early) at once.
+        let early = rng.gen_bool(0.2);
+        if !early {
+            let started = Instant::now();
+            while std::fs::read_dir(&dir)
+                .unwrap()
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().ends_with(".ready"))
+                .count()
+                < 2
+            {
+                if started.elapsed() > CHILD_LIMIT {
+                    let outs: Vec<String> = donors
+                        .into_iter()
+                        .map(|mut d| {
+                            let _ = d.kill();
+                            finish(d).1
+                        })
+                        .collect();
+                    panic!("seed {seed}: donors never ready: {outs:?}");
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        let mut requester = spawn(&env("k-requester"));
+        std::thread::sleep(Duration::from_micros(rng.gen_range(0..60_000)));
+        let dead = match victim {
+            2 => &mut requester,
+            d => &mut donors[d],
+        };
+        let dead_pid = dead.id();
+        let _ = dead.kill();
+        let _ = dead.wait();
+        if victim != 2 {
+            let (code, out) = finish(requester);
+            assert_eq!(code, Some(0), "seed {seed}: the requester failed: {out}");
+            assert_eq!(value(&out, "held"), Some((192 * MIB).to_string()), "seed {seed}: {out}");
+        }
+        touch(&dir.join("stop"));
+        for (i, d) in donors.into_iter().enumerate() {
+            if i == victim {
+                continue;
+            }
+            let (code, out) = finish(d);
+            // A donor killed before its `ready` never held anything; a survivor checks its bytes.
+            assert_eq!(code, Some(0), "seed {seed}: a surviving donor failed: {out}");
+            assert_eq!(value(&out, "intact").as_deref(), Some("true"), "seed {seed}: {out}");
+        }
+        assert!(
+            shared.holders(0).iter().all(|h| h.pid != dead_pid),
+            "seed {seed}: the driver still counts the dead"
+        );
+        assert_eq!(shared.used(0), 0, "seed {seed}: {:?}", shared.holders(0));
+        if let Some(seg) = segment_in(&dir) {
+            let view = Inspector::open(&seg).unwrap().snapshot();
+            assert!(view.members.iter().all(|m| m.pid != dead_pid), "seed {seed}: {view:?}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
