@@ -69,6 +69,9 @@ impl std::fmt::Display for MapProblem {
     }
 }
 
+/// What a creator writes into a fresh segment before anyone reads it.
+type Init<'a> = &'a dyn Fn(&[AtomicU64]);
+
 /// Who may open a segment besides its owner.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Access {
@@ -153,7 +156,7 @@ impl MappedSegment {
         path: &Path,
         words: usize,
         access: Access,
-        init: Option<&dyn Fn(&[AtomicU64])>,
+        init: Option<Init<'_>>,
     ) -> Result<MappedSegment, MapProblem> {
         use rustix::fs::{self, Mode, OFlags};
         let io = |what: &str, e: rustix::io::Errno| MapProblem::Io(format!("{what}: {e}"));
@@ -244,7 +247,7 @@ impl MappedSegment {
             words,
             path: path.to_path_buf(),
             created,
-            identity: (stat.st_dev as u64, stat.st_ino as u64),
+            identity: (stat.st_dev, stat.st_ino),
         };
         if let (true, Some(init)) = (created, init) {
             init(segment.words());
@@ -336,7 +339,7 @@ impl MappedSegment {
         #[cfg(target_os = "linux")]
         {
             rustix::fs::lstat(&self.path)
-                .is_ok_and(|s| (s.st_dev as u64, s.st_ino as u64) == self.identity)
+                .is_ok_and(|s| (s.st_dev, s.st_ino) == self.identity)
         }
         #[cfg(not(target_os = "linux"))]
         {

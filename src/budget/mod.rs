@@ -1180,7 +1180,7 @@ impl Core {
             .filter(|m| m.cached > 0)
             .map(|m| ((*m).clone(), ASK_TRIM, 0, m.cached))
             .collect();
-        trims.sort_by(|a, b| b.3.cmp(&a.3));
+        trims.sort_by_key(|c| std::cmp::Reverse(c.3));
         let mut sleeps: Vec<(SlotView, u64, usize, u64)> = Vec::new();
         for m in &others {
             for (i, t) in m.tags.iter().enumerate() {
@@ -1189,7 +1189,7 @@ impl Core {
                 }
             }
         }
-        sleeps.sort_by(|a, b| b.3.cmp(&a.3));
+        sleeps.sort_by_key(|c| std::cmp::Reverse(c.3));
         let mut plan = Vec::new();
         let mut sum = 0u64;
         for c in trims.into_iter().chain(sleeps) {

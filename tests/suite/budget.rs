@@ -168,11 +168,12 @@ fn touch(path: &Path) {
 /// `key=value` lines a child printed, by key (the last wins).
 fn value(out: &str, key: &str) -> Option<String> {
     out.lines()
+        .rev()
         .filter_map(|l| l.strip_prefix("RESULT "))
         .filter_map(|l| l.split_once('='))
         .filter(|(k, _)| *k == key)
         .map(|(_, v)| v.to_string())
-        .last()
+        .next()
 }
 
 fn segment_in(dir: &Path) -> Option<PathBuf> {
