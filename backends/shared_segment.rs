@@ -338,8 +338,7 @@ impl MappedSegment {
     pub fn still_linked(&self) -> bool {
         #[cfg(target_os = "linux")]
         {
-            rustix::fs::lstat(&self.path)
-                .is_ok_and(|s| (s.st_dev, s.st_ino) == self.identity)
+            rustix::fs::lstat(&self.path).is_ok_and(|s| (s.st_dev, s.st_ino) == self.identity)
         }
         #[cfg(not(target_os = "linux"))]
         {
@@ -387,7 +386,10 @@ pub fn effective_uid() -> u32 {
 pub fn pid_exists(pid: u32) -> bool {
     #[cfg(unix)]
     {
-        let Some(p) = i32::try_from(pid).ok().and_then(rustix::process::Pid::from_raw) else {
+        let Some(p) = i32::try_from(pid)
+            .ok()
+            .and_then(rustix::process::Pid::from_raw)
+        else {
             return false;
         };
         !matches!(

@@ -311,7 +311,11 @@ fn two_processes_share_one_devices_memory(driver: Driver) {
     assert_eq!(device.free(0), 40 * MIB);
     let (rc, _) = b.alloc(48 * MIB);
     assert_eq!(rc, b.oom, "48 MiB of the 40 left");
-    assert_eq!(device.holders(0), [holder(&a, 24 * MIB)], "a failed charge is taken back");
+    assert_eq!(
+        device.holders(0),
+        [holder(&a, 24 * MIB)],
+        "a failed charge is taken back"
+    );
     a.free(pa);
     assert_eq!(device.free(0), CAPACITY);
     let (rc, pb) = b.alloc(48 * MIB);
@@ -459,7 +463,10 @@ fn a_wrong_segment_is_said_and_the_device_is_private(driver: Driver, wrong: &str
         "user" => {
             write_private(&path, &good);
             if let Err(e) = std::os::unix::fs::chown(&path, Some(65534), Some(65534)) {
-                println!("skipped: cannot give {} to another user ({e})", path.display());
+                println!(
+                    "skipped: cannot give {} to another user ({e})",
+                    path.display()
+                );
                 return;
             }
             device.value().to_owned()
@@ -492,7 +499,9 @@ fn a_wrong_segment_is_said_and_the_device_is_private(driver: Driver, wrong: &str
 #[test_case(HIP ; "hip")]
 fn racing_processes_never_overcommit(driver: Driver) {
     let device = SharedDevice::unique();
-    let mut procs: Vec<Proc> = (0..4).map(|_| Proc::start(driver, device.value())).collect();
+    let mut procs: Vec<Proc> = (0..4)
+        .map(|_| Proc::start(driver, device.value()))
+        .collect();
     let logs: Vec<std::path::PathBuf> = (0..4)
         .map(|i| {
             std::env::temp_dir().join(format!(
@@ -524,7 +533,13 @@ fn racing_processes_never_overcommit(driver: Driver) {
     };
     for (i, p) in procs.iter_mut().enumerate() {
         let stdin = p.stdin.as_mut().expect("running");
-        writeln!(stdin, "race 200 {} {}", 0x9e37_79b9 * (i + 1), logs[i].display()).unwrap();
+        writeln!(
+            stdin,
+            "race 200 {} {}",
+            0x9e37_79b9 * (i + 1),
+            logs[i].display()
+        )
+        .unwrap();
         stdin.flush().unwrap();
     }
     for p in &mut procs {
@@ -546,15 +561,24 @@ fn racing_processes_never_overcommit(driver: Driver) {
                 continue;
             }
             let bytes: i64 = w[2].parse().unwrap();
-            events.push((w[0].parse().unwrap(), if w[1] == "+" { bytes } else { -bytes }));
+            events.push((
+                w[0].parse().unwrap(),
+                if w[1] == "+" { bytes } else { -bytes },
+            ));
         }
     }
-    assert!(got > 0 && failed > 0, "they raced for the memory: {got} got, {failed} refused");
+    assert!(
+        got > 0 && failed > 0,
+        "they raced for the memory: {got} got, {failed} refused"
+    );
     events.sort(); // at one time, frees first
     let mut held = 0i64;
     for (t, delta) in &events {
         held += delta;
-        assert!(held <= CAPACITY as i64, "{held} bytes surely held at once, at {t}");
+        assert!(
+            held <= CAPACITY as i64,
+            "{held} bytes surely held at once, at {t}"
+        );
     }
     assert_eq!(held, 0);
     assert_eq!(device.free(0), CAPACITY);

@@ -499,8 +499,7 @@ pub fn read_slot(words: &[AtomicU64], i: usize) -> Result<SlotView, SlotRead> {
             asks,
             acks,
         };
-        if w(S_SEQ).load(Ordering::Acquire) != seq || w(S_OWNER).load(Ordering::Acquire) != owner
-        {
+        if w(S_SEQ).load(Ordering::Acquire) != seq || w(S_OWNER).load(Ordering::Acquire) != owner {
             continue;
         }
         if pid == 0 || pid > u64::from(u32::MAX) || owner >> 32 != pid {
@@ -575,7 +574,10 @@ pub fn append_log(words: &[AtomicU64], entry: &HandOff) {
         ASK_TRIM
     };
     words[log_word(i, L_KIND)].store(kind, Ordering::Relaxed);
-    write_text(&words[log_word(i, L_TAG)..log_word(i, L_TAG + 2)], &entry.tag);
+    write_text(
+        &words[log_word(i, L_TAG)..log_word(i, L_TAG + 2)],
+        &entry.tag,
+    );
     words[log_word(i, L_SEQ)].store(n + 1, Ordering::Release);
 }
 
@@ -590,10 +592,16 @@ mod tests {
     #[test]
     fn a_fresh_header_checks_and_another_key_does_not() {
         let w = zeroed();
-        assert!(matches!(check_header(&w, "k"), Err(LayoutProblem::Magic { found: 0 })));
+        assert!(matches!(
+            check_header(&w, "k"),
+            Err(LayoutProblem::Magic { found: 0 })
+        ));
         init_header(&w, "cuda:GPU-1234", 8 << 30);
         check_header(&w, "cuda:GPU-1234").unwrap();
-        assert!(matches!(check_header(&w, "cuda:GPU-9"), Err(LayoutProblem::Key { .. })));
+        assert!(matches!(
+            check_header(&w, "cuda:GPU-9"),
+            Err(LayoutProblem::Key { .. })
+        ));
         w[H_VERSION].store(2, Ordering::Relaxed);
         assert_eq!(
             check_header(&w, "cuda:GPU-1234"),
@@ -608,7 +616,10 @@ mod tests {
         assert_eq!(read_text(&w), "weights");
         write_text(&w, "é".repeat(20).as_str());
         assert_eq!(read_text(&w).chars().count(), 12); // 24 bytes, 2 per char
-        w[0].store(u64::from_le_bytes([0x1b, b'[', b'2', b'J', 0xff, 0xfe, b'a', b'b']), Ordering::Relaxed);
+        w[0].store(
+            u64::from_le_bytes([0x1b, b'[', b'2', b'J', 0xff, 0xfe, b'a', b'b']),
+            Ordering::Relaxed,
+        );
         let shown = read_text(&w);
         assert!(!shown.chars().any(char::is_control), "{shown:?}");
     }

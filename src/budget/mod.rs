@@ -179,13 +179,11 @@ impl BudgetOptions {
             Some(v) => match v.trim().to_ascii_lowercase().as_str() {
                 "1" | "true" | "on" | "yes" => true,
                 "0" | "false" | "off" | "no" => false,
-                _ => {
-                    return Err(Error::config(
-                        PORTALLOC_SHARED_BUDGET,
-                        v.as_str(),
-                        "1/true/on/yes to join the device's shared budget, 0/false/off/no to run alone",
-                    ))
-                }
+                _ => return Err(Error::config(
+                    PORTALLOC_SHARED_BUDGET,
+                    v.as_str(),
+                    "1/true/on/yes to join the device's shared budget, 0/false/off/no to run alone",
+                )),
             },
         };
         if !on {
@@ -217,13 +215,18 @@ impl BudgetOptions {
             o.ceiling = Some(Amount::parse(PORTALLOC_CEILING, &c)?);
         }
         if let Some(d) = get(PORTALLOC_RECLAIM_DEADLINE_MS) {
-            let ms: u64 = d.trim().parse().ok().filter(|&ms| ms <= 3_600_000).ok_or_else(|| {
-                Error::config(
-                    PORTALLOC_RECLAIM_DEADLINE_MS,
-                    &d,
-                    "milliseconds from 0 to 3600000",
-                )
-            })?;
+            let ms: u64 = d
+                .trim()
+                .parse()
+                .ok()
+                .filter(|&ms| ms <= 3_600_000)
+                .ok_or_else(|| {
+                    Error::config(
+                        PORTALLOC_RECLAIM_DEADLINE_MS,
+                        &d,
+                        "milliseconds from 0 to 3600000",
+                    )
+                })?;
             o.deadline = Duration::from_millis(ms);
         }
         if let Some(n) = get(PORTALLOC_MEMBER_NAME) {
@@ -494,7 +497,10 @@ impl SharedBudget {
         reap(words);
         let pid = std::process::id();
         let start = process_start_time(pid).unwrap_or(0);
-        let claim = words[H_CLAIMS].fetch_add(1, Ordering::AcqRel).wrapping_add(1) & 0xffff_ffff;
+        let claim = words[H_CLAIMS]
+            .fetch_add(1, Ordering::AcqRel)
+            .wrapping_add(1)
+            & 0xffff_ffff;
         let owner = u64::from(pid) << 32 | claim.max(1);
         let slot = (0..SLOTS)
             .find(|&i| {
@@ -529,8 +535,15 @@ impl SharedBudget {
             w(S_PID).store(u64::from(pid), Ordering::Relaxed);
             w(S_START).store(start, Ordering::Relaxed);
             for k in [
-                S_RESERVED, S_IN_USE, S_CACHED, S_ASLEEP, S_GIVEN, S_REFUSED, S_REQUEST,
-                S_REQUEST_BYTES, S_ACK_HEAD,
+                S_RESERVED,
+                S_IN_USE,
+                S_CACHED,
+                S_ASLEEP,
+                S_GIVEN,
+                S_REFUSED,
+                S_REQUEST,
+                S_REQUEST_BYTES,
+                S_ACK_HEAD,
             ] {
                 w(k).store(0, Ordering::Relaxed);
             }
@@ -579,7 +592,10 @@ impl SharedBudget {
     /// Registers an allocator whose memory this membership publishes, trims and sleeps when
     /// asked. Held weakly: a dropped allocator drops out.
     pub fn register(&self, allocator: &Arc<dyn Allocator>) {
-        self.core.locked().allocators.push(Arc::downgrade(allocator));
+        self.core
+            .locked()
+            .allocators
+            .push(Arc::downgrade(allocator));
         self.core.publish_numbers();
     }
 
@@ -782,9 +798,9 @@ impl Inspector {
             .flatten()
             .map(|e| e.path())
             .filter(|p| {
-                p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
-                    n.starts_with("portalloc-budget-") && n.ends_with(&suffix)
-                })
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("portalloc-budget-") && n.ends_with(&suffix))
             })
             .collect();
         found.sort();
@@ -1364,10 +1380,7 @@ impl BudgetAllocator {
                 .insert(allocation.token(), (tag.to_string(), allocation.size()));
             self.budget.core.tag_bytes(tag, allocation.size() as i64);
         }
-        let charged = self
-            .inner
-            .charged(allocation)
-            .unwrap_or(allocation.size());
+        let charged = self.inner.charged(allocation).unwrap_or(allocation.size());
         self.budget.core.publish_fast(&*self.inner, charged as i64);
     }
 }
@@ -1426,10 +1439,7 @@ impl Allocator for BudgetAllocator {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(&allocation.token());
-        let size = self
-            .inner
-            .charged(&allocation)
-            .unwrap_or(allocation.size());
+        let size = self.inner.charged(&allocation).unwrap_or(allocation.size());
         let r = self.inner.deallocate(allocation);
         if let Some((tag, bytes)) = entry {
             self.budget.core.tag_bytes(&tag, -(bytes as i64));

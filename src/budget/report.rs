@@ -193,7 +193,11 @@ impl fmt::Display for BudgetReport {
                     "    tag `{}`: {}{}{}{}",
                     t.name,
                     Bytes(t.bytes),
-                    if t.keep { ", keeps contents" } else { ", discards contents" },
+                    if t.keep {
+                        ", keeps contents"
+                    } else {
+                        ", discards contents"
+                    },
                     if t.in_use { ", in use" } else { "" },
                     if t.asleep { ", asleep" } else { "" }
                 )?;

@@ -80,7 +80,12 @@ fn fake_env(
         .env()
         .into_iter()
         .chain(shared.env())
-        .map(|(k, v)| (k.to_string_lossy().into_owned(), v.to_string_lossy().into_owned()))
+        .map(|(k, v)| {
+            (
+                k.to_string_lossy().into_owned(),
+                v.to_string_lossy().into_owned(),
+            )
+        })
         .collect();
     let capacity = scaled(1 << 30).to_string();
     env.extend([
@@ -112,10 +117,7 @@ fn spawn(env: &[(String, String)]) -> Child {
         "--nocapture",
         "--test-threads=1",
     ]);
-    for k in portalloc::config::VARIABLES
-        .iter()
-        .chain(budget::VARIABLES)
-    {
+    for k in portalloc::config::VARIABLES.iter().chain(budget::VARIABLES) {
         c.env_remove(k);
     }
     for (k, v) in env {
@@ -235,7 +237,10 @@ fn child() {
             a.deallocate(scratch).unwrap();
             b.publish();
             touch(&dir.join("donor.ready"));
-            assert!(wait_file(&dir.join("donor.use"), CHILD_LIMIT), "never told to use");
+            assert!(
+                wait_file(&dir.join("donor.use"), CHILD_LIMIT),
+                "never told to use"
+            );
             let before: Vec<u64> = weights.iter().map(|w| w.ptr()).collect();
             {
                 let _using = b.using("weights").unwrap();
@@ -248,10 +253,7 @@ fn child() {
                 println!("RESULT weights_intact={intact}");
             }
             let _kv_use = b.using("kv").unwrap();
-            println!(
-                "RESULT kv_awake={}",
-                kv.iter().all(|k| !a.is_asleep(k))
-            );
+            println!("RESULT kv_awake={}", kv.iter().all(|k| !a.is_asleep(k)));
             for w in weights {
                 a.deallocate(w).unwrap();
             }
@@ -262,7 +264,10 @@ fn child() {
         // Asks the others for PORTALLOC_BUDGET_WANT bytes and prints what it got.
         "requester" => {
             let b = member();
-            let want: u64 = std::env::var("PORTALLOC_BUDGET_WANT").unwrap().parse().unwrap();
+            let want: u64 = std::env::var("PORTALLOC_BUDGET_WANT")
+                .unwrap()
+                .parse()
+                .unwrap();
             let started = Instant::now();
             let got = b.reclaim(want);
             let given: u64 = got.iter().map(|g| g.given).sum();
@@ -322,7 +327,10 @@ fn child() {
                 .collect();
             b.publish();
             touch(&dir.join("rollout.ready"));
-            assert!(wait_file(&dir.join("rollout.use"), CHILD_LIMIT), "never told to use");
+            assert!(
+                wait_file(&dir.join("rollout.use"), CHILD_LIMIT),
+                "never told to use"
+            );
             let before: Vec<u64> = weights.iter().map(|w| w.ptr()).collect();
             let kv_before: Vec<u64> = kv.iter().map(|k| k.ptr()).collect();
             let asleep = weights.iter().filter(|w| a.is_asleep(w)).count();
@@ -372,17 +380,15 @@ fn child() {
             }
         }
         // JAX's defaults: bfc preallocating 75% at the first allocation; holds it until told.
-        "jax" => {
-            match a.allocate(MIB, 256, stream, "") {
-                Ok(x) => {
-                    println!("RESULT jax_ok=1");
-                    touch(&dir.join(format!("jax.{}.holds", std::process::id())));
-                    wait_file(&dir.join("jax.stop"), CHILD_LIMIT);
-                    a.deallocate(x).unwrap();
-                }
-                Err(e) => println!("ERROR {e}"),
+        "jax" => match a.allocate(MIB, 256, stream, "") {
+            Ok(x) => {
+                println!("RESULT jax_ok=1");
+                touch(&dir.join(format!("jax.{}.holds", std::process::id())));
+                wait_file(&dir.join("jax.stop"), CHILD_LIMIT);
+                a.deallocate(x).unwrap();
             }
-        }
+            Err(e) => println!("ERROR {e}"),
+        },
         // A member of the kill tests that gives: 64 MiB of a reclaimable, kept `kv` with a
         // pattern; at `stop`, uses it again and checks every byte it wrote.
         "k-donor" => {
@@ -422,7 +428,10 @@ fn child() {
 fn a_member_gives_its_cache_and_idle_tags_and_gets_them_back_at_their_addresses() {
     let dir = temp_dir("give");
     let donor = spawn(&host_env(&dir, "donor"));
-    assert!(wait_file(&dir.join("donor.ready"), CHILD_LIMIT), "donor never ready");
+    assert!(
+        wait_file(&dir.join("donor.ready"), CHILD_LIMIT),
+        "donor never ready"
+    );
     let seg = segment_in(&dir).expect("a segment");
     let view = Inspector::open(&seg).unwrap().snapshot();
     assert_eq!(view.members.len(), 1, "{view:?}");
@@ -440,7 +449,13 @@ fn a_member_gives_its_cache_and_idle_tags_and_gets_them_back_at_their_addresses(
     // Trim first (the 64 MiB cache), then the largest idle tags until 300 MiB.
     let given: u64 = value(&out, "given").unwrap().parse().unwrap();
     assert!(given >= 64 * MIB + 128 * MIB, "{out}");
-    assert_eq!(value(&out, "ask_trim_").as_deref().map(|s| s.ends_with("/None")), Some(true), "{out}");
+    assert_eq!(
+        value(&out, "ask_trim_")
+            .as_deref()
+            .map(|s| s.ends_with("/None")),
+        Some(true),
+        "{out}"
+    );
     let after = Inspector::open(&seg).unwrap().snapshot();
     let d = after.members.iter().find(|m| m.name == "donor").unwrap();
     assert!(d.tags.iter().any(|t| t.asleep), "a tag slept: {d:?}");
@@ -451,8 +466,16 @@ fn a_member_gives_its_cache_and_idle_tags_and_gets_them_back_at_their_addresses(
     touch(&dir.join("donor.use"));
     let (code, out) = finish(donor);
     assert_eq!(code, Some(0), "{out}");
-    assert_eq!(value(&out, "weights_same_addresses").as_deref(), Some("true"), "{out}");
-    assert_eq!(value(&out, "weights_intact").as_deref(), Some("true"), "{out}");
+    assert_eq!(
+        value(&out, "weights_same_addresses").as_deref(),
+        Some("true"),
+        "{out}"
+    );
+    assert_eq!(
+        value(&out, "weights_intact").as_deref(),
+        Some("true"),
+        "{out}"
+    );
     assert_eq!(value(&out, "kv_awake").as_deref(), Some("true"), "{out}");
     // The last member to leave removed the segment.
     assert!(Inspector::find(&dir).is_empty());
@@ -516,7 +539,11 @@ fn a_killed_member_is_reaped_and_no_longer_counted() {
     env.push(("PORTALLOC_BUDGET_WANT".into(), MIB.to_string()));
     let (code, out) = finish(spawn(&env));
     assert_eq!(code, Some(0), "{out}");
-    assert_eq!(value(&out, "asks").as_deref(), Some("0"), "nobody to ask: {out}");
+    assert_eq!(
+        value(&out, "asks").as_deref(),
+        Some("0"),
+        "nobody to ask: {out}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -529,7 +556,9 @@ fn write_segment(path: &Path, words: &[u64]) {
 }
 
 fn fresh_words(key: &str) -> Vec<u64> {
-    let w: Vec<AtomicU64> = (0..layout::TOTAL_WORDS).map(|_| AtomicU64::new(0)).collect();
+    let w: Vec<AtomicU64> = (0..layout::TOTAL_WORDS)
+        .map(|_| AtomicU64::new(0))
+        .collect();
     layout::init_header(&w, key, 1 << 30);
     w.iter().map(|a| a.load(Ordering::Relaxed)).collect()
 }
@@ -556,7 +585,9 @@ fn a_hostile_segment_means_running_alone_with_one_warning(
     let (code, out) = finish(spawn(&env));
     // It ran (alone: `budget(0)` is None, so the child's `expect` says so) — and said why once.
     assert!(
-        out.matches("running alone, without the shared budget").count() == 1,
+        out.matches("running alone, without the shared budget")
+            .count()
+            == 1,
         "{out}"
     );
     assert!(out.contains(says), "{out}");
@@ -632,20 +663,44 @@ fn colocation_hands_memory_to_the_trainer_and_back(profile: &str) {
         panic!("rollout never ready: {}", finish(rollout).1);
     }
     let gib = scaled(1 << 30);
-    assert_eq!(shared.used(0), gib / 4 * 3, "the driver counts the rollout's 3/4");
+    assert_eq!(
+        shared.used(0),
+        gib / 4 * 3,
+        "the driver counts the rollout's 3/4"
+    );
     let trainer = spawn(&fake_env(&dir, "trainer", profile, &shared, "vmm"));
-    assert!(wait_file(&dir.join("trainer.holds"), CHILD_LIMIT), "trainer never held");
+    assert!(
+        wait_file(&dir.join("trainer.holds"), CHILD_LIMIT),
+        "trainer never held"
+    );
     let holders = shared.holders(0);
-    let trainer_bytes = holders.iter().find(|h| h.pid == trainer.id()).map_or(0, |h| h.bytes);
-    let rollout_bytes = holders.iter().find(|h| h.pid == rollout.id()).map_or(0, |h| h.bytes);
-    assert_eq!(trainer_bytes, gib / 8 * 5, "the driver counts the trainer's 5/8: {holders:?}");
+    let trainer_bytes = holders
+        .iter()
+        .find(|h| h.pid == trainer.id())
+        .map_or(0, |h| h.bytes);
+    let rollout_bytes = holders
+        .iter()
+        .find(|h| h.pid == rollout.id())
+        .map_or(0, |h| h.bytes);
+    assert_eq!(
+        trainer_bytes,
+        gib / 8 * 5,
+        "the driver counts the trainer's 5/8: {holders:?}"
+    );
     assert!(rollout_bytes + trainer_bytes <= gib, "{holders:?}");
     touch(&dir.join("trainer.free"));
     let (code, out) = finish(trainer);
     assert_eq!(code, Some(0), "{out}");
-    assert_eq!(value(&out, "trainer_held"), Some((gib / 8 * 5).to_string()), "{out}");
+    assert_eq!(
+        value(&out, "trainer_held"),
+        Some((gib / 8 * 5).to_string()),
+        "{out}"
+    );
     let handed: u64 = value(&out, "handed_off").unwrap().parse().unwrap();
-    assert!(handed >= gib / 8 * 3, "the rollout gave what the trainer lacked: {out}");
+    assert!(
+        handed >= gib / 8 * 3,
+        "the rollout gave what the trainer lacked: {out}"
+    );
     let micros: u64 = value(&out, "slowest_micros").unwrap().parse().unwrap();
     println!(
         "{profile}: hand-off of {} MiB in {micros} µs ({:.0} ms per GiB)",
@@ -655,11 +710,28 @@ fn colocation_hands_memory_to_the_trainer_and_back(profile: &str) {
     touch(&dir.join("rollout.use"));
     let (code, out) = finish(rollout);
     assert_eq!(code, Some(0), "{out}");
-    assert_ne!(value(&out, "weights_were_asleep").as_deref(), Some("0"), "{out}");
-    assert_eq!(value(&out, "same_addresses").as_deref(), Some("true"), "{out}");
-    assert_eq!(value(&out, "weights_intact").as_deref(), Some("true"), "{out}");
+    assert_ne!(
+        value(&out, "weights_were_asleep").as_deref(),
+        Some("0"),
+        "{out}"
+    );
+    assert_eq!(
+        value(&out, "same_addresses").as_deref(),
+        Some("true"),
+        "{out}"
+    );
+    assert_eq!(
+        value(&out, "weights_intact").as_deref(),
+        Some("true"),
+        "{out}"
+    );
     assert_eq!(value(&out, "kv_awake").as_deref(), Some("true"), "{out}");
-    assert_eq!(shared.used(0), 0, "everything given back: {:?}", shared.holders(0));
+    assert_eq!(
+        shared.used(0),
+        0,
+        "everything given back: {:?}",
+        shared.holders(0)
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -673,13 +745,24 @@ fn two_processes_with_jax_defaults_are_told_what_would_let_both_run() {
     let env = fake_env(&dir, "jax", "cuda12", &shared, "bfc");
     let first = spawn(&env);
     let started = Instant::now();
-    while !std::fs::read_dir(&dir).unwrap().flatten().any(|e| e.file_name().to_string_lossy().starts_with("jax.")) {
+    while !std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .any(|e| e.file_name().to_string_lossy().starts_with("jax."))
+    {
         assert!(started.elapsed() < CHILD_LIMIT, "the first never held");
         std::thread::sleep(Duration::from_millis(2));
     }
     let (_, out) = finish(spawn(&env));
-    let error = out.lines().skip_while(|l| !l.starts_with("ERROR")).collect::<Vec<_>>().join("\n");
-    assert!(error.contains(&format!("pid {} `jax`", first.id())), "{out}");
+    let error = out
+        .lines()
+        .skip_while(|l| !l.starts_with("ERROR"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(
+        error.contains(&format!("pid {} `jax`", first.id())),
+        "{out}"
+    );
     assert!(error.contains("reserved 768.00 MiB"), "{out}");
     assert!(error.contains("XLA_CLIENT_MEM_FRACTION=0.47"), "{out}");
     // The advice works: both run with it.
@@ -691,7 +774,13 @@ fn two_processes_with_jax_defaults_are_told_what_would_let_both_run() {
     let a = spawn(&advised);
     let b = spawn(&advised);
     let started = Instant::now();
-    while std::fs::read_dir(&dir).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().ends_with(".holds")).count() < 3 {
+    while std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".holds"))
+        .count()
+        < 3
+    {
         if started.elapsed() > CHILD_LIMIT {
             break;
         }
@@ -718,7 +807,10 @@ fn a_member_killed_at_a_random_point_costs_the_others_nothing() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(100);
-    let first: u64 = std::env::var("PORTALLOC_BUDGET_KILL_FIRST").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
+    let first: u64 = std::env::var("PORTALLOC_BUDGET_KILL_FIRST")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
     for seed in first..first + runs {
         let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
         let dir = temp_dir("kill");
@@ -769,7 +861,11 @@ fn a_member_killed_at_a_random_point_costs_the_others_nothing() {
         if victim != 2 {
             let (code, out) = finish(requester);
             assert_eq!(code, Some(0), "seed {seed}: the requester failed: {out}");
-            assert_eq!(value(&out, "held"), Some((192 * MIB).to_string()), "seed {seed}: {out}");
+            assert_eq!(
+                value(&out, "held"),
+                Some((192 * MIB).to_string()),
+                "seed {seed}: {out}"
+            );
         }
         touch(&dir.join("stop"));
         for (i, d) in donors.into_iter().enumerate() {
@@ -778,8 +874,16 @@ fn a_member_killed_at_a_random_point_costs_the_others_nothing() {
             }
             let (code, out) = finish(d);
             // A donor killed before its `ready` never held anything; a survivor checks its bytes.
-            assert_eq!(code, Some(0), "seed {seed}: a surviving donor failed: {out}");
-            assert_eq!(value(&out, "intact").as_deref(), Some("true"), "seed {seed}: {out}");
+            assert_eq!(
+                code,
+                Some(0),
+                "seed {seed}: a surviving donor failed: {out}"
+            );
+            assert_eq!(
+                value(&out, "intact").as_deref(),
+                Some("true"),
+                "seed {seed}: {out}"
+            );
         }
         assert!(
             shared.holders(0).iter().all(|h| h.pid != dead_pid),
@@ -788,7 +892,10 @@ fn a_member_killed_at_a_random_point_costs_the_others_nothing() {
         assert_eq!(shared.used(0), 0, "seed {seed}: {:?}", shared.holders(0));
         if let Some(seg) = segment_in(&dir) {
             let view = Inspector::open(&seg).unwrap().snapshot();
-            assert!(view.members.iter().all(|m| m.pid != dead_pid), "seed {seed}: {view:?}");
+            assert!(
+                view.members.iter().all(|m| m.pid != dead_pid),
+                "seed {seed}: {view:?}"
+            );
         }
         let _ = std::fs::remove_dir_all(&dir);
     }
