@@ -200,7 +200,7 @@ pub enum Error {
         /// The upstream's last error, unchanged.
         error: Box<Error>,
         /// The shared budget's report.
-        budget: Box<crate::budget::BudgetReport>,
+        budget: Box<crate::budget_report::BudgetReport>,
     },
 
     /// A shared-budget segment that cannot be used: another user's, another layout version,

@@ -134,6 +134,7 @@ pub mod backends;
 pub mod adaptor;
 pub mod allocator;
 pub mod budget;
+pub mod budget_report;
 pub mod buffer;
 #[cfg(feature = "c-api")]
 pub mod capi;

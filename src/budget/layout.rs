@@ -308,22 +308,7 @@ pub fn read_text(words: &[AtomicU64]) -> String {
         .collect()
 }
 
-/// A tag as a slot says it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct TagEntry {
-    /// The tag.
-    pub name: String,
-    /// Bytes it holds (awake) or held (asleep).
-    pub bytes: u64,
-    /// Declared reclaimable.
-    pub reclaimable: bool,
-    /// A sleep keeps its contents.
-    pub keep: bool,
-    /// Inside a `using` section.
-    pub in_use: bool,
-    /// Asleep now.
-    pub asleep: bool,
-}
+pub use crate::budget_report::TagEntry;
 
 /// An ask as a slot says it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -390,6 +375,25 @@ pub struct SlotView {
     pub asks: Vec<AskEntry>,
     /// The last answers to others.
     pub acks: Vec<AckEntry>,
+}
+
+impl SlotView {
+    /// The member as a report shows it.
+    pub fn report(&self) -> crate::budget_report::MemberReport {
+        crate::budget_report::MemberReport {
+            pid: self.pid,
+            name: self.name.clone(),
+            reserved: self.reserved,
+            in_use: self.in_use,
+            cached: self.cached,
+            asleep: self.asleep,
+            floor: self.floor,
+            ceiling: (self.ceiling != u64::MAX).then_some(self.ceiling),
+            given: self.given,
+            refused: self.refused,
+            tags: self.tags.clone(),
+        }
+    }
 }
 
 /// Why a slot could not be read.

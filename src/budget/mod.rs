@@ -33,7 +33,7 @@
 #![deny(unsafe_code)]
 
 pub mod layout;
-mod report;
+pub mod limits;
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -41,8 +41,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
+pub use crate::budget_report::{AskOutcome, BudgetReport, MemberReport, Refusal};
 pub use layout::{HandOff, LayoutProblem, SlotView, TagEntry};
-pub use report::{AskOutcome, BudgetReport, Refusal};
 
 use crate::allocator::{Allocation, Allocator, Keep, SleepReport, SleepingTag, Stats};
 use crate::backends::shared_segment::{Access, MappedSegment};
@@ -696,7 +696,10 @@ impl SharedBudget {
             self.core.total,
             self.core.pid,
             requested,
-            members(self.core.segment.words()),
+            members(self.core.segment.words())
+                .iter()
+                .map(SlotView::report)
+                .collect(),
             asked,
         )
     }
@@ -766,7 +769,7 @@ pub struct Snapshot {
     /// The device's total bytes.
     pub total: u64,
     /// The live members (dead ones left out, not reaped).
-    pub members: Vec<SlotView>,
+    pub members: Vec<MemberReport>,
     /// The last hand-offs, oldest first.
     pub hand_offs: Vec<HandOff>,
 }
@@ -817,6 +820,7 @@ impl Inspector {
             members: (0..SLOTS)
                 .filter_map(|i| read_slot(words, i).ok())
                 .filter(|v| alive(v.owner, u64::from(v.pid), v.start_time))
+                .map(|v| v.report())
                 .collect(),
             hand_offs: read_log(words),
         }

@@ -900,3 +900,63 @@ fn a_member_killed_at_a_random_point_costs_the_others_nothing() {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+/// `portalloc top` and `portalloc info` read a live budget without joining it: the member, its
+/// tags, and the budget as a limiter of what this process may use.
+#[cfg(feature = "cli")]
+#[test]
+fn top_and_info_show_a_live_budget() {
+    let dir = temp_dir("top");
+    let mut donor = spawn(&host_env(&dir, "donor"));
+    assert!(
+        wait_file(&dir.join("donor.ready"), CHILD_LIMIT),
+        "donor never ready"
+    );
+    let cli = |args: &[&str]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_portalloc"));
+        for k in portalloc::config::VARIABLES.iter().chain(budget::VARIABLES) {
+            c.env_remove(k);
+        }
+        for (k, v) in host_env(&dir, "cli") {
+            c.env(k, v);
+        }
+        let out = c.args(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let text = cli(&["top", "--once"]);
+    assert!(text.contains(&donor.id().to_string()), "{text}");
+    assert!(text.contains("donor"), "{text}");
+    assert!(text.contains("tag weights"), "{text}");
+    assert!(
+        text.contains("idle, reclaimable (keeps contents)"),
+        "{text}"
+    );
+    let json: serde_json::Value = serde_json::from_str(&cli(&["top", "--json"])).unwrap();
+    let member = &json["budgets"][0]["members"][0];
+    assert_eq!(member["pid"], donor.id());
+    assert_eq!(member["tags"][1]["name"], "kv");
+    let reserved = member["reserved"].as_u64().unwrap();
+    assert!(reserved >= 256 * MIB, "{member}");
+    let info: serde_json::Value = serde_json::from_str(&cli(&["info", "--json"])).unwrap();
+    let limits = &info["devices"][0]["limits"];
+    let shared = limits["limiters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["name"] == "shared budget")
+        .unwrap_or_else(|| panic!("{limits}"));
+    assert_eq!(
+        shared["bytes"].as_u64(),
+        Some((1 << 30) - reserved),
+        "{limits}"
+    );
+    touch(&dir.join("donor.use"));
+    let _ = donor.kill();
+    let _ = donor.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}

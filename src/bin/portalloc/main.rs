@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand};
 mod ledger;
 mod plot;
 mod replay;
+mod top;
 mod workload_args;
 use portalloc::discover::{discover, Decision, Discovery};
 use portalloc::units::Bytes;
@@ -43,6 +44,9 @@ enum Command {
     /// Print a ledger snapshot a program wrote: totals by tag, oldest live allocations, last
     /// OOM diagnosis.
     Ledger(ledger::LedgerArgs),
+    /// Show the members of each device's shared budget: what each holds, caches, sleeps and
+    /// can give back, floors and ceilings, and the last hand-offs.
+    Top(top::TopArgs),
 }
 
 /// Ends the program quietly, with status 0, when standard output is a pipe its reader has
@@ -104,6 +108,7 @@ fn main() -> ExitCode {
         Command::Info { json } => info(json),
         Command::Replay(args) => replay::run(*args),
         Command::Ledger(args) => ledger::run(args),
+        Command::Top(args) => top::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -265,6 +270,22 @@ fn info(as_json: bool) -> portalloc::Result<()> {
             "        allocator limit (fraction × total): {}",
             Bytes(config.limit(i.total_bytes))
         );
+        let limits = device_limits(&config, device.as_ref(), mem.free);
+        println!("        what this process may use:");
+        for (n, l) in limits.limiters.iter().enumerate() {
+            let mark = if Some(n) == limits.binding {
+                "  ← binds"
+            } else {
+                ""
+            };
+            println!(
+                "          {:<18} {:>11}  {}{mark}",
+                l.name,
+                l.bytes
+                    .map_or_else(|| "no limit".to_string(), |b| Bytes(b).to_string()),
+                l.source
+            );
+        }
     }
     println!();
     println!("Process");
@@ -281,6 +302,41 @@ fn info(as_json: bool) -> portalloc::Result<()> {
         println!("  warning: {w}");
     }
     Ok(())
+}
+
+/// Every limiter of `device` for this process ([`portalloc::budget::limits`]): the shared
+/// budget's figure is what the other members of its segment hold, read without joining.
+fn device_limits(
+    config: &Config,
+    device: &dyn portalloc::Device,
+    free: u64,
+) -> portalloc::budget::limits::Limits {
+    use portalloc::budget;
+    let i = device.info();
+    let options = config
+        .shared_budget
+        .as_ref()
+        .filter(|o| i.vendor != portalloc::Vendor::Host || o.include_host);
+    let others_hold = options.and_then(|o| {
+        let path = budget::segment_path(&o.dir, &budget::device_key(i), budget::current_uid());
+        let snapshot = budget::Inspector::open(&path).ok()?.snapshot();
+        Some(snapshot.members.iter().map(|m| m.reserved).sum::<u64>())
+    });
+    let seen = budget::limits::Seen {
+        ordinal: i.ordinal,
+        name: i.name.clone(),
+        total: i.total_bytes,
+        free,
+        fraction: (
+            config.mem_fraction.value,
+            config.mem_fraction.source.to_string(),
+        ),
+        ceiling: options.and_then(|o| o.ceiling.map(|c| c.of(i.total_bytes))),
+        others_hold: others_hold.or(options.map(|_| 0)),
+    };
+    budget::limits::limits(&seen, &|k| std::env::var(k).ok(), &|f| {
+        std::fs::read_to_string(f).ok()
+    })
 }
 
 fn yes_no(b: bool) -> &'static str {
@@ -311,6 +367,8 @@ fn info_json(
                 // How many more handles the process can hold where each costs a file
                 // descriptor (the note "descriptors per handle"); null where not limited.
                 "handle_budget": d.virtual_memory().and_then(|vm| vm.handle_budget()),
+                // Every limiter of what this process may use, and which binds.
+                "limits": device_limits(config, d.as_ref(), mem.free),
             }))
         })
         .collect::<portalloc::Result<Vec<_>>>()?;

@@ -1,12 +1,56 @@
-//! What a request that the shared budget could not serve says: every member, what it holds,
-//! what it was asked, what it gave or why not, and settings that would let the members run
-//! together.
+//! What a request that the shared budget ([`crate::budget`]) could not serve says: every
+//! member, what it holds, what it was asked, what it gave or why not, and settings that would
+//! let the members run together. Beside the error type, which carries it
+//! ([`crate::Error::OutOfMemoryShared`]), and depending on nothing of the budget's.
 #![deny(unsafe_code)]
 
 use std::fmt;
 
-use super::layout::SlotView;
 use crate::units::Bytes;
+
+/// A tag a member declared reclaimable, as its slot says it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TagEntry {
+    /// The tag.
+    pub name: String,
+    /// Bytes it holds (awake) or held (asleep).
+    pub bytes: u64,
+    /// Declared reclaimable.
+    pub reclaimable: bool,
+    /// A sleep keeps its contents.
+    pub keep: bool,
+    /// Inside a `using` section.
+    pub in_use: bool,
+    /// Asleep now.
+    pub asleep: bool,
+}
+
+/// A member of a shared budget, as a report shows it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct MemberReport {
+    /// Its pid.
+    pub pid: u32,
+    /// Its label.
+    pub name: String,
+    /// Bytes held from the device.
+    pub reserved: u64,
+    /// Bytes in use.
+    pub in_use: u64,
+    /// Bytes cached.
+    pub cached: u64,
+    /// Bytes asleep.
+    pub asleep: u64,
+    /// Its floor.
+    pub floor: u64,
+    /// Its ceiling (`None`: none).
+    pub ceiling: Option<u64>,
+    /// Bytes given to others so far.
+    pub given: u64,
+    /// Asks refused so far.
+    pub refused: u64,
+    /// Its reclaimable tags.
+    pub tags: Vec<TagEntry>,
+}
 
 /// Why a member did not give what it was asked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -68,31 +112,9 @@ pub struct BudgetReport {
     /// Bytes requested.
     pub requested: u64,
     /// Every live member, the requester included.
-    pub members: Vec<SlotView>,
+    pub members: Vec<MemberReport>,
     /// The asks made and their answers.
     pub asked: Vec<AskOutcome>,
-}
-
-impl serde::Serialize for SlotView {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeStruct;
-        let mut st = s.serialize_struct("Member", 11)?;
-        st.serialize_field("pid", &self.pid)?;
-        st.serialize_field("name", &self.name)?;
-        st.serialize_field("reserved", &self.reserved)?;
-        st.serialize_field("in_use", &self.in_use)?;
-        st.serialize_field("cached", &self.cached)?;
-        st.serialize_field("asleep", &self.asleep)?;
-        st.serialize_field("floor", &self.floor)?;
-        st.serialize_field(
-            "ceiling",
-            &(self.ceiling != u64::MAX).then_some(self.ceiling),
-        )?;
-        st.serialize_field("given", &self.given)?;
-        st.serialize_field("refused", &self.refused)?;
-        st.serialize_field("tags", &self.tags)?;
-        st.end()
-    }
 }
 
 impl BudgetReport {
@@ -102,7 +124,7 @@ impl BudgetReport {
         total: u64,
         pid: u32,
         requested: u64,
-        members: Vec<SlotView>,
+        members: Vec<MemberReport>,
         asked: Vec<AskOutcome>,
     ) -> BudgetReport {
         BudgetReport {
@@ -150,12 +172,8 @@ impl BudgetReport {
     }
 }
 
-fn limit(bytes: u64) -> String {
-    if bytes == u64::MAX {
-        "none".into()
-    } else {
-        Bytes(bytes).to_string()
-    }
+fn limit(bytes: Option<u64>) -> String {
+    bytes.map_or_else(|| "none".into(), |b| Bytes(b).to_string())
 }
 
 impl fmt::Display for BudgetReport {
