@@ -419,6 +419,71 @@ fn child() {
             }
             println!("RESULT held={}", held.len() as u64 * 16 * MIB);
         }
+        // One of four processes of the churn test: 8 rounds; in round r, process r % 4 peaks
+        // at half the device in random pieces, the others churn below an eighth. Counts the
+        // requests refused.
+        "churn" => {
+            use rand::{Rng, SeedableRng};
+            let me: usize = std::env::var("PORTALLOC_CHURN_INDEX")
+                .unwrap()
+                .parse()
+                .unwrap();
+            let seed: u64 = std::env::var("PORTALLOC_CHURN_SEED")
+                .unwrap()
+                .parse()
+                .unwrap();
+            let mut rng = rand::rngs::SmallRng::seed_from_u64(seed * 8 + me as u64);
+            let mut refused = 0u64;
+            let mut peak = 0u64;
+            for round in 0..8usize {
+                for other in 0..4 {
+                    if round > 0 {
+                        let f = dir.join(format!("round.{}.{other}", round - 1));
+                        assert!(
+                            wait_file(&f, CHILD_LIMIT),
+                            "round {round}: {other} never came"
+                        );
+                    }
+                }
+                let target = if round % 4 == me {
+                    512 * MIB
+                } else {
+                    128 * MIB
+                };
+                let mut held = Vec::new();
+                let mut bytes = 0u64;
+                while bytes < target {
+                    let size = rng.gen_range(1..=32u64) * MIB;
+                    match a.allocate(size.min(target - bytes).max(MIB), 256, stream, "") {
+                        Ok(x) => {
+                            bytes += x.size();
+                            held.push(x);
+                        }
+                        Err(_) => {
+                            refused += 1;
+                            break;
+                        }
+                    }
+                    peak = peak.max(bytes);
+                    // Free some at random: churn, not a ramp.
+                    if rng.gen_bool(0.2) && !held.is_empty() {
+                        let x = held.swap_remove(rng.gen_range(0..held.len()));
+                        bytes -= x.size();
+                        a.deallocate(x).unwrap();
+                    }
+                }
+                for x in held {
+                    a.deallocate(x).unwrap();
+                }
+                touch(&dir.join(format!("round.{round}.{me}")));
+            }
+            println!("RESULT refused={refused}");
+            println!("RESULT peak={peak}");
+            println!(
+                "RESULT handoffs={}",
+                joined.as_ref().map_or(0, |b| b.hand_offs().len())
+            );
+        }
         other => panic!("unknown role {other}"),
     }
     println!("RESULT done=1");
@@ -959,4 +1024,55 @@ fn top_and_info_show_a_live_budget() {
     let _ = donor.kill();
     let _ = donor.wait();
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Four processes with seeded random churn whose peaks fit the device together (one at a time
+/// peaks at half of it) but not under a static quarter each: with the shared budget, no
+/// request is refused; the static split (`XLA_CLIENT_MEM_FRACTION=0.25` each, no budget),
+/// measured in the same run on the same workload, refuses some.
+#[test]
+fn four_churning_processes_fit_with_the_budget_and_not_under_a_static_split() {
+    let run = |budget: bool| -> (u64, usize) {
+        let dir = temp_dir(if budget {
+            "churn-budget"
+        } else {
+            "churn-static"
+        });
+        let shared = portalloc_fakes::SharedDevice::unique();
+        let children: Vec<Child> = (0..4)
+            .map(|i| {
+                let mut env = fake_env(&dir, "churn", "cuda12", &shared, "vmm");
+                env.retain(|(k, _)| k != "PORTALLOC_MEM_FRACTION");
+                env.push(("PORTALLOC_CHURN_INDEX".into(), i.to_string()));
+                env.push(("PORTALLOC_CHURN_SEED".into(), "7".into()));
+                if budget {
+                    env.push(("PORTALLOC_MEM_FRACTION".into(), "1.0".into()));
+                } else {
+                    env.push(("PORTALLOC_MEM_FRACTION".into(), "0.25".into()));
+                    env.push(("PORTALLOC_SHARED_BUDGET".into(), "0".into()));
+                }
+                spawn(&env)
+            })
+            .collect();
+        let mut refused = 0;
+        let mut handoffs = 0;
+        for c in children {
+            let (code, out) = finish(c);
+            assert_eq!(code, Some(0), "{out}");
+            refused += value(&out, "refused").unwrap().parse::<u64>().unwrap();
+            handoffs = handoffs.max(value(&out, "handoffs").unwrap().parse::<usize>().unwrap());
+        }
+        assert_eq!(shared.used(0), 0, "{:?}", shared.holders(0));
+        let _ = std::fs::remove_dir_all(&dir);
+        (refused, handoffs)
+    };
+    let (with_budget, handoffs) = run(true);
+    let (static_split, _) = run(false);
+    println!(
+        "churn: {with_budget} refused with the shared budget ({handoffs} hand-offs), \
+         {static_split} under a static quarter each"
+    );
+    assert_eq!(with_budget, 0);
+    assert!(handoffs > 0, "the members moved memory between them");
+    assert!(static_split > 0, "the workload must not fit a static split");
 }
