@@ -411,7 +411,7 @@ pub enum SlotRead {
 /// Attempts at a consistent read before a slot counts as torn.
 const READ_TRIES: usize = 64;
 
-/// Reads slot `i` consistently (seqlock), bounded to [`READ_TRIES`] attempts.
+/// Reads slot `i` consistently (seqlock), bounded to 64 attempts.
 ///
 /// # Errors
 /// [`SlotRead`] says why there is nothing to read.

@@ -426,6 +426,7 @@ impl SharedBudget {
         {
             return Ok(b);
         }
+        remove_abandoned(&options.dir, &path);
         // The last member to leave removes the file; a joiner that mapped it just before finds
         // its path gone (or another file there) once it holds a slot, and joins again.
         let mut tries = 0;
@@ -823,6 +824,40 @@ impl Inspector {
                 .map(|v| v.report())
                 .collect(),
             hand_offs: read_log(words),
+        }
+    }
+}
+
+/// Files older than this with no live member are left by processes that exited without
+/// leaving (killed, or a process-global allocator never dropped): a joiner removes them.
+const ABANDONED_AFTER: Duration = Duration::from_secs(30);
+/// At most this many files looked at per join.
+const ABANDONED_SCAN: usize = 64;
+
+/// Removes this user's budget files in `dir` (other than `keep`) that no live process is a
+/// member of and that are older than [`ABANDONED_AFTER`]: a device that no process uses any
+/// more (a fake device of a test process that is gone, a GPU taken out) leaves no file behind
+/// for long. Files that fail the checks are left for `portalloc top` to show.
+fn remove_abandoned(dir: &Path, keep: &Path) {
+    for path in Inspector::find(dir).into_iter().take(ABANDONED_SCAN) {
+        if path == keep {
+            continue;
+        }
+        let old = std::fs::symlink_metadata(&path)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age >= ABANDONED_AFTER);
+        if !old {
+            continue;
+        }
+        let Ok(inspector) = Inspector::open(&path) else {
+            continue;
+        };
+        let words = inspector.segment.words();
+        reap(words);
+        if (0..SLOTS).all(|i| words[slot_word(i, S_OWNER)].load(Ordering::Acquire) == 0) {
+            inspector.segment.unlink();
         }
     }
 }

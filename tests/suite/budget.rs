@@ -1076,3 +1076,29 @@ fn four_churning_processes_fit_with_the_budget_and_not_under_a_static_split() {
     assert!(handoffs > 0, "the members moved memory between them");
     assert!(static_split > 0, "the workload must not fit a static split");
 }
+
+/// A budget file nobody is a member of any more (its processes were killed, or exited without
+/// leaving) is removed by the next joiner once it is old; a fresh one, and one with a live
+/// member, are not.
+#[test]
+fn a_joiner_removes_abandoned_budget_files() {
+    let dir = temp_dir("abandoned");
+    let old = budget::segment_path(&dir, "cuda-GPU-gone", budget::current_uid());
+    let fresh = budget::segment_path(&dir, "cuda-GPU-new", budget::current_uid());
+    write_segment(&old, &fresh_words("cuda-GPU-gone"));
+    write_segment(&fresh, &fresh_words("cuda-GPU-new"));
+    let an_hour_ago = std::time::SystemTime::now() - Duration::from_secs(3600);
+    std::fs::File::options()
+        .write(true)
+        .open(&old)
+        .unwrap()
+        .set_modified(an_hour_ago)
+        .unwrap();
+    let mut env = host_env(&dir, "requester");
+    env.push(("PORTALLOC_BUDGET_WANT".into(), MIB.to_string()));
+    let (code, out) = finish(spawn(&env));
+    assert_eq!(code, Some(0), "{out}");
+    assert!(!old.exists(), "the abandoned file is removed");
+    assert!(fresh.exists(), "a fresh file is left to its creator");
+    let _ = std::fs::remove_dir_all(&dir);
+}
