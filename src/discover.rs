@@ -489,13 +489,12 @@ fn build_member(config: &Config, device: &Arc<dyn Device>) -> Result<Arc<dyn All
     build_member_boxed(config, device).map(|(allocator, _)| Arc::from(allocator))
 }
 
-/// [`build_member`], boxed, with the budget it joined (`None`: it runs alone): what the C
-/// ABI puts under its graph pools and ledger, so that its allocators are members as a
-/// [`Portalloc`]'s are.
-pub(crate) fn build_member_boxed(
-    config: &Config,
-    device: &Arc<dyn Device>,
-) -> Result<(Box<dyn Allocator>, Option<Arc<crate::budget::SharedBudget>>)> {
+/// An allocator and the shared budget it is a member of (`None`: it runs alone).
+pub(crate) type Member = (Box<dyn Allocator>, Option<Arc<crate::budget::SharedBudget>>);
+
+/// [`build_member`], boxed, with the budget it joined: what the C ABI puts under its graph
+/// pools and ledger, so that its allocators are members as a [`Portalloc`]'s are.
+pub(crate) fn build_member_boxed(config: &Config, device: &Arc<dyn Device>) -> Result<Member> {
     let info = device.info();
     let options = config
         .shared_budget

@@ -1903,6 +1903,9 @@ fn my_budget_tag(tag: &str) -> Option<(bool, bool)> {
     })
 }
 
+/// A budget call on a tag: its status and the thread's last error.
+type TagCallFn = fn(Option<&CStr>) -> (PortallocStatus, String);
+
 fn declare_reclaimable(tag: Option<&CStr>, keep: i32) -> (PortallocStatus, String) {
     // SAFETY: a valid string or null.
     let s = unsafe { portalloc_declare_reclaimable(tag.map_or(ptr::null(), CStr::as_ptr), keep) };
@@ -1952,8 +1955,7 @@ fn budget_child() {
         return; // Run by the two tests above.
     };
     // Refused whatever the budget: the tag as every call reads it.
-    let calls: [fn(Option<&CStr>) -> (PortallocStatus, String); 3] =
-        [|t| declare_reclaimable(t, 1), using_begin, using_end];
+    let calls: [TagCallFn; 3] = [|t| declare_reclaimable(t, 1), using_begin, using_end];
     for call in calls {
         let (s, e) = call(None);
         assert_eq!(s, PortallocStatus::NullArgument, "{e}");
