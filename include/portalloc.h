@@ -395,6 +395,67 @@ PortallocStatus portalloc_sleep_stats(struct PortallocAllocator *allocator,
 // `out_released` null or valid for one `uint64_t`.
 PortallocStatus portalloc_trim(struct PortallocAllocator *allocator, uint64_t *out_released);
 
+// Declares `tag` reclaimable in the shared budget: while no section of this process uses it
+// ([`portalloc_using_begin`]), another process of the device that runs out of memory may ask
+// this one to put the buffers tagged `tag` to sleep (`keep_contents` 1: their bytes kept on
+// the host and restored at the same addresses when the tag is used again; 0: discarded).
+// The tag is declared as one that can sleep too (`portalloc_declare_sleep_tag`). Declaring
+// again changes `keep_contents`. A process declares at most 8 tags.
+//
+// Refused: a null `tag` (`PORTALLOC_STATUS_NULL_ARGUMENT`); an empty one, one that is not
+// UTF-8, one longer than 24 bytes (the budget's bound), a ninth tag, or a `keep_contents`
+// other than 0 or 1 (`PORTALLOC_STATUS_INVALID_ARGUMENT`).
+//
+// On the budgets of the process-global allocators (`portalloc_global`, the framework hooks'):
+// each device's whose global allocator exists, device 0's made from the environment first
+// when none does. A process joins its device's budget unless `PORTALLOC_SHARED_BUDGET=0`,
+// and on the host backend only with `PORTALLOC_SHARED_BUDGET=1`. One that joined none — so
+// configured, or a segment that could not be used (a warning on standard error said why) —
+// runs alone: this call, [`portalloc_using_begin`] and [`portalloc_budget_json`] then return
+// `PORTALLOC_STATUS_UNSUPPORTED`, with a message saying the process runs alone.
+//
+// # Safety
+// `tag` null or NUL-terminated.
+PortallocStatus portalloc_declare_reclaimable(const char *tag, int keep_contents);
+
+// Begins a section that uses `tag`: until the matching [`portalloc_using_end`], no other
+// process can have the tag's buffers put to sleep; a tag asleep (given to another process)
+// is woken first, at the same addresses. Sections nest and may end on another thread than
+// the one that began them (they are the process's, counted per tag). A tag not declared
+// reclaimable is never asked for: the section pins nothing.
+//
+// Refused: a null `tag` (`PORTALLOC_STATUS_NULL_ARGUMENT`), an empty or non-UTF-8 one
+// (`PORTALLOC_STATUS_INVALID_ARGUMENT`); in a process that runs alone,
+// `PORTALLOC_STATUS_UNSUPPORTED`. A wake that finds no memory even after asking the others is
+// `PORTALLOC_STATUS_OUT_OF_MEMORY`, with no section begun and the tag still asleep.
+//
+// # Safety
+// `tag` null or NUL-terminated.
+PortallocStatus portalloc_using_begin(const char *tag);
+
+// Ends the latest section [`portalloc_using_begin`] began for `tag`: once every section of
+// the tag ended, other processes may have it put to sleep again. An end without an open
+// section of `tag` is refused (`PORTALLOC_STATUS_INVALID_ARGUMENT`, nothing changed), as the
+// tag is (as `portalloc_using_begin` refuses it).
+//
+// # Safety
+// `tag` null or NUL-terminated.
+PortallocStatus portalloc_using_end(const char *tag);
+
+// Writes the members of the shared budget as JSON — an array with one object per live
+// process (`pid`, `name`, `reserved`, `in_use`, `cached`, `asleep`, `floor`, `ceiling` (null:
+// none), `given`, `refused`, and `tags`: each `name`, `bytes`, `reclaimable`, `keep`,
+// `in_use`, `asleep`), this process included; with several devices, the members of each
+// device's budget one after the other, by ordinal — into `buf`, NUL-terminated, and its
+// length (without the NUL) to `*out_len`, as `portalloc_ledger_json` does: when `capacity`
+// is too small (0 with a null `buf` asks for the length), nothing is written to `buf`,
+// `*out_len` is the length needed and the status is `PORTALLOC_STATUS_BUFFER_TOO_SMALL`. In a
+// process that runs alone, `PORTALLOC_STATUS_UNSUPPORTED`.
+//
+// # Safety
+// `buf` null or valid for writing `capacity` bytes; `out_len` null or valid for one `size_t`.
+PortallocStatus portalloc_budget_json(char *buf, size_t capacity, size_t *out_len);
+
 // Makes a graph pool of the allocator and writes its number to `*out_pool`. Its memory
 // carries `tag` in the strategy (null: `graph pool N`), which `portalloc_graph_pool_sleep`
 // sleeps.

@@ -486,13 +486,22 @@ impl std::fmt::Debug for Portalloc {
 /// the configuration joins one ([`crate::budget`]): its ceiling lowers the memory fraction, and
 /// a segment that cannot be used means running alone, with one warning.
 fn build_member(config: &Config, device: &Arc<dyn Device>) -> Result<Arc<dyn Allocator>> {
+    build_member_boxed(config, device).map(|(allocator, _)| Arc::from(allocator))
+}
+
+/// An allocator and the shared budget it is a member of (`None`: it runs alone).
+pub(crate) type Member = (Box<dyn Allocator>, Option<Arc<crate::budget::SharedBudget>>);
+
+/// [`build_member`], boxed, with the budget it joined: what the C ABI puts under its graph
+/// pools and ledger, so that its allocators are members as a [`Portalloc`]'s are.
+pub(crate) fn build_member_boxed(config: &Config, device: &Arc<dyn Device>) -> Result<Member> {
     let info = device.info();
     let options = config
         .shared_budget
         .as_ref()
         .filter(|o| info.vendor != Vendor::Host || o.include_host);
     let Some(options) = options else {
-        return crate::strategy::build(config, Arc::clone(device)).map(Arc::from);
+        return Ok((crate::strategy::build(config, Arc::clone(device))?, None));
     };
     let total = info.total_bytes;
     let mut config = config.clone();
@@ -502,12 +511,18 @@ fn build_member(config: &Config, device: &Arc<dyn Device>) -> Result<Arc<dyn All
             config.mem_fraction.value = fraction.max(f64::MIN_POSITIVE);
         }
     }
-    let inner: Arc<dyn Allocator> = Arc::from(crate::strategy::build(&config, Arc::clone(device))?);
+    let inner = crate::strategy::build(&config, Arc::clone(device))?;
     match crate::budget::SharedBudget::join(&crate::budget::device_key(info), total, options) {
-        Ok(budget) => Ok(Arc::new(crate::budget::BudgetAllocator::new(inner, budget))),
+        Ok(budget) => Ok((
+            Box::new(crate::budget::BudgetAllocator::new(
+                Arc::from(inner),
+                Arc::clone(&budget),
+            )),
+            Some(budget),
+        )),
         Err(e) => {
             crate::budget::warn_once(&e);
-            Ok(inner)
+            Ok((inner, None))
         }
     }
 }

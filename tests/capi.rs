@@ -1824,6 +1824,251 @@ fn a_declared_tags_sleep_hands_back_its_memory() {
 }
 
 // ---------------------------------------------------------------------------------------
+// The shared budget between processes, in child processes whose environment joins it (the
+// host backend joins only with PORTALLOC_SHARED_BUDGET=1) or not, each with a segment
+// directory of its own.
+
+const BUDGET_CHILD: &str = "PORTALLOC_TEST_CAPI_BUDGET_CHILD";
+
+/// A fresh directory for a child's budget segments; removed on drop.
+struct SegmentDir(PathBuf);
+
+impl SegmentDir {
+    fn new(name: &str) -> SegmentDir {
+        let dir = std::env::temp_dir().join(format!(
+            "portalloc-capi-budget-{name}-{}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        SegmentDir(dir)
+    }
+}
+
+impl Drop for SegmentDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Runs `budget_child` in a child with `PORTALLOC_SHARED_BUDGET` as `joined` (unset: None)
+/// and the segments in a directory of its own; returns its output.
+fn run_budget_child(mode: &str, shared_budget: Option<&str>) -> (bool, String) {
+    let dir = SegmentDir::new(mode);
+    let mut cmd = this_test_alone("budget_child");
+    child_env(&mut cmd)
+        .env(BUDGET_CHILD, mode)
+        .env("PORTALLOC_SHARED_BUDGET_DIR", &dir.0)
+        .env("PORTALLOC_MEMBER_NAME", "capi-budget-child")
+        .env_remove("PORTALLOC_SHARED_BUDGET");
+    if let Some(v) = shared_budget {
+        cmd.env("PORTALLOC_SHARED_BUDGET", v);
+    }
+    run_to_end(&mut cmd)
+}
+
+/// The members of the budget through `portalloc_budget_json`, asked for their length first
+/// as a C caller does.
+fn budget_members() -> Result<serde_json::Value, (PortallocStatus, String)> {
+    let mut len = 0usize;
+    // SAFETY: a null buffer of capacity 0 and a valid `out_len`.
+    let s = unsafe { portalloc_budget_json(ptr::null_mut(), 0, &mut len) };
+    if s != PortallocStatus::BufferTooSmall {
+        return Err((s, last_error()));
+    }
+    assert!(len > 1, "a JSON array of the members: {len} bytes");
+    let mut buf = vec![0u8; len + 1];
+    // SAFETY: `buf` is valid for `len + 1` bytes.
+    let s = unsafe { portalloc_budget_json(buf.as_mut_ptr().cast(), buf.len(), &mut len) };
+    assert_eq!(s, PortallocStatus::Ok, "{}", last_error());
+    assert_eq!(buf[len], 0, "NUL-terminated");
+    Ok(serde_json::from_slice(&buf[..len]).unwrap())
+}
+
+/// This process's entry of tag `tag` in the budget: (keep, in_use).
+fn my_budget_tag(tag: &str) -> Option<(bool, bool)> {
+    let members = budget_members().unwrap_or_else(|(s, e)| panic!("{s:?}: {e}"));
+    let me = members
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["pid"] == std::process::id())
+        .unwrap_or_else(|| panic!("this process is not among the members: {members}"));
+    assert_eq!(me["name"], "capi-budget-child", "{me}");
+    me["tags"].as_array().unwrap().iter().find_map(|t| {
+        (t["name"] == tag).then(|| {
+            assert_eq!(t["reclaimable"], true, "{t}");
+            (t["keep"] == true, t["in_use"] == true)
+        })
+    })
+}
+
+/// A budget call on a tag: its status and the thread's last error.
+type TagCallFn = fn(Option<&CStr>) -> (PortallocStatus, String);
+
+fn declare_reclaimable(tag: Option<&CStr>, keep: i32) -> (PortallocStatus, String) {
+    // SAFETY: a valid string or null.
+    let s = unsafe { portalloc_declare_reclaimable(tag.map_or(ptr::null(), CStr::as_ptr), keep) };
+    (s, last_error())
+}
+
+fn using_begin(tag: Option<&CStr>) -> (PortallocStatus, String) {
+    // SAFETY: a valid string or null.
+    let s = unsafe { portalloc_using_begin(tag.map_or(ptr::null(), CStr::as_ptr)) };
+    (s, last_error())
+}
+
+fn using_end(tag: Option<&CStr>) -> (PortallocStatus, String) {
+    // SAFETY: a valid string or null.
+    let s = unsafe { portalloc_using_end(tag.map_or(ptr::null(), CStr::as_ptr)) };
+    (s, last_error())
+}
+
+/// A process that joined its device's budget declares a tag reclaimable, which the budget
+/// lists under its pid; `using` sections nest and pin the tag until the last ends; an end
+/// without its begin, and tags that are null, empty, not UTF-8 or too long, are refused
+/// with their status and message.
+#[test]
+fn reclaimable_tags_and_using_sections_through_the_abi() {
+    assert_ran_to(
+        run_budget_child("joined", Some("1")),
+        "budget child: ok",
+        "",
+    );
+}
+
+/// With `PORTALLOC_SHARED_BUDGET=0`, or on the host backend without it, the process runs
+/// alone: declaring, using and listing say so (`UNSUPPORTED`), and an end has no begin.
+#[test_case(Some("0") ; "switched off")]
+#[test_case(None ; "host backend without the variable")]
+fn a_process_without_a_budget_runs_alone(shared_budget: Option<&str>) {
+    assert_ran_to(
+        run_budget_child("alone", shared_budget),
+        "budget child: ok",
+        "",
+    );
+}
+
+#[test]
+fn budget_child() {
+    let Ok(mode) = std::env::var(BUDGET_CHILD) else {
+        return; // Run by the two tests above.
+    };
+    // Refused whatever the budget: the tag as every call reads it.
+    let calls: [TagCallFn; 3] = [|t| declare_reclaimable(t, 1), using_begin, using_end];
+    for call in calls {
+        let (s, e) = call(None);
+        assert_eq!(s, PortallocStatus::NullArgument, "{e}");
+        assert!(e.contains("`tag` is null"), "{e}");
+        let (s, e) = call(Some(c"\xff\xfe"));
+        assert_eq!(s, PortallocStatus::InvalidArgument, "{e}");
+        assert!(e.contains("not UTF-8"), "{e}");
+        let (s, e) = call(Some(c""));
+        assert_eq!(s, PortallocStatus::InvalidArgument, "{e}");
+        assert!(e.contains("`tag` is empty"), "{e}");
+    }
+    let (s, e) = using_end(Some(c"capi-never-begun"));
+    assert_eq!(s, PortallocStatus::InvalidArgument, "{e}");
+    assert_mentions_all(
+        &e,
+        &["portalloc_using_end", "capi-never-begun", "no section"],
+    );
+
+    if mode == "alone" {
+        let runs_alone = |(s, e): (PortallocStatus, String), call: &str| {
+            assert_eq!(s, PortallocStatus::Unsupported, "{call}: {e}");
+            assert_mentions_all(&e, &[call, "runs alone", "PORTALLOC_SHARED_BUDGET"]);
+        };
+        runs_alone(
+            declare_reclaimable(Some(c"capi-kv"), 1),
+            "portalloc_declare_reclaimable",
+        );
+        runs_alone(using_begin(Some(c"capi-kv")), "portalloc_using_begin");
+        runs_alone(
+            budget_members().expect_err("no budget to list"),
+            "portalloc_budget_json",
+        );
+        let (s, e) = using_end(Some(c"capi-kv"));
+        assert_eq!(
+            s,
+            PortallocStatus::InvalidArgument,
+            "a refused begin opens nothing: {e}"
+        );
+        println!("budget child: ok");
+        return;
+    }
+
+    // Refused by the budget: a tag over 24 bytes, a `keep_contents` that is not 0 or 1, a
+    // null `out_len`.
+    let (s, e) = declare_reclaimable(Some(c"capi-a-tag-of-25-bytes-xx"), 1);
+    assert_eq!(s, PortallocStatus::InvalidArgument, "{e}");
+    assert_mentions_all(&e, &["portalloc_declare_reclaimable", "24 bytes"]);
+    let (s, e) = declare_reclaimable(Some(c"capi-kv"), 2);
+    assert_eq!(s, PortallocStatus::InvalidArgument, "{e}");
+    assert!(e.contains("keep_contents = 2"), "{e}");
+    // SAFETY: a null `out_len` is refused before anything is written.
+    let s = unsafe { portalloc_budget_json(ptr::null_mut(), 0, ptr::null_mut()) };
+    assert_eq!(s, PortallocStatus::NullArgument, "{}", last_error());
+
+    assert_eq!(my_budget_tag("capi-kv"), None, "not declared yet");
+    let (s, e) = declare_reclaimable(Some(c"capi-kv"), 1);
+    assert_eq!(s, PortallocStatus::Ok, "{e}");
+    assert!(
+        portalloc::sleep_tags::is_sleepable("capi-kv"),
+        "declared as a tag that can sleep too"
+    );
+    assert_eq!(my_budget_tag("capi-kv"), Some((true, false)));
+    let (s, e) = declare_reclaimable(Some(c"capi-kv"), 0);
+    assert_eq!(s, PortallocStatus::Ok, "{e}");
+    assert_eq!(
+        my_budget_tag("capi-kv"),
+        Some((false, false)),
+        "declared again: keep off"
+    );
+
+    // Sections nest; the tag is in use until the last ends, then free to reclaim again.
+    assert_eq!(
+        using_begin(Some(c"capi-kv")).0,
+        PortallocStatus::Ok,
+        "{}",
+        last_error()
+    );
+    assert_eq!(my_budget_tag("capi-kv"), Some((false, true)));
+    assert_eq!(
+        using_begin(Some(c"capi-kv")).0,
+        PortallocStatus::Ok,
+        "{}",
+        last_error()
+    );
+    assert_eq!(
+        using_end(Some(c"capi-kv")).0,
+        PortallocStatus::Ok,
+        "{}",
+        last_error()
+    );
+    assert_eq!(
+        my_budget_tag("capi-kv"),
+        Some((false, true)),
+        "one section still open"
+    );
+    // Ended on another thread than the one that began it: the sections are the process's.
+    let ended = std::thread::spawn(|| using_end(Some(c"capi-kv")))
+        .join()
+        .unwrap();
+    assert_eq!(ended.0, PortallocStatus::Ok, "{}", ended.1);
+    assert_eq!(my_budget_tag("capi-kv"), Some((false, false)));
+    let (s, e) = using_end(Some(c"capi-kv"));
+    assert_eq!(s, PortallocStatus::InvalidArgument, "one end too many: {e}");
+    assert!(e.contains("no section"), "{e}");
+    assert_eq!(
+        my_budget_tag("capi-kv"),
+        Some((false, false)),
+        "nothing changed"
+    );
+    println!("budget child: ok");
+}
+
+// ---------------------------------------------------------------------------------------
 // The header, a C program and the Python module.
 
 fn root() -> PathBuf {

@@ -336,6 +336,94 @@ def one_rule_for_tags():
     a.close()
 
 
+# The shared budget, in a child process on a host device that joins it
+# (PORTALLOC_SHARED_BUDGET=1, a segment directory of its own): a tag declared reclaimable is
+# listed under this process, in use inside ``with portalloc.using`` (nested too) and not
+# after, an exception inside propagates and ends the block.
+BUDGET_SCRIPT = """
+import os, portalloc
+
+def mine(tag):
+    [me] = [m for m in portalloc.budget() if m["pid"] == os.getpid()]
+    assert me["name"] == "python-budget", me
+    tags = [t for t in me["tags"] if t["name"] == tag]
+    return tags[0] if tags else None
+
+assert mine("kv") is None
+portalloc.declare_reclaimable("kv", keep=False)
+kv = mine("kv")
+assert kv == dict(kv, reclaimable=True, keep=False, in_use=False, asleep=False), kv
+with portalloc.using("kv"):
+    assert mine("kv")["in_use"]
+    with portalloc.using("kv"):
+        assert mine("kv")["in_use"]
+    assert mine("kv")["in_use"], "the outer block is still open"
+assert not mine("kv")["in_use"]
+try:
+    with portalloc.using("kv"):
+        raise KeyError("inside")
+except KeyError as e:
+    assert e.args == ("inside",), e
+else:
+    raise AssertionError("the exception did not propagate")
+assert not mine("kv")["in_use"]
+print("budget: ok")
+"""
+
+# The same process switched off (PORTALLOC_SHARED_BUDGET=0): it runs alone, and says so.
+ALONE_SCRIPT = """
+import portalloc
+for call in (lambda: portalloc.declare_reclaimable("kv"), portalloc.budget):
+    try:
+        call()
+    except portalloc.PortallocError as e:
+        assert e.name == "UNSUPPORTED" and "runs alone" in e.message, (e.name, e.message)
+    else:
+        raise AssertionError("no error running alone")
+try:
+    with portalloc.using("kv"):
+        raise AssertionError("entered a block running alone")
+except portalloc.PortallocError as e:
+    assert e.name == "UNSUPPORTED", e
+print("alone: ok")
+"""
+
+
+def the_shared_budget_from_python():
+    """:func:`portalloc.declare_reclaimable`, ``with portalloc.using(tag)`` and
+    :func:`portalloc.budget` over the global allocator of a host device that joined the
+    shared budget; and a process that did not join one is told it runs alone."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="portalloc-budget-") as segments:
+        for script, joined, marker in (
+            (BUDGET_SCRIPT, "1", "budget: ok"),
+            (ALONE_SCRIPT, "0", "alone: ok"),
+        ):
+            environment = {
+                k: v
+                for k, v in os.environ.items()
+                if not k.startswith(("PORTALLOC_", "XLA_")) and k != "PYTHONPATH"
+            }
+            environment.update(
+                PORTALLOC_BACKEND="host",
+                PORTALLOC_HOST_CAPACITY="64MiB",
+                PORTALLOC_HOST_SIMULATED="true",
+                PORTALLOC_SHARED_BUDGET=joined,
+                PORTALLOC_SHARED_BUDGET_DIR=segments,
+                PORTALLOC_MEMBER_NAME="python-budget",
+            )
+            out = subprocess.run(
+                [sys.executable, "-c", script],
+                cwd="/",
+                env=environment,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert out.returncode == 0 and marker in out.stdout, out.stdout + out.stderr
+
+
 CHECKS = [
     imported_from_the_virtual_environment,
     the_library_is_inside_the_package,
@@ -346,6 +434,7 @@ CHECKS = [
     regions_tag_the_buffers_of_other_threads,
     a_buffer_says_the_tag_its_allocation_got,
     one_rule_for_tags,
+    the_shared_budget_from_python,
 ]
 
 

@@ -78,6 +78,9 @@ __all__ = [
     "tag",
     "region",
     "declare",
+    "declare_reclaimable",
+    "using",
+    "budget",
     "STATUS_NAMES",
 ]
 
@@ -289,6 +292,17 @@ def load(path: Optional[PathArg] = None) -> ctypes.CDLL:
     _sig(lib, "portalloc_set_process_tag", S, ctypes.c_char_p)
     _sig(lib, "portalloc_declare_sleep_tag", S, ctypes.c_char_p)
     _sig(lib, "portalloc_global", S, ctypes.c_int32, ctypes.POINTER(P))
+    _sig(lib, "portalloc_declare_reclaimable", S, ctypes.c_char_p, ctypes.c_int)
+    _sig(lib, "portalloc_using_begin", S, ctypes.c_char_p)
+    _sig(lib, "portalloc_using_end", S, ctypes.c_char_p)
+    _sig(
+        lib,
+        "portalloc_budget_json",
+        S,
+        ctypes.c_char_p,
+        ctypes.c_size_t,
+        ctypes.POINTER(ctypes.c_size_t),
+    )
     _sig(lib, "portalloc_torch_alloc", P, ctypes.c_ssize_t, ctypes.c_int, P)
     _sig(lib, "portalloc_torch_free", None, P, ctypes.c_ssize_t, ctypes.c_int, P)
     _sig(lib, "portalloc_graph_pool_create", S, P, ctypes.c_char_p, ctypes.POINTER(u64))
@@ -980,6 +994,62 @@ def region(name: str) -> Iterator[None]:
                     del _regions[i]
                     break
             _check(load().portalloc_set_process_tag(_regions[-1][1] if _regions else None))
+
+
+def declare_reclaimable(tag: str, keep: bool = True) -> None:
+    """Declares ``tag`` reclaimable in the device's shared budget: while no :func:`using`
+    block of this process holds it, another portalloc process on the device that runs out of
+    memory may ask this one to put the buffers tagged ``tag`` to sleep — with ``keep`` their
+    bytes go to host memory and come back at the same addresses when the tag is used again;
+    without it they are discarded (a KV cache that can be recomputed). The tag is declared
+    too (:func:`declare`). Declaring again changes ``keep``; a process declares at most 8
+    tags. ``tag`` is a non-empty ``str`` without NUL, of at most 24 bytes (a longer one raises
+    ``INVALID_ARGUMENT``).
+
+    On the budget of the global allocators (:func:`global_allocator`; device 0's is made
+    first when none exists). A process joins its device's budget unless
+    ``PORTALLOC_SHARED_BUDGET=0`` (on the host backend only with
+    ``PORTALLOC_SHARED_BUDGET=1``); one that joined none runs alone, and this raises
+    :class:`PortallocError` ``UNSUPPORTED`` saying so, as :func:`using` and :func:`budget`
+    do."""
+    if not isinstance(keep, bool):
+        raise _type_error("declare_reclaimable", "keep", "True or False", keep)
+    encoded = _sleep_tag("declare_reclaimable", tag, "tag")
+    _check(load().portalloc_declare_reclaimable(encoded, 1 if keep else 0))
+
+
+@contextmanager
+def using(tag: str) -> Iterator[None]:
+    """Inside ``with portalloc.using(tag):``, no other process can have the buffers tagged
+    ``tag`` put to sleep (:func:`declare_reclaimable`); a tag another process had put to
+    sleep is woken first, at the same addresses (``OUT_OF_MEMORY`` when the memory cannot be
+    had, with the tag still asleep). Blocks nest, on any thread: the tag is free to be
+    reclaimed again once every block of it is left (by an exception too, which propagates).
+    A tag not declared reclaimable is never asked for: the block holds nothing."""
+    encoded = _sleep_tag("using", tag, "tag")
+    _check(load().portalloc_using_begin(encoded))
+    try:
+        yield
+    finally:
+        _check(load().portalloc_using_end(encoded))
+
+
+def budget() -> List[Dict[str, Any]]:
+    """The members of the device's shared budget, this process included: one dict per live
+    process (``pid``, ``name``, ``reserved``, ``in_use``, ``cached``, ``asleep``, ``floor``,
+    ``ceiling`` (``None``: none), ``given``, ``refused``, and ``tags``: each ``name``,
+    ``bytes``, ``reclaimable``, ``keep``, ``in_use``, ``asleep``); with several devices, each
+    device's members in turn, by ordinal. What ``portalloc top`` shows."""
+    n = ctypes.c_size_t()
+    buf = ctypes.create_string_buffer(1)
+    status = load().portalloc_budget_json(None, 0, ctypes.byref(n))
+    # A process may join between two calls: ask again with its length.
+    while status == _BUFFER_TOO_SMALL:
+        buf = ctypes.create_string_buffer(n.value + 1)
+        status = load().portalloc_budget_json(buf, len(buf), ctypes.byref(n))
+    _check(status)
+    members: List[Dict[str, Any]] = json.loads(buf.raw[: n.value].decode("utf-8"))
+    return members
 
 
 def install_torch(path: Optional[PathArg] = None) -> Any:

@@ -275,7 +275,10 @@ pub(crate) fn make_instance(
     // Peer access as the configuration asks (off unless asked), before the strategy is
     // built, as `Portalloc::from_config` does: `vmm` grants the peers the device reports.
     crate::discover::configure_peer_access(config, &discovery.devices);
-    let strategy = crate::strategy::build(config, Arc::clone(&device))?;
+    // A member of the device's shared budget as the configuration says, as
+    // `Portalloc::from_config` makes its allocators (a segment that cannot be used: alone,
+    // with one warning).
+    let (strategy, budget) = crate::discover::build_member_boxed(config, &device)?;
     // Graph pools over the strategy: a global allocator (the PyTorch and CuPy hooks) is never
     // told when its caller captures, so it asks the driver about every request's stream.
     let detect = if global {
@@ -296,6 +299,7 @@ pub(crate) fn make_instance(
         global,
         device,
         deferred: Mutex::new(Vec::new()),
+        budget,
     })
 }
 
@@ -930,7 +934,7 @@ unsafe fn read_optional_tag(
 ///
 /// # Safety
 /// `tag` null or NUL-terminated.
-unsafe fn read_sleep_tag(
+pub(crate) unsafe fn read_sleep_tag(
     call: &str,
     tag: *const c_char,
     accepted: &str,

@@ -56,6 +56,7 @@
 #![allow(unsafe_code)]
 
 mod api;
+mod budget;
 mod graphs;
 mod handles;
 mod torch;
@@ -74,6 +75,7 @@ use crate::device::Device;
 use crate::error::Error;
 
 pub use api::*;
+pub use budget::*;
 pub use graphs::*;
 pub use torch::{portalloc_global, portalloc_torch_alloc, portalloc_torch_free};
 
@@ -194,7 +196,8 @@ impl From<Error> for Failure {
             | Error::CannotWake { .. }
             | Error::DescriptorLimit { .. }
             | Error::StreamCapturing { .. }
-            | Error::HostOutOfMemory { .. } => PortallocStatus::OutOfMemory,
+            | Error::HostOutOfMemory { .. }
+            | Error::OutOfMemoryShared { .. } => PortallocStatus::OutOfMemory,
             Error::ForeignAllocation { .. } | Error::UnknownPointer { .. } => {
                 PortallocStatus::UnknownPointer
             }
@@ -329,6 +332,9 @@ pub(crate) struct Instance {
     /// the events recorded there at the free complete, as PyTorch's caching allocator does
     /// for `record_stream`.
     pub(crate) deferred: Mutex<Vec<Deferred>>,
+    /// The device's shared budget this allocator is a member of ([`crate::budget`]), as the
+    /// configuration says (`PORTALLOC_SHARED_BUDGET`); `None`: it runs alone.
+    pub(crate) budget: Option<Arc<crate::budget::SharedBudget>>,
 }
 
 /// A freed buffer waiting for the work on the other streams it was used on.

@@ -46,7 +46,10 @@ fn globals() -> &'static Globals {
 }
 
 /// The process-global allocator of `device`, made from the environment at first use.
-fn global(call: &str, device: i64) -> Result<(*mut PortallocAllocator, Arc<Instance>), Failure> {
+pub(crate) fn global(
+    call: &str,
+    device: i64,
+) -> Result<(*mut PortallocAllocator, Arc<Instance>), Failure> {
     let ordinal = u32::try_from(device).map_err(|_| {
         Failure::new(
             PortallocStatus::InvalidArgument,
@@ -66,6 +69,24 @@ fn global(call: &str, device: i64) -> Result<(*mut PortallocAllocator, Arc<Insta
     };
     let ptr = token as *mut PortallocAllocator;
     Ok((ptr, lookup(call, ptr)?))
+}
+
+/// The process-global allocators made so far, by ordinal; device 0's is made from the
+/// environment first when there is none yet.
+pub(crate) fn globals_made(call: &str) -> Result<Vec<Arc<Instance>>, Failure> {
+    let tokens: Vec<(u32, usize)> = {
+        let map = globals().lock().unwrap_or_else(|p| p.into_inner());
+        let mut t: Vec<(u32, usize)> = map.iter().map(|(&o, &t)| (o, t)).collect();
+        t.sort_unstable();
+        t
+    };
+    if tokens.is_empty() {
+        return Ok(vec![global(call, 0)?.1]);
+    }
+    tokens
+        .into_iter()
+        .map(|(_, t)| lookup(call, t as *mut PortallocAllocator))
+        .collect()
 }
 
 fn prefixed(call: &str, f: Failure) -> Failure {
