@@ -31,7 +31,7 @@ use portalloc::backends::host::HostDevice;
 use portalloc::budget::BudgetOptions;
 use portalloc::replay::costs::DeviceCosts;
 use portalloc::strategy::vmm::{VmmAllocator, VmmOptions};
-use portalloc::{Allocator, Config, Keep, Portalloc, Stream, StrategyKind, Vendor};
+use portalloc::{Allocator, Config, Keep, Portalloc, StrategyKind, Stream, Vendor};
 
 const ROLE: &str = "PORTALLOC_HANDOFF_ROLE";
 const ROUNDS: usize = 5;
@@ -57,7 +57,11 @@ fn config(dir: &Path, capacity: u64, name: &str) -> Config {
 fn wait_file(path: &Path) {
     let started = Instant::now();
     while !path.exists() {
-        assert!(started.elapsed() < Duration::from_secs(120), "{} never came", path.display());
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "{} never came",
+            path.display()
+        );
         std::thread::sleep(Duration::from_millis(1));
     }
 }
@@ -68,7 +72,11 @@ fn donor(dir: &Path, tag: &str, bytes: u64) {
     let p = Portalloc::from_config(config(dir, bytes + (1 << 30), "donor")).unwrap();
     let a = p.allocator(0).unwrap();
     let b = p.budget(0).expect("the donor joined");
-    let keep = if tag == "weights" { Keep::Contents } else { Keep::Nothing };
+    let keep = if tag == "weights" {
+        Keep::Contents
+    } else {
+        Keep::Nothing
+    };
     b.declare_reclaimable(tag, keep).unwrap();
     let x = a.allocate(bytes, 256, Stream::DEFAULT, tag).unwrap();
     // SAFETY: `x` is a live allocation of a host device with real memory, `bytes` long.
@@ -108,11 +116,17 @@ fn measure(tag: &str, bytes: u64) -> f64 {
         let got = b.reclaim(bytes);
         times.push(started.elapsed().as_secs_f64());
         let given: u64 = got.iter().map(|g| g.given).sum();
-        assert!(given >= bytes, "round {round}: the donor gave {given} of {bytes}: {got:?}");
+        assert!(
+            given >= bytes,
+            "round {round}: the donor gave {given} of {bytes}: {got:?}"
+        );
         std::fs::write(dir.join(format!("wake.{round}")), b"").unwrap();
         wait_file(&dir.join(format!("woke.{round}")));
     }
-    assert!(child.wait().expect("the donor").success(), "the donor failed");
+    assert!(
+        child.wait().expect("the donor").success(),
+        "the donor failed"
+    );
     drop(p);
     let _ = std::fs::remove_dir_all(&dir);
     median(times)
@@ -133,14 +147,16 @@ fn modelled_calls(bytes: u64, keep: Keep) -> (Vec<LoggedCall>, Vec<LoggedCall>) 
     let donor_dev = device(bytes + (1 << 30));
     let donor = VmmAllocator::new(Arc::clone(&donor_dev), VmmOptions::new(bytes + (512 << 20)))
         .expect("vmm");
-    let x = donor.allocate(bytes, 0, Stream::DEFAULT, "weights").unwrap();
+    let x = donor
+        .allocate(bytes, 0, Stream::DEFAULT, "weights")
+        .unwrap();
     donor_dev.take();
     donor.sleep("weights", keep).expect("sleep");
     donor.trim().expect("trim");
     let sleep = donor_dev.take();
     let req_dev = device(bytes + (1 << 30));
-    let requester = VmmAllocator::new(Arc::clone(&req_dev), VmmOptions::new(bytes + (512 << 20)))
-        .expect("vmm");
+    let requester =
+        VmmAllocator::new(Arc::clone(&req_dev), VmmOptions::new(bytes + (512 << 20))).expect("vmm");
     req_dev.take();
     let y = requester.allocate(bytes, 0, Stream::DEFAULT, "").unwrap();
     let grow = req_dev.take();
@@ -166,7 +182,10 @@ fn main() {
         .unwrap_or(1);
     let bytes = gib << 30;
     println!("hand-off of {gib} GiB between two processes (host backend, real memory, vmm), median of {ROUNDS}:");
-    for (tag, what) in [("kv", "without contents"), ("weights", "with contents (a copy to host memory)")] {
+    for (tag, what) in [
+        ("kv", "without contents"),
+        ("weights", "with contents (a copy to host memory)"),
+    ] {
         let s = measure(tag, bytes);
         println!(
             "  {tag:<8} {what}: {:.1} ms, {:.1} ms per GiB",
@@ -176,7 +195,10 @@ fn main() {
     }
     let model_bytes: u64 = 8 << 30;
     println!("modelled GPU time of a hand-off of {} GiB (the donor's sleep and trim, then the requester's growth):", model_bytes >> 30);
-    for (keep, what) in [(Keep::Nothing, "without contents"), (Keep::Contents, "with contents")] {
+    for (keep, what) in [
+        (Keep::Nothing, "without contents"),
+        (Keep::Contents, "with contents"),
+    ] {
         let (sleep, grow) = modelled_calls(model_bytes, keep);
         for preset in ["h100-80g", "h200", "mi300x"] {
             let mut costs = DeviceCosts::for_preset(preset);

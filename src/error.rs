@@ -328,7 +328,9 @@ impl Error {
     pub fn oom_report(&self) -> Option<&OomReport> {
         match self {
             Error::OutOfMemory(r) => Some(r),
-            Error::OutOfMemoryDiagnosed { error, .. } => error.oom_report(),
+            Error::OutOfMemoryDiagnosed { error, .. } | Error::OutOfMemoryShared { error, .. } => {
+                error.oom_report()
+            }
             _ => None,
         }
     }

@@ -1466,6 +1466,10 @@ impl Allocator for BudgetAllocator {
                 Err(e) => return Err(e),
             }
         }
+        // Alone on the device, nobody was asked: the strategy's own report says it all.
+        if asked.is_empty() && self.budget.members().len() <= 1 {
+            return Err(last);
+        }
         Err(Error::OutOfMemoryShared {
             error: Box::new(last),
             budget: Box::new(self.budget.report(size, asked)),

@@ -202,7 +202,11 @@ pub unsafe extern "C" fn portalloc_budget_json(
     const CALL: &str = "portalloc_budget_json";
     guard(CALL, || {
         require_non_null(CALL, "out_len", out_len)?;
-        let members: Vec<_> = budgets(CALL)?.iter().flat_map(|b| b.members()).collect();
+        let members: Vec<_> = budgets(CALL)?
+            .iter()
+            .flat_map(|b| b.members())
+            .map(|m| m.report())
+            .collect();
         let json = serde_json::to_string(&members).map_err(|e| {
             Failure::new(
                 PortallocStatus::Internal,
