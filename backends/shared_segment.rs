@@ -172,14 +172,27 @@ impl MappedSegment {
         } else {
             Err(rustix::io::Errno::EXIST)
         };
-        let (fd, created) = match create {
-            Ok(fd) => (fd, true),
-            Err(rustix::io::Errno::EXIST) => match fs::open(path, flags, Mode::empty()) {
-                Ok(fd) => (fd, false),
-                Err(rustix::io::Errno::LOOP) => return Err(MapProblem::NotRegularFile),
-                Err(e) => return Err(io("open", e)),
-            },
-            Err(e) => return Err(io("create", e)),
+        // An existing file is opened without blocking (a FIFO someone left there must not
+        // hang the open); one removed between our create and our open (its last member left)
+        // is created again, a few times at most.
+        let mut create = create;
+        let mut tries = 0;
+        let (fd, created) = loop {
+            match create {
+                Ok(fd) => break (fd, true),
+                Err(rustix::io::Errno::EXIST) => {
+                    match fs::open(path, flags | OFlags::NONBLOCK, Mode::empty()) {
+                        Ok(fd) => break (fd, false),
+                        Err(rustix::io::Errno::LOOP) => return Err(MapProblem::NotRegularFile),
+                        Err(rustix::io::Errno::NOENT) if init.is_some() && tries < 3 => {
+                            tries += 1;
+                            create = fs::open(path, flags | OFlags::CREATE | OFlags::EXCL, mode);
+                        }
+                        Err(e) => return Err(io("open", e)),
+                    }
+                }
+                Err(e) => return Err(io("create", e)),
+            }
         };
         let ours = rustix::process::geteuid().as_raw();
         if created {
@@ -192,6 +205,9 @@ impl MappedSegment {
             fs::ftruncate(&fd, bytes).map_err(|e| io("ftruncate", e))?;
         }
         let mut stat = fs::fstat(&fd).map_err(|e| io("fstat", e))?;
+        if stat.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Err(MapProblem::NotRegularFile);
+        }
         // A file of 0 bytes is one its creator has yet to size (between its create and its
         // `ftruncate`): wait for it, briefly, rather than take it for a truncated one.
         let started = std::time::Instant::now();
@@ -201,10 +217,6 @@ impl MappedSegment {
         {
             std::thread::sleep(std::time::Duration::from_millis(1));
             stat = fs::fstat(&fd).map_err(|e| io("fstat", e))?;
-        }
-        let kind = stat.st_mode & libc::S_IFMT;
-        if kind != libc::S_IFREG {
-            return Err(MapProblem::NotRegularFile);
         }
         if stat.st_uid != ours {
             let shared_with_us = access.group.is_some_and(|g| g == stat.st_gid);

@@ -5,7 +5,7 @@
 //! ```text
 //! header   32 words  magic, version, geometry, device total, doorbell, claim counter,
 //!                    device key (64 bytes), hand-off log head
-//! log      32 × 8    the last hand-offs: seq, time, donor pid, requester pid, bytes, kind, tag
+//! log      32 × 10   the last hand-offs: seq, time, donor pid, requester pid, bytes, kind, tag
 //! slots    64 × 160  one per member process
 //! ```
 //!
@@ -27,7 +27,7 @@ pub const HEADER_WORDS: usize = 32;
 /// Hand-offs kept in the log.
 pub const LOG_ENTRIES: usize = 32;
 /// Words per log entry.
-pub const LOG_WORDS: usize = 8;
+pub const LOG_WORDS: usize = 10;
 /// Member slots: processes that can join one device's budget at once.
 pub const SLOTS: usize = 64;
 /// Words per slot.
@@ -54,6 +54,11 @@ pub const H_DOORBELL: usize = 4;
 pub const H_CLAIMS: usize = 5;
 /// Hand-off log head (entries written so far).
 pub const H_LOG_HEAD: usize = 6;
+/// [`STATE_CLOSED`] while the last member to leave removes the file: a joiner that finds it
+/// leaves again and joins a fresh file.
+pub const H_STATE: usize = 7;
+/// The value of [`H_STATE`] of a segment being removed.
+pub const STATE_CLOSED: u64 = 1;
 /// The device key, 64 bytes.
 pub const H_KEY: usize = 8;
 /// Words of the device key.
@@ -122,6 +127,7 @@ pub const ACKS: usize = 8;
 pub const ACK_WORDS: usize = 4;
 
 const _: () = assert!(S_ACKS + ACKS * ACK_WORDS <= SLOT_WORDS);
+const _: () = assert!(L_TAG + TAG_NAME_WORDS <= LOG_WORDS);
 const _: () = assert!(S_REQUEST_BYTES < S_ACK_HEAD && S_ACK_HEAD < S_TAGS);
 
 // ---- tag flags ----
@@ -163,7 +169,7 @@ pub const L_REQUESTER: usize = 3;
 pub const L_BYTES: usize = 4;
 /// The ask kind.
 pub const L_KIND: usize = 5;
-/// The tag (16 bytes).
+/// The tag (24 bytes, a tag's whole name).
 pub const L_TAG: usize = 6;
 
 /// Index of slot `i`'s word `w`.
@@ -553,7 +559,7 @@ pub fn read_log(words: &[AtomicU64]) -> Vec<HandOff> {
             requester: words[log_word(i, L_REQUESTER)].load(Ordering::Relaxed) as u32,
             bytes: words[log_word(i, L_BYTES)].load(Ordering::Relaxed),
             kind: kind.to_string(),
-            tag: read_text(&words[log_word(i, L_TAG)..log_word(i, L_TAG + 2)]),
+            tag: read_text(&words[log_word(i, L_TAG)..log_word(i, L_TAG + TAG_NAME_WORDS)]),
         };
         if words[log_word(i, L_SEQ)].load(Ordering::Acquire) == seq {
             out.push(entry);

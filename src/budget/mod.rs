@@ -427,15 +427,22 @@ impl SharedBudget {
             return Ok(b);
         }
         remove_abandoned(&options.dir, &path);
-        // The last member to leave removes the file; a joiner that mapped it just before finds
-        // its path gone (or another file there) once it holds a slot, and joins again.
+        // The last member to leave closes and removes the file; a joiner that mapped it just
+        // before finds it closed, or its path gone (or another file there) once it holds a
+        // slot, and joins again.
         let mut tries = 0;
         let budget = loop {
-            let b = SharedBudget::open(key, total, options, true)?;
-            if b.core.segment.still_linked() || tries == 3 {
-                break Arc::new(b);
-            }
             tries += 1;
+            match SharedBudget::open(key, total, options, true)? {
+                Some(b) if b.core.segment.still_linked() || tries >= 4 => break Arc::new(b),
+                _ if tries >= 4 => {
+                    return Err(Error::SharedSegment {
+                        path: path.display().to_string(),
+                        reason: "it was being removed by its last member at each of 4 tries".into(),
+                    })
+                }
+                _ => {}
+            }
         };
         joined.push((path, Arc::downgrade(&budget)));
         Ok(budget)
@@ -452,26 +459,40 @@ impl SharedBudget {
             .and_then(|(_, w)| w.upgrade())
     }
 
+    /// Opens (or creates) the segment and claims a slot; `None` when the segment was being
+    /// removed (the caller tries again).
     fn open(
         key: &str,
         total: u64,
         options: &BudgetOptions,
         fresh_try: bool,
-    ) -> Result<SharedBudget> {
+    ) -> Result<Option<SharedBudget>> {
         let path = segment_path(&options.dir, key, current_uid());
         let problem = |reason: String| Error::SharedSegment {
             path: path.display().to_string(),
             reason,
         };
-        let segment = MappedSegment::open(
+        let segment = match MappedSegment::open(
             &path,
             TOTAL_WORDS,
             Access {
                 group: options.group,
             },
             &|w| init_header(w, key, total),
-        )
-        .map_err(|p| problem(p.to_string()))?;
+        ) {
+            Ok(s) => s,
+            // Still 0 bytes after the wait: its creator died between its create and its
+            // `ftruncate`. Remove it (if it is still that empty file) and make a fresh one.
+            Err(crate::backends::shared_segment::MapProblem::Size { found: 0, .. })
+                if fresh_try =>
+            {
+                if std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file() && m.len() == 0) {
+                    let _ = std::fs::remove_file(&path);
+                }
+                return SharedBudget::open(key, total, options, false);
+            }
+            Err(p) => return Err(problem(p.to_string())),
+        };
         let words = segment.words();
         let started = Instant::now();
         loop {
@@ -506,7 +527,7 @@ impl SharedBudget {
         let slot = (0..SLOTS)
             .find(|&i| {
                 words[slot_word(i, S_OWNER)]
-                    .compare_exchange(0, owner, Ordering::AcqRel, Ordering::Acquire)
+                    .compare_exchange(0, owner, Ordering::SeqCst, Ordering::Acquire)
                     .is_ok()
             })
             .ok_or_else(|| {
@@ -514,6 +535,20 @@ impl SharedBudget {
                     "all {SLOTS} member slots are held by live processes; this process runs alone"
                 ))
             })?;
+        if words[H_STATE].load(Ordering::SeqCst) == STATE_CLOSED {
+            // Its last member is removing it: leave, and remove it ourselves if that member
+            // died before it could (nobody else is in it); the caller joins a fresh file.
+            let _ = words[slot_word(slot, S_OWNER)].compare_exchange(
+                owner,
+                0,
+                Ordering::SeqCst,
+                Ordering::Acquire,
+            );
+            if members(words).is_empty() {
+                segment.unlink();
+            }
+            return Ok(None);
+        }
         let floor = options.floor.map_or(0, |a| a.of(total));
         let ceiling = options.ceiling.map_or(u64::MAX, |a| a.of(total));
         let core = Arc::new(Core {
@@ -564,10 +599,10 @@ impl SharedBudget {
             .spawn(move || thread_core.serve_forever())
             .map_err(|e| problem(format!("cannot start the service thread: {e}")))?;
         core.ring();
-        Ok(SharedBudget {
+        Ok(Some(SharedBudget {
             core,
             service: Mutex::new(Some(service)),
-        })
+        }))
     }
 
     /// The device key.
@@ -607,11 +642,11 @@ impl SharedBudget {
     /// # Errors
     /// [`Error::InvalidArgument`] for an empty tag, one longer than 24 bytes, or a ninth tag.
     pub fn declare_reclaimable(&self, tag: &str, keep: Keep) -> Result<()> {
-        if tag.is_empty() || tag.len() > TAG_NAME_WORDS * 8 {
+        if tag.is_empty() || tag.len() > TAG_NAME_WORDS * 8 || tag.chars().any(char::is_control) {
             return Err(Error::InvalidArgument {
                 call: "declare_reclaimable",
                 reason: format!(
-                    "tag {tag:?}: accepted is a name of 1 to {} bytes",
+                    "tag {tag:?}: accepted is a name of 1 to {} bytes without control characters",
                     TAG_NAME_WORDS * 8
                 ),
             });
@@ -708,6 +743,12 @@ impl SharedBudget {
 
 impl Drop for SharedBudget {
     fn drop(&mut self) {
+        // A forked child holds a copy of its parent's membership: no service thread, and a
+        // slot that is the parent's. It leaves everything as it is.
+        if std::process::id() != self.core.pid {
+            self.core.joined.store(false, Ordering::Release);
+            return;
+        }
         self.core.stop.store(true, Ordering::Release);
         self.core.ring();
         if let Some(h) = self
@@ -723,11 +764,18 @@ impl Drop for SharedBudget {
         let _ = words[slot_word(self.core.slot, S_OWNER)].compare_exchange(
             self.core.owner,
             0,
-            Ordering::AcqRel,
+            Ordering::SeqCst,
             Ordering::Acquire,
         );
-        if std::process::id() == self.core.pid && members(words).is_empty() {
-            self.core.segment.unlink();
+        if members(words).is_empty() {
+            // Closed first, then checked again: a joiner that claimed a slot meanwhile is seen
+            // here (and the file kept), or sees the mark and joins a fresh file.
+            words[H_STATE].store(STATE_CLOSED, Ordering::SeqCst);
+            if members(words).is_empty() {
+                self.core.segment.unlink();
+            } else {
+                words[H_STATE].store(0, Ordering::SeqCst);
+            }
         }
         self.core.ring();
     }
@@ -856,8 +904,15 @@ fn remove_abandoned(dir: &Path, keep: &Path) {
         };
         let words = inspector.segment.words();
         reap(words);
-        if (0..SLOTS).all(|i| words[slot_word(i, S_OWNER)].load(Ordering::Acquire) == 0) {
-            inspector.segment.unlink();
+        let empty = || (0..SLOTS).all(|i| words[slot_word(i, S_OWNER)].load(Ordering::SeqCst) == 0);
+        if empty() {
+            // As a last member leaves: closed, checked again, removed.
+            words[H_STATE].store(STATE_CLOSED, Ordering::SeqCst);
+            if empty() {
+                inspector.segment.unlink();
+            } else {
+                words[H_STATE].store(0, Ordering::SeqCst);
+            }
         }
     }
 }
@@ -963,7 +1018,9 @@ impl Core {
             self.publish_numbers();
             return;
         }
-        if self.word(S_OWNER).load(Ordering::Relaxed) != self.owner {
+        if self.word(S_OWNER).load(Ordering::Relaxed) != self.owner
+            || std::process::id() != self.pid
+        {
             return;
         }
         let in_use = if delta >= 0 {
@@ -1112,7 +1169,8 @@ impl Core {
                     }
                 }
                 let (bytes, status, tag) = self.act(ask);
-                self.ack(view.owner, ask.id, bytes, status);
+                // The log first, then the answer: a requester that reads the log after its
+                // answer finds the hand-off there.
                 if status == ACK_DONE && bytes > 0 {
                     append_log(
                         words,
@@ -1130,6 +1188,7 @@ impl Core {
                         },
                     );
                 }
+                self.ack(view.owner, ask.id, bytes, status);
             }
         }
     }
@@ -1143,6 +1202,10 @@ impl Core {
         }
         match ask.kind {
             ASK_TRIM => {
+                let cached = self.word(S_CACHED).load(Ordering::Relaxed);
+                if reserved.saturating_sub(cached) < self.floor {
+                    return (0, ACK_AT_FLOOR, String::new());
+                }
                 let given: u64 = self
                     .live_allocators()
                     .iter()
@@ -1166,6 +1229,9 @@ impl Core {
                 };
                 if tag.using > 0 {
                     return (0, ACK_IN_USE, tag.name);
+                }
+                if reserved.saturating_sub(tag.bytes) < self.floor {
+                    return (0, ACK_AT_FLOOR, tag.name);
                 }
                 let held_before: u64 = self.live_allocators().iter().map(|a| a.pool_bytes()).sum();
                 let mut reported = 0;
@@ -1226,20 +1292,23 @@ impl Core {
     /// first), then reclaimable tags not in use and awake (largest first); members at or
     /// below their floor are not asked.
     fn plan(&self, members: &[SlotView], bytes: u64) -> Vec<(SlotView, u64, usize, u64)> {
+        // A trim and a tag's sleep are whole: a member is asked only for one that leaves it at
+        // or above its floor.
+        let above_floor = |m: &SlotView, give: u64| m.reserved.saturating_sub(give) >= m.floor;
         let others: Vec<&SlotView> = members
             .iter()
             .filter(|m| m.owner != self.owner && m.reserved > m.floor)
             .collect();
         let mut trims: Vec<(SlotView, u64, usize, u64)> = others
             .iter()
-            .filter(|m| m.cached > 0)
+            .filter(|m| m.cached > 0 && above_floor(m, m.cached))
             .map(|m| ((*m).clone(), ASK_TRIM, 0, m.cached))
             .collect();
         trims.sort_by_key(|c| std::cmp::Reverse(c.3));
         let mut sleeps: Vec<(SlotView, u64, usize, u64)> = Vec::new();
         for m in &others {
             for (i, t) in m.tags.iter().enumerate() {
-                if !t.in_use && !t.asleep && t.bytes > 0 {
+                if !t.in_use && !t.asleep && t.bytes > 0 && above_floor(m, t.bytes) {
                     sleeps.push(((*m).clone(), ASK_SLEEP, i, t.bytes));
                 }
             }
@@ -1258,7 +1327,12 @@ impl Core {
     }
 
     fn reclaim(&self, bytes: u64) -> Vec<AskOutcome> {
-        if !self.still_ours() {
+        self.reclaim_until(bytes, Instant::now() + self.deadline)
+    }
+
+    /// [`Core::reclaim`], waiting for the answers until `deadline` at most.
+    fn reclaim_until(&self, bytes: u64, deadline: Instant) -> Vec<AskOutcome> {
+        if !self.still_ours() || Instant::now() >= deadline {
             return Vec::new();
         }
         let words = self.segment.words();
@@ -1290,7 +1364,6 @@ impl Core {
             }
         });
         self.ring();
-        let deadline = Instant::now() + self.deadline;
         let bell = self.segment.futex_word(H_DOORBELL);
         let mut outcomes: Vec<Option<AskOutcome>> = vec![None; plan.len()];
         loop {
@@ -1442,20 +1515,27 @@ impl Allocator for BudgetAllocator {
             Err(e) if e.is_out_of_memory() => e,
             Err(e) => return Err(e),
         };
-        // Our own cache first, then the others, twice at most (the first ask names just
-        // enough; the second everything the policy allows).
+        // Our own cache first; then the others twice at most, both rounds within one
+        // deadline: the first asks for the request, the second for twice as much, for a
+        // strategy that grows by more than it hands out (bfc's regions, vmm's granules). A
+        // round that got nothing is the last; a request larger than the device never asks.
         let _ = self.inner.trim();
         let mut asked = Vec::new();
         let mut last = first;
-        for round in 0..3 {
-            if round > 0 {
-                let want = if round == 1 { size } else { u64::MAX };
-                let got = self.budget.reclaim(want);
-                let nothing_new = got.is_empty();
-                asked.extend(got);
-                if nothing_new {
+        let deadline = Instant::now() + self.budget.core.deadline;
+        let possible = size <= self.budget.core.total;
+        for want in [None, Some(size), Some(size.saturating_mul(2))] {
+            let mut got_nothing = false;
+            if let Some(want) = want {
+                if !possible {
                     break;
                 }
+                let got = self.budget.core.reclaim_until(want, deadline);
+                if got.is_empty() {
+                    break;
+                }
+                got_nothing = got.iter().all(|g| g.given == 0);
+                asked.extend(got);
             }
             match self.inner.allocate(size, alignment, stream, tag) {
                 Ok(a) => {
@@ -1464,6 +1544,9 @@ impl Allocator for BudgetAllocator {
                 }
                 Err(e) if e.is_out_of_memory() => last = e,
                 Err(e) => return Err(e),
+            }
+            if got_nothing {
+                break;
             }
         }
         // Alone on the device, nobody was asked: the strategy's own report says it all.

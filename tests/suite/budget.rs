@@ -171,7 +171,7 @@ fn touch(path: &Path) {
 fn value(out: &str, key: &str) -> Option<String> {
     out.lines()
         .rev()
-        .filter_map(|l| l.strip_prefix("RESULT "))
+        .filter_map(|l| l.split_once("RESULT ").map(|(_, r)| r))
         .filter_map(|l| l.split_once('='))
         .filter(|(k, _)| *k == key)
         .map(|(_, v)| v.to_string())
@@ -483,6 +483,49 @@ fn child() {
                 "RESULT handoffs={}",
                 joined.as_ref().map_or(0, |b| b.hand_offs().len())
             );
+        }
+        // Holds 256 MiB untagged and 256 MiB of a reclaimable `kv` (its floor comes from the
+        // environment), signals, waits to be killed.
+        "floor" => {
+            let b = member();
+            b.declare_reclaimable("kv", Keep::Nothing).unwrap();
+            let x = a.allocate(256 * MIB, 256, stream, "").unwrap();
+            let kv = a.allocate(256 * MIB, 256, stream, "kv").unwrap();
+            touch(&dir.join(format!("idle.{}.ready", std::process::id())));
+            std::thread::sleep(CHILD_LIMIT);
+            drop((x, kv));
+        }
+        // Asks for more than the device has.
+        "huge" => {
+            let e = a.allocate(2 << 30, 256, stream, "").unwrap_err();
+            println!(
+                "RESULT asked_others={}",
+                matches!(e, portalloc::Error::OutOfMemoryShared { .. })
+            );
+        }
+        // Joins and leaves the budget 200 times as fast as it can; after each join, checks that
+        // the file at its path lists it.
+        "join-leave" => {
+            drop(joined);
+            drop(p);
+            let options = budget::BudgetOptions::from_env(true).unwrap().unwrap();
+            let mut missing = 0;
+            for _ in 0..200 {
+                let b = budget::SharedBudget::join(HOST_KEY, 1 << 30, &options).unwrap();
+                let listed = Inspector::open(b.path()).is_ok_and(|i| {
+                    i.snapshot()
+                        .members
+                        .iter()
+                        .any(|m| m.pid == std::process::id())
+                });
+                if !listed {
+                    missing += 1;
+                }
+                drop(b);
+            }
+            println!("RESULT missing={missing}");
+            println!("RESULT done=1");
+            return;
         }
         other => panic!("unknown role {other}"),
     }
@@ -1100,5 +1143,84 @@ fn a_joiner_removes_abandoned_budget_files() {
     assert_eq!(code, Some(0), "{out}");
     assert!(!old.exists(), "the abandoned file is removed");
     assert!(fresh.exists(), "a fresh file is left to its creator");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A member is asked only for what leaves it at or above its floor: with a floor of 384 MiB,
+/// its 256 MiB tag (of 512 MiB held) is not asked for; with 256 MiB, it is.
+#[test_case::test_case("384MiB", "0", "0" ; "a sleep that would cross the floor is not asked")]
+#[test_case::test_case("256MiB", "1", &(256 * MIB).to_string() ; "a sleep down to the floor is")]
+fn the_floor_is_kept(floor: &str, asks: &str, given: &str) {
+    let dir = temp_dir("floor");
+    let mut env = host_env(&dir, "floor");
+    env.push(("PORTALLOC_FLOOR".into(), floor.into()));
+    let mut member = spawn(&env);
+    wait_idle(&dir);
+    let mut env = host_env(&dir, "requester");
+    env.push(("PORTALLOC_BUDGET_WANT".into(), u64::MAX.to_string()));
+    let (code, out) = finish(spawn(&env));
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(value(&out, "asks").as_deref(), Some(asks), "{out}");
+    assert_eq!(value(&out, "given").as_deref(), Some(given), "{out}");
+    let view = Inspector::open(&segment_in(&dir).unwrap())
+        .unwrap()
+        .snapshot();
+    let m = view.members.iter().find(|m| m.pid == member.id()).unwrap();
+    assert!(m.reserved >= m.floor, "{m:?}");
+    let _ = member.kill();
+    let _ = member.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A request larger than the device asks nobody: no member sleeps for it.
+#[test]
+fn an_impossible_request_costs_the_others_nothing() {
+    let dir = temp_dir("huge");
+    let mut member = spawn(&host_env(&dir, "idle"));
+    wait_idle(&dir);
+    let (code, out) = finish(spawn(&host_env(&dir, "huge")));
+    assert_eq!(code, Some(0), "{out}");
+    let view = Inspector::open(&segment_in(&dir).unwrap())
+        .unwrap()
+        .snapshot();
+    let m = view.members.iter().find(|m| m.pid == member.id()).unwrap();
+    assert!(m.tags.iter().all(|t| !t.asleep), "{m:?}");
+    assert_eq!(m.given, 0, "{m:?}");
+    let _ = member.kill();
+    let _ = member.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A file its creator left empty (killed between its create and its `ftruncate`) is replaced
+/// by the next joiner, which then is a member.
+#[test]
+fn an_empty_file_left_by_a_dead_creator_is_replaced() {
+    let dir = temp_dir("empty");
+    let path = budget::segment_path(&dir, HOST_KEY, budget::current_uid());
+    write_segment(&path, &[]);
+    let mut env = host_env(&dir, "requester");
+    env.push(("PORTALLOC_BUDGET_WANT".into(), MIB.to_string()));
+    let (code, out) = finish(spawn(&env));
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(value(&out, "joined").as_deref(), Some("true"), "{out}");
+    assert!(!out.contains("running alone"), "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Three processes join and leave one budget 200 times each at once: every membership is in
+/// the file at its path (a last member's removal never strands a joiner in a removed file),
+/// and no file is left.
+#[test]
+fn joining_while_the_last_member_leaves_never_strands_a_member() {
+    let dir = temp_dir("join-leave");
+    let children: Vec<Child> = (0..3)
+        .map(|_| spawn(&host_env(&dir, "join-leave")))
+        .collect();
+    for c in children {
+        let (code, out) = finish(c);
+        assert_eq!(code, Some(0), "{out}");
+        assert_eq!(value(&out, "missing").as_deref(), Some("0"), "{out}");
+    }
+    assert!(Inspector::find(&dir).is_empty(), "no file left");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -320,7 +320,13 @@ fn device_limits(
     let others_hold = options.and_then(|o| {
         let path = budget::segment_path(&o.dir, &budget::device_key(i), budget::current_uid());
         let snapshot = budget::Inspector::open(&path).ok()?.snapshot();
-        Some(snapshot.members.iter().map(|m| m.reserved).sum::<u64>())
+        // Other processes wrote these numbers: added without overflow.
+        Some(
+            snapshot
+                .members
+                .iter()
+                .fold(0u64, |sum, m| sum.saturating_add(m.reserved)),
+        )
     });
     let seen = budget::limits::Seen {
         ordinal: i.ordinal,

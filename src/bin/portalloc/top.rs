@@ -94,7 +94,11 @@ fn render(dir: &std::path::Path, snapshots: &[Snapshot], problems: &[String]) ->
         );
     }
     for s in snapshots {
-        let held: u64 = s.members.iter().map(|m| m.reserved).sum();
+        // Other processes wrote these numbers: added without overflow.
+        let held = s
+            .members
+            .iter()
+            .fold(0u64, |sum, m| sum.saturating_add(m.reserved));
         let _ = writeln!(
             o,
             "device {}  total {}  held by members {}  ({} member{})",
