@@ -1151,10 +1151,12 @@ mod tests {
         let c = Config::from_vars(|_| None).unwrap();
         // The defaults, read from an environment that sets nothing.
         assert!(c.env_read);
+        // The shared budget is on (its options' defaults) when the environment is read.
         assert_eq!(
             c,
             Config {
                 env_read: true,
+                shared_budget: crate::budget::BudgetOptions::from_vars(&|_| None, true).unwrap(),
                 ..Config::default()
             }
         );

@@ -411,12 +411,14 @@ fn host_simulated(text: &str, expected: bool) {
 #[test]
 fn defaults_record_default_source() {
     let c = ok(&[]);
-    // The defaults, with the record that the (empty) environment was read.
+    // The defaults, with the record that the (empty) environment was read, and the shared
+    // budget on (its options' defaults: an environment was read).
     assert!(c.env_read);
     assert_eq!(
         c,
         Config {
             env_read: true,
+            shared_budget: portalloc::budget::BudgetOptions::from_vars(&|_| None, true).unwrap(),
             ..Config::default()
         }
     );
