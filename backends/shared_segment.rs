@@ -415,3 +415,136 @@ pub fn pid_exists(pid: u32) -> bool {
         true
     }
 }
+
+/// An exclusive lock on a segment's membership changes: `flock` on a sibling file
+/// (`<segment>.lock`) that the kernel releases when its holder dies, so a member killed while
+/// it joins or leaves costs the others nothing. Held only while a process joins (open,
+/// create, claim a slot) or leaves (free its slot, remove the files when it was the last):
+/// never on the allocation path.
+#[derive(Debug)]
+pub struct MembershipLock {
+    /// Closing it releases the lock.
+    #[cfg(target_os = "linux")]
+    _fd: rustix::fd::OwnedFd,
+    path: PathBuf,
+}
+
+impl MembershipLock {
+    /// The lock file of the segment at `segment`.
+    pub fn path_of(segment: &Path) -> PathBuf {
+        let mut name = segment.as_os_str().to_owned();
+        name.push(".lock");
+        PathBuf::from(name)
+    }
+
+    /// Takes the lock of the segment at `segment`, trying until `wait` has passed (`None`
+    /// then: a holder that does not let go — stopped, or hung — is not waited for forever).
+    /// A lock file removed (by the last member to leave) between our open and our lock is
+    /// opened again, so the lock held is always the one the path names.
+    ///
+    /// # Errors
+    /// A [`MapProblem`] for a lock file that cannot be opened (another user's, a link).
+    #[cfg(target_os = "linux")]
+    pub fn acquire(
+        segment: &Path,
+        access: Access,
+        wait: std::time::Duration,
+    ) -> Result<Option<MembershipLock>, MapProblem> {
+        use rustix::fs::{self, FlockOperation, Mode, OFlags};
+        let path = MembershipLock::path_of(segment);
+        let mode = Mode::from_raw_mode(if access.group.is_some() { 0o660 } else { 0o600 });
+        let started = std::time::Instant::now();
+        loop {
+            let fd = fs::open(
+                &path,
+                OFlags::RDWR
+                    | OFlags::CREATE
+                    | OFlags::NOFOLLOW
+                    | OFlags::CLOEXEC
+                    | OFlags::NONBLOCK,
+                mode,
+            )
+            .map_err(|e| match e {
+                rustix::io::Errno::LOOP => MapProblem::NotRegularFile,
+                e => MapProblem::Io(format!("open {}: {e}", path.display())),
+            })?;
+            let stat = fs::fstat(&fd).map_err(|e| MapProblem::Io(format!("fstat: {e}")))?;
+            if stat.st_mode & libc::S_IFMT != libc::S_IFREG {
+                return Err(MapProblem::NotRegularFile);
+            }
+            let ours = rustix::process::geteuid().as_raw();
+            if stat.st_uid != ours && !access.group.is_some_and(|g| g == stat.st_gid) {
+                return Err(MapProblem::OtherOwner {
+                    uid: stat.st_uid,
+                    ours,
+                });
+            }
+            loop {
+                match fs::flock(&fd, FlockOperation::NonBlockingLockExclusive) {
+                    Ok(()) => break,
+                    Err(rustix::io::Errno::WOULDBLOCK) | Err(rustix::io::Errno::INTR) => {
+                        if started.elapsed() >= wait {
+                            return Ok(None);
+                        }
+                        std::thread::sleep(std::time::Duration::from_micros(200));
+                    }
+                    Err(e) => return Err(MapProblem::Io(format!("flock: {e}"))),
+                }
+            }
+            // Still the file the path names? (Its last holder may have removed it.)
+            let same =
+                fs::lstat(&path).is_ok_and(|s| (s.st_dev, s.st_ino) == (stat.st_dev, stat.st_ino));
+            if same {
+                return Ok(Some(MembershipLock { _fd: fd, path }));
+            }
+            if started.elapsed() >= wait {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// Not Linux: no lock to take (shared segments are Linux only).
+    ///
+    /// # Errors
+    /// Always [`MapProblem::Unsupported`].
+    #[cfg(not(target_os = "linux"))]
+    pub fn acquire(
+        _segment: &Path,
+        _access: Access,
+        _wait: std::time::Duration,
+    ) -> Result<Option<MembershipLock>, MapProblem> {
+        Err(MapProblem::Unsupported)
+    }
+
+    /// Removes the lock file while holding it (the last member leaving): a process waiting on
+    /// it finds, once it has it, that the path names another file or none, and opens again.
+    pub fn remove_file(&self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// This process's id, read once per process and again after a `fork` (a `pthread_atfork`
+/// child handler forgets it): `getpid` is a system call, and the budget's hot path asks.
+pub fn current_pid() -> u32 {
+    use std::sync::atomic::Ordering;
+    static PID: AtomicU32 = AtomicU32::new(0);
+    static HOOKED: std::sync::Once = std::sync::Once::new();
+    extern "C" fn forget() {
+        PID.store(0, Ordering::Relaxed);
+    }
+    HOOKED.call_once(|| {
+        // SAFETY: registers a child handler that only stores to an atomic (async-signal-safe,
+        // as a handler run in a forked child must be); no prepare or parent handler.
+        unsafe {
+            libc::pthread_atfork(None, None, Some(forget));
+        }
+    });
+    match PID.load(Ordering::Relaxed) {
+        0 => {
+            let pid = std::process::id();
+            PID.store(pid, Ordering::Relaxed);
+            pid
+        }
+        pid => pid,
+    }
+}

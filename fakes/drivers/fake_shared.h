@@ -207,6 +207,11 @@ static void fk_shared_attach(void) {
     snprintf(fk_shared_file, sizeof fk_shared_file, "/dev/shm/portalloc-fake-%s.%u", v,
              (unsigned)geteuid());
   }
+  /* A file whose creator died before sizing it or making it ready (killed between its
+   * O_EXCL create and its ready mark) is replaced, once: it would otherwise make every later
+   * process run private. */
+  int replaced = 0;
+again:;
   const off_t size = (off_t)sizeof(struct fk_shared_segment);
   int fd = -1, created = 0;
   for (int attempt = 0; fd < 0 && attempt < 3; attempt++) {
@@ -252,6 +257,12 @@ static void fk_shared_attach(void) {
       fk_sleep_ms(1);
       if (fstat(fd, &st)) break;
     }
+    if (st.st_size == 0 && !replaced) {
+      replaced = 1;
+      close(fd);
+      unlink(fk_shared_file);
+      goto again;
+    }
     if (st.st_size != size) {
       fk_shared_refuse("it is %lld bytes, a segment of layout version %u is %lld",
                        (long long)st.st_size, FK_SHARED_VERSION, (long long)size);
@@ -279,6 +290,12 @@ static void fk_shared_attach(void) {
       fk_sleep_ms(1);
     const char *wrong = NULL;
     char what[160];
+    if (!atomic_load_explicit(&g->ready, memory_order_acquire) && !replaced) {
+      replaced = 1;
+      munmap(m, (size_t)size);
+      unlink(fk_shared_file);
+      goto again;
+    }
     if (!atomic_load_explicit(&g->ready, memory_order_acquire)) {
       wrong = "it was never made ready (its creator died making it?)";
     } else if (g->magic != FK_SHARED_MAGIC) {

@@ -416,6 +416,32 @@ fn a_dead_slot_is_reused(driver: Driver) {
     assert_eq!(c.quit(), "");
 }
 
+/// A file its creator left empty (killed between its create and its sizing) is replaced by
+/// the next process, which then shares the device: it does not run private for good.
+#[test_case(CUDA12 ; "cuda")]
+#[test_case(HIP ; "hip")]
+fn an_empty_file_left_by_a_dead_creator_is_replaced(driver: Driver) {
+    let path = std::env::temp_dir().join(format!(
+        "portalloc-fake-empty-{}-{}",
+        std::process::id(),
+        vendor(driver)
+    ));
+    let _ = std::fs::remove_file(&path);
+    let device = SharedDevice::new(path.to_str().expect("a path"));
+    write_private(&path, &[]);
+    let mut a = Proc::start(driver, device.value());
+    let (rc, p) = a.alloc(8 * MIB);
+    assert_eq!(rc, 0);
+    assert_eq!(
+        device.holders(0),
+        [holder(&a, 8 * MIB)],
+        "shared, not private"
+    );
+    a.free(p);
+    assert_eq!(a.quit(), "");
+    let _ = std::fs::remove_file(&path);
+}
+
 /// A segment that is not right: the driver says so in one line naming the file, and runs
 /// with a private device.
 #[test_case(CUDA12, "garbage", "not a segment" ; "cuda garbage")]

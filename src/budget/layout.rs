@@ -54,11 +54,9 @@ pub const H_DOORBELL: usize = 4;
 pub const H_CLAIMS: usize = 5;
 /// Hand-off log head (entries written so far).
 pub const H_LOG_HEAD: usize = 6;
-/// [`STATE_CLOSED`] while the last member to leave removes the file: a joiner that finds it
-/// leaves again and joins a fresh file.
-pub const H_STATE: usize = 7;
-/// The value of [`H_STATE`] of a segment being removed.
-pub const STATE_CLOSED: u64 = 1;
+/// Set in an owner word while its process claims the slot (its pid and start time not written
+/// yet): the slot is nobody's member yet, and it is reaped only once that pid is gone.
+pub const CLAIMING: u64 = 1 << 31;
 /// The device key, 64 bytes.
 pub const H_KEY: usize = 8;
 /// Words of the device key.
@@ -71,7 +69,7 @@ pub const GEOMETRY: u64 = (HEADER_WORDS as u64)
     | (LOG_ENTRIES as u64) << 48;
 
 // ---- slot words (offsets within a slot) ----
-/// `pid << 32 | claim`; 0 = free.
+/// `pid << 32 | claim` (with [`CLAIMING`] while it is being claimed); 0 = free.
 pub const S_OWNER: usize = 0;
 /// Sequence word of the structured part: odd while its owner writes.
 pub const S_SEQ: usize = 1;
@@ -425,7 +423,7 @@ pub fn read_slot(words: &[AtomicU64], i: usize) -> Result<SlotView, SlotRead> {
     let w = |k: usize| &words[slot_word(i, k)];
     for _ in 0..READ_TRIES {
         let owner = w(S_OWNER).load(Ordering::Acquire);
-        if owner == 0 {
+        if owner == 0 || owner & CLAIMING != 0 {
             return Err(SlotRead::Free);
         }
         let seq = w(S_SEQ).load(Ordering::Acquire);
@@ -585,7 +583,7 @@ pub fn append_log(words: &[AtomicU64], entry: &HandOff) {
     };
     words[log_word(i, L_KIND)].store(kind, Ordering::Relaxed);
     write_text(
-        &words[log_word(i, L_TAG)..log_word(i, L_TAG + 2)],
+        &words[log_word(i, L_TAG)..log_word(i, L_TAG + TAG_NAME_WORDS)],
         &entry.tag,
     );
     words[log_word(i, L_SEQ)].store(n + 1, Ordering::Release);

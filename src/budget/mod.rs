@@ -45,7 +45,7 @@ pub use crate::budget_report::{AskOutcome, BudgetReport, MemberReport, Refusal};
 pub use layout::{HandOff, LayoutProblem, SlotView, TagEntry};
 
 use crate::allocator::{Allocation, Allocator, Keep, SleepReport, SleepingTag, Stats};
-use crate::backends::shared_segment::{Access, MappedSegment};
+use crate::backends::shared_segment::{Access, MappedSegment, MembershipLock};
 use crate::device::Stream;
 use crate::error::{Error, Result};
 use layout::*;
@@ -328,6 +328,10 @@ fn alive(owner: u64, recorded_pid: u64, recorded_start: u64) -> bool {
     if pid == 0 {
         return false;
     }
+    if owner & CLAIMING != 0 {
+        // Being claimed: the slot's pid and start time are the previous owner's still.
+        return crate::backends::shared_segment::pid_exists(pid);
+    }
     let Some(start) = process_start_time(pid) else {
         return crate::backends::shared_segment::pid_exists(pid);
     };
@@ -364,6 +368,8 @@ struct Core {
     floor: u64,
     ceiling: u64,
     deadline: Duration,
+    /// Who may open the segment besides its owner (the group, if one shares it).
+    access: Access,
     local: Mutex<Local>,
     /// Serialises this process's writers of its slot's structured part (the seqlock's writer).
     writer: Mutex<()>,
@@ -397,6 +403,8 @@ impl std::fmt::Debug for SharedBudget {
 /// whatever number of allocators it makes.
 static JOINED: Mutex<Vec<(PathBuf, Weak<SharedBudget>)>> = Mutex::new(Vec::new());
 
+/// How long joining or leaving waits for the membership lock.
+const LOCK_WAIT: Duration = Duration::from_secs(2);
 /// How long a joiner waits for a segment's creator to write its header.
 const READY_WAIT: Duration = Duration::from_millis(500);
 /// Ceiling on a single futex wait: how soon a waiter notices a dead peer or its own stop.
@@ -418,7 +426,9 @@ impl SharedBudget {
     pub fn join(key: &str, total: u64, options: &BudgetOptions) -> Result<Arc<SharedBudget>> {
         let path = segment_path(&options.dir, key, current_uid());
         let mut joined = JOINED.lock().unwrap_or_else(PoisonError::into_inner);
-        joined.retain(|(_, w)| w.strong_count() > 0);
+        // A forked child's copies of its parent's memberships are not its own.
+        let pid = crate::backends::shared_segment::current_pid();
+        joined.retain(|(_, w)| w.upgrade().is_some_and(|b| b.core.pid == pid));
         if let Some(b) = joined
             .iter()
             .find(|(p, _)| *p == path)
@@ -427,23 +437,27 @@ impl SharedBudget {
             return Ok(b);
         }
         remove_abandoned(&options.dir, &path);
-        // The last member to leave closes and removes the file; a joiner that mapped it just
-        // before finds it closed, or its path gone (or another file there) once it holds a
-        // slot, and joins again.
-        let mut tries = 0;
-        let budget = loop {
-            tries += 1;
-            match SharedBudget::open(key, total, options, true)? {
-                Some(b) if b.core.segment.still_linked() || tries >= 4 => break Arc::new(b),
-                _ if tries >= 4 => {
-                    return Err(Error::SharedSegment {
-                        path: path.display().to_string(),
-                        reason: "it was being removed by its last member at each of 4 tries".into(),
-                    })
-                }
-                _ => {}
-            }
+        // Joining and leaving hold the segment's membership lock (a `flock` the kernel
+        // releases when its holder dies): the last member to leave removes the files under
+        // it, so no joiner is ever left in a removed file.
+        let access = Access {
+            group: options.group,
         };
+        let lock = MembershipLock::acquire(&path, access, LOCK_WAIT)
+            .map_err(|p| Error::SharedSegment {
+                path: path.display().to_string(),
+                reason: p.to_string(),
+            })?
+            .ok_or_else(|| Error::SharedSegment {
+                path: path.display().to_string(),
+                reason: format!(
+                    "another process held its membership lock for more than {} ms (stopped or \
+                     hung while joining or leaving)",
+                    LOCK_WAIT.as_millis()
+                ),
+            })?;
+        let budget = Arc::new(SharedBudget::open(key, total, options, true)?);
+        drop(lock);
         joined.push((path, Arc::downgrade(&budget)));
         Ok(budget)
     }
@@ -459,14 +473,13 @@ impl SharedBudget {
             .and_then(|(_, w)| w.upgrade())
     }
 
-    /// Opens (or creates) the segment and claims a slot; `None` when the segment was being
-    /// removed (the caller tries again).
+    /// Opens (or creates) the segment and claims a slot, under the membership lock.
     fn open(
         key: &str,
         total: u64,
         options: &BudgetOptions,
         fresh_try: bool,
-    ) -> Result<Option<SharedBudget>> {
+    ) -> Result<SharedBudget> {
         let path = segment_path(&options.dir, key, current_uid());
         let problem = |reason: String| Error::SharedSegment {
             path: path.display().to_string(),
@@ -483,12 +496,11 @@ impl SharedBudget {
             Ok(s) => s,
             // Still 0 bytes after the wait: its creator died between its create and its
             // `ftruncate`. Remove it (if it is still that empty file) and make a fresh one.
+            // (Under the lock no live creator is between the two.)
             Err(crate::backends::shared_segment::MapProblem::Size { found: 0, .. })
                 if fresh_try =>
             {
-                if std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file() && m.len() == 0) {
-                    let _ = std::fs::remove_file(&path);
-                }
+                let _ = std::fs::remove_file(&path);
                 return SharedBudget::open(key, total, options, false);
             }
             Err(p) => return Err(problem(p.to_string())),
@@ -527,7 +539,7 @@ impl SharedBudget {
         let slot = (0..SLOTS)
             .find(|&i| {
                 words[slot_word(i, S_OWNER)]
-                    .compare_exchange(0, owner, Ordering::SeqCst, Ordering::Acquire)
+                    .compare_exchange(0, owner | CLAIMING, Ordering::SeqCst, Ordering::Acquire)
                     .is_ok()
             })
             .ok_or_else(|| {
@@ -535,20 +547,6 @@ impl SharedBudget {
                     "all {SLOTS} member slots are held by live processes; this process runs alone"
                 ))
             })?;
-        if words[H_STATE].load(Ordering::SeqCst) == STATE_CLOSED {
-            // Its last member is removing it: leave, and remove it ourselves if that member
-            // died before it could (nobody else is in it); the caller joins a fresh file.
-            let _ = words[slot_word(slot, S_OWNER)].compare_exchange(
-                owner,
-                0,
-                Ordering::SeqCst,
-                Ordering::Acquire,
-            );
-            if members(words).is_empty() {
-                segment.unlink();
-            }
-            return Ok(None);
-        }
         let floor = options.floor.map_or(0, |a| a.of(total));
         let ceiling = options.ceiling.map_or(u64::MAX, |a| a.of(total));
         let core = Arc::new(Core {
@@ -561,6 +559,9 @@ impl SharedBudget {
             floor,
             ceiling,
             deadline: options.deadline,
+            access: Access {
+                group: options.group,
+            },
             local: Mutex::new(Local::default()),
             writer: Mutex::new(()),
             gate: Mutex::new(()),
@@ -593,16 +594,18 @@ impl SharedBudget {
             &core.segment.words()[slot_word(slot, S_NAME)..slot_word(slot, S_NAME + NAME_WORDS)],
             &options.name,
         );
+        // Identity written: the slot is a member's now.
+        core.word(S_OWNER).store(owner, Ordering::Release);
         let thread_core = Arc::clone(&core);
         let service = std::thread::Builder::new()
             .name("portalloc-budget".into())
             .spawn(move || thread_core.serve_forever())
             .map_err(|e| problem(format!("cannot start the service thread: {e}")))?;
         core.ring();
-        Ok(Some(SharedBudget {
+        Ok(SharedBudget {
             core,
             service: Mutex::new(Some(service)),
-        }))
+        })
     }
 
     /// The device key.
@@ -745,7 +748,7 @@ impl Drop for SharedBudget {
     fn drop(&mut self) {
         // A forked child holds a copy of its parent's membership: no service thread, and a
         // slot that is the parent's. It leaves everything as it is.
-        if std::process::id() != self.core.pid {
+        if crate::backends::shared_segment::current_pid() != self.core.pid {
             self.core.joined.store(false, Ordering::Release);
             return;
         }
@@ -759,7 +762,13 @@ impl Drop for SharedBudget {
         {
             let _ = h.join();
         }
-        // Leave: free the slot if it is still ours; the last member removes the file.
+        // Leave under the membership lock: free the slot if it is still ours; the last member
+        // removes the segment and the lock file. Without the lock (a holder that does not let
+        // go), the slot is freed and the files are left for a later joiner to remove.
+        let path = self.core.segment.path().to_path_buf();
+        let lock = MembershipLock::acquire(&path, self.core.access, LOCK_WAIT)
+            .ok()
+            .flatten();
         let words = self.core.segment.words();
         let _ = words[slot_word(self.core.slot, S_OWNER)].compare_exchange(
             self.core.owner,
@@ -767,16 +776,14 @@ impl Drop for SharedBudget {
             Ordering::SeqCst,
             Ordering::Acquire,
         );
-        if members(words).is_empty() {
-            // Closed first, then checked again: a joiner that claimed a slot meanwhile is seen
-            // here (and the file kept), or sees the mark and joins a fresh file.
-            words[H_STATE].store(STATE_CLOSED, Ordering::SeqCst);
-            if members(words).is_empty() {
+        if let Some(lock) = &lock {
+            reap(words);
+            if no_owner(words) {
                 self.core.segment.unlink();
-            } else {
-                words[H_STATE].store(0, Ordering::SeqCst);
+                lock.remove_file();
             }
         }
+        drop(lock);
         self.core.ring();
     }
 }
@@ -899,22 +906,28 @@ fn remove_abandoned(dir: &Path, keep: &Path) {
         if !old {
             continue;
         }
+        // Under its membership lock, not waited for: a file someone is joining or leaving is
+        // not abandoned.
+        let Ok(Some(lock)) = MembershipLock::acquire(&path, Access::default(), Duration::ZERO)
+        else {
+            continue;
+        };
         let Ok(inspector) = Inspector::open(&path) else {
             continue;
         };
         let words = inspector.segment.words();
         reap(words);
-        let empty = || (0..SLOTS).all(|i| words[slot_word(i, S_OWNER)].load(Ordering::SeqCst) == 0);
-        if empty() {
-            // As a last member leaves: closed, checked again, removed.
-            words[H_STATE].store(STATE_CLOSED, Ordering::SeqCst);
-            if empty() {
-                inspector.segment.unlink();
-            } else {
-                words[H_STATE].store(0, Ordering::SeqCst);
-            }
+        if no_owner(words) {
+            inspector.segment.unlink();
+            lock.remove_file();
         }
     }
+}
+
+/// Whether no slot has an owner (dead ones reaped before): the segment has no member, and
+/// none is joining.
+fn no_owner(words: &[AtomicU64]) -> bool {
+    (0..SLOTS).all(|i| words[slot_word(i, S_OWNER)].load(Ordering::SeqCst) == 0)
 }
 
 /// Every live member of the segment `words`; slots of dead processes are reaped.
@@ -962,7 +975,7 @@ impl Core {
             return false;
         }
         if self.word(S_OWNER).load(Ordering::Acquire) != self.owner
-            || std::process::id() != self.pid
+            || crate::backends::shared_segment::current_pid() != self.pid
         {
             self.joined.store(false, Ordering::Release);
             return false;
@@ -1019,7 +1032,7 @@ impl Core {
             return;
         }
         if self.word(S_OWNER).load(Ordering::Relaxed) != self.owner
-            || std::process::id() != self.pid
+            || crate::backends::shared_segment::current_pid() != self.pid
         {
             return;
         }
@@ -1230,7 +1243,9 @@ impl Core {
                 if tag.using > 0 {
                     return (0, ACK_IN_USE, tag.name);
                 }
-                if reserved.saturating_sub(tag.bytes) < self.floor {
+                // The sleep is followed by a trim: what stays is the memory in use, less the tag.
+                let in_use = self.word(S_IN_USE).load(Ordering::Relaxed);
+                if in_use.saturating_sub(tag.bytes) < self.floor {
                     return (0, ACK_AT_FLOOR, tag.name);
                 }
                 let held_before: u64 = self.live_allocators().iter().map(|a| a.pool_bytes()).sum();
@@ -1294,14 +1309,16 @@ impl Core {
     fn plan(&self, members: &[SlotView], bytes: u64) -> Vec<(SlotView, u64, usize, u64)> {
         // A trim and a tag's sleep are whole: a member is asked only for one that leaves it at
         // or above its floor.
-        let above_floor = |m: &SlotView, give: u64| m.reserved.saturating_sub(give) >= m.floor;
+        // What a member keeps after giving: its memory in use (a trim gives the rest, and a
+        // donor trims after a sleep), less a slept tag.
+        let above_floor = |m: &SlotView, give: u64| m.in_use.saturating_sub(give) >= m.floor;
         let others: Vec<&SlotView> = members
             .iter()
             .filter(|m| m.owner != self.owner && m.reserved > m.floor)
             .collect();
         let mut trims: Vec<(SlotView, u64, usize, u64)> = others
             .iter()
-            .filter(|m| m.cached > 0 && above_floor(m, m.cached))
+            .filter(|m| m.cached > 0 && above_floor(m, 0))
             .map(|m| ((*m).clone(), ASK_TRIM, 0, m.cached))
             .collect();
         trims.sort_by_key(|c| std::cmp::Reverse(c.3));
@@ -1332,7 +1349,7 @@ impl Core {
 
     /// [`Core::reclaim`], waiting for the answers until `deadline` at most.
     fn reclaim_until(&self, bytes: u64, deadline: Instant) -> Vec<AskOutcome> {
-        if !self.still_ours() || Instant::now() >= deadline {
+        if !self.still_ours() {
             return Vec::new();
         }
         let words = self.segment.words();
@@ -1515,26 +1532,40 @@ impl Allocator for BudgetAllocator {
             Err(e) if e.is_out_of_memory() => e,
             Err(e) => return Err(e),
         };
-        // Our own cache first; then the others twice at most, both rounds within one
-        // deadline: the first asks for the request, the second for twice as much, for a
-        // strategy that grows by more than it hands out (bfc's regions, vmm's granules). A
-        // round that got nothing is the last; a request larger than the device never asks.
+        // Our own cache first; then the others, up to three rounds within one deadline: the
+        // request, then twice and four times it (capped at the device), for a strategy that
+        // grows by more than it hands out (bfc's regions, vmm's granules) and for members
+        // racing for what was given. A round nobody answered is the last; a request larger
+        // than the device never asks.
         let _ = self.inner.trim();
         let mut asked = Vec::new();
         let mut last = first;
         let deadline = Instant::now() + self.budget.core.deadline;
         let possible = size <= self.budget.core.total;
-        for want in [None, Some(size), Some(size.saturating_mul(2))] {
+        let rounds = [
+            None,
+            Some(size),
+            Some(size.saturating_mul(2)),
+            Some(size.saturating_mul(4)),
+        ];
+        for want in rounds {
             let mut got_nothing = false;
             if let Some(want) = want {
                 if !possible {
                     break;
                 }
-                let got = self.budget.core.reclaim_until(want, deadline);
+                let got = self
+                    .budget
+                    .core
+                    .reclaim_until(want.min(self.budget.core.total), deadline);
                 if got.is_empty() {
                     break;
                 }
-                got_nothing = got.iter().all(|g| g.given == 0);
+                // Nobody answered (or all died): a second round would wait on them again.
+                // Refusals (in use, at the floor) leave the second round to others.
+                got_nothing = got
+                    .iter()
+                    .all(|g| matches!(g.refusal, Some(Refusal::NoAnswer | Refusal::Gone)));
                 asked.extend(got);
             }
             match self.inner.allocate(size, alignment, stream, tag) {

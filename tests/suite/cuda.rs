@@ -23,8 +23,8 @@ use std::sync::Arc;
 
 use crate::support::common::{assert_chosen, discover_with, driver_failure};
 use portalloc::backends::cuda::{
-    CudaDevice, Driver, CAPTURE_SYMBOLS, HOST_REGISTER_SYMBOLS, PINNED_HOST_SYMBOLS, POOL_SYMBOLS,
-    REQUIRED_SYMBOLS, VMM_SYMBOLS,
+    CudaDevice, Driver, CAPTURE_SYMBOLS, HOST_REGISTER_SYMBOLS, IDENTITY_SYMBOLS,
+    PINNED_HOST_SYMBOLS, POOL_SYMBOLS, REQUIRED_SYMBOLS, VMM_SYMBOLS,
 };
 use portalloc::device::{Device, PhysicalHandle, Stream};
 use portalloc::sys::cuda as sys;
@@ -102,6 +102,7 @@ mod real_libcuda {
                 + PINNED_HOST_SYMBOLS.len()
                 + HOST_REGISTER_SYMBOLS.len()
                 + CAPTURE_SYMBOLS.len()
+                + IDENTITY_SYMBOLS.len()
         );
         let missing: Vec<_> = symbols.iter().filter(|(_, ok)| !ok).collect();
         assert!(missing.is_empty(), "driver 535 lacks {missing:?}");
