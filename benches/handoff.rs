@@ -108,7 +108,8 @@ fn measure(tag: &str, bytes: u64) -> f64 {
         .spawn()
         .expect("the donor");
     wait_file(&dir.join("ready"));
-    let p = Portalloc::from_config(config(&dir, 1 << 30, "requester")).unwrap();
+    // The same simulated device as the donor's (its key is its name and size).
+    let p = Portalloc::from_config(config(&dir, bytes + (1 << 30), "requester")).unwrap();
     let b = p.budget(0).expect("the requester joined");
     let mut times = Vec::new();
     for round in 0..ROUNDS {
