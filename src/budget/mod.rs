@@ -1383,25 +1383,28 @@ impl Core {
         self.ring();
         let bell = self.segment.futex_word(H_DOORBELL);
         let mut outcomes: Vec<Option<AskOutcome>> = vec![None; plan.len()];
+        // An ask's outcome before its answer: nothing given, no answer (yet).
+        let unanswered = |(m, kind, tag, want): &(SlotView, u64, usize, u64)| AskOutcome {
+            pid: m.pid,
+            name: m.name.clone(),
+            kind: if *kind == ASK_SLEEP { "sleep" } else { "trim" },
+            tag: if *kind == ASK_SLEEP {
+                m.tags.get(*tag).map(|t| t.name.clone()).unwrap_or_default()
+            } else {
+                String::new()
+            },
+            wanted: *want,
+            given: 0,
+            refusal: Some(Refusal::NoAnswer),
+        };
         loop {
             let seen = bell.load(Ordering::Acquire);
-            for (a, (m, kind, tag, want)) in plan.iter().enumerate() {
+            for (a, ask) in plan.iter().enumerate() {
                 if outcomes[a].is_some() {
                     continue;
                 }
-                let base = AskOutcome {
-                    pid: m.pid,
-                    name: m.name.clone(),
-                    kind: if *kind == ASK_SLEEP { "sleep" } else { "trim" },
-                    tag: if *kind == ASK_SLEEP {
-                        m.tags.get(*tag).map(|t| t.name.clone()).unwrap_or_default()
-                    } else {
-                        String::new()
-                    },
-                    wanted: *want,
-                    given: 0,
-                    refusal: None,
-                };
+                let m = &ask.0;
+                let base = unanswered(ask);
                 let slot_owner = words[slot_word(m.index, S_OWNER)].load(Ordering::Acquire);
                 if slot_owner != m.owner || !alive(m.owner, u64::from(m.pid), m.start_time) {
                     outcomes[a] = Some(AskOutcome {
@@ -1444,21 +1447,7 @@ impl Core {
         });
         plan.iter()
             .zip(outcomes)
-            .map(|((m, kind, tag, want), o)| {
-                o.unwrap_or_else(|| AskOutcome {
-                    pid: m.pid,
-                    name: m.name.clone(),
-                    kind: if *kind == ASK_SLEEP { "sleep" } else { "trim" },
-                    tag: if *kind == ASK_SLEEP {
-                        m.tags.get(*tag).map(|t| t.name.clone()).unwrap_or_default()
-                    } else {
-                        String::new()
-                    },
-                    wanted: *want,
-                    given: 0,
-                    refusal: Some(Refusal::NoAnswer),
-                })
-            })
+            .map(|(ask, o)| o.unwrap_or_else(|| unanswered(ask)))
             .collect()
     }
 }
