@@ -222,6 +222,12 @@ impl CaptureMode {
     }
 }
 
+/// A legacy IPC handle of a plain allocation (`CUipcMemHandle` / `hipIpcMemHandle_t`): 64
+/// bytes the driver gives the exporting process and another process opens
+/// ([`Interprocess::open_ipc_handle`]). Opaque: only the driver that made it reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct IpcMemHandle(pub [u8; 64]);
+
 /// A handle to physical memory created for virtual-memory mapping.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 pub struct PhysicalHandle(pub u64);
@@ -311,6 +317,14 @@ pub trait Device: Send + Sync + fmt::Debug {
 
     /// The stream-ordered pool capability, when the device has it.
     fn stream_ordered_pool(&self) -> Option<&dyn StreamOrderedPool> {
+        None
+    }
+
+    /// The capability to hand memory to other processes ([`Interprocess`]): shareable handles
+    /// of physical memory and legacy IPC handles of plain allocations, where the device has
+    /// them. Linux only. Default: none.
+    #[cfg(unix)]
+    fn interprocess(&self) -> Option<&dyn Interprocess> {
         None
     }
 
@@ -812,4 +826,70 @@ pub trait StreamOrderedPool: Send + Sync {
 
     /// The pool's counters.
     fn usage(&self) -> Result<PoolUsage>;
+}
+
+/// Memory another process can map, as the drivers offer it: physical memory exported as a
+/// POSIX file descriptor (`cuMemExportToShareableHandle` / `hipMemExportToShareableHandle`)
+/// and imported by another process (`cuMemImportFromShareableHandle`), and plain allocations
+/// through the legacy IPC handles (`cuIpcGetMemHandle`, `cuIpcOpenMemHandle_v2`,
+/// `cuIpcCloseMemHandle`, and HIP's). [`crate::share`] builds export and import of
+/// allocations on it; strategies never call it.
+///
+/// The drivers' lifetime rules, which [`crate::share`] keeps: a shareable handle keeps its
+/// physical memory alive while any process holds a handle to it or a mapping of it (the
+/// exporter's release does not take it from an importer); a legacy IPC handle's memory
+/// belongs to the exporter, whose free while another process has it open is undefined
+/// behaviour, so the exporter must hold it until every importer closed it.
+#[cfg(unix)]
+pub trait Interprocess: Send + Sync {
+    /// True when physical handles made by [`VirtualMemory::create_physical`] can be exported:
+    /// the driver accepted the request for a POSIX descriptor handle type when they were
+    /// created (probed at the first creation, never read from a version).
+    fn exportable_physical(&self) -> bool;
+
+    /// A new descriptor for the physical memory of `handle`, which the caller owns; another
+    /// process imports it with [`Interprocess::import_physical`].
+    ///
+    /// # Errors
+    /// [`crate::Error::UnknownPointer`] for a handle this device did not make (or released);
+    /// [`crate::Error::Unsupported`] when the driver cannot export it (made without the
+    /// descriptor handle type, or no export call); the driver's error.
+    fn export_physical(&self, handle: PhysicalHandle) -> Result<std::os::fd::OwnedFd>;
+
+    /// A physical handle of this device for the memory behind `fd` (a descriptor another
+    /// process exported), of `size` bytes as the exporter said: it maps as one made by
+    /// [`VirtualMemory::create_physical`], and its memory lives until it is released and
+    /// unmapped here, whatever the exporter does. The descriptor stays the caller's; the
+    /// caller keeps it open until the imported memory is mapped and its access set (ROCm 7.14
+    /// needs that, ROCm/rocm-systems PR #8440).
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidArgument`] for a size that is not a non-zero multiple of the
+    /// granularity; the driver's error for a descriptor it cannot import.
+    fn import_physical(&self, fd: std::os::fd::BorrowedFd<'_>, size: u64)
+        -> Result<PhysicalHandle>;
+
+    /// The legacy IPC handle of the plain allocation starting at `base` (a pointer
+    /// [`Device::alloc`] returned).
+    ///
+    /// # Errors
+    /// [`crate::Error::UnknownPointer`] for a pointer that does not start an allocation of
+    /// this device; the driver's error.
+    fn ipc_handle(&self, base: u64) -> Result<IpcMemHandle>;
+
+    /// Opens another process's legacy IPC handle of an allocation of `size` bytes (as the
+    /// exporter said; copies are checked against it): the address where the allocation is
+    /// mapped here, until [`Interprocess::close_ipc_handle`]. Opening one handle again gives
+    /// the same address, counted: each open is closed once.
+    ///
+    /// # Errors
+    /// The driver's error (a handle of this very process, of a freed allocation, of a process
+    /// that exited).
+    fn open_ipc_handle(&self, handle: &IpcMemHandle, size: u64) -> Result<u64>;
+
+    /// Closes what [`Interprocess::open_ipc_handle`] opened at `ptr`.
+    ///
+    /// # Errors
+    /// [`crate::Error::UnknownPointer`] for an address not opened here; the driver's error.
+    fn close_ipc_handle(&self, ptr: u64) -> Result<()>;
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use portalloc_sys::cuda as sys;
 
-use super::{allocation_prop, device_location, to_usize, Driver, Facts};
+use super::{device_location, exportable_prop, to_usize, Driver, Facts};
 use crate::backends::gpu::{handle, GpuDevice, Opened, PoolAttribute, VendorApi, VendorCensus};
 use crate::backends::loader::Checked;
 use crate::device::{Capabilities, DeviceInfo, Vendor};
@@ -236,13 +236,75 @@ impl VendorApi for Cuda {
         })
     }
 
-    fn create_physical(&self, size: u64) -> Result<u64> {
+    fn create_physical(&self, size: u64, exportable: bool) -> Result<u64> {
         let api = self.driver.vmm("cuMemCreate")?;
-        let (bytes, prop) = (to_usize("cuMemCreate", size)?, allocation_prop(self.device));
+        let types = if exportable {
+            sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        } else {
+            sys::CU_MEM_HANDLE_TYPE_NONE
+        };
+        let (bytes, prop) = (
+            to_usize("cuMemCreate", size)?,
+            exportable_prop(self.device, types),
+        );
         // SAFETY: `prop` is fully initialised; writes one handle through a valid pointer.
         self.driver.out("cuMemCreate", |h| unsafe {
             (api.create)(h, bytes, &prop, 0)
         })
+    }
+
+    unsafe fn export_physical(&self, handle: u64) -> Result<std::os::fd::OwnedFd> {
+        let api = self.driver.shareable("cuMemExportToShareableHandle")?;
+        let mut fd: c_int = -1;
+        // SAFETY: the caller guarantees a live handle; for a POSIX descriptor the driver
+        // writes one `int` through the pointer.
+        self.check("cuMemExportToShareableHandle", unsafe {
+            (api.export)(
+                (&mut fd as *mut c_int).cast(),
+                handle,
+                sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                0,
+            )
+        })?;
+        crate::backends::gpu::owned_descriptor("cuMemExportToShareableHandle", fd)
+    }
+
+    fn import_physical(&self, fd: std::os::fd::BorrowedFd<'_>) -> Result<u64> {
+        use std::os::fd::AsRawFd;
+        let api = self.driver.shareable("cuMemImportFromShareableHandle")?;
+        // The descriptor's value cast to a pointer, as the driver documents it for POSIX
+        // descriptors (not its address).
+        let os_handle = fd.as_raw_fd() as usize as *mut std::ffi::c_void;
+        // SAFETY: the driver reads the descriptor (open for the call: borrowed) and writes one
+        // handle through a valid pointer.
+        self.driver
+            .out("cuMemImportFromShareableHandle", |h| unsafe {
+                (api.import)(h, os_handle, sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+            })
+    }
+
+    unsafe fn ipc_get(&self, ptr: u64) -> Result<[u8; 64]> {
+        let api = self.driver.ipc("cuIpcGetMemHandle")?;
+        // Zeroed first: every byte a caller sends is defined, whatever the driver writes.
+        let mut handle = sys::CUipcMemHandle { reserved: [0; 64] };
+        // SAFETY: the caller guarantees a live plain allocation; the driver writes 64 bytes.
+        self.check("cuIpcGetMemHandle", unsafe { (api.get)(&mut handle, ptr) })?;
+        Ok(handle.reserved)
+    }
+
+    fn ipc_open(&self, handle: &[u8; 64]) -> Result<u64> {
+        let api = self.driver.ipc("cuIpcOpenMemHandle_v2")?;
+        let handle = sys::CUipcMemHandle { reserved: *handle };
+        // SAFETY: the handle is 64 bytes by value; the driver writes one pointer.
+        self.driver.out("cuIpcOpenMemHandle_v2", |p| unsafe {
+            (api.open)(p, handle, sys::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
+        })
+    }
+
+    unsafe fn ipc_close(&self, ptr: u64) -> Result<()> {
+        let api = self.driver.ipc("cuIpcCloseMemHandle")?;
+        // SAFETY: the caller guarantees memory opened here and unused.
+        self.check("cuIpcCloseMemHandle", unsafe { (api.close)(ptr) })
     }
 
     unsafe fn release_physical(&self, handle: u64) -> Result<()> {

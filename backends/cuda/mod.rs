@@ -100,6 +100,16 @@ symbol_table! {
     /// The device's identity (CUDA 9.2, optional: without it the shared budget keys a device
     /// by its ordinal, name and size).
     Identity, IDENTITY_SYMBOLS { uuid: cuDeviceGetUuid }
+    /// Export and import of physical memory as POSIX descriptors (CUDA 10.2, optional:
+    /// without them no memory of the device can be handed to another process as a
+    /// shareable handle).
+    Shareable, SHAREABLE_SYMBOLS { export: cuMemExportToShareableHandle, import: cuMemImportFromShareableHandle }
+    /// Legacy IPC handles of plain allocations (CUDA 4.1, optional; `cuIpcOpenMemHandle_v2`
+    /// is CUDA 11's name for CUDA 4.1's `cuIpcOpenMemHandle`, same signature).
+    Ipc, IPC_SYMBOLS {
+        get: cuIpcGetMemHandle, open: cuIpcOpenMemHandle_v2 | cuIpcOpenMemHandle,
+        close: cuIpcCloseMemHandle,
+    }
 }
 
 /// The loaded driver library and its entry points: the result layer, where every `CUresult`
@@ -124,6 +134,8 @@ pub struct Driver {
     pub(crate) host_register: Option<HostRegister>,
     pub(crate) capture: Option<Capture>,
     pub(crate) identity: Option<Identity>,
+    pub(crate) shareable: Option<Shareable>,
+    pub(crate) ipc: Option<Ipc>,
     // Keeps the code behind the function pointers above loaded; dropped last.
     library: Library,
 }
@@ -157,6 +169,8 @@ impl Driver {
             host_register: HostRegister::resolve(&library).ok(),
             capture: Capture::resolve(&library).ok(),
             identity: Identity::resolve(&library).ok(),
+            shareable: Shareable::resolve(&library).ok(),
+            ipc: Ipc::resolve(&library).ok(),
             library,
             path,
         })
@@ -269,6 +283,18 @@ impl Driver {
             loader::c_str((rt == sys::CUDA_SUCCESS).then_some(text))
                 .unwrap_or_else(|| "unknown error".into()),
         )
+    }
+
+    pub(crate) fn shareable(&self, call: &'static str) -> Result<&Shareable> {
+        self.shareable
+            .as_ref()
+            .ok_or_else(|| self.lacks(call, "10.2 shareable handles"))
+    }
+
+    pub(crate) fn ipc(&self, call: &'static str) -> Result<&Ipc> {
+        self.ipc
+            .as_ref()
+            .ok_or_else(|| self.lacks(call, "4.1 IPC handles"))
     }
 
     pub(crate) fn vmm(&self, call: &'static str) -> Result<&Vmm> {
@@ -479,9 +505,17 @@ impl Checked for Driver {
 
 /// The allocation properties portalloc uses: pinned device memory on `device`, no IPC handle.
 pub(crate) fn allocation_prop(device: sys::CUdevice) -> sys::CUmemAllocationProp {
+    exportable_prop(device, sys::CU_MEM_HANDLE_TYPE_NONE)
+}
+
+/// [`allocation_prop`] asking for handles exportable as `handle_types`.
+pub(crate) fn exportable_prop(
+    device: sys::CUdevice,
+    handle_types: sys::CUmemAllocationHandleType,
+) -> sys::CUmemAllocationProp {
     sys::CUmemAllocationProp {
         type_: sys::CU_MEM_ALLOCATION_TYPE_PINNED,
-        requestedHandleTypes: sys::CU_MEM_HANDLE_TYPE_NONE,
+        requestedHandleTypes: handle_types,
         location: device_location(device),
         win32HandleMetaData: std::ptr::null_mut(),
         allocFlags: sys::CUmemAllocationPropAllocFlags::default(),

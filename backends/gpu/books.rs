@@ -65,6 +65,8 @@ pub(crate) struct Books {
     pub(crate) pinned_host: HashMap<u64, u64>,
     /// Host memory registered (page-locked in place) address → size.
     pub(crate) registered_host: HashMap<u64, u64>,
+    /// Other processes' allocations opened here (legacy IPC): address → (size, opens).
+    pub(crate) opened_ipc: HashMap<u64, (u64, u32)>,
 }
 
 /// Disjoint, non-adjacent ranges of addresses: start → end (exclusive), merged on insert.
@@ -462,8 +464,15 @@ impl Books {
                 .or_else(|| map.iter().find(|(&p, &n)| p <= va && va - p < n))
                 .map(|(&p, &n)| (p, p + n))
         };
-        if let Some((start, stop)) =
-            holding(&self.allocations).or_else(|| holding(&self.pool_allocations))
+        let opened = || {
+            self.opened_ipc
+                .iter()
+                .find(|(&p, &(n, _))| p <= va && va - p < n)
+                .map(|(&p, &(n, _))| (p, p + n))
+        };
+        if let Some((start, stop)) = holding(&self.allocations)
+            .or_else(|| holding(&self.pool_allocations))
+            .or_else(opened)
         {
             if end > stop {
                 return Err(refuse(format!(

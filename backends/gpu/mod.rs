@@ -55,6 +55,13 @@ mod probe;
 
 /// The key of the note ([`DeviceInfo::notes`]) that says whether the driver spends a file
 /// descriptor per physical handle, and the process's limit.
+/// [`GpuDevice`]'s `exportable` before the first physical handle.
+const EXPORTABLE_UNKNOWN: u8 = 0;
+/// The driver made a handle exportable as a POSIX descriptor.
+const EXPORTABLE_YES: u8 = 1;
+/// The driver refused the request for an exportable handle (and made one without it).
+const EXPORTABLE_NO: u8 = 2;
+
 pub(crate) const DESCRIPTORS_NOTE: &str = "descriptors per handle";
 
 /// The note under [`DESCRIPTORS_NOTE`]: what the probe found and the process's descriptors.
@@ -75,6 +82,7 @@ fn descriptors_note(per_handle: Option<bool>) -> String {
 
 use std::fmt;
 use std::ptr::NonNull;
+use std::sync::atomic::Ordering;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 pub use books::VendorCensus;
@@ -220,10 +228,35 @@ pub trait VendorApi: fmt::Debug + Send + Sync + Sized + 'static {
     /// `event` must be a live event, `stream` as for [`VendorApi::stream_synchronize`].
     unsafe fn stream_wait_event(&self, stream: u64, event: u64) -> Result<()>;
     /// Physical memory of `size` bytes on this device.
-    fn create_physical(&self, size: u64) -> Result<u64>;
+    /// `cuMemCreate` / `hipMemCreate`; `exportable` asks for handles exportable as POSIX
+    /// descriptors (`requestedHandleTypes`).
+    fn create_physical(&self, size: u64, exportable: bool) -> Result<u64>;
     /// # Safety
     /// `handle` must be a live handle from [`VendorApi::create_physical`], not used afterwards.
     unsafe fn release_physical(&self, handle: u64) -> Result<()>;
+    /// A new descriptor for a live handle made exportable
+    /// (`cuMemExportToShareableHandle` / `hipMemExportToShareableHandle`).
+    ///
+    /// # Safety
+    /// `handle` is a live handle of this device.
+    #[cfg(unix)]
+    unsafe fn export_physical(&self, handle: u64) -> Result<std::os::fd::OwnedFd>;
+    /// A handle over the memory behind `fd` (`cuMemImportFromShareableHandle` /
+    /// `hipMemImportFromShareableHandle`); the descriptor stays the caller's.
+    #[cfg(unix)]
+    fn import_physical(&self, fd: std::os::fd::BorrowedFd<'_>) -> Result<u64>;
+    /// The legacy IPC handle of the plain allocation at `ptr` (`cuIpcGetMemHandle`).
+    ///
+    /// # Safety
+    /// `ptr` starts a live plain allocation of this device.
+    unsafe fn ipc_get(&self, ptr: u64) -> Result<[u8; 64]>;
+    /// Opens another process's legacy IPC handle (`cuIpcOpenMemHandle_v2`, lazy peer access).
+    fn ipc_open(&self, handle: &[u8; 64]) -> Result<u64>;
+    /// Closes what [`VendorApi::ipc_open`] opened (`cuIpcCloseMemHandle`).
+    ///
+    /// # Safety
+    /// `ptr` was opened here and no work uses it.
+    unsafe fn ipc_close(&self, ptr: u64) -> Result<()>;
     /// An address range of `size` bytes aligned to `alignment`, at `addr` when the driver
     /// gives that address (0: anywhere); the driver's answer may be another address.
     fn reserve(&self, size: u64, alignment: u64, addr: u64) -> Result<u64>;
@@ -383,6 +416,9 @@ pub struct GpuDevice<V: VendorApi> {
     descriptor_per_handle: bool,
     /// How long a new mapping may stay invisible to GPU work ([`Opened::map_visible_after`]).
     map_visible_after: std::time::Duration,
+    /// Whether the driver makes physical handles exportable as POSIX descriptors: probed at
+    /// the first [`VirtualMemory::create_physical`] ([`EXPORTABLE_UNKNOWN`], `_YES`, `_NO`).
+    exportable: std::sync::atomic::AtomicU8,
     pool: Mutex<Option<u64>>,
     peers: Mutex<Vec<(u32, V::Peer)>>,
     handles: Mutex<Handles>,
@@ -467,6 +503,7 @@ impl<V: VendorApi> GpuDevice<V> {
             holds_released_memory,
             descriptor_per_handle,
             map_visible_after: opened.map_visible_after,
+            exportable: std::sync::atomic::AtomicU8::new(EXPORTABLE_UNKNOWN),
             pool: Mutex::new(opened.pool),
             peers: Mutex::new(Vec::new()),
             handles: Mutex::new(Handles::default()),
@@ -673,6 +710,11 @@ impl<V: VendorApi> Device for GpuDevice<V> {
                 b.allocations.insert(ptr, size);
             },
         )
+    }
+
+    #[cfg(unix)]
+    fn interprocess(&self) -> Option<&dyn crate::device::Interprocess> {
+        Some(self)
     }
 
     fn virtual_memory(&self) -> Option<&dyn VirtualMemory> {
@@ -1151,7 +1193,32 @@ impl<V: VendorApi> VirtualMemory for GpuDevice<V> {
     fn create_physical(&self, size: u64) -> Result<PhysicalHandle> {
         self.granular("create_physical", "size", size, false)?;
         let _current = self.current()?;
-        let handle = self.vendor.create_physical(size).map_err(|e| {
+        // Every handle asks to be exportable as a POSIX descriptor (what costs nothing, as
+        // PyTorch's expandable segments ask), so that any allocation can be handed to another
+        // process later. A driver that refuses the request for anything but memory (no such
+        // handle type, a container without it) is asked once more without it, and never
+        // again: the probe, not a version, decides.
+        let ask = self.exportable.load(Ordering::Relaxed) != EXPORTABLE_NO;
+        let made = match self.vendor.create_physical(size, ask) {
+            Err(Error::Driver { code, .. })
+                if ask
+                    && code != V::OUT_OF_MEMORY
+                    && self.exportable.load(Ordering::Relaxed) == EXPORTABLE_UNKNOWN =>
+            {
+                let plain = self.vendor.create_physical(size, false);
+                if plain.is_ok() {
+                    self.exportable.store(EXPORTABLE_NO, Ordering::Relaxed);
+                }
+                plain
+            }
+            made => {
+                if ask && made.is_ok() {
+                    self.exportable.store(EXPORTABLE_YES, Ordering::Relaxed);
+                }
+                made
+            }
+        };
+        let handle = made.map_err(|e| {
             self.descriptor_refusal(&e, size)
                 .unwrap_or_else(|| self.oom(e, size))
         })?;
@@ -1439,4 +1506,97 @@ impl<V: VendorApi> Drop for GpuDevice<V> {
             );
         }
     }
+}
+
+#[cfg(unix)]
+impl<V: VendorApi> crate::device::Interprocess for GpuDevice<V> {
+    fn exportable_physical(&self) -> bool {
+        self.info.capabilities.virtual_memory
+            && self.exportable.load(Ordering::Relaxed) != EXPORTABLE_NO
+    }
+
+    fn export_physical(&self, handle: PhysicalHandle) -> Result<std::os::fd::OwnedFd> {
+        if !self.books().handles.contains(&handle.0) {
+            return Err(books::unknown(V::BACKEND, "physical handle", handle.0));
+        }
+        if self.exportable.load(Ordering::Relaxed) == EXPORTABLE_NO {
+            return Err(Error::Unsupported {
+                what: "export of physical memory".into(),
+                backend: V::BACKEND,
+                reason: format!(
+                    "the driver of device {} refused handles exportable as POSIX descriptors \
+                     when they were made",
+                    self.info.ordinal
+                ),
+            });
+        }
+        let _current = self.current()?;
+        // SAFETY: a live handle of this device (checked just above; a release racing this call
+        // is the caller's own misuse, and the driver answers it with an error).
+        unsafe { self.vendor.export_physical(handle.0) }
+    }
+
+    fn import_physical(
+        &self,
+        fd: std::os::fd::BorrowedFd<'_>,
+        size: u64,
+    ) -> Result<PhysicalHandle> {
+        self.granular("import_physical", "size", size, false)?;
+        let _current = self.current()?;
+        let handle = self.vendor.import_physical(fd)?;
+        self.books().handles.insert(handle);
+        Ok(PhysicalHandle(handle))
+    }
+
+    fn ipc_handle(&self, base: u64) -> Result<crate::device::IpcMemHandle> {
+        if !self.books().allocations.contains_key(&base) {
+            return Err(books::unknown(V::BACKEND, "allocation", base));
+        }
+        let _current = self.current()?;
+        // SAFETY: a live plain allocation of this device (checked).
+        unsafe { self.vendor.ipc_get(base) }.map(crate::device::IpcMemHandle)
+    }
+
+    fn open_ipc_handle(&self, handle: &crate::device::IpcMemHandle, size: u64) -> Result<u64> {
+        let _current = self.current()?;
+        let ptr = self.vendor.ipc_open(&handle.0)?;
+        let mut books = self.books();
+        let entry = books.opened_ipc.entry(ptr).or_insert((size, 0));
+        entry.1 += 1;
+        Ok(ptr)
+    }
+
+    fn close_ipc_handle(&self, ptr: u64) -> Result<()> {
+        {
+            let mut books = self.books();
+            let Some(entry) = books.opened_ipc.get_mut(&ptr) else {
+                return Err(books::unknown(V::BACKEND, "opened IPC memory", ptr));
+            };
+            entry.1 -= 1;
+            if entry.1 == 0 {
+                books.opened_ipc.remove(&ptr);
+            }
+        }
+        let _current = self.current()?;
+        // SAFETY: opened here (checked); the driver counts opens of one handle as we do.
+        unsafe { self.vendor.ipc_close(ptr) }
+    }
+}
+
+/// A descriptor a driver call returned, owned from now on; a negative one is the call's
+/// failure.
+#[cfg(unix)]
+pub(crate) fn owned_descriptor(
+    call: &'static str,
+    fd: std::ffi::c_int,
+) -> Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    if fd < 0 {
+        return Err(Error::InvalidArgument {
+            call,
+            reason: format!("the driver answered success with descriptor {fd}"),
+        });
+    }
+    // SAFETY: the driver made this descriptor for the caller, who owns and closes it.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
 }

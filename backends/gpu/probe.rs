@@ -208,7 +208,7 @@ fn run<V: VendorApi>(
     for attempt in 0..2 {
         let watch = attempt == 0;
         let before_create = watch.then(descriptors::open_set).flatten();
-        let h = vendor.create_physical(g)?;
+        let h = vendor.create_physical(g, false)?;
         let after_create = before_create.as_ref().and(descriptors::open_set());
         scratch.handle = Some(h);
         // SAFETY: `h` was just made; `[va, va + g)` is the whole reservation just made, with

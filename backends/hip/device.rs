@@ -286,13 +286,71 @@ impl VendorApi for Hip {
         })
     }
 
-    fn create_physical(&self, size: u64) -> Result<u64> {
+    fn create_physical(&self, size: u64, exportable: bool) -> Result<u64> {
         let vmm = self.runtime.vmm("hipMemCreate")?;
-        let prop = device_prop(self.ordinal);
+        let prop = if exportable {
+            super::exportable_prop(self.ordinal, sys::hipMemHandleTypePosixFileDescriptor)
+        } else {
+            device_prop(self.ordinal)
+        };
         // SAFETY: reads the prop, writes one handle through a valid pointer.
         self.made("hipMemCreate", |h| unsafe {
             (vmm.create)(h, size as usize, &prop, 0)
         })
+    }
+
+    unsafe fn export_physical(&self, h: u64) -> Result<std::os::fd::OwnedFd> {
+        let api = self.runtime.shareable("hipMemExportToShareableHandle")?;
+        let mut fd: c_int = -1;
+        // SAFETY: the caller guarantees a live handle; for a POSIX descriptor the runtime
+        // writes one `int` through the pointer.
+        self.check("hipMemExportToShareableHandle", unsafe {
+            (api.export)(
+                (&mut fd as *mut c_int).cast(),
+                handle(h),
+                sys::hipMemHandleTypePosixFileDescriptor,
+                0,
+            )
+        })?;
+        crate::backends::gpu::owned_descriptor("hipMemExportToShareableHandle", fd)
+    }
+
+    fn import_physical(&self, fd: std::os::fd::BorrowedFd<'_>) -> Result<u64> {
+        use std::os::fd::AsRawFd;
+        let api = self.runtime.shareable("hipMemImportFromShareableHandle")?;
+        // The descriptor's value cast to a pointer, not its address (ROCm/rocm-systems PR
+        // #1564 fixed AMD's own test that passed the address).
+        let os_handle = fd.as_raw_fd() as usize as *mut std::ffi::c_void;
+        // SAFETY: the runtime reads the descriptor (open for the call) and writes one handle.
+        self.made("hipMemImportFromShareableHandle", |h| unsafe {
+            (api.import)(h, os_handle, sys::hipMemHandleTypePosixFileDescriptor)
+        })
+    }
+
+    unsafe fn ipc_get(&self, ptr: u64) -> Result<[u8; 64]> {
+        let api = self.runtime.ipc("hipIpcGetMemHandle")?;
+        // Zeroed first: every byte a caller sends is defined, whatever the runtime writes.
+        let mut out = sys::hipIpcMemHandle_t { reserved: [0; 64] };
+        // SAFETY: the caller guarantees a live plain allocation; the runtime writes 64 bytes.
+        self.check("hipIpcGetMemHandle", unsafe {
+            (api.get)(&mut out, handle(ptr))
+        })?;
+        Ok(out.reserved)
+    }
+
+    fn ipc_open(&self, bytes: &[u8; 64]) -> Result<u64> {
+        let api = self.runtime.ipc("hipIpcOpenMemHandle")?;
+        let h = sys::hipIpcMemHandle_t { reserved: *bytes };
+        // SAFETY: the handle by value; the runtime writes one pointer.
+        self.made("hipIpcOpenMemHandle", |p| unsafe {
+            (api.open)(p, h, sys::hipIpcMemLazyEnablePeerAccess)
+        })
+    }
+
+    unsafe fn ipc_close(&self, ptr: u64) -> Result<()> {
+        let api = self.runtime.ipc("hipIpcCloseMemHandle")?;
+        // SAFETY: the caller guarantees memory opened here and unused.
+        self.check("hipIpcCloseMemHandle", unsafe { (api.close)(handle(ptr)) })
     }
 
     unsafe fn release_physical(&self, h: u64) -> Result<()> {

@@ -127,6 +127,10 @@ symbol_table! {
     /// The device's identity (HIP 5.2, optional: without it the shared budget keys a device
     /// by its ordinal, name and size).
     Identity, IDENTITY_SYMBOLS { uuid: hipDeviceGetUuid }
+    /// Export and import of physical memory as POSIX descriptors (ROCm 6+, optional).
+    Shareable, SHAREABLE_SYMBOLS { export: hipMemExportToShareableHandle, import: hipMemImportFromShareableHandle }
+    /// Legacy IPC handles of plain allocations (optional).
+    Ipc, IPC_SYMBOLS { get: hipIpcGetMemHandle, open: hipIpcOpenMemHandle, close: hipIpcCloseMemHandle }
     /// The single optional entry points: the device properties, each layout on its own.
     Optional, OPTIONAL_SYMBOLS each {
         properties_r0600: hipGetDevicePropertiesR0600, properties_r0000: hipGetDeviceProperties,
@@ -184,6 +188,8 @@ pub struct Runtime {
     pub(crate) host_register: Option<HostRegister>,
     pub(crate) capture: Option<Capture>,
     pub(crate) identity: Option<Identity>,
+    pub(crate) shareable: Option<Shareable>,
+    pub(crate) ipc: Option<Ipc>,
     // Keeps the code behind the function pointers above loaded; dropped last.
     library: Library,
 }
@@ -230,6 +236,8 @@ impl Runtime {
             host_register: HostRegister::resolve(&library).ok(),
             capture: Capture::resolve(&library).ok(),
             identity: Identity::resolve(&library).ok(),
+            shareable: Shareable::resolve(&library).ok(),
+            ipc: Ipc::resolve(&library).ok(),
             api,
             library,
             path,
@@ -456,6 +464,18 @@ impl Runtime {
         Ok((free as u64, total as u64))
     }
 
+    pub(crate) fn shareable(&self, call: &'static str) -> Result<&Shareable> {
+        self.shareable
+            .as_ref()
+            .ok_or_else(|| missing_group(call, "shareable-handle"))
+    }
+
+    pub(crate) fn ipc(&self, call: &'static str) -> Result<&Ipc> {
+        self.ipc
+            .as_ref()
+            .ok_or_else(|| missing_group(call, "IPC-handle"))
+    }
+
     pub(crate) fn vmm(&self, call: &'static str) -> Result<&Vmm> {
         self.vmm
             .as_ref()
@@ -514,10 +534,18 @@ impl Checked for Runtime {
 
 /// The ROCm 6+ allocation properties of pinned memory on device `ordinal`.
 pub(crate) fn device_prop(ordinal: u32) -> sys::hipMemAllocationProp {
+    exportable_prop(ordinal, sys::hipMemHandleTypeNone)
+}
+
+/// [`device_prop`] asking for handles exportable as `handle_type`.
+pub(crate) fn exportable_prop(
+    ordinal: u32,
+    handle_type: sys::hipMemAllocationHandleType,
+) -> sys::hipMemAllocationProp {
     sys::hipMemAllocationProp {
         type_: sys::hipMemAllocationTypePinned,
         handleType: sys::hipMemAllocationProp_handleType {
-            requestedHandleType: sys::hipMemHandleTypeNone,
+            requestedHandleType: handle_type,
         },
         location: location(ordinal),
         win32HandleMetaData: std::ptr::null_mut(),

@@ -188,7 +188,6 @@ impl HandleSlab {
     ///
     /// # Time complexity
     /// `O(1)`.
-    #[cfg(test)]
     fn get(&self, id: u64) -> Option<&HandleRecord> {
         match self.entries.get(Self::slot(id)) {
             Some((held, record)) if *held == id => record.as_ref(),
@@ -654,6 +653,23 @@ impl Books {
             mappings: 0,
             fd,
         }))
+    }
+
+    /// The memory file of a live handle (real mode), for export.
+    ///
+    /// # Errors
+    /// `UnknownPointer` for a handle not made here or released already.
+    pub(crate) fn handle_file(&self, handle: PhysicalHandle) -> Result<Option<&OwnedFd>> {
+        self.handles
+            .get(handle.0)
+            .filter(|h| !h.released)
+            .map(|h| h.fd.as_ref())
+            .ok_or_else(|| Self::unknown_handle(handle.0))
+    }
+
+    /// The size a live plain allocation at `ptr` was made with.
+    pub(crate) fn allocation_size(&self, ptr: u64) -> Option<u64> {
+        self.allocations.get(&ptr).map(|r| r.size)
     }
 
     fn unknown_handle(handle: u64) -> Error {

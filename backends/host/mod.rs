@@ -83,6 +83,7 @@
 //! device returns everything and warns about what was still held.
 
 mod books;
+mod interprocess;
 mod os;
 mod pool;
 mod sim;
@@ -257,6 +258,8 @@ impl HostDeviceBuilder {
                 peer_grants: BTreeMap::new(),
                 pinned: BTreeMap::new(),
                 registered: BTreeMap::new(),
+                exported_plain: BTreeMap::new(),
+                opened_ipc: BTreeMap::new(),
             }),
         })
     }
@@ -292,6 +295,11 @@ struct State {
     pinned: BTreeMap<u64, u64>,
     /// Host memory registered ([`Device::register_host`]): address → size.
     registered: BTreeMap<u64, u64>,
+    /// Plain allocations exported through legacy IPC handles: address → the memory file now
+    /// behind them, closed at their free.
+    exported_plain: BTreeMap<u64, interprocess::ExportedPlain>,
+    /// Other processes' allocations opened here: address → the opening.
+    opened_ipc: BTreeMap<u64, interprocess::OpenedIpc>,
 }
 
 /// Host memory as a device. See the [module docs](self).
@@ -588,8 +596,9 @@ impl Device for HostDevice {
     fn free(&self, ptr: u64, size: u64) -> Result<()> {
         let mut guard = self.lock();
         let st = &mut *guard;
-        if st.pool.is_segment(ptr) {
-            // Pool memory goes back through the pool (free_async, trim_to), as with cuMemFree.
+        if st.pool.is_segment(ptr) || st.opened_ipc.contains_key(&ptr) {
+            // Pool memory goes back through the pool (free_async, trim_to), as with cuMemFree;
+            // another process's memory opened here through close_ipc_handle.
             return Err(Error::UnknownPointer {
                 what: "allocation",
                 ptr,
@@ -602,7 +611,11 @@ impl Device for HostDevice {
             &mut st.timeline,
             (ptr, size),
             "a device free",
-        )
+        )?;
+        // The memory file an export put behind it goes with it (an importer's mapping keeps
+        // the file's pages, as the kernel keeps them).
+        st.exported_plain.remove(&ptr);
+        Ok(())
     }
 
     fn virtual_memory(&self) -> Option<&dyn VirtualMemory> {
@@ -610,6 +623,10 @@ impl Device for HostDevice {
     }
 
     fn stream_ordered_pool(&self) -> Option<&dyn StreamOrderedPool> {
+        Some(self)
+    }
+
+    fn interprocess(&self) -> Option<&dyn crate::device::Interprocess> {
         Some(self)
     }
 

@@ -307,3 +307,68 @@ pub(crate) fn protect_rw(addr: u64, len: u64) -> Result<()> {
     let _ = unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_POPULATE_WRITE) };
     Ok(())
 }
+
+/// The size of the file behind `fd`.
+pub(crate) fn file_size(fd: &OwnedFd) -> Result<u64> {
+    // SAFETY: an all-zero `stat` is a valid value of the plain C struct, overwritten below.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `fd` is open; fstat writes one `stat` through a valid pointer.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(last_error("fstat"));
+    }
+    Ok(u64::try_from(st.st_size).unwrap_or(0))
+}
+
+/// Writes the `len` bytes at `addr` (readable memory of this backend) into the file `fd`
+/// from its start.
+pub(crate) fn copy_into_file(fd: &OwnedFd, addr: u64, len: u64) -> Result<()> {
+    let mut done = 0u64;
+    while done < len {
+        let n = usize_of("pwrite", len - done)?;
+        let at = libc::off_t::try_from(done).map_err(|_| Error::InvalidArgument {
+            call: "pwrite",
+            reason: format!("offset {done} does not fit a file offset on this machine"),
+        })?;
+        // SAFETY: `[addr + done, addr + len)` is readable memory of this backend (a live
+        // allocation, the caller holds the device's lock); `fd` is open.
+        let wrote =
+            unsafe { libc::pwrite(fd.as_raw_fd(), (addr + done) as *const libc::c_void, n, at) };
+        if wrote <= 0 {
+            return Err(last_error("pwrite"));
+        }
+        done += wrote as u64;
+    }
+    Ok(())
+}
+
+/// Opens `path` read and write, close-on-exec.
+pub(crate) fn open_rw(path: &CStr) -> Result<OwnedFd> {
+    // SAFETY: `path` is a valid NUL-terminated string for the call; the result is checked.
+    let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(last_error("open"));
+    }
+    // SAFETY: `fd` was just opened and is owned by nothing else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Maps `len` bytes of the file `fd` from its start, shared, readable and writable,
+/// wherever the system puts them.
+pub(crate) fn map_file_shared(len: u64, fd: &OwnedFd) -> Result<u64> {
+    let n = usize_of("mmap", len)?;
+    // SAFETY: a new mapping at an address the kernel picks replaces nothing; `fd` is open.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            n,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(last_error("mmap"));
+    }
+    Ok(ptr as u64)
+}

@@ -592,6 +592,12 @@ impl<W: DeviceWrapper> Device for W {
         let shown = self.offers(Capability::StreamOrderedPool);
         (shown && self.wrapped().stream_ordered_pool().is_some()).then_some(self as _)
     }
+    // Export and import go to the device beneath unlogged: they are the share room's calls
+    // (`crate::share`), never a strategy's, and the handles they take and give are its own.
+    #[cfg(unix)]
+    fn interprocess(&self) -> Option<&dyn crate::device::Interprocess> {
+        self.wrapped().interprocess()
+    }
     fn can_access_peer(&self, peer: &dyn Device) -> Result<bool> {
         if !self.offers(Capability::PeerAccess) {
             return Ok(false);

@@ -137,6 +137,19 @@ pub const CU_MEM_ALLOCATION_TYPE_PINNED: CUmemAllocationType = 1;
 pub type CUmemAllocationHandleType = c_uint;
 /// `CU_MEM_HANDLE_TYPE_NONE`.
 pub const CU_MEM_HANDLE_TYPE_NONE: CUmemAllocationHandleType = 0;
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`: the handle exports as an `int` descriptor.
+pub const CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: CUmemAllocationHandleType = 0x1;
+
+/// `CUipcMemHandle` (`struct CUipcMemHandle_st { char reserved[64]; }`), passed by value to
+/// `cuIpcOpenMemHandle_v2`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CUipcMemHandle {
+    /// `char reserved[CU_IPC_HANDLE_SIZE]` (64).
+    pub reserved: [u8; 64],
+}
+/// `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`: the flag `cuIpcOpenMemHandle_v2` takes.
+pub const CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS: c_uint = 0x1;
 /// `CUmemLocationType` (an `enum`, 4 bytes).
 pub type CUmemLocationType = c_uint;
 /// `CU_MEM_LOCATION_TYPE_DEVICE`.
@@ -271,6 +284,7 @@ const _: () = {
     assert!(offset_of!(CUmemAllocationProp, win32HandleMetaData) == 16);
     assert!(offset_of!(CUmemAllocationProp, allocFlags) == 24);
     assert!(size_of::<CUmemAccessDesc>() == 12);
+    assert!(size_of::<CUipcMemHandle>() == 64);
     assert!(offset_of!(CUmemAccessDesc, flags) == 8);
     assert!(size_of::<CUmemPoolProps>() == 88);
     assert!(offset_of!(CUmemPoolProps, location) == 8);
@@ -412,6 +426,24 @@ signatures! {
     /// resolved as optional, with `cuStreamGetCaptureInfo`): swaps the calling thread's
     /// capture interaction mode.
     fn cuThreadExchangeStreamCaptureMode(mode: *mut CUstreamCaptureMode) -> CUresult;
+    /// `CUresult cuMemExportToShareableHandle(void *shareableHandle,
+    /// CUmemGenericAllocationHandle handle, CUmemAllocationHandleType handleType, unsigned long
+    /// long flags)` (CUDA 10.2; resolved as optional): for a POSIX descriptor it writes an
+    /// `int` the caller owns.
+    fn cuMemExportToShareableHandle(shareable: *mut c_void, handle: CUmemGenericAllocationHandle, handle_type: CUmemAllocationHandleType, flags: c_ulonglong) -> CUresult;
+    /// `CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void
+    /// *osHandle, CUmemAllocationHandleType shHandleType)` (CUDA 10.2; resolved as optional):
+    /// for a POSIX descriptor `osHandle` is the descriptor's value cast to a pointer.
+    fn cuMemImportFromShareableHandle(handle: *mut CUmemGenericAllocationHandle, os_handle: *mut c_void, handle_type: CUmemAllocationHandleType) -> CUresult;
+    /// `CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)` (CUDA 4.1;
+    /// resolved as optional).
+    fn cuIpcGetMemHandle(handle: *mut CUipcMemHandle, dptr: CUdeviceptr) -> CUresult;
+    /// `CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int
+    /// Flags)` (CUDA 11.0 as `_v2`, the same signature as CUDA 4.1's `cuIpcOpenMemHandle`;
+    /// resolved as optional).
+    fn cuIpcOpenMemHandle_v2(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, flags: c_uint) -> CUresult;
+    /// `CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)` (CUDA 4.1; resolved as optional).
+    fn cuIpcCloseMemHandle(dptr: CUdeviceptr) -> CUresult;
     /// `CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)` (CUDA 9.2; resolved as
     /// optional): the device's 16-byte UUID, the identity `nvidia-smi` shows as `GPU-…`.
     fn cuDeviceGetUuid(uuid: *mut c_char, dev: CUdevice) -> CUresult;

@@ -57,10 +57,41 @@ signatures! {
     /// (`hip_runtime_api.h`, HIP 5.0; by hand, as above): swaps the calling thread's capture
     /// interaction mode.
     fn hipThreadExchangeStreamCaptureMode(mode: *mut hipStreamCaptureMode) -> hipError_t;
+    /// `hipError_t hipMemExportToShareableHandle(void* shareableHandle,
+    /// hipMemGenericAllocationHandle_t handle, hipMemAllocationHandleType handleType, unsigned
+    /// long long flags)` (`hip_runtime_api.h`, ROCm 6+; by hand, as above).
+    fn hipMemExportToShareableHandle(shareableHandle: *mut c_void, handle: hipMemGenericAllocationHandle_t, handleType: hipMemAllocationHandleType, flags: core::ffi::c_ulonglong) -> hipError_t;
+    /// `hipError_t hipMemImportFromShareableHandle(hipMemGenericAllocationHandle_t* handle,
+    /// void* osHandle, hipMemAllocationHandleType shHandleType)` (`hip_runtime_api.h`, ROCm 6+;
+    /// by hand, as above): `osHandle` is the descriptor's value cast to a pointer, not its
+    /// address (ROCm/rocm-systems PR #1564).
+    fn hipMemImportFromShareableHandle(handle: *mut hipMemGenericAllocationHandle_t, osHandle: *mut c_void, shHandleType: hipMemAllocationHandleType) -> hipError_t;
+    /// `hipError_t hipIpcGetMemHandle(hipIpcMemHandle_t* handle, void* devPtr)`
+    /// (`hip_runtime_api.h`; by hand, as above).
+    fn hipIpcGetMemHandle(handle: *mut hipIpcMemHandle_t, devPtr: *mut c_void) -> hipError_t;
+    /// `hipError_t hipIpcOpenMemHandle(void** devPtr, hipIpcMemHandle_t handle, unsigned int
+    /// flags)` (`hip_runtime_api.h`; by hand, as above).
+    fn hipIpcOpenMemHandle(devPtr: *mut *mut c_void, handle: hipIpcMemHandle_t, flags: core::ffi::c_uint) -> hipError_t;
+    /// `hipError_t hipIpcCloseMemHandle(void* devPtr)` (`hip_runtime_api.h`; by hand, as
+    /// above).
+    fn hipIpcCloseMemHandle(devPtr: *mut c_void) -> hipError_t;
     /// `hipError_t hipDeviceGetUuid(hipUUID* uuid, hipDevice_t device)` (`hip_runtime_api.h`,
     /// HIP 5.2; by hand, as above): the device's 16-byte UUID (`hipUUID` is `char bytes[16]`).
     fn hipDeviceGetUuid(uuid: *mut core::ffi::c_char, device: c_int) -> hipError_t;
 }
+
+/// `hipIpcMemHandle_t` (`struct hipIpcMemHandle_st { char reserved[64]; }`,
+/// `HIP_IPC_HANDLE_SIZE` 64), passed by value to `hipIpcOpenMemHandle`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct hipIpcMemHandle_t {
+    /// `char reserved[HIP_IPC_HANDLE_SIZE]`.
+    pub reserved: [u8; 64],
+}
+const _: () = assert!(core::mem::size_of::<hipIpcMemHandle_t>() == 64);
+
+/// `hipIpcMemLazyEnablePeerAccess`: the flag `hipIpcOpenMemHandle` takes.
+pub const hipIpcMemLazyEnablePeerAccess: core::ffi::c_uint = 0x1;
 
 /// `hipStreamCaptureStatus` (an `enum`, 4 bytes; `hip_runtime_api.h`, by hand as above).
 pub type hipStreamCaptureStatus = core::ffi::c_uint;
