@@ -255,6 +255,49 @@ pub struct GraphPoolStats {
     pub released: bool,
 }
 
+/// What memory lies under a live allocation: what [`crate::share`] exports to another
+/// process. Addresses are this process's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Backing {
+    /// Part of one allocation of the device's plain [`crate::Device::alloc`]: the one that
+    /// starts at `base` and is `size` bytes long (bfc's region, platform's own allocation).
+    /// Exported through the driver's legacy IPC handle of `base`.
+    Plain {
+        /// Where the device allocation starts.
+        base: u64,
+        /// Its size, as allocated.
+        size: u64,
+    },
+    /// Physical memory mapped into reserved address space (vmm): the granule-aligned span
+    /// `[start, end)` covering the allocation, piece by piece in address order. Exported as
+    /// the handles' POSIX descriptors.
+    Mapped {
+        /// The first granule under the allocation.
+        start: u64,
+        /// The end of the last granule under it.
+        end: u64,
+        /// The pieces, in address order, covering `[start, end)` exactly.
+        pieces: Vec<MappedPiece>,
+    },
+}
+
+/// A run of granules of [`Backing::Mapped`]: `len` bytes at `va`, mapped from `offset` in
+/// the physical handle `handle` of `handle_size` bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MappedPiece {
+    /// Where the run is mapped.
+    pub va: u64,
+    /// Its length (granules).
+    pub len: u64,
+    /// The physical handle behind it.
+    pub handle: crate::device::PhysicalHandle,
+    /// The handle's size.
+    pub handle_size: u64,
+    /// Where in the handle the run starts.
+    pub offset: u64,
+}
+
 /// What a user calls: every strategy and adaptor implements it.
 ///
 /// Allocators are `Send + Sync`: one may be shared by many threads. Requests follow the
@@ -366,6 +409,27 @@ pub trait Allocator: Send + Sync {
     /// strategy on a stream of its own. Default: false; adaptors answer their upstream's.
     fn queues_on_stream(&self) -> bool {
         false
+    }
+
+    /// What memory lies under `allocation`, a live one of this allocator, for export to
+    /// another process ([`crate::share`]). vmm answers [`Backing::Mapped`], bfc and platform
+    /// [`Backing::Plain`]; adaptors answer their upstream's.
+    ///
+    /// # Errors
+    /// [`crate::Error::ForeignAllocation`] for another allocator's; [`crate::Error::InvalidArgument`]
+    /// for an empty, freed or sleeping one; [`crate::Error::StrategyUnsupported`] by default,
+    /// naming the strategies that can.
+    fn backing(&self, allocation: &Allocation) -> Result<Backing> {
+        let _ = allocation;
+        Err(crate::Error::StrategyUnsupported {
+            what: "export to another process".into(),
+            strategy: self.name().to_string(),
+            reason: format!(
+                "{} cannot say which device memory lies under its allocations; vmm (shareable \
+                 handles), bfc and platform (legacy IPC handles) can",
+                self.name()
+            ),
+        })
     }
 
     /// The graph pools in front of the strategy ([`crate::GraphPools`]), with their

@@ -1226,6 +1226,29 @@ impl Allocator for GraphPools {
             .is_some_and(|b| self.shared.up().is_asleep(&b.upstream))
     }
 
+    /// A pool block's memory is its upstream allocation's: exported as that one.
+    fn backing(&self, allocation: &Allocation) -> Result<crate::allocator::Backing> {
+        if allocation.allocator_id() != self.shared.id {
+            return self.shared.up().backing(allocation);
+        }
+        let books = self.books();
+        let block = books
+            .by_ptr
+            .get(&allocation.ptr())
+            .and_then(|pool| books.pools.get(pool))
+            .and_then(|p| p.blocks.get(&allocation.ptr()));
+        match block {
+            Some(b) => self.shared.up().backing(&b.upstream),
+            None => Err(crate::Error::InvalidArgument {
+                call: "backing",
+                reason: format!(
+                    "{:#x} is not a live block of a graph pool",
+                    allocation.ptr()
+                ),
+            }),
+        }
+    }
+
     fn retag(&self, allocation: &Allocation, tag: &str) {
         // A pool block keeps its pool's tag: it sleeps with its pool.
         if allocation.allocator_id() != self.shared.id {

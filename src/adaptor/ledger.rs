@@ -805,6 +805,21 @@ impl<A: Allocator + ?Sized> Allocator for LedgerAllocator<A> {
             .is_some_and(|e| self.upstream.is_asleep(&e.upstream))
     }
 
+    fn backing(&self, allocation: &Allocation) -> Result<crate::allocator::Backing> {
+        let books = self.books();
+        match books.get(allocation) {
+            Some(e) => self.upstream.backing(&e.upstream),
+            None => Err(crate::Error::InvalidArgument {
+                call: "backing",
+                reason: format!(
+                    "{:#x} is not a live allocation of this ledger (freed, or another \
+                     allocator's)",
+                    allocation.ptr()
+                ),
+            }),
+        }
+    }
+
     /// Moves the upstream's books only: the ledger's own tag moves with
     /// [`LedgerAllocator::donate`].
     fn retag(&self, allocation: &Allocation, tag: &str) {

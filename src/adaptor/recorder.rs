@@ -234,6 +234,10 @@ impl<A: Allocator> Allocator for RecorderAllocator<A> {
         self.inner.is_asleep(allocation)
     }
 
+    fn backing(&self, allocation: &Allocation) -> Result<crate::allocator::Backing> {
+        self.inner.backing(allocation)
+    }
+
     fn retag(&self, allocation: &Allocation, tag: &str) {
         self.inner.retag(allocation, tag);
     }

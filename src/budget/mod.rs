@@ -1646,6 +1646,10 @@ impl Allocator for BudgetAllocator {
         self.inner.is_asleep(allocation)
     }
 
+    fn backing(&self, allocation: &Allocation) -> Result<crate::allocator::Backing> {
+        self.inner.backing(allocation)
+    }
+
     fn retag(&self, allocation: &Allocation, tag: &str) {
         self.inner.retag(allocation, tag);
     }

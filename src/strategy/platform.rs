@@ -198,6 +198,26 @@ impl<D: Device + ?Sized> Allocator for PlatformAllocator<D> {
         self.books().stats
     }
 
+    /// Its own device allocation.
+    fn backing(&self, allocation: &Allocation) -> Result<crate::allocator::Backing> {
+        let bytes = self
+            .charged(allocation)
+            .filter(|_| allocation.allocator_id() == self.id);
+        match bytes {
+            Some(size) if size > 0 => Ok(crate::allocator::Backing::Plain {
+                base: allocation.ptr(),
+                size,
+            }),
+            _ => Err(crate::Error::InvalidArgument {
+                call: "backing",
+                reason: format!(
+                    "{:#x} is not a live, non-empty allocation of this platform allocator",
+                    allocation.ptr()
+                ),
+            }),
+        }
+    }
+
     fn charged(&self, allocation: &Allocation) -> Option<u64> {
         self.books()
             .live

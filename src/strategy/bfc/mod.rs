@@ -869,6 +869,32 @@ impl<D: Device + ?Sized> Allocator for BfcAllocator<D> {
     }
 
     /// The chunk it holds (pending frees are not live: `None`).
+    /// The region holding it: one device allocation.
+    fn backing(&self, allocation: &Allocation) -> Result<crate::allocator::Backing> {
+        let live = allocation.allocator_id() == self.id
+            && !allocation.is_empty()
+            && self.charged(allocation).is_some();
+        let region = live
+            .then(|| {
+                let ptr = allocation.ptr();
+                self.inner()
+                    .arena
+                    .regions()
+                    .find(|&(base, size)| base <= ptr && ptr - base < size)
+            })
+            .flatten();
+        match region {
+            Some((base, size)) => Ok(crate::allocator::Backing::Plain { base, size }),
+            None => Err(crate::Error::InvalidArgument {
+                call: "backing",
+                reason: format!(
+                    "{:#x} is not a live, non-empty allocation of this bfc allocator",
+                    allocation.ptr()
+                ),
+            }),
+        }
+    }
+
     fn charged(&self, allocation: &Allocation) -> Option<u64> {
         let inner = self.inner();
         let size = inner

@@ -2068,6 +2068,55 @@ impl<D: Device + ?Sized> Allocator for VmmAllocator<D> {
         }
     }
 
+    /// The pieces of the handles mapped under it.
+    fn backing(&self, allocation: &Allocation) -> Result<crate::allocator::Backing> {
+        let refuse = |why: &str| crate::Error::InvalidArgument {
+            call: "backing",
+            reason: format!("{:#x} {why}", allocation.ptr()),
+        };
+        if allocation.allocator_id() != self.id || allocation.is_empty() {
+            return Err(refuse(
+                "is not a live, non-empty allocation of this vmm allocator",
+            ));
+        }
+        let inner = self.inner();
+        if inner
+            .space
+            .in_use_size(allocation.ptr(), allocation.token())
+            .is_none()
+        {
+            return Err(refuse("is not a live allocation of this vmm allocator"));
+        }
+        if inner.tags.is_asleep(allocation.ptr()) {
+            return Err(refuse(
+                "sleeps: its memory is given back; wake its tag before exporting it",
+            ));
+        }
+        let g = self.granularity;
+        let start = allocation.ptr() / g * g;
+        let end = (allocation.ptr() + allocation.size()).div_ceil(g) * g;
+        let runs = inner
+            .phys
+            .pieces_of(start, end)
+            .ok_or_else(|| refuse("lies on granules that are not mapped"))?;
+        Ok(crate::allocator::Backing::Mapped {
+            start,
+            end,
+            pieces: runs
+                .into_iter()
+                .map(
+                    |(va, len, id, handle_size, offset)| crate::allocator::MappedPiece {
+                        va,
+                        len,
+                        handle: crate::device::PhysicalHandle(id),
+                        handle_size,
+                        offset,
+                    },
+                )
+                .collect(),
+        })
+    }
+
     /// The chunk it holds, rounded to 256 B (a pending free was given a fresh token: `None`).
     fn charged(&self, allocation: &Allocation) -> Option<u64> {
         self.inner()

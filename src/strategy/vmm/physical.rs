@@ -1002,6 +1002,39 @@ impl Physical {
         }
     }
 
+    /// The backing of the granules of `[start, end)` (granule-aligned, inside one region, all
+    /// mapped) as runs `(va, len, handle id, handle size, offset in the handle)`: consecutive
+    /// granules of consecutive pieces of one handle make one run. `None` when a granule is
+    /// not mapped (asleep) or the span lies outside every region.
+    ///
+    /// # Time complexity
+    /// `O(log regions + granules)`.
+    pub(super) fn pieces_of(&self, start: u64, end: u64) -> Option<Vec<(u64, u64, u64, u64, u64)>> {
+        let (r, i0, i1) = self.locate(start, end)?;
+        let g = self.g();
+        let mut runs: Vec<(u64, u64, u64, u64, u64)> = Vec::new();
+        for i in i0..i1 {
+            let (p, k, w, bit) = pos(i);
+            let page = self.page(r, p)?;
+            if page.mapped[w] & bit == 0 {
+                return None;
+            }
+            let b = page.backing[k];
+            let h = self.handles.get(b.slot as usize).copied().flatten()?;
+            let (va, off) = (
+                start + ((i - i0) << self.shift),
+                u64::from(b.piece) << self.shift,
+            );
+            match runs.last_mut() {
+                Some(run) if run.2 == h.id && run.0 + run.1 == va && run.4 + run.1 == off => {
+                    run.1 += g;
+                }
+                _ => runs.push((va, g, h.id, h.size, off)),
+            }
+        }
+        Some(runs)
+    }
+
     // ---- handles and idle pieces --------------------------------------------------------
 
     /// Records a new handle of `size` bytes with the device's `id`; returns its slot. Its
