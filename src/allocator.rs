@@ -155,6 +155,10 @@ pub struct SleepReport {
     pub copied_bytes: u64,
     /// Physical memory handed back to the device (sleep) or taken from it (wake).
     pub device_bytes: u64,
+    /// Sleep: physical memory the device could not take back because another process still
+    /// maps it (an import of an export of this tag, [`crate::share`]): the driver keeps it
+    /// until that process drops its import. 0 for a wake.
+    pub kept_by_importers: u64,
 }
 
 /// The sleeping allocations of one tag, as [`Allocator::sleeping`] lists them.
@@ -409,6 +413,14 @@ pub trait Allocator: Send + Sync {
     /// strategy on a stream of its own. Default: false; adaptors answer their upstream's.
     fn queues_on_stream(&self) -> bool {
         false
+    }
+
+    /// The tag `allocation`, a live one of this allocator, sleeps with (what a sleep of that
+    /// tag takes); `None` for none, or where the strategy keeps no tags (the default).
+    /// Adaptors answer their upstream's.
+    fn tag_of(&self, allocation: &Allocation) -> Option<String> {
+        let _ = allocation;
+        None
     }
 
     /// What memory lies under `allocation`, a live one of this allocator, for export to

@@ -323,7 +323,6 @@ pub trait Device: Send + Sync + fmt::Debug {
     /// The capability to hand memory to other processes ([`Interprocess`]): shareable handles
     /// of physical memory and legacy IPC handles of plain allocations, where the device has
     /// them. Linux only. Default: none.
-    #[cfg(unix)]
     fn interprocess(&self) -> Option<&dyn Interprocess> {
         None
     }
@@ -840,7 +839,6 @@ pub trait StreamOrderedPool: Send + Sync {
 /// exporter's release does not take it from an importer); a legacy IPC handle's memory
 /// belongs to the exporter, whose free while another process has it open is undefined
 /// behaviour, so the exporter must hold it until every importer closed it.
-#[cfg(unix)]
 pub trait Interprocess: Send + Sync {
     /// True when physical handles made by [`VirtualMemory::create_physical`] can be exported:
     /// the driver accepted the request for a POSIX descriptor handle type when they were

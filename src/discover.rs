@@ -458,6 +458,9 @@ pub struct Portalloc {
     /// One allocator per device, by ordinal, shared: clone the `Arc` to keep one (a
     /// [`crate::DeviceBuffer`] does).
     pub allocators: Vec<Arc<dyn Allocator>>,
+    /// Export of each allocator's allocations to other processes ([`crate::share`]), by
+    /// ordinal: [`Portalloc::sharing`].
+    pub sharing: Vec<crate::share::Sharing>,
     /// Peer access between the devices: enabled before the allocators were built when
     /// [`Config::peer_access`] is on ([`enable_peer_access`]), else every pair not enabled
     /// ([`peer_access_off`]).
@@ -485,12 +488,21 @@ impl std::fmt::Debug for Portalloc {
 /// The allocator of `device` as `config` says, a member of the device's shared budget when
 /// the configuration joins one ([`crate::budget`]): its ceiling lowers the memory fraction, and
 /// a segment that cannot be used means running alone, with one warning.
-fn build_member(config: &Config, device: &Arc<dyn Device>) -> Result<Arc<dyn Allocator>> {
-    build_member_boxed(config, device).map(|(allocator, _)| Arc::from(allocator))
+fn build_member(config: &Config, device: &Arc<dyn Device>) -> Result<Member> {
+    build_member_boxed(config, device)
 }
 
-/// An allocator and the shared budget it is a member of (`None`: it runs alone).
-pub(crate) type Member = (Box<dyn Allocator>, Option<Arc<crate::budget::SharedBudget>>);
+/// An allocator, the shared budget it is a member of (`None`: it runs alone), and the room
+/// that exports its allocations to other processes (under the budget, so that the budget's
+/// trims and sleeps withdraw exports first).
+pub(crate) struct Member {
+    /// The allocator to call.
+    pub(crate) allocator: Box<dyn Allocator>,
+    /// Its shared budget, if it joined one.
+    pub(crate) budget: Option<Arc<crate::budget::SharedBudget>>,
+    /// Export of its allocations ([`crate::share`]).
+    pub(crate) sharing: crate::share::Sharing,
+}
 
 /// [`build_member`], boxed, with the budget it joined: what the C ABI puts under its graph
 /// pools and ledger, so that its allocators are members as a [`Portalloc`]'s are.
@@ -500,8 +512,16 @@ pub(crate) fn build_member_boxed(config: &Config, device: &Arc<dyn Device>) -> R
         .shared_budget
         .as_ref()
         .filter(|o| info.vendor != Vendor::Host || o.include_host);
+    let share = |strategy: Box<dyn Allocator>| {
+        crate::share::Sharing::new(Arc::from(strategy), Arc::clone(device))
+    };
     let Some(options) = options else {
-        return Ok((crate::strategy::build(config, Arc::clone(device))?, None));
+        let sharing = share(crate::strategy::build(config, Arc::clone(device))?);
+        return Ok(Member {
+            allocator: Box::new(sharing.clone()),
+            budget: None,
+            sharing,
+        });
     };
     let total = info.total_bytes;
     let mut config = config.clone();
@@ -511,18 +531,23 @@ pub(crate) fn build_member_boxed(config: &Config, device: &Arc<dyn Device>) -> R
             config.mem_fraction.value = fraction.max(f64::MIN_POSITIVE);
         }
     }
-    let inner = crate::strategy::build(&config, Arc::clone(device))?;
+    let sharing = share(crate::strategy::build(&config, Arc::clone(device))?);
     match crate::budget::SharedBudget::join(&crate::budget::device_key(info), total, options) {
-        Ok(budget) => Ok((
-            Box::new(crate::budget::BudgetAllocator::new(
-                Arc::from(inner),
+        Ok(budget) => Ok(Member {
+            allocator: Box::new(crate::budget::BudgetAllocator::new(
+                Arc::new(sharing.clone()),
                 Arc::clone(&budget),
             )),
-            Some(budget),
-        )),
+            budget: Some(budget),
+            sharing,
+        }),
         Err(e) => {
             crate::budget::warn_once(&e);
-            Ok((inner, None))
+            Ok(Member {
+                allocator: Box::new(sharing.clone()),
+                budget: None,
+                sharing,
+            })
         }
     }
 }
@@ -558,15 +583,20 @@ impl Portalloc {
 
     /// Builds the allocator of every device discovered, as `config` says.
     fn build(config: Config, discovery: Discovery, peers: Vec<PeerLink>) -> Result<Portalloc> {
-        let allocators = discovery
+        let members = discovery
             .devices
             .iter()
             .map(|d| build_member(&config, d))
             .collect::<Result<Vec<_>>>()?;
+        let (allocators, sharing) = members
+            .into_iter()
+            .map(|m| (Arc::from(m.allocator), m.sharing))
+            .unzip();
         Ok(Portalloc {
             config,
             discovery,
             allocators,
+            sharing,
             peers,
         })
     }
@@ -596,8 +626,10 @@ impl Portalloc {
                 })?;
             let device = all.discovery.devices.swap_remove(index);
             let allocator = all.allocators.swap_remove(index);
+            let sharing = all.sharing.swap_remove(index);
             all.discovery.devices = vec![device];
             all.allocators = vec![allocator];
+            all.sharing = vec![sharing];
             return Ok(all);
         }
         let discovery = discover_device(&config, ordinal)?;
@@ -615,6 +647,12 @@ impl Portalloc {
             &crate::budget::device_key(device.info()),
             crate::budget::current_uid(),
         ))
+    }
+
+    /// The export room of device `ordinal`'s allocator: [`crate::share::Sharing::export`]
+    /// hands its allocations to other processes, which [`crate::share::import`] them.
+    pub fn sharing(&self, ordinal: usize) -> Option<&crate::share::Sharing> {
+        self.sharing.get(ordinal)
     }
 
     /// The allocator of device `ordinal`, shared: it lives as long as the last `Arc` (a

@@ -213,6 +213,24 @@ pub enum Error {
         reason: String,
     },
 
+    /// Bytes read as a [`crate::share::ShareHandle`] that are not one: damaged, forged, from
+    /// another layout version.
+    #[error("not a usable share handle: {reason}")]
+    ShareHandle {
+        /// What was wrong, and what is accepted.
+        reason: String,
+    },
+
+    /// An export or import of memory between processes that cannot be done: the exporter
+    /// withdrew it or exited, the descriptors cannot be fetched, the devices differ.
+    #[error("cannot {what}: {reason}")]
+    Share {
+        /// What was asked (`import an allocation`, `export an allocation`).
+        what: &'static str,
+        /// Why not, and what would work.
+        reason: String,
+    },
+
     /// A call with an argument outside what the operation accepts.
     #[error("invalid argument to {call}: {reason}")]
     InvalidArgument {

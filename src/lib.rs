@@ -146,6 +146,7 @@ pub mod error;
 #[cfg(feature = "replay")]
 pub mod replay;
 pub mod report;
+pub mod share;
 pub mod sleep_tags;
 pub mod stats;
 pub mod strategy;

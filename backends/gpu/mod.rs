@@ -239,11 +239,9 @@ pub trait VendorApi: fmt::Debug + Send + Sync + Sized + 'static {
     ///
     /// # Safety
     /// `handle` is a live handle of this device.
-    #[cfg(unix)]
     unsafe fn export_physical(&self, handle: u64) -> Result<std::os::fd::OwnedFd>;
     /// A handle over the memory behind `fd` (`cuMemImportFromShareableHandle` /
     /// `hipMemImportFromShareableHandle`); the descriptor stays the caller's.
-    #[cfg(unix)]
     fn import_physical(&self, fd: std::os::fd::BorrowedFd<'_>) -> Result<u64>;
     /// The legacy IPC handle of the plain allocation at `ptr` (`cuIpcGetMemHandle`).
     ///
@@ -712,7 +710,6 @@ impl<V: VendorApi> Device for GpuDevice<V> {
         )
     }
 
-    #[cfg(unix)]
     fn interprocess(&self) -> Option<&dyn crate::device::Interprocess> {
         Some(self)
     }
@@ -1508,7 +1505,6 @@ impl<V: VendorApi> Drop for GpuDevice<V> {
     }
 }
 
-#[cfg(unix)]
 impl<V: VendorApi> crate::device::Interprocess for GpuDevice<V> {
     fn exportable_physical(&self) -> bool {
         self.info.capabilities.virtual_memory
@@ -1585,7 +1581,6 @@ impl<V: VendorApi> crate::device::Interprocess for GpuDevice<V> {
 
 /// A descriptor a driver call returned, owned from now on; a negative one is the call's
 /// failure.
-#[cfg(unix)]
 pub(crate) fn owned_descriptor(
     call: &'static str,
     fd: std::ffi::c_int,

@@ -594,7 +594,6 @@ impl<W: DeviceWrapper> Device for W {
     }
     // Export and import go to the device beneath unlogged: they are the share room's calls
     // (`crate::share`), never a strategy's, and the handles they take and give are its own.
-    #[cfg(unix)]
     fn interprocess(&self) -> Option<&dyn crate::device::Interprocess> {
         self.wrapped().interprocess()
     }

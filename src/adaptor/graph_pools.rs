@@ -1226,6 +1226,13 @@ impl Allocator for GraphPools {
             .is_some_and(|b| self.shared.up().is_asleep(&b.upstream))
     }
 
+    fn tag_of(&self, allocation: &Allocation) -> Option<String> {
+        if allocation.allocator_id() != self.shared.id {
+            return self.shared.up().tag_of(allocation);
+        }
+        None
+    }
+
     /// A pool block's memory is its upstream allocation's: exported as that one.
     fn backing(&self, allocation: &Allocation) -> Result<crate::allocator::Backing> {
         if allocation.allocator_id() != self.shared.id {

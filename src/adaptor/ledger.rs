@@ -805,6 +805,13 @@ impl<A: Allocator + ?Sized> Allocator for LedgerAllocator<A> {
             .is_some_and(|e| self.upstream.is_asleep(&e.upstream))
     }
 
+    fn tag_of(&self, allocation: &Allocation) -> Option<String> {
+        let books = self.books();
+        books
+            .get(allocation)
+            .and_then(|e| self.upstream.tag_of(&e.upstream))
+    }
+
     fn backing(&self, allocation: &Allocation) -> Result<crate::allocator::Backing> {
         let books = self.books();
         match books.get(allocation) {

@@ -238,6 +238,10 @@ impl<A: Allocator> Allocator for RecorderAllocator<A> {
         self.inner.backing(allocation)
     }
 
+    fn tag_of(&self, allocation: &Allocation) -> Option<String> {
+        self.inner.tag_of(allocation)
+    }
+
     fn retag(&self, allocation: &Allocation, tag: &str) {
         self.inner.retag(allocation, tag);
     }

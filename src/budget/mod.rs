@@ -1650,6 +1650,10 @@ impl Allocator for BudgetAllocator {
         self.inner.backing(allocation)
     }
 
+    fn tag_of(&self, allocation: &Allocation) -> Option<String> {
+        self.inner.tag_of(allocation)
+    }
+
     fn retag(&self, allocation: &Allocation, tag: &str) {
         self.inner.retag(allocation, tag);
     }

@@ -278,7 +278,11 @@ pub(crate) fn make_instance(
     // A member of the device's shared budget as the configuration says, as
     // `Portalloc::from_config` makes its allocators (a segment that cannot be used: alone,
     // with one warning).
-    let (strategy, budget) = crate::discover::build_member_boxed(config, &device)?;
+    let crate::discover::Member {
+        allocator: strategy,
+        budget,
+        sharing,
+    } = crate::discover::build_member_boxed(config, &device)?;
     // Graph pools over the strategy: a global allocator (the PyTorch and CuPy hooks) is never
     // told when its caller captures, so it asks the driver about every request's stream.
     let detect = if global {
@@ -300,6 +304,7 @@ pub(crate) fn make_instance(
         device,
         deferred: Mutex::new(Vec::new()),
         budget,
+        sharing,
     })
 }
 

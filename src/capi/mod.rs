@@ -335,6 +335,8 @@ pub(crate) struct Instance {
     /// The device's shared budget this allocator is a member of ([`crate::budget`]), as the
     /// configuration says (`PORTALLOC_SHARED_BUDGET`); `None`: it runs alone.
     pub(crate) budget: Option<Arc<crate::budget::SharedBudget>>,
+    /// Export of the strategy's allocations to other processes ([`crate::share`]).
+    pub(crate) sharing: crate::share::Sharing,
 }
 
 /// A freed buffer waiting for the work on the other streams it was used on.

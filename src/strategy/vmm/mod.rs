@@ -2068,6 +2068,15 @@ impl<D: Device + ?Sized> Allocator for VmmAllocator<D> {
         }
     }
 
+    fn tag_of(&self, allocation: &Allocation) -> Option<String> {
+        if allocation.allocator_id() != self.id {
+            return None;
+        }
+        let inner = self.inner();
+        let label = inner.space.label(allocation.ptr(), allocation.token())?;
+        inner.tags.name_of(label).map(|n| n.to_string())
+    }
+
     /// The pieces of the handles mapped under it.
     fn backing(&self, allocation: &Allocation) -> Result<crate::allocator::Backing> {
         let refuse = |why: &str| crate::Error::InvalidArgument {

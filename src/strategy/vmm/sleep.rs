@@ -374,6 +374,12 @@ impl Tags {
         Some(t)
     }
 
+    /// The name of tag id `id`; `None` for 0 (no tag) or a vacant id.
+    pub(super) fn name_of(&self, id: u32) -> Option<Arc<str>> {
+        let i = (id as usize).checked_sub(1)?;
+        self.names.get(i)?.as_ref().map(|n| Arc::clone(&n.name))
+    }
+
     /// True when the chunk at `addr` sleeps.
     pub(super) fn is_asleep(&self, addr: u64) -> bool {
         !self.asleep.is_empty() && self.asleep.contains_key(&addr)

@@ -1,0 +1,949 @@
+//! Memory another process can map: export of allocations, import in another process.
+//!
+//! The room of its own for the third border of `DESIGN.md` ("Importers"). Strategies say what
+//! lies under an allocation ([`Allocator::backing`]) and nothing more; everything else is
+//! here:
+//!
+//! - [`Sharing`] wraps a strategy (every [`crate::Portalloc`] allocator is one) and exports
+//!   its allocations ([`Sharing::export`]) as a [`ShareHandle`]: vmm memory as the vendors'
+//!   shareable handles (POSIX descriptors), bfc and platform memory as the driver's legacy
+//!   IPC handle of the device allocation under it, with the offset of the buffer in it.
+//! - [`import`] maps a handle in another process — its own reservation, access set for its
+//!   device only — and gives an [`ImportedBuffer`] that unmaps on drop.
+//! - The descriptors reach the importer through `pidfd_getfd` or a Unix socket ([`fds`]).
+//!
+//! # Lifetimes, as the drivers rule them
+//!
+//! - **The importer's bytes stay valid while it holds the import**, whatever the exporter does:
+//!   - *free*: an exported allocation freed while a live process imports it is not given to
+//!     the strategy: [`Sharing`] keeps it (still counted in the exporter's books, as it is
+//!     still held) and frees it once no importer holds it — at the next allocation, trim or
+//!     [`Sharing::settle`]. Freed with no importer, the export is withdrawn at once: later
+//!     imports of its handle are refused.
+//!   - *trim* gives back only what no export or import holds.
+//!   - *sleep* of a tag withdraws the exports of its allocations. The exporter's handles go
+//!     back to the driver, but a shareable handle keeps its memory while any process holds it,
+//!     so what importers map stays theirs and unchanged: the exporter's wake maps new memory
+//!     (its later writes are not the importer's). [`SleepReport::kept_by_importers`] says how
+//!     many bytes the device could not take back.
+//!   - *exit or `SIGKILL` of the exporter*: vmm memory lives on in the importer (the driver's
+//!     rule for shareable handles); legacy IPC memory (bfc, platform) is the exporter's and
+//!     dies with it, as CUDA and HIP document: import vmm memory where the exporter may die
+//!     first.
+//! - **A dead importer costs the exporter nothing**: its marks in the exporter's registry
+//!   count as nothing once its pid is gone.
+//! - **Counted once.** The exporter's books count its allocations, exported or not; an
+//!   importer's allocator counts nothing it imported ([`imported_bytes`] says how much it
+//!   maps). The driver counts physical memory once however many processes map it.
+//!
+//! # Vendors' reported behaviours, handled
+//!
+//! - ROCm 7.15 refuses host-access descriptors on imported handles (ROCm/rocm-systems#11185):
+//!   an import grants its own device only, never the host.
+//! - ROCm 7.14 loses an import whose descriptor was closed before it was mapped
+//!   (ROCm/rocm-systems PR #8440): the descriptors stay open until access is set.
+//! - ROCm rejects legacy IPC handles of VMM memory (ROCm/clr PR #266): vmm memory is only ever
+//!   exported as shareable handles.
+#![deny(unsafe_code)]
+
+pub mod fds;
+pub mod handle;
+pub mod registry;
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+pub use fds::{receive, send, ReceivedFds};
+pub use handle::{ShareHandle, SharedMemory, SharedPiece};
+
+use crate::allocator::{Allocation, Allocator, Backing, GraphPoolStats, Keep, SleepReport};
+use crate::device::{Device, PhysicalHandle, Stream, Vendor};
+use crate::error::{Error, Result};
+use crate::stats::Stats;
+use registry::Registry;
+
+/// Bytes this process maps from other processes' exports now.
+static IMPORTED: AtomicU64 = AtomicU64::new(0);
+
+/// Bytes of device memory this process maps from other processes now ([`import`]): counted by
+/// no allocator of this process, since the exporter's books count them.
+pub fn imported_bytes() -> u64 {
+    IMPORTED.load(Ordering::Relaxed)
+}
+
+fn vendor_code(v: Vendor) -> u8 {
+    match v {
+        Vendor::Host => 0,
+        Vendor::Cuda => 1,
+        Vendor::Hip => 2,
+    }
+}
+
+fn device_id(device: &dyn Device) -> u64 {
+    handle::fnv1a(&crate::budget::device_key(device.info()))
+}
+
+fn no_interprocess(device: &dyn Device) -> Error {
+    let info = device.info();
+    Error::Unsupported {
+        what: "export and import of memory between processes".into(),
+        backend: info.vendor.name(),
+        reason: format!(
+            "device {} ({}) offers no shareable or IPC handles (not Linux?)",
+            info.ordinal, info.name
+        ),
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// This process: its pid and start time.
+fn me() -> (u32, u64) {
+    let pid = crate::backends::shared_segment::current_pid();
+    (pid, crate::budget::process_start_time(pid).unwrap_or(0))
+}
+
+/// What identifies a live allocation to its allocator, besides its address.
+#[derive(Debug, Clone, Copy)]
+struct Shadow {
+    allocator_id: u64,
+    token: u64,
+}
+
+impl Shadow {
+    fn of(a: &Allocation) -> Shadow {
+        Shadow {
+            allocator_id: a.allocator_id(),
+            token: a.token(),
+        }
+    }
+}
+
+/// One export.
+#[derive(Debug)]
+struct Export {
+    shadow: Shadow,
+    handle: ShareHandle,
+    /// The physical handles whose descriptors it names (mapped), each once.
+    physical: Vec<PhysicalHandle>,
+    /// The bytes of those handles: what an importer keeps alive.
+    physical_bytes: u64,
+    tag: Option<String>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    registry: Option<Arc<Registry>>,
+    next_key: u64,
+    /// Live exports by allocation address.
+    exports: HashMap<u64, Export>,
+    /// The descriptor of each exported physical handle, and how many exports name it.
+    fds: HashMap<u64, (OwnedFd, usize)>,
+    /// Freed allocations still imported somewhere: freed once nobody imports them.
+    parked: Vec<Allocation>,
+}
+
+/// A strategy whose allocations can be exported to other processes: [`Allocator`] like the
+/// strategy it wraps, plus [`Sharing::export`]. Every allocator of a [`crate::Portalloc`] is
+/// one ([`crate::Portalloc::sharing`]).
+///
+/// ```
+/// use std::sync::Arc;
+/// use portalloc::{backends::host::HostDevice, share::Sharing, Allocator, Device, Stream};
+/// use portalloc::strategy::vmm::{VmmAllocator, VmmOptions};
+///
+/// let device: Arc<dyn Device> = Arc::new(HostDevice::new(64 << 20));
+/// let vmm = Arc::new(VmmAllocator::new(Arc::clone(&device), VmmOptions::new(32 << 20)).unwrap());
+/// let sharing = Sharing::new(vmm, Arc::clone(&device));
+/// let a = sharing.allocate(1 << 20, 0, Stream::DEFAULT, "weights").unwrap();
+/// let handle = sharing.export(&a).unwrap();
+/// // Another process: portalloc::share::import(&its_device, &ShareHandle::from_bytes(&bytes)?)
+/// let bytes = handle.to_bytes();
+/// assert_eq!(portalloc::share::ShareHandle::from_bytes(&bytes).unwrap(), handle);
+/// sharing.deallocate(a).unwrap();
+/// ```
+pub struct Sharing(Arc<Room>);
+
+/// What a [`Sharing`] and its clones share.
+struct Room {
+    inner: Arc<dyn Allocator>,
+    device: Arc<dyn Device>,
+    state: Mutex<State>,
+    /// Live exports (a free with none touches no lock of this room).
+    exported: AtomicUsize,
+    /// Allocations parked: a request settles them when non-zero.
+    parked: AtomicUsize,
+}
+
+impl std::fmt::Debug for Sharing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = &self.0;
+        f.debug_struct("Sharing")
+            .field("inner", &s.inner.name())
+            .field("exported", &s.exported.load(Ordering::Relaxed))
+            .field("parked", &s.parked.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl Sharing {
+    /// `inner`'s allocations, exportable from `device` (the device `inner` allocates from).
+    pub fn new(inner: Arc<dyn Allocator>, device: Arc<dyn Device>) -> Sharing {
+        Sharing(Arc::new(Room {
+            inner,
+            device,
+            state: Mutex::new(State {
+                next_key: 1,
+                ..State::default()
+            }),
+            exported: AtomicUsize::new(0),
+            parked: AtomicUsize::new(0),
+        }))
+    }
+
+    /// The allocator it wraps.
+    pub fn inner(&self) -> &Arc<dyn Allocator> {
+        &self.0.inner
+    }
+
+    /// Exports `allocation`, a live one of this allocator: a handle another process imports
+    /// with [`import`]. Exporting it again gives the same handle (the same bytes). The
+    /// descriptors the handle names stay open in this process until the export is withdrawn
+    /// (the allocation freed with no importer, or its tag put to sleep).
+    ///
+    /// # Errors
+    /// As [`Allocator::backing`] (a strategy that cannot say, an allocation asleep);
+    /// [`Error::Unsupported`] for a device without interprocess handles or a physical handle
+    /// the driver made unexportable; [`Error::Share`] when 4096 exports are live; the
+    /// driver's error.
+    pub fn export(&self, allocation: &Allocation) -> Result<ShareHandle> {
+        self.0.export(allocation)
+    }
+
+    /// The descriptors `handle` (an export of this allocator, live) names, in the order
+    /// [`send`] wants them.
+    ///
+    /// # Errors
+    /// [`Error::Share`] when the handle is not a live export of this allocator.
+    pub fn descriptors(&self, handle: &ShareHandle) -> Result<Vec<OwnedFd>> {
+        self.0.descriptors(handle)
+    }
+
+    /// The processes importing the export of `allocation` now (their pids); empty when it is
+    /// not exported.
+    pub fn importers(&self, allocation: &Allocation) -> Vec<u32> {
+        self.0.importers(allocation)
+    }
+
+    /// Frees the parked allocations (freed while imported) nobody imports any more; returns
+    /// how many are still parked.
+    ///
+    /// # Errors
+    /// The strategy's error from freeing one (the rest stay parked).
+    pub fn settle(&self) -> Result<usize> {
+        self.0.settle()
+    }
+
+    /// How many allocations are exported now, and how many of them were freed but are kept
+    /// for their importers.
+    pub fn exports(&self) -> (usize, usize) {
+        (
+            self.0.exported.load(Ordering::Acquire),
+            self.0.parked.load(Ordering::Acquire),
+        )
+    }
+}
+
+impl Room {
+    /// Exports `allocation`, a live one of this allocator: a handle another process imports
+    /// with [`import`]. Exporting it again gives the same handle (the same bytes). The
+    /// descriptors the handle names stay open in this process until the export is withdrawn
+    /// (the allocation freed with no importer, or its tag put to sleep).
+    ///
+    /// # Errors
+    /// As [`Allocator::backing`] (a strategy that cannot say, an allocation asleep);
+    /// [`Error::Unsupported`] for a device without interprocess handles or a physical handle
+    /// the driver made unexportable; [`Error::Share`] when 4096 exports are live; the
+    /// driver's error.
+    pub fn export(&self, allocation: &Allocation) -> Result<ShareHandle> {
+        let mut state = lock(&self.state);
+        if let Some(e) = state.exports.get(&allocation.ptr()) {
+            if e.shadow.token == allocation.token()
+                && e.shadow.allocator_id == allocation.allocator_id()
+            {
+                return Ok(e.handle.clone());
+            }
+        }
+        let ip = self
+            .device
+            .interprocess()
+            .ok_or_else(|| no_interprocess(&*self.device))?;
+        let backing = self.inner.backing(allocation)?;
+        let (pid, start) = me();
+        if state.registry.is_none() {
+            state.registry = Some(Arc::new(Registry::create(
+                &registry::default_dir(),
+                pid,
+                start,
+            )?));
+        }
+        let mut physical = Vec::new();
+        let (memory, offset, span) = match backing {
+            Backing::Plain { base, size } => (
+                SharedMemory::Plain(ip.ipc_handle(base)?.0),
+                allocation.ptr() - base,
+                size,
+            ),
+            Backing::Mapped { start, end, pieces } => {
+                let mut shared = Vec::with_capacity(pieces.len());
+                for p in &pieces {
+                    let fd = match state.fds.get_mut(&p.handle.0) {
+                        Some((fd, uses)) => {
+                            if !physical.contains(&p.handle) {
+                                *uses += 1;
+                            }
+                            fd.as_raw_fd()
+                        }
+                        None => {
+                            let fd = ip.export_physical(p.handle)?;
+                            let raw = fd.as_raw_fd();
+                            state.fds.insert(p.handle.0, (fd, 1));
+                            raw
+                        }
+                    };
+                    if !physical.contains(&p.handle) {
+                        physical.push(p.handle);
+                    }
+                    shared.push(SharedPiece {
+                        fd,
+                        handle_size: p.handle_size,
+                        offset: p.offset,
+                        len: p.len,
+                    });
+                }
+                (
+                    SharedMemory::Mapped(shared),
+                    allocation.ptr() - start,
+                    end - start,
+                )
+            }
+        };
+        let physical_bytes = match &memory {
+            SharedMemory::Plain(_) => span,
+            SharedMemory::Mapped(pieces) => {
+                let mut seen: Vec<i32> = Vec::new();
+                pieces
+                    .iter()
+                    .filter(|p| {
+                        let new = !seen.contains(&p.fd);
+                        seen.push(p.fd);
+                        new
+                    })
+                    .map(|p| p.handle_size)
+                    .sum()
+            }
+        };
+        let key = state.next_key;
+        let registry = Arc::clone(state.registry.as_ref().expect("made above"));
+        let Some(record) = registry.take(key) else {
+            Self::release_fds(&mut state, &physical);
+            return Err(Error::Share {
+                what: "export an allocation",
+                reason: format!(
+                    "{} exports are live in this process, the most there can be; free or \
+                     withdraw some",
+                    registry::RECORDS
+                ),
+            });
+        };
+        state.next_key += 1;
+        fds::allow_fetching();
+        let handle = ShareHandle {
+            vendor: vendor_code(self.device.info().vendor),
+            pid,
+            start_time: start,
+            record,
+            export_id: key,
+            size: allocation.size(),
+            offset,
+            span,
+            device: device_id(&*self.device),
+            memory,
+        };
+        state.exports.insert(
+            allocation.ptr(),
+            Export {
+                shadow: Shadow::of(allocation),
+                handle: handle.clone(),
+                physical,
+                physical_bytes,
+                tag: self.inner.tag_of(allocation),
+            },
+        );
+        self.exported.store(state.exports.len(), Ordering::Release);
+        Ok(handle)
+    }
+
+    /// The descriptors `handle` (an export of this allocator, live) names, in the order
+    /// [`send`] wants them.
+    ///
+    /// # Errors
+    /// [`Error::Share`] when the handle is not a live export of this allocator.
+    pub fn descriptors(&self, handle: &ShareHandle) -> Result<Vec<OwnedFd>> {
+        let state = lock(&self.state);
+        let live = state
+            .exports
+            .values()
+            .any(|e| e.handle.export_id == handle.export_id);
+        if !live {
+            return Err(Error::Share {
+                what: "send an export",
+                reason: format!("export {} is not live here", handle.export_id),
+            });
+        }
+        let mut out = Vec::new();
+        for fd in fds::descriptors_of(handle) {
+            let found = state
+                .fds
+                .values()
+                .find(|(owned, _)| owned.as_raw_fd() == fd)
+                .ok_or_else(|| Error::Share {
+                    what: "send an export",
+                    reason: format!("descriptor {fd} is not an exported one"),
+                })?;
+            out.push(found.0.try_clone().map_err(|source| Error::Os {
+                call: "fcntl(F_DUPFD_CLOEXEC)",
+                source,
+            })?);
+        }
+        Ok(out)
+    }
+
+    /// The processes importing the export of `allocation` now (their pids); empty when it is
+    /// not exported.
+    pub fn importers(&self, allocation: &Allocation) -> Vec<u32> {
+        let state = lock(&self.state);
+        match (state.exports.get(&allocation.ptr()), &state.registry) {
+            (Some(e), Some(r)) => r.importers(e.handle.record, e.handle.export_id),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Frees the parked allocations (freed while imported) nobody imports any more; returns
+    /// how many are still parked.
+    ///
+    /// # Errors
+    /// The strategy's error from freeing one (the rest stay parked).
+    pub fn settle(&self) -> Result<usize> {
+        let mut state = lock(&self.state);
+        self.settle_locked(&mut state)?;
+        Ok(state.parked.len())
+    }
+
+    fn settle_locked(&self, state: &mut State) -> Result<()> {
+        let parked = std::mem::take(&mut state.parked);
+        let mut result = Ok(());
+        for a in parked {
+            let held = self.live_importers(state, a.ptr());
+            if held.is_empty() && result.is_ok() {
+                self.withdraw(state, a.ptr());
+                if let Err(e) = self.inner.deallocate(a) {
+                    result = Err(e);
+                }
+            } else {
+                state.parked.push(a);
+            }
+        }
+        self.parked.store(state.parked.len(), Ordering::Release);
+        result
+    }
+
+    fn live_importers(&self, state: &State, ptr: u64) -> Vec<u32> {
+        match (state.exports.get(&ptr), &state.registry) {
+            (Some(e), Some(r)) => r.importers(e.handle.record, e.handle.export_id),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Withdraws the export at `ptr`: its record freed, its descriptors closed where no other
+    /// export names them.
+    fn withdraw(&self, state: &mut State, ptr: u64) {
+        if let Some(e) = state.exports.remove(&ptr) {
+            if let Some(r) = &state.registry {
+                r.give_back(e.handle.record);
+            }
+            Self::release_fds(state, &e.physical);
+        }
+        self.exported.store(state.exports.len(), Ordering::Release);
+    }
+
+    fn release_fds(state: &mut State, physical: &[PhysicalHandle]) {
+        for h in physical {
+            if let Some((_, uses)) = state.fds.get_mut(&h.0) {
+                *uses -= 1;
+                if *uses == 0 {
+                    state.fds.remove(&h.0);
+                }
+            }
+        }
+    }
+
+    fn settle_if_parked(&self) {
+        if self.parked.load(Ordering::Acquire) > 0 {
+            if let Ok(mut state) = self.state.try_lock() {
+                let _ = self.settle_locked(&mut state);
+            }
+        }
+    }
+}
+
+impl Drop for Room {
+    fn drop(&mut self) {
+        // Parked allocations go back to the strategy (its drop reports nothing leaked for
+        // them); an importer of vmm memory keeps it by the driver's rule.
+        let state = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
+        for a in std::mem::take(&mut state.parked) {
+            let _ = self.inner.deallocate(a);
+        }
+    }
+}
+
+impl Clone for Sharing {
+    fn clone(&self) -> Sharing {
+        Sharing(Arc::clone(&self.0))
+    }
+}
+
+impl Allocator for Sharing {
+    fn name(&self) -> &str {
+        self.0.inner.name()
+    }
+
+    fn id(&self) -> u64 {
+        self.0.inner.id()
+    }
+
+    fn allocate(&self, size: u64, alignment: u64, stream: Stream, tag: &str) -> Result<Allocation> {
+        self.0.settle_if_parked();
+        self.0.inner.allocate(size, alignment, stream, tag)
+    }
+
+    /// Frees at once, unless another process imports it: then it is kept until none does.
+    fn deallocate(&self, allocation: Allocation) -> Result<()> {
+        if self.0.exported.load(Ordering::Acquire) == 0 {
+            return self.0.inner.deallocate(allocation);
+        }
+        let mut state = lock(&self.0.state);
+        let ours = state
+            .exports
+            .get(&allocation.ptr())
+            .is_some_and(|e| e.shadow.token == allocation.token());
+        if !ours {
+            drop(state);
+            return self.0.inner.deallocate(allocation);
+        }
+        if self.0.live_importers(&state, allocation.ptr()).is_empty() {
+            self.0.withdraw(&mut state, allocation.ptr());
+            drop(state);
+            return self.0.inner.deallocate(allocation);
+        }
+        state.parked.push(allocation);
+        self.0.parked.store(state.parked.len(), Ordering::Release);
+        Ok(())
+    }
+
+    fn stats(&self) -> Stats {
+        self.0.inner.stats()
+    }
+
+    fn charged(&self, allocation: &Allocation) -> Option<u64> {
+        self.0.inner.charged(allocation)
+    }
+
+    fn pool_bytes(&self) -> u64 {
+        self.0.inner.pool_bytes()
+    }
+
+    fn trim(&self) -> Result<u64> {
+        {
+            let mut state = lock(&self.0.state);
+            self.0.settle_locked(&mut state)?;
+        }
+        self.0.inner.trim()
+    }
+
+    /// Withdraws the exports of the tag first (their descriptors would keep the memory), then
+    /// sleeps; says what importers keep.
+    fn sleep(&self, tag: &str, keep: Keep) -> Result<SleepReport> {
+        let kept = {
+            let mut state = lock(&self.0.state);
+            let of_tag: Vec<u64> = state
+                .exports
+                .iter()
+                .filter(|(_, e)| e.tag.as_deref() == Some(tag))
+                .map(|(&p, _)| p)
+                .collect();
+            let mut kept = 0;
+            for ptr in of_tag {
+                if state.parked.iter().any(|a| a.ptr() == ptr) {
+                    continue;
+                }
+                if !self.0.live_importers(&state, ptr).is_empty() {
+                    kept += state.exports.get(&ptr).map_or(0, |e| e.physical_bytes);
+                }
+                self.0.withdraw(&mut state, ptr);
+            }
+            kept
+        };
+        let mut report = self.0.inner.sleep(tag, keep)?;
+        report.kept_by_importers = kept;
+        Ok(report)
+    }
+
+    fn wake(&self, tag: &str) -> Result<SleepReport> {
+        self.0.inner.wake(tag)
+    }
+
+    fn sleeping(&self) -> Vec<crate::allocator::SleepingTag> {
+        self.0.inner.sleeping()
+    }
+
+    fn is_asleep(&self, allocation: &Allocation) -> bool {
+        self.0.inner.is_asleep(allocation)
+    }
+
+    fn retag(&self, allocation: &Allocation, tag: &str) {
+        self.0.inner.retag(allocation, tag);
+        let mut state = lock(&self.0.state);
+        if let Some(e) = state.exports.get_mut(&allocation.ptr()) {
+            e.tag = Some(tag.to_string());
+        }
+    }
+
+    fn freeing(&self, allocation: &Allocation) {
+        self.0.inner.freeing(allocation);
+    }
+
+    fn check_invariants(&self) -> std::result::Result<(), String> {
+        self.0.inner.check_invariants()
+    }
+
+    fn queues_on_stream(&self) -> bool {
+        self.0.inner.queues_on_stream()
+    }
+
+    fn graph_pools(&self) -> Vec<GraphPoolStats> {
+        self.0.inner.graph_pools()
+    }
+
+    fn tag_of(&self, allocation: &Allocation) -> Option<String> {
+        self.0.inner.tag_of(allocation)
+    }
+
+    fn backing(&self, allocation: &Allocation) -> Result<Backing> {
+        self.0.inner.backing(allocation)
+    }
+}
+
+/// What an import maps.
+#[derive(Debug)]
+enum Mapping {
+    /// Physical handles imported, mapped into a reservation of our own.
+    Mapped {
+        reservation: u64,
+        span: u64,
+        handles: Vec<PhysicalHandle>,
+        mapped: Vec<(u64, u64)>,
+    },
+    /// Another process's device allocation, opened through its IPC handle.
+    Plain { base: u64 },
+}
+
+/// An allocation of another process, mapped here ([`import`]): unmapped (and its physical
+/// handles released, its IPC handle closed) on drop. The exporter keeps its memory for as
+/// long as this lives (see the module's lifetimes).
+pub struct ImportedBuffer {
+    device: Arc<dyn Device>,
+    ptr: u64,
+    size: u64,
+    bytes: u64,
+    exporter: (u32, u64),
+    mapping: Option<Mapping>,
+    mark: Option<(Arc<Registry>, u32, u64, usize, u64)>,
+}
+
+impl std::fmt::Debug for ImportedBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ImportedBuffer")
+            .field("ptr", &format_args!("{:#x}", self.ptr))
+            .field("size", &self.size)
+            .field("exporter", &self.exporter.0)
+            .finish()
+    }
+}
+
+impl ImportedBuffer {
+    /// Where the allocation is mapped here.
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// Its size.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// The device memory this import keeps alive: the whole physical handles (or device
+    /// allocation) under it.
+    pub fn mapped_bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// The exporting process's pid.
+    pub fn exporter_pid(&self) -> u32 {
+        self.exporter.0
+    }
+
+    /// The device it is mapped on.
+    pub fn device(&self) -> &Arc<dyn Device> {
+        &self.device
+    }
+
+    /// Copies `dst.len()` bytes from `offset` in the buffer into `dst`, on the default
+    /// stream, and waits for them.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a range past the buffer; the device's error.
+    pub fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
+        let at = self.range(offset, dst.len() as u64)?;
+        crate::backends::staging::read_device(&*self.device, at, dst)
+    }
+
+    /// Copies `src` to `offset` in the buffer, on the default stream, and waits for it.
+    ///
+    /// # Errors
+    /// As [`ImportedBuffer::read`].
+    pub fn write(&self, offset: u64, src: &[u8]) -> Result<()> {
+        let at = self.range(offset, src.len() as u64)?;
+        crate::backends::staging::write_device(&*self.device, at, src)
+    }
+
+    fn range(&self, offset: u64, len: u64) -> Result<u64> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.size => Ok(self.ptr + offset),
+            _ => Err(Error::InvalidArgument {
+                call: "ImportedBuffer::read/write",
+                reason: format!(
+                    "{len} bytes at {offset} run past the buffer's {} bytes",
+                    self.size
+                ),
+            }),
+        }
+    }
+
+    fn unmap(&mut self) -> Result<()> {
+        let Some(mapping) = self.mapping.take() else {
+            return Ok(());
+        };
+        let mut first = Ok(());
+        let mut keep = |r: Result<()>| {
+            if first.is_ok() {
+                first = r;
+            }
+        };
+        match mapping {
+            Mapping::Mapped {
+                reservation,
+                span,
+                handles,
+                mapped,
+            } => {
+                if let Some(vm) = self.device.virtual_memory() {
+                    for (va, len) in mapped {
+                        keep(vm.unmap(va, len));
+                    }
+                    for h in handles {
+                        keep(vm.release_physical(h));
+                    }
+                    keep(vm.free_reservation(reservation, span));
+                }
+            }
+            Mapping::Plain { base } => {
+                if let Some(ip) = self.device.interprocess() {
+                    keep(ip.close_ipc_handle(base));
+                }
+            }
+        }
+        IMPORTED.fetch_sub(self.bytes, Ordering::Relaxed);
+        first
+    }
+
+    fn unmark(&mut self) {
+        if let Some((registry, record, key, slot, mark)) = self.mark.take() {
+            registry.unmark(record, key, slot, mark);
+            // The exporter died without removing its registry: the last of its importers to
+            // see that removes it.
+            if crate::budget::process_start_time(self.exporter.0) != Some(self.exporter.1) {
+                registry.unlink();
+            }
+        }
+    }
+
+    /// Unmaps it now, with the device's answer (drop does the same, silently).
+    ///
+    /// # Errors
+    /// The first error of the device's unmap, release or close; the rest is still done.
+    pub fn close(mut self) -> Result<()> {
+        let r = self.unmap();
+        self.unmark();
+        r
+    }
+}
+
+impl Drop for ImportedBuffer {
+    fn drop(&mut self) {
+        // Work on it is the caller's to have finished (as with any buffer it frees).
+        let _ = self.unmap();
+        self.unmark();
+    }
+}
+
+/// Maps `handle` (another process's export) on `device`, fetching the exporter's descriptors
+/// with `pidfd_getfd` ([`fds`]).
+///
+/// # Errors
+/// [`Error::Share`] when the exporter withdrew the export or exited, the device is not the
+/// exporter's, or the descriptors cannot be fetched; the device's error when it cannot map.
+/// Nothing is left mapped or marked on an error.
+pub fn import(device: &Arc<dyn Device>, handle: &ShareHandle) -> Result<ImportedBuffer> {
+    import_with(device, handle, ReceivedFds::default())
+}
+
+/// As [`import`], with the descriptors received with the handle ([`receive`]): no
+/// `pidfd_getfd`.
+///
+/// # Errors
+/// As [`import`].
+pub fn import_with(
+    device: &Arc<dyn Device>,
+    handle: &ShareHandle,
+    mut received: ReceivedFds,
+) -> Result<ImportedBuffer> {
+    let refuse = |reason: String| Error::Share {
+        what: "import an allocation",
+        reason,
+    };
+    let info = device.info();
+    if handle.vendor != vendor_code(info.vendor) {
+        return Err(refuse(format!(
+            "the export is of vendor {} memory, the device is {}",
+            handle.vendor, info.vendor
+        )));
+    }
+    if handle.device != device_id(&**device) {
+        return Err(refuse(format!(
+            "the export is of another physical device than device {} ({}; {})",
+            info.ordinal,
+            info.name,
+            crate::budget::device_key(info)
+        )));
+    }
+    let ip = device
+        .interprocess()
+        .ok_or_else(|| no_interprocess(&**device))?;
+    let (my_pid, my_start) = me();
+    if handle.pid == my_pid {
+        return Err(refuse(
+            "the export is this process's own: use the allocation itself".into(),
+        ));
+    }
+    let registry = Arc::new(
+        Registry::open(&registry::default_dir(), handle.pid, handle.start_time).map_err(|_| {
+            refuse(format!(
+                "exporter {} (started at {}) has no registry: it exited, or it uses another \
+             PORTALLOC_SHARE_DIR",
+                handle.pid, handle.start_time
+            ))
+        })?,
+    );
+    let mark = registry::mark_of(my_pid, my_start);
+    let slot = registry.mark(handle.record, handle.export_id, mark)?;
+    let mut buffer = ImportedBuffer {
+        device: Arc::clone(device),
+        ptr: 0,
+        size: handle.size,
+        bytes: 0,
+        exporter: (handle.pid, handle.start_time),
+        mapping: None,
+        mark: Some((registry, handle.record, handle.export_id, slot, mark)),
+    };
+    // From here a failure drops `buffer`, which undoes what was done (and the mark).
+    match &handle.memory {
+        SharedMemory::Plain(ipc) => {
+            let base = ip.open_ipc_handle(&crate::device::IpcMemHandle(*ipc), handle.span)?;
+            buffer.mapping = Some(Mapping::Plain { base });
+            buffer.bytes = handle.span;
+            IMPORTED.fetch_add(handle.span, Ordering::Relaxed);
+            buffer.ptr = base + handle.offset;
+        }
+        SharedMemory::Mapped(pieces) => {
+            let vm = device
+                .virtual_memory()
+                .ok_or_else(|| refuse("the device has no virtual memory to map it into".into()))?;
+            // The descriptors, each once: received, or copied out of the exporter. Kept open
+            // until access is set (ROCm 7.14 needs them until then, rocm-systems PR #8440).
+            let mut open: Vec<(i32, OwnedFd)> = Vec::new();
+            for fd in fds::descriptors_of(handle) {
+                let owned = match received.0.remove(&fd) {
+                    Some(owned) => owned,
+                    None => fds::fetch(handle.pid, handle.start_time, fd)?,
+                };
+                open.push((fd, owned));
+            }
+            let reservation = vm.reserve(handle.span, 0)?;
+            buffer.mapping = Some(Mapping::Mapped {
+                reservation,
+                span: handle.span,
+                handles: Vec::new(),
+                mapped: Vec::new(),
+            });
+            let mut imported: Vec<(i32, PhysicalHandle)> = Vec::new();
+            let mut at = reservation;
+            for p in pieces {
+                let physical = match imported.iter().find(|(fd, _)| *fd == p.fd) {
+                    Some(&(_, h)) => h,
+                    None => {
+                        let fd: BorrowedFd<'_> = open
+                            .iter()
+                            .find(|(n, _)| *n == p.fd)
+                            .map(|(_, o)| o.as_fd())
+                            .expect("every descriptor was fetched");
+                        let h = ip.import_physical(fd, p.handle_size)?;
+                        imported.push((p.fd, h));
+                        buffer.bytes += p.handle_size;
+                        IMPORTED.fetch_add(p.handle_size, Ordering::Relaxed);
+                        if let Some(Mapping::Mapped { handles, .. }) = &mut buffer.mapping {
+                            handles.push(h);
+                        }
+                        h
+                    }
+                };
+                vm.map(at, p.len, physical, p.offset)?;
+                if let Some(Mapping::Mapped { mapped, .. }) = &mut buffer.mapping {
+                    mapped.push((at, p.len));
+                }
+                at += p.len;
+            }
+            // This device only, never the host: ROCm 7.15 refuses host descriptors on imported
+            // handles (ROCm/rocm-systems#11185).
+            vm.set_access(reservation, handle.span)?;
+            drop(open);
+            buffer.ptr = reservation + handle.offset;
+        }
+    }
+    Ok(buffer)
+}
