@@ -914,3 +914,44 @@ fn rocm_8440_an_import_needs_the_callers_descriptor(profile: &str, closed: bool,
     a.quit();
     b.quit();
 }
+
+/// An exportable handle is a handle like any other: CUDA's pointer attribute names its handle
+/// types, and under rocm-systems-10604-descriptor-per-handle (a descriptor held per handle)
+/// it is created, exported and released as any handle.
+#[test]
+fn an_exportable_handle_keeps_the_other_rules() {
+    let gpu = Gpu::new(CUDA12);
+    let (rc, h) = create(&gpu, SIZE, 1);
+    assert_eq!(rc, 0);
+    let va = map(&gpu, h, SIZE);
+    assert_eq!(access(&gpu, va, SIZE, false), 0);
+    let attr: unsafe extern "C" fn(*mut c_void, c_int, u64) -> R =
+        gpu.fake.sym("cuPointerGetAttribute");
+    let mut types = 99u64;
+    // SAFETY: CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES (14) writes a u64.
+    assert_eq!(unsafe { attr((&mut types as *mut u64).cast(), 14, va) }, 0);
+    assert_eq!(types, 1, "POSIX_FD");
+    let p = gpu.malloc(4096);
+    // SAFETY: as above.
+    assert_eq!(unsafe { attr((&mut types as *mut u64).cast(), 14, p) }, 0);
+    assert_eq!(types, 0);
+    unmap_and_free(&gpu, va, SIZE);
+    assert_eq!(release(&gpu, h), 0);
+
+    let hip = Gpu::new(HIP);
+    let set: unsafe extern "C" fn(*const std::ffi::c_char) -> c_int =
+        hip.fake.sym("fakehip_set_profile");
+    // SAFETY: a NUL-terminated name.
+    assert_eq!(
+        unsafe { set(c"rocm-systems-10604-descriptor-per-handle".as_ptr()) },
+        0
+    );
+    let (rc, h) = create(&hip, SIZE, 1);
+    assert_eq!(rc, 0);
+    assert_eq!(hip.c().live("handles"), Some(1));
+    let (rc, fd) = export(&hip, h, 1, 0);
+    assert_eq!(rc, 0, "exportable under the profile too");
+    close(fd);
+    assert_eq!(release(&hip, h), 0);
+    assert_eq!(hip.c().live("handles"), Some(0));
+}
