@@ -16,6 +16,8 @@
  *                    and memsets that move bytes when their stream reaches them; the guard
  *                    that catches a CPU access to pinned memory a copy has yet to write
  *   fake_vmm.h       reservations, physical handles (one memory file), mappings, access
+ *   fake_ipc.h       memory exported to and imported from other processes: shareable
+ *                    handles (POSIX file descriptors) and legacy IPC handles
  *   fake_pools.h     stream-ordered pools with blocks on the timeline
  *   fake_modules.h   modules, functions, kernel models (the ranges a launch uses) and launch
  *

@@ -23,9 +23,10 @@
 #define FK_MAX_REGIONS 65536
 
 /* R_MODULE: a module's global variable (cuModuleGetGlobal, hipModuleGetGlobal), device memory
- * charged while the module is loaded. */
+ * charged while the module is loaded. R_IPC: another process's plain allocation opened here
+ * (cuIpcOpenMemHandle, hipIpcOpenMemHandle; fake_ipc.h), charged to its exporter only. */
 enum { R_NONE, R_PLAIN, R_HOST, R_REGISTERED, R_MANAGED, R_POOL, R_RESERVATION, R_MAPPING,
-       R_MODULE };
+       R_MODULE, R_IPC };
 
 struct fk_region {
   int kind, device, ctx;
@@ -50,6 +51,11 @@ struct fk_region {
    * whole allocation. A location is a device, FK_LOC_CPU or FK_LOC_NONE. */
   int read_mostly, preferred, last_prefetch;
   unsigned accessed_by; /* bit d: device d; bit 31: the CPU */
+  /* Legacy IPC (fake_ipc.h). R_PLAIN once exported, and R_IPC: the memory file its bytes are
+   * in, plus one (0: anonymous memory). R_IPC: how often this process opened it, and whose it
+   * is (the exporter's pid and start time, the allocation's serial there). */
+  int ipc_fd1, ipc_opens;
+  unsigned long long ipc_pid, ipc_start, ipc_serial;
 };
 #define FK_LOC_CPU (-1)  /* CU_DEVICE_CPU, hipCpuDeviceId */
 #define FK_LOC_NONE (-2) /* CU_DEVICE_INVALID, hipInvalidDeviceId */
@@ -101,7 +107,7 @@ FK_FN struct fk_region *fk_region_holding(unsigned long long va) {
 
 FK_FN int fk_is_device_kind(int kind) {
   return kind == R_PLAIN || kind == R_MANAGED || kind == R_POOL || kind == R_MAPPING ||
-         kind == R_MODULE;
+         kind == R_MODULE || kind == R_IPC;
 }
 
 /* True when mappings (adjacent ones too) cover [va, end), each granting `device` access
@@ -129,7 +135,7 @@ FK_FN int fk_device_range(unsigned long long va, unsigned long long size, int de
   if (end < va || !size) return 0;
   for (int i = 0; i < fk_regions_high; i++) {
     const struct fk_region *r = &fk_regions[i];
-    if ((r->kind == R_PLAIN || r->kind == R_MANAGED || r->kind == R_MODULE ||
+    if ((r->kind == R_PLAIN || r->kind == R_MANAGED || r->kind == R_MODULE || r->kind == R_IPC ||
          (r->kind == R_POOL && r->in_use)) &&
         r->va <= va && end <= r->va + r->size)
       return 1;
@@ -227,6 +233,9 @@ FK_FN int fk_free(unsigned long long va, const char *what) {
   if (!r) return FK_INVALID_VALUE;
   fk_check_unused(r->va, r->size, what);
   munmap((void *)(uintptr_t)r->va, r->span);
+  /* Exported (legacy IPC): its memory file goes with it; an importer's mapping keeps the
+   * bytes it maps ("undefined behaviour" for the vendors; the kernel keeps them here). */
+  if (r->ipc_fd1) close(r->ipc_fd1 - 1);
   fk_uncharge(r->device, r->charge);
   fk_region_drop(r);
   return FK_OK;
@@ -354,9 +363,27 @@ FK_FN struct fk_pointer fk_pointer_of(unsigned long long p) {
 
 static int fk_pagemap_fd = -2;
 
-/* The memory file behind mappings, and where in it a mapped address lies (fake_vmm.h). */
-static int fk_phys_fd_of(void);
+/* The memory file behind a mapping, and where in it a mapped address lies (fake_vmm.h). */
+static int fk_mapping_fd(const struct fk_region *m);
 static unsigned long long fk_mapping_file_offset(const struct fk_region *m, unsigned long long va);
+
+/* The memory file behind region `r` (a mapping; a plain allocation once exported, an opened
+ * one: fake_ipc.h), with `va`'s offset in it and the bytes it maps from its start; -1 for
+ * anonymous memory. */
+static int fk_region_file(const struct fk_region *r, unsigned long long va, off_t *at,
+                          unsigned long long *extent) {
+  if (r->kind == R_MAPPING) {
+    *at = (off_t)fk_mapping_file_offset(r, va);
+    *extent = r->size;
+    return fk_mapping_fd(r);
+  }
+  if ((r->kind == R_PLAIN || r->kind == R_IPC) && r->ipc_fd1) {
+    *at = (off_t)(va - r->va);
+    *extent = r->span;
+    return r->ipc_fd1 - 1;
+  }
+  return -1;
+}
 
 /* Which of the `n` pages from `va` (page-aligned) hold no data: `empty[i]` 1 for none. */
 static void fk_pages_empty(unsigned long long va, int n, unsigned char *empty) {
@@ -364,10 +391,11 @@ static void fk_pages_empty(unsigned long long va, int n, unsigned char *empty) {
   unsigned long long page = fk_page();
   const struct fk_region *r = fk_region_holding(va);
   if (!r) return;
-  if (r->kind == R_MAPPING) {
-    int fd = fk_phys_fd_of();
-    if (fd < 0 || va + (unsigned long long)n * page > r->va + r->size) return;
-    off_t start = (off_t)fk_mapping_file_offset(r, va);
+  off_t start;
+  unsigned long long extent;
+  int fd = fk_region_file(r, va, &start, &extent);
+  if (fd >= 0 || r->kind == R_MAPPING) {
+    if (fd < 0 || va + (unsigned long long)n * page > r->va + extent) return;
     off_t end = start + (off_t)((unsigned long long)n * page);
     off_t at = start;
     while (at < end) {
@@ -399,10 +427,17 @@ static void fk_pages_empty(unsigned long long va, int n, unsigned char *empty) {
  * region is the fake's. */
 static void fk_zero_pages(unsigned long long va, unsigned long long size) {
   const struct fk_region *r = fk_region_holding(va);
-  if (r && r->kind == R_MAPPING && va + size <= r->va + r->size && fk_phys_fd_of() >= 0 &&
-      fallocate(fk_phys_fd_of(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                (off_t)fk_mapping_file_offset(r, va), (off_t)size) == 0)
+  off_t at;
+  unsigned long long extent;
+  int fd = r ? fk_region_file(r, va, &at, &extent) : -1;
+  if (fd >= 0) {
+    /* Shared memory: a hole punched (MADV_DONTNEED would only drop this process's view). */
+    if (va + size <= r->va + extent &&
+        fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, at, (off_t)size) == 0)
+      return;
+    memset((void *)(uintptr_t)va, 0, size);
     return;
+  }
   if (r && (r->kind == R_PLAIN || r->kind == R_MANAGED || r->kind == R_POOL || r->kind == R_HOST ||
             r->kind == R_MODULE) &&
       va + size <= r->va + r->span && madvise((void *)(uintptr_t)va, size, MADV_DONTNEED) == 0)
@@ -805,8 +840,9 @@ FK_FN void fk_memory_reset(void) {
   for (int i = 0; i < fk_regions_high; i++) {
     struct fk_region *r = &fk_regions[i];
     if (r->span && (r->kind == R_PLAIN || r->kind == R_HOST || r->kind == R_MANAGED ||
-                    r->kind == R_POOL || r->kind == R_MODULE))
+                    r->kind == R_POOL || r->kind == R_MODULE || r->kind == R_IPC))
       munmap((void *)(uintptr_t)r->va, r->span);
+    if (r->ipc_fd1) close(r->ipc_fd1 - 1);
   }
   memset(fk_regions, 0, sizeof fk_regions);
   fk_regions_high = 0;

@@ -33,6 +33,20 @@
  *   12  u32 ready
  *   96  64 slots of 80 bytes: u64 owner (pid << 32 | claim counter; 0: free; bit 31 set
  *       while being claimed: it holds nothing yet), u64 start_time, u64 used[8]
+ *   5216  1024 exported objects of 32 bytes (layout version 2): u64 key (creator pid << 32 |
+ *       its export counter; 0: free), u64 size, u32 device, u32 pad (0), u64 holders (bit i:
+ *       slot i holds a handle of it or a mapping)
+ *
+ * Exported objects (layout version 2): a physical allocation made exportable
+ * (requestedHandleTypes POSIX_FD, fake_ipc.h) is memory of the device, not of one process: the
+ * real driver frees it when the last process holding a handle of it (its creator's, an
+ * importer's) lets go, whoever created it. So it is charged once, in the object table, not to
+ * a slot's used[d]; it counts while any LIVE slot has its bit in `holders` (the rule of
+ * liveness above: a killed holder's bit is ignored, and cleared when its slot is claimed
+ * again). A process sets its bit by an atomic OR, clears it by an atomic AND; an entry is
+ * taken by a CAS of its key (free: 0, or one no live slot holds), freed by a CAS back to 0
+ * when no live holder is left. The key travels with the memory: it is in the memfd's name
+ * (fake-exportable-<key>-<device>), which an importer reads back (/proc/self/fd/N).
  *
  * Included by fake_core.h after its devices; called with the lock held, but for the
  * destructor.
@@ -45,14 +59,21 @@
 #include <sys/types.h>
 
 #define FK_SHARED_MAGIC 0x5645444b41464150ULL /* "PAFAKDEV" in little-endian bytes */
-#define FK_SHARED_VERSION 1u
+#define FK_SHARED_VERSION 2u
 #define FK_SHARED_SLOTS 64
+#define FK_SHARED_OBJECTS 1024
 #define FK_SHARED_CLAIMING 0x80000000ULL /* in the owner word: a claim under way */
 #define FK_SHARED_WAIT_MS 500            /* how long a joiner waits for size and `ready` */
 
 struct fk_shared_slot {
   _Atomic unsigned long long owner, start_time;
   _Atomic unsigned long long used[FK_MAX_DEVICES];
+};
+struct fk_shared_object {
+  _Atomic unsigned long long key, size;
+  _Atomic unsigned device;
+  unsigned pad;
+  _Atomic unsigned long long holders;
 };
 struct fk_shared_segment {
   unsigned long long magic;
@@ -62,11 +83,15 @@ struct fk_shared_segment {
   _Atomic unsigned long long claims;
   unsigned long long capacity[FK_MAX_DEVICES];
   struct fk_shared_slot slot[FK_SHARED_SLOTS];
+  struct fk_shared_object object[FK_SHARED_OBJECTS];
 };
 _Static_assert(sizeof(struct fk_shared_slot) == 16 + 8 * FK_MAX_DEVICES, "a slot's layout");
 _Static_assert(offsetof(struct fk_shared_segment, capacity) == 32, "the header's layout");
 _Static_assert(offsetof(struct fk_shared_segment, slot) == 96, "the header's layout");
-_Static_assert(sizeof(struct fk_shared_segment) == 96 + 80 * FK_SHARED_SLOTS, "the layout");
+_Static_assert(sizeof(struct fk_shared_object) == 32, "an object's layout");
+_Static_assert(offsetof(struct fk_shared_segment, object) == 96 + 80 * FK_SHARED_SLOTS, "the layout");
+_Static_assert(sizeof(struct fk_shared_segment) == 96 + 80 * FK_SHARED_SLOTS + 32 * FK_SHARED_OBJECTS,
+               "the layout");
 
 static struct fk_shared_segment *fk_shared; /* NULL: this process's device is private */
 static struct fk_shared_slot *fk_shared_own;
@@ -114,18 +139,52 @@ static int fk_shared_live(const struct fk_shared_slot *s, unsigned long long own
   return atomic_load(&s->start_time) == start;
 }
 
-/* The bytes charged to `device` by every live process. */
-static unsigned long long fk_shared_sum(int device) {
-  unsigned long long sum = 0;
+/* The slots whose bit is set in `want` that are live (this process's own always is). */
+static unsigned long long fk_shared_live_mask(unsigned long long want) {
+  unsigned long long mask = 0;
   for (int i = 0; i < FK_SHARED_SLOTS; i++) {
+    if (!((want >> i) & 1)) continue;
     struct fk_shared_slot *s = &fk_shared->slot[i];
     unsigned long long owner = atomic_load(&s->owner);
     if (!owner || (owner & FK_SHARED_CLAIMING)) continue;
-    unsigned long long u = atomic_load(&s->used[device]);
-    if (!u || (s != fk_shared_own && !fk_shared_live(s, owner))) continue;
+    if (s == fk_shared_own || fk_shared_live(s, owner)) mask |= 1ULL << i;
+  }
+  return mask;
+}
+
+/* The bytes charged to `device` by every live process: their slots' used[d], and each object
+ * of the device that some live process holds, once. */
+static unsigned long long fk_shared_sum(int device) {
+  unsigned long long want = 0;
+  for (int i = 0; i < FK_SHARED_SLOTS; i++)
+    if (atomic_load(&fk_shared->slot[i].used[device])) want |= 1ULL << i;
+  for (int i = 0; i < FK_SHARED_OBJECTS; i++) {
+    struct fk_shared_object *o = &fk_shared->object[i];
+    if (atomic_load(&o->key) && atomic_load(&o->device) == (unsigned)device)
+      want |= atomic_load(&o->holders);
+  }
+  unsigned long long live = fk_shared_live_mask(want), sum = 0;
+  for (int i = 0; i < FK_SHARED_SLOTS; i++) {
+    if (!((live >> i) & 1)) continue;
+    unsigned long long u = atomic_load(&fk_shared->slot[i].used[device]);
+    sum = sum + u < sum ? ~0ULL : sum + u;
+  }
+  for (int i = 0; i < FK_SHARED_OBJECTS; i++) {
+    struct fk_shared_object *o = &fk_shared->object[i];
+    if (!atomic_load(&o->key) || atomic_load(&o->device) != (unsigned)device ||
+        !(atomic_load(&o->holders) & live))
+      continue;
+    unsigned long long u = atomic_load(&o->size);
     sum = sum + u < sum ? ~0ULL : sum + u;
   }
   return sum;
+}
+
+/* Clears slot `i`'s bit in every object (a slot claimed anew, or given back). */
+static void fk_shared_clear_holder(int i) {
+  for (int k = 0; k < FK_SHARED_OBJECTS; k++)
+    if (atomic_load(&fk_shared->object[k].holders) & (1ULL << i))
+      atomic_fetch_and(&fk_shared->object[k].holders, ~(1ULL << i));
 }
 
 /* Claims a slot for this process: a free one, else a dead one; 0 when all are held. */
@@ -144,6 +203,7 @@ static int fk_shared_claim(void) {
       unsigned long long mine = (unsigned long long)pid << 32 | counter;
       if (!atomic_compare_exchange_strong(&s->owner, &old, mine | FK_SHARED_CLAIMING)) continue;
       for (int d = 0; d < FK_MAX_DEVICES; d++) atomic_store(&s->used[d], 0);
+      fk_shared_clear_holder(i); /* a dead process's objects: while CLAIMING, ignored */
       atomic_store(&s->start_time, start);
       atomic_store(&s->owner, mine);
       fk_shared_own = s;
@@ -363,10 +423,80 @@ FK_FN unsigned long long fk_device_used_all(int device) {
   return fk_shared ? fk_shared_sum(device) : fk_devices[device].used;
 }
 
-/* A reset forgets this process's memory: its slot holds nothing. */
+/* ---- Exported objects ------------------------------------------------------------------ */
+
+/* This process holds the object `key` (`size` bytes of `device`) from now on: its bit set in
+ * the entry of that key, or in a new entry (`fresh`: the creator's, which replaces any entry
+ * a dead process left under the same key). 1: held; 0: the device has not the bytes (the
+ * object was counted by nobody live, and counting it passes the capacity): nothing held;
+ * -1: the device is private after all; -2: the table is full. */
+static int fk_shared_object_hold(unsigned long long key, int device, unsigned long long size,
+                                 int fresh) {
+  struct fk_shared_slot *s = fk_shared_slot_here();
+  if (!s) return -1;
+  int me = (int)(s - fk_shared->slot);
+  unsigned long long bit = 1ULL << me;
+  struct fk_shared_object *o = NULL;
+  for (int i = 0; i < FK_SHARED_OBJECTS && !o; i++) {
+    struct fk_shared_object *x = &fk_shared->object[i];
+    unsigned long long k = key;
+    if (atomic_load(&x->key) != key) continue;
+    if (fresh) { /* a dead creator's entry under a reused pid: not this object */
+      atomic_compare_exchange_strong(&x->key, &k, 0);
+      continue;
+    }
+    unsigned long long before = atomic_fetch_or(&x->holders, bit);
+    if (atomic_load(&x->key) != key) { /* freed meanwhile */
+      atomic_fetch_and(&x->holders, ~bit);
+      continue;
+    }
+    if (fk_shared_live_mask(before & ~bit)) return 1; /* counted already */
+    /* Held by nobody live: it counts again from now, as this process's import says. */
+    atomic_store(&x->size, size);
+    atomic_store(&x->device, (unsigned)device);
+    o = x;
+  }
+  for (int pass = 0; pass < 2 && !o; pass++)
+    for (int i = 0; i < FK_SHARED_OBJECTS && !o; i++) {
+      struct fk_shared_object *x = &fk_shared->object[i];
+      unsigned long long k = atomic_load(&x->key);
+      if (pass == 0 ? k != 0 : (k == 0 || fk_shared_live_mask(atomic_load(&x->holders))))
+        continue;
+      if (!atomic_compare_exchange_strong(&x->key, &k, key)) continue;
+      atomic_store(&x->holders, 0);
+      atomic_store(&x->size, size);
+      atomic_store(&x->device, (unsigned)device);
+      atomic_fetch_or(&x->holders, bit);
+      o = x;
+    }
+  if (!o) return -2;
+  if (size > fk_shared->capacity[device] || fk_shared_sum(device) > fk_shared->capacity[device]) {
+    unsigned long long after = atomic_fetch_and(&o->holders, ~bit) & ~bit, k = key;
+    if (!fk_shared_live_mask(after)) atomic_compare_exchange_strong(&o->key, &k, 0);
+    return 0;
+  }
+  return 1;
+}
+
+/* This process lets go of object `key`; the entry is freed when no live process holds it. */
+static void fk_shared_object_drop(unsigned long long key) {
+  struct fk_shared_slot *s = fk_shared_slot_here();
+  if (!s) return;
+  unsigned long long bit = 1ULL << (s - fk_shared->slot);
+  for (int i = 0; i < FK_SHARED_OBJECTS; i++) {
+    struct fk_shared_object *x = &fk_shared->object[i];
+    unsigned long long k = key;
+    if (atomic_load(&x->key) != key) continue;
+    unsigned long long after = atomic_fetch_and(&x->holders, ~bit) & ~bit;
+    if (!fk_shared_live_mask(after)) atomic_compare_exchange_strong(&x->key, &k, 0);
+  }
+}
+
+/* A reset forgets this process's memory: its slot holds nothing, no object included. */
 FK_FN void fk_shared_forget(void) {
   struct fk_shared_slot *s = fk_shared_slot_here();
   for (int d = 0; s && d < FK_MAX_DEVICES; d++) atomic_store(&s->used[d], 0);
+  if (s) fk_shared_clear_holder((int)(s - fk_shared->slot));
 }
 
 /* A process that ends normally (or unloads the driver) gives its slot back. */
@@ -374,6 +504,7 @@ __attribute__((destructor)) static void fk_shared_leave(void) {
   struct fk_shared_slot *s = fk_shared_own;
   if (!fk_shared || !s || fk_shared_pid != getpid()) return;
   for (int d = 0; d < FK_MAX_DEVICES; d++) atomic_store(&s->used[d], 0);
+  fk_shared_clear_holder((int)(s - fk_shared->slot));
   atomic_store(&s->owner, 0);
   fk_shared = NULL;
 }

@@ -11,6 +11,9 @@
  *   - a physical handle is a part of one memory file per driver, charged to its device;
  *     releasing it while mapped defers the free to the last unmap (under
  *     Q_DESCRIPTOR_PER_HANDLE it also holds a descriptor of the process until released);
+ *     a handle made exportable (requestedHandleTypes POSIX_FD) or imported is a memory file
+ *     of its own instead, so that a descriptor carries exactly its bytes to another process
+ *     (fake_ipc.h), and is charged as an object of the device (fake_shared.h);
  *   - a map maps the handle's part MAP_FIXED without access; set-access grants it per device
  *     (and sets the host protection to the widest granted); an unmap covers whole mappings.
  *
@@ -38,7 +41,18 @@ enum {
   Q_UNMAP_MANY = 1u << 3,       /* one unmap over several mappings drops one use */
   Q_DESCRIPTOR_PER_HANDLE = 1u << 4, /* each live handle holds a file descriptor of the
                                         process, closed at release */
+  Q_IMPORT_HOST_ACCESS = 1u << 5, /* set-access with a host location over a mapping of an
+                                     imported handle is refused */
+  Q_IMPORT_NEEDS_FD = 1u << 6,    /* an import keeps the caller's descriptor, not its own:
+                                     closed before set-access, set-access is refused */
 };
+/* Whether the face takes host locations in set-access descriptors (HIP's
+ * hipMemLocationTypeHost: the CPU's access, as on a large-BAR system). */
+static int fk_host_location_ok;
+#define FK_LOCATION_DEVICE 1
+#define FK_LOCATION_HOST 2
+#define FK_ACCESS_HOST (1u << 31) /* in a mapping's `access`: the CPU (a host location) */
+#define FK_HANDLE_POSIX_FD 1u    /* requested handle types: a POSIX file descriptor */
 static unsigned fk_quirks;
 
 #define FK_MAX_PHYS 65536
@@ -49,6 +63,17 @@ struct fk_phys {
   unsigned long long size, offset; /* its part of the memory file */
   int device, released, mappings;
   int descriptor1; /* Q_DESCRIPTOR_PER_HANDLE: the descriptor it holds, plus one (0: none) */
+  /* Exportable (POSIX_FD requested) or imported: its own memory file, plus one (0: a part of
+   * the driver's), which is all of it (offset 0); the key of its object (fake_shared.h). */
+  int file1;
+  unsigned handle_types; /* the requested handle types (FK_HANDLE_POSIX_FD) */
+  int imported;          /* made by an import, not a create */
+  int object;            /* charged as an object of a shared device (else to this process) */
+  unsigned long long key;
+  /* Q_IMPORT_NEEDS_FD: the descriptor the caller imported from, plus one (0: none), and what
+   * it named then (st_dev, st_ino). */
+  int caller_fd1;
+  unsigned long long caller_dev, caller_ino;
 };
 static struct fk_phys fk_phys[FK_MAX_PHYS];
 static int fk_phys_high;
@@ -56,7 +81,10 @@ static unsigned long long fk_next_phys = 1;
 static int fk_phys_fd = -1;
 static unsigned long long fk_phys_end; /* the memory file's parts given so far */
 
-static int fk_phys_fd_of(void) { return fk_phys_fd; }
+/* The memory file handle `p`'s bytes are in. */
+FK_FN int fk_phys_file(const struct fk_phys *p) { return p->file1 ? p->file1 - 1 : fk_phys_fd; }
+
+static int fk_mapping_fd(const struct fk_region *m) { return fk_phys_file(&fk_phys[m->phys]); }
 
 static unsigned long long fk_mapping_file_offset(const struct fk_region *m, unsigned long long va) {
   return fk_phys[m->phys].offset + m->offset + (va - m->va);
@@ -89,12 +117,83 @@ FK_FN void fk_phys_close_descriptor(struct fk_phys *p) {
   p->descriptor1 = 0;
 }
 
-/* A new physical handle of `size` bytes on `device` (charged); its handle, or 0 with
- * `*code` set. */
-FK_FN unsigned long long fk_phys_create(int device, unsigned long long size, int *code) {
+/* The key of the next object this process exports (fake_shared.h): pid << 32 | a counter. */
+static unsigned fk_next_key;
+
+/* Charges exportable or imported handle `p`: once, as an object of a shared device (the
+ * importer of an object counted already adds nothing); else to this process's device, as any
+ * handle. 0 when the device has not the bytes. */
+FK_FN int fk_phys_charge(struct fk_phys *p) {
+  int held = fk_shared ? fk_shared_object_hold(p->key, p->device, p->size, !p->imported) : -1;
+  if (held == 0) return 0;
+  if (held < 0) return fk_charge(p->device, p->size); /* private, or the table is full */
+  p->object = 1;
+  fk_devices[p->device].used += p->size; /* what this process holds (fake_live "bytes") */
+  return 1;
+}
+
+FK_FN void fk_phys_uncharge(struct fk_phys *p) {
+  if (!p->object) {
+    fk_uncharge(p->device, p->size);
+    return;
+  }
+  fk_shared_object_drop(p->key);
+  struct fk_device *d = &fk_devices[p->device];
+  d->used -= p->size > d->used ? d->used : p->size;
+  p->object = 0;
+}
+
+/* A free entry of the table, or NULL. */
+FK_FN struct fk_phys *fk_phys_slot(void) {
+  for (int i = 0; i < FK_MAX_PHYS; i++)
+    if (!fk_phys[i].serial) return &fk_phys[i];
+  return NULL;
+}
+
+/* Enters `p` (filled) in the table as a live handle; its handle. */
+FK_FN unsigned long long fk_phys_enter(struct fk_phys *p) {
+  p->serial = fk_next_phys++;
+  if (p - fk_phys >= fk_phys_high) fk_phys_high = (int)(p - fk_phys) + 1;
+  return fk_phys_handle(p);
+}
+
+/* An exportable handle: a memory file of its own (its name carries the object's key and the
+ * device, which an importer reads back), charged as an object. */
+FK_FN unsigned long long fk_phys_create_exportable(int device, unsigned long long size,
+                                                   unsigned types, int descriptor1, int *code) {
+  struct fk_phys *p = fk_phys_slot();
+  if (!p) goto fail;
+  memset(p, 0, sizeof *p);
+  p->size = size;
+  p->device = device;
+  p->handle_types = types;
+  p->descriptor1 = descriptor1 > 0 ? descriptor1 : 0;
+  p->key = (unsigned long long)getpid() << 32 | ++fk_next_key;
+  char name[64];
+  snprintf(name, sizeof name, "fake-exportable-%016llx-%d", p->key, device);
+  int fd = memfd_create(name, MFD_CLOEXEC);
+  if (fd < 0) goto fail;
+  if (ftruncate(fd, (off_t)fk_round_up(size, fk_page())) != 0 || !fk_phys_charge(p)) {
+    close(fd);
+    goto fail;
+  }
+  p->file1 = fd + 1;
+  *code = FK_OK;
+  return fk_phys_enter(p);
+fail:
+  if (descriptor1 > 0) close(descriptor1 - 1);
+  if (p) memset(p, 0, sizeof *p);
+  return 0;
+}
+
+/* A new physical handle of `size` bytes on `device` (charged), with the requested handle
+ * types `types` (FK_HANDLE_POSIX_FD: exportable); its handle, or 0 with `*code` set. */
+FK_FN unsigned long long fk_phys_create(int device, unsigned long long size, unsigned types,
+                                        int *code) {
   *code = FK_OUT_OF_MEMORY;
   int descriptor1 = fk_handle_descriptor();
   if (!descriptor1) return 0;
+  if (types & FK_HANDLE_POSIX_FD) return fk_phys_create_exportable(device, size, types, descriptor1, code);
   if (!fk_charge(device, size)) {
     if (descriptor1 > 0) close(descriptor1 - 1);
     return 0;
@@ -172,10 +271,17 @@ FK_FN void fk_phys_settle(struct fk_phys *p) {
   unsigned long long handle = fk_phys_handle(p);
   if ((fk_quirks & Q_RESERVATION_HOLD) && fk_holds_of(handle)) return;
   fk_holds_forget(handle, 0);
-  if (fk_phys_fd >= 0)
-    fallocate(fk_phys_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)p->offset,
-              (off_t)fk_round_up(p->size, fk_page()));
-  fk_uncharge(p->device, p->size);
+  if (p->file1) {
+    /* Its own file: closing it gives the bytes back once no other process holds them. */
+    close(p->file1 - 1);
+    p->file1 = 0;
+    fk_phys_uncharge(p);
+  } else {
+    if (fk_phys_fd >= 0)
+      fallocate(fk_phys_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)p->offset,
+                (off_t)fk_round_up(p->size, fk_page()));
+    fk_uncharge(p->device, p->size);
+  }
   p->serial = 0;
 }
 
@@ -404,8 +510,8 @@ FK_FN int fk_map(unsigned long long va, unsigned long long size, unsigned long l
     fk_region_drop(m);
     return FK_OUT_OF_MEMORY;
   }
-  void *at = mmap((void *)(uintptr_t)va, size, PROT_NONE, MAP_SHARED | MAP_FIXED, fk_phys_fd,
-                  (off_t)(p->offset + offset));
+  void *at = mmap((void *)(uintptr_t)va, size, PROT_NONE, MAP_SHARED | MAP_FIXED,
+                  fk_phys_file(p), (off_t)(p->offset + offset));
   if (at == MAP_FAILED) {
     fk_region_drop(m);
     return FK_OUT_OF_MEMORY;
@@ -437,7 +543,7 @@ FK_FN unsigned long long fk_mapped_bytes(unsigned long long va, unsigned long lo
 
 /* The descriptor both vendors' set-access calls take: {location {type, id}, flags}. */
 struct fake_access_desc {
-  int location_type; /* 1: a device */
+  int location_type; /* 1: a device; 2: the host (where the face takes it) */
   int device;
   unsigned int flags; /* 0 none, 1 read, 3 read-write */
 };
@@ -450,8 +556,9 @@ FK_FN int fk_check_access(const struct fake_access_desc *desc, size_t count, int
   if (!desc || count == 0) return FK_INVALID_VALUE;
   for (size_t i = 0; i < count; i++) {
     const struct fake_access_desc *d = &desc[i];
-    if (d->location_type != 1 || (d->flags != 0 && d->flags != 1 && d->flags != 3))
-      return FK_INVALID_VALUE;
+    if (d->flags != 0 && d->flags != 1 && d->flags != 3) return FK_INVALID_VALUE;
+    if (d->location_type == FK_LOCATION_HOST && fk_host_location_ok) continue;
+    if (d->location_type != FK_LOCATION_DEVICE) return FK_INVALID_VALUE;
     if (!fk_device_ok(d->device)) return FK_INVALID_DEVICE;
     if (d->flags && !fk_peer_linked(owner, d->device)) return FK_PEER_NOT_ENABLED;
   }
@@ -491,11 +598,23 @@ FK_FN int fk_set_access(unsigned long long va, unsigned long long size,
     return FK_INVALID_VALUE;
   if (fk_mapped_bytes(va, size, &partial) != size || fk_prefix_refuses(va, size))
     return FK_INVALID_VALUE;
+  int host = 0;
+  for (size_t k = 0; k < count; k++) host |= desc[k].location_type == FK_LOCATION_HOST;
   for (int i = 0; i < fk_regions_high; i++) {
     const struct fk_region *m = &fk_regions[i];
     if (m->kind != R_MAPPING || m->va >= va + size || va >= m->va + m->size) continue;
     int refused = fk_check_access(desc, count, m->device);
     if (refused != FK_OK) return refused;
+    const struct fk_phys *p = &fk_phys[m->phys];
+    /* rocm-systems-11185-import-host-access: a host location over an imported handle. */
+    if ((fk_quirks & Q_IMPORT_HOST_ACCESS) && host && p->imported) return FK_INVALID_VALUE;
+    /* rocm-systems-8440-import-needs-fd: the runtime reads the caller's descriptor now. */
+    if ((fk_quirks & Q_IMPORT_NEEDS_FD) && p->caller_fd1) {
+      struct stat st;
+      if (fstat(p->caller_fd1 - 1, &st) != 0 || (unsigned long long)st.st_dev != p->caller_dev ||
+          (unsigned long long)st.st_ino != p->caller_ino)
+        return FK_INVALID_VALUE;
+    }
   }
   unsigned widest = 0;
   for (size_t i = 0; i < count; i++) widest |= desc[i].flags;
@@ -505,12 +624,14 @@ FK_FN int fk_set_access(unsigned long long va, unsigned long long size,
     struct fk_region *m = &fk_regions[i];
     if (m->kind != R_MAPPING || m->va >= va + size || va >= m->va + m->size) continue;
     for (size_t k = 0; k < count; k++) {
+      unsigned bit = desc[k].location_type == FK_LOCATION_HOST ? FK_ACCESS_HOST : 1u << desc[k].device;
       if (desc[k].flags)
-        m->access |= 1u << desc[k].device;
+        m->access |= bit;
       else
-        m->access &= ~(1u << desc[k].device);
+        m->access &= ~bit;
     }
     m->prot = prot;
+    fk_phys[m->phys].caller_fd1 = 0; /* imported into the mapping: no longer read */
   }
   return FK_OK;
 }
@@ -551,12 +672,14 @@ FK_FN int fk_unmap(unsigned long long va, unsigned long long size, unsigned long
   return FK_OK;
 }
 
-/* Whether the mapping holding `va` grants `device` access (1, 0), -1 when none holds it. */
+/* Whether the mapping holding `va` grants `device` (FK_LOC_CPU: the host) access (1, 0), -1
+ * when none holds it. */
 FK_FN int fk_access_of(unsigned long long va, int device) {
   for (int i = 0; i < fk_regions_high; i++) {
     const struct fk_region *m = &fk_regions[i];
-    if (m->kind == R_MAPPING && m->va <= va && va < m->va + m->size)
-      return device >= 0 && device < FK_MAX_DEVICES && ((m->access >> device) & 1);
+    if (m->kind != R_MAPPING || m->va > va || va >= m->va + m->size) continue;
+    if (device == FK_LOC_CPU) return (m->access & FK_ACCESS_HOST) != 0;
+    return device >= 0 && device < FK_MAX_DEVICES && ((m->access >> device) & 1);
   }
   return -1;
 }
@@ -585,8 +708,12 @@ FK_FN void fk_vmm_reset(void) {
     const struct fk_region *r = &fk_regions[i];
     if (r->kind == R_RESERVATION) munmap((void *)(uintptr_t)r->va, r->size);
   }
-  for (int i = 0; i < fk_phys_high; i++)
-    if (fk_phys[i].serial) fk_phys_close_descriptor(&fk_phys[i]);
+  for (int i = 0; i < fk_phys_high; i++) {
+    struct fk_phys *p = &fk_phys[i];
+    if (!p->serial) continue;
+    fk_phys_close_descriptor(p);
+    if (p->file1) close(p->file1 - 1); /* its object: fk_shared_forget let go of them all */
+  }
   memset(fk_phys, 0, sizeof fk_phys);
   fk_phys_high = 0;
   if (fk_phys_fd >= 0) close(fk_phys_fd);

@@ -21,7 +21,12 @@
  *     the GPU to synchronize across all executing CUDA streams" (Programming Guide,
  *     stream-ordered allocator) — except cuMemFree of stream-ordered memory, which "will not
  *     perform any implicit synchronization";
- *   - virtual memory (fake_vmm.h) and stream-ordered pools (fake_pools.h) as documented.
+ *   - virtual memory (fake_vmm.h) and stream-ordered pools (fake_pools.h) as documented;
+ *   - memory shared between processes (fake_ipc.h): handles created with
+ *     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR are exported as descriptors and imported from
+ *     them (cuMemExportToShareableHandle, cuMemImportFromShareableHandle); CU_MEM_HANDLE_TYPE_
+ *     FABRIC is refused as by a driver without fabric (IMEX) support; plain allocations are
+ *     shared by legacy IPC handles (cuIpcGetMemHandle, cuIpcOpenMemHandle, cuIpcCloseMemHandle).
  *
  * Configuration: variables read before the first call (FAKECUDA_DEVICES, default 1;
  * FAKECUDA_CAPACITY bytes, default the device's; FAKECUDA_GRANULARITY, default 2 MiB;
@@ -38,6 +43,7 @@
 #include "fake_timeline.h"
 #include "fake_memory.h"
 #include "fake_vmm.h"
+#include "fake_ipc.h"
 #include "fake_pools.h"
 #include "fake_modules.h"
 #include "fake_graphs.h"
@@ -1229,7 +1235,9 @@ static CUresult pointer_attribute(void *data, int attr, CUdeviceptr ptr, int *kn
   if (!data) return FK_INVALID_VALUE;
   if (!r) return FK_INVALID_VALUE;
   int host = r->kind == R_HOST || r->kind == R_REGISTERED;
-  int ctx = r->kind == R_PLAIN || r->kind == R_MANAGED || r->kind == R_MODULE ? r->ctx : r->device;
+  int ctx = r->kind == R_PLAIN || r->kind == R_MANAGED || r->kind == R_MODULE || r->kind == R_IPC
+                ? r->ctx
+                : r->device;
   switch (attr) {
     case 1: *(CUcontext *)data = &fk_ctxs[ctx]; break;                   /* CONTEXT */
     case 2: *(unsigned *)data = host ? 1 : 2; break;                     /* MEMORY_TYPE */
@@ -1246,7 +1254,9 @@ static CUresult pointer_attribute(void *data, int attr, CUdeviceptr ptr, int *kn
     case 11: *(CUdeviceptr *)data = p.start; break;                      /* RANGE_START_ADDR */
     case 12: *(size_t *)data = p.size; break;                            /* RANGE_SIZE */
     case 13: *(int *)data = 1; break;                                    /* MAPPED */
-    case 14: *(unsigned long long *)data = 0; break;                     /* ALLOWED_HANDLE_TYPES */
+    case 14:                                                             /* ALLOWED_HANDLE_TYPES */
+      *(unsigned long long *)data = r->kind == R_MAPPING ? fk_phys[r->phys].handle_types : 0;
+      break;
     case 16:                                                             /* ACCESS_FLAGS */
       *(unsigned *)data = r->kind == R_MAPPING ? (unsigned)(r->prot & PROT_WRITE ? 3 : r->prot ? 1 : 0) : 3;
       break;
@@ -2229,6 +2239,50 @@ CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx, unsigned 
   RETURN(launch(f, gx, gy, gz, bx, by, bz, shared, s, params, NULL, 1, 1));
 }
 
+/* ---- Legacy IPC (CUDA 4.1; fake_ipc.h) ------------------------------------------------------ */
+
+/* CUipcMemHandle: 64 opaque bytes, passed by value. */
+typedef struct {
+  unsigned char reserved[FK_IPC_HANDLE_BYTES];
+} CUipcMemHandle;
+#define CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS 1u
+
+static CUresult ipc_get(CUipcMemHandle *h, CUdeviceptr p) {
+  CHECK_CTX(ctx);
+  (void)ctx;
+  if (!h) return FK_INVALID_VALUE;
+  return fk_ipc_get(p, h->reserved);
+}
+CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p) {
+  ENTER("cuIpcGetMemHandle");
+  RETURN(ipc_get(h, p));
+}
+
+static CUresult ipc_open(CUdeviceptr *p, const CUipcMemHandle *h, unsigned flags) {
+  CHECK_CTX(ctx);
+  if (!p) return FK_INVALID_VALUE;
+  return fk_ipc_open(ctx, fk_ctxs[ctx].device, h->reserved, flags, p);
+}
+/* cuda.h maps cuIpcOpenMemHandle to _v2 from CUDA 11.0; the two take the same arguments. */
+CUresult cuIpcOpenMemHandle(CUdeviceptr *p, CUipcMemHandle h, unsigned int flags) {
+  ENTER("cuIpcOpenMemHandle");
+  RETURN(ipc_open(p, &h, flags));
+}
+CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle h, unsigned int flags) {
+  ENTER("cuIpcOpenMemHandle_v2");
+  RETURN(ipc_open(p, &h, flags));
+}
+
+static CUresult ipc_close(CUdeviceptr p) {
+  CHECK_CTX(ctx);
+  (void)ctx;
+  return fk_ipc_close(p, "cuIpcCloseMemHandle");
+}
+CUresult cuIpcCloseMemHandle(CUdeviceptr p) {
+  ENTER("cuIpcCloseMemHandle");
+  RETURN(ipc_close(p));
+}
+
 #ifndef FAKECUDA_OLD
 /* ---- Virtual memory (CUDA 10.2) ------------------------------------------------------------ */
 
@@ -2249,15 +2303,29 @@ CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *pro
   RETURN(granularity(g, prop, option));
 }
 
+/* CUmemAllocationHandleType: NONE 0, POSIX_FILE_DESCRIPTOR 1, WIN32 2, WIN32_KMT 4,
+ * FABRIC 8 (CUDA 12.3). */
+#define CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR 1u
+#define CU_MEM_HANDLE_TYPE_FABRIC 8u
+
+/* requestedHandleTypes: none or POSIX_FD (exportable, fake_ipc.h). FABRIC is refused with
+ * CUDA_ERROR_NOT_SUPPORTED, as on a system without fabric (IMEX) support — the impersonated
+ * devices report CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED 0; where the device has it
+ * but the process has no IMEX channel, the driver answers CUDA_ERROR_NOT_PERMITTED instead
+ * (microsoft/mscclpp#467, MoonshotAI/MoonEP#28), and callers probe for both
+ * (pytorch/pytorch#156074). Windows types, and unknown bits, are invalid values. */
 static CUresult mem_create(CUmemGenericAllocationHandle *out, size_t size,
                            const CUmemAllocationProp *prop, unsigned long long flags) {
   CHECK_CTX(ctx);
   (void)ctx;
   if (!out || !prop || flags || size == 0 || size % fk_min_gran || prop->type != 1 ||
-      !location_ok(&prop->location) || prop->requestedHandleTypes > 1)
+      !location_ok(&prop->location) ||
+      (prop->requestedHandleTypes & ~(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR |
+                                      CU_MEM_HANDLE_TYPE_FABRIC)))
     return FK_INVALID_VALUE;
+  if (prop->requestedHandleTypes & CU_MEM_HANDLE_TYPE_FABRIC) return FK_NOT_SUPPORTED;
   int code;
-  unsigned long long h = fk_phys_create(prop->location.id, size, &code);
+  unsigned long long h = fk_phys_create(prop->location.id, size, prop->requestedHandleTypes, &code);
   if (h) *out = h;
   return code;
 }
@@ -2275,6 +2343,58 @@ static CUresult mem_release(CUmemGenericAllocationHandle h) {
 CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
   ENTER("cuMemRelease");
   RETURN(mem_release(h));
+}
+
+/* A new descriptor of the handle's memory (the caller's to close): only for a handle created
+ * with POSIX_FD requested, only of that type, flags 0 ("reserved, must be zero"). */
+static CUresult export_handle(void *shareable, CUmemGenericAllocationHandle h, unsigned type,
+                              unsigned long long flags) {
+  CHECK_CTX(ctx);
+  (void)ctx;
+  if (!shareable || flags || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+    return FK_INVALID_VALUE;
+  return fk_phys_export(h, (int *)shareable);
+}
+CUresult cuMemExportToShareableHandle(void *shareable, CUmemGenericAllocationHandle h,
+                                      unsigned int type, unsigned long long flags) {
+  ENTER("cuMemExportToShareableHandle");
+  RETURN(export_handle(shareable, h, type, flags));
+}
+
+/* For POSIX_FD `os_handle` is the descriptor's value cast to a pointer; the import holds a
+ * descriptor of its own, so the caller may close its one at once. */
+static CUresult import_handle(CUmemGenericAllocationHandle *out, void *os_handle, unsigned type) {
+  CHECK_CTX(ctx);
+  (void)ctx;
+  if (!out || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return FK_INVALID_VALUE;
+  intptr_t fd = (intptr_t)os_handle;
+  if (fd < 0 || fd > INT32_MAX) return FK_INVALID_VALUE;
+  return fk_phys_import((int)fd, out);
+}
+CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *out, void *os_handle,
+                                        unsigned int type) {
+  ENTER("cuMemImportFromShareableHandle");
+  RETURN(import_handle(out, os_handle, type));
+}
+
+/* The properties the handle was created with (an imported one: pinned, its device, POSIX_FD). */
+static CUresult handle_properties(CUmemAllocationProp *prop, CUmemGenericAllocationHandle h) {
+  CHECK_CTX(ctx);
+  (void)ctx;
+  int device;
+  unsigned types;
+  if (!prop || fk_phys_properties(h, &device, &types) != FK_OK) return FK_INVALID_VALUE;
+  memset(prop, 0, sizeof *prop);
+  prop->type = 1; /* CU_MEM_ALLOCATION_TYPE_PINNED */
+  prop->requestedHandleTypes = types;
+  prop->location.type = 1; /* CU_MEM_LOCATION_TYPE_DEVICE */
+  prop->location.id = device;
+  return CUDA_SUCCESS;
+}
+CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop,
+                                                CUmemGenericAllocationHandle h) {
+  ENTER("cuMemGetAllocationPropertiesFromHandle");
+  RETURN(handle_properties(prop, h));
 }
 
 /* `addr` is a hint, as the driver documents it (fake_vmm.h). */
@@ -2752,6 +2872,9 @@ static const struct fk_entry cu_table[] = {
     E(cuMemHostGetDevicePointer_v2, "cuMemHostGetDevicePointer", 3020, 0),
     E(cuPointerGetAttribute, "cuPointerGetAttribute", 4000, 0),
     E(cuPointerGetAttributes, "cuPointerGetAttributes", 7000, 0),
+    E(cuIpcGetMemHandle, "cuIpcGetMemHandle", 4010, 0),
+    E(cuIpcOpenMemHandle, "cuIpcOpenMemHandle", 4010, FK_G_MAP),
+    E(cuIpcCloseMemHandle, "cuIpcCloseMemHandle", 4010, FK_G_UNMAP),
     E(cuStreamCreate, "cuStreamCreate", 2000, FK_G_STREAM),
     E(cuStreamCreateWithPriority, "cuStreamCreateWithPriority", 5050, FK_G_STREAM),
     E(cuStreamDestroy_v2, "cuStreamDestroy", 4000, 0),
@@ -2890,6 +3013,10 @@ static const struct fk_entry cu_table[] = {
     E(cuMemSetAccess, "cuMemSetAccess", 10020, FK_G_MAP),
     E(cuMemGetAccess, "cuMemGetAccess", 10020, 0),
     E(cuMemUnmap, "cuMemUnmap", 10020, FK_G_UNMAP),
+    E(cuMemExportToShareableHandle, "cuMemExportToShareableHandle", 10020, 0),
+    E(cuMemImportFromShareableHandle, "cuMemImportFromShareableHandle", 10020, FK_G_ALLOC),
+    E(cuMemGetAllocationPropertiesFromHandle, "cuMemGetAllocationPropertiesFromHandle", 10020, 0),
+    E(cuIpcOpenMemHandle_v2, "cuIpcOpenMemHandle", 11000, FK_G_MAP),
     E(cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", 11020, 0),
     E(cuDeviceGetMemPool, "cuDeviceGetMemPool", 11020, 0),
     E(cuDeviceSetMemPool, "cuDeviceSetMemPool", 11020, FK_G_POOL),

@@ -25,6 +25,14 @@
  *     hipGetDevicePropertiesR0600 the 6.x one), attribute 89 (virtual memory: ROCm 6+),
  *     hipGetProcAddress (ROCm 6.2+).
  *
+ *   - memory shared between processes (fake_ipc.h): handles created with
+ *     hipMemHandleTypePosixFileDescriptor are exported as descriptors and imported from them
+ *     (hipMemExportToShareableHandle, hipMemImportFromShareableHandle; the descriptor's value
+ *     cast to void *, ROCm/rocm-systems PR #1564); plain allocations are shared by IPC handles
+ *     (hipIpcGetMemHandle, hipIpcOpenMemHandle, hipIpcCloseMemHandle; VMM memory refused, as
+ *     since ROCm/clr PR #266); hipMemSetAccess takes host locations (hipMemLocationTypeHost,
+ *     2): the CPU's access, as on a large-BAR system.
+ *
  * A quirk of ROCm is modelled on purpose: a new pool's release threshold is "never release"
  * (UINT64_MAX) until set, so a shim that forgets to set it keeps every freed byte.
  *
@@ -69,6 +77,20 @@
  *     a real descriptor of the process (/dev/null, opened at hipMemCreate, closed at
  *     hipMemRelease), so the process's own limit bounds the handles; hipMemCreate is
  *     hipErrorOutOfMemory when no descriptor can be opened.
+ *   rocm-systems-11185-import-host-access (alias: rocm-7.15)
+ *     ROCm/rocm-systems#11185 (ROCm 7.15; the fix is ROCm/rocm-systems PR #10879):
+ *     hipMemSetAccess with a descriptor whose location is the host (hipMemLocationTypeHost)
+ *     over a range that maps an imported handle (hipMemImportFromShareableHandle) returns
+ *     hipErrorInvalidValue. Modelled: exactly that; device descriptors over imported handles,
+ *     and host descriptors over handles this process created, work.
+ *   rocm-systems-8440-import-needs-fd
+ *     ROCm/rocm-systems PR #8440 (ROCm 7.14): hipMemImportFromShareableHandle does not take a
+ *     reference of its own to the descriptor; the runtime reads the caller's descriptor again
+ *     when the imported handle is mapped and granted access. Modelled: the import remembers
+ *     the caller's descriptor number and what it named (st_dev, st_ino); hipMemSetAccess over
+ *     a mapping of that handle is hipErrorInvalidValue when the number is closed or names
+ *     another file by then. After a successful hipMemSetAccess the descriptor is no longer
+ *     read.
  * Reported, not modelled:
  *   ROCm/rocm-systems#11693 (gfx1201, ROCm 7.2.1): after hipMemMap + hipMemSetAccess return,
  *     GPU work for ~1-2 ms still sees the old translation. Not modelled: a fake could only
@@ -86,6 +108,7 @@
 #include "fake_timeline.h"
 #include "fake_memory.h"
 #include "fake_vmm.h"
+#include "fake_ipc.h"
 #include "fake_pools.h"
 #include "fake_modules.h"
 #include "fake_graphs.h"
@@ -164,6 +187,10 @@ static const struct {
     {"rocm-systems-7128-reserve-counted", Q_RESERVE_COUNTED},
     {"rocr-285-unmap-many", Q_UNMAP_MANY},
     {"rocm-systems-10604-descriptor-per-handle", Q_DESCRIPTOR_PER_HANDLE},
+    {"rocm-systems-11185-import-host-access", Q_IMPORT_HOST_ACCESS},
+    {"rocm-systems-8440-import-needs-fd", Q_IMPORT_NEEDS_FD},
+    /* An alias: what is reported of ROCm 7.15 that the profiles above model. */
+    {"rocm-7.15", Q_IMPORT_HOST_ACCESS},
 };
 
 /* The bits of a comma-separated list of profile names into `*bits`; 0, or the length of the
@@ -229,6 +256,7 @@ static void fk_face_defaults(void) {
   last_flags = 0;
   last_device = -1;
   for (int dev = 0; dev < FK_MAX_DEVICES; dev++) device_defaults(dev);
+  fk_host_location_ok = 1; /* hipMemLocationTypeHost in hipMemSetAccess */
   const char *p = getenv("FAKEHIP_PROFILE");
   const char *unknown = NULL;
   size_t bad = parse_profiles(p, &fk_quirks, &unknown);
@@ -1908,9 +1936,12 @@ struct prop6 {
   unsigned short usage;
 };
 
+/* hipMemAllocationHandleType: hipMemHandleTypeNone 0, hipMemHandleTypePosixFileDescriptor 1
+ * (exportable, fake_ipc.h), hipMemHandleTypeWin32 2, hipMemHandleTypeWin32Kmt 4. */
+#define HIP_HANDLE_POSIX_FD 1
 static int prop_ok(const struct prop6 *p) {
   return p && p->type == 1 /* pinned */ && p->loc_type == 1 /* device */ &&
-         valid_device(p->loc_id) && (p->handle_type == 0 || p->handle_type == 1) &&
+         valid_device(p->loc_id) && (p->handle_type == 0 || p->handle_type == HIP_HANDLE_POSIX_FD) &&
          p->win32 == NULL && p->compression == 0;
 }
 
@@ -1927,13 +1958,47 @@ EXPORT hipError_t hipMemCreate(void **handle, size_t size, const struct prop6 *p
   if (!handle || !prop_ok(prop) || flags != 0 || size == 0 || size % fk_min_gran)
     RETURN(hipErrorInvalidValue);
   int code;
-  unsigned long long h = fk_phys_create(prop->loc_id, size, &code);
+  unsigned long long h = fk_phys_create(prop->loc_id, size, (unsigned)prop->handle_type, &code);
   if (h) *handle = (void *)(uintptr_t)h;
   RETURN(code);
 }
 EXPORT hipError_t hipMemRelease(void *handle) {
   ENTER("hipMemRelease");
   RETURN(fk_phys_release((unsigned long long)(uintptr_t)handle));
+}
+/* A new descriptor of the handle's memory, the caller's to close: a handle created with
+ * hipMemHandleTypePosixFileDescriptor, that type, flags 0. */
+EXPORT hipError_t hipMemExportToShareableHandle(void *shareable, void *handle, int type,
+                                                unsigned long long flags) {
+  ENTER("hipMemExportToShareableHandle");
+  if (!shareable || flags != 0 || type != HIP_HANDLE_POSIX_FD) RETURN(hipErrorInvalidValue);
+  RETURN(fk_phys_export((unsigned long long)(uintptr_t)handle, (int *)shareable));
+}
+/* `os_handle`: the descriptor's value cast to void * (ROCm/rocm-systems PR #1564). The import
+ * holds a descriptor of its own, except under rocm-systems-8440-import-needs-fd. */
+EXPORT hipError_t hipMemImportFromShareableHandle(void **handle, void *os_handle, int type) {
+  ENTER("hipMemImportFromShareableHandle");
+  intptr_t fd = (intptr_t)os_handle;
+  if (!handle || type != HIP_HANDLE_POSIX_FD || fd < 0 || fd > INT32_MAX)
+    RETURN(hipErrorInvalidValue);
+  unsigned long long h;
+  int rc = fk_phys_import((int)fd, &h);
+  if (rc == FK_OK) *handle = (void *)(uintptr_t)h;
+  RETURN(rc);
+}
+/* The ROCm 6+ hipMemAllocationProp the handle was created with. */
+EXPORT hipError_t hipMemGetAllocationPropertiesFromHandle(struct prop6 *prop, void *handle) {
+  ENTER("hipMemGetAllocationPropertiesFromHandle");
+  int device;
+  unsigned types;
+  if (!prop || fk_phys_properties((unsigned long long)(uintptr_t)handle, &device, &types) != FK_OK)
+    RETURN(hipErrorInvalidValue);
+  memset(prop, 0, sizeof *prop);
+  prop->type = 1;
+  prop->handle_type = (int)types;
+  prop->loc_type = 1;
+  prop->loc_id = device;
+  RETURN(hipSuccess);
 }
 /* `addr` is a hint, honoured when it can be (fake_vmm.h); a fresh address is aligned to the
  * recommended granularity. */
@@ -1973,9 +2038,10 @@ struct hip_location {
 EXPORT hipError_t hipMemGetAccess(unsigned long long *flags, const struct hip_location *location,
                                   void *ptr) {
   ENTER("hipMemGetAccess");
-  if (!flags || !location || location->type != 1 || !valid_device(location->id))
+  int host = location && location->type == FK_LOCATION_HOST;
+  if (!flags || !location || (!host && (location->type != 1 || !valid_device(location->id))))
     RETURN(hipErrorInvalidValue);
-  int granted = fk_access_of((unsigned long long)(uintptr_t)ptr, location->id);
+  int granted = fk_access_of((unsigned long long)(uintptr_t)ptr, host ? FK_LOC_CPU : location->id);
   if (granted < 0) RETURN(hipErrorInvalidValue);
   struct fk_pointer p = fk_pointer_of((unsigned long long)(uintptr_t)ptr);
   *flags = !granted ? 0 : (p.region->prot & PROT_WRITE) ? 3 : 1;
@@ -1984,6 +2050,32 @@ EXPORT hipError_t hipMemGetAccess(unsigned long long *flags, const struct hip_lo
 EXPORT hipError_t hipMemUnmap(void *ptr, size_t size) {
   ENTER("hipMemUnmap");
   RETURN(fk_unmap((unsigned long long)(uintptr_t)ptr, size, fk_min_gran, "hipMemUnmap"));
+}
+
+/* ----- IPC handles of plain allocations (fake_ipc.h) --------------------------------------- */
+
+/* hipIpcMemHandle_t: 64 opaque bytes (HIP_IPC_HANDLE_SIZE), passed by value. */
+typedef struct {
+  unsigned char reserved[FK_IPC_HANDLE_BYTES];
+} hipIpcMemHandle_t;
+
+EXPORT hipError_t hipIpcGetMemHandle(hipIpcMemHandle_t *handle, void *ptr) {
+  ENTER("hipIpcGetMemHandle");
+  if (!handle) RETURN(hipErrorInvalidValue);
+  RETURN(fk_ipc_get((unsigned long long)(uintptr_t)ptr, handle->reserved));
+}
+/* flags: hipIpcMemLazyEnablePeerAccess (1), which "must be specified". */
+EXPORT hipError_t hipIpcOpenMemHandle(void **ptr, hipIpcMemHandle_t handle, unsigned flags) {
+  ENTER("hipIpcOpenMemHandle");
+  if (!ptr) RETURN(hipErrorInvalidValue);
+  unsigned long long va;
+  int rc = fk_ipc_open(current_device(), current_device(), handle.reserved, flags, &va);
+  if (rc == FK_OK) *ptr = (void *)(uintptr_t)va;
+  RETURN(rc);
+}
+EXPORT hipError_t hipIpcCloseMemHandle(void *ptr) {
+  ENTER("hipIpcCloseMemHandle");
+  RETURN(fk_ipc_close((unsigned long long)(uintptr_t)ptr, "hipIpcCloseMemHandle"));
 }
 
 /* ----- pools ------------------------------------------------------------------------------- */
@@ -2348,6 +2440,12 @@ static const struct fk_entry hip_table[] = {
     E(hipMemSetAccess, FK_G_MAP),
     E(hipMemGetAccess, 0),
     E(hipMemUnmap, FK_G_UNMAP),
+    E(hipMemExportToShareableHandle, 0),
+    E(hipMemImportFromShareableHandle, FK_G_ALLOC),
+    E(hipMemGetAllocationPropertiesFromHandle, 0),
+    E(hipIpcGetMemHandle, 0),
+    E(hipIpcOpenMemHandle, FK_G_MAP),
+    E(hipIpcCloseMemHandle, FK_G_UNMAP),
     E(hipDeviceGetDefaultMemPool, 0),
     E(hipDeviceGetMemPool, 0),
     E(hipDeviceSetMemPool, FK_G_POOL),

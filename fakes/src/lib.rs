@@ -63,4 +63,6 @@ pub use profiles::{
 #[doc(hidden)]
 pub use runner::test_name_from as __test_name_from;
 pub use runner::{each_profile, Runner, SHOW_VARIABLE, TIMEOUT_VARIABLE};
-pub use shared::{Holder, Segment, SharedDevice, SHARED_LAYOUT_VERSION, SHARED_VARIABLE};
+pub use shared::{
+    Holder, Segment, SharedDevice, SharedObject, SHARED_LAYOUT_VERSION, SHARED_VARIABLE,
+};

@@ -8,6 +8,11 @@
 //! killed gives its memory back by the liveness rule (its pid gone, or reused by a process
 //! that started at another time), as a real driver frees a dead process's memory.
 //!
+//! Memory exported from one process and imported by others (a physical handle created
+//! exportable, `fake_ipc.h`) is the device's, not one process's: it is counted once while any
+//! live process holds a handle of it, as the real driver frees it only when the last holder
+//! lets go ([`SharedObject`]).
+//!
 //! [`SharedDevice`] names a segment, gives the environment that puts child processes on it,
 //! and reads the segment file itself: it is a test's oracle for the device's free memory and
 //! for what each process holds, independent of the drivers.
@@ -23,15 +28,18 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// that file. Unset or empty: each process has a private device.
 pub const SHARED_VARIABLE: &str = "FAKE_SHARED_DEVICE";
 
-/// The segment's layout (`fake_shared.h`): a 96-byte header, then 64 slots of 80 bytes.
+/// The segment's layout (`fake_shared.h`): a 96-byte header, then 64 slots of 80 bytes, then
+/// 1024 exported objects of 32 bytes (u64 key, u64 size, u32 device, u32 pad, u64 holders).
 const MAGIC: u64 = 0x5645_444b_4146_4150; // "PAFAKDEV" in little-endian bytes
 /// The segment layout version this kit reads (`FK_SHARED_VERSION`).
-pub const SHARED_LAYOUT_VERSION: u32 = 1;
+pub const SHARED_LAYOUT_VERSION: u32 = 2;
 const DEVICES: usize = 8;
 const SLOTS: usize = 64;
+const OBJECTS: usize = 1024;
 const HEADER: usize = 96;
 const SLOT: usize = 16 + 8 * DEVICES;
-const SIZE: usize = HEADER + SLOT * SLOTS;
+const OBJECT: usize = 32;
+const SIZE: usize = HEADER + SLOT * SLOTS + OBJECT * OBJECTS;
 /// In an owner word: a claim under way (the slot holds nothing yet).
 const CLAIMING: u64 = 0x8000_0000;
 
@@ -42,8 +50,25 @@ static NAMES: AtomicU64 = AtomicU64::new(0);
 pub struct Holder {
     /// The process id.
     pub pid: u32,
-    /// The bytes its driver has charged to the device.
+    /// The bytes its driver has charged to the device, and those of every exported object it
+    /// holds a handle of (each also counted for its other holders: the device's
+    /// [`Segment::used`] counts an object once).
     pub bytes: u64,
+}
+
+/// An exported physical allocation on a shared device, counted once while any live process
+/// holds it (its creator's handle, an importer's, or a mapping).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedObject {
+    /// Its key: the creator's pid << 32 | its export counter (also in the memory file's name,
+    /// `fake-exportable-<key>-<device>`).
+    pub key: u64,
+    /// Its bytes.
+    pub size: u64,
+    /// Its device.
+    pub device: usize,
+    /// The live processes holding it, by slot.
+    pub holders: Vec<u32>,
 }
 
 /// A device shared by the processes given its environment ([`SharedDevice::env`]).
@@ -156,13 +181,22 @@ impl SharedDevice {
         self.segment().holders(device)
     }
 
-    /// The bytes every live process holds on `device`.
+    /// The bytes every live process holds on `device`, each exported object once.
     ///
     /// # Panics
     /// As [`SharedDevice::holders`].
     #[track_caller]
     pub fn used(&self, device: usize) -> u64 {
         self.segment().used(device)
+    }
+
+    /// The exported objects some live process holds, on every device.
+    ///
+    /// # Panics
+    /// As [`SharedDevice::holders`].
+    #[track_caller]
+    pub fn objects(&self) -> Vec<SharedObject> {
+        self.segment().objects()
     }
 
     /// The capacity of `device` less [`SharedDevice::used`]: what the drivers' memory
@@ -212,6 +246,15 @@ pub struct Segment {
     /// Per device: the bytes it has.
     pub capacity: [u64; DEVICES],
     slots: Vec<Slot>,
+    objects: Vec<Object>,
+}
+
+#[derive(Debug, Clone)]
+struct Object {
+    key: u64,
+    size: u64,
+    device: u32,
+    holders: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -245,26 +288,89 @@ impl Segment {
                 }
             })
             .collect();
-        Ok(Segment { capacity, slots })
+        let objects = (0..OBJECTS)
+            .map(|i| {
+                let at = HEADER + SLOT * SLOTS + OBJECT * i;
+                Object {
+                    key: u64_at(at),
+                    size: u64_at(at + 8),
+                    device: u32_at(at + 16),
+                    holders: u64_at(at + 24),
+                }
+            })
+            .collect();
+        Ok(Segment {
+            capacity,
+            slots,
+            objects,
+        })
     }
 
-    /// The live processes holding memory on `device`, by slot.
-    pub fn holders(&self, device: usize) -> Vec<Holder> {
+    /// The slots whose process is live, as bits.
+    fn live(&self) -> u64 {
         self.slots
             .iter()
-            .filter(|s| s.used[device] > 0 && s.live())
-            .map(|s| Holder {
+            .enumerate()
+            .filter(|(_, s)| s.live())
+            .fold(0, |mask, (i, _)| mask | 1 << i)
+    }
+
+    /// The objects of `device` (every device: `None`) some live slot holds.
+    fn counted(&self, device: Option<usize>, live: u64) -> impl Iterator<Item = &Object> {
+        self.objects.iter().filter(move |o| {
+            o.key != 0
+                && o.holders & live != 0
+                && (device.is_none() || device == Some(o.device as usize))
+        })
+    }
+
+    /// The live processes holding memory on `device`, by slot: what each charged, and the
+    /// exported objects it holds.
+    pub fn holders(&self, device: usize) -> Vec<Holder> {
+        let live = self.live();
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| live >> i & 1 != 0)
+            .map(|(i, s)| Holder {
                 pid: (s.owner >> 32) as u32,
-                bytes: s.used[device],
+                bytes: self
+                    .counted(Some(device), live)
+                    .filter(|o| o.holders >> i & 1 != 0)
+                    .fold(s.used[device], |sum, o| sum.saturating_add(o.size)),
             })
+            .filter(|h| h.bytes > 0)
             .collect()
     }
 
-    /// The bytes every live process holds on `device`.
+    /// The bytes every live process holds on `device`: their charges, and each exported
+    /// object some live process holds, once.
     pub fn used(&self, device: usize) -> u64 {
-        self.holders(device)
+        let live = self.live();
+        let charged = self
+            .slots
             .iter()
-            .fold(0u64, |sum, h| sum.saturating_add(h.bytes))
+            .enumerate()
+            .filter(|(i, _)| live >> i & 1 != 0)
+            .fold(0u64, |sum, (_, s)| sum.saturating_add(s.used[device]));
+        self.counted(Some(device), live)
+            .fold(charged, |sum, o| sum.saturating_add(o.size))
+    }
+
+    /// The exported objects some live process holds, with their live holders' pids.
+    pub fn objects(&self) -> Vec<SharedObject> {
+        let live = self.live();
+        self.counted(None, live)
+            .map(|o| SharedObject {
+                key: o.key,
+                size: o.size,
+                device: o.device as usize,
+                holders: (0..SLOTS)
+                    .filter(|i| (o.holders & live) >> i & 1 != 0)
+                    .map(|i| (self.slots[i].owner >> 32) as u32)
+                    .collect(),
+            })
+            .collect()
     }
 
     /// The capacity of `device` less [`Segment::used`].

@@ -13,7 +13,7 @@ use std::sync::mpsc::{channel, Receiver};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use portalloc_fakes::{Code, Driver, Holder, SharedDevice, Vendor};
+use portalloc_fakes::{Code, Driver, Holder, SharedDevice, Vendor, SHARED_LAYOUT_VERSION};
 use test_case::test_case;
 
 mod gpu;
@@ -352,7 +352,7 @@ fn a_killed_process_gives_its_memory_back(driver: Driver) {
 
 /// The segment's layout (`fake_shared.h`), for the cases that write one themselves.
 fn segment_bytes(capacity: u64, version: u32, slots: &[(u64, u64, u64)]) -> Vec<u8> {
-    let mut b = vec![0u8; 96 + 80 * 64];
+    let mut b = vec![0u8; 96 + 80 * 64 + 32 * 1024];
     b[0..8].copy_from_slice(&0x5645_444b_4146_4150u64.to_ne_bytes());
     b[8..12].copy_from_slice(&version.to_ne_bytes());
     b[12..16].copy_from_slice(&1u32.to_ne_bytes());
@@ -397,7 +397,10 @@ fn a_dead_slot_is_reused(driver: Driver) {
         })
         .collect();
     let device = SharedDevice::unique();
-    write_private(device.path(), &segment_bytes(CAPACITY, 1, &slots));
+    write_private(
+        device.path(),
+        &segment_bytes(CAPACITY, SHARED_LAYOUT_VERSION, &slots),
+    );
     assert_eq!(device.holders(0), [], "dead slots hold nothing");
     let mut c = Proc::start(driver, device.value());
     assert_eq!(c.info(), (CAPACITY, CAPACITY));
@@ -464,7 +467,7 @@ fn a_wrong_segment_is_said_and_the_device_is_private(driver: Driver, wrong: &str
     ));
     let _ = std::fs::remove_file(&path);
     let device = SharedDevice::new(path.to_str().expect("a path"));
-    let good = segment_bytes(CAPACITY, 1, &[]);
+    let good = segment_bytes(CAPACITY, SHARED_LAYOUT_VERSION, &[]);
     let value = match wrong {
         "garbage" => {
             let mut b = good.clone();

@@ -87,6 +87,7 @@ __all__ = [
     "Holder",
     "Profile",
     "SharedDevice",
+    "SharedObject",
     "current",
     "driver_dir",
     "driver_path",
@@ -958,14 +959,20 @@ or empty, each process has a private device (``fake_shared.h``)."""
 # The segment's layout (fake_shared.h; native byte order): a 96-byte header (u64 magic, u32
 # layout version, u32 ready, u32 devices, u32 slots, u64 claims, u64 capacity[8]), then 64
 # slots of 80 bytes (u64 owner: pid << 32 | claim counter, bit 31 while being claimed; u64
-# start time; u64 used[8]).
+# start time; u64 used[8]), then (layout version 2) 1024 exported objects of 32 bytes (u64
+# key, 0: free; u64 size; u32 device; u32 pad; u64 holders: bit i, slot i holds it), each
+# counted once while a live slot holds it.
 _SHARED_MAGIC = 0x5645444B41464150
-_SHARED_LAYOUT_VERSION = 1
+_SHARED_LAYOUT_VERSION = 2
 _SHARED_DEVICES = 8
 _SHARED_SLOTS = 64
+_SHARED_OBJECTS = 1024
 _SHARED_HEADER = struct.Struct("=QIIIIQ8Q")
 _SHARED_SLOT = struct.Struct("=QQ8Q")
-_SHARED_SIZE = _SHARED_HEADER.size + _SHARED_SLOT.size * _SHARED_SLOTS
+_SHARED_OBJECT = struct.Struct("=QQIIQ")
+_SHARED_SIZE = (
+    _SHARED_HEADER.size + _SHARED_SLOT.size * _SHARED_SLOTS + _SHARED_OBJECT.size * _SHARED_OBJECTS
+)
 _SHARED_CLAIMING = 0x80000000
 _SHARED_NAMES = [0]
 
@@ -973,10 +980,23 @@ _SHARED_NAMES = [0]
 @dataclasses.dataclass(frozen=True)
 class Holder:
     """A live process holding memory on a shared device: its pid and the bytes its driver
-    charged."""
+    charged, with those of every exported object it holds (each counted once in
+    :meth:`SharedDevice.used`)."""
 
     pid: int
     bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedObject:
+    """An exported physical allocation on a shared device (a handle created exportable),
+    counted once while any live process holds it: its key (creator pid << 32 | counter), bytes,
+    device and the live holders' pids."""
+
+    key: int
+    size: int
+    device: int
+    holders: Tuple[int, ...]
 
 
 def _proc_start(pid: int) -> Optional[Tuple[int, bool]]:
@@ -1036,7 +1056,11 @@ class SharedDevice:
         """The variables to add to a child's environment: :data:`SHARED_VARIABLE`."""
         return {SHARED_VARIABLE: self.name}
 
-    def _read(self) -> Tuple[Tuple[int, ...], List[Tuple[int, int, Tuple[int, ...]]]]:
+    def _read(
+        self,
+    ) -> Tuple[
+        Tuple[int, ...], List[Tuple[int, int, Tuple[int, ...]]], List[Tuple[int, int, int, int]]
+    ]:
         with open(self.path, "rb") as f:
             data = f.read()
         if len(data) != _SHARED_SIZE:
@@ -1051,27 +1075,74 @@ class SharedDevice:
         for i in range(_SHARED_SLOTS):
             fields = _SHARED_SLOT.unpack_from(data, _SHARED_HEADER.size + _SHARED_SLOT.size * i)
             slots.append((fields[0], fields[1], fields[2:]))
-        return header[6:], slots
+        objects = []
+        base = _SHARED_HEADER.size + _SHARED_SLOT.size * _SHARED_SLOTS
+        for i in range(_SHARED_OBJECTS):
+            key, size, device, _pad, holders = _SHARED_OBJECT.unpack_from(
+                data, base + _SHARED_OBJECT.size * i
+            )
+            objects.append((key, size, device, holders))
+        return header[6:], slots, objects
+
+    @staticmethod
+    def _live(slots: List[Tuple[int, int, Tuple[int, ...]]]) -> int:
+        """The live slots as bits (the drivers' rule: an owner whose process runs, no zombie,
+        and started when the slot says)."""
+        mask = 0
+        for i, (owner, start_time, _used) in enumerate(slots):
+            if not owner or owner & _SHARED_CLAIMING:
+                continue
+            proc = _proc_start(owner >> 32)
+            if proc is not None and not proc[1] and proc[0] == start_time:
+                mask |= 1 << i
+        return mask
 
     def capacity(self, device: int) -> int:
         """The bytes ``device`` has: the segment creator's capacity."""
         return self._read()[0][device]
 
+    def objects(self) -> List[SharedObject]:
+        """The exported objects some live process holds, with their live holders' pids."""
+        _capacity, slots, objects = self._read()
+        live = self._live(slots)
+        return [
+            SharedObject(
+                key,
+                size,
+                device,
+                tuple(slots[i][0] >> 32 for i in range(_SHARED_SLOTS) if (holders & live) >> i & 1),
+            )
+            for key, size, device, holders in objects
+            if key and holders & live
+        ]
+
     def holders(self, device: int) -> List[Holder]:
-        """The live processes holding memory on ``device``, by slot (the drivers' rule: an
-        owner whose process runs, no zombie, and started when the slot says)."""
+        """The live processes holding memory on ``device``, by slot: what each charged and the
+        exported objects it holds."""
+        _capacity, slots, objects = self._read()
+        live = self._live(slots)
         found = []
-        for owner, start_time, used in self._read()[1]:
-            if not owner or owner & _SHARED_CLAIMING or not used[device]:
+        for i, (owner, _start_time, used) in enumerate(slots):
+            if not live >> i & 1:
                 continue
-            proc = _proc_start(owner >> 32)
-            if proc is not None and not proc[1] and proc[0] == start_time:
-                found.append(Holder(owner >> 32, used[device]))
+            held = used[device] + sum(
+                size
+                for key, size, dev, holders in objects
+                if key and dev == device and holders & live and holders >> i & 1
+            )
+            if held:
+                found.append(Holder(owner >> 32, held))
         return found
 
     def used(self, device: int) -> int:
-        """The bytes every live process holds on ``device``."""
-        return sum(h.bytes for h in self.holders(device))
+        """The bytes every live process holds on ``device``: their charges, and each exported
+        object some live process holds, once."""
+        _capacity, slots, objects = self._read()
+        live = self._live(slots)
+        charged = sum(slots[i][2][device] for i in range(_SHARED_SLOTS) if live >> i & 1)
+        return charged + sum(
+            size for key, size, dev, holders in objects if key and dev == device and holders & live
+        )
 
     def free(self, device: int) -> int:
         """What the drivers' memory information reports free: the capacity less
