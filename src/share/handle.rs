@@ -16,8 +16,9 @@
 //! 32  8  export id (the registry record's key)
 //! 80  plain: 64 bytes, the driver's legacy IPC handle
 //!     mapped: u32 pieces (1 ..= MAX_PIECES), u32 zero, then per piece 32 bytes:
-//!             i32 descriptor in the exporter, u32 zero, u64 handle size, u64 offset in the
-//!             handle, u64 length
+//!             i32 descriptor in the exporter, u32 the descriptor's serial (which export of
+//!             a handle opened it: a number the exporter reuses names another object), u64
+//!             handle size, u64 offset in the handle, u64 length
 //! ```
 //!
 //! Nothing in it is uninitialised or depends on memory layout: the writer writes every byte,
@@ -43,6 +44,9 @@ const PIECE: usize = 32;
 pub struct SharedPiece {
     /// The descriptor's number in the exporting process.
     pub fd: i32,
+    /// Which descriptor of that number: the exporter counts the descriptors it opens, so an
+    /// importer never takes a new one for an old one it holds.
+    pub serial: u32,
     /// The whole physical handle's size.
     pub handle_size: u64,
     /// Where in the handle this run starts.
@@ -120,7 +124,7 @@ impl ShareHandle {
                 b.extend_from_slice(&0u32.to_le_bytes());
                 for p in pieces {
                     b.extend_from_slice(&p.fd.to_le_bytes());
-                    b.extend_from_slice(&0u32.to_le_bytes());
+                    b.extend_from_slice(&p.serial.to_le_bytes());
                     for word in [p.handle_size, p.offset, p.len] {
                         b.extend_from_slice(&word.to_le_bytes());
                     }
@@ -213,14 +217,14 @@ impl ShareHandle {
                 for i in 0..n {
                     let at = HEADER + 8 + i * PIECE;
                     let fd = u32_at(at) as i32;
-                    if fd < 0 || u32_at(at + 4) != 0 {
+                    if fd < 0 {
                         return Err(bad(format!(
-                            "piece {i} names descriptor {fd} or has non-zero padding; accepted: \
-                             a descriptor ≥ 0, then four zero bytes"
+                            "piece {i} names descriptor {fd}; accepted: a descriptor ≥ 0"
                         )));
                     }
                     pieces.push(SharedPiece {
                         fd,
+                        serial: u32_at(at + 4),
                         handle_size: u64_at(at + 8),
                         offset: u64_at(at + 16),
                         len: u64_at(at + 24),
@@ -307,12 +311,14 @@ mod tests {
             memory: SharedMemory::Mapped(vec![
                 SharedPiece {
                     fd: 11,
+                    serial: 1,
                     handle_size: 8 << 20,
                     offset: 2 << 20,
                     len: 2 << 20,
                 },
                 SharedPiece {
                     fd: 12,
+                    serial: 2,
                     handle_size: 2 << 20,
                     offset: 0,
                     len: 2 << 20,

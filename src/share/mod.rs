@@ -51,7 +51,7 @@ pub mod handle;
 pub mod registry;
 
 use std::collections::HashMap;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -66,6 +66,59 @@ use registry::Registry;
 
 /// Bytes this process maps from other processes' exports now.
 static IMPORTED: AtomicU64 = AtomicU64::new(0);
+
+/// An exported object this process imported: a physical handle (by the exporter, its
+/// descriptor and the descriptor's serial) or a device allocation opened through its IPC
+/// handle (by where it opened), on one device (by the `Arc`'s address).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum ObjectKey {
+    Physical {
+        device: usize,
+        pid: u32,
+        start: u64,
+        fd: i32,
+        serial: u32,
+    },
+    Plain {
+        device: usize,
+        base: u64,
+    },
+}
+
+/// Every object imported now: its local handle (or base), its bytes, and the imports using
+/// it. Each is imported, and counted in [`imported_bytes`], once however many buffers lie on
+/// it, as the driver counts it once.
+static OBJECTS: Mutex<Option<HashMap<ObjectKey, (u64, u64, u32)>>> = Mutex::new(None);
+
+/// Takes a use of `key`, importing it with `make` (its local handle and bytes) when this is
+/// the first.
+fn take_object(key: ObjectKey, make: impl FnOnce() -> Result<(u64, u64)>) -> Result<u64> {
+    let mut objects = lock(&OBJECTS);
+    let table = objects.get_or_insert_with(HashMap::new);
+    if let Some((local, _, uses)) = table.get_mut(&key) {
+        *uses += 1;
+        return Ok(*local);
+    }
+    let (local, bytes) = make()?;
+    table.insert(key, (local, bytes, 1));
+    IMPORTED.fetch_add(bytes, Ordering::Relaxed);
+    Ok(local)
+}
+
+/// Gives back a use of `key`; `Some(local)` when it was the last, for the caller to release.
+fn drop_object(key: ObjectKey) -> Option<u64> {
+    let mut objects = lock(&OBJECTS);
+    let table = objects.as_mut()?;
+    let (local, bytes, uses) = table.get_mut(&key)?;
+    *uses -= 1;
+    if *uses > 0 {
+        return None;
+    }
+    let (local, bytes) = (*local, *bytes);
+    table.remove(&key);
+    IMPORTED.fetch_sub(bytes, Ordering::Relaxed);
+    Some(local)
+}
 
 /// Bytes of device memory this process maps from other processes now ([`import`]): counted by
 /// no allocator of this process, since the exporter's books count them.
@@ -107,31 +160,15 @@ fn me() -> (u32, u64) {
     (pid, crate::budget::process_start_time(pid).unwrap_or(0))
 }
 
-/// What identifies a live allocation to its allocator, besides its address.
-#[derive(Debug, Clone, Copy)]
-struct Shadow {
-    allocator_id: u64,
-    token: u64,
-}
-
-impl Shadow {
-    fn of(a: &Allocation) -> Shadow {
-        Shadow {
-            allocator_id: a.allocator_id(),
-            token: a.token(),
-        }
-    }
-}
-
 /// One export.
 #[derive(Debug)]
 struct Export {
-    shadow: Shadow,
     handle: ShareHandle,
     /// The physical handles whose descriptors it names (mapped), each once.
     physical: Vec<PhysicalHandle>,
-    /// The bytes of those handles: what an importer keeps alive.
-    physical_bytes: u64,
+    /// The bytes an importer keeps alive, by object (a physical handle's id, or the plain
+    /// allocation's base), each once: exports on one object count it once.
+    objects: Vec<(u64, u64)>,
     tag: Option<String>,
 }
 
@@ -141,8 +178,11 @@ struct State {
     next_key: u64,
     /// Live exports by allocation address.
     exports: HashMap<u64, Export>,
-    /// The descriptor of each exported physical handle, and how many exports name it.
-    fds: HashMap<u64, (OwnedFd, usize)>,
+    /// The descriptor of each exported physical handle, its serial, and how many exports
+    /// name it.
+    fds: HashMap<u64, (OwnedFd, u32, usize)>,
+    /// The serial of the next descriptor opened.
+    next_serial: u32,
     /// Freed allocations still imported somewhere: freed once nobody imports them.
     parked: Vec<Allocation>,
 }
@@ -224,6 +264,22 @@ impl Sharing {
         self.0.export(allocation)
     }
 
+    /// As [`Sharing::export`], for the allocation of `size` bytes at `ptr` whose backing
+    /// and tag the caller asked of the adaptors above this one (the C ABI's ledger keeps
+    /// allocations of its own).
+    ///
+    /// # Errors
+    /// As [`Sharing::export`].
+    pub(crate) fn export_parts(
+        &self,
+        ptr: u64,
+        size: u64,
+        backing: Backing,
+        tag: Option<String>,
+    ) -> Result<ShareHandle> {
+        self.0.export_parts(ptr, size, backing, tag)
+    }
+
     /// The descriptors `handle` (an export of this allocator, live) names, in the order
     /// [`send`] wants them.
     ///
@@ -259,30 +315,39 @@ impl Sharing {
 }
 
 impl Room {
-    /// Exports `allocation`, a live one of this allocator: a handle another process imports
-    /// with [`import`]. Exporting it again gives the same handle (the same bytes). The
-    /// descriptors the handle names stay open in this process until the export is withdrawn
-    /// (the allocation freed with no importer, or its tag put to sleep).
-    ///
-    /// # Errors
-    /// As [`Allocator::backing`] (a strategy that cannot say, an allocation asleep);
-    /// [`Error::Unsupported`] for a device without interprocess handles or a physical handle
-    /// the driver made unexportable; [`Error::Share`] when 4096 exports are live; the
-    /// driver's error.
-    pub fn export(&self, allocation: &Allocation) -> Result<ShareHandle> {
+    /// [`Sharing::export`].
+    fn export(&self, allocation: &Allocation) -> Result<ShareHandle> {
+        if let Some(h) = self.exported_at(allocation.ptr()) {
+            return Ok(h);
+        }
+        let backing = self.inner.backing(allocation)?;
+        let tag = self.inner.tag_of(allocation);
+        self.export_parts(allocation.ptr(), allocation.size(), backing, tag)
+    }
+
+    /// The handle of the live export at `ptr`.
+    fn exported_at(&self, ptr: u64) -> Option<ShareHandle> {
+        lock(&self.state).exports.get(&ptr).map(|e| e.handle.clone())
+    }
+
+    /// Exports the allocation of `size` bytes at `ptr` over `backing`, which sleeps with
+    /// `tag`: for a caller above adaptors that keep allocations of their own (the C ABI's
+    /// ledger), which asks them for the backing.
+    fn export_parts(
+        &self,
+        ptr: u64,
+        size: u64,
+        backing: Backing,
+        tag: Option<String>,
+    ) -> Result<ShareHandle> {
         let mut state = lock(&self.state);
-        if let Some(e) = state.exports.get(&allocation.ptr()) {
-            if e.shadow.token == allocation.token()
-                && e.shadow.allocator_id == allocation.allocator_id()
-            {
-                return Ok(e.handle.clone());
-            }
+        if let Some(e) = state.exports.get(&ptr) {
+            return Ok(e.handle.clone());
         }
         let ip = self
             .device
             .interprocess()
             .ok_or_else(|| no_interprocess(&*self.device))?;
-        let backing = self.inner.backing(allocation)?;
         let (pid, start) = me();
         if state.registry.is_none() {
             state.registry = Some(Arc::new(Registry::create(
@@ -292,27 +357,41 @@ impl Room {
             )?));
         }
         let mut physical = Vec::new();
+        let mut backing_objects: Vec<(u64, u64)> = Vec::new();
         let (memory, offset, span) = match backing {
             Backing::Plain { base, size } => (
                 SharedMemory::Plain(ip.ipc_handle(base)?.0),
-                allocation.ptr() - base,
+                ptr - base,
                 size,
             ),
             Backing::Mapped { start, end, pieces } => {
+                for p in &pieces {
+                    if !backing_objects.iter().any(|&(h, _)| h == p.handle.0) {
+                        backing_objects.push((p.handle.0, p.handle_size));
+                    }
+                }
                 let mut shared = Vec::with_capacity(pieces.len());
                 for p in &pieces {
-                    let fd = match state.fds.get_mut(&p.handle.0) {
-                        Some((fd, uses)) => {
+                    let (fd, serial) = match state.fds.get_mut(&p.handle.0) {
+                        Some((fd, serial, uses)) => {
                             if !physical.contains(&p.handle) {
                                 *uses += 1;
                             }
-                            fd.as_raw_fd()
+                            (fd.as_raw_fd(), *serial)
                         }
                         None => {
-                            let fd = ip.export_physical(p.handle)?;
+                            let fd = match ip.export_physical(p.handle) {
+                                Ok(fd) => fd,
+                                Err(e) => {
+                                    Self::release_fds(&mut state, &physical);
+                                    return Err(e);
+                                }
+                            };
                             let raw = fd.as_raw_fd();
-                            state.fds.insert(p.handle.0, (fd, 1));
-                            raw
+                            state.next_serial = state.next_serial.wrapping_add(1);
+                            let serial = state.next_serial;
+                            state.fds.insert(p.handle.0, (fd, serial, 1));
+                            (raw, serial)
                         }
                     };
                     if !physical.contains(&p.handle) {
@@ -320,6 +399,7 @@ impl Room {
                     }
                     shared.push(SharedPiece {
                         fd,
+                        serial,
                         handle_size: p.handle_size,
                         offset: p.offset,
                         len: p.len,
@@ -327,25 +407,14 @@ impl Room {
                 }
                 (
                     SharedMemory::Mapped(shared),
-                    allocation.ptr() - start,
+                    ptr - start,
                     end - start,
                 )
             }
         };
-        let physical_bytes = match &memory {
-            SharedMemory::Plain(_) => span,
-            SharedMemory::Mapped(pieces) => {
-                let mut seen: Vec<i32> = Vec::new();
-                pieces
-                    .iter()
-                    .filter(|p| {
-                        let new = !seen.contains(&p.fd);
-                        seen.push(p.fd);
-                        new
-                    })
-                    .map(|p| p.handle_size)
-                    .sum()
-            }
+        let objects: Vec<(u64, u64)> = match &memory {
+            SharedMemory::Plain(_) => vec![(ptr - offset, span)],
+            SharedMemory::Mapped(_) => backing_objects,
         };
         let key = state.next_key;
         let registry = Arc::clone(state.registry.as_ref().expect("made above"));
@@ -368,20 +437,19 @@ impl Room {
             start_time: start,
             record,
             export_id: key,
-            size: allocation.size(),
+            size: size,
             offset,
             span,
             device: device_id(&*self.device),
             memory,
         };
         state.exports.insert(
-            allocation.ptr(),
+            ptr,
             Export {
-                shadow: Shadow::of(allocation),
                 handle: handle.clone(),
                 physical,
-                physical_bytes,
-                tag: self.inner.tag_of(allocation),
+                objects,
+                tag,
             },
         );
         self.exported.store(state.exports.len(), Ordering::Release);
@@ -410,7 +478,7 @@ impl Room {
             let found = state
                 .fds
                 .values()
-                .find(|(owned, _)| owned.as_raw_fd() == fd)
+                .find(|(owned, _, _)| owned.as_raw_fd() == fd)
                 .ok_or_else(|| Error::Share {
                     what: "send an export",
                     reason: format!("descriptor {fd} is not an exported one"),
@@ -483,7 +551,7 @@ impl Room {
 
     fn release_fds(state: &mut State, physical: &[PhysicalHandle]) {
         for h in physical {
-            if let Some((_, uses)) = state.fds.get_mut(&h.0) {
+            if let Some((_, _, uses)) = state.fds.get_mut(&h.0) {
                 *uses -= 1;
                 if *uses == 0 {
                     state.fds.remove(&h.0);
@@ -538,10 +606,9 @@ impl Allocator for Sharing {
             return self.0.inner.deallocate(allocation);
         }
         let mut state = lock(&self.0.state);
-        let ours = state
-            .exports
-            .get(&allocation.ptr())
-            .is_some_and(|e| e.shadow.token == allocation.token());
+        // An address names one live allocation of the strategy at a time, and an export is
+        // withdrawn when its allocation is freed: the export at this address is this one's.
+        let ours = state.exports.contains_key(&allocation.ptr());
         if !ours {
             drop(state);
             return self.0.inner.deallocate(allocation);
@@ -587,17 +654,19 @@ impl Allocator for Sharing {
                 .filter(|(_, e)| e.tag.as_deref() == Some(tag))
                 .map(|(&p, _)| p)
                 .collect();
-            let mut kept = 0;
+            // Each object an importer holds, once, however many exports lie on it.
+            let mut kept: HashMap<u64, u64> = HashMap::new();
             for ptr in of_tag {
-                if state.parked.iter().any(|a| a.ptr() == ptr) {
-                    continue;
-                }
                 if !self.0.live_importers(&state, ptr).is_empty() {
-                    kept += state.exports.get(&ptr).map_or(0, |e| e.physical_bytes);
+                    if let Some(e) = state.exports.get(&ptr) {
+                        kept.extend(e.objects.iter().copied());
+                    }
                 }
+                // Parked ones too: this process maps that memory no more after the sleep, so
+                // nothing it hands out later can be what an importer sees.
                 self.0.withdraw(&mut state, ptr);
             }
-            kept
+            kept.values().sum::<u64>()
         };
         let mut report = self.0.inner.sleep(tag, keep)?;
         report.kept_by_importers = kept;
@@ -656,11 +725,12 @@ enum Mapping {
     Mapped {
         reservation: u64,
         span: u64,
-        handles: Vec<PhysicalHandle>,
+        objects: Vec<ObjectKey>,
         mapped: Vec<(u64, u64)>,
     },
-    /// Another process's device allocation, opened through its IPC handle.
-    Plain { base: u64 },
+    /// Another process's device allocation, opened through its IPC handle (the driver
+    /// counts opens of one handle).
+    Plain { base: u64, key: ObjectKey },
 }
 
 /// An allocation of another process, mapped here ([`import`]): unmapped (and its physical
@@ -759,26 +829,28 @@ impl ImportedBuffer {
             Mapping::Mapped {
                 reservation,
                 span,
-                handles,
+                objects,
                 mapped,
             } => {
                 if let Some(vm) = self.device.virtual_memory() {
                     for (va, len) in mapped {
                         keep(vm.unmap(va, len));
                     }
-                    for h in handles {
-                        keep(vm.release_physical(h));
+                    for key in objects {
+                        if let Some(h) = drop_object(key) {
+                            keep(vm.release_physical(PhysicalHandle(h)));
+                        }
                     }
                     keep(vm.free_reservation(reservation, span));
                 }
             }
-            Mapping::Plain { base } => {
+            Mapping::Plain { base, key } => {
                 if let Some(ip) = self.device.interprocess() {
                     keep(ip.close_ipc_handle(base));
                 }
+                drop_object(key);
             }
         }
-        IMPORTED.fetch_sub(self.bytes, Ordering::Relaxed);
         first
     }
 
@@ -870,6 +942,7 @@ pub fn import_with(
             ))
         })?,
     );
+    let device_address = Arc::as_ptr(device) as *const () as usize;
     let mark = registry::mark_of(my_pid, my_start);
     let slot = registry.mark(handle.record, handle.export_id, mark)?;
     let mut buffer = ImportedBuffer {
@@ -885,54 +958,58 @@ pub fn import_with(
     match &handle.memory {
         SharedMemory::Plain(ipc) => {
             let base = ip.open_ipc_handle(&crate::device::IpcMemHandle(*ipc), handle.span)?;
-            buffer.mapping = Some(Mapping::Plain { base });
+            let key = ObjectKey::Plain {
+                device: device_address,
+                base,
+            };
+            take_object(key, || Ok((base, handle.span)))?;
+            buffer.mapping = Some(Mapping::Plain { base, key });
             buffer.bytes = handle.span;
-            IMPORTED.fetch_add(handle.span, Ordering::Relaxed);
             buffer.ptr = base + handle.offset;
         }
         SharedMemory::Mapped(pieces) => {
             let vm = device
                 .virtual_memory()
                 .ok_or_else(|| refuse("the device has no virtual memory to map it into".into()))?;
-            // The descriptors, each once: received, or copied out of the exporter. Kept open
-            // until access is set (ROCm 7.14 needs them until then, rocm-systems PR #8440).
-            let mut open: Vec<(i32, OwnedFd)> = Vec::new();
-            for fd in fds::descriptors_of(handle) {
-                let owned = match received.0.remove(&fd) {
-                    Some(owned) => owned,
-                    None => fds::fetch(handle.pid, handle.start_time, fd)?,
-                };
-                open.push((fd, owned));
-            }
             let reservation = vm.reserve(handle.span, 0)?;
             buffer.mapping = Some(Mapping::Mapped {
                 reservation,
                 span: handle.span,
-                handles: Vec::new(),
+                objects: Vec::new(),
                 mapped: Vec::new(),
             });
-            let mut imported: Vec<(i32, PhysicalHandle)> = Vec::new();
+            // The descriptors of objects not imported yet: received, or copied out of the
+            // exporter. Kept open until access is set (ROCm 7.14 needs them until then,
+            // rocm-systems PR #8440).
+            let mut open: Vec<OwnedFd> = Vec::new();
             let mut at = reservation;
             for p in pieces {
-                let physical = match imported.iter().find(|(fd, _)| *fd == p.fd) {
-                    Some(&(_, h)) => h,
-                    None => {
-                        let fd: BorrowedFd<'_> = open
-                            .iter()
-                            .find(|(n, _)| *n == p.fd)
-                            .map(|(_, o)| o.as_fd())
-                            .expect("every descriptor was fetched");
-                        let h = ip.import_physical(fd, p.handle_size)?;
-                        imported.push((p.fd, h));
-                        buffer.bytes += p.handle_size;
-                        IMPORTED.fetch_add(p.handle_size, Ordering::Relaxed);
-                        if let Some(Mapping::Mapped { handles, .. }) = &mut buffer.mapping {
-                            handles.push(h);
-                        }
-                        h
-                    }
+                let key = ObjectKey::Physical {
+                    device: device_address,
+                    pid: handle.pid,
+                    start: handle.start_time,
+                    fd: p.fd,
+                    serial: p.serial,
                 };
-                vm.map(at, p.len, physical, p.offset)?;
+                let physical = take_object(key, || {
+                    let fd = match received.0.remove(&p.fd) {
+                        Some(owned) => owned,
+                        None => fds::fetch(handle.pid, handle.start_time, p.fd)?,
+                    };
+                    let h = ip.import_physical(fd.as_fd(), p.handle_size)?;
+                    open.push(fd);
+                    Ok((h.0, p.handle_size))
+                })?;
+                if let Some(Mapping::Mapped { objects, .. }) = &mut buffer.mapping {
+                    if !objects.contains(&key) {
+                        objects.push(key);
+                        buffer.bytes += p.handle_size;
+                    } else {
+                        // One use per buffer: a second piece of the same object takes none.
+                        drop_object(key);
+                    }
+                }
+                vm.map(at, p.len, PhysicalHandle(physical), p.offset)?;
                 if let Some(Mapping::Mapped { mapped, .. }) = &mut buffer.mapping {
                     mapped.push((at, p.len));
                 }

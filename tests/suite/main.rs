@@ -70,6 +70,7 @@ mod review_fold;
 
 mod rocm_profiles;
 mod selection;
+mod share;
 mod sleep;
 mod sleep_concurrency;
 mod sleep_hold;
