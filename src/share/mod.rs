@@ -327,7 +327,10 @@ impl Room {
 
     /// The handle of the live export at `ptr`.
     fn exported_at(&self, ptr: u64) -> Option<ShareHandle> {
-        lock(&self.state).exports.get(&ptr).map(|e| e.handle.clone())
+        lock(&self.state)
+            .exports
+            .get(&ptr)
+            .map(|e| e.handle.clone())
     }
 
     /// Exports the allocation of `size` bytes at `ptr` over `backing`, which sleeps with
@@ -405,11 +408,7 @@ impl Room {
                         len: p.len,
                     });
                 }
-                (
-                    SharedMemory::Mapped(shared),
-                    ptr - start,
-                    end - start,
-                )
+                (SharedMemory::Mapped(shared), ptr - start, end - start)
             }
         };
         let objects: Vec<(u64, u64)> = match &memory {
