@@ -498,7 +498,8 @@ fn build_member(config: &Config, device: &Arc<dyn Device>) -> Result<Member> {
 pub(crate) struct Member {
     /// The allocator to call.
     pub(crate) allocator: Box<dyn Allocator>,
-    /// Its shared budget, if it joined one.
+    /// Its shared budget, if it joined one (the C ABI keeps it).
+    #[cfg_attr(not(feature = "c-api"), allow(dead_code))]
     pub(crate) budget: Option<Arc<crate::budget::SharedBudget>>,
     /// Export of its allocations ([`crate::share`]).
     pub(crate) sharing: crate::share::Sharing,

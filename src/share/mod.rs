@@ -270,6 +270,7 @@ impl Sharing {
     ///
     /// # Errors
     /// As [`Sharing::export`].
+    #[cfg_attr(not(feature = "c-api"), allow(dead_code))]
     pub(crate) fn export_parts(
         &self,
         ptr: u64,
@@ -455,12 +456,8 @@ impl Room {
         Ok(handle)
     }
 
-    /// The descriptors `handle` (an export of this allocator, live) names, in the order
-    /// [`send`] wants them.
-    ///
-    /// # Errors
-    /// [`Error::Share`] when the handle is not a live export of this allocator.
-    pub fn descriptors(&self, handle: &ShareHandle) -> Result<Vec<OwnedFd>> {
+    /// [`Sharing::descriptors`].
+    fn descriptors(&self, handle: &ShareHandle) -> Result<Vec<OwnedFd>> {
         let state = lock(&self.state);
         let live = state
             .exports
@@ -490,9 +487,8 @@ impl Room {
         Ok(out)
     }
 
-    /// The processes importing the export of `allocation` now (their pids); empty when it is
-    /// not exported.
-    pub fn importers(&self, allocation: &Allocation) -> Vec<u32> {
+    /// [`Sharing::importers`].
+    fn importers(&self, allocation: &Allocation) -> Vec<u32> {
         let state = lock(&self.state);
         match (state.exports.get(&allocation.ptr()), &state.registry) {
             (Some(e), Some(r)) => r.importers(e.handle.record, e.handle.export_id),
@@ -500,12 +496,8 @@ impl Room {
         }
     }
 
-    /// Frees the parked allocations (freed while imported) nobody imports any more; returns
-    /// how many are still parked.
-    ///
-    /// # Errors
-    /// The strategy's error from freeing one (the rest stay parked).
-    pub fn settle(&self) -> Result<usize> {
+    /// [`Sharing::settle`].
+    fn settle(&self) -> Result<usize> {
         let mut state = lock(&self.state);
         self.settle_locked(&mut state)?;
         Ok(state.parked.len())

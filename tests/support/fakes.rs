@@ -57,6 +57,9 @@ pub const FAKEHIP_PROFILES: &[&str] = &[
     "rocm-systems-7128-reserve-counted",
     "rocr-285-unmap-many",
     "rocm-systems-10604-descriptor-per-handle",
+    "rocm-systems-11185-import-host-access",
+    "rocm-systems-8440-import-needs-fd",
+    "rocm-7.15",
 ];
 
 /// One loaded conformance fake and its control functions: the common ones through the test
