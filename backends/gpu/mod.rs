@@ -55,12 +55,12 @@ mod probe;
 
 /// The key of the note ([`DeviceInfo::notes`]) that says whether the driver spends a file
 /// descriptor per physical handle, and the process's limit.
-/// [`GpuDevice`]'s `exportable` before the first physical handle.
-const EXPORTABLE_UNKNOWN: u8 = 0;
+/// [`GpuDevice`]'s `exportable`: not found out (the probe had no memory to try with).
+pub(crate) const EXPORTABLE_UNKNOWN: u8 = 0;
 /// The driver made a handle exportable as a POSIX descriptor.
-const EXPORTABLE_YES: u8 = 1;
-/// The driver refused the request for an exportable handle (and made one without it).
-const EXPORTABLE_NO: u8 = 2;
+pub(crate) const EXPORTABLE_YES: u8 = 1;
+/// The driver refused the request for an exportable handle, or has no virtual memory.
+pub(crate) const EXPORTABLE_NO: u8 = 2;
 
 pub(crate) const DESCRIPTORS_NOTE: &str = "descriptors per handle";
 
@@ -465,6 +465,7 @@ impl<V: VendorApi> GpuDevice<V> {
         let mut info = opened.info;
         let mut holds_released_memory = false;
         let mut descriptor_per_handle = false;
+        let mut exportable = EXPORTABLE_NO;
         let mut books = Books::default();
         if info.capabilities.virtual_memory {
             let found = probe::probe_release(&opened.vendor, opened.granularity);
@@ -481,6 +482,18 @@ impl<V: VendorApi> GpuDevice<V> {
                 (
                     DESCRIPTORS_NOTE.into(),
                     descriptors_note(found.descriptor_per_handle),
+                ),
+            );
+            exportable = found.exportable;
+            info.notes.insert(
+                at + 2,
+                (
+                    probe::EXPORT_NOTE.into(),
+                    match exportable {
+                        EXPORTABLE_YES => "POSIX descriptors (shareable handles)".into(),
+                        EXPORTABLE_NO => "none: the driver refused exportable handles".into(),
+                        _ => "not probed (no memory to try)".into(),
+                    },
                 ),
             );
             let kept = found.kept;
@@ -501,7 +514,7 @@ impl<V: VendorApi> GpuDevice<V> {
             holds_released_memory,
             descriptor_per_handle,
             map_visible_after: opened.map_visible_after,
-            exportable: std::sync::atomic::AtomicU8::new(EXPORTABLE_UNKNOWN),
+            exportable: std::sync::atomic::AtomicU8::new(exportable),
             pool: Mutex::new(opened.pool),
             peers: Mutex::new(Vec::new()),
             handles: Mutex::new(Handles::default()),
@@ -1190,31 +1203,12 @@ impl<V: VendorApi> VirtualMemory for GpuDevice<V> {
     fn create_physical(&self, size: u64) -> Result<PhysicalHandle> {
         self.granular("create_physical", "size", size, false)?;
         let _current = self.current()?;
-        // Every handle asks to be exportable as a POSIX descriptor (what costs nothing, as
-        // PyTorch's expandable segments ask), so that any allocation can be handed to another
-        // process later. A driver that refuses the request for anything but memory (no such
-        // handle type, a container without it) is asked once more without it, and never
-        // again: the probe, not a version, decides.
+        // Every handle asks to be exportable as a POSIX descriptor where the driver took the
+        // request when the device was opened (`probe::probe_exportable`; PyTorch's
+        // expandable segments ask too), so that any allocation can be handed to another
+        // process later.
         let ask = self.exportable.load(Ordering::Relaxed) != EXPORTABLE_NO;
-        let made = match self.vendor.create_physical(size, ask) {
-            Err(Error::Driver { code, .. })
-                if ask
-                    && code != V::OUT_OF_MEMORY
-                    && self.exportable.load(Ordering::Relaxed) == EXPORTABLE_UNKNOWN =>
-            {
-                let plain = self.vendor.create_physical(size, false);
-                if plain.is_ok() {
-                    self.exportable.store(EXPORTABLE_NO, Ordering::Relaxed);
-                }
-                plain
-            }
-            made => {
-                if ask && made.is_ok() {
-                    self.exportable.store(EXPORTABLE_YES, Ordering::Relaxed);
-                }
-                made
-            }
-        };
+        let made = self.vendor.create_physical(size, ask);
         let handle = made.map_err(|e| {
             self.descriptor_refusal(&e, size)
                 .unwrap_or_else(|| self.oom(e, size))

@@ -52,6 +52,10 @@ pub(crate) struct ReleaseProbe {
     /// release (`None`: not known — the descriptors cannot be listed, or the probe failed
     /// before a release).
     pub(crate) descriptor_per_handle: Option<bool>,
+    /// Whether the driver made the first handle exportable as a POSIX descriptor when asked
+    /// (`super::EXPORTABLE_YES`), refused the request for anything but memory (no such handle
+    /// type, a container without it: `_NO`), or could not tell (`_UNKNOWN`).
+    pub(crate) exportable: u8,
 }
 
 /// What the free memory did, in bytes: each release tried, then the reservation's free.
@@ -71,6 +75,7 @@ enum Found {
 pub(crate) fn probe_release<V: VendorApi>(vendor: &V, granularity: u64) -> ReleaseProbe {
     let mut kept = Scratch::default();
     let mut descriptor_per_handle = None;
+    let mut exportable = super::EXPORTABLE_UNKNOWN;
     let found = match vendor.enter() {
         Ok(saved) => {
             let mut scratch = Scratch::default();
@@ -78,7 +83,7 @@ pub(crate) fn probe_release<V: VendorApi>(vendor: &V, granularity: u64) -> Relea
                 vendor,
                 granularity,
                 &mut scratch,
-                &mut descriptor_per_handle,
+                (&mut descriptor_per_handle, &mut exportable),
             );
             kept = scratch.give_back(vendor);
             if let Some(saved) = saved {
@@ -99,6 +104,7 @@ pub(crate) fn probe_release<V: VendorApi>(vendor: &V, granularity: u64) -> Relea
     match found {
         Ok(Found::Returned { rises }) => ReleaseProbe {
             descriptor_per_handle,
+            exportable,
             kept,
             holds: false,
             note: format!(
@@ -108,6 +114,7 @@ pub(crate) fn probe_release<V: VendorApi>(vendor: &V, granularity: u64) -> Relea
         },
         Ok(Found::Held { rises, freed }) => ReleaseProbe {
             descriptor_per_handle,
+            exportable,
             kept,
             holds: true,
             note: format!(
@@ -123,6 +130,7 @@ pub(crate) fn probe_release<V: VendorApi>(vendor: &V, granularity: u64) -> Relea
         },
         Ok(Found::Unclear { rises, freed }) => ReleaseProbe {
             descriptor_per_handle,
+            exportable,
             kept,
             holds: false,
             note: format!(
@@ -139,6 +147,7 @@ pub(crate) fn probe_release<V: VendorApi>(vendor: &V, granularity: u64) -> Relea
             ReleaseProbe {
                 kept,
                 descriptor_per_handle,
+                exportable,
                 holds: false,
                 note: format!("not known: the probe failed ({e}); taken as returned at release"),
             }
@@ -200,7 +209,7 @@ fn run<V: VendorApi>(
     vendor: &V,
     g: u64,
     scratch: &mut Scratch,
-    per_handle: &mut Option<bool>,
+    (per_handle, exportable): (&mut Option<bool>, &mut u8),
 ) -> Result<Found> {
     let va = vendor.reserve(g, g, 0)?;
     scratch.reservation = Some((va, g));
@@ -208,7 +217,30 @@ fn run<V: VendorApi>(
     for attempt in 0..2 {
         let watch = attempt == 0;
         let before_create = watch.then(descriptors::open_set).flatten();
-        let h = vendor.create_physical(g, false)?;
+        // The first handle asks to be exportable as a POSIX descriptor: what every handle
+        // of the device asks for when the driver takes it.
+        let h = if watch {
+            match vendor.create_physical(g, true) {
+                Ok(h) => {
+                    *exportable = super::EXPORTABLE_YES;
+                    h
+                }
+                // What a driver answers a handle type it does not offer: invalid value (1),
+                // not permitted (800: CUDA without the IMEX channel or in a container), not
+                // supported (801) — the same numbers in CUDA and HIP. Anything else is the
+                // probe failing, as for the other calls.
+                Err(crate::Error::Driver {
+                    code: 1 | 800 | 801,
+                    ..
+                }) => {
+                    *exportable = super::EXPORTABLE_NO;
+                    vendor.create_physical(g, false)?
+                }
+                Err(e) => return Err(e),
+            }
+        } else {
+            vendor.create_physical(g, *exportable == super::EXPORTABLE_YES)?
+        };
         let after_create = before_create.as_ref().and(descriptors::open_set());
         scratch.handle = Some(h);
         // SAFETY: `h` was just made; `[va, va + g)` is the whole reservation just made, with
@@ -252,3 +284,6 @@ fn run<V: VendorApi>(
         Found::Unclear { rises, freed }
     })
 }
+
+/// The note that says whether physical handles are exportable (the probe's first handle).
+pub(crate) const EXPORT_NOTE: &str = "export";
