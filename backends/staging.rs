@@ -448,6 +448,37 @@ impl Drop for HostCopy {
     }
 }
 
+/// Copies `dst.len()` bytes of `device`'s memory at `src` into `dst` on the default stream
+/// and waits for them: for callers that hold a range of device memory they may read (an
+/// import, [`crate::share::ImportedBuffer`]).
+///
+/// # Errors
+/// The device's: a range that is not its memory (every backend checks it), a refused copy.
+pub fn read_device<D: Device + ?Sized>(device: &D, src: u64, dst: &mut [u8]) -> Result<()> {
+    if dst.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: `dst` is a live, exclusively borrowed slice for the whole copy (the stream is
+    // synchronised before returning); the device checks that `[src, src + len)` is its own
+    // memory; the default stream is a handle every device accepts.
+    unsafe { device.copy_to_host(dst.as_mut_ptr(), src, dst.len() as u64, Stream::DEFAULT) }?;
+    device.synchronize_stream(Stream::DEFAULT)
+}
+
+/// The reverse of [`read_device`]: copies `src` into `device`'s memory at `dst` and waits.
+///
+/// # Errors
+/// As [`read_device`].
+pub fn write_device<D: Device + ?Sized>(device: &D, dst: u64, src: &[u8]) -> Result<()> {
+    if src.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: `src` is a live slice for the whole copy (waited for below); the device checks
+    // the device range; the default stream is accepted by every device.
+    unsafe { device.copy_from_host(dst, src.as_ptr(), src.len() as u64, Stream::DEFAULT) }?;
+    device.synchronize_stream(Stream::DEFAULT)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -594,35 +625,4 @@ mod tests {
         // leaked (Miri, or a leak checker, sees the difference).
         drop(HostCopy::new(&d, 4096).unwrap());
     }
-}
-
-/// Copies `dst.len()` bytes of `device`'s memory at `src` into `dst` on the default stream
-/// and waits for them: for callers that hold a range of device memory they may read (an
-/// import, [`crate::share::ImportedBuffer`]).
-///
-/// # Errors
-/// The device's: a range that is not its memory (every backend checks it), a refused copy.
-pub fn read_device<D: Device + ?Sized>(device: &D, src: u64, dst: &mut [u8]) -> Result<()> {
-    if dst.is_empty() {
-        return Ok(());
-    }
-    // SAFETY: `dst` is a live, exclusively borrowed slice for the whole copy (the stream is
-    // synchronised before returning); the device checks that `[src, src + len)` is its own
-    // memory; the default stream is a handle every device accepts.
-    unsafe { device.copy_to_host(dst.as_mut_ptr(), src, dst.len() as u64, Stream::DEFAULT) }?;
-    device.synchronize_stream(Stream::DEFAULT)
-}
-
-/// The reverse of [`read_device`]: copies `src` into `device`'s memory at `dst` and waits.
-///
-/// # Errors
-/// As [`read_device`].
-pub fn write_device<D: Device + ?Sized>(device: &D, dst: u64, src: &[u8]) -> Result<()> {
-    if src.is_empty() {
-        return Ok(());
-    }
-    // SAFETY: `src` is a live slice for the whole copy (waited for below); the device checks
-    // the device range; the default stream is accepted by every device.
-    unsafe { device.copy_from_host(dst, src.as_ptr(), src.len() as u64, Stream::DEFAULT) }?;
-    device.synchronize_stream(Stream::DEFAULT)
 }

@@ -266,7 +266,7 @@ impl ShareHandle {
                     && p.offset
                         .checked_add(p.len)
                         .is_some_and(|end| end <= p.handle_size);
-                total = total.checked_add(p.len).unwrap_or(u64::MAX);
+                total = total.saturating_add(p.len);
                 if !fits {
                     return Err(bad(format!(
                         "a piece of {} bytes at {} does not lie in its handle of {} bytes",

@@ -88,7 +88,10 @@ enum ObjectKey {
 /// Every object imported now: its local handle (or base), its bytes, and the imports using
 /// it. Each is imported, and counted in [`imported_bytes`], once however many buffers lie on
 /// it, as the driver counts it once.
-static OBJECTS: Mutex<Option<HashMap<ObjectKey, (u64, u64, u32)>>> = Mutex::new(None);
+static OBJECTS: Mutex<Option<ObjectTable>> = Mutex::new(None);
+
+/// Object → (its local handle or base, its bytes, the imports using it).
+type ObjectTable = HashMap<ObjectKey, (u64, u64, u32)>;
 
 /// Takes a use of `key`, importing it with `make` (its local handle and bytes) when this is
 /// the first.
@@ -270,7 +273,7 @@ impl Sharing {
     ///
     /// # Errors
     /// As [`Sharing::export`].
-    #[cfg_attr(not(feature = "c-api"), allow(dead_code))]
+    #[allow(dead_code)] // the C ABI's (src/capi/share.rs)
     pub(crate) fn export_parts(
         &self,
         ptr: u64,
@@ -437,7 +440,7 @@ impl Room {
             start_time: start,
             record,
             export_id: key,
-            size: size,
+            size,
             offset,
             span,
             device: device_id(&*self.device),

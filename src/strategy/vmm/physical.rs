@@ -144,6 +144,9 @@ struct Region {
     pages: Vec<Option<Box<Page>>>,
 }
 
+/// A run of mapped granules: `(va, len, handle id, handle size, offset in the handle)`.
+pub(super) type Run = (u64, u64, u64, u64, u64);
+
 /// One physical handle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct HandleRec {
@@ -1009,10 +1012,10 @@ impl Physical {
     ///
     /// # Time complexity
     /// `O(log regions + granules)`.
-    pub(super) fn pieces_of(&self, start: u64, end: u64) -> Option<Vec<(u64, u64, u64, u64, u64)>> {
+    pub(super) fn pieces_of(&self, start: u64, end: u64) -> Option<Vec<Run>> {
         let (r, i0, i1) = self.locate(start, end)?;
         let g = self.g();
-        let mut runs: Vec<(u64, u64, u64, u64, u64)> = Vec::new();
+        let mut runs: Vec<Run> = Vec::new();
         for i in i0..i1 {
             let (p, k, w, bit) = pos(i);
             let page = self.page(r, p)?;
