@@ -1009,6 +1009,16 @@ pub fn import_with(
                 }
                 at += p.len;
             }
+            // The export still stands: the descriptors fetched are its own. (A withdrawal frees
+            // the record before it closes the descriptors, so a number closed and reused
+            // between the mark and the fetch shows here.)
+            if let Some((registry, record, key, ..)) = &buffer.mark {
+                if !registry.holds(*record, *key) {
+                    return Err(refuse(
+                        "the exporter withdrew this export while it was being imported".into(),
+                    ));
+                }
+            }
             // This device only, never the host: ROCm 7.15 refuses host descriptors on imported
             // handles (ROCm/rocm-systems#11185).
             vm.set_access(reservation, handle.span)?;

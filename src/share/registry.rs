@@ -53,6 +53,36 @@ pub fn path_of(dir: &Path, pid: u32, start: u64) -> PathBuf {
     ))
 }
 
+/// Removes registries in `dir` of this user whose exporter is gone (killed before its
+/// allocator could remove its own), looking at 64 files at most.
+fn remove_abandoned(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let suffix = format!(".{}", crate::backends::shared_segment::effective_uid());
+    for entry in entries.flatten().take(64) {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let Some(rest) = name
+            .strip_prefix("portalloc-share-")
+            .and_then(|r| r.strip_suffix(suffix.as_str()))
+        else {
+            continue;
+        };
+        let Some((pid, start)) = rest.split_once('-') else {
+            continue;
+        };
+        let (Ok(pid), Ok(start)) = (pid.parse::<u32>(), start.parse::<u64>()) else {
+            continue;
+        };
+        if crate::budget::process_start_time(pid) != Some(start)
+            && !crate::backends::shared_segment::pid_exists(pid)
+        {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
 /// The mark a process writes: its pid and the low half of its start time.
 pub fn mark_of(pid: u32, start: u64) -> u64 {
     (u64::from(pid) << 32) | (start & 0xffff_ffff)
@@ -90,6 +120,7 @@ impl Registry {
     /// # Errors
     /// [`Error::Share`] when the file cannot be made or is not right.
     pub fn create(dir: &Path, pid: u32, start: u64) -> Result<Registry> {
+        remove_abandoned(dir);
         let path = path_of(dir, pid, start);
         let init = |w: &[AtomicU64]| {
             w[1].store(VERSION, Ordering::Relaxed);
@@ -242,6 +273,12 @@ impl Registry {
         Err(refuse(format!(
             "{MARKS} processes import this export already; at most {MARKS} at a time"
         )))
+    }
+
+    /// Whether record `r` still holds export `key` (not withdrawn).
+    pub fn holds(&self, r: u32, key: u64) -> bool {
+        self.record(r)
+            .is_some_and(|rec| rec[0].load(Ordering::Acquire) == key)
     }
 
     /// An importer: clears its mark in slot `slot` of record `r`, if the record still holds

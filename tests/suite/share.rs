@@ -402,6 +402,28 @@ struct World {
     env: Vec<(String, String)>,
     shared: Option<portalloc_fakes::SharedDevice>,
     dir: PathBuf,
+    /// Whether every registry must be gone at the end (not where exporters are killed: the
+    /// next exporter's first export removes a dead one's).
+    clean: bool,
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        // Every registry went with its exporter (or its last importer): the directory is
+        // empty but for the socket a test made.
+        let left: Vec<_> = std::fs::read_dir(&self.dir)
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.starts_with("portalloc-share-"))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let _ = std::fs::remove_dir_all(&self.dir);
+        if self.clean && !std::thread::panicking() {
+            assert!(left.is_empty(), "registries left behind: {left:?}");
+        }
+    }
 }
 
 impl World {
@@ -420,6 +442,7 @@ impl World {
             env,
             shared: None,
             dir,
+            clean: true,
         }
     }
 
@@ -457,6 +480,7 @@ impl World {
             env,
             shared: Some(shared),
             dir,
+            clean: true,
         }
     }
 
@@ -635,7 +659,8 @@ fn a_killed_trainer_or_rollout_costs_the_other_nothing() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(50);
-    let world = World::fake("cuda12", None, "vmm", 1);
+    let mut world = World::fake("cuda12", None, "vmm", 1);
+    world.clean = false;
     let steps = [
         "alloc", "write 1", "export", "import", "write 2", "free", "trim",
     ];
