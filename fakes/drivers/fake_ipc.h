@@ -7,8 +7,13 @@
  *   - Shareable handles of virtual memory (cuMemExportToShareableHandle /
  *     cuMemImportFromShareableHandle, CUDA 10.2; hipMemExportToShareableHandle /
  *     hipMemImportFromShareableHandle). A handle created with POSIX_FD among its requested
- *     handle types is a memory file of its own (fake_vmm.h: fk_phys_create_exportable), named
- *     fake-exportable-<key>-<device>; exporting it gives the caller a new descriptor of that
+ *     handle types is a part of the driver's memory file, as any handle, until it is first
+ *     exported: then it moves into a memory file of its own (fk_phys_share: copied, its
+ *     mappings in this process re-mapped over the file where they are, its part of the
+ *     driver's file given back), named fake-exportable-<key>-<device>, and its charge on a
+ *     shared device moves from this process's slot into an object. So a handle never exported
+ *     holds no descriptor, as with the vendors' drivers (CUDA opens none before
+ *     cuMemExportToShareableHandle). Each export gives the caller a new descriptor of that
  *     file (O_CLOEXEC, the caller's to close). Importing takes a descriptor (CUDA: "the
  *     shareable handle ... for POSIX_FD the value of the descriptor cast to void *"; HIP the
  *     same, ROCm/rocm-systems PR #1564), checks it is such a file (its name, read back through
@@ -46,16 +51,103 @@
 
 #include <sys/stat.h>
 
+/* ---- Moving memory into a file of its own ------------------------------------------------ */
+
+/* Maps [va, va + size) over memory file `fd` from `at`, shared, with protection `prot`, in
+ * place of what is mapped there (the address does not change); 0 when it cannot, and then
+ * what was mapped there still is. */
+static int fk_map_over(unsigned long long va, unsigned long long size, int prot, int fd,
+                       unsigned long long at) {
+  return mmap((void *)(uintptr_t)va, size, prot, MAP_SHARED | MAP_FIXED, fd, (off_t)at) !=
+         MAP_FAILED;
+}
+
+/* Copies [from_at, from_at + size) of memory file `from` to the start of `to` (fresh: all
+ * holes), the data only: a hole of `from` stays a hole of `to`. 0 when a read or write fails. */
+static int fk_file_copy(int to, int from, unsigned long long from_at, unsigned long long size) {
+  static char buf[1 << 16];
+  off_t end = (off_t)(from_at + size), at = (off_t)from_at;
+  while (at < end) {
+    off_t data = lseek(from, at, SEEK_DATA);
+    if (data < 0 || data >= end) break; /* ENXIO: no data past `at` */
+    off_t hole = lseek(from, data, SEEK_HOLE);
+    if (hole < 0 || hole > end) hole = end;
+    for (off_t x = data; x < hole;) {
+      size_t n = (size_t)(hole - x) < sizeof buf ? (size_t)(hole - x) : sizeof buf;
+      ssize_t got = pread(from, buf, n, x);
+      if (got <= 0 || pwrite(to, buf, (size_t)got, x - (off_t)from_at) != got) return 0;
+      x += got;
+    }
+    at = hole;
+  }
+  return 1;
+}
+
 /* ---- Shareable handles (virtual memory) -------------------------------------------------- */
 
-/* A new descriptor of exportable handle `handle`'s memory file into `*out`. FK_INVALID_VALUE
- * for an unknown or released handle, or one created without POSIX_FD requested (CUDA:
- * "the handle ... must have been created with the requested handle type"); the face checks
- * the type asked for and the flags. */
+/* The first export of exportable handle `p` (created here, a part of the driver's memory
+ * file): moves its bytes into a memory file of its own, fake-exportable-<key>-<device>, under
+ * a new key. Every mapping of it in this process is mapped again over the new file, where it
+ * was and with the protection it had (as fk_ipc_share does for a plain allocation), and its
+ * part of the driver's file is punched out. On a shared device its bytes, charged to this
+ * process's slot so far, become an object of the device: the object is counted first, then
+ * the slot's charge taken back, so that a reader of the segment meanwhile counts them twice,
+ * never not at all (a full object table keeps them on the slot, as an import would). A host
+ * write through a mapping by another thread while the move runs (under the lock) may land in
+ * the old part and be lost, as with fk_ipc_share. FK_OUT_OF_MEMORY when there is no memory
+ * file or descriptor for it; nothing changed then. */
+static int fk_phys_share(struct fk_phys *p) {
+  unsigned long long span = fk_round_up(p->size, fk_page());
+  unsigned long long key = (unsigned long long)getpid() << 32 | (fk_next_key + 1);
+  char name[64];
+  snprintf(name, sizeof name, "fake-exportable-%016llx-%d", key, p->device);
+  int fd = memfd_create(name, MFD_CLOEXEC);
+  if (fd < 0) return FK_OUT_OF_MEMORY;
+  if (ftruncate(fd, (off_t)span) != 0 || !fk_file_copy(fd, fk_phys_fd, p->offset, span)) {
+    close(fd);
+    return FK_OUT_OF_MEMORY;
+  }
+  int index = (int)(p - fk_phys);
+  for (int i = 0; i < fk_regions_high; i++) {
+    const struct fk_region *m = &fk_regions[i];
+    if (m->kind != R_MAPPING || m->phys != index) continue;
+    if (!fk_map_over(m->va, m->size, m->prot, fd, m->offset)) {
+      /* Back over the driver's file, those moved already (their bytes are still there). */
+      for (int j = 0; j < i; j++) {
+        const struct fk_region *b = &fk_regions[j];
+        if (b->kind == R_MAPPING && b->phys == index)
+          fk_map_over(b->va, b->size, b->prot, fk_phys_fd, p->offset + b->offset);
+      }
+      close(fd);
+      return FK_OUT_OF_MEMORY;
+    }
+  }
+  fk_next_key++;
+  p->key = key;
+  if (fk_shared && fk_shared_object_hold(key, p->device, p->size, 1) > 0) {
+    fk_shared_uncharge(p->device, p->size); /* this process's used stays: now the object's */
+    p->object = 1;
+  }
+  fallocate(fk_phys_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)p->offset,
+            (off_t)span);
+  p->file1 = fd + 1;
+  p->offset = 0;
+  return FK_OK;
+}
+
+/* A new descriptor of exportable handle `handle`'s memory file into `*out`, the handle moved
+ * into a file of its own first if this is its first export. FK_INVALID_VALUE for an unknown or
+ * released handle, or one created without POSIX_FD requested (CUDA: "the handle ... must have
+ * been created with the requested handle type"); the face checks the type asked for and the
+ * flags. */
 FK_FN int fk_phys_export(unsigned long long handle, int *out) {
   struct fk_phys *p = fk_phys_of(handle);
-  if (!out || !p || p->released || !p->file1 || !(p->handle_types & FK_HANDLE_POSIX_FD))
+  if (!out || !p || p->released || !(p->handle_types & FK_HANDLE_POSIX_FD))
     return FK_INVALID_VALUE;
+  if (!p->file1) {
+    int rc = fk_phys_share(p);
+    if (rc != FK_OK) return rc;
+  }
   int fd = fcntl(p->file1 - 1, F_DUPFD_CLOEXEC, 0);
   if (fd < 0) return FK_OUT_OF_MEMORY; /* the process has no descriptor left */
   *out = fd;
@@ -178,9 +270,8 @@ static int fk_ipc_share(struct fk_region *r) {
     }
     at += (unsigned long long)n * page;
   }
-  void *m = mmap((void *)(uintptr_t)r->va, r->span, PROT_READ | PROT_WRITE,
-                 MAP_SHARED | MAP_FIXED, fd, 0);
-  if (m == MAP_FAILED) { /* the anonymous mapping is still there: nothing changed */
+  if (!fk_map_over(r->va, r->span, PROT_READ | PROT_WRITE, fd, 0)) {
+    /* the anonymous mapping is still there: nothing changed */
     close(fd);
     return 0;
   }

@@ -37,13 +37,15 @@
  *       its export counter; 0: free), u64 size, u32 device, u32 pad (0), u64 holders (bit i:
  *       slot i holds a handle of it or a mapping)
  *
- * Exported objects (layout version 2): a physical allocation made exportable
+ * Exported objects (layout version 2): a physical allocation once exported
  * (requestedHandleTypes POSIX_FD, fake_ipc.h) is memory of the device, not of one process: the
  * real driver frees it when the last process holding a handle of it (its creator's, an
- * importer's) lets go, whoever created it. So it is charged once, in the object table, not to
- * a slot's used[d]; it counts while any LIVE slot has its bit in `holders` (the rule of
- * liveness above: a killed holder's bit is ignored, and cleared when its slot is claimed
- * again). A process sets its bit by an atomic OR, clears it by an atomic AND; an entry is
+ * importer's) lets go, whoever created it. So from its first export it is charged once, in
+ * the object table, not to a slot's used[d] (until then it is its creator's, on its slot; the
+ * export counts the object before it takes the slot's charge back, so a sum meanwhile counts
+ * it twice, never not at all); it counts while any LIVE slot has its bit in `holders` (the
+ * rule of liveness above: a killed holder's bit is ignored, and cleared when its slot is
+ * claimed again). A process sets its bit by an atomic OR, clears it by an atomic AND; an entry is
  * taken by a CAS of its key (free: 0, or one no live slot holds), freed by a CAS back to 0
  * when no live holder is left. The key travels with the memory: it is in the memfd's name
  * (fake-exportable-<key>-<device>), which an importer reads back (/proc/self/fd/N).
@@ -426,9 +428,11 @@ FK_FN unsigned long long fk_device_used_all(int device) {
 /* ---- Exported objects ------------------------------------------------------------------ */
 
 /* This process holds the object `key` (`size` bytes of `device`) from now on: its bit set in
- * the entry of that key, or in a new entry (`fresh`: the creator's, which replaces any entry
- * a dead process left under the same key). 1: held; 0: the device has not the bytes (the
- * object was counted by nobody live, and counting it passes the capacity): nothing held;
+ * the entry of that key, or in a new entry (`fresh`: the creator's, at the handle's first
+ * export, which replaces any entry a dead process left under the same key; its bytes are
+ * charged to the creator's slot already, which the caller then takes back, so they are not
+ * checked against the capacity again). 1: held; 0: the device has not the bytes (an import of
+ * an object counted by nobody live, and counting it passes the capacity): nothing held;
  * -1: the device is private after all; -2: the table is full. */
 static int fk_shared_object_hold(unsigned long long key, int device, unsigned long long size,
                                  int fresh) {
@@ -470,6 +474,7 @@ static int fk_shared_object_hold(unsigned long long key, int device, unsigned lo
       o = x;
     }
   if (!o) return -2;
+  if (fresh) return 1;
   if (size > fk_shared->capacity[device] || fk_shared_sum(device) > fk_shared->capacity[device]) {
     unsigned long long after = atomic_fetch_and(&o->holders, ~bit) & ~bit, k = key;
     if (!fk_shared_live_mask(after)) atomic_compare_exchange_strong(&o->key, &k, 0);

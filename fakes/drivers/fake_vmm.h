@@ -11,9 +11,11 @@
  *   - a physical handle is a part of one memory file per driver, charged to its device;
  *     releasing it while mapped defers the free to the last unmap (under
  *     Q_DESCRIPTOR_PER_HANDLE it also holds a descriptor of the process until released);
- *     a handle made exportable (requestedHandleTypes POSIX_FD) or imported is a memory file
- *     of its own instead, so that a descriptor carries exactly its bytes to another process
- *     (fake_ipc.h), and is charged as an object of the device (fake_shared.h);
+ *     a handle made exportable (requestedHandleTypes POSIX_FD) is one too until its first
+ *     export, which moves it into a memory file of its own (its mappings re-mapped over it
+ *     where they are), so that a descriptor carries exactly its bytes to another process
+ *     (fake_ipc.h), and charges it as an object of the device (fake_shared.h) from then on; an
+ *     imported handle is such a file from the start;
  *   - a map maps the handle's part MAP_FIXED without access; set-access grants it per device
  *     (and sets the host protection to the widest granted); an unmap covers whole mappings.
  *
@@ -63,8 +65,8 @@ struct fk_phys {
   unsigned long long size, offset; /* its part of the memory file */
   int device, released, mappings;
   int descriptor1; /* Q_DESCRIPTOR_PER_HANDLE: the descriptor it holds, plus one (0: none) */
-  /* Exportable (POSIX_FD requested) or imported: its own memory file, plus one (0: a part of
-   * the driver's), which is all of it (offset 0); the key of its object (fake_shared.h). */
+  /* Exported once (POSIX_FD requested) or imported: its own memory file, plus one (0: a part
+   * of the driver's), which is all of it (offset 0); the key of its object (fake_shared.h). */
   int file1;
   unsigned handle_types; /* the requested handle types (FK_HANDLE_POSIX_FD) */
   int imported;          /* made by an import, not a create */
@@ -120,11 +122,12 @@ FK_FN void fk_phys_close_descriptor(struct fk_phys *p) {
 /* The key of the next object this process exports (fake_shared.h): pid << 32 | a counter. */
 static unsigned fk_next_key;
 
-/* Charges exportable or imported handle `p`: once, as an object of a shared device (the
- * importer of an object counted already adds nothing); else to this process's device, as any
- * handle. 0 when the device has not the bytes. */
+/* Charges imported handle `p`: once, as an object of a shared device (the importer of an
+ * object counted already adds nothing); else to this process's device, as any handle. 0 when
+ * the device has not the bytes. (A created handle is charged to this process's slot, and that
+ * charge moves into its object at its first export: fake_ipc.h, fk_phys_share.) */
 FK_FN int fk_phys_charge(struct fk_phys *p) {
-  int held = fk_shared ? fk_shared_object_hold(p->key, p->device, p->size, !p->imported) : -1;
+  int held = fk_shared ? fk_shared_object_hold(p->key, p->device, p->size, 0) : -1;
   if (held == 0) return 0;
   if (held < 0) return fk_charge(p->device, p->size); /* private, or the table is full */
   p->object = 1;
@@ -157,43 +160,16 @@ FK_FN unsigned long long fk_phys_enter(struct fk_phys *p) {
   return fk_phys_handle(p);
 }
 
-/* An exportable handle: a memory file of its own (its name carries the object's key and the
- * device, which an importer reads back), charged as an object. */
-FK_FN unsigned long long fk_phys_create_exportable(int device, unsigned long long size,
-                                                   unsigned types, int descriptor1, int *code) {
-  struct fk_phys *p = fk_phys_slot();
-  if (!p) goto fail;
-  memset(p, 0, sizeof *p);
-  p->size = size;
-  p->device = device;
-  p->handle_types = types;
-  p->descriptor1 = descriptor1 > 0 ? descriptor1 : 0;
-  p->key = (unsigned long long)getpid() << 32 | ++fk_next_key;
-  char name[64];
-  snprintf(name, sizeof name, "fake-exportable-%016llx-%d", p->key, device);
-  int fd = memfd_create(name, MFD_CLOEXEC);
-  if (fd < 0) goto fail;
-  if (ftruncate(fd, (off_t)fk_round_up(size, fk_page())) != 0 || !fk_phys_charge(p)) {
-    close(fd);
-    goto fail;
-  }
-  p->file1 = fd + 1;
-  *code = FK_OK;
-  return fk_phys_enter(p);
-fail:
-  if (descriptor1 > 0) close(descriptor1 - 1);
-  if (p) memset(p, 0, sizeof *p);
-  return 0;
-}
-
 /* A new physical handle of `size` bytes on `device` (charged), with the requested handle
- * types `types` (FK_HANDLE_POSIX_FD: exportable); its handle, or 0 with `*code` set. */
+ * types `types` (FK_HANDLE_POSIX_FD: exportable); its handle, or 0 with `*code` set. An
+ * exportable handle is a part of the driver's memory file like any other until its first
+ * export (fake_ipc.h: fk_phys_share), as a real driver opens no descriptor for it before
+ * then. */
 FK_FN unsigned long long fk_phys_create(int device, unsigned long long size, unsigned types,
                                         int *code) {
   *code = FK_OUT_OF_MEMORY;
   int descriptor1 = fk_handle_descriptor();
   if (!descriptor1) return 0;
-  if (types & FK_HANDLE_POSIX_FD) return fk_phys_create_exportable(device, size, types, descriptor1, code);
   if (!fk_charge(device, size)) {
     if (descriptor1 > 0) close(descriptor1 - 1);
     return 0;
@@ -222,6 +198,7 @@ FK_FN unsigned long long fk_phys_create(int device, unsigned long long size, uns
   p->size = size;
   p->offset = offset;
   p->device = device;
+  p->handle_types = types;
   p->descriptor1 = descriptor1 > 0 ? descriptor1 : 0;
   if (p - fk_phys >= fk_phys_high) fk_phys_high = (int)(p - fk_phys) + 1;
   *code = FK_OK;

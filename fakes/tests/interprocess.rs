@@ -264,6 +264,14 @@ fn open_theirs(pid: u64, fd: u64) -> c_int {
         .into_raw_fd()
 }
 
+/// The descriptors this process has open (`/proc/self/fd`, less the one reading it).
+fn open_descriptors() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .expect("/proc/self/fd")
+        .count()
+        - 1
+}
+
 fn close(fd: c_int) {
     extern "C" {
         fn close(fd: c_int) -> c_int;
@@ -311,6 +319,25 @@ fn child() {
             "closefd" => {
                 close(num(1) as c_int);
                 "0".to_owned()
+            }
+            // The process's open descriptors.
+            "fds" => open_descriptors().to_string(),
+            // many N: creates N exportable handles (unmapped, never exported) and releases
+            // them: the descriptors open before, with them all, and after.
+            "many" => {
+                let before = open_descriptors();
+                let handles: Vec<u64> = (0..num(1))
+                    .map(|_| {
+                        let (rc, h) = create(&gpu, SIZE, 1);
+                        assert_eq!(rc, 0);
+                        h
+                    })
+                    .collect();
+                let with = open_descriptors();
+                for h in handles {
+                    assert_eq!(release(&gpu, h), 0);
+                }
+                format!("{before} {with} {}", open_descriptors())
             }
             "map" => map(&gpu, num(1), SIZE).to_string(),
             // access VA host|device: the code.
@@ -585,6 +612,149 @@ fn an_exported_handle_is_the_same_memory_in_the_importer(driver: Driver) {
     assert_eq!(b.ask(&format!("release {hb}")), [0]);
     assert_eq!(device.used(0), 0, "the last holder let go");
     assert_eq!(device.objects(), []);
+    b.quit();
+}
+
+/// A handle created exportable holds no descriptor until it is exported, as with the vendors'
+/// drivers (CUDA opens one at `cuMemExportToShareableHandle`): many of them open nothing. The
+/// first export of a handle mapped and written moves it into a memory file of its own under
+/// its mapping: the exporter's pointer reads what it wrote, the importer reads the same, and
+/// each sees the other's later writes. The exporter's file is closed at its release.
+#[test_case(CUDA12 ; "cuda")]
+#[test_case(HIP ; "hip")]
+fn an_exportable_handle_holds_no_descriptor_until_exported(driver: Driver) {
+    let capacity = (1024 * MIB).to_string();
+    let env = [
+        ("FAKECUDA_CAPACITY", &capacity[..]),
+        ("FAKEHIP_CAPACITY", &capacity[..]),
+    ];
+    let mut a = Proc::start(driver, None, &env);
+    let mut b = Proc::start(driver, None, &env);
+    let (h, va) = a.create();
+    let counts = a.ask("many 200");
+    assert_eq!(
+        (counts[1], counts[2]),
+        (counts[0], counts[0]),
+        "200 exportable handles: no descriptor opened"
+    );
+    // Written in two halves, one all zeros (a hole of the memory file).
+    a.ok(&format!("fill {va} {} 77", SIZE / 2));
+    let before = a.ask("fds")[0];
+    let fd = a.export(h);
+    assert_eq!(
+        a.ask("fds")[0],
+        before + 2,
+        "exported: its memory file, and the descriptor given"
+    );
+    assert_eq!(a.read(va, SIZE / 2), 77, "the exporter's pointer, moved");
+    assert_eq!(a.read(va + SIZE / 2, SIZE / 2), 0);
+    let (rc, hb, _) = b.import(&a, fd, false);
+    assert_eq!(rc, 0);
+    a.ok(&format!("closefd {fd}"));
+    let vb = b.ask(&format!("map {hb}"))[0];
+    assert_eq!(b.ask(&format!("access {vb} device")), [0]);
+    assert_eq!(
+        b.read(vb, SIZE / 2),
+        77,
+        "the bytes written before the export"
+    );
+    assert_eq!(b.read(vb + SIZE / 2, SIZE / 2), 0);
+    a.ok(&format!("fill {va} {SIZE} 12"));
+    assert_eq!(
+        b.read(vb, SIZE),
+        12,
+        "the exporter's writes after the export"
+    );
+    b.ok(&format!("fill {vb} {SIZE} 34"));
+    assert_eq!(a.read(va, SIZE), 34, "and the importer's");
+    // A second export gives another descriptor of the same file: nothing moves again.
+    let again = a.export(h);
+    assert_eq!(a.ask("fds")[0], before + 2);
+    a.ok(&format!("closefd {again}"));
+    assert_eq!(a.read(va, SIZE), 34);
+    a.ok(&format!("unmap {va}"));
+    assert_eq!(a.ask(&format!("release {h}")), [0]);
+    assert_eq!(a.ask("fds")[0], before, "released: its file closed");
+    assert_eq!(a.used(), 0);
+    assert_eq!(b.read(vb, SIZE), 34, "the importer keeps the bytes");
+    a.quit();
+    b.quit();
+}
+
+/// On a shared device an exportable handle is its creator's until exported (charged to its
+/// slot, no object); its first export moves the charge into an object of the device, and the
+/// device counts its bytes once before, across and after the move. A handle never exported
+/// gives its bytes back from the slot.
+#[test_case(CUDA12 ; "cuda")]
+#[test_case(HIP ; "hip")]
+fn the_first_export_moves_the_charge_into_an_object(driver: Driver) {
+    use portalloc_fakes::Holder;
+    let device = SharedDevice::unique();
+    let mut a = Proc::start(driver, Some(&device), &[]);
+    let mut b = Proc::start(driver, Some(&device), &[]);
+    let (h, va) = a.create();
+    let (never, vn) = a.create();
+    a.ok(&format!("fill {va} {SIZE} 99"));
+    let pid = a.pid as u32;
+    let mine = |bytes| vec![Holder { pid, bytes }];
+    assert_eq!(device.used(0), 2 * SIZE);
+    assert_eq!(device.objects(), [], "no object before an export");
+    assert_eq!(device.holders(0), mine(2 * SIZE));
+    assert_eq!(
+        b.ask("info")[0],
+        CAPACITY - 2 * SIZE,
+        "what another process sees free"
+    );
+
+    let fd = a.export(h);
+    assert_eq!(device.used(0), 2 * SIZE, "counted once across the move");
+    let objects = device.objects();
+    assert_eq!(objects.len(), 1, "{objects:?}");
+    assert_eq!(
+        (objects[0].size, &objects[0].holders[..]),
+        (SIZE, &[a.pid as u32][..])
+    );
+    assert_eq!(objects[0].key >> 32, a.pid, "the creator's pid in its key");
+    assert_eq!(
+        device.holders(0),
+        mine(2 * SIZE),
+        "its slot less, the object more"
+    );
+    assert_eq!(a.used(), 2 * SIZE, "what the creator's driver reports used");
+    assert_eq!(b.ask("info")[0], CAPACITY - 2 * SIZE);
+    let again = a.export(h);
+    assert_ne!(again, fd);
+    a.ok(&format!("closefd {again}"));
+    assert_eq!(device.used(0), 2 * SIZE, "a second export changes nothing");
+    assert_eq!(device.objects().len(), 1);
+
+    let (rc, hb, _) = b.import(&a, fd, false);
+    assert_eq!(rc, 0);
+    let vb = b.ask(&format!("map {hb}"))[0];
+    assert_eq!(b.ask(&format!("access {vb} device")), [0]);
+    assert_eq!(b.read(vb, SIZE), 99);
+    assert_eq!(device.used(0), 2 * SIZE, "the import counts nothing more");
+
+    // The handle never exported goes back from the creator's slot.
+    a.ok(&format!("unmap {vn}"));
+    assert_eq!(a.ask(&format!("release {never}")), [0]);
+    assert_eq!(device.used(0), SIZE);
+    assert_eq!(device.holders(0).len(), 2, "{:?}", device.holders(0));
+    a.ok(&format!("unmap {va}"));
+    assert_eq!(a.ask(&format!("release {h}")), [0]);
+    assert_eq!(device.used(0), SIZE, "the importer holds the object");
+    assert_eq!(
+        device.holders(0),
+        [Holder {
+            pid: b.pid as u32,
+            bytes: SIZE
+        }]
+    );
+    b.ok(&format!("unmap {vb}"));
+    assert_eq!(b.ask(&format!("release {hb}")), [0]);
+    assert_eq!(device.used(0), 0);
+    assert_eq!(device.objects(), []);
+    a.quit();
     b.quit();
 }
 
