@@ -8,8 +8,9 @@
 //! killed gives its memory back by the liveness rule (its pid gone, or reused by a process
 //! that started at another time), as a real driver frees a dead process's memory.
 //!
-//! Memory exported from one process and imported by others (a physical handle created
-//! exportable, `fake_ipc.h`) is the device's, not one process's: it is counted once while any
+//! Memory exported from one process and imported by others (a physical handle exported
+//! once, `fake_ipc.h`; before its first export it is its creator's like any other) is the
+//! device's, not one process's: it is counted once while any
 //! live process holds a handle of it, as the real driver frees it only when the last holder
 //! lets go ([`SharedObject`]).
 //!
