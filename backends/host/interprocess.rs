@@ -10,8 +10,10 @@
 //!   change) and keeps that file until the allocation is freed. The 64 handle bytes say where
 //!   the file is — the exporter's pid, its start time, the descriptor's number — and an
 //!   importer opens it through `/proc/<pid>/fd/<n>`, which the kernel allows a process of the
-//!   same user (`PTRACE_MODE_READ`, which Yama's scope 1 does not restrict). Every byte is
-//!   written: the same allocation's handle is the same 64 bytes each time.
+//!   same user (`PTRACE_MODE_READ`, which Yama's scope 1 does not restrict). A serial counts
+//!   the process's exports, so a descriptor number reused for another allocation is never
+//!   taken for an earlier one. Every byte is written: the same allocation's handle is the
+//!   same 64 bytes each time.
 //!
 //! Simulated devices hold no real memory and offer neither.
 
@@ -44,7 +46,7 @@ pub(super) struct OpenedIpc {
     len: u64,
     opens: u32,
     size: u64,
-    key: (u32, i32, u64),
+    key: (u32, i32, u64, u64),
 }
 
 /// The fields of a host IPC handle.
@@ -54,7 +56,13 @@ struct IpcFields {
     fd: i32,
     start: u64,
     size: u64,
+    /// Which export of the exporter's (a process-wide count): a descriptor number the
+    /// exporter reuses names another allocation.
+    serial: u64,
 }
+
+/// The serial of the next plain allocation exported by this process.
+static NEXT_SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 fn encode(f: IpcFields) -> IpcMemHandle {
     let mut b = [0u8; 64];
@@ -63,6 +71,7 @@ fn encode(f: IpcFields) -> IpcMemHandle {
     b[12..16].copy_from_slice(&f.fd.to_le_bytes());
     b[16..24].copy_from_slice(&f.start.to_le_bytes());
     b[24..32].copy_from_slice(&f.size.to_le_bytes());
+    b[32..40].copy_from_slice(&f.serial.to_le_bytes());
     IpcMemHandle(b)
 }
 
@@ -81,9 +90,9 @@ fn decode(h: &IpcMemHandle) -> Result<IpcFields> {
             &b[..8]
         )));
     }
-    if b[32..].iter().any(|&x| x != 0) {
+    if b[40..].iter().any(|&x| x != 0) {
         return Err(bad(
-            "bytes 32-63 of a host IPC handle are zero; these are not (damaged or forged)".into(),
+            "bytes 40-63 of a host IPC handle are zero; these are not (damaged or forged)".into(),
         ));
     }
     let fields = IpcFields {
@@ -91,6 +100,7 @@ fn decode(h: &IpcMemHandle) -> Result<IpcFields> {
         fd: half(12) as i32,
         start: word(16),
         size: word(24),
+        serial: word(32),
     };
     if fields.pid == 0 || fields.fd < 0 || fields.size == 0 {
         return Err(bad(format!(
@@ -186,6 +196,7 @@ impl Interprocess for HostDevice {
                 crate::budget::process_start_time(crate::backends::shared_segment::current_pid())
                     .unwrap_or(0),
             size,
+            serial: NEXT_SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         });
         st.exported_plain
             .insert(base, ExportedPlain { file, handle });
@@ -218,7 +229,7 @@ impl Interprocess for HostDevice {
                 "the handle is this process's own (pid {me}); open it in another process"
             )));
         }
-        let key = (f.pid, f.fd, f.start);
+        let key = (f.pid, f.fd, f.start, f.serial);
         {
             let mut st = self.lock();
             if let Some((&ptr, opened)) = st.opened_ipc.iter_mut().find(|(_, o)| o.key == key) {
@@ -293,10 +304,11 @@ mod tests {
             fd: 17,
             start: 99,
             size: 1 << 20,
+            serial: 3,
         };
         let h = encode(f);
         assert_eq!(decode(&h).unwrap(), f);
-        assert!(h.0[32..].iter().all(|&b| b == 0));
+        assert!(h.0[40..].iter().all(|&b| b == 0));
         assert_eq!(encode(f), h, "the same fields give the same 64 bytes");
     }
 
@@ -307,10 +319,11 @@ mod tests {
             fd: 3,
             start: 1,
             size: 64,
+            serial: 1,
         });
         h.0[40] = 1;
         let e = decode(&h).unwrap_err().to_string();
-        assert!(e.contains("bytes 32-63"), "{e}");
+        assert!(e.contains("bytes 40-63"), "{e}");
         let e = decode(&IpcMemHandle([0xab; 64])).unwrap_err().to_string();
         assert!(e.contains("not a host IPC handle"), "{e}");
     }

@@ -287,9 +287,16 @@ impl ShareHandle {
 
 /// FNV-1a of `text`: the device field of a handle.
 pub(crate) fn fnv1a(text: &str) -> u64 {
-    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+    digest(text.as_bytes())
+}
+
+/// FNV-1a of `bytes`, never 0 (a registry record's digest word is 0 until sealed): what binds
+/// a handle's bytes to its export in the exporter's registry.
+pub(crate) fn digest(bytes: &[u8]) -> u64 {
+    let h = bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
+    });
+    h.max(1)
 }
 
 #[cfg(test)]

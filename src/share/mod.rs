@@ -67,6 +67,83 @@ use registry::Registry;
 /// Bytes this process maps from other processes' exports now.
 static IMPORTED: AtomicU64 = AtomicU64::new(0);
 
+/// The next export's key, process-wide: a handle of an export withdrawn never names a later
+/// one, whichever allocator made it.
+static NEXT_KEY: AtomicU64 = AtomicU64::new(1);
+
+/// The serial of the next descriptor an export opens, process-wide (see [`SharedPiece`]).
+static NEXT_SERIAL: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
+
+/// This process's registry while any allocator has exports: one file per process, shared by
+/// every [`Sharing`], removed when the last of them goes.
+static REGISTRY: Mutex<std::sync::Weak<Registry>> = Mutex::new(std::sync::Weak::new());
+
+fn process_registry() -> Result<Arc<Registry>> {
+    let mut held = lock(&REGISTRY);
+    if let Some(r) = held.upgrade() {
+        return Ok(r);
+    }
+    let (pid, start) = me();
+    let r = Arc::new(Registry::create(&registry::default_dir(), pid, start)?);
+    *held = Arc::downgrade(&r);
+    Ok(r)
+}
+
+/// The marks this process holds in exporters' registries, one per export however many times
+/// it imports it: (exporter pid, start time, record, key) → (the registry, the mark's slot,
+/// the mark, the imports holding it).
+type MarkKey = (u32, u64, u32, u64);
+#[allow(clippy::type_complexity)]
+static MARKS: Mutex<Option<HashMap<MarkKey, (Arc<Registry>, usize, u64, u32)>>> = Mutex::new(None);
+
+/// Takes a use of this process's mark for export `key`, marking with `make` the first time.
+fn take_mark(
+    key: MarkKey,
+    make: impl FnOnce() -> Result<(Arc<Registry>, usize, u64)>,
+) -> Result<()> {
+    let mut marks = lock(&MARKS);
+    let table = marks.get_or_insert_with(HashMap::new);
+    if let Some(entry) = table.get_mut(&key) {
+        entry.3 += 1;
+        return Ok(());
+    }
+    let (registry, slot, mark) = make()?;
+    table.insert(key, (registry, slot, mark, 1));
+    Ok(())
+}
+
+/// Whether the export this process marks as `key` still stands.
+fn mark_holds(key: MarkKey) -> bool {
+    let marks = lock(&MARKS);
+    marks
+        .as_ref()
+        .and_then(|t| t.get(&key))
+        .is_some_and(|(registry, ..)| registry.holds(key.2, key.3))
+}
+
+/// Gives back a use of the mark `key`; the last clears it, and removes the registry of an
+/// exporter that died without removing it.
+fn drop_mark(key: MarkKey) {
+    let mut marks = lock(&MARKS);
+    let Some(table) = marks.as_mut() else {
+        return;
+    };
+    let Some(entry) = table.get_mut(&key) else {
+        return;
+    };
+    entry.3 -= 1;
+    if entry.3 > 0 {
+        return;
+    }
+    let Some((registry, slot, mark, _)) = table.remove(&key) else {
+        return;
+    };
+    registry.unmark(key.2, key.3, slot, mark);
+    if crate::budget::process_start_time(key.0) != Some(key.1) {
+        registry.unlink();
+    }
+}
+
 /// An exported object this process imported: a physical handle (by the exporter, its
 /// descriptor and the descriptor's serial) or a device allocation opened through its IPC
 /// handle (by where it opened), on one device (by the `Arc`'s address).
@@ -178,14 +255,11 @@ struct Export {
 #[derive(Debug, Default)]
 struct State {
     registry: Option<Arc<Registry>>,
-    next_key: u64,
     /// Live exports by allocation address.
     exports: HashMap<u64, Export>,
     /// The descriptor of each exported physical handle, its serial, and how many exports
     /// name it.
     fds: HashMap<u64, (OwnedFd, u32, usize)>,
-    /// The serial of the next descriptor opened.
-    next_serial: u32,
     /// Freed allocations still imported somewhere: freed once nobody imports them.
     parked: Vec<Allocation>,
 }
@@ -239,10 +313,7 @@ impl Sharing {
         Sharing(Arc::new(Room {
             inner,
             device,
-            state: Mutex::new(State {
-                next_key: 1,
-                ..State::default()
-            }),
+            state: Mutex::new(State::default()),
             exported: AtomicUsize::new(0),
             parked: AtomicUsize::new(0),
         }))
@@ -357,11 +428,7 @@ impl Room {
             .ok_or_else(|| no_interprocess(&*self.device))?;
         let (pid, start) = me();
         if state.registry.is_none() {
-            state.registry = Some(Arc::new(Registry::create(
-                &registry::default_dir(),
-                pid,
-                start,
-            )?));
+            state.registry = Some(process_registry()?);
         }
         let mut physical = Vec::new();
         let mut backing_objects: Vec<(u64, u64)> = Vec::new();
@@ -395,8 +462,7 @@ impl Room {
                                 }
                             };
                             let raw = fd.as_raw_fd();
-                            state.next_serial = state.next_serial.wrapping_add(1);
-                            let serial = state.next_serial;
+                            let serial = NEXT_SERIAL.fetch_add(1, Ordering::Relaxed);
                             state.fds.insert(p.handle.0, (fd, serial, 1));
                             (raw, serial)
                         }
@@ -419,7 +485,7 @@ impl Room {
             SharedMemory::Plain(_) => vec![(ptr - offset, span)],
             SharedMemory::Mapped(_) => backing_objects,
         };
-        let key = state.next_key;
+        let key = NEXT_KEY.fetch_add(1, Ordering::Relaxed);
         let registry = Arc::clone(state.registry.as_ref().expect("made above"));
         let Some(record) = registry.take(key) else {
             Self::release_fds(&mut state, &physical);
@@ -432,7 +498,6 @@ impl Room {
                 ),
             });
         };
-        state.next_key += 1;
         fds::allow_fetching();
         let handle = ShareHandle {
             vendor: vendor_code(self.device.info().vendor),
@@ -446,6 +511,7 @@ impl Room {
             device: device_id(&*self.device),
             memory,
         };
+        registry.seal(record, key, handle::digest(&handle.to_bytes()));
         state.exports.insert(
             ptr,
             Export {
@@ -737,7 +803,7 @@ pub struct ImportedBuffer {
     bytes: u64,
     exporter: (u32, u64),
     mapping: Option<Mapping>,
-    mark: Option<(Arc<Registry>, u32, u64, usize, u64)>,
+    mark: Option<MarkKey>,
 }
 
 impl std::fmt::Debug for ImportedBuffer {
@@ -849,13 +915,8 @@ impl ImportedBuffer {
     }
 
     fn unmark(&mut self) {
-        if let Some((registry, record, key, slot, mark)) = self.mark.take() {
-            registry.unmark(record, key, slot, mark);
-            // The exporter died without removing its registry: the last of its importers to
-            // see that removes it.
-            if crate::budget::process_start_time(self.exporter.0) != Some(self.exporter.1) {
-                registry.unlink();
-            }
+        if let Some(key) = self.mark.take() {
+            drop_mark(key);
         }
     }
 
@@ -927,18 +988,30 @@ pub fn import_with(
             "the export is this process's own: use the allocation itself".into(),
         ));
     }
-    let registry = Arc::new(
-        Registry::open(&registry::default_dir(), handle.pid, handle.start_time).map_err(|_| {
-            refuse(format!(
-                "exporter {} (started at {}) has no registry: it exited, or it uses another \
-             PORTALLOC_SHARE_DIR",
-                handle.pid, handle.start_time
-            ))
-        })?,
-    );
     let device_address = Arc::as_ptr(device) as *const () as usize;
-    let mark = registry::mark_of(my_pid, my_start);
-    let slot = registry.mark(handle.record, handle.export_id, mark)?;
+    let mark_key: MarkKey = (
+        handle.pid,
+        handle.start_time,
+        handle.record,
+        handle.export_id,
+    );
+    take_mark(mark_key, || {
+        let registry = Arc::new(
+            Registry::open(&registry::default_dir(), handle.pid, handle.start_time).map_err(
+                |_| {
+                    refuse(format!(
+                        "exporter {} (started at {}) has no registry: it exited, or it uses \
+                         another PORTALLOC_SHARE_DIR",
+                        handle.pid, handle.start_time
+                    ))
+                },
+            )?,
+        );
+        let mark = registry::mark_of(my_pid, my_start);
+        let digest = handle::digest(&handle.to_bytes());
+        let slot = registry.mark(handle.record, handle.export_id, digest, mark)?;
+        Ok((registry, slot, mark))
+    })?;
     let mut buffer = ImportedBuffer {
         device: Arc::clone(device),
         ptr: 0,
@@ -946,7 +1019,7 @@ pub fn import_with(
         bytes: 0,
         exporter: (handle.pid, handle.start_time),
         mapping: None,
-        mark: Some((registry, handle.record, handle.export_id, slot, mark)),
+        mark: Some(mark_key),
     };
     // From here a failure drops `buffer`, which undoes what was done (and the mark).
     match &handle.memory {
@@ -1012,12 +1085,10 @@ pub fn import_with(
             // The export still stands: the descriptors fetched are its own. (A withdrawal frees
             // the record before it closes the descriptors, so a number closed and reused
             // between the mark and the fetch shows here.)
-            if let Some((registry, record, key, ..)) = &buffer.mark {
-                if !registry.holds(*record, *key) {
-                    return Err(refuse(
-                        "the exporter withdrew this export while it was being imported".into(),
-                    ));
-                }
+            if !mark_holds(mark_key) {
+                return Err(refuse(
+                    "the exporter withdrew this export while it was being imported".into(),
+                ));
             }
             // This device only, never the host: ROCm 7.15 refuses host descriptors on imported
             // handles (ROCm/rocm-systems#11185).

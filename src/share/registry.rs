@@ -8,10 +8,15 @@
 //!
 //! ```text
 //! 0 magic   1 version   2 pid   3 start time   4 records   5-7 zero
-//! 8 + 16 r: record r: key (0: free), then 15 importer marks (0: free)
+//! 8 + 16 r: record r: key (0: free), the digest of the export's handle bytes, then 14
+//!           importer marks (0: free)
 //! ```
 //!
-//! Only the exporter writes keys; an importer claims a mark by a compare-and-swap from 0 to
+//! One registry per exporting process, whatever number of allocators export (keys never
+//! repeat in a process, so a handle of an export withdrawn is never taken for a later one).
+//! Only the exporter writes keys and digests; an importer checks both (a handle whose size or
+//! offset was altered does not match its digest), and claims a mark by a compare-and-swap from
+//! 0 to
 //! `pid << 32 | (start time & 0xffff_ffff)` and clears it when it drops the import. A mark
 //! of a dead process (no such pid, or another start time) counts as nothing: a killed
 //! importer costs the exporter nothing. Everything read is a value, never trusted for more
@@ -28,10 +33,10 @@ use crate::error::{Error, Result};
 const MAGIC: u64 = u64::from_le_bytes(*b"PASHREG1");
 const VERSION: u64 = 1;
 const HEADER: usize = 8;
-/// Words per record: the key and [`MARKS`] importer marks.
+/// Words per record: the key, the digest and [`MARKS`] importer marks.
 const RECORD: usize = 16;
-/// Importers of one export at a time.
-pub const MARKS: usize = RECORD - 1;
+/// Importing processes of one export at a time.
+pub const MARKS: usize = RECORD - 2;
 /// Exports live at a time in one process.
 pub const RECORDS: usize = 4096;
 const WORDS: usize = HEADER + RECORD * RECORDS;
@@ -199,15 +204,26 @@ impl Registry {
         debug_assert!(self.owner && key != 0);
         (0..RECORDS as u32).find(|&r| {
             let rec = self.record(r).expect("in range");
-            if rec[0].load(Ordering::Acquire) != 0 {
+            if rec[0]
+                .compare_exchange(0, key, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+            {
                 return false;
             }
             for m in &rec[1..] {
-                m.store(0, Ordering::Relaxed);
+                m.store(0, Ordering::Release);
             }
-            rec[0].store(key, Ordering::Release);
             true
         })
+    }
+
+    /// The exporter: records the digest of export `key`'s handle bytes in record `r`.
+    pub fn seal(&self, r: u32, key: u64, digest: u64) {
+        if let Some(rec) = self.record(r) {
+            if rec[0].load(Ordering::Acquire) == key {
+                rec[1].store(digest, Ordering::Release);
+            }
+        }
     }
 
     /// The exporter: frees record `r` (its export withdrawn); importers that come later are
@@ -226,19 +242,22 @@ impl Registry {
         if rec[0].load(Ordering::Acquire) != key {
             return Vec::new();
         }
-        rec[1..]
+        let mut pids: Vec<u32> = rec[2..]
             .iter()
             .map(|m| m.load(Ordering::Acquire))
             .filter(|&m| m != 0 && mark_alive(m))
             .map(|m| (m >> 32) as u32)
-            .collect()
+            .collect();
+        pids.sort_unstable();
+        pids.dedup();
+        pids
     }
 
     /// An importer: marks record `r` of export `key` with `mark`; the mark's slot, to clear.
     ///
     /// # Errors
     /// [`Error::Share`] when the record is not that export's (withdrawn) or has no free mark.
-    pub fn mark(&self, r: u32, key: u64, mark: u64) -> Result<usize> {
+    pub fn mark(&self, r: u32, key: u64, digest: u64, mark: u64) -> Result<usize> {
         let refuse = |reason: String| Error::Share {
             what: "import an allocation",
             reason,
@@ -253,7 +272,12 @@ impl Registry {
                     .into(),
             ));
         }
-        for (i, m) in rec[1..].iter().enumerate() {
+        if rec[1].load(Ordering::Acquire) != digest {
+            return Err(refuse(
+                "the handle's bytes are not those the exporter wrote (altered in transit?)".into(),
+            ));
+        }
+        for (i, m) in rec[2..].iter().enumerate() {
             let seen = m.load(Ordering::Acquire);
             // A dead importer's mark is free again.
             let free = seen == 0 || !mark_alive(seen);
@@ -267,7 +291,7 @@ impl Registry {
                     let _ = m.compare_exchange(mark, 0, Ordering::AcqRel, Ordering::Acquire);
                     return Err(refuse("the exporter withdrew this export meanwhile".into()));
                 }
-                return Ok(i + 1);
+                return Ok(i + 2);
             }
         }
         Err(refuse(format!(
@@ -323,20 +347,28 @@ mod tests {
         let (pid, start) = (u32::MAX - 7, 42);
         let exporter = Registry::create(dir, pid, start).unwrap();
         let r = exporter.take(99).unwrap();
+        exporter.seal(r, 99, 7);
         let importer = Registry::open(dir, pid, start).unwrap();
         let me = crate::backends::shared_segment::current_pid();
         let mark = mark_of(me, crate::budget::process_start_time(me).unwrap_or(0));
-        let slot = importer.mark(r, 99, mark).unwrap();
+        assert!(
+            importer.mark(r, 99, 8, mark).is_err(),
+            "another handle's digest"
+        );
+        let slot = importer.mark(r, 99, 7, mark).unwrap();
         assert_eq!(exporter.importers(r, 99), vec![me]);
-        assert!(importer.mark(r, 98, mark).is_err(), "another export's key");
+        assert!(
+            importer.mark(r, 98, 7, mark).is_err(),
+            "another export's key"
+        );
         importer.unmark(r, 99, slot, mark);
         assert!(exporter.importers(r, 99).is_empty());
         // A dead process's mark counts as nothing.
         let dead = mark_of(u32::MAX - 1, 1);
-        importer.mark(r, 99, dead).unwrap();
+        importer.mark(r, 99, 7, dead).unwrap();
         assert!(exporter.importers(r, 99).is_empty());
         exporter.give_back(r);
-        let e = importer.mark(r, 99, mark).unwrap_err().to_string();
+        let e = importer.mark(r, 99, 7, mark).unwrap_err().to_string();
         assert!(e.contains("withdrew"), "{e}");
         drop(exporter);
         assert!(

@@ -124,6 +124,7 @@ fn child() {
     let params = qwen_parameters(layers, layers == 24);
     let mut held: Vec<Allocation> = Vec::new();
     let mut imports: Vec<share::ImportedBuffer> = Vec::new();
+    let mut extra: Vec<(Portalloc, Allocation)> = Vec::new();
     let stdin = std::io::stdin();
     let reply = |s: String| {
         println!("REPLY {s}");
@@ -202,6 +203,71 @@ fn child() {
                     assert!(matches(&got, i, version), "trainer buffer {i}");
                 }
                 reply("checked".into());
+            }
+            ("trainer", "extra") => {
+                // Another allocator of this process (another Portalloc): one buffer, written
+                // and exported.
+                let q = Portalloc::from_env().unwrap();
+                let qa = q.allocator(0).unwrap();
+                let b = qa
+                    .allocate(2 << 20, 256, Stream::DEFAULT, "weights")
+                    .unwrap();
+                let index = 1000 + extra.len();
+                portalloc::backends::staging::write_device(
+                    &*q.discovery.devices[0],
+                    b.ptr(),
+                    &pattern(index, 7, b.size()),
+                )
+                .unwrap();
+                let h = q.sharing(0).unwrap().export(&b).unwrap();
+                extra.push((q, b));
+                reply(format!("handle {} index {index}", hex(&h.to_bytes())));
+            }
+            ("trainer", "extra-drop") => {
+                let (q, b) = extra.pop().unwrap();
+                q.allocator(0).unwrap().deallocate(b).unwrap();
+                drop(q);
+                reply("dropped".into());
+            }
+            ("trainer", "importers") => {
+                reply(format!("importers {}", sharing.importers(&held[0]).len()));
+            }
+            ("trainer", "free-one") => {
+                let b = held.remove(0);
+                a.deallocate(b).unwrap();
+                reply(format!("parked {}", sharing.exports().1));
+            }
+            ("rollout", "try") => {
+                // `try <times> <flip byte, or -> <hex>`: imports one handle `times` times,
+                // with one byte flipped first if asked.
+                let mut words = arg.splitn(3, ' ');
+                let times: usize = words.next().unwrap().parse().unwrap();
+                let flip = words.next().unwrap();
+                let mut bytes = unhex(words.next().unwrap());
+                if let Ok(at) = flip.parse::<usize>() {
+                    bytes[at] ^= 1;
+                }
+                let outcome = ShareHandle::from_bytes(&bytes).and_then(|h| {
+                    (0..times)
+                        .map(|_| share::import(&device, &h))
+                        .collect::<portalloc::Result<Vec<_>>>()
+                });
+                match outcome {
+                    Ok(mut got) => {
+                        let n = got.len();
+                        imports.append(&mut got);
+                        reply(format!("imported {n}"));
+                    }
+                    Err(e) => reply(format!("refused {e}")),
+                }
+            }
+            ("rollout", "check-last") => {
+                let (index, version) = arg.split_once(' ').unwrap();
+                let b = imports.last().unwrap();
+                let mut got = vec![0u8; b.size() as usize];
+                b.read(0, &mut got).unwrap();
+                let ok = matches(&got, index.parse().unwrap(), version.parse().unwrap());
+                reply(format!("same {ok}"));
             }
             ("rollout", "import") => {
                 for h in arg.split(',') {
@@ -729,6 +795,90 @@ fn a_killed_trainer_or_rollout_costs_the_other_nothing() {
             );
             trainer.exit();
         }
+    }
+}
+
+/// What an outside review found: several allocators of one exporter share one registry (a
+/// second one neither hides the first's importers nor takes its file away), a withdrawn
+/// export's handle replayed against a later allocator maps nothing, a handle whose bytes were
+/// altered is refused by its registry record, and one process may import an export any
+/// number of times.
+#[test]
+fn several_allocators_stale_handles_and_altered_bytes() {
+    for strategy in ["vmm", "bfc"] {
+        let world = World::host(strategy, 1);
+        let mut trainer = world.spawn("trainer");
+        let mut rollout = world.spawn("rollout");
+        trainer.ask("alloc");
+        trainer.ask("write 1");
+        let handles = trainer.ask("export");
+        let first = handles
+            .strip_prefix("handles ")
+            .unwrap()
+            .split(',')
+            .next()
+            .unwrap()
+            .to_string();
+        assert_eq!(
+            rollout.ask(&format!("try 16 - {first}")),
+            "imported 16",
+            "{strategy}"
+        );
+        assert_eq!(field(&trainer.ask("importers"), "importers"), 1);
+        // A second allocator exports: the first's importer is still seen.
+        let extra = trainer.ask("extra");
+        assert_eq!(
+            field(&trainer.ask("importers"), "importers"),
+            1,
+            "{strategy}"
+        );
+        assert_eq!(
+            field(&trainer.ask("free-one"), "parked"),
+            1,
+            "{strategy}: kept while imported"
+        );
+        // The second allocator goes: the first's exports still import.
+        trainer.ask("extra-drop");
+        let second = handles
+            .strip_prefix("handles ")
+            .unwrap()
+            .split(',')
+            .nth(1)
+            .unwrap();
+        assert_eq!(
+            rollout.ask(&format!("try 1 - {second}")),
+            "imported 1",
+            "{strategy}"
+        );
+        // The extra buffer's handle, replayed after its allocator went and another came with
+        // the same record, key and descriptor numbers free: refused.
+        let stale = extra.split_whitespace().nth(1).unwrap().to_string();
+        let fresh = trainer.ask("extra");
+        let r = rollout.ask(&format!("try 1 - {stale}"));
+        assert!(
+            r.starts_with("refused"),
+            "{strategy}: a stale handle imported: {r}"
+        );
+        let fresh_hex = fresh.split_whitespace().nth(1).unwrap();
+        let index = field(&fresh, "index");
+        assert_eq!(rollout.ask(&format!("try 1 - {fresh_hex}")), "imported 1");
+        assert_eq!(
+            rollout.ask(&format!("check-last {index} 7")),
+            "same true",
+            "{strategy}"
+        );
+        // The size (byte 40) or the offset (byte 48) altered: refused, whatever the span.
+        for at in [40, 48] {
+            let r = rollout.ask(&format!("try 1 {at} {fresh_hex}"));
+            assert!(
+                r.starts_with("refused"),
+                "{strategy}: byte {at} altered: {r}"
+            );
+        }
+        rollout.ask("drop");
+        trainer.ask("extra-drop");
+        trainer.exit();
+        rollout.exit();
     }
 }
 
