@@ -273,7 +273,10 @@ struct State {
 /// use portalloc::{backends::host::HostDevice, share::Sharing, Allocator, Device, Stream};
 /// use portalloc::strategy::vmm::{VmmAllocator, VmmOptions};
 ///
-/// let device: Arc<dyn Device> = Arc::new(HostDevice::new(64 << 20));
+/// // Real memory: a simulated host device has none to hand to another process.
+/// let device: Arc<dyn Device> = Arc::new(
+///     HostDevice::builder().capacity(64 << 20).simulated(false).build().unwrap(),
+/// );
 /// let vmm = Arc::new(VmmAllocator::new(Arc::clone(&device), VmmOptions::new(32 << 20)).unwrap());
 /// let sharing = Sharing::new(vmm, Arc::clone(&device));
 /// let a = sharing.allocate(1 << 20, 0, Stream::DEFAULT, "weights").unwrap();
