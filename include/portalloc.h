@@ -51,6 +51,10 @@ enum PortallocStatus
   PORTALLOC_STATUS_PANIC = 11,
   // Any other failure (writing a file, …).
   PORTALLOC_STATUS_INTERNAL = 12,
+  // An export or import of memory between processes that cannot be done: the export
+  // withdrawn or its exporter gone, this process's own export, another device,
+  // descriptors that cannot be fetched, too many live exports; the message says which.
+  PORTALLOC_STATUS_SHARE = 13,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -63,6 +67,10 @@ typedef int32_t PortallocStatus;
 // An allocator made through the C ABI. Opaque: the pointer is a token portalloc looks up,
 // never dereferences.
 typedef struct PortallocAllocator PortallocAllocator;
+
+// An allocation of another process mapped in this one ([`portalloc_import`]). Opaque: the
+// pointer is a token portalloc looks up, never dereferences.
+typedef struct PortallocImport PortallocImport;
 
 // Options of [`portalloc_create`]. Fill with [`portalloc_options_default`], then set what
 // you need; every field left at its default defers to the environment (unless
@@ -517,6 +525,101 @@ PortallocStatus portalloc_graph_pools(struct PortallocAllocator *allocator,
                                       uint64_t *out_pools,
                                       size_t capacity,
                                       size_t *out_count);
+
+// Exports the live buffer of `allocator` that starts at `ptr` for another process: writes
+// the share handle's bytes — the same bytes for the same export every time, binary, not
+// NUL-terminated — to `buf` and their count to `*out_len`. Another process maps the buffer
+// with [`portalloc_import`] on the same device, from these bytes alone (the descriptors are
+// fetched from this process with `pidfd_getfd`: Linux 5.6, same user).
+//
+// When `capacity` is smaller than the handle (0 with a null `buf` asks for the length),
+// nothing is written to `buf`, `*out_len` is the length needed and the status is
+// `PORTALLOC_STATUS_BUFFER_TOO_SMALL`, as `portalloc_ledger_json` does; the export is made
+// all the same, and asking again gives the same bytes.
+//
+// The export lasts until the buffer is freed: freed while another process imports it, its
+// memory is kept for the importers (and still counted here) until they close their imports,
+// then handed back at this allocator's next allocation, trim or [`portalloc_share_settle`].
+// Putting its tag to sleep withdraws the export (the importers keep what they map).
+//
+// Refused: a null `ptr` or `out_len` (`PORTALLOC_STATUS_NULL_ARGUMENT`); a pointer that is
+// not the start of a live buffer of `allocator` (`PORTALLOC_STATUS_UNKNOWN_POINTER`); a
+// buffer asleep (`PORTALLOC_STATUS_INVALID_ARGUMENT`); a device or strategy that cannot
+// export — the simulated host device, `cuda_async` pools (`PORTALLOC_STATUS_UNSUPPORTED`);
+// 4096 live exports (`PORTALLOC_STATUS_SHARE`).
+//
+// # Safety
+// `buf` null or valid for writing `capacity` bytes; `out_len` null or valid for one
+// `size_t`. `ptr` is only looked up, never dereferenced.
+PortallocStatus portalloc_export(struct PortallocAllocator *allocator,
+                                 void *ptr,
+                                 uint8_t *buf,
+                                 size_t capacity,
+                                 size_t *out_len);
+
+// Maps the buffer another process exported ([`portalloc_export`]) — the `len` bytes of its
+// share handle at `bytes` — on the device of `allocator`, and writes the import to `*out`:
+// its address ([`portalloc_import_ptr`]) holds the exporter's bytes, the same memory, until
+// [`portalloc_import_close`]. Nothing is counted in `allocator`'s books (the exporter's count
+// the memory); the allocator may be destroyed before the import is closed.
+//
+// Refused: a null `bytes` or `out` (`PORTALLOC_STATUS_NULL_ARGUMENT`); bytes that are not a
+// share handle — damaged, cut, forged, of another layout version, longer than any handle
+// (`PORTALLOC_STATUS_INVALID_ARGUMENT`, the message says what is wrong); a handle that cannot
+// be imported here — this process's own export (use the buffer itself), an export withdrawn
+// (its buffer freed with no importer, or put to sleep), an exporter that exited, another
+// device, descriptors that cannot be fetched (Yama `ptrace_scope` 2 or 3, another user)
+// (`PORTALLOC_STATUS_SHARE`); the device's failure to map it. Nothing is left mapped on a
+// failure.
+//
+// # Safety
+// `bytes` null or valid for reading `len` bytes; `out` null or valid for writing one pointer.
+PortallocStatus portalloc_import(struct PortallocAllocator *allocator,
+                                 const uint8_t *bytes,
+                                 size_t len,
+                                 struct PortallocImport **out);
+
+// Writes the address of the import `import` in this process to `*out_ptr`.
+//
+// Refused: a null `import` or `out_ptr` (`PORTALLOC_STATUS_NULL_ARGUMENT`), an import that
+// was closed or never made (`PORTALLOC_STATUS_INVALID_HANDLE`).
+//
+// # Safety
+// `out_ptr` null or valid for writing one pointer. `import` is only looked up, never
+// dereferenced.
+PortallocStatus portalloc_import_ptr(const struct PortallocImport *import, void **out_ptr);
+
+// Writes the size of the import `import` — the exported buffer's — to `*out_size`, and the
+// exporting process's pid to `*out_exporter_pid` if it is not null.
+//
+// Refused as [`portalloc_import_ptr`].
+//
+// # Safety
+// `out_size` null or valid for one `uint64_t`; `out_exporter_pid` null or valid for one
+// `uint32_t`. `import` is only looked up, never dereferenced.
+PortallocStatus portalloc_import_size(const struct PortallocImport *import,
+                                      uint64_t *out_size,
+                                      uint32_t *out_exporter_pid);
+
+// Unmaps the import `import` and frees it: its address is no longer this process's, and
+// the exporter may hand the memory back once no other process imports it. The caller's work
+// on it must have finished. A null `import` does nothing (`OK`); one closed already or never
+// made is refused (`PORTALLOC_STATUS_INVALID_HANDLE`), never closed twice. The import is gone
+// even when the device reports a failure to unmap (`PORTALLOC_STATUS_DEVICE`, the first
+// failure; the rest was done).
+//
+// # Safety
+// None beyond the ABI: `import` is only looked up, never dereferenced.
+PortallocStatus portalloc_import_close(struct PortallocImport *import);
+
+// Hands back to the allocator the buffers `allocator` exported, freed while imported, that no
+// process imports any more (an importer that closed its import, or exited); writes how many
+// are still kept for their importers to `*still_parked` if it is not null. The next
+// allocation and trim do the same.
+//
+// # Safety
+// `still_parked` null or valid for one `size_t`.
+PortallocStatus portalloc_share_settle(struct PortallocAllocator *allocator, size_t *still_parked);
 
 // Writes the process-global allocator of `device` to `*out`, making it from the environment
 // at first use. It is the one the PyTorch hooks use; it cannot be destroyed.

@@ -650,7 +650,7 @@ fn status_names_and_version() {
         let name = unsafe { CStr::from_ptr(portalloc_status_name(s as i32)) };
         assert_eq!(name.to_str().unwrap(), s.name());
     }
-    for bad in [-1, 13, i32::MAX, i32::MIN] {
+    for bad in [-1, 14, i32::MAX, i32::MIN] {
         // SAFETY: static text.
         let name = unsafe { CStr::from_ptr(portalloc_status_name(bad)) };
         assert_eq!(name.to_str().unwrap(), "unknown status");
@@ -2328,6 +2328,23 @@ fn python_hooks_through_ctypes() {
     assert_ran_to(ran, "python_hooks: ok", "");
 }
 
+/// Buffers shared between Python processes (`tests/python_share.py`): exported in the
+/// parent, pickled through `multiprocessing` (spawn) to children that import them and answer
+/// a checksum; vmm and bfc on real host memory.
+#[test]
+fn python_share_through_multiprocessing() {
+    if !tool("python3") {
+        return support::skip("python3 is not installed");
+    }
+    let ran = run_to_end(
+        Command::new("python3")
+            .arg(root().join("tests/python_share.py"))
+            .env("PORTALLOC_LIBRARY", cdylib())
+            .env("PYTHONPATH", root().join("python")),
+    );
+    assert_ran_to(ran, "python_share: ok", "");
+}
+
 /// The Python module from the caller's side over the CUDA conformance driver
 /// (`tests/python_streams.py`): the caller's current context kept, CuPy's current stream
 /// used, `portalloc.torch.record_stream`, `close()` racing an allocation.
@@ -2592,4 +2609,355 @@ fn graph_pools_child() {
     }
     #[cfg(not(any(feature = "cuda", feature = "hip")))]
     let _ = vendor;
+}
+
+// ---------------------------------------------------------------------------------------
+// Buffers shared with other processes (src/capi/share.rs): export to bytes, hostile bytes,
+// tokens, and a round trip with a child process of this test executable.
+
+const SHARE_CHILD: &str = "PORTALLOC_TEST_CAPI_SHARE_CHILD";
+
+/// An allocator of `strategy` on a 64 MiB host device with real memory (exportable), ignoring
+/// the environment: a child process made with the same options is on the same device.
+fn make_real(strategy: &CStr) -> Alloc {
+    let mut o = default_options();
+    o.ignore_env = 1;
+    o.strategy = strategy.as_ptr();
+    o.backend = c"host".as_ptr();
+    o.host_capacity = 64 * MIB;
+    o.host_simulated = 0;
+    o.mem_fraction = 0.5;
+    o.preallocate = 0;
+    let mut a = ptr::null_mut();
+    // SAFETY: valid options with static strings; `a` is valid for one pointer.
+    let status = unsafe { portalloc_create_sized(&o, OPTIONS_SIZE, &mut a) };
+    assert_eq!(status, PortallocStatus::Ok, "{}", last_error());
+    Alloc(a)
+}
+
+/// `portalloc_export` of the buffer at `p`: the status, and the bytes on success.
+fn export(a: &Alloc, p: *mut c_void) -> (PortallocStatus, Vec<u8>) {
+    let mut len = 0usize;
+    // SAFETY: no buffer, one length written.
+    let s = unsafe { portalloc_export(a.0, p, ptr::null_mut(), 0, &mut len) };
+    if s != PortallocStatus::BufferTooSmall {
+        return (s, Vec::new());
+    }
+    let mut bytes = vec![0u8; len];
+    // SAFETY: `bytes` holds `len` writable bytes.
+    let s = unsafe { portalloc_export(a.0, p, bytes.as_mut_ptr(), len, &mut len) };
+    bytes.truncate(len);
+    (s, bytes)
+}
+
+/// `portalloc_import` of `bytes`: the status, the message, and the import on success.
+fn import(a: &Alloc, bytes: &[u8]) -> (PortallocStatus, String, *mut PortallocImport) {
+    let mut out = ptr::null_mut();
+    // SAFETY: `bytes` valid for its length; one pointer written.
+    let s = unsafe { portalloc_import(a.0, bytes.as_ptr(), bytes.len(), &mut out) };
+    (s, last_error(), out)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(text: &str) -> Vec<u8> {
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&text[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+/// The bytes a buffer of `len` holds in these tests.
+fn share_pattern(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i * 7 + i / 4096) as u8).collect()
+}
+
+#[test_case(c"vmm", 1 ; "vmm memory is a mapped handle")]
+#[test_case(c"bfc", 2 ; "bfc memory is a plain handle")]
+fn export_gives_the_same_checked_bytes_every_time(strategy: &CStr, kind: u8) {
+    let a = make_real(strategy);
+    let (_, p) = allocate(&a, 3 * MIB, c"weights");
+    let (s, bytes) = export(&a, p);
+    assert_eq!(s, PortallocStatus::Ok, "{}", last_error());
+    assert_eq!(&bytes[..8], b"PASHARE\x01");
+    assert_eq!(bytes[12], kind);
+    assert_eq!(
+        u32::from_le_bytes(bytes[16..20].try_into().unwrap()),
+        std::process::id()
+    );
+    assert_eq!(
+        u64::from_le_bytes(bytes[40..48].try_into().unwrap()),
+        3 * MIB
+    );
+    assert_eq!(export(&a, p), (PortallocStatus::Ok, bytes.clone()), "again");
+
+    // A buffer one byte short: nothing written, the length needed.
+    let mut short = vec![0xEEu8; bytes.len() - 1];
+    let mut len = 0usize;
+    // SAFETY: `short` holds its length of writable bytes.
+    let s = unsafe { portalloc_export(a.0, p, short.as_mut_ptr(), short.len(), &mut len) };
+    assert_eq!(s, PortallocStatus::BufferTooSmall, "{}", last_error());
+    assert_eq!(len, bytes.len());
+    assert!(
+        short.iter().all(|&b| b == 0xEE),
+        "written into a short buffer"
+    );
+
+    // Hostile arguments.
+    // SAFETY: the ABI refuses null and foreign pointers with a status.
+    unsafe {
+        let s = portalloc_export(a.0, p, ptr::null_mut(), 0, ptr::null_mut());
+        assert_eq!(s, PortallocStatus::NullArgument);
+        assert!(last_error().contains("out_len"), "{}", last_error());
+        let s = portalloc_export(a.0, ptr::null_mut(), ptr::null_mut(), 0, &mut len);
+        assert_eq!(s, PortallocStatus::NullArgument);
+        let inside = p.cast::<u8>().add(4096).cast();
+        let s = portalloc_export(a.0, inside, ptr::null_mut(), 0, &mut len);
+        assert_eq!(s, PortallocStatus::UnknownPointer, "{}", last_error());
+        let s = portalloc_export(0x7 as *mut _, p, ptr::null_mut(), 0, &mut len);
+        assert_eq!(s, PortallocStatus::InvalidAllocator);
+    }
+    // SAFETY: a live buffer.
+    assert_eq!(unsafe { portalloc_free_ptr(a.0, p) }, PortallocStatus::Ok);
+    // Freed: no longer a live buffer of the allocator.
+    assert_eq!(export(&a, p).0, PortallocStatus::UnknownPointer);
+    let mut parked = 99usize;
+    // SAFETY: one size written.
+    let s = unsafe { portalloc_share_settle(a.0, &mut parked) };
+    assert_eq!((s, parked), (PortallocStatus::Ok, 0), "{}", last_error());
+}
+
+#[test]
+fn the_simulated_host_device_cannot_export() {
+    let a = make(c"bfc");
+    let (_, p) = allocate(&a, MIB, c"weights");
+    let (s, _) = export(&a, p);
+    assert_eq!(s, PortallocStatus::Unsupported, "{}", last_error());
+    assert!(
+        last_error().contains("portalloc_export"),
+        "{}",
+        last_error()
+    );
+}
+
+#[test]
+fn hostile_share_handles_are_refused_with_what_is_wrong() {
+    let a = make_real(c"vmm");
+    let (_, p) = allocate(&a, MIB, c"weights");
+    let (s, good) = export(&a, p);
+    assert_eq!(s, PortallocStatus::Ok, "{}", last_error());
+
+    let mut cases: Vec<(&str, Vec<u8>, PortallocStatus, &str)> = vec![
+        (
+            "empty",
+            Vec::new(),
+            PortallocStatus::InvalidArgument,
+            "at least 80",
+        ),
+        (
+            "cut",
+            good[..good.len() - 1].to_vec(),
+            PortallocStatus::InvalidArgument,
+            "bytes of pieces",
+        ),
+        (
+            "magic",
+            [b"XASHARE\x01".as_slice(), &good[8..]].concat(),
+            PortallocStatus::InvalidArgument,
+            "not a portalloc share handle",
+        ),
+        (
+            "version",
+            [&good[..8], &7u32.to_le_bytes(), &good[12..]].concat(),
+            PortallocStatus::InvalidArgument,
+            "layout version 7",
+        ),
+        (
+            "own",
+            good.clone(),
+            PortallocStatus::Share,
+            "this process's own",
+        ),
+    ];
+    // Another process's export that does not exist: pid 1 has no registry.
+    let mut foreign = good.clone();
+    foreign[16..20].copy_from_slice(&1u32.to_le_bytes());
+    cases.push((
+        "exporter gone",
+        foreign,
+        PortallocStatus::Share,
+        "has no registry",
+    ));
+    for (name, bytes, status, says) in cases {
+        let (s, message, out) = import(&a, &bytes);
+        assert_eq!(s, status, "{name}: {message}");
+        assert!(message.contains("portalloc_import"), "{name}: {message}");
+        assert!(message.contains(says), "{name}: {message}");
+        assert!(out.is_null(), "{name}: an import written");
+    }
+
+    let mut out = ptr::null_mut();
+    // SAFETY: the ABI refuses null arguments and overlong lengths before reading.
+    unsafe {
+        let s = portalloc_import(a.0, ptr::null(), 0, &mut out);
+        assert_eq!(s, PortallocStatus::NullArgument);
+        let s = portalloc_import(a.0, good.as_ptr(), good.len(), ptr::null_mut());
+        assert_eq!(s, PortallocStatus::NullArgument);
+        let s = portalloc_import(a.0, good.as_ptr(), usize::MAX, &mut out);
+        assert_eq!(s, PortallocStatus::InvalidArgument);
+        assert!(last_error().contains("longer than any"), "{}", last_error());
+        let s = portalloc_import(0x7 as *mut _, good.as_ptr(), good.len(), &mut out);
+        assert_eq!(s, PortallocStatus::InvalidAllocator);
+    }
+    assert!(out.is_null());
+
+    // Imports that were never made: refused, never dereferenced; a null close is a no-op.
+    let made_up = 0x1238 as *mut PortallocImport;
+    let (mut q, mut size) = (ptr::null_mut(), 0u64);
+    // SAFETY: the ABI looks tokens up, never dereferences them.
+    unsafe {
+        assert_eq!(
+            portalloc_import_ptr(made_up, &mut q),
+            PortallocStatus::InvalidHandle
+        );
+        assert!(
+            last_error().contains("not a live import"),
+            "{}",
+            last_error()
+        );
+        assert_eq!(
+            portalloc_import_size(made_up, &mut size, ptr::null_mut()),
+            PortallocStatus::InvalidHandle
+        );
+        assert_eq!(
+            portalloc_import_ptr(ptr::null(), &mut q),
+            PortallocStatus::NullArgument
+        );
+        assert_eq!(
+            portalloc_import_close(made_up),
+            PortallocStatus::InvalidHandle
+        );
+        assert_eq!(portalloc_import_close(ptr::null_mut()), PortallocStatus::Ok);
+    }
+}
+
+const SHARE_EXPORTER: &str = "PORTALLOC_TEST_CAPI_SHARE_EXPORTER";
+
+/// A real round trip through the C ABI: an exporter process ([`share_exporter_child`])
+/// exports, an importer process ([`share_child`]) imports, checks the bytes, holds the import
+/// while the exporter frees the buffer (kept, parked, with its bytes), then closes it: the
+/// buffer is handed back. Both are this test executable, alone in their processes: the
+/// exporter's registry is one per allocator that exports, and the other tests of this process
+/// export on allocators of their own.
+#[test_case("vmm" ; "vmm")]
+#[test_case("bfc" ; "bfc")]
+fn a_child_process_imports_an_export(strategy: &str) {
+    let ran = run_to_end(this_test_alone("share_exporter_child").env(SHARE_EXPORTER, strategy));
+    assert_ran_to(ran, "share exporter: ok", &format!("{strategy}: "));
+}
+
+#[test]
+fn share_exporter_child() {
+    use std::io::{BufRead, BufReader, Write};
+    let Ok(strategy) = std::env::var(SHARE_EXPORTER) else {
+        return; // Run by `a_child_process_imports_an_export`.
+    };
+    let strategy = CString::new(strategy).unwrap();
+    let strategy = strategy.as_c_str();
+    let a = make_real(strategy);
+    let len = 3 * MIB as usize + 512;
+    let (_, p) = allocate(&a, len as u64, c"weights");
+    let bytes = share_pattern(len);
+    // SAFETY: host memory (real, not simulated): the buffer's `len` bytes are this process's.
+    unsafe { ptr::copy_nonoverlapping(bytes.as_ptr(), p.cast::<u8>(), len) };
+    let (s, handle) = export(&a, p);
+    assert_eq!(s, PortallocStatus::Ok, "{}", last_error());
+
+    let mut child = this_test_alone("share_child")
+        .env(SHARE_CHILD, hex(&handle))
+        .env("SHARE_STRATEGY", strategy.to_str().unwrap())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut reply = || loop {
+        match lines.next() {
+            Some(line) => {
+                // The harness's "test share_child ... " may begin the line.
+                let line = line.unwrap();
+                if let Some(at) = line.find("REPLY ") {
+                    return line[at + "REPLY ".len()..].to_string();
+                }
+            }
+            None => return "(the child ended)".to_string(),
+        }
+    };
+    assert_eq!(reply(), format!("imported {len} {}", std::process::id()));
+
+    // Freed while imported: kept for the child.
+    // SAFETY: a live buffer.
+    assert_eq!(unsafe { portalloc_free_ptr(a.0, p) }, PortallocStatus::Ok);
+    let mut parked = 0usize;
+    // SAFETY: one size written.
+    let s = unsafe { portalloc_share_settle(a.0, &mut parked) };
+    assert_eq!((s, parked), (PortallocStatus::Ok, 1), "{}", last_error());
+    writeln!(stdin, "freed").unwrap();
+    assert_eq!(reply(), "closed");
+    drop(stdin);
+    let status = child.wait().unwrap();
+    assert!(status.success(), "the child failed: {status}");
+    // SAFETY: one size written.
+    let s = unsafe { portalloc_share_settle(a.0, &mut parked) };
+    assert_eq!((s, parked), (PortallocStatus::Ok, 0), "{}", last_error());
+    println!("share exporter: ok");
+}
+
+#[test]
+fn share_child() {
+    use std::io::{BufRead, Write};
+    let Ok(handle) = std::env::var(SHARE_CHILD) else {
+        return; // Run by `a_child_process_imports_an_export`.
+    };
+    let strategy = CString::new(std::env::var("SHARE_STRATEGY").unwrap()).unwrap();
+    let a = make_real(&strategy);
+    let handle = unhex(&handle);
+    let (s, message, imported) = import(&a, &handle);
+    assert_eq!(s, PortallocStatus::Ok, "{message}");
+    let (mut p, mut size, mut pid) = (ptr::null_mut(), 0u64, 0u32);
+    // SAFETY: a live import; valid outputs.
+    unsafe {
+        assert_eq!(portalloc_import_ptr(imported, &mut p), PortallocStatus::Ok);
+        assert_eq!(
+            portalloc_import_size(imported, &mut size, &mut pid),
+            PortallocStatus::Ok
+        );
+    }
+    let expected = share_pattern(size as usize);
+    // SAFETY: host memory mapped here for `size` bytes while the import lives.
+    let seen = || unsafe { std::slice::from_raw_parts(p.cast::<u8>(), size as usize) }.to_vec();
+    assert!(seen() == expected, "the imported bytes differ");
+    println!("REPLY imported {size} {pid}");
+    std::io::stdout().flush().unwrap();
+    let mut line = String::new();
+    std::io::stdin().lock().read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "freed");
+    assert!(
+        seen() == expected,
+        "the bytes changed after the exporter's free"
+    );
+    // SAFETY: a live import; closed once.
+    unsafe {
+        assert_eq!(portalloc_import_close(imported), PortallocStatus::Ok);
+        assert_eq!(
+            portalloc_import_close(imported),
+            PortallocStatus::InvalidHandle,
+            "closed twice"
+        );
+    }
+    println!("REPLY closed");
+    std::io::stdout().flush().unwrap();
 }

@@ -424,6 +424,14 @@ def the_shared_budget_from_python():
             assert out.returncode == 0 and marker in out.stdout, out.stdout + out.stderr
 
 
+def sharing_between_processes():
+    # tests/python_share.py with this interpreter: the installed package, in spawned
+    # multiprocessing children too.
+    subprocess.run(
+        [sys.executable, str(SOURCE_TREE / "tests" / "python_share.py")], check=True
+    )
+
+
 CHECKS = [
     imported_from_the_virtual_environment,
     the_library_is_inside_the_package,
@@ -435,6 +443,7 @@ CHECKS = [
     a_buffer_says_the_tag_its_allocation_got,
     one_rule_for_tags,
     the_shared_budget_from_python,
+    sharing_between_processes,
 ]
 
 

@@ -81,6 +81,10 @@ __all__ = [
     "declare_reclaimable",
     "using",
     "budget",
+    "ShareHandle",
+    "ImportedBuffer",
+    "import_handle",
+    "settle",
     "STATUS_NAMES",
 ]
 
@@ -98,6 +102,7 @@ STATUS_NAMES = {
     10: "BUFFER_TOO_SMALL",
     11: "PANIC",
     12: "INTERNAL",
+    13: "SHARE",
 }
 try:
     # The installed distribution's version, which setup.py takes from Cargo: the version of
@@ -123,6 +128,11 @@ class PortallocError(RuntimeError):
         self.name = STATUS_NAMES.get(status, "UNKNOWN")
         self.message = message
         super().__init__("portalloc: %s: %s" % (self.name, message))
+
+    def __reduce__(self) -> Tuple[Any, Tuple[int, str]]:
+        # Picklable with its status (multiprocessing sends a child's error to its parent):
+        # the default would call __init__ with the formatted text alone.
+        return (PortallocError, (self.status, self.message))
 
 
 class _Options(ctypes.Structure):
@@ -330,6 +340,29 @@ def load(path: Optional[PathArg] = None) -> ctypes.CDLL:
         ctypes.c_size_t,
         ctypes.POINTER(ctypes.c_size_t),
     )
+    # Sharing with other processes.
+    _sig(
+        lib,
+        "portalloc_export",
+        S,
+        P,
+        P,
+        ctypes.c_char_p,
+        ctypes.c_size_t,
+        ctypes.POINTER(ctypes.c_size_t),
+    )
+    _sig(lib, "portalloc_import", S, P, ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(P))
+    _sig(lib, "portalloc_import_ptr", S, P, ctypes.POINTER(P))
+    _sig(
+        lib,
+        "portalloc_import_size",
+        S,
+        P,
+        ctypes.POINTER(u64),
+        ctypes.POINTER(ctypes.c_uint32),
+    )
+    _sig(lib, "portalloc_import_close", S, P)
+    _sig(lib, "portalloc_share_settle", S, P, ctypes.POINTER(ctypes.c_size_t))
     _lib, _lib_path = lib, p
     return lib
 
@@ -845,6 +878,50 @@ class Allocator:
             found.append({"pool": int(pool), "held": held.value, "in_use": in_use.value, "free": free.value})
         return found
 
+    # ---- sharing with other processes ---------------------------------------------------
+
+    def export(self, buffer_or_ptr: Union[Buffer, SupportsIndex]) -> "ShareHandle":
+        """Exports the live buffer (a :class:`Buffer`, or the int address it starts at) for
+        another process: a :class:`ShareHandle`, picklable, which the other process maps with
+        :func:`import_handle` on the same device. Exporting again gives an equal handle.
+
+        Freed while another process imports it, the buffer's memory is kept (and still
+        counted here) until the importers close their imports, then handed back at the next
+        allocation, :meth:`trim` or :meth:`settle`. Raises :class:`PortallocError`:
+        ``UNKNOWN_POINTER`` for an address that is not the start of a live buffer of this
+        allocator, ``UNSUPPORTED`` for a device or strategy that cannot export (the simulated
+        host device, ``cuda_async``)."""
+        call = "export"
+        if isinstance(buffer_or_ptr, Buffer):
+            if buffer_or_ptr.allocator is not None and buffer_or_ptr.allocator is not self:
+                raise ValueError(
+                    "portalloc: %s: %r belongs to another allocator" % (call, buffer_or_ptr)
+                )
+            address = _address(call, "ptr", buffer_or_ptr.ptr)
+        else:
+            address = _address(call, "ptr", buffer_or_ptr)
+        raw = self._token(call)
+        n = ctypes.c_size_t()
+        # A handle of one piece is 120 bytes: most fit the first buffer.
+        buf = ctypes.create_string_buffer(256)
+        status = load().portalloc_export(
+            raw, ctypes.c_void_p(address), buf, len(buf), ctypes.byref(n)
+        )
+        if status == _BUFFER_TOO_SMALL:
+            buf = ctypes.create_string_buffer(n.value)
+            status = load().portalloc_export(
+                raw, ctypes.c_void_p(address), buf, len(buf), ctypes.byref(n)
+            )
+        _check(status)
+        return ShareHandle(buf.raw[: n.value])
+
+    def settle(self) -> int:
+        """Hands back the exported buffers freed while imported that no process imports any
+        more (their importers closed or exited); how many are still kept for importers."""
+        out = ctypes.c_size_t()
+        _check(load().portalloc_share_settle(self._token("settle"), ctypes.byref(out)))
+        return out.value
+
     def close(self) -> None:
         """Destroys the allocator (frees its live buffers); again, nothing. The finalizer
         makes the same call when an unclosed allocator is collected or the interpreter
@@ -860,6 +937,151 @@ class Allocator:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# ---------------------------------------------------------------------------------------
+# Buffers shared between processes (docs/share.md).
+
+_SHARE_MAGIC = b"PASHARE\x01"
+_SHARE_HEADER = 80
+
+
+class ShareHandle:
+    """An exported buffer (:meth:`Allocator.export`), as another process imports it
+    (:func:`import_handle`): the handle's bytes (``bytes(handle)``), which any channel
+    carries — it pickles to them, so it goes through ``multiprocessing`` queues and pools.
+
+    ``size`` (the buffer's bytes), ``exporter_pid`` and ``kind`` (``"mapped"``: vmm memory,
+    which outlives an exporter that exits; ``"plain"``: bfc or platform memory, a legacy IPC
+    handle, which dies with its exporter) are read from the bytes. Only the header is checked
+    here; the library checks every field at import (``INVALID_ARGUMENT`` naming what is
+    wrong)."""
+
+    __slots__ = ("_bytes", "size", "exporter_pid", "kind")
+
+    def __init__(self, data: Union[bytes, bytearray, memoryview]) -> None:
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise _type_error("ShareHandle", "data", "bytes", data)
+        raw = bytes(data)
+        if len(raw) < _SHARE_HEADER or raw[:8] != _SHARE_MAGIC:
+            raise ValueError(
+                "portalloc: ShareHandle: %d bytes starting %r are not a portalloc share handle "
+                "(what Allocator.export gave)" % (len(raw), raw[:8])
+            )
+        self._bytes = raw
+        self.exporter_pid: int = int.from_bytes(raw[16:20], "little")
+        self.size: int = int.from_bytes(raw[40:48], "little")
+        self.kind: str = {1: "mapped", 2: "plain"}.get(raw[12], "unknown")
+
+    def __bytes__(self) -> bytes:
+        return self._bytes
+
+    def __reduce__(self) -> Tuple[Any, Tuple[bytes]]:
+        return (ShareHandle, (self._bytes,))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ShareHandle) and other._bytes == self._bytes
+
+    def __hash__(self) -> int:
+        return hash(self._bytes)
+
+    def __repr__(self) -> str:
+        return "ShareHandle(kind=%s, size=%d, exporter_pid=%d, %d bytes)" % (
+            self.kind,
+            self.size,
+            self.exporter_pid,
+            len(self._bytes),
+        )
+
+
+def _close_import(close: Callable[[ctypes.c_void_p], int], raw: int) -> int:
+    """The finalizer of an :class:`ImportedBuffer` (and its ``close``): the status."""
+    return close(ctypes.c_void_p(raw))
+
+
+class ImportedBuffer:
+    """Another process's buffer mapped in this one (:func:`import_handle`): ``ptr`` (its
+    device address here), ``size``, ``exporter_pid``. The exporter keeps the memory while this
+    is open; :meth:`close` (or leaving its ``with`` block) unmaps it — the work on it must
+    have finished — and so does the finalizer when it is collected or the interpreter exits.
+    Nothing is counted in any allocator of this process: the exporter counts the memory."""
+
+    def __init__(self, raw: int) -> None:
+        lib = load()
+        self._raw = raw
+        ptr = ctypes.c_void_p()
+        size = ctypes.c_uint64()
+        pid = ctypes.c_uint32()
+        self._finalizer = weakref.finalize(self, _close_import, lib.portalloc_import_close, raw)
+        _check(lib.portalloc_import_ptr(ctypes.c_void_p(raw), ctypes.byref(ptr)))
+        _check(
+            lib.portalloc_import_size(
+                ctypes.c_void_p(raw), ctypes.byref(size), ctypes.byref(pid)
+            )
+        )
+        self.ptr: int = ptr.value or 0
+        self.size: int = size.value
+        self.exporter_pid: int = pid.value
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` (or the finalizer) unmapped it."""
+        return not self._finalizer.alive
+
+    def close(self) -> None:
+        """Unmaps it; again, nothing. Raises :class:`PortallocError` (``DEVICE``) when the
+        device failed to unmap it (it is closed all the same)."""
+        status = self._finalizer()  # None once it has run
+        if status is not None:
+            _check(status)
+
+    def __enter__(self) -> "ImportedBuffer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return "ImportedBuffer(ptr=%#x, size=%d, exporter_pid=%d%s)" % (
+            self.ptr,
+            self.size,
+            self.exporter_pid,
+            ", closed" if self.closed else "",
+        )
+
+
+def import_handle(
+    handle: Union[ShareHandle, bytes], allocator: Optional[Allocator] = None
+) -> ImportedBuffer:
+    """Maps the buffer another process exported (:meth:`Allocator.export`) on the device of
+    ``allocator`` (``None``: the global allocator of device 0, :func:`global_allocator`):
+    an :class:`ImportedBuffer` whose ``ptr`` holds the exporter's bytes, the same memory.
+    The descriptors are fetched from the exporter with ``pidfd_getfd`` (Linux 5.6, a process
+    of the same user).
+
+    Raises :class:`PortallocError`: ``INVALID_ARGUMENT`` for bytes that are not a share
+    handle; ``SHARE`` for this process's own export, an export withdrawn (freed with no
+    importer, or put to sleep), an exporter that exited, another device, or descriptors that
+    cannot be fetched."""
+    call = "import_handle"
+    if isinstance(handle, ShareHandle):
+        data = bytes(handle)
+    elif isinstance(handle, (bytes, bytearray)):
+        data = bytes(handle)
+    else:
+        raise _type_error(call, "handle", "a ShareHandle or its bytes", handle)
+    owner = global_allocator(0) if allocator is None else allocator
+    lib = load()
+    out = ctypes.c_void_p()
+    _check(lib.portalloc_import(owner._token(call), data, len(data), ctypes.byref(out)))
+    if out.value is None:
+        raise PortallocError(12, "%s: portalloc_import wrote no import" % call)
+    return ImportedBuffer(out.value)
+
+
+def settle(device: SupportsIndex = 0) -> int:
+    """:meth:`Allocator.settle` of the global allocator of ``device``."""
+    return global_allocator(device).settle()
 
 
 def global_allocator(device: SupportsIndex = 0) -> Allocator:

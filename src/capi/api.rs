@@ -161,7 +161,7 @@ pub extern "C" fn portalloc_version() -> *const c_char {
 /// for a value that is not one.
 #[no_mangle]
 pub extern "C" fn portalloc_status_name(status: i32) -> *const c_char {
-    const NAMES: [&std::ffi::CStr; 13] = [
+    const NAMES: [&std::ffi::CStr; 14] = [
         c"PORTALLOC_STATUS_OK",
         c"PORTALLOC_STATUS_NULL_ARGUMENT",
         c"PORTALLOC_STATUS_INVALID_ARGUMENT",
@@ -175,6 +175,7 @@ pub extern "C" fn portalloc_status_name(status: i32) -> *const c_char {
         c"PORTALLOC_STATUS_BUFFER_TOO_SMALL",
         c"PORTALLOC_STATUS_PANIC",
         c"PORTALLOC_STATUS_INTERNAL",
+        c"PORTALLOC_STATUS_SHARE",
     ];
     usize::try_from(status)
         .ok()

@@ -59,6 +59,7 @@ mod api;
 mod budget;
 mod graphs;
 mod handles;
+mod share;
 mod torch;
 
 use std::cell::RefCell;
@@ -77,6 +78,7 @@ use crate::error::Error;
 pub use api::*;
 pub use budget::*;
 pub use graphs::*;
+pub use share::*;
 pub use torch::{portalloc_global, portalloc_torch_alloc, portalloc_torch_free};
 
 use handles::{HandleTable, Refusal};
@@ -114,6 +116,10 @@ pub enum PortallocStatus {
     Panic = 11,
     /// Any other failure (writing a file, …).
     Internal = 12,
+    /// An export or import of memory between processes that cannot be done: the export
+    /// withdrawn or its exporter gone, this process's own export, another device,
+    /// descriptors that cannot be fetched, too many live exports; the message says which.
+    Share = 13,
 }
 
 impl PortallocStatus {
@@ -133,11 +139,12 @@ impl PortallocStatus {
             PortallocStatus::BufferTooSmall => "PORTALLOC_STATUS_BUFFER_TOO_SMALL",
             PortallocStatus::Panic => "PORTALLOC_STATUS_PANIC",
             PortallocStatus::Internal => "PORTALLOC_STATUS_INTERNAL",
+            PortallocStatus::Share => "PORTALLOC_STATUS_SHARE",
         }
     }
 
     /// Every status, in code order.
-    pub const ALL: [PortallocStatus; 13] = [
+    pub const ALL: [PortallocStatus; 14] = [
         PortallocStatus::Ok,
         PortallocStatus::NullArgument,
         PortallocStatus::InvalidArgument,
@@ -151,6 +158,7 @@ impl PortallocStatus {
         PortallocStatus::BufferTooSmall,
         PortallocStatus::Panic,
         PortallocStatus::Internal,
+        PortallocStatus::Share,
     ];
 }
 
@@ -188,7 +196,9 @@ impl From<Error> for Failure {
         let status = match &e {
             Error::InvalidSize { .. }
             | Error::InvalidAlignment { .. }
-            | Error::InvalidArgument { .. } => PortallocStatus::InvalidArgument,
+            | Error::InvalidArgument { .. }
+            | Error::ShareHandle { .. } => PortallocStatus::InvalidArgument,
+            Error::Share { .. } => PortallocStatus::Share,
             Error::ExceedsLimit { .. }
             | Error::OutOfMemory(_)
             | Error::DeviceOutOfMemory { .. }
