@@ -346,7 +346,6 @@ pub(crate) struct Instance {
     /// configuration says (`PORTALLOC_SHARED_BUDGET`); `None`: it runs alone.
     pub(crate) budget: Option<Arc<crate::budget::SharedBudget>>,
     /// Export of the strategy's allocations to other processes ([`crate::share`]).
-    #[allow(dead_code)] // src/capi/share.rs
     pub(crate) sharing: crate::share::Sharing,
 }
 

@@ -347,7 +347,7 @@ impl Sharing {
     ///
     /// # Errors
     /// As [`Sharing::export`].
-    #[allow(dead_code)] // the C ABI's (src/capi/share.rs)
+    #[cfg_attr(not(feature = "c-api"), allow(dead_code))]
     pub(crate) fn export_parts(
         &self,
         ptr: u64,
