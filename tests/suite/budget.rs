@@ -25,15 +25,7 @@ const MIB: u64 = 1 << 20;
 const CHILD_LIMIT: Duration = Duration::from_secs(30);
 
 fn temp_dir(name: &str) -> PathBuf {
-    static N: AtomicU64 = AtomicU64::new(0);
-    let d = std::env::temp_dir().join(format!(
-        "portalloc-budget-test-{}-{}-{name}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    crate::support::processes::fresh_dir("portalloc-budget-test", name)
 }
 
 /// The environment of a member on the host backend: real memory, vmm, 1 GiB, this test's
@@ -75,18 +67,7 @@ fn fake_env(
     shared: &portalloc_fakes::SharedDevice,
     strategy: &str,
 ) -> Vec<(String, String)> {
-    let p = portalloc_fakes::profile(profile).unwrap();
-    let mut env: Vec<(String, String)> = p
-        .env()
-        .into_iter()
-        .chain(shared.env())
-        .map(|(k, v)| {
-            (
-                k.to_string_lossy().into_owned(),
-                v.to_string_lossy().into_owned(),
-            )
-        })
-        .collect();
+    let mut env = crate::support::processes::shared_fake_env(profile, shared);
     let capacity = scaled(1 << 30).to_string();
     env.extend([
         (ROLE.into(), role.into()),

@@ -11,7 +11,6 @@
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -451,15 +450,7 @@ fn field(reply: &str, key: &str) -> u64 {
 }
 
 fn temp_dir(name: &str) -> PathBuf {
-    static N: AtomicU64 = AtomicU64::new(0);
-    let d = std::env::temp_dir().join(format!(
-        "portalloc-share-test-{}-{}-{name}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    crate::support::processes::fresh_dir("portalloc-share-test", name)
 }
 
 /// Where the children run: a backend with its environment, and the driver's count when it
@@ -517,18 +508,7 @@ impl World {
     fn fake(profile: &str, fakehip_profile: Option<&str>, strategy: &str, layers: usize) -> World {
         let dir = temp_dir(profile);
         let shared = portalloc_fakes::SharedDevice::unique();
-        let p = portalloc_fakes::profile(profile).unwrap();
-        let mut env: Vec<(String, String)> = p
-            .env()
-            .into_iter()
-            .chain(shared.env())
-            .map(|(k, v)| {
-                (
-                    k.to_string_lossy().into_owned(),
-                    v.to_string_lossy().into_owned(),
-                )
-            })
-            .collect();
+        let mut env = crate::support::processes::shared_fake_env(profile, &shared);
         env.extend([
             ("FAKECUDA_CAPACITY".into(), (3u64 << 30).to_string()),
             ("FAKEHIP_CAPACITY".into(), (3u64 << 30).to_string()),

@@ -13,6 +13,7 @@ pub mod capture;
 #[cfg(feature = "cli")]
 pub mod cli;
 pub mod common;
+pub mod processes;
 #[cfg(feature = "replay")]
 pub mod replay;
 pub mod sleep;
