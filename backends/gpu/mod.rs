@@ -82,7 +82,6 @@ fn descriptors_note(per_handle: Option<bool>) -> String {
 
 use std::fmt;
 use std::ptr::NonNull;
-use std::sync::atomic::Ordering;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 pub use books::VendorCensus;
@@ -414,9 +413,9 @@ pub struct GpuDevice<V: VendorApi> {
     descriptor_per_handle: bool,
     /// How long a new mapping may stay invisible to GPU work ([`Opened::map_visible_after`]).
     map_visible_after: std::time::Duration,
-    /// Whether the driver makes physical handles exportable as POSIX descriptors: probed at
-    /// the first [`VirtualMemory::create_physical`] ([`EXPORTABLE_UNKNOWN`], `_YES`, `_NO`).
-    exportable: std::sync::atomic::AtomicU8,
+    /// Whether the driver makes physical handles exportable as POSIX descriptors, found by the
+    /// release probe at open ([`EXPORTABLE_UNKNOWN`], `_YES`, `_NO`).
+    exportable: u8,
     pool: Mutex<Option<u64>>,
     peers: Mutex<Vec<(u32, V::Peer)>>,
     handles: Mutex<Handles>,
@@ -514,7 +513,7 @@ impl<V: VendorApi> GpuDevice<V> {
             holds_released_memory,
             descriptor_per_handle,
             map_visible_after: opened.map_visible_after,
-            exportable: std::sync::atomic::AtomicU8::new(exportable),
+            exportable,
             pool: Mutex::new(opened.pool),
             peers: Mutex::new(Vec::new()),
             handles: Mutex::new(Handles::default()),
@@ -1207,7 +1206,7 @@ impl<V: VendorApi> VirtualMemory for GpuDevice<V> {
         // request when the device was opened (`probe::probe_exportable`; PyTorch's
         // expandable segments ask too), so that any allocation can be handed to another
         // process later.
-        let ask = self.exportable.load(Ordering::Relaxed) != EXPORTABLE_NO;
+        let ask = self.exportable != EXPORTABLE_NO;
         let made = self.vendor.create_physical(size, ask);
         let handle = made.map_err(|e| {
             self.descriptor_refusal(&e, size)
@@ -1501,15 +1500,14 @@ impl<V: VendorApi> Drop for GpuDevice<V> {
 
 impl<V: VendorApi> crate::device::Interprocess for GpuDevice<V> {
     fn exportable_physical(&self) -> bool {
-        self.info.capabilities.virtual_memory
-            && self.exportable.load(Ordering::Relaxed) != EXPORTABLE_NO
+        self.info.capabilities.virtual_memory && self.exportable != EXPORTABLE_NO
     }
 
     fn export_physical(&self, handle: PhysicalHandle) -> Result<std::os::fd::OwnedFd> {
         if !self.books().handles.contains(&handle.0) {
             return Err(books::unknown(V::BACKEND, "physical handle", handle.0));
         }
-        if self.exportable.load(Ordering::Relaxed) == EXPORTABLE_NO {
+        if self.exportable == EXPORTABLE_NO {
             return Err(Error::Unsupported {
                 what: "export of physical memory".into(),
                 backend: V::BACKEND,

@@ -561,11 +561,7 @@ impl Room {
 
     /// [`Sharing::importers`].
     fn importers(&self, allocation: &Allocation) -> Vec<u32> {
-        let state = lock(&self.state);
-        match (state.exports.get(&allocation.ptr()), &state.registry) {
-            (Some(e), Some(r)) => r.importers(e.handle.record, e.handle.export_id),
-            _ => Vec::new(),
-        }
+        self.live_importers(&lock(&self.state), allocation.ptr())
     }
 
     /// [`Sharing::settle`].
